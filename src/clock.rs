@@ -1,0 +1,153 @@
+//! Where limiters read the time and how they sleep.
+//!
+//! A [`Clock`] reads monotonic time and sleeps, both on a thread
+//! ([`sleep_blocking`](Clock::sleep_blocking)) and in a task
+//! ([`sleep`](Clock::sleep)). Limiters never touch the system clock directly,
+//! so the whole algorithm can run on a [`FakeClock`] in tests: time moves only
+//! when the test says so or when something sleeps on it, and a sleep returns
+//! at once.
+
+use std::fmt;
+use std::future::{Future, ready};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The future returned by [`Clock::sleep`].
+pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// A monotonic clock that can also sleep.
+///
+/// Implementations must be cheap to call and thread-safe. The trait is object
+/// safe, so `&dyn Clock` works.
+pub trait Clock: Send + Sync + 'static {
+    /// Time elapsed since an origin fixed by the clock. Never goes backwards.
+    fn now(&self) -> Duration;
+
+    /// Blocks the calling thread for `duration`.
+    fn sleep_blocking(&self, duration: Duration);
+
+    /// A future that completes after `duration`.
+    fn sleep(&self, duration: Duration) -> Sleep;
+}
+
+/// The real clock: reads time with `quanta` (a fast monotonic clock), sleeps
+/// with `tokio::time::sleep` in tasks and `std::thread::sleep` on threads.
+///
+/// [`sleep`](Clock::sleep) must be awaited inside a Tokio runtime with the
+/// time driver enabled.
+///
+/// ```
+/// use throttler::clock::{Clock, SystemClock};
+///
+/// let clock = SystemClock::new();
+/// let a = clock.now();
+/// let b = clock.now();
+/// assert!(b >= a);
+/// ```
+#[derive(Clone)]
+pub struct SystemClock {
+    clock: quanta::Clock,
+    origin: quanta::Instant,
+}
+
+impl SystemClock {
+    /// A clock whose origin is now.
+    pub fn new() -> Self {
+        let clock = quanta::Clock::new();
+        let origin = clock.now();
+        SystemClock { clock, origin }
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        SystemClock::new()
+    }
+}
+
+impl fmt::Debug for SystemClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SystemClock")
+            .field("now", &self.now())
+            .finish()
+    }
+}
+
+impl Clock for SystemClock {
+    fn now(&self) -> Duration {
+        self.clock.now().saturating_duration_since(self.origin)
+    }
+
+    fn sleep_blocking(&self, duration: Duration) {
+        std::thread::sleep(duration);
+    }
+
+    fn sleep(&self, duration: Duration) -> Sleep {
+        Box::pin(tokio::time::sleep(duration))
+    }
+}
+
+/// A clock for tests: it starts at zero and moves only when told to
+/// ([`advance`](FakeClock::advance)) or when something sleeps on it, in which
+/// case the sleep returns at once and the clock moves by its length.
+///
+/// Clones share one time, so a test keeps a clone and hands another to the
+/// limiter.
+///
+/// ```
+/// use std::time::Duration;
+/// use throttler::clock::{Clock, FakeClock};
+///
+/// let clock = FakeClock::new();
+/// let limiter_side = clock.clone();
+/// clock.advance(Duration::from_millis(250));
+/// limiter_side.sleep_blocking(Duration::from_millis(750)); // returns at once
+/// assert_eq!(clock.now(), Duration::from_secs(1));
+/// ```
+#[derive(Clone, Default)]
+pub struct FakeClock {
+    nanos: Arc<AtomicU64>,
+}
+
+impl FakeClock {
+    /// A clock at zero.
+    pub fn new() -> Self {
+        FakeClock::default()
+    }
+
+    /// Moves time forward by `duration` (saturating at about 584 years).
+    pub fn advance(&self, duration: Duration) {
+        let nanos = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        // fetch_update never fails with a closure that always returns Some.
+        let _ = self
+            .nanos
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                Some(t.saturating_add(nanos))
+            });
+    }
+}
+
+impl fmt::Debug for FakeClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FakeClock")
+            .field("now", &self.now())
+            .finish()
+    }
+}
+
+impl Clock for FakeClock {
+    fn now(&self) -> Duration {
+        Duration::from_nanos(self.nanos.load(Ordering::Acquire))
+    }
+
+    fn sleep_blocking(&self, duration: Duration) {
+        self.advance(duration);
+    }
+
+    fn sleep(&self, duration: Duration) -> Sleep {
+        self.advance(duration);
+        Box::pin(ready(()))
+    }
+}

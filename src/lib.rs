@@ -1,0 +1,75 @@
+//! Smooth, reservation-based rate limiting, in one process or shared by many.
+//!
+//! `throttler` paces work at a steady rate: calls to a rate-limited API, a
+//! batch job's throughput, requests that may wait at most so long for their
+//! turn. A caller awaits ([`RateLimiter::acquire`]) or blocks
+//! ([`RateLimiter::acquire_blocking`]) until its permits are due, or asks
+//! whether they would be due within a timeout ([`RateLimiter::try_acquire`]).
+//!
+//! The algorithm is Guava's smooth rate limiter: a request goes as soon as the
+//! previous caller's debt is paid and charges its own cost to the next caller;
+//! idle time is saved as *stored permits*, which are free (the
+//! [bursty](core::Bursty) policy) or expensive (the
+//! [warming-up](core::WarmingUp) policy, for resources that are slow when
+//! cold). [`core`] explains it in full.
+//!
+//! # Quick start
+//!
+//! ```
+//! use std::time::Duration;
+//! use throttler::RateLimiter;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), throttler::Error> {
+//! let limiter = RateLimiter::bursty(50.0)?; // 50 permits per second
+//!
+//! limiter.acquire(1).await?; // async: waits for its turn
+//! limiter.acquire_blocking(1)?; // blocking: same, on a plain thread
+//!
+//! // At most 20 ms of waiting, or give up without reserving anything.
+//! if !limiter.try_acquire(1, Duration::from_millis(20)).await? {
+//!     // throttled: shed the request, reply 429, ...
+//! }
+//!
+//! // After a pause, start slow and reach 50/s within 3 seconds.
+//! let warm = RateLimiter::warming_up(50.0, Duration::from_secs(3))?;
+//! warm.acquire(1).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Testing code that uses a limiter
+//!
+//! Limiters read time from a [`Clock`](clock::Clock). Give them a
+//! [`FakeClock`](clock::FakeClock) and time moves only when you say so or when
+//! the limiter sleeps (which then returns at once), so tests are exact and
+//! instant:
+//!
+//! ```
+//! use std::time::Duration;
+//! use throttler::RateLimiter;
+//! use throttler::clock::FakeClock;
+//!
+//! let clock = FakeClock::new();
+//! let limiter = RateLimiter::builder()
+//!     .permits_per_second(5.0)
+//!     .clock(clock.clone())
+//!     .build()?;
+//! assert_eq!(limiter.acquire_blocking(1)?, Duration::ZERO);
+//! assert_eq!(limiter.acquire_blocking(1)?, Duration::from_millis(200));
+//! assert_eq!(limiter.acquire_blocking(1)?, Duration::from_millis(200));
+//! # Ok::<(), throttler::Error>(())
+//! ```
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod builder;
+pub mod clock;
+pub mod core;
+mod error;
+mod limiter;
+mod local;
+
+pub use builder::{Builder, DEFAULT_COLD_FACTOR};
+pub use error::Error;
+pub use limiter::Limiter;
+pub use local::RateLimiter;
