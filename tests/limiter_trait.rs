@@ -1,0 +1,82 @@
+//! The `Limiter` trait: object safe, and its provided methods sleep on the
+//! limiter's clock.
+
+#[path = "support/fake.rs"]
+mod fake;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use throttler::clock::{Clock, FakeClock};
+use throttler::{Error, Limiter, RateLimiter};
+
+fn as_dyn(rate: f64) -> (Arc<dyn Limiter>, FakeClock) {
+    let (limiter, clock) = fake::bursty(rate);
+    (Arc::new(limiter), clock)
+}
+
+#[tokio::test]
+async fn acquire_through_the_trait_sleeps_on_the_limiter_clock() {
+    let (limiter, clock) = as_dyn(4.0);
+    assert_eq!(limiter.acquire(1).await.unwrap(), Duration::ZERO);
+    assert_eq!(
+        limiter.acquire(1).await.unwrap(),
+        Duration::from_millis(250)
+    );
+    assert_eq!(clock.now(), Duration::from_millis(250));
+    assert_eq!(limiter.clock().now(), Duration::from_millis(250));
+}
+
+#[tokio::test]
+async fn try_acquire_through_the_trait() {
+    let (limiter, clock) = as_dyn(4.0);
+    assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
+    assert!(
+        !limiter
+            .try_acquire(1, Duration::from_millis(249))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        limiter.available_in().await.unwrap(),
+        Duration::from_millis(250)
+    );
+    assert!(
+        limiter
+            .try_acquire(1, Duration::from_millis(250))
+            .await
+            .unwrap()
+    );
+    assert_eq!(clock.now(), Duration::from_millis(250));
+}
+
+#[tokio::test]
+async fn reserve_rate_and_errors_through_the_trait() {
+    let (limiter, _) = as_dyn(4.0);
+    assert_eq!(limiter.reserve(2).await.unwrap(), Duration::ZERO);
+    assert_eq!(
+        limiter
+            .try_reserve(1, Duration::from_secs(1))
+            .await
+            .unwrap(),
+        Some(Duration::from_millis(500))
+    );
+    limiter.set_rate(8.0).unwrap();
+    assert_eq!(limiter.rate(), 8.0);
+    assert!(matches!(
+        limiter.reserve(0).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        limiter.set_rate(f64::NAN),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn limiters_are_send_sync_and_shareable() {
+    fn assert_send_sync<T: Send + Sync + 'static>() {}
+    assert_send_sync::<RateLimiter>();
+    assert_send_sync::<RateLimiter<FakeClock>>();
+    assert_send_sync::<Arc<dyn Limiter>>();
+}

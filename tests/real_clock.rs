@@ -1,0 +1,59 @@
+//! A few smoke tests on the real clock, with tolerant bounds: the exact
+//! behaviour is tested on a fake clock elsewhere.
+
+use std::time::{Duration, Instant};
+
+use throttler::RateLimiter;
+
+#[tokio::test]
+async fn async_acquire_paces_at_the_rate() {
+    let limiter = RateLimiter::bursty(20.0).unwrap();
+    let start = Instant::now();
+    for _ in 0..11 {
+        limiter.acquire(1).await.unwrap();
+    }
+    let elapsed = start.elapsed();
+    // 10 intervals of 50 ms after the free first permit.
+    assert!(elapsed >= Duration::from_millis(490), "{elapsed:?}");
+    assert!(elapsed < Duration::from_millis(1500), "{elapsed:?}");
+}
+
+#[test]
+fn blocking_acquire_paces_at_the_rate() {
+    let limiter = RateLimiter::bursty(20.0).unwrap();
+    let start = Instant::now();
+    for _ in 0..11 {
+        limiter.acquire_blocking(1).unwrap();
+    }
+    let elapsed = start.elapsed();
+    assert!(elapsed >= Duration::from_millis(490), "{elapsed:?}");
+    assert!(elapsed < Duration::from_millis(1500), "{elapsed:?}");
+}
+
+#[test]
+fn blocking_try_acquire_gives_up_at_once() {
+    let limiter = RateLimiter::bursty(1.0).unwrap();
+    assert!(limiter.try_acquire_blocking(1, Duration::ZERO).unwrap());
+    let start = Instant::now();
+    assert!(
+        !limiter
+            .try_acquire_blocking(1, Duration::from_millis(100))
+            .unwrap()
+    );
+    assert!(start.elapsed() < Duration::from_millis(100));
+}
+
+#[tokio::test]
+async fn warming_up_starts_slower_than_stable() {
+    let limiter = RateLimiter::warming_up(100.0, Duration::from_millis(200)).unwrap();
+    let start = Instant::now();
+    for _ in 0..3 {
+        limiter.acquire(1).await.unwrap();
+    }
+    // Cold: the first paid permits cost close to 3 × 10 ms, not 10 ms.
+    assert!(
+        start.elapsed() >= Duration::from_millis(40),
+        "{:?}",
+        start.elapsed()
+    );
+}

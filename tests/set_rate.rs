@@ -1,0 +1,162 @@
+//! Changing the rate of a live limiter, on a fake clock.
+
+#[path = "support/fake.rs"]
+mod fake;
+
+use std::time::Duration;
+
+use fake::{bursty, pause_ms, waits, waits_n, warming_up};
+use throttler::Error;
+
+#[test]
+fn the_old_debt_is_repaid_at_the_old_rate() {
+    // Published: R0.00, R1.00, (rate 2) R1.00, R0.50, R1.00, R2.00.
+    let (limiter, _) = bursty(1.0);
+    assert_eq!(waits(&limiter, &[1, 1]), [0, 1_000_000]);
+    limiter.set_rate(2.0).unwrap();
+    assert_eq!(limiter.rate(), 2.0);
+    assert_eq!(
+        waits(&limiter, &[1, 2, 4, 1]),
+        [1_000_000, 500_000, 1_000_000, 2_000_000]
+    );
+}
+
+#[test]
+fn warming_up_keeps_the_same_areas_at_a_new_rate() {
+    // Published: R0.00, R1.38, R1.13, R0.88, R0.63, R0.50, R0.50, R0.50 / U4.50 /
+    // R0.00, R1.38, R1.13 / (rate 4) R0.88 / R0.34, R0.28, R0.25, R0.25 / U4.25 /
+    // R0.00, R0.72, R0.66, R0.59, R0.53, R0.47, R0.41, R0.34, R0.28, R0.25, R0.25.
+    let (limiter, clock) = warming_up(2.0, Duration::from_secs(4), 3.0);
+    waits_n(&limiter, 8);
+    pause_ms(&clock, 4500);
+    assert_eq!(waits_n(&limiter, 3), [0, 1_375_000, 1_125_000]);
+    limiter.set_rate(4.0).unwrap();
+    assert_eq!(waits_n(&limiter, 1), [875_000], "the debt of the old rate");
+    let after = waits_n(&limiter, 4);
+    assert_eq!(rounded(&after), "0.34, 0.28, 0.25, 0.25");
+    pause_ms(&clock, 4250);
+    let cold = waits_n(&limiter, 11);
+    assert_eq!(
+        rounded(&cold),
+        "0.00, 0.72, 0.66, 0.59, 0.53, 0.47, 0.41, 0.34, 0.28, 0.25, 0.25"
+    );
+    assert_eq!(
+        &cold[7..],
+        &after[..],
+        "the tail of a cold start matches #5"
+    );
+}
+
+#[test]
+fn stored_permits_are_rescaled_to_the_new_burst() {
+    let (limiter, clock) = bursty(10.0);
+    pause_ms(&clock, 500); // 5 of 10 stored: half full
+    limiter.set_rate(2.0).unwrap(); // half of the new max (2) = 1 stored
+    assert_eq!(waits_n(&limiter, 3), [0, 0, 500_000]);
+}
+
+#[test]
+fn a_faster_rate_rescales_stored_permits_up() {
+    let (limiter, clock) = bursty(2.0);
+    pause_ms(&clock, 10_000); // full: 2 of 2
+    limiter.set_rate(10.0).unwrap(); // full: 10 of 10
+    // 10 stored permits, then one fresh one whose cost the 12th request pays.
+    let w = waits_n(&limiter, 12);
+    assert!(w[..11].iter().all(|&w| w == 0), "{w:?}");
+    assert_eq!(w[11], 100_000);
+}
+
+#[test]
+fn idle_time_before_the_change_is_credited_at_the_old_rate() {
+    let (limiter, clock) = bursty(1.0);
+    pause_ms(&clock, 500); // 0.5 of 1 stored
+    limiter.set_rate(100.0).unwrap(); // 50 of 100
+    let w = waits_n(&limiter, 52);
+    assert!(w[..51].iter().all(|&w| w == 0), "{w:?}");
+    assert_eq!(w[51], 10_000);
+}
+
+#[test]
+fn a_rejected_rate_leaves_the_limiter_unchanged() {
+    let (limiter, _) = bursty(5.0);
+    waits_n(&limiter, 2);
+    let before = limiter.available_in();
+    for bad in [0.0, -0.0, -1.0, f64::NAN, f64::NEG_INFINITY] {
+        let err = limiter.set_rate(bad).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{bad}: {err}");
+        assert!(err.to_string().contains("permits_per_second"), "{err}");
+    }
+    assert_eq!(limiter.rate(), 5.0);
+    assert_eq!(limiter.available_in(), before);
+    // The two acquisitions slept 200 ms; the ticket is at 400 ms.
+    assert_eq!(waits_n(&limiter, 1), [200_000]);
+}
+
+#[test]
+fn infinite_rate_bursty() {
+    // Published: R0.00 x3 at +inf; rate 2: R0.00, R0.00, R0.00, R0.50, R0.50;
+    // back to +inf: R0.50, R0.00, R0.00.
+    let (limiter, _) = bursty(f64::INFINITY);
+    assert_eq!(
+        waits(&limiter, &[u32::MAX / 4, u32::MAX / 2, u32::MAX]),
+        [0, 0, 0]
+    );
+    limiter.set_rate(2.0).unwrap();
+    assert_eq!(waits_n(&limiter, 5), [0, 0, 0, 500_000, 500_000]);
+    limiter.set_rate(f64::INFINITY).unwrap();
+    assert_eq!(waits_n(&limiter, 3), [500_000, 0, 0]);
+}
+
+#[test]
+fn infinite_rate_bursty_after_time_elapsed() {
+    let (limiter, clock) = bursty(f64::INFINITY);
+    pause_ms(&clock, 1000);
+    limiter.set_rate(2.0).unwrap();
+    assert_eq!(waits_n(&limiter, 5), [0, 0, 0, 500_000, 500_000]);
+}
+
+#[test]
+fn infinite_rate_warming_up_leaves_the_limiter_warm() {
+    // Published: R0.00 x3; rate 1: R0.00, R1.00, R1.00; back to +inf: R1.00, R0.00, R0.00.
+    let (limiter, clock) = warming_up(f64::INFINITY, Duration::from_secs(10), 3.0);
+    assert_eq!(
+        waits(&limiter, &[u32::MAX / 4, u32::MAX / 2, u32::MAX]),
+        [0, 0, 0]
+    );
+    limiter.set_rate(1.0).unwrap();
+    assert_eq!(waits_n(&limiter, 3), [0, 1_000_000, 1_000_000]);
+    limiter.set_rate(f64::INFINITY).unwrap();
+    assert_eq!(waits_n(&limiter, 3), [1_000_000, 0, 0]);
+    pause_ms(&clock, 1000);
+    limiter.set_rate(1.0).unwrap();
+    assert_eq!(
+        waits_n(&limiter, 5),
+        [0, 1_000_000, 1_000_000, 1_000_000, 1_000_000]
+    );
+}
+
+#[test]
+fn bursts_never_exceed_one_second_of_work_across_rate_changes() {
+    // Whatever the rate history, a burst is at most `rate` permits (1 s of work).
+    let (limiter, clock) = bursty(1.0);
+    for rate in [1000.0, 1.0, 10.0, 1_000_000.0, 10.0, 1.0] {
+        pause_ms(&clock, (rate * 1000.0) as u64);
+        limiter.set_rate(rate).unwrap();
+        let n = rate as usize;
+        let burst: u64 = waits_n(&limiter, n).iter().sum();
+        assert!(burst <= 1_000_000, "rate {rate}: burst took {burst} µs");
+        let after: u64 = waits_n(&limiter, n + 1).iter().sum();
+        assert!(
+            after >= 1_000_000,
+            "rate {rate}: after the burst took {after} µs"
+        );
+    }
+}
+
+fn rounded(waits: &[u64]) -> String {
+    waits
+        .iter()
+        .map(|&w| format!("{:.2}", (w as f64 / 1e4).round() / 100.0))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

@@ -1,0 +1,59 @@
+//! Limiters on a `FakeClock`, and helpers that read like a spec:
+//! `waits(&limiter, &[1, 1, 1])` acquires each count in turn (sleeping on the
+//! fake clock, which moves it) and returns the waits in microseconds.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use throttler::RateLimiter;
+use throttler::clock::FakeClock;
+
+/// A bursty limiter (1 s burst) on a fresh fake clock.
+pub fn bursty(rate: f64) -> (RateLimiter<FakeClock>, FakeClock) {
+    let clock = FakeClock::new();
+    let limiter = RateLimiter::builder()
+        .permits_per_second(rate)
+        .clock(clock.clone())
+        .build()
+        .expect("valid bursty limiter");
+    (limiter, clock)
+}
+
+/// A warming-up limiter on a fresh fake clock.
+pub fn warming_up(
+    rate: f64,
+    warmup: Duration,
+    cold_factor: f64,
+) -> (RateLimiter<FakeClock>, FakeClock) {
+    let clock = FakeClock::new();
+    let limiter = RateLimiter::builder()
+        .permits_per_second(rate)
+        .warmup(warmup)
+        .cold_factor(cold_factor)
+        .clock(clock.clone())
+        .build()
+        .expect("valid warming-up limiter");
+    (limiter, clock)
+}
+
+/// Acquires each count in turn with `acquire_blocking`; returns the waits in µs.
+pub fn waits(limiter: &RateLimiter<FakeClock>, permits: &[u32]) -> Vec<u64> {
+    permits
+        .iter()
+        .map(|&p| micros(limiter.acquire_blocking(p).expect("valid permits")))
+        .collect()
+}
+
+/// `n` single-permit acquisitions; returns the waits in µs.
+pub fn waits_n(limiter: &RateLimiter<FakeClock>, n: usize) -> Vec<u64> {
+    waits(limiter, &vec![1; n])
+}
+
+/// A user's pause: advances the fake clock.
+pub fn pause_ms(clock: &FakeClock, ms: u64) {
+    clock.advance(Duration::from_millis(ms));
+}
+
+pub fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap()
+}
