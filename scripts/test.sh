@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The whole test suite: format check, lints, every test (unit, integration,
+# doc) with all features and with none. Installs redis-server if it is
+# missing (the Redis tests start their own servers on free loopback ports).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+    echo "==> installing redis-server"
+    sudo=""
+    if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+fi
+# The distribution's service is not needed: every test starts its own server.
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "==> cargo clippy"
+cargo clippy --all-targets --all-features -- -D warnings
+cargo clippy --all-targets --no-default-features -- -D warnings
+
+echo "==> cargo test (no default features)"
+cargo test --no-default-features
+
+echo "==> cargo test (all features)"
+cargo test --all-features
