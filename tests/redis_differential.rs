@@ -1,0 +1,579 @@
+#![cfg(feature = "redis")]
+//! Differential test: `lua/reserve.lua` in Redis and `throttler::core::State`
+//! in Rust, driven by the same random sequences of reservations, tries,
+//! queries, rate changes and clock jumps, must give the same waits, the same
+//! refusals and the same state.
+//!
+//! The script runs with an explicit `now`, so both sides see the same clock.
+//! The TTL it sets is computed for that simulated clock, so real time must not
+//! expire the key: each sequence is one MULTI/EXEC block (no expiry between
+//! its commands) and every write is followed by a check of its TTL and a
+//! PERSIST (a script reads keys on the real clock). A step that must not
+//! write is then checked to have left no TTL behind.
+//!
+//! Replay one sequence with
+//! `THROTTLER_DIFF_SEED=<seed> cargo test --test redis_differential -- --nocapture`;
+//! `THROTTLER_DIFF_SEQUENCES=<n>` changes how many sequences run.
+
+mod support;
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use redis::Value;
+use support::redis_server::RedisServer;
+use support::rng::Rng;
+use throttler::core::{Bursty, MAX_MICROS, Policy, State, WarmingUp};
+
+const SEQUENCES: u64 = 2_000;
+const STEPS: usize = 40;
+const BASE_SEED: u64 = 0x5EED_0000;
+/// Field comparisons every this many steps (and after the last step).
+const FIELDS_EVERY: usize = 4;
+/// The script's TTL cap, in milliseconds: floor(2^53 / 1000).
+const TTL_CAP_MS: f64 = 9_007_199_254_740.0;
+/// A realistic clock: microseconds since the epoch, late 2023.
+const EPOCH_2023: u64 = 1_700_000_000_000_000;
+
+/// The limiter's configuration, fixed for a sequence.
+#[derive(Debug, Clone)]
+enum Config {
+    Bursty {
+        max_burst_micros: u64,
+    },
+    WarmingUp {
+        warmup_micros: u64,
+        cold_factor: f64,
+    },
+}
+
+impl Config {
+    fn random(rng: &mut Rng) -> Config {
+        if rng.chance(0.5) {
+            let max_burst_micros = match rng.below(100) {
+                0..20 => 0,
+                20..60 => 1_000_000,
+                60..90 => rng.below(100_000_000),
+                90..95 => MAX_MICROS,
+                _ => u64::MAX, // capped by both sides
+            };
+            Config::Bursty { max_burst_micros }
+        } else {
+            let warmup_micros = match rng.below(100) {
+                0..20 => 0,
+                20..40 => rng.below(1_000), // sub-millisecond
+                40..90 => rng.below(60_000_000),
+                90..95 => MAX_MICROS,
+                _ => u64::MAX,
+            };
+            let cold_factor = match rng.below(100) {
+                0..25 => 1.0,
+                25..60 => 3.0,
+                _ => 1.0 + 9.0 * rng.f64(),
+            };
+            Config::WarmingUp {
+                warmup_micros,
+                cold_factor,
+            }
+        }
+    }
+
+    fn policy(&self) -> Policy {
+        match *self {
+            Config::Bursty { max_burst_micros } => {
+                Policy::Bursty(Bursty::new(Duration::from_micros(max_burst_micros)))
+            }
+            Config::WarmingUp {
+                warmup_micros,
+                cold_factor,
+            } => Policy::WarmingUp(WarmingUp::new(
+                Duration::from_micros(warmup_micros),
+                cold_factor,
+            )),
+        }
+    }
+
+    /// ARGV[4..=6]: policy, max_burst_micros | warmup_micros, cold_factor.
+    fn argv(&self) -> (&'static str, u64, f64) {
+        match *self {
+            Config::Bursty { max_burst_micros } => ("bursty", max_burst_micros, 0.0),
+            Config::WarmingUp {
+                warmup_micros,
+                cold_factor,
+            } => ("warming_up", warmup_micros, cold_factor),
+        }
+    }
+}
+
+/// How numbers are written into ARGV: the redis crate's own encoding of an
+/// `f64` (shortest round trip, exponent form, e.g. `1e-300`, `5.0`) or Rust's
+/// `Display` (plain decimal, e.g. `0.000…001`, `5`); `inf` either way.
+#[derive(Debug, Clone, Copy)]
+enum Encoding {
+    RedisArg,
+    Display,
+}
+
+fn push_f64(invocation: &mut redis::ScriptInvocation<'_>, value: f64, encoding: Encoding) {
+    match encoding {
+        _ if value.is_infinite() => invocation.arg("inf"),
+        Encoding::RedisArg => invocation.arg(value),
+        Encoding::Display => invocation.arg(value.to_string()),
+    };
+}
+
+/// A missing key: a limiter idle for a long time, i.e. full (or cold).
+fn missing_key_state(config: &Config, rate: f64, now: u64) -> State {
+    let mut state = State::new(config.policy(), rate, now).expect("valid rate");
+    state.stored_permits = state.max_permits;
+    state
+}
+
+/// What the script's PEXPIRE should be after a write, from the core's state.
+fn expected_ttl_ms(state: &State, now: u64) -> f64 {
+    let cool_down = match &state.policy {
+        Policy::WarmingUp(w) if state.max_permits > 0.0 => {
+            w.warmup_micros as f64 / state.max_permits
+        }
+        _ => state.stable_interval_micros,
+    };
+    let refill_micros = (state.max_permits - state.stored_permits) * cool_down;
+    let ttl =
+        ((state.next_free_micros - now) as f64 / 1000.0 + refill_micros / 1000.0).ceil() + 2.0;
+    if ttl < TTL_CAP_MS { ttl } else { TTL_CAP_MS }
+}
+
+fn random_rate(rng: &mut Rng) -> f64 {
+    match rng.below(100) {
+        0..5 => f64::INFINITY,
+        5..8 => 1e-300,
+        8..10 => f64::from_bits(1), // the smallest positive double
+        10..12 => f64::MAX,
+        12..30 => *rng.pick(&[1.0, 2.0, 5.0, 10.0, 100.0, 1000.0, 0.5, 0.1, 3.0, 7.0]),
+        _ => 10f64.powf(-3.0 + 9.0 * rng.f64()), // 1e-3 ..= 1e6
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    Reserve,
+    Try { timeout_micros: u64 },
+    Query,
+}
+
+/// One call, as sent to both sides.
+#[derive(Debug, Clone)]
+struct Step {
+    now: u64,
+    rate: f64,
+    permits: u32,
+    kind: Kind,
+}
+
+/// What the core says the script must answer for one step.
+#[derive(Debug, Clone)]
+struct Expected {
+    reply: i64,
+    /// Whether this step wrote the key.
+    wrote: bool,
+    /// Whether any step so far wrote the key (else it is still missing).
+    exists: bool,
+    /// The core's state after the step.
+    state: State,
+    /// Whether the hash fields are compared after this step.
+    check_fields: bool,
+}
+
+/// A random sequence and the core's answers to it.
+struct Sequence {
+    seed: u64,
+    config: Config,
+    encoding: Encoding,
+    t0: u64,
+    first_rate: f64,
+    steps: Vec<Step>,
+    expected: Vec<Expected>,
+    rate_changes: usize,
+}
+
+fn generate(seed: u64) -> Sequence {
+    let mut rng = Rng::new(seed);
+    let config = Config::random(&mut rng);
+    let encoding = if rng.chance(0.5) {
+        Encoding::RedisArg
+    } else {
+        Encoding::Display
+    };
+    let first_rate = random_rate(&mut rng);
+    let t0 = EPOCH_2023 + rng.below(1_000_000_000_000);
+    let mut rate = first_rate;
+    let mut now = t0;
+    let mut core = missing_key_state(&config, rate, now);
+    let mut written = false;
+    let mut steps = Vec::with_capacity(STEPS);
+    let mut expected = Vec::with_capacity(STEPS);
+    let mut rate_changes = 0;
+
+    for i in 0..STEPS {
+        // The clock: mostly small steps, sometimes none, sometimes long idle
+        // gaps, sometimes exactly to the ticket (and one µs either side).
+        let debt = core.next_free_micros.saturating_sub(now);
+        let dt = match rng.below(100) {
+            0..20 => 0,
+            20..45 => rng.below(1_000),
+            45..65 => rng.below(1_000_000),
+            65..75 if debt < 86_400_000_000 => (debt + rng.below(3)).saturating_sub(1),
+            65..85 => rng.below(60_000_000),
+            85..95 => rng.below(3_600_000_000),
+            _ => rng.below(3 * 86_400_000_000),
+        };
+        now = (now + dt).min(MAX_MICROS);
+
+        if rng.chance(0.1) {
+            rate = random_rate(&mut rng);
+            rate_changes += 1;
+        }
+
+        let permits = match rng.below(100) {
+            0..70 => 1 + rng.below(10) as u32,
+            70..80 => 11 + rng.below(990) as u32,
+            80..85 => u32::MAX,
+            85..90 => 1_000_000,
+            _ => (rng.next_u64() as u32).max(1),
+        };
+        let debt = core.next_free_micros.saturating_sub(now);
+        let kind = match rng.below(100) {
+            0..10 => Kind::Query,
+            10..40 => Kind::Try {
+                timeout_micros: match rng.below(100) {
+                    0..30 => 0,
+                    30..50 => rng.below(1_000_000),
+                    50..75 => (debt + rng.below(3)).saturating_sub(1),
+                    75..85 => rng.below(1_000_000_000_000),
+                    85..93 => MAX_MICROS,
+                    _ => u64::MAX,
+                },
+            },
+            _ => Kind::Reserve,
+        };
+        let step = Step {
+            now,
+            rate,
+            permits: if kind == Kind::Query { 0 } else { permits },
+            kind,
+        };
+
+        // The core, in lock-step with what the script does.
+        let (reply, wrote) = match kind {
+            // A query reads the ticket and changes nothing.
+            Kind::Query => (
+                core.query_earliest_available().saturating_sub(now) as i64,
+                false,
+            ),
+            Kind::Reserve | Kind::Try { .. } => {
+                if !written {
+                    // The key is still missing: the script starts from
+                    // "idle for a long time" at the rate it is given.
+                    core = missing_key_state(&config, rate, now);
+                }
+                let before = core.clone();
+                // The script applies a rate change at the start of a call
+                // that writes, at that call's `now`; so does the core.
+                if core.permits_per_second != rate {
+                    core.set_rate(rate, now).expect("valid rate");
+                }
+                match kind {
+                    Kind::Try { timeout_micros } => {
+                        match core.try_reserve(step.permits, now, timeout_micros) {
+                            Some(wait) => (wait as i64, true),
+                            None => {
+                                // A refused try writes nothing, not even the
+                                // rate change: the next write applies it.
+                                core = before;
+                                (-1, false)
+                            }
+                        }
+                    }
+                    _ => (core.reserve(step.permits, now) as i64, true),
+                }
+            }
+        };
+        written |= wrote;
+        steps.push(step);
+        expected.push(Expected {
+            reply,
+            wrote,
+            exists: written,
+            state: core.clone(),
+            check_fields: i % FIELDS_EVERY == FIELDS_EVERY - 1 || i == STEPS - 1,
+        });
+    }
+    Sequence {
+        seed,
+        config,
+        encoding,
+        t0,
+        first_rate,
+        steps,
+        expected,
+        rate_changes,
+    }
+}
+
+/// Running totals for the summary line.
+#[derive(Default)]
+struct Totals {
+    sequences: u64,
+    steps: u64,
+    reserves: u64,
+    tries_granted: u64,
+    tries_refused: u64,
+    queries: u64,
+    rate_changes: u64,
+    field_checks: u64,
+    ttl_checks: u64,
+    max_wait_diff: u64,
+    max_stored_rel_diff: f64,
+}
+
+fn relative_diff(a: f64, b: f64) -> f64 {
+    if a == b {
+        0.0
+    } else {
+        (a - b).abs() / a.abs().max(b.abs()).max(f64::MIN_POSITIVE)
+    }
+}
+
+fn string_of(value: &Value) -> Option<String> {
+    match value {
+        Value::Nil => None,
+        Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        other => panic!("expected a string or nil, got {other:?}"),
+    }
+}
+
+fn int_of(value: &Value) -> Result<i64, String> {
+    match value {
+        Value::Int(n) => Ok(*n),
+        other => Err(format!("expected an integer reply, got {other:?}")),
+    }
+}
+
+/// Runs one sequence through the script and compares; returns a description
+/// of the first disagreement.
+fn check(
+    seq: &Sequence,
+    con: &mut redis::Connection,
+    script: &redis::Script,
+    totals: &mut Totals,
+) -> Result<(), String> {
+    let key = format!("diff:{}", seq.seed);
+    let (policy, policy_micros, cold_factor) = seq.config.argv();
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    for (step, expected) in seq.steps.iter().zip(&seq.expected) {
+        let timeout = match step.kind {
+            Kind::Try { timeout_micros } => timeout_micros.to_string(),
+            _ => "-1".to_string(),
+        };
+        let mut invocation = script.prepare_invoke();
+        invocation.key(&key).arg(step.permits).arg(timeout);
+        push_f64(&mut invocation, step.rate, seq.encoding);
+        invocation.arg(policy).arg(policy_micros);
+        push_f64(&mut invocation, cold_factor, seq.encoding);
+        invocation.arg(step.now);
+        pipe.invoke_script(&invocation);
+        pipe.cmd("PTTL").arg(&key);
+        if expected.wrote {
+            pipe.cmd("PERSIST").arg(&key);
+        }
+        if expected.check_fields {
+            pipe.cmd("HMGET")
+                .arg(&key)
+                .arg("stored")
+                .arg("next")
+                .arg("rate")
+                .arg("max");
+        }
+    }
+    let replies: Vec<Value> = pipe
+        .query(con)
+        .map_err(|e| format!("the transaction failed: {e}"))?;
+    let mut replies = replies.iter();
+    let mut next_reply = || replies.next().ok_or("too few replies".to_string());
+
+    for (i, (step, expected)) in seq.steps.iter().zip(&seq.expected).enumerate() {
+        let fail = |what: String| format!("step {i} ({step:?}): {what}");
+        let reply = int_of(next_reply()?).map_err(fail)?;
+        if (reply == -1) != (expected.reply == -1) {
+            return Err(fail(format!(
+                "script replied {reply}, core {} (refusal decisions differ)",
+                expected.reply
+            )));
+        }
+        let diff = reply.abs_diff(expected.reply);
+        totals.max_wait_diff = totals.max_wait_diff.max(diff);
+        if diff > 1 {
+            return Err(fail(format!(
+                "wait: script {reply} µs, core {} µs",
+                expected.reply
+            )));
+        }
+        totals.steps += 1;
+        match step.kind {
+            Kind::Reserve => totals.reserves += 1,
+            Kind::Query => totals.queries += 1,
+            Kind::Try { .. } if reply == -1 => totals.tries_refused += 1,
+            Kind::Try { .. } => totals.tries_granted += 1,
+        }
+
+        let pttl = int_of(next_reply()?).map_err(fail)?;
+        if expected.wrote {
+            // Set just now (PTTL reads the real clock, which may have moved).
+            let ttl = expected_ttl_ms(&expected.state, step.now);
+            if !(pttl as f64 <= ttl && pttl as f64 >= (ttl - 1_000.0).max(0.0)) {
+                return Err(fail(format!("PTTL {pttl} ms, expected {ttl} ms")));
+            }
+            if int_of(next_reply()?).map_err(fail)? != 1 {
+                return Err(fail("PERSIST found no TTL".into()));
+            }
+            totals.ttl_checks += 1;
+        } else {
+            // Nothing written: still no TTL (-1), or still no key (-2).
+            let untouched = if expected.exists { -1 } else { -2 };
+            if pttl != untouched {
+                return Err(fail(format!(
+                    "a step that writes nothing left PTTL {pttl}, expected {untouched}"
+                )));
+            }
+        }
+
+        if expected.check_fields {
+            let Value::Array(values) = next_reply()? else {
+                return Err(fail("HMGET did not reply with an array".into()));
+            };
+            let values: Vec<Option<String>> = values.iter().map(string_of).collect();
+            totals.field_checks += 1;
+            if !expected.exists {
+                if values.iter().any(Option::is_some) {
+                    return Err(fail(format!("the key should be missing: {values:?}")));
+                }
+                continue;
+            }
+            let core = &expected.state;
+            let [Some(stored), Some(next), Some(rate), Some(max)] = &values[..] else {
+                return Err(fail(format!("missing fields: {values:?}")));
+            };
+            let parse = |name: &str, text: &str| {
+                text.parse::<f64>()
+                    .map_err(|e| fail(format!("field {name} = {text:?}: {e}")))
+            };
+            let next_micros: u64 = next
+                .parse()
+                .map_err(|e| fail(format!("field next = {next:?} is not an integer: {e}")))?;
+            if next_micros != core.next_free_micros {
+                return Err(fail(format!(
+                    "next: script {next_micros}, core {}",
+                    core.next_free_micros
+                )));
+            }
+            let stored = parse("stored", stored)?;
+            let stored_diff = relative_diff(stored, core.stored_permits);
+            totals.max_stored_rel_diff = totals.max_stored_rel_diff.max(stored_diff);
+            if stored_diff > 1e-9 {
+                return Err(fail(format!(
+                    "stored: script {stored:e}, core {:e}",
+                    core.stored_permits
+                )));
+            }
+            let rate = parse("rate", rate)?;
+            if rate.to_bits() != core.permits_per_second.to_bits() {
+                return Err(fail(format!(
+                    "rate: script {rate:e}, core {:e}",
+                    core.permits_per_second
+                )));
+            }
+            let max = parse("max", max)?;
+            if relative_diff(max, core.max_permits) > 1e-9 {
+                return Err(fail(format!(
+                    "max: script {max:e}, core {:e}",
+                    core.max_permits
+                )));
+            }
+        }
+    }
+    if replies.next().is_some() {
+        return Err("too many replies".into());
+    }
+    totals.sequences += 1;
+    totals.rate_changes += seq.rate_changes as u64;
+    Ok(())
+}
+
+fn describe(seq: &Sequence) -> String {
+    let mut text = format!(
+        "seed {} ({:#x}), config {:?}, numbers as {:?}, first rate {}, t0 {}\nsteps:\n",
+        seq.seed, seq.seed, seq.config, seq.encoding, seq.first_rate, seq.t0
+    );
+    for (i, (step, expected)) in seq.steps.iter().zip(&seq.expected).enumerate() {
+        let _ = writeln!(
+            text,
+            "  {i:>2}: {step:?} -> core {} (wrote: {})",
+            expected.reply, expected.wrote
+        );
+    }
+    text
+}
+
+#[test]
+fn lua_script_and_core_agree() {
+    let seeds: Vec<u64> = match std::env::var("THROTTLER_DIFF_SEED") {
+        Ok(seed) => vec![seed.parse().expect("THROTTLER_DIFF_SEED: a decimal seed")],
+        Err(_) => {
+            let n = std::env::var("THROTTLER_DIFF_SEQUENCES")
+                .map(|n| n.parse().expect("THROTTLER_DIFF_SEQUENCES: a number"))
+                .unwrap_or(SEQUENCES);
+            (BASE_SEED..BASE_SEED + n).collect()
+        }
+    };
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let script = redis::Script::new(include_str!("../lua/reserve.lua"));
+    script.load(&mut con).expect("SCRIPT LOAD");
+
+    let started = Instant::now();
+    let mut totals = Totals::default();
+    for &seed in &seeds {
+        let seq = generate(seed);
+        if let Err(what) = check(&seq, &mut con, &script, &mut totals) {
+            panic!(
+                "the script and the core disagree: {what}\n{}\nreplay: \
+                 THROTTLER_DIFF_SEED={seed} cargo test --test redis_differential -- --nocapture",
+                describe(&seq)
+            );
+        }
+    }
+    println!(
+        "differential: {} sequences, {} steps ({} reserves, {} tries granted, {} refused, \
+         {} queries, {} rate changes), {} field checks, {} TTL checks; \
+         max |wait diff| {} µs, max stored rel diff {:e}; {:.1?}",
+        totals.sequences,
+        totals.steps,
+        totals.reserves,
+        totals.tries_granted,
+        totals.tries_refused,
+        totals.queries,
+        totals.rate_changes,
+        totals.field_checks,
+        totals.ttl_checks,
+        totals.max_wait_diff,
+        totals.max_stored_rel_diff,
+        started.elapsed()
+    );
+    assert_eq!(totals.sequences, seeds.len() as u64);
+    // The sequences must actually exercise both outcomes of a try.
+    if seeds.len() > 100 {
+        assert!(totals.tries_refused > 100 && totals.tries_granted > 100);
+    }
+}

@@ -1,0 +1,8 @@
+//! Shared helpers for the integration tests that need a Redis server.
+//!
+//! A test file includes it with `mod support;` and uses what it needs; the
+//! rest would be dead code in that test binary.
+#![allow(dead_code)]
+
+pub mod redis_server;
+pub mod rng;
