@@ -6,7 +6,8 @@ use crate::clock::{Clock, SystemClock};
 use crate::core::{Bursty, Policy, State, WarmingUp};
 use crate::{Error, RateLimiter};
 
-/// The default cold factor of the warming-up policy, as Guava's.
+/// The default cold factor of the warming-up policy: a cold limiter starts
+/// three times slower than its stable rate.
 pub const DEFAULT_COLD_FACTOR: f64 = 3.0;
 
 /// The rate and policy options shared by every limiter's builder.
@@ -58,6 +59,43 @@ impl PolicyConfig {
     }
 }
 
+/// The rate and policy setters every builder has (a builder has a
+/// `config: PolicyConfig` field).
+macro_rules! policy_setters {
+    () => {
+        /// The stable rate, in permits per second: required. Must be positive;
+        /// `f64::INFINITY` means no limit.
+        pub fn permits_per_second(mut self, permits_per_second: f64) -> Self {
+            self.config.permits_per_second = Some(permits_per_second);
+            self
+        }
+
+        /// Bursty policy: how much idle time is saved up as permits usable at
+        /// once. Default one second, i.e. a burst of `rate` permits.
+        /// `Duration::ZERO` allows no burst at all.
+        pub fn max_burst(mut self, max_burst: Duration) -> Self {
+            self.config.max_burst = Some(max_burst);
+            self
+        }
+
+        /// Chooses the warming-up policy: a limiter idle for this long starts
+        /// slow and takes this long to reach its stable rate.
+        pub fn warmup(mut self, warmup: Duration) -> Self {
+            self.config.warmup = Some(warmup);
+            self
+        }
+
+        /// Warming-up policy: how much slower than stable a cold limiter starts.
+        /// Default 3.0; must be finite and `>= 1.0`.
+        pub fn cold_factor(mut self, cold_factor: f64) -> Self {
+            self.config.cold_factor = Some(cold_factor);
+            self
+        }
+    };
+}
+#[cfg(feature = "redis")]
+pub(crate) use policy_setters;
+
 /// Builds a [`RateLimiter`] with options; see [`RateLimiter::builder`].
 ///
 /// Setting [`warmup`](Builder::warmup) chooses the warming-up policy;
@@ -103,34 +141,7 @@ impl Builder<SystemClock> {
 }
 
 impl<C: Clock> Builder<C> {
-    /// The stable rate, in permits per second: required. Must be positive;
-    /// `f64::INFINITY` means no limit.
-    pub fn permits_per_second(mut self, permits_per_second: f64) -> Self {
-        self.config.permits_per_second = Some(permits_per_second);
-        self
-    }
-
-    /// Bursty policy: how much idle time is saved up as permits usable at
-    /// once. Default one second, i.e. a burst of `rate` permits.
-    /// `Duration::ZERO` allows no burst at all.
-    pub fn max_burst(mut self, max_burst: Duration) -> Self {
-        self.config.max_burst = Some(max_burst);
-        self
-    }
-
-    /// Chooses the warming-up policy: a limiter idle for this long starts
-    /// slow and takes this long to reach its stable rate.
-    pub fn warmup(mut self, warmup: Duration) -> Self {
-        self.config.warmup = Some(warmup);
-        self
-    }
-
-    /// Warming-up policy: how much slower than stable a cold limiter starts.
-    /// Default 3.0; must be finite and `>= 1.0`.
-    pub fn cold_factor(mut self, cold_factor: f64) -> Self {
-        self.config.cold_factor = Some(cold_factor);
-        self
-    }
+    policy_setters!();
 
     /// The clock the limiter reads and sleeps on. Default: [`SystemClock`].
     pub fn clock<C2: Clock>(self, clock: C2) -> Builder<C2> {

@@ -14,17 +14,91 @@ pub enum Error {
     /// rate that is zero, negative or NaN, a cold factor below 1, options that
     /// contradict each other. The message says which and what was given.
     InvalidArgument(String),
+    /// The backend (Redis) could not serve the call: it was unreachable, did
+    /// not answer in time, or answered with an error. The underlying error, if
+    /// any, is the [`source`](std::error::Error::source).
+    Backend(BackendError),
 }
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::InvalidArgument(message) => write!(f, "invalid argument: {message}"),
+            Error::Backend(error) => write!(f, "backend error: {error}"),
         }
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::InvalidArgument(_) => None,
+            Error::Backend(error) => error.source(),
+        }
+    }
+}
+
+/// What went wrong with a backend, with the backend's own error as the source.
+#[derive(Debug)]
+pub struct BackendError {
+    message: String,
+    timed_out: bool,
+    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+#[cfg(feature = "redis")]
+impl BackendError {
+    /// An error described by `message`, caused by `source` if given.
+    pub(crate) fn new(
+        message: impl Into<String>,
+        source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        BackendError {
+            message: message.into(),
+            timed_out: false,
+            source,
+        }
+    }
+
+    /// The backend did not answer within the response timeout.
+    pub(crate) fn timeout(message: impl Into<String>) -> Self {
+        BackendError {
+            message: message.into(),
+            timed_out: true,
+            source: None,
+        }
+    }
+
+    /// Marks the error as a timeout (or not).
+    pub(crate) fn with_timeout(mut self, timed_out: bool) -> Self {
+        self.timed_out = timed_out;
+        self
+    }
+}
+
+impl BackendError {
+    /// Whether the backend failed to answer in time (as opposed to answering
+    /// with an error or refusing the connection).
+    pub fn is_timeout(&self) -> bool {
+        self.timed_out
+    }
+
+    /// The backend's own error, if there was one (e.g. a `redis::RedisError`).
+    pub fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.source {
+            Some(source) => write!(f, "{}: {source}", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
 
 /// `permits` must be at least 1.
 pub(crate) fn check_permits(permits: u32) -> Result<(), Error> {

@@ -6,7 +6,7 @@
 //! ([`RateLimiter::acquire_blocking`]) until its permits are due, or asks
 //! whether they would be due within a timeout ([`RateLimiter::try_acquire`]).
 //!
-//! The algorithm is Guava's smooth rate limiter: a request goes as soon as the
+//! The algorithm is a smooth, reservation-based limiter: a request goes as soon as the
 //! previous caller's debt is paid and charges its own cost to the next caller;
 //! idle time is saved as *stored permits*, which are free (the
 //! [bursty](core::Bursty) policy) or expensive (the
@@ -68,8 +68,10 @@ pub mod core;
 mod error;
 mod limiter;
 mod local;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 pub use builder::{Builder, DEFAULT_COLD_FACTOR};
-pub use error::Error;
+pub use error::{BackendError, Error};
 pub use limiter::Limiter;
 pub use local::RateLimiter;

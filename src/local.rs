@@ -43,7 +43,7 @@ pub struct RateLimiter<C: Clock = SystemClock> {
 /// # Constructors
 impl RateLimiter<SystemClock> {
     /// A bursty limiter at `permits_per_second` that saves up to one second of
-    /// idle time as a burst (Guava's `RateLimiter.create(rate)`).
+    /// idle time as a burst.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN.

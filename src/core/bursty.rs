@@ -46,7 +46,7 @@ impl Bursty {
 }
 
 impl Default for Bursty {
-    /// One second of burst, as Guava's `RateLimiter.create(rate)`.
+    /// One second of burst.
     fn default() -> Self {
         Bursty::new(Duration::from_secs(1))
     }

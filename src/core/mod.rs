@@ -96,10 +96,10 @@
 //! quantity is kept finite, so no input produces NaN or an overflow: bad
 //! rates are rejected by [`stable_interval_micros`], anything else saturates.
 //!
-//! The design follows the one Guava's `SmoothRateLimiter` documents, with two
-//! deliberate differences: a zero warm-up period limits like a bursty limiter
-//! with no burst (instead of producing NaN and not limiting at all), and
-//! extreme rates saturate instead of overflowing.
+//! Two choices differ from the classic formulation of this algorithm: a
+//! zero warm-up period limits like a bursty limiter with no burst (instead of
+//! producing NaN and not limiting at all), and extreme rates saturate instead
+//! of overflowing.
 
 mod bursty;
 mod warming_up;

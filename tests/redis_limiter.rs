@@ -1,0 +1,473 @@
+//! `RedisRateLimiter` against a real redis-server started per test: the same
+//! verbs and semantics as the local limiter, one schedule for every instance
+//! whatever its own clock, blocking use, bad input.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::Commands;
+use support::redis_server::RedisServer;
+use throttler::clock::{Clock, FakeClock};
+use throttler::redis::{Fallback, RedisRateLimiter};
+use throttler::{Error, Limiter};
+
+const MS: Duration = Duration::from_millis(1);
+
+async fn limiter(
+    server: &RedisServer,
+    name: &str,
+    rate: f64,
+    clock: &FakeClock,
+) -> RedisRateLimiter<FakeClock> {
+    RedisRateLimiter::builder(server.client(), name)
+        .permits_per_second(rate)
+        .fallback(Fallback::FailClosed)
+        .clock(clock.clone())
+        .build()
+        .await
+        .expect("limiter")
+}
+
+#[tokio::test]
+async fn a_new_key_is_full_then_paces_at_the_rate() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new();
+    let limiter = limiter(&server, "paced", 10.0, &clock).await;
+    assert_eq!(limiter.key(), "throttler:paced");
+    // A missing key reads as idle for long: 10 stored permits, then one free
+    // fresh permit, then the debt shows.
+    for i in 0..11 {
+        assert_eq!(
+            limiter.reserve(1).await.unwrap(),
+            Duration::ZERO,
+            "permit {i}"
+        );
+    }
+    let wait = limiter.reserve(1).await.unwrap();
+    assert!(wait > 90 * MS && wait <= 100 * MS, "{wait:?}");
+    let wait = limiter.reserve(1).await.unwrap();
+    assert!(wait > 190 * MS && wait <= 200 * MS, "{wait:?}");
+    let mut conn = server.connection();
+    assert!(conn.exists::<_, bool>("throttler:paced").unwrap());
+    let ttl: i64 = conn.pttl("throttler:paced").unwrap();
+    assert!(
+        ttl > 1000,
+        "the key lives until it would be full again: {ttl} ms"
+    );
+}
+
+#[tokio::test]
+async fn acquire_sleeps_the_wait_on_the_limiter_clock() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new();
+    let limiter = RedisRateLimiter::builder(server.client(), "sleepy")
+        .permits_per_second(2.0)
+        .max_burst(Duration::ZERO)
+        .clock(clock.clone())
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(limiter.acquire(1).await.unwrap(), Duration::ZERO);
+    let slept = limiter.acquire(1).await.unwrap();
+    assert!(slept > 450 * MS && slept <= 500 * MS, "{slept:?}");
+    assert_eq!(clock.now(), slept, "slept on the fake clock, not for real");
+}
+
+#[tokio::test]
+async fn try_acquire_refuses_without_touching_the_key() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new();
+    let limiter = RedisRateLimiter::builder(server.client(), "tries")
+        .permits_per_second(1.0)
+        .max_burst(Duration::ZERO)
+        .clock(clock.clone())
+        .build()
+        .await
+        .unwrap();
+    assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
+    let mut conn = server.connection();
+    let before: Vec<u8> = redis::cmd("DUMP")
+        .arg("throttler:tries")
+        .query(&mut conn)
+        .unwrap();
+    for _ in 0..20 {
+        assert!(!limiter.try_acquire(5, 500 * MS).await.unwrap());
+        assert_eq!(limiter.try_reserve(1, Duration::ZERO).await.unwrap(), None);
+    }
+    let after: Vec<u8> = redis::cmd("DUMP")
+        .arg("throttler:tries")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(before, after, "a refused try writes nothing");
+    assert!(
+        limiter
+            .try_acquire(1, Duration::from_secs(2))
+            .await
+            .unwrap()
+    );
+    let wait = limiter.available_in().await.unwrap();
+    assert!(wait > 1500 * MS && wait <= 2000 * MS, "{wait:?}");
+}
+
+/// Only Redis's clock drives the algorithm: an instance whose own clock is a
+/// year ahead shares the schedule of one on the real clock.
+#[tokio::test]
+async fn instances_with_disagreeing_clocks_share_one_schedule() {
+    let server = RedisServer::start();
+    let future = FakeClock::new();
+    future.advance(Duration::from_secs(365 * 24 * 3600));
+    let ahead = RedisRateLimiter::builder(server.client(), "shared")
+        .permits_per_second(4.0)
+        .max_burst(Duration::ZERO)
+        .clock(future.clone())
+        .build()
+        .await
+        .unwrap();
+    let real = RedisRateLimiter::builder(server.client(), "shared")
+        .permits_per_second(4.0)
+        .max_burst(Duration::ZERO)
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(ahead.reserve(1).await.unwrap(), Duration::ZERO);
+    let w1 = real.reserve(1).await.unwrap();
+    let w2 = ahead.reserve(1).await.unwrap();
+    let w3 = real.reserve(1).await.unwrap();
+    for (wait, slots) in [(w1, 1), (w2, 2), (w3, 3)] {
+        let expected = 250 * MS * slots;
+        assert!(
+            wait <= expected && wait > expected - 50 * MS,
+            "{wait:?} vs {expected:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn set_rate_reaches_redis_with_the_next_call() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new();
+    let limiter = RedisRateLimiter::builder(server.client(), "rates")
+        .permits_per_second(1.0)
+        .max_burst(Duration::ZERO)
+        .clock(clock)
+        .build()
+        .await
+        .unwrap();
+    limiter.reserve(1).await.unwrap();
+    limiter.set_rate(100.0).unwrap();
+    assert_eq!(limiter.rate(), 100.0);
+    // The old debt is repaid at the old rate: about 1 s.
+    let wait = limiter.reserve(1).await.unwrap();
+    assert!(wait > 900 * MS && wait <= 1000 * MS, "{wait:?}");
+    // Then 10 ms per permit.
+    let next = limiter.reserve(1).await.unwrap();
+    assert!(
+        next > wait + 5 * MS && next <= wait + 10 * MS,
+        "{wait:?} then {next:?}"
+    );
+    assert!(matches!(
+        limiter.set_rate(0.0),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert_eq!(limiter.rate(), 100.0);
+}
+
+#[tokio::test]
+async fn warming_up_over_redis_starts_cold() {
+    let server = RedisServer::start();
+    let limiter = RedisRateLimiter::builder(server.client(), "cold")
+        .permits_per_second(10.0)
+        .warmup(Duration::from_secs(1))
+        .cold_factor(3.0)
+        .build()
+        .await
+        .unwrap();
+    limiter.reserve(1).await.unwrap();
+    let first_paid = limiter.reserve(1).await.unwrap();
+    // Cold: the first permit costs close to 3 × 100 ms.
+    assert!(first_paid > 200 * MS, "{first_paid:?}");
+}
+
+#[tokio::test]
+async fn works_through_the_limiter_trait() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new();
+    let limiter: Arc<dyn Limiter> = Arc::new(limiter(&server, "dyn", 5.0, &clock).await);
+    for _ in 0..6 {
+        assert_eq!(limiter.acquire(1).await.unwrap(), Duration::ZERO);
+    }
+    assert!(limiter.acquire(1).await.unwrap() > 150 * MS);
+    assert!(limiter.clock().now() > 150 * MS);
+    assert!(matches!(
+        limiter.reserve(0).await,
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn build_blocking_serves_a_program_without_runtime() {
+    let server = RedisServer::start();
+    let limiter = RedisRateLimiter::builder(server.client(), "batch")
+        .permits_per_second(20.0)
+        .max_burst(Duration::ZERO)
+        .build_blocking()
+        .unwrap();
+    let start = Instant::now();
+    for _ in 0..5 {
+        limiter.acquire_blocking(1).unwrap();
+    }
+    let elapsed = start.elapsed();
+    assert!(
+        elapsed >= 190 * MS && elapsed < Duration::from_secs(2),
+        "{elapsed:?}"
+    );
+    assert!(
+        limiter
+            .try_acquire_blocking(1, Duration::from_secs(1))
+            .unwrap()
+    );
+    assert!(!limiter.try_acquire_blocking(1, Duration::ZERO).unwrap());
+    // Threads share it.
+    let limiter = Arc::new(limiter);
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let limiter = Arc::clone(&limiter);
+            std::thread::spawn(move || limiter.acquire_blocking(1).unwrap())
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn build_blocking_inside_a_runtime_and_drop_there() {
+    let server = RedisServer::start();
+    let limiter = RedisRateLimiter::builder(server.client(), "inside")
+        .permits_per_second(100.0)
+        .build_blocking()
+        .unwrap();
+    limiter.acquire(1).await.unwrap();
+    drop(limiter); // must not panic inside an async context
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_calls_from_plain_threads_use_the_builders_runtime() {
+    let server = RedisServer::start();
+    let limiter = Arc::new(
+        RedisRateLimiter::builder(server.client(), "mixed")
+            .permits_per_second(1000.0)
+            .build()
+            .await
+            .unwrap(),
+    );
+    let l = Arc::clone(&limiter);
+    let granted = tokio::task::spawn_blocking(move || {
+        (0..10)
+            .filter(|_| l.try_acquire_blocking(1, Duration::from_secs(1)).unwrap())
+            .count()
+    })
+    .await
+    .unwrap();
+    assert_eq!(granted, 10);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_blocking_call_on_a_current_thread_runtime_is_an_error_not_a_deadlock() {
+    let server = RedisServer::start();
+    let limiter = RedisRateLimiter::builder(server.client(), "deadlock")
+        .permits_per_second(10.0)
+        .build()
+        .await
+        .unwrap();
+    match limiter.acquire_blocking(1) {
+        Err(Error::InvalidArgument(message)) => assert!(message.contains("deadlock"), "{message}"),
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn script_flush_and_flushall_mid_run_are_harmless() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new();
+    let limiter = limiter(&server, "flushed", 1000.0, &clock).await;
+    let mut conn = server.connection();
+    for round in 0..5 {
+        for _ in 0..20 {
+            limiter.reserve(1).await.unwrap();
+        }
+        if round % 2 == 0 {
+            redis::cmd("SCRIPT").arg("FLUSH").exec(&mut conn).unwrap();
+        } else {
+            redis::cmd("FLUSHALL").exec(&mut conn).unwrap();
+        }
+        assert!(
+            limiter
+                .try_acquire(1, Duration::from_secs(1))
+                .await
+                .unwrap()
+        );
+    }
+    assert!(!limiter.is_degraded());
+}
+
+#[tokio::test]
+async fn a_key_of_another_type_is_a_clear_error_whatever_the_fallback() {
+    let server = RedisServer::start();
+    let mut conn = server.connection();
+    let _: () = conn
+        .set("throttler:taken", "someone else's string")
+        .unwrap();
+    for fallback in [Fallback::Local, Fallback::FailOpen, Fallback::FailClosed] {
+        let limiter = RedisRateLimiter::builder(server.client(), "taken")
+            .permits_per_second(10.0)
+            .fallback(fallback)
+            .build()
+            .await
+            .unwrap();
+        match limiter.acquire(1).await {
+            Err(Error::Backend(e)) => {
+                let text = Error::Backend(e).to_string();
+                assert!(
+                    text.contains("WRONGTYPE") && text.contains("throttler:taken"),
+                    "{text}"
+                );
+            }
+            other => panic!("{fallback:?}: expected Error::Backend, got {other:?}"),
+        }
+        assert!(!limiter.is_degraded(), "a data error is not an outage");
+    }
+    let value: String = conn.get("throttler:taken").unwrap();
+    assert_eq!(
+        value, "someone else's string",
+        "other data is never overwritten"
+    );
+}
+
+#[tokio::test]
+async fn garbage_fields_reset_the_key() {
+    let server = RedisServer::start();
+    let mut conn = server.connection();
+    let _: () = conn
+        .hset_multiple(
+            "throttler:junk",
+            &[
+                ("stored", "lots"),
+                ("next", "-7"),
+                ("rate", "nan"),
+                ("max", "x"),
+            ],
+        )
+        .unwrap();
+    let clock = FakeClock::new();
+    let limiter = limiter(&server, "junk", 2.0, &clock).await;
+    // Reset to a full limiter: 2 stored + 1 fresh, then a wait.
+    for _ in 0..3 {
+        assert_eq!(limiter.reserve(1).await.unwrap(), Duration::ZERO);
+    }
+    assert!(limiter.reserve(1).await.unwrap() > 400 * MS);
+    let next: String = conn.hget("throttler:junk", "next").unwrap();
+    assert!(next.parse::<u64>().is_ok(), "{next}");
+}
+
+#[tokio::test]
+async fn bad_options_and_arguments_are_clear_errors() {
+    let server = RedisServer::start();
+    let build = |b: throttler::redis::RedisBuilder| async move { b.build().await };
+    for (builder, mentions) in [
+        (
+            RedisRateLimiter::builder(server.client(), "x"),
+            "permits_per_second",
+        ),
+        (
+            RedisRateLimiter::builder(server.client(), "x").permits_per_second(-1.0),
+            "permits_per_second",
+        ),
+        (
+            RedisRateLimiter::builder(server.client(), "").permits_per_second(1.0),
+            "name",
+        ),
+        (
+            RedisRateLimiter::builder(server.client(), "x")
+                .permits_per_second(1.0)
+                .local_fraction(0.0),
+            "local_fraction",
+        ),
+        (
+            RedisRateLimiter::builder(server.client(), "x")
+                .permits_per_second(1.0)
+                .response_timeout(Duration::ZERO),
+            "response_timeout",
+        ),
+        (
+            RedisRateLimiter::builder(server.client(), "x")
+                .permits_per_second(1.0)
+                .probe_interval(Duration::ZERO),
+            "probe_interval",
+        ),
+        (
+            RedisRateLimiter::builder(server.client(), "x")
+                .permits_per_second(1.0)
+                .cold_factor(2.0),
+            "cold_factor",
+        ),
+    ] {
+        match build(builder).await {
+            Err(Error::InvalidArgument(m)) => {
+                assert!(m.contains(mentions), "{m:?} should mention {mentions}")
+            }
+            other => panic!("expected InvalidArgument mentioning {mentions}, got {other:?}"),
+        }
+    }
+    let limiter = RedisRateLimiter::builder(server.client(), "x")
+        .permits_per_second(1.0)
+        .build()
+        .await
+        .unwrap();
+    assert!(matches!(
+        limiter.reserve(0).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        limiter.try_acquire(0, MS).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    // Extreme values saturate.
+    limiter.set_rate(1e-300).unwrap();
+    limiter.reserve(u32::MAX).await.unwrap();
+    assert!(limiter.reserve(u32::MAX).await.unwrap() > Duration::from_secs(100 * 365 * 24 * 3600));
+    assert!(
+        limiter
+            .try_reserve(1, Duration::MAX)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    limiter.set_rate(f64::INFINITY).unwrap();
+    limiter.reserve(1).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_unreachable_server_fails_build_quickly_and_clearly() {
+    let server = RedisServer::start();
+    let url = server.url();
+    drop(server); // nothing listens on that port any more
+    let start = Instant::now();
+    let result = RedisRateLimiter::builder(redis::Client::open(url).unwrap(), "nowhere")
+        .permits_per_second(1.0)
+        .response_timeout(100 * MS)
+        .build()
+        .await;
+    match result {
+        Err(Error::Backend(e)) => assert!(e.to_string().contains("cannot connect"), "{e}"),
+        other => panic!("expected Error::Backend, got {other:?}"),
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+}
