@@ -4,5 +4,6 @@
 //! rest would be dead code in that test binary.
 #![allow(dead_code)]
 
+pub mod redis_cluster;
 pub mod redis_server;
 pub mod rng;

@@ -37,6 +37,7 @@ pub struct RedisServer {
     pid: u32,
     port: u16,
     dir: PathBuf,
+    extra_args: Vec<String>,
 }
 
 impl RedisServer {
@@ -44,17 +45,25 @@ impl RedisServer {
     ///
     /// Panics (with what went wrong) if no server could be started.
     pub fn start() -> RedisServer {
+        Self::start_with(&[], free_port)
+    }
+
+    /// Starts a server with extra command-line arguments, on a port chosen
+    /// by `pick_port` (e.g. [`free_cluster_port`]).
+    pub fn start_with(extra_args: &[&str], pick_port: fn() -> u16) -> RedisServer {
+        let extra_args: Vec<String> = extra_args.iter().map(|a| a.to_string()).collect();
         let mut failures = Vec::new();
         for _ in 0..START_ATTEMPTS {
-            let port = free_port();
+            let port = pick_port();
             let dir = fresh_dir(port);
-            match launch(port, &dir) {
+            match launch(port, &dir, &extra_args) {
                 Ok(child) => {
                     return RedisServer {
                         pid: child.id(),
                         child: Some(child),
                         port,
                         dir,
+                        extra_args,
                     };
                 }
                 Err(failure) => {
@@ -129,7 +138,7 @@ impl RedisServer {
         let deadline = Instant::now() + START_TIMEOUT;
         let mut failures = Vec::new();
         loop {
-            match launch(self.port, &self.dir) {
+            match launch(self.port, &self.dir, &self.extra_args) {
                 Ok(child) => {
                     self.pid = child.id();
                     self.child = Some(child);
@@ -180,6 +189,16 @@ fn free_port() -> u16 {
     listener.local_addr().expect("local address").port()
 }
 
+/// A free port whose cluster bus port (port + 10000) is free too.
+pub fn free_cluster_port() -> u16 {
+    loop {
+        let port = free_port();
+        if port <= u16::MAX - 10_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
 /// A new, empty directory under the system's temporary directory.
 fn fresh_dir(port: u16) -> PathBuf {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -198,13 +217,14 @@ fn fresh_dir(port: u16) -> PathBuf {
 
 /// Spawns a server on `port` and waits until *it* (not some other process on
 /// that port) answers; on failure the process is reaped and the reason returned.
-fn launch(port: u16, dir: &Path) -> Result<Child, String> {
+fn launch(port: u16, dir: &Path, extra_args: &[String]) -> Result<Child, String> {
     let mut child = Command::new(BINARY)
         .arg("--port")
         .arg(port.to_string())
         .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
         .arg("--dir")
         .arg(dir)
+        .args(extra_args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())

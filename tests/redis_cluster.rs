@@ -1,0 +1,88 @@
+//! The Redis limiter on a three-master Redis Cluster: limiter keys land on
+//! every node and each key is limited on its own.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use support::redis_cluster::RedisCluster;
+use throttler::redis::RedisRateLimiter;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_keys_are_limited_independently_across_nodes() {
+    let cluster = RedisCluster::start();
+    let mut limiters = Vec::new();
+    for i in 0..30 {
+        let limiter = RedisRateLimiter::cluster_builder(cluster.client(), &format!("tenant-{i}"))
+            .permits_per_second(1.0)
+            .max_burst(Duration::from_secs(2))
+            .build()
+            .await
+            .expect("cluster limiter");
+        limiters.push(limiter);
+    }
+    for (i, limiter) in limiters.iter().enumerate() {
+        // A new key is full: 2 stored + 1 fresh permit at once, then refused.
+        for n in 0..3 {
+            assert!(
+                limiter.try_acquire(1, Duration::ZERO).await.unwrap(),
+                "key {i}, permit {n}"
+            );
+        }
+        assert!(
+            !limiter.try_acquire(1, Duration::ZERO).await.unwrap(),
+            "key {i} over its limit"
+        );
+        let wait = limiter.available_in().await.unwrap();
+        assert!(
+            wait > Duration::from_millis(900) && wait <= Duration::from_secs(1),
+            "key {i}: {wait:?}"
+        );
+        assert!(!limiter.is_degraded());
+    }
+    // The keys are spread over the nodes: each node holds some of them.
+    let mut nodes_with_keys = HashSet::new();
+    for (n, node) in cluster.nodes.iter().enumerate() {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("throttler:*")
+            .query(&mut node.connection())
+            .unwrap();
+        if !keys.is_empty() {
+            nodes_with_keys.insert(n);
+        }
+    }
+    assert_eq!(
+        nodes_with_keys.len(),
+        3,
+        "30 keys should land on all 3 masters"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_share_a_key_on_the_cluster() {
+    let cluster = RedisCluster::start();
+    let a = RedisRateLimiter::cluster_builder(cluster.client(), "shared")
+        .permits_per_second(10.0)
+        .max_burst(Duration::ZERO)
+        .build()
+        .await
+        .unwrap();
+    let b = RedisRateLimiter::cluster_builder(cluster.client(), "shared")
+        .permits_per_second(10.0)
+        .max_burst(Duration::ZERO)
+        .build()
+        .await
+        .unwrap();
+    assert!(a.try_acquire(1, Duration::ZERO).await.unwrap());
+    assert!(
+        !b.try_acquire(1, Duration::ZERO).await.unwrap(),
+        "the second instance sees the first one's debt"
+    );
+    let wait = b.reserve(1).await.unwrap();
+    assert!(
+        wait > Duration::from_millis(50) && wait <= Duration::from_millis(100),
+        "{wait:?}"
+    );
+}
