@@ -21,6 +21,9 @@ echo "==> cargo clippy"
 cargo clippy --all-targets --all-features -- -D warnings
 cargo clippy --all-targets --no-default-features -- -D warnings
 
+echo "==> cargo doc"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features --quiet
+
 echo "==> cargo test (no default features)"
 cargo test --no-default-features
 

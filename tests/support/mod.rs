@@ -4,6 +4,8 @@
 //! rest would be dead code in that test binary.
 #![allow(dead_code)]
 
+#[cfg(feature = "redis")]
 pub mod redis_cluster;
+#[cfg(feature = "redis")]
 pub mod redis_server;
 pub mod rng;
