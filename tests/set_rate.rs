@@ -5,7 +5,7 @@ mod fake;
 
 use std::time::Duration;
 
-use fake::{bursty, pause_ms, waits, waits_n, warming_up};
+use fake::{bursty, pause_ms, rounded, waits, waits_n, warming_up};
 use throttler::Error;
 
 #[test]
@@ -151,12 +151,4 @@ fn bursts_never_exceed_one_second_of_work_across_rate_changes() {
             "rate {rate}: after the burst took {after} µs"
         );
     }
-}
-
-fn rounded(waits: &[u64]) -> String {
-    waits
-        .iter()
-        .map(|&w| format!("{:.2}", (w as f64 / 1e4).round() / 100.0))
-        .collect::<Vec<_>>()
-        .join(", ")
 }

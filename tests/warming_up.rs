@@ -8,16 +8,7 @@ mod fake;
 
 use std::time::Duration;
 
-use fake::{pause_ms, waits, waits_n, warming_up};
-
-/// Waits in seconds with two decimals, rounded half up as the published values are.
-fn rounded(waits: &[u64]) -> String {
-    waits
-        .iter()
-        .map(|&w| format!("{:.2}", (w as f64 / 1e4).round() / 100.0))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
+use fake::{pause_ms, rounded, waits, waits_n, warming_up};
 
 #[test]
 fn cold_start_ramps_down_to_the_stable_rate_and_cools_back() {

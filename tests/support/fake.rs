@@ -57,3 +57,13 @@ pub fn pause_ms(clock: &FakeClock, ms: u64) {
 pub fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap()
 }
+
+/// Waits in seconds with two decimals, rounded half up: the format of the
+/// published reference values (e.g. "1.38" for 1 375 000 µs).
+pub fn rounded(waits: &[u64]) -> String {
+    waits
+        .iter()
+        .map(|&w| format!("{:.2}", (w as f64 / 1e4).round() / 100.0))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
