@@ -7,15 +7,19 @@ This script is a line-by-line mirror of the pure algorithm in `src/core`
 same floating-point operations in the same order, so for the same inputs it
 computes bit-for-bit the same waits and state as the Rust code; a
 differential test (`tests/redis_differential.rs`) keeps the two in step.
-Where a function below has a counterpart in `src/core`, it carries its name.
+Where a block below has a counterpart in `src/core`, it carries its name.
+It is written for speed (Redis runs one script at a time, so its time in
+here is the limit of every caller): no helper functions, no string
+building, each argument converted once, three Redis calls per reservation.
 
-KEYS[1]  The limiter: a hash with four fields, each written with
-         `%.17g` (exact round trip):
-           stored  stored_permits
-           next    next_free_micros (integer microseconds, server clock)
-           rate    permits_per_second in force when the hash was written
-                   (may be `inf`)
-           max     max_permits in force when the hash was written
+KEYS[1]  The limiter: a string of exactly 40 bytes, five little-endian
+         IEEE doubles, `struct.pack('<ddddd', ...)` (exact, no rounding):
+           1  stored_permits
+           2  next_free_micros (an integer, on the clock of the call)
+           3  permits_per_second in force when it was written (may be inf)
+           4  max_permits in force when it was written
+           5  expires_micros: when the key's TTL ends, as last set (same
+              clock as next_free_micros); see Expiry
 
 ARGV[1]  permits: an integer >= 1 to reserve, or 0 to QUERY: reply with the
          current wait (0 for a missing or corrupted key) and write nothing.
@@ -34,24 +38,26 @@ Reply    An integer: the wait in microseconds (>= 0) for a granted
          reservation or a query; -1 for a refused try.
 
 Errors   `ERR throttler: ...` for any invalid argument, before the key is
-         read or written. If KEYS[1] holds something other than a hash, the
-         HMGET fails with WRONGTYPE and that error is returned as is: data
-         that is not ours is never overwritten.
+         read or written. If KEYS[1] holds something other than a string
+         (a hash, a list, ...), the GET fails with WRONGTYPE and that error
+         is returned as is: nothing is written. (So does a key left by the
+         first version of this script, which kept the state in a hash:
+         delete it, or let it expire.)
 
 Clock    ARGV[7] when given, else the server's `TIME` in microseconds. All
          callers of one key therefore share one clock, the server's.
 
-Rate     When the `rate` in the hash differs from ARGV[3], the rate changed:
+Rate     When the rate in the key differs from ARGV[3], the rate changed:
 changes  as in `State::set_rate`, idle time up to now is first credited at
-         the old rate (its stable interval recomputed from `rate`, with the
-         old `max`, under the current policy arguments), then stored permits
-         are rescaled to the same fraction of the new max_permits. The same
-         happens when the rate is unchanged but the policy arguments give a
-         different max_permits than the `max` in the hash (the limiter was
-         reconfigured). This is done at the start of every call, before the
-         try check, and is written with the reservation; a refused try or a
-         query writes nothing, so the change is then applied by the next call
-         that writes.
+         the old rate (its stable interval recomputed from that rate, with
+         the old max_permits, under the current policy arguments), then
+         stored permits are rescaled to the same fraction of the new
+         max_permits. The same happens when the rate is unchanged but the
+         policy arguments give a different max_permits than the one in the
+         key (the limiter was reconfigured). This is done at the start of
+         every call, before the try check, and is written with the
+         reservation; a refused try or a query writes nothing, so the change
+         is then applied by the next call that writes.
 
 Missing  A missing key reads as a limiter that has been idle for a long time:
 key      stored_permits = max_permits (full for bursty, cold for warming-up),
@@ -59,234 +65,225 @@ key      stored_permits = max_permits (full for bursty, cold for warming-up),
          in-process starts with no stored permits when bursty; a shared key
          cannot tell "new" from "expired", so it takes the idle reading.)
 
-Corrupt  A hash whose fields are missing, not numbers, NaN, negative,
-key      infinite (except `rate`, which may be `inf`), with `rate` <= 0, with
-         `next` not an integer or above 2^53, or with `stored` > `max`, is
-         treated exactly as a missing key and overwritten by the next call
-         that writes. Fields other than the four above are left alone.
+Corrupt  A string that is not 40 bytes long, or whose fields are NaN,
+key      negative, infinite (except the rate, which may be inf), with a rate
+         <= 0, with next_free_micros not an integer or above 2^53, or with
+         stored_permits > max_permits, is treated exactly as a missing key
+         and overwritten by the next call that writes (a query or a refused
+         try leaves it alone).
 
-Expiry   Every write sets a TTL (PEXPIRE) that lasts until the key would
-         read as a missing key anyway: until next_free_micros has passed AND
-         idle time has refilled stored_permits to max_permits (rounded up to
-         whole milliseconds, plus 2 ms, at most 2^53 / 1000 ms). At an
-         unchanged rate and configuration, expiry is therefore invisible.
-         (Across a rate change it can be visible in two corner cases the
-         in-process limiter treats specially: leaving an infinite rate, and
-         leaving a rate with max_permits = 0.) A refused try or a query never
-         sets a TTL.
+Expiry   The key must live until it would read as a missing key anyway: until
+         next_free_micros has passed AND idle time has refilled
+         stored_permits to max_permits (rounded up to whole milliseconds,
+         plus 2 ms; at most 2^53 / 1000 ms). At an unchanged rate and
+         configuration, expiry is therefore invisible. (Across a rate change
+         it can be visible in two corner cases the in-process limiter treats
+         specially: leaving an infinite rate, and leaving a rate with
+         max_permits = 0.)
+         Setting a TTL costs Redis more than the rest of the write, so a
+         write keeps the TTL it finds (`SET ... KEEPTTL`) when
+         expires_micros already covers that moment, and otherwise sets one
+         with slack (`SET ... PX`): twice what the key needs, but at most 1 s
+         more, recording its end in expires_micros. A busy key thus sets a
+         TTL about once per second that its end moves instead of on every
+         call, and an idle key still goes soon after it reads as missing.
+         A refused try or a query never writes, so never sets a TTL. (A TTL
+         removed from outside, e.g. by PERSIST, is therefore not restored
+         until the key needs a longer one; and with ARGV[7], expires_micros
+         is on the caller's clock.)
 
 Numbers  Time is integer microseconds, saturating at 2^53 (MAX_MICROS). Lua
-         numbers are doubles, exactly like the f64 of the core; every field is
-         written with `%.17g` because Redis would round a bare Lua number to 14
-         significant digits. Cost: one HMGET, one HSET, one PEXPIRE.
+         numbers are doubles, exactly like the f64 of the core, and the state
+         is stored as their exact bytes. Cost: TIME, GET, SET.
 
-Redis    4.0 or newer (HSET with several fields). On servers older than 5,
-         the script turns on effects replication before reading TIME.
+Redis    6.0 or newer (SET ... KEEPTTL), with effects replication (the
+         default since 5.0, the only mode since 7.0), as the script writes
+         after reading TIME.
 ]]
 
 -- Constants, as in src/core.
 local MAX_MICROS = 9007199254740992 -- 2^53
 local F64_MAX = 1.7976931348623157e308 -- f64::MAX
-local MICROS_PER_SECOND = 1000000.0
-local INFINITY = math.huge
+local INFINITY = 1 / 0
 local TTL_CAP_MS = 9007199254740 -- floor(2^53 / 1000)
+local TTL_MAX_SLACK_MS = 1000
+local BAD = 'ERR throttler: %s (got "%s")'
 
-local floor = math.floor
-
-local function fail(what)
-    return redis.error_reply('ERR throttler: ' .. what)
-end
-
--- Shows a bad argument in an error message (shortened).
-local function shown(value)
-    return '(got "' .. string.sub(tostring(value), 1, 40) .. '")'
-end
-
--- f64::min: a NaN operand loses.
-local function min(a, b)
-    if b < a or a ~= a then
-        return b
-    end
-    return a
-end
-
--- An integer argument (finite, no fraction), or nil.
-local function integer_arg(value)
-    local x = tonumber(value)
-    if x == nil or x ~= floor(x) or x == INFINITY or x == -INFINITY then
-        return nil
-    end
-    return x
-end
+-- Comparisons below are written `if x > cap then x = cap end` where the core
+-- has `x.min(cap)`: the same thing, as no x there can be NaN. An integer
+-- check is `x % 1 == 0`, which NaN and the infinities fail.
 
 ---------------------------------------------------------------------------
 -- Arguments. Everything is checked before the key is read or written.
 ---------------------------------------------------------------------------
 
+local argv = ARGV
+local nargs = #argv
 if #KEYS ~= 1 then
-    return fail('expected exactly 1 key, the limiter (got ' .. #KEYS .. '); call with KEYS[1] = limiter key')
+    return redis.error_reply('ERR throttler: expected exactly 1 key, the limiter (got '
+        .. #KEYS .. '); call with KEYS[1] = limiter key')
 end
-if #ARGV ~= 6 and #ARGV ~= 7 then
-    return fail('expected 6 or 7 arguments: permits, timeout_micros, permits_per_second, policy, '
-        .. 'max_burst_micros|warmup_micros, cold_factor[, now_micros] (got ' .. #ARGV .. ')')
+if nargs ~= 6 and nargs ~= 7 then
+    return redis.error_reply('ERR throttler: expected 6 or 7 arguments: permits, timeout_micros, '
+        .. 'permits_per_second, policy, max_burst_micros|warmup_micros, cold_factor[, now_micros] (got '
+        .. nargs .. ')')
+end
+local tonumber = tonumber
+
+-- The most common values skip the conversion.
+local permits = argv[1]
+if permits == '1' then
+    permits = 1
+else
+    permits = tonumber(permits)
+    if not (permits and permits >= 0 and permits <= MAX_MICROS and permits % 1 == 0) then
+        return redis.error_reply(string.format(BAD,
+            'permits (ARGV[1]) must be an integer from 1 to 2^53, or 0 to query',
+            string.sub(tostring(argv[1]), 1, 40)))
+    end
 end
 
-local key = KEYS[1]
-
-local permits = integer_arg(ARGV[1])
-if permits == nil or permits < 0 or permits > MAX_MICROS then
-    return fail('permits (ARGV[1]) must be an integer from 1 to 2^53, or 0 to query ' .. shown(ARGV[1]))
+local timeout_micros = argv[2]
+local is_try = false
+if timeout_micros ~= '-1' then
+    timeout_micros = tonumber(timeout_micros)
+    if not (timeout_micros and timeout_micros >= -1 and timeout_micros % 1 == 0) then
+        return redis.error_reply(string.format(BAD,
+            'timeout_micros (ARGV[2]) must be an integer >= 0, or -1 for no timeout',
+            string.sub(tostring(argv[2]), 1, 40)))
+    end
+    is_try = timeout_micros >= 0
+    if timeout_micros > MAX_MICROS then
+        timeout_micros = MAX_MICROS
+    end
 end
-
-local timeout_micros = integer_arg(ARGV[2])
-if timeout_micros == nil or timeout_micros < -1 then
-    return fail('timeout_micros (ARGV[2]) must be an integer >= 0, or -1 for no timeout ' .. shown(ARGV[2]))
-end
-local is_try = timeout_micros >= 0
-timeout_micros = min(timeout_micros, MAX_MICROS)
 
 -- stable_interval_micros: rejects NaN, zero, negative rates (and -inf).
-local permits_per_second = tonumber(ARGV[3])
-if permits_per_second == nil or not (permits_per_second > 0) then
-    return fail('permits_per_second (ARGV[3]) must be a number > 0 or inf ' .. shown(ARGV[3]))
+local permits_per_second = tonumber(argv[3])
+if not (permits_per_second and permits_per_second > 0) then
+    return redis.error_reply(string.format(BAD, 'permits_per_second (ARGV[3]) must be a number > 0 or inf',
+        string.sub(tostring(argv[3]), 1, 40)))
 end
 
-local policy = ARGV[4]
-local is_bursty
-if policy == 'bursty' then
-    is_bursty = true
-elseif policy == 'warming_up' then
-    is_bursty = false
-else
-    return fail('policy (ARGV[4]) must be "bursty" or "warming_up" ' .. shown(policy))
+local policy = argv[4]
+local is_bursty = policy == 'bursty'
+if not is_bursty and policy ~= 'warming_up' then
+    return redis.error_reply(string.format(BAD, 'policy (ARGV[4]) must be "bursty" or "warming_up"',
+        string.sub(tostring(policy), 1, 40)))
 end
 
 -- Bursty::max_burst_micros or WarmingUp::warmup_micros, capped like `micros`.
-local policy_micros = integer_arg(ARGV[5])
-if policy_micros == nil or policy_micros < 0 then
-    return fail((is_bursty and 'max_burst_micros' or 'warmup_micros')
-        .. ' (ARGV[5]) must be an integer >= 0 ' .. shown(ARGV[5]))
+local policy_micros = tonumber(argv[5])
+if not (policy_micros and policy_micros >= 0 and policy_micros % 1 == 0) then
+    return redis.error_reply(string.format(BAD, (is_bursty and 'max_burst_micros' or 'warmup_micros')
+        .. ' (ARGV[5]) must be an integer >= 0', string.sub(tostring(argv[5]), 1, 40)))
 end
-policy_micros = min(policy_micros, MAX_MICROS)
+if policy_micros > MAX_MICROS then
+    policy_micros = MAX_MICROS
+end
 
-local cold_factor = 0
+local cold_factor
 if not is_bursty then
-    cold_factor = tonumber(ARGV[6])
-    if cold_factor == nil or not (cold_factor >= 1) or cold_factor == INFINITY then
-        return fail('cold_factor (ARGV[6]) must be a finite number >= 1 ' .. shown(ARGV[6]))
+    cold_factor = tonumber(argv[6])
+    if not (cold_factor and cold_factor >= 1 and cold_factor < INFINITY) then
+        return redis.error_reply(string.format(BAD, 'cold_factor (ARGV[6]) must be a finite number >= 1',
+            string.sub(tostring(argv[6]), 1, 40)))
     end
 end
 
 local now_micros
-if ARGV[7] ~= nil then
-    now_micros = integer_arg(ARGV[7])
-    if now_micros == nil or now_micros < 0 or now_micros > MAX_MICROS then
-        return fail('now_micros (ARGV[7]) must be an integer from 0 to 2^53, or absent to use TIME '
-            .. shown(ARGV[7]))
+if nargs == 7 then
+    now_micros = tonumber(argv[7])
+    if not (now_micros and now_micros >= 0 and now_micros <= MAX_MICROS and now_micros % 1 == 0) then
+        return redis.error_reply(string.format(BAD,
+            'now_micros (ARGV[7]) must be an integer from 0 to 2^53, or absent to use TIME',
+            string.sub(tostring(argv[7]), 1, 40)))
     end
 end
 
 ---------------------------------------------------------------------------
--- The policies (src/core/bursty.rs, src/core/warming_up.rs, Policy).
+-- The configuration in force from now on (Policy::set_stable_interval).
 ---------------------------------------------------------------------------
 
 -- stable_interval_micros: 0 for an infinite rate, capped at MAX_MICROS.
-local function stable_interval_micros(rate)
-    return min(MICROS_PER_SECOND / rate, MAX_MICROS)
+local stable = 1000000.0 / permits_per_second
+if stable > MAX_MICROS then
+    stable = MAX_MICROS
 end
-
--- to_micros: truncates, saturates at MAX_MICROS; NaN reads as MAX_MICROS.
-local function to_micros(micros)
-    if micros < MAX_MICROS then
-        return floor(micros)
-    end
-    return MAX_MICROS
-end
-
--- Policy::set_stable_interval: returns max_permits, threshold_permits, slope
--- (the last two are used by the warming-up policy only).
-local function set_stable_interval(stable, rate)
-    if is_bursty then
-        -- Bursty::max_permits
-        if rate == INFINITY then
-            return 0.0, 0.0, 0.0
+local max_permits, threshold_permits, slope, cool_down
+if is_bursty then
+    -- Bursty::max_permits
+    if permits_per_second == INFINITY then
+        max_permits = 0.0
+    else
+        max_permits = policy_micros * permits_per_second / 1000000.0
+        if max_permits > F64_MAX then
+            max_permits = F64_MAX
         end
-        return min(policy_micros * rate / 1000000.0, F64_MAX), 0.0, 0.0
     end
+    -- Policy::cool_down_interval_micros
+    cool_down = stable
+else
     -- WarmingUp::set_stable_interval
     if stable == 0.0 then
-        return 0.0, 0.0, 0.0
+        max_permits, threshold_permits, slope = 0.0, 0.0, 0.0
+    else
+        local cold = stable * cold_factor
+        if cold > F64_MAX then
+            cold = F64_MAX
+        end
+        threshold_permits = 0.5 * policy_micros / stable
+        if threshold_permits > F64_MAX then
+            threshold_permits = F64_MAX
+        end
+        local stable_plus_cold = stable + cold
+        if stable_plus_cold > F64_MAX then
+            stable_plus_cold = F64_MAX
+        end
+        max_permits = threshold_permits + 2.0 * policy_micros / stable_plus_cold
+        if max_permits > F64_MAX then
+            max_permits = F64_MAX
+        end
+        slope = 0.0
+        if max_permits > threshold_permits then
+            slope = (cold - stable) / (max_permits - threshold_permits)
+            if slope > F64_MAX then
+                slope = F64_MAX
+            end
+        end
     end
-    local warmup = policy_micros
-    local cold = min(stable * cold_factor, F64_MAX)
-    local threshold_permits = min(0.5 * warmup / stable, F64_MAX)
-    local max_permits = min(threshold_permits + 2.0 * warmup / min(stable + cold, F64_MAX), F64_MAX)
-    local slope = 0.0
-    if max_permits > threshold_permits then
-        slope = min((cold - stable) / (max_permits - threshold_permits), F64_MAX)
-    end
-    return max_permits, threshold_permits, slope
-end
-
--- Policy::cool_down_interval_micros
-local function cool_down_interval_micros(stable, max_permits)
-    if is_bursty then
-        return stable
-    end
+    -- Policy::cool_down_interval_micros
     if max_permits > 0.0 then
-        return policy_micros / max_permits
+        cool_down = policy_micros / max_permits
+    else
+        cool_down = stable
     end
-    return stable
-end
-
--- Policy::stored_permits_to_wait_micros
-local function stored_permits_to_wait_micros(stored, permits, stable, threshold_permits, slope)
-    if is_bursty then
-        return 0.0
-    end
-    local above_threshold = stored - threshold_permits
-    local micros = 0.0
-    if above_threshold > 0.0 then
-        local take_above = min(above_threshold, permits)
-        -- A trapezoid; permits_to_time(p) = stable + p * slope.
-        local length = (stable + above_threshold * slope)
-            + (stable + (above_threshold - take_above) * slope)
-        micros = take_above * length / 2.0
-        permits = permits - take_above
-    end
-    return micros + stable * permits
 end
 
 ---------------------------------------------------------------------------
 -- The state.
 ---------------------------------------------------------------------------
 
--- The configuration in force from now on.
-local stable = stable_interval_micros(permits_per_second)
-local max_permits, threshold_permits, slope = set_stable_interval(stable, permits_per_second)
-
--- The clock.
-if now_micros == nil then
-    if redis.replicate_commands then
-        redis.replicate_commands()
-    end
+-- The clock. (Lua converts the two strings TIME replies with exactly.)
+if not now_micros then
     local time = redis.call('TIME')
-    now_micros = tonumber(time[1]) * 1000000 + tonumber(time[2])
+    now_micros = time[1] * 1000000 + time[2]
 end
 
--- Load. WRONGTYPE (the key is not a hash) propagates: nothing is written.
-local fields = redis.call('HMGET', key, 'stored', 'next', 'rate', 'max')
-local stored_permits = tonumber(fields[1])
-local next_free_micros = tonumber(fields[2])
-local old_rate = tonumber(fields[3])
-local old_max = tonumber(fields[4])
--- NaN fails every comparison below, so it is rejected too.
-local valid = stored_permits ~= nil and next_free_micros ~= nil and old_rate ~= nil and old_max ~= nil
-    and old_max >= 0 and old_max < INFINITY
-    and stored_permits >= 0 and stored_permits <= old_max
-    and next_free_micros >= 0 and next_free_micros <= MAX_MICROS
-    and next_free_micros == floor(next_free_micros)
-    and old_rate > 0
+-- Load. WRONGTYPE (the key is not a string) propagates: nothing is written.
+local key = KEYS[1]
+local value = redis.call('GET', key)
+local stored_permits, next_free_micros, old_rate, old_max, expires_micros
+local valid = false
+if value and #value == 40 then
+    stored_permits, next_free_micros, old_rate, old_max, expires_micros = struct.unpack('<ddddd', value)
+    -- NaN fails every comparison, so it is rejected too.
+    valid = old_max >= 0 and old_max < INFINITY
+        and stored_permits >= 0 and stored_permits <= old_max
+        and next_free_micros >= 0 and next_free_micros <= MAX_MICROS and next_free_micros % 1 == 0
+        and old_rate > 0
+        and expires_micros >= 0 and expires_micros < INFINITY
+end
 
 -- QUERY: max(next_free_micros - now, 0), writing nothing.
 if permits == 0 then
@@ -297,28 +294,34 @@ if permits == 0 then
 end
 
 if not valid then
-    -- Missing (or corrupted): idle for a long time.
+    -- Missing (or corrupted): idle for a long time, with no TTL to keep.
     stored_permits = max_permits
     next_free_micros = now_micros
     old_rate = permits_per_second
     old_max = max_permits
-end
-
--- State::resync, at a given stable interval and max_permits.
-local function resync(stable_interval, max)
-    if now_micros > next_free_micros then
-        local cool_down = cool_down_interval_micros(stable_interval, max)
-        -- idle > 0, so an infinite quotient (cool_down == 0) is fine, never NaN.
-        local new_permits = (now_micros - next_free_micros) / cool_down
-        stored_permits = min(stored_permits + new_permits, max)
-        next_free_micros = min(now_micros, MAX_MICROS)
-    end
+    expires_micros = 0
 end
 
 -- State::set_rate, when the rate (or the configuration) changed.
 if old_rate ~= permits_per_second or old_max ~= max_permits then
-    local old_stable = stable_interval_micros(old_rate)
-    resync(old_stable, old_max)
+    local old_stable = 1000000.0 / old_rate
+    if old_stable > MAX_MICROS then
+        old_stable = MAX_MICROS
+    end
+    -- State::resync at the old stable interval and max_permits.
+    if now_micros > next_free_micros then
+        local old_cool_down = old_stable
+        if not is_bursty and old_max > 0.0 then
+            old_cool_down = policy_micros / old_max
+        end
+        -- idle > 0, so an infinite quotient (cool_down == 0) is fine, never NaN.
+        local stored = stored_permits + (now_micros - next_free_micros) / old_cool_down
+        if stored > old_max then
+            stored = old_max
+        end
+        stored_permits = stored
+        next_free_micros = now_micros
+    end
     if old_stable == 0.0 then
         -- Policy::stored_permits_after_infinite_rate
         stored_permits = is_bursty and max_permits or 0.0
@@ -336,33 +339,90 @@ if is_try and next_free_micros - timeout_micros > now_micros then
     return -1
 end
 
--- State::reserve_earliest_available
-resync(stable, max_permits)
+-- State::reserve_earliest_available: resync, then spend.
+if now_micros > next_free_micros then
+    local stored = stored_permits + (now_micros - next_free_micros) / cool_down
+    if stored > max_permits then
+        stored = max_permits
+    end
+    stored_permits = stored
+    next_free_micros = now_micros
+end
 local moment = next_free_micros
-local requested = permits
-local stored_to_spend = min(requested, stored_permits)
-local fresh = requested - stored_to_spend
-local wait = stored_permits_to_wait_micros(stored_permits, stored_to_spend, stable, threshold_permits, slope)
-    + fresh * stable
-next_free_micros = min(next_free_micros + to_micros(wait), MAX_MICROS)
+local stored_to_spend = permits
+if stored_permits < stored_to_spend then
+    stored_to_spend = stored_permits
+end
+local fresh = permits - stored_to_spend
+local wait
+if is_bursty then
+    -- Bursty::stored_permits_to_wait_micros is 0, and 0.0 + x == x.
+    wait = fresh * stable
+else
+    -- WarmingUp::stored_permits_to_wait_micros
+    local above_threshold = stored_permits - threshold_permits
+    local micros = 0.0
+    local spent = stored_to_spend
+    if above_threshold > 0.0 then
+        local take_above = above_threshold
+        if spent < take_above then
+            take_above = spent
+        end
+        -- A trapezoid; permits_to_time(p) = stable + p * slope.
+        local length = (stable + above_threshold * slope)
+            + (stable + (above_threshold - take_above) * slope)
+        micros = take_above * length / 2.0
+        spent = spent - take_above
+    end
+    wait = micros + stable * spent + fresh * stable
+end
+-- to_micros: truncates (w - w % 1 is floor(w) for w >= 0), saturates; NaN
+-- reads as MAX_MICROS.
+if wait < MAX_MICROS then
+    wait = wait - wait % 1
+else
+    wait = MAX_MICROS
+end
+next_free_micros = next_free_micros + wait
+if next_free_micros > MAX_MICROS then
+    next_free_micros = MAX_MICROS
+end
 stored_permits = stored_permits - stored_to_spend
 
--- Write the state, then a TTL that ends when the key would read as missing:
--- the debt paid and the stored permits refilled to max_permits.
-redis.call('HSET', key,
-    'stored', string.format('%.17g', stored_permits),
-    'next', string.format('%.17g', next_free_micros),
-    'rate', string.format('%.17g', permits_per_second),
-    'max', string.format('%.17g', max_permits))
--- The margin is 2 ms, not 1: before Redis 7.2, PEXPIRE reads the clock twice
--- and deletes the key at once if a millisecond boundary falls in between and
--- the TTL is 1 ms.
-local refill_micros = (max_permits - stored_permits) * cool_down_interval_micros(stable, max_permits)
-local ttl_ms = math.ceil((next_free_micros - now_micros) / 1000 + refill_micros / 1000) + 2
-if not (ttl_ms < TTL_CAP_MS) then
-    ttl_ms = TTL_CAP_MS -- also for inf and NaN
+-- The TTL the key needs: until the debt is paid and the stored permits are
+-- refilled to max_permits, plus 2 ms. (Not 1: before Redis 7.2, setting a
+-- 1 ms TTL can delete the key at once if a millisecond boundary falls
+-- between the two clock reads.) ceil(x) is x - x % 1, plus 1 if x had a
+-- fraction; x < TTL_CAP_MS - 2 rules out inf and NaN first.
+local ttl_ms = (next_free_micros - now_micros) / 1000
+    + (max_permits - stored_permits) * cool_down / 1000
+if ttl_ms < TTL_CAP_MS - 2 then
+    local whole = ttl_ms - ttl_ms % 1
+    if whole < ttl_ms then
+        whole = whole + 1
+    end
+    ttl_ms = whole + 2
+else
+    ttl_ms = TTL_CAP_MS
 end
-redis.call('PEXPIRE', key, string.format('%.17g', ttl_ms))
+
+-- Write: keep the TTL if it lasts long enough, else set one with slack
+-- (twice the need, at most TTL_MAX_SLACK_MS more).
+if now_micros + ttl_ms * 1000 <= expires_micros then
+    redis.call('SET', key, struct.pack('<ddddd', stored_permits, next_free_micros, permits_per_second,
+        max_permits, expires_micros), 'KEEPTTL')
+else
+    if ttl_ms > TTL_MAX_SLACK_MS then
+        ttl_ms = ttl_ms + TTL_MAX_SLACK_MS
+    else
+        ttl_ms = ttl_ms + ttl_ms
+    end
+    if ttl_ms > TTL_CAP_MS then
+        ttl_ms = TTL_CAP_MS
+    end
+    redis.call('SET', key, struct.pack('<ddddd', stored_permits, next_free_micros, permits_per_second,
+        max_permits, now_micros + ttl_ms * 1000), 'PX', ttl_ms)
+end
 
 -- State::reserve: the wait until `moment`, never negative.
 if moment > now_micros then

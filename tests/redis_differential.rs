@@ -7,9 +7,12 @@
 //! The script runs with an explicit `now`, so both sides see the same clock.
 //! The TTL it sets is computed for that simulated clock, so real time must not
 //! expire the key: each sequence is one MULTI/EXEC block (no expiry between
-//! its commands) and every write is followed by a check of its TTL and a
-//! PERSIST (a script reads keys on the real clock). A step that must not
-//! write is then checked to have left no TTL behind.
+//! its commands) and every write that sets a TTL is followed by a check of
+//! that TTL and a PERSIST (a script reads keys on the real clock). A write
+//! that must keep the TTL it finds, and a step that must not write, are then
+//! checked to have left no TTL behind. The state is compared bit for bit:
+//! the test decodes the key's value and checks every field against the core
+//! (and the TTL bookkeeping against a model of the script's rule).
 //!
 //! Replay one sequence with
 //! `THROTTLER_DIFF_SEED=<seed> cargo test --test redis_differential -- --nocapture`;
@@ -21,6 +24,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use redis::Value;
+use support::limiter_state::LimiterState;
 use support::redis_server::RedisServer;
 use support::rng::Rng;
 use throttler::core::{Bursty, MAX_MICROS, Policy, State, WarmingUp};
@@ -32,6 +36,8 @@ const BASE_SEED: u64 = 0x5EED_0000;
 const FIELDS_EVERY: usize = 4;
 /// The script's TTL cap, in milliseconds: floor(2^53 / 1000).
 const TTL_CAP_MS: f64 = 9_007_199_254_740.0;
+/// The most the script adds to a TTL it sets, in milliseconds.
+const TTL_MAX_SLACK_MS: f64 = 1_000.0;
 /// A realistic clock: microseconds since the epoch, late 2023.
 const EPOCH_2023: u64 = 1_700_000_000_000_000;
 
@@ -129,8 +135,9 @@ fn missing_key_state(config: &Config, rate: f64, now: u64) -> State {
     state
 }
 
-/// What the script's PEXPIRE should be after a write, from the core's state.
-fn expected_ttl_ms(state: &State, now: u64) -> f64 {
+/// The TTL the key needs after a write, from the core's state: until it
+/// would read as missing anyway, plus 2 ms.
+fn needed_ttl_ms(state: &State, now: u64) -> f64 {
     let cool_down = match &state.policy {
         Policy::WarmingUp(w) if state.max_permits > 0.0 => {
             w.warmup_micros as f64 / state.max_permits
@@ -176,12 +183,33 @@ struct Expected {
     reply: i64,
     /// Whether this step wrote the key.
     wrote: bool,
+    /// The TTL (ms) this step's write set, or `None` if it kept the TTL it
+    /// found (or wrote nothing).
+    ttl_ms: Option<f64>,
+    /// When the key's TTL ends, as the script records it (µs, on the
+    /// simulated clock).
+    expires_micros: f64,
     /// Whether any step so far wrote the key (else it is still missing).
     exists: bool,
     /// The core's state after the step.
     state: State,
-    /// Whether the hash fields are compared after this step.
+    /// Whether the key's state is compared after this step.
     check_fields: bool,
+}
+
+/// The script's TTL rule after a write at `now`: keep the TTL if the
+/// recorded end `expires_micros` covers what the key needs, else set twice
+/// the need, at most 1 s more (capped), and record its end. Returns the TTL
+/// set, if any, and the recorded end; the same f64 operations as the script.
+fn ttl_after_write(state: &State, now: u64, expires_micros: f64) -> (Option<f64>, f64) {
+    let needed = needed_ttl_ms(state, now);
+    let now = now as f64;
+    if now + needed * 1000.0 <= expires_micros {
+        (None, expires_micros)
+    } else {
+        let ttl = (needed + needed.min(TTL_MAX_SLACK_MS)).min(TTL_CAP_MS);
+        (Some(ttl), now + ttl * 1000.0)
+    }
 }
 
 /// A random sequence and the core's answers to it.
@@ -210,6 +238,7 @@ fn generate(seed: u64) -> Sequence {
     let mut now = t0;
     let mut core = missing_key_state(&config, rate, now);
     let mut written = false;
+    let mut expires_micros = 0.0;
     let mut steps = Vec::with_capacity(STEPS);
     let mut expected = Vec::with_capacity(STEPS);
     let mut rate_changes = 0;
@@ -273,8 +302,10 @@ fn generate(seed: u64) -> Sequence {
             Kind::Reserve | Kind::Try { .. } => {
                 if !written {
                     // The key is still missing: the script starts from
-                    // "idle for a long time" at the rate it is given.
+                    // "idle for a long time" at the rate it is given, with
+                    // no TTL to keep.
                     core = missing_key_state(&config, rate, now);
+                    expires_micros = 0.0;
                 }
                 let before = core.clone();
                 // The script applies a rate change at the start of a call
@@ -299,10 +330,16 @@ fn generate(seed: u64) -> Sequence {
             }
         };
         written |= wrote;
+        let mut ttl_ms = None;
+        if wrote {
+            (ttl_ms, expires_micros) = ttl_after_write(&core, now, expires_micros);
+        }
         steps.push(step);
         expected.push(Expected {
             reply,
             wrote,
+            ttl_ms,
+            expires_micros,
             exists: written,
             state: core.clone(),
             check_fields: i % FIELDS_EVERY == FIELDS_EVERY - 1 || i == STEPS - 1,
@@ -331,32 +368,24 @@ struct Totals {
     queries: u64,
     rate_changes: u64,
     field_checks: u64,
-    ttl_checks: u64,
+    ttls_set: u64,
+    ttls_kept: u64,
     max_wait_diff: u64,
-    max_stored_rel_diff: f64,
-}
-
-fn relative_diff(a: f64, b: f64) -> f64 {
-    if a == b {
-        0.0
-    } else {
-        (a - b).abs() / a.abs().max(b.abs()).max(f64::MIN_POSITIVE)
-    }
-}
-
-fn string_of(value: &Value) -> Option<String> {
-    match value {
-        Value::Nil => None,
-        Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
-        Value::SimpleString(s) => Some(s.clone()),
-        other => panic!("expected a string or nil, got {other:?}"),
-    }
 }
 
 fn int_of(value: &Value) -> Result<i64, String> {
     match value {
         Value::Int(n) => Ok(*n),
         other => Err(format!("expected an integer reply, got {other:?}")),
+    }
+}
+
+/// Compares one field bit for bit.
+fn same_bits(name: &str, script: f64, core: f64) -> Result<(), String> {
+    if script.to_bits() == core.to_bits() {
+        Ok(())
+    } else {
+        Err(format!("{name}: script {script:e}, core {core:e}"))
     }
 }
 
@@ -385,16 +414,11 @@ fn check(
         invocation.arg(step.now);
         pipe.invoke_script(&invocation);
         pipe.cmd("PTTL").arg(&key);
-        if expected.wrote {
+        if expected.ttl_ms.is_some() {
             pipe.cmd("PERSIST").arg(&key);
         }
         if expected.check_fields {
-            pipe.cmd("HMGET")
-                .arg(&key)
-                .arg("stored")
-                .arg("next")
-                .arg("rate")
-                .arg("max");
+            pipe.cmd("GET").arg(&key);
         }
     }
     let replies: Vec<Value> = pipe
@@ -429,78 +453,69 @@ fn check(
         }
 
         let pttl = int_of(next_reply()?).map_err(fail)?;
-        if expected.wrote {
+        if let Some(ttl) = expected.ttl_ms {
             // Set just now (PTTL reads the real clock, which may have moved).
-            let ttl = expected_ttl_ms(&expected.state, step.now);
             if !(pttl as f64 <= ttl && pttl as f64 >= (ttl - 1_000.0).max(0.0)) {
                 return Err(fail(format!("PTTL {pttl} ms, expected {ttl} ms")));
             }
             if int_of(next_reply()?).map_err(fail)? != 1 {
                 return Err(fail("PERSIST found no TTL".into()));
             }
-            totals.ttl_checks += 1;
+            totals.ttls_set += 1;
         } else {
-            // Nothing written: still no TTL (-1), or still no key (-2).
+            // A write that keeps the TTL it finds, or no write at all: still
+            // no TTL (-1, every TTL set was removed), or still no key (-2).
             let untouched = if expected.exists { -1 } else { -2 };
             if pttl != untouched {
                 return Err(fail(format!(
-                    "a step that writes nothing left PTTL {pttl}, expected {untouched}"
+                    "a step that sets no TTL left PTTL {pttl}, expected {untouched} \
+                     (wrote: {})",
+                    expected.wrote
                 )));
+            }
+            if expected.wrote {
+                totals.ttls_kept += 1;
             }
         }
 
         if expected.check_fields {
-            let Value::Array(values) = next_reply()? else {
-                return Err(fail("HMGET did not reply with an array".into()));
+            let value = match next_reply()? {
+                Value::Nil => None,
+                Value::BulkString(bytes) => Some(bytes),
+                other => return Err(fail(format!("GET replied {other:?}"))),
             };
-            let values: Vec<Option<String>> = values.iter().map(string_of).collect();
             totals.field_checks += 1;
-            if !expected.exists {
-                if values.iter().any(Option::is_some) {
-                    return Err(fail(format!("the key should be missing: {values:?}")));
+            let Some(value) = value else {
+                if expected.exists {
+                    return Err(fail("the key is missing".into()));
                 }
                 continue;
+            };
+            if !expected.exists {
+                return Err(fail(format!("the key should be missing: {value:?}")));
             }
+            let state = LimiterState::decode(value).map_err(fail)?;
             let core = &expected.state;
-            let [Some(stored), Some(next), Some(rate), Some(max)] = &values[..] else {
-                return Err(fail(format!("missing fields: {values:?}")));
-            };
-            let parse = |name: &str, text: &str| {
-                text.parse::<f64>()
-                    .map_err(|e| fail(format!("field {name} = {text:?}: {e}")))
-            };
-            let next_micros: u64 = next
-                .parse()
-                .map_err(|e| fail(format!("field next = {next:?} is not an integer: {e}")))?;
-            if next_micros != core.next_free_micros {
-                return Err(fail(format!(
-                    "next: script {next_micros}, core {}",
-                    core.next_free_micros
-                )));
-            }
-            let stored = parse("stored", stored)?;
-            let stored_diff = relative_diff(stored, core.stored_permits);
-            totals.max_stored_rel_diff = totals.max_stored_rel_diff.max(stored_diff);
-            if stored_diff > 1e-9 {
-                return Err(fail(format!(
-                    "stored: script {stored:e}, core {:e}",
-                    core.stored_permits
-                )));
-            }
-            let rate = parse("rate", rate)?;
-            if rate.to_bits() != core.permits_per_second.to_bits() {
-                return Err(fail(format!(
-                    "rate: script {rate:e}, core {:e}",
-                    core.permits_per_second
-                )));
-            }
-            let max = parse("max", max)?;
-            if relative_diff(max, core.max_permits) > 1e-9 {
-                return Err(fail(format!(
-                    "max: script {max:e}, core {:e}",
-                    core.max_permits
-                )));
-            }
+            same_bits(
+                "next_free_micros",
+                state.next_free_micros,
+                core.next_free_micros as f64,
+            )
+            .map_err(fail)?;
+            same_bits("stored_permits", state.stored_permits, core.stored_permits).map_err(fail)?;
+            same_bits(
+                "permits_per_second",
+                state.permits_per_second,
+                core.permits_per_second,
+            )
+            .map_err(fail)?;
+            same_bits("max_permits", state.max_permits, core.max_permits).map_err(fail)?;
+            same_bits(
+                "expires_micros",
+                state.expires_micros,
+                expected.expires_micros,
+            )
+            .map_err(fail)?;
         }
     }
     if replies.next().is_some() {
@@ -556,8 +571,8 @@ fn lua_script_and_core_agree() {
     }
     println!(
         "differential: {} sequences, {} steps ({} reserves, {} tries granted, {} refused, \
-         {} queries, {} rate changes), {} field checks, {} TTL checks; \
-         max |wait diff| {} µs, max stored rel diff {:e}; {:.1?}",
+         {} queries, {} rate changes), {} bit-for-bit state checks, {} TTLs set, {} kept; \
+         max |wait diff| {} µs; {:.1?}",
         totals.sequences,
         totals.steps,
         totals.reserves,
@@ -566,14 +581,16 @@ fn lua_script_and_core_agree() {
         totals.queries,
         totals.rate_changes,
         totals.field_checks,
-        totals.ttl_checks,
+        totals.ttls_set,
+        totals.ttls_kept,
         totals.max_wait_diff,
-        totals.max_stored_rel_diff,
         started.elapsed()
     );
     assert_eq!(totals.sequences, seeds.len() as u64);
-    // The sequences must actually exercise both outcomes of a try.
+    // The sequences must actually exercise both outcomes of a try, and both
+    // outcomes of the TTL rule.
     if seeds.len() > 100 {
         assert!(totals.tries_refused > 100 && totals.tries_granted > 100);
+        assert!(totals.ttls_set > 100 && totals.ttls_kept > 100);
     }
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::Commands;
+use support::limiter_state::LimiterState;
 use support::redis_server::RedisServer;
 use throttler::clock::{Clock, FakeClock};
 use throttler::redis::{Fallback, RedisRateLimiter};
@@ -319,7 +320,7 @@ async fn a_key_of_another_type_is_a_clear_error_whatever_the_fallback() {
     let server = RedisServer::start();
     let mut conn = server.connection();
     let _: () = conn
-        .set("throttler:taken", "someone else's string")
+        .hset("throttler:taken", "owner", "someone else")
         .unwrap();
     for fallback in [Fallback::Local, Fallback::FailOpen, Fallback::FailClosed] {
         let limiter = RedisRateLimiter::builder(server.client(), "taken")
@@ -340,28 +341,20 @@ async fn a_key_of_another_type_is_a_clear_error_whatever_the_fallback() {
         }
         assert!(!limiter.is_degraded(), "a data error is not an outage");
     }
-    let value: String = conn.get("throttler:taken").unwrap();
+    let value: std::collections::HashMap<String, String> = conn.hgetall("throttler:taken").unwrap();
     assert_eq!(
-        value, "someone else's string",
+        value,
+        [("owner".to_string(), "someone else".to_string())].into(),
         "other data is never overwritten"
     );
 }
 
 #[tokio::test]
-async fn garbage_fields_reset_the_key() {
+async fn garbage_value_resets_the_key() {
     let server = RedisServer::start();
     let mut conn = server.connection();
-    let _: () = conn
-        .hset_multiple(
-            "throttler:junk",
-            &[
-                ("stored", "lots"),
-                ("next", "-7"),
-                ("rate", "nan"),
-                ("max", "x"),
-            ],
-        )
-        .unwrap();
+    // A string, the limiter's type, but not a state: read as missing.
+    let _: () = conn.set("throttler:junk", "lots of junk").unwrap();
     let clock = FakeClock::new();
     let limiter = limiter(&server, "junk", 2.0, &clock).await;
     // Reset to a full limiter: 2 stored + 1 fresh, then a wait.
@@ -369,8 +362,12 @@ async fn garbage_fields_reset_the_key() {
         assert_eq!(limiter.reserve(1).await.unwrap(), Duration::ZERO);
     }
     assert!(limiter.reserve(1).await.unwrap() > 400 * MS);
-    let next: String = conn.hget("throttler:junk", "next").unwrap();
-    assert!(next.parse::<u64>().is_ok(), "{next}");
+    let state = LimiterState::read(&mut conn, "throttler:junk").expect("written");
+    assert_eq!(state.permits_per_second, 2.0);
+    assert_eq!(state.max_permits, 2.0);
+    assert_eq!(state.stored_permits, 0.0);
+    let ttl: i64 = conn.pttl("throttler:junk").unwrap();
+    assert!(ttl > 0, "PTTL {ttl}");
 }
 
 #[tokio::test]

@@ -207,7 +207,10 @@ impl<C: Clock + Clone> RedisBuilder<C> {
             Target::Single(client) => {
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(self.response_timeout))
-                    .set_response_timeout(Some(self.response_timeout))
+                    // Every call is bounded by `response_timeout` in the
+                    // limiter itself; a second timer per request here would
+                    // only cost time.
+                    .set_response_timeout(None)
                     .set_number_of_retries(2)
                     .set_min_delay(Duration::from_millis(10))
                     .set_max_delay(self.probe_interval);

@@ -3,14 +3,14 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{RedisResult, Script};
+use redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind};
 
 use super::connection::Connection;
 use crate::Error;
 use crate::core::{Policy, micros};
 use crate::error::BackendError;
 
-/// The reservation script, hashed once; `invoke_async` sends EVALSHA and, on
+/// The reservation script, hashed once. [`invoke`] sends EVALSHA and, on
 /// NOSCRIPT, loads the script and retries.
 static RESERVE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/reserve.lua")));
@@ -52,8 +52,9 @@ pub(crate) enum Call {
     Query,
 }
 
-/// Runs the script once (one round trip, two on NOSCRIPT) and returns its
-/// raw reply: the wait in microseconds, or -1 for a refused try.
+/// Runs the script once (one round trip; three on NOSCRIPT: SCRIPT LOAD and
+/// the retry) and returns its raw reply: the wait in microseconds, or -1 for
+/// a refused try.
 pub(crate) async fn invoke(
     connection: &mut Connection,
     key: &str,
@@ -61,22 +62,40 @@ pub(crate) async fn invoke(
     permits_per_second: f64,
     policy: &ScriptPolicy,
 ) -> RedisResult<i64> {
+    let cmd = evalsha(key, call, permits_per_second, policy);
+    match cmd.query_async(connection).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            RESERVE.load_async(connection).await?;
+            cmd.query_async(connection).await
+        }
+        reply => reply,
+    }
+}
+
+/// `EVALSHA <sha> 1 <key> <ARGV...>`, written straight into one command
+/// buffer (the arguments are short: this is one allocation for the bytes
+/// and one for their offsets).
+fn evalsha(key: &str, call: Call, permits_per_second: f64, policy: &ScriptPolicy) -> Cmd {
     let (permits, timeout_micros) = match call {
         Call::Reserve { permits, timeout } => (permits, timeout.map_or(-1, |t| micros(t) as i64)),
         Call::Query => (0, -1),
     };
-    let mut invocation = RESERVE.key(key);
-    invocation.arg(permits).arg(timeout_micros);
+    let mut cmd = Cmd::with_capacity(10, 128 + key.len());
+    cmd.arg("EVALSHA")
+        .arg(RESERVE.get_hash())
+        .arg(1)
+        .arg(key)
+        .arg(permits)
+        .arg(timeout_micros);
     if permits_per_second.is_infinite() {
-        invocation.arg("inf");
+        cmd.arg("inf");
     } else {
-        invocation.arg(permits_per_second);
+        cmd.arg(permits_per_second);
     }
-    invocation
-        .arg(policy.name)
+    cmd.arg(policy.name)
         .arg(policy.param_micros)
         .arg(policy.cold_factor);
-    invocation.invoke_async(connection).await
+    cmd
 }
 
 /// The script's reply as a wait: `Some(wait)`, or `None` for a refused try.

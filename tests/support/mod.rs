@@ -5,6 +5,8 @@
 #![allow(dead_code)]
 
 #[cfg(feature = "redis")]
+pub mod limiter_state;
+#[cfg(feature = "redis")]
 pub mod redis_cluster;
 #[cfg(feature = "redis")]
 pub mod redis_server;
