@@ -1,0 +1,387 @@
+//! The Redis limiter's cost, side by side in one run, against a private
+//! `redis-server` this benchmark starts on a free loopback port (and stops).
+//!
+//! ```text
+//! scripts/bench-redis.sh          # or: cargo bench --bench redis
+//! ```
+//!
+//! Part 1, the script: `redis-benchmark` sends EVALSHA over 50 connections,
+//! 16 commands pipelined on each (`-c 50 -P 16`), for each script below in
+//! turn; Redis's own accounting (`INFO commandstats`, `usec_per_call` of
+//! EVALSHA, after `CONFIG RESETSTAT`) gives the server time per call, and
+//! `redis-benchmark` the calls per second.
+//!
+//! * `lua/reserve.lua`, the crate's script, bursty, 1000 permits/s, 1 s of
+//!   burst, on one hot key (always in debt, as under overload);
+//! * `benches/baseline.lua`, a straightforward script for the same bursty
+//!   reservation (TIME, HMGET, compute, HSET, PEXPIRE), same key shape;
+//! * `return 1`, the cost of EVALSHA itself;
+//! * a lower bound for any script on this layout: TIME, GET and a SET that
+//!   keeps the TTL, with no logic in between;
+//! * both real scripts again on random keys out of 10^7 (`__rand_int__`),
+//!   nearly all missing: the path that resets a key and sets its TTL.
+//!
+//! Part 2, the client: one `RedisRateLimiter` (one multiplexed connection)
+//! calls `reserve(1)` in a loop from 1 task, then from 64 tasks sharing it;
+//! next to each, `redis-benchmark` on the same script, key and arguments
+//! with one connection and no pipelining (`-c 1 -P 1`), and with 64
+//! connections pipelining 16 each (`-c 64 -P 16`): the ceilings the client
+//! is compared with. The client runs on a current-thread Tokio runtime (one
+//! thread, as redis-benchmark drives all its connections from one thread)
+//! and on a multi-thread one (a worker per CPU); on a small machine the
+//! latter competes with redis-server for the CPUs.
+//!
+//! Every measurement is repeated (`THROTTLER_BENCH_ROUNDS`, default 3) and
+//! the median reported; rounds interleave the cases so that load from other
+//! work on the machine spreads over all of them. `THROTTLER_BENCH_SECS`
+//! (default 2) sets the length of each client run; redis-benchmark runs are
+//! sized to take about as long.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use throttler::redis::{Fallback, RedisRateLimiter};
+
+#[allow(dead_code)]
+#[path = "../tests/support/redis_server.rs"]
+mod redis_server;
+
+use redis_server::RedisServer;
+
+const RESERVE: &str = include_str!("../lua/reserve.lua");
+const BASELINE: &str = include_str!("baseline.lua");
+const RETURN_1: &str = "return 1";
+/// What every script on this layout must do at least.
+const LOWER_BOUND: &str = "local t = redis.call('TIME')\n\
+    local v = redis.call('GET', KEYS[1])\n\
+    redis.call('SET', KEYS[1], struct.pack('<ddddd', 0, t[1] * 1000000 + t[2], 0, 0, 0), 'KEEPTTL')\n\
+    return 0";
+
+/// The limiter: the crate's key for the name `bench`, and the arguments the
+/// crate sends for `reserve(1)` at 1000 permits/s with 1 s of burst.
+const NAME: &str = "bench";
+const KEY: &str = "throttler:bench";
+const RATE: f64 = 1000.0;
+const RESERVE_ARGS: &[&str] = &["1", "-1", "1000.0", "bursty", "1000000", "0.0"];
+const BASELINE_ARGS: &[&str] = &["1", "-1", "1000.0", "1000000"];
+/// Random keys for the cold-key rows: `__rand_int__` is replaced per call.
+const COLD_KEY: &str = "throttler:cold:__rand_int__";
+const COLD_KEYS: &str = "10000000";
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
+}
+
+/// The median of `values`, with their range.
+fn spread(values: &[f64], decimals: usize) -> String {
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!(
+        "{:.decimals$} ({min:.decimals$}–{max:.decimals$})",
+        median(values)
+    )
+}
+
+/// The median of the per-round ratios `a[r] / b[r]` (the two measured close
+/// together, under the same load).
+fn ratio(a: &[f64], b: &[f64]) -> f64 {
+    let ratios: Vec<f64> = a.iter().zip(b).map(|(a, b)| a / b).collect();
+    median(&ratios)
+}
+
+/// One redis-benchmark run: calls per second, and the server's µs per call.
+struct Run {
+    ops: f64,
+    usec: f64,
+}
+
+struct Bench {
+    server: RedisServer,
+    con: redis::Connection,
+}
+
+impl Bench {
+    fn load(&mut self, script: &str) -> String {
+        redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(script)
+            .query(&mut self.con)
+            .expect("SCRIPT LOAD")
+    }
+
+    fn reset(&mut self) {
+        let _: () = redis::cmd("FLUSHALL").query(&mut self.con).unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query(&mut self.con)
+            .unwrap();
+    }
+
+    /// `usec_per_call` of EVALSHA since the last reset.
+    fn evalsha_usec(&mut self) -> f64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.con)
+            .unwrap();
+        let line = info
+            .lines()
+            .find(|l| l.starts_with("cmdstat_evalsha:"))
+            .unwrap_or_else(|| panic!("no EVALSHA in INFO commandstats:\n{info}"));
+        let failed = field(line, "failed_calls").unwrap_or(0.0);
+        assert_eq!(failed, 0.0, "some calls failed: {line}");
+        field(line, "usec_per_call").expect("usec_per_call")
+    }
+
+    /// redis-benchmark EVALSHA `sha` 1 `key` `args` with `clients` x
+    /// `pipeline`, `requests` calls in all.
+    fn redis_benchmark(
+        &mut self,
+        clients: usize,
+        pipeline: usize,
+        requests: u64,
+        sha: &str,
+        key: &str,
+        args: &[&str],
+    ) -> Run {
+        self.reset();
+        let port = self.server.port().to_string();
+        let (clients, pipeline, requests) = (
+            clients.to_string(),
+            pipeline.to_string(),
+            requests.to_string(),
+        );
+        let mut command = Command::new("redis-benchmark");
+        command.args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-c",
+            &clients,
+            "-P",
+            &pipeline,
+        ]);
+        command.args(["-n", &requests, "-r", COLD_KEYS, "--csv"]);
+        command.args(["EVALSHA", sha, "1", key]).args(args);
+        let output = command.output().unwrap_or_else(|e| {
+            panic!("cannot run redis-benchmark ({e}); it comes with redis-server (redis-tools)")
+        });
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "redis-benchmark failed: {stdout}");
+        // "test","rps",...  then  "EVALSHA ...","123456.78",...
+        let ops = stdout
+            .lines()
+            .filter_map(|line| line.split("\",\"").nth(1))
+            .find_map(|rps| rps.trim_matches('"').parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no rate in redis-benchmark's output: {stdout}"));
+        Run {
+            ops,
+            usec: self.evalsha_usec(),
+        }
+    }
+}
+
+/// `name=value` in an INFO line.
+fn field(line: &str, name: &str) -> Option<f64> {
+    let start = line.find(&format!("{name}="))? + name.len() + 1;
+    line[start..].split(',').next()?.parse().ok()
+}
+
+/// Calls per second of `reserve(1)` from `tasks` tasks sharing `limiter`.
+async fn client_ops(limiter: &Arc<RedisRateLimiter>, tasks: usize, secs: f64) -> f64 {
+    let count = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles: Vec<_> = (0..tasks)
+        .map(|_| {
+            let (limiter, count, stop) = (Arc::clone(limiter), count.clone(), stop.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    limiter.reserve(1).await.expect("reserve");
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await; // warm-up
+    let (start, started) = (count.load(Ordering::Relaxed), Instant::now());
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    let done = count.load(Ordering::Relaxed) - start;
+    let elapsed = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    for handle in handles {
+        handle.await.expect("task");
+    }
+    done as f64 / elapsed
+}
+
+fn main() {
+    let rounds: usize = env_or("THROTTLER_BENCH_ROUNDS", 3).max(1);
+    let secs: f64 = env_or("THROTTLER_BENCH_SECS", 2.0);
+
+    let server = RedisServer::start();
+    let con = server.connection();
+    let mut bench = Bench { server, con };
+    let version: String = redis::cmd("INFO")
+        .arg("server")
+        .query(&mut bench.con)
+        .unwrap();
+    let version = version
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .unwrap_or("?")
+        .trim()
+        .to_owned();
+    println!(
+        "redis-server {version} on 127.0.0.1:{}; {rounds} rounds",
+        bench.server.port()
+    );
+
+    let reserve = bench.load(RESERVE);
+    let baseline = bench.load(BASELINE);
+    let return_1 = bench.load(RETURN_1);
+    let lower_bound = bench.load(LOWER_BOUND);
+
+    // Part 1: the scripts, -c 50 -P 16.
+    let baseline_key = "throttler:baseline";
+    let cases: [(&str, &str, &str, &[&str]); 6] = [
+        ("lua/reserve.lua, one hot key", &reserve, KEY, RESERVE_ARGS),
+        (
+            "benches/baseline.lua, one hot key",
+            &baseline,
+            baseline_key,
+            BASELINE_ARGS,
+        ),
+        ("return 1", &return_1, KEY, RESERVE_ARGS),
+        (
+            "lower bound: TIME, GET, SET KEEPTTL",
+            &lower_bound,
+            KEY,
+            RESERVE_ARGS,
+        ),
+        (
+            "lua/reserve.lua, 10^7 cold keys",
+            &reserve,
+            COLD_KEY,
+            RESERVE_ARGS,
+        ),
+        (
+            "benches/baseline.lua, 10^7 cold keys",
+            &baseline,
+            COLD_KEY,
+            BASELINE_ARGS,
+        ),
+    ];
+    let requests = (secs * 250_000.0) as u64;
+    let mut results: Vec<(Vec<f64>, Vec<f64>)> = vec![(vec![], vec![]); cases.len()];
+    for _ in 0..rounds {
+        for (i, (_, sha, key, args)) in cases.iter().enumerate() {
+            let run = bench.redis_benchmark(50, 16, requests, sha, key, args);
+            results[i].0.push(run.ops);
+            results[i].1.push(run.usec);
+        }
+    }
+    println!();
+    println!(
+        "Server time per call, redis-benchmark EVALSHA -c 50 -P 16 \
+         (median, and range, of {rounds} rounds):"
+    );
+    println!();
+    println!("| script | ops/s | server µs/call | vs baseline |");
+    println!("|---|---:|---:|---:|");
+    for (i, ((name, ..), (ops, usec))) in cases.iter().zip(&results).enumerate() {
+        // The cold-key rows compare with the baseline on cold keys.
+        let baseline = if i >= 4 { &results[5].1 } else { &results[1].1 };
+        println!(
+            "| {name} | {:.0} | {} | {:.2}x |",
+            median(ops),
+            spread(usec, 2),
+            ratio(usec, baseline)
+        );
+    }
+
+    // Part 2: the crate's client, next to redis-benchmark's ceilings, on
+    // both kinds of Tokio runtime (one limiter each: a limiter's I/O runs on
+    // the runtime it was built in).
+    let runtimes = [
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime"),
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("runtime"),
+    ];
+    let limiters: Vec<Arc<RedisRateLimiter>> = runtimes
+        .iter()
+        .map(|runtime| {
+            runtime.block_on(async {
+                RedisRateLimiter::builder(bench.server.client(), NAME)
+                    .permits_per_second(RATE)
+                    .max_burst(Duration::from_secs(1))
+                    .fallback(Fallback::FailClosed)
+                    .response_timeout(Duration::from_secs(5))
+                    .build()
+                    .await
+                    .map(Arc::new)
+                    .expect("limiter")
+            })
+        })
+        .collect();
+    // [tasks][ceiling, current-thread, multi-thread]
+    let mut client: [[Vec<f64>; 3]; 2] = Default::default();
+    for _ in 0..rounds {
+        for (row, (tasks, clients, pipeline, requests)) in
+            [(1, 1, 1, (secs * 30_000.0) as u64), (64, 64, 16, requests)]
+                .into_iter()
+                .enumerate()
+        {
+            let run =
+                bench.redis_benchmark(clients, pipeline, requests, &reserve, KEY, RESERVE_ARGS);
+            client[row][0].push(run.ops);
+            for (i, (runtime, limiter)) in runtimes.iter().zip(&limiters).enumerate() {
+                bench.reset();
+                client[row][1 + i].push(runtime.block_on(client_ops(limiter, tasks, secs)));
+            }
+        }
+    }
+    println!();
+    println!(
+        "The crate's client (one RedisRateLimiter, reserve(1) in a loop) vs redis-benchmark, \
+         same script, key and arguments; ops/s, median (and range) of {rounds} rounds, \
+         ratios: median of the per-round ratios:"
+    );
+    println!();
+    println!(
+        "| case | redis-benchmark ops/s | crate, current-thread runtime | ratio \
+         | crate, multi-thread runtime ({} workers) | ratio |",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (row, name) in ["1 task vs -c 1 -P 1", "64 tasks vs -c 64 -P 16"]
+        .iter()
+        .enumerate()
+    {
+        let [ceiling, current, multi] = &client[row];
+        println!(
+            "| {name} | {} | {} | {:.2} | {} | {:.2} |",
+            spread(ceiling, 0),
+            spread(current, 0),
+            ratio(current, ceiling),
+            spread(multi, 0),
+            ratio(multi, ceiling)
+        );
+    }
+    drop(limiters);
+}
