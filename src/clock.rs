@@ -25,6 +25,16 @@ pub trait Clock: Send + Sync + 'static {
     /// Time elapsed since an origin fixed by the clock. Never goes backwards.
     fn now(&self) -> Duration;
 
+    /// [`now`](Clock::now) in whole microseconds, saturating at
+    /// [`MAX_MICROS`](crate::core::MAX_MICROS): what limiters read, once per
+    /// reservation.
+    ///
+    /// The default converts [`now`](Clock::now); a clock may override it with
+    /// a faster way to the same number.
+    fn now_micros(&self) -> u64 {
+        crate::core::micros(self.now())
+    }
+
     /// Blocks the calling thread for `duration`.
     fn sleep_blocking(&self, duration: Duration);
 
@@ -32,8 +42,9 @@ pub trait Clock: Send + Sync + 'static {
     fn sleep(&self, duration: Duration) -> Sleep;
 }
 
-/// The real clock: reads time with `quanta` (a fast monotonic clock), sleeps
-/// with `tokio::time::sleep` in tasks and `std::thread::sleep` on threads.
+/// The real clock: reads time with `quanta` (a fast monotonic clock: the
+/// CPU's time-stamp counter, scaled, where it is reliable), sleeps with
+/// `tokio::time::sleep` in tasks and `std::thread::sleep` on threads.
 ///
 /// [`sleep`](Clock::sleep) must be awaited inside a Tokio runtime with the
 /// time driver enabled.
@@ -49,15 +60,26 @@ pub trait Clock: Send + Sync + 'static {
 #[derive(Clone)]
 pub struct SystemClock {
     clock: quanta::Clock,
-    origin: quanta::Instant,
+    /// The origin, as a raw reading of `clock`.
+    origin: u64,
 }
 
 impl SystemClock {
     /// A clock whose origin is now.
     pub fn new() -> Self {
         let clock = quanta::Clock::new();
-        let origin = clock.now();
+        let origin = clock.raw();
         SystemClock { clock, origin }
+    }
+
+    /// Nanoseconds since the origin: one raw read (the time-stamp counter
+    /// where `quanta` trusts it, else the OS monotonic clock) and one
+    /// multiply-shift, with no `Duration` arithmetic on the way. Monotonic:
+    /// the scaling is monotonic, and a reading below the origin (a counter
+    /// that differs between cores) counts as zero.
+    #[inline]
+    fn nanos(&self) -> u64 {
+        self.clock.delta_as_nanos(self.origin, self.clock.raw())
     }
 }
 
@@ -77,7 +99,12 @@ impl fmt::Debug for SystemClock {
 
 impl Clock for SystemClock {
     fn now(&self) -> Duration {
-        self.clock.now().saturating_duration_since(self.origin)
+        Duration::from_nanos(self.nanos())
+    }
+
+    #[inline]
+    fn now_micros(&self) -> u64 {
+        (self.nanos() / 1_000).min(crate::core::MAX_MICROS)
     }
 
     fn sleep_blocking(&self, duration: Duration) {
@@ -140,6 +167,10 @@ impl fmt::Debug for FakeClock {
 impl Clock for FakeClock {
     fn now(&self) -> Duration {
         Duration::from_nanos(self.nanos.load(Ordering::Acquire))
+    }
+
+    fn now_micros(&self) -> u64 {
+        (self.nanos.load(Ordering::Acquire) / 1_000).min(crate::core::MAX_MICROS)
     }
 
     fn sleep_blocking(&self, duration: Duration) {

@@ -1,0 +1,462 @@
+//! The in-process limiter: the [core algorithm](crate::core) on one atomic
+//! word.
+//!
+//! A bursty limiter keeps its whole state in one `u64` (see [`word`] for the
+//! representation and why it is equivalent to the core), so a reservation is
+//! a clock read, a load, a little arithmetic and one compare-and-swap: no
+//! lock, no allocation, and a refusal writes nothing. Rate changes, rare
+//! rebases of the fixed-point window, and the warming-up policy (whose
+//! stored permits have a price that does not fold into one number) go through
+//! a lock and run the core's own code.
+
+mod word;
+
+use std::fmt;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use crate::Error;
+use crate::builder::Builder;
+use crate::clock::{Clock, SystemClock};
+use crate::core::{MAX_MICROS, State, stable_interval_micros};
+use crate::error::check_permits;
+
+use word::{Encoded, Quick, Slot, Step};
+
+/// A rate limiter for one process, shared by any number of threads and tasks.
+///
+/// It hands out permits at a configured rate with the reservation-based
+/// algorithm described in [`core`](crate::core): a request goes as soon as the
+/// previous caller's debt is paid, and its own cost is charged to the next
+/// caller. A bursty limiter reserves with one atomic compare-and-swap and no
+/// lock; a warming-up one under a short lock. Waiting always happens outside,
+/// so a sleeping caller never blocks others.
+///
+/// Share it with an [`Arc`](std::sync::Arc). It implements the
+/// [`Limiter`](crate::Limiter) trait, so it can stand wherever the Redis
+/// limiter can.
+///
+/// # Lock-free reservations
+///
+/// A bursty limiter's two numbers, stored permits and the next free moment,
+/// fold into one: `tat = next_free − stored_permits × interval`, the moment
+/// the limiter would be free had nothing been saved. Resyncing is clamping
+/// it to at most a full burst before now, and a reservation of `p` permits,
+/// stored or fresh, pushes it by `p × interval`; the caller waits until
+/// `max(tat, now)`. So the whole state is one 64-bit word and a reservation
+/// one compare-and-swap; a refusal writes nothing, and nothing allocates.
+///
+/// While nothing is stored the word holds the core's next free moment and
+/// every wait is the core's to the microsecond. Stored permits are held as
+/// time to 2^-20 µs rather than as the core's floating-point count, so once
+/// some were spent a wait can differ from the core's by one microsecond of
+/// rounding. Rate changes, a rebase of the word's fixed-point window every
+/// few hours of activity, bursts longer than about two hours and the
+/// warming-up policy (whose stored permits have a price) run the core itself
+/// under a lock.
+///
+/// ```
+/// use std::time::Duration;
+/// use throttler::RateLimiter;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), throttler::Error> {
+/// let limiter = RateLimiter::bursty(1000.0)?; // 1000 permits per second
+/// limiter.acquire(1).await?;                 // waits if needed
+/// if limiter.try_acquire(1, Duration::from_millis(10)).await? {
+///     // got a permit within 10 ms
+/// }
+/// # Ok(()) }
+/// ```
+pub struct RateLimiter<C: Clock = SystemClock> {
+    /// The state (see [`word`]), alone in its cache line: every reservation
+    /// writes it.
+    word: Word,
+    /// The configuration of the word's generation and of the next one.
+    slots: Slots,
+    /// Serializes rate changes and rebases. Holds the configuration as a
+    /// core [`State`] (its two state fields are stale while the word holds
+    /// the state), and the state itself in mutex mode.
+    locked: Mutex<State>,
+    clock: C,
+}
+
+#[repr(align(128))]
+struct Word(AtomicU64);
+
+#[repr(align(128))]
+struct Slots([Slot; 2]);
+
+/// `check_permits`, with the check inlined.
+#[inline(always)]
+fn check(permits: u32) -> Result<(), Error> {
+    if permits == 0 {
+        check_permits(permits)
+    } else {
+        Ok(())
+    }
+}
+
+/// [`crate::core::micros`], inlined: a duration in whole µs, saturating at
+/// [`MAX_MICROS`].
+#[inline(always)]
+fn micros(duration: Duration) -> u64 {
+    const SECONDS: u64 = MAX_MICROS / 1_000_000;
+    if duration.as_secs() < SECONDS {
+        (duration.as_secs() * 1_000_000 + u64::from(duration.subsec_micros())).min(MAX_MICROS)
+    } else {
+        u64::try_from(duration.as_micros())
+            .unwrap_or(u64::MAX)
+            .min(MAX_MICROS)
+    }
+}
+
+/// # Constructors
+impl RateLimiter<SystemClock> {
+    /// A bursty limiter at `permits_per_second` that saves up to one second of
+    /// idle time as a burst.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN.
+    pub fn bursty(permits_per_second: f64) -> Result<Self, Error> {
+        Self::builder()
+            .permits_per_second(permits_per_second)
+            .build()
+    }
+
+    /// A warming-up limiter at `permits_per_second`: after a pause it starts
+    /// three times slower and reaches the stable rate within `warmup`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN.
+    pub fn warming_up(permits_per_second: f64, warmup: Duration) -> Result<Self, Error> {
+        Self::builder()
+            .permits_per_second(permits_per_second)
+            .warmup(warmup)
+            .build()
+    }
+
+    /// A builder for the other options: burst size, warm-up, cold factor,
+    /// clock.
+    pub fn builder() -> Builder<SystemClock> {
+        Builder::new()
+    }
+}
+
+/// # Reserving and waiting
+impl<C: Clock> RateLimiter<C> {
+    pub(crate) fn from_parts(state: State, clock: C) -> Self {
+        let now = clock.now_micros();
+        let slots = Slots([Slot::default(), Slot::default()]);
+        // Published as the generation after the last one, i.e. generation 0.
+        let word = word::republish(u64::MAX, &state, now, &slots.0);
+        RateLimiter {
+            word: Word(AtomicU64::new(word)),
+            slots,
+            locked: Mutex::new(state),
+            clock,
+        }
+    }
+
+    /// The locked part, whatever a panicking thread left behind: nothing
+    /// panics while it is held mid-update.
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.locked.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Reserves `permits` if the debt fits in `timeout` µs (`u64::MAX`: a
+    /// plain reservation); returns the wait in µs.
+    #[inline(always)]
+    fn reserve_micros(&self, permits: u32, timeout: u64) -> Option<u64> {
+        let first = self.word.0.load(Acquire);
+        if word::is_mutex(first) {
+            // The lock path reads the clock itself, under the lock.
+            return self.reserve_locked(permits, timeout);
+        }
+        let now = self.clock.now_micros();
+        let (quick, mut current) = if word::has_stored(first) {
+            let quick = Quick::new(first, now, permits, &self.slots.0);
+            // Reloaded, so that only the quick step lies between the load
+            // and the compare-and-swap when other threads write the word.
+            (quick, self.word.0.load(Acquire))
+        } else {
+            (Quick::NONE, first)
+        };
+        loop {
+            let (new, wait) = match quick.apply(current) {
+                Some(new) => (new, 0),
+                None => match word::step(current, now, permits, timeout, &self.slots.0) {
+                    Step::Refused => return None,
+                    Step::Granted { word, wait } => (word, wait),
+                    Step::Slow => return self.reserve_locked(permits, timeout),
+                },
+            };
+            match self
+                .word
+                .0
+                .compare_exchange_weak(current, new, AcqRel, Acquire)
+            {
+                Ok(_) => return Some(wait),
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// [`reserve_micros`](Self::reserve_micros) under the lock, on the core
+    /// itself: in mutex mode, to rebase, or when the word was written with a
+    /// later clock reading than the caller's.
+    #[cold]
+    #[inline(never)]
+    fn reserve_locked(&self, permits: u32, timeout: u64) -> Option<u64> {
+        let mut locked = self.lock();
+        loop {
+            let current = self.word.0.load(Acquire);
+            let now = self.clock.now_micros();
+            if word::is_mutex(current) {
+                let wait = locked.try_reserve(permits, now, timeout)?;
+                // Leave mutex mode if the word can hold the state again.
+                let new = word::republish(current, &locked, now, &self.slots.0);
+                if !word::is_mutex(new) {
+                    self.word.0.store(new, Release);
+                }
+                return Some(wait);
+            }
+            let mut state = self.state_at(&locked, current, now);
+            let wait = state.try_reserve(permits, now, timeout)?;
+            let new = match word::encode(
+                current,
+                state.stored_permits,
+                state.next_free_micros,
+                now,
+                &self.slots.0[word::slot_index(current)].load(),
+            ) {
+                Encoded::Word(new) => new,
+                Encoded::Rebase | Encoded::Mutex => {
+                    word::republish(current, &state, now, &self.slots.0)
+                }
+            };
+            if self
+                .word
+                .0
+                .compare_exchange(current, new, AcqRel, Acquire)
+                .is_ok()
+            {
+                if word::is_mutex(new) {
+                    *locked = state;
+                }
+                return Some(wait);
+            }
+        }
+    }
+
+    /// The core state that `current` (not mutex mode) stands for at `now`,
+    /// with the configuration in `locked`.
+    fn state_at(&self, locked: &State, current: u64, now: u64) -> State {
+        let config = self.slots.0[word::slot_index(current)].load();
+        let (stored, next_free) = word::decode(current, now, &config);
+        let mut state = locked.clone();
+        state.stored_permits = stored;
+        state.next_free_micros = next_free;
+        state
+    }
+
+    /// The state now, for `Debug`.
+    fn snapshot(&self) -> State {
+        let locked = self.lock();
+        let current = self.word.0.load(Acquire);
+        if word::is_mutex(current) {
+            locked.clone()
+        } else {
+            self.state_at(&locked, current, self.clock.now_micros())
+        }
+    }
+
+    /// Reserves `permits` now and returns how long the caller must wait
+    /// before using them. Does not sleep.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `permits` is 0.
+    #[inline(always)]
+    pub fn reserve(&self, permits: u32) -> Result<Duration, Error> {
+        check(permits)?;
+        // A plain reservation is a try that always fits.
+        let wait = self.reserve_micros(permits, u64::MAX).unwrap_or(0);
+        Ok(Duration::from_micros(wait))
+    }
+
+    /// Reserves `permits` if they can be used within `timeout`, and returns
+    /// the wait. Returns `None`, reserving nothing, if the wait would be
+    /// longer. Does not sleep.
+    ///
+    /// Only the debt of earlier callers counts, not the size of this request:
+    /// an idle limiter grants any request at once and charges it to the next.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `permits` is 0.
+    #[inline(always)]
+    pub fn try_reserve(&self, permits: u32, timeout: Duration) -> Result<Option<Duration>, Error> {
+        check(permits)?;
+        let wait = self.reserve_micros(permits, micros(timeout));
+        Ok(wait.map(Duration::from_micros))
+    }
+
+    /// Reserves `permits` and sleeps until they may be used; returns the time
+    /// slept. Sleeps on the limiter's clock (for [`SystemClock`], a Tokio
+    /// timer). When nothing is owed, returns at once without touching a timer.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `permits` is 0.
+    pub async fn acquire(&self, permits: u32) -> Result<Duration, Error> {
+        let wait = self.reserve(permits)?;
+        if !wait.is_zero() {
+            self.clock.sleep(wait).await;
+        }
+        Ok(wait)
+    }
+
+    /// Acquires `permits` if they can be had within `timeout`, sleeping for
+    /// the wait; returns `false` at once, reserving nothing, otherwise.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `permits` is 0.
+    pub async fn try_acquire(&self, permits: u32, timeout: Duration) -> Result<bool, Error> {
+        match self.try_reserve(permits, timeout)? {
+            Some(wait) => {
+                if !wait.is_zero() {
+                    self.clock.sleep(wait).await;
+                }
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// [`acquire`](Self::acquire) on the calling thread: blocks it for the
+    /// wait. Needs no async runtime; do not call it from async code.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `permits` is 0.
+    pub fn acquire_blocking(&self, permits: u32) -> Result<Duration, Error> {
+        let wait = self.reserve(permits)?;
+        if !wait.is_zero() {
+            self.clock.sleep_blocking(wait);
+        }
+        Ok(wait)
+    }
+
+    /// [`try_acquire`](Self::try_acquire) on the calling thread.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `permits` is 0.
+    pub fn try_acquire_blocking(&self, permits: u32, timeout: Duration) -> Result<bool, Error> {
+        match self.try_reserve(permits, timeout)? {
+            Some(wait) => {
+                if !wait.is_zero() {
+                    self.clock.sleep_blocking(wait);
+                }
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// How long a request made now would wait, without reserving anything:
+    /// for a `Retry-After` header, say.
+    pub fn available_in(&self) -> Duration {
+        let current = self.word.0.load(Acquire);
+        let now = self.clock.now_micros();
+        let next_free = if word::is_mutex(current) {
+            self.lock().query_earliest_available()
+        } else {
+            let config = self.slots.0[word::slot_index(current)].load();
+            word::decode(current, now, &config).1
+        };
+        Duration::from_micros(next_free.saturating_sub(now))
+    }
+}
+
+/// # Rate
+impl<C: Clock> RateLimiter<C> {
+    /// Changes the rate from now on. The next caller still repays the
+    /// previous request at the old rate; stored permits are rescaled to the
+    /// new burst size.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN; the
+    /// limiter is then unchanged.
+    pub fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
+        stable_interval_micros(permits_per_second)?;
+        let mut locked = self.lock();
+        loop {
+            let current = self.word.0.load(Acquire);
+            let now = self.clock.now_micros();
+            let mut state = if word::is_mutex(current) {
+                locked.clone()
+            } else {
+                self.state_at(&locked, current, now)
+            };
+            state.set_rate(permits_per_second, now)?;
+            // A new generation even if the configuration is unchanged: every
+            // reservation computed with the old one must retry.
+            let new = word::republish(current, &state, now, &self.slots.0);
+            if self
+                .word
+                .0
+                .compare_exchange(current, new, AcqRel, Acquire)
+                .is_ok()
+            {
+                *locked = state;
+                return Ok(());
+            }
+        }
+    }
+
+    /// The stable rate, in permits per second, as last set.
+    pub fn rate(&self) -> f64 {
+        self.lock().permits_per_second
+    }
+
+    /// The clock this limiter reads and sleeps on.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+}
+
+impl<C: Clock> fmt::Debug for RateLimiter<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimiter")
+            .field("state", &self.snapshot())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn micros_is_the_cores() {
+        let seconds = MAX_MICROS / 1_000_000;
+        for duration in [
+            Duration::ZERO,
+            Duration::from_nanos(999),
+            Duration::from_micros(1),
+            Duration::from_micros(MAX_MICROS - 1),
+            Duration::from_micros(MAX_MICROS),
+            Duration::from_micros(MAX_MICROS + 1),
+            Duration::new(seconds - 1, 999_999_999),
+            Duration::new(seconds, 0),
+            Duration::new(seconds, 999_999_999),
+            Duration::new(u64::MAX / 1_000_000, 0),
+            Duration::MAX,
+        ] {
+            assert_eq!(
+                micros(duration),
+                crate::core::micros(duration),
+                "{duration:?}"
+            );
+        }
+    }
+}

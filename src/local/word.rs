@@ -1,0 +1,612 @@
+//! A bursty limiter's whole state in one `u64`, and a reservation as one
+//! pure function from the old word to the new one.
+//!
+//! # Why one number is enough
+//!
+//! The [core](crate::core) keeps two numbers, `stored_permits` and
+//! `next_free_micros`. For the bursty policy they can be folded into one: the
+//! *theoretical arrival time*
+//!
+//! ```text
+//! tat = next_free_micros − stored_permits × interval
+//! ```
+//!
+//! the moment the limiter would be free if the stored permits had never been
+//! saved. Everything the core computes can be read back from it at `now`:
+//!
+//! * resync: `stored(now) = min((now − tat) / interval, max_permits)`, i.e.
+//!   `tat ← max(tat, now − max_permits × interval)`: resyncing is clamping;
+//! * a reservation of `p` permits pushes it by `p × interval`, whether the
+//!   permits come from the store (which is free) or are fresh: the wait the
+//!   caller gets is `max(tat, now) − now` before the push (pre-consumption: the
+//!   request goes at once and the next caller pays for it).
+//!
+//! This holds whenever `next_free_micros <= now` or `stored_permits == 0`,
+//! which is every state the bursty core reaches from a monotonic clock, with
+//! one exception: leaving an infinite rate while a debt is still outstanding
+//! (the core then stores a full burst *behind* the debt). That state, and every
+//! configuration this word cannot hold, run on the core itself under the
+//! limiter's lock (*mutex mode*, below).
+//!
+//! # The word
+//!
+//! ```text
+//!  63        55 54 53                                               0
+//! +------------+--+--------------------------------------------------+
+//! | generation |B | payload                                          |
+//! +------------+--+--------------------------------------------------+
+//! ```
+//!
+//! * `B = 0`: nothing is stored; the payload is `next_free_micros` itself, an
+//!   integer in `0..=MAX_MICROS`, so every step from it repeats the core's
+//!   arithmetic operation for operation and agrees with it to the bit. The
+//!   payload `2^54 − 1` (above `MAX_MICROS`) marks *mutex mode*: the state is
+//!   the [`State`] behind the limiter's lock.
+//! * `B = 1`: permits are stored; the payload is `tat`, in fixed point with
+//!   [`FRAC_BITS`] fractional bits (2^-20 µs), relative to the `base` of the
+//!   generation's configuration, so it covers a window of 2^34 µs (4.7 hours)
+//!   around the present. A step that would leave the window goes to the lock
+//!   and *rebases*: a new generation with a new base.
+//!
+//! The generation (9 bits) selects one of two configuration slots (interval,
+//! burst, base). Changing the rate or rebasing writes the slot not in use and
+//! then publishes the new generation in the word with a compare-and-swap, so a
+//! reservation computed from an older configuration fails its own
+//! compare-and-swap and retries. (That argument needs fewer than 2^9
+//! configuration changes during one reservation's few instructions.)
+//!
+//! # Exactness
+//!
+//! From a `B = 0` word the step performs exactly the core's floating-point
+//! operations, so the result is bit-identical. Stored permits are held as
+//! `tat` to 2^-20 µs instead of as the core's `f64` count, so after some
+//! stored permits were spent, a later wait may differ from the core's by a
+//! rounding: at most one microsecond (checked by a differential test against
+//! the core on random sequences).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::core::{MAX_MICROS, Policy, State};
+
+/// Where the generation starts.
+const GEN_SHIFT: u32 = 55;
+/// Generations count modulo 2^9.
+const GEN_MASK: u64 = (1 << 9) - 1;
+/// Set when permits are stored (the payload is a fixed-point `tat`).
+const STORED: u64 = 1 << 54;
+/// The payload bits.
+const PAYLOAD: u64 = STORED - 1;
+/// The payload that marks mutex mode (with `STORED` clear).
+const MUTEX: u64 = PAYLOAD;
+/// Fractional bits of a fixed-point time.
+const FRAC_BITS: u32 = 20;
+/// 2^FRAC_BITS, as a float.
+const SCALE: f64 = (1u64 << FRAC_BITS) as f64;
+/// The span of times a fixed-point payload covers, in µs: 2^34.
+const WINDOW: u64 = 1 << (54 - FRAC_BITS);
+/// A new base lies this far before `now`: half the window each way.
+const HALF_WINDOW: u64 = WINDOW / 2;
+
+/// What one step from a word decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Step {
+    /// The debt does not fit in the timeout: nothing to write.
+    Refused,
+    /// Write `word` (compare-and-swap); the caller waits `wait` µs.
+    Granted { word: u64, wait: u64 },
+    /// Needs the lock: mutex mode, a rebase, or a state written with a later
+    /// clock reading than this caller's.
+    Slow,
+}
+
+/// The numbers a step needs from a generation's configuration.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Config {
+    /// `stable_interval_micros`.
+    pub(super) interval: f64,
+    /// `max_permits`.
+    pub(super) max_permits: f64,
+    /// `max_permits × interval`, in fixed point: the most time that can be stored.
+    pub(super) burst: u64,
+    /// The origin of fixed-point payloads, in µs (may be negative).
+    pub(super) base: i64,
+    /// What one permit costs in stored time, in fixed point: `fixed(interval)`.
+    pub(super) unit_charge: u64,
+    /// What one fresh permit pushes the ticket by: `to_micros(interval)`.
+    pub(super) unit_wait: u64,
+}
+
+impl Config {
+    /// The configuration for `state` with a base around `now`, or `None` if
+    /// the state's configuration must run in mutex mode: a warming-up policy,
+    /// a burst longer than half the window, or a rate so extreme that the core
+    /// caps its interval or its burst.
+    ///
+    /// The word holds stored permits as stored *time*, to 2^-20 µs. A rate
+    /// change keeps the stored fraction of the burst, so stored time carries
+    /// over unchanged as long as `max_permits × interval` is the configured
+    /// burst, which is what capping would break (a burst of 10^-280 µs at one
+    /// rate can be a day's worth at the next).
+    pub(super) fn new(state: &State, now: u64) -> Option<Config> {
+        let Policy::Bursty(bursty) = &state.policy else {
+            return None;
+        };
+        let interval = state.stable_interval_micros;
+        if interval >= MAX_MICROS as f64 || state.max_permits >= f64::MAX {
+            return None;
+        }
+        let burst_micros = state.max_permits * interval;
+        // NaN and infinity fail the comparison too.
+        let fits = burst_micros <= HALF_WINDOW as f64 && bursty.max_burst_micros <= HALF_WINDOW;
+        if !fits {
+            return None;
+        }
+        Some(Config {
+            interval,
+            max_permits: state.max_permits,
+            burst: fixed(burst_micros),
+            base: now as i64 - HALF_WINDOW as i64,
+            unit_charge: charge(interval),
+            unit_wait: to_micros(interval),
+        })
+    }
+
+    /// `(now − base)` in fixed point, if `now` lies in the window.
+    #[inline(always)]
+    fn fixed_now(&self, now: u64) -> Option<u64> {
+        fixed_now(now, self.base)
+    }
+}
+
+/// `(now − base)` in fixed point, if `now` lies in the window.
+#[inline(always)]
+fn fixed_now(now: u64, base: i64) -> Option<u64> {
+    // A `now` before the base wraps to a huge number and is rejected too.
+    let relative = now.wrapping_sub(base as u64);
+    (relative < WINDOW).then_some(relative << FRAC_BITS)
+}
+
+/// A configuration slot, readable while another thread rewrites it (a reader
+/// that sees a torn slot has an outdated generation and fails its
+/// compare-and-swap).
+#[derive(Debug, Default)]
+pub(super) struct Slot {
+    interval: AtomicU64,
+    max_permits: AtomicU64,
+    burst: AtomicU64,
+    base: AtomicU64,
+    unit_charge: AtomicU64,
+    unit_wait: AtomicU64,
+}
+
+impl Slot {
+    /// Writes `config`; the caller publishes it by a release of the word.
+    pub(super) fn store(&self, config: &Config) {
+        self.interval.store(config.interval.to_bits(), Relaxed);
+        self.max_permits
+            .store(config.max_permits.to_bits(), Relaxed);
+        self.burst.store(config.burst, Relaxed);
+        self.base.store(config.base as u64, Relaxed);
+        self.unit_charge.store(config.unit_charge, Relaxed);
+        self.unit_wait.store(config.unit_wait, Relaxed);
+    }
+
+    /// Reads the slot (after an acquire of the word).
+    #[inline(always)]
+    pub(super) fn load(&self) -> Config {
+        Config {
+            interval: self.interval(),
+            max_permits: f64::from_bits(self.max_permits.load(Relaxed)),
+            burst: self.burst.load(Relaxed),
+            base: self.base.load(Relaxed) as i64,
+            unit_charge: self.unit_charge.load(Relaxed),
+            unit_wait: self.unit_wait.load(Relaxed),
+        }
+    }
+
+    #[inline(always)]
+    fn interval(&self) -> f64 {
+        f64::from_bits(self.interval.load(Relaxed))
+    }
+
+    /// What `permits` fresh permits push the ticket by: `to_micros(permits ×
+    /// interval)`, precomputed for one.
+    #[inline(always)]
+    fn wait_for(&self, permits: u32) -> u64 {
+        if permits == 1 {
+            self.unit_wait.load(Relaxed)
+        } else {
+            to_micros(f64::from(permits) * self.interval())
+        }
+    }
+
+    /// What `permits` stored permits cost in stored time (fixed point),
+    /// precomputed for one.
+    #[inline(always)]
+    fn charge_for(&self, permits: u32) -> u64 {
+        if permits == 1 {
+            self.unit_charge.load(Relaxed)
+        } else {
+            charge(f64::from(permits) * self.interval())
+        }
+    }
+}
+
+/// A stored-time charge in fixed point, capped at 2^62 so that adding it to a
+/// payload cannot overflow (any charge above a burst has the same effect).
+#[inline(always)]
+fn charge(micros: f64) -> u64 {
+    fixed(micros).min(1 << 62)
+}
+
+/// Which of the two slots a word's generation uses.
+#[inline]
+pub(super) fn slot_index(word: u64) -> usize {
+    ((word >> GEN_SHIFT) & 1) as usize
+}
+
+/// The generation after `word`'s, as the generation bits of a word.
+fn next_generation(word: u64) -> u64 {
+    (((word >> GEN_SHIFT) + 1) & GEN_MASK) << GEN_SHIFT
+}
+
+/// Whether the word holds stored permits.
+#[inline(always)]
+pub(super) fn has_stored(word: u64) -> bool {
+    word & STORED != 0
+}
+
+/// Whether the limiter is in mutex mode.
+#[inline]
+pub(super) fn is_mutex(word: u64) -> bool {
+    word & (STORED | PAYLOAD) == MUTEX
+}
+
+/// The core's `to_micros`: truncates a wait to whole µs, saturating.
+#[inline]
+fn to_micros(micros: f64) -> u64 {
+    if micros < MAX_MICROS as f64 {
+        micros as u64
+    } else {
+        MAX_MICROS
+    }
+}
+
+/// A non-negative duration in µs to fixed point, rounded to nearest,
+/// saturating.
+#[inline]
+fn fixed(micros: f64) -> u64 {
+    (micros * SCALE + 0.5) as u64
+}
+
+/// The common step, prepared before the word is (re)loaded so that little
+/// happens between the load and the compare-and-swap: spending stored
+/// permits from a word of one generation, at one `now`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Quick {
+    /// The generation bits, with `STORED`: the words this applies to.
+    tag: u64,
+    /// `now` in fixed point; 0 if outside the window (nothing applies).
+    fixed_now: u64,
+    /// A full burst before `now`.
+    full: u64,
+    /// What the permits cost.
+    charge: u64,
+}
+
+impl Quick {
+    /// Applies to no word: nothing lies before a `fixed_now` of zero.
+    pub(super) const NONE: Quick = Quick {
+        tag: 0,
+        fixed_now: 0,
+        full: 0,
+        charge: 0,
+    };
+
+    /// Prepares the step for words of `word`'s generation.
+    #[inline(always)]
+    pub(super) fn new(word: u64, now: u64, permits: u32, slots: &[Slot; 2]) -> Quick {
+        let slot = &slots[slot_index(word)];
+        let fixed_now = fixed_now(now, slot.base.load(Relaxed) as i64).unwrap_or(0);
+        Quick {
+            tag: (word & !PAYLOAD) | STORED,
+            fixed_now,
+            full: fixed_now.saturating_sub(slot.burst.load(Relaxed)),
+            charge: slot.charge_for(permits),
+        }
+    }
+
+    /// The new word if `word` is of the prepared generation, has stored
+    /// permits and keeps some after this step; what [`step`] would return
+    /// as `Granted { word, wait: 0 }` then.
+    #[inline(always)]
+    pub(super) fn apply(&self, word: u64) -> Option<u64> {
+        if word & !PAYLOAD != self.tag {
+            return None;
+        }
+        let tat = (word & PAYLOAD).max(self.full) + self.charge;
+        (tat < self.fixed_now).then_some(self.tag | tat)
+    }
+}
+
+/// One reservation of `permits` at `now` that waits at most `timeout` µs
+/// (`u64::MAX`: a plain reservation), from `word` and its generation's
+/// configuration. Pure: the caller writes the result with a compare-and-swap.
+#[inline(always)]
+pub(super) fn step(word: u64, now: u64, permits: u32, timeout: u64, slots: &[Slot; 2]) -> Step {
+    let generation = word & !(STORED | PAYLOAD);
+    let payload = word & PAYLOAD;
+    let slot = &slots[slot_index(word)];
+    if word & STORED == 0 {
+        let next_free = payload;
+        if next_free > MAX_MICROS {
+            return Step::Slow; // mutex mode
+        }
+        // `State::can_acquire`.
+        if next_free.saturating_sub(timeout) > now {
+            return Step::Refused;
+        }
+        if next_free >= now {
+            // Nothing stored and no resync: every permit is fresh.
+            let pushed = (next_free + slot.wait_for(permits)).min(MAX_MICROS);
+            return Step::Granted {
+                word: generation | pushed,
+                wait: next_free - now,
+            };
+        }
+        // `State::resync` from zero stored permits.
+        let config = slot.load();
+        let stored = ((now - next_free) as f64 / config.interval).min(config.max_permits);
+        return spend(generation, now, stored, permits, &config);
+    }
+    let Some(fixed_now) = fixed_now(now, slot.base.load(Relaxed) as i64) else {
+        return Step::Slow; // rebase
+    };
+    // Resync (at most a full burst is stored before now), then charge.
+    let full = fixed_now.saturating_sub(slot.burst.load(Relaxed));
+    let tat = payload.max(full) + slot.charge_for(permits);
+    if tat < fixed_now {
+        // The common case of an under-used limiter: stored permits remain.
+        return Step::Granted {
+            word: generation | STORED | tat,
+            wait: 0,
+        };
+    }
+    if payload >= fixed_now {
+        return Step::Slow; // written by a caller with a later clock reading
+    }
+    let config = slot.load();
+    spend(
+        generation,
+        now,
+        permits_in(fixed_now - payload, &config),
+        permits,
+        &config,
+    )
+}
+
+/// The rest of `State::reserve_earliest_available` after a resync to `now`
+/// that left `stored` permits: spend them first, charge the rest.
+#[inline(never)]
+fn spend(generation: u64, now: u64, stored: f64, permits: u32, config: &Config) -> Step {
+    let requested = f64::from(permits);
+    let spent = requested.min(stored);
+    let pushed = (now + to_micros((requested - spent) * config.interval)).min(MAX_MICROS);
+    let left = stored - spent;
+    if left > 0.0 {
+        let left = fixed(left * config.interval);
+        if left > 0 {
+            // Some stored permits remain, so nothing was fresh: `pushed == now`.
+            return match config.fixed_now(now) {
+                Some(fixed_now) if left <= fixed_now => Step::Granted {
+                    word: generation | STORED | (fixed_now - left),
+                    wait: 0,
+                },
+                _ => Step::Slow, // rebase
+            };
+        }
+    }
+    Step::Granted {
+        word: generation | pushed,
+        wait: 0,
+    }
+}
+
+/// Stored time (fixed point, positive) as a count of permits, capped as
+/// `State::resync` caps it.
+#[inline]
+fn permits_in(stored: u64, config: &Config) -> f64 {
+    if stored >= config.burst {
+        config.max_permits
+    } else {
+        (stored as f64 / SCALE / config.interval).min(config.max_permits)
+    }
+}
+
+/// The core's `(stored_permits, next_free_micros)` that `word` stands for at
+/// `now`, resynced if permits are stored. Not for mutex mode. Never panics,
+/// whatever the slot holds.
+pub(super) fn decode(word: u64, now: u64, config: &Config) -> (f64, u64) {
+    let payload = word & PAYLOAD;
+    if word & STORED == 0 {
+        return (0.0, payload.min(MAX_MICROS));
+    }
+    // tat = base + payload / SCALE; stored time at now = now − tat.
+    let fixed_now = (i128::from(now) - i128::from(config.base)) << FRAC_BITS;
+    let stored = fixed_now - i128::from(payload);
+    if stored <= 0 {
+        // Written with a later clock reading than `now`: nothing stored yet
+        // at `now`, and the ticket is `tat`, rounded up.
+        let tat =
+            i128::from(config.base) + ((i128::from(payload) + (1 << FRAC_BITS) - 1) >> FRAC_BITS);
+        return (0.0, tat.clamp(0, i128::from(MAX_MICROS)) as u64);
+    }
+    let stored = u64::try_from(stored).unwrap_or(u64::MAX);
+    (permits_in(stored, config), now)
+}
+
+/// What [`encode`] made of a state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Encoded {
+    /// The state, as a word of the same generation.
+    Word(u64),
+    /// Needs a configuration with a base nearer `now`.
+    Rebase,
+    /// Permits stored behind a debt: only mutex mode can hold it.
+    Mutex,
+}
+
+/// The word of generation `generation` (the bits of a word) for the core's
+/// `(stored, next_free)` at `now`, under `config`.
+pub(super) fn encode(
+    generation: u64,
+    stored: f64,
+    next_free: u64,
+    now: u64,
+    config: &Config,
+) -> Encoded {
+    let generation = generation & !(STORED | PAYLOAD);
+    let next_free = next_free.min(MAX_MICROS);
+    // NaN never occurs; it would read as nothing stored.
+    if stored.is_nan() || stored <= 0.0 {
+        return Encoded::Word(generation | next_free);
+    }
+    if next_free > now {
+        return Encoded::Mutex;
+    }
+    let stored_time = fixed(stored * config.interval);
+    if stored_time == 0 {
+        return Encoded::Word(generation | next_free);
+    }
+    let Some(fixed_now) = config.fixed_now(now) else {
+        return Encoded::Rebase;
+    };
+    // tat = next_free − stored time, clamped to at most a full burst before
+    // now (which is what the next resync would do anyway).
+    let tat =
+        ((i128::from(next_free) - i128::from(config.base)) << FRAC_BITS) - i128::from(stored_time);
+    let tat = tat.max(i128::from(fixed_now) - i128::from(config.burst));
+    if tat < 0 {
+        return Encoded::Rebase;
+    }
+    Encoded::Word(generation | STORED | tat as u64)
+}
+
+/// The word that publishes `state` at `now` in the generation after
+/// `word`'s: a fresh configuration (written into its slot) and the state
+/// encoded under it, or mutex mode when the word cannot hold them.
+pub(super) fn republish(word: u64, state: &State, now: u64, slots: &[Slot; 2]) -> u64 {
+    let generation = next_generation(word);
+    if let Some(config) = Config::new(state, now) {
+        // A fresh base puts `now` mid-window and the burst fits in the half
+        // before it, so only `Mutex` can come back.
+        if let Encoded::Word(new) = encode(
+            generation,
+            state.stored_permits,
+            state.next_free_micros,
+            now,
+            &config,
+        ) {
+            slots[slot_index(new)].store(&config);
+            return new;
+        }
+    }
+    generation | MUTEX
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::Bursty;
+
+    fn bursty(rate: f64) -> (State, Config, [Slot; 2]) {
+        let state = State::new(Policy::Bursty(Bursty::default()), rate, 0).unwrap();
+        let config = Config::new(&state, 0).unwrap();
+        let slots = [Slot::default(), Slot::default()];
+        slots[0].store(&config);
+        (state, config, slots)
+    }
+
+    #[test]
+    fn the_word_layout_has_room_for_every_ticket() {
+        const { assert!(MAX_MICROS < MUTEX) };
+        const { assert!(WINDOW << FRAC_BITS == STORED) };
+        const { assert!(STORED << 1 == 1 << GEN_SHIFT) };
+        assert!(is_mutex(next_generation(0) | MUTEX));
+        assert!(!is_mutex(MAX_MICROS));
+        assert_eq!(next_generation(GEN_MASK << GEN_SHIFT), 0);
+    }
+
+    #[test]
+    fn empty_limiter_charges_like_the_core() {
+        let (_, _, slots) = bursty(5.0);
+        assert_eq!(
+            step(0, 0, 1, u64::MAX, &slots),
+            Step::Granted {
+                word: 200_000,
+                wait: 0
+            }
+        );
+        assert_eq!(
+            step(200_000, 0, 1, u64::MAX, &slots),
+            Step::Granted {
+                word: 400_000,
+                wait: 200_000
+            }
+        );
+        assert_eq!(step(400_000, 0, 1, 399_999, &slots), Step::Refused);
+    }
+
+    #[test]
+    fn stored_permits_round_trip() {
+        let (_, config, slots) = bursty(5.0);
+        // Idle for a second: five stored; spend two.
+        let Step::Granted { word, wait: 0 } = step(0, 1_000_000, 2, 0, &slots) else {
+            panic!()
+        };
+        assert_eq!(word & STORED, STORED);
+        assert_eq!(decode(word, 1_000_000, &config), (3.0, 1_000_000));
+        assert_eq!(
+            encode(0, 3.0, 1_000_000, 1_000_000, &config),
+            Encoded::Word(word)
+        );
+    }
+
+    #[test]
+    fn stored_permits_behind_a_debt_need_mutex_mode() {
+        let (_, config, _) = bursty(5.0);
+        assert_eq!(encode(0, 1.0, 10, 5, &config), Encoded::Mutex);
+        assert_eq!(encode(0, 0.0, 10, 5, &config), Encoded::Word(10));
+    }
+
+    #[test]
+    fn far_times_need_a_rebase() {
+        let (_, config, slots) = bursty(5.0);
+        let later = WINDOW;
+        assert_eq!(encode(0, 1.0, later, later, &config), Encoded::Rebase);
+        assert_eq!(step(0, later, 1, 0, &slots), Step::Slow);
+    }
+
+    #[test]
+    fn warming_up_and_huge_bursts_run_in_mutex_mode() {
+        let warm = State::new(
+            Policy::WarmingUp(crate::core::WarmingUp::new(
+                std::time::Duration::from_secs(1),
+                3.0,
+            )),
+            5.0,
+            0,
+        )
+        .unwrap();
+        assert_eq!(Config::new(&warm, 0), None);
+        let huge = State::new(
+            Policy::Bursty(Bursty::new(std::time::Duration::from_secs(86_400))),
+            5.0,
+            0,
+        )
+        .unwrap();
+        assert_eq!(Config::new(&huge, 0), None);
+        let slots = [Slot::default(), Slot::default()];
+        assert!(is_mutex(republish(0, &huge, 0, &slots)));
+    }
+}
