@@ -2,8 +2,9 @@
 //! limiter, against the rate it is configured for.
 //!
 //! ```text
-//! cargo bench --bench pacing                      # 5 s per run, 18 runs
-//! THROTTLER_PACING_SECS=1 cargo bench --bench pacing   # shorter
+//! cargo bench --bench pacing                              # 5 s per run, 18 runs
+//! THROTTLER_PACING_SECS=1 cargo bench --bench pacing       # shorter
+//! THROTTLER_PACING_BURST_MS=0 cargo bench --bench pacing   # strict spacing, no burst
 //! ```
 //!
 //! For each rate (10, 1 000 and 50 000 permits/s) and each number of tasks
@@ -13,8 +14,14 @@
 //! number of acquisitions after the first, divided by the time from the
 //! first to the last (so neither the start-up nor the idle end of the run
 //! counts), and the error is its deviation from the configured rate.
-//! Limiters are built with `max_burst(Duration::ZERO)`, so no stored permits
-//! inflate the start. Two limiters: the local `RateLimiter`, and a
+//! Limiters have the default burst of one second (`THROTTLER_PACING_BURST_MS`
+//! changes it): a task that wakes late finds the permits it missed stored and
+//! takes them at once, which is what stored permits are for. No stored
+//! permits inflate the start: a new local limiter has none, and the Redis key
+//! (which starts full, as a missing key reads as idle) is drained by one
+//! `reserve(max_permits)` before the run. With no burst at all, a permit
+//! nobody claims on time is lost, so late timer wake-ups (Tokio timers have
+//! a resolution of one millisecond) lower the rate at high rates. Two limiters: the local `RateLimiter`, and a
 //! `RedisRateLimiter` on a private redis-server this benchmark starts on a
 //! free loopback port (a fresh key per run). Both sleep on Tokio timers
 //! (multi-thread runtime), whose resolution is one millisecond.
@@ -92,6 +99,11 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(5.0);
     let length = Duration::from_secs_f64(secs);
+    let burst_ms: u64 = std::env::var("THROTTLER_PACING_BURST_MS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1000);
+    let burst = Duration::from_millis(burst_ms);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -100,8 +112,8 @@ fn main() {
     let mut runs = 0;
 
     println!(
-        "{} s per run; achieved = (acquisitions - 1) / (last - first acquisition)",
-        secs
+        "{} s per run, max_burst {} ms; achieved = (acquisitions - 1) / (last - first acquisition)",
+        secs, burst_ms
     );
     println!();
     println!(
@@ -113,7 +125,7 @@ fn main() {
             let local: Arc<dyn Limiter> = Arc::new(
                 RateLimiter::builder()
                     .permits_per_second(rate)
-                    .max_burst(Duration::ZERO)
+                    .max_burst(burst)
                     .build()
                     .expect("local limiter"),
             );
@@ -121,16 +133,20 @@ fn main() {
             runs += 1;
             let name = format!("pacing-{runs}");
             let redis: Arc<dyn Limiter> = runtime.block_on(async {
-                Arc::new(
-                    RedisRateLimiter::builder(server.client(), &name)
-                        .permits_per_second(rate)
-                        .max_burst(Duration::ZERO)
-                        .fallback(Fallback::FailClosed)
-                        .response_timeout(Duration::from_secs(2))
-                        .build()
-                        .await
-                        .expect("Redis limiter"),
-                )
+                let limiter = RedisRateLimiter::builder(server.client(), &name)
+                    .permits_per_second(rate)
+                    .max_burst(burst)
+                    .fallback(Fallback::FailClosed)
+                    .response_timeout(Duration::from_secs(2))
+                    .build()
+                    .await
+                    .expect("Redis limiter");
+                // Drain the full burst of the new key: it is spent at once, free.
+                let max_permits = (rate * burst.as_secs_f64()).floor() as u32;
+                if max_permits > 0 {
+                    limiter.reserve(max_permits).await.expect("drain");
+                }
+                Arc::new(limiter)
             });
             let remote = runtime.block_on(run(redis, tasks, length));
             let error = |pace: &Pace| (pace.rate() / rate - 1.0) * 100.0;
