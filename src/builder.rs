@@ -159,7 +159,7 @@ impl<C: Clock> Builder<C> {
     /// of both policies were set.
     pub fn build(self) -> Result<RateLimiter<C>, Error> {
         let (policy, rate) = self.config.policy()?;
-        let now = crate::core::micros(self.clock.now());
+        let now = self.clock.now_micros();
         let state = State::new(policy, rate, now)?;
         Ok(RateLimiter::from_parts(state, self.clock))
     }

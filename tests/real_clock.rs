@@ -57,3 +57,23 @@ async fn warming_up_starts_slower_than_stable() {
         start.elapsed()
     );
 }
+
+#[test]
+fn a_new_limiter_grants_its_first_request_at_once() {
+    // The start of a new limiter and its later clock readings lie on one
+    // timeline: the first request never owes even a microsecond.
+    for _ in 0..20_000 {
+        let limiter = RateLimiter::bursty(1.0).unwrap();
+        assert_eq!(
+            limiter.try_reserve(1, Duration::ZERO).unwrap(),
+            Some(Duration::ZERO)
+        );
+    }
+    for _ in 0..20_000 {
+        let limiter = RateLimiter::warming_up(1.0, Duration::from_secs(1)).unwrap();
+        assert_eq!(
+            limiter.try_reserve(1, Duration::ZERO).unwrap(),
+            Some(Duration::ZERO)
+        );
+    }
+}

@@ -14,7 +14,7 @@ use super::limiter::{Inner, RedisRateLimiter, RuntimeRef, local_rate};
 use super::script::ScriptPolicy;
 use crate::builder::{PolicyConfig, policy_setters};
 use crate::clock::{Clock, SystemClock};
-use crate::core::{State, micros};
+use crate::core::State;
 use crate::error::BackendError;
 use crate::{Error, RateLimiter};
 
@@ -251,7 +251,7 @@ impl<C: Clock + Clone> RedisBuilder<C> {
         runtime: RuntimeRef,
     ) -> Result<RedisRateLimiter<C>, Error> {
         let (policy, rate) = self.config.policy()?;
-        let now = micros(self.clock.now());
+        let now = self.clock.now_micros();
         let local = RateLimiter::from_parts(
             State::new(policy.clone(), local_rate(rate, self.local_fraction), now)?,
             self.clock,
