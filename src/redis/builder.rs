@@ -203,34 +203,29 @@ impl<C: Clock + Clone> RedisBuilder<C> {
     async fn connect(self) -> Result<(Self, Connection), Error> {
         self.check()?;
         let deadline = (self.response_timeout * 5).max(Duration::from_secs(1));
-        let (what, connecting) = match &self.target {
-            Target::Single(client) => {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.response_timeout))
-                    // Every call is bounded by `response_timeout` in the
-                    // limiter itself; a second timer per request here would
-                    // only cost time.
-                    .set_response_timeout(None)
-                    .set_number_of_retries(2)
-                    .set_min_delay(Duration::from_millis(10))
-                    .set_max_delay(self.probe_interval);
-                let client = client.clone();
-                let what = format!("Redis at {}", client.get_connection_info().addr());
-                let connecting = Box::pin(async move {
-                    ConnectionManager::new_with_config(client, config)
+        let what = match &self.target {
+            Target::Single(client) => format!("Redis at {}", client.get_connection_info().addr()),
+            Target::Cluster(_) => "the Redis cluster".to_owned(),
+        };
+        let connecting = async {
+            match &self.target {
+                Target::Single(client) => {
+                    let config = ConnectionManagerConfig::new()
+                        .set_connection_timeout(Some(self.response_timeout))
+                        // Every call is bounded by `response_timeout` in the
+                        // limiter itself; a second timer per request here
+                        // would only cost time.
+                        .set_response_timeout(None)
+                        .set_number_of_retries(2)
+                        .set_min_delay(Duration::from_millis(10))
+                        .set_max_delay(self.probe_interval);
+                    ConnectionManager::new_with_config(client.clone(), config)
                         .await
                         .map(Connection::Single)
-                })
-                    as std::pin::Pin<Box<dyn Future<Output = _> + Send>>;
-                (what, connecting)
-            }
-            Target::Cluster(client) => {
-                let client = ClusterClient::clone(client);
-                let connecting =
-                    Box::pin(
-                        async move { client.get_async_connection().await.map(Connection::Cluster) },
-                    ) as std::pin::Pin<Box<dyn Future<Output = _> + Send>>;
-                ("the Redis cluster".to_owned(), connecting)
+                }
+                Target::Cluster(client) => {
+                    client.get_async_connection().await.map(Connection::Cluster)
+                }
             }
         };
         match tokio::time::timeout(deadline, connecting).await {
