@@ -254,7 +254,7 @@ impl<C: Clock + Clone> RedisBuilder<C> {
         Ok(RedisRateLimiter::from_inner(Inner {
             key: format!("{KEY_PREFIX}{}", self.name),
             connection,
-            policy: ScriptPolicy::new(&policy),
+            policy: ScriptPolicy::new(&policy, rate),
             rate_bits: AtomicU64::new(rate.to_bits()),
             fallback: self.fallback,
             local,

@@ -15,28 +15,41 @@ use crate::error::BackendError;
 static RESERVE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/reserve.lua")));
 
-/// The policy as the script takes it (ARGV[4..6]), fixed when the limiter is built.
+/// The arguments that describe the limiter (ARGV[3..=6]), written out once
+/// when the limiter is built, so that a call formats only what changes with
+/// it: `permits` and `timeout_micros` (and the rate, after a `set_rate`).
 #[derive(Debug, Clone)]
 pub(crate) struct ScriptPolicy {
     name: &'static str,
-    param_micros: u64,
-    cold_factor: f64,
+    param_micros: String,
+    cold_factor: String,
+    /// The rate the limiter was built with, as bits and as text.
+    built_rate: (u64, String),
 }
 
 impl ScriptPolicy {
-    pub(crate) fn new(policy: &Policy) -> Self {
-        match policy {
-            Policy::Bursty(b) => ScriptPolicy {
-                name: "bursty",
-                param_micros: b.max_burst_micros,
-                cold_factor: 0.0,
-            },
-            Policy::WarmingUp(w) => ScriptPolicy {
-                name: "warming_up",
-                param_micros: w.warmup_micros,
-                cold_factor: w.cold_factor,
-            },
+    pub(crate) fn new(policy: &Policy, permits_per_second: f64) -> Self {
+        let (name, param_micros, cold_factor) = match policy {
+            Policy::Bursty(b) => ("bursty", b.max_burst_micros, 0.0),
+            Policy::WarmingUp(w) => ("warming_up", w.warmup_micros, w.cold_factor),
+        };
+        ScriptPolicy {
+            name,
+            param_micros: param_micros.to_string(),
+            cold_factor: rate_text(cold_factor),
+            built_rate: (permits_per_second.to_bits(), rate_text(permits_per_second)),
         }
+    }
+}
+
+/// A number as the script reads it: Rust's shortest round-trip form
+/// (`1000`, `0.5`, `1e-300`), which Lua's `tonumber` reads back exactly, or
+/// `inf`.
+fn rate_text(value: f64) -> String {
+    if value.is_infinite() {
+        "inf".to_owned()
+    } else {
+        format!("{value:?}")
     }
 }
 
@@ -81,20 +94,23 @@ fn evalsha(key: &str, call: Call, permits_per_second: f64, policy: &ScriptPolicy
         Call::Query => (0, -1),
     };
     let mut cmd = Cmd::with_capacity(10, 128 + key.len());
-    cmd.arg("EVALSHA")
-        .arg(RESERVE.get_hash())
-        .arg(1)
-        .arg(key)
-        .arg(permits)
-        .arg(timeout_micros);
-    if permits_per_second.is_infinite() {
-        cmd.arg("inf");
+    cmd.arg("EVALSHA").arg(RESERVE.get_hash()).arg("1").arg(key);
+    match permits {
+        1 => cmd.arg("1"),
+        _ => cmd.arg(permits),
+    };
+    match timeout_micros {
+        -1 => cmd.arg("-1"),
+        _ => cmd.arg(timeout_micros),
+    };
+    if permits_per_second.to_bits() == policy.built_rate.0 {
+        cmd.arg(policy.built_rate.1.as_str());
     } else {
-        cmd.arg(permits_per_second);
+        cmd.arg(rate_text(permits_per_second));
     }
     cmd.arg(policy.name)
-        .arg(policy.param_micros)
-        .arg(policy.cold_factor);
+        .arg(policy.param_micros.as_str())
+        .arg(policy.cold_factor.as_str());
     cmd
 }
 
@@ -115,4 +131,83 @@ pub(crate) fn decode(reply: i64, key: &str) -> Result<Option<Duration>, Error> {
 /// A fallback cannot fix those, so they are reported, not hidden.
 pub(crate) fn is_data_error(error: &redis::RedisError) -> bool {
     matches!(error.code(), Some("WRONGTYPE")) || error.to_string().contains("throttler:")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{Bursty, WarmingUp};
+
+    fn argv(cmd: &Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .skip(4) // EVALSHA, sha, numkeys, key
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8(bytes.to_vec()).unwrap(),
+                other => panic!("unexpected argument {other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn rates_are_written_exactly() {
+        for rate in [
+            1000.0,
+            0.5,
+            1.0 / 3.0,
+            1e-300,
+            f64::from_bits(1),
+            1e300,
+            f64::MAX,
+            123_456.789,
+        ] {
+            let text = rate_text(rate);
+            assert_eq!(
+                text.parse::<f64>().unwrap().to_bits(),
+                rate.to_bits(),
+                "{text}"
+            );
+        }
+        assert_eq!(rate_text(f64::INFINITY), "inf");
+    }
+
+    #[test]
+    fn arguments_are_the_same_whether_preformatted_or_not() {
+        let bursty = Policy::Bursty(Bursty::new(Duration::from_millis(1500)));
+        let warming = Policy::WarmingUp(WarmingUp::new(Duration::from_secs(2), 3.5));
+        let reserve = Call::Reserve {
+            permits: 1,
+            timeout: None,
+        };
+        let try_7 = Call::Reserve {
+            permits: 7,
+            timeout: Some(Duration::from_millis(20)),
+        };
+        for (policy, rate, call, expected) in [
+            (
+                &bursty,
+                1000.0,
+                reserve,
+                ["1", "-1", "1000.0", "bursty", "1500000", "0.0"],
+            ),
+            (
+                &bursty,
+                0.25,
+                try_7,
+                ["7", "20000", "0.25", "bursty", "1500000", "0.0"],
+            ),
+            (
+                &warming,
+                f64::INFINITY,
+                Call::Query,
+                ["0", "-1", "inf", "warming_up", "2000000", "3.5"],
+            ),
+        ] {
+            // Built at this rate (preformatted), and at another one (the
+            // rate after a change is formatted per call).
+            for built in [rate, 42.0] {
+                let cmd = evalsha("k", call, rate, &ScriptPolicy::new(policy, built));
+                assert_eq!(argv(&cmd), expected, "built at {built}");
+            }
+        }
+    }
 }
