@@ -8,7 +8,7 @@ mod fake;
 
 use std::time::Duration;
 
-use fake::{bursty, pause_ms, waits, waits_n};
+use fake::{bursty, micros, pause_ms, waits, waits_n};
 use throttler::RateLimiter;
 use throttler::clock::FakeClock;
 
@@ -149,4 +149,23 @@ async fn async_acquire_sleeps_on_the_limiter_clock() {
 fn clock_now_ms(clock: &FakeClock) -> u128 {
     use throttler::clock::Clock;
     clock.now().as_millis()
+}
+
+#[test]
+fn costs_are_whole_microseconds_as_documented() {
+    // Reservations on a frozen clock: the n-th waits for the n − 1 before it.
+    let nth_wait = |rate: f64, n: usize| {
+        let (limiter, _) = bursty(rate);
+        (0..n)
+            .map(|_| micros(limiter.reserve(1).expect("valid permits")))
+            .last()
+            .expect("n > 0")
+    };
+    // 300 000/s: intervals of 3.33 µs, each charged 3 µs, so 300 permits
+    // push the ticket by 900 µs instead of 1000 (11% fast, as documented).
+    assert_eq!(nth_wait(300_000.0, 301), 900);
+    // 1 000 000/s: exactly 1 µs each, no error.
+    assert_eq!(nth_wait(1_000_000.0, 101), 100);
+    // Above 10^6/s a fresh permit is charged 0 µs: the rate does not limit.
+    assert_eq!(nth_wait(2_000_000.0, 1000), 0);
 }
