@@ -26,7 +26,9 @@
 //! next to each, `redis-benchmark` on the same script, key and arguments
 //! with one connection and no pipelining (`-c 1 -P 1`), and with 64
 //! connections pipelining 16 each (`-c 64 -P 16`): the ceilings the client
-//! is compared with. The client runs on a current-thread Tokio runtime (one
+//! is compared with. (64 tasks have at most 64 requests in flight, where
+//! `-c 64 -P 16` keeps 1024; a last row compares them with `-c 1 -P 64`,
+//! redis-benchmark with the same 64 in flight on one connection.) The client runs on a current-thread Tokio runtime (one
 //! thread, as redis-benchmark drives all its connections from one thread)
 //! and on a multi-thread one (a worker per CPU); on a small machine the
 //! latter competes with redis-server for the CPUs.
@@ -341,6 +343,8 @@ fn main() {
         .collect();
     // [tasks][ceiling, current-thread, multi-thread]
     let mut client: [[Vec<f64>; 3]; 2] = Default::default();
+    // redis-benchmark with as many requests in flight as 64 tasks can have.
+    let mut same_depth = vec![];
     for _ in 0..rounds {
         for (row, (tasks, clients, pipeline, requests)) in
             [(1, 1, 1, (secs * 30_000.0) as u64), (64, 64, 16, requests)]
@@ -350,6 +354,11 @@ fn main() {
             let run =
                 bench.redis_benchmark(clients, pipeline, requests, &reserve, KEY, RESERVE_ARGS);
             client[row][0].push(run.ops);
+            if tasks == 64 {
+                bench.reset();
+                let run = bench.redis_benchmark(1, 64, requests, &reserve, KEY, RESERVE_ARGS);
+                same_depth.push(run.ops);
+            }
             for (i, (runtime, limiter)) in runtimes.iter().zip(&limiters).enumerate() {
                 bench.reset();
                 client[row][1 + i].push(runtime.block_on(client_ops(limiter, tasks, secs)));
@@ -383,5 +392,14 @@ fn main() {
             ratio(multi, ceiling)
         );
     }
+    let [_, current, multi] = &client[1];
+    println!(
+        "| 64 tasks vs -c 1 -P 64 (64 in flight, as for the tasks) | {} | {} | {:.2} | {} | {:.2} |",
+        spread(&same_depth, 0),
+        spread(current, 0),
+        ratio(current, &same_depth),
+        spread(multi, 0),
+        ratio(multi, &same_depth)
+    );
     drop(limiters);
 }
