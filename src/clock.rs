@@ -62,10 +62,13 @@ pub struct SystemClock {
     clock: quanta::Clock,
     /// The origin, as a raw reading of `clock`.
     origin: u64,
-    /// Microseconds per raw tick, in 0.64 fixed point: `micros = ticks ×
-    /// micros_per_tick >> 64`, one multiplication instead of scaling to
-    /// nanoseconds and then dividing. `None` if a tick were a microsecond or
-    /// longer (then the two steps are used).
+    /// Microseconds per raw tick, in 0.64 fixed point, if that is at most
+    /// `MAX_MICROS` (a tick shorter than 2^-11 µs: a counter faster than
+    /// 2.05 GHz). Then `now_micros` is `ticks × factor >> 64`: one
+    /// multiplication instead of scaling to nanoseconds and then dividing,
+    /// and a result below `factor`, so below `MAX_MICROS`, that needs no cap
+    /// (a cap there would lie on the path of every reservation). Other
+    /// clocks take the general path.
     micros_per_tick: Option<u64>,
 }
 
@@ -78,12 +81,21 @@ impl SystemClock {
         // gives the factor to about 1e-16 relative error.
         const TICKS: u64 = 1 << 40;
         let nanos = u128::from(clock.delta_as_nanos(0, TICKS));
-        let micros_per_tick = u64::try_from((nanos << 24) / 1000).ok();
+        let micros_per_tick = u64::try_from((nanos << 24) / 1000)
+            .ok()
+            .filter(|&factor| factor <= crate::core::MAX_MICROS);
         SystemClock {
             clock,
             origin,
             micros_per_tick,
         }
+    }
+
+    /// `now_micros` without `micros_per_tick`: through nanoseconds, capped
+    /// at `MAX_MICROS`.
+    #[cold]
+    fn micros_general(&self) -> u64 {
+        (self.nanos() / 1_000).min(crate::core::MAX_MICROS)
     }
 
     /// Nanoseconds since the origin: one raw read (the time-stamp counter
@@ -118,16 +130,15 @@ impl Clock for SystemClock {
 
     #[inline]
     fn now_micros(&self) -> u64 {
-        let micros = match self.micros_per_tick {
+        match self.micros_per_tick {
             Some(factor) => {
                 // A reading below the origin (counters that differ between
                 // cores) counts as zero, as in `nanos`.
                 let ticks = self.clock.raw().saturating_sub(self.origin);
                 ((u128::from(ticks) * u128::from(factor)) >> 64) as u64
             }
-            None => self.nanos() / 1_000,
-        };
-        micros.min(crate::core::MAX_MICROS)
+            None => self.micros_general(),
+        }
     }
 
     fn sleep_blocking(&self, duration: Duration) {
