@@ -11,7 +11,7 @@ use tokio::runtime::Handle;
 use super::Fallback;
 use super::connection::Connection;
 use super::limiter::{Inner, RedisRateLimiter, RuntimeRef, local_rate};
-use super::script::ScriptPolicy;
+use super::script::ScriptArgs;
 use crate::builder::{PolicyConfig, policy_setters};
 use crate::clock::{Clock, SystemClock};
 use crate::core::State;
@@ -254,7 +254,7 @@ impl<C: Clock + Clone> RedisBuilder<C> {
         Ok(RedisRateLimiter::from_inner(Inner {
             key: format!("{KEY_PREFIX}{}", self.name),
             connection,
-            policy: ScriptPolicy::new(&policy, rate),
+            script_args: ScriptArgs::new(&policy, rate),
             rate_bits: AtomicU64::new(rate.to_bits()),
             fallback: self.fallback,
             local,

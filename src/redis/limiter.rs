@@ -12,7 +12,7 @@ use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
 use super::builder::RedisBuilder;
 use super::connection::Connection;
 use super::fallback::{Fallback, Health, RedisStats, probe};
-use super::script::{self, Call, ScriptPolicy};
+use super::script::{self, Call, ScriptArgs};
 use crate::clock::{Clock, SystemClock};
 use crate::core::stable_interval_micros;
 use crate::error::{BackendError, check_permits};
@@ -74,7 +74,7 @@ impl RuntimeRef {
 pub(crate) struct Inner<C: Clock> {
     pub(crate) key: String,
     pub(crate) connection: Connection,
-    pub(crate) policy: ScriptPolicy,
+    pub(crate) script_args: ScriptArgs,
     /// The rate in force, as `f64` bits: passed with every call, so a change
     /// reaches Redis with the next reservation.
     pub(crate) rate_bits: AtomicU64,
@@ -108,8 +108,13 @@ impl<C: Clock> Inner<C> {
             return self.serve_fallback(call, None);
         }
         let mut connection = self.connection.clone();
-        let invocation =
-            script::invoke(&mut connection, &self.key, call, self.rate(), &self.policy);
+        let invocation = script::invoke(
+            &mut connection,
+            &self.key,
+            call,
+            self.rate(),
+            &self.script_args,
+        );
         let failure = match tokio::time::timeout(self.response_timeout, invocation).await {
             Ok(Ok(reply)) => return script::decode(reply, &self.key),
             Ok(Err(e)) if script::is_data_error(&e) => {

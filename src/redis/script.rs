@@ -19,7 +19,7 @@ static RESERVE: LazyLock<Script> =
 /// when the limiter is built, so that a call formats only what changes with
 /// it: `permits` and `timeout_micros` (and the rate, after a `set_rate`).
 #[derive(Debug, Clone)]
-pub(crate) struct ScriptPolicy {
+pub(crate) struct ScriptArgs {
     name: &'static str,
     param_micros: String,
     cold_factor: String,
@@ -27,25 +27,28 @@ pub(crate) struct ScriptPolicy {
     built_rate: (u64, String),
 }
 
-impl ScriptPolicy {
+impl ScriptArgs {
     pub(crate) fn new(policy: &Policy, permits_per_second: f64) -> Self {
         let (name, param_micros, cold_factor) = match policy {
             Policy::Bursty(b) => ("bursty", b.max_burst_micros, 0.0),
             Policy::WarmingUp(w) => ("warming_up", w.warmup_micros, w.cold_factor),
         };
-        ScriptPolicy {
+        ScriptArgs {
             name,
             param_micros: param_micros.to_string(),
-            cold_factor: rate_text(cold_factor),
-            built_rate: (permits_per_second.to_bits(), rate_text(permits_per_second)),
+            cold_factor: number_text(cold_factor),
+            built_rate: (
+                permits_per_second.to_bits(),
+                number_text(permits_per_second),
+            ),
         }
     }
 }
 
 /// A number as the script reads it: Rust's shortest round-trip form
-/// (`1000`, `0.5`, `1e-300`), which Lua's `tonumber` reads back exactly, or
+/// (`1000.0`, `0.5`, `1e-300`), which Lua's `tonumber` reads back exactly, or
 /// `inf`.
-fn rate_text(value: f64) -> String {
+fn number_text(value: f64) -> String {
     if value.is_infinite() {
         "inf".to_owned()
     } else {
@@ -73,9 +76,9 @@ pub(crate) async fn invoke(
     key: &str,
     call: Call,
     permits_per_second: f64,
-    policy: &ScriptPolicy,
+    args: &ScriptArgs,
 ) -> RedisResult<i64> {
-    let cmd = evalsha(key, call, permits_per_second, policy);
+    let cmd = evalsha(key, call, permits_per_second, args);
     match cmd.query_async(connection).await {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
             RESERVE.load_async(connection).await?;
@@ -88,7 +91,7 @@ pub(crate) async fn invoke(
 /// `EVALSHA <sha> 1 <key> <ARGV...>`, written straight into one command
 /// buffer (the arguments are short: this is one allocation for the bytes
 /// and one for their offsets).
-fn evalsha(key: &str, call: Call, permits_per_second: f64, policy: &ScriptPolicy) -> Cmd {
+fn evalsha(key: &str, call: Call, permits_per_second: f64, args: &ScriptArgs) -> Cmd {
     let (permits, timeout_micros) = match call {
         Call::Reserve { permits, timeout } => (permits, timeout.map_or(-1, |t| micros(t) as i64)),
         Call::Query => (0, -1),
@@ -103,14 +106,14 @@ fn evalsha(key: &str, call: Call, permits_per_second: f64, policy: &ScriptPolicy
         -1 => cmd.arg("-1"),
         _ => cmd.arg(timeout_micros),
     };
-    if permits_per_second.to_bits() == policy.built_rate.0 {
-        cmd.arg(policy.built_rate.1.as_str());
+    if permits_per_second.to_bits() == args.built_rate.0 {
+        cmd.arg(args.built_rate.1.as_str());
     } else {
-        cmd.arg(rate_text(permits_per_second));
+        cmd.arg(number_text(permits_per_second));
     }
-    cmd.arg(policy.name)
-        .arg(policy.param_micros.as_str())
-        .arg(policy.cold_factor.as_str());
+    cmd.arg(args.name)
+        .arg(args.param_micros.as_str())
+        .arg(args.cold_factor.as_str());
     cmd
 }
 
@@ -160,14 +163,14 @@ mod tests {
             f64::MAX,
             123_456.789,
         ] {
-            let text = rate_text(rate);
+            let text = number_text(rate);
             assert_eq!(
                 text.parse::<f64>().unwrap().to_bits(),
                 rate.to_bits(),
                 "{text}"
             );
         }
-        assert_eq!(rate_text(f64::INFINITY), "inf");
+        assert_eq!(number_text(f64::INFINITY), "inf");
     }
 
     #[test]
@@ -205,7 +208,7 @@ mod tests {
             // Built at this rate (preformatted), and at another one (the
             // rate after a change is formatted per call).
             for built in [rate, 42.0] {
-                let cmd = evalsha("k", call, rate, &ScriptPolicy::new(policy, built));
+                let cmd = evalsha("k", call, rate, &ScriptArgs::new(policy, built));
                 assert_eq!(argv(&cmd), expected, "built at {built}");
             }
         }
