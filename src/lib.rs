@@ -70,8 +70,10 @@ mod limiter;
 mod local;
 #[cfg(feature = "redis")]
 pub mod redis;
+mod reservation;
 
 pub use builder::{Builder, DEFAULT_COLD_FACTOR};
 pub use error::{BackendError, Error};
 pub use limiter::Limiter;
 pub use local::RateLimiter;
+pub use reservation::Reservation;

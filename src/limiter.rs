@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::Error;
 use crate::clock::Clock;
+use crate::{Error, Reservation};
 
 /// A rate limiter, in this process or shared through a backend.
 ///
@@ -67,29 +67,60 @@ pub trait Limiter: Send + Sync {
     /// The clock waits are slept on.
     fn clock(&self) -> &dyn Clock;
 
+    /// Reserves `permits` now as a [`Reservation`]: wait for it, or drop it
+    /// to give the permits back.
+    ///
+    /// Provided: a [`reserve`](Limiter::reserve) whose permits cannot be
+    /// given back. The limiters of this crate give them back.
+    ///
+    /// # Errors
+    /// As [`reserve`](Limiter::reserve).
+    async fn reservation(&self, permits: u32) -> Result<Reservation<'_>, Error> {
+        let wait = self.reserve(permits).await?;
+        Ok(Reservation::without_give_back(wait, self.clock()))
+    }
+
+    /// [`reservation`](Limiter::reservation) if the permits can be used
+    /// within `timeout`; `None`, reserving nothing, otherwise.
+    ///
+    /// # Errors
+    /// As [`try_reserve`](Limiter::try_reserve).
+    async fn try_reservation(
+        &self,
+        permits: u32,
+        timeout: Duration,
+    ) -> Result<Option<Reservation<'_>>, Error> {
+        let wait = self.try_reserve(permits, timeout).await?;
+        Ok(wait.map(|wait| Reservation::without_give_back(wait, self.clock())))
+    }
+
     /// Reserves `permits` and sleeps for the wait; returns the time slept.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe for this crate's limiters: dropping the future gives back
+    /// what it had taken, so `tokio::time::timeout(d, limiter.acquire(n))`
+    /// bounds a wait correctly.
     ///
     /// # Errors
     /// As [`reserve`](Limiter::reserve).
     async fn acquire(&self, permits: u32) -> Result<Duration, Error> {
-        let wait = self.reserve(permits).await?;
-        if !wait.is_zero() {
-            self.clock().sleep(wait).await;
-        }
-        Ok(wait)
+        Ok(self.reservation(permits).await?.wait().await)
     }
 
     /// Acquires `permits` if the wait fits in `timeout`, sleeping for it;
     /// returns `false` at once, reserving nothing, otherwise.
     ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Limiter::acquire).
+    ///
     /// # Errors
     /// As [`try_reserve`](Limiter::try_reserve).
     async fn try_acquire(&self, permits: u32, timeout: Duration) -> Result<bool, Error> {
-        match self.try_reserve(permits, timeout).await? {
-            Some(wait) => {
-                if !wait.is_zero() {
-                    self.clock().sleep(wait).await;
-                }
+        match self.try_reservation(permits, timeout).await? {
+            Some(reservation) => {
+                reservation.wait().await;
                 Ok(true)
             }
             None => Ok(false),
@@ -109,6 +140,18 @@ impl<C: Clock> Limiter for crate::RateLimiter<C> {
         timeout: Duration,
     ) -> Result<Option<Duration>, Error> {
         crate::RateLimiter::<C>::try_reserve(self, permits, timeout)
+    }
+
+    async fn reservation(&self, permits: u32) -> Result<Reservation<'_>, Error> {
+        crate::RateLimiter::<C>::reservation(self, permits)
+    }
+
+    async fn try_reservation(
+        &self,
+        permits: u32,
+        timeout: Duration,
+    ) -> Result<Option<Reservation<'_>>, Error> {
+        crate::RateLimiter::<C>::try_reservation(self, permits, timeout)
     }
 
     async fn available_in(&self) -> Result<Duration, Error> {

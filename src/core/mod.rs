@@ -77,6 +77,15 @@
 //! `next_free_micros - timeout <= now`: whether the existing debt fits in the
 //! caller's timeout. A try that does not fit reserves nothing.
 //!
+//! ## Giving a reservation back
+//!
+//! A caller may give up before its moment comes (`timeout(d, acquire(n))`,
+//! a dropped future). Its reservation is then given back
+//! ([`State::give_back`], in [`give_back`](Reserved)): restored exactly when
+//! it is still the latest, otherwise by moving the ticket back by what it
+//! charged, so that later callers are scheduled as if it had never been made
+//! while callers already waiting keep their slots.
+//!
 //! ## Rate changes
 //!
 //! [`State::set_rate`] resyncs at the old rate first, so time already passed
@@ -105,9 +114,11 @@
 //! of overflowing.
 
 mod bursty;
+mod give_back;
 mod warming_up;
 
 pub use bursty::Bursty;
+pub use give_back::{GiveBack, Reserved};
 pub use warming_up::WarmingUp;
 
 use std::time::Duration;

@@ -22,8 +22,15 @@ use crate::builder::Builder;
 use crate::clock::{Clock, SystemClock};
 use crate::core::{MAX_MICROS, State, stable_interval_micros};
 use crate::error::check_permits;
+use crate::reservation::{GiveBackTo, Pending, Reservation, Taken};
 
 use word::{Encoded, Quick, Slot, Step};
+
+/// A granted reservation: the wait in µs and what it took.
+struct Grant {
+    wait: u64,
+    taken: Taken,
+}
 
 /// A rate limiter for one process, shared by any number of threads and tasks.
 ///
@@ -167,9 +174,10 @@ impl<C: Clock> RateLimiter<C> {
     }
 
     /// Reserves `permits` if the debt fits in `timeout` µs (`u64::MAX`: a
-    /// plain reservation); returns the wait in µs.
+    /// plain reservation); returns the wait in µs and, when there is one,
+    /// what to give back if the reservation goes unused.
     #[inline(always)]
-    fn reserve_micros(&self, permits: u32, timeout: u64) -> Option<u64> {
+    fn reserve_micros(&self, permits: u32, timeout: u64) -> Option<Grant> {
         let first = self.word.0.load(Acquire);
         if word::is_mutex(first) {
             // The lock path reads the clock itself, under the lock.
@@ -198,7 +206,20 @@ impl<C: Clock> RateLimiter<C> {
                 .0
                 .compare_exchange_weak(current, new, AcqRel, Acquire)
             {
-                Ok(_) => return Some(wait),
+                Ok(_) => {
+                    // A wait comes only from a word with nothing stored,
+                    // whose payload is the ticket: the charge is how far the
+                    // payload moved.
+                    return Some(Grant {
+                        wait,
+                        taken: Taken::Word {
+                            before: current,
+                            after: new,
+                            moment: now + wait,
+                            charge: word::ticket(new).saturating_sub(word::ticket(current)),
+                        },
+                    });
+                }
                 Err(actual) => current = actual,
             }
         }
@@ -209,34 +230,32 @@ impl<C: Clock> RateLimiter<C> {
     /// later clock reading than the caller's.
     #[cold]
     #[inline(never)]
-    fn reserve_locked(&self, permits: u32, timeout: u64) -> Option<u64> {
+    fn reserve_locked(&self, permits: u32, timeout: u64) -> Option<Grant> {
         let mut locked = self.lock();
         loop {
             let current = self.word.0.load(Acquire);
             let now = self.clock.now_micros();
             if word::is_mutex(current) {
-                let wait = locked.try_reserve(permits, now, timeout)?;
+                if !locked.can_acquire(now, timeout) {
+                    return None;
+                }
+                let taken = locked.reserve_recorded(permits, now);
                 // Leave mutex mode if the word can hold the state again.
                 let new = word::republish(current, &locked, now, &self.slots.0);
                 if !word::is_mutex(new) {
                     self.word.0.store(new, Release);
                 }
-                return Some(wait);
+                return Some(Grant {
+                    wait: taken.moment_micros.saturating_sub(now),
+                    taken: Taken::Core(taken),
+                });
             }
             let mut state = self.state_at(&locked, current, now);
-            let wait = state.try_reserve(permits, now, timeout)?;
-            let new = match word::encode(
-                current,
-                state.stored_permits,
-                state.next_free_micros,
-                now,
-                &self.slots.0[word::slot_index(current)].load(),
-            ) {
-                Encoded::Word(new) => new,
-                Encoded::Rebase | Encoded::Mutex => {
-                    word::republish(current, &state, now, &self.slots.0)
-                }
-            };
+            if !state.can_acquire(now, timeout) {
+                return None;
+            }
+            let taken = state.reserve_recorded(permits, now);
+            let new = self.encode(current, &state, now);
             if self
                 .word
                 .0
@@ -246,7 +265,128 @@ impl<C: Clock> RateLimiter<C> {
                 if word::is_mutex(new) {
                     *locked = state;
                 }
-                return Some(wait);
+                return Some(Grant {
+                    wait: taken.moment_micros.saturating_sub(now),
+                    taken: Taken::Word {
+                        before: current,
+                        after: new,
+                        moment: taken.moment_micros,
+                        charge: taken.charge_micros(),
+                    },
+                });
+            }
+        }
+    }
+
+    /// The word for `state` at `now`, in `current`'s generation if it fits
+    /// there, else in a new one (or mutex mode).
+    fn encode(&self, current: u64, state: &State, now: u64) -> u64 {
+        match word::encode(
+            current,
+            state.stored_permits,
+            state.next_free_micros,
+            now,
+            &self.slots.0[word::slot_index(current)].load(),
+        ) {
+            Encoded::Word(new) => new,
+            Encoded::Rebase | Encoded::Mutex => word::republish(current, state, now, &self.slots.0),
+        }
+    }
+
+    /// Gives back an unused reservation (see [`core`](crate::core) for the
+    /// rules): puts the word it found back if it is still the word it left,
+    /// else moves the ticket back by its charge while its moment is ahead.
+    fn give_back_taken(&self, taken: Taken) {
+        let (before, after, moment, charge) = match taken {
+            Taken::Word {
+                before,
+                after,
+                moment,
+                charge,
+            } => (before, after, moment, charge),
+            Taken::Core(reserved) => {
+                return self.update_locked(|state, now| {
+                    state.give_back(&reserved, now);
+                });
+            }
+            #[cfg(feature = "redis")]
+            Taken::Redis(_) => return,
+        };
+        // The latest reservation: the word it found, exactly.
+        if self
+            .word
+            .0
+            .compare_exchange(after, before, AcqRel, Acquire)
+            .is_ok()
+        {
+            return;
+        }
+        let now = self.clock.now_micros();
+        if now >= moment {
+            return;
+        }
+        let mut current = self.word.0.load(Acquire);
+        // Nothing stored and not mutex mode: the payload is the ticket, and
+        // moving it back is the core's `return_charge`.
+        while !word::has_stored(current) && !word::is_mutex(current) {
+            let ticket = word::ticket(current);
+            let new =
+                word::with_ticket(current, ticket.saturating_sub(charge).max(now.min(ticket)));
+            match self
+                .word
+                .0
+                .compare_exchange_weak(current, new, AcqRel, Acquire)
+            {
+                Ok(_) => return,
+                Err(actual) => current = actual,
+            }
+        }
+        self.update_locked(|state, now| {
+            state.return_charge(moment, charge, false, now);
+        });
+    }
+
+    /// Starts over from `next_free_micros` with no stored permits: what a
+    /// Redis limiter's local fallback does when it takes over, so that it
+    /// opens with the debt Redis last reported instead of a burst.
+    #[cfg(feature = "redis")]
+    pub(crate) fn restart_from(&self, next_free_micros: u64) {
+        self.update_locked(|state, _| {
+            state.stored_permits = 0.0;
+            state.next_free_micros = next_free_micros.min(MAX_MICROS);
+        });
+    }
+
+    /// Applies `update` to the core state under the lock, whatever mode the
+    /// word is in, and publishes the result.
+    #[cold]
+    #[inline(never)]
+    fn update_locked(&self, mut update: impl FnMut(&mut State, u64)) {
+        let mut locked = self.lock();
+        loop {
+            let current = self.word.0.load(Acquire);
+            let now = self.clock.now_micros();
+            if word::is_mutex(current) {
+                update(&mut locked, now);
+                let new = word::republish(current, &locked, now, &self.slots.0);
+                if !word::is_mutex(new) {
+                    self.word.0.store(new, Release);
+                }
+                return;
+            }
+            let mut state = self.state_at(&locked, current, now);
+            update(&mut state, now);
+            let new = self.encode(current, &state, now);
+            if self
+                .word
+                .0
+                .compare_exchange(current, new, AcqRel, Acquire)
+                .is_ok()
+            {
+                if word::is_mutex(new) {
+                    *locked = state;
+                }
+                return;
             }
         }
     }
@@ -274,7 +414,9 @@ impl<C: Clock> RateLimiter<C> {
     }
 
     /// Reserves `permits` now and returns how long the caller must wait
-    /// before using them. Does not sleep.
+    /// before using them. Does not sleep. The permits are the caller's:
+    /// nothing gives them back (see [`reservation`](Self::reservation) for
+    /// permits that go back if unused).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
@@ -282,7 +424,7 @@ impl<C: Clock> RateLimiter<C> {
     pub fn reserve(&self, permits: u32) -> Result<Duration, Error> {
         check(permits)?;
         // A plain reservation is a try that always fits.
-        let wait = self.reserve_micros(permits, u64::MAX).unwrap_or(0);
+        let wait = self.reserve_micros(permits, u64::MAX).map_or(0, |g| g.wait);
         Ok(Duration::from_micros(wait))
     }
 
@@ -298,35 +440,83 @@ impl<C: Clock> RateLimiter<C> {
     #[inline(always)]
     pub fn try_reserve(&self, permits: u32, timeout: Duration) -> Result<Option<Duration>, Error> {
         check(permits)?;
-        let wait = self.reserve_micros(permits, micros(timeout));
-        Ok(wait.map(Duration::from_micros))
+        let grant = self.reserve_micros(permits, micros(timeout));
+        Ok(grant.map(|g| Duration::from_micros(g.wait)))
+    }
+
+    /// Reserves `permits` now and returns them as a [`Reservation`]: wait for
+    /// it, or drop it to give the permits back.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `permits` is 0.
+    #[inline]
+    pub fn reservation(&self, permits: u32) -> Result<Reservation<'_>, Error> {
+        check(permits)?;
+        Ok(self.to_reservation(self.reserve_micros(permits, u64::MAX)))
+    }
+
+    /// [`reservation`](Self::reservation) if the permits can be used within
+    /// `timeout`; `None`, reserving nothing, otherwise.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `permits` is 0.
+    #[inline]
+    pub fn try_reservation(
+        &self,
+        permits: u32,
+        timeout: Duration,
+    ) -> Result<Option<Reservation<'_>>, Error> {
+        check(permits)?;
+        Ok(self
+            .reserve_micros(permits, micros(timeout))
+            .map(|grant| self.to_reservation(Some(grant))))
+    }
+
+    /// A grant as a reservation: one with a wait can be given back.
+    #[inline(always)]
+    fn to_reservation(&self, grant: Option<Grant>) -> Reservation<'_> {
+        match grant {
+            Some(Grant { wait, taken }) if wait > 0 => Reservation::new(
+                Duration::from_micros(wait),
+                &self.clock,
+                Some(Pending { owner: self, taken }),
+            ),
+            _ => Reservation::new(Duration::ZERO, &self.clock, None),
+        }
     }
 
     /// Reserves `permits` and sleeps until they may be used; returns the time
     /// slept. Sleeps on the limiter's clock (for [`SystemClock`], a Tokio
-    /// timer). When nothing is owed, returns at once without touching a timer.
+    /// timer). When nothing is owed, returns at once without touching a timer
+    /// or allocating.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future before the wait has passed (e.g. in
+    /// `tokio::time::timeout` or `select!`) gives the permits back, so later
+    /// callers are scheduled as if they had never been reserved (see
+    /// [`Reservation`]). Once the future has completed, the permits are used.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
     pub async fn acquire(&self, permits: u32) -> Result<Duration, Error> {
-        let wait = self.reserve(permits)?;
-        if !wait.is_zero() {
-            self.clock.sleep(wait).await;
-        }
-        Ok(wait)
+        Ok(self.reservation(permits)?.wait().await)
     }
 
     /// Acquires `permits` if they can be had within `timeout`, sleeping for
     /// the wait; returns `false` at once, reserving nothing, otherwise.
     ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`acquire`](Self::acquire): dropping the future
+    /// before the wait has passed gives the permits back.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
     pub async fn try_acquire(&self, permits: u32, timeout: Duration) -> Result<bool, Error> {
-        match self.try_reserve(permits, timeout)? {
-            Some(wait) => {
-                if !wait.is_zero() {
-                    self.clock.sleep(wait).await;
-                }
+        match self.try_reservation(permits, timeout)? {
+            Some(reservation) => {
+                reservation.wait().await;
                 Ok(true)
             }
             None => Ok(false),
@@ -339,11 +529,7 @@ impl<C: Clock> RateLimiter<C> {
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
     pub fn acquire_blocking(&self, permits: u32) -> Result<Duration, Error> {
-        let wait = self.reserve(permits)?;
-        if !wait.is_zero() {
-            self.clock.sleep_blocking(wait);
-        }
-        Ok(wait)
+        Ok(self.reservation(permits)?.wait_blocking())
     }
 
     /// [`try_acquire`](Self::try_acquire) on the calling thread.
@@ -351,15 +537,10 @@ impl<C: Clock> RateLimiter<C> {
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
     pub fn try_acquire_blocking(&self, permits: u32, timeout: Duration) -> Result<bool, Error> {
-        match self.try_reserve(permits, timeout)? {
-            Some(wait) => {
-                if !wait.is_zero() {
-                    self.clock.sleep_blocking(wait);
-                }
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        Ok(self
+            .try_reservation(permits, timeout)?
+            .map(Reservation::wait_blocking)
+            .is_some())
     }
 
     /// How long a request made now would wait, without reserving anything:
@@ -421,6 +602,12 @@ impl<C: Clock> RateLimiter<C> {
     /// The clock this limiter reads and sleeps on.
     pub fn clock(&self) -> &C {
         &self.clock
+    }
+}
+
+impl<C: Clock> GiveBackTo for RateLimiter<C> {
+    fn give_back(&self, taken: Taken) {
+        self.give_back_taken(taken);
     }
 }
 

@@ -256,6 +256,18 @@ pub(super) fn has_stored(word: u64) -> bool {
     word & STORED != 0
 }
 
+/// The ticket (`next_free_micros`) a word with nothing stored holds.
+#[inline(always)]
+pub(super) fn ticket(word: u64) -> u64 {
+    word & PAYLOAD
+}
+
+/// `word` (nothing stored) with its ticket replaced.
+#[inline]
+pub(super) fn with_ticket(word: u64, ticket: u64) -> u64 {
+    (word & !(STORED | PAYLOAD)) | ticket.min(MAX_MICROS)
+}
+
 /// Whether the limiter is in mutex mode.
 #[inline]
 pub(super) fn is_mutex(word: u64) -> bool {

@@ -1,0 +1,176 @@
+//! Giving back a reservation that was never used: what a cancelled
+//! `acquire` returns to the limiter.
+//!
+//! A reservation is recorded as a [`Reserved`]: the state it found, the state
+//! it left, and the moment it was granted for. [`State::give_back`] then
+//! undoes it in one of two ways.
+//!
+//! * **It is the latest reservation** (the state is still exactly the one it
+//!   left): the state it found is put back, bit for bit, stored permits
+//!   included. The limiter is then exactly as if the reservation had never
+//!   been made.
+//! * **Others came after it**: they keep the slots they were given, and the
+//!   ticket moves back by the reservation's *charge* (how far it had pushed
+//!   `next_free_micros`), so the next caller is scheduled as if it had never
+//!   been made. This is only done while the reservation's moment still lies
+//!   in the future (a reservation whose moment has passed has been used, or
+//!   its time has gone by anyway), and only for a reservation that spent no
+//!   stored permits (only a cold warming-up limiter has a ticket in the
+//!   future and permits stored; their price depends on how many are left, so
+//!   taking one out of the middle of the ramp has no exact undo).
+//!
+//! # Why the second rule never schedules anyone too early
+//!
+//! Compare with a *model* limiter that never made the cancelled reservation
+//! `B`. `B` had to wait (its moment `m` lies after `now`) and spent no
+//! stored permits, so when it was made the limiter had none and its ticket
+//! was `m`: `B`'s permits were all charged at the stable interval, pushing
+//! the ticket to `m + c`. Every reservation made since then was made before
+//! `now < m`, so it found the ticket in the future and nothing stored, and
+//! pushed the ticket by its own charge at the stable interval. The model would have seen the same requests
+//! with a ticket `c` earlier, still not before their arrival (they arrived
+//! before `now < m`), so it charged them the same: its ticket is the real
+//! ticket minus `c`, and neither holds stored permits. After the give-back
+//! the two states are equal; callers already waiting hold slots at or after
+//! their slots in the model. Several cancellations compose: each one removes
+//! exactly its own charge.
+//!
+//! (A ticket moved back below `now` simply reads as idle time at the next
+//! resync, exactly as it would in the model. Only reservations that are
+//! given back while their moment is in the future are covered by this
+//! argument; others give nothing back unless they are the latest.)
+
+use super::State;
+
+/// What one reservation took, as [`State::reserve_recorded`] returns it: enough
+/// to give it back with [`State::give_back`].
+///
+/// ```
+/// use throttler::core::{Bursty, GiveBack, Policy, State};
+///
+/// let mut state = State::new(Policy::Bursty(Bursty::default()), 5.0, 0).unwrap();
+/// state.reserve(1, 0);
+/// let before = state.clone();
+/// let taken = state.reserve_recorded(1, 0);
+/// assert_eq!(taken.moment_micros, 200_000);
+/// // Nothing happened since: the state goes back exactly.
+/// assert_eq!(state.give_back(&taken, 100_000), GiveBack::Restored);
+/// assert_eq!(state, before);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reserved {
+    /// When the reserved permits may be used.
+    pub moment_micros: u64,
+    /// `stored_permits` before the reservation (before its resync).
+    pub stored_before: f64,
+    /// `next_free_micros` before the reservation (before its resync).
+    pub next_free_before: u64,
+    /// `stored_permits` after it.
+    pub stored_after: f64,
+    /// `next_free_micros` after it: `moment_micros` plus its charge.
+    pub next_free_after: u64,
+    /// `stable_interval_micros` when it was made.
+    pub stable_interval_micros: f64,
+    /// `max_permits` when it was made.
+    pub max_permits: f64,
+    /// Whether it spent stored permits.
+    pub spent_stored: bool,
+}
+
+impl Reserved {
+    /// How far the reservation pushed the ticket, in microseconds.
+    pub fn charge_micros(&self) -> u64 {
+        self.next_free_after - self.moment_micros
+    }
+}
+
+/// What [`State::give_back`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GiveBack {
+    /// The reservation was the latest: the state it found was put back.
+    Restored,
+    /// Others came after it: the ticket moved back by this many µs (its
+    /// charge, or less where that would have reached back past `now`).
+    Returned(u64),
+    /// Others came after it, and its moment had passed or it had spent
+    /// stored permits: nothing is given back.
+    Nothing,
+}
+
+impl State {
+    /// [`reserve_earliest_available`](State::reserve_earliest_available),
+    /// recording what was taken.
+    pub fn reserve_recorded(&mut self, permits: u32, now_micros: u64) -> Reserved {
+        let stored_before = self.stored_permits;
+        let next_free_before = self.next_free_micros;
+        // The reservation's own resync, done first to see what it stores;
+        // the second one inside is then a no-op.
+        self.resync(now_micros);
+        let stored_resynced = self.stored_permits;
+        let moment_micros = self.reserve_earliest_available(permits, now_micros);
+        Reserved {
+            moment_micros,
+            stored_before,
+            next_free_before,
+            stored_after: self.stored_permits,
+            next_free_after: self.next_free_micros,
+            stable_interval_micros: self.stable_interval_micros,
+            max_permits: self.max_permits,
+            spent_stored: self.stored_permits != stored_resynced,
+        }
+    }
+
+    /// Gives back a reservation recorded by
+    /// [`reserve_recorded`](State::reserve_recorded) on this state, at
+    /// `now_micros`. See the [module documentation](self) for the two rules
+    /// and why they are safe.
+    ///
+    /// Call it at most once per reservation. Rate changes in between are
+    /// allowed: a reservation made before one is never restored over it.
+    pub fn give_back(&mut self, taken: &Reserved, now_micros: u64) -> GiveBack {
+        let untouched = self.stored_permits.to_bits() == taken.stored_after.to_bits()
+            && self.next_free_micros == taken.next_free_after;
+        if untouched && !self.rate_changed_since(taken) {
+            self.stored_permits = taken.stored_before;
+            self.next_free_micros = taken.next_free_before;
+            return GiveBack::Restored;
+        }
+        self.return_charge(
+            taken.moment_micros,
+            taken.charge_micros(),
+            taken.spent_stored,
+            now_micros,
+        )
+    }
+
+    /// The second rule of [`give_back`](State::give_back) alone, for a
+    /// reservation that is known not to be the latest: moves the ticket back
+    /// by `charge_micros` if `moment_micros` is still ahead of `now_micros`
+    /// and the reservation spent no stored permits.
+    pub fn return_charge(
+        &mut self,
+        moment_micros: u64,
+        charge_micros: u64,
+        spent_stored: bool,
+        now_micros: u64,
+    ) -> GiveBack {
+        if now_micros < moment_micros && !spent_stored {
+            let ticket = self.next_free_micros;
+            self.next_free_micros = ticket
+                .saturating_sub(charge_micros)
+                .max(now_micros.min(ticket));
+            GiveBack::Returned(ticket - self.next_free_micros)
+        } else {
+            GiveBack::Nothing
+        }
+    }
+
+    /// Whether the rate or the burst differs from when `taken` was made. A
+    /// rate change in between can leave `stored_permits` and
+    /// `next_free_micros` as they were (a ticket in the future, nothing
+    /// stored), but the state found before it is not the one to go back to.
+    fn rate_changed_since(&self, taken: &Reserved) -> bool {
+        self.stable_interval_micros.to_bits() != taken.stable_interval_micros.to_bits()
+            || self.max_permits.to_bits() != taken.max_permits.to_bits()
+    }
+}

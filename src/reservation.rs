@@ -1,0 +1,165 @@
+//! [`Reservation`]: permits reserved and not yet used, given back if dropped.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::clock::Clock;
+
+/// Permits reserved from a limiter, to be used once their wait has passed.
+///
+/// Returned by [`RateLimiter::reservation`](crate::RateLimiter::reservation)
+/// and [`Limiter::reservation`](crate::Limiter::reservation) (and their `try_`
+/// forms). It is what `acquire` does in two steps: reserve, then wait. In
+/// between, the caller can look at the wait ([`delay`](Reservation::delay))
+/// and decide.
+///
+/// * [`wait`](Reservation::wait) (or
+///   [`wait_blocking`](Reservation::wait_blocking)) sleeps until the permits
+///   may be used; they are then used.
+/// * [`cancel`](Reservation::cancel), or dropping the reservation before its
+///   wait has passed, **gives the permits back**: later callers are scheduled
+///   as if they had never been reserved, and callers already waiting keep
+///   their slots (the rules are in [`core`](crate::core)). This is what makes
+///   `tokio::time::timeout(d, limiter.acquire(n))` and `select!` correct:
+///   the dropped `acquire` gives back what it had taken.
+/// * [`commit`](Reservation::commit) keeps the permits without waiting here,
+///   for a caller that schedules its work itself.
+///
+/// A reservation with nothing to wait for has nothing to give back.
+///
+/// ```
+/// use std::time::Duration;
+/// use throttler::RateLimiter;
+/// use throttler::clock::FakeClock;
+///
+/// let clock = FakeClock::new();
+/// let limiter = RateLimiter::builder()
+///     .permits_per_second(10.0)
+///     .clock(clock.clone())
+///     .build()?;
+/// limiter.reservation(1)?.wait_blocking(); // the first goes at once
+/// let second = limiter.reservation(1)?;
+/// assert_eq!(second.delay(), Duration::from_millis(100));
+/// drop(second); // not worth 100 ms after all: given back
+/// assert_eq!(limiter.reservation(1)?.delay(), Duration::from_millis(100));
+/// # Ok::<(), throttler::Error>(())
+/// ```
+#[must_use = "a reservation is given back as soon as it is dropped: call .wait(), .wait_blocking() or .commit()"]
+pub struct Reservation<'a> {
+    delay: Duration,
+    clock: &'a dyn Clock,
+    /// What to give back on drop; `None` once used, or if nothing can be.
+    pending: Option<Pending<'a>>,
+}
+
+/// Who takes a reservation back, and what it needs to do so.
+pub(crate) struct Pending<'a> {
+    pub(crate) owner: &'a dyn GiveBackTo,
+    pub(crate) taken: Taken,
+}
+
+/// What a reservation took, in the form its limiter needs to give it back.
+#[derive(Debug, Clone)]
+pub(crate) enum Taken {
+    /// A local limiter's lock-free word: the word before and after, the
+    /// moment granted and the charge (µs the ticket was pushed by).
+    Word {
+        before: u64,
+        after: u64,
+        moment: u64,
+        charge: u64,
+    },
+    /// A local limiter's core state, under its lock.
+    Core(crate::core::Reserved),
+    /// A reservation made in Redis: the script's record of it.
+    #[cfg(feature = "redis")]
+    Redis(crate::redis::Token),
+}
+
+/// A limiter that can take a reservation back.
+pub(crate) trait GiveBackTo: Send + Sync {
+    /// Gives back what `taken` took. Never blocks for long (a remote limiter
+    /// sends the give-back in the background).
+    fn give_back(&self, taken: Taken);
+}
+
+impl<'a> Reservation<'a> {
+    /// A reservation that can be given back through `owner`, or nothing to
+    /// give back when `pending` is `None`.
+    pub(crate) fn new(delay: Duration, clock: &'a dyn Clock, pending: Option<Pending<'a>>) -> Self {
+        Reservation {
+            delay,
+            clock,
+            pending,
+        }
+    }
+
+    /// A reservation that cannot be given back: what a [`Limiter`](crate::Limiter)
+    /// implemented outside this crate returns by default, from its
+    /// [`reserve`](crate::Limiter::reserve).
+    pub fn without_give_back(delay: Duration, clock: &'a dyn Clock) -> Self {
+        Reservation::new(delay, clock, None)
+    }
+
+    /// How long after the reservation was made the permits may be used.
+    pub fn delay(&self) -> Duration {
+        self.delay
+    }
+
+    /// Sleeps for the delay (on the limiter's clock), then keeps the permits;
+    /// returns the delay. With no delay, returns at once without touching a
+    /// timer.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before the sleep ends gives the permits back, as
+    /// dropping the reservation does.
+    pub async fn wait(mut self) -> Duration {
+        if !self.delay.is_zero() {
+            self.clock.sleep(self.delay).await;
+        }
+        self.pending = None;
+        self.delay
+    }
+
+    /// [`wait`](Self::wait) on the calling thread: blocks it for the delay.
+    pub fn wait_blocking(mut self) -> Duration {
+        if !self.delay.is_zero() {
+            self.clock.sleep_blocking(self.delay);
+        }
+        self.pending = None;
+        self.delay
+    }
+
+    /// Keeps the permits without waiting here, and returns the delay: the
+    /// caller promises to wait for it itself.
+    pub fn commit(mut self) -> Duration {
+        self.pending = None;
+        self.delay
+    }
+
+    /// Gives the permits back now (as dropping the reservation does).
+    pub fn cancel(self) {}
+
+    /// Whether dropping this reservation would give something back.
+    pub fn is_cancellable(&self) -> bool {
+        self.pending.is_some()
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if let Some(pending) = self.pending.take() {
+            pending.owner.give_back(pending.taken);
+        }
+    }
+}
+
+impl fmt::Debug for Reservation<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reservation")
+            .field("delay", &self.delay)
+            .field("cancellable", &self.pending.is_some())
+            .finish()
+    }
+}
