@@ -1,51 +1,120 @@
 --[[
-throttler: reserve permits from a limiter shared through Redis.
+throttler: the limiter shared through Redis, protocol v1.
 
 This script is a line-by-line mirror of the pure algorithm in `src/core`
 (`State::resync`, `State::reserve_earliest_available`, `State::can_acquire`,
-`State::set_rate`, and the bursty and warming-up policies). It performs the
-same floating-point operations in the same order, so for the same inputs it
-computes bit-for-bit the same waits and state as the Rust code; a
-differential test (`tests/redis_differential.rs`) keeps the two in step.
-Where a block below has a counterpart in `src/core`, it carries its name.
-It is written for speed (Redis runs one script at a time, so its time in
-here is the limit of every caller): no helper functions, no string
-building, each argument converted once, three Redis calls per reservation.
+`State::set_rate`, `State::reserve_recorded`, `State::give_back`, and the
+bursty and warming-up policies). It performs the same floating-point
+operations in the same order, so for the same inputs it computes
+bit-for-bit the same waits and state as the Rust code; a differential test
+(`tests/redis_differential.rs`) keeps the two in step. Where a block below
+has a counterpart in `src/core`, it carries its name. It is written for
+speed (Redis runs one script at a time, so its time in here is the limit of
+every caller): no helper functions, each argument converted once, one
+`struct.pack` for the value and one for the token, and three Redis calls
+per reservation (TIME, GET, SET).
 
-KEYS[1]  The limiter: a string of exactly 40 bytes, five little-endian
-         IEEE doubles, `struct.pack('<ddddd', ...)` (exact, no rounding):
-           1  stored_permits
-           2  next_free_micros (an integer, on the clock of the call)
-           3  permits_per_second in force when it was written (may be inf)
-           4  max_permits in force when it was written
-           5  expires_micros: when the key's TTL ends, as last set (same
-              clock as next_free_micros); see Expiry
+KEYS[1]  The limiter (see Value).
 
-ARGV[1]  permits: an integer >= 1 to reserve, or 0 to QUERY: reply with the
-         current wait (0 for a missing or corrupted key) and write nothing.
-ARGV[2]  timeout_micros: an integer >= 0 for a try, which is refused when the
-         existing debt does not fit (`next - timeout > now`, the negation of
-         `State::can_acquire`); -1 for a plain reservation.
+ARGV     6 arguments, or 7 with ARGV[7], in every mode.
+ARGV[1]  The mode:
+           n >= 1   RESERVE n permits (an integer up to 2^53).
+           0        QUERY the current wait. Writes nothing.
+           probe    PROBE that the server takes this script's writes,
+                    without changing the limiter: an existing key is SET
+                    again to the bytes it holds (a 40-byte value to its v1
+                    form), keeping its TTL; a missing key is written as it
+                    reads (see Missing key), with the TTL that needs (a few
+                    ms). A server that refuses writes fails the SET (OOM
+                    under maxmemory with noeviction, READONLY on a
+                    replica), and that error is the reply.
+           resume   RESUME on Redis after serving from a local fallback:
+                    the rate change, `State::resync` at now, then
+                    stored_permits = 0 (the key's idle time during the
+                    outage was not idle: no burst after it), then
+                    next_free_micros = max(next_free_micros, now + debt)
+                    (capped at 2^53), the debt run up locally.
+           cancel   CANCEL a reservation (`State::give_back`): if the key's
+                    stored_permits, next_free_micros and max_permits equal
+                    the token's "after" fields and its rate has the same
+                    stable interval as the token's, the token's "before"
+                    state is written back (restored); else, if now < moment
+                    and the reservation spent no stored permits, the ticket
+                    moves back by its charge, next_free_after - moment, not
+                    below 0 (`State::return_charge`: returned); else nothing
+                    is written. No rate change: ARGV[3..6] are checked, and
+                    the TTL is that of the key's own rate and max_permits
+                    under the policy of ARGV[4..6].
+ARGV[2]  reserve: timeout_micros, an integer >= 0 for a try, refused when
+           the existing debt does not fit (`next - timeout > now`, the
+           negation of `State::can_acquire`); -1 for a plain reservation.
+         query, probe: ignored, but must be -1 or an integer >= 0.
+         resume: debt_micros, an integer >= 0 (above 2^53 read as 2^53).
+         cancel: the token of the reservation, as its reply gave it.
 ARGV[3]  permits_per_second: a number > 0, or `inf`.
 ARGV[4]  policy: `bursty` or `warming_up`.
 ARGV[5]  bursty: max_burst_micros; warming_up: warmup_micros. An integer
          >= 0; values above 2^53 are capped at 2^53.
 ARGV[6]  warming_up: cold_factor, a finite number >= 1. Ignored by bursty,
          but must be present (pass 0).
-ARGV[7]  Optional, for tests only: now_micros, an integer in 0..=2^53.
+ARGV[7]  Optional, for tests only: the clock reading, an integer in
+         0..=2^53, used instead of TIME.
 
-Reply    An integer: the wait in microseconds (>= 0) for a granted
-         reservation or a query; -1 for a refused try.
+Reply    An array of integers, plus the token for a reservation. debt is
+         max(next_free_micros - now, 0) of the key after the call (for a
+         refused try or a query, of the key as it is).
+           reserve  granted: {wait_micros, debt_micros, token}
+                    refused try: {-1, debt_micros}
+           query    {wait_micros, debt_micros}, both the debt; {0, 0} for a
+                    missing key
+           probe    {0, debt_micros}
+           resume   {wait_micros, debt_micros}, both the debt
+           cancel   {1, 0} restored, {2, charge_micros} returned, {0, 0}
+                    nothing given back (or a missing key)
 
-Errors   `ERR throttler: ...` for any invalid argument, before the key is
-         read or written. If KEYS[1] holds something other than a string
-         (a hash, a list, ...), the GET fails with WRONGTYPE and that error
-         is returned as is: nothing is written. (So does a key left by the
-         first version of this script, which kept the state in a hash:
-         delete it, or let it expire.)
+Token    64 bytes, `struct.pack('<dddddddd', ...)`, little-endian doubles:
+           1  stored_before     the state the reservation found: after the
+           2  next_free_before  missing-key reading and the rate change,
+                                before its own resync
+           3  stored_after      the state it wrote
+           4  next_free_after
+           5  moment_micros     when its permits may be used (the ticket)
+           6  spent_stored      1 if it spent stored permits, else 0
+           7  permits_per_second and
+           8  max_permits       as written
+         Opaque to callers: send it back unchanged, with the same key.
 
-Clock    ARGV[7] when given, else the server's `TIME` in microseconds. All
-         callers of one key therefore share one clock, the server's.
+Value    52 bytes: the 4 ASCII bytes `thr1`, then six little-endian IEEE
+         doubles, `struct.pack('<c4dddddd', 'thr1', ...)` (exact):
+           1  stored_permits, in 0..=max_permits
+           2  next_free_micros, an integer in 0..=2^53
+           3  permits_per_second in force when written, > 0 (may be inf)
+           4  max_permits in force when written, finite, >= 0
+           5  expires_micros: when the key's TTL ends, as last set (see
+              Expiry); finite, >= 0
+           6  last_now_micros: the latest clock reading a call used on this
+              key (see Clock); an integer in 0..=2^53
+         No field may be NaN. A value of exactly 40 bytes is the previous
+         format (fields 1 to 5, no marker): if its fields are valid, it is
+         read as v1 with last_now_micros = 0, and the next write stores it
+         as v1 (upgraded in place). Any other string (another length, no
+         marker, invalid fields) is not this limiter's: every mode fails
+         (see Errors) and leaves it untouched.
+
+Missing  A missing key reads as a limiter that has been idle for a long time:
+key      stored_permits = max_permits (full for bursty, cold for warming-up),
+         next_free_micros = now, at the rate in ARGV[3]. (A limiter created
+         in-process starts with no stored permits when bursty; a shared key
+         cannot tell "new" from "expired", so it takes the idle reading.)
+
+Clock    now = max(TIME, last_now_micros): the server's TIME in microseconds
+         (ARGV[7] when given), never below the last reading the key has
+         seen, and every write stores last_now_micros = now. So time never
+         runs backwards for a key: a step of the server's clock backwards
+         reads as time standing still until the clock catches up (never as
+         a debt that grows), and a step forwards reads as idle time, which
+         stores at most max_permits (one burst). All callers of a key share
+         one clock, the server's.
 
 Rate     When the rate in the key differs from ARGV[3], the rate changed:
 changes  as in `State::set_rate`, idle time up to now is first credited at
@@ -54,23 +123,10 @@ changes  as in `State::set_rate`, idle time up to now is first credited at
          stored permits are rescaled to the same fraction of the new
          max_permits. The same happens when the rate is unchanged but the
          policy arguments give a different max_permits than the one in the
-         key (the limiter was reconfigured). This is done at the start of
-         every call, before the try check, and is written with the
-         reservation; a refused try or a query writes nothing, so the change
-         is then applied by the next call that writes.
-
-Missing  A missing key reads as a limiter that has been idle for a long time:
-key      stored_permits = max_permits (full for bursty, cold for warming-up),
-         next_free_micros = now, at the rate in ARGV[3]. (A limiter created
-         in-process starts with no stored permits when bursty; a shared key
-         cannot tell "new" from "expired", so it takes the idle reading.)
-
-Corrupt  A string that is not 40 bytes long, or whose fields are NaN,
-key      negative, infinite (except the rate, which may be inf), with a rate
-         <= 0, with next_free_micros not an integer or above 2^53, or with
-         stored_permits > max_permits, is treated exactly as a missing key
-         and overwritten by the next call that writes (a query or a refused
-         try leaves it alone).
+         key (the limiter was reconfigured). Reserve and resume do this
+         first, before the try check, and write it with the rest; a refused
+         try or a query writes nothing, so the next call that writes applies
+         it. Cancel and probe never change the rate.
 
 Expiry   The key must live until it would read as a missing key anyway: until
          next_free_micros has passed AND idle time has refilled
@@ -87,14 +143,31 @@ Expiry   The key must live until it would read as a missing key anyway: until
          more, recording its end in expires_micros. A busy key thus sets a
          TTL about once per second that its end moves instead of on every
          call, and an idle key still goes soon after it reads as missing.
-         A refused try or a query never writes, so never sets a TTL. (A TTL
+         Expiry is counted on the clock as read (TIME, not raised to
+         last_now_micros), the clock Redis's TTLs run on: a key whose
+         last_now_micros is ahead of TIME lives until TIME reaches its end.
+         Writes: a granted reservation, resume, a cancel that restores or
+         returns, and a probe of a missing key follow this rule; a probe of
+         an existing key keeps its TTL; a query, a refused try and a cancel
+         that gives nothing back write nothing, so set no TTL. (A TTL
          removed from outside, e.g. by PERSIST, is therefore not restored
          until the key needs a longer one; and with ARGV[7], expires_micros
          is on the caller's clock.)
 
+Errors   `ERR throttler: ...` for any invalid argument (a malformed token
+         included), before the key is read or written. For a value that is
+         not this limiter's (see Value), in every mode and before anything
+         is written: `ERR throttler: key <key> holds a value this limiter
+         does not recognise (<n> bytes); it was left untouched: delete it or
+         use another limiter name`. If KEYS[1] holds something other than a
+         string (a hash, a list, ...), the GET fails with WRONGTYPE and that
+         error is the reply. A write the server refuses (OOM, READONLY, ...)
+         fails with the server's error; as every mode writes at most once,
+         last, nothing has changed then either.
+
 Numbers  Time is integer microseconds, saturating at 2^53 (MAX_MICROS). Lua
          numbers are doubles, exactly like the f64 of the core, and the state
-         is stored as their exact bytes. Cost: TIME, GET, SET.
+         is stored as their exact bytes.
 
 Redis    6.0 or newer (SET ... KEEPTTL), with effects replication (the
          default since 5.0, the only mode since 7.0), as the script writes
@@ -107,6 +180,8 @@ local F64_MAX = 1.7976931348623157e308 -- f64::MAX
 local INFINITY = 1 / 0
 local TTL_CAP_MS = 9007199254740 -- floor(2^53 / 1000)
 local TTL_MAX_SLACK_MS = 1000
+local MARKER = 'thr1'
+local VALUE = '<c4dddddd' -- the marker and six doubles: 52 bytes
 local BAD = 'ERR throttler: %s (got "%s")'
 
 -- Comparisons below are written `if x > cap then x = cap end` where the core
@@ -124,37 +199,81 @@ if #KEYS ~= 1 then
         .. #KEYS .. '); call with KEYS[1] = limiter key')
 end
 if nargs ~= 6 and nargs ~= 7 then
-    return redis.error_reply('ERR throttler: expected 6 or 7 arguments: permits, timeout_micros, '
-        .. 'permits_per_second, policy, max_burst_micros|warmup_micros, cold_factor[, now_micros] (got '
-        .. nargs .. ')')
+    return redis.error_reply('ERR throttler: expected 6 or 7 arguments: permits|probe|resume|cancel, '
+        .. 'timeout_micros|debt_micros|token, permits_per_second, policy, '
+        .. 'max_burst_micros|warmup_micros, cold_factor[, now_micros] (got ' .. nargs .. ')')
 end
 local tonumber = tonumber
 
--- The most common values skip the conversion.
+-- ARGV[1]. `mode` stays nil for a reservation or a query (`permits`), and
+-- names a cold mode otherwise (`permits` is then nil). The most common value
+-- skips the conversion.
 local permits = argv[1]
+local mode
 if permits == '1' then
     permits = 1
 else
-    permits = tonumber(permits)
-    if not (permits and permits >= 0 and permits <= MAX_MICROS and permits % 1 == 0) then
+    local n = tonumber(permits)
+    if n and n >= 0 and n <= MAX_MICROS and n % 1 == 0 then
+        permits = n
+    elseif not n and (permits == 'probe' or permits == 'resume' or permits == 'cancel') then
+        mode = permits
+        permits = nil
+    else
         return redis.error_reply(string.format(BAD,
-            'permits (ARGV[1]) must be an integer from 1 to 2^53, or 0 to query',
-            string.sub(tostring(argv[1]), 1, 40)))
+            'ARGV[1] must be the permits to reserve, an integer from 1 to 2^53, 0 to query, '
+            .. 'or probe, resume or cancel', string.sub(tostring(argv[1]), 1, 40)))
     end
 end
 
+-- ARGV[2]: the timeout of a reservation (or of nothing, for a query or a
+-- probe), the debt of a resume, the token of a cancel.
 local timeout_micros = argv[2]
 local is_try = false
-if timeout_micros ~= '-1' then
-    timeout_micros = tonumber(timeout_micros)
-    if not (timeout_micros and timeout_micros >= -1 and timeout_micros % 1 == 0) then
-        return redis.error_reply(string.format(BAD,
-            'timeout_micros (ARGV[2]) must be an integer >= 0, or -1 for no timeout',
+local debt_micros
+local tk_stored_before, tk_next_free_before, tk_stored_after, tk_next_free_after
+local tk_moment, tk_spent_stored, tk_rate, tk_max
+if mode == nil or mode == 'probe' then
+    if timeout_micros ~= '-1' then
+        timeout_micros = tonumber(timeout_micros)
+        if not (timeout_micros and timeout_micros >= -1 and timeout_micros % 1 == 0) then
+            return redis.error_reply(string.format(BAD,
+                'timeout_micros (ARGV[2]) must be an integer >= 0, or -1 for no timeout',
+                string.sub(tostring(argv[2]), 1, 40)))
+        end
+        is_try = timeout_micros >= 0
+        if timeout_micros > MAX_MICROS then
+            timeout_micros = MAX_MICROS
+        end
+    end
+elseif mode == 'resume' then
+    debt_micros = tonumber(timeout_micros)
+    if not (debt_micros and debt_micros >= 0 and debt_micros % 1 == 0) then
+        return redis.error_reply(string.format(BAD, 'debt_micros (ARGV[2]) must be an integer >= 0',
             string.sub(tostring(argv[2]), 1, 40)))
     end
-    is_try = timeout_micros >= 0
-    if timeout_micros > MAX_MICROS then
-        timeout_micros = MAX_MICROS
+    if debt_micros > MAX_MICROS then
+        debt_micros = MAX_MICROS
+    end
+else
+    -- The token, as a reservation's reply gave it (see Token).
+    if #timeout_micros == 64 then
+        tk_stored_before, tk_next_free_before, tk_stored_after, tk_next_free_after, tk_moment,
+            tk_spent_stored, tk_rate, tk_max = struct.unpack('<dddddddd', timeout_micros)
+    end
+    -- NaN fails every comparison, so it is rejected too.
+    if not (tk_max and tk_max >= 0 and tk_max < INFINITY and tk_rate > 0
+            and tk_stored_before >= 0 and tk_stored_before <= tk_max
+            and tk_stored_after >= 0 and tk_stored_after <= tk_max
+            and tk_next_free_before >= 0 and tk_next_free_before <= MAX_MICROS
+            and tk_next_free_before % 1 == 0
+            and tk_moment >= 0 and tk_moment % 1 == 0
+            and tk_next_free_after >= tk_moment and tk_next_free_after <= MAX_MICROS
+            and tk_next_free_after % 1 == 0
+            and (tk_spent_stored == 0 or tk_spent_stored == 1)) then
+        return redis.error_reply('ERR throttler: ARGV[2] is not a reservation token: a cancel takes '
+            .. 'the 64 bytes a granted reservation replied, unchanged (got ' .. #timeout_micros
+            .. ' bytes)')
     end
 end
 
@@ -191,10 +310,11 @@ if not is_bursty then
     end
 end
 
-local now_micros
+-- The clock as read: TIME, or ARGV[7].
+local time_micros
 if nargs == 7 then
-    now_micros = tonumber(argv[7])
-    if not (now_micros and now_micros >= 0 and now_micros <= MAX_MICROS and now_micros % 1 == 0) then
+    time_micros = tonumber(argv[7])
+    if not (time_micros and time_micros >= 0 and time_micros <= MAX_MICROS and time_micros % 1 == 0) then
         return redis.error_reply(string.format(BAD,
             'now_micros (ARGV[7]) must be an integer from 0 to 2^53, or absent to use TIME',
             string.sub(tostring(argv[7]), 1, 40)))
@@ -265,36 +385,115 @@ end
 ---------------------------------------------------------------------------
 
 -- The clock. (Lua converts the two strings TIME replies with exactly.)
-if not now_micros then
+if not time_micros then
     local time = redis.call('TIME')
-    now_micros = time[1] * 1000000 + time[2]
+    time_micros = time[1] * 1000000 + time[2]
 end
+local now_micros = time_micros
 
 -- Load. WRONGTYPE (the key is not a string) propagates: nothing is written.
 local key = KEYS[1]
 local value = redis.call('GET', key)
-local stored_permits, next_free_micros, old_rate, old_max, expires_micros
-local valid = false
-if value and #value == 40 then
-    stored_permits, next_free_micros, old_rate, old_max, expires_micros = struct.unpack('<ddddd', value)
+local stored_permits, next_free_micros, old_rate, old_max, expires_micros, last_now_micros
+local size
+if value then
+    size = #value
+    local marker
+    if size == 52 then
+        marker, stored_permits, next_free_micros, old_rate, old_max, expires_micros, last_now_micros =
+            struct.unpack(VALUE, value)
+    elseif size == 40 then
+        -- The previous format: read as v1 that has seen no clock yet.
+        stored_permits, next_free_micros, old_rate, old_max, expires_micros = struct.unpack('<ddddd', value)
+        marker, last_now_micros = MARKER, 0
+    end
     -- NaN fails every comparison, so it is rejected too.
-    valid = old_max >= 0 and old_max < INFINITY
-        and stored_permits >= 0 and stored_permits <= old_max
-        and next_free_micros >= 0 and next_free_micros <= MAX_MICROS and next_free_micros % 1 == 0
-        and old_rate > 0
-        and expires_micros >= 0 and expires_micros < INFINITY
+    if not (marker == MARKER
+            and old_max >= 0 and old_max < INFINITY
+            and stored_permits >= 0 and stored_permits <= old_max
+            and next_free_micros >= 0 and next_free_micros <= MAX_MICROS and next_free_micros % 1 == 0
+            and old_rate > 0
+            and expires_micros >= 0 and expires_micros < INFINITY
+            and last_now_micros >= 0 and last_now_micros <= MAX_MICROS and last_now_micros % 1 == 0) then
+        return redis.error_reply('ERR throttler: key ' .. key .. ' holds a value this limiter does not '
+            .. 'recognise (' .. size .. ' bytes); it was left untouched: delete it or use another '
+            .. 'limiter name')
+    end
+    -- The clock never runs backwards for a key.
+    if last_now_micros > now_micros then
+        now_micros = last_now_micros
+    end
 end
 
 -- QUERY: max(next_free_micros - now, 0), writing nothing.
 if permits == 0 then
-    if valid and next_free_micros > now_micros then
-        return next_free_micros - now_micros
+    if value and next_free_micros > now_micros then
+        local debt = next_free_micros - now_micros
+        return {debt, debt}
     end
-    return 0
+    return {0, 0}
 end
 
-if not valid then
-    -- Missing (or corrupted): idle for a long time, with no TTL to keep.
+-- The cold modes, before the key's state is completed and the rate changes.
+local cancelled, charge_micros
+if mode then
+    if mode == 'probe' then
+        if value then
+            -- The same bytes again (a 40-byte value in its v1 form), same TTL.
+            if size == 40 then
+                value = struct.pack(VALUE, MARKER, stored_permits, next_free_micros, old_rate, old_max,
+                    expires_micros, 0)
+            end
+            redis.call('SET', key, value, 'KEEPTTL')
+            if next_free_micros > now_micros then
+                return {0, next_free_micros - now_micros}
+            end
+            return {0, 0}
+        end
+        -- A missing key is written below as it reads: the rate change and
+        -- the reservation do not apply.
+    elseif mode == 'cancel' then
+        if not value then
+            return {0, 0}
+        end
+        -- State::give_back. The key's own rate and max_permits stay in
+        -- force (no rate change), with the cool-down that goes with them.
+        local key_stable = 1000000.0 / old_rate
+        if key_stable > MAX_MICROS then
+            key_stable = MAX_MICROS
+        end
+        local token_stable = 1000000.0 / tk_rate
+        if token_stable > MAX_MICROS then
+            token_stable = MAX_MICROS
+        end
+        if stored_permits == tk_stored_after and next_free_micros == tk_next_free_after
+            and key_stable == token_stable and old_max == tk_max then
+            -- Still the latest reservation: put back the state it found.
+            stored_permits = tk_stored_before
+            next_free_micros = tk_next_free_before
+            cancelled, charge_micros = 1, 0
+        elseif now_micros < tk_moment and tk_spent_stored == 0 then
+            -- State::return_charge: move the ticket back by its charge.
+            charge_micros = tk_next_free_after - tk_moment
+            next_free_micros = next_free_micros - charge_micros
+            if next_free_micros < 0 then
+                next_free_micros = 0
+            end
+            cancelled = 2
+        else
+            return {0, 0}
+        end
+        permits_per_second = old_rate
+        max_permits = old_max
+        cool_down = key_stable
+        if not is_bursty and old_max > 0.0 then
+            cool_down = policy_micros / old_max
+        end
+    end
+end
+
+if not value then
+    -- Missing: idle for a long time, with no TTL to keep.
     stored_permits = max_permits
     next_free_micros = now_micros
     old_rate = permits_per_second
@@ -302,7 +501,8 @@ if not valid then
     expires_micros = 0
 end
 
--- State::set_rate, when the rate (or the configuration) changed.
+-- State::set_rate, when the rate (or the configuration) changed. (Never for
+-- a cancel or a probe: their configuration is the key's.)
 if old_rate ~= permits_per_second or old_max ~= max_permits then
     local old_stable = 1000000.0 / old_rate
     if old_stable > MAX_MICROS then
@@ -334,83 +534,117 @@ if old_rate ~= permits_per_second or old_max ~= max_permits then
     end
 end
 
--- State::can_acquire, for a try: refused means nothing is written at all.
-if is_try and next_free_micros - timeout_micros > now_micros then
-    return -1
-end
-
--- State::reserve_earliest_available: resync, then spend.
-if now_micros > next_free_micros then
-    local stored = stored_permits + (now_micros - next_free_micros) / cool_down
-    if stored > max_permits then
-        stored = max_permits
-    end
-    stored_permits = stored
-    next_free_micros = now_micros
-end
-local moment = next_free_micros
-local stored_to_spend = permits
-if stored_permits < stored_to_spend then
-    stored_to_spend = stored_permits
-end
-local fresh = permits - stored_to_spend
-local wait
-if is_bursty then
-    -- Bursty::stored_permits_to_wait_micros is 0, and 0.0 + x == x.
-    wait = fresh * stable
-else
-    -- WarmingUp::stored_permits_to_wait_micros
-    local above_threshold = stored_permits - threshold_permits
-    local micros = 0.0
-    local spent = stored_to_spend
-    if above_threshold > 0.0 then
-        local take_above = above_threshold
-        if spent < take_above then
-            take_above = spent
+local moment, stored_before, next_free_before, spent_stored
+if mode then
+    if mode == 'resume' then
+        -- State::resync, whose stored permits are then dropped: only its
+        -- move of the ticket up to now is left.
+        if now_micros > next_free_micros then
+            next_free_micros = now_micros
         end
-        -- A trapezoid; permits_to_time(p) = stable + p * slope.
-        local length = (stable + above_threshold * slope)
-            + (stable + (above_threshold - take_above) * slope)
-        micros = take_above * length / 2.0
-        spent = spent - take_above
+        stored_permits = 0.0
+        local owed = now_micros + debt_micros
+        if owed > MAX_MICROS then
+            owed = MAX_MICROS
+        end
+        if owed > next_free_micros then
+            next_free_micros = owed
+        end
     end
-    wait = micros + stable * spent + fresh * stable
-end
--- to_micros: truncates (w - w % 1 is floor(w) for w >= 0), saturates; NaN
--- reads as MAX_MICROS.
-if wait < MAX_MICROS then
-    wait = wait - wait % 1
 else
-    wait = MAX_MICROS
+    -- State::can_acquire, for a try: refused means nothing is written at all.
+    if is_try and next_free_micros - timeout_micros > now_micros then
+        return {-1, next_free_micros - now_micros}
+    end
+
+    -- State::reserve_recorded: the state found, then
+    -- State::reserve_earliest_available: resync, then spend.
+    stored_before = stored_permits
+    next_free_before = next_free_micros
+    if now_micros > next_free_micros then
+        local stored = stored_permits + (now_micros - next_free_micros) / cool_down
+        if stored > max_permits then
+            stored = max_permits
+        end
+        stored_permits = stored
+        next_free_micros = now_micros
+    end
+    moment = next_free_micros
+    local stored_to_spend = permits
+    if stored_permits < stored_to_spend then
+        stored_to_spend = stored_permits
+    end
+    local fresh = permits - stored_to_spend
+    local wait
+    if is_bursty then
+        -- Bursty::stored_permits_to_wait_micros is 0, and 0.0 + x == x.
+        wait = fresh * stable
+    else
+        -- WarmingUp::stored_permits_to_wait_micros
+        local above_threshold = stored_permits - threshold_permits
+        local micros = 0.0
+        local spent = stored_to_spend
+        if above_threshold > 0.0 then
+            local take_above = above_threshold
+            if spent < take_above then
+                take_above = spent
+            end
+            -- A trapezoid; permits_to_time(p) = stable + p * slope.
+            local length = (stable + above_threshold * slope)
+                + (stable + (above_threshold - take_above) * slope)
+            micros = take_above * length / 2.0
+            spent = spent - take_above
+        end
+        wait = micros + stable * spent + fresh * stable
+    end
+    -- to_micros: truncates (w - w % 1 is floor(w) for w >= 0), saturates; NaN
+    -- reads as MAX_MICROS.
+    if wait < MAX_MICROS then
+        wait = wait - wait % 1
+    else
+        wait = MAX_MICROS
+    end
+    next_free_micros = next_free_micros + wait
+    if next_free_micros > MAX_MICROS then
+        next_free_micros = MAX_MICROS
+    end
+    -- Reserved::spent_stored: the stored permits changed by the spending.
+    spent_stored = 0
+    local stored_resynced = stored_permits
+    stored_permits = stored_permits - stored_to_spend
+    if stored_permits ~= stored_resynced then
+        spent_stored = 1
+    end
 end
-next_free_micros = next_free_micros + wait
-if next_free_micros > MAX_MICROS then
-    next_free_micros = MAX_MICROS
-end
-stored_permits = stored_permits - stored_to_spend
 
 -- The TTL the key needs: until the debt is paid and the stored permits are
--- refilled to max_permits, plus 2 ms. (Not 1: before Redis 7.2, setting a
--- 1 ms TTL can delete the key at once if a millisecond boundary falls
--- between the two clock reads.) ceil(x) is x - x % 1, plus 1 if x had a
--- fraction; x < TTL_CAP_MS - 2 rules out inf and NaN first.
-local ttl_ms = (next_free_micros - now_micros) / 1000
+-- refilled to max_permits, plus 2 ms, on the clock as read (see Expiry).
+-- (Not 1: before Redis 7.2, setting a 1 ms TTL can delete the key at once if
+-- a millisecond boundary falls between the two clock reads.) ceil(x) is
+-- x - x % 1, plus 1 if x had a fraction; x < TTL_CAP_MS - 2 rules out inf
+-- and NaN first. A need <= 0 (a cancel can move the ticket into the past)
+-- means the key already reads as missing.
+local ttl_ms = (next_free_micros - time_micros) / 1000
     + (max_permits - stored_permits) * cool_down / 1000
 if ttl_ms < TTL_CAP_MS - 2 then
-    local whole = ttl_ms - ttl_ms % 1
-    if whole < ttl_ms then
-        whole = whole + 1
+    if ttl_ms > 0 then
+        local whole = ttl_ms - ttl_ms % 1
+        if whole < ttl_ms then
+            whole = whole + 1
+        end
+        ttl_ms = whole + 2
+    else
+        ttl_ms = 2
     end
-    ttl_ms = whole + 2
 else
     ttl_ms = TTL_CAP_MS
 end
 
 -- Write: keep the TTL if it lasts long enough, else set one with slack
 -- (twice the need, at most TTL_MAX_SLACK_MS more).
-if now_micros + ttl_ms * 1000 <= expires_micros then
-    redis.call('SET', key, struct.pack('<ddddd', stored_permits, next_free_micros, permits_per_second,
-        max_permits, expires_micros), 'KEEPTTL')
+if time_micros + ttl_ms * 1000 <= expires_micros then
+    redis.call('SET', key, struct.pack(VALUE, MARKER, stored_permits, next_free_micros, permits_per_second,
+        max_permits, expires_micros, now_micros), 'KEEPTTL')
 else
     if ttl_ms > TTL_MAX_SLACK_MS then
         ttl_ms = ttl_ms + TTL_MAX_SLACK_MS
@@ -420,12 +654,29 @@ else
     if ttl_ms > TTL_CAP_MS then
         ttl_ms = TTL_CAP_MS
     end
-    redis.call('SET', key, struct.pack('<ddddd', stored_permits, next_free_micros, permits_per_second,
-        max_permits, now_micros + ttl_ms * 1000), 'PX', ttl_ms)
+    redis.call('SET', key, struct.pack(VALUE, MARKER, stored_permits, next_free_micros, permits_per_second,
+        max_permits, time_micros + ttl_ms * 1000, now_micros), 'PX', ttl_ms)
 end
 
--- State::reserve: the wait until `moment`, never negative.
-if moment > now_micros then
-    return moment - now_micros
+if not mode then
+    -- State::reserve: the wait until `moment`, never negative; the debt
+    -- (next_free_micros >= moment >= now); the token.
+    local wait = 0
+    if moment > now_micros then
+        wait = moment - now_micros
+    end
+    return {wait, next_free_micros - now_micros, struct.pack('<dddddddd', stored_before, next_free_before,
+        stored_permits, next_free_micros, moment, spent_stored, permits_per_second, max_permits)}
 end
-return 0
+if cancelled then
+    return {cancelled, charge_micros}
+end
+-- Resume, or the probe of a missing key (no debt).
+local debt = 0
+if next_free_micros > now_micros then
+    debt = next_free_micros - now_micros
+end
+if mode == 'probe' then
+    return {0, debt}
+end
+return {debt, debt}

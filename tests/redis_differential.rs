@@ -1,10 +1,17 @@
 #![cfg(feature = "redis")]
 //! Differential test: `lua/reserve.lua` in Redis and `throttler::core::State`
 //! in Rust, driven by the same random sequences of reservations, tries,
-//! queries, rate changes and clock jumps, must give the same waits, the same
-//! refusals and the same state.
+//! queries, probes, resumes, cancellations of earlier reservations, rate
+//! changes and clock jumps (forwards and backwards), must give the same
+//! replies (waits, refusals, debts, tokens) and the same state.
 //!
-//! The script runs with an explicit `now`, so both sides see the same clock.
+//! The script runs with an explicit `now`, so both sides see the same clock;
+//! the core side raises it to the latest reading the key has seen, as the
+//! script does. A cancel sends the token the core's record of the
+//! reservation encodes, which the script's own token for it was checked to
+//! equal byte for byte; the core side gives back that record
+//! (`State::give_back`). A resume is modelled inline: the rate change, a
+//! resync, no stored permits, and the debt owed from now.
 //! The TTL it sets is computed for that simulated clock, so real time must not
 //! expire the key: each sequence is one MULTI/EXEC block (no expiry between
 //! its commands) and every write that sets a TTL is followed by a check of
@@ -24,10 +31,10 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use redis::Value;
-use support::limiter_state::LimiterState;
+use support::limiter_state::{LimiterState, Token};
 use support::redis_server::RedisServer;
 use support::rng::Rng;
-use throttler::core::{Bursty, MAX_MICROS, Policy, State, WarmingUp};
+use throttler::core::{Bursty, GiveBack, MAX_MICROS, Policy, Reserved, State, WarmingUp};
 
 const SEQUENCES: u64 = 2_000;
 const STEPS: usize = 40;
@@ -135,9 +142,11 @@ fn missing_key_state(config: &Config, rate: f64, now: u64) -> State {
     state
 }
 
-/// The TTL the key needs after a write, from the core's state: until it
-/// would read as missing anyway, plus 2 ms.
-fn needed_ttl_ms(state: &State, now: u64) -> f64 {
+/// The TTL (ms) the key needs after a write when the clock reads `time`
+/// (TIME, not raised to `last_now_micros`: the clock Redis's TTLs run on),
+/// from the core's state: until it would read as missing anyway, plus 2 ms;
+/// 2 ms if it already does. The same f64 operations as the script.
+fn needed_ttl_ms(state: &State, time: u64) -> f64 {
     let cool_down = match &state.policy {
         Policy::WarmingUp(w) if state.max_permits > 0.0 => {
             w.warmup_micros as f64 / state.max_permits
@@ -145,9 +154,12 @@ fn needed_ttl_ms(state: &State, now: u64) -> f64 {
         _ => state.stable_interval_micros,
     };
     let refill_micros = (state.max_permits - state.stored_permits) * cool_down;
-    let ttl =
-        ((state.next_free_micros - now) as f64 / 1000.0 + refill_micros / 1000.0).ceil() + 2.0;
-    if ttl < TTL_CAP_MS { ttl } else { TTL_CAP_MS }
+    let ttl = (state.next_free_micros as f64 - time as f64) / 1000.0 + refill_micros / 1000.0;
+    if ttl < TTL_CAP_MS - 2.0 {
+        if ttl > 0.0 { ttl.ceil() + 2.0 } else { 2.0 }
+    } else {
+        TTL_CAP_MS
+    }
 }
 
 fn random_rate(rng: &mut Rng) -> f64 {
@@ -161,34 +173,84 @@ fn random_rate(rng: &mut Rng) -> f64 {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// A token as the script encodes it, from the core's record of the same
+/// reservation (and the rate it was made at).
+fn token_bytes(reserved: &Reserved, permits_per_second: f64) -> Vec<u8> {
+    Token {
+        stored_before: reserved.stored_before,
+        next_free_before: reserved.next_free_before as f64,
+        stored_after: reserved.stored_after,
+        next_free_after: reserved.next_free_after as f64,
+        moment_micros: reserved.moment_micros as f64,
+        spent_stored: if reserved.spent_stored { 1.0 } else { 0.0 },
+        permits_per_second,
+        max_permits: reserved.max_permits,
+    }
+    .encode()
+}
+
+/// A token's bytes, shown briefly.
+#[derive(Clone)]
+struct TokenBytes(Vec<u8>);
+
+impl std::fmt::Debug for TokenBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match Token::decode(&self.0) {
+            Ok(token) => write!(f, "{token:?}"),
+            Err(_) => write!(f, "{:?}", self.0),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
 enum Kind {
     Reserve,
-    Try { timeout_micros: u64 },
+    Try {
+        timeout_micros: u64,
+    },
     Query,
+    /// Rewrites the key as it is (or writes a missing key as it reads).
+    Probe,
+    /// Back from a local fallback that ran up this debt.
+    Resume {
+        debt_micros: u64,
+    },
+    /// Gives back the reservation granted at step `of_step`.
+    Cancel {
+        of_step: usize,
+    },
 }
 
 /// One call, as sent to both sides.
 #[derive(Debug, Clone)]
 struct Step {
+    /// The clock as read (ARGV[7]); the key's clock is never below the
+    /// latest reading it has seen.
     now: u64,
     rate: f64,
     permits: u32,
     kind: Kind,
+    /// For a cancel: the token sent.
+    token: Option<TokenBytes>,
 }
 
 /// What the core says the script must answer for one step.
 #[derive(Debug, Clone)]
 struct Expected {
-    reply: i64,
+    /// The reply's two integers.
+    reply: (i64, i64),
+    /// A granted reservation's token, as the script must encode it.
+    token: Option<Vec<u8>>,
     /// Whether this step wrote the key.
     wrote: bool,
     /// The TTL (ms) this step's write set, or `None` if it kept the TTL it
     /// found (or wrote nothing).
     ttl_ms: Option<f64>,
     /// When the key's TTL ends, as the script records it (µs, on the
-    /// simulated clock).
+    /// simulated clock as read).
     expires_micros: f64,
+    /// The key's `last_now_micros`.
+    last_now: u64,
     /// Whether any step so far wrote the key (else it is still missing).
     exists: bool,
     /// The core's state after the step.
@@ -197,18 +259,19 @@ struct Expected {
     check_fields: bool,
 }
 
-/// The script's TTL rule after a write at `now`: keep the TTL if the
-/// recorded end `expires_micros` covers what the key needs, else set twice
-/// the need, at most 1 s more (capped), and record its end. Returns the TTL
-/// set, if any, and the recorded end; the same f64 operations as the script.
-fn ttl_after_write(state: &State, now: u64, expires_micros: f64) -> (Option<f64>, f64) {
-    let needed = needed_ttl_ms(state, now);
-    let now = now as f64;
-    if now + needed * 1000.0 <= expires_micros {
+/// The script's TTL rule after a write when the clock reads `time`: keep
+/// the TTL if the recorded end `expires_micros` covers what the key needs,
+/// else set twice the need, at most 1 s more (capped), and record its end.
+/// Returns the TTL set, if any, and the recorded end; the same f64
+/// operations as the script.
+fn ttl_after_write(state: &State, time: u64, expires_micros: f64) -> (Option<f64>, f64) {
+    let needed = needed_ttl_ms(state, time);
+    let time = time as f64;
+    if time + needed * 1000.0 <= expires_micros {
         (None, expires_micros)
     } else {
         let ttl = (needed + needed.min(TTL_MAX_SLACK_MS)).min(TTL_CAP_MS);
-        (Some(ttl), now + ttl * 1000.0)
+        (Some(ttl), time + ttl * 1000.0)
     }
 }
 
@@ -222,6 +285,14 @@ struct Sequence {
     steps: Vec<Step>,
     expected: Vec<Expected>,
     rate_changes: usize,
+    backward_steps: usize,
+}
+
+/// A granted reservation that may be cancelled later.
+struct Outstanding {
+    step: usize,
+    reserved: Reserved,
+    token: Vec<u8>,
 }
 
 fn generate(seed: u64) -> Sequence {
@@ -235,18 +306,23 @@ fn generate(seed: u64) -> Sequence {
     let first_rate = random_rate(&mut rng);
     let t0 = EPOCH_2023 + rng.below(1_000_000_000_000);
     let mut rate = first_rate;
-    let mut now = t0;
-    let mut core = missing_key_state(&config, rate, now);
+    // The clock as read, and the key's latest reading (0 while missing).
+    let mut time = t0;
+    let mut last_now = 0;
+    let mut core = missing_key_state(&config, rate, time);
     let mut written = false;
     let mut expires_micros = 0.0;
     let mut steps = Vec::with_capacity(STEPS);
     let mut expected = Vec::with_capacity(STEPS);
     let mut rate_changes = 0;
+    let mut backward_steps = 0;
+    let mut outstanding: Vec<Outstanding> = vec![];
 
     for i in 0..STEPS {
         // The clock: mostly small steps, sometimes none, sometimes long idle
-        // gaps, sometimes exactly to the ticket (and one µs either side).
-        let debt = core.next_free_micros.saturating_sub(now);
+        // gaps, sometimes exactly to the ticket (and one µs either side),
+        // sometimes backwards (a server's clock stepped back).
+        let debt = core.next_free_micros.saturating_sub(time.max(last_now));
         let dt = match rng.below(100) {
             0..20 => 0,
             20..45 => rng.below(1_000),
@@ -256,7 +332,19 @@ fn generate(seed: u64) -> Sequence {
             85..95 => rng.below(3_600_000_000),
             _ => rng.below(3 * 86_400_000_000),
         };
-        now = (now + dt).min(MAX_MICROS);
+        if rng.chance(0.06) {
+            let back = match rng.below(3) {
+                0 => rng.below(1_000),
+                1 => rng.below(1_000_000),
+                _ => rng.below(3_600_000_000),
+            };
+            time = time.saturating_sub(back);
+            backward_steps += 1;
+        } else {
+            time = (time + dt).min(MAX_MICROS);
+        }
+        // The clock the script computes with.
+        let now = time.max(last_now);
 
         if rng.chance(0.1) {
             rate = random_rate(&mut rng);
@@ -271,9 +359,9 @@ fn generate(seed: u64) -> Sequence {
             _ => (rng.next_u64() as u32).max(1),
         };
         let debt = core.next_free_micros.saturating_sub(now);
-        let kind = match rng.below(100) {
-            0..10 => Kind::Query,
-            10..40 => Kind::Try {
+        let mut kind = match rng.below(100) {
+            0..8 => Kind::Query,
+            8..34 => Kind::Try {
                 timeout_micros: match rng.below(100) {
                     0..30 => 0,
                     30..50 => rng.below(1_000_000),
@@ -283,23 +371,80 @@ fn generate(seed: u64) -> Sequence {
                     _ => u64::MAX,
                 },
             },
+            34..46 if !outstanding.is_empty() => Kind::Cancel { of_step: 0 },
+            46..50 => Kind::Resume {
+                debt_micros: match rng.below(100) {
+                    0..30 => 0,
+                    30..70 => rng.below(1_000_000),
+                    70..90 => rng.below(1_000_000_000_000),
+                    90..95 => MAX_MICROS,
+                    _ => u64::MAX, // capped by both sides
+                },
+            },
+            50..54 => Kind::Probe,
             _ => Kind::Reserve,
         };
+        let mut token = None;
+        let mut cancelled = None;
+        if let Kind::Cancel { of_step } = &mut kind {
+            // Mostly the latest reservation (restored if nothing wrote
+            // since), else any; each is given back at most once.
+            let index = if rng.chance(0.5) {
+                outstanding.len() - 1
+            } else {
+                rng.below(outstanding.len() as u64) as usize
+            };
+            let taken = outstanding.remove(index);
+            *of_step = taken.step;
+            token = Some(TokenBytes(taken.token));
+            cancelled = Some(taken.reserved);
+        }
         let step = Step {
-            now,
+            now: time,
             rate,
-            permits: if kind == Kind::Query { 0 } else { permits },
-            kind,
+            permits: match kind {
+                Kind::Reserve | Kind::Try { .. } => permits,
+                _ => 0,
+            },
+            kind: kind.clone(),
+            token,
         };
 
         // The core, in lock-step with what the script does.
+        let mut reply_token = None;
+        let mut keeps_ttl = false;
         let (reply, wrote) = match kind {
             // A query reads the ticket and changes nothing.
-            Kind::Query => (
-                core.query_earliest_available().saturating_sub(now) as i64,
-                false,
-            ),
-            Kind::Reserve | Kind::Try { .. } => {
+            Kind::Query => {
+                let debt = if written {
+                    core.query_earliest_available().saturating_sub(now) as i64
+                } else {
+                    0
+                };
+                ((debt, debt), false)
+            }
+            // A probe writes the key back as it is, keeping its TTL.
+            Kind::Probe if written => {
+                keeps_ttl = true;
+                ((0, core.next_free_micros.saturating_sub(now) as i64), true)
+            }
+            // A missing key is written as it reads.
+            Kind::Probe => {
+                core = missing_key_state(&config, rate, now);
+                expires_micros = 0.0;
+                ((0, 0), true)
+            }
+            // State::give_back, on the key as it is: no rate change.
+            Kind::Cancel { .. } => {
+                let taken = cancelled.expect("a reservation to cancel");
+                assert!(written, "a reservation was granted, so the key exists");
+                match core.give_back(&taken, now) {
+                    GiveBack::Restored => ((1, 0), true),
+                    GiveBack::Returned(charge) => ((2, charge as i64), true),
+                    GiveBack::Nothing => ((0, 0), false),
+                }
+            }
+            Kind::Reserve | Kind::Try { .. } | Kind::Resume { .. } => {
                 if !written {
                     // The key is still missing: the script starts from
                     // "idle for a long time" at the rate it is given, with
@@ -314,32 +459,60 @@ fn generate(seed: u64) -> Sequence {
                     core.set_rate(rate, now).expect("valid rate");
                 }
                 match kind {
-                    Kind::Try { timeout_micros } => {
-                        match core.try_reserve(step.permits, now, timeout_micros) {
-                            Some(wait) => (wait as i64, true),
-                            None => {
-                                // A refused try writes nothing, not even the
-                                // rate change: the next write applies it.
-                                core = before;
-                                (-1, false)
-                            }
-                        }
+                    Kind::Resume { debt_micros } => {
+                        // Resync, no stored permits, and the debt owed
+                        // from now.
+                        core.resync(now);
+                        core.stored_permits = 0.0;
+                        let owed = now
+                            .saturating_add(debt_micros.min(MAX_MICROS))
+                            .min(MAX_MICROS);
+                        core.next_free_micros = core.next_free_micros.max(owed);
+                        let debt = (core.next_free_micros - now) as i64;
+                        ((debt, debt), true)
                     }
-                    _ => (core.reserve(step.permits, now) as i64, true),
+                    Kind::Try { timeout_micros } if !core.can_acquire(now, timeout_micros) => {
+                        // A refused try writes nothing, not even the
+                        // rate change: the next write applies it.
+                        core = before;
+                        ((-1, (core.next_free_micros - now) as i64), false)
+                    }
+                    _ => {
+                        let reserved = core.reserve_recorded(step.permits, now);
+                        let bytes = token_bytes(&reserved, core.permits_per_second);
+                        reply_token = Some(bytes.clone());
+                        if rng.chance(0.6) {
+                            outstanding.push(Outstanding {
+                                step: i,
+                                reserved,
+                                token: bytes,
+                            });
+                        }
+                        (
+                            (
+                                reserved.moment_micros.saturating_sub(now) as i64,
+                                (core.next_free_micros - now) as i64,
+                            ),
+                            true,
+                        )
+                    }
                 }
             }
         };
         written |= wrote;
         let mut ttl_ms = None;
-        if wrote {
-            (ttl_ms, expires_micros) = ttl_after_write(&core, now, expires_micros);
+        if wrote && !keeps_ttl {
+            (ttl_ms, expires_micros) = ttl_after_write(&core, time, expires_micros);
+            last_now = now;
         }
         steps.push(step);
         expected.push(Expected {
             reply,
+            token: reply_token,
             wrote,
             ttl_ms,
             expires_micros,
+            last_now,
             exists: written,
             state: core.clone(),
             check_fields: i % FIELDS_EVERY == FIELDS_EVERY - 1 || i == STEPS - 1,
@@ -354,6 +527,7 @@ fn generate(seed: u64) -> Sequence {
         steps,
         expected,
         rate_changes,
+        backward_steps,
     }
 }
 
@@ -366,17 +540,35 @@ struct Totals {
     tries_granted: u64,
     tries_refused: u64,
     queries: u64,
+    probes: u64,
+    resumes: u64,
+    restored: u64,
+    returned: u64,
+    given_nothing: u64,
     rate_changes: u64,
+    backward_steps: u64,
+    tokens_checked: u64,
     field_checks: u64,
     ttls_set: u64,
     ttls_kept: u64,
-    max_wait_diff: u64,
 }
 
 fn int_of(value: &Value) -> Result<i64, String> {
     match value {
         Value::Int(n) => Ok(*n),
         other => Err(format!("expected an integer reply, got {other:?}")),
+    }
+}
+
+/// The script's reply: `{n, debt}` or `{wait, debt, token}`.
+fn reply_of(value: &Value) -> Result<((i64, i64), Option<&[u8]>), String> {
+    match value {
+        Value::Array(items) => match &items[..] {
+            [a, b] => Ok(((int_of(a)?, int_of(b)?), None)),
+            [a, b, Value::BulkString(token)] => Ok(((int_of(a)?, int_of(b)?), Some(token))),
+            _ => Err(format!("expected {{n, n[, token]}}, got {value:?}")),
+        },
+        other => Err(format!("expected an array reply, got {other:?}")),
     }
 }
 
@@ -402,12 +594,19 @@ fn check(
     let mut pipe = redis::pipe();
     pipe.atomic();
     for (step, expected) in seq.steps.iter().zip(&seq.expected) {
-        let timeout = match step.kind {
-            Kind::Try { timeout_micros } => timeout_micros.to_string(),
-            _ => "-1".to_string(),
-        };
         let mut invocation = script.prepare_invoke();
-        invocation.key(&key).arg(step.permits).arg(timeout);
+        invocation.key(&key);
+        match &step.kind {
+            Kind::Reserve => invocation.arg(step.permits).arg("-1"),
+            Kind::Try { timeout_micros } => invocation.arg(step.permits).arg(*timeout_micros),
+            Kind::Query => invocation.arg(0).arg("-1"),
+            Kind::Probe => invocation.arg("probe").arg("-1"),
+            Kind::Resume { debt_micros } => invocation.arg("resume").arg(*debt_micros),
+            Kind::Cancel { .. } => {
+                let token = step.token.as_ref().expect("a cancel has a token");
+                invocation.arg("cancel").arg(&token.0[..])
+            }
+        };
         push_f64(&mut invocation, step.rate, seq.encoding);
         invocation.arg(policy).arg(policy_micros);
         push_f64(&mut invocation, cold_factor, seq.encoding);
@@ -429,27 +628,44 @@ fn check(
 
     for (i, (step, expected)) in seq.steps.iter().zip(&seq.expected).enumerate() {
         let fail = |what: String| format!("step {i} ({step:?}): {what}");
-        let reply = int_of(next_reply()?).map_err(fail)?;
-        if (reply == -1) != (expected.reply == -1) {
+        let (reply, token) = reply_of(next_reply()?).map_err(fail)?;
+        if (reply.0 == -1) != (expected.reply.0 == -1) {
             return Err(fail(format!(
-                "script replied {reply}, core {} (refusal decisions differ)",
+                "script replied {reply:?}, core {:?} (refusal decisions differ)",
                 expected.reply
             )));
         }
-        let diff = reply.abs_diff(expected.reply);
-        totals.max_wait_diff = totals.max_wait_diff.max(diff);
-        if diff > 1 {
+        if reply != expected.reply {
             return Err(fail(format!(
-                "wait: script {reply} µs, core {} µs",
+                "reply: script {reply:?}, core {:?}",
                 expected.reply
             )));
+        }
+        match (token, &expected.token) {
+            (None, None) => {}
+            (Some(script), Some(core)) if script == &core[..] => totals.tokens_checked += 1,
+            (script, core) => {
+                let show = |t: Option<&[u8]>| t.map(|t| TokenBytes(t.to_vec()));
+                return Err(fail(format!(
+                    "token: script {:?}, core {:?}",
+                    show(script),
+                    show(core.as_deref())
+                )));
+            }
         }
         totals.steps += 1;
         match step.kind {
             Kind::Reserve => totals.reserves += 1,
             Kind::Query => totals.queries += 1,
-            Kind::Try { .. } if reply == -1 => totals.tries_refused += 1,
+            Kind::Probe => totals.probes += 1,
+            Kind::Resume { .. } => totals.resumes += 1,
+            Kind::Try { .. } if reply.0 == -1 => totals.tries_refused += 1,
             Kind::Try { .. } => totals.tries_granted += 1,
+            Kind::Cancel { .. } => match reply.0 {
+                1 => totals.restored += 1,
+                2 => totals.returned += 1,
+                _ => totals.given_nothing += 1,
+            },
         }
 
         let pttl = int_of(next_reply()?).map_err(fail)?;
@@ -516,6 +732,12 @@ fn check(
                 expected.expires_micros,
             )
             .map_err(fail)?;
+            same_bits(
+                "last_now_micros",
+                state.last_now_micros,
+                expected.last_now as f64,
+            )
+            .map_err(fail)?;
         }
     }
     if replies.next().is_some() {
@@ -523,6 +745,7 @@ fn check(
     }
     totals.sequences += 1;
     totals.rate_changes += seq.rate_changes as u64;
+    totals.backward_steps += seq.backward_steps as u64;
     Ok(())
 }
 
@@ -534,7 +757,7 @@ fn describe(seq: &Sequence) -> String {
     for (i, (step, expected)) in seq.steps.iter().zip(&seq.expected).enumerate() {
         let _ = writeln!(
             text,
-            "  {i:>2}: {step:?} -> core {} (wrote: {})",
+            "  {i:>2}: {step:?} -> core {:?} (wrote: {})",
             expected.reply, expected.wrote
         );
     }
@@ -571,26 +794,35 @@ fn lua_script_and_core_agree() {
     }
     println!(
         "differential: {} sequences, {} steps ({} reserves, {} tries granted, {} refused, \
-         {} queries, {} rate changes), {} bit-for-bit state checks, {} TTLs set, {} kept; \
-         max |wait diff| {} µs; {:.1?}",
+         {} queries, {} probes, {} resumes, cancels: {} restored, {} returned, {} nothing; \
+         {} rate changes, {} clock steps back), {} tokens and {} states checked bit for bit, \
+         {} TTLs set, {} kept; {:.1?}",
         totals.sequences,
         totals.steps,
         totals.reserves,
         totals.tries_granted,
         totals.tries_refused,
         totals.queries,
+        totals.probes,
+        totals.resumes,
+        totals.restored,
+        totals.returned,
+        totals.given_nothing,
         totals.rate_changes,
+        totals.backward_steps,
+        totals.tokens_checked,
         totals.field_checks,
         totals.ttls_set,
         totals.ttls_kept,
-        totals.max_wait_diff,
         started.elapsed()
     );
     assert_eq!(totals.sequences, seeds.len() as u64);
-    // The sequences must actually exercise both outcomes of a try, and both
-    // outcomes of the TTL rule.
+    // The sequences must actually exercise both outcomes of a try, every
+    // outcome of a cancel, and both outcomes of the TTL rule.
     if seeds.len() > 100 {
         assert!(totals.tries_refused > 100 && totals.tries_granted > 100);
+        assert!(totals.restored > 100 && totals.returned > 100 && totals.given_nothing > 100);
+        assert!(totals.resumes > 100 && totals.probes > 100 && totals.backward_steps > 100);
         assert!(totals.ttls_set > 100 && totals.ttls_kept > 100);
     }
 }

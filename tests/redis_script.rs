@@ -1,12 +1,18 @@
 #![cfg(feature = "redis")]
-//! `lua/reserve.lua` against a real Redis server: the interface (arguments,
-//! replies, errors), what it writes and what it must not write, the clock,
-//! number precision, corrupted keys and expiry. Expected waits are derived by
-//! hand from the rules in `throttler::core`.
+//! `lua/reserve.lua` against a real Redis server: the interface (modes,
+//! arguments, replies, errors), what it writes and what it must not write,
+//! the value format and its upgrade, the clock, number precision, values it
+//! does not recognise, expiry, and the cold modes (probe, resume, cancel).
+//! Expected waits are derived by hand from the rules in `throttler::core`.
 
 mod support;
 
-use support::limiter_state::{LimiterState, STATE_LEN};
+use std::net::TcpListener;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use redis::Value;
+use support::limiter_state::{LimiterState, MARKER, STATE_LEN, TOKEN_LEN, Token, V0_STATE_LEN};
 use support::redis_server::RedisServer;
 
 /// A realistic "now": microseconds since the epoch, late 2023.
@@ -22,7 +28,7 @@ fn script() -> redis::Script {
 
 /// A server, a connection to it and the script.
 struct Fixture {
-    _server: RedisServer,
+    server: RedisServer,
     con: redis::Connection,
     script: redis::Script,
 }
@@ -31,7 +37,7 @@ fn fixture() -> Fixture {
     let server = RedisServer::start();
     let con = server.connection();
     Fixture {
-        _server: server,
+        server,
         con,
         script: script(),
     }
@@ -40,8 +46,10 @@ fn fixture() -> Fixture {
 /// The script's ARGV, with defaults: reserve 1 permit, no timeout, server clock.
 #[derive(Debug, Clone)]
 struct Args {
+    /// ARGV[1]: permits, or the mode.
     permits: String,
-    timeout: String,
+    /// ARGV[2]: timeout, debt or token.
+    arg2: Vec<u8>,
     rate: String,
     policy: String,
     policy_micros: String,
@@ -53,7 +61,7 @@ impl Args {
     fn bursty(rate: &str, max_burst_micros: u64) -> Args {
         Args {
             permits: "1".into(),
-            timeout: "-1".into(),
+            arg2: b"-1".to_vec(),
             rate: rate.into(),
             policy: "bursty".into(),
             policy_micros: max_burst_micros.to_string(),
@@ -80,9 +88,28 @@ impl Args {
         self.permits(0)
     }
 
+    /// A probe (ARGV[2] stays as it was: -1 unless set).
+    fn probe(self) -> Args {
+        self.permits("probe")
+    }
+
+    /// A resume with this debt.
+    fn resume(self, debt_micros: impl ToString) -> Args {
+        let mut args = self.permits("resume");
+        args.arg2 = debt_micros.to_string().into_bytes();
+        args
+    }
+
+    /// A cancel of the reservation with this token.
+    fn cancel(self, token: &[u8]) -> Args {
+        let mut args = self.permits("cancel");
+        args.arg2 = token.to_vec();
+        args
+    }
+
     /// A try: refused if the current debt exceeds `timeout_micros`.
     fn timeout(mut self, timeout_micros: impl ToString) -> Args {
-        self.timeout = timeout_micros.to_string();
+        self.arg2 = timeout_micros.to_string().into_bytes();
         self
     }
 
@@ -96,48 +123,130 @@ impl Args {
         self
     }
 
-    fn to_vec(&self) -> Vec<String> {
+    fn to_vec(&self) -> Vec<Vec<u8>> {
         let mut argv = vec![
-            self.permits.clone(),
-            self.timeout.clone(),
-            self.rate.clone(),
-            self.policy.clone(),
-            self.policy_micros.clone(),
-            self.cold_factor.clone(),
+            self.permits.clone().into_bytes(),
+            self.arg2.clone(),
+            self.rate.clone().into_bytes(),
+            self.policy.clone().into_bytes(),
+            self.policy_micros.clone().into_bytes(),
+            self.cold_factor.clone().into_bytes(),
         ];
-        argv.extend(self.now.clone());
+        argv.extend(self.now.clone().map(String::into_bytes));
         argv
+    }
+}
+
+/// ARGV as text, for messages.
+fn show(argv: &[Vec<u8>]) -> String {
+    let args: Vec<_> = argv.iter().map(|a| String::from_utf8_lossy(a)).collect();
+    format!("{args:?}")
+}
+
+/// A reply, decoded: `{first, debt[, token]}`.
+#[derive(Debug, Clone, PartialEq)]
+struct Reply {
+    /// The wait, -1 for a refused try; for a cancel 1 (restored), 2
+    /// (returned) or 0 (nothing); 0 for a probe.
+    first: i64,
+    /// The key's debt after the call (a cancel: the charge returned).
+    debt: i64,
+    /// A granted reservation's token.
+    token: Option<Vec<u8>>,
+}
+
+impl Reply {
+    fn decode(value: Value) -> Result<Reply, String> {
+        let Value::Array(items) = value else {
+            return Err(format!("expected an array reply, got {value:?}"));
+        };
+        let int = |item: &Value| match item {
+            Value::Int(n) => Ok(*n),
+            other => Err(format!("expected an integer, got {other:?}")),
+        };
+        match &items[..] {
+            [first, debt] => Ok(Reply {
+                first: int(first)?,
+                debt: int(debt)?,
+                token: None,
+            }),
+            [first, debt, Value::BulkString(token)] => Ok(Reply {
+                first: int(first)?,
+                debt: int(debt)?,
+                token: Some(token.clone()),
+            }),
+            other => Err(format!("expected {{n, n[, token]}}, got {other:?}")),
+        }
+    }
+
+    /// The decoded token; panics if there is none.
+    fn token(&self) -> Token {
+        Token::decode(self.token.as_deref().expect("a token")).unwrap()
     }
 }
 
 impl Fixture {
     /// Runs the script on `key` with raw arguments.
-    fn eval_raw(&mut self, keys: &[&str], argv: &[String]) -> redis::RedisResult<i64> {
-        let mut invocation = self.script.prepare_invoke();
-        for key in keys {
-            invocation.key(*key);
-        }
-        for arg in argv {
-            invocation.arg(arg.as_str());
-        }
-        invocation.invoke(&mut self.con)
+    fn eval_raw(&mut self, keys: &[&str], argv: &[Vec<u8>]) -> redis::RedisResult<Value> {
+        eval_on(&self.script, &mut self.con, keys, argv)
     }
 
-    fn eval(&mut self, key: &str, args: &Args) -> redis::RedisResult<i64> {
+    fn eval(&mut self, key: &str, args: &Args) -> redis::RedisResult<Value> {
         self.eval_raw(&[key], &args.to_vec())
     }
 
-    /// Runs the script and expects a reply.
-    fn run(&mut self, key: &str, args: &Args) -> i64 {
-        self.eval(key, args)
-            .unwrap_or_else(|e| panic!("script failed for {args:?}: {e}"))
+    /// Runs the script, expects a reply and checks its shape against the
+    /// mode: a granted reservation has a token and a debt at least its
+    /// wait, a refused try a debt, a query or a resume its debt twice.
+    fn call(&mut self, key: &str, args: &Args) -> Reply {
+        let value = self
+            .eval(key, args)
+            .unwrap_or_else(|e| panic!("script failed for {args:?}: {e}"));
+        let reply = Reply::decode(value).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        let reservation = args.permits.parse::<u64>().is_ok_and(|n| n >= 1);
+        match args.permits.as_str() {
+            _ if reservation && reply.first >= 0 => {
+                let token = reply
+                    .token
+                    .as_deref()
+                    .expect("a granted reservation has a token");
+                assert_eq!(token.len(), TOKEN_LEN, "{args:?}: token {token:?}");
+                assert!(reply.debt >= reply.first, "{args:?}: {reply:?}");
+            }
+            _ if reservation => {
+                assert_eq!(reply.first, -1, "{args:?}: {reply:?}");
+                assert!(
+                    reply.debt > 0 && reply.token.is_none(),
+                    "{args:?}: {reply:?}"
+                );
+            }
+            "0" | "resume" => {
+                assert!(
+                    reply.first == reply.debt && reply.token.is_none(),
+                    "{args:?}: {reply:?}"
+                )
+            }
+            "probe" => assert!(
+                reply.first == 0 && reply.token.is_none(),
+                "{args:?}: {reply:?}"
+            ),
+            _ => assert!(reply.token.is_none(), "{args:?}: {reply:?}"),
+        }
+        reply
     }
 
-    /// Runs the script and expects an error; returns its text.
-    fn run_err(&mut self, keys: &[&str], argv: &[String]) -> String {
+    /// Runs the script and returns the first number of its reply: the wait
+    /// (-1 for a refused try).
+    fn run(&mut self, key: &str, args: &Args) -> i64 {
+        self.call(key, args).first
+    }
+
+    /// Runs the script and expects an error; returns it as the server
+    /// sent it (`CODE detail`).
+    fn run_err(&mut self, keys: &[&str], argv: &[Vec<u8>]) -> String {
         match self.eval_raw(keys, argv) {
-            Ok(reply) => panic!("expected an error for {argv:?}, got reply {reply}"),
-            Err(e) => e.to_string(),
+            Ok(reply) => panic!("expected an error for {}, got reply {reply:?}", show(argv)),
+            Err(e) => server_error(&e),
         }
     }
 
@@ -196,6 +305,41 @@ impl Fixture {
     }
 }
 
+/// An error as the server sent it: `CODE detail` (e.g. `ERR throttler: ...`).
+fn server_error(e: &redis::RedisError) -> String {
+    match e.code() {
+        Some(code) => format!("{code} {}", e.detail().unwrap_or_default()),
+        None => e.to_string(),
+    }
+}
+
+fn eval_on(
+    script: &redis::Script,
+    con: &mut redis::Connection,
+    keys: &[&str],
+    argv: &[Vec<u8>],
+) -> redis::RedisResult<Value> {
+    let mut invocation = script.prepare_invoke();
+    for key in keys {
+        invocation.key(*key);
+    }
+    for arg in argv {
+        invocation.arg(&arg[..]);
+    }
+    invocation.invoke(con)
+}
+
+/// Asserts that `error` is the script's refusal of a value it does not
+/// recognise.
+fn assert_unrecognised(error: &str, what: &str) {
+    assert!(
+        error.contains("ERR throttler:")
+            && error.contains("does not recognise")
+            && error.contains("left untouched"),
+        "{what}: {error}"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Reservations
 // ---------------------------------------------------------------------------
@@ -217,10 +361,71 @@ fn first_reserve_on_missing_key_is_free_and_writes_the_state() {
             permits_per_second: 5.0,
             max_permits: 5.0,
             expires_micros: (T0 + ttl as u64 * 1_000) as f64,
+            last_now_micros: T0 as f64,
         }
     );
     let pttl = fx.pttl("k");
     assert!((ttl - 100..=ttl).contains(&pttl), "PTTL {pttl}");
+}
+
+#[test]
+fn reserve_replies_wait_debt_and_token() {
+    let mut fx = fixture();
+    let args = Args::bursty("5", 1_000_000);
+    // From full (5 stored): 3 stored spent, 2 fresh charged forward.
+    let first = fx.call("k", &args.clone().permits(3).at(T0));
+    assert_eq!((first.first, first.debt), (0, 0));
+    let reply = fx.call("k", &args.clone().permits(4).at(T0 + 100_000));
+    // 100 ms idle stores 0.5: 2.5 stored spent, 1.5 fresh = 300 ms.
+    assert_eq!((reply.first, reply.debt), (0, 300_000));
+    assert_eq!(
+        reply.token(),
+        Token {
+            stored_before: 2.0,
+            next_free_before: T0 as f64,
+            stored_after: 0.0,
+            next_free_after: (T0 + 400_000) as f64,
+            moment_micros: (T0 + 100_000) as f64,
+            spent_stored: 1.0,
+            permits_per_second: 5.0,
+            max_permits: 5.0,
+        }
+    );
+    // Owing 300 ms: a reservation that spends nothing stored.
+    let reply = fx.call("k", &args.clone().at(T0 + 100_000));
+    assert_eq!((reply.first, reply.debt), (300_000, 500_000));
+    let token = reply.token();
+    assert_eq!(token.spent_stored, 0.0);
+    assert_eq!(token.moment_micros, (T0 + 400_000) as f64);
+    assert_eq!(token.stored_before, 0.0);
+    assert_eq!(token.next_free_before, (T0 + 400_000) as f64);
+    // A refused try: -1 and the debt, no token.
+    let refused = fx.call("k", &args.clone().timeout(0).at(T0 + 200_000));
+    assert_eq!(
+        refused,
+        Reply {
+            first: -1,
+            debt: 400_000,
+            token: None
+        }
+    );
+    // A query: the debt twice.
+    let query = fx.call("k", &args.clone().query().at(T0 + 200_000));
+    assert_eq!((query.first, query.debt), (400_000, 400_000));
+}
+
+#[test]
+fn written_value_is_52_bytes_with_the_marker() {
+    let mut fx = fixture();
+    assert_eq!(fx.run("k", &Args::bursty("5", 1_000_000).at(T0)), 0);
+    let raw = fx.raw("k");
+    assert_eq!(raw.len(), STATE_LEN);
+    assert_eq!(STATE_LEN, 52);
+    assert_eq!(&raw[..4], b"thr1");
+    assert_eq!(&raw[..4], MARKER);
+    let state = LimiterState::decode(&raw).unwrap();
+    assert_eq!(state.last_now_micros, T0 as f64);
+    assert_eq!(state.encode(), raw);
 }
 
 #[test]
@@ -265,6 +470,17 @@ fn warming_up_sequence_with_explicit_now() {
     }
     assert_eq!(waits, [0, 1_375_000, 1_125_000, 875_000, 625_000, 500_000]);
     assert_eq!(fx.state("w").max_permits, 8.0);
+    // A seventh permit, at the sixth one's moment: it waits for the sixth
+    // one's charge and, like every permit so far (8 were stored), spends a
+    // stored one at the stable price, below the threshold of 4.
+    let reply = fx.call("w", &Args::warming_up("2", 4_000_000, "3").at(now));
+    assert_eq!((reply.first, reply.debt), (500_000, 1_000_000));
+    let token = reply.token();
+    assert_eq!(token.spent_stored, 1.0);
+    assert_eq!(token.moment_micros, (now + 500_000) as f64);
+    assert_eq!(token.stored_before, 2.0);
+    assert_eq!(token.stored_after, 1.0);
+    assert_eq!(token.max_permits, 8.0);
 }
 
 #[test]
@@ -440,8 +656,18 @@ fn state_is_stored_exactly() {
         (before + 1_000_000..=after + 1_000_000).contains(&next),
         "next {next} not within [{before}, {after}] + 1 s"
     );
-    // A query at now = 0 replies with the ticket itself: to the microsecond.
-    assert_eq!(fx.run("k", &args.clone().query().at(0)), next as i64);
+    // A query at now = 0 reads the key's latest clock instead (time never
+    // runs backwards) and replies with the ticket minus that: to the
+    // microsecond.
+    let last_now = fx.state("k").last_now_micros;
+    assert!(
+        (before as f64..=after as f64).contains(&last_now),
+        "{last_now}"
+    );
+    assert_eq!(
+        fx.run("k", &args.clone().query().at(0)),
+        (next as f64 - last_now) as i64
+    );
 
     // The next reservation's wait is exactly the ticket minus the server time.
     let before = fx.server_time();
@@ -476,12 +702,63 @@ fn bad_arguments_are_errors_and_write_nothing() {
     let mut fx = fixture();
     let good = Args::bursty("5", 1_000_000).at(T0);
     let warm = Args::warming_up("5", 1_000_000, "3").at(T0);
-    let mut cases: Vec<Vec<String>> = vec![];
-    for permits in ["-1", "1.5", "abc", "", "nan", "inf", "1e17"] {
+    let mut cases: Vec<Vec<Vec<u8>>> = vec![];
+    for permits in [
+        "-1", "1.5", "abc", "", "nan", "inf", "1e17", "PROBE", "probe ", "Cancel", "resumed",
+    ] {
         cases.push(good.clone().permits(permits).to_vec());
     }
-    for timeout in ["-2", "0.5", "x", "nan", "-inf"] {
+    for timeout in ["-2", "0.5", "x", "nan", "-inf", ""] {
         cases.push(good.clone().timeout(timeout).to_vec());
+        cases.push(good.clone().query().timeout(timeout).to_vec());
+        cases.push(good.clone().probe().timeout(timeout).to_vec());
+    }
+    for debt in ["-1", "1.5", "x", "nan", "inf", "-inf", ""] {
+        cases.push(good.clone().resume(debt).to_vec());
+    }
+    // Tokens: wrong lengths, and 64 bytes that are no reservation's.
+    let token = Token {
+        stored_before: 1.0,
+        next_free_before: T0 as f64,
+        stored_after: 0.0,
+        next_free_after: (T0 + 200_000) as f64,
+        moment_micros: T0 as f64,
+        spent_stored: 1.0,
+        permits_per_second: 5.0,
+        max_permits: 5.0,
+    };
+    let bad_tokens: &[fn(&mut Token)] = &[
+        |t| t.stored_before = f64::NAN,
+        |t| t.stored_before = -1.0,
+        |t| t.stored_before = 6.0, // above max
+        |t| t.stored_after = f64::INFINITY,
+        |t| t.next_free_before = 1.5,
+        |t| t.next_free_before = (MAX_MICROS + 2) as f64,
+        |t| t.next_free_after = f64::NAN,
+        |t| t.next_free_after = (T0 - 1) as f64, // before the moment
+        |t| t.moment_micros = -1.0,
+        |t| t.moment_micros = 0.5,
+        |t| t.spent_stored = 0.5,
+        |t| t.spent_stored = 2.0,
+        |t| t.permits_per_second = 0.0,
+        |t| t.permits_per_second = f64::NAN,
+        |t| t.max_permits = f64::INFINITY,
+        |t| t.max_permits = -1.0,
+    ];
+    for corrupt in bad_tokens {
+        let mut bad = token;
+        corrupt(&mut bad);
+        cases.push(good.clone().cancel(&bad.encode()).to_vec());
+    }
+    let encoded = token.encode();
+    let bad_lengths: Vec<Vec<u8>> = vec![
+        vec![],
+        b"-1".to_vec(),
+        encoded[..TOKEN_LEN - 1].to_vec(),
+        [&encoded[..], &[0]].concat(),
+    ];
+    for bad in &bad_lengths {
+        cases.push(good.clone().cancel(bad).to_vec());
     }
     for rate in ["0", "-0", "-1", "nan", "-inf", "abc", ""] {
         cases.push(good.clone().rate(rate).to_vec());
@@ -545,13 +822,14 @@ fn bad_arguments_are_errors_and_write_nothing() {
     let dump = fx.dump("existing");
 
     for argv in &cases {
+        let args = show(argv);
         let error = fx.run_err(&["k"], argv);
-        assert!(error.contains("throttler:"), "{argv:?}: {error}");
-        assert!(!fx.exists("k"), "{argv:?} wrote the key");
+        assert!(error.contains("ERR throttler:"), "{args}: {error}");
+        assert!(!fx.exists("k"), "{args} wrote the key");
         let error = fx.run_err(&["existing"], argv);
-        assert!(error.contains("throttler:"), "{argv:?}: {error}");
-        assert_eq!(fx.dump("existing"), dump, "{argv:?} changed the key");
-        assert_eq!(fx.pttl("existing"), -1, "{argv:?} set a TTL");
+        assert!(error.contains("ERR throttler:"), "{args}: {error}");
+        assert_eq!(fx.dump("existing"), dump, "{args} changed the key");
+        assert_eq!(fx.pttl("existing"), -1, "{args} set a TTL");
     }
 
     // Wrong number of keys.
@@ -565,11 +843,39 @@ fn bad_arguments_are_errors_and_write_nothing() {
     // bad value, not for something else).
     assert_eq!(fx.run("k", &good), 0);
     assert_eq!(fx.run("w", &warm), 0);
+    assert_eq!(fx.call("k", &good.clone().cancel(&encoded)).first, 0);
+    assert_eq!(fx.run("k", &good.clone().resume(0)), 0);
+    assert_eq!(fx.run("k", &good.clone().probe().timeout(0)), 0);
 }
 
 // ---------------------------------------------------------------------------
 // Corrupted keys
 // ---------------------------------------------------------------------------
+
+/// One call in every mode, on the same configuration.
+fn every_mode(args: &Args) -> Vec<Args> {
+    let token = Token {
+        stored_before: 0.0,
+        next_free_before: T0 as f64,
+        stored_after: 0.0,
+        next_free_after: (T0 + 200_000) as f64,
+        moment_micros: T0 as f64,
+        spent_stored: 0.0,
+        permits_per_second: 5.0,
+        max_permits: 5.0,
+    };
+    vec![
+        args.clone(),
+        args.clone().permits(7),
+        args.clone().timeout(0),
+        args.clone().timeout(MAX_MICROS),
+        args.clone().query(),
+        args.clone().probe(),
+        args.clone().resume(0),
+        args.clone().resume(1_000_000),
+        args.clone().cancel(&token.encode()),
+    ]
+}
 
 #[test]
 fn key_of_another_type_is_an_error_and_kept() {
@@ -587,107 +893,724 @@ fn key_of_another_type_is_an_error_and_kept() {
         .unwrap();
     for key in ["h", "l"] {
         let dump = fx.dump(key);
-        for args in [
-            Args::bursty("5", 1_000_000).at(T0),
-            Args::bursty("5", 1_000_000).query(),
-            Args::bursty("5", 1_000_000).timeout(0),
-        ] {
+        for args in every_mode(&Args::bursty("5", 1_000_000).at(T0)) {
             let error = fx.run_err(&[key], &args.to_vec());
-            assert!(error.contains("WRONGTYPE"), "{error}");
+            assert!(error.contains("WRONGTYPE"), "{args:?}: {error}");
         }
         assert_eq!(fx.dump(key), dump, "{key} was changed");
         assert_eq!(fx.pttl(key), -1);
     }
 }
 
+// ---------------------------------------------------------------------------
+// The value: format, upgrade, values that are not this limiter's
+// ---------------------------------------------------------------------------
+
 /// A change that makes a valid state invalid.
 type Corruption = fn(&mut LimiterState);
 
-#[test]
-fn corrupted_value_reads_as_missing_and_is_rewritten() {
-    let mut fx = fixture();
-    let args = Args::bursty("5", 1_000_000).at(T0);
-    let valid = LimiterState {
+/// Field changes that make a valid state invalid, in either format.
+const CORRUPTIONS: &[(&str, Corruption)] = &[
+    ("next 1.5", |s| s.next_free_micros = 1.5),
+    ("next -1", |s| s.next_free_micros = -1.0),
+    ("next 2^53 + 2", |s| {
+        s.next_free_micros = (MAX_MICROS + 2) as f64
+    }),
+    ("next inf", |s| s.next_free_micros = f64::INFINITY),
+    ("next nan", |s| s.next_free_micros = f64::NAN),
+    ("stored -5", |s| s.stored_permits = -5.0),
+    ("stored nan", |s| s.stored_permits = f64::NAN),
+    ("stored inf", |s| s.stored_permits = f64::INFINITY),
+    ("stored above max", |s| s.stored_permits = 6.0),
+    ("rate 0", |s| s.permits_per_second = 0.0),
+    ("rate -0", |s| s.permits_per_second = -0.0),
+    ("rate -1", |s| s.permits_per_second = -1.0),
+    ("rate nan", |s| s.permits_per_second = f64::NAN),
+    ("rate -inf", |s| s.permits_per_second = f64::NEG_INFINITY),
+    ("max inf", |s| s.max_permits = f64::INFINITY),
+    ("max -1", |s| s.max_permits = -1.0),
+    ("max nan", |s| s.max_permits = f64::NAN),
+    ("stored above a lower max", |s| {
+        s.max_permits = 4.0;
+        s.stored_permits = 4.5;
+    }),
+    ("expires -1", |s| s.expires_micros = -1.0),
+    ("expires inf", |s| s.expires_micros = f64::INFINITY),
+    ("expires nan", |s| s.expires_micros = f64::NAN),
+];
+
+/// A valid state with 10 s of debt at T0.
+fn valid_state() -> LimiterState {
+    LimiterState {
         stored_permits: 0.0,
         next_free_micros: (T0 + 10_000_000) as f64,
         permits_per_second: 5.0,
         max_permits: 5.0,
         expires_micros: (T0 + 60_000_000) as f64,
-    };
-    // Sanity: the valid state is read as is (10 s of debt), and as its
-    // recorded TTL end covers what the key then needs, no TTL is set.
-    fx.set_bytes("valid", &valid.encode());
-    assert_eq!(fx.run("valid", &args), 10_000_000);
-    assert_eq!(fx.state("valid").next(), T0 + 10_200_000);
-    assert_eq!(fx.pttl("valid"), -1);
+        last_now_micros: T0 as f64,
+    }
+}
 
+#[test]
+fn unrecognised_values_are_an_error_in_every_mode_and_left_untouched() {
+    let mut fx = fixture();
+    let args = Args::bursty("5", 1_000_000).at(T0);
+    let valid = valid_state();
+    // Sanity: the valid state is read as is (10 s of debt), in both formats.
+    fx.set_bytes("valid", &valid.encode());
+    assert_eq!(fx.run("valid", &args.clone().query()), 10_000_000);
+    fx.set_bytes("valid", &valid.encode_v0());
+    assert_eq!(fx.run("valid", &args.clone().query()), 10_000_000);
+
+    let v1 = valid.encode();
+    let mut no_marker = v1.clone();
+    no_marker[..4].copy_from_slice(b"THR1");
+    let mut other_marker = v1.clone();
+    other_marker[..4].copy_from_slice(b"thr2");
     let mut cases: Vec<(String, Vec<u8>)> = vec![
         ("someone else's string".into(), b"garbage".to_vec()),
         ("empty".into(), vec![]),
+        ("one byte".into(), vec![0]),
+        ("v1 one byte short".into(), v1[..STATE_LEN - 1].to_vec()),
+        ("v1 one byte long".into(), [&v1[..], &[0]].concat()),
         (
-            "one byte short".into(),
-            valid.encode()[..STATE_LEN - 1].to_vec(),
+            "v0 one byte short".into(),
+            v1[4..4 + V0_STATE_LEN - 1].to_vec(),
         ),
-        ("one byte long".into(), [valid.encode(), vec![0]].concat()),
-        ("text".into(), vec![b'7'; STATE_LEN]),
+        (
+            "v0 one byte long".into(),
+            v1[4..4 + V0_STATE_LEN + 1].to_vec(),
+        ),
+        ("52 bytes of text".into(), vec![b'7'; STATE_LEN]),
+        ("40 bytes of text".into(), vec![b'7'; V0_STATE_LEN]),
+        ("40 bytes of NaN".into(), [0xff; V0_STATE_LEN].to_vec()),
+        ("52 bytes, marker THR1".into(), no_marker),
+        ("52 bytes, marker thr2".into(), other_marker),
+        (
+            "v1 fields without the marker, padded".into(),
+            [&v1[4..], &[0; 4]].concat(),
+        ),
+        ("64 bytes (a token)".into(), vec![0; TOKEN_LEN]),
     ];
-    let corruptions: &[(&str, Corruption)] = &[
-        ("next 1.5", |s| s.next_free_micros = 1.5),
-        ("next -1", |s| s.next_free_micros = -1.0),
-        ("next 2^53 + 2", |s| {
-            s.next_free_micros = (MAX_MICROS + 2) as f64
-        }),
-        ("next inf", |s| s.next_free_micros = f64::INFINITY),
-        ("next nan", |s| s.next_free_micros = f64::NAN),
-        ("stored -5", |s| s.stored_permits = -5.0),
-        ("stored nan", |s| s.stored_permits = f64::NAN),
-        ("stored inf", |s| s.stored_permits = f64::INFINITY),
-        ("stored above max", |s| s.stored_permits = 6.0),
-        ("rate 0", |s| s.permits_per_second = 0.0),
-        ("rate -0", |s| s.permits_per_second = -0.0),
-        ("rate -1", |s| s.permits_per_second = -1.0),
-        ("rate nan", |s| s.permits_per_second = f64::NAN),
-        ("rate -inf", |s| s.permits_per_second = f64::NEG_INFINITY),
-        ("max inf", |s| s.max_permits = f64::INFINITY),
-        ("max -1", |s| s.max_permits = -1.0),
-        ("max nan", |s| s.max_permits = f64::NAN),
-        ("stored above a lower max", |s| {
-            s.max_permits = 4.0;
-            s.stored_permits = 4.5;
-        }),
-        ("expires -1", |s| s.expires_micros = -1.0),
-        ("expires inf", |s| s.expires_micros = f64::INFINITY),
-        ("expires nan", |s| s.expires_micros = f64::NAN),
-    ];
-    for (name, corrupt) in corruptions {
+    for (name, corrupt) in CORRUPTIONS {
         let mut state = valid;
         corrupt(&mut state);
-        cases.push((name.to_string(), state.encode()));
+        cases.push((format!("v1 {name}"), state.encode()));
+        cases.push((format!("v0 {name}"), state.encode_v0()));
+    }
+    let last_now: &[(&str, Corruption)] = &[
+        ("last_now 1.5", |s| s.last_now_micros = 1.5),
+        ("last_now -1", |s| s.last_now_micros = -1.0),
+        ("last_now nan", |s| s.last_now_micros = f64::NAN),
+        ("last_now inf", |s| s.last_now_micros = f64::INFINITY),
+        ("last_now 2^53 + 2", |s| {
+            s.last_now_micros = (MAX_MICROS + 2) as f64
+        }),
+    ];
+    for (name, corrupt) in last_now {
+        let mut state = valid;
+        corrupt(&mut state);
+        cases.push((format!("v1 {name}"), state.encode()));
     }
     for (i, (name, value)) in cases.iter().enumerate() {
         let key = format!("c{i}");
         fx.set_bytes(&key, value);
+        fx.pexpire(&key, 100_000);
         let dump = fx.dump(&key);
-        // A query sees a missing key and writes nothing.
-        assert_eq!(fx.run(&key, &args.clone().query()), 0, "{name}");
-        assert_eq!(fx.dump(&key), dump, "{name}: the query wrote");
-        // A reservation resets it: full (5), one spent, ticket now, and a
-        // new TTL: twice the 200 ms to refill the permit plus 2 ms.
-        assert_eq!(fx.run(&key, &args), 0, "{name}");
-        assert_eq!(
-            fx.state(&key),
-            LimiterState {
-                stored_permits: 4.0,
-                next_free_micros: T0 as f64,
-                permits_per_second: 5.0,
-                max_permits: 5.0,
-                expires_micros: (T0 + 404_000) as f64,
-            },
-            "{name}"
-        );
+        for mode in every_mode(&args) {
+            let error = fx.run_err(&[&key], &mode.to_vec());
+            assert_unrecognised(&error, &format!("{name}, {mode:?}"));
+            assert!(
+                error.contains(&format!("key {key} "))
+                    && error.contains(&format!("({} bytes)", value.len())),
+                "{name}: {error}"
+            );
+            assert_eq!(fx.raw(&key), *value, "{name}, {mode:?}: the value changed");
+            assert_eq!(fx.dump(&key), dump, "{name}, {mode:?}: the key changed");
+        }
         let pttl = fx.pttl(&key);
-        assert!((300..=404).contains(&pttl), "{name}: PTTL {pttl}");
+        assert!((90_000..=100_000).contains(&pttl), "{name}: PTTL {pttl}");
     }
+}
+
+#[test]
+fn old_40_byte_value_is_read_and_upgraded_in_place() {
+    let mut fx = fixture();
+    let args = Args::bursty("5", 1_000_000);
+    // The same state, as v1 (that has seen no clock) and in the previous
+    // format; with a TTL from outside that outlasts what the keys need.
+    let state = LimiterState {
+        stored_permits: 2.5,
+        next_free_micros: (T0 + 300_000) as f64,
+        permits_per_second: 5.0,
+        max_permits: 5.0,
+        expires_micros: (T0 + 60_000_000) as f64,
+        last_now_micros: 0.0,
+    };
+    fx.set_bytes("v1", &state.encode());
+    fx.set_bytes("v0", &state.encode_v0());
+    fx.pexpire("v1", 50_000);
+    fx.pexpire("v0", 50_000);
+
+    // A query and a refused try read it and write nothing.
+    for key in ["v0", "v1"] {
+        assert_eq!(fx.run(key, &args.clone().query().at(T0)), 300_000);
+        assert_eq!(fx.run(key, &args.clone().timeout(0).at(T0)), -1);
+    }
+    assert_eq!(fx.raw("v0"), state.encode_v0());
+
+    // The same calls give the same replies, and from the first write on the
+    // old value is a v1 value with the same fields.
+    let calls = [
+        args.clone().at(T0 + 100_000),
+        args.clone().permits(3).at(T0 + 500_000),
+        args.clone().rate("10").at(T0 + 500_000),
+        args.clone().timeout(0).at(T0 + 600_000),
+        args.clone().at(T0 + 5_000_000),
+    ];
+    for (i, call) in calls.iter().enumerate() {
+        let on_v1 = fx.call("v1", call);
+        let on_v0 = fx.call("v0", call);
+        assert_eq!(on_v0, on_v1, "call {i}: {call:?}");
+        let raw = fx.raw("v0");
+        assert_eq!(raw.len(), STATE_LEN, "call {i}");
+        assert_eq!(raw, fx.raw("v1"), "call {i}");
+    }
+    // Written with the time it saw; the TTL was kept throughout.
+    let upgraded = fx.state("v0");
+    assert_eq!(upgraded.last_now_micros, (T0 + 5_000_000) as f64);
+    assert_eq!(upgraded.permits_per_second, 5.0); // 10/s, then back
+    let pttl = fx.pttl("v0");
+    assert!((49_000..=50_000).contains(&pttl), "PTTL {pttl}");
+}
+
+// ---------------------------------------------------------------------------
+// The clock
+// ---------------------------------------------------------------------------
+
+#[test]
+fn time_going_backwards_reads_as_the_latest_time() {
+    let mut fx = fixture();
+    let args = Args::bursty("5", 0); // no burst: 200 ms per permit
+    assert_eq!(fx.run("k", &args.clone().at(T0)), 0);
+    assert_eq!(fx.run("k", &args.clone().at(T0)), 200_000); // next: T0 + 400 ms
+    let before = fx.raw("k");
+
+    // 10 s back reads as T0: the debt is 400 ms, not 10.4 s.
+    let back = T0 - 10_000_000;
+    assert_eq!(fx.call("k", &args.clone().query().at(back)).debt, 400_000);
+    assert_eq!(
+        fx.call("k", &args.clone().timeout(399_999).at(back)).debt,
+        400_000
+    );
+    assert_eq!(fx.raw("k"), before, "a query or a refused try wrote");
+    assert_eq!(
+        fx.run("k", &args.clone().timeout(400_000).at(back)),
+        400_000
+    );
+    let state = fx.state("k");
+    assert_eq!(state.next(), T0 + 600_000);
+    assert_eq!(state.last_now_micros, T0 as f64);
+    // The TTL is counted on the clock as read: until that clock reaches the
+    // ticket (10.6 s, + 2 ms), plus 1 s of slack.
+    assert_eq!(state.expires_micros, (back + 11_602_000) as f64);
+    let pttl = fx.pttl("k");
+    assert!((11_500..=11_602).contains(&pttl), "PTTL {pttl}");
+
+    // Forward again, but not past T0 + 600 ms, then back a little: the
+    // latest time stands.
+    assert_eq!(fx.run("k", &args.clone().at(T0 + 100_000)), 500_000);
+    assert_eq!(fx.run("k", &args.clone().query().at(T0 + 50_000)), 700_000);
+    assert_eq!(fx.run("k", &args.clone().query().at(0)), 700_000);
+    assert_eq!(fx.state("k").last_now_micros, (T0 + 100_000) as f64);
+
+    // A step forwards reads as idle time: at most one burst.
+    let burst = Args::bursty("5", 1_000_000);
+    assert_eq!(fx.run("f", &burst.clone().permits(5).at(T0)), 0);
+    let later = T0 + 3_600_000_000;
+    assert_eq!(
+        fx.call("f", &burst.clone().permits(6).at(later)).debt,
+        200_000
+    );
+    // And back to T0 + 1 s: still an hour later, 200 ms of debt.
+    assert_eq!(fx.run("f", &burst.clone().at(T0 + 1_000_000)), 200_000);
+}
+
+// ---------------------------------------------------------------------------
+// Probe
+// ---------------------------------------------------------------------------
+
+/// Writes to the dataset since the server started (`rdb_changes_since_last_save`).
+fn changes(con: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("persistence").query(con).unwrap();
+    info.lines()
+        .find_map(|line| line.trim().strip_prefix("rdb_changes_since_last_save:"))
+        .expect("rdb_changes_since_last_save in INFO")
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn probe_writes_the_same_bytes_and_keeps_the_ttl() {
+    let mut fx = fixture();
+    let args = Args::bursty("5", 0);
+    assert_eq!(fx.run("k", &args.clone().at(T0)), 0);
+    assert_eq!(fx.run("k", &args.clone().at(T0)), 200_000); // next: T0 + 400 ms
+    fx.pexpire("k", 50_000);
+    let before = fx.raw("k");
+    // Later, earlier, at another rate, with a timeout: the value is written
+    // back as it is, and the reply is the debt.
+    for (now, rate, timeout, debt) in [
+        (T0 + 100_000, "5", "-1", 300_000),
+        (T0 - 1_000_000, "5", "-1", 400_000),
+        (T0 + 100_000, "50", "0", 300_000),
+        (T0 + 1_000_000, "5", "-1", 0),
+    ] {
+        let writes = changes(&mut fx.con);
+        let reply = fx.call(
+            "k",
+            &args.clone().rate(rate).timeout(timeout).probe().at(now),
+        );
+        assert_eq!(
+            reply,
+            Reply {
+                first: 0,
+                debt,
+                token: None
+            },
+            "at {now}"
+        );
+        assert_eq!(changes(&mut fx.con), writes + 1, "the probe did not write");
+        assert_eq!(fx.raw("k"), before, "the probe changed the value");
+    }
+    let pttl = fx.pttl("k");
+    assert!((49_000..=50_000).contains(&pttl), "PTTL {pttl}");
+    // Without a TTL, none is set.
+    fx.persist("k");
+    assert_eq!(fx.run("k", &args.clone().probe().at(T0)), 0);
+    assert_eq!(fx.pttl("k"), -1);
+    assert_eq!(fx.raw("k"), before);
+    // A query does not write.
+    let writes = changes(&mut fx.con);
+    assert_eq!(fx.run("k", &args.clone().query().at(T0)), 400_000);
+    assert_eq!(changes(&mut fx.con), writes);
+
+    // A value in the previous format is written as its v1 form: the same
+    // fields, no clock seen yet, the same TTL.
+    let old = LimiterState {
+        stored_permits: 1.5,
+        next_free_micros: (T0 + 300_000) as f64,
+        permits_per_second: 5.0,
+        max_permits: 5.0,
+        expires_micros: (T0 + 60_000_000) as f64,
+        last_now_micros: 0.0,
+    };
+    fx.set_bytes("v0", &old.encode_v0());
+    fx.pexpire("v0", 50_000);
+    assert_eq!(fx.call("v0", &args.clone().probe().at(T0)).debt, 300_000);
+    assert_eq!(fx.raw("v0"), old.encode());
+    let pttl = fx.pttl("v0");
+    assert!((49_000..=50_000).contains(&pttl), "PTTL {pttl}");
+}
+
+#[test]
+fn probe_of_a_missing_key_writes_it_as_it_reads() {
+    let mut fx = fixture();
+    fx.script.load(&mut fx.con).expect("SCRIPT LOAD");
+    let args = Args::bursty("5", 1_000_000).probe().at(T0);
+    // One transaction, so that the 4 ms TTL cannot end between the calls.
+    let mut invocation = fx.script.prepare_invoke();
+    invocation.key("m");
+    for arg in args.to_vec() {
+        invocation.arg(arg);
+    }
+    let (reply, value, pttl): (Value, Vec<u8>, i64) = redis::pipe()
+        .atomic()
+        .invoke_script(&invocation)
+        .cmd("GET")
+        .arg("m")
+        .cmd("PTTL")
+        .arg("m")
+        .query(&mut fx.con)
+        .unwrap();
+    assert_eq!(
+        Reply::decode(reply).unwrap(),
+        Reply {
+            first: 0,
+            debt: 0,
+            token: None
+        }
+    );
+    // Full, ticket now; it needs no time at all (+ 2 ms), and gets twice that.
+    assert_eq!(
+        LimiterState::decode(&value).unwrap(),
+        LimiterState {
+            stored_permits: 5.0,
+            next_free_micros: T0 as f64,
+            permits_per_second: 5.0,
+            max_permits: 5.0,
+            expires_micros: (T0 + 4_000) as f64,
+            last_now_micros: T0 as f64,
+        }
+    );
+    assert!((0..=4).contains(&pttl), "PTTL {pttl}");
+    // Whether or not it is still there, it reads as a missing key.
+    assert_eq!(fx.run("m", &Args::bursty("5", 1_000_000).at(T0)), 0);
+    assert_eq!(fx.state("m").stored_permits, 4.0);
+}
+
+#[test]
+fn probe_fails_with_oom_when_the_server_is_full() {
+    let mut fx = fixture();
+    let args = Args::bursty("5", 1_000_000).at(T0);
+    assert_eq!(fx.run("k", &args), 0);
+    fx.persist("k");
+    fx.set_bytes("filler", &[b'x'; 1_000]);
+    let dump = fx.dump("k");
+    for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query(&mut fx.con)
+            .unwrap();
+    }
+    for key in ["k", "missing"] {
+        for call in [args.clone().probe(), args.clone(), args.clone().resume(0)] {
+            let error = fx.run_err(&[key], &call.to_vec());
+            assert!(error.contains("OOM"), "{key}, {call:?}: {error}");
+        }
+    }
+    // A query writes nothing, so it still answers.
+    assert_eq!(fx.run("k", &args.clone().query()), 0);
+    assert_eq!(fx.dump("k"), dump);
+    assert!(!fx.exists("missing"));
+
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query(&mut fx.con)
+        .unwrap();
+    assert_eq!(fx.run("k", &args.clone().probe()), 0);
+}
+
+/// A port that was free a moment ago.
+fn any_free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local address").port()
+}
+
+#[test]
+fn probe_fails_with_readonly_on_a_replica() {
+    let mut fx = fixture();
+    let args = Args::bursty("5", 1_000_000).at(T0);
+    assert_eq!(fx.run("k", &args), 0);
+    fx.persist("k");
+    let port = fx.server.port().to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port], any_free_port);
+    let mut con = replica.connection();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut con)
+            .unwrap();
+        let up = info
+            .lines()
+            .any(|line| line.trim() == "master_link_status:up");
+        let synced: i64 = redis::cmd("EXISTS").arg("k").query(&mut con).unwrap();
+        if up && synced == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replica did not sync: {info}"
+        );
+        sleep(Duration::from_millis(20));
+    }
+    let value: Vec<u8> = redis::cmd("GET").arg("k").query(&mut con).unwrap();
+    assert_eq!(value, fx.raw("k"));
+
+    for key in ["k", "missing"] {
+        for call in [args.clone().probe(), args.clone(), args.clone().resume(0)] {
+            let error = eval_on(&fx.script, &mut con, &[key], &call.to_vec())
+                .map(|reply| panic!("{key}, {call:?}: expected READONLY, got {reply:?}"))
+                .unwrap_err();
+            let error = server_error(&error);
+            assert!(error.contains("READONLY"), "{key}, {call:?}: {error}");
+        }
+    }
+    // A query writes nothing, so a replica answers it.
+    let reply = eval_on(&fx.script, &mut con, &["k"], &args.clone().query().to_vec()).unwrap();
+    assert_eq!(
+        Reply::decode(reply).unwrap(),
+        Reply {
+            first: 0,
+            debt: 0,
+            token: None
+        }
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Resume
+// ---------------------------------------------------------------------------
+
+#[test]
+fn resume_drains_stored_permits_and_applies_the_debt() {
+    let mut fx = fixture();
+    let args = Args::bursty("5", 1_000_000);
+    // A missing key: written without stored permits, so no burst after an
+    // outage.
+    let reply = fx.call("m", &args.clone().resume(0).at(T0));
+    assert_eq!(
+        reply,
+        Reply {
+            first: 0,
+            debt: 0,
+            token: None
+        }
+    );
+    assert_eq!(
+        fx.state("m"),
+        LimiterState {
+            stored_permits: 0.0,
+            next_free_micros: T0 as f64,
+            permits_per_second: 5.0,
+            max_permits: 5.0,
+            // 5 permits to refill at 200 ms: 1 s + 2 ms, and 1 s of slack.
+            expires_micros: (T0 + 2_002_000) as f64,
+            last_now_micros: T0 as f64,
+        }
+    );
+    assert!(fx.pttl("m") > 1_900);
+    assert_eq!(fx.run("m", &args.clone().at(T0)), 0);
+    assert_eq!(fx.run("m", &args.clone().at(T0)), 200_000);
+
+    // Stored permits (4, and 0.5 more after 100 ms) are dropped; the debt
+    // run up locally is owed from now.
+    assert_eq!(fx.run("k", &args.clone().at(T0)), 0);
+    let reply = fx.call("k", &args.clone().resume(1_000_000).at(T0 + 100_000));
+    assert_eq!((reply.first, reply.debt), (1_000_000, 1_000_000));
+    let state = fx.state("k");
+    assert_eq!(state.stored_permits, 0.0);
+    assert_eq!(state.next(), T0 + 1_100_000);
+    assert_eq!(state.last_now_micros, (T0 + 100_000) as f64);
+    assert_eq!(fx.run("k", &args.clone().at(T0 + 100_000)), 1_000_000);
+    // A smaller debt than the key's own: the key's stands.
+    let reply = fx.call("k", &args.clone().resume(500_000).at(T0 + 100_000));
+    assert_eq!((reply.first, reply.debt), (1_200_000, 1_200_000));
+    assert_eq!(fx.state("k").next(), T0 + 1_300_000);
+
+    // At a new rate: the rate change is applied first.
+    let reply = fx.call("k", &args.clone().rate("10").resume(0).at(T0 + 10_000_000));
+    assert_eq!((reply.first, reply.debt), (0, 0));
+    let state = fx.state("k");
+    assert_eq!((state.permits_per_second, state.max_permits), (10.0, 10.0));
+    assert_eq!((state.stored_permits, state.next()), (0.0, T0 + 10_000_000));
+
+    // A debt beyond 2^53 saturates.
+    let reply = fx.call(
+        "k",
+        &args
+            .clone()
+            .rate("10")
+            .resume("100000000000000000000")
+            .at(T0 + 10_000_000),
+    );
+    let expected = i64::try_from(MAX_MICROS - T0 - 10_000_000).unwrap();
+    assert_eq!((reply.first, reply.debt), (expected, expected));
+    assert_eq!(fx.state("k").next(), MAX_MICROS);
+}
+
+// ---------------------------------------------------------------------------
+// Cancel
+// ---------------------------------------------------------------------------
+
+#[test]
+fn cancel_of_the_latest_reservation_restores_the_state_it_found() {
+    let mut fx = fixture();
+    let args = Args::bursty("5", 1_000_000);
+    assert_eq!(fx.run("k", &args.clone().at(T0)), 0); // 4 stored, ticket T0
+    let found = fx.state("k");
+    // 100 ms later: 4.5 stored spent, 1.5 fresh charged (300 ms).
+    let reply = fx.call("k", &args.clone().permits(6).at(T0 + 100_000));
+    assert_eq!((reply.first, reply.debt), (0, 300_000));
+    let token = reply.token.clone().unwrap();
+    assert_eq!(reply.token().stored_before, 4.0);
+    assert_eq!(reply.token().next_free_before, T0 as f64);
+
+    let cancel = fx.call("k", &args.clone().cancel(&token).at(T0 + 300_000));
+    assert_eq!(
+        cancel,
+        Reply {
+            first: 1,
+            debt: 0,
+            token: None
+        }
+    );
+    let state = fx.state("k");
+    assert_eq!(
+        state,
+        LimiterState {
+            // The TTL the reservation set outlasts what the key needs (it
+            // is full again by now): kept.
+            expires_micros: (T0 + 2_402_000) as f64,
+            last_now_micros: (T0 + 300_000) as f64,
+            ..found
+        }
+    );
+    // As if it had never been made: 300 ms after T0 the limiter is full.
+    assert_eq!(fx.call("k", &args.clone().at(T0 + 300_000)).debt, 0);
+    assert_eq!(fx.state("k").stored_permits, 4.0);
+
+    // Cancelling it again gives nothing back (it is no longer the latest,
+    // and its moment has passed), and writes nothing.
+    let dump = fx.dump("k");
+    let again = fx.call("k", &args.clone().cancel(&token).at(T0 + 300_000));
+    assert_eq!(
+        again,
+        Reply {
+            first: 0,
+            debt: 0,
+            token: None
+        }
+    );
+    assert_eq!(fx.dump("k"), dump);
+}
+
+#[test]
+fn cancel_of_an_earlier_reservation_returns_its_charge() {
+    let mut fx = fixture();
+    let args = Args::bursty("5", 0); // no burst: 200 ms per permit
+    assert_eq!(fx.run("k", &args.clone().at(T0)), 0);
+    let b = fx.call("k", &args.clone().at(T0)); // waits until T0 + 200 ms
+    assert_eq!(b.first, 200_000);
+    assert_eq!(fx.run("k", &args.clone().at(T0)), 400_000); // next: T0 + 600 ms
+
+    let cancel = fx.call(
+        "k",
+        &args
+            .clone()
+            .cancel(b.token.as_ref().unwrap())
+            .at(T0 + 100_000),
+    );
+    assert_eq!(
+        cancel,
+        Reply {
+            first: 2,
+            debt: 200_000,
+            token: None
+        }
+    );
+    let state = fx.state("k");
+    assert_eq!((state.stored_permits, state.next()), (0.0, T0 + 400_000));
+    assert_eq!(state.last_now_micros, (T0 + 100_000) as f64);
+    // The next caller is scheduled as if it had never been made.
+    assert_eq!(fx.run("k", &args.clone().at(T0 + 100_000)), 300_000);
+}
+
+#[test]
+fn cancel_gives_nothing_back_when_it_cannot() {
+    let mut fx = fixture();
+    let args = Args::bursty("5", 0);
+
+    // A missing key: nothing, and still missing.
+    let a = fx.call("k", &args.clone().at(T0));
+    let a_token = a.token.clone().unwrap();
+    let missing = fx.call("missing", &args.clone().cancel(&a_token).at(T0));
+    assert_eq!(
+        missing,
+        Reply {
+            first: 0,
+            debt: 0,
+            token: None
+        }
+    );
+    assert!(!fx.exists("missing"));
+
+    // Not the latest, and its moment has come: nothing.
+    assert_eq!(fx.run("k", &args.clone().at(T0)), 200_000);
+    fx.persist("k");
+    let dump = fx.dump("k");
+    let nothing = fx.call("k", &args.clone().cancel(&a_token).at(T0));
+    assert_eq!(
+        nothing,
+        Reply {
+            first: 0,
+            debt: 0,
+            token: None
+        }
+    );
+    assert_eq!(fx.dump("k"), dump);
+    assert_eq!(fx.pttl("k"), -1);
+
+    // Not the latest, and it spent stored permits (a cold warming-up
+    // limiter has a ticket ahead and permits stored): nothing.
+    let warm = Args::warming_up("2", 4_000_000, "3");
+    assert_eq!(fx.run("w", &warm.clone().at(T0)), 0);
+    let second = fx.call("w", &warm.clone().at(T0));
+    assert_eq!(second.first, 1_375_000);
+    assert_eq!(second.token().spent_stored, 1.0);
+    assert_eq!(fx.run("w", &warm.clone().at(T0)), 2_500_000);
+    fx.persist("w");
+    let dump = fx.dump("w");
+    let nothing = fx.call(
+        "w",
+        &warm.clone().cancel(second.token.as_ref().unwrap()).at(T0),
+    );
+    assert_eq!(
+        nothing,
+        Reply {
+            first: 0,
+            debt: 0,
+            token: None
+        }
+    );
+    assert_eq!(fx.dump("w"), dump);
+
+    // A malformed token is an error, and writes nothing.
+    let mut bad = second.token.clone().unwrap();
+    bad[40..48].copy_from_slice(&0.5f64.to_le_bytes()); // spent_stored
+    let error = fx.run_err(&["w"], &warm.clone().cancel(&bad).at(T0).to_vec());
+    assert!(
+        error.contains("ERR throttler:") && error.contains("token"),
+        "{error}"
+    );
+    assert_eq!(fx.dump("w"), dump);
+}
+
+#[test]
+fn cancel_across_a_rate_change_returns_the_charge_instead_of_restoring() {
+    let mut fx = fixture();
+    let args = Args::bursty("5", 0);
+    assert_eq!(fx.run("k", &args.clone().at(T0)), 0);
+    let b = fx.call("k", &args.clone().at(T0)); // the latest: next T0 + 400 ms
+    // A resume at 10/s changes the rate and nothing else (no stored permits,
+    // the ticket ahead).
+    assert_eq!(
+        fx.run("k", &args.clone().rate("10").resume(0).at(T0)),
+        400_000
+    );
+    let state = fx.state("k");
+    assert_eq!((state.stored_permits, state.next()), (0.0, T0 + 400_000));
+    assert_eq!(state.permits_per_second, 10.0);
+    // So the state is the one the reservation left, but at another rate: it
+    // is not put back; its charge is returned. A cancel applies no rate
+    // change (ARGV[3] says 5 here).
+    let cancel = fx.call("k", &args.clone().cancel(b.token.as_ref().unwrap()).at(T0));
+    assert_eq!(
+        cancel,
+        Reply {
+            first: 2,
+            debt: 200_000,
+            token: None
+        }
+    );
+    let state = fx.state("k");
+    assert_eq!((state.stored_permits, state.next()), (0.0, T0 + 200_000));
+    assert_eq!((state.permits_per_second, state.max_permits), (10.0, 0.0));
 }
 
 // ---------------------------------------------------------------------------

@@ -4,13 +4,14 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use tokio::runtime::Handle;
 
 use super::Fallback;
-use super::connection::Connection;
-use super::limiter::{Inner, RedisRateLimiter, RuntimeRef, local_rate};
+use super::backend::{Backend, RuntimeRef};
+use super::connection::{Link, Target};
+use super::fallback::Health;
+use super::limiter::{Inner, RedisRateLimiter, local_rate};
 use super::script::ScriptArgs;
 use crate::builder::{PolicyConfig, policy_setters};
 use crate::clock::{Clock, SystemClock};
@@ -27,11 +28,6 @@ pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(200);
 /// The default [`probe_interval`](RedisBuilder::probe_interval).
 pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(500);
 
-enum Target {
-    Single(redis::Client),
-    Cluster(Box<ClusterClient>),
-}
-
 /// Builds a [`RedisRateLimiter`]; see [`RedisRateLimiter::builder`].
 ///
 /// Rate and policy options are those of the local
@@ -46,6 +42,7 @@ pub struct RedisBuilder<C = SystemClock> {
     local_fraction: f64,
     response_timeout: Duration,
     probe_interval: Duration,
+    require_connection: bool,
     clock: C,
 }
 
@@ -67,6 +64,7 @@ impl RedisBuilder<SystemClock> {
             local_fraction: 1.0,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             probe_interval: DEFAULT_PROBE_INTERVAL,
+            require_connection: false,
             clock: SystemClock::new(),
         }
     }
@@ -97,10 +95,20 @@ impl<C: Clock + Clone> RedisBuilder<C> {
         self
     }
 
-    /// How often a degraded limiter PINGs Redis to see whether it is back.
-    /// Default 500 ms.
+    /// How often a degraded limiter probes Redis to see whether it is back
+    /// (a fresh connection, and the limiter's script on it). Default 500 ms.
     pub fn probe_interval(mut self, probe_interval: Duration) -> Self {
         self.probe_interval = probe_interval;
+        self
+    }
+
+    /// Whether building fails when Redis does not answer. Default `false`:
+    /// the limiter then starts degraded (its fallback serves, a warning is
+    /// logged) and switches to Redis as soon as the probe sees the script
+    /// work, so a service can start while Redis is down. Set it to fail
+    /// fast instead; bad options fail at once either way.
+    pub fn require_connection(mut self, require_connection: bool) -> Self {
+        self.require_connection = require_connection;
         self
     }
 
@@ -115,17 +123,25 @@ impl<C: Clock + Clone> RedisBuilder<C> {
             local_fraction: self.local_fraction,
             response_timeout: self.response_timeout,
             probe_interval: self.probe_interval,
+            require_connection: self.require_connection,
             clock,
         }
     }
 
-    /// Connects and creates the limiter, on the current Tokio runtime (which
-    /// needs its time driver, as `#[tokio::main]` has).
+    /// Creates the limiter on the current Tokio runtime (which needs its
+    /// time driver, as `#[tokio::main]` has), after one attempt to reach
+    /// Redis (a connection and the limiter's script, within the response
+    /// timeout).
+    ///
+    /// If Redis does not answer, the limiter starts degraded and connects in
+    /// the background (see [`require_connection`](Self::require_connection)).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for bad options or when not called inside
-    /// a Tokio runtime; [`Error::Backend`] if Redis cannot be reached.
+    /// a Tokio runtime; with `require_connection(true)`, [`Error::Backend`]
+    /// if Redis cannot be reached.
     pub async fn build(self) -> Result<RedisRateLimiter<C>, Error> {
+        self.check()?;
         let handle = Handle::try_current().map_err(|_| {
             Error::InvalidArgument(
                 "RedisBuilder::build() must run inside a Tokio runtime; \
@@ -133,16 +149,22 @@ impl<C: Clock + Clone> RedisBuilder<C> {
                     .to_owned(),
             )
         })?;
-        self.build_on(RuntimeRef::Borrowed(handle)).await
+        let require = self.require_connection;
+        let limiter = self.assemble(RuntimeRef::Borrowed(handle))?;
+        limiter.start(require).await?;
+        Ok(limiter)
     }
 
-    /// Connects and creates the limiter with a small runtime of its own (one
-    /// worker thread), for programs with no async runtime: use the
-    /// `*_blocking` methods. Also works when called from inside a runtime.
+    /// Creates the limiter with a small runtime of its own (one worker
+    /// thread), for programs with no async runtime: use the `*_blocking`
+    /// methods. Works from a plain thread, from `spawn_blocking` and from a
+    /// task of any Tokio runtime; never panics, whatever fails.
     ///
     /// # Errors
-    /// As [`build`](Self::build).
+    /// As [`build`](Self::build); [`Error::Backend`] if the runtime cannot
+    /// be started.
     pub fn build_blocking(self) -> Result<RedisRateLimiter<C>, Error> {
+        self.check()?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("throttler-redis")
@@ -154,24 +176,16 @@ impl<C: Clock + Clone> RedisBuilder<C> {
                     Some(Box::new(e)),
                 ))
             })?;
-        let handle = runtime.handle().clone();
-        let task = handle.spawn(self.connect());
-        let connected = futures::executor::block_on(task);
-        let (builder, connection) = match connected {
-            Ok(result) => result?,
-            Err(e) => {
-                return Err(Error::Backend(BackendError::new(
-                    "the connecting task failed",
-                    Some(Box::new(e)),
-                )));
-            }
-        };
-        builder.assemble(connection, RuntimeRef::Owned(Some(runtime)))
-    }
-
-    async fn build_on(self, runtime: RuntimeRef) -> Result<RedisRateLimiter<C>, Error> {
-        let (builder, connection) = self.connect().await?;
-        builder.assemble(connection, runtime)
+        let require = self.require_connection;
+        // From here on the runtime belongs to the limiter, which shuts it
+        // down without blocking when dropped, on every path.
+        let limiter = self.assemble(RuntimeRef::Owned(Some(runtime)))?;
+        let starting = RedisRateLimiter::from_arc(Arc::clone(&limiter.inner));
+        limiter
+            .inner
+            .backend
+            .block_on(async move { starting.start(require).await })??;
+        Ok(limiter)
     }
 
     fn check(&self) -> Result<(), Error> {
@@ -199,70 +213,33 @@ impl<C: Clock + Clone> RedisBuilder<C> {
         self.config.policy().map(|_| ())
     }
 
-    /// Checks the options and opens the connection, within a deadline.
-    async fn connect(self) -> Result<(Self, Connection), Error> {
-        self.check()?;
-        let deadline = (self.response_timeout * 5).max(Duration::from_secs(1));
-        let what = match &self.target {
-            Target::Single(client) => format!("Redis at {}", client.get_connection_info().addr()),
-            Target::Cluster(_) => "the Redis cluster".to_owned(),
-        };
-        let connecting = async {
-            match &self.target {
-                Target::Single(client) => {
-                    let config = ConnectionManagerConfig::new()
-                        .set_connection_timeout(Some(self.response_timeout))
-                        // Every call is bounded by `response_timeout` in the
-                        // limiter itself; a second timer per request here
-                        // would only cost time.
-                        .set_response_timeout(None)
-                        .set_number_of_retries(2)
-                        .set_min_delay(Duration::from_millis(10))
-                        .set_max_delay(self.probe_interval);
-                    ConnectionManager::new_with_config(client.clone(), config)
-                        .await
-                        .map(Connection::Single)
-                }
-                Target::Cluster(client) => {
-                    client.get_async_connection().await.map(Connection::Cluster)
-                }
-            }
-        };
-        match tokio::time::timeout(deadline, connecting).await {
-            Ok(Ok(connection)) => Ok((self, connection)),
-            Ok(Err(e)) => Err(Error::Backend(BackendError::new(
-                format!("cannot connect to {what}"),
-                Some(Box::new(e)),
-            ))),
-            Err(_) => Err(Error::Backend(BackendError::timeout(format!(
-                "cannot connect to {what}: no answer within {deadline:?}"
-            )))),
-        }
-    }
-
-    fn assemble(
-        self,
-        connection: Connection,
-        runtime: RuntimeRef,
-    ) -> Result<RedisRateLimiter<C>, Error> {
+    /// The limiter, not yet connected (degraded until
+    /// [`start`](RedisRateLimiter::start)).
+    fn assemble(self, runtime: RuntimeRef) -> Result<RedisRateLimiter<C>, Error> {
         let (policy, rate) = self.config.policy()?;
         let now = self.clock.now_micros();
         let local = RateLimiter::from_parts(
             State::new(policy.clone(), local_rate(rate, self.local_fraction), now)?,
             self.clock,
         );
-        Ok(RedisRateLimiter::from_inner(Inner {
-            key: format!("{KEY_PREFIX}{}", self.name),
-            connection,
-            script_args: ScriptArgs::new(&policy, rate),
+        let backend = Arc::new(Backend {
+            target: self.target,
+            link: Link::default(),
+            health: Health::default(),
+            runtime,
+            response_timeout: self.response_timeout,
+            probe_interval: self.probe_interval,
+        });
+        Ok(RedisRateLimiter::from_arc(Arc::new_cyclic(|this| Inner {
+            backend,
+            key: format!("{KEY_PREFIX}{}", self.name).into(),
+            script_args: Arc::new(ScriptArgs::new(&policy, rate)),
             rate_bits: AtomicU64::new(rate.to_bits()),
             fallback: self.fallback,
             local,
             local_fraction: self.local_fraction,
-            response_timeout: self.response_timeout,
-            probe_interval: self.probe_interval,
-            health: Arc::default(),
-            runtime,
-        }))
+            debt_until: AtomicU64::new(0),
+            this: this.clone(),
+        })))
     }
 }

@@ -1,21 +1,20 @@
 //! What a Redis limiter does while Redis is unavailable, and how it notices
 //! that Redis is back.
 
-use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
-
-use super::connection::Connection;
 
 /// What to do when Redis cannot be reached, times out, or fails.
 ///
 /// Whichever is chosen, the limiter then switches to *degraded* mode
 /// ([`is_degraded`](super::RedisRateLimiter::is_degraded)): calls no longer
 /// wait for Redis but are served by the fallback at once, and one background
-/// probe PINGs Redis every `probe_interval` until it answers, when calls go
-/// back to Redis. Switches are logged (`tracing`, warn and info) and counted
-/// in [`RedisStats`].
+/// probe opens a fresh connection every `probe_interval` and runs the
+/// limiter's script on it (in a mode that reserves nothing but writes, so a
+/// server that answers PING but refuses writes stays "down"). When the
+/// script works, that connection replaces the old one and calls go back to
+/// Redis. Switches are logged (`tracing`, warn and info) and counted in
+/// [`RedisStats`].
 ///
 /// A key that holds data of another type, or a call the script rejects, is
 /// not an outage: such calls return [`Error::Backend`](crate::Error::Backend)
@@ -52,7 +51,6 @@ pub struct RedisStats {
 #[derive(Debug, Default)]
 pub(crate) struct Health {
     degraded: AtomicBool,
-    closed: AtomicBool,
     fallbacks: AtomicU64,
     recoveries: AtomicU64,
     fallback_calls: AtomicU64,
@@ -68,6 +66,12 @@ impl Health {
         self.fallback_calls.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub(crate) fn set_last_error(&self, error: &str) {
+        if let Ok(mut last) = self.last_error.lock() {
+            error.clone_into(&mut last);
+        }
+    }
+
     pub(crate) fn last_error(&self) -> String {
         self.last_error
             .lock()
@@ -78,9 +82,7 @@ impl Health {
     /// Marks the limiter degraded; returns true if it was not already (the
     /// caller then starts the probe).
     pub(crate) fn degrade(&self, error: &str) -> bool {
-        if let Ok(mut last) = self.last_error.lock() {
-            error.clone_into(&mut last);
-        }
+        self.set_last_error(error);
         let switched = self
             .degraded
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
@@ -91,14 +93,10 @@ impl Health {
         switched
     }
 
-    fn recover(&self) {
+    /// Marks the limiter healthy again.
+    pub(crate) fn recover(&self) {
         self.recoveries.fetch_add(1, Ordering::Relaxed);
         self.degraded.store(false, Ordering::Release);
-    }
-
-    /// Stops the probe: the limiter is gone.
-    pub(crate) fn close(&self) {
-        self.closed.store(true, Ordering::Release);
     }
 
     pub(crate) fn stats(&self) -> RedisStats {
@@ -107,31 +105,6 @@ impl Health {
             fallbacks: self.fallbacks.load(Ordering::Relaxed),
             recoveries: self.recoveries.load(Ordering::Relaxed),
             fallback_calls: self.fallback_calls.load(Ordering::Relaxed),
-        }
-    }
-}
-
-/// PINGs Redis every `interval` (each PING bounded by `response_timeout`)
-/// until it answers, then marks the limiter healthy. Ends early if the
-/// limiter is dropped.
-pub(crate) async fn probe(
-    health: Arc<Health>,
-    mut connection: Connection,
-    key: String,
-    interval: Duration,
-    response_timeout: Duration,
-) {
-    loop {
-        tokio::time::sleep(interval).await;
-        if health.closed.load(Ordering::Acquire) {
-            return;
-        }
-        let ping_cmd = redis::cmd("PING");
-        let ping = ping_cmd.query_async::<String>(&mut connection);
-        if let Ok(Ok(_)) = tokio::time::timeout(response_timeout, ping).await {
-            health.recover();
-            tracing::info!(key = %key, "Redis answers again; the limiter is back on Redis");
-            return;
         }
     }
 }

@@ -1,22 +1,25 @@
 //! [`RedisRateLimiter`]: the algorithm runs in Redis, the waiting here.
 
 use std::fmt;
-use std::sync::Arc;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use redis::RedisResult;
 use redis::cluster::ClusterClient;
-use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
 
+use super::backend::{Backend, blocking_section};
 use super::builder::RedisBuilder;
-use super::connection::Connection;
-use super::fallback::{Fallback, Health, RedisStats, probe};
-use super::script::{self, Call, ScriptArgs};
+use super::fallback::{Fallback, RedisStats};
+use super::script::{self, Call, Reply, ScriptArgs, Token};
 use crate::clock::{Clock, SystemClock};
-use crate::core::stable_interval_micros;
+use crate::core::{micros, stable_interval_micros};
 use crate::error::{BackendError, check_permits};
-use crate::{Error, Limiter, RateLimiter};
+use crate::reservation::{GiveBackTo, Pending, Taken};
+use crate::{Error, Limiter, RateLimiter, Reservation};
 
 /// A rate limiter shared by every process that uses the same Redis key.
 ///
@@ -51,30 +54,19 @@ use crate::{Error, Limiter, RateLimiter};
 /// # Ok(()) }
 /// ```
 pub struct RedisRateLimiter<C: Clock = SystemClock> {
-    inner: Arc<Inner<C>>,
+    pub(crate) inner: Arc<Inner<C>>,
 }
 
-/// The runtime the limiter's Redis I/O and probe run on.
-pub(crate) enum RuntimeRef {
-    /// The runtime the limiter was built in.
-    Borrowed(Handle),
-    /// A runtime of its own (`build_blocking`); shut down on drop.
-    Owned(Option<Runtime>),
-}
+/// How long a round trip abandoned by its caller (dropped, or past the
+/// response timeout) is still awaited, so that a reservation applied late
+/// can be given back.
+const ORPHAN_WAIT: Duration = Duration::from_secs(30);
 
-impl RuntimeRef {
-    fn handle(&self) -> Option<Handle> {
-        match self {
-            RuntimeRef::Borrowed(handle) => Some(handle.clone()),
-            RuntimeRef::Owned(runtime) => runtime.as_ref().map(|r| r.handle().clone()),
-        }
-    }
-}
-
+/// The limiter's state, shared with its background tasks.
 pub(crate) struct Inner<C: Clock> {
-    pub(crate) key: String,
-    pub(crate) connection: Connection,
-    pub(crate) script_args: ScriptArgs,
+    pub(crate) backend: Arc<Backend>,
+    pub(crate) key: Arc<str>,
+    pub(crate) script_args: Arc<ScriptArgs>,
     /// The rate in force, as `f64` bits: passed with every call, so a change
     /// reaches Redis with the next reservation.
     pub(crate) rate_bits: AtomicU64,
@@ -83,10 +75,19 @@ pub(crate) struct Inner<C: Clock> {
     /// one waits are slept on.
     pub(crate) local: RateLimiter<C>,
     pub(crate) local_fraction: f64,
-    pub(crate) response_timeout: Duration,
-    pub(crate) probe_interval: Duration,
-    pub(crate) health: Arc<Health>,
-    pub(crate) runtime: RuntimeRef,
+    /// When the debt Redis last reported ends, on the local clock (µs): the
+    /// local fallback starts from there.
+    pub(crate) debt_until: AtomicU64,
+    /// This limiter, for the probe task (which ends when it is gone).
+    pub(crate) this: Weak<Inner<C>>,
+}
+
+/// Why a round trip gave no reply to use.
+enum Failure {
+    /// Redis answered that the call or the key is wrong: reported as is.
+    Refused(Error),
+    /// Redis is unavailable (degraded, failing, or too slow).
+    Down(Option<BackendError>),
 }
 
 /// The local fallback's rate: a share of the shared rate, never rounded to 0.
@@ -94,111 +95,322 @@ pub(crate) fn local_rate(permits_per_second: f64, local_fraction: f64) -> f64 {
     (permits_per_second * local_fraction).max(f64::from_bits(1))
 }
 
+type RoundTrip = Pin<Box<dyn Future<Output = RedisResult<Reply>> + Send>>;
+
+/// Sends a give-back for a reservation made in Redis.
+struct Canceller {
+    backend: Arc<Backend>,
+    key: Arc<str>,
+    script_args: Arc<ScriptArgs>,
+    rate: f64,
+}
+
+impl Canceller {
+    /// One round trip, bounded by the response timeout; a failure is only
+    /// logged (the reservation then stays charged: the limiter errs towards
+    /// limiting).
+    async fn cancel(self, token: Token) {
+        let Some(mut connection) = self.backend.connection() else {
+            return;
+        };
+        let call = Call::Cancel(token);
+        let sent = script::invoke(
+            &mut connection,
+            &self.key,
+            &call,
+            self.rate,
+            &self.script_args,
+        );
+        match tokio::time::timeout(self.backend.response_timeout, sent).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::debug!(key = %self.key, error = %e, "a give-back failed"),
+            Err(_) => tracing::debug!(key = %self.key, "a give-back timed out"),
+        }
+    }
+}
+
+/// A round trip in flight. If it is dropped before its reply (the caller's
+/// future was dropped, or the response timeout passed), the reply is still
+/// awaited in the background, and a reservation it carries is given back.
+struct InFlight {
+    round_trip: Option<RoundTrip>,
+    canceller: Option<Canceller>,
+}
+
+impl InFlight {
+    /// Awaits the reply (for as long as the caller does).
+    async fn reply(&mut self) -> RedisResult<Reply> {
+        let round_trip = self
+            .round_trip
+            .as_mut()
+            .expect("a round trip is awaited once");
+        let reply = round_trip.await;
+        self.round_trip = None;
+        reply
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let (Some(round_trip), Some(canceller)) = (self.round_trip.take(), self.canceller.take())
+        else {
+            return;
+        };
+        let backend = Arc::clone(&canceller.backend);
+        backend.spawn(async move {
+            if let Ok(Ok(Reply {
+                token: Some(token), ..
+            })) = tokio::time::timeout(ORPHAN_WAIT, round_trip).await
+            {
+                canceller.cancel(token).await;
+            }
+        });
+    }
+}
+
 impl<C: Clock> Inner<C> {
     fn rate(&self) -> f64 {
         f64::from_bits(self.rate_bits.load(Ordering::Relaxed))
     }
 
-    /// One call: to Redis while it is healthy, to the fallback otherwise.
-    async fn call(&self, call: Call) -> Result<Option<Duration>, Error> {
-        if let Call::Reserve { permits, .. } = call {
-            check_permits(permits)?;
+    fn canceller(&self) -> Canceller {
+        Canceller {
+            backend: Arc::clone(&self.backend),
+            key: Arc::clone(&self.key),
+            script_args: Arc::clone(&self.script_args),
+            rate: self.rate(),
         }
-        if self.health.is_degraded() {
-            return self.serve_fallback(call, None);
-        }
-        let mut connection = self.connection.clone();
-        let invocation = script::invoke(
-            &mut connection,
-            &self.key,
-            call,
-            self.rate(),
-            &self.script_args,
-        );
-        let failure = match tokio::time::timeout(self.response_timeout, invocation).await {
-            Ok(Ok(reply)) => return script::decode(reply, &self.key),
-            Ok(Err(e)) if script::is_data_error(&e) => {
-                return Err(Error::Backend(BackendError::new(
-                    format!("Redis refused the call on key {}", self.key),
-                    Some(Box::new(e)),
-                )));
-            }
-            Ok(Err(e)) => {
-                let timed_out = e.is_timeout();
-                BackendError::new(
-                    format!("Redis failed the call on key {}", self.key),
-                    Some(Box::new(e)),
-                )
-                .with_timeout(timed_out)
-            }
-            Err(_) => BackendError::timeout(format!(
-                "Redis did not answer within {:?} (key {})",
-                self.response_timeout, self.key
-            )),
-        };
-        self.degrade(&failure);
-        self.serve_fallback(call, Some(failure))
     }
 
-    /// Switches to the fallback (once) and starts the probe.
-    fn degrade(&self, failure: &BackendError) {
-        if !self.health.degrade(&failure.to_string()) {
+    /// One call to Redis, bounded by the response timeout. A failure that is
+    /// an outage degrades the limiter.
+    async fn round_trip(&self, call: Call) -> Result<Reply, Failure> {
+        if self.backend.health.is_degraded() {
+            return Err(Failure::Down(None));
+        }
+        let Some(mut connection) = self.backend.connection() else {
+            let failure = BackendError::new(
+                format!("no connection to {}", self.backend.target.describe()),
+                None,
+            );
+            self.degrade(&failure);
+            return Err(Failure::Down(Some(failure)));
+        };
+        let canceller = matches!(call, Call::Reserve { .. }).then(|| self.canceller());
+        let (key, script_args, rate) = (
+            Arc::clone(&self.key),
+            Arc::clone(&self.script_args),
+            self.rate(),
+        );
+        let mut in_flight = InFlight {
+            round_trip: Some(Box::pin(async move {
+                script::invoke(&mut connection, &key, &call, rate, &script_args).await
+            })),
+            canceller,
+        };
+        let failure =
+            match tokio::time::timeout(self.backend.response_timeout, in_flight.reply()).await {
+                Ok(Ok(reply)) => {
+                    self.note_debt(reply.debt_micros);
+                    return Ok(reply);
+                }
+                Ok(Err(e)) if script::is_data_error(&e) => {
+                    return Err(Failure::Refused(Error::Backend(BackendError::new(
+                        format!("Redis refused the call on key {}", self.key),
+                        Some(Box::new(e)),
+                    ))));
+                }
+                Ok(Err(e)) => {
+                    let timed_out = e.is_timeout();
+                    BackendError::new(
+                        format!("Redis failed the call on key {}", self.key),
+                        Some(Box::new(e)),
+                    )
+                    .with_timeout(timed_out)
+                }
+                Err(_) => BackendError::timeout(format!(
+                    "Redis did not answer within {:?} (key {})",
+                    self.backend.response_timeout, self.key
+                )),
+            };
+        // A timed-out round trip is dropped here: its reply is awaited in
+        // the background and its reservation given back.
+        drop(in_flight);
+        self.degrade(&failure);
+        Err(Failure::Down(Some(failure)))
+    }
+
+    /// Remembers when the debt Redis reported ends, on the local clock.
+    fn note_debt(&self, debt_micros: u64) {
+        let until = self.local.clock().now_micros().saturating_add(debt_micros);
+        self.debt_until.store(until, Ordering::Relaxed);
+    }
+
+    /// Reserves through Redis, or through the fallback while Redis is down.
+    async fn reserve(
+        &self,
+        permits: u32,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Reservation<'_>>, Error> {
+        check_permits(permits)?;
+        match self.round_trip(Call::Reserve { permits, timeout }).await {
+            Ok(reply) => Ok(reply.wait.map(|wait| {
+                let pending = match reply.token {
+                    Some(token) if !wait.is_zero() => Some(Pending {
+                        owner: self as &dyn GiveBackTo,
+                        taken: Taken::Redis(token),
+                    }),
+                    _ => None,
+                };
+                Reservation::new(wait, self.local.clock(), pending)
+            })),
+            Err(Failure::Refused(error)) => Err(error),
+            Err(Failure::Down(failure)) => {
+                self.backend.health.count_fallback_call();
+                match self.fallback {
+                    Fallback::Local => match timeout {
+                        None => self.local.reservation(permits).map(Some),
+                        Some(timeout) => self.local.try_reservation(permits, timeout),
+                    },
+                    Fallback::FailOpen => Ok(Some(Reservation::new(
+                        Duration::ZERO,
+                        self.local.clock(),
+                        None,
+                    ))),
+                    Fallback::FailClosed => Err(self.closed_error(failure)),
+                }
+            }
+        }
+    }
+
+    /// The current wait, from Redis or the fallback.
+    async fn query(&self) -> Result<Duration, Error> {
+        match self.round_trip(Call::Query).await {
+            Ok(reply) => Ok(reply.wait.unwrap_or_default()),
+            Err(Failure::Refused(error)) => Err(error),
+            Err(Failure::Down(failure)) => {
+                self.backend.health.count_fallback_call();
+                match self.fallback {
+                    Fallback::Local => Ok(self.local.available_in()),
+                    Fallback::FailOpen => Ok(Duration::ZERO),
+                    Fallback::FailClosed => Err(self.closed_error(failure)),
+                }
+            }
+        }
+    }
+
+    fn closed_error(&self, failure: Option<BackendError>) -> Error {
+        Error::Backend(failure.unwrap_or_else(|| {
+            BackendError::new(
+                format!(
+                    "Redis is unavailable and the limiter fails closed (key {}; last error: {})",
+                    self.key,
+                    self.backend.health.last_error()
+                ),
+                None,
+            )
+        }))
+    }
+
+    /// Switches to the fallback (once): the local fallback starts with no
+    /// stored permits and the debt Redis last reported; the probe starts.
+    pub(crate) fn degrade(&self, failure: &BackendError) {
+        if !self.backend.health.degrade(&failure.to_string()) {
             return;
         }
         tracing::warn!(
             key = %self.key,
             fallback = ?self.fallback,
             error = %failure,
-            "Redis is unavailable; serving from the fallback until it answers again"
+            "Redis is unavailable; serving from the fallback until the limiter's script works again"
         );
-        if let Some(handle) = self.runtime.handle() {
-            handle.spawn(probe(
-                Arc::clone(&self.health),
-                self.connection.clone(),
-                self.key.clone(),
-                self.probe_interval,
-                self.response_timeout,
-            ));
+        let now = self.local.clock().now_micros();
+        self.local
+            .restart_from(now.max(self.debt_until.load(Ordering::Relaxed)));
+        self.backend
+            .spawn(probe(self.this.clone(), self.backend.probe_interval));
+    }
+
+    /// One probe: a fresh connection, the script on it. On success the
+    /// connection replaces the old one and the limiter leaves degraded mode.
+    async fn try_recover(&self, call: Call) -> Result<(), BackendError> {
+        let backend = &self.backend;
+        let mut connection = backend.target.connect(backend.response_timeout).await?;
+        let probe = script::invoke(
+            &mut connection,
+            &self.key,
+            &call,
+            self.rate(),
+            &self.script_args,
+        );
+        match tokio::time::timeout(backend.response_timeout, probe).await {
+            Ok(Ok(reply)) => {
+                backend.link.replace(connection);
+                self.note_debt(reply.debt_micros);
+                Ok(())
+            }
+            // A key holding foreign data is reported by every call, but it
+            // is not an outage.
+            Ok(Err(e)) if script::is_data_error(&e) => {
+                backend.link.replace(connection);
+                Ok(())
+            }
+            Ok(Err(e)) => Err(BackendError::new(
+                format!("the probe's script failed on key {}", self.key),
+                Some(Box::new(e)),
+            )),
+            Err(_) => Err(BackendError::timeout(format!(
+                "the probe's script did not answer within {:?} (key {})",
+                backend.response_timeout, self.key
+            ))),
         }
     }
 
-    fn serve_fallback(
-        &self,
-        call: Call,
-        failure: Option<BackendError>,
-    ) -> Result<Option<Duration>, Error> {
-        self.health.count_fallback_call();
-        match (self.fallback, call) {
-            (Fallback::Local, Call::Reserve { permits, timeout: None }) => {
-                self.local.reserve(permits).map(Some)
+    /// What the probe asks of the script: after serving locally, resume
+    /// (no burst, carry the local debt); after refusing everything, only
+    /// prove the script works.
+    fn recovery_call(&self) -> Call {
+        match self.fallback {
+            Fallback::FailClosed => Call::Probe,
+            Fallback::Local | Fallback::FailOpen => {
+                let local_debt = micros(self.local.available_in());
+                Call::Resume {
+                    debt_micros: (local_debt as f64 * self.local_fraction) as u64,
+                }
             }
-            (Fallback::Local, Call::Reserve { permits, timeout: Some(timeout) }) => {
-                self.local.try_reserve(permits, timeout)
-            }
-            (Fallback::Local, Call::Query) => Ok(Some(self.local.available_in())),
-            (Fallback::FailOpen, _) => Ok(Some(Duration::ZERO)),
-            (Fallback::FailClosed, _) => Err(Error::Backend(failure.unwrap_or_else(|| {
-                BackendError::new(
-                    format!(
-                        "Redis is unavailable and the limiter fails closed (key {}; last error: {})",
-                        self.key,
-                        self.health.last_error()
-                    ),
-                    None,
-                )
-            }))),
         }
     }
 }
 
-impl<C: Clock> Drop for Inner<C> {
-    fn drop(&mut self) {
-        self.health.close();
-        if let RuntimeRef::Owned(runtime) = &mut self.runtime {
-            if let Some(runtime) = runtime.take() {
-                // Never blocks, so dropping the limiter is fine anywhere.
-                runtime.shutdown_background();
+/// Probes every `interval` until the limiter's script works on a fresh
+/// connection, then marks the limiter healthy. Ends when the limiter is
+/// dropped.
+async fn probe<C: Clock>(limiter: Weak<Inner<C>>, interval: Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        let Some(inner) = limiter.upgrade() else {
+            return;
+        };
+        let call = inner.recovery_call();
+        match inner.try_recover(call).await {
+            Ok(()) => {
+                inner.backend.health.recover();
+                tracing::info!(key = %inner.key, "the limiter's script works again; back on Redis");
+                return;
             }
+            Err(e) => inner.backend.health.set_last_error(&e.to_string()),
+        }
+    }
+}
+
+impl<C: Clock> GiveBackTo for Inner<C> {
+    fn give_back(&self, taken: Taken) {
+        match taken {
+            Taken::Redis(token) => {
+                let canceller = self.canceller();
+                self.backend.spawn(canceller.cancel(token));
+            }
+            other => self.local.give_back(other),
         }
     }
 }
@@ -219,33 +431,58 @@ impl RedisRateLimiter<SystemClock> {
 }
 
 /// # Reserving and waiting
+///
+/// # Cancel safety
+///
+/// Every async method here is cancel-safe. A round trip whose future is
+/// dropped still runs in Redis (the command was sent): its reply is awaited
+/// in the background (up to 30 s) and a reservation it made is given back
+/// as soon as it arrives, as it is when a round trip outlives the response
+/// timeout and the fallback serves the call instead. A reservation dropped
+/// before its wait has passed is given back by one call to the same script,
+/// sent in the background. When a give-back cannot be delivered (Redis down,
+/// or a reply later than 30 s), the reservation stays charged: the limiter
+/// errs towards limiting, never towards granting twice.
 impl<C: Clock> RedisRateLimiter<C> {
-    pub(crate) fn from_inner(inner: Inner<C>) -> Self {
-        RedisRateLimiter {
-            inner: Arc::new(inner),
+    pub(crate) fn from_arc(inner: Arc<Inner<C>>) -> Self {
+        RedisRateLimiter { inner }
+    }
+
+    /// The first attempt to reach Redis: a fresh connection and the
+    /// script's probe on it. On failure the limiter starts degraded (or,
+    /// when `require` is set, building fails).
+    pub(crate) async fn start(&self, require: bool) -> Result<(), Error> {
+        let inner = &self.inner;
+        match inner.try_recover(Call::Probe).await {
+            Ok(()) => Ok(()),
+            Err(failure) if require => Err(Error::Backend(failure)),
+            Err(failure) => {
+                inner.degrade(&failure);
+                Ok(())
+            }
         }
     }
 
     /// Reserves `permits` and returns the wait before they may be used.
-    /// Does not sleep.
+    /// Does not sleep. The permits are the caller's: nothing gives them back
+    /// (see [`reservation`](Self::reservation)).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: see the [section above](#cancel-safety).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0; [`Error::Backend`] if
     /// Redis fails and the fallback is [`Fallback::FailClosed`], or the key
     /// holds something else.
     pub async fn reserve(&self, permits: u32) -> Result<Duration, Error> {
-        let reserved = self
-            .inner
-            .call(Call::Reserve {
-                permits,
-                timeout: None,
-            })
-            .await?;
-        Ok(reserved.unwrap_or_default())
+        Ok(self.reservation(permits).await?.commit())
     }
 
     /// Reserves `permits` if the wait fits in `timeout` and returns it;
     /// `None`, reserving nothing, otherwise. Does not sleep.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: see the [section above](#cancel-safety).
     ///
     /// # Errors
     /// As [`reserve`](Self::reserve).
@@ -254,37 +491,82 @@ impl<C: Clock> RedisRateLimiter<C> {
         permits: u32,
         timeout: Duration,
     ) -> Result<Option<Duration>, Error> {
-        self.inner
-            .call(Call::Reserve {
-                permits,
-                timeout: Some(timeout),
-            })
-            .await
+        Ok(self
+            .try_reservation(permits, timeout)
+            .await?
+            .map(Reservation::commit))
+    }
+
+    /// Reserves `permits` as a [`Reservation`]: wait for it, or drop it to
+    /// give the permits back.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: see the [section above](#cancel-safety).
+    ///
+    /// # Errors
+    /// As [`reserve`](Self::reserve).
+    pub async fn reservation(&self, permits: u32) -> Result<Reservation<'_>, Error> {
+        let reserved = self.inner.reserve(permits, None).await?;
+        Ok(reserved
+            .unwrap_or_else(|| Reservation::new(Duration::ZERO, self.inner.local.clock(), None)))
+    }
+
+    /// [`reservation`](Self::reservation) if the permits can be used within
+    /// `timeout`; `None`, reserving nothing, otherwise.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: see the [section above](#cancel-safety).
+    ///
+    /// # Errors
+    /// As [`reserve`](Self::reserve).
+    pub async fn try_reservation(
+        &self,
+        permits: u32,
+        timeout: Duration,
+    ) -> Result<Option<Reservation<'_>>, Error> {
+        self.inner.reserve(permits, Some(timeout)).await
     }
 
     /// Reserves `permits` and sleeps for the wait; returns the time slept.
     ///
+    /// # Cancel safety
+    /// Cancel-safe: dropping the future gives back what it had taken (see
+    /// the [section above](#cancel-safety)), so
+    /// `tokio::time::timeout(d, limiter.acquire(n))` bounds a wait correctly.
+    ///
     /// # Errors
     /// As [`reserve`](Self::reserve).
     pub async fn acquire(&self, permits: u32) -> Result<Duration, Error> {
-        Limiter::acquire(self, permits).await
+        Ok(self.reservation(permits).await?.wait().await)
     }
 
     /// Acquires `permits` if the wait fits in `timeout`, sleeping for it;
     /// returns `false` at once, reserving nothing, otherwise.
     ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`acquire`](Self::acquire).
+    ///
     /// # Errors
     /// As [`reserve`](Self::reserve).
     pub async fn try_acquire(&self, permits: u32, timeout: Duration) -> Result<bool, Error> {
-        Limiter::try_acquire(self, permits, timeout).await
+        match self.try_reservation(permits, timeout).await? {
+            Some(reservation) => {
+                reservation.wait().await;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     /// How long a request made now would wait; reserves nothing.
     ///
+    /// # Cancel safety
+    /// Cancel-safe: it changes nothing.
+    ///
     /// # Errors
     /// As [`reserve`](Self::reserve), but never for the arguments.
     pub async fn available_in(&self) -> Result<Duration, Error> {
-        Ok(self.inner.call(Call::Query).await?.unwrap_or_default())
+        self.inner.query().await
     }
 }
 
@@ -293,24 +575,21 @@ impl<C: Clock> RedisRateLimiter<C> {
 /// For threads that are not async tasks. The Redis call runs on the
 /// limiter's runtime (its own if built with
 /// [`build_blocking`](RedisBuilder::build_blocking)) and the calling thread
-/// sleeps for the wait.
+/// sleeps for the wait. They work from a plain thread, from
+/// `spawn_blocking`, and from a task of a multi-thread Tokio runtime (the
+/// worker hands its other tasks to another thread while it blocks).
 impl<C: Clock> RedisRateLimiter<C> {
     /// [`acquire`](Self::acquire) on the calling thread.
     ///
     /// # Errors
     /// As [`reserve`](Self::reserve); also [`Error::InvalidArgument`] when
-    /// called on a current-thread Tokio runtime that the limiter uses (it
-    /// would deadlock): use `acquire().await` there.
+    /// called on a thread of a current-thread Tokio runtime that the limiter
+    /// runs on (it would stop that runtime): use `acquire().await` there.
     pub fn acquire_blocking(&self, permits: u32) -> Result<Duration, Error> {
-        let wait = self
-            .run_blocking(Call::Reserve {
-                permits,
-                timeout: None,
-            })?
-            .unwrap_or_default();
-        if !wait.is_zero() {
-            self.inner.local.clock().sleep_blocking(wait);
-        }
+        check_permits(permits)?;
+        let wait =
+            self.run_blocking(move |limiter| async move { limiter.reserve(permits).await })?;
+        self.sleep_blocking(wait);
         Ok(wait)
     }
 
@@ -319,46 +598,28 @@ impl<C: Clock> RedisRateLimiter<C> {
     /// # Errors
     /// As [`acquire_blocking`](Self::acquire_blocking).
     pub fn try_acquire_blocking(&self, permits: u32, timeout: Duration) -> Result<bool, Error> {
-        match self.run_blocking(Call::Reserve {
-            permits,
-            timeout: Some(timeout),
-        })? {
-            Some(wait) => {
-                if !wait.is_zero() {
-                    self.inner.local.clock().sleep_blocking(wait);
-                }
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        check_permits(permits)?;
+        let wait = self.run_blocking(move |limiter| async move {
+            limiter.try_reserve(permits, timeout).await
+        })?;
+        Ok(wait.map(|wait| self.sleep_blocking(wait)).is_some())
     }
 
-    fn run_blocking(&self, call: Call) -> Result<Option<Duration>, Error> {
-        let Some(handle) = self.inner.runtime.handle() else {
-            return Err(shut_down());
-        };
-        if matches!(self.inner.runtime, RuntimeRef::Borrowed(_))
-            && Handle::try_current()
-                .is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::CurrentThread)
-        {
-            return Err(Error::InvalidArgument(
-                "a blocking call on a current-thread Tokio runtime would deadlock: \
-                 use the async method (e.g. acquire().await), or build the limiter \
-                 with build_blocking()"
-                    .to_owned(),
-            ));
-        }
-        let inner = Arc::clone(&self.inner);
-        let task = handle.spawn(async move { inner.call(call).await });
-        futures::executor::block_on(task).unwrap_or_else(|_| Err(shut_down()))
+    /// Runs one call on the limiter's runtime while this thread blocks.
+    fn run_blocking<T, F>(&self, call: impl FnOnce(RedisRateLimiter<C>) -> F) -> Result<T, Error>
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<T, Error>> + Send + 'static,
+    {
+        let limiter = RedisRateLimiter::from_arc(Arc::clone(&self.inner));
+        self.inner.backend.block_on(call(limiter))?
     }
-}
 
-fn shut_down() -> Error {
-    Error::Backend(BackendError::new(
-        "the limiter's Tokio runtime has shut down",
-        None,
-    ))
+    fn sleep_blocking(&self, wait: Duration) {
+        if !wait.is_zero() {
+            blocking_section(|| self.inner.local.clock().sleep_blocking(wait));
+        }
+    }
 }
 
 /// # Rate and health
@@ -389,12 +650,12 @@ impl<C: Clock> RedisRateLimiter<C> {
     /// Whether calls are being served by the fallback because Redis is
     /// unavailable.
     pub fn is_degraded(&self) -> bool {
-        self.inner.health.is_degraded()
+        self.inner.backend.health.is_degraded()
     }
 
     /// Health counters: fallbacks, recoveries, calls served by the fallback.
     pub fn stats(&self) -> RedisStats {
-        self.inner.health.stats()
+        self.inner.backend.health.stats()
     }
 
     /// The Redis key holding this limiter's state (`throttler:{name}`).
@@ -415,6 +676,18 @@ impl<C: Clock> Limiter for RedisRateLimiter<C> {
         timeout: Duration,
     ) -> Result<Option<Duration>, Error> {
         RedisRateLimiter::<C>::try_reserve(self, permits, timeout).await
+    }
+
+    async fn reservation(&self, permits: u32) -> Result<Reservation<'_>, Error> {
+        RedisRateLimiter::<C>::reservation(self, permits).await
+    }
+
+    async fn try_reservation(
+        &self,
+        permits: u32,
+        timeout: Duration,
+    ) -> Result<Option<Reservation<'_>>, Error> {
+        RedisRateLimiter::<C>::try_reservation(self, permits, timeout).await
     }
 
     async fn available_in(&self) -> Result<Duration, Error> {

@@ -31,6 +31,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod backend;
 mod builder;
 mod connection;
 mod fallback;
@@ -40,3 +41,4 @@ mod script;
 pub use builder::{DEFAULT_PROBE_INTERVAL, DEFAULT_RESPONSE_TIMEOUT, KEY_PREFIX, RedisBuilder};
 pub use fallback::{Fallback, RedisStats};
 pub use limiter::RedisRateLimiter;
+pub use script::Token;

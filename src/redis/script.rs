@@ -3,17 +3,17 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind};
+use redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, Value};
 
 use super::connection::Connection;
-use crate::Error;
 use crate::core::{Policy, micros};
-use crate::error::BackendError;
 
 /// The reservation script, hashed once. [`invoke`] sends EVALSHA and, on
-/// NOSCRIPT, loads the script and retries.
-static RESERVE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/reserve.lua")));
+/// NOSCRIPT, EVAL with the text.
+static RESERVE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCE));
+
+/// The script's text.
+const SOURCE: &str = include_str!("../../lua/reserve.lua");
 
 /// The arguments that describe the limiter (ARGV[3..=6]), written out once
 /// when the limiter is built, so that a call formats only what changes with
@@ -56,8 +56,9 @@ fn number_text(value: f64) -> String {
     }
 }
 
-/// What a call asks of the script.
-#[derive(Debug, Clone, Copy)]
+/// What a call asks of the script (its modes; see the header of
+/// `lua/reserve.lua`).
+#[derive(Debug, Clone)]
 pub(crate) enum Call {
     /// Reserve `permits`; with a timeout, only if the wait fits in it.
     Reserve {
@@ -66,46 +67,118 @@ pub(crate) enum Call {
     },
     /// Read the current wait; write nothing.
     Query,
+    /// Prove the script can read and write the key, changing nothing.
+    Probe,
+    /// Back from a fallback: drop the key's stored permits and carry the
+    /// fallback's debt, in µs at the shared rate.
+    Resume { debt_micros: u64 },
+    /// Give back a reservation.
+    Cancel(Token),
 }
 
-/// Runs the script once (one round trip; three on NOSCRIPT: SCRIPT LOAD and
-/// the retry) and returns its raw reply: the wait in microseconds, or -1 for
-/// a refused try.
-pub(crate) async fn invoke(
-    connection: &mut Connection,
-    key: &str,
-    call: Call,
-    permits_per_second: f64,
-    args: &ScriptArgs,
-) -> RedisResult<i64> {
-    let cmd = evalsha(key, call, permits_per_second, args);
-    match cmd.query_async(connection).await {
-        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            RESERVE.load_async(connection).await?;
-            cmd.query_async(connection).await
-        }
-        reply => reply,
+/// The script's record of one reservation in Redis, as its reply carries
+/// it: what [`Call::Cancel`] sends back to give it back.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(Box<[u8; TOKEN_LEN]>);
+
+/// Eight little-endian doubles.
+const TOKEN_LEN: usize = 64;
+
+impl Token {
+    fn from_bytes(bytes: &[u8]) -> Option<Token> {
+        let bytes: [u8; TOKEN_LEN] = bytes.try_into().ok()?;
+        Some(Token(Box::new(bytes)))
     }
 }
 
-/// `EVALSHA <sha> 1 <key> <ARGV...>`, written straight into one command
-/// buffer (the arguments are short: this is one allocation for the bytes
-/// and one for their offsets).
-fn evalsha(key: &str, call: Call, permits_per_second: f64, args: &ScriptArgs) -> Cmd {
-    let (permits, timeout_micros) = match call {
-        Call::Reserve { permits, timeout } => (permits, timeout.map_or(-1, |t| micros(t) as i64)),
-        Call::Query => (0, -1),
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(..)")
+    }
+}
+
+/// The script's reply, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Reply {
+    /// The wait for a granted reservation or a query, `None` for a refused
+    /// try. For a cancel: 1 restored, 2 returned, 0 nothing (as µs, unused).
+    pub(crate) wait: Option<Duration>,
+    /// How far the key's ticket lies ahead of the server's clock after the
+    /// call, in µs.
+    pub(crate) debt_micros: u64,
+    /// A granted reservation's record.
+    pub(crate) token: Option<Token>,
+}
+
+/// Runs the script once (one round trip; two on NOSCRIPT, the second an
+/// EVAL of the script's text, routed like the first by its key, which
+/// also caches it on that server) and decodes its reply.
+pub(crate) async fn invoke(
+    connection: &mut Connection,
+    key: &str,
+    call: &Call,
+    permits_per_second: f64,
+    args: &ScriptArgs,
+) -> RedisResult<Reply> {
+    let mut cmd = command(
+        "EVALSHA",
+        RESERVE.get_hash(),
+        key,
+        call,
+        permits_per_second,
+        args,
+    );
+    let value = match cmd.query_async::<Value>(connection).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            cmd = command("EVAL", SOURCE, key, call, permits_per_second, args);
+            cmd.query_async::<Value>(connection).await?
+        }
+        reply => reply?,
     };
-    let mut cmd = Cmd::with_capacity(10, 128 + key.len());
-    cmd.arg("EVALSHA").arg(RESERVE.get_hash()).arg("1").arg(key);
-    match permits {
-        1 => cmd.arg("1"),
-        _ => cmd.arg(permits),
-    };
-    match timeout_micros {
-        -1 => cmd.arg("-1"),
-        _ => cmd.arg(timeout_micros),
-    };
+    decode(value).ok_or_else(|| {
+        redis::RedisError::from((
+            ErrorKind::Parse,
+            "throttler: unexpected reply from the limiter script",
+        ))
+    })
+}
+
+/// `EVALSHA <sha> 1 <key> <ARGV...>` (or `EVAL <source> ...`), written
+/// straight into one command buffer.
+fn command(
+    verb: &str,
+    script: &str,
+    key: &str,
+    call: &Call,
+    permits_per_second: f64,
+    args: &ScriptArgs,
+) -> Cmd {
+    let mut cmd = Cmd::with_capacity(10, 128 + key.len() + script.len());
+    cmd.arg(verb).arg(script).arg("1").arg(key);
+    match call {
+        Call::Reserve { permits, timeout } => {
+            match permits {
+                1 => cmd.arg("1"),
+                _ => cmd.arg(*permits),
+            };
+            match timeout {
+                None => cmd.arg("-1"),
+                Some(t) => cmd.arg(micros(*t)),
+            };
+        }
+        Call::Query => {
+            cmd.arg("0").arg("-1");
+        }
+        Call::Probe => {
+            cmd.arg("probe").arg("-1");
+        }
+        Call::Resume { debt_micros } => {
+            cmd.arg("resume").arg(*debt_micros);
+        }
+        Call::Cancel(token) => {
+            cmd.arg("cancel").arg(&token.0[..]);
+        }
+    }
     if permits_per_second.to_bits() == args.built_rate.0 {
         cmd.arg(args.built_rate.1.as_str());
     } else {
@@ -117,16 +190,31 @@ fn evalsha(key: &str, call: Call, permits_per_second: f64, args: &ScriptArgs) ->
     cmd
 }
 
-/// The script's reply as a wait: `Some(wait)`, or `None` for a refused try.
-pub(crate) fn decode(reply: i64, key: &str) -> Result<Option<Duration>, Error> {
-    match reply {
-        -1 => Ok(None),
-        wait if wait >= 0 => Ok(Some(Duration::from_micros(wait as u64))),
-        other => Err(Error::Backend(BackendError::new(
-            format!("unexpected reply {other} from the limiter script on key {key}"),
-            None,
-        ))),
-    }
+/// `{wait, debt[, token]}`, with -1 for a refused try.
+fn decode(value: Value) -> Option<Reply> {
+    let Value::Array(items) = value else {
+        return None;
+    };
+    let mut items = items.into_iter();
+    let wait = match items.next()? {
+        Value::Int(-1) => None,
+        Value::Int(wait) => Some(Duration::from_micros(u64::try_from(wait).ok()?)),
+        _ => return None,
+    };
+    let debt_micros = match items.next()? {
+        Value::Int(debt) => u64::try_from(debt).ok()?,
+        _ => return None,
+    };
+    let token = match items.next() {
+        None => None,
+        Some(Value::BulkString(bytes)) => Some(Token::from_bytes(&bytes)?),
+        Some(_) => return None,
+    };
+    Some(Reply {
+        wait,
+        debt_micros,
+        token,
+    })
 }
 
 /// Whether `error` says the key or the call is wrong (someone else's data
@@ -208,7 +296,14 @@ mod tests {
             // Built at this rate (preformatted), and at another one (the
             // rate after a change is formatted per call).
             for built in [rate, 42.0] {
-                let cmd = evalsha("k", call, rate, &ScriptArgs::new(policy, built));
+                let cmd = command(
+                    "EVALSHA",
+                    "sha",
+                    "k",
+                    &call,
+                    rate,
+                    &ScriptArgs::new(policy, built),
+                );
                 assert_eq!(argv(&cmd), expected, "built at {built}");
             }
         }
