@@ -561,7 +561,10 @@ fn int_of(value: &Value) -> Result<i64, String> {
 }
 
 /// The script's reply: `{n, debt}` or `{wait, debt, token}`.
-fn reply_of(value: &Value) -> Result<((i64, i64), Option<&[u8]>), String> {
+/// A reply's `(first, second)` numbers and its token, if any.
+type Decoded<'a> = ((i64, i64), Option<&'a [u8]>);
+
+fn reply_of(value: &Value) -> Result<Decoded<'_>, String> {
     match value {
         Value::Array(items) => match &items[..] {
             [a, b] => Ok(((int_of(a)?, int_of(b)?), None)),

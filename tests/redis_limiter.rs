@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::Commands;
-use support::limiter_state::LimiterState;
 use support::redis_server::RedisServer;
 use throttler::clock::{Clock, FakeClock};
 use throttler::redis::{Fallback, RedisRateLimiter};

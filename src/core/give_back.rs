@@ -122,7 +122,7 @@ impl State {
 
     /// Gives back a reservation recorded by
     /// [`reserve_recorded`](State::reserve_recorded) on this state, at
-    /// `now_micros`. See the [module documentation](self) for the two rules
+    /// `now_micros`. See [`core`](crate::core) ("Giving a reservation back") for the two rules
     /// and why they are safe.
     ///
     /// Call it at most once per reservation. Rate changes in between are

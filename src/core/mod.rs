@@ -80,11 +80,16 @@
 //! ## Giving a reservation back
 //!
 //! A caller may give up before its moment comes (`timeout(d, acquire(n))`,
-//! a dropped future). Its reservation is then given back
-//! ([`State::give_back`], in [`give_back`](Reserved)): restored exactly when
-//! it is still the latest, otherwise by moving the ticket back by what it
-//! charged, so that later callers are scheduled as if it had never been made
-//! while callers already waiting keep their slots.
+//! a dropped future). Its reservation ([`Reserved`]) is then given back
+//! ([`State::give_back`]): restored exactly, stored permits included, when it
+//! is still the latest; otherwise the ticket moves back by what it charged
+//! (never past `now`), so that later callers are scheduled as if it had
+//! never been made while callers already waiting keep their slots. That
+//! holds exactly while the limiter stays in debt; one gap remains: a charge
+//! given back after the limiter would (without it) have sat idle past its
+//! burst returns up to that forfeited idle time. A reservation that spent
+//! stored permits (a cold warming-up limiter) is given back only when it is
+//! the latest.
 //!
 //! ## Rate changes
 //!

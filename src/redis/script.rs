@@ -77,7 +77,7 @@ pub(crate) enum Call {
 }
 
 /// The script's record of one reservation in Redis, as its reply carries
-/// it: what [`Call::Cancel`] sends back to give it back.
+/// it: what the script's `cancel` mode takes back to give it back.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Token(Box<[u8; TOKEN_LEN]>);
 
