@@ -4,7 +4,7 @@
 //! [`RedisRateLimiter`] runs the [core algorithm](crate::core) as a Lua
 //! script inside Redis (`lua/reserve.lua`, a line-by-line mirror of
 //! `src/core`), on Redis's own clock, in one round trip per reservation. The
-//! limiter's state is one key, `throttler:{name}` (a 40-byte string), so it
+//! limiter's state is one key, `throttler:{name}` (a 52-byte string with a format marker), so it
 //! works the same on a single server and on Redis Cluster. The key expires only once an
 //! idle limiter would have refilled anyway, so expiry is invisible; a missing
 //! key reads as a limiter that has been idle for a long time (full for the
