@@ -11,8 +11,8 @@ bit-for-bit the same waits and state as the Rust code; a differential test
 has a counterpart in `src/core`, it carries its name. It is written for
 speed (Redis runs one script at a time, so its time in here is the limit of
 every caller): no helper functions, each argument converted once, one
-`struct.pack` for the value and one for the token, and three Redis calls
-per reservation (TIME, GET, SET).
+`struct.pack` for the value (which a granted reservation also replies), and
+three Redis calls per reservation (TIME, GET, SET).
 
 KEYS[1]  The limiter (see Value).
 
@@ -36,13 +36,14 @@ ARGV[1]  The mode:
                     (capped at 2^53), the debt run up locally.
            cancel   CANCEL a reservation (`State::give_back`): if the key's
                     stored_permits, next_free_micros and max_permits equal
-                    the token's "after" fields and its rate has the same
-                    stable interval as the token's, the token's "before"
-                    state is written back (restored); else, if now < moment
-                    and the reservation spent no stored permits, the ticket
-                    moves back by its charge, next_free_after - moment, not
-                    below 0 (`State::return_charge`: returned); else nothing
-                    is written. No rate change: ARGV[3..6] are checked, and
+                    the token's fields 1, 2 and 4 and its rate has the same
+                    stable interval as the token's field 3, the token's
+                    "before" state (7, 8) is written back (restored); else,
+                    if now < moment and the reservation spent no stored
+                    permits, the ticket moves back by its charge,
+                    next_free_micros - moment of the token, not below 0
+                    (`State::return_charge`: returned); else nothing is
+                    written. No rate change: ARGV[3..6] are checked, and
                     the TTL is that of the key's own rate and max_permits
                     under the policy of ARGV[4..6].
 ARGV[2]  reserve: timeout_micros, an integer >= 0 for a try, refused when
@@ -60,32 +61,29 @@ ARGV[6]  warming_up: cold_factor, a finite number >= 1. Ignored by bursty,
 ARGV[7]  Optional, for tests only: the clock reading, an integer in
          0..=2^53, used instead of TIME.
 
-Reply    An array of integers, plus the token for a reservation. debt is
-         max(next_free_micros - now, 0) of the key after the call (for a
-         refused try or a query, of the key as it is).
-           reserve  granted: {wait_micros, debt_micros, token}
-                    refused try: {-1, debt_micros}
-           query    {wait_micros, debt_micros}, both the debt; {0, 0} for a
-                    missing key
-           probe    {0, debt_micros}
-           resume   {wait_micros, debt_micros}, both the debt
-           cancel   {1, 0} restored, {2, charge_micros} returned, {0, 0}
-                    nothing given back (or a missing key)
+Reply    debt is max(next_free_micros - now, 0) of the key after the call
+         (for a refused try or a query, of the key as it is).
+           reserve  granted: the value it wrote (see Value), 76 bytes, which
+                    is also the reservation's token (see Token). With now =
+                    last_now_micros, the wait is max(next_free_before - now,
+                    0) and the debt next_free_micros - now.
+                    refused try: the integer -debt_micros (<= -1, as a
+                    refused try has debt_micros > timeout_micros >= 0)
+           query    the integer debt_micros (0 for a missing key)
+           probe    the integer debt_micros
+           resume   the integer debt_micros
+           cancel   the integer 1 restored, 2 returned, 0 nothing given
+                    back (or a missing key)
+         (A granted reservation replies the bytes it has just packed for
+         its write: packing a reply of its own, or building an array, would
+         cost Redis more than the rest of the reservation's arithmetic.)
 
-Token    64 bytes, `struct.pack('<dddddddd', ...)`, little-endian doubles:
-           1  stored_before     the state the reservation found: after the
-           2  next_free_before  missing-key reading and the rate change,
-                                before its own resync
-           3  stored_after      the state it wrote
-           4  next_free_after
-           5  moment_micros     when its permits may be used (the ticket)
-           6  spent_stored      1 if it spent stored permits, else 0
-           7  permits_per_second and
-           8  max_permits       as written
-         Opaque to callers: send it back unchanged, with the same key.
+Token    The 76 bytes a granted reservation replied, unchanged: its value,
+         whose fields 7 to 9 record the reservation (see Value). Send it
+         back with the same key.
 
-Value    52 bytes: the 4 ASCII bytes `thr1`, then six little-endian IEEE
-         doubles, `struct.pack('<c4dddddd', 'thr1', ...)` (exact):
+Value    76 bytes: the 4 ASCII bytes `thr1`, then nine little-endian IEEE
+         doubles, `struct.pack('<c4ddddddddd', 'thr1', ...)` (exact):
            1  stored_permits, in 0..=max_permits
            2  next_free_micros, an integer in 0..=2^53
            3  permits_per_second in force when written, > 0 (may be inf)
@@ -94,12 +92,23 @@ Value    52 bytes: the 4 ASCII bytes `thr1`, then six little-endian IEEE
               Expiry); finite, >= 0
            6  last_now_micros: the latest clock reading a call used on this
               key (see Clock); an integer in 0..=2^53
-         No field may be NaN. A value of exactly 40 bytes is the previous
-         format (fields 1 to 5, no marker): if its fields are valid, it is
-         read as v1 with last_now_micros = 0, and the next write stores it
-         as v1 (upgraded in place). Any other string (another length, no
-         marker, invalid fields) is not this limiter's: every mode fails
-         (see Errors) and leaves it untouched.
+         The last write's reservation (`Reserved`; for a write that is not
+         a reservation, one of nothing: 7 and 8 equal 1 and 2, 9 is 0):
+           7  stored_before     the state the reservation found: after the
+           8  next_free_before  missing-key reading and the rate change,
+                                before its own resync
+           9  spent_stored      1 if it spent stored permits, else 0
+         Its moment (when its permits may be used, the ticket after its
+         resync) is max(next_free_before, last_now_micros): the rate
+         change's resync moves the ticket to now only if it lies behind.
+         Fields 1 to 6 are checked on every read; no field may be NaN.
+         Fields 7 to 9 are read only from a token, and checked there. A
+         value of exactly 40 bytes is the previous format (fields 1 to 5,
+         no marker): if its fields are valid, it is read as v1 with
+         last_now_micros = 0, and the next write stores it as v1 (upgraded
+         in place). Any other string (another length, no marker, invalid
+         fields) is not this limiter's: every mode fails (see Errors) and
+         leaves it untouched.
 
 Missing  A missing key reads as a limiter that has been idle for a long time:
 key      stored_permits = max_permits (full for bursty, cold for warming-up),
@@ -181,7 +190,9 @@ local INFINITY = 1 / 0
 local TTL_CAP_MS = 9007199254740 -- floor(2^53 / 1000)
 local TTL_MAX_SLACK_MS = 1000
 local MARKER = 'thr1'
-local VALUE = '<c4dddddd' -- the marker and six doubles: 52 bytes
+local VALUE = '<c4ddddddddd' -- the marker and nine doubles: 76 bytes
+local VALUE_SIZE = 76
+local STATE = '<c4dddddd' -- the marker and fields 1 to 6, read from a value
 local BAD = 'ERR throttler: %s (got "%s")'
 
 -- Comparisons below are written `if x > cap then x = cap end` where the core
@@ -232,7 +243,7 @@ local timeout_micros = argv[2]
 local is_try = false
 local debt_micros
 local tk_stored_before, tk_next_free_before, tk_stored_after, tk_next_free_after
-local tk_moment, tk_spent_stored, tk_rate, tk_max
+local tk_moment, tk_spent_stored, tk_rate, tk_max, tk_now
 if mode == nil or mode == 'probe' then
     if timeout_micros ~= '-1' then
         timeout_micros = tonumber(timeout_micros)
@@ -257,23 +268,28 @@ elseif mode == 'resume' then
     end
 else
     -- The token, as a reservation's reply gave it (see Token).
-    if #timeout_micros == 64 then
-        tk_stored_before, tk_next_free_before, tk_stored_after, tk_next_free_after, tk_moment,
-            tk_spent_stored, tk_rate, tk_max = struct.unpack('<dddddddd', timeout_micros)
+    local marker, _
+    if #timeout_micros == VALUE_SIZE then
+        marker, tk_stored_after, tk_next_free_after, tk_rate, tk_max, _, tk_now, tk_stored_before,
+            tk_next_free_before, tk_spent_stored = struct.unpack(VALUE, timeout_micros)
+        tk_moment = tk_next_free_before
+        if tk_now > tk_moment then
+            tk_moment = tk_now
+        end
     end
     -- NaN fails every comparison, so it is rejected too.
-    if not (tk_max and tk_max >= 0 and tk_max < INFINITY and tk_rate > 0
+    if not (marker == MARKER and tk_max >= 0 and tk_max < INFINITY and tk_rate > 0
             and tk_stored_before >= 0 and tk_stored_before <= tk_max
             and tk_stored_after >= 0 and tk_stored_after <= tk_max
             and tk_next_free_before >= 0 and tk_next_free_before <= MAX_MICROS
             and tk_next_free_before % 1 == 0
-            and tk_moment >= 0 and tk_moment % 1 == 0
+            and tk_now >= 0 and tk_now % 1 == 0
             and tk_next_free_after >= tk_moment and tk_next_free_after <= MAX_MICROS
             and tk_next_free_after % 1 == 0
             and (tk_spent_stored == 0 or tk_spent_stored == 1)) then
         return redis.error_reply('ERR throttler: ARGV[2] is not a reservation token: a cancel takes '
-            .. 'the 64 bytes a granted reservation replied, unchanged (got ' .. #timeout_micros
-            .. ' bytes)')
+            .. 'the ' .. VALUE_SIZE .. ' bytes a granted reservation replied, unchanged (got '
+            .. #timeout_micros .. ' bytes)')
     end
 end
 
@@ -399,9 +415,9 @@ local size
 if value then
     size = #value
     local marker
-    if size == 52 then
+    if size == VALUE_SIZE then
         marker, stored_permits, next_free_micros, old_rate, old_max, expires_micros, last_now_micros =
-            struct.unpack(VALUE, value)
+            struct.unpack(STATE, value)
     elseif size == 40 then
         -- The previous format: read as v1 that has seen no clock yet.
         stored_permits, next_free_micros, old_rate, old_max, expires_micros = struct.unpack('<ddddd', value)
@@ -428,33 +444,32 @@ end
 -- QUERY: max(next_free_micros - now, 0), writing nothing.
 if permits == 0 then
     if value and next_free_micros > now_micros then
-        local debt = next_free_micros - now_micros
-        return {debt, debt}
+        return next_free_micros - now_micros
     end
-    return {0, 0}
+    return 0
 end
 
 -- The cold modes, before the key's state is completed and the rate changes.
-local cancelled, charge_micros
+local cancelled
 if mode then
     if mode == 'probe' then
         if value then
             -- The same bytes again (a 40-byte value in its v1 form), same TTL.
             if size == 40 then
                 value = struct.pack(VALUE, MARKER, stored_permits, next_free_micros, old_rate, old_max,
-                    expires_micros, 0)
+                    expires_micros, 0, stored_permits, next_free_micros, 0)
             end
             redis.call('SET', key, value, 'KEEPTTL')
             if next_free_micros > now_micros then
-                return {0, next_free_micros - now_micros}
+                return next_free_micros - now_micros
             end
-            return {0, 0}
+            return 0
         end
         -- A missing key is written below as it reads: the rate change and
         -- the reservation do not apply.
     elseif mode == 'cancel' then
         if not value then
-            return {0, 0}
+            return 0
         end
         -- State::give_back. The key's own rate and max_permits stay in
         -- force (no rate change), with the cool-down that goes with them.
@@ -471,17 +486,16 @@ if mode then
             -- Still the latest reservation: put back the state it found.
             stored_permits = tk_stored_before
             next_free_micros = tk_next_free_before
-            cancelled, charge_micros = 1, 0
+            cancelled = 1
         elseif now_micros < tk_moment and tk_spent_stored == 0 then
             -- State::return_charge: move the ticket back by its charge.
-            charge_micros = tk_next_free_after - tk_moment
-            next_free_micros = next_free_micros - charge_micros
+            next_free_micros = next_free_micros - (tk_next_free_after - tk_moment)
             if next_free_micros < 0 then
                 next_free_micros = 0
             end
             cancelled = 2
         else
-            return {0, 0}
+            return 0
         end
         permits_per_second = old_rate
         max_permits = old_max
@@ -534,7 +548,7 @@ if old_rate ~= permits_per_second or old_max ~= max_permits then
     end
 end
 
-local moment, stored_before, next_free_before, spent_stored
+local stored_before, next_free_before, spent_stored
 if mode then
     if mode == 'resume' then
         -- State::resync, whose stored permits are then dropped: only its
@@ -554,7 +568,7 @@ if mode then
 else
     -- State::can_acquire, for a try: refused means nothing is written at all.
     if is_try and next_free_micros - timeout_micros > now_micros then
-        return {-1, next_free_micros - now_micros}
+        return now_micros - next_free_micros
     end
 
     -- State::reserve_recorded: the state found, then
@@ -569,7 +583,7 @@ else
         stored_permits = stored
         next_free_micros = now_micros
     end
-    moment = next_free_micros
+    -- (The reservation's moment is next_free_micros here.)
     local stored_to_spend = permits
     if stored_permits < stored_to_spend then
         stored_to_spend = stored_permits
@@ -640,11 +654,18 @@ else
     ttl_ms = TTL_CAP_MS
 end
 
+-- The reservation recorded with the value: this one, or one of nothing.
+if mode then
+    stored_before, next_free_before, spent_stored = stored_permits, next_free_micros, 0
+end
+
 -- Write: keep the TTL if it lasts long enough, else set one with slack
 -- (twice the need, at most TTL_MAX_SLACK_MS more).
+local written
 if time_micros + ttl_ms * 1000 <= expires_micros then
-    redis.call('SET', key, struct.pack(VALUE, MARKER, stored_permits, next_free_micros, permits_per_second,
-        max_permits, expires_micros, now_micros), 'KEEPTTL')
+    written = struct.pack(VALUE, MARKER, stored_permits, next_free_micros, permits_per_second, max_permits,
+        expires_micros, now_micros, stored_before, next_free_before, spent_stored)
+    redis.call('SET', key, written, 'KEEPTTL')
 else
     if ttl_ms > TTL_MAX_SLACK_MS then
         ttl_ms = ttl_ms + TTL_MAX_SLACK_MS
@@ -654,29 +675,21 @@ else
     if ttl_ms > TTL_CAP_MS then
         ttl_ms = TTL_CAP_MS
     end
-    redis.call('SET', key, struct.pack(VALUE, MARKER, stored_permits, next_free_micros, permits_per_second,
-        max_permits, time_micros + ttl_ms * 1000, now_micros), 'PX', ttl_ms)
+    written = struct.pack(VALUE, MARKER, stored_permits, next_free_micros, permits_per_second, max_permits,
+        time_micros + ttl_ms * 1000, now_micros, stored_before, next_free_before, spent_stored)
+    redis.call('SET', key, written, 'PX', ttl_ms)
 end
 
 if not mode then
-    -- State::reserve: the wait until `moment`, never negative; the debt
-    -- (next_free_micros >= moment >= now); the token.
-    local wait = 0
-    if moment > now_micros then
-        wait = moment - now_micros
-    end
-    return {wait, next_free_micros - now_micros, struct.pack('<dddddddd', stored_before, next_free_before,
-        stored_permits, next_free_micros, moment, spent_stored, permits_per_second, max_permits)}
+    -- State::reserve: the value written is the reply and the token (see
+    -- Reply).
+    return written
 end
 if cancelled then
-    return {cancelled, charge_micros}
+    return cancelled
 end
--- Resume, or the probe of a missing key (no debt).
-local debt = 0
+-- Resume, or the probe of a missing key (no debt): the debt.
 if next_free_micros > now_micros then
-    debt = next_free_micros - now_micros
+    return next_free_micros - now_micros
 end
-if mode == 'probe' then
-    return {0, debt}
-end
-return {debt, debt}
+return 0

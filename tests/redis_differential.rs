@@ -173,20 +173,34 @@ fn random_rate(rng: &mut Rng) -> f64 {
     }
 }
 
-/// A token as the script encodes it, from the core's record of the same
-/// reservation (and the rate it was made at).
-fn token_bytes(reserved: &Reserved, permits_per_second: f64) -> Vec<u8> {
-    Token {
+/// A token as the script encodes it (the value the reservation wrote), from
+/// the core's record of the same reservation, the rate it was made at and
+/// the script's TTL record and clock at that write.
+fn token_bytes(
+    reserved: &Reserved,
+    permits_per_second: f64,
+    expires_micros: f64,
+    now: u64,
+) -> Vec<u8> {
+    let token = Token {
+        state: LimiterState {
+            stored_permits: reserved.stored_after,
+            next_free_micros: reserved.next_free_after as f64,
+            permits_per_second,
+            max_permits: reserved.max_permits,
+            expires_micros,
+            last_now_micros: now as f64,
+        },
         stored_before: reserved.stored_before,
         next_free_before: reserved.next_free_before as f64,
-        stored_after: reserved.stored_after,
-        next_free_after: reserved.next_free_after as f64,
-        moment_micros: reserved.moment_micros as f64,
         spent_stored: if reserved.spent_stored { 1.0 } else { 0.0 },
-        permits_per_second,
-        max_permits: reserved.max_permits,
-    }
-    .encode()
+    };
+    assert_eq!(
+        token.moment_micros(),
+        reserved.moment_micros as f64,
+        "the moment follows from the record"
+    );
+    token.encode()
 }
 
 /// A token's bytes, shown briefly.
@@ -411,7 +425,7 @@ fn generate(seed: u64) -> Sequence {
         };
 
         // The core, in lock-step with what the script does.
-        let mut reply_token = None;
+        let mut granted = None;
         let mut keeps_ttl = false;
         let (reply, wrote) = match kind {
             // A query reads the ticket and changes nothing.
@@ -426,7 +440,8 @@ fn generate(seed: u64) -> Sequence {
             // A probe writes the key back as it is, keeping its TTL.
             Kind::Probe if written => {
                 keeps_ttl = true;
-                ((0, core.next_free_micros.saturating_sub(now) as i64), true)
+                let debt = core.next_free_micros.saturating_sub(now) as i64;
+                ((debt, debt), true)
             }
             // A missing key is written as it reads.
             Kind::Probe => {
@@ -439,8 +454,8 @@ fn generate(seed: u64) -> Sequence {
                 let taken = cancelled.expect("a reservation to cancel");
                 assert!(written, "a reservation was granted, so the key exists");
                 match core.give_back(&taken, now) {
-                    GiveBack::Restored => ((1, 0), true),
-                    GiveBack::Returned(charge) => ((2, charge as i64), true),
+                    GiveBack::Restored => ((1, 1), true),
+                    GiveBack::Returned(_) => ((2, 2), true),
                     GiveBack::Nothing => ((0, 0), false),
                 }
             }
@@ -479,15 +494,7 @@ fn generate(seed: u64) -> Sequence {
                     }
                     _ => {
                         let reserved = core.reserve_recorded(step.permits, now);
-                        let bytes = token_bytes(&reserved, core.permits_per_second);
-                        reply_token = Some(bytes.clone());
-                        if rng.chance(0.6) {
-                            outstanding.push(Outstanding {
-                                step: i,
-                                reserved,
-                                token: bytes,
-                            });
-                        }
+                        granted = Some(reserved);
                         (
                             (
                                 reserved.moment_micros.saturating_sub(now) as i64,
@@ -505,6 +512,18 @@ fn generate(seed: u64) -> Sequence {
             (ttl_ms, expires_micros) = ttl_after_write(&core, time, expires_micros);
             last_now = now;
         }
+        // A granted reservation replies the value it wrote.
+        let reply_token = granted.map(|reserved| {
+            let bytes = token_bytes(&reserved, core.permits_per_second, expires_micros, now);
+            if rng.chance(0.6) {
+                outstanding.push(Outstanding {
+                    step: i,
+                    reserved,
+                    token: bytes.clone(),
+                });
+            }
+            bytes
+        });
         steps.push(step);
         expected.push(Expected {
             reply,
@@ -560,18 +579,21 @@ fn int_of(value: &Value) -> Result<i64, String> {
     }
 }
 
-/// The script's reply: `{n, debt}` or `{wait, debt, token}`.
-/// A reply's `(first, second)` numbers and its token, if any.
+/// A reply's `(first, second)` numbers and its token, if any: a granted
+/// reservation's value gives `(wait, debt)` and is the token; an integer n
+/// gives `(-1, -n)` if negative (a refused try), else `(n, n)`.
 type Decoded<'a> = ((i64, i64), Option<&'a [u8]>);
 
 fn reply_of(value: &Value) -> Result<Decoded<'_>, String> {
     match value {
-        Value::Array(items) => match &items[..] {
-            [a, b] => Ok(((int_of(a)?, int_of(b)?), None)),
-            [a, b, Value::BulkString(token)] => Ok(((int_of(a)?, int_of(b)?), Some(token))),
-            _ => Err(format!("expected {{n, n[, token]}}, got {value:?}")),
-        },
-        other => Err(format!("expected an array reply, got {other:?}")),
+        Value::BulkString(bytes) => {
+            let token = Token::decode(bytes)?;
+            let (wait, debt) = (token.wait_micros(), token.debt_micros());
+            Ok(((wait as i64, debt as i64), Some(bytes)))
+        }
+        Value::Int(n) if *n < 0 => Ok(((-1, -n), None)),
+        Value::Int(n) => Ok(((*n, *n), None)),
+        other => Err(format!("expected a value or an integer, got {other:?}")),
     }
 }
 

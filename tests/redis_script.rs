@@ -143,39 +143,45 @@ fn show(argv: &[Vec<u8>]) -> String {
     format!("{args:?}")
 }
 
-/// A reply, decoded: `{first, debt[, token]}`.
+/// A reply, decoded: a granted reservation's value (its token), or an
+/// integer (the debt, negated for a refused try; a cancel's outcome).
 #[derive(Debug, Clone, PartialEq)]
 struct Reply {
-    /// The wait, -1 for a refused try; for a cancel 1 (restored), 2
-    /// (returned) or 0 (nothing); 0 for a probe.
+    /// The wait, -1 for a refused try, the debt for a query, a probe or a
+    /// resume; for a cancel 1 (restored), 2 (returned) or 0 (nothing).
     first: i64,
-    /// The key's debt after the call (a cancel: the charge returned).
+    /// The key's debt after the call (a cancel: its outcome again).
     debt: i64,
-    /// A granted reservation's token.
+    /// A granted reservation's token: the value it wrote.
     token: Option<Vec<u8>>,
 }
 
 impl Reply {
     fn decode(value: Value) -> Result<Reply, String> {
-        let Value::Array(items) = value else {
-            return Err(format!("expected an array reply, got {value:?}"));
-        };
-        let int = |item: &Value| match item {
-            Value::Int(n) => Ok(*n),
-            other => Err(format!("expected an integer, got {other:?}")),
-        };
-        match &items[..] {
-            [first, debt] => Ok(Reply {
-                first: int(first)?,
-                debt: int(debt)?,
+        match value {
+            Value::BulkString(bytes) => {
+                let token = Token::decode(&bytes)?;
+                let whole = |x: f64| {
+                    assert!(x >= 0.0 && x.fract() == 0.0, "{x} in {token:?}");
+                    x as i64
+                };
+                Ok(Reply {
+                    first: whole(token.wait_micros()),
+                    debt: whole(token.debt_micros()),
+                    token: Some(bytes),
+                })
+            }
+            Value::Int(n) if n < 0 => Ok(Reply {
+                first: -1,
+                debt: -n,
                 token: None,
             }),
-            [first, debt, Value::BulkString(token)] => Ok(Reply {
-                first: int(first)?,
-                debt: int(debt)?,
-                token: Some(token.clone()),
+            Value::Int(n) => Ok(Reply {
+                first: n,
+                debt: n,
+                token: None,
             }),
-            other => Err(format!("expected {{n, n[, token]}}, got {other:?}")),
+            other => Err(format!("expected a value or an integer, got {other:?}")),
         }
     }
 
@@ -197,7 +203,7 @@ impl Fixture {
 
     /// Runs the script, expects a reply and checks its shape against the
     /// mode: a granted reservation has a token and a debt at least its
-    /// wait, a refused try a debt, a query or a resume its debt twice.
+    /// wait, a refused try a debt, a query, a probe or a resume its debt.
     fn call(&mut self, key: &str, args: &Args) -> Reply {
         let value = self
             .eval(key, args)
@@ -220,16 +226,12 @@ impl Fixture {
                     "{args:?}: {reply:?}"
                 );
             }
-            "0" | "resume" => {
+            "0" | "resume" | "probe" => {
                 assert!(
                     reply.first == reply.debt && reply.token.is_none(),
                     "{args:?}: {reply:?}"
                 )
             }
-            "probe" => assert!(
-                reply.first == 0 && reply.token.is_none(),
-                "{args:?}: {reply:?}"
-            ),
             _ => assert!(reply.token.is_none(), "{args:?}: {reply:?}"),
         }
         reply
@@ -378,25 +380,32 @@ fn reserve_replies_wait_debt_and_token() {
     let reply = fx.call("k", &args.clone().permits(4).at(T0 + 100_000));
     // 100 ms idle stores 0.5: 2.5 stored spent, 1.5 fresh = 300 ms.
     assert_eq!((reply.first, reply.debt), (0, 300_000));
+    // The reply is the value written, with the reservation's record.
+    let token = reply.token();
+    assert_eq!(reply.token.as_deref(), Some(&fx.raw("k")[..]));
     assert_eq!(
-        reply.token(),
+        token,
         Token {
+            state: LimiterState {
+                stored_permits: 0.0,
+                next_free_micros: (T0 + 400_000) as f64,
+                permits_per_second: 5.0,
+                max_permits: 5.0,
+                expires_micros: token.state.expires_micros,
+                last_now_micros: (T0 + 100_000) as f64,
+            },
             stored_before: 2.0,
             next_free_before: T0 as f64,
-            stored_after: 0.0,
-            next_free_after: (T0 + 400_000) as f64,
-            moment_micros: (T0 + 100_000) as f64,
             spent_stored: 1.0,
-            permits_per_second: 5.0,
-            max_permits: 5.0,
         }
     );
+    assert_eq!(token.moment_micros(), (T0 + 100_000) as f64);
     // Owing 300 ms: a reservation that spends nothing stored.
     let reply = fx.call("k", &args.clone().at(T0 + 100_000));
     assert_eq!((reply.first, reply.debt), (300_000, 500_000));
     let token = reply.token();
     assert_eq!(token.spent_stored, 0.0);
-    assert_eq!(token.moment_micros, (T0 + 400_000) as f64);
+    assert_eq!(token.moment_micros(), (T0 + 400_000) as f64);
     assert_eq!(token.stored_before, 0.0);
     assert_eq!(token.next_free_before, (T0 + 400_000) as f64);
     // A refused try: -1 and the debt, no token.
@@ -415,17 +424,27 @@ fn reserve_replies_wait_debt_and_token() {
 }
 
 #[test]
-fn written_value_is_52_bytes_with_the_marker() {
+fn written_value_is_76_bytes_with_the_marker() {
     let mut fx = fixture();
     assert_eq!(fx.run("k", &Args::bursty("5", 1_000_000).at(T0)), 0);
     let raw = fx.raw("k");
     assert_eq!(raw.len(), STATE_LEN);
-    assert_eq!(STATE_LEN, 52);
+    assert_eq!(STATE_LEN, 76);
     assert_eq!(&raw[..4], b"thr1");
     assert_eq!(&raw[..4], MARKER);
-    let state = LimiterState::decode(&raw).unwrap();
-    assert_eq!(state.last_now_micros, T0 as f64);
-    assert_eq!(state.encode(), raw);
+    let value = Token::decode(&raw).unwrap();
+    assert_eq!(value.state.last_now_micros, T0 as f64);
+    // The record of the reservation that wrote it: from full (5 stored, the
+    // ticket at now), one stored permit spent.
+    assert_eq!(
+        (
+            value.stored_before,
+            value.next_free_before,
+            value.spent_stored
+        ),
+        (5.0, T0 as f64, 1.0)
+    );
+    assert_eq!(value.encode(), raw);
 }
 
 #[test]
@@ -477,10 +496,10 @@ fn warming_up_sequence_with_explicit_now() {
     assert_eq!((reply.first, reply.debt), (500_000, 1_000_000));
     let token = reply.token();
     assert_eq!(token.spent_stored, 1.0);
-    assert_eq!(token.moment_micros, (now + 500_000) as f64);
+    assert_eq!(token.moment_micros(), (now + 500_000) as f64);
     assert_eq!(token.stored_before, 2.0);
-    assert_eq!(token.stored_after, 1.0);
-    assert_eq!(token.max_permits, 8.0);
+    assert_eq!(token.state.stored_permits, 1.0);
+    assert_eq!(token.state.max_permits, 8.0);
 }
 
 #[test]
@@ -697,6 +716,24 @@ fn state_is_stored_exactly() {
 // Bad arguments
 // ---------------------------------------------------------------------------
 
+/// A well-formed token (bursty at 5/s, one permit reserved at T0 from an
+/// empty, idle limiter), for calls that need one.
+fn a_token() -> Token {
+    Token {
+        state: LimiterState {
+            stored_permits: 0.0,
+            next_free_micros: (T0 + 200_000) as f64,
+            permits_per_second: 5.0,
+            max_permits: 5.0,
+            expires_micros: (T0 + 1_000_000) as f64,
+            last_now_micros: T0 as f64,
+        },
+        stored_before: 0.0,
+        next_free_before: T0 as f64,
+        spent_stored: 0.0,
+    }
+}
+
 #[test]
 fn bad_arguments_are_errors_and_write_nothing() {
     let mut fx = fixture();
@@ -716,34 +753,30 @@ fn bad_arguments_are_errors_and_write_nothing() {
     for debt in ["-1", "1.5", "x", "nan", "inf", "-inf", ""] {
         cases.push(good.clone().resume(debt).to_vec());
     }
-    // Tokens: wrong lengths, and 64 bytes that are no reservation's.
+    // Tokens: wrong lengths, and values that are no reservation's.
     let token = Token {
         stored_before: 1.0,
-        next_free_before: T0 as f64,
-        stored_after: 0.0,
-        next_free_after: (T0 + 200_000) as f64,
-        moment_micros: T0 as f64,
         spent_stored: 1.0,
-        permits_per_second: 5.0,
-        max_permits: 5.0,
+        ..a_token()
     };
     let bad_tokens: &[fn(&mut Token)] = &[
         |t| t.stored_before = f64::NAN,
         |t| t.stored_before = -1.0,
         |t| t.stored_before = 6.0, // above max
-        |t| t.stored_after = f64::INFINITY,
+        |t| t.state.stored_permits = f64::INFINITY,
         |t| t.next_free_before = 1.5,
         |t| t.next_free_before = (MAX_MICROS + 2) as f64,
-        |t| t.next_free_after = f64::NAN,
-        |t| t.next_free_after = (T0 - 1) as f64, // before the moment
-        |t| t.moment_micros = -1.0,
-        |t| t.moment_micros = 0.5,
+        |t| t.state.next_free_micros = f64::NAN,
+        |t| t.state.next_free_micros = (T0 - 1) as f64, // before the moment
+        |t| t.state.last_now_micros = -1.0,
+        |t| t.state.last_now_micros = 0.5,
+        |t| t.state.last_now_micros = (T0 + 300_000) as f64, // moment after the ticket
         |t| t.spent_stored = 0.5,
         |t| t.spent_stored = 2.0,
-        |t| t.permits_per_second = 0.0,
-        |t| t.permits_per_second = f64::NAN,
-        |t| t.max_permits = f64::INFINITY,
-        |t| t.max_permits = -1.0,
+        |t| t.state.permits_per_second = 0.0,
+        |t| t.state.permits_per_second = f64::NAN,
+        |t| t.state.max_permits = f64::INFINITY,
+        |t| t.state.max_permits = -1.0,
     ];
     for corrupt in bad_tokens {
         let mut bad = token;
@@ -756,6 +789,7 @@ fn bad_arguments_are_errors_and_write_nothing() {
         b"-1".to_vec(),
         encoded[..TOKEN_LEN - 1].to_vec(),
         [&encoded[..], &[0]].concat(),
+        [&b"thr2"[..], &encoded[4..]].concat(), // not the marker
     ];
     for bad in &bad_lengths {
         cases.push(good.clone().cancel(bad).to_vec());
@@ -854,16 +888,7 @@ fn bad_arguments_are_errors_and_write_nothing() {
 
 /// One call in every mode, on the same configuration.
 fn every_mode(args: &Args) -> Vec<Args> {
-    let token = Token {
-        stored_before: 0.0,
-        next_free_before: T0 as f64,
-        stored_after: 0.0,
-        next_free_after: (T0 + 200_000) as f64,
-        moment_micros: T0 as f64,
-        spent_stored: 0.0,
-        permits_per_second: 5.0,
-        max_permits: 5.0,
-    };
+    let token = a_token();
     vec![
         args.clone(),
         args.clone().permits(7),
@@ -1174,7 +1199,7 @@ fn probe_writes_the_same_bytes_and_keeps_the_ttl() {
         assert_eq!(
             reply,
             Reply {
-                first: 0,
+                first: debt,
                 debt,
                 token: None
             },
@@ -1187,7 +1212,7 @@ fn probe_writes_the_same_bytes_and_keeps_the_ttl() {
     assert!((49_000..=50_000).contains(&pttl), "PTTL {pttl}");
     // Without a TTL, none is set.
     fx.persist("k");
-    assert_eq!(fx.run("k", &args.clone().probe().at(T0)), 0);
+    assert_eq!(fx.run("k", &args.clone().probe().at(T0)), 400_000);
     assert_eq!(fx.pttl("k"), -1);
     assert_eq!(fx.raw("k"), before);
     // A query does not write.
@@ -1446,7 +1471,7 @@ fn cancel_of_the_latest_reservation_restores_the_state_it_found() {
         cancel,
         Reply {
             first: 1,
-            debt: 0,
+            debt: 1,
             token: None
         }
     );
@@ -1500,7 +1525,7 @@ fn cancel_of_an_earlier_reservation_returns_its_charge() {
         cancel,
         Reply {
             first: 2,
-            debt: 200_000,
+            debt: 2,
             token: None
         }
     );
@@ -1572,7 +1597,7 @@ fn cancel_gives_nothing_back_when_it_cannot() {
 
     // A malformed token is an error, and writes nothing.
     let mut bad = second.token.clone().unwrap();
-    bad[40..48].copy_from_slice(&0.5f64.to_le_bytes()); // spent_stored
+    bad[68..76].copy_from_slice(&0.5f64.to_le_bytes()); // spent_stored
     let error = fx.run_err(&["w"], &warm.clone().cancel(&bad).at(T0).to_vec());
     assert!(
         error.contains("ERR throttler:") && error.contains("token"),
@@ -1604,7 +1629,7 @@ fn cancel_across_a_rate_change_returns_the_charge_instead_of_restoring() {
         cancel,
         Reply {
             first: 2,
-            debt: 200_000,
+            debt: 2,
             token: None
         }
     );

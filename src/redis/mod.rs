@@ -4,9 +4,10 @@
 //! [`RedisRateLimiter`] runs the [core algorithm](crate::core) as a Lua
 //! script inside Redis (`lua/reserve.lua`, a line-by-line mirror of
 //! `src/core`), on Redis's own clock, in one round trip per reservation. The
-//! limiter's state is one key, `throttler:{name}` (a 52-byte string with a format marker), so it
-//! works the same on a single server and on Redis Cluster. The key expires only once an
-//! idle limiter would have refilled anyway, so expiry is invisible; a missing
+//! limiter's state is one key, `throttler:{name}` (a 76-byte string with a
+//! format marker), so it works the same on a single server and on Redis
+//! Cluster. The key expires only once an idle limiter would have refilled
+//! anyway, so expiry is invisible; a missing
 //! key reads as a limiter that has been idle for a long time (full for the
 //! bursty policy, cold for the warming-up one).
 //!

@@ -77,17 +77,45 @@ pub(crate) enum Call {
 }
 
 /// The script's record of one reservation in Redis, as its reply carries
-/// it: what the script's `cancel` mode takes back to give it back.
+/// it (the value it wrote): what the script's `cancel` mode takes back to
+/// give it back.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Token(Box<[u8; TOKEN_LEN]>);
 
-/// Eight little-endian doubles.
-const TOKEN_LEN: usize = 64;
+/// The value format (`lua/reserve.lua`, Value): the marker `thr1`, then
+/// nine little-endian doubles.
+const TOKEN_LEN: usize = 76;
 
 impl Token {
     fn from_bytes(bytes: &[u8]) -> Option<Token> {
         let bytes: [u8; TOKEN_LEN] = bytes.try_into().ok()?;
         Some(Token(Box::new(bytes)))
+    }
+
+    /// Field `n` (1-based, after the marker) of the value, as the script
+    /// numbers them.
+    fn field(&self, n: usize) -> f64 {
+        let start = 4 + 8 * (n - 1);
+        let bytes: [u8; 8] = self.0[start..start + 8].try_into().expect("8 bytes");
+        f64::from_le_bytes(bytes)
+    }
+
+    /// The reservation's wait and the key's debt after it, in µs, from the
+    /// value it wrote: with now = last_now_micros (field 6), the wait is
+    /// `max(next_free_before - now, 0)` (field 8) and the debt
+    /// `next_free_micros - now` (field 2). `None` unless the fields are
+    /// whole numbers in range (the script writes nothing else).
+    fn wait_and_debt(&self) -> Option<(u64, u64)> {
+        let whole =
+            |x: f64| (0.0..=crate::core::MAX_MICROS as f64).contains(&x) && x.fract() == 0.0;
+        let (next_free, now, next_free_before) = (self.field(2), self.field(6), self.field(8));
+        if &self.0[..4] != b"thr1" || !whole(next_free) || !whole(now) || !whole(next_free_before) {
+            return None;
+        }
+        let (next_free, now, next_free_before) =
+            (next_free as u64, now as u64, next_free_before as u64);
+        let moment = next_free_before.max(now);
+        Some((moment - now, next_free.checked_sub(now)?))
     }
 }
 
@@ -100,8 +128,9 @@ impl std::fmt::Debug for Token {
 /// The script's reply, decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Reply {
-    /// The wait for a granted reservation or a query, `None` for a refused
-    /// try. For a cancel: 1 restored, 2 returned, 0 nothing (as µs, unused).
+    /// The wait for a granted reservation, the debt for a query, a probe or
+    /// a resume, `None` for a refused try. For a cancel: 1 restored, 2
+    /// returned, 0 nothing (as µs, unused).
     pub(crate) wait: Option<Duration>,
     /// How far the key's ticket lies ahead of the server's clock after the
     /// call, in µs.
@@ -190,31 +219,31 @@ fn command(
     cmd
 }
 
-/// `{wait, debt[, token]}`, with -1 for a refused try.
+/// A granted reservation's value (its token), or an integer: the debt
+/// negated for a refused try, else the debt (a cancel's outcome).
 fn decode(value: Value) -> Option<Reply> {
-    let Value::Array(items) = value else {
-        return None;
-    };
-    let mut items = items.into_iter();
-    let wait = match items.next()? {
-        Value::Int(-1) => None,
-        Value::Int(wait) => Some(Duration::from_micros(u64::try_from(wait).ok()?)),
-        _ => return None,
-    };
-    let debt_micros = match items.next()? {
-        Value::Int(debt) => u64::try_from(debt).ok()?,
-        _ => return None,
-    };
-    let token = match items.next() {
-        None => None,
-        Some(Value::BulkString(bytes)) => Some(Token::from_bytes(&bytes)?),
-        Some(_) => return None,
-    };
-    Some(Reply {
-        wait,
-        debt_micros,
-        token,
-    })
+    match value {
+        Value::BulkString(bytes) => {
+            let token = Token::from_bytes(&bytes)?;
+            let (wait, debt_micros) = token.wait_and_debt()?;
+            Some(Reply {
+                wait: Some(Duration::from_micros(wait)),
+                debt_micros,
+                token: Some(token),
+            })
+        }
+        Value::Int(n) if n < 0 => Some(Reply {
+            wait: None,
+            debt_micros: n.unsigned_abs(),
+            token: None,
+        }),
+        Value::Int(n) => Some(Reply {
+            wait: Some(Duration::from_micros(n as u64)),
+            debt_micros: n as u64,
+            token: None,
+        }),
+        _ => None,
+    }
 }
 
 /// Whether `error` says the key or the call is wrong (someone else's data
@@ -237,6 +266,52 @@ mod tests {
                 other => panic!("unexpected argument {other:?}"),
             })
             .collect()
+    }
+
+    /// A value as the script packs it: the marker, then nine doubles.
+    fn value(fields: [f64; 9]) -> Vec<u8> {
+        let mut bytes = b"thr1".to_vec();
+        bytes.extend(fields.iter().flat_map(|x| x.to_le_bytes()));
+        bytes
+    }
+
+    #[test]
+    fn replies_decode_to_wait_debt_and_token() {
+        let now = 1_000_000.0;
+        // A granted reservation: the ticket it found 300 µs ahead, 500 µs
+        // of debt after it.
+        let granted = value([0.0, now + 500.0, 5.0, 5.0, 0.0, now, 0.0, now + 300.0, 0.0]);
+        let reply = decode(Value::BulkString(granted.clone())).unwrap();
+        assert_eq!(reply.wait, Some(Duration::from_micros(300)));
+        assert_eq!(reply.debt_micros, 500);
+        assert_eq!(&reply.token.unwrap().0[..], &granted[..]);
+        // The ticket it found behind now: no wait.
+        let idle = value([1.0, now, 5.0, 5.0, 0.0, now, 2.0, now - 7.0, 1.0]);
+        let reply = decode(Value::BulkString(idle)).unwrap();
+        assert_eq!((reply.wait, reply.debt_micros), (Some(Duration::ZERO), 0));
+        // A refused try, and a query.
+        let refused = decode(Value::Int(-400)).unwrap();
+        assert_eq!((refused.wait, refused.debt_micros), (None, 400));
+        let query = decode(Value::Int(400)).unwrap();
+        assert_eq!(
+            (query.wait, query.debt_micros),
+            (Some(Duration::from_micros(400)), 400)
+        );
+        // Anything else is not the script's reply.
+        let mut wrong_marker = value([0.0, now, 5.0, 5.0, 0.0, now, 0.0, now, 0.0]);
+        wrong_marker[3] = b'2';
+        let behind = value([0.0, now - 1.0, 5.0, 5.0, 0.0, now, 0.0, now, 0.0]);
+        let fraction = value([0.0, now + 0.5, 5.0, 5.0, 0.0, now, 0.0, now, 0.0]);
+        for bad in [
+            Value::BulkString(wrong_marker),
+            Value::BulkString(behind),
+            Value::BulkString(fraction),
+            Value::BulkString(vec![0; 75]),
+            Value::Array(vec![Value::Int(1), Value::Int(1)]),
+            Value::Nil,
+        ] {
+            assert_eq!(decode(bad.clone()), None, "{bad:?}");
+        }
     }
 
     #[test]

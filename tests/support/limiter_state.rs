@@ -1,13 +1,14 @@
 //! The value `lua/reserve.lua` keeps under a limiter key, decoded: the 4
-//! ASCII bytes `thr1`, then six little-endian IEEE doubles
-//! (`struct.pack('<c4dddddd', 'thr1', ...)` in the script), 52 bytes in all.
-//! Tests read it to compare the script's state with the core's, and write
-//! crafted ones (also in the previous, 40-byte format) to check how the
-//! script reads, upgrades or refuses them. Also decodes the token a granted
-//! reservation replies with.
+//! ASCII bytes `thr1`, then nine little-endian IEEE doubles
+//! (`struct.pack('<c4ddddddddd', 'thr1', ...)` in the script), 76 bytes in
+//! all: the state (fields 1 to 6) and the last write's reservation (7 to
+//! 9). Tests read it to compare the script's state with the core's, and
+//! write crafted ones (also in the previous, 40-byte format) to check how
+//! the script reads, upgrades or refuses them. A granted reservation
+//! replies with the value it wrote, which is its token.
 
 /// The length of a valid value, in bytes.
-pub const STATE_LEN: usize = 52;
+pub const STATE_LEN: usize = 76;
 
 /// The marker a valid value starts with.
 pub const MARKER: &[u8; 4] = b"thr1";
@@ -15,8 +16,8 @@ pub const MARKER: &[u8; 4] = b"thr1";
 /// The length of a value in the previous format (five doubles, no marker).
 pub const V0_STATE_LEN: usize = 40;
 
-/// The length of a reservation token, in bytes.
-pub const TOKEN_LEN: usize = 64;
+/// The length of a reservation token (a value), in bytes.
+pub const TOKEN_LEN: usize = STATE_LEN;
 
 /// A limiter key's state, field by field, in the script's order.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -39,8 +40,8 @@ fn doubles<const N: usize>(bytes: &[u8]) -> [f64; N] {
 }
 
 impl LimiterState {
-    /// Decodes a v1 value; an error (with the length) if it is not 52 bytes
-    /// starting with the marker.
+    /// Decodes the state (fields 1 to 6) of a v1 value; an error (with the
+    /// length) if it is not 76 bytes starting with the marker.
     pub fn decode(bytes: &[u8]) -> Result<LimiterState, String> {
         if bytes.len() != STATE_LEN || &bytes[..4] != MARKER {
             return Err(format!(
@@ -55,7 +56,7 @@ impl LimiterState {
             max_permits,
             expires_micros,
             last_now_micros,
-        ] = doubles::<6>(&bytes[4..]);
+        ] = doubles::<6>(&bytes[4..52]);
         Ok(LimiterState {
             stored_permits,
             next_free_micros,
@@ -66,8 +67,20 @@ impl LimiterState {
         })
     }
 
-    /// The 52 bytes the script would write for this state.
+    /// The 76 bytes the script would write for this state with a record of
+    /// no reservation (stored and next free unchanged, nothing spent).
     pub fn encode(&self) -> Vec<u8> {
+        Token {
+            state: *self,
+            stored_before: self.stored_permits,
+            next_free_before: self.next_free_micros,
+            spent_stored: 0.0,
+        }
+        .encode()
+    }
+
+    /// Fields 1 to 6 with the marker: the first 52 bytes of a value.
+    fn encode_state(&self) -> Vec<u8> {
         let mut bytes = MARKER.to_vec();
         bytes.extend(
             [
@@ -122,65 +135,58 @@ impl LimiterState {
     }
 }
 
-/// A reservation token, decoded: eight little-endian doubles.
+/// A value with its reservation record: what a granted reservation replies
+/// (its token), and what a cancel sends back.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Token {
+    /// Fields 1 to 6: the state the reservation wrote ("after").
+    pub state: LimiterState,
+    /// Fields 7 and 8: the state it found (after the missing-key reading
+    /// and the rate change, before its resync).
     pub stored_before: f64,
     pub next_free_before: f64,
-    pub stored_after: f64,
-    pub next_free_after: f64,
-    pub moment_micros: f64,
-    /// 1 if the reservation spent stored permits, else 0.
+    /// Field 9: 1 if the reservation spent stored permits, else 0.
     pub spent_stored: f64,
-    pub permits_per_second: f64,
-    pub max_permits: f64,
 }
 
 impl Token {
-    /// Decodes a token; an error if it is not 64 bytes.
+    /// Decodes a value with its record; an error if it is not 76 bytes
+    /// starting with the marker.
     pub fn decode(bytes: &[u8]) -> Result<Token, String> {
-        if bytes.len() != TOKEN_LEN {
-            return Err(format!(
-                "a token is {TOKEN_LEN} bytes, got {}: {bytes:?}",
-                bytes.len()
-            ));
-        }
-        let [
-            stored_before,
-            next_free_before,
-            stored_after,
-            next_free_after,
-            moment_micros,
-            spent_stored,
-            permits_per_second,
-            max_permits,
-        ] = doubles::<8>(bytes);
+        let state = LimiterState::decode(bytes)?;
+        let [stored_before, next_free_before, spent_stored] = doubles::<3>(&bytes[52..]);
         Ok(Token {
+            state,
             stored_before,
             next_free_before,
-            stored_after,
-            next_free_after,
-            moment_micros,
             spent_stored,
-            permits_per_second,
-            max_permits,
         })
     }
 
-    /// The 64 bytes of this token.
+    /// The 76 bytes of this value.
     pub fn encode(&self) -> Vec<u8> {
-        [
-            self.stored_before,
-            self.next_free_before,
-            self.stored_after,
-            self.next_free_after,
-            self.moment_micros,
-            self.spent_stored,
-            self.permits_per_second,
-            self.max_permits,
-        ]
-        .iter()
-        .flat_map(|x| x.to_le_bytes())
-        .collect()
+        let mut bytes = self.state.encode_state();
+        bytes.extend(
+            [self.stored_before, self.next_free_before, self.spent_stored]
+                .iter()
+                .flat_map(|x| x.to_le_bytes()),
+        );
+        bytes
+    }
+
+    /// When the reservation's permits may be used: its ticket after its
+    /// resync, `max(next_free_before, last_now_micros)`.
+    pub fn moment_micros(&self) -> f64 {
+        self.next_free_before.max(self.state.last_now_micros)
+    }
+
+    /// The wait the reply carries: `moment - now`.
+    pub fn wait_micros(&self) -> f64 {
+        self.moment_micros() - self.state.last_now_micros
+    }
+
+    /// The debt the reply carries: `next_free_micros - now`.
+    pub fn debt_micros(&self) -> f64 {
+        self.state.next_free_micros - self.state.last_now_micros
     }
 }
