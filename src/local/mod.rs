@@ -32,6 +32,14 @@ struct Grant {
     taken: Taken,
 }
 
+/// Where [`RateLimiter::transact`] published a new state.
+enum Published {
+    /// The locked core (mutex mode).
+    Core,
+    /// The word, replacing `before` with `after`.
+    Word { before: u64, after: u64 },
+}
+
 /// A rate limiter for one process, shared by any number of threads and tasks.
 ///
 /// It hands out permits at a configured rate with the reservation-based
@@ -231,51 +239,22 @@ impl<C: Clock> RateLimiter<C> {
     #[cold]
     #[inline(never)]
     fn reserve_locked(&self, permits: u32, timeout: u64) -> Option<Grant> {
-        let mut locked = self.lock();
-        loop {
-            let current = self.word.0.load(Acquire);
-            let now = self.clock.now_micros();
-            if word::is_mutex(current) {
-                if !locked.can_acquire(now, timeout) {
-                    return None;
-                }
-                let taken = locked.reserve_recorded(permits, now);
-                // Leave mutex mode if the word can hold the state again.
-                let new = word::republish(current, &locked, now, &self.slots.0);
-                if !word::is_mutex(new) {
-                    self.word.0.store(new, Release);
-                }
-                return Some(Grant {
-                    wait: taken.moment_micros.saturating_sub(now),
-                    taken: Taken::Core(taken),
-                });
-            }
-            let mut state = self.state_at(&locked, current, now);
-            if !state.can_acquire(now, timeout) {
-                return None;
-            }
-            let taken = state.reserve_recorded(permits, now);
-            let new = self.encode(current, &state, now);
-            if self
-                .word
-                .0
-                .compare_exchange(current, new, AcqRel, Acquire)
-                .is_ok()
-            {
-                if word::is_mutex(new) {
-                    *locked = state;
-                }
-                return Some(Grant {
-                    wait: taken.moment_micros.saturating_sub(now),
-                    taken: Taken::Word {
-                        before: current,
-                        after: new,
-                        moment: taken.moment_micros,
-                        charge: taken.charge_micros(),
-                    },
-                });
-            }
-        }
+        let ((taken, now), published) = self.transact(|state, now| {
+            state
+                .can_acquire(now, timeout)
+                .then(|| (state.reserve_recorded(permits, now), now))
+        })?;
+        let wait = taken.moment_micros.saturating_sub(now);
+        let taken = match published {
+            Published::Core => Taken::Core(taken),
+            Published::Word { before, after } => Taken::Word {
+                before,
+                after,
+                moment: taken.moment_micros,
+                charge: taken.charge_micros(),
+            },
+        };
+        Some(Grant { wait, taken })
     }
 
     /// The word for `state` at `now`, in `current`'s generation if it fits
@@ -359,23 +338,39 @@ impl<C: Clock> RateLimiter<C> {
 
     /// Applies `update` to the core state under the lock, whatever mode the
     /// word is in, and publishes the result.
+    fn update_locked(&self, mut update: impl FnMut(&mut State, u64)) {
+        self.transact(|state, now| {
+            update(state, now);
+            Some(())
+        });
+    }
+
+    /// Runs `update` on the core state under the lock, whatever mode the
+    /// word is in: on the locked core in mutex mode, else on the state the
+    /// word stands for, retried until its compare-and-swap wins. `None` from
+    /// `update` changes nothing (a refused try); otherwise its result comes
+    /// back with where the new state was published.
     #[cold]
     #[inline(never)]
-    fn update_locked(&self, mut update: impl FnMut(&mut State, u64)) {
+    fn transact<R>(
+        &self,
+        mut update: impl FnMut(&mut State, u64) -> Option<R>,
+    ) -> Option<(R, Published)> {
         let mut locked = self.lock();
         loop {
             let current = self.word.0.load(Acquire);
             let now = self.clock.now_micros();
             if word::is_mutex(current) {
-                update(&mut locked, now);
+                let result = update(&mut locked, now)?;
+                // Leave mutex mode if the word can hold the state again.
                 let new = word::republish(current, &locked, now, &self.slots.0);
                 if !word::is_mutex(new) {
                     self.word.0.store(new, Release);
                 }
-                return;
+                return Some((result, Published::Core));
             }
             let mut state = self.state_at(&locked, current, now);
-            update(&mut state, now);
+            let result = update(&mut state, now)?;
             let new = self.encode(current, &state, now);
             if self
                 .word
@@ -385,8 +380,15 @@ impl<C: Clock> RateLimiter<C> {
             {
                 if word::is_mutex(new) {
                     *locked = state;
+                    return Some((result, Published::Core));
                 }
-                return;
+                return Some((
+                    result,
+                    Published::Word {
+                        before: current,
+                        after: new,
+                    },
+                ));
             }
         }
     }
