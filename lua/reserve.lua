@@ -32,8 +32,11 @@ ARGV[1]  The mode:
                     the rate change, `State::resync` at now, then
                     stored_permits = 0 (the key's idle time during the
                     outage was not idle: no burst after it), then
-                    next_free_micros = max(next_free_micros, now + debt)
-                    (capped at 2^53), the debt run up locally.
+                    next_free_micros = next_free_micros + debt (capped at
+                    2^53): the debt the fallback ran up beyond what the
+                    key already held. Added, not raised to, so that it
+                    stays whatever the order of this call and the cancels
+                    of reservations that reached Redis late.
            cancel   CANCEL a reservation (`State::give_back`): if the key's
                     stored_permits, next_free_micros and max_permits equal
                     the token's fields 1, 2 and 4 and its rate has the same
@@ -557,12 +560,9 @@ if mode then
             next_free_micros = now_micros
         end
         stored_permits = 0.0
-        local owed = now_micros + debt_micros
-        if owed > MAX_MICROS then
-            owed = MAX_MICROS
-        end
-        if owed > next_free_micros then
-            next_free_micros = owed
+        next_free_micros = next_free_micros + debt_micros
+        if next_free_micros > MAX_MICROS then
+            next_free_micros = MAX_MICROS
         end
     end
 else

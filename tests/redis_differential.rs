@@ -475,14 +475,14 @@ fn generate(seed: u64) -> Sequence {
                 }
                 match kind {
                     Kind::Resume { debt_micros } => {
-                        // Resync, no stored permits, and the debt owed
-                        // from now.
+                        // Resync, no stored permits, and the debt added
+                        // to the ticket.
                         core.resync(now);
                         core.stored_permits = 0.0;
-                        let owed = now
+                        core.next_free_micros = core
+                            .next_free_micros
                             .saturating_add(debt_micros.min(MAX_MICROS))
                             .min(MAX_MICROS);
-                        core.next_free_micros = core.next_free_micros.max(owed);
                         let debt = (core.next_free_micros - now) as i64;
                         ((debt, debt), true)
                     }

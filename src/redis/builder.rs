@@ -239,6 +239,7 @@ impl<C: Clock + Clone> RedisBuilder<C> {
             local,
             local_fraction: self.local_fraction,
             debt_until: AtomicU64::new(0),
+            opened_until: AtomicU64::new(0),
             this: this.clone(),
         })))
     }

@@ -13,6 +13,7 @@ use redis::cluster::ClusterClient;
 
 use super::backend::{Backend, blocking_section};
 use super::builder::RedisBuilder;
+use super::connection::Connection;
 use super::fallback::{Fallback, RedisStats};
 use super::script::{self, Call, Reply, ScriptArgs, Token};
 use crate::clock::{Clock, SystemClock};
@@ -78,6 +79,9 @@ pub(crate) struct Inner<C: Clock> {
     /// When the debt Redis last reported ends, on the local clock (µs): the
     /// local fallback starts from there.
     pub(crate) debt_until: AtomicU64,
+    /// The ticket the local fallback opened with at the last switch (µs,
+    /// local clock): what of its debt Redis already knows.
+    pub(crate) opened_until: AtomicU64,
     /// This limiter, for the probe task (which ends when it is gone).
     pub(crate) this: Weak<Inner<C>>,
 }
@@ -325,25 +329,32 @@ impl<C: Clock> Inner<C> {
             "Redis is unavailable; serving from the fallback until the limiter's script works again"
         );
         let now = self.local.clock().now_micros();
-        self.local
-            .restart_from(now.max(self.debt_until.load(Ordering::Relaxed)));
+        let opened_until = now.max(self.debt_until.load(Ordering::Relaxed));
+        self.opened_until.store(opened_until, Ordering::Relaxed);
+        self.local.restart_from(opened_until);
         self.backend
             .spawn(probe(self.this.clone(), self.backend.probe_interval));
     }
 
-    /// One probe: a fresh connection, the script on it. On success the
-    /// connection replaces the old one and the limiter leaves degraded mode.
-    async fn try_recover(&self, call: Call) -> Result<(), BackendError> {
+    /// One probe: a fresh connection, the script's probe on it, and, when
+    /// `resume` is set and the fallback served, the resume call (see
+    /// [`recovery_call`](Self::recovery_call)). On success the connection
+    /// replaces the old one; the caller then leaves degraded mode.
+    ///
+    /// The resume is sent only once the probe has answered, so that the
+    /// local debt it carries is read just before it is sent: a call that
+    /// hung on a frozen server would carry a debt that time had paid off
+    /// meanwhile.
+    async fn try_recover(&self, resume: bool) -> Result<(), BackendError> {
         let backend = &self.backend;
         let mut connection = backend.target.connect(backend.response_timeout).await?;
-        let probe = script::invoke(
-            &mut connection,
-            &self.key,
-            &call,
-            self.rate(),
-            &self.script_args,
-        );
-        match tokio::time::timeout(backend.response_timeout, probe).await {
+        let mut reply = self.call_on(&mut connection, Call::Probe).await;
+        if resume && matches!(reply, Ok(Ok(_))) {
+            if let Some(call) = self.recovery_call() {
+                reply = self.call_on(&mut connection, call).await;
+            }
+        }
+        match reply {
             Ok(Ok(reply)) => {
                 backend.link.replace(connection);
                 self.note_debt(reply.debt_micros);
@@ -366,17 +377,39 @@ impl<C: Clock> Inner<C> {
         }
     }
 
-    /// What the probe asks of the script: after serving locally, resume
-    /// (no burst, carry the local debt); after refusing everything, only
-    /// prove the script works.
-    fn recovery_call(&self) -> Call {
+    /// One script call on `connection`, bounded by the response timeout.
+    async fn call_on(
+        &self,
+        connection: &mut Connection,
+        call: Call,
+    ) -> Result<RedisResult<Reply>, tokio::time::error::Elapsed> {
+        let sent = script::invoke(connection, &self.key, &call, self.rate(), &self.script_args);
+        tokio::time::timeout(self.backend.response_timeout, sent).await
+    }
+
+    /// What a recovery tells the script after the probe: after serving
+    /// locally, resume (no burst, and the debt the fallback ran up on top
+    /// of what Redis already knew); after refusing everything, nothing.
+    ///
+    /// The script adds that debt to the key's ticket rather than raising
+    /// the ticket to it, so the order in which the resume and the
+    /// give-backs of late replies reach Redis does not matter: a late
+    /// reservation's charge is in the ticket until its give-back takes it
+    /// out, and the fallback's grants stay in either way.
+    fn recovery_call(&self) -> Option<Call> {
         match self.fallback {
-            Fallback::FailClosed => Call::Probe,
+            Fallback::FailClosed => None,
             Fallback::Local | Fallback::FailOpen => {
-                let local_debt = micros(self.local.available_in());
-                Call::Resume {
-                    debt_micros: (local_debt as f64 * self.local_fraction) as u64,
-                }
+                let now = self.local.clock().now_micros();
+                let local_until = now.saturating_add(micros(self.local.available_in()));
+                let known_until = now.max(self.opened_until.load(Ordering::Relaxed));
+                // Time at the local rate, which is local_fraction of the
+                // shared one: the same permits take that share of the time
+                // in Redis.
+                let granted = local_until.saturating_sub(known_until);
+                Some(Call::Resume {
+                    debt_micros: (granted as f64 * self.local_fraction) as u64,
+                })
             }
         }
     }
@@ -391,8 +424,7 @@ async fn probe<C: Clock>(limiter: Weak<Inner<C>>, interval: Duration) {
         let Some(inner) = limiter.upgrade() else {
             return;
         };
-        let call = inner.recovery_call();
-        match inner.try_recover(call).await {
+        match inner.try_recover(true).await {
             Ok(()) => {
                 inner.backend.health.recover();
                 tracing::info!(key = %inner.key, "the limiter's script works again; back on Redis");
@@ -432,7 +464,7 @@ impl RedisRateLimiter<SystemClock> {
 
 /// # Reserving and waiting
 ///
-/// # Cancel safety
+/// ## Cancel safety
 ///
 /// Every async method here is cancel-safe. A round trip whose future is
 /// dropped still runs in Redis (the command was sent): its reply is awaited
@@ -453,7 +485,7 @@ impl<C: Clock> RedisRateLimiter<C> {
     /// when `require` is set, building fails).
     pub(crate) async fn start(&self, require: bool) -> Result<(), Error> {
         let inner = &self.inner;
-        match inner.try_recover(Call::Probe).await {
+        match inner.try_recover(false).await {
             Ok(()) => Ok(()),
             Err(failure) if require => Err(Error::Backend(failure)),
             Err(failure) => {
