@@ -78,4 +78,57 @@ impl RedisCluster {
         redis::cluster::ClusterClient::new(self.nodes.iter().map(|n| n.url()).collect::<Vec<_>>())
             .expect("a valid cluster client")
     }
+
+    /// The index in [`nodes`](Self::nodes) of the primary that serves
+    /// `key`'s slot, as the cluster reports it (`CLUSTER KEYSLOT`, then
+    /// `CLUSTER SLOTS`, asked of the first node that answers).
+    pub fn node_for_key(&self, key: &str) -> usize {
+        let mut admin = self
+            .nodes
+            .iter()
+            .find_map(|n| {
+                n.client()
+                    .get_connection_with_timeout(Duration::from_secs(1))
+                    .ok()
+            })
+            .expect("a node that answers");
+        let slot: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut admin)
+            .expect("CLUSTER KEYSLOT");
+        let ranges: redis::Value = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query(&mut admin)
+            .expect("CLUSTER SLOTS");
+        let redis::Value::Array(ranges) = ranges else {
+            panic!("unexpected CLUSTER SLOTS reply: {ranges:?}");
+        };
+        for range in ranges {
+            // [start, end, [ip, port, id, ...] (the primary), replicas...]
+            let redis::Value::Array(range) = range else {
+                continue;
+            };
+            let (Some(redis::Value::Int(start)), Some(redis::Value::Int(end))) =
+                (range.first(), range.get(1))
+            else {
+                continue;
+            };
+            if !(*start..=*end).contains(&slot) {
+                continue;
+            }
+            let Some(redis::Value::Array(primary)) = range.get(2) else {
+                panic!("no primary for slot {slot}: {range:?}");
+            };
+            let Some(redis::Value::Int(port)) = primary.get(1) else {
+                panic!("no port for slot {slot}: {primary:?}");
+            };
+            return self
+                .nodes
+                .iter()
+                .position(|n| i64::from(n.port()) == *port)
+                .unwrap_or_else(|| panic!("slot {slot} is on port {port}, not one of ours"));
+        }
+        panic!("no node serves slot {slot}");
+    }
 }

@@ -1,0 +1,741 @@
+//! Whole-server outages, each one real: a server frozen with `SIGSTOP`
+//! (round trips queued on its socket run late, when it resumes), a server
+//! crashed with `SIGKILL` and restarted empty on the same port, a replica
+//! that answers `READONLY`, and a cluster that loses one primary. Each test
+//! asserts what a user sees: every call returns within the response timeout
+//! plus slack, the configured fallback serves while Redis is unavailable,
+//! the limiter switches once and back once, and nothing is charged twice.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::redis_cluster::RedisCluster;
+use support::redis_server::RedisServer;
+use throttler::Error;
+use throttler::redis::{Fallback, RedisBuilder, RedisRateLimiter};
+
+const RESPONSE_TIMEOUT: Duration = Duration::from_millis(100);
+const PROBE_INTERVAL: Duration = Duration::from_millis(100);
+/// Scheduling slack on a shared 2-core machine.
+const SLACK: Duration = Duration::from_millis(250);
+/// The longest any call may take: the response timeout plus slack.
+const CALL_BOUND: Duration = RESPONSE_TIMEOUT.saturating_add(SLACK);
+/// How long a limiter may take to go back to Redis once Redis works again:
+/// a few probe intervals (each probe is a connection and one script call,
+/// both bounded by the response timeout), plus slack.
+const RECOVERY_BOUND: Duration = PROBE_INTERVAL
+    .saturating_add(RESPONSE_TIMEOUT)
+    .saturating_mul(3)
+    .saturating_add(SLACK);
+/// One interval at 10 permits per second.
+const INTERVAL: Duration = Duration::from_millis(100);
+
+fn builder(client: redis::Client, name: &str, rate: f64) -> RedisBuilder {
+    RedisRateLimiter::builder(client, name)
+        .permits_per_second(rate)
+        .response_timeout(RESPONSE_TIMEOUT)
+        .probe_interval(PROBE_INTERVAL)
+}
+
+/// Polls `done` every 5 ms for up to `limit`; returns how long it took.
+async fn within(limit: Duration, mut done: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if done() {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    None
+}
+
+/// Waits until `limiter` is back on Redis, within [`RECOVERY_BOUND`] of now;
+/// returns how long that took.
+async fn recovered(limiter: &RedisRateLimiter, what: &str) -> Duration {
+    let took = within(Duration::from_secs(5), || !limiter.is_degraded())
+        .await
+        .unwrap_or_else(|| panic!("{what}: still degraded 5 s later: {:?}", limiter.stats()));
+    assert!(
+        took <= RECOVERY_BOUND,
+        "{what}: back on Redis only after {took:?}"
+    );
+    took
+}
+
+/// Issue 8, item 6. Callers whose round trips outlive the response timeout
+/// are served by the local fallback, but their EVALSHAs were sent: they run
+/// when the frozen server resumes. The limiter still awaits those replies
+/// and gives each late reservation back, so the first caller after the
+/// recovery is not charged a second time for what the fallback already
+/// granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trips_that_outlive_the_response_timeout_are_not_charged_twice() {
+    const CALLERS: usize = 20;
+    let server = RedisServer::start();
+    let limiter = Arc::new(
+        builder(server.client(), "orphans", 10.0)
+            .max_burst(Duration::ZERO)
+            .build()
+            .await
+            .unwrap(),
+    );
+    // The key exists and the connection is warm; then let the debt of that
+    // first permit pass, so the fallback opens with none.
+    limiter.acquire(1).await.unwrap();
+    tokio::time::sleep(2 * INTERVAL).await;
+
+    server.stop();
+    // 20 callers at once, as a burst of requests would come: each one's
+    // EVALSHA is queued on the frozen server's socket, each one times out
+    // and is served by the local fallback, which paces them at 10/s.
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|_| {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move {
+                let start = Instant::now();
+                let reservation = limiter.reservation(1).await;
+                let took = start.elapsed();
+                let delay = match reservation {
+                    Ok(reservation) => Ok(reservation.wait().await),
+                    Err(e) => Err(e),
+                };
+                (took, delay)
+            })
+        })
+        .collect();
+    let mut delays = Vec::new();
+    for caller in callers {
+        let (took, delay) = caller.await.unwrap();
+        assert!(took <= CALL_BOUND, "a caller got its answer after {took:?}");
+        delays.push(delay.expect("the local fallback serves"));
+    }
+    delays.sort();
+    let stats = limiter.stats();
+    assert!(limiter.is_degraded());
+    assert_eq!((stats.fallbacks, stats.recoveries), (1, 0), "{stats:?}");
+    assert!(stats.fallback_calls >= CALLERS as u64, "{stats:?}");
+    // Paced locally, one interval apart (the fallback opened with no burst).
+    for (i, delay) in delays.iter().enumerate() {
+        let expected = INTERVAL * i as u32;
+        assert!(
+            delay.abs_diff(expected) <= Duration::from_millis(60),
+            "caller {i} waited {delay:?} locally: {delays:?}"
+        );
+    }
+    // Every caller has now been served and the local schedule has run out,
+    // so the fallback owes nothing: the probe's resume call carries no debt
+    // into Redis. The 20 queued reservations are all that Redis will see.
+    tokio::time::sleep(INTERVAL).await;
+
+    server.cont();
+    let took = recovered(&limiter, "after SIGCONT").await;
+    // The give-backs are sent as soon as the late replies arrive, in the
+    // background, racing the probe's own two round trips (connection setup,
+    // then the script); a caller that reaches Redis before them is
+    // scheduled behind reservations that are about to be given back. (The
+    // give-backs normally win: they need one round trip after the late
+    // replies, the probe two.) Real callers come a little after the very
+    // instant of recovery.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let pending = limiter.available_in().await.unwrap();
+    let start = Instant::now();
+    let waited = limiter.acquire(1).await.unwrap();
+    let elapsed = start.elapsed();
+    println!(
+        "late replies: back on Redis {took:?} after SIGCONT; wait then {pending:?}; \
+         the first caller waited {waited:?} ({elapsed:?} in all)"
+    );
+    // What may legitimately remain: the 20 late reservations are given back
+    // one by one as their replies arrive, the earliest first. Each one that
+    // is not the latest moves the ticket back by its own charge if its
+    // moment is still ahead; the first one's moment (the server's clock when
+    // it ran) has passed by then, so its charge stays: one interval. The
+    // fallback's own debt, which the probe's resume call carries into Redis,
+    // is at most one more interval here (its next free moment is one
+    // interval after its last permit, which has just passed). Plus slack.
+    // Charged twice, the wait would be 1.9 s.
+    assert!(
+        waited <= 2 * INTERVAL + Duration::from_millis(50),
+        "the first caller after recovery waited {waited:?}"
+    );
+    assert!(elapsed <= 2 * INTERVAL + SLACK, "{elapsed:?}");
+    assert!(!limiter.is_degraded());
+    let stats = limiter.stats();
+    assert_eq!((stats.fallbacks, stats.recoveries), (1, 1), "{stats:?}");
+}
+
+/// The other half of item 6: while the fallback still owes time (it granted
+/// permits whose waits have not all passed), the probe's resume call carries
+/// that debt into Redis, so that callers through Redis queue behind the
+/// callers the fallback scheduled. The late replies' give-backs must return
+/// only their own charges, not that debt. The server resumes while the
+/// probe is connecting (its resume then lands among the give-backs), at
+/// several points of that window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_give_backs_do_not_erase_the_debt_the_fallback_carried_into_redis() {
+    const CALLERS: usize = 20;
+    for offset_ms in [100, 115, 130, 145, 160, 175] {
+        let server = RedisServer::start();
+        let limiter = Arc::new(
+            builder(server.client(), "carried", 10.0)
+                .max_burst(Duration::ZERO)
+                .build()
+                .await
+                .unwrap(),
+        );
+        limiter.acquire(1).await.unwrap();
+        tokio::time::sleep(2 * INTERVAL).await;
+
+        server.stop();
+        let callers: Vec<_> = (0..CALLERS)
+            .map(|_| {
+                let limiter = Arc::clone(&limiter);
+                tokio::spawn(async move {
+                    let start = Instant::now();
+                    let reservation = limiter.reservation(1).await.unwrap();
+                    let took = start.elapsed();
+                    // The caller waits for its permit in its own time.
+                    (took, Instant::now() + reservation.commit())
+                })
+            })
+            .collect();
+        // When the last permit the fallback granted may be used.
+        let mut local_end = Instant::now();
+        for caller in callers {
+            let (took, end) = caller.await.unwrap();
+            assert!(took <= CALL_BOUND, "a caller got its answer after {took:?}");
+            local_end = local_end.max(end);
+        }
+        // The switch happened about now; the probe's first connection
+        // attempt runs from one to two probe intervals after it.
+        tokio::time::sleep(Duration::from_millis(offset_ms)).await;
+        server.cont();
+        let took = recovered(&limiter, "after SIGCONT").await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let reservation = limiter.reservation(1).await.unwrap();
+        let wait = reservation.delay();
+        let local_left = local_end.saturating_duration_since(Instant::now());
+        drop(reservation);
+        println!(
+            "SIGCONT {offset_ms} ms after the switch: back on Redis after {took:?}; \
+             the first caller's wait {wait:?}, the fallback's schedule ends in {local_left:?}"
+        );
+        // The fallback's next free moment is one interval after its last
+        // permit, and the resume call carries it into Redis: at least that
+        // (less slack for the time between the readings), and at most one
+        // more interval, left by the earliest late reservation (see the test
+        // above), plus slack.
+        assert!(
+            wait + Duration::from_millis(60) >= local_left + INTERVAL,
+            "SIGCONT at {offset_ms} ms: the first caller through Redis waits {wait:?} while the \
+             fallback's callers are scheduled for {local_left:?} more"
+        );
+        assert!(
+            wait <= local_left + 2 * INTERVAL + Duration::from_millis(60),
+            "SIGCONT at {offset_ms} ms: charged twice: {wait:?}, the fallback owes {local_left:?}"
+        );
+    }
+}
+
+/// `SIGSTOP`: the connection stays open and nothing answers. With the local
+/// fallback, calls come back within the response timeout and are paced
+/// locally; the probe's attempts fail without flapping while the server is
+/// frozen, and the limiter is back on Redis shortly after `SIGCONT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_server_with_the_local_fallback_paces_locally_and_recovers_after_sigcont() {
+    let server = RedisServer::start();
+    let limiter = builder(server.client(), "frozen-local", 10.0)
+        .max_burst(Duration::ZERO)
+        .build()
+        .await
+        .unwrap();
+    limiter.acquire(1).await.unwrap();
+    tokio::time::sleep(2 * INTERVAL).await;
+
+    server.stop();
+    let stopped = Instant::now();
+    let mut granted_at = Vec::new();
+    while stopped.elapsed() < Duration::from_millis(800) {
+        let call = Instant::now();
+        let reservation = limiter.reservation(1).await.expect("the fallback serves");
+        let took = call.elapsed();
+        assert!(took <= CALL_BOUND, "a call took {took:?}");
+        reservation.wait().await;
+        granted_at.push(stopped.elapsed());
+    }
+    println!("frozen, local fallback: permits granted at {granted_at:?}");
+    // The first call waited for the response timeout; from then on the
+    // fallback grants one permit per interval (it opened with no burst).
+    assert!(granted_at.len() >= 6, "{granted_at:?}");
+    // (A late wake-up shortens the next gap, so the check is against the
+    // schedule: the k-th permit never comes before k intervals.)
+    for (k, at) in granted_at.iter().enumerate() {
+        let earliest = granted_at[0] + INTERVAL * k as u32;
+        assert!(
+            *at + Duration::from_millis(5) >= earliest,
+            "permit {k} granted at {at:?}: {granted_at:?}"
+        );
+    }
+    let stats = limiter.stats();
+    assert!(limiter.is_degraded());
+    assert_eq!((stats.fallbacks, stats.recoveries), (1, 0), "{stats:?}");
+
+    server.cont();
+    let took = recovered(&limiter, "after SIGCONT").await;
+    println!("frozen, local fallback: back on Redis {took:?} after SIGCONT");
+    // Calls reach Redis again: the fallback serves no more of them.
+    let served_locally = limiter.stats().fallback_calls;
+    for _ in 0..3 {
+        let call = Instant::now();
+        limiter.acquire(1).await.unwrap();
+        assert!(call.elapsed() <= INTERVAL + SLACK, "{:?}", call.elapsed());
+    }
+    let stats = limiter.stats();
+    assert_eq!(stats.fallback_calls, served_locally, "{stats:?}");
+    assert_eq!((stats.fallbacks, stats.recoveries), (1, 1), "{stats:?}");
+}
+
+/// `SIGSTOP` with [`Fallback::FailClosed`]: every call is refused with
+/// [`Error::Backend`], the first after the response timeout, the others at
+/// once; the limiter is back on Redis shortly after `SIGCONT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_server_with_fail_closed_refuses_quickly_and_recovers_after_sigcont() {
+    let server = RedisServer::start();
+    let limiter = builder(server.client(), "frozen-closed", 10.0)
+        .fallback(Fallback::FailClosed)
+        .build()
+        .await
+        .unwrap();
+    limiter.acquire(1).await.unwrap();
+
+    server.stop();
+    let stopped = Instant::now();
+    let mut calls = 0;
+    while stopped.elapsed() < Duration::from_millis(600) {
+        let call = Instant::now();
+        let result = limiter.try_acquire(1, Duration::from_secs(1)).await;
+        let took = call.elapsed();
+        match result {
+            Err(Error::Backend(e)) => {
+                if calls == 0 {
+                    assert!(e.is_timeout(), "the first refusal is a timeout: {e}");
+                }
+            }
+            other => panic!("expected Error::Backend, got {other:?}"),
+        }
+        // The first call waits for the response timeout; later ones are
+        // refused without a round trip.
+        let bound = if calls == 0 { CALL_BOUND } else { SLACK };
+        assert!(took <= bound, "call {calls} took {took:?}");
+        calls += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(calls >= 10, "{calls}");
+    let stats = limiter.stats();
+    assert!(limiter.is_degraded());
+    assert_eq!((stats.fallbacks, stats.recoveries), (1, 0), "{stats:?}");
+
+    server.cont();
+    let took = recovered(&limiter, "after SIGCONT").await;
+    println!("frozen, fail closed: back on Redis {took:?} after SIGCONT");
+    assert!(
+        limiter
+            .try_acquire(1, Duration::from_secs(1))
+            .await
+            .unwrap()
+    );
+    let stats = limiter.stats();
+    assert_eq!((stats.fallbacks, stats.recoveries), (1, 1), "{stats:?}");
+}
+
+/// `SIGKILL`, then a new, empty server on the same port. (That the limiter
+/// serves from its fallback and comes back is in `redis_faults.rs`.) Here:
+/// two instances of one limiter share the rate again after the restart, and
+/// the key, lost in the crash, does not open with a burst: the probe's
+/// resume call drops the stored permits a missing key would read as.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_on_the_same_port_instances_share_the_rate_again_without_a_burst() {
+    let mut server = RedisServer::start();
+    // The default burst: a missing key reads as 10 stored permits.
+    let a = builder(server.client(), "restarted", 10.0)
+        .build()
+        .await
+        .unwrap();
+    let b = builder(server.client(), "restarted", 10.0)
+        .build()
+        .await
+        .unwrap();
+    assert!(a.try_acquire(1, Duration::ZERO).await.unwrap());
+    assert!(b.try_acquire(1, Duration::ZERO).await.unwrap());
+
+    server.kill();
+    for limiter in [&a, &b] {
+        for _ in 0..3 {
+            let call = Instant::now();
+            let result = limiter.try_acquire(1, Duration::ZERO).await;
+            assert!(result.is_ok(), "the fallback serves: {result:?}");
+            assert!(call.elapsed() <= CALL_BOUND, "{:?}", call.elapsed());
+        }
+        assert!(limiter.is_degraded());
+    }
+
+    server.restart();
+    let took_a = recovered(&a, "a, after the restart").await;
+    let took_b = recovered(&b, "b, after the restart").await;
+    println!("restart: a back on Redis after {took_a:?}, b {took_b:?} later");
+    // Whatever debt the fallbacks carried in, let it pass.
+    let debt = a.available_in().await.unwrap();
+    assert!(debt <= 2 * INTERVAL, "{debt:?}");
+    tokio::time::sleep(debt + Duration::from_millis(10)).await;
+    let (a_local, b_local) = (a.stats().fallback_calls, b.stats().fallback_calls);
+
+    assert!(a.try_acquire(1, Duration::ZERO).await.unwrap());
+    // B sees A's permit: one rate, one key; and no stored permits.
+    assert!(!b.try_acquire(1, Duration::ZERO).await.unwrap());
+    let wait = b.available_in().await.unwrap();
+    assert!(
+        wait > Duration::from_millis(50) && wait <= INTERVAL,
+        "{wait:?}"
+    );
+    let mut granted = 0;
+    for _ in 0..10 {
+        for limiter in [&a, &b] {
+            if limiter.try_acquire(1, Duration::ZERO).await.unwrap() {
+                granted += 1;
+            }
+        }
+    }
+    assert!(
+        granted <= 1,
+        "{granted} of 20 granted at once after the restart"
+    );
+    let mut admin = server.connection();
+    let exists: bool = redis::cmd("EXISTS").arg(a.key()).query(&mut admin).unwrap();
+    assert!(exists, "the limiter's state is in the new server");
+    for (limiter, local) in [(&a, a_local), (&b, b_local)] {
+        let stats = limiter.stats();
+        assert_eq!(stats.fallback_calls, local, "{stats:?}");
+        assert_eq!((stats.fallbacks, stats.recoveries), (1, 1), "{stats:?}");
+    }
+}
+
+/// Starts a primary (whose replicas sync at once) and a replica of it, and
+/// waits until the replica's link to its primary is up.
+fn primary_and_replica() -> (RedisServer, RedisServer) {
+    let primary = RedisServer::start_with(
+        &["--repl-diskless-sync-delay", "0"],
+        support::redis_server::free_cluster_port,
+    );
+    let port = primary.port().to_string();
+    let replica = RedisServer::start_with(
+        &["--replicaof", "127.0.0.1", &port],
+        support::redis_server::free_cluster_port,
+    );
+    wait_for_link(&replica);
+    (primary, replica)
+}
+
+/// Waits until `replica` reports its link to its primary up.
+fn wait_for_link(replica: &RedisServer) {
+    let mut admin = replica.connection();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut admin)
+            .unwrap();
+        if info.lines().any(|l| l.trim() == "master_link_status:up") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replica never synced: {info}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn replicaof(server: &RedisServer, primary: Option<&RedisServer>) {
+    let mut admin = server.connection();
+    let mut cmd = redis::cmd("REPLICAOF");
+    match primary {
+        Some(primary) => cmd.arg("127.0.0.1").arg(primary.port()),
+        None => cmd.arg("NO").arg("ONE"),
+    };
+    let _: () = cmd.query(&mut admin).unwrap();
+}
+
+/// A limiter pointed at a read-only replica: the replica answers, but the
+/// script's write is refused with `READONLY`. The limiter starts degraded,
+/// its fallback serves for as long as that lasts, without flapping, and it
+/// goes to Redis once the replica is promoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_replica_degrades_once_and_recovers_when_promoted() {
+    let (_primary, replica) = primary_and_replica();
+    let mut admin = replica.connection();
+    let read_only: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("replica-read-only")
+        .query(&mut admin)
+        .unwrap();
+    assert_eq!(read_only, ["replica-read-only", "yes"]);
+
+    let start = Instant::now();
+    let limiter = builder(replica.client(), "replica", 10.0)
+        .max_burst(Duration::ZERO)
+        .build()
+        .await
+        .expect("builds: the fallback serves while the script is refused");
+    assert!(start.elapsed() <= CALL_BOUND, "{:?}", start.elapsed());
+    assert!(limiter.is_degraded());
+
+    let start = Instant::now();
+    let mut granted = 0;
+    while start.elapsed() < Duration::from_secs(1) {
+        let call = Instant::now();
+        let reservation = limiter.reservation(1).await.expect("the fallback serves");
+        assert!(call.elapsed() <= CALL_BOUND, "{:?}", call.elapsed());
+        reservation.wait().await;
+        granted += 1;
+    }
+    let stats = limiter.stats();
+    println!("1 s on a read-only replica: {granted} permits, {stats:?}");
+    // Paced locally at 10/s.
+    assert!((9..=12).contains(&granted), "{granted}");
+    assert_eq!((stats.fallbacks, stats.recoveries), (1, 0), "{stats:?}");
+    assert!(limiter.is_degraded());
+
+    replicaof(&replica, None);
+    let took = recovered(&limiter, "after REPLICAOF NO ONE").await;
+    println!("read-only replica: back on Redis {took:?} after the promotion");
+    let served_locally = limiter.stats().fallback_calls;
+    limiter.acquire(1).await.unwrap();
+    limiter.acquire(1).await.unwrap();
+    let stats = limiter.stats();
+    assert_eq!(stats.fallback_calls, served_locally, "{stats:?}");
+    assert_eq!((stats.fallbacks, stats.recoveries), (1, 1), "{stats:?}");
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(limiter.key())
+        .query(&mut admin)
+        .unwrap();
+    assert!(exists);
+}
+
+/// The same with [`Fallback::FailClosed`]: every call is refused with
+/// [`Error::Backend`] at once; a limiter that requires a connection does
+/// not build.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_replica_with_fail_closed_refuses_at_once() {
+    let (_primary, replica) = primary_and_replica();
+    let start = Instant::now();
+    let strict = builder(replica.client(), "replica-closed", 10.0)
+        .fallback(Fallback::FailClosed)
+        .require_connection(true)
+        .build()
+        .await;
+    assert!(matches!(strict, Err(Error::Backend(_))), "{strict:?}");
+    assert!(start.elapsed() <= CALL_BOUND, "{:?}", start.elapsed());
+
+    let limiter = builder(replica.client(), "replica-closed", 10.0)
+        .fallback(Fallback::FailClosed)
+        .build()
+        .await
+        .unwrap();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(500) {
+        let call = Instant::now();
+        let result = limiter.try_acquire(1, Duration::from_secs(1)).await;
+        // The error says why.
+        assert!(
+            matches!(&result, Err(Error::Backend(e)) if e.to_string().contains("read only")),
+            "{result:?}"
+        );
+        assert!(call.elapsed() <= SLACK, "{:?}", call.elapsed());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stats = limiter.stats();
+    assert_eq!((stats.fallbacks, stats.recoveries), (1, 0), "{stats:?}");
+}
+
+/// After a failover the old primary, demoted to a replica, still answers on
+/// the limiter's connection, with `READONLY` to every script call. The
+/// limiter degrades once and stays degraded, then recovers when the server
+/// is a primary again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_demoted_to_a_replica_degrades_once_without_flapping() {
+    let other = RedisServer::start_with(
+        &["--repl-diskless-sync-delay", "0"],
+        support::redis_server::free_cluster_port,
+    );
+    let server = RedisServer::start();
+    let limiter = builder(server.client(), "demoted", 100.0)
+        .build()
+        .await
+        .unwrap();
+    limiter.acquire(1).await.unwrap();
+    assert!(!limiter.is_degraded());
+
+    replicaof(&server, Some(&other));
+    let start = Instant::now();
+    let mut calls = 0;
+    while start.elapsed() < Duration::from_secs(1) {
+        let call = Instant::now();
+        let result = limiter.try_acquire(1, Duration::from_millis(50)).await;
+        assert!(result.is_ok(), "{result:?}");
+        assert!(call.elapsed() <= CALL_BOUND, "{:?}", call.elapsed());
+        calls += 1;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let stats = limiter.stats();
+    println!("1 s on a demoted primary: {calls} calls, {stats:?}");
+    assert!(limiter.is_degraded());
+    assert_eq!((stats.fallbacks, stats.recoveries), (1, 0), "{stats:?}");
+
+    replicaof(&server, None);
+    let took = recovered(&limiter, "after REPLICAOF NO ONE").await;
+    println!("demoted primary: back on Redis {took:?} after the promotion");
+    assert_eq!(limiter.stats().recoveries, 1);
+}
+
+/// A three-primary cluster (no replicas) loses one primary. Limiters whose
+/// keys are on it degrade, and their fallback serves; limiters whose keys
+/// are on the other two primaries never notice. The cluster is configured
+/// to keep serving the slots it still covers (by default a cluster that
+/// has lost slots refuses every key once it declares the node failed), and
+/// to declare the failure within a second, so that the test runs through
+/// that change too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_that_loses_a_primary_degrades_only_the_limiters_on_it() {
+    let mut cluster = RedisCluster::start();
+    for node in &cluster.nodes {
+        let mut admin = node.connection();
+        for (name, value) in [
+            ("cluster-require-full-coverage", "no"),
+            ("cluster-node-timeout", "1000"),
+        ] {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg(name)
+                .arg(value)
+                .query(&mut admin)
+                .unwrap();
+        }
+    }
+    // Two limiters per node: those on node 1 will lose their node.
+    const VICTIM: usize = 1;
+    let mut names: Vec<Vec<String>> = vec![Vec::new(); cluster.nodes.len()];
+    for i in 0.. {
+        let name = format!("shard-{i}");
+        let node = cluster.node_for_key(&format!("throttler:{name}"));
+        if names[node].len() < 2 {
+            names[node].push(name);
+        }
+        if names.iter().all(|n| n.len() == 2) {
+            break;
+        }
+    }
+    let mut victims = Vec::new();
+    let mut others = Vec::new();
+    for (node, names) in names.iter().enumerate() {
+        for name in names {
+            let limiter = RedisRateLimiter::cluster_builder(cluster.client(), name)
+                .permits_per_second(1_000.0)
+                .response_timeout(RESPONSE_TIMEOUT)
+                .probe_interval(PROBE_INTERVAL)
+                .build()
+                .await
+                .unwrap();
+            assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
+            assert!(!limiter.is_degraded());
+            if node == VICTIM {
+                victims.push(limiter);
+            } else {
+                others.push(limiter);
+            }
+        }
+    }
+
+    let victim_port = cluster.nodes[VICTIM].port();
+    let mut survivor = cluster.nodes[0].connection();
+    cluster.nodes[VICTIM].kill();
+    let killed = Instant::now();
+    let mut slowest = Duration::ZERO;
+    let mut rounds = 0;
+    // Calls for a second, and on until half a second after the survivors
+    // have declared the node failed.
+    let mut declared: Option<Duration> = None;
+    loop {
+        let elapsed = killed.elapsed();
+        if declared.is_none() && declared_failed(&mut survivor, victim_port) {
+            declared = Some(elapsed);
+        }
+        match declared {
+            Some(at) if elapsed >= Duration::from_secs(1).max(at + Duration::from_millis(500)) => {
+                break;
+            }
+            _ => assert!(
+                elapsed < Duration::from_secs(6),
+                "the survivors never declared the node failed"
+            ),
+        }
+        for limiter in victims.iter().chain(&others) {
+            let call = Instant::now();
+            let result = limiter.try_acquire(1, Duration::from_millis(10)).await;
+            assert!(result.is_ok(), "{}: {result:?}", limiter.key());
+            slowest = slowest.max(call.elapsed());
+        }
+        for limiter in &others {
+            assert!(
+                !limiter.is_degraded(),
+                "{}: {:?}",
+                limiter.key(),
+                limiter.stats()
+            );
+        }
+        rounds += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let info: String = redis::cmd("CLUSTER")
+        .arg("INFO")
+        .query(&mut survivor)
+        .unwrap();
+    let state = info
+        .lines()
+        .find(|l| l.starts_with("cluster_state"))
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    println!(
+        "cluster without node {VICTIM}: declared failed after {declared:?}; {rounds} rounds \
+         over {:?}, slowest call {slowest:?}, {state}",
+        killed.elapsed()
+    );
+    assert!(slowest <= CALL_BOUND, "a call took {slowest:?}");
+    for limiter in &victims {
+        let stats = limiter.stats();
+        assert!(limiter.is_degraded(), "{}", limiter.key());
+        assert_eq!((stats.fallbacks, stats.recoveries), (1, 0), "{stats:?}");
+        assert!(stats.fallback_calls >= rounds, "{stats:?}");
+    }
+    for limiter in &others {
+        let stats = limiter.stats();
+        assert_eq!((stats.fallbacks, stats.fallback_calls), (0, 0), "{stats:?}");
+    }
+}
+
+/// Whether the node on `port` is flagged `fail` (not only `fail?`) in
+/// `CLUSTER NODES` as the connected node sees it.
+fn declared_failed(survivor: &mut redis::Connection, port: u16) -> bool {
+    let nodes: String = redis::cmd("CLUSTER").arg("NODES").query(survivor).unwrap();
+    let address = format!("127.0.0.1:{port}@");
+    nodes.lines().any(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        fields.get(1).is_some_and(|a| a.starts_with(&address))
+            && fields
+                .get(2)
+                .is_some_and(|flags| flags.split(',').any(|f| f == "fail"))
+    })
+}
