@@ -100,7 +100,6 @@ macro_rules! policy_setters {
         }
     };
 }
-#[cfg(feature = "redis")]
 pub(crate) use policy_setters;
 
 /// Builds a [`RateLimiter`] with options; see [`RateLimiter::builder`].

@@ -66,6 +66,7 @@ mod builder;
 pub mod clock;
 pub mod core;
 mod error;
+mod keyed;
 mod limiter;
 mod local;
 #[cfg(feature = "redis")]
@@ -74,6 +75,7 @@ mod reservation;
 
 pub use builder::{Builder, DEFAULT_COLD_FACTOR};
 pub use error::{BackendError, Error};
+pub use keyed::{KeyedBuilder, KeyedLimiter, KeyedRateLimiter, KeyedStats};
 pub use limiter::Limiter;
 pub use local::RateLimiter;
 pub use reservation::Reservation;

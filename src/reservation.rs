@@ -59,7 +59,7 @@ pub(crate) struct Pending<'a> {
 }
 
 /// What a reservation took, in the form its limiter needs to give it back.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) enum Taken {
     /// A local limiter's lock-free word: the word before and after, the
     /// moment granted and the charge (µs the ticket was pushed by).
@@ -74,6 +74,9 @@ pub(crate) enum Taken {
     /// A reservation made in Redis: the script's record of it.
     #[cfg(feature = "redis")]
     Redis(crate::redis::Token),
+    /// A keyed limiter's reservation: its key and the core's record, typed
+    /// by the limiter (which alone knows its key type).
+    Keyed(Box<dyn std::any::Any + Send + Sync>),
 }
 
 /// A limiter that can take a reservation back.

@@ -344,6 +344,21 @@ impl State {
         self.next_free_micros
     }
 
+    /// How long, in microseconds, idle time takes to refill every stored
+    /// permit from none (rounded up, saturating at [`MAX_MICROS`]): the
+    /// refill period after which an idle limiter with no debt is full.
+    pub fn refill_micros(&self) -> u64 {
+        let cool_down = self
+            .policy
+            .cool_down_interval_micros(self.stable_interval_micros, self.max_permits);
+        let refill = (self.max_permits * cool_down).ceil();
+        if refill < MAX_MICROS as f64 {
+            refill as u64
+        } else {
+            MAX_MICROS
+        }
+    }
+
     /// Whether a request at `now_micros` would wait at most `timeout_micros`.
     /// Looks only at the debt of earlier requests, not at the size of this one.
     pub fn can_acquire(&self, now_micros: u64, timeout_micros: u64) -> bool {

@@ -288,8 +288,10 @@ impl<C: Clock> RateLimiter<C> {
                     state.give_back(&reserved, now);
                 });
             }
+            // Another limiter's: nothing of this one's.
             #[cfg(feature = "redis")]
             Taken::Redis(_) => return,
+            Taken::Keyed(_) => return,
         };
         // The latest reservation: the word it found, exactly.
         if self

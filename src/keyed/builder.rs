@@ -1,0 +1,114 @@
+//! Building a [`KeyedRateLimiter`].
+
+use std::fmt;
+use std::hash::Hash;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use super::KeyedRateLimiter;
+use crate::Error;
+use crate::builder::{PolicyConfig, policy_setters};
+use crate::clock::{Clock, SystemClock};
+use crate::core::State;
+
+/// Builds a [`KeyedRateLimiter`]; see [`KeyedRateLimiter::builder`].
+///
+/// The policy setters are those of [`Builder`](crate::Builder): setting
+/// [`warmup`](KeyedBuilder::warmup) chooses the warming-up policy, otherwise
+/// every key is bursty.
+///
+/// ```
+/// use std::time::Duration;
+/// use throttler::KeyedRateLimiter;
+///
+/// // 100 requests a minute per tenant, at most 10 000 tenants held.
+/// let limiter = KeyedRateLimiter::<u64>::builder()
+///     .permits_per_second(100.0 / 60.0)
+///     .max_burst(Duration::from_secs(60))
+///     .max_keys(10_000)
+///     .build()?;
+/// assert!(limiter.try_reserve(&7, 1, Duration::ZERO)?.is_some());
+///
+/// // A cap of zero keys is an error, not a limiter that forgets at once.
+/// assert!(KeyedRateLimiter::<u64>::builder().permits_per_second(1.0).max_keys(0).build().is_err());
+/// # Ok::<(), throttler::Error>(())
+/// ```
+#[must_use = "a builder does nothing until .build() is called"]
+pub struct KeyedBuilder<K, C = SystemClock> {
+    config: PolicyConfig,
+    max_keys: Option<usize>,
+    clock: C,
+    key: PhantomData<fn(K)>,
+}
+
+impl<K> KeyedBuilder<K, SystemClock> {
+    pub(super) fn new() -> Self {
+        KeyedBuilder {
+            config: PolicyConfig::default(),
+            max_keys: None,
+            clock: SystemClock::new(),
+            key: PhantomData,
+        }
+    }
+}
+
+impl<K, C: Clock> KeyedBuilder<K, C> {
+    policy_setters!();
+
+    /// A hard cap on the keys held at once, for key spaces a client
+    /// controls (addresses, tokens). Without it, memory follows the keys
+    /// active within one refill period. At the cap, keys that read as full
+    /// go first; then the least recently used ones, which lose their debt
+    /// (counted in [`KeyedStats::dropped_unfinished`](super::KeyedStats)).
+    /// Must be at least 1.
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = Some(max_keys);
+        self
+    }
+
+    /// The clock to read and sleep on (default [`SystemClock`]); a
+    /// [`FakeClock`](crate::clock::FakeClock) in tests.
+    pub fn clock<C2: Clock>(self, clock: C2) -> KeyedBuilder<K, C2> {
+        KeyedBuilder {
+            config: self.config,
+            max_keys: self.max_keys,
+            clock,
+            key: PhantomData,
+        }
+    }
+
+    /// Builds the limiter.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a missing, zero, negative or NaN rate,
+    /// contradictory policy options, or `max_keys(0)`.
+    pub fn build(self) -> Result<KeyedRateLimiter<K, C>, Error>
+    where
+        K: Hash + Eq + Clone + Send + Sync + 'static,
+    {
+        let (policy, rate) = self.config.policy()?;
+        if self.max_keys == Some(0) {
+            return Err(Error::InvalidArgument(
+                "max_keys must be at least 1 (got 0): a limiter that holds no key cannot \
+                 limit; leave max_keys unset for no cap"
+                    .to_owned(),
+            ));
+        }
+        let template = State::new(policy, rate, 0)?;
+        Ok(KeyedRateLimiter::from_parts(
+            template,
+            self.clock,
+            self.max_keys,
+        ))
+    }
+}
+
+impl<K, C: fmt::Debug> fmt::Debug for KeyedBuilder<K, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedBuilder")
+            .field("config", &self.config)
+            .field("max_keys", &self.max_keys)
+            .field("clock", &self.clock)
+            .finish()
+    }
+}

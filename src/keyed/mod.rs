@@ -1,0 +1,510 @@
+//! Keyed limiting: one rate per key, with memory that follows the active
+//! keys. See [`KeyedRateLimiter`].
+
+mod builder;
+mod limiter;
+mod shard;
+
+use std::any::Any;
+use std::borrow::Borrow;
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+pub use builder::KeyedBuilder;
+pub use limiter::KeyedLimiter;
+use shard::Shard;
+
+use crate::clock::{Clock, SystemClock};
+use crate::core::{Reserved, State, micros, stable_interval_micros};
+use crate::error::check_permits;
+use crate::reservation::{GiveBackTo, Pending, Taken};
+use crate::{Error, Reservation};
+
+/// One rate limiter per key (user, tenant, API key or client address), in
+/// one object, with memory that follows the active keys.
+///
+/// A [`KeyedRateLimiter`] holds one [core](crate::core) state per key, each
+/// with the same configuration. A key behaves exactly like its own
+/// [`RateLimiter`](crate::RateLimiter) on the core algorithm, with one
+/// difference: a key never seen, or idle long enough, starts **full**, as a
+/// missing Redis key does: bursty with `max_burst` worth of stored permits,
+/// warming-up cold. So a key whose state reads as full can be forgotten at
+/// any moment with no visible change, and the limiter does forget them: as
+/// part of ordinary calls, a sweep drops the entries of a shard that read as
+/// full once the calls since the last sweep reach the shard's size (a
+/// constant amount of work per call, amortized, and no background thread).
+/// Memory therefore follows the keys active within one refill period (the
+/// time idle time takes to refill a key's burst), not every key ever seen.
+///
+/// For hostile key spaces (random client addresses), [`max_keys`] sets a
+/// hard cap. When a shard is at its share of the cap and no entry there
+/// reads as full, the least recently used sixteenth of the shard is dropped
+/// at once (in one pass, so a flood of new keys costs constant work per key).
+/// Those keys lose their debt: their next request finds them full again.
+/// That is the price of a bound, and [`KeyedStats::dropped_unfinished`]
+/// counts it.
+///
+/// Keys are spread over shards, each a lock and a hash map: a call locks one
+/// shard for a few hundred nanoseconds at most and never waits under it;
+/// calls on keys in different shards do not contend.
+///
+/// ```
+/// use std::time::Duration;
+/// use throttler::KeyedRateLimiter;
+/// use throttler::clock::FakeClock;
+///
+/// let limiter = KeyedRateLimiter::<String, _>::builder()
+///     .permits_per_second(5.0)
+///     .max_burst(Duration::from_secs(1)) // 5 permits at once per user
+///     .max_keys(100_000)
+///     .clock(FakeClock::new())
+///     .build()?;
+/// // A new user starts with a full burst; looked up by `&str`.
+/// for _ in 0..5 {
+///     assert_eq!(limiter.reserve("alice", 1)?, Duration::ZERO);
+/// }
+/// assert_eq!(limiter.reserve("alice", 1)?, Duration::ZERO); // charged to the next
+/// assert_eq!(limiter.reserve("alice", 1)?, Duration::from_millis(200));
+/// // Another user is not affected.
+/// assert_eq!(limiter.try_reserve("bob", 1, Duration::ZERO)?, Some(Duration::ZERO));
+/// assert_eq!(limiter.len(), 2);
+/// # Ok::<(), throttler::Error>(())
+/// ```
+///
+/// [`max_keys`]: KeyedBuilder::max_keys
+///
+/// `K` is the key type: anything `Hash + Eq + Clone + Send + Sync`. Methods
+/// take `&Q` for any `Q` the key borrows as, so a `String`-keyed limiter
+/// is asked with a `&str`. Share it with an [`Arc`](std::sync::Arc).
+pub struct KeyedRateLimiter<K, C: Clock = SystemClock> {
+    shards: Box<[Mutex<Shard<K>>]>,
+    hasher: RandomState,
+    clock: C,
+    /// The rate as last set, as `f64` bits.
+    rate_bits: AtomicU64,
+    dropped_unfinished: AtomicU64,
+}
+
+/// What a [`KeyedRateLimiter`] has had to do to stay within its bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct KeyedStats {
+    /// Entries held now.
+    pub keys: usize,
+    /// Entries dropped to the [`max_keys`](KeyedBuilder::max_keys) cap before
+    /// they read as full: keys that lost their debt (dropping a full entry
+    /// changes nothing and is not counted).
+    pub dropped_unfinished: u64,
+}
+
+/// A reservation of one key, as its [`Reservation`] holds it: the key and
+/// the core's record.
+struct KeyedTaken<K> {
+    key: K,
+    reserved: Reserved,
+}
+
+/// # Constructors
+impl<K> KeyedRateLimiter<K, SystemClock>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    /// A bursty limiter per key at `permits_per_second`, with the default
+    /// burst (one second's worth), on the system clock.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN.
+    pub fn bursty(permits_per_second: f64) -> Result<Self, Error> {
+        Self::builder()
+            .permits_per_second(permits_per_second)
+            .build()
+    }
+
+    /// A warming-up limiter per key at `permits_per_second`, cold for
+    /// `warmup`, on the system clock.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN.
+    pub fn warming_up(permits_per_second: f64, warmup: Duration) -> Result<Self, Error> {
+        Self::builder()
+            .permits_per_second(permits_per_second)
+            .warmup(warmup)
+            .build()
+    }
+
+    /// A builder: the policy setters of [`Builder`](crate::Builder), plus
+    /// [`max_keys`](KeyedBuilder::max_keys).
+    pub fn builder() -> KeyedBuilder<K, SystemClock> {
+        KeyedBuilder::new()
+    }
+}
+
+/// The number of shards: a few per CPU, a power of two, and under a cap
+/// few enough that each shard's share is at least [`MIN_SHARD_CAP`] keys
+/// (or the whole cap, in one shard).
+fn shard_count(max_keys: Option<usize>) -> usize {
+    let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let wanted = (cpus * 4).next_power_of_two().clamp(4, 64);
+    match max_keys {
+        Some(cap) => wanted.min(prev_power_of_two(cap / MIN_SHARD_CAP)),
+        None => wanted,
+    }
+}
+
+/// The least share of a cap a shard holds, when the cap allows it: the
+/// least recently used keys are chosen within a shard, so a shard must hold
+/// enough for that choice to mean something.
+const MIN_SHARD_CAP: usize = 16;
+
+fn prev_power_of_two(n: usize) -> usize {
+    if n == 0 {
+        1
+    } else {
+        1 << (usize::BITS - 1 - n.leading_zeros())
+    }
+}
+
+/// # Reserving and waiting
+impl<K, C> KeyedRateLimiter<K, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    pub(crate) fn from_parts(template: State, clock: C, max_keys: Option<usize>) -> Self {
+        let shards = shard_count(max_keys);
+        let hasher = RandomState::new();
+        // Each shard's share of the cap, rounded down: together, at most
+        // max_keys.
+        let cap = max_keys.map(|cap| (cap / shards).max(1));
+        let rate_bits = AtomicU64::new(template.permits_per_second.to_bits());
+        KeyedRateLimiter {
+            shards: (0..shards)
+                .map(|_| Mutex::new(Shard::new(template.clone(), hasher.clone(), cap)))
+                .collect(),
+            hasher,
+            clock,
+            rate_bits,
+            dropped_unfinished: AtomicU64::new(0),
+        }
+    }
+
+    /// The shard of `key`, locked. Nothing panics while a shard is held
+    /// mid-update, so a poisoned lock is taken as it is.
+    fn shard<Q: Hash + ?Sized>(&self, key: &Q) -> MutexGuard<'_, Shard<K>> {
+        // The top bits: the shard's own map uses the low ones.
+        let hash = self.hasher.hash_one(key);
+        let index = (hash >> 32) as usize & (self.shards.len() - 1);
+        self.shards[index]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Reserves `permits` of `key` if its debt fits in `timeout` µs
+    /// (`u64::MAX`: always); the wait in µs and the core's record.
+    fn reserve_micros<Q>(&self, key: &Q, permits: u32, timeout: u64) -> Option<(u64, Reserved)>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut shard = self.shard(key);
+        let now = self.clock.now_micros();
+        let (reserved, dropped) = shard.update(key, now, |state| {
+            (timeout == u64::MAX || state.can_acquire(now, timeout))
+                .then(|| state.reserve_recorded(permits, now))
+        });
+        drop(shard);
+        if dropped.unfinished > 0 {
+            self.dropped_unfinished
+                .fetch_add(dropped.unfinished, Relaxed);
+        }
+        reserved.map(|reserved| (reserved.moment_micros.saturating_sub(now), reserved))
+    }
+
+    /// A grant as a reservation: one with a wait can be given back.
+    fn to_reservation<Q>(&self, key: &Q, grant: (u64, Reserved)) -> Reservation<'_>
+    where
+        K: Borrow<Q>,
+        Q: ToOwned<Owned = K> + ?Sized,
+    {
+        let (wait, reserved) = grant;
+        if wait == 0 {
+            return Reservation::new(Duration::ZERO, &self.clock, None);
+        }
+        let taken = KeyedTaken {
+            key: key.to_owned(),
+            reserved,
+        };
+        Reservation::new(
+            Duration::from_micros(wait),
+            &self.clock,
+            Some(Pending {
+                owner: self,
+                taken: Taken::Keyed(Box::new(taken)),
+            }),
+        )
+    }
+
+    /// Reserves `permits` of `key` and returns the wait before they may be
+    /// used. Does not sleep. The permits are the caller's: nothing gives them
+    /// back (see [`reservation`](Self::reservation)).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `permits` is 0.
+    pub fn reserve<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        check_permits(permits)?;
+        let wait = self
+            .reserve_micros(key, permits, u64::MAX)
+            .map_or(0, |g| g.0);
+        Ok(Duration::from_micros(wait))
+    }
+
+    /// Reserves `permits` of `key` if they can be used within `timeout`,
+    /// and returns the wait; `None`, reserving nothing, otherwise. Only the
+    /// key's debt counts, not the size of this request.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `permits` is 0.
+    pub fn try_reserve<Q>(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Duration,
+    ) -> Result<Option<Duration>, Error>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        check_permits(permits)?;
+        let grant = self.reserve_micros(key, permits, micros(timeout).min(u64::MAX - 1));
+        Ok(grant.map(|(wait, _)| Duration::from_micros(wait)))
+    }
+
+    /// Reserves `permits` of `key` as a [`Reservation`]: wait for it, or
+    /// drop it to give the permits back.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `permits` is 0.
+    pub fn reservation<Q>(&self, key: &Q, permits: u32) -> Result<Reservation<'_>, Error>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        check_permits(permits)?;
+        let grant = self
+            .reserve_micros(key, permits, u64::MAX)
+            .expect("a plain reservation is always granted");
+        Ok(self.to_reservation(key, grant))
+    }
+
+    /// [`reservation`](Self::reservation) if the permits can be used within
+    /// `timeout`; `None`, reserving nothing, otherwise.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `permits` is 0.
+    pub fn try_reservation<Q>(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Duration,
+    ) -> Result<Option<Reservation<'_>>, Error>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        check_permits(permits)?;
+        Ok(self
+            .reserve_micros(key, permits, micros(timeout).min(u64::MAX - 1))
+            .map(|grant| self.to_reservation(key, grant)))
+    }
+
+    /// Reserves `permits` of `key` and sleeps until they may be used;
+    /// returns the time slept.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future before the wait has passed gives the
+    /// permits back, as [`RateLimiter::acquire`](crate::RateLimiter::acquire)
+    /// does.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `permits` is 0.
+    pub async fn acquire<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        Ok(self.reservation(key, permits)?.wait().await)
+    }
+
+    /// Acquires `permits` of `key` if they can be had within `timeout`,
+    /// sleeping for the wait; returns `false` at once, reserving nothing,
+    /// otherwise.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`acquire`](Self::acquire).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `permits` is 0.
+    pub async fn try_acquire<Q>(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Duration,
+    ) -> Result<bool, Error>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        match self.try_reservation(key, permits, timeout)? {
+            Some(reservation) => {
+                reservation.wait().await;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// [`acquire`](Self::acquire) on the calling thread: blocks it for the
+    /// wait.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `permits` is 0.
+    pub fn acquire_blocking<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        Ok(self.reservation(key, permits)?.wait_blocking())
+    }
+
+    /// [`try_acquire`](Self::try_acquire) on the calling thread.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `permits` is 0.
+    pub fn try_acquire_blocking<Q>(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Duration,
+    ) -> Result<bool, Error>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        Ok(self
+            .try_reservation(key, permits, timeout)?
+            .map(Reservation::wait_blocking)
+            .is_some())
+    }
+
+    /// How long a request of `key` made now would wait, without reserving
+    /// anything (zero for a key not held).
+    pub fn available_in<Q>(&self, key: &Q) -> Duration
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let shard = self.shard(key);
+        let now = self.clock.now_micros();
+        Duration::from_micros(shard.next_free(key, now).saturating_sub(now))
+    }
+}
+
+/// # Rate, size and clock
+impl<K, C> KeyedRateLimiter<K, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    /// Changes the rate of every key from now on, as
+    /// [`RateLimiter::set_rate`](crate::RateLimiter::set_rate) does for one:
+    /// each key still repays its last request at the old rate, and its
+    /// stored permits are rescaled to the new burst. Visits every key held
+    /// (shard by shard; calls on other shards go on meanwhile).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN; the
+    /// limiter is then unchanged.
+    pub fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
+        stable_interval_micros(permits_per_second)?;
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            shard.set_rate(permits_per_second, self.clock.now_micros());
+        }
+        self.rate_bits.store(permits_per_second.to_bits(), Relaxed);
+        Ok(())
+    }
+
+    /// The stable rate of every key, in permits per second, as last set.
+    pub fn rate(&self) -> f64 {
+        f64::from_bits(self.rate_bits.load(Relaxed))
+    }
+
+    /// The clock this limiter reads and sleeps on.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// The number of keys held now (those not known to read as full).
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|shard| shard.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .sum()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// What the limiter has had to do to stay within its bounds.
+    pub fn stats(&self) -> KeyedStats {
+        KeyedStats {
+            keys: self.len(),
+            dropped_unfinished: self.dropped_unfinished.load(Relaxed),
+        }
+    }
+}
+
+impl<K, C> GiveBackTo for KeyedRateLimiter<K, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    fn give_back(&self, taken: Taken) {
+        let Taken::Keyed(taken) = taken else {
+            return;
+        };
+        let Ok(taken) = (taken as Box<dyn Any + Send + Sync>).downcast::<KeyedTaken<K>>() else {
+            return;
+        };
+        let mut shard = self.shard(&taken.key);
+        let now = self.clock.now_micros();
+        shard.give_back(&taken.key, &taken.reserved, now);
+    }
+}
+
+impl<K, C: Clock> fmt::Debug for KeyedRateLimiter<K, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let template = self.shards[0]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .template()
+            .clone();
+        f.debug_struct("KeyedRateLimiter")
+            .field("permits_per_second", &template.permits_per_second)
+            .field("policy", &template.policy)
+            .field("shards", &self.shards.len())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,251 @@
+//! One shard of a keyed limiter: its keys' states under one lock, the
+//! configuration they share, and the bookkeeping that keeps the shard small.
+
+use std::borrow::Borrow;
+use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::hash::Hash;
+
+use crate::core::{GiveBack, Reserved, State};
+
+/// One key's state: the core's two numbers, and when the key was last used
+/// (µs; for the least-recently-used cap).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Entry {
+    stored_permits: f64,
+    next_free_micros: u64,
+    last_used: u64,
+}
+
+/// The keys of one shard.
+#[derive(Debug)]
+pub(super) struct Shard<K> {
+    /// The configuration every key runs under (its own stored permits and
+    /// ticket are unused): a key's state is this with the key's two numbers.
+    template: State,
+    entries: HashMap<K, Entry, RandomState>,
+    /// Calls since the last sweep of full entries, and when it ran (µs).
+    calls_since_sweep: usize,
+    last_sweep: u64,
+    /// The refill period (at least 1 ms): an entry with no debt that has
+    /// been idle this long reads as full.
+    sweep_period: u64,
+    /// The most entries this shard may hold, if capped.
+    cap: Option<usize>,
+}
+
+/// A sweep runs once the calls since the last one reach the shard's size
+/// (and this many at least), so that its cost, one pass over the entries, is
+/// spread over as many calls as there are entries; and also at the first
+/// call a refill period after the last one, when every entry idle since
+/// before it and out of debt has become full (so that a shard flooded once
+/// shrinks as soon as it is used again, at the cost of one pass per refill
+/// period).
+const SWEEP_MIN_CALLS: usize = 64;
+
+/// The shortest time between two sweeps triggered by time, in µs.
+const SWEEP_MIN_PERIOD: u64 = 1_000;
+
+/// What one call on a shard dropped to stay within its cap.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Dropped {
+    /// Entries dropped before they read as full (the cap).
+    pub(super) unfinished: u64,
+}
+
+impl<K> Shard<K> {
+    pub(super) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub(super) fn template(&self) -> &State {
+        &self.template
+    }
+}
+
+impl<K: Hash + Eq> Shard<K> {
+    pub(super) fn new(template: State, hasher: RandomState, cap: Option<usize>) -> Self {
+        Shard {
+            sweep_period: template.refill_micros().max(SWEEP_MIN_PERIOD),
+            template,
+            entries: HashMap::with_hasher(hasher),
+            calls_since_sweep: 0,
+            last_sweep: 0,
+            cap,
+        }
+    }
+
+    /// The state of a key found in this shard.
+    fn state_of(&self, entry: &Entry) -> State {
+        let mut state = self.template.clone();
+        state.stored_permits = entry.stored_permits;
+        state.next_free_micros = entry.next_free_micros;
+        state
+    }
+
+    /// The state of a key that is not here: a limiter idle for a long time,
+    /// full (bursty) or cold (warming-up), whose next request goes now.
+    fn full_state(&self, now: u64) -> State {
+        let mut state = self.template.clone();
+        state.stored_permits = state.max_permits;
+        state.next_free_micros = now;
+        state
+    }
+
+    /// Counts a call; once enough calls have passed, drops the entries that
+    /// read as full.
+    fn tick(&mut self, now: u64) {
+        self.calls_since_sweep += 1;
+        if self.calls_since_sweep >= self.entries.len().max(SWEEP_MIN_CALLS)
+            || now.saturating_sub(self.last_sweep) >= self.sweep_period
+        {
+            self.sweep(now);
+        }
+    }
+
+    fn sweep(&mut self, now: u64) {
+        self.calls_since_sweep = 0;
+        self.last_sweep = now;
+        let template = &self.template;
+        self.entries
+            .retain(|_, entry| !reads_as_full(template, entry, now));
+    }
+
+    /// Makes room for one more entry under the cap: first the entries that
+    /// read as full, then, if that is not enough, the least recently used
+    /// sixteenth of the shard (so that a flood of new keys costs a constant
+    /// amount of work per key, amortized).
+    fn make_room(&mut self, now: u64) -> Dropped {
+        let Some(cap) = self.cap else {
+            return Dropped::default();
+        };
+        if self.entries.len() < cap {
+            return Dropped::default();
+        }
+        self.sweep(now);
+        if self.entries.len() < cap {
+            return Dropped::default();
+        }
+        let batch = (cap / 16).max(1).min(self.entries.len());
+        let mut last_used: Vec<u64> = self.entries.values().map(|e| e.last_used).collect();
+        let (_, cutoff, _) = last_used.select_nth_unstable(batch - 1);
+        let cutoff = *cutoff;
+        let mut left = batch;
+        self.entries.retain(|_, entry| {
+            if left > 0 && entry.last_used <= cutoff {
+                left -= 1;
+                false
+            } else {
+                true
+            }
+        });
+        Dropped {
+            unfinished: batch as u64,
+        }
+    }
+
+    /// Runs `step` on the state of `key` at `now` (a missing key reads as
+    /// full) and keeps the result if `step` returns `Some`. Returns `step`'s
+    /// result, and what had to be dropped to make room for a new key.
+    pub(super) fn update<Q, R>(
+        &mut self,
+        key: &Q,
+        now: u64,
+        step: impl FnOnce(&mut State) -> Option<R>,
+    ) -> (Option<R>, Dropped)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.tick(now);
+        if let Some(entry) = self.entries.get(key) {
+            let mut state = self.state_of(entry);
+            let result = step(&mut state);
+            if result.is_some() {
+                let entry = self.entries.get_mut(key).expect("found above");
+                entry.stored_permits = state.stored_permits;
+                entry.next_free_micros = state.next_free_micros;
+                entry.last_used = now;
+            }
+            return (result, Dropped::default());
+        }
+        let mut state = self.full_state(now);
+        let Some(result) = step(&mut state) else {
+            return (None, Dropped::default());
+        };
+        let dropped = self.make_room(now);
+        self.entries.insert(
+            key.to_owned(),
+            Entry {
+                stored_permits: state.stored_permits,
+                next_free_micros: state.next_free_micros,
+                last_used: now,
+            },
+        );
+        (Some(result), dropped)
+    }
+
+    /// The ticket of `key` (`now` for a missing key).
+    pub(super) fn next_free<Q>(&self, key: &Q, now: u64) -> u64
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.entries
+            .get(key)
+            .map_or(now, |entry| entry.next_free_micros)
+    }
+
+    /// Gives back a reservation of `key`. A key no longer here was dropped
+    /// as full or to the cap: it reads as full, with nothing to give back.
+    pub(super) fn give_back<Q>(&mut self, key: &Q, taken: &Reserved, now: u64) -> GiveBack
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let Some(entry) = self.entries.get(key) else {
+            return GiveBack::Nothing;
+        };
+        let mut state = self.state_of(entry);
+        let outcome = state.give_back(taken, now);
+        let entry = self.entries.get_mut(key).expect("found above");
+        entry.stored_permits = state.stored_permits;
+        entry.next_free_micros = state.next_free_micros;
+        outcome
+    }
+
+    /// Changes every key's rate at `now`, as `State::set_rate` does for one
+    /// limiter. The rate has been checked.
+    pub(super) fn set_rate(&mut self, permits_per_second: f64, now: u64) {
+        let template = self.template.clone();
+        for entry in self.entries.values_mut() {
+            let mut state = template.clone();
+            state.stored_permits = entry.stored_permits;
+            state.next_free_micros = entry.next_free_micros;
+            state
+                .set_rate(permits_per_second, now)
+                .expect("the rate was checked");
+            entry.stored_permits = state.stored_permits;
+            entry.next_free_micros = state.next_free_micros;
+        }
+        self.template
+            .set_rate(permits_per_second, now)
+            .expect("the rate was checked");
+        self.sweep_period = self.template.refill_micros().max(SWEEP_MIN_PERIOD);
+    }
+}
+
+/// Whether `entry` reads as full at `now`, i.e. as a missing key does: its
+/// ticket has passed and idle time has refilled every stored permit (the
+/// core's own resync decides, to the bit). Dropping it then changes nothing
+/// a caller can see.
+fn reads_as_full(template: &State, entry: &Entry, now: u64) -> bool {
+    if entry.next_free_micros > now {
+        return false;
+    }
+    let mut state = template.clone();
+    state.stored_permits = entry.stored_permits;
+    state.next_free_micros = entry.next_free_micros;
+    state.resync(now);
+    state.stored_permits.to_bits() == state.max_permits.to_bits()
+}

@@ -1,0 +1,436 @@
+//! The keyed limiter: each key behaves as its own core limiter that starts
+//! full, entries that read as full are forgotten with no visible change, and
+//! memory stays bounded (by the active keys, or by `max_keys`).
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::rng::Rng;
+use throttler::clock::Clock;
+use throttler::clock::FakeClock;
+use throttler::core::{Bursty, GiveBack, Policy, Reserved, State, WarmingUp};
+use throttler::{Error, KeyedLimiter, KeyedRateLimiter};
+
+const MS: Duration = Duration::from_millis(1);
+
+fn micros(d: Duration) -> u64 {
+    d.as_micros() as u64
+}
+
+/// A configuration for both sides of the differential test.
+#[derive(Debug, Clone, Copy)]
+enum Config {
+    Bursty { burst: Duration },
+    WarmingUp { warmup: Duration, cold_factor: f64 },
+}
+
+impl Config {
+    fn random(rng: &mut Rng) -> Config {
+        if rng.chance(0.5) {
+            Config::Bursty {
+                burst: Duration::from_millis(rng.below(3000)),
+            }
+        } else {
+            Config::WarmingUp {
+                warmup: Duration::from_millis(1 + rng.below(3000)),
+                cold_factor: 1.0 + 4.0 * rng.f64(),
+            }
+        }
+    }
+
+    fn limiter(&self, rate: f64, clock: &FakeClock) -> KeyedRateLimiter<u32, FakeClock> {
+        let builder = KeyedRateLimiter::<u32>::builder()
+            .permits_per_second(rate)
+            .clock(clock.clone());
+        match *self {
+            Config::Bursty { burst } => builder.max_burst(burst),
+            Config::WarmingUp {
+                warmup,
+                cold_factor,
+            } => builder.warmup(warmup).cold_factor(cold_factor),
+        }
+        .build()
+        .expect("a valid configuration")
+    }
+
+    /// The core state of a key first seen at `now`: full.
+    fn full_state(&self, rate: f64, now: u64) -> State {
+        let policy = match *self {
+            Config::Bursty { burst } => Policy::Bursty(Bursty::new(burst)),
+            Config::WarmingUp {
+                warmup,
+                cold_factor,
+            } => Policy::WarmingUp(WarmingUp::new(warmup, cold_factor)),
+        };
+        let mut state = State::new(policy, rate, now).expect("a valid rate");
+        state.stored_permits = state.max_permits;
+        state
+    }
+}
+
+/// One independent core state per key, created full at first use: what the
+/// keyed limiter must behave as.
+struct Model {
+    config: Config,
+    rate: f64,
+    keys: HashMap<u32, State>,
+}
+
+impl Model {
+    fn state(&mut self, key: u32, now: u64) -> &mut State {
+        let (config, rate) = (self.config, self.rate);
+        self.keys
+            .entry(key)
+            .or_insert_with(|| config.full_state(rate, now))
+    }
+}
+
+/// Random reservations, tries, give-backs, rate changes and idle gaps (long
+/// enough for entries to read as full and be swept) on 50 keys, against 50
+/// independent core limiters that start full: every wait and every refusal
+/// must be identical.
+#[test]
+fn each_key_is_an_independent_limiter_that_starts_full() {
+    let mut compared = 0u64;
+    for seed in 0..40 {
+        let mut rng = Rng::new(seed);
+        let config = Config::random(&mut rng);
+        let rate = *rng.pick(&[0.5, 2.0, 10.0, 100.0, 1000.0]);
+        let clock = FakeClock::new();
+        let limiter = config.limiter(rate, &clock);
+        let mut model = Model {
+            config,
+            rate,
+            keys: HashMap::new(),
+        };
+        // Reservations still held, to give back later.
+        let mut held: Vec<(u32, Reserved, throttler::Reservation<'_>)> = Vec::new();
+        for step in 0..3000 {
+            let key = rng.below(50) as u32;
+            match rng.below(100) {
+                // Idle gaps: short, or long enough to refill every key.
+                0..3 => clock.advance(Duration::from_secs(1 + rng.below(10))),
+                3..30 => clock.advance(Duration::from_micros(rng.below(300_000))),
+                30..32 => {
+                    let new_rate = *rng.pick(&[0.5, 2.0, 10.0, 100.0, 1000.0]);
+                    let now = clock.now_micros();
+                    limiter.set_rate(new_rate).unwrap();
+                    for state in model.keys.values_mut() {
+                        state.set_rate(new_rate, now).unwrap();
+                    }
+                    model.rate = new_rate;
+                }
+                32..40 if !held.is_empty() => {
+                    let index = rng.below(held.len() as u64) as usize;
+                    let (key, reserved, reservation) = held.swap_remove(index);
+                    let now = clock.now_micros();
+                    drop(reservation);
+                    let _: GiveBack = model.state(key, now).give_back(&reserved, now);
+                }
+                40..60 => {
+                    let (permits, timeout) = (1 + rng.below(3) as u32, rng.below(2_000_000));
+                    let now = clock.now_micros();
+                    let got = limiter
+                        .try_reserve(&key, permits, Duration::from_micros(timeout))
+                        .unwrap();
+                    let expected = model.state(key, now).try_reserve(permits, now, timeout);
+                    assert_eq!(
+                        got.map(micros),
+                        expected,
+                        "seed {seed} step {step}: tries differ for key {key}"
+                    );
+                    compared += 1;
+                }
+                _ => {
+                    let permits = 1 + rng.below(4) as u32;
+                    let now = clock.now_micros();
+                    let reservation = limiter.reservation(&key, permits).unwrap();
+                    let reserved = model.state(key, now).reserve_recorded(permits, now);
+                    assert_eq!(
+                        micros(reservation.delay()),
+                        reserved.moment_micros.saturating_sub(now),
+                        "seed {seed} step {step}: waits differ for key {key}"
+                    );
+                    compared += 1;
+                    // A reservation with no wait is used at once: nothing
+                    // to give back (as for `RateLimiter`).
+                    assert_eq!(reservation.is_cancellable(), !reservation.delay().is_zero());
+                    if reservation.is_cancellable() && rng.chance(0.3) {
+                        held.push((key, reserved, reservation));
+                    } else {
+                        reservation.commit();
+                    }
+                }
+            }
+            // Queries agree too.
+            let now = clock.now_micros();
+            let expected = model
+                .keys
+                .get(&key)
+                .map_or(0, |s| s.query_earliest_available().saturating_sub(now));
+            assert_eq!(
+                micros(limiter.available_in(&key)),
+                expected,
+                "seed {seed} step {step}"
+            );
+        }
+        for (_, _, reservation) in held.drain(..) {
+            reservation.commit();
+        }
+    }
+    assert!(compared > 50_000, "{compared}");
+}
+
+/// A million distinct keys touched once, then a refill period of idleness:
+/// as soon as calls resume, the entries of the idle keys are dropped and
+/// `len()` falls back to the keys in use.
+#[test]
+fn memory_follows_the_active_keys() {
+    let clock = FakeClock::new();
+    let limiter = KeyedRateLimiter::<u64>::builder()
+        .permits_per_second(10.0)
+        .max_burst(Duration::from_secs(1))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    for key in 0..1_000_000u64 {
+        limiter.reserve(&key, 1).unwrap();
+    }
+    assert!(limiter.len() > 900_000, "{}", limiter.len());
+    // One permit of a full burst (10) was spent: refilled after 100 ms; a
+    // refill period from empty is 1 s.
+    clock.advance(Duration::from_secs(1) + MS);
+    // Normal calls on 20 keys; each shard is swept at its first call.
+    for round in 0..200u64 {
+        for key in 0..20u64 {
+            limiter
+                .try_reserve(&(key * 7919 + round % 3), 1, Duration::ZERO)
+                .unwrap();
+        }
+        clock.advance(MS);
+    }
+    let held = limiter.len();
+    assert!(held <= 60, "{held} entries held for 60 active keys");
+    assert_eq!(limiter.stats().dropped_unfinished, 0);
+}
+
+/// Under a flood of distinct keys, `max_keys` is never exceeded, and keys
+/// dropped before they were full are counted.
+#[test]
+fn max_keys_bounds_a_flood_of_new_keys() {
+    let clock = FakeClock::new();
+    let limiter = KeyedRateLimiter::<u64>::builder()
+        .permits_per_second(1.0)
+        .max_burst(Duration::ZERO)
+        .max_keys(1000)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let mut most = 0;
+    for key in 0..200_000u64 {
+        limiter.reserve(&key, 1).unwrap();
+        if key % 97 == 0 {
+            most = most.max(limiter.len());
+            assert!(most <= 1000, "{most} keys held after {key}");
+        }
+    }
+    assert!(most > 500, "the cap is used: {most}");
+    let stats = limiter.stats();
+    assert!(stats.keys <= 1000);
+    // Every key owes a second (no burst at 1/s), so every drop lost a debt.
+    assert!(
+        stats.dropped_unfinished >= 199_000,
+        "{}",
+        stats.dropped_unfinished
+    );
+    // A key that is still held keeps its debt; with the clock still, a
+    // recent one is held.
+    assert_eq!(
+        limiter.try_reserve(&199_999, 1, Duration::ZERO).unwrap(),
+        None
+    );
+}
+
+/// A capped limiter drops keys that read as full before any that owe.
+#[test]
+fn at_the_cap_full_keys_go_first() {
+    let clock = FakeClock::new();
+    let limiter = KeyedRateLimiter::<u64>::builder()
+        .permits_per_second(1.0)
+        .max_burst(Duration::ZERO)
+        .max_keys(64)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    // Fill the cap with keys that owe 1 s (the shards, each with its share
+    // of the cap, may already drop some), then let them be paid off (full:
+    // no burst), and owe again on a few.
+    for key in 0..64u64 {
+        limiter.reserve(&key, 1).unwrap();
+    }
+    let dropped = limiter.stats().dropped_unfinished;
+    clock.advance(Duration::from_secs(2));
+    for key in 0..4u64 {
+        limiter.reserve(&key, 1).unwrap();
+    }
+    // New keys take the place of full ones: nobody's debt is lost (12 keys
+    // owe, and every shard holds at least 16).
+    for key in 1000..1008u64 {
+        limiter.reserve(&key, 1).unwrap();
+    }
+    assert_eq!(limiter.stats().dropped_unfinished, dropped);
+    for key in 0..4u64 {
+        assert_eq!(
+            limiter.try_reserve(&key, 1, Duration::ZERO).unwrap(),
+            None,
+            "key {key} lost its debt"
+        );
+    }
+}
+
+#[test]
+fn string_keys_are_looked_up_by_str_and_independent() {
+    let clock = FakeClock::new();
+    let limiter = KeyedRateLimiter::<String>::builder()
+        .permits_per_second(5.0)
+        .max_burst(Duration::ZERO)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert_eq!(limiter.reserve("alice", 1).unwrap(), Duration::ZERO);
+    assert_eq!(limiter.reserve("alice", 1).unwrap(), 200 * MS);
+    assert_eq!(limiter.available_in("alice"), 400 * MS);
+    // One saturated key leaves another untouched.
+    assert_eq!(limiter.available_in("bob"), Duration::ZERO);
+    assert_eq!(
+        limiter.try_reserve("bob", 1, Duration::ZERO).unwrap(),
+        Some(Duration::ZERO)
+    );
+    assert_eq!(limiter.len(), 2);
+    assert!(!limiter.is_empty());
+}
+
+#[test]
+fn a_dropped_reservation_gives_the_key_its_permits_back() {
+    let clock = FakeClock::new();
+    let limiter = KeyedRateLimiter::<u32>::builder()
+        .permits_per_second(10.0)
+        .max_burst(Duration::ZERO)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    limiter.reservation(&1, 1).unwrap().commit();
+    let second = limiter.reservation(&1, 1).unwrap();
+    assert_eq!(second.delay(), 100 * MS);
+    assert!(second.is_cancellable());
+    drop(second);
+    // As if it had never been made.
+    assert_eq!(limiter.available_in(&1), 100 * MS);
+    assert_eq!(limiter.reservation(&1, 1).unwrap().delay(), 100 * MS);
+}
+
+#[test]
+fn bad_input_is_an_error() {
+    let limiter = KeyedRateLimiter::<u32>::bursty(10.0).unwrap();
+    assert!(matches!(
+        limiter.reserve(&1, 0),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        limiter.try_reserve(&1, 0, Duration::MAX),
+        Err(Error::InvalidArgument(_))
+    ));
+    for rate in [0.0, -1.0, f64::NAN] {
+        assert!(KeyedRateLimiter::<u32>::bursty(rate).is_err());
+        assert!(limiter.set_rate(rate).is_err());
+    }
+    assert_eq!(limiter.rate(), 10.0);
+    let zero_cap = KeyedRateLimiter::<u32>::builder()
+        .permits_per_second(1.0)
+        .max_keys(0)
+        .build();
+    assert!(matches!(zero_cap, Err(Error::InvalidArgument(m)) if m.contains("max_keys")));
+    // Extreme but valid values saturate.
+    assert_eq!(
+        limiter.try_reserve(&1, u32::MAX, Duration::MAX).unwrap(),
+        Some(Duration::ZERO)
+    );
+    assert!(
+        limiter
+            .try_reserve(&1, 1, Duration::ZERO)
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[test]
+fn set_rate_changes_every_key() {
+    let clock = FakeClock::new();
+    let limiter = KeyedRateLimiter::<u32>::builder()
+        .permits_per_second(10.0)
+        .max_burst(Duration::ZERO)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    limiter.reserve(&1, 1).unwrap();
+    limiter.set_rate(2.0).unwrap();
+    assert_eq!(limiter.rate(), 2.0);
+    // Key 1 repays its last request at the old rate, then pays the new one.
+    assert_eq!(limiter.reserve(&1, 1).unwrap(), 100 * MS);
+    assert_eq!(limiter.reserve(&1, 1).unwrap(), 600 * MS);
+    // A new key runs at the new rate.
+    assert_eq!(limiter.reserve(&2, 1).unwrap(), Duration::ZERO);
+    assert_eq!(limiter.reserve(&2, 1).unwrap(), 500 * MS);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_keyed_trait_is_object_safe() {
+    let clock = FakeClock::new();
+    let limiter: Arc<dyn KeyedLimiter<u32>> = Arc::new(
+        KeyedRateLimiter::<u32>::builder()
+            .permits_per_second(10.0)
+            .max_burst(Duration::ZERO)
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    assert_eq!(limiter.acquire(&7, 1).await.unwrap(), Duration::ZERO);
+    assert_eq!(limiter.acquire(&7, 1).await.unwrap(), 100 * MS);
+    assert!(!limiter.try_acquire(&7, 1, Duration::ZERO).await.unwrap());
+    assert_eq!(limiter.available_in(&7).await.unwrap(), 100 * MS);
+    assert_eq!(limiter.rate(), 10.0);
+}
+
+#[test]
+fn threads_on_distinct_keys_do_not_interfere() {
+    let clock = FakeClock::new();
+    let limiter = Arc::new(
+        KeyedRateLimiter::<u64>::builder()
+            .permits_per_second(1.0)
+            .max_burst(Duration::ZERO)
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let limiter = Arc::clone(&limiter);
+            std::thread::spawn(move || {
+                // Each key once: granted at once; a second time: one second.
+                for key in (t * 10_000)..(t * 10_000 + 10_000) {
+                    assert_eq!(limiter.reserve(&key, 1).unwrap(), Duration::ZERO);
+                }
+                for key in (t * 10_000)..(t * 10_000 + 10_000) {
+                    assert_eq!(limiter.reserve(&key, 1).unwrap(), Duration::from_secs(1));
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    assert_eq!(limiter.len(), 40_000);
+}
