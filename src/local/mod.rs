@@ -20,7 +20,7 @@ use std::time::Duration;
 use crate::Error;
 use crate::builder::Builder;
 use crate::clock::{Clock, SystemClock};
-use crate::core::{MAX_MICROS, State, stable_interval_micros};
+use crate::core::{MAX_MICROS, Reserved, State, stable_interval_micros};
 use crate::error::check_permits;
 use crate::reservation::{GiveBackTo, Pending, Reservation, Taken};
 
@@ -30,6 +30,77 @@ use word::{Encoded, Quick, Slot, Step};
 struct Grant {
     wait: u64,
     taken: Taken,
+}
+
+/// What a reservation hands back: the wait alone (`u64`: a plain
+/// reservation or try, which nothing gives back), or a [`Grant`] that
+/// records what it took (for a [`Reservation`]). Generic, so that the wait
+/// alone costs what it did before give-backs existed.
+trait Outcome: Sized {
+    /// What the locked path keeps of a reservation.
+    type Record;
+    /// Reserves on the core; returns the moment and the record.
+    fn reserve(state: &mut State, permits: u32, now: u64) -> (u64, Self::Record);
+    /// A reservation made on the word, from `before` to `after`.
+    fn from_word(wait: u64, before: u64, after: u64, now: u64) -> Self;
+    /// A reservation made on the core, published as `published`.
+    fn from_locked(wait: u64, record: Self::Record, published: Published) -> Self;
+}
+
+impl Outcome for u64 {
+    type Record = ();
+
+    #[inline(always)]
+    fn reserve(state: &mut State, permits: u32, now: u64) -> (u64, ()) {
+        (state.reserve_earliest_available(permits, now), ())
+    }
+
+    #[inline(always)]
+    fn from_word(wait: u64, _: u64, _: u64, _: u64) -> u64 {
+        wait
+    }
+
+    #[inline(always)]
+    fn from_locked(wait: u64, _: (), _: Published) -> u64 {
+        wait
+    }
+}
+
+impl Outcome for Grant {
+    type Record = Reserved;
+
+    fn reserve(state: &mut State, permits: u32, now: u64) -> (u64, Reserved) {
+        let reserved = state.reserve_recorded(permits, now);
+        (reserved.moment_micros, reserved)
+    }
+
+    #[inline(always)]
+    fn from_word(wait: u64, before: u64, after: u64, now: u64) -> Grant {
+        // A wait comes only from a word with nothing stored, whose payload
+        // is the ticket: the charge is how far the payload moved.
+        Grant {
+            wait,
+            taken: Taken::Word {
+                before,
+                after,
+                moment: now + wait,
+                charge: word::ticket(after).saturating_sub(word::ticket(before)),
+            },
+        }
+    }
+
+    fn from_locked(wait: u64, reserved: Reserved, published: Published) -> Grant {
+        let taken = match published {
+            Published::Core => Taken::Core(reserved),
+            Published::Word { before, after } => Taken::Word {
+                before,
+                after,
+                moment: reserved.moment_micros,
+                charge: reserved.charge_micros(),
+            },
+        };
+        Grant { wait, taken }
+    }
 }
 
 /// Where [`RateLimiter::transact`] published a new state.
@@ -182,10 +253,10 @@ impl<C: Clock> RateLimiter<C> {
     }
 
     /// Reserves `permits` if the debt fits in `timeout` µs (`u64::MAX`: a
-    /// plain reservation); returns the wait in µs and, when there is one,
+    /// plain reservation); returns the wait in µs and, for a [`Grant`],
     /// what to give back if the reservation goes unused.
     #[inline(always)]
-    fn reserve_micros(&self, permits: u32, timeout: u64) -> Option<Grant> {
+    fn reserve_micros<O: Outcome>(&self, permits: u32, timeout: u64) -> Option<O> {
         let first = self.word.0.load(Acquire);
         if word::is_mutex(first) {
             // The lock path reads the clock itself, under the lock.
@@ -214,20 +285,7 @@ impl<C: Clock> RateLimiter<C> {
                 .0
                 .compare_exchange_weak(current, new, AcqRel, Acquire)
             {
-                Ok(_) => {
-                    // A wait comes only from a word with nothing stored,
-                    // whose payload is the ticket: the charge is how far the
-                    // payload moved.
-                    return Some(Grant {
-                        wait,
-                        taken: Taken::Word {
-                            before: current,
-                            after: new,
-                            moment: now + wait,
-                            charge: word::ticket(new).saturating_sub(word::ticket(current)),
-                        },
-                    });
-                }
+                Ok(_) => return Some(O::from_word(wait, current, new, now)),
                 Err(actual) => current = actual,
             }
         }
@@ -238,23 +296,18 @@ impl<C: Clock> RateLimiter<C> {
     /// later clock reading than the caller's.
     #[cold]
     #[inline(never)]
-    fn reserve_locked(&self, permits: u32, timeout: u64) -> Option<Grant> {
-        let ((taken, now), published) = self.transact(|state, now| {
-            state
-                .can_acquire(now, timeout)
-                .then(|| (state.reserve_recorded(permits, now), now))
+    fn reserve_locked<O: Outcome>(&self, permits: u32, timeout: u64) -> Option<O> {
+        let ((moment, record, now), published) = self.transact(|state, now| {
+            state.can_acquire(now, timeout).then(|| {
+                let (moment, record) = O::reserve(state, permits, now);
+                (moment, record, now)
+            })
         })?;
-        let wait = taken.moment_micros.saturating_sub(now);
-        let taken = match published {
-            Published::Core => Taken::Core(taken),
-            Published::Word { before, after } => Taken::Word {
-                before,
-                after,
-                moment: taken.moment_micros,
-                charge: taken.charge_micros(),
-            },
-        };
-        Some(Grant { wait, taken })
+        Some(O::from_locked(
+            moment.saturating_sub(now),
+            record,
+            published,
+        ))
     }
 
     /// The word for `state` at `now`, in `current`'s generation if it fits
@@ -428,7 +481,7 @@ impl<C: Clock> RateLimiter<C> {
     pub fn reserve(&self, permits: u32) -> Result<Duration, Error> {
         check(permits)?;
         // A plain reservation is a try that always fits.
-        let wait = self.reserve_micros(permits, u64::MAX).map_or(0, |g| g.wait);
+        let wait = self.reserve_micros::<u64>(permits, u64::MAX).unwrap_or(0);
         Ok(Duration::from_micros(wait))
     }
 
@@ -444,8 +497,8 @@ impl<C: Clock> RateLimiter<C> {
     #[inline(always)]
     pub fn try_reserve(&self, permits: u32, timeout: Duration) -> Result<Option<Duration>, Error> {
         check(permits)?;
-        let grant = self.reserve_micros(permits, micros(timeout));
-        Ok(grant.map(|g| Duration::from_micros(g.wait)))
+        let wait = self.reserve_micros::<u64>(permits, micros(timeout));
+        Ok(wait.map(Duration::from_micros))
     }
 
     /// Reserves `permits` now and returns them as a [`Reservation`]: wait for
@@ -456,7 +509,7 @@ impl<C: Clock> RateLimiter<C> {
     #[inline]
     pub fn reservation(&self, permits: u32) -> Result<Reservation<'_>, Error> {
         check(permits)?;
-        Ok(self.to_reservation(self.reserve_micros(permits, u64::MAX)))
+        Ok(self.to_reservation(self.reserve_micros::<Grant>(permits, u64::MAX)))
     }
 
     /// [`reservation`](Self::reservation) if the permits can be used within
@@ -472,7 +525,7 @@ impl<C: Clock> RateLimiter<C> {
     ) -> Result<Option<Reservation<'_>>, Error> {
         check(permits)?;
         Ok(self
-            .reserve_micros(permits, micros(timeout))
+            .reserve_micros::<Grant>(permits, micros(timeout))
             .map(|grant| self.to_reservation(Some(grant))))
     }
 
@@ -504,7 +557,13 @@ impl<C: Clock> RateLimiter<C> {
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
     pub async fn acquire(&self, permits: u32) -> Result<Duration, Error> {
-        Ok(self.reservation(permits)?.wait().await)
+        check(permits)?;
+        match self.reserve_micros::<Grant>(permits, u64::MAX) {
+            // Nothing to wait for, nor to give back: no reservation to
+            // build, no sleep to set up.
+            Some(Grant { wait: 0, .. }) | None => Ok(Duration::ZERO),
+            grant => Ok(self.to_reservation(grant).wait().await),
+        }
     }
 
     /// Acquires `permits` if they can be had within `timeout`, sleeping for
