@@ -12,6 +12,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use support::poll::within;
 use support::redis_cluster::RedisCluster;
 use support::redis_server::RedisServer;
 use throttler::Error;
@@ -38,18 +39,6 @@ fn builder(client: redis::Client, name: &str, rate: f64) -> RedisBuilder {
         .permits_per_second(rate)
         .response_timeout(RESPONSE_TIMEOUT)
         .probe_interval(PROBE_INTERVAL)
-}
-
-/// Polls `done` every 5 ms for up to `limit`; returns how long it took.
-async fn within(limit: Duration, mut done: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if done() {
-            return Some(start.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    None
 }
 
 /// Waits until `limiter` is back on Redis, within [`RECOVERY_BOUND`] of now;

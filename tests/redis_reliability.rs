@@ -11,6 +11,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use support::poll::within;
 use support::proxy::Proxy;
 use support::redis_server::RedisServer;
 use throttler::Error;
@@ -26,18 +27,6 @@ fn builder(client: redis::Client, name: &str, rate: f64) -> throttler::redis::Re
         .permits_per_second(rate)
         .response_timeout(RESPONSE_TIMEOUT)
         .probe_interval(PROBE_INTERVAL)
-}
-
-/// Polls `done` every 10 ms for up to `limit`; returns how long it took.
-async fn within(limit: Duration, mut done: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if done() {
-            return Some(start.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    None
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

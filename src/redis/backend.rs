@@ -2,14 +2,43 @@
 //! its health, and the runtime its I/O runs on.
 
 use std::future::Future;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
 
 use super::connection::{Connection, Link, Target};
 use super::fallback::Health;
+use super::script::{self, Call, ScriptArgs};
 use crate::Error;
+use crate::core::{Bursty, Policy};
 use crate::error::BackendError;
+
+/// The key a backend probes before any limiter has failed on it: outside
+/// the `throttler:` prefix, so that it can be no limiter's.
+const BACKEND_PROBE_KEY: &str = "throttler-probe";
+
+/// Where the probe runs the script: the key of the limiter whose call
+/// failed (on a cluster, that key's own node), with that limiter's
+/// arguments.
+#[derive(Clone)]
+pub(crate) struct ProbeTarget {
+    pub(crate) key: Arc<str>,
+    pub(crate) script_args: Arc<ScriptArgs>,
+    pub(crate) rate: f64,
+}
+
+impl ProbeTarget {
+    /// The backend's own probe key, with arguments that describe an idle
+    /// limiter (its probe writes a missing key with a TTL of a few ms).
+    pub(crate) fn backend() -> ProbeTarget {
+        ProbeTarget {
+            key: BACKEND_PROBE_KEY.into(),
+            script_args: Arc::new(ScriptArgs::new(&Policy::Bursty(Bursty::default()), 1.0)),
+            rate: 1.0,
+        }
+    }
+}
 
 /// The runtime a limiter's Redis I/O and probe run on.
 pub(crate) enum RuntimeRef {
@@ -40,7 +69,8 @@ impl Drop for RuntimeRef {
     }
 }
 
-/// One target, one connection, one health state, one runtime.
+/// One target, one connection, one health state, one probe, one runtime,
+/// shared by every limiter made from it.
 pub(crate) struct Backend {
     pub(crate) target: Target,
     pub(crate) link: Link,
@@ -51,6 +81,90 @@ pub(crate) struct Backend {
 }
 
 impl Backend {
+    pub(crate) fn new(
+        target: Target,
+        runtime: RuntimeRef,
+        response_timeout: Duration,
+        probe_interval: Duration,
+    ) -> Backend {
+        Backend {
+            target,
+            link: Link::default(),
+            health: Health::default(),
+            runtime,
+            response_timeout,
+            probe_interval,
+        }
+    }
+
+    /// The first attempt to reach Redis: a fresh connection and the
+    /// script's probe on it, on `target`. On failure the backend starts
+    /// degraded (its probe running), or, when `require` is set, the failure
+    /// is returned.
+    pub(crate) async fn start(
+        self: &Arc<Self>,
+        require: bool,
+        target: ProbeTarget,
+    ) -> Result<(), Error> {
+        match self.try_probe(&target).await {
+            Ok(()) => Ok(()),
+            Err(failure) if require => Err(Error::Backend(failure)),
+            Err(failure) => {
+                self.degrade(&failure, target);
+                Ok(())
+            }
+        }
+    }
+
+    /// Marks the backend degraded after `failure` (once: later failures
+    /// while degraded change nothing) and starts the probe on `target`.
+    /// Every limiter of the backend then serves from its fallback.
+    pub(crate) fn degrade(self: &Arc<Self>, failure: &BackendError, target: ProbeTarget) {
+        if !self.health.degrade(&failure.to_string()) {
+            return;
+        }
+        tracing::warn!(
+            target = %self.target.describe(),
+            key = %target.key,
+            error = %failure,
+            "Redis is unavailable; limiters serve from their fallbacks until the script works again"
+        );
+        self.spawn(probe(Arc::downgrade(self), target));
+    }
+
+    /// One probe: a fresh connection and the script's probe mode on it
+    /// (which reserves nothing, but writes: a server that refuses writes
+    /// fails it). On success the connection replaces the one in use. A
+    /// call the script rejects for the key's data is not an outage.
+    async fn try_probe(&self, target: &ProbeTarget) -> Result<(), BackendError> {
+        let mut connection = self.target.connect(self.response_timeout).await?;
+        let probe = script::invoke(
+            &mut connection,
+            &target.key,
+            &Call::Probe,
+            target.rate,
+            &target.script_args,
+        );
+        match tokio::time::timeout(self.response_timeout, probe).await {
+            Ok(Ok(_)) => {
+                self.link.replace(connection);
+                Ok(())
+            }
+            Ok(Err(e)) if script::is_data_error(&e) => {
+                self.link.replace(connection);
+                Ok(())
+            }
+            Ok(Err(e)) => Err(BackendError::new(
+                format!("the probe's script failed on key {}", target.key),
+                Some(Box::new(e)),
+            )),
+            Err(_) => Err(BackendError::timeout(format!(
+                "the probe's script did not answer within {:?} (key {})",
+                self.response_timeout, target.key
+            ))),
+        }
+    }
+
     /// The connection calls use, or `None` if none has worked yet.
     pub(crate) fn connection(&self) -> Option<Connection> {
         self.link.get()
@@ -118,4 +232,59 @@ pub(crate) fn shut_down() -> Error {
         "the limiter's Tokio runtime has shut down",
         None,
     ))
+}
+
+/// Probes every `probe_interval` until the script works on a fresh
+/// connection, then marks the backend healthy. Ends when the backend is
+/// dropped (with its last limiter and handle).
+async fn probe(backend: Weak<Backend>, target: ProbeTarget) {
+    loop {
+        let Some(interval) = backend.upgrade().map(|b| b.probe_interval) else {
+            return;
+        };
+        tokio::time::sleep(interval).await;
+        let Some(backend) = backend.upgrade() else {
+            return;
+        };
+        match backend.try_probe(&target).await {
+            Ok(()) => {
+                backend.health.recover();
+                tracing::info!(
+                    target = %backend.target.describe(),
+                    "the limiters' script works again; back on Redis"
+                );
+                return;
+            }
+            Err(e) => backend.health.set_last_error(&e.to_string()),
+        }
+    }
+}
+
+/// The runtime of the calling task, for a backend built with `build()`.
+pub(crate) fn current_runtime(builder: &str) -> Result<RuntimeRef, Error> {
+    Handle::try_current()
+        .map(RuntimeRef::Borrowed)
+        .map_err(|_| {
+            Error::InvalidArgument(format!(
+                "{builder}::build() must run inside a Tokio runtime; \
+             use build_blocking() in a program without one"
+            ))
+        })
+}
+
+/// A small runtime of the backend's own (one worker thread), for
+/// `build_blocking()`.
+pub(crate) fn own_runtime() -> Result<RuntimeRef, Error> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("throttler-redis")
+        .enable_all()
+        .build()
+        .map(|runtime| RuntimeRef::Owned(Some(runtime)))
+        .map_err(|e| {
+            Error::Backend(BackendError::new(
+                "cannot start the limiter's runtime",
+                Some(Box::new(e)),
+            ))
+        })
 }

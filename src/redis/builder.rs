@@ -1,22 +1,19 @@
 //! Configuration and construction of a [`RedisRateLimiter`].
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Duration;
 
 use redis::cluster::ClusterClient;
-use tokio::runtime::Handle;
 
 use super::Fallback;
-use super::backend::{Backend, RuntimeRef};
-use super::connection::{Link, Target};
-use super::fallback::Health;
+use super::backend::{Backend, RuntimeRef, current_runtime, own_runtime};
+use super::connection::Target;
 use super::limiter::{Inner, RedisRateLimiter, local_rate};
 use super::script::ScriptArgs;
 use crate::builder::{PolicyConfig, policy_setters};
 use crate::clock::{Clock, SystemClock};
 use crate::core::State;
-use crate::error::BackendError;
 use crate::{Error, RateLimiter};
 
 /// Every key is `throttler:` followed by the limiter's name.
@@ -27,6 +24,62 @@ pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// The default [`probe_interval`](RedisBuilder::probe_interval).
 pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(500);
+
+/// The fallback setters of a limiter's builder (fields `fallback` and
+/// `local_fraction`).
+macro_rules! fallback_setters {
+    () => {
+        /// What to do while Redis is unavailable. Default
+        /// [`Fallback::Local`](crate::redis::Fallback::Local).
+        pub fn fallback(mut self, fallback: crate::redis::Fallback) -> Self {
+            self.fallback = fallback;
+            self
+        }
+
+        /// With [`Fallback::Local`](crate::redis::Fallback::Local), the
+        /// share of the rate this process allows itself while degraded:
+        /// `1.0 / N` when N processes share the key, so that together they
+        /// stay near the rate. Default 1.0; must be in `(0, 1]`.
+        pub fn local_fraction(mut self, local_fraction: f64) -> Self {
+            self.local_fraction = local_fraction;
+            self
+        }
+    };
+}
+pub(crate) use fallback_setters;
+
+/// The connection setters of a backend's builder (fields
+/// `response_timeout`, `probe_interval` and `require_connection`).
+macro_rules! connection_setters {
+    () => {
+        /// How long one call waits for Redis before the fallback takes
+        /// over. Default 200 ms; must be more than zero.
+        pub fn response_timeout(mut self, response_timeout: std::time::Duration) -> Self {
+            self.response_timeout = response_timeout;
+            self
+        }
+
+        /// How often a degraded backend probes Redis to see whether it is
+        /// back (a fresh connection, and the script on it). Default 500 ms;
+        /// must be more than zero.
+        pub fn probe_interval(mut self, probe_interval: std::time::Duration) -> Self {
+            self.probe_interval = probe_interval;
+            self
+        }
+
+        /// Whether building fails when Redis does not answer. Default
+        /// `false`: the limiters then start degraded (their fallbacks serve,
+        /// a warning is logged) and switch to Redis as soon as the probe
+        /// sees the script work, so a service can start while Redis is
+        /// down. Set it to fail fast instead; bad options fail at once
+        /// either way.
+        pub fn require_connection(mut self, require_connection: bool) -> Self {
+            self.require_connection = require_connection;
+            self
+        }
+    };
+}
+pub(crate) use connection_setters;
 
 /// Builds a [`RedisRateLimiter`]; see [`RedisRateLimiter::builder`].
 ///
@@ -73,44 +126,8 @@ impl RedisBuilder<SystemClock> {
 impl<C: Clock + Clone> RedisBuilder<C> {
     policy_setters!();
 
-    /// What to do while Redis is unavailable. Default [`Fallback::Local`].
-    pub fn fallback(mut self, fallback: Fallback) -> Self {
-        self.fallback = fallback;
-        self
-    }
-
-    /// With [`Fallback::Local`], the share of the rate this process allows
-    /// itself while degraded: `1.0 / N` when N processes share the key, so
-    /// that together they stay near the rate. Default 1.0; must be in
-    /// `(0, 1]`.
-    pub fn local_fraction(mut self, local_fraction: f64) -> Self {
-        self.local_fraction = local_fraction;
-        self
-    }
-
-    /// How long one call waits for Redis before the fallback takes over.
-    /// Default 200 ms.
-    pub fn response_timeout(mut self, response_timeout: Duration) -> Self {
-        self.response_timeout = response_timeout;
-        self
-    }
-
-    /// How often a degraded limiter probes Redis to see whether it is back
-    /// (a fresh connection, and the limiter's script on it). Default 500 ms.
-    pub fn probe_interval(mut self, probe_interval: Duration) -> Self {
-        self.probe_interval = probe_interval;
-        self
-    }
-
-    /// Whether building fails when Redis does not answer. Default `false`:
-    /// the limiter then starts degraded (its fallback serves, a warning is
-    /// logged) and switches to Redis as soon as the probe sees the script
-    /// work, so a service can start while Redis is down. Set it to fail
-    /// fast instead; bad options fail at once either way.
-    pub fn require_connection(mut self, require_connection: bool) -> Self {
-        self.require_connection = require_connection;
-        self
-    }
+    fallback_setters!();
+    connection_setters!();
 
     /// The clock waits are slept on (Redis's clock decides the waits).
     /// Default: [`SystemClock`].
@@ -142,15 +159,9 @@ impl<C: Clock + Clone> RedisBuilder<C> {
     /// if Redis cannot be reached.
     pub async fn build(self) -> Result<RedisRateLimiter<C>, Error> {
         self.check()?;
-        let handle = Handle::try_current().map_err(|_| {
-            Error::InvalidArgument(
-                "RedisBuilder::build() must run inside a Tokio runtime; \
-                 use build_blocking() in a program without one"
-                    .to_owned(),
-            )
-        })?;
+        let runtime = current_runtime("RedisBuilder")?;
         let require = self.require_connection;
-        let limiter = self.assemble(RuntimeRef::Borrowed(handle))?;
+        let limiter = self.assemble(runtime)?;
         limiter.start(require).await?;
         Ok(limiter)
     }
@@ -165,21 +176,11 @@ impl<C: Clock + Clone> RedisBuilder<C> {
     /// be started.
     pub fn build_blocking(self) -> Result<RedisRateLimiter<C>, Error> {
         self.check()?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("throttler-redis")
-            .enable_all()
-            .build()
-            .map_err(|e| {
-                Error::Backend(BackendError::new(
-                    "cannot start the limiter's runtime",
-                    Some(Box::new(e)),
-                ))
-            })?;
+        let runtime = own_runtime()?;
         let require = self.require_connection;
         // From here on the runtime belongs to the limiter, which shuts it
         // down without blocking when dropped, on every path.
-        let limiter = self.assemble(RuntimeRef::Owned(Some(runtime)))?;
+        let limiter = self.assemble(runtime)?;
         let starting = RedisRateLimiter::from_arc(Arc::clone(&limiter.inner));
         limiter
             .inner
@@ -189,58 +190,94 @@ impl<C: Clock + Clone> RedisBuilder<C> {
     }
 
     fn check(&self) -> Result<(), Error> {
-        if self.name.is_empty() {
-            return Err(Error::InvalidArgument(
-                "the limiter's name (its Redis key) must not be empty".to_owned(),
-            ));
-        }
-        if !(self.local_fraction > 0.0 && self.local_fraction <= 1.0) {
-            return Err(Error::InvalidArgument(format!(
-                "local_fraction must be in (0, 1] (got {})",
-                self.local_fraction
-            )));
-        }
-        for (what, value) in [
-            ("response_timeout", self.response_timeout),
-            ("probe_interval", self.probe_interval),
-        ] {
-            if value.is_zero() {
-                return Err(Error::InvalidArgument(format!(
-                    "{what} must be more than zero"
-                )));
-            }
-        }
-        self.config.policy().map(|_| ())
+        check_backend(self.response_timeout, self.probe_interval)?;
+        check_limiter(&self.name, &self.config, self.local_fraction)
     }
 
     /// The limiter, not yet connected (degraded until
-    /// [`start`](RedisRateLimiter::start)).
+    /// [`start`](RedisRateLimiter::start)), on a backend of its own.
     fn assemble(self, runtime: RuntimeRef) -> Result<RedisRateLimiter<C>, Error> {
-        let (policy, rate) = self.config.policy()?;
-        let now = self.clock.now_micros();
-        let local = RateLimiter::from_parts(
-            State::new(policy.clone(), local_rate(rate, self.local_fraction), now)?,
-            self.clock,
-        );
-        let backend = Arc::new(Backend {
-            target: self.target,
-            link: Link::default(),
-            health: Health::default(),
+        let backend = Arc::new(Backend::new(
+            self.target,
             runtime,
-            response_timeout: self.response_timeout,
-            probe_interval: self.probe_interval,
-        });
-        Ok(RedisRateLimiter::from_arc(Arc::new_cyclic(|this| Inner {
+            self.response_timeout,
+            self.probe_interval,
+        ));
+        assemble_limiter(
             backend,
-            key: format!("{KEY_PREFIX}{}", self.name).into(),
-            script_args: Arc::new(ScriptArgs::new(&policy, rate)),
-            rate_bits: AtomicU64::new(rate.to_bits()),
-            fallback: self.fallback,
-            local,
-            local_fraction: self.local_fraction,
-            debt_until: AtomicU64::new(0),
-            opened_until: AtomicU64::new(0),
-            this: this.clone(),
-        })))
+            &self.name,
+            &self.config,
+            self.fallback,
+            self.local_fraction,
+            self.clock,
+        )
     }
+}
+
+/// Checks a backend's options.
+pub(crate) fn check_backend(
+    response_timeout: Duration,
+    probe_interval: Duration,
+) -> Result<(), Error> {
+    for (what, value) in [
+        ("response_timeout", response_timeout),
+        ("probe_interval", probe_interval),
+    ] {
+        if value.is_zero() {
+            return Err(Error::InvalidArgument(format!(
+                "{what} must be more than zero"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a limiter's options.
+pub(crate) fn check_limiter(
+    name: &str,
+    config: &PolicyConfig,
+    local_fraction: f64,
+) -> Result<(), Error> {
+    if name.is_empty() {
+        return Err(Error::InvalidArgument(
+            "the limiter's name (its Redis key) must not be empty".to_owned(),
+        ));
+    }
+    if !(local_fraction > 0.0 && local_fraction <= 1.0) {
+        return Err(Error::InvalidArgument(format!(
+            "local_fraction must be in (0, 1] (got {local_fraction})"
+        )));
+    }
+    config.policy().map(|_| ())
+}
+
+/// A limiter named `name` on `backend` (no I/O: it uses the backend's
+/// connection and health as they are).
+pub(crate) fn assemble_limiter<C: Clock>(
+    backend: Arc<Backend>,
+    name: &str,
+    config: &PolicyConfig,
+    fallback: Fallback,
+    local_fraction: f64,
+    clock: C,
+) -> Result<RedisRateLimiter<C>, Error> {
+    check_limiter(name, config, local_fraction)?;
+    let (policy, rate) = config.policy()?;
+    let now = clock.now_micros();
+    let local = RateLimiter::from_parts(
+        State::new(policy.clone(), local_rate(rate, local_fraction), now)?,
+        clock,
+    );
+    Ok(RedisRateLimiter::from_arc(Arc::new(Inner {
+        backend,
+        key: format!("{KEY_PREFIX}{name}").into(),
+        script_args: Arc::new(ScriptArgs::new(&policy, rate)),
+        rate_bits: AtomicU64::new(rate.to_bits()),
+        fallback,
+        local,
+        local_fraction,
+        debt_until: AtomicU64::new(0),
+        opened_until: AtomicU64::new(0),
+        serving_locally: AtomicBool::new(false),
+    })))
 }

@@ -6,15 +6,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// What to do when Redis cannot be reached, times out, or fails.
 ///
-/// Whichever is chosen, the limiter then switches to *degraded* mode
+/// Whichever is chosen, the limiter's backend (its own, or a shared
+/// [`RedisBackend`](super::RedisBackend)) then switches to *degraded* mode
 /// ([`is_degraded`](super::RedisRateLimiter::is_degraded)): calls no longer
 /// wait for Redis but are served by the fallback at once, and one background
 /// probe opens a fresh connection every `probe_interval` and runs the
-/// limiter's script on it (in a mode that reserves nothing but writes, so a
-/// server that answers PING but refuses writes stays "down"). When the
-/// script works, that connection replaces the old one and calls go back to
-/// Redis. Switches are logged (`tracing`, warn and info) and counted in
-/// [`RedisStats`].
+/// script on it, on the key whose call failed (in a mode that reserves
+/// nothing but writes, so a server that answers PING but refuses writes
+/// stays "down"). When the script works, that connection replaces the old
+/// one and calls go back to Redis; each limiter's first call then carries
+/// what its local fallback granted into its key. Switches are logged
+/// (`tracing`, warn and info) and counted in [`RedisStats`].
 ///
 /// A key that holds data of another type, or a call the script rejects, is
 /// not an outage: such calls return [`Error::Backend`](crate::Error::Backend)

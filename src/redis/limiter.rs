@@ -3,17 +3,16 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::RedisResult;
 use redis::cluster::ClusterClient;
 
-use super::backend::{Backend, blocking_section};
+use super::backend::{Backend, ProbeTarget, blocking_section};
 use super::builder::RedisBuilder;
-use super::connection::Connection;
 use super::fallback::{Fallback, RedisStats};
 use super::script::{self, Call, Reply, ScriptArgs, Token};
 use crate::clock::{Clock, SystemClock};
@@ -82,8 +81,10 @@ pub(crate) struct Inner<C: Clock> {
     /// The ticket the local fallback opened with at the last switch (µs,
     /// local clock): what of its debt Redis already knows.
     pub(crate) opened_until: AtomicU64,
-    /// This limiter, for the probe task (which ends when it is gone).
-    pub(crate) this: Weak<Inner<C>>,
+    /// Whether this limiter has served from its fallback since it last
+    /// used Redis: its first call after the backend recovers then carries
+    /// the fallback's debt into its key (see [`Inner::leave_fallback`]).
+    pub(crate) serving_locally: AtomicBool,
 }
 
 /// Why a round trip gave no reply to use.
@@ -186,12 +187,72 @@ impl<C: Clock> Inner<C> {
         }
     }
 
-    /// One call to Redis, bounded by the response timeout. A failure that is
-    /// an outage degrades the limiter.
+    /// Where the backend's probe runs the script after this limiter's call
+    /// failed: its own key.
+    fn probe_target(&self) -> ProbeTarget {
+        ProbeTarget {
+            key: Arc::clone(&self.key),
+            script_args: Arc::clone(&self.script_args),
+            rate: self.rate(),
+        }
+    }
+
+    /// One call to Redis, bounded by the response timeout, unless the
+    /// backend is degraded. The first call after this limiter served from
+    /// its fallback first carries the fallback's debt into the key.
     async fn round_trip(&self, call: Call) -> Result<Reply, Failure> {
         if self.backend.health.is_degraded() {
             return Err(Failure::Down(None));
         }
+        if self.serving_locally.load(Ordering::Acquire) {
+            self.leave_fallback().await?;
+        }
+        self.send(call).await
+    }
+
+    /// Back on Redis after serving from the fallback: one resume call with
+    /// the debt the fallback ran up beyond what Redis knew (read now, just
+    /// before it is sent). One caller sends it; concurrent ones go on to
+    /// Redis at once (the resume adds to the key's ticket, so the order
+    /// does not matter). If Redis fails again, the limiter stays on its
+    /// fallback, which keeps its debt.
+    async fn leave_fallback(&self) -> Result<(), Failure> {
+        if self
+            .serving_locally
+            .compare_exchange(true, false, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Ok(());
+        }
+        let Some(resume) = self.recovery_call() else {
+            return Ok(());
+        };
+        match self.send(resume).await {
+            // A key that holds foreign data: the call itself reports it.
+            Ok(_) | Err(Failure::Refused(_)) => Ok(()),
+            Err(down) => {
+                self.serving_locally.store(true, Ordering::Release);
+                Err(down)
+            }
+        }
+    }
+
+    /// Serving from the fallback (once per switch): the local fallback
+    /// starts with no stored permits and the debt Redis last reported.
+    fn enter_fallback(&self) {
+        self.backend.health.count_fallback_call();
+        if self.serving_locally.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let now = self.local.clock().now_micros();
+        let opened_until = now.max(self.debt_until.load(Ordering::Relaxed));
+        self.opened_until.store(opened_until, Ordering::Relaxed);
+        self.local.restart_from(opened_until);
+    }
+
+    /// One call to Redis, bounded by the response timeout. A failure that is
+    /// an outage degrades the backend.
+    async fn send(&self, call: Call) -> Result<Reply, Failure> {
         let Some(mut connection) = self.backend.connection() else {
             let failure = BackendError::new(
                 format!("no connection to {}", self.backend.target.describe()),
@@ -270,7 +331,7 @@ impl<C: Clock> Inner<C> {
             })),
             Err(Failure::Refused(error)) => Err(error),
             Err(Failure::Down(failure)) => {
-                self.backend.health.count_fallback_call();
+                self.enter_fallback();
                 match self.fallback {
                     Fallback::Local => match timeout {
                         None => self.local.reservation(permits).map(Some),
@@ -293,7 +354,7 @@ impl<C: Clock> Inner<C> {
             Ok(reply) => Ok(reply.wait.unwrap_or_default()),
             Err(Failure::Refused(error)) => Err(error),
             Err(Failure::Down(failure)) => {
-                self.backend.health.count_fallback_call();
+                self.enter_fallback();
                 match self.fallback {
                     Fallback::Local => Ok(self.local.available_in()),
                     Fallback::FailOpen => Ok(Duration::ZERO),
@@ -316,75 +377,10 @@ impl<C: Clock> Inner<C> {
         }))
     }
 
-    /// Switches to the fallback (once): the local fallback starts with no
-    /// stored permits and the debt Redis last reported; the probe starts.
+    /// Degrades the backend after `failure`; its probe runs on this
+    /// limiter's key.
     pub(crate) fn degrade(&self, failure: &BackendError) {
-        if !self.backend.health.degrade(&failure.to_string()) {
-            return;
-        }
-        tracing::warn!(
-            key = %self.key,
-            fallback = ?self.fallback,
-            error = %failure,
-            "Redis is unavailable; serving from the fallback until the limiter's script works again"
-        );
-        let now = self.local.clock().now_micros();
-        let opened_until = now.max(self.debt_until.load(Ordering::Relaxed));
-        self.opened_until.store(opened_until, Ordering::Relaxed);
-        self.local.restart_from(opened_until);
-        self.backend
-            .spawn(probe(self.this.clone(), self.backend.probe_interval));
-    }
-
-    /// One probe: a fresh connection, the script's probe on it, and, when
-    /// `resume` is set and the fallback served, the resume call (see
-    /// [`recovery_call`](Self::recovery_call)). On success the connection
-    /// replaces the old one; the caller then leaves degraded mode.
-    ///
-    /// The resume is sent only once the probe has answered, so that the
-    /// local debt it carries is read just before it is sent: a call that
-    /// hung on a frozen server would carry a debt that time had paid off
-    /// meanwhile.
-    async fn try_recover(&self, resume: bool) -> Result<(), BackendError> {
-        let backend = &self.backend;
-        let mut connection = backend.target.connect(backend.response_timeout).await?;
-        let mut reply = self.call_on(&mut connection, Call::Probe).await;
-        if resume && matches!(reply, Ok(Ok(_))) {
-            if let Some(call) = self.recovery_call() {
-                reply = self.call_on(&mut connection, call).await;
-            }
-        }
-        match reply {
-            Ok(Ok(reply)) => {
-                backend.link.replace(connection);
-                self.note_debt(reply.debt_micros);
-                Ok(())
-            }
-            // A key holding foreign data is reported by every call, but it
-            // is not an outage.
-            Ok(Err(e)) if script::is_data_error(&e) => {
-                backend.link.replace(connection);
-                Ok(())
-            }
-            Ok(Err(e)) => Err(BackendError::new(
-                format!("the probe's script failed on key {}", self.key),
-                Some(Box::new(e)),
-            )),
-            Err(_) => Err(BackendError::timeout(format!(
-                "the probe's script did not answer within {:?} (key {})",
-                backend.response_timeout, self.key
-            ))),
-        }
-    }
-
-    /// One script call on `connection`, bounded by the response timeout.
-    async fn call_on(
-        &self,
-        connection: &mut Connection,
-        call: Call,
-    ) -> Result<RedisResult<Reply>, tokio::time::error::Elapsed> {
-        let sent = script::invoke(connection, &self.key, &call, self.rate(), &self.script_args);
-        tokio::time::timeout(self.backend.response_timeout, sent).await
+        self.backend.degrade(failure, self.probe_target());
     }
 
     /// What a recovery tells the script after the probe: after serving
@@ -411,26 +407,6 @@ impl<C: Clock> Inner<C> {
                     debt_micros: (granted as f64 * self.local_fraction) as u64,
                 })
             }
-        }
-    }
-}
-
-/// Probes every `interval` until the limiter's script works on a fresh
-/// connection, then marks the limiter healthy. Ends when the limiter is
-/// dropped.
-async fn probe<C: Clock>(limiter: Weak<Inner<C>>, interval: Duration) {
-    loop {
-        tokio::time::sleep(interval).await;
-        let Some(inner) = limiter.upgrade() else {
-            return;
-        };
-        match inner.try_recover(true).await {
-            Ok(()) => {
-                inner.backend.health.recover();
-                tracing::info!(key = %inner.key, "the limiter's script works again; back on Redis");
-                return;
-            }
-            Err(e) => inner.backend.health.set_last_error(&e.to_string()),
         }
     }
 }
@@ -481,18 +457,11 @@ impl<C: Clock> RedisRateLimiter<C> {
     }
 
     /// The first attempt to reach Redis: a fresh connection and the
-    /// script's probe on it. On failure the limiter starts degraded (or,
-    /// when `require` is set, building fails).
+    /// script's probe on this limiter's key. On failure the limiter starts
+    /// degraded (or, when `require` is set, building fails).
     pub(crate) async fn start(&self, require: bool) -> Result<(), Error> {
-        let inner = &self.inner;
-        match inner.try_recover(false).await {
-            Ok(()) => Ok(()),
-            Err(failure) if require => Err(Error::Backend(failure)),
-            Err(failure) => {
-                inner.degrade(&failure);
-                Ok(())
-            }
-        }
+        let target = self.inner.probe_target();
+        self.inner.backend.start(require, target).await
     }
 
     /// Reserves `permits` and returns the wait before they may be used.

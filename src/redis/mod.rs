@@ -7,9 +7,15 @@
 //! limiter's state is one key, `throttler:{name}` (a 76-byte string with a
 //! format marker), so it works the same on a single server and on Redis
 //! Cluster. The key expires only once an idle limiter would have refilled
-//! anyway, so expiry is invisible; a missing
-//! key reads as a limiter that has been idle for a long time (full for the
-//! bursty policy, cold for the warming-up one).
+//! anyway, so expiry is invisible; a missing key reads as a limiter that
+//! has been idle for a long time (full for the bursty policy, cold for the
+//! warming-up one).
+//!
+//! Each limiter built with [`RedisRateLimiter::builder`] has a connection
+//! of its own. Many limiters (one per API, per queue, ...) can share one
+//! instead: build a [`RedisBackend`] once, then limiters from it with
+//! [`RedisBackend::limiter`], which does no I/O. They share its connection,
+//! its health and its probe.
 //!
 //! When Redis is unreachable, too slow (see
 //! [`response_timeout`](RedisBuilder::response_timeout)) or failing, the
@@ -38,8 +44,10 @@ mod connection;
 mod fallback;
 mod limiter;
 mod script;
+mod shared;
 
 pub use builder::{DEFAULT_PROBE_INTERVAL, DEFAULT_RESPONSE_TIMEOUT, KEY_PREFIX, RedisBuilder};
 pub use fallback::{Fallback, RedisStats};
 pub use limiter::RedisRateLimiter;
 pub use script::Token;
+pub use shared::{RedisBackend, RedisBackendBuilder, RedisLimiterBuilder};

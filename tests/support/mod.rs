@@ -7,6 +7,8 @@
 #[cfg(feature = "redis")]
 pub mod limiter_state;
 #[cfg(feature = "redis")]
+pub mod poll;
+#[cfg(feature = "redis")]
 pub mod proxy;
 #[cfg(feature = "redis")]
 pub mod redis_cluster;

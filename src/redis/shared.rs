@@ -1,0 +1,245 @@
+//! One connection for many limiters: [`RedisBackend`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::cluster::ClusterClient;
+
+use super::Fallback;
+use super::backend::{Backend, ProbeTarget, current_runtime, own_runtime};
+use super::builder::{
+    DEFAULT_PROBE_INTERVAL, DEFAULT_RESPONSE_TIMEOUT, assemble_limiter, check_backend,
+    connection_setters, fallback_setters,
+};
+use super::connection::Target;
+use super::fallback::RedisStats;
+use super::limiter::RedisRateLimiter;
+use crate::Error;
+use crate::builder::{PolicyConfig, policy_setters};
+use crate::clock::{Clock, SystemClock};
+
+/// Redis as many limiters share it: one connection (multiplexed), one
+/// health state and one probe, for every limiter made from it with
+/// [`limiter`](Self::limiter). A cheap `Clone` handle: clones share it all.
+///
+/// When a call of any of its limiters finds Redis unavailable, the backend
+/// is *degraded*: every limiter serves from its own fallback, and one probe
+/// (a fresh connection, and the script on the key whose call failed) runs
+/// until the script works again. Each limiter then carries its fallback's
+/// debt into its own key with its first call (see
+/// [`RedisRateLimiter`]).
+///
+/// ```no_run
+/// use throttler::redis::RedisBackend;
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let backend = RedisBackend::builder(redis::Client::open("redis://127.0.0.1:6379/")?)
+///     .build()
+///     .await?;
+/// // Both limiters use the backend's one connection; building them does no I/O.
+/// let search = backend.limiter("search-api").permits_per_second(10.0).build()?;
+/// let orders = backend.limiter("orders-api").permits_per_second(50.0).build()?;
+/// search.acquire(1).await?;
+/// orders.acquire(1).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisBackend {
+    backend: Arc<Backend>,
+}
+
+/// # Constructors
+impl RedisBackend {
+    /// A backend on one Redis server.
+    pub fn builder(client: redis::Client) -> RedisBackendBuilder {
+        RedisBackendBuilder::new(Target::Single(client))
+    }
+
+    /// A backend on a Redis Cluster: each limiter's key lives on the node
+    /// that owns its slot.
+    pub fn cluster_builder(client: ClusterClient) -> RedisBackendBuilder {
+        RedisBackendBuilder::new(Target::Cluster(Box::new(client)))
+    }
+}
+
+/// # Limiters
+impl RedisBackend {
+    /// A builder for a limiter named `name` on this backend, sharing the key
+    /// `throttler:{name}` with every other limiter of that name. Its
+    /// [`build`](RedisLimiterBuilder::build) does no I/O.
+    pub fn limiter(&self, name: &str) -> RedisLimiterBuilder<SystemClock> {
+        RedisLimiterBuilder {
+            backend: Arc::clone(&self.backend),
+            name: name.to_owned(),
+            config: PolicyConfig::default(),
+            fallback: Fallback::default(),
+            local_fraction: 1.0,
+            clock: SystemClock::new(),
+        }
+    }
+
+    /// Whether the backend's limiters are serving from their fallbacks now.
+    pub fn is_degraded(&self) -> bool {
+        self.backend.health.is_degraded()
+    }
+
+    /// The backend's health counters, over all its limiters.
+    pub fn stats(&self) -> RedisStats {
+        self.backend.health.stats()
+    }
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("target", &self.backend.target.describe())
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`RedisBackend`]; see [`RedisBackend::builder`].
+#[must_use = "a builder does nothing until .build() is called"]
+pub struct RedisBackendBuilder {
+    target: Target,
+    response_timeout: Duration,
+    probe_interval: Duration,
+    require_connection: bool,
+}
+
+impl RedisBackendBuilder {
+    fn new(target: Target) -> Self {
+        RedisBackendBuilder {
+            target,
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            probe_interval: DEFAULT_PROBE_INTERVAL,
+            require_connection: false,
+        }
+    }
+
+    connection_setters!();
+
+    /// Creates the backend on the current Tokio runtime, after one attempt
+    /// to reach Redis (a connection and the script, within the response
+    /// timeout).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for bad options or when not called inside
+    /// a Tokio runtime; with `require_connection(true)`, [`Error::Backend`]
+    /// if Redis cannot be reached.
+    pub async fn build(self) -> Result<RedisBackend, Error> {
+        check_backend(self.response_timeout, self.probe_interval)?;
+        let runtime = current_runtime("RedisBackendBuilder")?;
+        let require = self.require_connection;
+        let backend = RedisBackend {
+            backend: Arc::new(Backend::new(
+                self.target,
+                runtime,
+                self.response_timeout,
+                self.probe_interval,
+            )),
+        };
+        backend
+            .backend
+            .start(require, ProbeTarget::backend())
+            .await?;
+        Ok(backend)
+    }
+
+    /// Creates the backend with a small runtime of its own, for programs
+    /// with no async runtime (its limiters' `*_blocking` methods). Never
+    /// panics, whatever fails.
+    ///
+    /// # Errors
+    /// As [`build`](Self::build); [`Error::Backend`] if the runtime cannot
+    /// be started.
+    pub fn build_blocking(self) -> Result<RedisBackend, Error> {
+        check_backend(self.response_timeout, self.probe_interval)?;
+        let runtime = own_runtime()?;
+        let require = self.require_connection;
+        let backend = Arc::new(Backend::new(
+            self.target,
+            runtime,
+            self.response_timeout,
+            self.probe_interval,
+        ));
+        let starting = Arc::clone(&backend);
+        backend
+            .block_on(async move { starting.start(require, ProbeTarget::backend()).await })??;
+        Ok(RedisBackend { backend })
+    }
+}
+
+impl fmt::Debug for RedisBackendBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackendBuilder")
+            .field("target", &self.target.describe())
+            .field("response_timeout", &self.response_timeout)
+            .field("probe_interval", &self.probe_interval)
+            .field("require_connection", &self.require_connection)
+            .finish()
+    }
+}
+
+/// Builds a [`RedisRateLimiter`] on a [`RedisBackend`]; see
+/// [`RedisBackend::limiter`]. The rate and policy setters are those of the
+/// local [`Builder`](crate::Builder).
+#[must_use = "a builder does nothing until .build() is called"]
+pub struct RedisLimiterBuilder<C = SystemClock> {
+    backend: Arc<Backend>,
+    name: String,
+    config: PolicyConfig,
+    fallback: Fallback,
+    local_fraction: f64,
+    clock: C,
+}
+
+impl<C: Clock + Clone> RedisLimiterBuilder<C> {
+    policy_setters!();
+
+    fallback_setters!();
+
+    /// The clock waits are slept on (Redis's clock decides the waits).
+    /// Default: [`SystemClock`].
+    pub fn clock<C2: Clock + Clone>(self, clock: C2) -> RedisLimiterBuilder<C2> {
+        RedisLimiterBuilder {
+            backend: self.backend,
+            name: self.name,
+            config: self.config,
+            fallback: self.fallback,
+            local_fraction: self.local_fraction,
+            clock,
+        }
+    }
+
+    /// Creates the limiter on the backend. Does no I/O: it uses the
+    /// backend's connection and health as they are.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for bad options (an empty name, a bad
+    /// rate or policy, a local fraction outside `(0, 1]`).
+    pub fn build(self) -> Result<RedisRateLimiter<C>, Error> {
+        assemble_limiter(
+            self.backend,
+            &self.name,
+            &self.config,
+            self.fallback,
+            self.local_fraction,
+            self.clock,
+        )
+    }
+}
+
+impl<C: fmt::Debug> fmt::Debug for RedisLimiterBuilder<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLimiterBuilder")
+            .field("name", &self.name)
+            .field("config", &self.config)
+            .field("fallback", &self.fallback)
+            .field("local_fraction", &self.local_fraction)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,240 @@
+//! One `RedisBackend`, many limiters: one connection and one health state
+//! for all of them, limiters built without I/O, start while down, and each
+//! limiter's fallback debt carried into its own key on recovery.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::poll::within;
+use support::proxy::Proxy;
+use support::redis_server::RedisServer;
+use throttler::Error;
+use throttler::redis::{Fallback, RedisBackend};
+
+const RESPONSE_TIMEOUT: Duration = Duration::from_millis(100);
+const PROBE_INTERVAL: Duration = Duration::from_millis(100);
+/// Scheduling slack on a shared 2-core machine.
+const SLACK: Duration = Duration::from_millis(250);
+const MS: Duration = Duration::from_millis(1);
+
+async fn backend(client: redis::Client) -> RedisBackend {
+    RedisBackend::builder(client)
+        .response_timeout(RESPONSE_TIMEOUT)
+        .probe_interval(PROBE_INTERVAL)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// The clients connected to `server` other than the test's own: lines of
+/// `CLIENT LIST` without `name=observer`.
+fn clients(observer: &mut redis::Connection) -> usize {
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(observer).unwrap();
+    list.lines()
+        .filter(|l| !l.contains("name=observer"))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_limiters_share_one_connection_and_keep_their_own_keys() {
+    let server = RedisServer::start();
+    let mut observer = server.connection();
+    let _: () = redis::cmd("CLIENT")
+        .arg("SETNAME")
+        .arg("observer")
+        .query(&mut observer)
+        .unwrap();
+    let backend = backend(server.client()).await;
+    let limiters: Vec<_> = (0..20)
+        .map(|i| {
+            Arc::new(
+                backend
+                    .limiter(&format!("shared-{i}"))
+                    .permits_per_second(10.0)
+                    .max_burst(Duration::ZERO)
+                    .build()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    // 64 tasks over the 20 limiters, at once.
+    let tasks: Vec<_> = (0..64)
+        .map(|t| {
+            let limiter = Arc::clone(&limiters[t % 20]);
+            tokio::spawn(async move { limiter.reserve(1).await.unwrap() })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(clients(&mut observer), 1, "one data connection");
+    // Each key is its own limiter: 64 reservations over 20 keys at 10/s
+    // with no burst leave each key 3 or 4 intervals of debt, not 64.
+    for limiter in &limiters {
+        let wait = limiter.available_in().await.unwrap();
+        assert!(
+            wait > 200 * MS && wait <= 400 * MS,
+            "{}: {wait:?}",
+            limiter.key()
+        );
+    }
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("throttler:shared-*")
+        .query(&mut observer)
+        .unwrap();
+    assert_eq!(keys.len(), 20);
+    assert!(!backend.is_degraded());
+    assert_eq!(backend.stats().fallbacks, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn building_a_limiter_does_no_io_and_checks_its_options() {
+    let server = RedisServer::start();
+    let proxy = Proxy::in_front_of(&server);
+    let backend = backend(proxy.client()).await;
+    let accepted = proxy.accepted();
+    let start = Instant::now();
+    for i in 0..1000 {
+        backend
+            .limiter(&format!("cheap-{i}"))
+            .permits_per_second(5.0)
+            .build()
+            .unwrap();
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(proxy.accepted(), accepted, "building opened connections");
+    for bad in [
+        backend.limiter("").permits_per_second(5.0).build(),
+        backend.limiter("x").permits_per_second(-1.0).build(),
+        backend.limiter("x").build(),
+        backend
+            .limiter("x")
+            .permits_per_second(5.0)
+            .local_fraction(0.0)
+            .build(),
+    ] {
+        assert!(matches!(bad, Err(Error::InvalidArgument(_))), "{bad:?}");
+    }
+    let bad = RedisBackend::builder(server.client())
+        .response_timeout(Duration::ZERO)
+        .build()
+        .await;
+    assert!(matches!(bad, Err(Error::InvalidArgument(_))), "{bad:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_starts_while_redis_is_down() {
+    let server = RedisServer::start();
+    let proxy = Proxy::in_front_of(&server);
+    proxy.refuse_new(true);
+    let start = Instant::now();
+    let backend = backend(proxy.client()).await;
+    assert!(start.elapsed() <= RESPONSE_TIMEOUT * 2 + SLACK);
+    assert!(backend.is_degraded());
+    let limiter = backend
+        .limiter("down-at-start")
+        .permits_per_second(10.0)
+        .max_burst(Duration::ZERO)
+        .build()
+        .unwrap();
+    // Served locally: paced at 10/s from an empty burst; 10 permits at
+    // once leave a second of local debt.
+    let opened = Instant::now();
+    assert_eq!(limiter.reserve(10).await.unwrap(), Duration::ZERO);
+    assert!(!limiter.try_acquire(1, Duration::ZERO).await.unwrap());
+    let strict = RedisBackend::builder(proxy.client())
+        .response_timeout(RESPONSE_TIMEOUT)
+        .require_connection(true)
+        .build()
+        .await;
+    assert!(matches!(strict, Err(Error::Backend(_))), "{strict:?}");
+
+    proxy.refuse_new(false);
+    within(Duration::from_secs(5), || !backend.is_degraded())
+        .await
+        .expect("switches to Redis once it answers");
+    // What is left of the local debt is carried into the key by the first
+    // call through Redis.
+    let wait = limiter.reserve(1).await.unwrap();
+    let left = Duration::from_secs(1).saturating_sub(opened.elapsed());
+    assert!(
+        wait + 50 * MS >= left && wait <= left + 50 * MS,
+        "waits {wait:?}, the local debt left {left:?}"
+    );
+    assert_eq!(backend.stats().recoveries, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_outage_degrades_every_limiter_and_each_carries_its_own_debt_back() {
+    let mut server = RedisServer::start();
+    let backend = backend(server.client()).await;
+    let limiter = |name: &str| {
+        backend
+            .limiter(name)
+            .permits_per_second(10.0)
+            .max_burst(Duration::ZERO)
+            .fallback(Fallback::Local)
+            .build()
+            .unwrap()
+    };
+    let (busy, idle) = (limiter("busy"), limiter("idle"));
+    busy.reserve(1).await.unwrap();
+    idle.reserve(1).await.unwrap();
+    server.kill();
+    // The first failure degrades the backend: both limiters serve locally,
+    // each call within the response timeout.
+    for _ in 0..5 {
+        let start = Instant::now();
+        busy.reserve(1).await.unwrap();
+        assert!(start.elapsed() <= RESPONSE_TIMEOUT + SLACK);
+    }
+    let start = Instant::now();
+    idle.reserve(1).await.unwrap();
+    assert!(start.elapsed() <= RESPONSE_TIMEOUT + SLACK);
+    assert!(backend.is_degraded());
+    assert_eq!(backend.stats().fallbacks, 1);
+
+    server.restart();
+    within(Duration::from_secs(5), || !backend.is_degraded())
+        .await
+        .expect("recovers after the restart");
+    // Each key is empty after the restart; each limiter carries its own
+    // local debt into it: about 5 intervals for `busy`, 1 for `idle`.
+    let busy_wait = busy.reserve(1).await.unwrap();
+    let idle_wait = idle.reserve(1).await.unwrap();
+    assert!(
+        busy_wait > 300 * MS && busy_wait <= 600 * MS,
+        "busy: {busy_wait:?}"
+    );
+    assert!(idle_wait <= 150 * MS, "idle: {idle_wait:?}");
+    assert!(busy_wait > idle_wait + 200 * MS);
+}
+
+#[test]
+fn a_blocking_backend_serves_blocking_limiters() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder(server.client())
+        .response_timeout(RESPONSE_TIMEOUT)
+        .build_blocking()
+        .unwrap();
+    let limiter = backend
+        .limiter("blocking")
+        .permits_per_second(20.0)
+        .max_burst(Duration::ZERO)
+        .build()
+        .unwrap();
+    assert_eq!(limiter.acquire_blocking(1).unwrap(), Duration::ZERO);
+    let waited = limiter.acquire_blocking(1).unwrap();
+    assert!(waited > 20 * MS && waited <= 50 * MS, "{waited:?}");
+    assert!(!limiter.try_acquire_blocking(1, Duration::ZERO).unwrap());
+    // A clone of the handle is the same backend.
+    let again = backend.clone();
+    assert_eq!(again.stats(), backend.stats());
+}
