@@ -37,6 +37,20 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # One rate per user
+//!
+//! [`KeyedRateLimiter`] holds one limiter per key, with memory that follows
+//! the active keys (and an optional hard cap):
+//!
+//! ```
+//! use std::time::Duration;
+//! use throttler::KeyedRateLimiter;
+//!
+//! let per_user = KeyedRateLimiter::<String>::bursty(5.0)?; // 5/s per user
+//! assert!(per_user.try_reserve("alice", 1, Duration::ZERO)?.is_some());
+//! # Ok::<(), throttler::Error>(())
+//! ```
+//!
 //! # Testing code that uses a limiter
 //!
 //! Limiters read time from a [`Clock`](clock::Clock). Give them a
