@@ -9,7 +9,7 @@ use std::any::Any;
 use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::hash::{BuildHasher, Hash};
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -81,12 +81,50 @@ use crate::{Error, Reservation};
 /// take `&Q` for any `Q` the key borrows as, so a `String`-keyed limiter
 /// is asked with a `&str`. Share it with an [`Arc`](std::sync::Arc).
 pub struct KeyedRateLimiter<K, C: Clock = SystemClock> {
-    shards: Box<[Mutex<Shard<K>>]>,
-    hasher: RandomState,
+    shards: Box<[Padded<Mutex<Shard<K>>>]>,
+    /// Picks a key's shard (the shard's map hashes with its own, keyed
+    /// hasher).
+    hasher: BuildHasherDefault<ShardHasher>,
     clock: C,
     /// The rate as last set, as `f64` bits.
     rate_bits: AtomicU64,
     dropped_unfinished: AtomicU64,
+}
+
+/// A shard on cache lines of its own, so that threads on different shards
+/// do not write to the same line.
+#[repr(align(128))]
+struct Padded<T>(T);
+
+/// A fast hash to pick a key's shard (not the map's hash, which resists
+/// collisions chosen by clients): a multiply-rotate per word.
+#[derive(Default)]
+struct ShardHasher(u64);
+
+impl Hasher for ShardHasher {
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 29)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u64(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+
+    fn write_u32(&mut self, word: u32) {
+        self.write_u64(u64::from(word));
+    }
+
+    fn write_usize(&mut self, word: usize) {
+        self.write_u64(word as u64);
+    }
 }
 
 /// What a [`KeyedRateLimiter`] has had to do to stay within its bounds.
@@ -176,16 +214,23 @@ where
 {
     pub(crate) fn from_parts(template: State, clock: C, max_keys: Option<usize>) -> Self {
         let shards = shard_count(max_keys);
-        let hasher = RandomState::new();
+        // One keyed hasher for every shard's map.
+        let map_hasher = RandomState::new();
         // Each shard's share of the cap, rounded down: together, at most
         // max_keys.
         let cap = max_keys.map(|cap| (cap / shards).max(1));
         let rate_bits = AtomicU64::new(template.permits_per_second.to_bits());
         KeyedRateLimiter {
             shards: (0..shards)
-                .map(|_| Mutex::new(Shard::new(template.clone(), hasher.clone(), cap)))
+                .map(|_| {
+                    Padded(Mutex::new(Shard::new(
+                        template.clone(),
+                        map_hasher.clone(),
+                        cap,
+                    )))
+                })
                 .collect(),
-            hasher,
+            hasher: BuildHasherDefault::default(),
             clock,
             rate_bits,
             dropped_unfinished: AtomicU64::new(0),
@@ -195,42 +240,61 @@ where
     /// The shard of `key`, locked. Nothing panics while a shard is held
     /// mid-update, so a poisoned lock is taken as it is.
     fn shard<Q: Hash + ?Sized>(&self, key: &Q) -> MutexGuard<'_, Shard<K>> {
-        // The top bits: the shard's own map uses the low ones.
         let hash = self.hasher.hash_one(key);
         let index = (hash >> 32) as usize & (self.shards.len() - 1);
         self.shards[index]
+            .0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Reserves `permits` of `key` if its debt fits in `timeout` µs
-    /// (`u64::MAX`: always); the wait in µs and the core's record.
-    fn reserve_micros<Q>(&self, key: &Q, permits: u32, timeout: u64) -> Option<(u64, Reserved)>
+    /// (`u64::MAX`: always); the wait in µs and, when `record` is set (for
+    /// a [`Reservation`]), the core's record of what it took.
+    fn reserve_micros<Q>(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: u64,
+        record: bool,
+    ) -> Option<(u64, Option<Reserved>)>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        // The clock is read before the lock, and raised under it to the
+        // shard's latest reading.
+        let read = self.clock.now_micros();
         let mut shard = self.shard(key);
-        let now = self.clock.now_micros();
-        let (reserved, dropped) = shard.update(key, now, |state| {
-            (timeout == u64::MAX || state.can_acquire(now, timeout))
-                .then(|| state.reserve_recorded(permits, now))
+        let now = shard.clamp(read);
+        let (grant, dropped) = shard.update(key, now, |state| {
+            if timeout != u64::MAX && !state.can_acquire(now, timeout) {
+                return None;
+            }
+            Some(if record {
+                let reserved = state.reserve_recorded(permits, now);
+                (reserved.moment_micros.saturating_sub(now), Some(reserved))
+            } else {
+                (state.reserve(permits, now), None)
+            })
         });
         drop(shard);
         if dropped.unfinished > 0 {
             self.dropped_unfinished
                 .fetch_add(dropped.unfinished, Relaxed);
         }
-        reserved.map(|reserved| (reserved.moment_micros.saturating_sub(now), reserved))
+        grant
     }
 
     /// A grant as a reservation: one with a wait can be given back.
-    fn to_reservation<Q>(&self, key: &Q, grant: (u64, Reserved)) -> Reservation<'_>
+    fn to_reservation<Q>(&self, key: &Q, grant: (u64, Option<Reserved>)) -> Reservation<'_>
     where
         K: Borrow<Q>,
         Q: ToOwned<Owned = K> + ?Sized,
     {
-        let (wait, reserved) = grant;
+        let (wait, Some(reserved)) = grant else {
+            return Reservation::new(Duration::ZERO, &self.clock, None);
+        };
         if wait == 0 {
             return Reservation::new(Duration::ZERO, &self.clock, None);
         }
@@ -261,7 +325,7 @@ where
     {
         check_permits(permits)?;
         let wait = self
-            .reserve_micros(key, permits, u64::MAX)
+            .reserve_micros(key, permits, u64::MAX, false)
             .map_or(0, |g| g.0);
         Ok(Duration::from_micros(wait))
     }
@@ -283,7 +347,7 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         check_permits(permits)?;
-        let grant = self.reserve_micros(key, permits, micros(timeout).min(u64::MAX - 1));
+        let grant = self.reserve_micros(key, permits, micros(timeout).min(u64::MAX - 1), false);
         Ok(grant.map(|(wait, _)| Duration::from_micros(wait)))
     }
 
@@ -299,7 +363,7 @@ where
     {
         check_permits(permits)?;
         let grant = self
-            .reserve_micros(key, permits, u64::MAX)
+            .reserve_micros(key, permits, u64::MAX, true)
             .expect("a plain reservation is always granted");
         Ok(self.to_reservation(key, grant))
     }
@@ -321,7 +385,7 @@ where
     {
         check_permits(permits)?;
         Ok(self
-            .reserve_micros(key, permits, micros(timeout).min(u64::MAX - 1))
+            .reserve_micros(key, permits, micros(timeout).min(u64::MAX - 1), true)
             .map(|grant| self.to_reservation(key, grant)))
     }
 
@@ -413,8 +477,9 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let shard = self.shard(key);
-        let now = self.clock.now_micros();
+        let read = self.clock.now_micros();
+        let mut shard = self.shard(key);
+        let now = shard.clamp(read);
         Duration::from_micros(shard.next_free(key, now).saturating_sub(now))
     }
 }
@@ -437,8 +502,10 @@ where
     pub fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
         for shard in self.shards.iter() {
-            let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
-            shard.set_rate(permits_per_second, self.clock.now_micros());
+            let read = self.clock.now_micros();
+            let mut shard = shard.0.lock().unwrap_or_else(PoisonError::into_inner);
+            let now = shard.clamp(read);
+            shard.set_rate(permits_per_second, now);
         }
         self.rate_bits.store(permits_per_second.to_bits(), Relaxed);
         Ok(())
@@ -458,7 +525,7 @@ where
     pub fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|shard| shard.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .map(|shard| shard.0.lock().unwrap_or_else(PoisonError::into_inner).len())
             .sum()
     }
 
@@ -488,8 +555,9 @@ where
         let Ok(taken) = (taken as Box<dyn Any + Send + Sync>).downcast::<KeyedTaken<K>>() else {
             return;
         };
+        let read = self.clock.now_micros();
         let mut shard = self.shard(&taken.key);
-        let now = self.clock.now_micros();
+        let now = shard.clamp(read);
         shard.give_back(&taken.key, &taken.reserved, now);
     }
 }
@@ -497,6 +565,7 @@ where
 impl<K, C: Clock> fmt::Debug for KeyedRateLimiter<K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let template = self.shards[0]
+            .0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .template()

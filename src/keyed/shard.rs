@@ -8,13 +8,13 @@ use std::hash::Hash;
 
 use crate::core::{GiveBack, Reserved, State};
 
-/// One key's state: the core's two numbers, and when the key was last used
-/// (µs; for the least-recently-used cap).
+/// One key's state: the core's two numbers. (Its ticket also tells when it
+/// was last used: a reservation moves it to at least its moment, so the
+/// entries whose tickets lie furthest back are the least recently used.)
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Entry {
     stored_permits: f64,
     next_free_micros: u64,
-    last_used: u64,
 }
 
 /// The keys of one shard.
@@ -32,6 +32,10 @@ pub(super) struct Shard<K> {
     sweep_period: u64,
     /// The most entries this shard may hold, if capped.
     cap: Option<usize>,
+    /// The latest clock reading a call on this shard used: readings taken
+    /// before the lock are raised to it, so time never runs backwards for
+    /// a key.
+    last_now: u64,
 }
 
 /// A sweep runs once the calls since the last one reach the shard's size
@@ -72,15 +76,8 @@ impl<K: Hash + Eq> Shard<K> {
             calls_since_sweep: 0,
             last_sweep: 0,
             cap,
+            last_now: 0,
         }
-    }
-
-    /// The state of a key found in this shard.
-    fn state_of(&self, entry: &Entry) -> State {
-        let mut state = self.template.clone();
-        state.stored_permits = entry.stored_permits;
-        state.next_free_micros = entry.next_free_micros;
-        state
     }
 
     /// The state of a key that is not here: a limiter idle for a long time,
@@ -109,6 +106,18 @@ impl<K: Hash + Eq> Shard<K> {
         let template = &self.template;
         self.entries
             .retain(|_, entry| !reads_as_full(template, entry, now));
+        // After a flood of keys the table keeps its size: give the memory
+        // back once it is mostly empty.
+        if self.entries.capacity() > 4 * self.entries.len().max(SWEEP_MIN_CALLS) {
+            self.entries.shrink_to(2 * self.entries.len());
+        }
+    }
+
+    /// `now` as read before the lock, never below the shard's last reading.
+    pub(super) fn clamp(&mut self, now: u64) -> u64 {
+        let now = now.max(self.last_now);
+        self.last_now = now;
+        now
     }
 
     /// Makes room for one more entry under the cap: first the entries that
@@ -127,12 +136,12 @@ impl<K: Hash + Eq> Shard<K> {
             return Dropped::default();
         }
         let batch = (cap / 16).max(1).min(self.entries.len());
-        let mut last_used: Vec<u64> = self.entries.values().map(|e| e.last_used).collect();
-        let (_, cutoff, _) = last_used.select_nth_unstable(batch - 1);
+        let mut tickets: Vec<u64> = self.entries.values().map(|e| e.next_free_micros).collect();
+        let (_, cutoff, _) = tickets.select_nth_unstable(batch - 1);
         let cutoff = *cutoff;
         let mut left = batch;
         self.entries.retain(|_, entry| {
-            if left > 0 && entry.last_used <= cutoff {
+            if left > 0 && entry.next_free_micros <= cutoff {
                 left -= 1;
                 false
             } else {
@@ -158,14 +167,14 @@ impl<K: Hash + Eq> Shard<K> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         self.tick(now);
-        if let Some(entry) = self.entries.get(key) {
-            let mut state = self.state_of(entry);
+        if let Some(entry) = self.entries.get_mut(key) {
+            let mut state = self.template.clone();
+            state.stored_permits = entry.stored_permits;
+            state.next_free_micros = entry.next_free_micros;
             let result = step(&mut state);
             if result.is_some() {
-                let entry = self.entries.get_mut(key).expect("found above");
                 entry.stored_permits = state.stored_permits;
                 entry.next_free_micros = state.next_free_micros;
-                entry.last_used = now;
             }
             return (result, Dropped::default());
         }
@@ -179,7 +188,6 @@ impl<K: Hash + Eq> Shard<K> {
             Entry {
                 stored_permits: state.stored_permits,
                 next_free_micros: state.next_free_micros,
-                last_used: now,
             },
         );
         (Some(result), dropped)
@@ -203,12 +211,14 @@ impl<K: Hash + Eq> Shard<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let Some(entry) = self.entries.get(key) else {
+        let template = &self.template;
+        let Some(entry) = self.entries.get_mut(key) else {
             return GiveBack::Nothing;
         };
-        let mut state = self.state_of(entry);
+        let mut state = template.clone();
+        state.stored_permits = entry.stored_permits;
+        state.next_free_micros = entry.next_free_micros;
         let outcome = state.give_back(taken, now);
-        let entry = self.entries.get_mut(key).expect("found above");
         entry.stored_permits = state.stored_permits;
         entry.next_free_micros = state.next_free_micros;
         outcome

@@ -1,0 +1,62 @@
+//! The keyed limiter gives memory back: after a flood of keys has gone
+//! idle, the heap it holds falls back to what the active keys need (counted
+//! by a global allocator that tracks the bytes in use).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::time::Duration;
+
+use throttler::KeyedRateLimiter;
+use throttler::clock::FakeClock;
+
+struct Counting;
+
+static IN_USE: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        IN_USE.fetch_add(layout.size(), Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        IN_USE.fetch_sub(layout.size(), Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+#[test]
+fn a_flood_of_idle_keys_gives_its_memory_back() {
+    let clock = FakeClock::new();
+    let limiter = KeyedRateLimiter::<u64>::builder()
+        .permits_per_second(10.0)
+        .max_burst(Duration::from_secs(1))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let before = IN_USE.load(Relaxed);
+    for key in 0..300_000u64 {
+        limiter.reserve(&key, 1).unwrap();
+    }
+    let flooded = IN_USE.load(Relaxed) - before;
+    assert!(flooded > 300_000 * 16, "{flooded} bytes for 300 000 keys");
+    // A refill period later, ordinary calls on a few keys sweep every
+    // shard (each at its first call), and the tables shrink.
+    clock.advance(Duration::from_secs(2));
+    for round in 0..100u64 {
+        for key in 0..64u64 {
+            limiter.reserve(&(key * 1_000 + round % 2), 1).unwrap();
+        }
+        clock.advance(Duration::from_millis(1));
+    }
+    let after = IN_USE.load(Relaxed).saturating_sub(before);
+    assert!(limiter.len() <= 128, "{}", limiter.len());
+    assert!(
+        after < 256 * 1024,
+        "{after} bytes still held for {} keys (the flood took {flooded})",
+        limiter.len()
+    );
+}
