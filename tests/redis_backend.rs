@@ -8,26 +8,13 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::poll::within;
+use support::poll::{RESPONSE_TIMEOUT, SLACK, backend, within};
 use support::proxy::Proxy;
 use support::redis_server::RedisServer;
 use throttler::Error;
 use throttler::redis::{Fallback, RedisBackend};
 
-const RESPONSE_TIMEOUT: Duration = Duration::from_millis(100);
-const PROBE_INTERVAL: Duration = Duration::from_millis(100);
-/// Scheduling slack on a shared 2-core machine.
-const SLACK: Duration = Duration::from_millis(250);
 const MS: Duration = Duration::from_millis(1);
-
-async fn backend(client: redis::Client) -> RedisBackend {
-    RedisBackend::builder(client)
-        .response_timeout(RESPONSE_TIMEOUT)
-        .probe_interval(PROBE_INTERVAL)
-        .build()
-        .await
-        .unwrap()
-}
 
 /// The clients connected to `server` other than the test's own: lines of
 /// `CLIENT LIST` without `name=observer`.

@@ -99,6 +99,7 @@ impl<K, C: Clock> KeyedBuilder<K, C> {
             template,
             self.clock,
             self.max_keys,
+            super::Mode::Full,
         ))
     }
 }

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 pub use builder::KeyedBuilder;
 pub use limiter::KeyedLimiter;
+pub(crate) use shard::Mode;
 use shard::Shard;
 
 use crate::clock::{Clock, SystemClock};
@@ -212,7 +213,12 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
 {
-    pub(crate) fn from_parts(template: State, clock: C, max_keys: Option<usize>) -> Self {
+    pub(crate) fn from_parts(
+        template: State,
+        clock: C,
+        max_keys: Option<usize>,
+        mode: Mode,
+    ) -> Self {
         let shards = shard_count(max_keys);
         // One keyed hasher for every shard's map.
         let map_hasher = RandomState::new();
@@ -227,6 +233,7 @@ where
                         template.clone(),
                         map_hasher.clone(),
                         cap,
+                        mode,
                     )))
                 })
                 .collect(),
@@ -481,6 +488,46 @@ where
         let mut shard = self.shard(key);
         let now = shard.clamp(read);
         Duration::from_micros(shard.next_free(key, now).saturating_sub(now))
+    }
+}
+
+/// # For a Redis keyed limiter's fallback
+impl<K, C> KeyedRateLimiter<K, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    /// Forgets `key` and returns how far its ticket lay ahead of now, in
+    /// µs, if it was held.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn take_debt<Q>(&self, key: &Q) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let read = self.clock.now_micros();
+        let mut shard = self.shard(key);
+        let now = shard.clamp(read);
+        shard.take(key).map(|ticket| ticket.saturating_sub(now))
+    }
+
+    /// Holds `key` with nothing stored and `debt_micros` of debt from now,
+    /// unless it is held already.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn open<Q>(&self, key: &Q, debt_micros: u64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let read = self.clock.now_micros();
+        let mut shard = self.shard(key);
+        let now = shard.clamp(read);
+        let dropped = shard.open(key, now.saturating_add(debt_micros), now);
+        drop(shard);
+        if dropped.unfinished > 0 {
+            self.dropped_unfinished
+                .fetch_add(dropped.unfinished, Relaxed);
+        }
     }
 }
 

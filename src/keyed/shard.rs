@@ -36,6 +36,21 @@ pub(super) struct Shard<K> {
     /// before the lock are raised to it, so time never runs backwards for
     /// a key.
     last_now: u64,
+    /// How a key not held starts, and whether full entries are swept.
+    mode: Mode,
+}
+
+/// How a keyed limiter treats the keys it does not hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// A key not held is full, so full entries can be (and are) dropped:
+    /// the public keyed limiter.
+    Full,
+    /// A key not held starts with nothing stored and no debt, and entries
+    /// stay until taken or capped: a Redis keyed limiter's local fallback,
+    /// whose keys open with no burst and whose entries record what each
+    /// key ran up locally.
+    Empty,
 }
 
 /// A sweep runs once the calls since the last one reach the shard's size
@@ -68,7 +83,12 @@ impl<K> Shard<K> {
 }
 
 impl<K: Hash + Eq> Shard<K> {
-    pub(super) fn new(template: State, hasher: RandomState, cap: Option<usize>) -> Self {
+    pub(super) fn new(
+        template: State,
+        hasher: RandomState,
+        cap: Option<usize>,
+        mode: Mode,
+    ) -> Self {
         Shard {
             sweep_period: template.refill_micros().max(SWEEP_MIN_PERIOD),
             template,
@@ -77,6 +97,7 @@ impl<K: Hash + Eq> Shard<K> {
             last_sweep: 0,
             cap,
             last_now: 0,
+            mode,
         }
     }
 
@@ -84,7 +105,10 @@ impl<K: Hash + Eq> Shard<K> {
     /// full (bursty) or cold (warming-up), whose next request goes now.
     fn full_state(&self, now: u64) -> State {
         let mut state = self.template.clone();
-        state.stored_permits = state.max_permits;
+        state.stored_permits = match self.mode {
+            Mode::Full => state.max_permits,
+            Mode::Empty => 0.0,
+        };
         state.next_free_micros = now;
         state
     }
@@ -92,6 +116,9 @@ impl<K: Hash + Eq> Shard<K> {
     /// Counts a call; once enough calls have passed, drops the entries that
     /// read as full.
     fn tick(&mut self, now: u64) {
+        if self.mode == Mode::Empty {
+            return;
+        }
         self.calls_since_sweep += 1;
         if self.calls_since_sweep >= self.entries.len().max(SWEEP_MIN_CALLS)
             || now.saturating_sub(self.last_sweep) >= self.sweep_period
@@ -202,6 +229,36 @@ impl<K: Hash + Eq> Shard<K> {
         self.entries
             .get(key)
             .map_or(now, |entry| entry.next_free_micros)
+    }
+
+    /// Removes `key` and returns its ticket, if held.
+    pub(super) fn take<Q>(&mut self, key: &Q) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.entries.remove(key).map(|entry| entry.next_free_micros)
+    }
+
+    /// Holds `key` with nothing stored and the ticket at `until`, unless it
+    /// is held already.
+    pub(super) fn open<Q>(&mut self, key: &Q, until: u64, now: u64) -> Dropped
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if self.entries.contains_key(key) {
+            return Dropped::default();
+        }
+        let dropped = self.make_room(now);
+        self.entries.insert(
+            key.to_owned(),
+            Entry {
+                stored_permits: 0.0,
+                next_free_micros: until.max(now),
+            },
+        );
+        dropped
     }
 
     /// Gives back a reservation of `key`. A key no longer here was dropped

@@ -88,7 +88,7 @@ pub(crate) struct Inner<C: Clock> {
 }
 
 /// Why a round trip gave no reply to use.
-enum Failure {
+pub(crate) enum Failure {
     /// Redis answered that the call or the key is wrong: reported as is.
     Refused(Error),
     /// Redis is unavailable (degraded, failing, or too slow).
@@ -103,35 +103,93 @@ pub(crate) fn local_rate(permits_per_second: f64, local_fraction: f64) -> f64 {
 type RoundTrip = Pin<Box<dyn Future<Output = RedisResult<Reply>> + Send>>;
 
 /// Sends a give-back for a reservation made in Redis.
-struct Canceller {
-    backend: Arc<Backend>,
-    key: Arc<str>,
-    script_args: Arc<ScriptArgs>,
-    rate: f64,
+pub(crate) struct Canceller {
+    pub(crate) backend: Arc<Backend>,
+    pub(crate) target: ProbeTarget,
 }
 
 impl Canceller {
     /// One round trip, bounded by the response timeout; a failure is only
     /// logged (the reservation then stays charged: the limiter errs towards
     /// limiting).
-    async fn cancel(self, token: Token) {
+    pub(crate) async fn cancel(self, token: Token) {
         let Some(mut connection) = self.backend.connection() else {
             return;
         };
-        let call = Call::Cancel(token);
+        let (key, call) = (&self.target.key, Call::Cancel(token));
         let sent = script::invoke(
             &mut connection,
-            &self.key,
+            key,
             &call,
-            self.rate,
-            &self.script_args,
+            self.target.rate,
+            &self.target.script_args,
         );
         match tokio::time::timeout(self.backend.response_timeout, sent).await {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::debug!(key = %self.key, error = %e, "a give-back failed"),
-            Err(_) => tracing::debug!(key = %self.key, "a give-back timed out"),
+            Ok(Err(e)) => tracing::debug!(key = %key, error = %e, "a give-back failed"),
+            Err(_) => tracing::debug!(key = %key, "a give-back timed out"),
         }
     }
+}
+
+/// One call of the script on `target`'s key, bounded by the response
+/// timeout. A failure that is an outage degrades the backend (its probe
+/// then runs on that key); a round trip abandoned by the timeout is awaited
+/// in the background and a reservation it made given back.
+pub(crate) async fn send(
+    backend: &Arc<Backend>,
+    target: &ProbeTarget,
+    call: Call,
+) -> Result<Reply, Failure> {
+    let Some(mut connection) = backend.connection() else {
+        let failure = BackendError::new(
+            format!("no connection to {}", backend.target.describe()),
+            None,
+        );
+        backend.degrade(&failure, target.clone());
+        return Err(Failure::Down(Some(failure)));
+    };
+    let canceller = matches!(call, Call::Reserve { .. }).then(|| Canceller {
+        backend: Arc::clone(backend),
+        target: target.clone(),
+    });
+    let (key, script_args, rate) = (
+        Arc::clone(&target.key),
+        Arc::clone(&target.script_args),
+        target.rate,
+    );
+    let mut in_flight = InFlight {
+        round_trip: Some(Box::pin(async move {
+            script::invoke(&mut connection, &key, &call, rate, &script_args).await
+        })),
+        canceller,
+    };
+    let failure = match tokio::time::timeout(backend.response_timeout, in_flight.reply()).await {
+        Ok(Ok(reply)) => return Ok(reply),
+        Ok(Err(e)) if script::is_data_error(&e) => {
+            return Err(Failure::Refused(Error::Backend(BackendError::new(
+                format!("Redis refused the call on key {}", target.key),
+                Some(Box::new(e)),
+            ))));
+        }
+        Ok(Err(e)) => {
+            let timed_out = e.is_timeout();
+            BackendError::new(
+                format!("Redis failed the call on key {}", target.key),
+                Some(Box::new(e)),
+            )
+            .with_timeout(timed_out)
+        }
+        Err(_) => BackendError::timeout(format!(
+            "Redis did not answer within {:?} (key {})",
+            backend.response_timeout, target.key
+        )),
+    };
+    // A timed-out round trip is dropped here: its reply is awaited in the
+    // background and its reservation given back.
+    drop(in_flight);
+    backend.degrade(&failure, target.clone());
+    Err(Failure::Down(Some(failure)))
 }
 
 /// A round trip in flight. If it is dropped before its reply (the caller's
@@ -181,9 +239,7 @@ impl<C: Clock> Inner<C> {
     fn canceller(&self) -> Canceller {
         Canceller {
             backend: Arc::clone(&self.backend),
-            key: Arc::clone(&self.key),
-            script_args: Arc::clone(&self.script_args),
-            rate: self.rate(),
+            target: self.probe_target(),
         }
     }
 
@@ -250,59 +306,12 @@ impl<C: Clock> Inner<C> {
         self.local.restart_from(opened_until);
     }
 
-    /// One call to Redis, bounded by the response timeout. A failure that is
-    /// an outage degrades the backend.
+    /// One call to Redis for this limiter's key (see [`send`]), noting the
+    /// debt it reports.
     async fn send(&self, call: Call) -> Result<Reply, Failure> {
-        let Some(mut connection) = self.backend.connection() else {
-            let failure = BackendError::new(
-                format!("no connection to {}", self.backend.target.describe()),
-                None,
-            );
-            self.degrade(&failure);
-            return Err(Failure::Down(Some(failure)));
-        };
-        let canceller = matches!(call, Call::Reserve { .. }).then(|| self.canceller());
-        let (key, script_args, rate) = (
-            Arc::clone(&self.key),
-            Arc::clone(&self.script_args),
-            self.rate(),
-        );
-        let mut in_flight = InFlight {
-            round_trip: Some(Box::pin(async move {
-                script::invoke(&mut connection, &key, &call, rate, &script_args).await
-            })),
-            canceller,
-        };
-        let failure =
-            match tokio::time::timeout(self.backend.response_timeout, in_flight.reply()).await {
-                Ok(Ok(reply)) => {
-                    self.note_debt(reply.debt_micros);
-                    return Ok(reply);
-                }
-                Ok(Err(e)) if script::is_data_error(&e) => {
-                    return Err(Failure::Refused(Error::Backend(BackendError::new(
-                        format!("Redis refused the call on key {}", self.key),
-                        Some(Box::new(e)),
-                    ))));
-                }
-                Ok(Err(e)) => {
-                    let timed_out = e.is_timeout();
-                    BackendError::new(
-                        format!("Redis failed the call on key {}", self.key),
-                        Some(Box::new(e)),
-                    )
-                    .with_timeout(timed_out)
-                }
-                Err(_) => BackendError::timeout(format!(
-                    "Redis did not answer within {:?} (key {})",
-                    self.backend.response_timeout, self.key
-                )),
-            };
-        // A timed-out round trip is dropped here: its reply is awaited in
-        // the background and its reservation given back.
-        drop(in_flight);
-        self.degrade(&failure);
-        Err(Failure::Down(Some(failure)))
+        let reply = send(&self.backend, &self.probe_target(), call).await?;
+        self.note_debt(reply.debt_micros);
+        Ok(reply)
     }
 
     /// Remembers when the debt Redis reported ends, on the local clock.
@@ -375,12 +384,6 @@ impl<C: Clock> Inner<C> {
                 None,
             )
         }))
-    }
-
-    /// Degrades the backend after `failure`; its probe runs on this
-    /// limiter's key.
-    pub(crate) fn degrade(&self, failure: &BackendError) {
-        self.backend.degrade(failure, self.probe_target());
     }
 
     /// What a recovery tells the script after the probe: after serving

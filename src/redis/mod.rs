@@ -42,12 +42,14 @@ mod backend;
 mod builder;
 mod connection;
 mod fallback;
+mod keyed;
 mod limiter;
 mod script;
 mod shared;
 
 pub use builder::{DEFAULT_PROBE_INTERVAL, DEFAULT_RESPONSE_TIMEOUT, KEY_PREFIX, RedisBuilder};
 pub use fallback::{Fallback, RedisStats};
+pub use keyed::{DEFAULT_MAX_LOCAL_KEYS, KeyedRedisRateLimiter, RedisKeyedBuilder};
 pub use limiter::RedisRateLimiter;
 pub use script::Token;
 pub use shared::{RedisBackend, RedisBackendBuilder, RedisLimiterBuilder};

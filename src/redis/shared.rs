@@ -14,6 +14,7 @@ use super::builder::{
 };
 use super::connection::Target;
 use super::fallback::RedisStats;
+use super::keyed::{DEFAULT_MAX_LOCAL_KEYS, RedisKeyedBuilder};
 use super::limiter::RedisRateLimiter;
 use crate::Error;
 use crate::builder::{PolicyConfig, policy_setters};
@@ -77,6 +78,22 @@ impl RedisBackend {
             fallback: Fallback::default(),
             local_fraction: 1.0,
             clock: SystemClock::new(),
+        }
+    }
+
+    /// A builder for a keyed limiter named `name` on this backend: one
+    /// rate per key, each key its own Redis key `throttler:{name}:{key}`.
+    /// Its [`build`](RedisKeyedBuilder::build) does no I/O.
+    pub fn keyed_limiter<K>(&self, name: &str) -> RedisKeyedBuilder<K, SystemClock> {
+        RedisKeyedBuilder {
+            backend: Arc::clone(&self.backend),
+            name: name.to_owned(),
+            config: PolicyConfig::default(),
+            fallback: Fallback::default(),
+            local_fraction: 1.0,
+            max_local_keys: DEFAULT_MAX_LOCAL_KEYS,
+            clock: SystemClock::new(),
+            key: std::marker::PhantomData,
         }
     }
 

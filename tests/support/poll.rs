@@ -1,4 +1,5 @@
-//! Waiting, on the real clock, for something a background task does.
+//! Waiting, on the real clock, for something a background task does; the
+//! Redis tests' backend settings.
 
 use std::time::{Duration, Instant};
 
@@ -13,4 +14,20 @@ pub async fn within(limit: Duration, mut done: impl FnMut() -> bool) -> Option<D
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     None
+}
+
+/// The response timeout and probe interval of the Redis tests' backends.
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_millis(100);
+pub const PROBE_INTERVAL: Duration = Duration::from_millis(100);
+/// Scheduling slack on a shared 2-core machine.
+pub const SLACK: Duration = Duration::from_millis(250);
+
+/// A backend on `client` with the tests' timeout and probe interval.
+pub async fn backend(client: redis::Client) -> throttler::redis::RedisBackend {
+    throttler::redis::RedisBackend::builder(client)
+        .response_timeout(RESPONSE_TIMEOUT)
+        .probe_interval(PROBE_INTERVAL)
+        .build()
+        .await
+        .unwrap()
 }

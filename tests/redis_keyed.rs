@@ -1,0 +1,248 @@
+//! Keyed limiting through Redis: one backend, many keys, each its own Redis
+//! key; one connection; keys that expire once idle; a local fallback bounded
+//! by `max_local_keys` whose debts go back to Redis key by key.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use support::poll::{RESPONSE_TIMEOUT, SLACK, backend, within};
+use support::redis_cluster::RedisCluster;
+use support::redis_server::RedisServer;
+use throttler::redis::{KeyedRedisRateLimiter, RedisBackend};
+use throttler::{Error, KeyedLimiter};
+
+const MS: Duration = Duration::from_millis(1);
+
+fn keyed(backend: &RedisBackend, rate: f64) -> KeyedRedisRateLimiter<String> {
+    backend
+        .keyed_limiter::<String>("api")
+        .permits_per_second(rate)
+        .max_burst(Duration::ZERO)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_key_is_its_own_redis_key_and_limited_alone() {
+    let server = RedisServer::start();
+    let backend = backend(server.client()).await;
+    let limiter = keyed(&backend, 5.0);
+    let (alice, bob) = ("alice".to_owned(), "bob".to_owned());
+    assert_eq!(limiter.reserve(&alice, 1).await.unwrap(), Duration::ZERO);
+    let wait = limiter.reserve(&alice, 1).await.unwrap();
+    assert!(wait > 150 * MS && wait <= 200 * MS, "{wait:?}");
+    assert!(
+        !limiter
+            .try_acquire(&alice, 1, Duration::ZERO)
+            .await
+            .unwrap()
+    );
+    // One saturated key leaves another untouched.
+    assert_eq!(limiter.available_in(&bob).await.unwrap(), Duration::ZERO);
+    assert!(limiter.try_acquire(&bob, 1, Duration::ZERO).await.unwrap());
+    assert_eq!(limiter.redis_key(&alice), "throttler:api:alice");
+    let mut con = server.connection();
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg("throttler:api:*")
+        .query(&mut con)
+        .unwrap();
+    keys.sort();
+    assert_eq!(keys, ["throttler:api:alice", "throttler:api:bob"]);
+    // The trait object works the same.
+    let shared: Arc<dyn KeyedLimiter<String>> = Arc::new(limiter);
+    assert!(!shared.try_acquire(&alice, 1, Duration::ZERO).await.unwrap());
+    // Bad input.
+    assert!(matches!(
+        shared.reserve(&bob, 0).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    let bad = backend
+        .keyed_limiter::<u64>("x")
+        .permits_per_second(1.0)
+        .max_local_keys(0)
+        .build();
+    assert!(matches!(bad, Err(Error::InvalidArgument(_))), "{bad:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_keys_use_one_connection_and_expire_once_idle() {
+    let server = RedisServer::start();
+    let mut observer = server.connection();
+    let _: () = redis::cmd("CLIENT")
+        .arg("SETNAME")
+        .arg("observer")
+        .query(&mut observer)
+        .unwrap();
+    let backend = backend(server.client()).await;
+    // 1/s with a burst of 1 s: a key one permit short is full again a
+    // second later, and expires then (its TTL has up to a second of slack).
+    let limiter = Arc::new(
+        backend
+            .keyed_limiter::<u64>("users")
+            .permits_per_second(1.0)
+            .max_burst(Duration::from_secs(1))
+            .build()
+            .unwrap(),
+    );
+    let tasks: Vec<_> = (0..64u64)
+        .map(|t| {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move {
+                for key in (t..10_000).step_by(64) {
+                    limiter.reserve(&key, 1).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut observer)
+        .unwrap();
+    let clients = list
+        .lines()
+        .filter(|l| !l.contains("name=observer"))
+        .count();
+    assert_eq!(clients, 1, "one data connection for 10 000 keys:\n{list}");
+    let size: usize = redis::cmd("DBSIZE").query(&mut observer).unwrap();
+    assert!(size >= 10_000, "{size} keys");
+    let gone = within(Duration::from_secs(5), || {
+        redis::cmd("DBSIZE").query::<usize>(&mut observer).unwrap() == 0
+    })
+    .await;
+    assert!(gone.is_some(), "idle keys did not expire");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_redis_is_down_the_fallback_serves_within_max_local_keys() {
+    let mut server = RedisServer::start();
+    let backend = backend(server.client()).await;
+    let limiter = backend
+        .keyed_limiter::<u64>("down")
+        .permits_per_second(10.0)
+        .max_burst(Duration::ZERO)
+        .max_local_keys(100)
+        .build()
+        .unwrap();
+    limiter.reserve(&1, 1).await.unwrap();
+    server.kill();
+    for key in 0..1_000u64 {
+        let start = Instant::now();
+        limiter.reserve(&key, 1).await.unwrap();
+        assert!(start.elapsed() <= RESPONSE_TIMEOUT + SLACK);
+        assert!(
+            limiter.local_len() <= 100,
+            "{} keys held",
+            limiter.local_len()
+        );
+    }
+    assert!(limiter.is_degraded());
+    assert_eq!(limiter.stats().fallbacks, 1);
+    // A key served locally opens with no burst: 10/s, one at once.
+    assert!(!limiter.try_acquire(&999, 1, Duration::ZERO).await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_key_carries_its_own_local_debt_back_to_redis() {
+    let mut server = RedisServer::start();
+    let backend = backend(server.client()).await;
+    let limiter = keyed(&backend, 10.0);
+    let (busy, quiet) = ("busy".to_owned(), "quiet".to_owned());
+    limiter.reserve(&quiet, 1).await.unwrap();
+    server.kill();
+    // Served locally: 10 permits at once leave a second of debt on `busy`.
+    let opened = Instant::now();
+    assert_eq!(limiter.reserve(&busy, 10).await.unwrap(), Duration::ZERO);
+    assert!(limiter.is_degraded());
+    server.restart();
+    within(Duration::from_secs(5), || !limiter.is_degraded())
+        .await
+        .expect("recovers after the restart");
+    let wait = limiter.reserve(&busy, 1).await.unwrap();
+    let left = Duration::from_secs(1).saturating_sub(opened.elapsed());
+    assert!(
+        wait + 50 * MS >= left && wait <= left + 50 * MS,
+        "busy waits {wait:?}, its local debt left {left:?}"
+    );
+    assert_eq!(limiter.local_len(), 0, "the fallback forgot the key");
+    // A key the fallback never served starts afresh in the new server.
+    assert_eq!(limiter.reserve(&quiet, 1).await.unwrap(), Duration::ZERO);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_backends_and_192_tasks_never_over_grant_a_key() {
+    const RATE: f64 = 20.0;
+    const RUN: Duration = Duration::from_millis(1_000);
+    let server = RedisServer::start();
+    let mut backends = Vec::new();
+    for _ in 0..3 {
+        backends.push(backend(server.client()).await);
+    }
+    let limiters: Vec<_> = backends.iter().map(|b| Arc::new(keyed(b, RATE))).collect();
+    let granted: Arc<Vec<AtomicU64>> = Arc::new((0..8).map(|_| AtomicU64::new(0)).collect());
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..192usize)
+        .map(|t| {
+            let limiter = Arc::clone(&limiters[t % 3]);
+            let granted = Arc::clone(&granted);
+            tokio::spawn(async move {
+                let mut i = t;
+                while start.elapsed() < RUN {
+                    let key = i % 8;
+                    if limiter
+                        .try_acquire(&format!("k{key}"), 1, Duration::ZERO)
+                        .await
+                        .unwrap()
+                    {
+                        granted[key].fetch_add(1, Ordering::Relaxed);
+                    }
+                    i += 1;
+                    tokio::task::yield_now().await;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    for (key, count) in granted.iter().enumerate() {
+        let count = count.load(Ordering::Relaxed);
+        // At most one permit at once and RATE per second after it.
+        let most = 1.0 + RATE * elapsed;
+        assert!(
+            count as f64 <= most + 1.0,
+            "key {key}: {count} granted in {elapsed:.2} s"
+        );
+        assert!(
+            count as f64 >= 0.5 * RATE * elapsed,
+            "key {key}: only {count}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_serves_keys_on_every_node_through_one_backend() {
+    let cluster = RedisCluster::start();
+    let backend = RedisBackend::cluster_builder(cluster.client())
+        .response_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let limiter = keyed(&backend, 5.0);
+    let mut nodes = std::collections::HashSet::new();
+    for i in 0..30 {
+        let key = format!("user{i}");
+        assert_eq!(limiter.reserve(&key, 1).await.unwrap(), Duration::ZERO);
+        assert!(!limiter.try_acquire(&key, 1, Duration::ZERO).await.unwrap());
+        nodes.insert(cluster.node_for_key(&limiter.redis_key(&key)));
+    }
+    assert_eq!(nodes.len(), 3, "keys on every node: {nodes:?}");
+    assert!(!limiter.is_degraded());
+}
