@@ -45,6 +45,14 @@ async fn each_key_is_its_own_redis_key_and_limited_alone() {
     assert_eq!(limiter.available_in(&bob).await.unwrap(), Duration::ZERO);
     assert!(limiter.try_acquire(&bob, 1, Duration::ZERO).await.unwrap());
     assert_eq!(limiter.redis_key(&alice), "throttler:api:alice");
+    // A `String`-keyed limiter is asked with a `&str` too.
+    assert!(limiter.available_in("alice").await.unwrap() > 100 * MS);
+    assert!(
+        !limiter
+            .try_acquire("alice", 1, Duration::ZERO)
+            .await
+            .unwrap()
+    );
     let mut con = server.connection();
     let mut keys: Vec<String> = redis::cmd("KEYS")
         .arg("throttler:api:*")

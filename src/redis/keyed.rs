@@ -1,6 +1,7 @@
 //! [`KeyedRedisRateLimiter`]: one rate per key, shared through Redis.
 
 use std::any::Any;
+use std::borrow::Borrow;
 use std::fmt::{self, Display};
 use std::hash::Hash;
 use std::sync::Arc;
@@ -189,7 +190,7 @@ where
     }
 
     /// The Redis key of `key`, and what the script needs with it.
-    fn target(&self, key: &K) -> ProbeTarget {
+    fn target<Q: Display + ?Sized>(&self, key: &Q) -> ProbeTarget {
         ProbeTarget {
             key: format!("{}{key}", self.prefix).into(),
             script_args: Arc::clone(&self.script_args),
@@ -200,12 +201,16 @@ where
     /// One call for `key` on Redis, unless the backend is degraded. The
     /// first call on a key the fallback served first carries the debt it
     /// ran up there into the Redis key.
-    async fn round_trip(
+    async fn round_trip<Q>(
         &self,
-        key: &K,
+        key: &Q,
         target: &ProbeTarget,
         call: Call,
-    ) -> Result<super::script::Reply, Failure> {
+    ) -> Result<super::script::Reply, Failure>
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         if self.backend.health.is_degraded() {
             return Err(Failure::Down(None));
         }
@@ -218,7 +223,11 @@ where
     /// Carries `key`'s local debt into Redis (one resume call), if the
     /// fallback holds the key. If Redis fails meanwhile, the key goes back
     /// to the fallback with its debt.
-    async fn leave_fallback(&self, key: &K, target: &ProbeTarget) -> Result<(), Failure> {
+    async fn leave_fallback<Q>(&self, key: &Q, target: &ProbeTarget) -> Result<(), Failure>
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         if self.local.is_empty() {
             self.served_locally.store(false, Ordering::Release);
             return Ok(());
@@ -241,7 +250,11 @@ where
     }
 
     /// The fallback is about to serve `key`: it opens with nothing stored.
-    fn enter_fallback(&self, key: &K) {
+    fn enter_fallback<Q>(&self, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         self.backend.health.count_fallback_call();
         self.served_locally.store(true, Ordering::Release);
         if self.fallback == Fallback::Local {
@@ -264,12 +277,16 @@ where
 
     /// Reserves `permits` of `key` through Redis, or through the fallback
     /// while Redis is down.
-    async fn reserve(
+    async fn reserve<Q>(
         &self,
-        key: &K,
+        key: &Q,
         permits: u32,
         timeout: Option<Duration>,
-    ) -> Result<Option<Reservation<'_>>, Error> {
+    ) -> Result<Option<Reservation<'_>>, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         check_permits(permits)?;
         let target = self.target(key);
         match self
@@ -309,7 +326,11 @@ where
     }
 
     /// The current wait of `key`, from Redis or the fallback.
-    async fn query(&self, key: &K) -> Result<Duration, Error> {
+    async fn query<Q>(&self, key: &Q) -> Result<Duration, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let target = self.target(key);
         match self.round_trip(key, &target, Call::Query).await {
             Ok(reply) => Ok(reply.wait.unwrap_or_default()),
@@ -369,7 +390,11 @@ where
     /// [`Error::InvalidArgument`] if `permits` is 0; [`Error::Backend`] if
     /// Redis fails and the fallback is [`Fallback::FailClosed`], or the key
     /// holds something else.
-    pub async fn reserve(&self, key: &K, permits: u32) -> Result<Duration, Error> {
+    pub async fn reserve<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         Ok(self.reservation(key, permits).await?.commit())
     }
 
@@ -378,12 +403,16 @@ where
     ///
     /// # Errors
     /// As [`reserve`](Self::reserve).
-    pub async fn try_reserve(
+    pub async fn try_reserve<Q>(
         &self,
-        key: &K,
+        key: &Q,
         permits: u32,
         timeout: Duration,
-    ) -> Result<Option<Duration>, Error> {
+    ) -> Result<Option<Duration>, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         Ok(self
             .try_reservation(key, permits, timeout)
             .await?
@@ -395,7 +424,11 @@ where
     ///
     /// # Errors
     /// As [`reserve`](Self::reserve).
-    pub async fn reservation(&self, key: &K, permits: u32) -> Result<Reservation<'_>, Error> {
+    pub async fn reservation<Q>(&self, key: &Q, permits: u32) -> Result<Reservation<'_>, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let reservation = self.inner.reserve(key, permits, None).await?;
         Ok(reservation.expect("a plain reservation is always granted"))
     }
@@ -405,12 +438,16 @@ where
     ///
     /// # Errors
     /// As [`reserve`](Self::reserve).
-    pub async fn try_reservation(
+    pub async fn try_reservation<Q>(
         &self,
-        key: &K,
+        key: &Q,
         permits: u32,
         timeout: Duration,
-    ) -> Result<Option<Reservation<'_>>, Error> {
+    ) -> Result<Option<Reservation<'_>>, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         self.inner.reserve(key, permits, Some(timeout)).await
     }
 
@@ -418,7 +455,11 @@ where
     ///
     /// # Errors
     /// As [`reserve`](Self::reserve).
-    pub async fn acquire(&self, key: &K, permits: u32) -> Result<Duration, Error> {
+    pub async fn acquire<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         Ok(self.reservation(key, permits).await?.wait().await)
     }
 
@@ -427,12 +468,16 @@ where
     ///
     /// # Errors
     /// As [`reserve`](Self::reserve).
-    pub async fn try_acquire(
+    pub async fn try_acquire<Q>(
         &self,
-        key: &K,
+        key: &Q,
         permits: u32,
         timeout: Duration,
-    ) -> Result<bool, Error> {
+    ) -> Result<bool, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         match self.try_reservation(key, permits, timeout).await? {
             Some(reservation) => {
                 reservation.wait().await;
@@ -446,7 +491,11 @@ where
     ///
     /// # Errors
     /// As [`reserve`](Self::reserve).
-    pub async fn available_in(&self, key: &K) -> Result<Duration, Error> {
+    pub async fn available_in<Q>(&self, key: &Q) -> Result<Duration, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         self.inner.query(key).await
     }
 
@@ -456,11 +505,15 @@ where
     /// # Errors
     /// As [`reserve`](Self::reserve); [`Error::InvalidArgument`] on a thread
     /// of a current-thread runtime the backend runs on.
-    pub fn acquire_blocking(&self, key: &K, permits: u32) -> Result<Duration, Error> {
-        let (inner, key) = (Arc::clone(&self.inner), key.clone());
+    pub fn acquire_blocking<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let (inner, key) = (Arc::clone(&self.inner), key.to_owned());
         let wait = self.inner.backend.block_on(async move {
             let limiter = KeyedRedisRateLimiter { inner };
-            limiter.reserve(&key, permits).await
+            limiter.reserve::<K>(&key, permits).await
         })??;
         self.sleep_blocking(wait);
         Ok(wait)
@@ -470,16 +523,20 @@ where
     ///
     /// # Errors
     /// As [`acquire_blocking`](Self::acquire_blocking).
-    pub fn try_acquire_blocking(
+    pub fn try_acquire_blocking<Q>(
         &self,
-        key: &K,
+        key: &Q,
         permits: u32,
         timeout: Duration,
-    ) -> Result<bool, Error> {
-        let (inner, key) = (Arc::clone(&self.inner), key.clone());
+    ) -> Result<bool, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let (inner, key) = (Arc::clone(&self.inner), key.to_owned());
         let wait = self.inner.backend.block_on(async move {
             let limiter = KeyedRedisRateLimiter { inner };
-            limiter.try_reserve(&key, permits, timeout).await
+            limiter.try_reserve::<K>(&key, permits, timeout).await
         })??;
         match wait {
             Some(wait) => {
@@ -547,7 +604,7 @@ where
     }
 
     /// The Redis key of `key`: `throttler:{name}:{key}`.
-    pub fn redis_key(&self, key: &K) -> String {
+    pub fn redis_key<Q: Display + ?Sized>(&self, key: &Q) -> String {
         format!("{}{key}", self.inner.prefix)
     }
 }
