@@ -33,6 +33,13 @@
 //! and on a multi-thread one (a worker per CPU); on a small machine the
 //! latter competes with redis-server for the CPUs.
 //!
+//! Part 3, keyed: one `RedisBackend` (one connection) and a
+//! `KeyedRedisRateLimiter` on it, 64 tasks reserving on random keys out of
+//! 10 000 (each its own Redis key, `throttler:keyed:{key}`), on a
+//! current-thread runtime; next to it `redis-benchmark -c 64 -P 16` running
+//! the script on random keys of the same shape (`-r 10000`). Then `MEMORY
+//! USAGE` of the keys, averaged over a sample.
+//!
 //! Every measurement is repeated (`THROTTLER_BENCH_ROUNDS`, default 3) and
 //! the median reported; rounds interleave the cases so that load from other
 //! work on the machine spreads over all of them. `THROTTLER_BENCH_SECS`
@@ -44,7 +51,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use throttler::redis::{Fallback, RedisRateLimiter};
+use throttler::redis::{Fallback, KeyedRedisRateLimiter, RedisBackend, RedisRateLimiter};
 
 #[allow(dead_code)]
 #[path = "../tests/support/redis_server.rs"]
@@ -71,6 +78,9 @@ const BASELINE_ARGS: &[&str] = &["1", "-1", "1000.0", "1000000"];
 /// Random keys for the cold-key rows: `__rand_int__` is replaced per call.
 const COLD_KEY: &str = "throttler:cold:__rand_int__";
 const COLD_KEYS: &str = "10000000";
+/// The keyed case: 10 000 user keys under the keyed limiter's prefix.
+const USER_KEY: &str = "throttler:keyed:__rand_int__";
+const USER_KEYS: u64 = 10_000;
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -111,6 +121,8 @@ struct Run {
 struct Bench {
     server: RedisServer,
     con: redis::Connection,
+    /// What `__rand_int__` ranges over (`-r`).
+    keyspace: String,
 }
 
 impl Bench {
@@ -174,7 +186,7 @@ impl Bench {
             "-P",
             &pipeline,
         ]);
-        command.args(["-n", &requests, "-r", COLD_KEYS, "--csv"]);
+        command.args(["-n", &requests, "-r", &self.keyspace, "--csv"]);
         command.args(["EVALSHA", sha, "1", key]).args(args);
         let output = command.output().unwrap_or_else(|e| {
             panic!("cannot run redis-benchmark ({e}); it comes with redis-server (redis-tools)")
@@ -233,7 +245,11 @@ fn main() {
 
     let server = RedisServer::start();
     let con = server.connection();
-    let mut bench = Bench { server, con };
+    let mut bench = Bench {
+        server,
+        con,
+        keyspace: COLD_KEYS.to_owned(),
+    };
     let version: String = redis::cmd("INFO")
         .arg("server")
         .query(&mut bench.con)
@@ -402,4 +418,101 @@ fn main() {
         ratio(multi, &same_depth)
     );
     drop(limiters);
+
+    // Part 3: keyed, 64 tasks over 10 000 keys through one backend.
+    let runtime = &runtimes[0];
+    let keyed: Arc<KeyedRedisRateLimiter<u64>> = runtime.block_on(async {
+        let backend = RedisBackend::builder(bench.server.client())
+            .response_timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .expect("backend");
+        Arc::new(
+            backend
+                .keyed_limiter::<u64>("keyed")
+                .permits_per_second(RATE)
+                .max_burst(Duration::from_secs(1))
+                .fallback(Fallback::FailClosed)
+                .build()
+                .expect("keyed limiter"),
+        )
+    });
+    bench.keyspace = USER_KEYS.to_string();
+    let (mut ceiling, mut crate_ops) = (vec![], vec![]);
+    for _ in 0..rounds {
+        bench.reset();
+        let run = bench.redis_benchmark(64, 16, requests, &reserve, USER_KEY, RESERVE_ARGS);
+        ceiling.push(run.ops);
+        bench.reset();
+        crate_ops.push(runtime.block_on(keyed_ops(&keyed, 64, secs)));
+    }
+    // Memory per key, on keys the limiter has just written.
+    let sample: Vec<u64> = (0..200)
+        .map(|key| {
+            redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(format!("throttler:keyed:{key}"))
+                .query::<Option<u64>>(&mut bench.con)
+                .unwrap()
+                .unwrap_or(0)
+        })
+        .filter(|&bytes| bytes > 0)
+        .collect();
+    println!();
+    println!(
+        "Keyed: one KeyedRedisRateLimiter (one connection), 64 tasks reserving on random keys \
+         out of {USER_KEYS}, current-thread runtime, vs redis-benchmark -c 64 -P 16 -r {USER_KEYS}; \
+         ops/s, median (and range) of {rounds} rounds:"
+    );
+    println!();
+    println!("| redis-benchmark ops/s | crate ops/s | ratio |");
+    println!("|---:|---:|---:|");
+    println!(
+        "| {} | {} | {:.2} |",
+        spread(&ceiling, 0),
+        spread(&crate_ops, 0),
+        ratio(&crate_ops, &ceiling)
+    );
+    println!();
+    println!(
+        "MEMORY USAGE per key: {:.1} bytes (mean of {} keys)",
+        sample.iter().sum::<u64>() as f64 / sample.len().max(1) as f64,
+        sample.len()
+    );
+}
+
+/// Calls per second of `reserve(key, 1)` on random keys out of `USER_KEYS`
+/// from `tasks` tasks sharing `limiter`.
+async fn keyed_ops(limiter: &Arc<KeyedRedisRateLimiter<u64>>, tasks: u64, secs: f64) -> f64 {
+    let count = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles: Vec<_> = (0..tasks)
+        .map(|task| {
+            let (limiter, count, stop) = (Arc::clone(limiter), count.clone(), stop.clone());
+            tokio::spawn(async move {
+                // A small xorshift per task: random keys, as -r draws them.
+                let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ (task + 1);
+                while !stop.load(Ordering::Relaxed) {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    limiter
+                        .reserve(&(state % USER_KEYS), 1)
+                        .await
+                        .expect("reserve");
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await; // warm-up
+    let (start, started) = (count.load(Ordering::Relaxed), Instant::now());
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    let done = count.load(Ordering::Relaxed) - start;
+    let elapsed = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    for handle in handles {
+        handle.await.expect("task");
+    }
+    done as f64 / elapsed
 }
