@@ -20,8 +20,8 @@ pub(super) struct Entry {
 /// The keys of one shard.
 #[derive(Debug)]
 pub(super) struct Shard<K> {
-    /// The configuration every key runs under (its own stored permits and
-    /// ticket are unused): a key's state is this with the key's two numbers.
+    /// The configuration every key runs under: a key's state is this with
+    /// the key's two numbers (its own two are scratch space for that).
     template: State,
     entries: HashMap<K, Entry, RandomState>,
     /// Calls since the last sweep of full entries, and when it ran (µs).
@@ -195,10 +195,12 @@ impl<K: Hash + Eq> Shard<K> {
     {
         self.tick(now);
         if let Some(entry) = self.entries.get_mut(key) {
-            let mut state = self.template.clone();
+            // The template's own two numbers are scratch space: the key's
+            // state is run in place, with no copy of the configuration.
+            let state = &mut self.template;
             state.stored_permits = entry.stored_permits;
             state.next_free_micros = entry.next_free_micros;
-            let result = step(&mut state);
+            let result = step(state);
             if result.is_some() {
                 entry.stored_permits = state.stored_permits;
                 entry.next_free_micros = state.next_free_micros;
