@@ -86,6 +86,8 @@ mod local;
 #[cfg(feature = "redis")]
 pub mod redis;
 mod reservation;
+#[cfg(feature = "tower")]
+pub mod tower;
 
 pub use builder::{Builder, DEFAULT_COLD_FACTOR};
 pub use error::{BackendError, Error};

@@ -1,0 +1,366 @@
+//! Rate limiting for tower services: [`RateLimitLayer`].
+//!
+//! Every clone of a layered service shares one limiter (an `Arc` of any
+//! [`Limiter`], local or through Redis), so a service stack that clones its
+//! services, as buffers and balancers do, still limits them together.
+//!
+//! - **Waiting** ([`RateLimitLayer::new`]): `poll_ready` reserves one
+//!   permit and is ready once it is due; `call` uses it. A service dropped
+//!   between the two gives its permit back.
+//! - **Rejecting** ([`RateLimitLayer::rejecting`]): `poll_ready` takes a
+//!   permit only if one is free now; otherwise `call` fails at once with
+//!   [`Throttled`], which says how long to wait (for a `Retry-After`
+//!   header), and the inner service is not called.
+//! - **Keyed** ([`RateLimitLayer::keyed`]): one rate per key, the key taken
+//!   from each request; the wait happens in the response future, before the
+//!   inner service is called.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use throttler::RateLimiter;
+//! use throttler::tower::RateLimitLayer;
+//! use tower_layer::Layer;
+//! use tower_service::Service;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let limiter = Arc::new(RateLimiter::bursty(100.0)?);
+//! let echo = tower_service_fn(|request: u32| async move { Ok::<_, std::io::Error>(request) });
+//! let mut service = RateLimitLayer::new(limiter).layer(echo);
+//! std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
+//! assert_eq!(service.call(7).await?, 7);
+//! # Ok(()) }
+//! # // A minimal service from a function, for the example.
+//! # fn tower_service_fn<F, Fut, Req, Res, E>(f: F) -> ServiceFn<F> where F: FnMut(Req) -> Fut, Fut: std::future::Future<Output = Result<Res, E>> { ServiceFn(f) }
+//! # struct ServiceFn<F>(F);
+//! # impl<F, Fut, Req, Res, E> Service<Req> for ServiceFn<F> where F: FnMut(Req) -> Fut, Fut: std::future::Future<Output = Result<Res, E>> {
+//! #     type Response = Res; type Error = E; type Future = Fut;
+//! #     fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), E>> { std::task::Poll::Ready(Ok(())) }
+//! #     fn call(&mut self, request: Req) -> Fut { (self.0)(request) }
+//! # }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::ops::Deref;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::{Error, KeyedLimiter, Limiter, Reservation};
+
+/// The error type of a rate-limited service: the inner service's error, a
+/// limiter's [`Error`], or [`Throttled`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A request refused by a [rejecting](RateLimitLayer::rejecting) layer: a
+/// permit will be free in `retry_after`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Throttled {
+    /// How long until a permit is free (for a `Retry-After` header).
+    pub retry_after: Duration,
+}
+
+impl fmt::Display for Throttled {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rate limited: retry after {:?}", self.retry_after)
+    }
+}
+
+impl std::error::Error for Throttled {}
+
+/// How a layer applies its limiter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Wait,
+    Reject,
+}
+
+/// A layer that rate-limits the services it wraps; see the
+/// [module docs](self).
+#[derive(Clone, Debug)]
+pub struct RateLimitLayer<L> {
+    limiter: L,
+    mode: Mode,
+}
+
+impl<L> RateLimitLayer<L> {
+    /// Waits for a permit in `poll_ready` (see the [module docs](self)).
+    /// `limiter` is an `Arc` of any [`Limiter`] (or anything cloneable
+    /// that derefs to one).
+    pub fn new(limiter: L) -> Self {
+        RateLimitLayer {
+            limiter,
+            mode: Mode::Wait,
+        }
+    }
+
+    /// Refuses at once with [`Throttled`] when no permit is free.
+    pub fn rejecting(limiter: L) -> Self {
+        RateLimitLayer {
+            limiter,
+            mode: Mode::Reject,
+        }
+    }
+
+    /// One rate per key: `key_of` gives each request's key, and the wait
+    /// happens in the response future.
+    pub fn keyed<F>(limiter: L, key_of: F) -> KeyedRateLimitLayer<L, F> {
+        KeyedRateLimitLayer { limiter, key_of }
+    }
+}
+
+impl<S, L: Clone> Layer<S> for RateLimitLayer<L> {
+    type Service = RateLimit<S, L>;
+
+    fn layer(&self, inner: S) -> RateLimit<S, L> {
+        RateLimit {
+            inner,
+            limiter: self.limiter.clone(),
+            mode: self.mode,
+            permit: Permit::None,
+        }
+    }
+}
+
+/// The permit a service holds between `poll_ready` and `call`.
+enum Permit {
+    /// None yet: `poll_ready` starts reserving one.
+    None,
+    /// Reserving or waiting for it (the future holds the reservation, and
+    /// gives it back if dropped before `call` commits it).
+    Pending(Held),
+    /// Refused (rejecting mode): `call` fails with this.
+    Refused(Duration),
+    /// The limiter failed: `call` fails with this.
+    Failed(Error),
+}
+
+/// A reservation in progress, owned by a service: the future reserves and
+/// waits, sets `due`, and then keeps the reservation until it is dropped,
+/// committing it if `commit` is set by then and giving it back otherwise.
+struct Held {
+    future: Pin<Box<dyn Future<Output = Result<Option<Duration>, Error>> + Send>>,
+    due: Arc<AtomicBool>,
+    commit: Arc<AtomicBool>,
+}
+
+/// Keeps a reservation until dropped: commits it if `commit` is set, else
+/// gives it back (by dropping it).
+struct Keep<'a> {
+    reservation: Option<Reservation<'a>>,
+    commit: Arc<AtomicBool>,
+}
+
+impl Drop for Keep<'_> {
+    fn drop(&mut self) {
+        if self.commit.load(Ordering::Acquire) {
+            if let Some(reservation) = self.reservation.take() {
+                reservation.commit();
+            }
+        }
+    }
+}
+
+impl Held {
+    /// Reserves one permit on `limiter` (only if free now when `reject`),
+    /// and waits for it.
+    fn start<L, T>(limiter: L, reject: bool) -> Held
+    where
+        L: Deref<Target = T> + Send + 'static,
+        T: Limiter + ?Sized,
+    {
+        let due = Arc::new(AtomicBool::new(false));
+        let commit = Arc::new(AtomicBool::new(false));
+        let (due_set, commit_read) = (Arc::clone(&due), Arc::clone(&commit));
+        let future = Box::pin(async move {
+            let reservation = if reject {
+                match limiter.try_reservation(1, Duration::ZERO).await? {
+                    Some(reservation) => reservation,
+                    None => return Ok(Some(limiter.available_in().await?)),
+                }
+            } else {
+                limiter.reservation(1).await?
+            };
+            let delay = reservation.delay();
+            let keep = Keep {
+                reservation: Some(reservation),
+                commit: commit_read,
+            };
+            if !delay.is_zero() {
+                limiter.clock().sleep(delay).await;
+            }
+            due_set.store(true, Ordering::Release);
+            // Held until `call` (which commits it) or until the service is
+            // dropped (which gives it back): never completes by itself.
+            std::future::pending::<()>().await;
+            drop(keep);
+            Ok(None)
+        });
+        Held {
+            future,
+            due,
+            commit,
+        }
+    }
+}
+
+/// A service rate-limited by a [`RateLimitLayer`]. Clones share the
+/// limiter; each holds its own permit between `poll_ready` and `call`.
+pub struct RateLimit<S, L> {
+    inner: S,
+    limiter: L,
+    mode: Mode,
+    permit: Permit,
+}
+
+impl<S: Clone, L: Clone> Clone for RateLimit<S, L> {
+    /// A clone starts without a permit (readiness is not cloned).
+    fn clone(&self) -> Self {
+        RateLimit {
+            inner: self.inner.clone(),
+            limiter: self.limiter.clone(),
+            mode: self.mode,
+            permit: Permit::None,
+        }
+    }
+}
+
+impl<S: fmt::Debug, L> fmt::Debug for RateLimit<S, L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, L, T, Req> Service<Req> for RateLimit<S, L>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    L: Deref<Target = T> + Clone + Send + 'static,
+    T: Limiter + ?Sized,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        loop {
+            match &mut self.permit {
+                Permit::None => {
+                    let reject = self.mode == Mode::Reject;
+                    self.permit = Permit::Pending(Held::start(self.limiter.clone(), reject));
+                }
+                Permit::Pending(held) => {
+                    if !held.due.load(Ordering::Acquire) {
+                        match held.future.as_mut().poll(cx) {
+                            Poll::Pending if !held.due.load(Ordering::Acquire) => {
+                                return Poll::Pending;
+                            }
+                            Poll::Pending => {}
+                            Poll::Ready(Ok(Some(retry_after))) => {
+                                self.permit = Permit::Refused(retry_after);
+                                continue;
+                            }
+                            Poll::Ready(Ok(None)) => unreachable!("a held permit never completes"),
+                            Poll::Ready(Err(error)) => {
+                                self.permit = Permit::Failed(error);
+                                continue;
+                            }
+                        }
+                    }
+                    // The permit is due: the inner service must be ready too.
+                    return self.inner.poll_ready(cx).map_err(Into::into);
+                }
+                // A refusal or a failure is the answer `call` gives.
+                Permit::Refused(_) | Permit::Failed(_) => return Poll::Ready(Ok(())),
+            }
+        }
+    }
+
+    fn call(&mut self, request: Req) -> Self::Future {
+        match std::mem::replace(&mut self.permit, Permit::None) {
+            Permit::Pending(held) if held.due.load(Ordering::Acquire) => {
+                held.commit.store(true, Ordering::Release);
+                drop(held);
+                let response = self.inner.call(request);
+                Box::pin(async move { response.await.map_err(Into::into) })
+            }
+            Permit::Refused(retry_after) => {
+                Box::pin(async move { Err(Box::new(Throttled { retry_after }) as BoxError) })
+            }
+            Permit::Failed(error) => Box::pin(async move { Err(Box::new(error) as BoxError) }),
+            _ => panic!("RateLimit::call before poll_ready returned Ready"),
+        }
+    }
+}
+
+/// A layer with one rate per key; see [`RateLimitLayer::keyed`].
+#[derive(Clone, Debug)]
+pub struct KeyedRateLimitLayer<L, F> {
+    limiter: L,
+    key_of: F,
+}
+
+impl<S, L: Clone, F: Clone> Layer<S> for KeyedRateLimitLayer<L, F> {
+    type Service = KeyedRateLimit<S, L, F>;
+
+    fn layer(&self, inner: S) -> KeyedRateLimit<S, L, F> {
+        KeyedRateLimit {
+            inner,
+            limiter: self.limiter.clone(),
+            key_of: self.key_of.clone(),
+        }
+    }
+}
+
+/// A service rate-limited per key by a [`KeyedRateLimitLayer`]: each
+/// request waits for its key's permit, then the inner service is called.
+#[derive(Clone, Debug)]
+pub struct KeyedRateLimit<S, L, F> {
+    inner: S,
+    limiter: L,
+    key_of: F,
+}
+
+impl<S, L, T, F, K, Req> Service<Req> for KeyedRateLimit<S, L, F>
+where
+    S: Service<Req> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    Req: Send + 'static,
+    L: Deref<Target = T> + Clone + Send + 'static,
+    T: KeyedLimiter<K> + ?Sized,
+    K: Send + Sync + 'static,
+    F: Fn(&Req) -> K,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Req) -> Self::Future {
+        let key = (self.key_of)(&request);
+        // The ready service goes with the request; this one is a fresh
+        // clone that must be made ready again.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let limiter = self.limiter.clone();
+        Box::pin(async move {
+            limiter.acquire(&key, 1).await?;
+            inner.call(request).await.map_err(Into::into)
+        })
+    }
+}

@@ -1,0 +1,164 @@
+//! The tower layer: clones share one limiter, a permit reserved in
+//! `poll_ready` is given back if the service is dropped before `call`, the
+//! rejecting mode answers at once with the wait, and the keyed mode limits
+//! each key alone.
+#![cfg(feature = "tower")]
+
+use std::future::poll_fn;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use throttler::clock::{Clock, FakeClock};
+use throttler::tower::{RateLimitLayer, Throttled};
+use throttler::{KeyedRateLimiter, RateLimiter};
+use tower_layer::Layer;
+use tower_service::Service;
+
+const MS: Duration = Duration::from_millis(1);
+
+/// A service that answers at once and counts its calls.
+#[derive(Clone, Default)]
+struct Counter(Arc<AtomicU32>);
+
+impl Service<u32> for Counter {
+    type Response = u32;
+    type Error = std::io::Error;
+    type Future = std::future::Ready<Result<u32, std::io::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: u32) -> Self::Future {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        std::future::ready(Ok(request))
+    }
+}
+
+fn limiter(clock: &FakeClock) -> Arc<RateLimiter<FakeClock>> {
+    Arc::new(
+        RateLimiter::builder()
+            .permits_per_second(10.0)
+            .max_burst(Duration::ZERO)
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    )
+}
+
+async fn ready<S: Service<u32>>(service: &mut S) -> Result<(), S::Error> {
+    poll_fn(|cx| service.poll_ready(cx)).await
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn clones_share_one_limiter() {
+    let clock = FakeClock::new();
+    let counter = Counter::default();
+    let service = RateLimitLayer::new(limiter(&clock)).layer(counter.clone());
+    let mut clones = [service.clone(), service.clone(), service];
+    for i in 0..20u32 {
+        let service = &mut clones[i as usize % 3];
+        ready(service).await.unwrap();
+        assert_eq!(service.call(i).await.unwrap(), i);
+    }
+    // 20 calls at 10/s with no burst: 19 intervals, on the fake clock.
+    assert_eq!(clock.now(), 1900 * MS);
+    assert_eq!(counter.0.load(Ordering::Relaxed), 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clones_share_one_limiter_on_the_real_clock() {
+    let limiter = Arc::new(
+        RateLimiter::builder()
+            .permits_per_second(10.0)
+            .max_burst(Duration::ZERO)
+            .build()
+            .unwrap(),
+    );
+    let service = RateLimitLayer::new(limiter).layer(Counter::default());
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..3u32)
+        .map(|t| {
+            let mut service = service.clone();
+            tokio::spawn(async move {
+                for i in 0..(if t == 0 { 8 } else { 6 }) {
+                    ready(&mut service).await.unwrap();
+                    service.call(i).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let took = start.elapsed();
+    // 20 calls: 1.9 s, ± 5%.
+    assert!(
+        took >= 1805 * MS && took <= 1995 * MS,
+        "20 calls at 10/s over 3 clones took {took:?}"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_service_dropped_between_poll_ready_and_call_gives_its_permit_back() {
+    let clock = FakeClock::new();
+    let limiter = limiter(&clock);
+    let layer = RateLimitLayer::new(Arc::clone(&limiter));
+    let mut first = layer.layer(Counter::default());
+    ready(&mut first).await.unwrap();
+    first.call(1).await.unwrap();
+    // The second waits its interval in poll_ready, then is dropped.
+    let mut second = layer.layer(Counter::default());
+    ready(&mut second).await.unwrap();
+    assert_eq!(clock.now(), 100 * MS);
+    drop(second);
+    // As if it had never reserved: a permit is free now.
+    assert_eq!(limiter.available_in(), Duration::ZERO);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_rejecting_mode_answers_at_once_with_the_wait() {
+    let clock = FakeClock::new();
+    let counter = Counter::default();
+    let mut service = RateLimitLayer::rejecting(limiter(&clock)).layer(counter.clone());
+    ready(&mut service).await.unwrap();
+    assert_eq!(service.call(1).await.unwrap(), 1);
+    ready(&mut service).await.unwrap();
+    let error = service.call(2).await.unwrap_err();
+    let throttled = error.downcast_ref::<Throttled>().expect("Throttled");
+    assert_eq!(throttled.retry_after, 100 * MS);
+    assert_eq!(
+        counter.0.load(Ordering::Relaxed),
+        1,
+        "the inner service was called"
+    );
+    assert_eq!(clock.now(), Duration::ZERO, "the rejecting mode waited");
+    clock.advance(100 * MS);
+    ready(&mut service).await.unwrap();
+    assert_eq!(service.call(3).await.unwrap(), 3);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_keyed_mode_limits_each_key_alone() {
+    let clock = FakeClock::new();
+    let keyed = Arc::new(
+        KeyedRateLimiter::<u32>::builder()
+            .permits_per_second(10.0)
+            .max_burst(Duration::ZERO)
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    // The key is the request's parity.
+    let mut service =
+        RateLimitLayer::keyed(keyed, |request: &u32| request % 2).layer(Counter::default());
+    for request in [0, 1, 2, 3] {
+        ready(&mut service).await.unwrap();
+        service.call(request).await.unwrap();
+    }
+    // Each key waited one interval for its second request; the waits of
+    // the two keys did not add up.
+    assert_eq!(clock.now(), 100 * MS);
+}
