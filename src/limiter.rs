@@ -67,6 +67,21 @@ pub trait Limiter: Send + Sync {
     /// The clock waits are slept on.
     fn clock(&self) -> &dyn Clock;
 
+    /// Takes `permits` if they are free now (nothing owed), without I/O:
+    /// `Some(true)` if taken (with nothing to wait for, so nothing to give
+    /// back), `Some(false)` if they are not free (nothing reserved), `None`
+    /// if this limiter cannot tell without a round trip. Adapters use it to
+    /// skip the reservation machinery when nothing is owed.
+    ///
+    /// Provided: `None`. The local limiter answers.
+    ///
+    /// # Errors
+    /// As [`try_reserve`](Limiter::try_reserve).
+    fn take_if_free(&self, permits: u32) -> Option<Result<bool, Error>> {
+        let _ = permits;
+        None
+    }
+
     /// Reserves `permits` now as a [`Reservation`]: wait for it, or drop it
     /// to give the permits back.
     ///
@@ -168,5 +183,12 @@ impl<C: Clock> Limiter for crate::RateLimiter<C> {
 
     fn clock(&self) -> &dyn Clock {
         crate::RateLimiter::<C>::clock(self)
+    }
+
+    fn take_if_free(&self, permits: u32) -> Option<Result<bool, Error>> {
+        Some(
+            crate::RateLimiter::<C>::try_reserve(self, permits, Duration::ZERO)
+                .map(|w| w.is_some()),
+        )
     }
 }

@@ -50,6 +50,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures::future::{Either, MapErr, Ready, TryFutureExt, ready};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -133,6 +134,8 @@ impl<S, L: Clone> Layer<S> for RateLimitLayer<L> {
 enum Permit {
     /// None yet: `poll_ready` starts reserving one.
     None,
+    /// Taken, free (nothing was owed): nothing to wait for or give back.
+    Free,
     /// Reserving or waiting for it (the future holds the reservation, and
     /// gives it back if dropped before `call` commits it).
     Pending(Held),
@@ -241,25 +244,45 @@ impl<S: fmt::Debug, L> fmt::Debug for RateLimit<S, L> {
     }
 }
 
+/// The response future of [`RateLimit`]: the inner service's, with its
+/// error boxed, or an error at once (a refusal, a limiter's failure).
+pub type ResponseFuture<F, R, E> = Either<MapErr<F, fn(E) -> BoxError>, Ready<Result<R, BoxError>>>;
+
+fn boxed<E: Into<BoxError>>(error: E) -> BoxError {
+    error.into()
+}
+
 impl<S, L, T, Req> Service<Req> for RateLimit<S, L>
 where
     S: Service<Req>,
     S::Error: Into<BoxError>,
-    S::Future: Send + 'static,
     L: Deref<Target = T> + Clone + Send + 'static,
     T: Limiter + ?Sized,
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send>>;
+    type Future = ResponseFuture<S::Future, S::Response, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         loop {
             match &mut self.permit {
                 Permit::None => {
+                    // Nothing owed: no reservation to hold, no future.
+                    match self.limiter.take_if_free(1) {
+                        Some(Ok(true)) => {
+                            self.permit = Permit::Free;
+                            continue;
+                        }
+                        Some(Err(error)) => {
+                            self.permit = Permit::Failed(error);
+                            continue;
+                        }
+                        Some(Ok(false)) | None => {}
+                    }
                     let reject = self.mode == Mode::Reject;
                     self.permit = Permit::Pending(Held::start(self.limiter.clone(), reject));
                 }
+                Permit::Free => return self.inner.poll_ready(cx).map_err(Into::into),
                 Permit::Pending(held) => {
                     if !held.due.load(Ordering::Acquire) {
                         match held.future.as_mut().poll(cx) {
@@ -289,16 +312,24 @@ where
 
     fn call(&mut self, request: Req) -> Self::Future {
         match std::mem::replace(&mut self.permit, Permit::None) {
+            Permit::Free => Either::Left(
+                self.inner
+                    .call(request)
+                    .map_err(boxed::<S::Error> as fn(_) -> _),
+            ),
             Permit::Pending(held) if held.due.load(Ordering::Acquire) => {
                 held.commit.store(true, Ordering::Release);
                 drop(held);
-                let response = self.inner.call(request);
-                Box::pin(async move { response.await.map_err(Into::into) })
+                Either::Left(
+                    self.inner
+                        .call(request)
+                        .map_err(boxed::<S::Error> as fn(_) -> _),
+                )
             }
             Permit::Refused(retry_after) => {
-                Box::pin(async move { Err(Box::new(Throttled { retry_after }) as BoxError) })
+                Either::Right(ready(Err(Box::new(Throttled { retry_after }) as BoxError)))
             }
-            Permit::Failed(error) => Box::pin(async move { Err(Box::new(error) as BoxError) }),
+            Permit::Failed(error) => Either::Right(ready(Err(Box::new(error) as BoxError))),
             _ => panic!("RateLimit::call before poll_ready returned Ready"),
         }
     }
