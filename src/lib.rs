@@ -80,12 +80,14 @@ mod builder;
 pub mod clock;
 pub mod core;
 mod error;
+pub mod io;
 mod keyed;
 mod limiter;
 mod local;
 #[cfg(feature = "redis")]
 pub mod redis;
 mod reservation;
+pub mod stream;
 #[cfg(feature = "tower")]
 pub mod tower;
 

@@ -1,0 +1,619 @@
+//! Throttling bytes: [`ThrottledReader`] and [`ThrottledWriter`].
+//!
+//! Either wraps a Tokio reader or writer and a limiter, and passes bytes
+//! through at the limiter's rate: **one permit is one byte**. The limiter is
+//! anything that derefs to a [`Limiter`]: an `Arc<RateLimiter>`, an
+//! `Arc<dyn Limiter>`, a `Box` of either, a `&'static` reference, a Redis
+//! limiter in an `Arc`. Several readers and writers can share one limiter and
+//! so one budget of bytes per second.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use throttler::RateLimiter;
+//! use throttler::io::ThrottledWriter;
+//! use tokio::io::AsyncWriteExt;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> std::io::Result<()> {
+//! let limiter = Arc::new(RateLimiter::bursty(1024.0 * 1024.0).map_err(std::io::Error::other)?);
+//! // At most 1 MiB/s into the sink, whatever the buffer sizes.
+//! let mut writer = ThrottledWriter::new(tokio::io::sink(), limiter);
+//! writer.write_all(&[0u8; 4096]).await?;
+//! writer.flush().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Chunks
+//!
+//! A read or a write moves at most one *chunk*: at most [`chunk_limit`] of
+//! the limiter's current [`rate`](Limiter::rate) bytes, and never more than
+//! the caller's buffer. The limit is the bytes the rate allows in
+//! [`CHUNK_TIME`] (10 ms), at least 1 byte and at most [`MAX_CHUNK`]
+//! (64 KiB):
+//!
+//! * **Short waits.** A reservation waits for the debt left by the one
+//!   before it, so no read or write waits for more than about one chunk's
+//!   worth of time (10 ms; one byte's time below 100 bytes per second) plus
+//!   whatever other users of a shared limiter owe. A 1 MiB `write_all` at
+//!   100 KiB/s is about a thousand waits of 10 ms, not one wait of ten
+//!   seconds, and cancelling it gives back the chunk in flight.
+//! * **An exact schedule.** The next chunk is reserved as soon as the
+//!   previous one has been passed on. As long as a timer wakes up less than
+//!   one chunk's time late (10 ms, against Tokio's 1 ms timer resolution),
+//!   the next reservation is made before the previous one's debt is paid
+//!   and the schedule loses nothing to late wake-ups. Chunks much cheaper
+//!   than a timer tick (a fast rate and a small caller buffer, e.g. 8 KiB
+//!   writes at 1 GiB/s) rely on the limiter's burst to absorb the late
+//!   wake-ups; the default burst of one second does (as does one of 5 ms),
+//!   while a limiter built with `max_burst(Duration::ZERO)` loses them and
+//!   runs slower than its rate (about a tenth of it at 1 GiB/s with 64 KiB
+//!   chunks: `cargo bench --bench io`).
+//! * **Bounded.** 64 KiB bounds the reader's buffer and a shared limiter's
+//!   granularity: several streams sharing one limiter take turns in pieces
+//!   of at most 64 KiB (10 ms at rates up to 6.4 MiB/s, less above).
+//!
+//! # Accounting
+//!
+//! * The [writer](ThrottledWriter) reserves a chunk, waits for it, then
+//!   writes it. What the inner writer does not accept (a short write, or a
+//!   write that returns `Pending`) stays paid for as *credit*, which the
+//!   next writes use before reserving again: every byte written is charged
+//!   once, and at most one chunk of credit is ever outstanding (lost if the
+//!   writer is dropped with it).
+//! * The [reader](ThrottledReader) reads a chunk from the inner reader into
+//!   its own buffer, reserves exactly the bytes it got, waits, then hands
+//!   them over. Short reads are charged what they returned, end of file
+//!   costs nothing, and no byte reaches the caller before its permits are
+//!   due.
+//!
+//! # Cancellation
+//!
+//! Every poll is cancel-safe in the sense of `AsyncRead` and `AsyncWrite`:
+//! the pending reservation lives in the reader or writer, not in the future
+//! of one call, so a call that is dropped and made again (with the same or
+//! another buffer) picks the same reservation up and nothing is charged
+//! twice. Dropping the reader or writer itself while it waits gives the
+//! pending reservation back to the limiter, as dropping a
+//! [`Reservation`](crate::Reservation) does. (A reader dropped while it
+//! waits also drops the bytes it had read for that reservation.)
+
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::ops::Deref;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::{Error, Limiter};
+
+/// The time a chunk may cost at most, at the limiter's rate (above the
+/// minimum of one byte): 10 ms. See the [module docs](self#chunks).
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(throttler::io::CHUNK_TIME, Duration::from_millis(10));
+/// ```
+pub const CHUNK_TIME: Duration = Duration::from_millis(10);
+
+/// The largest chunk, in bytes: 64 KiB. See the [module docs](self#chunks).
+///
+/// ```
+/// assert_eq!(throttler::io::MAX_CHUNK, 65_536);
+/// ```
+pub const MAX_CHUNK: usize = 64 * 1024;
+
+/// The largest chunk a read or write moves at `rate` bytes per second: the
+/// bytes of [`CHUNK_TIME`] at that rate, rounded down, at least 1 and at most
+/// [`MAX_CHUNK`]. A read or write also moves no more than its buffer.
+///
+/// ```
+/// use throttler::io::{MAX_CHUNK, chunk_limit};
+///
+/// assert_eq!(chunk_limit(1_000_000.0), 10_000); // 10 ms at 1 MB/s
+/// assert_eq!(chunk_limit(50.0), 1); // at least one byte
+/// assert_eq!(chunk_limit(1e9), MAX_CHUNK); // at most 64 KiB
+/// assert_eq!(chunk_limit(f64::INFINITY), MAX_CHUNK);
+/// ```
+pub fn chunk_limit(rate: f64) -> usize {
+    let bytes = rate * CHUNK_TIME.as_secs_f64();
+    if bytes >= MAX_CHUNK as f64 {
+        MAX_CHUNK
+    } else if bytes >= 1.0 {
+        // In 1..MAX_CHUNK: the conversion truncates, as documented.
+        bytes as usize
+    } else {
+        // Below one byte per chunk, or NaN (which no limiter reports).
+        1
+    }
+}
+
+/// A reservation being made and waited for. It owns the limiter while it
+/// runs and hands it back with the bytes it paid for.
+type Waiting<L> = Pin<Box<dyn Future<Output = (L, Result<usize, Error>)> + Send>>;
+
+/// The limiter, idle or busy with one reservation.
+enum Gate<L> {
+    /// No reservation pending.
+    Idle(L),
+    /// A reservation pending: dropping it gives the permits back.
+    Waiting(Waiting<L>),
+    /// Only if a reservation panicked: the limiter went with it.
+    Gone,
+}
+
+impl<L> Gate<L>
+where
+    L: Deref + Send + Sync + 'static,
+    L::Target: Limiter,
+{
+    fn is_idle(&self) -> bool {
+        matches!(self, Gate::Idle(_))
+    }
+
+    /// The limiter's rate, if no reservation is pending.
+    fn rate(&self) -> Option<f64> {
+        match self {
+            Gate::Idle(limiter) => Some(limiter.rate()),
+            _ => None,
+        }
+    }
+
+    /// Starts reserving `bytes` (at least 1, at most `MAX_CHUNK`). Does
+    /// nothing unless idle.
+    fn start(&mut self, bytes: usize) {
+        let Gate::Idle(_) = self else { return };
+        let Gate::Idle(limiter) = std::mem::replace(self, Gate::Gone) else {
+            unreachable!("checked just above")
+        };
+        // At most MAX_CHUNK, so the conversion never saturates.
+        let permits = u32::try_from(bytes).unwrap_or(u32::MAX);
+        *self = Gate::Waiting(Box::pin(async move {
+            let paid = match Limiter::reservation(&*limiter, permits).await {
+                Ok(reservation) => {
+                    reservation.wait().await;
+                    Ok(bytes)
+                }
+                Err(error) => Err(error),
+            };
+            (limiter, paid)
+        }));
+    }
+
+    /// Polls the pending reservation: the bytes paid for once it is due, or
+    /// the limiter's error (nothing paid). Idle again when ready.
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        let Gate::Waiting(waiting) = self else {
+            return Poll::Ready(Err(io::Error::other(
+                "throttler: the limiter was lost to a panic in an earlier reservation",
+            )));
+        };
+        let (limiter, paid) = ready!(waiting.as_mut().poll(cx));
+        *self = Gate::Idle(limiter);
+        Poll::Ready(paid.map_err(io::Error::other))
+    }
+}
+
+impl<L> fmt::Debug for Gate<L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Gate::Idle(_) => "Idle",
+            Gate::Waiting(_) => "Waiting",
+            Gate::Gone => "Gone",
+        })
+    }
+}
+
+/// An [`AsyncWrite`] that passes bytes to its inner writer at a limiter's
+/// rate, one permit per byte.
+///
+/// Each write moves at most one [chunk](self#chunks): it reserves the chunk,
+/// waits until it is due, then writes it. Bytes reserved but not accepted by
+/// the inner writer stay paid for and go with the next writes (see
+/// [accounting](self#accounting)). [`poll_flush`](AsyncWrite::poll_flush)
+/// and [`poll_shutdown`](AsyncWrite::poll_shutdown) pass straight through.
+///
+/// Dropping the writer while it waits gives the pending reservation back.
+/// The inner writer must be [`Unpin`]; pin one that is not with `Box::pin`.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use throttler::clock::{Clock, FakeClock};
+/// use throttler::io::ThrottledWriter;
+/// use throttler::{Limiter, RateLimiter};
+/// use tokio::io::AsyncWriteExt;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let clock = FakeClock::new();
+/// let limiter: Arc<dyn Limiter> = Arc::new(
+///     RateLimiter::builder()
+///         .permits_per_second(1_000_000.0) // 1 MB/s
+///         .max_burst(Duration::ZERO)
+///         .clock(clock.clone())
+///         .build()?,
+/// );
+/// let mut writer = ThrottledWriter::new(Vec::new(), limiter.clone());
+/// writer.write_all(&[7u8; 100_000]).await?; // ten chunks of 10 kB
+/// // Nine chunks waited 10 ms each; the last one's debt is left to the next caller.
+/// assert_eq!(clock.now(), Duration::from_millis(90));
+/// assert_eq!(limiter.available_in().await?, Duration::from_millis(10));
+/// assert_eq!(writer.into_inner().len(), 100_000);
+/// # Ok(()) }
+/// ```
+pub struct ThrottledWriter<W, L> {
+    inner: W,
+    gate: Gate<L>,
+    /// Bytes reserved and waited for but not yet written.
+    credit: usize,
+}
+
+impl<W, L> ThrottledWriter<W, L>
+where
+    W: AsyncWrite + Unpin,
+    L: Deref + Send + Sync + 'static,
+    L::Target: Limiter,
+{
+    /// Wraps `inner`, writing to it at `limiter`'s rate in bytes per second.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use throttler::RateLimiter;
+    /// use throttler::io::ThrottledWriter;
+    ///
+    /// let limiter = Arc::new(RateLimiter::bursty(65_536.0)?); // 64 KiB/s
+    /// let writer = ThrottledWriter::new(tokio::io::sink(), limiter);
+    /// # drop(writer);
+    /// # Ok::<(), throttler::Error>(())
+    /// ```
+    pub fn new(inner: W, limiter: L) -> Self {
+        ThrottledWriter {
+            inner,
+            gate: Gate::Idle(limiter),
+            credit: 0,
+        }
+    }
+}
+
+impl<W, L> ThrottledWriter<W, L> {
+    /// The inner writer.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use throttler::RateLimiter;
+    /// use throttler::io::ThrottledWriter;
+    ///
+    /// let limiter = Arc::new(RateLimiter::bursty(1000.0)?);
+    /// let writer = ThrottledWriter::new(Vec::<u8>::new(), limiter);
+    /// assert!(writer.get_ref().is_empty());
+    /// # Ok::<(), throttler::Error>(())
+    /// ```
+    pub fn get_ref(&self) -> &W {
+        &self.inner
+    }
+
+    /// The inner writer, mutably. Writing to it directly bypasses the limiter.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use throttler::RateLimiter;
+    /// use throttler::io::ThrottledWriter;
+    ///
+    /// let limiter = Arc::new(RateLimiter::bursty(1000.0)?);
+    /// let mut writer = ThrottledWriter::new(Vec::<u8>::new(), limiter);
+    /// writer.get_mut().extend_from_slice(b"header, not throttled");
+    /// # Ok::<(), throttler::Error>(())
+    /// ```
+    pub fn get_mut(&mut self) -> &mut W {
+        &mut self.inner
+    }
+
+    /// Bytes paid for and not yet written: what the next writes use before
+    /// reserving again (at most one chunk).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use throttler::RateLimiter;
+    /// use throttler::io::ThrottledWriter;
+    ///
+    /// let limiter = Arc::new(RateLimiter::bursty(1000.0)?);
+    /// let writer = ThrottledWriter::new(tokio::io::sink(), limiter);
+    /// assert_eq!(writer.credit(), 0);
+    /// # Ok::<(), throttler::Error>(())
+    /// ```
+    pub fn credit(&self) -> usize {
+        self.credit
+    }
+
+    /// Unwraps the inner writer. A pending reservation is given back; credit
+    /// (bytes paid for and not written) is lost.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use throttler::RateLimiter;
+    /// use throttler::io::ThrottledWriter;
+    ///
+    /// let limiter = Arc::new(RateLimiter::bursty(1000.0)?);
+    /// let writer = ThrottledWriter::new(Vec::<u8>::new(), limiter);
+    /// let inner: Vec<u8> = writer.into_inner();
+    /// # drop(inner);
+    /// # Ok::<(), throttler::Error>(())
+    /// ```
+    pub fn into_inner(self) -> W {
+        self.inner
+    }
+}
+
+// The limiter is never pinned (it moves in and out of the pending
+// reservation), so only the inner writer decides.
+impl<W: Unpin, L> Unpin for ThrottledWriter<W, L> {}
+
+impl<W, L> AsyncWrite for ThrottledWriter<W, L>
+where
+    W: AsyncWrite + Unpin,
+    L: Deref + Send + Sync + 'static,
+    L::Target: Limiter,
+{
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if buf.is_empty() {
+            return Pin::new(&mut this.inner).poll_write(cx, buf);
+        }
+        if this.credit == 0 {
+            if let Some(rate) = this.gate.rate() {
+                this.gate.start(buf.len().min(chunk_limit(rate)));
+            }
+            // On an error nothing was paid and the gate is idle again: the
+            // next write tries afresh.
+            this.credit = ready!(this.gate.poll(cx))?;
+        }
+        let chunk = this.credit.min(buf.len());
+        let written = ready!(Pin::new(&mut this.inner).poll_write(cx, &buf[..chunk]))?;
+        this.credit -= written.min(chunk);
+        Poll::Ready(Ok(written))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+impl<W: fmt::Debug, L> fmt::Debug for ThrottledWriter<W, L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ThrottledWriter")
+            .field("inner", &self.inner)
+            .field("reservation", &self.gate)
+            .field("credit", &self.credit)
+            .finish()
+    }
+}
+
+/// An [`AsyncRead`] that passes bytes from its inner reader at a limiter's
+/// rate, one permit per byte.
+///
+/// Each read moves at most one [chunk](self#chunks): it reads up to a chunk
+/// from the inner reader into its own buffer, reserves exactly the bytes it
+/// got, waits until they are due, then copies them into the caller's buffer
+/// (see [accounting](self#accounting)). End of file is passed on at once and
+/// costs nothing.
+///
+/// Dropping the reader while it waits gives the pending reservation back
+/// (and drops the bytes read for it). The inner reader must be [`Unpin`];
+/// pin one that is not with `Box::pin`.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use throttler::RateLimiter;
+/// use throttler::clock::{Clock, FakeClock};
+/// use throttler::io::ThrottledReader;
+/// use tokio::io::AsyncReadExt;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let clock = FakeClock::new();
+/// let limiter = Arc::new(
+///     RateLimiter::builder()
+///         .permits_per_second(1_000_000.0) // 1 MB/s
+///         .max_burst(Duration::ZERO)
+///         .clock(clock.clone())
+///         .build()?,
+/// );
+/// let data = vec![7u8; 25_000];
+/// let mut reader = ThrottledReader::new(&data[..], limiter.clone());
+/// let mut out = Vec::new();
+/// reader.read_to_end(&mut out).await?; // in chunks of at most 10 kB
+/// assert_eq!(out, data);
+/// // 25 kB at 1 MB/s: the schedule ends at 25 ms. The reader returned the
+/// // last chunk when it was granted, leaving its cost to the next caller.
+/// assert_eq!(clock.now() + limiter.available_in(), Duration::from_millis(25));
+/// assert!(limiter.available_in() <= Duration::from_millis(10));
+/// # Ok(()) }
+/// ```
+pub struct ThrottledReader<R, L> {
+    inner: R,
+    gate: Gate<L>,
+    /// Storage for bytes read and not yet handed over: `held[start..end]`.
+    held: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// Whether the held bytes are paid for.
+    paid: bool,
+}
+
+impl<R, L> ThrottledReader<R, L>
+where
+    R: AsyncRead + Unpin,
+    L: Deref + Send + Sync + 'static,
+    L::Target: Limiter,
+{
+    /// Wraps `inner`, reading from it at `limiter`'s rate in bytes per second.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use throttler::{Limiter, RateLimiter};
+    /// use throttler::io::ThrottledReader;
+    ///
+    /// let limiter: Arc<dyn Limiter> = Arc::new(RateLimiter::bursty(65_536.0)?); // 64 KiB/s
+    /// let reader = ThrottledReader::new(tokio::io::empty(), limiter);
+    /// # drop(reader);
+    /// # Ok::<(), throttler::Error>(())
+    /// ```
+    pub fn new(inner: R, limiter: L) -> Self {
+        ThrottledReader {
+            inner,
+            gate: Gate::Idle(limiter),
+            held: Vec::new(),
+            start: 0,
+            end: 0,
+            paid: false,
+        }
+    }
+}
+
+impl<R, L> ThrottledReader<R, L> {
+    /// The inner reader.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use throttler::RateLimiter;
+    /// use throttler::io::ThrottledReader;
+    ///
+    /// let limiter = Arc::new(RateLimiter::bursty(1000.0)?);
+    /// let reader = ThrottledReader::new(&b"abc"[..], limiter);
+    /// assert_eq!(*reader.get_ref(), b"abc");
+    /// # Ok::<(), throttler::Error>(())
+    /// ```
+    pub fn get_ref(&self) -> &R {
+        &self.inner
+    }
+
+    /// The inner reader, mutably. Reading from it directly bypasses the
+    /// limiter (and skips the bytes this reader holds, if any).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use throttler::RateLimiter;
+    /// use throttler::io::ThrottledReader;
+    ///
+    /// let limiter = Arc::new(RateLimiter::bursty(1000.0)?);
+    /// let mut reader = ThrottledReader::new(&b"abc"[..], limiter);
+    /// *reader.get_mut() = &b"xyz"[..];
+    /// # Ok::<(), throttler::Error>(())
+    /// ```
+    pub fn get_mut(&mut self) -> &mut R {
+        &mut self.inner
+    }
+
+    /// Bytes read from the inner reader and not yet handed over (at most one
+    /// chunk): paid for, or waiting for their reservation.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use throttler::RateLimiter;
+    /// use throttler::io::ThrottledReader;
+    ///
+    /// let limiter = Arc::new(RateLimiter::bursty(1000.0)?);
+    /// let reader = ThrottledReader::new(&b"abc"[..], limiter);
+    /// assert_eq!(reader.buffered(), 0);
+    /// # Ok::<(), throttler::Error>(())
+    /// ```
+    pub fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Unwraps the inner reader. A pending reservation is given back, and
+    /// the bytes this reader holds ([`buffered`](Self::buffered)) are lost.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use throttler::RateLimiter;
+    /// use throttler::io::ThrottledReader;
+    ///
+    /// let limiter = Arc::new(RateLimiter::bursty(1000.0)?);
+    /// let reader = ThrottledReader::new(&b"abc"[..], limiter);
+    /// assert_eq!(reader.into_inner(), b"abc");
+    /// # Ok::<(), throttler::Error>(())
+    /// ```
+    pub fn into_inner(self) -> R {
+        self.inner
+    }
+}
+
+// The limiter is never pinned (it moves in and out of the pending
+// reservation), so only the inner reader decides.
+impl<R: Unpin, L> Unpin for ThrottledReader<R, L> {}
+
+impl<R, L> AsyncRead for ThrottledReader<R, L>
+where
+    R: AsyncRead + Unpin,
+    L: Deref + Send + Sync + 'static,
+    L::Target: Limiter,
+{
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        if this.start == this.end {
+            // Nothing held: read a chunk.
+            let Some(rate) = this.gate.rate() else {
+                // Unreachable: a reservation is only pending for held bytes.
+                return this.gate.poll(cx).map_ok(drop);
+            };
+            let limit = buf.remaining().min(chunk_limit(rate));
+            if this.held.len() < limit {
+                this.held.resize(limit, 0);
+            }
+            let mut chunk = ReadBuf::new(&mut this.held[..limit]);
+            ready!(Pin::new(&mut this.inner).poll_read(cx, &mut chunk))?;
+            let got = chunk.filled().len();
+            if got == 0 {
+                return Poll::Ready(Ok(())); // end of file: free
+            }
+            (this.start, this.end, this.paid) = (0, got, false);
+        }
+        if !this.paid {
+            // A new chunk, or one whose reservation failed before: reserve
+            // exactly what is held.
+            if this.gate.is_idle() {
+                this.gate.start(this.end - this.start);
+            }
+            ready!(this.gate.poll(cx))?;
+            this.paid = true;
+        }
+        let n = buf.remaining().min(this.end - this.start);
+        buf.put_slice(&this.held[this.start..this.start + n]);
+        this.start += n;
+        if this.start == this.end {
+            (this.start, this.end) = (0, 0);
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<R: fmt::Debug, L> fmt::Debug for ThrottledReader<R, L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ThrottledReader")
+            .field("inner", &self.inner)
+            .field("reservation", &self.gate)
+            .field("buffered", &(self.end - self.start))
+            .field("paid", &self.paid)
+            .finish()
+    }
+}

@@ -1,0 +1,569 @@
+//! Throttling streams: see [`ThrottleExt`].
+//!
+//! Any [`Stream`] can be paced by a limiter: each item is released only once
+//! its permits are due, in the order the stream produced them.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use futures::StreamExt;
+//! use throttler::RateLimiter;
+//! use throttler::stream::ThrottleExt;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), throttler::Error> {
+//! let limiter = Arc::new(RateLimiter::bursty(1000.0)?); // 1000 items per second
+//! let mut requests = futures::stream::iter(["a", "b", "c"]).throttle(limiter);
+//! while let Some(request) = requests.next().await {
+//!     let request = request?; // the item, released at its turn
+//!     // send it
+//! #   let _ = request;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # How an item is released
+//!
+//! When the inner stream yields an item, the throttled stream works out its
+//! permits (one, or what the closure of
+//! [`throttle_by`](ThrottleExt::throttle_by) says), makes a
+//! [`Reservation`](crate::Reservation) for them and sleeps on the limiter's
+//! [clock](crate::Limiter::clock) until they are due; then it yields the item.
+//! Only then does it ask the inner stream for the next one, so items keep
+//! their order and at most one reservation is in flight per stream.
+//!
+//! * **Free items.** An item whose permits are 0 is yielded at once, without
+//!   asking the limiter (an empty message costs no bytes).
+//! * **Dropping the stream** while an item waits drops that item's
+//!   reservation, which **gives its permits back**: the limiter's later
+//!   callers are scheduled as if the item had never been reserved. An item
+//!   already yielded has been paid for.
+//! * **Limiter errors** (a backend that cannot be reached, say) lose no
+//!   item: the stream yields `Err(`[`ThrottleError`]`)` in that item's place,
+//!   holding the item, which was not charged. The stream goes on with the
+//!   next item, so the caller decides: stop (`?`, or
+//!   [`try_next`](futures::TryStreamExt::try_next)), skip the item, or let
+//!   it through unpaced ([`ThrottleError::into_item`]). Hence the throttled
+//!   stream's items are `Result<Item, ThrottleError<Item>>`. This crate's
+//!   local limiters ([`RateLimiter`](crate::RateLimiter),
+//!   [`KeyedRateLimiter`](crate::KeyedRateLimiter)) never fail here: their
+//!   only error is for 0 permits, which the stream never asks for.
+//!
+//! # Which limiters
+//!
+//! Anything that dereferences to a [`Limiter`] (or, for
+//! [`throttle_keyed`](ThrottleExt::throttle_keyed), a [`KeyedLimiter`]):
+//! `Arc<RateLimiter>`, `Arc<dyn Limiter>`, `&RateLimiter`,
+//! `Box<dyn Limiter>`, a Redis limiter in an `Arc`. The handle is moved
+//! into the stream; pass a clone of an `Arc` to keep using the limiter
+//! elsewhere (its other callers share the rate with the stream).
+//!
+//! # Cost
+//!
+//! When nothing is owed and the limiter can tell without I/O (the local
+//! [`RateLimiter`](crate::RateLimiter), through
+//! [`Limiter::take_if_free`]), an item's permits are taken at once, with no
+//! future and no timer. Otherwise an item costs one boxed future for its
+//! wait (the [`Limiter`] methods are `async`, so they box theirs too).
+
+use std::fmt;
+use std::future::Future;
+use std::ops::Deref;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use futures::Stream;
+use futures::stream::FusedStream;
+
+use crate::{Error, KeyedLimiter, Limiter};
+
+/// Adapters that pace a [`Stream`] with a limiter, implemented for every
+/// stream.
+///
+/// See the [module documentation](self) for how items are released, what
+/// dropping the stream gives back and how limiter errors are reported.
+pub trait ThrottleExt: Stream {
+    /// Paces the stream at one permit per item.
+    ///
+    /// `limiter` is anything that dereferences to a [`Limiter`], such as
+    /// `Arc<RateLimiter>`, `Arc<dyn Limiter>` or `&RateLimiter`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use futures::TryStreamExt;
+    /// use throttler::RateLimiter;
+    /// use throttler::clock::{Clock, FakeClock};
+    /// use throttler::stream::ThrottleExt;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), throttler::Error> {
+    /// let clock = FakeClock::new();
+    /// let limiter = RateLimiter::builder()
+    ///     .permits_per_second(50.0)
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// let items: Vec<u32> = futures::stream::iter(0..20)
+    ///     .throttle(&limiter)
+    ///     .try_collect()
+    ///     .await?;
+    /// assert_eq!(items, (0..20).collect::<Vec<_>>());
+    /// // The first went at once, the other 19 at 20 ms intervals.
+    /// assert_eq!(clock.now(), Duration::from_millis(380));
+    /// # Ok(()) }
+    /// ```
+    fn throttle<'a, L>(self, limiter: L) -> Throttle<'a, Self, L, OnePermit<Self::Item>>
+    where
+        Self: Sized,
+        L: Deref + Send + 'a,
+        L::Target: Limiter + 'a,
+    {
+        fn one<T>(_: &T) -> u32 {
+            1
+        }
+        Throttle {
+            core: Core::new(self, limiter),
+            permits: one::<Self::Item>,
+        }
+    }
+
+    /// Paces the stream at `permits(&item)` permits per item; an item of 0
+    /// permits is free, and yielded at once.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use futures::TryStreamExt;
+    /// use throttler::RateLimiter;
+    /// use throttler::clock::{Clock, FakeClock};
+    /// use throttler::stream::ThrottleExt;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), throttler::Error> {
+    /// let clock = FakeClock::new();
+    /// let limiter = RateLimiter::builder()
+    ///     .permits_per_second(100.0) // bytes per second
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// let messages: Vec<&str> = futures::stream::iter(["hello", "", "world"])
+    ///     .throttle_by(&limiter, |message: &&str| message.len() as u32)
+    ///     .try_collect()
+    ///     .await?;
+    /// assert_eq!(messages, ["hello", "", "world"]);
+    /// // "world" waited for the 5 bytes of "hello"; "" was free.
+    /// assert_eq!(clock.now(), Duration::from_millis(50));
+    /// # Ok(()) }
+    /// ```
+    fn throttle_by<'a, L, F>(self, limiter: L, permits: F) -> Throttle<'a, Self, L, F>
+    where
+        Self: Sized,
+        L: Deref + Send + 'a,
+        L::Target: Limiter + 'a,
+        F: FnMut(&Self::Item) -> u32,
+    {
+        Throttle {
+            core: Core::new(self, limiter),
+            permits,
+        }
+    }
+
+    /// Paces the stream with a [`KeyedLimiter`]: `key_and_permits(&item)`
+    /// gives the key an item is charged to and its permits (0 is free).
+    ///
+    /// Items keep their order across keys: an item waiting for its key holds
+    /// back the items behind it, whatever their keys. To let keys proceed
+    /// independently, throttle one stream per key.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use futures::TryStreamExt;
+    /// use throttler::KeyedRateLimiter;
+    /// use throttler::clock::{Clock, FakeClock};
+    /// use throttler::stream::ThrottleExt;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), throttler::Error> {
+    /// let clock = FakeClock::new();
+    /// let per_user = KeyedRateLimiter::<&str>::builder()
+    ///     .permits_per_second(10.0)
+    ///     .max_burst(Duration::ZERO) // a new key starts with nothing stored
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// let requests = [("alice", 1), ("bob", 1), ("alice", 2)];
+    /// let done: Vec<(&str, i32)> = futures::stream::iter(requests)
+    ///     .throttle_keyed(&per_user, |&(user, _): &(&str, i32)| (user, 1))
+    ///     .try_collect()
+    ///     .await?;
+    /// assert_eq!(done, requests);
+    /// // bob did not wait for alice; alice's second request waited 100 ms.
+    /// assert_eq!(clock.now(), Duration::from_millis(100));
+    /// # Ok(()) }
+    /// ```
+    fn throttle_keyed<'a, L, K, F>(
+        self,
+        limiter: L,
+        key_and_permits: F,
+    ) -> ThrottleKeyed<'a, Self, L, F>
+    where
+        Self: Sized,
+        L: Deref + Send + 'a,
+        L::Target: KeyedLimiter<K> + 'a,
+        K: Send + Sync + 'a,
+        F: FnMut(&Self::Item) -> (K, u32),
+    {
+        ThrottleKeyed {
+            core: Core::new(self, limiter),
+            key_and_permits,
+        }
+    }
+}
+
+impl<S: Stream + ?Sized> ThrottleExt for S {}
+
+/// The permits function of [`ThrottleExt::throttle`]: one per item.
+pub type OnePermit<T> = fn(&T) -> u32;
+
+/// A limiter error for one item of a throttled stream, with that item.
+///
+/// The item was not charged and not released; the stream goes on with the
+/// next one. [`into_item`](Self::into_item) lets it through anyway,
+/// [`into_parts`](Self::into_parts) keeps both, and `?` converts it to the
+/// crate's [`Error`] (dropping the item).
+pub struct ThrottleError<T> {
+    item: T,
+    error: Error,
+}
+
+impl<T> ThrottleError<T> {
+    /// What the limiter reported.
+    pub fn error(&self) -> &Error {
+        &self.error
+    }
+
+    /// The item the permits were for.
+    pub fn item(&self) -> &T {
+        &self.item
+    }
+
+    /// The item, dropping the error.
+    pub fn into_item(self) -> T {
+        self.item
+    }
+
+    /// The error, dropping the item.
+    pub fn into_error(self) -> Error {
+        self.error
+    }
+
+    /// The item and the error.
+    pub fn into_parts(self) -> (T, Error) {
+        (self.item, self.error)
+    }
+}
+
+impl<T> fmt::Debug for ThrottleError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ThrottleError")
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> fmt::Display for ThrottleError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "could not reserve an item's permits: {}", self.error)
+    }
+}
+
+impl<T> std::error::Error for ThrottleError<T> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl<T> From<ThrottleError<T>> for Error {
+    fn from(error: ThrottleError<T>) -> Self {
+        error.error
+    }
+}
+
+/// One item's wait: reserves, sleeps, and hands the limiter back with the
+/// outcome. Dropping it mid-wait drops the reservation, giving it back.
+type Wait<'a, L> = Pin<Box<dyn Future<Output = (L, Result<(), Error>)> + Send + 'a>>;
+
+/// Where the limiter handle is: ready for the next item, or inside the
+/// current item's wait.
+enum Slot<'a, L> {
+    Idle(L),
+    Waiting(Wait<'a, L>),
+    /// Only while a wait is being set up.
+    Moving,
+}
+
+/// What both throttled streams share: the inner stream, the limiter and the
+/// item waiting for its permits.
+struct Core<'a, S: Stream, L> {
+    /// Boxed once, so that any stream (pinned or not) can be polled.
+    stream: Pin<Box<S>>,
+    slot: Slot<'a, L>,
+    /// The item whose wait is in `slot`.
+    item: Option<S::Item>,
+    /// The inner stream has ended.
+    done: bool,
+}
+
+/// What a poll of the throttled stream yields.
+type Next<T> = Poll<Option<Result<T, ThrottleError<T>>>>;
+
+impl<'a, S: Stream, L> Core<'a, S, L> {
+    fn new(stream: S, limiter: L) -> Self {
+        Core {
+            stream: Box::pin(stream),
+            slot: Slot::Idle(limiter),
+            item: None,
+            done: false,
+        }
+    }
+
+    /// Polls the current wait, if any; yields its item when it is over.
+    /// `Ready(None)` means there was no wait.
+    fn poll_wait(&mut self, cx: &mut Context<'_>) -> Next<S::Item> {
+        let Slot::Waiting(wait) = &mut self.slot else {
+            return Poll::Ready(None);
+        };
+        let (limiter, result) = ready!(wait.as_mut().poll(cx));
+        self.slot = Slot::Idle(limiter);
+        let item = self.item.take().expect("a waiting item");
+        Poll::Ready(Some(match result {
+            Ok(()) => Ok(item),
+            Err(error) => Err(ThrottleError { item, error }),
+        }))
+    }
+
+    /// Polls the inner stream for the next item, unless it has ended.
+    fn poll_inner(&mut self, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let next = ready!(self.stream.as_mut().poll_next(cx));
+        self.done = next.is_none();
+        Poll::Ready(next)
+    }
+
+    /// Starts `item`'s wait, made by `wait` from the limiter handle.
+    fn start(&mut self, item: S::Item, wait: impl FnOnce(L) -> Wait<'a, L>) {
+        let Slot::Idle(limiter) = std::mem::replace(&mut self.slot, Slot::Moving) else {
+            unreachable!("a throttled stream starts a wait only when idle");
+        };
+        self.slot = Slot::Waiting(wait(limiter));
+        self.item = Some(item);
+    }
+
+    /// The limiter, while no wait holds it.
+    fn idle_limiter(&self) -> Option<&L> {
+        match &self.slot {
+            Slot::Idle(limiter) => Some(limiter),
+            _ => None,
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let waiting = usize::from(self.item.is_some());
+        if self.done {
+            return (waiting, Some(waiting));
+        }
+        let (low, high) = self.stream.size_hint();
+        (
+            low.saturating_add(waiting),
+            high.and_then(|high| high.checked_add(waiting)),
+        )
+    }
+
+    fn is_terminated(&self) -> bool {
+        self.done && self.item.is_none()
+    }
+
+    fn fmt(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(name)
+            .field("waiting", &self.item.is_some())
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The wait for `permits` of `limiter`.
+fn wait<'a, L>(limiter: L, permits: u32) -> Wait<'a, L>
+where
+    L: Deref + Send + 'a,
+    L::Target: Limiter + 'a,
+{
+    Box::pin(async move {
+        let target: &L::Target = &limiter;
+        let result = match target.reservation(permits).await {
+            Ok(reservation) => {
+                reservation.wait().await;
+                Ok(())
+            }
+            Err(error) => Err(error),
+        };
+        (limiter, result)
+    })
+}
+
+/// The wait for `permits` of `key` in `limiter`.
+fn wait_keyed<'a, L, K>(limiter: L, key: K, permits: u32) -> Wait<'a, L>
+where
+    L: Deref + Send + 'a,
+    L::Target: KeyedLimiter<K> + 'a,
+    K: Send + Sync + 'a,
+{
+    Box::pin(async move {
+        let target: &L::Target = &limiter;
+        let result = match target.reservation(&key, permits).await {
+            Ok(reservation) => {
+                reservation.wait().await;
+                Ok(())
+            }
+            Err(error) => Err(error),
+        };
+        drop(key);
+        (limiter, result)
+    })
+}
+
+/// A stream paced by a [`Limiter`]: made by [`ThrottleExt::throttle`] and
+/// [`ThrottleExt::throttle_by`].
+///
+/// Yields the inner stream's items in order, each once its permits are due,
+/// as `Ok(item)`; a limiter error yields `Err` with the item (see the
+/// [module documentation](self)). Dropping it mid-wait gives the waiting
+/// item's permits back.
+#[must_use = "streams do nothing unless polled"]
+pub struct Throttle<'a, S: Stream, L, F> {
+    core: Core<'a, S, L>,
+    permits: F,
+}
+
+// Nothing is pinned in place: the inner stream is boxed, the rest is moved
+// freely.
+impl<S: Stream, L, F> Unpin for Throttle<'_, S, L, F> {}
+
+impl<'a, S, L, F> Stream for Throttle<'a, S, L, F>
+where
+    S: Stream,
+    L: Deref + Send + 'a,
+    L::Target: Limiter + 'a,
+    F: FnMut(&S::Item) -> u32,
+{
+    type Item = Result<S::Item, ThrottleError<S::Item>>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Next<S::Item> {
+        let this = self.get_mut();
+        loop {
+            if let Some(released) = ready!(this.core.poll_wait(cx)) {
+                return Poll::Ready(Some(released));
+            }
+            let Some(item) = ready!(this.core.poll_inner(cx)) else {
+                return Poll::Ready(None);
+            };
+            let permits = (this.permits)(&item);
+            if permits == 0 {
+                return Poll::Ready(Some(Ok(item)));
+            }
+            // Nothing owed, and the limiter can tell without I/O: the
+            // permits are taken and the item goes, with no future to box.
+            let free = this
+                .core
+                .idle_limiter()
+                .and_then(|l| l.take_if_free(permits));
+            if let Some(Ok(true)) = free {
+                return Poll::Ready(Some(Ok(item)));
+            }
+            this.core.start(item, |limiter| wait(limiter, permits));
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.core.size_hint()
+    }
+}
+
+impl<'a, S, L, F> FusedStream for Throttle<'a, S, L, F>
+where
+    S: Stream,
+    L: Deref + Send + 'a,
+    L::Target: Limiter + 'a,
+    F: FnMut(&S::Item) -> u32,
+{
+    fn is_terminated(&self) -> bool {
+        self.core.is_terminated()
+    }
+}
+
+impl<S: Stream, L, F> fmt::Debug for Throttle<'_, S, L, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.core.fmt("Throttle", f)
+    }
+}
+
+/// A stream paced by a [`KeyedLimiter`]: made by
+/// [`ThrottleExt::throttle_keyed`].
+///
+/// As [`Throttle`], with each item charged to its own key.
+#[must_use = "streams do nothing unless polled"]
+pub struct ThrottleKeyed<'a, S: Stream, L, F> {
+    core: Core<'a, S, L>,
+    key_and_permits: F,
+}
+
+// As for `Throttle`: nothing is pinned in place.
+impl<S: Stream, L, F> Unpin for ThrottleKeyed<'_, S, L, F> {}
+
+impl<'a, S, L, F, K> Stream for ThrottleKeyed<'a, S, L, F>
+where
+    S: Stream,
+    L: Deref + Send + 'a,
+    L::Target: KeyedLimiter<K> + 'a,
+    K: Send + Sync + 'a,
+    F: FnMut(&S::Item) -> (K, u32),
+{
+    type Item = Result<S::Item, ThrottleError<S::Item>>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Next<S::Item> {
+        let this = self.get_mut();
+        loop {
+            if let Some(released) = ready!(this.core.poll_wait(cx)) {
+                return Poll::Ready(Some(released));
+            }
+            let Some(item) = ready!(this.core.poll_inner(cx)) else {
+                return Poll::Ready(None);
+            };
+            let (key, permits) = (this.key_and_permits)(&item);
+            if permits == 0 {
+                return Poll::Ready(Some(Ok(item)));
+            }
+            this.core
+                .start(item, |limiter| wait_keyed(limiter, key, permits));
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.core.size_hint()
+    }
+}
+
+impl<'a, S, L, F, K> FusedStream for ThrottleKeyed<'a, S, L, F>
+where
+    S: Stream,
+    L: Deref + Send + 'a,
+    L::Target: KeyedLimiter<K> + 'a,
+    K: Send + Sync + 'a,
+    F: FnMut(&S::Item) -> (K, u32),
+{
+    fn is_terminated(&self) -> bool {
+        self.core.is_terminated()
+    }
+}
+
+impl<S: Stream, L, F> fmt::Debug for ThrottleKeyed<'_, S, L, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.core.fmt("ThrottleKeyed", f)
+    }
+}
