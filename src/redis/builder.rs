@@ -153,6 +153,10 @@ impl<C: Clock + Clone> RedisBuilder<C> {
     /// If Redis does not answer, the limiter starts degraded and connects in
     /// the background (see [`require_connection`](Self::require_connection)).
     ///
+    /// # Cancel safety
+    /// Cancel-safe: dropping the future drops the connection being made;
+    /// nothing else exists yet.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] for bad options or when not called inside
     /// a Tokio runtime; with `require_connection(true)`, [`Error::Backend`]

@@ -376,15 +376,24 @@ where
 
 /// # Reserving and waiting
 ///
+/// ## Cancel safety
+///
 /// Every async method here is cancel-safe, as those of
-/// [`RedisRateLimiter`](super::RedisRateLimiter): a dropped round trip's
-/// reservation, or a dropped reservation, is given back.
+/// [`RedisRateLimiter`](super::RedisRateLimiter): a round trip whose future
+/// is dropped is awaited in the background and a reservation it made is
+/// given back as soon as its reply arrives; a reservation dropped before
+/// its wait has passed is given back by one call to the script, sent in the
+/// background. A give-back that cannot be delivered leaves the reservation
+/// charged: the limiter errs towards limiting.
 impl<K, C> KeyedRedisRateLimiter<K, C>
 where
     K: Display + Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
 {
     /// Reserves `permits` of `key` and returns the wait; does not sleep.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: see the [section above](#cancel-safety).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0; [`Error::Backend`] if
@@ -400,6 +409,9 @@ where
 
     /// Reserves `permits` of `key` if the wait fits in `timeout`; `None`,
     /// reserving nothing, otherwise.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: see the [section above](#cancel-safety).
     ///
     /// # Errors
     /// As [`reserve`](Self::reserve).
@@ -422,6 +434,9 @@ where
     /// Reserves `permits` of `key` as a [`Reservation`]: wait for it, or
     /// drop it to give the permits back.
     ///
+    /// # Cancel safety
+    /// Cancel-safe: see the [section above](#cancel-safety).
+    ///
     /// # Errors
     /// As [`reserve`](Self::reserve).
     pub async fn reservation<Q>(&self, key: &Q, permits: u32) -> Result<Reservation<'_>, Error>
@@ -435,6 +450,9 @@ where
 
     /// [`reservation`](Self::reservation) if the permits can be used within
     /// `timeout`; `None`, reserving nothing, otherwise.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: see the [section above](#cancel-safety).
     ///
     /// # Errors
     /// As [`reserve`](Self::reserve).
@@ -453,6 +471,10 @@ where
 
     /// Reserves `permits` of `key` and sleeps for the wait.
     ///
+    /// # Cancel safety
+    /// Cancel-safe: dropping the future before the wait has passed gives the
+    /// permits back (see the [section above](#cancel-safety)).
+    ///
     /// # Errors
     /// As [`reserve`](Self::reserve).
     pub async fn acquire<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
@@ -465,6 +487,9 @@ where
 
     /// Acquires `permits` of `key` if the wait fits in `timeout`, sleeping
     /// for it; `false` at once, reserving nothing, otherwise.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`acquire`](Self::acquire).
     ///
     /// # Errors
     /// As [`reserve`](Self::reserve).
@@ -488,6 +513,9 @@ where
     }
 
     /// How long a request of `key` made now would wait; reserves nothing.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it changes nothing.
     ///
     /// # Errors
     /// As [`reserve`](Self::reserve).

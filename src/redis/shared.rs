@@ -142,6 +142,10 @@ impl RedisBackendBuilder {
     /// to reach Redis (a connection and the script, within the response
     /// timeout).
     ///
+    /// # Cancel safety
+    /// Cancel-safe: dropping the future drops the connection being made;
+    /// nothing else exists yet.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] for bad options or when not called inside
     /// a Tokio runtime; with `require_connection(true)`, [`Error::Backend`]
