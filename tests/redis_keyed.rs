@@ -184,6 +184,46 @@ async fn each_key_carries_its_own_local_debt_back_to_redis() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_not_called_again_carry_their_debt_back_too() {
+    let mut server = RedisServer::start();
+    let backend = backend(server.client()).await;
+    let limiter = keyed(&backend, 10.0);
+    limiter.reserve("first", 1).await.unwrap();
+    server.kill();
+    // Twenty keys served locally, each left with a second of debt.
+    for i in 0..20 {
+        assert_eq!(
+            limiter.reserve(&format!("user{i}"), 10).await.unwrap(),
+            Duration::ZERO
+        );
+    }
+    assert_eq!(limiter.local_len(), 20);
+    server.restart();
+    within(Duration::from_secs(5), || !limiter.is_degraded())
+        .await
+        .expect("recovers after the restart");
+    // One call on another key: the others go back in the background.
+    limiter.reserve("someone-else", 1).await.unwrap();
+    within(Duration::from_secs(2), || limiter.local_len() == 0)
+        .await
+        .expect("the fallback's keys are carried back");
+    let mut con = server.connection();
+    for i in 0..20 {
+        let key = format!("user{i}");
+        let wait = limiter.available_in(&key).await.unwrap();
+        assert!(
+            wait > 300 * MS,
+            "{key}: only {wait:?} of its local debt reached Redis"
+        );
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(limiter.redis_key(&key))
+            .query(&mut con)
+            .unwrap();
+        assert!(exists, "{key}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_backends_and_192_tasks_never_over_grant_a_key() {
     const RATE: f64 = 20.0;
     const RUN: Duration = Duration::from_millis(1_000);

@@ -511,6 +511,25 @@ where
         shard.take(key).map(|ticket| ticket.saturating_sub(now))
     }
 
+    /// Forgets every key and returns each with how far its ticket lay
+    /// ahead of now, in µs.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn drain_debts(&self) -> Vec<(K, u64)> {
+        let mut debts = Vec::new();
+        for shard in self.shards.iter() {
+            let read = self.clock.now_micros();
+            let mut shard = shard.0.lock().unwrap_or_else(PoisonError::into_inner);
+            let now = shard.clamp(read);
+            debts.extend(
+                shard
+                    .drain()
+                    .into_iter()
+                    .map(|(key, ticket)| (key, ticket.saturating_sub(now))),
+            );
+        }
+        debts
+    }
+
     /// Holds `key` with nothing stored and `debt_micros` of debt from now,
     /// unless it is held already.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]

@@ -233,6 +233,14 @@ impl<K: Hash + Eq> Shard<K> {
             .map_or(now, |entry| entry.next_free_micros)
     }
 
+    /// Removes every key and returns each with its ticket.
+    pub(super) fn drain(&mut self) -> Vec<(K, u64)> {
+        self.entries
+            .drain()
+            .map(|(key, entry)| (key, entry.next_free_micros))
+            .collect()
+    }
+
     /// Removes `key` and returns its ticket, if held.
     pub(super) fn take<Q>(&mut self, key: &Q) -> Option<u64>
     where

@@ -4,11 +4,12 @@ use std::any::Any;
 use std::borrow::Borrow;
 use std::fmt::{self, Display};
 use std::hash::Hash;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::StreamExt;
 
 use super::Fallback;
 use super::backend::{Backend, ProbeTarget, blocking_section};
@@ -43,9 +44,12 @@ pub const DEFAULT_MAX_LOCAL_KEYS: usize = 100_000;
 /// a [`KeyedRateLimiter`] in this process, at the rate times
 /// `local_fraction`, holding at most
 /// [`max_local_keys`](RedisKeyedBuilder::max_local_keys) keys. A key opens
-/// there with nothing stored (no burst); the first call on a key after
-/// Redis is back carries what the fallback granted that key into its Redis
-/// key (added to its ticket), and the fallback forgets it.
+/// there with nothing stored (no burst). Once Redis is back, the first call
+/// carries what the fallback granted its key into that key's Redis key
+/// (added to its ticket), and starts a background task that does the same
+/// for every other key the fallback holds (64 at a time), so keys that are
+/// not called again still hand their debt over; the fallback then forgets
+/// them.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -83,6 +87,10 @@ struct KeyedInner<K, C: Clock> {
     /// Whether any key has been served locally since the fallback last
     /// held nothing (so a call on Redis must look for a debt to carry).
     served_locally: AtomicBool,
+    /// Whether a background task is carrying the fallback's other keys back.
+    carrying: AtomicBool,
+    /// This limiter, for that task.
+    this: Weak<KeyedInner<K, C>>,
 }
 
 /// A reservation of one key made in Redis: its Redis key and the script's
@@ -155,7 +163,7 @@ impl<K, C: Clock + Clone> RedisKeyedBuilder<K, C> {
             Mode::Empty,
         );
         Ok(KeyedRedisRateLimiter {
-            inner: Arc::new(KeyedInner {
+            inner: Arc::new_cyclic(|this| KeyedInner {
                 backend: self.backend,
                 prefix: format!("{KEY_PREFIX}{}:", self.name),
                 script_args: Arc::new(ScriptArgs::new(&policy, rate)),
@@ -164,6 +172,8 @@ impl<K, C: Clock + Clone> RedisKeyedBuilder<K, C> {
                 local,
                 local_fraction: self.local_fraction,
                 served_locally: AtomicBool::new(false),
+                carrying: AtomicBool::new(false),
+                this: this.clone(),
             }),
         })
     }
@@ -232,6 +242,9 @@ where
             self.served_locally.store(false, Ordering::Release);
             return Ok(());
         }
+        // The other keys the fallback served go back in the background,
+        // whether or not they are called again.
+        self.carry_back_the_rest();
         let Some(debt) = self.local.take_debt(key) else {
             return Ok(());
         };
@@ -247,6 +260,41 @@ where
                 Err(down)
             }
         }
+    }
+
+    /// Carries every key the fallback holds back to Redis (one resume per
+    /// key, 64 in flight), once: a key whose resume finds Redis down again
+    /// goes back to the fallback with its debt.
+    fn carry_back_the_rest(&self) {
+        if self.carrying.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = self.this.clone();
+        self.backend.spawn(async move {
+            let Some(inner) = this.upgrade() else {
+                return;
+            };
+            let debts = inner.local.drain_debts();
+            futures::stream::iter(debts)
+                .for_each_concurrent(64, |(key, debt)| {
+                    let inner = &inner;
+                    async move {
+                        if debt == 0 {
+                            return;
+                        }
+                        let resume = Call::Resume {
+                            debt_micros: (debt as f64 * inner.local_fraction) as u64,
+                        };
+                        let target = inner.target(&key);
+                        if let Err(Failure::Down(_)) = send(&inner.backend, &target, resume).await {
+                            inner.local.open(&key, debt);
+                            inner.served_locally.store(true, Ordering::Release);
+                        }
+                    }
+                })
+                .await;
+            inner.carrying.store(false, Ordering::Release);
+        });
     }
 
     /// The fallback is about to serve `key`: it opens with nothing stored.
