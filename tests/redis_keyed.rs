@@ -184,6 +184,40 @@ async fn each_key_carries_its_own_local_debt_back_to_redis() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_opens_in_the_fallback_with_the_debt_redis_reported() {
+    let mut server = RedisServer::start();
+    let backend = backend(server.client()).await;
+    let limiter = keyed(&backend, 10.0);
+    // Saturated in Redis: 10 permits at once leave a second of debt.
+    assert_eq!(
+        limiter.reserve("saturated", 10).await.unwrap(),
+        Duration::ZERO
+    );
+    assert_eq!(limiter.reserve("idle", 1).await.unwrap(), Duration::ZERO);
+    let reported = Instant::now();
+    server.kill();
+    // The fallback does not open with a clean slate: the saturated key
+    // stays saturated, the other owes only its one interval.
+    let wait = limiter.reserve("saturated", 1).await.unwrap();
+    let left = Duration::from_secs(1).saturating_sub(reported.elapsed());
+    assert!(limiter.is_degraded());
+    assert!(
+        wait + 50 * MS >= left && wait <= left + 50 * MS,
+        "the saturated key waits {wait:?}, Redis's debt left {left:?}"
+    );
+    let idle = limiter.reserve("idle", 1).await.unwrap();
+    assert!(idle <= 100 * MS, "{idle:?}");
+    // Back on Redis (a new, empty server), only what the fallback granted
+    // beyond Redis's debt is carried: one interval for `saturated`.
+    server.restart();
+    within(Duration::from_secs(5), || !limiter.is_degraded())
+        .await
+        .expect("recovers after the restart");
+    let wait = limiter.reserve("saturated", 1).await.unwrap();
+    assert!(wait <= 150 * MS, "saturated carried {wait:?} back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_not_called_again_carry_their_debt_back_too() {
     let mut server = RedisServer::start();
     let backend = backend(server.client()).await;

@@ -2,10 +2,11 @@
 
 use std::any::Any;
 use std::borrow::Borrow;
+use std::collections::HashMap;
 use std::fmt::{self, Display};
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -44,9 +45,11 @@ pub const DEFAULT_MAX_LOCAL_KEYS: usize = 100_000;
 /// a [`KeyedRateLimiter`] in this process, at the rate times
 /// `local_fraction`, holding at most
 /// [`max_local_keys`](RedisKeyedBuilder::max_local_keys) keys. A key opens
-/// there with nothing stored (no burst). Once Redis is back, the first call
+/// there with nothing stored (no burst) and with the debt Redis last
+/// reported for it, so a saturated key stays saturated. Once Redis is back, the first call
 /// carries what the fallback granted its key into that key's Redis key
-/// (added to its ticket), and starts a background task that does the same
+/// (added to its ticket; only what lies beyond the debt Redis had
+/// reported), and starts a background task that does the same
 /// for every other key the fallback holds (64 at a time), so keys that are
 /// not called again still hand their debt over; the fallback then forgets
 /// them.
@@ -89,6 +92,12 @@ struct KeyedInner<K, C: Clock> {
     served_locally: AtomicBool,
     /// Whether a background task is carrying the fallback's other keys back.
     carrying: AtomicBool,
+    /// When the debt Redis last reported for a key ends (µs, local clock),
+    /// for keys that owed something: a key the fallback opens starts from
+    /// there, and only what it grants beyond it goes back to Redis. At most
+    /// `max_local_keys` entries.
+    debts: Mutex<HashMap<K, u64>>,
+    max_local_keys: usize,
     /// This limiter, for that task.
     this: Weak<KeyedInner<K, C>>,
 }
@@ -173,6 +182,8 @@ impl<K, C: Clock + Clone> RedisKeyedBuilder<K, C> {
                 local_fraction: self.local_fraction,
                 served_locally: AtomicBool::new(false),
                 carrying: AtomicBool::new(false),
+                debts: Mutex::new(HashMap::new()),
+                max_local_keys: self.max_local_keys,
                 this: this.clone(),
             }),
         })
@@ -251,7 +262,7 @@ where
         // Time at the local rate: the same permits take local_fraction of
         // it at the shared rate.
         let resume = Call::Resume {
-            debt_micros: (debt as f64 * self.local_fraction) as u64,
+            debt_micros: (self.unknown_part(key, debt) as f64 * self.local_fraction) as u64,
         };
         match send(&self.backend, target, resume).await {
             Ok(_) | Err(Failure::Refused(_)) => Ok(()),
@@ -260,6 +271,47 @@ where
                 Err(down)
             }
         }
+    }
+
+    /// Remembers how long `key` owes after a Redis reply (or forgets it).
+    fn note_debt<Q>(&self, key: &Q, debt_micros: u64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut debts = self.debts.lock().unwrap_or_else(PoisonError::into_inner);
+        if debt_micros == 0 {
+            if !debts.is_empty() {
+                debts.remove(key);
+            }
+            return;
+        }
+        let now = self.local.clock().now_micros();
+        if debts.len() >= self.max_local_keys && !debts.contains_key(key) {
+            debts.retain(|_, until| *until > now);
+            if debts.len() >= self.max_local_keys {
+                return;
+            }
+        }
+        debts.insert(key.to_owned(), now.saturating_add(debt_micros));
+    }
+
+    /// How much of `debt_micros`, a key's local debt, Redis does not know
+    /// of: what lies beyond the debt it last reported for the key (which is
+    /// forgotten).
+    fn unknown_part<Q>(&self, key: &Q, debt_micros: u64) -> u64
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let now = self.local.clock().now_micros();
+        let known = self
+            .debts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key)
+            .map_or(0, |until| until.saturating_sub(now));
+        debt_micros.saturating_sub(known)
     }
 
     /// Carries every key the fallback holds back to Redis (one resume per
@@ -279,11 +331,12 @@ where
                 .for_each_concurrent(64, |(key, debt)| {
                     let inner = &inner;
                     async move {
-                        if debt == 0 {
+                        let unknown = inner.unknown_part(&key, debt);
+                        if unknown == 0 {
                             return;
                         }
                         let resume = Call::Resume {
-                            debt_micros: (debt as f64 * inner.local_fraction) as u64,
+                            debt_micros: (unknown as f64 * inner.local_fraction) as u64,
                         };
                         let target = inner.target(&key);
                         if let Err(Failure::Down(_)) = send(&inner.backend, &target, resume).await {
@@ -306,7 +359,15 @@ where
         self.backend.health.count_fallback_call();
         self.served_locally.store(true, Ordering::Release);
         if self.fallback == Fallback::Local {
-            self.local.open(key, 0);
+            // The key opens with the debt Redis last reported for it.
+            let now = self.local.clock().now_micros();
+            let known = self
+                .debts
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(key)
+                .map_or(0, |until| until.saturating_sub(now));
+            self.local.open(key, known);
         }
     }
 
@@ -341,19 +402,22 @@ where
             .round_trip(key, &target, Call::Reserve { permits, timeout })
             .await
         {
-            Ok(reply) => Ok(reply.wait.map(|wait| {
-                let pending = match reply.token {
-                    Some(token) if !wait.is_zero() => Some(Pending {
-                        owner: self as &dyn GiveBackTo,
-                        taken: Taken::Keyed(Box::new(RedisKeyTaken {
-                            key: Arc::clone(&target.key),
-                            token,
-                        })),
-                    }),
-                    _ => None,
-                };
-                Reservation::new(wait, self.local.clock(), pending)
-            })),
+            Ok(reply) => {
+                self.note_debt(key, reply.debt_micros);
+                Ok(reply.wait.map(|wait| {
+                    let pending = match reply.token {
+                        Some(token) if !wait.is_zero() => Some(Pending {
+                            owner: self as &dyn GiveBackTo,
+                            taken: Taken::Keyed(Box::new(RedisKeyTaken {
+                                key: Arc::clone(&target.key),
+                                token,
+                            })),
+                        }),
+                        _ => None,
+                    };
+                    Reservation::new(wait, self.local.clock(), pending)
+                }))
+            }
             Err(Failure::Refused(error)) => Err(error),
             Err(Failure::Down(failure)) => {
                 self.enter_fallback(key);
@@ -381,7 +445,10 @@ where
     {
         let target = self.target(key);
         match self.round_trip(key, &target, Call::Query).await {
-            Ok(reply) => Ok(reply.wait.unwrap_or_default()),
+            Ok(reply) => {
+                self.note_debt(key, reply.debt_micros);
+                Ok(reply.wait.unwrap_or_default())
+            }
             Err(Failure::Refused(error)) => Err(error),
             Err(Failure::Down(failure)) => {
                 self.backend.health.count_fallback_call();
