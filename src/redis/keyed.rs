@@ -287,13 +287,18 @@ where
             return;
         }
         let now = self.local.clock().now_micros();
-        if debts.len() >= self.max_local_keys && !debts.contains_key(key) {
+        let until = now.saturating_add(debt_micros);
+        if let Some(known) = debts.get_mut(key) {
+            *known = until;
+            return;
+        }
+        if debts.len() >= self.max_local_keys {
             debts.retain(|_, until| *until > now);
             if debts.len() >= self.max_local_keys {
                 return;
             }
         }
-        debts.insert(key.to_owned(), now.saturating_add(debt_micros));
+        debts.insert(key.to_owned(), until);
     }
 
     /// How much of `debt_micros`, a key's local debt, Redis does not know
