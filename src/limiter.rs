@@ -133,13 +133,10 @@ pub trait Limiter: Send + Sync {
     /// # Errors
     /// As [`try_reserve`](Limiter::try_reserve).
     async fn try_acquire(&self, permits: u32, timeout: Duration) -> Result<bool, Error> {
-        match self.try_reservation(permits, timeout).await? {
-            Some(reservation) => {
-                reservation.wait().await;
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        Ok(
+            crate::reservation::wait_if_granted(self.try_reservation(permits, timeout).await?)
+                .await,
+        )
     }
 }
 

@@ -150,6 +150,19 @@ impl<'a> Reservation<'a> {
     }
 }
 
+/// What every `try_acquire` does with its `try_reservation`: waits for a
+/// granted reservation and keeps it (`true`), or reports the refusal
+/// (`false`). Cancel-safe as [`Reservation::wait`].
+pub(crate) async fn wait_if_granted(reservation: Option<Reservation<'_>>) -> bool {
+    match reservation {
+        Some(reservation) => {
+            reservation.wait().await;
+            true
+        }
+        None => false,
+    }
+}
+
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         if let Some(pending) = self.pending.take() {

@@ -120,13 +120,10 @@ pub trait KeyedLimiter<K: Sync>: Send + Sync {
     /// # Errors
     /// As [`try_reserve`](KeyedLimiter::try_reserve).
     async fn try_acquire(&self, key: &K, permits: u32, timeout: Duration) -> Result<bool, Error> {
-        match self.try_reservation(key, permits, timeout).await? {
-            Some(reservation) => {
-                reservation.wait().await;
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        Ok(
+            crate::reservation::wait_if_granted(self.try_reservation(key, permits, timeout).await?)
+                .await,
+        )
     }
 }
 

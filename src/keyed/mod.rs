@@ -435,13 +435,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        match self.try_reservation(key, permits, timeout)? {
-            Some(reservation) => {
-                reservation.wait().await;
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        Ok(crate::reservation::wait_if_granted(self.try_reservation(key, permits, timeout)?).await)
     }
 
     /// [`acquire`](Self::acquire) on the calling thread: blocks it for the

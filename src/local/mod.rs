@@ -577,13 +577,7 @@ impl<C: Clock> RateLimiter<C> {
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
     pub async fn try_acquire(&self, permits: u32, timeout: Duration) -> Result<bool, Error> {
-        match self.try_reservation(permits, timeout)? {
-            Some(reservation) => {
-                reservation.wait().await;
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        Ok(crate::reservation::wait_if_granted(self.try_reservation(permits, timeout)?).await)
     }
 
     /// [`acquire`](Self::acquire) on the calling thread: blocks it for the

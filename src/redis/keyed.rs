@@ -623,13 +623,10 @@ where
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        match self.try_reservation(key, permits, timeout).await? {
-            Some(reservation) => {
-                reservation.wait().await;
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        Ok(
+            crate::reservation::wait_if_granted(self.try_reservation(key, permits, timeout).await?)
+                .await,
+        )
     }
 
     /// How long a request of `key` made now would wait; reserves nothing.

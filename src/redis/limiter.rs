@@ -553,13 +553,10 @@ impl<C: Clock> RedisRateLimiter<C> {
     /// # Errors
     /// As [`reserve`](Self::reserve).
     pub async fn try_acquire(&self, permits: u32, timeout: Duration) -> Result<bool, Error> {
-        match self.try_reservation(permits, timeout).await? {
-            Some(reservation) => {
-                reservation.wait().await;
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        Ok(
+            crate::reservation::wait_if_granted(self.try_reservation(permits, timeout).await?)
+                .await,
+        )
     }
 
     /// How long a request made now would wait; reserves nothing.
