@@ -356,11 +356,32 @@ impl<'a, S: Stream, L> Core<'a, S, L> {
         self.item = Some(item);
     }
 
-    /// The limiter, while no wait holds it.
-    fn idle_limiter(&self) -> Option<&L> {
-        match &self.slot {
-            Slot::Idle(limiter) => Some(limiter),
-            _ => None,
+    /// The throttled stream's `poll_next`: releases the waiting item when
+    /// its wait is over, then takes the next item and asks `charge` what it
+    /// costs, given the limiter: `None` to release it at once (it is free,
+    /// or its permits were taken at once), or the wait to start for it.
+    fn poll_next<W>(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut charge: impl FnMut(&S::Item, &L) -> Option<W>,
+    ) -> Next<S::Item>
+    where
+        W: FnOnce(L) -> Wait<'a, L>,
+    {
+        loop {
+            if let Some(released) = ready!(self.poll_wait(cx)) {
+                return Poll::Ready(Some(released));
+            }
+            let Some(item) = ready!(self.poll_inner(cx)) else {
+                return Poll::Ready(None);
+            };
+            let Slot::Idle(limiter) = &self.slot else {
+                unreachable!("no wait is in progress once poll_wait is ready");
+            };
+            match charge(&item, limiter) {
+                None => return Poll::Ready(Some(Ok(item))),
+                Some(wait) => self.start(item, wait),
+            }
         }
     }
 
@@ -455,29 +476,16 @@ where
     type Item = Result<S::Item, ThrottleError<S::Item>>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Next<S::Item> {
-        let this = self.get_mut();
-        loop {
-            if let Some(released) = ready!(this.core.poll_wait(cx)) {
-                return Poll::Ready(Some(released));
+        let Throttle { core, permits } = self.get_mut();
+        core.poll_next(cx, |item, limiter| {
+            let permits = permits(item);
+            // Free, or nothing owed and the limiter can tell without I/O:
+            // the item goes with no future to box.
+            if permits == 0 || matches!(limiter.take_if_free(permits), Some(Ok(true))) {
+                return None;
             }
-            let Some(item) = ready!(this.core.poll_inner(cx)) else {
-                return Poll::Ready(None);
-            };
-            let permits = (this.permits)(&item);
-            if permits == 0 {
-                return Poll::Ready(Some(Ok(item)));
-            }
-            // Nothing owed, and the limiter can tell without I/O: the
-            // permits are taken and the item goes, with no future to box.
-            let free = this
-                .core
-                .idle_limiter()
-                .and_then(|l| l.take_if_free(permits));
-            if let Some(Ok(true)) = free {
-                return Poll::Ready(Some(Ok(item)));
-            }
-            this.core.start(item, |limiter| wait(limiter, permits));
-        }
+            Some(move |limiter| wait(limiter, permits))
+        })
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
@@ -527,21 +535,14 @@ where
     type Item = Result<S::Item, ThrottleError<S::Item>>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Next<S::Item> {
-        let this = self.get_mut();
-        loop {
-            if let Some(released) = ready!(this.core.poll_wait(cx)) {
-                return Poll::Ready(Some(released));
-            }
-            let Some(item) = ready!(this.core.poll_inner(cx)) else {
-                return Poll::Ready(None);
-            };
-            let (key, permits) = (this.key_and_permits)(&item);
-            if permits == 0 {
-                return Poll::Ready(Some(Ok(item)));
-            }
-            this.core
-                .start(item, |limiter| wait_keyed(limiter, key, permits));
-        }
+        let ThrottleKeyed {
+            core,
+            key_and_permits,
+        } = self.get_mut();
+        core.poll_next(cx, |item, _| {
+            let (key, permits) = key_and_permits(item);
+            (permits != 0).then_some(move |limiter| wait_keyed(limiter, key, permits))
+        })
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
