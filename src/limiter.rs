@@ -37,6 +37,13 @@ use crate::{Error, Reservation};
 pub trait Limiter: Send + Sync {
     /// Reserves `permits` now and returns the wait before they may be used.
     ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe for this crate's limiters: a future dropped before it
+    /// returns reserves nothing (a Redis round trip already sent is given
+    /// back when its reply arrives). Once it has returned, the permits are
+    /// the caller's.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0; a backend's errors.
     async fn reserve(&self, permits: u32) -> Result<Duration, Error>;
@@ -44,12 +51,20 @@ pub trait Limiter: Send + Sync {
     /// Reserves `permits` if the wait fits in `timeout` and returns it;
     /// returns `None`, reserving nothing, otherwise.
     ///
+    /// # Cancel safety
+    ///
+    /// As [`reserve`](Self::reserve).
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0; a backend's errors.
     async fn try_reserve(&self, permits: u32, timeout: Duration)
     -> Result<Option<Duration>, Error>;
 
     /// How long a request made now would wait; reserves nothing.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it reserves nothing.
     ///
     /// # Errors
     /// A backend's errors.
@@ -88,6 +103,12 @@ pub trait Limiter: Send + Sync {
     /// Provided: a [`reserve`](Limiter::reserve) whose permits cannot be
     /// given back. The limiters of this crate give them back.
     ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe for this crate's limiters: a future dropped before it
+    /// returns reserves nothing; the [`Reservation`] it returns gives its
+    /// permits back when dropped.
+    ///
     /// # Errors
     /// As [`reserve`](Limiter::reserve).
     async fn reservation(&self, permits: u32) -> Result<Reservation<'_>, Error> {
@@ -97,6 +118,10 @@ pub trait Limiter: Send + Sync {
 
     /// [`reservation`](Limiter::reservation) if the permits can be used
     /// within `timeout`; `None`, reserving nothing, otherwise.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`reservation`](Self::reservation).
     ///
     /// # Errors
     /// As [`try_reserve`](Limiter::try_reserve).

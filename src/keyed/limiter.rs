@@ -34,12 +34,23 @@ pub trait KeyedLimiter<K: Sync>: Send + Sync {
     /// Reserves `permits` of `key` now and returns the wait before they may
     /// be used.
     ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe for this crate's limiters: a future dropped before it
+    /// returns reserves nothing (a Redis round trip already sent is given
+    /// back when its reply arrives). Once it has returned, the permits are
+    /// the caller's.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0; a backend's errors.
     async fn reserve(&self, key: &K, permits: u32) -> Result<Duration, Error>;
 
     /// Reserves `permits` of `key` if the wait fits in `timeout` and returns
     /// it; returns `None`, reserving nothing, otherwise.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`reserve`](Self::reserve).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0; a backend's errors.
@@ -51,6 +62,10 @@ pub trait KeyedLimiter<K: Sync>: Send + Sync {
     ) -> Result<Option<Duration>, Error>;
 
     /// How long a request of `key` made now would wait; reserves nothing.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it reserves nothing.
     ///
     /// # Errors
     /// A backend's errors.
@@ -74,6 +89,12 @@ pub trait KeyedLimiter<K: Sync>: Send + Sync {
     /// Provided: a [`reserve`](KeyedLimiter::reserve) whose permits cannot be
     /// given back. The limiters of this crate give them back.
     ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe for this crate's limiters: a future dropped before it
+    /// returns reserves nothing; the [`Reservation`] it returns gives its
+    /// permits back when dropped.
+    ///
     /// # Errors
     /// As [`reserve`](KeyedLimiter::reserve).
     async fn reservation(&self, key: &K, permits: u32) -> Result<Reservation<'_>, Error> {
@@ -83,6 +104,10 @@ pub trait KeyedLimiter<K: Sync>: Send + Sync {
 
     /// [`reservation`](KeyedLimiter::reservation) if the permits can be used
     /// within `timeout`; `None`, reserving nothing, otherwise.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`reservation`](Self::reservation).
     ///
     /// # Errors
     /// As [`try_reserve`](KeyedLimiter::try_reserve).
