@@ -203,6 +203,51 @@ async fn a_service_starts_while_redis_is_down_and_switches_when_it_is_up() {
     assert_eq!(limiter.stats().recoveries, 1);
 }
 
+/// Callers that reach the fallback at the same instant are paced by it as
+/// one limiter: the first of them opens it, and none is served before that
+/// opening (which would erase its reservation and serve the next caller at
+/// once too). The backend is down from the start, so every call goes
+/// straight to the fallback; 4 threads released together, 200 times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_that_open_the_fallback_together_are_paced_as_one() {
+    const THREADS: usize = 4;
+    let server = RedisServer::start();
+    let proxy = Proxy::in_front_of(&server);
+    proxy.refuse_new(true);
+    let backend = support::poll::backend(proxy.client()).await;
+    assert!(backend.is_degraded());
+    for round in 0..200 {
+        let limiter = Arc::new(
+            backend
+                .limiter(&format!("together-{round}"))
+                .permits_per_second(1.0)
+                .max_burst(Duration::ZERO)
+                .build()
+                .unwrap(),
+        );
+        let start = Arc::new(std::sync::Barrier::new(THREADS));
+        let threads: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let (limiter, start) = (Arc::clone(&limiter), Arc::clone(&start));
+                std::thread::spawn(move || {
+                    start.wait();
+                    futures::executor::block_on(limiter.reserve(1)).unwrap()
+                })
+            })
+            .collect();
+        let mut waits: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        waits.sort();
+        // One second apart (less the few microseconds between the calls).
+        for (i, wait) in waits.iter().enumerate() {
+            let expected = Duration::from_secs(i as u64);
+            assert!(
+                wait.abs_diff(expected) <= Duration::from_millis(50),
+                "round {round}: waits {waits:?}"
+            );
+        }
+    }
+}
+
 /// Blocking calls from inside a task of a multi-thread runtime (one worker,
 /// so the worker's own queue is the only one) complete; `build_blocking`
 /// never panics, whatever fails.

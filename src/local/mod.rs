@@ -382,12 +382,14 @@ impl<C: Clock> RateLimiter<C> {
 
     /// Starts over from `next_free_micros` with no stored permits: what a
     /// Redis limiter's local fallback does when it takes over, so that it
-    /// opens with the debt Redis last reported instead of a burst.
+    /// opens with the debt Redis last reported instead of a burst. A ticket
+    /// still ahead of that (debt of an earlier outage whose resume call did
+    /// not reach Redis) is kept: the fallback errs towards limiting.
     #[cfg(feature = "redis")]
     pub(crate) fn restart_from(&self, next_free_micros: u64) {
         self.update_locked(|state, _| {
             state.stored_permits = 0.0;
-            state.next_free_micros = next_free_micros.min(MAX_MICROS);
+            state.next_free_micros = state.next_free_micros.max(next_free_micros).min(MAX_MICROS);
         });
     }
 

@@ -1,7 +1,7 @@
 //! Configuration and construction of a [`RedisRateLimiter`].
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::cluster::ClusterClient;
@@ -283,5 +283,6 @@ pub(crate) fn assemble_limiter<C: Clock>(
         debt_until: AtomicU64::new(0),
         opened_until: AtomicU64::new(0),
         serving_locally: AtomicBool::new(false),
+        opening: Mutex::new(()),
     })))
 }

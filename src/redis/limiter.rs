@@ -3,8 +3,8 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -85,6 +85,9 @@ pub(crate) struct Inner<C: Clock> {
     /// used Redis: its first call after the backend recovers then carries
     /// the fallback's debt into its key (see [`Inner::leave_fallback`]).
     pub(crate) serving_locally: AtomicBool,
+    /// Held while the fallback opens, so that no caller is served from it
+    /// before it has been restarted (see [`Inner::enter_fallback`]).
+    pub(crate) opening: Mutex<()>,
 }
 
 /// Why a round trip gave no reply to use.
@@ -295,15 +298,25 @@ impl<C: Clock> Inner<C> {
 
     /// Serving from the fallback (once per switch): the local fallback
     /// starts with no stored permits and the debt Redis last reported.
+    ///
+    /// The flag is raised only once the fallback has restarted, under a
+    /// lock: a concurrent caller that saw it raised earlier would reserve
+    /// from the fallback, and the restart would then erase that
+    /// reservation.
     fn enter_fallback(&self) {
         self.backend.health.count_fallback_call();
-        if self.serving_locally.swap(true, Ordering::AcqRel) {
+        if self.serving_locally.load(Ordering::Acquire) {
+            return;
+        }
+        let _opening = self.opening.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.serving_locally.load(Ordering::Acquire) {
             return;
         }
         let now = self.local.clock().now_micros();
         let opened_until = now.max(self.debt_until.load(Ordering::Relaxed));
         self.opened_until.store(opened_until, Ordering::Relaxed);
         self.local.restart_from(opened_until);
+        self.serving_locally.store(true, Ordering::Release);
     }
 
     /// One call to Redis for this limiter's key (see [`send`]), noting the
