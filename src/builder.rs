@@ -66,12 +66,10 @@ macro_rules! policy_setters {
         /// The stable rate, in permits per second: required. Must be positive;
         /// `f64::INFINITY` means no limit.
         ///
-        /// Precision: time is kept in whole microseconds and each
-        /// reservation's cost is truncated to a whole microsecond, so a busy
-        /// limiter runs fast by up to 1 µs per permit: under 1% up to 10 000
-        /// permits/s, 11% at 300 000/s (3.33 µs intervals charged 3 µs).
-        /// Above 1 000 000 permits/s, fresh permits cost nothing and the rate
-        /// does not limit.
+        /// Precision: waits are whole microseconds, but the schedule carries
+        /// each cost to 2^-20 µs, so a busy limiter achieves this rate within
+        /// 0.01% (single permits up to 10^7/s, chunks of 64 or more up to
+        /// 10^9/s; see "Exact at every rate" in [`core`](crate::core)).
         pub fn permits_per_second(mut self, permits_per_second: f64) -> Self {
             self.config.permits_per_second = Some(permits_per_second);
             self

@@ -152,7 +152,7 @@ fn clock_now_ms(clock: &FakeClock) -> u128 {
 }
 
 #[test]
-fn costs_are_whole_microseconds_as_documented() {
+fn costs_carry_their_fraction_of_a_microsecond() {
     // Reservations on a frozen clock: the n-th waits for the n − 1 before it.
     let nth_wait = |rate: f64, n: usize| {
         let (limiter, _) = bursty(rate);
@@ -161,11 +161,14 @@ fn costs_are_whole_microseconds_as_documented() {
             .last()
             .expect("n > 0")
     };
-    // 300 000/s: intervals of 3.33 µs, each charged 3 µs, so 300 permits
-    // push the ticket by 900 µs instead of 1000 (11% fast, as documented).
-    assert_eq!(nth_wait(300_000.0, 301), 900);
-    // 1 000 000/s: exactly 1 µs each, no error.
+    // 300 000/s: intervals of 3⅓ µs, so 300 permits push the ticket by
+    // 1000 µs less 300 roundings of 2^-20 µs (999.9999 µs), a wait of 999
+    // µs once rounded down to what the clock can sleep. Whole microseconds
+    // made it 900.
+    assert_eq!(nth_wait(300_000.0, 301), 999);
+    // 1 000 000/s: exactly 1 µs each.
     assert_eq!(nth_wait(1_000_000.0, 101), 100);
-    // Above 10^6/s a fresh permit is charged 0 µs: the rate does not limit.
-    assert_eq!(nth_wait(2_000_000.0, 1000), 0);
+    // 2 000 000/s: half a µs each, which whole microseconds would not have
+    // charged at all.
+    assert_eq!(nth_wait(2_000_000.0, 1001), 500);
 }

@@ -65,10 +65,14 @@ pub struct Reserved {
     pub stored_before: f64,
     /// `next_free_micros` before the reservation (before its resync).
     pub next_free_before: u64,
+    /// `next_free_fraction` before the reservation (before its resync).
+    pub fraction_before: u32,
     /// `stored_permits` after it.
     pub stored_after: f64,
     /// `next_free_micros` after it: `moment_micros` plus its charge.
     pub next_free_after: u64,
+    /// `next_free_fraction` after it.
+    pub fraction_after: u32,
     /// `stable_interval_micros` when it was made.
     pub stable_interval_micros: f64,
     /// `max_permits` when it was made.
@@ -78,9 +82,24 @@ pub struct Reserved {
 }
 
 impl Reserved {
-    /// How far the reservation pushed the ticket, in microseconds.
+    /// How far the reservation pushed the ticket, in whole microseconds,
+    /// rounded down: from its moment (with the fraction the ticket had
+    /// then: `fraction_before` if no resync moved the ticket, else none) to
+    /// `next_free_after` and `fraction_after`. Rounded down, so that giving
+    /// it back never moves the ticket further back than the reservation
+    /// pushed it.
     pub fn charge_micros(&self) -> u64 {
-        self.next_free_after - self.moment_micros
+        let moment_fraction = if self.moment_micros == self.next_free_before {
+            self.fraction_before
+        } else {
+            0
+        };
+        let whole = self.next_free_after - self.moment_micros;
+        if self.fraction_after < moment_fraction {
+            whole.saturating_sub(1)
+        } else {
+            whole
+        }
     }
 }
 
@@ -103,6 +122,7 @@ impl State {
     pub fn reserve_recorded(&mut self, permits: u32, now_micros: u64) -> Reserved {
         let stored_before = self.stored_permits;
         let next_free_before = self.next_free_micros;
+        let fraction_before = self.next_free_fraction;
         // The reservation's own resync, done first to see what it stores;
         // the second one inside is then a no-op.
         self.resync(now_micros);
@@ -112,8 +132,10 @@ impl State {
             moment_micros,
             stored_before,
             next_free_before,
+            fraction_before,
             stored_after: self.stored_permits,
             next_free_after: self.next_free_micros,
+            fraction_after: self.next_free_fraction,
             stable_interval_micros: self.stable_interval_micros,
             max_permits: self.max_permits,
             spent_stored: self.stored_permits != stored_resynced,
@@ -129,10 +151,12 @@ impl State {
     /// allowed: a reservation made before one is never restored over it.
     pub fn give_back(&mut self, taken: &Reserved, now_micros: u64) -> GiveBack {
         let untouched = self.stored_permits.to_bits() == taken.stored_after.to_bits()
-            && self.next_free_micros == taken.next_free_after;
+            && self.next_free_micros == taken.next_free_after
+            && self.next_free_fraction == taken.fraction_after;
         if untouched && !self.rate_changed_since(taken) {
             self.stored_permits = taken.stored_before;
             self.next_free_micros = taken.next_free_before;
+            self.next_free_fraction = taken.fraction_before;
             return GiveBack::Restored;
         }
         self.return_charge(
@@ -145,8 +169,9 @@ impl State {
 
     /// The second rule of [`give_back`](State::give_back) alone, for a
     /// reservation that is known not to be the latest: moves the ticket back
-    /// by `charge_micros` if `moment_micros` is still ahead of `now_micros`
-    /// and the reservation spent no stored permits.
+    /// by `charge_micros` (whole microseconds; its fraction stays) if
+    /// `moment_micros` is still ahead of `now_micros` and the reservation
+    /// spent no stored permits.
     pub fn return_charge(
         &mut self,
         moment_micros: u64,

@@ -69,7 +69,8 @@
 //! 2. Remember `moment = next_free_micros`: this request may go then.
 //! 3. Spend `min(permits, stored_permits)` stored permits, at the policy's
 //!    price; the rest are fresh, at `stable_interval_micros` each.
-//! 4. Push `next_free_micros` forward by that total (saturating).
+//! 4. Push the ticket forward by that total ([`State::charge`]: to 2^-20 µs,
+//!    saturating).
 //! 5. Return `moment`. The caller waits `moment - now`, or nothing if that is
 //!    in the past.
 //!
@@ -105,13 +106,33 @@
 //! Time is integer microseconds, saturating at [`MAX_MICROS`] (2^53 µs, about
 //! 285 years), the largest integer a double holds exactly, so that the Lua
 //! mirror computes bit-for-bit the same values. Permit counts and intervals
-//! are `f64`. Waits are truncated to whole microseconds (so a busy limiter
-//! runs fast by the truncated fraction of each interval: under 1% up to
-//! 10 000 permits/s, and above 10^6 permits/s a fresh permit costs nothing,
-//! so such rates do not limit). The stable interval
-//! is capped at `MAX_MICROS` (slower rates all mean "about never"), and every
-//! quantity is kept finite, so no input produces NaN or an overflow: bad
-//! rates are rejected by [`stable_interval_micros`], anything else saturates.
+//! are `f64`. The stable interval is capped at `MAX_MICROS` (slower rates all
+//! mean "about never"), and every quantity is kept finite, so no input
+//! produces NaN or an overflow: bad rates are rejected by
+//! [`stable_interval_micros`], anything else saturates.
+//!
+//! ## Exact at every rate
+//!
+//! A wait handed to a caller is whole microseconds: the integer part of the
+//! ticket, what a clock can sleep. The ticket itself is finer:
+//! `next_free_micros` plus [`next_free_fraction`](State::next_free_fraction),
+//! its part below the microsecond in units of 2^-20 µs (about a picosecond).
+//! Each reservation's cost, computed in floating point, is rounded to that
+//! unit and added to the ticket with its fraction ([`State::charge`]), and a
+//! resync counts idle time from the fractional ticket. So what one wait
+//! leaves out is carried to the next, and the schedule never drifts: a
+//! saturated limiter's achieved rate is its configured rate to the rounding
+//! of each cost to 2^-20 µs. That is within 0.01% for one permit at a time
+//! up to 10^7 permits/s and for chunks of 64 or more up to 10^9 permits/s
+//! (`tests/exactness.rs` runs 100 000 reservations at each rate, with both
+//! policies and across a rate change). Truncating each cost to whole
+//! microseconds instead, as the classic formulation does, runs 11% fast at
+//! 300 000 permits/s and does not limit at all above 10^6 permits/s.
+//!
+//! Costs of 2^32 µs (about 71 minutes) or more are charged in whole
+//! microseconds, truncated, which keeps every intermediate value of the
+//! charge below 2^53 and so exact in the Lua mirror's doubles; at such
+//! costs a microsecond is a rounding of under 10^-9.
 //!
 //! Two choices differ from the classic formulation of this algorithm: a
 //! zero warm-up period limits like a bursty limiter with no burst (instead of
@@ -138,6 +159,20 @@ pub const MAX_MICROS: u64 = 1 << 53;
 
 /// Microseconds in one second.
 const MICROS_PER_SECOND: f64 = 1_000_000.0;
+
+/// The ticket keeps this many bits below the microsecond: its fraction
+/// ([`State::next_free_fraction`]) counts units of 2^-20 µs (about a
+/// picosecond).
+pub const FRACTION_BITS: u32 = 20;
+
+/// One microsecond in fraction units: 2^20.
+const FRACTION_ONE: u64 = 1 << FRACTION_BITS;
+
+/// Costs below this many microseconds (2^32, about 71 minutes) are charged
+/// to the fraction unit; longer ones to the whole microsecond (see
+/// [`State::charge`]). It keeps every intermediate value below 2^53, so the
+/// Lua mirror computes them exactly.
+pub const FINE_CHARGE_LIMIT_MICROS: f64 = 4_294_967_296.0;
 
 /// The stable interval for a rate, in microseconds: `1e6 / permits_per_second`.
 ///
@@ -264,9 +299,15 @@ pub struct State {
     /// Microseconds between two permits at the stable rate; `0.0` for an
     /// infinite rate.
     pub stable_interval_micros: f64,
-    /// The moment the next request may go. In the past when the limiter is
-    /// idle (until the next [`resync`](State::resync) moves it to `now`).
+    /// The moment the next request may go, in whole microseconds. In the
+    /// past when the limiter is idle (until the next
+    /// [`resync`](State::resync) moves it to `now`).
     pub next_free_micros: u64,
+    /// The ticket's part below the microsecond, in units of 2^-20 µs
+    /// (`0..2^20`): the ticket is `next_free_micros + next_free_fraction /
+    /// 2^20` µs. Waits are whole microseconds; this carries what they leave
+    /// out, so that the schedule never drifts (see "Numbers" above).
+    pub next_free_fraction: u32,
     /// The rate as the user set it.
     pub permits_per_second: f64,
     /// What stored permits cost.
@@ -291,6 +332,7 @@ impl State {
             max_permits,
             stable_interval_micros: stable,
             next_free_micros: now_micros.min(MAX_MICROS),
+            next_free_fraction: 0,
             permits_per_second,
             policy,
         })
@@ -304,10 +346,39 @@ impl State {
             let cool_down = self
                 .policy
                 .cool_down_interval_micros(self.stable_interval_micros, self.max_permits);
-            // `idle > 0`, so an infinite quotient (cool_down == 0) is fine and never NaN.
-            let new_permits = (now_micros - self.next_free_micros) as f64 / cool_down;
+            // The ticket is `next_free_micros` plus its fraction (under one
+            // µs), so `idle > 0`: an infinite quotient (cool_down == 0) is
+            // fine and never NaN.
+            let idle = (now_micros - self.next_free_micros) as f64
+                - f64::from(self.next_free_fraction) / FRACTION_ONE as f64;
+            let new_permits = idle / cool_down;
             self.stored_permits = (self.stored_permits + new_permits).min(self.max_permits);
             self.next_free_micros = now_micros.min(MAX_MICROS);
+            self.next_free_fraction = 0;
+        }
+    }
+
+    /// Pushes the ticket forward by `cost_micros` (a wait computed in
+    /// floating point, `>= 0`), to the 2^-20 µs below [`FINE_CHARGE_LIMIT_MICROS`]
+    /// and to the whole microsecond (truncated) above it, saturating at
+    /// [`MAX_MICROS`] (where the fraction is dropped). NaN pushes it to
+    /// [`MAX_MICROS`]: the limiter fails closed.
+    pub fn charge(&mut self, cost_micros: f64) {
+        let (whole, fraction) = if cost_micros < FINE_CHARGE_LIMIT_MICROS {
+            // Rounded to the nearest unit; below 2^52 + 1, exact in a double.
+            let units = (cost_micros * FRACTION_ONE as f64 + 0.5) as u64
+                + u64::from(self.next_free_fraction);
+            (units >> FRACTION_BITS, (units & (FRACTION_ONE - 1)) as u32)
+        } else {
+            (to_micros(cost_micros), self.next_free_fraction)
+        };
+        let ticket = self.next_free_micros.saturating_add(whole);
+        if ticket < MAX_MICROS {
+            self.next_free_micros = ticket;
+            self.next_free_fraction = fraction;
+        } else {
+            self.next_free_micros = MAX_MICROS;
+            self.next_free_fraction = 0;
         }
     }
 
@@ -327,7 +398,7 @@ impl State {
             stored_to_spend,
             self.stable_interval_micros,
         ) + fresh * self.stable_interval_micros;
-        self.next_free_micros = (self.next_free_micros + to_micros(wait)).min(MAX_MICROS);
+        self.charge(wait);
         self.stored_permits -= stored_to_spend;
         moment
     }

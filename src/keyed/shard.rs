@@ -8,13 +8,40 @@ use std::hash::Hash;
 
 use crate::core::{GiveBack, Reserved, State};
 
-/// One key's state: the core's two numbers. (Its ticket also tells when it
-/// was last used: a reservation moves it to at least its moment, so the
-/// entries whose tickets lie furthest back are the least recently used.)
+/// One key's state: the core's stored permits and ticket. (Its ticket also
+/// tells when it was last used: a reservation moves it to at least its
+/// moment, so the entries whose tickets lie furthest back are the least
+/// recently used.)
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Entry {
     stored_permits: f64,
     next_free_micros: u64,
+    next_free_fraction: u32,
+}
+
+impl Entry {
+    /// The key's part of `state`.
+    fn of(state: &State) -> Entry {
+        Entry {
+            stored_permits: state.stored_permits,
+            next_free_micros: state.next_free_micros,
+            next_free_fraction: state.next_free_fraction,
+        }
+    }
+
+    /// Puts the key's part into `state` (the configuration's).
+    fn load_into(&self, state: &mut State) {
+        state.stored_permits = self.stored_permits;
+        state.next_free_micros = self.next_free_micros;
+        state.next_free_fraction = self.next_free_fraction;
+    }
+
+    /// The key's state under `template`'s configuration.
+    fn state(&self, template: &State) -> State {
+        let mut state = template.clone();
+        self.load_into(&mut state);
+        state
+    }
 }
 
 /// The keys of one shard.
@@ -110,6 +137,7 @@ impl<K: Hash + Eq> Shard<K> {
             Mode::Empty => 0.0,
         };
         state.next_free_micros = now;
+        state.next_free_fraction = 0;
         state
     }
 
@@ -198,12 +226,10 @@ impl<K: Hash + Eq> Shard<K> {
             // The template's own two numbers are scratch space: the key's
             // state is run in place, with no copy of the configuration.
             let state = &mut self.template;
-            state.stored_permits = entry.stored_permits;
-            state.next_free_micros = entry.next_free_micros;
+            entry.load_into(state);
             let result = step(state);
             if result.is_some() {
-                entry.stored_permits = state.stored_permits;
-                entry.next_free_micros = state.next_free_micros;
+                *entry = Entry::of(state);
             }
             return (result, Dropped::default());
         }
@@ -212,13 +238,7 @@ impl<K: Hash + Eq> Shard<K> {
             return (None, Dropped::default());
         };
         let dropped = self.make_room(now);
-        self.entries.insert(
-            key.to_owned(),
-            Entry {
-                stored_permits: state.stored_permits,
-                next_free_micros: state.next_free_micros,
-            },
-        );
+        self.entries.insert(key.to_owned(), Entry::of(&state));
         (Some(result), dropped)
     }
 
@@ -266,6 +286,7 @@ impl<K: Hash + Eq> Shard<K> {
             Entry {
                 stored_permits: 0.0,
                 next_free_micros: until.max(now),
+                next_free_fraction: 0,
             },
         );
         dropped
@@ -282,12 +303,9 @@ impl<K: Hash + Eq> Shard<K> {
         let Some(entry) = self.entries.get_mut(key) else {
             return GiveBack::Nothing;
         };
-        let mut state = template.clone();
-        state.stored_permits = entry.stored_permits;
-        state.next_free_micros = entry.next_free_micros;
+        let mut state = entry.state(template);
         let outcome = state.give_back(taken, now);
-        entry.stored_permits = state.stored_permits;
-        entry.next_free_micros = state.next_free_micros;
+        *entry = Entry::of(&state);
         outcome
     }
 
@@ -296,14 +314,11 @@ impl<K: Hash + Eq> Shard<K> {
     pub(super) fn set_rate(&mut self, permits_per_second: f64, now: u64) {
         let template = self.template.clone();
         for entry in self.entries.values_mut() {
-            let mut state = template.clone();
-            state.stored_permits = entry.stored_permits;
-            state.next_free_micros = entry.next_free_micros;
+            let mut state = entry.state(&template);
             state
                 .set_rate(permits_per_second, now)
                 .expect("the rate was checked");
-            entry.stored_permits = state.stored_permits;
-            entry.next_free_micros = state.next_free_micros;
+            *entry = Entry::of(&state);
         }
         self.template
             .set_rate(permits_per_second, now)
@@ -317,12 +332,13 @@ impl<K: Hash + Eq> Shard<K> {
 /// core's own resync decides, to the bit). Dropping it then changes nothing
 /// a caller can see.
 fn reads_as_full(template: &State, entry: &Entry, now: u64) -> bool {
-    if entry.next_free_micros > now {
+    // A ticket at `now` with a fraction still lies ahead.
+    if entry.next_free_micros > now
+        || (entry.next_free_micros == now && entry.next_free_fraction > 0)
+    {
         return false;
     }
-    let mut state = template.clone();
-    state.stored_permits = entry.stored_permits;
-    state.next_free_micros = entry.next_free_micros;
+    let mut state = entry.state(template);
     state.resync(now);
     state.stored_permits.to_bits() == state.max_permits.to_bits()
 }

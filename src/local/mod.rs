@@ -84,7 +84,7 @@ impl Outcome for Grant {
                 before,
                 after,
                 moment: now + wait,
-                charge: word::ticket(after).saturating_sub(word::ticket(before)),
+                charge: word::charge_between(before, after),
             },
         }
     }
@@ -134,14 +134,14 @@ enum Published {
 /// `max(tat, now)`. So the whole state is one 64-bit word and a reservation
 /// one compare-and-swap; a refusal writes nothing, and nothing allocates.
 ///
-/// While nothing is stored the word holds the core's next free moment and
-/// every wait is the core's to the microsecond. Stored permits are held as
-/// time to 2^-20 µs rather than as the core's floating-point count, so once
-/// some were spent a wait can differ from the core's by one microsecond of
-/// rounding. Rate changes, a rebase of the word's fixed-point window every
-/// few hours of activity, bursts longer than about two hours and the
-/// warming-up policy (whose stored permits have a price) run the core itself
-/// under a lock.
+/// While nothing is stored the word holds the core's next free moment,
+/// with its fraction of a microsecond, and every wait is the core's to the
+/// bit. Stored permits are held as time to 2^-20 µs rather than as the
+/// core's floating-point count, so once some were spent a wait can differ
+/// from the core's by one microsecond of rounding. Rate changes, a rebase
+/// of the word's fixed-point window every few hours, debts and bursts
+/// longer than about two hours and the warming-up policy (whose stored
+/// permits have a price) run the core itself under a lock.
 ///
 /// ```
 /// use std::time::Duration;
@@ -315,8 +315,7 @@ impl<C: Clock> RateLimiter<C> {
     fn encode(&self, current: u64, state: &State, now: u64) -> u64 {
         match word::encode(
             current,
-            state.stored_permits,
-            state.next_free_micros,
+            state,
             now,
             &self.slots.0[word::slot_index(current)].load(),
         ) {
@@ -363,9 +362,9 @@ impl<C: Clock> RateLimiter<C> {
         // Nothing stored and not mutex mode: the payload is the ticket, and
         // moving it back is the core's `return_charge`.
         while !word::has_stored(current) && !word::is_mutex(current) {
-            let ticket = word::ticket(current);
-            let new =
-                word::with_ticket(current, ticket.saturating_sub(charge).max(now.min(ticket)));
+            let Some(new) = word::returned(current, now, charge, &self.slots.0) else {
+                break; // a rebase is due: under the lock
+            };
             match self
                 .word
                 .0
@@ -454,10 +453,11 @@ impl<C: Clock> RateLimiter<C> {
     /// with the configuration in `locked`.
     fn state_at(&self, locked: &State, current: u64, now: u64) -> State {
         let config = self.slots.0[word::slot_index(current)].load();
-        let (stored, next_free) = word::decode(current, now, &config);
+        let decoded = word::decode(current, now, &config);
         let mut state = locked.clone();
-        state.stored_permits = stored;
-        state.next_free_micros = next_free;
+        state.stored_permits = decoded.stored;
+        state.next_free_micros = decoded.next_free;
+        state.next_free_fraction = decoded.fraction;
         state
     }
 
@@ -611,7 +611,7 @@ impl<C: Clock> RateLimiter<C> {
             self.lock().query_earliest_available()
         } else {
             let config = self.slots.0[word::slot_index(current)].load();
-            word::decode(current, now, &config).1
+            word::decode(current, now, &config).next_free
         };
         Duration::from_micros(next_free.saturating_sub(now))
     }

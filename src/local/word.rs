@@ -37,16 +37,20 @@
 //! +------------+--+--------------------------------------------------+
 //! ```
 //!
-//! * `B = 0`: nothing is stored; the payload is `next_free_micros` itself, an
-//!   integer in `0..=MAX_MICROS`, so every step from it repeats the core's
+//! Both payloads are times in fixed point with [`FRAC_BITS`] fractional bits
+//! (2^-20 µs, the unit of the core's `next_free_fraction`), relative to the
+//! `base` of the generation's configuration, so they cover a window of
+//! 2^34 µs (4.7 hours) around the present. A step that would leave the
+//! window goes to the lock and *rebases*: a new generation with a new base.
+//!
+//! * `B = 0`: nothing is stored; the payload is the core's ticket,
+//!   `next_free_micros − base` in its integer bits and `next_free_fraction`
+//!   in its fractional bits, so every step from it repeats the core's
 //!   arithmetic operation for operation and agrees with it to the bit. The
-//!   payload `2^54 − 1` (above `MAX_MICROS`) marks *mutex mode*: the state is
-//!   the [`State`] behind the limiter's lock.
-//! * `B = 1`: permits are stored; the payload is `tat`, in fixed point with
-//!   [`FRAC_BITS`] fractional bits (2^-20 µs), relative to the `base` of the
-//!   generation's configuration, so it covers a window of 2^34 µs (4.7 hours)
-//!   around the present. A step that would leave the window goes to the lock
-//!   and *rebases*: a new generation with a new base.
+//!   payload `2^54 − 1` marks *mutex mode*: the state is the [`State`]
+//!   behind the limiter's lock. (So does a debt that reaches past the
+//!   window, more than about two hours ahead.)
+//! * `B = 1`: permits are stored; the payload is `tat`.
 //!
 //! The generation (9 bits) selects one of two configuration slots (interval,
 //! burst, base). Changing the rate or rebasing writes the slot not in use and
@@ -58,7 +62,8 @@
 //! # Exactness
 //!
 //! From a `B = 0` word the step performs exactly the core's floating-point
-//! operations, so the result is bit-identical. Stored permits are held as
+//! and fixed-point operations, so the result is bit-identical, the ticket's
+//! fraction included. Stored permits are held as
 //! `tat` to 2^-20 µs instead of as the core's `f64` count, so after some
 //! stored permits were spent, a later wait may differ from the core's by a
 //! rounding: at most one microsecond (checked by a differential test against
@@ -66,7 +71,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use crate::core::{MAX_MICROS, Policy, State};
+use crate::core::{FINE_CHARGE_LIMIT_MICROS, FRACTION_BITS, MAX_MICROS, Policy, State};
 
 /// Where the generation starts.
 const GEN_SHIFT: u32 = 55;
@@ -78,8 +83,10 @@ const STORED: u64 = 1 << 54;
 const PAYLOAD: u64 = STORED - 1;
 /// The payload that marks mutex mode (with `STORED` clear).
 const MUTEX: u64 = PAYLOAD;
-/// Fractional bits of a fixed-point time.
-const FRAC_BITS: u32 = 20;
+/// Fractional bits of a fixed-point time: the core's.
+const FRAC_BITS: u32 = FRACTION_BITS;
+/// The fractional bits of a payload.
+const FRAC_MASK: u64 = (1 << FRAC_BITS) - 1;
 /// 2^FRAC_BITS, as a float.
 const SCALE: f64 = (1u64 << FRAC_BITS) as f64;
 /// The span of times a fixed-point payload covers, in µs: 2^34.
@@ -110,10 +117,13 @@ pub(super) struct Config {
     pub(super) burst: u64,
     /// The origin of fixed-point payloads, in µs (may be negative).
     pub(super) base: i64,
-    /// What one permit costs in stored time, in fixed point: `fixed(interval)`.
+    /// What one permit costs, stored or fresh, in fixed point:
+    /// `charge(interval)`.
     pub(super) unit_charge: u64,
-    /// What one fresh permit pushes the ticket by: `to_micros(interval)`.
-    pub(super) unit_wait: u64,
+    /// The latest ticket a word with nothing stored may hold: `MAX_MICROS`
+    /// (where the core saturates) or the end of the window, whichever
+    /// comes first. A step past it goes to the lock.
+    pub(super) ceiling: u64,
 }
 
 impl Config {
@@ -141,13 +151,14 @@ impl Config {
         if !fits {
             return None;
         }
+        let base = now as i64 - HALF_WINDOW as i64;
         Some(Config {
             interval,
             max_permits: state.max_permits,
             burst: fixed(burst_micros),
-            base: now as i64 - HALF_WINDOW as i64,
+            base,
             unit_charge: charge(interval),
-            unit_wait: to_micros(interval),
+            ceiling: ceiling(base),
         })
     }
 
@@ -156,6 +167,13 @@ impl Config {
     fn fixed_now(&self, now: u64) -> Option<u64> {
         fixed_now(now, self.base)
     }
+}
+
+/// The latest payload a word with nothing stored may hold under `base`:
+/// `MAX_MICROS` in fixed point, or the last payload below `MUTEX`.
+fn ceiling(base: i64) -> u64 {
+    let max = (i128::from(MAX_MICROS) - i128::from(base)) << FRAC_BITS;
+    max.clamp(0, i128::from(MUTEX - 1)) as u64
 }
 
 /// `(now − base)` in fixed point, if `now` lies in the window.
@@ -176,7 +194,7 @@ pub(super) struct Slot {
     burst: AtomicU64,
     base: AtomicU64,
     unit_charge: AtomicU64,
-    unit_wait: AtomicU64,
+    ceiling: AtomicU64,
 }
 
 impl Slot {
@@ -188,7 +206,7 @@ impl Slot {
         self.burst.store(config.burst, Relaxed);
         self.base.store(config.base as u64, Relaxed);
         self.unit_charge.store(config.unit_charge, Relaxed);
-        self.unit_wait.store(config.unit_wait, Relaxed);
+        self.ceiling.store(config.ceiling, Relaxed);
     }
 
     /// Reads the slot (after an acquire of the word).
@@ -200,7 +218,7 @@ impl Slot {
             burst: self.burst.load(Relaxed),
             base: self.base.load(Relaxed) as i64,
             unit_charge: self.unit_charge.load(Relaxed),
-            unit_wait: self.unit_wait.load(Relaxed),
+            ceiling: self.ceiling.load(Relaxed),
         }
     }
 
@@ -209,18 +227,7 @@ impl Slot {
         f64::from_bits(self.interval.load(Relaxed))
     }
 
-    /// What `permits` fresh permits push the ticket by: `to_micros(permits ×
-    /// interval)`, precomputed for one.
-    #[inline(always)]
-    fn wait_for(&self, permits: u32) -> u64 {
-        if permits == 1 {
-            self.unit_wait.load(Relaxed)
-        } else {
-            to_micros(f64::from(permits) * self.interval())
-        }
-    }
-
-    /// What `permits` stored permits cost in stored time (fixed point),
+    /// What `permits` permits cost (fixed point), stored or fresh:
     /// precomputed for one.
     #[inline(always)]
     fn charge_for(&self, permits: u32) -> u64 {
@@ -232,11 +239,17 @@ impl Slot {
     }
 }
 
-/// A stored-time charge in fixed point, capped at 2^62 so that adding it to a
-/// payload cannot overflow (any charge above a burst has the same effect).
+/// A charge in fixed point, as `State::charge` adds it to the ticket: to
+/// the nearest 2^-20 µs below `FINE_CHARGE_LIMIT_MICROS`, else to the whole
+/// µs (truncated); capped at 2^62 so that adding it to a payload cannot
+/// overflow (any charge that leaves the window has the same effect).
 #[inline(always)]
 fn charge(micros: f64) -> u64 {
-    fixed(micros).min(1 << 62)
+    if micros < FINE_CHARGE_LIMIT_MICROS {
+        fixed(micros)
+    } else {
+        to_micros(micros).min(1 << (62 - FRAC_BITS)) << FRAC_BITS
+    }
 }
 
 /// Which of the two slots a word's generation uses.
@@ -256,16 +269,25 @@ pub(super) fn has_stored(word: u64) -> bool {
     word & STORED != 0
 }
 
-/// The ticket (`next_free_micros`) a word with nothing stored holds.
+/// The whole microseconds a reservation from `before` to `after` (two
+/// words of one generation with nothing stored) pushed the ticket by,
+/// rounded down, as `Reserved::charge_micros` counts them.
 #[inline(always)]
-pub(super) fn ticket(word: u64) -> u64 {
-    word & PAYLOAD
+pub(super) fn charge_between(before: u64, after: u64) -> u64 {
+    (after & PAYLOAD).saturating_sub(before & PAYLOAD) >> FRAC_BITS
 }
 
-/// `word` (nothing stored) with its ticket replaced.
+/// `word` (nothing stored, not mutex mode) with its ticket moved back by
+/// `charge` whole µs but not below `now` (`State::return_charge`), if `now`
+/// lies in its window.
 #[inline]
-pub(super) fn with_ticket(word: u64, ticket: u64) -> u64 {
-    (word & !(STORED | PAYLOAD)) | ticket.min(MAX_MICROS)
+pub(super) fn returned(word: u64, now: u64, charge: u64, slots: &[Slot; 2]) -> Option<u64> {
+    let base = slots[slot_index(word)].base.load(Relaxed) as i64;
+    let now = fixed_now(now, base)? >> FRAC_BITS;
+    let payload = word & PAYLOAD;
+    let ticket = payload >> FRAC_BITS;
+    let moved = ticket.saturating_sub(charge).max(now.min(ticket));
+    Some((word & !PAYLOAD) | (moved << FRAC_BITS) | (payload & FRAC_MASK))
 }
 
 /// Whether the limiter is in mutex mode.
@@ -349,18 +371,26 @@ pub(super) fn step(word: u64, now: u64, permits: u32, timeout: u64, slots: &[Slo
     let generation = word & !(STORED | PAYLOAD);
     let payload = word & PAYLOAD;
     let slot = &slots[slot_index(word)];
+    let Some(fixed_now) = fixed_now(now, slot.base.load(Relaxed) as i64) else {
+        return Step::Slow; // rebase (or mutex mode)
+    };
     if word & STORED == 0 {
-        let next_free = payload;
-        if next_free > MAX_MICROS {
-            return Step::Slow; // mutex mode
+        if payload == MUTEX {
+            return Step::Slow;
         }
+        // Whole µs from the base: the core's `next_free_micros` and `now`.
+        let (next_free, now) = (payload >> FRAC_BITS, fixed_now >> FRAC_BITS);
         // `State::can_acquire`.
         if next_free.saturating_sub(timeout) > now {
             return Step::Refused;
         }
         if next_free >= now {
-            // Nothing stored and no resync: every permit is fresh.
-            let pushed = (next_free + slot.wait_for(permits)).min(MAX_MICROS);
+            // Nothing stored and no resync: every permit is fresh
+            // (`State::charge`, fraction and all).
+            let pushed = payload + slot.charge_for(permits);
+            if pushed > slot.ceiling.load(Relaxed) {
+                return Step::Slow; // the debt leaves the window, or saturates
+            }
             return Step::Granted {
                 word: generation | pushed,
                 wait: next_free - now,
@@ -368,12 +398,10 @@ pub(super) fn step(word: u64, now: u64, permits: u32, timeout: u64, slots: &[Slo
         }
         // `State::resync` from zero stored permits.
         let config = slot.load();
-        let stored = ((now - next_free) as f64 / config.interval).min(config.max_permits);
-        return spend(generation, now, stored, permits, &config);
+        let idle = (now - next_free) as f64 - (payload & FRAC_MASK) as f64 / SCALE;
+        let stored = (idle / config.interval).min(config.max_permits);
+        return spend(generation, fixed_now, stored, permits, &config);
     }
-    let Some(fixed_now) = fixed_now(now, slot.base.load(Relaxed) as i64) else {
-        return Step::Slow; // rebase
-    };
     // Resync (at most a full burst is stored before now), then charge.
     let full = fixed_now.saturating_sub(slot.burst.load(Relaxed));
     let tat = payload.max(full) + slot.charge_for(permits);
@@ -390,7 +418,7 @@ pub(super) fn step(word: u64, now: u64, permits: u32, timeout: u64, slots: &[Slo
     let config = slot.load();
     spend(
         generation,
-        now,
+        fixed_now,
         permits_in(fixed_now - payload, &config),
         permits,
         &config,
@@ -398,25 +426,31 @@ pub(super) fn step(word: u64, now: u64, permits: u32, timeout: u64, slots: &[Slo
 }
 
 /// The rest of `State::reserve_earliest_available` after a resync to `now`
-/// that left `stored` permits: spend them first, charge the rest.
+/// (`fixed_now`, in the window, whole µs) that left `stored` permits: spend
+/// them first, charge the rest.
 #[inline(never)]
-fn spend(generation: u64, now: u64, stored: f64, permits: u32, config: &Config) -> Step {
+fn spend(generation: u64, fixed_now: u64, stored: f64, permits: u32, config: &Config) -> Step {
     let requested = f64::from(permits);
     let spent = requested.min(stored);
-    let pushed = (now + to_micros((requested - spent) * config.interval)).min(MAX_MICROS);
     let left = stored - spent;
     if left > 0.0 {
         let left = fixed(left * config.interval);
         if left > 0 {
-            // Some stored permits remain, so nothing was fresh: `pushed == now`.
-            return match config.fixed_now(now) {
-                Some(fixed_now) if left <= fixed_now => Step::Granted {
+            // Some stored permits remain, so nothing was fresh.
+            return if left <= fixed_now {
+                Step::Granted {
                     word: generation | STORED | (fixed_now - left),
                     wait: 0,
-                },
-                _ => Step::Slow, // rebase
+                }
+            } else {
+                Step::Slow // rebase
             };
         }
+    }
+    // `State::charge` from the ticket at `now` with no fraction.
+    let pushed = fixed_now + charge((requested - spent) * config.interval);
+    if pushed > config.ceiling {
+        return Step::Slow; // the debt leaves the window, or saturates
     }
     Step::Granted {
         word: generation | pushed,
@@ -435,26 +469,59 @@ fn permits_in(stored: u64, config: &Config) -> f64 {
     }
 }
 
-/// The core's `(stored_permits, next_free_micros)` that `word` stands for at
-/// `now`, resynced if permits are stored. Not for mutex mode. Never panics,
-/// whatever the slot holds.
-pub(super) fn decode(word: u64, now: u64, config: &Config) -> (f64, u64) {
+/// The core's state that `word` stands for at `now`, resynced if permits
+/// are stored. Not for mutex mode. Never panics, whatever the slot holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Decoded {
+    /// `stored_permits`.
+    pub(super) stored: f64,
+    /// `next_free_micros`.
+    pub(super) next_free: u64,
+    /// `next_free_fraction`.
+    pub(super) fraction: u32,
+}
+
+/// See [`Decoded`].
+pub(super) fn decode(word: u64, now: u64, config: &Config) -> Decoded {
     let payload = word & PAYLOAD;
+    // A payload as a time: base + its whole µs, and its fraction.
+    let ticket = || {
+        let whole = i128::from(config.base) + i128::from(payload >> FRAC_BITS);
+        if whole < 0 {
+            return (0, 0); // never written: tickets are encoded from 0 up
+        }
+        match u64::try_from(whole) {
+            Ok(whole) if whole < MAX_MICROS => (whole, (payload & FRAC_MASK) as u32),
+            _ => (MAX_MICROS, 0),
+        }
+    };
     if word & STORED == 0 {
-        return (0.0, payload.min(MAX_MICROS));
+        let (next_free, fraction) = ticket();
+        return Decoded {
+            stored: 0.0,
+            next_free,
+            fraction,
+        };
     }
     // tat = base + payload / SCALE; stored time at now = now − tat.
     let fixed_now = (i128::from(now) - i128::from(config.base)) << FRAC_BITS;
     let stored = fixed_now - i128::from(payload);
     if stored <= 0 {
         // Written with a later clock reading than `now`: nothing stored yet
-        // at `now`, and the ticket is `tat`, rounded up.
-        let tat =
-            i128::from(config.base) + ((i128::from(payload) + (1 << FRAC_BITS) - 1) >> FRAC_BITS);
-        return (0.0, tat.clamp(0, i128::from(MAX_MICROS)) as u64);
+        // at `now`, and the ticket is `tat`.
+        let (next_free, fraction) = ticket();
+        return Decoded {
+            stored: 0.0,
+            next_free,
+            fraction,
+        };
     }
     let stored = u64::try_from(stored).unwrap_or(u64::MAX);
-    (permits_in(stored, config), now)
+    Decoded {
+        stored: permits_in(stored, config),
+        next_free: now,
+        fraction: 0,
+    }
 }
 
 /// What [`encode`] made of a state.
@@ -469,35 +536,37 @@ pub(super) enum Encoded {
 }
 
 /// The word of generation `generation` (the bits of a word) for the core's
-/// `(stored, next_free)` at `now`, under `config`.
-pub(super) fn encode(
-    generation: u64,
-    stored: f64,
-    next_free: u64,
-    now: u64,
-    config: &Config,
-) -> Encoded {
+/// state at `now`, under `config`.
+pub(super) fn encode(generation: u64, state: &State, now: u64, config: &Config) -> Encoded {
     let generation = generation & !(STORED | PAYLOAD);
-    let next_free = next_free.min(MAX_MICROS);
-    // NaN never occurs; it would read as nothing stored.
-    if stored.is_nan() || stored <= 0.0 {
-        return Encoded::Word(generation | next_free);
-    }
-    if next_free > now {
-        return Encoded::Mutex;
-    }
-    let stored_time = fixed(stored * config.interval);
-    if stored_time == 0 {
-        return Encoded::Word(generation | next_free);
-    }
+    let stored = state.stored_permits;
     let Some(fixed_now) = config.fixed_now(now) else {
         return Encoded::Rebase;
     };
-    // tat = next_free − stored time, clamped to at most a full burst before
+    // The ticket in fixed point from the base.
+    let ticket = ((i128::from(state.next_free_micros) - i128::from(config.base)) << FRAC_BITS)
+        + i128::from(state.next_free_fraction);
+    // NaN never occurs; it would read as nothing stored.
+    let stored_time = if stored.is_nan() || stored <= 0.0 {
+        0
+    } else {
+        fixed(stored * config.interval)
+    };
+    if stored_time == 0 {
+        if ticket > i128::from(config.ceiling) {
+            return Encoded::Rebase; // or mutex mode, if it is far ahead
+        }
+        // A ticket before the base has been idle for more than a full
+        // burst: it reads as full from there as from anywhere earlier.
+        return Encoded::Word(generation | ticket.max(0) as u64);
+    }
+    if state.next_free_micros > now {
+        return Encoded::Mutex;
+    }
+    // tat = ticket − stored time, clamped to at most a full burst before
     // now (which is what the next resync would do anyway).
     let tat =
-        ((i128::from(next_free) - i128::from(config.base)) << FRAC_BITS) - i128::from(stored_time);
-    let tat = tat.max(i128::from(fixed_now) - i128::from(config.burst));
+        (ticket - i128::from(stored_time)).max(i128::from(fixed_now) - i128::from(config.burst));
     if tat < 0 {
         return Encoded::Rebase;
     }
@@ -511,14 +580,9 @@ pub(super) fn republish(word: u64, state: &State, now: u64, slots: &[Slot; 2]) -
     let generation = next_generation(word);
     if let Some(config) = Config::new(state, now) {
         // A fresh base puts `now` mid-window and the burst fits in the half
-        // before it, so only `Mutex` can come back.
-        if let Encoded::Word(new) = encode(
-            generation,
-            state.stored_permits,
-            state.next_free_micros,
-            now,
-            &config,
-        ) {
+        // before it, so what fails is a debt that reaches past the window,
+        // or permits stored behind a debt: mutex mode.
+        if let Encoded::Word(new) = encode(generation, state, now, &config) {
             slots[slot_index(new)].store(&config);
             return new;
         }
@@ -549,54 +613,94 @@ mod tests {
         assert_eq!(next_generation(GEN_MASK << GEN_SHIFT), 0);
     }
 
+    /// The word for `state` at `now` under `config`.
+    fn word_of(state: &State, now: u64, config: &Config) -> u64 {
+        match encode(0, state, now, config) {
+            Encoded::Word(word) => word,
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn empty_limiter_charges_like_the_core() {
-        let (_, _, slots) = bursty(5.0);
+        let (mut state, config, slots) = bursty(5.0);
+        state.stored_permits = 0.0;
+        let empty = word_of(&state, 0, &config);
+        let Step::Granted { word, wait: 0 } = step(empty, 0, 1, u64::MAX, &slots) else {
+            panic!()
+        };
+        state.reserve(1, 0);
+        assert_eq!(word, word_of(&state, 0, &config));
+        let Step::Granted { word, wait } = step(word, 0, 1, u64::MAX, &slots) else {
+            panic!()
+        };
+        assert_eq!(wait, 200_000);
+        assert_eq!(step(word, 0, 1, 399_999, &slots), Step::Refused);
+        assert_eq!(decode(word, 0, &config).next_free, 400_000);
+    }
+
+    #[test]
+    fn the_ticket_keeps_its_fraction_like_the_core() {
+        // 3 permits per µs: a third of a µs each, which whole µs would lose.
+        let (mut state, config, slots) = bursty(3e6);
+        state.stored_permits = 0.0;
+        let mut word = word_of(&state, 0, &config);
+        for _ in 0..1_000 {
+            let Step::Granted { word: next, wait } = step(word, 0, 1, u64::MAX, &slots) else {
+                panic!()
+            };
+            assert_eq!(wait, state.reserve(1, 0));
+            word = next;
+        }
+        let decoded = decode(word, 0, &config);
         assert_eq!(
-            step(0, 0, 1, u64::MAX, &slots),
-            Step::Granted {
-                word: 200_000,
-                wait: 0
-            }
+            (decoded.next_free, decoded.fraction),
+            (state.next_free_micros, state.next_free_fraction)
         );
-        assert_eq!(
-            step(200_000, 0, 1, u64::MAX, &slots),
-            Step::Granted {
-                word: 400_000,
-                wait: 200_000
-            }
-        );
-        assert_eq!(step(400_000, 0, 1, 399_999, &slots), Step::Refused);
+        assert_eq!(decoded.next_free, 333); // 1000 / 3 µs, and a third
+        assert_eq!(word, word_of(&state, 0, &config));
     }
 
     #[test]
     fn stored_permits_round_trip() {
-        let (_, config, slots) = bursty(5.0);
+        let (mut state, config, slots) = bursty(5.0);
+        state.stored_permits = 0.0;
+        let empty = word_of(&state, 0, &config);
         // Idle for a second: five stored; spend two.
-        let Step::Granted { word, wait: 0 } = step(0, 1_000_000, 2, 0, &slots) else {
+        let Step::Granted { word, wait: 0 } = step(empty, 1_000_000, 2, 0, &slots) else {
             panic!()
         };
         assert_eq!(word & STORED, STORED);
-        assert_eq!(decode(word, 1_000_000, &config), (3.0, 1_000_000));
-        assert_eq!(
-            encode(0, 3.0, 1_000_000, 1_000_000, &config),
-            Encoded::Word(word)
-        );
+        let decoded = decode(word, 1_000_000, &config);
+        assert_eq!((decoded.stored, decoded.next_free), (3.0, 1_000_000));
+        state.reserve(2, 1_000_000);
+        assert_eq!(encode(0, &state, 1_000_000, &config), Encoded::Word(word));
     }
 
     #[test]
     fn stored_permits_behind_a_debt_need_mutex_mode() {
-        let (_, config, _) = bursty(5.0);
-        assert_eq!(encode(0, 1.0, 10, 5, &config), Encoded::Mutex);
-        assert_eq!(encode(0, 0.0, 10, 5, &config), Encoded::Word(10));
+        let (mut state, config, _) = bursty(5.0);
+        state.stored_permits = 1.0;
+        state.next_free_micros = 10;
+        assert_eq!(encode(0, &state, 5, &config), Encoded::Mutex);
+        state.stored_permits = 0.0;
+        assert!(matches!(encode(0, &state, 5, &config), Encoded::Word(_)));
     }
 
     #[test]
     fn far_times_need_a_rebase() {
-        let (_, config, slots) = bursty(5.0);
+        let (mut state, config, slots) = bursty(5.0);
         let later = WINDOW;
-        assert_eq!(encode(0, 1.0, later, later, &config), Encoded::Rebase);
+        state.next_free_micros = later;
+        assert_eq!(encode(0, &state, later, &config), Encoded::Rebase);
         assert_eq!(step(0, later, 1, 0, &slots), Step::Slow);
+    }
+
+    #[test]
+    fn a_debt_past_the_window_needs_mutex_mode() {
+        let (mut state, _, slots) = bursty(5.0);
+        state.next_free_micros = WINDOW;
+        assert!(is_mutex(republish(0, &state, 0, &slots)));
     }
 
     #[test]
