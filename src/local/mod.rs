@@ -388,7 +388,11 @@ impl<C: Clock> RateLimiter<C> {
     pub(crate) fn restart_from(&self, next_free_micros: u64) {
         self.update_locked(|state, _| {
             state.stored_permits = 0.0;
-            state.next_free_micros = state.next_free_micros.max(next_free_micros).min(MAX_MICROS);
+            let next_free_micros = next_free_micros.min(MAX_MICROS);
+            if next_free_micros > state.next_free_micros {
+                state.next_free_micros = next_free_micros;
+                state.next_free_fraction = 0;
+            }
         });
     }
 
