@@ -1,12 +1,13 @@
 --[[
-throttler: the limiter shared through Redis, protocol v1.
+throttler: the limiter shared through Redis, protocol v2 (values `thr2`).
 
 This script is a line-by-line mirror of the pure algorithm in `src/core`
-(`State::resync`, `State::reserve_earliest_available`, `State::can_acquire`,
-`State::set_rate`, `State::reserve_recorded`, `State::give_back`, and the
-bursty and warming-up policies). It performs the same floating-point
-operations in the same order, so for the same inputs it computes
-bit-for-bit the same waits and state as the Rust code; a differential test
+(`State::resync`, `State::reserve_earliest_available`, `State::charge`,
+`State::can_acquire`, `State::set_rate`, `State::reserve_recorded`,
+`State::give_back`, and the bursty and warming-up policies). It performs
+the same floating-point operations in the same order, so for the same
+inputs it computes bit-for-bit the same waits and state as the Rust code
+(the ticket's fraction included); a differential test
 (`tests/redis_differential.rs`) keeps the two in step. Where a block below
 has a counterpart in `src/core`, it carries its name. It is written for
 speed (Redis runs one script at a time, so its time in here is the limit of
@@ -22,33 +23,41 @@ ARGV[1]  The mode:
            0        QUERY the current wait. Writes nothing.
            probe    PROBE that the server takes this script's writes,
                     without changing the limiter: an existing key is SET
-                    again to the bytes it holds (a 40-byte value to its v1
-                    form), keeping its TTL; a missing key is written as it
-                    reads (see Missing key), with the TTL that needs (a few
-                    ms). A server that refuses writes fails the SET (OOM
-                    under maxmemory with noeviction, READONLY on a
-                    replica), and that error is the reply.
+                    again to the bytes it holds (an older value in its
+                    thr2 form, see Value), keeping its TTL; a missing key
+                    is written as it reads (see Missing key), with the TTL
+                    that needs (a few ms). A server that refuses writes
+                    fails the SET (OOM under maxmemory with noeviction,
+                    READONLY on a replica), and that error is the reply.
            resume   RESUME on Redis after serving from a local fallback:
-                    the rate change, `State::resync` at now, then
+                    the rate change, `State::resync` at now (which zeroes
+                    the fraction if it moves the ticket), then
                     stored_permits = 0 (the key's idle time during the
                     outage was not idle: no burst after it), then
-                    next_free_micros = next_free_micros + debt (capped at
-                    2^53): the debt the fallback ran up beyond what the
-                    key already held. Added, not raised to, so that it
+                    next_free_micros = next_free_micros + debt: the debt
+                    the fallback ran up beyond what the key already held.
+                    A ticket that reaches 2^53 is 2^53 exactly, with no
+                    fraction (as in `State::charge`); below that the
+                    fraction stays. Added, not raised to, so that it
                     stays whatever the order of this call and the cancels
                     of reservations that reached Redis late.
            cancel   CANCEL a reservation (`State::give_back`): if the key's
-                    stored_permits, next_free_micros and max_permits equal
-                    the token's fields 1, 2 and 4 and its rate has the same
-                    stable interval as the token's field 3, the token's
-                    "before" state (7, 8) is written back (restored); else,
-                    if now < moment and the reservation spent no stored
-                    permits, the ticket moves back by its charge,
-                    next_free_micros - moment of the token, not below 0
-                    (`State::return_charge`: returned); else nothing is
-                    written. No rate change: ARGV[3..6] are checked, and
-                    the TTL is that of the key's own rate and max_permits
-                    under the policy of ARGV[4..6].
+                    stored_permits, next_free_micros, next_free_fraction
+                    and max_permits equal the token's (fields 1, 2, 7 and
+                    4) and its rate has the same stable interval as the
+                    token's field 3, the token's "before" state (8, 9 and
+                    fraction_before) is written back (restored); else, if
+                    now < moment and the reservation spent no stored
+                    permits, the ticket moves back by the token's charge
+                    in whole µs (`Reserved::charge_micros`: next_free_micros
+                    - moment, minus 1 if its fraction is below the one the
+                    ticket had at the moment, which is fraction_before if
+                    moment = next_free_before, else 0; never below 0), but
+                    not below min(now, next_free_micros), its fraction
+                    unchanged (`State::return_charge`: returned); else
+                    nothing is written. No rate change: ARGV[3..6] are
+                    checked, and the TTL is that of the key's own rate and
+                    max_permits under the policy of ARGV[4..6].
 ARGV[2]  reserve: timeout_micros, an integer >= 0 for a try, refused when
            the existing debt does not fit (`next - timeout > now`, the
            negation of `State::can_acquire`); -1 for a plain reservation.
@@ -68,8 +77,9 @@ Reply    debt is max(next_free_micros - now, 0) of the key after the call
          (for a refused try or a query, of the key as it is).
            reserve  granted: the value it wrote (see Value), 76 bytes, which
                     is also the reservation's token (see Token). With now =
-                    last_now_micros, the wait is max(next_free_before - now,
-                    0) and the debt next_free_micros - now.
+                    last_now_micros (field 6), the wait is
+                    max(next_free_before - now, 0) (field 9) and the debt
+                    next_free_micros - now (field 2), in whole µs.
                     refused try: the integer -debt_micros (<= -1, as a
                     refused try has debt_micros > timeout_micros >= 0)
            query    the integer debt_micros (0 for a missing key)
@@ -81,12 +91,15 @@ Reply    debt is max(next_free_micros - now, 0) of the key after the call
          its write: packing a reply of its own, or building an array, would
          cost Redis more than the rest of the reservation's arithmetic.)
 
-Token    The 76 bytes a granted reservation replied, unchanged: its value,
-         whose fields 7 to 9 record the reservation (see Value). Send it
-         back with the same key.
+Token    The 76 bytes a granted reservation replied, unchanged: its value
+         (`thr2`), whose fields 7 to 9 record the reservation (see Value).
+         Send it back with the same key. Its fields 1 to 4, 6, 8 and 9 are
+         checked as in a value, field 7 is an integer in 0..2^41, and
+         next_free_micros is not before the moment; anything else is an
+         error (see Errors).
 
-Value    76 bytes: the 4 ASCII bytes `thr1`, then nine little-endian IEEE
-         doubles, `struct.pack('<c4ddddddddd', 'thr1', ...)` (exact):
+Value    76 bytes: the 4 ASCII bytes `thr2`, then nine little-endian IEEE
+         doubles, `struct.pack('<c4ddddddddd', 'thr2', ...)` (exact):
            1  stored_permits, in 0..=max_permits
            2  next_free_micros, an integer in 0..=2^53
            3  permits_per_second in force when written, > 0 (may be inf)
@@ -95,29 +108,54 @@ Value    76 bytes: the 4 ASCII bytes `thr1`, then nine little-endian IEEE
               Expiry); finite, >= 0
            6  last_now_micros: the latest clock reading a call used on this
               key (see Clock); an integer in 0..=2^53
+           7  fractions: an integer in 0..2^41 that packs three
+              non-negative integers (every such integer is valid),
+                next_free_fraction * 2^21 + fraction_before * 2 + spent_stored
+              next_free_fraction  the ticket's part below the microsecond,
+                                  in 0..2^20, in units of 2^-20 µs: the
+                                  ticket is next_free_micros +
+                                  next_free_fraction / 2^20 (see Numbers)
+              fraction_before     in 0..2^20: of the record, below
+              spent_stored        0 or 1: of the record, below
          The last write's reservation (`Reserved`; for a write that is not
-         a reservation, one of nothing: 7 and 8 equal 1 and 2, 9 is 0):
-           7  stored_before     the state the reservation found: after the
-           8  next_free_before  missing-key reading and the rate change,
-                                before its own resync
-           9  spent_stored      1 if it spent stored permits, else 0
+         a reservation, one of nothing: 8 and 9 equal 1 and 2,
+         fraction_before equals next_free_fraction, spent_stored is 0):
+           8  stored_before     the state the reservation found: after the
+           9  next_free_before  missing-key reading and the rate change,
+              fraction_before   before its own resync (in field 7)
+              spent_stored      1 if it spent stored permits, else 0
+                                (in field 7)
          Its moment (when its permits may be used, the ticket after its
          resync) is max(next_free_before, last_now_micros): the rate
          change's resync moves the ticket to now only if it lies behind.
-         Fields 1 to 6 are checked on every read; no field may be NaN.
-         Fields 7 to 9 are read only from a token, and checked there. A
-         value of exactly 40 bytes is the previous format (fields 1 to 5,
-         no marker): if its fields are valid, it is read as v1 with
-         last_now_micros = 0, and the next write stores it as v1 (upgraded
-         in place). Any other string (another length, no marker, invalid
-         fields) is not this limiter's: every mode fails (see Errors) and
-         leaves it untouched.
+         Fields 1 to 7 are checked on every read; no field may be NaN.
+         Fields 8 and 9 (and the record's part of 7) are read only from a
+         token, and checked there. (Packing the three small integers into
+         one double keeps the value at 76 bytes, a Redis allocation of 80,
+         and costs a reservation one more double to read, 7, and none more
+         to write, 9: each double packed or unpacked costs Redis time.)
+         Older formats are read and upgraded in place, if their fields
+         are valid (the same checks, without field 7):
+           thr1  76 bytes, marker `thr1`, the same fields 1 to 6, then its
+                 own record (stored_before, next_free_before,
+                 spent_stored), which is not read: read as thr2 with
+                 next_free_fraction = 0.
+           v0    exactly 40 bytes, fields 1 to 5, no marker: read as thr2
+                 with last_now_micros = 0 and next_free_fraction = 0.
+         The next write stores the value as thr2. A probe rewrites it in
+         its thr2 form, keeping its TTL: the same fields 1 to 6, field 7
+         0, and a record of nothing (a value's record is only ever read
+         back from a token, which an older value cannot be). Any other
+         string (another length, another marker, invalid fields) is not
+         this limiter's: every mode fails (see Errors) and leaves it
+         untouched.
 
 Missing  A missing key reads as a limiter that has been idle for a long time:
 key      stored_permits = max_permits (full for bursty, cold for warming-up),
-         next_free_micros = now, at the rate in ARGV[3]. (A limiter created
-         in-process starts with no stored permits when bursty; a shared key
-         cannot tell "new" from "expired", so it takes the idle reading.)
+         next_free_micros = now (next_free_fraction = 0), at the rate in
+         ARGV[3]. (A limiter created in-process starts with no stored
+         permits when bursty; a shared key cannot tell "new" from
+         "expired", so it takes the idle reading.)
 
 Clock    now = max(TIME, last_now_micros): the server's TIME in microseconds
          (ARGV[7] when given), never below the last reading the key has
@@ -143,9 +181,10 @@ changes  as in `State::set_rate`, idle time up to now is first credited at
 Expiry   The key must live until it would read as a missing key anyway: until
          next_free_micros has passed AND idle time has refilled
          stored_permits to max_permits (rounded up to whole milliseconds,
-         plus 2 ms; at most 2^53 / 1000 ms). At an unchanged rate and
-         configuration, expiry is therefore invisible. (Across a rate change
-         it can be visible in two corner cases the in-process limiter treats
+         plus 2 ms, which also covers the ticket's fraction, under 1 µs;
+         at most 2^53 / 1000 ms). At an unchanged rate and configuration,
+         expiry is therefore invisible. (Across a rate change it can be
+         visible in two corner cases the in-process limiter treats
          specially: leaving an infinite rate, and leaving a rate with
          max_permits = 0.)
          Setting a TTL costs Redis more than the rest of the write, so a
@@ -177,9 +216,20 @@ Errors   `ERR throttler: ...` for any invalid argument (a malformed token
          fails with the server's error; as every mode writes at most once,
          last, nothing has changed then either.
 
-Numbers  Time is integer microseconds, saturating at 2^53 (MAX_MICROS). Lua
-         numbers are doubles, exactly like the f64 of the core, and the state
-         is stored as their exact bytes.
+Numbers  Time is integer microseconds, saturating at 2^53 (MAX_MICROS), and
+         every wait, debt and moment is whole microseconds. The schedule
+         itself is exact to 2^-20 µs: the ticket keeps a fraction
+         (next_free_fraction), and each reservation's cost below 2^32 µs
+         is rounded to the nearest 2^-20 µs and added to it, the whole
+         microseconds it carries going to next_free_micros
+         (`State::charge`; a cost of 2^32 µs or more, or NaN, is truncated
+         to whole µs and leaves the fraction as it is). So a saturated
+         limiter never drifts from its rate, whatever its interval. Idle
+         time is counted from the exact ticket (`State::resync`), which
+         then moves to now with no fraction. Every integer here stays
+         below 2^53, so it is exact. Lua numbers are doubles, exactly like
+         the f64 of the core, and the state is stored as their exact
+         bytes.
 
 Redis    6.0 or newer (SET ... KEEPTTL), with effects replication (the
          default since 5.0, the only mode since 7.0), as the script writes
@@ -192,10 +242,15 @@ local F64_MAX = 1.7976931348623157e308 -- f64::MAX
 local INFINITY = 1 / 0
 local TTL_CAP_MS = 9007199254740 -- floor(2^53 / 1000)
 local TTL_MAX_SLACK_MS = 1000
-local MARKER = 'thr1'
+local MARKER = 'thr2'
+local THR1 = 'thr1' -- the previous marker, same size (see Value)
 local VALUE = '<c4ddddddddd' -- the marker and nine doubles: 76 bytes
 local VALUE_SIZE = 76
-local STATE = '<c4dddddd' -- the marker and fields 1 to 6, read from a value
+local STATE = '<c4ddddddd' -- the marker and fields 1 to 7, read from a value
+local FRACTION_ONE = 1048576 -- 2^20: one microsecond in fraction units
+local FINE_CHARGE_LIMIT = 4294967296 -- 2^32 µs (FINE_CHARGE_LIMIT_MICROS)
+local FRACTIONS_SHIFT = 2097152 -- 2^21: field 7 = next_free_fraction * 2^21 + ...
+local FRACTIONS_END = 2199023255552 -- 2^41: field 7 is below it
 local BAD = 'ERR throttler: %s (got "%s")'
 
 -- Comparisons below are written `if x > cap then x = cap end` where the core
@@ -247,6 +302,7 @@ local is_try = false
 local debt_micros
 local tk_stored_before, tk_next_free_before, tk_stored_after, tk_next_free_after
 local tk_moment, tk_spent_stored, tk_rate, tk_max, tk_now
+local tk_fractions, tk_fraction_before, tk_fraction_after
 if mode == nil or mode == 'probe' then
     if timeout_micros ~= '-1' then
         timeout_micros = tonumber(timeout_micros)
@@ -273,8 +329,8 @@ else
     -- The token, as a reservation's reply gave it (see Token).
     local marker, _
     if #timeout_micros == VALUE_SIZE then
-        marker, tk_stored_after, tk_next_free_after, tk_rate, tk_max, _, tk_now, tk_stored_before,
-            tk_next_free_before, tk_spent_stored = struct.unpack(VALUE, timeout_micros)
+        marker, tk_stored_after, tk_next_free_after, tk_rate, tk_max, _, tk_now, tk_fractions,
+            tk_stored_before, tk_next_free_before = struct.unpack(VALUE, timeout_micros)
         tk_moment = tk_next_free_before
         if tk_now > tk_moment then
             tk_moment = tk_now
@@ -289,11 +345,17 @@ else
             and tk_now >= 0 and tk_now % 1 == 0
             and tk_next_free_after >= tk_moment and tk_next_free_after <= MAX_MICROS
             and tk_next_free_after % 1 == 0
-            and (tk_spent_stored == 0 or tk_spent_stored == 1)) then
+            and tk_fractions >= 0 and tk_fractions < FRACTIONS_END and tk_fractions % 1 == 0) then
         return redis.error_reply('ERR throttler: ARGV[2] is not a reservation token: a cancel takes '
             .. 'the ' .. VALUE_SIZE .. ' bytes a granted reservation replied, unchanged (got '
             .. #timeout_micros .. ' bytes)')
     end
+    -- Field 7: fraction_after * 2^21 + fraction_before * 2 + spent_stored.
+    tk_spent_stored = tk_fractions % FRACTIONS_SHIFT
+    tk_fraction_after = (tk_fractions - tk_spent_stored) / FRACTIONS_SHIFT
+    tk_fraction_before = tk_spent_stored
+    tk_spent_stored = tk_spent_stored % 2
+    tk_fraction_before = (tk_fraction_before - tk_spent_stored) / 2
 end
 
 -- stable_interval_micros: rejects NaN, zero, negative rates (and -inf).
@@ -414,17 +476,24 @@ local now_micros = time_micros
 local key = KEYS[1]
 local value = redis.call('GET', key)
 local stored_permits, next_free_micros, old_rate, old_max, expires_micros, last_now_micros
-local size
+local next_free_fraction, fractions
+-- `older`: the value is in an older format (thr1 or v0), read as thr2 (see
+-- Value).
+local size, older
 if value then
     size = #value
     local marker
     if size == VALUE_SIZE then
-        marker, stored_permits, next_free_micros, old_rate, old_max, expires_micros, last_now_micros =
-            struct.unpack(STATE, value)
+        marker, stored_permits, next_free_micros, old_rate, old_max, expires_micros, last_now_micros,
+            fractions = struct.unpack(STATE, value)
+        if marker == THR1 then
+            -- Field 7 is its record's stored_before: no fraction.
+            marker, older, fractions = MARKER, true, 0
+        end
     elseif size == 40 then
-        -- The previous format: read as v1 that has seen no clock yet.
+        -- The first format: read as thr2 that has seen no clock yet.
         stored_permits, next_free_micros, old_rate, old_max, expires_micros = struct.unpack('<ddddd', value)
-        marker, last_now_micros = MARKER, 0
+        marker, older, last_now_micros, fractions = MARKER, true, 0, 0
     end
     -- NaN fails every comparison, so it is rejected too.
     if not (marker == MARKER
@@ -433,11 +502,14 @@ if value then
             and next_free_micros >= 0 and next_free_micros <= MAX_MICROS and next_free_micros % 1 == 0
             and old_rate > 0
             and expires_micros >= 0 and expires_micros < INFINITY
-            and last_now_micros >= 0 and last_now_micros <= MAX_MICROS and last_now_micros % 1 == 0) then
+            and last_now_micros >= 0 and last_now_micros <= MAX_MICROS and last_now_micros % 1 == 0
+            and fractions >= 0 and fractions < FRACTIONS_END and fractions % 1 == 0) then
         return redis.error_reply('ERR throttler: key ' .. key .. ' holds a value this limiter does not '
             .. 'recognise (' .. size .. ' bytes); it was left untouched: delete it or use another '
             .. 'limiter name')
     end
+    -- The ticket's fraction: the top of field 7.
+    next_free_fraction = (fractions - fractions % FRACTIONS_SHIFT) / FRACTIONS_SHIFT
     -- The clock never runs backwards for a key.
     if last_now_micros > now_micros then
         now_micros = last_now_micros
@@ -457,10 +529,11 @@ local cancelled
 if mode then
     if mode == 'probe' then
         if value then
-            -- The same bytes again (a 40-byte value in its v1 form), same TTL.
-            if size == 40 then
+            -- The same bytes again (an older value in its thr2 form: no
+            -- fraction, a record of nothing), same TTL.
+            if older then
                 value = struct.pack(VALUE, MARKER, stored_permits, next_free_micros, old_rate, old_max,
-                    expires_micros, 0, stored_permits, next_free_micros, 0)
+                    expires_micros, last_now_micros, 0, stored_permits, next_free_micros)
             end
             redis.call('SET', key, value, 'KEEPTTL')
             if next_free_micros > now_micros then
@@ -485,16 +558,34 @@ if mode then
             token_stable = MAX_MICROS
         end
         if stored_permits == tk_stored_after and next_free_micros == tk_next_free_after
+            and next_free_fraction == tk_fraction_after
             and key_stable == token_stable and old_max == tk_max then
             -- Still the latest reservation: put back the state it found.
             stored_permits = tk_stored_before
             next_free_micros = tk_next_free_before
+            next_free_fraction = tk_fraction_before
             cancelled = 1
         elseif now_micros < tk_moment and tk_spent_stored == 0 then
-            -- State::return_charge: move the ticket back by its charge.
-            next_free_micros = next_free_micros - (tk_next_free_after - tk_moment)
-            if next_free_micros < 0 then
-                next_free_micros = 0
+            -- Reserved::charge_micros: whole µs, rounded down, from the
+            -- ticket at the moment (its fraction is fraction_before if no
+            -- resync moved it) to the ticket after.
+            local charge = tk_next_free_after - tk_moment
+            local moment_fraction = 0
+            if tk_moment == tk_next_free_before then
+                moment_fraction = tk_fraction_before
+            end
+            if tk_fraction_after < moment_fraction and charge > 0 then
+                charge = charge - 1
+            end
+            -- State::return_charge: move the ticket back by the charge, but
+            -- not below min(now, ticket); its fraction stays.
+            local lowest = now_micros
+            if next_free_micros < lowest then
+                lowest = next_free_micros
+            end
+            next_free_micros = next_free_micros - charge
+            if next_free_micros < lowest then
+                next_free_micros = lowest
             end
             cancelled = 2
         else
@@ -513,6 +604,7 @@ if not value then
     -- Missing: idle for a long time, with no TTL to keep.
     stored_permits = max_permits
     next_free_micros = now_micros
+    next_free_fraction = 0
     old_rate = permits_per_second
     old_max = max_permits
     expires_micros = 0
@@ -531,13 +623,16 @@ if old_rate ~= permits_per_second or old_max ~= max_permits then
         if not is_bursty and old_max > 0.0 then
             old_cool_down = policy_micros / old_max
         end
-        -- idle > 0, so an infinite quotient (cool_down == 0) is fine, never NaN.
-        local stored = stored_permits + (now_micros - next_free_micros) / old_cool_down
+        -- Idle time from the exact ticket: > 0 (the fraction is below one
+        -- µs), so an infinite quotient (cool_down == 0) is fine, never NaN.
+        local stored = stored_permits
+            + ((now_micros - next_free_micros) - next_free_fraction / FRACTION_ONE) / old_cool_down
         if stored > old_max then
             stored = old_max
         end
         stored_permits = stored
         next_free_micros = now_micros
+        next_free_fraction = 0
     end
     if old_stable == 0.0 then
         -- Policy::stored_permits_after_infinite_rate
@@ -551,18 +646,21 @@ if old_rate ~= permits_per_second or old_max ~= max_permits then
     end
 end
 
-local stored_before, next_free_before, spent_stored
+local stored_before, next_free_before, record
 if mode then
     if mode == 'resume' then
         -- State::resync, whose stored permits are then dropped: only its
         -- move of the ticket up to now is left.
         if now_micros > next_free_micros then
             next_free_micros = now_micros
+            next_free_fraction = 0
         end
         stored_permits = 0.0
+        -- The debt; a ticket that reaches 2^53 is 2^53, with no fraction.
         next_free_micros = next_free_micros + debt_micros
-        if next_free_micros > MAX_MICROS then
+        if next_free_micros >= MAX_MICROS then
             next_free_micros = MAX_MICROS
+            next_free_fraction = 0
         end
     end
 else
@@ -575,13 +673,17 @@ else
     -- State::reserve_earliest_available: resync, then spend.
     stored_before = stored_permits
     next_free_before = next_free_micros
+    -- The record's part of field 7: fraction_before * 2 + spent_stored.
+    record = next_free_fraction * 2
     if now_micros > next_free_micros then
-        local stored = stored_permits + (now_micros - next_free_micros) / cool_down
+        local stored = stored_permits
+            + ((now_micros - next_free_micros) - next_free_fraction / FRACTION_ONE) / cool_down
         if stored > max_permits then
             stored = max_permits
         end
         stored_permits = stored
         next_free_micros = now_micros
+        next_free_fraction = 0
     end
     -- (The reservation's moment is next_free_micros here.)
     local stored_to_spend = permits
@@ -611,23 +713,32 @@ else
         end
         wait = micros + stable * spent + fresh * stable
     end
-    -- to_micros: truncates (w - w % 1 is floor(w) for w >= 0), saturates; NaN
-    -- reads as MAX_MICROS.
-    if wait < MAX_MICROS then
+    -- State::charge. Below 2^32 µs: rounded to the nearest 2^-20 µs and
+    -- added to the fraction, in units of 2^-20 µs (x - x % 1 is floor(x)
+    -- for x >= 0), whose whole µs (the units above 20 bits) go to the
+    -- ticket. Else to_micros: truncated, saturated, NaN read as
+    -- MAX_MICROS; the fraction stays. A ticket that reaches 2^53 is 2^53,
+    -- with no fraction.
+    if wait < FINE_CHARGE_LIMIT then
+        wait = wait * FRACTION_ONE + 0.5
+        wait = wait - wait % 1 + next_free_fraction
+        next_free_fraction = wait % FRACTION_ONE
+        wait = (wait - next_free_fraction) / FRACTION_ONE
+    elseif wait < MAX_MICROS then
         wait = wait - wait % 1
     else
         wait = MAX_MICROS
     end
     next_free_micros = next_free_micros + wait
-    if next_free_micros > MAX_MICROS then
+    if next_free_micros >= MAX_MICROS then
         next_free_micros = MAX_MICROS
+        next_free_fraction = 0
     end
     -- Reserved::spent_stored: the stored permits changed by the spending.
-    spent_stored = 0
     local stored_resynced = stored_permits
     stored_permits = stored_permits - stored_to_spend
     if stored_permits ~= stored_resynced then
-        spent_stored = 1
+        record = record + 1
     end
 end
 
@@ -654,17 +765,19 @@ else
     ttl_ms = TTL_CAP_MS
 end
 
--- The reservation recorded with the value: this one, or one of nothing.
+-- The reservation recorded with the value: this one, or one of nothing;
+-- then field 7.
 if mode then
-    stored_before, next_free_before, spent_stored = stored_permits, next_free_micros, 0
+    stored_before, next_free_before, record = stored_permits, next_free_micros, next_free_fraction * 2
 end
+fractions = next_free_fraction * FRACTIONS_SHIFT + record
 
 -- Write: keep the TTL if it lasts long enough, else set one with slack
 -- (twice the need, at most TTL_MAX_SLACK_MS more).
 local written
 if time_micros + ttl_ms * 1000 <= expires_micros then
     written = struct.pack(VALUE, MARKER, stored_permits, next_free_micros, permits_per_second, max_permits,
-        expires_micros, now_micros, stored_before, next_free_before, spent_stored)
+        expires_micros, now_micros, fractions, stored_before, next_free_before)
     redis.call('SET', key, written, 'KEEPTTL')
 else
     if ttl_ms > TTL_MAX_SLACK_MS then
@@ -676,7 +789,7 @@ else
         ttl_ms = TTL_CAP_MS
     end
     written = struct.pack(VALUE, MARKER, stored_permits, next_free_micros, permits_per_second, max_permits,
-        time_micros + ttl_ms * 1000, now_micros, stored_before, next_free_before, spent_stored)
+        time_micros + ttl_ms * 1000, now_micros, fractions, stored_before, next_free_before)
     redis.call('SET', key, written, 'PX', ttl_ms)
 end
 

@@ -11,15 +11,23 @@
 //! reservation encodes, which the script's own token for it was checked to
 //! equal byte for byte; the core side gives back that record
 //! (`State::give_back`). A resume is modelled inline: the rate change, a
-//! resync, no stored permits, and the debt owed from now.
+//! resync, no stored permits, and the debt added to the ticket (a ticket
+//! that reaches 2^53 is 2^53 with no fraction, as in `State::charge`).
 //! The TTL it sets is computed for that simulated clock, so real time must not
 //! expire the key: each sequence is one MULTI/EXEC block (no expiry between
 //! its commands) and every write that sets a TTL is followed by a check of
 //! that TTL and a PERSIST (a script reads keys on the real clock). A write
 //! that must keep the TTL it finds, and a step that must not write, are then
 //! checked to have left no TTL behind. The state is compared bit for bit:
-//! the test decodes the key's value and checks every field against the core
-//! (and the TTL bookkeeping against a model of the script's rule).
+//! the test decodes the key's value and checks every field against the core,
+//! the ticket's fraction included (and the TTL bookkeeping against a model
+//! of the script's rule). The rates include many whose interval is not a
+//! whole microsecond, or is below one, so that fractions are exercised.
+//!
+//! Besides the mixed sequences, a give-back profile builds a queue of
+//! waiting reservations and gives them back in random order while the
+//! clock creeps through the queue: the cases where a charge is returned
+//! only up to `now` (earlier give-backs moved the ticket back) need that.
 //!
 //! Replay one sequence with
 //! `THROTTLER_DIFF_SEED=<seed> cargo test --test redis_differential -- --nocapture`;
@@ -39,6 +47,9 @@ use throttler::core::{Bursty, GiveBack, MAX_MICROS, Policy, Reserved, State, War
 const SEQUENCES: u64 = 2_000;
 const STEPS: usize = 40;
 const BASE_SEED: u64 = 0x5EED_0000;
+/// Seeds from here on generate the give-back profile (see `generate`): one
+/// such sequence for every 4 of the mixed profile.
+const GIVE_BACK_SEED: u64 = 0x6B0B_0000;
 /// Field comparisons every this many steps (and after the last step).
 const FIELDS_EVERY: usize = 4;
 /// The script's TTL cap, in milliseconds: floor(2^53 / 1000).
@@ -169,7 +180,10 @@ fn random_rate(rng: &mut Rng) -> f64 {
         8..10 => f64::from_bits(1), // the smallest positive double
         10..12 => f64::MAX,
         12..30 => *rng.pick(&[1.0, 2.0, 5.0, 10.0, 100.0, 1000.0, 0.5, 0.1, 3.0, 7.0]),
-        _ => 10f64.powf(-3.0 + 9.0 * rng.f64()), // 1e-3 ..= 1e6
+        // Intervals that are not whole microseconds, or below one.
+        30..42 => *rng.pick(&[3e4, 1.5e5, 3e5, 7e5, 1.5e6, 3e6, 1e7, 1e9, 1e12, 12_345.678]),
+        42..50 => 10f64.powf(4.0 + 6.0 * rng.f64()), // 1e4 ..= 1e10
+        _ => 10f64.powf(-3.0 + 9.0 * rng.f64()),     // 1e-3 ..= 1e6
     }
 }
 
@@ -190,10 +204,12 @@ fn token_bytes(
             max_permits: reserved.max_permits,
             expires_micros,
             last_now_micros: now as f64,
+            next_free_fraction: reserved.fraction_after,
         },
         stored_before: reserved.stored_before,
         next_free_before: reserved.next_free_before as f64,
-        spent_stored: if reserved.spent_stored { 1.0 } else { 0.0 },
+        fraction_before: reserved.fraction_before,
+        spent_stored: reserved.spent_stored,
     };
     assert_eq!(
         token.moment_micros(),
@@ -292,6 +308,8 @@ fn ttl_after_write(state: &State, time: u64, expires_micros: f64) -> (Option<f64
 /// A random sequence and the core's answers to it.
 struct Sequence {
     seed: u64,
+    /// The give-back profile (see `generate`).
+    give_backs: bool,
     config: Config,
     encoding: Encoding,
     t0: u64,
@@ -300,6 +318,9 @@ struct Sequence {
     expected: Vec<Expected>,
     rate_changes: usize,
     backward_steps: usize,
+    /// Returned charges that stopped at `now` (the ticket would have gone
+    /// back past it).
+    returns_stopped_at_now: usize,
 }
 
 /// A granted reservation that may be cancelled later.
@@ -310,6 +331,10 @@ struct Outstanding {
 }
 
 fn generate(seed: u64) -> Sequence {
+    // The give-back profile: mostly reservations for the first half (a
+    // queue of waiting ones, each kept to be given back), then give-backs
+    // in random order, the clock creeping through the queue.
+    let give_backs = seed >= GIVE_BACK_SEED;
     let mut rng = Rng::new(seed);
     let config = Config::random(&mut rng);
     let encoding = if rng.chance(0.5) {
@@ -330,6 +355,7 @@ fn generate(seed: u64) -> Sequence {
     let mut expected = Vec::with_capacity(STEPS);
     let mut rate_changes = 0;
     let mut backward_steps = 0;
+    let mut returns_stopped_at_now = 0;
     let mut outstanding: Vec<Outstanding> = vec![];
 
     for i in 0..STEPS {
@@ -338,6 +364,11 @@ fn generate(seed: u64) -> Sequence {
         // sometimes backwards (a server's clock stepped back).
         let debt = core.next_free_micros.saturating_sub(time.max(last_now));
         let dt = match rng.below(100) {
+            _ if give_backs => match rng.below(100) {
+                0..40 => 0,
+                40..90 => rng.below(debt / 16 + 1),
+                _ => rng.below(debt / 4 + 1),
+            },
             0..20 => 0,
             20..45 => rng.below(1_000),
             45..65 => rng.below(1_000_000),
@@ -366,6 +397,7 @@ fn generate(seed: u64) -> Sequence {
         }
 
         let permits = match rng.below(100) {
+            _ if give_backs => 1 + rng.below(3) as u32,
             0..70 => 1 + rng.below(10) as u32,
             70..80 => 11 + rng.below(990) as u32,
             80..85 => u32::MAX,
@@ -374,6 +406,13 @@ fn generate(seed: u64) -> Sequence {
         };
         let debt = core.next_free_micros.saturating_sub(now);
         let mut kind = match rng.below(100) {
+            _ if give_backs => {
+                if outstanding.is_empty() || (i < STEPS / 2 && rng.chance(0.7)) {
+                    Kind::Reserve
+                } else {
+                    Kind::Cancel { of_step: 0 }
+                }
+            }
             0..8 => Kind::Query,
             8..34 => Kind::Try {
                 timeout_micros: match rng.below(100) {
@@ -390,7 +429,10 @@ fn generate(seed: u64) -> Sequence {
                 debt_micros: match rng.below(100) {
                     0..30 => 0,
                     30..70 => rng.below(1_000_000),
-                    70..90 => rng.below(1_000_000_000_000),
+                    70..85 => rng.below(1_000_000_000_000),
+                    // Exactly to 2^53 from the ticket after the resync
+                    // (with its fraction, if it is ahead).
+                    85..90 => MAX_MICROS - core.next_free_micros.max(now),
                     90..95 => MAX_MICROS,
                     _ => u64::MAX, // capped by both sides
                 },
@@ -402,8 +444,9 @@ fn generate(seed: u64) -> Sequence {
         let mut cancelled = None;
         if let Kind::Cancel { of_step } = &mut kind {
             // Mostly the latest reservation (restored if nothing wrote
-            // since), else any; each is given back at most once.
-            let index = if rng.chance(0.5) {
+            // since), else any (always any in the give-back profile); each
+            // is given back at most once.
+            let index = if !give_backs && rng.chance(0.5) {
                 outstanding.len() - 1
             } else {
                 rng.below(outstanding.len() as u64) as usize
@@ -455,7 +498,12 @@ fn generate(seed: u64) -> Sequence {
                 assert!(written, "a reservation was granted, so the key exists");
                 match core.give_back(&taken, now) {
                     GiveBack::Restored => ((1, 1), true),
-                    GiveBack::Returned(_) => ((2, 2), true),
+                    GiveBack::Returned(returned) => {
+                        if returned < taken.charge_micros() && core.next_free_micros == now {
+                            returns_stopped_at_now += 1;
+                        }
+                        ((2, 2), true)
+                    }
                     GiveBack::Nothing => ((0, 0), false),
                 }
             }
@@ -476,13 +524,19 @@ fn generate(seed: u64) -> Sequence {
                 match kind {
                     Kind::Resume { debt_micros } => {
                         // Resync, no stored permits, and the debt added
-                        // to the ticket.
+                        // to the ticket: one that reaches 2^53 is 2^53,
+                        // with no fraction (the rule of State::charge).
                         core.resync(now);
                         core.stored_permits = 0.0;
-                        core.next_free_micros = core
+                        let ticket = core
                             .next_free_micros
-                            .saturating_add(debt_micros.min(MAX_MICROS))
-                            .min(MAX_MICROS);
+                            .saturating_add(debt_micros.min(MAX_MICROS));
+                        if ticket < MAX_MICROS {
+                            core.next_free_micros = ticket;
+                        } else {
+                            core.next_free_micros = MAX_MICROS;
+                            core.next_free_fraction = 0;
+                        }
                         let debt = (core.next_free_micros - now) as i64;
                         ((debt, debt), true)
                     }
@@ -515,7 +569,7 @@ fn generate(seed: u64) -> Sequence {
         // A granted reservation replies the value it wrote.
         let reply_token = granted.map(|reserved| {
             let bytes = token_bytes(&reserved, core.permits_per_second, expires_micros, now);
-            if rng.chance(0.6) {
+            if give_backs || rng.chance(0.6) {
                 outstanding.push(Outstanding {
                     step: i,
                     reserved,
@@ -539,6 +593,7 @@ fn generate(seed: u64) -> Sequence {
     }
     Sequence {
         seed,
+        give_backs,
         config,
         encoding,
         t0,
@@ -547,6 +602,7 @@ fn generate(seed: u64) -> Sequence {
         expected,
         rate_changes,
         backward_steps,
+        returns_stopped_at_now,
     }
 }
 
@@ -568,6 +624,11 @@ struct Totals {
     backward_steps: u64,
     tokens_checked: u64,
     field_checks: u64,
+    /// Field checks where the ticket had a fraction.
+    fractional_states: u64,
+    /// Tokens whose reservation carried a fraction (before or after).
+    fractional_tokens: u64,
+    returns_stopped_at_now: u64,
     ttls_set: u64,
     ttls_kept: u64,
 }
@@ -668,7 +729,13 @@ fn check(
         }
         match (token, &expected.token) {
             (None, None) => {}
-            (Some(script), Some(core)) if script == &core[..] => totals.tokens_checked += 1,
+            (Some(script), Some(core)) if script == &core[..] => {
+                totals.tokens_checked += 1;
+                let token = Token::decode(script).map_err(fail)?;
+                if token.fraction_before != 0 || token.state.next_free_fraction != 0 {
+                    totals.fractional_tokens += 1;
+                }
+            }
             (script, core) => {
                 let show = |t: Option<&[u8]>| t.map(|t| TokenBytes(t.to_vec()));
                 return Err(fail(format!(
@@ -743,6 +810,15 @@ fn check(
                 core.next_free_micros as f64,
             )
             .map_err(fail)?;
+            if state.next_free_fraction != core.next_free_fraction {
+                return Err(fail(format!(
+                    "next_free_fraction: script {}, core {}",
+                    state.next_free_fraction, core.next_free_fraction
+                )));
+            }
+            if core.next_free_fraction != 0 {
+                totals.fractional_states += 1;
+            }
             same_bits("stored_permits", state.stored_permits, core.stored_permits).map_err(fail)?;
             same_bits(
                 "permits_per_second",
@@ -771,13 +847,24 @@ fn check(
     totals.sequences += 1;
     totals.rate_changes += seq.rate_changes as u64;
     totals.backward_steps += seq.backward_steps as u64;
+    totals.returns_stopped_at_now += seq.returns_stopped_at_now as u64;
     Ok(())
 }
 
 fn describe(seq: &Sequence) -> String {
     let mut text = format!(
-        "seed {} ({:#x}), config {:?}, numbers as {:?}, first rate {}, t0 {}\nsteps:\n",
-        seq.seed, seq.seed, seq.config, seq.encoding, seq.first_rate, seq.t0
+        "seed {} ({:#x}{}), config {:?}, numbers as {:?}, first rate {}, t0 {}\nsteps:\n",
+        seq.seed,
+        seq.seed,
+        if seq.give_backs {
+            ", give-back profile"
+        } else {
+            ""
+        },
+        seq.config,
+        seq.encoding,
+        seq.first_rate,
+        seq.t0
     );
     for (i, (step, expected)) in seq.steps.iter().zip(&seq.expected).enumerate() {
         let _ = writeln!(
@@ -797,7 +884,9 @@ fn lua_script_and_core_agree() {
             let n = std::env::var("THROTTLER_DIFF_SEQUENCES")
                 .map(|n| n.parse().expect("THROTTLER_DIFF_SEQUENCES: a number"))
                 .unwrap_or(SEQUENCES);
-            (BASE_SEED..BASE_SEED + n).collect()
+            (BASE_SEED..BASE_SEED + n)
+                .chain(GIVE_BACK_SEED..GIVE_BACK_SEED + n / 4)
+                .collect()
         }
     };
     let server = RedisServer::start();
@@ -819,9 +908,9 @@ fn lua_script_and_core_agree() {
     }
     println!(
         "differential: {} sequences, {} steps ({} reserves, {} tries granted, {} refused, \
-         {} queries, {} probes, {} resumes, cancels: {} restored, {} returned, {} nothing; \
-         {} rate changes, {} clock steps back), {} tokens and {} states checked bit for bit, \
-         {} TTLs set, {} kept; {:.1?}",
+         {} queries, {} probes, {} resumes, cancels: {} restored, {} returned ({} stopped at \
+         now), {} nothing; {} rate changes, {} clock steps back), {} tokens ({} with a fraction) \
+         and {} states ({} with a fraction) checked bit for bit, {} TTLs set, {} kept; {:.1?}",
         totals.sequences,
         totals.steps,
         totals.reserves,
@@ -832,11 +921,14 @@ fn lua_script_and_core_agree() {
         totals.resumes,
         totals.restored,
         totals.returned,
+        totals.returns_stopped_at_now,
         totals.given_nothing,
         totals.rate_changes,
         totals.backward_steps,
         totals.tokens_checked,
+        totals.fractional_tokens,
         totals.field_checks,
+        totals.fractional_states,
         totals.ttls_set,
         totals.ttls_kept,
         started.elapsed()
@@ -849,5 +941,9 @@ fn lua_script_and_core_agree() {
         assert!(totals.restored > 100 && totals.returned > 100 && totals.given_nothing > 100);
         assert!(totals.resumes > 100 && totals.probes > 100 && totals.backward_steps > 100);
         assert!(totals.ttls_set > 100 && totals.ttls_kept > 100);
+        // The ticket's fraction, in states and in tokens (restored and
+        // returned alike), and a charge returned only up to now.
+        assert!(totals.fractional_states > 100 && totals.fractional_tokens > 100);
+        assert!(totals.returns_stopped_at_now > 10);
     }
 }

@@ -1,8 +1,9 @@
 #![cfg(feature = "redis")]
 //! `lua/reserve.lua` against a real Redis server: the interface (modes,
 //! arguments, replies, errors), what it writes and what it must not write,
-//! the value format and its upgrade, the clock, number precision, values it
-//! does not recognise, expiry, and the cold modes (probe, resume, cancel).
+//! the value format and its upgrade, the clock, number precision (the
+//! ticket's fraction below the microsecond included), values it does not
+//! recognise, expiry, and the cold modes (probe, resume, cancel).
 //! Expected waits are derived by hand from the rules in `throttler::core`.
 
 mod support;
@@ -12,7 +13,10 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use redis::Value;
-use support::limiter_state::{LimiterState, MARKER, STATE_LEN, TOKEN_LEN, Token, V0_STATE_LEN};
+use support::limiter_state::{
+    FRACTION_ONE, FRACTIONS_BYTES, LimiterState, MARKER, STATE_LEN, THR1_MARKER, TOKEN_LEN, Token,
+    V0_STATE_LEN, fractions_field, set_fractions_field,
+};
 use support::redis_server::RedisServer;
 
 /// A realistic "now": microseconds since the epoch, late 2023.
@@ -364,6 +368,7 @@ fn first_reserve_on_missing_key_is_free_and_writes_the_state() {
             max_permits: 5.0,
             expires_micros: (T0 + ttl as u64 * 1_000) as f64,
             last_now_micros: T0 as f64,
+            next_free_fraction: 0,
         }
     );
     let pttl = fx.pttl("k");
@@ -393,10 +398,12 @@ fn reserve_replies_wait_debt_and_token() {
                 max_permits: 5.0,
                 expires_micros: token.state.expires_micros,
                 last_now_micros: (T0 + 100_000) as f64,
+                next_free_fraction: 0,
             },
             stored_before: 2.0,
             next_free_before: T0 as f64,
-            spent_stored: 1.0,
+            fraction_before: 0,
+            spent_stored: true,
         }
     );
     assert_eq!(token.moment_micros(), (T0 + 100_000) as f64);
@@ -404,7 +411,7 @@ fn reserve_replies_wait_debt_and_token() {
     let reply = fx.call("k", &args.clone().at(T0 + 100_000));
     assert_eq!((reply.first, reply.debt), (300_000, 500_000));
     let token = reply.token();
-    assert_eq!(token.spent_stored, 0.0);
+    assert!(!token.spent_stored);
     assert_eq!(token.moment_micros(), (T0 + 400_000) as f64);
     assert_eq!(token.stored_before, 0.0);
     assert_eq!(token.next_free_before, (T0 + 400_000) as f64);
@@ -430,20 +437,35 @@ fn written_value_is_76_bytes_with_the_marker() {
     let raw = fx.raw("k");
     assert_eq!(raw.len(), STATE_LEN);
     assert_eq!(STATE_LEN, 76);
-    assert_eq!(&raw[..4], b"thr1");
+    assert_eq!(&raw[..4], b"thr2");
     assert_eq!(&raw[..4], MARKER);
     let value = Token::decode(&raw).unwrap();
     assert_eq!(value.state.last_now_micros, T0 as f64);
     // The record of the reservation that wrote it: from full (5 stored, the
-    // ticket at now), one stored permit spent.
+    // ticket at now, no fraction), one stored permit spent.
     assert_eq!(
         (
             value.stored_before,
             value.next_free_before,
+            value.fraction_before,
             value.spent_stored
         ),
-        (5.0, T0 as f64, 1.0)
+        (5.0, T0 as f64, 0, true)
     );
+    // Field 7 (bytes 52..60): next_free_fraction * 2^21 + fraction_before *
+    // 2 + spent_stored, here 0, 0 and 1.
+    assert_eq!(FRACTIONS_BYTES, 52..60);
+    assert_eq!(fractions_field(&raw), 1.0);
+    assert_eq!(value.encode(), raw);
+
+    // At 3/s a permit costs 333 333.33 µs: the ticket keeps the third of a
+    // µs, to the nearest 2^-20 µs (349 525 units), in field 7.
+    assert_eq!(fx.run("f", &Args::bursty("3", 0).at(T0)), 0);
+    let raw = fx.raw("f");
+    let value = Token::decode(&raw).unwrap();
+    assert_eq!(value.state.next(), T0 + 333_333);
+    assert_eq!(value.state.next_free_fraction, 349_525);
+    assert_eq!(fractions_field(&raw), 349_525.0 * 2_097_152.0);
     assert_eq!(value.encode(), raw);
 }
 
@@ -495,7 +517,7 @@ fn warming_up_sequence_with_explicit_now() {
     let reply = fx.call("w", &Args::warming_up("2", 4_000_000, "3").at(now));
     assert_eq!((reply.first, reply.debt), (500_000, 1_000_000));
     let token = reply.token();
-    assert_eq!(token.spent_stored, 1.0);
+    assert!(token.spent_stored);
     assert_eq!(token.moment_micros(), (now + 500_000) as f64);
     assert_eq!(token.stored_before, 2.0);
     assert_eq!(token.state.stored_permits, 1.0);
@@ -546,6 +568,96 @@ fn huge_debt_saturates_at_max_micros() {
     let expected = i64::try_from(MAX_MICROS - T0).unwrap();
     assert_eq!(fx.run("k", &args.at(T0)), expected);
     assert_eq!(fx.state("k").next(), MAX_MICROS);
+}
+
+// ---------------------------------------------------------------------------
+// The ticket's fraction
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_rate_above_one_permit_per_microsecond_limits() {
+    let mut fx = fixture();
+    // 1.5e6/s: a permit costs 2/3 µs, 699 051 units of 2^-20 µs. On a
+    // frozen clock the waits are the ticket rounded down to the µs: 0, 2/3,
+    // 4/3, 2, 8/3, 10/3, 4 (whole-µs costs would not limit at all).
+    // 3 000 reservations in one transaction, each followed by a PERSIST:
+    // the few milliseconds of TTL the script sets (on this frozen clock)
+    // run on the real one.
+    let args = Args::bursty("1.5e6", 0).at(T0);
+    fx.script.load(&mut fx.con).expect("SCRIPT LOAD");
+    let mut invocation = fx.script.prepare_invoke();
+    invocation.key("k");
+    for arg in args.to_vec() {
+        invocation.arg(arg);
+    }
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    for i in 0..3_000 {
+        pipe.invoke_script(&invocation);
+        pipe.cmd("PERSIST").arg("k").ignore();
+        if i == 6 {
+            pipe.cmd("GET").arg("k");
+        }
+    }
+    let mut replies: Vec<Value> = pipe.query(&mut fx.con).unwrap();
+    let after_seven =
+        LimiterState::decode(&redis::from_redis_value::<Vec<u8>>(replies.remove(7)).unwrap())
+            .unwrap();
+    let waits: Vec<i64> = replies
+        .into_iter()
+        .map(|reply| Reply::decode(reply).unwrap().first)
+        .collect();
+    assert_eq!(waits[..7], [0, 0, 1, 2, 2, 3, 4]);
+    assert_eq!(after_seven.next(), T0 + 4);
+    assert_eq!(after_seven.next_free_fraction, 7 * 699_051 - 4 * 1_048_576);
+    // 3 000 permits in 2 000 µs (and 1 000 units: the rounding of each
+    // cost to 2^-20 µs); the last one waited for 2 999 × 2/3 µs.
+    assert_eq!(waits[2_999], 1_999);
+    let state = fx.state("k");
+    assert_eq!(state.next(), T0 + 2_000);
+    assert_eq!(state.next_free_fraction, 1_000);
+    assert_eq!(fx.run("k", &args.clone().query()), 2_000);
+}
+
+#[test]
+fn a_cost_of_2_pow_32_micros_or_more_is_whole_and_keeps_the_fraction() {
+    let mut fx = fixture();
+    // One permit at 3/s leaves 349 525 units past T0 + 333 333 µs.
+    assert_eq!(fx.run("k", &Args::bursty("3", 0).at(T0)), 0);
+    assert_eq!(fx.state("k").next_free_fraction, 349_525);
+    // Five permits at 1/1000 s: 5e9 µs, above 2^32 µs: charged in whole
+    // µs (truncated), the ticket's fraction as it was. (The ticket is
+    // ahead: the rate change moves nothing.)
+    let reply = fx.call("k", &Args::bursty("0.001", 0).permits(5).at(T0));
+    assert_eq!((reply.first, reply.debt), (333_333, 5_000_333_333));
+    let state = fx.state("k");
+    assert_eq!(state.next(), T0 + 5_000_333_333);
+    assert_eq!(state.next_free_fraction, 349_525);
+}
+
+#[test]
+fn idle_time_counts_from_the_exact_ticket() {
+    let mut fx = fixture();
+    let args = Args::bursty("3", 1_000_000);
+    // From full (3 stored): 3 stored and 1 fresh, charged to T0 + 333 333
+    // µs and 349 525 units.
+    assert_eq!(fx.run("k", &args.clone().permits(4).at(T0)), 0);
+    let state = fx.state("k");
+    assert_eq!(
+        (state.next(), state.next_free_fraction),
+        (T0 + 333_333, 349_525)
+    );
+    // Idle from that ticket to T0 + 1 s: 666 666.67 µs, 2 permits stored
+    // (not 666 667 µs, which would store a little more); one is spent.
+    assert_eq!(fx.run("k", &args.clone().at(T0 + 1_000_000)), 0);
+    let idle = (1_000_000.0 - 333_333.0) - 349_525.0 / 1_048_576.0;
+    let expected = (0.0_f64 + idle / (1e6 / 3.0)).min(3.0) - 1.0;
+    let state = fx.state("k");
+    assert_eq!(state.stored_permits.to_bits(), expected.to_bits());
+    assert_eq!(
+        (state.next(), state.next_free_fraction),
+        (T0 + 1_000_000, 0)
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -727,10 +839,12 @@ fn a_token() -> Token {
             max_permits: 5.0,
             expires_micros: (T0 + 1_000_000) as f64,
             last_now_micros: T0 as f64,
+            next_free_fraction: 0,
         },
         stored_before: 0.0,
         next_free_before: T0 as f64,
-        spent_stored: 0.0,
+        fraction_before: 0,
+        spent_stored: false,
     }
 }
 
@@ -756,7 +870,7 @@ fn bad_arguments_are_errors_and_write_nothing() {
     // Tokens: wrong lengths, and values that are no reservation's.
     let token = Token {
         stored_before: 1.0,
-        spent_stored: 1.0,
+        spent_stored: true,
         ..a_token()
     };
     let bad_tokens: &[fn(&mut Token)] = &[
@@ -771,8 +885,7 @@ fn bad_arguments_are_errors_and_write_nothing() {
         |t| t.state.last_now_micros = -1.0,
         |t| t.state.last_now_micros = 0.5,
         |t| t.state.last_now_micros = (T0 + 300_000) as f64, // moment after the ticket
-        |t| t.spent_stored = 0.5,
-        |t| t.spent_stored = 2.0,
+        |t| t.state.next_free_fraction = FRACTION_ONE,       // field 7 = 2^41
         |t| t.state.permits_per_second = 0.0,
         |t| t.state.permits_per_second = f64::NAN,
         |t| t.state.max_permits = f64::INFINITY,
@@ -783,13 +896,20 @@ fn bad_arguments_are_errors_and_write_nothing() {
         corrupt(&mut bad);
         cases.push(good.clone().cancel(&bad.encode()).to_vec());
     }
+    // Field 7 must be an integer in 0..2^41.
+    for raw in BAD_FRACTIONS {
+        let mut bad = token.encode();
+        set_fractions_field(&mut bad, *raw);
+        cases.push(good.clone().cancel(&bad).to_vec());
+    }
     let encoded = token.encode();
     let bad_lengths: Vec<Vec<u8>> = vec![
         vec![],
         b"-1".to_vec(),
         encoded[..TOKEN_LEN - 1].to_vec(),
         [&encoded[..], &[0]].concat(),
-        [&b"thr2"[..], &encoded[4..]].concat(), // not the marker
+        [&b"thr3"[..], &encoded[4..]].concat(), // not the marker
+        [&THR1_MARKER[..], &encoded[4..]].concat(), // a value of the previous format
     ];
     for bad in &bad_lengths {
         cases.push(good.clone().cancel(bad).to_vec());
@@ -964,6 +1084,22 @@ const CORRUPTIONS: &[(&str, Corruption)] = &[
     ("expires nan", |s| s.expires_micros = f64::NAN),
 ];
 
+/// Values of field 7 that are not an integer in 0..2^41: a ticket's
+/// fraction of 2^20 (one whole µs) or more, negative, not an integer, NaN,
+/// infinite.
+const BAD_FRACTIONS: &[f64] = &[
+    2_199_023_255_552.0, // 2^41: next_free_fraction = 2^20
+    4e15,
+    1e300,
+    -1.0,
+    -2_097_152.0,
+    0.5,
+    2_097_152.5,
+    f64::NAN,
+    f64::INFINITY,
+    f64::NEG_INFINITY,
+];
+
 /// A valid state with 10 s of debt at T0.
 fn valid_state() -> LimiterState {
     LimiterState {
@@ -973,6 +1109,7 @@ fn valid_state() -> LimiterState {
         max_permits: 5.0,
         expires_micros: (T0 + 60_000_000) as f64,
         last_now_micros: T0 as f64,
+        next_free_fraction: 12_345,
     }
 }
 
@@ -981,17 +1118,17 @@ fn unrecognised_values_are_an_error_in_every_mode_and_left_untouched() {
     let mut fx = fixture();
     let args = Args::bursty("5", 1_000_000).at(T0);
     let valid = valid_state();
-    // Sanity: the valid state is read as is (10 s of debt), in both formats.
-    fx.set_bytes("valid", &valid.encode());
-    assert_eq!(fx.run("valid", &args.clone().query()), 10_000_000);
-    fx.set_bytes("valid", &valid.encode_v0());
-    assert_eq!(fx.run("valid", &args.clone().query()), 10_000_000);
+    // Sanity: the valid state is read as is (10 s of debt), in every format.
+    for value in [valid.encode(), valid.encode_thr1(), valid.encode_v0()] {
+        fx.set_bytes("valid", &value);
+        assert_eq!(fx.run("valid", &args.clone().query()), 10_000_000);
+    }
 
     let v1 = valid.encode();
     let mut no_marker = v1.clone();
-    no_marker[..4].copy_from_slice(b"THR1");
+    no_marker[..4].copy_from_slice(b"THR2");
     let mut other_marker = v1.clone();
-    other_marker[..4].copy_from_slice(b"thr2");
+    other_marker[..4].copy_from_slice(b"thr3");
     let mut cases: Vec<(String, Vec<u8>)> = vec![
         ("someone else's string".into(), b"garbage".to_vec()),
         ("empty".into(), vec![]),
@@ -1009,8 +1146,8 @@ fn unrecognised_values_are_an_error_in_every_mode_and_left_untouched() {
         ("52 bytes of text".into(), vec![b'7'; STATE_LEN]),
         ("40 bytes of text".into(), vec![b'7'; V0_STATE_LEN]),
         ("40 bytes of NaN".into(), [0xff; V0_STATE_LEN].to_vec()),
-        ("52 bytes, marker THR1".into(), no_marker),
-        ("52 bytes, marker thr2".into(), other_marker),
+        ("76 bytes, marker THR2".into(), no_marker),
+        ("76 bytes, marker thr3".into(), other_marker),
         (
             "v1 fields without the marker, padded".into(),
             [&v1[4..], &[0; 4]].concat(),
@@ -1020,8 +1157,15 @@ fn unrecognised_values_are_an_error_in_every_mode_and_left_untouched() {
     for (name, corrupt) in CORRUPTIONS {
         let mut state = valid;
         corrupt(&mut state);
-        cases.push((format!("v1 {name}"), state.encode()));
+        cases.push((format!("thr2 {name}"), state.encode()));
+        cases.push((format!("thr1 {name}"), state.encode_thr1()));
         cases.push((format!("v0 {name}"), state.encode_v0()));
+    }
+    // A malformed field 7 (the ticket's fraction and the record's).
+    for raw in BAD_FRACTIONS {
+        let mut value = valid.encode();
+        set_fractions_field(&mut value, *raw);
+        cases.push((format!("thr2 field 7 = {raw:e}"), value));
     }
     let last_now: &[(&str, Corruption)] = &[
         ("last_now 1.5", |s| s.last_now_micros = 1.5),
@@ -1035,7 +1179,8 @@ fn unrecognised_values_are_an_error_in_every_mode_and_left_untouched() {
     for (name, corrupt) in last_now {
         let mut state = valid;
         corrupt(&mut state);
-        cases.push((format!("v1 {name}"), state.encode()));
+        cases.push((format!("thr2 {name}"), state.encode()));
+        cases.push((format!("thr1 {name}"), state.encode_thr1()));
     }
     for (i, (name, value)) in cases.iter().enumerate() {
         let key = format!("c{i}");
@@ -1059,54 +1204,111 @@ fn unrecognised_values_are_an_error_in_every_mode_and_left_untouched() {
 }
 
 #[test]
-fn old_40_byte_value_is_read_and_upgraded_in_place() {
+fn older_values_are_read_and_upgraded_in_place() {
     let mut fx = fixture();
-    let args = Args::bursty("5", 1_000_000);
-    // The same state, as v1 (that has seen no clock) and in the previous
-    // format; with a TTL from outside that outlasts what the keys need.
+    // 3/s: a permit costs 333 333.33 µs, so writes leave a fraction.
+    let args = Args::bursty("3", 1_000_000);
+    // The same state as thr2 (that has seen no clock, no fraction), as thr1
+    // and in the first format (v0); with a TTL from outside that outlasts
+    // what the keys need.
     let state = LimiterState {
         stored_permits: 2.5,
         next_free_micros: (T0 + 300_000) as f64,
-        permits_per_second: 5.0,
-        max_permits: 5.0,
+        permits_per_second: 3.0,
+        max_permits: 3.0,
         expires_micros: (T0 + 60_000_000) as f64,
         last_now_micros: 0.0,
+        next_free_fraction: 0,
     };
-    fx.set_bytes("v1", &state.encode());
+    let keys = ["thr2", "thr1", "v0"];
+    fx.set_bytes("thr2", &state.encode());
+    fx.set_bytes("thr1", &state.encode_thr1());
     fx.set_bytes("v0", &state.encode_v0());
-    fx.pexpire("v1", 50_000);
-    fx.pexpire("v0", 50_000);
+    assert_eq!(&fx.raw("thr1")[..4], THR1_MARKER);
+    assert_eq!(fx.raw("thr1").len(), STATE_LEN);
+    for key in keys {
+        fx.pexpire(key, 50_000);
+    }
 
-    // A query and a refused try read it and write nothing.
-    for key in ["v0", "v1"] {
+    // A query and a refused try read them and write nothing.
+    for key in keys {
         assert_eq!(fx.run(key, &args.clone().query().at(T0)), 300_000);
         assert_eq!(fx.run(key, &args.clone().timeout(0).at(T0)), -1);
     }
+    assert_eq!(fx.raw("thr1"), state.encode_thr1());
     assert_eq!(fx.raw("v0"), state.encode_v0());
 
-    // The same calls give the same replies, and from the first write on the
-    // old value is a v1 value with the same fields.
+    // The same calls give the same replies, and from the first write on
+    // every old value is a thr2 value with the same fields (the first
+    // write's fraction from the ticket read with none).
     let calls = [
         args.clone().at(T0 + 100_000),
         args.clone().permits(3).at(T0 + 500_000),
-        args.clone().rate("10").at(T0 + 500_000),
+        args.clone().rate("7").at(T0 + 500_000),
         args.clone().timeout(0).at(T0 + 600_000),
         args.clone().at(T0 + 5_000_000),
     ];
     for (i, call) in calls.iter().enumerate() {
-        let on_v1 = fx.call("v1", call);
-        let on_v0 = fx.call("v0", call);
-        assert_eq!(on_v0, on_v1, "call {i}: {call:?}");
-        let raw = fx.raw("v0");
-        assert_eq!(raw.len(), STATE_LEN, "call {i}");
-        assert_eq!(raw, fx.raw("v1"), "call {i}");
+        let replies: Vec<Reply> = keys.iter().map(|key| fx.call(key, call)).collect();
+        assert_eq!(replies[1], replies[0], "call {i}: {call:?}");
+        assert_eq!(replies[2], replies[0], "call {i}: {call:?}");
+        let raw = fx.raw("thr2");
+        assert_eq!(&raw[..4], MARKER, "call {i}");
+        assert_eq!(fx.raw("thr1"), raw, "call {i}");
+        assert_eq!(fx.raw("v0"), raw, "call {i}");
+        if i == 2 {
+            // The ticket (T0 + 800 ms, read with no fraction) takes one
+            // permit at 7/s: 142 857.14 µs, to the nearest 2^-20 µs.
+            let state = fx.state("thr1");
+            assert_eq!(state.next(), T0 + 942_857);
+            assert_eq!(state.next_free_fraction, 149_797);
+        }
     }
     // Written with the time it saw; the TTL was kept throughout.
-    let upgraded = fx.state("v0");
+    let upgraded = fx.state("thr1");
     assert_eq!(upgraded.last_now_micros, (T0 + 5_000_000) as f64);
-    assert_eq!(upgraded.permits_per_second, 5.0); // 10/s, then back
-    let pttl = fx.pttl("v0");
-    assert!((49_000..=50_000).contains(&pttl), "PTTL {pttl}");
+    assert_eq!(upgraded.permits_per_second, 3.0); // 7/s, then back
+    for key in keys {
+        let pttl = fx.pttl(key);
+        assert!((49_000..=50_000).contains(&pttl), "{key}: PTTL {pttl}");
+    }
+}
+
+#[test]
+fn a_thr1_value_reads_with_no_fraction_and_keeps_its_clock() {
+    let mut fx = fixture();
+    let args = Args::bursty("3", 0);
+    // A thr1 value that has seen T0 + 5 s, with a debt of 1 s from then,
+    // and the same state in thr2 form (no fraction).
+    let state = LimiterState {
+        stored_permits: 0.0,
+        next_free_micros: (T0 + 6_000_000) as f64,
+        permits_per_second: 3.0,
+        max_permits: 0.0,
+        expires_micros: (T0 + 60_000_000) as f64,
+        last_now_micros: (T0 + 5_000_000) as f64,
+        next_free_fraction: 0,
+    };
+    fx.set_bytes("thr1", &state.encode_thr1());
+    fx.set_bytes("thr2", &state.encode());
+    // Its clock stands (a call at T0 reads T0 + 5 s): the same replies,
+    // byte for byte (a granted reservation's is the value it wrote).
+    for call in [
+        args.clone().query().at(T0),
+        args.clone().timeout(999_999).at(T0),
+        args.clone().at(T0),
+        args.clone().at(T0 + 5_500_000),
+    ] {
+        let on_thr1 = fx.call("thr1", &call);
+        assert_eq!(on_thr1, fx.call("thr2", &call), "{call:?}");
+    }
+    assert_eq!(fx.raw("thr1"), fx.raw("thr2"));
+    // Two permits charged from T0 + 6 s, each 333 333.33 µs to the nearest
+    // 2^-20 µs (349 525 units past the µs): 699 050 units past T0 + 6.67 s.
+    let state = fx.state("thr1");
+    assert_eq!(state.next(), T0 + 6_666_666);
+    assert_eq!(state.next_free_fraction, 699_050);
+    assert_eq!(state.last_now_micros, (T0 + 5_500_000) as f64);
 }
 
 // ---------------------------------------------------------------------------
@@ -1220,8 +1422,10 @@ fn probe_writes_the_same_bytes_and_keeps_the_ttl() {
     assert_eq!(fx.run("k", &args.clone().query().at(T0)), 400_000);
     assert_eq!(changes(&mut fx.con), writes);
 
-    // A value in the previous format is written as its v1 form: the same
-    // fields, no clock seen yet, the same TTL.
+    // A value in an older format is written in its thr2 form: the same
+    // fields (a v0 value has seen no clock yet), no fraction, a record of
+    // nothing, the same TTL. Read as it was, it writes the same bytes as
+    // the thr2 form does from then on.
     let old = LimiterState {
         stored_permits: 1.5,
         next_free_micros: (T0 + 300_000) as f64,
@@ -1229,13 +1433,32 @@ fn probe_writes_the_same_bytes_and_keeps_the_ttl() {
         max_permits: 5.0,
         expires_micros: (T0 + 60_000_000) as f64,
         last_now_micros: 0.0,
+        next_free_fraction: 0,
+    };
+    let thr1 = LimiterState {
+        last_now_micros: (T0 - 1_000) as f64,
+        ..old
     };
     fx.set_bytes("v0", &old.encode_v0());
-    fx.pexpire("v0", 50_000);
-    assert_eq!(fx.call("v0", &args.clone().probe().at(T0)).debt, 300_000);
-    assert_eq!(fx.raw("v0"), old.encode());
-    let pttl = fx.pttl("v0");
-    assert!((49_000..=50_000).contains(&pttl), "PTTL {pttl}");
+    fx.set_bytes("thr1", &thr1.encode_thr1());
+    fx.set_bytes("thr2", &thr1.encode());
+    for (key, thr2_form) in [("v0", old.encode()), ("thr1", thr1.encode())] {
+        fx.pexpire(key, 50_000);
+        let writes = changes(&mut fx.con);
+        assert_eq!(fx.call(key, &args.clone().probe().at(T0)).debt, 300_000);
+        assert_eq!(
+            changes(&mut fx.con),
+            writes + 1,
+            "{key}: the probe did not write"
+        );
+        assert_eq!(fx.raw(key), thr2_form, "{key}");
+        assert_eq!(&fx.raw(key)[..4], MARKER, "{key}");
+        let pttl = fx.pttl(key);
+        assert!((49_000..=50_000).contains(&pttl), "{key}: PTTL {pttl}");
+    }
+    let call = args.clone().rate("3").at(T0 + 100_000);
+    assert_eq!(fx.call("thr1", &call), fx.call("thr2", &call));
+    assert_eq!(fx.raw("thr1"), fx.raw("thr2"));
 }
 
 #[test]
@@ -1276,6 +1499,7 @@ fn probe_of_a_missing_key_writes_it_as_it_reads() {
             max_permits: 5.0,
             expires_micros: (T0 + 4_000) as f64,
             last_now_micros: T0 as f64,
+            next_free_fraction: 0,
         }
     );
     assert!((0..=4).contains(&pttl), "PTTL {pttl}");
@@ -1407,6 +1631,7 @@ fn resume_drains_stored_permits_and_applies_the_debt() {
             // 5 permits to refill at 200 ms: 1 s + 2 ms, and 1 s of slack.
             expires_micros: (T0 + 2_002_000) as f64,
             last_now_micros: T0 as f64,
+            next_free_fraction: 0,
         }
     );
     assert!(fx.pttl("m") > 1_900);
@@ -1449,6 +1674,31 @@ fn resume_drains_stored_permits_and_applies_the_debt() {
     let expected = i64::try_from(MAX_MICROS - T0 - 10_000_000).unwrap();
     assert_eq!((reply.first, reply.debt), (expected, expected));
     assert_eq!(fx.state("k").next(), MAX_MICROS);
+}
+
+#[test]
+fn resume_keeps_the_fraction_below_2_pow_53_and_drops_it_there() {
+    let mut fx = fixture();
+    let args = Args::bursty("3", 0);
+    assert_eq!(fx.run("k", &args.clone().at(T0)), 0); // T0 + 333 333 µs, 349 525 units
+    // A debt moves the ticket's whole µs; the fraction stays.
+    assert_eq!(fx.run("k", &args.clone().resume(1_000).at(T0)), 334_333);
+    let state = fx.state("k");
+    assert_eq!(
+        (state.next(), state.next_free_fraction),
+        (T0 + 334_333, 349_525)
+    );
+    // A ticket that reaches 2^53 is 2^53, with no fraction (as a charge's).
+    let to_the_end = MAX_MICROS - (T0 + 334_333);
+    let debt = i64::try_from(MAX_MICROS - T0).unwrap();
+    assert_eq!(fx.run("k", &args.clone().resume(to_the_end).at(T0)), debt);
+    let state = fx.state("k");
+    assert_eq!((state.next(), state.next_free_fraction), (MAX_MICROS, 0));
+    // A resync moves the ticket to now, with no fraction.
+    assert_eq!(fx.run("r", &args.clone().at(T0)), 0);
+    assert_eq!(fx.run("r", &args.clone().resume(0).at(T0 + 400_000)), 0);
+    let state = fx.state("r");
+    assert_eq!((state.next(), state.next_free_fraction), (T0 + 400_000, 0));
 }
 
 // ---------------------------------------------------------------------------
@@ -1574,6 +1824,74 @@ fn cancel_of_an_earlier_reservation_returns_its_charge() {
 }
 
 #[test]
+fn cancel_of_the_latest_reservation_restores_the_fraction_too() {
+    let mut fx = fixture();
+    let args = Args::bursty("3", 0).at(T0);
+    assert_eq!(fx.run("k", &args), 0); // T0 + 333 333 µs, 349 525 units
+    let found = fx.state("k");
+    let b = fx.call("k", &args); // T0 + 666 666 µs, 699 050 units
+    assert_eq!(b.token().fraction_before, 349_525);
+    assert_eq!(b.token().state.next_free_fraction, 699_050);
+    assert_eq!(
+        fx.run("k", &args.clone().cancel(b.token.as_ref().unwrap())),
+        1
+    );
+    let state = fx.state("k");
+    assert_eq!(
+        (state.next(), state.next_free_fraction),
+        (found.next(), found.next_free_fraction)
+    );
+}
+
+#[test]
+fn a_returned_charge_is_whole_micros_rounded_down() {
+    let mut fx = fixture();
+    let args = Args::bursty("3", 0).at(T0);
+    // Five reservations: the ticket after the k-th is k × 349 525 333 333
+    // units (333 333.33 µs each, to 2^-20 µs). The fourth goes from T0 +
+    // 999 999 µs and 1 048 575 units to T0 + 1 333 333 µs and 349 524
+    // units: 333 333.33 µs, i.e. 333 333 whole µs (not 333 334).
+    let tokens: Vec<Vec<u8>> = (0..5).map(|_| fx.call("k", &args).token.unwrap()).collect();
+    let fourth = Token::decode(&tokens[3]).unwrap();
+    assert_eq!(
+        (fourth.next_free_before, fourth.fraction_before),
+        ((T0 + 999_999) as f64, 1_048_575)
+    );
+    assert_eq!(
+        (fourth.state.next(), fourth.state.next_free_fraction),
+        (T0 + 1_333_333, 349_524)
+    );
+    // Not the latest: its charge is returned, whole µs only; the ticket's
+    // fraction stays.
+    assert_eq!(fx.run("k", &args.clone().cancel(&tokens[3]).at(T0 + 1)), 2);
+    let state = fx.state("k");
+    assert_eq!(
+        (state.next(), state.next_free_fraction),
+        (T0 + 1_666_666 - 333_333, 699_049)
+    );
+}
+
+#[test]
+fn a_returned_charge_stops_at_now() {
+    let mut fx = fixture();
+    let args = Args::bursty("5", 0); // 200 ms per permit
+    assert_eq!(fx.run("k", &args.clone().at(T0)), 0);
+    let a = fx.call("k", &args.clone().at(T0)); // waits until T0 + 200 ms
+    let b = fx.call("k", &args.clone().at(T0)); // waits until T0 + 400 ms
+    assert_eq!((a.first, b.first), (200_000, 400_000));
+    // A goes first: the ticket moves back from T0 + 600 ms to 400 ms.
+    let cancel_a = args.clone().cancel(a.token.as_ref().unwrap());
+    assert_eq!(fx.run("k", &cancel_a.at(T0 + 100_000)), 2);
+    assert_eq!(fx.state("k").next(), T0 + 400_000);
+    // Then B, at T0 + 300 ms, before its moment: its 200 ms would take the
+    // ticket to T0 + 200 ms, behind now; it stops at now
+    // (`State::return_charge`).
+    let cancel_b = args.clone().cancel(b.token.as_ref().unwrap());
+    assert_eq!(fx.run("k", &cancel_b.at(T0 + 300_000)), 2);
+    assert_eq!(fx.state("k").next(), T0 + 300_000);
+}
+
+#[test]
 fn cancel_gives_nothing_back_when_it_cannot() {
     let mut fx = fixture();
     let args = Args::bursty("5", 0);
@@ -1614,7 +1932,7 @@ fn cancel_gives_nothing_back_when_it_cannot() {
     assert_eq!(fx.run("w", &warm.clone().at(T0)), 0);
     let second = fx.call("w", &warm.clone().at(T0));
     assert_eq!(second.first, 1_375_000);
-    assert_eq!(second.token().spent_stored, 1.0);
+    assert!(second.token().spent_stored);
     assert_eq!(fx.run("w", &warm.clone().at(T0)), 2_500_000);
     fx.persist("w");
     let dump = fx.dump("w");
@@ -1634,7 +1952,7 @@ fn cancel_gives_nothing_back_when_it_cannot() {
 
     // A malformed token is an error, and writes nothing.
     let mut bad = second.token.clone().unwrap();
-    bad[68..76].copy_from_slice(&0.5f64.to_le_bytes()); // spent_stored
+    set_fractions_field(&mut bad, 0.5); // field 7, which holds spent_stored
     let error = fx.run_err(&["w"], &warm.clone().cancel(&bad).at(T0).to_vec());
     assert!(
         error.contains("ERR throttler:") && error.contains("token"),

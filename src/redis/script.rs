@@ -82,9 +82,13 @@ pub(crate) enum Call {
 #[derive(Clone, PartialEq, Eq)]
 pub struct Token(Box<[u8; TOKEN_LEN]>);
 
-/// The value format (`lua/reserve.lua`, Value): the marker `thr1`, then
-/// nine little-endian doubles.
+/// The value format (`lua/reserve.lua`, Value): the marker `thr2`, then
+/// nine little-endian doubles (field 7 packs the ticket's fraction and the
+/// record's; the reply's numbers do not need it).
 const TOKEN_LEN: usize = 76;
+
+/// The marker a value (and so a token) starts with.
+const MARKER: &[u8; 4] = b"thr2";
 
 impl Token {
     fn from_bytes(bytes: &[u8]) -> Option<Token> {
@@ -100,16 +104,17 @@ impl Token {
         f64::from_le_bytes(bytes)
     }
 
-    /// The reservation's wait and the key's debt after it, in µs, from the
-    /// value it wrote: with now = last_now_micros (field 6), the wait is
-    /// `max(next_free_before - now, 0)` (field 8) and the debt
-    /// `next_free_micros - now` (field 2). `None` unless the fields are
-    /// whole numbers in range (the script writes nothing else).
+    /// The reservation's wait and the key's debt after it, in whole µs,
+    /// from the value it wrote: with now = last_now_micros (field 6), the
+    /// wait is `max(next_free_before - now, 0)` (field 9) and the debt
+    /// `next_free_micros - now` (field 2). `None` unless the value has the
+    /// marker and these fields are whole numbers in range (the script
+    /// writes nothing else).
     fn wait_and_debt(&self) -> Option<(u64, u64)> {
         let whole =
             |x: f64| (0.0..=crate::core::MAX_MICROS as f64).contains(&x) && x.fract() == 0.0;
-        let (next_free, now, next_free_before) = (self.field(2), self.field(6), self.field(8));
-        if &self.0[..4] != b"thr1" || !whole(next_free) || !whole(now) || !whole(next_free_before) {
+        let (next_free, now, next_free_before) = (self.field(2), self.field(6), self.field(9));
+        if &self.0[..4] != MARKER || !whole(next_free) || !whole(now) || !whole(next_free_before) {
             return None;
         }
         let (next_free, now, next_free_before) =
@@ -270,7 +275,7 @@ mod tests {
 
     /// A value as the script packs it: the marker, then nine doubles.
     fn value(fields: [f64; 9]) -> Vec<u8> {
-        let mut bytes = b"thr1".to_vec();
+        let mut bytes = MARKER.to_vec();
         bytes.extend(fields.iter().flat_map(|x| x.to_le_bytes()));
         bytes
     }
@@ -278,15 +283,28 @@ mod tests {
     #[test]
     fn replies_decode_to_wait_debt_and_token() {
         let now = 1_000_000.0;
+        // Field 7: the ticket's fraction (here 2/3 µs, at 1.5e6/s) * 2^21 +
+        // the record's * 2 + spent_stored. The reply's numbers are whole µs.
+        let fractions = 699_051.0 * 2_097_152.0 + 349_525.0 * 2.0;
         // A granted reservation: the ticket it found 300 µs ahead, 500 µs
         // of debt after it.
-        let granted = value([0.0, now + 500.0, 5.0, 5.0, 0.0, now, 0.0, now + 300.0, 0.0]);
+        let granted = value([
+            0.0,
+            now + 500.0,
+            1.5e6,
+            0.0,
+            0.0,
+            now,
+            fractions,
+            0.0,
+            now + 300.0,
+        ]);
         let reply = decode(Value::BulkString(granted.clone())).unwrap();
         assert_eq!(reply.wait, Some(Duration::from_micros(300)));
         assert_eq!(reply.debt_micros, 500);
         assert_eq!(&reply.token.unwrap().0[..], &granted[..]);
         // The ticket it found behind now: no wait.
-        let idle = value([1.0, now, 5.0, 5.0, 0.0, now, 2.0, now - 7.0, 1.0]);
+        let idle = value([1.0, now, 5.0, 5.0, 0.0, now, 1.0, 2.0, now - 7.0]);
         let reply = decode(Value::BulkString(idle)).unwrap();
         assert_eq!((reply.wait, reply.debt_micros), (Some(Duration::ZERO), 0));
         // A refused try, and a query.
@@ -298,14 +316,17 @@ mod tests {
             (Some(Duration::from_micros(400)), 400)
         );
         // Anything else is not the script's reply.
-        let mut wrong_marker = value([0.0, now, 5.0, 5.0, 0.0, now, 0.0, now, 0.0]);
-        wrong_marker[3] = b'2';
-        let behind = value([0.0, now - 1.0, 5.0, 5.0, 0.0, now, 0.0, now, 0.0]);
-        let fraction = value([0.0, now + 0.5, 5.0, 5.0, 0.0, now, 0.0, now, 0.0]);
+        // (A value of the previous format, `thr1`, is never a reply.)
+        let mut wrong_marker = value([0.0, now, 5.0, 5.0, 0.0, now, 0.0, 0.0, now]);
+        wrong_marker[3] = b'1';
+        let behind = value([0.0, now - 1.0, 5.0, 5.0, 0.0, now, 0.0, 0.0, now]);
+        let fraction = value([0.0, now + 0.5, 5.0, 5.0, 0.0, now, 0.0, 0.0, now]);
+        let moment_fraction = value([0.0, now, 5.0, 5.0, 0.0, now, 0.0, 0.0, now + 0.5]);
         for bad in [
             Value::BulkString(wrong_marker),
             Value::BulkString(behind),
             Value::BulkString(fraction),
+            Value::BulkString(moment_fraction),
             Value::BulkString(vec![0; 75]),
             Value::Array(vec![Value::Int(1), Value::Int(1)]),
             Value::Nil,

@@ -1,23 +1,41 @@
 //! The value `lua/reserve.lua` keeps under a limiter key, decoded: the 4
-//! ASCII bytes `thr1`, then nine little-endian IEEE doubles
-//! (`struct.pack('<c4ddddddddd', 'thr1', ...)` in the script), 76 bytes in
-//! all: the state (fields 1 to 6) and the last write's reservation (7 to
-//! 9). Tests read it to compare the script's state with the core's, and
-//! write crafted ones (also in the previous, 40-byte format) to check how
-//! the script reads, upgrades or refuses them. A granted reservation
-//! replies with the value it wrote, which is its token.
+//! ASCII bytes `thr2`, then nine little-endian IEEE doubles
+//! (`struct.pack('<c4ddddddddd', 'thr2', ...)` in the script), 76 bytes in
+//! all: the state (fields 1 to 6, and the ticket's fraction in field 7) and
+//! the last write's reservation (the rest of field 7, fields 8 and 9).
+//! Field 7 packs three integers into one double:
+//! `next_free_fraction * 2^21 + fraction_before * 2 + spent_stored`.
+//! Tests read it to compare the script's state with the core's, and write
+//! crafted ones (also in the older formats: `thr1`, 76 bytes, and v0, 40
+//! bytes) to check how the script reads, upgrades or refuses them. A
+//! granted reservation replies with the value it wrote, which is its token.
 
-/// The length of a valid value, in bytes.
+/// The length of a valid value, in bytes (also of a `thr1` value).
 pub const STATE_LEN: usize = 76;
 
 /// The marker a valid value starts with.
-pub const MARKER: &[u8; 4] = b"thr1";
+pub const MARKER: &[u8; 4] = b"thr2";
 
-/// The length of a value in the previous format (five doubles, no marker).
+/// The marker of the previous format, `thr1`: the same size and fields 1 to
+/// 6, then its record (stored_before, next_free_before, spent_stored), and
+/// no fraction.
+pub const THR1_MARKER: &[u8; 4] = b"thr1";
+
+/// The length of a value in the first format (five doubles, no marker).
 pub const V0_STATE_LEN: usize = 40;
 
 /// The length of a reservation token (a value), in bytes.
 pub const TOKEN_LEN: usize = STATE_LEN;
+
+/// The bytes of field 7 (the packed fractions) in a value.
+pub const FRACTIONS_BYTES: std::ops::Range<usize> = 52..60;
+
+/// Field 7 is `next_free_fraction * FRACTIONS_SHIFT + fraction_before * 2 +
+/// spent_stored`.
+pub const FRACTIONS_SHIFT: u64 = 1 << 21;
+
+/// One microsecond in fraction units: 2^20.
+pub const FRACTION_ONE: u32 = 1 << 20;
 
 /// A limiter key's state, field by field, in the script's order.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -31,6 +49,9 @@ pub struct LimiterState {
     pub expires_micros: f64,
     /// The latest clock reading a call used on this key (µs).
     pub last_now_micros: f64,
+    /// The ticket's part below the microsecond, in units of 2^-20 µs (the
+    /// top of field 7).
+    pub next_free_fraction: u32,
 }
 
 fn doubles<const N: usize>(bytes: &[u8]) -> [f64; N] {
@@ -39,13 +60,47 @@ fn doubles<const N: usize>(bytes: &[u8]) -> [f64; N] {
     })
 }
 
+/// Field 7 of a value, as stored.
+pub fn fractions_field(value: &[u8]) -> f64 {
+    f64::from_le_bytes(value[FRACTIONS_BYTES].try_into().expect("8 bytes"))
+}
+
+/// Overwrites field 7 of a value with any double (to craft malformed ones).
+pub fn set_fractions_field(value: &mut [u8], raw: f64) {
+    value[FRACTIONS_BYTES].copy_from_slice(&raw.to_le_bytes());
+}
+
+/// Splits field 7 into (next_free_fraction, fraction_before, spent_stored);
+/// an error unless it is an integer in 0..2^41.
+fn split_fractions(raw: f64) -> Result<(u32, u32, bool), String> {
+    if !(raw >= 0.0 && raw < (1u64 << 41) as f64 && raw.fract() == 0.0) {
+        return Err(format!("field 7 is not an integer in 0..2^41: {raw:e}"));
+    }
+    let packed = raw as u64;
+    let low = packed % FRACTIONS_SHIFT;
+    Ok((
+        (packed / FRACTIONS_SHIFT) as u32,
+        (low / 2) as u32,
+        low % 2 == 1,
+    ))
+}
+
+/// Field 7 from its three integers.
+fn pack_fractions(next_free_fraction: u32, fraction_before: u32, spent_stored: bool) -> f64 {
+    (u64::from(next_free_fraction) * FRACTIONS_SHIFT
+        + u64::from(fraction_before) * 2
+        + u64::from(spent_stored)) as f64
+}
+
 impl LimiterState {
-    /// Decodes the state (fields 1 to 6) of a v1 value; an error (with the
-    /// length) if it is not 76 bytes starting with the marker.
+    /// Decodes the state (fields 1 to 6 and the ticket's fraction) of a
+    /// thr2 value; an error (with the length) if it is not 76 bytes
+    /// starting with the marker, or its field 7 is not an integer in
+    /// 0..2^41.
     pub fn decode(bytes: &[u8]) -> Result<LimiterState, String> {
         if bytes.len() != STATE_LEN || &bytes[..4] != MARKER {
             return Err(format!(
-                "a limiter state is {STATE_LEN} bytes starting with `thr1`, got {}: {bytes:?}",
+                "a limiter state is {STATE_LEN} bytes starting with `thr2`, got {}: {bytes:?}",
                 bytes.len()
             ));
         }
@@ -57,6 +112,7 @@ impl LimiterState {
             expires_micros,
             last_now_micros,
         ] = doubles::<6>(&bytes[4..52]);
+        let (next_free_fraction, _, _) = split_fractions(fractions_field(bytes))?;
         Ok(LimiterState {
             stored_permits,
             next_free_micros,
@@ -64,24 +120,27 @@ impl LimiterState {
             max_permits,
             expires_micros,
             last_now_micros,
+            next_free_fraction,
         })
     }
 
     /// The 76 bytes the script would write for this state with a record of
-    /// no reservation (stored and next free unchanged, nothing spent).
+    /// no reservation (stored, next free and fraction unchanged, nothing
+    /// spent).
     pub fn encode(&self) -> Vec<u8> {
         Token {
             state: *self,
             stored_before: self.stored_permits,
             next_free_before: self.next_free_micros,
-            spent_stored: 0.0,
+            fraction_before: self.next_free_fraction,
+            spent_stored: false,
         }
         .encode()
     }
 
-    /// Fields 1 to 6 with the marker: the first 52 bytes of a value.
-    fn encode_state(&self) -> Vec<u8> {
-        let mut bytes = MARKER.to_vec();
+    /// Fields 1 to 6 with `marker`: the first 52 bytes of a value.
+    fn encode_state(&self, marker: &[u8; 4]) -> Vec<u8> {
+        let mut bytes = marker.to_vec();
         bytes.extend(
             [
                 self.stored_permits,
@@ -97,8 +156,22 @@ impl LimiterState {
         bytes
     }
 
-    /// The 40 bytes of the previous format: the first five fields, no
-    /// marker (`last_now_micros` is not stored).
+    /// The 76 bytes of the previous format, `thr1`: fields 1 to 6, then a
+    /// record of no reservation (stored_before, next_free_before,
+    /// spent_stored = 0). It has no fraction: `next_free_fraction` is not
+    /// stored.
+    pub fn encode_thr1(&self) -> Vec<u8> {
+        let mut bytes = self.encode_state(THR1_MARKER);
+        bytes.extend(
+            [self.stored_permits, self.next_free_micros, 0.0]
+                .iter()
+                .flat_map(|x| x.to_le_bytes()),
+        );
+        bytes
+    }
+
+    /// The 40 bytes of the first format: the first five fields, no marker
+    /// (`last_now_micros` and the fraction are not stored).
     pub fn encode_v0(&self) -> Vec<u8> {
         [
             self.stored_permits,
@@ -122,6 +195,12 @@ impl LimiterState {
         next as u64
     }
 
+    /// The ticket in units of 2^-20 µs: `next_free_micros * 2^20 +
+    /// next_free_fraction`, exact.
+    pub fn ticket_units(&self) -> u128 {
+        (u128::from(self.next()) << 20) + u128::from(self.next_free_fraction)
+    }
+
     /// GETs `key` and decodes it: `None` if the key is missing; panics if
     /// the value is not a state.
     pub fn read(con: &mut redis::Connection, key: &str) -> Option<LimiterState> {
@@ -135,41 +214,54 @@ impl LimiterState {
     }
 }
 
-/// A value with its reservation record: what a granted reservation replies
-/// (its token), and what a cancel sends back.
+/// A value with its record: what a granted reservation replies (its token),
+/// and what a cancel sends back.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Token {
-    /// Fields 1 to 6: the state the reservation wrote ("after").
+    /// Fields 1 to 6 and the ticket's fraction: the state the reservation
+    /// wrote ("after").
     pub state: LimiterState,
-    /// Fields 7 and 8: the state it found (after the missing-key reading
-    /// and the rate change, before its resync).
+    /// Fields 8 and 9, and the record's fraction (in field 7): the state it
+    /// found (after the missing-key reading and the rate change, before its
+    /// resync).
     pub stored_before: f64,
     pub next_free_before: f64,
-    /// Field 9: 1 if the reservation spent stored permits, else 0.
-    pub spent_stored: f64,
+    pub fraction_before: u32,
+    /// In field 7: whether the reservation spent stored permits.
+    pub spent_stored: bool,
 }
 
 impl Token {
     /// Decodes a value with its record; an error if it is not 76 bytes
-    /// starting with the marker.
+    /// starting with the marker, with an integer in 0..2^41 in field 7.
     pub fn decode(bytes: &[u8]) -> Result<Token, String> {
         let state = LimiterState::decode(bytes)?;
-        let [stored_before, next_free_before, spent_stored] = doubles::<3>(&bytes[52..]);
+        let (_, fraction_before, spent_stored) = split_fractions(fractions_field(bytes))?;
+        let [stored_before, next_free_before] = doubles::<2>(&bytes[60..]);
         Ok(Token {
             state,
             stored_before,
             next_free_before,
+            fraction_before,
             spent_stored,
         })
     }
 
     /// The 76 bytes of this value.
     pub fn encode(&self) -> Vec<u8> {
-        let mut bytes = self.state.encode_state();
+        let mut bytes = self.state.encode_state(MARKER);
         bytes.extend(
-            [self.stored_before, self.next_free_before, self.spent_stored]
-                .iter()
-                .flat_map(|x| x.to_le_bytes()),
+            [
+                pack_fractions(
+                    self.state.next_free_fraction,
+                    self.fraction_before,
+                    self.spent_stored,
+                ),
+                self.stored_before,
+                self.next_free_before,
+            ]
+            .iter()
+            .flat_map(|x| x.to_le_bytes()),
         );
         bytes
     }
