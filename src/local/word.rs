@@ -48,8 +48,9 @@
 //!   in its fractional bits, so every step from it repeats the core's
 //!   arithmetic operation for operation and agrees with it to the bit. The
 //!   payload `2^54 − 1` marks *mutex mode*: the state is the [`State`]
-//!   behind the limiter's lock. (So does a debt that reaches past the
-//!   window, more than about two hours ahead.)
+//!   behind the limiter's lock. A debt that reaches past the window (more
+//!   than about two hours ahead) is held in mutex mode until it is back
+//!   within it.
 //! * `B = 1`: permits are stored; the payload is `tat`.
 //!
 //! The generation (9 bits) selects one of two configuration slots (interval,
