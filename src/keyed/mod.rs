@@ -17,7 +17,7 @@ use std::time::Duration;
 pub use builder::KeyedBuilder;
 pub use limiter::KeyedLimiter;
 pub(crate) use shard::Mode;
-use shard::Shard;
+use shard::{Dropped, Shard};
 
 use crate::clock::{Clock, SystemClock};
 use crate::core::{Reserved, State, micros, stable_interval_micros};
@@ -182,6 +182,12 @@ where
     }
 }
 
+/// A shard's lock, whatever a panicking thread left behind: nothing panics
+/// while one is held mid-update.
+fn lock<K>(shard: &Padded<Mutex<Shard<K>>>) -> MutexGuard<'_, Shard<K>> {
+    shard.0.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// The number of shards: a few per CPU, a power of two, and under a cap
 /// few enough that each shard's share is at least [`MIN_SHARD_CAP`] keys
 /// (or the whole cap, in one shard).
@@ -249,10 +255,33 @@ where
     fn shard<Q: Hash + ?Sized>(&self, key: &Q) -> MutexGuard<'_, Shard<K>> {
         let hash = self.hasher.hash_one(key);
         let index = (hash >> 32) as usize & (self.shards.len() - 1);
-        self.shards[index]
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        lock(&self.shards[index])
+    }
+
+    /// `key`'s shard, locked, and the time now for it (see [`Self::at_now`]).
+    fn shard_now<Q: Hash + ?Sized>(&self, key: &Q) -> (MutexGuard<'_, Shard<K>>, u64) {
+        let read = self.clock.now_micros();
+        self.at_now(self.shard(key), read)
+    }
+
+    /// `shard` and the time now for it: the clock, read before the lock so
+    /// that no call waits under it, raised to the shard's latest reading, so
+    /// that time never runs backwards for a key.
+    fn at_now<'s>(
+        &self,
+        mut shard: MutexGuard<'s, Shard<K>>,
+        read: u64,
+    ) -> (MutexGuard<'s, Shard<K>>, u64) {
+        let now = shard.clamp(read);
+        (shard, now)
+    }
+
+    /// Counts the entries a call dropped before they read as full.
+    fn count_dropped(&self, dropped: Dropped) {
+        if dropped.unfinished > 0 {
+            self.dropped_unfinished
+                .fetch_add(dropped.unfinished, Relaxed);
+        }
     }
 
     /// Reserves `permits` of `key` if its debt fits in `timeout` µs
@@ -269,11 +298,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        // The clock is read before the lock, and raised under it to the
-        // shard's latest reading.
-        let read = self.clock.now_micros();
-        let mut shard = self.shard(key);
-        let now = shard.clamp(read);
+        let (mut shard, now) = self.shard_now(key);
         let (grant, dropped) = shard.update(key, now, |state| {
             if timeout != u64::MAX && !state.can_acquire(now, timeout) {
                 return None;
@@ -286,10 +311,7 @@ where
             })
         });
         drop(shard);
-        if dropped.unfinished > 0 {
-            self.dropped_unfinished
-                .fetch_add(dropped.unfinished, Relaxed);
-        }
+        self.count_dropped(dropped);
         grant
     }
 
@@ -478,9 +500,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let read = self.clock.now_micros();
-        let mut shard = self.shard(key);
-        let now = shard.clamp(read);
+        let (shard, now) = self.shard_now(key);
         Duration::from_micros(shard.next_free(key, now).saturating_sub(now))
     }
 }
@@ -499,9 +519,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let read = self.clock.now_micros();
-        let mut shard = self.shard(key);
-        let now = shard.clamp(read);
+        let (mut shard, now) = self.shard_now(key);
         shard.take(key).map(|ticket| ticket.saturating_sub(now))
     }
 
@@ -512,8 +530,7 @@ where
         let mut debts = Vec::new();
         for shard in self.shards.iter() {
             let read = self.clock.now_micros();
-            let mut shard = shard.0.lock().unwrap_or_else(PoisonError::into_inner);
-            let now = shard.clamp(read);
+            let (mut shard, now) = self.at_now(lock(shard), read);
             debts.extend(
                 shard
                     .drain()
@@ -532,15 +549,10 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let read = self.clock.now_micros();
-        let mut shard = self.shard(key);
-        let now = shard.clamp(read);
+        let (mut shard, now) = self.shard_now(key);
         let dropped = shard.open(key, now.saturating_add(debt_micros), now);
         drop(shard);
-        if dropped.unfinished > 0 {
-            self.dropped_unfinished
-                .fetch_add(dropped.unfinished, Relaxed);
-        }
+        self.count_dropped(dropped);
     }
 }
 
@@ -563,8 +575,7 @@ where
         stable_interval_micros(permits_per_second)?;
         for shard in self.shards.iter() {
             let read = self.clock.now_micros();
-            let mut shard = shard.0.lock().unwrap_or_else(PoisonError::into_inner);
-            let now = shard.clamp(read);
+            let (mut shard, now) = self.at_now(lock(shard), read);
             shard.set_rate(permits_per_second, now);
         }
         self.rate_bits.store(permits_per_second.to_bits(), Relaxed);
@@ -583,10 +594,7 @@ where
 
     /// The number of keys held now (those not known to read as full).
     pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|shard| shard.0.lock().unwrap_or_else(PoisonError::into_inner).len())
-            .sum()
+        self.shards.iter().map(|shard| lock(shard).len()).sum()
     }
 
     /// Whether no key is held.
@@ -615,21 +623,14 @@ where
         let Ok(taken) = (taken as Box<dyn Any + Send + Sync>).downcast::<KeyedTaken<K>>() else {
             return;
         };
-        let read = self.clock.now_micros();
-        let mut shard = self.shard(&taken.key);
-        let now = shard.clamp(read);
+        let (mut shard, now) = self.shard_now(&taken.key);
         shard.give_back(&taken.key, &taken.reserved, now);
     }
 }
 
 impl<K, C: Clock> fmt::Debug for KeyedRateLimiter<K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let template = self.shards[0]
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .template()
-            .clone();
+        let template = lock(&self.shards[0]).template().clone();
         f.debug_struct("KeyedRateLimiter")
             .field("permits_per_second", &template.permits_per_second)
             .field("policy", &template.policy)
