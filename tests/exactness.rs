@@ -10,8 +10,9 @@
 //! 0.01%. (With whole-microsecond costs, 1.5·10^6 permits/s did not limit at
 //! all and 10^9 permits/s in chunks of 1 500 ran 50% fast.)
 //!
-//! The same schedule through the Redis script, which mirrors the core bit
-//! for bit, is checked in `tests/redis_exactness.rs`.
+//! Such schedules through the Redis script, which mirrors the core bit for
+//! bit, are checked in `tests/redis_exactness.rs` (its own rows, with the
+//! missing-key reading as the start).
 
 #[path = "support/fake.rs"]
 mod fake;

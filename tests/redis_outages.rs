@@ -54,7 +54,7 @@ async fn recovered(limiter: &RedisRateLimiter, what: &str) -> Duration {
     took
 }
 
-/// Issue 8, item 6. Callers whose round trips outlive the response timeout
+/// Callers whose round trips outlive the response timeout
 /// are served by the local fallback, but their EVALSHAs were sent: they run
 /// when the frozen server resumes. The limiter still awaits those replies
 /// and gives each late reservation back, so the first caller after the
