@@ -101,12 +101,16 @@ impl fmt::Display for BackendError {
 }
 
 /// `permits` must be at least 1.
+#[inline]
 pub(crate) fn check_permits(permits: u32) -> Result<(), Error> {
     if permits == 0 {
-        Err(Error::InvalidArgument(
-            "permits must be at least 1 (got 0)".to_owned(),
-        ))
+        Err(zero_permits())
     } else {
         Ok(())
     }
+}
+
+#[cold]
+fn zero_permits() -> Error {
+    Error::InvalidArgument("permits must be at least 1 (got 0)".to_owned())
 }

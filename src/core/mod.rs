@@ -202,9 +202,13 @@ pub fn stable_interval_micros(permits_per_second: f64) -> Result<f64, Error> {
 /// assert_eq!(micros(Duration::from_millis(3)), 3_000);
 /// assert_eq!(micros(Duration::MAX), MAX_MICROS);
 /// ```
+#[inline]
 pub fn micros(duration: Duration) -> u64 {
-    u64::try_from(duration.as_micros())
-        .unwrap_or(u64::MAX)
+    // Whole seconds and the µs of the rest, with no 128-bit division.
+    duration
+        .as_secs()
+        .saturating_mul(1_000_000)
+        .saturating_add(u64::from(duration.subsec_micros()))
         .min(MAX_MICROS)
 }
 
@@ -481,6 +485,30 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn micros_truncates_and_saturates_like_the_128_bit_count() {
+        let seconds = MAX_MICROS / 1_000_000;
+        for duration in [
+            Duration::ZERO,
+            Duration::from_nanos(999),
+            Duration::from_micros(1),
+            Duration::from_micros(MAX_MICROS - 1),
+            Duration::from_micros(MAX_MICROS),
+            Duration::from_micros(MAX_MICROS + 1),
+            Duration::new(seconds - 1, 999_999_999),
+            Duration::new(seconds, 0),
+            Duration::new(seconds, 999_999_999),
+            Duration::new(u64::MAX / 1_000_000, 0),
+            Duration::new(u64::MAX / 1_000_000 + 1, 0),
+            Duration::MAX,
+        ] {
+            let expected = u64::try_from(duration.as_micros())
+                .unwrap_or(u64::MAX)
+                .min(MAX_MICROS);
+            assert_eq!(micros(duration), expected, "{duration:?}");
+        }
+    }
 
     fn bursty(rate: f64) -> State {
         State::new(Policy::Bursty(Bursty::default()), rate, 0).unwrap()

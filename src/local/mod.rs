@@ -9,7 +9,7 @@
 //! stored permits have a price that does not fold into one number) go through
 //! a lock and run the core's own code.
 
-mod word;
+pub(crate) mod word;
 
 use std::fmt;
 use std::sync::atomic::AtomicU64;
@@ -20,7 +20,7 @@ use std::time::Duration;
 use crate::Error;
 use crate::builder::Builder;
 use crate::clock::{Clock, SystemClock};
-use crate::core::{MAX_MICROS, Reserved, State, stable_interval_micros};
+use crate::core::{MAX_MICROS, Reserved, State, micros, stable_interval_micros};
 use crate::error::check_permits;
 use crate::reservation::{GiveBackTo, Pending, Reservation, Taken};
 
@@ -174,30 +174,6 @@ struct Word(AtomicU64);
 
 #[repr(align(128))]
 struct Slots([Slot; 2]);
-
-/// `check_permits`, with the check inlined.
-#[inline(always)]
-fn check(permits: u32) -> Result<(), Error> {
-    if permits == 0 {
-        check_permits(permits)
-    } else {
-        Ok(())
-    }
-}
-
-/// [`crate::core::micros`], inlined: a duration in whole µs, saturating at
-/// [`MAX_MICROS`].
-#[inline(always)]
-fn micros(duration: Duration) -> u64 {
-    const SECONDS: u64 = MAX_MICROS / 1_000_000;
-    if duration.as_secs() < SECONDS {
-        (duration.as_secs() * 1_000_000 + u64::from(duration.subsec_micros())).min(MAX_MICROS)
-    } else {
-        u64::try_from(duration.as_micros())
-            .unwrap_or(u64::MAX)
-            .min(MAX_MICROS)
-    }
-}
 
 /// # Constructors
 impl RateLimiter<SystemClock> {
@@ -485,7 +461,7 @@ impl<C: Clock> RateLimiter<C> {
     /// [`Error::InvalidArgument`] if `permits` is 0.
     #[inline(always)]
     pub fn reserve(&self, permits: u32) -> Result<Duration, Error> {
-        check(permits)?;
+        check_permits(permits)?;
         // A plain reservation is a try that always fits.
         let wait = self.reserve_micros::<u64>(permits, u64::MAX).unwrap_or(0);
         Ok(Duration::from_micros(wait))
@@ -502,7 +478,7 @@ impl<C: Clock> RateLimiter<C> {
     /// [`Error::InvalidArgument`] if `permits` is 0.
     #[inline(always)]
     pub fn try_reserve(&self, permits: u32, timeout: Duration) -> Result<Option<Duration>, Error> {
-        check(permits)?;
+        check_permits(permits)?;
         let wait = self.reserve_micros::<u64>(permits, micros(timeout));
         Ok(wait.map(Duration::from_micros))
     }
@@ -514,7 +490,7 @@ impl<C: Clock> RateLimiter<C> {
     /// [`Error::InvalidArgument`] if `permits` is 0.
     #[inline]
     pub fn reservation(&self, permits: u32) -> Result<Reservation<'_>, Error> {
-        check(permits)?;
+        check_permits(permits)?;
         Ok(self.to_reservation(self.reserve_micros::<Grant>(permits, u64::MAX)))
     }
 
@@ -529,7 +505,7 @@ impl<C: Clock> RateLimiter<C> {
         permits: u32,
         timeout: Duration,
     ) -> Result<Option<Reservation<'_>>, Error> {
-        check(permits)?;
+        check_permits(permits)?;
         Ok(self
             .reserve_micros::<Grant>(permits, micros(timeout))
             .map(|grant| self.to_reservation(Some(grant))))
@@ -563,7 +539,7 @@ impl<C: Clock> RateLimiter<C> {
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
     pub async fn acquire(&self, permits: u32) -> Result<Duration, Error> {
-        check(permits)?;
+        check_permits(permits)?;
         match self.reserve_micros::<Grant>(permits, u64::MAX) {
             // Nothing to wait for, nor to give back: no reservation to
             // build, no sleep to set up.
@@ -679,34 +655,5 @@ impl<C: Clock> fmt::Debug for RateLimiter<C> {
         f.debug_struct("RateLimiter")
             .field("state", &self.snapshot())
             .finish_non_exhaustive()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn micros_is_the_cores() {
-        let seconds = MAX_MICROS / 1_000_000;
-        for duration in [
-            Duration::ZERO,
-            Duration::from_nanos(999),
-            Duration::from_micros(1),
-            Duration::from_micros(MAX_MICROS - 1),
-            Duration::from_micros(MAX_MICROS),
-            Duration::from_micros(MAX_MICROS + 1),
-            Duration::new(seconds - 1, 999_999_999),
-            Duration::new(seconds, 0),
-            Duration::new(seconds, 999_999_999),
-            Duration::new(u64::MAX / 1_000_000, 0),
-            Duration::MAX,
-        ] {
-            assert_eq!(
-                micros(duration),
-                crate::core::micros(duration),
-                "{duration:?}"
-            );
-        }
     }
 }
