@@ -184,6 +184,110 @@ fn each_key_is_an_independent_limiter_that_starts_full() {
     assert!(compared > 50_000, "{compared}");
 }
 
+/// Bursty keys over hours of fake time, with debts longer than the keyed
+/// limiter's one-word state can hold (about two hours) and awkward rates:
+/// the shard re-encodes its keys as time moves on (every couple of hours),
+/// and a key far in debt is held as the core's numbers until its debt
+/// shrinks. Waits agree with independent core limiters to the microsecond:
+/// a key whose stored permits were spent may differ by that rounding (as
+/// the `RateLimiter` may), rarely, and a try may then be decided by it.
+#[test]
+fn bursty_keys_agree_with_the_core_over_hours_and_far_debts() {
+    let (mut compared, mut differing, mut far_debts) = (0u64, 0u64, 0u64);
+    for seed in 0..30 {
+        let mut rng = Rng::new(0x0b0e_0000 + seed);
+        let rate = *rng.pick(&[0.3, 3.0, 7.0, 33.3, 1_000.0, 123_456.7]);
+        let config = Config::Bursty {
+            burst: Duration::from_micros(rng.below(4_000_000)),
+        };
+        let clock = FakeClock::new();
+        clock.advance(Duration::from_micros(rng.below(1 << 36)));
+        let limiter = config.limiter(rate, &clock);
+        let mut model = Model {
+            config,
+            rate,
+            keys: HashMap::new(),
+        };
+        for step in 0..2_000 {
+            let key = rng.below(20) as u32;
+            match rng.below(100) {
+                0..2 => clock.advance(Duration::from_secs(rng.range(3_600, 6 * 3_600))),
+                2..30 => clock.advance(Duration::from_micros(rng.below(2_000_000))),
+                30..33 => {
+                    // A debt of hours: 3 to 10 hours' worth of permits.
+                    let permits = (rate * rng.range(3 * 3_600, 10 * 3_600) as f64) as u32;
+                    let now = clock.now_micros();
+                    let expected = model.state(key, now).reserve(permits.max(1), now);
+                    let got = micros(limiter.reserve(&key, permits.max(1)).unwrap());
+                    assert!(
+                        got.abs_diff(expected) <= 1,
+                        "seed {seed} step {step}: {expected} vs {got}"
+                    );
+                    differing += u64::from(got != expected);
+                    compared += 1;
+                    far_debts += 1;
+                }
+                33..60 => {
+                    let (permits, timeout) = (1 + rng.below(3) as u32, rng.below(2_000_000));
+                    let now = clock.now_micros();
+                    let debt = model
+                        .state(key, now)
+                        .query_earliest_available()
+                        .saturating_sub(now);
+                    let before = model.state(key, now).clone();
+                    let expected = model.state(key, now).try_reserve(permits, now, timeout);
+                    let got = limiter
+                        .try_reserve(&key, permits, Duration::from_micros(timeout))
+                        .unwrap()
+                        .map(micros);
+                    compared += 1;
+                    match (expected, got) {
+                        (Some(e), Some(g)) if e == g => {}
+                        (Some(e), Some(g)) => {
+                            assert!(e.abs_diff(g) <= 1, "seed {seed} step {step}: {e} vs {g}");
+                            differing += 1;
+                        }
+                        (None, None) => {}
+                        _ => {
+                            // Only a timeout a rounding away from the debt
+                            // may split them; go on with the limiter's choice.
+                            assert!(
+                                timeout.abs_diff(debt) <= 1,
+                                "seed {seed} step {step}: tries differ"
+                            );
+                            differing += 1;
+                            *model.state(key, now) = before;
+                            if got.is_some() {
+                                model.state(key, now).reserve(permits, now);
+                            }
+                        }
+                    }
+                }
+                _ => {
+                    let permits = 1 + rng.below(4) as u32;
+                    let now = clock.now_micros();
+                    let expected = model.state(key, now).reserve(permits, now);
+                    let got = micros(limiter.reserve(&key, permits).unwrap());
+                    compared += 1;
+                    if got != expected {
+                        assert!(
+                            got.abs_diff(expected) <= 1,
+                            "seed {seed} step {step}: {expected} vs {got}"
+                        );
+                        differing += 1;
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("{compared} compared, {differing} a microsecond apart, {far_debts} far debts");
+    assert!(far_debts > 1_000, "{far_debts}");
+    assert!(
+        differing * 1_000 < compared,
+        "{differing} of {compared} differ"
+    );
+}
+
 /// A million distinct keys touched once, then a refill period of idleness:
 /// as soon as calls resume, the entries of the idle keys are dropped and
 /// `len()` falls back to the keys in use.

@@ -57,7 +57,7 @@ impl<K, C: Clock> KeyedBuilder<K, C> {
 
     /// A hard cap on the keys held at once, for key spaces a client
     /// controls (addresses, tokens). Without it, memory follows the keys
-    /// active within one refill period. At the cap, keys that read as full
+    /// active within about one refill period (at least a second). At the cap, keys that read as full
     /// go first; then the least recently used ones, which lose their debt
     /// (counted in [`KeyedStats::dropped_unfinished`](super::KeyedStats)).
     /// Must be at least 1.

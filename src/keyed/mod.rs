@@ -10,14 +10,14 @@ use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
+use std::sync::RwLockWriteGuard;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 pub use builder::KeyedBuilder;
 pub use limiter::KeyedLimiter;
 pub(crate) use shard::Mode;
-use shard::{Dropped, Shard};
+use shard::{Dropped, Fast, Shard, Table};
 
 use crate::clock::{Clock, SystemClock};
 use crate::core::{Reserved, State, micros, stable_interval_micros};
@@ -34,12 +34,22 @@ use crate::{Error, Reservation};
 /// difference: a key never seen, or idle long enough, starts **full**, as a
 /// missing Redis key does: bursty with `max_burst` worth of stored permits,
 /// warming-up cold. So a key whose state reads as full can be forgotten at
-/// any moment with no visible change, and the limiter does forget them: as
-/// part of ordinary calls, a sweep drops the entries of a shard that read as
-/// full once the calls since the last sweep reach the shard's size (a
-/// constant amount of work per call, amortized, and no background thread).
-/// Memory therefore follows the keys active within one refill period (the
-/// time idle time takes to refill a key's burst), not every key ever seen.
+/// any moment with no visible change, and the limiter does forget them, as
+/// part of ordinary calls (no background thread):
+///
+/// * at the first call on a shard a *sweep period* after its last sweep by
+///   time (the refill period, the time idle time takes to refill a key's
+///   burst, and at least a second), the shard's entries that read as full
+///   and have been idle for half a period are dropped: one pass per period;
+/// * when a new key finds a shard twice as large as after its last sweep,
+///   the entries that read as full and have been idle since the last sweep
+///   by time are dropped: a pass over `n` entries follows `n / 2` new keys
+///   at least, a constant amount of work per call, amortized.
+///
+/// Memory therefore follows the keys active within about one sweep period,
+/// not every key ever seen; a key in use is not dropped and made again at
+/// every pass, even at a rate so high that it reads as full a moment after
+/// each call.
 ///
 /// For hostile key spaces (random client addresses), [`max_keys`] sets a
 /// hard cap. When a shard is at its share of the cap and no entry there
@@ -49,9 +59,21 @@ use crate::{Error, Reservation};
 /// That is the price of a bound, and [`KeyedStats::dropped_unfinished`]
 /// counts it.
 ///
-/// Keys are spread over shards, each a lock and a hash map: a call locks one
-/// shard for a few hundred nanoseconds at most and never waits under it;
-/// calls on keys in different shards do not contend.
+/// Keys are spread over shards, each a read-write lock and hash maps; calls
+/// on keys in different shards do not contend. A bursty key is held as the
+/// [`RateLimiter`](crate::RateLimiter)'s one-word state (eight bytes beside
+/// the key), and the common call, on a key already held, takes its shard's
+/// lock for reading and updates the word with one compare-and-swap, so
+/// calls on one shard run side by side too. Every other call (a new key, a
+/// reservation with a wait that may be given back, a give-back, a rate
+/// change) takes the lock for writing and runs the core for a few hundred
+/// nanoseconds at most; no call waits under the lock. A warming-up key, and
+/// a bursty key whose burst exceeds about two hours (or whose debt reaches
+/// further), is held as the core's numbers (24 bytes beside the key) and
+/// always takes the write lock. As for the `RateLimiter`, a bursty key
+/// agrees with the core to the microsecond but not always to the bit once
+/// stored permits have been spent: stored permits are held as time, to
+/// 2^-20 µs, so a later wait may differ from the core's by 1 µs.
 ///
 /// ```
 /// use std::time::Duration;
@@ -82,7 +104,7 @@ use crate::{Error, Reservation};
 /// take `&Q` for any `Q` the key borrows as, so a `String`-keyed limiter
 /// is asked with a `&str`. Share it with an [`Arc`](std::sync::Arc).
 pub struct KeyedRateLimiter<K, C: Clock = SystemClock> {
-    shards: Box<[Padded<Mutex<Shard<K>>>]>,
+    shards: Box<[Padded<Shard<K>>]>,
     /// Picks a key's shard (the shard's map hashes with its own, keyed
     /// hasher).
     hasher: BuildHasherDefault<ShardHasher>,
@@ -182,12 +204,6 @@ where
     }
 }
 
-/// A shard's lock, whatever a panicking thread left behind: nothing panics
-/// while one is held mid-update.
-fn lock<K>(shard: &Padded<Mutex<Shard<K>>>) -> MutexGuard<'_, Shard<K>> {
-    shard.0.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// The number of shards: a few per CPU, a power of two, and under a cap
 /// few enough that each shard's share is at least [`MIN_SHARD_CAP`] keys
 /// (or the whole cap, in one shard).
@@ -232,15 +248,17 @@ where
         // max_keys.
         let cap = max_keys.map(|cap| (cap / shards).max(1));
         let rate_bits = AtomicU64::new(template.permits_per_second.to_bits());
+        let now = clock.now_micros();
         KeyedRateLimiter {
             shards: (0..shards)
                 .map(|_| {
-                    Padded(Mutex::new(Shard::new(
+                    Padded(Shard::new(
                         template.clone(),
                         map_hasher.clone(),
                         cap,
                         mode,
-                    )))
+                        now,
+                    ))
                 })
                 .collect(),
             hasher: BuildHasherDefault::default(),
@@ -250,30 +268,18 @@ where
         }
     }
 
-    /// The shard of `key`, locked. Nothing panics while a shard is held
-    /// mid-update, so a poisoned lock is taken as it is.
-    fn shard<Q: Hash + ?Sized>(&self, key: &Q) -> MutexGuard<'_, Shard<K>> {
+    /// The shard of `key`.
+    fn shard<Q: Hash + ?Sized>(&self, key: &Q) -> &Shard<K> {
         let hash = self.hasher.hash_one(key);
         let index = (hash >> 32) as usize & (self.shards.len() - 1);
-        lock(&self.shards[index])
+        &self.shards[index].0
     }
 
-    /// `key`'s shard, locked, and the time now for it (see [`Self::at_now`]).
-    fn shard_now<Q: Hash + ?Sized>(&self, key: &Q) -> (MutexGuard<'_, Shard<K>>, u64) {
+    /// `key`'s shard, write-locked, and the time now for it (see
+    /// [`Shard::write_at`]).
+    fn shard_now<Q: Hash + ?Sized>(&self, key: &Q) -> (RwLockWriteGuard<'_, Table<K>>, u64) {
         let read = self.clock.now_micros();
-        self.at_now(self.shard(key), read)
-    }
-
-    /// `shard` and the time now for it: the clock, read before the lock so
-    /// that no call waits under it, raised to the shard's latest reading, so
-    /// that time never runs backwards for a key.
-    fn at_now<'s>(
-        &self,
-        mut shard: MutexGuard<'s, Shard<K>>,
-        read: u64,
-    ) -> (MutexGuard<'s, Shard<K>>, u64) {
-        let now = shard.clamp(read);
-        (shard, now)
+        self.shard(key).write_at(read)
     }
 
     /// Counts the entries a call dropped before they read as full.
@@ -298,7 +304,20 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let (mut shard, now) = self.shard_now(key);
+        let read = self.clock.now_micros();
+        let shard = self.shard(key);
+        // The common call: a key held as a word, a step with no wait to
+        // record, under the read lock.
+        if !shard.sweep_due(read) {
+            let only_at_once = record;
+            if let Some(fast) = shard.read().fast(key, read, permits, timeout, only_at_once) {
+                return match fast {
+                    Fast::Granted(wait) => Some((wait, None)),
+                    Fast::Refused => None,
+                };
+            }
+        }
+        let (mut shard, now) = shard.write_at(read);
         let (grant, dropped) = shard.update(key, now, |state| {
             if timeout != u64::MAX && !state.can_acquire(now, timeout) {
                 return None;
@@ -500,8 +519,9 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let (shard, now) = self.shard_now(key);
-        Duration::from_micros(shard.next_free(key, now).saturating_sub(now))
+        let read = self.clock.now_micros();
+        let next_free = self.shard(key).read().next_free(key, read);
+        Duration::from_micros(next_free.saturating_sub(read))
     }
 }
 
@@ -520,7 +540,9 @@ where
         Q: Hash + Eq + ?Sized,
     {
         let (mut shard, now) = self.shard_now(key);
-        shard.take(key).map(|ticket| ticket.saturating_sub(now))
+        shard
+            .take(key, now)
+            .map(|ticket| ticket.saturating_sub(now))
     }
 
     /// Forgets every key and returns each with how far its ticket lay
@@ -530,10 +552,10 @@ where
         let mut debts = Vec::new();
         for shard in self.shards.iter() {
             let read = self.clock.now_micros();
-            let (mut shard, now) = self.at_now(lock(shard), read);
+            let (mut shard, now) = shard.0.write_at(read);
             debts.extend(
                 shard
-                    .drain()
+                    .drain(now)
                     .into_iter()
                     .map(|(key, ticket)| (key, ticket.saturating_sub(now))),
             );
@@ -575,8 +597,9 @@ where
         stable_interval_micros(permits_per_second)?;
         for shard in self.shards.iter() {
             let read = self.clock.now_micros();
-            let (mut shard, now) = self.at_now(lock(shard), read);
-            shard.set_rate(permits_per_second, now);
+            let (mut table, now) = shard.0.write_at(read);
+            table.set_rate(permits_per_second, now);
+            shard.0.sweep_scheduled(&table);
         }
         self.rate_bits.store(permits_per_second.to_bits(), Relaxed);
         Ok(())
@@ -594,7 +617,7 @@ where
 
     /// The number of keys held now (those not known to read as full).
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|shard| lock(shard).len()).sum()
+        self.shards.iter().map(|shard| shard.0.read().len()).sum()
     }
 
     /// Whether no key is held.
@@ -630,7 +653,7 @@ where
 
 impl<K, C: Clock> fmt::Debug for KeyedRateLimiter<K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let template = lock(&self.shards[0]).template().clone();
+        let template = self.shards[0].0.read().template().clone();
         f.debug_struct("KeyedRateLimiter")
             .field("permits_per_second", &template.permits_per_second)
             .field("policy", &template.policy)

@@ -1,19 +1,46 @@
-//! One shard of a keyed limiter: its keys' states under one lock, the
-//! configuration they share, and the bookkeeping that keeps the shard small.
+//! One shard of a keyed limiter: its keys' states behind one read-write
+//! lock, the configuration they share, and the bookkeeping that keeps the
+//! shard small.
+//!
+//! # Two ways to hold a key
+//!
+//! A bursty key's state is one `u64`, the lock-free local limiter's
+//! [word](crate::local::word) (a fixed-point *theoretical arrival time*
+//! relative to the shard's base), in an `AtomicU64`. The common call, on a
+//! key already held, takes the shard's lock for reading and runs the word's
+//! step with one compare-and-swap, so calls on keys of one shard run side by
+//! side; an entry costs the key and eight bytes.
+//!
+//! Every other call takes the lock for writing and runs the
+//! [core](crate::core) on the key's state, decoded from its word and encoded
+//! back: a new key, a reservation that records what it took (to be given
+//! back), a give-back, a rate change, a sweep. A state the word cannot hold
+//! (a warming-up policy, a debt past the word's window, permits stored
+//! behind a debt, the local fallback of a Redis limiter) is kept as the
+//! core's numbers in a second map, and runs on the core under the write lock.
+//!
+//! As for the local limiter, a step from a word with permits stored may
+//! differ from the core by a rounding, at most 1 µs (stored permits are
+//! held as time to 2^-20 µs); from a word with nothing stored it agrees to
+//! the bit.
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
+use std::fmt;
 use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::core::{GiveBack, Reserved, State};
+use crate::local::word::{self, Config, Encoded, Slot, Step};
 
-/// One key's state: the core's stored permits and ticket. (Its ticket also
-/// tells when it was last used: a reservation moves it to at least its
-/// moment, so the entries whose tickets lie furthest back are the least
-/// recently used.)
+/// One key's state as the core's numbers: its stored permits and ticket.
+/// (Its ticket also tells when it was last used: a reservation moves it to
+/// at least its moment, so the entries whose tickets lie furthest back are
+/// the least recently used.)
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Entry {
+struct Entry {
     stored_permits: f64,
     next_free_micros: u64,
     next_free_fraction: u32,
@@ -26,6 +53,16 @@ impl Entry {
             stored_permits: state.stored_permits,
             next_free_micros: state.next_free_micros,
             next_free_fraction: state.next_free_fraction,
+        }
+    }
+
+    /// The state a word stands for at `now`.
+    fn decoded(word: u64, now: u64, config: &Config) -> Entry {
+        let decoded = word::decode(word, now, config);
+        Entry {
+            stored_permits: decoded.stored,
+            next_free_micros: decoded.next_free,
+            next_free_fraction: decoded.fraction,
         }
     }
 
@@ -44,24 +81,39 @@ impl Entry {
     }
 }
 
-/// The keys of one shard.
-#[derive(Debug)]
+/// One shard: its keys behind a read-write lock, and when it is next swept,
+/// readable without the lock.
 pub(super) struct Shard<K> {
+    table: RwLock<Table<K>>,
+    /// The clock reading (µs) from which a call sweeps the shard: a call that
+    /// reads the clock past it takes the write lock.
+    sweep_at: AtomicU64,
+}
+
+/// The keys of one shard.
+pub(super) struct Table<K> {
     /// The configuration every key runs under: a key's state is this with
-    /// the key's two numbers (its own two are scratch space for that).
+    /// the key's numbers.
     template: State,
-    entries: HashMap<K, Entry, RandomState>,
-    /// Calls since the last sweep of full entries, and when it ran (µs).
-    calls_since_sweep: usize,
+    /// The word configuration (in slot 0; words are of generation 0), when
+    /// keys are held as words.
+    config: Option<Config>,
+    slots: [Slot; 2],
+    /// Keys held as words.
+    words: HashMap<K, AtomicU64, RandomState>,
+    /// Keys held as the core's numbers.
+    states: HashMap<K, Entry, RandomState>,
+    /// When the last sweep by time (or to the cap) ran (µs).
     last_sweep: u64,
-    /// The refill period (at least 1 ms): an entry with no debt that has
-    /// been idle this long reads as full.
+    /// The number of entries from which a new key sweeps first.
+    sweep_len: usize,
+    /// The least time between two sweeps by time: the refill period, and
+    /// at least [`SWEEP_MIN_PERIOD`].
     sweep_period: u64,
     /// The most entries this shard may hold, if capped.
     cap: Option<usize>,
-    /// The latest clock reading a call on this shard used: readings taken
-    /// before the lock are raised to it, so time never runs backwards for
-    /// a key.
+    /// The latest clock reading a call under the write lock used: readings
+    /// taken before the lock are raised to it.
     last_now: u64,
     /// How a key not held starts, and whether full entries are swept.
     mode: Mode,
@@ -80,17 +132,32 @@ pub(crate) enum Mode {
     Empty,
 }
 
-/// A sweep runs once the calls since the last one reach the shard's size
-/// (and this many at least), so that its cost, one pass over the entries, is
-/// spread over as many calls as there are entries; and also at the first
-/// call a refill period after the last one, when every entry idle since
-/// before it and out of debt has become full (so that a shard flooded once
-/// shrinks as soon as it is used again, at the cost of one pass per refill
-/// period).
-const SWEEP_MIN_CALLS: usize = 64;
+/// The least time between two sweeps by time (µs); see [`Sweep`].
+const SWEEP_MIN_PERIOD: u64 = 1_000_000;
 
-/// The shortest time between two sweeps triggered by time, in µs.
-const SWEEP_MIN_PERIOD: u64 = 1_000;
+/// See [`SWEEP_MIN_PERIOD`].
+const SWEEP_MIN_LEN: usize = 64;
+
+/// A pass that drops entries reading as full, as part of an ordinary call.
+/// Which entries reading as full it drops depends on why it runs, so that a
+/// key in use is not dropped and made again at every pass (at a high rate,
+/// a key reads as full a moment after each call).
+#[derive(Debug, Clone, Copy)]
+enum Sweep {
+    /// At the first call a sweep period (the refill period, and at least
+    /// [`SWEEP_MIN_PERIOD`]) after the last sweep by time: the entries idle
+    /// for half a period at least, so that a shard flooded once shrinks as
+    /// soon as it is used again. One pass per period.
+    Time,
+    /// When a new key finds the shard twice as large as after the last
+    /// sweep (and [`SWEEP_MIN_LEN`] at least): the entries idle since the
+    /// last sweep by time. A pass over `n` entries follows at least `n / 2`
+    /// new keys: constant work per call, amortized.
+    Growth,
+    /// When a new key finds the shard at its cap: every entry that reads as
+    /// full, before any that does not is dropped.
+    Cap,
+}
 
 /// What one call on a shard dropped to stay within its cap.
 #[derive(Debug, Default, Clone, Copy)]
@@ -99,32 +166,242 @@ pub(super) struct Dropped {
     pub(super) unfinished: u64,
 }
 
+/// A fast call's outcome, when it needs no write lock.
+pub(super) enum Fast {
+    /// Granted: the wait in µs.
+    Granted(u64),
+    /// The debt does not fit in the timeout: nothing reserved.
+    Refused,
+}
+
 impl<K> Shard<K> {
-    pub(super) fn len(&self) -> usize {
-        self.entries.len()
+    /// The table, for reading. Nothing panics while it is held mid-update,
+    /// so a poisoned lock is taken as it is.
+    pub(super) fn read(&self) -> RwLockReadGuard<'_, Table<K>> {
+        self.table.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(super) fn template(&self) -> &State {
-        &self.template
+    /// The table, for writing.
+    pub(super) fn write(&self) -> RwLockWriteGuard<'_, Table<K>> {
+        self.table.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a call at `now` must sweep (under the write lock).
+    #[inline]
+    pub(super) fn sweep_due(&self, now: u64) -> bool {
+        now >= self.sweep_at.load(Relaxed)
     }
 }
 
-impl<K: Hash + Eq> Shard<K> {
+impl<K: Hash + Eq + Clone> Shard<K> {
     pub(super) fn new(
         template: State,
         hasher: RandomState,
         cap: Option<usize>,
         mode: Mode,
+        now: u64,
     ) -> Self {
-        Shard {
-            sweep_period: template.refill_micros().max(SWEEP_MIN_PERIOD),
+        let sweep_period = sweep_period(&template);
+        let mut table = Table {
             template,
-            entries: HashMap::with_hasher(hasher),
-            calls_since_sweep: 0,
-            last_sweep: 0,
+            config: None,
+            slots: Default::default(),
+            words: HashMap::with_hasher(hasher.clone()),
+            states: HashMap::with_hasher(hasher),
+            last_sweep: now,
+            sweep_len: SWEEP_MIN_LEN,
+            sweep_period,
             cap,
-            last_now: 0,
+            last_now: now,
             mode,
+        };
+        table.configure(now);
+        Shard {
+            sweep_at: AtomicU64::new(table.next_sweep()),
+            table: RwLock::new(table),
+        }
+    }
+
+    /// The table, write-locked, and the time now for it: `read` (the clock,
+    /// read before the lock so that no call waits under it) raised to the
+    /// shard's latest reading, so that time never runs backwards for a key.
+    /// Sweeps first if a sweep is due by time.
+    pub(super) fn write_at(&self, read: u64) -> (RwLockWriteGuard<'_, Table<K>>, u64) {
+        let mut table = self.write();
+        let now = table.clamp(read);
+        self.sweep_scheduled(&table);
+        (table, now)
+    }
+
+    /// Publishes when `table` (this shard's, write-locked) sweeps next.
+    pub(super) fn sweep_scheduled(&self, table: &Table<K>) {
+        self.sweep_at.store(table.next_sweep(), Relaxed);
+    }
+}
+
+/// The least time between two sweeps by time, for keys of `template`.
+fn sweep_period(template: &State) -> u64 {
+    template.refill_micros().max(SWEEP_MIN_PERIOD)
+}
+
+impl<K> Table<K> {
+    pub(super) fn len(&self) -> usize {
+        self.words.len() + self.states.len()
+    }
+
+    pub(super) fn template(&self) -> &State {
+        &self.template
+    }
+
+    /// When the next sweep by time is due.
+    fn next_sweep(&self) -> u64 {
+        match self.mode {
+            Mode::Full => self.last_sweep.saturating_add(self.sweep_period),
+            Mode::Empty => u64::MAX,
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone> Table<K> {
+    /// Reserves `permits` of `key`, if held as a word, with the lock held
+    /// for reading: `None` if the call needs the write lock (the key is not
+    /// a word, or the step needs the core). With `only_at_once`, a grant
+    /// that would wait is left to the write lock too (which records it).
+    #[inline]
+    pub(super) fn fast<Q>(
+        &self,
+        key: &Q,
+        now: u64,
+        permits: u32,
+        timeout: u64,
+        only_at_once: bool,
+    ) -> Option<Fast>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.config.as_ref()?;
+        let cell = self.words.get(key)?;
+        let mut current = cell.load(Relaxed);
+        loop {
+            match word::step(current, now, permits, timeout, &self.slots) {
+                Step::Refused => return Some(Fast::Refused),
+                Step::Slow => return None,
+                Step::Granted { wait, .. } if only_at_once && wait > 0 => return None,
+                Step::Granted { word: new, wait } => {
+                    // The configuration cannot change under the read lock:
+                    // only the word can, by another caller on this key.
+                    match cell.compare_exchange_weak(current, new, Relaxed, Relaxed) {
+                        Ok(_) => return Some(Fast::Granted(wait)),
+                        Err(seen) => current = seen,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sets the word configuration for the template at `now` (none if its
+    /// keys cannot be words), re-encoding every key held.
+    fn configure(&mut self, now: u64) {
+        let old = self.config;
+        self.config = match self.mode {
+            Mode::Full => Config::new(&self.template, now),
+            Mode::Empty => None,
+        };
+        if let Some(config) = &self.config {
+            self.slots[0].store(config);
+        }
+        let template = &self.template;
+        let mut moved = Vec::new();
+        match (old, self.config) {
+            (None, None) => {}
+            (Some(old), new) => {
+                for (key, cell) in self.words.iter_mut() {
+                    let entry = Entry::decoded(*cell.get_mut(), now, &old);
+                    match new.map(|new| word::encode(0, &entry.state(template), now, &new)) {
+                        Some(Encoded::Word(new)) => *cell.get_mut() = new,
+                        _ => moved.push((key.clone(), entry)),
+                    }
+                }
+                for (key, entry) in moved {
+                    self.words.remove(&key);
+                    self.states.insert(key, entry);
+                }
+            }
+            (None, Some(_)) => {}
+        }
+        // Entries held as numbers become words where they can.
+        if self.config.is_some() && !self.states.is_empty() {
+            let states = std::mem::take(&mut self.states);
+            for (key, entry) in states {
+                let state = entry.state(&self.template);
+                match self.encode(&state, now) {
+                    Some(word) => {
+                        self.words.insert(key, AtomicU64::new(word));
+                    }
+                    None => {
+                        self.states.insert(key, entry);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `state` as a word, if the configuration holds words and this state
+    /// fits one (rebasing the shard first if that is what it takes).
+    fn encode(&mut self, state: &State, now: u64) -> Option<u64> {
+        let config = self.config?;
+        match word::encode(0, state, now, &config) {
+            Encoded::Word(word) => Some(word),
+            Encoded::Mutex => None,
+            Encoded::Rebase if word::worth_rebasing(&config, now) => {
+                self.configure(now);
+                match word::encode(0, state, now, &self.config?) {
+                    Encoded::Word(word) => Some(word),
+                    _ => None,
+                }
+            }
+            Encoded::Rebase => None,
+        }
+    }
+
+    /// The state of `key` at `now`, if held.
+    fn get<Q>(&mut self, key: &Q, now: u64) -> Option<State>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        if let (Some(config), Some(cell)) = (&self.config, self.words.get_mut(key)) {
+            return Some(Entry::decoded(*cell.get_mut(), now, config).state(&self.template));
+        }
+        self.states
+            .get(key)
+            .map(|entry| entry.state(&self.template))
+    }
+
+    /// Holds `state` as `key`'s, held already or not, as a word if it can.
+    fn put<Q>(&mut self, key: &Q, state: &State, now: u64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        match self.encode(state, now) {
+            Some(word) => {
+                if let Some(cell) = self.words.get_mut(key) {
+                    *cell.get_mut() = word;
+                    return;
+                }
+                self.states.remove(key);
+                self.words.insert(key.to_owned(), AtomicU64::new(word));
+            }
+            None => {
+                if let Some(entry) = self.states.get_mut(key) {
+                    *entry = Entry::of(state);
+                    return;
+                }
+                self.words.remove(key);
+                self.states.insert(key.to_owned(), Entry::of(state));
+            }
         }
     }
 
@@ -141,61 +418,100 @@ impl<K: Hash + Eq> Shard<K> {
         state
     }
 
-    /// Counts a call; once enough calls have passed, drops the entries that
-    /// read as full.
-    fn tick(&mut self, now: u64) {
-        if self.mode == Mode::Empty {
-            return;
-        }
-        self.calls_since_sweep += 1;
-        if self.calls_since_sweep >= self.entries.len().max(SWEEP_MIN_CALLS)
-            || now.saturating_sub(self.last_sweep) >= self.sweep_period
-        {
-            self.sweep(now);
-        }
-    }
-
-    fn sweep(&mut self, now: u64) {
-        self.calls_since_sweep = 0;
-        self.last_sweep = now;
-        let template = &self.template;
-        self.entries
-            .retain(|_, entry| !reads_as_full(template, entry, now));
-        // After a flood of keys the table keeps its size: give the memory
-        // back once it is mostly empty.
-        if self.entries.capacity() > 4 * self.entries.len().max(SWEEP_MIN_CALLS) {
-            self.entries.shrink_to(2 * self.entries.len());
-        }
-    }
-
-    /// `now` as read before the lock, never below the shard's last reading.
+    /// `now` as read before the lock, never below the shard's last reading;
+    /// sweeps first if one is due by time.
     pub(super) fn clamp(&mut self, now: u64) -> u64 {
         let now = now.max(self.last_now);
         self.last_now = now;
+        if now >= self.next_sweep() {
+            self.sweep(now, Sweep::Time);
+        }
         now
     }
 
-    /// Makes room for one more entry under the cap: first the entries that
-    /// read as full, then, if that is not enough, the least recently used
-    /// sixteenth of the shard (so that a flood of new keys costs a constant
-    /// amount of work per key, amortized).
+    /// Drops the entries that read as full at `now` and were last used
+    /// before `before` (see [`Sweep`]), and gives memory back once the maps
+    /// are mostly empty.
+    fn sweep(&mut self, now: u64, kind: Sweep) {
+        let before = match kind {
+            Sweep::Time => {
+                self.last_sweep = now;
+                now.saturating_sub(self.sweep_period / 2)
+            }
+            Sweep::Growth => self.last_sweep,
+            Sweep::Cap => u64::MAX,
+        };
+        let template = &self.template;
+        if let Some(config) = &self.config {
+            self.words.retain(|_, cell| {
+                let word = *cell.get_mut();
+                !(word::last_use(word, config) < before
+                    && reads_as_full(template, &Entry::decoded(word, now, config), now))
+            });
+        }
+        self.states.retain(|_, entry| {
+            !(entry.next_free_micros < before && reads_as_full(template, entry, now))
+        });
+        self.sweep_len = (2 * self.len()).max(SWEEP_MIN_LEN);
+        // After a flood of keys a map keeps its size: give the memory back
+        // once it is mostly empty.
+        for (len, capacity) in [
+            (self.words.len(), self.words.capacity()),
+            (self.states.len(), self.states.capacity()),
+        ] {
+            if capacity > 4 * len.max(SWEEP_MIN_LEN) {
+                self.words.shrink_to(2 * self.words.len());
+                self.states.shrink_to(2 * self.states.len());
+                break;
+            }
+        }
+    }
+
+    /// Makes room for one more entry: a sweep by growth when the shard has
+    /// doubled since the last sweep; under the cap, the entries that read as
+    /// full and, if that is not enough, the least recently used sixteenth
+    /// of the shard (so that a flood of new keys costs a constant amount of
+    /// work per key, amortized).
     fn make_room(&mut self, now: u64) -> Dropped {
+        if self.mode == Mode::Full && self.len() >= self.sweep_len {
+            self.sweep(now, Sweep::Growth);
+        }
         let Some(cap) = self.cap else {
             return Dropped::default();
         };
-        if self.entries.len() < cap {
+        if self.len() < cap {
             return Dropped::default();
         }
-        self.sweep(now);
-        if self.entries.len() < cap {
-            return Dropped::default();
+        if self.mode == Mode::Full {
+            self.sweep(now, Sweep::Cap);
+            if self.len() < cap {
+                return Dropped::default();
+            }
         }
-        let batch = (cap / 16).max(1).min(self.entries.len());
-        let mut tickets: Vec<u64> = self.entries.values().map(|e| e.next_free_micros).collect();
-        let (_, cutoff, _) = tickets.select_nth_unstable(batch - 1);
+        let batch = (cap / 16).max(1).min(self.len());
+        let mut stamps: Vec<u64> = match &self.config {
+            Some(config) => self
+                .words
+                .values_mut()
+                .map(|cell| word::last_use(*cell.get_mut(), config))
+                .collect(),
+            None => Vec::new(),
+        };
+        stamps.extend(self.states.values().map(|entry| entry.next_free_micros));
+        let (_, cutoff, _) = stamps.select_nth_unstable(batch - 1);
         let cutoff = *cutoff;
         let mut left = batch;
-        self.entries.retain(|_, entry| {
+        if let Some(config) = &self.config {
+            self.words.retain(|_, cell| {
+                if left > 0 && word::last_use(*cell.get_mut(), config) <= cutoff {
+                    left -= 1;
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        self.states.retain(|_, entry| {
             if left > 0 && entry.next_free_micros <= cutoff {
                 left -= 1;
                 false
@@ -204,7 +520,7 @@ impl<K: Hash + Eq> Shard<K> {
             }
         });
         Dropped {
-            unfinished: batch as u64,
+            unfinished: (batch - left) as u64,
         }
     }
 
@@ -221,15 +537,10 @@ impl<K: Hash + Eq> Shard<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.tick(now);
-        if let Some(entry) = self.entries.get_mut(key) {
-            // The template's own two numbers are scratch space: the key's
-            // state is run in place, with no copy of the configuration.
-            let state = &mut self.template;
-            entry.load_into(state);
-            let result = step(state);
+        if let Some(mut state) = self.get(key, now) {
+            let result = step(&mut state);
             if result.is_some() {
-                *entry = Entry::of(state);
+                self.put(key, &state, now);
             }
             return (result, Dropped::default());
         }
@@ -238,7 +549,7 @@ impl<K: Hash + Eq> Shard<K> {
             return (None, Dropped::default());
         };
         let dropped = self.make_room(now);
-        self.entries.insert(key.to_owned(), Entry::of(&state));
+        self.put(key, &state, now);
         (Some(result), dropped)
     }
 
@@ -248,26 +559,45 @@ impl<K: Hash + Eq> Shard<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.entries
+        if let (Some(config), Some(cell)) = (&self.config, self.words.get(key)) {
+            return word::decode(cell.load(Relaxed), now, config)
+                .next_free
+                .max(now);
+        }
+        self.states
             .get(key)
             .map_or(now, |entry| entry.next_free_micros)
     }
 
-    /// Removes every key and returns each with its ticket.
-    pub(super) fn drain(&mut self) -> Vec<(K, u64)> {
-        self.entries
+    /// Removes every key and returns each with its ticket (at `now`).
+    pub(super) fn drain(&mut self, now: u64) -> Vec<(K, u64)> {
+        let config = self.config;
+        let mut drained: Vec<(K, u64)> = self
+            .states
             .drain()
             .map(|(key, entry)| (key, entry.next_free_micros))
-            .collect()
+            .collect();
+        if let Some(config) = config {
+            drained.extend(self.words.drain().map(|(key, cell)| {
+                let ticket = word::decode(cell.into_inner(), now, &config).next_free;
+                (key, ticket)
+            }));
+        }
+        drained
     }
 
-    /// Removes `key` and returns its ticket, if held.
-    pub(super) fn take<Q>(&mut self, key: &Q) -> Option<u64>
+    /// Removes `key` and returns its ticket (at `now`), if held.
+    pub(super) fn take<Q>(&mut self, key: &Q, now: u64) -> Option<u64>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.entries.remove(key).map(|entry| entry.next_free_micros)
+        if let Some(entry) = self.states.remove(key) {
+            return Some(entry.next_free_micros);
+        }
+        let config = self.config?;
+        let cell = self.words.remove(key)?;
+        Some(word::decode(cell.into_inner(), now, &config).next_free)
     }
 
     /// Holds `key` with nothing stored and the ticket at `until`, unless it
@@ -277,18 +607,14 @@ impl<K: Hash + Eq> Shard<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        if self.entries.contains_key(key) {
+        if self.states.contains_key(key) || self.words.contains_key(key) {
             return Dropped::default();
         }
         let dropped = self.make_room(now);
-        self.entries.insert(
-            key.to_owned(),
-            Entry {
-                stored_permits: 0.0,
-                next_free_micros: until.max(now),
-                next_free_fraction: 0,
-            },
-        );
+        let mut state = self.full_state(now);
+        state.stored_permits = 0.0;
+        state.next_free_micros = until.max(now);
+        self.put(key, &state, now);
         dropped
     }
 
@@ -297,23 +623,30 @@ impl<K: Hash + Eq> Shard<K> {
     pub(super) fn give_back<Q>(&mut self, key: &Q, taken: &Reserved, now: u64) -> GiveBack
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let template = &self.template;
-        let Some(entry) = self.entries.get_mut(key) else {
+        let Some(mut state) = self.get(key, now) else {
             return GiveBack::Nothing;
         };
-        let mut state = entry.state(template);
         let outcome = state.give_back(taken, now);
-        *entry = Entry::of(&state);
+        self.put(key, &state, now);
         outcome
     }
 
     /// Changes every key's rate at `now`, as `State::set_rate` does for one
     /// limiter. The rate has been checked.
     pub(super) fn set_rate(&mut self, permits_per_second: f64, now: u64) {
+        // Every key as numbers, under the old configuration...
+        if let Some(config) = self.config.take() {
+            let words = std::mem::take(&mut self.words);
+            self.states.extend(
+                words
+                    .into_iter()
+                    .map(|(key, cell)| (key, Entry::decoded(cell.into_inner(), now, &config))),
+            );
+        }
         let template = self.template.clone();
-        for entry in self.entries.values_mut() {
+        for entry in self.states.values_mut() {
             let mut state = entry.state(&template);
             state
                 .set_rate(permits_per_second, now)
@@ -323,7 +656,15 @@ impl<K: Hash + Eq> Shard<K> {
         self.template
             .set_rate(permits_per_second, now)
             .expect("the rate was checked");
-        self.sweep_period = self.template.refill_micros().max(SWEEP_MIN_PERIOD);
+        self.sweep_period = sweep_period(&self.template);
+        // ... then as words under the new one, where they fit.
+        self.configure(now);
+    }
+}
+
+impl<K> fmt::Debug for Shard<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shard").finish_non_exhaustive()
     }
 }
 

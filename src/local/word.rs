@@ -97,7 +97,7 @@ const HALF_WINDOW: u64 = WINDOW / 2;
 
 /// What one step from a word decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Step {
+pub(crate) enum Step {
     /// The debt does not fit in the timeout: nothing to write.
     Refused,
     /// Write `word` (compare-and-swap); the caller waits `wait` µs.
@@ -109,22 +109,22 @@ pub(super) enum Step {
 
 /// The numbers a step needs from a generation's configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct Config {
+pub(crate) struct Config {
     /// `stable_interval_micros`.
-    pub(super) interval: f64,
+    pub(crate) interval: f64,
     /// `max_permits`.
-    pub(super) max_permits: f64,
+    pub(crate) max_permits: f64,
     /// `max_permits × interval`, in fixed point: the most time that can be stored.
-    pub(super) burst: u64,
+    pub(crate) burst: u64,
     /// The origin of fixed-point payloads, in µs (may be negative).
-    pub(super) base: i64,
+    pub(crate) base: i64,
     /// What one permit costs, stored or fresh, in fixed point:
     /// `charge(interval)`.
-    pub(super) unit_charge: u64,
+    pub(crate) unit_charge: u64,
     /// The latest ticket a word with nothing stored may hold: `MAX_MICROS`
     /// (where the core saturates) or the end of the window, whichever
     /// comes first. A step past it goes to the lock.
-    pub(super) ceiling: u64,
+    pub(crate) ceiling: u64,
 }
 
 impl Config {
@@ -138,7 +138,7 @@ impl Config {
     /// over unchanged as long as `max_permits × interval` is the configured
     /// burst, which is what capping would break (a burst of 10^-280 µs at one
     /// rate can be a day's worth at the next).
-    pub(super) fn new(state: &State, now: u64) -> Option<Config> {
+    pub(crate) fn new(state: &State, now: u64) -> Option<Config> {
         let Policy::Bursty(bursty) = &state.policy else {
             return None;
         };
@@ -189,7 +189,7 @@ fn fixed_now(now: u64, base: i64) -> Option<u64> {
 /// that sees a torn slot has an outdated generation and fails its
 /// compare-and-swap).
 #[derive(Debug, Default)]
-pub(super) struct Slot {
+pub(crate) struct Slot {
     interval: AtomicU64,
     max_permits: AtomicU64,
     burst: AtomicU64,
@@ -200,7 +200,7 @@ pub(super) struct Slot {
 
 impl Slot {
     /// Writes `config`; the caller publishes it by a release of the word.
-    pub(super) fn store(&self, config: &Config) {
+    pub(crate) fn store(&self, config: &Config) {
         self.interval.store(config.interval.to_bits(), Relaxed);
         self.max_permits
             .store(config.max_permits.to_bits(), Relaxed);
@@ -212,7 +212,7 @@ impl Slot {
 
     /// Reads the slot (after an acquire of the word).
     #[inline(always)]
-    pub(super) fn load(&self) -> Config {
+    pub(crate) fn load(&self) -> Config {
         Config {
             interval: self.interval(),
             max_permits: f64::from_bits(self.max_permits.load(Relaxed)),
@@ -255,7 +255,7 @@ fn charge(micros: f64) -> u64 {
 
 /// Which of the two slots a word's generation uses.
 #[inline]
-pub(super) fn slot_index(word: u64) -> usize {
+pub(crate) fn slot_index(word: u64) -> usize {
     ((word >> GEN_SHIFT) & 1) as usize
 }
 
@@ -266,7 +266,7 @@ fn next_generation(word: u64) -> u64 {
 
 /// Whether the word holds stored permits.
 #[inline(always)]
-pub(super) fn has_stored(word: u64) -> bool {
+pub(crate) fn has_stored(word: u64) -> bool {
     word & STORED != 0
 }
 
@@ -274,7 +274,7 @@ pub(super) fn has_stored(word: u64) -> bool {
 /// words of one generation with nothing stored) pushed the ticket by,
 /// rounded down, as `Reserved::charge_micros` counts them.
 #[inline(always)]
-pub(super) fn charge_between(before: u64, after: u64) -> u64 {
+pub(crate) fn charge_between(before: u64, after: u64) -> u64 {
     (after & PAYLOAD).saturating_sub(before & PAYLOAD) >> FRAC_BITS
 }
 
@@ -282,7 +282,7 @@ pub(super) fn charge_between(before: u64, after: u64) -> u64 {
 /// `charge` whole µs but not below `now` (`State::return_charge`), if `now`
 /// lies in its window.
 #[inline]
-pub(super) fn returned(word: u64, now: u64, charge: u64, slots: &[Slot; 2]) -> Option<u64> {
+pub(crate) fn returned(word: u64, now: u64, charge: u64, slots: &[Slot; 2]) -> Option<u64> {
     let base = slots[slot_index(word)].base.load(Relaxed) as i64;
     let now = fixed_now(now, base)? >> FRAC_BITS;
     let payload = word & PAYLOAD;
@@ -291,9 +291,33 @@ pub(super) fn returned(word: u64, now: u64, charge: u64, slots: &[Slot; 2]) -> O
     Some((word & !PAYLOAD) | (moved << FRAC_BITS) | (payload & FRAC_MASK))
 }
 
+/// The latest clock reading (µs) at which `word` (under `config`) can have
+/// been written: its ticket if nothing is stored, else its `tat` plus a full
+/// burst (a step leaves `tat` at least a burst before its `now`). Orders the
+/// entries of a keyed limiter from least to most recently used.
+pub(crate) fn last_use(word: u64, config: &Config) -> u64 {
+    let payload = word & PAYLOAD;
+    let latest = if word & STORED == 0 {
+        payload
+    } else {
+        payload.saturating_add(config.burst)
+    };
+    let micros = i128::from(config.base) + i128::from(latest >> FRAC_BITS);
+    micros.clamp(0, i128::from(MAX_MICROS)) as u64
+}
+
+/// Whether a new base for `now` would differ enough from `config`'s to be
+/// worth re-encoding a whole keyed shard: `now` has left the window, or
+/// moved an eighth of it past the middle. (Closer to the base, a state that
+/// does not fit is one far in debt, which no base would hold for long.)
+pub(crate) fn worth_rebasing(config: &Config, now: u64) -> bool {
+    let relative = i128::from(now) - i128::from(config.base);
+    relative < 0 || relative >= i128::from(HALF_WINDOW + WINDOW / 8)
+}
+
 /// Whether the limiter is in mutex mode.
 #[inline]
-pub(super) fn is_mutex(word: u64) -> bool {
+pub(crate) fn is_mutex(word: u64) -> bool {
     word & (STORED | PAYLOAD) == MUTEX
 }
 
@@ -318,7 +342,7 @@ fn fixed(micros: f64) -> u64 {
 /// happens between the load and the compare-and-swap: spending stored
 /// permits from a word of one generation, at one `now`.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Quick {
+pub(crate) struct Quick {
     /// The generation bits, with `STORED`: the words this applies to.
     tag: u64,
     /// `now` in fixed point; 0 if outside the window (nothing applies).
@@ -331,7 +355,7 @@ pub(super) struct Quick {
 
 impl Quick {
     /// Applies to no word: nothing lies before a `fixed_now` of zero.
-    pub(super) const NONE: Quick = Quick {
+    pub(crate) const NONE: Quick = Quick {
         tag: 0,
         fixed_now: 0,
         full: 0,
@@ -340,7 +364,7 @@ impl Quick {
 
     /// Prepares the step for words of `word`'s generation.
     #[inline(always)]
-    pub(super) fn new(word: u64, now: u64, permits: u32, slots: &[Slot; 2]) -> Quick {
+    pub(crate) fn new(word: u64, now: u64, permits: u32, slots: &[Slot; 2]) -> Quick {
         let slot = &slots[slot_index(word)];
         let fixed_now = fixed_now(now, slot.base.load(Relaxed) as i64).unwrap_or(0);
         Quick {
@@ -355,7 +379,7 @@ impl Quick {
     /// permits and keeps some after this step; what [`step`] would return
     /// as `Granted { word, wait: 0 }` then.
     #[inline(always)]
-    pub(super) fn apply(&self, word: u64) -> Option<u64> {
+    pub(crate) fn apply(&self, word: u64) -> Option<u64> {
         if word & !PAYLOAD != self.tag {
             return None;
         }
@@ -368,7 +392,7 @@ impl Quick {
 /// (`u64::MAX`: a plain reservation), from `word` and its generation's
 /// configuration. Pure: the caller writes the result with a compare-and-swap.
 #[inline(always)]
-pub(super) fn step(word: u64, now: u64, permits: u32, timeout: u64, slots: &[Slot; 2]) -> Step {
+pub(crate) fn step(word: u64, now: u64, permits: u32, timeout: u64, slots: &[Slot; 2]) -> Step {
     let generation = word & !(STORED | PAYLOAD);
     let payload = word & PAYLOAD;
     let slot = &slots[slot_index(word)];
@@ -473,17 +497,17 @@ fn permits_in(stored: u64, config: &Config) -> f64 {
 /// The core's state that `word` stands for at `now`, resynced if permits
 /// are stored. Not for mutex mode. Never panics, whatever the slot holds.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct Decoded {
+pub(crate) struct Decoded {
     /// `stored_permits`.
-    pub(super) stored: f64,
+    pub(crate) stored: f64,
     /// `next_free_micros`.
-    pub(super) next_free: u64,
+    pub(crate) next_free: u64,
     /// `next_free_fraction`.
-    pub(super) fraction: u32,
+    pub(crate) fraction: u32,
 }
 
 /// See [`Decoded`].
-pub(super) fn decode(word: u64, now: u64, config: &Config) -> Decoded {
+pub(crate) fn decode(word: u64, now: u64, config: &Config) -> Decoded {
     let payload = word & PAYLOAD;
     // A payload as a time: base + its whole µs, and its fraction.
     let ticket = || {
@@ -527,7 +551,7 @@ pub(super) fn decode(word: u64, now: u64, config: &Config) -> Decoded {
 
 /// What [`encode`] made of a state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Encoded {
+pub(crate) enum Encoded {
     /// The state, as a word of the same generation.
     Word(u64),
     /// Needs a configuration with a base nearer `now`.
@@ -538,7 +562,7 @@ pub(super) enum Encoded {
 
 /// The word of generation `generation` (the bits of a word) for the core's
 /// state at `now`, under `config`.
-pub(super) fn encode(generation: u64, state: &State, now: u64, config: &Config) -> Encoded {
+pub(crate) fn encode(generation: u64, state: &State, now: u64, config: &Config) -> Encoded {
     let generation = generation & !(STORED | PAYLOAD);
     let stored = state.stored_permits;
     let Some(fixed_now) = config.fixed_now(now) else {
@@ -577,7 +601,7 @@ pub(super) fn encode(generation: u64, state: &State, now: u64, config: &Config) 
 /// The word that publishes `state` at `now` in the generation after
 /// `word`'s: a fresh configuration (written into its slot) and the state
 /// encoded under it, or mutex mode when the word cannot hold them.
-pub(super) fn republish(word: u64, state: &State, now: u64, slots: &[Slot; 2]) -> u64 {
+pub(crate) fn republish(word: u64, state: &State, now: u64, slots: &[Slot; 2]) -> u64 {
     let generation = next_generation(word);
     if let Some(config) = Config::new(state, now) {
         // A fresh base puts `now` mid-window and the burst fits in the half
