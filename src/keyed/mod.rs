@@ -308,14 +308,12 @@ where
         let shard = self.shard(key);
         // The common call: a key held as a word, a step with no wait to
         // record, under the read lock.
-        if !shard.sweep_due(read) {
-            let only_at_once = record;
-            if let Some(fast) = shard.read().fast(key, read, permits, timeout, only_at_once) {
-                return match fast {
-                    Fast::Granted(wait) => Some((wait, None)),
-                    Fast::Refused => None,
-                };
-            }
+        let only_at_once = record;
+        if let Some(fast) = shard.read().fast(key, read, permits, timeout, only_at_once) {
+            return match fast {
+                Fast::Granted(wait) => Some((wait, None)),
+                Fast::Refused => None,
+            };
         }
         let (mut shard, now) = shard.write_at(read);
         let (grant, dropped) = shard.update(key, now, |state| {
@@ -599,7 +597,6 @@ where
             let read = self.clock.now_micros();
             let (mut table, now) = shard.0.write_at(read);
             table.set_rate(permits_per_second, now);
-            shard.0.sweep_scheduled(&table);
         }
         self.rate_bits.store(permits_per_second.to_bits(), Relaxed);
         Ok(())

@@ -81,13 +81,9 @@ impl Entry {
     }
 }
 
-/// One shard: its keys behind a read-write lock, and when it is next swept,
-/// readable without the lock.
+/// One shard: its keys behind a read-write lock.
 pub(super) struct Shard<K> {
     table: RwLock<Table<K>>,
-    /// The clock reading (µs) from which a call sweeps the shard: a call that
-    /// reads the clock past it takes the write lock.
-    sweep_at: AtomicU64,
 }
 
 /// The keys of one shard.
@@ -129,6 +125,7 @@ pub(crate) enum Mode {
     /// stay until taken or capped: a Redis keyed limiter's local fallback,
     /// whose keys open with no burst and whose entries record what each
     /// key ran up locally.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     Empty,
 }
 
@@ -185,12 +182,6 @@ impl<K> Shard<K> {
     pub(super) fn write(&self) -> RwLockWriteGuard<'_, Table<K>> {
         self.table.write().unwrap_or_else(PoisonError::into_inner)
     }
-
-    /// Whether a call at `now` must sweep (under the write lock).
-    #[inline]
-    pub(super) fn sweep_due(&self, now: u64) -> bool {
-        now >= self.sweep_at.load(Relaxed)
-    }
 }
 
 impl<K: Hash + Eq + Clone> Shard<K> {
@@ -217,7 +208,6 @@ impl<K: Hash + Eq + Clone> Shard<K> {
         };
         table.configure(now);
         Shard {
-            sweep_at: AtomicU64::new(table.next_sweep()),
             table: RwLock::new(table),
         }
     }
@@ -229,13 +219,7 @@ impl<K: Hash + Eq + Clone> Shard<K> {
     pub(super) fn write_at(&self, read: u64) -> (RwLockWriteGuard<'_, Table<K>>, u64) {
         let mut table = self.write();
         let now = table.clamp(read);
-        self.sweep_scheduled(&table);
         (table, now)
-    }
-
-    /// Publishes when `table` (this shard's, write-locked) sweeps next.
-    pub(super) fn sweep_scheduled(&self, table: &Table<K>) {
-        self.sweep_at.store(table.next_sweep(), Relaxed);
     }
 }
 
@@ -264,9 +248,10 @@ impl<K> Table<K> {
 
 impl<K: Hash + Eq + Clone> Table<K> {
     /// Reserves `permits` of `key`, if held as a word, with the lock held
-    /// for reading: `None` if the call needs the write lock (the key is not
-    /// a word, or the step needs the core). With `only_at_once`, a grant
-    /// that would wait is left to the write lock too (which records it).
+    /// for reading: `None` if the call needs the write lock (a sweep is due,
+    /// the key is not a word, or the step needs the core). With
+    /// `only_at_once`, a grant that would wait is left to the write lock too
+    /// (which records it).
     #[inline]
     pub(super) fn fast<Q>(
         &self,
@@ -280,7 +265,9 @@ impl<K: Hash + Eq + Clone> Table<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.config.as_ref()?;
+        if self.config.is_none() || now >= self.next_sweep() {
+            return None;
+        }
         let cell = self.words.get(key)?;
         let mut current = cell.load(Relaxed);
         loop {

@@ -20,7 +20,7 @@ use std::time::Duration;
 use crate::Error;
 use crate::builder::Builder;
 use crate::clock::{Clock, SystemClock};
-use crate::core::{MAX_MICROS, Reserved, State, micros, stable_interval_micros};
+use crate::core::{Reserved, State, micros, stable_interval_micros};
 use crate::error::check_permits;
 use crate::reservation::{GiveBackTo, Pending, Reservation, Taken};
 
@@ -364,7 +364,7 @@ impl<C: Clock> RateLimiter<C> {
     pub(crate) fn restart_from(&self, next_free_micros: u64) {
         self.update_locked(|state, _| {
             state.stored_permits = 0.0;
-            let next_free_micros = next_free_micros.min(MAX_MICROS);
+            let next_free_micros = next_free_micros.min(crate::core::MAX_MICROS);
             if next_free_micros > state.next_free_micros {
                 state.next_free_micros = next_free_micros;
                 state.next_free_fraction = 0;
