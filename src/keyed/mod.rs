@@ -20,7 +20,7 @@ pub(crate) use shard::Mode;
 use shard::{Dropped, Fast, Shard, Table};
 
 use crate::clock::{Clock, SystemClock};
-use crate::core::{Reserved, State, micros, stable_interval_micros};
+use crate::core::{Policy, Reserved, State, micros, stable_interval_micros};
 use crate::error::check_permits;
 use crate::reservation::{GiveBackTo, Pending, Taken};
 use crate::{Error, Reservation};
@@ -112,6 +112,9 @@ pub struct KeyedRateLimiter<K, C: Clock = SystemClock> {
     /// The rate as last set, as `f64` bits.
     rate_bits: AtomicU64,
     dropped_unfinished: AtomicU64,
+    /// Whether keys may be held as words, so that a call tries the read
+    /// lock first: a bursty policy, keys that start full.
+    words: bool,
 }
 
 /// A shard on cache lines of its own, so that threads on different shards
@@ -249,6 +252,7 @@ where
         let cap = max_keys.map(|cap| (cap / shards).max(1));
         let rate_bits = AtomicU64::new(template.permits_per_second.to_bits());
         let now = clock.now_micros();
+        let words = matches!(template.policy, Policy::Bursty(_)) && mode == Mode::Full;
         KeyedRateLimiter {
             shards: (0..shards)
                 .map(|_| {
@@ -265,6 +269,7 @@ where
             clock,
             rate_bits,
             dropped_unfinished: AtomicU64::new(0),
+            words,
         }
     }
 
@@ -309,7 +314,9 @@ where
         // The common call: a key held as a word, a step with no wait to
         // record, under the read lock.
         let only_at_once = record;
-        if let Some(fast) = shard.read().fast(key, read, permits, timeout, only_at_once) {
+        if self.words
+            && let Some(fast) = shard.read().fast(key, read, permits, timeout, only_at_once)
+        {
             return match fast {
                 Fast::Granted(wait) => Some((wait, None)),
                 Fast::Refused => None,

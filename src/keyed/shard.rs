@@ -358,7 +358,9 @@ impl<K: Hash + Eq + Clone> Table<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        if let (Some(config), Some(cell)) = (&self.config, self.words.get_mut(key)) {
+        if let Some(config) = &self.config
+            && let Some(cell) = self.words.get_mut(key)
+        {
             return Some(Entry::decoded(*cell.get_mut(), now, config).state(&self.template));
         }
         self.states
@@ -524,10 +526,33 @@ impl<K: Hash + Eq + Clone> Table<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        if let Some(mut state) = self.get(key, now) {
+        // One lookup for a key held either way.
+        if let Some(entry) = self.states.get_mut(key) {
+            // The template's own numbers are scratch space: the key's state
+            // runs in place, with no copy of the configuration.
+            let state = &mut self.template;
+            entry.load_into(state);
+            let result = step(state);
+            if result.is_some() {
+                *entry = Entry::of(state);
+                if self.config.is_some() {
+                    // It may fit a word again (a debt back in the window).
+                    let state = self.template.clone();
+                    self.put(key, &state, now);
+                }
+            }
+            return (result, Dropped::default());
+        }
+        if let Some(config) = self.config
+            && let Some(cell) = self.words.get_mut(key)
+        {
+            let mut state = Entry::decoded(*cell.get_mut(), now, &config).state(&self.template);
             let result = step(&mut state);
             if result.is_some() {
-                self.put(key, &state, now);
+                match word::encode(0, &state, now, &config) {
+                    Encoded::Word(word) => *cell.get_mut() = word,
+                    _ => self.put(key, &state, now), // a rebase, or numbers
+                }
             }
             return (result, Dropped::default());
         }
@@ -546,7 +571,9 @@ impl<K: Hash + Eq + Clone> Table<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        if let (Some(config), Some(cell)) = (&self.config, self.words.get(key)) {
+        if let Some(config) = &self.config
+            && let Some(cell) = self.words.get(key)
+        {
             return word::decode(cell.load(Relaxed), now, config)
                 .next_free
                 .max(now);
