@@ -538,3 +538,65 @@ fn threads_on_distinct_keys_do_not_interfere() {
     }
     assert_eq!(limiter.len(), 40_000);
 }
+
+/// Threads racing on the same keys, on a frozen clock: whatever the
+/// interleaving (the common call updates a key's word with a
+/// compare-and-swap under a shared lock), each key grants its stored burst
+/// plus the one request that runs into debt, no more; and plain
+/// reservations get distinct consecutive slots.
+#[test]
+fn threads_racing_on_the_same_keys_never_over_grant() {
+    const THREADS: u64 = 4;
+    const KEYS: u64 = 8;
+    let clock = FakeClock::new();
+    let limiter = Arc::new(
+        KeyedRateLimiter::<u64>::builder()
+            .permits_per_second(10.0)
+            .max_burst(Duration::from_secs(1)) // 10 stored permits per key
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    let granted: Vec<Vec<u64>> = (0..THREADS)
+        .map(|_| {
+            let limiter = Arc::clone(&limiter);
+            std::thread::spawn(move || {
+                let mut granted = vec![0u64; KEYS as usize];
+                for round in 0..2_000 {
+                    let key = round % KEYS;
+                    let got = limiter.try_reserve(&key, 1, Duration::ZERO).unwrap();
+                    granted[key as usize] += u64::from(got.is_some());
+                }
+                granted
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|thread| thread.join().unwrap())
+        .collect();
+    for key in 0..KEYS as usize {
+        let total: u64 = granted.iter().map(|per_thread| per_thread[key]).sum();
+        assert_eq!(total, 11, "key {key}: 10 stored and one into debt");
+    }
+
+    // Plain reservations on one fresh key: 10 free, then one slot each.
+    let waits: Vec<Vec<Duration>> = (0..THREADS)
+        .map(|_| {
+            let limiter = Arc::clone(&limiter);
+            std::thread::spawn(move || {
+                (0..50)
+                    .map(|_| limiter.reserve(&1_000u64, 1).unwrap())
+                    .collect()
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|thread| thread.join().unwrap())
+        .collect();
+    let mut waits: Vec<Duration> = waits.into_iter().flatten().collect();
+    waits.sort();
+    let expected: Vec<Duration> = (0..THREADS * 50)
+        .map(|call| Duration::from_millis(100 * call.saturating_sub(10)))
+        .collect();
+    assert_eq!(waits, expected);
+}
