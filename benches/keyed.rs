@@ -240,8 +240,7 @@ fn round_robin(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(3))
         .sample_size(40);
 
-    // Each limiter is populated just before its benchmark runs: after one
-    // call, a held key stays short of full for a second.
+    // Each limiter is populated just before its benchmark runs.
     let limiter = throttler_granted();
     populate(0..MANY_KEYS, |key| {
         granted(limiter.try_reserve(&key, 1, Duration::ZERO))
