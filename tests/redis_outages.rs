@@ -715,6 +715,82 @@ async fn a_cluster_that_loses_a_primary_degrades_only_the_limiters_on_it() {
     }
 }
 
+/// A limiter degraded by a fault on its own node goes back to Redis as soon
+/// as that node answers, even while another primary of the cluster is dead:
+/// its probe runs the script on its key's node only (a probe that needed
+/// every primary, as a cluster-wide `PING` does, would keep it degraded for
+/// as long as the unrelated node is down).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limiter_recovers_on_its_own_node_while_another_primary_is_dead() {
+    let mut cluster = RedisCluster::start();
+    for node in &cluster.nodes {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-require-full-coverage")
+            .arg("no")
+            .query(&mut node.connection())
+            .unwrap();
+    }
+    const HOME: usize = 0;
+    const DEAD: usize = 1;
+    let name = (0..)
+        .map(|i| format!("home-{i}"))
+        .find(|name| cluster.node_for_key(&format!("throttler:{name}")) == HOME)
+        .unwrap();
+    let limiter = RedisRateLimiter::cluster_builder(cluster.client(), &name)
+        .permits_per_second(1_000.0)
+        .response_timeout(RESPONSE_TIMEOUT)
+        .probe_interval(PROBE_INTERVAL)
+        .build()
+        .await
+        .unwrap();
+    assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
+
+    // An unrelated primary dies: the limiter does not notice.
+    cluster.nodes[DEAD].kill();
+    for _ in 0..10 {
+        assert!(limiter.try_acquire(1, Duration::ZERO).await.is_ok());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!limiter.is_degraded(), "{:?}", limiter.stats());
+
+    // Its own node freezes (for less than the cluster's node timeout, so
+    // the cluster itself does not change): it degrades.
+    cluster.nodes[HOME].stop();
+    let frozen = Instant::now();
+    while !limiter.is_degraded() {
+        assert!(frozen.elapsed() < Duration::from_secs(2), "never degraded");
+        let call = Instant::now();
+        assert!(limiter.try_acquire(1, Duration::ZERO).await.is_ok());
+        assert!(
+            call.elapsed() <= CALL_BOUND,
+            "a call took {:?}",
+            call.elapsed()
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(300).saturating_sub(frozen.elapsed())).await;
+    cluster.nodes[HOME].cont();
+    let resumed = Instant::now();
+
+    // Its node answers again, the dead one still does not.
+    let took = within(Duration::from_secs(5), || !limiter.is_degraded())
+        .await
+        .unwrap_or_else(|| panic!("still degraded 5 s later: {:?}", limiter.stats()));
+    println!(
+        "back on its own node {:?} after SIGCONT, with node {DEAD} still dead ({took:?} polled)",
+        resumed.elapsed()
+    );
+    assert!(
+        resumed.elapsed() <= RECOVERY_BOUND,
+        "{:?}",
+        resumed.elapsed()
+    );
+    let stats = limiter.stats();
+    assert_eq!((stats.fallbacks, stats.recoveries), (1, 1), "{stats:?}");
+    assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
+    assert!(!limiter.is_degraded());
+}
+
 /// Whether the node on `port` is flagged `fail` (not only `fail?`) in
 /// `CLUSTER NODES` as the connected node sees it.
 fn declared_failed(survivor: &mut redis::Connection, port: u16) -> bool {

@@ -41,6 +41,11 @@ pub const DEFAULT_MAX_LOCAL_KEYS: usize = 100_000;
 /// would read as idle, so the keys in Redis follow the users active within
 /// one refill period.
 ///
+/// The backend's health is one state for all the keys: on a cluster, while
+/// the node of a key whose call failed is down, every key is served by the
+/// fallback, those on healthy nodes included (see
+/// [`RedisBackend`](super::RedisBackend)).
+///
 /// While the backend is degraded, [`Fallback::Local`] serves each key from
 /// a [`KeyedRateLimiter`] in this process, at the rate times
 /// `local_fraction`, holding at most

@@ -31,6 +31,12 @@ use crate::clock::{Clock, SystemClock};
 /// debt into its own key with its first call (see
 /// [`RedisRateLimiter`]).
 ///
+/// On a cluster, that one health state covers every node: while the node
+/// of the key that failed is down, every limiter of the backend serves
+/// from its fallback, its keys on healthy nodes included. Where a node's
+/// outage must stay confined to the keys it holds, give each limiter a
+/// backend of its own ([`RedisRateLimiter::cluster_builder`]).
+///
 /// ```no_run
 /// use throttler::redis::RedisBackend;
 ///
