@@ -589,6 +589,57 @@ async fn a_primary_demoted_to_a_replica_degrades_once_without_flapping() {
     assert_eq!(limiter.stats().recoveries, 1);
 }
 
+/// A server busy with another client's script that does not end answers
+/// `BUSY` to everything else: the limiter degrades once (no flapping while
+/// its probe keeps getting `BUSY`), its fallback serves within the response
+/// timeout, and it goes back to Redis once the script is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_busy_with_a_long_script_degrades_once_and_recovers_after_script_kill() {
+    let server = RedisServer::start();
+    let mut admin = server.connection();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("busy-reply-threshold")
+        .arg("50")
+        .query(&mut admin)
+        .unwrap();
+    let limiter = builder(server.client(), "busy", 1_000.0)
+        .build()
+        .await
+        .unwrap();
+    assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
+
+    // Read-only, so that SCRIPT KILL may stop it.
+    let mut hog = server.connection();
+    let hog = std::thread::spawn(move || {
+        redis::cmd("EVAL")
+            .arg("while true do end")
+            .arg(0)
+            .query::<()>(&mut hog)
+    });
+    let start = Instant::now();
+    let (mut calls, mut slowest) = (0u64, Duration::ZERO);
+    while start.elapsed() < Duration::from_secs(1) {
+        let call = Instant::now();
+        let result = limiter.try_acquire(1, Duration::from_millis(10)).await;
+        assert!(result.is_ok(), "{result:?}");
+        slowest = slowest.max(call.elapsed());
+        calls += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stats = limiter.stats();
+    println!("1 s of BUSY: {calls} calls, slowest {slowest:?}, {stats:?}");
+    assert!(slowest <= CALL_BOUND, "a call took {slowest:?}");
+    assert!(limiter.is_degraded());
+    assert_eq!((stats.fallbacks, stats.recoveries), (1, 0), "{stats:?}");
+
+    let _: () = redis::cmd("SCRIPT").arg("KILL").query(&mut admin).unwrap();
+    assert!(hog.join().unwrap().is_err(), "the script was killed");
+    let took = recovered(&limiter, "after SCRIPT KILL").await;
+    println!("BUSY: back on Redis {took:?} after SCRIPT KILL");
+    assert_eq!(limiter.stats().recoveries, 1);
+}
+
 /// A three-primary cluster (no replicas) loses one primary. Limiters whose
 /// keys are on it degrade, and their fallback serves; limiters whose keys
 /// are on the other two primaries never notice. The cluster is configured
