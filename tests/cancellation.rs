@@ -8,7 +8,7 @@
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use support::rng::Rng;
 use throttler::clock::FakeClock;
@@ -428,6 +428,63 @@ fn a_waiting_caller_keeps_its_slot_and_the_next_takes_the_dropped_one() {
     assert_eq!(c.wait_blocking(), Duration::from_millis(200), "C keeps it");
     d.commit();
     a.commit();
+}
+
+/// The slot test above on the real clock (the local twin of
+/// `a_dropped_waiter_gives_its_slot_to_the_next_caller_through_redis`): A
+/// goes at once, B and C wait one and two intervals; B is dropped, and D,
+/// reserved next, is scheduled at C's slot, not one interval after it. C
+/// keeps its slot: C and D both go about two intervals after A.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_waiter_gives_its_slot_to_the_next_caller_on_the_real_clock() {
+    let limiter = RateLimiter::builder()
+        .permits_per_second(10.0)
+        .max_burst(Duration::ZERO)
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let a = limiter.reservation(1).unwrap();
+    let b = limiter.reservation(1).unwrap();
+    let c = limiter.reservation(1).unwrap();
+    assert!(a.delay().is_zero());
+    let (b_delay, c_delay) = (b.delay(), c.delay());
+    assert!(
+        c_delay > b_delay + Duration::from_millis(80),
+        "{b_delay:?} {c_delay:?}"
+    );
+    drop(b);
+    let d = limiter.reservation(1).unwrap();
+    let d_delay = d.delay();
+    // D is scheduled at C's slot (less the real time between the two
+    // reservations), not one interval later.
+    let gap = c_delay.saturating_sub(d_delay);
+    assert!(
+        d_delay <= c_delay && gap <= Duration::from_millis(60),
+        "C at {c_delay:?}, D at {d_delay:?}"
+    );
+    a.commit();
+    let (c_done, d_done) = tokio::join!(
+        async {
+            c.wait().await;
+            start.elapsed()
+        },
+        async {
+            d.wait().await;
+            start.elapsed()
+        }
+    );
+    println!("C {c_delay:?} went at {c_done:?}; D {d_delay:?} went at {d_done:?}");
+    // Sleeps never end early: C waited out its own slot, and so did D.
+    assert!(
+        c_done >= c_delay && d_done >= d_delay,
+        "{c_done:?} {d_done:?}"
+    );
+    // One slot: on the same runtime, they end within a scheduling hiccup of
+    // each other (one interval apart were D pushed back).
+    assert!(
+        c_done.abs_diff(d_done) <= Duration::from_millis(60),
+        "C went at {c_done:?}, D at {d_done:?}"
+    );
 }
 
 #[test]
