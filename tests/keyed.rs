@@ -188,15 +188,19 @@ fn each_key_is_an_independent_limiter_that_starts_full() {
 /// limiter's one-word state can hold (about two hours) and awkward rates:
 /// the shard re-encodes its keys as time moves on (every couple of hours),
 /// and a key far in debt is held as the core's numbers until its debt
-/// shrinks. Waits agree with independent core limiters to the microsecond:
+/// shrinks. Rates change on the way, to and from rates whose keys cannot be
+/// words at all (an interval past the core's cap) or whose bursts hold
+/// billions of permits, so that every key moves between the two maps.
+/// Waits agree with independent core limiters to the microsecond:
 /// a key whose stored permits were spent may differ by that rounding (as
 /// the `RateLimiter` may), rarely, and a try may then be decided by it.
 #[test]
 fn bursty_keys_agree_with_the_core_over_hours_and_far_debts() {
+    const RATES: [f64; 8] = [0.3, 3.0, 7.0, 33.3, 1_000.0, 123_456.7, 1e-10, 1e9];
     let (mut compared, mut differing, mut far_debts) = (0u64, 0u64, 0u64);
     for seed in 0..30 {
         let mut rng = Rng::new(0x0b0e_0000 + seed);
-        let rate = *rng.pick(&[0.3, 3.0, 7.0, 33.3, 1_000.0, 123_456.7]);
+        let rate = *rng.pick(&RATES[..6]);
         let config = Config::Bursty {
             burst: Duration::from_micros(rng.below(4_000_000)),
         };
@@ -213,9 +217,19 @@ fn bursty_keys_agree_with_the_core_over_hours_and_far_debts() {
             match rng.below(100) {
                 0..2 => clock.advance(Duration::from_secs(rng.range(3_600, 6 * 3_600))),
                 2..30 => clock.advance(Duration::from_micros(rng.below(2_000_000))),
-                30..33 => {
+                30..32 => {
+                    let rate = *rng.pick(&RATES);
+                    let now = clock.now_micros();
+                    limiter.set_rate(rate).unwrap();
+                    for state in model.keys.values_mut() {
+                        state.set_rate(rate, now).unwrap();
+                    }
+                    model.rate = rate;
+                }
+                32..35 => {
                     // A debt of hours: 3 to 10 hours' worth of permits.
-                    let permits = (rate * rng.range(3 * 3_600, 10 * 3_600) as f64) as u32;
+                    let hours = rng.range(3 * 3_600, 10 * 3_600) as f64;
+                    let permits = (model.rate * hours) as u32;
                     let now = clock.now_micros();
                     let expected = model.state(key, now).reserve(permits.max(1), now);
                     let got = micros(limiter.reserve(&key, permits.max(1)).unwrap());
@@ -227,7 +241,7 @@ fn bursty_keys_agree_with_the_core_over_hours_and_far_debts() {
                     compared += 1;
                     far_debts += 1;
                 }
-                33..60 => {
+                35..60 => {
                     let (permits, timeout) = (1 + rng.below(3) as u32, rng.below(2_000_000));
                     let now = clock.now_micros();
                     let debt = model
