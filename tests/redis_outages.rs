@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use support::poll::within;
 use support::redis_cluster::RedisCluster;
-use support::redis_server::RedisServer;
+use support::redis_server::{RedisServer, free_port};
 use throttler::Error;
 use throttler::redis::{Fallback, RedisBuilder, RedisRateLimiter};
 
@@ -637,6 +637,67 @@ async fn a_server_busy_with_a_long_script_degrades_once_and_recovers_after_scrip
     assert!(hog.join().unwrap().is_err(), "the script was killed");
     let took = recovered(&limiter, "after SCRIPT KILL").await;
     println!("BUSY: back on Redis {took:?} after SCRIPT KILL");
+    assert_eq!(limiter.stats().recoveries, 1);
+}
+
+/// A server reloading its dataset answers `LOADING` to everything: the
+/// limiter degrades once (its probe keeps getting `LOADING` too), its
+/// fallback serves within the response timeout, and it goes back to Redis
+/// once the data is loaded. (Two million keys take about a second to load.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_loading_its_dataset_degrades_once_and_recovers_when_loaded() {
+    let server = RedisServer::start_with(&["--enable-debug-command", "yes"], free_port);
+    let mut admin = server.connection();
+    let _: () = redis::cmd("DEBUG")
+        .arg("POPULATE")
+        .arg(2_000_000)
+        .query(&mut admin)
+        .unwrap();
+    let limiter = builder(server.client(), "loading", 1_000.0)
+        .build()
+        .await
+        .unwrap();
+    assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
+
+    // Saves the dataset (the server does not answer meanwhile) and loads
+    // it again, answering LOADING. The limiter's first call waits for the
+    // loading, so that it is a call, not only the probe, that gets LOADING.
+    let mut watcher = server.connection();
+    let reload =
+        std::thread::spawn(move || redis::cmd("DEBUG").arg("RELOAD").query::<()>(&mut admin));
+    let start = Instant::now();
+    loop {
+        assert!(start.elapsed() < Duration::from_secs(30), "never loading");
+        match redis::cmd("PING").query::<String>(&mut watcher) {
+            Err(e) if e.code() == Some("LOADING") => break,
+            Err(e) => panic!("PING while reloading: {e:?}"),
+            _ => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    assert!(!limiter.is_degraded());
+    let (mut calls, mut slowest) = (0u64, Duration::ZERO);
+    while !reload.is_finished() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the reload never ended"
+        );
+        let call = Instant::now();
+        let result = limiter.try_acquire(1, Duration::from_millis(10)).await;
+        assert!(result.is_ok(), "{result:?}");
+        slowest = slowest.max(call.elapsed());
+        calls += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    reload.join().unwrap().unwrap();
+    let stats = limiter.stats();
+    println!(
+        "{:?} of reload: {calls} calls, slowest {slowest:?}, {stats:?}",
+        start.elapsed()
+    );
+    assert!(slowest <= CALL_BOUND, "a call took {slowest:?}");
+    assert_eq!(stats.fallbacks, 1, "degraded once while loading: {stats:?}");
+    let took = recovered(&limiter, "after loading").await;
+    println!("LOADING: back on Redis {took:?} after the reload");
     assert_eq!(limiter.stats().recoveries, 1);
 }
 

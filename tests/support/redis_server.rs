@@ -184,7 +184,7 @@ impl Drop for RedisServer {
 }
 
 /// A port that was free a moment ago: bind port 0, read it, let it go.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     listener.local_addr().expect("local address").port()
 }
