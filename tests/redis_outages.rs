@@ -1,7 +1,9 @@
 //! Whole-server outages, each one real: a server frozen with `SIGSTOP`
 //! (round trips queued on its socket run late, when it resumes), a server
 //! crashed with `SIGKILL` and restarted empty on the same port, a replica
-//! that answers `READONLY`, and a cluster that loses one primary. Each test
+//! that answers `READONLY`, a server busy with a script (`BUSY`), reloading
+//! its data (`LOADING`) or cut off from its primary (`MASTERDOWN`), and a
+//! cluster that loses one primary. Each test
 //! asserts what a user sees: every call returns within the response timeout
 //! plus slack, the configured fallback serves while Redis is unavailable,
 //! the limiter switches once and back once, and nothing is charged twice.
@@ -698,6 +700,66 @@ async fn a_server_loading_its_dataset_degrades_once_and_recovers_when_loaded() {
     assert_eq!(stats.fallbacks, 1, "degraded once while loading: {stats:?}");
     let took = recovered(&limiter, "after loading").await;
     println!("LOADING: back on Redis {took:?} after the reload");
+    assert_eq!(limiter.stats().recoveries, 1);
+}
+
+/// A server made a replica of a primary it cannot reach, and told not to
+/// serve stale data, answers `MASTERDOWN`: the limiter degrades once, its
+/// fallback serves, and it goes back to Redis when the server is promoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_cut_off_from_its_primary_degrades_once_and_recovers_when_promoted() {
+    let server = RedisServer::start();
+    let limiter = builder(server.client(), "masterdown", 1_000.0)
+        .build()
+        .await
+        .unwrap();
+    assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
+
+    let mut admin = server.connection();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("replica-serve-stale-data")
+        .arg("no")
+        .query(&mut admin)
+        .unwrap();
+    let nowhere = free_port(); // nothing listens there
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(nowhere)
+        .query(&mut admin)
+        .unwrap();
+    let refused = redis::cmd("GET")
+        .arg("x")
+        .query::<Option<String>>(&mut admin);
+    assert_eq!(
+        refused.as_ref().err().and_then(|e| e.code()),
+        Some("MASTERDOWN"),
+        "{refused:?}"
+    );
+
+    let start = Instant::now();
+    let (mut calls, mut slowest) = (0u64, Duration::ZERO);
+    while start.elapsed() < Duration::from_secs(1) {
+        let call = Instant::now();
+        let result = limiter.try_acquire(1, Duration::from_millis(10)).await;
+        assert!(result.is_ok(), "{result:?}");
+        slowest = slowest.max(call.elapsed());
+        calls += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stats = limiter.stats();
+    println!("1 s of MASTERDOWN: {calls} calls, slowest {slowest:?}, {stats:?}");
+    assert!(slowest <= CALL_BOUND, "a call took {slowest:?}");
+    assert!(limiter.is_degraded());
+    assert_eq!((stats.fallbacks, stats.recoveries), (1, 0), "{stats:?}");
+    assert_eq!(
+        stats.fallback_calls, calls,
+        "every call served by the fallback"
+    );
+
+    replicaof(&server, None);
+    let took = recovered(&limiter, "after REPLICAOF NO ONE").await;
+    println!("MASTERDOWN: back on Redis {took:?} after the promotion");
     assert_eq!(limiter.stats().recoveries, 1);
 }
 
