@@ -3,10 +3,10 @@
 //! crashed with `SIGKILL` and restarted empty on the same port, a replica
 //! that answers `READONLY`, a server busy with a script (`BUSY`), reloading
 //! its data (`LOADING`) or cut off from its primary (`MASTERDOWN`), and a
-//! cluster that loses one primary. Each test
-//! asserts what a user sees: every call returns within the response timeout
-//! plus slack, the configured fallback serves while Redis is unavailable,
-//! the limiter switches once and back once, and nothing is charged twice.
+//! cluster that loses one primary. Each test asserts what a user sees:
+//! every call returns within the response timeout plus slack, the
+//! configured fallback serves while Redis is unavailable, the limiter
+//! switches once and back once, and nothing is charged twice.
 #![cfg(feature = "redis")]
 
 mod support;
