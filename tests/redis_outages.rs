@@ -56,6 +56,14 @@ async fn recovered(limiter: &RedisRateLimiter, what: &str) -> Duration {
     took
 }
 
+/// [`recovered`], for a limiter that went to its fallback once: prints how
+/// long it took and checks that this was its one recovery.
+async fn recovered_once(limiter: &RedisRateLimiter, what: &str) {
+    let took = recovered(limiter, what).await;
+    println!("{what}: back on Redis after {took:?}");
+    assert_eq!(limiter.stats().recoveries, 1);
+}
+
 /// Calls `try_acquire(1, 10 ms)` every 10 ms for as long as `go_on` says,
 /// asserting that each call returns `Ok` within [`CALL_BOUND`]; returns how
 /// many calls were made.
@@ -606,9 +614,7 @@ async fn a_primary_demoted_to_a_replica_degrades_once_without_flapping() {
     assert_eq!((stats.fallbacks, stats.recoveries), (1, 0), "{stats:?}");
 
     replicaof(&server, None);
-    let took = recovered(&limiter, "after REPLICAOF NO ONE").await;
-    println!("demoted primary: back on Redis {took:?} after the promotion");
-    assert_eq!(limiter.stats().recoveries, 1);
+    recovered_once(&limiter, "demoted primary, after REPLICAOF NO ONE").await;
 }
 
 /// A server busy with another client's script that does not end answers
@@ -618,13 +624,8 @@ async fn a_primary_demoted_to_a_replica_degrades_once_without_flapping() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_busy_with_a_long_script_degrades_once_and_recovers_after_script_kill() {
     let server = RedisServer::start();
+    server.config_set("busy-reply-threshold", "50");
     let mut admin = server.connection();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("busy-reply-threshold")
-        .arg("50")
-        .query(&mut admin)
-        .unwrap();
     let limiter = builder(server.client(), "busy", 1_000.0)
         .build()
         .await
@@ -648,9 +649,7 @@ async fn a_server_busy_with_a_long_script_degrades_once_and_recovers_after_scrip
 
     let _: () = redis::cmd("SCRIPT").arg("KILL").query(&mut admin).unwrap();
     assert!(hog.join().unwrap().is_err(), "the script was killed");
-    let took = recovered(&limiter, "after SCRIPT KILL").await;
-    println!("BUSY: back on Redis {took:?} after SCRIPT KILL");
-    assert_eq!(limiter.stats().recoveries, 1);
+    recovered_once(&limiter, "BUSY, after SCRIPT KILL").await;
 }
 
 /// A server reloading its dataset answers `LOADING` to everything: the
@@ -700,9 +699,7 @@ async fn a_server_loading_its_dataset_degrades_once_and_recovers_when_loaded() {
     let stats = limiter.stats();
     println!("{:?} of reload: {calls} calls, {stats:?}", start.elapsed());
     assert_eq!(stats.fallbacks, 1, "degraded once while loading: {stats:?}");
-    let took = recovered(&limiter, "after loading").await;
-    println!("LOADING: back on Redis {took:?} after the reload");
-    assert_eq!(limiter.stats().recoveries, 1);
+    recovered_once(&limiter, "LOADING, after the reload").await;
 }
 
 /// A server made a replica of a primary it cannot reach, and told not to
@@ -717,13 +714,8 @@ async fn a_replica_cut_off_from_its_primary_degrades_once_and_recovers_when_prom
         .unwrap();
     assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
 
+    server.config_set("replica-serve-stale-data", "no");
     let mut admin = server.connection();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("replica-serve-stale-data")
-        .arg("no")
-        .query(&mut admin)
-        .unwrap();
     let nowhere = free_port(); // nothing listens there
     let _: () = redis::cmd("REPLICAOF")
         .arg("127.0.0.1")
@@ -751,9 +743,7 @@ async fn a_replica_cut_off_from_its_primary_degrades_once_and_recovers_when_prom
     );
 
     replicaof(&server, None);
-    let took = recovered(&limiter, "after REPLICAOF NO ONE").await;
-    println!("MASTERDOWN: back on Redis {took:?} after the promotion");
-    assert_eq!(limiter.stats().recoveries, 1);
+    recovered_once(&limiter, "MASTERDOWN, after REPLICAOF NO ONE").await;
 }
 
 /// A three-primary cluster (no replicas) loses one primary. Limiters whose
@@ -767,18 +757,8 @@ async fn a_replica_cut_off_from_its_primary_degrades_once_and_recovers_when_prom
 async fn a_cluster_that_loses_a_primary_degrades_only_the_limiters_on_it() {
     let mut cluster = RedisCluster::start();
     for node in &cluster.nodes {
-        let mut admin = node.connection();
-        for (name, value) in [
-            ("cluster-require-full-coverage", "no"),
-            ("cluster-node-timeout", "1000"),
-        ] {
-            let _: () = redis::cmd("CONFIG")
-                .arg("SET")
-                .arg(name)
-                .arg(value)
-                .query(&mut admin)
-                .unwrap();
-        }
+        node.config_set("cluster-require-full-coverage", "no");
+        node.config_set("cluster-node-timeout", "1000");
     }
     // Two limiters per node: those on node 1 will lose their node.
     const VICTIM: usize = 1;
@@ -891,12 +871,7 @@ async fn a_cluster_that_loses_a_primary_degrades_only_the_limiters_on_it() {
 async fn a_limiter_recovers_on_its_own_node_while_another_primary_is_dead() {
     let mut cluster = RedisCluster::start();
     for node in &cluster.nodes {
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("cluster-require-full-coverage")
-            .arg("no")
-            .query(&mut node.connection())
-            .unwrap();
+        node.config_set("cluster-require-full-coverage", "no");
     }
     const HOME: usize = 0;
     const DEAD: usize = 1;

@@ -201,19 +201,8 @@ async fn a_server_that_refuses_writes_degrades_once_without_flapping() {
         .await
         .unwrap();
     limiter.acquire(1).await.unwrap();
-    let mut admin = server.connection();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory-policy")
-        .arg("noeviction")
-        .query(&mut admin)
-        .unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg("1")
-        .query(&mut admin)
-        .unwrap();
+    server.config_set("maxmemory-policy", "noeviction");
+    server.config_set("maxmemory", "1");
     let start = Instant::now();
     let mut calls = 0;
     while start.elapsed() < Duration::from_secs(2) {
@@ -228,12 +217,7 @@ async fn a_server_that_refuses_writes_degrades_once_without_flapping() {
     println!("2 s of refused writes: {calls} calls, {stats:?}");
     assert_eq!((stats.fallbacks, stats.recoveries), (1, 0), "{stats:?}");
     assert!(limiter.is_degraded());
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg("0")
-        .query(&mut admin)
-        .unwrap();
+    server.config_set("maxmemory", "0");
     within(Duration::from_secs(5), || !limiter.is_degraded())
         .await
         .expect("back on Redis once writes work");

@@ -102,6 +102,16 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", self.url()))
     }
 
+    /// `CONFIG SET name value`, on a connection of its own.
+    pub fn config_set(&self, name: &str, value: &str) {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query(&mut self.connection())
+            .unwrap_or_else(|e| panic!("CONFIG SET {name} {value}: {e}"));
+    }
+
     /// Whether the server process is still alive (it may be stopped).
     pub fn is_running(&mut self) -> bool {
         match &mut self.child {
