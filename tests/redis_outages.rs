@@ -18,7 +18,7 @@ use support::poll::within;
 use support::redis_cluster::RedisCluster;
 use support::redis_server::{RedisServer, free_port};
 use throttler::Error;
-use throttler::redis::{Fallback, RedisBuilder, RedisRateLimiter};
+use throttler::redis::{Fallback, RedisBackend, RedisBuilder, RedisRateLimiter};
 
 const RESPONSE_TIMEOUT: Duration = Duration::from_millis(100);
 const PROBE_INTERVAL: Duration = Duration::from_millis(100);
@@ -931,6 +931,176 @@ async fn a_limiter_recovers_on_its_own_node_while_another_primary_is_dead() {
     assert_eq!((stats.fallbacks, stats.recoveries), (1, 1), "{stats:?}");
     assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
     assert!(!limiter.is_degraded());
+}
+
+/// Two names per node of `cluster` whose Redis keys (`key(name)`) that
+/// node serves, found in order among `prefix-0`, `prefix-1`, ...
+fn two_names_per_node(
+    cluster: &RedisCluster,
+    prefix: &str,
+    key: impl Fn(&str) -> String,
+) -> Vec<Vec<String>> {
+    let mut names: Vec<Vec<String>> = vec![Vec::new(); cluster.nodes.len()];
+    for i in 0.. {
+        let name = format!("{prefix}-{i}");
+        let node = cluster.node_for_key(&key(&name));
+        if names[node].len() < 2 {
+            names[node].push(name);
+        }
+        if names.iter().all(|n| n.len() == 2) {
+            return names;
+        }
+    }
+    unreachable!()
+}
+
+/// One backend shared by six limiters and a keyed limiter on a three-primary
+/// cluster, and one primary freezes. Only what lives on that node serves
+/// from the fallback: its limiters and keys, including a limiter and a key
+/// that make no call during the outage (the probe reads the slot map and
+/// marks the node's other slots down, so they do not each wait for a
+/// timeout first). Every limiter and key on the other nodes stays on Redis
+/// throughout. When the node answers again, everything is back, with one
+/// switch each way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_cluster_backend_degrades_only_what_lives_on_a_frozen_node() {
+    let cluster = RedisCluster::start();
+    const VICTIM: usize = 1;
+    let backend = RedisBackend::cluster_builder(cluster.client())
+        .response_timeout(RESPONSE_TIMEOUT)
+        .probe_interval(PROBE_INTERVAL)
+        .build()
+        .await
+        .unwrap();
+    let names = two_names_per_node(&cluster, "api", |name| format!("throttler:{name}"));
+    let tenants = two_names_per_node(&cluster, "tenant", |t| format!("throttler:tenants:{t}"));
+    let limiters: Vec<Vec<RedisRateLimiter>> = names
+        .iter()
+        .map(|names| {
+            names
+                .iter()
+                .map(|name| {
+                    backend
+                        .limiter(name)
+                        .permits_per_second(1_000.0)
+                        .build()
+                        .unwrap()
+                })
+                .collect()
+        })
+        .collect();
+    let keyed = backend
+        .keyed_limiter::<String>("tenants")
+        .permits_per_second(1_000.0)
+        .build()
+        .unwrap();
+    for (limiter, tenant) in limiters.iter().flatten().zip(tenants.iter().flatten()) {
+        assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
+        assert!(keyed.try_acquire(tenant, 1, Duration::ZERO).await.unwrap());
+    }
+    // The second limiter and tenant of the victim make no call from here.
+    let active: Vec<&RedisRateLimiter> = limiters
+        .iter()
+        .enumerate()
+        .flat_map(|(node, l)| if node == VICTIM { &l[..1] } else { &l[..] })
+        .collect();
+    let active_tenants: Vec<&String> = tenants
+        .iter()
+        .enumerate()
+        .flat_map(|(node, t)| if node == VICTIM { &t[..1] } else { &t[..] })
+        .collect();
+    let healthy: Vec<&RedisRateLimiter> = limiters
+        .iter()
+        .enumerate()
+        .filter(|(node, _)| *node != VICTIM)
+        .flat_map(|(_, l)| l)
+        .collect();
+
+    // Frozen for less than the cluster's node timeout (5 s), so that the
+    // cluster itself does not change.
+    cluster.nodes[VICTIM].stop();
+    let frozen = Instant::now();
+    let (mut slowest, mut victim_calls) = (Duration::ZERO, 0);
+    while frozen.elapsed() < Duration::from_millis(1_500) {
+        for limiter in &active {
+            let call = Instant::now();
+            let result = limiter.try_acquire(1, Duration::from_millis(10)).await;
+            assert!(result.is_ok(), "{}: {result:?}", limiter.key());
+            slowest = slowest.max(call.elapsed());
+        }
+        for tenant in &active_tenants {
+            let call = Instant::now();
+            let result = keyed
+                .try_acquire(*tenant, 1, Duration::from_millis(10))
+                .await;
+            assert!(result.is_ok(), "{tenant}: {result:?}");
+            slowest = slowest.max(call.elapsed());
+        }
+        victim_calls += 2;
+        for limiter in &healthy {
+            assert!(!limiter.is_degraded(), "{}", limiter.key());
+        }
+        // The keyed fallback holds the victim's one active tenant at most.
+        assert!(
+            keyed.local_len() <= 1,
+            "{} keys held locally",
+            keyed.local_len()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stats = backend.stats();
+    println!(
+        "node {VICTIM} frozen for {:?}: slowest call {slowest:?}, {stats:?}",
+        frozen.elapsed()
+    );
+    assert!(slowest <= CALL_BOUND, "a call took {slowest:?}");
+    assert!(limiters[VICTIM].iter().all(RedisRateLimiter::is_degraded));
+    assert_eq!((stats.fallbacks, stats.recoveries), (1, 0), "{stats:?}");
+    // Only the victim's calls were served by a fallback (the first of each
+    // may have waited for Redis and then been served by the fallback too).
+    assert!(
+        stats.fallback_calls <= victim_calls && stats.fallback_calls + 4 >= victim_calls,
+        "{} calls served by a fallback, {victim_calls} on the frozen node",
+        stats.fallback_calls
+    );
+
+    cluster.nodes[VICTIM].cont();
+    let resumed = Instant::now();
+    let took = within(Duration::from_secs(5), || !backend.is_degraded())
+        .await
+        .unwrap_or_else(|| panic!("still degraded 5 s later: {:?}", backend.stats()));
+    println!(
+        "back on node {VICTIM} {:?} after SIGCONT ({took:?} polled)",
+        resumed.elapsed()
+    );
+    assert!(
+        resumed.elapsed() <= RECOVERY_BOUND,
+        "{:?}",
+        resumed.elapsed()
+    );
+    let stats = backend.stats();
+    assert_eq!((stats.fallbacks, stats.recoveries), (1, 1), "{stats:?}");
+    for limiter in limiters.iter().flatten() {
+        assert!(
+            limiter
+                .try_acquire(1, Duration::from_millis(10))
+                .await
+                .unwrap()
+        );
+        assert!(!limiter.is_degraded());
+    }
+    for tenant in tenants.iter().flatten() {
+        assert!(
+            keyed
+                .try_acquire(tenant, 1, Duration::from_millis(10))
+                .await
+                .unwrap()
+        );
+    }
+    assert_eq!(backend.stats().fallback_calls, stats.fallback_calls);
+    within(Duration::from_secs(2), || keyed.local_len() == 0)
+        .await
+        .expect("the victim's tenant is carried back to Redis");
 }
 
 /// Whether the node on `port` is flagged `fail` (not only `fail?`) in

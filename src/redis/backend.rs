@@ -1,14 +1,17 @@
 //! What a Redis limiter talks through: the target, the connection in use,
 //! its health, and the runtime its I/O runs on.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
+
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
 use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
 
 use super::connection::{Connection, Link, Target};
-use super::fallback::Health;
+use super::health::{Health, SLOTS, Zone};
 use super::script::{self, Call, ScriptArgs};
 use crate::Error;
 use crate::core::{Bursty, Policy};
@@ -69,8 +72,9 @@ impl Drop for RuntimeRef {
     }
 }
 
-/// One target, one connection, one health state, one probe, one runtime,
-/// shared by every limiter made from it.
+/// One target, one connection, one health state (one zone per hash slot on
+/// a cluster, see [`Health`]), one probe, one runtime, shared by every
+/// limiter made from it.
 pub(crate) struct Backend {
     pub(crate) target: Target,
     pub(crate) link: Link,
@@ -78,6 +82,35 @@ pub(crate) struct Backend {
     pub(crate) runtime: RuntimeRef,
     pub(crate) response_timeout: Duration,
     pub(crate) probe_interval: Duration,
+    /// What the probe runs the script on. Marking zones down and up
+    /// happens under this lock, with the targets kept in step.
+    probes: Mutex<Probes>,
+}
+
+/// The probe's work: a target for each zone a call found down, and the
+/// slots marked down only because their node's other slots were.
+#[derive(Default)]
+struct Probes {
+    running: bool,
+    targets: BTreeMap<Zone, ProbeTarget>,
+    widened: BTreeSet<u16>,
+}
+
+/// How much of the backend a failure takes down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scope {
+    /// All of it: there is no connection at all.
+    Backend,
+    /// The zone of the failing call's key: the whole backend on a single
+    /// server, the key's node on a cluster.
+    Key,
+}
+
+/// One group of zones the probe tests with one script call: a node's
+/// slots, or a zone on its own.
+struct Group {
+    zones: Vec<Zone>,
+    target: Option<ProbeTarget>,
 }
 
 impl Backend {
@@ -87,13 +120,15 @@ impl Backend {
         response_timeout: Duration,
         probe_interval: Duration,
     ) -> Backend {
+        let cluster = matches!(target, Target::Cluster(_));
         Backend {
             target,
             link: Link::default(),
-            health: Health::default(),
+            health: Health::new(cluster),
             runtime,
             response_timeout,
             probe_interval,
+            probes: Mutex::default(),
         }
     }
 
@@ -106,54 +141,90 @@ impl Backend {
         require: bool,
         target: ProbeTarget,
     ) -> Result<(), Error> {
-        match self.try_probe(&target).await {
-            Ok(()) => Ok(()),
-            Err(failure) if require => Err(Error::Backend(failure)),
-            Err(failure) => {
-                self.degrade(&failure, target);
-                Ok(())
-            }
+        let failure = match self.target.connect(self.response_timeout).await {
+            Ok(mut connection) => match self.run_probe(&mut connection, &target).await {
+                Ok(()) => {
+                    self.link.replace(connection);
+                    return Ok(());
+                }
+                // The cluster answers, but not on this key's node: the
+                // connection serves the others.
+                Err(failure) => {
+                    if self.health.is_cluster() {
+                        self.link.replace(connection);
+                    }
+                    (failure, Scope::Key)
+                }
+            },
+            Err(failure) => (failure, Scope::Backend),
+        };
+        if require {
+            return Err(Error::Backend(failure.0));
         }
+        self.degrade(&failure.0, target, failure.1);
+        Ok(())
     }
 
-    /// Marks the backend degraded after `failure` (once: later failures
-    /// while degraded change nothing) and starts the probe on `target`.
-    /// Every limiter of the backend then serves from its fallback.
-    pub(crate) fn degrade(self: &Arc<Self>, failure: &BackendError, target: ProbeTarget) {
-        if !self.health.degrade(&failure.to_string()) {
+    /// Marks the zone `scope` names down after `failure` (once: later
+    /// failures there change nothing) and has the probe test it, with the
+    /// script on `target`'s key. Calls in that zone then serve from their
+    /// fallbacks.
+    pub(crate) fn degrade(
+        self: &Arc<Self>,
+        failure: &BackendError,
+        target: ProbeTarget,
+        scope: Scope,
+    ) {
+        let zone = match scope {
+            Scope::Backend => Zone::All,
+            Scope::Key => self.health.zone_of(&target.key),
+        };
+        self.health.set_last_error(&failure.to_string());
+        let mut probes = self.probes();
+        let first = !self.health.any_down();
+        if !self.health.mark_down(zone) {
             return;
         }
-        tracing::warn!(
-            target = %self.target.describe(),
-            key = %target.key,
-            error = %failure,
-            "Redis is unavailable; limiters serve from their fallbacks until the script works again"
-        );
-        self.spawn(probe(Arc::downgrade(self), target));
+        if first {
+            tracing::warn!(
+                target = %self.target.describe(),
+                key = %target.key,
+                error = %failure,
+                "Redis is unavailable; limiters serve from their fallbacks until the script works again"
+            );
+        } else {
+            tracing::debug!(key = %target.key, error = %failure, "one more part of Redis is unavailable");
+        }
+        probes.targets.insert(zone, target);
+        if !probes.running {
+            probes.running = true;
+            self.spawn(probe(Arc::downgrade(self)));
+        }
     }
 
-    /// One probe: a fresh connection and the script's probe mode on it
-    /// (which reserves nothing, but writes: a server that refuses writes
-    /// fails it). On success the connection replaces the one in use. A
-    /// call the script rejects for the key's data is not an outage.
-    async fn try_probe(&self, target: &ProbeTarget) -> Result<(), BackendError> {
-        let mut connection = self.target.connect(self.response_timeout).await?;
+    fn probes(&self) -> MutexGuard<'_, Probes> {
+        self.probes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The script's probe mode on `connection`, bounded by the response
+    /// timeout (it reserves nothing, but writes: a server that refuses
+    /// writes fails it). A call the script rejects for the key's data is
+    /// not an outage.
+    async fn run_probe(
+        &self,
+        connection: &mut Connection,
+        target: &ProbeTarget,
+    ) -> Result<(), BackendError> {
         let probe = script::invoke(
-            &mut connection,
+            connection,
             &target.key,
             &Call::Probe,
             target.rate,
             &target.script_args,
         );
         match tokio::time::timeout(self.response_timeout, probe).await {
-            Ok(Ok(_)) => {
-                self.link.replace(connection);
-                Ok(())
-            }
-            Ok(Err(e)) if script::is_data_error(&e) => {
-                self.link.replace(connection);
-                Ok(())
-            }
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) if script::is_data_error(&e) => Ok(()),
             Ok(Err(e)) => Err(BackendError::new(
                 format!("the probe's script failed on key {}", target.key),
                 Some(Box::new(e)),
@@ -163,6 +234,191 @@ impl Backend {
                 self.response_timeout, target.key
             ))),
         }
+    }
+
+    /// One round of the probe: a fresh connection, then the script once per
+    /// group of zones that are down (a cluster node's slots, found from its
+    /// slot map, which also widens a failing slot to its whole node). Every
+    /// group whose script works comes back, and the connection then
+    /// replaces the one in use.
+    async fn probe_round(&self) {
+        let targets = self.probes().targets.clone();
+        let connection = match self.target.connect(self.response_timeout).await {
+            Ok(connection) => connection,
+            Err(failure) => {
+                self.health.set_last_error(&failure.to_string());
+                // A cluster that refuses every connection is down as a
+                // whole. (One that is slow to connect may have one node
+                // hung and the others fine: that stays per node.)
+                let refused = self.health.is_cluster() && !failure.is_timeout();
+                if let Some(target) = targets.values().next().filter(|_| refused) {
+                    let mut probes = self.probes();
+                    if self.health.mark_down(Zone::All) {
+                        probes.targets.insert(Zone::All, target.clone());
+                    }
+                }
+                return;
+            }
+        };
+        let groups = self.groups(&connection, &targets).await;
+        let probing = groups.iter().filter_map(|group| {
+            let target = group.target.as_ref()?;
+            let mut connection = connection.clone();
+            Some(async move { (group, self.run_probe(&mut connection, target).await) })
+        });
+        let mut recovered = Vec::new();
+        for (group, result) in futures::future::join_all(probing).await {
+            match result {
+                Ok(()) => recovered.push(group),
+                Err(e) => self.health.set_last_error(&e.to_string()),
+            }
+        }
+        if !recovered.is_empty() {
+            self.link.replace(connection);
+        }
+        let mut probes = self.probes();
+        for group in recovered {
+            for zone in &group.zones {
+                probes.targets.remove(zone);
+                if let Zone::Slot(slot) = zone {
+                    probes.widened.remove(slot);
+                }
+            }
+            self.health.mark_up_all(&group.zones);
+            tracing::info!(
+                target = %self.target.describe(),
+                key = %group.target.as_ref().map_or("", |t| &t.key),
+                "the limiters' script works again there; back on Redis"
+            );
+        }
+        // Slots marked down with a node that no longer shows a failing
+        // key (the slot map changed, or could not be read): back.
+        let released: Vec<Zone> = groups
+            .iter()
+            .filter(|g| g.target.is_none())
+            .flat_map(|g| &g.zones)
+            .filter(|zone| matches!(zone, Zone::Slot(slot) if probes.widened.remove(slot)))
+            .copied()
+            .collect();
+        self.health.mark_up_all(&released);
+    }
+
+    /// The zones that are down, grouped for the probe: the whole backend on
+    /// its own; on a cluster, each node's slots together (marking the rest
+    /// of a failing node's slots down too), or each slot on its own when
+    /// the slot map cannot be read.
+    async fn groups(
+        &self,
+        connection: &Connection,
+        targets: &BTreeMap<Zone, ProbeTarget>,
+    ) -> Vec<Group> {
+        let mut groups = Vec::new();
+        if let Some(target) = targets.get(&Zone::All) {
+            groups.push(Group {
+                zones: vec![Zone::All],
+                target: Some(target.clone()),
+            });
+        }
+        if !self.health.is_cluster() {
+            return groups;
+        }
+        let down = self.health.down_slots();
+        if down.is_empty() {
+            return groups;
+        }
+        let Some(map) = self.slot_map(connection).await else {
+            groups.extend(down.into_iter().map(|slot| Group {
+                zones: vec![Zone::Slot(slot)],
+                target: targets.get(&Zone::Slot(slot)).cloned(),
+            }));
+            return groups;
+        };
+        let mut by_node: BTreeMap<Option<usize>, Vec<u16>> = BTreeMap::new();
+        for slot in down {
+            by_node.entry(map.owner(slot)).or_default().push(slot);
+        }
+        let mut probes = self.probes();
+        for (node, slots) in by_node {
+            let target = slots
+                .iter()
+                .find_map(|slot| targets.get(&Zone::Slot(*slot)).cloned());
+            match (node, &target) {
+                (Some(node), Some(_)) => {
+                    // The node is failing: all of its slots are down.
+                    let all = map.slots_of(node);
+                    for slot in &all {
+                        if self.health.mark_down(Zone::Slot(*slot)) {
+                            probes.widened.insert(*slot);
+                        }
+                    }
+                    groups.push(Group {
+                        zones: all.into_iter().map(Zone::Slot).collect(),
+                        target,
+                    });
+                }
+                (None, _) => groups.extend(slots.into_iter().map(|slot| Group {
+                    zones: vec![Zone::Slot(slot)],
+                    target: targets.get(&Zone::Slot(slot)).cloned(),
+                })),
+                (Some(_), None) => groups.push(Group {
+                    zones: slots.into_iter().map(Zone::Slot).collect(),
+                    target: None,
+                }),
+            }
+        }
+        groups
+    }
+
+    /// The cluster's slot map, read from a node (up to three tries, each
+    /// within the response timeout); `None` if none answers.
+    async fn slot_map(&self, connection: &Connection) -> Option<SlotMap> {
+        let Connection::Cluster(cluster) = connection else {
+            return None;
+        };
+        for _ in 0..3 {
+            let mut cluster = cluster.clone();
+            let asked = cluster.route_command(
+                redis::cmd("CLUSTER").arg("SLOTS").clone(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+            );
+            if let Ok(Ok(reply)) = tokio::time::timeout(self.response_timeout, asked).await {
+                if let Some(map) = SlotMap::parse(&reply) {
+                    return Some(map);
+                }
+            }
+        }
+        None
+    }
+
+    /// Whether the probe has nothing left to do; if so it ends (under the
+    /// lock, so that a zone marked down meanwhile starts a new one), and
+    /// slots marked down only with their node come back.
+    fn probe_done(&self) -> bool {
+        let mut probes = self.probes();
+        if !probes.targets.is_empty() {
+            return false;
+        }
+        let widened: Vec<Zone> = std::mem::take(&mut probes.widened)
+            .into_iter()
+            .map(Zone::Slot)
+            .collect();
+        self.health.mark_up_all(&widened);
+        probes.running = false;
+        true
+    }
+
+    /// Right after a cluster call failed: reads the slot map on the
+    /// connection in use and marks the failing node's other slots down, so
+    /// that their calls do not each wait for a timeout first.
+    async fn widen_now(&self) {
+        if !self.health.is_cluster() {
+            return;
+        }
+        let Some(connection) = self.connection() else {
+            return;
+        };
+        let targets = self.probes().targets.clone();
+        self.groups(&connection, &targets).await;
     }
 
     /// The connection calls use, or `None` if none has worked yet.
@@ -234,10 +490,13 @@ pub(crate) fn shut_down() -> Error {
     ))
 }
 
-/// Probes every `probe_interval` until the script works on a fresh
-/// connection, then marks the backend healthy. Ends when the backend is
+/// Probes every `probe_interval` until every zone that is down works
+/// again (see [`Backend::probe_round`]). Ends then, or when the backend is
 /// dropped (with its last limiter and handle).
-async fn probe(backend: Weak<Backend>, target: ProbeTarget) {
+async fn probe(backend: Weak<Backend>) {
+    if let Some(backend) = backend.upgrade() {
+        backend.widen_now().await;
+    }
     loop {
         let Some(interval) = backend.upgrade().map(|b| b.probe_interval) else {
             return;
@@ -246,17 +505,80 @@ async fn probe(backend: Weak<Backend>, target: ProbeTarget) {
         let Some(backend) = backend.upgrade() else {
             return;
         };
-        match backend.try_probe(&target).await {
-            Ok(()) => {
-                backend.health.recover();
+        backend.probe_round().await;
+        if backend.probe_done() {
+            if !backend.health.any_down() {
                 tracing::info!(
                     target = %backend.target.describe(),
                     "the limiters' script works again; back on Redis"
                 );
-                return;
             }
-            Err(e) => backend.health.set_last_error(&e.to_string()),
+            return;
         }
+    }
+}
+
+/// A cluster's slot map: which node serves each slot.
+struct SlotMap {
+    /// The node index of each slot, `u16::MAX` where none is known.
+    owners: Vec<u16>,
+}
+
+impl SlotMap {
+    /// Reads a `CLUSTER SLOTS` reply: `[start, end, [host, port, ...], ...]`
+    /// per range, the primary first.
+    fn parse(reply: &redis::Value) -> Option<SlotMap> {
+        let redis::Value::Array(ranges) = reply else {
+            return None;
+        };
+        let mut owners = vec![u16::MAX; usize::from(SLOTS)];
+        let mut nodes: Vec<(Vec<u8>, i64)> = Vec::new();
+        for range in ranges {
+            let redis::Value::Array(range) = range else {
+                return None;
+            };
+            let (
+                Some(redis::Value::Int(start)),
+                Some(redis::Value::Int(end)),
+                Some(redis::Value::Array(primary)),
+            ) = (range.first(), range.get(1), range.get(2))
+            else {
+                return None;
+            };
+            let (Some(host), Some(redis::Value::Int(port))) = (primary.first(), primary.get(1))
+            else {
+                return None;
+            };
+            let host = match host {
+                redis::Value::BulkString(bytes) => bytes.clone(),
+                redis::Value::SimpleString(text) => text.clone().into_bytes(),
+                _ => return None,
+            };
+            let node = (host, *port);
+            let index = nodes.iter().position(|n| *n == node).unwrap_or_else(|| {
+                nodes.push(node);
+                nodes.len() - 1
+            });
+            let (start, end) = (usize::try_from(*start).ok()?, usize::try_from(*end).ok()?);
+            if start > end || end >= owners.len() {
+                return None;
+            }
+            owners[start..=end].fill(u16::try_from(index).ok()?);
+        }
+        Some(SlotMap { owners })
+    }
+
+    fn owner(&self, slot: u16) -> Option<usize> {
+        self.owners
+            .get(usize::from(slot))
+            .filter(|owner| **owner != u16::MAX)
+            .map(|owner| usize::from(*owner))
+    }
+
+    fn slots_of(&self, node: usize) -> Vec<u16> {
+        (0..SLOTS)
+            .filter(|slot| self.owner(*slot) == Some(node))
+            .collect()
     }
 }
 

@@ -272,9 +272,11 @@ pub(crate) fn assemble_limiter<C: Clock>(
         State::new(policy.clone(), local_rate(rate, local_fraction), now)?,
         clock,
     );
+    let key = format!("{KEY_PREFIX}{name}");
     Ok(RedisRateLimiter::from_arc(Arc::new(Inner {
+        zone: backend.health.zone_of(&key),
         backend,
-        key: format!("{KEY_PREFIX}{name}").into(),
+        key: key.into(),
         script_args: Arc::new(ScriptArgs::new(&policy, rate)),
         rate_bits: AtomicU64::new(rate.to_bits()),
         fallback,

@@ -41,10 +41,9 @@ pub const DEFAULT_MAX_LOCAL_KEYS: usize = 100_000;
 /// would read as idle, so the keys in Redis follow the users active within
 /// one refill period.
 ///
-/// The backend's health is one state for all the keys: on a cluster, while
-/// the node of a key whose call failed is down, every key is served by the
-/// fallback, those on healthy nodes included (see
-/// [`RedisBackend`](super::RedisBackend)).
+/// On a cluster, the backend's health is kept per node: while a node is
+/// down, the keys in its slots are served by the fallback and the others
+/// stay on Redis (see [`RedisBackend`](super::RedisBackend)).
 ///
 /// While the backend is degraded, [`Fallback::Local`] serves each key from
 /// a [`KeyedRateLimiter`] in this process, at the rate times
@@ -97,6 +96,9 @@ struct KeyedInner<K, C: Clock> {
     served_locally: AtomicBool,
     /// Whether a background task is carrying the fallback's other keys back.
     carrying: AtomicBool,
+    /// The backend's count of zones come back when the fallback's keys
+    /// were last carried back: a new carry-back waits for a new recovery.
+    carried_at: AtomicU64,
     /// When the debt Redis last reported for a key ends (µs, local clock),
     /// for keys that owed something: a key the fallback opens starts from
     /// there, and only what it grants beyond it goes back to Redis. At most
@@ -187,6 +189,7 @@ impl<K, C: Clock + Clone> RedisKeyedBuilder<K, C> {
                 local_fraction: self.local_fraction,
                 served_locally: AtomicBool::new(false),
                 carrying: AtomicBool::new(false),
+                carried_at: AtomicU64::new(0),
                 debts: Mutex::new(HashMap::new()),
                 max_local_keys: self.max_local_keys,
                 this: this.clone(),
@@ -237,7 +240,7 @@ where
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        if self.backend.health.is_degraded() {
+        if self.backend.health.is_down_key(&target.key) {
             return Err(Failure::Down(None));
         }
         if self.served_locally.load(Ordering::Acquire) {
@@ -325,12 +328,18 @@ where
     }
 
     /// Carries every key the fallback holds back to Redis (one resume per
-    /// key, 64 in flight), once: a key whose resume finds Redis down again
-    /// goes back to the fallback with its debt.
+    /// key, 64 in flight), once: a key whose part of the backend is still
+    /// down (its cluster node), or whose resume finds Redis down again,
+    /// stays with the fallback, with its debt. While a part is down, the
+    /// next carry-back waits for a part to come back.
     fn carry_back_the_rest(&self) {
-        if self.carrying.swap(true, Ordering::AcqRel) {
+        let recoveries = self.backend.health.zone_recoveries();
+        if (self.backend.health.any_down() && self.carried_at.load(Ordering::Acquire) == recoveries)
+            || self.carrying.swap(true, Ordering::AcqRel)
+        {
             return;
         }
+        self.carried_at.store(recoveries, Ordering::Release);
         let this = self.this.clone();
         self.backend.spawn(async move {
             let Some(inner) = this.upgrade() else {
@@ -341,6 +350,12 @@ where
                 .for_each_concurrent(64, |(key, debt)| {
                     let inner = &inner;
                     async move {
+                        let target = inner.target(&key);
+                        if inner.backend.health.is_down_key(&target.key) {
+                            inner.local.open(&key, debt);
+                            inner.served_locally.store(true, Ordering::Release);
+                            return;
+                        }
                         let unknown = inner.unknown_part(&key, debt);
                         if unknown == 0 {
                             return;
@@ -348,7 +363,6 @@ where
                         let resume = Call::Resume {
                             debt_micros: (unknown as f64 * inner.local_fraction) as u64,
                         };
-                        let target = inner.target(&key);
                         if let Err(Failure::Down(_)) = send(&inner.backend, &target, resume).await {
                             inner.local.open(&key, debt);
                             inner.served_locally.store(true, Ordering::Release);
@@ -736,10 +750,10 @@ where
         self.inner.local.clock()
     }
 
-    /// Whether calls are being served by the fallback now (the backend is
-    /// degraded).
+    /// Whether calls are being served by the fallback now, for some keys at
+    /// least (the backend is degraded; on a cluster, a node is down).
     pub fn is_degraded(&self) -> bool {
-        self.inner.backend.health.is_degraded()
+        self.inner.backend.health.any_down()
     }
 
     /// The backend's health counters.

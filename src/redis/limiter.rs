@@ -11,9 +11,10 @@ use async_trait::async_trait;
 use redis::RedisResult;
 use redis::cluster::ClusterClient;
 
-use super::backend::{Backend, ProbeTarget, blocking_section};
+use super::backend::{Backend, ProbeTarget, Scope, blocking_section};
 use super::builder::RedisBuilder;
 use super::fallback::{Fallback, RedisStats};
+use super::health::Zone;
 use super::script::{self, Call, Reply, ScriptArgs, Token};
 use crate::clock::{Clock, SystemClock};
 use crate::core::{micros, stable_interval_micros};
@@ -66,6 +67,8 @@ const ORPHAN_WAIT: Duration = Duration::from_secs(30);
 pub(crate) struct Inner<C: Clock> {
     pub(crate) backend: Arc<Backend>,
     pub(crate) key: Arc<str>,
+    /// The part of the backend the key lives in (its slot on a cluster).
+    pub(crate) zone: Zone,
     pub(crate) script_args: Arc<ScriptArgs>,
     /// The rate in force, as `f64` bits: passed with every call, so a change
     /// reaches Redis with the next reservation.
@@ -149,7 +152,7 @@ pub(crate) async fn send(
             format!("no connection to {}", backend.target.describe()),
             None,
         );
-        backend.degrade(&failure, target.clone());
+        backend.degrade(&failure, target.clone(), Scope::Backend);
         return Err(Failure::Down(Some(failure)));
     };
     let canceller = matches!(call, Call::Reserve { .. }).then(|| Canceller {
@@ -191,7 +194,7 @@ pub(crate) async fn send(
     // A timed-out round trip is dropped here: its reply is awaited in the
     // background and its reservation given back.
     drop(in_flight);
-    backend.degrade(&failure, target.clone());
+    backend.degrade(&failure, target.clone(), Scope::Key);
     Err(Failure::Down(Some(failure)))
 }
 
@@ -260,7 +263,7 @@ impl<C: Clock> Inner<C> {
     /// backend is degraded. The first call after this limiter served from
     /// its fallback first carries the fallback's debt into the key.
     async fn round_trip(&self, call: Call) -> Result<Reply, Failure> {
-        if self.backend.health.is_degraded() {
+        if self.backend.health.is_down(self.zone) {
             return Err(Failure::Down(None));
         }
         if self.serving_locally.load(Ordering::Acquire) {
@@ -664,12 +667,18 @@ impl<C: Clock> RedisRateLimiter<C> {
     /// Whether calls are being served by the fallback because Redis is
     /// unavailable.
     pub fn is_degraded(&self) -> bool {
-        self.inner.backend.health.is_degraded()
+        self.inner.backend.health.is_down(self.inner.zone)
     }
 
-    /// Health counters: fallbacks, recoveries, calls served by the fallback.
+    /// Health counters: fallbacks, recoveries, calls served by the
+    /// fallback. They are the backend's: a limiter sharing a
+    /// [`RedisBackend`](super::RedisBackend) sees the counts of all its
+    /// limiters. `degraded` is this limiter's, as [`is_degraded`](Self::is_degraded).
     pub fn stats(&self) -> RedisStats {
-        self.inner.backend.health.stats()
+        RedisStats {
+            degraded: self.is_degraded(),
+            ..self.inner.backend.health.stats()
+        }
     }
 
     /// The Redis key holding this limiter's state (`throttler:{name}`).

@@ -42,6 +42,7 @@ mod backend;
 mod builder;
 mod connection;
 mod fallback;
+mod health;
 mod keyed;
 mod limiter;
 mod script;

@@ -31,11 +31,15 @@ use crate::clock::{Clock, SystemClock};
 /// debt into its own key with its first call (see
 /// [`RedisRateLimiter`]).
 ///
-/// On a cluster, that one health state covers every node: while the node
-/// of the key that failed is down, every limiter of the backend serves
-/// from its fallback, its keys on healthy nodes included. Where a node's
-/// outage must stay confined to the keys it holds, give each limiter a
-/// backend of its own ([`RedisRateLimiter::cluster_builder`]).
+/// On a cluster, the health state is kept per node: a node that is down or
+/// hung degrades only the limiters (and keyed limiters' keys) in its slots.
+/// The first call that finds it down marks its key's slot; the probe then
+/// reads the cluster's slot map and marks the node's other slots too, so
+/// their calls go to their fallbacks at once instead of each waiting for
+/// the response timeout. The probe runs the script on that node only, and
+/// everything on it comes back together. [`is_degraded`](Self::is_degraded)
+/// says whether any part is down; a limiter's own
+/// [`is_degraded`](RedisRateLimiter::is_degraded) whether its key's is.
 ///
 /// ```no_run
 /// use throttler::redis::RedisBackend;
@@ -103,9 +107,10 @@ impl RedisBackend {
         }
     }
 
-    /// Whether the backend's limiters are serving from their fallbacks now.
+    /// Whether any of the backend's limiters serve from their fallbacks now
+    /// (on a cluster: whether any node is marked down).
     pub fn is_degraded(&self) -> bool {
-        self.backend.health.is_degraded()
+        self.backend.health.any_down()
     }
 
     /// The backend's health counters, over all its limiters.
