@@ -748,7 +748,8 @@ async fn a_replica_cut_off_from_its_primary_degrades_once_and_recovers_when_prom
 
 /// A three-primary cluster (no replicas) loses one primary. Limiters whose
 /// keys are on it degrade, and their fallback serves; limiters whose keys
-/// are on the other two primaries never notice. The cluster is configured
+/// are on the other two primaries never notice, whether each has a backend
+/// of its own or they all share one. The cluster is configured
 /// to keep serving the slots it still covers (by default a cluster that
 /// has lost slots refuses every key once it declares the node failed), and
 /// to declare the failure within a second, so that the test runs through
@@ -773,23 +774,37 @@ async fn a_cluster_that_loses_a_primary_degrades_only_the_limiters_on_it() {
             break;
         }
     }
+    let shared = RedisBackend::cluster_builder(cluster.client())
+        .response_timeout(RESPONSE_TIMEOUT)
+        .probe_interval(PROBE_INTERVAL)
+        .build()
+        .await
+        .unwrap();
     let mut victims = Vec::new();
     let mut others = Vec::new();
     for (node, names) in names.iter().enumerate() {
         for name in names {
-            let limiter = RedisRateLimiter::cluster_builder(cluster.client(), name)
+            let own = RedisRateLimiter::cluster_builder(cluster.client(), name)
                 .permits_per_second(1_000.0)
                 .response_timeout(RESPONSE_TIMEOUT)
                 .probe_interval(PROBE_INTERVAL)
                 .build()
                 .await
                 .unwrap();
-            assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
-            assert!(!limiter.is_degraded());
-            if node == VICTIM {
-                victims.push(limiter);
-            } else {
-                others.push(limiter);
+            // The same key through the shared backend.
+            let sharing = shared
+                .limiter(name)
+                .permits_per_second(1_000.0)
+                .build()
+                .unwrap();
+            for limiter in [own, sharing] {
+                assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
+                assert!(!limiter.is_degraded());
+                if node == VICTIM {
+                    victims.push(limiter);
+                } else {
+                    others.push(limiter);
+                }
             }
         }
     }
@@ -850,16 +865,26 @@ async fn a_cluster_that_loses_a_primary_degrades_only_the_limiters_on_it() {
         killed.elapsed()
     );
     assert!(slowest <= CALL_BOUND, "a call took {slowest:?}");
-    for limiter in &victims {
+    // Limiters with backends of their own: their own counts. Those sharing
+    // one: the backend's, which switched once for both victims.
+    for limiter in victims.iter().step_by(2) {
         let stats = limiter.stats();
         assert!(limiter.is_degraded(), "{}", limiter.key());
         assert_eq!((stats.fallbacks, stats.recoveries), (1, 0), "{stats:?}");
         assert!(stats.fallback_calls >= rounds, "{stats:?}");
     }
-    for limiter in &others {
+    for limiter in others.iter().step_by(2) {
         let stats = limiter.stats();
         assert_eq!((stats.fallbacks, stats.fallback_calls), (0, 0), "{stats:?}");
     }
+    assert!(victims.iter().all(RedisRateLimiter::is_degraded));
+    let stats = shared.stats();
+    println!("the shared backend: {stats:?}");
+    assert_eq!((stats.fallbacks, stats.recoveries), (1, 0), "{stats:?}");
+    assert!(
+        stats.fallback_calls >= 2 * rounds && stats.fallback_calls <= 2 * rounds + 2,
+        "{stats:?}: only the two victims' calls, {rounds} rounds"
+    );
 }
 
 /// A limiter degraded by a fault on its own node goes back to Redis as soon
