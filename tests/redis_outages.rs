@@ -894,6 +894,24 @@ async fn a_cluster_that_loses_a_primary_degrades_only_the_limiters_on_it() {
 /// as long as the unrelated node is down).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limiter_recovers_on_its_own_node_while_another_primary_is_dead() {
+    recovers_on_its_own_node_while_another_primary_is(Other::Dead).await;
+}
+
+/// The same, while the other primary hangs instead (a stopped process: its
+/// connections open, but nothing answers), which a fresh connection to the
+/// cluster waits for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limiter_recovers_on_its_own_node_while_another_primary_hangs() {
+    recovers_on_its_own_node_while_another_primary_is(Other::Hung).await;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Other {
+    Dead,
+    Hung,
+}
+
+async fn recovers_on_its_own_node_while_another_primary_is(other: Other) {
     let mut cluster = RedisCluster::start();
     for node in &cluster.nodes {
         node.config_set("cluster-require-full-coverage", "no");
@@ -913,8 +931,11 @@ async fn a_limiter_recovers_on_its_own_node_while_another_primary_is_dead() {
         .unwrap();
     assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
 
-    // An unrelated primary dies: the limiter does not notice.
-    cluster.nodes[DEAD].kill();
+    // An unrelated primary dies or hangs: the limiter does not notice.
+    match other {
+        Other::Dead => cluster.nodes[DEAD].kill(),
+        Other::Hung => cluster.nodes[DEAD].stop(),
+    }
     for _ in 0..10 {
         assert!(limiter.try_acquire(1, Duration::ZERO).await.is_ok());
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -944,14 +965,18 @@ async fn a_limiter_recovers_on_its_own_node_while_another_primary_is_dead() {
         .await
         .unwrap_or_else(|| panic!("still degraded 5 s later: {:?}", limiter.stats()));
     println!(
-        "back on its own node {:?} after SIGCONT, with node {DEAD} still dead ({took:?} polled)",
+        "back on its own node {:?} after SIGCONT, with node {DEAD} still {other:?} ({took:?} polled)",
         resumed.elapsed()
     );
-    assert!(
-        resumed.elapsed() <= RECOVERY_BOUND,
-        "{:?}",
-        resumed.elapsed()
-    );
+    // A fresh connection to the cluster waits for the hung node: up to the
+    // cluster client's connection timeout (1 s by default) for its first
+    // connections, and again for its connections to every node of the
+    // slot map.
+    let bound = match other {
+        Other::Dead => RECOVERY_BOUND,
+        Other::Hung => RECOVERY_BOUND + Duration::from_secs(2),
+    };
+    assert!(resumed.elapsed() <= bound, "{:?}", resumed.elapsed());
     let stats = limiter.stats();
     assert_eq!((stats.fallbacks, stats.recoveries), (1, 1), "{stats:?}");
     assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
@@ -1126,6 +1151,97 @@ async fn a_shared_cluster_backend_degrades_only_what_lives_on_a_frozen_node() {
     within(Duration::from_secs(2), || keyed.local_len() == 0)
         .await
         .expect("the victim's tenant is carried back to Redis");
+}
+
+/// A shared backend built while one primary of the cluster hangs starts
+/// degraded (its first connection, bounded by the response timeout, waits
+/// for the hung node), and serves every call from the fallbacks at once.
+/// Its probe, which waits longer, then connects without the hung node, and
+/// although its script fails there (on the hung node, where the backend's
+/// own probe key lives), limiters on the other nodes go to Redis; those on
+/// the hung node stay on their fallbacks, and no call takes longer than the
+/// response timeout. The cluster client gives up on a node after 50 ms, as
+/// the README advises (below the response timeout): a client that waits
+/// longer stalls every request while it reconnects to the hung node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_cluster_backend_built_while_a_primary_hangs_serves_the_others_from_redis() {
+    let cluster = RedisCluster::start();
+    // The node of the backend's own probe key, which its first probe uses.
+    let hung = cluster.node_for_key("throttler-probe");
+    let names = two_names_per_node(&cluster, "api", |name| format!("throttler:{name}"));
+    cluster.nodes[hung].stop();
+    let started = Instant::now();
+    let backend = RedisBackend::cluster_builder(
+        cluster.client_with_connection_timeout(Duration::from_millis(50)),
+    )
+    .response_timeout(RESPONSE_TIMEOUT)
+    .probe_interval(PROBE_INTERVAL)
+    .build()
+    .await
+    .unwrap();
+    assert!(started.elapsed() <= CALL_BOUND, "{:?}", started.elapsed());
+    assert!(backend.is_degraded());
+    let limiters: Vec<(usize, RedisRateLimiter)> = names
+        .iter()
+        .enumerate()
+        .flat_map(|(node, names)| names.iter().map(move |name| (node, name)))
+        .map(|(node, name)| {
+            let limiter = backend
+                .limiter(name)
+                .permits_per_second(1_000.0)
+                .build()
+                .unwrap();
+            (node, limiter)
+        })
+        .collect();
+    let healthy_on_redis = || {
+        limiters
+            .iter()
+            .all(|(node, limiter)| limiter.is_degraded() == (*node == hung))
+    };
+    let mut slowest = Duration::ZERO;
+    while !healthy_on_redis() {
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "{:?}; degraded: {:?}",
+            backend.stats(),
+            limiters
+                .iter()
+                .map(|(node, l)| (*node, l.is_degraded()))
+                .collect::<Vec<_>>()
+        );
+        for (_, limiter) in &limiters {
+            let call = Instant::now();
+            let result = limiter.try_acquire(1, Duration::from_millis(10)).await;
+            assert!(result.is_ok(), "{}: {result:?}", limiter.key());
+            slowest = slowest.max(call.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    println!(
+        "the other nodes' limiters on Redis {:?} after the build, slowest call {slowest:?}",
+        started.elapsed()
+    );
+    assert!(slowest <= CALL_BOUND, "a call took {slowest:?}");
+    let before = backend.stats().fallback_calls;
+    for (node, limiter) in &limiters {
+        assert!(
+            limiter
+                .try_acquire(1, Duration::from_millis(10))
+                .await
+                .unwrap()
+        );
+        assert_eq!(limiter.is_degraded(), *node == hung, "{}", limiter.key());
+    }
+    assert_eq!(
+        backend.stats().fallback_calls - before,
+        2,
+        "only the hung node's two limiters use their fallbacks"
+    );
+    cluster.nodes[hung].cont();
+    within(Duration::from_secs(4), || !backend.is_degraded())
+        .await
+        .unwrap_or_else(|| panic!("still degraded: {:?}", backend.stats()));
 }
 
 /// Whether the node on `port` is flagged `fail` (not only `fail?`) in

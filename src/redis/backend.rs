@@ -72,6 +72,11 @@ impl Drop for RuntimeRef {
     }
 }
 
+/// How long the probe waits for a fresh connection to a cluster, at least:
+/// more than a cluster client's connection timeout (1 s unless set), which
+/// it may spend on a hung node before going on without it.
+const CLUSTER_PROBE_CONNECT: Duration = Duration::from_secs(10);
+
 /// One target, one connection, one health state (one zone per hash slot on
 /// a cluster, see [`Health`]), one probe, one runtime, shared by every
 /// limiter made from it.
@@ -243,7 +248,14 @@ impl Backend {
     /// replaces the one in use.
     async fn probe_round(&self) {
         let targets = self.probes().targets.clone();
-        let connection = match self.target.connect(self.response_timeout).await {
+        // A fresh cluster connection waits for every node it is given,
+        // each up to the client's own connection timeout: one hung node,
+        // however unrelated, makes it slower than a response timeout.
+        let bound = match self.target {
+            Target::Single(_) => self.response_timeout,
+            Target::Cluster(_) => self.response_timeout.max(CLUSTER_PROBE_CONNECT),
+        };
+        let connection = match self.target.connect(bound).await {
             Ok(connection) => connection,
             Err(failure) => {
                 self.health.set_last_error(&failure.to_string());
@@ -267,40 +279,60 @@ impl Backend {
             Some(async move { (group, self.run_probe(&mut connection, target).await) })
         });
         let mut recovered = Vec::new();
+        let mut narrowed = Vec::new();
         for (group, result) in futures::future::join_all(probing).await {
             match result {
                 Ok(()) => recovered.push(group),
+                // A cluster that could not be reached at all is reached
+                // again: from now on its nodes are down or up one by one,
+                // starting with the node of the key the script failed on.
+                Err(e) if self.health.is_cluster() && group.zones == [Zone::All] => {
+                    self.health.set_last_error(&e.to_string());
+                    narrowed.extend(group.target.clone());
+                }
                 Err(e) => self.health.set_last_error(&e.to_string()),
             }
         }
-        if !recovered.is_empty() {
+        if !recovered.is_empty() || !narrowed.is_empty() {
             self.link.replace(connection);
         }
-        let mut probes = self.probes();
-        for group in recovered {
-            for zone in &group.zones {
-                probes.targets.remove(zone);
-                if let Zone::Slot(slot) = zone {
-                    probes.widened.remove(slot);
-                }
+        {
+            let mut probes = self.probes();
+            for target in &narrowed {
+                let zone = self.health.zone_of(&target.key);
+                self.health.mark_down(zone);
+                probes.targets.entry(zone).or_insert_with(|| target.clone());
+                probes.targets.remove(&Zone::All);
+                self.health.mark_up_all(&[Zone::All]);
             }
-            self.health.mark_up_all(&group.zones);
-            tracing::info!(
-                target = %self.target.describe(),
-                key = %group.target.as_ref().map_or("", |t| &t.key),
-                "the limiters' script works again there; back on Redis"
-            );
+            for group in recovered {
+                for zone in &group.zones {
+                    probes.targets.remove(zone);
+                    if let Zone::Slot(slot) = zone {
+                        probes.widened.remove(slot);
+                    }
+                }
+                self.health.mark_up_all(&group.zones);
+                tracing::info!(
+                    target = %self.target.describe(),
+                    key = %group.target.as_ref().map_or("", |t| &t.key),
+                    "the limiters' script works again there; back on Redis"
+                );
+            }
+            // Slots marked down with a node that no longer shows a failing
+            // key (the slot map changed, or could not be read): back.
+            let released: Vec<Zone> = groups
+                .iter()
+                .filter(|g| g.target.is_none())
+                .flat_map(|g| &g.zones)
+                .filter(|zone| matches!(zone, Zone::Slot(slot) if probes.widened.remove(slot)))
+                .copied()
+                .collect();
+            self.health.mark_up_all(&released);
         }
-        // Slots marked down with a node that no longer shows a failing
-        // key (the slot map changed, or could not be read): back.
-        let released: Vec<Zone> = groups
-            .iter()
-            .filter(|g| g.target.is_none())
-            .flat_map(|g| &g.zones)
-            .filter(|zone| matches!(zone, Zone::Slot(slot) if probes.widened.remove(slot)))
-            .copied()
-            .collect();
-        self.health.mark_up_all(&released);
+        if !narrowed.is_empty() {
+            self.widen_now().await;
+        }
     }
 
     /// The zones that are down, grouped for the probe: the whole backend on

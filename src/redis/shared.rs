@@ -69,7 +69,9 @@ impl RedisBackend {
     }
 
     /// A backend on a Redis Cluster: each limiter's key lives on the node
-    /// that owns its slot.
+    /// that owns its slot. Build the client with a connection timeout below
+    /// the backend's response timeout, as for
+    /// [`RedisRateLimiter::cluster_builder`].
     pub fn cluster_builder(client: ClusterClient) -> RedisBackendBuilder {
         RedisBackendBuilder::new(Target::Cluster(Box::new(client)))
     }

@@ -79,6 +79,18 @@ impl RedisCluster {
             .expect("a valid cluster client")
     }
 
+    /// A cluster client seeded with every node, giving up on connecting to
+    /// a node after `timeout`.
+    pub fn client_with_connection_timeout(
+        &self,
+        timeout: Duration,
+    ) -> redis::cluster::ClusterClient {
+        redis::cluster::ClusterClientBuilder::new(self.nodes.iter().map(|n| n.url()))
+            .connection_timeout(timeout)
+            .build()
+            .expect("a valid cluster client")
+    }
+
     /// The index in [`nodes`](Self::nodes) of the primary that serves
     /// `key`'s slot, as the cluster reports it (`CLUSTER KEYSLOT`, then
     /// `CLUSTER SLOTS`, asked of the first node that answers).
