@@ -245,7 +245,9 @@ impl Backend {
     /// group of zones that are down (a cluster node's slots, found from its
     /// slot map, which also widens a failing slot to its whole node). Every
     /// group whose script works comes back, and the connection then
-    /// replaces the one in use.
+    /// replaces the one in use. A cluster that was down as a whole and
+    /// opens a connection again is down node by node from then on: only the
+    /// node where the script failed, if it did.
     async fn probe_round(&self) {
         let targets = self.probes().targets.clone();
         // A fresh cluster connection waits for every node it is given,
@@ -313,11 +315,14 @@ impl Backend {
                     }
                 }
                 self.health.mark_up_all(&group.zones);
-                tracing::info!(
-                    target = %self.target.describe(),
-                    key = %group.target.as_ref().map_or("", |t| &t.key),
-                    "the limiters' script works again there; back on Redis"
-                );
+                if self.health.is_cluster() {
+                    tracing::info!(
+                        target = %self.target.describe(),
+                        key = %group.target.as_ref().map_or("", |t| &t.key),
+                        slots = group.zones.len(),
+                        "the limiters' script works again on this key's node; its slots are back on Redis"
+                    );
+                }
             }
             // Slots marked down with a node that no longer shows a failing
             // key (the slot map changed, or could not be read): back.
@@ -641,4 +646,60 @@ pub(crate) fn own_runtime() -> Result<RuntimeRef, Error> {
                 Some(Box::new(e)),
             ))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::Value;
+
+    use super::*;
+
+    fn node(host: &str, port: i64) -> Value {
+        Value::Array(vec![
+            Value::BulkString(host.as_bytes().to_vec()),
+            Value::Int(port),
+            Value::BulkString(b"id".to_vec()),
+        ])
+    }
+
+    fn range(start: i64, end: i64, nodes: Vec<Value>) -> Value {
+        let mut range = vec![Value::Int(start), Value::Int(end)];
+        range.extend(nodes);
+        Value::Array(range)
+    }
+
+    #[test]
+    fn a_slot_map_groups_each_primarys_ranges() {
+        let reply = Value::Array(vec![
+            range(0, 99, vec![node("10.0.0.1", 7000), node("10.0.0.9", 7009)]),
+            range(100, 16_000, vec![node("10.0.0.2", 7000)]),
+            // A primary with two ranges.
+            range(16_001, 16_383, vec![node("10.0.0.1", 7000)]),
+        ]);
+        let map = SlotMap::parse(&reply).unwrap();
+        let first = map.owner(0).unwrap();
+        assert_eq!(map.owner(99), Some(first));
+        assert_eq!(map.owner(16_383), Some(first));
+        assert_ne!(map.owner(100), Some(first));
+        let slots = map.slots_of(first);
+        assert_eq!(slots.len(), 100 + 383);
+        assert_eq!((slots[99], slots[100]), (99, 16_001));
+    }
+
+    #[test]
+    fn a_slot_map_leaves_uncovered_slots_ownerless_and_rejects_nonsense() {
+        let map = SlotMap::parse(&Value::Array(vec![range(5, 5, vec![node("h", 1)])])).unwrap();
+        assert_eq!((map.owner(4), map.owner(6)), (None, None));
+        assert!(map.owner(5).is_some());
+        for bad in [
+            Value::Nil,
+            Value::Array(vec![Value::Int(1)]),
+            Value::Array(vec![range(10, 5, vec![node("h", 1)])]),
+            Value::Array(vec![range(0, 16_384, vec![node("h", 1)])]),
+            Value::Array(vec![range(-1, 5, vec![node("h", 1)])]),
+            Value::Array(vec![range(0, 5, vec![])]),
+        ] {
+            assert!(SlotMap::parse(&bad).is_none(), "{bad:?}");
+        }
+    }
 }
