@@ -88,7 +88,9 @@
 //! never been made while callers already waiting keep their slots. That
 //! holds exactly while the limiter stays in debt; one gap remains: a charge
 //! given back after the limiter would (without it) have sat idle past its
-//! burst returns up to that forfeited idle time. A reservation that spent
+//! burst returns up to that forfeited idle time (`src/core/give_back.rs`
+//! says when that happens, and why no rule that closes it with a fixed-size
+//! state is used). A reservation that spent
 //! stored permits (a cold warming-up limiter) is given back only when it is
 //! the latest.
 //!
