@@ -18,7 +18,7 @@ use support::poll::within;
 use support::redis_cluster::RedisCluster;
 use support::redis_server::{RedisServer, free_port};
 use throttler::Error;
-use throttler::redis::{Fallback, RedisBackend, RedisBuilder, RedisRateLimiter};
+use throttler::redis::{Fallback, RedisBackend, RedisBuilder, RedisRateLimiter, RedisStats};
 
 const RESPONSE_TIMEOUT: Duration = Duration::from_millis(100);
 const PROBE_INTERVAL: Duration = Duration::from_millis(100);
@@ -43,17 +43,34 @@ fn builder(client: redis::Client, name: &str, rate: f64) -> RedisBuilder {
         .probe_interval(PROBE_INTERVAL)
 }
 
+/// Waits, for up to 5 s, until `degraded` says no more, and asserts that
+/// this came within `bound` of `since`; returns how long after `since`.
+async fn back_on_redis(
+    what: &str,
+    since: Instant,
+    bound: Duration,
+    degraded: impl Fn() -> bool,
+    stats: impl Fn() -> RedisStats,
+) -> Duration {
+    within(Duration::from_secs(5), || !degraded())
+        .await
+        .unwrap_or_else(|| panic!("{what}: still degraded 5 s later: {:?}", stats()));
+    let took = since.elapsed();
+    assert!(took <= bound, "{what}: back on Redis only after {took:?}");
+    took
+}
+
 /// Waits until `limiter` is back on Redis, within [`RECOVERY_BOUND`] of now;
 /// returns how long that took.
 async fn recovered(limiter: &RedisRateLimiter, what: &str) -> Duration {
-    let took = within(Duration::from_secs(5), || !limiter.is_degraded())
-        .await
-        .unwrap_or_else(|| panic!("{what}: still degraded 5 s later: {:?}", limiter.stats()));
-    assert!(
-        took <= RECOVERY_BOUND,
-        "{what}: back on Redis only after {took:?}"
-    );
-    took
+    back_on_redis(
+        what,
+        Instant::now(),
+        RECOVERY_BOUND,
+        || limiter.is_degraded(),
+        || limiter.stats(),
+    )
+    .await
 }
 
 /// [`recovered`], for a limiter that went to its fallback once: prints how
@@ -960,23 +977,25 @@ async fn recovers_on_its_own_node_while_another_primary_is(other: Other) {
     cluster.nodes[HOME].cont();
     let resumed = Instant::now();
 
-    // Its node answers again, the dead one still does not.
-    let took = within(Duration::from_secs(5), || !limiter.is_degraded())
-        .await
-        .unwrap_or_else(|| panic!("still degraded 5 s later: {:?}", limiter.stats()));
-    println!(
-        "back on its own node {:?} after SIGCONT, with node {DEAD} still {other:?} ({took:?} polled)",
-        resumed.elapsed()
-    );
-    // A fresh connection to the cluster waits for the hung node: up to the
-    // cluster client's connection timeout (1 s by default) for its first
+    // Its node answers again, the other one still does not. A fresh
+    // connection to the cluster waits for a hung node: up to the cluster
+    // client's connection timeout (1 s by default) for its first
     // connections, and again for its connections to every node of the
     // slot map.
     let bound = match other {
         Other::Dead => RECOVERY_BOUND,
         Other::Hung => RECOVERY_BOUND + Duration::from_secs(2),
     };
-    assert!(resumed.elapsed() <= bound, "{:?}", resumed.elapsed());
+    let what = format!("its own node, with node {DEAD} still {other:?}");
+    let took = back_on_redis(
+        &what,
+        resumed,
+        bound,
+        || limiter.is_degraded(),
+        || limiter.stats(),
+    )
+    .await;
+    println!("back on {what} {took:?} after SIGCONT");
     let stats = limiter.stats();
     assert_eq!((stats.fallbacks, stats.recoveries), (1, 1), "{stats:?}");
     assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
@@ -1116,18 +1135,15 @@ async fn a_shared_cluster_backend_degrades_only_what_lives_on_a_frozen_node() {
 
     cluster.nodes[VICTIM].cont();
     let resumed = Instant::now();
-    let took = within(Duration::from_secs(5), || !backend.is_degraded())
-        .await
-        .unwrap_or_else(|| panic!("still degraded 5 s later: {:?}", backend.stats()));
-    println!(
-        "back on node {VICTIM} {:?} after SIGCONT ({took:?} polled)",
-        resumed.elapsed()
-    );
-    assert!(
-        resumed.elapsed() <= RECOVERY_BOUND,
-        "{:?}",
-        resumed.elapsed()
-    );
+    let took = back_on_redis(
+        &format!("node {VICTIM}"),
+        resumed,
+        RECOVERY_BOUND,
+        || backend.is_degraded(),
+        || backend.stats(),
+    )
+    .await;
+    println!("back on node {VICTIM} {took:?} after SIGCONT");
     let stats = backend.stats();
     assert_eq!((stats.fallbacks, stats.recoveries), (1, 1), "{stats:?}");
     for limiter in limiters.iter().flatten() {
