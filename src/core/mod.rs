@@ -86,13 +86,15 @@
 //! is still the latest; otherwise the ticket moves back by what it charged
 //! (never past `now`), so that later callers are scheduled as if it had
 //! never been made while callers already waiting keep their slots. That
-//! holds exactly while the limiter stays in debt; one gap remains: a charge
-//! given back after the limiter would (without it) have sat idle past its
-//! burst returns up to that forfeited idle time (`src/core/give_back.rs`
-//! says when that happens, and why no rule that closes it with a fixed-size
-//! state is used). A reservation that spent
-//! stored permits (a cold warming-up limiter) is given back only when it is
-//! the latest.
+//! holds exactly while the limiter stays in debt. Once several
+//! reservations are given back, moving the ticket back by each one's whole
+//! charge can hand later callers idle time that a limiter without those
+//! reservations would have dropped at its burst; a [`Ledger`] kept beside
+//! the state remembers what was requested after each waiting reservation,
+//! so that a give-back never moves the ticket below it (see
+//! `src/core/ledger.rs` for how, and `src/core/give_back.rs` for the
+//! rules). A reservation that spent stored permits (a cold warming-up
+//! limiter) is given back only when it is the latest.
 //!
 //! ## Rate changes
 //!
@@ -143,10 +145,12 @@
 
 mod bursty;
 mod give_back;
+mod ledger;
 mod warming_up;
 
 pub use bursty::Bursty;
 pub use give_back::{GiveBack, Reserved};
+pub use ledger::Ledger;
 pub use warming_up::WarmingUp;
 
 use std::time::Duration;
