@@ -1,74 +1,79 @@
 //! The [`Ledger`]: what an exact give-back has to remember about the
-//! reservations still waiting.
-//!
-//! # Why the state alone is not enough
-//!
-//! Moving the ticket back by a cancelled reservation's charge
-//! ([`State::return_charge`]) is exact while the limiter stays in debt. It
-//! is not once several reservations are given back. A reservation `B` that
-//! keeps its slot after an earlier one `A` was given back holds a slot later
-//! than a limiter that never made `A` would have given it. A request `S`
-//! made while `B` waits finds the real limiter in debt (behind `B`), where
-//! the limiter without `A` and `B` might have sat idle for longer than its
-//! burst and dropped the excess idle time. When `B` is then given back,
-//! moving the ticket back by `B`'s whole charge hands that dropped idle time
-//! to the callers after `S`: they are scheduled before the limiter that
-//! never made `A` and `B` would schedule them. With large reservations this
-//! is not a rounding: two reservations of an hour each, given back in that
-//! order, let later callers in up to an hour early.
-//!
-//! # What the ledger keeps
-//!
-//! Think of a bursty limiter's state as one number, the *theoretical
-//! arrival time* `tat = next_free − stored × interval`. A request at `t`
-//! clamps it to at least `t − burst` and adds its charge. Unrolled, `tat` is
-//! the largest of one *term* per request `i`:
-//!
-//! ```text
-//! term_i = t_i − burst + (charges of the requests made at or after i)
-//! ```
-//!
-//! (plus one for the initial state). Giving back a reservation `k` removes
-//! its charge from the terms of the requests made up to `k`, and from none
-//! made after it. The exact ticket after the give-back is therefore
-//!
-//! ```text
-//! max(tat − charge_k, the largest term of the requests made after k)
-//! ```
-//!
-//! and the second half is what the state cannot know. The ledger keeps it:
-//! the terms, grouped between consecutive reservations that are still
-//! waiting (only those can be given back), each group as its largest term,
-//! held as an offset below `tat` (charges move every term and `tat` alike,
-//! so a reservation changes no offset). A group that a later one reaches or
-//! exceeds can never be the largest again (later groups lose at most what
-//! earlier ones lose), so the offsets stay strictly increasing from the
-//! oldest group to the newest, and the group after a waiting reservation is
-//! the largest of everything made after it. A waiting reservation whose
-//! moment has passed can no longer be given back, so its group merges with
-//! the next; a request that finds the limiter idle beyond its burst starts a
-//! term above all others, and the ledger empties. It holds at most one group
-//! per reservation still waiting, and usually far fewer.
-//!
-//! # Erring late, never early
-//!
-//! Where the ledger does not know, it errs towards limiting: a reservation
-//! it has no group for (more than [`Ledger::CAPACITY`] waiting at once, a
-//! rate change since, or one made without the ledger) moves back only the
-//! groups made before it, which may be nothing at all; offsets are rounded
-//! down to whole microseconds; a give-back that would move the ticket below
-//! `now` stops at `now` (as [`State::return_charge`] does) and forgets the
-//! groups. A warming-up limiter's terms count no burst. So a caller is never
-//! scheduled before the limiter that never made the cancelled reservations
-//! would schedule it, and with no more than [`Ledger::CAPACITY`] reservations
-//! waiting, a bursty limiter ends exactly where that limiter would
-//! (`tests/cancellation.rs` checks both against that model).
+//! reservations still waiting (the reasoning is in its documentation).
 
 use super::{FRACTION_ONE, GiveBack, MAX_MICROS, Policy, Reserved, State};
 
-/// The groups of terms between reservations still waiting (see the
-/// [module documentation](self)), kept beside a [`State`] so that its
-/// give-backs are exact.
+/// What an exact give-back has to remember about the reservations still
+/// waiting, kept beside a [`State`].
+///
+/// # Why the state alone is not enough
+///
+/// Moving the ticket back by a cancelled reservation's charge
+/// ([`State::return_charge`]) is exact while the limiter stays in debt. It
+/// is not once several reservations are given back. A reservation `B` that
+/// keeps its slot after an earlier one `A` was given back holds a slot later
+/// than a limiter that never made `A` would have given it. A request `S`
+/// made while `B` waits finds the real limiter in debt (behind `B`), where
+/// the limiter without `A` and `B` might have sat idle for longer than its
+/// burst and dropped the excess idle time. When `B` is then given back,
+/// moving the ticket back by `B`'s whole charge hands that dropped idle time
+/// to the callers after `S`: they are scheduled before the limiter that
+/// never made `A` and `B` would schedule them. With large reservations this
+/// is not a rounding: two reservations of an hour each, given back in that
+/// order, let later callers in up to an hour early.
+///
+/// # What the ledger keeps
+///
+/// Think of a bursty limiter's state as one number, the *theoretical
+/// arrival time* `tat = next_free − stored × interval`. A request at `t`
+/// clamps it to at least `t − burst` and adds its charge. Unrolled, `tat` is
+/// the largest of one *term* per request `i`:
+///
+/// ```text
+/// term_i = t_i − burst + (charges of the requests made at or after i)
+/// ```
+///
+/// (plus one for the initial state). Giving back a reservation `k` removes
+/// its charge from the terms of the requests made up to `k`, and from none
+/// made after it. The exact ticket after the give-back is therefore
+///
+/// ```text
+/// max(tat − charge_k, the largest term of the requests made after k)
+/// ```
+///
+/// and the second half is what the state cannot know. The ledger keeps it:
+/// the terms, grouped between consecutive reservations that are still
+/// waiting (only those can be given back), each group as its largest term,
+/// held as an offset below `tat` (charges move every term and `tat` alike,
+/// so a reservation changes no offset). A group that a later one reaches or
+/// exceeds can never be the largest again (later groups lose at most what
+/// earlier ones lose), so it is emptied, and its reservation keeps only its
+/// place. What remains strictly increases from the oldest group to the
+/// newest, so the first group holding anything after a waiting reservation
+/// holds the largest term made after it. A waiting reservation whose moment
+/// has passed can no longer be given back: its group merges with the next.
+/// A request that finds the limiter idle beyond its burst starts a term
+/// above all others, and the ledger empties. It holds one group per
+/// reservation still waiting, and none once they have all gone.
+///
+/// A give-back may move the ticket behind `now`: the state then reads as
+/// idle since then (stored permits, up to the burst), as the limiter that
+/// never made the reservation would.
+///
+/// # Erring late, never early
+///
+/// Where the ledger does not know, it errs towards limiting: a reservation
+/// it has no group for (more than [`Ledger::CAPACITY`] waiting at once, a
+/// rate change since, or one made without the ledger) moves back only the
+/// groups made before its own place, which may be nothing at all; offsets
+/// are rounded down to whole microseconds. A warming-up limiter's terms
+/// count no burst. So a caller is never scheduled before the limiter that
+/// never made the cancelled reservations would schedule it, and with no
+/// more than [`Ledger::CAPACITY`] reservations waiting, a bursty limiter
+/// ends where that limiter would, to the microsecond (`tests/cancellation.rs`
+/// checks both against that model).
+///
+/// # Use
 ///
 /// Every change to the state goes through the ledger while it is in use:
 /// [`reserve`](Ledger::reserve), [`reserve_recorded`](Ledger::reserve_recorded),
@@ -135,8 +140,7 @@ impl Default for Ledger {
 
 impl Ledger {
     /// The most groups kept. Beyond that, the two newest merge: the
-    /// reservation between them is then given back conservatively (see the
-    /// [module documentation](self)).
+    /// reservation between them is then given back conservatively (see [`Ledger`]).
     pub const CAPACITY: usize = 1024;
 
     /// An empty ledger, for a state nothing has been reserved on yet (or
@@ -150,8 +154,8 @@ impl Ledger {
     }
 
     /// Whether no reservation is waiting in the ledger: then the state
-    /// alone holds everything, and operations on it that skip the ledger
-    /// lose nothing.
+    /// alone holds everything, and reservations made on it without the
+    /// ledger lose nothing (until one has to wait and may be given back).
     pub fn is_empty(&self) -> bool {
         self.groups.is_empty()
     }
