@@ -61,15 +61,8 @@ pub(crate) struct Pending<'a> {
 /// What a reservation took, in the form its limiter needs to give it back.
 #[derive(Debug)]
 pub(crate) enum Taken {
-    /// A local limiter's lock-free word: the word before and after, the
-    /// moment granted and the charge (µs the ticket was pushed by).
-    Word {
-        before: u64,
-        after: u64,
-        moment: u64,
-        charge: u64,
-    },
-    /// A local limiter's core state, under its lock.
+    /// A local limiter's reservation, made under its lock through its
+    /// ledger.
     Core(crate::core::Reserved),
     /// A reservation made in Redis: the script's record of it.
     #[cfg(feature = "redis")]

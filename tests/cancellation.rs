@@ -539,10 +539,10 @@ fn a_rate_change_in_between_is_never_undone() {
     assert_eq!(state.next_free_micros, 100_000);
 }
 
-/// The local limiter (its lock-free word for bursty, its locked core for
-/// warming-up) gives back exactly as the core does: the same reservations,
-/// cancellations and idle gaps on both give the same waits, to the
-/// microsecond the word may round stored permits by.
+/// The local limiter gives back exactly as the core through a ledger does:
+/// the same reservations, cancellations and idle gaps on both give the same
+/// waits, to the microsecond the word may round stored permits by (a
+/// reservation that waits is made under the lock, through the ledger).
 #[test]
 fn the_local_limiter_gives_back_as_the_core() {
     for seed in 0..1_000 {
@@ -564,6 +564,7 @@ fn the_local_limiter_gives_back_as_the_core() {
             )
         };
         let mut core = State::new(policy, rate, 0).unwrap();
+        let mut ledger = Ledger::new();
         let mut now = 0;
         let mut held = Vec::new();
         for step in 0..60 {
@@ -571,7 +572,7 @@ fn the_local_limiter_gives_back_as_the_core() {
                 0..3 => {
                     let p = rng.range(1, 3) as u32;
                     let r = limiter.reservation(p).unwrap();
-                    let c = core.reserve_recorded(p, now);
+                    let c = ledger.reserve_recorded(&mut core, p, now);
                     let expected = c.moment_micros.saturating_sub(now);
                     let got = r.delay().as_micros() as u64;
                     // The word holds stored permits as time to 2^-20 µs and
@@ -591,14 +592,14 @@ fn the_local_limiter_gives_back_as_the_core() {
                 3 if !held.is_empty() => {
                     let (r, c) = held.swap_remove(rng.below(held.len() as u64) as usize);
                     drop(r);
-                    core.give_back(&c, now);
+                    ledger.give_back(&mut core, &c, now);
                 }
                 _ => {
                     // Time passes only once nothing is held: a reservation is
                     // given back before its wait is over.
                     for (r, c) in held.drain(..) {
                         drop(r);
-                        core.give_back(&c, now);
+                        ledger.give_back(&mut core, &c, now);
                     }
                     let gap = rng.range(0, 300_000);
                     clock.advance(Duration::from_micros(gap));
@@ -606,6 +607,40 @@ fn the_local_limiter_gives_back_as_the_core() {
                 }
             }
         }
+    }
+}
+
+/// Two reservations of an hour each wait; the first is dropped, half an
+/// hour passes, eleven callers queue behind the second, and the second is
+/// dropped too. A limiter that never made the two would have been idle for
+/// that half hour (dropping all but one second of it): the next caller goes
+/// where it would, not an hour's charge earlier.
+#[test]
+fn a_waiter_dropped_after_another_never_lets_the_next_caller_in_early() {
+    const S: Duration = Duration::from_secs(1);
+    let clock = FakeClock::new();
+    let limiter = RateLimiter::builder()
+        .permits_per_second(1.0)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    limiter.reserve(1).unwrap();
+    let a = limiter.reservation(3600).unwrap();
+    let b = limiter.reservation(3600).unwrap();
+    assert_eq!((a.delay(), b.delay()), (S, 3601 * S));
+    clock.advance(S / 2);
+    drop(a); // B keeps its slot
+    clock.advance(1800 * S - S / 2);
+    // Without A and B these would go at 1800 s (on the one stored permit)
+    // and then one a second.
+    let queued: Vec<_> = (0..11).map(|_| limiter.reservation(1).unwrap()).collect();
+    assert_eq!(queued[0].delay(), 1801 * S); // behind B
+    clock.advance(S);
+    drop(b);
+    // After the eleven, as the limiter without A and B: 1810 s.
+    assert_eq!(limiter.reservation(1).unwrap().delay(), 9 * S);
+    for r in queued {
+        r.commit();
     }
 }
 

@@ -233,7 +233,8 @@ impl Ledger {
     /// state, at `now_micros`.
     ///
     /// * The latest reservation is undone exactly, as by
-    ///   [`State::give_back`]: [`GiveBack::Restored`].
+    ///   [`State::give_back`] (even once its moment has passed):
+    ///   [`GiveBack::Restored`].
     /// * One whose moment has passed, or that spent stored permits, gives
     ///   nothing back: [`GiveBack::Nothing`].
     /// * Any other moves the ticket back by its charge, but not below the
@@ -245,9 +246,9 @@ impl Ledger {
     ///
     /// Call it at most once per reservation.
     pub fn give_back(&mut self, state: &mut State, taken: &Reserved, now_micros: u64) -> GiveBack {
-        self.expire(now_micros);
         // The latest: nothing since (the state alone can match by chance,
-        // after other reservations and give-backs that cancel out).
+        // after other reservations and give-backs that cancel out). Undone
+        // even once its moment has passed, as by the state alone.
         let latest = state.is_latest(taken)
             && match taken.waiting_id {
                 Some(id) => self.open == EMPTY && self.groups.last().is_some_and(|g| g.id == id),
@@ -266,6 +267,7 @@ impl Ledger {
             }
             return GiveBack::Restored;
         }
+        self.expire(now_micros);
         if now_micros >= taken.moment_micros || taken.spent_stored {
             return GiveBack::Nothing;
         }

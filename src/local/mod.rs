@@ -5,9 +5,11 @@
 //! representation and why it is equivalent to the core), so a reservation is
 //! a clock read, a load, a little arithmetic and one compare-and-swap: no
 //! lock, no allocation, and a refusal writes nothing. Rate changes, rare
-//! rebases of the fixed-point window, and the warming-up policy (whose
-//! stored permits have a price that does not fold into one number) go through
-//! a lock and run the core's own code.
+//! rebases of the fixed-point window, the warming-up policy (whose stored
+//! permits have a price that does not fold into one number), and
+//! reservations that have to wait and may be given back (an `acquire`, a
+//! [`Reservation`]: they are noted in the core's [`Ledger`], which makes
+//! their give-backs exact) go through a lock and run the core's own code.
 
 pub(crate) mod word;
 
@@ -20,16 +22,17 @@ use std::time::Duration;
 use crate::Error;
 use crate::builder::Builder;
 use crate::clock::{Clock, SystemClock};
-use crate::core::{Reserved, State, micros, stable_interval_micros};
+use crate::core::{Ledger, Reserved, State, micros, stable_interval_micros};
 use crate::error::check_permits;
 use crate::reservation::{GiveBackTo, Pending, Reservation, Taken};
 
 use word::{Encoded, Quick, Slot, Step};
 
-/// A granted reservation: the wait in µs and what it took.
+/// A granted reservation: the wait in µs and, if it has to wait, what it
+/// took.
 struct Grant {
     wait: u64,
-    taken: Taken,
+    taken: Option<Taken>,
 }
 
 /// What a reservation hands back: the wait alone (`u64`: a plain
@@ -39,76 +42,64 @@ struct Grant {
 trait Outcome: Sized {
     /// What the locked path keeps of a reservation.
     type Record;
-    /// Reserves on the core; returns the moment and the record.
-    fn reserve(state: &mut State, permits: u32, now: u64) -> (u64, Self::Record);
-    /// A reservation made on the word, from `before` to `after`.
-    fn from_word(wait: u64, before: u64, after: u64, now: u64) -> Self;
-    /// A reservation made on the core, published as `published`.
-    fn from_locked(wait: u64, record: Self::Record, published: Published) -> Self;
+    /// Whether a reservation with a wait can be given back: it is then
+    /// made under the lock, through the ledger (see [`Ledger`]).
+    const GIVES_BACK: bool;
+    /// Reserves on the core, through the ledger; returns the moment and the
+    /// record.
+    fn reserve(
+        state: &mut State,
+        ledger: &mut Ledger,
+        permits: u32,
+        now: u64,
+    ) -> (u64, Self::Record);
+    /// A reservation with no wait, made on the word.
+    fn from_word(wait: u64) -> Self;
+    /// A reservation made on the core, under the lock.
+    fn from_locked(wait: u64, record: Self::Record) -> Self;
 }
 
 impl Outcome for u64 {
     type Record = ();
+    const GIVES_BACK: bool = false;
 
     #[inline(always)]
-    fn reserve(state: &mut State, permits: u32, now: u64) -> (u64, ()) {
-        (state.reserve_earliest_available(permits, now), ())
+    fn reserve(state: &mut State, ledger: &mut Ledger, permits: u32, now: u64) -> (u64, ()) {
+        (ledger.reserve(state, permits, now), ())
     }
 
     #[inline(always)]
-    fn from_word(wait: u64, _: u64, _: u64, _: u64) -> u64 {
+    fn from_word(wait: u64) -> u64 {
         wait
     }
 
     #[inline(always)]
-    fn from_locked(wait: u64, _: (), _: Published) -> u64 {
+    fn from_locked(wait: u64, _: ()) -> u64 {
         wait
     }
 }
 
 impl Outcome for Grant {
     type Record = Reserved;
+    const GIVES_BACK: bool = true;
 
-    fn reserve(state: &mut State, permits: u32, now: u64) -> (u64, Reserved) {
-        let reserved = state.reserve_recorded(permits, now);
+    fn reserve(state: &mut State, ledger: &mut Ledger, permits: u32, now: u64) -> (u64, Reserved) {
+        let reserved = ledger.reserve_recorded(state, permits, now);
         (reserved.moment_micros, reserved)
     }
 
     #[inline(always)]
-    fn from_word(wait: u64, before: u64, after: u64, now: u64) -> Grant {
-        // A wait comes only from a word with nothing stored, whose payload
-        // is the ticket: the charge is how far the payload moved.
+    fn from_word(wait: u64) -> Grant {
+        // Nothing to wait for, so nothing to give back.
+        Grant { wait, taken: None }
+    }
+
+    fn from_locked(wait: u64, reserved: Reserved) -> Grant {
         Grant {
             wait,
-            taken: Taken::Word {
-                before,
-                after,
-                moment: now + wait,
-                charge: word::charge_between(before, after),
-            },
+            taken: Some(Taken::Core(reserved)),
         }
     }
-
-    fn from_locked(wait: u64, reserved: Reserved, published: Published) -> Grant {
-        let taken = match published {
-            Published::Core => Taken::Core(reserved),
-            Published::Word { before, after } => Taken::Word {
-                before,
-                after,
-                moment: reserved.moment_micros,
-                charge: reserved.charge_micros(),
-            },
-        };
-        Grant { wait, taken }
-    }
-}
-
-/// Where [`RateLimiter::transact`] published a new state.
-enum Published {
-    /// The locked core (mutex mode).
-    Core,
-    /// The word, replacing `before` with `after`.
-    Word { before: u64, after: u64 },
 }
 
 /// A rate limiter for one process, shared by any number of threads and tasks.
@@ -143,6 +134,15 @@ enum Published {
 /// longer than about two hours and the warming-up policy (whose stored
 /// permits have a price) run the core itself under a lock.
 ///
+/// So does a reservation that has to wait and can be given back (an
+/// `acquire` that sleeps, a [`Reservation`] with a delay): it is noted in
+/// the core's [`Ledger`], and the limiter stays under the lock until every
+/// such reservation's wait is over. That is what makes giving it back exact:
+/// nobody is ever scheduled before a limiter that never made it would
+/// schedule them. A caller that has to wait is about to sleep anyway; an
+/// `acquire` with nothing owed, and every `reserve` and `try_reserve`, stay
+/// on the lock-free word while no such reservation waits.
+///
 /// ```
 /// use std::time::Duration;
 /// use throttler::RateLimiter;
@@ -162,11 +162,22 @@ pub struct RateLimiter<C: Clock = SystemClock> {
     word: Word,
     /// The configuration of the word's generation and of the next one.
     slots: Slots,
-    /// Serializes rate changes and rebases. Holds the configuration as a
-    /// core [`State`] (its two state fields are stale while the word holds
-    /// the state), and the state itself in mutex mode.
-    locked: Mutex<State>,
+    /// Serializes rate changes, rebases and reservations that can be given
+    /// back.
+    locked: Mutex<Locked>,
     clock: C,
+}
+
+/// What the lock holds.
+struct Locked {
+    /// The configuration as a core [`State`] (its two state fields are
+    /// stale while the word holds the state), and the state itself in
+    /// mutex mode.
+    state: State,
+    /// The reservations still waiting that can be given back (see
+    /// [`Ledger`]). While it holds any, the limiter is in mutex mode: every
+    /// reservation goes through it.
+    ledger: Ledger,
 }
 
 #[repr(align(128))]
@@ -217,14 +228,17 @@ impl<C: Clock> RateLimiter<C> {
         RateLimiter {
             word: Word(AtomicU64::new(word)),
             slots,
-            locked: Mutex::new(state),
+            locked: Mutex::new(Locked {
+                state,
+                ledger: Ledger::new(),
+            }),
             clock,
         }
     }
 
     /// The locked part, whatever a panicking thread left behind: nothing
     /// panics while it is held mid-update.
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, Locked> {
         self.locked.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -252,6 +266,10 @@ impl<C: Clock> RateLimiter<C> {
                 Some(new) => (new, 0),
                 None => match word::step(current, now, permits, timeout, &self.slots.0) {
                     Step::Refused => return None,
+                    // One that can be given back waits in the ledger.
+                    Step::Granted { wait, .. } if O::GIVES_BACK && wait > 0 => {
+                        return self.reserve_locked(permits, timeout);
+                    }
                     Step::Granted { word, wait } => (word, wait),
                     Step::Slow => return self.reserve_locked(permits, timeout),
                 },
@@ -261,7 +279,7 @@ impl<C: Clock> RateLimiter<C> {
                 .0
                 .compare_exchange_weak(current, new, AcqRel, Acquire)
             {
-                Ok(_) => return Some(O::from_word(wait, current, new, now)),
+                Ok(_) => return Some(O::from_word(wait)),
                 Err(actual) => current = actual,
             }
         }
@@ -273,17 +291,13 @@ impl<C: Clock> RateLimiter<C> {
     #[cold]
     #[inline(never)]
     fn reserve_locked<O: Outcome>(&self, permits: u32, timeout: u64) -> Option<O> {
-        let ((moment, record, now), published) = self.transact(|state, now| {
+        let (moment, record, now) = self.transact(|state, ledger, now| {
             state.can_acquire(now, timeout).then(|| {
-                let (moment, record) = O::reserve(state, permits, now);
+                let (moment, record) = O::reserve(state, ledger, permits, now);
                 (moment, record, now)
             })
         })?;
-        Some(O::from_locked(
-            moment.saturating_sub(now),
-            record,
-            published,
-        ))
+        Some(O::from_locked(moment.saturating_sub(now), record))
     }
 
     /// The word for `state` at `now`, in `current`'s generation if it fits
@@ -300,59 +314,15 @@ impl<C: Clock> RateLimiter<C> {
         }
     }
 
-    /// Gives back an unused reservation (see [`core`](crate::core) for the
-    /// rules): puts the word it found back if it is still the word it left,
-    /// else moves the ticket back by its charge while its moment is ahead.
+    /// Gives back an unused reservation, through the ledger (see
+    /// [`Ledger::give_back`]).
     fn give_back_taken(&self, taken: Taken) {
-        let (before, after, moment, charge) = match taken {
-            Taken::Word {
-                before,
-                after,
-                moment,
-                charge,
-            } => (before, after, moment, charge),
-            Taken::Core(reserved) => {
-                return self.update_locked(|state, now| {
-                    state.give_back(&reserved, now);
-                });
-            }
-            // Another limiter's: nothing of this one's.
-            #[cfg(feature = "redis")]
-            Taken::Redis(_) => return,
-            Taken::Keyed(_) => return,
-        };
-        // The latest reservation: the word it found, exactly.
-        if self
-            .word
-            .0
-            .compare_exchange(after, before, AcqRel, Acquire)
-            .is_ok()
-        {
-            return;
+        if let Taken::Core(reserved) = taken {
+            self.update_locked(|state, ledger, now| {
+                ledger.give_back(state, &reserved, now);
+            });
         }
-        let now = self.clock.now_micros();
-        if now >= moment {
-            return;
-        }
-        let mut current = self.word.0.load(Acquire);
-        // Nothing stored and not mutex mode: the payload is the ticket, and
-        // moving it back is the core's `return_charge`.
-        while !word::has_stored(current) && !word::is_mutex(current) {
-            let Some(new) = word::returned(current, now, charge, &self.slots.0) else {
-                break; // a rebase is due: under the lock
-            };
-            match self
-                .word
-                .0
-                .compare_exchange_weak(current, new, AcqRel, Acquire)
-            {
-                Ok(_) => return,
-                Err(actual) => current = actual,
-            }
-        }
-        self.update_locked(|state, now| {
-            state.return_charge(moment, charge, false, now);
-        });
+        // Anything else is another limiter's: nothing of this one's.
     }
 
     /// Starts over from `next_free_micros` with no stored permits: what a
@@ -362,7 +332,10 @@ impl<C: Clock> RateLimiter<C> {
     /// not reach Redis) is kept: the fallback errs towards limiting.
     #[cfg(feature = "redis")]
     pub(crate) fn restart_from(&self, next_free_micros: u64) {
-        self.update_locked(|state, _| {
+        self.update_locked(|state, ledger, _| {
+            // A jump the ledger's terms do not hold: give-backs of what is
+            // waiting now move the ticket back no more (erring late).
+            ledger.clear();
             state.stored_permits = 0.0;
             let next_free_micros = next_free_micros.min(crate::core::MAX_MICROS);
             if next_free_micros > state.next_free_micros {
@@ -372,42 +345,50 @@ impl<C: Clock> RateLimiter<C> {
         });
     }
 
-    /// Applies `update` to the core state under the lock, whatever mode the
-    /// word is in, and publishes the result.
-    fn update_locked(&self, mut update: impl FnMut(&mut State, u64)) {
-        self.transact(|state, now| {
-            update(state, now);
+    /// Applies `update` to the core state and its ledger under the lock,
+    /// whatever mode the word is in, and publishes the result.
+    fn update_locked(&self, mut update: impl FnMut(&mut State, &mut Ledger, u64)) {
+        self.transact(|state, ledger, now| {
+            update(state, ledger, now);
             Some(())
         });
     }
 
-    /// Runs `update` on the core state under the lock, whatever mode the
-    /// word is in: on the locked core in mutex mode, else on the state the
-    /// word stands for, retried until its compare-and-swap wins. `None` from
-    /// `update` changes nothing (a refused try); otherwise its result comes
-    /// back with where the new state was published.
+    /// Runs `update` on the core state and its ledger under the lock,
+    /// whatever mode the word is in: on the locked core in mutex mode, else
+    /// on the state the word stands for, retried until its compare-and-swap
+    /// wins. `None` from `update` changes nothing (a refused try). The word
+    /// stays in (or enters) mutex mode while the ledger holds anything.
     #[cold]
     #[inline(never)]
     fn transact<R>(
         &self,
-        mut update: impl FnMut(&mut State, u64) -> Option<R>,
-    ) -> Option<(R, Published)> {
-        let mut locked = self.lock();
+        mut update: impl FnMut(&mut State, &mut Ledger, u64) -> Option<R>,
+    ) -> Option<R> {
+        let mut guard = self.lock();
+        let locked = &mut *guard;
         loop {
             let current = self.word.0.load(Acquire);
             let now = self.clock.now_micros();
             if word::is_mutex(current) {
-                let result = update(&mut locked, now)?;
+                let result = update(&mut locked.state, &mut locked.ledger, now)?;
                 // Leave mutex mode if the word can hold the state again.
-                let new = word::republish(current, &locked, now, &self.slots.0);
-                if !word::is_mutex(new) {
-                    self.word.0.store(new, Release);
+                if locked.ledger.is_empty() {
+                    let new = word::republish(current, &locked.state, now, &self.slots.0);
+                    if !word::is_mutex(new) {
+                        self.word.0.store(new, Release);
+                    }
                 }
-                return Some((result, Published::Core));
+                return Some(result);
             }
-            let mut state = self.state_at(&locked, current, now);
-            let result = update(&mut state, now)?;
-            let new = self.encode(current, &state, now);
+            // The word holds the state, so the ledger holds nothing.
+            let mut state = self.state_at(&locked.state, current, now);
+            let result = update(&mut state, &mut locked.ledger, now)?;
+            let new = if locked.ledger.is_empty() {
+                self.encode(current, &state, now)
+            } else {
+                word::mutex_mode(current)
+            };
             if self
                 .word
                 .0
@@ -415,17 +396,13 @@ impl<C: Clock> RateLimiter<C> {
                 .is_ok()
             {
                 if word::is_mutex(new) {
-                    *locked = state;
-                    return Some((result, Published::Core));
+                    locked.state = state;
                 }
-                return Some((
-                    result,
-                    Published::Word {
-                        before: current,
-                        after: new,
-                    },
-                ));
+                return Some(result);
             }
+            // Lost to a reservation on the word: what the ledger noted of
+            // this attempt is void (it was empty, and is again).
+            locked.ledger.clear();
         }
     }
 
@@ -446,9 +423,9 @@ impl<C: Clock> RateLimiter<C> {
         let locked = self.lock();
         let current = self.word.0.load(Acquire);
         if word::is_mutex(current) {
-            locked.clone()
+            locked.state.clone()
         } else {
-            self.state_at(&locked, current, self.clock.now_micros())
+            self.state_at(&locked.state, current, self.clock.now_micros())
         }
     }
 
@@ -515,7 +492,10 @@ impl<C: Clock> RateLimiter<C> {
     #[inline(always)]
     fn to_reservation(&self, grant: Option<Grant>) -> Reservation<'_> {
         match grant {
-            Some(Grant { wait, taken }) if wait > 0 => Reservation::new(
+            Some(Grant {
+                wait,
+                taken: Some(taken),
+            }) if wait > 0 => Reservation::new(
                 Duration::from_micros(wait),
                 &self.clock,
                 Some(Pending { owner: self, taken }),
@@ -588,7 +568,7 @@ impl<C: Clock> RateLimiter<C> {
         let current = self.word.0.load(Acquire);
         let now = self.clock.now_micros();
         let next_free = if word::is_mutex(current) {
-            self.lock().query_earliest_available()
+            self.lock().state.query_earliest_available()
         } else {
             let config = self.slots.0[word::slot_index(current)].load();
             word::decode(current, now, &config).next_free
@@ -613,9 +593,9 @@ impl<C: Clock> RateLimiter<C> {
             let current = self.word.0.load(Acquire);
             let now = self.clock.now_micros();
             let mut state = if word::is_mutex(current) {
-                locked.clone()
+                locked.state.clone()
             } else {
-                self.state_at(&locked, current, now)
+                self.state_at(&locked.state, current, now)
             };
             state.set_rate(permits_per_second, now)?;
             // A new generation even if the configuration is unchanged: every
@@ -627,7 +607,10 @@ impl<C: Clock> RateLimiter<C> {
                 .compare_exchange(current, new, AcqRel, Acquire)
                 .is_ok()
             {
-                *locked = state;
+                locked.state = state;
+                // Terms at the old rate: what is waiting now gives back only
+                // if it is the latest (erring late).
+                locked.ledger.clear();
                 return Ok(());
             }
         }
@@ -635,7 +618,7 @@ impl<C: Clock> RateLimiter<C> {
 
     /// The stable rate, in permits per second, as last set.
     pub fn rate(&self) -> f64 {
-        self.lock().permits_per_second
+        self.lock().state.permits_per_second
     }
 
     /// The clock this limiter reads and sleeps on.

@@ -270,27 +270,6 @@ pub(crate) fn has_stored(word: u64) -> bool {
     word & STORED != 0
 }
 
-/// The whole microseconds a reservation from `before` to `after` (two
-/// words of one generation with nothing stored) pushed the ticket by,
-/// rounded down, as `Reserved::charge_micros` counts them.
-#[inline(always)]
-pub(crate) fn charge_between(before: u64, after: u64) -> u64 {
-    (after & PAYLOAD).saturating_sub(before & PAYLOAD) >> FRAC_BITS
-}
-
-/// `word` (nothing stored, not mutex mode) with its ticket moved back by
-/// `charge` whole µs but not below `now` (`State::return_charge`), if `now`
-/// lies in its window.
-#[inline]
-pub(crate) fn returned(word: u64, now: u64, charge: u64, slots: &[Slot; 2]) -> Option<u64> {
-    let base = slots[slot_index(word)].base.load(Relaxed) as i64;
-    let now = fixed_now(now, base)? >> FRAC_BITS;
-    let payload = word & PAYLOAD;
-    let ticket = payload >> FRAC_BITS;
-    let moved = ticket.saturating_sub(charge).max(now.min(ticket));
-    Some((word & !PAYLOAD) | (moved << FRAC_BITS) | (payload & FRAC_MASK))
-}
-
 /// The latest clock reading (µs) at which `word` (under `config`) can have
 /// been written: its ticket if nothing is stored, else its `tat` plus a full
 /// burst (a step leaves `tat` at least a burst before its `now`). Orders the
@@ -596,6 +575,12 @@ pub(crate) fn encode(generation: u64, state: &State, now: u64, config: &Config) 
         return Encoded::Rebase;
     }
     Encoded::Word(generation | STORED | tat as u64)
+}
+
+/// Mutex mode in the generation after `word`'s: the state is the locked
+/// core's, whatever it is.
+pub(crate) fn mutex_mode(word: u64) -> u64 {
+    next_generation(word) | MUTEX
 }
 
 /// The word that publishes `state` at `now` in the generation after
