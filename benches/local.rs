@@ -14,18 +14,22 @@
 //! what a caller branches on. The contended cases run two threads on one
 //! limiter and report wall time per call over both threads (the inverse of
 //! the aggregate throughput). The `clock` group measures the ways to read
-//! the time that a limiter could use.
+//! the time that a limiter could use. The `waiting` group measures what a
+//! reservation that has to wait (and may be given back) costs in the core's
+//! ledger, with none or a thousand others waiting, and a give-back among a
+//! thousand, on a fake timeline (no clock).
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
+use criterion::BatchSize;
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{DefaultDirectRateLimiter, Quota};
 use throttler::RateLimiter;
 use throttler::clock::{Clock, SystemClock};
-use throttler::core::{Bursty, Policy, State, micros};
+use throttler::core::{Bursty, Ledger, Policy, Reserved, State, micros};
 
 const FAST: f64 = 1e9;
 const SLOW: f64 = 1.0 / 3600.0;
@@ -225,5 +229,41 @@ fn clock_reads(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, single_thread, contended, clock_reads);
+/// A bursty state at 1 000 permits/s with `waiting` reservations of one
+/// permit waiting in its ledger, made at t = 0, and their records.
+fn waiting_state(waiting: usize) -> (State, Ledger, Vec<Reserved>) {
+    let mut state = State::new(Policy::Bursty(Bursty::default()), 1_000.0, 0).unwrap();
+    let mut ledger = Ledger::new();
+    let held = (0..waiting)
+        .map(|_| ledger.reserve_recorded(&mut state, 1, 0))
+        .collect();
+    (state, ledger, held)
+}
+
+fn waiting(c: &mut Criterion) {
+    let mut group = c.benchmark_group("waiting");
+    group
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(40);
+    for others in [0, 1_000] {
+        group.bench_function(format!("reserve_recorded, {others} waiting"), |b| {
+            b.iter_batched_ref(
+                || waiting_state(others),
+                |(state, ledger, _)| black_box(ledger.reserve_recorded(state, 1, 0)),
+                BatchSize::SmallInput,
+            )
+        });
+    }
+    group.bench_function("give_back of the middle one, 1000 waiting", |b| {
+        b.iter_batched_ref(
+            || waiting_state(1_000),
+            |(state, ledger, held)| black_box(ledger.give_back(state, &held[500], 0)),
+            BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+}
+
+criterion_group!(benches, single_thread, contended, clock_reads, waiting);
 criterion_main!(benches);

@@ -114,6 +114,9 @@ pub struct Ledger {
     open: u64,
     /// The id the next waiting reservation gets.
     next_id: u64,
+    /// No group's moment lies before this (it may lie before the earliest
+    /// one): until `now` reaches it, nothing expires.
+    earliest: u64,
 }
 
 /// One group of terms, ending at a waiting reservation.
@@ -150,6 +153,7 @@ impl Ledger {
             groups: Vec::new(),
             open: 0,
             next_id: 0,
+            earliest: u64::MAX,
         }
     }
 
@@ -216,6 +220,7 @@ impl Ledger {
                 offset: self.open,
             });
             self.open = EMPTY;
+            self.earliest = self.earliest.min(reserved.moment_micros);
             if self.groups.len() > Self::CAPACITY {
                 // The two newest merge: the reservation between them loses
                 // its group, and gives back only what is before it.
@@ -346,15 +351,32 @@ impl Ledger {
             MAX_MICROS
         };
         self.open = self.open.min(term);
-        self.prune();
+        // Only the newest groups can be reached: from the back, up to the
+        // first that lies above the open group.
+        for group in self.groups.iter_mut().rev() {
+            if group.offset == EMPTY {
+                continue;
+            }
+            if group.offset < self.open {
+                break;
+            }
+            group.offset = EMPTY;
+        }
     }
 
     /// Merges the groups of reservations whose moment has passed (they can
     /// no longer be given back) into the group after them.
     fn expire(&mut self, now_micros: u64) {
-        if !self.groups.iter().any(|g| g.moment <= now_micros) {
+        if now_micros < self.earliest {
             return;
         }
+        self.earliest = self
+            .groups
+            .iter()
+            .map(|g| g.moment)
+            .filter(|moment| *moment > now_micros)
+            .min()
+            .unwrap_or(u64::MAX);
         let mut kept: Vec<Group> = Vec::with_capacity(self.groups.len());
         // The smallest offset of the passed groups right before the next kept one.
         let mut carried = EMPTY;
