@@ -478,6 +478,14 @@ impl RedisRateLimiter<SystemClock> {
 /// sent in the background. When a give-back cannot be delivered (Redis down,
 /// or a reply later than 30 s), the reservation stays charged: the limiter
 /// errs towards limiting, never towards granting twice.
+///
+/// A give-back moves the key's ticket back by the reservation's charge
+/// ([`State::give_back`](crate::core::State::give_back)): exact while the
+/// key stays in debt, but the script keeps no
+/// [`Ledger`](crate::core::Ledger) yet, so once several reservations are
+/// given back in another order than they were made, later callers can be
+/// scheduled early, by up to the idle time the key would have dropped at
+/// its burst. The in-process limiters do not have this gap.
 impl<C: Clock> RedisRateLimiter<C> {
     pub(crate) fn from_arc(inner: Arc<Inner<C>>) -> Self {
         RedisRateLimiter { inner }
