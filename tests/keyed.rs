@@ -4,6 +4,8 @@
 
 mod support;
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,10 +13,39 @@ use std::time::Duration;
 use support::rng::Rng;
 use throttler::clock::Clock;
 use throttler::clock::FakeClock;
-use throttler::core::{Bursty, GiveBack, Policy, Reserved, State, WarmingUp};
+use throttler::core::{Bursty, GiveBack, Ledger, Policy, Reserved, State, WarmingUp};
 use throttler::{Error, KeyedLimiter, KeyedRateLimiter};
 
 const MS: Duration = Duration::from_millis(1);
+
+/// Counts the bytes each thread has allocated and not freed, so that a test
+/// sees what the limiter it drives holds (each test runs on a thread of its
+/// own).
+struct PerThread;
+
+thread_local! {
+    static IN_USE: Cell<isize> = const { Cell::new(0) };
+}
+
+unsafe impl GlobalAlloc for PerThread {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = IN_USE.try_with(|n| n.set(n.get() + layout.size() as isize));
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        let _ = IN_USE.try_with(|n| n.set(n.get() - layout.size() as isize));
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: PerThread = PerThread;
+
+/// The bytes this thread has allocated and not freed.
+fn bytes_in_use() -> isize {
+    IN_USE.with(Cell::get)
+}
 
 fn micros(d: Duration) -> u64 {
     d.as_micros() as u64
@@ -71,27 +102,45 @@ impl Config {
     }
 }
 
-/// One independent core state per key, created full at first use: what the
-/// keyed limiter must behave as.
+/// One independent core state per key, created full at first use, with
+/// the ledger that makes its give-backs exact: what the keyed limiter must
+/// behave as.
 struct Model {
     config: Config,
     rate: f64,
-    keys: HashMap<u32, State>,
+    keys: HashMap<u32, (State, Ledger)>,
 }
 
 impl Model {
-    fn state(&mut self, key: u32, now: u64) -> &mut State {
+    /// The state of `key` and its ledger.
+    fn key(&mut self, key: u32, now: u64) -> &mut (State, Ledger) {
         let (config, rate) = (self.config, self.rate);
         self.keys
             .entry(key)
-            .or_insert_with(|| config.full_state(rate, now))
+            .or_insert_with(|| (config.full_state(rate, now), Ledger::new()))
+    }
+
+    /// The state of `key`, for sequences with nothing to give back.
+    fn state(&mut self, key: u32, now: u64) -> &mut State {
+        &mut self.key(key, now).0
+    }
+
+    /// Changes every key's rate, as the limiter does: a rate change clears
+    /// the ledgers.
+    fn set_rate(&mut self, rate: f64, now: u64) {
+        for (state, ledger) in self.keys.values_mut() {
+            state.set_rate(rate, now).unwrap();
+            ledger.clear();
+        }
+        self.rate = rate;
     }
 }
 
 /// Random reservations, tries, give-backs, rate changes and idle gaps (long
 /// enough for entries to read as full and be swept) on 50 keys, against 50
-/// independent core limiters that start full: every wait and every refusal
-/// must be identical.
+/// independent core limiters that start full, each giving back through a
+/// ledger: every wait and every refusal must be identical. (Reservations are
+/// given back at any time, also once their moment has passed.)
 #[test]
 fn each_key_is_an_independent_limiter_that_starts_full() {
     let mut compared = 0u64;
@@ -118,17 +167,15 @@ fn each_key_is_an_independent_limiter_that_starts_full() {
                     let new_rate = *rng.pick(&[0.5, 2.0, 10.0, 100.0, 1000.0]);
                     let now = clock.now_micros();
                     limiter.set_rate(new_rate).unwrap();
-                    for state in model.keys.values_mut() {
-                        state.set_rate(new_rate, now).unwrap();
-                    }
-                    model.rate = new_rate;
+                    model.set_rate(new_rate, now);
                 }
                 32..40 if !held.is_empty() => {
                     let index = rng.below(held.len() as u64) as usize;
                     let (key, reserved, reservation) = held.swap_remove(index);
                     let now = clock.now_micros();
                     drop(reservation);
-                    let _: GiveBack = model.state(key, now).give_back(&reserved, now);
+                    let (state, ledger) = model.key(key, now);
+                    let _: GiveBack = ledger.give_back(state, &reserved, now);
                 }
                 40..60 => {
                     let (permits, timeout) = (1 + rng.below(3) as u32, rng.below(2_000_000));
@@ -136,7 +183,8 @@ fn each_key_is_an_independent_limiter_that_starts_full() {
                     let got = limiter
                         .try_reserve(&key, permits, Duration::from_micros(timeout))
                         .unwrap();
-                    let expected = model.state(key, now).try_reserve(permits, now, timeout);
+                    let (state, ledger) = model.key(key, now);
+                    let expected = ledger.try_reserve(state, permits, now, timeout);
                     assert_eq!(
                         got.map(micros),
                         expected,
@@ -148,7 +196,8 @@ fn each_key_is_an_independent_limiter_that_starts_full() {
                     let permits = 1 + rng.below(4) as u32;
                     let now = clock.now_micros();
                     let reservation = limiter.reservation(&key, permits).unwrap();
-                    let reserved = model.state(key, now).reserve_recorded(permits, now);
+                    let (state, ledger) = model.key(key, now);
+                    let reserved = ledger.reserve_recorded(state, permits, now);
                     assert_eq!(
                         micros(reservation.delay()),
                         reserved.moment_micros.saturating_sub(now),
@@ -170,7 +219,7 @@ fn each_key_is_an_independent_limiter_that_starts_full() {
             let expected = model
                 .keys
                 .get(&key)
-                .map_or(0, |s| s.query_earliest_available().saturating_sub(now));
+                .map_or(0, |(s, _)| s.query_earliest_available().saturating_sub(now));
             assert_eq!(
                 micros(limiter.available_in(&key)),
                 expected,
@@ -221,10 +270,7 @@ fn bursty_keys_agree_with_the_core_over_hours_and_far_debts() {
                     let rate = *rng.pick(&RATES);
                     let now = clock.now_micros();
                     limiter.set_rate(rate).unwrap();
-                    for state in model.keys.values_mut() {
-                        state.set_rate(rate, now).unwrap();
-                    }
-                    model.rate = rate;
+                    model.set_rate(rate, now);
                 }
                 32..35 => {
                     // A debt of hours: 3 to 10 hours' worth of permits.
@@ -613,4 +659,342 @@ fn threads_racing_on_the_same_keys_never_over_grant() {
         .map(|call| Duration::from_millis(100 * call.saturating_sub(10)))
         .collect();
     assert_eq!(waits, expected);
+}
+
+/// The local limiter's scenario on one key: two reservations of an hour
+/// each wait; the first is dropped, half an hour passes, eleven callers
+/// queue behind the second, and the second is dropped too. A key that never
+/// made the two would have been idle for that half hour (dropping all but
+/// its one-second burst): the next caller goes where it would, not an
+/// hour's charge earlier. Another key is not affected.
+#[test]
+fn a_waiter_dropped_after_another_never_lets_the_next_caller_of_its_key_in_early() {
+    const S: Duration = Duration::from_secs(1);
+    let clock = FakeClock::new();
+    let limiter = KeyedRateLimiter::<u32>::builder()
+        .permits_per_second(1.0)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    // The key starts full (one stored permit): two permits leave it owing
+    // a second, as one does a local limiter that starts empty.
+    assert_eq!(limiter.reserve(&7, 2).unwrap(), Duration::ZERO);
+    let a = limiter.reservation(&7, 3600).unwrap();
+    let b = limiter.reservation(&7, 3600).unwrap();
+    assert_eq!((a.delay(), b.delay()), (S, 3601 * S));
+    clock.advance(S / 2);
+    drop(a); // B keeps its slot
+    clock.advance(1800 * S - S / 2);
+    // Without A and B these would go at 1800 s (on the one stored permit)
+    // and then one a second.
+    let queued: Vec<_> = (0..11)
+        .map(|_| limiter.reservation(&7, 1).unwrap())
+        .collect();
+    assert_eq!(queued[0].delay(), 1801 * S); // behind B
+    // Another key, meanwhile, is full.
+    assert_eq!(limiter.reserve(&8, 1).unwrap(), Duration::ZERO);
+    clock.advance(S);
+    drop(b);
+    // After the eleven, as the key without A and B: 1810 s.
+    assert_eq!(limiter.reservation(&7, 1).unwrap().delay(), 9 * S);
+    for r in queued {
+        r.commit();
+    }
+    assert_eq!(limiter.reserve(&8, 1).unwrap(), Duration::ZERO);
+}
+
+/// Each key of a keyed limiter gives back as the core through a ledger does:
+/// random reservations on two or three keys, many waiting at once, given
+/// back (by dropping their `Reservation`) in any order and at any time,
+/// with plain reservations, tries and idle gaps (some long enough for keys
+/// to be swept) in between, against one core state and ledger per key.
+/// Every wait agrees to the few µs a key held as a word may round stored
+/// permits by, and every try agrees.
+#[test]
+fn each_key_gives_back_as_the_core_through_a_ledger() {
+    let (mut compared, mut given_back, mut ledger_held_back) = (0u64, 0u64, 0u64);
+    let mut worst = 0u64;
+    for seed in 0..1_000 {
+        let mut rng = Rng::new(0x6E7D_0000 + seed);
+        let config = if rng.chance(0.7) {
+            Config::Bursty {
+                burst: Duration::from_micros(rng.range(0, 3_000_000)),
+            }
+        } else {
+            Config::WarmingUp {
+                warmup: Duration::from_micros(rng.range(1, 3_000_000)),
+                cold_factor: 1.0 + 4.0 * rng.f64(),
+            }
+        };
+        let rate = *rng.pick(&[0.5, 5.0, 10.0, 1_000.0]);
+        // A reservation takes up to this many seconds' worth of permits.
+        let scale = *rng.pick(&[3.0, 60.0, 3600.0]);
+        let keys = rng.range(2, 3);
+        let clock = FakeClock::new();
+        let limiter = config.limiter(rate, &clock);
+        let mut model = Model {
+            config,
+            rate,
+            keys: HashMap::new(),
+        };
+        let mut held: Vec<(u32, Reserved, throttler::Reservation<'_>)> = Vec::new();
+        let close = |got: Duration, expected: u64, what: &str, step: usize| {
+            let got = micros(got);
+            assert!(
+                got.abs_diff(expected) <= 3,
+                "seed {seed} step {step}: {what}: {got} µs, core {expected}"
+            );
+            got.abs_diff(expected)
+        };
+        for step in 0..150 {
+            let key = rng.below(keys) as u32;
+            let now = clock.now_micros();
+            match rng.below(20) {
+                0..8 => {
+                    let permits = rng.range(1, (scale * rate).max(3.0) as u64) as u32;
+                    let reservation = limiter.reservation(&key, permits).unwrap();
+                    let (state, ledger) = model.key(key, now);
+                    let reserved = ledger.reserve_recorded(state, permits, now);
+                    let expected = reserved.moment_micros.saturating_sub(now);
+                    worst = worst.max(close(reservation.delay(), expected, "reservation", step));
+                    compared += 1;
+                    if reservation.is_cancellable() && rng.chance(0.7) {
+                        held.push((key, reserved, reservation));
+                    } else {
+                        reservation.commit();
+                    }
+                }
+                8..10 => {
+                    let permits = rng.range(1, (scale * rate / 10.0).max(3.0) as u64) as u32;
+                    let got = limiter.reserve(&key, permits).unwrap();
+                    let (state, ledger) = model.key(key, now);
+                    let expected = ledger.reserve(state, permits, now).saturating_sub(now);
+                    worst = worst.max(close(got, expected, "reserve", step));
+                    compared += 1;
+                }
+                10..12 => {
+                    let permits = rng.range(1, 3) as u32;
+                    let timeout = rng.below(3_000_000);
+                    let got = limiter
+                        .try_reserve(&key, permits, Duration::from_micros(timeout))
+                        .unwrap();
+                    let (state, ledger) = model.key(key, now);
+                    let expected = ledger.try_reserve(state, permits, now, timeout);
+                    assert_eq!(
+                        got.is_some(),
+                        expected.is_some(),
+                        "seed {seed} step {step}: tries differ"
+                    );
+                    if let (Some(got), Some(expected)) = (got, expected) {
+                        worst = worst.max(close(got, expected, "try", step));
+                    }
+                    compared += 1;
+                }
+                12..16 if !held.is_empty() => {
+                    // Often the oldest still held: an earlier waiter gives
+                    // up while later ones keep their slots.
+                    let index = if rng.chance(0.5) {
+                        0
+                    } else {
+                        rng.below(held.len() as u64) as usize
+                    };
+                    let (key, reserved, reservation) = held.remove(index);
+                    drop(reservation);
+                    let (state, ledger) = model.key(key, now);
+                    let mut alone = state.clone();
+                    let _: GiveBack = ledger.give_back(state, &reserved, now);
+                    given_back += 1;
+                    // The state alone would have moved the ticket further
+                    // back, scheduling the next callers early.
+                    alone.give_back(&reserved, now);
+                    if alone.next_free_micros < state.next_free_micros {
+                        ledger_held_back += 1;
+                    }
+                }
+                _ => {
+                    // Short, or long enough for a key to be swept, or most
+                    // of what is left of a held reservation's wait (the
+                    // key without the reservations given back so far may
+                    // then sit idle beyond its burst, dropping idle time).
+                    let gap = match rng.below(10) {
+                        0 => rng.range(1_000_000, 5_000_000),
+                        1..5 if !held.is_empty() => {
+                            let (_, reserved, _) = rng.pick(&held);
+                            rng.below(reserved.moment_micros.saturating_sub(now).max(1))
+                        }
+                        _ => rng.below(400_000),
+                    };
+                    clock.advance(Duration::from_micros(gap));
+                }
+            }
+            let now = clock.now_micros();
+            let expected = model.keys.get(&key).map_or(0, |(state, _)| {
+                state.query_earliest_available().saturating_sub(now)
+            });
+            close(limiter.available_in(&key), expected, "available_in", step);
+        }
+        // Everything still held is given back; then each key's next caller
+        // goes where the core's would.
+        while !held.is_empty() {
+            let (key, reserved, reservation) =
+                held.swap_remove(rng.below(held.len() as u64) as usize);
+            drop(reservation);
+            let now = clock.now_micros();
+            let (state, ledger) = model.key(key, now);
+            ledger.give_back(state, &reserved, now);
+        }
+        for key in 0..keys as u32 {
+            let now = clock.now_micros();
+            let got = limiter.reserve(&key, 1).unwrap();
+            let (state, ledger) = model.key(key, now);
+            let expected = ledger.reserve(state, 1, now).saturating_sub(now);
+            close(got, expected, "after the give-backs", usize::MAX);
+        }
+    }
+    eprintln!(
+        "{compared} compared (at most {worst} µs apart), {given_back} given back, \
+         {ledger_held_back} held back by the ledger"
+    );
+    assert!(compared > 80_000, "{compared}");
+    assert!(ledger_held_back > 200, "{ledger_held_back}");
+}
+
+/// What makes give-backs exact lives only while it is needed: a key whose
+/// reservations wait holds more than its entry, until their waits are over;
+/// the next call on it then gives that memory back (the key itself is still
+/// held, as before).
+#[test]
+fn a_keys_ledger_does_not_outlive_its_waits() {
+    let clock = FakeClock::new();
+    let limiter = KeyedRateLimiter::<u32>::builder()
+        .permits_per_second(10.0)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    // Keys held, each owing a second (ten stored permits spent, ten owed).
+    for key in 0..100 {
+        assert_eq!(limiter.reserve(&key, 20).unwrap(), Duration::ZERO);
+    }
+    let before = bytes_in_use();
+    // Key 0: four waiters, the second given back, the others kept.
+    let mut waiting: Vec<_> = (0..4)
+        .map(|_| limiter.reservation(&0, 5).unwrap())
+        .collect();
+    assert_eq!(
+        waiting.iter().map(|r| r.delay()).collect::<Vec<_>>(),
+        [1000 * MS, 1500 * MS, 2000 * MS, 2500 * MS]
+    );
+    drop(waiting.remove(1));
+    for r in waiting {
+        r.commit();
+    }
+    assert!(bytes_in_use() > before, "nothing noted for the waits");
+    // The ticket moved back by the waiter given back (3 s to 2.5 s). Two
+    // seconds on, the last waiter still waits: the key still needs it.
+    clock.advance(2000 * MS);
+    assert_eq!(limiter.reserve(&0, 1).unwrap(), 500 * MS);
+    assert!(bytes_in_use() > before);
+    // Every wait is over: the next call leaves the key as it was before.
+    clock.advance(600 * MS);
+    assert_eq!(limiter.reserve(&0, 1).unwrap(), Duration::ZERO);
+    assert_eq!(bytes_in_use(), before);
+
+    // Every key owes a second again (some were full, and may have been
+    // swept and made again), then has two waiters, the first given back.
+    for key in 0..100 {
+        limiter.reserve(&key, 20).unwrap();
+    }
+    assert_eq!(limiter.len(), 100);
+    let before = bytes_in_use();
+    let held: Vec<_> = (0..100u32)
+        .map(|key| {
+            let first = limiter.reservation(&key, 3).unwrap();
+            let second = limiter.reservation(&key, 3).unwrap();
+            assert!(first.is_cancellable() && second.is_cancellable());
+            (first, second)
+        })
+        .collect();
+    for (first, second) in held {
+        drop(first);
+        second.commit();
+    }
+    assert!(bytes_in_use() > before);
+    clock.advance(Duration::from_secs(3));
+    for key in 0..100 {
+        limiter.reserve(&key, 1).unwrap();
+    }
+    assert_eq!(limiter.len(), 100);
+    assert_eq!(bytes_in_use(), before);
+}
+
+/// Threads racing on the same keys with reservations that wait, half of
+/// them given back, on a frozen clock: whatever the interleaving, each key
+/// ends owing exactly what was kept (at one interval a permit, with no
+/// burst), as a key that never made the ones given back.
+#[test]
+fn threads_giving_back_on_the_same_keys_leave_each_key_owing_what_was_kept() {
+    const THREADS: u64 = 4;
+    const KEYS: u64 = 3;
+    let clock = FakeClock::new();
+    let limiter = Arc::new(
+        KeyedRateLimiter::<u64>::builder()
+            .permits_per_second(1_000.0)
+            .max_burst(Duration::ZERO)
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    let kept: Vec<Vec<u64>> = (0..THREADS)
+        .map(|thread| {
+            let limiter = Arc::clone(&limiter);
+            std::thread::spawn(move || {
+                let mut rng = Rng::new(0x7EAD_0000 + thread);
+                let mut kept = vec![0u64; KEYS as usize];
+                let mut held = Vec::new();
+                for _ in 0..2_000 {
+                    let key = rng.below(KEYS);
+                    match rng.below(10) {
+                        0 => {
+                            // Refused once the key owes: changes nothing.
+                            let got = limiter.try_reserve(&key, 1, Duration::ZERO).unwrap();
+                            kept[key as usize] += got.map_or(0, |_| 1);
+                        }
+                        1..4 if !held.is_empty() => {
+                            let index = rng.below(held.len() as u64) as usize;
+                            let (_, reservation): (u64, throttler::Reservation<'_>) =
+                                held.swap_remove(index);
+                            drop(reservation);
+                        }
+                        _ => {
+                            let permits = rng.range(1, 3);
+                            let reservation = limiter.reservation(&key, permits as u32).unwrap();
+                            // One that goes at once has nothing to give back.
+                            if reservation.is_cancellable() && rng.chance(0.5) {
+                                held.push((key, reservation));
+                            } else {
+                                reservation.commit();
+                                kept[key as usize] += permits;
+                            }
+                        }
+                    }
+                }
+                for (_, reservation) in held {
+                    drop(reservation);
+                }
+                kept
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|thread| thread.join().unwrap())
+        .collect();
+    for key in 0..KEYS {
+        let kept: u64 = kept.iter().map(|per_thread| per_thread[key as usize]).sum();
+        // The first permit of a key goes at once, and pays for the next.
+        assert_eq!(
+            limiter.available_in(&key),
+            Duration::from_millis(kept),
+            "key {key}: {kept} permits kept"
+        );
+    }
 }

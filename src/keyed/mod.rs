@@ -17,10 +17,10 @@ use std::time::Duration;
 pub use builder::KeyedBuilder;
 pub use limiter::KeyedLimiter;
 pub(crate) use shard::Mode;
-use shard::{Dropped, Fast, Shard, Table};
+use shard::{Dropped, Fast, Recorded, Shard, Table};
 
 use crate::clock::{Clock, SystemClock};
-use crate::core::{Policy, Reserved, State, micros, stable_interval_micros};
+use crate::core::{Policy, State, micros, stable_interval_micros};
 use crate::error::check_permits;
 use crate::reservation::{GiveBackTo, Pending, Taken};
 use crate::{Error, Reservation};
@@ -59,6 +59,19 @@ use crate::{Error, Reservation};
 /// That is the price of a bound, and [`KeyedStats::dropped_unfinished`]
 /// counts it.
 ///
+/// Giving back a reservation (a dropped [`Reservation`], a cancelled
+/// `acquire`) is exact, key by key, as for the
+/// [`RateLimiter`](crate::RateLimiter): a reservation that has to wait is
+/// noted in its key's [`Ledger`](crate::core::Ledger), and its give-back
+/// goes through it, so nobody is ever scheduled earlier than a key that
+/// never made the cancelled reservations would schedule them, however many
+/// are given back and in whatever order. The ledger lives beside the key's
+/// entry while one of its reservations may still wait: a key is not dropped
+/// as full meanwhile, and the first call on the key once every such wait is
+/// over (or the key being dropped) takes the ledger away. A rate change
+/// clears every ledger: what was waiting then gives back only as far as is
+/// still known to be safe.
+///
 /// Keys are spread over shards, each a read-write lock and hash maps; calls
 /// on keys in different shards do not contend. A bursty key is held as the
 /// [`RateLimiter`](crate::RateLimiter)'s one-word state (eight bytes beside
@@ -66,8 +79,9 @@ use crate::{Error, Reservation};
 /// lock for reading and updates the word with one compare-and-swap, so
 /// calls on one shard run side by side too. Every other call (a new key, a
 /// reservation with a wait that may be given back, a give-back, a rate
-/// change) takes the lock for writing and runs the core for a few hundred
-/// nanoseconds at most; no call waits under the lock. A warming-up key, and
+/// change, any call on a key with a ledger) takes the lock for writing and
+/// runs the core (through the key's ledger, if it has one) for a few
+/// hundred nanoseconds at most; no call waits under the lock. A warming-up key, and
 /// a bursty key whose burst exceeds about two hours (or whose debt reaches
 /// further), is held as the core's numbers (24 bytes beside the key) and
 /// always takes the write lock. As for the `RateLimiter`, a bursty key
@@ -166,10 +180,10 @@ pub struct KeyedStats {
 }
 
 /// A reservation of one key, as its [`Reservation`] holds it: the key and
-/// the core's record.
+/// what its shard gives it back with.
 struct KeyedTaken<K> {
     key: K,
-    reserved: Reserved,
+    recorded: Recorded,
 }
 
 /// # Constructors
@@ -297,22 +311,22 @@ where
 
     /// Reserves `permits` of `key` if its debt fits in `timeout` µs
     /// (`u64::MAX`: always); the wait in µs and, when `record` is set (for
-    /// a [`Reservation`]), the core's record of what it took.
+    /// a [`Reservation`]) and it has to wait, what gives it back.
     fn reserve_micros<Q>(
         &self,
         key: &Q,
         permits: u32,
         timeout: u64,
         record: bool,
-    ) -> Option<(u64, Option<Reserved>)>
+    ) -> Option<(u64, Option<Recorded>)>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let read = self.clock.now_micros();
         let shard = self.shard(key);
-        // The common call: a key held as a word, a step with no wait to
-        // record, under the read lock.
+        // The common call: a key held as a word (with no ledger), a step
+        // with no wait to record, under the read lock.
         let only_at_once = record;
         if self.words
             && let Some(fast) = shard.read().fast(key, read, permits, timeout, only_at_once)
@@ -323,37 +337,24 @@ where
             };
         }
         let (mut shard, now) = shard.write_at(read);
-        let (grant, dropped) = shard.update(key, now, |state| {
-            if timeout != u64::MAX && !state.can_acquire(now, timeout) {
-                return None;
-            }
-            Some(if record {
-                let reserved = state.reserve_recorded(permits, now);
-                (reserved.moment_micros.saturating_sub(now), Some(reserved))
-            } else {
-                (state.reserve(permits, now), None)
-            })
-        });
+        let (grant, dropped) = shard.reserve(key, now, permits, timeout, record);
         drop(shard);
         self.count_dropped(dropped);
         grant
     }
 
     /// A grant as a reservation: one with a wait can be given back.
-    fn to_reservation<Q>(&self, key: &Q, grant: (u64, Option<Reserved>)) -> Reservation<'_>
+    fn to_reservation<Q>(&self, key: &Q, grant: (u64, Option<Recorded>)) -> Reservation<'_>
     where
         K: Borrow<Q>,
         Q: ToOwned<Owned = K> + ?Sized,
     {
-        let (wait, Some(reserved)) = grant else {
+        let (wait, Some(recorded)) = grant else {
             return Reservation::new(Duration::ZERO, &self.clock, None);
         };
-        if wait == 0 {
-            return Reservation::new(Duration::ZERO, &self.clock, None);
-        }
         let taken = KeyedTaken {
             key: key.to_owned(),
-            reserved,
+            recorded,
         };
         Reservation::new(
             Duration::from_micros(wait),
@@ -405,7 +406,10 @@ where
     }
 
     /// Reserves `permits` of `key` as a [`Reservation`]: wait for it, or
-    /// drop it to give the permits back.
+    /// drop it to give the permits back. The give-back is exact, through
+    /// the key's [`Ledger`](crate::core::Ledger): the key's later callers
+    /// are scheduled as if it had never been made, never earlier, and those
+    /// already waiting keep their slots.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
@@ -448,8 +452,8 @@ where
     /// # Cancel safety
     ///
     /// Cancel-safe: dropping the future before the wait has passed gives the
-    /// permits back, as [`RateLimiter::acquire`](crate::RateLimiter::acquire)
-    /// does.
+    /// permits back, exactly (see [`reservation`](Self::reservation)), as
+    /// [`RateLimiter::acquire`](crate::RateLimiter::acquire) does.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
@@ -651,7 +655,7 @@ where
             return;
         };
         let (mut shard, now) = self.shard_now(&taken.key);
-        shard.give_back(&taken.key, &taken.reserved, now);
+        shard.give_back(&taken.key, &taken.recorded, now);
     }
 }
 

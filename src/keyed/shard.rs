@@ -19,6 +19,22 @@
 //! behind a debt, the local fallback of a Redis limiter) is kept as the
 //! core's numbers in a second map, and runs on the core under the write lock.
 //!
+//! # Exact give-backs
+//!
+//! A reservation that has to wait and may be given back is noted in its
+//! key's [`Ledger`], in a third map, which makes its give-back exact: nobody
+//! is ever scheduled earlier than a key that never made the cancelled
+//! reservations would schedule them (the reasoning is the ledger's). While a
+//! key has a ledger, every call on it runs under the write lock, through
+//! the ledger; the read-locked step is for keys without one (a look at
+//! whether the shard holds any ledger at all, then at the key). A ledger
+//! lives while it can still change what a give-back does: while one of its
+//! reservations may still wait, then while the last of them could still be
+//! restored (nothing noted since, the key still in the state it left). It
+//! goes at the first call on its key after that (or at the shard's next
+//! sweep), or with its key when the key is dropped; a key is never swept as
+//! full while one of its reservations may still wait.
+//!
 //! As for the local limiter, a step from a word with permits stored may
 //! differ from the core by a rounding, at most 1 µs (stored permits are
 //! held as time to 2^-20 µs); from a word with nothing stored it agrees to
@@ -32,7 +48,7 @@ use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::core::{GiveBack, Reserved, State};
+use crate::core::{GiveBack, Ledger, Reserved, State};
 use crate::local::word::{self, Config, Encoded, Slot, Step};
 
 /// One key's state as the core's numbers: its stored permits and ticket.
@@ -81,6 +97,52 @@ impl Entry {
     }
 }
 
+/// A key's [`Ledger`], beside its entry, while a reservation noted in it may
+/// still be waiting.
+#[derive(Debug)]
+struct Waiting {
+    ledger: Ledger,
+    /// Tells this ledger from the key's earlier and later ones: a
+    /// reservation gives back only through the ledger it was noted in.
+    serial: u64,
+    /// The latest moment of the reservations noted in it with a wait: from
+    /// then on none can wait any more, and the ledger is needed only to
+    /// restore the latest of them (see [`Waiting::needed`]).
+    until: u64,
+    /// The key's state right after the last reservation noted with a wait,
+    /// while nothing else has been noted since and it has not been
+    /// restored: as long as the key is still in that state, giving that
+    /// reservation back restores it exactly, even once its moment has
+    /// passed (as [`Ledger::give_back`] does).
+    last: Option<Entry>,
+}
+
+impl Waiting {
+    /// Whether the ledger can still change what a give-back does, with the
+    /// key in `state` at `now`: while one of its reservations may still
+    /// wait, or its last one may still be restored. Once neither holds, its
+    /// reservations give back nothing, as they would through it, and later
+    /// ones run through a new ledger exactly as through this one (its next
+    /// call would merge every group).
+    fn needed(&self, state: &Entry, now: u64) -> bool {
+        now < self.until
+            || self.last.is_some_and(|last| {
+                !self.ledger.is_empty()
+                    && last.stored_permits.to_bits() == state.stored_permits.to_bits()
+                    && last.next_free_micros == state.next_free_micros
+                    && last.next_free_fraction == state.next_free_fraction
+            })
+    }
+}
+
+/// A reservation with a wait, made under the write lock: the core's record
+/// and the serial of the ledger it was noted in, to give it back with.
+#[derive(Debug)]
+pub(super) struct Recorded {
+    pub(super) reserved: Reserved,
+    serial: u64,
+}
+
 /// One shard: its keys behind a read-write lock.
 pub(super) struct Shard<K> {
     table: RwLock<Table<K>>,
@@ -99,6 +161,12 @@ pub(super) struct Table<K> {
     words: HashMap<K, AtomicU64, RandomState>,
     /// Keys held as the core's numbers.
     states: HashMap<K, Entry, RandomState>,
+    /// The ledgers of the keys with reservations that may still be waiting
+    /// (each such key is held in `words` or `states` too). Empty, and
+    /// holding no memory, when no key has one.
+    ledgers: HashMap<K, Waiting, RandomState>,
+    /// The serial of the next ledger.
+    next_serial: u64,
     /// When the last sweep by time (or to the cap) ran (µs).
     last_sweep: u64,
     /// The number of entries from which a new key sweeps first.
@@ -198,7 +266,9 @@ impl<K: Hash + Eq + Clone> Shard<K> {
             config: None,
             slots: Default::default(),
             words: HashMap::with_hasher(hasher.clone()),
-            states: HashMap::with_hasher(hasher),
+            states: HashMap::with_hasher(hasher.clone()),
+            ledgers: HashMap::with_hasher(hasher),
+            next_serial: 0,
             last_sweep: now,
             sweep_len: SWEEP_MIN_LEN,
             sweep_period,
@@ -249,7 +319,7 @@ impl<K> Table<K> {
 impl<K: Hash + Eq + Clone> Table<K> {
     /// Reserves `permits` of `key`, if held as a word, with the lock held
     /// for reading: `None` if the call needs the write lock (a sweep is due,
-    /// the key is not a word, or the step needs the core). With
+    /// the key is not a word or has a ledger, or the step needs the core). With
     /// `only_at_once`, a grant that would wait is left to the write lock too
     /// (which records it).
     #[inline]
@@ -266,6 +336,10 @@ impl<K: Hash + Eq + Clone> Table<K> {
         Q: Hash + Eq + ?Sized,
     {
         if self.config.is_none() || now >= self.next_sweep() {
+            return None;
+        }
+        // A key with a ledger runs through it, under the write lock.
+        if !self.ledgers.is_empty() && self.ledgers.contains_key(key) {
             return None;
         }
         let cell = self.words.get(key)?;
@@ -419,8 +493,10 @@ impl<K: Hash + Eq + Clone> Table<K> {
     }
 
     /// Drops the entries that read as full at `now` and were last used
-    /// before `before` (see [`Sweep`]), and gives memory back once the maps
-    /// are mostly empty.
+    /// before `before` (see [`Sweep`]), except those with a reservation that
+    /// may still wait, then the ledgers no longer needed (see
+    /// [`Waiting::needed`]), and gives memory back once the maps are mostly
+    /// empty.
     fn sweep(&mut self, now: u64, kind: Sweep) {
         let before = match kind {
             Sweep::Time => {
@@ -431,16 +507,25 @@ impl<K: Hash + Eq + Clone> Table<K> {
             Sweep::Cap => u64::MAX,
         };
         let template = &self.template;
+        let ledgers = &self.ledgers;
+        // Even reading as full, a key whose give-backs may still move its
+        // state is kept with its ledger. (One whose reservations have all
+        // passed their moment goes: restoring the last one would leave it
+        // full too.)
+        let waits =
+            |key: &K| !ledgers.is_empty() && ledgers.get(key).is_some_and(|w| now < w.until);
         if let Some(config) = &self.config {
-            self.words.retain(|_, cell| {
+            self.words.retain(|key, cell| {
                 let word = *cell.get_mut();
                 !(word::last_use(word, config) < before
-                    && reads_as_full(template, &Entry::decoded(word, now, config), now))
+                    && reads_as_full(template, &Entry::decoded(word, now, config), now)
+                    && !waits(key))
             });
         }
-        self.states.retain(|_, entry| {
-            !(entry.next_free_micros < before && reads_as_full(template, entry, now))
+        self.states.retain(|key, entry| {
+            !(entry.next_free_micros < before && reads_as_full(template, entry, now) && !waits(key))
         });
+        self.forget_ledgers(now);
         self.sweep_len = (2 * self.len()).max(SWEEP_MIN_LEN);
         // After a flood of keys a map keeps its size: give the memory back
         // once it is mostly empty.
@@ -508,9 +593,152 @@ impl<K: Hash + Eq + Clone> Table<K> {
                 true
             }
         });
+        // The dropped keys' ledgers go with them.
+        self.forget_ledgers(now);
         Dropped {
             unfinished: (batch - left) as u64,
         }
+    }
+
+    /// Drops the ledgers of the keys no longer held and those no longer
+    /// needed (see [`Waiting::needed`]), and gives the memory back once
+    /// the map is mostly empty.
+    fn forget_ledgers(&mut self, now: u64) {
+        if self.ledgers.is_empty() {
+            return;
+        }
+        let (words, states, config) = (&self.words, &self.states, self.config.as_ref());
+        self.ledgers.retain(|key, waiting| {
+            held_entry(words, states, config, key, now)
+                .is_some_and(|entry| waiting.needed(&entry, now))
+        });
+        self.release_ledgers();
+    }
+
+    /// Drops the ledger of `key`.
+    fn forget_ledger<Q>(&mut self, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.ledgers.remove(key);
+        self.release_ledgers();
+    }
+
+    /// Gives the ledger map's memory back: all of it once no key has a
+    /// ledger, most of it once it is mostly empty.
+    fn release_ledgers(&mut self) {
+        let (len, capacity) = (self.ledgers.len(), self.ledgers.capacity());
+        if len == 0 {
+            if capacity > 0 {
+                self.ledgers.shrink_to_fit();
+            }
+        } else if capacity > 4 * len.max(SWEEP_MIN_LEN) {
+            self.ledgers.shrink_to(2 * len);
+        }
+    }
+
+    /// Reserves `permits` of `key` at `now` if its debt fits in `timeout`
+    /// µs (`u64::MAX`: always), under the write lock. Returns the wait and,
+    /// for a reservation that has to wait and is `record`ed (to be given
+    /// back), what to give it back with; and what had to be dropped to make
+    /// room for a new key.
+    ///
+    /// A key with a ledger runs through it, every reservation noted. A
+    /// recorded reservation that has to wait is noted in its key's ledger,
+    /// a new one if the key has none. A plain reservation of a key without
+    /// one loses nothing by running on the state alone.
+    pub(super) fn reserve<Q>(
+        &mut self,
+        key: &Q,
+        now: u64,
+        permits: u32,
+        timeout: u64,
+        record: bool,
+    ) -> (Option<(u64, Option<Recorded>)>, Dropped)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if !self.ledgers.is_empty() && self.ledgers.contains_key(key) {
+            let grant = self.reserve_noted(key, now, permits, timeout, record);
+            return (grant, Dropped::default());
+        }
+        let mut ledger = Ledger::new();
+        let (grant, dropped) = self.update(key, now, |state| {
+            if !fits(state, now, timeout) {
+                return None;
+            }
+            Some(if record {
+                let reserved = ledger.reserve_recorded(state, permits, now);
+                let wait = reserved.moment_micros.saturating_sub(now);
+                (wait, Some((reserved, Entry::of(state))))
+            } else {
+                (state.reserve(permits, now), None)
+            })
+        });
+        let Some((wait, noted)) = grant else {
+            return (None, dropped);
+        };
+        // Only a reservation that has to wait has a group in the ledger, and
+        // can be given back.
+        let recorded = match noted {
+            Some((reserved, after)) if reserved.waiting_id.is_some() => {
+                let serial = self.next_serial;
+                self.next_serial += 1;
+                let waiting = Waiting {
+                    ledger,
+                    serial,
+                    until: reserved.moment_micros,
+                    last: Some(after),
+                };
+                self.ledgers.insert(key.to_owned(), waiting);
+                Some(Recorded { reserved, serial })
+            }
+            _ => None,
+        };
+        (Some((wait, recorded)), dropped)
+    }
+
+    /// [`reserve`](Self::reserve) of a key with a ledger: through it.
+    fn reserve_noted<Q>(
+        &mut self,
+        key: &Q,
+        now: u64,
+        permits: u32,
+        timeout: u64,
+        record: bool,
+    ) -> Option<(u64, Option<Recorded>)>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut state = self.get(key, now).expect("a key with a ledger is held");
+        if !fits(&state, now, timeout) {
+            return None;
+        }
+        let waiting = self.ledgers.get_mut(key).expect("just seen");
+        // Noted: the last reservation with a wait is no longer the latest.
+        waiting.last = None;
+        let (moment, recorded) = if record {
+            let reserved = waiting.ledger.reserve_recorded(&mut state, permits, now);
+            let recorded = reserved.waiting_id.is_some().then(|| {
+                waiting.until = waiting.until.max(reserved.moment_micros);
+                waiting.last = Some(Entry::of(&state));
+                Recorded {
+                    reserved,
+                    serial: waiting.serial,
+                }
+            });
+            (reserved.moment_micros, recorded)
+        } else {
+            (waiting.ledger.reserve(&mut state, permits, now), None)
+        };
+        if !waiting.needed(&Entry::of(&state), now) {
+            self.forget_ledger(key);
+        }
+        self.put(key, &state, now);
+        Some((moment.saturating_sub(now), recorded))
     }
 
     /// Runs `step` on the state of `key` at `now` (a missing key reads as
@@ -585,6 +813,8 @@ impl<K: Hash + Eq + Clone> Table<K> {
 
     /// Removes every key and returns each with its ticket (at `now`).
     pub(super) fn drain(&mut self, now: u64) -> Vec<(K, u64)> {
+        self.ledgers.clear();
+        self.release_ledgers();
         let config = self.config;
         let mut drained: Vec<(K, u64)> = self
             .states
@@ -606,6 +836,9 @@ impl<K: Hash + Eq + Clone> Table<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
+        if !self.ledgers.is_empty() {
+            self.forget_ledger(key);
+        }
         if let Some(entry) = self.states.remove(key) {
             return Some(entry.next_free_micros);
         }
@@ -632,17 +865,48 @@ impl<K: Hash + Eq + Clone> Table<K> {
         dropped
     }
 
-    /// Gives back a reservation of `key`. A key no longer here was dropped
-    /// as full or to the cap: it reads as full, with nothing to give back.
-    pub(super) fn give_back<Q>(&mut self, key: &Q, taken: &Reserved, now: u64) -> GiveBack
+    /// Gives back a reservation of `key`, through the ledger it was noted
+    /// in (see [`Ledger::give_back`]).
+    ///
+    /// Without that ledger, nothing is given back: the key was dropped (as
+    /// full, where it still reads as full, or to the cap), or its ledger was
+    /// no longer needed (every reservation noted in it had passed its
+    /// moment, and the last could no longer be restored), and through it
+    /// the reservation would give nothing back either. A give-back still
+    /// does to the key's present ledger, if any, what a give-back of a
+    /// reservation it no longer holds does: it merges the groups whose
+    /// moment has passed (so that their reservations are no longer the
+    /// latest, as with one ledger all along).
+    pub(super) fn give_back<Q>(&mut self, key: &Q, taken: &Recorded, now: u64) -> GiveBack
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let Some(mut state) = self.get(key, now) else {
+        if self.ledgers.is_empty() || !self.ledgers.contains_key(key) {
             return GiveBack::Nothing;
+        }
+        let mut state = self.get(key, now).expect("a key with a ledger is held");
+        let waiting = self.ledgers.get_mut(key).expect("just seen");
+        let outcome = if waiting.serial == taken.serial {
+            let outcome = waiting.ledger.give_back(&mut state, &taken.reserved, now);
+            if outcome == GiveBack::Restored {
+                // The last reservation with a wait, undone.
+                waiting.last = None;
+            }
+            outcome
+        } else {
+            // No group of this ledger, and a moment passed: after merging
+            // the groups whose moment has passed, nothing.
+            let gone = Reserved {
+                moment_micros: 0,
+                waiting_id: Some(u64::MAX),
+                ..taken.reserved
+            };
+            waiting.ledger.give_back(&mut state, &gone, now)
         };
-        let outcome = state.give_back(taken, now);
+        if !waiting.needed(&Entry::of(&state), now) {
+            self.forget_ledger(key);
+        }
         self.put(key, &state, now);
         outcome
     }
@@ -667,6 +931,12 @@ impl<K: Hash + Eq + Clone> Table<K> {
                 .expect("the rate was checked");
             *entry = Entry::of(&state);
         }
+        // Terms at the old rate: what is waiting now gives back only what
+        // the ledger can still vouch for (erring late).
+        for waiting in self.ledgers.values_mut() {
+            waiting.ledger.clear();
+            waiting.last = None;
+        }
         self.template
             .set_rate(permits_per_second, now)
             .expect("the rate was checked");
@@ -680,6 +950,32 @@ impl<K> fmt::Debug for Shard<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Shard").finish_non_exhaustive()
     }
+}
+
+/// Whether a reservation at `now` fits in `timeout` µs (`u64::MAX`: always).
+fn fits(state: &State, now: u64, timeout: u64) -> bool {
+    timeout == u64::MAX || state.can_acquire(now, timeout)
+}
+
+/// The entry of `key` at `now`, held in `words` (under `config`) or in
+/// `states`.
+fn held_entry<K, Q>(
+    words: &HashMap<K, AtomicU64, RandomState>,
+    states: &HashMap<K, Entry, RandomState>,
+    config: Option<&Config>,
+    key: &Q,
+    now: u64,
+) -> Option<Entry>
+where
+    K: Borrow<Q> + Hash + Eq,
+    Q: Hash + Eq + ?Sized,
+{
+    if let Some(config) = config
+        && let Some(cell) = words.get(key)
+    {
+        return Some(Entry::decoded(cell.load(Relaxed), now, config));
+    }
+    states.get(key).copied()
 }
 
 /// Whether `entry` reads as full at `now`, i.e. as a missing key does: its
