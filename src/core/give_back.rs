@@ -56,9 +56,9 @@
 //!
 //! Closing it means remembering, for the reservations still waiting, what
 //! was requested after each: the [`Ledger`](super::Ledger), which the local
-//! limiter gives back through. With it, nobody is ever scheduled before the
-//! model, and the limiter ends on it. [`State::give_back`] alone, without
-//! that memory, is what the keyed limiters and the Redis script still do.
+//! and keyed limiters give back through. With it, nobody is ever scheduled
+//! before the model, and the limiter ends on it. [`State::give_back`] alone,
+//! without that memory, is what the Redis script still does.
 
 use super::State;
 

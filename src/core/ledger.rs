@@ -117,6 +117,10 @@ pub struct Ledger {
     /// No group's moment lies before this (it may lie before the earliest
     /// one): until `now` reaches it, nothing expires.
     earliest: u64,
+    /// Whether the groups' moments rise from the oldest to the newest (as
+    /// they do until a give-back lets a new reservation in before one that
+    /// waits): the passed ones are then the first.
+    in_order: bool,
 }
 
 /// One group of terms, ending at a waiting reservation.
@@ -154,6 +158,7 @@ impl Ledger {
             open: 0,
             next_id: 0,
             earliest: u64::MAX,
+            in_order: true,
         }
     }
 
@@ -175,6 +180,8 @@ impl Ledger {
     pub fn clear(&mut self) {
         self.groups.clear();
         self.open = 0;
+        self.earliest = u64::MAX;
+        self.in_order = true;
     }
 
     /// [`State::reserve_earliest_available`] on `state`, noted in the
@@ -214,6 +221,10 @@ impl Ledger {
         if reserved.moment_micros > now_micros {
             let id = self.next_id;
             self.next_id += 1;
+            self.in_order = match self.groups.last() {
+                Some(last) => self.in_order && last.moment <= reserved.moment_micros,
+                None => true,
+            };
             self.groups.push(Group {
                 id,
                 moment: reserved.moment_micros,
@@ -370,30 +381,47 @@ impl Ledger {
         if now_micros < self.earliest {
             return;
         }
-        self.earliest = self
-            .groups
-            .iter()
-            .map(|g| g.moment)
-            .filter(|moment| *moment > now_micros)
-            .min()
-            .unwrap_or(u64::MAX);
-        let mut kept: Vec<Group> = Vec::with_capacity(self.groups.len());
-        // The smallest offset of the passed groups right before the next kept one.
-        let mut carried = EMPTY;
-        for group in self.groups.drain(..) {
-            if group.moment <= now_micros {
-                carried = carried.min(group.offset);
-            } else {
-                kept.push(Group {
-                    offset: group.offset.min(carried),
-                    ..group
-                });
-                carried = EMPTY;
+        // Each passed group's terms join the next group still waiting (or
+        // the open one). That keeps the offsets increasing: no prune.
+        let carried = if self.in_order {
+            // Moments rise with the groups: the passed ones come first.
+            let passed = self.groups.partition_point(|g| g.moment <= now_micros);
+            let carried = self.groups[..passed]
+                .iter()
+                .map(|g| g.offset)
+                .fold(EMPTY, u64::min);
+            self.groups.drain(..passed);
+            if let Some(next) = self.groups.first_mut() {
+                next.offset = next.offset.min(carried);
+                self.earliest = next.moment;
+                return;
             }
-        }
+            carried
+        } else {
+            let (mut kept, mut carried, mut earliest) = (0, EMPTY, u64::MAX);
+            for index in 0..self.groups.len() {
+                let group = self.groups[index];
+                if group.moment <= now_micros {
+                    carried = carried.min(group.offset);
+                } else {
+                    self.groups[kept] = Group {
+                        offset: group.offset.min(carried),
+                        ..group
+                    };
+                    kept += 1;
+                    carried = EMPTY;
+                    earliest = earliest.min(group.moment);
+                }
+            }
+            self.groups.truncate(kept);
+            self.earliest = earliest;
+            carried
+        };
         self.open = self.open.min(carried);
-        self.groups = kept;
-        self.prune();
+        if self.groups.is_empty() {
+            self.earliest = u64::MAX;
+            self.in_order = true;
+        }
     }
 
     /// Empties every group that a later group reaches or exceeds: it can
