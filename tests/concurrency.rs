@@ -3,11 +3,14 @@
 
 #[path = "support/fake.rs"]
 mod fake;
+#[path = "support/rng.rs"]
+mod rng;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use rng::Rng;
 use throttler::RateLimiter;
 use throttler::clock::FakeClock;
 
@@ -123,4 +126,66 @@ async fn tasks_on_the_real_clock_respect_the_rate() {
     // 400 permits at 400/s, the first free: at least 399 × 2.5 ms.
     assert!(elapsed >= Duration::from_millis(995), "{elapsed:?}");
     assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
+}
+
+/// Threads racing with reservations that wait, half of them given back in
+/// any order, tries that are refused, and plain reservations, on a frozen
+/// clock: the limiter goes in and out of its locked mode (while something
+/// waits in its ledger) under contention, and whatever the interleaving it
+/// ends owing exactly what was kept, as a limiter that never made the ones
+/// given back.
+#[test]
+fn threads_giving_back_leave_the_limiter_owing_what_was_kept() {
+    let clock = FakeClock::new();
+    let limiter = Arc::new(
+        RateLimiter::builder()
+            .permits_per_second(1_000.0)
+            .max_burst(Duration::ZERO)
+            .clock(clock)
+            .build()
+            .unwrap(),
+    );
+    let kept: u64 = (0..4u64)
+        .map(|thread| {
+            let limiter = Arc::clone(&limiter);
+            std::thread::spawn(move || {
+                let mut rng = Rng::new(0xC0C0_0000 + thread);
+                let mut kept = 0;
+                let mut held = Vec::new();
+                for _ in 0..3_000 {
+                    match rng.below(10) {
+                        0 => {
+                            let got = limiter.try_reserve(1, Duration::ZERO).unwrap();
+                            kept += got.map_or(0, |_| 1);
+                        }
+                        1 => {
+                            limiter.reserve(2).unwrap();
+                            kept += 2;
+                        }
+                        2..5 if !held.is_empty() => {
+                            drop(held.swap_remove(rng.below(held.len() as u64) as usize));
+                        }
+                        _ => {
+                            let permits = rng.range(1, 3);
+                            let reservation = limiter.reservation(permits as u32).unwrap();
+                            if reservation.is_cancellable() && rng.chance(0.5) {
+                                held.push(reservation);
+                            } else {
+                                reservation.commit();
+                                kept += permits;
+                            }
+                        }
+                    }
+                }
+                drop(held);
+                kept
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|thread| thread.join().unwrap())
+        .sum();
+    // The first permit goes at once, and pays for the next: one interval
+    // (1 ms) a permit kept.
+    assert_eq!(limiter.available_in(), Duration::from_millis(kept));
 }
