@@ -79,6 +79,12 @@ pub(crate) trait GiveBackTo: Send + Sync {
     /// Gives back what `taken` took. Never blocks for long (a remote limiter
     /// sends the give-back in the background).
     fn give_back(&self, taken: Taken);
+
+    /// `taken` will never be given back: its permits are kept. A limiter
+    /// that keeps something to give it back with forgets it.
+    fn keep(&self, taken: Taken) {
+        let _ = taken;
+    }
 }
 
 impl<'a> Reservation<'a> {
@@ -132,7 +138,9 @@ impl<'a> Reservation<'a> {
     /// Keeps the permits without waiting here, and returns the delay: the
     /// caller promises to wait for it itself.
     pub fn commit(mut self) -> Duration {
-        self.pending = None;
+        if let Some(pending) = self.pending.take() {
+            pending.owner.keep(pending.taken);
+        }
         self.delay
     }
 

@@ -3,14 +3,13 @@
 
 #[path = "support/fake.rs"]
 mod fake;
-#[path = "support/rng.rs"]
-mod rng;
+mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use rng::Rng;
+use support::rng::Rng;
 use throttler::RateLimiter;
 use throttler::clock::FakeClock;
 

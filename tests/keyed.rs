@@ -876,7 +876,8 @@ fn a_keys_ledger_does_not_outlive_its_waits() {
         assert_eq!(limiter.reserve(&key, 20).unwrap(), Duration::ZERO);
     }
     let before = bytes_in_use();
-    // Key 0: four waiters, the second given back, the others kept.
+    // Key 0: four waiters, the second given back, the others still held
+    // (each may still be given back).
     let mut waiting: Vec<_> = (0..4)
         .map(|_| limiter.reservation(&0, 5).unwrap())
         .collect();
@@ -885,17 +886,16 @@ fn a_keys_ledger_does_not_outlive_its_waits() {
         [1000 * MS, 1500 * MS, 2000 * MS, 2500 * MS]
     );
     drop(waiting.remove(1));
-    for r in waiting {
-        r.commit();
-    }
     assert!(bytes_in_use() > before, "nothing noted for the waits");
     // The ticket moved back by the waiter given back (3 s to 2.5 s). Two
     // seconds on, the last waiter still waits: the key still needs it.
     clock.advance(2000 * MS);
     assert_eq!(limiter.reserve(&0, 1).unwrap(), 500 * MS);
     assert!(bytes_in_use() > before);
-    // Every wait is over: the next call leaves the key as it was before.
+    // Every wait is over: dropping the waiters gives nothing back, and the
+    // next call leaves the key as it was before.
     clock.advance(600 * MS);
+    drop(waiting);
     assert_eq!(limiter.reserve(&0, 1).unwrap(), Duration::ZERO);
     assert_eq!(bytes_in_use(), before);
 
@@ -914,16 +914,30 @@ fn a_keys_ledger_does_not_outlive_its_waits() {
             (first, second)
         })
         .collect();
-    for (first, second) in held {
-        drop(first);
-        second.commit();
-    }
+    let held: Vec<_> = held
+        .into_iter()
+        .map(|(first, second)| {
+            drop(first);
+            second
+        })
+        .collect();
     assert!(bytes_in_use() > before);
     clock.advance(Duration::from_secs(3));
+    drop(held); // past their moments: nothing given back
     for key in 0..100 {
         limiter.reserve(&key, 1).unwrap();
     }
     assert_eq!(limiter.len(), 100);
+    assert_eq!(bytes_in_use(), before);
+
+    // A waiter whose permits are kept without waiting (committed) will
+    // never be given back: its key forgets it at once.
+    limiter.reserve(&0, 30).unwrap();
+    let before = bytes_in_use();
+    let kept = limiter.reservation(&0, 5).unwrap();
+    assert!(kept.is_cancellable());
+    assert!(bytes_in_use() > before);
+    kept.commit();
     assert_eq!(bytes_in_use(), before);
 }
 

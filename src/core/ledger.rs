@@ -78,7 +78,10 @@ use super::{FRACTION_ONE, GiveBack, MAX_MICROS, Policy, Reserved, State};
 /// Every change to the state goes through the ledger while it is in use:
 /// [`reserve`](Ledger::reserve), [`reserve_recorded`](Ledger::reserve_recorded),
 /// [`give_back`](Ledger::give_back); anything else that changes the state
-/// (a rate change) calls [`clear`](Ledger::clear).
+/// (a rate change) calls [`clear`](Ledger::clear). A reservation whose
+/// permits are kept without waiting for them through it (a committed
+/// reservation) is [`keep`](Ledger::keep)-ed, so that the ledger holds only
+/// what may still be given back.
 ///
 /// ```
 /// use throttler::core::{Bursty, Ledger, Policy, State};
@@ -338,6 +341,42 @@ impl Ledger {
         }
         self.prune();
         GiveBack::Returned(moved)
+    }
+
+    /// Forgets the group of `taken`, a reservation recorded on this ledger
+    /// that will never be given back (its permits were kept without
+    /// waiting for them here). Its group's terms join the next group: no
+    /// give-back moves the two apart any more, so nothing is lost, and the
+    /// ledger stays as small as the reservations that may still be given
+    /// back.
+    ///
+    /// ```
+    /// use throttler::core::{Bursty, Ledger, Policy, State};
+    ///
+    /// let mut state = State::new(Policy::Bursty(Bursty::default()), 10.0, 0).unwrap();
+    /// let mut ledger = Ledger::new();
+    /// ledger.reserve(&mut state, 1, 0);
+    /// let kept = ledger.reserve_recorded(&mut state, 1, 0); // waits 100 ms
+    /// assert_eq!(ledger.len(), 1);
+    /// ledger.keep(&kept);
+    /// assert!(ledger.is_empty());
+    /// ```
+    pub fn keep(&mut self, taken: &Reserved) {
+        let Some(id) = taken.waiting_id else {
+            return;
+        };
+        let Ok(index) = self.groups.binary_search_by_key(&id, |g| g.id) else {
+            return;
+        };
+        let group = self.groups.remove(index);
+        match self.groups.get_mut(index) {
+            Some(next) => next.offset = next.offset.min(group.offset),
+            None => self.open = self.open.min(group.offset),
+        }
+        if self.groups.is_empty() {
+            self.earliest = u64::MAX;
+            self.in_order = true;
+        }
     }
 
     /// Notes a request at `now_micros` on `state` (before its resync): its

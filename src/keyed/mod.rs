@@ -657,6 +657,17 @@ where
         let (mut shard, now) = self.shard_now(&taken.key);
         shard.give_back(&taken.key, &taken.recorded, now);
     }
+
+    fn keep(&self, taken: Taken) {
+        let Taken::Keyed(taken) = taken else {
+            return;
+        };
+        let Ok(taken) = (taken as Box<dyn Any + Send + Sync>).downcast::<KeyedTaken<K>>() else {
+            return;
+        };
+        let (mut shard, _) = self.shard_now(&taken.key);
+        shard.keep(&taken.key, &taken.recorded);
+    }
 }
 
 impl<K, C: Clock> fmt::Debug for KeyedRateLimiter<K, C> {

@@ -865,6 +865,31 @@ impl<K: Hash + Eq + Clone> Table<K> {
         dropped
     }
 
+    /// Forgets a reservation of `key` that will never be given back (its
+    /// permits were kept), in the ledger it was noted in (see
+    /// [`Ledger::keep`]): the ledger stays as small as what may still be
+    /// given back, and goes once nothing is left in it to give back.
+    pub(super) fn keep<Q>(&mut self, key: &Q, taken: &Recorded)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if self.ledgers.is_empty() {
+            return;
+        }
+        let Some(waiting) = self.ledgers.get_mut(key) else {
+            return;
+        };
+        if waiting.serial != taken.serial {
+            return;
+        }
+        waiting.ledger.keep(&taken.reserved);
+        if waiting.ledger.is_empty() {
+            // Nothing left that could be given back, nor restored.
+            self.forget_ledger(key);
+        }
+    }
+
     /// Gives back a reservation of `key`, through the ledger it was noted
     /// in (see [`Ledger::give_back`]).
     ///

@@ -631,6 +631,12 @@ impl<C: Clock> GiveBackTo for RateLimiter<C> {
     fn give_back(&self, taken: Taken) {
         self.give_back_taken(taken);
     }
+
+    fn keep(&self, taken: Taken) {
+        if let Taken::Core(reserved) = taken {
+            self.update_locked(|_, ledger, _| ledger.keep(&reserved));
+        }
+    }
 }
 
 impl<C: Clock> fmt::Debug for RateLimiter<C> {

@@ -511,6 +511,16 @@ where
             Err(local) => GiveBackTo::give_back(&self.local, Taken::Keyed(local)),
         }
     }
+
+    fn keep(&self, taken: Taken) {
+        let Taken::Keyed(taken) = taken else {
+            return;
+        };
+        // A reservation of the local fallback: its ledger forgets it.
+        if let Err(local) = (taken as Box<dyn Any + Send + Sync>).downcast::<RedisKeyTaken>() {
+            GiveBackTo::keep(&self.local, Taken::Keyed(local));
+        }
+    }
 }
 
 /// # Reserving and waiting

@@ -440,6 +440,13 @@ impl<C: Clock> GiveBackTo for Inner<C> {
             other => self.local.give_back(other),
         }
     }
+
+    fn keep(&self, taken: Taken) {
+        // A reservation of the local fallback: its ledger forgets it.
+        if !matches!(taken, Taken::Redis(_)) {
+            GiveBackTo::keep(&self.local, taken);
+        }
+    }
 }
 
 /// # Constructors
