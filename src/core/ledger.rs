@@ -414,9 +414,11 @@ impl Ledger {
         }
     }
 
-    /// Merges the groups of reservations whose moment has passed (they can
-    /// no longer be given back) into the group after them.
-    fn expire(&mut self, now_micros: u64) {
+    /// Merges the groups of reservations whose moment has passed at
+    /// `now_micros` (they can no longer be given back) into the group after
+    /// them. Every other operation does it first; changes nothing a caller
+    /// can see.
+    pub fn expire(&mut self, now_micros: u64) {
         if now_micros < self.earliest {
             return;
         }

@@ -920,14 +920,11 @@ impl<K: Hash + Eq + Clone> Table<K> {
             }
             outcome
         } else {
-            // No group of this ledger, and a moment passed: after merging
-            // the groups whose moment has passed, nothing.
-            let gone = Reserved {
-                moment_micros: 0,
-                waiting_id: Some(u64::MAX),
-                ..taken.reserved
-            };
-            waiting.ledger.give_back(&mut state, &gone, now)
+            // No group of this ledger, and a moment passed: nothing, once
+            // the groups whose moment has passed have merged (as a
+            // give-back through one ledger all along would merge them).
+            waiting.ledger.expire(now);
+            GiveBack::Nothing
         };
         if !waiting.needed(&Entry::of(&state), now) {
             self.forget_ledger(key);
