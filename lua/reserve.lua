@@ -252,6 +252,11 @@ local FINE_CHARGE_LIMIT = 4294967296 -- 2^32 µs (FINE_CHARGE_LIMIT_MICROS)
 local FRACTIONS_SHIFT = 2097152 -- 2^21: field 7 = next_free_fraction * 2^21 + ...
 local FRACTIONS_END = 2199023255552 -- 2^41: field 7 is below it
 local BAD = 'ERR throttler: %s (got "%s")'
+local THR3 = 'thr3' -- the marker of a value with a ledger (see Ledger)
+local LEDGER = '<dddddd' -- the ledger's head: six doubles, 48 bytes
+local LEDGER_START = 77 -- where a thr3 value's ledger begins
+local LEDGER_CAPACITY = 64 -- the most groups kept (Ledger::SHARED_CAPACITY)
+local TOKEN_ID_SIZE = 84 -- a token with a group id (see Token)
 
 -- Comparisons below are written `if x > cap then x = cap end` where the core
 -- has `x.min(cap)`: the same thing, as no x there can be NaN. An integer
@@ -302,7 +307,7 @@ local is_try = false
 local debt_micros
 local tk_stored_before, tk_next_free_before, tk_stored_after, tk_next_free_after
 local tk_moment, tk_spent_stored, tk_rate, tk_max, tk_now
-local tk_fractions, tk_fraction_before, tk_fraction_after
+local tk_fractions, tk_fraction_before, tk_fraction_after, tk_id
 if mode == nil or mode == 'probe' then
     if timeout_micros ~= '-1' then
         timeout_micros = tonumber(timeout_micros)
@@ -328,12 +333,22 @@ elseif mode == 'resume' then
 else
     -- The token, as a reservation's reply gave it (see Token).
     local marker, _
-    if #timeout_micros == VALUE_SIZE then
+    local token_size = #timeout_micros
+    if token_size == VALUE_SIZE or token_size == TOKEN_ID_SIZE then
         marker, tk_stored_after, tk_next_free_after, tk_rate, tk_max, _, tk_now, tk_fractions,
             tk_stored_before, tk_next_free_before = struct.unpack(VALUE, timeout_micros)
         tk_moment = tk_next_free_before
         if tk_now > tk_moment then
             tk_moment = tk_now
+        end
+        if marker == THR3 then
+            marker = MARKER
+        end
+        if token_size == TOKEN_ID_SIZE then
+            tk_id = struct.unpack('<d', timeout_micros, LEDGER_START)
+            if not (tk_id >= 0 and tk_id < MAX_MICROS and tk_id % 1 == 0) then
+                marker = nil
+            end
         end
     end
     -- NaN fails every comparison, so it is rejected too.
@@ -347,7 +362,7 @@ else
             and tk_next_free_after % 1 == 0
             and tk_fractions >= 0 and tk_fractions < FRACTIONS_END and tk_fractions % 1 == 0) then
         return redis.error_reply('ERR throttler: ARGV[2] is not a reservation token: a cancel takes '
-            .. 'the ' .. VALUE_SIZE .. ' bytes a granted reservation replied, unchanged (got '
+            .. VALUE_SIZE .. ' or ' .. TOKEN_ID_SIZE .. ' bytes a granted reservation replied, unchanged (got '
             .. #timeout_micros .. ' bytes)')
     end
     -- Field 7: fraction_after * 2^21 + fraction_before * 2 + spent_stored.
@@ -480,6 +495,15 @@ local next_free_fraction, fractions
 -- `older`: the value is in an older format (thr1 or v0), read as thr2 (see
 -- Value).
 local size, older
+-- The ledger (see Ledger): its head (`next_id` is nil while the value has
+-- no ledger), then its groups as packed in the value, `places` (id, moment)
+-- and `entries` (id, offset). A reservation works on these strings, reading
+-- and cutting only their ends; a give-back, which reads every group, reads
+-- them into three arrays, oldest first (`decode`: ids, moments, offsets,
+-- INFINITY for none) and packs them back (`encode`).
+local open, next_id, earliest, in_order, groups, horizon = 0, nil, INFINITY, 1, 0, 0
+local places, entries = '', ''
+local group_ids, group_moments, group_offsets = {}, {}, {}
 if value then
     size = #value
     local marker
@@ -489,6 +513,28 @@ if value then
         if marker == THR1 then
             -- Field 7 is its record's stored_before: no fraction.
             marker, older, fractions = MARKER, true, 0
+        end
+    elseif size >= LEDGER_START + 47 then
+        marker, stored_permits, next_free_micros, old_rate, old_max, expires_micros, last_now_micros,
+            fractions = struct.unpack(STATE, value)
+        if marker == THR3 then
+            marker = nil
+            open, next_id, earliest, in_order, groups, horizon = struct.unpack(LEDGER, value, LEDGER_START)
+            -- NaN fails every comparison. (The groups themselves are checked
+            -- where they are all read: by a give-back, see `decode`.)
+            if open >= 0 and next_id >= 0 and next_id <= MAX_MICROS and next_id % 1 == 0
+                    and earliest >= 0 and (in_order == 0 or in_order == 1)
+                    and groups >= 0 and groups <= LEDGER_CAPACITY and groups % 1 == 0
+                    and horizon >= 0 and horizon <= MAX_MICROS and horizon % 1 == 0 then
+                local count = (size - LEDGER_START - 47) / 16 - groups
+                if count % 1 == 0 and count >= 0 and count <= groups then
+                    marker = MARKER
+                    places = string.sub(value, LEDGER_START + 48, LEDGER_START + 47 + 16 * groups)
+                    entries = string.sub(value, LEDGER_START + 48 + 16 * groups)
+                end
+            end
+        else
+            marker = nil
         end
     elseif size == 40 then
         -- The first format: read as thr2 that has seen no clock yet.
@@ -513,6 +559,116 @@ if value then
     -- The clock never runs backwards for a key.
     if last_now_micros > now_micros then
         now_micros = last_now_micros
+    end
+end
+
+-- The groups, from the packed strings into the arrays; false if they are
+-- not a ledger this script wrote (ids rising and below next_id, whole
+-- moments and offsets, offsets rising, each entry a group's).
+local function decode()
+    local count = #entries / 16
+    local raw = {struct.unpack('<' .. string.rep('d', 2 * (groups + count)), places .. entries)}
+    local entry, last_id, last_offset = 2 * groups + 1, -1, -1
+    local valid = true
+    for i = 1, groups do
+        local id, moment, offset = raw[2 * i - 1], raw[2 * i], INFINITY
+        if entry <= 2 * (groups + count) and raw[entry] == id then
+            offset = raw[entry + 1]
+            entry = entry + 2
+            if not (offset > last_offset and offset <= MAX_MICROS and offset % 1 == 0) then
+                valid = false
+            end
+            last_offset = offset
+        end
+        if not (id > last_id and id < next_id and id % 1 == 0
+                and moment >= 0 and moment <= MAX_MICROS and moment % 1 == 0) then
+            valid = false
+        end
+        last_id = id
+        group_ids[i], group_moments[i], group_offsets[i] = id, moment, offset
+    end
+    return valid and entry == 2 * (groups + count) + 1
+end
+
+-- The arrays packed back into the strings.
+local function encode()
+    local numbers, count = {}, 0
+    for i = 1, groups do
+        numbers[count + 1], numbers[count + 2] = group_ids[i], group_moments[i]
+        count = count + 2
+    end
+    places = struct.pack('<' .. string.rep('d', count), unpack(numbers, 1, count))
+    count = 0
+    for i = 1, groups do
+        if group_offsets[i] < INFINITY then
+            numbers[count + 1], numbers[count + 2] = group_ids[i], group_offsets[i]
+            count = count + 2
+        end
+    end
+    entries = struct.pack('<' .. string.rep('d', count), unpack(numbers, 1, count))
+end
+
+local NOT_OURS = 'ERR throttler: key %s holds a value this limiter does not recognise (%d bytes); '
+    .. 'it was left untouched: delete it or use another limiter name'
+
+-- Ledger::expire, on the arrays: the groups of the reservations whose
+-- moment has passed (they can no longer be given back) merge into the
+-- group after them.
+local function expire()
+    if now_micros < earliest then
+        return
+    end
+    local carried, kept = INFINITY, 0
+    if in_order == 1 then
+        -- Moments rise with the groups: the passed ones come first.
+        local passed = 0
+        while passed < groups and group_moments[passed + 1] <= now_micros do
+            passed = passed + 1
+            if group_offsets[passed] < carried then
+                carried = group_offsets[passed]
+            end
+        end
+        for i = passed + 1, groups do
+            kept = kept + 1
+            group_ids[kept], group_moments[kept], group_offsets[kept] =
+                group_ids[i], group_moments[i], group_offsets[i]
+        end
+        groups = kept
+        if kept > 0 then
+            if carried < group_offsets[1] then
+                group_offsets[1] = carried
+            end
+            earliest = group_moments[1]
+            return
+        end
+    else
+        local soonest = INFINITY
+        for i = 1, groups do
+            local moment, offset = group_moments[i], group_offsets[i]
+            if moment <= now_micros then
+                if offset < carried then
+                    carried = offset
+                end
+            else
+                kept = kept + 1
+                if carried < offset then
+                    offset = carried
+                end
+                group_ids[kept], group_moments[kept], group_offsets[kept] = group_ids[i], moment, offset
+                carried = INFINITY
+                if moment < soonest then
+                    soonest = moment
+                end
+            end
+        end
+        groups = kept
+        earliest = soonest
+    end
+    if groups == 0 then
+        -- Ledger::clear
+        open, earliest, in_order = 0, INFINITY, 1
+    elseif carried < open then
+        open = carried
     end
 end
 
@@ -557,14 +713,40 @@ if mode then
         if token_stable > MAX_MICROS then
             token_stable = MAX_MICROS
         end
-        if stored_permits == tk_stored_after and next_free_micros == tk_next_free_after
+        if groups > 0 and not decode() then
+            return redis.error_reply(string.format(NOT_OURS, key, size))
+        end
+        -- The latest: the state is the one it left, and nothing waits in
+        -- the ledger since (its group, the same moment, is the newest and
+        -- no request came after it).
+        local latest = stored_permits == tk_stored_after and next_free_micros == tk_next_free_after
             and next_free_fraction == tk_fraction_after
-            and key_stable == token_stable and old_max == tk_max then
-            -- Still the latest reservation: put back the state it found.
+            and key_stable == token_stable and old_max == tk_max
+        if latest then
+            if tk_id then
+                latest = open == INFINITY and groups > 0 and group_ids[groups] == tk_id
+                    and group_moments[groups] == tk_moment
+            else
+                latest = groups == 0
+            end
+        end
+        if not latest and groups > 0 then
+            expire()
+        end
+        if latest then
+            -- Put back the state it found; its group's terms join the open
+            -- group.
             stored_permits = tk_stored_before
             next_free_micros = tk_next_free_before
             next_free_fraction = tk_fraction_before
             cancelled = 1
+            if tk_id then
+                open = group_offsets[groups]
+                groups = groups - 1
+                if groups == 0 then
+                    open, earliest, in_order = 0, INFINITY, 1
+                end
+            end
         elseif now_micros < tk_moment and tk_spent_stored == 0 then
             -- Reserved::charge_micros: whole µs, rounded down, from the
             -- ticket at the moment (its fraction is fraction_before if no
@@ -577,20 +759,90 @@ if mode then
             if tk_fraction_after < moment_fraction and charge > 0 then
                 charge = charge - 1
             end
-            -- State::return_charge: move the ticket back by the charge, but
-            -- not below min(now, ticket); its fraction stays.
-            local lowest = now_micros
-            if next_free_micros < lowest then
-                lowest = next_free_micros
+            -- Ledger::give_back: the groups up to its own (those with a
+            -- lower id, if it has no group of its own) lose its charge, the
+            -- others keep theirs; the ticket moves back to the largest of
+            -- what they then hold, possibly behind now. Its fraction stays.
+            local losing, own = 0, false
+            if tk_id then
+                while losing < groups and group_ids[losing + 1] < tk_id do
+                    losing = losing + 1
+                end
+                if losing < groups and group_ids[losing + 1] == tk_id then
+                    losing = losing + 1
+                    own = true
+                end
             end
-            next_free_micros = next_free_micros - charge
-            if next_free_micros < lowest then
-                next_free_micros = lowest
+            local lost, kept = INFINITY, open
+            for i = 1, losing do
+                if group_offsets[i] < lost then
+                    lost = group_offsets[i]
+                end
+            end
+            lost = lost + charge
+            for i = losing + 1, groups do
+                if group_offsets[i] < kept then
+                    kept = group_offsets[i]
+                end
+            end
+            local moved = next_free_micros
+            if lost < moved then
+                moved = lost
+            end
+            if kept < moved then
+                moved = kept
+            end
+            next_free_micros = next_free_micros - moved
+            for i = 1, losing do
+                local offset = group_offsets[i]
+                if offset < INFINITY then
+                    -- Capped at 2^53, as in the core (exact: no sum here
+                    -- leaves the integers a double holds).
+                    offset = (offset - moved) + charge
+                    if offset > MAX_MICROS then
+                        offset = MAX_MICROS
+                    end
+                    group_offsets[i] = offset
+                end
+            end
+            for i = losing + 1, groups do
+                group_offsets[i] = group_offsets[i] - moved
+            end
+            open = open - moved
+            if own then
+                -- Its group's terms join the next group.
+                local offset = group_offsets[losing]
+                for i = losing, groups - 1 do
+                    group_ids[i], group_moments[i], group_offsets[i] =
+                        group_ids[i + 1], group_moments[i + 1], group_offsets[i + 1]
+                end
+                groups = groups - 1
+                if losing <= groups then
+                    if offset < group_offsets[losing] then
+                        group_offsets[losing] = offset
+                    end
+                elseif offset < open then
+                    open = offset
+                end
+            end
+            -- Ledger::prune: a group that a later one reaches can never be
+            -- the largest again.
+            local later = open
+            for i = groups, 1, -1 do
+                if group_offsets[i] >= later then
+                    group_offsets[i] = INFINITY
+                else
+                    later = group_offsets[i]
+                end
+            end
+            if groups == 0 then
+                open, earliest, in_order = 0, INFINITY, 1
             end
             cancelled = 2
         else
             return 0
         end
+        encode()
         permits_per_second = old_rate
         max_permits = old_max
         cool_down = key_stable
@@ -613,6 +865,9 @@ end
 -- State::set_rate, when the rate (or the configuration) changed. (Never for
 -- a cancel or a probe: their configuration is the key's.)
 if old_rate ~= permits_per_second or old_max ~= max_permits then
+    -- Ledger::clear: its offsets were at the old rate.
+    open, groups, earliest, in_order = 0, 0, INFINITY, 1
+    places, entries = '', ''
     local old_stable = 1000000.0 / old_rate
     if old_stable > MAX_MICROS then
         old_stable = MAX_MICROS
@@ -646,9 +901,103 @@ if old_rate ~= permits_per_second or old_max ~= max_permits then
     end
 end
 
-local stored_before, next_free_before, record
+local stored_before, next_free_before, record, token_id
+-- State::can_acquire, for a try: refused means nothing is written at all.
+if is_try and next_free_micros - timeout_micros > now_micros then
+    return now_micros - next_free_micros
+end
+
+if not mode or mode == 'resume' then
+    -- Ledger::note: the request's term joins the open group. First
+    -- Ledger::expire.
+    if groups > 0 and now_micros >= earliest then
+        if in_order == 1 then
+            -- Moments rise with the groups: the passed ones come first, and
+            -- their entries (with ids up to theirs) too; the smallest offset
+            -- among those is the first. It joins the next group, whose own
+            -- entry (the next, if it has one) can only be larger.
+            local passed = 0
+            while passed < groups and struct.unpack('<d', places, 16 * passed + 9) <= now_micros do
+                passed = passed + 1
+            end
+            if passed > 0 then
+                local last_passed = struct.unpack('<d', places, 16 * passed - 15)
+                local count, cut, carried = #entries / 16, 0, INFINITY
+                while cut < count and struct.unpack('<d', entries, 16 * cut + 1) <= last_passed do
+                    cut = cut + 1
+                end
+                if cut > 0 then
+                    carried = struct.unpack('<d', entries, 9)
+                    entries = string.sub(entries, 16 * cut + 1)
+                end
+                places = string.sub(places, 16 * passed + 1)
+                groups = groups - passed
+                if groups > 0 and carried < INFINITY then
+                    local first = struct.unpack('<d', places)
+                    if #entries > 0 and struct.unpack('<d', entries) == first then
+                        entries = string.sub(entries, 17)
+                    end
+                    entries = struct.pack('<dd', first, carried) .. entries
+                end
+            end
+            if groups > 0 then
+                earliest = struct.unpack('<d', places, 9)
+            else
+                open, earliest, in_order = 0, INFINITY, 1
+            end
+        else
+            if not decode() then
+                return redis.error_reply(string.format(NOT_OURS, key, size))
+            end
+            expire()
+            encode()
+        end
+    end
+    if groups == 0 then
+        open = 0
+    else
+        -- How far `tat` lies above now - burst (slack_micros): a warming-up
+        -- limiter counts no burst.
+        local room = 0.0
+        if is_bursty then
+            room = (max_permits - stored_permits) * stable
+        end
+        local slack = ((next_free_micros + next_free_fraction / FRACTION_ONE) - now_micros) + room
+        if slack < 0.0 then
+            -- Idle beyond the burst: this term is above every other.
+            open, groups, earliest, in_order = 0, 0, INFINITY, 1
+            places, entries = '', ''
+        else
+            -- Rounded down: a term never reads lower than it is.
+            if slack < MAX_MICROS then
+                slack = slack - slack % 1
+            else
+                slack = MAX_MICROS
+            end
+            if slack < open then
+                open = slack
+            end
+            -- The groups it reaches can never be the largest again: their
+            -- entries, the last ones, go.
+            local count = #entries / 16
+            local kept = count
+            while kept > 0 and not (struct.unpack('<d', entries, 16 * kept - 7) < open) do
+                kept = kept - 1
+            end
+            if kept < count then
+                entries = string.sub(entries, 1, 16 * kept)
+            end
+        end
+    end
+end
+
 if mode then
     if mode == 'resume' then
+        -- (Noted in the ledger above as a request whose charge, the debt
+        -- and the dropped stored permits, is never given back: the
+        -- reservations waiting in it keep their groups, so that their
+        -- give-backs that reach Redis after this return what they would
+        -- have before it.)
         -- State::resync, whose stored permits are then dropped: only its
         -- move of the ticket up to now is left.
         if now_micros > next_free_micros then
@@ -664,11 +1013,6 @@ if mode then
         end
     end
 else
-    -- State::can_acquire, for a try: refused means nothing is written at all.
-    if is_try and next_free_micros - timeout_micros > now_micros then
-        return now_micros - next_free_micros
-    end
-
     -- State::reserve_recorded: the state found, then
     -- State::reserve_earliest_available: resync, then spend.
     stored_before = stored_permits
@@ -685,7 +1029,8 @@ else
         next_free_micros = now_micros
         next_free_fraction = 0
     end
-    -- (The reservation's moment is next_free_micros here.)
+    -- The reservation's moment: when its permits may be used.
+    local moment = next_free_micros
     local stored_to_spend = permits
     if stored_permits < stored_to_spend then
         stored_to_spend = stored_permits
@@ -740,6 +1085,45 @@ else
     if stored_permits ~= stored_resynced then
         record = record + 1
     end
+    -- Ledger::reserve_recorded: a reservation that waits gets a group of
+    -- its own, the open group's terms with it; its id goes in its token.
+    if moment > now_micros then
+        token_id = next_id or 0
+        next_id = token_id + 1
+        if groups == 0 then
+            in_order = 1
+        elseif struct.unpack('<d', places, 16 * groups - 7) > moment then
+            in_order = 0
+        end
+        groups = groups + 1
+        places = places .. struct.pack('<dd', token_id, moment)
+        if open < INFINITY then
+            entries = entries .. struct.pack('<dd', token_id, open)
+        end
+        open = INFINITY
+        if moment < earliest then
+            earliest = moment
+        end
+        if moment > horizon then
+            horizon = moment
+        end
+        if groups > LEDGER_CAPACITY then
+            -- The two newest merge: the reservation between them loses its
+            -- group (and gives back only what is before it); the newest
+            -- takes the smaller offset. The newest has an entry (the note
+            -- above left `open` finite), the last; if the older one has one,
+            -- it is the one before, and smaller (entries rise).
+            local older = struct.unpack('<d', places, 16 * LEDGER_CAPACITY - 15)
+            places = string.sub(places, 1, 16 * (LEDGER_CAPACITY - 1))
+                .. string.sub(places, 16 * LEDGER_CAPACITY + 1)
+            groups = LEDGER_CAPACITY
+            local count = #entries / 16
+            if count > 1 and struct.unpack('<d', entries, 16 * count - 31) == older then
+                entries = string.sub(entries, 1, 16 * (count - 2))
+                    .. struct.pack('<dd', token_id, (struct.unpack('<d', entries, 16 * count - 23)))
+            end
+        end
+    end
 end
 
 -- The TTL the key needs: until the debt is paid and the stored permits are
@@ -751,6 +1135,18 @@ end
 -- means the key already reads as missing.
 local ttl_ms = (next_free_micros - time_micros) / 1000
     + (max_permits - stored_permits) * cool_down / 1000
+-- The ledger is written while it holds anything, and until the moments of
+-- the reservations it gave an id have all passed (the horizon): no token
+-- meets another ledger's ids while it may be given back. The key lives
+-- that long too.
+local marker = MARKER
+if groups > 0 or now_micros < horizon then
+    marker = THR3
+    local horizon_ms = (horizon - time_micros) / 1000
+    if horizon_ms > ttl_ms then
+        ttl_ms = horizon_ms
+    end
+end
 if ttl_ms < TTL_CAP_MS - 2 then
     if ttl_ms > 0 then
         local whole = ttl_ms - ttl_ms % 1
@@ -774,11 +1170,9 @@ fractions = next_free_fraction * FRACTIONS_SHIFT + record
 
 -- Write: keep the TTL if it lasts long enough, else set one with slack
 -- (twice the need, at most TTL_MAX_SLACK_MS more).
-local written
+local written, ttl_option
 if time_micros + ttl_ms * 1000 <= expires_micros then
-    written = struct.pack(VALUE, MARKER, stored_permits, next_free_micros, permits_per_second, max_permits,
-        expires_micros, now_micros, fractions, stored_before, next_free_before)
-    redis.call('SET', key, written, 'KEEPTTL')
+    ttl_option = 'KEEPTTL'
 else
     if ttl_ms > TTL_MAX_SLACK_MS then
         ttl_ms = ttl_ms + TTL_MAX_SLACK_MS
@@ -788,14 +1182,30 @@ else
     if ttl_ms > TTL_CAP_MS then
         ttl_ms = TTL_CAP_MS
     end
-    written = struct.pack(VALUE, MARKER, stored_permits, next_free_micros, permits_per_second, max_permits,
-        time_micros + ttl_ms * 1000, now_micros, fractions, stored_before, next_free_before)
-    redis.call('SET', key, written, 'PX', ttl_ms)
+    ttl_option = 'PX'
+    expires_micros = time_micros + ttl_ms * 1000
+end
+written = struct.pack(VALUE, marker, stored_permits, next_free_micros, permits_per_second, max_permits,
+    expires_micros, now_micros, fractions, stored_before, next_free_before)
+local value_written = written
+if marker == THR3 then
+    -- The ledger: its head, every group's place (id, moment), then the
+    -- (id, offset) of those with an offset.
+    value_written = written .. struct.pack(LEDGER, open, next_id, earliest, in_order, groups, horizon)
+        .. places .. entries
+end
+if ttl_option == 'PX' then
+    redis.call('SET', key, value_written, 'PX', ttl_ms)
+else
+    redis.call('SET', key, value_written, 'KEEPTTL')
 end
 
 if not mode then
-    -- State::reserve: the value written is the reply and the token (see
-    -- Reply).
+    -- State::reserve: the value written, without its ledger, is the reply
+    -- and the token (see Reply); with the group's id if it has one.
+    if token_id then
+        return written .. struct.pack('<d', token_id)
+    end
     return written
 end
 if cancelled then

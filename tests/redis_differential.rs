@@ -40,9 +40,10 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 use support::limiter_state::{LimiterState, Token};
+use support::limiter_state::{THR3_MARKER, ledger_groups};
 use support::redis_server::RedisServer;
 use support::rng::Rng;
-use throttler::core::{Bursty, GiveBack, MAX_MICROS, Policy, Reserved, State, WarmingUp};
+use throttler::core::{Bursty, GiveBack, Ledger, MAX_MICROS, Policy, Reserved, State, WarmingUp};
 
 const SEQUENCES: u64 = 2_000;
 const STEPS: usize = 40;
@@ -50,6 +51,12 @@ const BASE_SEED: u64 = 0x5EED_0000;
 /// Seeds from here on generate the give-back profile (see `generate`): one
 /// such sequence for every 4 of the mixed profile.
 const GIVE_BACK_SEED: u64 = 0x6B0B_0000;
+/// Seeds from here on generate the deep give-back profile: a queue longer
+/// than the script's ledger holds ([`Ledger::SHARED_CAPACITY`]), then
+/// give-backs; one such sequence for every 20 of the mixed profile.
+const DEEP_SEED: u64 = 0x7DEE_0000;
+/// The steps of a deep sequence.
+const DEEP_STEPS: usize = 200;
 /// Field comparisons every this many steps (and after the last step).
 const FIELDS_EVERY: usize = 4;
 /// The script's TTL cap, in milliseconds: floor(2^53 / 1000).
@@ -157,7 +164,7 @@ fn missing_key_state(config: &Config, rate: f64, now: u64) -> State {
 /// (TIME, not raised to `last_now_micros`: the clock Redis's TTLs run on),
 /// from the core's state: until it would read as missing anyway, plus 2 ms;
 /// 2 ms if it already does. The same f64 operations as the script.
-fn needed_ttl_ms(state: &State, time: u64) -> f64 {
+fn needed_ttl_ms(state: &State, time: u64, horizon: Option<u64>) -> f64 {
     let cool_down = match &state.policy {
         Policy::WarmingUp(w) if state.max_permits > 0.0 => {
             w.warmup_micros as f64 / state.max_permits
@@ -165,7 +172,11 @@ fn needed_ttl_ms(state: &State, time: u64) -> f64 {
         _ => state.stable_interval_micros,
     };
     let refill_micros = (state.max_permits - state.stored_permits) * cool_down;
-    let ttl = (state.next_free_micros as f64 - time as f64) / 1000.0 + refill_micros / 1000.0;
+    let mut ttl = (state.next_free_micros as f64 - time as f64) / 1000.0 + refill_micros / 1000.0;
+    // With a ledger, at least until its horizon.
+    if let Some(horizon) = horizon {
+        ttl = ttl.max((horizon as f64 - time as f64) / 1000.0);
+    }
     if ttl < TTL_CAP_MS - 2.0 {
         if ttl > 0.0 { ttl.ceil() + 2.0 } else { 2.0 }
     } else {
@@ -285,6 +296,8 @@ struct Expected {
     exists: bool,
     /// The core's state after the step.
     state: State,
+    /// How many groups the value's ledger holds (`None`: no ledger).
+    ledger_groups: Option<u64>,
     /// Whether the key's state is compared after this step.
     check_fields: bool,
 }
@@ -294,8 +307,13 @@ struct Expected {
 /// else set twice the need, at most 1 s more (capped), and record its end.
 /// Returns the TTL set, if any, and the recorded end; the same f64
 /// operations as the script.
-fn ttl_after_write(state: &State, time: u64, expires_micros: f64) -> (Option<f64>, f64) {
-    let needed = needed_ttl_ms(state, time);
+fn ttl_after_write(
+    state: &State,
+    time: u64,
+    expires_micros: f64,
+    horizon: Option<u64>,
+) -> (Option<f64>, f64) {
+    let needed = needed_ttl_ms(state, time, horizon);
     let time = time as f64;
     if time + needed * 1000.0 <= expires_micros {
         (None, expires_micros)
@@ -320,7 +338,7 @@ struct Sequence {
     backward_steps: usize,
     /// Returned charges that stopped at `now` (the ticket would have gone
     /// back past it).
-    returns_stopped_at_now: usize,
+    returns_held_back: usize,
 }
 
 /// A granted reservation that may be cancelled later.
@@ -335,6 +353,8 @@ fn generate(seed: u64) -> Sequence {
     // queue of waiting ones, each kept to be given back), then give-backs
     // in random order, the clock creeping through the queue.
     let give_backs = seed >= GIVE_BACK_SEED;
+    let deep = seed >= DEEP_SEED;
+    let steps_in_sequence = if deep { DEEP_STEPS } else { STEPS };
     let mut rng = Rng::new(seed);
     let config = Config::random(&mut rng);
     let encoding = if rng.chance(0.5) {
@@ -349,21 +369,32 @@ fn generate(seed: u64) -> Sequence {
     let mut time = t0;
     let mut last_now = 0;
     let mut core = missing_key_state(&config, rate, time);
+    // The core's ledger, with the script's capacity, and what the script
+    // keeps beside it: whether the value has a ledger, the id its next
+    // group gets and its horizon (the latest moment it gave an id).
+    let mut ledger = Ledger::with_capacity(Ledger::SHARED_CAPACITY);
+    let mut tail = false;
+    let mut next_id = 0u64;
+    let mut horizon = 0u64;
     let mut written = false;
     let mut expires_micros = 0.0;
-    let mut steps = Vec::with_capacity(STEPS);
-    let mut expected = Vec::with_capacity(STEPS);
+    let mut steps = Vec::with_capacity(steps_in_sequence);
+    let mut expected = Vec::with_capacity(steps_in_sequence);
     let mut rate_changes = 0;
     let mut backward_steps = 0;
-    let mut returns_stopped_at_now = 0;
+    let mut returns_held_back = 0;
     let mut outstanding: Vec<Outstanding> = vec![];
 
-    for i in 0..STEPS {
+    for i in 0..steps_in_sequence {
         // The clock: mostly small steps, sometimes none, sometimes long idle
         // gaps, sometimes exactly to the ticket (and one µs either side),
         // sometimes backwards (a server's clock stepped back).
         let debt = core.next_free_micros.saturating_sub(time.max(last_now));
         let dt = match rng.below(100) {
+            _ if deep => match rng.below(100) {
+                0..80 => 0,
+                _ => rng.below(debt / 64 + 1),
+            },
             _ if give_backs => match rng.below(100) {
                 0..40 => 0,
                 40..90 => rng.below(debt / 16 + 1),
@@ -391,7 +422,7 @@ fn generate(seed: u64) -> Sequence {
         // The clock the script computes with.
         let now = time.max(last_now);
 
-        if rng.chance(0.1) {
+        if rng.chance(if deep { 0.005 } else { 0.1 }) {
             rate = random_rate(&mut rng);
             rate_changes += 1;
         }
@@ -407,7 +438,12 @@ fn generate(seed: u64) -> Sequence {
         let debt = core.next_free_micros.saturating_sub(now);
         let mut kind = match rng.below(100) {
             _ if give_backs => {
-                if outstanding.is_empty() || (i < STEPS / 2 && rng.chance(0.7)) {
+                let (queue_until, queueing) = if deep {
+                    (steps_in_sequence * 6 / 10, 0.95)
+                } else {
+                    (steps_in_sequence / 2, 0.7)
+                };
+                if outstanding.is_empty() || (i < queue_until && rng.chance(queueing)) {
                     Kind::Reserve
                 } else {
                     Kind::Cancel { of_step: 0 }
@@ -467,7 +503,10 @@ fn generate(seed: u64) -> Sequence {
             token,
         };
 
-        // The core, in lock-step with what the script does.
+        // The core, in lock-step with what the script does. A step that
+        // writes nothing leaves the ledger as it was, too (the script's
+        // clock can then be behind what the core's ledger has seen).
+        let ledger_before = ledger.clone();
         let mut granted = None;
         let mut keeps_ttl = false;
         let (reply, wrote) = match kind {
@@ -489,6 +528,7 @@ fn generate(seed: u64) -> Sequence {
             // A missing key is written as it reads.
             Kind::Probe => {
                 core = missing_key_state(&config, rate, now);
+                ledger.clear();
                 expires_micros = 0.0;
                 ((0, 0), true)
             }
@@ -496,11 +536,11 @@ fn generate(seed: u64) -> Sequence {
             Kind::Cancel { .. } => {
                 let taken = cancelled.expect("a reservation to cancel");
                 assert!(written, "a reservation was granted, so the key exists");
-                match core.give_back(&taken, now) {
+                match ledger.give_back(&mut core, &taken, now) {
                     GiveBack::Restored => ((1, 1), true),
                     GiveBack::Returned(returned) => {
-                        if returned < taken.charge_micros() && core.next_free_micros == now {
-                            returns_stopped_at_now += 1;
+                        if returned < taken.charge_micros() {
+                            returns_held_back += 1;
                         }
                         ((2, 2), true)
                     }
@@ -513,19 +553,24 @@ fn generate(seed: u64) -> Sequence {
                     // "idle for a long time" at the rate it is given, with
                     // no TTL to keep.
                     core = missing_key_state(&config, rate, now);
+                    ledger.clear();
                     expires_micros = 0.0;
                 }
                 let before = core.clone();
                 // The script applies a rate change at the start of a call
-                // that writes, at that call's `now`; so does the core.
+                // that writes, at that call's `now`; so does the core. The
+                // ledger's offsets were at the old rate: it forgets them.
                 if core.permits_per_second != rate {
                     core.set_rate(rate, now).expect("valid rate");
+                    ledger.clear();
                 }
                 match kind {
                     Kind::Resume { debt_micros } => {
                         // Resync, no stored permits, and the debt added
                         // to the ticket: one that reaches 2^53 is 2^53,
                         // with no fraction (the rule of State::charge).
+                        // A request whose charge is never given back.
+                        ledger.note(&core, now);
                         core.resync(now);
                         core.stored_permits = 0.0;
                         let ticket = core
@@ -547,7 +592,7 @@ fn generate(seed: u64) -> Sequence {
                         ((-1, (core.next_free_micros - now) as i64), false)
                     }
                     _ => {
-                        let reserved = core.reserve_recorded(step.permits, now);
+                        let reserved = ledger.reserve_recorded(&mut core, step.permits, now);
                         granted = Some(reserved);
                         (
                             (
@@ -561,14 +606,42 @@ fn generate(seed: u64) -> Sequence {
             }
         };
         written |= wrote;
+        if !wrote {
+            ledger = ledger_before;
+        }
+        // The script's id for a reservation that got a group.
+        let mut script_id = None;
+        if let Some(reserved) = &granted
+            && reserved.waiting_id.is_some()
+        {
+            let id = if tail { next_id } else { 0 };
+            script_id = Some(id);
+            next_id = id + 1;
+            horizon = horizon.max(reserved.moment_micros);
+        }
         let mut ttl_ms = None;
         if wrote && !keeps_ttl {
-            (ttl_ms, expires_micros) = ttl_after_write(&core, time, expires_micros);
+            // The value keeps a ledger while it holds a group, and until its
+            // horizon has passed.
+            tail = !ledger.is_empty() || now < horizon;
+            if !tail {
+                next_id = 0;
+                horizon = 0;
+            }
+            (ttl_ms, expires_micros) =
+                ttl_after_write(&core, time, expires_micros, tail.then_some(horizon));
             last_now = now;
         }
-        // A granted reservation replies the value it wrote.
+        // A granted reservation replies the value it wrote, without its
+        // ledger, and its group's id if it got one.
         let reply_token = granted.map(|reserved| {
-            let bytes = token_bytes(&reserved, core.permits_per_second, expires_micros, now);
+            let mut bytes = token_bytes(&reserved, core.permits_per_second, expires_micros, now);
+            if tail {
+                bytes[..4].copy_from_slice(THR3_MARKER);
+            }
+            if let Some(id) = script_id {
+                bytes.extend((id as f64).to_le_bytes());
+            }
             if give_backs || rng.chance(0.6) {
                 outstanding.push(Outstanding {
                     step: i,
@@ -588,7 +661,8 @@ fn generate(seed: u64) -> Sequence {
             last_now,
             exists: written,
             state: core.clone(),
-            check_fields: i % FIELDS_EVERY == FIELDS_EVERY - 1 || i == STEPS - 1,
+            ledger_groups: tail.then_some(ledger.len() as u64),
+            check_fields: i % FIELDS_EVERY == FIELDS_EVERY - 1 || i == steps_in_sequence - 1,
         });
     }
     Sequence {
@@ -602,7 +676,7 @@ fn generate(seed: u64) -> Sequence {
         expected,
         rate_changes,
         backward_steps,
-        returns_stopped_at_now,
+        returns_held_back,
     }
 }
 
@@ -628,9 +702,13 @@ struct Totals {
     fractional_states: u64,
     /// Tokens whose reservation carried a fraction (before or after).
     fractional_tokens: u64,
-    returns_stopped_at_now: u64,
+    returns_held_back: u64,
     ttls_set: u64,
     ttls_kept: u64,
+    /// Field checks where the value's ledger held groups.
+    ledgers_checked: u64,
+    /// Field checks where it held as many as it can.
+    full_ledgers: u64,
 }
 
 fn int_of(value: &Value) -> Result<i64, String> {
@@ -803,6 +881,19 @@ fn check(
                 return Err(fail(format!("the key should be missing: {value:?}")));
             }
             let state = LimiterState::decode(value).map_err(fail)?;
+            if ledger_groups(value) != expected.ledger_groups {
+                return Err(fail(format!(
+                    "ledger groups: script {:?}, core {:?}",
+                    ledger_groups(value),
+                    expected.ledger_groups
+                )));
+            }
+            if expected.ledger_groups.is_some_and(|groups| groups > 0) {
+                totals.ledgers_checked += 1;
+            }
+            if expected.ledger_groups == Some(Ledger::SHARED_CAPACITY as u64) {
+                totals.full_ledgers += 1;
+            }
             let core = &expected.state;
             same_bits(
                 "next_free_micros",
@@ -847,7 +938,7 @@ fn check(
     totals.sequences += 1;
     totals.rate_changes += seq.rate_changes as u64;
     totals.backward_steps += seq.backward_steps as u64;
-    totals.returns_stopped_at_now += seq.returns_stopped_at_now as u64;
+    totals.returns_held_back += seq.returns_held_back as u64;
     Ok(())
 }
 
@@ -886,6 +977,7 @@ fn lua_script_and_core_agree() {
                 .unwrap_or(SEQUENCES);
             (BASE_SEED..BASE_SEED + n)
                 .chain(GIVE_BACK_SEED..GIVE_BACK_SEED + n / 4)
+                .chain(DEEP_SEED..DEEP_SEED + n / 20)
                 .collect()
         }
     };
@@ -908,9 +1000,10 @@ fn lua_script_and_core_agree() {
     }
     println!(
         "differential: {} sequences, {} steps ({} reserves, {} tries granted, {} refused, \
-         {} queries, {} probes, {} resumes, cancels: {} restored, {} returned ({} stopped at \
-         now), {} nothing; {} rate changes, {} clock steps back), {} tokens ({} with a fraction) \
-         and {} states ({} with a fraction) checked bit for bit, {} TTLs set, {} kept; {:.1?}",
+         {} queries, {} probes, {} resumes, cancels: {} restored, {} returned ({} held back \
+         by the ledger), {} nothing; {} rate changes, {} clock steps back), {} tokens ({} with a \
+         fraction) and {} states ({} with a fraction, {} with a ledger, {} full) checked bit for bit, {} \
+         TTLs set, {} kept; {:.1?}",
         totals.sequences,
         totals.steps,
         totals.reserves,
@@ -921,7 +1014,7 @@ fn lua_script_and_core_agree() {
         totals.resumes,
         totals.restored,
         totals.returned,
-        totals.returns_stopped_at_now,
+        totals.returns_held_back,
         totals.given_nothing,
         totals.rate_changes,
         totals.backward_steps,
@@ -929,6 +1022,8 @@ fn lua_script_and_core_agree() {
         totals.fractional_tokens,
         totals.field_checks,
         totals.fractional_states,
+        totals.ledgers_checked,
+        totals.full_ledgers,
         totals.ttls_set,
         totals.ttls_kept,
         started.elapsed()
@@ -942,8 +1037,9 @@ fn lua_script_and_core_agree() {
         assert!(totals.resumes > 100 && totals.probes > 100 && totals.backward_steps > 100);
         assert!(totals.ttls_set > 100 && totals.ttls_kept > 100);
         // The ticket's fraction, in states and in tokens (restored and
-        // returned alike), and a charge returned only up to now.
+        // returned alike), charges the ledger held back, and ledgers.
         assert!(totals.fractional_states > 100 && totals.fractional_tokens > 100);
-        assert!(totals.returns_stopped_at_now > 10);
+        assert!(totals.returns_held_back > 10 && totals.ledgers_checked > 100);
+        assert!(totals.full_ledgers > 10);
     }
 }

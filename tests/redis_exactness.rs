@@ -302,21 +302,26 @@ impl Pipe {
         };
         let batches: Vec<&[Call]> = calls.chunks(BATCH).collect();
         send(batches[0], &mut self.writer);
-        let mut value = [0u8; 83];
+        let mut value = [0u8; 91];
         for (b, batch) in batches.iter().enumerate() {
             if let Some(next) = batches.get(b + 1) {
                 send(next, &mut self.writer);
             }
             for (i, call) in batch.iter().enumerate() {
                 let index = b * BATCH + i;
-                // "$76\r\n", the value, "\r\n".
+                // "$76\r\n", the value, "\r\n"; or "$84\r\n" for a token
+                // with its group's id (a reservation that waits).
                 self.reader.read_exact(&mut value[..5]).expect("read");
-                if &value[..5] != b"$76\r\n" {
-                    let mut line = String::from_utf8_lossy(&value[..5]).into_owned();
-                    self.reader.read_line(&mut line).expect("read");
-                    panic!("{key}: reservation {index}: unexpected reply {line:?}");
-                }
-                self.reader.read_exact(&mut value[5..]).expect("read");
+                let len = match &value[..5] {
+                    b"$76\r\n" => 83,
+                    b"$84\r\n" => 91,
+                    _ => {
+                        let mut line = String::from_utf8_lossy(&value[..5]).into_owned();
+                        self.reader.read_line(&mut line).expect("read");
+                        panic!("{key}: reservation {index}: unexpected reply {line:?}");
+                    }
+                };
+                self.reader.read_exact(&mut value[5..len]).expect("read");
                 if let Err(what) = check_reply(call, &value[5..81]) {
                     panic!(
                         "{key}: reservation {index} (now {}, rate {}): the script and the \

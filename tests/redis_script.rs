@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 use support::limiter_state::{
-    FRACTION_ONE, FRACTIONS_BYTES, LimiterState, MARKER, STATE_LEN, THR1_MARKER, TOKEN_LEN, Token,
-    V0_STATE_LEN, fractions_field, set_fractions_field,
+    FRACTION_ONE, FRACTIONS_BYTES, LimiterState, MARKER, STATE_LEN, THR1_MARKER, THR3_MARKER,
+    TOKEN_LEN, TOKEN_WITH_ID_LEN, Token, V0_STATE_LEN, fractions_field, ledger_groups,
+    set_fractions_field,
 };
 use support::redis_server::RedisServer;
 
@@ -220,7 +221,13 @@ impl Fixture {
                     .token
                     .as_deref()
                     .expect("a granted reservation has a token");
-                assert_eq!(token.len(), TOKEN_LEN, "{args:?}: token {token:?}");
+                // One that waits carries its group's id in the ledger.
+                let len = if reply.first > 0 {
+                    TOKEN_WITH_ID_LEN
+                } else {
+                    TOKEN_LEN
+                };
+                assert_eq!(token.len(), len, "{args:?}: token {token:?}");
                 assert!(reply.debt >= reply.first, "{args:?}: {reply:?}");
             }
             _ if reservation => {
@@ -908,7 +915,7 @@ fn bad_arguments_are_errors_and_write_nothing() {
         b"-1".to_vec(),
         encoded[..TOKEN_LEN - 1].to_vec(),
         [&encoded[..], &[0]].concat(),
-        [&b"thr3"[..], &encoded[4..]].concat(), // not the marker
+        [&b"thr4"[..], &encoded[4..]].concat(), // not the marker
         [&THR1_MARKER[..], &encoded[4..]].concat(), // a value of the previous format
     ];
     for bad in &bad_lengths {
@@ -1253,7 +1260,11 @@ fn older_values_are_read_and_upgraded_in_place() {
         assert_eq!(replies[1], replies[0], "call {i}: {call:?}");
         assert_eq!(replies[2], replies[0], "call {i}: {call:?}");
         let raw = fx.raw("thr2");
-        assert_eq!(&raw[..4], MARKER, "call {i}");
+        // (thr3 while a reservation waits: the value then has a ledger.)
+        assert!(
+            &raw[..4] == MARKER || &raw[..4] == THR3_MARKER,
+            "call {i}: {raw:?}"
+        );
         assert_eq!(fx.raw("thr1"), raw, "call {i}");
         assert_eq!(fx.raw("v0"), raw, "call {i}");
         if i == 2 {
@@ -1729,11 +1740,18 @@ fn a_resume_and_the_cancels_of_late_reservations_commute() {
     for token in tokens.iter().rev() {
         assert_eq!(fx.run("a", &args.clone().cancel(token).at(T0 + 20_000)), 2);
     }
-    // Cancels first: each is the latest, so each restores.
+    // Cancels first: the newest is the latest, so it restores; the other
+    // then finds the given-back one's request in the ledger after it (a
+    // request that was made), so it returns its charge, through the
+    // ledger: the same state.
     let tokens = late(&mut fx, "b");
-    for token in tokens.iter().rev() {
-        assert_eq!(fx.run("b", &args.clone().cancel(token).at(T0 + 10_000)), 1);
-    }
+    let outcomes: Vec<i64> = tokens
+        .iter()
+        .rev()
+        .map(|token| fx.run("b", &args.clone().cancel(token).at(T0 + 10_000)))
+        .collect();
+    assert_eq!(outcomes, [1, 2]);
+    assert_eq!(fx.state("b").next(), T0 + 100_000);
     fx.call("b", &resume);
 
     assert_eq!(fx.state("a").next(), T0 + 600_000);
@@ -1872,23 +1890,35 @@ fn a_returned_charge_is_whole_micros_rounded_down() {
 }
 
 #[test]
-fn a_returned_charge_stops_at_now() {
+fn a_returned_charge_may_take_the_ticket_behind_now() {
     let mut fx = fixture();
     let args = Args::bursty("5", 0); // 200 ms per permit
     assert_eq!(fx.run("k", &args.clone().at(T0)), 0);
     let a = fx.call("k", &args.clone().at(T0)); // waits until T0 + 200 ms
     let b = fx.call("k", &args.clone().at(T0)); // waits until T0 + 400 ms
     assert_eq!((a.first, b.first), (200_000, 400_000));
+    // Both wait, so both have a group in the key's ledger.
+    assert_eq!(ledger_groups(&fx.raw("k")), Some(2));
     // A goes first: the ticket moves back from T0 + 600 ms to 400 ms.
     let cancel_a = args.clone().cancel(a.token.as_ref().unwrap());
     assert_eq!(fx.run("k", &cancel_a.at(T0 + 100_000)), 2);
     assert_eq!(fx.state("k").next(), T0 + 400_000);
-    // Then B, at T0 + 300 ms, before its moment: its 200 ms would take the
-    // ticket to T0 + 200 ms, behind now; it stops at now
-    // (`State::return_charge`).
+    // Then B, at T0 + 300 ms, before its moment: its 200 ms take the ticket
+    // to T0 + 200 ms, behind now, where a limiter that never made A and B
+    // has it (`Ledger::give_back`): the key reads as idle since then.
     let cancel_b = args.clone().cancel(b.token.as_ref().unwrap());
     assert_eq!(fx.run("k", &cancel_b.at(T0 + 300_000)), 2);
-    assert_eq!(fx.state("k").next(), T0 + 300_000);
+    assert_eq!(fx.state("k").next(), T0 + 200_000);
+    // Nothing waits any more, but the ledger stays until B's moment has
+    // passed (its horizon), so that no token meets a later ledger's ids.
+    assert_eq!(ledger_groups(&fx.raw("k")), Some(0));
+    // The next caller goes at once, and the value loses its ledger once
+    // the horizon has passed.
+    assert_eq!(fx.run("k", &args.clone().at(T0 + 300_000)), 0);
+    assert_eq!(fx.state("k").next(), T0 + 500_000);
+    assert_eq!(fx.run("k", &args.clone().at(T0 + 500_000)), 0);
+    assert_eq!(ledger_groups(&fx.raw("k")), None);
+    assert_eq!(&fx.raw("k")[..4], MARKER);
 }
 
 #[test]
@@ -1962,7 +1992,7 @@ fn cancel_gives_nothing_back_when_it_cannot() {
 }
 
 #[test]
-fn cancel_across_a_rate_change_returns_the_charge_instead_of_restoring() {
+fn cancel_across_a_rate_change_neither_restores_nor_returns() {
     let mut fx = fixture();
     let args = Args::bursty("5", 0);
     assert_eq!(fx.run("k", &args.clone().at(T0)), 0);
@@ -1977,8 +2007,10 @@ fn cancel_across_a_rate_change_returns_the_charge_instead_of_restoring() {
     assert_eq!((state.stored_permits, state.next()), (0.0, T0 + 400_000));
     assert_eq!(state.permits_per_second, 10.0);
     // So the state is the one the reservation left, but at another rate: it
-    // is not put back; its charge is returned. A cancel applies no rate
-    // change (ARGV[3] says 5 here).
+    // is not put back. Nor is its charge returned: the rate change emptied
+    // the ledger, which errs late, and so gives back what was reserved
+    // before it since the change: nothing. A cancel applies no rate change
+    // (ARGV[3] says 5 here).
     let cancel = fx.call("k", &args.clone().cancel(b.token.as_ref().unwrap()).at(T0));
     assert_eq!(
         cancel,
@@ -1989,7 +2021,7 @@ fn cancel_across_a_rate_change_returns_the_charge_instead_of_restoring() {
         }
     );
     let state = fx.state("k");
-    assert_eq!((state.stored_permits, state.next()), (0.0, T0 + 200_000));
+    assert_eq!((state.stored_permits, state.next()), (0.0, T0 + 400_000));
     assert_eq!((state.permits_per_second, state.max_permits), (10.0, 0.0));
 }
 

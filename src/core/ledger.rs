@@ -124,6 +124,8 @@ pub struct Ledger {
     /// they do until a give-back lets a new reservation in before one that
     /// waits): the passed ones are then the first.
     in_order: bool,
+    /// The most groups kept (see [`Ledger::with_capacity`]).
+    capacity: usize,
 }
 
 /// One group of terms, ending at a waiting reservation.
@@ -153,15 +155,30 @@ impl Ledger {
     /// reservation between them is then given back conservatively (see [`Ledger`]).
     pub const CAPACITY: usize = 1024;
 
+    /// The most groups the Redis script keeps in a key's value
+    /// (`lua/reserve.lua`, Ledger): a ledger of this capacity is its
+    /// counterpart in Rust.
+    pub const SHARED_CAPACITY: usize = 64;
+
     /// An empty ledger, for a state nothing has been reserved on yet (or
     /// whose waiting reservations will never be given back through it).
     pub fn new() -> Self {
+        Ledger::with_capacity(Self::CAPACITY)
+    }
+
+    /// An empty ledger that keeps at most `capacity` groups (at least 1)
+    /// instead of [`Ledger::CAPACITY`]: past it, the two newest merge. The
+    /// limiter shared through Redis keeps its ledger in the key's value,
+    /// where every group costs the server time, and so keeps fewer
+    /// ([`Ledger::SHARED_CAPACITY`]).
+    pub fn with_capacity(capacity: usize) -> Self {
         Ledger {
             groups: Vec::new(),
             open: 0,
             next_id: 0,
             earliest: u64::MAX,
             in_order: true,
+            capacity: capacity.max(1),
         }
     }
 
@@ -235,11 +252,11 @@ impl Ledger {
             });
             self.open = EMPTY;
             self.earliest = self.earliest.min(reserved.moment_micros);
-            if self.groups.len() > Self::CAPACITY {
+            if self.groups.len() > self.capacity {
                 // The two newest merge: the reservation between them loses
                 // its group, and gives back only what is before it.
-                let older = self.groups.remove(Self::CAPACITY - 1);
-                let newer = &mut self.groups[Self::CAPACITY - 1];
+                let older = self.groups.remove(self.capacity - 1);
+                let newer = &mut self.groups[self.capacity - 1];
                 newer.offset = newer.offset.min(older.offset);
             }
             reserved.waiting_id = Some(id);
@@ -319,7 +336,9 @@ impl Ledger {
         state.next_free_micros -= moved;
         for group in &mut self.groups[..losing] {
             if group.offset != EMPTY {
-                group.offset = group.offset + charge - moved;
+                // Capped at 2^53 (a term read higher: later, never earlier),
+                // so that every offset is exact in an f64, as in the script.
+                group.offset = (group.offset + charge - moved).min(MAX_MICROS);
             }
         }
         for group in &mut self.groups[losing..] {
@@ -340,6 +359,9 @@ impl Ledger {
             }
         }
         self.prune();
+        if self.groups.is_empty() {
+            self.clear();
+        }
         GiveBack::Returned(moved)
     }
 
@@ -374,14 +396,18 @@ impl Ledger {
             None => self.open = self.open.min(group.offset),
         }
         if self.groups.is_empty() {
-            self.earliest = u64::MAX;
-            self.in_order = true;
+            self.clear();
         }
     }
 
-    /// Notes a request at `now_micros` on `state` (before its resync): its
-    /// term joins the open group.
-    fn note(&mut self, state: &State, now_micros: u64) {
+    /// Notes a request at `now_micros` on `state`, before it changes the
+    /// state: its term joins the open group. [`reserve`](Ledger::reserve)
+    /// and [`reserve_recorded`](Ledger::reserve_recorded) call it; call it
+    /// yourself before a change that adds to the ticket (or drops stored
+    /// permits) and will never be given back, such as a debt carried over
+    /// from elsewhere: the reservations waiting keep their groups, and give
+    /// back what they would have before it.
+    pub fn note(&mut self, state: &State, now_micros: u64) {
         self.expire(now_micros);
         if self.groups.is_empty() {
             // Everything is one group, holding `tat` itself.
@@ -458,10 +484,10 @@ impl Ledger {
             self.earliest = earliest;
             carried
         };
-        self.open = self.open.min(carried);
         if self.groups.is_empty() {
-            self.earliest = u64::MAX;
-            self.in_order = true;
+            self.clear();
+        } else {
+            self.open = self.open.min(carried);
         }
     }
 

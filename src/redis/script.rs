@@ -77,23 +77,30 @@ pub(crate) enum Call {
 }
 
 /// The script's record of one reservation in Redis, as its reply carries
-/// it (the value it wrote): what the script's `cancel` mode takes back to
-/// give it back.
+/// it (the value it wrote, without its ledger, and the id of the
+/// reservation's group in the ledger if it waits): what the script's
+/// `cancel` mode takes back to give it back.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Token(Box<[u8; TOKEN_LEN]>);
+pub struct Token(Box<[u8]>);
 
-/// The value format (`lua/reserve.lua`, Value): the marker `thr2`, then
-/// nine little-endian doubles (field 7 packs the ticket's fraction and the
-/// record's; the reply's numbers do not need it).
+/// The value format (`lua/reserve.lua`, Value): the marker `thr2` (`thr3`
+/// when the value carries a ledger), then nine little-endian doubles
+/// (field 7 packs the ticket's fraction and the record's; the reply's
+/// numbers do not need it).
 const TOKEN_LEN: usize = 76;
 
-/// The marker a value (and so a token) starts with.
-const MARKER: &[u8; 4] = b"thr2";
+/// A token with its group's id: one more double.
+const TOKEN_WITH_ID_LEN: usize = 84;
+
+/// The markers a value (and so a token) starts with.
+const MARKERS: [&[u8; 4]; 2] = [b"thr2", b"thr3"];
 
 impl Token {
     fn from_bytes(bytes: &[u8]) -> Option<Token> {
-        let bytes: [u8; TOKEN_LEN] = bytes.try_into().ok()?;
-        Some(Token(Box::new(bytes)))
+        if bytes.len() != TOKEN_LEN && bytes.len() != TOKEN_WITH_ID_LEN {
+            return None;
+        }
+        Some(Token(bytes.into()))
     }
 
     /// Field `n` (1-based, after the marker) of the value, as the script
@@ -114,7 +121,11 @@ impl Token {
         let whole =
             |x: f64| (0.0..=crate::core::MAX_MICROS as f64).contains(&x) && x.fract() == 0.0;
         let (next_free, now, next_free_before) = (self.field(2), self.field(6), self.field(9));
-        if &self.0[..4] != MARKER || !whole(next_free) || !whole(now) || !whole(next_free_before) {
+        if !MARKERS.iter().any(|marker| self.0[..4] == marker[..])
+            || !whole(next_free)
+            || !whole(now)
+            || !whole(next_free_before)
+        {
             return None;
         }
         let (next_free, now, next_free_before) =
@@ -275,7 +286,7 @@ mod tests {
 
     /// A value as the script packs it: the marker, then nine doubles.
     fn value(fields: [f64; 9]) -> Vec<u8> {
-        let mut bytes = MARKER.to_vec();
+        let mut bytes = MARKERS[0].to_vec();
         bytes.extend(fields.iter().flat_map(|x| x.to_le_bytes()));
         bytes
     }
@@ -303,6 +314,13 @@ mod tests {
         assert_eq!(reply.wait, Some(Duration::from_micros(300)));
         assert_eq!(reply.debt_micros, 500);
         assert_eq!(&reply.token.unwrap().0[..], &granted[..]);
+        // One made on a value with a ledger, with its group's id: the same.
+        let mut with_id = granted.clone();
+        with_id[..4].copy_from_slice(b"thr3");
+        with_id.extend(7.0f64.to_le_bytes());
+        let reply = decode(Value::BulkString(with_id.clone())).unwrap();
+        assert_eq!(reply.wait, Some(Duration::from_micros(300)));
+        assert_eq!(&reply.token.unwrap().0[..], &with_id[..]);
         // The ticket it found behind now: no wait.
         let idle = value([1.0, now, 5.0, 5.0, 0.0, now, 1.0, 2.0, now - 7.0]);
         let reply = decode(Value::BulkString(idle)).unwrap();
@@ -328,6 +346,7 @@ mod tests {
             Value::BulkString(fraction),
             Value::BulkString(moment_fraction),
             Value::BulkString(vec![0; 75]),
+            Value::BulkString([&granted[..], &[0; 4]].concat()),
             Value::Array(vec![Value::Int(1), Value::Int(1)]),
             Value::Nil,
         ] {

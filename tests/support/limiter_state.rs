@@ -21,6 +21,32 @@ pub const MARKER: &[u8; 4] = b"thr2";
 /// no fraction.
 pub const THR1_MARKER: &[u8; 4] = b"thr1";
 
+/// The marker of a value that carries a ledger after its 76 bytes (and of
+/// the tokens of reservations made on it).
+pub const THR3_MARKER: &[u8; 4] = b"thr3";
+
+/// The length of a ledger's head, after a thr3 value's 76 bytes: six
+/// doubles (open, next_id, earliest, in_order, groups, horizon).
+pub const LEDGER_HEAD_LEN: usize = 48;
+
+/// The length of a token that carries its group's id.
+pub const TOKEN_WITH_ID_LEN: usize = STATE_LEN + 8;
+
+/// How many groups the ledger of a value holds (`None` for a value without
+/// a ledger).
+pub fn ledger_groups(value: &[u8]) -> Option<u64> {
+    if value.len() < STATE_LEN + LEDGER_HEAD_LEN || &value[..4] != THR3_MARKER {
+        return None;
+    }
+    let [groups] = doubles::<1>(&value[STATE_LEN + 32..STATE_LEN + 40]);
+    Some(groups as u64)
+}
+
+/// The group id a token carries (`None` for one without).
+pub fn token_id(token: &[u8]) -> Option<u64> {
+    (token.len() == TOKEN_WITH_ID_LEN).then(|| doubles::<1>(&token[STATE_LEN..])[0] as u64)
+}
+
 /// The length of a value in the first format (five doubles, no marker).
 pub const V0_STATE_LEN: usize = 40;
 
@@ -94,13 +120,16 @@ fn pack_fractions(next_free_fraction: u32, fraction_before: u32, spent_stored: b
 
 impl LimiterState {
     /// Decodes the state (fields 1 to 6 and the ticket's fraction) of a
-    /// thr2 value; an error (with the length) if it is not 76 bytes
-    /// starting with the marker, or its field 7 is not an integer in
-    /// 0..2^41.
+    /// thr2 value, or of the first 76 bytes of a thr3 value or token; an
+    /// error (with the length) if it is neither, or its field 7 is not an
+    /// integer in 0..2^41.
     pub fn decode(bytes: &[u8]) -> Result<LimiterState, String> {
-        if bytes.len() != STATE_LEN || &bytes[..4] != MARKER {
+        let thr2 = bytes.len() == STATE_LEN && &bytes[..4] == MARKER;
+        let thr3 = bytes.len() >= STATE_LEN && &bytes[..4] == THR3_MARKER;
+        if !thr2 && !thr3 {
             return Err(format!(
-                "a limiter state is {STATE_LEN} bytes starting with `thr2`, got {}: {bytes:?}",
+                "a limiter state is {STATE_LEN} bytes starting with `thr2` (or more, starting \
+                 with `thr3`), got {}: {bytes:?}",
                 bytes.len()
             ));
         }
@@ -237,7 +266,7 @@ impl Token {
     pub fn decode(bytes: &[u8]) -> Result<Token, String> {
         let state = LimiterState::decode(bytes)?;
         let (_, fraction_before, spent_stored) = split_fractions(fractions_field(bytes))?;
-        let [stored_before, next_free_before] = doubles::<2>(&bytes[60..]);
+        let [stored_before, next_free_before] = doubles::<2>(&bytes[60..STATE_LEN]);
         Ok(Token {
             state,
             stored_before,
