@@ -1,25 +1,35 @@
 --[[
-throttler: the limiter shared through Redis, protocol v2 (values `thr2`).
+throttler: the limiter shared through Redis, protocol v2 (values `thr2`,
+and `thr3` while they carry a ledger).
 
 This script is a line-by-line mirror of the pure algorithm in `src/core`
 (`State::resync`, `State::reserve_earliest_available`, `State::charge`,
 `State::can_acquire`, `State::set_rate`, `State::reserve_recorded`,
-`State::give_back`, and the bursty and warming-up policies). It performs
-the same floating-point operations in the same order, so for the same
-inputs it computes bit-for-bit the same waits and state as the Rust code
-(the ticket's fraction included); a differential test
+`State::give_back`, the bursty and warming-up policies, and the `Ledger`
+that makes give-backs exact: `Ledger::note`, `reserve_recorded`,
+`give_back`, `expire`, `clear`, with `Ledger::SHARED_CAPACITY` groups). It
+performs the same floating-point operations in the same order, so for the
+same inputs it computes bit-for-bit the same waits and state as the Rust
+code (the ticket's fraction included); a differential test
 (`tests/redis_differential.rs`) keeps the two in step. Where a block below
 has a counterpart in `src/core`, it carries its name. It is written for
 speed (Redis runs one script at a time, so its time in here is the limit of
-every caller): no helper functions, each argument converted once, one
-`struct.pack` for the value (which a granted reservation also replies), and
-three Redis calls per reservation (TIME, GET, SET).
+every caller): each argument converted once, one `struct.pack` for the
+value (which a granted reservation also replies), a reservation touching
+only the ends of the ledger (see Ledger), and three Redis calls per
+reservation (TIME, GET, SET).
 
 KEYS[1]  The limiter (see Value).
 
 ARGV     6 arguments, or 7 with ARGV[7], in every mode.
 ARGV[1]  The mode:
            n >= 1   RESERVE n permits (an integer up to 2^53).
+           n+       The same (n >= 1, then a plus sign), for a reservation
+                    its caller may give back: if it waits, it gets a group
+                    in the ledger (see Ledger), and its give-back is exact.
+                    (Any reservation can be given back; one made without
+                    the sign returns only what the ledger knows lies before
+                    it, if it is not the latest.)
            0        QUERY the current wait. Writes nothing.
            probe    PROBE that the server takes this script's writes,
                     without changing the limiter: an existing key is SET
@@ -30,7 +40,10 @@ ARGV[1]  The mode:
                     fails the SET (OOM under maxmemory with noeviction,
                     READONLY on a replica), and that error is the reply.
            resume   RESUME on Redis after serving from a local fallback:
-                    the rate change, `State::resync` at now (which zeroes
+                    the rate change, noted in the ledger as a request
+                    whose charge is never given back (`Ledger::note`:
+                    reservations waiting keep their groups), `State::resync`
+                    at now (which zeroes
                     the fraction if it moves the ticket), then
                     stored_permits = 0 (the key's idle time during the
                     outage was not idle: no burst after it), then
@@ -41,23 +54,28 @@ ARGV[1]  The mode:
                     fraction stays. Added, not raised to, so that it
                     stays whatever the order of this call and the cancels
                     of reservations that reached Redis late.
-           cancel   CANCEL a reservation (`State::give_back`): if the key's
-                    stored_permits, next_free_micros, next_free_fraction
-                    and max_permits equal the token's (fields 1, 2, 7 and
-                    4) and its rate has the same stable interval as the
-                    token's field 3, the token's "before" state (8, 9 and
-                    fraction_before) is written back (restored); else, if
-                    now < moment and the reservation spent no stored
-                    permits, the ticket moves back by the token's charge
-                    in whole µs (`Reserved::charge_micros`: next_free_micros
-                    - moment, minus 1 if its fraction is below the one the
-                    ticket had at the moment, which is fraction_before if
-                    moment = next_free_before, else 0; never below 0), but
-                    not below min(now, next_free_micros), its fraction
-                    unchanged (`State::return_charge`: returned); else
-                    nothing is written. No rate change: ARGV[3..6] are
-                    checked, and the TTL is that of the key's own rate and
-                    max_permits under the policy of ARGV[4..6].
+           cancel   CANCEL a reservation (`Ledger::give_back`): if it is
+                    the latest (the key's stored_permits, next_free_micros,
+                    next_free_fraction and max_permits equal the token's,
+                    fields 1, 2, 7 and 4, its rate has the same stable
+                    interval as the token's field 3, and the ledger holds
+                    nothing after it: a token with an id is the newest
+                    group, with the same moment, and no request came after
+                    it; one without, an empty ledger), the token's
+                    "before" state (8, 9 and fraction_before) is written
+                    back and its group goes (restored); else, after the
+                    ledger's expiry, if now < moment and the reservation
+                    spent no stored permits, the ticket moves back by its
+                    charge in whole µs (`Reserved::charge_micros`:
+                    next_free_micros - moment, minus 1 if its fraction is
+                    below the one the ticket had at the moment, which is
+                    fraction_before if moment = next_free_before, else 0;
+                    never below 0), but not below the largest term of the
+                    requests made after it, which the ledger holds (see
+                    Ledger); possibly behind now; its fraction unchanged
+                    (returned); else nothing is written. No rate change:
+                    ARGV[3..6] are checked, and the TTL is that of the key's
+                    own rate and max_permits under the policy of ARGV[4..6].
 ARGV[2]  reserve: timeout_micros, an integer >= 0 for a try, refused when
            the existing debt does not fit (`next - timeout > now`, the
            negation of `State::can_acquire`); -1 for a plain reservation.
@@ -75,8 +93,10 @@ ARGV[7]  Optional, for tests only: the clock reading, an integer in
 
 Reply    debt is max(next_free_micros - now, 0) of the key after the call
          (for a refused try or a query, of the key as it is).
-           reserve  granted: the value it wrote (see Value), 76 bytes, which
-                    is also the reservation's token (see Token). With now =
+           reserve  granted: the value it wrote without its ledger (see
+                    Value), 76 bytes, and for a reservation that waits the
+                    id of its group in the ledger, 8 more (one double): the
+                    reservation's token (see Token). With now =
                     last_now_micros (field 6), the wait is
                     max(next_free_before - now, 0) (field 9) and the debt
                     next_free_micros - now (field 2), in whole µs.
@@ -89,14 +109,17 @@ Reply    debt is max(next_free_micros - now, 0) of the key after the call
                     back (or a missing key)
          (A granted reservation replies the bytes it has just packed for
          its write: packing a reply of its own, or building an array, would
-         cost Redis more than the rest of the reservation's arithmetic.)
+         cost Redis more than the rest of the reservation's arithmetic.
+         The wait is 0 exactly when the token has no id.)
 
-Token    The 76 bytes a granted reservation replied, unchanged: its value
-         (`thr2`), whose fields 7 to 9 record the reservation (see Value).
-         Send it back with the same key. Its fields 1 to 4, 6, 8 and 9 are
-         checked as in a value, field 7 is an integer in 0..2^41, and
-         next_free_micros is not before the moment; anything else is an
-         error (see Errors).
+Token    The 76 or 84 bytes a granted reservation replied, unchanged: its
+         value's first 76 bytes (marker `thr2`, or `thr3` if the value has a
+         ledger), whose fields 7 to 9 record the reservation (see Value),
+         then, for one that waits, its group's id in the ledger: a
+         little-endian double, an integer in 0..2^53. Send it back with the
+         same key. Its fields 1 to 4, 6, 8 and 9 are checked as in a value,
+         field 7 is an integer in 0..2^41, and next_free_micros is not
+         before the moment; anything else is an error (see Errors).
 
 Value    76 bytes: the 4 ASCII bytes `thr2`, then nine little-endian IEEE
          doubles, `struct.pack('<c4ddddddddd', 'thr2', ...)` (exact):
@@ -142,13 +165,52 @@ Value    76 bytes: the 4 ASCII bytes `thr2`, then nine little-endian IEEE
                  next_free_fraction = 0.
            v0    exactly 40 bytes, fields 1 to 5, no marker: read as thr2
                  with last_now_micros = 0 and next_free_fraction = 0.
-         The next write stores the value as thr2. A probe rewrites it in
+         The next write stores the value as thr2 (or thr3). A probe rewrites it in
          its thr2 form, keeping its TTL: the same fields 1 to 6, field 7
          0, and a record of nothing (a value's record is only ever read
          back from a token, which an older value cannot be). Any other
          string (another length, another marker, invalid fields) is not
          this limiter's: every mode fails (see Errors) and leaves it
          untouched.
+
+         thr3  A thr2 value whose marker is `thr3`, followed by its ledger
+               (see Ledger): written instead of thr2 while the ledger holds
+               a group, and until its horizon has passed.
+
+Ledger   What an exact give-back must know about the reservations still
+         waiting (the reasoning is on `Ledger` in `src/core/ledger.rs`):
+         one group per waiting reservation, oldest first, each with its
+         id, its moment, and the offset below `tat` of the largest term of
+         the requests since the group before it (none once a later group
+         reaches it). At most LEDGER_CAPACITY (64) groups: past that, the
+         two newest merge, and the reservation between them gives back
+         only what lies before it (errs late). After the 76 bytes:
+           6 doubles  open      the open group's offset (the requests
+                                since the newest group; inf: none)
+                      next_id   the id the next group gets
+                      earliest  no group's moment is before it (inf: none)
+                      in_order  1 if the groups' moments rise, else 0
+                      groups    how many groups, 0..=64
+                      horizon   the latest moment of a reservation given an
+                                id since the ledger was written first
+           then a pair of doubles (id, moment) per group, oldest first, then
+           a pair (id, offset) per group that has an offset: ids and
+           offsets both strictly rise, every number a whole µs (or id) in
+           0..=2^53.
+         A reservation reads the six doubles and the ends of these lists
+         only: expiry cuts a prefix (while the moments rise, as they do
+         until a give-back lets a request in before a waiting one: then it
+         reads them all), the request's term pops entries from the end, its
+         group is appended. A give-back reads every group, checks them (a
+         ledger this script did not write is an error, see Errors) and
+         writes them back. A rate change and a request that finds the key
+         idle beyond its burst empty the ledger; a resume is noted as a
+         request whose charge no give-back returns. Ids start at 0 in a new
+         ledger; the value keeps its ledger, with no group, until `now`
+         reaches the horizon, and the key lives that long (see Expiry): so
+         a token never meets the ids of another ledger while it could still
+         be given back, and matching the latest group also compares the
+         moment.
 
 Missing  A missing key reads as a limiter that has been idle for a long time:
 key      stored_permits = max_permits (full for bursty, cold for warming-up),
@@ -182,8 +244,9 @@ Expiry   The key must live until it would read as a missing key anyway: until
          next_free_micros has passed AND idle time has refilled
          stored_permits to max_permits (rounded up to whole milliseconds,
          plus 2 ms, which also covers the ticket's fraction, under 1 µs;
-         at most 2^53 / 1000 ms). At an unchanged rate and configuration,
-         expiry is therefore invisible. (Across a rate change it can be
+         at most 2^53 / 1000 ms), and, while the value has a ledger, until
+         its horizon. At an unchanged rate and configuration, expiry is
+         therefore invisible. (Across a rate change it can be
          visible in two corner cases the in-process limiter treats
          specially: leaving an infinite rate, and leaving a rate with
          max_permits = 0.)
@@ -210,7 +273,10 @@ Errors   `ERR throttler: ...` for any invalid argument (a malformed token
          not this limiter's (see Value), in every mode and before anything
          is written: `ERR throttler: key <key> holds a value this limiter
          does not recognise (<n> bytes); it was left untouched: delete it or
-         use another limiter name`. If KEYS[1] holds something other than a
+         use another limiter name`; the same for a thr3 value whose ledger
+         head is invalid (any mode) or whose groups are (found when they are
+         all read: by a cancel, or by a reservation's expiry once the
+         moments no longer rise). If KEYS[1] holds something other than a
          string (a hash, a list, ...), the GET fails with WRONGTYPE and that
          error is the reply. A write the server refuses (OOM, READONLY, ...)
          fails with the server's error; as every mode writes at most once,
@@ -282,21 +348,30 @@ local tonumber = tonumber
 -- ARGV[1]. `mode` stays nil for a reservation or a query (`permits`), and
 -- names a cold mode otherwise (`permits` is then nil). The most common value
 -- skips the conversion.
+-- `held`: a reservation its caller may give back (`n+`), which gets a group
+-- in the ledger if it waits.
 local permits = argv[1]
-local mode
+local mode, held
 if permits == '1' then
     permits = 1
+elseif permits == '1+' then
+    permits, held = 1, true
 else
     local n = tonumber(permits)
-    if n and n >= 0 and n <= MAX_MICROS and n % 1 == 0 then
+    if not n and string.byte(permits, -1) == 43 then
+        n = tonumber(string.sub(permits, 1, -2))
+        held = n and n >= 1
+    end
+    if n and n >= 0 and n <= MAX_MICROS and n % 1 == 0 and held ~= false then
         permits = n
     elseif not n and (permits == 'probe' or permits == 'resume' or permits == 'cancel') then
         mode = permits
         permits = nil
     else
         return redis.error_reply(string.format(BAD,
-            'ARGV[1] must be the permits to reserve, an integer from 1 to 2^53, 0 to query, '
-            .. 'or probe, resume or cancel', string.sub(tostring(argv[1]), 1, 40)))
+            'ARGV[1] must be the permits to reserve, an integer from 1 to 2^53 (followed by + '
+            .. 'if the reservation may be given back), 0 to query, or probe, resume or cancel',
+            string.sub(tostring(argv[1]), 1, 40)))
     end
 end
 
@@ -1085,9 +1160,12 @@ else
     if stored_permits ~= stored_resynced then
         record = record + 1
     end
-    -- Ledger::reserve_recorded: a reservation that waits gets a group of
-    -- its own, the open group's terms with it; its id goes in its token.
-    if moment > now_micros then
+    -- Ledger::reserve_recorded: a reservation that waits, and that its
+    -- caller may give back, gets a group of its own, the open group's terms
+    -- with it; its id goes in its token. (Any other was only noted: a
+    -- give-back of it, e.g. of a round trip its caller abandoned, returns
+    -- what lies before its place, if it is not the latest.)
+    if held and moment > now_micros then
         token_id = next_id or 0
         next_id = token_id + 1
         if groups == 0 then

@@ -270,6 +270,9 @@ struct Step {
     now: u64,
     rate: f64,
     permits: u32,
+    /// A reservation its caller may give back (`n+`): one that waits gets
+    /// a group in the ledger.
+    held: bool,
     kind: Kind,
     /// For a cancel: the token sent.
     token: Option<TokenBytes>,
@@ -492,9 +495,11 @@ fn generate(seed: u64) -> Sequence {
             token = Some(TokenBytes(taken.token));
             cancelled = Some(taken.reserved);
         }
+        let held = rng.chance(if give_backs { 0.9 } else { 0.5 });
         let step = Step {
             now: time,
             rate,
+            held,
             permits: match kind {
                 Kind::Reserve | Kind::Try { .. } => permits,
                 _ => 0,
@@ -592,7 +597,13 @@ fn generate(seed: u64) -> Sequence {
                         ((-1, (core.next_free_micros - now) as i64), false)
                     }
                     _ => {
-                        let reserved = ledger.reserve_recorded(&mut core, step.permits, now);
+                        let reserved = if held {
+                            ledger.reserve_recorded(&mut core, step.permits, now)
+                        } else {
+                            // Noted, with no group.
+                            ledger.note(&core, now);
+                            core.reserve_recorded(step.permits, now)
+                        };
                         granted = Some(reserved);
                         (
                             (
@@ -761,8 +772,15 @@ fn check(
         let mut invocation = script.prepare_invoke();
         invocation.key(&key);
         match &step.kind {
-            Kind::Reserve => invocation.arg(step.permits).arg("-1"),
-            Kind::Try { timeout_micros } => invocation.arg(step.permits).arg(*timeout_micros),
+            Kind::Reserve | Kind::Try { .. } if step.held => {
+                invocation.arg(format!("{}+", step.permits))
+            }
+            Kind::Reserve | Kind::Try { .. } => invocation.arg(step.permits),
+            _ => &mut invocation,
+        };
+        match &step.kind {
+            Kind::Reserve => invocation.arg("-1"),
+            Kind::Try { timeout_micros } => invocation.arg(*timeout_micros),
             Kind::Query => invocation.arg(0).arg("-1"),
             Kind::Probe => invocation.arg("probe").arg("-1"),
             Kind::Resume { debt_micros } => invocation.arg("resume").arg(*debt_micros),

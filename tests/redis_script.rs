@@ -93,6 +93,13 @@ impl Args {
         self.permits(0)
     }
 
+    /// A reservation its caller may give back (`n+`): if it waits, it gets
+    /// a group in the key's ledger.
+    fn held(mut self) -> Args {
+        self.permits.push('+');
+        self
+    }
+
     /// A probe (ARGV[2] stays as it was: -1 unless set).
     fn probe(self) -> Args {
         self.permits("probe")
@@ -214,15 +221,21 @@ impl Fixture {
             .eval(key, args)
             .unwrap_or_else(|e| panic!("script failed for {args:?}: {e}"));
         let reply = Reply::decode(value).unwrap_or_else(|e| panic!("{args:?}: {e}"));
-        let reservation = args.permits.parse::<u64>().is_ok_and(|n| n >= 1);
+        let held = args.permits.ends_with('+');
+        let reservation = args
+            .permits
+            .trim_end_matches('+')
+            .parse::<u64>()
+            .is_ok_and(|n| n >= 1);
         match args.permits.as_str() {
             _ if reservation && reply.first >= 0 => {
                 let token = reply
                     .token
                     .as_deref()
                     .expect("a granted reservation has a token");
-                // One that waits carries its group's id in the ledger.
-                let len = if reply.first > 0 {
+                // One that may be given back and waits carries its group's
+                // id in the ledger.
+                let len = if held && reply.first > 0 {
                     TOKEN_WITH_ID_LEN
                 } else {
                     TOKEN_LEN
@@ -1723,7 +1736,7 @@ fn a_resume_and_the_cancels_of_late_reservations_commute() {
     // may land before or after those give-backs. Either way the key ends
     // with the fallback's debt on top of what it held before them.
     let mut fx = fixture();
-    let args = Args::bursty("10", 0);
+    let args = Args::bursty("10", 0).held();
     let late = |fx: &mut Fixture, key: &str| {
         assert_eq!(fx.run(key, &args.clone().at(T0)), 0); // ticket T0 + 100 ms
         let tokens: Vec<Vec<u8>> = (0..2)
@@ -1813,7 +1826,7 @@ fn cancel_of_the_latest_reservation_restores_the_state_it_found() {
 #[test]
 fn cancel_of_an_earlier_reservation_returns_its_charge() {
     let mut fx = fixture();
-    let args = Args::bursty("5", 0); // no burst: 200 ms per permit
+    let args = Args::bursty("5", 0).held(); // no burst: 200 ms per permit
     assert_eq!(fx.run("k", &args.clone().at(T0)), 0);
     let b = fx.call("k", &args.clone().at(T0)); // waits until T0 + 200 ms
     assert_eq!(b.first, 200_000);
@@ -1842,6 +1855,30 @@ fn cancel_of_an_earlier_reservation_returns_its_charge() {
 }
 
 #[test]
+fn an_earlier_reservation_not_held_returns_only_what_the_ledger_knows() {
+    // A reservation made without `+` (its caller was not going to give it
+    // back: `reserve`, `try_reserve`) gets no group. Given back anyway (its
+    // round trip was abandoned) once it is no longer the latest, it returns
+    // what the ledger knows lies before it: here nothing. It errs towards
+    // limiting, never towards granting twice.
+    let mut fx = fixture();
+    let args = Args::bursty("5", 0);
+    assert_eq!(fx.run("k", &args.clone().at(T0)), 0);
+    let b = fx.call("k", &args.clone().at(T0)); // waits until T0 + 200 ms
+    assert_eq!(b.token.as_ref().unwrap().len(), TOKEN_LEN);
+    assert_eq!(fx.run("k", &args.clone().at(T0)), 400_000);
+    assert_eq!(ledger_groups(&fx.raw("k")), None);
+    let cancel = args.clone().cancel(b.token.as_ref().unwrap());
+    assert_eq!(fx.run("k", &cancel.at(T0 + 100_000)), 2);
+    assert_eq!(fx.state("k").next(), T0 + 600_000);
+    // The latest one, though, is undone exactly.
+    let c = fx.call("k", &args.clone().at(T0 + 100_000));
+    let cancel = args.clone().cancel(c.token.as_ref().unwrap());
+    assert_eq!(fx.run("k", &cancel.at(T0 + 100_000)), 1);
+    assert_eq!(fx.state("k").next(), T0 + 600_000);
+}
+
+#[test]
 fn cancel_of_the_latest_reservation_restores_the_fraction_too() {
     let mut fx = fixture();
     let args = Args::bursty("3", 0).at(T0);
@@ -1864,7 +1901,7 @@ fn cancel_of_the_latest_reservation_restores_the_fraction_too() {
 #[test]
 fn a_returned_charge_is_whole_micros_rounded_down() {
     let mut fx = fixture();
-    let args = Args::bursty("3", 0).at(T0);
+    let args = Args::bursty("3", 0).held().at(T0);
     // Five reservations: the ticket after the k-th is k × 349 525 333 333
     // units (333 333.33 µs each, to 2^-20 µs). The fourth goes from T0 +
     // 999 999 µs and 1 048 575 units to T0 + 1 333 333 µs and 349 524
@@ -1892,7 +1929,7 @@ fn a_returned_charge_is_whole_micros_rounded_down() {
 #[test]
 fn a_returned_charge_may_take_the_ticket_behind_now() {
     let mut fx = fixture();
-    let args = Args::bursty("5", 0); // 200 ms per permit
+    let args = Args::bursty("5", 0).held(); // 200 ms per permit
     assert_eq!(fx.run("k", &args.clone().at(T0)), 0);
     let a = fx.call("k", &args.clone().at(T0)); // waits until T0 + 200 ms
     let b = fx.call("k", &args.clone().at(T0)); // waits until T0 + 400 ms

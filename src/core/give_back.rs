@@ -55,10 +55,11 @@
 //! second up to 81 s (`tests/cancellation.rs`).
 //!
 //! Closing it means remembering, for the reservations still waiting, what
-//! was requested after each: the [`Ledger`](super::Ledger), which the local
-//! and keyed limiters give back through. With it, nobody is ever scheduled
-//! before the model, and the limiter ends on it. [`State::give_back`] alone,
-//! without that memory, is what the Redis script still does.
+//! was requested after each: the [`Ledger`](super::Ledger), which every
+//! limiter gives back through (the Redis script keeps one in the key's
+//! value). With it, nobody is ever scheduled before the model, and the
+//! limiter ends on it. [`State::give_back`] alone is what a ledger falls
+//! back to for the latest reservation.
 
 use super::State;
 

@@ -410,11 +410,14 @@ where
 
     /// Reserves `permits` of `key` through Redis, or through the fallback
     /// while Redis is down.
+    /// `held`: the caller may give the reservation back (see
+    /// [`Call::Reserve`]).
     async fn reserve<Q>(
         &self,
         key: &Q,
         permits: u32,
         timeout: Option<Duration>,
+        held: bool,
     ) -> Result<Option<Reservation<'_>>, Error>
     where
         K: Borrow<Q>,
@@ -422,10 +425,12 @@ where
     {
         check_permits(permits)?;
         let target = self.target(key);
-        match self
-            .round_trip(key, &target, Call::Reserve { permits, timeout })
-            .await
-        {
+        let call = Call::Reserve {
+            permits,
+            timeout,
+            held,
+        };
+        match self.round_trip(key, &target, call).await {
             Ok(reply) => {
                 self.note_debt(key, reply.debt_micros);
                 Ok(reply.wait.map(|wait| {
@@ -553,7 +558,8 @@ where
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        Ok(self.reservation(key, permits).await?.commit())
+        let reserved = self.inner.reserve(key, permits, None, false).await?;
+        Ok(reserved.map_or(Duration::ZERO, Reservation::commit))
     }
 
     /// Reserves `permits` of `key` if the wait fits in `timeout`; `None`,
@@ -574,10 +580,11 @@ where
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        Ok(self
-            .try_reservation(key, permits, timeout)
-            .await?
-            .map(Reservation::commit))
+        let reserved = self
+            .inner
+            .reserve(key, permits, Some(timeout), false)
+            .await?;
+        Ok(reserved.map(Reservation::commit))
     }
 
     /// Reserves `permits` of `key` as a [`Reservation`]: wait for it, or
@@ -593,7 +600,7 @@ where
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let reservation = self.inner.reserve(key, permits, None).await?;
+        let reservation = self.inner.reserve(key, permits, None, true).await?;
         Ok(reservation.expect("a plain reservation is always granted"))
     }
 
@@ -615,7 +622,7 @@ where
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.inner.reserve(key, permits, Some(timeout)).await
+        self.inner.reserve(key, permits, Some(timeout), true).await
     }
 
     /// Reserves `permits` of `key` and sleeps for the wait.

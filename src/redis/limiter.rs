@@ -337,13 +337,21 @@ impl<C: Clock> Inner<C> {
     }
 
     /// Reserves through Redis, or through the fallback while Redis is down.
+    /// `held`: the caller may give the reservation back (see
+    /// [`Call::Reserve`]).
     async fn reserve(
         &self,
         permits: u32,
         timeout: Option<Duration>,
+        held: bool,
     ) -> Result<Option<Reservation<'_>>, Error> {
         check_permits(permits)?;
-        match self.round_trip(Call::Reserve { permits, timeout }).await {
+        let call = Call::Reserve {
+            permits,
+            timeout,
+            held,
+        };
+        match self.round_trip(call).await {
             Ok(reply) => Ok(reply.wait.map(|wait| {
                 let pending = match reply.token {
                     Some(token) if !wait.is_zero() => Some(Pending {
@@ -486,13 +494,17 @@ impl RedisRateLimiter<SystemClock> {
 /// or a reply later than 30 s), the reservation stays charged: the limiter
 /// errs towards limiting, never towards granting twice.
 ///
-/// A give-back moves the key's ticket back by the reservation's charge
-/// ([`State::give_back`](crate::core::State::give_back)): exact while the
-/// key stays in debt, but the script keeps no
-/// [`Ledger`](crate::core::Ledger) yet, so once several reservations are
-/// given back in another order than they were made, later callers can be
-/// scheduled early, by up to the idle time the key would have dropped at
-/// its burst. The in-process limiters do not have this gap.
+/// A give-back is exact, as in-process: the script keeps a
+/// [`Ledger`](crate::core::Ledger) in the key's value while reservations
+/// of the key wait, so however many are given back, in whatever order,
+/// nobody is scheduled before a limiter that never made them would
+/// schedule them, and with no more than
+/// [`Ledger::SHARED_CAPACITY`](crate::core::Ledger::SHARED_CAPACITY) (64)
+/// waiting at once the key ends where that limiter would. Beyond that, a
+/// rate change, or a give-back that reaches Redis after the reservation's
+/// moment, it errs towards limiting. A reservation whose wait runs to its
+/// end stays in the ledger until its moment has passed;
+/// [`Reservation::commit`](crate::Reservation::commit) sends nothing.
 impl<C: Clock> RedisRateLimiter<C> {
     pub(crate) fn from_arc(inner: Arc<Inner<C>>) -> Self {
         RedisRateLimiter { inner }
@@ -518,7 +530,8 @@ impl<C: Clock> RedisRateLimiter<C> {
     /// Redis fails and the fallback is [`Fallback::FailClosed`], or the key
     /// holds something else.
     pub async fn reserve(&self, permits: u32) -> Result<Duration, Error> {
-        Ok(self.reservation(permits).await?.commit())
+        let reserved = self.inner.reserve(permits, None, false).await?;
+        Ok(reserved.map_or(Duration::ZERO, Reservation::commit))
     }
 
     /// Reserves `permits` if the wait fits in `timeout` and returns it;
@@ -534,10 +547,8 @@ impl<C: Clock> RedisRateLimiter<C> {
         permits: u32,
         timeout: Duration,
     ) -> Result<Option<Duration>, Error> {
-        Ok(self
-            .try_reservation(permits, timeout)
-            .await?
-            .map(Reservation::commit))
+        let reserved = self.inner.reserve(permits, Some(timeout), false).await?;
+        Ok(reserved.map(Reservation::commit))
     }
 
     /// Reserves `permits` as a [`Reservation`]: wait for it, or drop it to
@@ -549,7 +560,7 @@ impl<C: Clock> RedisRateLimiter<C> {
     /// # Errors
     /// As [`reserve`](Self::reserve).
     pub async fn reservation(&self, permits: u32) -> Result<Reservation<'_>, Error> {
-        let reserved = self.inner.reserve(permits, None).await?;
+        let reserved = self.inner.reserve(permits, None, true).await?;
         Ok(reserved
             .unwrap_or_else(|| Reservation::new(Duration::ZERO, self.inner.local.clock(), None)))
     }
@@ -567,7 +578,7 @@ impl<C: Clock> RedisRateLimiter<C> {
         permits: u32,
         timeout: Duration,
     ) -> Result<Option<Reservation<'_>>, Error> {
-        self.inner.reserve(permits, Some(timeout)).await
+        self.inner.reserve(permits, Some(timeout), true).await
     }
 
     /// Reserves `permits` and sleeps for the wait; returns the time slept.

@@ -61,9 +61,15 @@ fn number_text(value: f64) -> String {
 #[derive(Debug, Clone)]
 pub(crate) enum Call {
     /// Reserve `permits`; with a timeout, only if the wait fits in it.
+    /// `held`: its caller may give it back (a [`Reservation`] handed out,
+    /// an `acquire` that sleeps): if it waits, the script gives it a group
+    /// in the key's ledger, so that its give-back is exact.
+    ///
+    /// [`Reservation`]: crate::Reservation
     Reserve {
         permits: u32,
         timeout: Option<Duration>,
+        held: bool,
     },
     /// Read the current wait; write nothing.
     Query,
@@ -201,10 +207,16 @@ fn command(
     let mut cmd = Cmd::with_capacity(10, 128 + key.len() + script.len());
     cmd.arg(verb).arg(script).arg("1").arg(key);
     match call {
-        Call::Reserve { permits, timeout } => {
-            match permits {
-                1 => cmd.arg("1"),
-                _ => cmd.arg(*permits),
+        Call::Reserve {
+            permits,
+            timeout,
+            held,
+        } => {
+            match (permits, held) {
+                (1, false) => cmd.arg("1"),
+                (1, true) => cmd.arg("1+"),
+                (_, false) => cmd.arg(*permits),
+                (_, true) => cmd.arg(format!("{permits}+")),
             };
             match timeout {
                 None => cmd.arg("-1"),
@@ -383,10 +395,12 @@ mod tests {
         let reserve = Call::Reserve {
             permits: 1,
             timeout: None,
+            held: false,
         };
         let try_7 = Call::Reserve {
             permits: 7,
             timeout: Some(Duration::from_millis(20)),
+            held: true,
         };
         for (policy, rate, call, expected) in [
             (
@@ -399,7 +413,7 @@ mod tests {
                 &bursty,
                 0.25,
                 try_7,
-                ["7", "20000", "0.25", "bursty", "1500000", "0.0"],
+                ["7+", "20000", "0.25", "bursty", "1500000", "0.0"],
             ),
             (
                 &warming,
