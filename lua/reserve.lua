@@ -323,6 +323,7 @@ local LEDGER = '<dddddd' -- the ledger's head: six doubles, 48 bytes
 local LEDGER_START = 77 -- where a thr3 value's ledger begins
 local LEDGER_CAPACITY = 64 -- the most groups kept (Ledger::SHARED_CAPACITY)
 local TOKEN_ID_SIZE = 84 -- a token with a group id (see Token)
+local NOT_OURS = 'ERR throttler: key %s holds a value this limiter does not recognise (%d bytes); it was left untouched: delete it or use another limiter name'
 
 -- Comparisons below are written `if x > cap then x = cap end` where the core
 -- has `x.min(cap)`: the same thing, as no x there can be NaN. An integer
@@ -578,7 +579,7 @@ local size, older
 -- INFINITY for none) and packs them back (`encode`).
 local open, next_id, earliest, in_order, groups, horizon = 0, nil, INFINITY, 1, 0, 0
 local places, entries = '', ''
-local group_ids, group_moments, group_offsets = {}, {}, {}
+local group_ids, group_moments, group_offsets
 if value then
     size = #value
     local marker
@@ -637,113 +638,119 @@ if value then
     end
 end
 
--- The groups, from the packed strings into the arrays; false if they are
--- not a ledger this script wrote (ids rising and below next_id, whole
--- moments and offsets, offsets rising, each entry a group's).
-local function decode()
-    local count = #entries / 16
-    local raw = {struct.unpack('<' .. string.rep('d', 2 * (groups + count)), places .. entries)}
-    local entry, last_id, last_offset = 2 * groups + 1, -1, -1
-    local valid = true
-    for i = 1, groups do
-        local id, moment, offset = raw[2 * i - 1], raw[2 * i], INFINITY
-        if entry <= 2 * (groups + count) and raw[entry] == id then
-            offset = raw[entry + 1]
-            entry = entry + 2
-            if not (offset > last_offset and offset <= MAX_MICROS and offset % 1 == 0) then
+-- The ledger's functions and arrays, made only where they are used: a
+-- give-back on a value whose ledger holds groups, and a reservation's
+-- expiry once the groups' moments no longer rise. (Making closures costs a
+-- call more than most of its arithmetic.)
+local decode, encode, expire
+if groups > 0 and (mode == 'cancel' or (in_order == 0 and now_micros >= earliest)) then
+    group_ids, group_moments, group_offsets = {}, {}, {}
+
+    -- The groups, from the packed strings into the arrays; false if they are
+    -- not a ledger this script wrote (ids rising and below next_id, whole
+    -- moments and offsets, offsets rising, each entry a group's).
+    decode = function()
+        local count = #entries / 16
+        local raw = {struct.unpack('<' .. string.rep('d', 2 * (groups + count)), places .. entries)}
+        local entry, last_id, last_offset = 2 * groups + 1, -1, -1
+        local valid = true
+        for i = 1, groups do
+            local id, moment, offset = raw[2 * i - 1], raw[2 * i], INFINITY
+            if entry <= 2 * (groups + count) and raw[entry] == id then
+                offset = raw[entry + 1]
+                entry = entry + 2
+                if not (offset > last_offset and offset <= MAX_MICROS and offset % 1 == 0) then
+                    valid = false
+                end
+                last_offset = offset
+            end
+            if not (id > last_id and id < next_id and id % 1 == 0
+                    and moment >= 0 and moment <= MAX_MICROS and moment % 1 == 0) then
                 valid = false
             end
-            last_offset = offset
+            last_id = id
+            group_ids[i], group_moments[i], group_offsets[i] = id, moment, offset
         end
-        if not (id > last_id and id < next_id and id % 1 == 0
-                and moment >= 0 and moment <= MAX_MICROS and moment % 1 == 0) then
-            valid = false
-        end
-        last_id = id
-        group_ids[i], group_moments[i], group_offsets[i] = id, moment, offset
+        return valid and entry == 2 * (groups + count) + 1
     end
-    return valid and entry == 2 * (groups + count) + 1
-end
 
--- The arrays packed back into the strings.
-local function encode()
-    local numbers, count = {}, 0
-    for i = 1, groups do
-        numbers[count + 1], numbers[count + 2] = group_ids[i], group_moments[i]
-        count = count + 2
-    end
-    places = struct.pack('<' .. string.rep('d', count), unpack(numbers, 1, count))
-    count = 0
-    for i = 1, groups do
-        if group_offsets[i] < INFINITY then
-            numbers[count + 1], numbers[count + 2] = group_ids[i], group_offsets[i]
+    -- The arrays packed back into the strings.
+    encode = function()
+        local numbers, count = {}, 0
+        for i = 1, groups do
+            numbers[count + 1], numbers[count + 2] = group_ids[i], group_moments[i]
             count = count + 2
         end
-    end
-    entries = struct.pack('<' .. string.rep('d', count), unpack(numbers, 1, count))
-end
-
-local NOT_OURS = 'ERR throttler: key %s holds a value this limiter does not recognise (%d bytes); '
-    .. 'it was left untouched: delete it or use another limiter name'
-
--- Ledger::expire, on the arrays: the groups of the reservations whose
--- moment has passed (they can no longer be given back) merge into the
--- group after them.
-local function expire()
-    if now_micros < earliest then
-        return
-    end
-    local carried, kept = INFINITY, 0
-    if in_order == 1 then
-        -- Moments rise with the groups: the passed ones come first.
-        local passed = 0
-        while passed < groups and group_moments[passed + 1] <= now_micros do
-            passed = passed + 1
-            if group_offsets[passed] < carried then
-                carried = group_offsets[passed]
+        places = struct.pack('<' .. string.rep('d', count), unpack(numbers, 1, count))
+        count = 0
+        for i = 1, groups do
+            if group_offsets[i] < INFINITY then
+                numbers[count + 1], numbers[count + 2] = group_ids[i], group_offsets[i]
+                count = count + 2
             end
         end
-        for i = passed + 1, groups do
-            kept = kept + 1
-            group_ids[kept], group_moments[kept], group_offsets[kept] =
-                group_ids[i], group_moments[i], group_offsets[i]
-        end
-        groups = kept
-        if kept > 0 then
-            if carried < group_offsets[1] then
-                group_offsets[1] = carried
-            end
-            earliest = group_moments[1]
+        entries = struct.pack('<' .. string.rep('d', count), unpack(numbers, 1, count))
+    end
+
+    -- Ledger::expire, on the arrays: the groups of the reservations whose
+    -- moment has passed (they can no longer be given back) merge into the
+    -- group after them.
+    expire = function()
+        if now_micros < earliest then
             return
         end
-    else
-        local soonest = INFINITY
-        for i = 1, groups do
-            local moment, offset = group_moments[i], group_offsets[i]
-            if moment <= now_micros then
-                if offset < carried then
-                    carried = offset
-                end
-            else
-                kept = kept + 1
-                if carried < offset then
-                    offset = carried
-                end
-                group_ids[kept], group_moments[kept], group_offsets[kept] = group_ids[i], moment, offset
-                carried = INFINITY
-                if moment < soonest then
-                    soonest = moment
+        local carried, kept = INFINITY, 0
+        if in_order == 1 then
+            -- Moments rise with the groups: the passed ones come first.
+            local passed = 0
+            while passed < groups and group_moments[passed + 1] <= now_micros do
+                passed = passed + 1
+                if group_offsets[passed] < carried then
+                    carried = group_offsets[passed]
                 end
             end
+            for i = passed + 1, groups do
+                kept = kept + 1
+                group_ids[kept], group_moments[kept], group_offsets[kept] =
+                    group_ids[i], group_moments[i], group_offsets[i]
+            end
+            groups = kept
+            if kept > 0 then
+                if carried < group_offsets[1] then
+                    group_offsets[1] = carried
+                end
+                earliest = group_moments[1]
+                return
+            end
+        else
+            local soonest = INFINITY
+            for i = 1, groups do
+                local moment, offset = group_moments[i], group_offsets[i]
+                if moment <= now_micros then
+                    if offset < carried then
+                        carried = offset
+                    end
+                else
+                    kept = kept + 1
+                    if carried < offset then
+                        offset = carried
+                    end
+                    group_ids[kept], group_moments[kept], group_offsets[kept] = group_ids[i], moment, offset
+                    carried = INFINITY
+                    if moment < soonest then
+                        soonest = moment
+                    end
+                end
+            end
+            groups = kept
+            earliest = soonest
         end
-        groups = kept
-        earliest = soonest
-    end
-    if groups == 0 then
-        -- Ledger::clear
-        open, earliest, in_order = 0, INFINITY, 1
-    elseif carried < open then
-        open = carried
+        if groups == 0 then
+            -- Ledger::clear
+            open, earliest, in_order = 0, INFINITY, 1
+        elseif carried < open then
+            open = carried
+        end
     end
 end
 
@@ -917,7 +924,9 @@ if mode then
         else
             return 0
         end
-        encode()
+        if encode then
+            encode()
+        end
         permits_per_second = old_rate
         max_permits = old_max
         cool_down = key_stable
@@ -1173,10 +1182,26 @@ else
         elseif struct.unpack('<d', places, 16 * groups - 7) > moment then
             in_order = 0
         end
-        groups = groups + 1
-        places = places .. struct.pack('<dd', token_id, moment)
-        if open < INFINITY then
+        -- Its entry holds the open group's offset (finite: the note above
+        -- set it), the largest (entries rise).
+        if groups < LEDGER_CAPACITY then
+            groups = groups + 1
+            places = places .. struct.pack('<dd', token_id, moment)
             entries = entries .. struct.pack('<dd', token_id, open)
+        else
+            -- Full: the two newest merge, the one before this losing its
+            -- group (it then gives back only what lies before it). Its place
+            -- goes; this one takes the smaller offset: that one's entry,
+            -- the last, if it has one.
+            local older = struct.unpack('<d', places, 16 * groups - 15)
+            places = string.sub(places, 1, 16 * (groups - 1)) .. struct.pack('<dd', token_id, moment)
+            local count = #entries / 16
+            if count > 0 and struct.unpack('<d', entries, 16 * count - 15) == older then
+                entries = string.sub(entries, 1, 16 * (count - 1))
+                    .. struct.pack('<dd', token_id, (struct.unpack('<d', entries, 16 * count - 7)))
+            else
+                entries = entries .. struct.pack('<dd', token_id, open)
+            end
         end
         open = INFINITY
         if moment < earliest then
@@ -1184,22 +1209,6 @@ else
         end
         if moment > horizon then
             horizon = moment
-        end
-        if groups > LEDGER_CAPACITY then
-            -- The two newest merge: the reservation between them loses its
-            -- group (and gives back only what is before it); the newest
-            -- takes the smaller offset. The newest has an entry (the note
-            -- above left `open` finite), the last; if the older one has one,
-            -- it is the one before, and smaller (entries rise).
-            local older = struct.unpack('<d', places, 16 * LEDGER_CAPACITY - 15)
-            places = string.sub(places, 1, 16 * (LEDGER_CAPACITY - 1))
-                .. string.sub(places, 16 * LEDGER_CAPACITY + 1)
-            groups = LEDGER_CAPACITY
-            local count = #entries / 16
-            if count > 1 and struct.unpack('<d', entries, 16 * count - 31) == older then
-                entries = string.sub(entries, 1, 16 * (count - 2))
-                    .. struct.pack('<dd', token_id, (struct.unpack('<d', entries, 16 * count - 23)))
-            end
         end
     end
 end

@@ -43,10 +43,11 @@ enum Op {
 /// How a run gives reservations back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Rule {
-    /// [`State::give_back`] alone: the charge, for the keyed and Redis
-    /// limiters.
+    /// [`State::give_back`] alone: the whole charge (what every limiter did
+    /// before the ledger; kept to show what the ledger fixes).
     Charge,
-    /// Through a [`Ledger`]: the local limiter's.
+    /// Through a [`Ledger`]: what every limiter does (the Redis script
+    /// mirrors it).
     Ledger,
 }
 
@@ -306,8 +307,8 @@ fn beyond_its_capacity_the_ledger_errs_late_never_early() {
     );
 }
 
-/// Without a ledger (the keyed and Redis limiters), moving the ticket back
-/// by the whole charge schedules some callers early, by at most the idle
+/// Without a ledger, moving the ticket back by the whole charge (as every
+/// limiter once did) schedules some callers early, by at most the idle
 /// time the model dropped; with the ledger, never (the test above). The
 /// same sequences, both rules.
 #[test]

@@ -1855,6 +1855,40 @@ fn cancel_of_an_earlier_reservation_returns_its_charge() {
 }
 
 #[test]
+fn a_waiter_given_back_after_another_never_lets_the_next_caller_in_early() {
+    // The scenario of `Ledger`'s documentation, in Redis: 1 permit/s, one
+    // second of burst. A and B hold an hour each; A is given back, B keeps
+    // its slot. Half an hour later a limiter that never made A and B is
+    // idle, so S and ten more go at 1800 s to 1810 s there; here they wait
+    // behind B. When B is given back too, the next caller goes at 1810 s.
+    // Moving the ticket back by B's whole charge sent it at 1801 s.
+    const S: u64 = 1_000_000;
+    let mut fx = fixture();
+    let args = Args::bursty("1", S);
+    let held = args.clone().held();
+    // The key reads as idle: its one stored permit, then one second.
+    assert_eq!(fx.run("k", &args.clone().at(T0)), 0);
+    assert_eq!(fx.run("k", &args.clone().at(T0)), 0);
+    let a = fx.call("k", &held.clone().permits("3600+").at(T0)); // waits 1 s
+    let b = fx.call("k", &held.clone().permits("3600+").at(T0)); // until 3601 s
+    assert_eq!((a.first, b.first), (S as i64, 3601 * S as i64));
+    let give_a = args.clone().cancel(a.token.as_ref().unwrap());
+    assert_eq!(fx.run("k", &give_a.at(T0 + S / 2)), 2);
+    // S (at 1800 s, behind B) and ten more.
+    assert_eq!(
+        fx.run("k", &args.clone().at(T0 + 1800 * S)),
+        1801 * S as i64
+    );
+    for _ in 0..10 {
+        fx.run("k", &args.clone().at(T0 + 1800 * S));
+    }
+    let give_b = args.clone().cancel(b.token.as_ref().unwrap());
+    assert_eq!(fx.run("k", &give_b.at(T0 + 1801 * S)), 2);
+    assert_eq!(fx.run("k", &args.clone().at(T0 + 1801 * S)), 9 * S as i64);
+    assert_eq!(fx.state("k").next(), T0 + 1811 * S);
+}
+
+#[test]
 fn an_earlier_reservation_not_held_returns_only_what_the_ledger_knows() {
     // A reservation made without `+` (its caller was not going to give it
     // back: `reserve`, `try_reserve`) gets no group. Given back anyway (its
