@@ -19,7 +19,11 @@
 //! * a lower bound for any script on this layout: TIME, GET and a SET that
 //!   keeps the TTL, with no logic in between;
 //! * both real scripts again on random keys out of 10^7 (`__rand_int__`),
-//!   nearly all missing: the path that resets a key and sets its TTL.
+//!   nearly all missing: the path that resets a key and sets its TTL;
+//! * the crate's script on one hot key with reservations its caller may
+//!   give back (`1+`, as `acquire` sends): each waits, so each gets a group
+//!   in the key's ledger, which stays full (64 groups, a 2 172-byte value):
+//!   the most a give-back-able reservation costs.
 //!
 //! Part 2, the client: one `RedisRateLimiter` (one multiplexed connection)
 //! calls `reserve(1)` in a loop from 1 task, then from 64 tasks sharing it;
@@ -75,6 +79,11 @@ const KEY: &str = "throttler:bench";
 const RATE: f64 = 1000.0;
 const RESERVE_ARGS: &[&str] = &["1", "-1", "1000.0", "bursty", "1000000", "0.0"];
 const BASELINE_ARGS: &[&str] = &["1", "-1", "1000.0", "1000000"];
+/// The same reservation as one its caller may give back (`acquire`, a
+/// `Reservation`): on a key always in debt, each gets a group in the key's
+/// ledger, which stays full.
+const HELD_KEY: &str = "throttler:held";
+const HELD_ARGS: &[&str] = &["1+", "-1", "1000.0", "bursty", "1000000", "0.0"];
 /// Random keys for the cold-key rows: `__rand_int__` is replaced per call.
 const COLD_KEY: &str = "throttler:cold:__rand_int__";
 const COLD_KEYS: &str = "10000000";
@@ -272,7 +281,7 @@ fn main() {
 
     // Part 1: the scripts, -c 50 -P 16.
     let baseline_key = "throttler:baseline";
-    let cases: [(&str, &str, &str, &[&str]); 6] = [
+    let cases: [(&str, &str, &str, &[&str]); 7] = [
         ("lua/reserve.lua, one hot key", &reserve, KEY, RESERVE_ARGS),
         (
             "benches/baseline.lua, one hot key",
@@ -299,6 +308,12 @@ fn main() {
             COLD_KEY,
             BASELINE_ARGS,
         ),
+        (
+            "lua/reserve.lua, one hot key, held (`1+`): a full ledger",
+            &reserve,
+            HELD_KEY,
+            HELD_ARGS,
+        ),
     ];
     let requests = (secs * 250_000.0) as u64;
     let mut results: Vec<(Vec<f64>, Vec<f64>)> = vec![(vec![], vec![]); cases.len()];
@@ -319,7 +334,11 @@ fn main() {
     println!("|---|---:|---:|---:|");
     for (i, ((name, ..), (ops, usec))) in cases.iter().zip(&results).enumerate() {
         // The cold-key rows compare with the baseline on cold keys.
-        let baseline = if i >= 4 { &results[5].1 } else { &results[1].1 };
+        let baseline = if (4..=5).contains(&i) {
+            &results[5].1
+        } else {
+            &results[1].1
+        };
         println!(
             "| {name} | {:.0} | {} | {:.2}x |",
             median(ops),

@@ -496,13 +496,21 @@ impl RedisRateLimiter<SystemClock> {
 ///
 /// A give-back is exact, as in-process: the script keeps a
 /// [`Ledger`](crate::core::Ledger) in the key's value while reservations
-/// of the key wait, so however many are given back, in whatever order,
-/// nobody is scheduled before a limiter that never made them would
+/// that may be given back wait on the key (those of
+/// [`reservation`](Self::reservation), [`acquire`](Self::acquire) and the
+/// `try_` forms of both), so however many are given back, in whatever
+/// order, nobody is scheduled before a limiter that never made them would
 /// schedule them, and with no more than
 /// [`Ledger::SHARED_CAPACITY`](crate::core::Ledger::SHARED_CAPACITY) (64)
 /// waiting at once the key ends where that limiter would. Beyond that, a
 /// rate change, or a give-back that reaches Redis after the reservation's
-/// moment, it errs towards limiting. A reservation whose wait runs to its
+/// moment, it errs towards limiting. [`reserve`](Self::reserve) and
+/// [`try_reserve`](Self::try_reserve) hand out a wait, not a handle, so
+/// their reservations take no place in the ledger (a key used only through
+/// them keeps none and pays nothing for it); if such a round trip is
+/// abandoned, its give-back is exact while it is the key's latest change,
+/// and otherwise returns only what the ledger knows lies before it, erring
+/// towards limiting. A reservation whose wait runs to its
 /// end stays in the ledger until its moment has passed;
 /// [`Reservation::commit`](crate::Reservation::commit) sends nothing.
 impl<C: Clock> RedisRateLimiter<C> {
