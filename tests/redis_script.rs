@@ -1043,6 +1043,77 @@ fn every_mode(args: &Args) -> Vec<Args> {
 }
 
 #[test]
+fn a_corrupted_ledger_is_an_error_and_left_untouched() {
+    let mut fx = fixture();
+    let args = Args::bursty("5", 0).at(T0);
+    // A real ledger: three reservations that wait and may be given back.
+    assert_eq!(fx.run("src", &args), 0);
+    let tokens: Vec<Vec<u8>> = (0..3)
+        .map(|_| fx.call("src", &args.clone().held()).token.unwrap())
+        .collect();
+    let ledger = fx.raw("src");
+    assert_eq!(ledger_groups(&ledger), Some(3));
+    let head = |field: usize| STATE_LEN + 8 * field;
+    let set = |value: &mut Vec<u8>, at: usize, x: f64| {
+        value[at..at + 8].copy_from_slice(&x.to_le_bytes());
+    };
+
+    // Its head is read by every mode.
+    let mut heads: Vec<(&str, Vec<u8>)> = vec![];
+    for (name, field, x) in [
+        ("open NaN", 0, f64::NAN),
+        ("next_id -1", 1, -1.0),
+        ("next_id 1.5", 1, 1.5),
+        ("in_order 2", 3, 2.0),
+        ("groups 65", 4, 65.0),
+        ("groups 2 (the size says 3)", 4, 2.0),
+        ("horizon NaN", 5, f64::NAN),
+    ] {
+        let mut value = ledger.clone();
+        set(&mut value, head(field), x);
+        heads.push((name, value));
+    }
+    heads.push(("one byte long", [&ledger[..], &[0]].concat()));
+    heads.push(("no groups' bytes", ledger[..STATE_LEN + 48].to_vec()));
+    // Its groups are read by a give-back.
+    let places = STATE_LEN + 48;
+    let mut groups: Vec<(&str, Vec<u8>)> = vec![];
+    let mut swapped = ledger.clone();
+    swapped.copy_within(places..places + 16, places + 32);
+    groups.push(("ids not rising", swapped));
+    let mut stray = ledger.clone();
+    set(&mut stray, places + 48, 99.0); // the first entry's id
+    groups.push(("an entry of no group", stray));
+    let mut nan = ledger.clone();
+    set(&mut nan, places + 56, f64::NAN); // the first entry's offset
+    groups.push(("an offset NaN", nan));
+    let mut moment = ledger.clone();
+    set(&mut moment, places + 8, 0.5); // the first group's moment
+    groups.push(("a moment 0.5", moment));
+
+    let cancel = args.clone().cancel(&tokens[1]);
+    for (i, (name, value)) in heads.iter().enumerate() {
+        let key = format!("head{i}");
+        fx.set_bytes(&key, value);
+        for mode in every_mode(&args).into_iter().chain([cancel.clone()]) {
+            let error = fx.run_err(&[&key], &mode.to_vec());
+            assert_unrecognised(&error, &format!("{name}, {mode:?}"));
+            assert_eq!(fx.raw(&key), *value, "{name}, {mode:?}: the value changed");
+        }
+    }
+    for (i, (name, value)) in groups.iter().enumerate() {
+        let key = format!("groups{i}");
+        fx.set_bytes(&key, value);
+        let error = fx.run_err(&[&key], &cancel.to_vec());
+        assert_unrecognised(&error, name);
+        assert_eq!(fx.raw(&key), *value, "{name}: the value changed");
+    }
+    // The ledger itself, copied as it is, gives back.
+    fx.set_bytes("copy", &ledger);
+    assert_eq!(fx.run("copy", &cancel), 2);
+}
+
+#[test]
 fn key_of_another_type_is_an_error_and_kept() {
     let mut fx = fixture();
     let _: i64 = redis::cmd("HSET")
