@@ -94,9 +94,10 @@ ARGV[7]  Optional, for tests only: the clock reading, an integer in
 Reply    debt is max(next_free_micros - now, 0) of the key after the call
          (for a refused try or a query, of the key as it is).
            reserve  granted: the value it wrote without its ledger (see
-                    Value), 76 bytes, and for a reservation that waits the
-                    id of its group in the ledger, 8 more (one double): the
-                    reservation's token (see Token). With now =
+                    Value), 76 bytes, and for a reservation made with `n+`
+                    that waits the id of its group in the ledger, 8 more
+                    (one double): the reservation's token (see Token). With
+                    now =
                     last_now_micros (field 6), the wait is
                     max(next_free_before - now, 0) (field 9) and the debt
                     next_free_micros - now (field 2), in whole µs.
@@ -110,16 +111,18 @@ Reply    debt is max(next_free_micros - now, 0) of the key after the call
          (A granted reservation replies the bytes it has just packed for
          its write: packing a reply of its own, or building an array, would
          cost Redis more than the rest of the reservation's arithmetic.
-         The wait is 0 exactly when the token has no id.)
+         A token has an id when its reservation was made with `n+` and
+         waits.)
 
 Token    The 76 or 84 bytes a granted reservation replied, unchanged: its
          value's first 76 bytes (marker `thr2`, or `thr3` if the value has a
          ledger), whose fields 7 to 9 record the reservation (see Value),
-         then, for one that waits, its group's id in the ledger: a
-         little-endian double, an integer in 0..2^53. Send it back with the
-         same key. Its fields 1 to 4, 6, 8 and 9 are checked as in a value,
-         field 7 is an integer in 0..2^41, and next_free_micros is not
-         before the moment; anything else is an error (see Errors).
+         then, for one made with `n+` that waits, its group's id in the
+         ledger: a little-endian double, an integer in 0..2^53. Send it
+         back with the same key. Its fields 1 to 4, 6, 8 and 9 are checked
+         as in a value, field 7 is an integer in 0..2^41, and
+         next_free_micros is not before the moment; anything else is an
+         error (see Errors).
 
 Value    76 bytes: the 4 ASCII bytes `thr2`, then nine little-endian IEEE
          doubles, `struct.pack('<c4ddddddddd', 'thr2', ...)` (exact):
@@ -165,9 +168,9 @@ Value    76 bytes: the 4 ASCII bytes `thr2`, then nine little-endian IEEE
                  next_free_fraction = 0.
            v0    exactly 40 bytes, fields 1 to 5, no marker: read as thr2
                  with last_now_micros = 0 and next_free_fraction = 0.
-         The next write stores the value as thr2 (or thr3). A probe rewrites it in
-         its thr2 form, keeping its TTL: the same fields 1 to 6, field 7
-         0, and a record of nothing (a value's record is only ever read
+         The next write stores the value as thr2 (or thr3). A probe
+         rewrites it in its thr2 form, keeping its TTL: the same fields 1
+         to 6, field 7 0, and a record of nothing (a value's record is only ever read
          back from a token, which an older value cannot be). Any other
          string (another length, another marker, invalid fields) is not
          this limiter's: every mode fails (see Errors) and leaves it
@@ -179,10 +182,10 @@ Value    76 bytes: the 4 ASCII bytes `thr2`, then nine little-endian IEEE
 
 Ledger   What an exact give-back must know about the reservations still
          waiting (the reasoning is on `Ledger` in `src/core/ledger.rs`):
-         one group per waiting reservation, oldest first, each with its
-         id, its moment, and the offset below `tat` of the largest term of
-         the requests since the group before it (none once a later group
-         reaches it). At most LEDGER_CAPACITY (64) groups: past that, the
+         one group per reservation made with `n+` that still waits, oldest
+         first, each with its id, its moment, and the offset below `tat` of
+         the largest term of the requests since the group before it (none
+         once a later group reaches it). At most LEDGER_CAPACITY (64) groups: past that, the
          two newest merge, and the reservation between them gives back
          only what lies before it (errs late). After the 76 bytes:
            6 doubles  open      the open group's offset (the requests
