@@ -575,13 +575,17 @@ local next_free_fraction, fractions
 -- Value).
 local size, older
 -- The ledger (see Ledger): its head (`next_id` is nil while the value has
--- no ledger), then its groups as packed in the value, `places` (id, moment)
--- and `entries` (id, offset). A reservation works on these strings, reading
--- and cutting only their ends; a give-back, which reads every group, reads
--- them into three arrays, oldest first (`decode`: ids, moments, offsets,
--- INFINITY for none) and packs them back (`encode`).
+-- no ledger), then its groups as packed: the places (id, moment) are bytes
+-- p0..p1 of `src`, then `p_tail`; the entries (id, offset) bytes e0..e1,
+-- then `e_tail` (`src` is the value as read, until the groups are packed
+-- anew). A reservation reads and moves only the ends of these ranges and
+-- adds at most one place and one entry, so that the value it writes is cut
+-- from the one it read with no copy in between (each string a call makes
+-- costs Redis about a microsecond per kilobyte). A give-back, which reads
+-- every group, reads them into three arrays, oldest first (`decode`: ids,
+-- moments, offsets, INFINITY for none) and packs them back (`encode`).
 local open, next_id, earliest, in_order, groups, horizon = 0, nil, INFINITY, 1, 0, 0
-local places, entries = '', ''
+local src, p0, p1, e0, e1, p_tail, e_tail = '', 1, 0, 1, 0, '', ''
 local group_ids, group_moments, group_offsets
 if value then
     size = #value
@@ -608,8 +612,8 @@ if value then
                 local count = (size - LEDGER_START - 47) / 16 - groups
                 if count % 1 == 0 and count >= 0 and count <= groups then
                     marker = MARKER
-                    places = string.sub(value, LEDGER_START + 48, LEDGER_START + 47 + 16 * groups)
-                    entries = string.sub(value, LEDGER_START + 48 + 16 * groups)
+                    src, p0, p1 = value, LEDGER_START + 48, LEDGER_START + 47 + 16 * groups
+                    e0, e1 = p1 + 1, size
                 end
             end
         else
@@ -653,8 +657,10 @@ if groups > 0 and (mode == 'cancel' or (in_order == 0 and now_micros >= earliest
     -- not a ledger this script wrote (ids rising and below next_id, whole
     -- moments and offsets, offsets rising, each entry a group's).
     decode = function()
+        local entries = string.sub(src, e0, e1) .. e_tail
         local count = #entries / 16
-        local raw = {struct.unpack('<' .. string.rep('d', 2 * (groups + count)), places .. entries)}
+        local raw = {struct.unpack('<' .. string.rep('d', 2 * (groups + count)),
+            string.sub(src, p0, p1) .. p_tail .. entries)}
         local entry, last_id, last_offset = 2 * groups + 1, -1, -1
         local valid = true
         for i = 1, groups do
@@ -684,7 +690,7 @@ if groups > 0 and (mode == 'cancel' or (in_order == 0 and now_micros >= earliest
             numbers[count + 1], numbers[count + 2] = group_ids[i], group_moments[i]
             count = count + 2
         end
-        places = struct.pack('<' .. string.rep('d', count), unpack(numbers, 1, count))
+        local places = struct.pack('<' .. string.rep('d', count), unpack(numbers, 1, count))
         count = 0
         for i = 1, groups do
             if group_offsets[i] < INFINITY then
@@ -692,7 +698,9 @@ if groups > 0 and (mode == 'cancel' or (in_order == 0 and now_micros >= earliest
                 count = count + 2
             end
         end
-        entries = struct.pack('<' .. string.rep('d', count), unpack(numbers, 1, count))
+        src = places .. struct.pack('<' .. string.rep('d', count), unpack(numbers, 1, count))
+        p0, p1, e0, e1 = 1, #places, #places + 1, #src
+        p_tail, e_tail = '', ''
     end
 
     -- Ledger::expire, on the arrays: the groups of the reservations whose
@@ -954,7 +962,7 @@ end
 if old_rate ~= permits_per_second or old_max ~= max_permits then
     -- Ledger::clear: its offsets were at the old rate.
     open, groups, earliest, in_order = 0, 0, INFINITY, 1
-    places, entries = '', ''
+    src, p0, p1, e0, e1 = '', 1, 0, 1, 0
     local old_stable = 1000000.0 / old_rate
     if old_stable > MAX_MICROS then
         old_stable = MAX_MICROS
@@ -1003,32 +1011,38 @@ if not mode or mode == 'resume' then
             -- their entries (with ids up to theirs) too; the smallest offset
             -- among those is the first. It joins the next group, whose own
             -- entry (the next, if it has one) can only be larger.
+            -- (The groups are all in `src` here: nothing was added yet.)
             local passed = 0
-            while passed < groups and struct.unpack('<d', places, 16 * passed + 9) <= now_micros do
+            while passed < groups and struct.unpack('<d', src, p0 + 16 * passed + 8) <= now_micros do
                 passed = passed + 1
             end
             if passed > 0 then
-                local last_passed = struct.unpack('<d', places, 16 * passed - 15)
-                local count, cut, carried = #entries / 16, 0, INFINITY
-                while cut < count and struct.unpack('<d', entries, 16 * cut + 1) <= last_passed do
-                    cut = cut + 1
+                local last_passed = struct.unpack('<d', src, p0 + 16 * passed - 16)
+                local carried = INFINITY
+                if e0 <= e1 and struct.unpack('<d', src, e0) <= last_passed then
+                    carried = struct.unpack('<d', src, e0 + 8)
+                    repeat
+                        e0 = e0 + 16
+                    until e0 > e1 or struct.unpack('<d', src, e0) > last_passed
                 end
-                if cut > 0 then
-                    carried = struct.unpack('<d', entries, 9)
-                    entries = string.sub(entries, 16 * cut + 1)
-                end
-                places = string.sub(places, 16 * passed + 1)
+                p0 = p0 + 16 * passed
                 groups = groups - passed
                 if groups > 0 and carried < INFINITY then
-                    local first = struct.unpack('<d', places)
-                    if #entries > 0 and struct.unpack('<d', entries) == first then
-                        entries = string.sub(entries, 17)
+                    -- The next group's entry becomes the first (its own,
+                    -- if it had one, is larger): the groups are packed
+                    -- anew.
+                    local first = struct.unpack('<d', src, p0)
+                    if e0 <= e1 and struct.unpack('<d', src, e0) == first then
+                        e0 = e0 + 16
                     end
-                    entries = struct.pack('<dd', first, carried) .. entries
+                    src = string.sub(src, p0, p1) .. struct.pack('<dd', first, carried)
+                        .. string.sub(src, e0, e1)
+                    p0, p1 = 1, 16 * groups
+                    e0, e1 = p1 + 1, #src
                 end
             end
             if groups > 0 then
-                earliest = struct.unpack('<d', places, 9)
+                earliest = struct.unpack('<d', src, p0 + 8)
             else
                 open, earliest, in_order = 0, INFINITY, 1
             end
@@ -1053,7 +1067,7 @@ if not mode or mode == 'resume' then
         if slack < 0.0 then
             -- Idle beyond the burst: this term is above every other.
             open, groups, earliest, in_order = 0, 0, INFINITY, 1
-            places, entries = '', ''
+            src, p0, p1, e0, e1 = '', 1, 0, 1, 0
         else
             -- Rounded down: a term never reads lower than it is.
             if slack < MAX_MICROS then
@@ -1066,13 +1080,8 @@ if not mode or mode == 'resume' then
             end
             -- The groups it reaches can never be the largest again: their
             -- entries, the last ones, go.
-            local count = #entries / 16
-            local kept = count
-            while kept > 0 and not (struct.unpack('<d', entries, 16 * kept - 7) < open) do
-                kept = kept - 1
-            end
-            if kept < count then
-                entries = string.sub(entries, 1, 16 * kept)
+            while e1 >= e0 and not (struct.unpack('<d', src, e1 - 7) < open) do
+                e1 = e1 - 16
             end
         end
     end
@@ -1182,28 +1191,32 @@ else
         next_id = token_id + 1
         if groups == 0 then
             in_order = 1
-        elseif struct.unpack('<d', places, 16 * groups - 7) > moment then
+        elseif struct.unpack('<d', src, p1 - 7) > moment then
             in_order = 0
         end
         -- Its entry holds the open group's offset (finite: the note above
         -- set it), the largest (entries rise).
         if groups < LEDGER_CAPACITY then
             groups = groups + 1
-            places = places .. struct.pack('<dd', token_id, moment)
-            entries = entries .. struct.pack('<dd', token_id, open)
+            p_tail = struct.pack('<dd', token_id, moment)
+            e_tail = struct.pack('<dd', token_id, open)
         else
             -- Full: the two newest merge, the one before this losing its
             -- group (it then gives back only what lies before it). Its place
             -- goes; this one takes the smaller offset: that one's entry,
             -- the last, if it has one.
-            local older = struct.unpack('<d', places, 16 * groups - 15)
-            places = string.sub(places, 1, 16 * (groups - 1)) .. struct.pack('<dd', token_id, moment)
-            local count = #entries / 16
-            if count > 0 and struct.unpack('<d', entries, 16 * count - 15) == older then
-                entries = string.sub(entries, 1, 16 * (count - 1))
-                    .. struct.pack('<dd', token_id, (struct.unpack('<d', entries, 16 * count - 7)))
+            local older = struct.unpack('<d', src, p1 - 15)
+            p1 = p1 - 16
+            p_tail = struct.pack('<dd', token_id, moment)
+            local last_id, last_offset
+            if e1 >= e0 then
+                last_id, last_offset = struct.unpack('<dd', src, e1 - 15)
+            end
+            if last_id == older then
+                e1 = e1 - 16
+                e_tail = struct.pack('<dd', token_id, last_offset)
             else
-                entries = entries .. struct.pack('<dd', token_id, open)
+                e_tail = struct.pack('<dd', token_id, open)
             end
         end
         open = INFINITY
@@ -1282,7 +1295,7 @@ if marker == THR3 then
     -- The ledger: its head, every group's place (id, moment), then the
     -- (id, offset) of those with an offset.
     value_written = written .. struct.pack(LEDGER, open, next_id, earliest, in_order, groups, horizon)
-        .. places .. entries
+        .. string.sub(src, p0, p1) .. p_tail .. string.sub(src, e0, e1) .. e_tail
 end
 if ttl_option == 'PX' then
     redis.call('SET', key, value_written, 'PX', ttl_ms)

@@ -399,8 +399,24 @@ fn generate(seed: u64) -> Sequence {
                 _ => rng.below(debt / 64 + 1),
             },
             _ if give_backs => match rng.below(100) {
-                0..40 => 0,
-                40..90 => rng.below(debt / 16 + 1),
+                0..35 => 0,
+                35..85 => rng.below(debt / 16 + 1),
+                // To where the limiter is within a µs of idle beyond its
+                // burst: the next request's term is then the largest (as
+                // the terms the ledger holds after give-backs moved the
+                // ticket behind waiting reservations: their groups go).
+                85..92 => {
+                    let room = match &core.policy {
+                        Policy::Bursty(_) => {
+                            (core.max_permits - core.stored_permits) * core.stable_interval_micros
+                        }
+                        Policy::WarmingUp(_) => 0.0,
+                    };
+                    let edge = core.next_free_micros as f64
+                        + f64::from(core.next_free_fraction) / f64::from(1u32 << 20)
+                        + room;
+                    (edge.floor() as u64).saturating_sub(time.max(last_now))
+                }
                 _ => rng.below(debt / 4 + 1),
             },
             0..20 => 0,
