@@ -42,11 +42,6 @@ pub fn ledger_groups(value: &[u8]) -> Option<u64> {
     Some(groups as u64)
 }
 
-/// The group id a token carries (`None` for one without).
-pub fn token_id(token: &[u8]) -> Option<u64> {
-    (token.len() == TOKEN_WITH_ID_LEN).then(|| doubles::<1>(&token[STATE_LEN..])[0] as u64)
-}
-
 /// The length of a value in the first format (five doubles, no marker).
 pub const V0_STATE_LEN: usize = 40;
 
