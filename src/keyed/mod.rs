@@ -126,6 +126,8 @@ pub struct KeyedRateLimiter<K, C: Clock = SystemClock> {
     /// The rate as last set, as `f64` bits.
     rate_bits: AtomicU64,
     dropped_unfinished: AtomicU64,
+    /// See [`dropped_until`](Self::dropped_until).
+    dropped_until: AtomicU64,
     /// Whether keys may be held as words, so that a call tries the read
     /// lock first: a bursty policy, keys that start full.
     words: bool,
@@ -283,6 +285,7 @@ where
             clock,
             rate_bits,
             dropped_unfinished: AtomicU64::new(0),
+            dropped_until: AtomicU64::new(0),
             words,
         }
     }
@@ -306,6 +309,7 @@ where
         if dropped.unfinished > 0 {
             self.dropped_unfinished
                 .fetch_add(dropped.unfinished, Relaxed);
+            self.dropped_until.fetch_max(dropped.latest, Relaxed);
         }
     }
 
@@ -534,56 +538,63 @@ where
     }
 }
 
-/// # For a Redis keyed limiter's fallback
+/// # For a Redis limiter's fallback
+///
+/// The fallback holds the keys it served in [`Mode::Empty`]; what a key
+/// owes Redis is read from its ticket.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 impl<K, C> KeyedRateLimiter<K, C>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
 {
-    /// Forgets `key` and returns how far its ticket lay ahead of now, in
-    /// µs, if it was held.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn take_debt<Q>(&self, key: &Q) -> Option<u64>
+    /// The ticket of `key` (µs on the clock), if it is held.
+    pub(crate) fn ticket<Q>(&self, key: &Q) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let now = self.clock.now_micros();
+        self.shard(key).read().ticket(key, now)
+    }
+
+    /// Forgets `key` if its ticket is at most `until`; whether it is no
+    /// longer held.
+    pub(crate) fn forget_if_paid<Q>(&self, key: &Q, until: u64) -> bool
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         let (mut shard, now) = self.shard_now(key);
-        shard
-            .take(key, now)
-            .map(|ticket| ticket.saturating_sub(now))
+        shard.forget_if_paid(key, until, now)
     }
 
-    /// Forgets every key and returns each with how far its ticket lay
-    /// ahead of now, in µs.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn drain_debts(&self) -> Vec<(K, u64)> {
-        let mut debts = Vec::new();
+    /// The keys held now.
+    pub(crate) fn keys(&self) -> Vec<K> {
+        let mut keys = Vec::new();
         for shard in self.shards.iter() {
-            let read = self.clock.now_micros();
-            let (mut shard, now) = shard.0.write_at(read);
-            debts.extend(
-                shard
-                    .drain(now)
-                    .into_iter()
-                    .map(|(key, ticket)| (key, ticket.saturating_sub(now))),
-            );
+            keys.extend(shard.0.read().keys().cloned());
         }
-        debts
+        keys
     }
 
-    /// Holds `key` with nothing stored and `debt_micros` of debt from now,
-    /// unless it is held already.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn open<Q>(&self, key: &Q, debt_micros: u64)
+    /// Holds `key` with nothing stored and its ticket at `until` (µs on the
+    /// clock), unless it is held already.
+    pub(crate) fn open<Q>(&self, key: &Q, until: u64)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let (mut shard, now) = self.shard_now(key);
-        let dropped = shard.open(key, now.saturating_add(debt_micros), now);
+        let dropped = shard.open(key, until, now);
         drop(shard);
         self.count_dropped(dropped);
+    }
+
+    /// At least the latest ticket of a key dropped to stay within the cap
+    /// before it had passed (0 if none was).
+    pub(crate) fn dropped_until(&self) -> u64 {
+        self.dropped_until.load(Relaxed)
     }
 }
 

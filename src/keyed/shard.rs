@@ -229,6 +229,9 @@ enum Sweep {
 pub(super) struct Dropped {
     /// Entries dropped before they read as full (the cap).
     pub(super) unfinished: u64,
+    /// At least the latest ticket among them (0 if none): the fallback of
+    /// a Redis limiter opens new keys no earlier, erring towards limiting.
+    pub(super) latest: u64,
 }
 
 /// A fast call's outcome, when it needs no write lock.
@@ -597,6 +600,7 @@ impl<K: Hash + Eq + Clone> Table<K> {
         self.forget_ledgers(now);
         Dropped {
             unfinished: (batch - left) as u64,
+            latest: if left < batch { cutoff } else { 0 },
         }
     }
 
@@ -811,40 +815,40 @@ impl<K: Hash + Eq + Clone> Table<K> {
             .map_or(now, |entry| entry.next_free_micros)
     }
 
-    /// Removes every key and returns each with its ticket (at `now`).
-    pub(super) fn drain(&mut self, now: u64) -> Vec<(K, u64)> {
-        self.ledgers.clear();
-        self.release_ledgers();
-        let config = self.config;
-        let mut drained: Vec<(K, u64)> = self
-            .states
-            .drain()
-            .map(|(key, entry)| (key, entry.next_free_micros))
-            .collect();
-        if let Some(config) = config {
-            drained.extend(self.words.drain().map(|(key, cell)| {
-                let ticket = word::decode(cell.into_inner(), now, &config).next_free;
-                (key, ticket)
-            }));
-        }
-        drained
-    }
-
-    /// Removes `key` and returns its ticket (at `now`), if held.
-    pub(super) fn take<Q>(&mut self, key: &Q, now: u64) -> Option<u64>
+    /// The ticket of `key` (at `now`), if held.
+    pub(super) fn ticket<Q>(&self, key: &Q, now: u64) -> Option<u64>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        if !self.ledgers.is_empty() {
-            self.forget_ledger(key);
+        held_entry(&self.words, &self.states, self.config.as_ref(), key, now)
+            .map(|entry| entry.next_free_micros)
+    }
+
+    /// The keys held.
+    pub(super) fn keys(&self) -> impl Iterator<Item = &K> {
+        self.states.keys().chain(self.words.keys())
+    }
+
+    /// Removes `key` if its ticket (at `now`) is at most `until`; whether
+    /// it is no longer held.
+    pub(super) fn forget_if_paid<Q>(&mut self, key: &Q, until: u64, now: u64) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        match self.ticket(key, now) {
+            None => true,
+            Some(ticket) if ticket <= until => {
+                if !self.ledgers.is_empty() {
+                    self.forget_ledger(key);
+                }
+                self.states.remove(key);
+                self.words.remove(key);
+                true
+            }
+            Some(_) => false,
         }
-        if let Some(entry) = self.states.remove(key) {
-            return Some(entry.next_free_micros);
-        }
-        let config = self.config?;
-        let cell = self.words.remove(key)?;
-        Some(word::decode(cell.into_inner(), now, &config).next_free)
     }
 
     /// Holds `key` with nothing stored and the ticket at `until`, unless it

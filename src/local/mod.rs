@@ -325,26 +325,6 @@ impl<C: Clock> RateLimiter<C> {
         // Anything else is another limiter's: nothing of this one's.
     }
 
-    /// Starts over from `next_free_micros` with no stored permits: what a
-    /// Redis limiter's local fallback does when it takes over, so that it
-    /// opens with the debt Redis last reported instead of a burst. A ticket
-    /// still ahead of that (debt of an earlier outage whose resume call did
-    /// not reach Redis) is kept: the fallback errs towards limiting.
-    #[cfg(feature = "redis")]
-    pub(crate) fn restart_from(&self, next_free_micros: u64) {
-        self.update_locked(|state, ledger, _| {
-            // A jump the ledger's terms do not hold: give-backs of what is
-            // waiting now move the ticket back no more (erring late).
-            ledger.clear();
-            state.stored_permits = 0.0;
-            let next_free_micros = next_free_micros.min(crate::core::MAX_MICROS);
-            if next_free_micros > state.next_free_micros {
-                state.next_free_micros = next_free_micros;
-                state.next_free_fraction = 0;
-            }
-        });
-    }
-
     /// Applies `update` to the core state and its ledger under the lock,
     /// whatever mode the word is in, and publishes the result.
     fn update_locked(&self, mut update: impl FnMut(&mut State, &mut Ledger, u64)) {

@@ -90,6 +90,16 @@ pub(crate) struct Backend {
     /// What the probe runs the script on. Marking zones down and up
     /// happens under this lock, with the targets kept in step.
     probes: Mutex<Probes>,
+    /// The limiters told when zones come back (those that served from
+    /// their fallback).
+    recovering: Mutex<Vec<Weak<dyn Recover>>>,
+}
+
+/// A limiter told when part of Redis comes back, so that what its fallback
+/// holds goes back to Redis whether or not it is called again.
+pub(crate) trait Recover: Send + Sync {
+    /// Some zone is up again. Must not block (spawn the work).
+    fn recovered(&self);
 }
 
 /// The probe's work: a target for each zone a call found down, and the
@@ -134,6 +144,31 @@ impl Backend {
             response_timeout,
             probe_interval,
             probes: Mutex::default(),
+            recovering: Mutex::default(),
+        }
+    }
+
+    /// Tells `limiter` of every recovery from now on (while it lives).
+    pub(crate) fn on_recovery(&self, limiter: Weak<dyn Recover>) {
+        let mut recovering = self
+            .recovering
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        recovering.retain(|weak| weak.strong_count() > 0);
+        recovering.push(limiter);
+    }
+
+    /// Tells the limiters that asked that zones came back.
+    fn tell_recovered(&self) {
+        let limiters: Vec<Arc<dyn Recover>> = self
+            .recovering
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for limiter in limiters {
+            limiter.recovered();
         }
     }
 
@@ -295,6 +330,7 @@ impl Backend {
                 Err(e) => self.health.set_last_error(&e.to_string()),
             }
         }
+        let recoveries = self.health.zone_recoveries();
         if !recovered.is_empty() || !narrowed.is_empty() {
             self.link.replace(connection);
         }
@@ -334,6 +370,9 @@ impl Backend {
                 .copied()
                 .collect();
             self.health.mark_up_all(&released);
+        }
+        if self.health.zone_recoveries() != recoveries {
+            self.tell_recovered();
         }
         if !narrowed.is_empty() {
             self.widen_now().await;
@@ -439,8 +478,12 @@ impl Backend {
             .into_iter()
             .map(Zone::Slot)
             .collect();
-        self.health.mark_up_all(&widened);
+        let back = self.health.mark_up_all(&widened);
         probes.running = false;
+        drop(probes);
+        if back > 0 {
+            self.tell_recovered();
+        }
         true
     }
 

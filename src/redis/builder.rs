@@ -1,7 +1,6 @@
 //! Configuration and construction of a [`RedisRateLimiter`].
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::cluster::ClusterClient;
@@ -9,12 +8,11 @@ use redis::cluster::ClusterClient;
 use super::Fallback;
 use super::backend::{Backend, RuntimeRef, current_runtime, own_runtime};
 use super::connection::Target;
-use super::limiter::{Inner, RedisRateLimiter, local_rate};
-use super::script::ScriptArgs;
+use super::failover::{Failover, Naming, Parts};
+use super::limiter::RedisRateLimiter;
+use crate::Error;
 use crate::builder::{PolicyConfig, policy_setters};
 use crate::clock::{Clock, SystemClock};
-use crate::core::State;
-use crate::{Error, RateLimiter};
 
 /// Every key is `throttler:` followed by the limiter's name.
 pub const KEY_PREFIX: &str = "throttler:";
@@ -267,24 +265,18 @@ pub(crate) fn assemble_limiter<C: Clock>(
 ) -> Result<RedisRateLimiter<C>, Error> {
     check_limiter(name, config, local_fraction)?;
     let (policy, rate) = config.policy()?;
-    let now = clock.now_micros();
-    let local = RateLimiter::from_parts(
-        State::new(policy.clone(), local_rate(rate, local_fraction), now)?,
-        clock,
-    );
-    let key = format!("{KEY_PREFIX}{name}");
-    Ok(RedisRateLimiter::from_arc(Arc::new(Inner {
-        zone: backend.health.zone_of(&key),
+    let key: Arc<str> = format!("{KEY_PREFIX}{name}").into();
+    let zone = backend.health.zone_of(&key);
+    let failover = Failover::new(Parts {
         backend,
-        key: key.into(),
-        script_args: Arc::new(ScriptArgs::new(&policy, rate)),
-        rate_bits: AtomicU64::new(rate.to_bits()),
+        naming: Naming::Single { key, zone },
+        policy,
+        rate,
         fallback,
-        local,
         local_fraction,
-        debt_until: AtomicU64::new(0),
-        opened_until: AtomicU64::new(0),
-        serving_locally: AtomicBool::new(false),
-        opening: Mutex::new(()),
-    })))
+        // The fallback holds the limiter's one state.
+        max_local_keys: 1,
+        clock,
+    })?;
+    Ok(RedisRateLimiter::from_arc(failover))
 }

@@ -41,10 +41,12 @@
 mod backend;
 mod builder;
 mod connection;
+mod failover;
 mod fallback;
 mod health;
 mod keyed;
 mod limiter;
+mod round_trip;
 mod script;
 mod shared;
 

@@ -1,0 +1,785 @@
+//! What both Redis limiters share: their Redis keys, the script call, and
+//! the fail-over to a local limiter and back, written once for one key
+//! ([`NoKey`]) and for many.
+//!
+//! # The rule at every switch
+//!
+//! Each permit granted is counted exactly once in the schedule that later
+//! callers of every process see; where that cannot be known exactly, the
+//! limiter errs towards limiting, never towards granting twice.
+//!
+//! - **Into the fallback.** A key opens in the local fallback with nothing
+//!   stored and its ticket at its *floor*: the end of the debt Redis last
+//!   reported for it (or, for a key whose report did not fit in memory,
+//!   the latest such end among the keys sharing its bucket), and no earlier
+//!   than the ticket of any key the fallback dropped to stay within
+//!   `max_local_keys`. A saturated key stays saturated.
+//! - **Back to Redis.** A key the fallback holds is carried back before
+//!   any other call of it reaches Redis: one resume call adds what the
+//!   fallback granted beyond what Redis knew (its ticket less the debt
+//!   Redis had reported, at the shared rate) and drops the stored permits;
+//!   only then does the fallback forget the key. Callers of a key being
+//!   carried wait for it (at most a round trip). Keys nobody calls are
+//!   carried by a background task, started when the backend recovers.
+//! - **Nothing twice.** A key leaves the fallback only once its debt is in
+//!   Redis, so a second outage opens it from what Redis reports, not from
+//!   a stale local ticket. A resume whose reply is lost may be applied and
+//!   sent again: that errs towards limiting.
+//! - **Beyond the cap.** Keys the fallback dropped (more than
+//!   `max_local_keys` served in one outage) lose their local ticket; the
+//!   latest such ticket stays as a floor. After recovery, until that
+//!   moment passes, each key whose reported debt ends earlier is charged
+//!   up to it once, on its first call: that errs towards limiting.
+
+use std::borrow::Borrow;
+use std::collections::{HashMap, HashSet};
+use std::fmt::{self, Display};
+use std::hash::{BuildHasher, Hash, RandomState};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::Notify;
+use tokio::sync::futures::Notified;
+
+use super::Fallback;
+use super::backend::{Backend, ProbeTarget, Recover};
+use super::health::Zone;
+use super::round_trip::{Canceller, Failure, send};
+use super::script::{Call, Reply, ScriptArgs, Token};
+use crate::clock::Clock;
+use crate::core::{Policy, State, stable_interval_micros};
+use crate::error::{BackendError, check_permits};
+use crate::keyed::Mode;
+use crate::reservation::{GiveBackTo, Pending, Taken};
+use crate::{Error, KeyedRateLimiter, Reservation};
+
+/// The key of a limiter with one key: it has one state, here and in Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct NoKey;
+
+impl Display for NoKey {
+    fn fmt(&self, _: &mut fmt::Formatter<'_>) -> fmt::Result {
+        Ok(())
+    }
+}
+
+/// Where a limiter's keys live in Redis.
+pub(crate) enum Naming {
+    /// One Redis key, in one zone.
+    Single { key: Arc<str>, zone: Zone },
+    /// One Redis key per key: the prefix, then the key (escaped).
+    Keyed { prefix: String },
+}
+
+/// How many buckets hold the known debts that do not fit in memory.
+const BUCKETS: usize = 64;
+
+/// How many keys are carried back at once in the background.
+const CARRY_CONCURRENCY: usize = 64;
+
+/// A Redis limiter's shared state: one type for one key and for many.
+pub(crate) struct Failover<K, C: Clock> {
+    pub(crate) backend: Arc<Backend>,
+    naming: Naming,
+    script_args: Arc<ScriptArgs>,
+    /// The rate in force, as `f64` bits: passed with every call, so a change
+    /// reaches Redis with the next one.
+    rate_bits: AtomicU64,
+    pub(crate) fallback: Fallback,
+    /// The local fallback: keys open empty at their floor; a key held here
+    /// owes Redis what it granted. Its clock is the one waits are slept on.
+    pub(crate) local: KeyedRateLimiter<K, C>,
+    local_fraction: f64,
+    max_local_keys: usize,
+    /// Whether the fallback may hold keys or debts are known: when not, a
+    /// call goes to Redis without taking the lock.
+    active: AtomicBool,
+    /// How many debts are known (a call with no debt to note skips the lock
+    /// while none is).
+    known_len: AtomicUsize,
+    books: Mutex<Books<K>>,
+    /// Woken whenever a key's carry-back ends.
+    carried: Notify,
+    /// Whether the background carry-back runs, and whether it should run
+    /// again once done (keys were opened meanwhile).
+    carrying_all: AtomicBool,
+    again: AtomicBool,
+    /// Whether the backend tells this limiter of its recoveries.
+    registered: AtomicBool,
+    bucket_hasher: RandomState,
+    this: Weak<Self>,
+}
+
+/// What the fail-over remembers, under one lock: every change to the
+/// fallback's keys happens under it too.
+struct Books<K> {
+    /// When the debt Redis last reported for a key ends (µs, local clock),
+    /// for keys that owed something: at most `max_local_keys`.
+    known: HashMap<K, u64>,
+    /// The known debts that did not fit: the latest end per bucket of keys.
+    overflow: [u64; BUCKETS],
+    /// Keys whose debt is on its way to Redis: their callers wait.
+    carrying: HashSet<K>,
+}
+
+/// A reservation of one key made in Redis: its Redis key and the script's
+/// record.
+struct RedisKeyTaken {
+    key: Arc<str>,
+    token: Token,
+}
+
+/// The wake-up of a caller whose key is being carried back.
+type Carried<'a> = Pin<Box<Notified<'a>>>;
+
+/// Where a call goes.
+enum Route {
+    Redis,
+    /// The fallback; the failure that sent it there, if any is known.
+    Local(Option<BackendError>),
+}
+
+/// The fallback's rate: a share of the shared rate, never rounded to 0.
+pub(crate) fn local_rate(permits_per_second: f64, local_fraction: f64) -> f64 {
+    (permits_per_second * local_fraction).max(f64::from_bits(1))
+}
+
+/// The options a Redis limiter is built from.
+pub(crate) struct Parts<C> {
+    pub(crate) backend: Arc<Backend>,
+    pub(crate) naming: Naming,
+    pub(crate) policy: Policy,
+    pub(crate) rate: f64,
+    pub(crate) fallback: Fallback,
+    pub(crate) local_fraction: f64,
+    pub(crate) max_local_keys: usize,
+    pub(crate) clock: C,
+}
+
+impl<K, C> Failover<K, C>
+where
+    K: Display + Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    pub(crate) fn new(parts: Parts<C>) -> Result<Arc<Self>, Error> {
+        let local = KeyedRateLimiter::from_parts(
+            State::new(
+                parts.policy.clone(),
+                local_rate(parts.rate, parts.local_fraction),
+                0,
+            )?,
+            parts.clock,
+            Some(parts.max_local_keys),
+            Mode::Empty,
+        );
+        Ok(Arc::new_cyclic(|this| Failover {
+            backend: parts.backend,
+            naming: parts.naming,
+            script_args: Arc::new(ScriptArgs::new(&parts.policy, parts.rate)),
+            rate_bits: AtomicU64::new(parts.rate.to_bits()),
+            fallback: parts.fallback,
+            local,
+            local_fraction: parts.local_fraction,
+            max_local_keys: parts.max_local_keys,
+            active: AtomicBool::new(false),
+            known_len: AtomicUsize::new(0),
+            books: Mutex::new(Books {
+                known: HashMap::new(),
+                overflow: [0; BUCKETS],
+                carrying: HashSet::new(),
+            }),
+            carried: Notify::new(),
+            carrying_all: AtomicBool::new(false),
+            again: AtomicBool::new(false),
+            registered: AtomicBool::new(false),
+            bucket_hasher: RandomState::new(),
+            this: this.clone(),
+        }))
+    }
+
+    pub(crate) fn rate(&self) -> f64 {
+        f64::from_bits(self.rate_bits.load(Ordering::Relaxed))
+    }
+
+    /// Changes the rate from now on, here and (with the next call of each
+    /// key) in Redis.
+    pub(crate) fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
+        stable_interval_micros(permits_per_second)?;
+        self.local
+            .set_rate(local_rate(permits_per_second, self.local_fraction))?;
+        self.rate_bits
+            .store(permits_per_second.to_bits(), Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub(crate) fn clock(&self) -> &C {
+        self.local.clock()
+    }
+
+    fn now(&self) -> u64 {
+        self.local.clock().now_micros()
+    }
+
+    fn books(&self) -> MutexGuard<'_, Books<K>> {
+        self.books.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The Redis key of `key`.
+    pub(crate) fn redis_key<Q: Display + ?Sized>(&self, key: &Q) -> Arc<str> {
+        match &self.naming {
+            Naming::Single { key, .. } => Arc::clone(key),
+            Naming::Keyed { prefix } => format!("{prefix}{key}").into(),
+        }
+    }
+
+    /// The Redis key of `key`, and what the script needs with it.
+    pub(crate) fn target<Q: Display + ?Sized>(&self, key: &Q) -> ProbeTarget {
+        ProbeTarget {
+            key: self.redis_key(key),
+            script_args: Arc::clone(&self.script_args),
+            rate: self.rate(),
+        }
+    }
+
+    /// Whether calls on `target`'s key are served by the fallback.
+    fn is_down(&self, target: &ProbeTarget) -> bool {
+        match &self.naming {
+            Naming::Single { zone, .. } => self.backend.health.is_down(*zone),
+            Naming::Keyed { .. } => self.backend.health.is_down_key(&target.key),
+        }
+    }
+
+    /// Whether calls are served by the fallback now, for some keys at least.
+    pub(crate) fn is_degraded(&self) -> bool {
+        match &self.naming {
+            Naming::Single { zone, .. } => self.backend.health.is_down(*zone),
+            Naming::Keyed { .. } => self.backend.health.any_down(),
+        }
+    }
+
+    /// Reserves `permits` of `key` through Redis, or through the fallback
+    /// while Redis is down. `held`: the caller may give the reservation
+    /// back (see [`Call::Reserve`]).
+    pub(crate) async fn reserve<Q>(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Option<Duration>,
+        held: bool,
+    ) -> Result<Option<Reservation<'_>>, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        check_permits(permits)?;
+        let target = self.target(key);
+        loop {
+            let failure = match self.route(key, &target).await {
+                Route::Redis => {
+                    let call = Call::Reserve {
+                        permits,
+                        timeout,
+                        held,
+                    };
+                    match self.send(key, &target, call).await {
+                        Ok(reply) => return Ok(self.granted(reply, &target)),
+                        Err(Failure::Refused(error)) => return Err(error),
+                        Err(Failure::Down(failure)) => failure,
+                    }
+                }
+                Route::Local(failure) => failure,
+            };
+            let served = self.serve_locally(key, &target, failure, |local| match timeout {
+                None => local.reservation(key, permits).map(Some),
+                Some(timeout) => local.try_reservation(key, permits, timeout),
+            });
+            match served {
+                Ok(result) => return result,
+                Err(carried) => self.await_carry(carried).await,
+            }
+        }
+    }
+
+    /// The current wait of `key`, from Redis or the fallback.
+    pub(crate) async fn query<Q>(&self, key: &Q) -> Result<Duration, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let target = self.target(key);
+        loop {
+            let failure = match self.route(key, &target).await {
+                Route::Redis => match self.send(key, &target, Call::Query).await {
+                    Ok(reply) => return Ok(reply.wait.unwrap_or_default()),
+                    Err(Failure::Refused(error)) => return Err(error),
+                    Err(Failure::Down(failure)) => failure,
+                },
+                Route::Local(failure) => failure,
+            };
+            match self.query_locally(key, failure) {
+                Ok(result) => return result,
+                Err(carried) => self.await_carry(carried).await,
+            }
+        }
+    }
+
+    /// A granted reply, as a reservation that gives itself back if dropped.
+    fn granted(&self, reply: Reply, target: &ProbeTarget) -> Option<Reservation<'_>> {
+        let wait = reply.wait?;
+        let pending = match reply.token {
+            Some(token) if !wait.is_zero() => Some(Pending {
+                owner: self as &dyn GiveBackTo,
+                taken: match self.naming {
+                    Naming::Single { .. } => Taken::Redis(token),
+                    Naming::Keyed { .. } => Taken::Keyed(Box::new(RedisKeyTaken {
+                        key: Arc::clone(&target.key),
+                        token,
+                    })),
+                },
+            }),
+            _ => None,
+        };
+        Some(Reservation::new(wait, self.local.clock(), pending))
+    }
+
+    /// One call for `key` to Redis (see [`send`]), noting the debt it
+    /// reports.
+    async fn send<Q>(&self, key: &Q, target: &ProbeTarget, call: Call) -> Result<Reply, Failure>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let reply = send(&self.backend, target, call).await?;
+        self.note_debt(key, reply.debt_micros);
+        Ok(reply)
+    }
+
+    /// Where a call of `key` goes: to the fallback while its part of Redis
+    /// is down; otherwise to Redis, once anything the fallback holds for
+    /// the key has been carried back.
+    async fn route<Q>(&self, key: &Q, target: &ProbeTarget) -> Route
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        loop {
+            if self.is_down(target) {
+                return Route::Local(None);
+            }
+            if self.active.load(Ordering::Acquire) {
+                let carried = {
+                    let mut books = self.books();
+                    if books.carrying.contains(key) {
+                        Some(self.carried.notified())
+                    } else if self.local.ticket(key).is_some() {
+                        books.carrying.insert(key.to_owned());
+                        drop(books);
+                        self.spawn_carry(key.to_owned());
+                        // The rest of the fallback's keys go back too.
+                        self.carry_all();
+                        continue;
+                    } else {
+                        None
+                    }
+                };
+                if let Some(carried) = carried {
+                    self.await_carry(carried).await;
+                    continue;
+                }
+            }
+            if let Err(Failure::Down(failure)) = self.charge_floor(key, target).await {
+                return Route::Local(failure);
+            }
+            return Route::Redis;
+        }
+    }
+
+    /// Waits for a carry-back to end: at most a round trip (bounded again
+    /// here, should a wake-up be missed).
+    async fn await_carry(&self, carried: impl Future<Output = ()>) {
+        let bound = self.backend.response_timeout.saturating_mul(2);
+        let _ = tokio::time::timeout(bound, carried).await;
+    }
+
+    /// Serves `key` from the fallback (or fails open or closed): opens the
+    /// key at its floor and runs `serve` on the local limiter, under the
+    /// lock. `Err` with a wake-up to await if the key is being carried back
+    /// (the caller then routes again).
+    fn serve_locally<'a, Q>(
+        &'a self,
+        key: &Q,
+        target: &ProbeTarget,
+        failure: Option<BackendError>,
+        serve: impl FnOnce(&'a KeyedRateLimiter<K, C>) -> Result<Option<Reservation<'a>>, Error>,
+    ) -> Result<Result<Option<Reservation<'a>>, Error>, Carried<'a>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.backend.health.count_fallback_call();
+        if self.fallback == Fallback::FailClosed {
+            return Ok(Err(self.closed_error(failure)));
+        }
+        let books = self.books();
+        if books.carrying.contains(key) {
+            let carried = self.carried.notified();
+            drop(books);
+            return Err(Box::pin(carried));
+        }
+        self.activate();
+        if self.local.ticket(key).is_none() {
+            let floor = self.floor(&books, key);
+            self.local.open(key, floor);
+        }
+        let served = match self.fallback {
+            Fallback::Local => serve(&self.local),
+            _ => Ok(Some(Reservation::new(
+                Duration::ZERO,
+                self.local.clock(),
+                None,
+            ))),
+        };
+        drop(books);
+        if !self.is_down(target) {
+            // Redis came back meanwhile: carry the key back now.
+            self.carry_all();
+        }
+        Ok(served)
+    }
+
+    /// The wait of `key` while its part of Redis is down: the fallback's if
+    /// it holds the key, its floor otherwise (nothing is opened).
+    fn query_locally<'a, Q>(
+        &'a self,
+        key: &Q,
+        failure: Option<BackendError>,
+    ) -> Result<Result<Duration, Error>, Carried<'a>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.backend.health.count_fallback_call();
+        match self.fallback {
+            Fallback::FailClosed => return Ok(Err(self.closed_error(failure))),
+            Fallback::FailOpen => return Ok(Ok(Duration::ZERO)),
+            Fallback::Local => {}
+        }
+        let books = self.books();
+        if books.carrying.contains(key) {
+            let carried = self.carried.notified();
+            drop(books);
+            return Err(Box::pin(carried));
+        }
+        let now = self.now();
+        let until = match self.local.ticket(key) {
+            Some(_) => return Ok(Ok(self.local.available_in(key))),
+            None => self.floor(&books, key),
+        };
+        Ok(Ok(Duration::from_micros(until.saturating_sub(now))))
+    }
+
+    /// The fallback holds keys from now on: the backend tells this limiter
+    /// when Redis recovers, so that they go back even if never called.
+    fn activate(&self) {
+        self.active.store(true, Ordering::Release);
+        if !self.registered.swap(true, Ordering::AcqRel) {
+            let this: Weak<dyn Recover> = self.this.clone();
+            self.backend.on_recovery(this);
+        }
+    }
+
+    /// Where `key` opens in the fallback: no earlier than now, the end of
+    /// the debt Redis reported for it, and the fallback's dropped keys.
+    fn floor<Q>(&self, books: &Books<K>, key: &Q) -> u64
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let known = match books.known.get(key) {
+            Some(&until) => until,
+            None => books.overflow[self.bucket(key)],
+        };
+        self.now().max(known).max(self.local.dropped_until())
+    }
+
+    fn bucket<Q: Hash + ?Sized>(&self, key: &Q) -> usize {
+        (self.bucket_hasher.hash_one(key) % BUCKETS as u64) as usize
+    }
+
+    /// Remembers how long `key` owes after a Redis reply.
+    fn note_debt<Q>(&self, key: &Q, debt_micros: u64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if debt_micros == 0 && self.known_len.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut books = self.books();
+        let now = self.now();
+        self.note_debt_in(&mut books, key, now, debt_micros);
+        self.known_len.store(books.known.len(), Ordering::Relaxed);
+    }
+
+    fn note_debt_in<Q>(&self, books: &mut Books<K>, key: &Q, now: u64, debt_micros: u64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if debt_micros == 0 {
+            books.known.remove(key);
+            return;
+        }
+        let until = now.saturating_add(debt_micros);
+        if let Some(known) = books.known.get_mut(key) {
+            *known = until;
+            return;
+        }
+        if books.known.len() >= self.max_local_keys {
+            books.known.retain(|_, until| *until > now);
+        }
+        if books.known.len() >= self.max_local_keys {
+            // Kept coarsely: a key of this bucket opens no earlier.
+            let bucket = &mut books.overflow[self.bucket(key)];
+            *bucket = (*bucket).max(until);
+        } else {
+            books.known.insert(key.to_owned(), until);
+        }
+    }
+
+    /// The exact end of the debt Redis reported for `key`, if it is known
+    /// (0 otherwise: what Redis holds is then taken to be nothing, which
+    /// errs towards limiting).
+    fn known_exactly<Q>(&self, key: &Q) -> u64
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.books().known.get(key).copied().unwrap_or(0)
+    }
+
+    /// After an outage in which the fallback dropped keys with debts: the
+    /// first call of a key whose debt Redis reported ends before the
+    /// latest dropped ticket is charged up to it (once: Redis then reports
+    /// the debt).
+    async fn charge_floor<Q>(&self, key: &Q, target: &ProbeTarget) -> Result<(), Failure>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let dropped = self.local.dropped_until();
+        if dropped == 0 || self.fallback != Fallback::Local || dropped <= self.now() {
+            return Ok(());
+        }
+        let known = self.now().max(self.known_exactly(key));
+        if dropped <= known {
+            return Ok(());
+        }
+        let resume = Call::Resume {
+            debt_micros: self.at_shared_rate(dropped - known),
+        };
+        match self.send(key, target, resume).await {
+            Ok(_) | Err(Failure::Refused(_)) => Ok(()),
+            Err(down) => Err(down),
+        }
+    }
+
+    /// Time at the local rate, as time at the shared rate (the same permits
+    /// take `local_fraction` of it there).
+    fn at_shared_rate(&self, local_micros: u64) -> u64 {
+        (local_micros as f64 * self.local_fraction) as u64
+    }
+
+    /// Carries `key` back in the background (its caller marked it as being
+    /// carried).
+    fn spawn_carry(&self, key: K) {
+        let Some(this) = self.this.upgrade() else {
+            return;
+        };
+        self.backend.spawn(async move { this.carry(key).await });
+    }
+
+    /// Carries the fallback's debt of `key` into its Redis key: one resume
+    /// with what the fallback granted beyond what Redis knew, then the
+    /// fallback forgets the key. If Redis is down again, the key stays in
+    /// the fallback, with its debt. Ends by waking the key's callers.
+    async fn carry(&self, key: K) {
+        let target = self.target(&key);
+        let mut known = self.known_exactly(&key);
+        while let Some(ticket) = self.local.ticket(&key) {
+            let debt = ticket.saturating_sub(self.now().max(known));
+            let resume = Call::Resume {
+                debt_micros: self.at_shared_rate(debt),
+            };
+            match self.send(&key, &target, resume).await {
+                Ok(_) => {
+                    if self.local.forget_if_paid(&key, ticket) {
+                        break;
+                    }
+                    // Granted meanwhile (it should not be): the rest.
+                    known = ticket;
+                }
+                // The key holds something else: calls report it.
+                Err(Failure::Refused(_)) => {
+                    self.local.forget_if_paid(&key, u64::MAX);
+                    break;
+                }
+                Err(Failure::Down(_)) => break,
+            }
+        }
+        self.books().carrying.remove(&key);
+        self.carried.notify_waiters();
+    }
+
+    /// Carries every key the fallback holds back to Redis (64 at a time),
+    /// skipping keys whose part of Redis is still down and keys already on
+    /// their way. Runs once at a time; asked while running, it runs again.
+    pub(crate) fn carry_all(&self) {
+        if self.carrying_all.swap(true, Ordering::AcqRel) {
+            self.again.store(true, Ordering::Release);
+            return;
+        }
+        let Some(this) = self.this.upgrade() else {
+            self.carrying_all.store(false, Ordering::Release);
+            return;
+        };
+        self.backend.spawn(async move {
+            loop {
+                this.again.store(false, Ordering::Release);
+                let keys = this.local.keys();
+                futures::stream::iter(keys)
+                    .for_each_concurrent(CARRY_CONCURRENCY, |key| {
+                        let this = &this;
+                        async move {
+                            if this.is_down(&this.target(&key)) {
+                                return;
+                            }
+                            if !this.books().carrying.insert(key.clone()) {
+                                return;
+                            }
+                            this.carry(key).await;
+                        }
+                    })
+                    .await;
+                this.settle();
+                if !this.again.swap(false, Ordering::AcqRel) {
+                    this.carrying_all.store(false, Ordering::Release);
+                    // Asked again between the check and the store: run.
+                    if !this.again.load(Ordering::Acquire)
+                        || this.carrying_all.swap(true, Ordering::AcqRel)
+                    {
+                        break;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Once the fallback holds nothing, calls skip the lock again.
+    fn settle(&self) {
+        let books = self.books();
+        if books.carrying.is_empty() && self.local.is_empty() {
+            self.active.store(false, Ordering::Release);
+        }
+    }
+
+    fn closed_error(&self, failure: Option<BackendError>) -> Error {
+        let keys = match &self.naming {
+            Naming::Single { key, .. } => format!("key {key}"),
+            Naming::Keyed { prefix } => format!("keys {prefix}*"),
+        };
+        Error::Backend(failure.unwrap_or_else(|| {
+            BackendError::new(
+                format!(
+                    "Redis is unavailable and the limiter fails closed ({keys}; last error: {})",
+                    self.backend.health.last_error()
+                ),
+                None,
+            )
+        }))
+    }
+
+    /// The debt the fallback holds for `key`, in µs from now (for tests
+    /// and stats).
+    #[allow(dead_code)]
+    pub(crate) fn local_debt<Q>(&self, key: &Q) -> u64
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.local
+            .ticket(key)
+            .map_or(0, |ticket| ticket.saturating_sub(self.now()))
+    }
+
+    pub(crate) fn local_len(&self) -> usize {
+        self.local.len()
+    }
+}
+
+impl<K, C: Clock> Failover<K, C> {
+    /// The Redis key, or the keys' prefix.
+    pub(crate) fn describe(&self) -> &str {
+        match &self.naming {
+            Naming::Single { key, .. } => key,
+            Naming::Keyed { prefix } => prefix,
+        }
+    }
+}
+
+impl<K, C> Recover for Failover<K, C>
+where
+    K: Display + Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    fn recovered(&self) {
+        if self.active.load(Ordering::Acquire) {
+            self.carry_all();
+        }
+    }
+}
+
+impl<K, C> GiveBackTo for Failover<K, C>
+where
+    K: Display + Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    fn give_back(&self, taken: Taken) {
+        let (key, token) = match taken {
+            Taken::Redis(token) => (self.redis_key(&NoKey), token),
+            Taken::Keyed(taken) => {
+                match (taken as Box<dyn std::any::Any + Send + Sync>).downcast::<RedisKeyTaken>() {
+                    Ok(taken) => (taken.key, taken.token),
+                    Err(local) => return GiveBackTo::give_back(&self.local, Taken::Keyed(local)),
+                }
+            }
+            other => return GiveBackTo::give_back(&self.local, other),
+        };
+        let canceller = Canceller {
+            backend: Arc::clone(&self.backend),
+            target: ProbeTarget {
+                key,
+                script_args: Arc::clone(&self.script_args),
+                rate: self.rate(),
+            },
+        };
+        self.backend.spawn(canceller.cancel(token));
+    }
+
+    fn keep(&self, taken: Taken) {
+        match taken {
+            Taken::Redis(_) => {}
+            Taken::Keyed(taken) => {
+                if let Err(local) =
+                    (taken as Box<dyn std::any::Any + Send + Sync>).downcast::<RedisKeyTaken>()
+                {
+                    GiveBackTo::keep(&self.local, Taken::Keyed(local));
+                }
+            }
+            other => GiveBackTo::keep(&self.local, other),
+        }
+    }
+}

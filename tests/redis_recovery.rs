@@ -1,0 +1,238 @@
+//! The moments around a switch to the fallback and back: each permit
+//! granted is counted once in the schedule every process sees. Real
+//! faults: a killed server, a stopped one (SIGSTOP, data kept).
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::poll::{backend, within};
+use support::redis_server::RedisServer;
+use throttler::redis::{Fallback, KeyedRedisRateLimiter, RedisBackend, RedisRateLimiter};
+
+const MS: Duration = Duration::from_millis(1);
+
+/// 1 permit/s per key, with `burst` of stored permits.
+fn keyed(backend: &RedisBackend, name: &str, burst: Duration) -> KeyedRedisRateLimiter<String> {
+    backend
+        .keyed_limiter::<String>(name)
+        .permits_per_second(1.0)
+        .max_burst(burst)
+        .local_fraction(1.0)
+        .build()
+        .unwrap()
+}
+
+/// 1 permit/s, no burst; the fallback paces at `local_fraction` of it.
+fn single(backend: &RedisBackend, name: &str, local_fraction: f64) -> RedisRateLimiter {
+    backend
+        .limiter(name)
+        .permits_per_second(1.0)
+        .max_burst(Duration::ZERO)
+        .local_fraction(local_fraction)
+        .build()
+        .unwrap()
+}
+
+async fn recovered(what: impl Fn() -> bool) {
+    within(Duration::from_secs(10), what)
+        .await
+        .expect("recovers once the server is back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_carried_back_in_the_background_get_no_burst_meanwhile() {
+    let mut server = RedisServer::start();
+    let backend = backend(server.client()).await;
+    let limiter = keyed(&backend, "race", Duration::from_secs(5));
+    limiter.reserve("first", 1).await.unwrap();
+    server.kill();
+    let keys: Vec<String> = (0..1_000).map(|i| format!("user{i}")).collect();
+    // Twenty permits each from the fallback: twenty seconds of debt.
+    for key in &keys {
+        assert_eq!(limiter.reserve(key, 20).await.unwrap(), Duration::ZERO);
+    }
+    assert_eq!(limiter.local_len(), 1_000);
+    server.restart();
+    recovered(|| !limiter.is_degraded()).await;
+    // At once, while the carry-back runs: no key reads as idle.
+    let mut granted = Vec::new();
+    for key in &keys {
+        if limiter
+            .try_reserve(key, 1, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_some()
+        {
+            granted.push(key.clone());
+        }
+    }
+    assert!(
+        granted.is_empty(),
+        "{} keys granted: {:?}",
+        granted.len(),
+        &granted[..granted.len().min(5)]
+    );
+    within(Duration::from_secs(5), || limiter.local_len() == 0)
+        .await
+        .expect("every key goes back");
+    for key in keys.iter().step_by(97) {
+        let wait = limiter.available_in(key).await.unwrap();
+        assert!(wait > Duration::from_secs(15), "{key} owes only {wait:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovered_limiter_never_called_again_still_carries_its_debt_back() {
+    let server = RedisServer::start();
+    let (one, two) = (
+        backend(server.client()).await,
+        backend(server.client()).await,
+    );
+    let (first, second) = (
+        single(&one, "quiet-after", 1.0),
+        single(&two, "quiet-after", 1.0),
+    );
+    assert_eq!(first.reserve(1).await.unwrap(), Duration::ZERO);
+    server.stop();
+    // Ten permits from the fallback of the first process only.
+    let granted = Instant::now();
+    assert!(first.reserve(10).await.unwrap() <= 1_100 * MS);
+    assert!(first.is_degraded());
+    server.cont();
+    recovered(|| !first.is_degraded()).await;
+    // The first process makes no further call; the second sees its debt
+    // once the background carry-back has run.
+    let mut wait = Duration::ZERO;
+    let polled = Instant::now();
+    while wait < Duration::from_secs(5) && polled.elapsed() < Duration::from_secs(2) {
+        wait = second.available_in().await.unwrap();
+        tokio::time::sleep(10 * MS).await;
+    }
+    let left = Duration::from_secs(11).saturating_sub(granted.elapsed());
+    assert!(
+        wait + 300 * MS >= left && wait <= left + 300 * MS,
+        "the second process waits {wait:?}; the first's debt left {left:?}"
+    );
+    assert_eq!(second.try_reserve(1, Duration::ZERO).await.unwrap(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn known_debts_beyond_max_local_keys_still_open_the_fallback_late() {
+    let mut server = RedisServer::start();
+    let backend = backend(server.client()).await;
+    let limiter = backend
+        .keyed_limiter::<String>("cap")
+        .permits_per_second(1.0)
+        .max_burst(Duration::ZERO)
+        .max_local_keys(2)
+        .build()
+        .unwrap();
+    for key in ["a", "b", "c"] {
+        assert_eq!(limiter.reserve(key, 10).await.unwrap(), Duration::ZERO);
+    }
+    server.kill();
+    for key in ["a", "b", "c"] {
+        assert_eq!(
+            limiter.try_reserve(key, 1, Duration::ZERO).await.unwrap(),
+            None,
+            "{key} owes ten seconds"
+        );
+    }
+    assert!(limiter.is_degraded());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn available_in_during_an_outage_reports_the_debt_redis_reported() {
+    let mut server = RedisServer::start();
+    let backend = backend(server.client()).await;
+    let limiter = keyed(&backend, "query", Duration::ZERO);
+    assert_eq!(limiter.reserve("owes", 10).await.unwrap(), Duration::ZERO);
+    let reported = Instant::now();
+    server.kill();
+    // The first call finds Redis down; the next read the fallback.
+    let _ = limiter.available_in("owes").await.unwrap();
+    let wait = limiter.available_in("owes").await.unwrap();
+    assert!(limiter.is_degraded());
+    let left = Duration::from_secs(10).saturating_sub(reported.elapsed());
+    assert!(
+        wait + 300 * MS >= left && wait <= left + 50 * MS,
+        "available_in says {wait:?}; the debt left is {left:?}"
+    );
+    assert_eq!(limiter.local_len(), 0, "a query opens nothing");
+    assert_eq!(
+        limiter
+            .try_reserve("owes", 1, Duration::ZERO)
+            .await
+            .unwrap(),
+        None
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_outage_does_not_count_the_first_ones_debt_again() {
+    let server = RedisServer::start();
+    let backend = backend(server.client()).await;
+    // The fallback paces at half the rate: a permit it grants is two
+    // seconds of its own schedule and one of the shared one.
+    let limiter = single(&backend, "twice", 0.5);
+    let start = Instant::now();
+    // Two seconds of debt in Redis.
+    assert_eq!(limiter.reserve(2).await.unwrap(), Duration::ZERO);
+    let mut expected = Duration::from_secs(2);
+    for outage in 1..=2 {
+        server.stop();
+        // One more permit from the fallback: it waits for the debt Redis
+        // reported, and adds one second.
+        let wait = limiter.reserve(1).await.unwrap();
+        let left = expected.saturating_sub(start.elapsed());
+        assert!(limiter.is_degraded());
+        assert!(
+            wait + 300 * MS >= left && wait <= left + 100 * MS,
+            "outage {outage}: waits {wait:?}, the debt left is {left:?}"
+        );
+        expected += Duration::from_secs(1);
+        server.cont();
+        recovered(|| !limiter.is_degraded()).await;
+        let owed = limiter.available_in().await.unwrap();
+        let left = expected.saturating_sub(start.elapsed());
+        assert!(
+            owed + 300 * MS >= left && owed <= left + 100 * MS,
+            "after outage {outage}: owes {owed:?}, expected {left:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_open_drops_the_permits_stored_during_the_outage() {
+    let server = RedisServer::start();
+    let backend = backend(server.client()).await;
+    let limiter = backend
+        .keyed_limiter::<String>("open")
+        .permits_per_second(1.0)
+        .max_burst(Duration::from_secs(5))
+        .fallback(Fallback::FailOpen)
+        .build()
+        .unwrap();
+    assert_eq!(limiter.reserve("k", 1).await.unwrap(), Duration::ZERO);
+    server.stop();
+    // Everything goes while Redis is down.
+    for _ in 0..10 {
+        assert_eq!(limiter.reserve("k", 1).await.unwrap(), Duration::ZERO);
+    }
+    server.cont();
+    recovered(|| !limiter.is_degraded()).await;
+    let mut granted = 0;
+    for _ in 0..10 {
+        if limiter
+            .try_reserve("k", 1, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_some()
+        {
+            granted += 1;
+        }
+    }
+    assert!(granted <= 1, "{granted} granted at once after the outage");
+}
