@@ -37,17 +37,17 @@ pub const DEFAULT_MAX_LOCAL_KEYS: usize = 100_000;
 /// stay on Redis (see [`RedisBackend`](super::RedisBackend)).
 ///
 /// While the backend is degraded, [`Fallback::Local`] serves each key from
-/// a [`KeyedRateLimiter`] in this process, at the rate times
-/// `local_fraction`, holding at most
+/// a [`KeyedRateLimiter`](crate::KeyedRateLimiter) in this process, at the
+/// rate times `local_fraction`, holding at most
 /// [`max_local_keys`](RedisKeyedBuilder::max_local_keys) keys. A key opens
 /// there with nothing stored (no burst) and with the debt Redis last
-/// reported for it, so a saturated key stays saturated. Once Redis is back, the first call
-/// carries what the fallback granted its key into that key's Redis key
-/// (added to its ticket; only what lies beyond the debt Redis had
-/// reported), and starts a background task that does the same
-/// for every other key the fallback holds (64 at a time), so keys that are
-/// not called again still hand their debt over; the fallback then forgets
-/// them.
+/// reported for it, so a saturated key stays saturated. Once Redis is
+/// back, a key the fallback served is carried back (what it granted goes
+/// into the key's ticket in Redis) before any call of it reaches Redis;
+/// the keys nobody calls are carried by a background task. Each permit
+/// granted is counted once; where that cannot be known (debts beyond
+/// `max_local_keys`), the limiter errs towards limiting. See the
+/// crate's README, "When Redis fails".
 ///
 /// ```no_run
 /// use std::time::Duration;

@@ -23,9 +23,9 @@ use crate::{Error, Limiter, Reservation};
 /// (`TIME`), so all callers share one schedule whatever their own clocks say.
 /// The wait it returns is slept here, on the limiter's clock. Every call is
 /// bounded by the response timeout; when Redis is unavailable the
-/// [`Fallback`] takes over until a probe sees Redis answer again.
+/// [`Fallback`](super::Fallback) takes over until a probe sees Redis answer again.
 ///
-/// The verbs and types are those of the local [`RateLimiter`], and it
+/// The verbs and types are those of the local [`RateLimiter`](crate::RateLimiter), and it
 /// implements [`Limiter`], so an `Arc<dyn Limiter>` can be either.
 ///
 /// ```no_run
@@ -130,7 +130,7 @@ impl<C: Clock> RedisRateLimiter<C> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0; [`Error::Backend`] if
-    /// Redis fails and the fallback is [`Fallback::FailClosed`], or the key
+    /// Redis fails and the fallback is [`Fallback::FailClosed`](super::Fallback::FailClosed), or the key
     /// holds something else.
     pub async fn reserve(&self, permits: u32) -> Result<Duration, Error> {
         let reserved = self.inner.reserve(&NoKey, permits, None, false).await?;
