@@ -36,7 +36,9 @@
 //!   worth of time (10 ms; one byte's time below 100 bytes per second) plus
 //!   whatever other users of a shared limiter owe. A 1 MiB `write_all` at
 //!   100 KiB/s is about a thousand waits of 10 ms, not one wait of ten
-//!   seconds, and cancelling it gives back the chunk in flight.
+//!   seconds, and cancelling it leaves at most the chunk in flight
+//!   reserved: the writer keeps it for its next write, and gives it back
+//!   if it is dropped (see "Cancellation").
 //! * **An exact schedule.** The next chunk is reserved as soon as the
 //!   previous one has been passed on. As long as a timer wakes up less than
 //!   one chunk's time late (10 ms, against Tokio's 1 ms timer resolution),
