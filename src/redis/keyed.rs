@@ -90,7 +90,14 @@ impl<K, C: Clock + Clone> RedisKeyedBuilder<K, C> {
     fallback_setters!();
 
     /// The most keys the local fallback holds at once (least recently
-    /// used first out). Default [`DEFAULT_MAX_LOCAL_KEYS`]; at least 1.
+    /// used first out), and the most debts Redis reported that it keeps
+    /// per key. Default [`DEFAULT_MAX_LOCAL_KEYS`]; at least 1.
+    ///
+    /// Beyond it the limiter errs towards limiting: a debt that does not
+    /// fit is kept as the latest among the keys of its hash bucket (a key
+    /// there opens no earlier), and a key dropped from the fallback leaves
+    /// its ticket as a floor for the keys that open after it and, after
+    /// recovery, for the keys called before that moment.
     pub fn max_local_keys(mut self, max_local_keys: usize) -> Self {
         self.max_local_keys = max_local_keys;
         self
