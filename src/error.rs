@@ -29,6 +29,12 @@ impl fmt::Display for Error {
     }
 }
 
+impl From<crate::core::InvalidRate> for Error {
+    fn from(error: crate::core::InvalidRate) -> Self {
+        Error::InvalidArgument(error.to_string())
+    }
+}
+
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {

@@ -153,9 +153,27 @@ pub use give_back::{GiveBack, Reserved};
 pub use ledger::Ledger;
 pub use warming_up::WarmingUp;
 
+use std::fmt;
 use std::time::Duration;
 
-use crate::Error;
+/// A rate the algorithm cannot run at: zero, negative or NaN. The crate's
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) carries it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InvalidRate {
+    permits_per_second: f64,
+}
+
+impl fmt::Display for InvalidRate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "permits_per_second must be a positive number or +infinity (got {})",
+            self.permits_per_second
+        )
+    }
+}
+
+impl std::error::Error for InvalidRate {}
 
 /// Time saturates here: 2^53 microseconds (about 285 years), the largest
 /// integer a double represents exactly.
@@ -191,11 +209,9 @@ pub const FINE_CHARGE_LIMIT_MICROS: f64 = 4_294_967_296.0;
 /// assert_eq!(stable_interval_micros(f64::INFINITY).unwrap(), 0.0);
 /// assert!(stable_interval_micros(0.0).is_err());
 /// ```
-pub fn stable_interval_micros(permits_per_second: f64) -> Result<f64, Error> {
+pub fn stable_interval_micros(permits_per_second: f64) -> Result<f64, InvalidRate> {
     if permits_per_second.is_nan() || permits_per_second <= 0.0 {
-        return Err(Error::InvalidArgument(format!(
-            "permits_per_second must be a positive number or +infinity (got {permits_per_second})"
-        )));
+        return Err(InvalidRate { permits_per_second });
     }
     Ok((MICROS_PER_SECOND / permits_per_second).min(MAX_MICROS as f64))
 }
@@ -334,7 +350,7 @@ impl State {
         mut policy: Policy,
         permits_per_second: f64,
         now_micros: u64,
-    ) -> Result<Self, Error> {
+    ) -> Result<Self, InvalidRate> {
         let stable = stable_interval_micros(permits_per_second)?;
         let max_permits = policy.set_stable_interval(stable, permits_per_second);
         Ok(State {
@@ -467,7 +483,11 @@ impl State {
     ///
     /// Idle time until now is credited at the old rate, the existing debt is
     /// kept, and stored permits keep their fraction of `max_permits`.
-    pub fn set_rate(&mut self, permits_per_second: f64, now_micros: u64) -> Result<(), Error> {
+    pub fn set_rate(
+        &mut self,
+        permits_per_second: f64,
+        now_micros: u64,
+    ) -> Result<(), InvalidRate> {
         let stable = stable_interval_micros(permits_per_second)?;
         self.resync(now_micros);
         let was_infinite = self.stable_interval_micros == 0.0;
@@ -567,10 +587,7 @@ mod tests {
     #[test]
     fn rejects_bad_rates() {
         for rate in [0.0, -0.0, -1.0, f64::NAN, f64::NEG_INFINITY] {
-            assert!(matches!(
-                stable_interval_micros(rate),
-                Err(Error::InvalidArgument(_))
-            ));
+            assert!(stable_interval_micros(rate).is_err());
         }
     }
 
