@@ -66,12 +66,10 @@ pub(crate) enum Taken {
     /// A local limiter's reservation, made under its lock through its
     /// ledger.
     Core(crate::core::Reserved),
-    /// A reservation made in Redis: the script's record of it.
-    #[cfg(feature = "redis")]
-    Redis(crate::redis::Token),
-    /// A keyed limiter's reservation: its key and the core's record, typed
-    /// by the limiter (which alone knows its key type).
-    Keyed(Box<dyn std::any::Any + Send + Sync>),
+    /// A reservation in a form only its limiter knows: a keyed limiter's
+    /// key and the core's record, a Redis limiter's key and the script's
+    /// record.
+    Boxed(Box<dyn std::any::Any + Send + Sync>),
 }
 
 /// A limiter that can take a reservation back.

@@ -365,7 +365,7 @@ where
             &self.clock,
             Some(Pending {
                 owner: self,
-                taken: Taken::Keyed(Box::new(taken)),
+                taken: Taken::Boxed(Box::new(taken)),
             }),
         )
     }
@@ -659,7 +659,7 @@ where
     C: Clock,
 {
     fn give_back(&self, taken: Taken) {
-        let Taken::Keyed(taken) = taken else {
+        let Taken::Boxed(taken) = taken else {
             return;
         };
         let Ok(taken) = (taken as Box<dyn Any + Send + Sync>).downcast::<KeyedTaken<K>>() else {
@@ -670,7 +670,7 @@ where
     }
 
     fn keep(&self, taken: Taken) {
-        let Taken::Keyed(taken) = taken else {
+        let Taken::Boxed(taken) = taken else {
             return;
         };
         let Ok(taken) = (taken as Box<dyn Any + Send + Sync>).downcast::<KeyedTaken<K>>() else {

@@ -280,3 +280,26 @@ pub(crate) fn assemble_limiter<C: Clock>(
     })?;
     Ok(RedisRateLimiter::from_arc(failover))
 }
+
+/// # Constructors
+impl RedisRateLimiter<SystemClock> {
+    /// A builder for a limiter on one Redis server, sharing the key
+    /// `throttler:{name}` with every other limiter of that name.
+    pub fn builder(client: redis::Client, name: &str) -> RedisBuilder<SystemClock> {
+        RedisBuilder::single(client, name)
+    }
+
+    /// A builder for a limiter on a Redis Cluster. Each limiter is one key,
+    /// so limiters spread over the cluster's nodes.
+    ///
+    /// Build the client with a connection timeout below the limiter's
+    /// [`response_timeout`](RedisBuilder::response_timeout)
+    /// (`ClusterClientBuilder::connection_timeout`; the client's default is
+    /// 1 s): a cluster connection that reconnects to a node which accepts
+    /// connections but does not answer (a hung process) holds every request
+    /// until it gives up on that node, which would keep the limiter on its
+    /// fallback on every node.
+    pub fn cluster_builder(client: ClusterClient, name: &str) -> RedisBuilder<SystemClock> {
+        RedisBuilder::cluster(client, name)
+    }
+}

@@ -332,13 +332,10 @@ where
         let pending = match reply.token {
             Some(token) if !wait.is_zero() => Some(Pending {
                 owner: self as &dyn GiveBackTo,
-                taken: match self.naming {
-                    Naming::Single { .. } => Taken::Redis(token),
-                    Naming::Keyed { .. } => Taken::Keyed(Box::new(RedisKeyTaken {
-                        key: Arc::clone(&target.key),
-                        token,
-                    })),
-                },
+                taken: Taken::Boxed(Box::new(RedisKeyTaken {
+                    key: Arc::clone(&target.key),
+                    token,
+                })),
             }),
             _ => None,
         };
@@ -749,11 +746,10 @@ where
 {
     fn give_back(&self, taken: Taken) {
         let (key, token) = match taken {
-            Taken::Redis(token) => (self.redis_key(&NoKey), token),
-            Taken::Keyed(taken) => {
+            Taken::Boxed(taken) => {
                 match (taken as Box<dyn std::any::Any + Send + Sync>).downcast::<RedisKeyTaken>() {
                     Ok(taken) => (taken.key, taken.token),
-                    Err(local) => return GiveBackTo::give_back(&self.local, Taken::Keyed(local)),
+                    Err(local) => return GiveBackTo::give_back(&self.local, Taken::Boxed(local)),
                 }
             }
             other => return GiveBackTo::give_back(&self.local, other),
@@ -771,12 +767,11 @@ where
 
     fn keep(&self, taken: Taken) {
         match taken {
-            Taken::Redis(_) => {}
-            Taken::Keyed(taken) => {
+            Taken::Boxed(taken) => {
                 if let Err(local) =
                     (taken as Box<dyn std::any::Any + Send + Sync>).downcast::<RedisKeyTaken>()
                 {
-                    GiveBackTo::keep(&self.local, Taken::Keyed(local));
+                    GiveBackTo::keep(&self.local, Taken::Boxed(local));
                 }
             }
             other => GiveBackTo::keep(&self.local, other),
