@@ -328,3 +328,49 @@ async fn a_cluster_serves_keys_on_every_node_through_one_backend() {
     assert_eq!(nodes.len(), 3, "keys on every node: {nodes:?}");
     assert!(!limiter.is_degraded());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_and_keys_that_read_alike_never_share_a_redis_key() {
+    let server = RedisServer::start();
+    let backend = backend(server.client()).await;
+    let build = |name: &str| {
+        backend
+            .keyed_limiter::<String>(name)
+            .permits_per_second(1.0)
+            .max_burst(Duration::ZERO)
+            .build()
+            .unwrap()
+    };
+    let (api, api_admin) = (build("api"), build("api:admin"));
+    let single = backend
+        .limiter("api:admin:x")
+        .permits_per_second(1.0)
+        .max_burst(Duration::ZERO)
+        .build()
+        .unwrap();
+    // Ten seconds of debt on one of them...
+    assert_eq!(api.reserve("admin:x", 10).await.unwrap(), Duration::ZERO);
+    // ...and none on the others, which read alike before escaping.
+    assert!(api_admin.try_acquire("x", 1, Duration::ZERO).await.unwrap());
+    assert!(single.try_acquire(1, Duration::ZERO).await.unwrap());
+    let keys = [
+        api.redis_key("admin:x"),
+        api_admin.redis_key("x"),
+        single.key().to_owned(),
+    ];
+    assert_eq!(
+        keys,
+        [
+            "throttler:api:admin:x",
+            "throttler:api\\:admin:x",
+            "throttler:api\\:admin\\:x"
+        ]
+    );
+    // A client's braces do not pick the slot.
+    assert_eq!(api.redis_key("{victim}"), "throttler:api:\\(victim\\)");
+    let mut con = server.connection();
+    for key in &keys {
+        let exists: bool = redis::cmd("EXISTS").arg(key).query(&mut con).unwrap();
+        assert!(exists, "{key}");
+    }
+}

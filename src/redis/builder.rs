@@ -10,11 +10,15 @@ use super::backend::{Backend, RuntimeRef, current_runtime, own_runtime};
 use super::connection::Target;
 use super::failover::{Failover, Naming, Parts};
 use super::limiter::RedisRateLimiter;
+use super::naming;
 use crate::Error;
 use crate::builder::{PolicyConfig, policy_setters};
 use crate::clock::{Clock, SystemClock};
 
-/// Every key is `throttler:` followed by the limiter's name.
+/// Every key starts with `throttler:`, followed by the limiter's name
+/// (see [`RedisRateLimiter::key`] and
+/// [`KeyedRedisRateLimiter::redis_key`](super::KeyedRedisRateLimiter::redis_key)
+/// for the rest).
 pub const KEY_PREFIX: &str = "throttler:";
 
 /// The default [`response_timeout`](RedisBuilder::response_timeout).
@@ -265,7 +269,7 @@ pub(crate) fn assemble_limiter<C: Clock>(
 ) -> Result<RedisRateLimiter<C>, Error> {
     check_limiter(name, config, local_fraction)?;
     let (policy, rate) = config.policy()?;
-    let key: Arc<str> = format!("{KEY_PREFIX}{name}").into();
+    let key: Arc<str> = naming::single_key(name).into();
     let zone = backend.health.zone_of(&key);
     let failover = Failover::new(Parts {
         backend,

@@ -47,6 +47,7 @@ use tokio::sync::futures::Notified;
 use super::Fallback;
 use super::backend::{Backend, ProbeTarget, Recover};
 use super::health::Zone;
+use super::naming;
 use super::round_trip::{Canceller, Failure, send};
 use super::script::{Call, Reply, ScriptArgs, Token};
 use crate::clock::Clock;
@@ -231,7 +232,7 @@ where
     pub(crate) fn redis_key<Q: Display + ?Sized>(&self, key: &Q) -> Arc<str> {
         match &self.naming {
             Naming::Single { key, .. } => Arc::clone(key),
-            Naming::Keyed { prefix } => format!("{prefix}{key}").into(),
+            Naming::Keyed { prefix } => naming::keyed_key(prefix, key).into(),
         }
     }
 

@@ -10,9 +10,10 @@ use async_trait::async_trait;
 
 use super::Fallback;
 use super::backend::{Backend, blocking_section};
-use super::builder::{KEY_PREFIX, check_limiter, fallback_setters};
+use super::builder::{check_limiter, fallback_setters};
 use super::failover::{Failover, Naming, Parts};
 use super::fallback::RedisStats;
+use super::naming;
 use crate::builder::{PolicyConfig, policy_setters};
 use crate::clock::{Clock, SystemClock};
 use crate::{Error, KeyedLimiter, Reservation};
@@ -24,9 +25,9 @@ pub const DEFAULT_MAX_LOCAL_KEYS: usize = 100_000;
 /// uses the same name, through a [`RedisBackend`](super::RedisBackend).
 ///
 /// Each key is its own Redis key, `throttler:{name}:{key}` (the name and the
-/// key's `Display` form), so a cluster spreads the keys over its slots. (A
-/// key whose text contains `{...}` puts the braces' content in charge of
-/// the slot, as for any Redis key: such keys land together.) Each key runs
+/// key's `Display` form, escaped so that no two pairs share a Redis key: see
+/// [`redis_key`](Self::redis_key)), so a cluster spreads the keys over its
+/// slots. Each key runs
 /// the [algorithm](crate::core) in Redis exactly as a
 /// [`RedisRateLimiter`](super::RedisRateLimiter) does, and expires once it
 /// would read as idle, so the keys in Redis follow the users active within
@@ -137,7 +138,7 @@ impl<K, C: Clock + Clone> RedisKeyedBuilder<K, C> {
         let inner = Failover::new(Parts {
             backend: self.backend,
             naming: Naming::Keyed {
-                prefix: format!("{KEY_PREFIX}{}:", self.name),
+                prefix: naming::keyed_prefix(&self.name),
             },
             policy,
             rate,
@@ -317,8 +318,8 @@ where
     /// [`RedisRateLimiter::acquire_blocking`](super::RedisRateLimiter::acquire_blocking)).
     ///
     /// # Errors
-    /// As [`reserve`](Self::reserve); [`Error::InvalidArgument`] on a thread
-    /// of a current-thread runtime the backend runs on.
+    /// As [`reserve`](Self::reserve); [`Error::InvalidArgument`] on the
+    /// thread that drives the current-thread runtime the backend runs on.
     pub fn acquire_blocking<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
     where
         K: Borrow<Q>,
@@ -410,7 +411,22 @@ where
         self.inner.local_len()
     }
 
-    /// The Redis key of `key`: `throttler:{name}:{key}`.
+    /// The Redis key of `key`: `throttler:{name}:{key}`, with `\` and `:`
+    /// escaped in the name (as `\\` and `\:`) and `\`, `{` and `}` in the
+    /// key (as `\\`, `\(` and `\)`). No two (limiter, key) pairs, keyed
+    /// or not, share a Redis key, and a key's text cannot choose its
+    /// cluster slot (it holds no brace once escaped); braces in the *name*
+    /// are kept, so a name such as `{tenant-7}` puts the limiter and all
+    /// its keys in one slot.
+    ///
+    /// ```
+    /// # use throttler::redis::KeyedRedisRateLimiter;
+    /// # fn show(limiter: &KeyedRedisRateLimiter<String>) {
+    /// // For a limiter named "api":
+    /// assert_eq!(limiter.redis_key("alice"), "throttler:api:alice");
+    /// assert_eq!(limiter.redis_key("{x}:y"), "throttler:api:\\(x\\):y");
+    /// # }
+    /// ```
     pub fn redis_key<Q: Display + ?Sized>(&self, key: &Q) -> String {
         self.inner.redis_key(key).to_string()
     }

@@ -207,7 +207,7 @@ impl<C: Clock> RedisRateLimiter<C> {
 ///
 /// For threads that are not async tasks. The Redis call runs on the
 /// limiter's runtime (its own if built with
-/// [`build_blocking`](RedisBuilder::build_blocking)) and the calling thread
+/// [`build_blocking`](super::RedisBuilder::build_blocking)) and the calling thread
 /// sleeps for the wait. They work from a plain thread, from
 /// `spawn_blocking`, and from a task of a multi-thread Tokio runtime (the
 /// worker hands its other tasks to another thread while it blocks).
@@ -216,8 +216,9 @@ impl<C: Clock> RedisRateLimiter<C> {
     ///
     /// # Errors
     /// As [`reserve`](Self::reserve); also [`Error::InvalidArgument`] when
-    /// called on a thread of a current-thread Tokio runtime that the limiter
-    /// runs on (it would stop that runtime): use `acquire().await` there.
+    /// called on the thread that drives the current-thread Tokio runtime the
+    /// limiter runs on (it would stop that runtime): use `acquire().await`
+    /// there, or call it from `spawn_blocking`.
     pub fn acquire_blocking(&self, permits: u32) -> Result<Duration, Error> {
         check_permits(permits)?;
         let wait =
@@ -290,7 +291,10 @@ impl<C: Clock> RedisRateLimiter<C> {
         }
     }
 
-    /// The Redis key holding this limiter's state (`throttler:{name}`).
+    /// The Redis key holding this limiter's state: `throttler:{name}`, with
+    /// `\` and `:` in the name escaped as `\\` and `\:` (so that it is no
+    /// keyed limiter's key; see
+    /// [`KeyedRedisRateLimiter::redis_key`](super::KeyedRedisRateLimiter::redis_key)).
     pub fn key(&self) -> &str {
         self.inner.describe()
     }

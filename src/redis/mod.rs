@@ -46,6 +46,7 @@ mod fallback;
 mod health;
 mod keyed;
 mod limiter;
+mod naming;
 mod round_trip;
 mod script;
 mod shared;

@@ -1,0 +1,188 @@
+//! The Redis key of a limiter and of each of its keys: one rule that maps
+//! every (limiter, key) pair to its own Redis key.
+//!
+//! - A limiter named `name` uses `throttler:` + `esc(name)`, where `esc`
+//!   writes `\` as `\\` and `:` as `\:`.
+//! - A keyed limiter's key `key` (its `Display` text) uses
+//!   `throttler:` + `esc(name)` + `:` + `esc_key(key)`, where `esc_key`
+//!   writes `\` as `\\`, `{` as `\(` and `}` as `\)`.
+//!
+//! The first `:` after the prefix that no `\` escapes ends the name, so a
+//! single limiter's key (which has none) and each keyed limiter's keys are
+//! told apart, and both escapes can be undone: no two pairs share a Redis
+//! key, whatever bytes a client puts in its key.
+//!
+//! On a cluster, a Redis key's slot is the hash of the text between its
+//! first `{` and the next `}` when there is one. A key's text can hold no
+//! brace once escaped, so no client picks its slot; a limiter's name keeps
+//! its braces, so `{tenant-7}` (in the name) puts that limiter and all its
+//! keys in one slot, on purpose. Names and keys without `\`, `:`, `{` or
+//! `}` map to the same Redis keys as before the rule.
+
+use std::fmt::{self, Display, Write};
+
+use super::builder::KEY_PREFIX;
+
+/// The Redis key of the single limiter `name`.
+pub(crate) fn single_key(name: &str) -> String {
+    let mut key = String::with_capacity(KEY_PREFIX.len() + name.len());
+    key.push_str(KEY_PREFIX);
+    write_name(&mut key, name);
+    key
+}
+
+/// What every Redis key of the keyed limiter `name` starts with.
+pub(crate) fn keyed_prefix(name: &str) -> String {
+    let mut prefix = single_key(name);
+    prefix.push(':');
+    prefix
+}
+
+/// The Redis key of `key` under a keyed limiter's `prefix`.
+pub(crate) fn keyed_key<Q: Display + ?Sized>(prefix: &str, key: &Q) -> String {
+    let mut out = String::with_capacity(prefix.len() + 16);
+    out.push_str(prefix);
+    // Writing to a String cannot fail; a Display impl that reports an
+    // error leaves what it wrote.
+    let _ = write!(EscapeKey(&mut out), "{key}");
+    out
+}
+
+fn write_name(out: &mut String, name: &str) {
+    for c in name.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            ':' => out.push_str("\\:"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// Escapes a key's text as it is written.
+struct EscapeKey<'a>(&'a mut String);
+
+impl Write for EscapeKey<'_> {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        let mut rest = text;
+        while let Some(at) = rest.find(['\\', '{', '}']) {
+            self.0.push_str(&rest[..at]);
+            self.0.push_str(match rest.as_bytes()[at] {
+                b'\\' => "\\\\",
+                b'{' => "\\(",
+                _ => "\\)",
+            });
+            rest = &rest[at + 1..];
+        }
+        self.0.push_str(rest);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    #[test]
+    fn plain_names_and_keys_keep_their_redis_keys() {
+        assert_eq!(single_key("orders-api"), "throttler:orders-api");
+        assert_eq!(
+            keyed_key(&keyed_prefix("api"), "alice"),
+            "throttler:api:alice"
+        );
+        assert_eq!(keyed_key(&keyed_prefix("api"), &42u64), "throttler:api:42");
+    }
+
+    #[test]
+    fn names_and_keys_that_used_to_alias_no_longer_do() {
+        let keys = [
+            keyed_key(&keyed_prefix("api"), "admin:x"),
+            keyed_key(&keyed_prefix("api:admin"), "x"),
+            single_key("api:admin:x"),
+        ];
+        assert_eq!(keys[0], "throttler:api:admin:x");
+        assert_eq!(keys[1], "throttler:api\\:admin:x");
+        assert_eq!(keys[2], "throttler:api\\:admin\\:x");
+    }
+
+    #[test]
+    fn a_key_cannot_choose_its_slot_but_a_name_can() {
+        let key = keyed_key(&keyed_prefix("api"), "{victim}x");
+        assert_eq!(key, "throttler:api:\\(victim\\)x");
+        assert!(!key.contains(['{', '}']));
+        assert_eq!(
+            keyed_key(&keyed_prefix("{tenant}"), "k"),
+            "throttler:{tenant}:k"
+        );
+        assert_eq!(keyed_key(&keyed_prefix("a"), "\\"), "throttler:a:\\\\");
+    }
+
+    /// A small deterministic generator (splitmix64).
+    fn next(state: &mut u64) -> u64 {
+        *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = *state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Short texts over an alphabet rich in the characters that matter.
+    fn text(state: &mut u64, empty: bool) -> String {
+        const ALPHABET: [char; 8] = ['a', 'b', ':', '\\', '{', '}', '(', ')'];
+        let len = next(state) % 6 + u64::from(!empty);
+        (0..len)
+            .map(|_| ALPHABET[(next(state) % ALPHABET.len() as u64) as usize])
+            .collect()
+    }
+
+    /// The rule before escaping, for comparison.
+    fn old_key(name: &str, key: Option<&str>) -> String {
+        match key {
+            None => format!("throttler:{name}"),
+            Some(key) => format!("throttler:{name}:{key}"),
+        }
+    }
+
+    #[test]
+    fn a_million_random_pairs_share_no_redis_key() {
+        let pairs = if cfg!(debug_assertions) {
+            200_000
+        } else {
+            1_000_000
+        };
+        let mut state = 18;
+        let mut new: HashMap<String, (String, Option<String>)> = HashMap::new();
+        let mut old: HashMap<String, (String, Option<String>)> = HashMap::new();
+        let (mut collisions, mut old_collisions) = (0, 0);
+        for _ in 0..pairs {
+            let name = text(&mut state, false);
+            let key = next(&mut state)
+                .is_multiple_of(2)
+                .then(|| text(&mut state, true));
+            let redis_key = match &key {
+                None => single_key(&name),
+                Some(key) => keyed_key(&keyed_prefix(&name), key),
+            };
+            let pair = (name.clone(), key.clone());
+            if new
+                .insert(redis_key, pair.clone())
+                .is_some_and(|p| p != pair)
+            {
+                collisions += 1;
+            }
+            let old_key = old_key(&name, key.as_deref());
+            if old.insert(old_key, pair.clone()).is_some_and(|p| p != pair) {
+                old_collisions += 1;
+            }
+        }
+        eprintln!(
+            "{pairs} random pairs: {collisions} Redis keys shared, {old_collisions} under the old rule"
+        );
+        assert_eq!(collisions, 0);
+        assert!(
+            old_collisions > 0,
+            "the sample reaches the old rule's aliases"
+        );
+    }
+}
