@@ -373,6 +373,36 @@ async fn blocking_calls_on_the_limiters_own_current_thread_runtime_are_refused()
     ));
 }
 
+/// The runtime's blocking pool may block: only the thread that drives the
+/// runtime is refused.
+#[tokio::test(flavor = "current_thread")]
+async fn blocking_calls_from_spawn_blocking_of_a_current_thread_runtime_work() {
+    let server = RedisServer::start();
+    let limiter = Arc::new(
+        builder(server.client(), "ct-pool", 10.0)
+            .build()
+            .await
+            .unwrap(),
+    );
+    let pool = Arc::clone(&limiter);
+    let waited = tokio::task::spawn_blocking(move || {
+        let first = pool.acquire_blocking(1)?;
+        let second = pool.try_acquire_blocking(1, Duration::from_secs(1))?;
+        Ok::<_, Error>((first, second))
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(waited.0, Duration::ZERO);
+    assert!(waited.1);
+    // Still refused on the runtime's own thread, after a task ran on it.
+    tokio::task::yield_now().await;
+    assert!(matches!(
+        limiter.acquire_blocking(1),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
 /// A limiter saturated in Redis stays saturated when Redis dies: the local
 /// fallback opens with the debt Redis last reported, not with a burst.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,7 +3,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::thread::{self, ThreadId};
 use std::time::Duration;
 
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
@@ -45,8 +46,12 @@ impl ProbeTarget {
 
 /// The runtime a limiter's Redis I/O and probe run on.
 pub(crate) enum RuntimeRef {
-    /// The runtime the limiter was built in.
-    Borrowed(Handle),
+    /// The runtime the limiter was built in; for a current-thread runtime,
+    /// the thread that drives it.
+    Borrowed {
+        handle: Handle,
+        driver: Option<Arc<Driver>>,
+    },
     /// A runtime of its own (`build_blocking`); shut down on drop.
     Owned(Option<Runtime>),
 }
@@ -54,9 +59,41 @@ pub(crate) enum RuntimeRef {
 impl RuntimeRef {
     pub(crate) fn handle(&self) -> Option<Handle> {
         match self {
-            RuntimeRef::Borrowed(handle) => Some(handle.clone()),
+            RuntimeRef::Borrowed { handle, .. } => Some(handle.clone()),
             RuntimeRef::Owned(runtime) => runtime.as_ref().map(|r| r.handle().clone()),
         }
+    }
+}
+
+/// The thread that drives a borrowed current-thread runtime (the one in
+/// its `block_on`): a blocking call there would stop the runtime it waits
+/// for. Other threads that see the runtime (its blocking pool's) may block.
+pub(crate) struct Driver {
+    /// The thread the limiter was built on: taken for the driver until a
+    /// task of the runtime says which thread runs it.
+    built_on: ThreadId,
+    driven_by: OnceLock<ThreadId>,
+}
+
+impl Driver {
+    /// Notes the thread `handle`'s runtime runs its tasks on, from the next
+    /// moment it runs one.
+    fn watch(handle: &Handle) -> Arc<Driver> {
+        let driver = Arc::new(Driver {
+            built_on: thread::current().id(),
+            driven_by: OnceLock::new(),
+        });
+        let recorder = Arc::clone(&driver);
+        handle.spawn(async move {
+            let _ = recorder.driven_by.set(thread::current().id());
+        });
+        driver
+    }
+
+    /// Whether this thread drives the runtime.
+    fn is_current(&self) -> bool {
+        let me = thread::current().id();
+        *self.driven_by.get().unwrap_or(&self.built_on) == me
     }
 }
 
@@ -520,10 +557,11 @@ impl Backend {
     /// worker hands its other tasks to another thread first).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] on a thread of a current-thread runtime
-    /// that the backend runs on, where blocking would stop the runtime that
-    /// has to do the work. (Its `spawn_blocking` threads cannot be told
-    /// apart from it, so they get the error too.)
+    /// [`Error::InvalidArgument`] on the thread that drives the
+    /// current-thread runtime the backend runs on (the one in its
+    /// `block_on`), where blocking would stop the runtime that has to do
+    /// the work. That thread is the one a task of the runtime first runs
+    /// on (until one has run: the thread the limiter was built on).
     pub(crate) fn block_on<T: Send + 'static>(
         &self,
         work: impl Future<Output = T> + Send + 'static,
@@ -531,15 +569,18 @@ impl Backend {
         let Some(handle) = self.runtime.handle() else {
             return Err(shut_down());
         };
-        if matches!(self.runtime, RuntimeRef::Borrowed(_))
-            && Handle::try_current()
-                .is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::CurrentThread)
+        if let RuntimeRef::Borrowed {
+            driver: Some(driver),
+            ..
+        } = &self.runtime
+            && driver.is_current()
         {
             return Err(Error::InvalidArgument(
-                "a blocking call (acquire_blocking, try_acquire_blocking) cannot run on a \
-                 thread of a current-thread Tokio runtime that the limiter uses: it would stop \
-                 the runtime it waits for. Use the async method (e.g. acquire().await), or \
-                 build the limiter with build_blocking()"
+                "a blocking call (acquire_blocking, try_acquire_blocking) cannot run on the \
+                 thread that drives the current-thread Tokio runtime the limiter uses: it \
+                 would stop the runtime it waits for. Use the async method (e.g. \
+                 acquire().await), call it from spawn_blocking, or build the limiter with \
+                 build_blocking()"
                     .to_owned(),
             ));
         }
@@ -665,7 +706,11 @@ impl SlotMap {
 /// The runtime of the calling task, for a backend built with `build()`.
 pub(crate) fn current_runtime(builder: &str) -> Result<RuntimeRef, Error> {
     Handle::try_current()
-        .map(RuntimeRef::Borrowed)
+        .map(|handle| {
+            let driver = (handle.runtime_flavor() == RuntimeFlavor::CurrentThread)
+                .then(|| Driver::watch(&handle));
+            RuntimeRef::Borrowed { handle, driver }
+        })
         .map_err(|_| {
             Error::InvalidArgument(format!(
                 "{builder}::build() must run inside a Tokio runtime; \
