@@ -73,6 +73,27 @@
 //! assert_eq!(limiter.acquire_blocking(1)?, Duration::from_millis(200));
 //! # Ok::<(), throttler::Error>(())
 //! ```
+//!
+//! # Cancel safety
+//!
+//! Every async method is cancel-safe: dropping its future gives back what
+//! it had taken, so `tokio::time::timeout(d, limiter.acquire(n))` is a
+//! correct way to bound a wait. Dropping a [`Reservation`] before its
+//! moment gives its permits back too; [`Reservation::commit`] keeps them.
+//! How exactly a give-back restores the schedule depends on the limiter:
+//!
+//! | Limiter, methods | A give-back is | Errs towards limiting when |
+//! |---|---|---|
+//! | [`RateLimiter`], [`KeyedRateLimiter`]: `acquire`, `try_acquire`, a [`Reservation`] | exact, however many are given back, in any order: nobody is scheduled before a limiter that never made them would schedule them | never |
+//! | Redis limiters: `acquire`, `try_acquire`, a [`Reservation`] | exact, as locally, for up to 64 reservations waiting on one key ([`Ledger::SHARED_CAPACITY`](core::Ledger::SHARED_CAPACITY)) | more wait at once; the rate changed meanwhile; the give-back reaches Redis after the reservation's moment, or not at all (Redis down) |
+//! | Redis limiters: a round trip dropped in flight, or past the response timeout | the reply is awaited in the background (up to 30 s) and what it reserved given back | the reply comes later than that, or Redis is down |
+//! | Redis limiters: `reserve`, `try_reserve` (a wait, not a handle) | exact while the dropped call is the key's latest change | anything changed the key since |
+//! | Redis limiters on their local fallback | as [`KeyedRateLimiter`] | never |
+//! | [`stream`] adapters | a dropped stream gives its pending reservation back, as a [`Reservation`] | as its limiter |
+//! | [`io`] reader and writer | a dropped call leaves its reservation with the reader or writer for the next call; dropping the reader or writer gives it back | as its limiter |
+//!
+//! `available_in` changes nothing. The `_blocking` methods are not futures:
+//! nothing cancels them.
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 

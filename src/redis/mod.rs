@@ -37,6 +37,136 @@
 //! }
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! # Fallbacks
+//!
+//! Every call waits at most `response_timeout` for Redis (default 200 ms). When
+//! Redis is unreachable, too slow, or failing, the limiter switches to its
+//! fallback at once and probes Redis in the background, switching back as soon
+//! as its script works again on a fresh connection (a server that answers but
+//! refuses writes, e.g. out of memory or a read-only replica, counts as down).
+//! A limiter can be built while Redis is down: it starts on its fallback
+//! (`.require_connection(true)` makes building fail instead). Dropping an
+//! `acquire` gives its reservation back, in Redis too. Redis's `TIME` is the
+//! clock; the script never lets it run backwards, and a forward step reads as
+//! idle time (at most a burst).
+//!
+//! - [`Fallback::Local`] (default): limit in this process with the same
+//!   configuration, at `rate × local_fraction` (set `.local_fraction(1.0 / N)`
+//!   when N processes share the key).
+//! - [`Fallback::FailOpen`]: grant everything; availability over limiting.
+//! - [`Fallback::FailClosed`]: return `Error::Backend`; limiting over availability.
+//!
+//! Switches are logged through `tracing` and counted by `limiter.stats()`. Run
+//! `cargo run --example distributed` to see three instances share one rate (it
+//! uses `REDIS_URL`, or starts a private `redis-server`).
+//!
+//! # When Redis fails
+//!
+//! Every call returns within `response_timeout` (plus scheduling slack); "the
+//! fallback" is the one configured above. `tests/redis_reliability.rs` and
+//! `tests/redis_outages.rs` stage each row with a real `redis-server` (of the
+//! script refusals: out of memory, `READONLY`, `BUSY`, `LOADING` and
+//! `MASTERDOWN`).
+//!
+//! | What happens | What callers get | Back on Redis |
+//! |---|---|---|
+//! | Server killed, restarted, or refusing connections | the fallback, at once | when the probe's script works on a fresh connection |
+//! | Server hung (stopped process) or connection silently dead (peer gone, no reset) | the fallback after `response_timeout`; a reply that comes later has its reservation given back | the probe opens a new connection, which replaces the dead one (about one probe interval) |
+//! | Script refused: out of memory under `noeviction`, `READONLY` replica after a failover, `LOADING`, `BUSY`, `MASTERDOWN` | the fallback; one switch, no flapping | when the script's write succeeds |
+//! | The key holds someone else's data (another type, or a string not in the limiter's format) | `Error::Backend` whatever the fallback; the data is left untouched | when the key is deleted or the limiter renamed |
+//! | The key vanishes (evicted, `FLUSHALL`, a failover to a replica that never got it) | a limiter idle for long: one full burst (bursty) or cold (warming-up) | at once |
+//! | The server's clock steps back / forward | time stands still for the key until the clock catches up / the step reads as idle time (at most one burst) | at once |
+//! | A process served from its fallback and then never called again | — | its keys' debt is carried into Redis in the background as soon as its backend sees Redis again (within about one probe interval), so other processes see it |
+//! | More keys than `max_local_keys` during one outage (or more known debts than that) | the fallback drops the least recently used keys; new keys open no earlier than the latest dropped ticket, and a debt that does not fit is kept per hash bucket: errs towards limiting | keys called within the dropped debt's span are charged up to it once |
+//! | Two outages in a row | the second opens each key from the debt Redis reports after the first one's carry-back, not from a stale local debt | as above |
+//! | One Redis Cluster node down or hung | the fallback for the limiters and keys in that node's slots only, whether each limiter has a backend of its own or they share a `RedisBackend` or a keyed limiter. The first call that finds the node down marks its slot; the probe then reads the slot map and marks the node's other slots, so their calls do not each wait for `response_timeout` (see "Cluster client timeouts" below) | when the script works on that node (probed there only, so other nodes' outages do not hold it back) |
+//!
+//! What crosses a switch follows one rule, for the single and the keyed
+//! limiter alike: each permit granted is counted once in the schedule that
+//! later callers of every process see.
+//!
+//! - **Into the fallback**, a key opens with no stored permits and with the
+//!   debt Redis last reported for it, so a saturated key stays saturated.
+//!   `available_in` reads that debt too, without opening the key.
+//! - **Back to Redis**, a key the fallback served is carried back before any
+//!   call of it reaches Redis again: one resume call adds what the fallback
+//!   granted beyond what Redis knew (scaled by `local_fraction`) and drops the
+//!   permits the key had stored; callers of that key wait for it (one round
+//!   trip). A background task, started when the backend recovers, carries the
+//!   keys nobody calls. Under `Fallback::FailOpen` the resume carries no debt
+//!   but still drops the stored permits, so nothing bursts after an outage.
+//! - **Nothing twice**: the fallback forgets a key only once its debt is in
+//!   Redis, so a second outage opens it from what Redis reports, not from a
+//!   stale local debt.
+//! - **Where it cannot be known** (a reply lost with its connection, a
+//!   give-back that cannot be delivered, debts beyond `max_local_keys`, keys
+//!   the fallback dropped to stay within it), the limiter errs towards
+//!   limiting: a reservation may stay charged, a key may open later than it
+//!   had to, never granted twice.
+//!
+//! `tests/redis_recovery.rs` stages each of these moments; `tests/redis_chaos.rs`
+//! kills, stops, fills up and demotes a server at seeded moments while two
+//! processes call through it, and checks every sliding window of every key
+//! against the rate, the burst and the fallbacks' allowance.
+//!
+//! # Running Redis for this
+//!
+//! - **Eviction.** Use `maxmemory-policy noeviction` or one of the `volatile-*`
+//!   policies: limiter keys always carry a TTL, so `volatile-ttl` and
+//!   `volatile-lru` can evict them under memory pressure, and an evicted key
+//!   reads as an idle limiter (one full burst). `noeviction` never drops them;
+//!   when memory is full, writes fail and the limiters switch to their
+//!   fallback until memory is freed. Prefer `noeviction` (or a separate
+//!   instance) when a burst after memory pressure is not acceptable.
+//! - **Persistence and failover.** The state is a few bytes per key, written
+//!   on every reservation. A replica promoted by a failover has the state as
+//!   far as replication had carried it: a lagging replica grants again what
+//!   the lost writes had charged (at most the lag's worth of permits, or a
+//!   burst for a key it never received). Persistence matters only across a
+//!   restart of a lone server: without it, every key restarts idle.
+//! - **Clocks.** The script uses the server's `TIME`, a wall clock. Run the
+//!   server with time synchronisation that slews rather than steps where you
+//!   can; a step backwards holds keys still until the clock catches up (no
+//!   caller is ever charged the step), and a step forwards is read as idle
+//!   time.
+//! - **Cluster.** Each limiter is one key, so limiters spread over the slots.
+//!   Health is kept per node: when a node is down or hung, only the limiters
+//!   and keys in its slots serve from their fallbacks, also when they share
+//!   one `RedisBackend` or are keys of one keyed limiter. The probe runs the
+//!   script on the failing node only, never on every node, so an unrelated
+//!   node's outage does not keep anything degraded. A cluster that refuses
+//!   every connection is down as a whole.
+//! - **Cluster client timeouts.** Build the `ClusterClient` with a
+//!   `connection_timeout` below the limiter's `response_timeout` (the
+//!   client's default is 1 s). A cluster connection that has to reconnect to
+//!   a node that accepts connections but does not answer (a hung process)
+//!   holds every request, to every node, until it gives up on that node;
+//!   with the default, limiters on healthy nodes can then stay on their
+//!   fallbacks for as long as the node hangs (a process that starts while it
+//!   hangs, for one).
+//! - **Upgrading.** The key's format carries a version marker. A new version
+//!   reads the formats of earlier ones and rewrites a key in its own format at
+//!   the next write, so upgrading every process is seamless. During a rolling
+//!   upgrade, though, a process still on an earlier version does not read a
+//!   key a newer one has written: its calls on that key fail with
+//!   `Error::Backend` ("holds a value this limiter does not recognise"), and
+//!   its fallback does not take over, as for any foreign value. Upgrade the
+//!   processes sharing a limiter together, or give the new version's limiters
+//!   new names for the length of the rollout. Formats so far: `thr2` (the
+//!   sub-microsecond schedule) and `thr3` (a key on which reservations wait
+//!   to be given back: its ledger).
+//! - **Key names.** A limiter named `name` uses the Redis key
+//!   `throttler:name`, and a keyed limiter's key `key` uses
+//!   `throttler:name:key`, with `\` and `:` escaped in the name (`\\`, `\:`)
+//!   and `\`, `{`, `}` escaped in the key (`\\`, `\(`, `\)`). No two
+//!   (limiter, key) pairs share a Redis key, and no client's key text picks
+//!   its cluster slot; braces in a *name* are kept, so `{tenant-7}` puts a
+//!   limiter and all its keys in one slot on purpose. Names and keys without
+//!   those characters use the same Redis keys as before this rule; others
+//!   move to their escaped key when a process is upgraded, starting afresh
+//!   there (upgrade the processes sharing such a name together).
+//!
 
 mod backend;
 mod builder;
