@@ -139,7 +139,11 @@ pub struct KeyedRateLimiter<K, C: Clock = SystemClock> {
 struct Padded<T>(T);
 
 /// A fast hash to pick a key's shard (not the map's hash, which resists
-/// collisions chosen by clients): a multiply-rotate per word.
+/// collisions chosen by clients): a multiply-rotate per word, as FxHash
+/// does. Kept here rather than taken from a crate: the local limiter
+/// depends on no hashing crate, the fast hashers in the dependency tree
+/// come only with the optional Redis client, and these twenty lines are
+/// all it needs.
 #[derive(Default)]
 struct ShardHasher(u64);
 

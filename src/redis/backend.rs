@@ -484,6 +484,11 @@ impl Backend {
 
     /// The cluster's slot map, read from a node (up to three tries, each
     /// within the response timeout); `None` if none answers.
+    ///
+    /// It asks `CLUSTER SLOTS`, deprecated since Redis 7.0 for `CLUSTER
+    /// SHARDS` but still served; `SHARDS` does not exist on Redis 6, which
+    /// the crate supports, and gives nothing more this needs (which node
+    /// owns each slot).
     async fn slot_map(&self, connection: &Connection) -> Option<SlotMap> {
         let Connection::Cluster(cluster) = connection else {
             return None;

@@ -240,32 +240,12 @@ pub(crate) fn key_slot(key: &[u8]) -> u16 {
     crc16(hashed) % SLOTS
 }
 
-/// CRC16 with polynomial 0x1021 and initial value 0 (XMODEM).
+/// CRC16 with polynomial 0x1021 and initial value 0 (XMODEM): the redis
+/// client's own dependency computes it (the client does not make its slot
+/// number public).
 fn crc16(bytes: &[u8]) -> u16 {
-    bytes.iter().fold(0, |crc, &byte| {
-        (crc << 8) ^ CRC16_TABLE[usize::from((crc >> 8) as u8 ^ byte)]
-    })
+    crc16::State::<crc16::XMODEM>::calculate(bytes)
 }
-
-const CRC16_TABLE: [u16; 256] = {
-    let mut table = [0; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut crc = (i as u16) << 8;
-        let mut bit = 0;
-        while bit < 8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-            bit += 1;
-        }
-        table[i] = crc;
-        i += 1;
-    }
-    table
-};
 
 #[cfg(test)]
 mod tests {
