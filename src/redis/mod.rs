@@ -173,6 +173,8 @@ mod builder;
 mod connection;
 mod failover;
 mod fallback;
+#[doc(hidden)]
+pub mod format;
 mod health;
 mod keyed;
 mod limiter;

@@ -6,6 +6,7 @@ use std::time::Duration;
 use redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, Value};
 
 use super::connection::Connection;
+use super::format;
 use crate::core::{Policy, micros};
 
 /// The reservation script, hashed once. [`invoke`] sends EVALSHA and, on
@@ -89,17 +90,13 @@ pub(crate) enum Call {
 #[derive(Clone, PartialEq, Eq)]
 pub struct Token(Box<[u8]>);
 
-/// The value format (`lua/reserve.lua`, Value): the marker `thr2` (`thr3`
-/// when the value carries a ledger), then nine little-endian doubles
-/// (field 7 packs the ticket's fraction and the record's; the reply's
-/// numbers do not need it).
-const TOKEN_LEN: usize = 76;
-
-/// A token with its group's id: one more double.
-const TOKEN_WITH_ID_LEN: usize = 84;
+/// A token is a value (see [`format`](super::format)), with its group's
+/// id when it has one.
+const TOKEN_LEN: usize = format::VALUE_LEN;
+const TOKEN_WITH_ID_LEN: usize = format::TOKEN_WITH_ID_LEN;
 
 /// The markers a value (and so a token) starts with.
-const MARKERS: [&[u8; 4]; 2] = [b"thr2", b"thr3"];
+const MARKERS: [&[u8; 4]; 2] = [format::MARKER, format::LEDGER_MARKER];
 
 impl Token {
     fn from_bytes(bytes: &[u8]) -> Option<Token> {
@@ -328,7 +325,7 @@ mod tests {
         assert_eq!(&reply.token.unwrap().0[..], &granted[..]);
         // One made on a value with a ledger, with its group's id: the same.
         let mut with_id = granted.clone();
-        with_id[..4].copy_from_slice(b"thr3");
+        with_id[..4].copy_from_slice(format::LEDGER_MARKER);
         with_id.extend(7.0f64.to_le_bytes());
         let reply = decode(Value::BulkString(with_id.clone())).unwrap();
         assert_eq!(reply.wait, Some(Duration::from_micros(300)));

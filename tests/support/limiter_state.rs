@@ -10,27 +10,33 @@
 //! bytes) to check how the script reads, upgrades or refuses them. A
 //! granted reservation replies with the value it wrote, which is its token.
 
+use throttler::redis::format;
+
+// The layout, from the crate's one definition of it (`redis::format`),
+// under the names these tests use.
+
 /// The length of a valid value, in bytes (also of a `thr1` value).
-pub const STATE_LEN: usize = 76;
-
+pub const STATE_LEN: usize = format::VALUE_LEN;
 /// The marker a valid value starts with.
-pub const MARKER: &[u8; 4] = b"thr2";
-
-/// The marker of the previous format, `thr1`: the same size and fields 1 to
-/// 6, then its record (stored_before, next_free_before, spent_stored), and
-/// no fraction.
-pub const THR1_MARKER: &[u8; 4] = b"thr1";
-
-/// The marker of a value that carries a ledger after its 76 bytes (and of
-/// the tokens of reservations made on it).
-pub const THR3_MARKER: &[u8; 4] = b"thr3";
-
-/// The length of a ledger's head, after a thr3 value's 76 bytes: six
-/// doubles (open, next_id, earliest, in_order, groups, horizon).
-pub const LEDGER_HEAD_LEN: usize = 48;
-
+pub const MARKER: &[u8; 4] = format::MARKER;
+/// The marker of the previous format.
+pub const THR1_MARKER: &[u8; 4] = format::THR1_MARKER;
+/// The marker of a value that carries a ledger after its 76 bytes.
+pub const THR3_MARKER: &[u8; 4] = format::LEDGER_MARKER;
+/// The length of a ledger's head.
+pub const LEDGER_HEAD_LEN: usize = format::LEDGER_HEAD_LEN;
 /// The length of a token that carries its group's id.
-pub const TOKEN_WITH_ID_LEN: usize = STATE_LEN + 8;
+pub const TOKEN_WITH_ID_LEN: usize = format::TOKEN_WITH_ID_LEN;
+/// The length of a value in the first format.
+pub const V0_STATE_LEN: usize = format::V0_VALUE_LEN;
+/// The length of a reservation token (a value), in bytes.
+pub const TOKEN_LEN: usize = STATE_LEN;
+/// The bytes of field 7 (the packed fractions) in a value.
+pub const FRACTIONS_BYTES: std::ops::Range<usize> = format::FRACTIONS_BYTES;
+/// Field 7's shift for the ticket's fraction.
+pub const FRACTIONS_SHIFT: u64 = format::FRACTIONS_SHIFT;
+/// One microsecond in fraction units.
+pub const FRACTION_ONE: u32 = format::FRACTION_ONE as u32;
 
 /// How many groups the ledger of a value holds (`None` for a value without
 /// a ledger).
@@ -41,22 +47,6 @@ pub fn ledger_groups(value: &[u8]) -> Option<u64> {
     let [groups] = doubles::<1>(&value[STATE_LEN + 32..STATE_LEN + 40]);
     Some(groups as u64)
 }
-
-/// The length of a value in the first format (five doubles, no marker).
-pub const V0_STATE_LEN: usize = 40;
-
-/// The length of a reservation token (a value), in bytes.
-pub const TOKEN_LEN: usize = STATE_LEN;
-
-/// The bytes of field 7 (the packed fractions) in a value.
-pub const FRACTIONS_BYTES: std::ops::Range<usize> = 52..60;
-
-/// Field 7 is `next_free_fraction * FRACTIONS_SHIFT + fraction_before * 2 +
-/// spent_stored`.
-pub const FRACTIONS_SHIFT: u64 = 1 << 21;
-
-/// One microsecond in fraction units: 2^20.
-pub const FRACTION_ONE: u32 = 1 << 20;
 
 /// A limiter key's state, field by field, in the script's order.
 #[derive(Debug, Clone, Copy, PartialEq)]
