@@ -37,7 +37,7 @@
 //! A last test changes the rate midway (another ARGV[3]): from the first
 //! reservation at the new rate on, the schedule is the new rate's.
 //!
-//! The local limiters' counterpart is `tests/exactness.rs`.
+//! The local limiters' counterpart is `tests/local/exactness.rs`.
 //! `THROTTLER_EXACT_N=<n>` changes the number of reservations per run.
 
 mod support;

@@ -7,14 +7,10 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use support::poll::{PROBE_INTERVAL, RESPONSE_TIMEOUT, SLACK};
 use support::redis_server::RedisServer;
 use throttler::Error;
 use throttler::redis::{Fallback, RedisRateLimiter};
-
-const RESPONSE_TIMEOUT: Duration = Duration::from_millis(100);
-const PROBE_INTERVAL: Duration = Duration::from_millis(100);
-/// Scheduling slack on a shared 2-core machine.
-const SLACK: Duration = Duration::from_millis(150);
 
 async fn limiter(server: &RedisServer, fallback: Fallback) -> RedisRateLimiter {
     RedisRateLimiter::builder(server.client(), "faults")

@@ -14,16 +14,12 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::poll::within;
+use support::poll::{PROBE_INTERVAL, RESPONSE_TIMEOUT, SLACK, within};
 use support::redis_cluster::RedisCluster;
 use support::redis_server::{RedisServer, free_port};
 use throttler::Error;
 use throttler::redis::{Fallback, RedisBackend, RedisBuilder, RedisRateLimiter, RedisStats};
 
-const RESPONSE_TIMEOUT: Duration = Duration::from_millis(100);
-const PROBE_INTERVAL: Duration = Duration::from_millis(100);
-/// Scheduling slack on a shared 2-core machine.
-const SLACK: Duration = Duration::from_millis(250);
 /// The longest any call may take: the response timeout plus slack.
 const CALL_BOUND: Duration = RESPONSE_TIMEOUT.saturating_add(SLACK);
 /// How long a limiter may take to go back to Redis once Redis works again:

@@ -11,16 +11,11 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::poll::within;
+use support::poll::{PROBE_INTERVAL, RESPONSE_TIMEOUT, SLACK, within};
 use support::proxy::Proxy;
 use support::redis_server::RedisServer;
 use throttler::Error;
 use throttler::redis::{Fallback, RedisRateLimiter};
-
-const RESPONSE_TIMEOUT: Duration = Duration::from_millis(100);
-const PROBE_INTERVAL: Duration = Duration::from_millis(100);
-/// Scheduling slack on a shared 2-core machine.
-const SLACK: Duration = Duration::from_millis(250);
 
 fn builder(client: redis::Client, name: &str, rate: f64) -> throttler::redis::RedisBuilder {
     RedisRateLimiter::builder(client, name)

@@ -52,7 +52,7 @@
 //! dropped time earlier than the model. That is not a rounding: with
 //! callers that give up after a timeout, a limiter with no burst at 10
 //! permits per second scheduled callers up to 2 s early, and one at 0.5 per
-//! second up to 81 s (`tests/cancellation.rs`).
+//! second up to 81 s (`tests/local/cancellation.rs`).
 //!
 //! Closing it means remembering, for the reservations still waiting, what
 //! was requested after each: the [`Ledger`](super::Ledger), which every

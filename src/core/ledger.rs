@@ -70,7 +70,7 @@ use super::{FRACTION_ONE, GiveBack, MAX_MICROS, Policy, Reserved, State};
 /// count no burst. So a caller is never scheduled before the limiter that
 /// never made the cancelled reservations would schedule it, and with no
 /// more than [`Ledger::CAPACITY`] reservations waiting, a bursty limiter
-/// ends where that limiter would, to the microsecond (`tests/cancellation.rs`
+/// ends where that limiter would, to the microsecond (`tests/local/cancellation.rs`
 /// checks both against that model).
 ///
 /// # Use

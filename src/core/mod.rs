@@ -128,7 +128,7 @@
 //! saturated limiter's achieved rate is its configured rate to the rounding
 //! of each cost to 2^-20 µs. That is within 0.01% for one permit at a time
 //! up to 10^7 permits/s and for chunks of 64 or more up to 10^9 permits/s
-//! (`tests/exactness.rs` runs 100 000 reservations at each rate, with both
+//! (`tests/local/exactness.rs` runs 100 000 reservations at each rate, with both
 //! policies and across a rate change). Truncating each cost to whole
 //! microseconds instead, as the classic formulation does, runs 11% fast at
 //! 300 000 permits/s and does not limit at all above 10^6 permits/s.

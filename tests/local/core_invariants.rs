@@ -2,7 +2,7 @@
 //! never lets stored permits leave `0..=max_permits`, never moves the ticket
 //! backwards, and a refused try changes nothing.
 
-mod support;
+use crate::support;
 
 use support::rng::Rng;
 use throttler::core::{Bursty, MAX_MICROS, Policy, State, WarmingUp};

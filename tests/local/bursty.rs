@@ -3,8 +3,7 @@
 //! matches the reference behaviour published for the original algorithm's
 //! test suite, the comment gives that suite's rounded value (e.g. "R0.20").
 
-#[path = "support/fake.rs"]
-mod fake;
+use crate::support::fake;
 
 use std::time::Duration;
 

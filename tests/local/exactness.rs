@@ -14,8 +14,7 @@
 //! bit, are checked in `tests/redis_exactness.rs` (its own rows, with the
 //! missing-key reading as the start).
 
-#[path = "support/fake.rs"]
-mod fake;
+use crate::support::fake;
 
 use std::time::Duration;
 

@@ -2,8 +2,7 @@
 //! the right permits charged, nothing owed after a dropped stream, errors
 //! yielded with their item.
 
-#[path = "support/fake.rs"]
-mod fake;
+use crate::support::fake;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -3,8 +3,7 @@
 //! the reference behaviour for the original algorithm was published as rounded
 //! seconds (e.g. "R1.38"), the same rounding of our waits.
 
-#[path = "support/fake.rs"]
-mod fake;
+use crate::support::fake;
 
 use std::time::Duration;
 

@@ -1,8 +1,7 @@
 //! The `Limiter` trait: object safe, and its provided methods sleep on the
 //! limiter's clock.
 
-#[path = "support/fake.rs"]
-mod fake;
+use crate::support::fake;
 
 use std::sync::Arc;
 use std::time::Duration;

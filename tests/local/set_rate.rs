@@ -1,7 +1,6 @@
 //! Changing the rate of a live limiter, on a fake clock.
 
-#[path = "support/fake.rs"]
-mod fake;
+use crate::support::fake;
 
 use std::time::Duration;
 

@@ -1,8 +1,7 @@
 //! Bad input gets a clear `Error::InvalidArgument`; extreme but valid input
 //! saturates. Nothing panics, overflows or silently grants too much.
 
-#[path = "support/fake.rs"]
-mod fake;
+use crate::support::fake;
 
 use std::time::Duration;
 

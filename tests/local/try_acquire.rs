@@ -1,8 +1,7 @@
 //! `try_reserve` / `try_acquire`: reserve only if the wait fits in the timeout,
 //! otherwise refuse at once and reserve nothing.
 
-#[path = "support/fake.rs"]
-mod fake;
+use crate::support::fake;
 
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 //! allows, and once the last cancellation is done the limiter must be the
 //! model (its next callers get the model's schedule).
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

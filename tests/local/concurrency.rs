@@ -1,9 +1,8 @@
 //! Many threads and tasks on one limiter: no permit is granted twice and none
 //! is lost.
 
-#[path = "support/fake.rs"]
-mod fake;
-mod support;
+use crate::support;
+use crate::support::fake;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
