@@ -90,8 +90,12 @@ pub trait Limiter: Send + Sync {
     ///
     /// Provided: `None`. The local limiter answers.
     ///
+    /// Not part of the API: an optimisation between this crate's limiters
+    /// and adapters, hidden from the docs, and free to change.
+    ///
     /// # Errors
     /// As [`try_reserve`](Limiter::try_reserve).
+    #[doc(hidden)]
     fn take_if_free(&self, permits: u32) -> Option<Result<bool, Error>> {
         let _ = permits;
         None

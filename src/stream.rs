@@ -61,7 +61,7 @@
 //!
 //! When nothing is owed and the limiter can tell without I/O (the local
 //! [`RateLimiter`](crate::RateLimiter), through
-//! [`Limiter::take_if_free`]), an item's permits are taken at once, with no
+//! `Limiter::take_if_free`), an item's permits are taken at once, with no
 //! future and no timer. Otherwise an item costs one boxed future for its
 //! wait (the [`Limiter`] methods are `async`, so they box theirs too).
 

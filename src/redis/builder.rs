@@ -15,12 +15,6 @@ use crate::Error;
 use crate::builder::{PolicyConfig, policy_setters};
 use crate::clock::{Clock, SystemClock};
 
-/// Every key starts with `throttler:`, followed by the limiter's name
-/// (see [`RedisRateLimiter::key`] and
-/// [`KeyedRedisRateLimiter::redis_key`](super::KeyedRedisRateLimiter::redis_key)
-/// for the rest).
-pub const KEY_PREFIX: &str = "throttler:";
-
 /// The default [`response_timeout`](RedisBuilder::response_timeout).
 pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(200);
 

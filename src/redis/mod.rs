@@ -183,9 +183,10 @@ mod round_trip;
 mod script;
 mod shared;
 
-pub use builder::{DEFAULT_PROBE_INTERVAL, DEFAULT_RESPONSE_TIMEOUT, KEY_PREFIX, RedisBuilder};
+pub use builder::{DEFAULT_PROBE_INTERVAL, DEFAULT_RESPONSE_TIMEOUT, RedisBuilder};
 pub use fallback::{Fallback, RedisStats};
 pub use keyed::{DEFAULT_MAX_LOCAL_KEYS, KeyedRedisRateLimiter, RedisKeyedBuilder};
 pub use limiter::RedisRateLimiter;
+pub use naming::KEY_PREFIX;
 pub use script::Token;
 pub use shared::{RedisBackend, RedisBackendBuilder, RedisLimiterBuilder};

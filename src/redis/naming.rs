@@ -21,7 +21,11 @@
 
 use std::fmt::{self, Display, Write};
 
-use super::builder::KEY_PREFIX;
+/// Every key starts with `throttler:`, followed by the limiter's name
+/// (see [`RedisRateLimiter::key`](super::RedisRateLimiter::key) and
+/// [`KeyedRedisRateLimiter::redis_key`](super::KeyedRedisRateLimiter::redis_key)
+/// for the rest).
+pub const KEY_PREFIX: &str = "throttler:";
 
 /// The Redis key of the single limiter `name`.
 pub(crate) fn single_key(name: &str) -> String {
