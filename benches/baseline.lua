@@ -1,6 +1,6 @@
 --[[
 The baseline for `benches/redis.rs`: a straightforward Redis script for the
-same reservation as `lua/reserve.lua` with the bursty policy, written the
+same reservation as the crate's script (`lua/`) with the bursty policy, written the
 plain way. It is here to be measured against, not to be used.
 
 KEYS[1]  A hash with two fields: stored_permits and next_free_micros.

@@ -11,7 +11,7 @@
 //! EVALSHA, after `CONFIG RESETSTAT`) gives the server time per call, and
 //! `redis-benchmark` the calls per second.
 //!
-//! * `lua/reserve.lua`, the crate's script, bursty, 1000 permits/s, 1 s of
+//! * the crate's script (`lua/`), bursty, 1000 permits/s, 1 s of
 //!   burst, on one hot key (always in debt, as under overload);
 //! * `benches/baseline.lua`, a straightforward script for the same bursty
 //!   reservation (TIME, HMGET, compute, HSET, PEXPIRE), same key shape;
@@ -63,7 +63,7 @@ mod redis_server;
 
 use redis_server::RedisServer;
 
-const RESERVE: &str = include_str!("../lua/reserve.lua");
+const RESERVE: &str = throttler::redis::format::SCRIPT;
 const BASELINE: &str = include_str!("baseline.lua");
 const RETURN_1: &str = "return 1";
 /// What every script on this layout must do at least.
@@ -282,7 +282,12 @@ fn main() {
     // Part 1: the scripts, -c 50 -P 16.
     let baseline_key = "throttler:baseline";
     let cases: [(&str, &str, &str, &[&str]); 7] = [
-        ("lua/reserve.lua, one hot key", &reserve, KEY, RESERVE_ARGS),
+        (
+            "the crate's script, one hot key",
+            &reserve,
+            KEY,
+            RESERVE_ARGS,
+        ),
         (
             "benches/baseline.lua, one hot key",
             &baseline,
@@ -297,7 +302,7 @@ fn main() {
             RESERVE_ARGS,
         ),
         (
-            "lua/reserve.lua, 10^7 cold keys",
+            "the crate's script, 10^7 cold keys",
             &reserve,
             COLD_KEY,
             RESERVE_ARGS,
@@ -309,7 +314,7 @@ fn main() {
             BASELINE_ARGS,
         ),
         (
-            "lua/reserve.lua, one hot key, held (`1+`): a full ledger",
+            "the crate's script, one hot key, held (`1+`): a full ledger",
             &reserve,
             HELD_KEY,
             HELD_ARGS,

@@ -1,5 +1,5 @@
 #![cfg(feature = "redis")]
-//! Differential test: `lua/reserve.lua` in Redis and `throttler::core::State`
+//! Differential test: the Lua script (`lua/`) in Redis and `throttler::core::State`
 //! in Rust, driven by the same random sequences of reservations, tries,
 //! queries, probes, resumes, cancellations of earlier reservations, rate
 //! changes and clock jumps (forwards and backwards), must give the same
@@ -1017,7 +1017,7 @@ fn lua_script_and_core_agree() {
     };
     let server = RedisServer::start();
     let mut con = server.connection();
-    let script = redis::Script::new(include_str!("../lua/reserve.lua"));
+    let script = redis::Script::new(throttler::redis::format::SCRIPT);
     script.load(&mut con).expect("SCRIPT LOAD");
 
     let started = Instant::now();

@@ -1,5 +1,5 @@
 #![cfg(feature = "redis")]
-//! The achieved rate of a saturated limiter through `lua/reserve.lua` is
+//! The achieved rate of a saturated limiter through the Lua script (`lua/`) is
 //! exact at every rate, and every reply is the core's, bit for bit.
 //!
 //! Each run is [`N`] reservations on one key, each made at the moment the
@@ -346,7 +346,7 @@ struct Fixture {
 fn fixture() -> Fixture {
     let server = RedisServer::start();
     let mut con = server.connection();
-    let script = redis::Script::new(include_str!("../lua/reserve.lua"));
+    let script = redis::Script::new(throttler::redis::format::SCRIPT);
     script.load(&mut con).expect("SCRIPT LOAD");
     let pipe = Pipe::connect(server.port());
     Fixture {

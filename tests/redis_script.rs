@@ -1,5 +1,5 @@
 #![cfg(feature = "redis")]
-//! `lua/reserve.lua` against a real Redis server: the interface (modes,
+//! The Lua script (`lua/`) against a real Redis server: the interface (modes,
 //! arguments, replies, errors), what it writes and what it must not write,
 //! the value format and its upgrade, the clock, number precision (the
 //! ticket's fraction below the microsecond included), values it does not
@@ -28,7 +28,7 @@ const MAX_MICROS: u64 = 1 << 53;
 const TTL_CAP_MS: i64 = 9_007_199_254_740;
 
 fn script() -> redis::Script {
-    redis::Script::new(include_str!("../lua/reserve.lua"))
+    redis::Script::new(throttler::redis::format::SCRIPT)
 }
 
 /// A server, a connection to it and the script.

@@ -156,7 +156,7 @@ impl Ledger {
     pub const CAPACITY: usize = 1024;
 
     /// The most groups the Redis script keeps in a key's value
-    /// (`lua/reserve.lua`, Ledger): a ledger of this capacity is its
+    /// (`docs/redis-protocol.md`, Ledger): a ledger of this capacity is its
     /// counterpart in Rust.
     pub const SHARED_CAPACITY: usize = 64;
 

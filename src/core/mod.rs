@@ -4,7 +4,7 @@
 //! function takes the current time as an argument (`now_micros`, integer
 //! microseconds on some monotonic timeline) and returns numbers. The local
 //! [`RateLimiter`](crate::RateLimiter) runs it behind a lock; the Redis
-//! limiter runs a line-by-line mirror of it in Lua (`lua/reserve.lua`) on the
+//! limiter runs a line-by-line mirror of it in Lua (`lua/`) on the
 //! server's clock. A differential test keeps the two in agreement.
 //!
 //! # How the limiter is designed, and why

@@ -1,5 +1,5 @@
 //! The layout of the value a limiter keeps under its Redis key, defined
-//! once: the script (`lua/reserve.lua`) declares the same constants, and a
+//! once: the script (`lua/`, [`SCRIPT`]) declares the same constants, and a
 //! test holds them to these. Not part of the crate's stable API: it is
 //! public for the crate's own tests and for tools that inspect keys.
 //!
@@ -18,6 +18,16 @@
 //! fraction) and a bare [`V0_VALUE_LEN`]-byte value (five doubles).
 
 use std::ops::Range;
+
+/// The limiter's script, assembled from the parts in `lua/` (its protocol:
+/// `docs/redis-protocol.md`).
+pub const SCRIPT: &str = concat!(
+    include_str!("../../lua/prelude.lua"),
+    include_str!("../../lua/state.lua"),
+    include_str!("../../lua/cold.lua"),
+    include_str!("../../lua/reserve.lua"),
+    include_str!("../../lua/write.lua"),
+);
 
 /// The marker of a value without a ledger.
 pub const MARKER: &[u8; 4] = b"thr2";
@@ -64,8 +74,6 @@ pub const FRACTION_ONE: u64 = 1 << crate::core::FRACTION_BITS;
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const SCRIPT: &str = include_str!("../../lua/reserve.lua");
 
     /// The value of the script's `local NAME = value` line.
     fn lua(name: &str) -> &'static str {

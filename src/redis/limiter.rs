@@ -16,7 +16,7 @@ use crate::{Error, Limiter, Reservation};
 
 /// A rate limiter shared by every process that uses the same Redis key.
 ///
-/// Each reservation is one round trip: an EVALSHA of `lua/reserve.lua`, which
+/// Each reservation is one round trip: an EVALSHA of the Lua script (`lua/`), which
 /// runs the [core algorithm](crate::core) inside Redis on Redis's own clock
 /// (`TIME`), so all callers share one schedule whatever their own clocks say.
 /// The wait it returns is slept here, on the limiter's clock. Every call is

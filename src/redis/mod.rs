@@ -2,14 +2,15 @@
 //! same Redis key.
 //!
 //! [`RedisRateLimiter`] runs the [core algorithm](crate::core) as a Lua
-//! script inside Redis (`lua/reserve.lua`, a line-by-line mirror of
+//! script inside Redis (`lua/`, a line-by-line mirror of
 //! `src/core`), on Redis's own clock, in one round trip per reservation. The
 //! limiter's state is one key, `throttler:{name}` (a 76-byte string with a
 //! format marker), so it works the same on a single server and on Redis
 //! Cluster. The key expires only once an idle limiter would have refilled
 //! anyway, so expiry is invisible; a missing key reads as a limiter that
 //! has been idle for a long time (full for the bursty policy, cold for the
-//! warming-up one).
+//! warming-up one). What the script takes, replies and stores, and how its
+//! formats are upgraded, is specified in `docs/redis-protocol.md`.
 //!
 //! Each limiter built with [`RedisRateLimiter::builder`] has a connection
 //! of its own. Many limiters (one per API, per queue, ...) can share one

@@ -1,4 +1,5 @@
-//! Calling `lua/reserve.lua`: arguments in, wait out.
+//! Calling the limiter's script (`lua/`, see `docs/redis-protocol.md`):
+//! arguments in, wait out.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -14,7 +15,7 @@ use crate::core::{Policy, micros};
 static RESERVE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCE));
 
 /// The script's text.
-const SOURCE: &str = include_str!("../../lua/reserve.lua");
+const SOURCE: &str = format::SCRIPT;
 
 /// The arguments that describe the limiter (ARGV[3..=6]), written out once
 /// when the limiter is built, so that a call formats only what changes with
@@ -57,8 +58,8 @@ fn number_text(value: f64) -> String {
     }
 }
 
-/// What a call asks of the script (its modes; see the header of
-/// `lua/reserve.lua`).
+/// What a call asks of the script (its modes; see
+/// `docs/redis-protocol.md`).
 #[derive(Debug, Clone)]
 pub(crate) enum Call {
     /// Reserve `permits`; with a timeout, only if the wait fits in it.

@@ -1,4 +1,4 @@
-//! The value `lua/reserve.lua` keeps under a limiter key, decoded: the 4
+//! The value the Lua script (`lua/`) keeps under a limiter key, decoded: the 4
 //! ASCII bytes `thr2`, then nine little-endian IEEE doubles
 //! (`struct.pack('<c4ddddddddd', 'thr2', ...)` in the script), 76 bytes in
 //! all: the state (fields 1 to 6, and the ticket's fraction in field 7) and
