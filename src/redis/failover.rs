@@ -78,6 +78,10 @@ pub(crate) enum Naming {
 /// How many buckets hold the known debts that do not fit in memory.
 const BUCKETS: usize = 64;
 
+/// How many times a call waits for its key's carry-back before it is
+/// served by the fallback, which still holds the key.
+const MAX_CARRY_WAITS: usize = 8;
+
 /// How many keys are carried back at once in the background.
 const CARRY_CONCURRENCY: usize = 64;
 
@@ -135,6 +139,26 @@ struct RedisKeyTaken {
 
 /// The wake-up of a caller whose key is being carried back.
 type Carried<'a> = Pin<Box<Notified<'a>>>;
+
+/// A key marked as being carried back: the mark goes, and the key's
+/// callers wake, when this is dropped (the carry-back ended, or its task
+/// was dropped before it could run).
+struct Marked<K: Hash + Eq, C: Clock> {
+    failover: Arc<Failover<K, C>>,
+    key: K,
+}
+
+impl<K: Hash + Eq, C: Clock> Drop for Marked<K, C> {
+    fn drop(&mut self) {
+        self.failover
+            .books
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .carrying
+            .remove(&self.key);
+        self.failover.carried.notify_waiters();
+    }
+}
 
 /// Where a call goes.
 enum Route {
@@ -363,7 +387,9 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        loop {
+        // A key whose carry-back keeps failing to start (its runtime gone)
+        // is served where it is held.
+        for _ in 0..MAX_CARRY_WAITS {
             if self.is_down(target) {
                 return Route::Local(None);
             }
@@ -393,6 +419,7 @@ where
             }
             return Route::Redis;
         }
+        Route::Local(None)
     }
 
     /// Waits for a carry-back to end: at most a round trip (bounded again
@@ -592,29 +619,33 @@ where
     }
 
     /// Carries `key` back in the background (its caller marked it as being
-    /// carried).
+    /// carried; the mark goes when the carry-back ends or is dropped).
     fn spawn_carry(&self, key: K) {
-        let Some(this) = self.this.upgrade() else {
+        let Some(failover) = self.this.upgrade() else {
             return;
         };
-        self.backend.spawn(async move { this.carry(key).await });
+        let marked = Marked { failover, key };
+        self.backend.spawn(async move {
+            marked.failover.carry(&marked.key).await;
+        });
     }
 
     /// Carries the fallback's debt of `key` into its Redis key: one resume
     /// with what the fallback granted beyond what Redis knew, then the
     /// fallback forgets the key. If Redis is down again, the key stays in
-    /// the fallback, with its debt. Ends by waking the key's callers.
-    async fn carry(&self, key: K) {
-        let target = self.target(&key);
-        let mut known = self.known_exactly(&key);
-        while let Some(ticket) = self.local.ticket(&key) {
+    /// the fallback, with its debt. (Its caller's [`Marked`] then wakes the
+    /// key's callers.)
+    async fn carry(&self, key: &K) {
+        let target = self.target(key);
+        let mut known = self.known_exactly(key);
+        while let Some(ticket) = self.local.ticket(key) {
             let debt = ticket.saturating_sub(self.now().max(known));
             let resume = Call::Resume {
                 debt_micros: self.at_shared_rate(debt),
             };
-            match self.send(&key, &target, resume).await {
+            match self.send(key, &target, resume).await {
                 Ok(_) => {
-                    if self.local.forget_if_paid(&key, ticket) {
+                    if self.local.forget_if_paid(key, ticket) {
                         break;
                     }
                     // Granted meanwhile (it should not be): the rest.
@@ -622,14 +653,12 @@ where
                 }
                 // The key holds something else: calls report it.
                 Err(Failure::Refused(_)) => {
-                    self.local.forget_if_paid(&key, u64::MAX);
+                    self.local.forget_if_paid(key, u64::MAX);
                     break;
                 }
                 Err(Failure::Down(_)) => break,
             }
         }
-        self.books().carrying.remove(&key);
-        self.carried.notify_waiters();
     }
 
     /// Carries every key the fallback holds back to Redis (64 at a time),
@@ -658,7 +687,11 @@ where
                             if !this.books().carrying.insert(key.clone()) {
                                 return;
                             }
-                            this.carry(key).await;
+                            let marked = Marked {
+                                failover: Arc::clone(this),
+                                key,
+                            };
+                            this.carry(&marked.key).await;
                         }
                     })
                     .await;
