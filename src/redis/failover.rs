@@ -45,7 +45,7 @@ use tokio::sync::Notify;
 use tokio::sync::futures::Notified;
 
 use super::Fallback;
-use super::backend::{Backend, ProbeTarget, Recover};
+use super::backend::{Backend, ProbeTarget, Recover, blocking_section};
 use super::health::Zone;
 use super::naming;
 use super::round_trip::{Canceller, Failure, send};
@@ -326,6 +326,63 @@ where
                 Err(carried) => self.await_carry(carried).await,
             }
         }
+    }
+
+    /// A reservation whose wait is the caller's (it cannot be given back):
+    /// the wait, or `None` for a refused try. (`reserve`, `try_reserve`.)
+    pub(crate) async fn reserve_wait<Q>(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Duration>, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let reserved = self.reserve(key, permits, timeout, false).await?;
+        Ok(reserved.map(Reservation::commit))
+    }
+
+    /// Reserves and sleeps for the wait; with a timeout, only if the wait
+    /// fits (`None` otherwise, nothing reserved). (`acquire`,
+    /// `try_acquire`.)
+    pub(crate) async fn acquire<Q>(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Duration>, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        match self.reserve(key, permits, timeout, true).await? {
+            Some(reservation) => Ok(Some(reservation.wait().await)),
+            None => Ok(None),
+        }
+    }
+
+    /// [`acquire`](Self::acquire) from a thread that may block: the call
+    /// runs on the backend's runtime while this thread blocks, then this
+    /// thread sleeps for the wait.
+    pub(crate) fn acquire_blocking(
+        &self,
+        key: K,
+        permits: u32,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Duration>, Error> {
+        check_permits(permits)?;
+        let Some(this) = self.this.upgrade() else {
+            return Err(super::backend::shut_down());
+        };
+        let wait = self
+            .backend
+            .block_on(async move { this.reserve_wait(&key, permits, timeout).await })??;
+        if let Some(wait) = wait.filter(|wait| !wait.is_zero()) {
+            blocking_section(|| self.clock().sleep_blocking(wait));
+        }
+        Ok(wait)
     }
 
     /// The current wait of `key`, from Redis or the fallback.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::Fallback;
-use super::backend::{Backend, blocking_section};
+use super::backend::Backend;
 use super::builder::{check_limiter, fallback_setters};
 use super::failover::{Failover, Naming, Parts};
 use super::fallback::RedisStats;
@@ -192,8 +192,8 @@ where
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let reserved = self.inner.reserve(key, permits, None, false).await?;
-        Ok(reserved.map_or(Duration::ZERO, Reservation::commit))
+        let wait = self.inner.reserve_wait(key, permits, None).await?;
+        Ok(wait.unwrap_or_default())
     }
 
     /// Reserves `permits` of `key` if the wait fits in `timeout`; `None`,
@@ -214,11 +214,7 @@ where
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let reserved = self
-            .inner
-            .reserve(key, permits, Some(timeout), false)
-            .await?;
-        Ok(reserved.map(Reservation::commit))
+        self.inner.reserve_wait(key, permits, Some(timeout)).await
     }
 
     /// Reserves `permits` of `key` as a [`Reservation`]: wait for it, or
@@ -272,7 +268,8 @@ where
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        Ok(self.reservation(key, permits).await?.wait().await)
+        let waited = self.inner.acquire(key, permits, None).await?;
+        Ok(waited.unwrap_or_default())
     }
 
     /// Acquires `permits` of `key` if the wait fits in `timeout`, sleeping
@@ -293,10 +290,8 @@ where
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        Ok(
-            crate::reservation::wait_if_granted(self.try_reservation(key, permits, timeout).await?)
-                .await,
-        )
+        let waited = self.inner.acquire(key, permits, Some(timeout)).await?;
+        Ok(waited.is_some())
     }
 
     /// How long a request of `key` made now would wait; reserves nothing.
@@ -325,13 +320,8 @@ where
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let (inner, key) = (Arc::clone(&self.inner), key.to_owned());
-        let wait = self.inner.backend.block_on(async move {
-            let limiter = KeyedRedisRateLimiter { inner };
-            limiter.reserve::<K>(&key, permits).await
-        })??;
-        self.sleep_blocking(wait);
-        Ok(wait)
+        let waited = self.inner.acquire_blocking(key.to_owned(), permits, None)?;
+        Ok(waited.unwrap_or_default())
     }
 
     /// [`try_acquire`](Self::try_acquire) on the calling thread.
@@ -348,24 +338,10 @@ where
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let (inner, key) = (Arc::clone(&self.inner), key.to_owned());
-        let wait = self.inner.backend.block_on(async move {
-            let limiter = KeyedRedisRateLimiter { inner };
-            limiter.try_reserve::<K>(&key, permits, timeout).await
-        })??;
-        match wait {
-            Some(wait) => {
-                self.sleep_blocking(wait);
-                Ok(true)
-            }
-            None => Ok(false),
-        }
-    }
-
-    fn sleep_blocking(&self, wait: Duration) {
-        if !wait.is_zero() {
-            blocking_section(|| self.inner.clock().sleep_blocking(wait));
-        }
+        let waited = self
+            .inner
+            .acquire_blocking(key.to_owned(), permits, Some(timeout))?;
+        Ok(waited.is_some())
     }
 }
 

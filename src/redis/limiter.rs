@@ -1,17 +1,14 @@
 //! [`RedisRateLimiter`]: the algorithm runs in Redis, the waiting here.
 
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::backend::blocking_section;
 use super::failover::{Failover, NoKey};
 use super::fallback::RedisStats;
 use crate::clock::{Clock, SystemClock};
-use crate::error::check_permits;
 use crate::{Error, Limiter, Reservation};
 
 /// A rate limiter shared by every process that uses the same Redis key.
@@ -108,8 +105,8 @@ impl<C: Clock> RedisRateLimiter<C> {
     /// Redis fails and the fallback is [`Fallback::FailClosed`](super::Fallback::FailClosed), or the key
     /// holds something else.
     pub async fn reserve(&self, permits: u32) -> Result<Duration, Error> {
-        let reserved = self.inner.reserve(&NoKey, permits, None, false).await?;
-        Ok(reserved.map_or(Duration::ZERO, Reservation::commit))
+        let wait = self.inner.reserve_wait(&NoKey, permits, None).await?;
+        Ok(wait.unwrap_or_default())
     }
 
     /// Reserves `permits` if the wait fits in `timeout` and returns it;
@@ -125,11 +122,9 @@ impl<C: Clock> RedisRateLimiter<C> {
         permits: u32,
         timeout: Duration,
     ) -> Result<Option<Duration>, Error> {
-        let reserved = self
-            .inner
-            .reserve(&NoKey, permits, Some(timeout), false)
-            .await?;
-        Ok(reserved.map(Reservation::commit))
+        self.inner
+            .reserve_wait(&NoKey, permits, Some(timeout))
+            .await
     }
 
     /// Reserves `permits` as a [`Reservation`]: wait for it, or drop it to
@@ -173,7 +168,8 @@ impl<C: Clock> RedisRateLimiter<C> {
     /// # Errors
     /// As [`reserve`](Self::reserve).
     pub async fn acquire(&self, permits: u32) -> Result<Duration, Error> {
-        Ok(self.reservation(permits).await?.wait().await)
+        let waited = self.inner.acquire(&NoKey, permits, None).await?;
+        Ok(waited.unwrap_or_default())
     }
 
     /// Acquires `permits` if the wait fits in `timeout`, sleeping for it;
@@ -185,10 +181,8 @@ impl<C: Clock> RedisRateLimiter<C> {
     /// # Errors
     /// As [`reserve`](Self::reserve).
     pub async fn try_acquire(&self, permits: u32, timeout: Duration) -> Result<bool, Error> {
-        Ok(
-            crate::reservation::wait_if_granted(self.try_reservation(permits, timeout).await?)
-                .await,
-        )
+        let waited = self.inner.acquire(&NoKey, permits, Some(timeout)).await?;
+        Ok(waited.is_some())
     }
 
     /// How long a request made now would wait; reserves nothing.
@@ -220,11 +214,8 @@ impl<C: Clock> RedisRateLimiter<C> {
     /// limiter runs on (it would stop that runtime): use `acquire().await`
     /// there, or call it from `spawn_blocking`.
     pub fn acquire_blocking(&self, permits: u32) -> Result<Duration, Error> {
-        check_permits(permits)?;
-        let wait =
-            self.run_blocking(move |limiter| async move { limiter.reserve(permits).await })?;
-        self.sleep_blocking(wait);
-        Ok(wait)
+        let waited = self.inner.acquire_blocking(NoKey, permits, None)?;
+        Ok(waited.unwrap_or_default())
     }
 
     /// [`try_acquire`](Self::try_acquire) on the calling thread.
@@ -232,27 +223,8 @@ impl<C: Clock> RedisRateLimiter<C> {
     /// # Errors
     /// As [`acquire_blocking`](Self::acquire_blocking).
     pub fn try_acquire_blocking(&self, permits: u32, timeout: Duration) -> Result<bool, Error> {
-        check_permits(permits)?;
-        let wait = self.run_blocking(move |limiter| async move {
-            limiter.try_reserve(permits, timeout).await
-        })?;
-        Ok(wait.map(|wait| self.sleep_blocking(wait)).is_some())
-    }
-
-    /// Runs one call on the limiter's runtime while this thread blocks.
-    fn run_blocking<T, F>(&self, call: impl FnOnce(RedisRateLimiter<C>) -> F) -> Result<T, Error>
-    where
-        T: Send + 'static,
-        F: Future<Output = Result<T, Error>> + Send + 'static,
-    {
-        let limiter = RedisRateLimiter::from_arc(Arc::clone(&self.inner));
-        self.inner.backend.block_on(call(limiter))?
-    }
-
-    fn sleep_blocking(&self, wait: Duration) {
-        if !wait.is_zero() {
-            blocking_section(|| self.inner.clock().sleep_blocking(wait));
-        }
+        let waited = self.inner.acquire_blocking(NoKey, permits, Some(timeout))?;
+        Ok(waited.is_some())
     }
 }
 
