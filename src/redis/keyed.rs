@@ -167,12 +167,8 @@ impl<K, C: fmt::Debug> fmt::Debug for RedisKeyedBuilder<K, C> {
 /// ## Cancel safety
 ///
 /// Every async method here is cancel-safe, as those of
-/// [`RedisRateLimiter`](super::RedisRateLimiter): a round trip whose future
-/// is dropped is awaited in the background and a reservation it made is
-/// given back as soon as its reply arrives; a reservation dropped before
-/// its wait has passed is given back by one call to the script, sent in the
-/// background. A give-back that cannot be delivered leaves the reservation
-/// charged: the limiter errs towards limiting.
+/// [`RedisRateLimiter`](super::RedisRateLimiter#cancel-safety); the crate's
+/// [cancel-safety table](crate#cancel-safety) says how exactly.
 impl<K, C> KeyedRedisRateLimiter<K, C>
 where
     K: Display + Hash + Eq + Clone + Send + Sync + 'static,

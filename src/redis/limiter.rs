@@ -52,34 +52,11 @@ pub struct RedisRateLimiter<C: Clock = SystemClock> {
 /// ## Cancel safety
 ///
 /// Every async method here is cancel-safe. A round trip whose future is
-/// dropped still runs in Redis (the command was sent): its reply is awaited
-/// in the background (up to 30 s) and a reservation it made is given back
-/// as soon as it arrives, as it is when a round trip outlives the response
-/// timeout and the fallback serves the call instead. A reservation dropped
-/// before its wait has passed is given back by one call to the same script,
-/// sent in the background. When a give-back cannot be delivered (Redis down,
-/// or a reply later than 30 s), the reservation stays charged: the limiter
-/// errs towards limiting, never towards granting twice.
-///
-/// A give-back is exact, as in-process: the script keeps a
-/// [`Ledger`](crate::core::Ledger) in the key's value while reservations
-/// that may be given back wait on the key (those of
-/// [`reservation`](Self::reservation), [`acquire`](Self::acquire) and the
-/// `try_` forms of both), so however many are given back, in whatever
-/// order, nobody is scheduled before a limiter that never made them would
-/// schedule them, and with no more than
-/// [`Ledger::SHARED_CAPACITY`](crate::core::Ledger::SHARED_CAPACITY) (64)
-/// waiting at once the key ends where that limiter would. Beyond that, a
-/// rate change, or a give-back that reaches Redis after the reservation's
-/// moment, it errs towards limiting. [`reserve`](Self::reserve) and
-/// [`try_reserve`](Self::try_reserve) hand out a wait, not a handle, so
-/// their reservations take no place in the ledger (a key used only through
-/// them keeps none and pays nothing for it); if such a round trip is
-/// abandoned, its give-back is exact while it is the key's latest change,
-/// and otherwise returns only what the ledger knows lies before it, erring
-/// towards limiting. A reservation whose wait runs to its
-/// end stays in the ledger until its moment has passed;
-/// [`Reservation::commit`](crate::Reservation::commit) sends nothing.
+/// dropped (or outlives the response timeout) is awaited in the background
+/// and what it reserved is given back; a [`Reservation`] dropped before its
+/// moment is given back by one script call. How exactly a give-back
+/// restores the key's schedule, and when it errs towards limiting, is in
+/// the crate's [cancel-safety table](crate#cancel-safety).
 impl<C: Clock> RedisRateLimiter<C> {
     pub(crate) fn from_arc(inner: Arc<Failover<NoKey, C>>) -> Self {
         RedisRateLimiter { inner }
