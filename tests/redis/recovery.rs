@@ -3,7 +3,7 @@
 //! faults: a killed server, a stopped one (SIGSTOP, data kept).
 #![cfg(feature = "redis")]
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

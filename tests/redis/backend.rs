@@ -3,7 +3,7 @@
 //! limiter's fallback debt carried into its own key on recovery.
 #![cfg(feature = "redis")]
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -6,7 +6,7 @@
 //! timeout plus slack.
 #![cfg(feature = "redis")]
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -9,7 +9,7 @@
 //! switches once and back once, and nothing is charged twice.
 #![cfg(feature = "redis")]
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
