@@ -3,7 +3,7 @@
 //! by `max_local_keys` whose debts go back to Redis key by key.
 #![cfg(feature = "redis")]
 
-use crate::support;
+mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -3,7 +3,7 @@
 //! goes back to Redis once the probe sees it answer.
 #![cfg(feature = "redis")]
 
-use crate::support;
+mod support;
 
 use std::time::{Duration, Instant};
 

@@ -6,7 +6,7 @@
 //! recognise, expiry, and the cold modes (probe, resume, cancel).
 //! Expected waits are derived by hand from the rules in `throttler::core`.
 
-use crate::support;
+mod support;
 
 use std::net::TcpListener;
 use std::thread::sleep;

@@ -3,7 +3,7 @@
 //! limiter's fallback debt carried into its own key on recovery.
 #![cfg(feature = "redis")]
 
-use crate::support;
+mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

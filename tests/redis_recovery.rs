@@ -3,7 +3,7 @@
 //! faults: a killed server, a stopped one (SIGSTOP, data kept).
 #![cfg(feature = "redis")]
 
-use crate::support;
+mod support;
 
 use std::time::{Duration, Instant};
 

@@ -9,7 +9,7 @@
 //! switches once and back once, and nothing is charged twice.
 #![cfg(feature = "redis")]
 
-use crate::support;
+mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! every node and each key is limited on its own.
 #![cfg(feature = "redis")]
 
-use crate::support;
+mod support;
 
 use std::collections::HashSet;
 use std::time::Duration;

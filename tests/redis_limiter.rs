@@ -3,7 +3,7 @@
 //! whatever its own clock, blocking use, bad input.
 #![cfg(feature = "redis")]
 
-use crate::support;
+mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! and not much fewer; pacing across instances holds the rate.
 #![cfg(feature = "redis")]
 
-use crate::support;
+mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

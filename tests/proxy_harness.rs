@@ -4,7 +4,7 @@
 //! are not hit by faults aimed at existing ones, and its counts are right.
 #![cfg(feature = "redis")]
 
-use crate::support;
+mod support;
 
 use std::thread::sleep;
 use std::time::{Duration, Instant};

@@ -30,10 +30,10 @@
 //! only up to `now` (earlier give-backs moved the ticket back) need that.
 //!
 //! Replay one sequence with
-//! `THROTTLER_DIFF_SEED=<seed> cargo test --test redis differential -- --nocapture`;
+//! `THROTTLER_DIFF_SEED=<seed> cargo test --test redis_differential -- --nocapture`;
 //! `THROTTLER_DIFF_SEQUENCES=<n>` changes how many sequences run.
 
-use crate::support;
+mod support;
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -1027,7 +1027,7 @@ fn lua_script_and_core_agree() {
         if let Err(what) = check(&seq, &mut con, &script, &mut totals) {
             panic!(
                 "the script and the core disagree: {what}\n{}\nreplay: \
-                 THROTTLER_DIFF_SEED={seed} cargo test --test redis differential -- --nocapture",
+                 THROTTLER_DIFF_SEED={seed} cargo test --test redis_differential -- --nocapture",
                 describe(&seq)
             );
         }

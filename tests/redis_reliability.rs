@@ -6,7 +6,7 @@
 //! timeout plus slack.
 #![cfg(feature = "redis")]
 
-use crate::support;
+mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -14,7 +14,7 @@
 //! (full, ticket at `T0`, no fraction), but with its recorded TTL end
 //! (`expires_micros`) far ahead and no TTL: so no write sets one. (A TTL
 //! the script sets is a few milliseconds of the explicit clock, which
-//! hardly moves, but runs on the real clock; `tests/redis/differential.rs`
+//! hardly moves, but runs on the real clock; `tests/redis_differential.rs`
 //! checks that bookkeeping.)
 //!
 //! Then the schedule: the key's final ticket (`next_free_micros` plus its
@@ -40,7 +40,7 @@
 //! The local limiters' counterpart is `tests/local/exactness.rs`.
 //! `THROTTLER_EXACT_N=<n>` changes the number of reservations per run.
 
-use crate::support;
+mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
