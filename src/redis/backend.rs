@@ -408,11 +408,14 @@ impl Backend {
                 .collect();
             self.health.mark_up_all(&released);
         }
-        if self.health.zone_recoveries() != recoveries {
-            self.tell_recovered();
-        }
         if !narrowed.is_empty() {
             self.widen_now().await;
+        }
+        // Only now: a failing node's other slots, which read as up until
+        // widen_now marks them, would otherwise be sent carry-backs that
+        // hang on it (and, on a cluster connection, hold other calls).
+        if self.health.zone_recoveries() != recoveries {
+            self.tell_recovered();
         }
     }
 
