@@ -88,7 +88,7 @@
 //! | Redis limiters: `acquire`, `try_acquire`, a [`Reservation`] | exact, as locally, for up to 64 reservations waiting on one key ([`Ledger::SHARED_CAPACITY`](core::Ledger::SHARED_CAPACITY)) | more wait at once; the rate changed meanwhile; the give-back reaches Redis after the reservation's moment, or not at all (Redis down) |
 //! | Redis limiters: a round trip dropped in flight, or past the response timeout | the reply is awaited in the background (up to 30 s) and what it reserved given back | the reply comes later than that, or Redis is down |
 //! | Redis limiters: `reserve`, `try_reserve` (a wait, not a handle) | exact while the dropped call is the key's latest change | anything changed the key since |
-//! | Redis limiters on their local fallback | as [`KeyedRateLimiter`] | never |
+//! | Redis limiters on their local fallback | as [`KeyedRateLimiter`] | the key was carried back to Redis meanwhile: the give-back is lost, the permits stay charged |
 //! | [`stream`] adapters | a dropped stream gives its pending reservation back, as a [`Reservation`] | as its limiter |
 //! | [`io`] reader and writer | a dropped call leaves its reservation with the reader or writer for the next call; dropping the reader or writer gives it back | as its limiter |
 //!
