@@ -111,7 +111,7 @@ pub trait Limiter: Send + Sync {
     ///
     /// Cancel-safe for this crate's limiters: a future dropped before it
     /// returns reserves nothing; the [`Reservation`] it returns gives its
-    /// permits back when dropped.
+    /// permits back when dropped ([how exactly](crate#cancel-safety)).
     ///
     /// # Errors
     /// As [`reserve`](Limiter::reserve).
@@ -144,7 +144,8 @@ pub trait Limiter: Send + Sync {
     ///
     /// Cancel-safe for this crate's limiters: dropping the future gives back
     /// what it had taken, so `tokio::time::timeout(d, limiter.acquire(n))`
-    /// bounds a wait correctly.
+    /// bounds a wait correctly. How exactly, per limiter: the crate's
+    /// [cancel-safety table](crate#cancel-safety).
     ///
     /// # Errors
     /// As [`reserve`](Limiter::reserve).

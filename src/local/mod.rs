@@ -494,7 +494,8 @@ impl<C: Clock> RateLimiter<C> {
     /// Cancel-safe: dropping the future before the wait has passed (e.g. in
     /// `tokio::time::timeout` or `select!`) gives the permits back, so later
     /// callers are scheduled as if they had never been reserved (see
-    /// [`Reservation`]). Once the future has completed, the permits are used.
+    /// [`Reservation`] and the crate's [cancel-safety table](crate#cancel-safety)).
+    /// Once the future has completed, the permits are used.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
