@@ -439,8 +439,8 @@ impl<W: fmt::Debug, L> fmt::Debug for ThrottledWriter<W, L> {
 /// assert_eq!(out, data);
 /// // 25 kB at 1 MB/s: the schedule ends at 25 ms. The reader returned the
 /// // last chunk when it was granted, leaving its cost to the next caller.
-/// assert_eq!(clock.now() + limiter.available_in(), Duration::from_millis(25));
-/// assert!(limiter.available_in() <= Duration::from_millis(10));
+/// assert_eq!(clock.now() + limiter.available_in()?, Duration::from_millis(25));
+/// assert!(limiter.available_in()? <= Duration::from_millis(10));
 /// # Ok(()) }
 /// ```
 pub struct ThrottledReader<R, L> {

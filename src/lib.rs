@@ -108,13 +108,14 @@ mod local;
 #[cfg(feature = "redis")]
 pub mod redis;
 mod reservation;
+mod store;
 pub mod stream;
 #[cfg(feature = "tower")]
 pub mod tower;
 
 pub use builder::{Builder, DEFAULT_COLD_FACTOR};
 pub use error::{BackendError, Error};
-pub use keyed::{KeyedBuilder, KeyedLimiter, KeyedRateLimiter, KeyedStats};
-pub use limiter::Limiter;
+pub use keyed::{KeyedBuilder, KeyedRateLimiter, KeyedStats};
+pub use limiter::{KeyedLimiter, Limiter};
 pub use local::RateLimiter;
 pub use reservation::Reservation;

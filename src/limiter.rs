@@ -1,10 +1,12 @@
-//! The trait every limiter implements, local or distributed.
+//! The traits every limiter implements, local or distributed, each
+//! implemented once over the [store](crate::store) under the limiter.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 
 use crate::clock::Clock;
+use crate::store::{Direct, Keyed, NoKey, Store};
 use crate::{Error, Reservation};
 
 /// A rate limiter, in this process or shared through a backend.
@@ -170,10 +172,153 @@ pub trait Limiter: Send + Sync {
     }
 }
 
+/// A limiter with one rate per key, in this process or shared through a
+/// backend: [`Limiter`](crate::Limiter) with a key in front of every call.
+///
+/// Object safe, so code can hold an `Arc<dyn KeyedLimiter<K>>`.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use throttler::{KeyedLimiter, KeyedRateLimiter};
+///
+/// async fn admit(limiter: &dyn KeyedLimiter<String>, user: &String) -> Result<bool, throttler::Error> {
+///     limiter.try_acquire(user, 1, Duration::from_millis(50)).await
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), throttler::Error> {
+/// let limiter: Arc<dyn KeyedLimiter<String>> = Arc::new(KeyedRateLimiter::bursty(5.0)?);
+/// assert!(admit(&*limiter, &"alice".to_owned()).await?);
+/// # Ok(()) }
+/// ```
 #[async_trait]
-impl<C: Clock> Limiter for crate::RateLimiter<C> {
+pub trait KeyedLimiter<K: Sync>: Send + Sync {
+    /// Reserves `permits` of `key` now and returns the wait before they may
+    /// be used.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe for this crate's limiters: a future dropped before it
+    /// returns reserves nothing (a Redis round trip already sent is given
+    /// back when its reply arrives). Once it has returned, the permits are
+    /// the caller's.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `permits` is 0; a backend's errors.
+    async fn reserve(&self, key: &K, permits: u32) -> Result<Duration, Error>;
+
+    /// Reserves `permits` of `key` if the wait fits in `timeout` and returns
+    /// it; returns `None`, reserving nothing, otherwise.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`reserve`](Self::reserve).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `permits` is 0; a backend's errors.
+    async fn try_reserve(
+        &self,
+        key: &K,
+        permits: u32,
+        timeout: Duration,
+    ) -> Result<Option<Duration>, Error>;
+
+    /// How long a request of `key` made now would wait; reserves nothing.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it reserves nothing.
+    ///
+    /// # Errors
+    /// A backend's errors.
+    async fn available_in(&self, key: &K) -> Result<Duration, Error>;
+
+    /// Changes the rate of every key.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN.
+    fn set_rate(&self, permits_per_second: f64) -> Result<(), Error>;
+
+    /// The stable rate of every key, in permits per second.
+    fn rate(&self) -> f64;
+
+    /// The clock waits are slept on.
+    fn clock(&self) -> &dyn Clock;
+
+    /// Reserves `permits` of `key` as a [`Reservation`]: wait for it, or
+    /// drop it to give the permits back.
+    ///
+    /// Provided: a [`reserve`](KeyedLimiter::reserve) whose permits cannot be
+    /// given back. The limiters of this crate give them back.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe for this crate's limiters: a future dropped before it
+    /// returns reserves nothing; the [`Reservation`] it returns gives its
+    /// permits back when dropped.
+    ///
+    /// # Errors
+    /// As [`reserve`](KeyedLimiter::reserve).
+    async fn reservation(&self, key: &K, permits: u32) -> Result<Reservation<'_>, Error> {
+        let wait = self.reserve(key, permits).await?;
+        Ok(Reservation::without_give_back(wait, self.clock()))
+    }
+
+    /// [`reservation`](KeyedLimiter::reservation) if the permits can be used
+    /// within `timeout`; `None`, reserving nothing, otherwise.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`reservation`](Self::reservation).
+    ///
+    /// # Errors
+    /// As [`try_reserve`](KeyedLimiter::try_reserve).
+    async fn try_reservation(
+        &self,
+        key: &K,
+        permits: u32,
+        timeout: Duration,
+    ) -> Result<Option<Reservation<'_>>, Error> {
+        let wait = self.try_reserve(key, permits, timeout).await?;
+        Ok(wait.map(|wait| Reservation::without_give_back(wait, self.clock())))
+    }
+
+    /// Reserves `permits` of `key` and sleeps for the wait; returns the time
+    /// slept.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe for this crate's limiters: dropping the future gives back
+    /// what it had taken.
+    ///
+    /// # Errors
+    /// As [`reserve`](KeyedLimiter::reserve).
+    async fn acquire(&self, key: &K, permits: u32) -> Result<Duration, Error> {
+        Ok(self.reservation(key, permits).await?.wait().await)
+    }
+
+    /// Acquires `permits` of `key` if the wait fits in `timeout`, sleeping
+    /// for it; returns `false` at once, reserving nothing, otherwise.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](KeyedLimiter::acquire).
+    ///
+    /// # Errors
+    /// As [`try_reserve`](KeyedLimiter::try_reserve).
+    async fn try_acquire(&self, key: &K, permits: u32, timeout: Duration) -> Result<bool, Error> {
+        Ok(
+            crate::reservation::wait_if_granted(self.try_reservation(key, permits, timeout).await?)
+                .await,
+        )
+    }
+}
+
+#[async_trait]
+impl<T: Direct> Limiter for T {
     async fn reserve(&self, permits: u32) -> Result<Duration, Error> {
-        crate::RateLimiter::<C>::reserve(self, permits)
+        Store::reserve(self.store(), &NoKey, permits).await
     }
 
     async fn try_reserve(
@@ -181,11 +326,31 @@ impl<C: Clock> Limiter for crate::RateLimiter<C> {
         permits: u32,
         timeout: Duration,
     ) -> Result<Option<Duration>, Error> {
-        crate::RateLimiter::<C>::try_reserve(self, permits, timeout)
+        Store::try_reserve(self.store(), &NoKey, permits, timeout).await
+    }
+
+    async fn available_in(&self) -> Result<Duration, Error> {
+        Store::available_in(self.store(), &NoKey).await
+    }
+
+    fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
+        Store::set_rate(self.store(), permits_per_second)
+    }
+
+    fn rate(&self) -> f64 {
+        Store::rate(self.store())
+    }
+
+    fn clock(&self) -> &dyn Clock {
+        Store::clock(self.store())
+    }
+
+    fn take_if_free(&self, permits: u32) -> Option<Result<bool, Error>> {
+        Store::take_if_free(self.store(), &NoKey, permits)
     }
 
     async fn reservation(&self, permits: u32) -> Result<Reservation<'_>, Error> {
-        crate::RateLimiter::<C>::reservation(self, permits)
+        Store::reservation(self.store(), &NoKey, permits).await
     }
 
     async fn try_reservation(
@@ -193,29 +358,67 @@ impl<C: Clock> Limiter for crate::RateLimiter<C> {
         permits: u32,
         timeout: Duration,
     ) -> Result<Option<Reservation<'_>>, Error> {
-        crate::RateLimiter::<C>::try_reservation(self, permits, timeout)
+        Store::try_reservation(self.store(), &NoKey, permits, timeout).await
     }
 
-    async fn available_in(&self) -> Result<Duration, Error> {
-        Ok(crate::RateLimiter::<C>::available_in(self))
+    async fn acquire(&self, permits: u32) -> Result<Duration, Error> {
+        Store::acquire(self.store(), &NoKey, permits).await
+    }
+
+    async fn try_acquire(&self, permits: u32, timeout: Duration) -> Result<bool, Error> {
+        Store::try_acquire(self.store(), &NoKey, permits, timeout).await
+    }
+}
+
+#[async_trait]
+impl<K: Sync, T: Keyed<K>> KeyedLimiter<K> for T {
+    async fn reserve(&self, key: &K, permits: u32) -> Result<Duration, Error> {
+        Store::reserve(self.store(), key, permits).await
+    }
+
+    async fn try_reserve(
+        &self,
+        key: &K,
+        permits: u32,
+        timeout: Duration,
+    ) -> Result<Option<Duration>, Error> {
+        Store::try_reserve(self.store(), key, permits, timeout).await
+    }
+
+    async fn available_in(&self, key: &K) -> Result<Duration, Error> {
+        Store::available_in(self.store(), key).await
     }
 
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
-        crate::RateLimiter::<C>::set_rate(self, permits_per_second)
+        Store::set_rate(self.store(), permits_per_second)
     }
 
     fn rate(&self) -> f64 {
-        crate::RateLimiter::<C>::rate(self)
+        Store::rate(self.store())
     }
 
     fn clock(&self) -> &dyn Clock {
-        crate::RateLimiter::<C>::clock(self)
+        Store::clock(self.store())
     }
 
-    fn take_if_free(&self, permits: u32) -> Option<Result<bool, Error>> {
-        Some(
-            crate::RateLimiter::<C>::try_reserve(self, permits, Duration::ZERO)
-                .map(|w| w.is_some()),
-        )
+    async fn reservation(&self, key: &K, permits: u32) -> Result<Reservation<'_>, Error> {
+        Store::reservation(self.store(), key, permits).await
+    }
+
+    async fn try_reservation(
+        &self,
+        key: &K,
+        permits: u32,
+        timeout: Duration,
+    ) -> Result<Option<Reservation<'_>>, Error> {
+        Store::try_reservation(self.store(), key, permits, timeout).await
+    }
+
+    async fn acquire(&self, key: &K, permits: u32) -> Result<Duration, Error> {
+        Store::acquire(self.store(), key, permits).await
+    }
+
+    async fn try_acquire(&self, key: &K, permits: u32, timeout: Duration) -> Result<bool, Error> {
+        Store::try_acquire(self.store(), key, permits, timeout).await
     }
 }

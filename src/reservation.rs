@@ -88,6 +88,7 @@ pub(crate) trait GiveBackTo: Send + Sync {
 impl<'a> Reservation<'a> {
     /// A reservation that can be given back through `owner`, or nothing to
     /// give back when `pending` is `None`.
+    #[inline]
     pub(crate) fn new(delay: Duration, clock: &'a dyn Clock, pending: Option<Pending<'a>>) -> Self {
         Reservation {
             delay,
@@ -104,6 +105,7 @@ impl<'a> Reservation<'a> {
     }
 
     /// How long after the reservation was made the permits may be used.
+    #[inline]
     pub fn delay(&self) -> Duration {
         self.delay
     }
@@ -135,6 +137,7 @@ impl<'a> Reservation<'a> {
 
     /// Keeps the permits without waiting here, and returns the delay: the
     /// caller promises to wait for it itself.
+    #[inline]
     pub fn commit(mut self) -> Duration {
         if let Some(pending) = self.pending.take() {
             pending.owner.keep(pending.taken);
@@ -165,6 +168,7 @@ pub(crate) async fn wait_if_granted(reservation: Option<Reservation<'_>>) -> boo
 }
 
 impl Drop for Reservation<'_> {
+    #[inline]
     fn drop(&mut self) {
         if let Some(pending) = self.pending.take() {
             pending.owner.give_back(pending.taken);

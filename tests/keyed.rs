@@ -221,7 +221,7 @@ fn each_key_is_an_independent_limiter_that_starts_full() {
                 .get(&key)
                 .map_or(0, |(s, _)| s.query_earliest_available().saturating_sub(now));
             assert_eq!(
-                micros(limiter.available_in(&key)),
+                micros(limiter.available_in(&key).unwrap()),
                 expected,
                 "seed {seed} step {step}"
             );
@@ -466,9 +466,9 @@ fn string_keys_are_looked_up_by_str_and_independent() {
         .unwrap();
     assert_eq!(limiter.reserve("alice", 1).unwrap(), Duration::ZERO);
     assert_eq!(limiter.reserve("alice", 1).unwrap(), 200 * MS);
-    assert_eq!(limiter.available_in("alice"), 400 * MS);
+    assert_eq!(limiter.available_in("alice").unwrap(), 400 * MS);
     // One saturated key leaves another untouched.
-    assert_eq!(limiter.available_in("bob"), Duration::ZERO);
+    assert_eq!(limiter.available_in("bob").unwrap(), Duration::ZERO);
     assert_eq!(
         limiter.try_reserve("bob", 1, Duration::ZERO).unwrap(),
         Some(Duration::ZERO)
@@ -492,7 +492,7 @@ fn a_dropped_reservation_gives_the_key_its_permits_back() {
     assert!(second.is_cancellable());
     drop(second);
     // As if it had never been made.
-    assert_eq!(limiter.available_in(&1), 100 * MS);
+    assert_eq!(limiter.available_in(&1).unwrap(), 100 * MS);
     assert_eq!(limiter.reservation(&1, 1).unwrap().delay(), 100 * MS);
 }
 
@@ -831,7 +831,12 @@ fn each_key_gives_back_as_the_core_through_a_ledger() {
             let expected = model.keys.get(&key).map_or(0, |(state, _)| {
                 state.query_earliest_available().saturating_sub(now)
             });
-            close(limiter.available_in(&key), expected, "available_in", step);
+            close(
+                limiter.available_in(&key).unwrap(),
+                expected,
+                "available_in",
+                step,
+            );
         }
         // Everything still held is given back; then each key's next caller
         // goes where the core's would.
@@ -1006,7 +1011,7 @@ fn threads_giving_back_on_the_same_keys_leave_each_key_owing_what_was_kept() {
         let kept: u64 = kept.iter().map(|per_thread| per_thread[key as usize]).sum();
         // The first permit of a key goes at once, and pays for the next.
         assert_eq!(
-            limiter.available_in(&key),
+            limiter.available_in(&key).unwrap(),
             Duration::from_millis(kept),
             "key {key}: {kept} permits kept"
         );

@@ -2,27 +2,26 @@
 //! keys. See [`KeyedRateLimiter`].
 
 mod builder;
-mod limiter;
 mod shard;
 
 use std::any::Any;
 use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
 use std::fmt;
+use std::future::{Future, ready};
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::sync::RwLockWriteGuard;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 pub use builder::KeyedBuilder;
-pub use limiter::KeyedLimiter;
 pub(crate) use shard::Mode;
 use shard::{Dropped, Fast, Recorded, Shard, Table};
 
 use crate::clock::{Clock, SystemClock};
 use crate::core::{Policy, State, micros, stable_interval_micros};
-use crate::error::check_permits;
 use crate::reservation::{GiveBackTo, Pending, Taken};
+use crate::store::{Keyed, Now, Store};
 use crate::{Error, Reservation};
 
 /// One rate limiter per key (user, tenant, API key or client address), in
@@ -373,28 +372,35 @@ where
             }),
         )
     }
+}
 
-    /// Reserves `permits` of `key` and returns the wait before they may be
-    /// used. Does not sleep. The permits are the caller's: nothing gives them
-    /// back (see [`reservation`](Self::reservation)).
+/// # Reserving and waiting
+///
+/// Each method is [`KeyedLimiter`](crate::KeyedLimiter)'s for one key,
+/// which says what it does; here the ones that do not sleep are plain
+/// functions. A key is looked up by any `&Q` it borrows as. Give-backs are
+/// exact, key by key, through the key's [`Ledger`](crate::core::Ledger);
+/// cancel safety: see the crate's [table](crate#cancel-safety).
+impl<K, C> KeyedRateLimiter<K, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    /// Reserves `permits` of `key`; the wait before they may be used.
+    /// Does not sleep; nothing gives the permits back.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
     pub fn reserve<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        check_permits(permits)?;
-        let wait = self
-            .reserve_micros(key, permits, u64::MAX, false)
-            .map_or(0, |g| g.0);
-        Ok(Duration::from_micros(wait))
+        Now::reserve_now(self, key, permits)
     }
 
-    /// Reserves `permits` of `key` if they can be used within `timeout`,
-    /// and returns the wait; `None`, reserving nothing, otherwise. Only the
-    /// key's debt counts, not the size of this request.
+    /// Reserves `permits` of `key` if the wait fits in `timeout`; `None`,
+    /// reserving nothing, otherwise. Does not sleep.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
@@ -406,35 +412,26 @@ where
     ) -> Result<Option<Duration>, Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        check_permits(permits)?;
-        let grant = self.reserve_micros(key, permits, micros(timeout).min(u64::MAX - 1), false);
-        Ok(grant.map(|(wait, _)| Duration::from_micros(wait)))
+        Now::try_reserve_now(self, key, permits, timeout)
     }
 
     /// Reserves `permits` of `key` as a [`Reservation`]: wait for it, or
-    /// drop it to give the permits back. The give-back is exact, through
-    /// the key's [`Ledger`](crate::core::Ledger): the key's later callers
-    /// are scheduled as if it had never been made, never earlier, and those
-    /// already waiting keep their slots.
+    /// drop it to give the permits back.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
     pub fn reservation<Q>(&self, key: &Q, permits: u32) -> Result<Reservation<'_>, Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        check_permits(permits)?;
-        let grant = self
-            .reserve_micros(key, permits, u64::MAX, true)
-            .expect("a plain reservation is always granted");
-        Ok(self.to_reservation(key, grant))
+        Now::reservation_now(self, key, permits)
     }
 
-    /// [`reservation`](Self::reservation) if the permits can be used within
-    /// `timeout`; `None`, reserving nothing, otherwise.
+    /// [`reservation`](Self::reservation) if the wait fits in `timeout`;
+    /// `None`, reserving nothing, otherwise.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
@@ -446,40 +443,26 @@ where
     ) -> Result<Option<Reservation<'_>>, Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        check_permits(permits)?;
-        Ok(self
-            .reserve_micros(key, permits, micros(timeout).min(u64::MAX - 1), true)
-            .map(|grant| self.to_reservation(key, grant)))
+        Now::try_reservation_now(self, key, permits, timeout)
     }
 
-    /// Reserves `permits` of `key` and sleeps until they may be used;
-    /// returns the time slept.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: dropping the future before the wait has passed gives the
-    /// permits back, exactly (see [`reservation`](Self::reservation)), as
-    /// [`RateLimiter::acquire`](crate::RateLimiter::acquire) does.
+    /// Reserves `permits` of `key` and sleeps until they may be used; the
+    /// time slept. Cancel-safe: dropped, it gives the permits back.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
     pub async fn acquire<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        Ok(self.reservation(key, permits)?.wait().await)
+        Store::acquire(self, key, permits).await
     }
 
-    /// Acquires `permits` of `key` if they can be had within `timeout`,
-    /// sleeping for the wait; returns `false` at once, reserving nothing,
-    /// otherwise.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe, as [`acquire`](Self::acquire).
+    /// [`acquire`](Self::acquire) if the wait fits in `timeout`; `false` at
+    /// once, reserving nothing, otherwise. Cancel-safe as `acquire`.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
@@ -491,22 +474,21 @@ where
     ) -> Result<bool, Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        Ok(crate::reservation::wait_if_granted(self.try_reservation(key, permits, timeout)?).await)
+        Store::try_acquire(self, key, permits, timeout).await
     }
 
-    /// [`acquire`](Self::acquire) on the calling thread: blocks it for the
-    /// wait.
+    /// [`acquire`](Self::acquire) on the calling thread, which it blocks.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
     pub fn acquire_blocking<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        Ok(self.reservation(key, permits)?.wait_blocking())
+        Store::acquire_blocking(self, key, permits)
     }
 
     /// [`try_acquire`](Self::try_acquire) on the calling thread.
@@ -521,24 +503,119 @@ where
     ) -> Result<bool, Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        Ok(self
-            .try_reservation(key, permits, timeout)?
-            .map(Reservation::wait_blocking)
-            .is_some())
+        Store::try_acquire_blocking(self, key, permits, timeout)
     }
 
-    /// How long a request of `key` made now would wait, without reserving
-    /// anything (zero for a key not held).
-    pub fn available_in<Q>(&self, key: &Q) -> Duration
+    /// How long a request of `key` made now would wait (zero for a key not
+    /// held); reserves nothing.
+    ///
+    /// # Errors
+    /// None from this limiter: the `Result` is the one every limiter
+    /// returns.
+    pub fn available_in<Q>(&self, key: &Q) -> Result<Duration, Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
+        Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        let read = self.clock.now_micros();
-        let next_free = self.shard(key).read().next_free(key, read);
-        Duration::from_micros(next_free.saturating_sub(read))
+        Ok(self.wait_of(key))
+    }
+}
+
+/// A timeout in µs for the shards: `u64::MAX` is no timeout.
+fn timeout_micros(timeout: Option<Duration>) -> u64 {
+    timeout.map_or(u64::MAX, |t| micros(t).min(u64::MAX - 1))
+}
+
+impl<K, C, Q> Now<Q> for KeyedRateLimiter<K, C>
+where
+    K: Borrow<Q> + Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+    Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
+{
+    fn take_wait_now(&self, key: &Q, permits: u32, timeout: Option<Duration>) -> Option<Duration> {
+        let grant = self.reserve_micros(key, permits, timeout_micros(timeout), false);
+        grant.map(|(wait, _)| Duration::from_micros(wait))
+    }
+
+    fn take_now(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Option<Duration>,
+    ) -> Option<Reservation<'_>> {
+        let grant = self.reserve_micros(key, permits, timeout_micros(timeout), true);
+        grant.map(|grant| self.to_reservation(key, grant))
+    }
+
+    fn next_free_now(&self, key: &Q) -> Duration {
+        self.wait_of(key)
+    }
+}
+
+impl<K, C, Q> Store<Q> for KeyedRateLimiter<K, C>
+where
+    K: Borrow<Q> + Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+    Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
+{
+    fn take(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Option<Duration>,
+        held: bool,
+    ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
+        let timeout = timeout_micros(timeout);
+        let grant = self.reserve_micros(key, permits, timeout, held);
+        ready(Ok(grant.map(|grant| self.to_reservation(key, grant))))
+    }
+
+    fn take_wait(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<Option<Duration>, Error>> + Send {
+        ready(Ok(self.take_wait_now(key, permits, timeout)))
+    }
+
+    fn take_blocking(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Duration>, Error> {
+        Ok(self.take_wait_now(key, permits, timeout))
+    }
+
+    fn next_free(&self, key: &Q) -> impl Future<Output = Result<Duration, Error>> + Send {
+        ready(Ok(self.wait_of(key)))
+    }
+
+    fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
+        KeyedRateLimiter::set_rate(self, permits_per_second)
+    }
+
+    fn rate(&self) -> f64 {
+        KeyedRateLimiter::rate(self)
+    }
+
+    fn clock(&self) -> &dyn Clock {
+        &self.clock
+    }
+}
+
+impl<K, C> Keyed<K> for KeyedRateLimiter<K, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    type Store = Self;
+
+    fn store(&self) -> &Self {
+        self
     }
 }
 
@@ -552,6 +629,17 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
 {
+    /// How long a request of `key` made now would wait.
+    pub(crate) fn wait_of<Q>(&self, key: &Q) -> Duration
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let read = self.clock.now_micros();
+        let next_free = self.shard(key).read().next_free(key, read);
+        Duration::from_micros(next_free.saturating_sub(read))
+    }
+
     /// The ticket of `key` (µs on the clock), if it is held.
     pub(crate) fn ticket<Q>(&self, key: &Q) -> Option<u64>
     where

@@ -14,6 +14,7 @@
 pub(crate) mod word;
 
 use std::fmt;
+use std::future::{Future, ready};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -25,6 +26,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::core::{Ledger, Reserved, State, micros, stable_interval_micros};
 use crate::error::check_permits;
 use crate::reservation::{GiveBackTo, Pending, Reservation, Taken};
+use crate::store::{Direct, NoKey, Now, Store};
 
 use word::{Encoded, Quick, Slot, Step};
 
@@ -409,50 +411,75 @@ impl<C: Clock> RateLimiter<C> {
         }
     }
 
-    /// Reserves `permits` now and returns how long the caller must wait
-    /// before using them. Does not sleep. The permits are the caller's:
-    /// nothing gives them back (see [`reservation`](Self::reservation) for
-    /// permits that go back if unused).
+    /// A grant as a reservation: one with a wait can be given back.
+    #[inline(always)]
+    fn to_reservation(&self, grant: Grant) -> Reservation<'_> {
+        match grant {
+            Grant {
+                wait,
+                taken: Some(taken),
+            } if wait > 0 => Reservation::new(
+                Duration::from_micros(wait),
+                &self.clock,
+                Some(Pending { owner: self, taken }),
+            ),
+            _ => Reservation::new(Duration::ZERO, &self.clock, None),
+        }
+    }
+
+    /// The wait in µs of a request made now.
+    fn next_free_micros(&self) -> u64 {
+        let current = self.word.0.load(Acquire);
+        let now = self.clock.now_micros();
+        let next_free = if word::is_mutex(current) {
+            self.lock().state.query_earliest_available()
+        } else {
+            let config = self.slots.0[word::slot_index(current)].load();
+            word::decode(current, now, &config).next_free
+        };
+        next_free.saturating_sub(now)
+    }
+}
+
+/// # Reserving and waiting
+///
+/// Each method is [`Limiter`](crate::Limiter)'s, which says what it does;
+/// here the ones that do not sleep are plain functions. Cancel safety: see
+/// the crate's [table](crate#cancel-safety).
+impl<C: Clock> RateLimiter<C> {
+    /// Reserves `permits` now; the wait before they may be used. Does not
+    /// sleep; nothing gives the permits back.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
     #[inline(always)]
     pub fn reserve(&self, permits: u32) -> Result<Duration, Error> {
-        check_permits(permits)?;
-        // A plain reservation is a try that always fits.
-        let wait = self.reserve_micros::<u64>(permits, u64::MAX).unwrap_or(0);
-        Ok(Duration::from_micros(wait))
+        Now::reserve_now(self, &NoKey, permits)
     }
 
-    /// Reserves `permits` if they can be used within `timeout`, and returns
-    /// the wait. Returns `None`, reserving nothing, if the wait would be
-    /// longer. Does not sleep.
-    ///
-    /// Only the debt of earlier callers counts, not the size of this request:
-    /// an idle limiter grants any request at once and charges it to the next.
+    /// Reserves `permits` if the wait fits in `timeout`; `None`, reserving
+    /// nothing, otherwise. Only earlier callers' debt counts, not this
+    /// request's size. Does not sleep.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
     #[inline(always)]
     pub fn try_reserve(&self, permits: u32, timeout: Duration) -> Result<Option<Duration>, Error> {
-        check_permits(permits)?;
-        let wait = self.reserve_micros::<u64>(permits, micros(timeout));
-        Ok(wait.map(Duration::from_micros))
+        Now::try_reserve_now(self, &NoKey, permits, timeout)
     }
 
-    /// Reserves `permits` now and returns them as a [`Reservation`]: wait for
-    /// it, or drop it to give the permits back.
+    /// Reserves `permits` as a [`Reservation`]: wait for it, or drop it to
+    /// give the permits back.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
     #[inline]
     pub fn reservation(&self, permits: u32) -> Result<Reservation<'_>, Error> {
-        check_permits(permits)?;
-        Ok(self.to_reservation(self.reserve_micros::<Grant>(permits, u64::MAX)))
+        Now::reservation_now(self, &NoKey, permits)
     }
 
-    /// [`reservation`](Self::reservation) if the permits can be used within
-    /// `timeout`; `None`, reserving nothing, otherwise.
+    /// [`reservation`](Self::reservation) if the wait fits in `timeout`;
+    /// `None`, reserving nothing, otherwise.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
@@ -462,74 +489,35 @@ impl<C: Clock> RateLimiter<C> {
         permits: u32,
         timeout: Duration,
     ) -> Result<Option<Reservation<'_>>, Error> {
-        check_permits(permits)?;
-        Ok(self
-            .reserve_micros::<Grant>(permits, micros(timeout))
-            .map(|grant| self.to_reservation(Some(grant))))
+        Now::try_reservation_now(self, &NoKey, permits, timeout)
     }
 
-    /// A grant as a reservation: one with a wait can be given back.
-    #[inline(always)]
-    fn to_reservation(&self, grant: Option<Grant>) -> Reservation<'_> {
-        match grant {
-            Some(Grant {
-                wait,
-                taken: Some(taken),
-            }) if wait > 0 => Reservation::new(
-                Duration::from_micros(wait),
-                &self.clock,
-                Some(Pending { owner: self, taken }),
-            ),
-            _ => Reservation::new(Duration::ZERO, &self.clock, None),
-        }
-    }
-
-    /// Reserves `permits` and sleeps until they may be used; returns the time
-    /// slept. Sleeps on the limiter's clock (for [`SystemClock`], a Tokio
-    /// timer). When nothing is owed, returns at once without touching a timer
-    /// or allocating.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: dropping the future before the wait has passed (e.g. in
-    /// `tokio::time::timeout` or `select!`) gives the permits back, so later
-    /// callers are scheduled as if they had never been reserved (see
-    /// [`Reservation`] and the crate's [cancel-safety table](crate#cancel-safety)).
-    /// Once the future has completed, the permits are used.
+    /// Reserves `permits` and sleeps on the limiter's clock until they may
+    /// be used; the time slept. With nothing owed it returns at once,
+    /// touching no timer. Cancel-safe: dropped, it gives the permits back.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
     pub async fn acquire(&self, permits: u32) -> Result<Duration, Error> {
-        check_permits(permits)?;
-        match self.reserve_micros::<Grant>(permits, u64::MAX) {
-            // Nothing to wait for, nor to give back: no reservation to
-            // build, no sleep to set up.
-            Some(Grant { wait: 0, .. }) | None => Ok(Duration::ZERO),
-            grant => Ok(self.to_reservation(grant).wait().await),
-        }
+        Store::acquire(self, &NoKey, permits).await
     }
 
-    /// Acquires `permits` if they can be had within `timeout`, sleeping for
-    /// the wait; returns `false` at once, reserving nothing, otherwise.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe, as [`acquire`](Self::acquire): dropping the future
-    /// before the wait has passed gives the permits back.
+    /// [`acquire`](Self::acquire) if the wait fits in `timeout`; `false` at
+    /// once, reserving nothing, otherwise. Cancel-safe as `acquire`.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
     pub async fn try_acquire(&self, permits: u32, timeout: Duration) -> Result<bool, Error> {
-        Ok(crate::reservation::wait_if_granted(self.try_reservation(permits, timeout)?).await)
+        Store::try_acquire(self, &NoKey, permits, timeout).await
     }
 
-    /// [`acquire`](Self::acquire) on the calling thread: blocks it for the
-    /// wait. Needs no async runtime; do not call it from async code.
+    /// [`acquire`](Self::acquire) on the calling thread, which it blocks.
+    /// Needs no async runtime; do not call it from async code.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
     pub fn acquire_blocking(&self, permits: u32) -> Result<Duration, Error> {
-        Ok(self.reservation(permits)?.wait_blocking())
+        Store::acquire_blocking(self, &NoKey, permits)
     }
 
     /// [`try_acquire`](Self::try_acquire) on the calling thread.
@@ -537,24 +525,108 @@ impl<C: Clock> RateLimiter<C> {
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
     pub fn try_acquire_blocking(&self, permits: u32, timeout: Duration) -> Result<bool, Error> {
-        Ok(self
-            .try_reservation(permits, timeout)?
-            .map(Reservation::wait_blocking)
-            .is_some())
+        Store::try_acquire_blocking(self, &NoKey, permits, timeout)
     }
 
-    /// How long a request made now would wait, without reserving anything:
-    /// for a `Retry-After` header, say.
-    pub fn available_in(&self) -> Duration {
-        let current = self.word.0.load(Acquire);
-        let now = self.clock.now_micros();
-        let next_free = if word::is_mutex(current) {
-            self.lock().state.query_earliest_available()
+    /// How long a request made now would wait; reserves nothing (for a
+    /// `Retry-After` header, say).
+    ///
+    /// # Errors
+    /// None from this limiter: the `Result` is the one every limiter
+    /// returns.
+    pub fn available_in(&self) -> Result<Duration, Error> {
+        Ok(self.next_free_now(&NoKey))
+    }
+}
+
+impl<C: Clock> Now<NoKey> for RateLimiter<C> {
+    #[inline(always)]
+    fn take_wait_now(
+        &self,
+        _: &NoKey,
+        permits: u32,
+        timeout: Option<Duration>,
+    ) -> Option<Duration> {
+        let wait = self.reserve_micros::<u64>(permits, timeout.map_or(u64::MAX, micros));
+        wait.map(Duration::from_micros)
+    }
+
+    #[inline]
+    fn take_now(
+        &self,
+        _: &NoKey,
+        permits: u32,
+        timeout: Option<Duration>,
+    ) -> Option<Reservation<'_>> {
+        let grant = self.reserve_micros::<Grant>(permits, timeout.map_or(u64::MAX, micros));
+        grant.map(|grant| self.to_reservation(grant))
+    }
+
+    fn next_free_now(&self, _: &NoKey) -> Duration {
+        Duration::from_micros(self.next_free_micros())
+    }
+}
+
+impl<C: Clock> Store<NoKey> for RateLimiter<C> {
+    fn take(
+        &self,
+        key: &NoKey,
+        permits: u32,
+        timeout: Option<Duration>,
+        held: bool,
+    ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
+        ready(Ok(if held {
+            self.take_now(key, permits, timeout)
         } else {
-            let config = self.slots.0[word::slot_index(current)].load();
-            word::decode(current, now, &config).next_free
-        };
-        Duration::from_micros(next_free.saturating_sub(now))
+            self.take_wait_now(key, permits, timeout)
+                .map(|wait| Reservation::new(wait, &self.clock, None))
+        }))
+    }
+
+    fn take_wait(
+        &self,
+        key: &NoKey,
+        permits: u32,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<Option<Duration>, Error>> + Send {
+        ready(Ok(self.take_wait_now(key, permits, timeout)))
+    }
+
+    fn take_blocking(
+        &self,
+        key: &NoKey,
+        permits: u32,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Duration>, Error> {
+        Ok(self.take_wait_now(key, permits, timeout))
+    }
+
+    fn next_free(&self, key: &NoKey) -> impl Future<Output = Result<Duration, Error>> + Send {
+        ready(Ok(self.next_free_now(key)))
+    }
+
+    fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
+        RateLimiter::set_rate(self, permits_per_second)
+    }
+
+    fn rate(&self) -> f64 {
+        RateLimiter::rate(self)
+    }
+
+    fn clock(&self) -> &dyn Clock {
+        &self.clock
+    }
+
+    fn take_if_free(&self, _: &NoKey, permits: u32) -> Option<Result<bool, Error>> {
+        Some(check_permits(permits).map(|()| self.reserve_micros::<u64>(permits, 0).is_some()))
+    }
+}
+
+impl<C: Clock> Direct for RateLimiter<C> {
+    type Store = Self;
+
+    fn store(&self) -> &Self {
+        self
     }
 }
 

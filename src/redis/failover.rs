@@ -33,7 +33,8 @@
 
 use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet};
-use std::fmt::{self, Display};
+use std::fmt::Display;
+use std::future::Future;
 use std::hash::{BuildHasher, Hash, RandomState};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -52,20 +53,11 @@ use super::round_trip::{Canceller, Failure, send};
 use super::script::{Call, Reply, ScriptArgs, Token};
 use crate::clock::Clock;
 use crate::core::{Policy, State, stable_interval_micros};
-use crate::error::{BackendError, check_permits};
+use crate::error::BackendError;
 use crate::keyed::Mode;
 use crate::reservation::{GiveBackTo, Pending, Taken};
+use crate::store::{Now, Store};
 use crate::{Error, KeyedRateLimiter, Reservation};
-
-/// The key of a limiter with one key: it has one state, here and in Redis.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct NoKey;
-
-impl Display for NoKey {
-    fn fmt(&self, _: &mut fmt::Formatter<'_>) -> fmt::Result {
-        Ok(())
-    }
-}
 
 /// Where a limiter's keys live in Redis.
 pub(crate) enum Naming {
@@ -86,7 +78,7 @@ const MAX_CARRY_WAITS: usize = 8;
 const CARRY_CONCURRENCY: usize = 64;
 
 /// A Redis limiter's shared state: one type for one key and for many.
-pub(crate) struct Failover<K, C: Clock> {
+pub struct Failover<K, C: Clock> {
     pub(crate) backend: Arc<Backend>,
     naming: Naming,
     script_args: Arc<ScriptArgs>,
@@ -286,9 +278,9 @@ where
     }
 
     /// Reserves `permits` of `key` through Redis, or through the fallback
-    /// while Redis is down. `held`: the caller may give the reservation
-    /// back (see [`Call::Reserve`]).
-    pub(crate) async fn reserve<Q>(
+    /// while Redis is down ([`Store::take`]). `held`: the caller may give
+    /// the reservation back (see [`Call::Reserve`]).
+    async fn take<Q>(
         &self,
         key: &Q,
         permits: u32,
@@ -297,9 +289,8 @@ where
     ) -> Result<Option<Reservation<'_>>, Error>
     where
         K: Borrow<Q>,
-        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        check_permits(permits)?;
         let target = self.target(key);
         loop {
             let failure = match self.route(key, &target).await {
@@ -317,9 +308,8 @@ where
                 }
                 Route::Local(failure) => failure,
             };
-            let served = self.serve_locally(key, &target, failure, |local| match timeout {
-                None => local.reservation(key, permits).map(Some),
-                Some(timeout) => local.try_reservation(key, permits, timeout),
+            let served = self.serve_locally(key, &target, failure, |local| {
+                Ok(Now::take_now(local, key, permits, timeout))
             });
             match served {
                 Ok(result) => return result,
@@ -328,68 +318,28 @@ where
         }
     }
 
-    /// A reservation whose wait is the caller's (it cannot be given back):
-    /// the wait, or `None` for a refused try. (`reserve`, `try_reserve`.)
-    pub(crate) async fn reserve_wait<Q>(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Option<Duration>,
-    ) -> Result<Option<Duration>, Error>
-    where
-        K: Borrow<Q>,
-        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        let reserved = self.reserve(key, permits, timeout, false).await?;
-        Ok(reserved.map(Reservation::commit))
-    }
-
-    /// Reserves and sleeps for the wait; with a timeout, only if the wait
-    /// fits (`None` otherwise, nothing reserved). (`acquire`,
-    /// `try_acquire`.)
-    pub(crate) async fn acquire<Q>(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Option<Duration>,
-    ) -> Result<Option<Duration>, Error>
-    where
-        K: Borrow<Q>,
-        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        match self.reserve(key, permits, timeout, true).await? {
-            Some(reservation) => Ok(Some(reservation.wait().await)),
-            None => Ok(None),
-        }
-    }
-
-    /// [`acquire`](Self::acquire) from a thread that may block: the call
-    /// runs on the backend's runtime while this thread blocks, then this
-    /// thread sleeps for the wait.
-    pub(crate) fn acquire_blocking(
+    /// [`Store::take_blocking`]: the call runs on the backend's runtime
+    /// while this thread blocks.
+    fn take_blocking_owned(
         &self,
         key: K,
         permits: u32,
         timeout: Option<Duration>,
     ) -> Result<Option<Duration>, Error> {
-        check_permits(permits)?;
         let Some(this) = self.this.upgrade() else {
             return Err(super::backend::shut_down());
         };
-        let wait = self
-            .backend
-            .block_on(async move { this.reserve_wait(&key, permits, timeout).await })??;
-        if let Some(wait) = wait.filter(|wait| !wait.is_zero()) {
-            blocking_section(|| self.clock().sleep_blocking(wait));
-        }
-        Ok(wait)
+        self.backend.block_on(async move {
+            let taken = this.take(&key, permits, timeout, false).await?;
+            Ok(taken.map(Reservation::commit))
+        })?
     }
 
     /// The current wait of `key`, from Redis or the fallback.
-    pub(crate) async fn query<Q>(&self, key: &Q) -> Result<Duration, Error>
+    async fn query<Q>(&self, key: &Q) -> Result<Duration, Error>
     where
         K: Borrow<Q>,
-        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
         let target = self.target(key);
         loop {
@@ -557,7 +507,7 @@ where
         }
         let now = self.now();
         let until = match self.local.ticket(key) {
-            Some(_) => return Ok(Ok(self.local.available_in(key))),
+            Some(_) => return Ok(Ok(self.local.wait_of(key))),
             None => self.floor(&books, key),
         };
         Ok(Ok(Duration::from_micros(until.saturating_sub(now))))
@@ -805,6 +755,62 @@ where
 
     pub(crate) fn local_len(&self) -> usize {
         self.local.len()
+    }
+}
+
+impl<K, C, Q> Store<Q> for Failover<K, C>
+where
+    K: Borrow<Q> + Display + Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+    Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
+{
+    fn take(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Option<Duration>,
+        held: bool,
+    ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
+        Failover::take(self, key, permits, timeout, held)
+    }
+
+    async fn take_wait(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Duration>, Error> {
+        let taken = Failover::take(self, key, permits, timeout, false).await?;
+        Ok(taken.map(Reservation::commit))
+    }
+
+    fn take_blocking(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Duration>, Error> {
+        self.take_blocking_owned(key.to_owned(), permits, timeout)
+    }
+
+    fn next_free(&self, key: &Q) -> impl Future<Output = Result<Duration, Error>> + Send {
+        self.query(key)
+    }
+
+    fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
+        Failover::set_rate(self, permits_per_second)
+    }
+
+    fn rate(&self) -> f64 {
+        Failover::rate(self)
+    }
+
+    fn clock(&self) -> &dyn Clock {
+        self.local.clock()
+    }
+
+    fn sleep_blocking(&self, wait: Duration) {
+        blocking_section(|| self.local.clock().sleep_blocking(wait));
     }
 }
 

@@ -6,8 +6,6 @@ use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-
 use super::Fallback;
 use super::backend::Backend;
 use super::builder::{check_limiter, fallback_setters};
@@ -16,7 +14,8 @@ use super::fallback::RedisStats;
 use super::naming;
 use crate::builder::{PolicyConfig, policy_setters};
 use crate::clock::{Clock, SystemClock};
-use crate::{Error, KeyedLimiter, Reservation};
+use crate::store::{Keyed, Store};
+use crate::{Error, Reservation};
 
 /// The default [`max_local_keys`](RedisKeyedBuilder::max_local_keys).
 pub const DEFAULT_MAX_LOCAL_KEYS: usize = 100_000;
@@ -164,42 +163,32 @@ impl<K, C: fmt::Debug> fmt::Debug for RedisKeyedBuilder<K, C> {
 
 /// # Reserving and waiting
 ///
-/// ## Cancel safety
-///
-/// Every async method here is cancel-safe, as those of
-/// [`RedisRateLimiter`](super::RedisRateLimiter#cancel-safety); the crate's
-/// [cancel-safety table](crate#cancel-safety) says how exactly.
+/// Each method is [`RedisRateLimiter`](super::RedisRateLimiter)'s for one
+/// key, looked up by any `&Q` it borrows as. Every async method here is
+/// cancel-safe; the crate's [cancel-safety table](crate#cancel-safety) says
+/// how exactly.
 impl<K, C> KeyedRedisRateLimiter<K, C>
 where
     K: Display + Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
 {
-    /// Reserves `permits` of `key` and returns the wait; does not sleep.
-    ///
-    /// # Cancel safety
-    /// Cancel-safe: see the [section above](#cancel-safety).
+    /// Reserves `permits` of `key`; the wait. Does not sleep.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if `permits` is 0; [`Error::Backend`] if
-    /// Redis fails and the fallback is [`Fallback::FailClosed`], or the key
-    /// holds something else.
+    /// As [`RedisRateLimiter::reserve`](super::RedisRateLimiter::reserve).
     pub async fn reserve<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
     where
         K: Borrow<Q>,
-        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        let wait = self.inner.reserve_wait(key, permits, None).await?;
-        Ok(wait.unwrap_or_default())
+        Store::reserve(&*self.inner, key, permits).await
     }
 
     /// Reserves `permits` of `key` if the wait fits in `timeout`; `None`,
     /// reserving nothing, otherwise.
     ///
-    /// # Cancel safety
-    /// Cancel-safe: see the [section above](#cancel-safety).
-    ///
     /// # Errors
-    /// As [`reserve`](Self::reserve).
+    /// As [`RedisRateLimiter::reserve`](super::RedisRateLimiter::reserve).
     pub async fn try_reserve<Q>(
         &self,
         key: &Q,
@@ -208,36 +197,28 @@ where
     ) -> Result<Option<Duration>, Error>
     where
         K: Borrow<Q>,
-        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        self.inner.reserve_wait(key, permits, Some(timeout)).await
+        Store::try_reserve(&*self.inner, key, permits, timeout).await
     }
 
     /// Reserves `permits` of `key` as a [`Reservation`]: wait for it, or
     /// drop it to give the permits back.
     ///
-    /// # Cancel safety
-    /// Cancel-safe: see the [section above](#cancel-safety).
-    ///
     /// # Errors
-    /// As [`reserve`](Self::reserve).
+    /// As [`RedisRateLimiter::reserve`](super::RedisRateLimiter::reserve).
     pub async fn reservation<Q>(&self, key: &Q, permits: u32) -> Result<Reservation<'_>, Error>
     where
         K: Borrow<Q>,
-        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        let reservation = self.inner.reserve(key, permits, None, true).await?;
-        Ok(reservation.expect("a plain reservation is always granted"))
+        Store::reservation(&*self.inner, key, permits).await
     }
 
-    /// [`reservation`](Self::reservation) if the permits can be used within
-    /// `timeout`; `None`, reserving nothing, otherwise.
-    ///
-    /// # Cancel safety
-    /// Cancel-safe: see the [section above](#cancel-safety).
+    /// [`reservation`](Self::reservation) if the wait fits in `timeout`.
     ///
     /// # Errors
-    /// As [`reserve`](Self::reserve).
+    /// As [`RedisRateLimiter::reserve`](super::RedisRateLimiter::reserve).
     pub async fn try_reservation<Q>(
         &self,
         key: &Q,
@@ -246,36 +227,29 @@ where
     ) -> Result<Option<Reservation<'_>>, Error>
     where
         K: Borrow<Q>,
-        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        self.inner.reserve(key, permits, Some(timeout), true).await
+        Store::try_reservation(&*self.inner, key, permits, timeout).await
     }
 
-    /// Reserves `permits` of `key` and sleeps for the wait.
-    ///
-    /// # Cancel safety
-    /// Cancel-safe: dropping the future before the wait has passed gives the
-    /// permits back (see the [section above](#cancel-safety)).
+    /// Reserves `permits` of `key` and sleeps for the wait; dropped, it
+    /// gives back what it took.
     ///
     /// # Errors
-    /// As [`reserve`](Self::reserve).
+    /// As [`RedisRateLimiter::reserve`](super::RedisRateLimiter::reserve).
     pub async fn acquire<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
     where
         K: Borrow<Q>,
-        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        let waited = self.inner.acquire(key, permits, None).await?;
-        Ok(waited.unwrap_or_default())
+        Store::acquire(&*self.inner, key, permits).await
     }
 
-    /// Acquires `permits` of `key` if the wait fits in `timeout`, sleeping
-    /// for it; `false` at once, reserving nothing, otherwise.
-    ///
-    /// # Cancel safety
-    /// Cancel-safe, as [`acquire`](Self::acquire).
+    /// [`acquire`](Self::acquire) if the wait fits in `timeout`; `false` at
+    /// once, reserving nothing, otherwise.
     ///
     /// # Errors
-    /// As [`reserve`](Self::reserve).
+    /// As [`RedisRateLimiter::reserve`](super::RedisRateLimiter::reserve).
     pub async fn try_acquire<Q>(
         &self,
         key: &Q,
@@ -284,46 +258,39 @@ where
     ) -> Result<bool, Error>
     where
         K: Borrow<Q>,
-        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        let waited = self.inner.acquire(key, permits, Some(timeout)).await?;
-        Ok(waited.is_some())
+        Store::try_acquire(&*self.inner, key, permits, timeout).await
     }
 
     /// How long a request of `key` made now would wait; reserves nothing.
     ///
-    /// # Cancel safety
-    /// Cancel-safe: it changes nothing.
-    ///
     /// # Errors
-    /// As [`reserve`](Self::reserve).
+    /// As [`RedisRateLimiter::reserve`](super::RedisRateLimiter::reserve).
     pub async fn available_in<Q>(&self, key: &Q) -> Result<Duration, Error>
     where
         K: Borrow<Q>,
-        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        self.inner.query(key).await
+        Store::available_in(&*self.inner, key).await
     }
 
-    /// [`acquire`](Self::acquire) on the calling thread (see
-    /// [`RedisRateLimiter::acquire_blocking`](super::RedisRateLimiter::acquire_blocking)).
+    /// [`acquire`](Self::acquire) on the calling thread.
     ///
     /// # Errors
-    /// As [`reserve`](Self::reserve); [`Error::InvalidArgument`] on the
-    /// thread that drives the current-thread runtime the backend runs on.
+    /// As [`RedisRateLimiter::acquire_blocking`](super::RedisRateLimiter::acquire_blocking).
     pub fn acquire_blocking<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
     where
         K: Borrow<Q>,
-        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        let waited = self.inner.acquire_blocking(key.to_owned(), permits, None)?;
-        Ok(waited.unwrap_or_default())
+        Store::acquire_blocking(&*self.inner, key, permits)
     }
 
     /// [`try_acquire`](Self::try_acquire) on the calling thread.
     ///
     /// # Errors
-    /// As [`acquire_blocking`](Self::acquire_blocking).
+    /// As [`RedisRateLimiter::acquire_blocking`](super::RedisRateLimiter::acquire_blocking).
     pub fn try_acquire_blocking<Q>(
         &self,
         key: &Q,
@@ -332,12 +299,9 @@ where
     ) -> Result<bool, Error>
     where
         K: Borrow<Q>,
-        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        let waited = self
-            .inner
-            .acquire_blocking(key.to_owned(), permits, Some(timeout))?;
-        Ok(waited.is_some())
+        Store::try_acquire_blocking(&*self.inner, key, permits, timeout)
     }
 }
 
@@ -404,52 +368,15 @@ where
     }
 }
 
-#[async_trait]
-impl<K, C> KeyedLimiter<K> for KeyedRedisRateLimiter<K, C>
+impl<K, C> Keyed<K> for KeyedRedisRateLimiter<K, C>
 where
     K: Display + Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
 {
-    async fn reserve(&self, key: &K, permits: u32) -> Result<Duration, Error> {
-        KeyedRedisRateLimiter::reserve(self, key, permits).await
-    }
+    type Store = Failover<K, C>;
 
-    async fn try_reserve(
-        &self,
-        key: &K,
-        permits: u32,
-        timeout: Duration,
-    ) -> Result<Option<Duration>, Error> {
-        KeyedRedisRateLimiter::try_reserve(self, key, permits, timeout).await
-    }
-
-    async fn reservation(&self, key: &K, permits: u32) -> Result<Reservation<'_>, Error> {
-        KeyedRedisRateLimiter::reservation(self, key, permits).await
-    }
-
-    async fn try_reservation(
-        &self,
-        key: &K,
-        permits: u32,
-        timeout: Duration,
-    ) -> Result<Option<Reservation<'_>>, Error> {
-        KeyedRedisRateLimiter::try_reservation(self, key, permits, timeout).await
-    }
-
-    async fn available_in(&self, key: &K) -> Result<Duration, Error> {
-        KeyedRedisRateLimiter::available_in(self, key).await
-    }
-
-    fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
-        KeyedRedisRateLimiter::set_rate(self, permits_per_second)
-    }
-
-    fn rate(&self) -> f64 {
-        KeyedRedisRateLimiter::rate(self)
-    }
-
-    fn clock(&self) -> &dyn Clock {
-        self.inner.clock()
+    fn store(&self) -> &Self::Store {
+        &self.inner
     }
 }
 

@@ -4,12 +4,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-
-use super::failover::{Failover, NoKey};
+use super::failover::Failover;
 use super::fallback::RedisStats;
 use crate::clock::{Clock, SystemClock};
-use crate::{Error, Limiter, Reservation};
+use crate::store::{Direct, NoKey, Store};
+use crate::{Error, Reservation};
 
 /// A rate limiter shared by every process that uses the same Redis key.
 ///
@@ -21,7 +20,8 @@ use crate::{Error, Limiter, Reservation};
 /// [`Fallback`](super::Fallback) takes over until a probe sees Redis answer again.
 ///
 /// The verbs and types are those of the local [`RateLimiter`](crate::RateLimiter), and it
-/// implements [`Limiter`], so an `Arc<dyn Limiter>` can be either.
+/// implements [`Limiter`](crate::Limiter), so an `Arc<dyn Limiter>` can be
+/// either.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -49,14 +49,10 @@ pub struct RedisRateLimiter<C: Clock = SystemClock> {
 
 /// # Reserving and waiting
 ///
-/// ## Cancel safety
-///
-/// Every async method here is cancel-safe. A round trip whose future is
-/// dropped (or outlives the response timeout) is awaited in the background
-/// and what it reserved is given back; a [`Reservation`] dropped before its
-/// moment is given back by one script call. How exactly a give-back
-/// restores the key's schedule, and when it errs towards limiting, is in
-/// the crate's [cancel-safety table](crate#cancel-safety).
+/// Every async method here is cancel-safe: a round trip whose future is
+/// dropped is awaited in the background and what it reserved is given
+/// back; a dropped [`Reservation`] is given back by one script call. How
+/// exactly: the crate's [cancel-safety table](crate#cancel-safety).
 impl<C: Clock> RedisRateLimiter<C> {
     pub(crate) fn from_arc(inner: Arc<Failover<NoKey, C>>) -> Self {
         RedisRateLimiter { inner }
@@ -70,129 +66,107 @@ impl<C: Clock> RedisRateLimiter<C> {
         self.inner.backend.start(require, target).await
     }
 
-    /// Reserves `permits` and returns the wait before they may be used.
-    /// Does not sleep. The permits are the caller's: nothing gives them back
-    /// (see [`reservation`](Self::reservation)).
-    ///
-    /// # Cancel safety
-    /// Cancel-safe: see the [section above](#cancel-safety).
+    /// Reserves `permits`; the wait before they may be used. Does not
+    /// sleep; nothing gives the permits back.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0; [`Error::Backend`] if
-    /// Redis fails and the fallback is [`Fallback::FailClosed`](super::Fallback::FailClosed), or the key
-    /// holds something else.
+    /// Redis fails and the fallback is
+    /// [`FailClosed`](super::Fallback::FailClosed), or the key holds
+    /// something else.
     pub async fn reserve(&self, permits: u32) -> Result<Duration, Error> {
-        let wait = self.inner.reserve_wait(&NoKey, permits, None).await?;
-        Ok(wait.unwrap_or_default())
+        Store::reserve(&*self.inner, &NoKey, permits).await
     }
 
-    /// Reserves `permits` if the wait fits in `timeout` and returns it;
-    /// `None`, reserving nothing, otherwise. Does not sleep.
-    ///
-    /// # Cancel safety
-    /// Cancel-safe: see the [section above](#cancel-safety).
+    /// Reserves `permits` if the wait fits in `timeout`; `None`, reserving
+    /// nothing, otherwise. Does not sleep.
     ///
     /// # Errors
-    /// As [`reserve`](Self::reserve).
+    /// [`Error::InvalidArgument`] if `permits` is 0; [`Error::Backend`] if
+    /// Redis fails and the fallback is
+    /// [`FailClosed`](super::Fallback::FailClosed), or the key holds
+    /// something else.
     pub async fn try_reserve(
         &self,
         permits: u32,
         timeout: Duration,
     ) -> Result<Option<Duration>, Error> {
-        self.inner
-            .reserve_wait(&NoKey, permits, Some(timeout))
-            .await
+        Store::try_reserve(&*self.inner, &NoKey, permits, timeout).await
     }
 
     /// Reserves `permits` as a [`Reservation`]: wait for it, or drop it to
     /// give the permits back.
     ///
-    /// # Cancel safety
-    /// Cancel-safe: see the [section above](#cancel-safety).
-    ///
     /// # Errors
-    /// As [`reserve`](Self::reserve).
+    /// [`Error::InvalidArgument`] if `permits` is 0; [`Error::Backend`] if
+    /// Redis fails and the fallback is
+    /// [`FailClosed`](super::Fallback::FailClosed), or the key holds
+    /// something else.
     pub async fn reservation(&self, permits: u32) -> Result<Reservation<'_>, Error> {
-        let reserved = self.inner.reserve(&NoKey, permits, None, true).await?;
-        Ok(reserved.unwrap_or_else(|| Reservation::new(Duration::ZERO, self.inner.clock(), None)))
+        Store::reservation(&*self.inner, &NoKey, permits).await
     }
 
-    /// [`reservation`](Self::reservation) if the permits can be used within
-    /// `timeout`; `None`, reserving nothing, otherwise.
-    ///
-    /// # Cancel safety
-    /// Cancel-safe: see the [section above](#cancel-safety).
+    /// [`reservation`](Self::reservation) if the wait fits in `timeout`;
+    /// `None`, reserving nothing, otherwise.
     ///
     /// # Errors
-    /// As [`reserve`](Self::reserve).
+    /// [`Error::InvalidArgument`] if `permits` is 0; [`Error::Backend`] if
+    /// Redis fails and the fallback is
+    /// [`FailClosed`](super::Fallback::FailClosed), or the key holds
+    /// something else.
     pub async fn try_reservation(
         &self,
         permits: u32,
         timeout: Duration,
     ) -> Result<Option<Reservation<'_>>, Error> {
-        self.inner
-            .reserve(&NoKey, permits, Some(timeout), true)
-            .await
+        Store::try_reservation(&*self.inner, &NoKey, permits, timeout).await
     }
 
-    /// Reserves `permits` and sleeps for the wait; returns the time slept.
-    ///
-    /// # Cancel safety
-    /// Cancel-safe: dropping the future gives back what it had taken (see
-    /// the [section above](#cancel-safety)), so
-    /// `tokio::time::timeout(d, limiter.acquire(n))` bounds a wait correctly.
+    /// Reserves `permits` and sleeps for the wait; the time slept. Dropped,
+    /// it gives back what it took, so `tokio::time::timeout(d,
+    /// limiter.acquire(n))` bounds a wait correctly.
     ///
     /// # Errors
-    /// As [`reserve`](Self::reserve).
+    /// [`Error::InvalidArgument`] if `permits` is 0; [`Error::Backend`] if
+    /// Redis fails and the fallback is
+    /// [`FailClosed`](super::Fallback::FailClosed), or the key holds
+    /// something else.
     pub async fn acquire(&self, permits: u32) -> Result<Duration, Error> {
-        let waited = self.inner.acquire(&NoKey, permits, None).await?;
-        Ok(waited.unwrap_or_default())
+        Store::acquire(&*self.inner, &NoKey, permits).await
     }
 
-    /// Acquires `permits` if the wait fits in `timeout`, sleeping for it;
-    /// returns `false` at once, reserving nothing, otherwise.
-    ///
-    /// # Cancel safety
-    /// Cancel-safe, as [`acquire`](Self::acquire).
+    /// [`acquire`](Self::acquire) if the wait fits in `timeout`; `false` at
+    /// once, reserving nothing, otherwise.
     ///
     /// # Errors
-    /// As [`reserve`](Self::reserve).
+    /// [`Error::InvalidArgument`] if `permits` is 0; [`Error::Backend`] if
+    /// Redis fails and the fallback is
+    /// [`FailClosed`](super::Fallback::FailClosed), or the key holds
+    /// something else.
     pub async fn try_acquire(&self, permits: u32, timeout: Duration) -> Result<bool, Error> {
-        let waited = self.inner.acquire(&NoKey, permits, Some(timeout)).await?;
-        Ok(waited.is_some())
+        Store::try_acquire(&*self.inner, &NoKey, permits, timeout).await
     }
 
     /// How long a request made now would wait; reserves nothing.
     ///
-    /// # Cancel safety
-    /// Cancel-safe: it changes nothing.
-    ///
     /// # Errors
     /// As [`reserve`](Self::reserve), but never for the arguments.
     pub async fn available_in(&self) -> Result<Duration, Error> {
-        self.inner.query(&NoKey).await
+        Store::available_in(&*self.inner, &NoKey).await
     }
-}
 
-/// # Blocking
-///
-/// For threads that are not async tasks. The Redis call runs on the
-/// limiter's runtime (its own if built with
-/// [`build_blocking`](super::RedisBuilder::build_blocking)) and the calling thread
-/// sleeps for the wait. They work from a plain thread, from
-/// `spawn_blocking`, and from a task of a multi-thread Tokio runtime (the
-/// worker hands its other tasks to another thread while it blocks).
-impl<C: Clock> RedisRateLimiter<C> {
-    /// [`acquire`](Self::acquire) on the calling thread.
+    /// [`acquire`](Self::acquire) on the calling thread. The round trip
+    /// runs on the limiter's runtime (its own if built with
+    /// [`build_blocking`](super::RedisBuilder::build_blocking)); it works
+    /// from a plain thread, from `spawn_blocking` and from a task of a
+    /// multi-thread runtime.
     ///
     /// # Errors
-    /// As [`reserve`](Self::reserve); also [`Error::InvalidArgument`] when
-    /// called on the thread that drives the current-thread Tokio runtime the
-    /// limiter runs on (it would stop that runtime): use `acquire().await`
-    /// there, or call it from `spawn_blocking`.
+    /// As [`reserve`](Self::reserve); also [`Error::InvalidArgument`] on
+    /// the thread that drives the current-thread runtime the limiter runs
+    /// on (blocking it would stop that runtime).
     pub fn acquire_blocking(&self, permits: u32) -> Result<Duration, Error> {
-        let waited = self.inner.acquire_blocking(NoKey, permits, None)?;
-        Ok(waited.unwrap_or_default())
+        Store::acquire_blocking(&*self.inner, &NoKey, permits)
     }
 
     /// [`try_acquire`](Self::try_acquire) on the calling thread.
@@ -200,8 +174,7 @@ impl<C: Clock> RedisRateLimiter<C> {
     /// # Errors
     /// As [`acquire_blocking`](Self::acquire_blocking).
     pub fn try_acquire_blocking(&self, permits: u32, timeout: Duration) -> Result<bool, Error> {
-        let waited = self.inner.acquire_blocking(NoKey, permits, Some(timeout))?;
-        Ok(waited.is_some())
+        Store::try_acquire_blocking(&*self.inner, &NoKey, permits, timeout)
     }
 }
 
@@ -249,46 +222,11 @@ impl<C: Clock> RedisRateLimiter<C> {
     }
 }
 
-#[async_trait]
-impl<C: Clock> Limiter for RedisRateLimiter<C> {
-    async fn reserve(&self, permits: u32) -> Result<Duration, Error> {
-        RedisRateLimiter::<C>::reserve(self, permits).await
-    }
+impl<C: Clock> Direct for RedisRateLimiter<C> {
+    type Store = Failover<NoKey, C>;
 
-    async fn try_reserve(
-        &self,
-        permits: u32,
-        timeout: Duration,
-    ) -> Result<Option<Duration>, Error> {
-        RedisRateLimiter::<C>::try_reserve(self, permits, timeout).await
-    }
-
-    async fn reservation(&self, permits: u32) -> Result<Reservation<'_>, Error> {
-        RedisRateLimiter::<C>::reservation(self, permits).await
-    }
-
-    async fn try_reservation(
-        &self,
-        permits: u32,
-        timeout: Duration,
-    ) -> Result<Option<Reservation<'_>>, Error> {
-        RedisRateLimiter::<C>::try_reservation(self, permits, timeout).await
-    }
-
-    async fn available_in(&self) -> Result<Duration, Error> {
-        RedisRateLimiter::<C>::available_in(self).await
-    }
-
-    fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
-        RedisRateLimiter::<C>::set_rate(self, permits_per_second)
-    }
-
-    fn rate(&self) -> f64 {
-        RedisRateLimiter::<C>::rate(self)
-    }
-
-    fn clock(&self) -> &dyn Clock {
-        self.inner.clock()
+    fn store(&self) -> &Self::Store {
+        &self.inner
     }
 }
 
