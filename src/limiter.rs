@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::clock::Clock;
-use crate::store::{Direct, Keyed, NoKey, Store};
+use crate::store::{Direct, Keyed, NoKey, Rate, Store};
 use crate::{Error, Reservation};
 
 /// A rate limiter, in this process or shared through a backend.
@@ -334,15 +334,15 @@ impl<T: Direct> Limiter for T {
     }
 
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
-        Store::set_rate(self.store(), permits_per_second)
+        Rate::set_rate(self.store(), permits_per_second)
     }
 
     fn rate(&self) -> f64 {
-        Store::rate(self.store())
+        Rate::rate(self.store())
     }
 
     fn clock(&self) -> &dyn Clock {
-        Store::clock(self.store())
+        Rate::clock(self.store())
     }
 
     fn take_if_free(&self, permits: u32) -> Option<Result<bool, Error>> {
@@ -390,15 +390,15 @@ impl<K: Sync, T: Keyed<K>> KeyedLimiter<K> for T {
     }
 
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
-        Store::set_rate(self.store(), permits_per_second)
+        Rate::set_rate(self.store(), permits_per_second)
     }
 
     fn rate(&self) -> f64 {
-        Store::rate(self.store())
+        Rate::rate(self.store())
     }
 
     fn clock(&self) -> &dyn Clock {
-        Store::clock(self.store())
+        Rate::clock(self.store())
     }
 
     async fn reservation(&self, key: &K, permits: u32) -> Result<Reservation<'_>, Error> {

@@ -45,10 +45,27 @@ impl Display for NoKey {
     }
 }
 
+/// What a store has whatever the key: its rate and its clock.
+pub trait Rate: Send + Sync {
+    /// Changes the rate of every key.
+    fn set_rate(&self, permits_per_second: f64) -> Result<(), Error>;
+
+    /// The stable rate, in permits per second.
+    fn rate(&self) -> f64;
+
+    /// The clock waits are slept on.
+    fn clock(&self) -> &dyn Clock;
+
+    /// Sleeps the calling thread for `wait` (a blocking acquire).
+    fn sleep_blocking(&self, wait: Duration) {
+        self.clock().sleep_blocking(wait);
+    }
+}
+
 /// Where a limiter's state lives, for keys borrowed as `Q`.
 ///
 /// A store never sees zero permits: the methods check them first.
-pub trait Store<Q: ?Sized + Sync>: Send + Sync {
+pub trait Store<Q: ?Sized + Sync>: Rate {
     /// Reserves `permits` of `key` if the wait fits in `timeout` (`None`:
     /// whatever it is); `None` if refused, with nothing reserved. A `held`
     /// reservation gives its permits back if dropped before its wait has
@@ -81,20 +98,6 @@ pub trait Store<Q: ?Sized + Sync>: Send + Sync {
 
     /// How long a request of `key` made now would wait.
     fn next_free(&self, key: &Q) -> impl Future<Output = Result<Duration, Error>> + Send;
-
-    /// Changes the rate of every key.
-    fn set_rate(&self, permits_per_second: f64) -> Result<(), Error>;
-
-    /// The stable rate, in permits per second.
-    fn rate(&self) -> f64;
-
-    /// The clock waits are slept on.
-    fn clock(&self) -> &dyn Clock;
-
-    /// Sleeps the calling thread for `wait` (a blocking acquire).
-    fn sleep_blocking(&self, wait: Duration) {
-        self.clock().sleep_blocking(wait);
-    }
 
     /// Takes `permits` if they are free now, without I/O (see
     /// [`Limiter::take_if_free`](crate::Limiter::take_if_free)); `None` if
@@ -270,7 +273,7 @@ pub trait Keyed<K: Sync>: Send + Sync {
 /// A store that answers at once, in this process: the methods that do not
 /// sleep are plain functions on it, with the same bodies as
 /// [`Store`]'s, minus the `await`.
-pub trait Now<Q: ?Sized + Sync>: Store<Q> {
+pub trait Now<Q: ?Sized + Sync>: Rate {
     /// [`Store::take_wait`], at once.
     fn take_wait_now(&self, key: &Q, permits: u32, timeout: Option<Duration>) -> Option<Duration>;
 
@@ -280,6 +283,12 @@ pub trait Now<Q: ?Sized + Sync>: Store<Q> {
 
     /// [`Store::next_free`], at once.
     fn next_free_now(&self, key: &Q) -> Duration;
+
+    /// [`Store::take_if_free`].
+    fn take_if_free_now(&self, key: &Q, permits: u32) -> Option<Result<bool, Error>> {
+        let _ = (key, permits);
+        None
+    }
 
     /// [`Store::reserve`], at once.
     #[inline(always)]
@@ -320,3 +329,60 @@ pub trait Now<Q: ?Sized + Sync>: Store<Q> {
         Ok(self.take_now(key, permits, Some(timeout)))
     }
 }
+
+/// Implements [`Store`] for an in-process store from its [`Now`]: its
+/// futures are ready when made. (A macro rather than a blanket impl, which
+/// would overlap the Redis store's.)
+macro_rules! in_process_store {
+    (impl<$($gen:ident),*> for $ty:ty, key $q:ty, where $($bounds:tt)*) => {
+        impl<$($gen),*> $crate::store::Store<$q> for $ty
+        where
+            $($bounds)*
+        {
+    #[inline]
+    fn take(
+        &self,
+        key: &$q,
+        permits: u32,
+        timeout: Option<::std::time::Duration>,
+        held: bool,
+    ) -> impl ::std::future::Future<Output = Result<Option<$crate::Reservation<'_>>, $crate::Error>> + Send {
+        ::std::future::ready(Ok(if held {
+            $crate::store::Now::take_now(self, key, permits, timeout)
+        } else {
+            $crate::store::Now::take_wait_now(self, key, permits, timeout)
+                .map(|wait| Reservation::new(wait, $crate::store::Rate::clock(self), None))
+        }))
+    }
+
+    #[inline]
+    fn take_wait(
+        &self,
+        key: &$q,
+        permits: u32,
+        timeout: Option<::std::time::Duration>,
+    ) -> impl ::std::future::Future<Output = Result<Option<::std::time::Duration>, $crate::Error>> + Send {
+        ::std::future::ready(Ok($crate::store::Now::take_wait_now(self, key, permits, timeout)))
+    }
+
+    fn take_blocking(
+        &self,
+        key: &$q,
+        permits: u32,
+        timeout: Option<::std::time::Duration>,
+    ) -> Result<Option<::std::time::Duration>, $crate::Error> {
+        Ok($crate::store::Now::take_wait_now(self, key, permits, timeout))
+    }
+
+    fn next_free(&self, key: &$q) -> impl ::std::future::Future<Output = Result<::std::time::Duration, $crate::Error>> + Send {
+        ::std::future::ready(Ok($crate::store::Now::next_free_now(self, key)))
+    }
+
+    fn take_if_free(&self, key: &$q, permits: u32) -> Option<Result<bool, $crate::Error>> {
+        $crate::store::Now::take_if_free_now(self, key, permits)
+    }
+}
+    };
+}
+
+pub(crate) use in_process_store;

@@ -2,13 +2,14 @@
 //! keys. See [`KeyedRateLimiter`].
 
 mod builder;
+mod fallback;
 mod shard;
+mod store;
 
 use std::any::Any;
 use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::future::{Future, ready};
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::sync::RwLockWriteGuard;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -19,9 +20,9 @@ pub(crate) use shard::Mode;
 use shard::{Dropped, Fast, Recorded, Shard, Table};
 
 use crate::clock::{Clock, SystemClock};
-use crate::core::{Policy, State, micros, stable_interval_micros};
+use crate::core::{Policy, State, stable_interval_micros};
 use crate::reservation::{GiveBackTo, Pending, Taken};
-use crate::store::{Keyed, Now, Store};
+use crate::store::{Now, Store};
 use crate::{Error, Reservation};
 
 /// One rate limiter per key (user, tenant, API key or client address), in
@@ -520,173 +521,6 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
         Ok(self.wait_of(key))
-    }
-}
-
-/// A timeout in µs for the shards: `u64::MAX` is no timeout.
-fn timeout_micros(timeout: Option<Duration>) -> u64 {
-    timeout.map_or(u64::MAX, |t| micros(t).min(u64::MAX - 1))
-}
-
-impl<K, C, Q> Now<Q> for KeyedRateLimiter<K, C>
-where
-    K: Borrow<Q> + Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-    Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
-{
-    fn take_wait_now(&self, key: &Q, permits: u32, timeout: Option<Duration>) -> Option<Duration> {
-        let grant = self.reserve_micros(key, permits, timeout_micros(timeout), false);
-        grant.map(|(wait, _)| Duration::from_micros(wait))
-    }
-
-    fn take_now(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Option<Duration>,
-    ) -> Option<Reservation<'_>> {
-        let grant = self.reserve_micros(key, permits, timeout_micros(timeout), true);
-        grant.map(|grant| self.to_reservation(key, grant))
-    }
-
-    fn next_free_now(&self, key: &Q) -> Duration {
-        self.wait_of(key)
-    }
-}
-
-impl<K, C, Q> Store<Q> for KeyedRateLimiter<K, C>
-where
-    K: Borrow<Q> + Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-    Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
-{
-    fn take(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Option<Duration>,
-        held: bool,
-    ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
-        let timeout = timeout_micros(timeout);
-        let grant = self.reserve_micros(key, permits, timeout, held);
-        ready(Ok(grant.map(|grant| self.to_reservation(key, grant))))
-    }
-
-    fn take_wait(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Option<Duration>,
-    ) -> impl Future<Output = Result<Option<Duration>, Error>> + Send {
-        ready(Ok(self.take_wait_now(key, permits, timeout)))
-    }
-
-    fn take_blocking(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Option<Duration>,
-    ) -> Result<Option<Duration>, Error> {
-        Ok(self.take_wait_now(key, permits, timeout))
-    }
-
-    fn next_free(&self, key: &Q) -> impl Future<Output = Result<Duration, Error>> + Send {
-        ready(Ok(self.wait_of(key)))
-    }
-
-    fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
-        KeyedRateLimiter::set_rate(self, permits_per_second)
-    }
-
-    fn rate(&self) -> f64 {
-        KeyedRateLimiter::rate(self)
-    }
-
-    fn clock(&self) -> &dyn Clock {
-        &self.clock
-    }
-}
-
-impl<K, C> Keyed<K> for KeyedRateLimiter<K, C>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
-    type Store = Self;
-
-    fn store(&self) -> &Self {
-        self
-    }
-}
-
-/// # For a Redis limiter's fallback
-///
-/// The fallback holds the keys it served in [`Mode::Empty`]; what a key
-/// owes Redis is read from its ticket.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
-impl<K, C> KeyedRateLimiter<K, C>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
-    /// How long a request of `key` made now would wait.
-    pub(crate) fn wait_of<Q>(&self, key: &Q) -> Duration
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        let read = self.clock.now_micros();
-        let next_free = self.shard(key).read().next_free(key, read);
-        Duration::from_micros(next_free.saturating_sub(read))
-    }
-
-    /// The ticket of `key` (µs on the clock), if it is held.
-    pub(crate) fn ticket<Q>(&self, key: &Q) -> Option<u64>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        let now = self.clock.now_micros();
-        self.shard(key).read().ticket(key, now)
-    }
-
-    /// Forgets `key` if its ticket is at most `until`; whether it is no
-    /// longer held.
-    pub(crate) fn forget_if_paid<Q>(&self, key: &Q, until: u64) -> bool
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        let (mut shard, now) = self.shard_now(key);
-        shard.forget_if_paid(key, until, now)
-    }
-
-    /// The keys held now.
-    pub(crate) fn keys(&self) -> Vec<K> {
-        let mut keys = Vec::new();
-        for shard in self.shards.iter() {
-            keys.extend(shard.0.read().keys().cloned());
-        }
-        keys
-    }
-
-    /// Holds `key` with nothing stored and its ticket at `until` (µs on the
-    /// clock), unless it is held already.
-    pub(crate) fn open<Q>(&self, key: &Q, until: u64)
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        let (mut shard, now) = self.shard_now(key);
-        let dropped = shard.open(key, until, now);
-        drop(shard);
-        self.count_dropped(dropped);
-    }
-
-    /// At least the latest ticket of a key dropped to stay within the cap
-    /// before it had passed (0 if none was).
-    pub(crate) fn dropped_until(&self) -> u64 {
-        self.dropped_until.load(Relaxed)
     }
 }
 

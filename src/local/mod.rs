@@ -11,10 +11,10 @@
 //! [`Reservation`]: they are noted in the core's [`Ledger`], which makes
 //! their give-backs exact) go through a lock and run the core's own code.
 
+mod outcome;
 pub(crate) mod word;
 
 use std::fmt;
-use std::future::{Future, ready};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -23,86 +23,13 @@ use std::time::Duration;
 use crate::Error;
 use crate::builder::Builder;
 use crate::clock::{Clock, SystemClock};
-use crate::core::{Ledger, Reserved, State, micros, stable_interval_micros};
+use crate::core::{Ledger, State, micros, stable_interval_micros};
 use crate::error::check_permits;
 use crate::reservation::{GiveBackTo, Pending, Reservation, Taken};
-use crate::store::{Direct, NoKey, Now, Store};
+use crate::store::{Direct, NoKey, Now, Rate, Store, in_process_store};
 
+use outcome::{Grant, Outcome};
 use word::{Encoded, Quick, Slot, Step};
-
-/// A granted reservation: the wait in µs and, if it has to wait, what it
-/// took.
-struct Grant {
-    wait: u64,
-    taken: Option<Taken>,
-}
-
-/// What a reservation hands back: the wait alone (`u64`: a plain
-/// reservation or try, which nothing gives back), or a [`Grant`] that
-/// records what it took (for a [`Reservation`]). Generic, so that the wait
-/// alone costs what it did before give-backs existed.
-trait Outcome: Sized {
-    /// What the locked path keeps of a reservation.
-    type Record;
-    /// Whether a reservation with a wait can be given back: it is then
-    /// made under the lock, through the ledger (see [`Ledger`]).
-    const GIVES_BACK: bool;
-    /// Reserves on the core, through the ledger; returns the moment and the
-    /// record.
-    fn reserve(
-        state: &mut State,
-        ledger: &mut Ledger,
-        permits: u32,
-        now: u64,
-    ) -> (u64, Self::Record);
-    /// A reservation with no wait, made on the word.
-    fn from_word(wait: u64) -> Self;
-    /// A reservation made on the core, under the lock.
-    fn from_locked(wait: u64, record: Self::Record) -> Self;
-}
-
-impl Outcome for u64 {
-    type Record = ();
-    const GIVES_BACK: bool = false;
-
-    #[inline(always)]
-    fn reserve(state: &mut State, ledger: &mut Ledger, permits: u32, now: u64) -> (u64, ()) {
-        (ledger.reserve(state, permits, now), ())
-    }
-
-    #[inline(always)]
-    fn from_word(wait: u64) -> u64 {
-        wait
-    }
-
-    #[inline(always)]
-    fn from_locked(wait: u64, _: ()) -> u64 {
-        wait
-    }
-}
-
-impl Outcome for Grant {
-    type Record = Reserved;
-    const GIVES_BACK: bool = true;
-
-    fn reserve(state: &mut State, ledger: &mut Ledger, permits: u32, now: u64) -> (u64, Reserved) {
-        let reserved = ledger.reserve_recorded(state, permits, now);
-        (reserved.moment_micros, reserved)
-    }
-
-    #[inline(always)]
-    fn from_word(wait: u64) -> Grant {
-        // Nothing to wait for, so nothing to give back.
-        Grant { wait, taken: None }
-    }
-
-    fn from_locked(wait: u64, reserved: Reserved) -> Grant {
-        Grant {
-            wait,
-            taken: Some(Taken::Core(reserved)),
-        }
-    }
-}
 
 /// A rate limiter for one process, shared by any number of threads and tasks.
 ///
@@ -565,46 +492,15 @@ impl<C: Clock> Now<NoKey> for RateLimiter<C> {
     fn next_free_now(&self, _: &NoKey) -> Duration {
         Duration::from_micros(self.next_free_micros())
     }
+
+    fn take_if_free_now(&self, _: &NoKey, permits: u32) -> Option<Result<bool, Error>> {
+        Some(check_permits(permits).map(|()| self.reserve_micros::<u64>(permits, 0).is_some()))
+    }
 }
 
-impl<C: Clock> Store<NoKey> for RateLimiter<C> {
-    fn take(
-        &self,
-        key: &NoKey,
-        permits: u32,
-        timeout: Option<Duration>,
-        held: bool,
-    ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
-        ready(Ok(if held {
-            self.take_now(key, permits, timeout)
-        } else {
-            self.take_wait_now(key, permits, timeout)
-                .map(|wait| Reservation::new(wait, &self.clock, None))
-        }))
-    }
+in_process_store!(impl<C> for RateLimiter<C>, key NoKey, where C: Clock);
 
-    fn take_wait(
-        &self,
-        key: &NoKey,
-        permits: u32,
-        timeout: Option<Duration>,
-    ) -> impl Future<Output = Result<Option<Duration>, Error>> + Send {
-        ready(Ok(self.take_wait_now(key, permits, timeout)))
-    }
-
-    fn take_blocking(
-        &self,
-        key: &NoKey,
-        permits: u32,
-        timeout: Option<Duration>,
-    ) -> Result<Option<Duration>, Error> {
-        Ok(self.take_wait_now(key, permits, timeout))
-    }
-
-    fn next_free(&self, key: &NoKey) -> impl Future<Output = Result<Duration, Error>> + Send {
-        ready(Ok(self.next_free_now(key)))
-    }
-
+impl<C: Clock> Rate for RateLimiter<C> {
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
         RateLimiter::set_rate(self, permits_per_second)
     }
@@ -615,10 +511,6 @@ impl<C: Clock> Store<NoKey> for RateLimiter<C> {
 
     fn clock(&self) -> &dyn Clock {
         &self.clock
-    }
-
-    fn take_if_free(&self, _: &NoKey, permits: u32) -> Option<Result<bool, Error>> {
-        Some(check_permits(permits).map(|()| self.reserve_micros::<u64>(permits, 0).is_some()))
     }
 }
 

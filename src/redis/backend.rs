@@ -3,17 +3,16 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
-use std::thread::{self, ThreadId};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
-use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
-
 use super::connection::{Connection, Link, Target};
-use super::health::{Health, SLOTS, Zone};
+use super::health::{Health, Zone};
+use super::runtime::{RuntimeRef, blocking_section, shut_down};
 use super::script::{self, Call, ScriptArgs};
+use super::slots::SlotMap;
 use crate::Error;
 use crate::core::{Bursty, Policy};
 use crate::error::BackendError;
@@ -40,71 +39,6 @@ impl ProbeTarget {
             key: BACKEND_PROBE_KEY.into(),
             script_args: Arc::new(ScriptArgs::new(&Policy::Bursty(Bursty::default()), 1.0)),
             rate: 1.0,
-        }
-    }
-}
-
-/// The runtime a limiter's Redis I/O and probe run on.
-pub(crate) enum RuntimeRef {
-    /// The runtime the limiter was built in; for a current-thread runtime,
-    /// the thread that drives it.
-    Borrowed {
-        handle: Handle,
-        driver: Option<Arc<Driver>>,
-    },
-    /// A runtime of its own (`build_blocking`); shut down on drop.
-    Owned(Option<Runtime>),
-}
-
-impl RuntimeRef {
-    pub(crate) fn handle(&self) -> Option<Handle> {
-        match self {
-            RuntimeRef::Borrowed { handle, .. } => Some(handle.clone()),
-            RuntimeRef::Owned(runtime) => runtime.as_ref().map(|r| r.handle().clone()),
-        }
-    }
-}
-
-/// The thread that drives a borrowed current-thread runtime (the one in
-/// its `block_on`): a blocking call there would stop the runtime it waits
-/// for. Other threads that see the runtime (its blocking pool's) may block.
-pub(crate) struct Driver {
-    /// The thread the limiter was built on: taken for the driver until a
-    /// task of the runtime says which thread runs it.
-    built_on: ThreadId,
-    driven_by: OnceLock<ThreadId>,
-}
-
-impl Driver {
-    /// Notes the thread `handle`'s runtime runs its tasks on, from the next
-    /// moment it runs one.
-    fn watch(handle: &Handle) -> Arc<Driver> {
-        let driver = Arc::new(Driver {
-            built_on: thread::current().id(),
-            driven_by: OnceLock::new(),
-        });
-        let recorder = Arc::clone(&driver);
-        handle.spawn(async move {
-            let _ = recorder.driven_by.set(thread::current().id());
-        });
-        driver
-    }
-
-    /// Whether this thread drives the runtime.
-    fn is_current(&self) -> bool {
-        let me = thread::current().id();
-        *self.driven_by.get().unwrap_or(&self.built_on) == me
-    }
-}
-
-impl Drop for RuntimeRef {
-    fn drop(&mut self) {
-        if let RuntimeRef::Owned(runtime) = self {
-            if let Some(runtime) = runtime.take() {
-                // Never blocks, so this is fine anywhere, even on one of the
-                // runtime's own threads or inside another runtime.
-                runtime.shutdown_background();
-            }
         }
     }
 }
@@ -599,26 +533,6 @@ impl Backend {
     }
 }
 
-/// Runs `f`, which blocks the thread. On a task of a multi-thread runtime,
-/// the worker first hands its queue (and its next-task slot) to another
-/// thread, so tasks queued here, such as one `f` waits for, keep running.
-/// (On a current-thread runtime's thread it runs `f` as is: only a limiter
-/// with a runtime of its own gets there.)
-pub(crate) fn blocking_section<T>(f: impl FnOnce() -> T) -> T {
-    match Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(RuntimeFlavor::CurrentThread) | Err(_) => f(),
-        Ok(_) => tokio::task::block_in_place(f),
-    }
-}
-
-/// The error for a backend whose runtime is gone.
-pub(crate) fn shut_down() -> Error {
-    Error::Backend(BackendError::new(
-        "the limiter's Tokio runtime has shut down",
-        None,
-    ))
-}
-
 /// Probes every `probe_interval` until every zone that is down works
 /// again (see [`Backend::probe_round`]). Ends then, or when the backend is
 /// dropped (with its last limiter and handle).
@@ -643,159 +557,6 @@ async fn probe(backend: Weak<Backend>) {
                 );
             }
             return;
-        }
-    }
-}
-
-/// A cluster's slot map: which node serves each slot.
-struct SlotMap {
-    /// The node index of each slot, `u16::MAX` where none is known.
-    owners: Vec<u16>,
-}
-
-impl SlotMap {
-    /// Reads a `CLUSTER SLOTS` reply: `[start, end, [host, port, ...], ...]`
-    /// per range, the primary first.
-    fn parse(reply: &redis::Value) -> Option<SlotMap> {
-        let redis::Value::Array(ranges) = reply else {
-            return None;
-        };
-        let mut owners = vec![u16::MAX; usize::from(SLOTS)];
-        let mut nodes: Vec<(Vec<u8>, i64)> = Vec::new();
-        for range in ranges {
-            let redis::Value::Array(range) = range else {
-                return None;
-            };
-            let (
-                Some(redis::Value::Int(start)),
-                Some(redis::Value::Int(end)),
-                Some(redis::Value::Array(primary)),
-            ) = (range.first(), range.get(1), range.get(2))
-            else {
-                return None;
-            };
-            let (Some(host), Some(redis::Value::Int(port))) = (primary.first(), primary.get(1))
-            else {
-                return None;
-            };
-            let host = match host {
-                redis::Value::BulkString(bytes) => bytes.clone(),
-                redis::Value::SimpleString(text) => text.clone().into_bytes(),
-                _ => return None,
-            };
-            let node = (host, *port);
-            let index = nodes.iter().position(|n| *n == node).unwrap_or_else(|| {
-                nodes.push(node);
-                nodes.len() - 1
-            });
-            let (start, end) = (usize::try_from(*start).ok()?, usize::try_from(*end).ok()?);
-            if start > end || end >= owners.len() {
-                return None;
-            }
-            owners[start..=end].fill(u16::try_from(index).ok()?);
-        }
-        Some(SlotMap { owners })
-    }
-
-    fn owner(&self, slot: u16) -> Option<usize> {
-        self.owners
-            .get(usize::from(slot))
-            .filter(|owner| **owner != u16::MAX)
-            .map(|owner| usize::from(*owner))
-    }
-
-    fn slots_of(&self, node: usize) -> Vec<u16> {
-        (0..SLOTS)
-            .filter(|slot| self.owner(*slot) == Some(node))
-            .collect()
-    }
-}
-
-/// The runtime of the calling task, for a backend built with `build()`.
-pub(crate) fn current_runtime(builder: &str) -> Result<RuntimeRef, Error> {
-    Handle::try_current()
-        .map(|handle| {
-            let driver = (handle.runtime_flavor() == RuntimeFlavor::CurrentThread)
-                .then(|| Driver::watch(&handle));
-            RuntimeRef::Borrowed { handle, driver }
-        })
-        .map_err(|_| {
-            Error::InvalidArgument(format!(
-                "{builder}::build() must run inside a Tokio runtime; \
-             use build_blocking() in a program without one"
-            ))
-        })
-}
-
-/// A small runtime of the backend's own (one worker thread), for
-/// `build_blocking()`.
-pub(crate) fn own_runtime() -> Result<RuntimeRef, Error> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("throttler-redis")
-        .enable_all()
-        .build()
-        .map(|runtime| RuntimeRef::Owned(Some(runtime)))
-        .map_err(|e| {
-            Error::Backend(BackendError::new(
-                "cannot start the limiter's runtime",
-                Some(Box::new(e)),
-            ))
-        })
-}
-
-#[cfg(test)]
-mod tests {
-    use redis::Value;
-
-    use super::*;
-
-    fn node(host: &str, port: i64) -> Value {
-        Value::Array(vec![
-            Value::BulkString(host.as_bytes().to_vec()),
-            Value::Int(port),
-            Value::BulkString(b"id".to_vec()),
-        ])
-    }
-
-    fn range(start: i64, end: i64, nodes: Vec<Value>) -> Value {
-        let mut range = vec![Value::Int(start), Value::Int(end)];
-        range.extend(nodes);
-        Value::Array(range)
-    }
-
-    #[test]
-    fn a_slot_map_groups_each_primarys_ranges() {
-        let reply = Value::Array(vec![
-            range(0, 99, vec![node("10.0.0.1", 7000), node("10.0.0.9", 7009)]),
-            range(100, 16_000, vec![node("10.0.0.2", 7000)]),
-            // A primary with two ranges.
-            range(16_001, 16_383, vec![node("10.0.0.1", 7000)]),
-        ]);
-        let map = SlotMap::parse(&reply).unwrap();
-        let first = map.owner(0).unwrap();
-        assert_eq!(map.owner(99), Some(first));
-        assert_eq!(map.owner(16_383), Some(first));
-        assert_ne!(map.owner(100), Some(first));
-        let slots = map.slots_of(first);
-        assert_eq!(slots.len(), 100 + 383);
-        assert_eq!((slots[99], slots[100]), (99, 16_001));
-    }
-
-    #[test]
-    fn a_slot_map_leaves_uncovered_slots_ownerless_and_rejects_nonsense() {
-        let map = SlotMap::parse(&Value::Array(vec![range(5, 5, vec![node("h", 1)])])).unwrap();
-        assert_eq!((map.owner(4), map.owner(6)), (None, None));
-        assert!(map.owner(5).is_some());
-        for bad in [
-            Value::Nil,
-            Value::Array(vec![Value::Int(1)]),
-            Value::Array(vec![range(10, 5, vec![node("h", 1)])]),
-            Value::Array(vec![range(0, 16_384, vec![node("h", 1)])]),
-            Value::Array(vec![range(-1, 5, vec![node("h", 1)])]),
-            Value::Array(vec![range(0, 5, vec![])]),
-        ] {
-            assert!(SlotMap::parse(&bad).is_none(), "{bad:?}");
         }
     }
 }

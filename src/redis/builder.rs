@@ -6,11 +6,12 @@ use std::time::Duration;
 use redis::cluster::ClusterClient;
 
 use super::Fallback;
-use super::backend::{Backend, RuntimeRef, current_runtime, own_runtime};
+use super::backend::Backend;
 use super::connection::Target;
 use super::failover::{Failover, Naming, Parts};
 use super::limiter::RedisRateLimiter;
 use super::naming;
+use super::runtime::{RuntimeRef, current_runtime, own_runtime};
 use crate::Error;
 use crate::builder::{PolicyConfig, policy_setters};
 use crate::clock::{Clock, SystemClock};

@@ -181,8 +181,10 @@ mod keyed;
 mod limiter;
 mod naming;
 mod round_trip;
+mod runtime;
 mod script;
 mod shared;
+mod slots;
 
 pub use builder::{DEFAULT_PROBE_INTERVAL, DEFAULT_RESPONSE_TIMEOUT, RedisBuilder};
 pub use fallback::{Fallback, RedisStats};

@@ -7,7 +7,7 @@ use std::time::Duration;
 use redis::cluster::ClusterClient;
 
 use super::Fallback;
-use super::backend::{Backend, ProbeTarget, current_runtime, own_runtime};
+use super::backend::{Backend, ProbeTarget};
 use super::builder::{
     DEFAULT_PROBE_INTERVAL, DEFAULT_RESPONSE_TIMEOUT, assemble_limiter, check_backend,
     connection_setters, fallback_setters,
@@ -16,6 +16,7 @@ use super::connection::Target;
 use super::fallback::RedisStats;
 use super::keyed::{DEFAULT_MAX_LOCAL_KEYS, RedisKeyedBuilder};
 use super::limiter::RedisRateLimiter;
+use super::runtime::{current_runtime, own_runtime};
 use crate::Error;
 use crate::builder::{PolicyConfig, policy_setters};
 use crate::clock::{Clock, SystemClock};

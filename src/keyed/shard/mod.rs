@@ -40,6 +40,13 @@
 //! held as time to 2^-20 µs); from a word with nothing stored it agrees to
 //! the bit.
 
+mod entry;
+mod evict;
+mod fallback;
+mod give_back;
+use entry::{Entry, Waiting};
+use evict::{SWEEP_MIN_LEN, Sweep, sweep_period};
+
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
@@ -50,90 +57,6 @@ use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::core::{GiveBack, Ledger, Reserved, State};
 use crate::local::word::{self, Config, Encoded, Slot, Step};
-
-/// One key's state as the core's numbers: its stored permits and ticket.
-/// (Its ticket also tells when it was last used: a reservation moves it to
-/// at least its moment, so the entries whose tickets lie furthest back are
-/// the least recently used.)
-#[derive(Debug, Clone, Copy)]
-struct Entry {
-    stored_permits: f64,
-    next_free_micros: u64,
-    next_free_fraction: u32,
-}
-
-impl Entry {
-    /// The key's part of `state`.
-    fn of(state: &State) -> Entry {
-        Entry {
-            stored_permits: state.stored_permits,
-            next_free_micros: state.next_free_micros,
-            next_free_fraction: state.next_free_fraction,
-        }
-    }
-
-    /// The state a word stands for at `now`.
-    fn decoded(word: u64, now: u64, config: &Config) -> Entry {
-        let decoded = word::decode(word, now, config);
-        Entry {
-            stored_permits: decoded.stored,
-            next_free_micros: decoded.next_free,
-            next_free_fraction: decoded.fraction,
-        }
-    }
-
-    /// Puts the key's part into `state` (the configuration's).
-    fn load_into(&self, state: &mut State) {
-        state.stored_permits = self.stored_permits;
-        state.next_free_micros = self.next_free_micros;
-        state.next_free_fraction = self.next_free_fraction;
-    }
-
-    /// The key's state under `template`'s configuration.
-    fn state(&self, template: &State) -> State {
-        let mut state = template.clone();
-        self.load_into(&mut state);
-        state
-    }
-}
-
-/// A key's [`Ledger`], beside its entry, while a reservation noted in it may
-/// still be waiting.
-#[derive(Debug)]
-struct Waiting {
-    ledger: Ledger,
-    /// Tells this ledger from the key's earlier and later ones: a
-    /// reservation gives back only through the ledger it was noted in.
-    serial: u64,
-    /// The latest moment of the reservations noted in it with a wait: from
-    /// then on none can wait any more, and the ledger is needed only to
-    /// restore the latest of them (see [`Waiting::needed`]).
-    until: u64,
-    /// The key's state right after the last reservation noted with a wait,
-    /// while nothing else has been noted since and it has not been
-    /// restored: as long as the key is still in that state, giving that
-    /// reservation back restores it exactly, even once its moment has
-    /// passed (as [`Ledger::give_back`] does).
-    last: Option<Entry>,
-}
-
-impl Waiting {
-    /// Whether the ledger can still change what a give-back does, with the
-    /// key in `state` at `now`: while one of its reservations may still
-    /// wait, or its last one may still be restored. Once neither holds, its
-    /// reservations give back nothing, as they would through it, and later
-    /// ones run through a new ledger exactly as through this one (its next
-    /// call would merge every group).
-    fn needed(&self, state: &Entry, now: u64) -> bool {
-        now < self.until
-            || self.last.is_some_and(|last| {
-                !self.ledger.is_empty()
-                    && last.stored_permits.to_bits() == state.stored_permits.to_bits()
-                    && last.next_free_micros == state.next_free_micros
-                    && last.next_free_fraction == state.next_free_fraction
-            })
-    }
-}
 
 /// A reservation with a wait, made under the write lock: the core's record
 /// and the serial of the ledger it was noted in, to give it back with.
@@ -195,33 +118,6 @@ pub(crate) enum Mode {
     /// key ran up locally.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     Empty,
-}
-
-/// The least time between two sweeps by time (µs); see [`Sweep`].
-const SWEEP_MIN_PERIOD: u64 = 1_000_000;
-
-/// See [`SWEEP_MIN_PERIOD`].
-const SWEEP_MIN_LEN: usize = 64;
-
-/// A pass that drops entries reading as full, as part of an ordinary call.
-/// Which entries reading as full it drops depends on why it runs, so that a
-/// key in use is not dropped and made again at every pass (at a high rate,
-/// a key reads as full a moment after each call).
-#[derive(Debug, Clone, Copy)]
-enum Sweep {
-    /// At the first call a sweep period (the refill period, and at least
-    /// [`SWEEP_MIN_PERIOD`]) after the last sweep by time: the entries idle
-    /// for half a period at least, so that a shard flooded once shrinks as
-    /// soon as it is used again. One pass per period.
-    Time,
-    /// When a new key finds the shard twice as large as after the last
-    /// sweep (and [`SWEEP_MIN_LEN`] at least): the entries idle since the
-    /// last sweep by time. A pass over `n` entries follows at least `n / 2`
-    /// new keys: constant work per call, amortized.
-    Growth,
-    /// When a new key finds the shard at its cap: every entry that reads as
-    /// full, before any that does not is dropped.
-    Cap,
 }
 
 /// What one call on a shard dropped to stay within its cap.
@@ -294,11 +190,6 @@ impl<K: Hash + Eq + Clone> Shard<K> {
         let now = table.clamp(read);
         (table, now)
     }
-}
-
-/// The least time between two sweeps by time, for keys of `template`.
-fn sweep_period(template: &State) -> u64 {
-    template.refill_micros().max(SWEEP_MIN_PERIOD)
 }
 
 impl<K> Table<K> {
@@ -495,153 +386,6 @@ impl<K: Hash + Eq + Clone> Table<K> {
         now
     }
 
-    /// Drops the entries that read as full at `now` and were last used
-    /// before `before` (see [`Sweep`]), except those with a reservation that
-    /// may still wait, then the ledgers no longer needed (see
-    /// [`Waiting::needed`]), and gives memory back once the maps are mostly
-    /// empty.
-    fn sweep(&mut self, now: u64, kind: Sweep) {
-        let before = match kind {
-            Sweep::Time => {
-                self.last_sweep = now;
-                now.saturating_sub(self.sweep_period / 2)
-            }
-            Sweep::Growth => self.last_sweep,
-            Sweep::Cap => u64::MAX,
-        };
-        let template = &self.template;
-        let ledgers = &self.ledgers;
-        // Even reading as full, a key whose give-backs may still move its
-        // state is kept with its ledger. (One whose reservations have all
-        // passed their moment goes: restoring the last one would leave it
-        // full too.)
-        let waits =
-            |key: &K| !ledgers.is_empty() && ledgers.get(key).is_some_and(|w| now < w.until);
-        if let Some(config) = &self.config {
-            self.words.retain(|key, cell| {
-                let word = *cell.get_mut();
-                !(word::last_use(word, config) < before
-                    && reads_as_full(template, &Entry::decoded(word, now, config), now)
-                    && !waits(key))
-            });
-        }
-        self.states.retain(|key, entry| {
-            !(entry.next_free_micros < before && reads_as_full(template, entry, now) && !waits(key))
-        });
-        self.forget_ledgers(now);
-        self.sweep_len = (2 * self.len()).max(SWEEP_MIN_LEN);
-        // After a flood of keys a map keeps its size: give the memory back
-        // once it is mostly empty.
-        for (len, capacity) in [
-            (self.words.len(), self.words.capacity()),
-            (self.states.len(), self.states.capacity()),
-        ] {
-            if capacity > 4 * len.max(SWEEP_MIN_LEN) {
-                self.words.shrink_to(2 * self.words.len());
-                self.states.shrink_to(2 * self.states.len());
-                break;
-            }
-        }
-    }
-
-    /// Makes room for one more entry: a sweep by growth when the shard has
-    /// doubled since the last sweep; under the cap, the entries that read as
-    /// full and, if that is not enough, the least recently used sixteenth
-    /// of the shard (so that a flood of new keys costs a constant amount of
-    /// work per key, amortized).
-    fn make_room(&mut self, now: u64) -> Dropped {
-        if self.mode == Mode::Full && self.len() >= self.sweep_len {
-            self.sweep(now, Sweep::Growth);
-        }
-        let Some(cap) = self.cap else {
-            return Dropped::default();
-        };
-        if self.len() < cap {
-            return Dropped::default();
-        }
-        if self.mode == Mode::Full {
-            self.sweep(now, Sweep::Cap);
-            if self.len() < cap {
-                return Dropped::default();
-            }
-        }
-        let batch = (cap / 16).max(1).min(self.len());
-        let mut stamps: Vec<u64> = match &self.config {
-            Some(config) => self
-                .words
-                .values_mut()
-                .map(|cell| word::last_use(*cell.get_mut(), config))
-                .collect(),
-            None => Vec::new(),
-        };
-        stamps.extend(self.states.values().map(|entry| entry.next_free_micros));
-        let (_, cutoff, _) = stamps.select_nth_unstable(batch - 1);
-        let cutoff = *cutoff;
-        let mut left = batch;
-        if let Some(config) = &self.config {
-            self.words.retain(|_, cell| {
-                if left > 0 && word::last_use(*cell.get_mut(), config) <= cutoff {
-                    left -= 1;
-                    false
-                } else {
-                    true
-                }
-            });
-        }
-        self.states.retain(|_, entry| {
-            if left > 0 && entry.next_free_micros <= cutoff {
-                left -= 1;
-                false
-            } else {
-                true
-            }
-        });
-        // The dropped keys' ledgers go with them.
-        self.forget_ledgers(now);
-        Dropped {
-            unfinished: (batch - left) as u64,
-            latest: if left < batch { cutoff } else { 0 },
-        }
-    }
-
-    /// Drops the ledgers of the keys no longer held and those no longer
-    /// needed (see [`Waiting::needed`]), and gives the memory back once
-    /// the map is mostly empty.
-    fn forget_ledgers(&mut self, now: u64) {
-        if self.ledgers.is_empty() {
-            return;
-        }
-        let (words, states, config) = (&self.words, &self.states, self.config.as_ref());
-        self.ledgers.retain(|key, waiting| {
-            held_entry(words, states, config, key, now)
-                .is_some_and(|entry| waiting.needed(&entry, now))
-        });
-        self.release_ledgers();
-    }
-
-    /// Drops the ledger of `key`.
-    fn forget_ledger<Q>(&mut self, key: &Q)
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        self.ledgers.remove(key);
-        self.release_ledgers();
-    }
-
-    /// Gives the ledger map's memory back: all of it once no key has a
-    /// ledger, most of it once it is mostly empty.
-    fn release_ledgers(&mut self) {
-        let (len, capacity) = (self.ledgers.len(), self.ledgers.capacity());
-        if len == 0 {
-            if capacity > 0 {
-                self.ledgers.shrink_to_fit();
-            }
-        } else if capacity > 4 * len.max(SWEEP_MIN_LEN) {
-            self.ledgers.shrink_to(2 * len);
-        }
-    }
-
     /// Reserves `permits` of `key` at `now` if its debt fits in `timeout`
     /// µs (`u64::MAX`: always), under the write lock. Returns the wait and,
     /// for a reservation that has to wait and is `record`ed (to be given
@@ -814,162 +558,6 @@ impl<K: Hash + Eq + Clone> Table<K> {
             .get(key)
             .map_or(now, |entry| entry.next_free_micros)
     }
-
-    /// The ticket of `key` (at `now`), if held.
-    pub(super) fn ticket<Q>(&self, key: &Q, now: u64) -> Option<u64>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        held_entry(&self.words, &self.states, self.config.as_ref(), key, now)
-            .map(|entry| entry.next_free_micros)
-    }
-
-    /// The keys held.
-    pub(super) fn keys(&self) -> impl Iterator<Item = &K> {
-        self.states.keys().chain(self.words.keys())
-    }
-
-    /// Removes `key` if its ticket (at `now`) is at most `until`; whether
-    /// it is no longer held.
-    pub(super) fn forget_if_paid<Q>(&mut self, key: &Q, until: u64, now: u64) -> bool
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        match self.ticket(key, now) {
-            None => true,
-            Some(ticket) if ticket <= until => {
-                if !self.ledgers.is_empty() {
-                    self.forget_ledger(key);
-                }
-                self.states.remove(key);
-                self.words.remove(key);
-                true
-            }
-            Some(_) => false,
-        }
-    }
-
-    /// Holds `key` with nothing stored and the ticket at `until`, unless it
-    /// is held already.
-    pub(super) fn open<Q>(&mut self, key: &Q, until: u64, now: u64) -> Dropped
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        if self.states.contains_key(key) || self.words.contains_key(key) {
-            return Dropped::default();
-        }
-        let dropped = self.make_room(now);
-        let mut state = self.full_state(now);
-        state.stored_permits = 0.0;
-        state.next_free_micros = until.max(now);
-        self.put(key, &state, now);
-        dropped
-    }
-
-    /// Forgets a reservation of `key` that will never be given back (its
-    /// permits were kept), in the ledger it was noted in (see
-    /// [`Ledger::keep`]): the ledger stays as small as what may still be
-    /// given back, and goes once nothing is left in it to give back.
-    pub(super) fn keep<Q>(&mut self, key: &Q, taken: &Recorded)
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        if self.ledgers.is_empty() {
-            return;
-        }
-        let Some(waiting) = self.ledgers.get_mut(key) else {
-            return;
-        };
-        if waiting.serial != taken.serial {
-            return;
-        }
-        waiting.ledger.keep(&taken.reserved);
-        if waiting.ledger.is_empty() {
-            // Nothing left that could be given back, nor restored.
-            self.forget_ledger(key);
-        }
-    }
-
-    /// Gives back a reservation of `key`, through the ledger it was noted
-    /// in (see [`Ledger::give_back`]).
-    ///
-    /// Without that ledger, nothing is given back: the key was dropped (as
-    /// full, where it still reads as full, or to the cap), or its ledger was
-    /// no longer needed (every reservation noted in it had passed its
-    /// moment, and the last could no longer be restored), and through it
-    /// the reservation would give nothing back either. A give-back still
-    /// does to the key's present ledger, if any, what a give-back of a
-    /// reservation it no longer holds does: it merges the groups whose
-    /// moment has passed (so that their reservations are no longer the
-    /// latest, as with one ledger all along).
-    pub(super) fn give_back<Q>(&mut self, key: &Q, taken: &Recorded, now: u64) -> GiveBack
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        if self.ledgers.is_empty() || !self.ledgers.contains_key(key) {
-            return GiveBack::Nothing;
-        }
-        let mut state = self.get(key, now).expect("a key with a ledger is held");
-        let waiting = self.ledgers.get_mut(key).expect("just seen");
-        let outcome = if waiting.serial == taken.serial {
-            let outcome = waiting.ledger.give_back(&mut state, &taken.reserved, now);
-            if outcome == GiveBack::Restored {
-                // The last reservation with a wait, undone.
-                waiting.last = None;
-            }
-            outcome
-        } else {
-            // No group of this ledger, and a moment passed: nothing, once
-            // the groups whose moment has passed have merged (as a
-            // give-back through one ledger all along would merge them).
-            waiting.ledger.expire(now);
-            GiveBack::Nothing
-        };
-        if !waiting.needed(&Entry::of(&state), now) {
-            self.forget_ledger(key);
-        }
-        self.put(key, &state, now);
-        outcome
-    }
-
-    /// Changes every key's rate at `now`, as `State::set_rate` does for one
-    /// limiter. The rate has been checked.
-    pub(super) fn set_rate(&mut self, permits_per_second: f64, now: u64) {
-        // Every key as numbers, under the old configuration...
-        if let Some(config) = self.config.take() {
-            let words = std::mem::take(&mut self.words);
-            self.states.extend(
-                words
-                    .into_iter()
-                    .map(|(key, cell)| (key, Entry::decoded(cell.into_inner(), now, &config))),
-            );
-        }
-        let template = self.template.clone();
-        for entry in self.states.values_mut() {
-            let mut state = entry.state(&template);
-            state
-                .set_rate(permits_per_second, now)
-                .expect("the rate was checked");
-            *entry = Entry::of(&state);
-        }
-        // Terms at the old rate: what is waiting now gives back only what
-        // the ledger can still vouch for (erring late).
-        for waiting in self.ledgers.values_mut() {
-            waiting.ledger.clear();
-            waiting.last = None;
-        }
-        self.template
-            .set_rate(permits_per_second, now)
-            .expect("the rate was checked");
-        self.sweep_period = sweep_period(&self.template);
-        // ... then as words under the new one, where they fit.
-        self.configure(now);
-    }
 }
 
 impl<K> fmt::Debug for Shard<K> {
@@ -1002,20 +590,4 @@ where
         return Some(Entry::decoded(cell.load(Relaxed), now, config));
     }
     states.get(key).copied()
-}
-
-/// Whether `entry` reads as full at `now`, i.e. as a missing key does: its
-/// ticket has passed and idle time has refilled every stored permit (the
-/// core's own resync decides, to the bit). Dropping it then changes nothing
-/// a caller can see.
-fn reads_as_full(template: &State, entry: &Entry, now: u64) -> bool {
-    // A ticket at `now` with a fraction still lies ahead.
-    if entry.next_free_micros > now
-        || (entry.next_free_micros == now && entry.next_free_fraction > 0)
-    {
-        return false;
-    }
-    let mut state = entry.state(template);
-    state.resync(now);
-    state.stored_permits.to_bits() == state.max_permits.to_bits()
 }

@@ -31,6 +31,8 @@
 //!   moment passes, each key whose reported debt ends earlier is charged
 //!   up to it once, on its first call: that errs towards limiting.
 
+mod local;
+
 use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet};
 use std::fmt::Display;
@@ -46,17 +48,18 @@ use tokio::sync::Notify;
 use tokio::sync::futures::Notified;
 
 use super::Fallback;
-use super::backend::{Backend, ProbeTarget, Recover, blocking_section};
+use super::backend::{Backend, ProbeTarget, Recover};
 use super::health::Zone;
 use super::naming;
 use super::round_trip::{Canceller, Failure, send};
+use super::runtime::blocking_section;
 use super::script::{Call, Reply, ScriptArgs, Token};
 use crate::clock::Clock;
 use crate::core::{Policy, State, stable_interval_micros};
 use crate::error::BackendError;
 use crate::keyed::Mode;
 use crate::reservation::{GiveBackTo, Pending, Taken};
-use crate::store::{Now, Store};
+use crate::store::{Now, Rate, Store};
 use crate::{Error, KeyedRateLimiter, Reservation};
 
 /// Where a limiter's keys live in Redis.
@@ -327,7 +330,7 @@ where
         timeout: Option<Duration>,
     ) -> Result<Option<Duration>, Error> {
         let Some(this) = self.this.upgrade() else {
-            return Err(super::backend::shut_down());
+            return Err(super::runtime::shut_down());
         };
         self.backend.block_on(async move {
             let taken = this.take(&key, permits, timeout, false).await?;
@@ -435,327 +438,6 @@ where
         let bound = self.backend.response_timeout.saturating_mul(2);
         let _ = tokio::time::timeout(bound, carried).await;
     }
-
-    /// Serves `key` from the fallback (or fails open or closed): opens the
-    /// key at its floor and runs `serve` on the local limiter, under the
-    /// lock. `Err` with a wake-up to await if the key is being carried back
-    /// (the caller then routes again).
-    fn serve_locally<'a, Q>(
-        &'a self,
-        key: &Q,
-        target: &ProbeTarget,
-        failure: Option<BackendError>,
-        serve: impl FnOnce(&'a KeyedRateLimiter<K, C>) -> Result<Option<Reservation<'a>>, Error>,
-    ) -> Result<Result<Option<Reservation<'a>>, Error>, Carried<'a>>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        self.backend.health.count_fallback_call();
-        if self.fallback == Fallback::FailClosed {
-            return Ok(Err(self.closed_error(failure)));
-        }
-        let books = self.books();
-        if books.carrying.contains(key) {
-            let carried = self.carried.notified();
-            drop(books);
-            return Err(Box::pin(carried));
-        }
-        self.activate();
-        if self.local.ticket(key).is_none() {
-            let floor = self.floor(&books, key);
-            self.local.open(key, floor);
-        }
-        let served = match self.fallback {
-            Fallback::Local => serve(&self.local),
-            _ => Ok(Some(Reservation::new(
-                Duration::ZERO,
-                self.local.clock(),
-                None,
-            ))),
-        };
-        drop(books);
-        if !self.is_down(target) {
-            // Redis came back meanwhile: carry the key back now.
-            self.carry_all();
-        }
-        Ok(served)
-    }
-
-    /// The wait of `key` while its part of Redis is down: the fallback's if
-    /// it holds the key, its floor otherwise (nothing is opened).
-    fn query_locally<'a, Q>(
-        &'a self,
-        key: &Q,
-        failure: Option<BackendError>,
-    ) -> Result<Result<Duration, Error>, Carried<'a>>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        self.backend.health.count_fallback_call();
-        match self.fallback {
-            Fallback::FailClosed => return Ok(Err(self.closed_error(failure))),
-            Fallback::FailOpen => return Ok(Ok(Duration::ZERO)),
-            Fallback::Local => {}
-        }
-        let books = self.books();
-        if books.carrying.contains(key) {
-            let carried = self.carried.notified();
-            drop(books);
-            return Err(Box::pin(carried));
-        }
-        let now = self.now();
-        let until = match self.local.ticket(key) {
-            Some(_) => return Ok(Ok(self.local.wait_of(key))),
-            None => self.floor(&books, key),
-        };
-        Ok(Ok(Duration::from_micros(until.saturating_sub(now))))
-    }
-
-    /// The fallback holds keys from now on: the backend tells this limiter
-    /// when Redis recovers, so that they go back even if never called.
-    fn activate(&self) {
-        self.active.store(true, Ordering::Release);
-        if !self.registered.swap(true, Ordering::AcqRel) {
-            let this: Weak<dyn Recover> = self.this.clone();
-            self.backend.on_recovery(this);
-        }
-    }
-
-    /// Where `key` opens in the fallback: no earlier than now, the end of
-    /// the debt Redis reported for it, and the fallback's dropped keys.
-    fn floor<Q>(&self, books: &Books<K>, key: &Q) -> u64
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        let known = match books.known.get(key) {
-            Some(&until) => until,
-            None => books.overflow[self.bucket(key)],
-        };
-        self.now().max(known).max(self.local.dropped_until())
-    }
-
-    fn bucket<Q: Hash + ?Sized>(&self, key: &Q) -> usize {
-        (self.bucket_hasher.hash_one(key) % BUCKETS as u64) as usize
-    }
-
-    /// Remembers how long `key` owes after a Redis reply.
-    fn note_debt<Q>(&self, key: &Q, debt_micros: u64)
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        if debt_micros == 0 && self.known_len.load(Ordering::Relaxed) == 0 {
-            return;
-        }
-        let mut books = self.books();
-        let now = self.now();
-        self.note_debt_in(&mut books, key, now, debt_micros);
-        self.known_len.store(books.known.len(), Ordering::Relaxed);
-    }
-
-    fn note_debt_in<Q>(&self, books: &mut Books<K>, key: &Q, now: u64, debt_micros: u64)
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        if debt_micros == 0 {
-            books.known.remove(key);
-            return;
-        }
-        let until = now.saturating_add(debt_micros);
-        if let Some(known) = books.known.get_mut(key) {
-            *known = until;
-            return;
-        }
-        if books.known.len() >= self.max_local_keys {
-            books.known.retain(|_, until| *until > now);
-        }
-        if books.known.len() >= self.max_local_keys {
-            // Kept coarsely: a key of this bucket opens no earlier.
-            let bucket = &mut books.overflow[self.bucket(key)];
-            *bucket = (*bucket).max(until);
-        } else {
-            books.known.insert(key.to_owned(), until);
-        }
-    }
-
-    /// The exact end of the debt Redis reported for `key`, if it is known
-    /// (0 otherwise: what Redis holds is then taken to be nothing, which
-    /// errs towards limiting).
-    fn known_exactly<Q>(&self, key: &Q) -> u64
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        self.books().known.get(key).copied().unwrap_or(0)
-    }
-
-    /// After an outage in which the fallback dropped keys with debts: the
-    /// first call of a key whose debt Redis reported ends before the
-    /// latest dropped ticket is charged up to it (once: Redis then reports
-    /// the debt).
-    async fn charge_floor<Q>(&self, key: &Q, target: &ProbeTarget) -> Result<(), Failure>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        let dropped = self.local.dropped_until();
-        if dropped == 0 || self.fallback != Fallback::Local || dropped <= self.now() {
-            return Ok(());
-        }
-        let known = self.now().max(self.known_exactly(key));
-        if dropped <= known {
-            return Ok(());
-        }
-        let resume = Call::Resume {
-            debt_micros: self.at_shared_rate(dropped - known),
-        };
-        match self.send(key, target, resume).await {
-            Ok(_) | Err(Failure::Refused(_)) => Ok(()),
-            Err(down) => Err(down),
-        }
-    }
-
-    /// Time at the local rate, as time at the shared rate (the same permits
-    /// take `local_fraction` of it there).
-    fn at_shared_rate(&self, local_micros: u64) -> u64 {
-        (local_micros as f64 * self.local_fraction) as u64
-    }
-
-    /// Carries `key` back in the background (its caller marked it as being
-    /// carried; the mark goes when the carry-back ends or is dropped).
-    fn spawn_carry(&self, key: K) {
-        let Some(failover) = self.this.upgrade() else {
-            return;
-        };
-        let marked = Marked { failover, key };
-        self.backend.spawn(async move {
-            marked.failover.carry(&marked.key).await;
-        });
-    }
-
-    /// Carries the fallback's debt of `key` into its Redis key: one resume
-    /// with what the fallback granted beyond what Redis knew, then the
-    /// fallback forgets the key. If Redis is down again, the key stays in
-    /// the fallback, with its debt. (Its caller's [`Marked`] then wakes the
-    /// key's callers.)
-    async fn carry(&self, key: &K) {
-        let target = self.target(key);
-        let mut known = self.known_exactly(key);
-        while let Some(ticket) = self.local.ticket(key) {
-            let debt = ticket.saturating_sub(self.now().max(known));
-            let resume = Call::Resume {
-                debt_micros: self.at_shared_rate(debt),
-            };
-            match self.send(key, &target, resume).await {
-                Ok(_) => {
-                    if self.local.forget_if_paid(key, ticket) {
-                        break;
-                    }
-                    // Granted meanwhile (it should not be): the rest.
-                    known = ticket;
-                }
-                // The key holds something else: calls report it.
-                Err(Failure::Refused(_)) => {
-                    self.local.forget_if_paid(key, u64::MAX);
-                    break;
-                }
-                Err(Failure::Down(_)) => break,
-            }
-        }
-    }
-
-    /// Carries every key the fallback holds back to Redis (64 at a time),
-    /// skipping keys whose part of Redis is still down and keys already on
-    /// their way. Runs once at a time; asked while running, it runs again.
-    pub(crate) fn carry_all(&self) {
-        if self.carrying_all.swap(true, Ordering::AcqRel) {
-            self.again.store(true, Ordering::Release);
-            return;
-        }
-        let Some(this) = self.this.upgrade() else {
-            self.carrying_all.store(false, Ordering::Release);
-            return;
-        };
-        self.backend.spawn(async move {
-            loop {
-                this.again.store(false, Ordering::Release);
-                let keys = this.local.keys();
-                futures::stream::iter(keys)
-                    .for_each_concurrent(CARRY_CONCURRENCY, |key| {
-                        let this = &this;
-                        async move {
-                            if this.is_down(&this.target(&key)) {
-                                return;
-                            }
-                            if !this.books().carrying.insert(key.clone()) {
-                                return;
-                            }
-                            let marked = Marked {
-                                failover: Arc::clone(this),
-                                key,
-                            };
-                            this.carry(&marked.key).await;
-                        }
-                    })
-                    .await;
-                this.settle();
-                if !this.again.swap(false, Ordering::AcqRel) {
-                    this.carrying_all.store(false, Ordering::Release);
-                    // Asked again between the check and the store: run.
-                    if !this.again.load(Ordering::Acquire)
-                        || this.carrying_all.swap(true, Ordering::AcqRel)
-                    {
-                        break;
-                    }
-                }
-            }
-        });
-    }
-
-    /// Once the fallback holds nothing, calls skip the lock again.
-    fn settle(&self) {
-        let books = self.books();
-        if books.carrying.is_empty() && self.local.is_empty() {
-            self.active.store(false, Ordering::Release);
-        }
-    }
-
-    fn closed_error(&self, failure: Option<BackendError>) -> Error {
-        let keys = match &self.naming {
-            Naming::Single { key, .. } => format!("key {key}"),
-            Naming::Keyed { prefix } => format!("keys {prefix}*"),
-        };
-        Error::Backend(failure.unwrap_or_else(|| {
-            BackendError::new(
-                format!(
-                    "Redis is unavailable and the limiter fails closed ({keys}; last error: {})",
-                    self.backend.health.last_error()
-                ),
-                None,
-            )
-        }))
-    }
-
-    /// The debt the fallback holds for `key`, in µs from now (for tests
-    /// and stats).
-    #[allow(dead_code)]
-    pub(crate) fn local_debt<Q>(&self, key: &Q) -> u64
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        self.local
-            .ticket(key)
-            .map_or(0, |ticket| ticket.saturating_sub(self.now()))
-    }
-
-    pub(crate) fn local_len(&self) -> usize {
-        self.local.len()
-    }
 }
 
 impl<K, C, Q> Store<Q> for Failover<K, C>
@@ -796,7 +478,13 @@ where
     fn next_free(&self, key: &Q) -> impl Future<Output = Result<Duration, Error>> + Send {
         self.query(key)
     }
+}
 
+impl<K, C> Rate for Failover<K, C>
+where
+    K: Display + Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
         Failover::set_rate(self, permits_per_second)
     }
@@ -877,101 +565,4 @@ where
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-    use crate::clock::FakeClock;
-    use crate::core::Bursty;
-    use crate::redis::backend::RuntimeRef;
-    use crate::redis::connection::Target;
-
-    const SECOND: u64 = 1_000_000;
-
-    /// A keyed fail-over at 1 permit/s on a fake clock, on a backend that
-    /// never connects (these tests only read and write its books).
-    fn failover(max_local_keys: usize) -> (Arc<Failover<String, FakeClock>>, FakeClock) {
-        let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
-        let backend = Arc::new(Backend::new(
-            Target::Single(client),
-            RuntimeRef::Owned(None),
-            Duration::from_millis(100),
-            Duration::from_millis(100),
-        ));
-        let clock = FakeClock::new();
-        clock.advance(Duration::from_secs(100));
-        let failover = Failover::new(Parts {
-            backend,
-            naming: Naming::Keyed {
-                prefix: "throttler:t:".to_owned(),
-            },
-            policy: Policy::Bursty(Bursty::new(Duration::ZERO)),
-            rate: 1.0,
-            fallback: Fallback::Local,
-            local_fraction: 1.0,
-            max_local_keys,
-            clock: clock.clone(),
-        })
-        .unwrap();
-        (failover, clock)
-    }
-
-    fn floor(failover: &Failover<String, FakeClock>, key: &str) -> u64 {
-        failover.floor(&failover.books(), key)
-    }
-
-    #[test]
-    fn a_known_debt_sets_where_the_key_opens() {
-        let (failover, clock) = failover(10);
-        let now = clock.now_micros();
-        failover.note_debt("a", 10 * SECOND);
-        assert_eq!(floor(&failover, "a"), now + 10 * SECOND);
-        assert_eq!(failover.known_exactly("a"), now + 10 * SECOND);
-        // Unknown keys open now; a reply with no debt forgets one.
-        assert_eq!(floor(&failover, "b"), now);
-        failover.note_debt("a", 0);
-        assert_eq!(floor(&failover, "a"), now);
-    }
-
-    #[test]
-    fn debts_beyond_the_cap_are_kept_per_bucket_and_err_towards_limiting() {
-        let (failover, clock) = failover(2);
-        let now = clock.now_micros();
-        for key in ["a", "b", "c"] {
-            failover.note_debt(key, 10 * SECOND);
-        }
-        assert_eq!(failover.books().known.len(), 2);
-        // Every key still opens no earlier than its debt ends...
-        for key in ["a", "b", "c"] {
-            assert!(floor(&failover, key) >= now + 10 * SECOND, "{key}");
-        }
-        // ...but the one that did not fit is not known exactly: its
-        // carry-back counts what Redis holds as nothing.
-        assert_eq!(failover.known_exactly("c"), 0);
-        // A key sharing its bucket opens late too (limiting, never granting).
-        let bucket = failover.bucket("c");
-        let neighbour = (0..)
-            .map(|i| format!("n{i}"))
-            .find(|key| failover.bucket(key.as_str()) == bucket)
-            .unwrap();
-        assert_eq!(floor(&failover, &neighbour), now + 10 * SECOND);
-        // Debts that have ended make room again.
-        clock.advance(Duration::from_secs(11));
-        failover.note_debt("d", SECOND);
-        assert_eq!(failover.known_exactly("d"), clock.now_micros() + SECOND);
-    }
-
-    #[test]
-    fn keys_open_no_earlier_than_a_ticket_the_fallback_dropped() {
-        let (failover, clock) = failover(1);
-        let now = clock.now_micros();
-        // The fallback holds one key; a second drops the first, whose
-        // ticket lies 10 s ahead.
-        failover.local.open("a", now);
-        failover.local.reserve("a", 10).unwrap();
-        failover.local.open("b", now);
-        assert!(failover.local.ticket("a").is_none());
-        assert!(failover.local.dropped_until() >= now + 10 * SECOND);
-        assert!(floor(&failover, "c") >= now + 10 * SECOND);
-    }
-}
+mod tests;

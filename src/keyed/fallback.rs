@@ -1,0 +1,81 @@
+//! What a Redis limiter's fallback needs of a keyed limiter: its keys'
+//! tickets, opening a key at a floor, forgetting a key once paid.
+
+use std::borrow::Borrow;
+use std::hash::Hash;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use super::KeyedRateLimiter;
+use crate::clock::Clock;
+
+/// # For a Redis limiter's fallback
+///
+/// The fallback holds the keys it served in [`Mode::Empty`]; what a key
+/// owes Redis is read from its ticket.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+impl<K, C> KeyedRateLimiter<K, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    /// How long a request of `key` made now would wait.
+    pub(crate) fn wait_of<Q>(&self, key: &Q) -> Duration
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let read = self.clock.now_micros();
+        let next_free = self.shard(key).read().next_free(key, read);
+        Duration::from_micros(next_free.saturating_sub(read))
+    }
+
+    /// The ticket of `key` (µs on the clock), if it is held.
+    pub(crate) fn ticket<Q>(&self, key: &Q) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let now = self.clock.now_micros();
+        self.shard(key).read().ticket(key, now)
+    }
+
+    /// Forgets `key` if its ticket is at most `until`; whether it is no
+    /// longer held.
+    pub(crate) fn forget_if_paid<Q>(&self, key: &Q, until: u64) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (mut shard, now) = self.shard_now(key);
+        shard.forget_if_paid(key, until, now)
+    }
+
+    /// The keys held now.
+    pub(crate) fn keys(&self) -> Vec<K> {
+        let mut keys = Vec::new();
+        for shard in self.shards.iter() {
+            keys.extend(shard.0.read().keys().cloned());
+        }
+        keys
+    }
+
+    /// Holds `key` with nothing stored and its ticket at `until` (µs on the
+    /// clock), unless it is held already.
+    pub(crate) fn open<Q>(&self, key: &Q, until: u64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let (mut shard, now) = self.shard_now(key);
+        let dropped = shard.open(key, until, now);
+        drop(shard);
+        self.count_dropped(dropped);
+    }
+
+    /// At least the latest ticket of a key dropped to stay within the cap
+    /// before it had passed (0 if none was).
+    pub(crate) fn dropped_until(&self) -> u64 {
+        self.dropped_until.load(Relaxed)
+    }
+}

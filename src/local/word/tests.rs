@@ -1,0 +1,135 @@
+//! The word against the core, step by step.
+
+use super::*;
+use crate::core::Bursty;
+
+fn bursty(rate: f64) -> (State, Config, [Slot; 2]) {
+    let state = State::new(Policy::Bursty(Bursty::default()), rate, 0).unwrap();
+    let config = Config::new(&state, 0).unwrap();
+    let slots = [Slot::default(), Slot::default()];
+    slots[0].store(&config);
+    (state, config, slots)
+}
+
+#[test]
+fn the_word_layout_has_room_for_every_ticket() {
+    const { assert!(MAX_MICROS < MUTEX) };
+    const { assert!(WINDOW << FRAC_BITS == STORED) };
+    const { assert!(STORED << 1 == 1 << GEN_SHIFT) };
+    assert!(is_mutex(next_generation(0) | MUTEX));
+    assert!(!is_mutex(MAX_MICROS));
+    assert_eq!(next_generation(GEN_MASK << GEN_SHIFT), 0);
+}
+
+/// The word for `state` at `now` under `config`.
+fn word_of(state: &State, now: u64, config: &Config) -> u64 {
+    match encode(0, state, now, config) {
+        Encoded::Word(word) => word,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn empty_limiter_charges_like_the_core() {
+    let (mut state, config, slots) = bursty(5.0);
+    state.stored_permits = 0.0;
+    let empty = word_of(&state, 0, &config);
+    let Step::Granted { word, wait: 0 } = step(empty, 0, 1, u64::MAX, &slots) else {
+        panic!()
+    };
+    state.reserve(1, 0);
+    assert_eq!(word, word_of(&state, 0, &config));
+    let Step::Granted { word, wait } = step(word, 0, 1, u64::MAX, &slots) else {
+        panic!()
+    };
+    assert_eq!(wait, 200_000);
+    assert_eq!(step(word, 0, 1, 399_999, &slots), Step::Refused);
+    assert_eq!(decode(word, 0, &config).next_free, 400_000);
+}
+
+#[test]
+fn the_ticket_keeps_its_fraction_like_the_core() {
+    // 3 permits per µs: a third of a µs each, which whole µs would lose.
+    let (mut state, config, slots) = bursty(3e6);
+    state.stored_permits = 0.0;
+    let mut word = word_of(&state, 0, &config);
+    for _ in 0..1_000 {
+        let Step::Granted { word: next, wait } = step(word, 0, 1, u64::MAX, &slots) else {
+            panic!()
+        };
+        assert_eq!(wait, state.reserve(1, 0));
+        word = next;
+    }
+    let decoded = decode(word, 0, &config);
+    assert_eq!(
+        (decoded.next_free, decoded.fraction),
+        (state.next_free_micros, state.next_free_fraction)
+    );
+    assert_eq!(decoded.next_free, 333); // 1000 / 3 µs, and a third
+    assert_eq!(word, word_of(&state, 0, &config));
+}
+
+#[test]
+fn stored_permits_round_trip() {
+    let (mut state, config, slots) = bursty(5.0);
+    state.stored_permits = 0.0;
+    let empty = word_of(&state, 0, &config);
+    // Idle for a second: five stored; spend two.
+    let Step::Granted { word, wait: 0 } = step(empty, 1_000_000, 2, 0, &slots) else {
+        panic!()
+    };
+    assert_eq!(word & STORED, STORED);
+    let decoded = decode(word, 1_000_000, &config);
+    assert_eq!((decoded.stored, decoded.next_free), (3.0, 1_000_000));
+    state.reserve(2, 1_000_000);
+    assert_eq!(encode(0, &state, 1_000_000, &config), Encoded::Word(word));
+}
+
+#[test]
+fn stored_permits_behind_a_debt_need_mutex_mode() {
+    let (mut state, config, _) = bursty(5.0);
+    state.stored_permits = 1.0;
+    state.next_free_micros = 10;
+    assert_eq!(encode(0, &state, 5, &config), Encoded::Mutex);
+    state.stored_permits = 0.0;
+    assert!(matches!(encode(0, &state, 5, &config), Encoded::Word(_)));
+}
+
+#[test]
+fn far_times_need_a_rebase() {
+    let (mut state, config, slots) = bursty(5.0);
+    let later = WINDOW;
+    state.next_free_micros = later;
+    assert_eq!(encode(0, &state, later, &config), Encoded::Rebase);
+    assert_eq!(step(0, later, 1, 0, &slots), Step::Slow);
+}
+
+#[test]
+fn a_debt_past_the_window_needs_mutex_mode() {
+    let (mut state, _, slots) = bursty(5.0);
+    state.next_free_micros = WINDOW;
+    assert!(is_mutex(republish(0, &state, 0, &slots)));
+}
+
+#[test]
+fn warming_up_and_huge_bursts_run_in_mutex_mode() {
+    let warm = State::new(
+        Policy::WarmingUp(crate::core::WarmingUp::new(
+            std::time::Duration::from_secs(1),
+            3.0,
+        )),
+        5.0,
+        0,
+    )
+    .unwrap();
+    assert_eq!(Config::new(&warm, 0), None);
+    let huge = State::new(
+        Policy::Bursty(Bursty::new(std::time::Duration::from_secs(86_400))),
+        5.0,
+        0,
+    )
+    .unwrap();
+    assert_eq!(Config::new(&huge, 0), None);
+    let slots = [Slot::default(), Slot::default()];
+    assert!(is_mutex(republish(0, &huge, 0, &slots)));
+}

@@ -1,0 +1,332 @@
+//! Serving locally while Redis is down, and carrying back what was served:
+//! the books of known debts, the floor a key opens at, and the carry-back
+//! (see [the rule at every switch](super)).
+
+use super::*;
+
+impl<K, C> Failover<K, C>
+where
+    K: Display + Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    /// Serves `key` from the fallback (or fails open or closed): opens the
+    /// key at its floor and runs `serve` on the local limiter, under the
+    /// lock. `Err` with a wake-up to await if the key is being carried back
+    /// (the caller then routes again).
+    pub(super) fn serve_locally<'a, Q>(
+        &'a self,
+        key: &Q,
+        target: &ProbeTarget,
+        failure: Option<BackendError>,
+        serve: impl FnOnce(&'a KeyedRateLimiter<K, C>) -> Result<Option<Reservation<'a>>, Error>,
+    ) -> Result<Result<Option<Reservation<'a>>, Error>, Carried<'a>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.backend.health.count_fallback_call();
+        if self.fallback == Fallback::FailClosed {
+            return Ok(Err(self.closed_error(failure)));
+        }
+        let books = self.books();
+        if books.carrying.contains(key) {
+            let carried = self.carried.notified();
+            drop(books);
+            return Err(Box::pin(carried));
+        }
+        self.activate();
+        if self.local.ticket(key).is_none() {
+            let floor = self.floor(&books, key);
+            self.local.open(key, floor);
+        }
+        let served = match self.fallback {
+            Fallback::Local => serve(&self.local),
+            _ => Ok(Some(Reservation::new(
+                Duration::ZERO,
+                self.local.clock(),
+                None,
+            ))),
+        };
+        drop(books);
+        if !self.is_down(target) {
+            // Redis came back meanwhile: carry the key back now.
+            self.carry_all();
+        }
+        Ok(served)
+    }
+
+    /// The wait of `key` while its part of Redis is down: the fallback's if
+    /// it holds the key, its floor otherwise (nothing is opened).
+    pub(super) fn query_locally<'a, Q>(
+        &'a self,
+        key: &Q,
+        failure: Option<BackendError>,
+    ) -> Result<Result<Duration, Error>, Carried<'a>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.backend.health.count_fallback_call();
+        match self.fallback {
+            Fallback::FailClosed => return Ok(Err(self.closed_error(failure))),
+            Fallback::FailOpen => return Ok(Ok(Duration::ZERO)),
+            Fallback::Local => {}
+        }
+        let books = self.books();
+        if books.carrying.contains(key) {
+            let carried = self.carried.notified();
+            drop(books);
+            return Err(Box::pin(carried));
+        }
+        let now = self.now();
+        let until = match self.local.ticket(key) {
+            Some(_) => return Ok(Ok(self.local.wait_of(key))),
+            None => self.floor(&books, key),
+        };
+        Ok(Ok(Duration::from_micros(until.saturating_sub(now))))
+    }
+
+    /// The fallback holds keys from now on: the backend tells this limiter
+    /// when Redis recovers, so that they go back even if never called.
+    pub(super) fn activate(&self) {
+        self.active.store(true, Ordering::Release);
+        if !self.registered.swap(true, Ordering::AcqRel) {
+            let this: Weak<dyn Recover> = self.this.clone();
+            self.backend.on_recovery(this);
+        }
+    }
+
+    /// Where `key` opens in the fallback: no earlier than now, the end of
+    /// the debt Redis reported for it, and the fallback's dropped keys.
+    pub(super) fn floor<Q>(&self, books: &Books<K>, key: &Q) -> u64
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let known = match books.known.get(key) {
+            Some(&until) => until,
+            None => books.overflow[self.bucket(key)],
+        };
+        self.now().max(known).max(self.local.dropped_until())
+    }
+
+    pub(super) fn bucket<Q: Hash + ?Sized>(&self, key: &Q) -> usize {
+        (self.bucket_hasher.hash_one(key) % BUCKETS as u64) as usize
+    }
+
+    /// Remembers how long `key` owes after a Redis reply.
+    pub(super) fn note_debt<Q>(&self, key: &Q, debt_micros: u64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if debt_micros == 0 && self.known_len.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut books = self.books();
+        let now = self.now();
+        self.note_debt_in(&mut books, key, now, debt_micros);
+        self.known_len.store(books.known.len(), Ordering::Relaxed);
+    }
+
+    pub(super) fn note_debt_in<Q>(&self, books: &mut Books<K>, key: &Q, now: u64, debt_micros: u64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if debt_micros == 0 {
+            books.known.remove(key);
+            return;
+        }
+        let until = now.saturating_add(debt_micros);
+        if let Some(known) = books.known.get_mut(key) {
+            *known = until;
+            return;
+        }
+        if books.known.len() >= self.max_local_keys {
+            books.known.retain(|_, until| *until > now);
+        }
+        if books.known.len() >= self.max_local_keys {
+            // Kept coarsely: a key of this bucket opens no earlier.
+            let bucket = &mut books.overflow[self.bucket(key)];
+            *bucket = (*bucket).max(until);
+        } else {
+            books.known.insert(key.to_owned(), until);
+        }
+    }
+
+    /// The exact end of the debt Redis reported for `key`, if it is known
+    /// (0 otherwise: what Redis holds is then taken to be nothing, which
+    /// errs towards limiting).
+    pub(super) fn known_exactly<Q>(&self, key: &Q) -> u64
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.books().known.get(key).copied().unwrap_or(0)
+    }
+
+    /// After an outage in which the fallback dropped keys with debts: the
+    /// first call of a key whose debt Redis reported ends before the
+    /// latest dropped ticket is charged up to it (once: Redis then reports
+    /// the debt).
+    pub(super) async fn charge_floor<Q>(&self, key: &Q, target: &ProbeTarget) -> Result<(), Failure>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let dropped = self.local.dropped_until();
+        if dropped == 0 || self.fallback != Fallback::Local || dropped <= self.now() {
+            return Ok(());
+        }
+        let known = self.now().max(self.known_exactly(key));
+        if dropped <= known {
+            return Ok(());
+        }
+        let resume = Call::Resume {
+            debt_micros: self.at_shared_rate(dropped - known),
+        };
+        match self.send(key, target, resume).await {
+            Ok(_) | Err(Failure::Refused(_)) => Ok(()),
+            Err(down) => Err(down),
+        }
+    }
+
+    /// Time at the local rate, as time at the shared rate (the same permits
+    /// take `local_fraction` of it there).
+    pub(super) fn at_shared_rate(&self, local_micros: u64) -> u64 {
+        (local_micros as f64 * self.local_fraction) as u64
+    }
+
+    /// Carries `key` back in the background (its caller marked it as being
+    /// carried; the mark goes when the carry-back ends or is dropped).
+    pub(super) fn spawn_carry(&self, key: K) {
+        let Some(failover) = self.this.upgrade() else {
+            return;
+        };
+        let marked = Marked { failover, key };
+        self.backend.spawn(async move {
+            marked.failover.carry(&marked.key).await;
+        });
+    }
+
+    /// Carries the fallback's debt of `key` into its Redis key: one resume
+    /// with what the fallback granted beyond what Redis knew, then the
+    /// fallback forgets the key. If Redis is down again, the key stays in
+    /// the fallback, with its debt. (Its caller's [`Marked`] then wakes the
+    /// key's callers.)
+    pub(super) async fn carry(&self, key: &K) {
+        let target = self.target(key);
+        let mut known = self.known_exactly(key);
+        while let Some(ticket) = self.local.ticket(key) {
+            let debt = ticket.saturating_sub(self.now().max(known));
+            let resume = Call::Resume {
+                debt_micros: self.at_shared_rate(debt),
+            };
+            match self.send(key, &target, resume).await {
+                Ok(_) => {
+                    if self.local.forget_if_paid(key, ticket) {
+                        break;
+                    }
+                    // Granted meanwhile (it should not be): the rest.
+                    known = ticket;
+                }
+                // The key holds something else: calls report it.
+                Err(Failure::Refused(_)) => {
+                    self.local.forget_if_paid(key, u64::MAX);
+                    break;
+                }
+                Err(Failure::Down(_)) => break,
+            }
+        }
+    }
+
+    /// Carries every key the fallback holds back to Redis (64 at a time),
+    /// skipping keys whose part of Redis is still down and keys already on
+    /// their way. Runs once at a time; asked while running, it runs again.
+    pub(crate) fn carry_all(&self) {
+        if self.carrying_all.swap(true, Ordering::AcqRel) {
+            self.again.store(true, Ordering::Release);
+            return;
+        }
+        let Some(this) = self.this.upgrade() else {
+            self.carrying_all.store(false, Ordering::Release);
+            return;
+        };
+        self.backend.spawn(async move {
+            loop {
+                this.again.store(false, Ordering::Release);
+                let keys = this.local.keys();
+                futures::stream::iter(keys)
+                    .for_each_concurrent(CARRY_CONCURRENCY, |key| {
+                        let this = &this;
+                        async move {
+                            if this.is_down(&this.target(&key)) {
+                                return;
+                            }
+                            if !this.books().carrying.insert(key.clone()) {
+                                return;
+                            }
+                            let marked = Marked {
+                                failover: Arc::clone(this),
+                                key,
+                            };
+                            this.carry(&marked.key).await;
+                        }
+                    })
+                    .await;
+                this.settle();
+                if !this.again.swap(false, Ordering::AcqRel) {
+                    this.carrying_all.store(false, Ordering::Release);
+                    // Asked again between the check and the store: run.
+                    if !this.again.load(Ordering::Acquire)
+                        || this.carrying_all.swap(true, Ordering::AcqRel)
+                    {
+                        break;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Once the fallback holds nothing, calls skip the lock again.
+    pub(super) fn settle(&self) {
+        let books = self.books();
+        if books.carrying.is_empty() && self.local.is_empty() {
+            self.active.store(false, Ordering::Release);
+        }
+    }
+
+    pub(super) fn closed_error(&self, failure: Option<BackendError>) -> Error {
+        let keys = match &self.naming {
+            Naming::Single { key, .. } => format!("key {key}"),
+            Naming::Keyed { prefix } => format!("keys {prefix}*"),
+        };
+        Error::Backend(failure.unwrap_or_else(|| {
+            BackendError::new(
+                format!(
+                    "Redis is unavailable and the limiter fails closed ({keys}; last error: {})",
+                    self.backend.health.last_error()
+                ),
+                None,
+            )
+        }))
+    }
+
+    /// The debt the fallback holds for `key`, in µs from now (for tests
+    /// and stats).
+    #[allow(dead_code)]
+    pub(crate) fn local_debt<Q>(&self, key: &Q) -> u64
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.local
+            .ticket(key)
+            .map_or(0, |ticket| ticket.saturating_sub(self.now()))
+    }
+
+    pub(crate) fn local_len(&self) -> usize {
+        self.local.len()
+    }
+}

@@ -1,0 +1,98 @@
+//! The fail-over's books on a fake clock.
+
+use std::time::Duration;
+
+use super::*;
+use crate::clock::FakeClock;
+use crate::core::Bursty;
+use crate::redis::connection::Target;
+use crate::redis::runtime::RuntimeRef;
+
+const SECOND: u64 = 1_000_000;
+
+/// A keyed fail-over at 1 permit/s on a fake clock, on a backend that
+/// never connects (these tests only read and write its books).
+fn failover(max_local_keys: usize) -> (Arc<Failover<String, FakeClock>>, FakeClock) {
+    let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
+    let backend = Arc::new(Backend::new(
+        Target::Single(client),
+        RuntimeRef::Owned(None),
+        Duration::from_millis(100),
+        Duration::from_millis(100),
+    ));
+    let clock = FakeClock::new();
+    clock.advance(Duration::from_secs(100));
+    let failover = Failover::new(Parts {
+        backend,
+        naming: Naming::Keyed {
+            prefix: "throttler:t:".to_owned(),
+        },
+        policy: Policy::Bursty(Bursty::new(Duration::ZERO)),
+        rate: 1.0,
+        fallback: Fallback::Local,
+        local_fraction: 1.0,
+        max_local_keys,
+        clock: clock.clone(),
+    })
+    .unwrap();
+    (failover, clock)
+}
+
+fn floor(failover: &Failover<String, FakeClock>, key: &str) -> u64 {
+    failover.floor(&failover.books(), key)
+}
+
+#[test]
+fn a_known_debt_sets_where_the_key_opens() {
+    let (failover, clock) = failover(10);
+    let now = clock.now_micros();
+    failover.note_debt("a", 10 * SECOND);
+    assert_eq!(floor(&failover, "a"), now + 10 * SECOND);
+    assert_eq!(failover.known_exactly("a"), now + 10 * SECOND);
+    // Unknown keys open now; a reply with no debt forgets one.
+    assert_eq!(floor(&failover, "b"), now);
+    failover.note_debt("a", 0);
+    assert_eq!(floor(&failover, "a"), now);
+}
+
+#[test]
+fn debts_beyond_the_cap_are_kept_per_bucket_and_err_towards_limiting() {
+    let (failover, clock) = failover(2);
+    let now = clock.now_micros();
+    for key in ["a", "b", "c"] {
+        failover.note_debt(key, 10 * SECOND);
+    }
+    assert_eq!(failover.books().known.len(), 2);
+    // Every key still opens no earlier than its debt ends...
+    for key in ["a", "b", "c"] {
+        assert!(floor(&failover, key) >= now + 10 * SECOND, "{key}");
+    }
+    // ...but the one that did not fit is not known exactly: its
+    // carry-back counts what Redis holds as nothing.
+    assert_eq!(failover.known_exactly("c"), 0);
+    // A key sharing its bucket opens late too (limiting, never granting).
+    let bucket = failover.bucket("c");
+    let neighbour = (0..)
+        .map(|i| format!("n{i}"))
+        .find(|key| failover.bucket(key.as_str()) == bucket)
+        .unwrap();
+    assert_eq!(floor(&failover, &neighbour), now + 10 * SECOND);
+    // Debts that have ended make room again.
+    clock.advance(Duration::from_secs(11));
+    failover.note_debt("d", SECOND);
+    assert_eq!(failover.known_exactly("d"), clock.now_micros() + SECOND);
+}
+
+#[test]
+fn keys_open_no_earlier_than_a_ticket_the_fallback_dropped() {
+    let (failover, clock) = failover(1);
+    let now = clock.now_micros();
+    // The fallback holds one key; a second drops the first, whose
+    // ticket lies 10 s ahead.
+    failover.local.open("a", now);
+    failover.local.reserve("a", 10).unwrap();
+    failover.local.open("b", now);
+    assert!(failover.local.ticket("a").is_none());
+    assert!(failover.local.dropped_until() >= now + 10 * SECOND);
+    assert!(floor(&failover, "c") >= now + 10 * SECOND);
+}
