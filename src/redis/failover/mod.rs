@@ -332,10 +332,8 @@ where
         let Some(this) = self.this.upgrade() else {
             return Err(super::runtime::shut_down());
         };
-        self.backend.block_on(async move {
-            let taken = this.take(&key, permits, timeout, false).await?;
-            Ok(taken.map(Reservation::commit))
-        })?
+        self.backend
+            .block_on(async move { Store::take_wait(&*this, &key, permits, timeout).await })?
     }
 
     /// The current wait of `key`, from Redis or the fallback.
