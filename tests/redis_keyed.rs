@@ -145,9 +145,9 @@ async fn while_redis_is_down_the_fallback_serves_within_max_local_keys() {
         limiter.reserve(&key, 1).await.unwrap();
         assert!(start.elapsed() <= RESPONSE_TIMEOUT + SLACK);
         assert!(
-            limiter.local_len() <= 100,
+            limiter.stats().local_keys <= 100,
             "{} keys held",
-            limiter.local_len()
+            limiter.stats().local_keys
         );
     }
     assert!(limiter.is_degraded());
@@ -178,7 +178,7 @@ async fn each_key_carries_its_own_local_debt_back_to_redis() {
         wait + 50 * MS >= left && wait <= left + 50 * MS,
         "busy waits {wait:?}, its local debt left {left:?}"
     );
-    assert_eq!(limiter.local_len(), 0, "the fallback forgot the key");
+    assert_eq!(limiter.stats().local_keys, 0, "the fallback forgot the key");
     // A key the fallback never served starts afresh in the new server.
     assert_eq!(limiter.reserve(&quiet, 1).await.unwrap(), Duration::ZERO);
 }
@@ -231,14 +231,14 @@ async fn keys_not_called_again_carry_their_debt_back_too() {
             Duration::ZERO
         );
     }
-    assert_eq!(limiter.local_len(), 20);
+    assert_eq!(limiter.stats().local_keys, 20);
     server.restart();
     within(Duration::from_secs(5), || !limiter.is_degraded())
         .await
         .expect("recovers after the restart");
     // One call on another key: the others go back in the background.
     limiter.reserve("someone-else", 1).await.unwrap();
-    within(Duration::from_secs(2), || limiter.local_len() == 0)
+    within(Duration::from_secs(2), || limiter.stats().local_keys == 0)
         .await
         .expect("the fallback's keys are carried back");
     let mut con = server.connection();

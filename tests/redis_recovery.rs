@@ -53,7 +53,7 @@ async fn keys_carried_back_in_the_background_get_no_burst_meanwhile() {
     for key in &keys {
         assert_eq!(limiter.reserve(key, 20).await.unwrap(), Duration::ZERO);
     }
-    assert_eq!(limiter.local_len(), 1_000);
+    assert_eq!(limiter.stats().local_keys, 1_000);
     server.restart();
     recovered(|| !limiter.is_degraded()).await;
     // At once, while the carry-back runs: no key reads as idle.
@@ -74,7 +74,7 @@ async fn keys_carried_back_in_the_background_get_no_burst_meanwhile() {
         granted.len(),
         &granted[..granted.len().min(5)]
     );
-    let carried = within(Duration::from_secs(5), || limiter.local_len() == 0)
+    let carried = within(Duration::from_secs(5), || limiter.stats().local_keys == 0)
         .await
         .expect("every key goes back");
     eprintln!("1 000 keys carried back within {carried:?} of the sweep");
@@ -166,7 +166,7 @@ async fn available_in_during_an_outage_reports_the_debt_redis_reported() {
         wait + 300 * MS >= left && wait <= left + 50 * MS,
         "available_in says {wait:?}; the debt left is {left:?}"
     );
-    assert_eq!(limiter.local_len(), 0, "a query opens nothing");
+    assert_eq!(limiter.stats().local_keys, 0, "a query opens nothing");
     assert_eq!(
         limiter
             .try_reserve("owes", 1, Duration::ZERO)

@@ -80,26 +80,37 @@ use super::State;
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Reserved {
+    #[doc(hidden)]
     /// When the reserved permits may be used.
     pub moment_micros: u64,
+    #[doc(hidden)]
     /// `stored_permits` before the reservation (before its resync).
     pub stored_before: f64,
+    #[doc(hidden)]
     /// `next_free_micros` before the reservation (before its resync).
     pub next_free_before: u64,
+    #[doc(hidden)]
     /// `next_free_fraction` before the reservation (before its resync).
     pub fraction_before: u32,
+    #[doc(hidden)]
     /// `stored_permits` after it.
     pub stored_after: f64,
+    #[doc(hidden)]
     /// `next_free_micros` after it: `moment_micros` plus its charge.
     pub next_free_after: u64,
+    #[doc(hidden)]
     /// `next_free_fraction` after it.
     pub fraction_after: u32,
+    #[doc(hidden)]
     /// `stable_interval_micros` when it was made.
     pub stable_interval_micros: f64,
+    #[doc(hidden)]
     /// `max_permits` when it was made.
     pub max_permits: f64,
+    #[doc(hidden)]
     /// Whether it spent stored permits.
     pub spent_stored: bool,
+    #[doc(hidden)]
     /// Its group in a [`Ledger`](super::Ledger), if it was made through one
     /// and had to wait; `None` from [`State::reserve_recorded`].
     pub waiting_id: Option<u64>,

@@ -149,7 +149,10 @@ mod ledger;
 mod warming_up;
 
 pub use bursty::Bursty;
+// The give-back's bookkeeping is public for the differential tests only.
+#[doc(hidden)]
 pub use give_back::{GiveBack, Reserved};
+#[doc(hidden)]
 pub use ledger::Ledger;
 pub use warming_up::WarmingUp;
 
@@ -187,6 +190,7 @@ const MICROS_PER_SECOND: f64 = 1_000_000.0;
 /// The ticket keeps this many bits below the microsecond: its fraction
 /// ([`State::next_free_fraction`]) counts units of 2^-20 µs (about a
 /// picosecond).
+#[doc(hidden)]
 pub const FRACTION_BITS: u32 = 20;
 
 /// One microsecond in fraction units: 2^20.
@@ -196,6 +200,7 @@ const FRACTION_ONE: u64 = 1 << FRACTION_BITS;
 /// to the fraction unit; longer ones to the whole microsecond (see
 /// [`State::charge`]). It keeps every intermediate value below 2^53, so the
 /// Lua mirror computes them exactly.
+#[doc(hidden)]
 pub const FINE_CHARGE_LIMIT_MICROS: f64 = 4_294_967_296.0;
 
 /// The stable interval for a rate, in microseconds: `1e6 / permits_per_second`.
@@ -316,26 +321,35 @@ impl Policy {
 /// assert_eq!(state.try_reserve(1, 0, 100_000), None); // 400 ms > 100 ms timeout
 /// assert_eq!(state.try_reserve(1, 300_000, 100_000), Some(100_000));
 /// ```
+// Its fields are public for the crate's differential tests only, and hidden
+// from the docs: they are not part of the API.
 #[derive(Debug, Clone, PartialEq)]
 pub struct State {
+    #[doc(hidden)]
     /// Permits saved up while idle, in `0.0..=max_permits`.
     pub stored_permits: f64,
+    #[doc(hidden)]
     /// The most permits that can be stored.
     pub max_permits: f64,
+    #[doc(hidden)]
     /// Microseconds between two permits at the stable rate; `0.0` for an
     /// infinite rate.
     pub stable_interval_micros: f64,
+    #[doc(hidden)]
     /// The moment the next request may go, in whole microseconds. In the
     /// past when the limiter is idle (until the next
     /// [`resync`](State::resync) moves it to `now`).
     pub next_free_micros: u64,
+    #[doc(hidden)]
     /// The ticket's part below the microsecond, in units of 2^-20 µs
     /// (`0..2^20`): the ticket is `next_free_micros + next_free_fraction /
     /// 2^20` µs. Waits are whole microseconds; this carries what they leave
     /// out, so that the schedule never drifts (see "Numbers" above).
     pub next_free_fraction: u32,
+    #[doc(hidden)]
     /// The rate as the user set it.
     pub permits_per_second: f64,
+    #[doc(hidden)]
     /// What stored permits cost.
     pub policy: Policy,
 }

@@ -76,7 +76,9 @@ pub struct WarmingUp {
     /// The cold interval as a multiple of the stable interval (`>= 1`).
     pub cold_factor: f64,
     /// Stored permits above this cost more than the stable interval.
+    #[doc(hidden)]
     pub threshold_permits: f64,
+    #[doc(hidden)]
     /// How much dearer each stored permit above the threshold is, in
     /// microseconds per permit.
     pub slope: f64,

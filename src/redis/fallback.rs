@@ -46,4 +46,7 @@ pub struct RedisStats {
     pub recoveries: u64,
     /// How many calls the fallback served.
     pub fallback_calls: u64,
+    /// The keys a keyed limiter's fallback holds now (served locally, not
+    /// yet carried back to Redis); 0 from a backend or an unkeyed limiter.
+    pub local_keys: usize,
 }

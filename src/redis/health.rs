@@ -215,6 +215,7 @@ impl Health {
             fallbacks: self.fallbacks.load(Ordering::Relaxed),
             recoveries: self.recoveries.load(Ordering::Relaxed),
             fallback_calls: self.fallback_calls.load(Ordering::Relaxed),
+            local_keys: 0,
         }
     }
 }

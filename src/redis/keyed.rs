@@ -17,7 +17,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::store::{Keyed, Store};
 use crate::{Error, Reservation};
 
-/// The default [`max_local_keys`](RedisKeyedBuilder::max_local_keys).
+/// The default [`max_local_keys`](KeyedRedisBuilder::max_local_keys).
 pub const DEFAULT_MAX_LOCAL_KEYS: usize = 100_000;
 
 /// One rate per key (user, tenant, API key), shared by every process that
@@ -39,7 +39,7 @@ pub const DEFAULT_MAX_LOCAL_KEYS: usize = 100_000;
 /// While the backend is degraded, [`Fallback::Local`] serves each key from
 /// a [`KeyedRateLimiter`](crate::KeyedRateLimiter) in this process, at the
 /// rate times `local_fraction`, holding at most
-/// [`max_local_keys`](RedisKeyedBuilder::max_local_keys) keys. A key opens
+/// [`max_local_keys`](KeyedRedisBuilder::max_local_keys) keys. A key opens
 /// there with nothing stored (no burst) and with the debt Redis last
 /// reported for it, so a saturated key stays saturated. Once Redis is
 /// back, a key the fallback served is carried back (what it granted goes
@@ -74,7 +74,7 @@ pub struct KeyedRedisRateLimiter<K, C: Clock = SystemClock> {
 /// Builds a [`KeyedRedisRateLimiter`]; see
 /// [`RedisBackend::keyed_limiter`](super::RedisBackend::keyed_limiter).
 #[must_use = "a builder does nothing until .build() is called"]
-pub struct RedisKeyedBuilder<K, C = SystemClock> {
+pub struct KeyedRedisBuilder<K, C = SystemClock> {
     pub(crate) backend: Arc<Backend>,
     pub(crate) name: String,
     pub(crate) config: PolicyConfig,
@@ -85,7 +85,7 @@ pub struct RedisKeyedBuilder<K, C = SystemClock> {
     pub(crate) key: std::marker::PhantomData<fn(K)>,
 }
 
-impl<K, C: Clock + Clone> RedisKeyedBuilder<K, C> {
+impl<K, C: Clock + Clone> KeyedRedisBuilder<K, C> {
     policy_setters!();
     fallback_setters!();
 
@@ -104,8 +104,8 @@ impl<K, C: Clock + Clone> RedisKeyedBuilder<K, C> {
     }
 
     /// The clock waits are slept on (Redis's clock decides the waits).
-    pub fn clock<C2: Clock + Clone>(self, clock: C2) -> RedisKeyedBuilder<K, C2> {
-        RedisKeyedBuilder {
+    pub fn clock<C2: Clock + Clone>(self, clock: C2) -> KeyedRedisBuilder<K, C2> {
+        KeyedRedisBuilder {
             backend: self.backend,
             name: self.name,
             config: self.config,
@@ -150,9 +150,9 @@ impl<K, C: Clock + Clone> RedisKeyedBuilder<K, C> {
     }
 }
 
-impl<K, C: fmt::Debug> fmt::Debug for RedisKeyedBuilder<K, C> {
+impl<K, C: fmt::Debug> fmt::Debug for KeyedRedisBuilder<K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisKeyedBuilder")
+        f.debug_struct("KeyedRedisBuilder")
             .field("name", &self.name)
             .field("config", &self.config)
             .field("fallback", &self.fallback)
@@ -164,18 +164,16 @@ impl<K, C: fmt::Debug> fmt::Debug for RedisKeyedBuilder<K, C> {
 /// # Reserving and waiting
 ///
 /// Each method is [`RedisRateLimiter`](super::RedisRateLimiter)'s for one
-/// key, looked up by any `&Q` it borrows as. Every async method here is
-/// cancel-safe; the crate's [cancel-safety table](crate#cancel-safety) says
-/// how exactly.
+/// key, looked up by any `&Q` it borrows as, with the same
+/// [errors](super::RedisRateLimiter#errors) and the same cancel safety,
+/// graded in the crate's [cancel-safety table](crate#cancel-safety).
 impl<K, C> KeyedRedisRateLimiter<K, C>
 where
     K: Display + Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
 {
     /// Reserves `permits` of `key`; the wait. Does not sleep.
-    ///
-    /// # Errors
-    /// As [`RedisRateLimiter::reserve`](super::RedisRateLimiter::reserve).
+    /// Cancel-safe: dropped in flight, what it reserved is given back.
     pub async fn reserve<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
     where
         K: Borrow<Q>,
@@ -186,9 +184,7 @@ where
 
     /// Reserves `permits` of `key` if the wait fits in `timeout`; `None`,
     /// reserving nothing, otherwise.
-    ///
-    /// # Errors
-    /// As [`RedisRateLimiter::reserve`](super::RedisRateLimiter::reserve).
+    /// Cancel-safe: dropped in flight, what it reserved is given back.
     pub async fn try_reserve<Q>(
         &self,
         key: &Q,
@@ -204,9 +200,7 @@ where
 
     /// Reserves `permits` of `key` as a [`Reservation`]: wait for it, or
     /// drop it to give the permits back.
-    ///
-    /// # Errors
-    /// As [`RedisRateLimiter::reserve`](super::RedisRateLimiter::reserve).
+    /// Cancel-safe: dropped in flight, what it reserved is given back.
     pub async fn reservation<Q>(&self, key: &Q, permits: u32) -> Result<Reservation<'_>, Error>
     where
         K: Borrow<Q>,
@@ -216,9 +210,7 @@ where
     }
 
     /// [`reservation`](Self::reservation) if the wait fits in `timeout`.
-    ///
-    /// # Errors
-    /// As [`RedisRateLimiter::reserve`](super::RedisRateLimiter::reserve).
+    /// Cancel-safe: dropped in flight, what it reserved is given back.
     pub async fn try_reservation<Q>(
         &self,
         key: &Q,
@@ -232,11 +224,9 @@ where
         Store::try_reservation(&*self.inner, key, permits, timeout).await
     }
 
-    /// Reserves `permits` of `key` and sleeps for the wait; dropped, it
-    /// gives back what it took.
-    ///
-    /// # Errors
-    /// As [`RedisRateLimiter::reserve`](super::RedisRateLimiter::reserve).
+    /// Reserves `permits` of `key` and sleeps for the wait.
+    /// Cancel-safe: dropped, in flight or asleep, it gives back what it
+    /// took.
     pub async fn acquire<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
     where
         K: Borrow<Q>,
@@ -246,10 +236,7 @@ where
     }
 
     /// [`acquire`](Self::acquire) if the wait fits in `timeout`; `false` at
-    /// once, reserving nothing, otherwise.
-    ///
-    /// # Errors
-    /// As [`RedisRateLimiter::reserve`](super::RedisRateLimiter::reserve).
+    /// once, reserving nothing, otherwise. Cancel-safe as `acquire`.
     pub async fn try_acquire<Q>(
         &self,
         key: &Q,
@@ -264,9 +251,7 @@ where
     }
 
     /// How long a request of `key` made now would wait; reserves nothing.
-    ///
-    /// # Errors
-    /// As [`RedisRateLimiter::reserve`](super::RedisRateLimiter::reserve).
+    /// Cancel-safe: it takes nothing.
     pub async fn available_in<Q>(&self, key: &Q) -> Result<Duration, Error>
     where
         K: Borrow<Q>,
@@ -276,9 +261,6 @@ where
     }
 
     /// [`acquire`](Self::acquire) on the calling thread.
-    ///
-    /// # Errors
-    /// As [`RedisRateLimiter::acquire_blocking`](super::RedisRateLimiter::acquire_blocking).
     pub fn acquire_blocking<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
     where
         K: Borrow<Q>,
@@ -288,9 +270,6 @@ where
     }
 
     /// [`try_acquire`](Self::try_acquire) on the calling thread.
-    ///
-    /// # Errors
-    /// As [`RedisRateLimiter::acquire_blocking`](super::RedisRateLimiter::acquire_blocking).
     pub fn try_acquire_blocking<Q>(
         &self,
         key: &Q,
@@ -336,13 +315,18 @@ where
         self.inner.is_degraded()
     }
 
-    /// The backend's health counters.
+    /// The backend's health counters, with the keys this limiter's fallback
+    /// holds now ([`local_keys`](RedisStats::local_keys): at most
+    /// `max_local_keys`).
     pub fn stats(&self) -> RedisStats {
-        self.inner.backend.health.stats()
+        RedisStats {
+            local_keys: self.inner.local_len(),
+            ..self.inner.backend.health.stats()
+        }
     }
 
-    /// The keys the local fallback holds now (served locally, not yet
-    /// carried back to Redis): at most `max_local_keys`.
+    /// The keys the local fallback holds now.
+    #[deprecated(note = "read stats().local_keys, named like KeyedStats::keys")]
     pub fn local_len(&self) -> usize {
         self.inner.local_len()
     }

@@ -49,10 +49,16 @@ pub struct RedisRateLimiter<C: Clock = SystemClock> {
 
 /// # Reserving and waiting
 ///
-/// Every async method here is cancel-safe: a round trip whose future is
-/// dropped is awaited in the background and what it reserved is given
-/// back; a dropped [`Reservation`] is given back by one script call. How
-/// exactly: the crate's [cancel-safety table](crate#cancel-safety).
+/// Each method's one line on cancel safety is graded in the crate's
+/// [cancel-safety table](crate#cancel-safety).
+///
+/// # Errors
+/// Every method here returns [`Error::InvalidArgument`] if `permits` is 0,
+/// and [`Error::Backend`] if Redis fails and the fallback is
+/// [`FailClosed`](super::Fallback::FailClosed), or if the key holds
+/// something this limiter did not write. The blocking forms also return
+/// [`Error::InvalidArgument`] on the thread that drives the current-thread
+/// runtime the limiter runs on (blocking it would stop that runtime).
 impl<C: Clock> RedisRateLimiter<C> {
     pub(crate) fn from_arc(inner: Arc<Failover<NoKey, C>>) -> Self {
         RedisRateLimiter { inner }
@@ -68,24 +74,14 @@ impl<C: Clock> RedisRateLimiter<C> {
 
     /// Reserves `permits`; the wait before they may be used. Does not
     /// sleep; nothing gives the permits back.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if `permits` is 0; [`Error::Backend`] if
-    /// Redis fails and the fallback is
-    /// [`FailClosed`](super::Fallback::FailClosed), or the key holds
-    /// something else.
+    /// Cancel-safe: dropped in flight, what it reserved is given back.
     pub async fn reserve(&self, permits: u32) -> Result<Duration, Error> {
         Store::reserve(&*self.inner, &NoKey, permits).await
     }
 
     /// Reserves `permits` if the wait fits in `timeout`; `None`, reserving
     /// nothing, otherwise. Does not sleep.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if `permits` is 0; [`Error::Backend`] if
-    /// Redis fails and the fallback is
-    /// [`FailClosed`](super::Fallback::FailClosed), or the key holds
-    /// something else.
+    /// Cancel-safe: dropped in flight, what it reserved is given back.
     pub async fn try_reserve(
         &self,
         permits: u32,
@@ -95,25 +91,15 @@ impl<C: Clock> RedisRateLimiter<C> {
     }
 
     /// Reserves `permits` as a [`Reservation`]: wait for it, or drop it to
-    /// give the permits back.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if `permits` is 0; [`Error::Backend`] if
-    /// Redis fails and the fallback is
-    /// [`FailClosed`](super::Fallback::FailClosed), or the key holds
-    /// something else.
+    /// give the permits back (one script call).
+    /// Cancel-safe: dropped in flight, what it reserved is given back.
     pub async fn reservation(&self, permits: u32) -> Result<Reservation<'_>, Error> {
         Store::reservation(&*self.inner, &NoKey, permits).await
     }
 
     /// [`reservation`](Self::reservation) if the wait fits in `timeout`;
     /// `None`, reserving nothing, otherwise.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if `permits` is 0; [`Error::Backend`] if
-    /// Redis fails and the fallback is
-    /// [`FailClosed`](super::Fallback::FailClosed), or the key holds
-    /// something else.
+    /// Cancel-safe: dropped in flight, what it reserved is given back.
     pub async fn try_reservation(
         &self,
         permits: u32,
@@ -122,35 +108,22 @@ impl<C: Clock> RedisRateLimiter<C> {
         Store::try_reservation(&*self.inner, &NoKey, permits, timeout).await
     }
 
-    /// Reserves `permits` and sleeps for the wait; the time slept. Dropped,
-    /// it gives back what it took, so `tokio::time::timeout(d,
-    /// limiter.acquire(n))` bounds a wait correctly.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if `permits` is 0; [`Error::Backend`] if
-    /// Redis fails and the fallback is
-    /// [`FailClosed`](super::Fallback::FailClosed), or the key holds
-    /// something else.
+    /// Reserves `permits` and sleeps for the wait; the time slept.
+    /// Cancel-safe: dropped, in flight or asleep, it gives back what it
+    /// took, so `tokio::time::timeout(d, limiter.acquire(n))` bounds a wait
+    /// correctly.
     pub async fn acquire(&self, permits: u32) -> Result<Duration, Error> {
         Store::acquire(&*self.inner, &NoKey, permits).await
     }
 
     /// [`acquire`](Self::acquire) if the wait fits in `timeout`; `false` at
-    /// once, reserving nothing, otherwise.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if `permits` is 0; [`Error::Backend`] if
-    /// Redis fails and the fallback is
-    /// [`FailClosed`](super::Fallback::FailClosed), or the key holds
-    /// something else.
+    /// once, reserving nothing, otherwise. Cancel-safe as `acquire`.
     pub async fn try_acquire(&self, permits: u32, timeout: Duration) -> Result<bool, Error> {
         Store::try_acquire(&*self.inner, &NoKey, permits, timeout).await
     }
 
-    /// How long a request made now would wait; reserves nothing.
-    ///
-    /// # Errors
-    /// As [`reserve`](Self::reserve), but never for the arguments.
+    /// How long a request made now would wait; reserves nothing (never an
+    /// argument error). Cancel-safe: it takes nothing.
     pub async fn available_in(&self) -> Result<Duration, Error> {
         Store::available_in(&*self.inner, &NoKey).await
     }
@@ -160,19 +133,11 @@ impl<C: Clock> RedisRateLimiter<C> {
     /// [`build_blocking`](super::RedisBuilder::build_blocking)); it works
     /// from a plain thread, from `spawn_blocking` and from a task of a
     /// multi-thread runtime.
-    ///
-    /// # Errors
-    /// As [`reserve`](Self::reserve); also [`Error::InvalidArgument`] on
-    /// the thread that drives the current-thread runtime the limiter runs
-    /// on (blocking it would stop that runtime).
     pub fn acquire_blocking(&self, permits: u32) -> Result<Duration, Error> {
         Store::acquire_blocking(&*self.inner, &NoKey, permits)
     }
 
     /// [`try_acquire`](Self::try_acquire) on the calling thread.
-    ///
-    /// # Errors
-    /// As [`acquire_blocking`](Self::acquire_blocking).
     pub fn try_acquire_blocking(&self, permits: u32, timeout: Duration) -> Result<bool, Error> {
         Store::try_acquire_blocking(&*self.inner, &NoKey, permits, timeout)
     }

@@ -188,7 +188,11 @@ mod slots;
 
 pub use builder::{DEFAULT_PROBE_INTERVAL, DEFAULT_RESPONSE_TIMEOUT, RedisBuilder};
 pub use fallback::{Fallback, RedisStats};
-pub use keyed::{DEFAULT_MAX_LOCAL_KEYS, KeyedRedisRateLimiter, RedisKeyedBuilder};
+pub use keyed::{DEFAULT_MAX_LOCAL_KEYS, KeyedRedisBuilder, KeyedRedisRateLimiter};
+
+/// The former name of [`KeyedRedisBuilder`].
+#[deprecated(note = "renamed KeyedRedisBuilder, after the limiter it builds")]
+pub type RedisKeyedBuilder<K, C = crate::clock::SystemClock> = KeyedRedisBuilder<K, C>;
 pub use limiter::RedisRateLimiter;
 pub use naming::KEY_PREFIX;
 pub use script::Token;

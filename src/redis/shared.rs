@@ -14,7 +14,7 @@ use super::builder::{
 };
 use super::connection::Target;
 use super::fallback::RedisStats;
-use super::keyed::{DEFAULT_MAX_LOCAL_KEYS, RedisKeyedBuilder};
+use super::keyed::{DEFAULT_MAX_LOCAL_KEYS, KeyedRedisBuilder};
 use super::limiter::RedisRateLimiter;
 use super::runtime::{current_runtime, own_runtime};
 use crate::Error;
@@ -96,9 +96,9 @@ impl RedisBackend {
 
     /// A builder for a keyed limiter named `name` on this backend: one
     /// rate per key, each key its own Redis key `throttler:{name}:{key}`.
-    /// Its [`build`](RedisKeyedBuilder::build) does no I/O.
-    pub fn keyed_limiter<K>(&self, name: &str) -> RedisKeyedBuilder<K, SystemClock> {
-        RedisKeyedBuilder {
+    /// Its [`build`](KeyedRedisBuilder::build) does no I/O.
+    pub fn keyed_limiter<K>(&self, name: &str) -> KeyedRedisBuilder<K, SystemClock> {
+        KeyedRedisBuilder {
             backend: Arc::clone(&self.backend),
             name: name.to_owned(),
             config: PolicyConfig::default(),
