@@ -65,8 +65,8 @@
 //! # When Redis fails
 //!
 //! Every call returns within `response_timeout` (plus scheduling slack); "the
-//! fallback" is the one configured above. `tests/redis_reliability.rs` and
-//! `tests/redis_outages.rs` stage each row with a real `redis-server` (of the
+//! fallback" is the one configured above. `tests/redis/faults/` and
+//! `tests/redis/cancellation.rs` stage each row with a real `redis-server` (of the
 //! script refusals: out of memory, `READONLY`, `BUSY`, `LOADING` and
 //! `MASTERDOWN`).
 //!
@@ -106,7 +106,7 @@
 //!   limiting: a reservation may stay charged, a key may open later than it
 //!   had to, never granted twice.
 //!
-//! `tests/redis_recovery.rs` stages each of these moments; `tests/redis_chaos.rs`
+//! `tests/redis/recovery.rs` stages each of these moments; `tests/redis/chaos.rs`
 //! kills, stops, fills up and demotes a server at seeded moments while two
 //! processes call through it, and checks every sliding window of every key
 //! against the rate, the burst and the fallbacks' allowance.

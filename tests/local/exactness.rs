@@ -11,7 +11,7 @@
 //! all and 10^9 permits/s in chunks of 1 500 ran 50% fast.)
 //!
 //! Such schedules through the Redis script, which mirrors the core bit for
-//! bit, are checked in `tests/redis_exactness.rs` (its own rows, with the
+//! bit, are checked in `tests/redis/exactness.rs` (its own rows, with the
 //! missing-key reading as the start).
 
 use crate::support::fake;

@@ -1,9 +1,13 @@
 //! The local limiter: the algorithm's spec on a fake clock, bad input,
-//! cancel safety, concurrency, the trait. One test binary; each module is
-//! one former test file, its tests' names unchanged.
+//! cancel safety, concurrency, the trait, the lock-free word against the
+//! core, and a few smoke tests on the real clock. One test binary; each
+//! module is one former test file, its tests' names unchanged.
 
 #[path = "../support/mod.rs"]
 mod support;
+
+#[global_allocator]
+static ALLOCATOR: support::alloc::Counting = support::alloc::Counting;
 
 mod bad_input;
 mod bursty;
@@ -11,7 +15,9 @@ mod cancellation;
 mod concurrency;
 mod core_invariants;
 mod exactness;
+mod fast_path;
 mod limiter_trait;
+mod real_clock;
 mod set_rate;
 mod try_acquire;
 mod warming_up;

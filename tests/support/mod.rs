@@ -4,6 +4,7 @@
 //! rest would be dead code in that test binary.
 #![allow(dead_code)]
 
+pub mod alloc;
 pub mod fake;
 #[cfg(feature = "redis")]
 pub mod limiter_state;

@@ -31,3 +31,12 @@ pub async fn backend(client: redis::Client) -> throttler::redis::RedisBackend {
         .await
         .unwrap()
 }
+
+/// A limiter's builder on `client` with the tests' timeout and probe
+/// interval.
+pub fn builder(client: redis::Client, name: &str, rate: f64) -> throttler::redis::RedisBuilder {
+    throttler::redis::RedisRateLimiter::builder(client, name)
+        .permits_per_second(rate)
+        .response_timeout(RESPONSE_TIMEOUT)
+        .probe_interval(PROBE_INTERVAL)
+}

@@ -1,15 +1,12 @@
 //! `RedisRateLimiter` against a real redis-server started per test: the same
 //! verbs and semantics as the local limiter, one schedule for every instance
 //! whatever its own clock, blocking use, bad input.
-#![cfg(feature = "redis")]
-
-mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::redis_server::RedisServer;
 use redis::Commands;
-use support::redis_server::RedisServer;
 use throttler::clock::{Clock, FakeClock};
 use throttler::redis::{Fallback, RedisRateLimiter};
 use throttler::{Error, Limiter};

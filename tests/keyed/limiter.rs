@@ -2,50 +2,18 @@
 //! full, entries that read as full are forgotten with no visible change, and
 //! memory stays bounded (by the active keys, or by `max_keys`).
 
-mod support;
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::rng::Rng;
+use crate::support::alloc::bytes_in_use;
+use crate::support::rng::Rng;
 use throttler::clock::Clock;
 use throttler::clock::FakeClock;
 use throttler::core::{Bursty, GiveBack, Ledger, Policy, Reserved, State, WarmingUp};
 use throttler::{Error, KeyedLimiter, KeyedRateLimiter};
 
 const MS: Duration = Duration::from_millis(1);
-
-/// Counts the bytes each thread has allocated and not freed, so that a test
-/// sees what the limiter it drives holds (each test runs on a thread of its
-/// own).
-struct PerThread;
-
-thread_local! {
-    static IN_USE: Cell<isize> = const { Cell::new(0) };
-}
-
-unsafe impl GlobalAlloc for PerThread {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = IN_USE.try_with(|n| n.set(n.get() + layout.size() as isize));
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        let _ = IN_USE.try_with(|n| n.set(n.get() - layout.size() as isize));
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: PerThread = PerThread;
-
-/// The bytes this thread has allocated and not freed.
-fn bytes_in_use() -> isize {
-    IN_USE.with(Cell::get)
-}
 
 fn micros(d: Duration) -> u64 {
     d.as_micros() as u64

@@ -1,4 +1,3 @@
-#![cfg(feature = "redis")]
 //! Differential test: the Lua script (`lua/`) in Redis and `throttler::core::State`
 //! in Rust, driven by the same random sequences of reservations, tries,
 //! queries, probes, resumes, cancellations of earlier reservations, rate
@@ -30,19 +29,17 @@
 //! only up to `now` (earlier give-backs moved the ticket back) need that.
 //!
 //! Replay one sequence with
-//! `THROTTLER_DIFF_SEED=<seed> cargo test --test redis_differential -- --nocapture`;
+//! `THROTTLER_DIFF_SEED=<seed> cargo test --all-features --test redis differential -- --nocapture`;
 //! `THROTTLER_DIFF_SEQUENCES=<n>` changes how many sequences run.
-
-mod support;
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
+use crate::support::limiter_state::{LimiterState, Token};
+use crate::support::limiter_state::{THR3_MARKER, ledger_groups};
+use crate::support::redis_server::RedisServer;
+use crate::support::rng::Rng;
 use redis::Value;
-use support::limiter_state::{LimiterState, Token};
-use support::limiter_state::{THR3_MARKER, ledger_groups};
-use support::redis_server::RedisServer;
-use support::rng::Rng;
 use throttler::core::{Bursty, GiveBack, Ledger, MAX_MICROS, Policy, Reserved, State, WarmingUp};
 
 const SEQUENCES: u64 = 2_000;
@@ -1027,7 +1024,7 @@ fn lua_script_and_core_agree() {
         if let Err(what) = check(&seq, &mut con, &script, &mut totals) {
             panic!(
                 "the script and the core disagree: {what}\n{}\nreplay: \
-                 THROTTLER_DIFF_SEED={seed} cargo test --test redis_differential -- --nocapture",
+                 THROTTLER_DIFF_SEED={seed} cargo test --all-features --test redis differential -- --nocapture",
                 describe(&seq)
             );
         }

@@ -1,16 +1,13 @@
-//! The fault-injection proxy of `support::proxy`, checked against a real
+//! The fault-injection proxy of `crate::support::proxy`, checked against a real
 //! `redis-server`: it forwards, its faults look to a client the way they are
 //! meant to (a vanished peer hangs, a reset fails at once), new connections
 //! are not hit by faults aimed at existing ones, and its counts are right.
-#![cfg(feature = "redis")]
-
-mod support;
 
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use support::proxy::Proxy;
-use support::redis_server::RedisServer;
+use crate::support::proxy::Proxy;
+use crate::support::redis_server::RedisServer;
 
 /// Budget to connect (a round trip: redis-rs sends `CLIENT SETINFO`).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);

@@ -1,32 +1,12 @@
 //! The keyed limiter gives memory back: after a flood of keys has gone
 //! idle, the heap it holds falls back to what the active keys need (counted
-//! by a global allocator that tracks the bytes in use).
+//! by the support allocator: the bytes this thread holds).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
+use crate::support::alloc::bytes_in_use;
 use throttler::KeyedRateLimiter;
 use throttler::clock::FakeClock;
-
-struct Counting;
-
-static IN_USE: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        IN_USE.fetch_add(layout.size(), Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        IN_USE.fetch_sub(layout.size(), Relaxed);
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
 
 #[test]
 fn a_flood_of_idle_keys_gives_its_memory_back() {
@@ -37,11 +17,11 @@ fn a_flood_of_idle_keys_gives_its_memory_back() {
         .clock(clock.clone())
         .build()
         .unwrap();
-    let before = IN_USE.load(Relaxed);
+    let before = bytes_in_use();
     for key in 0..300_000u64 {
         limiter.reserve(&key, 1).unwrap();
     }
-    let flooded = IN_USE.load(Relaxed) - before;
+    let flooded = bytes_in_use() - before;
     assert!(flooded > 300_000 * 16, "{flooded} bytes for 300 000 keys");
     // A refill period later, ordinary calls on a few keys sweep every
     // shard (each at its first call), and the tables shrink.
@@ -52,7 +32,7 @@ fn a_flood_of_idle_keys_gives_its_memory_back() {
         }
         clock.advance(Duration::from_millis(1));
     }
-    let after = IN_USE.load(Relaxed).saturating_sub(before);
+    let after = (bytes_in_use() - before).max(0);
     assert!(limiter.len() <= 128, "{}", limiter.len());
     assert!(
         after < 256 * 1024,

@@ -12,21 +12,18 @@
 //! is the most permits one call takes; the last term is timing jitter at
 //! the window's edges).
 //!
-//! `cargo test --test redis_chaos` runs one seed (about 20 s); the ignored
+//! `cargo test --all-features --test redis chaos` runs one seed (about 20 s); the ignored
 //! soak runs `CHAOS_SEEDS` seeds (default 20) from `CHAOS_SEED` (default 1)
 //! and prints the worst window.
-#![cfg(feature = "redis")]
-
-mod support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::poll::backend;
-use support::redis_server::{RedisServer, free_port};
-use support::rng::Rng;
+use crate::support::poll::backend;
+use crate::support::redis_server::{RedisServer, free_port};
+use crate::support::rng::Rng;
 use throttler::redis::{KeyedRedisRateLimiter, RedisBackend, RedisRateLimiter};
 
 const RATE: f64 = 50.0;
@@ -232,7 +229,7 @@ async fn run(seed: u64, length: Duration) -> Worst {
         start_fault(&mut server, fault).await;
         tokio::time::sleep(Duration::from_millis(rng.range(200, 1_200))).await;
         end_fault(&mut server, fault).await;
-        let back = support::poll::within(Duration::from_secs(10), || {
+        let back = crate::support::poll::within(Duration::from_secs(10), || {
             processes
                 .iter()
                 .all(|p| !p.single.is_degraded() && !p.keyed.is_degraded())

@@ -1,16 +1,13 @@
 //! One `RedisBackend`, many limiters: one connection and one health state
 //! for all of them, limiters built without I/O, start while down, and each
 //! limiter's fallback debt carried into its own key on recovery.
-#![cfg(feature = "redis")]
-
-mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::poll::{RESPONSE_TIMEOUT, SLACK, backend, within};
-use support::proxy::Proxy;
-use support::redis_server::RedisServer;
+use crate::support::poll::{RESPONSE_TIMEOUT, SLACK, backend, within};
+use crate::support::proxy::Proxy;
+use crate::support::redis_server::RedisServer;
 use throttler::Error;
 use throttler::redis::{Fallback, RedisBackend};
 

@@ -1,17 +1,14 @@
 //! Keyed limiting through Redis: one backend, many keys, each its own Redis
 //! key; one connection; keys that expire once idle; a local fallback bounded
 //! by `max_local_keys` whose debts go back to Redis key by key.
-#![cfg(feature = "redis")]
-
-mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use support::poll::{RESPONSE_TIMEOUT, SLACK, backend, within};
-use support::redis_cluster::RedisCluster;
-use support::redis_server::RedisServer;
+use crate::support::poll::{RESPONSE_TIMEOUT, SLACK, backend, within};
+use crate::support::redis_cluster::RedisCluster;
+use crate::support::redis_server::RedisServer;
 use throttler::redis::{KeyedRedisRateLimiter, RedisBackend};
 use throttler::{Error, KeyedLimiter};
 

@@ -1,15 +1,12 @@
 //! Several limiter instances (separate connections, as separate processes
 //! would have) hammering one key: never more permits than the rate allows,
 //! and not much fewer; pacing across instances holds the rate.
-#![cfg(feature = "redis")]
-
-mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use support::redis_server::RedisServer;
+use crate::support::redis_server::RedisServer;
 use throttler::redis::RedisRateLimiter;
 
 async fn instances(

@@ -1,4 +1,3 @@
-#![cfg(feature = "redis")]
 //! The achieved rate of a saturated limiter through the Lua script (`lua/`) is
 //! exact at every rate, and every reply is the core's, bit for bit.
 //!
@@ -14,7 +13,7 @@
 //! (full, ticket at `T0`, no fraction), but with its recorded TTL end
 //! (`expires_micros`) far ahead and no TTL: so no write sets one. (A TTL
 //! the script sets is a few milliseconds of the explicit clock, which
-//! hardly moves, but runs on the real clock; `tests/redis_differential.rs`
+//! hardly moves, but runs on the real clock; `tests/redis/differential.rs`
 //! checks that bookkeeping.)
 //!
 //! Then the schedule: the key's final ticket (`next_free_micros` plus its
@@ -40,14 +39,12 @@
 //! The local limiters' counterpart is `tests/local/exactness.rs`.
 //! `THROTTLER_EXACT_N=<n>` changes the number of reservations per run.
 
-mod support;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use support::limiter_state::{LimiterState, Token};
-use support::redis_server::RedisServer;
+use crate::support::limiter_state::{LimiterState, Token};
+use crate::support::redis_server::RedisServer;
 use throttler::core::{Bursty, Policy, Reserved, State, WarmingUp};
 
 /// Reservations per run, unless `THROTTLER_EXACT_N` says otherwise.

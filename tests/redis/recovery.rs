@@ -1,14 +1,11 @@
 //! The moments around a switch to the fallback and back: each permit
 //! granted is counted once in the schedule every process sees. Real
 //! faults: a killed server, a stopped one (SIGSTOP, data kept).
-#![cfg(feature = "redis")]
-
-mod support;
 
 use std::time::{Duration, Instant};
 
-use support::poll::{backend, within};
-use support::redis_server::RedisServer;
+use crate::support::poll::{backend, within};
+use crate::support::redis_server::RedisServer;
 use throttler::redis::{Fallback, KeyedRedisRateLimiter, RedisBackend, RedisRateLimiter};
 
 const MS: Duration = Duration::from_millis(1);

@@ -1,4 +1,3 @@
-#![cfg(feature = "redis")]
 //! The Lua script (`lua/`) against a real Redis server: the interface (modes,
 //! arguments, replies, errors), what it writes and what it must not write,
 //! the value format and its upgrade, the clock, number precision (the
@@ -6,19 +5,17 @@
 //! recognise, expiry, and the cold modes (probe, resume, cancel).
 //! Expected waits are derived by hand from the rules in `throttler::core`.
 
-mod support;
-
 use std::net::TcpListener;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use redis::Value;
-use support::limiter_state::{
+use crate::support::limiter_state::{
     FRACTION_ONE, FRACTIONS_BYTES, LimiterState, MARKER, STATE_LEN, THR1_MARKER, THR3_MARKER,
     TOKEN_LEN, TOKEN_WITH_ID_LEN, Token, V0_STATE_LEN, fractions_field, ledger_groups,
     set_fractions_field,
 };
-use support::redis_server::RedisServer;
+use crate::support::redis_server::RedisServer;
+use redis::Value;
 
 /// A realistic "now": microseconds since the epoch, late 2023.
 const T0: u64 = 1_700_000_000_000_000;

@@ -1,13 +1,10 @@
 //! The Redis limiter on a three-master Redis Cluster: limiter keys land on
 //! every node and each key is limited on its own.
-#![cfg(feature = "redis")]
-
-mod support;
 
 use std::collections::HashSet;
 use std::time::Duration;
 
-use support::redis_cluster::RedisCluster;
+use crate::support::redis_cluster::RedisCluster;
 use throttler::redis::RedisRateLimiter;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,134 @@
+//! Callers that give up (`timeout(d, acquire(n))`, a dropped waiter, a
+//! caller dropped mid round trip): what they reserved through Redis is
+//! given back. Formerly in `redis_reliability.rs`.
+
+use std::time::{Duration, Instant};
+
+use crate::support::poll::builder;
+use crate::support::proxy::Proxy;
+use crate::support::redis_server::RedisServer;
+
+/// `timeout(1 ms, acquire(1))`, twenty times, at 10/s: each caller's
+/// reservation is given back, so at most one interval of debt is left
+/// instead of about two seconds. On loopback the round trip usually ends
+/// within the millisecond and the caller is dropped while it sleeps (its
+/// reservation's give-back); one dropped while its EVALSHA is still out is
+/// given back from the late reply (see
+/// `a_caller_dropped_mid_round_trip_gives_its_reservation_back`, which
+/// forces that case).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timed_out_acquires_through_redis_leave_at_most_one_interval_of_debt() {
+    let server = RedisServer::start();
+    let limiter = builder(server.client(), "dropped", 10.0)
+        .max_burst(Duration::ZERO)
+        .build()
+        .await
+        .unwrap();
+    let mut timed_out = 0;
+    for _ in 0..20 {
+        if tokio::time::timeout(Duration::from_millis(1), limiter.acquire(1))
+            .await
+            .is_err()
+        {
+            timed_out += 1;
+        }
+    }
+    assert!(timed_out >= 15, "{timed_out} of 20 timed out");
+    // Give-backs are sent in the background: let them land.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let debt = limiter.available_in().await.unwrap();
+    println!("debt after 20 dropped acquires: {debt:?} ({timed_out} timed out)");
+    assert!(debt <= Duration::from_millis(100), "debt left: {debt:?}");
+    assert!(!limiter.is_degraded());
+}
+
+/// Callers that give up while their EVALSHA is still on the wire (a proxy
+/// holds each request for 150 ms; they wait 20 ms) have still reserved in
+/// Redis: each late reply is awaited in the background and its reservation
+/// given back. The debt left is under one interval, where keeping them all
+/// would leave about one interval per caller. The response timeout (2 s)
+/// never abandons these round trips: this is the caller's drop alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_dropped_mid_round_trip_gives_its_reservation_back() {
+    const CALLERS: u32 = 6;
+    const LATENCY: Duration = Duration::from_millis(150);
+    const INTERVAL: Duration = Duration::from_millis(100);
+    let server = RedisServer::start();
+    let proxy = Proxy::in_front_of(&server);
+    let limiter = builder(proxy.client(), "dropped-in-flight", 10.0)
+        .max_burst(Duration::ZERO)
+        .response_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
+    // The connection is open and the key holds one interval of debt.
+    assert!(limiter.acquire(1).await.unwrap().is_zero());
+    proxy.set_latency(LATENCY);
+    let start = Instant::now();
+    for i in 0..CALLERS {
+        let dropped = tokio::time::timeout(Duration::from_millis(20), limiter.acquire(1)).await;
+        assert!(dropped.is_err(), "caller {i} was not dropped: {dropped:?}");
+    }
+    let sent = start.elapsed();
+    // Every request is still on its way to Redis (each takes 150 ms); the
+    // replies and the give-backs travel without delay.
+    assert!(sent < LATENCY, "the callers took {sent:?}");
+    proxy.set_latency(Duration::ZERO);
+    // The last request reaches Redis 150 ms after it was sent, its reply
+    // comes back and its give-back goes out at once: wait for that, with
+    // room for scheduling.
+    tokio::time::sleep(LATENCY + Duration::from_millis(150)).await;
+    let debt = limiter.available_in().await.unwrap();
+    // Kept, the reservations would end about CALLERS intervals after the
+    // first request reached Redis (at `start` plus the latency, or later).
+    let kept = (LATENCY + INTERVAL * CALLERS).saturating_sub(start.elapsed());
+    println!(
+        "debt after {CALLERS} callers dropped mid-round-trip: {debt:?} \
+         (about {kept:?} had they kept their reservations)"
+    );
+    assert!(
+        kept > INTERVAL * 2,
+        "too slow to tell a give-back from none: {kept:?} left of the kept reservations"
+    );
+    // A reservation is given back only while its moment lies ahead (one
+    // whose moment passed before its give-back arrived was "used"): every
+    // one kept has its moment in the past, so the ticket is less than one
+    // interval ahead.
+    assert!(debt <= INTERVAL, "debt left: {debt:?}");
+    let stats = limiter.stats();
+    assert_eq!(stats.fallbacks, 0, "{stats:?}");
+    assert!(!limiter.is_degraded());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_waiter_gives_its_slot_to_the_next_caller_through_redis() {
+    let server = RedisServer::start();
+    let limiter = builder(server.client(), "slots", 10.0)
+        .max_burst(Duration::ZERO)
+        .build()
+        .await
+        .unwrap();
+    let a = limiter.reservation(1).await.unwrap();
+    let b = limiter.reservation(1).await.unwrap();
+    let c = limiter.reservation(1).await.unwrap();
+    assert!(a.delay().is_zero());
+    let (b_delay, c_delay) = (b.delay(), c.delay());
+    assert!(
+        c_delay > b_delay + Duration::from_millis(80),
+        "{b_delay:?} {c_delay:?}"
+    );
+    drop(b);
+    tokio::time::sleep(Duration::from_millis(20)).await; // the give-back lands
+    let d = limiter.reservation(1).await.unwrap();
+    // D is scheduled at C's slot (a few ms of real time passed), not one
+    // interval later.
+    let gap = c_delay.saturating_sub(d.delay());
+    assert!(
+        gap <= Duration::from_millis(60),
+        "C at {c_delay:?}, D at {:?}",
+        d.delay()
+    );
+    a.commit();
+    c.commit();
+    d.commit();
+}

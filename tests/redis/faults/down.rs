@@ -1,0 +1,282 @@
+//! A server killed (`SIGKILL`, restarted empty on the same port), or not
+//! reachable when the service starts.
+
+use super::*;
+
+/// `SIGKILL`, then a new, empty server on the same port. (That the limiter
+/// serves from its fallback and comes back: the `killed_redis_*` tests.) Here:
+/// two instances of one limiter share the rate again after the restart, and
+/// the key, lost in the crash, does not open with a burst: the probe's
+/// resume call drops the stored permits a missing key would read as.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_on_the_same_port_instances_share_the_rate_again_without_a_burst() {
+    let mut server = RedisServer::start();
+    // The default burst: a missing key reads as 10 stored permits.
+    let a = builder(server.client(), "restarted", 10.0)
+        .build()
+        .await
+        .unwrap();
+    let b = builder(server.client(), "restarted", 10.0)
+        .build()
+        .await
+        .unwrap();
+    assert!(a.try_acquire(1, Duration::ZERO).await.unwrap());
+    assert!(b.try_acquire(1, Duration::ZERO).await.unwrap());
+
+    server.kill();
+    for limiter in [&a, &b] {
+        for _ in 0..3 {
+            let call = Instant::now();
+            let result = limiter.try_acquire(1, Duration::ZERO).await;
+            assert!(result.is_ok(), "the fallback serves: {result:?}");
+            assert!(call.elapsed() <= CALL_BOUND, "{:?}", call.elapsed());
+        }
+        assert!(limiter.is_degraded());
+    }
+
+    server.restart();
+    let took_a = recovered(&a, "a, after the restart").await;
+    let took_b = recovered(&b, "b, after the restart").await;
+    println!("restart: a back on Redis after {took_a:?}, b {took_b:?} later");
+    // Whatever debt the fallbacks carried in, let it pass.
+    let debt = a.available_in().await.unwrap();
+    assert!(debt <= 2 * INTERVAL, "{debt:?}");
+    tokio::time::sleep(debt + Duration::from_millis(10)).await;
+    let (a_local, b_local) = (a.stats().fallback_calls, b.stats().fallback_calls);
+
+    assert!(a.try_acquire(1, Duration::ZERO).await.unwrap());
+    // B sees A's permit: one rate, one key; and no stored permits.
+    assert!(!b.try_acquire(1, Duration::ZERO).await.unwrap());
+    let wait = b.available_in().await.unwrap();
+    assert!(
+        wait > Duration::from_millis(50) && wait <= INTERVAL,
+        "{wait:?}"
+    );
+    let mut granted = 0;
+    for _ in 0..10 {
+        for limiter in [&a, &b] {
+            if limiter.try_acquire(1, Duration::ZERO).await.unwrap() {
+                granted += 1;
+            }
+        }
+    }
+    assert!(
+        granted <= 1,
+        "{granted} of 20 granted at once after the restart"
+    );
+    let mut admin = server.connection();
+    let exists: bool = redis::cmd("EXISTS").arg(a.key()).query(&mut admin).unwrap();
+    assert!(exists, "the limiter's state is in the new server");
+    for (limiter, local) in [(&a, a_local), (&b, b_local)] {
+        let stats = limiter.stats();
+        assert_eq!(stats.fallback_calls, local, "{stats:?}");
+        assert_eq!((stats.fallbacks, stats.recoveries), (1, 1), "{stats:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_redis_with_local_fallback_never_fails_and_recovers_after_restart() {
+    let mut server = RedisServer::start();
+    let limiter = limiter(&server, Fallback::Local).await;
+    assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
+    assert!(!limiter.is_degraded());
+
+    server.kill();
+    let (slowest, results) = timed_calls(&limiter, 50).await;
+    assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+    assert!(
+        slowest <= RESPONSE_TIMEOUT + SLACK,
+        "a call took {slowest:?}"
+    );
+    assert!(limiter.is_degraded());
+    let stats = limiter.stats();
+    assert_eq!(stats.fallbacks, 1, "{stats:?}");
+    assert!(stats.fallback_calls >= 50, "{stats:?}");
+
+    server.restart();
+    let restarted = Instant::now();
+    while limiter.is_degraded() {
+        assert!(
+            restarted.elapsed() <= 2 * PROBE_INTERVAL + SLACK + RESPONSE_TIMEOUT,
+            "still degraded {:?} after the restart",
+            restarted.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    println!("back on Redis {:?} after the restart", restarted.elapsed());
+    assert!(
+        limiter
+            .try_acquire(1, Duration::from_secs(1))
+            .await
+            .unwrap()
+    );
+    let mut conn = server.connection();
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(limiter.key())
+        .query(&mut conn)
+        .unwrap();
+    assert!(exists, "calls reach Redis again");
+    assert_eq!(limiter.stats().recoveries, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_redis_with_fail_closed_returns_backend_errors() {
+    let mut server = RedisServer::start();
+    let limiter = limiter(&server, Fallback::FailClosed).await;
+    limiter.acquire(1).await.unwrap();
+    server.kill();
+    let (slowest, results) = timed_calls(&limiter, 20).await;
+    assert!(
+        slowest <= RESPONSE_TIMEOUT + SLACK,
+        "a call took {slowest:?}"
+    );
+    for result in results {
+        match result {
+            Err(Error::Backend(e)) => assert!(e.to_string().contains("Redis"), "{e}"),
+            other => panic!("expected Error::Backend, got {other:?}"),
+        }
+    }
+    assert!(limiter.is_degraded());
+    assert!(matches!(
+        limiter.available_in().await,
+        Err(Error::Backend(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_redis_with_fail_open_grants() {
+    let mut server = RedisServer::start();
+    let limiter = limiter(&server, Fallback::FailOpen).await;
+    server.kill();
+    let (slowest, results) = timed_calls(&limiter, 20).await;
+    assert!(
+        slowest <= RESPONSE_TIMEOUT + SLACK,
+        "a call took {slowest:?}"
+    );
+    assert!(
+        results.into_iter().all(|r| r.unwrap()),
+        "every call is granted"
+    );
+    assert_eq!(limiter.acquire(1_000_000).await.unwrap(), Duration::ZERO);
+}
+
+#[test]
+fn blocking_calls_survive_a_killed_redis_too() {
+    let mut server = RedisServer::start();
+    let limiter = RedisRateLimiter::builder(server.client(), "faults-blocking")
+        .permits_per_second(1000.0)
+        .response_timeout(RESPONSE_TIMEOUT)
+        .probe_interval(PROBE_INTERVAL)
+        .build_blocking()
+        .unwrap();
+    limiter.acquire_blocking(1).unwrap();
+    server.kill();
+    let start = Instant::now();
+    for _ in 0..10 {
+        limiter.acquire_blocking(1).unwrap();
+    }
+    assert!(start.elapsed() <= RESPONSE_TIMEOUT + SLACK + Duration::from_millis(20));
+    assert!(limiter.is_degraded());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_starts_while_redis_is_down_and_switches_when_it_is_up() {
+    let server = RedisServer::start();
+    let proxy = Proxy::in_front_of(&server);
+    proxy.refuse_new(true);
+    let start = Instant::now();
+    let limiter = builder(proxy.client(), "down-at-start", 10.0)
+        .build()
+        .await
+        .expect("builds while Redis is down");
+    assert!(start.elapsed() <= RESPONSE_TIMEOUT * 2 + SLACK);
+    assert!(limiter.is_degraded());
+    assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
+    // Failing fast is a choice.
+    let strict = builder(proxy.client(), "strict", 10.0)
+        .require_connection(true)
+        .build()
+        .await;
+    assert!(matches!(strict, Err(Error::Backend(_))), "{strict:?}");
+    // Bad options still fail at once.
+    let bad = builder(proxy.client(), "bad", -1.0).build().await;
+    assert!(matches!(bad, Err(Error::InvalidArgument(_))), "{bad:?}");
+
+    proxy.refuse_new(false);
+    within(Duration::from_secs(5), || !limiter.is_degraded())
+        .await
+        .expect("switches to Redis once it answers");
+    assert_eq!(limiter.stats().recoveries, 1);
+}
+
+/// Callers that reach the fallback at the same instant are paced by it as
+/// one limiter: the first of them opens it, and none is served before that
+/// opening (which would erase its reservation and serve the next caller at
+/// once too). The backend is down from the start, so every call goes
+/// straight to the fallback; 4 threads released together, 200 times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_that_open_the_fallback_together_are_paced_as_one() {
+    const THREADS: usize = 4;
+    let server = RedisServer::start();
+    let proxy = Proxy::in_front_of(&server);
+    proxy.refuse_new(true);
+    let backend = crate::support::poll::backend(proxy.client()).await;
+    assert!(backend.is_degraded());
+    for round in 0..200 {
+        let limiter = Arc::new(
+            backend
+                .limiter(&format!("together-{round}"))
+                .permits_per_second(1.0)
+                .max_burst(Duration::ZERO)
+                .build()
+                .unwrap(),
+        );
+        let start = Arc::new(std::sync::Barrier::new(THREADS));
+        let threads: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let (limiter, start) = (Arc::clone(&limiter), Arc::clone(&start));
+                std::thread::spawn(move || {
+                    start.wait();
+                    futures::executor::block_on(limiter.reserve(1)).unwrap()
+                })
+            })
+            .collect();
+        let mut waits: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        waits.sort();
+        // One second apart (less the few microseconds between the calls).
+        for (i, wait) in waits.iter().enumerate() {
+            let expected = Duration::from_secs(i as u64);
+            assert!(
+                wait.abs_diff(expected) <= Duration::from_millis(50),
+                "round {round}: waits {waits:?}"
+            );
+        }
+    }
+}
+
+/// A limiter saturated in Redis stays saturated when Redis dies: the local
+/// fallback opens with the debt Redis last reported, not with a burst.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fallback_opens_with_the_debt_not_a_burst() {
+    let mut server = RedisServer::start();
+    let limiter = builder(server.client(), "honest", 10.0)
+        .build()
+        .await
+        .unwrap();
+    // A burst of 10 and 5 more: about half a second of debt.
+    for _ in 0..15 {
+        limiter.reserve(1).await.unwrap();
+    }
+    server.kill();
+    let mut granted = 0;
+    for _ in 0..15 {
+        if limiter.try_acquire(1, Duration::ZERO).await.unwrap() {
+            granted += 1;
+        }
+    }
+    assert!(limiter.is_degraded());
+    assert!(
+        granted <= 1,
+        "{granted} of 15 granted at once by the fallback"
+    );
+}

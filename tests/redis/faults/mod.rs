@@ -1,0 +1,126 @@
+//! Real faults, grouped by what fails: a server killed or never reachable
+//! (`down`), frozen with `SIGSTOP` (`frozen`), answering with an error
+//! (`refusing`: a read-only replica, `BUSY`, `LOADING`, `MASTERDOWN`, out of
+//! memory), a connection that dies silently (`connection`), and a cluster
+//! that loses one primary (`cluster`). Each test asserts what a user sees:
+//! every call returns within the response timeout plus slack, the
+//! configured fallback serves while Redis is unavailable, the limiter
+//! switches once and back once, and nothing is charged twice.
+//!
+//! Formerly `redis_outages.rs`, `redis_faults.rs` and part of
+//! `redis_reliability.rs`; each test kept its name.
+
+mod cluster;
+mod connection;
+mod down;
+mod frozen;
+mod refusing;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::support::poll::{PROBE_INTERVAL, RESPONSE_TIMEOUT, SLACK, builder, within};
+use crate::support::proxy::Proxy;
+use crate::support::redis_cluster::RedisCluster;
+use crate::support::redis_server::{RedisServer, free_port};
+use throttler::Error;
+use throttler::redis::{Fallback, RedisBackend, RedisRateLimiter, RedisStats};
+
+/// The longest any call may take: the response timeout plus slack.
+const CALL_BOUND: Duration = RESPONSE_TIMEOUT.saturating_add(SLACK);
+
+/// How long a limiter may take to go back to Redis once Redis works again:
+/// a few probe intervals (each probe is a connection and one script call,
+/// both bounded by the response timeout), plus slack.
+const RECOVERY_BOUND: Duration = PROBE_INTERVAL
+    .saturating_add(RESPONSE_TIMEOUT)
+    .saturating_mul(3)
+    .saturating_add(SLACK);
+
+/// One interval at 10 permits per second.
+const INTERVAL: Duration = Duration::from_millis(100);
+
+/// Waits, for up to 5 s, until `degraded` says no more, and asserts that
+/// this came within `bound` of `since`; returns how long after `since`.
+async fn back_on_redis(
+    what: &str,
+    since: Instant,
+    bound: Duration,
+    degraded: impl Fn() -> bool,
+    stats: impl Fn() -> RedisStats,
+) -> Duration {
+    within(Duration::from_secs(5), || !degraded())
+        .await
+        .unwrap_or_else(|| panic!("{what}: still degraded 5 s later: {:?}", stats()));
+    let took = since.elapsed();
+    assert!(took <= bound, "{what}: back on Redis only after {took:?}");
+    took
+}
+
+/// Waits until `limiter` is back on Redis, within [`RECOVERY_BOUND`] of now;
+/// returns how long that took.
+async fn recovered(limiter: &RedisRateLimiter, what: &str) -> Duration {
+    back_on_redis(
+        what,
+        Instant::now(),
+        RECOVERY_BOUND,
+        || limiter.is_degraded(),
+        || limiter.stats(),
+    )
+    .await
+}
+
+/// [`recovered`], for a limiter that went to its fallback once: prints how
+/// long it took and checks that this was its one recovery.
+async fn recovered_once(limiter: &RedisRateLimiter, what: &str) {
+    let took = recovered(limiter, what).await;
+    println!("{what}: back on Redis after {took:?}");
+    assert_eq!(limiter.stats().recoveries, 1);
+}
+
+/// Calls `try_acquire(1, 10 ms)` every 10 ms for as long as `go_on` says,
+/// asserting that each call returns `Ok` within [`CALL_BOUND`]; returns how
+/// many calls were made.
+async fn calls_while(limiter: &RedisRateLimiter, mut go_on: impl FnMut() -> bool) -> u64 {
+    let mut calls = 0;
+    while go_on() {
+        let call = Instant::now();
+        let result = limiter.try_acquire(1, Duration::from_millis(10)).await;
+        assert!(result.is_ok(), "{result:?}");
+        assert!(
+            call.elapsed() <= CALL_BOUND,
+            "a call took {:?}",
+            call.elapsed()
+        );
+        calls += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    calls
+}
+
+async fn limiter(server: &RedisServer, fallback: Fallback) -> RedisRateLimiter {
+    RedisRateLimiter::builder(server.client(), "faults")
+        .permits_per_second(10_000.0)
+        .fallback(fallback)
+        .response_timeout(RESPONSE_TIMEOUT)
+        .probe_interval(PROBE_INTERVAL)
+        .build()
+        .await
+        .expect("limiter")
+}
+
+/// Runs `calls` try_acquires with no timeout budget to speak of and returns
+/// the slowest call's duration and the results.
+async fn timed_calls(
+    limiter: &RedisRateLimiter,
+    calls: usize,
+) -> (Duration, Vec<Result<bool, Error>>) {
+    let mut slowest = Duration::ZERO;
+    let mut results = Vec::new();
+    for _ in 0..calls {
+        let start = Instant::now();
+        results.push(limiter.try_acquire(1, Duration::from_millis(1)).await);
+        slowest = slowest.max(start.elapsed());
+    }
+    (slowest, results)
+}

@@ -1,0 +1,23 @@
+//! The Redis limiters against real redis-servers (each test starts its own
+//! on a free loopback port): the script against the core, the limiters'
+//! behaviour, the shared backend, clusters, and real faults. One test
+//! binary; each module is one area, its tests' names unchanged.
+#![cfg(feature = "redis")]
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod backend;
+mod blocking;
+mod cancellation;
+mod chaos;
+mod cluster;
+mod contention;
+mod differential;
+mod exactness;
+mod faults;
+mod keyed;
+mod limiter;
+mod proxy_harness;
+mod recovery;
+mod script;
