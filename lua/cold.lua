@@ -2,9 +2,7 @@
 
 -- QUERY: max(next_free_micros - now, 0), writing nothing.
 if permits == 0 then
-    if value and next_free_micros > now_micros then
-        return next_free_micros - now_micros
-    end
+    if value and next_free_micros > now_micros then return next_free_micros - now_micros end
     return 0
 end
 
@@ -20,27 +18,19 @@ if mode then
                     expires_micros, last_now_micros, 0, stored_permits, next_free_micros)
             end
             redis.call('SET', key, value, 'KEEPTTL')
-            if next_free_micros > now_micros then
-                return next_free_micros - now_micros
-            end
+            if next_free_micros > now_micros then return next_free_micros - now_micros end
             return 0
         end
         -- A missing key is written below as it reads: the rate change and
         -- the reservation do not apply.
     elseif mode == 'cancel' then
-        if not value then
-            return 0
-        end
+        if not value then return 0 end
         -- State::give_back. The key's own rate and max_permits stay in
         -- force (no rate change), with the cool-down that goes with them.
         local key_stable = 1000000.0 / old_rate
-        if key_stable > MAX_MICROS then
-            key_stable = MAX_MICROS
-        end
+        if key_stable > MAX_MICROS then key_stable = MAX_MICROS end
         local token_stable = 1000000.0 / tk_rate
-        if token_stable > MAX_MICROS then
-            token_stable = MAX_MICROS
-        end
+        if token_stable > MAX_MICROS then token_stable = MAX_MICROS end
         if groups > 0 and not decode() then
             return redis.error_reply(string.format(NOT_OURS, key, size))
         end
@@ -58,9 +48,7 @@ if mode then
                 latest = groups == 0
             end
         end
-        if not latest and groups > 0 then
-            expire()
-        end
+        if not latest and groups > 0 then expire() end
         if latest then
             -- Put back the state it found; its group's terms join the open
             -- group.
@@ -71,9 +59,7 @@ if mode then
             if tk_id then
                 open = group_offsets[groups]
                 groups = groups - 1
-                if groups == 0 then
-                    open, earliest, in_order = 0, INFINITY, 1
-                end
+                if groups == 0 then open, earliest, in_order = 0, INFINITY, 1 end
             end
         elseif now_micros < tk_moment and tk_spent_stored == 0 then
             -- Reserved::charge_micros: whole µs, rounded down, from the
@@ -81,12 +67,8 @@ if mode then
             -- resync moved it) to the ticket after.
             local charge = tk_next_free_after - tk_moment
             local moment_fraction = 0
-            if tk_moment == tk_next_free_before then
-                moment_fraction = tk_fraction_before
-            end
-            if tk_fraction_after < moment_fraction and charge > 0 then
-                charge = charge - 1
-            end
+            if tk_moment == tk_next_free_before then moment_fraction = tk_fraction_before end
+            if tk_fraction_after < moment_fraction and charge > 0 then charge = charge - 1 end
             -- Ledger::give_back: the groups up to its own (those with a
             -- lower id, if it has no group of its own) lose its charge, the
             -- others keep theirs; the ticket moves back to the largest of
@@ -103,23 +85,15 @@ if mode then
             end
             local lost, kept = INFINITY, open
             for i = 1, losing do
-                if group_offsets[i] < lost then
-                    lost = group_offsets[i]
-                end
+                if group_offsets[i] < lost then lost = group_offsets[i] end
             end
             lost = lost + charge
             for i = losing + 1, groups do
-                if group_offsets[i] < kept then
-                    kept = group_offsets[i]
-                end
+                if group_offsets[i] < kept then kept = group_offsets[i] end
             end
             local moved = next_free_micros
-            if lost < moved then
-                moved = lost
-            end
-            if kept < moved then
-                moved = kept
-            end
+            if lost < moved then moved = lost end
+            if kept < moved then moved = kept end
             next_free_micros = next_free_micros - moved
             for i = 1, losing do
                 local offset = group_offsets[i]
@@ -127,9 +101,7 @@ if mode then
                     -- Capped at 2^53, as in the core (exact: no sum here
                     -- leaves the integers a double holds).
                     offset = (offset - moved) + charge
-                    if offset > MAX_MICROS then
-                        offset = MAX_MICROS
-                    end
+                    if offset > MAX_MICROS then offset = MAX_MICROS end
                     group_offsets[i] = offset
                 end
             end
@@ -146,9 +118,7 @@ if mode then
                 end
                 groups = groups - 1
                 if losing <= groups then
-                    if offset < group_offsets[losing] then
-                        group_offsets[losing] = offset
-                    end
+                    if offset < group_offsets[losing] then group_offsets[losing] = offset end
                 elseif offset < open then
                     open = offset
                 end
@@ -163,22 +133,16 @@ if mode then
                     later = group_offsets[i]
                 end
             end
-            if groups == 0 then
-                open, earliest, in_order = 0, INFINITY, 1
-            end
+            if groups == 0 then open, earliest, in_order = 0, INFINITY, 1 end
             cancelled = 2
         else
             return 0
         end
-        if encode then
-            encode()
-        end
+        if encode then encode() end
         permits_per_second = old_rate
         max_permits = old_max
         cool_down = key_stable
-        if not is_bursty and old_max > 0.0 then
-            cool_down = policy_micros / old_max
-        end
+        if not is_bursty and old_max > 0.0 then cool_down = policy_micros / old_max end
     end
 end
 

@@ -92,9 +92,7 @@ if mode == nil or mode == 'probe' then
                 string.sub(tostring(argv[2]), 1, 40)))
         end
         is_try = timeout_micros >= 0
-        if timeout_micros > MAX_MICROS then
-            timeout_micros = MAX_MICROS
-        end
+        if timeout_micros > MAX_MICROS then timeout_micros = MAX_MICROS end
     end
 elseif mode == 'resume' then
     debt_micros = tonumber(timeout_micros)
@@ -102,9 +100,7 @@ elseif mode == 'resume' then
         return redis.error_reply(string.format(BAD, 'debt_micros (ARGV[2]) must be an integer >= 0',
             string.sub(tostring(argv[2]), 1, 40)))
     end
-    if debt_micros > MAX_MICROS then
-        debt_micros = MAX_MICROS
-    end
+    if debt_micros > MAX_MICROS then debt_micros = MAX_MICROS end
 else
     -- The token, as a reservation's reply gave it (see Token).
     local marker, _
@@ -113,17 +109,11 @@ else
         marker, tk_stored_after, tk_next_free_after, tk_rate, tk_max, _, tk_now, tk_fractions,
             tk_stored_before, tk_next_free_before = struct.unpack(VALUE, timeout_micros)
         tk_moment = tk_next_free_before
-        if tk_now > tk_moment then
-            tk_moment = tk_now
-        end
-        if marker == THR3 then
-            marker = MARKER
-        end
+        if tk_now > tk_moment then tk_moment = tk_now end
+        if marker == THR3 then marker = MARKER end
         if token_size == TOKEN_ID_SIZE then
             tk_id = struct.unpack('<d', timeout_micros, LEDGER_START)
-            if not (tk_id >= 0 and tk_id < MAX_MICROS and tk_id % 1 == 0) then
-                marker = nil
-            end
+            if not (tk_id >= 0 and tk_id < MAX_MICROS and tk_id % 1 == 0) then marker = nil end
         end
     end
     -- NaN fails every comparison, so it is rejected too.
@@ -168,9 +158,7 @@ if not (policy_micros and policy_micros >= 0 and policy_micros % 1 == 0) then
     return redis.error_reply(string.format(BAD, (is_bursty and 'max_burst_micros' or 'warmup_micros')
         .. ' (ARGV[5]) must be an integer >= 0', string.sub(tostring(argv[5]), 1, 40)))
 end
-if policy_micros > MAX_MICROS then
-    policy_micros = MAX_MICROS
-end
+if policy_micros > MAX_MICROS then policy_micros = MAX_MICROS end
 
 local cold_factor
 if not is_bursty then
@@ -198,9 +186,7 @@ end
 
 -- stable_interval_micros: 0 for an infinite rate, capped at MAX_MICROS.
 local stable = 1000000.0 / permits_per_second
-if stable > MAX_MICROS then
-    stable = MAX_MICROS
-end
+if stable > MAX_MICROS then stable = MAX_MICROS end
 local max_permits, threshold_permits, slope, cool_down
 if is_bursty then
     -- Bursty::max_permits
@@ -208,9 +194,7 @@ if is_bursty then
         max_permits = 0.0
     else
         max_permits = policy_micros * permits_per_second / 1000000.0
-        if max_permits > F64_MAX then
-            max_permits = F64_MAX
-        end
+        if max_permits > F64_MAX then max_permits = F64_MAX end
     end
     -- Policy::cool_down_interval_micros
     cool_down = stable
@@ -220,27 +204,17 @@ else
         max_permits, threshold_permits, slope = 0.0, 0.0, 0.0
     else
         local cold = stable * cold_factor
-        if cold > F64_MAX then
-            cold = F64_MAX
-        end
+        if cold > F64_MAX then cold = F64_MAX end
         threshold_permits = 0.5 * policy_micros / stable
-        if threshold_permits > F64_MAX then
-            threshold_permits = F64_MAX
-        end
+        if threshold_permits > F64_MAX then threshold_permits = F64_MAX end
         local stable_plus_cold = stable + cold
-        if stable_plus_cold > F64_MAX then
-            stable_plus_cold = F64_MAX
-        end
+        if stable_plus_cold > F64_MAX then stable_plus_cold = F64_MAX end
         max_permits = threshold_permits + 2.0 * policy_micros / stable_plus_cold
-        if max_permits > F64_MAX then
-            max_permits = F64_MAX
-        end
+        if max_permits > F64_MAX then max_permits = F64_MAX end
         slope = 0.0
         if max_permits > threshold_permits then
             slope = (cold - stable) / (max_permits - threshold_permits)
-            if slope > F64_MAX then
-                slope = F64_MAX
-            end
+            if slope > F64_MAX then slope = F64_MAX end
         end
     end
     -- Policy::cool_down_interval_micros

@@ -7,22 +7,16 @@ if old_rate ~= permits_per_second or old_max ~= max_permits then
     open, groups, earliest, in_order = 0, 0, INFINITY, 1
     src, p0, p1, e0, e1 = '', 1, 0, 1, 0
     local old_stable = 1000000.0 / old_rate
-    if old_stable > MAX_MICROS then
-        old_stable = MAX_MICROS
-    end
+    if old_stable > MAX_MICROS then old_stable = MAX_MICROS end
     -- State::resync at the old stable interval and max_permits.
     if now_micros > next_free_micros then
         local old_cool_down = old_stable
-        if not is_bursty and old_max > 0.0 then
-            old_cool_down = policy_micros / old_max
-        end
+        if not is_bursty and old_max > 0.0 then old_cool_down = policy_micros / old_max end
         -- Idle time from the exact ticket: > 0 (the fraction is below one
         -- µs), so an infinite quotient (cool_down == 0) is fine, never NaN.
         local stored = stored_permits
             + ((now_micros - next_free_micros) - next_free_fraction / FRACTION_ONE) / old_cool_down
-        if stored > old_max then
-            stored = old_max
-        end
+        if stored > old_max then stored = old_max end
         stored_permits = stored
         next_free_micros = now_micros
         next_free_fraction = 0
@@ -75,9 +69,7 @@ if not mode or mode == 'resume' then
                     -- if it had one, is larger): the groups are packed
                     -- anew.
                     local first = struct.unpack('<d', src, p0)
-                    if e0 <= e1 and struct.unpack('<d', src, e0) == first then
-                        e0 = e0 + 16
-                    end
+                    if e0 <= e1 and struct.unpack('<d', src, e0) == first then e0 = e0 + 16 end
                     src = string.sub(src, p0, p1) .. struct.pack('<dd', first, carried)
                         .. string.sub(src, e0, e1)
                     p0, p1 = 1, 16 * groups
@@ -90,9 +82,7 @@ if not mode or mode == 'resume' then
                 open, earliest, in_order = 0, INFINITY, 1
             end
         else
-            if not decode() then
-                return redis.error_reply(string.format(NOT_OURS, key, size))
-            end
+            if not decode() then return redis.error_reply(string.format(NOT_OURS, key, size)) end
             expire()
             encode()
         end
@@ -103,9 +93,7 @@ if not mode or mode == 'resume' then
         -- How far `tat` lies above now - burst (slack_micros): a warming-up
         -- limiter counts no burst.
         local room = 0.0
-        if is_bursty then
-            room = (max_permits - stored_permits) * stable
-        end
+        if is_bursty then room = (max_permits - stored_permits) * stable end
         local slack = ((next_free_micros + next_free_fraction / FRACTION_ONE) - now_micros) + room
         if slack < 0.0 then
             -- Idle beyond the burst: this term is above every other.
@@ -118,9 +106,7 @@ if not mode or mode == 'resume' then
             else
                 slack = MAX_MICROS
             end
-            if slack < open then
-                open = slack
-            end
+            if slack < open then open = slack end
             -- The groups it reaches can never be the largest again: their
             -- entries, the last ones, go.
             while e1 >= e0 and not (struct.unpack('<d', src, e1 - 7) < open) do
@@ -161,9 +147,7 @@ else
     if now_micros > next_free_micros then
         local stored = stored_permits
             + ((now_micros - next_free_micros) - next_free_fraction / FRACTION_ONE) / cool_down
-        if stored > max_permits then
-            stored = max_permits
-        end
+        if stored > max_permits then stored = max_permits end
         stored_permits = stored
         next_free_micros = now_micros
         next_free_fraction = 0
@@ -171,9 +155,7 @@ else
     -- The reservation's moment: when its permits may be used.
     local moment = next_free_micros
     local stored_to_spend = permits
-    if stored_permits < stored_to_spend then
-        stored_to_spend = stored_permits
-    end
+    if stored_permits < stored_to_spend then stored_to_spend = stored_permits end
     local fresh = permits - stored_to_spend
     local wait
     if is_bursty then
@@ -186,9 +168,7 @@ else
         local spent = stored_to_spend
         if above_threshold > 0.0 then
             local take_above = above_threshold
-            if spent < take_above then
-                take_above = spent
-            end
+            if spent < take_above then take_above = spent end
             -- A trapezoid; permits_to_time(p) = stable + p * slope.
             local length = (stable + above_threshold * slope)
                 + (stable + (above_threshold - take_above) * slope)
@@ -221,9 +201,7 @@ else
     -- Reserved::spent_stored: the stored permits changed by the spending.
     local stored_resynced = stored_permits
     stored_permits = stored_permits - stored_to_spend
-    if stored_permits ~= stored_resynced then
-        record = record + 1
-    end
+    if stored_permits ~= stored_resynced then record = record + 1 end
     -- Ledger::reserve_recorded: a reservation that waits, and that its
     -- caller may give back, gets a group of its own, the open group's terms
     -- with it; its id goes in its token. (Any other was only noted: a
@@ -252,9 +230,7 @@ else
             p1 = p1 - 16
             p_tail = struct.pack('<dd', token_id, moment)
             local last_id, last_offset
-            if e1 >= e0 then
-                last_id, last_offset = struct.unpack('<dd', src, e1 - 15)
-            end
+            if e1 >= e0 then last_id, last_offset = struct.unpack('<dd', src, e1 - 15) end
             if last_id == older then
                 e1 = e1 - 16
                 e_tail = struct.pack('<dd', token_id, last_offset)
@@ -263,11 +239,7 @@ else
             end
         end
         open = INFINITY
-        if moment < earliest then
-            earliest = moment
-        end
-        if moment > horizon then
-            horizon = moment
-        end
+        if moment < earliest then earliest = moment end
+        if moment > horizon then horizon = moment end
     end
 end

@@ -85,9 +85,7 @@ if value then
     -- The ticket's fraction: the top of field 7.
     next_free_fraction = (fractions - fractions % FRACTIONS_SHIFT) / FRACTIONS_SHIFT
     -- The clock never runs backwards for a key.
-    if last_now_micros > now_micros then
-        now_micros = last_now_micros
-    end
+    if last_now_micros > now_micros then now_micros = last_now_micros end
 end
 
 -- The ledger's functions and arrays, made only where they are used: a
@@ -152,18 +150,14 @@ if groups > 0 and (mode == 'cancel' or (in_order == 0 and now_micros >= earliest
     -- moment has passed (they can no longer be given back) merge into the
     -- group after them.
     expire = function()
-        if now_micros < earliest then
-            return
-        end
+        if now_micros < earliest then return end
         local carried, kept = INFINITY, 0
         if in_order == 1 then
             -- Moments rise with the groups: the passed ones come first.
             local passed = 0
             while passed < groups and group_moments[passed + 1] <= now_micros do
                 passed = passed + 1
-                if group_offsets[passed] < carried then
-                    carried = group_offsets[passed]
-                end
+                if group_offsets[passed] < carried then carried = group_offsets[passed] end
             end
             for i = passed + 1, groups do
                 kept = kept + 1
@@ -172,9 +166,7 @@ if groups > 0 and (mode == 'cancel' or (in_order == 0 and now_micros >= earliest
             end
             groups = kept
             if kept > 0 then
-                if carried < group_offsets[1] then
-                    group_offsets[1] = carried
-                end
+                if carried < group_offsets[1] then group_offsets[1] = carried end
                 earliest = group_moments[1]
                 return
             end
@@ -183,19 +175,13 @@ if groups > 0 and (mode == 'cancel' or (in_order == 0 and now_micros >= earliest
             for i = 1, groups do
                 local moment, offset = group_moments[i], group_offsets[i]
                 if moment <= now_micros then
-                    if offset < carried then
-                        carried = offset
-                    end
+                    if offset < carried then carried = offset end
                 else
                     kept = kept + 1
-                    if carried < offset then
-                        offset = carried
-                    end
+                    if carried < offset then offset = carried end
                     group_ids[kept], group_moments[kept], group_offsets[kept] = group_ids[i], moment, offset
                     carried = INFINITY
-                    if moment < soonest then
-                        soonest = moment
-                    end
+                    if moment < soonest then soonest = moment end
                 end
             end
             groups = kept

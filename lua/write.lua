@@ -17,16 +17,12 @@ local marker = MARKER
 if groups > 0 or now_micros < horizon then
     marker = THR3
     local horizon_ms = (horizon - time_micros) / 1000
-    if horizon_ms > ttl_ms then
-        ttl_ms = horizon_ms
-    end
+    if horizon_ms > ttl_ms then ttl_ms = horizon_ms end
 end
 if ttl_ms < TTL_CAP_MS - 2 then
     if ttl_ms > 0 then
         local whole = ttl_ms - ttl_ms % 1
-        if whole < ttl_ms then
-            whole = whole + 1
-        end
+        if whole < ttl_ms then whole = whole + 1 end
         ttl_ms = whole + 2
     else
         ttl_ms = 2
@@ -53,9 +49,7 @@ else
     else
         ttl_ms = ttl_ms + ttl_ms
     end
-    if ttl_ms > TTL_CAP_MS then
-        ttl_ms = TTL_CAP_MS
-    end
+    if ttl_ms > TTL_CAP_MS then ttl_ms = TTL_CAP_MS end
     ttl_option = 'PX'
     expires_micros = time_micros + ttl_ms * 1000
 end
@@ -77,16 +71,10 @@ end
 if not mode then
     -- State::reserve: the value written, without its ledger, is the reply
     -- and the token (see Reply); with the group's id if it has one.
-    if token_id then
-        return written .. struct.pack('<d', token_id)
-    end
+    if token_id then return written .. struct.pack('<d', token_id) end
     return written
 end
-if cancelled then
-    return cancelled
-end
+if cancelled then return cancelled end
 -- Resume, or the probe of a missing key (no debt): the debt.
-if next_free_micros > now_micros then
-    return next_free_micros - now_micros
-end
+if next_free_micros > now_micros then return next_free_micros - now_micros end
 return 0
