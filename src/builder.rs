@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
-use crate::core::{Bursty, Policy, State, WarmingUp};
+use crate::core::{Bursty, Limits, Policy, State, WarmingUp};
 use crate::{Error, RateLimiter};
 
 /// The default cold factor of the warming-up policy: a cold limiter starts
@@ -100,6 +100,129 @@ macro_rules! policy_setters {
 }
 pub(crate) use policy_setters;
 
+/// One of several limits a limiter enforces together; see
+/// [`Builder::limit`].
+///
+/// A limit is a rate and what it saves up while idle. Made with a period
+/// (`Limit::per_hour(1000.0)`), its burst is the whole period's permits: a
+/// quota of 1 000 an hour can be spent at once, then refills at 1 000 an
+/// hour. [`burst`](Limit::burst) sets a smaller one, and
+/// [`warmup`](Limit::warmup) the warming-up policy instead.
+///
+/// **A long window's burst.** A per-hour limit whose burst is one second of
+/// its rate (the single-limit builder's default) is just a slow rate: one
+/// permit every 3.6 s at 1 000 an hour. A quota wants the whole window as
+/// its burst, the default here.
+///
+/// **Against a fixed window.** A full bucket that is then drained at its
+/// rate admits up to about twice its quota in one sliding window: 1 000 at
+/// once, then 1 000 more over the hour that follows. A fixed window admits
+/// up to twice its quota across its boundary too. If the sliding window
+/// must hold the quota, give the limit half the window as its burst
+/// (`.burst(500)`: at most 1 500 in any hour), or add a second, tighter
+/// limit (`Limit::per_minute(20.0)`) to pace the spending.
+///
+/// ```
+/// use throttler::{Limit, RateLimiter};
+///
+/// let limiter = RateLimiter::builder()
+///     .limit(Limit::per_second(10.0).burst(20))
+///     .limit(Limit::per_hour(1000.0))
+///     .build()?;
+/// assert_eq!(limiter.rate(), 10.0);
+/// # Ok::<(), throttler::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+#[must_use = "a limit does nothing until given to a builder's .limit()"]
+pub struct Limit {
+    config: PolicyConfig,
+    /// The burst in permits, if [`burst`](Limit::burst) set it.
+    burst: Option<u64>,
+    /// Why it cannot be built, found when it was made.
+    invalid: Option<&'static str>,
+}
+
+impl Limit {
+    /// `permits` per `period`, with a burst of the whole period's permits.
+    pub fn per(permits: f64, period: Duration) -> Limit {
+        let invalid = period
+            .is_zero()
+            .then_some("a limit's period must be longer than zero");
+        Limit {
+            invalid,
+            config: PolicyConfig {
+                permits_per_second: Some(permits / period.as_secs_f64()),
+                max_burst: Some(period),
+                ..PolicyConfig::default()
+            },
+            burst: None,
+        }
+    }
+
+    /// `permits` per second, with a burst of `permits`.
+    pub fn per_second(permits: f64) -> Limit {
+        Limit::per(permits, Duration::from_secs(1))
+    }
+
+    /// `permits` per minute, with a burst of `permits`.
+    pub fn per_minute(permits: f64) -> Limit {
+        Limit::per(permits, Duration::from_secs(60))
+    }
+
+    /// `permits` per hour, with a burst of `permits`.
+    pub fn per_hour(permits: f64) -> Limit {
+        Limit::per(permits, Duration::from_secs(3600))
+    }
+
+    /// `permits` per day, with a burst of `permits`.
+    pub fn per_day(permits: f64) -> Limit {
+        Limit::per(permits, Duration::from_secs(86_400))
+    }
+
+    /// The most permits it saves up while idle, usable at once (`0`: none).
+    pub fn burst(mut self, permits: u64) -> Limit {
+        self.burst = Some(permits);
+        self.config.warmup = None;
+        self
+    }
+
+    /// The warming-up policy instead of a burst: idle for this long, the
+    /// limit starts slow and takes this long to reach its rate.
+    pub fn warmup(mut self, warmup: Duration) -> Limit {
+        self.config.warmup = Some(warmup);
+        self.config.max_burst = None;
+        self.burst = None;
+        self
+    }
+
+    /// Warming-up policy: how much slower than its rate a cold limit starts
+    /// (default 3.0).
+    pub fn cold_factor(mut self, cold_factor: f64) -> Limit {
+        self.config.cold_factor = Some(cold_factor);
+        self
+    }
+
+    /// The limit's core state at `now`.
+    fn state(&self, now: u64) -> Result<State, Error> {
+        if let Some(why) = self.invalid {
+            return Err(Error::InvalidArgument(why.to_owned()));
+        }
+        let mut config = self.config.clone();
+        if let (Some(permits), Some(rate)) = (self.burst, config.permits_per_second) {
+            // Rounded up to the microsecond, so that the burst holds at
+            // least `permits` whole permits.
+            let micros = (permits as f64 * 1e6 / rate).ceil();
+            config.max_burst = Some(Duration::from_micros(if micros < u64::MAX as f64 {
+                micros as u64
+            } else {
+                u64::MAX
+            }));
+        }
+        let (policy, rate) = config.policy()?;
+        Ok(State::new(policy, rate, now)?)
+    }
+}
+
 /// Builds a [`RateLimiter`] with options; see [`RateLimiter::builder`].
 ///
 /// Setting [`warmup`](Builder::warmup) chooses the warming-up policy;
@@ -132,6 +255,7 @@ pub(crate) use policy_setters;
 #[must_use = "a builder does nothing until .build() is called"]
 pub struct Builder<C = SystemClock> {
     config: PolicyConfig,
+    limits: Vec<Limit>,
     clock: C,
 }
 
@@ -139,6 +263,7 @@ impl Builder<SystemClock> {
     pub(crate) fn new() -> Self {
         Builder {
             config: PolicyConfig::default(),
+            limits: Vec::new(),
             clock: SystemClock::new(),
         }
     }
@@ -151,8 +276,24 @@ impl<C: Clock> Builder<C> {
     pub fn clock<C2: Clock>(self, clock: C2) -> Builder<C2> {
         Builder {
             config: self.config,
+            limits: self.limits,
             clock,
         }
+    }
+
+    /// Adds a limit that every request must also satisfy: a request goes
+    /// at the earliest moment every limit allows it, every limit is
+    /// charged for it, a refused try charges none, and a give-back returns
+    /// it to all of them. The rate set with
+    /// [`permits_per_second`](Self::permits_per_second), if any, is the
+    /// first limit, and the others follow in the order given. See
+    /// [`Limit`] and [`core::Limits`](crate::core::Limits).
+    ///
+    /// A limiter with several limits serves every call under a short lock
+    /// (one limit keeps the lock-free path).
+    pub fn limit(mut self, limit: Limit) -> Self {
+        self.limits.push(limit);
+        self
     }
 
     /// Checks the options and creates the limiter.
@@ -162,9 +303,29 @@ impl<C: Clock> Builder<C> {
     /// negative or NaN, the cold factor is below 1 or not finite, or options
     /// of both policies were set.
     pub fn build(self) -> Result<RateLimiter<C>, Error> {
-        let (policy, rate) = self.config.policy()?;
         let now = self.clock.now_micros();
-        let state = State::new(policy, rate, now)?;
-        Ok(RateLimiter::from_parts(state, self.clock))
+        let mut states = Vec::with_capacity(self.limits.len() + 1);
+        if self.limits.is_empty() || self.config.permits_per_second.is_some() {
+            let (policy, rate) = self.config.policy()?;
+            states.push(State::new(policy, rate, now)?);
+        } else if self.config.max_burst.is_some()
+            || self.config.warmup.is_some()
+            || self.config.cold_factor.is_some()
+        {
+            return Err(Error::InvalidArgument(
+                "max_burst, warmup and cold_factor on the builder shape the rate set with \
+                 permits_per_second, which was not set: set them on each Limit instead"
+                    .to_owned(),
+            ));
+        }
+        for limit in &self.limits {
+            states.push(limit.state(now)?);
+        }
+        if states.len() == 1 {
+            let state = states.pop().expect("one state");
+            return Ok(RateLimiter::from_parts(state, self.clock));
+        }
+        let limits = Limits::new(states).expect("at least two limits");
+        Ok(RateLimiter::from_limits(limits, self.clock))
     }
 }

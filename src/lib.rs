@@ -113,7 +113,7 @@ pub mod stream;
 #[cfg(feature = "tower")]
 pub mod tower;
 
-pub use builder::{Builder, DEFAULT_COLD_FACTOR};
+pub use builder::{Builder, DEFAULT_COLD_FACTOR, Limit};
 pub use error::{BackendError, Error};
 pub use keyed::{KeyedBuilder, KeyedRateLimiter, KeyedStats};
 pub use limiter::{KeyedLimiter, Limiter};

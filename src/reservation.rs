@@ -66,6 +66,9 @@ pub(crate) enum Taken {
     /// A local limiter's reservation, made under its lock through its
     /// ledger.
     Core(crate::core::Reserved),
+    /// A reservation of a local limiter with several limits: its id in
+    /// their give-back log.
+    Logged(u64),
     /// A reservation in a form only its limiter knows: a keyed limiter's
     /// key and the core's record, a Redis limiter's key and the script's
     /// record.

@@ -146,6 +146,7 @@
 mod bursty;
 mod give_back;
 mod ledger;
+mod limits;
 mod warming_up;
 
 pub use bursty::Bursty;
@@ -154,6 +155,7 @@ pub use bursty::Bursty;
 pub use give_back::{GiveBack, Reserved};
 #[doc(hidden)]
 pub use ledger::Ledger;
+pub use limits::{Granted, LOG_CAPACITY, Limits};
 pub use warming_up::WarmingUp;
 
 use std::fmt;

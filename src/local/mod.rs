@@ -23,7 +23,7 @@ use std::time::Duration;
 use crate::Error;
 use crate::builder::Builder;
 use crate::clock::{Clock, SystemClock};
-use crate::core::{Ledger, State, micros, stable_interval_micros};
+use crate::core::{Ledger, Limits, State, micros, stable_interval_micros};
 use crate::error::check_permits;
 use crate::reservation::{GiveBackTo, Pending, Reservation, Taken};
 use crate::store::{Direct, NoKey, Now, Rate, Store, in_process_store};
@@ -107,6 +107,10 @@ struct Locked {
     /// [`Ledger`]). While it holds any, the limiter is in mutex mode: every
     /// reservation goes through it.
     ledger: Ledger,
+    /// Several limits, for a limiter built with more than one: the word
+    /// then stays in mutex mode, and every call goes through them (`state`
+    /// and `ledger` are unused).
+    limits: Option<Limits>,
 }
 
 #[repr(align(128))]
@@ -160,9 +164,20 @@ impl<C: Clock> RateLimiter<C> {
             locked: Mutex::new(Locked {
                 state,
                 ledger: Ledger::new(),
+                limits: None,
             }),
             clock,
         }
+    }
+
+    /// A limiter that enforces every one of `limits` (see [`Limits`]): its
+    /// word stays in mutex mode, so that every call reaches them.
+    pub(crate) fn from_limits(limits: Limits, clock: C) -> Self {
+        let limiter = Self::from_parts(limits.states()[0].clone(), clock);
+        let word = word::mutex_mode(limiter.word.0.load(Acquire));
+        limiter.word.0.store(word, Release);
+        limiter.lock().limits = Some(limits);
+        limiter
     }
 
     /// The locked part, whatever a panicking thread left behind: nothing
@@ -220,7 +235,13 @@ impl<C: Clock> RateLimiter<C> {
     #[cold]
     #[inline(never)]
     fn reserve_locked<O: Outcome>(&self, permits: u32, timeout: u64) -> Option<O> {
-        let (moment, record, now) = self.transact(|state, ledger, now| {
+        let mut guard = self.lock();
+        if let Some(limits) = &mut guard.limits {
+            let now = self.clock.now_micros();
+            let granted = limits.try_reserve(permits, now, timeout, O::GIVES_BACK)?;
+            return Some(O::from_limits(granted.wait_micros, granted.id));
+        }
+        let (moment, record, now) = self.transact_in(&mut guard, |state, ledger, now| {
             state.can_acquire(now, timeout).then(|| {
                 let (moment, record) = O::reserve(state, ledger, permits, now);
                 (moment, record, now)
@@ -246,10 +267,16 @@ impl<C: Clock> RateLimiter<C> {
     /// Gives back an unused reservation, through the ledger (see
     /// [`Ledger::give_back`]).
     fn give_back_taken(&self, taken: Taken) {
-        if let Taken::Core(reserved) = taken {
-            self.update_locked(|state, ledger, now| {
+        match taken {
+            Taken::Core(reserved) => self.update_locked(|state, ledger, now| {
                 ledger.give_back(state, &reserved, now);
-            });
+            }),
+            Taken::Logged(id) => {
+                if let Some(limits) = &mut self.lock().limits {
+                    limits.give_back(id, self.clock.now_micros());
+                }
+            }
+            Taken::Boxed(_) => {}
         }
         // Anything else is another limiter's: nothing of this one's.
     }
@@ -272,10 +299,17 @@ impl<C: Clock> RateLimiter<C> {
     #[inline(never)]
     fn transact<R>(
         &self,
+        update: impl FnMut(&mut State, &mut Ledger, u64) -> Option<R>,
+    ) -> Option<R> {
+        self.transact_in(&mut self.lock(), update)
+    }
+
+    /// [`transact`](Self::transact) with the lock held.
+    fn transact_in<R>(
+        &self,
+        locked: &mut Locked,
         mut update: impl FnMut(&mut State, &mut Ledger, u64) -> Option<R>,
     ) -> Option<R> {
-        let mut guard = self.lock();
-        let locked = &mut *guard;
         loop {
             let current = self.word.0.load(Acquire);
             let now = self.clock.now_micros();
@@ -359,7 +393,11 @@ impl<C: Clock> RateLimiter<C> {
         let current = self.word.0.load(Acquire);
         let now = self.clock.now_micros();
         let next_free = if word::is_mutex(current) {
-            self.lock().state.query_earliest_available()
+            let locked = self.lock();
+            match &locked.limits {
+                Some(limits) => limits.earliest(now).0,
+                None => locked.state.query_earliest_available(),
+            }
         } else {
             let config = self.slots.0[word::slot_index(current)].load();
             word::decode(current, now, &config).next_free
@@ -534,6 +572,12 @@ impl<C: Clock> RateLimiter<C> {
     pub fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
         let mut locked = self.lock();
+        if let Some(limits) = &mut locked.limits {
+            let first = limits.states()[0].permits_per_second;
+            let factor = permits_per_second / first;
+            let now = self.clock.now_micros();
+            return Ok(limits.scale(factor, permits_per_second, now)?);
+        }
         loop {
             let current = self.word.0.load(Acquire);
             let now = self.clock.now_micros();
@@ -561,9 +605,42 @@ impl<C: Clock> RateLimiter<C> {
         }
     }
 
-    /// The stable rate, in permits per second, as last set.
+    /// The stable rate, in permits per second, as last set (of the first
+    /// limit, for a limiter built with several).
     pub fn rate(&self) -> f64 {
-        self.lock().state.permits_per_second
+        let locked = self.lock();
+        match &locked.limits {
+            Some(limits) => limits.states()[0].permits_per_second,
+            None => locked.state.permits_per_second,
+        }
+    }
+
+    /// Changes the rate of limit `index` alone (counted in the order the
+    /// builder was given them, from 0), from now on. On a limiter with one
+    /// limit, index 0 is [`set_rate`](Self::set_rate).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN, or
+    /// there is no limit `index`; the limiter is then unchanged.
+    pub fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
+        stable_interval_micros(permits_per_second)?;
+        let mut locked = self.lock();
+        let count = locked.limits.as_ref().map_or(1, |l| l.states().len());
+        if index >= count {
+            return Err(Error::InvalidArgument(format!(
+                "no limit {index}: this limiter has {count} (counted from 0)"
+            )));
+        }
+        match &mut locked.limits {
+            Some(limits) => {
+                let now = self.clock.now_micros();
+                Ok(limits.set_rate(Some(index), permits_per_second, now)?)
+            }
+            None => {
+                drop(locked);
+                self.set_rate(permits_per_second)
+            }
+        }
     }
 
     /// The clock this limiter reads and sleeps on.
@@ -586,8 +663,16 @@ impl<C: Clock> GiveBackTo for RateLimiter<C> {
 
 impl<C: Clock> fmt::Debug for RateLimiter<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimiter")
-            .field("state", &self.snapshot())
-            .finish_non_exhaustive()
+        let limits = self.lock().limits.clone();
+        match limits {
+            Some(limits) => f
+                .debug_struct("RateLimiter")
+                .field("limits", &limits.states())
+                .finish_non_exhaustive(),
+            None => f
+                .debug_struct("RateLimiter")
+                .field("state", &self.snapshot())
+                .finish_non_exhaustive(),
+        }
     }
 }

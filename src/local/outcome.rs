@@ -33,6 +33,9 @@ pub(super) trait Outcome: Sized {
     fn from_word(wait: u64) -> Self;
     /// A reservation made on the core, under the lock.
     fn from_locked(wait: u64, record: Self::Record) -> Self;
+    /// A reservation made on several limits, with its id in their log if
+    /// it can be given back.
+    fn from_limits(wait: u64, id: Option<u64>) -> Self;
 }
 
 impl Outcome for u64 {
@@ -51,6 +54,10 @@ impl Outcome for u64 {
 
     #[inline(always)]
     fn from_locked(wait: u64, _: ()) -> u64 {
+        wait
+    }
+
+    fn from_limits(wait: u64, _: Option<u64>) -> u64 {
         wait
     }
 }
@@ -74,6 +81,13 @@ impl Outcome for Grant {
         Grant {
             wait,
             taken: Some(Taken::Core(reserved)),
+        }
+    }
+
+    fn from_limits(wait: u64, id: Option<u64>) -> Grant {
+        Grant {
+            wait,
+            taken: id.map(Taken::Logged),
         }
     }
 }

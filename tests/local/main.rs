@@ -19,5 +19,6 @@ mod fast_path;
 mod limiter_trait;
 mod real_clock;
 mod set_rate;
+mod several_limits;
 mod try_acquire;
 mod warming_up;

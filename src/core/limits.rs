@@ -1,0 +1,559 @@
+//! Several limits that every request must satisfy together: [`Limits`].
+
+use std::collections::VecDeque;
+
+use super::{InvalidRate, State};
+
+/// How many requests [`Limits`] keeps in its log by default.
+pub const LOG_CAPACITY: usize = 1024;
+
+/// Several limits that every request must satisfy together: 10 per second
+/// with a burst of 20 *and* 1 000 per hour, all or nothing.
+///
+/// # The rule
+///
+/// Each limit is a [`State`] of its own. A request at `now` goes at the
+/// earliest moment every limit allows it, `M = max(now, every ticket)`, and
+/// every limit is charged for it *as if it had arrived at `M`*: each resyncs
+/// to `M` (its ticket is at or before `M`, so it may store idle time up to
+/// then) and pushes its ticket from there. The wait is `M − now`; the limit
+/// whose ticket set `M` is the one that bound it.
+///
+/// Charging at `M` rather than at `now` is what keeps every limit whole: a
+/// limit that is not the binding one sees its requests arrive at `M`, in
+/// order, and each of its tickets is at or before the next `M`. So the
+/// grants it sees are exactly those it would make alone, at the same
+/// moments: for any window, no limit ever grants more than it alone would.
+/// (Charging at `now` would not be: a limit of 1 per second behind one in
+/// debt until `t = 5` s would let five requests made at `0` through
+/// together at `5`, its tickets `0` to `4` spent while nobody could use
+/// them.) With one limit, `M` is the core's own moment and nothing
+/// changes.
+///
+/// A refused try charges no limit. A rate change applies to one limit or to
+/// all of them, each as [`State::set_rate`] does.
+///
+/// # Giving a reservation back, exactly
+///
+/// While a reservation that may be given back waits, it keeps a
+/// log: the limits' states before the oldest such reservation, and every
+/// request since (its permits and its `now`). Giving one back takes it out
+/// of the log and replays the rest from the saved states: the limits then
+/// hold exactly what they would hold had it never been made, stored permits
+/// and warm-up included, whichever limit bound what. Callers already
+/// waiting keep their moments, which are at or after those of the replay (a
+/// request removed never makes another one earlier than it was). A logged
+/// request leaves the log once its moment has passed (it has been used);
+/// when the log is full, the oldest one leaves it and can no longer be given
+/// back (its give-back then changes nothing: it errs towards limiting). A
+/// rate change empties the log.
+///
+/// ```
+/// use throttler::core::{Bursty, Limits, Policy, State};
+///
+/// // 10 per second with a burst of 2, and 3 per minute with a burst of 3,
+/// // both full at t = 0.
+/// let per_second = State::new(Policy::Bursty(Bursty::new(std::time::Duration::from_millis(200))), 10.0, 0).unwrap();
+/// let per_minute = State::new(Policy::Bursty(Bursty::new(std::time::Duration::from_secs(60))), 3.0 / 60.0, 0).unwrap();
+/// let mut limits = Limits::new(vec![per_second, per_minute]).unwrap();
+/// // Neither has stored anything yet: the first goes at once, then each
+/// // request waits for the per-minute limit, which binds.
+/// assert_eq!(limits.reserve(1, 0, false).wait_micros, 0);
+/// let second = limits.reserve(1, 0, false);
+/// assert_eq!((second.wait_micros, second.bound_by), (20_000_000, Some(1)));
+/// // A try that would wait longer than its timeout charges neither limit.
+/// assert_eq!(limits.try_reserve(1, 0, 1_000_000, false), None);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    states: Vec<State>,
+    log: Log,
+}
+
+/// The give-back log; see [`Limits`].
+#[derive(Debug, Clone, PartialEq, Default)]
+struct Log {
+    /// The states before the first logged request (empty with the log).
+    base: Vec<State>,
+    requests: VecDeque<Logged>,
+    next_id: u64,
+    capacity: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Logged {
+    /// The id a held reservation was given; `None` for the others.
+    id: Option<u64>,
+    permits: u32,
+    now_micros: u64,
+    /// The moment it was granted for: it leaves the log once this passes.
+    moment_micros: u64,
+}
+
+/// A request granted by [`Limits`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Granted {
+    /// When its permits may be used.
+    pub moment_micros: u64,
+    /// `moment_micros − now`.
+    pub wait_micros: u64,
+    /// The limit (its index) that made it wait; `None` if it did not wait.
+    pub bound_by: Option<usize>,
+    /// What [`Limits::give_back`] takes, for a held reservation that waits.
+    pub id: Option<u64>,
+}
+
+impl Limits {
+    /// The limits, in the order [`Granted::bound_by`] counts them; `None` if
+    /// there are none.
+    pub fn new(states: Vec<State>) -> Option<Self> {
+        Self::with_capacity(states, LOG_CAPACITY)
+    }
+
+    /// [`new`](Self::new), keeping at most `capacity` requests in the
+    /// give-back log (at least 1).
+    pub fn with_capacity(states: Vec<State>, capacity: usize) -> Option<Self> {
+        (!states.is_empty()).then(|| Limits {
+            states,
+            log: Log {
+                capacity: capacity.max(1),
+                ..Log::default()
+            },
+        })
+    }
+
+    /// The limits' states.
+    pub fn states(&self) -> &[State] {
+        &self.states
+    }
+
+    /// The moment a request at `now_micros` would go, and the limit that
+    /// would make it wait (none if it would not).
+    pub fn earliest(&self, now_micros: u64) -> (u64, Option<usize>) {
+        earliest(&self.states, now_micros)
+    }
+
+    /// Reserves `permits` at `now_micros`: every limit is charged as of the
+    /// moment all of them allow it. A `held` reservation that has to wait
+    /// gets an id to give it back with.
+    pub fn reserve(&mut self, permits: u32, now_micros: u64, held: bool) -> Granted {
+        self.expire(now_micros);
+        let (moment, bound_by) = earliest(&self.states, now_micros);
+        let id = (held && moment > now_micros).then(|| {
+            self.log.next_id += 1;
+            self.log.next_id
+        });
+        if id.is_some() || !self.log.requests.is_empty() {
+            if self.log.requests.is_empty() {
+                self.log.base.clone_from(&self.states);
+            } else if self.log.requests.len() == self.log.capacity {
+                self.fold_oldest();
+            }
+            self.log.requests.push_back(Logged {
+                id,
+                permits,
+                now_micros,
+                moment_micros: moment,
+            });
+        }
+        charge(&mut self.states, permits, moment);
+        Granted {
+            moment_micros: moment,
+            wait_micros: moment - now_micros,
+            bound_by,
+            id,
+        }
+    }
+
+    /// [`reserve`](Self::reserve) if the wait fits in `timeout_micros`;
+    /// `None`, charging nothing, otherwise.
+    pub fn try_reserve(
+        &mut self,
+        permits: u32,
+        now_micros: u64,
+        timeout_micros: u64,
+        held: bool,
+    ) -> Option<Granted> {
+        let (moment, _) = earliest(&self.states, now_micros);
+        (moment - now_micros <= timeout_micros).then(|| self.reserve(permits, now_micros, held))
+    }
+
+    /// Gives back the held reservation `id` at `now_micros`: the limits
+    /// become what they would be had it never been made. `false`, changing
+    /// nothing, if it can no longer be given back (its moment has passed,
+    /// the log dropped it, a rate change came since, or it was given back
+    /// already).
+    pub fn give_back(&mut self, id: u64, now_micros: u64) -> bool {
+        self.expire(now_micros);
+        // Moments can fall behind an earlier one's after a give-back, so a
+        // request whose moment has passed may still sit in the log: it has
+        // been used all the same.
+        let Some(place) = self
+            .log
+            .requests
+            .iter()
+            .position(|r| r.id == Some(id) && r.moment_micros > now_micros)
+        else {
+            return false;
+        };
+        self.log.requests.remove(place);
+        self.states.clone_from(&self.log.base);
+        for request in &self.log.requests {
+            let (moment, _) = earliest(&self.states, request.now_micros);
+            charge(&mut self.states, request.permits, moment);
+        }
+        self.forget_if_empty();
+        true
+    }
+
+    /// Changes the rate of limit `index` (every limit with `None`) at
+    /// `now_micros`, as [`State::set_rate`]; empties the give-back log.
+    /// Out-of-range indexes change nothing.
+    pub fn set_rate(
+        &mut self,
+        index: Option<usize>,
+        permits_per_second: f64,
+        now_micros: u64,
+    ) -> Result<(), InvalidRate> {
+        super::stable_interval_micros(permits_per_second)?;
+        self.log.requests.clear();
+        self.forget_if_empty();
+        for (i, state) in self.states.iter_mut().enumerate() {
+            if index.is_none_or(|index| index == i) {
+                state.set_rate(permits_per_second, now_micros)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Multiplies every limit's rate by `factor` at `now_micros`, so that
+    /// they keep their proportions; if that is not a valid rate for some
+    /// limit (an infinite rate scaled, or scaled to infinity), every limit
+    /// gets `otherwise`. Empties the give-back log. Nothing changes if a
+    /// rate is invalid.
+    pub fn scale(
+        &mut self,
+        factor: f64,
+        otherwise: f64,
+        now_micros: u64,
+    ) -> Result<(), InvalidRate> {
+        let scaled: Vec<f64> = self
+            .states
+            .iter()
+            .map(|s| s.permits_per_second * factor)
+            .collect();
+        let valid = scaled
+            .iter()
+            .all(|&rate| super::stable_interval_micros(rate).is_ok());
+        super::stable_interval_micros(otherwise)?;
+        self.log.requests.clear();
+        self.forget_if_empty();
+        for (state, rate) in self.states.iter_mut().zip(scaled) {
+            state.set_rate(if valid { rate } else { otherwise }, now_micros)?;
+        }
+        Ok(())
+    }
+
+    /// Takes out of the log the requests whose moment has passed: they have
+    /// been used.
+    fn expire(&mut self, now_micros: u64) {
+        while self
+            .log
+            .requests
+            .front()
+            .is_some_and(|r| r.moment_micros <= now_micros)
+        {
+            self.fold_oldest();
+        }
+        self.forget_if_empty();
+    }
+
+    /// Applies the oldest logged request to the saved states and drops it.
+    fn fold_oldest(&mut self) {
+        if let Some(request) = self.log.requests.pop_front() {
+            let (moment, _) = earliest(&self.log.base, request.now_micros);
+            charge(&mut self.log.base, request.permits, moment);
+        }
+    }
+
+    fn forget_if_empty(&mut self) {
+        if self.log.requests.is_empty() {
+            self.log.base.clear();
+        }
+    }
+}
+
+/// The moment every limit allows a request at `now_micros`, and the first
+/// limit whose ticket is that moment if it lies after `now_micros`.
+fn earliest(states: &[State], now_micros: u64) -> (u64, Option<usize>) {
+    let mut moment = now_micros;
+    let mut bound_by = None;
+    for (i, state) in states.iter().enumerate() {
+        if state.next_free_micros > moment {
+            moment = state.next_free_micros;
+            bound_by = Some(i);
+        }
+    }
+    (moment, bound_by)
+}
+
+/// Charges `permits` to every limit as if requested at `moment` (at or
+/// after every ticket).
+fn charge(states: &mut [State], permits: u32, moment: u64) {
+    for state in states {
+        state.reserve_earliest_available(permits, moment);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{Bursty, Policy, WarmingUp};
+    use std::time::Duration;
+
+    /// A small deterministic generator (xorshift).
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    fn bursty(rate: f64, burst: Duration) -> State {
+        State::new(Policy::Bursty(Bursty::new(burst)), rate, 0).unwrap()
+    }
+
+    fn random_limit(rng: &mut Rng) -> State {
+        let rate = [0.5, 3.0, 10.0, 100.0, 1000.0][rng.below(5) as usize];
+        if rng.below(4) == 0 {
+            let warmup = Duration::from_millis(1 + rng.below(3000));
+            State::new(Policy::WarmingUp(WarmingUp::new(warmup, 3.0)), rate, 0).unwrap()
+        } else {
+            bursty(rate, Duration::from_millis(rng.below(3000)))
+        }
+    }
+
+    #[test]
+    fn one_limit_is_the_core_itself() {
+        let mut rng = Rng(7);
+        for _ in 0..200 {
+            let state = random_limit(&mut rng);
+            let mut single = state.clone();
+            let mut limits = Limits::new(vec![state]).unwrap();
+            let mut now = 0;
+            for _ in 0..100 {
+                now += rng.below(300_000);
+                let permits = 1 + rng.below(5) as u32;
+                let timeout = rng.below(1_000_000);
+                let expected = single.try_reserve(permits, now, timeout);
+                let got = limits.try_reserve(permits, now, timeout, false);
+                assert_eq!(got.map(|g| g.wait_micros), expected);
+                assert_eq!(limits.states()[0], single);
+            }
+        }
+    }
+
+    /// The wait is the latest any limit requires, and each limit is
+    /// charged as of that moment: the same as single limits fed the request
+    /// at the composite's moment. A refused try changes nothing.
+    #[test]
+    fn a_request_waits_for_the_latest_limit_and_charges_each_at_that_moment() {
+        let mut rng = Rng(11);
+        for _ in 0..200 {
+            let count = 1 + rng.below(3) as usize;
+            let mut singles: Vec<State> = (0..count).map(|_| random_limit(&mut rng)).collect();
+            let mut limits = Limits::new(singles.clone()).unwrap();
+            let mut now = 0;
+            for _ in 0..100 {
+                now += rng.below(500_000);
+                let permits = 1 + rng.below(4) as u32;
+                let timeout = rng.below(3_000_000);
+                let waits: Vec<u64> = singles
+                    .iter()
+                    .map(|s| s.next_free_micros.saturating_sub(now))
+                    .collect();
+                let longest = *waits.iter().max().unwrap();
+                let before = limits.clone();
+                match limits.try_reserve(permits, now, timeout, false) {
+                    None => {
+                        assert!(longest > timeout);
+                        assert_eq!(limits, before, "a refused try charged something");
+                    }
+                    Some(granted) => {
+                        assert_eq!(granted.wait_micros, longest);
+                        let bound = granted.bound_by.map(|i| waits[i]);
+                        assert_eq!(bound.unwrap_or(0), longest);
+                        for single in &mut singles {
+                            single.reserve_earliest_available(permits, now + longest);
+                        }
+                        assert_eq!(limits.states(), &singles[..]);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The grants, replayed in any window, never exceed what each limit
+    /// allows alone over it: its burst, its rate over the window, and the
+    /// last request's own permits (charged to the next one).
+    #[test]
+    fn no_window_of_any_limit_is_over_granted() {
+        let mut rng = Rng(23);
+        for _ in 0..100 {
+            let rates = [rng.below(20) + 1, rng.below(5) + 1];
+            let bursts = [rng.below(1000), rng.below(3000)];
+            let states = (0..2)
+                .map(|i| bursty(rates[i] as f64, Duration::from_millis(bursts[i])))
+                .collect();
+            let mut limits = Limits::new(states).unwrap();
+            let mut grants = Vec::new();
+            let mut now = 0;
+            for _ in 0..200 {
+                now += rng.below(400_000);
+                let permits = 1 + rng.below(3) as u32;
+                if let Some(g) = limits.try_reserve(permits, now, rng.below(2_000_000), false) {
+                    grants.push((g.moment_micros, u64::from(permits)));
+                }
+            }
+            for i in 0..2 {
+                let burst = rates[i] as f64 * bursts[i] as f64 / 1000.0;
+                for a in 0..grants.len() {
+                    let mut sum = 0;
+                    for (b, &(moment, permits)) in grants.iter().enumerate().skip(a) {
+                        sum += permits;
+                        let window = (moment - grants[a].0) as f64 / 1e6;
+                        // Moments are whole microseconds, tickets finer: a
+                        // window can read up to 1 µs short at each end.
+                        let window_ends = 2e-6 * rates[i] as f64;
+                        let allowed =
+                            burst + rates[i] as f64 * window + permits as f64 + window_ends;
+                        assert!(
+                            (sum as f64) <= allowed,
+                            "limit {i}: {sum} permits in grants {a}..={b} over {window} s"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A give-back leaves the limits exactly as a twin that never saw the
+    /// reservation: random mixes of held and plain reservations, tries,
+    /// idle gaps and give-backs, both policies, one to three limits.
+    #[test]
+    fn a_give_back_leaves_exactly_what_a_limiter_without_it_holds() {
+        let mut rng = Rng(31);
+        for _ in 0..300 {
+            let count = 1 + rng.below(3) as usize;
+            let states: Vec<State> = (0..count).map(|_| random_limit(&mut rng)).collect();
+            let mut limits = Limits::new(states).unwrap();
+            // Every request made, with the held ones' ids; replayed without
+            // the ones given back, it must give the same states.
+            let mut history: Vec<(u32, u64, Option<u64>)> = Vec::new();
+            let mut given_back = Vec::new();
+            let fresh = limits.clone();
+            let mut now = 0;
+            for _ in 0..60 {
+                now += rng.below(200_000);
+                match rng.below(4) {
+                    0 | 1 => {
+                        let permits = 1 + rng.below(3) as u32;
+                        let g = limits.reserve(permits, now, rng.below(2) == 0);
+                        history.push((permits, now, g.id));
+                    }
+                    2 => {
+                        let ids: Vec<u64> = history.iter().filter_map(|h| h.2).collect();
+                        if let Some(&id) = ids.get(rng.below(ids.len() as u64 + 1) as usize)
+                            && !given_back.contains(&id)
+                        {
+                            let moment = limits_moment(&limits, id);
+                            let took = limits.give_back(id, now);
+                            assert_eq!(took, moment.is_some_and(|m| m > now), "id {id}");
+                            if took {
+                                given_back.push(id);
+                                let mut twin = fresh.clone();
+                                for &(p, at, hid) in &history {
+                                    if hid.is_none_or(|h| !given_back.contains(&h)) {
+                                        twin.reserve(p, at, false);
+                                    }
+                                }
+                                assert_eq!(limits.states(), twin.states());
+                            }
+                        }
+                    }
+                    _ => {
+                        let before = limits.clone();
+                        if limits.try_reserve(1, now, 0, false).is_none() {
+                            assert_eq!(limits, before);
+                        } else {
+                            history.push((1, now, None));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn limits_moment(limits: &Limits, id: u64) -> Option<u64> {
+        limits
+            .log
+            .requests
+            .iter()
+            .find(|r| r.id == Some(id))
+            .map(|r| r.moment_micros)
+    }
+
+    #[test]
+    fn a_full_log_drops_its_oldest_which_then_gives_nothing_back() {
+        let mut limits = Limits::with_capacity(vec![bursty(1.0, Duration::ZERO)], 2).unwrap();
+        limits.reserve(1, 0, false);
+        let first = limits.reserve(1, 0, true).id.unwrap();
+        let second = limits.reserve(1, 0, true).id.unwrap();
+        let third = limits.reserve(1, 0, true).id.unwrap();
+        let before = limits.clone();
+        assert!(!limits.give_back(first, 0));
+        assert_eq!(limits, before);
+        assert!(limits.give_back(second, 0));
+        assert!(limits.give_back(third, 0));
+        assert_eq!(limits.states()[0].next_free_micros, 2_000_000);
+    }
+
+    #[test]
+    fn a_rate_change_applies_to_one_limit_or_all_and_empties_the_log() {
+        let per_second = bursty(10.0, Duration::ZERO);
+        let per_minute = bursty(1.0, Duration::ZERO);
+        let mut limits = Limits::new(vec![per_second, per_minute]).unwrap();
+        limits.reserve(1, 0, false);
+        let held = limits.reserve(1, 0, true).id.unwrap();
+        limits.set_rate(Some(1), 2.0, 0).unwrap();
+        assert_eq!(limits.states()[0].permits_per_second, 10.0);
+        assert_eq!(limits.states()[1].permits_per_second, 2.0);
+        assert!(
+            !limits.give_back(held, 0),
+            "given back across a rate change"
+        );
+        limits.set_rate(None, 4.0, 0).unwrap();
+        assert!(limits.states().iter().all(|s| s.permits_per_second == 4.0));
+        assert!(limits.set_rate(None, f64::NAN, 0).is_err());
+        limits.scale(0.5, 1.0, 0).unwrap();
+        assert!(limits.states().iter().all(|s| s.permits_per_second == 2.0));
+        limits.scale(f64::INFINITY, 3.0, 0).unwrap();
+        assert!(
+            limits
+                .states()
+                .iter()
+                .all(|s| s.permits_per_second == f64::INFINITY)
+        );
+        limits.scale(0.0, 3.0, 0).unwrap();
+        assert!(limits.states().iter().all(|s| s.permits_per_second == 3.0));
+        assert!(Limits::new(Vec::new()).is_none());
+    }
+}

@@ -1,0 +1,201 @@
+//! A local limiter with several limits, on a fake clock: a request waits
+//! for the latest limit, every limit is charged, a refused try charges
+//! none, a give-back returns it to all of them, and the limiter agrees with
+//! the core's `Limits` step by step.
+
+use std::time::Duration;
+
+use crate::support::rng::Rng;
+use throttler::clock::{Clock, FakeClock};
+use throttler::core::{Bursty, Limits, Policy, State};
+use throttler::{Error, Limit, RateLimiter};
+
+const MS: Duration = Duration::from_millis(1);
+
+fn two_limits(clock: &FakeClock) -> RateLimiter<FakeClock> {
+    // 10 per second with a burst of 2, and 3 per minute with a burst of 3.
+    RateLimiter::builder()
+        .limit(Limit::per_second(10.0).burst(2))
+        .limit(Limit::per_minute(3.0))
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn the_latest_limit_sets_the_wait_and_every_limit_is_charged() {
+    let clock = FakeClock::new();
+    let limiter = two_limits(&clock);
+    // Neither limit has stored anything yet: the first goes at once, the
+    // second waits for the per-minute limit (20 s), not the per-second one.
+    assert_eq!(limiter.reserve(1).unwrap(), Duration::ZERO);
+    assert_eq!(limiter.reserve(1).unwrap(), Duration::from_secs(20));
+    assert_eq!(limiter.available_in().unwrap(), Duration::from_secs(40));
+    // A minute later the per-minute limit has caught up (its ticket was
+    // at 40 s) and stored 20 s worth, one permit; the per-second one
+    // stored its burst of 2. Two go at once; the third waits 20 s.
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(limiter.reserve(1).unwrap(), Duration::ZERO);
+    assert_eq!(limiter.reserve(1).unwrap(), Duration::ZERO);
+    assert_eq!(limiter.reserve(1).unwrap(), Duration::from_secs(20));
+}
+
+#[test]
+fn a_refused_try_charges_no_limit() {
+    let clock = FakeClock::new();
+    let limiter = two_limits(&clock);
+    assert!(limiter.try_reserve(1, Duration::ZERO).unwrap().is_some());
+    let before = format!("{limiter:?}");
+    assert_eq!(
+        limiter.try_reserve(1, Duration::from_secs(19)).unwrap(),
+        None
+    );
+    assert!(!limiter.try_acquire_blocking(1, 19_999 * MS).unwrap());
+    assert_eq!(format!("{limiter:?}"), before);
+    assert_eq!(
+        limiter.try_reserve(1, Duration::from_secs(20)).unwrap(),
+        Some(Duration::from_secs(20))
+    );
+}
+
+#[test]
+fn a_dropped_reservation_gives_back_to_every_limit() {
+    let clock = FakeClock::new();
+    let limiter = two_limits(&clock);
+    limiter.reserve(1).unwrap();
+    let held = limiter.reservation(1).unwrap();
+    assert_eq!(held.delay(), Duration::from_secs(20));
+    let after = limiter.reservation(1).unwrap();
+    assert_eq!(after.delay(), Duration::from_secs(40));
+    clock.advance(Duration::from_secs(5));
+    drop(held);
+    // The next caller is scheduled as if the dropped one had never been:
+    // the one after it still holds 40 s, and the per-minute limit's ticket
+    // is back to 40 s, not 60 s.
+    assert_eq!(limiter.available_in().unwrap(), Duration::from_secs(35));
+    drop(after);
+    assert_eq!(limiter.available_in().unwrap(), Duration::from_secs(15));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_timed_out_acquire_gives_back_to_every_limit() {
+    let limiter = RateLimiter::builder()
+        .limit(Limit::per_second(10.0).burst(0))
+        .limit(Limit::per_second(1.0).burst(0))
+        .build()
+        .unwrap();
+    limiter.acquire(1).await.unwrap();
+    for _ in 0..20 {
+        let timed_out = tokio::time::timeout(MS, limiter.acquire(1)).await;
+        assert!(timed_out.is_err());
+    }
+    // Twenty callers gave up: the debt is one interval of the slow limit
+    // at most, not twenty.
+    let wait = limiter.available_in().unwrap();
+    assert!(wait <= Duration::from_secs(1), "{wait:?}");
+}
+
+#[test]
+fn set_rate_scales_every_limit_and_set_limit_rate_one() {
+    let clock = FakeClock::new();
+    let limiter = two_limits(&clock);
+    assert_eq!(limiter.rate(), 10.0);
+    limiter.set_rate(20.0).unwrap();
+    assert_eq!(limiter.rate(), 20.0);
+    // The per-minute limit doubled too: 6 per minute, 10 s apart.
+    limiter.reserve(1).unwrap();
+    assert_eq!(limiter.reserve(1).unwrap(), Duration::from_secs(10));
+    limiter.set_limit_rate(1, 60.0 / 60.0).unwrap();
+    assert_eq!(limiter.available_in().unwrap(), Duration::from_secs(20));
+    assert!(matches!(
+        limiter.set_limit_rate(2, 1.0),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(limiter.set_limit_rate(0, f64::NAN).is_err());
+    assert!(limiter.set_rate(-1.0).is_err());
+    assert_eq!(limiter.rate(), 20.0);
+}
+
+#[test]
+fn bad_limits_are_refused_when_built() {
+    for limit in [
+        Limit::per_second(0.0),
+        Limit::per_second(f64::NAN),
+        Limit::per_second(-3.0),
+        Limit::per(5.0, Duration::ZERO),
+        Limit::per_second(1.0).warmup(MS).cold_factor(0.5),
+    ] {
+        let built = RateLimiter::builder()
+            .limit(Limit::per_second(1.0))
+            .limit(limit.clone())
+            .build();
+        assert!(matches!(built, Err(Error::InvalidArgument(_))), "{limit:?}");
+    }
+    let shaped_nothing = RateLimiter::builder()
+        .max_burst(Duration::from_secs(1))
+        .limit(Limit::per_second(1.0))
+        .build();
+    assert!(matches!(shaped_nothing, Err(Error::InvalidArgument(_))));
+    // One limit alone is an ordinary limiter; the builder's own rate is
+    // the first of several.
+    let one = RateLimiter::builder()
+        .limit(Limit::per_minute(60.0))
+        .build()
+        .unwrap();
+    assert_eq!(one.rate(), 1.0);
+    let two = RateLimiter::builder()
+        .permits_per_second(5.0)
+        .limit(Limit::per_hour(100.0))
+        .build()
+        .unwrap();
+    assert_eq!(two.rate(), 5.0);
+}
+
+/// The limiter against the core's `Limits`, call by call: random limits of
+/// both kinds, reservations, tries, rate changes and idle gaps.
+#[test]
+fn the_limiter_agrees_with_the_core_step_by_step() {
+    let mut rng = Rng::new(5);
+    for _ in 0..100 {
+        let clock = FakeClock::new();
+        let count = 2 + rng.below(2) as usize;
+        let mut builder = RateLimiter::builder().clock(clock.clone());
+        let mut states = Vec::new();
+        for _ in 0..count {
+            let per_second = 1.0 + rng.below(50) as f64;
+            let burst = rng.below(5);
+            builder = builder.limit(Limit::per_second(per_second).burst(burst));
+            let micros = (burst as f64 * 1e6 / per_second).ceil() as u64;
+            let policy = Policy::Bursty(Bursty::new(Duration::from_micros(micros)));
+            states.push(State::new(policy, per_second, 0).unwrap());
+        }
+        let limiter = builder.build().unwrap();
+        let mut core = Limits::new(states).unwrap();
+        for _ in 0..200 {
+            clock.advance(Duration::from_micros(rng.below(300_000)));
+            let now = clock.now_micros();
+            let permits = 1 + rng.below(3) as u32;
+            match rng.below(5) {
+                0 => {
+                    let timeout = rng.below(500_000);
+                    let got = limiter
+                        .try_reserve(permits, Duration::from_micros(timeout))
+                        .unwrap();
+                    let expected = core.try_reserve(permits, now, timeout, false);
+                    assert_eq!(got, expected.map(|g| Duration::from_micros(g.wait_micros)));
+                }
+                1 => {
+                    let factor = [0.5, 2.0][rng.below(2) as usize];
+                    let rate = limiter.rate() * factor;
+                    limiter.set_rate(rate).unwrap();
+                    core.scale(factor, rate, now).unwrap();
+                }
+                _ => {
+                    let got = limiter.reserve(permits).unwrap();
+                    let expected = core.reserve(permits, now, false);
+                    assert_eq!(got, Duration::from_micros(expected.wait_micros));
+                }
+            }
+        }
+    }
+}
