@@ -23,10 +23,8 @@
 //! [`Keyed`].
 
 use std::fmt::{self, Display};
-use std::future::{Future, ready};
+use std::future::Future;
 
-use futures::FutureExt;
-use futures::future::Either;
 use std::time::Duration;
 
 use crate::clock::Clock;
@@ -107,81 +105,66 @@ pub trait Store<Q: ?Sized + Sync>: Rate {
         None
     }
 
-    /// [`take`](Self::take) once `permits` is checked.
-    #[inline(always)]
-    fn checked(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Option<Duration>,
-        held: bool,
-    ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
-        match check_permits(permits) {
-            Ok(()) => Either::Left(self.take(key, permits, timeout, held)),
-            Err(error) => Either::Right(ready(Err(error))),
-        }
-    }
-
-    /// [`take_wait`](Self::take_wait) once `permits` is checked.
-    fn checked_wait(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Option<Duration>,
-    ) -> impl Future<Output = Result<Option<Duration>, Error>> + Send {
-        match check_permits(permits) {
-            Ok(()) => Either::Left(self.take_wait(key, permits, timeout)),
-            Err(error) => Either::Right(ready(Err(error))),
-        }
-    }
+    // The provided methods are `async` blocks rather than future
+    // combinators: a block is created small and builds the store's future
+    // in place when first polled, where a combinator moves the whole
+    // (large, for Redis) future at each layer.
 
     /// Reserves `permits` of `key` now; the wait before they may be used.
     /// Nothing gives them back.
-    #[inline(always)]
     fn reserve(
         &self,
         key: &Q,
         permits: u32,
     ) -> impl Future<Output = Result<Duration, Error>> + Send {
-        self.checked_wait(key, permits, None)
-            .map(|wait| Ok(wait?.unwrap_or_default()))
+        async move {
+            check_permits(permits)?;
+            Ok(self
+                .take_wait(key, permits, None)
+                .await?
+                .unwrap_or_default())
+        }
     }
 
     /// Reserves `permits` of `key` if the wait fits in `timeout`; `None`,
     /// reserving nothing, otherwise.
-    #[inline(always)]
     fn try_reserve(
         &self,
         key: &Q,
         permits: u32,
         timeout: Duration,
     ) -> impl Future<Output = Result<Option<Duration>, Error>> + Send {
-        self.checked_wait(key, permits, Some(timeout))
+        async move {
+            check_permits(permits)?;
+            self.take_wait(key, permits, Some(timeout)).await
+        }
     }
 
     /// Reserves `permits` of `key` as a reservation that gives them back if
     /// dropped.
-    #[inline(always)]
     fn reservation(
         &self,
         key: &Q,
         permits: u32,
     ) -> impl Future<Output = Result<Reservation<'_>, Error>> + Send {
-        let clock = self.clock();
-        self.checked(key, permits, None, true).map(move |taken| {
-            Ok(taken?.unwrap_or_else(|| Reservation::new(Duration::ZERO, clock, None)))
-        })
+        async move {
+            check_permits(permits)?;
+            let taken = self.take(key, permits, None, true).await?;
+            Ok(taken.unwrap_or_else(|| Reservation::new(Duration::ZERO, self.clock(), None)))
+        }
     }
 
     /// [`reservation`](Self::reservation) if the wait fits in `timeout`.
-    #[inline(always)]
     fn try_reservation(
         &self,
         key: &Q,
         permits: u32,
         timeout: Duration,
     ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
-        self.checked(key, permits, Some(timeout), true)
+        async move {
+            check_permits(permits)?;
+            self.take(key, permits, Some(timeout), true).await
+        }
     }
 
     /// Reserves `permits` of `key` and sleeps for the wait; the time slept.
@@ -192,7 +175,8 @@ pub trait Store<Q: ?Sized + Sync>: Rate {
         permits: u32,
     ) -> impl Future<Output = Result<Duration, Error>> + Send {
         async move {
-            match self.checked(key, permits, None, true).await? {
+            check_permits(permits)?;
+            match self.take(key, permits, None, true).await? {
                 Some(reservation) => Ok(reservation.wait().await),
                 None => Ok(Duration::ZERO),
             }
@@ -208,7 +192,8 @@ pub trait Store<Q: ?Sized + Sync>: Rate {
         timeout: Duration,
     ) -> impl Future<Output = Result<bool, Error>> + Send {
         async move {
-            let taken = self.checked(key, permits, Some(timeout), true).await?;
+            check_permits(permits)?;
+            let taken = self.take(key, permits, Some(timeout), true).await?;
             Ok(wait_if_granted(taken).await)
         }
     }
