@@ -49,6 +49,9 @@ use crate::clock::Clock;
 #[must_use = "a reservation is given back as soon as it is dropped: call .wait(), .wait_blocking() or .commit()"]
 pub struct Reservation<'a> {
     delay: Duration,
+    /// The limit that set the delay, on a limiter with several (see
+    /// [`limit`](Reservation::limit)).
+    limit: u32,
     clock: &'a dyn Clock,
     /// What to give back on drop; `None` once used, or if nothing can be.
     pending: Option<Pending<'a>>,
@@ -95,9 +98,16 @@ impl<'a> Reservation<'a> {
     pub(crate) fn new(delay: Duration, clock: &'a dyn Clock, pending: Option<Pending<'a>>) -> Self {
         Reservation {
             delay,
+            limit: 0,
             clock,
             pending,
         }
+    }
+
+    /// This reservation, waiting for limit `limit` of its limiter's.
+    pub(crate) fn for_limit(mut self, limit: usize) -> Self {
+        self.limit = u32::try_from(limit).unwrap_or(u32::MAX);
+        self
     }
 
     /// A reservation that cannot be given back: what a [`Limiter`](crate::Limiter)
@@ -111,6 +121,37 @@ impl<'a> Reservation<'a> {
     #[inline]
     pub fn delay(&self) -> Duration {
         self.delay
+    }
+
+    /// Which of its limiter's limits this reservation waits for, counted
+    /// from 0 in the order the builder was given them (see
+    /// [`Builder::limit`](crate::Builder::limit)); `None` if it does not
+    /// wait. A limiter with one limit answers `Some(0)` for any wait. For a
+    /// `RateLimit` header that names the policy a client ran into.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use throttler::{Limit, RateLimiter};
+    /// use throttler::clock::FakeClock;
+    ///
+    /// let clock = FakeClock::new();
+    /// let limiter = RateLimiter::builder()
+    ///     .limit(Limit::per_second(10.0).burst(0))
+    ///     .limit(Limit::per_minute(60.0).burst(3))
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// limiter.reserve(1)?;
+    /// // Nothing stored yet: the per-minute limit binds (1 s).
+    /// assert_eq!(limiter.reservation(1)?.limit(), Some(1));
+    /// // With three permits stored per minute, the per-second one does.
+    /// clock.advance(Duration::from_secs(5));
+    /// limiter.reserve(1)?;
+    /// let next = limiter.reservation(1)?;
+    /// assert_eq!((next.delay(), next.limit()), (Duration::from_millis(100), Some(0)));
+    /// # Ok::<(), throttler::Error>(())
+    /// ```
+    pub fn limit(&self) -> Option<usize> {
+        (!self.delay.is_zero()).then_some(self.limit as usize)
     }
 
     /// Sleeps for the delay (on the limiter's clock), then keeps the permits;

@@ -239,7 +239,8 @@ impl<C: Clock> RateLimiter<C> {
         if let Some(limits) = &mut guard.limits {
             let now = self.clock.now_micros();
             let granted = limits.try_reserve(permits, now, timeout, O::GIVES_BACK)?;
-            return Some(O::from_limits(granted.wait_micros, granted.id));
+            let bound_by = granted.bound_by.unwrap_or(0);
+            return Some(O::from_limits(granted.wait_micros, granted.id, bound_by));
         }
         let (moment, record, now) = self.transact_in(&mut guard, |state, ledger, now| {
             state.can_acquire(now, timeout).then(|| {
@@ -379,11 +380,13 @@ impl<C: Clock> RateLimiter<C> {
             Grant {
                 wait,
                 taken: Some(taken),
+                limit,
             } if wait > 0 => Reservation::new(
                 Duration::from_micros(wait),
                 &self.clock,
                 Some(Pending { owner: self, taken }),
-            ),
+            )
+            .for_limit(limit),
             _ => Reservation::new(Duration::ZERO, &self.clock, None),
         }
     }

@@ -9,6 +9,8 @@ use crate::reservation::Taken;
 pub(super) struct Grant {
     pub(super) wait: u64,
     pub(super) taken: Option<Taken>,
+    /// The limit that set the wait, on a limiter with several.
+    pub(super) limit: usize,
 }
 
 /// What a reservation hands back: the wait alone (`u64`: a plain
@@ -34,8 +36,8 @@ pub(super) trait Outcome: Sized {
     /// A reservation made on the core, under the lock.
     fn from_locked(wait: u64, record: Self::Record) -> Self;
     /// A reservation made on several limits, with its id in their log if
-    /// it can be given back.
-    fn from_limits(wait: u64, id: Option<u64>) -> Self;
+    /// it can be given back, and the limit that set its wait.
+    fn from_limits(wait: u64, id: Option<u64>, bound_by: usize) -> Self;
 }
 
 impl Outcome for u64 {
@@ -57,7 +59,7 @@ impl Outcome for u64 {
         wait
     }
 
-    fn from_limits(wait: u64, _: Option<u64>) -> u64 {
+    fn from_limits(wait: u64, _: Option<u64>, _: usize) -> u64 {
         wait
     }
 }
@@ -74,20 +76,26 @@ impl Outcome for Grant {
     #[inline(always)]
     fn from_word(wait: u64) -> Grant {
         // Nothing to wait for, so nothing to give back.
-        Grant { wait, taken: None }
+        Grant {
+            wait,
+            taken: None,
+            limit: 0,
+        }
     }
 
     fn from_locked(wait: u64, reserved: Reserved) -> Grant {
         Grant {
             wait,
             taken: Some(Taken::Core(reserved)),
+            limit: 0,
         }
     }
 
-    fn from_limits(wait: u64, id: Option<u64>) -> Grant {
+    fn from_limits(wait: u64, id: Option<u64>, bound_by: usize) -> Grant {
         Grant {
             wait,
             taken: id.map(Taken::Logged),
+            limit: bound_by,
         }
     }
 }

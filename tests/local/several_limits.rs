@@ -199,3 +199,35 @@ fn the_limiter_agrees_with_the_core_step_by_step() {
         }
     }
 }
+
+#[test]
+fn a_reservation_names_the_limit_it_waits_for() {
+    let clock = FakeClock::new();
+    let limiter = two_limits(&clock);
+    let first = limiter.reservation(1).unwrap();
+    assert_eq!(first.limit(), None, "it does not wait");
+    first.commit();
+    assert_eq!(limiter.reservation(1).unwrap().limit(), Some(1));
+    // Once the per-minute limit has stored permits, the per-second one
+    // binds.
+    let clock = FakeClock::new();
+    let limiter = RateLimiter::builder()
+        .limit(Limit::per_second(10.0).burst(0))
+        .limit(Limit::per_minute(60.0).burst(3))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    clock.advance(Duration::from_secs(3));
+    limiter.reserve(1).unwrap();
+    let second = limiter.reservation(1).unwrap();
+    assert_eq!((second.delay(), second.limit()), (100 * MS, Some(0)));
+    // A limiter with one limit names it for any wait.
+    let one = RateLimiter::builder()
+        .permits_per_second(1.0)
+        .max_burst(Duration::ZERO)
+        .clock(FakeClock::new())
+        .build()
+        .unwrap();
+    one.reserve(1).unwrap();
+    assert_eq!(one.reservation(1).unwrap().limit(), Some(0));
+}
