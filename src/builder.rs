@@ -223,6 +223,31 @@ impl Limit {
     }
 }
 
+/// The core states of a builder's limits at `now`: the one its own rate
+/// describes, if set, then each [`Limit`] in order.
+pub(crate) fn limit_states(
+    config: &PolicyConfig,
+    limits: &[Limit],
+    now: u64,
+) -> Result<Vec<State>, Error> {
+    let mut states = Vec::with_capacity(limits.len() + 1);
+    if limits.is_empty() || config.permits_per_second.is_some() {
+        let (policy, rate) = config.policy()?;
+        states.push(State::new(policy, rate, now)?);
+    } else if config.max_burst.is_some() || config.warmup.is_some() || config.cold_factor.is_some()
+    {
+        return Err(Error::InvalidArgument(
+            "max_burst, warmup and cold_factor on the builder shape the rate set with \
+             permits_per_second, which was not set: set them on each Limit instead"
+                .to_owned(),
+        ));
+    }
+    for limit in limits {
+        states.push(limit.state(now)?);
+    }
+    Ok(states)
+}
+
 /// Builds a [`RateLimiter`] with options; see [`RateLimiter::builder`].
 ///
 /// Setting [`warmup`](Builder::warmup) chooses the warming-up policy;
@@ -304,23 +329,7 @@ impl<C: Clock> Builder<C> {
     /// of both policies were set.
     pub fn build(self) -> Result<RateLimiter<C>, Error> {
         let now = self.clock.now_micros();
-        let mut states = Vec::with_capacity(self.limits.len() + 1);
-        if self.limits.is_empty() || self.config.permits_per_second.is_some() {
-            let (policy, rate) = self.config.policy()?;
-            states.push(State::new(policy, rate, now)?);
-        } else if self.config.max_burst.is_some()
-            || self.config.warmup.is_some()
-            || self.config.cold_factor.is_some()
-        {
-            return Err(Error::InvalidArgument(
-                "max_burst, warmup and cold_factor on the builder shape the rate set with \
-                 permits_per_second, which was not set: set them on each Limit instead"
-                    .to_owned(),
-            ));
-        }
-        for limit in &self.limits {
-            states.push(limit.state(now)?);
-        }
+        let mut states = limit_states(&self.config, &self.limits, now)?;
         if states.len() == 1 {
             let state = states.pop().expect("one state");
             return Ok(RateLimiter::from_parts(state, self.clock));

@@ -254,6 +254,28 @@ impl Limits {
         Ok(())
     }
 
+    /// Whether every limit reads as full at `now_micros` (no debt, every
+    /// permit it can store stored) and nothing can be given back: the state
+    /// a key never seen starts in, so it can be forgotten.
+    pub fn reads_as_full(&self, now_micros: u64) -> bool {
+        self.log.requests.is_empty()
+            && self.states.iter().all(|state| {
+                let mut state = state.clone();
+                state.resync(now_micros);
+                state.next_free_micros <= now_micros && state.stored_permits >= state.max_permits
+            })
+    }
+
+    /// The latest ticket of any limit: when the limits were last used, for
+    /// choosing which to forget first.
+    pub fn last_used(&self) -> u64 {
+        self.states
+            .iter()
+            .map(|s| s.next_free_micros)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Takes out of the log the requests whose moment has passed: they have
     /// been used.
     fn expire(&mut self, now_micros: u64) {

@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use super::KeyedRateLimiter;
 use crate::Error;
-use crate::builder::{PolicyConfig, policy_setters};
+use crate::builder::{Limit, PolicyConfig, limit_states, policy_setters};
 use crate::clock::{Clock, SystemClock};
-use crate::core::State;
 
 /// Builds a [`KeyedRateLimiter`]; see [`KeyedRateLimiter::builder`].
 ///
@@ -36,6 +35,7 @@ use crate::core::State;
 #[must_use = "a builder does nothing until .build() is called"]
 pub struct KeyedBuilder<K, C = SystemClock> {
     config: PolicyConfig,
+    limits: Vec<Limit>,
     max_keys: Option<usize>,
     clock: C,
     key: PhantomData<fn(K)>,
@@ -45,6 +45,7 @@ impl<K> KeyedBuilder<K, SystemClock> {
     pub(super) fn new() -> Self {
         KeyedBuilder {
             config: PolicyConfig::default(),
+            limits: Vec::new(),
             max_keys: None,
             clock: SystemClock::new(),
             key: PhantomData,
@@ -66,11 +67,21 @@ impl<K, C: Clock> KeyedBuilder<K, C> {
         self
     }
 
+    /// Adds a limit that every key's requests must also satisfy, as
+    /// [`Builder::limit`](crate::Builder::limit) does for one limiter:
+    /// each key then has all of them. A keyed limiter with several limits
+    /// serves every call under its key's shard lock.
+    pub fn limit(mut self, limit: Limit) -> Self {
+        self.limits.push(limit);
+        self
+    }
+
     /// The clock to read and sleep on (default [`SystemClock`]); a
     /// [`FakeClock`](crate::clock::FakeClock) in tests.
     pub fn clock<C2: Clock>(self, clock: C2) -> KeyedBuilder<K, C2> {
         KeyedBuilder {
             config: self.config,
+            limits: self.limits,
             max_keys: self.max_keys,
             clock,
             key: PhantomData,
@@ -86,7 +97,6 @@ impl<K, C: Clock> KeyedBuilder<K, C> {
     where
         K: Hash + Eq + Clone + Send + Sync + 'static,
     {
-        let (policy, rate) = self.config.policy()?;
         if self.max_keys == Some(0) {
             return Err(Error::InvalidArgument(
                 "max_keys must be at least 1 (got 0): a limiter that holds no key cannot \
@@ -94,7 +104,15 @@ impl<K, C: Clock> KeyedBuilder<K, C> {
                     .to_owned(),
             ));
         }
-        let template = State::new(policy, rate, 0)?;
+        let mut states = limit_states(&self.config, &self.limits, 0)?;
+        if states.len() > 1 {
+            return Ok(KeyedRateLimiter::from_limits(
+                states,
+                self.clock,
+                self.max_keys,
+            ));
+        }
+        let template = states.pop().expect("one limit");
         Ok(KeyedRateLimiter::from_parts(
             template,
             self.clock,

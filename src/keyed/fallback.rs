@@ -26,6 +26,9 @@ where
         Q: Hash + Eq + ?Sized,
     {
         let read = self.clock.now_micros();
+        if let Some(several) = &self.several {
+            return Duration::from_micros(several.wait_of(key, read));
+        }
         let next_free = self.shard(key).read().next_free(key, read);
         Duration::from_micros(next_free.saturating_sub(read))
     }

@@ -3,6 +3,7 @@
 
 mod builder;
 mod fallback;
+mod several;
 mod shard;
 mod store;
 
@@ -16,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 pub use builder::KeyedBuilder;
+use several::{Several, Ticket};
 pub(crate) use shard::Mode;
 use shard::{Dropped, Fast, Recorded, Shard, Table};
 
@@ -131,6 +133,9 @@ pub struct KeyedRateLimiter<K, C: Clock = SystemClock> {
     /// Whether keys may be held as words, so that a call tries the read
     /// lock first: a bursty policy, keys that start full.
     words: bool,
+    /// The keys, for a limiter built with several limits (the shards are
+    /// then unused).
+    several: Option<Box<Several<K>>>,
 }
 
 /// A shard on cache lines of its own, so that threads on different shards
@@ -189,8 +194,20 @@ pub struct KeyedStats {
 /// what its shard gives it back with.
 struct KeyedTaken<K> {
     key: K,
-    recorded: Recorded,
+    recorded: Record,
 }
+
+/// What gives a keyed reservation back: the shard's record, or the way
+/// back into a key's several limits.
+#[derive(Debug)]
+enum Record {
+    Shard(Recorded),
+    Several(Ticket),
+}
+
+/// A granted reservation of one key: the wait in µs, what gives it back if
+/// it was recorded and waits, and the limit that set the wait.
+type Grant = (u64, Option<Record>, usize);
 
 /// # Constructors
 impl<K> KeyedRateLimiter<K, SystemClock>
@@ -291,7 +308,18 @@ where
             dropped_unfinished: AtomicU64::new(0),
             dropped_until: AtomicU64::new(0),
             words,
+            several: None,
         }
+    }
+
+    /// A limiter whose keys each enforce every one of `limits` (the first
+    /// one's rate is the limiter's).
+    pub(crate) fn from_limits(limits: Vec<State>, clock: C, max_keys: Option<usize>) -> Self {
+        let mut limiter = Self::from_parts(limits[0].clone(), clock, max_keys, Mode::Full);
+        let cap = max_keys.map(|cap| (cap / limiter.shards.len()).max(1));
+        limiter.several = Some(Box::new(Several::new(limits, limiter.shards.len(), cap)));
+        limiter.words = false;
+        limiter
     }
 
     /// The shard of `key`.
@@ -320,18 +348,20 @@ where
     /// Reserves `permits` of `key` if its debt fits in `timeout` µs
     /// (`u64::MAX`: always); the wait in µs and, when `record` is set (for
     /// a [`Reservation`]) and it has to wait, what gives it back.
-    fn reserve_micros<Q>(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: u64,
-        record: bool,
-    ) -> Option<(u64, Option<Recorded>)>
+    fn reserve_micros<Q>(&self, key: &Q, permits: u32, timeout: u64, record: bool) -> Option<Grant>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let read = self.clock.now_micros();
+        if let Some(several) = &self.several {
+            let (grant, dropped) = several.reserve(key, permits, read, timeout, record);
+            self.count_dropped(dropped);
+            return grant.map(|(granted, ticket)| {
+                let limit = granted.bound_by.unwrap_or(0);
+                (granted.wait_micros, ticket.map(Record::Several), limit)
+            });
+        }
         let shard = self.shard(key);
         // The common call: a key held as a word (with no ledger), a step
         // with no wait to record, under the read lock.
@@ -340,7 +370,7 @@ where
             && let Some(fast) = shard.read().fast(key, read, permits, timeout, only_at_once)
         {
             return match fast {
-                Fast::Granted(wait) => Some((wait, None)),
+                Fast::Granted(wait) => Some((wait, None, 0)),
                 Fast::Refused => None,
             };
         }
@@ -348,16 +378,16 @@ where
         let (grant, dropped) = shard.reserve(key, now, permits, timeout, record);
         drop(shard);
         self.count_dropped(dropped);
-        grant
+        grant.map(|(wait, recorded)| (wait, recorded.map(Record::Shard), 0))
     }
 
     /// A grant as a reservation: one with a wait can be given back.
-    fn to_reservation<Q>(&self, key: &Q, grant: (u64, Option<Recorded>)) -> Reservation<'_>
+    fn to_reservation<Q>(&self, key: &Q, grant: Grant) -> Reservation<'_>
     where
         K: Borrow<Q>,
         Q: ToOwned<Owned = K> + ?Sized,
     {
-        let (wait, Some(recorded)) = grant else {
+        let (wait, Some(recorded), limit) = grant else {
             return Reservation::new(Duration::ZERO, &self.clock, None);
         };
         let taken = KeyedTaken {
@@ -372,6 +402,7 @@ where
                 taken: Taken::Boxed(Box::new(taken)),
             }),
         )
+        .for_limit(limit)
     }
 }
 
@@ -541,6 +572,12 @@ where
     /// limiter is then unchanged.
     pub fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
+        if let Some(several) = &self.several {
+            let factor = permits_per_second / several.shape().1;
+            several.scale(factor, permits_per_second, self.clock.now_micros())?;
+            self.rate_bits.store(permits_per_second.to_bits(), Relaxed);
+            return Ok(());
+        }
         for shard in self.shards.iter() {
             let read = self.clock.now_micros();
             let (mut table, now) = shard.0.write_at(read);
@@ -560,8 +597,38 @@ where
         &self.clock
     }
 
+    /// Changes the rate of limit `index` alone, for every key (limits are
+    /// counted from 0 in the order the builder was given them). On a
+    /// limiter with one limit, index 0 is [`set_rate`](Self::set_rate).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN, or
+    /// there is no limit `index`.
+    pub fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
+        stable_interval_micros(permits_per_second)?;
+        let count = self.several.as_ref().map_or(1, |several| several.shape().0);
+        if index >= count {
+            return Err(Error::InvalidArgument(format!(
+                "no limit {index}: this limiter has {count} (counted from 0)"
+            )));
+        }
+        match &self.several {
+            Some(several) => {
+                several.set_limit_rate(index, permits_per_second, self.clock.now_micros())?;
+                if index == 0 {
+                    self.rate_bits.store(permits_per_second.to_bits(), Relaxed);
+                }
+                Ok(())
+            }
+            None => self.set_rate(permits_per_second),
+        }
+    }
+
     /// The number of keys held now (those not known to read as full).
     pub fn len(&self) -> usize {
+        if let Some(several) = &self.several {
+            return several.len();
+        }
         self.shards.iter().map(|shard| shard.0.read().len()).sum()
     }
 
@@ -591,8 +658,17 @@ where
         let Ok(taken) = (taken as Box<dyn Any + Send + Sync>).downcast::<KeyedTaken<K>>() else {
             return;
         };
-        let (mut shard, now) = self.shard_now(&taken.key);
-        shard.give_back(&taken.key, &taken.recorded, now);
+        match &taken.recorded {
+            Record::Shard(recorded) => {
+                let (mut shard, now) = self.shard_now(&taken.key);
+                shard.give_back(&taken.key, recorded, now);
+            }
+            Record::Several(ticket) => {
+                if let Some(several) = &self.several {
+                    several.give_back(&taken.key, *ticket, self.clock.now_micros());
+                }
+            }
+        }
     }
 
     fn keep(&self, taken: Taken) {
@@ -602,8 +678,10 @@ where
         let Ok(taken) = (taken as Box<dyn Any + Send + Sync>).downcast::<KeyedTaken<K>>() else {
             return;
         };
-        let (mut shard, _) = self.shard_now(&taken.key);
-        shard.keep(&taken.key, &taken.recorded);
+        if let Record::Shard(recorded) = &taken.recorded {
+            let (mut shard, _) = self.shard_now(&taken.key);
+            shard.keep(&taken.key, recorded);
+        }
     }
 }
 

@@ -23,7 +23,7 @@ where
 {
     fn take_wait_now(&self, key: &Q, permits: u32, timeout: Option<Duration>) -> Option<Duration> {
         let grant = self.reserve_micros(key, permits, timeout_micros(timeout), false);
-        grant.map(|(wait, _)| Duration::from_micros(wait))
+        grant.map(|(wait, _, _)| Duration::from_micros(wait))
     }
 
     fn take_now(

@@ -10,3 +10,4 @@ static ALLOCATOR: support::alloc::Counting = support::alloc::Counting;
 
 mod limiter;
 mod memory;
+mod several_limits;

@@ -1,0 +1,170 @@
+//! A keyed limiter with several limits: every key has all of them, starts
+//! full, and agrees with the core's `Limits` call by call; idle keys are
+//! forgotten, a cap holds, give-backs and refusals behave as for one key.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::support::rng::Rng;
+use throttler::clock::{Clock, FakeClock};
+use throttler::core::{Bursty, Limits, Policy, State};
+use throttler::{Error, KeyedRateLimiter, Limit};
+
+const MS: Duration = Duration::from_millis(1);
+
+fn per_second_and_minute(clock: &FakeClock) -> KeyedRateLimiter<u64, FakeClock> {
+    // 10 per second with a burst of 2, and 3 per minute with a burst of 3.
+    KeyedRateLimiter::builder()
+        .limit(Limit::per_second(10.0).burst(2))
+        .limit(Limit::per_minute(3.0))
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn each_key_starts_full_on_every_limit_and_waits_for_the_latest() {
+    let clock = FakeClock::new();
+    let limiter = per_second_and_minute(&clock);
+    // A new key: 2 stored per second, 3 per minute. Three go at once (the
+    // third spends no stored permit per second, so the next one pays), the
+    // fourth waits 100 ms (per second), the fifth 20 s (per minute).
+    for _ in 0..3 {
+        assert_eq!(limiter.reserve(&1, 1).unwrap(), Duration::ZERO);
+    }
+    assert_eq!(limiter.reserve(&1, 1).unwrap(), 100 * MS);
+    assert_eq!(limiter.reserve(&1, 1).unwrap(), Duration::from_secs(20));
+    // Another key is untouched.
+    assert_eq!(limiter.reserve(&2, 1).unwrap(), Duration::ZERO);
+    assert_eq!(limiter.available_in(&1).unwrap(), Duration::from_secs(40));
+    assert_eq!(limiter.available_in(&3).unwrap(), Duration::ZERO);
+    assert_eq!(limiter.len(), 2);
+}
+
+#[test]
+fn a_refused_try_charges_nothing_and_a_drop_gives_back() {
+    let clock = FakeClock::new();
+    let limiter = per_second_and_minute(&clock);
+    for _ in 0..4 {
+        limiter.reserve(&7, 1).unwrap();
+    }
+    let before = limiter.available_in(&7).unwrap();
+    assert_eq!(before, Duration::from_secs(20));
+    assert_eq!(
+        limiter.try_reserve(&7, 1, Duration::from_secs(1)).unwrap(),
+        None
+    );
+    assert_eq!(limiter.available_in(&7).unwrap(), before);
+    let held = limiter.reservation(&7, 1).unwrap();
+    assert_eq!(
+        (held.delay(), held.limit()),
+        (Duration::from_secs(20), Some(1))
+    );
+    assert_eq!(limiter.available_in(&7).unwrap(), Duration::from_secs(40));
+    drop(held);
+    assert_eq!(limiter.available_in(&7).unwrap(), before);
+}
+
+#[test]
+fn idle_keys_are_forgotten_and_a_cap_holds() {
+    let clock = FakeClock::new();
+    let limiter = per_second_and_minute(&clock);
+    for key in 0..1_000 {
+        limiter.reserve(&key, 1).unwrap();
+    }
+    assert_eq!(limiter.len(), 1_000);
+    // A minute and a half later every key reads as full again: a call
+    // sweeps them all.
+    clock.advance(Duration::from_secs(90));
+    for key in 0..64 {
+        limiter.reserve(&(10_000 + key), 1).unwrap();
+    }
+    assert!(limiter.len() <= 128, "{}", limiter.len());
+
+    let capped = KeyedRateLimiter::<u64>::builder()
+        .limit(Limit::per_second(1.0))
+        .limit(Limit::per_hour(10.0))
+        .max_keys(256)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    for key in 0..10_000 {
+        capped.reserve(&key, 2).unwrap();
+        assert!(capped.len() <= 256);
+    }
+    assert!(capped.stats().dropped_unfinished > 0);
+}
+
+#[test]
+fn rates_change_for_every_key_together_or_one_limit() {
+    let clock = FakeClock::new();
+    let limiter = KeyedRateLimiter::<u64>::builder()
+        .limit(Limit::per_second(10.0).burst(0))
+        .limit(Limit::per_minute(3.0).burst(0))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    limiter.set_rate(20.0).unwrap();
+    assert_eq!(limiter.rate(), 20.0);
+    // Per minute doubled too: 6 a minute, 10 s apart.
+    assert_eq!(limiter.reserve(&1, 1).unwrap(), Duration::ZERO);
+    assert_eq!(limiter.reserve(&1, 1).unwrap(), Duration::from_secs(10));
+    limiter.set_limit_rate(1, 1.0).unwrap();
+    assert_eq!(limiter.reserve(&1, 1).unwrap(), Duration::from_secs(20));
+    assert!(matches!(
+        limiter.set_limit_rate(2, 1.0),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(limiter.set_rate(0.0).is_err());
+}
+
+/// Each key against its own `Limits`, started full: random keys, limits,
+/// reservations, tries and idle gaps.
+#[test]
+fn every_key_agrees_with_the_core() {
+    let mut rng = Rng::new(9);
+    for _ in 0..50 {
+        let clock = FakeClock::new();
+        let count = 2 + rng.below(2) as usize;
+        let mut builder = KeyedRateLimiter::<u64>::builder().clock(clock.clone());
+        let mut template = Vec::new();
+        for _ in 0..count {
+            let per_second = 1.0 + rng.below(50) as f64;
+            let burst = rng.below(5);
+            builder = builder.limit(Limit::per_second(per_second).burst(burst));
+            let micros = (burst as f64 * 1e6 / per_second).ceil() as u64;
+            let policy = Policy::Bursty(Bursty::new(Duration::from_micros(micros)));
+            template.push(State::new(policy, per_second, 0).unwrap());
+        }
+        let limiter = builder.build().unwrap();
+        let mut cores: HashMap<u64, Limits> = HashMap::new();
+        for _ in 0..300 {
+            clock.advance(Duration::from_micros(rng.below(100_000)));
+            let now = clock.now_micros();
+            let key = rng.below(4);
+            let core = cores.entry(key).or_insert_with(|| {
+                let states = template
+                    .iter()
+                    .map(|t| {
+                        let mut s = t.clone();
+                        s.stored_permits = s.max_permits;
+                        s.next_free_micros = now;
+                        s
+                    })
+                    .collect();
+                Limits::new(states).unwrap()
+            });
+            let permits = 1 + rng.below(3) as u32;
+            let timeout = rng.below(400_000);
+            let got = limiter
+                .try_reserve(&key, permits, Duration::from_micros(timeout))
+                .unwrap();
+            let expected = core.try_reserve(permits, now, timeout, false);
+            assert_eq!(got, expected.map(|g| Duration::from_micros(g.wait_micros)));
+            // A key the limiter forgot read as full: so does its core.
+            if core.reads_as_full(now) {
+                cores.remove(&key);
+            }
+        }
+    }
+}
