@@ -207,8 +207,10 @@ impl Limits {
     }
 
     /// Changes the rate of limit `index` (every limit with `None`) at
-    /// `now_micros`, as [`State::set_rate`]; empties the give-back log.
-    /// Out-of-range indexes change nothing.
+    /// `now_micros`, as [`State::set_rate`]. A limit already at that rate
+    /// is left as it is; if any changes, the give-back log empties (its
+    /// requests were charged at the old rates). Out-of-range indexes change
+    /// nothing.
     pub fn set_rate(
         &mut self,
         index: Option<usize>,
@@ -216,27 +218,30 @@ impl Limits {
         now_micros: u64,
     ) -> Result<(), InvalidRate> {
         super::stable_interval_micros(permits_per_second)?;
-        self.log.requests.clear();
-        self.forget_if_empty();
-        for (i, state) in self.states.iter_mut().enumerate() {
-            if index.is_none_or(|index| index == i) {
-                state.set_rate(permits_per_second, now_micros)?;
-            }
-        }
-        Ok(())
+        let rates = (0..self.states.len())
+            .map(|i| {
+                if index.is_none_or(|index| index == i) {
+                    permits_per_second
+                } else {
+                    self.states[i].permits_per_second
+                }
+            })
+            .collect();
+        self.set_rates(rates, now_micros)
     }
 
     /// Multiplies every limit's rate by `factor` at `now_micros`, so that
     /// they keep their proportions; if that is not a valid rate for some
     /// limit (an infinite rate scaled, or scaled to infinity), every limit
-    /// gets `otherwise`. Empties the give-back log. Nothing changes if a
-    /// rate is invalid.
+    /// gets `otherwise`. As [`set_rate`](Self::set_rate) otherwise; nothing
+    /// changes if a rate is invalid.
     pub fn scale(
         &mut self,
         factor: f64,
         otherwise: f64,
         now_micros: u64,
     ) -> Result<(), InvalidRate> {
+        super::stable_interval_micros(otherwise)?;
         let scaled: Vec<f64> = self
             .states
             .iter()
@@ -245,11 +250,26 @@ impl Limits {
         let valid = scaled
             .iter()
             .all(|&rate| super::stable_interval_micros(rate).is_ok());
-        super::stable_interval_micros(otherwise)?;
+        let rates = if valid {
+            scaled
+        } else {
+            vec![otherwise; self.states.len()]
+        };
+        self.set_rates(rates, now_micros)
+    }
+
+    /// Sets each limit's rate (all valid) to `rates`.
+    fn set_rates(&mut self, rates: Vec<f64>, now_micros: u64) -> Result<(), InvalidRate> {
+        let changes = |(state, rate): (&State, &f64)| state.permits_per_second != *rate;
+        if !self.states.iter().zip(&rates).any(changes) {
+            return Ok(());
+        }
         self.log.requests.clear();
         self.forget_if_empty();
-        for (state, rate) in self.states.iter_mut().zip(scaled) {
-            state.set_rate(if valid { rate } else { otherwise }, now_micros)?;
+        for (state, rate) in self.states.iter_mut().zip(rates) {
+            if state.permits_per_second != rate {
+                state.set_rate(rate, now_micros)?;
+            }
         }
         Ok(())
     }

@@ -29,6 +29,16 @@ pub const SCRIPT: &str = concat!(
     include_str!("../../lua/write.lua"),
 );
 
+/// The script of a limiter with several limits (`lua/several.lua`, its
+/// protocol: `docs/redis-protocol.md`): every limit of a key in one value.
+pub const SEVERAL_SCRIPT: &str = include_str!("../../lua/several.lua");
+
+/// The marker of a value with several limits.
+pub const SEVERAL_MARKER: &[u8; 4] = b"thr4";
+
+/// The most requests a several-limit value's log keeps.
+pub const SEVERAL_LOG_CAPACITY: usize = 64;
+
 /// The marker of a value without a ledger.
 pub const MARKER: &[u8; 4] = b"thr2";
 

@@ -21,3 +21,4 @@ mod limiter;
 mod proxy_harness;
 mod recovery;
 mod script;
+mod several;

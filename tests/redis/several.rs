@@ -1,0 +1,312 @@
+//! The several-limits script against the core's `Limits`, reply by reply,
+//! on one real redis-server with the clock passed in: random limits of both
+//! policies, reservations (held or not), tries, queries, give-backs, rate
+//! changes and idle gaps. Waits, the limit that bound each, refusals and
+//! give-backs must agree exactly, and so must the states the script
+//! stores, field by field. Also: bad arguments and a corrupted value are
+//! clear errors that write nothing.
+
+use std::time::Duration;
+
+use crate::support::redis_server::RedisServer;
+use crate::support::rng::Rng;
+use redis::Value;
+use throttler::core::{Bursty, Limits, Policy, State, WarmingUp};
+use throttler::redis::format::{SEVERAL_LOG_CAPACITY, SEVERAL_SCRIPT};
+
+/// One limit's configuration, as the script takes it.
+#[derive(Debug, Clone, Copy)]
+struct Config {
+    rate: f64,
+    bursty: bool,
+    micros: u64,
+    cold_factor: f64,
+}
+
+impl Config {
+    fn random(rng: &mut Rng) -> Config {
+        let rate = *rng.pick(&[0.5, 2.0, 10.0, 333.0, 1000.0, 1e6]);
+        if rng.chance(0.3) {
+            Config {
+                rate,
+                bursty: false,
+                micros: 1 + rng.below(3_000_000),
+                cold_factor: 1.0 + 4.0 * rng.f64(),
+            }
+        } else {
+            Config {
+                rate,
+                bursty: true,
+                micros: rng.below(3_000_000),
+                cold_factor: 0.0,
+            }
+        }
+    }
+
+    fn policy(&self) -> Policy {
+        if self.bursty {
+            Policy::Bursty(Bursty::new(Duration::from_micros(self.micros)))
+        } else {
+            Policy::WarmingUp(WarmingUp::new(
+                Duration::from_micros(self.micros),
+                self.cold_factor,
+            ))
+        }
+    }
+
+    /// The limit full at `now`, as a missing key reads.
+    fn full(&self, now: u64) -> State {
+        let mut state = State::new(self.policy(), self.rate, now).unwrap();
+        state.stored_permits = state.max_permits;
+        state
+    }
+}
+
+/// A number as the script reads it back exactly.
+fn text(value: f64) -> String {
+    if value.is_infinite() {
+        "inf".to_owned()
+    } else {
+        format!("{value:?}")
+    }
+}
+
+struct Script {
+    script: redis::Script,
+    connection: redis::Connection,
+}
+
+impl Script {
+    fn call(&mut self, key: &str, first: &str, second: i64, limits: &[Config], now: u64) -> Value {
+        let mut invocation = self.script.key(key);
+        invocation.arg(first).arg(second).arg(limits.len());
+        for limit in limits {
+            invocation
+                .arg(text(limit.rate))
+                .arg(if limit.bursty { "bursty" } else { "warming_up" })
+                .arg(limit.micros)
+                .arg(text(limit.cold_factor));
+        }
+        invocation.arg(now);
+        invocation.invoke(&mut self.connection).unwrap()
+    }
+}
+
+fn ints(value: &Value) -> Vec<i64> {
+    match value {
+        Value::Array(items) => items
+            .iter()
+            .map(|item| match item {
+                Value::Int(n) => *n,
+                other => panic!("not an integer: {other:?}"),
+            })
+            .collect(),
+        other => panic!("not an array: {other:?}"),
+    }
+}
+
+/// The states the script stored, as (stored, ticket, fraction); `None`
+/// if the key is missing.
+fn stored_states(
+    connection: &mut redis::Connection,
+    key: &str,
+    n: usize,
+) -> Option<Vec<(f64, u64, u32)>> {
+    let value: Option<Vec<u8>> = redis::cmd("GET").arg(key).query(connection).unwrap();
+    let value = value?;
+    assert_eq!(&value[..4], b"thr4");
+    let field = |at: usize| f64::from_le_bytes(value[at..at + 8].try_into().unwrap());
+    (0..n)
+        .map(|i| {
+            let at = 44 + 40 * i;
+            (field(at), field(at + 8) as u64, field(at + 16) as u32)
+        })
+        .collect::<Vec<_>>()
+        .into()
+}
+
+#[test]
+fn the_script_and_the_core_agree_call_by_call() {
+    let server = RedisServer::start();
+    let mut script = Script {
+        script: redis::Script::new(SEVERAL_SCRIPT),
+        connection: server.connection(),
+    };
+    // `SEVERAL_SEEDS=2000` for a longer run.
+    let seeds = std::env::var("SEVERAL_SEEDS").map_or(150, |s| s.parse().unwrap());
+    for seed in 0..seeds {
+        let mut rng = Rng::new(1000 + seed);
+        let key = format!("several:{seed}");
+        let count = 2 + rng.below(3) as usize;
+        let mut limits: Vec<Config> = (0..count).map(|_| Config::random(&mut rng)).collect();
+        let mut now = 1_000_000 + rng.below(1_000_000);
+        let mut core: Option<Limits> = None;
+        // The held reservations on both sides: (script id, core id).
+        let mut held: Vec<(i64, u64)> = Vec::new();
+        for step in 0..120 {
+            now += match rng.below(10) {
+                0 => rng.below(5_000_000),
+                1..=4 => 0,
+                _ => rng.below(200_000),
+            };
+            let core = core.get_or_insert_with(|| {
+                let states = limits.iter().map(|l| l.full(now)).collect();
+                Limits::with_capacity(states, SEVERAL_LOG_CAPACITY).unwrap()
+            });
+            let what = format!("seed {seed} step {step} at {now}, limits {limits:?}");
+            match rng.below(10) {
+                0 => {
+                    // A rate change, applied by the next reservation.
+                    let index = rng.below(count as u64) as usize;
+                    let rate = *rng.pick(&[0.25, 1.0, 7.0, 500.0]);
+                    limits[index].rate = rate;
+                    core.set_rate(Some(index), rate, now).unwrap();
+                    let reply = ints(&script.call(&key, "1", -1, &limits, now));
+                    let granted = core.reserve(1, now, false);
+                    assert_eq!(reply[1], granted.wait_micros as i64, "{what}");
+                    held.clear();
+                }
+                1 if !held.is_empty() => {
+                    let (script_id, core_id) = held.remove(rng.below(held.len() as u64) as usize);
+                    let reply = ints(&script.call(&key, "cancel", script_id, &limits, now));
+                    let took = core.give_back(core_id, now);
+                    assert_eq!(reply, vec![i64::from(took)], "{what}: give-back");
+                }
+                2 => {
+                    let reply = ints(&script.call(&key, "0", -1, &limits, now));
+                    let (moment, bound) = core.earliest(now);
+                    let bound = bound.map_or(-1, |b| b as i64);
+                    assert_eq!(
+                        reply,
+                        vec![1, (moment - now) as i64, bound, -1],
+                        "{what}: query"
+                    );
+                }
+                _ => {
+                    let permits = 1 + rng.below(4) as u32;
+                    let is_held = rng.chance(0.5);
+                    let timeout = if rng.chance(0.5) {
+                        -1
+                    } else {
+                        rng.below(3_000_000) as i64
+                    };
+                    let first = format!("{permits}{}", if is_held { "+" } else { "" });
+                    let reply = ints(&script.call(&key, &first, timeout, &limits, now));
+                    let expected = if timeout < 0 {
+                        Some(core.reserve(permits, now, is_held))
+                    } else {
+                        core.try_reserve(permits, now, timeout as u64, is_held)
+                    };
+                    match expected {
+                        Some(granted) => {
+                            let bound = granted.bound_by.map_or(-1, |b| b as i64);
+                            assert_eq!(
+                                reply[..3],
+                                [1, granted.wait_micros as i64, bound],
+                                "{what}"
+                            );
+                            assert_eq!(reply[3] >= 0, granted.id.is_some(), "{what}: id");
+                            if let Some(id) = granted.id {
+                                held.push((reply[3], id));
+                            }
+                        }
+                        None => assert_eq!(reply[0], 0, "{what}: refused"),
+                    }
+                }
+            }
+            let Some(stored) = stored_states(&mut script.connection, &key, count) else {
+                // Never written: it reads as full, and so must the core.
+                assert!(core.reads_as_full(now), "{what}: missing key");
+                continue;
+            };
+            for (i, state) in core.states().iter().enumerate() {
+                let (stored_permits, ticket, fraction) = stored[i];
+                assert_eq!(
+                    (stored_permits.to_bits(), ticket, fraction),
+                    (
+                        state.stored_permits.to_bits(),
+                        state.next_free_micros,
+                        state.next_free_fraction
+                    ),
+                    "{what}: limit {i} stored {stored_permits} vs {}",
+                    state.stored_permits
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_arguments_and_a_corrupted_value_are_errors_that_write_nothing() {
+    let server = RedisServer::start();
+    let mut connection = server.connection();
+    let script = redis::Script::new(SEVERAL_SCRIPT);
+    let call = |connection: &mut redis::Connection, args: &[&str]| -> redis::RedisResult<Value> {
+        let mut invocation = script.key("bad");
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        invocation.invoke(connection)
+    };
+    let limit = ["10.0", "bursty", "1000000", "0"];
+    let two = |first: &str, second: &str| {
+        let mut args = vec![first.to_owned(), second.to_owned(), "2".to_owned()];
+        args.extend(limit.iter().map(|s| (*s).to_owned()));
+        args.extend(limit.iter().map(|s| (*s).to_owned()));
+        args
+    };
+    for args in [
+        two("0+", "-1"),
+        two("-1", "-1"),
+        two("x", "-1"),
+        two("1", "nan"),
+        vec![
+            "1".into(),
+            "-1".into(),
+            "1".into(),
+            "1.0".into(),
+            "bursty".into(),
+            "0".into(),
+            "0".into(),
+        ],
+        {
+            let mut a = two("1", "-1");
+            a[3] = "0".into();
+            a
+        },
+        {
+            let mut a = two("1", "-1");
+            a[4] = "fast".into();
+            a
+        },
+        {
+            let mut a = two("1", "-1");
+            a.pop();
+            a
+        },
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let error = call(&mut connection, &args).unwrap_err();
+        assert!(error.to_string().contains("throttler"), "{args:?}: {error}");
+    }
+    let exists: bool = redis::cmd("EXISTS")
+        .arg("bad")
+        .query(&mut connection)
+        .unwrap();
+    assert!(!exists, "a refused call wrote the key");
+
+    // A value this script did not write is left alone, with an error.
+    for corrupt in [b"thr2garbage".to_vec(), vec![0u8; 44], b"thr4".repeat(30)] {
+        let _: () = redis::cmd("SET")
+            .arg("bad")
+            .arg(&corrupt)
+            .query(&mut connection)
+            .unwrap();
+        let args = two("1", "-1");
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let error = call(&mut connection, &args).unwrap_err();
+        assert!(error.to_string().contains("does not recognise"), "{error}");
+        let after: Vec<u8> = redis::cmd("GET").arg("bad").query(&mut connection).unwrap();
+        assert_eq!(after, corrupt);
+    }
+}
