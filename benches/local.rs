@@ -27,9 +27,9 @@ use std::time::{Duration, Instant};
 use criterion::BatchSize;
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{DefaultDirectRateLimiter, Quota};
-use throttler::RateLimiter;
 use throttler::clock::{Clock, SystemClock};
 use throttler::core::{Bursty, Ledger, Policy, Reserved, State, micros};
+use throttler::{Limit, RateLimiter};
 
 const FAST: f64 = 1e9;
 const SLOW: f64 = 1.0 / 3600.0;
@@ -127,6 +127,17 @@ fn single_thread(c: &mut Criterion) {
     group.bench_function("throttler acquire, no wait", |b| {
         b.to_async(&runtime)
             .iter(|| async { black_box(limiter.acquire(black_box(1)).await.is_ok()) })
+    });
+
+    // Several limits, every one of them charged: the target is at most
+    // twice one limit's `try_reserve granted`, in the same run.
+    let two = RateLimiter::builder()
+        .limit(Limit::per_second(FAST))
+        .limit(Limit::per_hour(FAST * 3600.0))
+        .build()
+        .unwrap();
+    group.bench_function("throttler two limits try_reserve granted", |b| {
+        b.iter(|| black_box(granted(two.try_reserve(black_box(1), Duration::ZERO))))
     });
 
     let warming = RateLimiter::warming_up(FAST, Duration::from_secs(1)).unwrap();

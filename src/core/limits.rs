@@ -137,24 +137,44 @@ impl Limits {
     /// moment all of them allow it. A `held` reservation that has to wait
     /// gets an id to give it back with.
     pub fn reserve(&mut self, permits: u32, now_micros: u64, held: bool) -> Granted {
-        self.expire(now_micros);
         let (moment, bound_by) = earliest(&self.states, now_micros);
+        self.reserve_at(permits, now_micros, moment, bound_by, held)
+    }
+
+    /// [`reserve`](Self::reserve) if the wait fits in `timeout_micros`;
+    /// `None`, charging nothing, otherwise.
+    #[inline]
+    pub fn try_reserve(
+        &mut self,
+        permits: u32,
+        now_micros: u64,
+        timeout_micros: u64,
+        held: bool,
+    ) -> Option<Granted> {
+        let (moment, bound_by) = earliest(&self.states, now_micros);
+        (moment - now_micros <= timeout_micros)
+            .then(|| self.reserve_at(permits, now_micros, moment, bound_by, held))
+    }
+
+    /// Reserves at `moment`, which `earliest` gave for `now_micros`.
+    #[inline]
+    fn reserve_at(
+        &mut self,
+        permits: u32,
+        now_micros: u64,
+        moment: u64,
+        bound_by: Option<usize>,
+        held: bool,
+    ) -> Granted {
+        if !self.log.requests.is_empty() {
+            self.expire(now_micros);
+        }
         let id = (held && moment > now_micros).then(|| {
             self.log.next_id += 1;
             self.log.next_id
         });
         if id.is_some() || !self.log.requests.is_empty() {
-            if self.log.requests.is_empty() {
-                self.log.base.clone_from(&self.states);
-            } else if self.log.requests.len() == self.log.capacity {
-                self.fold_oldest();
-            }
-            self.log.requests.push_back(Logged {
-                id,
-                permits,
-                now_micros,
-                moment_micros: moment,
-            });
+            self.log_request(id, permits, now_micros, moment);
         }
         charge(&mut self.states, permits, moment);
         Granted {
@@ -165,17 +185,19 @@ impl Limits {
         }
     }
 
-    /// [`reserve`](Self::reserve) if the wait fits in `timeout_micros`;
-    /// `None`, charging nothing, otherwise.
-    pub fn try_reserve(
-        &mut self,
-        permits: u32,
-        now_micros: u64,
-        timeout_micros: u64,
-        held: bool,
-    ) -> Option<Granted> {
-        let (moment, _) = earliest(&self.states, now_micros);
-        (moment - now_micros <= timeout_micros).then(|| self.reserve(permits, now_micros, held))
+    /// Logs a request about to be charged.
+    fn log_request(&mut self, id: Option<u64>, permits: u32, now_micros: u64, moment: u64) {
+        if self.log.requests.is_empty() {
+            self.log.base.clone_from(&self.states);
+        } else if self.log.requests.len() == self.log.capacity {
+            self.fold_oldest();
+        }
+        self.log.requests.push_back(Logged {
+            id,
+            permits,
+            now_micros,
+            moment_micros: moment,
+        });
     }
 
     /// Gives back the held reservation `id` at `now_micros`: the limits
@@ -327,6 +349,7 @@ impl Limits {
 
 /// The moment every limit allows a request at `now_micros`, and the first
 /// limit whose ticket is that moment if it lies after `now_micros`.
+#[inline]
 fn earliest(states: &[State], now_micros: u64) -> (u64, Option<usize>) {
     let mut moment = now_micros;
     let mut bound_by = None;
@@ -341,6 +364,7 @@ fn earliest(states: &[State], now_micros: u64) -> (u64, Option<usize>) {
 
 /// Charges `permits` to every limit as if requested at `moment` (at or
 /// after every ticket).
+#[inline]
 fn charge(states: &mut [State], permits: u32, moment: u64) {
     for state in states {
         state.reserve_earliest_available(permits, moment);
