@@ -51,6 +51,30 @@
 //! # Ok::<(), throttler::Error>(())
 //! ```
 //!
+//! # Several limits at once
+//!
+//! A limiter built with several [`Limit`]s lets a request go when every
+//! one of them allows it, charges it to all of them, charges none for a
+//! refused try, and gives a dropped reservation back to all of them,
+//! exactly ([`core::Limits`] says how). A [`Reservation`] names the limit
+//! it waits for.
+//!
+//! ```
+//! use throttler::{KeyedRateLimiter, Limit, RateLimiter};
+//!
+//! let api = RateLimiter::builder()
+//!     .limit(Limit::per_second(10.0).burst(20))
+//!     .limit(Limit::per_hour(1000.0))
+//!     .build()?;
+//! assert!(api.try_reserve(1, std::time::Duration::ZERO)?.is_some());
+//! let per_user = KeyedRateLimiter::<String>::builder()
+//!     .limit(Limit::per_second(5.0))
+//!     .limit(Limit::per_day(10_000.0))
+//!     .build()?;
+//! assert!(per_user.try_reserve("alice", 1, std::time::Duration::ZERO)?.is_some());
+//! # Ok::<(), throttler::Error>(())
+//! ```
+//!
 //! # Testing code that uses a limiter
 //!
 //! Limiters read time from a [`Clock`](clock::Clock). Give them a
@@ -85,6 +109,7 @@
 //! | Limiter, methods | A give-back is | Errs towards limiting when |
 //! |---|---|---|
 //! | [`RateLimiter`], [`KeyedRateLimiter`]: `acquire`, `try_acquire`, a [`Reservation`] | exact, however many are given back, in any order: nobody is scheduled before a limiter that never made them would schedule them | never |
+//! | [`RateLimiter`], [`KeyedRateLimiter`] with several [`Limit`]s: the same | exact: the limits are replayed without it from a log of the requests since the oldest that may be given back ([`core::Limits`]) | more than [`LOG_CAPACITY`](core::LOG_CAPACITY) requests (per key) came since it; a rate changed meanwhile |
 //! | Redis limiters: `acquire`, `try_acquire`, a [`Reservation`] | exact, as locally, for up to 64 reservations waiting on one key ([`Ledger::SHARED_CAPACITY`](core::Ledger::SHARED_CAPACITY)) | more wait at once; the rate changed meanwhile; the give-back reaches Redis after the reservation's moment, or not at all (Redis down) |
 //! | Redis limiters: a round trip dropped in flight, or past the response timeout | the reply is awaited in the background (up to 30 s) and what it reserved given back | the reply comes later than that, or Redis is down |
 //! | Redis limiters: `reserve`, `try_reserve` (a wait, not a handle) | exact while the dropped call is the key's latest change | anything changed the key since |
