@@ -565,7 +565,9 @@ where
     /// [`RateLimiter::set_rate`](crate::RateLimiter::set_rate) does for one:
     /// each key still repays its last request at the old rate, and its
     /// stored permits are rescaled to the new burst. Visits every key held
-    /// (shard by shard; calls on other shards go on meanwhile).
+    /// (shard by shard; calls on other shards go on meanwhile). With several
+    /// limits, as [`RateLimiter::set_rate`](crate::RateLimiter::set_rate):
+    /// the first one's rate, the others scaled alike.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN; the

@@ -567,7 +567,10 @@ impl<C: Clock> Direct for RateLimiter<C> {
 impl<C: Clock> RateLimiter<C> {
     /// Changes the rate from now on. The next caller still repays the
     /// previous request at the old rate; stored permits are rescaled to the
-    /// new burst size.
+    /// new burst size. With several limits, this is the first one's rate,
+    /// and the others are scaled by the same factor (so that they keep
+    /// their proportions; from or to an infinite rate, they all take this
+    /// one); [`set_limit_rate`](Self::set_limit_rate) changes one alone.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN; the
