@@ -6,14 +6,20 @@
 -- docs/redis-protocol.md ("Several limits").
 --
 -- KEYS[1]: the key. ARGV[1]: permits to reserve (`n`, or `n+` for one its
--- caller may give back), 0 to query, or `cancel`. ARGV[2]: the timeout in
--- µs (-1: none), or for a cancel the id a reservation's reply gave.
+-- caller may give back), 0 to query, `cancel`, `probe` or `resume`.
+-- ARGV[2]: the timeout in µs (-1: none); for a cancel, the id a
+-- reservation's reply gave; for a resume, each limit's debt in µs, joined
+-- by commas (the key's stored permits are dropped and each ticket moves by
+-- its debt, as core::Limits::resume); ignored by a probe (which proves the
+-- key can be read and written, changing nothing).
 -- ARGV[3]: the number of limits, n >= 2; then 4 arguments per limit: rate,
 -- `bursty` or `warming_up`, max_burst_micros or warmup_micros, cold factor;
 -- then, optionally, now in µs instead of TIME.
 -- Reply: {1, wait, bound, id} granted (bound: the limit, from 0, that set
 -- the wait, or -1; id: -1 unless it may be given back), {0, wait, bound,
--- -1} refused (the wait it would have needed), {1 or 0} for a cancel.
+-- -1} refused (the wait it would have needed), {1 or 0} for a cancel, and
+-- {1, wait, bound, -1} for a query, a probe or a resume (the wait a
+-- request would have after it).
 
 local MAX_MICROS = 9007199254740992 -- 2^53
 local F64_MAX = 1.7976931348623157e308
@@ -42,8 +48,8 @@ if #argv ~= 3 + 4 * n and #argv ~= 4 + 4 * n then
         .. ' arguments for ' .. n .. ' limits (got ' .. #argv .. ')')
 end
 local mode, permits, held = nil, argv[1], false
-if permits == 'cancel' then
-    mode, permits = 'cancel', nil
+if permits == 'cancel' or permits == 'probe' or permits == 'resume' then
+    mode, permits = permits, nil
 else
     if string.byte(permits, -1) == 43 then permits, held = string.sub(permits, 1, -2), true end
     permits = tonumber(permits)
@@ -53,11 +59,24 @@ else
             .. 'given back), 0 to query, or cancel', 1)
     end
 end
-local timeout = tonumber(argv[2])
-if not (timeout and timeout >= -1 and timeout % 1 == 0) then
-    return bad('ARGV[2] must be the timeout in µs (-1 for none) or the id to cancel', 2)
+local timeout, debts = -1, {}
+if mode == 'resume' then
+    for debt in string.gmatch(argv[2], '[^,]+') do
+        debt = tonumber(debt)
+        if not (debt and debt >= 0 and debt % 1 == 0) then
+            return bad('ARGV[2] must be each limit\'s debt in µs, integers joined by commas', 2)
+        end
+        if debt > MAX_MICROS then debt = MAX_MICROS end
+        debts[#debts + 1] = debt
+    end
+    if #debts ~= n then return bad('ARGV[2] must hold one debt per limit (' .. n .. ')', 2) end
+else
+    timeout = tonumber(argv[2])
+    if not (timeout and timeout >= -1 and timeout % 1 == 0) then
+        return bad('ARGV[2] must be the timeout in µs (-1 for none) or the id to cancel', 2)
+    end
+    if timeout > MAX_MICROS then timeout = MAX_MICROS end
 end
-if timeout > MAX_MICROS then timeout = MAX_MICROS end
 
 -- Each limit's configuration (Policy::set_stable_interval): rate, stable
 -- interval, max_permits, and for warming-up the threshold and slope.
@@ -252,7 +271,15 @@ if permits == 0 then
 end
 
 local reply
-if mode == 'cancel' then
+if mode == 'probe' then
+    if value then
+        redis.call('SET', key, value, 'KEEPTTL')
+        local moment, bound = earliest(nf, now)
+        return {1, moment - now, bound, -1}
+    end
+    -- A missing key is written as it reads: every limit full.
+    reply = {1, 0, -1, -1}
+elseif mode == 'cancel' then
     -- A rate changed since: the log is void (the next reservation empties
     -- it), and nothing is given back.
     for i = 1, n do
@@ -298,6 +325,21 @@ else
             end
         end
     end
+    if mode == 'resume' then
+        -- core::Limits::resume: the log empties, every limit drops its
+        -- stored permits and carries its debt from now at the earliest.
+        first, count = 1, 0
+        for i = 1, n do
+            if now > nf[i] then nf[i], fr[i] = now, 0 end
+            st[i] = 0.0
+            nf[i] = nf[i] + debts[i]
+            if nf[i] >= MAX_MICROS then nf[i], fr[i] = MAX_MICROS, 0 end
+        end
+        local moment, bound = earliest(nf, now)
+        reply = {1, moment - now, bound, -1}
+    end
+end
+if not reply then
     local moment, bound = earliest(nf, now)
     if timeout >= 0 and moment - now > timeout then
         return {0, moment - now, bound, -1}

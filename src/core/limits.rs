@@ -228,6 +228,32 @@ impl Limits {
         true
     }
 
+    /// Carries a debt into the limits at `now_micros`, as a limiter coming
+    /// back from a fallback does: each limit drops its stored permits and
+    /// moves its ticket (at least up to now) by its debt in `debts_micros`
+    /// (a missing one is 0). The give-back log empties: what waits can no
+    /// longer be given back exactly, and gives nothing back (erring towards
+    /// limiting).
+    pub fn resume(&mut self, debts_micros: &[u64], now_micros: u64) {
+        self.log.requests.clear();
+        self.forget_if_empty();
+        for (i, state) in self.states.iter_mut().enumerate() {
+            if now_micros > state.next_free_micros {
+                state.next_free_micros = now_micros.min(super::MAX_MICROS);
+                state.next_free_fraction = 0;
+            }
+            state.stored_permits = 0.0;
+            let debt = debts_micros.get(i).copied().unwrap_or(0);
+            let ticket = state.next_free_micros.saturating_add(debt);
+            if ticket >= super::MAX_MICROS {
+                state.next_free_micros = super::MAX_MICROS;
+                state.next_free_fraction = 0;
+            } else {
+                state.next_free_micros = ticket;
+            }
+        }
+    }
+
     /// Changes the rate of limit `index` (every limit with `None`) at
     /// `now_micros`, as [`State::set_rate`]. A limit already at that rate
     /// is left as it is; if any changes, the give-back log empties (its

@@ -1,7 +1,7 @@
 //! The several-limits script against the core's `Limits`, reply by reply,
 //! on one real redis-server with the clock passed in: random limits of both
 //! policies, reservations (held or not), tries, queries, give-backs, rate
-//! changes and idle gaps. Waits, the limit that bound each, refusals and
+//! changes, carry-backs from a fallback (resume), probes and idle gaps. Waits, the limit that bound each, refusals and
 //! give-backs must agree exactly, and so must the states the script
 //! stores, field by field. Also: bad arguments and a corrupted value are
 //! clear errors that write nothing.
@@ -78,6 +78,17 @@ struct Script {
 
 impl Script {
     fn call(&mut self, key: &str, first: &str, second: i64, limits: &[Config], now: u64) -> Value {
+        self.call_with(key, first, &second.to_string(), limits, now)
+    }
+
+    fn call_with(
+        &mut self,
+        key: &str,
+        first: &str,
+        second: &str,
+        limits: &[Config],
+        now: u64,
+    ) -> Value {
         let mut invocation = self.script.key(key);
         invocation.arg(first).arg(second).arg(limits.len());
         for limit in limits {
@@ -171,6 +182,43 @@ fn the_script_and_the_core_agree_call_by_call() {
                     let reply = ints(&script.call(&key, "cancel", script_id, &limits, now));
                     let took = core.give_back(core_id, now);
                     assert_eq!(reply, vec![i64::from(took)], "{what}: give-back");
+                }
+                3 if rng.chance(0.2) => {
+                    // Back from a fallback: a debt per limit.
+                    let debts: Vec<u64> = (0..count).map(|_| rng.below(2_000_000)).collect();
+                    let text: Vec<String> = debts.iter().map(u64::to_string).collect();
+                    let reply =
+                        ints(&script.call_with(&key, "resume", &text.join(","), &limits, now));
+                    core.resume(&debts, now);
+                    let (moment, bound) = core.earliest(now);
+                    let bound = bound.map_or(-1, |b| b as i64);
+                    assert_eq!(
+                        reply,
+                        vec![1, (moment - now) as i64, bound, -1],
+                        "{what}: resume"
+                    );
+                    held.clear();
+                }
+                4 if rng.chance(0.2) => {
+                    let existed: bool = redis::cmd("EXISTS")
+                        .arg(&key)
+                        .query(&mut script.connection)
+                        .unwrap();
+                    let reply = ints(&script.call(&key, "probe", -1, &limits, now));
+                    let (moment, bound) = core.earliest(now);
+                    let bound = bound.map_or(-1, |b| b as i64);
+                    assert_eq!(
+                        reply,
+                        vec![1, (moment - now) as i64, bound, -1],
+                        "{what}: probe"
+                    );
+                    if !existed {
+                        // Written as it read, full as of now: the same
+                        // limits as the core's, full since earlier.
+                        assert!(core.reads_as_full(now), "{what}: probe of a missing key");
+                        let states = limits.iter().map(|l| l.full(now)).collect();
+                        *core = Limits::with_capacity(states, SEVERAL_LOG_CAPACITY).unwrap();
+                    }
                 }
                 2 => {
                     let reply = ints(&script.call(&key, "0", -1, &limits, now));
