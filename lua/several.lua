@@ -15,11 +15,12 @@
 -- ARGV[3]: the number of limits, n >= 2; then 4 arguments per limit: rate,
 -- `bursty` or `warming_up`, max_burst_micros or warmup_micros, cold factor;
 -- then, optionally, now in µs instead of TIME.
--- Reply: {1, wait, bound, id} granted (bound: the limit, from 0, that set
--- the wait, or -1; id: -1 unless it may be given back), {0, wait, bound,
--- -1} refused (the wait it would have needed), {1 or 0} for a cancel, and
--- {1, wait, bound, -1} for a query, a probe or a resume (the wait a
--- request would have after it).
+-- Reply: {1, wait, bound, id, debt} granted (bound: the limit, from 0,
+-- that set the wait, or -1; id: -1 unless it may be given back; debt: how
+-- far the latest ticket lies ahead of now after the call), {0, wait,
+-- bound, -1, debt} refused (the wait it would have needed), {1 or 0} for a
+-- cancel, and {1, wait, bound, -1, debt} for a query, a probe or a resume
+-- (the wait a request would have after it).
 
 local MAX_MICROS = 9007199254740992 -- 2^53
 local F64_MAX = 1.7976931348623157e308
@@ -267,7 +268,7 @@ while first <= count and log_moment[first] <= now do fold_oldest() end
 -- A query writes nothing.
 if permits == 0 then
     local moment, bound = earliest(nf, now)
-    return {1, moment - now, bound, -1}
+    return {1, moment - now, bound, -1, moment - now}
 end
 
 local reply
@@ -275,10 +276,10 @@ if mode == 'probe' then
     if value then
         redis.call('SET', key, value, 'KEEPTTL')
         local moment, bound = earliest(nf, now)
-        return {1, moment - now, bound, -1}
+        return {1, moment - now, bound, -1, moment - now}
     end
     -- A missing key is written as it reads: every limit full.
-    reply = {1, 0, -1, -1}
+    reply = {1, 0, -1, -1, 0}
 elseif mode == 'cancel' then
     -- A rate changed since: the log is void (the next reservation empties
     -- it), and nothing is given back.
@@ -336,13 +337,13 @@ else
             if nf[i] >= MAX_MICROS then nf[i], fr[i] = MAX_MICROS, 0 end
         end
         local moment, bound = earliest(nf, now)
-        reply = {1, moment - now, bound, -1}
+        reply = {1, moment - now, bound, -1, moment - now}
     end
 end
 if not reply then
     local moment, bound = earliest(nf, now)
     if timeout >= 0 and moment - now > timeout then
-        return {0, moment - now, bound, -1}
+        return {0, moment - now, bound, -1, moment - now}
     end
     local id = -1
     if held and moment > now then id, next_id = next_id, next_id + 1 end
@@ -357,7 +358,8 @@ if not reply then
         log_id[count], log_permits[count], log_now[count], log_moment[count] = id, permits, now, moment
     end
     charge(st, nf, fr, permits, moment)
-    reply = {1, moment - now, bound, id}
+    local after = earliest(nf, now)
+    reply = {1, moment - now, bound, id, after - now}
 end
 
 -- The TTL: until every limit is full again and every logged moment has

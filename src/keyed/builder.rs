@@ -110,6 +110,7 @@ impl<K, C: Clock> KeyedBuilder<K, C> {
                 states,
                 self.clock,
                 self.max_keys,
+                super::Mode::Full,
             ));
         }
         let template = states.pop().expect("one limit");

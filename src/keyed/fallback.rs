@@ -39,8 +39,24 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
+        if let Some(several) = &self.several {
+            return several.tickets(key)?.into_iter().max();
+        }
         let now = self.clock.now_micros();
         self.shard(key).read().ticket(key, now)
+    }
+
+    /// Each limit's ticket of `key` (µs on the clock), if it is held; one
+    /// for a limiter with one limit.
+    pub(crate) fn tickets<Q>(&self, key: &Q) -> Option<Vec<u64>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        match &self.several {
+            Some(several) => several.tickets(key),
+            None => self.ticket(key).map(|ticket| vec![ticket]),
+        }
     }
 
     /// Forgets `key` if its ticket is at most `until`; whether it is no
@@ -50,12 +66,18 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
+        if let Some(several) = &self.several {
+            return several.forget_if_paid(key, until);
+        }
         let (mut shard, now) = self.shard_now(key);
         shard.forget_if_paid(key, until, now)
     }
 
     /// The keys held now.
     pub(crate) fn keys(&self) -> Vec<K> {
+        if let Some(several) = &self.several {
+            return several.keys();
+        }
         let mut keys = Vec::new();
         for shard in self.shards.iter() {
             keys.extend(shard.0.read().keys().cloned());
@@ -70,6 +92,11 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        if let Some(several) = &self.several {
+            let dropped = several.open(key, until, self.clock.now_micros());
+            self.count_dropped(dropped);
+            return;
+        }
         let (mut shard, now) = self.shard_now(key);
         let dropped = shard.open(key, until, now);
         drop(shard);

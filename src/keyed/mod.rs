@@ -314,10 +314,17 @@ where
 
     /// A limiter whose keys each enforce every one of `limits` (the first
     /// one's rate is the limiter's).
-    pub(crate) fn from_limits(limits: Vec<State>, clock: C, max_keys: Option<usize>) -> Self {
-        let mut limiter = Self::from_parts(limits[0].clone(), clock, max_keys, Mode::Full);
+    pub(crate) fn from_limits(
+        limits: Vec<State>,
+        clock: C,
+        max_keys: Option<usize>,
+        mode: Mode,
+    ) -> Self {
+        let mut limiter = Self::from_parts(limits[0].clone(), clock, max_keys, mode);
         let cap = max_keys.map(|cap| (cap / limiter.shards.len()).max(1));
-        limiter.several = Some(Box::new(Several::new(limits, limiter.shards.len(), cap)));
+        let empty = mode == Mode::Empty;
+        let several = Several::new(limits, limiter.shards.len(), cap, empty);
+        limiter.several = Some(Box::new(several));
         limiter.words = false;
         limiter
     }

@@ -8,6 +8,10 @@
 //! shard has doubled since. Under a cap, a new key at the cap first sweeps,
 //! then drops the least recently used sixteenth of the shard (those keys
 //! lose their debt, counted as for one limit).
+//!
+//! As a Redis limiter's local fallback (`empty`), a key not held starts
+//! with nothing stored and no debt, keys stay until taken or capped, and a
+//! key opens at a floor: every limit's ticket there.
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -35,6 +39,9 @@ pub(super) struct Several<K> {
     cap: Option<usize>,
     /// Tells a key's entry from its earlier and later ones.
     next_serial: AtomicU64,
+    /// Whether keys not held start empty and are never swept (a Redis
+    /// limiter's fallback), rather than full.
+    empty: bool,
 }
 
 struct Shard<K> {
@@ -58,7 +65,12 @@ pub(super) struct Ticket {
 }
 
 impl<K: Hash + Eq + Clone> Several<K> {
-    pub(super) fn new(template: Vec<State>, shards: usize, cap: Option<usize>) -> Self {
+    pub(super) fn new(
+        template: Vec<State>,
+        shards: usize,
+        cap: Option<usize>,
+        empty: bool,
+    ) -> Self {
         let hasher = RandomState::new();
         let period = sweep_period(&template);
         Several {
@@ -76,6 +88,7 @@ impl<K: Hash + Eq + Clone> Several<K> {
             template: Mutex::new(template),
             cap,
             next_serial: AtomicU64::new(1),
+            empty,
         }
     }
 
@@ -99,21 +112,7 @@ impl<K: Hash + Eq + Clone> Several<K> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let mut shard = self.shard(key);
-        let mut dropped = shard.sweep(now, false);
-        if !shard.keys.contains_key(key) {
-            if let Some(cap) = self.cap
-                && shard.keys.len() >= cap
-            {
-                let more = shard.make_room(now, cap);
-                dropped.unfinished += more.unfinished;
-                dropped.latest = dropped.latest.max(more.latest);
-            }
-            let held = Held {
-                limits: self.full(now),
-                serial: self.next_serial.fetch_add(1, Relaxed),
-            };
-            shard.keys.insert(key.to_owned(), held);
-        }
+        let dropped = self.hold(&mut shard, key, now, now);
         let entry = shard.keys.get_mut(key).expect("just inserted");
         let granted = entry.limits.try_reserve(permits, now, timeout, held);
         let serial = entry.serial;
@@ -121,19 +120,105 @@ impl<K: Hash + Eq + Clone> Several<K> {
         (grant, dropped)
     }
 
-    /// Every limit of a key never seen, at `now`: full.
-    fn full(&self, now: u64) -> Limits {
+    /// Holds `key` if it is not held yet: full at `now` (empty, with every
+    /// ticket at `until`, for a fallback), making room under the cap.
+    fn hold<Q>(&self, shard: &mut Shard<K>, key: &Q, until: u64, now: u64) -> Dropped
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut dropped = if self.empty {
+            Dropped::default()
+        } else {
+            shard.sweep(now, false)
+        };
+        if !shard.keys.contains_key(key) {
+            if let Some(cap) = self.cap
+                && shard.keys.len() >= cap
+            {
+                let more = shard.make_room(now, cap, !self.empty);
+                dropped.unfinished += more.unfinished;
+                dropped.latest = dropped.latest.max(more.latest);
+            }
+            let held = Held {
+                limits: self.fresh(until.max(now)),
+                serial: self.next_serial.fetch_add(1, Relaxed),
+            };
+            shard.keys.insert(key.to_owned(), held);
+        }
+        dropped
+    }
+
+    /// Every limit of a key not held, at `at`: full, or (for a fallback)
+    /// empty.
+    fn fresh(&self, at: u64) -> Limits {
         let states = lock(&self.template)
             .iter()
             .map(|template| {
                 let mut state = template.clone();
-                state.stored_permits = state.max_permits;
-                state.next_free_micros = now;
+                state.stored_permits = if self.empty { 0.0 } else { state.max_permits };
+                state.next_free_micros = at;
                 state.next_free_fraction = 0;
                 state
             })
             .collect();
         Limits::new(states).expect("a keyed limiter has limits")
+    }
+
+    /// Holds `key` with nothing stored and every ticket at `until`, unless
+    /// it is held already (a fallback opening a key at its floor).
+    pub(super) fn open<Q>(&self, key: &Q, until: u64, now: u64) -> Dropped
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut shard = self.shard(key);
+        self.hold(&mut shard, key, until, now)
+    }
+
+    /// Each limit's ticket of `key`, if it is held.
+    pub(super) fn tickets<Q>(&self, key: &Q) -> Option<Vec<u64>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let shard = self.shard(key);
+        let entry = shard.keys.get(key)?;
+        Some(
+            entry
+                .limits
+                .states()
+                .iter()
+                .map(|s| s.next_free_micros)
+                .collect(),
+        )
+    }
+
+    /// Forgets `key` if none of its tickets lies after `until`; whether it
+    /// is no longer held.
+    pub(super) fn forget_if_paid<Q>(&self, key: &Q, until: u64) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let mut shard = self.shard(key);
+        match shard.keys.get(key) {
+            None => true,
+            Some(entry) if entry.limits.last_used() <= until => {
+                shard.keys.remove(key);
+                true
+            }
+            Some(_) => false,
+        }
+    }
+
+    /// The keys held now.
+    pub(super) fn keys(&self) -> Vec<K> {
+        let mut keys = Vec::new();
+        for shard in &self.shards {
+            keys.extend(lock(shard).keys.keys().cloned());
+        }
+        keys
     }
 
     /// Gives back the reservation `ticket` of `key` at `now`, if its entry
@@ -236,8 +321,10 @@ impl<K: Hash + Eq> Shard<K> {
 
     /// Makes room for one more key under `cap`: the entries that read as
     /// full, then the least recently used sixteenth.
-    fn make_room(&mut self, now: u64, cap: usize) -> Dropped {
-        self.sweep(now, true);
+    fn make_room(&mut self, now: u64, cap: usize, sweep: bool) -> Dropped {
+        if sweep {
+            self.sweep(now, true);
+        }
         let mut dropped = Dropped::default();
         if self.keys.len() < cap {
             return dropped;

@@ -194,7 +194,7 @@ fn the_script_and_the_core_agree_call_by_call() {
                     let bound = bound.map_or(-1, |b| b as i64);
                     assert_eq!(
                         reply,
-                        vec![1, (moment - now) as i64, bound, -1],
+                        vec![1, (moment - now) as i64, bound, -1, (moment - now) as i64],
                         "{what}: resume"
                     );
                     held.clear();
@@ -209,7 +209,7 @@ fn the_script_and_the_core_agree_call_by_call() {
                     let bound = bound.map_or(-1, |b| b as i64);
                     assert_eq!(
                         reply,
-                        vec![1, (moment - now) as i64, bound, -1],
+                        vec![1, (moment - now) as i64, bound, -1, (moment - now) as i64],
                         "{what}: probe"
                     );
                     if !existed {
@@ -226,7 +226,7 @@ fn the_script_and_the_core_agree_call_by_call() {
                     let bound = bound.map_or(-1, |b| b as i64);
                     assert_eq!(
                         reply,
-                        vec![1, (moment - now) as i64, bound, -1],
+                        vec![1, (moment - now) as i64, bound, -1, (moment - now) as i64],
                         "{what}: query"
                     );
                 }
@@ -257,6 +257,8 @@ fn the_script_and_the_core_agree_call_by_call() {
                             if let Some(id) = granted.id {
                                 held.push((reply[3], id));
                             }
+                            let after = core.earliest(now).0 - now;
+                            assert_eq!(reply[4], after as i64, "{what}: debt after");
                         }
                         None => assert_eq!(reply[0], 0, "{what}: refused"),
                     }
