@@ -17,6 +17,8 @@ pub(crate) struct PolicyConfig {
     pub(crate) max_burst: Option<Duration>,
     pub(crate) warmup: Option<Duration>,
     pub(crate) cold_factor: Option<f64>,
+    /// The limits given with `.limit()`, after the one above (if set).
+    pub(crate) limits: Vec<Limit>,
 }
 
 impl PolicyConfig {
@@ -94,6 +96,18 @@ macro_rules! policy_setters {
         /// Default 3.0; must be finite and `>= 1.0`.
         pub fn cold_factor(mut self, cold_factor: f64) -> Self {
             self.config.cold_factor = Some(cold_factor);
+            self
+        }
+
+        /// Adds a limit that every request must also satisfy: a request goes
+        /// at the earliest moment every limit allows it, every limit is
+        /// charged for it, a refused try charges none, and a give-back
+        /// returns it to all of them. The rate set with
+        /// [`permits_per_second`](Self::permits_per_second), if any, is the
+        /// first limit, and the others follow in the order given. See
+        /// [`Limit`](crate::Limit) and [`core::Limits`](crate::core::Limits).
+        pub fn limit(mut self, limit: $crate::Limit) -> Self {
+            self.config.limits.push(limit);
             self
         }
     };
@@ -225,11 +239,8 @@ impl Limit {
 
 /// The core states of a builder's limits at `now`: the one its own rate
 /// describes, if set, then each [`Limit`] in order.
-pub(crate) fn limit_states(
-    config: &PolicyConfig,
-    limits: &[Limit],
-    now: u64,
-) -> Result<Vec<State>, Error> {
+pub(crate) fn limit_states(config: &PolicyConfig, now: u64) -> Result<Vec<State>, Error> {
+    let limits = &config.limits;
     let mut states = Vec::with_capacity(limits.len() + 1);
     if limits.is_empty() || config.permits_per_second.is_some() {
         let (policy, rate) = config.policy()?;
@@ -280,7 +291,6 @@ pub(crate) fn limit_states(
 #[must_use = "a builder does nothing until .build() is called"]
 pub struct Builder<C = SystemClock> {
     config: PolicyConfig,
-    limits: Vec<Limit>,
     clock: C,
 }
 
@@ -288,7 +298,6 @@ impl Builder<SystemClock> {
     pub(crate) fn new() -> Self {
         Builder {
             config: PolicyConfig::default(),
-            limits: Vec::new(),
             clock: SystemClock::new(),
         }
     }
@@ -301,24 +310,8 @@ impl<C: Clock> Builder<C> {
     pub fn clock<C2: Clock>(self, clock: C2) -> Builder<C2> {
         Builder {
             config: self.config,
-            limits: self.limits,
             clock,
         }
-    }
-
-    /// Adds a limit that every request must also satisfy: a request goes
-    /// at the earliest moment every limit allows it, every limit is
-    /// charged for it, a refused try charges none, and a give-back returns
-    /// it to all of them. The rate set with
-    /// [`permits_per_second`](Self::permits_per_second), if any, is the
-    /// first limit, and the others follow in the order given. See
-    /// [`Limit`] and [`core::Limits`](crate::core::Limits).
-    ///
-    /// A limiter with several limits serves every call under a short lock
-    /// (one limit keeps the lock-free path).
-    pub fn limit(mut self, limit: Limit) -> Self {
-        self.limits.push(limit);
-        self
     }
 
     /// Checks the options and creates the limiter.
@@ -329,7 +322,9 @@ impl<C: Clock> Builder<C> {
     /// of both policies were set.
     pub fn build(self) -> Result<RateLimiter<C>, Error> {
         let now = self.clock.now_micros();
-        let mut states = limit_states(&self.config, &self.limits, now)?;
+        // Several limits serve every call under a short lock; one keeps the
+        // lock-free path.
+        let mut states = limit_states(&self.config, now)?;
         if states.len() == 1 {
             let state = states.pop().expect("one state");
             return Ok(RateLimiter::from_parts(state, self.clock));

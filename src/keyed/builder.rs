@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::KeyedRateLimiter;
 use crate::Error;
-use crate::builder::{Limit, PolicyConfig, limit_states, policy_setters};
+use crate::builder::{PolicyConfig, limit_states, policy_setters};
 use crate::clock::{Clock, SystemClock};
 
 /// Builds a [`KeyedRateLimiter`]; see [`KeyedRateLimiter::builder`].
@@ -35,7 +35,6 @@ use crate::clock::{Clock, SystemClock};
 #[must_use = "a builder does nothing until .build() is called"]
 pub struct KeyedBuilder<K, C = SystemClock> {
     config: PolicyConfig,
-    limits: Vec<Limit>,
     max_keys: Option<usize>,
     clock: C,
     key: PhantomData<fn(K)>,
@@ -45,7 +44,6 @@ impl<K> KeyedBuilder<K, SystemClock> {
     pub(super) fn new() -> Self {
         KeyedBuilder {
             config: PolicyConfig::default(),
-            limits: Vec::new(),
             max_keys: None,
             clock: SystemClock::new(),
             key: PhantomData,
@@ -67,21 +65,11 @@ impl<K, C: Clock> KeyedBuilder<K, C> {
         self
     }
 
-    /// Adds a limit that every key's requests must also satisfy, as
-    /// [`Builder::limit`](crate::Builder::limit) does for one limiter:
-    /// each key then has all of them. A keyed limiter with several limits
-    /// serves every call under its key's shard lock.
-    pub fn limit(mut self, limit: Limit) -> Self {
-        self.limits.push(limit);
-        self
-    }
-
     /// The clock to read and sleep on (default [`SystemClock`]); a
     /// [`FakeClock`](crate::clock::FakeClock) in tests.
     pub fn clock<C2: Clock>(self, clock: C2) -> KeyedBuilder<K, C2> {
         KeyedBuilder {
             config: self.config,
-            limits: self.limits,
             max_keys: self.max_keys,
             clock,
             key: PhantomData,
@@ -104,7 +92,7 @@ impl<K, C: Clock> KeyedBuilder<K, C> {
                     .to_owned(),
             ));
         }
-        let mut states = limit_states(&self.config, &self.limits, 0)?;
+        let mut states = limit_states(&self.config, 0)?;
         if states.len() > 1 {
             return Ok(KeyedRateLimiter::from_limits(
                 states,

@@ -1,5 +1,7 @@
 //! Configuration and construction of a [`RedisRateLimiter`].
 
+use crate::builder::limit_states;
+use crate::core::Policy;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -249,7 +251,18 @@ pub(crate) fn check_limiter(
             "local_fraction must be in (0, 1] (got {local_fraction})"
         )));
     }
-    config.policy().map(|_| ())
+    limit_states(config, 0).map(|_| ())
+}
+
+/// The policy and rate of a builder's first limit, and the others.
+pub(crate) type Shapes = (Policy, f64, Vec<(Policy, f64)>);
+
+/// The limits a builder's options describe, as [`Parts`] takes them.
+pub(crate) fn shapes(config: &PolicyConfig) -> Result<Shapes, Error> {
+    let mut states = limit_states(config, 0)?.into_iter();
+    let first = states.next().expect("at least one limit");
+    let more = states.map(|s| (s.policy, s.permits_per_second)).collect();
+    Ok((first.policy, first.permits_per_second, more))
 }
 
 /// A limiter named `name` on `backend` (no I/O: it uses the backend's
@@ -263,7 +276,7 @@ pub(crate) fn assemble_limiter<C: Clock>(
     clock: C,
 ) -> Result<RedisRateLimiter<C>, Error> {
     check_limiter(name, config, local_fraction)?;
-    let (policy, rate) = config.policy()?;
+    let (policy, rate, more) = shapes(config)?;
     let key: Arc<str> = naming::single_key(name).into();
     let zone = backend.health.zone_of(&key);
     let failover = Failover::new(Parts {
@@ -271,6 +284,7 @@ pub(crate) fn assemble_limiter<C: Clock>(
         naming: Naming::Single { key, zone },
         policy,
         rate,
+        more,
         fallback,
         local_fraction,
         // The fallback holds the limiter's one state.

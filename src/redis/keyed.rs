@@ -133,7 +133,7 @@ impl<K, C: Clock + Clone> KeyedRedisBuilder<K, C> {
                 "max_local_keys must be at least 1 (got 0)".to_owned(),
             ));
         }
-        let (policy, rate) = self.config.policy()?;
+        let (policy, rate, more) = super::builder::shapes(&self.config)?;
         let inner = Failover::new(Parts {
             backend: self.backend,
             naming: Naming::Keyed {
@@ -141,6 +141,7 @@ impl<K, C: Clock + Clone> KeyedRedisBuilder<K, C> {
             },
             policy,
             rate,
+            more,
             fallback: self.fallback,
             local_fraction: self.local_fraction,
             max_local_keys: self.max_local_keys,

@@ -17,6 +17,9 @@ static RESERVE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCE));
 /// The script's text.
 const SOURCE: &str = format::SCRIPT;
 
+/// The script of a limiter with several limits, hashed once.
+static SEVERAL: LazyLock<Script> = LazyLock::new(|| Script::new(format::SEVERAL_SCRIPT));
+
 /// The arguments that describe the limiter (ARGV[3..=6]), written out once
 /// when the limiter is built, so that a call formats only what changes with
 /// it: `permits` and `timeout_micros` (and the rate, after a `set_rate`).
@@ -27,6 +30,18 @@ pub(crate) struct ScriptArgs {
     cold_factor: String,
     /// The rate the limiter was built with, as bits and as text.
     built_rate: (u64, String),
+    /// Every limit, for a limiter built with several (the fields above are
+    /// then the first one's).
+    several: Option<Box<[LimitArgs]>>,
+}
+
+/// One limit of several, as the several-limits script takes it.
+#[derive(Debug, Clone)]
+struct LimitArgs {
+    rate: f64,
+    name: &'static str,
+    param_micros: String,
+    cold_factor: String,
 }
 
 impl ScriptArgs {
@@ -43,7 +58,25 @@ impl ScriptArgs {
                 permits_per_second.to_bits(),
                 number_text(permits_per_second),
             ),
+            several: None,
         }
+    }
+
+    /// The arguments of a limiter with several limits (at least two), each
+    /// a policy and a rate.
+    pub(crate) fn several(limits: &[(Policy, f64)]) -> Self {
+        let mut args = ScriptArgs::new(&limits[0].0, limits[0].1);
+        let each = limits.iter().map(|(policy, rate)| {
+            let one = ScriptArgs::new(policy, *rate);
+            LimitArgs {
+                rate: *rate,
+                name: one.name,
+                param_micros: one.param_micros,
+                cold_factor: one.cold_factor,
+            }
+        });
+        args.several = Some(each.collect());
+        args
     }
 }
 
@@ -78,8 +111,9 @@ pub(crate) enum Call {
     /// Prove the script can read and write the key, changing nothing.
     Probe,
     /// Back from a fallback: drop the key's stored permits and carry the
-    /// fallback's debt, in µs at the shared rate.
-    Resume { debt_micros: u64 },
+    /// fallback's debt, in µs at the shared rate: one per limit, or one for
+    /// every limit.
+    Resume { debts_micros: Box<[u64]> },
     /// Give back a reservation.
     Cancel(Token),
 }
@@ -157,6 +191,8 @@ pub(crate) struct Reply {
     pub(crate) debt_micros: u64,
     /// A granted reservation's record.
     pub(crate) token: Option<Token>,
+    /// The limit that set the wait, on a limiter with several (else 0).
+    pub(crate) limit: usize,
 }
 
 /// Runs the script once (one round trip; two on NOSCRIPT, the second an
@@ -169,9 +205,13 @@ pub(crate) async fn invoke(
     permits_per_second: f64,
     args: &ScriptArgs,
 ) -> RedisResult<Reply> {
-    let mut cmd = command(
+    let (script, source, build): (&Script, &str, Command) = match args.several {
+        None => (&RESERVE, SOURCE, command),
+        Some(_) => (&SEVERAL, format::SEVERAL_SCRIPT, several_command),
+    };
+    let mut cmd = build(
         "EVALSHA",
-        RESERVE.get_hash(),
+        script.get_hash(),
         key,
         call,
         permits_per_second,
@@ -179,7 +219,7 @@ pub(crate) async fn invoke(
     );
     let value = match cmd.query_async::<Value>(connection).await {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            cmd = command("EVAL", SOURCE, key, call, permits_per_second, args);
+            cmd = build("EVAL", source, key, call, permits_per_second, args);
             cmd.query_async::<Value>(connection).await?
         }
         reply => reply?,
@@ -191,6 +231,9 @@ pub(crate) async fn invoke(
         ))
     })
 }
+
+/// How a command for one of the scripts is built.
+type Command = fn(&str, &str, &str, &Call, f64, &ScriptArgs) -> Cmd;
 
 /// `EVALSHA <sha> 1 <key> <ARGV...>` (or `EVAL <source> ...`), written
 /// straight into one command buffer.
@@ -227,8 +270,9 @@ fn command(
         Call::Probe => {
             cmd.arg("probe").arg("-1");
         }
-        Call::Resume { debt_micros } => {
-            cmd.arg("resume").arg(*debt_micros);
+        Call::Resume { debts_micros } => {
+            cmd.arg("resume")
+                .arg(debts_micros.first().copied().unwrap_or(0));
         }
         Call::Cancel(token) => {
             cmd.arg("cancel").arg(&token.0[..]);
@@ -245,10 +289,110 @@ fn command(
     cmd
 }
 
+/// `EVALSHA <sha> 1 <key> <ARGV...>` for the several-limits script: the
+/// call, then every limit, its rate scaled as the first one's was (see
+/// [`Limits::scale`](crate::core::Limits::scale)).
+fn several_command(
+    verb: &str,
+    script: &str,
+    key: &str,
+    call: &Call,
+    permits_per_second: f64,
+    args: &ScriptArgs,
+) -> Cmd {
+    let limits = args.several.as_deref().unwrap_or_default();
+    let mut cmd = Cmd::with_capacity(8 + 4 * limits.len(), 128 + key.len() + script.len());
+    cmd.arg(verb).arg(script).arg("1").arg(key);
+    match call {
+        Call::Reserve {
+            permits,
+            timeout,
+            held,
+        } => {
+            if *held {
+                cmd.arg(format!("{permits}+"));
+            } else {
+                cmd.arg(*permits);
+            }
+            match timeout {
+                None => cmd.arg("-1"),
+                Some(t) => cmd.arg(micros(*t)),
+            };
+        }
+        Call::Query => {
+            cmd.arg("0").arg("-1");
+        }
+        Call::Probe => {
+            cmd.arg("probe").arg("-1");
+        }
+        Call::Resume { debts_micros } => {
+            let debts: Vec<String> = (0..limits.len())
+                .map(|i| {
+                    let debt = debts_micros.get(i).or(debts_micros.first());
+                    debt.copied().unwrap_or(0).to_string()
+                })
+                .collect();
+            cmd.arg("resume").arg(debts.join(","));
+        }
+        Call::Cancel(token) => {
+            cmd.arg("cancel").arg(&token.0[..]);
+        }
+    }
+    cmd.arg(limits.len());
+    let factor = permits_per_second / limits.first().map_or(1.0, |l| l.rate);
+    let scaled = |limit: &LimitArgs| limit.rate * factor;
+    let valid = limits.iter().all(|l| scaled(l) > 0.0);
+    for limit in limits {
+        let rate = if valid {
+            scaled(limit)
+        } else {
+            permits_per_second
+        };
+        cmd.arg(number_text(rate))
+            .arg(limit.name)
+            .arg(limit.param_micros.as_str())
+            .arg(limit.cold_factor.as_str());
+    }
+    cmd
+}
+
 /// A granted reservation's value (its token), or an integer: the debt
-/// negated for a refused try, else the debt (a cancel's outcome).
+/// negated for a refused try, else the debt (a cancel's outcome); from the
+/// several-limits script, an array.
 fn decode(value: Value) -> Option<Reply> {
     match value {
+        Value::Array(items) => {
+            let ints: Vec<i64> = items
+                .iter()
+                .map(|item| match item {
+                    Value::Int(n) => Some(*n),
+                    _ => None,
+                })
+                .collect::<Option<_>>()?;
+            let at = |i: usize| ints.get(i).copied();
+            let micros = |i: usize| at(i).and_then(|n| u64::try_from(n).ok());
+            match ints.len() {
+                // A cancel: 1 given back, 0 not.
+                1 => Some(Reply {
+                    wait: Some(Duration::from_micros(micros(0)?)),
+                    debt_micros: 0,
+                    token: None,
+                    limit: 0,
+                }),
+                5 => {
+                    let granted = at(0)? == 1;
+                    let id = at(3)?;
+                    let wait = Duration::from_micros(micros(1)?);
+                    Some(Reply {
+                        wait: granted.then_some(wait),
+                        debt_micros: micros(4)?,
+                        token: (id >= 0).then(|| Token(id.to_string().into_bytes().into())),
+                        limit: usize::try_from(at(2)?).unwrap_or(0),
+                    })
+                }
+                _ => None,
+            }
+        }
         Value::BulkString(bytes) => {
             let token = Token::from_bytes(&bytes)?;
             let (wait, debt_micros) = token.wait_and_debt()?;
@@ -256,17 +400,20 @@ fn decode(value: Value) -> Option<Reply> {
                 wait: Some(Duration::from_micros(wait)),
                 debt_micros,
                 token: Some(token),
+                limit: 0,
             })
         }
         Value::Int(n) if n < 0 => Some(Reply {
             wait: None,
             debt_micros: n.unsigned_abs(),
             token: None,
+            limit: 0,
         }),
         Value::Int(n) => Some(Reply {
             wait: Some(Duration::from_micros(n as u64)),
             debt_micros: n as u64,
             token: None,
+            limit: 0,
         }),
         _ => None,
     }

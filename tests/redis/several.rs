@@ -360,3 +360,119 @@ fn bad_arguments_and_a_corrupted_value_are_errors_that_write_nothing() {
         assert_eq!(after, corrupt);
     }
 }
+
+mod limiters {
+    //! The Redis limiters built with several limits: the same rules as
+    //! locally, shared through one key, and across an outage.
+
+    use std::time::Duration;
+
+    use crate::support::poll::{PROBE_INTERVAL, RESPONSE_TIMEOUT, SLACK, backend, within};
+    use crate::support::redis_server::RedisServer;
+    use throttler::Limit;
+    use throttler::redis::{Fallback, RedisRateLimiter};
+
+    const S: Duration = Duration::from_secs(1);
+
+    fn close(got: Duration, expected: Duration) -> bool {
+        got <= expected && expected - got <= Duration::from_millis(200)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_redis_limiter_waits_for_the_latest_limit_and_gives_back_to_all() {
+        let server = RedisServer::start();
+        let limiter = RedisRateLimiter::builder(server.client(), "several")
+            .limit(Limit::per_second(100.0).burst(0))
+            .limit(Limit::per_minute(6.0).burst(1))
+            .response_timeout(RESPONSE_TIMEOUT)
+            .build()
+            .await
+            .unwrap();
+        // The per-minute limit starts with its one stored permit, the
+        // per-second one with none: the first goes at once, the second
+        // waits 10 ms (per second) and is charged 10 s per minute.
+        assert_eq!(limiter.reserve(1).await.unwrap(), Duration::ZERO);
+        let second = limiter.reserve(1).await.unwrap();
+        assert!(second <= Duration::from_millis(10), "{second:?}");
+        let held = limiter.reservation(1).await.unwrap();
+        assert!(close(held.delay(), 10 * S), "{:?}", held.delay());
+        assert_eq!(held.limit(), Some(1));
+        assert!(close(limiter.available_in().await.unwrap(), 20 * S));
+        // Refused: nothing charged.
+        assert_eq!(limiter.try_reserve(1, S).await.unwrap(), None);
+        assert!(close(limiter.available_in().await.unwrap(), 20 * S));
+        // Given back in the background, to both limits.
+        drop(held);
+        let mut wait = limiter.available_in().await.unwrap();
+        for _ in 0..100 {
+            if close(wait, 10 * S) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            wait = limiter.available_in().await.unwrap();
+        }
+        assert!(close(wait, 10 * S), "{wait:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_keyed_redis_limiter_keeps_every_limit_per_key() {
+        let server = RedisServer::start();
+        let backend = backend(server.client()).await;
+        let limiter = backend
+            .keyed_limiter::<String>("several-keyed")
+            .limit(Limit::per_second(10.0).burst(2))
+            .limit(Limit::per_hour(3.0))
+            .build()
+            .unwrap();
+        // Each key starts full: 2 at once per second, 3 an hour. Three go
+        // at once, the fourth 100 ms later (charged a third of the hour),
+        // the fifth not within a second.
+        for _ in 0..3 {
+            let granted = limiter.try_reserve("a", 1, Duration::ZERO).await.unwrap();
+            assert_eq!(granted, Some(Duration::ZERO));
+        }
+        let fourth = limiter.try_reserve("a", 1, S).await.unwrap().unwrap();
+        assert!(fourth <= Duration::from_millis(100), "{fourth:?}");
+        assert_eq!(limiter.try_reserve("a", 1, S).await.unwrap(), None);
+        let other = limiter.try_reserve("b", 1, Duration::ZERO).await.unwrap();
+        assert_eq!(other, Some(Duration::ZERO));
+        let wait = limiter.available_in("a").await.unwrap();
+        assert!(close(wait, 1200 * S), "{wait:?}");
+    }
+
+    /// Redis killed: the fallback serves every limit locally (at their
+    /// share), and after the restart each limit's debt is carried back, so
+    /// the key does not open with a burst.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_outage_is_served_locally_and_every_limit_carried_back() {
+        let mut server = RedisServer::start();
+        let limiter = RedisRateLimiter::builder(server.client(), "several-outage")
+            .limit(Limit::per_second(1000.0).burst(0))
+            .limit(Limit::per_minute(60.0).burst(0))
+            .fallback(Fallback::Local)
+            .response_timeout(RESPONSE_TIMEOUT)
+            .probe_interval(PROBE_INTERVAL)
+            .build()
+            .await
+            .unwrap();
+        assert_eq!(limiter.reserve(1).await.unwrap(), Duration::ZERO);
+        server.kill();
+        // Served locally: the per-minute limit binds (1 s apart), and the
+        // key opens at the debt Redis reported (1 s).
+        let first = limiter.reserve(1).await.unwrap();
+        assert!(limiter.is_degraded());
+        assert!(first <= S + SLACK, "{first:?}");
+        let second = limiter.reserve(1).await.unwrap();
+        assert!(second > first && second <= 2 * S + SLACK, "{second:?}");
+        server.restart();
+        within(5 * S, || !limiter.is_degraded())
+            .await
+            .expect("back on Redis");
+        // The fallback's grants were carried into Redis: the next waits
+        // behind them, per minute, as if Redis had granted them.
+        let after = limiter.available_in().await.unwrap();
+        println!("fallback waits {first:?}, {second:?}; after the carry-back {after:?}");
+        assert!(after >= S, "carried back: {after:?}");
+        assert!(after <= 3 * S + SLACK, "{after:?}");
+    }
+}

@@ -184,7 +184,7 @@ where
             return Ok(());
         }
         let resume = Call::Resume {
-            debt_micros: self.at_shared_rate(dropped - known),
+            debts_micros: Box::new([self.at_shared_rate(dropped - known)]),
         };
         match self.send(key, target, resume).await {
             Ok(_) | Err(Failure::Refused(_)) => Ok(()),
@@ -218,10 +218,16 @@ where
     pub(super) async fn carry(&self, key: &K) {
         let target = self.target(key);
         let mut known = self.known_exactly(key);
-        while let Some(ticket) = self.local.ticket(key) {
-            let debt = ticket.saturating_sub(self.now().max(known));
+        while let Some(tickets) = self.local.tickets(key) {
+            // One debt per limit (one for a limiter with one limit).
+            let ticket = tickets.iter().copied().max().unwrap_or(0);
+            let from = self.now().max(known);
+            let debts = tickets
+                .iter()
+                .map(|t| self.at_shared_rate(t.saturating_sub(from)))
+                .collect();
             let resume = Call::Resume {
-                debt_micros: self.at_shared_rate(debt),
+                debts_micros: debts,
             };
             match self.send(key, &target, resume).await {
                 Ok(_) => {

@@ -173,6 +173,9 @@ pub(crate) struct Parts<C> {
     pub(crate) naming: Naming,
     pub(crate) policy: Policy,
     pub(crate) rate: f64,
+    /// The limits after the first (`policy` and `rate`), for a limiter
+    /// built with several.
+    pub(crate) more: Vec<(Policy, f64)>,
     pub(crate) fallback: Fallback,
     pub(crate) local_fraction: f64,
     pub(crate) max_local_keys: usize,
@@ -185,20 +188,37 @@ where
     C: Clock,
 {
     pub(crate) fn new(parts: Parts<C>) -> Result<Arc<Self>, Error> {
-        let local = KeyedRateLimiter::from_parts(
-            State::new(
-                parts.policy.clone(),
-                local_rate(parts.rate, parts.local_fraction),
-                0,
-            )?,
-            parts.clock,
-            Some(parts.max_local_keys),
-            Mode::Empty,
-        );
+        let mut limits = vec![(parts.policy.clone(), parts.rate)];
+        limits.extend(parts.more.iter().cloned());
+        // The fallback's limits: each a share of its shared rate.
+        let local_states = limits
+            .iter()
+            .map(|(policy, rate)| {
+                State::new(policy.clone(), local_rate(*rate, parts.local_fraction), 0)
+            })
+            .collect::<Result<Vec<State>, _>>()?;
+        let (local, script_args) = if limits.len() > 1 {
+            let local = KeyedRateLimiter::from_limits(
+                local_states,
+                parts.clock,
+                Some(parts.max_local_keys),
+                Mode::Empty,
+            );
+            (local, ScriptArgs::several(&limits))
+        } else {
+            let state = local_states.into_iter().next().expect("one limit");
+            let local = KeyedRateLimiter::from_parts(
+                state,
+                parts.clock,
+                Some(parts.max_local_keys),
+                Mode::Empty,
+            );
+            (local, ScriptArgs::new(&parts.policy, parts.rate))
+        };
         Ok(Arc::new_cyclic(|this| Failover {
             backend: parts.backend,
             naming: parts.naming,
-            script_args: Arc::new(ScriptArgs::new(&parts.policy, parts.rate)),
+            script_args: Arc::new(script_args),
             rate_bits: AtomicU64::new(parts.rate.to_bits()),
             fallback: parts.fallback,
             local,
@@ -372,7 +392,7 @@ where
             }),
             _ => None,
         };
-        Some(Reservation::new(wait, self.local.clock(), pending))
+        Some(Reservation::new(wait, self.local.clock(), pending).for_limit(reply.limit))
     }
 
     /// One call for `key` to Redis (see [`send`]), noting the debt it

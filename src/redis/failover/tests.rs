@@ -29,6 +29,7 @@ fn failover(max_local_keys: usize) -> (Arc<Failover<String, FakeClock>>, FakeClo
         },
         policy: Policy::Bursty(Bursty::new(Duration::ZERO)),
         rate: 1.0,
+        more: Vec::new(),
         fallback: Fallback::Local,
         local_fraction: 1.0,
         max_local_keys,
