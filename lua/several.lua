@@ -153,39 +153,68 @@ local st, nf, fr, old_rate, old_max = {}, {}, {}, {}, {}
 local bst, bnf, bfr = {}, {}, {}
 local log_id, log_permits, log_now, log_moment = {}, {}, {}, {}
 local expires, next_id, count = 0, 0, 0
+-- How many limits the value holds states for (the others start full): a
+-- value of this script with fewer or more limits keeps those it has, by
+-- position, and loses its log; a value of the one-limit script (thr1 to
+-- thr3, or the first format) is the first limit's, its ledger dropped.
+-- (What waited to be given back then gives nothing back: erring towards
+-- limiting.)
+local held_limits = 0
 if value then
     local size = #value
-    local ok = size >= 44 and string.sub(value, 1, 4) == SEVERAL
-    local stored_n, last_now
-    if ok then
-        stored_n, expires, last_now, next_id, count = struct.unpack('<ddddd', value, 5)
-        ok = stored_n == n and count >= 0 and count <= LOG_CAPACITY and count % 1 == 0
-            and size == 44 + 40 * n + (count > 0 and 24 * n or 0) + 32 * count
-            and expires >= 0 and expires < INFINITY and last_now >= 0 and last_now <= MAX_MICROS
-            and last_now % 1 == 0 and next_id >= 0 and next_id < MAX_MICROS and next_id % 1 == 0
+    local marker = string.sub(value, 1, 4)
+    local ok, last_now = false, 0
+    if size >= 44 and marker == SEVERAL then
+        local m
+        m, expires, last_now, next_id, count = struct.unpack('<ddddd', value, 5)
+        ok = m >= 1 and m <= MAX_LIMITS and m % 1 == 0 and count >= 0 and count <= LOG_CAPACITY
+            and count % 1 == 0 and size == 44 + 40 * m + (count > 0 and 24 * m or 0) + 32 * count
+            and next_id >= 0 and next_id < MAX_MICROS and next_id % 1 == 0
+        if ok then
+            held_limits = m
+            for i = 1, m do
+                st[i], nf[i], fr[i], old_rate[i], old_max[i] = struct.unpack('<ddddd', value, 5 + 40 * i)
+            end
+            if m ~= n then count = 0 end
+        end
+        local at = 45 + 40 * m
+        if ok and count > 0 then
+            for i = 1, n do
+                bst[i], bnf[i], bfr[i] = struct.unpack('<ddd', value, at)
+                at = at + 24
+                ok = ok and bst[i] >= 0 and bnf[i] >= 0 and bnf[i] <= MAX_MICROS and bnf[i] % 1 == 0
+                    and bfr[i] >= 0 and bfr[i] < FRACTION_ONE and bfr[i] % 1 == 0
+            end
+            for j = 1, count do
+                log_id[j], log_permits[j], log_now[j], log_moment[j] = struct.unpack('<dddd', value, at)
+                at = at + 32
+                ok = ok and log_permits[j] >= 1 and log_permits[j] <= MAX_MICROS and log_now[j] >= 0
+                    and log_now[j] <= MAX_MICROS and log_moment[j] >= log_now[j]
+                    and log_moment[j] <= MAX_MICROS and log_id[j] >= -1 and log_id[j] < next_id
+            end
+        end
+    elseif (size == 76 and (marker == 'thr2' or marker == 'thr1')) or (size >= 124 and marker == 'thr3') then
+        local fractions, _
+        _, st[1], nf[1], old_rate[1], old_max[1], expires, last_now, fractions =
+            struct.unpack('<c4ddddddd', value)
+        ok = fractions >= 0 and fractions < 2199023255552 and fractions % 1 == 0
+        if marker == 'thr1' then
+            fr[1] = 0
+        else
+            fr[1] = (fractions - fractions % 2097152) / 2097152
+        end
+        held_limits = 1
+    elseif size == 40 then
+        st[1], nf[1], old_rate[1], old_max[1], expires = struct.unpack('<ddddd', value)
+        fr[1], ok, held_limits = 0, true, 1
     end
-    local at = 45
-    for i = 1, ok and n or 0 do
-        st[i], nf[i], fr[i], old_rate[i], old_max[i] = struct.unpack('<ddddd', value, at)
-        at = at + 40
+    if held_limits > n then held_limits = n end
+    ok = ok and expires >= 0 and expires < INFINITY and last_now >= 0 and last_now <= MAX_MICROS
+        and last_now % 1 == 0
+    for i = 1, held_limits do
         ok = ok and old_max[i] >= 0 and old_max[i] < INFINITY and st[i] >= 0 and st[i] <= old_max[i]
             and nf[i] >= 0 and nf[i] <= MAX_MICROS and nf[i] % 1 == 0 and old_rate[i] > 0
             and fr[i] >= 0 and fr[i] < FRACTION_ONE and fr[i] % 1 == 0
-    end
-    if ok and count > 0 then
-        for i = 1, n do
-            bst[i], bnf[i], bfr[i] = struct.unpack('<ddd', value, at)
-            at = at + 24
-            ok = ok and bst[i] >= 0 and bnf[i] >= 0 and bnf[i] <= MAX_MICROS and bnf[i] % 1 == 0
-                and bfr[i] >= 0 and bfr[i] < FRACTION_ONE and bfr[i] % 1 == 0
-        end
-        for j = 1, count do
-            log_id[j], log_permits[j], log_now[j], log_moment[j] = struct.unpack('<dddd', value, at)
-            at = at + 32
-            ok = ok and log_permits[j] >= 1 and log_permits[j] <= MAX_MICROS and log_now[j] >= 0
-                and log_now[j] <= MAX_MICROS and log_moment[j] >= log_now[j]
-                and log_moment[j] <= MAX_MICROS and log_id[j] >= -1 and log_id[j] < next_id
-        end
     end
     if not ok then
         return redis.error_reply('ERR throttler: key ' .. key .. ' holds a value this limiter does not '
@@ -194,11 +223,10 @@ if value then
     end
     -- The clock never runs backwards for a key.
     if last_now > now then now = last_now end
-else
-    -- Missing: idle for a long time, every limit full.
-    for i = 1, n do
-        st[i], nf[i], fr[i], old_rate[i], old_max[i] = mx[i], now, 0, rate[i], mx[i]
-    end
+end
+-- Missing, or not in the value: idle for a long time, full.
+for i = held_limits + 1, n do
+    st[i], nf[i], fr[i], old_rate[i], old_max[i] = mx[i], now, 0, rate[i], mx[i]
 end
 
 -- The moment every limit allows a request at `at`, and the limit that set

@@ -361,6 +361,52 @@ fn bad_arguments_and_a_corrupted_value_are_errors_that_write_nothing() {
     }
 }
 
+/// A key written by the one-limit script, or by this one with another
+/// number of limits, is read, not refused: its limits by position, the
+/// others full.
+#[test]
+fn older_values_are_read_as_the_first_limits() {
+    let server = RedisServer::start();
+    let mut connection = server.connection();
+    let single = redis::Script::new(throttler::redis::format::SCRIPT);
+    let t0: u64 = 5_000_000;
+    for _ in 0..2 {
+        let _: redis::Value = single
+            .key("upgraded")
+            .arg("1")
+            .arg("-1")
+            .arg("10.0")
+            .arg("bursty")
+            .arg("0")
+            .arg("0")
+            .arg(t0)
+            .invoke(&mut connection)
+            .unwrap();
+    }
+    let mut script = Script {
+        script: redis::Script::new(SEVERAL_SCRIPT),
+        connection,
+    };
+    let ten = Config {
+        rate: 10.0,
+        bursty: true,
+        micros: 0,
+        cold_factor: 0.0,
+    };
+    let one = Config { rate: 1.0, ..ten };
+    // The one-limit key's ticket (t0 + 200 ms) is the first limit's.
+    let reply = ints(&script.call("upgraded", "1", -1, &[ten, one], t0));
+    assert_eq!(reply, vec![1, 200_000, 0, -1, 1_200_000]);
+    let states = stored_states(&mut script.connection, "upgraded", 2).unwrap();
+    assert_eq!((states[0].1, states[1].1), (t0 + 300_000, t0 + 1_200_000));
+    // A third limit joins full; back to two, the third is dropped.
+    let half = Config { rate: 0.5, ..ten };
+    let reply = ints(&script.call("upgraded", "1", -1, &[ten, one, half], t0));
+    assert_eq!(reply, vec![1, 1_200_000, 1, -1, 3_200_000]);
+    let reply = ints(&script.call("upgraded", "0", -1, &[ten, one], t0));
+    assert_eq!(reply, vec![1, 2_200_000, 1, -1, 2_200_000]);
+}
+
 mod limiters {
     //! The Redis limiters built with several limits: the same rules as
     //! locally, shared through one key, and across an outage.
