@@ -57,7 +57,8 @@
 //! one of them allows it, charges it to all of them, charges none for a
 //! refused try, and gives a dropped reservation back to all of them,
 //! exactly ([`core::Limits`] says how). A [`Reservation`] names the limit
-//! it waits for.
+//! it waits for. Every builder takes `.limit()`, the Redis ones too: all
+//! the limits of a key then live in one Redis value, updated by one call.
 //!
 //! ```
 //! use throttler::{KeyedRateLimiter, Limit, RateLimiter};
@@ -110,6 +111,7 @@
 //! |---|---|---|
 //! | [`RateLimiter`], [`KeyedRateLimiter`]: `acquire`, `try_acquire`, a [`Reservation`] | exact, however many are given back, in any order: nobody is scheduled before a limiter that never made them would schedule them | never |
 //! | [`RateLimiter`], [`KeyedRateLimiter`] with several [`Limit`]s: the same | exact: the limits are replayed without it from a log of the requests since the oldest that may be given back ([`core::Limits`]) | more than [`LOG_CAPACITY`](core::LOG_CAPACITY) requests (per key) came since it; a rate changed meanwhile |
+//! | Redis limiters with several limits: the same | exact, as locally, from a log of up to 64 requests per key | more came since it; a rate changed meanwhile; the give-back reaches Redis after its moment, or not at all |
 //! | Redis limiters: `acquire`, `try_acquire`, a [`Reservation`] | exact, as locally, for up to 64 reservations waiting on one key ([`Ledger::SHARED_CAPACITY`](core::Ledger::SHARED_CAPACITY)) | more wait at once; the rate changed meanwhile; the give-back reaches Redis after the reservation's moment, or not at all (Redis down) |
 //! | Redis limiters: a round trip dropped in flight, or past the response timeout | the reply is awaited in the background (up to 30 s) and what it reserved given back | the reply comes later than that, or Redis is down |
 //! | Redis limiters: `reserve`, `try_reserve` (a wait, not a handle) | exact while the dropped call is the key's latest change | anything changed the key since |
