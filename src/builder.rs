@@ -121,7 +121,9 @@ pub(crate) use policy_setters;
 /// (`Limit::per_hour(1000.0)`), its burst is the whole period's permits: a
 /// quota of 1 000 an hour can be spent at once, then refills at 1 000 an
 /// hour. [`burst`](Limit::burst) sets a smaller one, and
-/// [`warmup`](Limit::warmup) the warming-up policy instead.
+/// [`warmup`](Limit::warmup) the warming-up policy instead. A limit starts
+/// full, its burst there at once (a rate set with `permits_per_second`
+/// starts with nothing stored, as it always has).
 ///
 /// **A long window's burst.** A per-hour limit whose burst is one second of
 /// its rate (the single-limit builder's default) is just a slow rate: one
@@ -233,7 +235,11 @@ impl Limit {
             }));
         }
         let (policy, rate) = config.policy()?;
-        Ok(State::new(policy, rate, now)?)
+        let mut state = State::new(policy, rate, now)?;
+        // A limit starts full: its burst is there at once, as for a key
+        // never seen (a warming-up one is full, i.e. cold, already).
+        state.stored_permits = state.max_permits;
+        Ok(state)
     }
 }
 

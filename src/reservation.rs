@@ -134,20 +134,15 @@ impl<'a> Reservation<'a> {
     /// use throttler::{Limit, RateLimiter};
     /// use throttler::clock::FakeClock;
     ///
-    /// let clock = FakeClock::new();
     /// let limiter = RateLimiter::builder()
     ///     .limit(Limit::per_second(10.0).burst(0))
-    ///     .limit(Limit::per_minute(60.0).burst(3))
-    ///     .clock(clock.clone())
+    ///     .limit(Limit::per_minute(60.0).burst(0))
+    ///     .clock(FakeClock::new())
     ///     .build()?;
-    /// limiter.reserve(1)?;
-    /// // Nothing stored yet: the per-minute limit binds (1 s).
-    /// assert_eq!(limiter.reservation(1)?.limit(), Some(1));
-    /// // With three permits stored per minute, the per-second one does.
-    /// clock.advance(Duration::from_secs(5));
-    /// limiter.reserve(1)?;
+    /// assert_eq!(limiter.reservation(1)?.limit(), None); // it does not wait
+    /// // 100 ms per second, but a whole second per minute: the second binds.
     /// let next = limiter.reservation(1)?;
-    /// assert_eq!((next.delay(), next.limit()), (Duration::from_millis(100), Some(0)));
+    /// assert_eq!((next.delay(), next.limit()), (Duration::from_secs(1), Some(1)));
     /// # Ok::<(), throttler::Error>(())
     /// ```
     pub fn limit(&self) -> Option<usize> {

@@ -13,10 +13,11 @@ use throttler::{Error, Limit, RateLimiter};
 const MS: Duration = Duration::from_millis(1);
 
 fn two_limits(clock: &FakeClock) -> RateLimiter<FakeClock> {
-    // 10 per second with a burst of 2, and 3 per minute with a burst of 3.
+    // 10 per second with a burst of 2 (there at once: a limit starts
+    // full), and 3 per minute with no burst.
     RateLimiter::builder()
         .limit(Limit::per_second(10.0).burst(2))
-        .limit(Limit::per_minute(3.0))
+        .limit(Limit::per_minute(3.0).burst(0))
         .clock(clock.clone())
         .build()
         .unwrap()
@@ -26,16 +27,15 @@ fn two_limits(clock: &FakeClock) -> RateLimiter<FakeClock> {
 fn the_latest_limit_sets_the_wait_and_every_limit_is_charged() {
     let clock = FakeClock::new();
     let limiter = two_limits(&clock);
-    // Neither limit has stored anything yet: the first goes at once, the
-    // second waits for the per-minute limit (20 s), not the per-second one.
+    // The first goes at once, the second waits for the per-minute limit
+    // (20 s), not the per-second one (whose burst is there).
     assert_eq!(limiter.reserve(1).unwrap(), Duration::ZERO);
     assert_eq!(limiter.reserve(1).unwrap(), Duration::from_secs(20));
     assert_eq!(limiter.available_in().unwrap(), Duration::from_secs(40));
     // A minute later the per-minute limit has caught up (its ticket was
-    // at 40 s) and stored 20 s worth, one permit; the per-second one
-    // stored its burst of 2. Two go at once; the third waits 20 s.
+    // at 40 s) and stored nothing (no burst): one goes at once, the next
+    // waits 20 s.
     clock.advance(Duration::from_secs(60));
-    assert_eq!(limiter.reserve(1).unwrap(), Duration::ZERO);
     assert_eq!(limiter.reserve(1).unwrap(), Duration::ZERO);
     assert_eq!(limiter.reserve(1).unwrap(), Duration::from_secs(20));
 }
@@ -167,7 +167,10 @@ fn the_limiter_agrees_with_the_core_step_by_step() {
             builder = builder.limit(Limit::per_second(per_second).burst(burst));
             let micros = (burst as f64 * 1e6 / per_second).ceil() as u64;
             let policy = Policy::Bursty(Bursty::new(Duration::from_micros(micros)));
-            states.push(State::new(policy, per_second, 0).unwrap());
+            let mut state = State::new(policy, per_second, 0).unwrap();
+            // A limit starts full.
+            state.stored_permits = state.max_permits;
+            states.push(state);
         }
         let limiter = builder.build().unwrap();
         let mut core = Limits::new(states).unwrap();
@@ -208,7 +211,7 @@ fn a_reservation_names_the_limit_it_waits_for() {
     assert_eq!(first.limit(), None, "it does not wait");
     first.commit();
     assert_eq!(limiter.reservation(1).unwrap().limit(), Some(1));
-    // Once the per-minute limit has stored permits, the per-second one
+    // While the per-minute limit has stored permits, the per-second one
     // binds.
     let clock = FakeClock::new();
     let limiter = RateLimiter::builder()
