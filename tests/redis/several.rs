@@ -522,3 +522,82 @@ mod limiters {
         assert!(after <= 3 * S + SLACK, "{after:?}");
     }
 }
+
+mod shared {
+    //! Three processes' worth of limiters (three backends, three
+    //! connections) share one key with two limits: in every sliding
+    //! window, the grants stay within each limit.
+
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use crate::support::poll::backend;
+    use crate::support::redis_server::RedisServer;
+    use throttler::Limit;
+
+    /// Each limit: (permits per second, burst).
+    const LIMITS: [(f64, f64); 2] = [(100.0, 10.0), (30.0, 20.0)];
+    const RUN: Duration = Duration::from_secs(2);
+    /// Wake-ups run late, never early: grants can bunch up by that much.
+    const JITTER: Duration = Duration::from_millis(25);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn three_processes_on_one_key_never_over_grant_any_limit() {
+        let server = RedisServer::start();
+        let grants = Arc::new(Mutex::new(Vec::new()));
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        let mut backends = Vec::new();
+        for _ in 0..3 {
+            let backend = backend(server.client()).await;
+            let limiter = Arc::new(
+                backend
+                    .limiter("shared-quota")
+                    .limit(Limit::per_second(LIMITS[0].0).burst(LIMITS[0].1 as u64))
+                    .limit(Limit::per(60.0, Duration::from_secs(2)).burst(LIMITS[1].1 as u64))
+                    .build()
+                    .unwrap(),
+            );
+            for _ in 0..4 {
+                let limiter = Arc::clone(&limiter);
+                let grants = Arc::clone(&grants);
+                tasks.push(tokio::spawn(async move {
+                    while start.elapsed() < RUN {
+                        limiter.acquire(1).await.unwrap();
+                        grants.lock().unwrap().push(start.elapsed());
+                    }
+                }));
+            }
+            backends.push(backend);
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        drop(backends);
+        let mut grants = grants.lock().unwrap().clone();
+        grants.sort();
+        // Over the run: the second limit's burst and rate, plus what the
+        // last requests reserved past the end.
+        let total = grants.len() as f64;
+        let most = LIMITS[1].1 + LIMITS[1].0 * (RUN + JITTER).as_secs_f64() + 12.0;
+        assert!(total <= most, "{total} grants in {RUN:?}, at most {most}");
+        assert!(
+            total >= LIMITS[1].0 * RUN.as_secs_f64() * 0.8,
+            "{total} grants: too few"
+        );
+        for (rate, burst) in LIMITS {
+            for (a, &first) in grants.iter().enumerate() {
+                for (b, &last) in grants.iter().enumerate().skip(a) {
+                    let window = (last - first + JITTER).as_secs_f64();
+                    let allowed = burst + rate * window + 2.0;
+                    let count = (b - a + 1) as f64;
+                    assert!(
+                        count <= allowed,
+                        "{count} grants within {:?} at {rate}/s, burst {burst}",
+                        last - first
+                    );
+                }
+            }
+        }
+    }
+}
