@@ -48,8 +48,13 @@ if #argv ~= 3 + 4 * n and #argv ~= 4 + 4 * n then
     return redis.error_reply('ERR throttler: expected ' .. (3 + 4 * n) .. ' or ' .. (4 + 4 * n)
         .. ' arguments for ' .. n .. ' limits (got ' .. #argv .. ')')
 end
+-- (tonumber costs a strtod: the most common values skip it.)
 local mode, permits, held = nil, argv[1], false
-if permits == 'cancel' or permits == 'probe' or permits == 'resume' then
+if permits == '1' then
+    permits = 1
+elseif permits == '1+' then
+    permits, held = 1, true
+elseif permits == 'cancel' or permits == 'probe' or permits == 'resume' then
     mode, permits = permits, nil
 else
     if string.byte(permits, -1) == 43 then permits, held = string.sub(permits, 1, -2), true end
@@ -71,7 +76,7 @@ if mode == 'resume' then
         debts[#debts + 1] = debt
     end
     if #debts ~= n then return bad('ARGV[2] must hold one debt per limit (' .. n .. ')', 2) end
-else
+elseif argv[2] ~= '-1' then
     timeout = tonumber(argv[2])
     if not (timeout and timeout >= -1 and timeout % 1 == 0) then
         return bad('ARGV[2] must be the timeout in µs (-1 for none) or the id to cancel', 2)
