@@ -116,6 +116,17 @@ pub(crate) fn check_permits(permits: u32) -> Result<(), Error> {
     }
 }
 
+/// `Err` unless a limiter with `count` limits has a limit `index`.
+pub(crate) fn check_limit(index: usize, count: usize) -> Result<(), Error> {
+    if index < count {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "no limit {index}: this limiter has {count} (counted from 0)"
+        )))
+    }
+}
+
 #[cold]
 fn zero_permits() -> Error {
     Error::InvalidArgument("permits must be at least 1 (got 0)".to_owned())

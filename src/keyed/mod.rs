@@ -616,11 +616,7 @@ where
     pub fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
         let count = self.several.as_ref().map_or(1, |several| several.shape().0);
-        if index >= count {
-            return Err(Error::InvalidArgument(format!(
-                "no limit {index}: this limiter has {count} (counted from 0)"
-            )));
-        }
+        crate::error::check_limit(index, count)?;
         match &self.several {
             Some(several) => {
                 several.set_limit_rate(index, permits_per_second, self.clock.now_micros())?;

@@ -632,11 +632,7 @@ impl<C: Clock> RateLimiter<C> {
         stable_interval_micros(permits_per_second)?;
         let mut locked = self.lock();
         let count = locked.limits.as_ref().map_or(1, |l| l.states().len());
-        if index >= count {
-            return Err(Error::InvalidArgument(format!(
-                "no limit {index}: this limiter has {count} (counted from 0)"
-            )));
-        }
+        crate::error::check_limit(index, count)?;
         match &mut locked.limits {
             Some(limits) => {
                 let now = self.clock.now_micros();

@@ -247,6 +247,21 @@ fn command(
 ) -> Cmd {
     let mut cmd = Cmd::with_capacity(10, 128 + key.len() + script.len());
     cmd.arg(verb).arg(script).arg("1").arg(key);
+    call_args(&mut cmd, call, 1);
+    if permits_per_second.to_bits() == args.built_rate.0 {
+        cmd.arg(args.built_rate.1.as_str());
+    } else {
+        cmd.arg(number_text(permits_per_second));
+    }
+    cmd.arg(args.name)
+        .arg(args.param_micros.as_str())
+        .arg(args.cold_factor.as_str());
+    cmd
+}
+
+/// ARGV[1] and ARGV[2], the call, as both scripts read them; a resume
+/// carries one debt per limit (`limits` of them, joined by commas), or one.
+fn call_args(cmd: &mut Cmd, call: &Call, limits: usize) {
     match call {
         Call::Reserve {
             permits,
@@ -270,23 +285,23 @@ fn command(
         Call::Probe => {
             cmd.arg("probe").arg("-1");
         }
-        Call::Resume { debts_micros } => {
+        Call::Resume { debts_micros } if limits == 1 => {
             cmd.arg("resume")
                 .arg(debts_micros.first().copied().unwrap_or(0));
+        }
+        Call::Resume { debts_micros } => {
+            let debts: Vec<String> = (0..limits)
+                .map(|i| {
+                    let debt = debts_micros.get(i).or(debts_micros.first());
+                    debt.copied().unwrap_or(0).to_string()
+                })
+                .collect();
+            cmd.arg("resume").arg(debts.join(","));
         }
         Call::Cancel(token) => {
             cmd.arg("cancel").arg(&token.0[..]);
         }
     }
-    if permits_per_second.to_bits() == args.built_rate.0 {
-        cmd.arg(args.built_rate.1.as_str());
-    } else {
-        cmd.arg(number_text(permits_per_second));
-    }
-    cmd.arg(args.name)
-        .arg(args.param_micros.as_str())
-        .arg(args.cold_factor.as_str());
-    cmd
 }
 
 /// `EVALSHA <sha> 1 <key> <ARGV...>` for the several-limits script: the
@@ -303,41 +318,7 @@ fn several_command(
     let limits = args.several.as_deref().unwrap_or_default();
     let mut cmd = Cmd::with_capacity(8 + 4 * limits.len(), 128 + key.len() + script.len());
     cmd.arg(verb).arg(script).arg("1").arg(key);
-    match call {
-        Call::Reserve {
-            permits,
-            timeout,
-            held,
-        } => {
-            if *held {
-                cmd.arg(format!("{permits}+"));
-            } else {
-                cmd.arg(*permits);
-            }
-            match timeout {
-                None => cmd.arg("-1"),
-                Some(t) => cmd.arg(micros(*t)),
-            };
-        }
-        Call::Query => {
-            cmd.arg("0").arg("-1");
-        }
-        Call::Probe => {
-            cmd.arg("probe").arg("-1");
-        }
-        Call::Resume { debts_micros } => {
-            let debts: Vec<String> = (0..limits.len())
-                .map(|i| {
-                    let debt = debts_micros.get(i).or(debts_micros.first());
-                    debt.copied().unwrap_or(0).to_string()
-                })
-                .collect();
-            cmd.arg("resume").arg(debts.join(","));
-        }
-        Call::Cancel(token) => {
-            cmd.arg("cancel").arg(&token.0[..]);
-        }
-    }
+    call_args(&mut cmd, call, limits.len());
     cmd.arg(limits.len());
     let factor = permits_per_second / limits.first().map_or(1.0, |l| l.rate);
     let scaled = |limit: &LimitArgs| limit.rate * factor;
