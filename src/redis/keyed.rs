@@ -292,7 +292,8 @@ where
     C: Clock,
 {
     /// Changes the rate of every key from now on (each key's next call
-    /// carries it to Redis).
+    /// carries it to Redis). With several limits, the first one's rate;
+    /// the others scale alike.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN.

@@ -148,7 +148,9 @@ impl<C: Clock> RedisRateLimiter<C> {
     /// Changes the rate from now on, for every process sharing the key: the
     /// next reservation carries it to Redis, which rescales the stored
     /// permits. (Processes that still pass the old rate change it back on
-    /// their next call: give them all the same rate.)
+    /// their next call: give them all the same rate.) With several limits,
+    /// this is the first one's rate and the others scale alike, as
+    /// [`RateLimiter::set_rate`](crate::RateLimiter::set_rate) does.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN.
