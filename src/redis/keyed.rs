@@ -301,6 +301,16 @@ where
         self.inner.set_rate(permits_per_second)
     }
 
+    /// Changes the rate of limit `index` alone, for every key, as
+    /// [`RedisRateLimiter::set_limit_rate`](super::RedisRateLimiter::set_limit_rate).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN, or
+    /// there is no limit `index`.
+    pub fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
+        self.inner.set_limit_rate(index, permits_per_second)
+    }
+
     /// The stable rate of every key, in permits per second.
     pub fn rate(&self) -> f64 {
         self.inner.rate()

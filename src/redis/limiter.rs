@@ -158,6 +158,17 @@ impl<C: Clock> RedisRateLimiter<C> {
         self.inner.set_rate(permits_per_second)
     }
 
+    /// Changes the rate of limit `index` alone (counted from 0 in the order
+    /// the builder was given them), from now on, as `set_rate` does for
+    /// all. On a limiter with one limit, index 0 is `set_rate`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN, or
+    /// there is no limit `index`.
+    pub fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
+        self.inner.set_limit_rate(index, permits_per_second)
+    }
+
     /// The stable rate, in permits per second.
     pub fn rate(&self) -> f64 {
         self.inner.rate()

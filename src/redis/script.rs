@@ -1,7 +1,7 @@
 //! Calling the limiter's script (`lua/`, see `docs/redis-protocol.md`):
 //! arguments in, wait out.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, Value};
@@ -23,7 +23,7 @@ static SEVERAL: LazyLock<Script> = LazyLock::new(|| Script::new(format::SEVERAL_
 /// The arguments that describe the limiter (ARGV[3..=6]), written out once
 /// when the limiter is built, so that a call formats only what changes with
 /// it: `permits` and `timeout_micros` (and the rate, after a `set_rate`).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct ScriptArgs {
     name: &'static str,
     param_micros: String,
@@ -33,12 +33,14 @@ pub(crate) struct ScriptArgs {
     /// Every limit, for a limiter built with several (the fields above are
     /// then the first one's).
     several: Option<Box<[LimitArgs]>>,
+    /// Their rates in force, for a limiter built with several: the
+    /// limiter's `set_rate` scales them, `set_limit_rate` sets one.
+    rates: Mutex<Arc<[f64]>>,
 }
 
 /// One limit of several, as the several-limits script takes it.
 #[derive(Debug, Clone)]
 struct LimitArgs {
-    rate: f64,
     name: &'static str,
     param_micros: String,
     cold_factor: String,
@@ -59,6 +61,7 @@ impl ScriptArgs {
                 number_text(permits_per_second),
             ),
             several: None,
+            rates: Mutex::new(Arc::new([permits_per_second])),
         }
     }
 
@@ -69,14 +72,24 @@ impl ScriptArgs {
         let each = limits.iter().map(|(policy, rate)| {
             let one = ScriptArgs::new(policy, *rate);
             LimitArgs {
-                rate: *rate,
                 name: one.name,
                 param_micros: one.param_micros,
                 cold_factor: one.cold_factor,
             }
         });
         args.several = Some(each.collect());
+        args.rates = Mutex::new(limits.iter().map(|(_, rate)| *rate).collect());
         args
+    }
+
+    /// The rates in force, one per limit.
+    pub(crate) fn rates(&self) -> Arc<[f64]> {
+        Arc::clone(&self.rates.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Sets the rates in force (already checked).
+    pub(crate) fn set_rates(&self, rates: Arc<[f64]>) {
+        *self.rates.lock().unwrap_or_else(PoisonError::into_inner) = rates;
     }
 }
 
@@ -305,8 +318,7 @@ fn call_args(cmd: &mut Cmd, call: &Call, limits: usize) {
 }
 
 /// `EVALSHA <sha> 1 <key> <ARGV...>` for the several-limits script: the
-/// call, then every limit, its rate scaled as the first one's was (see
-/// [`Limits::scale`](crate::core::Limits::scale)).
+/// call, then every limit at its rate in force.
 fn several_command(
     verb: &str,
     script: &str,
@@ -319,17 +331,12 @@ fn several_command(
     let mut cmd = Cmd::with_capacity(8 + 4 * limits.len(), 128 + key.len() + script.len());
     cmd.arg(verb).arg(script).arg("1").arg(key);
     call_args(&mut cmd, call, limits.len());
+    // The rates in force (the first is `permits_per_second`).
+    let _ = permits_per_second;
     cmd.arg(limits.len());
-    let factor = permits_per_second / limits.first().map_or(1.0, |l| l.rate);
-    let scaled = |limit: &LimitArgs| limit.rate * factor;
-    let valid = limits.iter().all(|l| scaled(l) > 0.0);
-    for limit in limits {
-        let rate = if valid {
-            scaled(limit)
-        } else {
-            permits_per_second
-        };
-        cmd.arg(number_text(rate))
+    let rates = args.rates();
+    for (limit, rate) in limits.iter().zip(rates.iter()) {
+        cmd.arg(number_text(*rate))
             .arg(limit.name)
             .arg(limit.param_micros.as_str())
             .arg(limit.cold_factor.as_str());

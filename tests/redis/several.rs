@@ -461,6 +461,32 @@ mod limiters {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_limit_s_rate_changes_alone_or_all_scale() {
+        let server = RedisServer::start();
+        let limiter = RedisRateLimiter::builder(server.client(), "several-rates")
+            .limit(Limit::per_second(100.0).burst(0))
+            .limit(Limit::per_minute(6.0).burst(0))
+            .response_timeout(RESPONSE_TIMEOUT)
+            .build()
+            .await
+            .unwrap();
+        assert_eq!(limiter.reserve(1).await.unwrap(), Duration::ZERO);
+        // One a second instead of one per 10 s: the debt already owed stays.
+        limiter.set_limit_rate(1, 1.0).unwrap();
+        assert_eq!(limiter.rate(), 100.0);
+        let wait = limiter.reserve(1).await.unwrap();
+        assert!(close(wait, 10 * S), "{wait:?}");
+        assert!(close(limiter.available_in().await.unwrap(), 11 * S));
+        // Halving the first halves them all: 2 s apart now.
+        limiter.set_rate(50.0).unwrap();
+        let wait = limiter.reserve(1).await.unwrap();
+        assert!(close(wait, 11 * S), "{wait:?}");
+        assert!(close(limiter.available_in().await.unwrap(), 13 * S));
+        assert!(limiter.set_limit_rate(2, 1.0).is_err());
+        assert!(limiter.set_limit_rate(0, f64::NAN).is_err());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_keyed_redis_limiter_keeps_every_limit_per_key() {
         let server = RedisServer::start();
         let backend = backend(server.client()).await;
