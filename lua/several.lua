@@ -406,15 +406,18 @@ for j = first, count do
     if log_moment[j] - time_micros > need then need = log_moment[j] - time_micros end
 end
 local ttl_ms = need / 1000
+-- Keep the TTL set if it lasts long enough (setting one costs Redis an
+-- update of its expiry table): else twice the need, plus 2 ms.
+local keep = value and time_micros + need + 2000 <= expires
 if ttl_ms < TTL_CAP_MS / 2 then
     ttl_ms = ttl_ms - ttl_ms % 1 + 1
     ttl_ms = ttl_ms + ttl_ms + 2
 else
     ttl_ms = TTL_CAP_MS
 end
+if not keep then expires = time_micros + ttl_ms * 1000 end
 
-local parts = {struct.pack('<c4ddddd', SEVERAL, n, time_micros + ttl_ms * 1000, now, next_id,
-    count - first + 1)}
+local parts = {struct.pack('<c4ddddd', SEVERAL, n, expires, now, next_id, count - first + 1)}
 for i = 1, n do parts[#parts + 1] = struct.pack('<ddddd', st[i], nf[i], fr[i], rate[i], mx[i]) end
 if first <= count then
     for i = 1, n do parts[#parts + 1] = struct.pack('<ddd', bst[i], bnf[i], bfr[i]) end
@@ -422,5 +425,9 @@ if first <= count then
         parts[#parts + 1] = struct.pack('<dddd', log_id[j], log_permits[j], log_now[j], log_moment[j])
     end
 end
-redis.call('SET', key, table.concat(parts), 'PX', ttl_ms)
+if keep then
+    redis.call('SET', key, table.concat(parts), 'KEEPTTL')
+else
+    redis.call('SET', key, table.concat(parts), 'PX', ttl_ms)
+end
 return reply
