@@ -324,15 +324,14 @@ fn several_command(
     script: &str,
     key: &str,
     call: &Call,
-    permits_per_second: f64,
+    // The first of the rates in force, which the arguments hold.
+    _permits_per_second: f64,
     args: &ScriptArgs,
 ) -> Cmd {
     let limits = args.several.as_deref().unwrap_or_default();
     let mut cmd = Cmd::with_capacity(8 + 4 * limits.len(), 128 + key.len() + script.len());
     cmd.arg(verb).arg(script).arg("1").arg(key);
     call_args(&mut cmd, call, limits.len());
-    // The rates in force (the first is `permits_per_second`).
-    let _ = permits_per_second;
     cmd.arg(limits.len());
     let rates = args.rates();
     for (limit, rate) in limits.iter().zip(rates.iter()) {
