@@ -25,7 +25,7 @@ struct Config {
 
 impl Config {
     fn random(rng: &mut Rng) -> Config {
-        let rate = *rng.pick(&[0.5, 2.0, 10.0, 333.0, 1000.0, 1e6]);
+        let rate = *rng.pick(&[0.5, 2.0, 10.0, 333.0, 1000.0, 1e6, f64::INFINITY]);
         if rng.chance(0.3) {
             Config {
                 rate,
@@ -169,9 +169,20 @@ fn the_script_and_the_core_agree_call_by_call() {
                 0 => {
                     // A rate change, applied by the next reservation.
                     let index = rng.below(count as u64) as usize;
-                    let rate = *rng.pick(&[0.25, 1.0, 7.0, 500.0]);
+                    let rate = *rng.pick(&[0.25, 1.0, 7.0, 500.0, 1e-3, f64::INFINITY]);
                     limits[index].rate = rate;
-                    core.set_rate(Some(index), rate, now).unwrap();
+                    let exists: bool = redis::cmd("EXISTS")
+                        .arg(&key)
+                        .query(&mut script.connection)
+                        .unwrap();
+                    if exists {
+                        core.set_rate(Some(index), rate, now).unwrap();
+                    } else {
+                        // A missing key knows no earlier rate: it reads as
+                        // full at the new one.
+                        let states = limits.iter().map(|l| l.full(now)).collect();
+                        *core = Limits::with_capacity(states, SEVERAL_LOG_CAPACITY).unwrap();
+                    }
                     let reply = ints(&script.call(&key, "1", -1, &limits, now));
                     let granted = core.reserve(1, now, false);
                     assert_eq!(reply[1], granted.wait_micros as i64, "{what}");
@@ -264,6 +275,12 @@ fn the_script_and_the_core_agree_call_by_call() {
                     }
                 }
             }
+            // The key's TTL runs on the server's clock, not this test's:
+            // keep the key, so that only the script decides what it holds.
+            let _: () = redis::cmd("PERSIST")
+                .arg(&key)
+                .query(&mut script.connection)
+                .unwrap();
             let Some(stored) = stored_states(&mut script.connection, &key, count) else {
                 // Never written: it reads as full, and so must the core.
                 assert!(core.reads_as_full(now), "{what}: missing key");
