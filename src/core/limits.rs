@@ -424,7 +424,7 @@ mod tests {
     }
 
     fn random_limit(rng: &mut Rng) -> State {
-        let rate = [0.5, 3.0, 10.0, 100.0, 1000.0][rng.below(5) as usize];
+        let rate = [0.5, 3.0, 10.0, 100.0, 1000.0, f64::INFINITY][rng.below(6) as usize];
         if rng.below(4) == 0 {
             let warmup = Duration::from_millis(1 + rng.below(3000));
             State::new(Policy::WarmingUp(WarmingUp::new(warmup, 3.0)), rate, 0).unwrap()
