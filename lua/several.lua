@@ -54,7 +54,7 @@ if permits == '1' then
     permits = 1
 elseif permits == '1+' then
     permits, held = 1, true
-elseif permits == 'cancel' or permits == 'probe' or permits == 'resume' then
+elseif permits == 'cancel' or permits == 'probe' or permits == 'resume' or permits == 'batch' then
     mode, permits = permits, nil
 else
     if string.byte(permits, -1) == 43 then permits, held = string.sub(permits, 1, -2), true end
@@ -66,7 +66,26 @@ else
     end
 end
 local timeout, debts = -1, {}
-if mode == 'resume' then
+-- A batch: requests applied in order at one clock reading, as the same
+-- calls one by one would be; ARGV[2] holds `permits[+]:timeout` each,
+-- joined by commas.
+local batch_p, batch_h, batch_t
+if mode == 'batch' then
+    batch_p, batch_h, batch_t = {}, {}, {}
+    for request in string.gmatch(argv[2], '[^,]+') do
+        local p, t = string.match(request, '^(%d+%+?):(-?%d+)$')
+        local h = p ~= nil and string.byte(p, -1) == 43
+        if h then p = string.sub(p, 1, -2) end
+        p, t = tonumber(p), tonumber(t)
+        if not (p and t and p >= 1 and p <= MAX_MICROS and t >= -1) or #batch_p >= 1024 then
+            return bad('ARGV[2] must be up to 1024 requests permits[+]:timeout_micros, joined by commas', 2)
+        end
+        if t > MAX_MICROS then t = MAX_MICROS end
+        local k = #batch_p + 1
+        batch_p[k], batch_h[k], batch_t[k] = p, h, t
+    end
+    if #batch_p == 0 then return bad('ARGV[2] must hold at least one request', 2) end
+elseif mode == 'resume' then
     for debt in string.gmatch(argv[2], '[^,]+') do
         debt = tonumber(debt)
         if not (debt and debt >= 0 and debt % 1 == 0) then
@@ -374,25 +393,40 @@ else
     end
 end
 if not reply then
-    local moment, bound = earliest(nf, now)
-    if timeout >= 0 and moment - now > timeout then
-        return {0, moment - now, bound, -1, moment - now}
-    end
-    local id = -1
-    if held and moment > now then id, next_id = next_id, next_id + 1 end
-    if id >= 0 or first <= count then
-        if first > count then
-            first, count = 1, 0
-            for i = 1, n do bst[i], bnf[i], bfr[i] = st[i], nf[i], fr[i] end
-        elseif count - first + 1 >= LOG_CAPACITY then
-            fold_oldest()
+    -- One request, or each of a batch in order (its reply: granted, wait,
+    -- bound, id per request, then the debt after the last).
+    if batch_p then reply = {} end
+    for r = 1, batch_p and #batch_p or 1 do
+        local p, h, t = permits, held, timeout
+        if batch_p then p, h, t = batch_p[r], batch_h[r], batch_t[r] end
+        local moment, bound = earliest(nf, now)
+        if t >= 0 and moment - now > t then
+            if not batch_p then return {0, moment - now, bound, -1, moment - now} end
+            local k = #reply
+            reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4] = 0, moment - now, bound, -1
+        else
+            local id = -1
+            if h and moment > now then id, next_id = next_id, next_id + 1 end
+            if id >= 0 or first <= count then
+                if first > count then
+                    first, count = 1, 0
+                    for i = 1, n do bst[i], bnf[i], bfr[i] = st[i], nf[i], fr[i] end
+                elseif count - first + 1 >= LOG_CAPACITY then
+                    fold_oldest()
+                end
+                count = count + 1
+                log_id[count], log_permits[count], log_now[count], log_moment[count] = id, p, now, moment
+            end
+            charge(st, nf, fr, p, moment)
+            if batch_p then
+                local k = #reply
+                reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4] = 1, moment - now, bound, id
+            else
+                reply = {1, moment - now, bound, id, earliest(nf, now) - now}
+            end
         end
-        count = count + 1
-        log_id[count], log_permits[count], log_now[count], log_moment[count] = id, permits, now, moment
     end
-    charge(st, nf, fr, permits, moment)
-    local after = earliest(nf, now)
-    reply = {1, moment - now, bound, id, after - now}
+    if batch_p then reply[#reply + 1] = earliest(nf, now) - now end
 end
 
 -- The TTL: until every limit is full again and every logged moment has

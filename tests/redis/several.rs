@@ -1,7 +1,8 @@
 //! The several-limits script against the core's `Limits`, reply by reply,
 //! on one real redis-server with the clock passed in: random limits of both
 //! policies, reservations (held or not), tries, queries, give-backs, rate
-//! changes, carry-backs from a fallback (resume), probes and idle gaps. Waits, the limit that bound each, refusals and
+//! changes, carry-backs from a fallback (resume), probes, batches (several
+//! requests in one call, as they would go one by one) and idle gaps. Waits, the limit that bound each, refusals and
 //! give-backs must agree exactly, and so must the states the script
 //! stores, field by field. Also: bad arguments and a corrupted value are
 //! clear errors that write nothing.
@@ -231,6 +232,54 @@ fn the_script_and_the_core_agree_call_by_call() {
                         *core = Limits::with_capacity(states, SEVERAL_LOG_CAPACITY).unwrap();
                     }
                 }
+                5 if rng.chance(0.3) => {
+                    // A batch: the same as its requests one by one at one
+                    // clock reading.
+                    let size = 1 + rng.below(20) as usize;
+                    let mut text = Vec::new();
+                    let mut expected = Vec::new();
+                    for _ in 0..size {
+                        let permits = 1 + rng.below(3) as u32;
+                        let is_held = rng.chance(0.5);
+                        let timeout = if rng.chance(0.5) {
+                            -1
+                        } else {
+                            rng.below(2_000_000) as i64
+                        };
+                        text.push(format!(
+                            "{permits}{}:{timeout}",
+                            if is_held { "+" } else { "" }
+                        ));
+                        expected.push(if timeout < 0 {
+                            Some(core.reserve(permits, now, is_held))
+                        } else {
+                            core.try_reserve(permits, now, timeout as u64, is_held)
+                        });
+                    }
+                    let reply =
+                        ints(&script.call_with(&key, "batch", &text.join(","), &limits, now));
+                    assert_eq!(reply.len(), 4 * size + 1, "{what}: batch reply");
+                    for (r, granted) in expected.iter().enumerate() {
+                        let entry = &reply[4 * r..4 * r + 4];
+                        match granted {
+                            Some(g) => {
+                                let bound = g.bound_by.map_or(-1, |b| b as i64);
+                                assert_eq!(
+                                    entry[..3],
+                                    [1, g.wait_micros as i64, bound],
+                                    "{what}: batch {r}"
+                                );
+                                assert_eq!(entry[3] >= 0, g.id.is_some(), "{what}: batch {r} id");
+                                if let Some(id) = g.id {
+                                    held.push((entry[3], id));
+                                }
+                            }
+                            None => assert_eq!(entry[0], 0, "{what}: batch {r} refused"),
+                        }
+                    }
+                    let after = core.earliest(now).0 - now;
+                    assert_eq!(reply[4 * size], after as i64, "{what}: batch debt");
+                }
                 2 => {
                     let reply = ints(&script.call(&key, "0", -1, &limits, now));
                     let (moment, bound) = core.earliest(now);
@@ -351,6 +400,11 @@ fn bad_arguments_and_a_corrupted_value_are_errors_that_write_nothing() {
             a.pop();
             a
         },
+        two("batch", ""),
+        two("batch", "1:x"),
+        two("batch", "0:-1"),
+        two("batch", "1:-1,,2"),
+        two("batch", &vec!["1:-1"; 1025].join(",")),
     ] {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let error = call(&mut connection, &args).unwrap_err();
