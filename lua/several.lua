@@ -6,7 +6,8 @@
 -- docs/redis-protocol.md ("Several limits").
 --
 -- KEYS[1]: the key. ARGV[1]: permits to reserve (`n`, or `n+` for one its
--- caller may give back), 0 to query, `cancel`, `probe` or `resume`.
+-- caller may give back), 0 to query, `cancel`, `probe`, `resume` or
+-- `batch` (ARGV[2] then holds the requests, see below).
 -- ARGV[2]: the timeout in µs (-1: none); for a cancel, the id a
 -- reservation's reply gave; for a resume, each limit's debt in µs, joined
 -- by commas (the key's stored permits are dropped and each ticket moves by
