@@ -44,6 +44,15 @@
 //! the script on random keys of the same shape (`-r 10000`). Then `MEMORY
 //! USAGE` of the keys, averaged over a sample.
 //!
+//! Part 4, a hot key under contention: 256 tasks reserving one permit on
+//! one key of a limiter that never makes anyone wait (10^9 permits/s), on
+//! a current-thread runtime, with `.coalesce(true)` (reservations that meet
+//! a round trip in flight go together in one call) and `.coalesce(false)`
+//! (one call each), alternated in every round; the client's CPU time per
+//! reservation (the process's, from /proc: redis-server runs apart); and
+//! the server time per reservation of the script's batches of 1, 8 and 64
+//! (`redis-benchmark -c 50 -P 16`, EVALSHA `batch`).
+//!
 //! Every measurement is repeated (`THROTTLER_BENCH_ROUNDS`, default 3) and
 //! the median reported; rounds interleave the cases so that load from other
 //! work on the machine spreads over all of them. `THROTTLER_BENCH_SECS`
@@ -503,6 +512,139 @@ fn main() {
         sample.iter().sum::<u64>() as f64 / sample.len().max(1) as f64,
         sample.len()
     );
+    drop(keyed);
+
+    // Part 4: one hot key, 256 tasks, coalesced or not.
+    const TASKS: usize = 256;
+    bench.keyspace = COLD_KEYS.to_owned();
+    let hot: Vec<Arc<RedisRateLimiter>> = [true, false]
+        .iter()
+        .map(|&coalesce| {
+            runtime.block_on(async {
+                RedisRateLimiter::builder(bench.server.client(), "hot")
+                    .permits_per_second(1e9)
+                    .max_burst(Duration::from_secs(1))
+                    .fallback(Fallback::FailClosed)
+                    .response_timeout(Duration::from_secs(5))
+                    .coalesce(coalesce)
+                    .build()
+                    .await
+                    .map(Arc::new)
+                    .expect("limiter")
+            })
+        })
+        .collect();
+    // [coalesced, one call each]: (ops/s, client CPU µs per reservation)
+    let mut hot_ops: [Vec<f64>; 2] = Default::default();
+    let mut hot_cpu: [Vec<f64>; 2] = Default::default();
+    let sizes = [1usize, 8, 64];
+    let mut per_reservation: Vec<Vec<f64>> = vec![vec![]; sizes.len()];
+    for _ in 0..rounds {
+        for (i, limiter) in hot.iter().enumerate() {
+            bench.reset();
+            let (ops, cpu) = runtime.block_on(hot_key_ops(limiter, TASKS, secs));
+            hot_ops[i].push(ops);
+            hot_cpu[i].push(cpu);
+        }
+        for (i, &size) in sizes.iter().enumerate() {
+            let batch = vec!["1:-1"; size].join(",");
+            let args = [
+                "batch",
+                batch.as_str(),
+                "1000000000.0",
+                "bursty",
+                "1000000",
+                "0.0",
+            ];
+            let calls = (requests / size as u64).max(1000);
+            let run = bench.redis_benchmark(50, 16, calls, &reserve, "throttler:hot", &args);
+            per_reservation[i].push(run.usec / size as f64);
+        }
+    }
+    println!();
+    println!(
+        "A hot key: one RedisRateLimiter at 10^9 permits/s, {TASKS} tasks reserving 1 on a \
+         current-thread runtime; ops/s and the client's CPU µs per reservation, median (and \
+         range) of {rounds} rounds:"
+    );
+    println!();
+    println!("| coalesce | reservations/s | client CPU µs/reservation |");
+    println!("|---|---:|---:|");
+    for (i, name) in ["true", "false"].iter().enumerate() {
+        println!(
+            "| {name} | {} | {} |",
+            spread(&hot_ops[i], 0),
+            spread(&hot_cpu[i], 2)
+        );
+    }
+    println!();
+    println!(
+        "coalesce(true) / coalesce(false): {:.2}x (median of the per-round ratios)",
+        ratio(&hot_ops[0], &hot_ops[1])
+    );
+    println!();
+    println!(
+        "Server time per reservation in a batch (redis-benchmark -c 50 -P 16, EVALSHA batch):"
+    );
+    println!();
+    println!("| batch | server µs/reservation | vs batch of 1 |");
+    println!("|---:|---:|---:|");
+    for (i, size) in sizes.iter().enumerate() {
+        println!(
+            "| {size} | {} | {:.2}x |",
+            spread(&per_reservation[i], 2),
+            ratio(&per_reservation[i], &per_reservation[0])
+        );
+    }
+}
+
+/// This process's CPU time so far, in seconds (user and system, every
+/// thread), from /proc; 0 where there is none.
+fn cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command's name, which ends with the last ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 here, in
+    // clock ticks (100 per second on Linux).
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Part 4: reservations per second of one hot key from `tasks` tasks, and
+/// the client's CPU µs per reservation.
+async fn hot_key_ops(limiter: &Arc<RedisRateLimiter>, tasks: usize, secs: f64) -> (f64, f64) {
+    let count = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles: Vec<_> = (0..tasks)
+        .map(|_| {
+            let (limiter, count, stop) = (Arc::clone(limiter), count.clone(), stop.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    limiter.reserve(1).await.expect("reserve");
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await; // warm-up
+    let (start, started, cpu) = (count.load(Ordering::Relaxed), Instant::now(), cpu_secs());
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    let done = count.load(Ordering::Relaxed) - start;
+    let (elapsed, cpu) = (started.elapsed().as_secs_f64(), cpu_secs() - cpu);
+    stop.store(true, Ordering::Relaxed);
+    for handle in handles {
+        handle.await.expect("task");
+    }
+    (done as f64 / elapsed, cpu * 1e6 / done as f64)
 }
 
 /// Calls per second of `reserve(key, 1)` on random keys out of `USER_KEYS`

@@ -22,6 +22,7 @@ local LEDGER = '<dddddd' -- the ledger's head: six doubles, 48 bytes
 local LEDGER_START = 77 -- where a thr3 value's ledger begins
 local LEDGER_CAPACITY = 64 -- the most groups kept (Ledger::SHARED_CAPACITY)
 local TOKEN_ID_SIZE = 84 -- a token with a group id (see Token)
+local BATCH_CAPACITY = 1024 -- the most requests in one batch
 local NOT_OURS = 'ERR throttler: key %s holds a value this limiter does not recognise (%d bytes); it was left untouched: delete it or use another limiter name'
 
 -- Comparisons below are written `if x > cap then x = cap end` where the core
@@ -45,9 +46,9 @@ if nargs ~= 6 and nargs ~= 7 then
 end
 local tonumber = tonumber
 
--- ARGV[1]. `mode` stays nil for a reservation or a query (`permits`), and
--- names a cold mode otherwise (`permits` is then nil). The most common value
--- skips the conversion.
+-- ARGV[1]. `mode` stays nil for a reservation, a query (`permits`) or a
+-- batch (`batch_p`), and names a cold mode otherwise (`permits` is then
+-- nil). The most common value skips the conversion.
 -- `held`: a reservation its caller may give back (`n+`), which gets a group
 -- in the ledger if it waits.
 local permits = argv[1]
@@ -64,26 +65,52 @@ else
     end
     if n and n >= 0 and n <= MAX_MICROS and n % 1 == 0 and held ~= false then
         permits = n
-    elseif not n and (permits == 'probe' or permits == 'resume' or permits == 'cancel') then
+    elseif not n and (permits == 'probe' or permits == 'resume' or permits == 'cancel'
+            or permits == 'batch') then
         mode = permits
         permits = nil
     else
         return redis.error_reply(string.format(BAD,
             'ARGV[1] must be the permits to reserve, an integer from 1 to 2^53 (followed by + '
-            .. 'if the reservation may be given back), 0 to query, or probe, resume or cancel',
+            .. 'if the reservation may be given back), 0 to query, or probe, resume, cancel or batch',
             string.sub(tostring(argv[1]), 1, 40)))
     end
 end
 
 -- ARGV[2]: the timeout of a reservation (or of nothing, for a query or a
--- probe), the debt of a resume, the token of a cancel.
+-- probe), the debt of a resume, the token of a cancel, the requests of a
+-- batch.
 local timeout_micros = argv[2]
 local is_try = false
 local debt_micros
 local tk_stored_before, tk_next_free_before, tk_stored_after, tk_next_free_after
 local tk_moment, tk_spent_stored, tk_rate, tk_max, tk_now
 local tk_fractions, tk_fraction_before, tk_fraction_after, tk_id
-if mode == nil or mode == 'probe' then
+-- A batch: `permits[+]:timeout_micros` each, joined by commas, applied in
+-- order at one clock reading as the same calls one by one would be (see
+-- Batch): their permits, whether each may be given back, their timeouts.
+local batch_p, batch_h, batch_t
+if mode == 'batch' then
+    mode = nil
+    batch_p, batch_h, batch_t = {}, {}, {}
+    local count = 0
+    for request in string.gmatch(timeout_micros, '[^,]+') do
+        local p, plus, t = string.match(request, '^(%d+)(%+?):(-?%d+)$')
+        p, t = tonumber(p), tonumber(t)
+        if not (p and t and p >= 1 and p <= MAX_MICROS and t >= -1) or count >= BATCH_CAPACITY then
+            return redis.error_reply(string.format(BAD, 'ARGV[2] of a batch must be 1 to '
+                .. BATCH_CAPACITY .. ' requests permits[+]:timeout_micros (permits from 1 to 2^53, '
+                .. 'timeout_micros -1 or >= 0), joined by commas', string.sub(request, 1, 40)))
+        end
+        if t > MAX_MICROS then t = MAX_MICROS end
+        count = count + 1
+        batch_p[count], batch_h[count], batch_t[count] = p, plus == '+', t
+    end
+    if count == 0 then
+        return redis.error_reply(string.format(BAD, 'ARGV[2] of a batch must hold at least one request',
+            string.sub(timeout_micros, 1, 40)))
+    end
+elseif mode == nil or mode == 'probe' then
     if timeout_micros ~= '-1' then
         timeout_micros = tonumber(timeout_micros)
         if not (timeout_micros and timeout_micros >= -1 and timeout_micros % 1 == 0) then

@@ -31,6 +31,7 @@ local FINE_CHARGE_LIMIT = 4294967296 -- 2^32 µs
 local TTL_CAP_MS = 9007199254740
 local SEVERAL = 'thr4'
 local LOG_CAPACITY = 64
+local BATCH_CAPACITY = 1024 -- the most requests in one batch
 local MAX_LIMITS = 16
 local BAD = 'ERR throttler: %s (got "%s")'
 
@@ -78,8 +79,8 @@ if mode == 'batch' then
         local h = p ~= nil and string.byte(p, -1) == 43
         if h then p = string.sub(p, 1, -2) end
         p, t = tonumber(p), tonumber(t)
-        if not (p and t and p >= 1 and p <= MAX_MICROS and t >= -1) or #batch_p >= 1024 then
-            return bad('ARGV[2] must be up to 1024 requests permits[+]:timeout_micros, joined by commas', 2)
+        if not (p and t and p >= 1 and p <= MAX_MICROS and t >= -1) or #batch_p >= BATCH_CAPACITY then
+            return bad('ARGV[2] must be up to ' .. BATCH_CAPACITY .. ' requests permits[+]:timeout_micros, joined by commas', 2)
         end
         if t > MAX_MICROS then t = MAX_MICROS end
         local k = #batch_p + 1

@@ -195,3 +195,4 @@ if groups > 0 and (mode == 'cancel' or (in_order == 0 and now_micros >= earliest
         end
     end
 end
+

@@ -58,6 +58,9 @@ pub(crate) struct Backend {
     pub(crate) runtime: RuntimeRef,
     pub(crate) response_timeout: Duration,
     pub(crate) probe_interval: Duration,
+    /// Whether a key's reservations that meet a round trip in flight go
+    /// together (see `coalesce`).
+    pub(crate) coalesce: bool,
     /// What the probe runs the script on. Marking zones down and up
     /// happens under this lock, with the targets kept in step.
     probes: Mutex<Probes>,
@@ -114,9 +117,16 @@ impl Backend {
             runtime,
             response_timeout,
             probe_interval,
+            coalesce: true,
             probes: Mutex::default(),
             recovering: Mutex::default(),
         }
+    }
+
+    /// With `coalesce`: see the builders' option.
+    pub(crate) fn coalescing(mut self, coalesce: bool) -> Backend {
+        self.coalesce = coalesce;
+        self
     }
 
     /// Tells `limiter` of every recovery from now on (while it lives).

@@ -39,6 +39,9 @@ pub const SEVERAL_MARKER: &[u8; 4] = b"thr4";
 /// The most requests a several-limit value's log keeps.
 pub const SEVERAL_LOG_CAPACITY: usize = 64;
 
+/// The most requests one batch carries, in either script.
+pub const BATCH_CAPACITY: usize = 1024;
+
 /// The marker of a value without a ledger.
 pub const MARKER: &[u8; 4] = b"thr2";
 
@@ -87,8 +90,12 @@ mod tests {
 
     /// The value of the script's `local NAME = value` line.
     fn lua(name: &str) -> &'static str {
+        lua_in(SCRIPT, name)
+    }
+
+    fn lua_in(script: &'static str, name: &str) -> &'static str {
         let prefix = format!("local {name} = ");
-        let line = SCRIPT
+        let line = script
             .lines()
             .find(|line| line.starts_with(&prefix))
             .unwrap_or_else(|| panic!("the script declares no {name}"));
@@ -107,6 +114,14 @@ mod tests {
     }
 
     #[test]
+    fn the_several_script_declares_the_same_layout() {
+        let number = |name| lua_in(SEVERAL_SCRIPT, name).parse::<usize>().unwrap();
+        assert_eq!(lua_in(SEVERAL_SCRIPT, "SEVERAL"), text(SEVERAL_MARKER));
+        assert_eq!(number("LOG_CAPACITY"), SEVERAL_LOG_CAPACITY);
+        assert_eq!(number("BATCH_CAPACITY"), BATCH_CAPACITY);
+    }
+
+    #[test]
     fn the_script_declares_the_same_layout() {
         assert_eq!(lua("MARKER"), text(MARKER));
         assert_eq!(lua("THR3"), text(LEDGER_MARKER));
@@ -119,6 +134,7 @@ mod tests {
         assert_eq!(lua_number("FRACTIONS_END"), FRACTIONS_END);
         assert_eq!(lua_number("FRACTION_ONE"), FRACTION_ONE);
         assert_eq!(lua_number("MAX_MICROS"), crate::core::MAX_MICROS);
+        assert_eq!(lua_number("BATCH_CAPACITY"), BATCH_CAPACITY as u64);
         assert_eq!(
             lua_number("FINE_CHARGE_LIMIT") as f64,
             crate::core::FINE_CHARGE_LIMIT_MICROS

@@ -171,6 +171,7 @@
 
 mod backend;
 mod builder;
+mod coalesce;
 mod connection;
 mod failover;
 mod fallback;

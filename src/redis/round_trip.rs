@@ -10,7 +10,9 @@ use std::time::Duration;
 use redis::RedisResult;
 
 use super::backend::{Backend, ProbeTarget, Scope};
-use super::script::{self, Call, Reply, Token};
+use super::coalesce::Lead;
+use super::connection::Connection;
+use super::script::{self, Call, Reply, Request, ScriptArgs, Token};
 use crate::Error;
 use crate::error::BackendError;
 
@@ -27,9 +29,24 @@ pub(crate) enum Failure {
     Down(Option<BackendError>),
 }
 
-type RoundTrip = Pin<Box<dyn Future<Output = RedisResult<Reply>> + Send>>;
+impl Failure {
+    /// The same failure, for another caller of a batch.
+    pub(crate) fn share(&self) -> Failure {
+        match self {
+            Failure::Refused(error) => {
+                Failure::Refused(Error::Backend(BackendError::new(error.to_string(), None)))
+            }
+            Failure::Down(failure) => Failure::Down(failure.as_ref().map(|failure| {
+                BackendError::new(failure.to_string(), None).with_timeout(failure.is_timeout())
+            })),
+        }
+    }
+}
+
+type RoundTrip<T> = Pin<Box<dyn Future<Output = RedisResult<T>> + Send>>;
 
 /// Sends a give-back for a reservation made in Redis.
+#[derive(Clone)]
 pub(crate) struct Canceller {
     pub(crate) backend: Arc<Backend>,
     pub(crate) target: ProbeTarget,
@@ -62,32 +79,113 @@ impl Canceller {
 /// One call of the script on `target`'s key, bounded by the response
 /// timeout. A failure that is an outage degrades the backend (its probe
 /// then runs on that key); a round trip abandoned by the timeout is awaited
-/// in the background and a reservation it made given back.
+/// in the background and a reservation it made given back. `lead`: the
+/// call leads its key's coalesced calls (see [`Lead`]).
 pub(crate) async fn send(
     backend: &Arc<Backend>,
     target: &ProbeTarget,
     call: Call,
+    lead: Option<Lead>,
 ) -> Result<Reply, Failure> {
-    let Some(mut connection) = backend.connection() else {
+    let gives_back = matches!(call, Call::Reserve(_));
+    run(
+        backend,
+        target,
+        gives_back,
+        lead,
+        move |mut connection, key, args, rate| async move {
+            script::invoke(&mut connection, &key, &call, rate, &args).await
+        },
+    )
+    .await
+}
+
+/// A batch of reservations in one call of the script, as [`send`] makes
+/// one: their replies in order, or one failure for them all.
+pub(crate) async fn send_batch(
+    backend: &Arc<Backend>,
+    target: &ProbeTarget,
+    requests: Box<[Request]>,
+    lead: Lead,
+) -> Result<Vec<Reply>, Failure> {
+    let call = Call::Batch(requests);
+    run(
+        backend,
+        target,
+        true,
+        Some(lead),
+        move |mut connection, key, args, rate| async move {
+            script::invoke_batch(&mut connection, &key, &call, rate, &args).await
+        },
+    )
+    .await
+}
+
+/// What a round trip's reply holds that a give-back takes back.
+trait Tokens: Send + 'static {
+    fn tokens(self) -> Vec<Token>;
+}
+
+impl Tokens for Reply {
+    fn tokens(self) -> Vec<Token> {
+        self.token.into_iter().collect()
+    }
+}
+
+impl Tokens for Vec<Reply> {
+    fn tokens(self) -> Vec<Token> {
+        self.into_iter().filter_map(|reply| reply.token).collect()
+    }
+}
+
+/// The body of [`send`] and [`send_batch`]: `call` makes the round trip on
+/// a connection. `gives_back`: a reply abandoned by its caller holds
+/// reservations to give back.
+async fn run<T, F, R>(
+    backend: &Arc<Backend>,
+    target: &ProbeTarget,
+    gives_back: bool,
+    lead: Option<Lead>,
+    call: F,
+) -> Result<T, Failure>
+where
+    T: Tokens,
+    F: FnOnce(Connection, Arc<str>, Arc<ScriptArgs>, f64) -> R,
+    R: Future<Output = RedisResult<T>> + Send + 'static,
+{
+    let Some(connection) = backend.connection() else {
         let failure = BackendError::new(
             format!("no connection to {}", backend.target.describe()),
             None,
         );
         backend.degrade(&failure, target.clone(), Scope::Backend);
+        if let Some(lead) = lead {
+            lead.finish(false);
+        }
         return Err(Failure::Down(Some(failure)));
     };
-    let canceller = matches!(call, Call::Reserve { .. }).then(|| Canceller {
+    let canceller = gives_back.then(|| Canceller {
         backend: Arc::clone(backend),
         target: target.clone(),
     });
-    let (key, script_args, rate) = (
+    let round_trip = call(
+        connection,
         Arc::clone(&target.key),
         Arc::clone(&target.script_args),
         target.rate,
     );
+    let led = lead.as_ref().map(Lead::id);
     let mut in_flight = InFlight {
         round_trip: Some(Box::pin(async move {
-            script::invoke(&mut connection, &key, &call, rate, &script_args).await
+            let reply = round_trip.await;
+            // The calls queued behind this one go next, or fail with it.
+            if let Some(lead) = lead {
+                lead.finish(match &reply {
+                    Err(e) => script::is_data_error(e),
+                    Ok(_) => true,
+                });
+            }
+            reply
         })),
         canceller,
     };
@@ -113,23 +211,27 @@ pub(crate) async fn send(
         )),
     };
     // A timed-out round trip is dropped here: its reply is awaited in the
-    // background and its reservation given back.
+    // background and its reservations given back.
     drop(in_flight);
     backend.degrade(&failure, target.clone(), Scope::Key);
+    // The calls queued behind a round trip that timed out fail with it.
+    if let Some(led) = led {
+        led.finish(false);
+    }
     Err(Failure::Down(Some(failure)))
 }
 
 /// A round trip in flight. If it is dropped before its reply (the caller's
 /// future was dropped, or the response timeout passed), the reply is still
-/// awaited in the background, and a reservation it carries is given back.
-struct InFlight {
-    round_trip: Option<RoundTrip>,
+/// awaited in the background, and the reservations it carries given back.
+struct InFlight<T: Tokens> {
+    round_trip: Option<RoundTrip<T>>,
     canceller: Option<Canceller>,
 }
 
-impl InFlight {
+impl<T: Tokens> InFlight<T> {
     /// Awaits the reply (for as long as the caller does).
-    async fn reply(&mut self) -> RedisResult<Reply> {
+    async fn reply(&mut self) -> RedisResult<T> {
         let round_trip = self
             .round_trip
             .as_mut()
@@ -140,7 +242,7 @@ impl InFlight {
     }
 }
 
-impl Drop for InFlight {
+impl<T: Tokens> Drop for InFlight<T> {
     fn drop(&mut self) {
         let (Some(round_trip), Some(canceller)) = (self.round_trip.take(), self.canceller.take())
         else {
@@ -148,11 +250,10 @@ impl Drop for InFlight {
         };
         let backend = Arc::clone(&canceller.backend);
         backend.spawn(async move {
-            if let Ok(Ok(Reply {
-                token: Some(token), ..
-            })) = tokio::time::timeout(ORPHAN_WAIT, round_trip).await
-            {
-                canceller.cancel(token).await;
+            if let Ok(Ok(reply)) = tokio::time::timeout(ORPHAN_WAIT, round_trip).await {
+                for token in Tokens::tokens(reply) {
+                    canceller.clone().cancel(token).await;
+                }
             }
         });
     }

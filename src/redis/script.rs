@@ -108,17 +108,8 @@ fn number_text(value: f64) -> String {
 /// `docs/redis-protocol.md`).
 #[derive(Debug, Clone)]
 pub(crate) enum Call {
-    /// Reserve `permits`; with a timeout, only if the wait fits in it.
-    /// `held`: its caller may give it back (a [`Reservation`] handed out,
-    /// an `acquire` that sleeps): if it waits, the script gives it a group
-    /// in the key's ledger, so that its give-back is exact.
-    ///
-    /// [`Reservation`]: crate::Reservation
-    Reserve {
-        permits: u32,
-        timeout: Option<Duration>,
-        held: bool,
-    },
+    /// A reservation.
+    Reserve(Request),
     /// Read the current wait; write nothing.
     Query,
     /// Prove the script can read and write the key, changing nothing.
@@ -129,6 +120,22 @@ pub(crate) enum Call {
     Resume { debts_micros: Box<[u64]> },
     /// Give back a reservation.
     Cancel(Token),
+    /// Reservations applied in order at one clock reading, as the same
+    /// calls one by one would be (see [`invoke_batch`]).
+    Batch(Box<[Request]>),
+}
+
+/// A reservation: `permits`; with a timeout, only if the wait fits in it.
+/// `held`: its caller may give it back (a [`Reservation`] handed out, an
+/// `acquire` that sleeps): if it waits, the script gives it a group in the
+/// key's ledger (or its log), so that its give-back is exact.
+///
+/// [`Reservation`]: crate::Reservation
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Request {
+    pub(crate) permits: u32,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) held: bool,
 }
 
 /// The script's record of one reservation in Redis, as its reply carries
@@ -218,6 +225,41 @@ pub(crate) async fn invoke(
     permits_per_second: f64,
     args: &ScriptArgs,
 ) -> RedisResult<Reply> {
+    let value = evaluate(connection, key, call, permits_per_second, args).await?;
+    decode(value).ok_or_else(unexpected)
+}
+
+/// Runs a batch of reservations in one call of the script, as
+/// [`invoke`] runs one: their replies, in order.
+pub(crate) async fn invoke_batch(
+    connection: &mut Connection,
+    key: &str,
+    call: &Call,
+    permits_per_second: f64,
+    args: &ScriptArgs,
+) -> RedisResult<Vec<Reply>> {
+    let Call::Batch(requests) = call else {
+        return Err(unexpected());
+    };
+    let value = evaluate(connection, key, call, permits_per_second, args).await?;
+    decode_batch(value, requests.len(), args.several.is_some()).ok_or_else(unexpected)
+}
+
+fn unexpected() -> redis::RedisError {
+    redis::RedisError::from((
+        ErrorKind::Parse,
+        "throttler: unexpected reply from the limiter script",
+    ))
+}
+
+/// The script's reply to `call`, as Redis gave it.
+async fn evaluate(
+    connection: &mut Connection,
+    key: &str,
+    call: &Call,
+    permits_per_second: f64,
+    args: &ScriptArgs,
+) -> RedisResult<Value> {
     let (script, source, build): (&Script, &str, Command) = match args.several {
         None => (&RESERVE, SOURCE, command),
         Some(_) => (&SEVERAL, format::SEVERAL_SCRIPT, several_command),
@@ -230,19 +272,13 @@ pub(crate) async fn invoke(
         permits_per_second,
         args,
     );
-    let value = match cmd.query_async::<Value>(connection).await {
+    match cmd.query_async::<Value>(connection).await {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
             cmd = build("EVAL", source, key, call, permits_per_second, args);
-            cmd.query_async::<Value>(connection).await?
+            cmd.query_async::<Value>(connection).await
         }
-        reply => reply?,
-    };
-    decode(value).ok_or_else(|| {
-        redis::RedisError::from((
-            ErrorKind::Parse,
-            "throttler: unexpected reply from the limiter script",
-        ))
-    })
+        reply => reply,
+    }
 }
 
 /// How a command for one of the scripts is built.
@@ -276,11 +312,11 @@ fn command(
 /// carries one debt per limit (`limits` of them, joined by commas), or one.
 fn call_args(cmd: &mut Cmd, call: &Call, limits: usize) {
     match call {
-        Call::Reserve {
+        Call::Reserve(Request {
             permits,
             timeout,
             held,
-        } => {
+        }) => {
             match (permits, held) {
                 (1, false) => cmd.arg("1"),
                 (1, true) => cmd.arg("1+"),
@@ -314,7 +350,28 @@ fn call_args(cmd: &mut Cmd, call: &Call, limits: usize) {
         Call::Cancel(token) => {
             cmd.arg("cancel").arg(&token.0[..]);
         }
+        Call::Batch(requests) => {
+            cmd.arg("batch").arg(batch_text(requests));
+        }
     }
+}
+
+/// A batch's requests as the scripts read them: `permits[+]:timeout_micros`
+/// each (`-1`: no timeout), joined by commas.
+fn batch_text(requests: &[Request]) -> String {
+    use std::fmt::Write;
+    let mut text = String::with_capacity(requests.len() * 6);
+    for (i, request) in requests.iter().enumerate() {
+        if i > 0 {
+            text.push(',');
+        }
+        let held = if request.held { "+" } else { "" };
+        let _ = match request.timeout {
+            None => write!(text, "{}{held}:-1", request.permits),
+            Some(timeout) => write!(text, "{}{held}:{}", request.permits, micros(timeout)),
+        };
+    }
+    text
 }
 
 /// `EVALSHA <sha> 1 <key> <ARGV...>` for the several-limits script: the
@@ -404,6 +461,52 @@ fn decode(value: Value) -> Option<Reply> {
         }),
         _ => None,
     }
+}
+
+/// A batch's replies, `n` of them: from the one-limit script, an array of
+/// what each request's own call would reply (a token, or a negated debt);
+/// from the several-limits script, four integers per request (granted,
+/// wait, bound, id) and the debt after the last.
+fn decode_batch(value: Value, n: usize, several: bool) -> Option<Vec<Reply>> {
+    let Value::Array(items) = value else {
+        return None;
+    };
+    if !several {
+        if items.len() != n {
+            return None;
+        }
+        return items
+            .into_iter()
+            .map(|item| match item {
+                Value::BulkString(_) | Value::Int(..=-1) => decode(item),
+                _ => None,
+            })
+            .collect();
+    }
+    if items.len() != 4 * n + 1 {
+        return None;
+    }
+    let ints: Vec<i64> = items
+        .iter()
+        .map(|item| match item {
+            Value::Int(n) => Some(*n),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let debt_micros = u64::try_from(ints[4 * n]).ok()?;
+    ints[..4 * n]
+        .chunks_exact(4)
+        .map(|reply| {
+            let [granted, wait, bound, id] = reply.try_into().ok()?;
+            let wait = Duration::from_micros(u64::try_from(wait).ok()?);
+            Some(Reply {
+                wait: (granted == 1).then_some(wait),
+                debt_micros,
+                token: (id >= 0).then(|| Token(id.to_string().into_bytes().into())),
+                limit: usize::try_from(bound).unwrap_or(0),
+            })
+        })
+        .collect()
 }
 
 /// Whether `error` says the key or the call is wrong (someone else's data
@@ -524,16 +627,16 @@ mod tests {
     fn arguments_are_the_same_whether_preformatted_or_not() {
         let bursty = Policy::Bursty(Bursty::new(Duration::from_millis(1500)));
         let warming = Policy::WarmingUp(WarmingUp::new(Duration::from_secs(2), 3.5));
-        let reserve = Call::Reserve {
+        let reserve = Call::Reserve(Request {
             permits: 1,
             timeout: None,
             held: false,
-        };
-        let try_7 = Call::Reserve {
+        });
+        let try_7 = Call::Reserve(Request {
             permits: 7,
             timeout: Some(Duration::from_millis(20)),
             held: true,
-        };
+        });
         for (policy, rate, call, expected) in [
             (
                 &bursty,

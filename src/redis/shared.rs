@@ -138,6 +138,7 @@ pub struct RedisBackendBuilder {
     response_timeout: Duration,
     probe_interval: Duration,
     require_connection: bool,
+    coalesce: bool,
 }
 
 impl RedisBackendBuilder {
@@ -147,6 +148,7 @@ impl RedisBackendBuilder {
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             probe_interval: DEFAULT_PROBE_INTERVAL,
             require_connection: false,
+            coalesce: true,
         }
     }
 
@@ -169,12 +171,15 @@ impl RedisBackendBuilder {
         let runtime = current_runtime("RedisBackendBuilder")?;
         let require = self.require_connection;
         let backend = RedisBackend {
-            backend: Arc::new(Backend::new(
-                self.target,
-                runtime,
-                self.response_timeout,
-                self.probe_interval,
-            )),
+            backend: Arc::new(
+                Backend::new(
+                    self.target,
+                    runtime,
+                    self.response_timeout,
+                    self.probe_interval,
+                )
+                .coalescing(self.coalesce),
+            ),
         };
         backend
             .backend
@@ -194,12 +199,15 @@ impl RedisBackendBuilder {
         check_backend(self.response_timeout, self.probe_interval)?;
         let runtime = own_runtime()?;
         let require = self.require_connection;
-        let backend = Arc::new(Backend::new(
-            self.target,
-            runtime,
-            self.response_timeout,
-            self.probe_interval,
-        ));
+        let backend = Arc::new(
+            Backend::new(
+                self.target,
+                runtime,
+                self.response_timeout,
+                self.probe_interval,
+            )
+            .coalescing(self.coalesce),
+        );
         let starting = Arc::clone(&backend);
         backend
             .block_on(async move { starting.start(require, ProbeTarget::backend()).await })??;

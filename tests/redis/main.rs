@@ -8,10 +8,12 @@
 mod support;
 
 mod backend;
+mod batch;
 mod blocking;
 mod cancellation;
 mod chaos;
 mod cluster;
+mod coalescing;
 mod contention;
 mod differential;
 mod exactness;

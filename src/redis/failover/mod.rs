@@ -49,11 +49,12 @@ use tokio::sync::futures::Notified;
 
 use super::Fallback;
 use super::backend::{Backend, ProbeTarget, Recover};
+use super::coalesce::{self, Coalescer, Joined};
 use super::health::Zone;
 use super::naming;
 use super::round_trip::{Canceller, Failure, send};
 use super::runtime::blocking_section;
-use super::script::{Call, Reply, ScriptArgs, Token};
+use super::script::{Call, Reply, Request, ScriptArgs, Token};
 use crate::clock::Clock;
 use crate::core::{Policy, State, stable_interval_micros};
 use crate::error::BackendError;
@@ -83,6 +84,8 @@ const CARRY_CONCURRENCY: usize = 64;
 /// A Redis limiter's shared state: one type for one key and for many.
 pub struct Failover<K, C: Clock> {
     pub(crate) backend: Arc<Backend>,
+    /// The key's round trips in flight, when reservations are coalesced.
+    coalescer: Option<Arc<Coalescer>>,
     naming: Naming,
     script_args: Arc<ScriptArgs>,
     /// The rate in force, as `f64` bits: passed with every call, so a change
@@ -215,8 +218,13 @@ where
             );
             (local, ScriptArgs::new(&parts.policy, parts.rate))
         };
+        let coalescer = parts
+            .backend
+            .coalesce
+            .then(|| Coalescer::new(Arc::clone(&parts.backend)));
         Ok(Arc::new_cyclic(|this| Failover {
             backend: parts.backend,
+            coalescer,
             naming: parts.naming,
             script_args: Arc::new(script_args),
             rate_bits: AtomicU64::new(parts.rate.to_bits()),
@@ -353,11 +361,11 @@ where
         loop {
             let failure = match self.route(key, &target).await {
                 Route::Redis => {
-                    let call = Call::Reserve {
+                    let call = Call::Reserve(Request {
                         permits,
                         timeout,
                         held,
-                    };
+                    });
                     match self.send(key, &target, call).await {
                         Ok(reply) => return Ok(self.granted(reply, &target)),
                         Err(Failure::Refused(error)) => return Err(error),
@@ -437,7 +445,14 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let reply = send(&self.backend, target, call).await?;
+        let reply = match (&self.coalescer, &call) {
+            (Some(coalescer), Call::Reserve(request)) => match coalescer.join(target, *request) {
+                Joined::Lead(lead) => send(&self.backend, target, call, Some(lead)).await,
+                Joined::Queued(waiting) => coalesce::wait(&self.backend, target, waiting).await,
+                Joined::Alone => send(&self.backend, target, call, None).await,
+            },
+            _ => send(&self.backend, target, call, None).await,
+        }?;
         self.note_debt(key, reply.debt_micros);
         Ok(reply)
     }
