@@ -160,6 +160,18 @@ impl Bench {
             .unwrap();
     }
 
+    /// EVALSHA calls since the last reset.
+    fn evalsha_calls(&mut self) -> f64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.con)
+            .unwrap();
+        info.lines()
+            .find(|l| l.starts_with("cmdstat_evalsha:"))
+            .and_then(|line| field(line, "calls"))
+            .unwrap_or(0.0)
+    }
+
     /// `usec_per_call` of EVALSHA since the last reset.
     fn evalsha_usec(&mut self) -> f64 {
         let info: String = redis::cmd("INFO")
@@ -288,82 +300,9 @@ fn main() {
     let return_1 = bench.load(RETURN_1);
     let lower_bound = bench.load(LOWER_BOUND);
 
-    // Part 1: the scripts, -c 50 -P 16.
-    let baseline_key = "throttler:baseline";
-    let cases: [(&str, &str, &str, &[&str]); 7] = [
-        (
-            "the crate's script, one hot key",
-            &reserve,
-            KEY,
-            RESERVE_ARGS,
-        ),
-        (
-            "benches/baseline.lua, one hot key",
-            &baseline,
-            baseline_key,
-            BASELINE_ARGS,
-        ),
-        ("return 1", &return_1, KEY, RESERVE_ARGS),
-        (
-            "lower bound: TIME, GET, SET KEEPTTL",
-            &lower_bound,
-            KEY,
-            RESERVE_ARGS,
-        ),
-        (
-            "the crate's script, 10^7 cold keys",
-            &reserve,
-            COLD_KEY,
-            RESERVE_ARGS,
-        ),
-        (
-            "benches/baseline.lua, 10^7 cold keys",
-            &baseline,
-            COLD_KEY,
-            BASELINE_ARGS,
-        ),
-        (
-            "the crate's script, one hot key, held (`1+`): a full ledger",
-            &reserve,
-            HELD_KEY,
-            HELD_ARGS,
-        ),
-    ];
     let requests = (secs * 250_000.0) as u64;
-    let mut results: Vec<(Vec<f64>, Vec<f64>)> = vec![(vec![], vec![]); cases.len()];
-    for _ in 0..rounds {
-        for (i, (_, sha, key, args)) in cases.iter().enumerate() {
-            let run = bench.redis_benchmark(50, 16, requests, sha, key, args);
-            results[i].0.push(run.ops);
-            results[i].1.push(run.usec);
-        }
-    }
-    println!();
-    println!(
-        "Server time per call, redis-benchmark EVALSHA -c 50 -P 16 \
-         (median, and range, of {rounds} rounds):"
-    );
-    println!();
-    println!("| script | ops/s | server µs/call | vs baseline |");
-    println!("|---|---:|---:|---:|");
-    for (i, ((name, ..), (ops, usec))) in cases.iter().zip(&results).enumerate() {
-        // The cold-key rows compare with the baseline on cold keys.
-        let baseline = if (4..=5).contains(&i) {
-            &results[5].1
-        } else {
-            &results[1].1
-        };
-        println!(
-            "| {name} | {:.0} | {} | {:.2}x |",
-            median(ops),
-            spread(usec, 2),
-            ratio(usec, baseline)
-        );
-    }
-
-    // Part 2: the crate's client, next to redis-benchmark's ceilings, on
-    // both kinds of Tokio runtime (one limiter each: a limiter's I/O runs on
-    // the runtime it was built in).
+    // Both kinds of Tokio runtime (a limiter's I/O runs on the runtime it
+    // was built in).
     let runtimes = [
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -374,145 +313,223 @@ fn main() {
             .build()
             .expect("runtime"),
     ];
-    let limiters: Vec<Arc<RedisRateLimiter>> = runtimes
-        .iter()
-        .map(|runtime| {
-            runtime.block_on(async {
-                RedisRateLimiter::builder(bench.server.client(), NAME)
+    let runtime = &runtimes[0];
+    // `THROTTLER_BENCH_PART=4` runs part 4 alone.
+    if std::env::var("THROTTLER_BENCH_PART").as_deref() != Ok("4") {
+        // Part 1: the scripts, -c 50 -P 16.
+        let baseline_key = "throttler:baseline";
+        let cases: [(&str, &str, &str, &[&str]); 7] = [
+            (
+                "the crate's script, one hot key",
+                &reserve,
+                KEY,
+                RESERVE_ARGS,
+            ),
+            (
+                "benches/baseline.lua, one hot key",
+                &baseline,
+                baseline_key,
+                BASELINE_ARGS,
+            ),
+            ("return 1", &return_1, KEY, RESERVE_ARGS),
+            (
+                "lower bound: TIME, GET, SET KEEPTTL",
+                &lower_bound,
+                KEY,
+                RESERVE_ARGS,
+            ),
+            (
+                "the crate's script, 10^7 cold keys",
+                &reserve,
+                COLD_KEY,
+                RESERVE_ARGS,
+            ),
+            (
+                "benches/baseline.lua, 10^7 cold keys",
+                &baseline,
+                COLD_KEY,
+                BASELINE_ARGS,
+            ),
+            (
+                "the crate's script, one hot key, held (`1+`): a full ledger",
+                &reserve,
+                HELD_KEY,
+                HELD_ARGS,
+            ),
+        ];
+        let mut results: Vec<(Vec<f64>, Vec<f64>)> = vec![(vec![], vec![]); cases.len()];
+        for _ in 0..rounds {
+            for (i, (_, sha, key, args)) in cases.iter().enumerate() {
+                let run = bench.redis_benchmark(50, 16, requests, sha, key, args);
+                results[i].0.push(run.ops);
+                results[i].1.push(run.usec);
+            }
+        }
+        println!();
+        println!(
+            "Server time per call, redis-benchmark EVALSHA -c 50 -P 16 \
+         (median, and range, of {rounds} rounds):"
+        );
+        println!();
+        println!("| script | ops/s | server µs/call | vs baseline |");
+        println!("|---|---:|---:|---:|");
+        for (i, ((name, ..), (ops, usec))) in cases.iter().zip(&results).enumerate() {
+            // The cold-key rows compare with the baseline on cold keys.
+            let baseline = if (4..=5).contains(&i) {
+                &results[5].1
+            } else {
+                &results[1].1
+            };
+            println!(
+                "| {name} | {:.0} | {} | {:.2}x |",
+                median(ops),
+                spread(usec, 2),
+                ratio(usec, baseline)
+            );
+        }
+
+        // Part 2: the crate's client, next to redis-benchmark's ceilings, on
+        // both kinds of Tokio runtime (one limiter each: a limiter's I/O runs on
+        // the runtime it was built in).
+        let limiters: Vec<Arc<RedisRateLimiter>> = runtimes
+            .iter()
+            .map(|runtime| {
+                runtime.block_on(async {
+                    RedisRateLimiter::builder(bench.server.client(), NAME)
+                        .permits_per_second(RATE)
+                        .max_burst(Duration::from_secs(1))
+                        .fallback(Fallback::FailClosed)
+                        .response_timeout(Duration::from_secs(5))
+                        .build()
+                        .await
+                        .map(Arc::new)
+                        .expect("limiter")
+                })
+            })
+            .collect();
+        // [tasks][ceiling, current-thread, multi-thread]
+        let mut client: [[Vec<f64>; 3]; 2] = Default::default();
+        // redis-benchmark with as many requests in flight as 64 tasks can have.
+        let mut same_depth = vec![];
+        for _ in 0..rounds {
+            for (row, (tasks, clients, pipeline, requests)) in
+                [(1, 1, 1, (secs * 30_000.0) as u64), (64, 64, 16, requests)]
+                    .into_iter()
+                    .enumerate()
+            {
+                let run =
+                    bench.redis_benchmark(clients, pipeline, requests, &reserve, KEY, RESERVE_ARGS);
+                client[row][0].push(run.ops);
+                if tasks == 64 {
+                    bench.reset();
+                    let run = bench.redis_benchmark(1, 64, requests, &reserve, KEY, RESERVE_ARGS);
+                    same_depth.push(run.ops);
+                }
+                for (i, (runtime, limiter)) in runtimes.iter().zip(&limiters).enumerate() {
+                    bench.reset();
+                    client[row][1 + i].push(runtime.block_on(client_ops(limiter, tasks, secs)));
+                }
+            }
+        }
+        println!();
+        println!(
+            "The crate's client (one RedisRateLimiter, reserve(1) in a loop) vs redis-benchmark, \
+         same script, key and arguments; ops/s, median (and range) of {rounds} rounds, \
+         ratios: median of the per-round ratios:"
+        );
+        println!();
+        println!(
+            "| case | redis-benchmark ops/s | crate, current-thread runtime | ratio \
+         | crate, multi-thread runtime ({} workers) | ratio |",
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        );
+        println!("|---|---:|---:|---:|---:|---:|");
+        for (row, name) in ["1 task vs -c 1 -P 1", "64 tasks vs -c 64 -P 16"]
+            .iter()
+            .enumerate()
+        {
+            let [ceiling, current, multi] = &client[row];
+            println!(
+                "| {name} | {} | {} | {:.2} | {} | {:.2} |",
+                spread(ceiling, 0),
+                spread(current, 0),
+                ratio(current, ceiling),
+                spread(multi, 0),
+                ratio(multi, ceiling)
+            );
+        }
+        let [_, current, multi] = &client[1];
+        println!(
+            "| 64 tasks vs -c 1 -P 64 (64 in flight, as for the tasks) | {} | {} | {:.2} | {} | {:.2} |",
+            spread(&same_depth, 0),
+            spread(current, 0),
+            ratio(current, &same_depth),
+            spread(multi, 0),
+            ratio(multi, &same_depth)
+        );
+        drop(limiters);
+
+        // Part 3: keyed, 64 tasks over 10 000 keys through one backend.
+        let keyed: Arc<KeyedRedisRateLimiter<u64>> = runtime.block_on(async {
+            let backend = RedisBackend::builder(bench.server.client())
+                .response_timeout(Duration::from_secs(5))
+                .build()
+                .await
+                .expect("backend");
+            Arc::new(
+                backend
+                    .keyed_limiter::<u64>("keyed")
                     .permits_per_second(RATE)
                     .max_burst(Duration::from_secs(1))
                     .fallback(Fallback::FailClosed)
-                    .response_timeout(Duration::from_secs(5))
                     .build()
-                    .await
-                    .map(Arc::new)
-                    .expect("limiter")
-            })
-        })
-        .collect();
-    // [tasks][ceiling, current-thread, multi-thread]
-    let mut client: [[Vec<f64>; 3]; 2] = Default::default();
-    // redis-benchmark with as many requests in flight as 64 tasks can have.
-    let mut same_depth = vec![];
-    for _ in 0..rounds {
-        for (row, (tasks, clients, pipeline, requests)) in
-            [(1, 1, 1, (secs * 30_000.0) as u64), (64, 64, 16, requests)]
-                .into_iter()
-                .enumerate()
-        {
-            let run =
-                bench.redis_benchmark(clients, pipeline, requests, &reserve, KEY, RESERVE_ARGS);
-            client[row][0].push(run.ops);
-            if tasks == 64 {
-                bench.reset();
-                let run = bench.redis_benchmark(1, 64, requests, &reserve, KEY, RESERVE_ARGS);
-                same_depth.push(run.ops);
-            }
-            for (i, (runtime, limiter)) in runtimes.iter().zip(&limiters).enumerate() {
-                bench.reset();
-                client[row][1 + i].push(runtime.block_on(client_ops(limiter, tasks, secs)));
-            }
+                    .expect("keyed limiter"),
+            )
+        });
+        bench.keyspace = USER_KEYS.to_string();
+        let (mut ceiling, mut crate_ops) = (vec![], vec![]);
+        for _ in 0..rounds {
+            bench.reset();
+            let run = bench.redis_benchmark(64, 16, requests, &reserve, USER_KEY, RESERVE_ARGS);
+            ceiling.push(run.ops);
+            bench.reset();
+            crate_ops.push(runtime.block_on(keyed_ops(&keyed, 64, secs)));
         }
-    }
-    println!();
-    println!(
-        "The crate's client (one RedisRateLimiter, reserve(1) in a loop) vs redis-benchmark, \
-         same script, key and arguments; ops/s, median (and range) of {rounds} rounds, \
-         ratios: median of the per-round ratios:"
-    );
-    println!();
-    println!(
-        "| case | redis-benchmark ops/s | crate, current-thread runtime | ratio \
-         | crate, multi-thread runtime ({} workers) | ratio |",
-        std::thread::available_parallelism().map_or(0, |n| n.get())
-    );
-    println!("|---|---:|---:|---:|---:|---:|");
-    for (row, name) in ["1 task vs -c 1 -P 1", "64 tasks vs -c 64 -P 16"]
-        .iter()
-        .enumerate()
-    {
-        let [ceiling, current, multi] = &client[row];
+        // Memory per key, on keys the limiter has just written.
+        let sample: Vec<u64> = (0..200)
+            .map(|key| {
+                redis::cmd("MEMORY")
+                    .arg("USAGE")
+                    .arg(format!("throttler:keyed:{key}"))
+                    .query::<Option<u64>>(&mut bench.con)
+                    .unwrap()
+                    .unwrap_or(0)
+            })
+            .filter(|&bytes| bytes > 0)
+            .collect();
+        println!();
         println!(
-            "| {name} | {} | {} | {:.2} | {} | {:.2} |",
-            spread(ceiling, 0),
-            spread(current, 0),
-            ratio(current, ceiling),
-            spread(multi, 0),
-            ratio(multi, ceiling)
-        );
-    }
-    let [_, current, multi] = &client[1];
-    println!(
-        "| 64 tasks vs -c 1 -P 64 (64 in flight, as for the tasks) | {} | {} | {:.2} | {} | {:.2} |",
-        spread(&same_depth, 0),
-        spread(current, 0),
-        ratio(current, &same_depth),
-        spread(multi, 0),
-        ratio(multi, &same_depth)
-    );
-    drop(limiters);
-
-    // Part 3: keyed, 64 tasks over 10 000 keys through one backend.
-    let runtime = &runtimes[0];
-    let keyed: Arc<KeyedRedisRateLimiter<u64>> = runtime.block_on(async {
-        let backend = RedisBackend::builder(bench.server.client())
-            .response_timeout(Duration::from_secs(5))
-            .build()
-            .await
-            .expect("backend");
-        Arc::new(
-            backend
-                .keyed_limiter::<u64>("keyed")
-                .permits_per_second(RATE)
-                .max_burst(Duration::from_secs(1))
-                .fallback(Fallback::FailClosed)
-                .build()
-                .expect("keyed limiter"),
-        )
-    });
-    bench.keyspace = USER_KEYS.to_string();
-    let (mut ceiling, mut crate_ops) = (vec![], vec![]);
-    for _ in 0..rounds {
-        bench.reset();
-        let run = bench.redis_benchmark(64, 16, requests, &reserve, USER_KEY, RESERVE_ARGS);
-        ceiling.push(run.ops);
-        bench.reset();
-        crate_ops.push(runtime.block_on(keyed_ops(&keyed, 64, secs)));
-    }
-    // Memory per key, on keys the limiter has just written.
-    let sample: Vec<u64> = (0..200)
-        .map(|key| {
-            redis::cmd("MEMORY")
-                .arg("USAGE")
-                .arg(format!("throttler:keyed:{key}"))
-                .query::<Option<u64>>(&mut bench.con)
-                .unwrap()
-                .unwrap_or(0)
-        })
-        .filter(|&bytes| bytes > 0)
-        .collect();
-    println!();
-    println!(
-        "Keyed: one KeyedRedisRateLimiter (one connection), 64 tasks reserving on random keys \
+            "Keyed: one KeyedRedisRateLimiter (one connection), 64 tasks reserving on random keys \
          out of {USER_KEYS}, current-thread runtime, vs redis-benchmark -c 64 -P 16 -r {USER_KEYS}; \
          ops/s, median (and range) of {rounds} rounds:"
-    );
-    println!();
-    println!("| redis-benchmark ops/s | crate ops/s | ratio |");
-    println!("|---:|---:|---:|");
-    println!(
-        "| {} | {} | {:.2} |",
-        spread(&ceiling, 0),
-        spread(&crate_ops, 0),
-        ratio(&crate_ops, &ceiling)
-    );
-    println!();
-    println!(
-        "MEMORY USAGE per key: {:.1} bytes (mean of {} keys)",
-        sample.iter().sum::<u64>() as f64 / sample.len().max(1) as f64,
-        sample.len()
-    );
-    drop(keyed);
+        );
+        println!();
+        println!("| redis-benchmark ops/s | crate ops/s | ratio |");
+        println!("|---:|---:|---:|");
+        println!(
+            "| {} | {} | {:.2} |",
+            spread(&ceiling, 0),
+            spread(&crate_ops, 0),
+            ratio(&crate_ops, &ceiling)
+        );
+        println!();
+        println!(
+            "MEMORY USAGE per key: {:.1} bytes (mean of {} keys)",
+            sample.iter().sum::<u64>() as f64 / sample.len().max(1) as f64,
+            sample.len()
+        );
+        drop(keyed);
+    }
 
     // Part 4: one hot key, 256 tasks, coalesced or not.
     const TASKS: usize = 256;
@@ -537,6 +554,8 @@ fn main() {
     // [coalesced, one call each]: (ops/s, client CPU µs per reservation)
     let mut hot_ops: [Vec<f64>; 2] = Default::default();
     let mut hot_cpu: [Vec<f64>; 2] = Default::default();
+    // EVALSHA calls per run (warm-up included), to tell the batch sizes.
+    let mut hot_calls: [Vec<f64>; 2] = Default::default();
     let sizes = [1usize, 8, 64];
     let mut per_reservation: Vec<Vec<f64>> = vec![vec![]; sizes.len()];
     for _ in 0..rounds {
@@ -545,9 +564,15 @@ fn main() {
             let (ops, cpu) = runtime.block_on(hot_key_ops(limiter, TASKS, secs));
             hot_ops[i].push(ops);
             hot_cpu[i].push(cpu);
+            hot_calls[i].push(bench.evalsha_calls());
         }
         for (i, &size) in sizes.iter().enumerate() {
-            let batch = vec!["1:-1"; size].join(",");
+            // As the client writes a batch of the same request.
+            let batch = if size == 1 {
+                "1:-1".to_owned()
+            } else {
+                format!("1:-1*{size}")
+            };
             let args = [
                 "batch",
                 batch.as_str(),
@@ -568,13 +593,20 @@ fn main() {
          range) of {rounds} rounds:"
     );
     println!();
-    println!("| coalesce | reservations/s | client CPU µs/reservation |");
-    println!("|---|---:|---:|");
+    println!("| coalesce | reservations/s | client CPU µs/reservation | reservations per call |");
+    println!("|---|---:|---:|---:|");
     for (i, name) in ["true", "false"].iter().enumerate() {
+        // The run's reservations, warm-up included (0.3 s), per call.
+        let per_call: Vec<f64> = hot_ops[i]
+            .iter()
+            .zip(&hot_calls[i])
+            .map(|(ops, calls)| ops * (secs + 0.3) / calls)
+            .collect();
         println!(
-            "| {name} | {} | {} |",
+            "| {name} | {} | {} | {} |",
             spread(&hot_ops[i], 0),
-            spread(&hot_cpu[i], 2)
+            spread(&hot_cpu[i], 2),
+            spread(&per_call, 1)
         );
     }
     println!();

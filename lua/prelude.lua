@@ -89,22 +89,33 @@ local tk_fractions, tk_fraction_before, tk_fraction_after, tk_id
 -- A batch: `permits[+]:timeout_micros` each, joined by commas, applied in
 -- order at one clock reading as the same calls one by one would be (see
 -- Batch): their permits, whether each may be given back, their timeouts.
+-- `*count` after a request repeats it (`1:-1*64`: 64 reservations of 1).
 local batch_p, batch_h, batch_t
 if mode == 'batch' then
     mode = nil
     batch_p, batch_h, batch_t = {}, {}, {}
     local count = 0
     for request in string.gmatch(timeout_micros, '[^,]+') do
-        local p, plus, t = string.match(request, '^(%d+)(%+?):(-?%d+)$')
+        local p, plus, t, times = string.match(request, '^(%d+)(%+?):(-?%d+)(.*)$')
         p, t = tonumber(p), tonumber(t)
-        if not (p and t and p >= 1 and p <= MAX_MICROS and t >= -1) or count >= BATCH_CAPACITY then
+        if times == '' then
+            times = 1
+        elseif times then
+            times = tonumber(string.match(times, '^%*(%d+)$'))
+        end
+        if not (p and t and times and p >= 1 and p <= MAX_MICROS and t >= -1 and times >= 1)
+                or count + times > BATCH_CAPACITY then
             return redis.error_reply(string.format(BAD, 'ARGV[2] of a batch must be 1 to '
-                .. BATCH_CAPACITY .. ' requests permits[+]:timeout_micros (permits from 1 to 2^53, '
-                .. 'timeout_micros -1 or >= 0), joined by commas', string.sub(request, 1, 40)))
+                .. BATCH_CAPACITY .. ' requests permits[+]:timeout_micros[*count] (permits from 1 '
+                .. 'to 2^53, timeout_micros -1 or >= 0, count >= 1), joined by commas',
+                string.sub(request, 1, 40)))
         end
         if t > MAX_MICROS then t = MAX_MICROS end
-        count = count + 1
-        batch_p[count], batch_h[count], batch_t[count] = p, plus == '+', t
+        plus = plus == '+'
+        for _ = 1, times do
+            count = count + 1
+            batch_p[count], batch_h[count], batch_t[count] = p, plus, t
+        end
     end
     if count == 0 then
         return redis.error_reply(string.format(BAD, 'ARGV[2] of a batch must hold at least one request',

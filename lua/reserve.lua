@@ -43,8 +43,14 @@ end
 -- key's is kept).
 local stored_before, next_free_before, record, token_id
 local written, marker, ttl_set
-local replies
-if batch_p then replies = {} end
+-- A batch's replies (see Batch): per request, -debt if refused, else 0 (no
+-- token), 1 (a token) or its group's id + 2 (a token with that id); and the
+-- tokens. The latest grant's token waits in `last_*` until it is known
+-- whether it is the batch's last grant.
+local replies, packed
+local last_r, last_marker, last_stored, last_next_free, last_expires, last_fractions
+local last_stored_before, last_next_free_before
+if batch_p then replies, packed = {}, {} end
 for r = 1, batch_p and #batch_p or 1 do
     if batch_p then
         permits, held, timeout_micros = batch_p[r], batch_h[r], batch_t[r]
@@ -321,11 +327,28 @@ for r = 1, batch_p and #batch_p or 1 do
             expires_micros = time_micros + ttl_ms * 1000
             ttl_set = ttl_ms
         end
-        written = struct.pack(VALUE, marker, stored_permits, next_free_micros, permits_per_second,
-            max_permits, expires_micros, now_micros, fractions, stored_before, next_free_before)
+        if not batch_p then
+            written = struct.pack(VALUE, marker, stored_permits, next_free_micros, permits_per_second,
+                max_permits, expires_micros, now_micros, fractions, stored_before, next_free_before)
+        end
         if batch_p then
-            -- Its token, as its own call would reply it.
-            replies[r] = token_id and written .. struct.pack('<d', token_id) or written
+            -- Its token, as its own call would reply it, if its give-back
+            -- can return anything: if it waits (next_free_before > now),
+            -- or if it is the batch's last grant (it may be the latest).
+            -- Any other is neither: a give-back of it returns nothing.
+            if last_r then replies[last_r] = 0 end
+            if next_free_before > now_micros then
+                packed[#packed + 1] = struct.pack(VALUE, marker, stored_permits, next_free_micros,
+                    permits_per_second, max_permits, expires_micros, now_micros, fractions,
+                    stored_before, next_free_before)
+                replies[r] = token_id and token_id + 2 or 1
+                last_r = nil
+            else
+                last_r, last_marker, last_stored, last_next_free = r, marker, stored_permits,
+                    next_free_micros
+                last_expires, last_fractions, last_stored_before, last_next_free_before =
+                    expires_micros, fractions, stored_before, next_free_before
+            end
             -- A value written without its ledger reads back with none: the
             -- next request's ledger starts its ids anew.
             if marker == MARKER then next_id = nil end

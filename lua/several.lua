@@ -70,21 +70,29 @@ end
 local timeout, debts = -1, {}
 -- A batch: requests applied in order at one clock reading, as the same
 -- calls one by one would be; ARGV[2] holds `permits[+]:timeout` each,
--- joined by commas.
+-- joined by commas (`*count` after one repeats it).
 local batch_p, batch_h, batch_t
 if mode == 'batch' then
     batch_p, batch_h, batch_t = {}, {}, {}
     for request in string.gmatch(argv[2], '[^,]+') do
-        local p, t = string.match(request, '^(%d+%+?):(-?%d+)$')
-        local h = p ~= nil and string.byte(p, -1) == 43
-        if h then p = string.sub(p, 1, -2) end
+        local p, plus, t, times = string.match(request, '^(%d+)(%+?):(-?%d+)(.*)$')
         p, t = tonumber(p), tonumber(t)
-        if not (p and t and p >= 1 and p <= MAX_MICROS and t >= -1) or #batch_p >= BATCH_CAPACITY then
-            return bad('ARGV[2] must be up to ' .. BATCH_CAPACITY .. ' requests permits[+]:timeout_micros, joined by commas', 2)
+        if times == '' then
+            times = 1
+        elseif times then
+            times = tonumber(string.match(times, '^%*(%d+)$'))
+        end
+        if not (p and t and times and p >= 1 and p <= MAX_MICROS and t >= -1 and times >= 1)
+                or #batch_p + times > BATCH_CAPACITY then
+            return bad('ARGV[2] must be up to ' .. BATCH_CAPACITY
+                .. ' requests permits[+]:timeout_micros[*count], joined by commas', 2)
         end
         if t > MAX_MICROS then t = MAX_MICROS end
-        local k = #batch_p + 1
-        batch_p[k], batch_h[k], batch_t[k] = p, h, t
+        local h = plus == '+'
+        for _ = 1, times do
+            local k = #batch_p + 1
+            batch_p[k], batch_h[k], batch_t[k] = p, h, t
+        end
     end
     if #batch_p == 0 then return bad('ARGV[2] must hold at least one request', 2) end
 elseif mode == 'resume' then

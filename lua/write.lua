@@ -4,7 +4,21 @@
 -- TTL the latest of them set, if any did (they all read one clock): the
 -- same key as its requests one by one would leave. None granted: nothing
 -- is written, as for a refused try.
-if not written then return replies end
+if batch_p then
+    -- The last grant's token, then every token, one after another, first.
+    -- The value written is the last grant's.
+    if last_r then
+        replies[last_r] = 1
+        packed[#packed + 1] = struct.pack(VALUE, last_marker, last_stored, last_next_free,
+            permits_per_second, max_permits, last_expires, now_micros, last_fractions,
+            last_stored_before, last_next_free_before)
+    end
+    table.insert(replies, 1, table.concat(packed))
+    -- Then the key's debt after the batch.
+    replies[#replies + 1] = next_free_micros > now_micros and next_free_micros - now_micros or 0
+    if #packed == 0 then return replies end
+    written = packed[#packed]
+end
 local value_written = written
 if marker == THR3 then
     -- The ledger: its head, every group's place (id, moment), then the

@@ -33,6 +33,15 @@ pub(crate) const MAX_BATCH: usize = 256;
 /// round trip of its own.
 const QUEUE_CAPACITY: usize = 4 * MAX_BATCH;
 
+/// The most round trips of one key in flight at once: while Redis runs
+/// one batch, the replies of the one before are handed out and the next
+/// one fills.
+const MAX_IN_FLIGHT: usize = 2;
+
+/// How many requests must be queued for a batch to go while another round
+/// trip of the key is in flight (with none in flight, any number goes).
+const SECOND_FLIGHT: usize = 32;
+
 /// The round trips in flight of one limiter's keys, and the requests
 /// queued behind them.
 pub(crate) struct Coalescer {
@@ -42,10 +51,13 @@ pub(crate) struct Coalescer {
     next_lead: AtomicU64,
 }
 
-/// A key with a round trip in flight.
+/// A key with round trips in flight.
 struct Slot {
-    /// The round trip in flight.
+    /// Names this slot: a round trip that ends after its slot failed (and
+    /// went) finds another number, or none, and changes nothing.
     lead: u64,
+    /// Its round trips in flight, 1 to [`MAX_IN_FLIGHT`].
+    in_flight: usize,
     queue: VecDeque<Queued>,
 }
 
@@ -74,8 +86,8 @@ pub(crate) struct Lead {
     finished: bool,
 }
 
-/// Names a key's round trip in flight, to end it from elsewhere (its caller,
-/// at the response timeout).
+/// Names a key's round trip in flight (by its slot), to end it from
+/// elsewhere (its caller, at the response timeout).
 #[derive(Clone)]
 pub(crate) struct LeadId {
     coalescer: Arc<Coalescer>,
@@ -99,21 +111,19 @@ impl Coalescer {
     /// How a reservation of `target`'s key goes.
     pub(crate) fn join(self: &Arc<Self>, target: &ProbeTarget, request: Request) -> Joined {
         let mut keys = self.keys();
-        match keys.get_mut(&target.key) {
+        let lead = match keys.get_mut(&target.key) {
             None => {
                 let lead = self.next_lead.fetch_add(1, Ordering::Relaxed);
-                let queue = VecDeque::new();
-                keys.insert(Arc::clone(&target.key), Slot { lead, queue });
-                Joined::Lead(Lead {
-                    id: LeadId {
-                        coalescer: Arc::clone(self),
-                        key: Arc::clone(&target.key),
-                        lead,
-                    },
-                    finished: false,
-                })
+                let (in_flight, queue) = (1, VecDeque::new());
+                let slot = Slot {
+                    lead,
+                    in_flight,
+                    queue,
+                };
+                keys.insert(Arc::clone(&target.key), slot);
+                lead
             }
-            Some(slot) if slot.queue.len() >= QUEUE_CAPACITY => Joined::Alone,
+            Some(slot) if slot.queue.len() >= QUEUE_CAPACITY => return Joined::Alone,
             Some(slot) => {
                 let (reply, waiting) = oneshot::channel();
                 slot.queue.push_back(Queued {
@@ -121,13 +131,29 @@ impl Coalescer {
                     target: target.clone(),
                     reply,
                 });
-                Joined::Queued(waiting)
+                // Enough for a batch of its own while one is in flight.
+                if slot.in_flight < MAX_IN_FLIGHT && slot.queue.len() >= SECOND_FLIGHT {
+                    let (batch, lead) = (take_batch(slot), slot.lead);
+                    slot.in_flight += 1;
+                    drop(keys);
+                    self.dispatch(&target.key, lead, batch);
+                }
+                return Joined::Queued(waiting);
             }
-        }
+        };
+        Joined::Lead(Lead {
+            id: LeadId {
+                coalescer: Arc::clone(self),
+                key: Arc::clone(&target.key),
+                lead,
+            },
+            finished: false,
+        })
     }
 
-    /// The round trip `lead` of `key` ended: `up`, Redis answered (the
-    /// queued requests go as the next batch); else it failed (they fail).
+    /// A round trip of `key`'s slot `lead` ended: `up`, Redis answered (the
+    /// queued requests go as the next batch); else it failed (they fail,
+    /// and the slot goes).
     fn finish(self: &Arc<Self>, key: &Arc<str>, lead: u64, up: bool) {
         let mut keys = self.keys();
         let Some(slot) = keys.get_mut(key).filter(|slot| slot.lead == lead) else {
@@ -145,23 +171,21 @@ impl Coalescer {
             }
             return;
         }
-        // The callers still waiting, in order; a caller gone while queued
-        // is dropped here, unsent.
-        let mut batch = Vec::new();
-        while batch.len() < MAX_BATCH {
-            match slot.queue.pop_front() {
-                Some(queued) if queued.reply.is_closed() => {}
-                Some(queued) => batch.push(queued),
-                None => break,
-            }
-        }
+        slot.in_flight -= 1;
+        let batch = take_batch(slot);
         if batch.is_empty() {
-            keys.remove(key);
+            if slot.in_flight == 0 {
+                keys.remove(key);
+            }
             return;
         }
-        let lead = self.next_lead.fetch_add(1, Ordering::Relaxed);
-        slot.lead = lead;
+        slot.in_flight += 1;
         drop(keys);
+        self.dispatch(key, lead, batch);
+    }
+
+    /// Sends `batch`, a round trip of `key`'s slot `lead`.
+    fn dispatch(self: &Arc<Self>, key: &Arc<str>, lead: u64, batch: Vec<Queued>) {
         let lead = Lead {
             id: LeadId {
                 coalescer: Arc::clone(self),
@@ -175,6 +199,20 @@ impl Coalescer {
     }
 }
 
+/// The next batch of `slot`: the callers still waiting, in order, at most
+/// [`MAX_BATCH`]; a caller gone while queued is dropped here, unsent.
+fn take_batch(slot: &mut Slot) -> Vec<Queued> {
+    let mut batch = Vec::new();
+    while batch.len() < MAX_BATCH {
+        match slot.queue.pop_front() {
+            Some(queued) if queued.reply.is_closed() => {}
+            Some(queued) => batch.push(queued),
+            None => break,
+        }
+    }
+    batch
+}
+
 impl Lead {
     pub(crate) fn id(&self) -> LeadId {
         self.id.clone()
@@ -183,7 +221,8 @@ impl Lead {
     /// The round trip ended: `up`, Redis answered.
     pub(crate) fn finish(mut self, up: bool) {
         self.finished = true;
-        self.id.finish(up);
+        let id = &self.id;
+        id.coalescer.finish(&id.key, id.lead, up);
     }
 }
 
@@ -192,49 +231,43 @@ impl Drop for Lead {
         // Dropped unfinished: the round trip was abandoned before its reply
         // (its runtime shut down, or it outlived the wait for orphans).
         if !self.finished {
-            self.id.finish(false);
+            self.id.fail();
         }
     }
 }
 
 impl LeadId {
-    /// Ends the round trip (again: only the first end counts).
-    pub(crate) fn finish(&self, up: bool) {
-        self.coalescer.finish(&self.key, self.lead, up);
+    /// Ends the round trip as failed (again, or after its slot failed:
+    /// nothing changes).
+    pub(crate) fn fail(&self) {
+        self.coalescer.finish(&self.key, self.lead, false);
     }
 }
 
-/// A queued caller's wait: for the round trip in flight, then its own
-/// batch's, each bounded by the response timeout (and both again here,
-/// should an end be missed).
+/// A queued caller's wait. It is bounded without a timer of its own:
+/// every round trip of the key ends (or fails, failing the queue) within
+/// the response timeout, and each end sends the next batch, so a caller
+/// waits at most for the round trips in flight and the batches queued
+/// before its own, each within the response timeout.
 pub(crate) async fn wait(
     backend: &Arc<Backend>,
     target: &ProbeTarget,
     waiting: oneshot::Receiver<Result<Reply, Failure>>,
 ) -> Result<Reply, Failure> {
-    let bound = backend.response_timeout.saturating_mul(2);
-    match tokio::time::timeout(bound, waiting).await {
+    match waiting.await {
         // The round trip it waited for, or its own, failed: its part of
         // Redis is down (marked here too, should it not be yet: it must be
         // before the caller is served by its fallback).
-        Ok(Ok(Err(Failure::Down(Some(failure))))) => {
+        Ok(Err(Failure::Down(Some(failure)))) => {
             backend.degrade(&failure, target.clone(), Scope::Key);
             Err(Failure::Down(Some(failure)))
         }
-        Ok(Ok(result)) => result,
+        Ok(result) => result,
         // The batch's task ended without a reply: its runtime shut down.
-        Ok(Err(_)) => Err(Failure::Down(Some(BackendError::new(
+        Err(_) => Err(Failure::Down(Some(BackendError::new(
             format!("the round trip of key {} ended without a reply", target.key),
             None,
         )))),
-        Err(_) => {
-            let failure = BackendError::timeout(format!(
-                "Redis did not answer within {bound:?} (key {}, a coalesced call)",
-                target.key
-            ));
-            backend.degrade(&failure, target.clone(), Scope::Key);
-            Err(Failure::Down(Some(failure)))
-        }
     }
 }
 

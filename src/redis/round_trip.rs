@@ -10,7 +10,7 @@ use std::time::Duration;
 use redis::RedisResult;
 
 use super::backend::{Backend, ProbeTarget, Scope};
-use super::coalesce::Lead;
+use super::coalesce::{Lead, LeadId};
 use super::connection::Connection;
 use super::script::{self, Call, Reply, Request, ScriptArgs, Token};
 use crate::Error;
@@ -188,6 +188,7 @@ where
             reply
         })),
         canceller,
+        led: led.clone(),
     };
     let failure = match tokio::time::timeout(backend.response_timeout, in_flight.reply()).await {
         Ok(Ok(reply)) => return Ok(reply),
@@ -216,7 +217,7 @@ where
     backend.degrade(&failure, target.clone(), Scope::Key);
     // The calls queued behind a round trip that timed out fail with it.
     if let Some(led) = led {
-        led.finish(false);
+        led.fail();
     }
     Err(Failure::Down(Some(failure)))
 }
@@ -227,6 +228,9 @@ where
 struct InFlight<T: Tokens> {
     round_trip: Option<RoundTrip<T>>,
     canceller: Option<Canceller>,
+    /// The key's coalesced calls it leads: if its reply is not back within
+    /// the response timeout, they fail then, not when it is.
+    led: Option<LeadId>,
 }
 
 impl<T: Tokens> InFlight<T> {
@@ -249,8 +253,23 @@ impl<T: Tokens> Drop for InFlight<T> {
             return;
         };
         let backend = Arc::clone(&canceller.backend);
+        let led = self.led.take();
+        let response_timeout = backend.response_timeout;
         backend.spawn(async move {
-            if let Ok(Ok(reply)) = tokio::time::timeout(ORPHAN_WAIT, round_trip).await {
+            let mut round_trip = round_trip;
+            let reply = match tokio::time::timeout(response_timeout, &mut round_trip).await {
+                Ok(reply) => reply,
+                Err(_) => {
+                    if let Some(led) = led {
+                        led.fail();
+                    }
+                    match tokio::time::timeout(ORPHAN_WAIT, round_trip).await {
+                        Ok(reply) => reply,
+                        Err(_) => return,
+                    }
+                }
+            };
+            if let Ok(reply) = reply {
                 for token in Tokens::tokens(reply) {
                     canceller.clone().cancel(token).await;
                 }

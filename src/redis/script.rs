@@ -357,19 +357,25 @@ fn call_args(cmd: &mut Cmd, call: &Call, limits: usize) {
 }
 
 /// A batch's requests as the scripts read them: `permits[+]:timeout_micros`
-/// each (`-1`: no timeout), joined by commas.
+/// each (`-1`: no timeout), joined by commas; a run of the same request is
+/// written once, with `*count`.
 fn batch_text(requests: &[Request]) -> String {
     use std::fmt::Write;
-    let mut text = String::with_capacity(requests.len() * 6);
-    for (i, request) in requests.iter().enumerate() {
-        if i > 0 {
+    let mut text = String::with_capacity(16);
+    // Runs of the same request go as one, `*count` after it.
+    for run in requests.chunk_by(|a, b| a == b) {
+        if !text.is_empty() {
             text.push(',');
         }
+        let request = run[0];
         let held = if request.held { "+" } else { "" };
         let _ = match request.timeout {
             None => write!(text, "{}{held}:-1", request.permits),
             Some(timeout) => write!(text, "{}{held}:{}", request.permits, micros(timeout)),
         };
+        if run.len() > 1 {
+            let _ = write!(text, "*{}", run.len());
+        }
     }
     text
 }
@@ -463,25 +469,47 @@ fn decode(value: Value) -> Option<Reply> {
     }
 }
 
-/// A batch's replies, `n` of them: from the one-limit script, an array of
-/// what each request's own call would reply (a token, or a negated debt);
-/// from the several-limits script, four integers per request (granted,
-/// wait, bound, id) and the debt after the last.
+/// A batch's replies, `n` of them. From the one-limit script: the tokens
+/// of the grants whose give-back can return anything (those that wait, and
+/// the last grant), one after another in one string; per request an
+/// integer, the debt negated if refused, else 0 (granted at once, no
+/// token), 1 (a token) or its group's id + 2 (a token with that id); then
+/// the key's debt after the batch. From the several-limits script: four
+/// integers per request (granted, wait, bound, id) and the debt after the
+/// last.
 fn decode_batch(value: Value, n: usize, several: bool) -> Option<Vec<Reply>> {
     let Value::Array(items) = value else {
         return None;
     };
     if !several {
-        if items.len() != n {
+        let mut items = items.into_iter();
+        let (Some(Value::BulkString(tokens)), Some(Value::Int(debt)), true) =
+            (items.next(), items.next_back(), items.len() == n)
+        else {
             return None;
-        }
-        return items
-            .into_iter()
+        };
+        let debt_micros = u64::try_from(debt).ok()?;
+        let mut tokens = tokens.chunks_exact(TOKEN_LEN);
+        let replies = items
             .map(|item| match item {
-                Value::BulkString(_) | Value::Int(..=-1) => decode(item),
+                Value::Int(debt @ ..=-1) => decode(Value::Int(debt)),
+                Value::Int(0) => Some(Reply {
+                    wait: Some(Duration::ZERO),
+                    debt_micros,
+                    token: None,
+                    limit: 0,
+                }),
+                Value::Int(code) => {
+                    let mut token = tokens.next()?.to_vec();
+                    if code > 1 {
+                        token.extend_from_slice(&((code - 2) as f64).to_le_bytes());
+                    }
+                    decode(Value::BulkString(token))
+                }
                 _ => None,
             })
-            .collect();
+            .collect::<Option<Vec<Reply>>>()?;
+        return (tokens.next().is_none() && tokens.remainder().is_empty()).then_some(replies);
     }
     if items.len() != 4 * n + 1 {
         return None;

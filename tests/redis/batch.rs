@@ -108,6 +108,42 @@ fn transact(
     (replies, value, ttl)
 }
 
+/// A batch's reply, per request: its token as its own call would reply it
+/// (`Some` bytes, with its group's id if it has one), `None` for a grant
+/// whose give-back could return nothing (it did not wait, and a later
+/// request was granted), or its refusal (`Err(-debt)`). The tokens come
+/// first, one after another (76 bytes each), then per request -debt if
+/// refused, else 0 (no token), 1 (a token) or its group's id + 2; then the
+/// key's debt after the batch.
+fn own_replies(reply: Vec<Value>, what: &str) -> Vec<Result<Option<Vec<u8>>, i64>> {
+    let mut reply = reply.into_iter();
+    let Some(Value::BulkString(tokens)) = reply.next() else {
+        panic!("{what}: a batch's reply starts with its tokens");
+    };
+    let Some(Value::Int(debt)) = reply.next_back() else {
+        panic!("{what}: a batch's reply ends with the debt");
+    };
+    assert!(debt >= 0, "{what}: debt {debt}");
+    let mut tokens = tokens.chunks(76);
+    let replies = reply
+        .map(|item| match item {
+            Value::Int(n) if n < 0 => Err(n),
+            Value::Int(0) => Ok(None),
+            Value::Int(code) => {
+                let mut token = tokens.next().expect("a token per code").to_vec();
+                assert_eq!(token.len(), 76, "{what}: a token is 76 bytes");
+                if code > 1 {
+                    token.extend(((code - 2) as f64).to_le_bytes());
+                }
+                Ok(Some(token))
+            }
+            other => panic!("{what}: a request replied {other:?}"),
+        })
+        .collect();
+    assert!(tokens.next().is_none(), "{what}: a token per code, no more");
+    replies
+}
+
 /// The same TTL was set on both keys (the value's expires_micros, compared
 /// exactly, records it), read as much real time apart as the transactions
 /// since `started` took at most.
@@ -130,7 +166,7 @@ fn a_batch_is_its_requests_one_by_one() {
         .unwrap();
     // `BATCH_SEEDS=500` for a longer run.
     let seeds = std::env::var("BATCH_SEEDS").map_or(60, |s| s.parse().unwrap());
-    let (mut batches, mut requests, mut refused, mut held_ids) = (0, 0, 0, 0);
+    let (mut batches, mut requests, mut refused, mut held_ids, mut untokened) = (0, 0, 0, 0, 0);
     for seed in 0..seeds {
         let mut rng = Rng::new(7000 + seed);
         let (batched, single) = (format!("b:{seed}"), format!("s:{seed}"));
@@ -172,11 +208,21 @@ fn a_batch_is_its_requests_one_by_one() {
             };
             let batch: Vec<(String, String)> =
                 (0..size).map(|_| random_request(&mut rng)).collect();
-            let text = batch
-                .iter()
-                .map(|(permits, timeout)| format!("{permits}:{timeout}"))
-                .collect::<Vec<_>>()
-                .join(",");
+            // Runs of the same request written once, with `*count`, or
+            // each written out.
+            let text = if rng.chance(0.5) {
+                batch
+                    .chunk_by(|a, b| a == b)
+                    .map(|run| format!("{}:{}*{}", run[0].0, run[0].1, run.len()))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            } else {
+                batch
+                    .iter()
+                    .map(|(permits, timeout)| format!("{permits}:{timeout}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
             let started = std::time::Instant::now();
             let (mut a, a_value, a_ttl) = transact(
                 &mut connection,
@@ -193,16 +239,37 @@ fn a_batch_is_its_requests_one_by_one() {
             let Some(Value::Array(a)) = a.pop() else {
                 panic!("{what}: a batch replies an array");
             };
+            let a = own_replies(a, &what);
             assert_eq!(a.len(), size, "{what}: one reply per request");
+            let last_grant = a.iter().rposition(Result::is_ok);
             for (r, (a, b)) in a.iter().zip(&b).enumerate() {
-                assert_eq!(a, b, "{what}: request {r} of {size} ({:?})", batch[r]);
-                match a {
-                    Value::BulkString(token) => {
-                        held_ids += usize::from(token.len() > 76);
-                        tokens.push(token.clone());
+                let what = format!("{what}: request {r} of {size} ({:?})", batch[r]);
+                match (a, b) {
+                    (Err(a), Value::Int(b)) => {
+                        assert_eq!(a, b, "{what}");
+                        refused += 1;
                     }
-                    Value::Int(n) if *n < 0 => refused += 1,
-                    other => panic!("{what}: request {r} replied {other:?}"),
+                    (Ok(Some(a)), Value::BulkString(b)) => {
+                        assert_eq!(a, b, "{what}");
+                        held_ids += usize::from(a.len() > 76);
+                        tokens.push(a.clone());
+                    }
+                    // A grant without its token: one that did not wait
+                    // (the token records the reservation's moment, field
+                    // 9, as the ticket it found: not ahead of now, field
+                    // 6), and not the last.
+                    (Ok(None), Value::BulkString(b)) => {
+                        let field = |n: usize| {
+                            f64::from_le_bytes(b[4 + 8 * (n - 1)..][..8].try_into().unwrap())
+                        };
+                        assert!(
+                            field(9) <= field(6),
+                            "{what}: a grant that waits has no token"
+                        );
+                        assert_ne!(Some(r), last_grant, "{what}: the last grant has no token");
+                        untokened += 1;
+                    }
+                    (a, b) => panic!("{what}: {a:?} against its own call's {b:?}"),
                 }
             }
             assert_eq!(a_value, b_value, "{what}: the value");
@@ -219,6 +286,10 @@ fn a_batch_is_its_requests_one_by_one() {
         held_ids > 100,
         "{held_ids} grants with a group in the ledger"
     );
+    assert!(
+        untokened > 100,
+        "{untokened} grants with nothing to give back"
+    );
 }
 
 #[test]
@@ -232,8 +303,22 @@ fn a_bad_batch_is_refused_and_writes_nothing() {
         cold_factor: "0".to_owned(),
     };
     let too_many = vec!["1:-1"; BATCH_CAPACITY + 1].join(",");
+    let too_many_runs = format!("1:-1*{BATCH_CAPACITY},1:0");
     for bad in [
-        "", "1:x", "0:-1", "1:-2", "1", "1:-1,,2", "-1:0", "1++:0", &too_many,
+        "",
+        "1:x",
+        "0:-1",
+        "1:-2",
+        "1",
+        "1:-1,,2",
+        "-1:0",
+        "1++:0",
+        "1:-1*0",
+        "1:-1*",
+        "1:-1*x",
+        "1:-1**2",
+        &too_many,
+        &too_many_runs,
     ] {
         let result: redis::RedisResult<Value> = eval_script(&mut connection, "k", bad, &config);
         let error = result.expect_err(bad).to_string();
@@ -249,7 +334,12 @@ fn a_bad_batch_is_refused_and_writes_nothing() {
     let Value::Array(replies) = eval_script(&mut connection, "k", &full, &config).unwrap() else {
         panic!("an array");
     };
-    assert_eq!(replies.len(), BATCH_CAPACITY);
+    assert_eq!(own_replies(replies, "full").len(), BATCH_CAPACITY);
+    let runs = format!("1:-1*{},2+:0*1", BATCH_CAPACITY - 1);
+    let Value::Array(replies) = eval_script(&mut connection, "k", &runs, &config).unwrap() else {
+        panic!("an array");
+    };
+    assert_eq!(own_replies(replies, "runs").len(), BATCH_CAPACITY);
 }
 
 fn eval_script(

@@ -261,11 +261,12 @@ async fn callers_that_give_up_after_their_batch_was_sent_give_it_back() {
     proxy.set_latency(Duration::ZERO);
     // The batch's reply arrives; the give-backs go out at once.
     tokio::time::sleep(2 * LATENCY + Duration::from_millis(200)).await;
-    assert_eq!(
-        evalsha_calls(&server),
-        2 + 10,
-        "the lead, the batch, ten give-backs"
-    );
+    // The lead, the batch, and a give-back per grant that can return
+    // anything: the first of the batch was granted at once (the lead's
+    // interval had passed when the batch reached Redis), and a give-back of
+    // a grant that did not wait, with later ones after it, returns nothing,
+    // so it has none.
+    assert_eq!(evalsha_calls(&server), 2 + 9);
     // Kept, the ten would leave about a second of debt.
     let debt = limiter.available_in().await.unwrap();
     assert!(debt <= Duration::from_millis(100), "debt {debt:?}");

@@ -235,10 +235,12 @@ fn the_script_and_the_core_agree_call_by_call() {
                 5 if rng.chance(0.3) => {
                     // A batch: the same as its requests one by one at one
                     // clock reading.
-                    let size = 1 + rng.below(20) as usize;
+                    let runs = 1 + rng.below(20) as usize;
                     let mut text = Vec::new();
                     let mut expected = Vec::new();
-                    for _ in 0..size {
+                    for _ in 0..runs {
+                        // Sometimes a run of the same request, `*count`.
+                        let times = if rng.chance(0.2) { 2 + rng.below(4) } else { 1 };
                         let permits = 1 + rng.below(3) as u32;
                         let is_held = rng.chance(0.5);
                         let timeout = if rng.chance(0.5) {
@@ -247,15 +249,23 @@ fn the_script_and_the_core_agree_call_by_call() {
                             rng.below(2_000_000) as i64
                         };
                         text.push(format!(
-                            "{permits}{}:{timeout}",
-                            if is_held { "+" } else { "" }
+                            "{permits}{}:{timeout}{}",
+                            if is_held { "+" } else { "" },
+                            if times > 1 {
+                                format!("*{times}")
+                            } else {
+                                String::new()
+                            }
                         ));
-                        expected.push(if timeout < 0 {
-                            Some(core.reserve(permits, now, is_held))
-                        } else {
-                            core.try_reserve(permits, now, timeout as u64, is_held)
-                        });
+                        for _ in 0..times {
+                            expected.push(if timeout < 0 {
+                                Some(core.reserve(permits, now, is_held))
+                            } else {
+                                core.try_reserve(permits, now, timeout as u64, is_held)
+                            });
+                        }
                     }
+                    let size = expected.len();
                     let reply =
                         ints(&script.call_with(&key, "batch", &text.join(","), &limits, now));
                     assert_eq!(reply.len(), 4 * size + 1, "{what}: batch reply");
@@ -405,6 +415,9 @@ fn bad_arguments_and_a_corrupted_value_are_errors_that_write_nothing() {
         two("batch", "0:-1"),
         two("batch", "1:-1,,2"),
         two("batch", &vec!["1:-1"; 1025].join(",")),
+        two("batch", "1:-1*1025"),
+        two("batch", "1:-1*0"),
+        two("batch", "1:-1*"),
     ] {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let error = call(&mut connection, &args).unwrap_err();
