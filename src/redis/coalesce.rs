@@ -21,8 +21,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::oneshot;
 
 use super::backend::{Backend, ProbeTarget, Scope};
-use super::round_trip::{Canceller, Failure, send_batch};
-use super::script::{Reply, Request};
+use super::round_trip::{Canceller, Failure, send, send_batch};
+use super::script::{Call, Reply, Request};
 use crate::error::BackendError;
 
 /// The most requests one batch carries: a batch holds Redis (which runs
@@ -275,8 +275,17 @@ pub(crate) async fn wait(
 /// gone meanwhile gets its grant given back.
 async fn run_batch(backend: Arc<Backend>, batch: Vec<Queued>, lead: Lead) {
     let target = batch[0].target.clone();
-    let requests = batch.iter().map(|queued| queued.request).collect();
-    match send_batch(&backend, &target, requests, lead).await {
+    // A batch of one goes as its own call, which costs Redis less.
+    let sent = if let [queued] = &batch[..] {
+        let call = Call::Reserve(queued.request);
+        send(&backend, &target, call, Some(lead))
+            .await
+            .map(|reply| vec![reply])
+    } else {
+        let requests = batch.iter().map(|queued| queued.request).collect();
+        send_batch(&backend, &target, requests, lead).await
+    };
+    match sent {
         Ok(replies) => {
             for (queued, reply) in batch.into_iter().zip(replies) {
                 if let Err(Ok(Reply {

@@ -304,3 +304,58 @@ async fn an_outage_mid_batch_sends_each_caller_to_its_fallback_once() {
     assert_eq!(stats.fallbacks, 1, "{stats:?}");
     assert_eq!(stats.fallback_calls, CALLERS, "{stats:?}");
 }
+
+/// A limiter with several limits coalesces too, and its batches keep every
+/// limit: 64 tasks trying for permits as fast as they can get a reply, for
+/// about a second, get the per-minute limit's burst and what it refills in
+/// that time, no more, in far fewer script calls than tries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_limits_coalesce_and_keep_every_limit() {
+    use throttler::Limit;
+    let server = RedisServer::start();
+    let limiter = Arc::new(
+        RedisRateLimiter::builder(server.client(), "several-hot")
+            .limit(Limit::per_second(1_000.0).burst(20))
+            .limit(Limit::per_minute(600.0).burst(30))
+            .response_timeout(Duration::from_secs(2))
+            .build()
+            .await
+            .unwrap(),
+    );
+    reset_stats(&server);
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move {
+                let (mut tries, mut granted) = (0u64, 0u64);
+                while start.elapsed() < Duration::from_secs(1) {
+                    tries += 1;
+                    granted += u64::from(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
+                }
+                (tries, granted)
+            })
+        })
+        .collect();
+    let (mut tries, mut granted) = (0, 0);
+    for task in tasks {
+        let (t, g) = task.await.unwrap();
+        tries += t;
+        granted += g;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let calls = evalsha_calls(&server);
+    println!("{granted} of {tries} tries granted in {elapsed:.3} s, in {calls} script calls");
+    // The per-minute limit binds: its burst of 30, one more at once (its
+    // cost is pre-consumed: the next caller pays), then 10/s.
+    let most = 31.0 + 10.0 * elapsed;
+    assert!(
+        granted as f64 <= most,
+        "{granted} granted, at most {most:.1}"
+    );
+    assert!(
+        granted as f64 >= most - 3.0,
+        "{granted} granted, {most:.1} allowed"
+    );
+    assert!(calls * 4 < tries, "{calls} script calls for {tries} tries");
+}
