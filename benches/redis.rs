@@ -554,6 +554,7 @@ fn main() {
     // [coalesced, one call each]: (ops/s, client CPU µs per reservation)
     let mut hot_ops: [Vec<f64>; 2] = Default::default();
     let mut hot_cpu: [Vec<f64>; 2] = Default::default();
+    let mut lone: [Vec<f64>; 2] = Default::default();
     // EVALSHA calls per run (warm-up included), to tell the batch sizes.
     let mut hot_calls: [Vec<f64>; 2] = Default::default();
     let sizes = [1usize, 8, 64];
@@ -565,6 +566,9 @@ fn main() {
             hot_ops[i].push(ops);
             hot_cpu[i].push(cpu);
             hot_calls[i].push(bench.evalsha_calls());
+            // A lone caller: never queued, so never slower.
+            bench.reset();
+            lone[i].push(runtime.block_on(hot_key_ops(limiter, 1, secs)).0);
         }
         for (i, &size) in sizes.iter().enumerate() {
             // As the client sends them: a batch of the same request, or
@@ -608,6 +612,12 @@ fn main() {
     println!(
         "coalesce(true) / coalesce(false): {:.2}x (median of the per-round ratios)",
         ratio(&hot_ops[0], &hot_ops[1])
+    );
+    println!(
+        "A lone caller (1 task): {} reservations/s coalesced, {} not: {:.2}x",
+        spread(&lone[0], 0),
+        spread(&lone[1], 0),
+        ratio(&lone[0], &lone[1])
     );
     println!();
     println!(
