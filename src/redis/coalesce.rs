@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::oneshot;
 
 use super::backend::{Backend, ProbeTarget, Scope};
-use super::round_trip::{Canceller, Failure, send, send_batch};
+use super::round_trip::{Canceller, Ends, Failure, Lead, send, send_batch};
 use super::script::{Call, Reply, Request};
 use crate::error::BackendError;
 
@@ -47,7 +47,7 @@ const SECOND_FLIGHT: usize = 32;
 pub(crate) struct Coalescer {
     backend: Arc<Backend>,
     keys: Mutex<HashMap<Arc<str>, Slot>>,
-    /// Numbers the round trips that lead a key (see [`Lead`]).
+    /// Numbers the slots of keys (see [`Slot::lead`]).
     next_lead: AtomicU64,
 }
 
@@ -76,23 +76,6 @@ pub(crate) enum Joined {
     Queued(oneshot::Receiver<Result<Reply, Failure>>),
     /// At once, on its own: the key's queue is full.
     Alone,
-}
-
-/// The round trip in flight of a key. When it ends ([`finish`](Lead::finish),
-/// or dropped unfinished), the requests queued behind it go as the next
-/// batch, or fail with it.
-pub(crate) struct Lead {
-    id: LeadId,
-    finished: bool,
-}
-
-/// Names a key's round trip in flight (by its slot), to end it from
-/// elsewhere (its caller, at the response timeout).
-#[derive(Clone)]
-pub(crate) struct LeadId {
-    coalescer: Arc<Coalescer>,
-    key: Arc<str>,
-    lead: u64,
 }
 
 impl Coalescer {
@@ -141,14 +124,11 @@ impl Coalescer {
                 return Joined::Queued(waiting);
             }
         };
-        Joined::Lead(Lead {
-            id: LeadId {
-                coalescer: Arc::clone(self),
-                key: Arc::clone(&target.key),
-                lead,
-            },
-            finished: false,
-        })
+        Joined::Lead(Lead::new(
+            Arc::clone(self) as Arc<dyn Ends>,
+            Arc::clone(&target.key),
+            lead,
+        ))
     }
 
     /// A round trip of `key`'s slot `lead` ended: `up`, Redis answered (the
@@ -186,14 +166,7 @@ impl Coalescer {
 
     /// Sends `batch`, a round trip of `key`'s slot `lead`.
     fn dispatch(self: &Arc<Self>, key: &Arc<str>, lead: u64, batch: Vec<Queued>) {
-        let lead = Lead {
-            id: LeadId {
-                coalescer: Arc::clone(self),
-                key: Arc::clone(key),
-                lead,
-            },
-            finished: false,
-        };
+        let lead = Lead::new(Arc::clone(self) as Arc<dyn Ends>, Arc::clone(key), lead);
         self.backend
             .spawn(run_batch(Arc::clone(&self.backend), batch, lead));
     }
@@ -213,34 +186,9 @@ fn take_batch(slot: &mut Slot) -> Vec<Queued> {
     batch
 }
 
-impl Lead {
-    pub(crate) fn id(&self) -> LeadId {
-        self.id.clone()
-    }
-
-    /// The round trip ended: `up`, Redis answered.
-    pub(crate) fn finish(mut self, up: bool) {
-        self.finished = true;
-        let id = &self.id;
-        id.coalescer.finish(&id.key, id.lead, up);
-    }
-}
-
-impl Drop for Lead {
-    fn drop(&mut self) {
-        // Dropped unfinished: the round trip was abandoned before its reply
-        // (its runtime shut down, or it outlived the wait for orphans).
-        if !self.finished {
-            self.id.fail();
-        }
-    }
-}
-
-impl LeadId {
-    /// Ends the round trip as failed (again, or after its slot failed:
-    /// nothing changes).
-    pub(crate) fn fail(&self) {
-        self.coalescer.finish(&self.key, self.lead, false);
+impl Ends for Coalescer {
+    fn ended(self: Arc<Self>, key: &Arc<str>, lead: u64, up: bool) {
+        self.finish(key, lead, up);
     }
 }
 

@@ -10,7 +10,6 @@ use std::time::Duration;
 use redis::RedisResult;
 
 use super::backend::{Backend, ProbeTarget, Scope};
-use super::coalesce::{Lead, LeadId};
 use super::connection::Connection;
 use super::script::{self, Call, Reply, Request, ScriptArgs, Token};
 use crate::Error;
@@ -27,6 +26,69 @@ pub(crate) enum Failure {
     Refused(Error),
     /// Redis is unavailable (degraded, failing, or too slow).
     Down(Option<BackendError>),
+}
+
+/// What a round trip that leads its key's coalesced calls tells when it
+/// ends (see `coalesce`).
+pub(crate) trait Ends: Send + Sync + 'static {
+    /// The round trip of `key`'s slot `lead` ended: `up`, Redis answered
+    /// (the calls queued behind it go next); else it failed (they fail).
+    fn ended(self: Arc<Self>, key: &Arc<str>, lead: u64, up: bool);
+}
+
+/// A round trip that leads its key's coalesced calls. When it ends
+/// ([`finish`](Lead::finish), or dropped unfinished: failed), the calls
+/// queued behind it go as the next batch, or fail with it.
+pub(crate) struct Lead {
+    id: LeadId,
+    finished: bool,
+}
+
+/// Names a [`Lead`], to fail it from elsewhere (its caller, or the wait
+/// for its abandoned reply, at the response timeout).
+#[derive(Clone)]
+pub(crate) struct LeadId {
+    ends: Arc<dyn Ends>,
+    key: Arc<str>,
+    lead: u64,
+}
+
+impl Lead {
+    pub(crate) fn new(ends: Arc<dyn Ends>, key: Arc<str>, lead: u64) -> Lead {
+        Lead {
+            id: LeadId { ends, key, lead },
+            finished: false,
+        }
+    }
+
+    fn id(&self) -> LeadId {
+        self.id.clone()
+    }
+
+    /// The round trip ended: `up`, Redis answered.
+    fn finish(mut self, up: bool) {
+        self.finished = true;
+        let id = &self.id;
+        Arc::clone(&id.ends).ended(&id.key, id.lead, up);
+    }
+}
+
+impl Drop for Lead {
+    fn drop(&mut self) {
+        // Dropped unfinished: the round trip was abandoned before its reply
+        // (its runtime shut down, or it outlived the wait for orphans).
+        if !self.finished {
+            self.id.fail();
+        }
+    }
+}
+
+impl LeadId {
+    /// Ends the round trip as failed (again, or after its slot failed:
+    /// nothing changes).
+    fn fail(&self) {
+        Arc::clone(&self.ends).ended(&self.key, self.lead, false);
+    }
 }
 
 impl Failure {
