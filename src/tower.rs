@@ -2,7 +2,10 @@
 //!
 //! Every clone of a layered service shares one limiter (an `Arc` of any
 //! [`Limiter`], local or through Redis), so a service stack that clones its
-//! services, as buffers and balancers do, still limits them together.
+//! services, as buffers and balancers do, still limits them together. Every
+//! service here is `Clone + Send + Sync` with a `Send` response future, as
+//! axum's `Router::layer` and `route_layer` and tonic ask: no buffer is
+//! needed in front.
 //!
 //! - **Waiting** ([`RateLimitLayer::new`]): `poll_ready` reserves one
 //!   permit and is ready once it is due; `call` uses it. A service dropped
@@ -16,7 +19,7 @@
 //!   inner service is called.
 //!
 //! ```
-//! use std::sync::Arc;
+//! use std::sync::{Arc, Mutex, PoisonError};
 //! use std::time::Duration;
 //! use throttler::RateLimiter;
 //! use throttler::tower::RateLimitLayer;
@@ -45,8 +48,8 @@ use std::fmt;
 use std::future::Future;
 use std::ops::Deref;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -145,11 +148,18 @@ enum Permit {
     Failed(Error),
 }
 
+/// A [`Held`] reservation's future: `Some(wait)` once refused (rejecting
+/// mode), an error if the limiter failed; it never completes otherwise.
+type Reserving = Pin<Box<dyn Future<Output = Result<Option<Duration>, Error>> + Send>>;
+
 /// A reservation in progress, owned by a service: the future reserves and
 /// waits, sets `due`, and then keeps the reservation until it is dropped,
 /// committing it if `commit` is set by then and giving it back otherwise.
 struct Held {
-    future: Pin<Box<dyn Future<Output = Result<Option<Duration>, Error>> + Send>>,
+    /// In a mutex only so that the service is `Sync` (axum's `.layer`
+    /// requires it): it is only ever reached through `&mut`, with
+    /// `get_mut`, which takes no lock.
+    future: Mutex<Reserving>,
     due: Arc<AtomicBool>,
     commit: Arc<AtomicBool>,
 }
@@ -207,7 +217,7 @@ impl Held {
             Ok(None)
         });
         Held {
-            future,
+            future: Mutex::new(future),
             due,
             commit,
         }
@@ -285,7 +295,9 @@ where
                 Permit::Free => return self.inner.poll_ready(cx).map_err(Into::into),
                 Permit::Pending(held) => {
                     if !held.due.load(Ordering::Acquire) {
-                        match held.future.as_mut().poll(cx) {
+                        let future = held.future.get_mut();
+                        let future = future.unwrap_or_else(PoisonError::into_inner);
+                        match future.as_mut().poll(cx) {
                             Poll::Pending if !held.due.load(Ordering::Acquire) => {
                                 return Poll::Pending;
                             }

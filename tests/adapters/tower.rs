@@ -162,3 +162,55 @@ async fn the_keyed_mode_limits_each_key_alone() {
     // the two keys did not add up.
     assert_eq!(clock.now(), 100 * MS);
 }
+
+/// What axum's `Router::layer`, `route_layer` and tonic ask of a layered
+/// service: `Clone + Send + Sync + 'static`, with a `Send` response future.
+fn fits_a_router<S, R>(service: &S)
+where
+    S: Service<R> + Clone + Send + Sync + 'static,
+    S::Future: Send + 'static,
+{
+    let _ = service.clone();
+}
+
+/// Every service of the crate fits, whatever limiter it holds, and it is
+/// used through such a bound: a clone is limited with the others.
+#[tokio::test(flavor = "current_thread")]
+async fn every_service_fits_a_router() {
+    let clock = FakeClock::new();
+    let waiting = RateLimitLayer::new(limiter(&clock)).layer(Counter::default());
+    fits_a_router::<_, u32>(&waiting);
+    fits_a_router::<_, u32>(&RateLimitLayer::rejecting(limiter(&clock)).layer(Counter::default()));
+    let keyed = Arc::new(KeyedRateLimiter::<u32>::bursty(10.0).unwrap());
+    let by_key = RateLimitLayer::keyed(keyed, |request: &u32| *request % 4);
+    fits_a_router::<_, u32>(&by_key.layer(Counter::default()));
+    // Shared across tasks as a router shares it: one limiter for all.
+    let start = clock.now_micros();
+    let calls: Vec<_> = (0..3)
+        .map(|i| {
+            let mut service = waiting.clone();
+            tokio::spawn(async move {
+                ready(&mut service).await.unwrap();
+                service.call(i).await.unwrap()
+            })
+        })
+        .collect();
+    for call in calls {
+        call.await.unwrap();
+    }
+    // 10/s with no burst: the third permit was due 200 ms after the first.
+    assert_eq!(clock.now_micros() - start, 200_000);
+}
+
+/// The same for the Redis limiters (no server needed: nothing is called).
+#[cfg(feature = "redis")]
+#[allow(dead_code)]
+fn redis_services_fit_a_router(
+    shared: Arc<throttler::redis::RedisRateLimiter>,
+    keyed: Arc<throttler::redis::KeyedRedisRateLimiter<u32>>,
+) {
+    fits_a_router::<_, u32>(&RateLimitLayer::new(Arc::clone(&shared)).layer(Counter::default()));
+    fits_a_router::<_, u32>(&RateLimitLayer::rejecting(shared).layer(Counter::default()));
+    let by_key = RateLimitLayer::keyed(keyed, |request: &u32| *request % 4);
+    fits_a_router::<_, u32>(&by_key.layer(Counter::default()));
+}
