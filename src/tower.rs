@@ -14,9 +14,13 @@
 //!   permit only if one is free now; otherwise `call` fails at once with
 //!   [`Throttled`], which says how long to wait (for a `Retry-After`
 //!   header), and the inner service is not called.
+//! - **Bounded** ([`RateLimitLayer::max_wait`]): waits as above, but at
+//!   most the bound: a request that would wait longer reserves nothing and
+//!   fails at once with [`Throttled`].
 //! - **Keyed** ([`RateLimitLayer::keyed`]): one rate per key, the key taken
 //!   from each request; the wait happens in the response future, before the
-//!   inner service is called.
+//!   inner service is called. [`rejecting`](KeyedRateLimitLayer::rejecting)
+//!   and [`max_wait`](KeyedRateLimitLayer::max_wait) refuse per key.
 //!
 //! ```
 //! use std::sync::{Arc, Mutex, PoisonError};
@@ -63,7 +67,8 @@ use crate::{Error, KeyedLimiter, Limiter, Reservation};
 /// limiter's [`Error`], or [`Throttled`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A request refused by a [rejecting](RateLimitLayer::rejecting) layer: a
+/// A request refused by a [rejecting](RateLimitLayer::rejecting) layer, or
+/// by one whose [`max_wait`](RateLimitLayer::max_wait) it would exceed: a
 /// permit will be free in `retry_after`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Throttled {
@@ -79,19 +84,14 @@ impl fmt::Display for Throttled {
 
 impl std::error::Error for Throttled {}
 
-/// How a layer applies its limiter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mode {
-    Wait,
-    Reject,
-}
-
 /// A layer that rate-limits the services it wraps; see the
 /// [module docs](self).
 #[derive(Clone, Debug)]
 pub struct RateLimitLayer<L> {
     limiter: L,
-    mode: Mode,
+    /// The longest wait for a permit before refusing with [`Throttled`]
+    /// (`None`: no bound; zero: the rejecting mode).
+    max_wait: Option<Duration>,
 }
 
 impl<L> RateLimitLayer<L> {
@@ -101,22 +101,36 @@ impl<L> RateLimitLayer<L> {
     pub fn new(limiter: L) -> Self {
         RateLimitLayer {
             limiter,
-            mode: Mode::Wait,
+            max_wait: None,
         }
     }
 
-    /// Refuses at once with [`Throttled`] when no permit is free.
+    /// Refuses at once with [`Throttled`] when no permit is free: the same
+    /// as `.max_wait(Duration::ZERO)`.
     pub fn rejecting(limiter: L) -> Self {
         RateLimitLayer {
             limiter,
-            mode: Mode::Reject,
+            max_wait: Some(Duration::ZERO),
         }
+    }
+
+    /// Waits at most `max_wait` for a permit: a request that would wait
+    /// longer reserves nothing and fails at once with [`Throttled`] (the
+    /// wait it would have needed). A request path that may wait at most
+    /// 50 ms for a permit sets `.max_wait(Duration::from_millis(50))`.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = Some(max_wait);
+        self
     }
 
     /// One rate per key: `key_of` gives each request's key, and the wait
     /// happens in the response future.
     pub fn keyed<F>(limiter: L, key_of: F) -> KeyedRateLimitLayer<L, F> {
-        KeyedRateLimitLayer { limiter, key_of }
+        KeyedRateLimitLayer {
+            limiter,
+            key_of,
+            max_wait: None,
+        }
     }
 }
 
@@ -127,7 +141,7 @@ impl<S, L: Clone> Layer<S> for RateLimitLayer<L> {
         RateLimit {
             inner,
             limiter: self.limiter.clone(),
-            mode: self.mode,
+            max_wait: self.max_wait,
             permit: Permit::None,
         }
     }
@@ -182,9 +196,9 @@ impl Drop for Keep<'_> {
 }
 
 impl Held {
-    /// Reserves one permit on `limiter` (only if free now when `reject`),
-    /// and waits for it.
-    fn start<L, T>(limiter: L, reject: bool) -> Held
+    /// Reserves one permit on `limiter` (only if due within `max_wait`,
+    /// when there is one), and waits for it.
+    fn start<L, T>(limiter: L, max_wait: Option<Duration>) -> Held
     where
         L: Deref<Target = T> + Send + 'static,
         T: Limiter + ?Sized,
@@ -193,8 +207,8 @@ impl Held {
         let commit = Arc::new(AtomicBool::new(false));
         let (due_set, commit_read) = (Arc::clone(&due), Arc::clone(&commit));
         let future = Box::pin(async move {
-            let reservation = if reject {
-                match limiter.try_reservation(1, Duration::ZERO).await? {
+            let reservation = if let Some(max_wait) = max_wait {
+                match limiter.try_reservation(1, max_wait).await? {
                     Some(reservation) => reservation,
                     None => return Ok(Some(limiter.available_in().await?)),
                 }
@@ -229,7 +243,7 @@ impl Held {
 pub struct RateLimit<S, L> {
     inner: S,
     limiter: L,
-    mode: Mode,
+    max_wait: Option<Duration>,
     permit: Permit,
 }
 
@@ -239,7 +253,7 @@ impl<S: Clone, L: Clone> Clone for RateLimit<S, L> {
         RateLimit {
             inner: self.inner.clone(),
             limiter: self.limiter.clone(),
-            mode: self.mode,
+            max_wait: self.max_wait,
             permit: Permit::None,
         }
     }
@@ -249,7 +263,7 @@ impl<S: fmt::Debug, L> fmt::Debug for RateLimit<S, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
-            .field("mode", &self.mode)
+            .field("max_wait", &self.max_wait)
             .finish_non_exhaustive()
     }
 }
@@ -289,8 +303,8 @@ where
                         }
                         Some(Ok(false)) | None => {}
                     }
-                    let reject = self.mode == Mode::Reject;
-                    self.permit = Permit::Pending(Held::start(self.limiter.clone(), reject));
+                    let held = Held::start(self.limiter.clone(), self.max_wait);
+                    self.permit = Permit::Pending(held);
                 }
                 Permit::Free => return self.inner.poll_ready(cx).map_err(Into::into),
                 Permit::Pending(held) => {
@@ -352,6 +366,24 @@ where
 pub struct KeyedRateLimitLayer<L, F> {
     limiter: L,
     key_of: F,
+    max_wait: Option<Duration>,
+}
+
+impl<L, F> KeyedRateLimitLayer<L, F> {
+    /// Refuses a request with [`Throttled`] at once when its key has no
+    /// permit free (per key, what a server answers with a 429): the same
+    /// as `.max_wait(Duration::ZERO)`.
+    pub fn rejecting(self) -> Self {
+        self.max_wait(Duration::ZERO)
+    }
+
+    /// Waits at most `max_wait` for a key's permit: a request that would
+    /// wait longer reserves nothing and fails at once with [`Throttled`]
+    /// (its key's wait).
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = Some(max_wait);
+        self
+    }
 }
 
 impl<S, L: Clone, F: Clone> Layer<S> for KeyedRateLimitLayer<L, F> {
@@ -362,17 +394,20 @@ impl<S, L: Clone, F: Clone> Layer<S> for KeyedRateLimitLayer<L, F> {
             inner,
             limiter: self.limiter.clone(),
             key_of: self.key_of.clone(),
+            max_wait: self.max_wait,
         }
     }
 }
 
 /// A service rate-limited per key by a [`KeyedRateLimitLayer`]: each
-/// request waits for its key's permit, then the inner service is called.
+/// request waits for its key's permit (or is refused, past the layer's
+/// `max_wait`), then the inner service is called.
 #[derive(Clone, Debug)]
 pub struct KeyedRateLimit<S, L, F> {
     inner: S,
     limiter: L,
     key_of: F,
+    max_wait: Option<Duration>,
 }
 
 impl<S, L, T, F, K, Req> Service<Req> for KeyedRateLimit<S, L, F>
@@ -400,9 +435,19 @@ where
         // clone that must be made ready again.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let limiter = self.limiter.clone();
+        let (limiter, max_wait) = (self.limiter.clone(), self.max_wait);
         Box::pin(async move {
-            limiter.acquire(&key, 1).await?;
+            match max_wait {
+                None => {
+                    limiter.acquire(&key, 1).await?;
+                }
+                Some(max_wait) => {
+                    if !limiter.try_acquire(&key, 1, max_wait).await? {
+                        let retry_after = limiter.available_in(&key).await?;
+                        return Err(Box::new(Throttled { retry_after }) as BoxError);
+                    }
+                }
+            }
             inner.call(request).await.map_err(Into::into)
         })
     }

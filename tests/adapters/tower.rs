@@ -214,3 +214,83 @@ fn redis_services_fit_a_router(
     let by_key = RateLimitLayer::keyed(keyed, |request: &u32| *request % 4);
     fits_a_router::<_, u32>(&by_key.layer(Counter::default()));
 }
+
+/// A bound on the wait: a request that would wait longer reserves nothing
+/// and is refused at once with the wait it needed; within the bound, it
+/// waits.
+#[tokio::test(flavor = "current_thread")]
+async fn a_bounded_wait_refuses_past_the_bound_and_waits_within_it() {
+    let clock = FakeClock::new();
+    let limiter = limiter(&clock);
+    let counter = Counter::default();
+    let layer = RateLimitLayer::new(Arc::clone(&limiter)).max_wait(50 * MS);
+    let mut first = layer.layer(counter.clone());
+    ready(&mut first).await.unwrap();
+    first.call(1).await.unwrap();
+    // The next permit is 100 ms away: refused, and nothing reserved.
+    let mut second = layer.layer(counter.clone());
+    ready(&mut second).await.unwrap();
+    let error = second.call(2).await.unwrap_err();
+    assert_eq!(
+        error.downcast_ref::<Throttled>().unwrap().retry_after,
+        100 * MS
+    );
+    assert_eq!(limiter.available_in().unwrap(), 100 * MS);
+    assert_eq!(clock.now(), Duration::ZERO);
+    // 40 ms away: within the bound, it waits.
+    clock.advance(60 * MS);
+    ready(&mut second).await.unwrap();
+    assert_eq!(second.call(3).await.unwrap(), 3);
+    assert_eq!(clock.now(), 100 * MS);
+    assert_eq!(counter.0.load(Ordering::Relaxed), 2);
+}
+
+/// The keyed layer refuses per key: at once when rejecting, past the bound
+/// with one; other keys are not affected, and a refusal reserves nothing.
+#[tokio::test(flavor = "current_thread")]
+async fn the_keyed_layer_refuses_per_key() {
+    let clock = FakeClock::new();
+    let keyed = Arc::new(
+        KeyedRateLimiter::<u32>::builder()
+            .permits_per_second(10.0)
+            .max_burst(Duration::ZERO)
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    let counter = Counter::default();
+    let parity = |request: &u32| request % 2;
+    let mut rejecting = RateLimitLayer::keyed(Arc::clone(&keyed), parity)
+        .rejecting()
+        .layer(counter.clone());
+    for (request, refused) in [
+        (0, None),
+        (2, Some(100 * MS)),
+        (1, None),
+        (3, Some(100 * MS)),
+    ] {
+        ready(&mut rejecting).await.unwrap();
+        let result = rejecting.call(request).await;
+        let throttled = result
+            .err()
+            .map(|e| e.downcast_ref::<Throttled>().unwrap().retry_after);
+        assert_eq!(throttled, refused, "request {request}");
+    }
+    assert_eq!(counter.0.load(Ordering::Relaxed), 2);
+    assert_eq!(
+        keyed.available_in(&0).unwrap(),
+        100 * MS,
+        "nothing reserved"
+    );
+    assert_eq!(clock.now(), Duration::ZERO);
+    // With a bound: past it, refused; within it, waits.
+    let mut bounded = RateLimitLayer::keyed(Arc::clone(&keyed), parity)
+        .max_wait(50 * MS)
+        .layer(counter.clone());
+    ready(&mut bounded).await.unwrap();
+    assert!(bounded.call(4).await.is_err());
+    clock.advance(60 * MS);
+    ready(&mut bounded).await.unwrap();
+    assert_eq!(bounded.call(6).await.unwrap(), 6);
+    assert_eq!(clock.now(), 100 * MS);
+}
