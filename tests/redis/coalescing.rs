@@ -123,16 +123,31 @@ async fn a_saturated_hot_key_coalesces_and_keeps_its_schedule_exact() {
         error * 100.0
     );
     // Every reservation moved the ticket by exactly one interval (100 µs,
-    // 2^20 units each), from where the first debt left it.
+    // 2^20 units each), from where the first debt left it: never less (no
+    // permit granted twice). More only where the key went idle: a stall of
+    // this process longer than the 25.6 ms its 256 tasks hold ahead lets
+    // the ticket fall behind the clock (none on a quiet machine; the
+    // machine's doing, not the limiter's, so it is allowed up to 1% of the
+    // run and taken out of the count below).
     let interval = 100u128 << 20;
-    assert_eq!(
-        end.ticket_units() - start.ticket_units(),
-        u128::from(total) * interval,
-        "the schedule of {total} reservations has a gap or an overlap"
-    );
+    let span = end.ticket_units() - start.ticket_units();
+    let scheduled = u128::from(total) * interval;
     assert!(
-        error.abs() <= 0.001,
-        "{in_window} acquires, {expected} expected"
+        span >= scheduled,
+        "{total} reservations in {span} units: some overlap"
+    );
+    let gap_micros = ((span - scheduled) >> 20) as f64;
+    println!("the schedule's gaps: {gap_micros} µs");
+    assert!(
+        gap_micros <= 0.01 * RUN.as_micros() as f64,
+        "the schedule has {gap_micros} µs of gaps"
+    );
+    // Within 0.1% of rate × time, less what a gap may have taken.
+    let fewest = (expected - gap_micros * RATE / 1e6) * 0.999;
+    let most = expected * 1.001;
+    assert!(
+        (fewest..=most).contains(&(in_window as f64)),
+        "{in_window} grants, {fewest:.0} to {most:.0} expected"
     );
     assert!(
         calls * 4 < total,

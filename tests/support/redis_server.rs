@@ -7,11 +7,13 @@
 //! ([`RedisServer::stop`], [`RedisServer::cont`]) or bring it back, empty, on
 //! the same port ([`RedisServer::restart`]).
 
+use std::collections::BTreeSet;
 use std::fs;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -193,10 +195,21 @@ impl Drop for RedisServer {
     }
 }
 
-/// A port that was free a moment ago: bind port 0, read it, let it go.
+/// A port that was free a moment ago (bind port 0, read it, let it go)
+/// and that no test of this process was handed before. A server killed
+/// to be restarted leaves its port free for a while: without the second
+/// rule, a test starting meanwhile could take it, and the first test's
+/// clients, and its restart, would then reach the other test's server.
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local address").port()
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        let port = listener.local_addr().expect("local address").port();
+        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(PoisonError::into_inner);
+        if handed_out.insert(port) {
+            return port;
+        }
+    }
 }
 
 /// A free port whose cluster bus port (port + 10000) is free too.
