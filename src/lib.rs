@@ -128,6 +128,8 @@ mod builder;
 pub mod clock;
 pub mod core;
 mod error;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod io;
 mod keyed;
 mod limiter;
