@@ -244,29 +244,7 @@ fn field(line: &str, name: &str) -> Option<f64> {
 
 /// Calls per second of `reserve(1)` from `tasks` tasks sharing `limiter`.
 async fn client_ops(limiter: &Arc<RedisRateLimiter>, tasks: usize, secs: f64) -> f64 {
-    let count = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let handles: Vec<_> = (0..tasks)
-        .map(|_| {
-            let (limiter, count, stop) = (Arc::clone(limiter), count.clone(), stop.clone());
-            tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    limiter.reserve(1).await.expect("reserve");
-                    count.fetch_add(1, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await; // warm-up
-    let (start, started) = (count.load(Ordering::Relaxed), Instant::now());
-    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
-    let done = count.load(Ordering::Relaxed) - start;
-    let elapsed = started.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    for handle in handles {
-        handle.await.expect("task");
-    }
-    done as f64 / elapsed
+    hot_key_ops(limiter, tasks, secs).await.0
 }
 
 fn main() {
@@ -657,8 +635,8 @@ fn cpu_secs() -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-/// Part 4: reservations per second of one hot key from `tasks` tasks, and
-/// the client's CPU µs per reservation.
+/// Reservations per second of `reserve(1)` from `tasks` tasks sharing
+/// `limiter` (one key), and the client's CPU µs per reservation.
 async fn hot_key_ops(limiter: &Arc<RedisRateLimiter>, tasks: usize, secs: f64) -> (f64, f64) {
     let count = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));

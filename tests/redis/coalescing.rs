@@ -183,16 +183,18 @@ async fn without_coalescing_every_reservation_is_its_own_call() {
     assert_eq!(evalsha_calls(&server), 64 * 50);
 }
 
-/// Callers queued behind a slow round trip that give up before it ends
-/// send nothing and are charged nothing: only the first caller's permit
-/// is on the key.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn callers_that_give_up_while_queued_are_never_sent() {
-    const LATENCY: Duration = Duration::from_millis(200);
+/// A limiter at 10/s with no burst behind a proxy that delays every
+/// chunk by `latency` each way from now on; its connection is open, the
+/// key was used once and that permit's interval has passed, and Redis's
+/// call counts start from zero.
+async fn behind_a_slow_proxy(
+    name: &str,
+    latency: Duration,
+) -> (RedisServer, Proxy, Arc<RedisRateLimiter>) {
     let server = RedisServer::start();
     let proxy = Proxy::in_front_of(&server);
     let limiter = Arc::new(
-        builder(proxy.client(), "queued", 10.0)
+        builder(proxy.client(), name, 10.0)
             .max_burst(Duration::ZERO)
             .response_timeout(Duration::from_secs(2))
             .build()
@@ -200,9 +202,19 @@ async fn callers_that_give_up_while_queued_are_never_sent() {
             .unwrap(),
     );
     assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
-    tokio::time::sleep(Duration::from_millis(150)).await; // its debt passes
+    tokio::time::sleep(Duration::from_millis(150)).await;
     reset_stats(&server);
-    proxy.set_latency(LATENCY);
+    proxy.set_latency(latency);
+    (server, proxy, limiter)
+}
+
+/// Callers queued behind a slow round trip that give up before it ends
+/// send nothing and are charged nothing: only the first caller's permit
+/// is on the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_that_give_up_while_queued_are_never_sent() {
+    const LATENCY: Duration = Duration::from_millis(200);
+    let (server, proxy, limiter) = behind_a_slow_proxy("queued", LATENCY).await;
     // The lead: one reservation, in flight for 200 ms.
     let lead = tokio::spawn({
         let limiter = Arc::clone(&limiter);
@@ -236,20 +248,7 @@ async fn callers_that_give_up_while_queued_are_never_sent() {
 async fn callers_that_give_up_after_their_batch_was_sent_give_it_back() {
     // Each way: a round trip takes twice this.
     const LATENCY: Duration = Duration::from_millis(100);
-    let server = RedisServer::start();
-    let proxy = Proxy::in_front_of(&server);
-    let limiter = Arc::new(
-        builder(proxy.client(), "sent", 10.0)
-            .max_burst(Duration::ZERO)
-            .response_timeout(Duration::from_secs(2))
-            .build()
-            .await
-            .unwrap(),
-    );
-    assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    reset_stats(&server);
-    proxy.set_latency(LATENCY);
+    let (server, proxy, limiter) = behind_a_slow_proxy("sent", LATENCY).await;
     let lead = tokio::spawn({
         let limiter = Arc::clone(&limiter);
         async move { limiter.reserve(1).await.unwrap() }
