@@ -1,5 +1,10 @@
-//! HTTP glue (feature `http`): which client a request comes from, and how
-//! long to tell a refused one to wait.
+//! HTTP glue (feature `http`): a layer that limits requests per client
+//! and answers `429 Too Many Requests` with `Retry-After`
+//! ([`RateLimitLayer`]), which client a request comes from
+//! ([`ClientIp`], behind trusted proxies only), and how long to tell a
+//! refused one to wait. It works on the `http` crate's types, so any tower
+//! server takes it (axum's `Router::layer` among them); the crate does not
+//! depend on a server.
 //!
 //! # The client behind proxies
 //!
@@ -30,12 +35,19 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::ops::Deref;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use ::http::HeaderMap;
+use ::http::header::RETRY_AFTER;
+use ::http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+use tower_layer::Layer;
+use tower_service::Service;
 
-use crate::Error;
+use crate::{Error, KeyedLimiter};
 
 /// The proxies whose forwarding headers are believed: addresses and
 /// networks (`10.0.0.0/8`, `fd00::/8`, `127.0.0.1`). With none, every
@@ -224,6 +236,252 @@ pub fn retry_after_secs(wait: Duration) -> u64 {
         whole
     };
     secs.max(1)
+}
+
+// ---------------------------------------------------------------------------
+// The layer
+// ---------------------------------------------------------------------------
+
+/// How a request's key is found; see the implementations, or any
+/// `Fn(&Request<B>) -> Option<K>` closure. `None`: no key can be found,
+/// which is the server's misconfiguration (say, no peer address in the
+/// request's extensions): the request is answered with
+/// `500 Internal Server Error`, not let through unlimited.
+pub trait KeyExtractor<B>: Clone + Send + Sync + 'static {
+    /// The key: one rate per key.
+    type Key: Send + Sync + 'static;
+
+    /// The key of `request`.
+    fn key(&self, request: &Request<B>) -> Option<Self::Key>;
+}
+
+impl<B, K, F> KeyExtractor<B> for F
+where
+    F: Fn(&Request<B>) -> Option<K> + Clone + Send + Sync + 'static,
+    K: Send + Sync + 'static,
+{
+    type Key = K;
+
+    fn key(&self, request: &Request<B>) -> Option<K> {
+        self(request)
+    }
+}
+
+/// One key for every request: a limit for the whole service.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Global;
+
+impl<B> KeyExtractor<B> for Global {
+    type Key = ();
+
+    fn key(&self, _: &Request<B>) -> Option<()> {
+        Some(())
+    }
+}
+
+/// The value of a request header (an API key, a tenant): requests
+/// without it share one key, the empty string.
+#[derive(Debug, Clone)]
+pub struct Header(pub HeaderName);
+
+impl<B> KeyExtractor<B> for Header {
+    type Key = String;
+
+    fn key(&self, request: &Request<B>) -> Option<String> {
+        let value = request.headers().get(&self.0);
+        Some(String::from_utf8_lossy(value.map_or(&[][..], |v| v.as_bytes())).into_owned())
+    }
+}
+
+/// The peer's address, as the server put it in the request's extensions:
+/// `T` is the type it stores there (axum: `ConnectInfo<SocketAddr>`, with
+/// `into_make_service_with_connect_info`), `peer` reads the address from
+/// it. With [`ClientIp`], the client's address behind trusted proxies.
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use throttler::http::PeerIp;
+///
+/// // A server that stores the peer's socket address as is:
+/// let key = PeerIp::from_extension(|peer: &SocketAddr| peer.ip());
+/// # let _ = key;
+/// ```
+pub struct PeerIp<T> {
+    peer: fn(&T) -> IpAddr,
+}
+
+impl<T> PeerIp<T> {
+    /// Reads the peer's address from the extension of type `T`.
+    pub fn from_extension(peer: fn(&T) -> IpAddr) -> Self {
+        PeerIp { peer }
+    }
+
+    fn peer<B>(&self, request: &Request<B>) -> Option<IpAddr>
+    where
+        T: Send + Sync + 'static,
+    {
+        request.extensions().get::<T>().map(self.peer)
+    }
+}
+
+impl<T> Clone for PeerIp<T> {
+    fn clone(&self) -> Self {
+        PeerIp { peer: self.peer }
+    }
+}
+
+impl<T> std::fmt::Debug for PeerIp<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PeerIp")
+    }
+}
+
+impl<B, T: Send + Sync + 'static> KeyExtractor<B> for PeerIp<T> {
+    type Key = IpAddr;
+
+    fn key(&self, request: &Request<B>) -> Option<IpAddr> {
+        self.peer(request).map(canonical)
+    }
+}
+
+/// The client's address: the peer's, or, when the peer is one of the
+/// trusted proxies, the one the forwarding headers give
+/// ([`TrustedProxies::client_ip`]).
+#[derive(Debug)]
+pub struct ClientIp<T> {
+    /// Where the peer's address is.
+    pub peer: PeerIp<T>,
+    /// Whose forwarding headers are believed.
+    pub proxies: TrustedProxies,
+}
+
+impl<T> Clone for ClientIp<T> {
+    fn clone(&self) -> Self {
+        ClientIp {
+            peer: self.peer.clone(),
+            proxies: self.proxies.clone(),
+        }
+    }
+}
+
+impl<B, T: Send + Sync + 'static> KeyExtractor<B> for ClientIp<T> {
+    type Key = IpAddr;
+
+    fn key(&self, request: &Request<B>) -> Option<IpAddr> {
+        let peer = self.peer.peer(request)?;
+        Some(self.proxies.client_ip(peer, request.headers()))
+    }
+}
+
+/// Limits HTTP requests per key, answering a refused one with
+/// `429 Too Many Requests` and a `Retry-After` of whole seconds (rounded
+/// up); see [`RateLimitLayer::new`].
+#[derive(Debug, Clone)]
+pub struct RateLimitLayer<L, X> {
+    limiter: L,
+    extractor: X,
+    max_wait: Duration,
+}
+
+impl<L, X> RateLimitLayer<L, X> {
+    /// Limits requests per key with `limiter` (an `Arc` of any
+    /// [`KeyedLimiter`], local or through Redis), the key found by
+    /// `extractor` ([`ClientIp`], [`PeerIp`], [`Header`], [`Global`] with a
+    /// limiter keyed by `()`, or a closure). A request whose key has no
+    /// permit free is refused at once (see [`max_wait`](Self::max_wait)):
+    /// it reserves nothing, and the inner service is not called. A
+    /// limiter that fails (Redis down with `Fallback::FailClosed`) answers
+    /// `503 Service Unavailable`.
+    pub fn new(limiter: L, extractor: X) -> Self {
+        RateLimitLayer {
+            limiter,
+            extractor,
+            max_wait: Duration::ZERO,
+        }
+    }
+
+    /// Lets a request wait up to `max_wait` for its key's permit before
+    /// it is refused. Default zero: refuse at once.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = max_wait;
+        self
+    }
+}
+
+impl<S, L: Clone, X: Clone> Layer<S> for RateLimitLayer<L, X> {
+    type Service = RateLimit<S, L, X>;
+
+    fn layer(&self, inner: S) -> RateLimit<S, L, X> {
+        RateLimit {
+            inner,
+            limiter: self.limiter.clone(),
+            extractor: self.extractor.clone(),
+            max_wait: self.max_wait,
+        }
+    }
+}
+
+/// An HTTP service limited per key by a [`RateLimitLayer`].
+#[derive(Debug, Clone)]
+pub struct RateLimit<S, L, X> {
+    inner: S,
+    limiter: L,
+    extractor: X,
+    max_wait: Duration,
+}
+
+/// A response with only a status (and `Retry-After`, for a refusal).
+fn answer<R: Default>(status: StatusCode, retry_after: Option<Duration>) -> Response<R> {
+    let mut response = Response::new(R::default());
+    *response.status_mut() = status;
+    if let Some(wait) = retry_after {
+        response
+            .headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(wait)));
+    }
+    response
+}
+
+impl<S, L, T, X, B, R> Service<Request<B>> for RateLimit<S, L, X>
+where
+    S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Send + 'static,
+    R: Default + Send + 'static,
+    L: Deref<Target = T> + Clone + Send + Sync + 'static,
+    T: KeyedLimiter<X::Key> + ?Sized,
+    X: KeyExtractor<B>,
+{
+    type Response = Response<R>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<R>, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let key = self.extractor.key(&request);
+        // The ready service goes with the request; this one is a fresh
+        // clone that must be made ready again.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let (limiter, max_wait) = (self.limiter.clone(), self.max_wait);
+        Box::pin(async move {
+            let Some(key) = key else {
+                return Ok(answer(StatusCode::INTERNAL_SERVER_ERROR, None));
+            };
+            match limiter.try_acquire(&key, 1, max_wait).await {
+                Ok(true) => inner.call(request).await,
+                Ok(false) => {
+                    let wait = limiter.available_in(&key).await.unwrap_or(Duration::ZERO);
+                    Ok(answer(StatusCode::TOO_MANY_REQUESTS, Some(wait)))
+                }
+                Err(_) => Ok(answer(StatusCode::SERVICE_UNAVAILABLE, None)),
+            }
+        })
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,208 @@
+//! The HTTP layer in process, on the fake clock: per-client 429s with
+//! `Retry-After`, keys that forged headers cannot choose, a bounded wait,
+//! and the answers for a request with no key.
+
+#![cfg(feature = "http")]
+
+use std::convert::Infallible;
+use std::future::poll_fn;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use ::http::{Request, Response, StatusCode};
+use throttler::KeyedRateLimiter;
+use throttler::clock::{Clock, FakeClock};
+use throttler::http::{ClientIp, Global, Header, PeerIp, RateLimitLayer, TrustedProxies};
+use tower_layer::Layer;
+use tower_service::Service;
+
+/// An HTTP service that answers 200 at once and counts its calls.
+#[derive(Clone, Default)]
+struct Ok200(Arc<AtomicU32>);
+
+impl Service<Request<()>> for Ok200 {
+    type Response = Response<String>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Response<String>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<()>) -> Self::Future {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        std::future::ready(Ok(Response::new("ok".to_owned())))
+    }
+}
+
+fn keyed<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static>(
+    clock: &FakeClock,
+) -> Arc<KeyedRateLimiter<K, FakeClock>> {
+    Arc::new(
+        KeyedRateLimiter::builder()
+            .permits_per_second(10.0)
+            .max_burst(Duration::ZERO)
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    )
+}
+
+/// A request from `peer` (as a server stores the peer's address) with
+/// `headers`.
+fn from(peer: &str, headers: &[(&str, &str)]) -> Request<()> {
+    let mut request = Request::new(());
+    let peer: SocketAddr = format!("{peer}:40000").parse().unwrap();
+    request.extensions_mut().insert(peer);
+    for (name, value) in headers {
+        request.headers_mut().append(
+            ::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            value.parse().unwrap(),
+        );
+    }
+    request
+}
+
+async fn send<S: Service<Request<()>, Response = Response<String>>>(
+    service: &mut S,
+    request: Request<()>,
+) -> Response<String>
+where
+    S::Error: std::fmt::Debug,
+{
+    poll_fn(|cx| service.poll_ready(cx)).await.unwrap();
+    service.call(request).await.unwrap()
+}
+
+fn retry_after(response: &Response<String>) -> Option<&str> {
+    response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap())
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn each_client_gets_its_own_rate_and_forged_headers_change_nothing() {
+    let clock = FakeClock::new();
+    let inner = Ok200::default();
+    let client_ip = ClientIp {
+        peer: PeerIp::from_extension(|peer: &SocketAddr| peer.ip()),
+        proxies: TrustedProxies::new(["10.0.0.0/8"]).unwrap(),
+    };
+    let mut service = RateLimitLayer::new(keyed::<IpAddr>(&clock), client_ip).layer(inner.clone());
+    // A direct client: its first request goes, its second is refused with
+    // Retry-After rounded up (100 ms: 1 s).
+    let direct = send(&mut service, from("198.51.100.1", &[])).await;
+    assert_eq!(direct.status(), StatusCode::OK);
+    let refused = send(&mut service, from("198.51.100.1", &[])).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(retry_after(&refused), Some("1"));
+    // Forging X-Forwarded-For from outside the proxies does not make a new key.
+    let forged = from("198.51.100.1", &[("x-forwarded-for", "7.7.7.7")]);
+    assert_eq!(
+        send(&mut service, forged).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Through a trusted proxy: the client it reports is the key, and what
+    // the client wrote to its left is ignored.
+    let proxied = from("10.0.0.5", &[("x-forwarded-for", "203.0.113.7")]);
+    assert_eq!(send(&mut service, proxied).await.status(), StatusCode::OK);
+    let again = from("10.0.0.5", &[("x-forwarded-for", "6.6.6.6, 203.0.113.7")]);
+    assert_eq!(
+        send(&mut service, again).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // The inner service saw the two granted requests only, and nobody waited.
+    assert_eq!(inner.0.load(Ordering::Relaxed), 2);
+    assert_eq!(clock.now(), Duration::ZERO);
+    // A refusal reserved nothing: once the interval passes, it goes.
+    clock.advance(Duration::from_millis(100));
+    let later = send(&mut service, from("198.51.100.1", &[])).await;
+    assert_eq!(later.status(), StatusCode::OK);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_bounded_wait_waits_within_it_and_refuses_past_it() {
+    let clock = FakeClock::new();
+    let limiter = keyed::<IpAddr>(&clock);
+    let peer = PeerIp::from_extension(|peer: &SocketAddr| peer.ip());
+    let layer =
+        RateLimitLayer::new(Arc::clone(&limiter), peer).max_wait(Duration::from_millis(150));
+    let mut service = layer.layer(Ok200::default());
+    let client = || from("192.0.2.1", &[]);
+    for _ in 0..2 {
+        assert_eq!(send(&mut service, client()).await.status(), StatusCode::OK);
+    }
+    // The second waited its 100 ms.
+    assert_eq!(clock.now(), Duration::from_millis(100));
+    // Another caller of the key takes the next permit: the next request
+    // would wait 200 ms, past the bound: refused, reserving nothing.
+    limiter.reserve(&"192.0.2.1".parse().unwrap(), 1).unwrap();
+    let refused = send(&mut service, client()).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(retry_after(&refused), Some("1"));
+    assert_eq!(clock.now(), Duration::from_millis(100));
+    // 60 ms later it would wait 140 ms: within the bound, it waits.
+    clock.advance(Duration::from_millis(60));
+    assert_eq!(send(&mut service, client()).await.status(), StatusCode::OK);
+    assert_eq!(clock.now(), Duration::from_millis(300));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn header_global_and_missing_keys() {
+    let clock = FakeClock::new();
+    let by_header = Header(::http::HeaderName::from_static("x-api-key"));
+    let mut service =
+        RateLimitLayer::new(keyed::<String>(&clock), by_header).layer(Ok200::default());
+    let with = |key: &str| from("192.0.2.1", &[("x-api-key", key)]);
+    assert_eq!(send(&mut service, with("a")).await.status(), StatusCode::OK);
+    assert_eq!(send(&mut service, with("b")).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&mut service, with("a")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Requests without the header share one key.
+    assert_eq!(
+        send(&mut service, from("192.0.2.1", &[])).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&mut service, from("192.0.2.2", &[])).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // One key for all.
+    let mut global = RateLimitLayer::new(keyed::<()>(&clock), Global).layer(Ok200::default());
+    assert_eq!(
+        send(&mut global, from("192.0.2.1", &[])).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&mut global, from("192.0.2.2", &[])).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // No peer address where the extractor looks: a server error, not a
+    // request let through unlimited.
+    let peer = PeerIp::from_extension(|peer: &SocketAddr| peer.ip());
+    let inner = Ok200::default();
+    let mut service = RateLimitLayer::new(keyed::<IpAddr>(&clock), peer).layer(inner.clone());
+    let response = send(&mut service, Request::new(())).await;
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(inner.0.load(Ordering::Relaxed), 0);
+}
+
+/// What axum's `Router::layer` asks of the layered service.
+#[test]
+fn the_service_fits_a_router() {
+    fn fits<S>(_: &S)
+    where
+        S: Service<Request<()>> + Clone + Send + Sync + 'static,
+        S::Future: Send + 'static,
+    {
+    }
+    let clock = FakeClock::new();
+    let peer = PeerIp::from_extension(|peer: &SocketAddr| peer.ip());
+    fits(&RateLimitLayer::new(keyed::<IpAddr>(&clock), peer).layer(Ok200::default()));
+}
