@@ -392,6 +392,11 @@ impl<L, X> RateLimitLayer<L, X> {
     /// it reserves nothing, and the inner service is not called. A
     /// limiter that fails (Redis down with `Fallback::FailClosed`) answers
     /// `503 Service Unavailable`.
+    ///
+    /// Cancel-safe: dropping the response future (the client hung up)
+    /// gives back the permit it waits for or holds, as dropping
+    /// [`try_acquire`](KeyedLimiter::try_acquire) does; once the inner
+    /// service is called, the permit is used.
     pub fn new(limiter: L, extractor: X) -> Self {
         RateLimitLayer {
             limiter,

@@ -412,13 +412,7 @@ fn several_command(
 fn decode(value: Value) -> Option<Reply> {
     match value {
         Value::Array(items) => {
-            let ints: Vec<i64> = items
-                .iter()
-                .map(|item| match item {
-                    Value::Int(n) => Some(*n),
-                    _ => None,
-                })
-                .collect::<Option<_>>()?;
+            let ints = integers(&items)?;
             let at = |i: usize| ints.get(i).copied();
             let micros = |i: usize| at(i).and_then(|n| u64::try_from(n).ok());
             match ints.len() {
@@ -429,17 +423,7 @@ fn decode(value: Value) -> Option<Reply> {
                     token: None,
                     limit: 0,
                 }),
-                5 => {
-                    let granted = at(0)? == 1;
-                    let id = at(3)?;
-                    let wait = Duration::from_micros(micros(1)?);
-                    Some(Reply {
-                        wait: granted.then_some(wait),
-                        debt_micros: micros(4)?,
-                        token: (id >= 0).then(|| Token(id.to_string().into_bytes().into())),
-                        limit: usize::try_from(at(2)?).unwrap_or(0),
-                    })
-                }
+                5 => several_reply([at(0)?, at(1)?, at(2)?, at(3)?], micros(4)?),
                 _ => None,
             }
         }
@@ -514,27 +498,36 @@ fn decode_batch(value: Value, n: usize, several: bool) -> Option<Vec<Reply>> {
     if items.len() != 4 * n + 1 {
         return None;
     }
-    let ints: Vec<i64> = items
+    let ints = integers(&items)?;
+    let debt_micros = u64::try_from(ints[4 * n]).ok()?;
+    ints[..4 * n]
+        .chunks_exact(4)
+        .map(|reply| several_reply(reply.try_into().ok()?, debt_micros))
+        .collect()
+}
+
+/// Every item of a reply array, as an integer; `None` if one is not.
+fn integers(items: &[Value]) -> Option<Vec<i64>> {
+    items
         .iter()
         .map(|item| match item {
             Value::Int(n) => Some(*n),
             _ => None,
         })
-        .collect::<Option<_>>()?;
-    let debt_micros = u64::try_from(ints[4 * n]).ok()?;
-    ints[..4 * n]
-        .chunks_exact(4)
-        .map(|reply| {
-            let [granted, wait, bound, id] = reply.try_into().ok()?;
-            let wait = Duration::from_micros(u64::try_from(wait).ok()?);
-            Some(Reply {
-                wait: (granted == 1).then_some(wait),
-                debt_micros,
-                token: (id >= 0).then(|| Token(id.to_string().into_bytes().into())),
-                limit: usize::try_from(bound).unwrap_or(0),
-            })
-        })
         .collect()
+}
+
+/// One request's reply from the several-limits script: granted (1 or 0),
+/// wait, the limit that bound it, and its id (-1: none), with the key's
+/// debt.
+fn several_reply([granted, wait, bound, id]: [i64; 4], debt_micros: u64) -> Option<Reply> {
+    let wait = Duration::from_micros(u64::try_from(wait).ok()?);
+    Some(Reply {
+        wait: (granted == 1).then_some(wait),
+        debt_micros,
+        token: (id >= 0).then(|| Token(id.to_string().into_bytes().into())),
+        limit: usize::try_from(bound).unwrap_or(0),
+    })
 }
 
 /// Whether `error` says the key or the call is wrong (someone else's data

@@ -48,6 +48,18 @@ fn limiter(clock: &FakeClock) -> Arc<RateLimiter<FakeClock>> {
     )
 }
 
+/// The same, one rate per key.
+fn keyed_limiter(clock: &FakeClock) -> Arc<KeyedRateLimiter<u32, FakeClock>> {
+    Arc::new(
+        KeyedRateLimiter::builder()
+            .permits_per_second(10.0)
+            .max_burst(Duration::ZERO)
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    )
+}
+
 async fn ready<S: Service<u32>>(service: &mut S) -> Result<(), S::Error> {
     poll_fn(|cx| service.poll_ready(cx)).await
 }
@@ -143,14 +155,7 @@ async fn the_rejecting_mode_answers_at_once_with_the_wait() {
 #[tokio::test(flavor = "current_thread")]
 async fn the_keyed_mode_limits_each_key_alone() {
     let clock = FakeClock::new();
-    let keyed = Arc::new(
-        KeyedRateLimiter::<u32>::builder()
-            .permits_per_second(10.0)
-            .max_burst(Duration::ZERO)
-            .clock(clock.clone())
-            .build()
-            .unwrap(),
-    );
+    let keyed = keyed_limiter(&clock);
     // The key is the request's parity.
     let mut service =
         RateLimitLayer::keyed(keyed, |request: &u32| request % 2).layer(Counter::default());
@@ -250,14 +255,7 @@ async fn a_bounded_wait_refuses_past_the_bound_and_waits_within_it() {
 #[tokio::test(flavor = "current_thread")]
 async fn the_keyed_layer_refuses_per_key() {
     let clock = FakeClock::new();
-    let keyed = Arc::new(
-        KeyedRateLimiter::<u32>::builder()
-            .permits_per_second(10.0)
-            .max_burst(Duration::ZERO)
-            .clock(clock.clone())
-            .build()
-            .unwrap(),
-    );
+    let keyed = keyed_limiter(&clock);
     let counter = Counter::default();
     let parity = |request: &u32| request % 2;
     let mut rejecting = RateLimitLayer::keyed(Arc::clone(&keyed), parity)
