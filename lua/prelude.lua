@@ -40,7 +40,7 @@ if #KEYS ~= 1 then
         .. #KEYS .. '); call with KEYS[1] = limiter key')
 end
 if nargs ~= 6 and nargs ~= 7 then
-    return redis.error_reply('ERR throttler: expected 6 or 7 arguments: permits|probe|resume|cancel, '
+    return redis.error_reply('ERR throttler: expected 6 or 7 arguments: permits|probe|resume|cancel|batch|status, '
         .. 'timeout_micros|debt_micros|token, permits_per_second, policy, '
         .. 'max_burst_micros|warmup_micros, cold_factor[, now_micros] (got ' .. nargs .. ')')
 end
@@ -66,13 +66,13 @@ else
     if n and n >= 0 and n <= MAX_MICROS and n % 1 == 0 and held ~= false then
         permits = n
     elseif not n and (permits == 'probe' or permits == 'resume' or permits == 'cancel'
-            or permits == 'batch') then
+            or permits == 'batch' or permits == 'status') then
         mode = permits
         permits = nil
     else
         return redis.error_reply(string.format(BAD,
             'ARGV[1] must be the permits to reserve, an integer from 1 to 2^53 (followed by + '
-            .. 'if the reservation may be given back), 0 to query, or probe, resume, cancel or batch',
+            .. 'if the reservation may be given back), 0 to query, or probe, resume, cancel, batch or status',
             string.sub(tostring(argv[1]), 1, 40)))
     end
 end
@@ -121,7 +121,7 @@ if mode == 'batch' then
         return redis.error_reply(string.format(BAD, 'ARGV[2] of a batch must hold at least one request',
             string.sub(timeout_micros, 1, 40)))
     end
-elseif mode == nil or mode == 'probe' then
+elseif mode == nil or mode == 'probe' or mode == 'status' then
     if timeout_micros ~= '-1' then
         timeout_micros = tonumber(timeout_micros)
         if not (timeout_micros and timeout_micros >= -1 and timeout_micros % 1 == 0) then

@@ -1,5 +1,15 @@
 -- Part 4 of 5: the rate in force, then a reservation.
 
+-- STATUS: the key's state as read (a missing key as it starts), with the
+-- clock, writing nothing: six doubles, `now_micros, stored_permits,
+-- next_free_micros, next_free_fraction, rate, max_permits` (the rate and
+-- max_permits it was last charged at). The client takes it to the rate in
+-- force (src/core/snapshot.rs).
+if mode == 'status' then
+    return struct.pack('<dddddd', now_micros, stored_permits, next_free_micros, next_free_fraction,
+        old_rate, old_max)
+end
+
 -- State::set_rate, when the rate (or the configuration) changed. (Never for
 -- a cancel or a probe: their configuration is the key's.)
 if old_rate ~= permits_per_second or old_max ~= max_permits then

@@ -6,8 +6,9 @@
 -- docs/redis-protocol.md ("Several limits").
 --
 -- KEYS[1]: the key. ARGV[1]: permits to reserve (`n`, or `n+` for one its
--- caller may give back), 0 to query, `cancel`, `probe`, `resume` or
--- `batch` (ARGV[2] then holds the requests, see below).
+-- caller may give back), 0 to query, `cancel`, `probe`, `resume`,
+-- `status` (the state as read, see below) or `batch` (ARGV[2] then holds
+-- the requests, see below).
 -- ARGV[2]: the timeout in µs (-1: none); for a cancel, the id a
 -- reservation's reply gave; for a resume, each limit's debt in µs, joined
 -- by commas (the key's stored permits are dropped and each ticket moves by
@@ -56,7 +57,8 @@ if permits == '1' then
     permits = 1
 elseif permits == '1+' then
     permits, held = 1, true
-elseif permits == 'cancel' or permits == 'probe' or permits == 'resume' or permits == 'batch' then
+elseif permits == 'cancel' or permits == 'probe' or permits == 'resume' or permits == 'batch'
+        or permits == 'status' then
     mode, permits = permits, nil
 else
     if string.byte(permits, -1) == 43 then permits, held = string.sub(permits, 1, -2), true end
@@ -326,6 +328,20 @@ local function fold_oldest()
     first = first + 1
 end
 while first <= count and log_moment[first] <= now do fold_oldest() end
+
+-- A status writes nothing: the clock, then each limit's state as read (a
+-- limit not in the value as it starts), five doubles each: stored
+-- permits, ticket, its fraction, the rate and max_permits it was last
+-- charged at.
+if mode == 'status' then
+    local fields = {now}
+    for i = 1, n do
+        local k = 5 * (i - 1) + 1
+        fields[k + 1], fields[k + 2], fields[k + 3], fields[k + 4], fields[k + 5] =
+            st[i], nf[i], fr[i], old_rate[i], old_max[i]
+    end
+    return struct.pack('<' .. string.rep('d', 1 + 5 * n), unpack(fields))
+end
 
 -- A query writes nothing.
 if permits == 0 then

@@ -143,6 +143,7 @@ pub mod stream;
 pub mod tower;
 
 pub use builder::{Builder, DEFAULT_COLD_FACTOR, Limit};
+pub use core::Snapshot;
 pub use error::{BackendError, Error};
 pub use keyed::{KeyedBuilder, KeyedRateLimiter, KeyedStats};
 pub use limiter::{KeyedLimiter, Limiter};

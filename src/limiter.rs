@@ -7,7 +7,7 @@ use async_trait::async_trait;
 
 use crate::clock::Clock;
 use crate::store::{Direct, Keyed, NoKey, Rate, Store};
-use crate::{Error, Reservation};
+use crate::{Error, Reservation, Snapshot};
 
 /// A rate limiter, in this process or shared through a backend.
 ///
@@ -71,6 +71,25 @@ pub trait Limiter: Send + Sync {
     /// # Errors
     /// A backend's errors.
     async fn available_in(&self) -> Result<Duration, Error>;
+
+    /// What the limiter holds now, read without reserving: how many
+    /// requests would go at once, the wait, the rate and the burst (see
+    /// [`Snapshot`]). A Redis limiter reads it in one round trip, on the
+    /// server's clock; with several limits, it is the binding limit's.
+    ///
+    /// Provided: [`Snapshot::from_wait`] of
+    /// [`available_in`](Self::available_in) and the rate (nothing stored,
+    /// no burst). The limiters of this crate read their state.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it reserves nothing.
+    ///
+    /// # Errors
+    /// A backend's errors.
+    async fn snapshot(&self) -> Result<Snapshot, Error> {
+        Ok(Snapshot::from_wait(self.available_in().await?, self.rate()))
+    }
 
     /// Changes the rate.
     ///
@@ -234,6 +253,27 @@ pub trait KeyedLimiter<K: Sync>: Send + Sync {
     /// A backend's errors.
     async fn available_in(&self, key: &K) -> Result<Duration, Error>;
 
+    /// What `key` holds now, read without reserving (see [`Snapshot`]); a
+    /// key not held reads as a new key would. A Redis limiter reads it in
+    /// one round trip, on the server's clock.
+    ///
+    /// Provided: [`Snapshot::from_wait`] of
+    /// [`available_in`](Self::available_in) and the rate. The limiters of
+    /// this crate read their state.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it reserves nothing.
+    ///
+    /// # Errors
+    /// A backend's errors.
+    async fn snapshot(&self, key: &K) -> Result<Snapshot, Error> {
+        Ok(Snapshot::from_wait(
+            self.available_in(key).await?,
+            self.rate(),
+        ))
+    }
+
     /// Changes the rate of every key.
     ///
     /// # Errors
@@ -333,6 +373,10 @@ impl<T: Direct> Limiter for T {
         Store::available_in(self.store(), &NoKey).await
     }
 
+    async fn snapshot(&self) -> Result<Snapshot, Error> {
+        Store::snapshot(self.store(), &NoKey).await
+    }
+
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
         Rate::set_rate(self.store(), permits_per_second)
     }
@@ -387,6 +431,10 @@ impl<K: Sync, T: Keyed<K>> KeyedLimiter<K> for T {
 
     async fn available_in(&self, key: &K) -> Result<Duration, Error> {
         Store::available_in(self.store(), key).await
+    }
+
+    async fn snapshot(&self, key: &K) -> Result<Snapshot, Error> {
+        Store::snapshot(self.store(), key).await
     }
 
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {

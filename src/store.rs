@@ -15,8 +15,8 @@
 //! [`try_reservation`](Store::try_reservation), [`acquire`](Store::acquire),
 //! [`try_acquire`](Store::try_acquire),
 //! [`acquire_blocking`](Store::acquire_blocking),
-//! [`try_acquire_blocking`](Store::try_acquire_blocking) and
-//! [`available_in`](Store::available_in). The in-process limiters offer the
+//! [`try_acquire_blocking`](Store::try_acquire_blocking),
+//! [`available_in`](Store::available_in) and [`snapshot`](Store::snapshot). The in-process limiters offer the
 //! ones that do not sleep as plain functions too, through [`Now`]. The
 //! [`Limiter`](crate::Limiter) and [`KeyedLimiter`](crate::KeyedLimiter)
 //! traits are implemented once, for every type that is [`Direct`] or
@@ -30,7 +30,7 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::error::check_permits;
 use crate::reservation::wait_if_granted;
-use crate::{Error, Reservation};
+use crate::{Error, Reservation, Snapshot};
 
 /// The key of a limiter with one state: a limiter with no key is a keyed
 /// limiter over this one key.
@@ -96,6 +96,9 @@ pub trait Store<Q: ?Sized + Sync>: Rate {
 
     /// How long a request of `key` made now would wait.
     fn next_free(&self, key: &Q) -> impl Future<Output = Result<Duration, Error>> + Send;
+
+    /// What `key` holds now, read without reserving.
+    fn snapshot(&self, key: &Q) -> impl Future<Output = Result<Snapshot, Error>> + Send;
 
     /// Takes `permits` if they are free now, without I/O (see
     /// [`Limiter::take_if_free`](crate::Limiter::take_if_free)); `None` if
@@ -269,6 +272,9 @@ pub trait Now<Q: ?Sized + Sync>: Rate {
     /// [`Store::next_free`], at once.
     fn next_free_now(&self, key: &Q) -> Duration;
 
+    /// [`Store::snapshot`], at once.
+    fn snapshot_now(&self, key: &Q) -> Snapshot;
+
     /// [`Store::take_if_free`].
     fn take_if_free_now(&self, key: &Q, permits: u32) -> Option<Result<bool, Error>> {
         let _ = (key, permits);
@@ -365,6 +371,10 @@ macro_rules! in_process_store {
 
     fn take_if_free(&self, key: &$q, permits: u32) -> Option<Result<bool, $crate::Error>> {
         $crate::store::Now::take_if_free_now(self, key, permits)
+    }
+
+    fn snapshot(&self, key: &$q) -> impl ::std::future::Future<Output = Result<$crate::Snapshot, $crate::Error>> + Send {
+        ::std::future::ready(Ok($crate::store::Now::snapshot_now(self, key)))
     }
 }
     };

@@ -147,6 +147,7 @@ mod bursty;
 mod give_back;
 mod ledger;
 mod limits;
+mod snapshot;
 mod warming_up;
 
 pub use bursty::Bursty;
@@ -156,6 +157,7 @@ pub use give_back::{GiveBack, Reserved};
 #[doc(hidden)]
 pub use ledger::Ledger;
 pub use limits::{Granted, LOG_CAPACITY, Limits};
+pub use snapshot::Snapshot;
 pub use warming_up::WarmingUp;
 
 use std::fmt;

@@ -7,7 +7,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use super::KeyedRateLimiter;
+use crate::Snapshot;
 use crate::clock::Clock;
+use crate::core::State;
 
 /// # For a Redis limiter's fallback
 ///
@@ -31,6 +33,28 @@ where
         }
         let next_free = self.shard(key).read().next_free(key, read);
         Duration::from_micros(next_free.saturating_sub(read))
+    }
+
+    /// What `key` holds now (a key not held: as it would start).
+    pub(crate) fn snapshot_of<Q>(&self, key: &Q) -> Snapshot
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let read = self.clock.now_micros();
+        if let Some(several) = &self.several {
+            return several.snapshot_of(key, read);
+        }
+        self.shard(key).read().snapshot_of(key, read)
+    }
+
+    /// Each configured limit as a state (the rate in force, nothing
+    /// stored): what a snapshot read elsewhere (in Redis) is taken under.
+    pub(crate) fn templates(&self) -> Vec<State> {
+        if let Some(several) = &self.several {
+            return several.templates();
+        }
+        vec![self.shards[0].0.read().template().clone()]
     }
 
     /// The ticket of `key` (µs on the clock), if it is held.

@@ -25,7 +25,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::core::{Policy, State, stable_interval_micros};
 use crate::reservation::{GiveBackTo, Pending, Taken};
 use crate::store::{Now, Store};
-use crate::{Error, Reservation};
+use crate::{Error, Reservation, Snapshot};
 
 /// One rate limiter per key (user, tenant, API key or client address), in
 /// one object, with memory that follows the active keys.
@@ -559,6 +559,20 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
         Ok(self.wait_of(key))
+    }
+
+    /// What `key` holds now, read without reserving (see [`Snapshot`]): a
+    /// key not held reads as a new key starts, full.
+    ///
+    /// # Errors
+    /// None from this limiter: the `Result` is the one every limiter
+    /// returns.
+    pub fn snapshot<Q>(&self, key: &Q) -> Result<Snapshot, Error>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
+    {
+        Ok(self.snapshot_of(key))
     }
 }
 

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::shard::Dropped;
+use crate::Snapshot;
 use crate::core::{Granted, InvalidRate, Limits, State, stable_interval_micros};
 
 /// The fewest entries from which a shard sweeps because it doubled.
@@ -233,6 +234,28 @@ impl<K: Hash + Eq + Clone> Several<K> {
         {
             entry.limits.give_back(ticket.id, now);
         }
+    }
+
+    /// What `key` holds at `now` (a key not held: full, or empty for a
+    /// fallback).
+    pub(super) fn snapshot_of<Q>(&self, key: &Q, now: u64) -> Snapshot
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let shard = self.shard(key);
+        match shard.keys.get(key) {
+            Some(entry) => Snapshot::of_limits(&entry.limits, now),
+            None => {
+                drop(shard);
+                Snapshot::of_limits(&self.fresh(now), now)
+            }
+        }
+    }
+
+    /// Every limit's configuration, at the rates in force.
+    pub(super) fn templates(&self) -> Vec<State> {
+        lock(&self.template).clone()
     }
 
     /// How long a request of `key` made at `now` would wait, µs.

@@ -8,7 +8,7 @@ use super::KeyedRateLimiter;
 use crate::clock::Clock;
 use crate::core::micros;
 use crate::store::{Keyed, Now, Rate, in_process_store};
-use crate::{Error, Reservation};
+use crate::{Error, Reservation, Snapshot};
 
 /// A timeout in µs for the shards: `u64::MAX` is no timeout.
 fn timeout_micros(timeout: Option<Duration>) -> u64 {
@@ -38,6 +38,10 @@ where
 
     fn next_free_now(&self, key: &Q) -> Duration {
         self.wait_of(key)
+    }
+
+    fn snapshot_now(&self, key: &Q) -> Snapshot {
+        self.snapshot_of(key)
     }
 }
 

@@ -20,13 +20,13 @@ use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use crate::Error;
 use crate::builder::Builder;
 use crate::clock::{Clock, SystemClock};
 use crate::core::{Ledger, Limits, State, micros, stable_interval_micros};
 use crate::error::check_permits;
 use crate::reservation::{GiveBackTo, Pending, Reservation, Taken};
 use crate::store::{Direct, NoKey, Now, Rate, Store, in_process_store};
+use crate::{Error, Snapshot};
 
 use outcome::{Grant, Outcome};
 use word::{Encoded, Quick, Slot, Step};
@@ -363,7 +363,7 @@ impl<C: Clock> RateLimiter<C> {
     }
 
     /// The state now, for `Debug`.
-    fn snapshot(&self) -> State {
+    fn state_now(&self) -> State {
         let locked = self.lock();
         let current = self.word.0.load(Acquire);
         if word::is_mutex(current) {
@@ -505,6 +505,17 @@ impl<C: Clock> RateLimiter<C> {
     pub fn available_in(&self) -> Result<Duration, Error> {
         Ok(self.next_free_now(&NoKey))
     }
+
+    /// What the limiter holds now, read without reserving: the requests
+    /// that would go at once, the wait, the rate and the burst (see
+    /// [`Snapshot`]); with several limits, the binding one's.
+    ///
+    /// # Errors
+    /// None from this limiter: the `Result` is the one every limiter
+    /// returns.
+    pub fn snapshot(&self) -> Result<Snapshot, Error> {
+        Ok(self.snapshot_now(&NoKey))
+    }
 }
 
 impl<C: Clock> Now<NoKey> for RateLimiter<C> {
@@ -532,6 +543,20 @@ impl<C: Clock> Now<NoKey> for RateLimiter<C> {
 
     fn next_free_now(&self, _: &NoKey) -> Duration {
         Duration::from_micros(self.next_free_micros())
+    }
+
+    fn snapshot_now(&self, _: &NoKey) -> Snapshot {
+        let locked = self.lock();
+        let now = self.clock.now_micros();
+        if let Some(limits) = &locked.limits {
+            return Snapshot::of_limits(limits, now);
+        }
+        let current = self.word.0.load(Acquire);
+        if word::is_mutex(current) {
+            Snapshot::of(&locked.state, now, 0)
+        } else {
+            Snapshot::of(&self.state_at(&locked.state, current, now), now, 0)
+        }
     }
 
     fn take_if_free_now(&self, _: &NoKey, permits: u32) -> Option<Result<bool, Error>> {
@@ -673,7 +698,7 @@ impl<C: Clock> fmt::Debug for RateLimiter<C> {
                 .finish_non_exhaustive(),
             None => f
                 .debug_struct("RateLimiter")
-                .field("state", &self.snapshot())
+                .field("state", &self.state_now())
                 .finish_non_exhaustive(),
         }
     }

@@ -11,7 +11,7 @@ use redis::RedisResult;
 
 use super::backend::{Backend, ProbeTarget, Scope};
 use super::connection::Connection;
-use super::script::{self, Call, Reply, Request, ScriptArgs, Token};
+use super::script::{self, Call, Reply, Request, ScriptArgs, Stored, Token};
 use crate::Error;
 use crate::error::BackendError;
 
@@ -183,6 +183,24 @@ pub(crate) async fn send_batch(
     .await
 }
 
+/// The key's state as stored, with the server's clock, in one round trip
+/// (the scripts' `status` mode), as [`send`] makes one.
+pub(crate) async fn send_status(
+    backend: &Arc<Backend>,
+    target: &ProbeTarget,
+) -> Result<Stored, Failure> {
+    run(
+        backend,
+        target,
+        false,
+        None,
+        move |mut connection, key, args, rate| async move {
+            script::invoke_status(&mut connection, &key, rate, &args).await
+        },
+    )
+    .await
+}
+
 /// What a round trip's reply holds that a give-back takes back.
 trait Tokens: Send + 'static {
     fn tokens(self) -> Vec<Token>;
@@ -191,6 +209,12 @@ trait Tokens: Send + 'static {
 impl Tokens for Reply {
     fn tokens(self) -> Vec<Token> {
         self.token.into_iter().collect()
+    }
+}
+
+impl Tokens for Stored {
+    fn tokens(self) -> Vec<Token> {
+        Vec::new()
     }
 }
 

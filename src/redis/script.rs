@@ -123,6 +123,9 @@ pub(crate) enum Call {
     /// Reservations applied in order at one clock reading, as the same
     /// calls one by one would be (see [`invoke_batch`]).
     Batch(Box<[Request]>),
+    /// Read the key's state as stored, with the server's clock (see
+    /// [`invoke_status`]); write nothing.
+    Status,
 }
 
 /// A reservation: `permits`; with a timeout, only if the wait fits in it.
@@ -245,6 +248,83 @@ pub(crate) async fn invoke_batch(
     decode_batch(value, requests.len(), args.several.is_some()).ok_or_else(unexpected)
 }
 
+/// A key's state as the scripts' `status` mode reads it: the server's
+/// clock, and per limit the state as stored (a limit not stored as it
+/// starts), at the rate and `max_permits` it was last charged at.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Stored {
+    pub(crate) now_micros: u64,
+    pub(crate) limits: Vec<StoredLimit>,
+}
+
+/// One limit of a [`Stored`] state.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct StoredLimit {
+    pub(crate) stored_permits: f64,
+    pub(crate) next_free_micros: u64,
+    pub(crate) next_free_fraction: u32,
+    pub(crate) rate: f64,
+    pub(crate) max_permits: f64,
+}
+
+/// Runs the script's `status` mode (one round trip, as [`invoke`]) and
+/// decodes its reply: doubles, the clock and then five per limit.
+pub(crate) async fn invoke_status(
+    connection: &mut Connection,
+    key: &str,
+    permits_per_second: f64,
+    args: &ScriptArgs,
+) -> RedisResult<Stored> {
+    let limits = args.several.as_ref().map_or(1, |several| several.len());
+    match evaluate(connection, key, &Call::Status, permits_per_second, args).await? {
+        Value::BulkString(bytes) => decode_status(&bytes, limits).ok_or_else(unexpected),
+        _ => Err(unexpected()),
+    }
+}
+
+/// A `status` reply of `limits` limits; `None` unless every number is one
+/// the scripts keep (whole µs below 2^53, a fraction below 2^20, permits
+/// within `0..=max_permits`, a positive rate).
+fn decode_status(bytes: &[u8], limits: usize) -> Option<Stored> {
+    if bytes.len() != 8 * (1 + 5 * limits) {
+        return None;
+    }
+    let numbers: Vec<f64> = bytes
+        .chunks_exact(8)
+        .map(|chunk| f64::from_le_bytes(chunk.try_into().expect("8 bytes")))
+        .collect();
+    let max = crate::core::MAX_MICROS as f64;
+    let whole = |x: f64, end: f64| (0.0..=end).contains(&x) && x.fract() == 0.0;
+    if !whole(numbers[0], max) {
+        return None;
+    }
+    let limits = numbers[1..]
+        .chunks_exact(5)
+        .map(|fields| {
+            let [stored, next_free, fraction, rate, max_permits] = fields.try_into().ok()?;
+            let valid = whole(next_free, max)
+                && whole(
+                    fraction,
+                    f64::from((1u32 << crate::core::FRACTION_BITS) - 1),
+                )
+                && rate > 0.0
+                && (0.0..f64::INFINITY).contains(&max_permits)
+                && (0.0..=max_permits).contains(&stored);
+            valid.then_some(StoredLimit {
+                stored_permits: stored,
+                next_free_micros: next_free as u64,
+                next_free_fraction: fraction as u32,
+                rate,
+                max_permits,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(Stored {
+        now_micros: numbers[0] as u64,
+        limits,
+    })
+}
+
 fn unexpected() -> redis::RedisError {
     redis::RedisError::from((
         ErrorKind::Parse,
@@ -333,6 +413,9 @@ fn call_args(cmd: &mut Cmd, call: &Call, limits: usize) {
         }
         Call::Probe => {
             cmd.arg("probe").arg("-1");
+        }
+        Call::Status => {
+            cmd.arg("status").arg("-1");
         }
         Call::Resume { debts_micros } if limits == 1 => {
             cmd.arg("resume")

@@ -985,3 +985,66 @@ fn threads_giving_back_on_the_same_keys_leave_each_key_owing_what_was_kept() {
         );
     }
 }
+
+/// A key's snapshot says how many requests go at once, and when: drained
+/// after each, exactly that many go (one more where a stored count sits a
+/// rounding below a whole one), then the next waits what it said.
+#[test]
+fn snapshots_say_what_goes_at_once() {
+    let clock = FakeClock::new();
+    let limiter = KeyedRateLimiter::<String>::builder()
+        .permits_per_second(10.0)
+        .max_burst(Duration::from_millis(800))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    // A key not held reads as full, and holds nothing after the read.
+    let fresh = limiter.snapshot("new").unwrap();
+    assert_eq!(
+        (fresh.remaining(), fresh.burst(), fresh.wait()),
+        (9, 9, Duration::ZERO)
+    );
+    assert_eq!(limiter.len(), 0);
+    let mut rng = Rng::new(7);
+    for step in 0..200 {
+        let key = format!("k{}", rng.below(3));
+        let snapshot = limiter.snapshot(&key).unwrap();
+        let mut granted = 0;
+        while limiter
+            .try_reserve(&key, 1, Duration::ZERO)
+            .unwrap()
+            .is_some()
+        {
+            granted += 1;
+        }
+        assert!(
+            granted == snapshot.remaining() || granted == snapshot.remaining() + 1,
+            "step {step}: {granted} went, {snapshot:?}"
+        );
+        let owed = limiter.snapshot(&key).unwrap();
+        assert_eq!(owed.remaining(), 0);
+        assert_eq!(Some(owed.wait()), owed.wait_for(1));
+        assert_eq!(owed.wait(), limiter.available_in(&key).unwrap());
+        clock.advance(Duration::from_micros(rng.below(400_000)));
+    }
+    // Several limits: the binding one.
+    let several = KeyedRateLimiter::<String>::builder()
+        .limit(throttler::Limit::per_second(10.0).burst(4))
+        .limit(throttler::Limit::per_minute(3.0))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let fresh = several.snapshot("a").unwrap();
+    assert_eq!((fresh.remaining(), fresh.limit()), (4, 1));
+    for _ in 0..4 {
+        assert!(
+            several
+                .try_reserve("a", 1, Duration::ZERO)
+                .unwrap()
+                .is_some()
+        );
+    }
+    let owed = several.snapshot("a").unwrap();
+    assert_eq!((owed.remaining(), owed.limit()), (0, 1));
+    assert_eq!(owed.wait(), Duration::from_secs(20));
+}

@@ -24,3 +24,4 @@ mod proxy_harness;
 mod recovery;
 mod script;
 mod several;
+mod snapshot;

@@ -55,6 +55,7 @@ use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use crate::Snapshot;
 use crate::core::{GiveBack, Ledger, Reserved, State};
 use crate::local::word::{self, Config, Encoded, Slot, Step};
 
@@ -539,6 +540,19 @@ impl<K: Hash + Eq + Clone> Table<K> {
         let dropped = self.make_room(now);
         self.put(key, &state, now);
         (Some(result), dropped)
+    }
+
+    /// What `key` holds at `now` (a missing key: as it would start).
+    pub(super) fn snapshot_of<Q>(&self, key: &Q, now: u64) -> Snapshot
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let now = now.max(self.last_now);
+        match held_entry(&self.words, &self.states, self.config.as_ref(), key, now) {
+            Some(entry) => Snapshot::of(&entry.state(&self.template), now, 0),
+            None => Snapshot::of(&self.full_state(now), now, 0),
+        }
     }
 
     /// The ticket of `key` (`now` for a missing key).

@@ -86,6 +86,30 @@ where
         Ok(Ok(Duration::from_micros(until.saturating_sub(now))))
     }
 
+    /// What `key` holds while its part of Redis is down: the fallback's
+    /// state if it holds the key; otherwise nothing stored and its floor
+    /// to wait for (nothing is opened). Failing open, every request goes.
+    pub(super) fn snapshot_locally<'a, Q>(
+        &'a self,
+        key: &Q,
+        failure: Option<BackendError>,
+    ) -> Result<Result<Snapshot, Error>, Carried<'a>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let wait = match self.query_locally(key, failure)? {
+            Ok(wait) => wait,
+            Err(error) => return Ok(Err(error)),
+        };
+        let snapshot = match self.fallback {
+            Fallback::Local if self.local.ticket(key).is_some() => self.local.snapshot_of(key),
+            Fallback::FailOpen => Snapshot::from_wait(Duration::ZERO, f64::INFINITY),
+            _ => Snapshot::from_wait(wait, self.rate()),
+        };
+        Ok(Ok(snapshot))
+    }
+
     /// The fallback holds keys from now on: the backend tells this limiter
     /// when Redis recovers, so that they go back even if never called.
     pub(super) fn activate(&self) {

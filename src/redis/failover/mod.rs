@@ -52,16 +52,16 @@ use super::backend::{Backend, ProbeTarget, Recover};
 use super::coalesce::{self, Coalescer, Joined};
 use super::health::Zone;
 use super::naming;
-use super::round_trip::{Canceller, Failure, send};
+use super::round_trip::{Canceller, Failure, send, send_status};
 use super::runtime::blocking_section;
-use super::script::{Call, Reply, Request, ScriptArgs, Token};
+use super::script::{Call, Reply, Request, ScriptArgs, Stored, Token};
 use crate::clock::Clock;
 use crate::core::{Policy, State, stable_interval_micros};
 use crate::error::BackendError;
 use crate::keyed::Mode;
 use crate::reservation::{GiveBackTo, Pending, Taken};
 use crate::store::{Now, Rate, Store};
-use crate::{Error, KeyedRateLimiter, Reservation};
+use crate::{Error, KeyedRateLimiter, Reservation, Snapshot};
 
 /// Where a limiter's keys live in Redis.
 pub(crate) enum Naming {
@@ -422,6 +422,56 @@ where
         }
     }
 
+    /// What `key` holds now, from Redis (one round trip, on its clock) or
+    /// the fallback.
+    async fn status<Q>(&self, key: &Q) -> Result<Snapshot, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
+    {
+        let target = self.target(key);
+        loop {
+            let failure = match self.route(key, &target).await {
+                Route::Redis => match send_status(&self.backend, &target).await {
+                    Ok(stored) => return Ok(self.snapshot_of(&stored)),
+                    Err(Failure::Refused(error)) => return Err(error),
+                    Err(Failure::Down(failure)) => failure,
+                },
+                Route::Local(failure) => failure,
+            };
+            match self.snapshot_locally(key, failure) {
+                Ok(result) => return result,
+                Err(carried) => self.await_carry(carried).await,
+            }
+        }
+    }
+
+    /// A state read from Redis, under the limits in force.
+    fn snapshot_of(&self, stored: &Stored) -> Snapshot {
+        let now = stored.now_micros;
+        let templates = self.local.templates();
+        let snapshots =
+            stored
+                .limits
+                .iter()
+                .zip(&templates)
+                .enumerate()
+                .map(|(i, (limit, template))| {
+                    let state = Snapshot::stored_state(
+                        template,
+                        limit.stored_permits,
+                        limit.next_free_micros,
+                        limit.next_free_fraction,
+                        limit.rate,
+                        limit.max_permits,
+                        now,
+                    );
+                    Snapshot::of(&state, now, i)
+                });
+        Snapshot::binding(snapshots)
+            .unwrap_or_else(|| Snapshot::from_wait(Duration::ZERO, self.rate()))
+    }
+
     /// A granted reply, as a reservation that gives itself back if dropped.
     fn granted(&self, reply: Reply, target: &ProbeTarget) -> Option<Reservation<'_>> {
         let wait = reply.wait?;
@@ -545,6 +595,10 @@ where
 
     fn next_free(&self, key: &Q) -> impl Future<Output = Result<Duration, Error>> + Send {
         self.query(key)
+    }
+
+    fn snapshot(&self, key: &Q) -> impl Future<Output = Result<Snapshot, Error>> + Send {
+        self.status(key)
     }
 }
 

@@ -1,0 +1,362 @@
+//! What a limiter holds at one moment, read without reserving: [`Snapshot`].
+
+use std::time::Duration;
+
+use super::{Limits, MAX_MICROS, Policy, State};
+
+/// What a limiter (or one key of it) holds at one moment, read without
+/// reserving anything: its rate and burst, its stored permits and its debt.
+/// It answers what a client is told: how many requests would go now
+/// ([`remaining`](Self::remaining)), how long until one would
+/// ([`wait`](Self::wait)) or until `n` would ([`wait_for`](Self::wait_for)),
+/// and how long until the limiter is full again ([`full_in`](Self::full_in)).
+///
+/// Every limiter reads one with `snapshot()`: the local ones at once, a
+/// Redis limiter in one round trip, on the server's clock.
+///
+/// ```
+/// use std::time::Duration;
+/// use throttler::RateLimiter;
+/// use throttler::clock::FakeClock;
+///
+/// // 10 per second with a burst of 5 (half a second stored), idle.
+/// let clock = FakeClock::new();
+/// let limiter = RateLimiter::builder()
+///     .permits_per_second(10.0)
+///     .max_burst(Duration::from_millis(500))
+///     .clock(clock.clone())
+///     .build()?;
+/// clock.advance(Duration::from_secs(1));
+/// let now = limiter.snapshot()?;
+/// assert_eq!((now.remaining(), now.burst(), now.wait()), (6, 6, Duration::ZERO));
+///
+/// // Six requests go at once; the next one would wait 100 ms.
+/// for _ in 0..6 {
+///     assert!(limiter.try_reserve(1, Duration::ZERO)?.is_some());
+/// }
+/// let now = limiter.snapshot()?;
+/// assert_eq!((now.remaining(), now.wait()), (0, Duration::from_millis(100)));
+/// assert_eq!(now.wait_for(3), Some(Duration::from_millis(300)));
+/// assert_eq!(now.full_in(), Duration::from_millis(600));
+/// # Ok::<(), throttler::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Snapshot {
+    rate: f64,
+    max_stored: f64,
+    stored: f64,
+    wait_micros: u64,
+    bursty: bool,
+    /// Idle time per stored permit, µs.
+    cool_down_micros: f64,
+    limit: usize,
+}
+
+impl Snapshot {
+    /// The snapshot of `state` at `now_micros` (a state that has not seen
+    /// `now_micros` yet is resynced first, on a copy). `limit` is its index
+    /// among several.
+    pub fn of(state: &State, now_micros: u64, limit: usize) -> Snapshot {
+        let mut state = state.clone();
+        state.resync(now_micros);
+        Snapshot {
+            rate: state.permits_per_second,
+            max_stored: state.max_permits,
+            stored: state.stored_permits,
+            wait_micros: state.next_free_micros.saturating_sub(now_micros),
+            bursty: matches!(state.policy, Policy::Bursty(_)),
+            cool_down_micros: state
+                .policy
+                .cool_down_interval_micros(state.stable_interval_micros, state.max_permits),
+            limit,
+        }
+    }
+
+    /// The snapshot of several limits at `now_micros`: the one that binds
+    /// now, with the fewest requests remaining (of those, the longest wait,
+    /// then the longest until full). Its [`remaining`](Self::remaining) and
+    /// [`wait`](Self::wait) are those of all the limits together.
+    pub fn of_limits(limits: &Limits, now_micros: u64) -> Snapshot {
+        Snapshot::binding(
+            limits
+                .states()
+                .iter()
+                .enumerate()
+                .map(|(i, state)| Snapshot::of(state, now_micros, i)),
+        )
+        .expect("limits are never empty")
+    }
+
+    /// A limit's state as stored elsewhere (in Redis, charged last at
+    /// `rate` with `max_permits`), taken to `template`'s configuration (the
+    /// rate in force) at `now_micros` as the next reservation there would
+    /// take it: [`State::set_rate`] if either differs.
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn stored_state(
+        template: &State,
+        stored_permits: f64,
+        next_free_micros: u64,
+        next_free_fraction: u32,
+        rate: f64,
+        max_permits: f64,
+        now_micros: u64,
+    ) -> State {
+        let mut state = State::new(template.policy.clone(), rate, 0).unwrap_or(template.clone());
+        state.stored_permits = stored_permits;
+        state.max_permits = max_permits;
+        state.next_free_micros = next_free_micros;
+        state.next_free_fraction = next_free_fraction;
+        if rate != template.permits_per_second || max_permits != template.max_permits {
+            // Resyncs at the stored rate first; the policy's maximum is
+            // the template's.
+            if state
+                .set_rate(template.permits_per_second, now_micros)
+                .is_err()
+            {
+                return template.clone();
+            }
+        }
+        state
+    }
+
+    /// Of several limits' snapshots, the one that binds (see
+    /// [`of_limits`](Self::of_limits)); `None` if there are none.
+    pub fn binding(snapshots: impl IntoIterator<Item = Snapshot>) -> Option<Snapshot> {
+        snapshots.into_iter().min_by(|a, b| {
+            a.remaining()
+                .cmp(&b.remaining())
+                .then(b.wait_micros.cmp(&a.wait_micros))
+                .then(b.full_in().cmp(&a.full_in()))
+        })
+    }
+
+    /// What a limiter that knows only its wait and rate can tell: nothing
+    /// stored, no burst. (The default of the limiter traits' `snapshot`,
+    /// for limiters outside this crate.)
+    pub fn from_wait(wait: Duration, permits_per_second: f64) -> Snapshot {
+        let micros = super::micros(wait);
+        Snapshot {
+            rate: permits_per_second,
+            max_stored: 0.0,
+            stored: 0.0,
+            wait_micros: micros,
+            bursty: true,
+            cool_down_micros: super::stable_interval_micros(permits_per_second).unwrap_or(0.0),
+            limit: 0,
+        }
+    }
+
+    /// The stable rate, in permits per second.
+    pub fn rate(&self) -> f64 {
+        self.rate
+    }
+
+    /// Permits stored now (saved while idle), up to
+    /// [`max_stored`](Self::max_stored).
+    pub fn stored(&self) -> f64 {
+        self.stored
+    }
+
+    /// The most permits an idle limiter stores (bursty: its burst past the
+    /// one request that goes when nothing is owed; warming-up: the
+    /// permits of a cold limiter).
+    pub fn max_stored(&self) -> f64 {
+        self.max_stored
+    }
+
+    /// How long a request made now would wait (zero: it would go now).
+    pub fn wait(&self) -> Duration {
+        Duration::from_micros(self.wait_micros)
+    }
+
+    /// With several limits, which one this is (from 0, in the order they
+    /// were given); 0 with one.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// How many requests of one permit would go now, one after another,
+    /// without waiting: none while something is owed; otherwise, bursty,
+    /// one per whole stored permit and one more (whose cost the next
+    /// request pays); warming-up, one (a stored permit costs time there).
+    /// `u64::MAX` at an infinite rate. (Waits are whole microseconds: when
+    /// a request leaves less than one owed, which a permit costing under a
+    /// microsecond (above 10^6 per second) or a stored count a rounding
+    /// below a whole one does, one more goes than this says, or a few.)
+    pub fn remaining(&self) -> u64 {
+        if self.wait_micros > 0 {
+            0
+        } else {
+            self.at_most(self.stored)
+        }
+    }
+
+    /// How many requests of one permit a full, idle limiter lets through at
+    /// once: [`remaining`](Self::remaining) when [`stored`](Self::stored)
+    /// reaches [`max_stored`](Self::max_stored).
+    pub fn burst(&self) -> u64 {
+        self.at_most(self.max_stored)
+    }
+
+    /// How many requests of one permit go at once with `stored` permits
+    /// stored and nothing owed.
+    fn at_most(&self, stored: f64) -> u64 {
+        if self.cool_down_micros == 0.0 {
+            u64::MAX
+        } else if self.bursty {
+            // Saturating: a stored count past u64 is all of them.
+            (stored.floor() as u64).saturating_add(1)
+        } else {
+            1
+        }
+    }
+
+    /// How long until `requests` requests of one permit would all go at
+    /// once ([`remaining`](Self::remaining) reaching `requests`), if nothing
+    /// else is reserved meanwhile; `None` if they never would (more than
+    /// [`burst`](Self::burst)). Zero requests: zero.
+    pub fn wait_for(&self, requests: u64) -> Option<Duration> {
+        if requests == 0 {
+            return Some(Duration::ZERO);
+        }
+        if requests > self.burst() {
+            return None;
+        }
+        // Stored permits needed past the one the ticket lets go: they come
+        // one per cool-down once the debt is paid.
+        let missing = if self.bursty {
+            ((requests - 1) as f64 - self.stored).max(0.0)
+        } else {
+            0.0
+        };
+        Some(self.after_debt(missing))
+    }
+
+    /// How long until the limiter is full again (nothing owed, every permit
+    /// it can store stored), if nothing is reserved meanwhile.
+    pub fn full_in(&self) -> Duration {
+        self.after_debt((self.max_stored - self.stored).max(0.0))
+    }
+
+    /// The wait, then `permits` more cool-downs, rounded up to the µs.
+    fn after_debt(&self, permits: f64) -> Duration {
+        let idle = (permits * self.cool_down_micros).ceil();
+        let idle = if idle < MAX_MICROS as f64 {
+            idle as u64
+        } else {
+            MAX_MICROS
+        };
+        Duration::from_micros(self.wait_micros.saturating_add(idle).min(MAX_MICROS))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{Bursty, WarmingUp};
+
+    fn bursty(rate: f64, burst_ms: u64) -> State {
+        State::new(
+            Policy::Bursty(Bursty::new(Duration::from_millis(burst_ms))),
+            rate,
+            0,
+        )
+        .unwrap()
+    }
+
+    /// Counts the requests of one permit a copy of `state` grants at `now`
+    /// with no wait.
+    fn granted_at_once(state: &State, now: u64) -> u64 {
+        let mut state = state.clone();
+        let mut n = 0;
+        while state.try_reserve(1, now, 0).is_some() {
+            n += 1;
+            if n > 10_000 {
+                break;
+            }
+        }
+        n
+    }
+
+    #[test]
+    fn remaining_is_what_tries_at_once_are_granted() {
+        for (rate, burst_ms) in [(10.0, 0), (10.0, 1_000), (3.0, 2_500), (1000.0, 7)] {
+            let mut state = bursty(rate, burst_ms);
+            for step in 0..60u64 {
+                let now = step * 37_000;
+                let snapshot = Snapshot::of(&state, now, 0);
+                assert_eq!(
+                    snapshot.remaining(),
+                    granted_at_once(&state, now),
+                    "rate {rate} burst {burst_ms} ms at {now}"
+                );
+                assert!(snapshot.remaining() <= snapshot.burst());
+                // Use some of it.
+                for _ in 0..step % 4 {
+                    state.reserve(1, now);
+                }
+            }
+        }
+        let warm = State::new(
+            Policy::WarmingUp(WarmingUp::new(Duration::from_secs(1), 3.0)),
+            10.0,
+            0,
+        )
+        .unwrap();
+        let snapshot = Snapshot::of(&warm, 5_000_000, 0);
+        assert_eq!(snapshot.remaining(), granted_at_once(&warm, 5_000_000));
+        assert_eq!((snapshot.remaining(), snapshot.burst()), (1, 1));
+    }
+
+    #[test]
+    fn wait_for_is_when_that_many_go_at_once() {
+        let mut state = bursty(10.0, 1_000);
+        state.reserve(1, 0); // 100 ms owed
+        let snapshot = Snapshot::of(&state, 0, 0);
+        assert_eq!(snapshot.remaining(), 0);
+        assert_eq!(snapshot.wait_for(1), Some(Duration::from_millis(100)));
+        assert_eq!(snapshot.wait_for(4), Some(Duration::from_millis(400)));
+        assert_eq!(snapshot.wait_for(11), Some(Duration::from_millis(1_100)));
+        assert_eq!(snapshot.wait_for(12), None);
+        assert_eq!(snapshot.full_in(), Duration::from_millis(1_100));
+        // At each of those moments, that many go at once.
+        for n in 1..=11u64 {
+            let at = super::super::micros(snapshot.wait_for(n).unwrap());
+            assert!(granted_at_once(&state, at) >= n, "{n}");
+            assert!(granted_at_once(&state, at - 1) < n, "{n}");
+        }
+    }
+
+    #[test]
+    fn an_infinite_rate_has_no_end() {
+        let state = bursty(f64::INFINITY, 1_000);
+        let snapshot = Snapshot::of(&state, 7, 0);
+        assert_eq!(
+            (snapshot.remaining(), snapshot.burst()),
+            (u64::MAX, u64::MAX)
+        );
+        assert_eq!(snapshot.full_in(), Duration::ZERO);
+    }
+
+    #[test]
+    fn several_limits_read_as_the_binding_one() {
+        let per_second = bursty(10.0, 1_000);
+        let per_minute = State::new(
+            Policy::Bursty(Bursty::new(Duration::from_secs(60))),
+            3.0 / 60.0,
+            0,
+        )
+        .unwrap();
+        let mut limits = Limits::new(vec![per_second, per_minute]).unwrap();
+        // One request each remains; the per-minute limit is the longer to
+        // fill.
+        let first = Snapshot::of_limits(&limits, 0);
+        assert_eq!((first.remaining(), first.limit()), (1, 1));
+        limits.reserve(1, 0, false);
+        let after = Snapshot::of_limits(&limits, 0);
+        // The per-minute limit owes 20 s: nothing remains, and it says so.
+        assert_eq!((after.remaining(), after.limit()), (0, 1));
+        assert_eq!(after.wait(), Duration::from_secs(20));
+    }
+}

@@ -1,0 +1,174 @@
+//! Snapshots through Redis: one round trip reads a key's state on the
+//! server's clock, under the rate in force; several limits read as the
+//! binding one; a fallback answers while Redis is down; a value that is
+//! not the limiter's is an error.
+
+use std::time::Duration;
+
+use crate::support::poll::{RESPONSE_TIMEOUT, backend};
+use crate::support::redis_server::RedisServer;
+use throttler::redis::{Fallback, RedisRateLimiter};
+use throttler::{Error, KeyedLimiter, Limit, Limiter};
+
+const MS: Duration = Duration::from_millis(1);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_reads_full_then_counts_down_to_its_wait() {
+    let server = RedisServer::start();
+    let backend = backend(server.client()).await;
+    let limiter = backend
+        .keyed_limiter::<String>("snap")
+        .permits_per_second(10.0)
+        .max_burst(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let key = "alice".to_owned();
+    // A key never seen reads as full: five stored, six at once.
+    let fresh = limiter.snapshot(&key).await.unwrap();
+    assert_eq!(
+        (fresh.remaining(), fresh.burst(), fresh.wait()),
+        (6, 6, Duration::ZERO)
+    );
+    assert_eq!((fresh.rate(), fresh.max_stored()), (10.0, 5.0));
+    // Reading wrote nothing.
+    let mut con = server.connection();
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(limiter.redis_key(&key))
+        .query(&mut con)
+        .unwrap();
+    assert!(!exists);
+    // Four go: two remain (give or take what the clock stored meanwhile).
+    for _ in 0..4 {
+        assert!(limiter.try_acquire(&key, 1, Duration::ZERO).await.unwrap());
+    }
+    let after = limiter.snapshot(&key).await.unwrap();
+    assert!((2..=3).contains(&after.remaining()), "{after:?}");
+    // Exactly as many as it said go at once; then one owes its interval.
+    let remaining = after.remaining();
+    let mut granted = 0;
+    while limiter.try_acquire(&key, 1, Duration::ZERO).await.unwrap() {
+        granted += 1;
+    }
+    assert!(
+        granted >= remaining && granted <= remaining + 1,
+        "{granted}"
+    );
+    let owed = limiter.snapshot(&key).await.unwrap();
+    assert_eq!(owed.remaining(), 0);
+    assert!(owed.wait() > 50 * MS && owed.wait() <= 100 * MS, "{owed:?}");
+    assert_eq!(owed.wait_for(3), Some(owed.wait() + 200 * MS));
+    assert_eq!(owed.full_in(), owed.wait() + 500 * MS);
+    assert_eq!(owed.wait_for(7), None);
+    // The trait's answer and the wait agree.
+    let wait = limiter.available_in(&key).await.unwrap();
+    assert!(wait <= owed.wait() && owed.wait() - wait < 50 * MS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_change_reads_as_the_next_reservation_takes_it() {
+    let server = RedisServer::start();
+    let backend = backend(server.client()).await;
+    let limiter = backend
+        .keyed_limiter::<String>("snap")
+        .permits_per_second(10.0)
+        .max_burst(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let key = "k".to_owned();
+    // Stored 10 of 10, then 5 taken: 5 of 10 stored, in Redis at rate 10.
+    for _ in 0..5 {
+        assert!(limiter.try_acquire(&key, 1, Duration::ZERO).await.unwrap());
+    }
+    let before = limiter.snapshot(&key).await.unwrap();
+    // Doubled: the same fraction of twice the burst.
+    limiter.set_rate(20.0).unwrap();
+    let after = limiter.snapshot(&key).await.unwrap();
+    assert_eq!((after.rate(), after.max_stored()), (20.0, 20.0));
+    let expected = before.stored() / 10.0 * 20.0;
+    assert!(
+        after.stored() >= expected && after.stored() < expected + 1.0,
+        "{before:?} {after:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_limits_read_as_the_binding_one() {
+    let server = RedisServer::start();
+    let limiter = RedisRateLimiter::builder(server.client(), "several-snap")
+        .limit(Limit::per_second(100.0).burst(0))
+        .limit(Limit::per_minute(6.0).burst(2))
+        .response_timeout(RESPONSE_TIMEOUT)
+        .build()
+        .await
+        .unwrap();
+    // Both full: the per-second limit lets one go at once (no burst), the
+    // per-minute one three; one remains, and the per-second binds.
+    let fresh = limiter.snapshot().await.unwrap();
+    assert_eq!((fresh.remaining(), fresh.limit()), (1, 0));
+    for _ in 0..3 {
+        limiter.reserve(1).await.unwrap();
+    }
+    // The per-minute limit now owes 10 s: it binds, and says so.
+    let owed = limiter.snapshot().await.unwrap();
+    assert_eq!((owed.remaining(), owed.limit()), (0, 1));
+    assert!(
+        owed.wait() > 9_500 * MS && owed.wait() <= 10_000 * MS,
+        "{owed:?}"
+    );
+    assert_eq!(owed.rate(), 0.1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_redis_is_down_the_fallback_answers() {
+    let mut server = RedisServer::start();
+    let limiter = RedisRateLimiter::builder(server.client(), "down-snap")
+        .permits_per_second(10.0)
+        .max_burst(Duration::ZERO)
+        .fallback(Fallback::Local)
+        .response_timeout(RESPONSE_TIMEOUT)
+        .build()
+        .await
+        .unwrap();
+    server.kill();
+    // The fallback's own limiter: one goes, then the interval is owed.
+    let _ = limiter.snapshot().await.unwrap();
+    assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
+    let owed = limiter.snapshot().await.unwrap();
+    assert_eq!(owed.remaining(), 0);
+    assert!(owed.wait() > 50 * MS && owed.wait() <= 100 * MS, "{owed:?}");
+
+    let closed = RedisRateLimiter::builder(server.client(), "closed-snap")
+        .permits_per_second(10.0)
+        .fallback(Fallback::FailClosed)
+        .response_timeout(RESPONSE_TIMEOUT)
+        .build()
+        .await;
+    // Built while down (or refused): either way, no snapshot to read.
+    if let Ok(closed) = closed {
+        assert!(closed.snapshot().await.is_err());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_that_is_not_the_limiters_is_an_error() {
+    let server = RedisServer::start();
+    let backend = backend(server.client()).await;
+    let limiter = backend
+        .keyed_limiter::<String>("snap")
+        .permits_per_second(10.0)
+        .build()
+        .unwrap();
+    let key = "corrupt".to_owned();
+    let mut con = server.connection();
+    let _: () = redis::cmd("SET")
+        .arg(limiter.redis_key(&key))
+        .arg("not a limiter")
+        .query(&mut con)
+        .unwrap();
+    match limiter.snapshot(&key).await {
+        Err(Error::Backend(error)) => {
+            assert!(error.to_string().contains("does not recognise"), "{error}")
+        }
+        other => panic!("expected a backend error, got {other:?}"),
+    }
+}
