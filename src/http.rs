@@ -39,6 +39,7 @@ use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Deref;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -47,7 +48,7 @@ use ::http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::{Error, KeyedLimiter};
+use crate::{Error, KeyedLimiter, Snapshot};
 
 /// The proxies whose forwarding headers are believed: addresses and
 /// networks (`10.0.0.0/8`, `fd00::/8`, `127.0.0.1`). With none, every
@@ -373,81 +374,338 @@ impl<B, T: Send + Sync + 'static> KeyExtractor<B> for ClientIp<T> {
     }
 }
 
+/// Which rate-limit headers a [`RateLimitLayer`] writes on every response
+/// it lets through or refuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Headers {
+    /// None (a refusal still carries `Retry-After`).
+    None,
+    /// `RateLimit-Policy` and `RateLimit`, as the IETF draft
+    /// (draft-ietf-httpapi-ratelimit-headers) names them. The default.
+    Ietf,
+    /// Those, and the older `X-RateLimit-Limit`, `X-RateLimit-Remaining`
+    /// and `X-RateLimit-Reset` for clients that read those.
+    IetfAndLegacy,
+}
+
+/// What a refused request is told: passed to the hook that shapes its
+/// response ([`RateLimitLayer::on_refused`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub struct Refused {
+    /// How long until the request would go: `Retry-After`, before it is
+    /// rounded up to whole seconds.
+    pub retry_after: Duration,
+    /// The key's state when it was refused.
+    pub snapshot: Snapshot,
+}
+
+/// Shapes the response to a refused request: any
+/// `Fn(&Refused) -> Response<R>` closure, or [`EmptyBody`] (the default).
+/// The layer then adds `Retry-After` and the rate-limit headers, unless the
+/// response already has them; the status is the hook's (return
+/// `429 Too Many Requests` unless you have a reason not to).
+pub trait OnRefused<R>: Clone + Send + Sync + 'static {
+    /// The response to a refused request.
+    fn response(&self, refused: &Refused) -> Response<R>;
+}
+
+impl<R, F> OnRefused<R> for F
+where
+    F: Fn(&Refused) -> Response<R> + Clone + Send + Sync + 'static,
+{
+    fn response(&self, refused: &Refused) -> Response<R> {
+        self(refused)
+    }
+}
+
+/// The default refusal: `429 Too Many Requests` with an empty body.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EmptyBody;
+
+impl<R: Default> OnRefused<R> for EmptyBody {
+    fn response(&self, _: &Refused) -> Response<R> {
+        answer(StatusCode::TOO_MANY_REQUESTS)
+    }
+}
+
 /// Limits HTTP requests per key, answering a refused one with
-/// `429 Too Many Requests` and a `Retry-After` of whole seconds (rounded
-/// up); see [`RateLimitLayer::new`].
+/// `429 Too Many Requests`, `Retry-After` in whole seconds (rounded up),
+/// and the rate-limit headers on every response; see
+/// [`RateLimitLayer::new`].
 #[derive(Debug, Clone)]
-pub struct RateLimitLayer<L, X> {
+pub struct RateLimitLayer<L, X, H = EmptyBody> {
     limiter: L,
     extractor: X,
+    config: Config<H>,
+}
+
+/// What a layer and its services share besides the limiter and extractor.
+#[derive(Debug, Clone)]
+struct Config<H> {
     max_wait: Duration,
+    headers: Headers,
+    /// The policy's name as a structured-field string, quotes included.
+    policy: Arc<str>,
+    on_refused: H,
 }
 
 impl<L, X> RateLimitLayer<L, X> {
     /// Limits requests per key with `limiter` (an `Arc` of any
     /// [`KeyedLimiter`], local or through Redis), the key found by
     /// `extractor` ([`ClientIp`], [`PeerIp`], [`Header`], [`Global`] with a
-    /// limiter keyed by `()`, or a closure). A request whose key has no
-    /// permit free is refused at once (see [`max_wait`](Self::max_wait)):
-    /// it reserves nothing, and the inner service is not called. A
-    /// limiter that fails (Redis down with `Fallback::FailClosed`) answers
-    /// `503 Service Unavailable`.
+    /// limiter keyed by `()`, or a closure).
     ///
-    /// Cancel-safe: dropping the response future (the client hung up)
-    /// gives back the permit it waits for or holds, as dropping
+    /// A request whose key has no permit free is refused at once (see
+    /// [`max_wait`](Self::max_wait)): it reserves nothing, the inner
+    /// service is not called, and the answer is `429 Too Many Requests`
+    /// (see [`on_refused`](Self::on_refused)) with `Retry-After`. Every
+    /// response carries the rate-limit headers (see
+    /// [`headers`](Self::headers)). A limiter that fails (Redis down with
+    /// `Fallback::FailClosed`) answers `503 Service Unavailable`; a
+    /// request whose key cannot be found, `500 Internal Server Error`.
+    ///
+    /// # The headers
+    ///
+    /// With the key's [`Snapshot`] after the request (a second call to the
+    /// limiter: a second round trip for a Redis limiter; turn them off
+    /// with [`Headers::None`] where that matters):
+    ///
+    /// * `RateLimit-Policy: "default";q=Q;w=W`: the rate as `Q` requests
+    ///   per `W` seconds, `W` the shortest whole number of seconds (at
+    ///   least 1) in which a drained key gets its whole burst back, and `Q`
+    ///   the requests the rate allows in `W`, or the burst if that is more.
+    /// * `RateLimit: "default";r=R;t=T`: `R` requests would go now, one
+    ///   after another ([`Snapshot::remaining`]); `T` seconds (rounded up)
+    ///   until the key is full again ([`Snapshot::full_in`]).
+    /// * `Retry-After` on a refusal: the wait, rounded up, at least 1.
+    ///
+    /// ```
+    /// use std::net::{IpAddr, SocketAddr};
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use throttler::KeyedRateLimiter;
+    /// use throttler::http::{ClientIp, PeerIp, RateLimitLayer, TrustedProxies};
+    ///
+    /// let limiter = Arc::new(
+    ///     KeyedRateLimiter::<IpAddr>::builder()
+    ///         .permits_per_second(10.0)
+    ///         .max_burst(Duration::from_secs(1))
+    ///         .build()?,
+    /// );
+    /// // The client's address, behind the load balancers at 10.0.0.0/8 (axum:
+    /// // `ConnectInfo<SocketAddr>`, with `into_make_service_with_connect_info`).
+    /// let key = ClientIp {
+    ///     peer: PeerIp::from_extension(|peer: &SocketAddr| peer.ip()),
+    ///     proxies: TrustedProxies::new(["10.0.0.0/8"])?,
+    /// };
+    /// let layer = RateLimitLayer::new(limiter, key).policy_name("per-client");
+    /// // axum: Router::new().route(..).layer(layer)
+    /// # let _ = layer;
+    /// # Ok::<(), throttler::Error>(())
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the response future (the client hung up) gives back the
+    /// permit it waits for or holds, as dropping
     /// [`try_acquire`](KeyedLimiter::try_acquire) does; once the inner
     /// service is called, the permit is used.
     pub fn new(limiter: L, extractor: X) -> Self {
         RateLimitLayer {
             limiter,
             extractor,
-            max_wait: Duration::ZERO,
+            config: Config {
+                max_wait: Duration::ZERO,
+                headers: Headers::Ietf,
+                policy: Arc::from("\"default\""),
+                on_refused: EmptyBody,
+            },
         }
-    }
-
-    /// Lets a request wait up to `max_wait` for its key's permit before
-    /// it is refused. Default zero: refuse at once.
-    pub fn max_wait(mut self, max_wait: Duration) -> Self {
-        self.max_wait = max_wait;
-        self
     }
 }
 
-impl<S, L: Clone, X: Clone> Layer<S> for RateLimitLayer<L, X> {
-    type Service = RateLimit<S, L, X>;
+impl<L, X, H> RateLimitLayer<L, X, H> {
+    /// Lets a request wait up to `max_wait` for its key's permit before
+    /// it is refused. Default zero: refuse at once.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.config.max_wait = max_wait;
+        self
+    }
 
-    fn layer(&self, inner: S) -> RateLimit<S, L, X> {
+    /// Which rate-limit headers every response carries. Default
+    /// [`Headers::Ietf`].
+    pub fn headers(mut self, headers: Headers) -> Self {
+        self.config.headers = headers;
+        self
+    }
+
+    /// The policy's name in the headers (default `default`). Characters
+    /// a header cannot carry are replaced by `?`.
+    pub fn policy_name(mut self, name: &str) -> Self {
+        let mut quoted = String::with_capacity(name.len() + 2);
+        quoted.push('"');
+        for c in name.chars() {
+            match c {
+                '"' | '\\' => {
+                    quoted.push('\\');
+                    quoted.push(c);
+                }
+                ' '..='~' => quoted.push(c),
+                _ => quoted.push('?'),
+            }
+        }
+        quoted.push('"');
+        self.config.policy = Arc::from(quoted);
+        self
+    }
+
+    /// Shapes the response to a refused request (a JSON body, a different
+    /// status): a closure from [`Refused`] to a response. The layer adds
+    /// `Retry-After` and the rate-limit headers unless it set them.
+    ///
+    /// ```
+    /// use std::net::{IpAddr, SocketAddr};
+    /// use std::sync::Arc;
+    /// use http::{Response, StatusCode};
+    /// use throttler::KeyedRateLimiter;
+    /// use throttler::http::{PeerIp, RateLimitLayer, Refused};
+    ///
+    /// let limiter = Arc::new(KeyedRateLimiter::<IpAddr>::bursty(10.0)?);
+    /// let peer = PeerIp::from_extension(|peer: &SocketAddr| peer.ip());
+    /// let layer = RateLimitLayer::new(limiter, peer).on_refused(|refused: &Refused| {
+    ///     let body = format!(r#"{{"error":"slow down","retry_ms":{}}}"#, refused.retry_after.as_millis());
+    ///     Response::builder()
+    ///         .status(StatusCode::TOO_MANY_REQUESTS)
+    ///         .header("content-type", "application/json")
+    ///         .body(body)
+    ///         .unwrap()
+    /// });
+    /// # let _ = layer;
+    /// # Ok::<(), throttler::Error>(())
+    /// ```
+    pub fn on_refused<G>(self, on_refused: G) -> RateLimitLayer<L, X, G> {
+        let Config {
+            max_wait,
+            headers,
+            policy,
+            ..
+        } = self.config;
+        RateLimitLayer {
+            limiter: self.limiter,
+            extractor: self.extractor,
+            config: Config {
+                max_wait,
+                headers,
+                policy,
+                on_refused,
+            },
+        }
+    }
+}
+
+impl<S, L: Clone, X: Clone, H: Clone> Layer<S> for RateLimitLayer<L, X, H> {
+    type Service = RateLimit<S, L, X, H>;
+
+    fn layer(&self, inner: S) -> RateLimit<S, L, X, H> {
         RateLimit {
             inner,
             limiter: self.limiter.clone(),
             extractor: self.extractor.clone(),
-            max_wait: self.max_wait,
+            config: self.config.clone(),
         }
     }
 }
 
 /// An HTTP service limited per key by a [`RateLimitLayer`].
 #[derive(Debug, Clone)]
-pub struct RateLimit<S, L, X> {
+pub struct RateLimit<S, L, X, H = EmptyBody> {
     inner: S,
     limiter: L,
     extractor: X,
-    max_wait: Duration,
+    config: Config<H>,
 }
 
-/// A response with only a status (and `Retry-After`, for a refusal).
-fn answer<R: Default>(status: StatusCode, retry_after: Option<Duration>) -> Response<R> {
+/// A response with only a status.
+fn answer<R: Default>(status: StatusCode) -> Response<R> {
     let mut response = Response::new(R::default());
     *response.status_mut() = status;
-    if let Some(wait) = retry_after {
-        response
-            .headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(wait)));
-    }
     response
 }
 
-impl<S, L, T, X, B, R> Service<Request<B>> for RateLimit<S, L, X>
+/// The largest integer a structured-field header carries.
+const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
+
+/// Whole seconds, rounded up.
+fn secs_up(duration: Duration) -> u64 {
+    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
+}
+
+/// The policy's quota and window for `snapshot` (see
+/// [`RateLimitLayer::new`]): `q` requests per `w` seconds.
+fn quota(snapshot: &Snapshot) -> (u64, u64) {
+    let burst = snapshot.burst().min(SF_INTEGER_MAX);
+    let rate = snapshot.rate();
+    // A drained key (its next request owing one interval) has its burst
+    // back after `burst` intervals.
+    let refill = burst as f64 / rate;
+    let window = if refill.is_finite() && refill > 1.0 {
+        (refill.ceil() as u64).min(SF_INTEGER_MAX)
+    } else {
+        1
+    };
+    let allowed = (rate * window as f64).floor();
+    let allowed = if allowed < SF_INTEGER_MAX as f64 {
+        allowed as u64
+    } else {
+        SF_INTEGER_MAX
+    };
+    (allowed.max(burst), window)
+}
+
+/// Writes the rate-limit headers for `snapshot` into `headers`, leaving
+/// any already there.
+fn write_headers(headers: &mut HeaderMap, kind: Headers, policy: &str, snapshot: &Snapshot) {
+    use std::fmt::Write;
+    if kind == Headers::None {
+        return;
+    }
+    let (q, w) = quota(snapshot);
+    let r = snapshot.remaining().min(SF_INTEGER_MAX);
+    let t = secs_up(snapshot.full_in()).min(SF_INTEGER_MAX);
+    let mut text = String::with_capacity(policy.len() + 32);
+    let put = |headers: &mut HeaderMap, name: HeaderName, text: &str| {
+        if !headers.contains_key(&name)
+            && let Ok(value) = HeaderValue::from_str(text)
+        {
+            headers.insert(name, value);
+        }
+    };
+    let _ = write!(text, "{policy};q={q};w={w}");
+    put(headers, RATELIMIT_POLICY, &text);
+    text.clear();
+    let _ = write!(text, "{policy};r={r};t={t}");
+    put(headers, RATELIMIT, &text);
+    if kind == Headers::IetfAndLegacy {
+        for (name, value) in [
+            (X_RATELIMIT_LIMIT, q),
+            (X_RATELIMIT_REMAINING, r),
+            (X_RATELIMIT_RESET, t),
+        ] {
+            if !headers.contains_key(&name) {
+                headers.insert(name, HeaderValue::from(value));
+            }
+        }
+    }
+}
+
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+impl<S, L, T, X, H, B, R> Service<Request<B>> for RateLimit<S, L, X, H>
 where
     S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -457,6 +715,7 @@ where
     L: Deref<Target = T> + Clone + Send + Sync + 'static,
     T: KeyedLimiter<X::Key> + ?Sized,
     X: KeyExtractor<B>,
+    H: OnRefused<R>,
 {
     type Response = Response<R>;
     type Error = S::Error;
@@ -472,18 +731,43 @@ where
         // clone that must be made ready again.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let (limiter, max_wait) = (self.limiter.clone(), self.max_wait);
+        let (limiter, config) = (self.limiter.clone(), self.config.clone());
         Box::pin(async move {
             let Some(key) = key else {
-                return Ok(answer(StatusCode::INTERNAL_SERVER_ERROR, None));
+                return Ok(answer(StatusCode::INTERNAL_SERVER_ERROR));
             };
-            match limiter.try_acquire(&key, 1, max_wait).await {
-                Ok(true) => inner.call(request).await,
-                Ok(false) => {
-                    let wait = limiter.available_in(&key).await.unwrap_or(Duration::ZERO);
-                    Ok(answer(StatusCode::TOO_MANY_REQUESTS, Some(wait)))
+            match limiter.try_acquire(&key, 1, config.max_wait).await {
+                Ok(true) => {
+                    let snapshot = match config.headers {
+                        Headers::None => None,
+                        _ => limiter.snapshot(&key).await.ok(),
+                    };
+                    let mut response = inner.call(request).await?;
+                    if let Some(snapshot) = snapshot {
+                        let headers = response.headers_mut();
+                        write_headers(headers, config.headers, &config.policy, &snapshot);
+                    }
+                    Ok(response)
                 }
-                Err(_) => Ok(answer(StatusCode::SERVICE_UNAVAILABLE, None)),
+                Ok(false) => {
+                    let snapshot = match limiter.snapshot(&key).await {
+                        Ok(snapshot) => snapshot,
+                        Err(_) => return Ok(answer(StatusCode::SERVICE_UNAVAILABLE)),
+                    };
+                    let refused = Refused {
+                        retry_after: snapshot.wait(),
+                        snapshot,
+                    };
+                    let mut response = config.on_refused.response(&refused);
+                    let headers = response.headers_mut();
+                    if !headers.contains_key(RETRY_AFTER) {
+                        let secs = retry_after_secs(refused.retry_after);
+                        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+                    }
+                    write_headers(headers, config.headers, &config.policy, &snapshot);
+                    Ok(response)
+                }
+                Err(_) => Ok(answer(StatusCode::SERVICE_UNAVAILABLE)),
             }
         })
     }

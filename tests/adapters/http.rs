@@ -15,7 +15,9 @@ use std::time::Duration;
 use ::http::{Request, Response, StatusCode};
 use throttler::KeyedRateLimiter;
 use throttler::clock::{Clock, FakeClock};
-use throttler::http::{ClientIp, Global, Header, PeerIp, RateLimitLayer, TrustedProxies};
+use throttler::http::{
+    ClientIp, Global, Header, Headers, PeerIp, RateLimitLayer, Refused, TrustedProxies,
+};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -205,4 +207,119 @@ fn the_service_fits_a_router() {
     let clock = FakeClock::new();
     let peer = PeerIp::from_extension(|peer: &SocketAddr| peer.ip());
     fits(&RateLimitLayer::new(keyed::<IpAddr>(&clock), peer).layer(Ok200::default()));
+}
+
+fn header<'a>(response: &'a Response<String>, name: &str) -> Option<&'a str> {
+    response.headers().get(name).map(|v| v.to_str().unwrap())
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn every_response_says_what_remains() {
+    let clock = FakeClock::new();
+    // 10 per second with a burst of 5: a new key lets 6 through at once.
+    let limiter = Arc::new(
+        KeyedRateLimiter::builder()
+            .permits_per_second(10.0)
+            .max_burst(Duration::from_millis(500))
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    let peer = PeerIp::from_extension(|peer: &SocketAddr| peer.ip());
+    let mut service = RateLimitLayer::new(limiter, peer)
+        .headers(Headers::IetfAndLegacy)
+        .layer(Ok200::default());
+    let client = || from("192.0.2.1", &[]);
+    for remaining in (0..6).rev() {
+        let response = send(&mut service, client()).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        // 6 at once refill in 600 ms: 10 per whole second.
+        assert_eq!(
+            header(&response, "ratelimit-policy"),
+            Some("\"default\";q=10;w=1")
+        );
+        // Full again once the burst is back: 1 s rounded up.
+        let expected = format!("\"default\";r={remaining};t=1");
+        assert_eq!(header(&response, "ratelimit"), Some(expected.as_str()));
+        assert_eq!(header(&response, "x-ratelimit-limit"), Some("10"));
+        assert_eq!(
+            header(&response, "x-ratelimit-remaining"),
+            Some(remaining.to_string().as_str())
+        );
+        assert_eq!(header(&response, "x-ratelimit-reset"), Some("1"));
+        assert_eq!(retry_after(&response), None);
+    }
+    let refused = send(&mut service, client()).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(retry_after(&refused), Some("1"));
+    assert_eq!(header(&refused, "ratelimit"), Some("\"default\";r=0;t=1"));
+    // 250 ms later two have come back.
+    clock.advance(Duration::from_millis(250));
+    let response = send(&mut service, client()).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(header(&response, "ratelimit"), Some("\"default\";r=1;t=1"));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_slow_rate_reads_over_a_longer_window() {
+    let clock = FakeClock::new();
+    let limiter = Arc::new(
+        KeyedRateLimiter::builder()
+            .permits_per_second(0.25)
+            .max_burst(Duration::from_secs(8))
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    let mut service = RateLimitLayer::new(limiter, Global)
+        .policy_name("per \"minute\"\n")
+        .headers(Headers::Ietf)
+        .layer(Ok200::default());
+    let response = send(&mut service, Request::new(())).await;
+    // A burst of 3 (two stored, one more), back in 12 s: 3 per 12 s.
+    assert_eq!(
+        header(&response, "ratelimit-policy"),
+        Some(r#""per \"minute\"?";q=3;w=12"#)
+    );
+    assert_eq!(
+        header(&response, "ratelimit"),
+        Some(r#""per \"minute\"?";r=2;t=4"#)
+    );
+    assert_eq!(header(&response, "x-ratelimit-limit"), None);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_hook_shapes_the_refusal_and_the_layer_adds_what_it_left_out() {
+    let clock = FakeClock::new();
+    let layer = RateLimitLayer::new(keyed::<()>(&clock), Global).on_refused(|refused: &Refused| {
+        Response::builder()
+            .status(StatusCode::SERVICE_UNAVAILABLE)
+            .header("content-type", "application/json")
+            .body(format!(
+                r#"{{"retry_ms":{},"remaining":{}}}"#,
+                refused.retry_after.as_millis(),
+                refused.snapshot.remaining()
+            ))
+            .unwrap()
+    });
+    let mut service = layer.layer(Ok200::default());
+    assert_eq!(
+        send(&mut service, Request::new(())).await.status(),
+        StatusCode::OK
+    );
+    let refused = send(&mut service, Request::new(())).await;
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused.body(), r#"{"retry_ms":100,"remaining":0}"#);
+    assert_eq!(header(&refused, "content-type"), Some("application/json"));
+    assert_eq!(retry_after(&refused), Some("1"));
+    assert_eq!(header(&refused, "ratelimit"), Some("\"default\";r=0;t=1"));
+    // Headers off: a refusal still says when to retry, nothing else.
+    let mut quiet = RateLimitLayer::new(keyed::<()>(&clock), Global)
+        .headers(Headers::None)
+        .layer(Ok200::default());
+    let granted = send(&mut quiet, Request::new(())).await;
+    assert_eq!(header(&granted, "ratelimit"), None);
+    let refused = send(&mut quiet, Request::new(())).await;
+    assert_eq!(retry_after(&refused), Some("1"));
+    assert_eq!(header(&refused, "ratelimit-policy"), None);
 }
