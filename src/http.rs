@@ -476,8 +476,9 @@ impl<L, X> RateLimitLayer<L, X> {
     ///   least 1) in which a drained key gets its whole burst back, and `Q`
     ///   the requests the rate allows in `W`, or the burst if that is more.
     /// * `RateLimit: "default";r=R;t=T`: `R` requests would go now, one
-    ///   after another ([`Snapshot::remaining`]); `T` seconds (rounded up)
-    ///   until the key is full again ([`Snapshot::full_in`]).
+    ///   after another ([`Snapshot::remaining`]; 0 on a refusal); `T`
+    ///   seconds (rounded up) until the key is full again
+    ///   ([`Snapshot::full_in`]).
     /// * `Retry-After` on a refusal: the wait, rounded up, at least 1.
     ///
     /// ```
@@ -665,13 +666,25 @@ fn quota(snapshot: &Snapshot) -> (u64, u64) {
 
 /// Writes the rate-limit headers for `snapshot` into `headers`, leaving
 /// any already there.
-fn write_headers(headers: &mut HeaderMap, kind: Headers, policy: &str, snapshot: &Snapshot) {
+/// `refused`: the request was refused, so none remains (a permit that came
+/// back between the refusal and the snapshot is not reported).
+fn write_headers(
+    headers: &mut HeaderMap,
+    kind: Headers,
+    policy: &str,
+    snapshot: &Snapshot,
+    refused: bool,
+) {
     use std::fmt::Write;
     if kind == Headers::None {
         return;
     }
     let (q, w) = quota(snapshot);
-    let r = snapshot.remaining().min(SF_INTEGER_MAX);
+    let r = if refused {
+        0
+    } else {
+        snapshot.remaining().min(SF_INTEGER_MAX)
+    };
     let t = secs_up(snapshot.full_in()).min(SF_INTEGER_MAX);
     let mut text = String::with_capacity(policy.len() + 32);
     let put = |headers: &mut HeaderMap, name: HeaderName, text: &str| {
@@ -745,7 +758,7 @@ where
                     let mut response = inner.call(request).await?;
                     if let Some(snapshot) = snapshot {
                         let headers = response.headers_mut();
-                        write_headers(headers, config.headers, &config.policy, &snapshot);
+                        write_headers(headers, config.headers, &config.policy, &snapshot, false);
                     }
                     Ok(response)
                 }
@@ -764,7 +777,7 @@ where
                         let secs = retry_after_secs(refused.retry_after);
                         headers.insert(RETRY_AFTER, HeaderValue::from(secs));
                     }
-                    write_headers(headers, config.headers, &config.policy, &snapshot);
+                    write_headers(headers, config.headers, &config.policy, &snapshot, true);
                     Ok(response)
                 }
                 Err(_) => Ok(answer(StatusCode::SERVICE_UNAVAILABLE)),

@@ -1,0 +1,147 @@
+//! An HTTP server that limits each client: 10 requests per second with a
+//! burst of 10 per client address, `429 Too Many Requests` with
+//! `Retry-After` past that, and the rate-limit headers on every response.
+//! The client is the peer, or, behind a proxy you trust, the address the
+//! proxy reports (a client cannot pick its own by forging a header).
+//!
+//! ```text
+//! cargo run --example axum_server --features http -- --port 3000
+//! curl -i http://127.0.0.1:3000/
+//! ```
+//!
+//! Options: `--port N` (default 3000), `--rate R` (per second, per client),
+//! `--burst B` (requests stored while idle), `--max-wait MS` (wait that
+//! long for a permit before refusing), `--trust CIDR` (a proxy whose
+//! forwarding headers are believed; repeat it), and, built with the
+//! `redis` feature, `--redis URL` to share each client's rate among every
+//! server on that Redis.
+
+use std::error::Error;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use throttler::http::{ClientIp, Headers, PeerIp, RateLimitLayer, TrustedProxies};
+use throttler::{KeyedLimiter, KeyedRateLimiter};
+
+/// What the server is asked to do.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub port: u16,
+    /// Requests per second, per client.
+    pub rate: f64,
+    /// Requests a client stores while idle.
+    pub burst: u64,
+    /// How long a request may wait for its permit before it is refused.
+    pub max_wait: Duration,
+    /// The proxies whose forwarding headers are believed.
+    pub trust: Vec<String>,
+    /// A Redis URL to share the limits through.
+    pub redis: Option<String>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            port: 3000,
+            rate: 10.0,
+            burst: 10,
+            max_wait: Duration::ZERO,
+            trust: Vec::new(),
+            redis: None,
+        }
+    }
+}
+
+impl Options {
+    /// The options from the command line.
+    pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Options, Box<dyn Error>> {
+        let mut options = Options::default();
+        while let Some(flag) = args.next() {
+            let mut value = || args.next().ok_or(format!("{flag} needs a value"));
+            match flag.as_str() {
+                "--port" => options.port = value()?.parse()?,
+                "--rate" => options.rate = value()?.parse()?,
+                "--burst" => options.burst = value()?.parse()?,
+                "--max-wait" => options.max_wait = Duration::from_millis(value()?.parse()?),
+                "--trust" => options.trust.push(value()?),
+                "--redis" => options.redis = Some(value()?),
+                other => return Err(format!("unknown option {other}").into()),
+            }
+        }
+        Ok(options)
+    }
+}
+
+/// The limiter: in this process, or shared through Redis.
+pub async fn limiter(options: &Options) -> Result<Arc<dyn KeyedLimiter<IpAddr>>, Box<dyn Error>> {
+    // A burst of `burst` requests is that many seconds' worth at the rate.
+    let max_burst = Duration::from_secs_f64(options.burst as f64 / options.rate);
+    match &options.redis {
+        None => Ok(Arc::new(
+            KeyedRateLimiter::<IpAddr>::builder()
+                .permits_per_second(options.rate)
+                .max_burst(max_burst)
+                .max_keys(1_000_000)
+                .build()?,
+        )),
+        #[cfg(feature = "redis")]
+        Some(url) => {
+            let client = redis::Client::open(url.as_str())?;
+            let backend = throttler::redis::RedisBackend::builder(client)
+                .build()
+                .await?;
+            Ok(Arc::new(
+                backend
+                    .keyed_limiter::<IpAddr>("http-clients")
+                    .permits_per_second(options.rate)
+                    .max_burst(max_burst)
+                    .build()?,
+            ))
+        }
+        #[cfg(not(feature = "redis"))]
+        Some(_) => Err("--redis needs the example built with --features redis".into()),
+    }
+}
+
+/// The application: one route, limited per client.
+pub async fn app(options: &Options) -> Result<Router, Box<dyn Error>> {
+    let client = ClientIp {
+        peer: PeerIp::from_extension(|info: &ConnectInfo<SocketAddr>| info.0.ip()),
+        proxies: TrustedProxies::new(&options.trust)?,
+    };
+    let layer = RateLimitLayer::new(limiter(options).await?, client)
+        .max_wait(options.max_wait)
+        .headers(Headers::IetfAndLegacy)
+        .policy_name("per-client");
+    Ok(Router::new()
+        .route("/", get(|| async { "hello\n" }))
+        .layer(layer))
+}
+
+/// Serves `app` on `listener`, telling it each connection's peer.
+pub async fn serve(listener: tokio::net::TcpListener, app: Router) -> std::io::Result<()> {
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await
+}
+
+#[tokio::main]
+#[allow(dead_code)]
+async fn main() -> Result<(), Box<dyn Error>> {
+    let options = Options::parse(std::env::args().skip(1))?;
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", options.port)).await?;
+    println!(
+        "listening on http://{}: {} requests/s per client, burst {}",
+        listener.local_addr()?,
+        options.rate,
+        options.burst
+    );
+    serve(listener, app(&options).await?).await?;
+    Ok(())
+}
