@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
 use crate::core::{Bursty, Limits, Policy, State, WarmingUp};
+use crate::metrics::Metrics;
 use crate::{Error, RateLimiter};
 
 /// The default cold factor of the warming-up policy: a cold limiter starts
@@ -298,6 +299,7 @@ pub(crate) fn limit_states(config: &PolicyConfig, now: u64) -> Result<Vec<State>
 pub struct Builder<C = SystemClock> {
     config: PolicyConfig,
     clock: C,
+    name: Option<String>,
 }
 
 impl Builder<SystemClock> {
@@ -305,6 +307,7 @@ impl Builder<SystemClock> {
         Builder {
             config: PolicyConfig::default(),
             clock: SystemClock::new(),
+            name: None,
         }
     }
 }
@@ -317,7 +320,15 @@ impl<C: Clock> Builder<C> {
         Builder {
             config: self.config,
             clock,
+            name: self.name,
         }
+    }
+
+    /// The limiter's name in its metrics (feature `metrics`; see
+    /// [`throttler::metrics`](crate#features)). Default `default`.
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = Some(name.to_owned());
+        self
     }
 
     /// Checks the options and creates the limiter.
@@ -331,11 +342,12 @@ impl<C: Clock> Builder<C> {
         // Several limits serve every call under a short lock; one keeps the
         // lock-free path.
         let mut states = limit_states(&self.config, now)?;
+        let metrics = Metrics::named(self.name.as_deref());
         if states.len() == 1 {
             let state = states.pop().expect("one state");
-            return Ok(RateLimiter::from_parts(state, self.clock));
+            return Ok(RateLimiter::from_parts(state, self.clock).with_metrics(metrics));
         }
         let limits = Limits::new(states).expect("at least two limits");
-        Ok(RateLimiter::from_limits(limits, self.clock))
+        Ok(RateLimiter::from_limits(limits, self.clock).with_metrics(metrics))
     }
 }

@@ -134,6 +134,10 @@ pub mod io;
 mod keyed;
 mod limiter;
 mod local;
+#[cfg(feature = "metrics")]
+pub mod metrics;
+#[cfg(not(feature = "metrics"))]
+mod metrics;
 #[cfg(feature = "redis")]
 pub mod redis;
 mod reservation;

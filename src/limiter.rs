@@ -390,7 +390,12 @@ impl<T: Direct> Limiter for T {
     }
 
     fn take_if_free(&self, permits: u32) -> Option<Result<bool, Error>> {
-        Store::take_if_free(self.store(), &NoKey, permits)
+        let taken = Store::take_if_free(self.store(), &NoKey, permits);
+        // Not free: the caller reserves next, which counts.
+        if let Some(Ok(true)) = taken {
+            Rate::metrics(self.store()).granted(Duration::ZERO);
+        }
+        taken
     }
 
     async fn reservation(&self, permits: u32) -> Result<Reservation<'_>, Error> {

@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::clock::Clock;
+use crate::metrics::Metrics;
 
 /// Permits reserved from a limiter, to be used once their wait has passed.
 ///
@@ -88,6 +89,11 @@ pub(crate) trait GiveBackTo: Send + Sync {
     /// that keeps something to give it back with forgets it.
     fn keep(&self, taken: Taken) {
         let _ = taken;
+    }
+
+    /// What a give-back is counted in.
+    fn metrics(&self) -> &Metrics {
+        &crate::metrics::NONE
     }
 }
 
@@ -210,6 +216,7 @@ impl Drop for Reservation<'_> {
     #[inline]
     fn drop(&mut self) {
         if let Some(pending) = self.pending.take() {
+            pending.owner.metrics().given_back();
             pending.owner.give_back(pending.taken);
         }
     }

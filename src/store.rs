@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::error::check_permits;
+use crate::metrics::{self, Metrics};
 use crate::reservation::wait_if_granted;
 use crate::{Error, Reservation, Snapshot};
 
@@ -57,6 +58,11 @@ pub trait Rate: Send + Sync {
     /// Sleeps the calling thread for `wait` (a blocking acquire).
     fn sleep_blocking(&self, wait: Duration) {
         self.clock().sleep_blocking(wait);
+    }
+
+    /// What the methods here record grants and refusals in.
+    fn metrics(&self) -> &Metrics {
+        &metrics::NONE
     }
 }
 
@@ -122,10 +128,12 @@ pub trait Store<Q: ?Sized + Sync>: Rate {
     ) -> impl Future<Output = Result<Duration, Error>> + Send {
         async move {
             check_permits(permits)?;
-            Ok(self
+            let wait = self
                 .take_wait(key, permits, None)
                 .await?
-                .unwrap_or_default())
+                .unwrap_or_default();
+            self.metrics().granted(wait);
+            Ok(wait)
         }
     }
 
@@ -139,7 +147,9 @@ pub trait Store<Q: ?Sized + Sync>: Rate {
     ) -> impl Future<Output = Result<Option<Duration>, Error>> + Send {
         async move {
             check_permits(permits)?;
-            self.take_wait(key, permits, Some(timeout)).await
+            let wait = self.take_wait(key, permits, Some(timeout)).await?;
+            self.metrics().tried(wait);
+            Ok(wait)
         }
     }
 
@@ -153,7 +163,10 @@ pub trait Store<Q: ?Sized + Sync>: Rate {
         async move {
             check_permits(permits)?;
             let taken = self.take(key, permits, None, true).await?;
-            Ok(taken.unwrap_or_else(|| Reservation::new(Duration::ZERO, self.clock(), None)))
+            let reservation =
+                taken.unwrap_or_else(|| Reservation::new(Duration::ZERO, self.clock(), None));
+            self.metrics().granted(reservation.delay());
+            Ok(reservation)
         }
     }
 
@@ -166,7 +179,9 @@ pub trait Store<Q: ?Sized + Sync>: Rate {
     ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
         async move {
             check_permits(permits)?;
-            self.take(key, permits, Some(timeout), true).await
+            let taken = self.take(key, permits, Some(timeout), true).await?;
+            self.metrics().tried(taken.as_ref().map(Reservation::delay));
+            Ok(taken)
         }
     }
 
@@ -180,8 +195,14 @@ pub trait Store<Q: ?Sized + Sync>: Rate {
         async move {
             check_permits(permits)?;
             match self.take(key, permits, None, true).await? {
-                Some(reservation) => Ok(reservation.wait().await),
-                None => Ok(Duration::ZERO),
+                Some(reservation) => {
+                    self.metrics().granted(reservation.delay());
+                    Ok(reservation.wait().await)
+                }
+                None => {
+                    self.metrics().granted(Duration::ZERO);
+                    Ok(Duration::ZERO)
+                }
             }
         }
     }
@@ -197,6 +218,7 @@ pub trait Store<Q: ?Sized + Sync>: Rate {
         async move {
             check_permits(permits)?;
             let taken = self.take(key, permits, Some(timeout), true).await?;
+            self.metrics().tried(taken.as_ref().map(Reservation::delay));
             Ok(wait_if_granted(taken).await)
         }
     }
@@ -205,6 +227,7 @@ pub trait Store<Q: ?Sized + Sync>: Rate {
     fn acquire_blocking(&self, key: &Q, permits: u32) -> Result<Duration, Error> {
         check_permits(permits)?;
         let wait = self.take_blocking(key, permits, None)?.unwrap_or_default();
+        self.metrics().granted(wait);
         if !wait.is_zero() {
             self.sleep_blocking(wait);
         }
@@ -219,7 +242,9 @@ pub trait Store<Q: ?Sized + Sync>: Rate {
         timeout: Duration,
     ) -> Result<bool, Error> {
         check_permits(permits)?;
-        match self.take_blocking(key, permits, Some(timeout))? {
+        let taken = self.take_blocking(key, permits, Some(timeout))?;
+        self.metrics().tried(taken);
+        match taken {
             Some(wait) => {
                 if !wait.is_zero() {
                     self.sleep_blocking(wait);
@@ -285,7 +310,9 @@ pub trait Now<Q: ?Sized + Sync>: Rate {
     #[inline(always)]
     fn reserve_now(&self, key: &Q, permits: u32) -> Result<Duration, Error> {
         check_permits(permits)?;
-        Ok(self.take_wait_now(key, permits, None).unwrap_or_default())
+        let wait = self.take_wait_now(key, permits, None).unwrap_or_default();
+        self.metrics().granted(wait);
+        Ok(wait)
     }
 
     /// [`Store::try_reserve`], at once.
@@ -297,7 +324,9 @@ pub trait Now<Q: ?Sized + Sync>: Rate {
         timeout: Duration,
     ) -> Result<Option<Duration>, Error> {
         check_permits(permits)?;
-        Ok(self.take_wait_now(key, permits, Some(timeout)))
+        let wait = self.take_wait_now(key, permits, Some(timeout));
+        self.metrics().tried(wait);
+        Ok(wait)
     }
 
     /// [`Store::reservation`], at once.
@@ -305,7 +334,10 @@ pub trait Now<Q: ?Sized + Sync>: Rate {
     fn reservation_now(&self, key: &Q, permits: u32) -> Result<Reservation<'_>, Error> {
         check_permits(permits)?;
         let taken = self.take_now(key, permits, None);
-        Ok(taken.unwrap_or_else(|| Reservation::new(Duration::ZERO, self.clock(), None)))
+        let reservation =
+            taken.unwrap_or_else(|| Reservation::new(Duration::ZERO, self.clock(), None));
+        self.metrics().granted(reservation.delay());
+        Ok(reservation)
     }
 
     /// [`Store::try_reservation`], at once.
@@ -317,7 +349,9 @@ pub trait Now<Q: ?Sized + Sync>: Rate {
         timeout: Duration,
     ) -> Result<Option<Reservation<'_>>, Error> {
         check_permits(permits)?;
-        Ok(self.take_now(key, permits, Some(timeout)))
+        let taken = self.take_now(key, permits, Some(timeout));
+        self.metrics().tried(taken.as_ref().map(Reservation::delay));
+        Ok(taken)
     }
 }
 

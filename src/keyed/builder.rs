@@ -38,6 +38,7 @@ pub struct KeyedBuilder<K, C = SystemClock> {
     max_keys: Option<usize>,
     clock: C,
     key: PhantomData<fn(K)>,
+    name: Option<String>,
 }
 
 impl<K> KeyedBuilder<K, SystemClock> {
@@ -47,6 +48,7 @@ impl<K> KeyedBuilder<K, SystemClock> {
             max_keys: None,
             clock: SystemClock::new(),
             key: PhantomData,
+            name: None,
         }
     }
 }
@@ -73,7 +75,15 @@ impl<K, C: Clock> KeyedBuilder<K, C> {
             max_keys: self.max_keys,
             clock,
             key: PhantomData,
+            name: self.name,
         }
+    }
+
+    /// The limiter's name in its metrics (feature `metrics`): never a
+    /// key, so that clients cannot grow them. Default `default`.
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = Some(name.to_owned());
+        self
     }
 
     /// Builds the limiter.
@@ -93,21 +103,21 @@ impl<K, C: Clock> KeyedBuilder<K, C> {
             ));
         }
         let mut states = limit_states(&self.config, 0)?;
+        let metrics = crate::metrics::Metrics::named(self.name.as_deref());
         if states.len() > 1 {
             return Ok(KeyedRateLimiter::from_limits(
                 states,
                 self.clock,
                 self.max_keys,
                 super::Mode::Full,
-            ));
+            )
+            .with_metrics(metrics));
         }
         let template = states.pop().expect("one limit");
-        Ok(KeyedRateLimiter::from_parts(
-            template,
-            self.clock,
-            self.max_keys,
-            super::Mode::Full,
-        ))
+        Ok(
+            KeyedRateLimiter::from_parts(template, self.clock, self.max_keys, super::Mode::Full)
+                .with_metrics(metrics),
+        )
     }
 }
 

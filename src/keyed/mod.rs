@@ -12,17 +12,17 @@ use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
-use std::sync::RwLockWriteGuard;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 pub use builder::KeyedBuilder;
 use several::{Several, Ticket};
 pub(crate) use shard::Mode;
-use shard::{Dropped, Fast, Recorded, Shard, Table};
+use shard::{Dropped, Fast, Recorded, Shard, Written};
 
 use crate::clock::{Clock, SystemClock};
 use crate::core::{Policy, State, stable_interval_micros};
+use crate::metrics::Metrics;
 use crate::reservation::{GiveBackTo, Pending, Taken};
 use crate::store::{Now, Store};
 use crate::{Error, Reservation, Snapshot};
@@ -136,6 +136,7 @@ pub struct KeyedRateLimiter<K, C: Clock = SystemClock> {
     /// The keys, for a limiter built with several limits (the shards are
     /// then unused).
     several: Option<Box<Several<K>>>,
+    metrics: Metrics,
 }
 
 /// A shard on cache lines of its own, so that threads on different shards
@@ -309,7 +310,20 @@ where
             dropped_until: AtomicU64::new(0),
             words,
             several: None,
+            metrics: Metrics::default(),
         }
+    }
+
+    /// Records into `metrics` from now on.
+    pub(crate) fn with_metrics(mut self, metrics: Metrics) -> Self {
+        for shard in &self.shards {
+            shard.0.write().metrics = metrics.clone();
+        }
+        if let Some(several) = &mut self.several {
+            several.metrics = metrics.clone();
+        }
+        self.metrics = metrics;
+        self
     }
 
     /// A limiter whose keys each enforce every one of `limits` (the first
@@ -338,7 +352,7 @@ where
 
     /// `key`'s shard, write-locked, and the time now for it (see
     /// [`Shard::write_at`]).
-    fn shard_now<Q: Hash + ?Sized>(&self, key: &Q) -> (RwLockWriteGuard<'_, Table<K>>, u64) {
+    fn shard_now<Q: Hash + ?Sized>(&self, key: &Q) -> (Written<'_, K>, u64) {
         let read = self.clock.now_micros();
         self.shard(key).write_at(read)
     }
@@ -670,6 +684,10 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
 {
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     fn give_back(&self, taken: Taken) {
         let Taken::Boxed(taken) = taken else {
             return;

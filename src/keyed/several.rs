@@ -23,6 +23,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use super::shard::Dropped;
 use crate::Snapshot;
 use crate::core::{Granted, InvalidRate, Limits, State, stable_interval_micros};
+use crate::metrics::Metrics;
 
 /// The fewest entries from which a shard sweeps because it doubled.
 const SWEEP_MIN_LEN: usize = 64;
@@ -43,6 +44,8 @@ pub(super) struct Several<K> {
     /// Whether keys not held start empty and are never swept (a Redis
     /// limiter's fallback), rather than full.
     empty: bool,
+    /// The limiter's metrics: the keys-held gauge.
+    pub(super) metrics: Metrics,
 }
 
 struct Shard<K> {
@@ -55,6 +58,36 @@ struct Shard<K> {
 struct Held {
     limits: Limits,
     serial: u64,
+}
+
+/// A locked shard, and how many keys it held when locked.
+struct Locked<'a, K> {
+    shard: MutexGuard<'a, Shard<K>>,
+    len: usize,
+    metrics: &'a Metrics,
+}
+
+impl<K> std::ops::Deref for Locked<'_, K> {
+    type Target = Shard<K>;
+
+    fn deref(&self) -> &Shard<K> {
+        &self.shard
+    }
+}
+
+impl<K> std::ops::DerefMut for Locked<'_, K> {
+    fn deref_mut(&mut self) -> &mut Shard<K> {
+        &mut self.shard
+    }
+}
+
+impl<K> Drop for Locked<'_, K> {
+    fn drop(&mut self) {
+        let len = self.shard.keys.len();
+        if len != self.len {
+            self.metrics.keys_changed(len as isize - self.len as isize);
+        }
+    }
 }
 
 /// A held reservation's way back: the entry it was made on, and its id in
@@ -90,12 +123,21 @@ impl<K: Hash + Eq + Clone> Several<K> {
             cap,
             next_serial: AtomicU64::new(1),
             empty,
+            metrics: Metrics::default(),
         }
     }
 
-    fn shard<Q: Hash + ?Sized>(&self, key: &Q) -> MutexGuard<'_, Shard<K>> {
+    /// The shard of `key`, locked: what the call adds or drops is counted
+    /// in the keys-held gauge when the lock is let go.
+    fn shard<Q: Hash + ?Sized>(&self, key: &Q) -> Locked<'_, K> {
         let index = (self.hasher.hash_one(key) >> 32) as usize % self.shards.len();
-        lock(&self.shards[index])
+        let shard = lock(&self.shards[index]);
+        let len = shard.keys.len();
+        Locked {
+            shard,
+            len,
+            metrics: &self.metrics,
+        }
     }
 
     /// Reserves `permits` of `key` at `now` if the wait fits in `timeout`

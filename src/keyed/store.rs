@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::KeyedRateLimiter;
 use crate::clock::Clock;
 use crate::core::micros;
+use crate::metrics::Metrics;
 use crate::store::{Keyed, Now, Rate, in_process_store};
 use crate::{Error, Reservation, Snapshot};
 
@@ -67,6 +68,10 @@ where
 
     fn clock(&self) -> &dyn Clock {
         &self.clock
+    }
+
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 }
 

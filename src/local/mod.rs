@@ -24,6 +24,7 @@ use crate::builder::Builder;
 use crate::clock::{Clock, SystemClock};
 use crate::core::{Ledger, Limits, State, micros, stable_interval_micros};
 use crate::error::check_permits;
+use crate::metrics::Metrics;
 use crate::reservation::{GiveBackTo, Pending, Reservation, Taken};
 use crate::store::{Direct, NoKey, Now, Rate, Store, in_process_store};
 use crate::{Error, Snapshot};
@@ -95,6 +96,7 @@ pub struct RateLimiter<C: Clock = SystemClock> {
     /// back.
     locked: Mutex<Locked>,
     clock: C,
+    metrics: Metrics,
 }
 
 /// What the lock holds.
@@ -167,7 +169,14 @@ impl<C: Clock> RateLimiter<C> {
                 limits: None,
             }),
             clock,
+            metrics: Metrics::default(),
         }
+    }
+
+    /// Records into `metrics` from now on.
+    pub(crate) fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// A limiter that enforces every one of `limits` (see [`Limits`]): its
@@ -567,6 +576,10 @@ impl<C: Clock> Now<NoKey> for RateLimiter<C> {
 in_process_store!(impl<C> for RateLimiter<C>, key NoKey, where C: Clock);
 
 impl<C: Clock> Rate for RateLimiter<C> {
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
         RateLimiter::set_rate(self, permits_per_second)
     }
@@ -677,6 +690,10 @@ impl<C: Clock> RateLimiter<C> {
 }
 
 impl<C: Clock> GiveBackTo for RateLimiter<C> {
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     fn give_back(&self, taken: Taken) {
         self.give_back_taken(taken);
     }

@@ -16,6 +16,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use super::fallback::RedisStats;
+use crate::metrics::BackendMetrics;
 
 /// The number of hash slots of a Redis Cluster.
 pub(crate) const SLOTS: u16 = 16_384;
@@ -47,6 +48,7 @@ pub(crate) struct Health {
     zone_recoveries: AtomicU64,
     fallback_calls: AtomicU64,
     last_error: Mutex<String>,
+    metrics: BackendMetrics,
 }
 
 impl Health {
@@ -62,7 +64,13 @@ impl Health {
             zone_recoveries: AtomicU64::new(0),
             fallback_calls: AtomicU64::new(0),
             last_error: Mutex::new(String::new()),
+            metrics: BackendMetrics::new(),
         }
+    }
+
+    /// The backend's metrics.
+    pub(crate) fn metrics(&self) -> &BackendMetrics {
+        &self.metrics
     }
 
     /// Whether this is a cluster's health (one zone per slot).
@@ -121,6 +129,7 @@ impl Health {
         };
         if newly && self.down.fetch_add(1, Ordering::AcqRel) == 0 {
             self.fallbacks.fetch_add(1, Ordering::Relaxed);
+            self.metrics.switched(1, true, true);
         }
         newly
     }
@@ -158,6 +167,7 @@ impl Health {
         self.zone_recoveries.fetch_add(1, Ordering::AcqRel);
         if self.down.fetch_sub(count, Ordering::AcqRel) == count {
             self.recoveries.fetch_add(1, Ordering::Relaxed);
+            self.metrics.switched(1, false, false);
         }
         if all {
             self.all.store(false, Ordering::Release);

@@ -261,9 +261,16 @@ where
         target.rate,
     );
     let led = lead.as_ref().map(Lead::id);
+    let metrics = backend.health.metrics();
+    let timed = metrics
+        .timing()
+        .then(|| (metrics.clone(), std::time::Instant::now()));
     let mut in_flight = InFlight {
         round_trip: Some(Box::pin(async move {
             let reply = round_trip.await;
+            if let Some((metrics, started)) = timed {
+                metrics.call(started.elapsed(), reply.is_ok());
+            }
             // The calls queued behind this one go next, or fail with it.
             if let Some(lead) = lead {
                 lead.finish(match &reply {

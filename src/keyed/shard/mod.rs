@@ -58,6 +58,7 @@ use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use crate::Snapshot;
 use crate::core::{GiveBack, Ledger, Reserved, State};
 use crate::local::word::{self, Config, Encoded, Slot, Step};
+use crate::metrics::Metrics;
 
 /// A reservation with a wait, made under the write lock: the core's record
 /// and the serial of the ledger it was noted in, to give it back with.
@@ -105,6 +106,8 @@ pub(super) struct Table<K> {
     last_now: u64,
     /// How a key not held starts, and whether full entries are swept.
     mode: Mode,
+    /// The limiter's metrics: the keys-held gauge.
+    pub(super) metrics: Metrics,
 }
 
 /// How a keyed limiter treats the keys it does not hold.
@@ -146,9 +149,43 @@ impl<K> Shard<K> {
         self.table.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The table, for writing.
-    pub(super) fn write(&self) -> RwLockWriteGuard<'_, Table<K>> {
-        self.table.write().unwrap_or_else(PoisonError::into_inner)
+    /// The table, for writing: what the call adds or drops is counted in
+    /// the keys-held gauge when the lock is let go.
+    pub(super) fn write(&self) -> Written<'_, K> {
+        let table = self.table.write().unwrap_or_else(PoisonError::into_inner);
+        let len = table.len();
+        Written { table, len }
+    }
+}
+
+/// A write-locked table, and how many keys it held when locked.
+pub(super) struct Written<'a, K> {
+    table: RwLockWriteGuard<'a, Table<K>>,
+    len: usize,
+}
+
+impl<K> std::ops::Deref for Written<'_, K> {
+    type Target = Table<K>;
+
+    fn deref(&self) -> &Table<K> {
+        &self.table
+    }
+}
+
+impl<K> std::ops::DerefMut for Written<'_, K> {
+    fn deref_mut(&mut self) -> &mut Table<K> {
+        &mut self.table
+    }
+}
+
+impl<K> Drop for Written<'_, K> {
+    fn drop(&mut self) {
+        let len = self.table.len();
+        if len != self.len {
+            self.table
+                .metrics
+                .keys_changed(len as isize - self.len as isize);
+        }
     }
 }
 
@@ -175,6 +212,7 @@ impl<K: Hash + Eq + Clone> Shard<K> {
             cap,
             last_now: now,
             mode,
+            metrics: Metrics::default(),
         };
         table.configure(now);
         Shard {
@@ -186,7 +224,7 @@ impl<K: Hash + Eq + Clone> Shard<K> {
     /// read before the lock so that no call waits under it) raised to the
     /// shard's latest reading, so that time never runs backwards for a key.
     /// Sweeps first if a sweep is due by time.
-    pub(super) fn write_at(&self, read: u64) -> (RwLockWriteGuard<'_, Table<K>>, u64) {
+    pub(super) fn write_at(&self, read: u64) -> (Written<'_, K>, u64) {
         let mut table = self.write();
         let now = table.clamp(read);
         (table, now)

@@ -59,6 +59,7 @@ use crate::clock::Clock;
 use crate::core::{Policy, State, stable_interval_micros};
 use crate::error::BackendError;
 use crate::keyed::Mode;
+use crate::metrics::Metrics;
 use crate::reservation::{GiveBackTo, Pending, Taken};
 use crate::store::{Now, Rate, Store};
 use crate::{Error, KeyedRateLimiter, Reservation, Snapshot};
@@ -114,6 +115,8 @@ pub struct Failover<K, C: Clock> {
     registered: AtomicBool,
     bucket_hasher: RandomState,
     this: Weak<Self>,
+    /// What its calls are counted in (named after its Redis key or prefix).
+    metrics: Metrics,
 }
 
 /// What the fail-over remembers, under one lock: every change to the
@@ -218,6 +221,10 @@ where
             );
             (local, ScriptArgs::new(&parts.policy, parts.rate))
         };
+        let metrics = Metrics::named(Some(match &parts.naming {
+            Naming::Single { key, .. } => key,
+            Naming::Keyed { prefix } => prefix.trim_end_matches(':'),
+        }));
         let coalescer = parts
             .backend
             .coalesce
@@ -245,6 +252,7 @@ where
             registered: AtomicBool::new(false),
             bucket_hasher: RandomState::new(),
             this: this.clone(),
+            metrics,
         }))
     }
 
@@ -619,6 +627,10 @@ where
         self.local.clock()
     }
 
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     fn sleep_blocking(&self, wait: Duration) {
         blocking_section(|| self.local.clock().sleep_blocking(wait));
     }
@@ -651,6 +663,10 @@ where
     K: Display + Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
 {
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     fn give_back(&self, taken: Taken) {
         let (key, token) = match taken {
             Taken::Boxed(taken) => {
