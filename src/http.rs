@@ -45,6 +45,8 @@ use std::time::Duration;
 
 use ::http::header::RETRY_AFTER;
 use ::http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+use futures::FutureExt;
+use futures::future::{self, Either, Join, Map, Ready};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -445,8 +447,8 @@ pub struct RateLimitLayer<L, X, H = EmptyBody> {
 struct Config<H> {
     max_wait: Duration,
     headers: Headers,
-    /// The policy's name as a structured-field string, quotes included.
-    policy: Arc<str>,
+    /// The policy's name, and its `RateLimit-Policy` value.
+    policy: Arc<PolicyName>,
     on_refused: H,
 }
 
@@ -519,7 +521,7 @@ impl<L, X> RateLimitLayer<L, X> {
             config: Config {
                 max_wait: Duration::ZERO,
                 headers: Headers::Ietf,
-                policy: Arc::from("\"default\""),
+                policy: Arc::new(PolicyName::new("\"default\"".into())),
                 on_refused: EmptyBody,
             },
         }
@@ -557,7 +559,7 @@ impl<L, X, H> RateLimitLayer<L, X, H> {
             }
         }
         quoted.push('"');
-        self.config.policy = Arc::from(quoted);
+        self.config.policy = Arc::new(PolicyName::new(quoted.into()));
         self
     }
 
@@ -664,18 +666,109 @@ fn quota(snapshot: &Snapshot) -> (u64, u64) {
     (allowed.max(burst), window)
 }
 
+/// A header value built on the stack: `parts` one after another (one
+/// allocation, the value's own; a value too long for the stack, from a
+/// long policy name, goes through a `Vec`).
+fn header_value(parts: &[Part<'_>]) -> Option<HeaderValue> {
+    let mut buffer = [0u8; 96];
+    let mut at = 0;
+    let mut spilled: Option<Vec<u8>> = None;
+    for part in parts {
+        let mut digits = [0u8; 20];
+        let bytes = part.bytes(&mut digits);
+        match &mut spilled {
+            Some(spilled) => spilled.extend_from_slice(bytes),
+            None if at + bytes.len() <= buffer.len() => {
+                buffer[at..at + bytes.len()].copy_from_slice(bytes);
+                at += bytes.len();
+            }
+            None => {
+                let mut long = buffer[..at].to_vec();
+                long.extend_from_slice(bytes);
+                spilled = Some(long);
+            }
+        }
+    }
+    HeaderValue::from_bytes(spilled.as_deref().unwrap_or(&buffer[..at])).ok()
+}
+
+/// A piece of a header value.
+enum Part<'a> {
+    Text(&'a str),
+    Number(u64),
+}
+
+impl Part<'_> {
+    /// Its bytes (a number's digits written into `digits`).
+    fn bytes<'b>(&'b self, digits: &'b mut [u8; 20]) -> &'b [u8] {
+        match self {
+            Part::Text(text) => text.as_bytes(),
+            Part::Number(n) => {
+                let (mut n, mut i) = (*n, digits.len());
+                loop {
+                    i -= 1;
+                    digits[i] = b'0' + (n % 10) as u8;
+                    n /= 10;
+                    if n == 0 {
+                        break;
+                    }
+                }
+                &digits[i..]
+            }
+        }
+    }
+}
+
+/// A policy's name as a structured-field string (quotes included), and
+/// its last `RateLimit-Policy` value, which changes only with the rate.
+#[derive(Debug)]
+struct PolicyName {
+    quoted: Box<str>,
+    value: std::sync::RwLock<Option<(u64, u64, HeaderValue)>>,
+}
+
+impl PolicyName {
+    fn new(quoted: Box<str>) -> PolicyName {
+        PolicyName {
+            quoted,
+            value: std::sync::RwLock::new(None),
+        }
+    }
+
+    /// The `RateLimit-Policy` value for `q` requests per `w` seconds.
+    fn value(&self, q: u64, w: u64) -> Option<HeaderValue> {
+        let read = |value: &Option<(u64, u64, HeaderValue)>| match value {
+            Some((cached_q, cached_w, value)) if (*cached_q, *cached_w) == (q, w) => {
+                Some(value.clone())
+            }
+            _ => None,
+        };
+        if let Ok(cached) = self.value.read()
+            && let Some(value) = read(&cached)
+        {
+            return Some(value);
+        }
+        use Part::{Number, Text};
+        let quoted = &*self.quoted;
+        let value = header_value(&[Text(quoted), Text(";q="), Number(q), Text(";w="), Number(w)])?;
+        if let Ok(mut cached) = self.value.write() {
+            *cached = Some((q, w, value.clone()));
+        }
+        Some(value)
+    }
+}
+
 /// Writes the rate-limit headers for `snapshot` into `headers`, leaving
-/// any already there.
-/// `refused`: the request was refused, so none remains (a permit that came
-/// back between the refusal and the snapshot is not reported).
+/// any already there. `refused`: the request was refused, so none remains
+/// (a permit that came back between the refusal and the snapshot is not
+/// reported).
 fn write_headers(
     headers: &mut HeaderMap,
     kind: Headers,
-    policy: &str,
+    policy: &PolicyName,
     snapshot: &Snapshot,
     refused: bool,
 ) {
-    use std::fmt::Write;
     if kind == Headers::None {
         return;
     }
@@ -686,29 +779,25 @@ fn write_headers(
         snapshot.remaining().min(SF_INTEGER_MAX)
     };
     let t = secs_up(snapshot.full_in()).min(SF_INTEGER_MAX);
-    let mut text = String::with_capacity(policy.len() + 32);
-    let put = |headers: &mut HeaderMap, name: HeaderName, text: &str| {
-        if !headers.contains_key(&name)
-            && let Ok(value) = HeaderValue::from_str(text)
+    headers.reserve(if kind == Headers::IetfAndLegacy { 5 } else { 2 });
+    // Each value is made only if the header is not there yet.
+    let mut put = |name: HeaderName, value: &dyn Fn() -> Option<HeaderValue>| {
+        if let ::http::header::Entry::Vacant(vacant) = headers.entry(name)
+            && let Some(value) = value()
         {
-            headers.insert(name, value);
+            vacant.insert(value);
         }
     };
-    let _ = write!(text, "{policy};q={q};w={w}");
-    put(headers, RATELIMIT_POLICY, &text);
-    text.clear();
-    let _ = write!(text, "{policy};r={r};t={t}");
-    put(headers, RATELIMIT, &text);
+    use Part::{Number, Text};
+    put(RATELIMIT_POLICY, &|| policy.value(q, w));
+    let name = &*policy.quoted;
+    put(RATELIMIT, &|| {
+        header_value(&[Text(name), Text(";r="), Number(r), Text(";t="), Number(t)])
+    });
     if kind == Headers::IetfAndLegacy {
-        for (name, value) in [
-            (X_RATELIMIT_LIMIT, q),
-            (X_RATELIMIT_REMAINING, r),
-            (X_RATELIMIT_RESET, t),
-        ] {
-            if !headers.contains_key(&name) {
-                headers.insert(name, HeaderValue::from(value));
-            }
-        }
+        put(X_RATELIMIT_LIMIT, &|| Some(HeaderValue::from(q)));
+        put(X_RATELIMIT_REMAINING, &|| Some(HeaderValue::from(r)));
+        put(X_RATELIMIT_RESET, &|| Some(HeaderValue::from(t)));
     }
 }
 
@@ -717,6 +806,56 @@ const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// The headers a granted request's response gets once the inner service
+/// answers: which, the policy's name, and the key's snapshot after the
+/// grant (`None`: none).
+#[doc(hidden)]
+pub struct Pending(Option<(Headers, Arc<PolicyName>, Snapshot)>);
+
+/// What adds a granted request's headers to its response.
+#[doc(hidden)]
+pub type AddHeaders<R, E> = fn((Result<Response<R>, E>, Pending)) -> Result<Response<R>, E>;
+
+/// Adds a granted request's headers to its response.
+fn add_headers<R, E>(
+    (result, Pending(pending)): (Result<Response<R>, E>, Pending),
+) -> Result<Response<R>, E> {
+    let mut response = result?;
+    if let Some((kind, policy, snapshot)) = pending {
+        write_headers(response.headers_mut(), kind, &policy, &snapshot, false);
+    }
+    Ok(response)
+}
+
+/// The response future of [`RateLimit`]: the inner service's, with the
+/// headers added, when the limiter answered at once (a request with its
+/// permit free, or refused at once, on a limiter in this process); boxed
+/// otherwise (a wait, a Redis round trip).
+pub type ResponseFuture<F, R, E> = Either<
+    Map<Join<F, Ready<Pending>>, AddHeaders<R, E>>,
+    Either<
+        Ready<Result<Response<R>, E>>,
+        Pin<Box<dyn Future<Output = Result<Response<R>, E>> + Send>>,
+    >,
+>;
+
+/// The response to a refused request: the hook's, with `Retry-After` and
+/// the headers added.
+fn refusal<R, H: OnRefused<R>>(config: &Config<H>, snapshot: Snapshot) -> Response<R> {
+    let refused = Refused {
+        retry_after: snapshot.wait(),
+        snapshot,
+    };
+    let mut response = config.on_refused.response(&refused);
+    let headers = response.headers_mut();
+    if !headers.contains_key(RETRY_AFTER) {
+        let secs = retry_after_secs(refused.retry_after);
+        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+    }
+    write_headers(headers, config.headers, &config.policy, &snapshot, true);
+    response
+}
 
 impl<S, L, T, X, H, B, R> Service<Request<B>> for RateLimit<S, L, X, H>
 where
@@ -732,23 +871,47 @@ where
 {
     type Response = Response<R>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<R>, S::Error>> + Send>>;
+    type Future = ResponseFuture<S::Future, R, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let key = self.extractor.key(&request);
+        let Some(key) = self.extractor.key(&request) else {
+            let response = answer(StatusCode::INTERNAL_SERVER_ERROR);
+            return Either::Right(Either::Left(future::ready(Ok(response))));
+        };
+        let config = &self.config;
+        // A limiter in this process answers at once: no future to box.
+        match self.limiter.take_if_free(&key, 1) {
+            Some(Ok(true)) => {
+                let pending = match config.headers {
+                    Headers::None => None,
+                    kind => self
+                        .limiter
+                        .snapshot_if_local(&key)
+                        .map(|snapshot| (kind, Arc::clone(&config.policy), snapshot)),
+                };
+                let answered =
+                    future::join(self.inner.call(request), future::ready(Pending(pending)));
+                let add: AddHeaders<R, S::Error> = add_headers;
+                return Either::Left(answered.map(add));
+            }
+            Some(Ok(false)) if config.max_wait.is_zero() => {
+                if let Some(snapshot) = self.limiter.snapshot_if_local(&key) {
+                    let response = refusal(config, snapshot);
+                    return Either::Right(Either::Left(future::ready(Ok(response))));
+                }
+            }
+            _ => {}
+        }
         // The ready service goes with the request; this one is a fresh
         // clone that must be made ready again.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let (limiter, config) = (self.limiter.clone(), self.config.clone());
-        Box::pin(async move {
-            let Some(key) = key else {
-                return Ok(answer(StatusCode::INTERNAL_SERVER_ERROR));
-            };
+        Either::Right(Either::Right(Box::pin(async move {
             match limiter.try_acquire(&key, 1, config.max_wait).await {
                 Ok(true) => {
                     let snapshot = match config.headers {
@@ -762,27 +925,13 @@ where
                     }
                     Ok(response)
                 }
-                Ok(false) => {
-                    let snapshot = match limiter.snapshot(&key).await {
-                        Ok(snapshot) => snapshot,
-                        Err(_) => return Ok(answer(StatusCode::SERVICE_UNAVAILABLE)),
-                    };
-                    let refused = Refused {
-                        retry_after: snapshot.wait(),
-                        snapshot,
-                    };
-                    let mut response = config.on_refused.response(&refused);
-                    let headers = response.headers_mut();
-                    if !headers.contains_key(RETRY_AFTER) {
-                        let secs = retry_after_secs(refused.retry_after);
-                        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
-                    }
-                    write_headers(headers, config.headers, &config.policy, &snapshot, true);
-                    Ok(response)
-                }
+                Ok(false) => match limiter.snapshot(&key).await {
+                    Ok(snapshot) => Ok(refusal(&config, snapshot)),
+                    Err(_) => Ok(answer(StatusCode::SERVICE_UNAVAILABLE)),
+                },
                 Err(_) => Ok(answer(StatusCode::SERVICE_UNAVAILABLE)),
             }
-        })
+        })))
     }
 }
 

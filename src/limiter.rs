@@ -286,6 +286,30 @@ pub trait KeyedLimiter<K: Sync>: Send + Sync {
     /// The clock waits are slept on.
     fn clock(&self) -> &dyn Clock;
 
+    /// [`Limiter::take_if_free`] for `key`: takes `permits` if they are
+    /// free now, without I/O; `None` if this limiter cannot tell without
+    /// a round trip.
+    ///
+    /// Not part of the API: an optimisation between this crate's limiters
+    /// and adapters, hidden from the docs, and free to change.
+    ///
+    /// # Errors
+    /// As [`try_reserve`](KeyedLimiter::try_reserve).
+    #[doc(hidden)]
+    fn take_if_free(&self, key: &K, permits: u32) -> Option<Result<bool, Error>> {
+        let _ = (key, permits);
+        None
+    }
+
+    /// [`snapshot`](KeyedLimiter::snapshot) without I/O; `None` if this
+    /// limiter cannot tell without a round trip. Hidden, as
+    /// [`take_if_free`](KeyedLimiter::take_if_free).
+    #[doc(hidden)]
+    fn snapshot_if_local(&self, key: &K) -> Option<Snapshot> {
+        let _ = key;
+        None
+    }
+
     /// Reserves `permits` of `key` as a [`Reservation`]: wait for it, or
     /// drop it to give the permits back.
     ///
@@ -440,6 +464,19 @@ impl<K: Sync, T: Keyed<K>> KeyedLimiter<K> for T {
 
     async fn snapshot(&self, key: &K) -> Result<Snapshot, Error> {
         Store::snapshot(self.store(), key).await
+    }
+
+    fn take_if_free(&self, key: &K, permits: u32) -> Option<Result<bool, Error>> {
+        let taken = Store::take_if_free(self.store(), key, permits);
+        // Not free: the caller reserves next, which counts.
+        if let Some(Ok(true)) = taken {
+            Rate::metrics(self.store()).granted(Duration::ZERO);
+        }
+        taken
+    }
+
+    fn snapshot_if_local(&self, key: &K) -> Option<Snapshot> {
+        Store::snapshot_if_local(self.store(), key)
     }
 
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {

@@ -106,6 +106,13 @@ pub trait Store<Q: ?Sized + Sync>: Rate {
     /// What `key` holds now, read without reserving.
     fn snapshot(&self, key: &Q) -> impl Future<Output = Result<Snapshot, Error>> + Send;
 
+    /// [`snapshot`](Self::snapshot) without I/O; `None` if the store
+    /// cannot tell without a round trip.
+    fn snapshot_if_local(&self, key: &Q) -> Option<Snapshot> {
+        let _ = key;
+        None
+    }
+
     /// Takes `permits` if they are free now, without I/O (see
     /// [`Limiter::take_if_free`](crate::Limiter::take_if_free)); `None` if
     /// the store cannot tell without a round trip.
@@ -409,6 +416,10 @@ macro_rules! in_process_store {
 
     fn snapshot(&self, key: &$q) -> impl ::std::future::Future<Output = Result<$crate::Snapshot, $crate::Error>> + Send {
         ::std::future::ready(Ok($crate::store::Now::snapshot_now(self, key)))
+    }
+
+    fn snapshot_if_local(&self, key: &$q) -> Option<$crate::Snapshot> {
+        Some($crate::store::Now::snapshot_now(self, key))
     }
 }
     };

@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::KeyedRateLimiter;
 use crate::clock::Clock;
 use crate::core::micros;
+use crate::error::check_permits;
 use crate::metrics::Metrics;
 use crate::store::{Keyed, Now, Rate, in_process_store};
 use crate::{Error, Reservation, Snapshot};
@@ -43,6 +44,14 @@ where
 
     fn snapshot_now(&self, key: &Q) -> Snapshot {
         self.snapshot_of(key)
+    }
+
+    fn take_if_free_now(&self, key: &Q, permits: u32) -> Option<Result<bool, Error>> {
+        let free = check_permits(permits).map(|()| {
+            self.reserve_micros(key, permits, 0, false)
+                .is_some_and(|(wait, _, _)| wait == 0)
+        });
+        Some(free)
     }
 }
 
