@@ -1,10 +1,12 @@
 //! HTTP glue (feature `http`): a layer that limits requests per client
-//! and answers `429 Too Many Requests` with `Retry-After`
-//! ([`RateLimitLayer`]), which client a request comes from
-//! ([`ClientIp`], behind trusted proxies only), and how long to tell a
+//! and answers `429 Too Many Requests` with `Retry-After`, with the IETF
+//! `RateLimit-Policy` and `RateLimit` headers on every response and a hook
+//! to shape refusals ([`RateLimitLayer`]); which client a request comes
+//! from ([`ClientIp`], behind trusted proxies only); and how long to tell a
 //! refused one to wait. It works on the `http` crate's types, so any tower
-//! server takes it (axum's `Router::layer` among them); the crate does not
-//! depend on a server.
+//! server takes it (axum's `Router::layer` and `route_layer` as they are);
+//! the crate does not depend on a server. `examples/axum_server.rs` is a
+//! whole server.
 //!
 //! # The client behind proxies
 //!
