@@ -21,8 +21,8 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use criterion::{Criterion, criterion_group, criterion_main};
 use http::{Request, Response};
-use throttler::KeyedRateLimiter;
-use throttler::http::{Headers, PeerIp, RateLimitLayer};
+use paceline::KeyedRateLimiter;
+use paceline::http::{Headers, PeerIp, RateLimitLayer};
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_layer::Layer;
@@ -76,13 +76,13 @@ fn layers(c: &mut Criterion) {
     );
     let peer = PeerIp::from_extension(|info: &ConnectInfo<SocketAddr>| info.0.ip());
     let ours = RateLimitLayer::new(Arc::clone(&limiter), peer.clone()).layer(Ok200);
-    group.bench_function("throttler http::RateLimitLayer, headers", |b| {
+    group.bench_function("paceline http::RateLimitLayer, headers", |b| {
         b.iter_custom(|iters| runtime.block_on(drive(ours.clone(), iters)))
     });
     let quiet = RateLimitLayer::new(limiter, peer)
         .headers(Headers::None)
         .layer(Ok200);
-    group.bench_function("throttler http::RateLimitLayer, no headers", |b| {
+    group.bench_function("paceline http::RateLimitLayer, no headers", |b| {
         b.iter_custom(|iters| runtime.block_on(drive(quiet.clone(), iters)))
     });
 

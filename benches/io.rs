@@ -21,13 +21,13 @@
 //!   timer's late wake-ups.
 //! * `write_all 64 KiB, no burst` (informative, not held to 0.99): with no
 //!   burst at all, every late wake-up of the timer is lost (see the chunking
-//!   notes in `throttler::io`).
+//!   notes in `paceline::io`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use throttler::RateLimiter;
-use throttler::io::ThrottledWriter;
+use paceline::RateLimiter;
+use paceline::io::ThrottledWriter;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;

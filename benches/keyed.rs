@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
 use governor::{DefaultKeyedRateLimiter, Quota};
-use throttler::KeyedRateLimiter;
+use paceline::KeyedRateLimiter;
 
 const FAST: f64 = 1e9;
 /// Keys in the round-robin case.
@@ -105,16 +105,16 @@ fn allocated() -> usize {
 }
 
 /// Whether a try was granted: what a caller branches on.
-fn granted(result: Result<Option<Duration>, throttler::Error>) -> bool {
+fn granted(result: Result<Option<Duration>, paceline::Error>) -> bool {
     matches!(result, Ok(Some(_)))
 }
 
-fn throttler_granted() -> KeyedRateLimiter<u64> {
+fn paceline_granted() -> KeyedRateLimiter<u64> {
     KeyedRateLimiter::bursty(FAST).unwrap()
 }
 
 /// Grants every call too, on the general path.
-fn throttler_warming_up() -> KeyedRateLimiter<u64> {
+fn paceline_warming_up() -> KeyedRateLimiter<u64> {
     KeyedRateLimiter::warming_up(FAST, Duration::from_secs(1)).unwrap()
 }
 
@@ -164,7 +164,7 @@ fn bytes_per_key() {
     );
     assert_eq!(limiter.len(), KEYS as usize, "every key held");
     row(
-        "throttler KeyedRateLimiter (1/s, 1 s burst)",
+        "paceline KeyedRateLimiter (1/s, 1 s burst)",
         empty - base,
         full - base,
         KEYS,
@@ -206,8 +206,8 @@ fn one_hot_key(c: &mut Criterion) {
         .sample_size(40);
 
     let key = 42u64;
-    let limiter = throttler_granted();
-    group.bench_function("throttler try_reserve", |b| {
+    let limiter = paceline_granted();
+    group.bench_function("paceline try_reserve", |b| {
         b.iter(|| {
             black_box(granted(limiter.try_reserve(
                 black_box(&key),
@@ -216,8 +216,8 @@ fn one_hot_key(c: &mut Criterion) {
             )))
         })
     });
-    let warming_up = throttler_warming_up();
-    group.bench_function("throttler try_reserve, warming-up", |b| {
+    let warming_up = paceline_warming_up();
+    group.bench_function("paceline try_reserve, warming-up", |b| {
         b.iter(|| {
             black_box(granted(warming_up.try_reserve(
                 black_box(&key),
@@ -241,11 +241,11 @@ fn round_robin(c: &mut Criterion) {
         .sample_size(40);
 
     // Each limiter is populated just before its benchmark runs.
-    let limiter = throttler_granted();
+    let limiter = paceline_granted();
     populate(0..MANY_KEYS, |key| {
         granted(limiter.try_reserve(&key, 1, Duration::ZERO))
     });
-    group.bench_function("throttler try_reserve", |b| {
+    group.bench_function("paceline try_reserve", |b| {
         let mut next = 0u64;
         b.iter(|| {
             let key = next;
@@ -313,11 +313,11 @@ fn distinct_keys(c: &mut Criterion) {
         .sample_size(30);
 
     let keys = 0..2 * KEYS_PER_THREAD;
-    let limiter = throttler_granted();
+    let limiter = paceline_granted();
     populate(keys.clone(), |key| {
         granted(limiter.try_reserve(&key, 1, Duration::ZERO))
     });
-    group.bench_function("throttler try_reserve", |b| {
+    group.bench_function("paceline try_reserve", |b| {
         b.iter_custom(|iters| {
             two_threads(iters, |key| {
                 black_box(granted(limiter.try_reserve(

@@ -27,9 +27,9 @@ use std::time::{Duration, Instant};
 use criterion::BatchSize;
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{DefaultDirectRateLimiter, Quota};
-use throttler::clock::{Clock, SystemClock};
-use throttler::core::{Bursty, Ledger, Policy, Reserved, State, micros};
-use throttler::{Limit, RateLimiter};
+use paceline::clock::{Clock, SystemClock};
+use paceline::core::{Bursty, Ledger, Policy, Reserved, State, micros};
+use paceline::{Limit, RateLimiter};
 
 const FAST: f64 = 1e9;
 const SLOW: f64 = 1.0 / 3600.0;
@@ -61,7 +61,7 @@ impl MutexLimiter {
 }
 
 /// Whether a try was granted: what a caller branches on.
-fn granted(result: Result<Option<Duration>, throttler::Error>) -> bool {
+fn granted(result: Result<Option<Duration>, paceline::Error>) -> bool {
     matches!(result, Ok(Some(_)))
 }
 
@@ -84,7 +84,7 @@ fn single_thread(c: &mut Criterion) {
         .sample_size(40);
 
     let limiter = RateLimiter::bursty(FAST).unwrap();
-    group.bench_function("throttler try_reserve granted", |b| {
+    group.bench_function("paceline try_reserve granted", |b| {
         b.iter(|| black_box(granted(limiter.try_reserve(black_box(1), Duration::ZERO))))
     });
     let governor = governor_granted();
@@ -98,7 +98,7 @@ fn single_thread(c: &mut Criterion) {
 
     let limiter = RateLimiter::bursty(SLOW).unwrap();
     assert!(limiter.try_reserve(1, Duration::ZERO).unwrap().is_some());
-    group.bench_function("throttler try_reserve refused", |b| {
+    group.bench_function("paceline try_reserve refused", |b| {
         b.iter(|| black_box(granted(limiter.try_reserve(black_box(1), Duration::ZERO))))
     });
     let governor = governor_refused();
@@ -112,7 +112,7 @@ fn single_thread(c: &mut Criterion) {
     });
 
     let limiter = RateLimiter::bursty(FAST).unwrap();
-    group.bench_function("throttler reserve", |b| {
+    group.bench_function("paceline reserve", |b| {
         b.iter(|| black_box(limiter.reserve(black_box(1)).is_ok()))
     });
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -120,11 +120,11 @@ fn single_thread(c: &mut Criterion) {
         .build()
         .unwrap();
     // The async bencher's own cost, for comparison with `acquire`.
-    group.bench_function("throttler reserve, in the async bencher", |b| {
+    group.bench_function("paceline reserve, in the async bencher", |b| {
         b.to_async(&runtime)
             .iter(|| async { black_box(limiter.reserve(black_box(1)).is_ok()) })
     });
-    group.bench_function("throttler acquire, no wait", |b| {
+    group.bench_function("paceline acquire, no wait", |b| {
         b.to_async(&runtime)
             .iter(|| async { black_box(limiter.acquire(black_box(1)).await.is_ok()) })
     });
@@ -136,12 +136,12 @@ fn single_thread(c: &mut Criterion) {
         .limit(Limit::per_hour(FAST * 3600.0))
         .build()
         .unwrap();
-    group.bench_function("throttler two limits try_reserve granted", |b| {
+    group.bench_function("paceline two limits try_reserve granted", |b| {
         b.iter(|| black_box(granted(two.try_reserve(black_box(1), Duration::ZERO))))
     });
 
     let warming = RateLimiter::warming_up(FAST, Duration::from_secs(1)).unwrap();
-    group.bench_function("throttler warming-up try_reserve granted", |b| {
+    group.bench_function("paceline warming-up try_reserve granted", |b| {
         b.iter(|| black_box(granted(warming.try_reserve(black_box(1), Duration::ZERO))))
     });
     group.finish();
@@ -177,7 +177,7 @@ fn contended(c: &mut Criterion) {
         .sample_size(30);
 
     let limiter = RateLimiter::bursty(FAST).unwrap();
-    group.bench_function("throttler try_reserve", |b| {
+    group.bench_function("paceline try_reserve", |b| {
         b.iter_custom(|iters| {
             two_threads(iters, || {
                 black_box(granted(limiter.try_reserve(black_box(1), Duration::ZERO)));

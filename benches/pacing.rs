@@ -2,9 +2,9 @@
 //! limiter, against the rate it is configured for.
 //!
 //! ```text
-//! cargo bench --bench pacing                              # 5 s per run, 18 runs
-//! THROTTLER_PACING_SECS=1 cargo bench --bench pacing       # shorter
-//! THROTTLER_PACING_BURST_MS=0 cargo bench --bench pacing   # strict spacing, no burst
+//! cargo bench --features redis --bench pacing                              # 5 s per run, 18 runs
+//! PACELINE_PACING_SECS=1 cargo bench --features redis --bench pacing       # shorter
+//! PACELINE_PACING_BURST_MS=0 cargo bench --features redis --bench pacing   # strict spacing, no burst
 //! ```
 //!
 //! For each rate (10, 1 000 and 50 000 permits/s) and each number of tasks
@@ -14,7 +14,7 @@
 //! number of acquisitions after the first, divided by the time from the
 //! first to the last (so neither the start-up nor the idle end of the run
 //! counts), and the error is its deviation from the configured rate.
-//! Limiters have the default burst of one second (`THROTTLER_PACING_BURST_MS`
+//! Limiters have the default burst of one second (`PACELINE_PACING_BURST_MS`
 //! changes it): a task that wakes late finds the permits it missed stored and
 //! takes them at once, which is what stored permits are for. No stored
 //! permits inflate the start: a new local limiter has none, and the Redis key
@@ -29,8 +29,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use throttler::redis::{Fallback, RedisRateLimiter};
-use throttler::{Limiter, RateLimiter};
+use paceline::redis::{Fallback, RedisRateLimiter};
+use paceline::{Limiter, RateLimiter};
 
 #[allow(dead_code)]
 #[path = "../tests/support/redis_server.rs"]
@@ -94,12 +94,12 @@ async fn run(limiter: Arc<dyn Limiter>, tasks: usize, length: Duration) -> Pace 
 }
 
 fn main() {
-    let secs: f64 = std::env::var("THROTTLER_PACING_SECS")
+    let secs: f64 = std::env::var("PACELINE_PACING_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(5.0);
     let length = Duration::from_secs_f64(secs);
-    let burst_ms: u64 = std::env::var("THROTTLER_PACING_BURST_MS")
+    let burst_ms: u64 = std::env::var("PACELINE_PACING_BURST_MS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1000);

@@ -2,7 +2,7 @@
 //! `redis-server` this benchmark starts on a free loopback port (and stops).
 //!
 //! ```text
-//! scripts/bench-redis.sh          # or: cargo bench --bench redis
+//! scripts/bench-redis.sh          # or: cargo bench --features redis --bench redis
 //! ```
 //!
 //! Part 1, the script: `redis-benchmark` sends EVALSHA over 50 connections,
@@ -39,7 +39,7 @@
 //!
 //! Part 3, keyed: one `RedisBackend` (one connection) and a
 //! `KeyedRedisRateLimiter` on it, 64 tasks reserving on random keys out of
-//! 10 000 (each its own Redis key, `throttler:keyed:{key}`), on a
+//! 10 000 (each its own Redis key, `paceline:keyed:{key}`), on a
 //! current-thread runtime; next to it `redis-benchmark -c 64 -P 16` running
 //! the script on random keys of the same shape (`-r 10000`). Then `MEMORY
 //! USAGE` of the keys, averaged over a sample.
@@ -53,9 +53,9 @@
 //! the server time per reservation of the script's batches of 8 and 64
 //! next to a call each (`redis-benchmark -c 50 -P 16`, EVALSHA `batch`).
 //!
-//! Every measurement is repeated (`THROTTLER_BENCH_ROUNDS`, default 3) and
+//! Every measurement is repeated (`PACELINE_BENCH_ROUNDS`, default 3) and
 //! the median reported; rounds interleave the cases so that load from other
-//! work on the machine spreads over all of them. `THROTTLER_BENCH_SECS`
+//! work on the machine spreads over all of them. `PACELINE_BENCH_SECS`
 //! (default 2) sets the length of each client run; redis-benchmark runs are
 //! sized to take about as long.
 
@@ -64,7 +64,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use throttler::redis::{Fallback, KeyedRedisRateLimiter, RedisBackend, RedisRateLimiter};
+use paceline::redis::{Fallback, KeyedRedisRateLimiter, RedisBackend, RedisRateLimiter};
 
 #[allow(dead_code)]
 #[path = "../tests/support/redis_server.rs"]
@@ -72,7 +72,7 @@ mod redis_server;
 
 use redis_server::RedisServer;
 
-const RESERVE: &str = throttler::redis::format::SCRIPT;
+const RESERVE: &str = paceline::redis::format::SCRIPT;
 const BASELINE: &str = include_str!("baseline.lua");
 const RETURN_1: &str = "return 1";
 /// What every script on this layout must do at least.
@@ -84,20 +84,20 @@ const LOWER_BOUND: &str = "local t = redis.call('TIME')\n\
 /// The limiter: the crate's key for the name `bench`, and the arguments the
 /// crate sends for `reserve(1)` at 1000 permits/s with 1 s of burst.
 const NAME: &str = "bench";
-const KEY: &str = "throttler:bench";
+const KEY: &str = "paceline:bench";
 const RATE: f64 = 1000.0;
 const RESERVE_ARGS: &[&str] = &["1", "-1", "1000.0", "bursty", "1000000", "0.0"];
 const BASELINE_ARGS: &[&str] = &["1", "-1", "1000.0", "1000000"];
 /// The same reservation as one its caller may give back (`acquire`, a
 /// `Reservation`): on a key always in debt, each gets a group in the key's
 /// ledger, which stays full.
-const HELD_KEY: &str = "throttler:held";
+const HELD_KEY: &str = "paceline:held";
 const HELD_ARGS: &[&str] = &["1+", "-1", "1000.0", "bursty", "1000000", "0.0"];
 /// Random keys for the cold-key rows: `__rand_int__` is replaced per call.
-const COLD_KEY: &str = "throttler:cold:__rand_int__";
+const COLD_KEY: &str = "paceline:cold:__rand_int__";
 const COLD_KEYS: &str = "10000000";
 /// The keyed case: 10 000 user keys under the keyed limiter's prefix.
-const USER_KEY: &str = "throttler:keyed:__rand_int__";
+const USER_KEY: &str = "paceline:keyed:__rand_int__";
 const USER_KEYS: u64 = 10_000;
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -248,8 +248,8 @@ async fn client_ops(limiter: &Arc<RedisRateLimiter>, tasks: usize, secs: f64) ->
 }
 
 fn main() {
-    let rounds: usize = env_or("THROTTLER_BENCH_ROUNDS", 3).max(1);
-    let secs: f64 = env_or("THROTTLER_BENCH_SECS", 2.0);
+    let rounds: usize = env_or("PACELINE_BENCH_ROUNDS", 3).max(1);
+    let secs: f64 = env_or("PACELINE_BENCH_SECS", 2.0);
 
     let server = RedisServer::start();
     let con = server.connection();
@@ -292,10 +292,10 @@ fn main() {
             .expect("runtime"),
     ];
     let runtime = &runtimes[0];
-    // `THROTTLER_BENCH_PART=4` runs part 4 alone.
-    if std::env::var("THROTTLER_BENCH_PART").as_deref() != Ok("4") {
+    // `PACELINE_BENCH_PART=4` runs part 4 alone.
+    if std::env::var("PACELINE_BENCH_PART").as_deref() != Ok("4") {
         // Part 1: the scripts, -c 50 -P 16.
-        let baseline_key = "throttler:baseline";
+        let baseline_key = "paceline:baseline";
         let cases: [(&str, &str, &str, &[&str]); 7] = [
             (
                 "the crate's script, one hot key",
@@ -478,7 +478,7 @@ fn main() {
             .map(|key| {
                 redis::cmd("MEMORY")
                     .arg("USAGE")
-                    .arg(format!("throttler:keyed:{key}"))
+                    .arg(format!("paceline:keyed:{key}"))
                     .query::<Option<u64>>(&mut bench.con)
                     .unwrap()
                     .unwrap_or(0)
@@ -559,7 +559,7 @@ fn main() {
             };
             let args = [mode, second, "1000000000.0", "bursty", "1000000", "0.0"];
             let calls = (requests / size as u64).max(1000);
-            let run = bench.redis_benchmark(50, 16, calls, &reserve, "throttler:hot", &args);
+            let run = bench.redis_benchmark(50, 16, calls, &reserve, "paceline:hot", &args);
             per_reservation[i].push(run.usec / size as f64);
         }
     }

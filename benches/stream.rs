@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use futures::{Stream, StreamExt, stream};
-use throttler::RateLimiter;
-use throttler::stream::ThrottleExt;
+use paceline::RateLimiter;
+use paceline::stream::ThrottleExt;
 
 const SATURATED_ITEMS: u64 = 1_000_000;
 const SATURATED_RATE: f64 = 1e6;

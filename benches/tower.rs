@@ -14,8 +14,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use throttler::RateLimiter;
-use throttler::tower::RateLimitLayer;
+use paceline::RateLimiter;
+use paceline::tower::RateLimitLayer;
 use tower_layer::Layer;
 use tower_service::Service;
 

@@ -24,8 +24,8 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::ConnectInfo;
 use axum::routing::get;
-use throttler::http::{ClientIp, Headers, PeerIp, RateLimitLayer, TrustedProxies};
-use throttler::{KeyedLimiter, KeyedRateLimiter};
+use paceline::http::{ClientIp, Headers, PeerIp, RateLimitLayer, TrustedProxies};
+use paceline::{KeyedLimiter, KeyedRateLimiter};
 
 /// What the server is asked to do.
 #[derive(Debug, Clone)]
@@ -90,8 +90,8 @@ pub async fn limiter(options: &Options) -> Result<Arc<dyn KeyedLimiter<IpAddr>>,
         )),
         #[cfg(feature = "redis")]
         Some(url) => {
-            let client = redis::Client::open(url.as_str())?;
-            let backend = throttler::redis::RedisBackend::builder(client)
+            let client = paceline::redis::Client::open(url.as_str())?;
+            let backend = paceline::redis::RedisBackend::builder(client)
                 .build()
                 .await?;
             Ok(Arc::new(

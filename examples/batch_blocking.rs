@@ -10,9 +10,9 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Instant;
 
-use throttler::RateLimiter;
+use paceline::RateLimiter;
 
-fn main() -> Result<(), throttler::Error> {
+fn main() -> Result<(), paceline::Error> {
     const WORKERS: usize = 4;
     const ITEMS: usize = 60;
     const RATE: f64 = 30.0;
@@ -26,7 +26,7 @@ fn main() -> Result<(), throttler::Error> {
         .map(|worker| {
             let limiter = Arc::clone(&limiter);
             let queue = Arc::clone(&queue);
-            thread::spawn(move || -> Result<usize, throttler::Error> {
+            thread::spawn(move || -> Result<usize, paceline::Error> {
                 let mut done = 0;
                 loop {
                     let item = match queue.lock().map(|q| q.recv()) {

@@ -3,15 +3,15 @@
 //! a loop for three seconds.
 //!
 //! ```text
-//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example distributed
-//! cargo run --example distributed   # starts a private redis-server if one is installed
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example distributed --features redis
+//! cargo run --example distributed --features redis   # starts a private redis-server if one is installed
 //! ```
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use throttler::redis::{Fallback, RedisRateLimiter};
+use paceline::redis::{Fallback, RedisRateLimiter};
 
 const RATE: f64 = 20.0;
 const INSTANCES: usize = 3;
@@ -31,13 +31,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut instances = Vec::new();
     for _ in 0..INSTANCES {
-        let limiter = RedisRateLimiter::builder(redis::Client::open(url.as_str())?, "example")
-            .permits_per_second(RATE)
-            .max_burst(Duration::ZERO)
-            .fallback(Fallback::Local)
-            .local_fraction(1.0 / INSTANCES as f64)
-            .build()
-            .await?;
+        let limiter =
+            RedisRateLimiter::builder(paceline::redis::Client::open(url.as_str())?, "example")
+                .permits_per_second(RATE)
+                .max_burst(Duration::ZERO)
+                .fallback(Fallback::Local)
+                .local_fraction(1.0 / INSTANCES as f64)
+                .build()
+                .await?;
         instances.push(Arc::new(limiter));
     }
 
@@ -56,7 +57,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                         start.elapsed().as_secs_f64()
                     );
                 }
-                Ok::<u32, throttler::Error>(count)
+                Ok::<u32, paceline::Error>(count)
             }));
         }
     }

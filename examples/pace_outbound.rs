@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use throttler::RateLimiter;
+use paceline::RateLimiter;
 
 /// Stands in for a call to a rate-limited API.
 async fn call_api(n: u32) -> u32 {
@@ -16,7 +16,7 @@ async fn call_api(n: u32) -> u32 {
 }
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<(), throttler::Error> {
+async fn main() -> Result<(), paceline::Error> {
     const CALLS: u32 = 20;
     const RATE: f64 = 5.0;
 

@@ -5,13 +5,13 @@
 //!
 //! ```text
 //! cargo run --release --example per_user
-//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --release --example per_user
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --release --example per_user --features redis
 //! ```
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use throttler::{KeyedLimiter, KeyedRateLimiter};
+use paceline::{KeyedLimiter, KeyedRateLimiter};
 
 const USERS: u32 = 1_000;
 const RATE: f64 = 5.0;
@@ -20,10 +20,12 @@ const RUN: Duration = Duration::from_secs(3);
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let limiter: Arc<dyn KeyedLimiter<String>> = match std::env::var("REDIS_URL") {
+        #[cfg(feature = "redis")]
         Ok(url) => {
-            let backend = throttler::redis::RedisBackend::builder(redis::Client::open(url)?)
-                .build()
-                .await?;
+            let backend =
+                paceline::redis::RedisBackend::builder(paceline::redis::Client::open(url)?)
+                    .build()
+                    .await?;
             println!("limiting through Redis (one connection for every user)");
             Arc::new(
                 backend
@@ -33,6 +35,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .build()?,
             )
         }
+        #[cfg(not(feature = "redis"))]
+        Ok(_) => return Err("REDIS_URL needs the example built with --features redis".into()),
         Err(_) => {
             println!("limiting in this process (set REDIS_URL to go through Redis)");
             Arc::new(
@@ -57,7 +61,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     limiter.acquire(&name, 1).await?;
                     granted.push(start.elapsed());
                 }
-                Ok::<_, throttler::Error>(granted)
+                Ok::<_, paceline::Error>(granted)
             })
         })
         .collect();

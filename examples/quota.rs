@@ -7,13 +7,13 @@
 //!
 //! ```text
 //! cargo run --example quota
-//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example quota
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example quota --features redis
 //! ```
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use throttler::{Limit, Limiter, RateLimiter};
+use paceline::{Limit, Limiter, RateLimiter};
 
 const LIMITS: [&str; 2] = ["10 per second", "1 000 an hour"];
 
@@ -22,17 +22,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let per_second = Limit::per_second(10.0).burst(5);
     let per_hour = Limit::per_hour(1000.0).burst(12);
     let limiter: Arc<dyn Limiter> = match std::env::var("REDIS_URL") {
+        #[cfg(feature = "redis")]
         Ok(url) => {
             println!("limiting through Redis");
-            let client = redis::Client::open(url)?;
+            let client = paceline::redis::Client::open(url)?;
             Arc::new(
-                throttler::redis::RedisRateLimiter::builder(client, "quota-example")
+                paceline::redis::RedisRateLimiter::builder(client, "quota-example")
                     .limit(per_second)
                     .limit(per_hour)
                     .build()
                     .await?,
             )
         }
+        #[cfg(not(feature = "redis"))]
+        Ok(_) => return Err("REDIS_URL needs the example built with --features redis".into()),
         Err(_) => {
             println!("limiting in this process (set REDIS_URL to go through Redis)");
             Arc::new(

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
-use throttler::RateLimiter;
-use throttler::stream::ThrottleExt;
+use paceline::RateLimiter;
+use paceline::stream::ThrottleExt;
 
 /// A request to a rate-limited API.
 #[derive(Debug)]
@@ -28,7 +28,7 @@ impl Request {
 }
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<(), throttler::Error> {
+async fn main() -> Result<(), paceline::Error> {
     const RATE: f64 = 5.0;
 
     let limiter = Arc::new(RateLimiter::bursty(RATE)?);

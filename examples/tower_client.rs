@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use throttler::RateLimiter;
-use throttler::tower::RateLimitLayer;
+use paceline::RateLimiter;
+use paceline::tower::RateLimitLayer;
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -61,7 +61,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                     let reply = client.call(format!("worker {worker} call {call}")).await?;
                     println!("{reply}");
                 }
-                Ok::<_, throttler::tower::BoxError>(())
+                Ok::<_, paceline::tower::BoxError>(())
             })
         })
         .collect();

@@ -16,14 +16,14 @@ local FRACTION_ONE = 1048576 -- 2^20: one microsecond in fraction units
 local FINE_CHARGE_LIMIT = 4294967296 -- 2^32 µs (FINE_CHARGE_LIMIT_MICROS)
 local FRACTIONS_SHIFT = 2097152 -- 2^21: field 7 = next_free_fraction * 2^21 + ...
 local FRACTIONS_END = 2199023255552 -- 2^41: field 7 is below it
-local BAD = 'ERR throttler: %s (got "%s")'
+local BAD = 'ERR paceline: %s (got "%s")'
 local THR3 = 'thr3' -- the marker of a value with a ledger (see Ledger)
 local LEDGER = '<dddddd' -- the ledger's head: six doubles, 48 bytes
 local LEDGER_START = 77 -- where a thr3 value's ledger begins
 local LEDGER_CAPACITY = 64 -- the most groups kept (Ledger::SHARED_CAPACITY)
 local TOKEN_ID_SIZE = 84 -- a token with a group id (see Token)
 local BATCH_CAPACITY = 1024 -- the most requests in one batch
-local NOT_OURS = 'ERR throttler: key %s holds a value this limiter does not recognise (%d bytes); it was left untouched: delete it or use another limiter name'
+local NOT_OURS = 'ERR paceline: key %s holds a value this limiter does not recognise (%d bytes); it was left untouched: delete it or use another limiter name'
 
 -- Comparisons below are written `if x > cap then x = cap end` where the core
 -- has `x.min(cap)`: the same thing, as no x there can be NaN. An integer
@@ -36,11 +36,11 @@ local NOT_OURS = 'ERR throttler: key %s holds a value this limiter does not reco
 local argv = ARGV
 local nargs = #argv
 if #KEYS ~= 1 then
-    return redis.error_reply('ERR throttler: expected exactly 1 key, the limiter (got '
+    return redis.error_reply('ERR paceline: expected exactly 1 key, the limiter (got '
         .. #KEYS .. '); call with KEYS[1] = limiter key')
 end
 if nargs ~= 6 and nargs ~= 7 then
-    return redis.error_reply('ERR throttler: expected 6 or 7 arguments: permits|probe|resume|cancel|batch|status, '
+    return redis.error_reply('ERR paceline: expected 6 or 7 arguments: permits|probe|resume|cancel|batch|status, '
         .. 'timeout_micros|debt_micros|token, permits_per_second, policy, '
         .. 'max_burst_micros|warmup_micros, cold_factor[, now_micros] (got ' .. nargs .. ')')
 end
@@ -164,7 +164,7 @@ else
             and tk_next_free_after >= tk_moment and tk_next_free_after <= MAX_MICROS
             and tk_next_free_after % 1 == 0
             and tk_fractions >= 0 and tk_fractions < FRACTIONS_END and tk_fractions % 1 == 0) then
-        return redis.error_reply('ERR throttler: ARGV[2] is not a reservation token: a cancel takes '
+        return redis.error_reply('ERR paceline: ARGV[2] is not a reservation token: a cancel takes '
             .. VALUE_SIZE .. ' or ' .. TOKEN_ID_SIZE .. ' bytes a granted reservation replied, unchanged (got '
             .. #timeout_micros .. ' bytes)')
     end

@@ -34,7 +34,7 @@ local SEVERAL = 'thr4'
 local LOG_CAPACITY = 64
 local BATCH_CAPACITY = 1024 -- the most requests in one batch
 local MAX_LIMITS = 16
-local BAD = 'ERR throttler: %s (got "%s")'
+local BAD = 'ERR paceline: %s (got "%s")'
 
 local argv, tonumber = ARGV, tonumber
 local function bad(what, i)
@@ -42,13 +42,13 @@ local function bad(what, i)
 end
 
 -- Arguments, all checked before the key is read.
-if #KEYS ~= 1 then return redis.error_reply('ERR throttler: expected exactly 1 key') end
+if #KEYS ~= 1 then return redis.error_reply('ERR paceline: expected exactly 1 key') end
 local n = tonumber(argv[3])
 if not (n and n >= 2 and n <= MAX_LIMITS and n % 1 == 0) then
     return bad('ARGV[3] must be the number of limits, 2 to ' .. MAX_LIMITS, 3)
 end
 if #argv ~= 3 + 4 * n and #argv ~= 4 + 4 * n then
-    return redis.error_reply('ERR throttler: expected ' .. (3 + 4 * n) .. ' or ' .. (4 + 4 * n)
+    return redis.error_reply('ERR paceline: expected ' .. (3 + 4 * n) .. ' or ' .. (4 + 4 * n)
         .. ' arguments for ' .. n .. ' limits (got ' .. #argv .. ')')
 end
 -- (tonumber costs a strtod: the most common values skip it.)
@@ -253,7 +253,7 @@ if value then
             and fr[i] >= 0 and fr[i] < FRACTION_ONE and fr[i] % 1 == 0
     end
     if not ok then
-        return redis.error_reply('ERR throttler: key ' .. key .. ' holds a value this limiter does not '
+        return redis.error_reply('ERR paceline: key ' .. key .. ' holds a value this limiter does not '
             .. 'recognise (' .. size .. ' bytes); it was left untouched: delete it or use another '
             .. 'limiter name')
     end

@@ -78,7 +78,7 @@ if value then
             and expires_micros >= 0 and expires_micros < INFINITY
             and last_now_micros >= 0 and last_now_micros <= MAX_MICROS and last_now_micros % 1 == 0
             and fractions >= 0 and fractions < FRACTIONS_END and fractions % 1 == 0) then
-        return redis.error_reply('ERR throttler: key ' .. key .. ' holds a value this limiter does not '
+        return redis.error_reply('ERR paceline: key ' .. key .. ' holds a value this limiter does not '
             .. 'recognise (' .. size .. ' bytes); it was left untouched: delete it or use another '
             .. 'limiter name')
     end

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The Redis benchmark, in one command: prints the machine, then builds and
-# runs `cargo bench --bench redis`, which starts its own redis-server on a
+# runs `cargo bench --features redis --bench redis`, which starts its own redis-server on a
 # free loopback port (127.0.0.1 only), measures the crate's script, the
 # baseline script and `return 1` with redis-benchmark, then the crate's
 # client next to redis-benchmark's ceilings, prints the tables and stops its
 # server. About two minutes with the defaults.
 #
-#   THROTTLER_BENCH_ROUNDS=3   rounds per measurement (the median is shown)
-#   THROTTLER_BENCH_SECS=2     length of each client run, in seconds
+#   PACELINE_BENCH_ROUNDS=3   rounds per measurement (the median is shown)
+#   PACELINE_BENCH_SECS=2     length of each client run, in seconds
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,4 +25,4 @@ echo "rustc:    $(rustc --version)"
 echo "commit:   $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo
 
-cargo bench --bench redis
+cargo bench --features redis --bench redis

@@ -140,14 +140,14 @@ pub(crate) use policy_setters;
 /// limit (`Limit::per_minute(20.0)`) to pace the spending.
 ///
 /// ```
-/// use throttler::{Limit, RateLimiter};
+/// use paceline::{Limit, RateLimiter};
 ///
 /// let limiter = RateLimiter::builder()
 ///     .limit(Limit::per_second(10.0).burst(20))
 ///     .limit(Limit::per_hour(1000.0))
 ///     .build()?;
 /// assert_eq!(limiter.rate(), 10.0);
-/// # Ok::<(), throttler::Error>(())
+/// # Ok::<(), paceline::Error>(())
 /// ```
 #[derive(Debug, Clone)]
 #[must_use = "a limit does nothing until given to a builder's .limit()"]
@@ -273,8 +273,8 @@ pub(crate) fn limit_states(config: &PolicyConfig, now: u64) -> Result<Vec<State>
 ///
 /// ```
 /// use std::time::Duration;
-/// use throttler::RateLimiter;
-/// use throttler::clock::FakeClock;
+/// use paceline::RateLimiter;
+/// use paceline::clock::FakeClock;
 ///
 /// let clock = FakeClock::new();
 /// let limiter = RateLimiter::builder()
@@ -292,7 +292,7 @@ pub(crate) fn limit_states(config: &PolicyConfig, now: u64) -> Result<Vec<State>
 ///     .warmup(Duration::from_secs(4))
 ///     .build();
 /// assert!(err.is_err());
-/// # Ok::<(), throttler::Error>(())
+/// # Ok::<(), paceline::Error>(())
 /// ```
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until .build() is called"]
@@ -325,7 +325,7 @@ impl<C: Clock> Builder<C> {
     }
 
     /// The limiter's name in its metrics (feature `metrics`; see
-    /// [`throttler::metrics`](crate#features)). Default `default`.
+    /// [`paceline::metrics`](crate#features)). Default `default`.
     pub fn name(mut self, name: &str) -> Self {
         self.name = Some(name.to_owned());
         self

@@ -50,7 +50,7 @@ pub trait Clock: Send + Sync + 'static {
 /// time driver enabled.
 ///
 /// ```
-/// use throttler::clock::{Clock, SystemClock};
+/// use paceline::clock::{Clock, SystemClock};
 ///
 /// let clock = SystemClock::new();
 /// let a = clock.now();
@@ -159,7 +159,7 @@ impl Clock for SystemClock {
 ///
 /// ```
 /// use std::time::Duration;
-/// use throttler::clock::{Clock, FakeClock};
+/// use paceline::clock::{Clock, FakeClock};
 ///
 /// let clock = FakeClock::new();
 /// let limiter_side = clock.clone();

@@ -23,7 +23,7 @@
 //!
 //! ```
 //! use std::net::IpAddr;
-//! use throttler::http::TrustedProxies;
+//! use paceline::http::TrustedProxies;
 //!
 //! let proxies = TrustedProxies::new(["10.0.0.0/8", "127.0.0.1"])?;
 //! let mut headers = http::HeaderMap::new();
@@ -305,7 +305,7 @@ impl<B> KeyExtractor<B> for Header {
 ///
 /// ```
 /// use std::net::SocketAddr;
-/// use throttler::http::PeerIp;
+/// use paceline::http::PeerIp;
 ///
 /// // A server that stores the peer's socket address as is:
 /// let key = PeerIp::from_extension(|peer: &SocketAddr| peer.ip());
@@ -489,8 +489,8 @@ impl<L, X> RateLimitLayer<L, X> {
     /// use std::net::{IpAddr, SocketAddr};
     /// use std::sync::Arc;
     /// use std::time::Duration;
-    /// use throttler::KeyedRateLimiter;
-    /// use throttler::http::{ClientIp, PeerIp, RateLimitLayer, TrustedProxies};
+    /// use paceline::KeyedRateLimiter;
+    /// use paceline::http::{ClientIp, PeerIp, RateLimitLayer, TrustedProxies};
     ///
     /// let limiter = Arc::new(
     ///     KeyedRateLimiter::<IpAddr>::builder()
@@ -507,7 +507,7 @@ impl<L, X> RateLimitLayer<L, X> {
     /// let layer = RateLimitLayer::new(limiter, key).policy_name("per-client");
     /// // axum: Router::new().route(..).layer(layer)
     /// # let _ = layer;
-    /// # Ok::<(), throttler::Error>(())
+    /// # Ok::<(), paceline::Error>(())
     /// ```
     ///
     /// # Cancel safety
@@ -573,8 +573,8 @@ impl<L, X, H> RateLimitLayer<L, X, H> {
     /// use std::net::{IpAddr, SocketAddr};
     /// use std::sync::Arc;
     /// use http::{Response, StatusCode};
-    /// use throttler::KeyedRateLimiter;
-    /// use throttler::http::{PeerIp, RateLimitLayer, Refused};
+    /// use paceline::KeyedRateLimiter;
+    /// use paceline::http::{PeerIp, RateLimitLayer, Refused};
     ///
     /// let limiter = Arc::new(KeyedRateLimiter::<IpAddr>::bursty(10.0)?);
     /// let peer = PeerIp::from_extension(|peer: &SocketAddr| peer.ip());
@@ -587,7 +587,7 @@ impl<L, X, H> RateLimitLayer<L, X, H> {
     ///         .unwrap()
     /// });
     /// # let _ = layer;
-    /// # Ok::<(), throttler::Error>(())
+    /// # Ok::<(), paceline::Error>(())
     /// ```
     pub fn on_refused<G>(self, on_refused: G) -> RateLimitLayer<L, X, G> {
         let Config {

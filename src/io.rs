@@ -9,8 +9,8 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use throttler::RateLimiter;
-//! use throttler::io::ThrottledWriter;
+//! use paceline::RateLimiter;
+//! use paceline::io::ThrottledWriter;
 //! use tokio::io::AsyncWriteExt;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -96,14 +96,14 @@ use crate::{Error, Limiter};
 ///
 /// ```
 /// use std::time::Duration;
-/// assert_eq!(throttler::io::CHUNK_TIME, Duration::from_millis(10));
+/// assert_eq!(paceline::io::CHUNK_TIME, Duration::from_millis(10));
 /// ```
 pub const CHUNK_TIME: Duration = Duration::from_millis(10);
 
 /// The largest chunk, in bytes: 64 KiB. See the [module docs](self#chunks).
 ///
 /// ```
-/// assert_eq!(throttler::io::MAX_CHUNK, 65_536);
+/// assert_eq!(paceline::io::MAX_CHUNK, 65_536);
 /// ```
 pub const MAX_CHUNK: usize = 64 * 1024;
 
@@ -112,7 +112,7 @@ pub const MAX_CHUNK: usize = 64 * 1024;
 /// [`MAX_CHUNK`]. A read or write also moves no more than its buffer.
 ///
 /// ```
-/// use throttler::io::{MAX_CHUNK, chunk_limit};
+/// use paceline::io::{MAX_CHUNK, chunk_limit};
 ///
 /// assert_eq!(chunk_limit(1_000_000.0), 10_000); // 10 ms at 1 MB/s
 /// assert_eq!(chunk_limit(50.0), 1); // at least one byte
@@ -189,7 +189,7 @@ where
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         let Gate::Waiting(waiting) = self else {
             return Poll::Ready(Err(io::Error::other(
-                "throttler: the limiter was lost to a panic in an earlier reservation",
+                "paceline: the limiter was lost to a panic in an earlier reservation",
             )));
         };
         let (limiter, paid) = ready!(waiting.as_mut().poll(cx));
@@ -223,9 +223,9 @@ impl<L> fmt::Debug for Gate<L> {
 /// ```
 /// use std::sync::Arc;
 /// use std::time::Duration;
-/// use throttler::clock::{Clock, FakeClock};
-/// use throttler::io::ThrottledWriter;
-/// use throttler::{Limiter, RateLimiter};
+/// use paceline::clock::{Clock, FakeClock};
+/// use paceline::io::ThrottledWriter;
+/// use paceline::{Limiter, RateLimiter};
 /// use tokio::io::AsyncWriteExt;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
@@ -263,13 +263,13 @@ where
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use throttler::RateLimiter;
-    /// use throttler::io::ThrottledWriter;
+    /// use paceline::RateLimiter;
+    /// use paceline::io::ThrottledWriter;
     ///
     /// let limiter = Arc::new(RateLimiter::bursty(65_536.0)?); // 64 KiB/s
     /// let writer = ThrottledWriter::new(tokio::io::sink(), limiter);
     /// # drop(writer);
-    /// # Ok::<(), throttler::Error>(())
+    /// # Ok::<(), paceline::Error>(())
     /// ```
     pub fn new(inner: W, limiter: L) -> Self {
         ThrottledWriter {
@@ -285,13 +285,13 @@ impl<W, L> ThrottledWriter<W, L> {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use throttler::RateLimiter;
-    /// use throttler::io::ThrottledWriter;
+    /// use paceline::RateLimiter;
+    /// use paceline::io::ThrottledWriter;
     ///
     /// let limiter = Arc::new(RateLimiter::bursty(1000.0)?);
     /// let writer = ThrottledWriter::new(Vec::<u8>::new(), limiter);
     /// assert!(writer.get_ref().is_empty());
-    /// # Ok::<(), throttler::Error>(())
+    /// # Ok::<(), paceline::Error>(())
     /// ```
     pub fn get_ref(&self) -> &W {
         &self.inner
@@ -301,13 +301,13 @@ impl<W, L> ThrottledWriter<W, L> {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use throttler::RateLimiter;
-    /// use throttler::io::ThrottledWriter;
+    /// use paceline::RateLimiter;
+    /// use paceline::io::ThrottledWriter;
     ///
     /// let limiter = Arc::new(RateLimiter::bursty(1000.0)?);
     /// let mut writer = ThrottledWriter::new(Vec::<u8>::new(), limiter);
     /// writer.get_mut().extend_from_slice(b"header, not throttled");
-    /// # Ok::<(), throttler::Error>(())
+    /// # Ok::<(), paceline::Error>(())
     /// ```
     pub fn get_mut(&mut self) -> &mut W {
         &mut self.inner
@@ -318,13 +318,13 @@ impl<W, L> ThrottledWriter<W, L> {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use throttler::RateLimiter;
-    /// use throttler::io::ThrottledWriter;
+    /// use paceline::RateLimiter;
+    /// use paceline::io::ThrottledWriter;
     ///
     /// let limiter = Arc::new(RateLimiter::bursty(1000.0)?);
     /// let writer = ThrottledWriter::new(tokio::io::sink(), limiter);
     /// assert_eq!(writer.credit(), 0);
-    /// # Ok::<(), throttler::Error>(())
+    /// # Ok::<(), paceline::Error>(())
     /// ```
     pub fn credit(&self) -> usize {
         self.credit
@@ -335,14 +335,14 @@ impl<W, L> ThrottledWriter<W, L> {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use throttler::RateLimiter;
-    /// use throttler::io::ThrottledWriter;
+    /// use paceline::RateLimiter;
+    /// use paceline::io::ThrottledWriter;
     ///
     /// let limiter = Arc::new(RateLimiter::bursty(1000.0)?);
     /// let writer = ThrottledWriter::new(Vec::<u8>::new(), limiter);
     /// let inner: Vec<u8> = writer.into_inner();
     /// # drop(inner);
-    /// # Ok::<(), throttler::Error>(())
+    /// # Ok::<(), paceline::Error>(())
     /// ```
     pub fn into_inner(self) -> W {
         self.inner
@@ -417,9 +417,9 @@ impl<W: fmt::Debug, L> fmt::Debug for ThrottledWriter<W, L> {
 /// ```
 /// use std::sync::Arc;
 /// use std::time::Duration;
-/// use throttler::RateLimiter;
-/// use throttler::clock::{Clock, FakeClock};
-/// use throttler::io::ThrottledReader;
+/// use paceline::RateLimiter;
+/// use paceline::clock::{Clock, FakeClock};
+/// use paceline::io::ThrottledReader;
 /// use tokio::io::AsyncReadExt;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
@@ -464,13 +464,13 @@ where
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use throttler::{Limiter, RateLimiter};
-    /// use throttler::io::ThrottledReader;
+    /// use paceline::{Limiter, RateLimiter};
+    /// use paceline::io::ThrottledReader;
     ///
     /// let limiter: Arc<dyn Limiter> = Arc::new(RateLimiter::bursty(65_536.0)?); // 64 KiB/s
     /// let reader = ThrottledReader::new(tokio::io::empty(), limiter);
     /// # drop(reader);
-    /// # Ok::<(), throttler::Error>(())
+    /// # Ok::<(), paceline::Error>(())
     /// ```
     pub fn new(inner: R, limiter: L) -> Self {
         ThrottledReader {
@@ -489,13 +489,13 @@ impl<R, L> ThrottledReader<R, L> {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use throttler::RateLimiter;
-    /// use throttler::io::ThrottledReader;
+    /// use paceline::RateLimiter;
+    /// use paceline::io::ThrottledReader;
     ///
     /// let limiter = Arc::new(RateLimiter::bursty(1000.0)?);
     /// let reader = ThrottledReader::new(&b"abc"[..], limiter);
     /// assert_eq!(*reader.get_ref(), b"abc");
-    /// # Ok::<(), throttler::Error>(())
+    /// # Ok::<(), paceline::Error>(())
     /// ```
     pub fn get_ref(&self) -> &R {
         &self.inner
@@ -506,13 +506,13 @@ impl<R, L> ThrottledReader<R, L> {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use throttler::RateLimiter;
-    /// use throttler::io::ThrottledReader;
+    /// use paceline::RateLimiter;
+    /// use paceline::io::ThrottledReader;
     ///
     /// let limiter = Arc::new(RateLimiter::bursty(1000.0)?);
     /// let mut reader = ThrottledReader::new(&b"abc"[..], limiter);
     /// *reader.get_mut() = &b"xyz"[..];
-    /// # Ok::<(), throttler::Error>(())
+    /// # Ok::<(), paceline::Error>(())
     /// ```
     pub fn get_mut(&mut self) -> &mut R {
         &mut self.inner
@@ -523,13 +523,13 @@ impl<R, L> ThrottledReader<R, L> {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use throttler::RateLimiter;
-    /// use throttler::io::ThrottledReader;
+    /// use paceline::RateLimiter;
+    /// use paceline::io::ThrottledReader;
     ///
     /// let limiter = Arc::new(RateLimiter::bursty(1000.0)?);
     /// let reader = ThrottledReader::new(&b"abc"[..], limiter);
     /// assert_eq!(reader.buffered(), 0);
-    /// # Ok::<(), throttler::Error>(())
+    /// # Ok::<(), paceline::Error>(())
     /// ```
     pub fn buffered(&self) -> usize {
         self.end - self.start
@@ -540,13 +540,13 @@ impl<R, L> ThrottledReader<R, L> {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use throttler::RateLimiter;
-    /// use throttler::io::ThrottledReader;
+    /// use paceline::RateLimiter;
+    /// use paceline::io::ThrottledReader;
     ///
     /// let limiter = Arc::new(RateLimiter::bursty(1000.0)?);
     /// let reader = ThrottledReader::new(&b"abc"[..], limiter);
     /// assert_eq!(reader.into_inner(), b"abc");
-    /// # Ok::<(), throttler::Error>(())
+    /// # Ok::<(), paceline::Error>(())
     /// ```
     pub fn into_inner(self) -> R {
         self.inner

@@ -1,6 +1,6 @@
 //! Smooth, reservation-based rate limiting, in one process or shared by many.
 //!
-//! `throttler` paces work at a steady rate: calls to a rate-limited API, a
+//! `paceline` paces work at a steady rate: calls to a rate-limited API, a
 //! batch job's throughput, requests that may wait at most so long for their
 //! turn. A caller awaits ([`RateLimiter::acquire`]) or blocks
 //! ([`RateLimiter::acquire_blocking`]) until its permits are due, or asks
@@ -17,10 +17,10 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use throttler::RateLimiter;
+//! use paceline::RateLimiter;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), throttler::Error> {
+//! # async fn main() -> Result<(), paceline::Error> {
 //! let limiter = RateLimiter::bursty(50.0)?; // 50 permits per second
 //!
 //! limiter.acquire(1).await?; // async: waits for its turn
@@ -44,11 +44,11 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use throttler::KeyedRateLimiter;
+//! use paceline::KeyedRateLimiter;
 //!
 //! let per_user = KeyedRateLimiter::<String>::bursty(5.0)?; // 5/s per user
 //! assert!(per_user.try_reserve("alice", 1, Duration::ZERO)?.is_some());
-//! # Ok::<(), throttler::Error>(())
+//! # Ok::<(), paceline::Error>(())
 //! ```
 //!
 //! # Several limits at once
@@ -61,7 +61,7 @@
 //! the limits of a key then live in one Redis value, updated by one call.
 //!
 //! ```
-//! use throttler::{KeyedRateLimiter, Limit, RateLimiter};
+//! use paceline::{KeyedRateLimiter, Limit, RateLimiter};
 //!
 //! let api = RateLimiter::builder()
 //!     .limit(Limit::per_second(10.0).burst(20))
@@ -73,7 +73,7 @@
 //!     .limit(Limit::per_day(10_000.0))
 //!     .build()?;
 //! assert!(per_user.try_reserve("alice", 1, std::time::Duration::ZERO)?.is_some());
-//! # Ok::<(), throttler::Error>(())
+//! # Ok::<(), paceline::Error>(())
 //! ```
 //!
 //! # Testing code that uses a limiter
@@ -85,8 +85,8 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use throttler::RateLimiter;
-//! use throttler::clock::FakeClock;
+//! use paceline::RateLimiter;
+//! use paceline::clock::FakeClock;
 //!
 //! let clock = FakeClock::new();
 //! let limiter = RateLimiter::builder()
@@ -96,7 +96,7 @@
 //! assert_eq!(limiter.acquire_blocking(1)?, Duration::ZERO);
 //! assert_eq!(limiter.acquire_blocking(1)?, Duration::from_millis(200));
 //! assert_eq!(limiter.acquire_blocking(1)?, Duration::from_millis(200));
-//! # Ok::<(), throttler::Error>(())
+//! # Ok::<(), paceline::Error>(())
 //! ```
 //!
 //! # Cancel safety

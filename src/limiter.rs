@@ -19,9 +19,9 @@ use crate::{Error, Reservation, Snapshot};
 /// ```
 /// use std::sync::Arc;
 /// use std::time::Duration;
-/// use throttler::{Limiter, RateLimiter};
+/// use paceline::{Limiter, RateLimiter};
 ///
-/// async fn send_all(limiter: Arc<dyn Limiter>, messages: &[&str]) -> Result<(), throttler::Error> {
+/// async fn send_all(limiter: Arc<dyn Limiter>, messages: &[&str]) -> Result<(), paceline::Error> {
 ///     for _message in messages {
 ///         limiter.acquire(1).await?;
 ///         // send it
@@ -30,7 +30,7 @@ use crate::{Error, Reservation, Snapshot};
 /// }
 ///
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), throttler::Error> {
+/// # async fn main() -> Result<(), paceline::Error> {
 /// let limiter: Arc<dyn Limiter> = Arc::new(RateLimiter::bursty(1000.0)?);
 /// send_all(limiter, &["a", "b"]).await?;
 /// # Ok(()) }
@@ -199,14 +199,14 @@ pub trait Limiter: Send + Sync {
 /// ```
 /// use std::sync::Arc;
 /// use std::time::Duration;
-/// use throttler::{KeyedLimiter, KeyedRateLimiter};
+/// use paceline::{KeyedLimiter, KeyedRateLimiter};
 ///
-/// async fn admit(limiter: &dyn KeyedLimiter<String>, user: &String) -> Result<bool, throttler::Error> {
+/// async fn admit(limiter: &dyn KeyedLimiter<String>, user: &String) -> Result<bool, paceline::Error> {
 ///     limiter.try_acquire(user, 1, Duration::from_millis(50)).await
 /// }
 ///
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), throttler::Error> {
+/// # async fn main() -> Result<(), paceline::Error> {
 /// let limiter: Arc<dyn KeyedLimiter<String>> = Arc::new(KeyedRateLimiter::bursty(5.0)?);
 /// assert!(admit(&*limiter, &"alice".to_owned()).await?);
 /// # Ok(()) }

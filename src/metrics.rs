@@ -6,7 +6,7 @@
 //! recorder, nothing is recorded and each call costs a branch.
 //!
 //! Every metric is labelled by the limiter's name (a Redis limiter's Redis
-//! key, or for a keyed one its keys' prefix, `throttler:api`;
+//! key, or for a keyed one its keys' prefix, `paceline:api`;
 //! [`Builder::name`](crate::Builder::name) and
 //! [`KeyedBuilder::name`](crate::KeyedBuilder::name) for a local one,
 //! `default` otherwise), never by a user's key: a key is client-controlled
@@ -17,13 +17,13 @@
 //!
 //! | name | kind | labels | what |
 //! |---|---|---|---|
-//! | `throttler.rate_limiting.requests` | counter | `limiter`, `result` = `acquired` or `refused` | reservations granted, and tries refused (nothing reserved) |
-//! | `throttler.rate_limiting.request.time_in_queue` | histogram, s | `limiter` | the wait of each granted reservation (0 when it went at once) |
-//! | `throttler.rate_limiting.given_back` | counter | `limiter` | reservations given back before their wait ended (a dropped future, a dropped [`Reservation`](crate::Reservation)) |
-//! | `throttler.rate_limiting.keys` | gauge | `limiter` | keys a keyed limiter holds (in this process) |
+//! | `paceline.rate_limiting.requests` | counter | `limiter`, `result` = `acquired` or `refused` | reservations granted, and tries refused (nothing reserved) |
+//! | `paceline.rate_limiting.request.time_in_queue` | histogram, s | `limiter` | the wait of each granted reservation (0 when it went at once) |
+//! | `paceline.rate_limiting.given_back` | counter | `limiter` | reservations given back before their wait ended (a dropped future, a dropped [`Reservation`](crate::Reservation)) |
+//! | `paceline.rate_limiting.keys` | gauge | `limiter` | keys a keyed limiter holds (in this process) |
 //! | `db.client.operation.duration` | histogram, s | `db.system.name` = `redis`, `db.operation.name` = `EVALSHA`, `error.type` on failure | each round trip of a Redis limiter |
-//! | `throttler.redis.degraded` | gauge | | 1 while some part of Redis is down and limiters serve from their fallbacks, else 0 (per backend; the last one to change sets it) |
-//! | `throttler.redis.fallback.switches` | counter | `to` = `local` or `redis` | parts of Redis marked down (calls switch to the fallback) and back up |
+//! | `paceline.redis.degraded` | gauge | | 1 while some part of Redis is down and limiters serve from their fallbacks, else 0 (per backend; the last one to change sets it) |
+//! | `paceline.redis.fallback.switches` | counter | `to` = `local` or `redis` | parts of Redis marked down (calls switch to the fallback) and back up |
 //!
 //! `stats()` on the limiters and the backend stays: it reads the same
 //! events without a recorder.
@@ -32,7 +32,7 @@
 //! # #[cfg(feature = "metrics")]
 //! # fn main() {
 //! use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-//! use throttler::RateLimiter;
+//! use paceline::RateLimiter;
 //!
 //! let recorder = DebuggingRecorder::new();
 //! let snapshotter = recorder.snapshotter();
@@ -50,7 +50,7 @@
 //!     .snapshot()
 //!     .into_vec()
 //!     .into_iter()
-//!     .filter(|(key, ..)| key.key().name() == throttler::metrics::REQUESTS)
+//!     .filter(|(key, ..)| key.key().name() == paceline::metrics::REQUESTS)
 //!     .map(|(.., value)| value)
 //!     .collect();
 //! assert_eq!(requests, [DebugValue::Counter(1), DebugValue::Counter(1)]);
@@ -67,22 +67,22 @@ use std::time::Duration;
 
 /// Reservations granted and tries refused: a counter, labels `limiter` and
 /// `result` (`acquired` or `refused`).
-pub const REQUESTS: &str = "throttler.rate_limiting.requests";
+pub const REQUESTS: &str = "paceline.rate_limiting.requests";
 /// The wait of each granted reservation, in seconds: a histogram, label
 /// `limiter`.
-pub const TIME_IN_QUEUE: &str = "throttler.rate_limiting.request.time_in_queue";
+pub const TIME_IN_QUEUE: &str = "paceline.rate_limiting.request.time_in_queue";
 /// Reservations given back: a counter, label `limiter`.
-pub const GIVEN_BACK: &str = "throttler.rate_limiting.given_back";
+pub const GIVEN_BACK: &str = "paceline.rate_limiting.given_back";
 /// Keys a keyed limiter holds: a gauge, label `limiter`.
-pub const KEYS: &str = "throttler.rate_limiting.keys";
+pub const KEYS: &str = "paceline.rate_limiting.keys";
 /// Each Redis round trip, in seconds: a histogram, labels
 /// `db.system.name`, `db.operation.name` and, on failure, `error.type`.
 pub const REDIS_CALL_DURATION: &str = "db.client.operation.duration";
 /// 1 while part of Redis is down, else 0: a gauge.
-pub const REDIS_DEGRADED: &str = "throttler.redis.degraded";
+pub const REDIS_DEGRADED: &str = "paceline.redis.degraded";
 /// Switches to the fallback and back: a counter, label `to` (`local` or
 /// `redis`).
-pub const REDIS_FALLBACK_SWITCHES: &str = "throttler.redis.fallback.switches";
+pub const REDIS_FALLBACK_SWITCHES: &str = "paceline.redis.fallback.switches";
 
 /// A limiter's handles (registered when it is built), or nothing: the
 /// feature is off, and every method is empty.

@@ -32,8 +32,8 @@ use crate::metrics::Metrics;
 ///
 /// ```
 /// use std::time::Duration;
-/// use throttler::RateLimiter;
-/// use throttler::clock::FakeClock;
+/// use paceline::RateLimiter;
+/// use paceline::clock::FakeClock;
 ///
 /// let clock = FakeClock::new();
 /// let limiter = RateLimiter::builder()
@@ -45,7 +45,7 @@ use crate::metrics::Metrics;
 /// assert_eq!(second.delay(), Duration::from_millis(100));
 /// drop(second); // not worth 100 ms after all: given back
 /// assert_eq!(limiter.reservation(1)?.delay(), Duration::from_millis(100));
-/// # Ok::<(), throttler::Error>(())
+/// # Ok::<(), paceline::Error>(())
 /// ```
 #[must_use = "a reservation is given back as soon as it is dropped: call .wait(), .wait_blocking() or .commit()"]
 pub struct Reservation<'a> {
@@ -137,8 +137,8 @@ impl<'a> Reservation<'a> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use throttler::{Limit, RateLimiter};
-    /// use throttler::clock::FakeClock;
+    /// use paceline::{Limit, RateLimiter};
+    /// use paceline::clock::FakeClock;
     ///
     /// let limiter = RateLimiter::builder()
     ///     .limit(Limit::per_second(10.0).burst(0))
@@ -149,7 +149,7 @@ impl<'a> Reservation<'a> {
     /// // 100 ms per second, but a whole second per minute: the second binds.
     /// let next = limiter.reservation(1)?;
     /// assert_eq!((next.delay(), next.limit()), (Duration::from_secs(1), Some(1)));
-    /// # Ok::<(), throttler::Error>(())
+    /// # Ok::<(), paceline::Error>(())
     /// ```
     pub fn limit(&self) -> Option<usize> {
         (!self.delay.is_zero()).then_some(self.limit as usize)

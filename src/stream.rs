@@ -6,11 +6,11 @@
 //! ```
 //! use std::sync::Arc;
 //! use futures::StreamExt;
-//! use throttler::RateLimiter;
-//! use throttler::stream::ThrottleExt;
+//! use paceline::RateLimiter;
+//! use paceline::stream::ThrottleExt;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), throttler::Error> {
+//! # async fn main() -> Result<(), paceline::Error> {
 //! let limiter = Arc::new(RateLimiter::bursty(1000.0)?); // 1000 items per second
 //! let mut requests = futures::stream::iter(["a", "b", "c"]).throttle(limiter);
 //! while let Some(request) = requests.next().await {
@@ -90,12 +90,12 @@ pub trait ThrottleExt: Stream {
     /// ```
     /// use std::time::Duration;
     /// use futures::TryStreamExt;
-    /// use throttler::RateLimiter;
-    /// use throttler::clock::{Clock, FakeClock};
-    /// use throttler::stream::ThrottleExt;
+    /// use paceline::RateLimiter;
+    /// use paceline::clock::{Clock, FakeClock};
+    /// use paceline::stream::ThrottleExt;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), throttler::Error> {
+    /// # async fn main() -> Result<(), paceline::Error> {
     /// let clock = FakeClock::new();
     /// let limiter = RateLimiter::builder()
     ///     .permits_per_second(50.0)
@@ -131,12 +131,12 @@ pub trait ThrottleExt: Stream {
     /// ```
     /// use std::time::Duration;
     /// use futures::TryStreamExt;
-    /// use throttler::RateLimiter;
-    /// use throttler::clock::{Clock, FakeClock};
-    /// use throttler::stream::ThrottleExt;
+    /// use paceline::RateLimiter;
+    /// use paceline::clock::{Clock, FakeClock};
+    /// use paceline::stream::ThrottleExt;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), throttler::Error> {
+    /// # async fn main() -> Result<(), paceline::Error> {
     /// let clock = FakeClock::new();
     /// let limiter = RateLimiter::builder()
     ///     .permits_per_second(100.0) // bytes per second
@@ -174,12 +174,12 @@ pub trait ThrottleExt: Stream {
     /// ```
     /// use std::time::Duration;
     /// use futures::TryStreamExt;
-    /// use throttler::KeyedRateLimiter;
-    /// use throttler::clock::{Clock, FakeClock};
-    /// use throttler::stream::ThrottleExt;
+    /// use paceline::KeyedRateLimiter;
+    /// use paceline::clock::{Clock, FakeClock};
+    /// use paceline::stream::ThrottleExt;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), throttler::Error> {
+    /// # async fn main() -> Result<(), paceline::Error> {
     /// let clock = FakeClock::new();
     /// let per_user = KeyedRateLimiter::<&str>::builder()
     ///     .permits_per_second(10.0)

@@ -25,8 +25,8 @@
 //! ```
 //! use std::sync::{Arc, Mutex, PoisonError};
 //! use std::time::Duration;
-//! use throttler::RateLimiter;
-//! use throttler::tower::RateLimitLayer;
+//! use paceline::RateLimiter;
+//! use paceline::tower::RateLimitLayer;
 //! use tower_layer::Layer;
 //! use tower_service::Service;
 //!

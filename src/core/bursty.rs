@@ -13,7 +13,7 @@ use super::micros;
 ///
 /// ```
 /// use std::time::Duration;
-/// use throttler::core::Bursty;
+/// use paceline::core::Bursty;
 ///
 /// let b = Bursty::new(Duration::from_secs(2));
 /// assert_eq!(b.max_burst_micros, 2_000_000);

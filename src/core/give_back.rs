@@ -67,7 +67,7 @@ use super::State;
 /// to give it back with [`State::give_back`].
 ///
 /// ```
-/// use throttler::core::{Bursty, GiveBack, Policy, State};
+/// use paceline::core::{Bursty, GiveBack, Policy, State};
 ///
 /// let mut state = State::new(Policy::Bursty(Bursty::default()), 5.0, 0).unwrap();
 /// state.reserve(1, 0);

@@ -84,7 +84,7 @@ use super::{FRACTION_ONE, GiveBack, MAX_MICROS, Policy, Reserved, State};
 /// what may still be given back.
 ///
 /// ```
-/// use throttler::core::{Bursty, Ledger, Policy, State};
+/// use paceline::core::{Bursty, Ledger, Policy, State};
 ///
 /// // 1 permit per second, a one-second burst, created at t = 0.
 /// let mut state = State::new(Policy::Bursty(Bursty::default()), 1.0, 0).unwrap();
@@ -373,7 +373,7 @@ impl Ledger {
     /// back.
     ///
     /// ```
-    /// use throttler::core::{Bursty, Ledger, Policy, State};
+    /// use paceline::core::{Bursty, Ledger, Policy, State};
     ///
     /// let mut state = State::new(Policy::Bursty(Bursty::default()), 10.0, 0).unwrap();
     /// let mut ledger = Ledger::new();

@@ -49,7 +49,7 @@ pub const LOG_CAPACITY: usize = 1024;
 /// rate change empties the log.
 ///
 /// ```
-/// use throttler::core::{Bursty, Limits, Policy, State};
+/// use paceline::core::{Bursty, Limits, Policy, State};
 ///
 /// // 10 per second with a burst of 2, and 3 per minute with a burst of 3,
 /// // both full at t = 0.

@@ -213,7 +213,7 @@ pub const FINE_CHARGE_LIMIT_MICROS: f64 = 4_294_967_296.0;
 /// [`MAX_MICROS`]. Rejects zero, negative and NaN rates.
 ///
 /// ```
-/// use throttler::core::stable_interval_micros;
+/// use paceline::core::stable_interval_micros;
 /// assert_eq!(stable_interval_micros(5.0).unwrap(), 200_000.0);
 /// assert_eq!(stable_interval_micros(f64::INFINITY).unwrap(), 0.0);
 /// assert!(stable_interval_micros(0.0).is_err());
@@ -229,7 +229,7 @@ pub fn stable_interval_micros(permits_per_second: f64) -> Result<f64, InvalidRat
 ///
 /// ```
 /// use std::time::Duration;
-/// use throttler::core::{micros, MAX_MICROS};
+/// use paceline::core::{micros, MAX_MICROS};
 /// assert_eq!(micros(Duration::from_millis(3)), 3_000);
 /// assert_eq!(micros(Duration::MAX), MAX_MICROS);
 /// ```
@@ -316,7 +316,7 @@ impl Policy {
 /// See the [module documentation](self) for how it works.
 ///
 /// ```
-/// use throttler::core::{Bursty, Policy, State};
+/// use paceline::core::{Bursty, Policy, State};
 ///
 /// // 5 permits per second, no stored permits yet, created at t = 0.
 /// let mut state = State::new(Policy::Bursty(Bursty::default()), 5.0, 0).unwrap();

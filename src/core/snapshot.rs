@@ -16,8 +16,8 @@ use super::{Limits, MAX_MICROS, Policy, State};
 ///
 /// ```
 /// use std::time::Duration;
-/// use throttler::RateLimiter;
-/// use throttler::clock::FakeClock;
+/// use paceline::RateLimiter;
+/// use paceline::clock::FakeClock;
 ///
 /// // 10 per second with a burst of 5 (half a second stored), idle.
 /// let clock = FakeClock::new();
@@ -38,7 +38,7 @@ use super::{Limits, MAX_MICROS, Policy, State};
 /// assert_eq!((now.remaining(), now.wait()), (0, Duration::from_millis(100)));
 /// assert_eq!(now.wait_for(3), Some(Duration::from_millis(300)));
 /// assert_eq!(now.full_in(), Duration::from_millis(600));
-/// # Ok::<(), throttler::Error>(())
+/// # Ok::<(), paceline::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Snapshot {

@@ -52,7 +52,7 @@ use super::micros;
 ///
 /// ```
 /// use std::time::Duration;
-/// use throttler::core::{Policy, State, WarmingUp};
+/// use paceline::core::{Policy, State, WarmingUp};
 ///
 /// // 2 permits/s (stable 500 ms), 4 s warm-up, cold factor 3 (cold 1.5 s).
 /// let policy = Policy::WarmingUp(WarmingUp::new(Duration::from_secs(4), 3.0));

@@ -18,7 +18,7 @@ use crate::clock::{Clock, SystemClock};
 ///
 /// ```
 /// use std::time::Duration;
-/// use throttler::KeyedRateLimiter;
+/// use paceline::KeyedRateLimiter;
 ///
 /// // 100 requests a minute per tenant, at most 10 000 tenants held.
 /// let limiter = KeyedRateLimiter::<u64>::builder()
@@ -30,7 +30,7 @@ use crate::clock::{Clock, SystemClock};
 ///
 /// // A cap of zero keys is an error, not a limiter that forgets at once.
 /// assert!(KeyedRateLimiter::<u64>::builder().permits_per_second(1.0).max_keys(0).build().is_err());
-/// # Ok::<(), throttler::Error>(())
+/// # Ok::<(), paceline::Error>(())
 /// ```
 #[must_use = "a builder does nothing until .build() is called"]
 pub struct KeyedBuilder<K, C = SystemClock> {

@@ -93,8 +93,8 @@ use crate::{Error, Reservation, Snapshot};
 ///
 /// ```
 /// use std::time::Duration;
-/// use throttler::KeyedRateLimiter;
-/// use throttler::clock::FakeClock;
+/// use paceline::KeyedRateLimiter;
+/// use paceline::clock::FakeClock;
 ///
 /// let limiter = KeyedRateLimiter::<String, _>::builder()
 ///     .permits_per_second(5.0)
@@ -111,7 +111,7 @@ use crate::{Error, Reservation, Snapshot};
 /// // Another user is not affected.
 /// assert_eq!(limiter.try_reserve("bob", 1, Duration::ZERO)?, Some(Duration::ZERO));
 /// assert_eq!(limiter.len(), 2);
-/// # Ok::<(), throttler::Error>(())
+/// # Ok::<(), paceline::Error>(())
 /// ```
 ///
 /// [`max_keys`]: KeyedBuilder::max_keys

@@ -75,10 +75,10 @@ use word::{Encoded, Quick, Slot, Step};
 ///
 /// ```
 /// use std::time::Duration;
-/// use throttler::RateLimiter;
+/// use paceline::RateLimiter;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), throttler::Error> {
+/// # async fn main() -> Result<(), paceline::Error> {
 /// let limiter = RateLimiter::bursty(1000.0)?; // 1000 permits per second
 /// limiter.acquire(1).await?;                 // waits if needed
 /// if limiter.try_acquire(1, Duration::from_millis(10)).await? {

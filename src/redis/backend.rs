@@ -18,8 +18,8 @@ use crate::core::{Bursty, Policy};
 use crate::error::BackendError;
 
 /// The key a backend probes before any limiter has failed on it: outside
-/// the `throttler:` prefix, so that it can be no limiter's.
-const BACKEND_PROBE_KEY: &str = "throttler-probe";
+/// the `paceline:` prefix, so that it can be no limiter's.
+const BACKEND_PROBE_KEY: &str = "paceline-probe";
 
 /// Where the probe runs the script: the key of the limiter whose call
 /// failed (on a cluster, that key's own node), with that limiter's
@@ -61,12 +61,54 @@ pub(crate) struct Backend {
     /// Whether a key's reservations that meet a round trip in flight go
     /// together (see `coalesce`).
     pub(crate) coalesce: bool,
+    /// What every Redis key of its limiters starts with, before the `:`.
+    pub(crate) key_prefix: Arc<str>,
     /// What the probe runs the script on. Marking zones down and up
     /// happens under this lock, with the targets kept in step.
     probes: Mutex<Probes>,
     /// The limiters told when zones come back (those that served from
     /// their fallback).
     recovering: Mutex<Vec<Weak<dyn Recover>>>,
+}
+
+/// The options of a backend's builder (and of a limiter's that makes its
+/// own backend), which the connection setters set.
+#[derive(Debug, Clone)]
+pub(crate) struct Connecting {
+    pub(crate) response_timeout: Duration,
+    pub(crate) probe_interval: Duration,
+    pub(crate) require_connection: bool,
+    pub(crate) coalesce: bool,
+    pub(crate) key_prefix: String,
+}
+
+impl Default for Connecting {
+    fn default() -> Self {
+        Connecting {
+            response_timeout: super::DEFAULT_RESPONSE_TIMEOUT,
+            probe_interval: super::DEFAULT_PROBE_INTERVAL,
+            require_connection: false,
+            coalesce: true,
+            key_prefix: super::DEFAULT_KEY_PREFIX.to_owned(),
+        }
+    }
+}
+
+impl Connecting {
+    /// Checks the options.
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        for (what, value) in [
+            ("response_timeout", self.response_timeout),
+            ("probe_interval", self.probe_interval),
+        ] {
+            if value.is_zero() {
+                return Err(Error::InvalidArgument(format!(
+                    "{what} must be more than zero"
+                )));
+            }
+        }
+        super::naming::check_prefix(&self.key_prefix)
+    }
 }
 
 /// A limiter told when part of Redis comes back, so that what its fallback
@@ -103,30 +145,21 @@ struct Group {
 }
 
 impl Backend {
-    pub(crate) fn new(
-        target: Target,
-        runtime: RuntimeRef,
-        response_timeout: Duration,
-        probe_interval: Duration,
-    ) -> Backend {
+    /// A backend on `target` with the options of `connecting` (checked).
+    pub(crate) fn new(target: Target, runtime: RuntimeRef, connecting: &Connecting) -> Backend {
         let cluster = matches!(target, Target::Cluster(_));
         Backend {
             target,
             link: Link::default(),
             health: Health::new(cluster),
             runtime,
-            response_timeout,
-            probe_interval,
-            coalesce: true,
+            response_timeout: connecting.response_timeout,
+            probe_interval: connecting.probe_interval,
+            coalesce: connecting.coalesce,
+            key_prefix: connecting.key_prefix.as_str().into(),
             probes: Mutex::default(),
             recovering: Mutex::default(),
         }
-    }
-
-    /// With `coalesce`: see the builders' option.
-    pub(crate) fn coalescing(mut self, coalesce: bool) -> Backend {
-        self.coalesce = coalesce;
-        self
     }
 
     /// Tells `limiter` of every recovery from now on (while it lives).

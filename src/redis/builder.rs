@@ -8,7 +8,7 @@ use std::time::Duration;
 use redis::cluster::ClusterClient;
 
 use super::Fallback;
-use super::backend::Backend;
+use super::backend::{Backend, Connecting};
 use super::connection::Target;
 use super::failover::{Failover, Naming, Parts};
 use super::limiter::RedisRateLimiter;
@@ -47,15 +47,14 @@ macro_rules! fallback_setters {
 }
 pub(crate) use fallback_setters;
 
-/// The connection setters of a backend's builder (fields
-/// `response_timeout`, `probe_interval`, `require_connection` and
-/// `coalesce`).
+/// The connection setters of a backend's builder (its field `connecting`,
+/// a [`Connecting`](super::backend::Connecting)).
 macro_rules! connection_setters {
     () => {
         /// How long one call waits for Redis before the fallback takes
         /// over. Default 200 ms; must be more than zero.
         pub fn response_timeout(mut self, response_timeout: std::time::Duration) -> Self {
-            self.response_timeout = response_timeout;
+            self.connecting.response_timeout = response_timeout;
             self
         }
 
@@ -63,7 +62,7 @@ macro_rules! connection_setters {
         /// back (a fresh connection, and the script on it). Default 500 ms;
         /// must be more than zero.
         pub fn probe_interval(mut self, probe_interval: std::time::Duration) -> Self {
-            self.probe_interval = probe_interval;
+            self.connecting.probe_interval = probe_interval;
             self
         }
 
@@ -74,7 +73,7 @@ macro_rules! connection_setters {
         /// down. Set it to fail fast instead; bad options fail at once
         /// either way.
         pub fn require_connection(mut self, require_connection: bool) -> Self {
-            self.require_connection = require_connection;
+            self.connecting.require_connection = require_connection;
             self
         }
 
@@ -94,7 +93,18 @@ macro_rules! connection_setters {
         /// of its callers to the fallback once. With `false`, every call is
         /// its own round trip.
         pub fn coalesce(mut self, coalesce: bool) -> Self {
-            self.coalesce = coalesce;
+            self.connecting.coalesce = coalesce;
+            self
+        }
+
+        /// What every Redis key of the limiters starts with, before a `:`
+        /// and the limiter's name. Default `paceline`
+        /// ([`DEFAULT_KEY_PREFIX`](crate::redis::DEFAULT_KEY_PREFIX)).
+        /// Set `throttler` to share the keys of limiters that ran this
+        /// crate under its former name (the values' format is the same).
+        /// Must be non-empty, without `:`, `{` or `}`: checked when built.
+        pub fn key_prefix(mut self, key_prefix: &str) -> Self {
+            self.connecting.key_prefix = key_prefix.to_owned();
             self
         }
     };
@@ -113,10 +123,7 @@ pub struct RedisBuilder<C = SystemClock> {
     config: PolicyConfig,
     fallback: Fallback,
     local_fraction: f64,
-    response_timeout: Duration,
-    probe_interval: Duration,
-    require_connection: bool,
-    coalesce: bool,
+    connecting: Connecting,
     clock: C,
 }
 
@@ -136,10 +143,7 @@ impl RedisBuilder<SystemClock> {
             config: PolicyConfig::default(),
             fallback: Fallback::default(),
             local_fraction: 1.0,
-            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
-            probe_interval: DEFAULT_PROBE_INTERVAL,
-            require_connection: false,
-            coalesce: true,
+            connecting: Connecting::default(),
             clock: SystemClock::new(),
         }
     }
@@ -160,10 +164,7 @@ impl<C: Clock + Clone> RedisBuilder<C> {
             config: self.config,
             fallback: self.fallback,
             local_fraction: self.local_fraction,
-            response_timeout: self.response_timeout,
-            probe_interval: self.probe_interval,
-            require_connection: self.require_connection,
-            coalesce: self.coalesce,
+            connecting: self.connecting,
             clock,
         }
     }
@@ -187,7 +188,7 @@ impl<C: Clock + Clone> RedisBuilder<C> {
     pub async fn build(self) -> Result<RedisRateLimiter<C>, Error> {
         self.check()?;
         let runtime = current_runtime("RedisBuilder")?;
-        let require = self.require_connection;
+        let require = self.connecting.require_connection;
         let limiter = self.assemble(runtime)?;
         limiter.start(require).await?;
         Ok(limiter)
@@ -204,7 +205,7 @@ impl<C: Clock + Clone> RedisBuilder<C> {
     pub fn build_blocking(self) -> Result<RedisRateLimiter<C>, Error> {
         self.check()?;
         let runtime = own_runtime()?;
-        let require = self.require_connection;
+        let require = self.connecting.require_connection;
         // From here on the runtime belongs to the limiter, which shuts it
         // down without blocking when dropped, on every path.
         let limiter = self.assemble(runtime)?;
@@ -217,22 +218,14 @@ impl<C: Clock + Clone> RedisBuilder<C> {
     }
 
     fn check(&self) -> Result<(), Error> {
-        check_backend(self.response_timeout, self.probe_interval)?;
+        self.connecting.check()?;
         check_limiter(&self.name, &self.config, self.local_fraction)
     }
 
     /// The limiter, not yet connected (degraded until
     /// [`start`](RedisRateLimiter::start)), on a backend of its own.
     fn assemble(self, runtime: RuntimeRef) -> Result<RedisRateLimiter<C>, Error> {
-        let backend = Arc::new(
-            Backend::new(
-                self.target,
-                runtime,
-                self.response_timeout,
-                self.probe_interval,
-            )
-            .coalescing(self.coalesce),
-        );
+        let backend = Arc::new(Backend::new(self.target, runtime, &self.connecting));
         assemble_limiter(
             backend,
             &self.name,
@@ -242,24 +235,6 @@ impl<C: Clock + Clone> RedisBuilder<C> {
             self.clock,
         )
     }
-}
-
-/// Checks a backend's options.
-pub(crate) fn check_backend(
-    response_timeout: Duration,
-    probe_interval: Duration,
-) -> Result<(), Error> {
-    for (what, value) in [
-        ("response_timeout", response_timeout),
-        ("probe_interval", probe_interval),
-    ] {
-        if value.is_zero() {
-            return Err(Error::InvalidArgument(format!(
-                "{what} must be more than zero"
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// Checks a limiter's options.
@@ -304,7 +279,7 @@ pub(crate) fn assemble_limiter<C: Clock>(
 ) -> Result<RedisRateLimiter<C>, Error> {
     check_limiter(name, config, local_fraction)?;
     let (policy, rate, more) = shapes(config)?;
-    let key: Arc<str> = naming::single_key(name).into();
+    let key: Arc<str> = naming::single_key(&backend.key_prefix, name).into();
     let zone = backend.health.zone_of(&key);
     let failover = Failover::new(Parts {
         backend,
@@ -324,7 +299,7 @@ pub(crate) fn assemble_limiter<C: Clock>(
 /// # Constructors
 impl RedisRateLimiter<SystemClock> {
     /// A builder for a limiter on one Redis server, sharing the key
-    /// `throttler:{name}` with every other limiter of that name.
+    /// `paceline:{name}` with every other limiter of that name.
     pub fn builder(client: redis::Client, name: &str) -> RedisBuilder<SystemClock> {
         RedisBuilder::single(client, name)
     }

@@ -23,7 +23,7 @@ pub const DEFAULT_MAX_LOCAL_KEYS: usize = 100_000;
 /// One rate per key (user, tenant, API key), shared by every process that
 /// uses the same name, through a [`RedisBackend`](super::RedisBackend).
 ///
-/// Each key is its own Redis key, `throttler:{name}:{key}` (the name and the
+/// Each key is its own Redis key, `paceline:{name}:{key}` (the name and the
 /// key's `Display` form, escaped so that no two pairs share a Redis key: see
 /// [`redis_key`](Self::redis_key)), so a cluster spreads the keys over its
 /// slots. Each key runs
@@ -51,11 +51,11 @@ pub const DEFAULT_MAX_LOCAL_KEYS: usize = 100_000;
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use throttler::redis::RedisBackend;
+/// use paceline::redis::RedisBackend;
 ///
 /// # #[tokio::main]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let backend = RedisBackend::builder(redis::Client::open("redis://127.0.0.1:6379/")?)
+/// let backend = RedisBackend::builder(paceline::redis::Client::open("redis://127.0.0.1:6379/")?)
 ///     .build()
 ///     .await?;
 /// let per_user = backend
@@ -134,11 +134,10 @@ impl<K, C: Clock + Clone> KeyedRedisBuilder<K, C> {
             ));
         }
         let (policy, rate, more) = super::builder::shapes(&self.config)?;
+        let prefix = naming::keyed_prefix(&self.backend.key_prefix, &self.name);
         let inner = Failover::new(Parts {
             backend: self.backend,
-            naming: Naming::Keyed {
-                prefix: naming::keyed_prefix(&self.name),
-            },
+            naming: Naming::Keyed { prefix },
             policy,
             rate,
             more,
@@ -343,7 +342,7 @@ where
         self.inner.local_len()
     }
 
-    /// The Redis key of `key`: `throttler:{name}:{key}`, with `\` and `:`
+    /// The Redis key of `key`: `paceline:{name}:{key}`, with `\` and `:`
     /// escaped in the name (as `\\` and `\:`) and `\`, `{` and `}` in the
     /// key (as `\\`, `\(` and `\)`). No two (limiter, key) pairs, keyed
     /// or not, share a Redis key, and a key's text cannot choose its
@@ -352,11 +351,11 @@ where
     /// its keys in one slot.
     ///
     /// ```
-    /// # use throttler::redis::KeyedRedisRateLimiter;
+    /// # use paceline::redis::KeyedRedisRateLimiter;
     /// # fn show(limiter: &KeyedRedisRateLimiter<String>) {
     /// // For a limiter named "api":
-    /// assert_eq!(limiter.redis_key("alice"), "throttler:api:alice");
-    /// assert_eq!(limiter.redis_key("{x}:y"), "throttler:api:\\(x\\):y");
+    /// assert_eq!(limiter.redis_key("alice"), "paceline:api:alice");
+    /// assert_eq!(limiter.redis_key("{x}:y"), "paceline:api:\\(x\\):y");
     /// # }
     /// ```
     pub fn redis_key<Q: Display + ?Sized>(&self, key: &Q) -> String {

@@ -25,11 +25,11 @@ use crate::{Error, Reservation};
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use throttler::redis::{Fallback, RedisRateLimiter};
+/// use paceline::redis::{Fallback, RedisRateLimiter};
 ///
 /// # #[tokio::main]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let client = redis::Client::open("redis://127.0.0.1:6379/")?;
+/// let client = paceline::redis::Client::open("redis://127.0.0.1:6379/")?;
 /// let limiter = RedisRateLimiter::builder(client, "orders-api")
 ///     .permits_per_second(50.0)
 ///     .max_burst(Duration::from_secs(2))
@@ -191,7 +191,7 @@ impl<C: Clock> RedisRateLimiter<C> {
         }
     }
 
-    /// The Redis key holding this limiter's state: `throttler:{name}`, with
+    /// The Redis key holding this limiter's state: `paceline:{name}`, with
     /// `\` and `:` in the name escaped as `\\` and `\:` (so that it is no
     /// keyed limiter's key; see
     /// [`KeyedRedisRateLimiter::redis_key`](super::KeyedRedisRateLimiter::redis_key)).

@@ -4,7 +4,7 @@
 //! [`RedisRateLimiter`] runs the [core algorithm](crate::core) as a Lua
 //! script inside Redis (`lua/`, a line-by-line mirror of
 //! `src/core`), on Redis's own clock, in one round trip per reservation. The
-//! limiter's state is one key, `throttler:{name}` (a 76-byte string with a
+//! limiter's state is one key, `paceline:{name}` (a 76-byte string with a
 //! format marker), so it works the same on a single server and on Redis
 //! Cluster. The key expires only once an idle limiter would have refilled
 //! anyway, so expiry is invisible; a missing key reads as a limiter that
@@ -24,10 +24,10 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use throttler::redis::{Fallback, RedisRateLimiter};
+//! use paceline::redis::{Fallback, RedisRateLimiter};
 //!
 //! // A program with no async runtime at all:
-//! let client = redis::Client::open("redis://127.0.0.1:6379/")?;
+//! let client = paceline::redis::Client::open("redis://127.0.0.1:6379/")?;
 //! let limiter = RedisRateLimiter::builder(client, "batch")
 //!     .permits_per_second(5.0)
 //!     .fallback(Fallback::FailClosed)
@@ -177,8 +177,10 @@
 //!   sub-microsecond schedule) and `thr3` (a key on which reservations wait
 //!   to be given back: its ledger).
 //! - **Key names.** A limiter named `name` uses the Redis key
-//!   `throttler:name`, and a keyed limiter's key `key` uses
-//!   `throttler:name:key`, with `\` and `:` escaped in the name (`\\`, `\:`)
+//!   `paceline:name`, and a keyed limiter's key `key` uses
+//!   `paceline:name:key` (`paceline` is the prefix a backend's builder
+//!   can change with `key_prefix`: `throttler` reads and shares the keys
+//!   of the crate under its former name, in the same formats), with `\` and `:` escaped in the name (`\\`, `\:`)
 //!   and `\`, `{`, `}` escaped in the key (`\\`, `\(`, `\)`). No two
 //!   (limiter, key) pairs share a Redis key, and no client's key text picks
 //!   its cluster slot; braces in a *name* are kept, so `{tenant-7}` puts a
@@ -214,6 +216,19 @@ pub use keyed::{DEFAULT_MAX_LOCAL_KEYS, KeyedRedisBuilder, KeyedRedisRateLimiter
 #[deprecated(note = "renamed KeyedRedisBuilder, after the limiter it builds")]
 pub type RedisKeyedBuilder<K, C = crate::clock::SystemClock> = KeyedRedisBuilder<K, C>;
 pub use limiter::RedisRateLimiter;
-pub use naming::KEY_PREFIX;
+pub use naming::DEFAULT_KEY_PREFIX;
+
+/// The oldest Redis these limiters support, as (major, minor): Redis 7.0
+/// or newer, and Valkey (which reports the Redis version it is compatible
+/// with: 7.2 for Valkey 7.2 and 8). The test suite checks every server it
+/// starts against this, and runs on Redis 7.0 and Valkey 8.
+pub const MIN_REDIS_VERSION: (u32, u32) = (7, 0);
 pub use script::Token;
 pub use shared::{RedisBackend, RedisBackendBuilder, RedisLimiterBuilder};
+
+/// The Redis client crate these limiters are built on, so that code using
+/// them needs no version of its own to match: `paceline::redis::Client`
+/// (and `ClusterClient`) for the clients, the whole crate here for the rest.
+pub use ::redis;
+pub use ::redis::Client;
+pub use ::redis::cluster::ClusterClient;

@@ -1,13 +1,14 @@
 //! The Redis key of a limiter and of each of its keys: one rule that maps
 //! every (limiter, key) pair to its own Redis key.
 //!
-//! - A limiter named `name` uses `throttler:` + `esc(name)`, where `esc`
-//!   writes `\` as `\\` and `:` as `\:`.
+//! - A limiter named `name` uses `prefix:` + `esc(name)`, where `prefix`
+//!   is the backend's key prefix (`paceline` unless set; it holds no `:`)
+//!   and `esc` writes `\` as `\\` and `:` as `\:`.
 //! - A keyed limiter's key `key` (its `Display` text) uses
-//!   `throttler:` + `esc(name)` + `:` + `esc_key(key)`, where `esc_key`
+//!   `prefix:` + `esc(name)` + `:` + `esc_key(key)`, where `esc_key`
 //!   writes `\` as `\\`, `{` as `\(` and `}` as `\)`.
 //!
-//! The first `:` after the prefix that no `\` escapes ends the name, so a
+//! The first `:` ends the prefix. The next that no `\` escapes ends the name, so a
 //! single limiter's key (which has none) and each keyed limiter's keys are
 //! told apart, and both escapes can be undone: no two pairs share a Redis
 //! key, whatever bytes a client puts in its key.
@@ -21,25 +22,40 @@
 
 use std::fmt::{self, Display, Write};
 
-/// Every key starts with `throttler:`, followed by the limiter's name
-/// (see [`RedisRateLimiter::key`](super::RedisRateLimiter::key) and
+/// Every key starts with this and a `:` unless the backend's builder sets
+/// another prefix (`.key_prefix("throttler")` reads the keys of the crate
+/// under its former name), followed by the limiter's name (see
+/// [`RedisRateLimiter::key`](super::RedisRateLimiter::key) and
 /// [`KeyedRedisRateLimiter::redis_key`](super::KeyedRedisRateLimiter::redis_key)
 /// for the rest).
-pub const KEY_PREFIX: &str = "throttler:";
+pub const DEFAULT_KEY_PREFIX: &str = "paceline";
 
-/// The Redis key of the single limiter `name`.
-pub(crate) fn single_key(name: &str) -> String {
-    let mut key = String::with_capacity(KEY_PREFIX.len() + name.len());
-    key.push_str(KEY_PREFIX);
+/// Checks a key prefix: not empty, no `:` (which ends it), no braces
+/// (which would put every key of the backend in one cluster slot).
+pub(crate) fn check_prefix(prefix: &str) -> Result<(), crate::Error> {
+    if prefix.is_empty() || prefix.contains([':', '{', '}']) {
+        return Err(crate::Error::InvalidArgument(format!(
+            "a key prefix must be non-empty text without ':', '{{' or '}}' (got {prefix:?})"
+        )));
+    }
+    Ok(())
+}
+
+/// The Redis key of the single limiter `name`, under `prefix`.
+pub(crate) fn single_key(prefix: &str, name: &str) -> String {
+    let mut key = String::with_capacity(prefix.len() + 1 + name.len());
+    key.push_str(prefix);
+    key.push(':');
     write_name(&mut key, name);
     key
 }
 
-/// What every Redis key of the keyed limiter `name` starts with.
-pub(crate) fn keyed_prefix(name: &str) -> String {
-    let mut prefix = single_key(name);
-    prefix.push(':');
-    prefix
+/// What every Redis key of the keyed limiter `name` starts with, under
+/// `prefix`.
+pub(crate) fn keyed_prefix(prefix: &str, name: &str) -> String {
+    let mut keyed = single_key(prefix, name);
+    keyed.push(':');
+    keyed
 }
 
 /// The Redis key of `key` under a keyed limiter's `prefix`.
@@ -90,36 +106,45 @@ mod tests {
 
     #[test]
     fn plain_names_and_keys_keep_their_redis_keys() {
-        assert_eq!(single_key("orders-api"), "throttler:orders-api");
         assert_eq!(
-            keyed_key(&keyed_prefix("api"), "alice"),
-            "throttler:api:alice"
+            single_key(DEFAULT_KEY_PREFIX, "orders-api"),
+            "paceline:orders-api"
         );
-        assert_eq!(keyed_key(&keyed_prefix("api"), &42u64), "throttler:api:42");
+        assert_eq!(
+            keyed_key(&keyed_prefix(DEFAULT_KEY_PREFIX, "api"), "alice"),
+            "paceline:api:alice"
+        );
+        assert_eq!(
+            keyed_key(&keyed_prefix(DEFAULT_KEY_PREFIX, "api"), &42u64),
+            "paceline:api:42"
+        );
     }
 
     #[test]
     fn names_and_keys_that_used_to_alias_no_longer_do() {
         let keys = [
-            keyed_key(&keyed_prefix("api"), "admin:x"),
-            keyed_key(&keyed_prefix("api:admin"), "x"),
-            single_key("api:admin:x"),
+            keyed_key(&keyed_prefix(DEFAULT_KEY_PREFIX, "api"), "admin:x"),
+            keyed_key(&keyed_prefix(DEFAULT_KEY_PREFIX, "api:admin"), "x"),
+            single_key(DEFAULT_KEY_PREFIX, "api:admin:x"),
         ];
-        assert_eq!(keys[0], "throttler:api:admin:x");
-        assert_eq!(keys[1], "throttler:api\\:admin:x");
-        assert_eq!(keys[2], "throttler:api\\:admin\\:x");
+        assert_eq!(keys[0], "paceline:api:admin:x");
+        assert_eq!(keys[1], "paceline:api\\:admin:x");
+        assert_eq!(keys[2], "paceline:api\\:admin\\:x");
     }
 
     #[test]
     fn a_key_cannot_choose_its_slot_but_a_name_can() {
-        let key = keyed_key(&keyed_prefix("api"), "{victim}x");
-        assert_eq!(key, "throttler:api:\\(victim\\)x");
+        let key = keyed_key(&keyed_prefix(DEFAULT_KEY_PREFIX, "api"), "{victim}x");
+        assert_eq!(key, "paceline:api:\\(victim\\)x");
         assert!(!key.contains(['{', '}']));
         assert_eq!(
-            keyed_key(&keyed_prefix("{tenant}"), "k"),
-            "throttler:{tenant}:k"
+            keyed_key(&keyed_prefix(DEFAULT_KEY_PREFIX, "{tenant}"), "k"),
+            "paceline:{tenant}:k"
         );
-        assert_eq!(keyed_key(&keyed_prefix("a"), "\\"), "throttler:a:\\\\");
+        assert_eq!(
+            keyed_key(&keyed_prefix(DEFAULT_KEY_PREFIX, "a"), "\\"),
+            "paceline:a:\\\\"
+        );
     }
 
     /// A small deterministic generator (splitmix64).
@@ -143,8 +168,8 @@ mod tests {
     /// The rule before escaping, for comparison.
     fn old_key(name: &str, key: Option<&str>) -> String {
         match key {
-            None => format!("throttler:{name}"),
-            Some(key) => format!("throttler:{name}:{key}"),
+            None => format!("paceline:{name}"),
+            Some(key) => format!("paceline:{name}:{key}"),
         }
     }
 
@@ -165,8 +190,8 @@ mod tests {
                 .is_multiple_of(2)
                 .then(|| text(&mut state, true));
             let redis_key = match &key {
-                None => single_key(&name),
-                Some(key) => keyed_key(&keyed_prefix(&name), key),
+                None => single_key(DEFAULT_KEY_PREFIX, &name),
+                Some(key) => keyed_key(&keyed_prefix(DEFAULT_KEY_PREFIX, &name), key),
             };
             let pair = (name.clone(), key.clone());
             if new

@@ -115,7 +115,7 @@ pub(crate) fn current_runtime(builder: &str) -> Result<RuntimeRef, Error> {
 pub(crate) fn own_runtime() -> Result<RuntimeRef, Error> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
-        .thread_name("throttler-redis")
+        .thread_name("paceline-redis")
         .enable_all()
         .build()
         .map(|runtime| RuntimeRef::Owned(Some(runtime)))

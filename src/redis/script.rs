@@ -328,7 +328,7 @@ fn decode_status(bytes: &[u8], limits: usize) -> Option<Stored> {
 fn unexpected() -> redis::RedisError {
     redis::RedisError::from((
         ErrorKind::Parse,
-        "throttler: unexpected reply from the limiter script",
+        "paceline: unexpected reply from the limiter script",
     ))
 }
 
@@ -617,7 +617,7 @@ fn several_reply([granted, wait, bound, id]: [i64; 4], debt_micros: u64) -> Opti
 /// under our key, a rejected argument), as opposed to Redis being unavailable.
 /// A fallback cannot fix those, so they are reported, not hidden.
 pub(crate) fn is_data_error(error: &redis::RedisError) -> bool {
-    matches!(error.code(), Some("WRONGTYPE")) || error.to_string().contains("throttler:")
+    matches!(error.code(), Some("WRONGTYPE")) || error.to_string().contains("paceline:")
 }
 
 #[cfg(test)]

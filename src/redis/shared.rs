@@ -7,11 +7,8 @@ use std::time::Duration;
 use redis::cluster::ClusterClient;
 
 use super::Fallback;
-use super::backend::{Backend, ProbeTarget};
-use super::builder::{
-    DEFAULT_PROBE_INTERVAL, DEFAULT_RESPONSE_TIMEOUT, assemble_limiter, check_backend,
-    connection_setters, fallback_setters,
-};
+use super::backend::{Backend, Connecting, ProbeTarget};
+use super::builder::{assemble_limiter, connection_setters, fallback_setters};
 use super::connection::Target;
 use super::fallback::RedisStats;
 use super::keyed::{DEFAULT_MAX_LOCAL_KEYS, KeyedRedisBuilder};
@@ -43,11 +40,11 @@ use crate::clock::{Clock, SystemClock};
 /// [`is_degraded`](RedisRateLimiter::is_degraded) whether its key's is.
 ///
 /// ```no_run
-/// use throttler::redis::RedisBackend;
+/// use paceline::redis::RedisBackend;
 ///
 /// # #[tokio::main]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let backend = RedisBackend::builder(redis::Client::open("redis://127.0.0.1:6379/")?)
+/// let backend = RedisBackend::builder(paceline::redis::Client::open("redis://127.0.0.1:6379/")?)
 ///     .build()
 ///     .await?;
 /// // Both limiters use the backend's one connection; building them does no I/O.
@@ -81,7 +78,7 @@ impl RedisBackend {
 /// # Limiters
 impl RedisBackend {
     /// A builder for a limiter named `name` on this backend, sharing the key
-    /// `throttler:{name}` with every other limiter of that name. Its
+    /// `paceline:{name}` with every other limiter of that name. Its
     /// [`build`](RedisLimiterBuilder::build) does no I/O.
     pub fn limiter(&self, name: &str) -> RedisLimiterBuilder<SystemClock> {
         RedisLimiterBuilder {
@@ -95,7 +92,7 @@ impl RedisBackend {
     }
 
     /// A builder for a keyed limiter named `name` on this backend: one
-    /// rate per key, each key its own Redis key `throttler:{name}:{key}`.
+    /// rate per key, each key its own Redis key `paceline:{name}:{key}`.
     /// Its [`build`](KeyedRedisBuilder::build) does no I/O.
     pub fn keyed_limiter<K>(&self, name: &str) -> KeyedRedisBuilder<K, SystemClock> {
         KeyedRedisBuilder {
@@ -135,20 +132,14 @@ impl fmt::Debug for RedisBackend {
 #[must_use = "a builder does nothing until .build() is called"]
 pub struct RedisBackendBuilder {
     target: Target,
-    response_timeout: Duration,
-    probe_interval: Duration,
-    require_connection: bool,
-    coalesce: bool,
+    connecting: Connecting,
 }
 
 impl RedisBackendBuilder {
     fn new(target: Target) -> Self {
         RedisBackendBuilder {
             target,
-            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
-            probe_interval: DEFAULT_PROBE_INTERVAL,
-            require_connection: false,
-            coalesce: true,
+            connecting: Connecting::default(),
         }
     }
 
@@ -167,19 +158,11 @@ impl RedisBackendBuilder {
     /// a Tokio runtime; with `require_connection(true)`, [`Error::Backend`]
     /// if Redis cannot be reached.
     pub async fn build(self) -> Result<RedisBackend, Error> {
-        check_backend(self.response_timeout, self.probe_interval)?;
+        self.connecting.check()?;
         let runtime = current_runtime("RedisBackendBuilder")?;
-        let require = self.require_connection;
+        let require = self.connecting.require_connection;
         let backend = RedisBackend {
-            backend: Arc::new(
-                Backend::new(
-                    self.target,
-                    runtime,
-                    self.response_timeout,
-                    self.probe_interval,
-                )
-                .coalescing(self.coalesce),
-            ),
+            backend: Arc::new(Backend::new(self.target, runtime, &self.connecting)),
         };
         backend
             .backend
@@ -196,18 +179,10 @@ impl RedisBackendBuilder {
     /// As [`build`](Self::build); [`Error::Backend`] if the runtime cannot
     /// be started.
     pub fn build_blocking(self) -> Result<RedisBackend, Error> {
-        check_backend(self.response_timeout, self.probe_interval)?;
+        self.connecting.check()?;
         let runtime = own_runtime()?;
-        let require = self.require_connection;
-        let backend = Arc::new(
-            Backend::new(
-                self.target,
-                runtime,
-                self.response_timeout,
-                self.probe_interval,
-            )
-            .coalescing(self.coalesce),
-        );
+        let require = self.connecting.require_connection;
+        let backend = Arc::new(Backend::new(self.target, runtime, &self.connecting));
         let starting = Arc::clone(&backend);
         backend
             .block_on(async move { starting.start(require, ProbeTarget::backend()).await })??;
@@ -219,9 +194,7 @@ impl fmt::Debug for RedisBackendBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackendBuilder")
             .field("target", &self.target.describe())
-            .field("response_timeout", &self.response_timeout)
-            .field("probe_interval", &self.probe_interval)
-            .field("require_connection", &self.require_connection)
+            .field("connecting", &self.connecting)
             .finish()
     }
 }

@@ -17,8 +17,16 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ::http::{Request, StatusCode};
 use axum_server::Options;
-use reqwest::{Client, StatusCode};
+use http_body_util::Empty;
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+/// hyper's HTTP/1.1 client, connecting from a chosen local address.
+type Client = HttpClient<HttpConnector, Empty<Bytes>>;
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -34,10 +42,9 @@ async fn start(options: Options) -> SocketAddr {
 /// A client whose connections come from `local` (any 127.0.0.0/8 address
 /// is this machine's).
 fn client(local: &str) -> Client {
-    Client::builder()
-        .local_address(local.parse::<IpAddr>().unwrap())
-        .build()
-        .unwrap()
+    let mut connector = HttpConnector::new();
+    connector.set_local_address(Some(local.parse::<IpAddr>().unwrap()));
+    HttpClient::builder(TokioExecutor::new()).build(connector)
 }
 
 /// A response's status and the headers these tests read.
@@ -51,11 +58,14 @@ struct Answer {
 }
 
 async fn get(client: &Client, address: SocketAddr, forwarded_for: Option<&str>) -> Answer {
-    let mut request = client.get(format!("http://{address}/"));
+    let mut request = Request::get(format!("http://{address}/"));
     if let Some(forwarded_for) = forwarded_for {
         request = request.header("x-forwarded-for", forwarded_for);
     }
-    let response = request.send().await.unwrap();
+    let response = client
+        .request(request.body(Empty::new()).unwrap())
+        .await
+        .unwrap();
     let header = |name: &str| {
         response
             .headers()
@@ -267,9 +277,9 @@ async fn every_layer_fits_axum() {
     use axum::Router;
     use axum::error_handling::HandleErrorLayer;
     use axum::routing::get;
-    use throttler::http::{Global, RateLimitLayer as HttpLayer};
-    use throttler::tower::RateLimitLayer;
-    use throttler::{KeyedRateLimiter, RateLimiter};
+    use paceline::http::{Global, RateLimitLayer as HttpLayer};
+    use paceline::tower::RateLimitLayer;
+    use paceline::{KeyedRateLimiter, RateLimiter};
 
     let keyed = Arc::new(KeyedRateLimiter::<()>::bursty(100.0).unwrap());
     let direct = Arc::new(RateLimiter::bursty(1e6).unwrap());
@@ -291,12 +301,14 @@ async fn every_layer_fits_axum() {
                     RateLimitLayer::keyed(keyed_u8, |_: &axum::extract::Request| 0u8).rejecting(),
                 ),
         )
-        .layer(HttpLayer::new(keyed, Global).headers(throttler::http::Headers::None));
+        .layer(HttpLayer::new(keyed, Global).headers(paceline::http::Headers::None));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
     for path in ["/http", "/tower"] {
-        let response = reqwest::get(format!("http://{address}{path}"))
+        let uri = format!("http://{address}{path}");
+        let response = client("127.0.0.1")
+            .request(Request::get(uri).body(Empty::new()).unwrap())
             .await
             .unwrap();
         assert_eq!(response.status(), StatusCode::OK, "{path}");

@@ -13,9 +13,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use ::http::{Request, Response, StatusCode};
-use throttler::KeyedRateLimiter;
-use throttler::clock::{Clock, FakeClock};
-use throttler::http::{
+use paceline::KeyedRateLimiter;
+use paceline::clock::{Clock, FakeClock};
+use paceline::http::{
     ClientIp, Global, Header, Headers, PeerIp, RateLimitLayer, Refused, TrustedProxies,
 };
 use tower_layer::Layer;

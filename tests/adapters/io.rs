@@ -1,4 +1,4 @@
-//! `throttler::io`: `ThrottledReader` and `ThrottledWriter`.
+//! `paceline::io`: `ThrottledReader` and `ThrottledWriter`.
 //!
 //! On a `FakeClock` the schedule is exact: a limiter's schedule for N bytes
 //! ends at N / rate, so the time the copy took plus the debt it left
@@ -14,9 +14,9 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use throttler::clock::{Clock, FakeClock, Sleep};
-use throttler::io::{MAX_CHUNK, ThrottledReader, ThrottledWriter, chunk_limit};
-use throttler::{Error, Limiter, RateLimiter};
+use paceline::clock::{Clock, FakeClock, Sleep};
+use paceline::io::{MAX_CHUNK, ThrottledReader, ThrottledWriter, chunk_limit};
+use paceline::{Error, Limiter, RateLimiter};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 /// 1 byte per µs: every chunk's cost is a whole number of µs.

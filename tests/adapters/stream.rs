@@ -1,4 +1,4 @@
-//! `throttler::stream::ThrottleExt`: items released at their turn, in order,
+//! `paceline::stream::ThrottleExt`: items released at their turn, in order,
 //! the right permits charged, nothing owed after a dropped stream, errors
 //! yielded with their item.
 
@@ -12,14 +12,14 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::stream::{self, FusedStream};
 use futures::{Stream, StreamExt, TryStreamExt};
-use throttler::clock::{Clock, FakeClock, Sleep};
-use throttler::stream::ThrottleExt;
-use throttler::{Error, KeyedRateLimiter, Limiter, RateLimiter};
+use paceline::clock::{Clock, FakeClock, Sleep};
+use paceline::stream::ThrottleExt;
+use paceline::{Error, KeyedRateLimiter, Limiter, RateLimiter};
 
 /// Drains `throttled`, returning each item with the fake clock's time at its
 /// release.
 async fn release_times<T>(
-    throttled: impl Stream<Item = Result<T, throttler::stream::ThrottleError<T>>>,
+    throttled: impl Stream<Item = Result<T, paceline::stream::ThrottleError<T>>>,
     clock: &FakeClock,
 ) -> Vec<(T, Duration)> {
     throttled

@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use throttler::clock::{Clock, FakeClock};
-use throttler::tower::{RateLimitLayer, Throttled};
-use throttler::{KeyedRateLimiter, RateLimiter};
+use paceline::clock::{Clock, FakeClock};
+use paceline::tower::{RateLimitLayer, Throttled};
+use paceline::{KeyedRateLimiter, RateLimiter};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -211,8 +211,8 @@ async fn every_service_fits_a_router() {
 #[cfg(feature = "redis")]
 #[allow(dead_code)]
 fn redis_services_fit_a_router(
-    shared: Arc<throttler::redis::RedisRateLimiter>,
-    keyed: Arc<throttler::redis::KeyedRedisRateLimiter<u32>>,
+    shared: Arc<paceline::redis::RedisRateLimiter>,
+    keyed: Arc<paceline::redis::KeyedRedisRateLimiter<u32>>,
 ) {
     fits_a_router::<_, u32>(&RateLimitLayer::new(Arc::clone(&shared)).layer(Counter::default()));
     fits_a_router::<_, u32>(&RateLimitLayer::rejecting(shared).layer(Counter::default()));

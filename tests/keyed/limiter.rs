@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use crate::support::alloc::bytes_in_use;
 use crate::support::rng::Rng;
-use throttler::clock::Clock;
-use throttler::clock::FakeClock;
-use throttler::core::{Bursty, GiveBack, Ledger, Policy, Reserved, State, WarmingUp};
-use throttler::{Error, KeyedLimiter, KeyedRateLimiter};
+use paceline::clock::Clock;
+use paceline::clock::FakeClock;
+use paceline::core::{Bursty, GiveBack, Ledger, Policy, Reserved, State, WarmingUp};
+use paceline::{Error, KeyedLimiter, KeyedRateLimiter};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -124,7 +124,7 @@ fn each_key_is_an_independent_limiter_that_starts_full() {
             keys: HashMap::new(),
         };
         // Reservations still held, to give back later.
-        let mut held: Vec<(u32, Reserved, throttler::Reservation<'_>)> = Vec::new();
+        let mut held: Vec<(u32, Reserved, paceline::Reservation<'_>)> = Vec::new();
         for step in 0..3000 {
             let key = rng.below(50) as u32;
             match rng.below(100) {
@@ -705,7 +705,7 @@ fn each_key_gives_back_as_the_core_through_a_ledger() {
             rate,
             keys: HashMap::new(),
         };
-        let mut held: Vec<(u32, Reserved, throttler::Reservation<'_>)> = Vec::new();
+        let mut held: Vec<(u32, Reserved, paceline::Reservation<'_>)> = Vec::new();
         let close = |got: Duration, expected: u64, what: &str, step: usize| {
             let got = micros(got);
             assert!(
@@ -948,7 +948,7 @@ fn threads_giving_back_on_the_same_keys_leave_each_key_owing_what_was_kept() {
                         }
                         1..4 if !held.is_empty() => {
                             let index = rng.below(held.len() as u64) as usize;
-                            let (_, reservation): (u64, throttler::Reservation<'_>) =
+                            let (_, reservation): (u64, paceline::Reservation<'_>) =
                                 held.swap_remove(index);
                             drop(reservation);
                         }
@@ -1029,8 +1029,8 @@ fn snapshots_say_what_goes_at_once() {
     }
     // Several limits: the binding one.
     let several = KeyedRateLimiter::<String>::builder()
-        .limit(throttler::Limit::per_second(10.0).burst(4))
-        .limit(throttler::Limit::per_minute(3.0))
+        .limit(paceline::Limit::per_second(10.0).burst(4))
+        .limit(paceline::Limit::per_minute(3.0))
         .clock(clock.clone())
         .build()
         .unwrap();

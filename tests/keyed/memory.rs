@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use crate::support::alloc::bytes_in_use;
-use throttler::KeyedRateLimiter;
-use throttler::clock::FakeClock;
+use paceline::KeyedRateLimiter;
+use paceline::clock::FakeClock;
 
 #[test]
 fn a_flood_of_idle_keys_gives_its_memory_back() {

@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::support::rng::Rng;
-use throttler::clock::{Clock, FakeClock};
-use throttler::core::{Bursty, Limits, Policy, State};
-use throttler::{Error, KeyedRateLimiter, Limit};
+use paceline::clock::{Clock, FakeClock};
+use paceline::core::{Bursty, Limits, Policy, State};
+use paceline::{Error, KeyedRateLimiter, Limit};
 
 const MS: Duration = Duration::from_millis(1);
 

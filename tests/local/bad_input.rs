@@ -6,7 +6,7 @@ use crate::support::fake;
 use std::time::Duration;
 
 use fake::{bursty, warming_up};
-use throttler::{Error, RateLimiter};
+use paceline::{Error, RateLimiter};
 
 fn invalid(result: Result<impl std::fmt::Debug, Error>, mentions: &str) {
     match result {

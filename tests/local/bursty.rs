@@ -1,5 +1,5 @@
 //! The bursty policy on a fake clock: exact waits, no real sleeping.
-//! Expected values come from the rules in `throttler::core`; where a scenario
+//! Expected values come from the rules in `paceline::core`; where a scenario
 //! matches the reference behaviour published for the original algorithm's
 //! test suite, the comment gives that suite's rounded value (e.g. "R0.20").
 
@@ -8,8 +8,8 @@ use crate::support::fake;
 use std::time::Duration;
 
 use fake::{bursty, micros, pause_ms, waits, waits_n};
-use throttler::RateLimiter;
-use throttler::clock::FakeClock;
+use paceline::RateLimiter;
+use paceline::clock::FakeClock;
 
 #[test]
 fn first_acquire_is_free_then_steady_spacing() {
@@ -146,7 +146,7 @@ async fn async_acquire_sleeps_on_the_limiter_clock() {
 }
 
 fn clock_now_ms(clock: &FakeClock) -> u128 {
-    use throttler::clock::Clock;
+    use paceline::clock::Clock;
     clock.now().as_millis()
 }
 

@@ -10,10 +10,10 @@ use crate::support;
 
 use std::time::{Duration, Instant};
 
+use paceline::clock::FakeClock;
+use paceline::core::{Bursty, GiveBack, Ledger, Policy, Reserved, State, WarmingUp};
+use paceline::{Limiter, RateLimiter};
 use support::rng::Rng;
-use throttler::clock::FakeClock;
-use throttler::core::{Bursty, GiveBack, Ledger, Policy, Reserved, State, WarmingUp};
-use throttler::{Limiter, RateLimiter};
 
 const SEQUENCES: u64 = 3_000;
 const STEPS: usize = 60;

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use paceline::RateLimiter;
+use paceline::clock::FakeClock;
 use support::rng::Rng;
-use throttler::RateLimiter;
-use throttler::clock::FakeClock;
 
 /// With a frozen clock every reservation lands on one schedule: the waits
 /// handed out must be exactly 0, 1, 2, ... intervals, each once.

@@ -4,8 +4,8 @@
 
 use crate::support;
 
+use paceline::core::{Bursty, MAX_MICROS, Policy, State, WarmingUp};
 use support::rng::Rng;
-use throttler::core::{Bursty, MAX_MICROS, Policy, State, WarmingUp};
 
 const RATES: [f64; 9] = [1e-300, 1e-3, 0.5, 1.0, 7.0, 1e3, 1e6, 1e300, f64::INFINITY];
 

@@ -19,8 +19,8 @@ use crate::support::fake;
 use std::time::Duration;
 
 use fake::micros;
-use throttler::clock::{Clock, FakeClock};
-use throttler::{KeyedRateLimiter, RateLimiter};
+use paceline::clock::{Clock, FakeClock};
+use paceline::{KeyedRateLimiter, RateLimiter};
 
 /// Reservations per run.
 const N: u64 = 100_000;

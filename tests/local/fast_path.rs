@@ -3,7 +3,7 @@
 //! * A differential test: random sequences of pauses (some very long),
 //!   reservations (some huge), tries with random and borderline timeouts and
 //!   rate changes (infinite and tiny rates included), applied both to a
-//!   `throttler::core::State` and to a `RateLimiter` on a `FakeClock`. Waits
+//!   `paceline::core::State` and to a `RateLimiter` on a `FakeClock`. Waits
 //!   must agree to the microsecond, refusals exactly.
 //! * Concurrency: threads on a frozen clock get distinct consecutive slots,
 //!   also while stored permits are spent and while the rate changes.
@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use crate::support::alloc::allocations;
 use crate::support::rng::Rng;
-use throttler::RateLimiter;
-use throttler::clock::{Clock, FakeClock, Sleep, SystemClock};
-use throttler::core::{Bursty, MAX_MICROS, Policy, State, micros};
+use paceline::RateLimiter;
+use paceline::clock::{Clock, FakeClock, Sleep, SystemClock};
+use paceline::core::{Bursty, MAX_MICROS, Policy, State, micros};
 
 // ---------------------------------------------------------------------------
 // The differential test.

@@ -6,8 +6,8 @@ use crate::support::fake;
 use std::sync::Arc;
 use std::time::Duration;
 
-use throttler::clock::{Clock, FakeClock};
-use throttler::{Error, Limiter, RateLimiter};
+use paceline::clock::{Clock, FakeClock};
+use paceline::{Error, Limiter, RateLimiter};
 
 fn as_dyn(rate: f64) -> (Arc<dyn Limiter>, FakeClock) {
     let (limiter, clock) = fake::bursty(rate);

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use throttler::RateLimiter;
+use paceline::RateLimiter;
 
 #[tokio::test]
 async fn async_acquire_paces_at_the_rate() {

@@ -5,7 +5,7 @@ use crate::support::fake;
 use std::time::Duration;
 
 use fake::{bursty, pause_ms, rounded, waits, waits_n, warming_up};
-use throttler::Error;
+use paceline::Error;
 
 #[test]
 fn the_old_debt_is_repaid_at_the_old_rate() {

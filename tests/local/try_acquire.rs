@@ -6,7 +6,7 @@ use crate::support::fake;
 use std::time::Duration;
 
 use fake::{bursty, pause_ms, waits_n};
-use throttler::clock::Clock;
+use paceline::clock::Clock;
 
 const MS: Duration = Duration::from_millis(1);
 

@@ -1,5 +1,5 @@
 //! The warming-up policy on a fake clock. Each scenario is checked two ways:
-//! exact microseconds derived from the rules in `throttler::core`, and, where
+//! exact microseconds derived from the rules in `paceline::core`, and, where
 //! the reference behaviour for the original algorithm was published as rounded
 //! seconds (e.g. "R1.38"), the same rounding of our waits.
 
@@ -88,10 +88,10 @@ fn warm_up_time_is_honoured_whatever_the_request_sizes() {
             for grouping in [&[10u32][..], &[1; 10], &[5, 1, 4], &[2, 3, 1, 4], &[9, 1]] {
                 let (limiter, clock) =
                     warming_up(rate, Duration::from_millis(warmup_ms), cold_factor);
-                let start = fake::micros(throttler::clock::Clock::now(&clock));
+                let start = fake::micros(paceline::clock::Clock::now(&clock));
                 waits(&limiter, grouping);
                 waits(&limiter, &[1]); // repay the last request's debt
-                let took = fake::micros(throttler::clock::Clock::now(&clock)) - start;
+                let took = fake::micros(paceline::clock::Clock::now(&clock)) - start;
                 let expected = warmup_ms * 1000;
                 assert!(
                     took.abs_diff(expected) <= 2,

@@ -13,9 +13,9 @@ use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use throttler::clock::{Clock, FakeClock};
-use throttler::metrics::{GIVEN_BACK, KEYS, REQUESTS, TIME_IN_QUEUE};
-use throttler::{KeyedRateLimiter, RateLimiter};
+use paceline::clock::{Clock, FakeClock};
+use paceline::metrics::{GIVEN_BACK, KEYS, REQUESTS, TIME_IN_QUEUE};
+use paceline::{KeyedRateLimiter, RateLimiter};
 
 /// What the recorder has seen, summed over its snapshots (a snapshot of
 /// the debugging recorder hands over what was recorded since the last one
@@ -179,9 +179,9 @@ fn a_keyed_limiter_counts_its_keys_never_by_key() {
 // recorder meanwhile; nothing on this test's runtime takes it.
 #[allow(clippy::await_holding_lock)]
 async fn redis_round_trips_outages_and_switches() {
+    use paceline::metrics::{REDIS_CALL_DURATION, REDIS_DEGRADED, REDIS_FALLBACK_SWITCHES};
     use support::poll::{PROBE_INTERVAL, RESPONSE_TIMEOUT, backend};
     use support::redis_server::RedisServer;
-    use throttler::metrics::{REDIS_CALL_DURATION, REDIS_DEGRADED, REDIS_FALLBACK_SWITCHES};
 
     let mut seen = recorder();
     let mut server = RedisServer::start();
@@ -202,7 +202,7 @@ async fn redis_round_trips_outages_and_switches() {
     let calls = seen.take().histogram(REDIS_CALL_DURATION, &ok);
     assert_eq!(calls.len(), 3, "{calls:?}");
     assert!(calls.iter().all(|s| *s > 0.0 && *s < 1.0), "{calls:?}");
-    let acquired = [("limiter", "throttler:api"), ("result", "acquired")];
+    let acquired = [("limiter", "paceline:api"), ("result", "acquired")];
     assert_eq!(seen.counter(REQUESTS, &acquired), 3);
 
     // Down: one switch to the fallbacks, degraded; back: one switch back.

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use crate::support::poll::{RESPONSE_TIMEOUT, SLACK, backend, within};
 use crate::support::proxy::Proxy;
 use crate::support::redis_server::RedisServer;
-use throttler::Error;
-use throttler::redis::{Fallback, RedisBackend};
+use paceline::Error;
+use paceline::redis::{Fallback, RedisBackend};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -66,7 +66,7 @@ async fn many_limiters_share_one_connection_and_keep_their_own_keys() {
         );
     }
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("throttler:shared-*")
+        .arg("paceline:shared-*")
         .query(&mut observer)
         .unwrap();
     assert_eq!(keys.len(), 20);
@@ -221,4 +221,62 @@ fn a_blocking_backend_serves_blocking_limiters() {
     // A clone of the handle is the same backend.
     let again = backend.clone();
     assert_eq!(again.stats(), backend.stats());
+}
+
+/// Keys start with `paceline:` unless the builder sets another prefix;
+/// `throttler` reads and shares the keys written under the crate's former
+/// name, and a prefix that could alias another limiter's keys is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_prefix_is_paceline_unless_set() {
+    use paceline::redis::RedisRateLimiter;
+    let server = RedisServer::start();
+    let default = RedisRateLimiter::builder(server.client(), "orders")
+        .permits_per_second(1.0)
+        .max_burst(Duration::ZERO)
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(default.key(), "paceline:orders");
+    let former = RedisRateLimiter::builder(server.client(), "orders")
+        .permits_per_second(1.0)
+        .max_burst(Duration::ZERO)
+        .key_prefix("throttler")
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(former.key(), "throttler:orders");
+    // A value written under the former name is the same format: a second
+    // process with that prefix shares it.
+    assert_eq!(former.reserve(1).await.unwrap(), Duration::ZERO);
+    let backend = paceline::redis::RedisBackend::builder(server.client())
+        .key_prefix("throttler")
+        .build()
+        .await
+        .unwrap();
+    let keyed = backend
+        .keyed_limiter::<String>("orders")
+        .permits_per_second(1.0)
+        .build()
+        .unwrap();
+    assert_eq!(keyed.redis_key(&"k".to_owned()), "throttler:orders:k");
+    let other = backend
+        .limiter("orders")
+        .permits_per_second(1.0)
+        .max_burst(Duration::ZERO)
+        .build()
+        .unwrap();
+    assert!(!other.try_acquire(1, Duration::ZERO).await.unwrap());
+    // The default limiter of that name has its own key, untouched.
+    assert!(default.try_acquire(1, Duration::ZERO).await.unwrap());
+    for bad in ["", "a:b", "{tag}"] {
+        let refused = RedisRateLimiter::builder(server.client(), "orders")
+            .permits_per_second(1.0)
+            .key_prefix(bad)
+            .build()
+            .await;
+        assert!(
+            matches!(refused, Err(paceline::Error::InvalidArgument(_))),
+            "{bad:?}"
+        );
+    }
 }

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use crate::support::redis_server::RedisServer;
 use crate::support::rng::Rng;
+use paceline::redis::format::{BATCH_CAPACITY, SCRIPT};
 use redis::Value;
-use throttler::redis::format::{BATCH_CAPACITY, SCRIPT};
 
 /// The limiter's arguments, ARGV[3..=6].
 #[derive(Debug, Clone)]
@@ -322,7 +322,7 @@ fn a_bad_batch_is_refused_and_writes_nothing() {
     ] {
         let result: redis::RedisResult<Value> = eval_script(&mut connection, "k", bad, &config);
         let error = result.expect_err(bad).to_string();
-        assert!(error.contains("throttler: ARGV[2]"), "{bad}: {error}");
+        assert!(error.contains("paceline: ARGV[2]"), "{bad}: {error}");
     }
     let exists: bool = redis::cmd("EXISTS")
         .arg("k")

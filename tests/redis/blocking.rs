@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::support::poll::builder;
 use crate::support::redis_server::RedisServer;
-use throttler::Error;
+use paceline::Error;
 
 /// Blocking calls from inside a task of a multi-thread runtime complete,
 /// with one worker (so the worker's own queue is the only one) and with

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use crate::support::poll::backend;
 use crate::support::redis_server::{RedisServer, free_port};
 use crate::support::rng::Rng;
-use throttler::redis::{KeyedRedisRateLimiter, RedisBackend, RedisRateLimiter};
+use paceline::redis::{KeyedRedisRateLimiter, RedisBackend, RedisRateLimiter};
 
 const RATE: f64 = 50.0;
 const BURST: Duration = Duration::from_millis(200);

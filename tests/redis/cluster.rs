@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::support::redis_cluster::RedisCluster;
-use throttler::redis::RedisRateLimiter;
+use paceline::redis::RedisRateLimiter;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_keys_are_limited_independently_across_nodes() {
@@ -43,7 +43,7 @@ async fn many_keys_are_limited_independently_across_nodes() {
     let mut nodes_with_keys = HashSet::new();
     for (n, node) in cluster.nodes.iter().enumerate() {
         let keys: Vec<String> = redis::cmd("KEYS")
-            .arg("throttler:*")
+            .arg("paceline:*")
             .query(&mut node.connection())
             .unwrap();
         if !keys.is_empty() {

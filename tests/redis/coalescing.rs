@@ -13,7 +13,7 @@ use crate::support::limiter_state::LimiterState;
 use crate::support::poll::builder;
 use crate::support::proxy::Proxy;
 use crate::support::redis_server::RedisServer;
-use throttler::redis::RedisRateLimiter;
+use paceline::redis::RedisRateLimiter;
 
 /// EVALSHA calls Redis counted since the last `CONFIG RESETSTAT`.
 fn evalsha_calls(server: &RedisServer) -> u64 {
@@ -79,7 +79,7 @@ async fn saturate(
     while reserving.load(Ordering::SeqCst) > 0 {
         tokio::task::yield_now().await;
     }
-    let state = LimiterState::read(&mut server.connection(), "throttler:hot").unwrap();
+    let state = LimiterState::read(&mut server.connection(), "paceline:hot").unwrap();
     for handle in handles {
         handle.abort();
     }
@@ -109,7 +109,7 @@ async fn a_saturated_hot_key_coalesces_and_keeps_its_schedule_exact() {
     // 50 ms of debt first: the tasks' reservations queue behind it, on the
     // grid of its ticket.
     limiter.reserve(500).await.unwrap();
-    let start = LimiterState::read(&mut server.connection(), "throttler:hot").unwrap();
+    let start = LimiterState::read(&mut server.connection(), "paceline:hot").unwrap();
     reset_stats(&server);
     let (moments, end) = saturate(&server, &limiter, 256, RUN).await;
     let calls = evalsha_calls(&server);
@@ -325,7 +325,7 @@ async fn an_outage_mid_batch_sends_each_caller_to_its_fallback_once() {
 /// that time, no more, in far fewer script calls than tries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_limits_coalesce_and_keep_every_limit() {
-    use throttler::Limit;
+    use paceline::Limit;
     let server = RedisServer::start();
     let limiter = Arc::new(
         RedisRateLimiter::builder(server.client(), "several-hot")

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::support::redis_server::RedisServer;
-use throttler::redis::RedisRateLimiter;
+use paceline::redis::RedisRateLimiter;
 
 async fn instances(
     server: &RedisServer,

@@ -1,4 +1,4 @@
-//! Differential test: the Lua script (`lua/`) in Redis and `throttler::core::State`
+//! Differential test: the Lua script (`lua/`) in Redis and `paceline::core::State`
 //! in Rust, driven by the same random sequences of reservations, tries,
 //! queries, probes, resumes, cancellations of earlier reservations, rate
 //! changes and clock jumps (forwards and backwards), must give the same
@@ -29,8 +29,8 @@
 //! only up to `now` (earlier give-backs moved the ticket back) need that.
 //!
 //! Replay one sequence with
-//! `THROTTLER_DIFF_SEED=<seed> cargo test --all-features --test redis differential -- --nocapture`;
-//! `THROTTLER_DIFF_SEQUENCES=<n>` changes how many sequences run.
+//! `PACELINE_DIFF_SEED=<seed> cargo test --all-features --test redis differential -- --nocapture`;
+//! `PACELINE_DIFF_SEQUENCES=<n>` changes how many sequences run.
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -39,8 +39,8 @@ use crate::support::limiter_state::{LimiterState, Token};
 use crate::support::limiter_state::{THR3_MARKER, ledger_groups};
 use crate::support::redis_server::RedisServer;
 use crate::support::rng::Rng;
+use paceline::core::{Bursty, GiveBack, Ledger, MAX_MICROS, Policy, Reserved, State, WarmingUp};
 use redis::Value;
-use throttler::core::{Bursty, GiveBack, Ledger, MAX_MICROS, Policy, Reserved, State, WarmingUp};
 
 const SEQUENCES: u64 = 2_000;
 const STEPS: usize = 40;
@@ -1000,11 +1000,11 @@ fn describe(seq: &Sequence) -> String {
 
 #[test]
 fn lua_script_and_core_agree() {
-    let seeds: Vec<u64> = match std::env::var("THROTTLER_DIFF_SEED") {
-        Ok(seed) => vec![seed.parse().expect("THROTTLER_DIFF_SEED: a decimal seed")],
+    let seeds: Vec<u64> = match std::env::var("PACELINE_DIFF_SEED") {
+        Ok(seed) => vec![seed.parse().expect("PACELINE_DIFF_SEED: a decimal seed")],
         Err(_) => {
-            let n = std::env::var("THROTTLER_DIFF_SEQUENCES")
-                .map(|n| n.parse().expect("THROTTLER_DIFF_SEQUENCES: a number"))
+            let n = std::env::var("PACELINE_DIFF_SEQUENCES")
+                .map(|n| n.parse().expect("PACELINE_DIFF_SEQUENCES: a number"))
                 .unwrap_or(SEQUENCES);
             (BASE_SEED..BASE_SEED + n)
                 .chain(GIVE_BACK_SEED..GIVE_BACK_SEED + n / 4)
@@ -1014,7 +1014,7 @@ fn lua_script_and_core_agree() {
     };
     let server = RedisServer::start();
     let mut con = server.connection();
-    let script = redis::Script::new(throttler::redis::format::SCRIPT);
+    let script = redis::Script::new(paceline::redis::format::SCRIPT);
     script.load(&mut con).expect("SCRIPT LOAD");
 
     let started = Instant::now();
@@ -1024,7 +1024,7 @@ fn lua_script_and_core_agree() {
         if let Err(what) = check(&seq, &mut con, &script, &mut totals) {
             panic!(
                 "the script and the core disagree: {what}\n{}\nreplay: \
-                 THROTTLER_DIFF_SEED={seed} cargo test --all-features --test redis differential -- --nocapture",
+                 PACELINE_DIFF_SEED={seed} cargo test --all-features --test redis differential -- --nocapture",
                 describe(&seq)
             );
         }

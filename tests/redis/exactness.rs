@@ -4,7 +4,7 @@
 //! Each run is [`N`] reservations on one key, each made at the moment the
 //! previous one's wait ends (ARGV[7], the clock, is the moment the previous
 //! reply gave), from the missing-key reading at [`T0`]. The core
-//! (`throttler::core::State`, from that reading) predicts every call, so
+//! (`paceline::core::State`, from that reading) predicts every call, so
 //! the calls are written in pipelined batches and each reply is compared
 //! with the core's record of the same reservation: its wait and every field
 //! of the value it wrote, the ticket's fraction included.
@@ -37,7 +37,7 @@
 //! reservation at the new rate on, the schedule is the new rate's.
 //!
 //! The local limiters' counterpart is `tests/local/exactness.rs`.
-//! `THROTTLER_EXACT_N=<n>` changes the number of reservations per run.
+//! `PACELINE_EXACT_N=<n>` changes the number of reservations per run.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -45,9 +45,9 @@ use std::time::{Duration, Instant};
 
 use crate::support::limiter_state::{LimiterState, Token};
 use crate::support::redis_server::RedisServer;
-use throttler::core::{Bursty, Policy, Reserved, State, WarmingUp};
+use paceline::core::{Bursty, Policy, Reserved, State, WarmingUp};
 
-/// Reservations per run, unless `THROTTLER_EXACT_N` says otherwise.
+/// Reservations per run, unless `PACELINE_EXACT_N` says otherwise.
 const N: usize = 100_000;
 /// Calls per pipelined batch.
 const BATCH: usize = 2_000;
@@ -67,8 +67,8 @@ const SINGLE_PERMIT_RATES: [f64; 5] = [3e4, 1.5e5, 3e5, 1.5e6, 1e7];
 const CHUNK_RATES: [f64; 5] = [1e4, 1e6, 1e7, 1e8, 1e9];
 
 fn n() -> usize {
-    std::env::var("THROTTLER_EXACT_N")
-        .map(|n| n.parse().expect("THROTTLER_EXACT_N: a number"))
+    std::env::var("PACELINE_EXACT_N")
+        .map(|n| n.parse().expect("PACELINE_EXACT_N: a number"))
         .unwrap_or(N)
 }
 
@@ -343,7 +343,7 @@ struct Fixture {
 fn fixture() -> Fixture {
     let server = RedisServer::start();
     let mut con = server.connection();
-    let script = redis::Script::new(throttler::redis::format::SCRIPT);
+    let script = redis::Script::new(paceline::redis::format::SCRIPT);
     script.load(&mut con).expect("SCRIPT LOAD");
     let pipe = Pipe::connect(server.port());
     Fixture {

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use crate::support::poll::{RESPONSE_TIMEOUT, SLACK, backend, within};
 use crate::support::redis_cluster::RedisCluster;
 use crate::support::redis_server::RedisServer;
-use throttler::redis::{KeyedRedisRateLimiter, RedisBackend};
-use throttler::{Error, KeyedLimiter};
+use paceline::redis::{KeyedRedisRateLimiter, RedisBackend};
+use paceline::{Error, KeyedLimiter};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -41,7 +41,7 @@ async fn each_key_is_its_own_redis_key_and_limited_alone() {
     // One saturated key leaves another untouched.
     assert_eq!(limiter.available_in(&bob).await.unwrap(), Duration::ZERO);
     assert!(limiter.try_acquire(&bob, 1, Duration::ZERO).await.unwrap());
-    assert_eq!(limiter.redis_key(&alice), "throttler:api:alice");
+    assert_eq!(limiter.redis_key(&alice), "paceline:api:alice");
     // A `String`-keyed limiter is asked with a `&str` too.
     assert!(limiter.available_in("alice").await.unwrap() > 100 * MS);
     assert!(
@@ -52,11 +52,11 @@ async fn each_key_is_its_own_redis_key_and_limited_alone() {
     );
     let mut con = server.connection();
     let mut keys: Vec<String> = redis::cmd("KEYS")
-        .arg("throttler:api:*")
+        .arg("paceline:api:*")
         .query(&mut con)
         .unwrap();
     keys.sort();
-    assert_eq!(keys, ["throttler:api:alice", "throttler:api:bob"]);
+    assert_eq!(keys, ["paceline:api:alice", "paceline:api:bob"]);
     // The trait object works the same.
     let shared: Arc<dyn KeyedLimiter<String>> = Arc::new(limiter);
     assert!(!shared.try_acquire(&alice, 1, Duration::ZERO).await.unwrap());
@@ -358,13 +358,13 @@ async fn names_and_keys_that_read_alike_never_share_a_redis_key() {
     assert_eq!(
         keys,
         [
-            "throttler:api:admin:x",
-            "throttler:api\\:admin:x",
-            "throttler:api\\:admin\\:x"
+            "paceline:api:admin:x",
+            "paceline:api\\:admin:x",
+            "paceline:api\\:admin\\:x"
         ]
     );
     // A client's braces do not pick the slot.
-    assert_eq!(api.redis_key("{victim}"), "throttler:api:\\(victim\\)");
+    assert_eq!(api.redis_key("{victim}"), "paceline:api:\\(victim\\)");
     let mut con = server.connection();
     for key in &keys {
         let exists: bool = redis::cmd("EXISTS").arg(key).query(&mut con).unwrap();

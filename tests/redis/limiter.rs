@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::support::redis_server::RedisServer;
+use paceline::clock::{Clock, FakeClock};
+use paceline::redis::{Fallback, RedisRateLimiter};
+use paceline::{Error, Limiter};
 use redis::Commands;
-use throttler::clock::{Clock, FakeClock};
-use throttler::redis::{Fallback, RedisRateLimiter};
-use throttler::{Error, Limiter};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -33,7 +33,7 @@ async fn a_new_key_is_full_then_paces_at_the_rate() {
     let server = RedisServer::start();
     let clock = FakeClock::new();
     let limiter = limiter(&server, "paced", 10.0, &clock).await;
-    assert_eq!(limiter.key(), "throttler:paced");
+    assert_eq!(limiter.key(), "paceline:paced");
     // A missing key reads as idle for long: 10 stored permits, then one free
     // fresh permit, then the debt shows.
     for i in 0..11 {
@@ -48,8 +48,8 @@ async fn a_new_key_is_full_then_paces_at_the_rate() {
     let wait = limiter.reserve(1).await.unwrap();
     assert!(wait > 190 * MS && wait <= 200 * MS, "{wait:?}");
     let mut conn = server.connection();
-    assert!(conn.exists::<_, bool>("throttler:paced").unwrap());
-    let ttl: i64 = conn.pttl("throttler:paced").unwrap();
+    assert!(conn.exists::<_, bool>("paceline:paced").unwrap());
+    let ttl: i64 = conn.pttl("paceline:paced").unwrap();
     assert!(
         ttl > 1000,
         "the key lives until it would be full again: {ttl} ms"
@@ -87,7 +87,7 @@ async fn try_acquire_refuses_without_touching_the_key() {
     assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
     let mut conn = server.connection();
     let before: Vec<u8> = redis::cmd("DUMP")
-        .arg("throttler:tries")
+        .arg("paceline:tries")
         .query(&mut conn)
         .unwrap();
     for _ in 0..20 {
@@ -95,7 +95,7 @@ async fn try_acquire_refuses_without_touching_the_key() {
         assert_eq!(limiter.try_reserve(1, Duration::ZERO).await.unwrap(), None);
     }
     let after: Vec<u8> = redis::cmd("DUMP")
-        .arg("throttler:tries")
+        .arg("paceline:tries")
         .query(&mut conn)
         .unwrap();
     assert_eq!(before, after, "a refused try writes nothing");
@@ -318,7 +318,7 @@ async fn a_key_of_another_type_is_a_clear_error_whatever_the_fallback() {
     let server = RedisServer::start();
     let mut conn = server.connection();
     let _: () = conn
-        .hset("throttler:taken", "owner", "someone else")
+        .hset("paceline:taken", "owner", "someone else")
         .unwrap();
     for fallback in [Fallback::Local, Fallback::FailOpen, Fallback::FailClosed] {
         let limiter = RedisRateLimiter::builder(server.client(), "taken")
@@ -331,7 +331,7 @@ async fn a_key_of_another_type_is_a_clear_error_whatever_the_fallback() {
             Err(Error::Backend(e)) => {
                 let text = Error::Backend(e).to_string();
                 assert!(
-                    text.contains("WRONGTYPE") && text.contains("throttler:taken"),
+                    text.contains("WRONGTYPE") && text.contains("paceline:taken"),
                     "{text}"
                 );
             }
@@ -339,7 +339,7 @@ async fn a_key_of_another_type_is_a_clear_error_whatever_the_fallback() {
         }
         assert!(!limiter.is_degraded(), "a data error is not an outage");
     }
-    let value: std::collections::HashMap<String, String> = conn.hgetall("throttler:taken").unwrap();
+    let value: std::collections::HashMap<String, String> = conn.hgetall("paceline:taken").unwrap();
     assert_eq!(
         value,
         [("owner".to_string(), "someone else".to_string())].into(),
@@ -352,7 +352,7 @@ async fn a_foreign_string_value_is_an_error_and_left_untouched() {
     let server = RedisServer::start();
     let mut conn = server.connection();
     // A string, the limiter's type, but not a state: someone else's data.
-    let _: () = conn.set("throttler:junk", "lots of junk").unwrap();
+    let _: () = conn.set("paceline:junk", "lots of junk").unwrap();
     let clock = FakeClock::new();
     let limiter = limiter(&server, "junk", 2.0, &clock).await;
     for _ in 0..3 {
@@ -362,14 +362,14 @@ async fn a_foreign_string_value_is_an_error_and_left_untouched() {
         }
     }
     assert!(!limiter.is_degraded(), "a foreign value is not an outage");
-    let value: String = conn.get("throttler:junk").unwrap();
+    let value: String = conn.get("paceline:junk").unwrap();
     assert_eq!(value, "lots of junk", "other data is never overwritten");
 }
 
 #[tokio::test]
 async fn bad_options_and_arguments_are_clear_errors() {
     let server = RedisServer::start();
-    let build = |b: throttler::redis::RedisBuilder| async move { b.build().await };
+    let build = |b: paceline::redis::RedisBuilder| async move { b.build().await };
     for (builder, mentions) in [
         (
             RedisRateLimiter::builder(server.client(), "x"),

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::poll::{backend, within};
 use crate::support::redis_server::RedisServer;
-use throttler::redis::{Fallback, KeyedRedisRateLimiter, RedisBackend, RedisRateLimiter};
+use paceline::redis::{Fallback, KeyedRedisRateLimiter, RedisBackend, RedisRateLimiter};
 
 const MS: Duration = Duration::from_millis(1);
 

@@ -3,7 +3,7 @@
 //! the value format and its upgrade, the clock, number precision (the
 //! ticket's fraction below the microsecond included), values it does not
 //! recognise, expiry, and the cold modes (probe, resume, cancel).
-//! Expected waits are derived by hand from the rules in `throttler::core`.
+//! Expected waits are derived by hand from the rules in `paceline::core`.
 
 use std::net::TcpListener;
 use std::thread::sleep;
@@ -25,7 +25,7 @@ const MAX_MICROS: u64 = 1 << 53;
 const TTL_CAP_MS: i64 = 9_007_199_254_740;
 
 fn script() -> redis::Script {
-    redis::Script::new(throttler::redis::format::SCRIPT)
+    redis::Script::new(paceline::redis::format::SCRIPT)
 }
 
 /// A server, a connection to it and the script.
@@ -328,7 +328,7 @@ impl Fixture {
     }
 }
 
-/// An error as the server sent it: `CODE detail` (e.g. `ERR throttler: ...`).
+/// An error as the server sent it: `CODE detail` (e.g. `ERR paceline: ...`).
 fn server_error(e: &redis::RedisError) -> String {
     match e.code() {
         Some(code) => format!("{code} {}", e.detail().unwrap_or_default()),
@@ -356,7 +356,7 @@ fn eval_on(
 /// recognise.
 fn assert_unrecognised(error: &str, what: &str) {
     assert!(
-        error.contains("ERR throttler:")
+        error.contains("ERR paceline:")
             && error.contains("does not recognise")
             && error.contains("left untouched"),
         "{what}: {error}"
@@ -995,10 +995,10 @@ fn bad_arguments_are_errors_and_write_nothing() {
     for argv in &cases {
         let args = show(argv);
         let error = fx.run_err(&["k"], argv);
-        assert!(error.contains("ERR throttler:"), "{args}: {error}");
+        assert!(error.contains("ERR paceline:"), "{args}: {error}");
         assert!(!fx.exists("k"), "{args} wrote the key");
         let error = fx.run_err(&["existing"], argv);
-        assert!(error.contains("ERR throttler:"), "{args}: {error}");
+        assert!(error.contains("ERR paceline:"), "{args}: {error}");
         assert_eq!(fx.dump("existing"), dump, "{args} changed the key");
         assert_eq!(fx.pttl("existing"), -1, "{args} set a TTL");
     }
@@ -1006,7 +1006,7 @@ fn bad_arguments_are_errors_and_write_nothing() {
     // Wrong number of keys.
     for keys in [&[][..], &["k", "k2"][..]] {
         let error = fx.run_err(keys, &full);
-        assert!(error.contains("throttler:"), "{keys:?}: {error}");
+        assert!(error.contains("paceline:"), "{keys:?}: {error}");
     }
     assert!(!fx.exists("k") && !fx.exists("k2"));
 
@@ -2124,7 +2124,7 @@ fn cancel_gives_nothing_back_when_it_cannot() {
     set_fractions_field(&mut bad, 0.5); // field 7, which holds spent_stored
     let error = fx.run_err(&["w"], &warm.clone().cancel(&bad).at(T0).to_vec());
     assert!(
-        error.contains("ERR throttler:") && error.contains("token"),
+        error.contains("ERR paceline:") && error.contains("token"),
         "{error}"
     );
     assert_eq!(fx.dump("w"), dump);

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use crate::support::redis_server::RedisServer;
 use crate::support::rng::Rng;
+use paceline::core::{Bursty, Limits, Policy, State, WarmingUp};
+use paceline::redis::format::{SEVERAL_LOG_CAPACITY, SEVERAL_SCRIPT};
 use redis::Value;
-use throttler::core::{Bursty, Limits, Policy, State, WarmingUp};
-use throttler::redis::format::{SEVERAL_LOG_CAPACITY, SEVERAL_SCRIPT};
 
 /// One limit's configuration, as the script takes it.
 #[derive(Debug, Clone, Copy)]
@@ -421,7 +421,7 @@ fn bad_arguments_and_a_corrupted_value_are_errors_that_write_nothing() {
     ] {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let error = call(&mut connection, &args).unwrap_err();
-        assert!(error.to_string().contains("throttler"), "{args:?}: {error}");
+        assert!(error.to_string().contains("paceline"), "{args:?}: {error}");
     }
     let exists: bool = redis::cmd("EXISTS")
         .arg("bad")
@@ -452,7 +452,7 @@ fn bad_arguments_and_a_corrupted_value_are_errors_that_write_nothing() {
 fn older_values_are_read_as_the_first_limits() {
     let server = RedisServer::start();
     let mut connection = server.connection();
-    let single = redis::Script::new(throttler::redis::format::SCRIPT);
+    let single = redis::Script::new(paceline::redis::format::SCRIPT);
     let t0: u64 = 5_000_000;
     for _ in 0..2 {
         let _: redis::Value = single
@@ -499,8 +499,8 @@ mod limiters {
 
     use crate::support::poll::{PROBE_INTERVAL, RESPONSE_TIMEOUT, SLACK, backend, within};
     use crate::support::redis_server::RedisServer;
-    use throttler::Limit;
-    use throttler::redis::{Fallback, RedisRateLimiter};
+    use paceline::Limit;
+    use paceline::redis::{Fallback, RedisRateLimiter};
 
     const S: Duration = Duration::from_secs(1);
 
@@ -643,7 +643,7 @@ mod shared {
 
     use crate::support::poll::backend;
     use crate::support::redis_server::RedisServer;
-    use throttler::Limit;
+    use paceline::Limit;
 
     /// Each limit: (permits per second, burst).
     const LIMITS: [(f64, f64); 2] = [(100.0, 10.0), (30.0, 20.0)];

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use crate::support::poll::{RESPONSE_TIMEOUT, backend};
 use crate::support::redis_server::RedisServer;
-use throttler::redis::{Fallback, RedisRateLimiter};
-use throttler::{Error, KeyedLimiter, Limit, Limiter};
+use paceline::redis::{Fallback, RedisRateLimiter};
+use paceline::{Error, KeyedLimiter, Limit, Limiter};
 
 const MS: Duration = Duration::from_millis(1);
 

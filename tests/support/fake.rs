@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use throttler::RateLimiter;
-use throttler::clock::FakeClock;
+use paceline::RateLimiter;
+use paceline::clock::FakeClock;
 
 /// A bursty limiter (1 s burst) on a fresh fake clock.
 pub fn bursty(rate: f64) -> (RateLimiter<FakeClock>, FakeClock) {

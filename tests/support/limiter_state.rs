@@ -10,7 +10,7 @@
 //! bytes) to check how the script reads, upgrades or refuses them. A
 //! granted reservation replies with the value it wrote, which is its token.
 
-use throttler::redis::format;
+use paceline::redis::format;
 
 // The layout, from the crate's one definition of it (`redis::format`),
 // under the names these tests use.

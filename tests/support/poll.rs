@@ -23,8 +23,8 @@ pub const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 pub const SLACK: Duration = Duration::from_millis(250);
 
 /// A backend on `client` with the tests' timeout and probe interval.
-pub async fn backend(client: redis::Client) -> throttler::redis::RedisBackend {
-    throttler::redis::RedisBackend::builder(client)
+pub async fn backend(client: redis::Client) -> paceline::redis::RedisBackend {
+    paceline::redis::RedisBackend::builder(client)
         .response_timeout(RESPONSE_TIMEOUT)
         .probe_interval(PROBE_INTERVAL)
         .build()
@@ -34,8 +34,8 @@ pub async fn backend(client: redis::Client) -> throttler::redis::RedisBackend {
 
 /// A limiter's builder on `client` with the tests' timeout and probe
 /// interval.
-pub fn builder(client: redis::Client, name: &str, rate: f64) -> throttler::redis::RedisBuilder {
-    throttler::redis::RedisRateLimiter::builder(client, name)
+pub fn builder(client: redis::Client, name: &str, rate: f64) -> paceline::redis::RedisBuilder {
+    paceline::redis::RedisRateLimiter::builder(client, name)
         .permits_per_second(rate)
         .response_timeout(RESPONSE_TIMEOUT)
         .probe_interval(PROBE_INTERVAL)

@@ -42,7 +42,8 @@ impl RedisCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
-        let output = Command::new("redis-cli")
+        let cli = std::env::var("PACELINE_REDIS_CLI").unwrap_or_else(|_| "redis-cli".to_owned());
+        let output = Command::new(&cli)
             .arg("--cluster")
             .arg("create")
             .args(&addresses)

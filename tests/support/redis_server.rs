@@ -17,8 +17,11 @@ use std::sync::{Mutex, PoisonError};
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// The server binary, looked up on `PATH`.
-const BINARY: &str = "redis-server";
+/// The server binary, looked up on `PATH`: `redis-server`, or what
+/// `PACELINE_REDIS_SERVER` names (`valkey-server`, say).
+fn binary() -> String {
+    std::env::var("PACELINE_REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned())
+}
 
 /// How long a starting server may take to answer.
 const START_TIMEOUT: Duration = Duration::from_secs(5);
@@ -30,8 +33,9 @@ const START_ATTEMPTS: usize = 3;
 /// Timeout for each connection attempt and reply while polling.
 const POLL_TIMEOUT: Duration = Duration::from_millis(250);
 
-const NOT_INSTALLED: &str = "`redis-server` was not found on PATH. The Redis tests need a \
-     local Redis server (7.0 or newer): run them with the README's test command, which installs it.";
+const NOT_INSTALLED: &str = "the Redis server was not found on PATH. The Redis tests need a \
+     local Redis server (the version `paceline::redis::MIN_REDIS_VERSION` names, or newer): run \
+     them with the README's test command, which installs it.";
 
 /// A private `redis-server` process, killed on drop.
 pub struct RedisServer {
@@ -74,7 +78,10 @@ impl RedisServer {
                 }
             }
         }
-        panic!("could not start {BINARY} after {START_ATTEMPTS} attempts: {failures:?}");
+        panic!(
+            "could not start {} after {START_ATTEMPTS} attempts: {failures:?}",
+            binary()
+        );
     }
 
     /// `redis://127.0.0.1:<port>/`
@@ -160,7 +167,8 @@ impl RedisServer {
                     failures.push(failure);
                     if Instant::now() >= deadline {
                         panic!(
-                            "could not restart {BINARY} on port {}: {failures:?}",
+                            "could not restart {} on port {}: {failures:?}",
+                            binary(),
                             self.port
                         );
                     }
@@ -230,7 +238,7 @@ fn fresh_dir(port: u16) -> PathBuf {
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
     let dir = std::env::temp_dir().join(format!(
-        "throttler-redis-{}-{port}-{}-{nanos}",
+        "paceline-redis-{}-{port}-{}-{nanos}",
         std::process::id(),
         COUNTER.fetch_add(1, Ordering::Relaxed)
     ));
@@ -241,7 +249,8 @@ fn fresh_dir(port: u16) -> PathBuf {
 /// Spawns a server on `port` and waits until *it* (not some other process on
 /// that port) answers; on failure the process is reaped and the reason returned.
 fn launch(port: u16, dir: &Path, extra_args: &[String]) -> Result<Child, String> {
-    let mut child = Command::new(BINARY)
+    let binary = binary();
+    let mut child = Command::new(&binary)
         .arg("--port")
         .arg(port.to_string())
         .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
@@ -256,31 +265,60 @@ fn launch(port: u16, dir: &Path, extra_args: &[String]) -> Result<Child, String>
             if e.kind() == std::io::ErrorKind::NotFound {
                 panic!("{NOT_INSTALLED}");
             }
-            panic!("cannot run {BINARY}: {e}");
+            panic!("cannot run {binary}: {e}");
         });
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
         match child.try_wait() {
             Ok(Some(status)) => {
                 return Err(format!(
-                    "{BINARY} on port {port} exited at start ({status}); port taken?"
+                    "{binary} on port {port} exited at start ({status}); port taken?"
                 ));
             }
             Ok(None) => {}
-            Err(e) => return Err(format!("cannot watch {BINARY}: {e}")),
+            Err(e) => return Err(format!("cannot watch {binary}: {e}")),
         }
         if answers(port, child.id()) {
+            check_version(port);
             return Ok(child);
         }
         if Instant::now() >= deadline {
             let _ = child.kill();
             let _ = child.wait();
             return Err(format!(
-                "{BINARY} on port {port} did not answer within {START_TIMEOUT:?}"
+                "{binary} on port {port} did not answer within {START_TIMEOUT:?}"
             ));
         }
         sleep(Duration::from_millis(20));
     }
+}
+
+/// Checks, once per test run, that the server is a version the crate
+/// supports (`paceline::redis::MIN_REDIS_VERSION` or newer; Valkey reports
+/// the Redis version it is compatible with).
+fn check_version(port: u16) {
+    static CHECKED: std::sync::Once = std::sync::Once::new();
+    CHECKED.call_once(|| {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+        let mut con = client.get_connection_with_timeout(START_TIMEOUT).unwrap();
+        let info: String = redis::cmd("INFO").arg("server").query(&mut con).unwrap();
+        let version = info
+            .lines()
+            .find_map(|line| line.strip_prefix("redis_version:"))
+            .unwrap_or("0.0")
+            .trim()
+            .to_owned();
+        let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+        let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+        let needed = paceline::redis::MIN_REDIS_VERSION;
+        assert!(
+            found >= needed,
+            "{} reports Redis {version}; the crate supports {}.{} or newer",
+            binary(),
+            needed.0,
+            needed.1
+        );
+    });
 }
 
 /// Whether the server on `port` answers PING and is the process `pid`.

@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::*;
 use crate::clock::FakeClock;
 use crate::core::Bursty;
+use crate::redis::backend::Connecting;
 use crate::redis::connection::Target;
 use crate::redis::runtime::RuntimeRef;
 
@@ -14,18 +15,22 @@ const SECOND: u64 = 1_000_000;
 /// never connects (these tests only read and write its books).
 fn failover(max_local_keys: usize) -> (Arc<Failover<String, FakeClock>>, FakeClock) {
     let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
+    let connecting = Connecting {
+        response_timeout: Duration::from_millis(100),
+        probe_interval: Duration::from_millis(100),
+        ..Connecting::default()
+    };
     let backend = Arc::new(Backend::new(
         Target::Single(client),
         RuntimeRef::Owned(None),
-        Duration::from_millis(100),
-        Duration::from_millis(100),
+        &connecting,
     ));
     let clock = FakeClock::new();
     clock.advance(Duration::from_secs(100));
     let failover = Failover::new(Parts {
         backend,
         naming: Naming::Keyed {
-            prefix: "throttler:t:".to_owned(),
+            prefix: "paceline:t:".to_owned(),
         },
         policy: Policy::Bursty(Bursty::new(Duration::ZERO)),
         rate: 1.0,

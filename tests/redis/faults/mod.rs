@@ -23,8 +23,8 @@ use crate::support::poll::{PROBE_INTERVAL, RESPONSE_TIMEOUT, SLACK, builder, wit
 use crate::support::proxy::Proxy;
 use crate::support::redis_cluster::RedisCluster;
 use crate::support::redis_server::{RedisServer, free_port};
-use throttler::Error;
-use throttler::redis::{Fallback, RedisBackend, RedisRateLimiter, RedisStats};
+use paceline::Error;
+use paceline::redis::{Fallback, RedisBackend, RedisRateLimiter, RedisStats};
 
 /// The longest any call may take: the response timeout plus slack.
 const CALL_BOUND: Duration = RESPONSE_TIMEOUT.saturating_add(SLACK);
