@@ -363,7 +363,15 @@ async fn a_shared_cluster_backend_degrades_only_what_lives_on_a_frozen_node() {
         frozen.elapsed()
     );
     assert!(slowest <= CALL_BOUND, "a call took {slowest:?}");
-    assert!(limiters[VICTIM].iter().all(RedisRateLimiter::is_degraded));
+    // The idle limiter on the node is marked down by the probe, which reads
+    // the slot map: under a loaded test run that can take a probe or two
+    // more (still well inside the cluster's node timeout).
+    let idle_marked = within(Duration::from_secs(2), || {
+        limiters[VICTIM].iter().all(RedisRateLimiter::is_degraded)
+    })
+    .await;
+    assert!(idle_marked.is_some(), "{:?}", backend.stats());
+    let stats = backend.stats();
     assert_eq!((stats.fallbacks, stats.recoveries), (1, 0), "{stats:?}");
     // Only the victim's calls were served by a fallback (the first of each
     // may have waited for Redis and then been served by the fallback too).
