@@ -313,6 +313,19 @@ impl Builder<SystemClock> {
 }
 
 impl<C: Clock> Builder<C> {
+    /// A builder whose limiter reads and sleeps on `clock`, without ever
+    /// making a [`SystemClock`] (which calibrates the processor's counter
+    /// once per process, about a millisecond: worth sparing a program
+    /// that starts often and does little, such as a pipeline stage).
+    /// `RateLimiter::builder().clock(clock)` is the same otherwise.
+    pub fn with_clock(clock: C) -> Self {
+        Builder {
+            config: PolicyConfig::default(),
+            clock,
+            name: None,
+        }
+    }
+
     policy_setters!();
 
     /// The clock the limiter reads and sleeps on. Default: [`SystemClock`].

@@ -54,6 +54,19 @@ impl<K> KeyedBuilder<K, SystemClock> {
 }
 
 impl<K, C: Clock> KeyedBuilder<K, C> {
+    /// A builder whose limiter reads and sleeps on `clock`, without ever
+    /// making a [`SystemClock`] (see
+    /// [`Builder::with_clock`](crate::Builder::with_clock)).
+    pub fn with_clock(clock: C) -> Self {
+        KeyedBuilder {
+            config: PolicyConfig::default(),
+            max_keys: None,
+            clock,
+            key: PhantomData,
+            name: None,
+        }
+    }
+
     policy_setters!();
 
     /// A hard cap on the keys held at once, for key spaces a client

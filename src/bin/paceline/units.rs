@@ -1,0 +1,141 @@
+//! Rates and durations as the command line writes them.
+
+use std::time::Duration;
+
+/// A rate: `permits` per `period`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rate {
+    pub permits: f64,
+    pub period: Duration,
+}
+
+impl Rate {
+    pub fn per_second(&self) -> f64 {
+        self.permits / self.period.as_secs_f64()
+    }
+}
+
+/// Parses `N/UNIT`: `10/s`, `600/min`, `1000/h`, `5/day` (also `sec`,
+/// `second`, `m`, `minute`, `hour`, `d`); with `bytes`, `N` may carry a
+/// size suffix: `5MiB/s`, `100KB/s`, `1.5GiB/min` (`K`, `M`, `G` and `T`
+/// are powers of 1000, `Ki`, `Mi`, `Gi`, `Ti` of 1024; a trailing `B` is
+/// optional).
+pub fn parse_rate(text: &str, bytes: bool) -> Result<Rate, String> {
+    let bad = |why: &str| {
+        let example = if bytes {
+            "5MiB/s"
+        } else {
+            "10/s, 600/min, 1000/h, 5/day"
+        };
+        format!("bad rate {text:?}: {why} (write it as {example})")
+    };
+    let (amount, unit) = text.split_once('/').ok_or_else(|| bad("no '/'"))?;
+    let period = match unit.trim() {
+        "s" | "sec" | "second" => Duration::from_secs(1),
+        "m" | "min" | "minute" => Duration::from_secs(60),
+        "h" | "hour" => Duration::from_secs(3600),
+        "d" | "day" => Duration::from_secs(86_400),
+        _ => return Err(bad("the period must be s, min, h or day")),
+    };
+    let permits = if bytes {
+        parse_size(amount.trim()).ok_or_else(|| bad("not a size"))?
+    } else {
+        amount
+            .trim()
+            .parse::<f64>()
+            .map_err(|_| bad("not a number"))?
+    };
+    if !(permits.is_finite() && permits > 0.0) {
+        return Err(bad("it must be more than zero"));
+    }
+    Ok(Rate { permits, period })
+}
+
+/// `5MiB`, `100KB`, `1.5G`, `4096`: bytes.
+fn parse_size(text: &str) -> Option<f64> {
+    let text = text.strip_suffix('B').unwrap_or(text);
+    let (number, factor) = [
+        ("Ki", 1024f64),
+        ("Mi", 1024f64.powi(2)),
+        ("Gi", 1024f64.powi(3)),
+        ("Ti", 1024f64.powi(4)),
+        ("K", 1e3),
+        ("k", 1e3),
+        ("M", 1e6),
+        ("G", 1e9),
+        ("T", 1e12),
+    ]
+    .iter()
+    .find_map(|(suffix, factor)| text.strip_suffix(suffix).map(|n| (n, *factor)))
+    .unwrap_or((text, 1.0));
+    Some(number.trim().parse::<f64>().ok()? * factor)
+}
+
+/// `250ms`, `2s`, `1.5s`, `3min`, `1h`, `500us`: a duration.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("bad duration {text:?} (write it as 250ms, 2s, 3min or 1h)");
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(bad)?;
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().map_err(|_| bad())?;
+    let seconds = match unit {
+        "us" | "µs" => number / 1e6,
+        "ms" => number / 1e3,
+        "s" => number,
+        "m" | "min" => number * 60.0,
+        "h" => number * 3600.0,
+        _ => return Err(bad()),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|_| bad())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_read_as_written() {
+        let rate = parse_rate("10/s", false).unwrap();
+        assert_eq!((rate.permits, rate.period), (10.0, Duration::from_secs(1)));
+        assert_eq!(parse_rate("600/min", false).unwrap().per_second(), 10.0);
+        assert_eq!(parse_rate("3600/h", false).unwrap().per_second(), 1.0);
+        assert_eq!(
+            parse_rate(" 86400 / day ", false).unwrap().per_second(),
+            1.0
+        );
+        assert_eq!(parse_rate("1e9/s", false).unwrap().per_second(), 1e9);
+        assert_eq!(
+            parse_rate("5MiB/s", true).unwrap().permits,
+            5.0 * 1024.0 * 1024.0
+        );
+        assert_eq!(parse_rate("100KB/s", true).unwrap().permits, 100_000.0);
+        assert_eq!(parse_rate("1.5k/s", true).unwrap().permits, 1500.0);
+        assert_eq!(parse_rate("4096/s", true).unwrap().permits, 4096.0);
+        for bad in [
+            "10",
+            "10/fortnight",
+            "x/s",
+            "0/s",
+            "-1/s",
+            "NaN/s",
+            "inf/s",
+            "5MiB/s",
+        ] {
+            assert!(parse_rate(bad, false).is_err(), "{bad}");
+        }
+        assert!(parse_rate("5XB/s", true).is_err());
+    }
+
+    #[test]
+    fn durations_read_as_written() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("3min").unwrap(), Duration::from_secs(180));
+        assert_eq!(parse_duration("500us").unwrap(), Duration::from_micros(500));
+        for bad in ["", "5", "ms", "1e999s", "-1s", "2 weeks"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! The `paceline` command line, run as a process: exact spacing on the
+//! real clock (honest tolerances), bytes unchanged, bytes per second, keys
+//! paced apart, late records dropped or failed, a command per record, bad
+//! arguments refused with a clear message and exit status, and two
+//! processes sharing one rate through a private redis-server, surviving
+//! its death on their fallbacks.
+#![cfg(feature = "cli")]
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+const PACELINE: &str = env!("CARGO_BIN_EXE_paceline");
+
+/// Timing tests one at a time: two at once on two cores would each see
+/// the other's load.
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn paceline(args: &[&str]) -> Command {
+    let mut command = Command::new(PACELINE);
+    command
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// Runs paceline with `input` on stdin; its output.
+fn run(args: &[&str], input: &[u8]) -> Output {
+    let mut child = paceline(args).spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let output = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    output
+}
+
+/// Each stdout line of `child` with when it arrived (after `start`).
+fn timed_lines(child: &mut Child, start: Instant) -> Vec<(Duration, String)> {
+    let stdout = child.stdout.take().unwrap();
+    BufReader::new(stdout)
+        .lines()
+        .map(|line| (start.elapsed(), line.unwrap()))
+        .collect()
+}
+
+fn lines(n: usize) -> String {
+    (1..=n).map(|i| format!("line {i}\n")).collect()
+}
+
+#[test]
+fn fifty_lines_at_twenty_a_second_arrive_fifty_ms_apart_unchanged() {
+    let _one = one_at_a_time();
+    let input = lines(50);
+    let mut child = paceline(&["20/s"]).spawn().unwrap();
+    let start = Instant::now();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let got = timed_lines(&mut child, start);
+    assert!(child.wait().unwrap().success());
+    let text: String = got.iter().map(|(_, l)| format!("{l}\n")).collect();
+    assert_eq!(text, input);
+    // 49 intervals of 50 ms, on a schedule that does not drift: 2.45 s.
+    let span = got[49].0 - got[0].0;
+    assert!(
+        span >= Duration::from_millis(2_400) && span <= Duration::from_millis(2_550),
+        "50 lines took {span:?}"
+    );
+    let gaps: Vec<Duration> = got.windows(2).map(|w| w[1].0 - w[0].0).collect();
+    let min = gaps.iter().min().unwrap();
+    assert!(
+        *min >= Duration::from_millis(30),
+        "a gap of {min:?}: {gaps:?}"
+    );
+}
+
+#[test]
+fn bytes_go_at_a_mebibyte_a_second_unchanged() {
+    let _one = one_at_a_time();
+    let input: Vec<u8> = (0..512 * 1024u32).map(|i| (i * 7 % 251) as u8).collect();
+    let start = Instant::now();
+    let output = run(&["--bytes", "1MiB/s"], &input);
+    let took = start.elapsed();
+    assert!(output.status.success(), "{output:?}");
+    assert!(output.stdout == input, "the bytes changed");
+    // Half a mebibyte at 1 MiB/s: 0.5 s (less the first millisecond's
+    // worth, which goes at once).
+    assert!(
+        took >= Duration::from_millis(480) && took <= Duration::from_millis(650),
+        "took {took:?}"
+    );
+}
+
+#[test]
+fn two_keys_are_paced_apart() {
+    let _one = one_at_a_time();
+    // a and b alternate; at 10/s per key, five of each take 0.4 s, where
+    // one rate for both would take 0.9 s.
+    let input: String = (0..5).map(|i| format!("a {i}\nb {i}\n")).collect();
+    let mut child = paceline(&["10/s", "--key", "1"]).spawn().unwrap();
+    let start = Instant::now();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let got = timed_lines(&mut child, start);
+    assert!(child.wait().unwrap().success());
+    assert_eq!(got.len(), 10);
+    let last = got.last().unwrap().0;
+    assert!(
+        last >= Duration::from_millis(380) && last <= Duration::from_millis(600),
+        "the last line came after {last:?}"
+    );
+    // Each key's own lines in order, 100 ms apart.
+    for key in ["a", "b"] {
+        let times: Vec<Duration> = got
+            .iter()
+            .filter(|(_, l)| l.starts_with(key))
+            .map(|(t, _)| *t)
+            .collect();
+        let texts: Vec<String> = got
+            .iter()
+            .filter(|(_, l)| l.starts_with(key))
+            .map(|(_, l)| l.clone())
+            .collect();
+        let expected: Vec<String> = (0..5).map(|i| format!("{key} {i}")).collect();
+        assert_eq!(texts, expected);
+        for pair in times.windows(2) {
+            let gap = pair[1] - pair[0];
+            assert!(gap >= Duration::from_millis(80), "{key}: {gap:?}");
+        }
+    }
+}
+
+#[test]
+fn late_records_are_dropped_and_counted_or_fail() {
+    let _one = one_at_a_time();
+    // All read at once at 10/s: waits 0, 100, 200 ms fit in 250 ms; the
+    // rest would wait longer and are dropped, reserving nothing.
+    let output = run(
+        &["10/s", "--max-wait", "250ms", "--json"],
+        lines(20).as_bytes(),
+    );
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(String::from_utf8(output.stdout).unwrap(), lines(3));
+    let summary = String::from_utf8(output.stderr).unwrap();
+    assert!(summary.contains("\"dropped\":17"), "{summary}");
+    assert!(summary.contains("\"records\":3"), "{summary}");
+    let failed = run(
+        &["10/s", "--max-wait", "250ms", "--on-late", "fail"],
+        lines(20).as_bytes(),
+    );
+    assert_eq!(failed.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&failed.stderr).contains("--max-wait"));
+}
+
+#[test]
+fn a_command_runs_once_per_record_with_jobs_at_once() {
+    let dir = std::env::temp_dir().join(format!("paceline-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let by_argument = dir.join("by-argument");
+    let script = format!("echo \"$1\" >> {}", by_argument.display());
+    let output = run(
+        &["200/s", "-j", "4", "--", "sh", "-c", &script, "sh", "{}"],
+        lines(30).as_bytes(),
+    );
+    assert!(output.status.success(), "{output:?}");
+    let mut got: Vec<String> = std::fs::read_to_string(&by_argument)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    got.sort();
+    let mut expected: Vec<String> = (1..=30).map(|i| format!("line {i}")).collect();
+    expected.sort();
+    assert_eq!(got, expected);
+    // With no {}, the record is the command's stdin.
+    let by_stdin = dir.join("by-stdin");
+    let script = format!("cat >> {}", by_stdin.display());
+    let output = run(&["200/s", "--", "sh", "-c", &script], lines(10).as_bytes());
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(std::fs::read_to_string(&by_stdin).unwrap(), lines(10));
+    // A command that fails: exit status 1, counted.
+    let output = run(&["200/s", "--json", "--", "false"], lines(3).as_bytes());
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("\"failed\":3"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_arguments_are_refused_clearly() {
+    for (args, says) in [
+        (&["0/s"][..], "must be more than zero"),
+        (&["ten/s"][..], "not a number"),
+        (&["10/fortnight"][..], "the period must be"),
+        (&["--bytes", "5XB/s"][..], "not a size"),
+        (&["10/s", "--max-wait", "soon"][..], "bad duration"),
+        (&["10/s", "--key", "0"][..], "count from 1"),
+        (&["10/s", "--key-regex", "("][..], "bad --key-regex"),
+        (&["10/s", "-j", "0"][..], "-j must be at least 1"),
+    ] {
+        let output = run(args, b"");
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {output:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    let output = run(&[], b"");
+    assert_eq!(output.status.code(), Some(2));
+    // An unreachable Redis: exit status 4, and where.
+    let output = run(&["10/s", "--redis", "redis://127.0.0.1:1/"], b"x\n");
+    assert_eq!(output.status.code(), Some(4), "{output:?}");
+    assert!(
+        String::from_utf8_lossy(&output.stderr)
+            .contains("cannot reach Redis at redis://127.0.0.1:1/")
+    );
+}
+
+#[test]
+fn a_reader_that_goes_away_ends_the_run_quietly() {
+    let mut child = paceline(&["1e9/s"]).spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(lines(100_000).as_bytes());
+    });
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 7];
+    stdout.read_exact(&mut first).unwrap();
+    drop(stdout);
+    let status = child.wait().unwrap();
+    writer.join().unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+/// Two processes with `--redis` on one private server share 20/s: 100
+/// lines between them take 5 s (± 5%).
+#[test]
+fn two_processes_share_one_rate_through_redis() {
+    let _one = one_at_a_time();
+    let server = support::redis_server::RedisServer::start();
+    let url = server.url();
+    let args = ["20/s", "--redis", url.as_str(), "--name", "shared"];
+    let start = Instant::now();
+    let children: Vec<Child> = (0..2)
+        .map(|_| {
+            let mut child = paceline(&args).spawn().unwrap();
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(lines(50).as_bytes())
+                .unwrap();
+            child
+        })
+        .collect();
+    let mut ends = Vec::new();
+    for mut child in children {
+        let got = timed_lines(&mut child, start);
+        assert!(child.wait().unwrap().success());
+        assert_eq!(got.len(), 50);
+        ends.push(got.last().unwrap().0);
+    }
+    // 100 permits 50 ms apart: the last goes 4.95 s after the first.
+    let last = *ends.iter().max().unwrap();
+    assert!(
+        last >= Duration::from_millis(4_700) && last <= Duration::from_millis(5_250),
+        "100 lines took {last:?}"
+    );
+}
+
+/// Killing Redis mid-run: both processes go on, on their fallbacks.
+#[test]
+fn both_processes_go_on_when_redis_dies() {
+    let _one = one_at_a_time();
+    let mut server = support::redis_server::RedisServer::start();
+    let url = server.url();
+    let args = [
+        "20/s",
+        "--redis",
+        url.as_str(),
+        "--name",
+        "dies",
+        "--local-fraction",
+        "0.5",
+    ];
+    let children: Vec<Child> = (0..2)
+        .map(|_| {
+            let mut child = paceline(&args).spawn().unwrap();
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(lines(30).as_bytes())
+                .unwrap();
+            child
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(800));
+    server.kill();
+    for mut child in children {
+        let got = timed_lines(&mut child, Instant::now());
+        let status = child.wait().unwrap();
+        assert!(status.success(), "{status:?}");
+        assert_eq!(got.len(), 30, "every line came out");
+    }
+}
