@@ -46,6 +46,13 @@ fn run(args: &[&str], input: &[u8]) -> Output {
     output
 }
 
+/// paceline started with `args`, `input` written to its stdin and closed.
+fn fed(args: &[&str], input: &[u8]) -> Child {
+    let mut child = paceline(args).spawn().unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child
+}
+
 /// Each stdout line of `child` with when it arrived (after `start`).
 fn timed_lines(child: &mut Child, start: Instant) -> Vec<(Duration, String)> {
     let stdout = child.stdout.take().unwrap();
@@ -63,14 +70,8 @@ fn lines(n: usize) -> String {
 fn fifty_lines_at_twenty_a_second_arrive_fifty_ms_apart_unchanged() {
     let _one = one_at_a_time();
     let input = lines(50);
-    let mut child = paceline(&["20/s"]).spawn().unwrap();
     let start = Instant::now();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
+    let mut child = fed(&["20/s"], input.as_bytes());
     let got = timed_lines(&mut child, start);
     assert!(child.wait().unwrap().success());
     let text: String = got.iter().map(|(_, l)| format!("{l}\n")).collect();
@@ -112,14 +113,8 @@ fn two_keys_are_paced_apart() {
     // a and b alternate; at 10/s per key, five of each take 0.4 s, where
     // one rate for both would take 0.9 s.
     let input: String = (0..5).map(|i| format!("a {i}\nb {i}\n")).collect();
-    let mut child = paceline(&["10/s", "--key", "1"]).spawn().unwrap();
     let start = Instant::now();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
+    let mut child = fed(&["10/s", "--key", "1"], input.as_bytes());
     let got = timed_lines(&mut child, start);
     assert!(child.wait().unwrap().success());
     assert_eq!(got.len(), 10);
@@ -257,18 +252,7 @@ fn two_processes_share_one_rate_through_redis() {
     let url = server.url();
     let args = ["20/s", "--redis", url.as_str(), "--name", "shared"];
     let start = Instant::now();
-    let children: Vec<Child> = (0..2)
-        .map(|_| {
-            let mut child = paceline(&args).spawn().unwrap();
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(lines(50).as_bytes())
-                .unwrap();
-            child
-        })
-        .collect();
+    let children: Vec<Child> = (0..2).map(|_| fed(&args, lines(50).as_bytes())).collect();
     let mut ends = Vec::new();
     for mut child in children {
         let got = timed_lines(&mut child, start);
@@ -299,18 +283,7 @@ fn both_processes_go_on_when_redis_dies() {
         "--local-fraction",
         "0.5",
     ];
-    let children: Vec<Child> = (0..2)
-        .map(|_| {
-            let mut child = paceline(&args).spawn().unwrap();
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(lines(30).as_bytes())
-                .unwrap();
-            child
-        })
-        .collect();
+    let children: Vec<Child> = (0..2).map(|_| fed(&args, lines(30).as_bytes())).collect();
     std::thread::sleep(Duration::from_millis(800));
     server.kill();
     for mut child in children {

@@ -413,21 +413,15 @@ where
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        let target = self.target(key);
-        loop {
-            let failure = match self.route(key, &target).await {
-                Route::Redis => match self.send(key, &target, Call::Query).await {
-                    Ok(reply) => return Ok(reply.wait.unwrap_or_default()),
-                    Err(Failure::Refused(error)) => return Err(error),
-                    Err(Failure::Down(failure)) => failure,
-                },
-                Route::Local(failure) => failure,
-            };
-            match self.query_locally(key, failure) {
-                Ok(result) => return result,
-                Err(carried) => self.await_carry(carried).await,
-            }
-        }
+        self.read(
+            key,
+            |target| async move {
+                let reply = self.send(key, &target, Call::Query).await?;
+                Ok(reply.wait.unwrap_or_default())
+            },
+            |failure| self.query_locally(key, failure),
+        )
+        .await
     }
 
     /// What `key` holds now, from Redis (one round trip, on its clock) or
@@ -437,17 +431,42 @@ where
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
+        self.read(
+            key,
+            |target| async move {
+                let stored = send_status(&self.backend, &target).await?;
+                Ok(self.snapshot_of(&stored))
+            },
+            |failure| self.snapshot_locally(key, failure),
+        )
+        .await
+    }
+
+    /// A read of `key` that reserves nothing: `remote` asks Redis, or,
+    /// while the key's part of Redis is down, `local` asks the fallback
+    /// (after any carry-back of the key has ended).
+    async fn read<'a, Q, T, R>(
+        &'a self,
+        key: &Q,
+        remote: impl Fn(ProbeTarget) -> R,
+        local: impl Fn(Option<BackendError>) -> Result<Result<T, Error>, Carried<'a>>,
+    ) -> Result<T, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
+        R: Future<Output = Result<T, Failure>>,
+    {
         let target = self.target(key);
         loop {
             let failure = match self.route(key, &target).await {
-                Route::Redis => match send_status(&self.backend, &target).await {
-                    Ok(stored) => return Ok(self.snapshot_of(&stored)),
+                Route::Redis => match remote(target.clone()).await {
+                    Ok(answer) => return Ok(answer),
                     Err(Failure::Refused(error)) => return Err(error),
                     Err(Failure::Down(failure)) => failure,
                 },
                 Route::Local(failure) => failure,
             };
-            match self.snapshot_locally(key, failure) {
+            match local(failure) {
                 Ok(result) => return result,
                 Err(carried) => self.await_carry(carried).await,
             }
