@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::tower::keyed_limiter;
 use ::http::{Request, Response, StatusCode};
 use paceline::KeyedRateLimiter;
 use paceline::clock::{Clock, FakeClock};
@@ -38,19 +39,6 @@ impl Service<Request<()>> for Ok200 {
         self.0.fetch_add(1, Ordering::Relaxed);
         std::future::ready(Ok(Response::new("ok".to_owned())))
     }
-}
-
-fn keyed<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static>(
-    clock: &FakeClock,
-) -> Arc<KeyedRateLimiter<K, FakeClock>> {
-    Arc::new(
-        KeyedRateLimiter::builder()
-            .permits_per_second(10.0)
-            .max_burst(Duration::ZERO)
-            .clock(clock.clone())
-            .build()
-            .unwrap(),
-    )
 }
 
 /// A request from `peer` (as a server stores the peer's address) with
@@ -94,7 +82,8 @@ async fn each_client_gets_its_own_rate_and_forged_headers_change_nothing() {
         peer: PeerIp::from_extension(|peer: &SocketAddr| peer.ip()),
         proxies: TrustedProxies::new(["10.0.0.0/8"]).unwrap(),
     };
-    let mut service = RateLimitLayer::new(keyed::<IpAddr>(&clock), client_ip).layer(inner.clone());
+    let mut service =
+        RateLimitLayer::new(keyed_limiter::<IpAddr>(&clock), client_ip).layer(inner.clone());
     // A direct client: its first request goes, its second is refused with
     // Retry-After rounded up (100 ms: 1 s).
     let direct = send(&mut service, from("198.51.100.1", &[])).await;
@@ -129,7 +118,7 @@ async fn each_client_gets_its_own_rate_and_forged_headers_change_nothing() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_bounded_wait_waits_within_it_and_refuses_past_it() {
     let clock = FakeClock::new();
-    let limiter = keyed::<IpAddr>(&clock);
+    let limiter = keyed_limiter::<IpAddr>(&clock);
     let peer = PeerIp::from_extension(|peer: &SocketAddr| peer.ip());
     let layer =
         RateLimitLayer::new(Arc::clone(&limiter), peer).max_wait(Duration::from_millis(150));
@@ -158,7 +147,7 @@ async fn header_global_and_missing_keys() {
     let clock = FakeClock::new();
     let by_header = Header(::http::HeaderName::from_static("x-api-key"));
     let mut service =
-        RateLimitLayer::new(keyed::<String>(&clock), by_header).layer(Ok200::default());
+        RateLimitLayer::new(keyed_limiter::<String>(&clock), by_header).layer(Ok200::default());
     let with = |key: &str| from("192.0.2.1", &[("x-api-key", key)]);
     assert_eq!(send(&mut service, with("a")).await.status(), StatusCode::OK);
     assert_eq!(send(&mut service, with("b")).await.status(), StatusCode::OK);
@@ -176,7 +165,8 @@ async fn header_global_and_missing_keys() {
         StatusCode::TOO_MANY_REQUESTS
     );
     // One key for all.
-    let mut global = RateLimitLayer::new(keyed::<()>(&clock), Global).layer(Ok200::default());
+    let mut global =
+        RateLimitLayer::new(keyed_limiter::<()>(&clock), Global).layer(Ok200::default());
     assert_eq!(
         send(&mut global, from("192.0.2.1", &[])).await.status(),
         StatusCode::OK
@@ -189,7 +179,8 @@ async fn header_global_and_missing_keys() {
     // request let through unlimited.
     let peer = PeerIp::from_extension(|peer: &SocketAddr| peer.ip());
     let inner = Ok200::default();
-    let mut service = RateLimitLayer::new(keyed::<IpAddr>(&clock), peer).layer(inner.clone());
+    let mut service =
+        RateLimitLayer::new(keyed_limiter::<IpAddr>(&clock), peer).layer(inner.clone());
     let response = send(&mut service, Request::new(())).await;
     assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(inner.0.load(Ordering::Relaxed), 0);
@@ -206,7 +197,7 @@ fn the_service_fits_a_router() {
     }
     let clock = FakeClock::new();
     let peer = PeerIp::from_extension(|peer: &SocketAddr| peer.ip());
-    fits(&RateLimitLayer::new(keyed::<IpAddr>(&clock), peer).layer(Ok200::default()));
+    fits(&RateLimitLayer::new(keyed_limiter::<IpAddr>(&clock), peer).layer(Ok200::default()));
 }
 
 fn header<'a>(response: &'a Response<String>, name: &str) -> Option<&'a str> {
@@ -291,17 +282,18 @@ async fn a_slow_rate_reads_over_a_longer_window() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_hook_shapes_the_refusal_and_the_layer_adds_what_it_left_out() {
     let clock = FakeClock::new();
-    let layer = RateLimitLayer::new(keyed::<()>(&clock), Global).on_refused(|refused: &Refused| {
-        Response::builder()
-            .status(StatusCode::SERVICE_UNAVAILABLE)
-            .header("content-type", "application/json")
-            .body(format!(
-                r#"{{"retry_ms":{},"remaining":{}}}"#,
-                refused.retry_after.as_millis(),
-                refused.snapshot.remaining()
-            ))
-            .unwrap()
-    });
+    let layer =
+        RateLimitLayer::new(keyed_limiter::<()>(&clock), Global).on_refused(|refused: &Refused| {
+            Response::builder()
+                .status(StatusCode::SERVICE_UNAVAILABLE)
+                .header("content-type", "application/json")
+                .body(format!(
+                    r#"{{"retry_ms":{},"remaining":{}}}"#,
+                    refused.retry_after.as_millis(),
+                    refused.snapshot.remaining()
+                ))
+                .unwrap()
+        });
     let mut service = layer.layer(Ok200::default());
     assert_eq!(
         send(&mut service, Request::new(())).await.status(),
@@ -314,7 +306,7 @@ async fn a_hook_shapes_the_refusal_and_the_layer_adds_what_it_left_out() {
     assert_eq!(retry_after(&refused), Some("1"));
     assert_eq!(header(&refused, "ratelimit"), Some("\"default\";r=0;t=1"));
     // Headers off: a refusal still says when to retry, nothing else.
-    let mut quiet = RateLimitLayer::new(keyed::<()>(&clock), Global)
+    let mut quiet = RateLimitLayer::new(keyed_limiter::<()>(&clock), Global)
         .headers(Headers::None)
         .layer(Ok200::default());
     let granted = send(&mut quiet, Request::new(())).await;

@@ -48,8 +48,10 @@ fn limiter(clock: &FakeClock) -> Arc<RateLimiter<FakeClock>> {
     )
 }
 
-/// The same, one rate per key.
-fn keyed_limiter(clock: &FakeClock) -> Arc<KeyedRateLimiter<u32, FakeClock>> {
+/// The same, one rate per key (the HTTP tests' limiter too).
+pub(crate) fn keyed_limiter<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static>(
+    clock: &FakeClock,
+) -> Arc<KeyedRateLimiter<K, FakeClock>> {
     Arc::new(
         KeyedRateLimiter::builder()
             .permits_per_second(10.0)
@@ -155,7 +157,7 @@ async fn the_rejecting_mode_answers_at_once_with_the_wait() {
 #[tokio::test(flavor = "current_thread")]
 async fn the_keyed_mode_limits_each_key_alone() {
     let clock = FakeClock::new();
-    let keyed = keyed_limiter(&clock);
+    let keyed = keyed_limiter::<u32>(&clock);
     // The key is the request's parity.
     let mut service =
         RateLimitLayer::keyed(keyed, |request: &u32| request % 2).layer(Counter::default());
@@ -255,7 +257,7 @@ async fn a_bounded_wait_refuses_past_the_bound_and_waits_within_it() {
 #[tokio::test(flavor = "current_thread")]
 async fn the_keyed_layer_refuses_per_key() {
     let clock = FakeClock::new();
-    let keyed = keyed_limiter(&clock);
+    let keyed = keyed_limiter::<u32>(&clock);
     let counter = Counter::default();
     let parity = |request: &u32| request % 2;
     let mut rejecting = RateLimitLayer::keyed(Arc::clone(&keyed), parity)
