@@ -414,12 +414,7 @@ impl<T: Direct> Limiter for T {
     }
 
     fn take_if_free(&self, permits: u32) -> Option<Result<bool, Error>> {
-        let taken = Store::take_if_free(self.store(), &NoKey, permits);
-        // Not free: the caller reserves next, which counts.
-        if let Some(Ok(true)) = taken {
-            Rate::metrics(self.store()).granted(Duration::ZERO);
-        }
-        taken
+        Store::take_if_free(self.store(), &NoKey, permits)
     }
 
     async fn reservation(&self, permits: u32) -> Result<Reservation<'_>, Error> {
@@ -467,12 +462,7 @@ impl<K: Sync, T: Keyed<K>> KeyedLimiter<K> for T {
     }
 
     fn take_if_free(&self, key: &K, permits: u32) -> Option<Result<bool, Error>> {
-        let taken = Store::take_if_free(self.store(), key, permits);
-        // Not free: the caller reserves next, which counts.
-        if let Some(Ok(true)) = taken {
-            Rate::metrics(self.store()).granted(Duration::ZERO);
-        }
-        taken
+        Store::take_if_free(self.store(), key, permits)
     }
 
     fn snapshot_if_local(&self, key: &K) -> Option<Snapshot> {

@@ -411,7 +411,13 @@ macro_rules! in_process_store {
     }
 
     fn take_if_free(&self, key: &$q, permits: u32) -> Option<Result<bool, $crate::Error>> {
-        $crate::store::Now::take_if_free_now(self, key, permits)
+        let taken = $crate::store::Now::take_if_free_now(self, key, permits);
+        // Taken: a grant with no wait. Not free: the caller reserves next,
+        // which counts.
+        if let Some(Ok(true)) = taken {
+            $crate::store::Rate::metrics(self).granted(::std::time::Duration::ZERO);
+        }
+        taken
     }
 
     fn snapshot(&self, key: &$q) -> impl ::std::future::Future<Output = Result<$crate::Snapshot, $crate::Error>> + Send {
