@@ -290,18 +290,14 @@ impl Pacer {
         permits: u32,
         max_wait: Option<Duration>,
     ) -> Result<Option<Duration>, Error> {
-        match (self, key, max_wait) {
-            (Pacer::Keyed(limiter), Some(key), None) => {
-                limiter.reserve(&key, permits).await.map(Some)
-            }
-            (Pacer::Keyed(limiter), Some(key), Some(max)) => {
-                limiter.try_reserve(&key, permits, max).await
-            }
-            (Pacer::One(limiter), _, None) => limiter.reserve(permits).await.map(Some),
-            (Pacer::One(limiter), _, Some(max)) => limiter.try_reserve(permits, max).await,
-            (Pacer::Keyed(limiter), None, max) => {
-                let key = String::new();
-                match max {
+        match self {
+            Pacer::One(limiter) => match max_wait {
+                None => limiter.reserve(permits).await.map(Some),
+                Some(max) => limiter.try_reserve(permits, max).await,
+            },
+            Pacer::Keyed(limiter) => {
+                let key = key.unwrap_or_default();
+                match max_wait {
                     None => limiter.reserve(&key, permits).await.map(Some),
                     Some(max) => limiter.try_reserve(&key, permits, max).await,
                 }
