@@ -221,7 +221,7 @@ pub use naming::DEFAULT_KEY_PREFIX;
 /// The oldest Redis these limiters support, as (major, minor): Redis 7.0
 /// or newer, and Valkey (which reports the Redis version it is compatible
 /// with: 7.2 for Valkey 7.2 and 8). The test suite checks every server it
-/// starts against this, and runs on Redis 7.0 and Valkey 8.
+/// starts against this; it runs on Redis 7.0, and has passed on Valkey 8.
 pub const MIN_REDIS_VERSION: (u32, u32) = (7, 0);
 pub use script::Token;
 pub use shared::{RedisBackend, RedisBackendBuilder, RedisLimiterBuilder};
