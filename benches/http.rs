@@ -6,7 +6,7 @@
 //! the peer in its extensions), so the differences are the layers'.
 //!
 //! ```text
-//! cargo bench --bench http --features http
+//! cargo bench -p paceline-benches --bench http --features http
 //! ```
 
 use std::convert::Infallible;

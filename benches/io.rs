@@ -2,7 +2,7 @@
 //! against the rate configured, on the real clock.
 //!
 //! ```text
-//! cargo bench --bench io
+//! cargo bench -p paceline-benches --bench io
 //! ```
 //!
 //! Each case copies a fixed number of bytes (3 GiB, 3 s at the rate; 256 MiB

@@ -4,7 +4,7 @@
 //! `u64` keys.
 //!
 //! ```text
-//! cargo bench --bench keyed
+//! cargo bench -p paceline-benches --bench keyed
 //! ```
 //!
 //! "granted" limiters run at 10^9 permits per second per key

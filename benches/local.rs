@@ -4,7 +4,7 @@
 //! path). All on the real clock.
 //!
 //! ```text
-//! cargo bench --bench local
+//! cargo bench -p paceline-benches --bench local
 //! ```
 //!
 //! "granted" limiters run at 10^9 permits per second, so every call is

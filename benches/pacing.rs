@@ -2,9 +2,9 @@
 //! limiter, against the rate it is configured for.
 //!
 //! ```text
-//! cargo bench --features redis --bench pacing                              # 5 s per run, 18 runs
-//! PACELINE_PACING_SECS=1 cargo bench --features redis --bench pacing       # shorter
-//! PACELINE_PACING_BURST_MS=0 cargo bench --features redis --bench pacing   # strict spacing, no burst
+//! cargo bench -p paceline-benches --features redis --bench pacing                              # 5 s per run, 18 runs
+//! PACELINE_PACING_SECS=1 cargo bench -p paceline-benches --features redis --bench pacing       # shorter
+//! PACELINE_PACING_BURST_MS=0 cargo bench -p paceline-benches --features redis --bench pacing   # strict spacing, no burst
 //! ```
 //!
 //! For each rate (10, 1 000 and 50 000 permits/s) and each number of tasks

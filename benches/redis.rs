@@ -2,7 +2,7 @@
 //! `redis-server` this benchmark starts on a free loopback port (and stops).
 //!
 //! ```text
-//! scripts/bench-redis.sh          # or: cargo bench --features redis --bench redis
+//! scripts/bench-redis.sh          # or: cargo bench -p paceline-benches --features redis --bench redis
 //! ```
 //!
 //! Part 1, the script: `redis-benchmark` sends EVALSHA over 50 connections,

@@ -9,7 +9,7 @@
 //!   timer is touched); the difference per item is what the adapter costs.
 //!
 //! ```text
-//! cargo bench --bench stream
+//! cargo bench -p paceline-benches --bench stream
 //! ```
 
 use std::cell::Cell;

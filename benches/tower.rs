@@ -4,7 +4,7 @@
 //! each driven through `poll_ready` and `call` and awaited, in one run.
 //!
 //! ```text
-//! cargo bench --bench tower --features tower
+//! cargo bench -p paceline-benches --bench tower --features tower
 //! ```
 
 use std::future::poll_fn;

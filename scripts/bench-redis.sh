@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Redis benchmark, in one command: prints the machine, then builds and
-# runs `cargo bench --features redis --bench redis`, which starts its own redis-server on a
+# runs `cargo bench -p paceline-benches --features redis --bench redis`, which starts its own redis-server on a
 # free loopback port (127.0.0.1 only), measures the crate's script, the
 # baseline script and `return 1` with redis-benchmark, then the crate's
 # client next to redis-benchmark's ceilings, prints the tables and stops its
@@ -25,4 +25,4 @@ echo "rustc:    $(rustc --version)"
 echo "commit:   $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo
 
-cargo bench --features redis --bench redis
+cargo bench -p paceline-benches --features redis --bench redis

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite: format check, lints, every test (unit, integration,
-# doc) with all features and with none. Installs redis-server if it is
-# missing (the Redis tests start their own servers on free loopback ports).
+# doc) with all features and with none. "All features" covers the whole
+# workspace (the benchmarks' package is linted, the axum server's package
+# tested); "none" is the crate alone, since building the other packages
+# would turn on the crate features they depend on. Installs redis-server if
+# it is missing (the Redis tests start their own servers on free loopback
+# ports).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,17 +22,17 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 
 echo "==> cargo clippy"
-cargo clippy --all-targets --all-features -- -D warnings
+cargo clippy --workspace --all-targets --all-features -- -D warnings
 cargo clippy --all-targets --no-default-features -- -D warnings
 
 echo "==> cargo doc"
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features --quiet
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features --quiet
 
 echo "==> cargo test (no default features)"
 cargo test --no-default-features
 
-echo "==> cargo test (all features)"
-cargo test --all-features
+echo "==> cargo test (all features, the whole workspace)"
+cargo test --workspace --all-features
 
 # The Redis tests again on Valkey, where the system's packages have it.
 if ! command -v valkey-server >/dev/null && command -v apt-cache >/dev/null \

@@ -5,8 +5,8 @@
 //! from ([`ClientIp`], behind trusted proxies only); and how long to tell a
 //! refused one to wait. It works on the `http` crate's types, so any tower
 //! server takes it (axum's `Router::layer` and `route_layer` as they are);
-//! the crate does not depend on a server. `examples/axum_server.rs` is a
-//! whole server.
+//! the crate does not depend on a server. `examples/axum_server/` is a
+//! whole server (`cargo run -p paceline-axum-server`).
 //!
 //! # The client behind proxies
 //!

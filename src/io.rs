@@ -49,7 +49,7 @@
 //!   wake-ups; the default burst of one second does (as does one of 5 ms),
 //!   while a limiter built with `max_burst(Duration::ZERO)` loses them and
 //!   runs slower than its rate (about a tenth of it at 1 GiB/s with 64 KiB
-//!   chunks: `cargo bench --bench io`).
+//!   chunks: `cargo bench -p paceline-benches --bench io`).
 //! * **Bounded.** 64 KiB bounds the reader's buffer and a shared limiter's
 //!   granularity: several streams sharing one limiter take turns in pieces
 //!   of at most 64 KiB (10 ms at rates up to 6.4 MiB/s, less above).

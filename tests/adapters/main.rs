@@ -5,7 +5,6 @@
 #[path = "../support/mod.rs"]
 mod support;
 
-mod axum;
 mod http;
 mod io;
 mod stream;

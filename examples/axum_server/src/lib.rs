@@ -5,7 +5,7 @@
 //! proxy reports (a client cannot pick its own by forging a header).
 //!
 //! ```text
-//! cargo run --example axum_server --features http -- --port 3000
+//! cargo run -p paceline-axum-server -- --port 3000
 //! curl -i http://127.0.0.1:3000/
 //! ```
 //!
@@ -13,8 +13,12 @@
 //! `--burst B` (requests stored while idle), `--max-wait MS` (wait that
 //! long for a permit before refusing), `--trust CIDR` (a proxy whose
 //! forwarding headers are believed; repeat it), and, built with the
-//! `redis` feature, `--redis URL` to share each client's rate among every
-//! server on that Redis.
+//! `redis` feature (`cargo run -p paceline-axum-server --features redis`),
+//! `--redis URL` to share each client's rate among every server on that
+//! Redis.
+//!
+//! The server is this library (`app`, `serve`), so that its tests run it
+//! as it is; `src/main.rs` reads the command line and starts it.
 
 use std::error::Error;
 use std::net::{IpAddr, SocketAddr};
@@ -103,7 +107,7 @@ pub async fn limiter(options: &Options) -> Result<Arc<dyn KeyedLimiter<IpAddr>>,
             ))
         }
         #[cfg(not(feature = "redis"))]
-        Some(_) => Err("--redis needs the example built with --features redis".into()),
+        Some(_) => Err("--redis needs the server built with --features redis".into()),
     }
 }
 
@@ -129,19 +133,4 @@ pub async fn serve(listener: tokio::net::TcpListener, app: Router) -> std::io::R
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
     .await
-}
-
-#[tokio::main]
-#[allow(dead_code)]
-async fn main() -> Result<(), Box<dyn Error>> {
-    let options = Options::parse(std::env::args().skip(1))?;
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", options.port)).await?;
-    println!(
-        "listening on http://{}: {} requests/s per client, burst {}",
-        listener.local_addr()?,
-        options.rate,
-        options.burst
-    );
-    serve(listener, app(&options).await?).await?;
-    Ok(())
 }

@@ -1,4 +1,4 @@
-//! The axum example (`examples/axum_server.rs`) as a real server on
+//! This package's server (`src/lib.rs`) as a real server on
 //! 127.0.0.1, asked by a real HTTP client: 50 clients behind a trusted
 //! proxy each get rate × time + burst; every response carries the
 //! rate-limit headers with the right count; a forged `X-Forwarded-For`
@@ -7,23 +7,23 @@
 //! is checked against the shortest and the longest time the server can
 //! have seen it for, to one permit.
 
-#![cfg(feature = "http")]
-
-#[path = "../../examples/axum_server.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod axum_server;
+/// The crate's test harness for a private redis-server.
+#[cfg(feature = "redis")]
+#[path = "../../../tests/support/redis_server.rs"]
+#[allow(dead_code)]
+mod redis_server;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ::http::{Request, StatusCode};
-use axum_server::Options;
 use http_body_util::Empty;
 use hyper::body::Bytes;
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use paceline_axum_server::{self as axum_server, Options};
 
 /// hyper's HTTP/1.1 client, connecting from a chosen local address.
 type Client = HttpClient<HttpConnector, Empty<Bytes>>;
@@ -259,7 +259,7 @@ async fn a_bounded_wait_waits_within_it_and_refuses_past_it() {
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_redis_ten_clients_each_get_their_rate() {
-    let server = crate::support::redis_server::RedisServer::start();
+    let server = redis_server::RedisServer::start();
     let address = start(Options {
         redis: Some(server.url()),
         ..options(&["127.0.0.1"])
