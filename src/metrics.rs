@@ -28,36 +28,25 @@
 //! `stats()` on the limiters and the backend stays: it reads the same
 //! events without a recorder.
 //!
+//! Nothing is recorded until the application installs a recorder (an
+//! exporter of its choice, through `metrics::set_global_recorder` or the
+//! exporter's own `install`). Then every limiter records under its name:
+//!
 //! ```
-//! # #[cfg(feature = "metrics")]
-//! # fn main() {
-//! use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+//! use std::time::Duration;
 //! use paceline::RateLimiter;
 //!
-//! let recorder = DebuggingRecorder::new();
-//! let snapshotter = recorder.snapshotter();
-//! metrics::with_local_recorder(&recorder, || {
-//!     let limiter = RateLimiter::builder()
-//!         .permits_per_second(10.0)
-//!         .name("outbound")
-//!         .build()
-//!         .unwrap();
-//!     limiter.reserve(1).unwrap();
-//!     assert!(limiter.try_reserve(1, std::time::Duration::ZERO).unwrap().is_none());
-//! });
-//! // One request acquired, one refused.
-//! let requests: Vec<DebugValue> = snapshotter
-//!     .snapshot()
-//!     .into_vec()
-//!     .into_iter()
-//!     .filter(|(key, ..)| key.key().name() == paceline::metrics::REQUESTS)
-//!     .map(|(.., value)| value)
-//!     .collect();
-//! assert_eq!(requests, [DebugValue::Counter(1), DebugValue::Counter(1)]);
-//! # }
-//! # #[cfg(not(feature = "metrics"))]
-//! # fn main() {}
+//! let limiter = RateLimiter::builder()
+//!     .permits_per_second(10.0)
+//!     .name("outbound") // the `limiter` label
+//!     .build()?;
+//! limiter.reserve(1)?; // requests{limiter="outbound", result="acquired"} += 1
+//! assert!(limiter.try_reserve(1, Duration::ZERO)?.is_none()); // result="refused"
+//! # Ok::<(), paceline::Error>(())
 //! ```
+//!
+//! The crate's `tests/metrics` checks each of these by value, with a small
+//! recorder of its own.
 
 // Without the feature the names are unused, and without Redis the
 // backend's handles.

@@ -1,34 +1,24 @@
-//! Metrics through the `metrics` facade, recorded by its debugging
-//! recorder (installed once for this test binary) and checked by value:
-//! grants, refusals, give-backs and waits per limiter name, keys held, and
-//! a Redis backend's round trips, degraded state and fallback switches
-//! around a real outage.
+//! Metrics through the `metrics` facade, recorded by a small recorder of
+//! this test's own (installed once for this test binary) and checked by
+//! value: grants, refusals, give-backs and waits per limiter name, keys
+//! held, and a Redis backend's round trips, degraded state and fallback
+//! switches around a real outage.
 #![cfg(feature = "metrics")]
 
 #[path = "../support/mod.rs"]
 mod support;
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics::{
+    Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata,
+    SharedString, Unit,
+};
 use paceline::clock::{Clock, FakeClock};
 use paceline::metrics::{GIVEN_BACK, KEYS, REQUESTS, TIME_IN_QUEUE};
 use paceline::{KeyedRateLimiter, RateLimiter};
-
-/// What the recorder has seen, summed over its snapshots (a snapshot of
-/// the debugging recorder hands over what was recorded since the last one
-/// and resets it: counts and gauge moves add up; a gauge that is set reads
-/// as its value in the snapshot after it was set).
-#[derive(Default)]
-struct Seen {
-    snapshotter: Option<Snapshotter>,
-    counters: HashMap<Id, u64>,
-    gauges: HashMap<Id, f64>,
-    last_set: HashMap<Id, f64>,
-    histograms: HashMap<Id, Vec<f64>>,
-}
 
 /// A metric's name and its labels, sorted.
 type Id = (String, Vec<(String, String)>);
@@ -42,71 +32,131 @@ fn id(name: &str, labels: &[(&str, &str)]) -> Id {
     (name.to_owned(), labels)
 }
 
-impl Seen {
-    /// Takes what was recorded since the last look.
-    fn take(&mut self) -> &mut Seen {
-        let snapshot = self.snapshotter.as_ref().expect("installed").snapshot();
-        for (key, _, _, value) in snapshot.into_vec() {
-            let labels: Vec<(&str, &str)> =
-                key.key().labels().map(|l| (l.key(), l.value())).collect();
-            let id = id(key.key().name(), &labels);
-            match value {
-                DebugValue::Counter(n) => *self.counters.entry(id).or_default() += n,
-                DebugValue::Gauge(x) => {
-                    *self.gauges.entry(id.clone()).or_default() += x.into_inner();
-                    self.last_set.insert(id, x.into_inner());
-                }
-                DebugValue::Histogram(xs) => self
-                    .histograms
-                    .entry(id)
-                    .or_default()
-                    .extend(xs.into_iter().map(|x| x.into_inner())),
-            }
-        }
-        self
-    }
+/// Every value recorded so far: a counter's total, a gauge's value, a
+/// histogram's samples not yet looked at.
+#[derive(Default)]
+struct Values {
+    counters: HashMap<Id, u64>,
+    gauges: HashMap<Id, f64>,
+    histograms: HashMap<Id, Vec<f64>>,
+}
 
-    fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
-        self.counters.get(&id(name, labels)).copied().unwrap_or(0)
-    }
+fn values() -> MutexGuard<'static, Values> {
+    static VALUES: OnceLock<Mutex<Values>> = OnceLock::new();
+    VALUES
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+}
 
-    /// A gauge moved by increments and decrements.
-    fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        self.gauges.get(&id(name, labels)).copied().unwrap_or(0.0)
-    }
+/// One metric, as the recorder hands it to the crate: each update goes
+/// straight into `values()`.
+struct Handle(Id);
 
-    /// A gauge that is set, as the last look read it.
-    fn last_set(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-        self.last_set.get(&id(name, labels)).copied()
+impl CounterFn for Handle {
+    fn increment(&self, n: u64) {
+        *values().counters.entry(self.0.clone()).or_default() += n;
     }
-
-    /// A histogram's values, taken out.
-    fn histogram(&mut self, name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
-        self.histograms
-            .remove(&id(name, labels))
-            .unwrap_or_default()
+    fn absolute(&self, n: u64) {
+        values().counters.insert(self.0.clone(), n);
     }
 }
 
-/// The recorder (installed on first use) and what it has seen, one test at
-/// a time.
-fn recorder() -> MutexGuard<'static, Seen> {
-    static SEEN: OnceLock<Mutex<Seen>> = OnceLock::new();
-    let seen = SEEN.get_or_init(|| {
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        recorder.install().expect("the only recorder");
-        Mutex::new(Seen {
-            snapshotter: Some(snapshotter),
-            ..Seen::default()
-        })
-    });
-    seen.lock().unwrap_or_else(PoisonError::into_inner)
+impl GaugeFn for Handle {
+    fn increment(&self, x: f64) {
+        *values().gauges.entry(self.0.clone()).or_default() += x;
+    }
+    fn decrement(&self, x: f64) {
+        *values().gauges.entry(self.0.clone()).or_default() -= x;
+    }
+    fn set(&self, x: f64) {
+        values().gauges.insert(self.0.clone(), x);
+    }
+}
+
+impl HistogramFn for Handle {
+    fn record(&self, x: f64) {
+        values()
+            .histograms
+            .entry(self.0.clone())
+            .or_default()
+            .push(x);
+    }
+}
+
+struct Recorder;
+
+impl Recorder {
+    fn handle(key: &Key) -> Arc<Handle> {
+        let labels: Vec<(&str, &str)> = key.labels().map(|l| (l.key(), l.value())).collect();
+        Arc::new(Handle(id(key.name(), &labels)))
+    }
+}
+
+impl metrics::Recorder for Recorder {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        Counter::from_arc(Recorder::handle(key))
+    }
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::from_arc(Recorder::handle(key))
+    }
+    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::from_arc(Recorder::handle(key))
+    }
+}
+
+/// What a test reads. Holding it is the test's turn: one test at a time
+/// reads and drains the values.
+struct Seen {
+    _turn: MutexGuard<'static, ()>,
+}
+
+impl Seen {
+    fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        values()
+            .counters
+            .get(&id(name, labels))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// A gauge's value, if it was ever moved or set.
+    fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        values().gauges.get(&id(name, labels)).copied()
+    }
+
+    /// A histogram's samples since the last look, taken out.
+    fn histogram(&self, name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
+        values()
+            .histograms
+            .remove(&id(name, labels))
+            .unwrap_or_default()
+    }
+
+    /// Every metric's labels that were recorded so far.
+    fn labels(&self) -> Vec<(String, String)> {
+        let values = values();
+        let ids = values.counters.keys().chain(values.gauges.keys());
+        ids.flat_map(|(_, labels)| labels.iter().cloned()).collect()
+    }
+}
+
+/// The recorder (installed on first use), and this test's turn.
+fn recorder() -> Seen {
+    static TURN: Mutex<()> = Mutex::new(());
+    static INSTALLED: OnceLock<()> = OnceLock::new();
+    INSTALLED.get_or_init(|| metrics::set_global_recorder(Recorder).expect("the only recorder"));
+    Seen {
+        _turn: TURN.lock().unwrap_or_else(PoisonError::into_inner),
+    }
 }
 
 #[test]
 fn a_local_limiter_counts_grants_refusals_give_backs_and_waits() {
-    let mut seen = recorder();
+    let seen = recorder();
     let clock = FakeClock::new();
     let limiter = RateLimiter::builder()
         .permits_per_second(10.0)
@@ -120,7 +170,6 @@ fn a_local_limiter_counts_grants_refusals_give_backs_and_waits() {
     assert!(limiter.try_reserve(1, Duration::ZERO).unwrap().is_none());
     // A reservation dropped before its wait is given back.
     drop(limiter.reservation(1).unwrap());
-    let seen = seen.take();
     let outbound = [("limiter", "outbound")];
     let acquired = [("limiter", "outbound"), ("result", "acquired")];
     let refused = [("limiter", "outbound"), ("result", "refused")];
@@ -131,12 +180,12 @@ fn a_local_limiter_counts_grants_refusals_give_backs_and_waits() {
     // The blocking and async paths count as well.
     clock.advance(Duration::from_secs(1));
     assert!(limiter.try_acquire_blocking(1, Duration::ZERO).unwrap());
-    assert_eq!(seen.take().counter(REQUESTS, &acquired), 4);
+    assert_eq!(seen.counter(REQUESTS, &acquired), 4);
 }
 
 #[test]
 fn a_keyed_limiter_counts_its_keys_never_by_key() {
-    let mut seen = recorder();
+    let seen = recorder();
     let clock = FakeClock::new();
     let limiter = KeyedRateLimiter::<String>::builder()
         .permits_per_second(10.0)
@@ -150,13 +199,13 @@ fn a_keyed_limiter_counts_its_keys_never_by_key() {
         limiter.reserve(&format!("user-{user}"), 1).unwrap();
     }
     assert_eq!(limiter.len(), 10);
-    assert_eq!(seen.take().gauge(KEYS, &per_user), 10.0);
+    assert_eq!(seen.gauge(KEYS, &per_user), Some(10.0));
     // Many more keys than the cap: the gauge follows what is held.
     for user in 0..1_000 {
         limiter.reserve(&format!("flood-{user}"), 1).unwrap();
         clock.advance(Duration::from_micros(10));
     }
-    assert_eq!(seen.take().gauge(KEYS, &per_user), limiter.len() as f64);
+    assert_eq!(seen.gauge(KEYS, &per_user), Some(limiter.len() as f64));
     assert!(limiter.len() <= 64);
     assert_eq!(
         seen.counter(REQUESTS, &[("limiter", "per-user"), ("result", "acquired")]),
@@ -164,10 +213,8 @@ fn a_keyed_limiter_counts_its_keys_never_by_key() {
     );
     // No metric carries a user's key.
     let labelled_by_key = seen
-        .counters
-        .keys()
-        .chain(seen.gauges.keys())
-        .flat_map(|(_, labels)| labels)
+        .labels()
+        .into_iter()
         .any(|(_, value)| value.starts_with("user-") || value.starts_with("flood-"));
     assert!(!labelled_by_key);
     let _ = clock.now();
@@ -183,7 +230,7 @@ async fn redis_round_trips_outages_and_switches() {
     use support::poll::{PROBE_INTERVAL, RESPONSE_TIMEOUT, backend};
     use support::redis_server::RedisServer;
 
-    let mut seen = recorder();
+    let seen = recorder();
     let mut server = RedisServer::start();
     let backend = backend(server.client()).await;
     let limiter = backend
@@ -195,11 +242,11 @@ async fn redis_round_trips_outages_and_switches() {
         ("db.system.name", "redis"),
         ("db.operation.name", "EVALSHA"),
     ];
-    let _ = seen.take().histogram(REDIS_CALL_DURATION, &ok);
+    let _ = seen.histogram(REDIS_CALL_DURATION, &ok);
     for user in ["a", "b", "c"] {
         limiter.reserve(&user.to_owned(), 1).await.unwrap();
     }
-    let calls = seen.take().histogram(REDIS_CALL_DURATION, &ok);
+    let calls = seen.histogram(REDIS_CALL_DURATION, &ok);
     assert_eq!(calls.len(), 3, "{calls:?}");
     assert!(calls.iter().all(|s| *s > 0.0 && *s < 1.0), "{calls:?}");
     let acquired = [("limiter", "paceline:api"), ("result", "acquired")];
@@ -208,8 +255,7 @@ async fn redis_round_trips_outages_and_switches() {
     // Down: one switch to the fallbacks, degraded; back: one switch back.
     server.kill();
     limiter.reserve(&"a".to_owned(), 1).await.unwrap();
-    seen.take();
-    assert_eq!(seen.last_set(REDIS_DEGRADED, &[]), Some(1.0));
+    assert_eq!(seen.gauge(REDIS_DEGRADED, &[]), Some(1.0));
     assert_eq!(seen.counter(REDIS_FALLBACK_SWITCHES, &[("to", "local")]), 1);
     server.restart();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -217,8 +263,7 @@ async fn redis_round_trips_outages_and_switches() {
         tokio::time::sleep(PROBE_INTERVAL).await;
     }
     assert!(!backend.is_degraded());
-    seen.take();
-    assert_eq!(seen.last_set(REDIS_DEGRADED, &[]), Some(0.0));
+    assert_eq!(seen.gauge(REDIS_DEGRADED, &[]), Some(0.0));
     assert_eq!(seen.counter(REDIS_FALLBACK_SWITCHES, &[("to", "redis")]), 1);
     let _ = RESPONSE_TIMEOUT;
 }
