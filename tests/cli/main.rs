@@ -227,6 +227,60 @@ fn bad_arguments_are_refused_clearly() {
     );
 }
 
+/// Records of every length, from empty to several reads long, the last
+/// without its separator, come out unchanged and counted: from a file
+/// (whole-page reads) and from a pipe (reads of what is there), by lines
+/// and by NUL.
+#[test]
+fn records_longer_than_a_read_come_out_unchanged_and_counted() {
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |n: usize| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng as usize % n
+    };
+    let lengths = [
+        0, 1, 7, 4095, 4096, 4097, 131_071, 131_072, 131_073, 400_000,
+    ];
+    for separator in [b'\n', 0u8] {
+        let mut input = Vec::new();
+        for record in 0..300 {
+            let len = lengths[next(lengths.len())];
+            input.extend(std::iter::repeat_n(b'a' + (record % 26) as u8, len));
+            input.push(separator);
+        }
+        input.extend_from_slice(b"the last, unterminated");
+        let mut args = vec!["1e9/s", "--json"];
+        if separator == 0 {
+            args.push("-0");
+        }
+        let file = std::env::temp_dir().join(format!(
+            "paceline-records-{}-{separator}",
+            std::process::id()
+        ));
+        std::fs::write(&file, &input).unwrap();
+        let from_file = paceline(&args)
+            .stdin(std::fs::File::open(&file).unwrap())
+            .output()
+            .unwrap();
+        std::fs::remove_file(&file).unwrap();
+        for output in [from_file, run(&args, &input)] {
+            assert!(output.status.success(), "{:?}", output.status);
+            assert!(
+                output.stdout == input,
+                "separator {separator}: output differs"
+            );
+            let summary = String::from_utf8(output.stderr).unwrap();
+            assert!(summary.contains("\"records\":301"), "{summary}");
+            assert!(
+                summary.contains(&format!("\"bytes\":{}", input.len())),
+                "{summary}"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_reader_that_goes_away_ends_the_run_quietly() {
     let mut child = paceline(&["1e9/s"]).spawn().unwrap();

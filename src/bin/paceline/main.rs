@@ -679,27 +679,19 @@ fn copy(
     let group = (slowest / 1000.0).floor().clamp(1.0, f64::from(u32::MAX)) as usize;
     let mut stdin = std_file(io::stdin().as_fd())?;
     let mut out = io::BufWriter::with_capacity(64 * 1024, stdout_file()?);
-    // Reads land at a page boundary: the kernel copies into an aligned
-    // buffer several times faster.
-    let mut storage = vec![0u8; READ_SIZE + PAGE];
-    let mut at = storage.as_ptr().align_offset(PAGE).min(PAGE);
-    // The bytes of a record begun in the previous read (at `at`).
-    let mut carried = 0;
+    // Every read asks for whole pages into a page boundary, so a file's
+    // offsets stay page-aligned too: the kernel then copies whole pages,
+    // several times faster than into (or out of) the middle of one.
+    let mut window = Window::new(PAGE);
     let result = (|| {
         loop {
-            if storage.len() < at + carried + READ_SIZE / 2 {
-                // A record longer than a read: room for it and a read more.
-                storage.resize(at + carried + READ_SIZE + PAGE, 0);
-                let moved = storage.as_ptr().align_offset(PAGE).min(PAGE);
-                storage.copy_within(at..at + carried, moved);
-                at = moved;
-            }
-            let buf = &mut storage[at..];
-            let read = match stdin.read(&mut buf[carried..]) {
+            let read = match window.fill(&mut stdin) {
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
                 other => other?,
             };
-            let filled = carried + read;
+            let carried = window.carried;
+            let buf = window.bytes();
+            let filled = buf.len();
             // Whole records only, but for the last at the end of input.
             let len = match (args.bytes, read) {
                 (true, _) | (false, 0) => filled,
@@ -757,13 +749,70 @@ fn copy(
             if read == 0 {
                 return Ok(0);
             }
-            buf.copy_within(len..filled, 0);
-            carried = filled - len;
+            window.keep_from(len);
         }
     })();
     match result {
         Err(Failure::Io(error)) if reader_gone(&error) => Ok(0),
         other => other,
+    }
+}
+
+/// The reading buffer of [`copy`]: a page-aligned place for each read of
+/// `READ_SIZE`, and in front of it room for the part of a record carried
+/// over from the read before.
+struct Window {
+    storage: Vec<u8>,
+    /// Where the read's place is: a page boundary, `front` bytes in.
+    read_at: usize,
+    /// The room in front of the read's place (whole pages).
+    front: usize,
+    /// The bytes carried over, just before the read's place.
+    carried: usize,
+    /// What the last read brought.
+    read: usize,
+}
+
+impl Window {
+    fn new(front: usize) -> Window {
+        let storage = vec![0u8; PAGE + front + READ_SIZE];
+        let base = storage.as_ptr().align_offset(PAGE).min(PAGE);
+        Window {
+            storage,
+            read_at: base + front,
+            front,
+            carried: 0,
+            read: 0,
+        }
+    }
+
+    /// Reads once, after the carried bytes.
+    fn fill(&mut self, input: &mut impl Read) -> io::Result<usize> {
+        self.read = 0;
+        self.read = input.read(&mut self.storage[self.read_at..self.read_at + READ_SIZE])?;
+        Ok(self.read)
+    }
+
+    /// The carried bytes and what the last read brought.
+    fn bytes(&self) -> &[u8] {
+        &self.storage[self.read_at - self.carried..self.read_at + self.read]
+    }
+
+    /// Carries `bytes()[from..]` over to the next read, making more room
+    /// in front if it is longer than the room there.
+    fn keep_from(&mut self, from: usize) {
+        let range = self.read_at - self.carried + from..self.read_at + self.read;
+        let len = range.len();
+        if len <= self.front {
+            self.storage.copy_within(range, self.read_at - len);
+        } else {
+            let mut bigger = Window::new(len.next_multiple_of(PAGE));
+            let to = bigger.read_at - len;
+            bigger.storage[to..bigger.read_at].copy_from_slice(&self.storage[range]);
+            *self = bigger;
+        }
+        self.carried = len;
+        self.read = 0;
     }
 }
 
