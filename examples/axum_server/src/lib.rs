@@ -34,6 +34,7 @@ use paceline::{KeyedLimiter, KeyedRateLimiter};
 /// What the server is asked to do.
 #[derive(Debug, Clone)]
 pub struct Options {
+    /// The port to listen on, on 127.0.0.1.
     pub port: u16,
     /// Requests per second, per client.
     pub rate: f64,
