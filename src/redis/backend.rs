@@ -6,8 +6,6 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-
 use super::connection::{Connection, Link, Target};
 use super::health::{Health, Zone};
 use super::runtime::{RuntimeRef, blocking_section, shut_down};
@@ -147,7 +145,7 @@ struct Group {
 impl Backend {
     /// A backend on `target` with the options of `connecting` (checked).
     pub(crate) fn new(target: Target, runtime: RuntimeRef, connecting: &Connecting) -> Backend {
-        let cluster = matches!(target, Target::Cluster(_));
+        let cluster = target.is_cluster();
         Backend {
             target,
             link: Link::default(),
@@ -302,9 +300,10 @@ impl Backend {
         // A fresh cluster connection waits for every node it is given,
         // each up to the client's own connection timeout: one hung node,
         // however unrelated, makes it slower than a response timeout.
-        let bound = match self.target {
-            Target::Single(_) => self.response_timeout,
-            Target::Cluster(_) => self.response_timeout.max(CLUSTER_PROBE_CONNECT),
+        let bound = if self.target.is_cluster() {
+            self.response_timeout.max(CLUSTER_PROBE_CONNECT)
+        } else {
+            self.response_timeout
         };
         let connection = match self.target.connect(bound).await {
             Ok(connection) => connection,
@@ -463,26 +462,24 @@ impl Backend {
     }
 
     /// The cluster's slot map, read from a node (up to three tries, each
-    /// within the response timeout); `None` if none answers.
+    /// within the response timeout); `None` if none answers, or on a single
+    /// server.
     ///
     /// It asks `CLUSTER SLOTS`, deprecated since Redis 7.0 for `CLUSTER
-    /// SHARDS` but still served; `SHARDS` does not exist on Redis 6, which
-    /// the crate supports, and gives nothing more this needs (which node
-    /// owns each slot).
+    /// SHARDS` but still served; `SHARDS` gives nothing more this needs
+    /// (which node owns each slot).
     async fn slot_map(&self, connection: &Connection) -> Option<SlotMap> {
-        let Connection::Cluster(cluster) = connection else {
-            return None;
-        };
         for _ in 0..3 {
-            let mut cluster = cluster.clone();
-            let asked = cluster.route_command(
-                redis::cmd("CLUSTER").arg("SLOTS").clone(),
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
-            );
-            if let Ok(Ok(reply)) = tokio::time::timeout(self.response_timeout, asked).await {
-                if let Some(map) = SlotMap::parse(&reply) {
-                    return Some(map);
+            let asked = connection.ask_any_node(redis::cmd("CLUSTER").arg("SLOTS").clone());
+            match tokio::time::timeout(self.response_timeout, asked).await {
+                // A single server: there is no slot map to read.
+                Ok(None) => return None,
+                Ok(Some(Ok(reply))) => {
+                    if let Some(map) = SlotMap::parse(&reply) {
+                        return Some(map);
+                    }
                 }
+                Ok(Some(Err(_))) | Err(_) => {}
             }
         }
         None

@@ -5,6 +5,7 @@ use crate::core::Policy;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "redis-cluster")]
 use redis::cluster::ClusterClient;
 
 use super::Fallback;
@@ -132,6 +133,7 @@ impl RedisBuilder<SystemClock> {
         Self::new(Target::Single(client), name)
     }
 
+    #[cfg(feature = "redis-cluster")]
     pub(crate) fn cluster(client: ClusterClient, name: &str) -> Self {
         Self::new(Target::Cluster(Box::new(client)), name)
     }
@@ -304,8 +306,8 @@ impl RedisRateLimiter<SystemClock> {
         RedisBuilder::single(client, name)
     }
 
-    /// A builder for a limiter on a Redis Cluster. Each limiter is one key,
-    /// so limiters spread over the cluster's nodes.
+    /// A builder for a limiter on a Redis Cluster (feature `redis-cluster`).
+    /// Each limiter is one key, so limiters spread over the cluster's nodes.
     ///
     /// Build the client with a connection timeout below the limiter's
     /// [`response_timeout`](RedisBuilder::response_timeout)
@@ -314,6 +316,7 @@ impl RedisRateLimiter<SystemClock> {
     /// connections but does not answer (a hung process) holds every request
     /// until it gives up on that node, which would keep the limiter on its
     /// fallback on every node.
+    #[cfg(feature = "redis-cluster")]
     pub fn cluster_builder(client: ClusterClient, name: &str) -> RedisBuilder<SystemClock> {
         RedisBuilder::cluster(client, name)
     }

@@ -5,16 +5,22 @@ use std::sync::{PoisonError, RwLock};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
+#[cfg(feature = "redis-cluster")]
 use redis::cluster::ClusterClient;
+#[cfg(feature = "redis-cluster")]
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisFuture, Value};
+#[cfg(feature = "redis-cluster")]
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
 use crate::error::BackendError;
 
-/// A server or a cluster, and how to open a connection to it.
+/// A server or a cluster (with the `redis-cluster` feature), and how to
+/// open a connection to it.
 #[derive(Clone)]
 pub(crate) enum Target {
     Single(redis::Client),
+    #[cfg(feature = "redis-cluster")]
     Cluster(Box<ClusterClient>),
 }
 
@@ -23,7 +29,17 @@ impl Target {
     pub(crate) fn describe(&self) -> String {
         match self {
             Target::Single(client) => format!("Redis at {}", client.get_connection_info().addr()),
+            #[cfg(feature = "redis-cluster")]
             Target::Cluster(_) => "the Redis cluster".to_owned(),
+        }
+    }
+
+    /// Whether the target is a cluster (whose health is kept per slot).
+    pub(crate) fn is_cluster(&self) -> bool {
+        match self {
+            Target::Single(_) => false,
+            #[cfg(feature = "redis-cluster")]
+            Target::Cluster(_) => true,
         }
     }
 
@@ -42,6 +58,7 @@ impl Target {
                         .await
                         .map(Connection::Single)
                 }
+                #[cfg(feature = "redis-cluster")]
                 Target::Cluster(client) => {
                     client.get_async_connection().await.map(Connection::Cluster)
                 }
@@ -70,13 +87,31 @@ impl Target {
 #[derive(Clone)]
 pub(crate) enum Connection {
     Single(MultiplexedConnection),
+    #[cfg(feature = "redis-cluster")]
     Cluster(ClusterConnection),
+}
+
+impl Connection {
+    /// Sends `cmd` to any one node of a cluster; `None` on a single server.
+    #[cfg_attr(not(feature = "redis-cluster"), allow(unused_variables))]
+    pub(crate) async fn ask_any_node(&self, cmd: Cmd) -> Option<RedisResult<Value>> {
+        match self {
+            Connection::Single(_) => None,
+            #[cfg(feature = "redis-cluster")]
+            Connection::Cluster(c) => Some(
+                c.clone()
+                    .route_command(cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random))
+                    .await,
+            ),
+        }
+    }
 }
 
 impl ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Connection::Single(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "redis-cluster")]
             Connection::Cluster(c) => c.req_packed_command(cmd),
         }
     }
@@ -89,6 +124,7 @@ impl ConnectionLike for Connection {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Connection::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "redis-cluster")]
             Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
@@ -96,6 +132,7 @@ impl ConnectionLike for Connection {
     fn get_db(&self) -> i64 {
         match self {
             Connection::Single(c) => c.get_db(),
+            #[cfg(feature = "redis-cluster")]
             Connection::Cluster(c) => c.get_db(),
         }
     }

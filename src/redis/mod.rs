@@ -150,8 +150,9 @@
 //!   can; a step backwards holds keys still until the clock catches up (no
 //!   caller is ever charged the step), and a step forwards is read as idle
 //!   time.
-//! - **Cluster.** Each limiter is one key, so limiters spread over the slots.
-//!   Health is kept per node: when a node is down or hung, only the limiters
+//! - **Cluster** (feature `redis-cluster`, which turns on the client's
+//!   cluster support). Each limiter is one key, so limiters spread over the
+//!   slots. Health is kept per node: when a node is down or hung, only the limiters
 //!   and keys in its slots serve from their fallbacks, also when they share
 //!   one `RedisBackend` or are keys of one keyed limiter. The probe runs the
 //!   script on the failing node only, never on every node, so an unrelated
@@ -228,7 +229,9 @@ pub use shared::{RedisBackend, RedisBackendBuilder, RedisLimiterBuilder};
 
 /// The Redis client crate these limiters are built on, so that code using
 /// them needs no version of its own to match: `paceline::redis::Client`
-/// (and `ClusterClient`) for the clients, the whole crate here for the rest.
+/// (and `ClusterClient`, with the `redis-cluster` feature) for the clients,
+/// the whole crate here for the rest.
 pub use ::redis;
 pub use ::redis::Client;
+#[cfg(feature = "redis-cluster")]
 pub use ::redis::cluster::ClusterClient;

@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "redis-cluster")]
 use redis::cluster::ClusterClient;
 
 use super::Fallback;
@@ -66,10 +67,11 @@ impl RedisBackend {
         RedisBackendBuilder::new(Target::Single(client))
     }
 
-    /// A backend on a Redis Cluster: each limiter's key lives on the node
-    /// that owns its slot. Build the client with a connection timeout below
-    /// the backend's response timeout, as for
-    /// [`RedisRateLimiter::cluster_builder`].
+    /// A backend on a Redis Cluster (feature `redis-cluster`): each
+    /// limiter's key lives on the node that owns its slot. Build the client
+    /// with a connection timeout below the backend's response timeout, as
+    /// for [`RedisRateLimiter::cluster_builder`].
+    #[cfg(feature = "redis-cluster")]
     pub fn cluster_builder(client: ClusterClient) -> RedisBackendBuilder {
         RedisBackendBuilder::new(Target::Cluster(Box::new(client)))
     }

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::support::poll::{RESPONSE_TIMEOUT, SLACK, backend, within};
+#[cfg(feature = "redis-cluster")]
 use crate::support::redis_cluster::RedisCluster;
 use crate::support::redis_server::RedisServer;
 use paceline::redis::{KeyedRedisRateLimiter, RedisBackend};
@@ -306,6 +307,7 @@ async fn three_backends_and_192_tasks_never_over_grant_a_key() {
     }
 }
 
+#[cfg(feature = "redis-cluster")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_serves_keys_on_every_node_through_one_backend() {
     let cluster = RedisCluster::start();

@@ -12,6 +12,7 @@ mod batch;
 mod blocking;
 mod cancellation;
 mod chaos;
+#[cfg(feature = "redis-cluster")]
 mod cluster;
 mod coalescing;
 mod contention;

@@ -12,7 +12,7 @@ pub mod limiter_state;
 pub mod poll;
 #[cfg(feature = "redis")]
 pub mod proxy;
-#[cfg(feature = "redis")]
+#[cfg(feature = "redis-cluster")]
 pub mod redis_cluster;
 #[cfg(feature = "redis")]
 pub mod redis_server;

@@ -2,6 +2,8 @@
 //! it degrades.
 
 use super::*;
+use crate::support::redis_cluster::RedisCluster;
+use paceline::redis::RedisBackend;
 
 /// A three-primary cluster (no replicas) loses one primary. Limiters whose
 /// keys are on it degrade, and their fallback serves; limiters whose keys

@@ -10,6 +10,7 @@
 //! Formerly `redis_outages.rs`, `redis_faults.rs` and part of
 //! `redis_reliability.rs`; each test kept its name.
 
+#[cfg(feature = "redis-cluster")]
 mod cluster;
 mod connection;
 mod down;
@@ -21,10 +22,9 @@ use std::time::{Duration, Instant};
 
 use crate::support::poll::{PROBE_INTERVAL, RESPONSE_TIMEOUT, SLACK, builder, within};
 use crate::support::proxy::Proxy;
-use crate::support::redis_cluster::RedisCluster;
 use crate::support::redis_server::{RedisServer, free_port};
 use paceline::Error;
-use paceline::redis::{Fallback, RedisBackend, RedisRateLimiter, RedisStats};
+use paceline::redis::{Fallback, RedisRateLimiter, RedisStats};
 
 /// The longest any call may take: the response timeout plus slack.
 const CALL_BOUND: Duration = RESPONSE_TIMEOUT.saturating_add(SLACK);
