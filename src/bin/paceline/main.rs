@@ -728,9 +728,10 @@ fn copy(
                 };
                 let wait = reserve(permits as u32)?;
                 if !wait.is_zero() {
+                    let due = Instant::now() + wait;
                     out.flush()?;
                     counts.waited.fetch_add(permits as u64, Ordering::Relaxed);
-                    std::thread::sleep(wait);
+                    wait_until(due);
                 }
                 if end >= 32 * 1024 {
                     // Large: straight to stdout, not through the buffer.
@@ -755,6 +756,24 @@ fn copy(
     match result {
         Err(Failure::Io(error)) if reader_gone(&error) => Ok(0),
         other => other,
+    }
+}
+
+/// A sleep ends some 50 µs after it was due (the system's timer slack), so
+/// a wait shorter than this is spun instead: at rates of millions of records
+/// a second the waits are microseconds, and each sleep would lose several
+/// times its length.
+const SPIN_BELOW: Duration = Duration::from_micros(100);
+
+/// Returns at `due`, not before.
+fn wait_until(due: Instant) {
+    let now = Instant::now();
+    let wait = due.saturating_duration_since(now);
+    if wait >= SPIN_BELOW {
+        std::thread::sleep(wait);
+    }
+    while Instant::now() < due {
+        std::hint::spin_loop();
     }
 }
 
@@ -1020,5 +1039,21 @@ impl Commands {
             self.reap_one(counts).await;
         }
         self.failed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Short waits are spun and long ones slept; either way the wait ends
+    /// at its moment, never before it.
+    #[test]
+    fn a_wait_never_ends_before_its_moment() {
+        for wait in [0, 1, 7, 40, 99, 100, 101, 350] {
+            let due = Instant::now() + Duration::from_micros(wait);
+            wait_until(due);
+            assert!(Instant::now() >= due, "a wait of {wait} µs ended early");
+        }
     }
 }
