@@ -100,7 +100,20 @@ impl Script {
                 .arg(text(limit.cold_factor));
         }
         invocation.arg(now);
-        invocation.invoke(&mut self.connection).unwrap()
+        // The TTL the script sets is computed for the simulated clock and
+        // runs on the real one, a few milliseconds for a key that refills
+        // fast: the call and the PERSIST go in one MULTI/EXEC, so that a
+        // loaded machine cannot expire the key between them.
+        invocation.load(&mut self.connection).unwrap();
+        let (reply,): (Value,) = redis::pipe()
+            .atomic()
+            .invoke_script(&invocation)
+            .cmd("PERSIST")
+            .arg(key)
+            .ignore()
+            .query(&mut self.connection)
+            .unwrap();
+        reply
     }
 }
 
@@ -334,12 +347,6 @@ fn the_script_and_the_core_agree_call_by_call() {
                     }
                 }
             }
-            // The key's TTL runs on the server's clock, not this test's:
-            // keep the key, so that only the script decides what it holds.
-            let _: () = redis::cmd("PERSIST")
-                .arg(&key)
-                .query(&mut script.connection)
-                .unwrap();
             let Some(stored) = stored_states(&mut script.connection, &key, count) else {
                 // Never written: it reads as full, and so must the core.
                 assert!(core.reads_as_full(now), "{what}: missing key");
