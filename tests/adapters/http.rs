@@ -315,3 +315,35 @@ async fn a_hook_shapes_the_refusal_and_the_layer_adds_what_it_left_out() {
     assert_eq!(retry_after(&refused), Some("1"));
     assert_eq!(header(&refused, "ratelimit-policy"), None);
 }
+
+/// At 5 per second with a burst of 10, a client gets 10 at once, and the
+/// policy header says 10 (its burst, refilled in 2 s: 10 per 2 s).
+#[tokio::test(flavor = "current_thread")]
+async fn a_burst_of_n_lets_n_through_and_the_policy_says_n() {
+    let clock = FakeClock::new();
+    let limiter = Arc::new(
+        KeyedRateLimiter::builder()
+            .limit(paceline::Limit::per_second(5.0).burst(10))
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    let peer = PeerIp::from_extension(|peer: &SocketAddr| peer.ip());
+    let inner = Ok200::default();
+    let mut service = RateLimitLayer::new(limiter, peer)
+        .headers(Headers::Ietf)
+        .layer(inner.clone());
+    let mut through = 0;
+    for _ in 0..20 {
+        let response = send(&mut service, from("192.0.2.1", &[])).await;
+        if response.status() == StatusCode::OK {
+            through += 1;
+            assert_eq!(
+                header(&response, "ratelimit-policy"),
+                Some("\"default\";q=10;w=2")
+            );
+        }
+    }
+    assert_eq!(through, 10);
+    assert_eq!(inner.0.load(Ordering::Relaxed), 10);
+}

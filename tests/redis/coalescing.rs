@@ -329,8 +329,8 @@ async fn several_limits_coalesce_and_keep_every_limit() {
     let server = RedisServer::start();
     let limiter = Arc::new(
         RedisRateLimiter::builder(server.client(), "several-hot")
-            .limit(Limit::per_second(1_000.0).burst(20))
-            .limit(Limit::per_minute(600.0).burst(30))
+            .limit(Limit::per_second(1_000.0).burst(21))
+            .limit(Limit::per_minute(600.0).burst(31))
             .response_timeout(Duration::from_secs(2))
             .build()
             .await

@@ -10,7 +10,7 @@
 //! ```
 //!
 //! Options: `--port N` (default 3000), `--rate R` (per second, per client),
-//! `--burst B` (requests stored while idle), `--max-wait MS` (wait that
+//! `--burst B` (requests at once after an idle spell, at least 1), `--max-wait MS` (wait that
 //! long for a permit before refusing), `--trust CIDR` (a proxy whose
 //! forwarding headers are believed; repeat it), and, built with the
 //! `redis` feature (`cargo run -p paceline-axum-server --features redis`),
@@ -29,7 +29,7 @@ use axum::Router;
 use axum::extract::ConnectInfo;
 use axum::routing::get;
 use paceline::http::{ClientIp, Headers, PeerIp, RateLimitLayer, TrustedProxies};
-use paceline::{KeyedLimiter, KeyedRateLimiter};
+use paceline::{KeyedLimiter, KeyedRateLimiter, Limit};
 
 /// What the server is asked to do.
 #[derive(Debug, Clone)]
@@ -83,13 +83,12 @@ impl Options {
 
 /// The limiter: in this process, or shared through Redis.
 pub async fn limiter(options: &Options) -> Result<Arc<dyn KeyedLimiter<IpAddr>>, Box<dyn Error>> {
-    // A burst of `burst` requests is that many seconds' worth at the rate.
-    let max_burst = Duration::from_secs_f64(options.burst as f64 / options.rate);
+    // `burst` requests at once, then `rate` a second.
+    let limit = Limit::per_second(options.rate).burst(options.burst);
     match &options.redis {
         None => Ok(Arc::new(
             KeyedRateLimiter::<IpAddr>::builder()
-                .permits_per_second(options.rate)
-                .max_burst(max_burst)
+                .limit(limit)
                 .max_keys(1_000_000)
                 .build()?,
         )),
@@ -102,8 +101,7 @@ pub async fn limiter(options: &Options) -> Result<Arc<dyn KeyedLimiter<IpAddr>>,
             Ok(Arc::new(
                 backend
                     .keyed_limiter::<IpAddr>("http-clients")
-                    .permits_per_second(options.rate)
-                    .max_burst(max_burst)
+                    .limit(limit)
                     .build()?,
             ))
         }

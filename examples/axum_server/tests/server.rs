@@ -102,7 +102,7 @@ fn options(trust: &[&str]) -> Options {
 
 /// Each of `keys` clients behind the trusted proxy at 127.0.0.1 sends 15
 /// requests at once (three waves of five), then one every 25 ms for 2 s.
-/// Each gets 11 at once (10 stored and one more) and 10 a second after.
+/// Each gets 10 at once (its burst) and 10 a second after.
 async fn many_clients_get_rate_times_time_plus_burst(address: SocketAddr, keys: u32) {
     let client = Arc::new(client("127.0.0.1"));
     let run = Duration::from_secs(2);
@@ -138,10 +138,10 @@ async fn many_clients_get_rate_times_time_plus_burst(address: SocketAddr, keys: 
             .filter(|a| a.status == StatusCode::OK)
             .count() as f64;
         // The server saw the key for at least `at_least` and at most
-        // `at_most`: 11 at once, then 10 a second, to one permit.
+        // `at_most`: 10 at once, then 10 a second, to one permit.
         let (low, high) = (
-            11.0 + (10.0 * at_least.as_secs_f64()).floor() - 1.0,
-            11.0 + (10.0 * at_most.as_secs_f64()).floor() + 1.0,
+            10.0 + (10.0 * at_least.as_secs_f64()).floor() - 1.0,
+            10.0 + (10.0 * at_most.as_secs_f64()).floor() + 1.0,
         );
         assert!(
             low <= granted && granted <= high,
@@ -150,7 +150,7 @@ async fn many_clients_get_rate_times_time_plus_burst(address: SocketAddr, keys: 
         for answer in &answers {
             assert_eq!(
                 answer.policy.as_deref(),
-                Some("\"per-client\";q=20;w=2"),
+                Some("\"per-client\";q=10;w=1"),
                 "{answer:?}"
             );
             assert!(answer.ratelimit.is_some(), "{answer:?}");
@@ -179,9 +179,9 @@ async fn the_headers_count_down_and_a_refusal_says_when() {
     let me = Some("203.0.113.9");
     let first = get(&client, address, me).await;
     assert_eq!(first.status, StatusCode::OK);
-    assert_eq!(remaining(&first), 10);
-    assert_eq!(first.legacy_remaining.as_deref(), Some("10"));
-    let mut last = 10;
+    assert_eq!(remaining(&first), 9);
+    assert_eq!(first.legacy_remaining.as_deref(), Some("9"));
+    let mut last = 9;
     let mut granted = 1;
     loop {
         let answer = get(&client, address, me).await;
@@ -213,14 +213,14 @@ async fn a_forged_forwarded_for_from_a_peer_that_is_not_a_proxy_changes_nothing(
             granted += 1;
         }
     }
-    // One key: its burst of 11 and whatever came back in the meantime.
-    assert!((11..=12).contains(&granted), "{granted}");
+    // One key: its burst of 10 and whatever came back in the meantime.
+    assert!((10..=11).contains(&granted), "{granted}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bounded_wait_waits_within_it_and_refuses_past_it() {
     let address = start(Options {
-        burst: 0,
+        burst: 1,
         max_wait: 150 * MS,
         ..options(&[])
     })

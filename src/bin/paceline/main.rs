@@ -59,7 +59,7 @@ struct Args {
     null: bool,
 
     /// How many records (bytes, with --bytes) may go at once after an idle
-    /// spell. Default 0: exact spacing.
+    /// spell. Default 1: exact spacing.
     #[arg(long, value_name = "N")]
     burst: Option<u64>,
 
@@ -328,7 +328,7 @@ fn limits(args: &Args) -> Result<(Vec<Limit>, f64), Failure> {
             let limit = Limit::per(rate.permits, rate.period);
             match (i, args.warmup) {
                 (0, Some(warmup)) => limit.warmup(warmup),
-                (0, None) => limit.burst(args.burst.unwrap_or(0)),
+                (0, None) => limit.burst(args.burst.unwrap_or(1)),
                 _ => limit,
             }
         })
