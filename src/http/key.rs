@@ -109,13 +109,26 @@ impl<B, T: Send + Sync + 'static> KeyExtractor<B> for PeerIp<T> {
 }
 
 /// The client's address: the peer's, or, when the peer is one of the
-/// trusted proxies, the one the forwarding headers give
+/// trusted proxies, the one the header they write gives
 /// ([`TrustedProxies::client_ip`]).
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use paceline::http::{ClientIp, ClientIpSource, PeerIp, TrustedProxies};
+///
+/// // Behind load balancers at 10.0.0.0/8 that append to X-Forwarded-For.
+/// let key = ClientIp {
+///     peer: PeerIp::from_extension(|peer: &SocketAddr| peer.ip()),
+///     proxies: TrustedProxies::new(ClientIpSource::XForwardedFor, ["10.0.0.0/8"])?,
+/// };
+/// # let _ = key;
+/// # Ok::<(), paceline::Error>(())
+/// ```
 #[derive(Debug)]
 pub struct ClientIp<T> {
     /// Where the peer's address is.
     pub peer: PeerIp<T>,
-    /// Whose forwarding headers are believed.
+    /// Whose forwarding header is believed, and which header that is.
     pub proxies: TrustedProxies,
 }
 

@@ -117,7 +117,7 @@ impl<L, X> RateLimitLayer<L, X> {
     /// use std::sync::Arc;
     /// use std::time::Duration;
     /// use paceline::KeyedRateLimiter;
-    /// use paceline::http::{ClientIp, PeerIp, RateLimitLayer, TrustedProxies};
+    /// use paceline::http::{ClientIp, ClientIpSource, PeerIp, RateLimitLayer, TrustedProxies};
     ///
     /// let limiter = Arc::new(
     ///     KeyedRateLimiter::<IpAddr>::builder()
@@ -125,11 +125,12 @@ impl<L, X> RateLimitLayer<L, X> {
     ///         .max_burst(Duration::from_secs(1))
     ///         .build()?,
     /// );
-    /// // The client's address, behind the load balancers at 10.0.0.0/8 (axum:
-    /// // `ConnectInfo<SocketAddr>`, with `into_make_service_with_connect_info`).
+    /// // The client's address, behind the load balancers at 10.0.0.0/8,
+    /// // which append it to X-Forwarded-For (axum: `ConnectInfo<SocketAddr>`,
+    /// // with `into_make_service_with_connect_info`).
     /// let key = ClientIp {
     ///     peer: PeerIp::from_extension(|peer: &SocketAddr| peer.ip()),
-    ///     proxies: TrustedProxies::new(["10.0.0.0/8"])?,
+    ///     proxies: TrustedProxies::new(ClientIpSource::XForwardedFor, ["10.0.0.0/8"])?,
     /// };
     /// let layer = RateLimitLayer::new(limiter, key).policy_name("per-client");
     /// // axum: Router::new().route(..).layer(layer)

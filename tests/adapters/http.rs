@@ -17,7 +17,8 @@ use ::http::{Request, Response, StatusCode};
 use paceline::KeyedRateLimiter;
 use paceline::clock::{Clock, FakeClock};
 use paceline::http::{
-    ClientIp, Global, Header, Headers, PeerIp, RateLimitLayer, Refused, TrustedProxies,
+    ClientIp, ClientIpSource, Global, Header, Headers, PeerIp, RateLimitLayer, Refused,
+    TrustedProxies,
 };
 use tower_layer::Layer;
 use tower_service::Service;
@@ -80,7 +81,7 @@ async fn each_client_gets_its_own_rate_and_forged_headers_change_nothing() {
     let inner = Ok200::default();
     let client_ip = ClientIp {
         peer: PeerIp::from_extension(|peer: &SocketAddr| peer.ip()),
-        proxies: TrustedProxies::new(["10.0.0.0/8"]).unwrap(),
+        proxies: TrustedProxies::new(ClientIpSource::XForwardedFor, ["10.0.0.0/8"]).unwrap(),
     };
     let mut service =
         RateLimitLayer::new(keyed_limiter::<IpAddr>(&clock), client_ip).layer(inner.clone());
@@ -113,6 +114,46 @@ async fn each_client_gets_its_own_rate_and_forged_headers_change_nothing() {
     clock.advance(Duration::from_millis(100));
     let later = send(&mut service, from("198.51.100.1", &[])).await;
     assert_eq!(later.status(), StatusCode::OK);
+}
+
+/// Through a proxy that appends the peer it saw to `X-Forwarded-For` and
+/// passes `Forwarded` on as the client sent it (nginx, HAProxy, the cloud
+/// load balancers), played here by the peer 127.0.0.1: a client that sends
+/// a new `Forwarded` each time is still one key. Of 50 sent at once at 1 a
+/// second with a burst of 2, 3 go through.
+#[tokio::test(flavor = "current_thread")]
+async fn a_forwarded_header_the_proxy_passes_on_changes_nothing() {
+    let clock = FakeClock::new();
+    let limiter = Arc::new(
+        KeyedRateLimiter::<IpAddr, _>::builder()
+            .permits_per_second(1.0)
+            .max_burst(Duration::from_secs(2))
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    let client_ip = ClientIp {
+        peer: PeerIp::from_extension(|peer: &SocketAddr| peer.ip()),
+        proxies: TrustedProxies::new(ClientIpSource::XForwardedFor, ["127.0.0.1"]).unwrap(),
+    };
+    let inner = Ok200::default();
+    let mut service = RateLimitLayer::new(limiter, client_ip).layer(inner.clone());
+    let mut through = 0;
+    for i in 0..50 {
+        let spoofed = format!("for=9.9.{}.{}", i / 256, i % 256);
+        let request = from(
+            "127.0.0.1",
+            &[("forwarded", &spoofed), ("x-forwarded-for", "203.0.113.7")],
+        );
+        if send(&mut service, request).await.status() == StatusCode::OK {
+            through += 1;
+        }
+    }
+    assert_eq!(through, 3, "{through} of 50 through");
+    assert_eq!(inner.0.load(Ordering::Relaxed), 3);
+    // Another client through the same proxy has its own key.
+    let other = from("127.0.0.1", &[("x-forwarded-for", "203.0.113.8")]);
+    assert_eq!(send(&mut service, other).await.status(), StatusCode::OK);
 }
 
 #[tokio::test(flavor = "current_thread")]
