@@ -143,10 +143,9 @@ impl Coalescer {
             let queue = keys.remove(key).map(|slot| slot.queue).unwrap_or_default();
             drop(keys);
             for queued in queue {
-                let failure = BackendError::new(
-                    format!("Redis failed the round trip of key {key} this call was queued behind"),
-                    None,
-                );
+                let failure = BackendError::new(format!(
+                    "Redis failed the round trip of key {key} this call was queued behind"
+                ));
                 let _ = queued.reply.send(Err(Failure::Down(Some(failure))));
             }
             return;
@@ -212,10 +211,10 @@ pub(crate) async fn wait(
         }
         Ok(result) => result,
         // The batch's task ended without a reply: its runtime shut down.
-        Err(_) => Err(Failure::Down(Some(BackendError::new(
-            format!("the round trip of key {} ended without a reply", target.key),
-            None,
-        )))),
+        Err(_) => Err(Failure::Down(Some(BackendError::new(format!(
+            "the round trip of key {} ended without a reply",
+            target.key
+        ))))),
     }
 }
 

@@ -96,10 +96,10 @@ impl Failure {
     pub(crate) fn share(&self) -> Failure {
         match self {
             Failure::Refused(error) => {
-                Failure::Refused(Error::Backend(BackendError::new(error.to_string(), None)))
+                Failure::Refused(Error::Backend(BackendError::new(error.to_string())))
             }
             Failure::Down(failure) => Failure::Down(failure.as_ref().map(|failure| {
-                BackendError::new(failure.to_string(), None).with_timeout(failure.is_timeout())
+                BackendError::new(failure.to_string()).with_timeout(failure.is_timeout())
             })),
         }
     }
@@ -240,10 +240,7 @@ where
     R: Future<Output = RedisResult<T>> + Send + 'static,
 {
     let Some(connection) = backend.connection() else {
-        let failure = BackendError::new(
-            format!("no connection to {}", backend.target.describe()),
-            None,
-        );
+        let failure = BackendError::new(format!("no connection to {}", backend.target.describe()));
         backend.degrade(&failure, target.clone(), Scope::Backend);
         if let Some(lead) = lead {
             lead.finish(false);
@@ -286,18 +283,16 @@ where
     let failure = match tokio::time::timeout(backend.response_timeout, in_flight.reply()).await {
         Ok(Ok(reply)) => return Ok(reply),
         Ok(Err(e)) if script::is_data_error(&e) => {
-            return Err(Failure::Refused(Error::Backend(BackendError::new(
-                format!("Redis refused the call on key {}", target.key),
-                Some(Box::new(e)),
-            ))));
+            return Err(Failure::Refused(Error::Backend(
+                BackendError::new(format!("Redis refused the call on key {}", target.key))
+                    .with_source(e),
+            )));
         }
         Ok(Err(e)) => {
             let timed_out = e.is_timeout();
-            BackendError::new(
-                format!("Redis failed the call on key {}", target.key),
-                Some(Box::new(e)),
-            )
-            .with_timeout(timed_out)
+            BackendError::new(format!("Redis failed the call on key {}", target.key))
+                .with_source(e)
+                .with_timeout(timed_out)
         }
         Err(_) => BackendError::timeout(format!(
             "Redis did not answer within {:?} (key {})",
