@@ -425,7 +425,10 @@ where
         let Some(index) = self.rounds.claim(read) else {
             return;
         };
-        self.shards[index].0.visit(read);
+        match &self.several {
+            Some(several) => several.visit(index, read),
+            None => self.shards[index].0.visit(read),
+        }
     }
 
     /// A grant as a reservation: one with a wait can be given back.

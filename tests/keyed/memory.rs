@@ -6,8 +6,8 @@ use std::ops::Range;
 use std::time::Duration;
 
 use crate::support::alloc::bytes_in_use;
-use paceline::KeyedRateLimiter;
 use paceline::clock::FakeClock;
+use paceline::{KeyedRateLimiter, Limit};
 
 #[test]
 fn a_flood_of_idle_keys_gives_its_memory_back() {
@@ -114,4 +114,26 @@ fn idle_shards_sweep_while_one_key_is_in_use() {
     );
     assert_eq!(held, 1);
     assert_eq!(limiter.stats().keys, 1);
+}
+
+#[test]
+fn idle_shards_sweep_with_several_limits() {
+    let clock = FakeClock::new();
+    // The per-minute limit refills in a minute, the sweep period.
+    let limiter = KeyedRateLimiter::<u64, _>::builder()
+        .limit(Limit::per_second(10.0))
+        .limit(Limit::per_minute(300.0))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let held = held_after_a_flood_went_idle(
+        &limiter,
+        &clock,
+        Duration::from_secs(180),
+        1_000_000..1_000_001,
+        100,
+    );
+    assert_eq!(held, 1);
+    assert_eq!(limiter.stats().keys, 1);
+    assert_eq!(limiter.stats().dropped_unfinished, 0);
 }
