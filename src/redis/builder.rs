@@ -101,11 +101,9 @@ macro_rules! connection_setters {
             self
         }
 
-        /// What every Redis key of the limiters starts with, before a `:`
-        /// and the limiter's name. Default `paceline`
-        /// ([`DEFAULT_KEY_PREFIX`](crate::redis::DEFAULT_KEY_PREFIX)).
-        /// Set `throttler` to share the keys of limiters that ran this
-        /// crate under its former name (the values' format is the same).
+        /// What every Redis key of the limiters starts with, before `:v1:`
+        /// (the version of the key layout) and the limiter's name. Default
+        /// `paceline` ([`DEFAULT_KEY_PREFIX`](crate::redis::DEFAULT_KEY_PREFIX)).
         /// Must be non-empty, without `:`, `{` or `}`: checked when built.
         pub fn key_prefix(mut self, key_prefix: &str) -> Self {
             self.connecting.key_prefix = key_prefix.to_owned();

@@ -182,17 +182,14 @@
 //!   sub-microsecond schedule) and `thr3` (a key on which reservations wait
 //!   to be given back: its ledger).
 //! - **Key names.** A limiter named `name` uses the Redis key
-//!   `paceline:name`, and a keyed limiter's key `key` uses
-//!   `paceline:name:key` (`paceline` is the prefix a backend's builder
-//!   can change with `key_prefix`: `throttler` reads and shares the keys
-//!   of the crate under its former name, in the same formats), with `\` and `:` escaped in the name (`\\`, `\:`)
-//!   and `\`, `{`, `}` escaped in the key (`\\`, `\(`, `\)`). No two
+//!   `paceline:v1:name`, and a keyed limiter's key `key` uses
+//!   `paceline:v1:name:key`: `paceline` is the prefix a backend's builder
+//!   can change with `key_prefix`, and `v1` the version of the key layout
+//!   and of the values under it. `\` and `:` are escaped in the name
+//!   (`\\`, `\:`), and `\`, `{`, `}` in the key (`\\`, `\(`, `\)`). No two
 //!   (limiter, key) pairs share a Redis key, and no client's key text picks
 //!   its cluster slot; braces in a *name* are kept, so `{tenant-7}` puts a
-//!   limiter and all its keys in one slot on purpose. Names and keys without
-//!   those characters use the same Redis keys as before this rule; others
-//!   move to their escaped key when a process is upgraded, starting afresh
-//!   there (upgrade the processes sharing such a name together).
+//!   limiter and all its keys in one slot on purpose.
 //!
 
 mod backend;
@@ -217,9 +214,6 @@ pub use builder::{DEFAULT_PROBE_INTERVAL, DEFAULT_RESPONSE_TIMEOUT, RedisBuilder
 pub use fallback::{Fallback, RedisStats};
 pub use keyed::{DEFAULT_MAX_LOCAL_KEYS, KeyedRedisBuilder, KeyedRedisRateLimiter};
 
-/// The former name of [`KeyedRedisBuilder`].
-#[deprecated(note = "renamed KeyedRedisBuilder, after the limiter it builds")]
-pub type RedisKeyedBuilder<K, C = crate::clock::SystemClock> = KeyedRedisBuilder<K, C>;
 pub use limiter::RedisRateLimiter;
 pub use naming::DEFAULT_KEY_PREFIX;
 

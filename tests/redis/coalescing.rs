@@ -85,7 +85,7 @@ async fn saturate(
     while reserving.load(Ordering::SeqCst) > 0 {
         tokio::task::yield_now().await;
     }
-    let state = LimiterState::read(&mut server.connection(), "paceline:hot").unwrap();
+    let state = LimiterState::read(&mut server.connection(), "paceline:v1:hot").unwrap();
     for handle in handles {
         handle.abort();
     }
@@ -115,7 +115,7 @@ async fn a_saturated_hot_key_coalesces_and_keeps_its_schedule_exact() {
     // 50 ms of debt first: the tasks' reservations queue behind it, on the
     // grid of its ticket.
     limiter.reserve(500).await.unwrap();
-    let start = LimiterState::read(&mut server.connection(), "paceline:hot").unwrap();
+    let start = LimiterState::read(&mut server.connection(), "paceline:v1:hot").unwrap();
     reset_stats(&server);
     let (moments, end) = saturate(&server, &limiter, 256, RUN).await;
     let calls = evalsha_calls(&server);
