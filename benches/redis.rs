@@ -39,7 +39,7 @@
 //!
 //! Part 3, keyed: one `RedisBackend` (one connection) and a
 //! `KeyedRedisRateLimiter` on it, 64 tasks reserving on random keys out of
-//! 10 000 (each its own Redis key, `paceline:keyed:{key}`), on a
+//! 10 000 (each its own Redis key, `paceline:v1:keyed:{key}`), on a
 //! current-thread runtime; next to it `redis-benchmark -c 64 -P 16` running
 //! the script on random keys of the same shape (`-r 10000`). Then `MEMORY
 //! USAGE` of the keys, averaged over a sample.
@@ -67,12 +67,18 @@ use std::time::{Duration, Instant};
 use paceline::redis::{Fallback, KeyedRedisRateLimiter, RedisBackend, RedisRateLimiter};
 
 #[allow(dead_code)]
+#[path = "../tests/support/limiter_state.rs"]
+mod limiter_state;
+#[allow(dead_code)]
 #[path = "../tests/support/redis_server.rs"]
 mod redis_server;
 
 use redis_server::RedisServer;
 
-const RESERVE: &str = paceline::redis::format::SCRIPT;
+/// The crate's script, as the crate assembles it.
+fn reserve_script() -> &'static str {
+    limiter_state::script_source()
+}
 const BASELINE: &str = include_str!("baseline.lua");
 const RETURN_1: &str = "return 1";
 /// What every script on this layout must do at least.
@@ -84,20 +90,20 @@ const LOWER_BOUND: &str = "local t = redis.call('TIME')\n\
 /// The limiter: the crate's key for the name `bench`, and the arguments the
 /// crate sends for `reserve(1)` at 1000 permits/s with 1 s of burst.
 const NAME: &str = "bench";
-const KEY: &str = "paceline:bench";
+const KEY: &str = "paceline:v1:bench";
 const RATE: f64 = 1000.0;
 const RESERVE_ARGS: &[&str] = &["1", "-1", "1000.0", "bursty", "1000000", "0.0"];
 const BASELINE_ARGS: &[&str] = &["1", "-1", "1000.0", "1000000"];
 /// The same reservation as one its caller may give back (`acquire`, a
 /// `Reservation`): on a key always in debt, each gets a group in the key's
 /// ledger, which stays full.
-const HELD_KEY: &str = "paceline:held";
+const HELD_KEY: &str = "paceline:v1:held";
 const HELD_ARGS: &[&str] = &["1+", "-1", "1000.0", "bursty", "1000000", "0.0"];
 /// Random keys for the cold-key rows: `__rand_int__` is replaced per call.
-const COLD_KEY: &str = "paceline:cold:__rand_int__";
+const COLD_KEY: &str = "paceline:v1:cold:__rand_int__";
 const COLD_KEYS: &str = "10000000";
 /// The keyed case: 10 000 user keys under the keyed limiter's prefix.
-const USER_KEY: &str = "paceline:keyed:__rand_int__";
+const USER_KEY: &str = "paceline:v1:keyed:__rand_int__";
 const USER_KEYS: u64 = 10_000;
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -273,7 +279,7 @@ fn main() {
         bench.server.port()
     );
 
-    let reserve = bench.load(RESERVE);
+    let reserve = bench.load(reserve_script());
     let baseline = bench.load(BASELINE);
     let return_1 = bench.load(RETURN_1);
     let lower_bound = bench.load(LOWER_BOUND);
@@ -295,7 +301,7 @@ fn main() {
     // `PACELINE_BENCH_PART=4` runs part 4 alone.
     if std::env::var("PACELINE_BENCH_PART").as_deref() != Ok("4") {
         // Part 1: the scripts, -c 50 -P 16.
-        let baseline_key = "paceline:baseline";
+        let baseline_key = "paceline:v1:baseline";
         let cases: [(&str, &str, &str, &[&str]); 7] = [
             (
                 "the crate's script, one hot key",
@@ -478,7 +484,7 @@ fn main() {
             .map(|key| {
                 redis::cmd("MEMORY")
                     .arg("USAGE")
-                    .arg(format!("paceline:keyed:{key}"))
+                    .arg(format!("paceline:v1:keyed:{key}"))
                     .query::<Option<u64>>(&mut bench.con)
                     .unwrap()
                     .unwrap_or(0)
@@ -559,7 +565,7 @@ fn main() {
             };
             let args = [mode, second, "1000000000.0", "bursty", "1000000", "0.0"];
             let calls = (requests / size as u64).max(1000);
-            let run = bench.redis_benchmark(50, 16, calls, &reserve, "paceline:hot", &args);
+            let run = bench.redis_benchmark(50, 16, calls, &reserve, "paceline:v1:hot", &args);
             per_reservation[i].push(run.usec / size as f64);
         }
     }

@@ -9,7 +9,6 @@ use std::time::Duration;
 use super::KeyedRateLimiter;
 use crate::Snapshot;
 use crate::clock::Clock;
-use crate::core::State;
 
 /// # For a Redis limiter's fallback
 ///
@@ -46,15 +45,6 @@ where
             return several.snapshot_of(key, read);
         }
         self.shard(key).read().snapshot_of(key, read)
-    }
-
-    /// Each configured limit as a state (the rate in force, nothing
-    /// stored): what a snapshot read elsewhere (in Redis) is taken under.
-    pub(crate) fn templates(&self) -> Vec<State> {
-        if let Some(several) = &self.several {
-            return several.templates();
-        }
-        vec![self.shards[0].0.read().template().clone()]
     }
 
     /// The ticket of `key` (µs on the clock), if it is held.

@@ -313,11 +313,6 @@ impl<K: Hash + Eq + Clone> Several<K> {
         }
     }
 
-    /// Every limit's configuration, at the rates in force.
-    pub(super) fn templates(&self) -> Vec<State> {
-        lock(&self.template).clone()
-    }
-
     /// How long a request of `key` made at `now` would wait, µs.
     pub(super) fn wait_of<Q>(&self, key: &Q, now: u64) -> u64
     where

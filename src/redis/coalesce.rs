@@ -31,8 +31,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::oneshot;
 
 use super::backend::{Backend, ProbeTarget, Scope};
+use super::reply::Reply;
 use super::round_trip::{Canceller, Ends, Failure, Lead, send, send_batch};
-use super::script::{Call, Reply, Request};
+use super::script::{Call, Request};
 use crate::error::BackendError;
 
 /// The most requests one batch carries: a batch holds Redis (which runs
@@ -266,16 +267,25 @@ struct Waiting<'a> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.replied.close();
-        if let Ok(Ok(Reply {
-            token: Some(token), ..
-        })) = self.replied.try_recv()
-        {
-            let canceller = Canceller {
-                backend: Arc::clone(self.backend),
-                target: self.target.clone(),
-            };
-            self.backend.spawn(canceller.cancel(token));
+        if let Ok(Ok(reply)) = self.replied.try_recv() {
+            give_back(self.backend, self.target, reply);
         }
+    }
+}
+
+/// A reply its caller never read: its grant is given back, or, if it
+/// cannot be, its limiter hears of it (see [`Late`](super::backend::Late)).
+fn give_back(backend: &Arc<Backend>, target: &ProbeTarget, reply: Reply) {
+    match reply.token {
+        Some(token) => {
+            let canceller = Canceller {
+                backend: Arc::clone(backend),
+                target: target.clone(),
+            };
+            backend.spawn(canceller.cancel(token));
+        }
+        None if reply.wait.is_some() => target.note_late(reply.debt_micros),
+        None => {}
     }
 }
 
@@ -296,15 +306,8 @@ async fn run_batch(backend: Arc<Backend>, batch: Vec<Queued>, lead: Lead) {
     match sent {
         Ok(replies) => {
             for (queued, reply) in batch.into_iter().zip(replies) {
-                if let Err(Ok(Reply {
-                    token: Some(token), ..
-                })) = queued.reply.send(Ok(reply))
-                {
-                    let canceller = Canceller {
-                        backend: Arc::clone(&backend),
-                        target: target.clone(),
-                    };
-                    backend.spawn(canceller.cancel(token));
+                if let Err(Ok(reply)) = queued.reply.send(Ok(reply)) {
+                    give_back(&backend, &target, reply);
                 }
             }
         }

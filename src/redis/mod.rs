@@ -198,12 +198,11 @@ mod coalesce;
 mod connection;
 mod failover;
 mod fallback;
-#[doc(hidden)]
-pub mod format;
 mod health;
 mod keyed;
 mod limiter;
 mod naming;
+mod reply;
 mod round_trip;
 mod runtime;
 mod script;

@@ -11,7 +11,8 @@ use redis::RedisResult;
 
 use super::backend::{Backend, ProbeTarget, Scope};
 use super::connection::Connection;
-use super::script::{self, Call, Reply, Request, ScriptArgs, Stored, Token};
+use super::reply::{Reply, Stored};
+use super::script::{self, Call, Request, ScriptArgs, Token};
 use crate::Error;
 use crate::error::BackendError;
 
@@ -123,13 +124,7 @@ impl Canceller {
             return;
         };
         let (key, call) = (&self.target.key, Call::Cancel(token));
-        let sent = script::invoke(
-            &mut connection,
-            key,
-            &call,
-            self.target.rate,
-            &self.target.script_args,
-        );
+        let sent = script::invoke(&mut connection, key, &call, &self.target.script_args);
         match tokio::time::timeout(self.backend.response_timeout, sent).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => tracing::debug!(key = %key, error = %e, "a give-back failed"),
@@ -155,8 +150,8 @@ pub(crate) async fn send(
         target,
         gives_back,
         lead,
-        move |mut connection, key, args, rate| async move {
-            script::invoke(&mut connection, &key, &call, rate, &args).await
+        move |mut connection, key, args| async move {
+            script::invoke(&mut connection, &key, &call, &args).await
         },
     )
     .await
@@ -176,8 +171,8 @@ pub(crate) async fn send_batch(
         target,
         true,
         Some(lead),
-        move |mut connection, key, args, rate| async move {
-            script::invoke_batch(&mut connection, &key, &call, rate, &args).await
+        move |mut connection, key, args| async move {
+            script::invoke_batch(&mut connection, &key, &call, &args).await
         },
     )
     .await
@@ -194,33 +189,46 @@ pub(crate) async fn send_status(
         target,
         false,
         None,
-        move |mut connection, key, args, rate| async move {
-            script::invoke_status(&mut connection, &key, rate, &args).await
+        move |mut connection, key, args| async move {
+            script::invoke_status(&mut connection, &key, &args).await
         },
     )
     .await
 }
 
-/// What a round trip's reply holds that a give-back takes back.
+/// What a round trip's reply holds that a give-back takes back, and the
+/// debt Redis reported if it holds a grant that cannot be (see
+/// [`Late`](super::backend::Late)).
 trait Tokens: Send + 'static {
-    fn tokens(self) -> Vec<Token>;
+    fn tokens(self) -> (Vec<Token>, Option<u64>);
 }
 
 impl Tokens for Reply {
-    fn tokens(self) -> Vec<Token> {
-        self.token.into_iter().collect()
+    fn tokens(self) -> (Vec<Token>, Option<u64>) {
+        let kept = (self.token.is_none() && self.wait.is_some()).then_some(self.debt_micros);
+        (self.token.into_iter().collect(), kept)
     }
 }
 
 impl Tokens for Stored {
-    fn tokens(self) -> Vec<Token> {
-        Vec::new()
+    fn tokens(self) -> (Vec<Token>, Option<u64>) {
+        (Vec::new(), None)
     }
 }
 
 impl Tokens for Vec<Reply> {
-    fn tokens(self) -> Vec<Token> {
-        self.into_iter().filter_map(|reply| reply.token).collect()
+    fn tokens(self) -> (Vec<Token>, Option<u64>) {
+        let kept = self
+            .iter()
+            .any(|reply| reply.token.is_none() && reply.wait.is_some())
+            .then(|| {
+                self.iter()
+                    .map(|reply| reply.debt_micros)
+                    .max()
+                    .unwrap_or(0)
+            });
+        let tokens = self.into_iter().filter_map(|reply| reply.token).collect();
+        (tokens, kept)
     }
 }
 
@@ -236,7 +244,7 @@ async fn run<T, F, R>(
 ) -> Result<T, Failure>
 where
     T: Tokens,
-    F: FnOnce(Connection, Arc<str>, Arc<ScriptArgs>, f64) -> R,
+    F: FnOnce(Connection, Arc<str>, Arc<ScriptArgs>) -> R,
     R: Future<Output = RedisResult<T>> + Send + 'static,
 {
     let Some(connection) = backend.connection() else {
@@ -255,7 +263,6 @@ where
         connection,
         Arc::clone(&target.key),
         Arc::clone(&target.script_args),
-        target.rate,
     );
     let led = lead.as_ref().map(Lead::id);
     let metrics = backend.health.metrics();
@@ -344,7 +351,11 @@ impl<T: Tokens> Drop for InFlight<T> {
                 return;
             };
             if let Ok(reply) = reply {
-                for token in Tokens::tokens(reply) {
+                let (tokens, kept) = Tokens::tokens(reply);
+                if let Some(debt) = kept {
+                    canceller.target.note_late(debt);
+                }
+                for token in tokens {
                     canceller.clone().cancel(token).await;
                 }
             }

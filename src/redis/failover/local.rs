@@ -22,7 +22,7 @@ where
     ) -> Result<Result<Option<Reservation<'a>>, Error>, Carried<'a>>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         self.backend.health.count_fallback_call();
         if self.fallback == Fallback::FailClosed {
@@ -64,7 +64,7 @@ where
     ) -> Result<Result<Duration, Error>, Carried<'a>>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
+        Q: Display + Hash + Eq + ?Sized,
     {
         self.backend.health.count_fallback_call();
         match self.fallback {
@@ -96,7 +96,7 @@ where
     ) -> Result<Result<Snapshot, Error>, Carried<'a>>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
+        Q: Display + Hash + Eq + ?Sized,
     {
         let wait = match self.query_locally(key, failure)? {
             Ok(wait) => wait,
@@ -125,13 +125,16 @@ where
     pub(super) fn floor<Q>(&self, books: &Books<K>, key: &Q) -> u64
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
+        Q: Display + Hash + Eq + ?Sized,
     {
         let known = match books.known.get(key) {
             Some(&until) => until,
             None => books.overflow[self.bucket(key)],
         };
-        self.now().max(known).max(self.local.dropped_until())
+        self.now()
+            .max(known)
+            .max(self.late_in(books, key))
+            .max(self.local.dropped_until())
     }
 
     pub(super) fn bucket<Q: Hash + ?Sized>(&self, key: &Q) -> usize {
@@ -181,13 +184,38 @@ where
 
     /// The exact end of the debt Redis reported for `key`, if it is known
     /// (0 otherwise: what Redis holds is then taken to be nothing, which
-    /// errs towards limiting).
+    /// errs towards limiting): by a reply, or by a late grant.
     pub(super) fn known_exactly<Q>(&self, key: &Q) -> u64
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         self.books().known.get(key).copied().unwrap_or(0)
+    }
+
+    /// When the debt of late grants of `key` ends (see [`Late`]), taken:
+    /// the carry-back counts it once.
+    fn late_until<Q>(&self, key: &Q) -> u64
+    where
+        Q: Display + ?Sized,
+    {
+        let mut books = self.books();
+        if books.late.is_empty() {
+            return 0;
+        }
+        books.late.remove(&*self.redis_key(key)).unwrap_or(0)
+    }
+
+    /// When the debt of late grants of `key` ends (see [`Late`]), if one
+    /// was heard of (0 otherwise).
+    fn late_in<Q>(&self, books: &Books<K>, key: &Q) -> u64
+    where
+        Q: Display + ?Sized,
+    {
+        if books.late.is_empty() {
+            return 0;
+        }
+        books.late.get(&*self.redis_key(key)).copied().unwrap_or(0)
     }
 
     /// After an outage in which the fallback dropped keys with debts: the
@@ -207,8 +235,10 @@ where
         if dropped <= known {
             return Ok(());
         }
+        // The same for every limit.
+        let debt = self.at_shared_rate(dropped - known);
         let resume = Call::Resume {
-            debts_micros: Box::new([self.at_shared_rate(dropped - known)]),
+            debts_micros: vec![debt; self.script_args.len()].into(),
         };
         match self.send(key, target, resume).await {
             Ok(_) | Err(Failure::Refused(_)) => Ok(()),
@@ -242,13 +272,28 @@ where
     pub(super) async fn carry(&self, key: &K) {
         let target = self.target(key);
         let mut known = self.known_exactly(key);
+        // What grants Redis made after their callers stopped waiting (see
+        // [`Late`]) charged it beyond the debt it reported: those callers
+        // were served by the fallback too, so with one limit that much of
+        // the fallback's debt is in Redis already. (With several, how much
+        // each limit was charged is not known: the fallback's whole debt
+        // goes, erring towards limiting.)
+        let mut late = self.late_until(key);
         while let Some(tickets) = self.local.tickets(key) {
             // One debt per limit (one for a limiter with one limit).
             let ticket = tickets.iter().copied().max().unwrap_or(0);
             let from = self.now().max(known);
+            let charged = if tickets.len() == 1 {
+                late.saturating_sub(from)
+            } else {
+                0
+            };
             let debts = tickets
                 .iter()
-                .map(|t| self.at_shared_rate(t.saturating_sub(from)))
+                .map(|t| {
+                    self.at_shared_rate(t.saturating_sub(from))
+                        .saturating_sub(charged)
+                })
                 .collect();
             let resume = Call::Resume {
                 debts_micros: debts,
@@ -260,6 +305,7 @@ where
                     }
                     // Granted meanwhile (it should not be): the rest.
                     known = ticket;
+                    late = 0;
                 }
                 // The key holds something else: calls report it.
                 Err(Failure::Refused(_)) => {

@@ -31,6 +31,7 @@
 //!   moment passes, each key whose reported debt ends earlier is charged
 //!   up to it once, on its first call: that errs towards limiting.
 
+mod impls;
 mod local;
 
 use std::borrow::Borrow;
@@ -48,13 +49,14 @@ use tokio::sync::Notify;
 use tokio::sync::futures::Notified;
 
 use super::Fallback;
-use super::backend::{Backend, ProbeTarget, Recover};
+use super::backend::{Backend, Late, ProbeTarget, Recover};
 use super::coalesce::{self, Coalescer, Joined};
 use super::health::Zone;
 use super::naming;
+use super::reply::{Reply, Stored};
 use super::round_trip::{Canceller, Failure, send, send_status};
 use super::runtime::blocking_section;
-use super::script::{Call, Reply, Request, ScriptArgs, Stored, Token};
+use super::script::{Call, Request, ScriptArgs, Token};
 use crate::clock::Clock;
 use crate::core::{Policy, State, stable_interval_micros};
 use crate::error::BackendError;
@@ -129,6 +131,10 @@ struct Books<K> {
     overflow: [u64; BUCKETS],
     /// Keys whose debt is on its way to Redis: their callers wait.
     carrying: HashSet<K>,
+    /// When the debt Redis reported for a grant whose caller had stopped
+    /// waiting ends (µs, local clock), by Redis key (see [`Late`]): at most
+    /// `max_local_keys`.
+    late: HashMap<Arc<str>, u64>,
 }
 
 /// A reservation of one key made in Redis: its Redis key and the script's
@@ -203,24 +209,23 @@ where
                 State::new(policy.clone(), local_rate(*rate, parts.local_fraction), 0)
             })
             .collect::<Result<Vec<State>, _>>()?;
-        let (local, script_args) = if limits.len() > 1 {
-            let local = KeyedRateLimiter::from_limits(
+        let local = if limits.len() > 1 {
+            KeyedRateLimiter::from_limits(
                 local_states,
                 parts.clock,
                 Some(parts.max_local_keys),
                 Mode::Empty,
-            );
-            (local, ScriptArgs::several(&limits))
+            )
         } else {
             let state = local_states.into_iter().next().expect("one limit");
-            let local = KeyedRateLimiter::from_parts(
+            KeyedRateLimiter::from_parts(
                 state,
                 parts.clock,
                 Some(parts.max_local_keys),
                 Mode::Empty,
-            );
-            (local, ScriptArgs::new(&parts.policy, parts.rate))
+            )
         };
+        let script_args = ScriptArgs::new(&limits);
         let metrics = Metrics::named(Some(match &parts.naming {
             Naming::Single { key, .. } => key,
             Naming::Keyed { prefix } => prefix.trim_end_matches(':'),
@@ -245,6 +250,7 @@ where
                 known: HashMap::new(),
                 overflow: [0; BUCKETS],
                 carrying: HashSet::new(),
+                late: HashMap::new(),
             }),
             carried: Notify::new(),
             carrying_all: AtomicBool::new(false),
@@ -328,10 +334,11 @@ where
 
     /// The Redis key of `key`, and what the script needs with it.
     pub(crate) fn target<Q: Display + ?Sized>(&self, key: &Q) -> ProbeTarget {
+        let late: Weak<dyn Late> = self.this.clone();
         ProbeTarget {
             key: self.redis_key(key),
             script_args: Arc::clone(&self.script_args),
-            rate: self.rate(),
+            late: Some(late),
         }
     }
 
@@ -475,28 +482,7 @@ where
 
     /// A state read from Redis, under the limits in force.
     fn snapshot_of(&self, stored: &Stored) -> Snapshot {
-        let now = stored.now_micros;
-        let templates = self.local.templates();
-        let snapshots =
-            stored
-                .limits
-                .iter()
-                .zip(&templates)
-                .enumerate()
-                .map(|(i, (limit, template))| {
-                    let state = Snapshot::stored_state(
-                        template,
-                        limit.stored_permits,
-                        limit.next_free_micros,
-                        limit.next_free_fraction,
-                        limit.rate,
-                        limit.max_permits,
-                        now,
-                    );
-                    Snapshot::of(&state, now, i)
-                });
-        Snapshot::binding(snapshots)
-            .unwrap_or_else(|| Snapshot::from_wait(Duration::ZERO, self.rate()))
+        stored.snapshot(&self.script_args)
     }
 
     /// A granted reply, as a reservation that gives itself back if dropped.
@@ -539,7 +525,7 @@ where
     async fn route<Q>(&self, key: &Q, target: &ProbeTarget) -> Route
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         // A key whose carry-back keeps failing to start (its runtime gone)
         // is served where it is held.
@@ -581,142 +567,6 @@ where
     async fn await_carry(&self, carried: impl Future<Output = ()>) {
         let bound = self.backend.response_timeout.saturating_mul(2);
         let _ = tokio::time::timeout(bound, carried).await;
-    }
-}
-
-impl<K, C, Q> Store<Q> for Failover<K, C>
-where
-    K: Borrow<Q> + Display + Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-    Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
-{
-    fn take(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Option<Duration>,
-        held: bool,
-    ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
-        Failover::take(self, key, permits, timeout, held)
-    }
-
-    async fn take_wait(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Option<Duration>,
-    ) -> Result<Option<Duration>, Error> {
-        let taken = Failover::take(self, key, permits, timeout, false).await?;
-        Ok(taken.map(Reservation::commit))
-    }
-
-    fn take_blocking(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Option<Duration>,
-    ) -> Result<Option<Duration>, Error> {
-        self.take_blocking_owned(key.to_owned(), permits, timeout)
-    }
-
-    fn next_free(&self, key: &Q) -> impl Future<Output = Result<Duration, Error>> + Send {
-        self.query(key)
-    }
-
-    fn snapshot(&self, key: &Q) -> impl Future<Output = Result<Snapshot, Error>> + Send {
-        self.status(key)
-    }
-}
-
-impl<K, C> Rate for Failover<K, C>
-where
-    K: Display + Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
-    fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
-        Failover::set_rate(self, permits_per_second)
-    }
-
-    fn rate(&self) -> f64 {
-        Failover::rate(self)
-    }
-
-    fn clock(&self) -> &dyn Clock {
-        self.local.clock()
-    }
-
-    fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
-    fn sleep_blocking(&self, wait: Duration) {
-        blocking_section(|| self.local.clock().sleep_blocking(wait));
-    }
-}
-
-impl<K, C: Clock> Failover<K, C> {
-    /// The Redis key, or the keys' prefix.
-    pub(crate) fn describe(&self) -> &str {
-        match &self.naming {
-            Naming::Single { key, .. } => key,
-            Naming::Keyed { prefix } => prefix,
-        }
-    }
-}
-
-impl<K, C> Recover for Failover<K, C>
-where
-    K: Display + Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
-    fn recovered(&self) {
-        if self.active.load(Ordering::Acquire) {
-            self.carry_all();
-        }
-    }
-}
-
-impl<K, C> GiveBackTo for Failover<K, C>
-where
-    K: Display + Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
-    fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
-    fn give_back(&self, taken: Taken) {
-        let (key, token) = match taken {
-            Taken::Boxed(taken) => {
-                match (taken as Box<dyn std::any::Any + Send + Sync>).downcast::<RedisKeyTaken>() {
-                    Ok(taken) => (taken.key, taken.token),
-                    Err(local) => return GiveBackTo::give_back(&self.local, Taken::Boxed(local)),
-                }
-            }
-            other => return GiveBackTo::give_back(&self.local, other),
-        };
-        let canceller = Canceller {
-            backend: Arc::clone(&self.backend),
-            target: ProbeTarget {
-                key,
-                script_args: Arc::clone(&self.script_args),
-                rate: self.rate(),
-            },
-        };
-        self.backend.spawn(canceller.cancel(token));
-    }
-
-    fn keep(&self, taken: Taken) {
-        match taken {
-            Taken::Boxed(taken) => {
-                if let Err(local) =
-                    (taken as Box<dyn std::any::Any + Send + Sync>).downcast::<RedisKeyTaken>()
-                {
-                    GiveBackTo::keep(&self.local, Taken::Boxed(local));
-                }
-            }
-            other => GiveBackTo::keep(&self.local, other),
-        }
     }
 }
 
