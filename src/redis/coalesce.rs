@@ -27,6 +27,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 
@@ -217,7 +218,9 @@ impl Ends for Coalescer {
 
 /// A caller's wait for the reply of its key's round trip, on a timer of
 /// its own: at most the response timeout, as a single call waits, however
-/// the other callers of the key are polled. Past it, the caller goes to its
+/// the other callers of the key are polled (or what is left of the
+/// caller's time, `budget`, after it waited for its key's carry-back: see
+/// [`send_within`](super::round_trip::send_within)). Past it, the caller goes to its
 /// fallback as a single call that timed out does (its part of Redis marked
 /// down); its request, left queued, is never sent, and one sent is given
 /// back when its reply comes. A reply that reaches the channel after the
@@ -226,13 +229,16 @@ pub(crate) async fn wait(
     backend: &Arc<Backend>,
     target: &ProbeTarget,
     waiting: Replied,
+    budget: Option<Duration>,
 ) -> Result<Reply, Failure> {
     let mut waiting = Waiting {
         replied: waiting,
         backend,
         target,
     };
-    let failure = match tokio::time::timeout(backend.response_timeout, &mut waiting.replied).await {
+    let budget = budget.filter(|budget| *budget < backend.response_timeout);
+    let limit = budget.unwrap_or(backend.response_timeout);
+    let failure = match tokio::time::timeout(limit, &mut waiting.replied).await {
         // The round trip it waited for, or its own, failed: its part of
         // Redis is down (marked here too, should it not be yet: it must be
         // before the caller is served by its fallback).
@@ -242,6 +248,13 @@ pub(crate) async fn wait(
         Ok(Err(_)) => {
             return Err(Failure::Down(Some(BackendError::new(format!(
                 "the round trip of key {} ended without a reply",
+                target.key
+            )))));
+        }
+        // The caller's time ran out, not Redis's: the fallback serves it.
+        Err(_) if budget.is_some() => {
+            return Err(Failure::Down(Some(BackendError::timeout(format!(
+                "the call's time ran out after it waited for key {} to be carried back",
                 target.key
             )))));
         }

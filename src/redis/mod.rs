@@ -79,7 +79,7 @@
 //! | The key vanishes (evicted, `FLUSHALL`, a failover to a replica that never got it) | a limiter idle for long: one full burst (bursty) or cold (warming-up) | at once |
 //! | The server's clock steps back / forward | time stands still for the key until the clock catches up / the step reads as idle time (at most one burst) | at once |
 //! | A process served from its fallback and then never called again | — | its keys' debt is carried into Redis in the background as soon as its backend sees Redis again (within about one probe interval), so other processes see it |
-//! | More keys than `max_local_keys` during one outage (or more known debts than that) | the fallback drops the least recently used keys; new keys open no earlier than the latest dropped ticket, and a debt that does not fit is kept per hash bucket: errs towards limiting | keys called within the dropped debt's span are charged up to it once |
+//! | More keys than `max_local_keys` during one outage (or more known debts than that) | the fallback drops the least recently used keys; new keys open no earlier than the latest dropped ticket, and a debt that does not fit is kept per hash bucket: errs towards limiting | keys called within the dropped debt's span are charged up to it once (by the first of its callers; the others wait for it) |
 //! | Two outages in a row | the second opens each key from the debt Redis reports after the first one's carry-back, not from a stale local debt | as above |
 //! | One Redis Cluster node down or hung | the fallback for the limiters and keys in that node's slots only, whether each limiter has a backend of its own or they share a `RedisBackend` or a keyed limiter. The first call that finds the node down marks its slot; the probe then reads the slot map and marks the node's other slots, so their calls do not each wait for `response_timeout` (see "Cluster client timeouts" below) | when the script works on that node (probed there only, so other nodes' outages do not hold it back) |
 //!
@@ -93,8 +93,10 @@
 //! - **Back to Redis**, a key the fallback served is carried back before any
 //!   call of it reaches Redis again: one resume call adds what the fallback
 //!   granted beyond what Redis knew (scaled by `local_fraction`) and drops the
-//!   permits the key had stored; callers of that key wait for it (one round
-//!   trip). A background task, started when the backend recovers, carries the
+//!   permits the key had stored; callers of that key wait for it, within
+//!   their `response_timeout` in all (a caller whose time runs out is
+//!   served by the fallback, which holds the key until its debt is in
+//!   Redis). A background task, started when the backend recovers, carries the
 //!   keys nobody calls. Under `Fallback::FailOpen` the resume carries no debt
 //!   but still drops the stored permits, so nothing bursts after an outage.
 //! - **Nothing twice**: the fallback forgets a key only once its debt is in

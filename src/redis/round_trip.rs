@@ -144,12 +144,28 @@ pub(crate) async fn send(
     call: Call,
     lead: Option<Lead>,
 ) -> Result<Reply, Failure> {
+    send_within(backend, target, call, lead, None).await
+}
+
+/// [`send`], bounded by what is left of its caller's time (`budget`, when
+/// shorter than the response timeout) rather than by the response timeout:
+/// a round trip that outlives it serves the caller from the fallback
+/// without marking Redis down (it was not given its full time), and is
+/// awaited in the background as any abandoned round trip.
+pub(crate) async fn send_within(
+    backend: &Arc<Backend>,
+    target: &ProbeTarget,
+    call: Call,
+    lead: Option<Lead>,
+    budget: Option<Duration>,
+) -> Result<Reply, Failure> {
     let gives_back = matches!(call, Call::Reserve(_));
     run(
         backend,
         target,
         gives_back,
         lead,
+        budget,
         move |mut connection, key, args| async move {
             script::invoke(&mut connection, &key, &call, &args).await
         },
@@ -171,6 +187,7 @@ pub(crate) async fn send_batch(
         target,
         true,
         Some(lead),
+        None,
         move |mut connection, key, args| async move {
             script::invoke_batch(&mut connection, &key, &call, &args).await
         },
@@ -188,6 +205,7 @@ pub(crate) async fn send_status(
         backend,
         target,
         false,
+        None,
         None,
         move |mut connection, key, args| async move {
             script::invoke_status(&mut connection, &key, &args).await
@@ -234,12 +252,13 @@ impl Tokens for Vec<Reply> {
 
 /// The body of [`send`] and [`send_batch`]: `call` makes the round trip on
 /// a connection. `gives_back`: a reply abandoned by its caller holds
-/// reservations to give back.
+/// reservations to give back. `budget`: see [`send_within`].
 async fn run<T, F, R>(
     backend: &Arc<Backend>,
     target: &ProbeTarget,
     gives_back: bool,
     lead: Option<Lead>,
+    budget: Option<Duration>,
     call: F,
 ) -> Result<T, Failure>
 where
@@ -286,7 +305,9 @@ where
         })),
         canceller,
     };
-    let failure = match tokio::time::timeout(backend.response_timeout, in_flight.reply()).await {
+    let budget = budget.filter(|budget| *budget < backend.response_timeout);
+    let limit = budget.unwrap_or(backend.response_timeout);
+    let failure = match tokio::time::timeout(limit, in_flight.reply()).await {
         Ok(Ok(reply)) => return Ok(reply),
         Ok(Err(e)) if script::is_data_error(&e) => {
             return Err(Failure::Refused(Error::Backend(
@@ -299,6 +320,13 @@ where
             BackendError::new(format!("Redis failed the call on key {}", target.key))
                 .with_source(e)
                 .with_timeout(timed_out)
+        }
+        // The caller's time ran out, not Redis's: the fallback serves it.
+        Err(_) if budget.is_some() => {
+            return Err(Failure::Down(Some(BackendError::timeout(format!(
+                "the call's time ran out after it waited for key {} to be carried back",
+                target.key
+            )))));
         }
         Err(_) => BackendError::timeout(format!(
             "Redis did not answer within {:?} (key {})",

@@ -12,12 +12,14 @@ where
     /// Serves `key` from the fallback (or fails open or closed): opens the
     /// key at its floor and runs `serve` on the local limiter, under the
     /// lock. `Err` with a wake-up to await if the key is being carried back
-    /// (the caller then routes again).
+    /// and the caller is `patient` (it then routes again); an impatient one
+    /// is served here, where the key is held until its debt is in Redis.
     pub(super) fn serve_locally<'a, Q>(
         &'a self,
         key: &Q,
         target: &ProbeTarget,
         failure: Option<BackendError>,
+        patient: bool,
         serve: impl FnOnce(&'a KeyedRateLimiter<K, C>) -> Result<Option<Reservation<'a>>, Error>,
     ) -> Result<Result<Option<Reservation<'a>>, Error>, Carried<'a>>
     where
@@ -29,7 +31,7 @@ where
             return Ok(Err(self.closed_error(failure)));
         }
         let books = self.books();
-        if books.carrying.contains(key) {
+        if patient && books.carrying.contains(key) {
             let carried = self.carried.notified();
             drop(books);
             return Err(Box::pin(carried));
@@ -56,11 +58,13 @@ where
     }
 
     /// The wait of `key` while its part of Redis is down: the fallback's if
-    /// it holds the key, its floor otherwise (nothing is opened).
+    /// it holds the key, its floor otherwise (nothing is opened); for a
+    /// `patient` caller, once any carry-back of the key has ended.
     pub(super) fn query_locally<'a, Q>(
         &'a self,
         key: &Q,
         failure: Option<BackendError>,
+        patient: bool,
     ) -> Result<Result<Duration, Error>, Carried<'a>>
     where
         K: Borrow<Q>,
@@ -73,7 +77,7 @@ where
             Fallback::Local => {}
         }
         let books = self.books();
-        if books.carrying.contains(key) {
+        if patient && books.carrying.contains(key) {
             let carried = self.carried.notified();
             drop(books);
             return Err(Box::pin(carried));
@@ -93,12 +97,13 @@ where
         &'a self,
         key: &Q,
         failure: Option<BackendError>,
+        patient: bool,
     ) -> Result<Result<Snapshot, Error>, Carried<'a>>
     where
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ?Sized,
     {
-        let wait = match self.query_locally(key, failure)? {
+        let wait = match self.query_locally(key, failure, patient)? {
             Ok(wait) => wait,
             Err(error) => return Ok(Err(error)),
         };
@@ -220,30 +225,60 @@ where
 
     /// After an outage in which the fallback dropped keys with debts: the
     /// first call of a key whose debt Redis reported ends before the
-    /// latest dropped ticket is charged up to it (once: Redis then reports
-    /// the debt).
-    pub(super) async fn charge_floor<Q>(&self, key: &Q, target: &ProbeTarget) -> Result<(), Failure>
+    /// latest dropped ticket is charged up to it, once: the key is marked
+    /// as being carried meanwhile, and its other callers wait for it (as
+    /// for a carry-back), then find its debt noted from Redis's reply.
+    pub(super) async fn charge_floor<'a, Q>(
+        &'a self,
+        key: &Q,
+        target: &ProbeTarget,
+        budget: Option<Duration>,
+    ) -> Floor<'a>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let dropped = self.local.dropped_until();
         if dropped == 0 || self.fallback != Fallback::Local || dropped <= self.now() {
-            return Ok(());
+            return Floor::Charged;
         }
-        let known = self.now().max(self.known_exactly(key));
-        if dropped <= known {
-            return Ok(());
-        }
+        let marked = {
+            let mut books = self.books();
+            if books.carrying.contains(key) {
+                let charging = self.carried.notified();
+                drop(books);
+                return Floor::Busy(Box::pin(charging));
+            }
+            // A key not known exactly goes by its bucket, where its own
+            // charge is noted too: it is charged once either way (a key
+            // whose bucket holds a later debt of another is not charged).
+            let known = match books.known.get(key) {
+                Some(&until) => until,
+                None => books.overflow[self.bucket(key)],
+            };
+            let known = self.now().max(known);
+            let Some(failover) = self.this.upgrade().filter(|_| dropped > known) else {
+                return Floor::Charged;
+            };
+            books.carrying.insert(key.to_owned());
+            let marked = Marked {
+                failover,
+                key: key.to_owned(),
+            };
+            (marked, known)
+        };
+        let (marked, known) = marked;
         // The same for every limit.
         let debt = self.at_shared_rate(dropped - known);
         let resume = Call::Resume {
             debts_micros: vec![debt; self.script_args.len()].into(),
         };
-        match self.send(key, target, resume).await {
-            Ok(_) | Err(Failure::Refused(_)) => Ok(()),
-            Err(down) => Err(down),
-        }
+        let charged = match self.send(key, target, resume, budget).await {
+            Ok(_) | Err(Failure::Refused(_)) => Floor::Charged,
+            Err(Failure::Down(failure)) => Floor::Down(failure),
+        };
+        drop(marked);
+        charged
     }
 
     /// Time at the local rate, as time at the shared rate (the same permits
@@ -298,7 +333,7 @@ where
             let resume = Call::Resume {
                 debts_micros: debts,
             };
-            match self.send(key, &target, resume).await {
+            match self.send(key, &target, resume, None).await {
                 Ok(_) => {
                     if self.local.forget_if_paid(key, ticket) {
                         break;

@@ -54,7 +54,7 @@ use super::coalesce::{self, Coalescer, Joined};
 use super::health::Zone;
 use super::naming;
 use super::reply::{Reply, Stored};
-use super::round_trip::{Canceller, Failure, send, send_status};
+use super::round_trip::{Canceller, Failure, send_status, send_within};
 use super::runtime::blocking_section;
 use super::script::{Call, Request, ScriptArgs, Token};
 use crate::clock::Clock;
@@ -77,8 +77,9 @@ pub(crate) enum Naming {
 /// How many buckets hold the known debts that do not fit in memory.
 const BUCKETS: usize = 64;
 
-/// How many times a call waits for its key's carry-back before it is
-/// served by the fallback, which still holds the key.
+/// How many times a call looks at its key's carry-back before it is served
+/// by the fallback, which still holds the key (its whole wait for it is
+/// bounded by the response timeout too: see [`Patience`]).
 const MAX_CARRY_WAITS: usize = 8;
 
 /// How many keys are carried back at once in the background.
@@ -165,6 +166,49 @@ impl<K: Hash + Eq, C: Clock> Drop for Marked<K, C> {
             .remove(&self.key);
         self.failover.carried.notify_waiters();
     }
+}
+
+/// How long a call may wait for its key's carry-back: until the response
+/// timeout from its start, so that it returns within it. Past that, the
+/// fallback (which holds the key until its debt is in Redis) serves it; a
+/// call that waited goes to Redis with what is left.
+struct Patience {
+    deadline: tokio::time::Instant,
+    waited: bool,
+}
+
+impl Patience {
+    fn new(response_timeout: Duration) -> Patience {
+        Patience {
+            deadline: tokio::time::Instant::now() + response_timeout,
+            waited: false,
+        }
+    }
+
+    /// Whether the call's time is up.
+    fn out(&self) -> bool {
+        tokio::time::Instant::now() >= self.deadline
+    }
+
+    /// What is left for a round trip, if the call waited (else it has the
+    /// whole response timeout, as any).
+    fn budget(&self) -> Option<Duration> {
+        self.waited.then(|| {
+            self.deadline
+                .saturating_duration_since(tokio::time::Instant::now())
+        })
+    }
+}
+
+/// What a key's floor asks of a call after an outage (see
+/// `charge_floor`).
+pub(super) enum Floor<'a> {
+    /// Nothing more: the call goes to Redis.
+    Charged,
+    /// Another call of the key is charging it: wait for that.
+    Busy(Carried<'a>),
+    /// Redis is down: the fallback serves the call.
+    Down(Option<BackendError>),
 }
 
 /// Where a call goes.
@@ -373,15 +417,21 @@ where
         Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
         let target = self.target(key);
+        let mut patience = Patience::new(self.backend.response_timeout);
         loop {
-            let failure = match self.route(key, &target).await {
+            let failure = match self.route(key, &target, &mut patience).await {
                 Route::Redis => {
+                    // A call that waited for its key's carry-back has less
+                    // than the response timeout left; should its reply
+                    // come too late, the fallback serves it and its
+                    // reservation is given back (held: it has an id if it
+                    // waits).
                     let call = Call::Reserve(Request {
                         permits,
                         timeout,
-                        held,
+                        held: held || patience.waited,
                     });
-                    match self.send(key, &target, call).await {
+                    match self.send(key, &target, call, patience.budget()).await {
                         Ok(reply) => return Ok(self.granted(reply, &target)),
                         Err(Failure::Refused(error)) => return Err(error),
                         Err(Failure::Down(failure)) => failure,
@@ -389,12 +439,12 @@ where
                 }
                 Route::Local(failure) => failure,
             };
-            let served = self.serve_locally(key, &target, failure, |local| {
+            let served = self.serve_locally(key, &target, failure, !patience.out(), |local| {
                 Ok(Now::take_now(local, key, permits, timeout))
             });
             match served {
                 Ok(result) => return result,
-                Err(carried) => self.await_carry(carried).await,
+                Err(carried) => self.await_carry(carried, &mut patience).await,
             }
         }
     }
@@ -422,11 +472,11 @@ where
     {
         self.read(
             key,
-            |target| async move {
-                let reply = self.send(key, &target, Call::Query).await?;
+            |target, budget| async move {
+                let reply = self.send(key, &target, Call::Query, budget).await?;
                 Ok(reply.wait.unwrap_or_default())
             },
-            |failure| self.query_locally(key, failure),
+            |failure, patient| self.query_locally(key, failure, patient),
         )
         .await
     }
@@ -440,11 +490,11 @@ where
     {
         self.read(
             key,
-            |target| async move {
+            |target, _| async move {
                 let stored = send_status(&self.backend, &target).await?;
                 Ok(self.snapshot_of(&stored))
             },
-            |failure| self.snapshot_locally(key, failure),
+            |failure, patient| self.snapshot_locally(key, failure, patient),
         )
         .await
     }
@@ -455,8 +505,8 @@ where
     async fn read<'a, Q, T, R>(
         &'a self,
         key: &Q,
-        remote: impl Fn(ProbeTarget) -> R,
-        local: impl Fn(Option<BackendError>) -> Result<Result<T, Error>, Carried<'a>>,
+        remote: impl Fn(ProbeTarget, Option<Duration>) -> R,
+        local: impl Fn(Option<BackendError>, bool) -> Result<Result<T, Error>, Carried<'a>>,
     ) -> Result<T, Error>
     where
         K: Borrow<Q>,
@@ -464,18 +514,19 @@ where
         R: Future<Output = Result<T, Failure>>,
     {
         let target = self.target(key);
+        let mut patience = Patience::new(self.backend.response_timeout);
         loop {
-            let failure = match self.route(key, &target).await {
-                Route::Redis => match remote(target.clone()).await {
+            let failure = match self.route(key, &target, &mut patience).await {
+                Route::Redis => match remote(target.clone(), patience.budget()).await {
                     Ok(answer) => return Ok(answer),
                     Err(Failure::Refused(error)) => return Err(error),
                     Err(Failure::Down(failure)) => failure,
                 },
                 Route::Local(failure) => failure,
             };
-            match local(failure) {
+            match local(failure, !patience.out()) {
                 Ok(result) => return result,
-                Err(carried) => self.await_carry(carried).await,
+                Err(carried) => self.await_carry(carried, &mut patience).await,
             }
         }
     }
@@ -501,19 +552,27 @@ where
         Some(Reservation::new(wait, self.local.clock(), pending).for_limit(reply.limit))
     }
 
-    /// One call for `key` to Redis (see [`send`]), noting the debt it
-    /// reports.
-    async fn send<Q>(&self, key: &Q, target: &ProbeTarget, call: Call) -> Result<Reply, Failure>
+    /// One call for `key` to Redis (see [`send_within`]), noting the debt
+    /// it reports. `budget`: what is left of the caller's time, if it
+    /// waited for its key's carry-back.
+    async fn send<Q>(
+        &self,
+        key: &Q,
+        target: &ProbeTarget,
+        call: Call,
+        budget: Option<Duration>,
+    ) -> Result<Reply, Failure>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        let backend = &self.backend;
         let reply = match (&self.coalescer, &call) {
             (Some(coalescer), Call::Reserve(request)) => match coalescer.join(target, *request) {
-                Joined::Waiting(waiting) => coalesce::wait(&self.backend, target, waiting).await,
-                Joined::Alone => send(&self.backend, target, call, None).await,
+                Joined::Waiting(waiting) => coalesce::wait(backend, target, waiting, budget).await,
+                Joined::Alone => send_within(backend, target, call, None, budget).await,
             },
-            _ => send(&self.backend, target, call, None).await,
+            _ => send_within(backend, target, call, None, budget).await,
         }?;
         self.note_debt(key, reply.debt_micros);
         Ok(reply)
@@ -521,8 +580,9 @@ where
 
     /// Where a call of `key` goes: to the fallback while its part of Redis
     /// is down; otherwise to Redis, once anything the fallback holds for
-    /// the key has been carried back.
-    async fn route<Q>(&self, key: &Q, target: &ProbeTarget) -> Route
+    /// the key has been carried back (waiting for that at most the call's
+    /// `patience`: past it, to the fallback, which still holds the key).
+    async fn route<Q>(&self, key: &Q, target: &ProbeTarget, patience: &mut Patience) -> Route
     where
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -530,7 +590,7 @@ where
         // A key whose carry-back keeps failing to start (its runtime gone)
         // is served where it is held.
         for _ in 0..MAX_CARRY_WAITS {
-            if self.is_down(target) {
+            if self.is_down(target) || patience.out() {
                 return Route::Local(None);
             }
             if self.active.load(Ordering::Acquire) {
@@ -550,23 +610,28 @@ where
                     }
                 };
                 if let Some(carried) = carried {
-                    self.await_carry(carried).await;
+                    self.await_carry(Box::pin(carried), patience).await;
                     continue;
                 }
             }
-            if let Err(Failure::Down(failure)) = self.charge_floor(key, target).await {
-                return Route::Local(failure);
+            match self.charge_floor(key, target, patience.budget()).await {
+                Floor::Charged => return Route::Redis,
+                // Another call of the key charges it: once it has, to
+                // Redis (whose debt then includes it).
+                Floor::Busy(charging) => {
+                    self.await_carry(charging, patience).await;
+                    return Route::Redis;
+                }
+                Floor::Down(failure) => return Route::Local(failure),
             }
-            return Route::Redis;
         }
         Route::Local(None)
     }
 
-    /// Waits for a carry-back to end: at most a round trip (bounded again
-    /// here, should a wake-up be missed).
-    async fn await_carry(&self, carried: impl Future<Output = ()>) {
-        let bound = self.backend.response_timeout.saturating_mul(2);
-        let _ = tokio::time::timeout(bound, carried).await;
+    /// Waits for a carry-back to end, at most until the call's time is up.
+    async fn await_carry(&self, carried: Carried<'_>, patience: &mut Patience) {
+        patience.waited = true;
+        let _ = tokio::time::timeout_at(patience.deadline, carried).await;
     }
 }
 
