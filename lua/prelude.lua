@@ -21,10 +21,14 @@ local TTL_CAP_MS = 9007199254740 -- floor(2^53 / 1000)
 local TTL_MAX_SLACK_MS = 1000
 -- The value (see Value in the protocol).
 local MARKER = 'plv1'
-local HEAD = 36 -- the marker and the head's four doubles
+local HEAD = 36 -- the marker and the hot part's head: four doubles
 local MAX_LIMITS = 16
-local SHAPE = 32 -- shape = limits + SHAPE * logged requests
+-- shape = limits + SHAPE * logged requests + BOUND * (the record's bound + 1)
+local SHAPE = 32
+local LOGGED = 65 -- SHAPE * LOGGED = BOUND
+local BOUND = 2080
 local LOG_CAPACITY = 64 -- the most requests the log keeps
+local DEAD_CAPACITY = 16 -- the most requests kept in the value after they left the log
 local BATCH_CAPACITY = 1024 -- the most requests in one batch
 local BAD = 'ERR paceline: %s (got "%s")'
 -- (One literal: a concatenation would run on every call.)
@@ -128,6 +132,8 @@ elseif mode == 'cancel' then
         return redis.error_reply(string.format(BAD, 'ARGV[2] of a cancel must be the id a held '
             .. 'reservation\'s reply gave, an integer from 0 to 2^53 - 1', string.sub(arg2, 1, 40)))
     end
+elseif arg2 == '0' then
+    timeout = 0
 elseif arg2 ~= '-1' then
     timeout = tonumber(arg2)
     if not (timeout and timeout >= -1 and timeout % 1 == 0) then
@@ -231,73 +237,84 @@ local now = time_micros
 -- propagates: nothing is written.
 ---------------------------------------------------------------------------
 
--- Each limit's state: stored_permits, next_free_micros, next_free_fraction,
--- and the rate and max_permits it was last charged at (S: 5 per limit).
+-- Each limit's state: stored_permits, next_free_micros, next_free_fraction
+-- (S: 3 per limit), and the rate and max_permits it was last charged at
+-- (O: after the TTL's end, `expires`, 2 per limit, from O[2]).
 -- The log (see Log): `count` requests; the limits' states before the
 -- first (bst, bnf, bfr; B, laid out as S); the requests from byte `log_at`
--- of the value, 4 doubles each, the first read: its id, permits, now and
--- moment (`front`).
+-- of the value (`dead` requests that left it before), 4 doubles each, the
+-- first read: its id, permits, now and moment (`front`). `whole`: the value
+-- is written whole, not only its hot part (see Value).
 local st, nf, fr, ort, omx
-local S, B
+local S, O, B
 local bst, bnf, bfr
 local key = KEYS[1]
 local value = redis.call('GET', key)
-local expires, next_id, count, size, held_n = 0, 0, 0, 0, 0
-local log_at, front_id, front_p, front_at, front
+local expires, next_id, count, size, held_n, dead = 0, 0, 0, 0, 0, 0
+local log_from, log_at, front_id, front_p, front_at, front
 if value then
     size = #value
-    local marker, shape, last_now
-    if size >= HEAD + 56 then
-        marker, shape, expires, last_now, next_id, st, nf, fr, ort, omx =
-            struct.unpack('<c4ddddddddd', value)
+    local marker, shape, last_now, _
+    if size >= 84 then
+        marker, shape, last_now, next_id, _, st, nf, fr, expires, ort, omx =
+            struct.unpack('<c4dddddddddd', value)
     end
-    -- The head, and the first limit. (NaN fails every comparison.)
-    local ok = marker == MARKER and expires >= 0 and expires < INFINITY
+    -- The head. (NaN fails every comparison.)
+    local ok = marker == MARKER
         and last_now >= 0 and last_now <= MAX_MICROS and last_now % 1 == 0
         and next_id >= 0 and next_id < MAX_MICROS and next_id % 1 == 0
-        and omx >= 0 and omx < INFINITY and st >= 0 and st <= omx
-        and nf >= 0 and nf <= MAX_MICROS and nf % 1 == 0
-        and fr >= 0 and fr < FRACTION_ONE and fr % 1 == 0 and ort > 0
-    if ok and shape == 1 then
-        held_n, ok = 1, size == HEAD + 56
-    elseif ok and shape >= 1 and shape % 1 == 0 then
+    local at = 84
+    if not ok then
+    elseif size == at and (shape == 1 or shape == 1 + BOUND) then
+        -- (One limit, nothing logged.)
+        held_n = 1
+    elseif shape >= 1 and shape < 17 * BOUND and shape % 1 == 0 then
         held_n = shape % SHAPE
-        count = (shape - held_n) / SHAPE
+        count = (shape - held_n) / SHAPE % LOGGED
+        at = 44 + 40 * held_n
         ok = held_n >= 1 and held_n <= MAX_LIMITS and count <= LOG_CAPACITY
-            and size == HEAD + 16 + 40 * held_n + (count > 0 and 24 * held_n + 32 * count or 0)
+        if count == 0 then
+            ok = ok and size == at
+        elseif ok and size >= at + 8 then
+            dead = struct.unpack('<d', value, at + 1)
+            ok = dead >= 0 and dead <= DEAD_CAPACITY and dead % 1 == 0
+                and size == at + 8 + 24 * held_n + 32 * (dead + count)
+        else
+            ok = false
+        end
     else
         ok = false
     end
-    -- The other limits.
+    -- The limits.
     if ok and (held_n > 1 or n > 1) then
-        S = {struct.unpack('<' .. string.rep('d', 5 * held_n), value, HEAD + 1)}
-        for k = 6, 5 * held_n, 5 do
-            local s, t, f, r, m = S[k], S[k + 1], S[k + 2], S[k + 3], S[k + 4]
-            ok = ok and m >= 0 and m < INFINITY and s >= 0 and s <= m
-                and t >= 0 and t <= MAX_MICROS and t % 1 == 0
-                and f >= 0 and f < FRACTION_ONE and f % 1 == 0 and r > 0
-        end
-        if n == 1 then S = nil end
+        S = {struct.unpack(string.rep('<d', 3 * held_n), value, HEAD + 1)}
+        O = {struct.unpack(string.rep('<d', 1 + 2 * held_n), value, HEAD + 1 + 24 * held_n)}
+        st, nf, fr, expires, ort, omx = S[1], S[2], S[3], O[1], O[2], O[3]
     end
+    ok = ok and expires >= 0 and expires < INFINITY and omx >= 0 and omx < INFINITY and st >= 0
+        and st <= omx and nf >= 0 and nf <= MAX_MICROS and nf % 1 == 0
+        and fr >= 0 and fr < FRACTION_ONE and fr % 1 == 0 and ort > 0
+    for i = 2, S and held_n or 0 do
+        local s, t, f, r, m = S[3 * i - 2], S[3 * i - 1], S[3 * i], O[2 * i], O[2 * i + 1]
+        ok = ok and m >= 0 and m < INFINITY and s >= 0 and s <= m and t >= 0 and t <= MAX_MICROS
+            and t % 1 == 0 and f >= 0 and f < FRACTION_ONE and f % 1 == 0 and r > 0
+    end
+    if n == 1 then S, O = nil, nil end
     -- A value with another number of limits keeps its limits by position
     -- (those it lacks start full, below; those past n go) and loses its log.
     if held_n ~= n then count = 0 end
     if ok and count > 0 then
         -- The states before the log's first request, then that request.
-        local at = HEAD + 16 + 40 * n + 1
-        log_at = at + 24 * n
+        at = at + 9
+        log_from = at + 24 * n
+        log_at = log_from + 32 * dead
         if n == 1 then
             bst, bnf, bfr = struct.unpack('<ddd', value, at)
         else
-            local base = {struct.unpack('<' .. string.rep('d', 3 * n), value, at)}
-            B = {}
-            for i = 1, n do
-                B[5 * i - 4], B[5 * i - 3], B[5 * i - 2] = base[3 * i - 2], base[3 * i - 1], base[3 * i]
-                B[5 * i - 1], B[5 * i] = S[5 * i - 1], S[5 * i]
-            end
+            B = {struct.unpack(string.rep('<d', 3 * n), value, at)}
         end
         for i = 1, n do
-            if B then bst, bnf, bfr = B[5 * i - 4], B[5 * i - 3], B[5 * i - 2] end
+            if B then bst, bnf, bfr = B[3 * i - 2], B[3 * i - 1], B[3 * i] end
             ok = ok and bst >= 0 and bst <= F64_MAX and bnf >= 0 and bnf <= MAX_MICROS and bnf % 1 == 0
                 and bfr >= 0 and bfr < FRACTION_ONE and bfr % 1 == 0
         end
@@ -311,12 +328,13 @@ if value then
     -- The clock never runs backwards for a key.
     if last_now > now then now = last_now end
 end
+local whole, logged_as_read = held_n ~= n, count
 -- Missing (or a limit the value lacks): idle for a long time, i.e. full.
 if held_n == 0 then st, nf, fr, ort, omx = mx, now, 0, rate, mx end
 if n > 1 then
-    S = S or {}
+    S, O = S or {}, O or {expires}
     for i = held_n + 1, n do
         local c = 8 * i - 8
-        S[5 * i - 4], S[5 * i - 3], S[5 * i - 2], S[5 * i - 1], S[5 * i] = C[c + 5], now, 0, C[c + 1], C[c + 5]
+        S[3 * i - 2], S[3 * i - 1], S[3 * i], O[2 * i], O[2 * i + 1] = C[c + 5], now, 0, C[c + 1], C[c + 5]
     end
 end

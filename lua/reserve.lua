@@ -9,13 +9,13 @@
 -- missing key, read at the rates in force).
 if (n > 1 or ort ~= rate or omx ~= mx) and mode ~= 'cancel' and mode ~= 'probe' then
     for i = 1, n do
-        local k, c = 5 * i - 5, 8 * i - 8
+        local k, c = 3 * i - 3, 8 * i - 8
         if n > 1 then
-            rate, mx, ort, omx = C[c + 1], C[c + 5], S[k + 4], S[k + 5]
+            rate, mx, ort, omx = C[c + 1], C[c + 5], O[2 * i], O[2 * i + 1]
         end
         if ort ~= rate or omx ~= mx then
             if n > 1 then bursty, pmicros, st, nf, fr = C[c + 2], C[c + 3], S[k + 1], S[k + 2], S[k + 3] end
-            count, log_at = 0, nil
+            count, log_at, whole = 0, nil, true
             local old_stable = 1000000.0 / ort
             if old_stable > MAX_MICROS then old_stable = MAX_MICROS end
             -- State::resync at the old stable interval and max_permits
@@ -38,9 +38,18 @@ if (n > 1 or ort ~= rate or omx ~= mx) and mode ~= 'cancel' and mode ~= 'probe' 
                 st = st / omx * mx
             end
             ort, omx = rate, mx
-            if n > 1 then S[k + 1], S[k + 2], S[k + 3], S[k + 4], S[k + 5] = st, nf, fr, ort, omx end
+            if n > 1 then S[k + 1], S[k + 2], S[k + 3], O[2 * i], O[2 * i + 1] = st, nf, fr, ort, omx end
         end
     end
+end
+
+-- STATUS: the clock, then each limit's state at the rates in force, for a
+-- snapshot: three doubles per limit, stored_permits, next_free_micros,
+-- next_free_fraction (a limit the value lacks, or a missing key, as it
+-- starts). Writes nothing.
+if mode == 'status' then
+    if n == 1 then return struct.pack('<dddd', now, st, nf, fr) end
+    return struct.pack(string.rep('<d', 1 + 3 * n), now, unpack(S, 1, 3 * n))
 end
 
 -- The requests this call adds to the log (see Log), packed, from
@@ -66,7 +75,44 @@ if R then replies, needs = {}, {} end
 -- left the log meanwhile into its base (Limits::fold_oldest). `Q`: a
 -- pass's logged requests (id, permits and now each), charged again.
 local Q, on_base, steps, pass, r = nil, false, 1, 1, 0
-if not mode then
+if not mode and n == 1 and count == 0 and not held then
+    -- One reservation of one limit that logs nothing: Limits::reserve_at
+    -- is State::reserve, the loop's steps below for one request, inline
+    -- (the most common call, at a third of the loop's overhead).
+    local moment, bound = now, -1
+    if nf > moment then moment, bound = nf, 0 end
+    if timeout >= 0 and moment - now > timeout then return struct.pack('<dddd', now, st, nf, fr) end
+    if moment > nf then
+        local stored = st + ((moment - nf) - fr / FRACTION_ONE) / cd
+        if stored > mx then stored = mx end
+        st, nf, fr = stored, moment, 0
+    end
+    local spend = permits
+    if st < spend then spend = st end
+    local wait = (permits - spend) * stable
+    if not bursty then
+        local above, micros, spent = st - thr, 0.0, spend
+        if above > 0.0 then
+            local take = above
+            if spent < take then take = spent end
+            micros = take * ((stable + above * slope) + (stable + (above - take) * slope)) / 2.0
+            spent = spent - take
+        end
+        wait = micros + stable * spent + wait
+    end
+    if wait < FINE_CHARGE_LIMIT then
+        wait = wait * FRACTION_ONE + 0.5
+        wait = wait - wait % 1 + fr
+        fr = wait % FRACTION_ONE
+        wait = (wait - fr) / FRACTION_ONE
+    elseif wait < MAX_MICROS then
+        wait = wait - wait % 1
+    else
+        wait = MAX_MICROS
+    end
+    nf, st, moment_r, bound_r, steps = nf + wait, st - spend, moment, bound, 0
+    if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
+elseif not mode then
     -- (One reservation.)
 elseif E then
     Q, on_base = {}, true
@@ -94,7 +140,7 @@ while true do
             if n == 1 then
                 st, nf, fr = bst, bnf, bfr
             else
-                for k = 1, 5 * n do S[k] = B[k] end
+                for k = 1, 3 * n do S[k] = B[k] end
             end
             Q, on_base = {}, false
             for j = first, 4 * count, 4 do
@@ -132,7 +178,7 @@ while true do
         if nf > moment then moment, bound = nf, 0 end
     else
         for i = 1, n do
-            if S[5 * i - 3] > moment then moment, bound = S[5 * i - 3], i - 1 end
+            if S[3 * i - 1] > moment then moment, bound = S[3 * i - 1], i - 1 end
         end
     end
 
@@ -180,8 +226,7 @@ while true do
                 if n == 1 then
                     bst, bnf, bfr = st, nf, fr
                 else
-                    B = {}
-                    for k = 1, 5 * n do B[k] = S[k] end
+                    B = {unpack(S, 1, 3 * n)}
                 end
                 front_id, front_p, front_at, front = id, p, at, moment
             end
@@ -197,7 +242,7 @@ while true do
         -- Limits::resume of one limit: its ticket at least up to now, no
         -- stored permits, then its debt; a ticket that reaches 2^53 is 2^53,
         -- with no fraction (as in State::charge).
-        local k = 5 * limit - 4
+        local k = 3 * limit - 2
         if n > 1 then st, nf, fr = S[k], S[k + 1], S[k + 2] end
         if at > nf then nf, fr = at, 0 end
         st = 0.0
@@ -210,7 +255,7 @@ while true do
         -- first, charge the rest as fresh ones, push the ticket).
         for i = 1, n do
             if n > 1 then
-                local c, k = 8 * i - 8, 5 * i - 4
+                local c, k = 8 * i - 8, 3 * i - 2
                 bursty, stable, mx, thr, slope, cd = C[c + 2], C[c + 4], C[c + 5], C[c + 6], C[c + 7], C[c + 8]
                 st, nf, fr = S[k], S[k + 1], S[k + 2]
             end
@@ -260,7 +305,7 @@ while true do
             nf = nf + wait
             if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
             st = st - spend
-            if n > 1 then S[5 * i - 4], S[5 * i - 3], S[5 * i - 2] = st, nf, fr end
+            if n > 1 then S[3 * i - 2], S[3 * i - 1], S[3 * i] = st, nf, fr end
         end
     end
 
@@ -279,7 +324,7 @@ while true do
                 need = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
             else
                 for i = 1, n do
-                    local c, k = 8 * i - 8, 5 * i - 4
+                    local c, k = 8 * i - 8, 3 * i - 2
                     local limit = (S[k + 1] - time_micros) / 1000 + (C[c + 5] - S[k]) * C[c + 8] / 1000
                     if i == 1 or limit > need then need = limit end
                 end
@@ -289,8 +334,8 @@ while true do
     elseif not granted then
         -- A refused try: the limits' states as read, with the clock, as a
         -- status replies them (see Reply).
-        if n == 1 then return struct.pack('<dddddd', now, st, nf, fr, ort, omx) end
-        return struct.pack('<' .. string.rep('d', 1 + 5 * n), now, unpack(S, 1, 5 * n))
+        if n == 1 then return struct.pack('<dddd', now, st, nf, fr) end
+        return struct.pack(string.rep('<d', 1 + 3 * n), now, unpack(S, 1, 3 * n))
     elseif not limit then
         moment_r, bound_r = moment, bound
     end

@@ -6,11 +6,11 @@ if replies then
     local k = #replies
     replies[k + 1] = now
     if n == 1 then
-        replies[k + 2], replies[k + 3], replies[k + 4], replies[k + 5], replies[k + 6] = st, nf, fr, ort, omx
+        replies[k + 2], replies[k + 3], replies[k + 4] = st, nf, fr
     else
-        for j = 1, 5 * n do replies[k + 1 + j] = S[j] end
+        for j = 1, 3 * n do replies[k + 1 + j] = S[j] end
     end
-    replies = struct.pack('<' .. string.rep('d', #replies), unpack(replies))
+    replies = struct.pack(string.rep('<d', #replies), unpack(replies))
     -- None granted (every try refused): nothing is written.
     if not writes then return replies end
 end
@@ -31,7 +31,7 @@ elseif n == 1 then
     ttl_ms = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
 else
     for i = 1, n do
-        local c, k = 8 * i - 8, 5 * i - 4
+        local c, k = 8 * i - 8, 3 * i - 2
         local need = (S[k + 1] - time_micros) / 1000 + (C[c + 5] - S[k]) * C[c + 8] / 1000
         if i == 1 or need > ttl_ms then ttl_ms = need end
     end
@@ -41,9 +41,9 @@ for j = 1, needs and #needs or 1 do
     if j > 1 then ttl_ms = needs[j] end
     if ttl_ms < TTL_CAP_MS - 2 then
         if ttl_ms > 0 then
-            local whole = ttl_ms - ttl_ms % 1
-            if whole < ttl_ms then whole = whole + 1 end
-            ttl_ms = whole + 2
+            local ceil = ttl_ms - ttl_ms % 1
+            if ceil < ttl_ms then ceil = ceil + 1 end
+            ttl_ms = ceil + 2
         else
             ttl_ms = 2
         end
@@ -67,64 +67,93 @@ for j = 1, needs and #needs or 1 do
     end
 end
 
--- The value (see Value): its head, each limit's state (at the rates in
--- force), the record of the last request granted, and, while the log holds
--- any request, the states before its first and the requests: for a cancel,
--- those still in it less the one given back; else those of the value as
--- read that it kept, then this call's.
--- (A cancel keeps the requests from the first still in the log, less the
--- one given back.)
+-- The value (see Value). Its hot part (the head and each limit's state)
+-- is what a reservation replies; when nothing else changed (the limits
+-- and their rates, the TTL, the log), it alone is written over the value
+-- as read. A reservation that keeps requests of the log as read writes in
+-- place too: the hot part, the rest of the fixed part and the log's head
+-- (the requests before `log_at` stay in the value, dead, up to
+-- DEAD_CAPACITY), and its own request appended; the log is not copied.
+-- Otherwise the value is written whole: for a cancel, the requests still
+-- in the log less the one given back; else those of the value as read
+-- that it kept, then this call's.
 local logged = count
 if E then count = count - (first - 1) / 4 - 1 end
-local written
-if n == 1 then
-    written = struct.pack('<c4ddddddddddd', MARKER, 1 + SHAPE * count, expires, now, next_id,
-        st, nf, fr, ort, omx, moment_r, bound_r)
-else
-    S[5 * n + 1], S[5 * n + 2] = moment_r, bound_r
-    written = struct.pack('<c4dddd' .. string.rep('d', 5 * n + 2), MARKER, n + SHAPE * count, expires,
-        now, next_id, unpack(S, 1, 5 * n + 2))
-end
-local stored = written
-if E and count > 0 then
-    local numbers = {}
+local shape = n + SHAPE * count + BOUND * (bound_r + 1)
+local hot
+if not whole and not ttl_set and count == 0 and logged_as_read == 0 then
     if n == 1 then
-        numbers[1], numbers[2], numbers[3] = bst, bnf, bfr
+        hot = struct.pack('<ddddddd', shape, now, next_id, moment_r, st, nf, fr)
     else
-        for k = 1, 5 * n, 5 do numbers[#numbers + 1], numbers[#numbers + 2], numbers[#numbers + 3] = B[k], B[k + 1], B[k + 2] end
+        hot = struct.pack(string.rep('<d', 4 + 3 * n), shape, now, next_id, moment_r, unpack(S, 1, 3 * n))
     end
-    for j = first, 4 * logged, 4 do
-        if j ~= place then
-            local k = #numbers
-            numbers[k + 1], numbers[k + 2], numbers[k + 3], numbers[k + 4] = E[j], E[j + 1], E[j + 2], E[j + 3]
+    redis.call('SETRANGE', key, '4', hot)
+elseif n == 1 and count == 0 then
+    hot = struct.pack('<c4dddddddddd', MARKER, shape, now, next_id, moment_r, st, nf, fr, expires, rate, mx)
+    if ttl_set then
+        redis.call('SET', key, hot, 'PX', ttl_set)
+    else
+        redis.call('SET', key, hot, 'KEEPTTL')
+    end
+else
+    -- The fixed part after the hot one: the TTL's end, each limit's rate
+    -- and max_permits; the log's head: the dead requests, the base.
+    local in_place = count > 0 and log_at and not mode and not whole and log_at - log_from <= 32 * DEAD_CAPACITY
+    dead = in_place and (log_at - log_from) / 32 or 0
+    if n == 1 and not E then
+        hot = struct.pack('<dddddddddddddd', shape, now, next_id, moment_r, st, nf, fr, expires, rate, mx,
+            dead, bst, bnf, bfr)
+    else
+        local numbers = {shape, now, next_id, moment_r}
+        if n == 1 then
+            numbers[5], numbers[6], numbers[7], numbers[8], numbers[9], numbers[10] = st, nf, fr, expires, rate, mx
+        else
+            for k = 1, 3 * n do numbers[4 + k] = S[k] end
+            numbers[#numbers + 1] = expires
+            for c = 1, 8 * n, 8 do numbers[#numbers + 1], numbers[#numbers + 2] = C[c], C[c + 4] end
+        end
+        if count > 0 then
+            numbers[#numbers + 1] = dead
+            if n == 1 then
+                numbers[#numbers + 1], numbers[#numbers + 2], numbers[#numbers + 3] = bst, bnf, bfr
+            else
+                for k = 1, 3 * n do numbers[#numbers + 1] = B[k] end
+            end
+            for j = first or 1, E and 4 * logged or 0, 4 do
+                if j ~= place then
+                    local k = #numbers
+                    numbers[k + 1], numbers[k + 2], numbers[k + 3], numbers[k + 4] = E[j], E[j + 1], E[j + 2], E[j + 3]
+                end
+            end
+        end
+        hot = struct.pack(string.rep('<d', #numbers), unpack(numbers))
+    end
+    if in_place then
+        -- (A single reservation adds at most one request.)
+        redis.call('SETRANGE', key, '4', hot)
+        if added then redis.call('APPEND', key, added[1]) end
+        if ttl_set then redis.call('PEXPIRE', key, ttl_set) end
+    else
+        hot = MARKER .. hot
+        if count > 0 and not E then
+            hot = hot .. (log_at and string.sub(value, log_at, size) or '')
+                .. (added and table.concat(added, '', added_first) or '')
+        end
+        if ttl_set then
+            redis.call('SET', key, hot, 'PX', ttl_set)
+        else
+            redis.call('SET', key, hot, 'KEEPTTL')
         end
     end
-    stored = written .. struct.pack('<' .. string.rep('d', #numbers), unpack(numbers))
-elseif count > 0 and not E then
-    local base
-    if n == 1 then
-        base = struct.pack('<ddd', bst, bnf, bfr)
-    else
-        local numbers = {}
-        for k = 1, 5 * n, 5 do numbers[#numbers + 1], numbers[#numbers + 2], numbers[#numbers + 3] = B[k], B[k + 1], B[k + 2] end
-        base = struct.pack('<' .. string.rep('d', 3 * n), unpack(numbers))
-    end
-    stored = written .. base .. (log_at and string.sub(value, log_at, size) or '')
-        .. (added and table.concat(added, '', added_first) or '')
-end
-if ttl_set then
-    redis.call('SET', key, stored, 'PX', ttl_set)
-else
-    redis.call('SET', key, stored, 'KEEPTTL')
 end
 
--- A reservation: the value written, without its log (see Reply).
+-- A reservation: what it wrote, from the hot part on (see Reply).
 if replies then return replies end
-if not mode then return written end
+if not mode then return hot end
 if E then return 1 end
 -- A resume, or the probe of a missing key: the debt.
 local debt = 0
-for k = 2, 5 * n, 5 do
+for k = 2, 3 * n, 3 do
     local ahead = (n == 1 and nf or S[k]) - now
     if ahead > debt then debt = ahead end
 end

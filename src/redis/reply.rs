@@ -1,7 +1,8 @@
-//! The script's replies, decoded: a reservation's (the value it wrote, or
-//! the state a refused try read), a batch's, a status, and the integers of
-//! the other modes. The layout is the value's (see `docs/redis-protocol.md`,
-//! Value); a test below holds these constants to the script's.
+//! The script's replies, decoded: a reservation's (what it wrote of the
+//! value, from its hot part on, or the state a refused try found), a
+//! batch's, a status, and the integers of the other modes. The layout is
+//! the value's (see `docs/redis-protocol.md`, Value); a test below holds
+//! these constants to the script's.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,15 +15,15 @@ use crate::core::{FRACTION_BITS, MAX_MICROS};
 
 /// The marker a value starts with.
 const MARKER: &[u8; 4] = b"plv1";
-/// The marker and the head's four doubles (shape, expires_micros,
-/// last_now_micros, next_id).
+/// The marker and the head's four doubles (shape, last_now_micros,
+/// next_id, the moment of the last request granted).
 const HEAD_LEN: usize = 36;
-/// Each limit's state: five doubles.
-const LIMIT_LEN: usize = 40;
-/// The record of the last request granted: two doubles (moment, bound).
-const RECORD_LEN: usize = 16;
-/// `shape = limits + SHAPE * logged requests`.
+/// Each limit's state in the hot part: three doubles.
+const LIMIT_LEN: usize = 24;
+/// `shape = limits + SHAPE * logged requests + BOUND * (bound + 1)`, where
+/// `bound` is the limit that bound the last request granted (-1: none).
 const SHAPE: f64 = 32.0;
+const BOUND: f64 = 2080.0;
 
 /// The script's reply to a call, decoded.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,7 +40,7 @@ pub(crate) struct Reply {
     /// The limit that set the wait (0 when none did).
     pub(crate) limit: usize,
     /// For a reservation, the limits' states after it (a refused try: as
-    /// they are), with the server's clock: what its snapshot reads,
+    /// it found them), with the server's clock: what its snapshot reads,
     /// [`Reply::snapshot`]. (A batch's requests share the state after the
     /// batch.)
     pub(crate) after: Option<Arc<Stored>>,
@@ -70,8 +71,7 @@ impl Reply {
 }
 
 /// A key's state as the script replies it: the server's clock, and per
-/// limit the state as stored (a limit not stored as it starts), at the rate
-/// and `max_permits` it was last charged at.
+/// limit its state at the rate in force (a limit not stored as it starts).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Stored {
     pub(crate) now_micros: u64,
@@ -84,8 +84,6 @@ pub(crate) struct StoredLimit {
     pub(crate) stored_permits: f64,
     pub(crate) next_free_micros: u64,
     pub(crate) next_free_fraction: u32,
-    pub(crate) rate: f64,
-    pub(crate) max_permits: f64,
 }
 
 /// `x` as whole µs in `0..=end`, if it is one.
@@ -100,7 +98,7 @@ fn doubles(bytes: &[u8]) -> impl Iterator<Item = f64> + '_ {
 }
 
 impl Stored {
-    /// A status reply (and a refused try's): the clock, then five doubles
+    /// A status reply (and a refused try's): the clock, then three doubles
     /// per limit, `limits` of them.
     pub(crate) fn decode(bytes: &[u8], limits: usize) -> Option<Stored> {
         if bytes.len() != 8 + LIMIT_LEN * limits {
@@ -110,26 +108,21 @@ impl Stored {
         Stored::from_numbers(numbers[0], &numbers[1..])
     }
 
-    /// The clock `now` and the five fields of each limit; `None` unless
+    /// The clock `now` and the three fields of each limit; `None` unless
     /// every number is one the script keeps (whole µs below 2^53, a
-    /// fraction below 2^20, permits within `0..=max_permits`, a positive
-    /// rate).
+    /// fraction below 2^20, permits at least 0).
     fn from_numbers(now: f64, fields: &[f64]) -> Option<Stored> {
         let max = MAX_MICROS as f64;
         let limits = fields
-            .chunks_exact(5)
+            .chunks_exact(3)
             .map(|fields| {
-                let [stored, next_free, fraction, rate, max_permits] = fields.try_into().ok()?;
-                let valid = rate > 0.0
-                    && (0.0..f64::INFINITY).contains(&max_permits)
-                    && (0.0..=max_permits).contains(&stored);
-                valid.then_some(StoredLimit {
+                let [stored, next_free, fraction] = fields.try_into().ok()?;
+                (0.0..f64::INFINITY).contains(&stored).then_some(())?;
+                Some(StoredLimit {
                     stored_permits: stored,
                     next_free_micros: whole(next_free, max)?,
                     next_free_fraction: whole(fraction, f64::from((1u32 << FRACTION_BITS) - 1))?
                         as u32,
-                    rate,
-                    max_permits,
                 })
             })
             .collect::<Option<Vec<_>>>()?;
@@ -154,8 +147,7 @@ impl Stored {
     }
 
     /// The binding limit's snapshot (`Snapshot::binding`), each limit's
-    /// state taken to its rate in force as the next reservation would take
-    /// it (`Snapshot::stored_state`).
+    /// state read at its rate in force (the script took it there).
     pub(crate) fn snapshot(&self, args: &ScriptArgs) -> Snapshot {
         let rates = args.rates();
         let now = self.now_micros;
@@ -163,18 +155,12 @@ impl Stored {
         let snapshots =
             self.limits
                 .iter()
-                .zip(&templates)
+                .zip(templates)
                 .enumerate()
-                .map(|(i, (limit, template))| {
-                    let state = Snapshot::stored_state(
-                        template,
-                        limit.stored_permits,
-                        limit.next_free_micros,
-                        limit.next_free_fraction,
-                        limit.rate,
-                        limit.max_permits,
-                        now,
-                    );
+                .map(|(i, (limit, mut state))| {
+                    state.stored_permits = limit.stored_permits.min(state.max_permits);
+                    state.next_free_micros = limit.next_free_micros;
+                    state.next_free_fraction = limit.next_free_fraction;
                     Snapshot::of(&state, now, i)
                 });
         Snapshot::binding(snapshots)
@@ -183,8 +169,9 @@ impl Stored {
 }
 
 /// The reply to `call` on a limiter with `limits` limits: a granted
-/// reservation's is the value it wrote (without its log), a refused try's
-/// the state it read as a status replies it, any other an integer.
+/// reservation's is what it wrote of the value, from its hot part on; a
+/// refused try's the state it found, as a status replies it; any other an
+/// integer.
 pub(crate) fn decode(value: Value, call: &Call, limits: usize) -> Option<Reply> {
     match value {
         Value::BulkString(bytes) => {
@@ -199,7 +186,7 @@ pub(crate) fn decode(value: Value, call: &Call, limits: usize) -> Option<Reply> 
     }
 }
 
-/// A refused try's reply: the state it read.
+/// A refused try's reply: the state it found.
 fn refused(stored: Stored) -> Reply {
     let (moment, bound) = stored.earliest();
     Reply {
@@ -211,21 +198,24 @@ fn refused(stored: Stored) -> Reply {
     }
 }
 
-/// A granted reservation's reply: the value it wrote, its head, each
-/// limit's state and the record of the request (its moment, the limit
-/// that bound it). A held reservation that waits got the id before the
-/// value's next_id.
+/// A granted reservation's reply: the value it wrote, from the marker or
+/// from its hot part on (the rest, if any, is not read): the head (the
+/// shape, with the limit that bound the request; the clock; next_id; the
+/// request's moment) and each limit's state. A held reservation that
+/// waits got the id before next_id.
 fn granted(bytes: &[u8], limits: usize, held: bool) -> Option<Reply> {
-    if bytes.len() != HEAD_LEN + LIMIT_LEN * limits + RECORD_LEN || bytes[..4] != MARKER[..] {
+    let bytes = bytes.strip_prefix(&MARKER[..]).unwrap_or(bytes);
+    let hot = HEAD_LEN - MARKER.len() + LIMIT_LEN * limits;
+    if bytes.len() < hot || !bytes.len().is_multiple_of(8) {
         return None;
     }
-    let numbers: Vec<f64> = doubles(&bytes[4..]).collect();
-    let [shape, _expires, now, next_id] = numbers[..4].try_into().ok()?;
-    let [moment, bound] = numbers[4 + 5 * limits..].try_into().ok()?;
+    let numbers: Vec<f64> = doubles(&bytes[..hot]).collect();
+    let [shape, now, next_id, moment] = numbers[..4].try_into().ok()?;
     if shape % SHAPE != limits as f64 {
         return None;
     }
-    let after = Stored::from_numbers(now, &numbers[4..4 + 5 * limits])?;
+    let bound = (shape / BOUND).floor() - 1.0;
+    let after = Stored::from_numbers(now, &numbers[4..])?;
     let max = MAX_MICROS as f64;
     let (moment, next_id) = (whole(moment, max)?, whole(next_id, max)?);
     let wait = moment.checked_sub(after.now_micros)?;
@@ -261,7 +251,7 @@ pub(crate) fn decode_batch(
         return None;
     };
     let n = requests.len();
-    if bytes.len() != 8 * (3 * n + 1 + 5 * limits) {
+    if bytes.len() != 8 * (3 * n + 1) + LIMIT_LEN * limits {
         return None;
     }
     let numbers: Vec<f64> = doubles(&bytes).collect();
@@ -321,6 +311,8 @@ mod tests {
         assert_eq!(lua("MARKER").as_bytes(), MARKER);
         assert_eq!(lua_number("HEAD"), HEAD_LEN as f64);
         assert_eq!(lua_number("SHAPE"), SHAPE);
+        assert_eq!(lua_number("BOUND"), BOUND);
+        assert_eq!(lua_number("SHAPE") * lua_number("LOGGED"), BOUND);
         assert_eq!(lua_number("MAX_MICROS"), MAX_MICROS as f64);
         assert_eq!(lua_number("FRACTION_ONE"), f64::from(1u32 << FRACTION_BITS));
         assert_eq!(lua_number("FINE_CHARGE_LIMIT"), FINE_CHARGE_LIMIT_MICROS);
@@ -341,15 +333,23 @@ mod tests {
         // A held reservation that waits 300 µs, given id 41; the key owes
         // 500 µs after it.
         let mut value = MARKER.to_vec();
-        value.extend(le(&[1.0, 2e6, now, 42.0]));
-        value.extend(le(&[0.0, now + 500.0, 7.0, 5.0, 5.0]));
-        value.extend(le(&[now + 300.0, 0.0]));
+        // The hot part (the shape: one limit, nothing logged, bound by
+        // limit 0), then the TTL's end, the rate and max_permits.
+        value.extend(le(&[1.0 + BOUND, now, 42.0, now + 300.0]));
+        value.extend(le(&[0.0, now + 500.0, 7.0]));
+        value.extend(le(&[2e6, 5.0, 5.0]));
         let held = Call::Reserve(Request {
             permits: 1,
             timeout: None,
             held: true,
         });
         let reply = decode(Value::BulkString(value.clone()), &held, 1).unwrap();
+        // Written whole or only its hot part, the reply reads the same.
+        let hot = value[4..60].to_vec();
+        assert_eq!(
+            decode(Value::BulkString(hot), &held, 1),
+            Some(reply.clone())
+        );
         assert_eq!(reply.wait, Some(Duration::from_micros(300)));
         assert_eq!(
             (reply.debt_micros, reply.token, reply.limit),
@@ -375,16 +375,16 @@ mod tests {
                 .token,
             None
         );
-        let refused = le(&[now, 0.0, now + 900.0, 0.0, 5.0, 5.0]);
+        let refused = le(&[now, 0.0, now + 900.0, 0.0]);
         let reply = decode(Value::BulkString(refused), &plain, 1).unwrap();
         assert_eq!((reply.wait, reply.debt_micros), (None, 900));
         // Anything else is not the script's reply.
         let mut wrong_marker = value.clone();
         wrong_marker[3] = b'2';
         let mut behind = value.clone();
-        behind[value.len() - 16..value.len() - 8].copy_from_slice(&(now - 1.0).to_le_bytes());
+        behind[28..36].copy_from_slice(&(now - 1.0).to_le_bytes());
         let mut fraction = value.clone();
-        fraction[44..52].copy_from_slice(&(now + 0.5).to_le_bytes());
+        fraction[52..60].copy_from_slice(&0.5f64.to_le_bytes());
         for bad in [
             Value::BulkString(wrong_marker),
             Value::BulkString(behind),

@@ -136,7 +136,7 @@ fn transact(
 
 /// A batch's reply: per request its wait (negated if refused), the limit
 /// that bound it (-1: none) and its id (-1: none); then the clock and the
-/// limits' states after the batch (five doubles each), as a status replies
+/// limits' states after the batch (three doubles each), as a status replies
 /// them.
 fn own_replies(reply: &Value, limits: usize, what: &str) -> (Vec<[f64; 3]>, Vec<f64>) {
     let Value::BulkString(bytes) = reply else {
@@ -146,7 +146,7 @@ fn own_replies(reply: &Value, limits: usize, what: &str) -> (Vec<[f64; 3]>, Vec<
         .chunks_exact(8)
         .map(|chunk| f64::from_le_bytes(chunk.try_into().unwrap()))
         .collect();
-    let tail = 1 + 5 * limits;
+    let tail = 1 + 3 * limits;
     assert_eq!(bytes.len() % 8, 0, "{what}");
     assert_eq!(
         (numbers.len() - tail) % 3,
@@ -215,7 +215,11 @@ fn a_batch_is_its_requests_one_by_one() {
                 let started = std::time::Instant::now();
                 let a = transact(&mut connection, &batched, cancel(&batched));
                 let b = transact(&mut connection, &single, cancel(&single));
-                assert_eq!((&a.0, &a.1), (&b.0, &b.1), "{what}: a give-back");
+                assert_eq!(
+                    (&a.0, live(&a.1)),
+                    (&b.0, live(&b.1)),
+                    "{what}: a give-back"
+                );
                 same_ttl(a.2, b.2, started, &what);
                 continue;
             }
@@ -280,22 +284,16 @@ fn a_batch_is_its_requests_one_by_one() {
                     }
                 }
             }
-            assert_eq!(a_value, b_value, "{what}: the value");
+            // (The calls one by one may leave requests that left the log
+            // in the value, dead: a batch writes it whole.)
+            assert_eq!(live(&a_value), live(&b_value), "{what}: the value");
             if let Some(value) = &b_value {
                 // The state after the batch is the key's.
                 let stored = crate::support::limiter_state::Value::decode(value).unwrap();
                 let fields: Vec<f64> = stored
                     .limits
                     .iter()
-                    .flat_map(|l| {
-                        [
-                            l.stored_permits,
-                            l.next_free_micros,
-                            l.next_free_fraction,
-                            l.permits_per_second,
-                            l.max_permits,
-                        ]
-                    })
+                    .flat_map(|l| [l.stored_permits, l.next_free_micros, l.next_free_fraction])
                     .collect();
                 if replies.iter().any(|r| r[0] >= 0.0) {
                     assert_eq!(after[0], stored.last_now_micros, "{what}: the clock after");
@@ -381,4 +379,13 @@ fn eval_script(
     }
     cmd.arg(Duration::from_secs(5).as_micros() as u64);
     cmd.query(connection)
+}
+
+/// A value without the requests that left its log.
+fn live(value: &Option<Vec<u8>>) -> Option<crate::support::limiter_state::Value> {
+    value.as_ref().map(|bytes| {
+        let mut value = crate::support::limiter_state::Value::decode(bytes).unwrap();
+        value.dead.clear();
+        value
+    })
 }

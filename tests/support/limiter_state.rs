@@ -4,15 +4,17 @@
 //! The script is assembled as the crate assembles it: the parts of `lua/`
 //! in the order `src/redis/script.rs` lists them; its constants are read
 //! from its own source. A value (see `docs/redis-protocol.md`, Value) is
-//! the marker `plv1`, then little-endian doubles: the head (its shape, the
-//! limits plus 32 per logged request; expires_micros, last_now_micros,
-//! next_id), five per limit (stored_permits, next_free_micros,
-//! next_free_fraction, and the rate and max_permits it was last charged
-//! at), the record of the last request granted (its moment and the limit
-//! that bound it, -1: none), and while the log holds any request, three per
-//! limit (the states before its first) and four per request (id, permits,
-//! now, moment). A granted reservation replies the value it wrote without
-//! its log.
+//! the marker `plv1`, then little-endian doubles: the hot part (the
+//! shape: the limits plus 32 per logged request plus 2080 times the record's
+//! bound plus one; last_now_micros; next_id; the record: the moment of the
+//! last request granted; three per limit: stored_permits, next_free_micros,
+//! next_free_fraction), then expires_micros and two per limit (the rate and
+//! max_permits it was last charged at), and while the log holds any
+//! request: how many requests that left it are still in the value, three
+//! per limit (the states before its first), and four per request (id,
+//! permits, now, moment), those that left it first. A granted reservation
+//! replies what it wrote, from its hot part on (with the marker if it wrote
+//! the value whole).
 
 use std::sync::OnceLock;
 
@@ -109,86 +111,105 @@ pub struct Value {
     /// fraction per limit), then each request (id, permits, now, moment).
     pub base: Vec<[f64; 3]>,
     pub log: Vec<[f64; 4]>,
+    /// Requests that left the log, still in the value (before the log's).
+    pub dead: Vec<[f64; 4]>,
 }
 
 impl Value {
-    /// Decodes a value (or a granted reservation's reply: one without its
-    /// log); an error with the bytes if it is not one.
+    /// Decodes a value, or a granted reservation's reply (its hot part
+    /// only: the TTL's end and the rates read -1, the log empty); an error
+    /// with the bytes if it is not one.
     pub fn decode(bytes: &[u8]) -> Result<Value, String> {
         let bad = || format!("not a value ({} bytes): {bytes:?}", bytes.len());
-        if bytes.len() < 36 || &bytes[..4] != MARKER || !(bytes.len() - 4).is_multiple_of(8) {
+        let whole = bytes.starts_with(MARKER);
+        let body = if whole { &bytes[4..] } else { bytes };
+        if body.len() < 32 || !body.len().is_multiple_of(8) {
             return Err(bad());
         }
-        let numbers = doubles(&bytes[4..]);
+        let numbers = doubles(body);
         let shape = numbers[0];
         if !(shape >= 1.0 && shape.fract() == 0.0) {
             return Err(bad());
         }
         let limits = shape as usize % 32;
-        let logged = shape as usize / 32;
-        let fixed = 4 + 5 * limits + 2;
-        if numbers.len() < fixed {
+        let logged = shape as usize / 32 % 65;
+        let hot = 4 + 3 * limits;
+        let fixed = hot + 1 + 2 * limits;
+        if numbers.len() < if whole { fixed } else { hot } {
             return Err(bad());
         }
         let state = |i: usize| {
-            let f = &numbers[4 + 5 * i..9 + 5 * i];
+            let f = &numbers[4 + 3 * i..7 + 3 * i];
+            let (rate, max) = if whole {
+                (numbers[hot + 1 + 2 * i], numbers[hot + 2 + 2 * i])
+            } else {
+                (-1.0, -1.0)
+            };
             LimitState {
                 stored_permits: f[0],
                 next_free_micros: f[1],
                 next_free_fraction: f[2],
-                permits_per_second: f[3],
-                max_permits: f[4],
+                permits_per_second: rate,
+                max_permits: max,
             }
         };
         let mut value = Value {
-            expires_micros: numbers[1],
-            last_now_micros: numbers[2],
-            next_id: numbers[3],
+            expires_micros: if whole { numbers[hot] } else { -1.0 },
+            last_now_micros: numbers[1],
+            next_id: numbers[2],
             limits: (0..limits).map(state).collect(),
-            moment_micros: numbers[fixed - 2],
-            bound: numbers[fixed - 1],
+            moment_micros: numbers[3],
+            bound: (shape / 2080.0).floor() - 1.0,
             base: Vec::new(),
             log: Vec::new(),
+            dead: Vec::new(),
         };
-        if numbers.len() == fixed {
+        if !whole || numbers.len() == fixed {
             return Ok(value);
         }
-        if logged == 0 || numbers.len() != fixed + 3 * limits + 4 * logged {
+        let dead = numbers[fixed] as usize;
+        if logged == 0 || numbers.len() != fixed + 1 + 3 * limits + 4 * (dead + logged) {
             return Err(bad());
         }
-        let rest = &numbers[fixed..];
+        let rest = &numbers[fixed + 1..];
         value.base = rest[..3 * limits]
             .chunks_exact(3)
             .map(|f| [f[0], f[1], f[2]])
             .collect();
-        value.log = rest[3 * limits..]
+        let requests: Vec<[f64; 4]> = rest[3 * limits..]
             .chunks_exact(4)
             .map(|f| [f[0], f[1], f[2], f[3]])
             .collect();
+        value.dead = requests[..dead].to_vec();
+        value.log = requests[dead..].to_vec();
         Ok(value)
     }
 
     /// The bytes of this value.
     pub fn encode(&self) -> Vec<u8> {
-        let shape = self.limits.len() + 32 * self.log.len();
+        let shape =
+            self.limits.len() as f64 + 32.0 * self.log.len() as f64 + 2080.0 * (self.bound + 1.0);
         let mut numbers = vec![
-            shape as f64,
-            self.expires_micros,
+            shape,
             self.last_now_micros,
             self.next_id,
+            self.moment_micros,
         ];
         for limit in &self.limits {
             numbers.extend([
                 limit.stored_permits,
                 limit.next_free_micros,
                 limit.next_free_fraction,
-                limit.permits_per_second,
-                limit.max_permits,
             ]);
         }
-        numbers.extend([self.moment_micros, self.bound]);
+        numbers.push(self.expires_micros);
+        for limit in &self.limits {
+            numbers.extend([limit.permits_per_second, limit.max_permits]);
+        }
         if !self.log.is_empty() {
+            numbers.push(self.dead.len() as f64);
             numbers.extend(self.base.iter().flatten());
+            numbers.extend(self.dead.iter().flatten());
             numbers.extend(self.log.iter().flatten());
         }
         [&MARKER[..], &le(&numbers)].concat()
@@ -228,8 +249,9 @@ pub struct LimiterState {
 
 impl LimiterState {
     /// The first limit's state and the head of a value (or of a granted
-    /// reservation's reply); an error if it is not one, or its fraction is
-    /// not an integer in 0..2^20.
+    /// reservation's reply: its rate, max_permits and TTL's end read -1);
+    /// an error if it is not one, or its fraction is not an integer in
+    /// 0..2^20.
     pub fn decode(bytes: &[u8]) -> Result<LimiterState, String> {
         let value = Value::decode(bytes)?;
         let limit = value.limits[0];
@@ -271,6 +293,7 @@ impl LimiterState {
             bound: -1.0,
             base: Vec::new(),
             log: Vec::new(),
+            dead: Vec::new(),
         }
     }
 
@@ -303,9 +326,10 @@ impl LimiterState {
     }
 }
 
-/// A reservation's reply, decoded: granted (the value it wrote: its wait,
-/// the key's debt after it, the limit that bound it and the id of a held
-/// one that waits), or refused (the state it read, with the clock).
+/// A reservation's reply, decoded: granted (what it wrote of the value: its
+/// wait, the key's debt after it, the limit that bound it and the id of a
+/// held one that waits), or refused (the state it found, with the clock;
+/// the rates read -1).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reserved {
     Granted {
@@ -323,16 +347,16 @@ pub enum Reserved {
 impl Reserved {
     /// Decodes the reply of a reservation on `limits` limits.
     pub fn decode(bytes: &[u8], limits: usize) -> Result<Reserved, String> {
-        if bytes.len() == 8 + 40 * limits {
+        if bytes.len() == 8 + 24 * limits {
             let numbers = doubles(bytes);
             let limits = numbers[1..]
-                .chunks_exact(5)
+                .chunks_exact(3)
                 .map(|f| LimitState {
                     stored_permits: f[0],
                     next_free_micros: f[1],
                     next_free_fraction: f[2],
-                    permits_per_second: f[3],
-                    max_permits: f[4],
+                    permits_per_second: -1.0,
+                    max_permits: -1.0,
                 })
                 .collect();
             return Ok(Reserved::Refused {
@@ -341,8 +365,8 @@ impl Reserved {
             });
         }
         let value = Value::decode(bytes)?;
-        if !value.log.is_empty() || value.limits.len() != limits {
-            return Err(format!("a reply is a value without its log: {value:?}"));
+        if value.limits.len() != limits {
+            return Err(format!("a reply of another number of limits: {value:?}"));
         }
         let now = value.last_now_micros;
         let latest = value

@@ -435,7 +435,13 @@ fn answer(
     match &step.kind {
         Kind::Query => (Expect::Int(debt_of(&model.read(rates, now))), false, false),
         Kind::Status => {
-            let states = model.read(rates, now);
+            // At the rates in force, as the next reservation finds them.
+            let mut states = model.read(rates, now);
+            for (state, &rate) in states.iter_mut().zip(rates) {
+                if state.permits_per_second != rate {
+                    state.set_rate(rate, now).unwrap();
+                }
+            }
             (Expect::Status { now, states }, false, false)
         }
         Kind::Probe if model.written => (Expect::Int(debt_of(model.limits.states())), true, true),

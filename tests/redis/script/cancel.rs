@@ -330,3 +330,46 @@ fn ids_rise_with_the_clock_and_survive_the_log() {
     let later = fx.call("k", &args.clone().at(T0 + 5_000));
     assert_eq!(later.id(), T0 + 5_000);
 }
+
+#[test]
+fn a_full_log_written_in_place_keeps_a_few_dead_requests_and_gives_back_exactly() {
+    // A hot key of held reservations: each leaves the oldest logged request
+    // out of the full log. Written in place, the value keeps up to 16 of
+    // those (dead) before it is written whole again; the log reads the
+    // same either way, and a give-back from it is exact.
+    let mut fx = fixture();
+    let args = Args::bursty("1000", 0).held();
+    let mut ids = vec![];
+    let mut most_dead = 0;
+    for i in 0..150u64 {
+        let reply = fx.call("k", &args.clone().at(T0 + i));
+        if i > 0 {
+            ids.push(reply.id());
+        }
+        let value = fx.value("k");
+        let logged = (i > 0).then_some(i.min(64) as usize);
+        assert_eq!(value.logged(), logged, "call {i}");
+        assert!(
+            value.dead.len() <= 16,
+            "call {i}: {} dead",
+            value.dead.len()
+        );
+        assert_eq!(
+            value.log.last().map(|request| request[0] as u64),
+            ids.last().copied(),
+            "call {i}"
+        );
+        most_dead = most_dead.max(value.dead.len());
+    }
+    assert_eq!(most_dead, 16, "the value was written in place");
+    // Every logged request's id, oldest first; giving back the oldest
+    // moves the ticket back by its millisecond, as if it was never made.
+    let logged: Vec<u64> = fx.value("k").log.iter().map(|r| r[0] as u64).collect();
+    assert_eq!(logged, ids[ids.len() - 64..]);
+    let before = fx.state("k").next();
+    let cancel = args.clone().cancel(logged[0]).at(T0 + 150);
+    assert_eq!(fx.run("k", &cancel), 1);
+    assert_eq!(fx.state("k").next(), before - 1_000);
+    let value = fx.value("k");
+    assert_eq!((value.logged(), value.dead.len()), (Some(63), 0));
+}

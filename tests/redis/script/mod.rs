@@ -12,7 +12,7 @@ mod cold;
 mod reserve;
 mod values;
 
-use crate::support::limiter_state::{LimiterState, Reserved, Value as Stored, script};
+use crate::support::limiter_state::{LimitState, LimiterState, Reserved, Value as Stored, script};
 use crate::support::redis_server::RedisServer;
 use redis::Value;
 
@@ -22,8 +22,11 @@ const T0: u64 = 1_700_000_000_000_000;
 const MAX_MICROS: u64 = 1 << 53;
 /// The script's TTL cap, in milliseconds: floor(2^53 / 1000).
 const TTL_CAP_MS: i64 = 9_007_199_254_740;
-/// A one-limit value's length: the head, the limit, the record.
-const VALUE_LEN: usize = 92;
+/// A one-limit value's length, without a log: the marker, the hot part,
+/// the TTL's end, the rate and max_permits.
+const VALUE_LEN: usize = 84;
+/// A one-limit value's hot part: the head and the limit's state.
+const HOT_LEN: usize = 56;
 
 /// A server, a connection to it and the script.
 struct Fixture {
@@ -215,8 +218,8 @@ impl Fixture {
     }
 
     /// Runs the script, expects a reply and checks its shape against the
-    /// mode: a granted reservation replies its value (one limit, no log)
-    /// and a debt at least its wait, a refused try a debt, a query, a probe
+    /// mode: a granted reservation replies what it wrote (the whole value,
+    /// or from its hot part on) and a debt at least its wait, a refused try a debt, a query, a probe
     /// or a resume its debt.
     fn call(&mut self, key: &str, args: &Args) -> Reply {
         let value = self
@@ -234,7 +237,16 @@ impl Fixture {
                     .value
                     .as_deref()
                     .expect("a granted reservation's value");
-                assert_eq!(value.len(), VALUE_LEN, "{args:?}: {value:?}");
+                // What it wrote: the whole value, or the value from its
+                // hot part on.
+                let written = self.raw(key);
+                let at = if value.starts_with(b"plv1") { 0 } else { 4 };
+                assert_eq!(
+                    written.get(at..at + value.len()),
+                    Some(value),
+                    "{args:?}: the reply is what the call wrote"
+                );
+                assert!(value.len() >= HOT_LEN, "{args:?}: {value:?}");
                 assert!(reply.debt >= reply.first, "{args:?}: {reply:?}");
             }
             _ if reservation => {

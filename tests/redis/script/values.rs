@@ -203,12 +203,15 @@ fn a_corrupted_log_is_an_error_and_left_untouched() {
     let mut every: Vec<(String, Vec<u8>)> = vec![];
     for (name, at, x) in [
         ("shape NaN", 4, f64::NAN),
-        ("65 logged requests", 4, 1.0 + 32.0 * 65.0),
+        ("a shape past its range", 4, 1.0 + 2080.0 * 17.0),
         ("2 logged requests (the size says 3)", 4, 1.0 + 64.0),
         ("no limits", 4, 96.0),
-        ("next_id -1", 28, -1.0),
-        ("next_id 1.5", 28, 1.5),
-        ("next_id 2^53", 28, MAX_MICROS as f64),
+        ("next_id -1", 20, -1.0),
+        ("next_id 1.5", 20, 1.5),
+        ("next_id 2^53", 20, MAX_MICROS as f64),
+        ("17 dead requests", 84, 17.0),
+        ("a dead request more than the size says", 84, 1.0),
+        ("dead requests 0.5", 84, 0.5),
         ("the base's stored permits NaN", 92, f64::NAN),
         ("the base's ticket 0.5", 100, 0.5),
         ("the base's fraction 2^20", 108, 1_048_576.0),
@@ -359,6 +362,7 @@ fn valid_value() -> Stored {
         bound: -1.0,
         base: Vec::new(),
         log: Vec::new(),
+        dead: Vec::new(),
     }
 }
 
@@ -399,7 +403,7 @@ fn unrecognised_values_are_an_error_in_every_mode_and_left_untouched() {
         ("one byte".into(), vec![0]),
         ("one byte short".into(), valid[..VALUE_LEN - 1].to_vec()),
         ("one byte long".into(), [&valid[..], &[0]].concat()),
-        ("92 bytes of text".into(), vec![b'7'; VALUE_LEN]),
+        ("84 bytes of text".into(), vec![b'7'; VALUE_LEN]),
         ("marker PLV1".into(), other_marker),
         ("marker plv2".into(), version_2),
         ("a thr2 value".into(), thr2),
