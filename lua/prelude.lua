@@ -79,9 +79,10 @@ else
 end
 
 -- ARGV[2]: a reservation's timeout (-1: none), a resume's debts, a
--- cancel's id, a batch's requests (R: permits, held, timeout of each).
+-- cancel's id, a batch's requests (R: permits, held, timeout and count of
+-- each run of them; `total` requests, `holds` if any is held).
 local arg2 = argv[2]
-local timeout, R, debts, cancel_id = -1, nil, nil, nil
+local timeout, R, debts, cancel_id, total, holds = -1, nil, nil, nil, 1, false
 if mode == 'batch' then
     R = {}
     local count = 0
@@ -102,11 +103,10 @@ if mode == 'batch' then
         end
         if t > MAX_MICROS then t = MAX_MICROS end
         plus = plus == '+'
-        for _ = 1, times do
-            R[3 * count + 1], R[3 * count + 2], R[3 * count + 3] = p, plus, t
-            count = count + 1
-        end
+        R[#R + 1], R[#R + 2], R[#R + 3], R[#R + 4] = p, plus, t, times
+        count, holds = count + times, holds or plus
     end
+    total = count
     if count == 0 then
         return redis.error_reply(string.format(BAD, 'ARGV[2] of a batch must hold at least one '
             .. 'request', string.sub(arg2, 1, 40)))
@@ -239,14 +239,14 @@ local now = time_micros
 
 -- Each limit's state: stored_permits, next_free_micros, next_free_fraction
 -- (S: 3 per limit), and the rate and max_permits it was last charged at
--- (O: after the TTL's end, `expires`, 2 per limit, from O[2]).
+-- (O, from O[ro + 1]: the TTL's end, `expires`, then 2 per limit).
 -- The log (see Log): `count` requests; the limits' states before the
 -- first (bst, bnf, bfr; B, laid out as S); the requests from byte `log_at`
 -- of the value (`dead` requests that left it before), 4 doubles each, the
 -- first read: its id, permits, now and moment (`front`). `whole`: the value
 -- is written whole, not only its hot part (see Value).
 local st, nf, fr, ort, omx
-local S, O, B
+local S, O, B, ro = nil, nil, nil, 0
 local bst, bnf, bfr
 local key = KEYS[1]
 local value = redis.call('GET', key)
@@ -287,15 +287,18 @@ if value then
     end
     -- The limits.
     if ok and (held_n > 1 or n > 1) then
-        S = {struct.unpack(string.rep('<d', 3 * held_n), value, HEAD + 1)}
-        O = {struct.unpack(string.rep('<d', 1 + 2 * held_n), value, HEAD + 1 + 24 * held_n)}
-        st, nf, fr, expires, ort, omx = S[1], S[2], S[3], O[1], O[2], O[3]
+        -- (One unpack: O is S, from the TTL's end on, unless limits are
+        -- added or dropped.)
+        S = {struct.unpack(string.rep('<d', 1 + 5 * held_n), value, HEAD + 1)}
+        O, ro = S, 3 * held_n
+        if held_n ~= n then O, ro = {unpack(S, ro + 1, ro + 1 + 2 * held_n)}, 0 end
+        st, nf, fr, expires, ort, omx = S[1], S[2], S[3], O[ro + 1], O[ro + 2], O[ro + 3]
     end
     ok = ok and expires >= 0 and expires < INFINITY and omx >= 0 and omx < INFINITY and st >= 0
         and st <= omx and nf >= 0 and nf <= MAX_MICROS and nf % 1 == 0
         and fr >= 0 and fr < FRACTION_ONE and fr % 1 == 0 and ort > 0
     for i = 2, S and held_n or 0 do
-        local s, t, f, r, m = S[3 * i - 2], S[3 * i - 1], S[3 * i], O[2 * i], O[2 * i + 1]
+        local s, t, f, r, m = S[3 * i - 2], S[3 * i - 1], S[3 * i], O[ro + 2 * i], O[ro + 2 * i + 1]
         ok = ok and m >= 0 and m < INFINITY and s >= 0 and s <= m and t >= 0 and t <= MAX_MICROS
             and t % 1 == 0 and f >= 0 and f < FRACTION_ONE and f % 1 == 0 and r > 0
     end

@@ -11,7 +11,7 @@ if (n > 1 or ort ~= rate or omx ~= mx) and mode ~= 'cancel' and mode ~= 'probe' 
     for i = 1, n do
         local k, c = 3 * i - 3, 8 * i - 8
         if n > 1 then
-            rate, mx, ort, omx = C[c + 1], C[c + 5], O[2 * i], O[2 * i + 1]
+            rate, mx, ort, omx = C[c + 1], C[c + 5], O[ro + 2 * i], O[ro + 2 * i + 1]
         end
         if ort ~= rate or omx ~= mx then
             if n > 1 then bursty, pmicros, st, nf, fr = C[c + 2], C[c + 3], S[k + 1], S[k + 2], S[k + 3] end
@@ -38,7 +38,7 @@ if (n > 1 or ort ~= rate or omx ~= mx) and mode ~= 'cancel' and mode ~= 'probe' 
                 st = st / omx * mx
             end
             ort, omx = rate, mx
-            if n > 1 then S[k + 1], S[k + 2], S[k + 3], O[2 * i], O[2 * i + 1] = st, nf, fr, ort, omx end
+            if n > 1 then S[k + 1], S[k + 2], S[k + 3], O[ro + 2 * i], O[ro + 2 * i + 1] = st, nf, fr, ort, omx end
         end
     end
 end
@@ -75,43 +75,61 @@ if R then replies, needs = {}, {} end
 -- left the log meanwhile into its base (Limits::fold_oldest). `Q`: a
 -- pass's logged requests (id, permits and now each), charged again.
 local Q, on_base, steps, pass, r = nil, false, 1, 1, 0
-if not mode and n == 1 and count == 0 and not held then
-    -- One reservation of one limit that logs nothing: Limits::reserve_at
-    -- is State::reserve, the loop's steps below for one request, inline
-    -- (the most common call, at a third of the loop's overhead).
-    local moment, bound = now, -1
-    if nf > moment then moment, bound = nf, 0 end
-    if timeout >= 0 and moment - now > timeout then return struct.pack('<dddd', now, st, nf, fr) end
-    if moment > nf then
-        local stored = st + ((moment - nf) - fr / FRACTION_ONE) / cd
-        if stored > mx then stored = mx end
-        st, nf, fr = stored, moment, 0
-    end
-    local spend = permits
-    if st < spend then spend = st end
-    local wait = (permits - spend) * stable
-    if not bursty then
-        local above, micros, spent = st - thr, 0.0, spend
-        if above > 0.0 then
-            local take = above
-            if spent < take then take = spent end
-            micros = take * ((stable + above * slope) + (stable + (above - take) * slope)) / 2.0
-            spent = spent - take
+-- (`g`, `left`: the run of a batch's requests, and how many are left.)
+local g, left = -4, 0
+if n == 1 and count == 0 and (not mode and not held or R and not holds) then
+    -- Reservations of one limit that log nothing (one, or a batch's):
+    -- Limits::reserve_at is State::reserve, the loop's steps below for each
+    -- request, inline (the most common calls, at a third of the overhead).
+    for _ = 1, total do
+        local p, t = permits, timeout
+        if R then
+            if left == 0 then g, left = g + 4, R[g + 8] end
+            left, p, t = left - 1, R[g + 1], R[g + 3]
         end
-        wait = micros + stable * spent + wait
+        local moment, bound = now, -1
+        if nf > moment then moment, bound = nf, 0 end
+        if t >= 0 and moment - now > t then
+            if not R then return struct.pack('<dddd', now, st, nf, fr) end
+            replies[#replies + 1] = now - moment
+        else
+            if moment > nf then
+                local stored = st + ((moment - nf) - fr / FRACTION_ONE) / cd
+                if stored > mx then stored = mx end
+                st, nf, fr = stored, moment, 0
+            end
+            local spend = p
+            if st < spend then spend = st end
+            local wait = (p - spend) * stable
+            if not bursty then
+                local above, micros, spent = st - thr, 0.0, spend
+                if above > 0.0 then
+                    local take = above
+                    if spent < take then take = spent end
+                    micros = take * ((stable + above * slope) + (stable + (above - take) * slope)) / 2.0
+                    spent = spent - take
+                end
+                wait = micros + stable * spent + wait
+            end
+            if wait < FINE_CHARGE_LIMIT then
+                wait = wait * FRACTION_ONE + 0.5
+                wait = wait - wait % 1 + fr
+                fr = wait % FRACTION_ONE
+                wait = (wait - fr) / FRACTION_ONE
+            elseif wait < MAX_MICROS then
+                wait = wait - wait % 1
+            else
+                wait = MAX_MICROS
+            end
+            nf, st, moment_r, bound_r, writes = nf + wait, st - spend, moment, bound, true
+            if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
+            if R then
+                replies[#replies + 1] = moment - now
+                needs[#needs + 1] = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
+            end
+        end
     end
-    if wait < FINE_CHARGE_LIMIT then
-        wait = wait * FRACTION_ONE + 0.5
-        wait = wait - wait % 1 + fr
-        fr = wait % FRACTION_ONE
-        wait = (wait - fr) / FRACTION_ONE
-    elseif wait < MAX_MICROS then
-        wait = wait - wait % 1
-    else
-        wait = MAX_MICROS
-    end
-    nf, st, moment_r, bound_r, steps = nf + wait, st - spend, moment, bound, 0
-    if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
+    steps = 0
 elseif not mode then
     -- (One reservation.)
 elseif E then
@@ -122,7 +140,7 @@ elseif E then
         if n == 1 then st, nf, fr, bst, bnf, bfr = bst, bnf, bfr, st, nf, fr else S, B = B, S end
     end
 elseif R then
-    steps = #R / 3
+    steps = total
 elseif debts then
     steps = n
 else
@@ -164,7 +182,8 @@ while true do
     elseif not mode then
         -- (The reservation.)
     elseif R then
-        p, hold, t = R[3 * r - 2], R[3 * r - 1], R[3 * r]
+        if left == 0 then g, left = g + 4, R[g + 8] end
+        left, p, hold, t = left - 1, R[g + 1], R[g + 2], R[g + 3]
     else
         limit, p = r, debts[r]
     end
@@ -313,9 +332,9 @@ while true do
         -- (Charged again: no reply.)
     elseif R then
         -- A batch's reply for it (see Batch): its wait (negated if it was
-        -- refused), the limit that bound it, its id.
-        local m = #replies
-        replies[m + 1], replies[m + 2], replies[m + 3] = granted and moment - now or now - moment, bound, id
+        -- refused), and with several limits the one that bound it.
+        replies[#replies + 1] = granted and moment - now or now - moment
+        if n > 1 then replies[#replies + 1] = bound end
         if granted then
             moment_r, bound_r = moment, bound
             -- The TTL its own call would need (see part 5).

@@ -1,14 +1,15 @@
 -- Part 5 of 5: the value written, its TTL, the reply.
 
--- A batch's replies end with the limits' states after it, with the clock,
--- as a status replies them.
+-- A batch's replies end with the next id (its held requests that waited
+-- got the ids before it, in order), and the limits' states after it with
+-- the clock, as a status replies them.
 if replies then
     local k = #replies
-    replies[k + 1] = now
+    replies[k + 1], replies[k + 2] = next_id, now
     if n == 1 then
-        replies[k + 2], replies[k + 3], replies[k + 4] = st, nf, fr
+        replies[k + 3], replies[k + 4], replies[k + 5] = st, nf, fr
     else
-        for j = 1, 3 * n do replies[k + 1 + j] = S[j] end
+        for j = 1, 3 * n do replies[k + 2 + j] = S[j] end
     end
     replies = struct.pack(string.rep('<d', #replies), unpack(replies))
     -- None granted (every try refused): nothing is written.
@@ -23,10 +24,10 @@ end
 -- rules out inf and NaN first. A need <= 0 (a give-back can move a ticket
 -- into the past) means the key already reads as missing. A batch applies
 -- the rule after each request granted, as their own calls would, with the
--- needs part 4 noted (`needs`).
-local ttl_ms
+-- needs part 4 noted (`needs`). A need the TTL covers with 3 ms to spare
+-- keeps it at once (ceil(x) + 2 <= x + 3).
+local ttl_ms, ttl_set
 if needs then
-    ttl_ms = needs[1]
 elseif n == 1 then
     ttl_ms = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
 else
@@ -36,34 +37,35 @@ else
         if i == 1 or need > ttl_ms then ttl_ms = need end
     end
 end
-local ttl_set
 for j = 1, needs and #needs or 1 do
-    if j > 1 then ttl_ms = needs[j] end
-    if ttl_ms < TTL_CAP_MS - 2 then
-        if ttl_ms > 0 then
-            local ceil = ttl_ms - ttl_ms % 1
-            if ceil < ttl_ms then ceil = ceil + 1 end
-            ttl_ms = ceil + 2
+    if needs then ttl_ms = needs[j] end
+    if not (time_micros + ttl_ms * 1000 + 3000 <= expires) then
+        if ttl_ms < TTL_CAP_MS - 2 then
+            if ttl_ms > 0 then
+                local ceil = ttl_ms - ttl_ms % 1
+                if ceil < ttl_ms then ceil = ceil + 1 end
+                ttl_ms = ceil + 2
+            else
+                ttl_ms = 2
+            end
         else
-            ttl_ms = 2
+            ttl_ms = TTL_CAP_MS
         end
-    else
-        ttl_ms = TTL_CAP_MS
-    end
-    -- Keep the TTL the key has if it lasts that long (setting one costs
-    -- Redis more than the rest of the write), else set one with slack:
-    -- twice the need, at most TTL_MAX_SLACK_MS more. So the TTL only ever
-    -- grows, and covers every logged request's moment, which was at most a
-    -- ticket.
-    if time_micros + ttl_ms * 1000 > expires then
-        if ttl_ms > TTL_MAX_SLACK_MS then
-            ttl_ms = ttl_ms + TTL_MAX_SLACK_MS
-        else
-            ttl_ms = ttl_ms + ttl_ms
+        -- Keep the TTL the key has if it lasts that long (setting one
+        -- costs Redis more than the rest of the write), else set one with
+        -- slack: twice the need, at most TTL_MAX_SLACK_MS more. So the TTL
+        -- only ever grows, and covers every logged request's moment, which
+        -- was at most a ticket.
+        if time_micros + ttl_ms * 1000 > expires then
+            if ttl_ms > TTL_MAX_SLACK_MS then
+                ttl_ms = ttl_ms + TTL_MAX_SLACK_MS
+            else
+                ttl_ms = ttl_ms + ttl_ms
+            end
+            if ttl_ms > TTL_CAP_MS then ttl_ms = TTL_CAP_MS end
+            expires = time_micros + ttl_ms * 1000
+            ttl_set = ttl_ms
         end
-        if ttl_ms > TTL_CAP_MS then ttl_ms = TTL_CAP_MS end
-        expires = time_micros + ttl_ms * 1000
-        ttl_set = ttl_ms
     end
 end
 

@@ -239,9 +239,10 @@ fn granted(bytes: &[u8], limits: usize, held: bool) -> Option<Reply> {
 }
 
 /// A batch's replies, one per request: per request its wait (negated if
-/// refused), the limit that bound it (-1: none) and its id (-1: none),
-/// three doubles each; then the limits' state after the batch, as a status
-/// replies it.
+/// refused) and, with several limits, the limit that bound it (-1: none);
+/// then the next id (its held requests that waited got the ids before it,
+/// in order), and the limits' state after the batch, as a status replies
+/// it.
 pub(crate) fn decode_batch(
     value: Value,
     requests: &[Request],
@@ -250,37 +251,57 @@ pub(crate) fn decode_batch(
     let Value::BulkString(bytes) = value else {
         return None;
     };
+    let per = if limits > 1 { 2 } else { 1 };
     let n = requests.len();
-    if bytes.len() != 8 * (3 * n + 1) + LIMIT_LEN * limits {
+    if bytes.len() != 8 * (per * n + 2) + LIMIT_LEN * limits {
         return None;
     }
     let numbers: Vec<f64> = doubles(&bytes).collect();
-    let after = Arc::new(Stored::from_numbers(numbers[3 * n], &numbers[3 * n + 1..])?);
+    let next_id = whole(numbers[per * n], MAX_MICROS as f64)?;
+    let after = Arc::new(Stored::from_numbers(
+        numbers[per * n + 1],
+        &numbers[per * n + 2..],
+    )?);
     let (latest, _) = after.earliest();
     let debt_micros = latest - after.now_micros;
-    numbers[..3 * n]
-        .chunks_exact(3)
+    let replies: Vec<(Option<Duration>, usize)> = numbers[..per * n]
+        .chunks_exact(per)
         .map(|reply| {
-            let [wait, bound, id] = reply.try_into().ok()?;
-            let granted = wait >= 0.0;
-            let wait = Duration::from_micros(whole(wait.abs(), MAX_MICROS as f64)?);
-            let limit = match bound {
+            let granted = reply[0] >= 0.0;
+            let wait = Duration::from_micros(whole(reply[0].abs(), MAX_MICROS as f64)?);
+            let limit = match reply.get(1).copied().unwrap_or(-1.0) {
                 -1.0 => 0,
                 bound => usize::try_from(whole(bound, limits as f64 - 1.0)?).ok()?,
             };
-            let token = match id {
-                -1.0 => None,
-                id => Some(Token(whole(id, MAX_MICROS as f64)?)),
-            };
-            Some(Reply {
-                wait: granted.then_some(wait),
-                debt_micros,
-                token,
-                limit,
-                after: Some(Arc::clone(&after)),
-            })
+            Some((granted.then_some(wait), limit))
         })
-        .collect()
+        .collect::<Option<_>>()?;
+    // The ids, counted back from the next one.
+    let ided = |(request, (wait, _)): (&Request, &(Option<Duration>, usize))| {
+        request.held && wait.is_some_and(|wait| !wait.is_zero())
+    };
+    let ids = requests.iter().zip(&replies).filter(|r| ided(*r)).count() as u64;
+    let mut id = next_id.checked_sub(ids)?;
+    Some(
+        requests
+            .iter()
+            .zip(&replies)
+            .map(|reply| {
+                let token = ided(reply).then(|| {
+                    id += 1;
+                    Token(id - 1)
+                });
+                let (wait, limit) = *reply.1;
+                Reply {
+                    wait,
+                    debt_micros,
+                    token,
+                    limit,
+                    after: Some(Arc::clone(&after)),
+                }
+            })
+            .collect(),
+    )
 }
 
 #[cfg(test)]

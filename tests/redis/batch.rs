@@ -134,11 +134,19 @@ fn transact(
     (replies, value, ttl)
 }
 
-/// A batch's reply: per request its wait (negated if refused), the limit
-/// that bound it (-1: none) and its id (-1: none); then the clock and the
-/// limits' states after the batch (three doubles each), as a status replies
-/// them.
-fn own_replies(reply: &Value, limits: usize, what: &str) -> (Vec<[f64; 3]>, Vec<f64>) {
+/// A batch's reply: per request its wait (negated if refused) and, with
+/// several limits, the limit that bound it (-1: none); then the next id,
+/// the clock and the limits' states after the batch (three doubles each),
+/// as a status replies them. Returned per request as its wait, the limit
+/// that bound it (one limit: the only one if it waited) and its id (-1:
+/// none; the held requests that waited got the ids before the next one,
+/// in order); and the clock and states.
+fn own_replies(
+    reply: &Value,
+    limits: usize,
+    held: &[bool],
+    what: &str,
+) -> (Vec<[f64; 3]>, Vec<f64>) {
     let Value::BulkString(bytes) = reply else {
         panic!("{what}: a batch replies one string, got {reply:?}");
     };
@@ -146,20 +154,41 @@ fn own_replies(reply: &Value, limits: usize, what: &str) -> (Vec<[f64; 3]>, Vec<
         .chunks_exact(8)
         .map(|chunk| f64::from_le_bytes(chunk.try_into().unwrap()))
         .collect();
-    let tail = 1 + 3 * limits;
+    let per = if limits > 1 { 2 } else { 1 };
     assert_eq!(bytes.len() % 8, 0, "{what}");
     assert_eq!(
-        (numbers.len() - tail) % 3,
-        0,
+        numbers.len(),
+        per * held.len() + 2 + 3 * limits,
         "{what}: {} numbers",
         numbers.len()
     );
-    let (replies, after) = numbers.split_at(numbers.len() - tail);
+    let (replies, tail) = numbers.split_at(per * held.len());
+    let ided = |(r, held): (&[f64], &bool)| *held && r[0] > 0.0;
+    let ids = replies
+        .chunks_exact(per)
+        .zip(held)
+        .filter(|r| ided(*r))
+        .count();
+    let mut id = tail[0] - ids as f64;
     let replies = replies
-        .chunks_exact(3)
-        .map(|r| [r[0], r[1], r[2]])
+        .chunks_exact(per)
+        .zip(held)
+        .map(|(r, held)| {
+            let bound = match r.get(1) {
+                Some(&bound) => bound,
+                None if r[0] != 0.0 => 0.0,
+                None => -1.0,
+            };
+            let own = if ided((r, held)) {
+                id += 1.0;
+                id - 1.0
+            } else {
+                -1.0
+            };
+            [r[0], bound, own]
+        })
         .collect();
-    (replies, after.to_vec())
+    (replies, tail[1..].to_vec())
 }
 
 /// The same TTL was set on both keys (the value's expires_micros, compared
@@ -258,7 +287,8 @@ fn a_batch_is_its_requests_one_by_one() {
                 })
                 .collect();
             let (b, b_value, b_ttl) = transact(&mut connection, &single, calls);
-            let (replies, after) = own_replies(&a.pop().unwrap(), limits, &what);
+            let held: Vec<bool> = batch.iter().map(|(p, _)| p.ends_with('+')).collect();
+            let (replies, after) = own_replies(&a.pop().unwrap(), limits, &held, &what);
             assert_eq!(replies.len(), size, "{what}: one reply per request");
             for (r, (a, b)) in replies.iter().zip(&b).enumerate() {
                 let what = format!("{what}: request {r} of {size} ({:?})", batch[r]);
@@ -353,10 +383,13 @@ fn a_bad_batch_is_refused_and_writes_nothing() {
     // The largest batch goes.
     let full = vec!["1:-1"; capacity].join(",");
     let reply = eval_script(&mut connection, "k", &full, &config).unwrap();
-    assert_eq!(own_replies(&reply, 1, "full").0.len(), capacity);
+    let plain = vec![false; capacity];
+    assert_eq!(own_replies(&reply, 1, &plain, "full").0.len(), capacity);
     let runs = format!("1:-1*{},2+:0*1", capacity - 1);
     let reply = eval_script(&mut connection, "k", &runs, &config).unwrap();
-    assert_eq!(own_replies(&reply, 1, "runs").0.len(), capacity);
+    let mut held = plain;
+    held[capacity - 1] = true;
+    assert_eq!(own_replies(&reply, 1, &held, "runs").0.len(), capacity);
 }
 
 fn eval_script(

@@ -174,18 +174,37 @@ fn check_reply(reply: &Value, expect: &Expect, limits: usize) -> Result<(), Stri
             },
             Value::BulkString(bytes),
         ) => {
+            // Per request its wait and (several limits) its bound; then the
+            // next id: the core's ids are the ones before it, in order.
             let numbers = doubles(bytes);
-            let n = replies.len();
-            if bytes.len() != 8 * (3 * n + 1 + 3 * limits) {
+            let (n, per) = (replies.len(), if limits > 1 { 2 } else { 1 });
+            if bytes.len() != 8 * (per * n + 2 + 3 * limits) {
                 return Err(format!("a batch of {n} replied {} bytes", bytes.len()));
             }
-            for (r, (got, core)) in numbers.chunks_exact(3).zip(replies).enumerate() {
-                if got != &core[..] {
+            let ids: Vec<f64> = replies
+                .iter()
+                .map(|r| r[2])
+                .filter(|id| *id >= 0.0)
+                .collect();
+            let mut id = numbers[per * n] - ids.len() as f64;
+            for (r, (got, core)) in numbers.chunks_exact(per).zip(replies).enumerate() {
+                let bound = match got.get(1) {
+                    Some(&bound) => bound,
+                    None if got[0] != 0.0 => 0.0,
+                    None => -1.0,
+                };
+                let own = if core[2] >= 0.0 {
+                    id += 1.0;
+                    id - 1.0
+                } else {
+                    -1.0
+                };
+                if [got[0], bound, own] != core[..] {
                     return Err(format!("request {r}: script {got:?}, core {core:?}"));
                 }
             }
-            same_bits("now after the batch", numbers[3 * n], *now as f64)?;
-            same_states(&numbers[3 * n + 1..], states)
+            same_bits("now after the batch", numbers[per * n + 1], *now as f64)?;
+            same_states(&numbers[per * n + 2..], states)
         }
         (expect, reply) => Err(format!("replied {reply:?}, core expects {expect:?}")),
     }
