@@ -30,7 +30,7 @@ local BOUND = 2080
 local LOG_CAPACITY = 64 -- the most requests the log keeps
 local DEAD_CAPACITY = 16 -- the most requests kept in the value after they left the log
 local BATCH_CAPACITY = 1024 -- the most requests in one batch
-local BAD = 'ERR paceline: %s (got "%s")'
+local BAD = 'ERR paceline: %s (got "%.40s")'
 -- (One literal: a concatenation would run on every call.)
 local NOT_OURS = 'ERR paceline: key %s holds a value this limiter does not recognise (%d bytes); it was left untouched: delete it or use another limiter name'
 
@@ -72,9 +72,9 @@ else
     permits = tonumber(permits)
     if not (permits and permits >= 0 and permits <= MAX_MICROS and permits % 1 == 0)
             or (held and permits == 0) then
-        return redis.error_reply(string.format(BAD, 'ARGV[1] must be the permits to reserve, an '
-            .. 'integer from 1 to 2^53 (followed by + if it may be given back), 0 to query, or '
-            .. 'batch, cancel, probe, resume or status', string.sub(argv[1], 1, 40)))
+        return redis.error_reply(string.format(BAD, 'ARGV[1] must be the permits to reserve, an integer '
+            .. 'from 1 to 2^53 (followed by + if it may be given back), 0 to query, or batch, cancel, '
+            .. 'probe, resume or status', argv[1]))
     end
 end
 
@@ -83,7 +83,9 @@ end
 -- each run of them; `total` requests, `holds` if any is held).
 local arg2 = argv[2]
 local timeout, R, debts, cancel_id, total, holds = -1, nil, nil, nil, 1, false
-if mode == 'batch' then
+if arg2 == '-1' and not mode then
+    -- (No timeout: the most common.)
+elseif mode == 'batch' then
     R = {}
     local count = 0
     for request in string.gmatch(arg2, '[^,]+') do
@@ -96,10 +98,9 @@ if mode == 'batch' then
         end
         if not (p and t and times and p >= 1 and p <= MAX_MICROS and t >= -1 and times >= 1)
                 or count + times > BATCH_CAPACITY then
-            return redis.error_reply(string.format(BAD, 'ARGV[2] of a batch must be 1 to '
-                .. BATCH_CAPACITY .. ' requests permits[+]:timeout_micros[*count] (permits from 1 '
-                .. 'to 2^53, timeout_micros -1 or >= 0, count >= 1), joined by commas',
-                string.sub(request, 1, 40)))
+            return redis.error_reply(string.format(BAD, 'ARGV[2] of a batch must be 1 to ' .. BATCH_CAPACITY
+                .. ' requests permits[+]:timeout_micros[*count] (permits from 1 to 2^53, timeout_micros -1 '
+                .. 'or >= 0, count >= 1), joined by commas', request))
         end
         if t > MAX_MICROS then t = MAX_MICROS end
         plus = plus == '+'
@@ -108,8 +109,7 @@ if mode == 'batch' then
     end
     total = count
     if count == 0 then
-        return redis.error_reply(string.format(BAD, 'ARGV[2] of a batch must hold at least one '
-            .. 'request', string.sub(arg2, 1, 40)))
+        return redis.error_reply(string.format(BAD, 'ARGV[2] of a batch must hold a request', arg2))
     end
 elseif mode == 'resume' then
     debts = {}
@@ -124,21 +124,21 @@ elseif mode == 'resume' then
     end
     if not (debts and #debts == n) then
         return redis.error_reply(string.format(BAD, 'ARGV[2] of a resume must be each limit\'s '
-            .. 'debt_micros, ' .. n .. ' integers >= 0 joined by commas', string.sub(arg2, 1, 40)))
+            .. 'debt_micros, ' .. n .. ' integers >= 0 joined by commas', arg2))
     end
 elseif mode == 'cancel' then
     cancel_id = tonumber(arg2)
     if not (cancel_id and cancel_id >= 0 and cancel_id < MAX_MICROS and cancel_id % 1 == 0) then
         return redis.error_reply(string.format(BAD, 'ARGV[2] of a cancel must be the id a held '
-            .. 'reservation\'s reply gave, an integer from 0 to 2^53 - 1', string.sub(arg2, 1, 40)))
+            .. 'reservation\'s reply gave, an integer from 0 to 2^53 - 1', arg2))
     end
 elseif arg2 == '0' then
     timeout = 0
-elseif arg2 ~= '-1' then
+else
     timeout = tonumber(arg2)
     if not (timeout and timeout >= -1 and timeout % 1 == 0) then
-        return redis.error_reply(string.format(BAD, 'timeout_micros (ARGV[2]) must be an integer '
-            .. '>= 0, or -1 for no timeout', string.sub(arg2, 1, 40)))
+        return redis.error_reply(string.format(BAD, 'timeout_micros (ARGV[2]) must be an integer >= 0, '
+            .. 'or -1 for no timeout', arg2))
     end
     if timeout > MAX_MICROS then timeout = MAX_MICROS end
 end
@@ -159,20 +159,19 @@ for i = 1, n do
     rate = tonumber(argv[a])
     if not (rate and rate > 0) then
         return redis.error_reply(string.format(BAD, 'permits_per_second of limit ' .. (i - 1)
-            .. ' (ARGV[' .. a .. ']) must be a number > 0 or inf', string.sub(argv[a], 1, 40)))
+            .. ' (ARGV[' .. a .. ']) must be a number > 0 or inf', argv[a]))
     end
     local policy = argv[a + 1]
     bursty = policy == 'bursty'
     if not bursty and policy ~= 'warming_up' then
         return redis.error_reply(string.format(BAD, 'the policy of limit ' .. (i - 1) .. ' (ARGV['
-            .. (a + 1) .. ']) must be "bursty" or "warming_up"', string.sub(policy, 1, 40)))
+            .. (a + 1) .. ']) must be "bursty" or "warming_up"', policy))
     end
     -- Bursty::max_burst_micros or WarmingUp::warmup_micros, capped as `micros`.
     pmicros = tonumber(argv[a + 2])
     if not (pmicros and pmicros >= 0 and pmicros % 1 == 0) then
         return redis.error_reply(string.format(BAD, (bursty and 'max_burst_micros' or 'warmup_micros')
-            .. ' of limit ' .. (i - 1) .. ' (ARGV[' .. (a + 2) .. ']) must be an integer >= 0',
-            string.sub(argv[a + 2], 1, 40)))
+            .. ' of limit ' .. (i - 1) .. ' (ARGV[' .. (a + 2) .. ']) must be an integer >= 0', argv[a + 2]))
     end
     if pmicros > MAX_MICROS then pmicros = MAX_MICROS end
     stable = 1000000.0 / rate
@@ -187,8 +186,7 @@ for i = 1, n do
         local cold_factor = tonumber(argv[a + 3])
         if not (cold_factor and cold_factor >= 1 and cold_factor < INFINITY) then
             return redis.error_reply(string.format(BAD, 'the cold_factor of limit ' .. (i - 1)
-                .. ' (ARGV[' .. (a + 3) .. ']) must be a finite number >= 1',
-                string.sub(argv[a + 3], 1, 40)))
+                .. ' (ARGV[' .. (a + 3) .. ']) must be a finite number >= 1', argv[a + 3]))
         end
         -- WarmingUp::set_stable_interval
         mx, thr, slope = 0.0, 0.0, 0.0
@@ -208,9 +206,10 @@ for i = 1, n do
         end
         if mx > 0.0 then cd = pmicros / mx end
     end
-    if i == 1 and n > 1 then
+    if n == 1 then
+    elseif i == 1 then
         C = {rate, bursty, pmicros, stable, mx, thr or 0.0, slope or 0.0, cd}
-    elseif C then
+    else
         local c = 8 * i - 8
         C[c + 1], C[c + 2], C[c + 3], C[c + 4] = rate, bursty, pmicros, stable
         C[c + 5], C[c + 6], C[c + 7], C[c + 8] = mx, thr or 0.0, slope or 0.0, cd
@@ -224,7 +223,7 @@ if clocked == 1 then
     time_micros = tonumber(argv[nargs])
     if not (time_micros and time_micros >= 0 and time_micros <= MAX_MICROS and time_micros % 1 == 0) then
         return redis.error_reply(string.format(BAD, 'now_micros (ARGV[' .. nargs .. ']) must be an '
-            .. 'integer from 0 to 2^53, or absent to use TIME', string.sub(argv[nargs], 1, 40)))
+            .. 'integer from 0 to 2^53, or absent to use TIME', argv[nargs]))
     end
 else
     local time = redis.call('TIME')

@@ -92,11 +92,7 @@ if not whole and not ttl_set and count == 0 and logged_as_read == 0 then
     redis.call('SETRANGE', key, '4', hot)
 elseif n == 1 and count == 0 then
     hot = struct.pack('<c4dddddddddd', MARKER, shape, now, next_id, moment_r, st, nf, fr, expires, rate, mx)
-    if ttl_set then
-        redis.call('SET', key, hot, 'PX', ttl_set)
-    else
-        redis.call('SET', key, hot, 'KEEPTTL')
-    end
+    if ttl_set then redis.call('SET', key, hot, 'PX', ttl_set) else redis.call('SET', key, hot, 'KEEPTTL') end
 else
     -- The fixed part after the hot one: the TTL's end, each limit's rate
     -- and max_permits; the log's head: the dead requests, the base.
@@ -141,11 +137,7 @@ else
             hot = hot .. (log_at and string.sub(value, log_at, size) or '')
                 .. (added and table.concat(added, '', added_first) or '')
         end
-        if ttl_set then
-            redis.call('SET', key, hot, 'PX', ttl_set)
-        else
-            redis.call('SET', key, hot, 'KEEPTTL')
-        end
+        if ttl_set then redis.call('SET', key, hot, 'PX', ttl_set) else redis.call('SET', key, hot, 'KEEPTTL') end
     end
 end
 
