@@ -21,9 +21,10 @@
 //! * both real scripts again on random keys out of 10^7 (`__rand_int__`),
 //!   nearly all missing: the path that resets a key and sets its TTL;
 //! * the crate's script on one hot key with reservations its caller may
-//!   give back (`1+`, as `acquire` sends): each waits, so each gets a group
-//!   in the key's ledger, which stays full (64 groups, a 2 172-byte value):
-//!   the most a give-back-able reservation costs.
+//!   give back (`1+`, as `acquire` sends): each waits, so each is logged
+//!   with an id in the key's log, which stays full (64 requests, a value of
+//!   up to 2 676 bytes, written in place): the most a give-back-able
+//!   reservation costs.
 //!
 //! Part 2, the client: one `RedisRateLimiter` (one multiplexed connection)
 //! calls `reserve(1)` in a loop from 1 task, then from 64 tasks sharing it;
@@ -95,8 +96,8 @@ const RATE: f64 = 1000.0;
 const RESERVE_ARGS: &[&str] = &["1", "-1", "1000.0", "bursty", "1000000", "0.0"];
 const BASELINE_ARGS: &[&str] = &["1", "-1", "1000.0", "1000000"];
 /// The same reservation as one its caller may give back (`acquire`, a
-/// `Reservation`): on a key always in debt, each gets a group in the key's
-/// ledger, which stays full.
+/// `Reservation`): on a key always in debt, each is logged with an id in
+/// the key's log, which stays full.
 const HELD_KEY: &str = "paceline:v1:held";
 const HELD_ARGS: &[&str] = &["1+", "-1", "1000.0", "bursty", "1000000", "0.0"];
 /// Random keys for the cold-key rows: `__rand_int__` is replaced per call.
@@ -335,7 +336,7 @@ fn main() {
                 BASELINE_ARGS,
             ),
             (
-                "the crate's script, one hot key, held (`1+`): a full ledger",
+                "the crate's script, one hot key, held (`1+`): a full log",
                 &reserve,
                 HELD_KEY,
                 HELD_ARGS,

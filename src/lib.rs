@@ -111,10 +111,9 @@
 //! |---|---|---|
 //! | [`RateLimiter`], [`KeyedRateLimiter`]: `acquire`, `try_acquire`, a [`Reservation`] | exact, however many are given back, in any order: nobody is scheduled before a limiter that never made them would schedule them | never |
 //! | [`RateLimiter`], [`KeyedRateLimiter`] with several [`Limit`]s: the same | exact: the limits are replayed without it from a log of the requests since the oldest that may be given back ([`core::Limits`]) | more than [`LOG_CAPACITY`](core::LOG_CAPACITY) requests (per key) came since it; a rate changed meanwhile |
-//! | Redis limiters with several limits: the same | exact, as locally, from a log of up to 64 requests per key | more came since it; a rate changed meanwhile; the give-back reaches Redis after its moment, or not at all |
-//! | Redis limiters: `acquire`, `try_acquire`, a [`Reservation`] | exact, as locally, for up to 64 reservations waiting on one key ([`Ledger::SHARED_CAPACITY`](core::Ledger::SHARED_CAPACITY)) | more wait at once; the rate changed meanwhile; the give-back reaches Redis after the reservation's moment, or not at all (Redis down) |
-//! | Redis limiters: a round trip dropped in flight, or past the response timeout | the reply is awaited in the background (up to 30 s) and what it reserved given back | the reply comes later than that, or Redis is down |
-//! | Redis limiters: `reserve`, `try_reserve` (a wait, not a handle) | exact while the dropped call is the key's latest change | anything changed the key since |
+//! | Redis limiters, with one limit or several: `acquire`, `try_acquire`, a [`Reservation`] | exact, as locally, from a log of up to [`LOG_CAPACITY`](core::LOG_CAPACITY) requests per key | more came since it; a rate changed meanwhile; the give-back reaches Redis after its moment, or not at all (Redis down) |
+//! | Redis limiters: a round trip dropped in flight, or past the response timeout | the reply is awaited in the background (up to 30 s) and what it reserved given back, as above | as above; the reply comes later than that, or Redis is down |
+//! | Redis limiters: `reserve`, `try_reserve` (a wait, not a handle), dropped in flight | not given back: only a reservation with a handle is logged for a give-back | always: its permits stay charged |
 //! | Redis limiters on their local fallback | as [`KeyedRateLimiter`] | the key was carried back to Redis meanwhile: the give-back is lost, the permits stay charged |
 //! | [`stream`] adapters | a dropped stream gives its pending reservation back, as a [`Reservation`] | as its limiter |
 //! | [`io`] reader and writer | a dropped call leaves its reservation with the reader or writer for the next call; dropping the reader or writer gives it back | as its limiter |

@@ -38,7 +38,8 @@ use super::script::{Call, Request};
 use crate::error::BackendError;
 
 /// The most requests one batch carries: a batch holds Redis (which runs
-/// one script at a time) for about 16 000 instructions per request.
+/// one script at a time) for about 6 000 instructions per request (one
+/// limit; `scripts/script-cost.sh`).
 pub(crate) const MAX_BATCH: usize = 256;
 
 /// The most requests queued for one key: beyond it, a caller makes a

@@ -2,15 +2,16 @@
 //! same Redis key.
 //!
 //! [`RedisRateLimiter`] runs the [core algorithm](crate::core) as a Lua
-//! script inside Redis (`lua/`, a line-by-line mirror of
-//! `src/core`), on Redis's own clock, in one round trip per reservation. The
-//! limiter's state is one key, `paceline:{name}` (a 76-byte string with a
-//! format marker), so it works the same on a single server and on Redis
+//! script inside Redis (`lua/`, a line-by-line mirror of `core::Limits`,
+//! for one limit or several), on Redis's own clock, in one round trip per
+//! reservation. The limiter's state is one key, `paceline:v1:name` (84
+//! bytes for one limit, with a format marker, more while reservations wait
+//! to be given back), so it works the same on a single server and on Redis
 //! Cluster. The key expires only once an idle limiter would have refilled
 //! anyway, so expiry is invisible; a missing key reads as a limiter that
 //! has been idle for a long time (full for the bursty policy, cold for the
-//! warming-up one). What the script takes, replies and stores, and how its
-//! formats are upgraded, is specified in `docs/redis-protocol.md`.
+//! warming-up one). What the script takes, replies and stores is specified
+//! in `docs/redis-protocol.md`.
 //!
 //! Each limiter built with [`RedisRateLimiter::builder`] has a connection
 //! of its own. Many limiters (one per API, per queue, ...) can share one
@@ -172,17 +173,17 @@
 //!   with the default, limiters on healthy nodes can then stay on their
 //!   fallbacks for as long as the node hangs (a process that starts while it
 //!   hangs, for one).
-//! - **Upgrading.** The key's format carries a version marker. A new version
-//!   reads the formats of earlier ones and rewrites a key in its own format at
-//!   the next write, so upgrading every process is seamless. During a rolling
-//!   upgrade, though, a process still on an earlier version does not read a
-//!   key a newer one has written: its calls on that key fail with
-//!   `Error::Backend` ("holds a value this limiter does not recognise"), and
-//!   its fallback does not take over, as for any foreign value. Upgrade the
-//!   processes sharing a limiter together, or give the new version's limiters
-//!   new names for the length of the rollout. Formats so far: `thr2` (the
-//!   sub-microsecond schedule) and `thr3` (a key on which reservations wait
-//!   to be given back: its ledger).
+//! - **Upgrading.** The key layout has a version after the prefix
+//!   (`paceline:v1:name`), and the value a format marker (`plv1`). A later
+//!   layout takes another version, so processes of two versions never read
+//!   each other's keys: each version's limiter starts full on its own keys
+//!   (one burst), and the other's expire on their own. Upgrade the
+//!   processes sharing a limiter together, as during a rollout the two
+//!   versions share no state. Values of the formats before this one (`thr2`,
+//!   `thr3`, `thr4`, under the names `throttler:...` and `paceline:name`)
+//!   are not read: a key that holds one is not the limiter's (its calls fail
+//!   with `Error::Backend`, "holds a value this limiter does not
+//!   recognise", and it is left untouched).
 //! - **Key names.** A limiter named `name` uses the Redis key
 //!   `paceline:v1:name`, and a keyed limiter's key `key` uses
 //!   `paceline:v1:name:key`: `paceline` is the prefix a backend's builder
