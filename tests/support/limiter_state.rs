@@ -24,9 +24,17 @@ pub const MARKER: &[u8; 4] = b"plv1";
 /// One microsecond in fraction units (2^20).
 pub const FRACTION_ONE: u32 = 1 << 20;
 
+/// A file of the repository (from the crate's tests, or from `benches/`,
+/// a crate of its own one directory down).
 fn read(path: &str) -> String {
-    let path = format!("{}/{path}", env!("CARGO_MANIFEST_DIR"));
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = if here.join("src/redis/script.rs").exists() {
+        here
+    } else {
+        here.parent().expect("the repository")
+    };
+    let path = root.join(path);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// The script's text, as the crate assembles it.
