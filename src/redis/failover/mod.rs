@@ -19,8 +19,10 @@
 //!   fallback granted beyond what Redis knew (its ticket less the debt
 //!   Redis had reported, at the shared rate) and drops the stored permits;
 //!   only then does the fallback forget the key. Callers of a key being
-//!   carried wait for it (at most a round trip). Keys nobody calls are
-//!   carried by a background task, started when the backend recovers.
+//!   carried wait for it, each within its response timeout in all (see
+//!   [`Patience`]): past it, the fallback, which still holds the key,
+//!   serves it. Keys nobody calls are carried by a background task,
+//!   started when the backend recovers.
 //! - **Nothing twice.** A key leaves the fallback only once its debt is in
 //!   Redis, so a second outage opens it from what Redis reports, not from
 //!   a stale local ticket. A resume whose reply is lost may be applied and
@@ -29,7 +31,8 @@
 //!   `max_local_keys` served in one outage) lose their local ticket; the
 //!   latest such ticket stays as a floor. After recovery, until that
 //!   moment passes, each key whose reported debt ends earlier is charged
-//!   up to it once, on its first call: that errs towards limiting.
+//!   up to it once, by its first call (others of the key wait for that
+//!   call, as for a carry-back): that errs towards limiting.
 
 mod impls;
 mod local;
