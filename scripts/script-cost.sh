@@ -53,8 +53,9 @@ per_call() {
     for _ in $(seq 100); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.2; done
     local sha
     sha=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$script")")
+    # (A failed run still stops its server.)
     redis-benchmark -p "$port" -c 1 -P 16 -n "$calls" -r 1000000 -q \
-        EVALSHA "$sha" "$@" >/dev/null 2>&1
+        EVALSHA "$sha" "$@" >/dev/null 2>&1 || echo "the script failed: $*" >&2
     redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
     wait
     awk -v n="$calls" '/^(summary|totals):/ {printf "%.0f", $2 / n; exit}' "$tmp/cg.$port"
