@@ -5,7 +5,7 @@
 //! least any copy that counts lines does, so the floor of the ratio.
 //!
 //! ```text
-//! cargo build --release --features cli --bin paceline
+//! cargo build --release -p paceline-cli
 //! cargo bench -p paceline-benches --bench cli [-- FILTER]
 //! ```
 //!
@@ -184,16 +184,23 @@ fn binary() -> PathBuf {
     let binary = fs::canonicalize(&binary).unwrap_or(binary);
     if !binary.exists() {
         eprintln!(
-            "{} is missing: build it first with\n  cargo build --release --features cli --bin paceline",
+            "{} is missing: build it first with\n  cargo build --release -p paceline-cli",
             binary.display()
         );
         std::process::exit(2);
     }
     let built = modified(&binary);
-    let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("../src");
-    if newest(&sources) > built {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let sources = [root.join("src"), root.join("cli/src")];
+    if sources
+        .iter()
+        .map(|dir| newest(dir))
+        .max()
+        .unwrap_or(std::time::UNIX_EPOCH)
+        > built
+    {
         eprintln!(
-            "warning: {} is older than the sources; rebuild it with\n  cargo build --release --features cli --bin paceline",
+            "warning: {} is older than the sources; rebuild it with\n  cargo build --release -p paceline-cli",
             binary.display()
         );
     }

@@ -4,10 +4,10 @@
 //! arguments refused with a clear message and exit status, and two
 //! processes sharing one rate through a private redis-server, surviving
 //! its death on their fallbacks.
-#![cfg(feature = "cli")]
 
-#[path = "../support/mod.rs"]
-mod support;
+#[allow(dead_code)]
+#[path = "../../../tests/support/redis_server.rs"]
+mod redis_server;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Output, Stdio};
@@ -302,7 +302,7 @@ fn a_reader_that_goes_away_ends_the_run_quietly() {
 #[test]
 fn two_processes_share_one_rate_through_redis() {
     let _one = one_at_a_time();
-    let server = support::redis_server::RedisServer::start();
+    let server = redis_server::RedisServer::start();
     let url = server.url();
     let args = ["20/s", "--redis", url.as_str(), "--name", "shared"];
     let start = Instant::now();
@@ -326,7 +326,7 @@ fn two_processes_share_one_rate_through_redis() {
 #[test]
 fn both_processes_go_on_when_redis_dies() {
     let _one = one_at_a_time();
-    let mut server = support::redis_server::RedisServer::start();
+    let mut server = redis_server::RedisServer::start();
     let url = server.url();
     let args = [
         "20/s",

@@ -1,0 +1,202 @@
+//! The command line's arguments: what clap reads, what it cannot check,
+//! and why a run stops, as an exit status.
+
+use std::io;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use paceline::Error;
+
+use crate::limiter::limits;
+use crate::units::parse_duration;
+
+const EXAMPLES: &str = "\
+Examples:
+  seq 100 | paceline 10/s                     ten lines a second, exactly 100 ms apart
+  paceline 2/s --burst 5 < urls.txt           up to 5 at once after a pause, 2/s after
+  paceline 10/s --limit 1000/h < jobs         10/s, and at most 1 000 in any hour
+  paceline --bytes 1MiB/s < big.iso > copy    1 MiB/s of bytes
+  paceline 5/s --key 1 < access.log           5 lines/s per value of the first field
+  paceline 20/s --max-wait 2s < events        drop what would wait more than 2 s
+  paceline 3/s -j 4 -- curl -sO {} < urls     a command per line, 3 starts/s, 4 at once
+  paceline 20/s --redis redis://host/ --name crawler < urls
+                                              one rate shared by every paceline of that name
+
+Exit status: 0 done; 1 a command failed; 2 bad arguments; 3 a record was
+late (--on-late fail); 4 the limiter failed (Redis unreachable, or down
+with --on-down closed); 5 reading or writing failed.";
+
+/// Paces stdin to stdout (or a command per record) at a rate: exact
+/// spacing, bursts and warm-up, per key, across machines through Redis.
+#[derive(Parser, Debug)]
+#[command(name = "paceline", version, after_help = EXAMPLES)]
+pub(crate) struct Args {
+    /// The rate: 10/s, 600/min, 1000/h, 5/day (with --bytes, 5MiB/s). A
+    /// second rate is another limit every record must also satisfy, as
+    /// --limit.
+    #[arg(value_name = "RATE", required = true, num_args = 1..)]
+    pub(crate) rates: Vec<String>,
+
+    /// Another limit every record must also satisfy. Limits after the
+    /// first are quotas: each lets its whole period's worth go at once.
+    #[arg(long = "limit", value_name = "RATE")]
+    pub(crate) limits: Vec<String>,
+
+    /// Pace bytes instead of records (the rate in bytes: 5MiB/s, 100KB/s).
+    #[arg(long)]
+    pub(crate) bytes: bool,
+
+    /// Records end with NUL instead of newline.
+    #[arg(short = '0', long = "null")]
+    pub(crate) null: bool,
+
+    /// How many records (bytes, with --bytes) may go at once after an idle
+    /// spell. Default 0: exact spacing.
+    #[arg(long, value_name = "N")]
+    pub(crate) burst: Option<u64>,
+
+    /// Start slow after an idle spell and reach the rate over this long
+    /// (250ms, 2s, 1min) instead of a burst.
+    #[arg(long, value_name = "D", value_parser = parse_duration, conflicts_with = "burst")]
+    pub(crate) warmup: Option<Duration>,
+
+    /// Pace each key separately: the key is whitespace field FIELD of the
+    /// record (from 1).
+    #[arg(long, value_name = "FIELD", conflicts_with = "key_regex")]
+    pub(crate) key: Option<usize>,
+
+    /// Pace each key separately: the key is the first group REGEX captures
+    /// in the record (or its whole match).
+    #[arg(long, value_name = "REGEX")]
+    pub(crate) key_regex: Option<String>,
+
+    /// The most keys held at once (least recently used first out).
+    #[arg(long, value_name = "N", default_value_t = 100_000)]
+    pub(crate) max_keys: usize,
+
+    /// A record that would wait longer than this is late (see --on-late).
+    #[arg(long, value_name = "D", value_parser = parse_duration)]
+    pub(crate) max_wait: Option<Duration>,
+
+    /// What to do with a late record: drop it (counted), or fail (exit 3).
+    #[arg(long, value_enum, value_name = "WHAT", default_value_t = OnLate::Drop)]
+    pub(crate) on_late: OnLate,
+
+    /// Run up to N commands at once (with -- CMD).
+    #[arg(short = 'j', long, value_name = "N", default_value_t = 1)]
+    pub(crate) jobs: usize,
+
+    /// Share the rate through Redis at URL (redis://host:6379/) with every
+    /// paceline and library user of the same --name.
+    #[arg(long, value_name = "URL")]
+    pub(crate) redis: Option<String>,
+
+    /// The shared limiter's name in Redis.
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "paceline-cli",
+        requires = "redis"
+    )]
+    pub(crate) name: String,
+
+    /// While Redis is down: pace locally, let everything through, or fail.
+    #[arg(long, value_enum, value_name = "WHAT", default_value_t = OnDown::Local, requires = "redis")]
+    pub(crate) on_down: OnDown,
+
+    /// The share of the rate this process may use on its own while Redis
+    /// is down (1/N when N processes share it).
+    #[arg(long, value_name = "F", default_value_t = 1.0, requires = "redis")]
+    pub(crate) local_fraction: f64,
+
+    /// Print a JSON summary to stderr at the end.
+    #[arg(long)]
+    pub(crate) json: bool,
+
+    /// No progress line, even on a terminal.
+    #[arg(short, long)]
+    pub(crate) quiet: bool,
+
+    /// Run CMD for each record instead of printing it: `{}` in its
+    /// arguments is the record; with no `{}`, the record is its stdin.
+    #[arg(last = true, value_name = "CMD")]
+    pub(crate) command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OnLate {
+    Drop,
+    Fail,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OnDown {
+    Local,
+    Open,
+    Closed,
+}
+
+/// Why the run stopped early, as an exit status.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    Usage(String),
+    Late,
+    Limiter(String),
+    Io(io::Error),
+}
+
+impl Failure {
+    pub(crate) fn code(&self) -> u8 {
+        match self {
+            Failure::Usage(_) => 2,
+            Failure::Late => 3,
+            Failure::Limiter(_) => 4,
+            Failure::Io(_) => 5,
+        }
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Self {
+        Failure::Limiter(error.to_string())
+    }
+}
+
+impl From<io::Error> for Failure {
+    fn from(error: io::Error) -> Self {
+        Failure::Io(error)
+    }
+}
+
+/// Checks what clap cannot: the arguments that depend on each other.
+pub(crate) fn validate(args: &Args) -> Result<(), Failure> {
+    if args.key == Some(0) {
+        return Err(Failure::Usage("--key fields count from 1".to_owned()));
+    }
+    if args.jobs == 0 {
+        return Err(Failure::Usage("-j must be at least 1".to_owned()));
+    }
+    if args.max_keys == 0 {
+        return Err(Failure::Usage("--max-keys must be at least 1".to_owned()));
+    }
+    let keyed = args.key.is_some() || args.key_regex.is_some();
+    if args.bytes && (keyed || !args.command.is_empty()) {
+        return Err(Failure::Usage(
+            "--bytes paces a byte stream: it takes no --key and no command".to_owned(),
+        ));
+    }
+    if let Some(regex) = &args.key_regex {
+        regex::bytes::Regex::new(regex)
+            .map_err(|e| Failure::Usage(format!("bad --key-regex: {e}")))?;
+    }
+    limits(args).map(|_| ())
+}
+
+/// Whether records are simply copied, in order: no key, no bound on the
+/// wait, no command.
+pub(crate) fn plain(args: &Args) -> bool {
+    args.key.is_none()
+        && args.key_regex.is_none()
+        && args.max_wait.is_none()
+        && args.command.is_empty()
+}

@@ -1,0 +1,164 @@
+//! The plain copy: records (or bytes) in order, paced in groups, on the
+//! calling thread.
+
+use std::io::{self, Write};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::args::{Args, Failure};
+use crate::limiter::{limits, local};
+use crate::progress::{Counts, Progress};
+use crate::read::{PAGE, Window, count, std_file, stdout_file};
+
+/// A plain copy on a limiter in this process, with no async runtime.
+pub(crate) fn copy_locally(args: &Args, counts: &Arc<Counts>) -> Result<u64, Failure> {
+    let (limits, slowest) = limits(args)?;
+    let limiter = local(limits)?;
+    let _ = counts.started.set(Instant::now());
+    let _progress = Progress::start(args, counts);
+    let separator = if args.null { 0 } else { b'\n' };
+    copy(
+        args,
+        |permits| Ok(limiter.reserve(permits)?),
+        slowest,
+        separator,
+        counts,
+    )
+}
+
+/// Whether a write failed because the reader went away (`| head`): the end
+/// of the run, not a failure.
+pub(crate) fn reader_gone(error: &io::Error) -> bool {
+    error.kind() == io::ErrorKind::BrokenPipe
+}
+
+/// Copies records (or bytes) to stdout, paced, in groups of at most a
+/// millisecond's worth at the slowest rate: exact spacing at any rate a
+/// timer can keep, and the throughput of a plain copy at rates it never
+/// reaches. Runs on the calling thread, as `cat` does: a read, the groups
+/// it holds, each reserved (and slept for) then written, a write.
+pub(crate) fn copy(
+    args: &Args,
+    mut reserve: impl FnMut(u32) -> Result<Duration, Failure>,
+    slowest: f64,
+    separator: u8,
+    counts: &Counts,
+) -> Result<u64, Failure> {
+    use std::os::fd::AsFd;
+    let group = (slowest / 1000.0).floor().clamp(1.0, f64::from(u32::MAX)) as usize;
+    let mut stdin = std_file(io::stdin().as_fd())?;
+    let mut out = io::BufWriter::with_capacity(64 * 1024, stdout_file()?);
+    // Every read asks for whole pages into a page boundary, so a file's
+    // offsets stay page-aligned too: the kernel then copies whole pages,
+    // several times faster than into (or out of) the middle of one.
+    let mut window = Window::new(PAGE);
+    let result = (|| {
+        loop {
+            let read = match window.fill(&mut stdin) {
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+                other => other?,
+            };
+            let carried = window.carried;
+            let buf = window.bytes();
+            let filled = buf.len();
+            // Whole records only, but for the last at the end of input.
+            let len = match (args.bytes, read) {
+                (true, _) | (false, 0) => filled,
+                (false, _) => buf[carried..filled]
+                    .iter()
+                    .rposition(|b| *b == separator)
+                    .map_or(0, |end| carried + end + 1),
+            };
+            let mut rest = &buf[..len];
+            while !rest.is_empty() {
+                // The next group: `group` bytes, or `group` records.
+                let (end, permits) = if args.bytes {
+                    let end = rest.len().min(group);
+                    (end, end)
+                } else if group >= rest.len() {
+                    // No more records than bytes: all of them, counted.
+                    let records = count(rest, separator);
+                    let records = records + usize::from(rest[rest.len() - 1] != separator);
+                    (rest.len(), records)
+                } else {
+                    let mut records = 0;
+                    let mut end = rest.len();
+                    for (at, byte) in rest.iter().enumerate() {
+                        if *byte == separator {
+                            records += 1;
+                            if records == group {
+                                end = at + 1;
+                                break;
+                            }
+                        }
+                    }
+                    let last = usize::from(end == rest.len() && rest[end - 1] != separator);
+                    (end, records + last)
+                };
+                let wait = reserve(permits as u32)?;
+                if !wait.is_zero() {
+                    let due = Instant::now() + wait;
+                    out.flush()?;
+                    counts.waited.fetch_add(permits as u64, Ordering::Relaxed);
+                    wait_until(due);
+                }
+                if end >= 32 * 1024 {
+                    // Large: straight to stdout, not through the buffer.
+                    out.flush()?;
+                    out.get_mut().write_all(&rest[..end])?;
+                } else {
+                    out.write_all(&rest[..end])?;
+                }
+                let records = if args.bytes { 0 } else { permits as u64 };
+                counts.records.fetch_add(records, Ordering::Relaxed);
+                counts.bytes.fetch_add(end as u64, Ordering::Relaxed);
+                rest = &rest[end..];
+            }
+            // What was written goes out before the next read may block.
+            out.flush()?;
+            if read == 0 {
+                return Ok(0);
+            }
+            window.keep_from(len);
+        }
+    })();
+    match result {
+        Err(Failure::Io(error)) if reader_gone(&error) => Ok(0),
+        other => other,
+    }
+}
+
+/// A sleep ends some 50 µs after it was due (the system's timer slack), so
+/// a wait shorter than this is spun instead: at rates of millions of records
+/// a second the waits are microseconds, and each sleep would lose several
+/// times its length.
+pub(crate) const SPIN_BELOW: Duration = Duration::from_micros(100);
+
+/// Returns at `due`, not before.
+pub(crate) fn wait_until(due: Instant) {
+    let now = Instant::now();
+    let wait = due.saturating_duration_since(now);
+    if wait >= SPIN_BELOW {
+        std::thread::sleep(wait);
+    }
+    while Instant::now() < due {
+        std::hint::spin_loop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Short waits are spun and long ones slept; either way the wait ends
+    /// at its moment, never before it.
+    #[test]
+    fn a_wait_never_ends_before_its_moment() {
+        for wait in [0, 1, 7, 40, 99, 100, 101, 350] {
+            let due = Instant::now() + Duration::from_micros(wait);
+            wait_until(due);
+            assert!(Instant::now() >= due, "a wait of {wait} µs ended early");
+        }
+    }
+}
