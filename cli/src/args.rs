@@ -8,7 +8,7 @@ use clap::{Parser, ValueEnum};
 use paceline::Error;
 
 use crate::limiter::limits;
-use crate::units::parse_duration;
+use crate::units::{parse_duration, parse_record_size};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -109,6 +109,13 @@ pub(crate) struct Args {
     #[arg(long, value_name = "F", default_value_t = 1.0, requires = "redis")]
     pub(crate) local_fraction: f64,
 
+    /// The longest record, its separator not counted (64MiB, 1GiB,
+    /// 100000): each is held whole until its moment. A longer one ends the
+    /// run with exit status 6: the records before it are written (each at
+    /// its moment), nothing of it is. Not with --bytes, which holds none.
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_record_size)]
+    pub(crate) max_record: usize,
+
     /// Print a JSON summary to stderr at the end.
     #[arg(long)]
     pub(crate) json: bool,
@@ -143,6 +150,8 @@ pub(crate) enum Failure {
     Late,
     Limiter(String),
     Io(io::Error),
+    /// A record longer than `--max-record` (this many bytes).
+    TooLong(usize),
 }
 
 impl Failure {
@@ -152,6 +161,7 @@ impl Failure {
             Failure::Late => 3,
             Failure::Limiter(_) => 4,
             Failure::Io(_) => 5,
+            Failure::TooLong(_) => 6,
         }
     }
 }

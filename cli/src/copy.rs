@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::args::{Args, Failure};
 use crate::limiter::{limits, local};
 use crate::progress::{Counts, Progress};
-use crate::read::{PAGE, Window, count, std_file, stdout_file};
+use crate::read::{PAGE, Window, count, std_file, stdout_file, too_long};
 
 /// A plain copy on a limiter in this process, with no async runtime.
 pub(crate) fn copy_locally(args: &Args, counts: &Arc<Counts>) -> Result<u64, Failure> {
@@ -59,16 +59,21 @@ pub(crate) fn copy(
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
                 other => other?,
             };
-            let carried = window.carried;
+            let carried = window.carried();
             let buf = window.bytes();
             let filled = buf.len();
-            // Whole records only, but for the last at the end of input.
-            let len = match (args.bytes, read) {
+            // Whole records only, but for the last at the end of input;
+            // only what the read brought is searched.
+            let mut len = match (args.bytes, read) {
                 (true, _) | (false, 0) => filled,
-                (false, _) => buf[carried..filled]
-                    .iter()
-                    .rposition(|b| *b == separator)
+                (false, _) => memchr::memrchr(separator, &buf[carried..filled])
                     .map_or(0, |end| carried + end + 1),
+            };
+            // A record longer than --max-record: those before it go first.
+            let too_long = !args.bytes && {
+                let at = too_long(&buf[..len], separator, args.max_record);
+                len = at.unwrap_or(len);
+                at.is_some()
             };
             let mut rest = &buf[..len];
             while !rest.is_empty() {
@@ -82,26 +87,20 @@ pub(crate) fn copy(
                     let records = records + usize::from(rest[rest.len() - 1] != separator);
                     (rest.len(), records)
                 } else {
-                    let mut records = 0;
-                    let mut end = rest.len();
-                    for (at, byte) in rest.iter().enumerate() {
-                        if *byte == separator {
-                            records += 1;
-                            if records == group {
-                                end = at + 1;
-                                break;
-                            }
+                    match memchr::memchr_iter(separator, rest).nth(group - 1) {
+                        Some(at) => (at + 1, group),
+                        None => {
+                            let records = count(rest, separator);
+                            let last = usize::from(rest[rest.len() - 1] != separator);
+                            (rest.len(), records + last)
                         }
                     }
-                    let last = usize::from(end == rest.len() && rest[end - 1] != separator);
-                    (end, records + last)
                 };
                 let wait = reserve(permits as u32)?;
                 if !wait.is_zero() {
-                    let due = Instant::now() + wait;
                     out.flush()?;
                     counts.waited.fetch_add(permits as u64, Ordering::Relaxed);
-                    wait_until(due);
+                    wait_until(later(wait));
                 }
                 if end >= 32 * 1024 {
                     // Large: straight to stdout, not through the buffer.
@@ -117,10 +116,16 @@ pub(crate) fn copy(
             }
             // What was written goes out before the next read may block.
             out.flush()?;
+            if too_long {
+                return Err(Failure::TooLong(args.max_record));
+            }
             if read == 0 {
                 return Ok(0);
             }
             window.keep_from(len);
+            if !args.bytes && window.bytes().len() > args.max_record {
+                return Err(Failure::TooLong(args.max_record));
+            }
         }
     })();
     match result {
@@ -134,6 +139,13 @@ pub(crate) fn copy(
 /// a second the waits are microseconds, and each sleep would lose several
 /// times its length.
 pub(crate) const SPIN_BELOW: Duration = Duration::from_micros(100);
+
+/// The moment `wait` from now (or as far as the clock goes).
+pub(crate) fn later(wait: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(wait)
+        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30))
+}
 
 /// Returns at `due`, not before.
 pub(crate) fn wait_until(due: Instant) {

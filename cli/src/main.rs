@@ -56,6 +56,10 @@ fn main() -> ExitCode {
                     "paceline: a record would have waited more than --max-wait (--on-late fail)"
                 ),
                 Failure::Io(error) => eprintln!("paceline: {error}"),
+                Failure::TooLong(max) => eprintln!(
+                    "paceline: a record is longer than --max-record ({max} bytes): the records \
+                     before it were written, nothing of it was"
+                ),
             }
             ExitCode::from(failure.code())
         }
@@ -86,7 +90,8 @@ async fn run(args: &Args, counts: Arc<Counts>) -> Result<u64, Failure> {
     } else {
         let (chunks, receiving) = mpsc::channel(2);
         let split = (!args.bytes).then_some(separator);
-        std::thread::spawn(move || read_stdin(chunks, split));
+        let max_record = args.max_record;
+        std::thread::spawn(move || read_stdin(chunks, split, max_record));
         schedule(args, &pacer, key_of, separator, receiving, &counts).await
     }
 }

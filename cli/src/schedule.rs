@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 
 use crate::args::{Args, Failure, OnLate};
 use crate::commands::Commands;
-use crate::copy::reader_gone;
+use crate::copy::{later, reader_gone};
 use crate::limiter::{KeyOf, Pacer};
 use crate::progress::Counts;
 use crate::read::{Chunk, records, stdout_file, trim};
@@ -54,7 +54,7 @@ pub(crate) async fn schedule(
     pacer: &Pacer,
     key_of: Option<KeyOf>,
     separator: u8,
-    mut receiving: mpsc::Receiver<io::Result<Chunk>>,
+    mut receiving: mpsc::Receiver<Result<Chunk, Failure>>,
     counts: &Counts,
 ) -> Result<u64, Failure> {
     let mut due: BinaryHeap<Due> = BinaryHeap::new();
@@ -69,7 +69,9 @@ pub(crate) async fn schedule(
             while due.peek().is_some_and(|d| d.at <= now) {
                 let Due { record, .. } = due.pop().expect("peeked");
                 counts.records.fetch_add(1, Ordering::Relaxed);
-                counts.bytes.fetch_add(record.len() as u64, Ordering::Relaxed);
+                counts
+                    .bytes
+                    .fetch_add(record.len() as u64, Ordering::Relaxed);
                 if let Some(commands) = &mut commands {
                     out.flush()?;
                     commands.start(record, separator, counts).await;
@@ -97,7 +99,7 @@ pub(crate) async fn schedule(
                                     counts.waited.fetch_add(1, Ordering::Relaxed);
                                 }
                                 seq += 1;
-                                due.push(Due { at: Instant::now() + wait, seq, record: record.to_vec() });
+                                due.push(Due { at: later(wait), seq, record: record.to_vec() });
                             }
                             None if args.on_late == OnLate::Fail => return Err(Failure::Late),
                             None => {

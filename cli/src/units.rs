@@ -71,6 +71,21 @@ fn parse_size(text: &str) -> Option<f64> {
     Some(number.trim().parse::<f64>().ok()? * factor)
 }
 
+/// `64MiB`, `1GiB`, `100000`: the most bytes a record may hold, at least
+/// one.
+pub fn parse_record_size(text: &str) -> Result<usize, String> {
+    let bad = |why: &str| format!("bad size {text:?}: {why} (write it as 64MiB, 1GiB or 100000)");
+    let size = parse_size(text.trim()).ok_or_else(|| bad("not a size"))?;
+    if size.is_nan() || size < 1.0 {
+        return Err(bad("it must be at least one byte"));
+    }
+    // Past this, no machine holds the record anyway.
+    if size > (1u64 << 48) as f64 {
+        return Err(bad("it must be at most 256TiB"));
+    }
+    Ok(size as usize)
+}
+
 /// `250ms`, `2s`, `1.5s`, `3min`, `1h`, `500us`: a duration.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let bad = || format!("bad duration {text:?} (write it as 250ms, 2s, 3min or 1h)");

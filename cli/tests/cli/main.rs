@@ -9,6 +9,8 @@
 #[path = "../../../tests/support/redis_server.rs"]
 mod redis_server;
 
+mod records;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -60,6 +62,11 @@ fn timed_lines(child: &mut Child, start: Instant) -> Vec<(Duration, String)> {
         .lines()
         .map(|line| (start.elapsed(), line.unwrap()))
         .collect()
+}
+
+/// A path for this test process's file `name` in the temporary directory.
+fn temp_path(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("paceline-cli-{}-{name}", std::process::id()))
 }
 
 fn lines(n: usize) -> String {
