@@ -61,12 +61,17 @@ pub(crate) struct Args {
     pub(crate) warmup: Option<Duration>,
 
     /// Pace each key separately: the key is whitespace field FIELD of the
-    /// record (from 1).
+    /// record (from 1), none the empty key. Keys are bytes: two that differ
+    /// in any byte are paced apart. Through Redis a key is named by its
+    /// text: UTF-8 as it is but `\` written `\\`, every other byte `\xNN`.
     #[arg(long, value_name = "FIELD", conflicts_with = "key_regex")]
     pub(crate) key: Option<usize>,
 
     /// Pace each key separately: the key is the first group REGEX captures
-    /// in the record (or its whole match).
+    /// in the record (or its whole match), no match the empty key; bytes,
+    /// as with --key. REGEX runs on the record's bytes: its `.`, `\S` and
+    /// `[^...]` match whole UTF-8 characters, `(?-u:.)` and `(?-u:\S)`
+    /// any byte.
     #[arg(long, value_name = "REGEX")]
     pub(crate) key_regex: Option<String>,
 

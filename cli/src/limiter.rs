@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use paceline::{Error, KeyedLimiter, Limit, Limiter};
 
 use crate::args::{Args, Failure, OnDown};
+use crate::key::Key;
 use crate::units::{Rate, parse_rate};
 
 /// The clock of the command line's local limiters: the standard library's
@@ -44,7 +45,7 @@ impl paceline::clock::Clock for StdClock {
 /// The limiter: one rate, or one per key; here or through Redis.
 pub(crate) enum Pacer {
     One(Arc<dyn Limiter>),
-    Keyed(Arc<dyn KeyedLimiter<String>>),
+    Keyed(Arc<dyn KeyedLimiter<Key>>),
 }
 
 impl Pacer {
@@ -52,7 +53,7 @@ impl Pacer {
     /// exceed `max_wait` (nothing reserved).
     pub(crate) async fn reserve(
         &self,
-        key: Option<String>,
+        key: Option<Key>,
         permits: u32,
         max_wait: Option<Duration>,
     ) -> Result<Option<Duration>, Error> {
@@ -115,7 +116,7 @@ pub(crate) fn local(limits: Vec<Limit>) -> Result<paceline::RateLimiter<StdClock
 pub(crate) async fn pacer(args: &Args, limits: Vec<Limit>, keyed: bool) -> Result<Pacer, Failure> {
     let Some(url) = &args.redis else {
         return Ok(if keyed {
-            let mut builder = paceline::KeyedBuilder::<String, _>::with_clock(StdClock::start())
+            let mut builder = paceline::KeyedBuilder::<Key, _>::with_clock(StdClock::start())
                 .max_keys(args.max_keys);
             for limit in limits {
                 builder = builder.limit(limit);
@@ -140,7 +141,7 @@ pub(crate) async fn pacer(args: &Args, limits: Vec<Limit>, keyed: bool) -> Resul
     };
     Ok(if keyed {
         let mut builder = backend
-            .keyed_limiter::<String>(&args.name)
+            .keyed_limiter::<Key>(&args.name)
             .fallback(fallback)
             .local_fraction(args.local_fraction)
             .max_local_keys(args.max_keys);
@@ -162,27 +163,4 @@ pub(crate) async fn pacer(args: &Args, limits: Vec<Limit>, keyed: bool) -> Resul
 
 pub(crate) fn usage(error: Error) -> Failure {
     Failure::Usage(error.to_string())
-}
-
-/// How a record's key is found.
-pub(crate) enum KeyOf {
-    Field(usize),
-    Regex(regex::bytes::Regex),
-}
-
-impl KeyOf {
-    pub(crate) fn key(&self, record: &[u8]) -> String {
-        let key: &[u8] = match self {
-            KeyOf::Field(n) => record
-                .split(|b| b.is_ascii_whitespace())
-                .filter(|field| !field.is_empty())
-                .nth(n - 1)
-                .unwrap_or(b""),
-            KeyOf::Regex(regex) => regex
-                .captures(record)
-                .and_then(|c| c.get(1).or_else(|| c.get(0)))
-                .map_or(&b""[..], |m| m.as_bytes()),
-        };
-        String::from_utf8_lossy(key).into_owned()
-    }
 }

@@ -6,6 +6,7 @@
 mod args;
 mod commands;
 mod copy;
+mod key;
 mod limiter;
 mod progress;
 mod read;
@@ -21,7 +22,8 @@ use tokio::sync::mpsc;
 
 use args::{Args, Failure, plain, validate};
 use copy::{copy, copy_locally};
-use limiter::{KeyOf, limits, pacer};
+use key::KeyOf;
+use limiter::{limits, pacer};
 use progress::{Counts, Progress};
 use read::read_stdin;
 use schedule::schedule;

@@ -11,7 +11,8 @@ use tokio::sync::mpsc;
 use crate::args::{Args, Failure, OnLate};
 use crate::commands::Commands;
 use crate::copy::{later, reader_gone};
-use crate::limiter::{KeyOf, Pacer};
+use crate::key::KeyOf;
+use crate::limiter::Pacer;
 use crate::progress::Counts;
 use crate::read::{Chunk, records, stdout_file, trim};
 

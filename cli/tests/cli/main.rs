@@ -9,6 +9,7 @@
 #[path = "../../../tests/support/redis_server.rs"]
 mod redis_server;
 
+mod keys;
 mod records;
 
 use std::io::{BufRead, BufReader, Read, Write};
