@@ -132,7 +132,7 @@ pub(crate) struct Args {
     /// Run CMD for each record instead of printing it: `{}` in its
     /// arguments is the record; with no `{}`, the record is its stdin.
     #[arg(last = true, value_name = "CMD")]
-    pub(crate) command: Vec<String>,
+    pub(crate) command: Vec<std::ffi::OsString>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -1,6 +1,13 @@
-//! A command per record (`-- CMD`), at most `-j` at once.
+//! A command per record (`-- CMD`), at most `-j` at once. The record goes
+//! to it unchanged: in place of each `{}` in its arguments, or as its
+//! stdin when none has `{}`.
 
+use std::ffi::{OsStr, OsString};
+use std::process::Stdio;
 use std::sync::atomic::Ordering;
+
+use tokio::io::AsyncWriteExt;
+use tokio::task::JoinSet;
 
 use crate::args::Args;
 use crate::progress::Counts;
@@ -8,10 +15,15 @@ use crate::read::trim;
 
 /// The commands run per record, at most `jobs` at once.
 pub(crate) struct Commands {
-    program: String,
-    args: Vec<String>,
+    program: OsString,
+    args: Vec<OsString>,
+    /// Whether an argument holds `{}`: the record goes there, not to the
+    /// command's stdin.
+    substituted: bool,
     jobs: usize,
-    running: tokio::task::JoinSet<bool>,
+    /// The number of each running command's record, and whether it
+    /// succeeded (or why not).
+    running: JoinSet<(u64, Result<(), String>)>,
     failed: u64,
 }
 
@@ -21,55 +33,78 @@ impl Commands {
         Some(Commands {
             program: program.clone(),
             args: rest.to_vec(),
+            substituted: rest.iter().any(|arg| holds_braces(arg)),
             jobs: args.jobs,
-            running: tokio::task::JoinSet::new(),
+            running: JoinSet::new(),
             failed: 0,
         })
     }
 
-    /// Starts the command for `record`, once fewer than `jobs` run.
-    pub(crate) async fn start(&mut self, record: Vec<u8>, separator: u8, counts: &Counts) {
+    /// Starts the command for `record` (number `number` of the input,
+    /// from 1), once fewer than `jobs` run.
+    pub(crate) async fn start(
+        &mut self,
+        number: u64,
+        record: Vec<u8>,
+        separator: u8,
+        counts: &Counts,
+    ) {
         while self.running.len() >= self.jobs {
             self.reap_one(counts).await;
         }
-        let text = String::from_utf8_lossy(trim(&record, separator)).into_owned();
-        let substituted = self.args.iter().any(|arg| arg.contains("{}"));
+        counts.commands.fetch_add(1, Ordering::Relaxed);
         let mut command = tokio::process::Command::new(&self.program);
-        if substituted {
-            command.args(self.args.iter().map(|arg| arg.replace("{}", &text)));
-            command.stdin(std::process::Stdio::null());
+        if self.substituted {
+            let text = trim(&record, separator);
+            for arg in &self.args {
+                match substitute(arg, text) {
+                    Ok(arg) => command.arg(arg),
+                    Err(why) => return self.failed(number, &why, counts),
+                };
+            }
+            command.stdin(Stdio::null());
         } else {
             command.args(&self.args);
-            command.stdin(std::process::Stdio::piped());
+            command.stdin(Stdio::piped());
         }
-        counts.commands.fetch_add(1, Ordering::Relaxed);
-        let program = self.program.clone();
-        match command.spawn() {
-            Ok(mut child) => {
-                let input = (!substituted).then(|| child.stdin.take()).flatten();
-                self.running.spawn(async move {
-                    if let Some(mut stdin) = input {
-                        use tokio::io::AsyncWriteExt;
-                        let _ = stdin.write_all(&record).await;
-                        drop(stdin);
-                    }
-                    child.wait().await.is_ok_and(|status| status.success())
-                });
-            }
+        let mut child = match command.spawn() {
+            Ok(child) => child,
             Err(error) => {
-                eprintln!("paceline: cannot run {program}: {error}");
-                self.failed += 1;
-                counts.failed.fetch_add(1, Ordering::Relaxed);
+                let why = format!("cannot run {}: {error}", self.program.to_string_lossy());
+                return self.failed(number, &why, counts);
             }
-        }
+        };
+        let input = child.stdin.take();
+        self.running.spawn(async move {
+            if let Some(mut stdin) = input {
+                // A command that does not read its stdin is not a failure.
+                let _ = stdin.write_all(&record).await;
+            }
+            let outcome = match child.wait().await {
+                Ok(status) if status.success() => Ok(()),
+                Ok(status) => Err(status.to_string()),
+                Err(error) => Err(format!("waiting for it failed: {error}")),
+            };
+            (number, outcome)
+        });
+    }
+
+    /// Counts a command that failed, and says so.
+    fn failed(&mut self, number: u64, why: &str, counts: &Counts) {
+        eprintln!("paceline: the command for record {number} failed: {why}");
+        self.failed += 1;
+        counts.failed.fetch_add(1, Ordering::Relaxed);
     }
 
     async fn reap_one(&mut self, counts: &Counts) {
-        if let Some(done) = self.running.join_next().await
-            && !done.unwrap_or(false)
-        {
-            self.failed += 1;
-            counts.failed.fetch_add(1, Ordering::Relaxed);
+        match self.running.join_next().await {
+            Some(Ok((_, Ok(())))) | None => {}
+            Some(Ok((number, Err(why)))) => self.failed(number, &why, counts),
+            Some(Err(error)) => {
+                self.failed += 1;
+                counts.failed.fetch_add(1, Ordering::Relaxed);
+                eprintln!("paceline: a command's task failed: {error}");
+            }
         }
     }
 
@@ -80,4 +115,41 @@ impl Commands {
         }
         self.failed
     }
+}
+
+/// Whether `arg` holds `{}`.
+fn holds_braces(arg: &OsStr) -> bool {
+    arg.as_encoded_bytes().windows(2).any(|pair| pair == b"{}")
+}
+
+/// `arg` with each `{}` replaced by `record`, byte for byte.
+#[cfg(unix)]
+fn substitute(arg: &OsStr, record: &[u8]) -> Result<OsString, String> {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let mut rest = arg.as_bytes();
+    let mut out = Vec::with_capacity(rest.len() + record.len());
+    while let Some(at) = rest.windows(2).position(|pair| pair == b"{}") {
+        out.extend_from_slice(&rest[..at]);
+        out.extend_from_slice(record);
+        rest = &rest[at + 2..];
+    }
+    out.extend_from_slice(rest);
+    Ok(OsString::from_vec(out))
+}
+
+/// `arg` with each `{}` replaced by `record`, which must be UTF-8 here: a
+/// command's arguments on this system cannot carry other bytes unchanged,
+/// and a record is never altered.
+#[cfg(not(unix))]
+fn substitute(arg: &OsStr, record: &[u8]) -> Result<OsString, String> {
+    let record = std::str::from_utf8(record).map_err(|_| {
+        "the record is not UTF-8, and on this system a command's arguments carry \
+         only UTF-8 unchanged (without {} in the command, the record goes to its \
+         stdin as it is)"
+            .to_owned()
+    })?;
+    let arg = arg
+        .to_str()
+        .ok_or_else(|| "an argument of the command is not UTF-8".to_owned())?;
+    Ok(arg.replace("{}", record).into())
 }

@@ -19,6 +19,7 @@ use crate::read::{Chunk, records, stdout_file, trim};
 /// A record waiting for its moment.
 struct Due {
     at: Instant,
+    /// Its number in the input, from 1 (every record read counts).
     seq: u64,
     record: Vec<u8>,
 }
@@ -68,14 +69,14 @@ pub(crate) async fn schedule(
             // Release what is due.
             let now = Instant::now();
             while due.peek().is_some_and(|d| d.at <= now) {
-                let Due { record, .. } = due.pop().expect("peeked");
+                let Due { record, seq, .. } = due.pop().expect("peeked");
                 counts.records.fetch_add(1, Ordering::Relaxed);
                 counts
                     .bytes
                     .fetch_add(record.len() as u64, Ordering::Relaxed);
                 if let Some(commands) = &mut commands {
                     out.flush()?;
-                    commands.start(record, separator, counts).await;
+                    commands.start(seq, record, separator, counts).await;
                 } else {
                     out.write_all(&record)?;
                 }
@@ -93,13 +94,13 @@ pub(crate) async fn schedule(
                     };
                     let chunk = chunk?;
                     for record in records(chunk.bytes(), separator) {
+                        seq += 1;
                         let key = key_of.as_ref().map(|k| k.key(trim(record, separator)));
                         match pacer.reserve(key, 1, args.max_wait).await? {
                             Some(wait) => {
                                 if !wait.is_zero() {
                                     counts.waited.fetch_add(1, Ordering::Relaxed);
                                 }
-                                seq += 1;
                                 due.push(Due { at: later(wait), seq, record: record.to_vec() });
                             }
                             None if args.on_late == OnLate::Fail => return Err(Failure::Late),

@@ -9,6 +9,7 @@
 #[path = "../../../tests/support/redis_server.rs"]
 mod redis_server;
 
+mod commands;
 mod keys;
 mod records;
 
