@@ -152,7 +152,9 @@ pub(crate) enum OnDown {
 #[derive(Debug)]
 pub(crate) enum Failure {
     Usage(String),
-    Late,
+    /// A record (this one, counted from 1 as read) would have waited
+    /// more than `--max-wait`, with `--on-late fail`.
+    Late(u64),
     Limiter(String),
     Io(io::Error),
     /// A record longer than `--max-record` (this many bytes).
@@ -163,7 +165,7 @@ impl Failure {
     pub(crate) fn code(&self) -> u8 {
         match self {
             Failure::Usage(_) => 2,
-            Failure::Late => 3,
+            Failure::Late(_) => 3,
             Failure::Limiter(_) => 4,
             Failure::Io(_) => 5,
             Failure::TooLong(_) => 6,

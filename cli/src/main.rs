@@ -54,8 +54,9 @@ fn main() -> ExitCode {
         Err(failure) => {
             match &failure {
                 Failure::Usage(why) | Failure::Limiter(why) => eprintln!("paceline: {why}"),
-                Failure::Late => eprintln!(
-                    "paceline: a record would have waited more than --max-wait (--on-late fail)"
+                Failure::Late(number) => eprintln!(
+                    "paceline: record {number} would have waited more than --max-wait \
+                     (--on-late fail): the records before it went out, each at its moment, none after"
                 ),
                 Failure::Io(error) => eprintln!("paceline: {error}"),
                 Failure::TooLong(max) => eprintln!(

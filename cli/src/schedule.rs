@@ -48,9 +48,19 @@ impl Ord for Due {
 /// The most records waiting for their moment before input is held back.
 const MAX_DUE: usize = 100_000;
 
+/// The most bytes of records waiting for their moment before input is
+/// held back (a longer record still goes in alone).
+const MAX_HELD: usize = 64 << 20;
+
 /// Paces record by record: per key (records of other keys pass a key that
 /// waits), with a bound on the wait, or starting a command per record.
 /// Each record is reserved as it is read and released at its moment.
+///
+/// What stops the run early (a late record with `--on-late fail`, a
+/// record past `--max-record`, a failed read or limiter) stops the
+/// reading only: every record granted before it is still released, each
+/// at its moment, and the commands run to their end, before the failure
+/// is returned.
 pub(crate) async fn schedule(
     args: &Args,
     pacer: &Pacer,
@@ -60,16 +70,20 @@ pub(crate) async fn schedule(
     counts: &Counts,
 ) -> Result<u64, Failure> {
     let mut due: BinaryHeap<Due> = BinaryHeap::new();
+    // The bytes of the records in `due`.
+    let mut held = 0usize;
     let mut out = io::BufWriter::new(stdout_file()?);
     let mut commands = Commands::new(args);
     let mut seq = 0u64;
     let mut input_open = true;
+    let mut stopped: Option<Failure> = None;
     let result = async {
         loop {
             // Release what is due.
             let now = Instant::now();
             while due.peek().is_some_and(|d| d.at <= now) {
                 let Due { record, seq, .. } = due.pop().expect("peeked");
+                held -= record.len();
                 counts.records.fetch_add(1, Ordering::Relaxed);
                 counts
                     .bytes
@@ -82,30 +96,46 @@ pub(crate) async fn schedule(
                 }
             }
             out.flush()?;
-            if !input_open && due.is_empty() {
+            let reading = input_open && stopped.is_none();
+            if !reading && due.is_empty() {
                 break;
             }
+            let room = due.is_empty() || (due.len() < MAX_DUE && held < MAX_HELD);
             let next = due.peek().map(|d| d.at);
             tokio::select! {
-                chunk = receiving.recv(), if input_open && due.len() < MAX_DUE => {
-                    let Some(chunk) = chunk else {
-                        input_open = false;
-                        continue;
+                chunk = receiving.recv(), if reading && room => {
+                    let chunk = match chunk {
+                        Some(Ok(chunk)) => chunk,
+                        Some(Err(failure)) => {
+                            stopped = Some(failure);
+                            continue;
+                        }
+                        None => {
+                            input_open = false;
+                            continue;
+                        }
                     };
-                    let chunk = chunk?;
                     for record in records(chunk.bytes(), separator) {
                         seq += 1;
                         let key = key_of.as_ref().map(|k| k.key(trim(record, separator)));
-                        match pacer.reserve(key, 1, args.max_wait).await? {
-                            Some(wait) => {
+                        match pacer.reserve(key, 1, args.max_wait).await {
+                            Ok(Some(wait)) => {
                                 if !wait.is_zero() {
                                     counts.waited.fetch_add(1, Ordering::Relaxed);
                                 }
+                                held += record.len();
                                 due.push(Due { at: later(wait), seq, record: record.to_vec() });
                             }
-                            None if args.on_late == OnLate::Fail => return Err(Failure::Late),
-                            None => {
+                            Ok(None) if args.on_late == OnLate::Fail => {
+                                stopped = Some(Failure::Late(seq));
+                                break;
+                            }
+                            Ok(None) => {
                                 counts.dropped.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(error) => {
+                                stopped = Some(error.into());
+                                break;
                             }
                         }
                     }
@@ -120,10 +150,12 @@ pub(crate) async fn schedule(
         Some(mut commands) => commands.finish(counts).await,
         None => 0,
     };
-    match result {
-        Ok(()) => Ok(failed),
-        Err(Failure::Io(error)) if reader_gone(&error) => Ok(failed),
-        Err(failure) => Err(failure),
+    match (result, stopped) {
+        (Err(Failure::Io(error)), stopped) if reader_gone(&error) => {
+            stopped.map_or(Ok(failed), Err)
+        }
+        (Err(failure), _) | (Ok(()), Some(failure)) => Err(failure),
+        (Ok(()), None) => Ok(failed),
     }
 }
 

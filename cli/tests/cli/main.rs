@@ -11,6 +11,7 @@ mod redis_server;
 
 mod commands;
 mod keys;
+mod late;
 mod records;
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -173,6 +174,8 @@ fn late_records_are_dropped_and_counted_or_fail() {
     );
     assert_eq!(failed.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&failed.stderr).contains("--max-wait"));
+    // The three granted before the late one went out first.
+    assert_eq!(String::from_utf8(failed.stdout).unwrap(), lines(3));
 }
 
 #[test]
