@@ -105,7 +105,9 @@ pub(crate) struct Args {
     )]
     pub(crate) name: String,
 
-    /// While Redis is down: pace locally, let everything through, or fail.
+    /// While Redis is down, from the start too: pace on a limiter of this
+    /// process's own (local), let everything through (open), or fail with
+    /// exit status 4 (closed: it does not start without Redis).
     #[arg(long, value_enum, value_name = "WHAT", default_value_t = OnDown::Local, requires = "redis")]
     pub(crate) on_down: OnDown,
 

@@ -129,16 +129,31 @@ pub(crate) async fn pacer(args: &Args, limits: Vec<Limit>, keyed: bool) -> Resul
     use paceline::redis::{Client, Fallback, RedisBackend};
     let client = Client::open(url.as_str())
         .map_err(|e| Failure::Usage(format!("bad Redis URL {url:?}: {e}")))?;
+    // Unreachable at the start is down as any other time: the run starts
+    // on its fallback, and goes over to Redis once it answers; but with
+    // --on-down closed, it does not start.
+    let closed = args.on_down == OnDown::Closed;
     let backend = RedisBackend::builder(client)
-        .require_connection(true)
+        .require_connection(closed)
         .build()
         .await
-        .map_err(|e| Failure::Limiter(format!("cannot reach Redis at {url}: {e}")))?;
+        .map_err(|e| {
+            Failure::Limiter(format!(
+                "cannot reach Redis at {url} (--on-down closed): {e}"
+            ))
+        })?;
     let fallback = match args.on_down {
         OnDown::Local => Fallback::Local,
         OnDown::Open => Fallback::FailOpen,
         OnDown::Closed => Fallback::FailClosed,
     };
+    if backend.is_degraded() {
+        let meanwhile = match args.on_down {
+            OnDown::Local => "pacing on a limiter of its own (--on-down local)",
+            OnDown::Open | OnDown::Closed => "letting every record through (--on-down open)",
+        };
+        eprintln!("paceline: Redis at {url} does not answer: {meanwhile} until it does");
+    }
     Ok(if keyed {
         let mut builder = backend
             .keyed_limiter::<Key>(&args.name)

@@ -13,6 +13,7 @@ mod commands;
 mod keys;
 mod late;
 mod records;
+mod unreachable;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Output, Stdio};
@@ -230,8 +231,17 @@ fn bad_arguments_are_refused_clearly() {
     }
     let output = run(&[], b"");
     assert_eq!(output.status.code(), Some(2));
-    // An unreachable Redis: exit status 4, and where.
-    let output = run(&["10/s", "--redis", "redis://127.0.0.1:1/"], b"x\n");
+    // An unreachable Redis with --on-down closed: exit status 4, and where.
+    let output = run(
+        &[
+            "10/s",
+            "--redis",
+            "redis://127.0.0.1:1/",
+            "--on-down",
+            "closed",
+        ],
+        b"x\n",
+    );
     assert_eq!(output.status.code(), Some(4), "{output:?}");
     assert!(
         String::from_utf8_lossy(&output.stderr)
