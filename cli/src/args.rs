@@ -91,6 +91,12 @@ pub(crate) struct Args {
     #[arg(short = 'j', long, value_name = "N", default_value_t = 1)]
     pub(crate) jobs: usize,
 
+    /// Kill a command still running D after it started (250ms, 30s,
+    /// 5min) and count it as failed, as a command that exits non-zero:
+    /// exit status 1 at the end. Default: no bound.
+    #[arg(long, value_name = "D", value_parser = parse_duration)]
+    pub(crate) timeout: Option<Duration>,
+
     /// Share the rate through Redis at URL (redis://host:6379/) with every
     /// paceline and library user of the same --name.
     #[arg(long, value_name = "URL")]
@@ -202,6 +208,16 @@ pub(crate) fn validate(args: &Args) -> Result<(), Failure> {
     if args.bytes && (keyed || !args.command.is_empty()) {
         return Err(Failure::Usage(
             "--bytes paces a byte stream: it takes no --key and no command".to_owned(),
+        ));
+    }
+    if args.timeout.is_some() && args.command.is_empty() {
+        return Err(Failure::Usage(
+            "--timeout bounds each command: it needs one (-- CMD)".to_owned(),
+        ));
+    }
+    if args.timeout.is_some_and(|timeout| timeout.is_zero()) {
+        return Err(Failure::Usage(
+            "--timeout must be more than zero".to_owned(),
         ));
     }
     if let Some(regex) = &args.key_regex {

@@ -1,10 +1,11 @@
-//! A command per record (`-- CMD`), at most `-j` at once. The record goes
-//! to it unchanged: in place of each `{}` in its arguments, or as its
-//! stdin when none has `{}`.
+//! A command per record (`-- CMD`), at most `-j` at once, each killed past
+//! `--timeout`. The record goes to it unchanged: in place of each `{}` in
+//! its arguments, or as its stdin when none has `{}`.
 
 use std::ffi::{OsStr, OsString};
 use std::process::Stdio;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 use tokio::task::JoinSet;
@@ -21,6 +22,8 @@ pub(crate) struct Commands {
     /// command's stdin.
     substituted: bool,
     jobs: usize,
+    /// How long a command may run before it is killed.
+    timeout: Option<Duration>,
     /// The number of each running command's record, and whether it
     /// succeeded (or why not).
     running: JoinSet<(u64, Result<(), String>)>,
@@ -35,6 +38,7 @@ impl Commands {
             args: rest.to_vec(),
             substituted: rest.iter().any(|arg| holds_braces(arg)),
             jobs: args.jobs,
+            timeout: args.timeout,
             running: JoinSet::new(),
             failed: 0,
         })
@@ -75,15 +79,34 @@ impl Commands {
             }
         };
         let input = child.stdin.take();
+        let timeout = self.timeout;
         self.running.spawn(async move {
-            if let Some(mut stdin) = input {
-                // A command that does not read its stdin is not a failure.
-                let _ = stdin.write_all(&record).await;
-            }
-            let outcome = match child.wait().await {
-                Ok(status) if status.success() => Ok(()),
-                Ok(status) => Err(status.to_string()),
-                Err(error) => Err(format!("waiting for it failed: {error}")),
+            let run = async {
+                if let Some(mut stdin) = input {
+                    // A command that does not read its stdin is not a
+                    // failure.
+                    let _ = stdin.write_all(&record).await;
+                }
+                child.wait().await
+            };
+            let ended = match timeout {
+                None => Some(run.await),
+                Some(timeout) => tokio::time::timeout(timeout, run).await.ok(),
+            };
+            let outcome = match ended {
+                Some(Ok(status)) if status.success() => Ok(()),
+                Some(Ok(status)) => Err(status.to_string()),
+                Some(Err(error)) => Err(format!("waiting for it failed: {error}")),
+                None => {
+                    let killed = match child.kill().await {
+                        Ok(()) => "killed".to_owned(),
+                        Err(error) => format!("killing it failed: {error}"),
+                    };
+                    Err(format!(
+                        "still running after --timeout {:?}: {killed}",
+                        timeout.unwrap_or_default()
+                    ))
+                }
             };
             (number, outcome)
         });

@@ -49,3 +49,36 @@ fn a_command_gets_the_records_bytes_unchanged() {
         assert_eq!(output.stdout, expected, "{command:?}");
     }
 }
+
+/// A command still running past `--timeout` is killed and counted as
+/// failed (exit status 1), and the run does not wait for it to end.
+#[test]
+fn a_command_past_its_timeout_is_killed_and_fails() {
+    let start = Instant::now();
+    let output = run(
+        &["100/s", "--timeout", "200ms", "--json", "--", "sleep", "10"],
+        b"x\n",
+    );
+    let took = start.elapsed();
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("record 1"), "{stderr}");
+    assert!(stderr.contains("--timeout"), "{stderr}");
+    assert!(stderr.contains("\"failed\":1"), "{stderr}");
+    // Commands that end in time succeed.
+    let output = run(&["100/s", "--timeout", "5s", "--", "true"], b"x\ny\n");
+    assert!(output.status.success(), "{output:?}");
+    // --timeout needs a command, and more than nothing.
+    for (args, says) in [
+        (&["100/s", "--timeout", "1s"][..], "needs one"),
+        (
+            &["100/s", "--timeout", "0s", "--", "true"][..],
+            "more than zero",
+        ),
+    ] {
+        let output = run(args, b"");
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {output:?}");
+        assert!(String::from_utf8_lossy(&output.stderr).contains(says));
+    }
+}
