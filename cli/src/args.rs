@@ -167,6 +167,8 @@ pub(crate) enum Failure {
     Io(io::Error),
     /// A record longer than `--max-record` (this many bytes).
     TooLong(usize),
+    /// SIGINT or SIGTERM (this one) was caught.
+    Signal(i32),
 }
 
 impl Failure {
@@ -177,6 +179,7 @@ impl Failure {
             Failure::Limiter(_) => 4,
             Failure::Io(_) => 5,
             Failure::TooLong(_) => 6,
+            Failure::Signal(signal) => (128 + signal).clamp(0, 255) as u8,
         }
     }
 }

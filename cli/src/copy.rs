@@ -10,6 +10,7 @@ use crate::args::{Args, Failure};
 use crate::limiter::{limits, local};
 use crate::progress::{Counts, Progress};
 use crate::read::{PAGE, Window, count, std_file, stdout_file, too_long};
+use crate::signals;
 
 /// A plain copy on a limiter in this process, with no async runtime.
 pub(crate) fn copy_locally(args: &Args, counts: &Arc<Counts>) -> Result<u64, Failure> {
@@ -45,7 +46,7 @@ pub(crate) fn copy(
     separator: u8,
     counts: &Counts,
 ) -> Result<u64, Failure> {
-    use std::os::fd::AsFd;
+    use std::os::fd::{AsFd, AsRawFd};
     let group = (slowest / 1000.0).floor().clamp(1.0, f64::from(u32::MAX)) as usize;
     let mut stdin = std_file(io::stdin().as_fd())?;
     let mut out = io::BufWriter::with_capacity(64 * 1024, stdout_file()?);
@@ -55,6 +56,11 @@ pub(crate) fn copy(
     let mut window = Window::new(PAGE);
     let result = (|| {
         loop {
+            // Everything whose moment has come is out (flushed below)
+            // before a read may block.
+            if let Some(signal) = signals::readable(stdin.as_raw_fd()) {
+                return Err(Failure::Signal(signal));
+            }
             let read = match window.fill(&mut stdin) {
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
                 other => other?,
@@ -100,7 +106,10 @@ pub(crate) fn copy(
                 if !wait.is_zero() {
                     out.flush()?;
                     counts.waited.fetch_add(permits as u64, Ordering::Relaxed);
-                    wait_until(later(wait));
+                    if let Some(signal) = signals::sleep_until(later(wait)) {
+                        // This group's moment has not come: it stays.
+                        return Err(Failure::Signal(signal));
+                    }
                 }
                 if end >= 32 * 1024 {
                     // Large: straight to stdout, not through the buffer.
@@ -134,43 +143,9 @@ pub(crate) fn copy(
     }
 }
 
-/// A sleep ends some 50 µs after it was due (the system's timer slack), so
-/// a wait shorter than this is spun instead: at rates of millions of records
-/// a second the waits are microseconds, and each sleep would lose several
-/// times its length.
-pub(crate) const SPIN_BELOW: Duration = Duration::from_micros(100);
-
 /// The moment `wait` from now (or as far as the clock goes).
 pub(crate) fn later(wait: Duration) -> Instant {
     let now = Instant::now();
     now.checked_add(wait)
         .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30))
-}
-
-/// Returns at `due`, not before.
-pub(crate) fn wait_until(due: Instant) {
-    let now = Instant::now();
-    let wait = due.saturating_duration_since(now);
-    if wait >= SPIN_BELOW {
-        std::thread::sleep(wait);
-    }
-    while Instant::now() < due {
-        std::hint::spin_loop();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Short waits are spun and long ones slept; either way the wait ends
-    /// at its moment, never before it.
-    #[test]
-    fn a_wait_never_ends_before_its_moment() {
-        for wait in [0, 1, 7, 40, 99, 100, 101, 350] {
-            let due = Instant::now() + Duration::from_micros(wait);
-            wait_until(due);
-            assert!(Instant::now() >= due, "a wait of {wait} µs ended early");
-        }
-    }
 }

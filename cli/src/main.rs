@@ -11,6 +11,7 @@ mod limiter;
 mod progress;
 mod read;
 mod schedule;
+mod signals;
 mod units;
 
 use std::process::ExitCode;
@@ -31,7 +32,8 @@ use schedule::schedule;
 fn main() -> ExitCode {
     let args = Args::parse();
     let counts = Arc::new(Counts::default());
-    let result = match validate(&args).map(|()| plain(&args)) {
+    let checked = validate(&args).and_then(|()| Ok(signals::install()?));
+    let result = match checked.map(|()| plain(&args)) {
         Err(failure) => Err(failure),
         Ok(plain) => match plain {
             // A plain copy in this process needs no runtime: it starts as
@@ -59,6 +61,8 @@ fn main() -> ExitCode {
                      (--on-late fail): the records before it went out, each at its moment, none after"
                 ),
                 Failure::Io(error) => eprintln!("paceline: {error}"),
+                // Ended by the signal, as a program that does not catch it.
+                Failure::Signal(signal) => signals::end_by(*signal),
                 Failure::TooLong(max) => eprintln!(
                     "paceline: a record is longer than --max-record ({max} bytes): the records \
                      before it were written, nothing of it was"

@@ -15,6 +15,7 @@ use crate::key::KeyOf;
 use crate::limiter::Pacer;
 use crate::progress::Counts;
 use crate::read::{Chunk, records, stdout_file, trim};
+use crate::signals;
 
 /// A record waiting for its moment.
 struct Due {
@@ -60,7 +61,9 @@ const MAX_HELD: usize = 64 << 20;
 /// record past `--max-record`, a failed read or limiter) stops the
 /// reading only: every record granted before it is still released, each
 /// at its moment, and the commands run to their end, before the failure
-/// is returned.
+/// is returned. A signal stops it sooner: the records whose moment has
+/// come are written, no other, and no command starts; those running are
+/// waited for.
 pub(crate) async fn schedule(
     args: &Args,
     pacer: &Pacer,
@@ -77,11 +80,14 @@ pub(crate) async fn schedule(
     let mut seq = 0u64;
     let mut input_open = true;
     let mut stopped: Option<Failure> = None;
+    let signal = signals::caught_async();
+    tokio::pin!(signal);
     let result = async {
         loop {
-            // Release what is due.
+            let signalled = matches!(stopped, Some(Failure::Signal(_)));
+            // Release what is due (after a signal, no command).
             let now = Instant::now();
-            while due.peek().is_some_and(|d| d.at <= now) {
+            while due.peek().is_some_and(|d| d.at <= now) && !(signalled && commands.is_some()) {
                 let Due { record, seq, .. } = due.pop().expect("peeked");
                 held -= record.len();
                 counts.records.fetch_add(1, Ordering::Relaxed);
@@ -97,7 +103,7 @@ pub(crate) async fn schedule(
             }
             out.flush()?;
             let reading = input_open && stopped.is_none();
-            if !reading && due.is_empty() {
+            if signalled || !reading && due.is_empty() {
                 break;
             }
             let room = due.is_empty() || (due.len() < MAX_DUE && held < MAX_HELD);
@@ -141,6 +147,9 @@ pub(crate) async fn schedule(
                     }
                 }
                 () = sleep_until(next), if next.is_some() => {}
+                signal = &mut signal, if !signalled => {
+                    stopped = Some(Failure::Signal(signal));
+                }
             }
         }
         Ok::<(), Failure>(())

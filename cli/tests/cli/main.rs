@@ -13,6 +13,7 @@ mod commands;
 mod keys;
 mod late;
 mod records;
+mod signals;
 mod unreachable;
 
 use std::io::{BufRead, BufReader, Read, Write};
