@@ -45,7 +45,13 @@ pub fn parse_rate(text: &str, bytes: bool) -> Result<Rate, String> {
             .parse::<f64>()
             .map_err(|_| bad("not a number"))?
     };
-    if !(permits.is_finite() && permits > 0.0) {
+    if permits.is_nan() {
+        return Err(bad("not a number"));
+    }
+    if permits == f64::INFINITY {
+        return Err(bad("too large: it reads as infinite"));
+    }
+    if permits <= 0.0 {
         return Err(bad("it must be more than zero"));
     }
     Ok(Rate { permits, period })
@@ -141,6 +147,18 @@ mod tests {
             assert!(parse_rate(bad, false).is_err(), "{bad}");
         }
         assert!(parse_rate("5XB/s", true).is_err());
+        for (bad, says) in [
+            ("1e309/s", "too large"),
+            ("inf/s", "too large"),
+            ("-inf/s", "more than zero"),
+            ("0/s", "more than zero"),
+            ("NaN/s", "not a number"),
+        ] {
+            let error = parse_rate(bad, false).unwrap_err();
+            assert!(error.contains(says), "{bad}: {error}");
+        }
+        let error = parse_rate("1e308GiB/s", true).unwrap_err();
+        assert!(error.contains("too large"), "{error}");
     }
 
     #[test]

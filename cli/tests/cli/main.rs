@@ -217,6 +217,8 @@ fn a_command_runs_once_per_record_with_jobs_at_once() {
 fn bad_arguments_are_refused_clearly() {
     for (args, says) in [
         (&["0/s"][..], "must be more than zero"),
+        (&["1e309/s"][..], "too large: it reads as infinite"),
+        (&["--bytes", "1e309MiB/s"][..], "too large"),
         (&["ten/s"][..], "not a number"),
         (&["10/fortnight"][..], "the period must be"),
         (&["--bytes", "5XB/s"][..], "not a size"),
