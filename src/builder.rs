@@ -118,13 +118,22 @@ pub(crate) use policy_setters;
 /// One of several limits a limiter enforces together; see
 /// [`Builder::limit`].
 ///
-/// A limit is a rate and what it saves up while idle. Made with a period
-/// (`Limit::per_hour(1000.0)`), its burst is the whole period's permits: a
-/// quota of 1 000 an hour can be spent at once, then refills at 1 000 an
-/// hour. [`burst`](Limit::burst) sets a smaller one, and
-/// [`warmup`](Limit::warmup) the warming-up policy instead. A limit starts
-/// full, its burst there at once (a rate set with `permits_per_second`
-/// starts with nothing stored, as it always has).
+/// A limit is a rate and how many requests may go at once after an idle
+/// spell, its *burst*. Made with a period (`Limit::per_hour(1000.0)`), its
+/// burst is the period's whole permits: a quota of 1 000 an hour lets
+/// 1 000 requests go at once, then refills at 1 000 an hour.
+/// [`burst`](Limit::burst) sets another count (`burst(1)`: exact spacing,
+/// one at a time), and [`warmup`](Limit::warmup) the warming-up policy
+/// instead. A limit starts full, its burst there at once (a rate set with
+/// `permits_per_second` starts with nothing stored, as it always has).
+///
+/// A burst of `n` means `n` requests of one permit at once, no more: the
+/// limit stores `n − 1` permits while idle, and the one request that goes
+/// when nothing is owed makes the `n`th (its cost is charged to the next
+/// request, as every request's is). The builder's
+/// [`max_burst`](Builder::max_burst), a duration of stored permits, keeps
+/// the classic meaning: `max_burst × rate` permits stored, so one more
+/// than that goes at once.
 ///
 /// **A long window's burst.** A per-hour limit whose burst is one second of
 /// its rate (the single-limit builder's default) is just a slow rate: one
@@ -141,26 +150,37 @@ pub(crate) use policy_setters;
 ///
 /// ```
 /// use paceline::{Limit, RateLimiter};
+/// use paceline::clock::FakeClock;
 ///
 /// let limiter = RateLimiter::builder()
 ///     .limit(Limit::per_second(10.0).burst(20))
 ///     .limit(Limit::per_hour(1000.0))
+///     .clock(FakeClock::new())
 ///     .build()?;
 /// assert_eq!(limiter.rate(), 10.0);
+/// // A burst of 20 is 20 at once, and the 21st waits.
+/// for _ in 0..20 {
+///     assert!(limiter.try_reserve(1, std::time::Duration::ZERO)?.is_some());
+/// }
+/// assert!(limiter.try_reserve(1, std::time::Duration::ZERO)?.is_none());
 /// # Ok::<(), paceline::Error>(())
 /// ```
 #[derive(Debug, Clone)]
 #[must_use = "a limit does nothing until given to a builder's .limit()"]
 pub struct Limit {
     config: PolicyConfig,
-    /// The burst in permits, if [`burst`](Limit::burst) set it.
+    /// How many requests go at once, if [`burst`](Limit::burst) set it;
+    /// else the period's whole permits.
     burst: Option<u64>,
+    /// The permits per period it was made with.
+    period_permits: f64,
     /// Why it cannot be built, found when it was made.
     invalid: Option<&'static str>,
 }
 
 impl Limit {
-    /// `permits` per `period`, with a burst of the whole period's permits.
+    /// `permits` per `period`, with a burst of the period's whole permits
+    /// (at least 1).
     pub fn per(permits: f64, period: Duration) -> Limit {
         let invalid = period
             .is_zero()
@@ -173,6 +193,7 @@ impl Limit {
                 ..PolicyConfig::default()
             },
             burst: None,
+            period_permits: permits,
         }
     }
 
@@ -196,7 +217,10 @@ impl Limit {
         Limit::per(permits, Duration::from_secs(86_400))
     }
 
-    /// The most permits it saves up while idle, usable at once (`0`: none).
+    /// How many requests of one permit may go at once after an idle
+    /// spell: `n` at once, the `n + 1`th one interval after the first
+    /// (`1`: exact spacing). At least 1: building with `0` is an
+    /// [`Error::InvalidArgument`].
     pub fn burst(mut self, permits: u64) -> Limit {
         self.burst = Some(permits);
         self.config.warmup = None;
@@ -225,15 +249,20 @@ impl Limit {
             return Err(Error::InvalidArgument(why.to_owned()));
         }
         let mut config = self.config.clone();
-        if let (Some(permits), Some(rate)) = (self.burst, config.permits_per_second) {
-            // Rounded up to the microsecond, so that the burst holds at
-            // least `permits` whole permits.
-            let micros = (permits as f64 * 1e6 / rate).ceil();
-            config.max_burst = Some(Duration::from_micros(if micros < u64::MAX as f64 {
-                micros as u64
-            } else {
-                u64::MAX
-            }));
+        if let (Some(rate), None) = (config.permits_per_second, config.warmup) {
+            let burst = match self.burst {
+                Some(0) => {
+                    return Err(Error::InvalidArgument(
+                        "a limit's burst must be at least 1 (got 0): one request always goes \
+                         when nothing is owed; burst(1) is exact spacing"
+                            .to_owned(),
+                    ));
+                }
+                Some(burst) => burst as f64,
+                // The period's whole permits, at least one.
+                None => self.period_permits.floor().max(1.0),
+            };
+            config.max_burst = Some(stored_for(burst - 1.0, rate));
         }
         let (policy, rate) = config.policy()?;
         let mut state = State::new(policy, rate, now)?;
@@ -242,6 +271,26 @@ impl Limit {
         state.stored_permits = state.max_permits;
         Ok(state)
     }
+}
+
+/// The idle time that stores `permits` (whole, `>= 0`) at `rate`: rounded
+/// up to the microsecond, so that at least `permits` are stored, and less
+/// than one more (a burst of `n` lets `n` go at once, never `n + 1`).
+fn stored_for(permits: f64, rate: f64) -> Duration {
+    if permits <= 0.0 || rate.is_infinite() {
+        return Duration::ZERO;
+    }
+    let mut micros = (permits * 1e6 / rate).ceil();
+    // The limit's maximum is computed back as `micros × rate / 1e6`; a
+    // rounding below `permits` would store one permit fewer.
+    if micros * rate / 1e6 < permits {
+        micros += 1.0;
+    }
+    Duration::from_micros(if micros < u64::MAX as f64 {
+        micros as u64
+    } else {
+        u64::MAX
+    })
 }
 
 /// The core states of a builder's limits at `now`: the one its own rate

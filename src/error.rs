@@ -45,6 +45,23 @@ impl std::error::Error for Error {
 }
 
 /// What went wrong with a backend, with the backend's own error as the source.
+///
+/// The Redis limiters make these; a [`KeyedLimiter`](crate::KeyedLimiter)
+/// or [`Limiter`](crate::Limiter) written outside the crate makes its own
+/// for a store it cannot reach, so that callers (the HTTP layer answers
+/// `503 Service Unavailable`) tell a broken backend from a bad argument.
+///
+/// ```
+/// use paceline::{BackendError, Error};
+///
+/// let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+/// let error = Error::Backend(BackendError::new("cannot reach the quota store").with_source(refused));
+/// assert_eq!(error.to_string(), "backend error: cannot reach the quota store: connection refused");
+/// assert!(std::error::Error::source(&error).is_some());
+///
+/// let late = BackendError::timeout("the quota store did not answer in 50 ms");
+/// assert!(late.is_timeout());
+/// ```
 #[derive(Debug)]
 pub struct BackendError {
     message: String,
@@ -52,37 +69,38 @@ pub struct BackendError {
     source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
 }
 
-#[cfg(feature = "redis")]
 impl BackendError {
-    /// An error described by `message`, caused by `source` if given.
-    pub(crate) fn new(
-        message: impl Into<String>,
-        source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
-    ) -> Self {
+    /// The backend failed as `message` says (what was asked of it, and of
+    /// which backend): it answered with an error, or could not be reached.
+    pub fn new(message: impl Into<String>) -> Self {
         BackendError {
             message: message.into(),
             timed_out: false,
-            source,
-        }
-    }
-
-    /// The backend did not answer within the response timeout.
-    pub(crate) fn timeout(message: impl Into<String>) -> Self {
-        BackendError {
-            message: message.into(),
-            timed_out: true,
             source: None,
         }
     }
 
-    /// Marks the error as a timeout (or not).
-    pub(crate) fn with_timeout(mut self, timed_out: bool) -> Self {
+    /// The backend did not answer in time.
+    pub fn timeout(message: impl Into<String>) -> Self {
+        BackendError::new(message).with_timeout(true)
+    }
+
+    /// The backend's own error, which caused this one: the
+    /// [`source`](Self::source), and part of the message.
+    pub fn with_source(
+        mut self,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// Marks the error as a timeout, or not.
+    pub fn with_timeout(mut self, timed_out: bool) -> Self {
         self.timed_out = timed_out;
         self
     }
-}
 
-impl BackendError {
     /// Whether the backend failed to answer in time (as opposed to answering
     /// with an error or refusing the connection).
     pub fn is_timeout(&self) -> bool {

@@ -141,8 +141,8 @@ impl<'a> Reservation<'a> {
     /// use paceline::clock::FakeClock;
     ///
     /// let limiter = RateLimiter::builder()
-    ///     .limit(Limit::per_second(10.0).burst(0))
-    ///     .limit(Limit::per_minute(60.0).burst(0))
+    ///     .limit(Limit::per_second(10.0).burst(1))
+    ///     .limit(Limit::per_minute(60.0).burst(1))
     ///     .clock(FakeClock::new())
     ///     .build()?;
     /// assert_eq!(limiter.reservation(1)?.limit(), None); // it does not wait

@@ -51,7 +51,7 @@ pub(crate) struct Args {
     pub(crate) null: bool,
 
     /// How many records (bytes, with --bytes) may go at once after an idle
-    /// spell. Default 0: exact spacing.
+    /// spell. Default 1: exact spacing.
     #[arg(long, value_name = "N")]
     pub(crate) burst: Option<u64>,
 

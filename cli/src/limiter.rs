@@ -74,7 +74,7 @@ impl Pacer {
 }
 
 /// The limits the arguments describe: the first paces (burst `--burst`,
-/// default none, or `--warmup`), the others are quotas (their whole period
+/// default 1, or `--warmup`), the others are quotas (their whole period
 /// as burst).
 pub(crate) fn limits(args: &Args) -> Result<(Vec<Limit>, f64), Failure> {
     let rates: Vec<Rate> = args
@@ -95,7 +95,7 @@ pub(crate) fn limits(args: &Args) -> Result<(Vec<Limit>, f64), Failure> {
             let limit = Limit::per(rate.permits, rate.period);
             match (i, args.warmup) {
                 (0, Some(warmup)) => limit.warmup(warmup),
-                (0, None) => limit.burst(args.burst.unwrap_or(0)),
+                (0, None) => limit.burst(args.burst.unwrap_or(1)),
                 _ => limit,
             }
         })

@@ -3,6 +3,7 @@
 
 mod builder;
 mod fallback;
+mod rounds;
 mod several;
 mod shard;
 mod store;
@@ -16,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 pub use builder::KeyedBuilder;
+use rounds::Rounds;
 use several::{Several, Ticket};
 pub(crate) use shard::Mode;
 use shard::{Dropped, Fast, Recorded, Shard, Written};
@@ -39,16 +41,22 @@ use crate::{Error, Reservation, Snapshot};
 /// any moment with no visible change, and the limiter does forget them, as
 /// part of ordinary calls (no background thread):
 ///
-/// * at the first call on a shard a *sweep period* after its last sweep by
-///   time (the refill period, the time idle time takes to refill a key's
-///   burst, and at least a second), the shard's entries that read as full
-///   and have been idle for half a period are dropped: one pass per period;
+/// * a *sweep period* after a shard's last sweep by time (the refill
+///   period, the time idle time takes to refill a key's burst, and at least
+///   a second), the shard's entries that read as full and have been idle
+///   for half a period are dropped: one pass per period, at the first call
+///   on the shard, or at a call on any other key that visits it. Calls take
+///   turns visiting the shards, one shard per call at most and every shard
+///   about once a second (a visit does not wait for a shard in use, whose
+///   own calls sweep it), so that a shard no call reaches sweeps too;
 /// * when a new key finds a shard twice as large as after its last sweep,
 ///   the entries that read as full and have been idle since the last sweep
 ///   by time are dropped: a pass over `n` entries follows `n / 2` new keys
 ///   at least, a constant amount of work per call, amortized.
 ///
 /// Memory therefore follows the keys active within about one sweep period,
+/// in every shard, whichever keys the calls are on (a round of visits takes
+/// a second, or as many calls as there are shards, whichever is longer),
 /// not every key ever seen; a key in use is not dropped and made again at
 /// every pass, even at a rate so high that it reads as full a moment after
 /// each call.
@@ -136,6 +144,8 @@ pub struct KeyedRateLimiter<K, C: Clock = SystemClock> {
     /// The keys, for a limiter built with several limits (the shards are
     /// then unused).
     several: Option<Box<Several<K>>>,
+    /// The visits that sweep the shards no call reaches.
+    rounds: Rounds,
     metrics: Metrics,
 }
 
@@ -310,6 +320,7 @@ where
             dropped_until: AtomicU64::new(0),
             words,
             several: None,
+            rounds: Rounds::new(shards, now, mode == Mode::Full),
             metrics: Metrics::default(),
         }
     }
@@ -375,6 +386,9 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let read = self.clock.now_micros();
+        if self.rounds.due(read) {
+            self.visit(read);
+        }
         if let Some(several) = &self.several {
             let (grant, dropped) = several.reserve(key, permits, read, timeout, record);
             self.count_dropped(dropped);
@@ -400,6 +414,21 @@ where
         drop(shard);
         self.count_dropped(dropped);
         grant.map(|(wait, recorded)| (wait, recorded.map(Record::Shard), 0))
+    }
+
+    /// Makes the visit due at `read`, unless another call claimed it: the
+    /// next shard in turn sweeps if its sweep period has passed (see
+    /// [`Rounds`]).
+    #[cold]
+    #[inline(never)]
+    fn visit(&self, read: u64) {
+        let Some(index) = self.rounds.claim(read) else {
+            return;
+        };
+        match &self.several {
+            Some(several) => several.visit(index, read),
+            None => self.shards[index].0.visit(read),
+        }
     }
 
     /// A grant as a reservation: one with a wait can be given back.

@@ -4,8 +4,9 @@
 //! A key not held starts full, every limit of it, as a key of a one-limit
 //! keyed limiter does; so a key that reads as full again (every limit full,
 //! nothing waiting to be given back) is forgotten with no visible change:
-//! at a call a sweep period after the shard's last sweep, or when the
-//! shard has doubled since. Under a cap, a new key at the cap first sweeps,
+//! at a call a sweep period after the shard's last sweep (a call on the
+//! shard, or one on another shard visiting it in turn: see the keyed
+//! limiter's rounds), or when the shard has doubled since. Under a cap, a new key at the cap first sweeps,
 //! then drops the least recently used sixteenth of the shard (those keys
 //! lose their debt, counted as for one limit).
 //!
@@ -18,7 +19,7 @@ use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 
 use super::shard::Dropped;
 use crate::Snapshot;
@@ -131,12 +132,29 @@ impl<K: Hash + Eq + Clone> Several<K> {
     /// in the keys-held gauge when the lock is let go.
     fn shard<Q: Hash + ?Sized>(&self, key: &Q) -> Locked<'_, K> {
         let index = (self.hasher.hash_one(key) >> 32) as usize % self.shards.len();
-        let shard = lock(&self.shards[index]);
+        self.locked(lock(&self.shards[index]))
+    }
+
+    fn locked<'a>(&'a self, shard: MutexGuard<'a, Shard<K>>) -> Locked<'a, K> {
         let len = shard.keys.len();
         Locked {
             shard,
             len,
             metrics: &self.metrics,
+        }
+    }
+
+    /// Sweeps shard `index` if a sweep is due at `now` (as its own next
+    /// call would), unless it is locked: a visit from a call on another
+    /// shard, which never waits for this one.
+    pub(super) fn visit(&self, index: usize, now: u64) {
+        let shard = match self.shards[index].try_lock() {
+            Ok(shard) => shard,
+            Err(TryLockError::Poisoned(shard)) => shard.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        if !self.empty {
+            self.locked(shard).sweep(now, false);
         }
     }
 

@@ -277,10 +277,11 @@ impl Backend {
         match tokio::time::timeout(self.response_timeout, probe).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) if script::is_data_error(&e) => Ok(()),
-            Ok(Err(e)) => Err(BackendError::new(
-                format!("the probe's script failed on key {}", target.key),
-                Some(Box::new(e)),
-            )),
+            Ok(Err(e)) => Err(BackendError::new(format!(
+                "the probe's script failed on key {}",
+                target.key
+            ))
+            .with_source(e)),
             Err(_) => Err(BackendError::timeout(format!(
                 "the probe's script did not answer within {:?} (key {})",
                 self.response_timeout, target.key

@@ -4,11 +4,21 @@
 //! them in order at one clock reading, exactly as the same calls one by one
 //! would be; a lone caller goes at once.
 //!
+//! Every round trip of a key, a lone caller's included, runs as a task of
+//! the backend's runtime, and every caller awaits its reply through a
+//! channel of its own, on a timer of its own: no caller's wait depends on
+//! another caller's future being polled, and a caller stalled or dropped
+//! holds up nobody but itself.
+//!
 //! The guarantees of a single call hold for each request of a batch:
 //!
 //! - **Cancelled while queued**: nothing is sent for it, nothing charged.
 //! - **Cancelled after it was sent**: its reply is given back, as an
-//!   abandoned round trip's is.
+//!   abandoned round trip's is, whether it comes after the caller left or
+//!   reached the caller's channel before and was never read.
+//! - **Past the response timeout**: the caller goes to its fallback as a
+//!   single call that timed out does; its request, if it was sent, is
+//!   given back when its reply comes.
 //! - **An outage**: a batch that fails (or times out) fails every request
 //!   in it, and every request queued behind it, once: each caller then goes
 //!   to its fallback as a single call would. A batch that times out is
@@ -61,19 +71,23 @@ struct Slot {
     queue: VecDeque<Queued>,
 }
 
-/// A request waiting for its key's round trip in flight to end.
+/// A request in its key's round trips: queued behind the one in flight, or
+/// in a batch being sent (a lone caller's, a batch of one).
 struct Queued {
     request: Request,
     target: ProbeTarget,
     reply: oneshot::Sender<Result<Reply, Failure>>,
 }
 
+/// Where a queued request's reply comes.
+type Replied = oneshot::Receiver<Result<Reply, Failure>>;
+
 /// How a call goes.
 pub(crate) enum Joined {
-    /// At once, leading its key: the calls queued meanwhile go when it ends.
-    Lead(Lead),
-    /// Queued behind the key's round trip in flight: its reply comes here.
-    Queued(oneshot::Receiver<Result<Reply, Failure>>),
+    /// In its key's round trips: sent at once, leading the key, if none is
+    /// in flight (the calls queued meanwhile go when it ends), else queued
+    /// behind them. Its reply comes here (see [`wait`]).
+    Waiting(Replied),
     /// At once, on its own: the key's queue is full.
     Alone,
 }
@@ -91,10 +105,11 @@ impl Coalescer {
         self.keys.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// How a reservation of `target`'s key goes.
+    /// How a reservation of `target`'s key goes. A lone caller's round
+    /// trip is sent at once, as a task of its own, a batch of one.
     pub(crate) fn join(self: &Arc<Self>, target: &ProbeTarget, request: Request) -> Joined {
         let mut keys = self.keys();
-        let lead = match keys.get_mut(&target.key) {
+        match keys.get_mut(&target.key) {
             None => {
                 let lead = self.next_lead.fetch_add(1, Ordering::Relaxed);
                 let (in_flight, queue) = (1, VecDeque::new());
@@ -104,16 +119,15 @@ impl Coalescer {
                     queue,
                 };
                 keys.insert(Arc::clone(&target.key), slot);
-                lead
+                drop(keys);
+                let (queued, waiting) = Queued::new(request, target);
+                self.dispatch(&target.key, lead, vec![queued]);
+                Joined::Waiting(waiting)
             }
-            Some(slot) if slot.queue.len() >= QUEUE_CAPACITY => return Joined::Alone,
+            Some(slot) if slot.queue.len() >= QUEUE_CAPACITY => Joined::Alone,
             Some(slot) => {
-                let (reply, waiting) = oneshot::channel();
-                slot.queue.push_back(Queued {
-                    request,
-                    target: target.clone(),
-                    reply,
-                });
+                let (queued, waiting) = Queued::new(request, target);
+                slot.queue.push_back(queued);
                 // Enough for a batch of its own while one is in flight.
                 if slot.in_flight < MAX_IN_FLIGHT && slot.queue.len() >= SECOND_FLIGHT {
                     let (batch, lead) = (take_batch(slot), slot.lead);
@@ -121,14 +135,9 @@ impl Coalescer {
                     drop(keys);
                     self.dispatch(&target.key, lead, batch);
                 }
-                return Joined::Queued(waiting);
+                Joined::Waiting(waiting)
             }
-        };
-        Joined::Lead(Lead::new(
-            Arc::clone(self) as Arc<dyn Ends>,
-            Arc::clone(&target.key),
-            lead,
-        ))
+        }
     }
 
     /// A round trip of `key`'s slot `lead` ended: `up`, Redis answered (the
@@ -143,10 +152,9 @@ impl Coalescer {
             let queue = keys.remove(key).map(|slot| slot.queue).unwrap_or_default();
             drop(keys);
             for queued in queue {
-                let failure = BackendError::new(
-                    format!("Redis failed the round trip of key {key} this call was queued behind"),
-                    None,
-                );
+                let failure = BackendError::new(format!(
+                    "Redis failed the round trip of key {key} this call was queued behind"
+                ));
                 let _ = queued.reply.send(Err(Failure::Down(Some(failure))));
             }
             return;
@@ -172,6 +180,20 @@ impl Coalescer {
     }
 }
 
+impl Queued {
+    /// A request of `target`'s key, and where its reply comes.
+    fn new(request: Request, target: &ProbeTarget) -> (Queued, Replied) {
+        let (reply, waiting) = oneshot::channel();
+        let target = target.clone();
+        let queued = Queued {
+            request,
+            target,
+            reply,
+        };
+        (queued, waiting)
+    }
+}
+
 /// The next batch of `slot`: the callers still waiting, in order, at most
 /// [`MAX_BATCH`]; a caller gone while queued is dropped here, unsent.
 fn take_batch(slot: &mut Slot) -> Vec<Queued> {
@@ -192,30 +214,68 @@ impl Ends for Coalescer {
     }
 }
 
-/// A queued caller's wait. It is bounded without a timer of its own:
-/// every round trip of the key ends (or fails, failing the queue) within
-/// the response timeout, and each end sends the next batch, so a caller
-/// waits at most for the round trips in flight and the batches queued
-/// before its own, each within the response timeout.
+/// A caller's wait for the reply of its key's round trip, on a timer of
+/// its own: at most the response timeout, as a single call waits, however
+/// the other callers of the key are polled. Past it, the caller goes to its
+/// fallback as a single call that timed out does (its part of Redis marked
+/// down); its request, left queued, is never sent, and one sent is given
+/// back when its reply comes. A reply that reaches the channel after the
+/// caller stopped waiting, or that was never read, is given back.
 pub(crate) async fn wait(
     backend: &Arc<Backend>,
     target: &ProbeTarget,
-    waiting: oneshot::Receiver<Result<Reply, Failure>>,
+    waiting: Replied,
 ) -> Result<Reply, Failure> {
-    match waiting.await {
+    let mut waiting = Waiting {
+        replied: waiting,
+        backend,
+        target,
+    };
+    let failure = match tokio::time::timeout(backend.response_timeout, &mut waiting.replied).await {
         // The round trip it waited for, or its own, failed: its part of
         // Redis is down (marked here too, should it not be yet: it must be
         // before the caller is served by its fallback).
-        Ok(Err(Failure::Down(Some(failure)))) => {
-            backend.degrade(&failure, target.clone(), Scope::Key);
-            Err(Failure::Down(Some(failure)))
-        }
-        Ok(result) => result,
+        Ok(Ok(Err(Failure::Down(Some(failure))))) => failure,
+        Ok(Ok(result)) => return result,
         // The batch's task ended without a reply: its runtime shut down.
-        Err(_) => Err(Failure::Down(Some(BackendError::new(
-            format!("the round trip of key {} ended without a reply", target.key),
-            None,
-        )))),
+        Ok(Err(_)) => {
+            return Err(Failure::Down(Some(BackendError::new(format!(
+                "the round trip of key {} ended without a reply",
+                target.key
+            )))));
+        }
+        Err(_) => BackendError::timeout(format!(
+            "Redis did not answer within {:?} (key {})",
+            backend.response_timeout, target.key
+        )),
+    };
+    backend.degrade(&failure, target.clone(), Scope::Key);
+    Err(Failure::Down(Some(failure)))
+}
+
+/// A caller's end of its reply's channel. Dropped before the reply was
+/// read (the caller gave up, or timed out), it closes the channel: a reply
+/// sent later finds it closed and is given back by the batch's task, and
+/// one sent already is given back here.
+struct Waiting<'a> {
+    replied: Replied,
+    backend: &'a Arc<Backend>,
+    target: &'a ProbeTarget,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.replied.close();
+        if let Ok(Ok(Reply {
+            token: Some(token), ..
+        })) = self.replied.try_recv()
+        {
+            let canceller = Canceller {
+                backend: Arc::clone(self.backend),
+                target: self.target.clone(),
+            };
+            self.backend.spawn(canceller.cancel(token));
+        }
     }
 }
 

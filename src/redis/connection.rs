@@ -68,11 +68,11 @@ impl Target {
             Ok(Ok(connection)) => Ok(connection),
             Ok(Err(e)) => {
                 let timed_out = e.is_timeout();
-                Err(BackendError::new(
-                    format!("cannot connect to {}", self.describe()),
-                    Some(Box::new(e)),
+                Err(
+                    BackendError::new(format!("cannot connect to {}", self.describe()))
+                        .with_source(e)
+                        .with_timeout(timed_out),
                 )
-                .with_timeout(timed_out))
             }
             Err(_) => Err(BackendError::timeout(format!(
                 "cannot connect to {}: no answer within {timeout:?}",

@@ -125,10 +125,14 @@
 //! exactly what its own call would have got at that moment, and the key is
 //! left exactly as those calls one by one would leave it. On one hot key,
 //! 256 tasks of one process reserve about 6× as many permits per second
-//! as with `coalesce(false)` (BENCHMARKS.md). A caller that gives up while
-//! queued sends nothing and is charged nothing; one that gives up after its
-//! batch was sent has its grant given back; a batch that fails sends each
-//! of its callers to the fallback once.
+//! as with `coalesce(false)` (BENCHMARKS.md). The round trips run as tasks
+//! of the limiter's runtime, and each caller waits for its reply on a timer
+//! of its own (the response timeout, as a single call): a caller held
+//! unpolled (a `select!` arm left pending, a `join!` beside blocking work)
+//! or dropped holds up no other caller of its key. A caller that gives up
+//! while queued sends nothing and is charged nothing; one that gives up
+//! after its batch was sent has its grant given back; a batch that fails
+//! sends each of its callers to the fallback once.
 //!
 //! # Running Redis for this
 //!

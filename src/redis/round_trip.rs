@@ -44,8 +44,8 @@ pub(crate) struct Lead {
     finished: bool,
 }
 
-/// Names a [`Lead`], to fail it from elsewhere (its caller, or the wait
-/// for its abandoned reply, at the response timeout).
+/// Names a [`Lead`], to fail it from elsewhere (its round trip's task, at
+/// the response timeout, while the reply is still awaited).
 #[derive(Clone)]
 pub(crate) struct LeadId {
     ends: Arc<dyn Ends>,
@@ -96,10 +96,10 @@ impl Failure {
     pub(crate) fn share(&self) -> Failure {
         match self {
             Failure::Refused(error) => {
-                Failure::Refused(Error::Backend(BackendError::new(error.to_string(), None)))
+                Failure::Refused(Error::Backend(BackendError::new(error.to_string())))
             }
             Failure::Down(failure) => Failure::Down(failure.as_ref().map(|failure| {
-                BackendError::new(failure.to_string(), None).with_timeout(failure.is_timeout())
+                BackendError::new(failure.to_string()).with_timeout(failure.is_timeout())
             })),
         }
     }
@@ -240,10 +240,7 @@ where
     R: Future<Output = RedisResult<T>> + Send + 'static,
 {
     let Some(connection) = backend.connection() else {
-        let failure = BackendError::new(
-            format!("no connection to {}", backend.target.describe()),
-            None,
-        );
+        let failure = BackendError::new(format!("no connection to {}", backend.target.describe()));
         backend.degrade(&failure, target.clone(), Scope::Backend);
         if let Some(lead) = lead {
             lead.finish(false);
@@ -281,23 +278,20 @@ where
             reply
         })),
         canceller,
-        led: led.clone(),
     };
     let failure = match tokio::time::timeout(backend.response_timeout, in_flight.reply()).await {
         Ok(Ok(reply)) => return Ok(reply),
         Ok(Err(e)) if script::is_data_error(&e) => {
-            return Err(Failure::Refused(Error::Backend(BackendError::new(
-                format!("Redis refused the call on key {}", target.key),
-                Some(Box::new(e)),
-            ))));
+            return Err(Failure::Refused(Error::Backend(
+                BackendError::new(format!("Redis refused the call on key {}", target.key))
+                    .with_source(e),
+            )));
         }
         Ok(Err(e)) => {
             let timed_out = e.is_timeout();
-            BackendError::new(
-                format!("Redis failed the call on key {}", target.key),
-                Some(Box::new(e)),
-            )
-            .with_timeout(timed_out)
+            BackendError::new(format!("Redis failed the call on key {}", target.key))
+                .with_source(e)
+                .with_timeout(timed_out)
         }
         Err(_) => BackendError::timeout(format!(
             "Redis did not answer within {:?} (key {})",
@@ -318,12 +312,11 @@ where
 /// A round trip in flight. If it is dropped before its reply (the caller's
 /// future was dropped, or the response timeout passed), the reply is still
 /// awaited in the background, and the reservations it carries given back.
+/// (A round trip that leads its key's coalesced calls runs in a task of its
+/// own, which fails them at the response timeout: see [`run`].)
 struct InFlight<T: Tokens> {
     round_trip: Option<RoundTrip<T>>,
     canceller: Option<Canceller>,
-    /// The key's coalesced calls it leads: if its reply is not back within
-    /// the response timeout, they fail then, not when it is.
-    led: Option<LeadId>,
 }
 
 impl<T: Tokens> InFlight<T> {
@@ -346,21 +339,9 @@ impl<T: Tokens> Drop for InFlight<T> {
             return;
         };
         let backend = Arc::clone(&canceller.backend);
-        let led = self.led.take();
-        let response_timeout = backend.response_timeout;
         backend.spawn(async move {
-            let mut round_trip = round_trip;
-            let reply = match tokio::time::timeout(response_timeout, &mut round_trip).await {
-                Ok(reply) => reply,
-                Err(_) => {
-                    if let Some(led) = led {
-                        led.fail();
-                    }
-                    match tokio::time::timeout(ORPHAN_WAIT, round_trip).await {
-                        Ok(reply) => reply,
-                        Err(_) => return,
-                    }
-                }
+            let Ok(reply) = tokio::time::timeout(ORPHAN_WAIT, round_trip).await else {
+                return;
             };
             if let Ok(reply) = reply {
                 for token in Tokens::tokens(reply) {

@@ -90,7 +90,6 @@ pub(crate) fn blocking_section<T>(f: impl FnOnce() -> T) -> T {
 pub(crate) fn shut_down() -> Error {
     Error::Backend(BackendError::new(
         "the limiter's Tokio runtime has shut down",
-        None,
     ))
 }
 
@@ -120,9 +119,6 @@ pub(crate) fn own_runtime() -> Result<RuntimeRef, Error> {
         .build()
         .map(|runtime| RuntimeRef::Owned(Some(runtime)))
         .map_err(|e| {
-            Error::Backend(BackendError::new(
-                "cannot start the limiter's runtime",
-                Some(Box::new(e)),
-            ))
+            Error::Backend(BackendError::new("cannot start the limiter's runtime").with_source(e))
         })
 }

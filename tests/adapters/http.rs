@@ -1,6 +1,7 @@
 //! The HTTP layer in process, on the fake clock: per-client 429s with
 //! `Retry-After`, keys that forged headers cannot choose, a bounded wait,
-//! and the answers for a request with no key.
+//! and the answers for a request with no key and for a limiter whose
+//! backend fails.
 
 #![cfg(feature = "http")]
 
@@ -14,11 +15,13 @@ use std::time::Duration;
 
 use crate::tower::keyed_limiter;
 use ::http::{Request, Response, StatusCode};
-use paceline::KeyedRateLimiter;
+use async_trait::async_trait;
 use paceline::clock::{Clock, FakeClock};
 use paceline::http::{
-    ClientIp, Global, Header, Headers, PeerIp, RateLimitLayer, Refused, TrustedProxies,
+    ClientIp, ClientIpSource, Global, Header, Headers, PeerIp, RateLimitLayer, Refused,
+    TrustedProxies,
 };
+use paceline::{BackendError, Error, KeyedLimiter, KeyedRateLimiter};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -80,7 +83,7 @@ async fn each_client_gets_its_own_rate_and_forged_headers_change_nothing() {
     let inner = Ok200::default();
     let client_ip = ClientIp {
         peer: PeerIp::from_extension(|peer: &SocketAddr| peer.ip()),
-        proxies: TrustedProxies::new(["10.0.0.0/8"]).unwrap(),
+        proxies: TrustedProxies::new(ClientIpSource::XForwardedFor, ["10.0.0.0/8"]).unwrap(),
     };
     let mut service =
         RateLimitLayer::new(keyed_limiter::<IpAddr>(&clock), client_ip).layer(inner.clone());
@@ -113,6 +116,148 @@ async fn each_client_gets_its_own_rate_and_forged_headers_change_nothing() {
     clock.advance(Duration::from_millis(100));
     let later = send(&mut service, from("198.51.100.1", &[])).await;
     assert_eq!(later.status(), StatusCode::OK);
+}
+
+/// Through a proxy that appends the peer it saw to `X-Forwarded-For` and
+/// passes `Forwarded` on as the client sent it (nginx, HAProxy, the cloud
+/// load balancers), played here by the peer 127.0.0.1: a client that sends
+/// a new `Forwarded` each time is still one key. Of 50 sent at once at 1 a
+/// second with a burst of 2, 3 go through.
+#[tokio::test(flavor = "current_thread")]
+async fn a_forwarded_header_the_proxy_passes_on_changes_nothing() {
+    let clock = FakeClock::new();
+    let limiter = Arc::new(
+        KeyedRateLimiter::<IpAddr, _>::builder()
+            .permits_per_second(1.0)
+            .max_burst(Duration::from_secs(2))
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    let client_ip = ClientIp {
+        peer: PeerIp::from_extension(|peer: &SocketAddr| peer.ip()),
+        proxies: TrustedProxies::new(ClientIpSource::XForwardedFor, ["127.0.0.1"]).unwrap(),
+    };
+    let inner = Ok200::default();
+    let mut service = RateLimitLayer::new(limiter, client_ip).layer(inner.clone());
+    let mut through = 0;
+    for i in 0..50 {
+        let spoofed = format!("for=9.9.{}.{}", i / 256, i % 256);
+        let request = from(
+            "127.0.0.1",
+            &[("forwarded", &spoofed), ("x-forwarded-for", "203.0.113.7")],
+        );
+        if send(&mut service, request).await.status() == StatusCode::OK {
+            through += 1;
+        }
+    }
+    assert_eq!(through, 3, "{through} of 50 through");
+    assert_eq!(inner.0.load(Ordering::Relaxed), 3);
+    // Another client through the same proxy has its own key.
+    let other = from("127.0.0.1", &[("x-forwarded-for", "203.0.113.8")]);
+    assert_eq!(send(&mut service, other).await.status(), StatusCode::OK);
+}
+
+/// A limiter written outside the crate, in front of a quota store that can
+/// go down: while it is up, the keys' rates are a local limiter's; while
+/// it is down, every call fails as the backend's failure.
+struct QuotaStore {
+    rates: KeyedRateLimiter<IpAddr, FakeClock>,
+    down: std::sync::atomic::AtomicBool,
+}
+
+impl QuotaStore {
+    fn check(&self) -> Result<(), Error> {
+        if self.down.load(Ordering::Relaxed) {
+            let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+            let failure = BackendError::new("cannot reach the quota store").with_source(refused);
+            return Err(Error::Backend(failure));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl KeyedLimiter<IpAddr> for QuotaStore {
+    async fn reserve(&self, key: &IpAddr, permits: u32) -> Result<Duration, Error> {
+        self.check()?;
+        KeyedLimiter::reserve(&self.rates, key, permits).await
+    }
+
+    async fn try_reserve(
+        &self,
+        key: &IpAddr,
+        permits: u32,
+        timeout: Duration,
+    ) -> Result<Option<Duration>, Error> {
+        self.check()?;
+        KeyedLimiter::try_reserve(&self.rates, key, permits, timeout).await
+    }
+
+    async fn available_in(&self, key: &IpAddr) -> Result<Duration, Error> {
+        self.check()?;
+        KeyedLimiter::available_in(&self.rates, key).await
+    }
+
+    fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
+        KeyedLimiter::set_rate(&self.rates, permits_per_second)
+    }
+
+    fn rate(&self) -> f64 {
+        KeyedLimiter::rate(&self.rates)
+    }
+
+    fn clock(&self) -> &dyn Clock {
+        KeyedLimiter::clock(&self.rates)
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_limiter_of_our_own_reports_its_backend_down_as_503() {
+    let clock = FakeClock::new();
+    let store = Arc::new(QuotaStore {
+        rates: KeyedRateLimiter::builder()
+            .permits_per_second(10.0)
+            .max_burst(Duration::ZERO)
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+        down: Default::default(),
+    });
+    // The error it fails with is the backend's, with its cause.
+    store.down.store(true, Ordering::Relaxed);
+    let key: IpAddr = "192.0.2.1".parse().unwrap();
+    match store.reserve(&key, 1).await {
+        Err(Error::Backend(failure)) => {
+            assert!(!failure.is_timeout());
+            assert!(failure.source().is_some());
+            assert_eq!(
+                failure.to_string(),
+                "cannot reach the quota store: connection refused"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    store.down.store(false, Ordering::Relaxed);
+    let peer = PeerIp::from_extension(|peer: &SocketAddr| peer.ip());
+    let inner = Ok200::default();
+    let mut service = RateLimitLayer::new(Arc::clone(&store), peer).layer(inner.clone());
+    let client = || from("192.0.2.1", &[]);
+    // Up: the rate holds.
+    assert_eq!(send(&mut service, client()).await.status(), StatusCode::OK);
+    let refused = send(&mut service, client()).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    // Down: 503, the inner service not called, nothing reserved.
+    store.down.store(true, Ordering::Relaxed);
+    clock.advance(Duration::from_millis(100));
+    let failed = send(&mut service, client()).await;
+    assert_eq!(failed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(retry_after(&failed), None);
+    assert_eq!(inner.0.load(Ordering::Relaxed), 1);
+    // Up again: the permit that came back meanwhile goes.
+    store.down.store(false, Ordering::Relaxed);
+    assert_eq!(send(&mut service, client()).await.status(), StatusCode::OK);
+    assert_eq!(inner.0.load(Ordering::Relaxed), 2);
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -314,4 +459,36 @@ async fn a_hook_shapes_the_refusal_and_the_layer_adds_what_it_left_out() {
     let refused = send(&mut quiet, Request::new(())).await;
     assert_eq!(retry_after(&refused), Some("1"));
     assert_eq!(header(&refused, "ratelimit-policy"), None);
+}
+
+/// At 5 per second with a burst of 10, a client gets 10 at once, and the
+/// policy header says 10 (its burst, refilled in 2 s: 10 per 2 s).
+#[tokio::test(flavor = "current_thread")]
+async fn a_burst_of_n_lets_n_through_and_the_policy_says_n() {
+    let clock = FakeClock::new();
+    let limiter = Arc::new(
+        KeyedRateLimiter::builder()
+            .limit(paceline::Limit::per_second(5.0).burst(10))
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    let peer = PeerIp::from_extension(|peer: &SocketAddr| peer.ip());
+    let inner = Ok200::default();
+    let mut service = RateLimitLayer::new(limiter, peer)
+        .headers(Headers::Ietf)
+        .layer(inner.clone());
+    let mut through = 0;
+    for _ in 0..20 {
+        let response = send(&mut service, from("192.0.2.1", &[])).await;
+        if response.status() == StatusCode::OK {
+            through += 1;
+            assert_eq!(
+                header(&response, "ratelimit-policy"),
+                Some("\"default\";q=10;w=2")
+            );
+        }
+    }
+    assert_eq!(through, 10);
+    assert_eq!(inner.0.load(Ordering::Relaxed), 10);
 }

@@ -1029,8 +1029,8 @@ fn snapshots_say_what_goes_at_once() {
     }
     // Several limits: the binding one.
     let several = KeyedRateLimiter::<String>::builder()
-        .limit(paceline::Limit::per_second(10.0).burst(4))
-        .limit(paceline::Limit::per_minute(3.0))
+        .limit(paceline::Limit::per_second(10.0).burst(5))
+        .limit(paceline::Limit::per_minute(3.0).burst(4))
         .clock(clock.clone())
         .build()
         .unwrap();

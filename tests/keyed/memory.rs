@@ -2,11 +2,12 @@
 //! idle, the heap it holds falls back to what the active keys need (counted
 //! by the support allocator: the bytes this thread holds).
 
+use std::ops::Range;
 use std::time::Duration;
 
 use crate::support::alloc::bytes_in_use;
-use paceline::KeyedRateLimiter;
 use paceline::clock::FakeClock;
+use paceline::{KeyedRateLimiter, Limit};
 
 #[test]
 fn a_flood_of_idle_keys_gives_its_memory_back() {
@@ -39,4 +40,100 @@ fn a_flood_of_idle_keys_gives_its_memory_back() {
         "{after} bytes still held for {} keys (the flood took {flooded})",
         limiter.len()
     );
+}
+
+/// Touches 200 000 keys once, lets `idle` pass, then calls each key of
+/// `in_use` once a millisecond, `calls` times; the keys held then.
+fn held_after_a_flood_went_idle(
+    limiter: &KeyedRateLimiter<u64, FakeClock>,
+    clock: &FakeClock,
+    idle: Duration,
+    in_use: Range<u64>,
+    calls: u32,
+) -> usize {
+    for key in 0..200_000u64 {
+        limiter.reserve(&key, 1).unwrap();
+    }
+    assert_eq!(limiter.len(), 200_000);
+    clock.advance(idle);
+    for call in 0..calls {
+        if call > 0 {
+            clock.advance(Duration::from_millis(1));
+        }
+        for key in in_use.clone() {
+            limiter.reserve(&key, 1).unwrap();
+        }
+    }
+    limiter.len()
+}
+
+/// 10 a second with a burst of 10: a key refills in a second, the sweep
+/// period.
+fn ten_a_second(clock: &FakeClock) -> KeyedRateLimiter<u64, FakeClock> {
+    KeyedRateLimiter::builder()
+        .permits_per_second(10.0)
+        .max_burst(Duration::from_secs(1))
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+// Calls on a few keys reach only some shards; they sweep the others in
+// turn, one shard per call at most, so that every shard has been looked at
+// once 64 calls (the most shards there are) have run. Then only the keys in
+// use are held: none of the flood's keys was used for three sweep periods.
+
+#[test]
+fn idle_shards_sweep_while_other_keys_are_in_use() {
+    let clock = FakeClock::new();
+    let limiter = ten_a_second(&clock);
+    // 100 keys, half their burst spent each.
+    let held = held_after_a_flood_went_idle(
+        &limiter,
+        &clock,
+        Duration::from_secs(3),
+        1_000_000..1_000_100,
+        5,
+    );
+    assert_eq!(held, 100);
+    assert_eq!(limiter.stats().keys, 100);
+    assert_eq!(limiter.stats().dropped_unfinished, 0);
+}
+
+#[test]
+fn idle_shards_sweep_while_one_key_is_in_use() {
+    let clock = FakeClock::new();
+    let limiter = ten_a_second(&clock);
+    // One key, in one shard, 100 calls: in debt, held.
+    let held = held_after_a_flood_went_idle(
+        &limiter,
+        &clock,
+        Duration::from_secs(3),
+        1_000_000..1_000_001,
+        100,
+    );
+    assert_eq!(held, 1);
+    assert_eq!(limiter.stats().keys, 1);
+}
+
+#[test]
+fn idle_shards_sweep_with_several_limits() {
+    let clock = FakeClock::new();
+    // The per-minute limit refills in a minute, the sweep period.
+    let limiter = KeyedRateLimiter::<u64, _>::builder()
+        .limit(Limit::per_second(10.0))
+        .limit(Limit::per_minute(300.0))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let held = held_after_a_flood_went_idle(
+        &limiter,
+        &clock,
+        Duration::from_secs(180),
+        1_000_000..1_000_001,
+        100,
+    );
+    assert_eq!(held, 1);
+    assert_eq!(limiter.stats().keys, 1);
+    assert_eq!(limiter.stats().dropped_unfinished, 0);
 }

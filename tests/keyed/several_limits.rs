@@ -13,10 +13,11 @@ use paceline::{Error, KeyedRateLimiter, Limit};
 const MS: Duration = Duration::from_millis(1);
 
 fn per_second_and_minute(clock: &FakeClock) -> KeyedRateLimiter<u64, FakeClock> {
-    // 10 per second with a burst of 2, and 3 per minute with a burst of 3.
+    // 10 per second with a burst of 3 and 3 per minute with a burst of 4:
+    // 2 and 3 stored.
     KeyedRateLimiter::builder()
-        .limit(Limit::per_second(10.0).burst(2))
-        .limit(Limit::per_minute(3.0))
+        .limit(Limit::per_second(10.0).burst(3))
+        .limit(Limit::per_minute(3.0).burst(4))
         .clock(clock.clone())
         .build()
         .unwrap()
@@ -82,8 +83,8 @@ fn idle_keys_are_forgotten_and_a_cap_holds() {
     assert!(limiter.len() <= 128, "{}", limiter.len());
 
     let capped = KeyedRateLimiter::<u64>::builder()
-        .limit(Limit::per_second(1.0))
-        .limit(Limit::per_hour(10.0))
+        .limit(Limit::per_second(1.0).burst(2))
+        .limit(Limit::per_hour(10.0).burst(11))
         .max_keys(256)
         .clock(clock.clone())
         .build()
@@ -99,8 +100,8 @@ fn idle_keys_are_forgotten_and_a_cap_holds() {
 fn rates_change_for_every_key_together_or_one_limit() {
     let clock = FakeClock::new();
     let limiter = KeyedRateLimiter::<u64>::builder()
-        .limit(Limit::per_second(10.0).burst(0))
-        .limit(Limit::per_minute(3.0).burst(0))
+        .limit(Limit::per_second(10.0).burst(1))
+        .limit(Limit::per_minute(3.0).burst(1))
         .clock(clock.clone())
         .build()
         .unwrap();
@@ -131,8 +132,14 @@ fn every_key_agrees_with_the_core() {
         for _ in 0..count {
             let per_second = 1.0 + rng.below(50) as f64;
             let burst = rng.below(5);
-            builder = builder.limit(Limit::per_second(per_second).burst(burst));
-            let micros = (burst as f64 * 1e6 / per_second).ceil() as u64;
+            builder = builder.limit(Limit::per_second(per_second).burst(burst + 1));
+            // A burst of `burst + 1` stores `burst`: the idle time rounded
+            // up to the µs, and one more if that still stores less.
+            let mut micros = (burst as f64 * 1e6 / per_second).ceil();
+            if micros * per_second / 1e6 < burst as f64 {
+                micros += 1.0;
+            }
+            let micros = micros as u64;
             let policy = Policy::Bursty(Bursty::new(Duration::from_micros(micros)));
             template.push(State::new(policy, per_second, 0).unwrap());
         }
@@ -166,5 +173,35 @@ fn every_key_agrees_with_the_core() {
                 cores.remove(&key);
             }
         }
+    }
+}
+
+/// A burst of `n` is `n` requests of a new key at once, never `n + 1`.
+#[test]
+fn a_burst_of_n_lets_exactly_n_of_a_key_go_at_once() {
+    for (limits, burst) in [
+        (vec![Limit::per_second(5.0).burst(10)], 10),
+        (vec![Limit::per_second(5.0)], 5),
+        (
+            vec![Limit::per_second(5.0).burst(10), Limit::per_hour(1000.0)],
+            10,
+        ),
+        (vec![Limit::per_second(50.0), Limit::per_minute(20.0)], 20),
+    ] {
+        let mut builder = KeyedRateLimiter::<u64, _>::builder().clock(FakeClock::new());
+        for limit in &limits {
+            builder = builder.limit(limit.clone());
+        }
+        let limiter = builder.build().unwrap();
+        assert_eq!(limiter.snapshot(&1).unwrap().burst(), burst, "{limits:?}");
+        let mut at_once = 0;
+        while limiter
+            .try_reserve(&1, 1, Duration::ZERO)
+            .unwrap()
+            .is_some()
+        {
+            at_once += 1;
+        }
+        assert_eq!(at_once, burst, "{limits:?}");
     }
 }

@@ -13,11 +13,11 @@ use paceline::{Error, Limit, RateLimiter};
 const MS: Duration = Duration::from_millis(1);
 
 fn two_limits(clock: &FakeClock) -> RateLimiter<FakeClock> {
-    // 10 per second with a burst of 2 (there at once: a limit starts
-    // full), and 3 per minute with no burst.
+    // 10 per second with a burst of 3 (2 stored, there at once: a limit
+    // starts full), and 3 per minute with a burst of 1 (exact spacing).
     RateLimiter::builder()
-        .limit(Limit::per_second(10.0).burst(2))
-        .limit(Limit::per_minute(3.0).burst(0))
+        .limit(Limit::per_second(10.0).burst(3))
+        .limit(Limit::per_minute(3.0).burst(1))
         .clock(clock.clone())
         .build()
         .unwrap()
@@ -80,8 +80,8 @@ fn a_dropped_reservation_gives_back_to_every_limit() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_timed_out_acquire_gives_back_to_every_limit() {
     let limiter = RateLimiter::builder()
-        .limit(Limit::per_second(10.0).burst(0))
-        .limit(Limit::per_second(1.0).burst(0))
+        .limit(Limit::per_second(10.0).burst(1))
+        .limit(Limit::per_second(1.0).burst(1))
         .build()
         .unwrap();
     limiter.acquire(1).await.unwrap();
@@ -164,8 +164,14 @@ fn the_limiter_agrees_with_the_core_step_by_step() {
         for _ in 0..count {
             let per_second = 1.0 + rng.below(50) as f64;
             let burst = rng.below(5);
-            builder = builder.limit(Limit::per_second(per_second).burst(burst));
-            let micros = (burst as f64 * 1e6 / per_second).ceil() as u64;
+            builder = builder.limit(Limit::per_second(per_second).burst(burst + 1));
+            // A burst of `burst + 1` stores `burst`: the idle time rounded
+            // up to the µs, and one more if that still stores less.
+            let mut micros = (burst as f64 * 1e6 / per_second).ceil();
+            if micros * per_second / 1e6 < burst as f64 {
+                micros += 1.0;
+            }
+            let micros = micros as u64;
             let policy = Policy::Bursty(Bursty::new(Duration::from_micros(micros)));
             let mut state = State::new(policy, per_second, 0).unwrap();
             // A limit starts full.
@@ -215,8 +221,8 @@ fn a_reservation_names_the_limit_it_waits_for() {
     // binds.
     let clock = FakeClock::new();
     let limiter = RateLimiter::builder()
-        .limit(Limit::per_second(10.0).burst(0))
-        .limit(Limit::per_minute(60.0).burst(3))
+        .limit(Limit::per_second(10.0).burst(1))
+        .limit(Limit::per_minute(60.0).burst(4))
         .clock(clock.clone())
         .build()
         .unwrap();
@@ -233,4 +239,51 @@ fn a_reservation_names_the_limit_it_waits_for() {
         .unwrap();
     one.reserve(1).unwrap();
     assert_eq!(one.reservation(1).unwrap().limit(), Some(0));
+}
+
+/// A burst of `n` is `n` requests at once, never `n + 1`: set with
+/// `burst(n)`, or a period's whole permits by default; at 5 per second
+/// with a burst of 10, 60 in the first 10 s of hammering, no more.
+#[test]
+fn a_burst_of_n_lets_exactly_n_go_at_once() {
+    for (limit, burst) in [
+        (Limit::per_second(5.0).burst(10), 10),
+        (Limit::per_second(5.0).burst(1), 1),
+        (Limit::per_second(5.0), 5),
+        (Limit::per_hour(1000.0), 1000),
+        (Limit::per_second(3.0).burst(7), 7),
+        (Limit::per(2.5, Duration::from_secs(1)), 2),
+    ] {
+        let clock = FakeClock::new();
+        let limiter = RateLimiter::builder()
+            .limit(limit.clone())
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        assert_eq!(limiter.snapshot().unwrap().burst(), burst, "{limit:?}");
+        let mut at_once = 0;
+        while limiter.try_reserve(1, Duration::ZERO).unwrap().is_some() {
+            at_once += 1;
+        }
+        assert_eq!(at_once, burst, "{limit:?}");
+    }
+    let clock = FakeClock::new();
+    let limiter = RateLimiter::builder()
+        .limit(Limit::per_second(5.0).burst(10))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let mut granted = 0;
+    while clock.now() < Duration::from_secs(10) {
+        if limiter.try_reserve(1, Duration::ZERO).unwrap().is_some() {
+            granted += 1;
+        }
+        clock.advance(MS);
+    }
+    // 10 at once, then one every 200 ms from 200 ms to 9.8 s.
+    assert_eq!(granted, 10 + 49);
+    let zero = RateLimiter::builder()
+        .limit(Limit::per_second(5.0).burst(0))
+        .build();
+    assert!(matches!(zero, Err(Error::InvalidArgument(_))));
 }

@@ -100,7 +100,20 @@ impl Script {
                 .arg(text(limit.cold_factor));
         }
         invocation.arg(now);
-        invocation.invoke(&mut self.connection).unwrap()
+        // The TTL the script sets is computed for the simulated clock and
+        // runs on the real one, a few milliseconds for a key that refills
+        // fast: the call and the PERSIST go in one MULTI/EXEC, so that a
+        // loaded machine cannot expire the key between them.
+        invocation.load(&mut self.connection).unwrap();
+        let (reply,): (Value,) = redis::pipe()
+            .atomic()
+            .invoke_script(&invocation)
+            .cmd("PERSIST")
+            .arg(key)
+            .ignore()
+            .query(&mut self.connection)
+            .unwrap();
+        reply
     }
 }
 
@@ -334,12 +347,6 @@ fn the_script_and_the_core_agree_call_by_call() {
                     }
                 }
             }
-            // The key's TTL runs on the server's clock, not this test's:
-            // keep the key, so that only the script decides what it holds.
-            let _: () = redis::cmd("PERSIST")
-                .arg(&key)
-                .query(&mut script.connection)
-                .unwrap();
             let Some(stored) = stored_states(&mut script.connection, &key, count) else {
                 // Never written: it reads as full, and so must the core.
                 assert!(core.reads_as_full(now), "{what}: missing key");
@@ -512,8 +519,8 @@ mod limiters {
     async fn a_redis_limiter_waits_for_the_latest_limit_and_gives_back_to_all() {
         let server = RedisServer::start();
         let limiter = RedisRateLimiter::builder(server.client(), "several")
-            .limit(Limit::per_second(100.0).burst(0))
-            .limit(Limit::per_minute(6.0).burst(1))
+            .limit(Limit::per_second(100.0).burst(1))
+            .limit(Limit::per_minute(6.0).burst(2))
             .response_timeout(RESPONSE_TIMEOUT)
             .build()
             .await
@@ -548,8 +555,8 @@ mod limiters {
     async fn one_limit_s_rate_changes_alone_or_all_scale() {
         let server = RedisServer::start();
         let limiter = RedisRateLimiter::builder(server.client(), "several-rates")
-            .limit(Limit::per_second(100.0).burst(0))
-            .limit(Limit::per_minute(6.0).burst(0))
+            .limit(Limit::per_second(100.0).burst(1))
+            .limit(Limit::per_minute(6.0).burst(1))
             .response_timeout(RESPONSE_TIMEOUT)
             .build()
             .await
@@ -576,8 +583,8 @@ mod limiters {
         let backend = backend(server.client()).await;
         let limiter = backend
             .keyed_limiter::<String>("several-keyed")
-            .limit(Limit::per_second(10.0).burst(2))
-            .limit(Limit::per_hour(3.0))
+            .limit(Limit::per_second(10.0).burst(3))
+            .limit(Limit::per_hour(3.0).burst(4))
             .build()
             .unwrap();
         // Each key starts full: 2 at once per second, 3 an hour. Three go
@@ -603,8 +610,8 @@ mod limiters {
     async fn an_outage_is_served_locally_and_every_limit_carried_back() {
         let mut server = RedisServer::start();
         let limiter = RedisRateLimiter::builder(server.client(), "several-outage")
-            .limit(Limit::per_second(1000.0).burst(0))
-            .limit(Limit::per_minute(60.0).burst(0))
+            .limit(Limit::per_second(1000.0).burst(1))
+            .limit(Limit::per_minute(60.0).burst(1))
             .fallback(Fallback::Local)
             .response_timeout(RESPONSE_TIMEOUT)
             .probe_interval(PROBE_INTERVAL)
@@ -663,8 +670,8 @@ mod shared {
             let limiter = Arc::new(
                 backend
                     .limiter("shared-quota")
-                    .limit(Limit::per_second(LIMITS[0].0).burst(LIMITS[0].1 as u64))
-                    .limit(Limit::per(60.0, Duration::from_secs(2)).burst(LIMITS[1].1 as u64))
+                    .limit(Limit::per_second(LIMITS[0].0).burst(LIMITS[0].1 as u64 + 1))
+                    .limit(Limit::per(60.0, Duration::from_secs(2)).burst(LIMITS[1].1 as u64 + 1))
                     .build()
                     .unwrap(),
             );

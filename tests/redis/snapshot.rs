@@ -95,8 +95,8 @@ async fn a_rate_change_reads_as_the_next_reservation_takes_it() {
 async fn several_limits_read_as_the_binding_one() {
     let server = RedisServer::start();
     let limiter = RedisRateLimiter::builder(server.client(), "several-snap")
-        .limit(Limit::per_second(100.0).burst(0))
-        .limit(Limit::per_minute(6.0).burst(2))
+        .limit(Limit::per_second(100.0).burst(1))
+        .limit(Limit::per_minute(6.0).burst(3))
         .response_timeout(RESPONSE_TIMEOUT)
         .build()
         .await

@@ -10,9 +10,13 @@
 //! ```
 //!
 //! Options: `--port N` (default 3000), `--rate R` (per second, per client),
-//! `--burst B` (requests stored while idle), `--max-wait MS` (wait that
-//! long for a permit before refusing), `--trust CIDR` (a proxy whose
-//! forwarding headers are believed; repeat it), and, built with the
+//! `--burst B` (requests at once after an idle spell, at least 1),
+//! `--max-wait MS` (wait that
+//! long for a permit before refusing), `--client-ip HEADER` (the header
+//! your proxy writes the client's address in: `x-forwarded-for`,
+//! `forwarded`, or one that holds one address such as `x-real-ip` or
+//! `cf-connecting-ip`; default `peer`, none), `--trust CIDR` (a proxy
+//! whose `--client-ip` header is believed; repeat it), and, built with the
 //! `redis` feature (`cargo run -p paceline-axum-server --features redis`),
 //! `--redis URL` to share each client's rate among every server on that
 //! Redis.
@@ -28,8 +32,8 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::ConnectInfo;
 use axum::routing::get;
-use paceline::http::{ClientIp, Headers, PeerIp, RateLimitLayer, TrustedProxies};
-use paceline::{KeyedLimiter, KeyedRateLimiter};
+use paceline::http::{ClientIp, ClientIpSource, Headers, PeerIp, RateLimitLayer, TrustedProxies};
+use paceline::{KeyedLimiter, KeyedRateLimiter, Limit};
 
 /// What the server is asked to do.
 #[derive(Debug, Clone)]
@@ -42,7 +46,9 @@ pub struct Options {
     pub burst: u64,
     /// How long a request may wait for its permit before it is refused.
     pub max_wait: Duration,
-    /// The proxies whose forwarding headers are believed.
+    /// The header the proxies write the client's address in.
+    pub client_ip: ClientIpSource,
+    /// The proxies whose `client_ip` header is believed.
     pub trust: Vec<String>,
     /// A Redis URL to share the limits through.
     pub redis: Option<String>,
@@ -55,6 +61,7 @@ impl Default for Options {
             rate: 10.0,
             burst: 10,
             max_wait: Duration::ZERO,
+            client_ip: ClientIpSource::Peer,
             trust: Vec::new(),
             redis: None,
         }
@@ -72,10 +79,14 @@ impl Options {
                 "--rate" => options.rate = value()?.parse()?,
                 "--burst" => options.burst = value()?.parse()?,
                 "--max-wait" => options.max_wait = Duration::from_millis(value()?.parse()?),
+                "--client-ip" => options.client_ip = value()?.parse()?,
                 "--trust" => options.trust.push(value()?),
                 "--redis" => options.redis = Some(value()?),
                 other => return Err(format!("unknown option {other}").into()),
             }
+        }
+        if !options.trust.is_empty() && options.client_ip == ClientIpSource::Peer {
+            return Err("--trust needs --client-ip HEADER: the header your proxy writes".into());
         }
         Ok(options)
     }
@@ -83,13 +94,12 @@ impl Options {
 
 /// The limiter: in this process, or shared through Redis.
 pub async fn limiter(options: &Options) -> Result<Arc<dyn KeyedLimiter<IpAddr>>, Box<dyn Error>> {
-    // A burst of `burst` requests is that many seconds' worth at the rate.
-    let max_burst = Duration::from_secs_f64(options.burst as f64 / options.rate);
+    // `burst` requests at once, then `rate` a second.
+    let limit = Limit::per_second(options.rate).burst(options.burst);
     match &options.redis {
         None => Ok(Arc::new(
             KeyedRateLimiter::<IpAddr>::builder()
-                .permits_per_second(options.rate)
-                .max_burst(max_burst)
+                .limit(limit)
                 .max_keys(1_000_000)
                 .build()?,
         )),
@@ -102,8 +112,7 @@ pub async fn limiter(options: &Options) -> Result<Arc<dyn KeyedLimiter<IpAddr>>,
             Ok(Arc::new(
                 backend
                     .keyed_limiter::<IpAddr>("http-clients")
-                    .permits_per_second(options.rate)
-                    .max_burst(max_burst)
+                    .limit(limit)
                     .build()?,
             ))
         }
@@ -116,7 +125,7 @@ pub async fn limiter(options: &Options) -> Result<Arc<dyn KeyedLimiter<IpAddr>>,
 pub async fn app(options: &Options) -> Result<Router, Box<dyn Error>> {
     let client = ClientIp {
         peer: PeerIp::from_extension(|info: &ConnectInfo<SocketAddr>| info.0.ip()),
-        proxies: TrustedProxies::new(&options.trust)?,
+        proxies: TrustedProxies::new(options.client_ip.clone(), &options.trust)?,
     };
     let layer = RateLimitLayer::new(limiter(options).await?, client)
         .max_wait(options.max_wait)

@@ -17,9 +17,10 @@ pub(super) const SWEEP_MIN_LEN: usize = 64;
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Sweep {
     /// At the first call a sweep period (the refill period, and at least
-    /// [`SWEEP_MIN_PERIOD`]) after the last sweep by time: the entries idle
-    /// for half a period at least, so that a shard flooded once shrinks as
-    /// soon as it is used again. One pass per period.
+    /// [`SWEEP_MIN_PERIOD`]) after the last sweep by time, or at a visit
+    /// from a call on another shard: the entries idle for half a period at
+    /// least, so that a shard flooded once shrinks as soon as the limiter
+    /// is used again. One pass per period.
     Time,
     /// When a new key finds the shard twice as large as after the last
     /// sweep (and [`SWEEP_MIN_LEN`] at least): the entries idle since the
@@ -49,6 +50,22 @@ pub(super) fn reads_as_full(template: &State, entry: &Entry, now: u64) -> bool {
     let mut state = entry.state(template);
     state.resync(now);
     state.stored_permits.to_bits() == state.max_permits.to_bits()
+}
+
+impl<K: Hash + Eq + Clone> Shard<K> {
+    /// Sweeps by time if a sweep is due at `read` (as the shard's own next
+    /// call would), unless the shard is locked: a visit from a call on
+    /// another shard, which never waits for this one.
+    pub(in crate::keyed) fn visit(&self, read: u64) {
+        let due = match self.table.try_read() {
+            Ok(table) => read >= table.next_sweep(),
+            Err(TryLockError::Poisoned(table)) => read >= table.into_inner().next_sweep(),
+            Err(TryLockError::WouldBlock) => false,
+        };
+        if due && let Some(mut table) = self.try_write() {
+            table.clamp(read);
+        }
+    }
 }
 
 impl<K: Hash + Eq + Clone> Table<K> {

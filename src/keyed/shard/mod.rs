@@ -53,7 +53,7 @@ use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
 use crate::Snapshot;
 use crate::core::{GiveBack, Ledger, Reserved, State};
@@ -155,6 +155,17 @@ impl<K> Shard<K> {
         let table = self.table.write().unwrap_or_else(PoisonError::into_inner);
         let len = table.len();
         Written { table, len }
+    }
+
+    /// [`write`](Self::write), unless the table is locked already.
+    pub(super) fn try_write(&self) -> Option<Written<'_, K>> {
+        let table = match self.table.try_write() {
+            Ok(table) => table,
+            Err(TryLockError::Poisoned(table)) => table.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        let len = table.len();
+        Some(Written { table, len })
     }
 }
 

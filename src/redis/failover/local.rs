@@ -333,13 +333,10 @@ where
             Naming::Keyed { prefix } => format!("keys {prefix}*"),
         };
         Error::Backend(failure.unwrap_or_else(|| {
-            BackendError::new(
-                format!(
-                    "Redis is unavailable and the limiter fails closed ({keys}; last error: {})",
-                    self.backend.health.last_error()
-                ),
-                None,
-            )
+            BackendError::new(format!(
+                "Redis is unavailable and the limiter fails closed ({keys}; last error: {})",
+                self.backend.health.last_error()
+            ))
         }))
     }
 

@@ -524,8 +524,7 @@ where
     {
         let reply = match (&self.coalescer, &call) {
             (Some(coalescer), Call::Reserve(request)) => match coalescer.join(target, *request) {
-                Joined::Lead(lead) => send(&self.backend, target, call, Some(lead)).await,
-                Joined::Queued(waiting) => coalesce::wait(&self.backend, target, waiting).await,
+                Joined::Waiting(waiting) => coalesce::wait(&self.backend, target, waiting).await,
                 Joined::Alone => send(&self.backend, target, call, None).await,
             },
             _ => send(&self.backend, target, call, None).await,

@@ -1,0 +1,713 @@
+//! Which client a request comes from: the header your proxies write
+//! ([`ClientIpSource`]), the proxies whose word is taken
+//! ([`TrustedProxies`]), and the read of that header from the right.
+
+use std::net::{IpAddr, SocketAddr};
+use std::str::FromStr;
+
+use ::http::header::{FORWARDED, HeaderName};
+use ::http::{HeaderMap, HeaderValue};
+
+use crate::Error;
+
+/// Where the client's address is read from: the connection's peer, or the
+/// one header that your own proxies write. Every other forwarding header
+/// is ignored, whatever it says: a client can send any header it likes,
+/// and only the one your proxy overwrites or appends to carries what the
+/// proxy saw (see [the module's docs](super#the-client-behind-proxies)).
+///
+/// The list headers, `X-Forwarded-For` and `Forwarded`, are read from the
+/// right past the trusted proxies; a header that holds one address is
+/// believed whole when the peer is a trusted proxy. See
+/// [`TrustedProxies::client_ip`].
+///
+/// It parses from a header's name, as a configuration file would give it
+/// (any case): `peer`, `x-forwarded-for` and `forwarded` are those
+/// variants, any other name a [`SingleHeader`](Self::SingleHeader).
+///
+/// ```
+/// use http::HeaderName;
+/// use paceline::http::ClientIpSource;
+///
+/// let xff: ClientIpSource = "X-Forwarded-For".parse()?;
+/// assert_eq!(xff, ClientIpSource::XForwardedFor);
+/// let cloudflare: ClientIpSource = "CF-Connecting-IP".parse()?;
+/// let name = HeaderName::from_static("cf-connecting-ip");
+/// assert_eq!(cloudflare, ClientIpSource::SingleHeader(name));
+/// assert_eq!(ClientIpSource::default(), ClientIpSource::Peer);
+/// # Ok::<(), paceline::Error>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClientIpSource {
+    /// No header: the client is the connection's peer, even when the peer
+    /// is a trusted proxy. The default.
+    #[default]
+    Peer,
+    /// `X-Forwarded-For`: the addresses each proxy appends, read from the
+    /// right past the trusted proxies.
+    XForwardedFor,
+    /// `Forwarded` (RFC 7239): the `for=` of each element, read from the
+    /// right past the trusted proxies. Only where your proxy is set up to
+    /// write it: most pass a client's `Forwarded` on untouched.
+    Forwarded,
+    /// A header that holds one address and that your proxy sets, replacing
+    /// any value a client sent: `X-Real-IP`, `CF-Connecting-IP`,
+    /// `True-Client-IP`, `Fly-Client-IP`, `Fastly-Client-IP`. Believed
+    /// when the peer is a trusted proxy.
+    SingleHeader(HeaderName),
+}
+
+impl FromStr for ClientIpSource {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<ClientIpSource, Error> {
+        let text = text.trim();
+        if text.eq_ignore_ascii_case("peer") {
+            return Ok(ClientIpSource::Peer);
+        }
+        let name = HeaderName::from_bytes(text.as_bytes()).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "a client address source is `peer` or a header's name (got {text:?})"
+            ))
+        })?;
+        Ok(if name == X_FORWARDED_FOR {
+            ClientIpSource::XForwardedFor
+        } else if name == FORWARDED {
+            ClientIpSource::Forwarded
+        } else {
+            ClientIpSource::SingleHeader(name)
+        })
+    }
+}
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// At most this many entries of a list header are read, from the right:
+/// a walk past this many trusted proxies stops at the last of them. No
+/// deployment has that many proxies of its own in a row; a list longer
+/// than that costs no more to read than this many entries.
+const MAX_HOPS: usize = 64;
+
+/// An entry longer than this many bytes (a `Forwarded` element with its
+/// `by=`, `proto=` and `host=` included) is not an address, and is not
+/// read to its end.
+const MAX_ENTRY: usize = 512;
+
+/// The proxies whose forwarding header is believed (addresses and
+/// networks: `10.0.0.0/8`, `fd00::/8`, `127.0.0.1`), and which header
+/// that is ([`ClientIpSource`]). With none, or with the source
+/// [`ClientIpSource::Peer`], every request's client is its peer.
+///
+/// Name your proxies only: an address inside these networks is taken at
+/// its word like a proxy, so a client inside them can name any address
+/// it likes as the one it forwards for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrustedProxies {
+    nets: Vec<Net>,
+    source: ClientIpSource,
+}
+
+/// A network: an address and how many of its leading bits count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Net {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl Net {
+    fn parse(text: &str) -> Result<Net, Error> {
+        let bad = || {
+            Error::InvalidArgument(format!(
+                "a trusted proxy must be an address or a network such as 10.0.0.0/8 (got {text:?})"
+            ))
+        };
+        let (addr, prefix) = match text.trim().split_once('/') {
+            Some((addr, prefix)) => (addr, Some(prefix)),
+            None => (text.trim(), None),
+        };
+        let addr: IpAddr = addr.parse().map_err(|_| bad())?;
+        let bits = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => bits,
+            Some(prefix) => prefix
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= bits)
+                .ok_or_else(bad)?,
+        };
+        Ok(Net { addr, prefix })
+    }
+
+    fn contains(&self, ip: IpAddr) -> bool {
+        let masked = |bits: u128, width: u8| {
+            let shift = u32::from(width - self.prefix);
+            bits.checked_shr(shift).unwrap_or(0)
+        };
+        match (self.addr, canonical(ip)) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                masked(u32::from(net).into(), 32) == masked(u32::from(ip).into(), 32)
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                masked(u128::from(net), 128) == masked(u128::from(ip), 128)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// An IPv4 address mapped into IPv6 (`::ffff:a.b.c.d`, as a dual-stack
+/// socket reports an IPv4 peer) is that IPv4 address.
+pub(super) fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+impl TrustedProxies {
+    /// Trusts no proxy: the client is always the peer.
+    pub fn none() -> TrustedProxies {
+        TrustedProxies::default()
+    }
+
+    /// Trusts the proxies at these addresses or networks to write the
+    /// client's address in `source`, the header they overwrite or append
+    /// to.
+    ///
+    /// ```
+    /// use paceline::http::{ClientIpSource, TrustedProxies};
+    ///
+    /// // nginx at 10.0.0.5 with
+    /// // `proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;`
+    /// let proxies = TrustedProxies::new(ClientIpSource::XForwardedFor, ["10.0.0.5"])?;
+    /// // Cloudflare in front (its published ranges, abridged here).
+    /// let cloudflare = TrustedProxies::new(
+    ///     "CF-Connecting-IP".parse()?,
+    ///     ["173.245.48.0/20", "2400:cb00::/32"],
+    /// )?;
+    /// # let _ = (proxies, cloudflare);
+    /// # Ok::<(), paceline::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an entry that is neither an IP
+    /// address nor a network in CIDR form.
+    pub fn new<I, S>(source: ClientIpSource, proxies: I) -> Result<TrustedProxies, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let nets = proxies
+            .into_iter()
+            .map(|text| Net::parse(text.as_ref()))
+            .collect::<Result<_, _>>()?;
+        Ok(TrustedProxies { nets, source })
+    }
+
+    /// Whether `ip` is one of the trusted proxies.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        self.nets.iter().any(|net| net.contains(ip))
+    }
+
+    /// Where the client's address is read from.
+    pub fn source(&self) -> &ClientIpSource {
+        &self.source
+    }
+
+    /// The client of a request that came from `peer` with `headers`.
+    ///
+    /// If the peer is not a trusted proxy, or the source is
+    /// [`ClientIpSource::Peer`], the peer is the client, whatever the
+    /// headers say. Otherwise only the source's header is read:
+    ///
+    /// * A list (`X-Forwarded-For`, `Forwarded`; several lines of it joined
+    ///   in order) is read from the right. The rightmost entry is the one
+    ///   the peer wrote; each entry that is a trusted proxy passes the read
+    ///   on to the entry to its left, and the first that is not is the
+    ///   client. Whatever a client wrote to the left of the address its
+    ///   first proxy appended is never read. An entry that is not an
+    ///   address (`unknown`, an obfuscated `Forwarded` name, bytes that are
+    ///   not text, anything that does not parse, or over 512 bytes) stops
+    ///   the read, and the client is the trusted hop that wrote it: it
+    ///   cannot be told from a client's forgery, so the key falls back to
+    ///   the proxy rather than to anything it says. If every entry read is
+    ///   a trusted proxy, the client is the leftmost; at most 64 entries
+    ///   are read, however long the list.
+    /// * A header that holds one address is the client if it is exactly
+    ///   one line holding one address (a port, or brackets around an IPv6
+    ///   address, allowed); otherwise (absent, repeated, a list, garbage)
+    ///   the client is the peer.
+    ///
+    /// An IPv4 address mapped into IPv6 (`::ffff:192.0.2.1`) is read as
+    /// the IPv4 address, for the peer and in the headers alike.
+    ///
+    /// ```
+    /// use std::net::IpAddr;
+    /// use paceline::http::{ClientIpSource, TrustedProxies};
+    ///
+    /// let proxies = TrustedProxies::new(ClientIpSource::XForwardedFor, ["10.0.0.0/8"])?;
+    /// let mut headers = http::HeaderMap::new();
+    /// // The client wrote "6.6.6.6"; the proxy at 10.0.0.5 appended the
+    /// // address it saw; a forged `Forwarded` is not read.
+    /// headers.insert("x-forwarded-for", "6.6.6.6, 203.0.113.7".parse()?);
+    /// headers.insert("forwarded", "for=9.9.9.9".parse()?);
+    /// let peer: IpAddr = "10.0.0.5".parse()?;
+    /// assert_eq!(proxies.client_ip(peer, &headers), "203.0.113.7".parse::<IpAddr>()?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        let peer = canonical(peer);
+        if !self.contains(peer) {
+            return peer;
+        }
+        match &self.source {
+            ClientIpSource::Peer => peer,
+            ClientIpSource::XForwardedFor => {
+                let entries = from_the_right(headers, &X_FORWARDED_FOR);
+                self.walk(peer, entries.map(|entry| entry.and_then(list_address)))
+            }
+            ClientIpSource::Forwarded => {
+                let elements = from_the_right(headers, &FORWARDED);
+                self.walk(
+                    peer,
+                    elements.map(|element| element.and_then(forwarded_for)),
+                )
+            }
+            ClientIpSource::SingleHeader(name) => one_address(headers, name).unwrap_or(peer),
+        }
+    }
+
+    /// Reads `hops`, rightmost first, from `peer` (a trusted proxy) to the
+    /// first address that is not one: `None` stops at the hop before.
+    fn walk(&self, peer: IpAddr, hops: impl Iterator<Item = Option<IpAddr>>) -> IpAddr {
+        let mut client = peer;
+        for hop in hops.take(MAX_HOPS) {
+            let Some(ip) = hop else {
+                return client;
+            };
+            client = canonical(ip);
+            if !self.contains(client) {
+                return client;
+            }
+        }
+        client
+    }
+}
+
+/// The entries of a list header, rightmost first: its lines from the
+/// last, each split at its commas from the right. `None` for an entry
+/// longer than [`MAX_ENTRY`], which is not read past that.
+fn from_the_right<'a>(
+    headers: &'a HeaderMap,
+    name: &HeaderName,
+) -> impl Iterator<Item = Option<&'a [u8]>> + 'a {
+    headers
+        .get_all(name)
+        .into_iter()
+        .rev()
+        .flat_map(|line: &'a HeaderValue| Entries {
+            rest: Some(line.as_bytes()),
+        })
+}
+
+/// A header line's entries, from the right.
+struct Entries<'a> {
+    rest: Option<&'a [u8]>,
+}
+
+impl<'a> Iterator for Entries<'a> {
+    type Item = Option<&'a [u8]>;
+
+    fn next(&mut self) -> Option<Option<&'a [u8]>> {
+        let rest = self.rest?;
+        // Only the last MAX_ENTRY + 1 bytes are looked at for the comma.
+        let window = rest.len().saturating_sub(MAX_ENTRY + 1);
+        match rest[window..].iter().rposition(|byte| *byte == b',') {
+            Some(at) => {
+                let comma = window + at;
+                self.rest = Some(&rest[..comma]);
+                Some(Some(&rest[comma + 1..]))
+            }
+            None => {
+                self.rest = None;
+                Some((rest.len() <= MAX_ENTRY).then_some(rest))
+            }
+        }
+    }
+}
+
+/// An `X-Forwarded-For` entry, or a single-address header's value: an
+/// address between optional spaces.
+fn list_address(entry: &[u8]) -> Option<IpAddr> {
+    address(std::str::from_utf8(entry).ok()?.trim_matches([' ', '\t']))
+}
+
+/// The address in a `Forwarded` element's `for=` (RFC 7239: `pair;pair`,
+/// the value a token or a quoted string): `None` for an element with no
+/// `for=`, or with two, or whose node is not an address (`unknown`, an
+/// obfuscated `_name`).
+fn forwarded_for(element: &[u8]) -> Option<IpAddr> {
+    let element = std::str::from_utf8(element).ok()?;
+    let mut node = None;
+    for pair in element.split(';') {
+        let Some((name, value)) = pair.split_once('=') else {
+            continue;
+        };
+        if name.trim_matches([' ', '\t']).eq_ignore_ascii_case("for") {
+            if node.is_some() {
+                return None;
+            }
+            node = Some(value.trim_matches([' ', '\t']));
+        }
+    }
+    let node = node?;
+    let node = match node.strip_prefix('"') {
+        Some(quoted) => quoted.strip_suffix('"')?,
+        None => node,
+    };
+    address(node)
+}
+
+/// The value of a header that holds one address: exactly one line, one
+/// address.
+fn one_address(headers: &HeaderMap, name: &HeaderName) -> Option<IpAddr> {
+    let mut lines = headers.get_all(name).into_iter();
+    let line = lines.next()?;
+    if lines.next().is_some() || line.len() > MAX_ENTRY {
+        return None;
+    }
+    list_address(line.as_bytes()).map(canonical)
+}
+
+/// An address as proxies write it: `192.0.2.1`, `192.0.2.1:8080`,
+/// `2001:db8::1`, `[2001:db8::1]` or `[2001:db8::1]:8080`.
+fn address(text: &str) -> Option<IpAddr> {
+    text.parse::<IpAddr>()
+        .ok()
+        .or_else(|| text.parse::<SocketAddr>().ok().map(|socket| socket.ip()))
+        .or_else(|| {
+            let inner = text.strip_prefix('[')?.strip_suffix(']')?;
+            inner.parse::<IpAddr>().ok()
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.append(*name, value.parse().unwrap());
+        }
+        headers
+    }
+
+    const NETS: [&str; 3] = ["10.0.0.0/8", "192.168.1.1", "fd00::/8"];
+
+    fn reading(source: ClientIpSource) -> TrustedProxies {
+        TrustedProxies::new(source, NETS).unwrap()
+    }
+
+    fn single(name: &'static str) -> ClientIpSource {
+        ClientIpSource::SingleHeader(HeaderName::from_static(name))
+    }
+
+    /// Every forwarding header at once, each naming a different client.
+    fn all_forged() -> HeaderMap {
+        headers(&[
+            ("x-forwarded-for", "1.1.1.1"),
+            ("forwarded", "for=2.2.2.2"),
+            ("x-real-ip", "3.3.3.3"),
+            ("cf-connecting-ip", "4.4.4.4"),
+        ])
+    }
+
+    #[test]
+    fn networks_parse_and_contain() {
+        let proxies = reading(ClientIpSource::XForwardedFor);
+        for inside in [
+            "10.0.0.1",
+            "10.255.255.255",
+            "192.168.1.1",
+            "fd12::1",
+            "::ffff:10.1.2.3",
+        ] {
+            assert!(proxies.contains(ip(inside)), "{inside}");
+        }
+        for outside in ["11.0.0.1", "192.168.1.2", "fe00::1", "::1", "9.255.255.255"] {
+            assert!(!proxies.contains(ip(outside)), "{outside}");
+        }
+        let all = TrustedProxies::new(ClientIpSource::Peer, ["0.0.0.0/0", "::/0"]).unwrap();
+        assert!(all.contains(ip("1.2.3.4")) && all.contains(ip("2001:db8::1")));
+        for bad in [
+            "10.0.0.0/33",
+            "::/129",
+            "10.0.0",
+            "proxy.local",
+            "10.0.0.0/x",
+            "",
+        ] {
+            let error = TrustedProxies::new(ClientIpSource::XForwardedFor, [bad]).unwrap_err();
+            assert!(matches!(error, Error::InvalidArgument(_)), "{bad}");
+        }
+    }
+
+    #[test]
+    fn sources_parse_from_a_header_name() {
+        for (text, source) in [
+            ("peer", ClientIpSource::Peer),
+            (" PEER ", ClientIpSource::Peer),
+            ("X-Forwarded-For", ClientIpSource::XForwardedFor),
+            ("forwarded", ClientIpSource::Forwarded),
+            ("X-Real-IP", single("x-real-ip")),
+            ("Fly-Client-IP", single("fly-client-ip")),
+        ] {
+            assert_eq!(text.parse::<ClientIpSource>().unwrap(), source, "{text}");
+        }
+        for bad in ["", "x forwarded", "x-forwarded-for:", "é"] {
+            let error = bad.parse::<ClientIpSource>().unwrap_err();
+            assert!(matches!(error, Error::InvalidArgument(_)), "{bad}");
+        }
+        assert_eq!(TrustedProxies::none().source(), &ClientIpSource::Peer);
+    }
+
+    #[test]
+    fn an_untrusted_peer_is_the_client_whatever_it_forges() {
+        let peer = ip("198.51.100.7");
+        for source in [
+            ClientIpSource::XForwardedFor,
+            ClientIpSource::Forwarded,
+            single("x-real-ip"),
+            single("cf-connecting-ip"),
+        ] {
+            assert_eq!(reading(source).client_ip(peer, &all_forged()), peer);
+        }
+        let none = TrustedProxies::none();
+        assert_eq!(
+            none.client_ip(ip("10.0.0.1"), &all_forged()),
+            ip("10.0.0.1")
+        );
+    }
+
+    #[test]
+    fn each_source_reads_its_own_header_and_no_other() {
+        let peer = ip("10.0.0.5");
+        for (source, client) in [
+            // The peer, even from a trusted proxy.
+            (ClientIpSource::Peer, "10.0.0.5"),
+            (ClientIpSource::XForwardedFor, "1.1.1.1"),
+            (ClientIpSource::Forwarded, "2.2.2.2"),
+            (single("x-real-ip"), "3.3.3.3"),
+            (single("cf-connecting-ip"), "4.4.4.4"),
+            // A header that is not there: the peer.
+            (single("fly-client-ip"), "10.0.0.5"),
+        ] {
+            let got = reading(source.clone()).client_ip(peer, &all_forged());
+            assert_eq!(got, ip(client), "{source:?}");
+        }
+        // The spoof through a proxy that appends to X-Forwarded-For and
+        // passes `Forwarded` on: a new `Forwarded` each time is not read.
+        let proxies = reading(ClientIpSource::XForwardedFor);
+        for i in 0..10 {
+            let spoofed = headers(&[
+                ("forwarded", &format!("for=9.9.9.{i}")),
+                ("x-forwarded-for", "203.0.113.7"),
+            ]);
+            assert_eq!(proxies.client_ip(peer, &spoofed), ip("203.0.113.7"));
+        }
+        // No header: the peer.
+        assert_eq!(proxies.client_ip(peer, &HeaderMap::new()), peer);
+    }
+
+    #[test]
+    fn a_list_is_read_from_the_right_past_trusted_proxies_only() {
+        let proxies = reading(ClientIpSource::XForwardedFor);
+        let peer = ip("10.0.0.5");
+        for (value, client) in [
+            // One proxy appended the client it saw.
+            ("203.0.113.7", "203.0.113.7"),
+            // The client forged entries to the left: ignored.
+            ("6.6.6.6, 203.0.113.7", "203.0.113.7"),
+            // It forged one of our proxies to the left: still ignored.
+            ("10.9.9.9, 203.0.113.7", "203.0.113.7"),
+            // Two proxies of ours: the client is before them.
+            ("203.0.113.7, 10.0.0.9", "203.0.113.7"),
+            ("6.6.6.6, 203.0.113.7, 192.168.1.1, 10.0.0.9", "203.0.113.7"),
+            // Ports, tabs and spaces, and no spaces.
+            ("203.0.113.7:5555", "203.0.113.7"),
+            ("6.6.6.6,203.0.113.7", "203.0.113.7"),
+            ("  [2001:db8::7]:443 \t", "2001:db8::7"),
+            // Every entry one of ours: the leftmost.
+            ("10.1.1.1, 10.0.0.9", "10.1.1.1"),
+        ] {
+            let got = proxies.client_ip(peer, &headers(&[("x-forwarded-for", value)]));
+            assert_eq!(got, ip(client), "{value}");
+        }
+        // Several lines: read in order, as one list, the last line last.
+        let split = headers(&[
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-for", "203.0.113.8, 10.0.0.9"),
+        ]);
+        assert_eq!(proxies.client_ip(peer, &split), ip("203.0.113.8"));
+        let across = headers(&[
+            ("x-forwarded-for", "6.6.6.6, 203.0.113.8"),
+            ("x-forwarded-for", "10.0.0.9"),
+        ]);
+        assert_eq!(proxies.client_ip(peer, &across), ip("203.0.113.8"));
+    }
+
+    #[test]
+    fn an_entry_that_is_not_an_address_falls_back_to_the_hop_that_wrote_it() {
+        let proxies = reading(ClientIpSource::XForwardedFor);
+        let peer = ip("10.0.0.5");
+        for (value, client) in [
+            // Garbage where the client should be: the proxy that wrote it.
+            ("6.6.6.6, garbage", "10.0.0.5"),
+            ("203.0.113.7, unknown, 10.0.0.9", "10.0.0.9"),
+            ("203.0.113.7, , 10.0.0.9", "10.0.0.9"),
+            ("203.0.113.7,", "10.0.0.5"),
+            ("", "10.0.0.5"),
+            ("fe80::1%eth0", "10.0.0.5"),
+            ("1.2.3.4.5", "10.0.0.5"),
+            ("203.0.113.7:99999", "10.0.0.5"),
+            // Garbage the client wrote to the left of its address: not read.
+            ("garbage, \"\";, 203.0.113.7", "203.0.113.7"),
+        ] {
+            let got = proxies.client_ip(peer, &headers(&[("x-forwarded-for", value)]));
+            assert_eq!(got, ip(client), "{value:?}");
+        }
+        // Bytes that are not text: to the left of the client, not read;
+        // where the client should be, the proxy that wrote them.
+        let bytes = |value: &[u8]| {
+            let mut headers = HeaderMap::new();
+            headers.insert("x-forwarded-for", HeaderValue::from_bytes(value).unwrap());
+            headers
+        };
+        let left = bytes(b"\xff\xfe, 203.0.113.7");
+        assert_eq!(proxies.client_ip(peer, &left), ip("203.0.113.7"));
+        let right = bytes(b"203.0.113.7, 10.0.0.9, 1\xff.2.3.4");
+        assert_eq!(proxies.client_ip(peer, &right), peer);
+        let line = bytes(b"\x80");
+        assert_eq!(proxies.client_ip(peer, &line), peer);
+    }
+
+    #[test]
+    fn forwarded_elements_are_read_by_their_for() {
+        let proxies = reading(ClientIpSource::Forwarded);
+        let peer = ip("10.0.0.5");
+        for (value, client) in [
+            (
+                "for=6.6.6.6, for=\"[2001:db8:cafe::17]:4711\";proto=https;by=10.0.0.5",
+                "2001:db8:cafe::17",
+            ),
+            ("For=203.0.113.7;Proto=http", "203.0.113.7"),
+            (
+                "proto=https; for = \"203.0.113.7:80\" ;by=_proxy",
+                "203.0.113.7",
+            ),
+            ("for=203.0.113.7, for=192.168.1.1", "203.0.113.7"),
+            // Obfuscated or unknown: the proxy that wrote it.
+            ("for=_hidden, For=10.0.0.9", "10.0.0.9"),
+            ("for=6.6.6.6, for=unknown", "10.0.0.5"),
+            // No `for=`, two of them, an unclosed quote: the same.
+            ("for=6.6.6.6, proto=https", "10.0.0.5"),
+            ("for=6.6.6.6, for=7.7.7.7;for=8.8.8.8", "10.0.0.5"),
+            ("for=6.6.6.6, for=\"203.0.113.7", "10.0.0.5"),
+            // A client's unclosed quote to the left changes nothing.
+            ("for=\"6.6.6.6, for=203.0.113.7", "203.0.113.7"),
+        ] {
+            let got = proxies.client_ip(peer, &headers(&[("forwarded", value)]));
+            assert_eq!(got, ip(client), "{value}");
+        }
+    }
+
+    #[test]
+    fn a_single_address_header_is_believed_from_a_trusted_peer_only() {
+        let proxies = reading(single("cf-connecting-ip"));
+        let peer = ip("10.0.0.5");
+        for (value, client) in [
+            ("203.0.113.7", "203.0.113.7"),
+            (" 2001:db8::7 ", "2001:db8::7"),
+            ("[2001:db8::7]:443", "2001:db8::7"),
+            ("::ffff:203.0.113.7", "203.0.113.7"),
+            // A list, or garbage: the peer.
+            ("6.6.6.6, 203.0.113.7", "10.0.0.5"),
+            ("unknown", "10.0.0.5"),
+            ("", "10.0.0.5"),
+        ] {
+            let got = proxies.client_ip(peer, &headers(&[("cf-connecting-ip", value)]));
+            assert_eq!(got, ip(client), "{value}");
+        }
+        // From a peer that is not a proxy: the peer.
+        let direct = ip("198.51.100.7");
+        let forged = headers(&[("cf-connecting-ip", "203.0.113.7")]);
+        assert_eq!(proxies.client_ip(direct, &forged), direct);
+        // Two lines: the proxy did not replace the client's: the peer.
+        let twice = headers(&[
+            ("cf-connecting-ip", "6.6.6.6"),
+            ("cf-connecting-ip", "203.0.113.7"),
+        ]);
+        assert_eq!(proxies.client_ip(peer, &twice), peer);
+    }
+
+    #[test]
+    fn ipv6_peers_entries_and_networks() {
+        let proxies = reading(ClientIpSource::XForwardedFor);
+        // A dual-stack socket's mapped IPv4 peer is the IPv4 proxy, and a
+        // mapped entry is its IPv4 address.
+        let mapped = ip("::ffff:10.0.0.5");
+        let xff = headers(&[("x-forwarded-for", "::ffff:203.0.113.9")]);
+        assert_eq!(proxies.client_ip(mapped, &xff), ip("203.0.113.9"));
+        // An IPv6 proxy in fd00::/8, and an IPv6 client before it.
+        let v6 = headers(&[("x-forwarded-for", "2001:db8::1, [fd00::9]:80")]);
+        assert_eq!(proxies.client_ip(ip("fd00::5"), &v6), ip("2001:db8::1"));
+        // An IPv6 peer outside the networks: itself.
+        assert_eq!(proxies.client_ip(ip("2001:db8::5"), &v6), ip("2001:db8::5"));
+    }
+
+    #[test]
+    fn a_huge_header_is_read_a_bounded_way_from_the_right() {
+        let proxies = reading(ClientIpSource::XForwardedFor);
+        let peer = ip("10.0.0.5");
+        let list = |entries: Vec<String>| headers(&[("x-forwarded-for", &entries.join(", "))]);
+        // 100 000 forged entries: the client's, on the right, is found.
+        let mut forged: Vec<String> = (0..100_000)
+            .map(|i| format!("6.6.{}.{}", i / 256 % 256, i % 256))
+            .collect();
+        forged.push("203.0.113.7".to_owned());
+        assert_eq!(proxies.client_ip(peer, &list(forged)), ip("203.0.113.7"));
+        // 100 000 trusted entries: the read stops after 64 of them, at the
+        // 64th from the right.
+        let trusted: Vec<String> = (0..100_000)
+            .map(|i| format!("10.{}.{}.{}", i / 65_536, i / 256 % 256, i % 256))
+            .collect();
+        let stop = ip(&trusted[trusted.len() - MAX_HOPS]);
+        assert_eq!(proxies.client_ip(peer, &list(trusted)), stop);
+        // As many lines: the same.
+        let mut lines = HeaderMap::new();
+        for i in 0..100_000u32 {
+            let value = format!("10.{}.{}.{}", i / 65_536, i / 256 % 256, i % 256);
+            lines.append("x-forwarded-for", value.parse().unwrap());
+        }
+        let last = 100_000 - MAX_HOPS as u32;
+        let stop = format!("10.{}.{}.{}", last / 65_536, last / 256 % 256, last % 256);
+        assert_eq!(proxies.client_ip(peer, &lines), ip(&stop));
+        // One entry of a megabyte, and one a byte past the bound: not
+        // addresses, so the proxy that wrote them; one at the bound is read.
+        let padded = |len: usize| format!("6.6.6.6,{}203.0.113.7", " ".repeat(len - 11));
+        for (len, client) in [
+            (1 << 20, peer),
+            (MAX_ENTRY + 1, peer),
+            (MAX_ENTRY, ip("203.0.113.7")),
+        ] {
+            let got = proxies.client_ip(peer, &headers(&[("x-forwarded-for", &padded(len))]));
+            assert_eq!(got, client, "{len}");
+        }
+    }
+}

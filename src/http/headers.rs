@@ -1,0 +1,224 @@
+//! The rate-limit headers and `Retry-After`: which a layer writes, and
+//! their values.
+
+use std::time::Duration;
+
+use ::http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::Snapshot;
+
+/// The `Retry-After` value for a wait, in whole seconds: rounded up, and
+/// at least 1 (a client told 0 would retry at once, and be refused again).
+pub fn retry_after_secs(wait: Duration) -> u64 {
+    let whole = wait.as_secs();
+    let secs = if wait.subsec_nanos() > 0 {
+        whole.saturating_add(1)
+    } else {
+        whole
+    };
+    secs.max(1)
+}
+
+/// Which rate-limit headers a [`RateLimitLayer`](super::RateLimitLayer) writes on every response
+/// it lets through or refuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Headers {
+    /// None (a refusal still carries `Retry-After`).
+    None,
+    /// `RateLimit-Policy` and `RateLimit`, as the IETF draft
+    /// (draft-ietf-httpapi-ratelimit-headers) names them. The default.
+    Ietf,
+    /// Those, and the older `X-RateLimit-Limit`, `X-RateLimit-Remaining`
+    /// and `X-RateLimit-Reset` for clients that read those.
+    IetfAndLegacy,
+}
+
+/// The largest integer a structured-field header carries.
+const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
+
+/// Whole seconds, rounded up.
+fn secs_up(duration: Duration) -> u64 {
+    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
+}
+
+/// The policy's quota and window for `snapshot` (see
+/// [`RateLimitLayer::new`]): `q` requests per `w` seconds.
+fn quota(snapshot: &Snapshot) -> (u64, u64) {
+    let burst = snapshot.burst().min(SF_INTEGER_MAX);
+    let rate = snapshot.rate();
+    // A drained key (its next request owing one interval) has its burst
+    // back after `burst` intervals.
+    let refill = burst as f64 / rate;
+    let window = if refill.is_finite() && refill > 1.0 {
+        (refill.ceil() as u64).min(SF_INTEGER_MAX)
+    } else {
+        1
+    };
+    let allowed = (rate * window as f64).floor();
+    let allowed = if allowed < SF_INTEGER_MAX as f64 {
+        allowed as u64
+    } else {
+        SF_INTEGER_MAX
+    };
+    (allowed.max(burst), window)
+}
+
+/// A header value built on the stack: `parts` one after another (one
+/// allocation, the value's own; a value too long for the stack, from a
+/// long policy name, goes through a `Vec`).
+fn header_value(parts: &[Part<'_>]) -> Option<HeaderValue> {
+    let mut buffer = [0u8; 96];
+    let mut at = 0;
+    let mut spilled: Option<Vec<u8>> = None;
+    for part in parts {
+        let mut digits = [0u8; 20];
+        let bytes = part.bytes(&mut digits);
+        match &mut spilled {
+            Some(spilled) => spilled.extend_from_slice(bytes),
+            None if at + bytes.len() <= buffer.len() => {
+                buffer[at..at + bytes.len()].copy_from_slice(bytes);
+                at += bytes.len();
+            }
+            None => {
+                let mut long = buffer[..at].to_vec();
+                long.extend_from_slice(bytes);
+                spilled = Some(long);
+            }
+        }
+    }
+    HeaderValue::from_bytes(spilled.as_deref().unwrap_or(&buffer[..at])).ok()
+}
+
+/// A piece of a header value.
+enum Part<'a> {
+    Text(&'a str),
+    Number(u64),
+}
+
+impl Part<'_> {
+    /// Its bytes (a number's digits written into `digits`).
+    fn bytes<'b>(&'b self, digits: &'b mut [u8; 20]) -> &'b [u8] {
+        match self {
+            Part::Text(text) => text.as_bytes(),
+            Part::Number(n) => {
+                let (mut n, mut i) = (*n, digits.len());
+                loop {
+                    i -= 1;
+                    digits[i] = b'0' + (n % 10) as u8;
+                    n /= 10;
+                    if n == 0 {
+                        break;
+                    }
+                }
+                &digits[i..]
+            }
+        }
+    }
+}
+
+/// A policy's name as a structured-field string (quotes included), and
+/// its last `RateLimit-Policy` value, which changes only with the rate.
+#[derive(Debug)]
+pub(super) struct PolicyName {
+    quoted: Box<str>,
+    value: std::sync::RwLock<Option<(u64, u64, HeaderValue)>>,
+}
+
+impl PolicyName {
+    pub(super) fn new(quoted: Box<str>) -> PolicyName {
+        PolicyName {
+            quoted,
+            value: std::sync::RwLock::new(None),
+        }
+    }
+
+    /// The `RateLimit-Policy` value for `q` requests per `w` seconds.
+    fn value(&self, q: u64, w: u64) -> Option<HeaderValue> {
+        let read = |value: &Option<(u64, u64, HeaderValue)>| match value {
+            Some((cached_q, cached_w, value)) if (*cached_q, *cached_w) == (q, w) => {
+                Some(value.clone())
+            }
+            _ => None,
+        };
+        if let Ok(cached) = self.value.read()
+            && let Some(value) = read(&cached)
+        {
+            return Some(value);
+        }
+        use Part::{Number, Text};
+        let quoted = &*self.quoted;
+        let value = header_value(&[Text(quoted), Text(";q="), Number(q), Text(";w="), Number(w)])?;
+        if let Ok(mut cached) = self.value.write() {
+            *cached = Some((q, w, value.clone()));
+        }
+        Some(value)
+    }
+}
+
+/// Writes the rate-limit headers for `snapshot` into `headers`, leaving
+/// any already there. `refused`: the request was refused, so none remains
+/// (a permit that came back between the refusal and the snapshot is not
+/// reported).
+pub(super) fn write_headers(
+    headers: &mut HeaderMap,
+    kind: Headers,
+    policy: &PolicyName,
+    snapshot: &Snapshot,
+    refused: bool,
+) {
+    if kind == Headers::None {
+        return;
+    }
+    let (q, w) = quota(snapshot);
+    let r = if refused {
+        0
+    } else {
+        snapshot.remaining().min(SF_INTEGER_MAX)
+    };
+    let t = secs_up(snapshot.full_in()).min(SF_INTEGER_MAX);
+    headers.reserve(if kind == Headers::IetfAndLegacy { 5 } else { 2 });
+    // Each value is made only if the header is not there yet.
+    let mut put = |name: HeaderName, value: &dyn Fn() -> Option<HeaderValue>| {
+        if let ::http::header::Entry::Vacant(vacant) = headers.entry(name)
+            && let Some(value) = value()
+        {
+            vacant.insert(value);
+        }
+    };
+    use Part::{Number, Text};
+    put(RATELIMIT_POLICY, &|| policy.value(q, w));
+    let name = &*policy.quoted;
+    put(RATELIMIT, &|| {
+        header_value(&[Text(name), Text(";r="), Number(r), Text(";t="), Number(t)])
+    });
+    if kind == Headers::IetfAndLegacy {
+        put(X_RATELIMIT_LIMIT, &|| Some(HeaderValue::from(q)));
+        put(X_RATELIMIT_REMAINING, &|| Some(HeaderValue::from(r)));
+        put(X_RATELIMIT_RESET, &|| Some(HeaderValue::from(t)));
+    }
+}
+
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_to_at_least_a_second() {
+        for (wait, secs) in [
+            (Duration::ZERO, 1),
+            (Duration::from_millis(1), 1),
+            (Duration::from_secs(1), 1),
+            (Duration::from_millis(1001), 2),
+            (Duration::from_secs(59), 59),
+            (Duration::MAX, u64::MAX),
+        ] {
+            assert_eq!(retry_after_secs(wait), secs, "{wait:?}");
+        }
+    }
+}

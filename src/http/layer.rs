@@ -1,0 +1,395 @@
+//! The layer: [`RateLimitLayer`], its builder, and the service it makes.
+
+use std::future::Future;
+use std::ops::Deref;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use ::http::header::RETRY_AFTER;
+use ::http::{HeaderValue, Request, Response, StatusCode};
+use futures::FutureExt;
+use futures::future::{self, Either, Join, Map, Ready};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::headers::{Headers, PolicyName, retry_after_secs, write_headers};
+use super::key::KeyExtractor;
+use crate::{KeyedLimiter, Snapshot};
+
+/// What a refused request is told: passed to the hook that shapes its
+/// response ([`RateLimitLayer::on_refused`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub struct Refused {
+    /// How long until the request would go: `Retry-After`, before it is
+    /// rounded up to whole seconds.
+    pub retry_after: Duration,
+    /// The key's state when it was refused.
+    pub snapshot: Snapshot,
+}
+
+/// Shapes the response to a refused request: any
+/// `Fn(&Refused) -> Response<R>` closure, or [`EmptyBody`] (the default).
+/// The layer then adds `Retry-After` and the rate-limit headers, unless the
+/// response already has them; the status is the hook's (return
+/// `429 Too Many Requests` unless you have a reason not to).
+pub trait OnRefused<R>: Clone + Send + Sync + 'static {
+    /// The response to a refused request.
+    fn response(&self, refused: &Refused) -> Response<R>;
+}
+
+impl<R, F> OnRefused<R> for F
+where
+    F: Fn(&Refused) -> Response<R> + Clone + Send + Sync + 'static,
+{
+    fn response(&self, refused: &Refused) -> Response<R> {
+        self(refused)
+    }
+}
+
+/// The default refusal: `429 Too Many Requests` with an empty body.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EmptyBody;
+
+impl<R: Default> OnRefused<R> for EmptyBody {
+    fn response(&self, _: &Refused) -> Response<R> {
+        answer(StatusCode::TOO_MANY_REQUESTS)
+    }
+}
+
+/// Limits HTTP requests per key, answering a refused one with
+/// `429 Too Many Requests`, `Retry-After` in whole seconds (rounded up),
+/// and the rate-limit headers on every response; see
+/// [`RateLimitLayer::new`].
+#[derive(Debug, Clone)]
+pub struct RateLimitLayer<L, X, H = EmptyBody> {
+    limiter: L,
+    extractor: X,
+    config: Config<H>,
+}
+
+/// What a layer and its services share besides the limiter and extractor.
+#[derive(Debug, Clone)]
+struct Config<H> {
+    max_wait: Duration,
+    headers: Headers,
+    /// The policy's name, and its `RateLimit-Policy` value.
+    policy: Arc<PolicyName>,
+    on_refused: H,
+}
+
+impl<L, X> RateLimitLayer<L, X> {
+    /// Limits requests per key with `limiter` (an `Arc` of any
+    /// [`KeyedLimiter`], local or through Redis), the key found by
+    /// `extractor` ([`ClientIp`](super::ClientIp), [`PeerIp`](super::PeerIp),
+    /// [`Header`](super::Header), [`Global`](super::Global) with a limiter
+    /// keyed by `()`, or a closure).
+    ///
+    /// A request whose key has no permit free is refused at once (see
+    /// [`max_wait`](Self::max_wait)): it reserves nothing, the inner
+    /// service is not called, and the answer is `429 Too Many Requests`
+    /// (see [`on_refused`](Self::on_refused)) with `Retry-After`. Every
+    /// response carries the rate-limit headers (see
+    /// [`headers`](Self::headers)). A limiter that fails (Redis down with
+    /// `Fallback::FailClosed`) answers `503 Service Unavailable`; a
+    /// request whose key cannot be found, `500 Internal Server Error`.
+    ///
+    /// # The headers
+    ///
+    /// With the key's [`Snapshot`] after the request (a second call to the
+    /// limiter: a second round trip for a Redis limiter; turn them off
+    /// with [`Headers::None`] where that matters):
+    ///
+    /// * `RateLimit-Policy: "default";q=Q;w=W`: the rate as `Q` requests
+    ///   per `W` seconds, `W` the shortest whole number of seconds (at
+    ///   least 1) in which a drained key gets its whole burst back, and `Q`
+    ///   the requests the rate allows in `W`, or the burst if that is more.
+    /// * `RateLimit: "default";r=R;t=T`: `R` requests would go now, one
+    ///   after another ([`Snapshot::remaining`]; 0 on a refusal); `T`
+    ///   seconds (rounded up) until the key is full again
+    ///   ([`Snapshot::full_in`]).
+    /// * `Retry-After` on a refusal: the wait, rounded up, at least 1.
+    ///
+    /// ```
+    /// use std::net::{IpAddr, SocketAddr};
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use paceline::KeyedRateLimiter;
+    /// use paceline::http::{ClientIp, ClientIpSource, PeerIp, RateLimitLayer, TrustedProxies};
+    ///
+    /// let limiter = Arc::new(
+    ///     KeyedRateLimiter::<IpAddr>::builder()
+    ///         .permits_per_second(10.0)
+    ///         .max_burst(Duration::from_secs(1))
+    ///         .build()?,
+    /// );
+    /// // The client's address, behind the load balancers at 10.0.0.0/8,
+    /// // which append it to X-Forwarded-For (axum: `ConnectInfo<SocketAddr>`,
+    /// // with `into_make_service_with_connect_info`).
+    /// let key = ClientIp {
+    ///     peer: PeerIp::from_extension(|peer: &SocketAddr| peer.ip()),
+    ///     proxies: TrustedProxies::new(ClientIpSource::XForwardedFor, ["10.0.0.0/8"])?,
+    /// };
+    /// let layer = RateLimitLayer::new(limiter, key).policy_name("per-client");
+    /// // axum: Router::new().route(..).layer(layer)
+    /// # let _ = layer;
+    /// # Ok::<(), paceline::Error>(())
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the response future (the client hung up) gives back the
+    /// permit it waits for or holds, as dropping
+    /// [`try_acquire`](KeyedLimiter::try_acquire) does; once the inner
+    /// service is called, the permit is used.
+    pub fn new(limiter: L, extractor: X) -> Self {
+        RateLimitLayer {
+            limiter,
+            extractor,
+            config: Config {
+                max_wait: Duration::ZERO,
+                headers: Headers::Ietf,
+                policy: Arc::new(PolicyName::new("\"default\"".into())),
+                on_refused: EmptyBody,
+            },
+        }
+    }
+}
+
+impl<L, X, H> RateLimitLayer<L, X, H> {
+    /// Lets a request wait up to `max_wait` for its key's permit before
+    /// it is refused. Default zero: refuse at once.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.config.max_wait = max_wait;
+        self
+    }
+
+    /// Which rate-limit headers every response carries. Default
+    /// [`Headers::Ietf`].
+    pub fn headers(mut self, headers: Headers) -> Self {
+        self.config.headers = headers;
+        self
+    }
+
+    /// The policy's name in the headers (default `default`). Characters
+    /// a header cannot carry are replaced by `?`.
+    pub fn policy_name(mut self, name: &str) -> Self {
+        let mut quoted = String::with_capacity(name.len() + 2);
+        quoted.push('"');
+        for c in name.chars() {
+            match c {
+                '"' | '\\' => {
+                    quoted.push('\\');
+                    quoted.push(c);
+                }
+                ' '..='~' => quoted.push(c),
+                _ => quoted.push('?'),
+            }
+        }
+        quoted.push('"');
+        self.config.policy = Arc::new(PolicyName::new(quoted.into()));
+        self
+    }
+
+    /// Shapes the response to a refused request (a JSON body, a different
+    /// status): a closure from [`Refused`] to a response. The layer adds
+    /// `Retry-After` and the rate-limit headers unless it set them.
+    ///
+    /// ```
+    /// use std::net::{IpAddr, SocketAddr};
+    /// use std::sync::Arc;
+    /// use http::{Response, StatusCode};
+    /// use paceline::KeyedRateLimiter;
+    /// use paceline::http::{PeerIp, RateLimitLayer, Refused};
+    ///
+    /// let limiter = Arc::new(KeyedRateLimiter::<IpAddr>::bursty(10.0)?);
+    /// let peer = PeerIp::from_extension(|peer: &SocketAddr| peer.ip());
+    /// let layer = RateLimitLayer::new(limiter, peer).on_refused(|refused: &Refused| {
+    ///     let body = format!(r#"{{"error":"slow down","retry_ms":{}}}"#, refused.retry_after.as_millis());
+    ///     Response::builder()
+    ///         .status(StatusCode::TOO_MANY_REQUESTS)
+    ///         .header("content-type", "application/json")
+    ///         .body(body)
+    ///         .unwrap()
+    /// });
+    /// # let _ = layer;
+    /// # Ok::<(), paceline::Error>(())
+    /// ```
+    pub fn on_refused<G>(self, on_refused: G) -> RateLimitLayer<L, X, G> {
+        let Config {
+            max_wait,
+            headers,
+            policy,
+            ..
+        } = self.config;
+        RateLimitLayer {
+            limiter: self.limiter,
+            extractor: self.extractor,
+            config: Config {
+                max_wait,
+                headers,
+                policy,
+                on_refused,
+            },
+        }
+    }
+}
+
+impl<S, L: Clone, X: Clone, H: Clone> Layer<S> for RateLimitLayer<L, X, H> {
+    type Service = RateLimit<S, L, X, H>;
+
+    fn layer(&self, inner: S) -> RateLimit<S, L, X, H> {
+        RateLimit {
+            inner,
+            limiter: self.limiter.clone(),
+            extractor: self.extractor.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+/// An HTTP service limited per key by a [`RateLimitLayer`].
+#[derive(Debug, Clone)]
+pub struct RateLimit<S, L, X, H = EmptyBody> {
+    inner: S,
+    limiter: L,
+    extractor: X,
+    config: Config<H>,
+}
+
+/// A response with only a status.
+fn answer<R: Default>(status: StatusCode) -> Response<R> {
+    let mut response = Response::new(R::default());
+    *response.status_mut() = status;
+    response
+}
+
+/// The headers a granted request's response gets once the inner service
+/// answers: which, the policy's name, and the key's snapshot after the
+/// grant (`None`: none).
+#[doc(hidden)]
+pub struct Pending(Option<(Headers, Arc<PolicyName>, Snapshot)>);
+
+/// What adds a granted request's headers to its response.
+#[doc(hidden)]
+pub type AddHeaders<R, E> = fn((Result<Response<R>, E>, Pending)) -> Result<Response<R>, E>;
+
+/// Adds a granted request's headers to its response.
+fn add_headers<R, E>(
+    (result, Pending(pending)): (Result<Response<R>, E>, Pending),
+) -> Result<Response<R>, E> {
+    let mut response = result?;
+    if let Some((kind, policy, snapshot)) = pending {
+        write_headers(response.headers_mut(), kind, &policy, &snapshot, false);
+    }
+    Ok(response)
+}
+
+/// The response future of [`RateLimit`]: the inner service's, with the
+/// headers added, when the limiter answered at once (a request with its
+/// permit free, or refused at once, on a limiter in this process); boxed
+/// otherwise (a wait, a Redis round trip).
+pub type ResponseFuture<F, R, E> = Either<
+    Map<Join<F, Ready<Pending>>, AddHeaders<R, E>>,
+    Either<
+        Ready<Result<Response<R>, E>>,
+        Pin<Box<dyn Future<Output = Result<Response<R>, E>> + Send>>,
+    >,
+>;
+
+/// The response to a refused request: the hook's, with `Retry-After` and
+/// the headers added.
+fn refusal<R, H: OnRefused<R>>(config: &Config<H>, snapshot: Snapshot) -> Response<R> {
+    let refused = Refused {
+        retry_after: snapshot.wait(),
+        snapshot,
+    };
+    let mut response = config.on_refused.response(&refused);
+    let headers = response.headers_mut();
+    if !headers.contains_key(RETRY_AFTER) {
+        let secs = retry_after_secs(refused.retry_after);
+        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+    }
+    write_headers(headers, config.headers, &config.policy, &snapshot, true);
+    response
+}
+
+impl<S, L, T, X, H, B, R> Service<Request<B>> for RateLimit<S, L, X, H>
+where
+    S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Send + 'static,
+    R: Default + Send + 'static,
+    L: Deref<Target = T> + Clone + Send + Sync + 'static,
+    T: KeyedLimiter<X::Key> + ?Sized,
+    X: KeyExtractor<B>,
+    H: OnRefused<R>,
+{
+    type Response = Response<R>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, R, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let Some(key) = self.extractor.key(&request) else {
+            let response = answer(StatusCode::INTERNAL_SERVER_ERROR);
+            return Either::Right(Either::Left(future::ready(Ok(response))));
+        };
+        let config = &self.config;
+        // A limiter in this process answers at once: no future to box.
+        match self.limiter.take_if_free(&key, 1) {
+            Some(Ok(true)) => {
+                let pending = match config.headers {
+                    Headers::None => None,
+                    kind => self
+                        .limiter
+                        .snapshot_if_local(&key)
+                        .map(|snapshot| (kind, Arc::clone(&config.policy), snapshot)),
+                };
+                let answered =
+                    future::join(self.inner.call(request), future::ready(Pending(pending)));
+                let add: AddHeaders<R, S::Error> = add_headers;
+                return Either::Left(answered.map(add));
+            }
+            Some(Ok(false)) if config.max_wait.is_zero() => {
+                if let Some(snapshot) = self.limiter.snapshot_if_local(&key) {
+                    let response = refusal(config, snapshot);
+                    return Either::Right(Either::Left(future::ready(Ok(response))));
+                }
+            }
+            _ => {}
+        }
+        // The ready service goes with the request; this one is a fresh
+        // clone that must be made ready again.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let (limiter, config) = (self.limiter.clone(), self.config.clone());
+        Either::Right(Either::Right(Box::pin(async move {
+            match limiter.try_acquire(&key, 1, config.max_wait).await {
+                Ok(true) => {
+                    let snapshot = match config.headers {
+                        Headers::None => None,
+                        _ => limiter.snapshot(&key).await.ok(),
+                    };
+                    let mut response = inner.call(request).await?;
+                    if let Some(snapshot) = snapshot {
+                        let headers = response.headers_mut();
+                        write_headers(headers, config.headers, &config.policy, &snapshot, false);
+                    }
+                    Ok(response)
+                }
+                Ok(false) => match limiter.snapshot(&key).await {
+                    Ok(snapshot) => Ok(refusal(&config, snapshot)),
+                    Err(_) => Ok(answer(StatusCode::SERVICE_UNAVAILABLE)),
+                },
+                Err(_) => Ok(answer(StatusCode::SERVICE_UNAVAILABLE)),
+            }
+        })))
+    }
+}
