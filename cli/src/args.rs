@@ -51,7 +51,8 @@ pub(crate) struct Args {
     pub(crate) null: bool,
 
     /// How many records (bytes, with --bytes) may go at once after an idle
-    /// spell. Default 1: exact spacing.
+    /// spell: N at once, the next one interval after the first. At least 1;
+    /// default 1: exact spacing.
     #[arg(long, value_name = "N")]
     pub(crate) burst: Option<u64>,
 
@@ -200,6 +201,13 @@ impl From<io::Error> for Failure {
 pub(crate) fn validate(args: &Args) -> Result<(), Failure> {
     if args.key == Some(0) {
         return Err(Failure::Usage("--key fields count from 1".to_owned()));
+    }
+    if args.burst == Some(0) {
+        return Err(Failure::Usage(
+            "--burst counts the records (bytes, with --bytes) that may go at once: at least 1 \
+             (1, the default, is exact spacing)"
+                .to_owned(),
+        ));
     }
     if args.jobs == 0 {
         return Err(Failure::Usage("-j must be at least 1".to_owned()));

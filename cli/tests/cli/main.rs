@@ -9,6 +9,7 @@
 #[path = "../../../tests/support/redis_server.rs"]
 mod redis_server;
 
+mod burst;
 mod commands;
 mod keys;
 mod late;
