@@ -13,18 +13,44 @@ use crate::units::{parse_duration, parse_record_size};
 const EXAMPLES: &str = "\
 Examples:
   seq 100 | paceline 10/s                     ten lines a second, exactly 100 ms apart
-  paceline 2/s --burst 5 < urls.txt           up to 5 at once after a pause, 2/s after
+  paceline 2/s --burst 5 < urls.txt           5 at once after a pause, then 2/s
   paceline 10/s --limit 1000/h < jobs         10/s, and at most 1 000 in any hour
   paceline --bytes 1MiB/s < big.iso > copy    1 MiB/s of bytes
   paceline 5/s --key 1 < access.log           5 lines/s per value of the first field
   paceline 20/s --max-wait 2s < events        drop what would wait more than 2 s
-  paceline 3/s -j 4 -- curl -sO {} < urls     a command per line, 3 starts/s, 4 at once
+  paceline 3/s -j 4 --timeout 1min -- curl -sO {} < urls
+                                              a command per line, 3 starts/s, 4 at once,
+                                              each killed after a minute
   paceline 20/s --redis redis://host/ --name crawler < urls
                                               one rate shared by every paceline of that name
 
-Exit status: 0 done; 1 a command failed; 2 bad arguments; 3 a record was
-late (--on-late fail); 4 the limiter failed (Redis unreachable, or down
-with --on-down closed); 5 reading or writing failed.";
+Bytes go through unchanged in every mode: to stdout, in place of {} and to
+a command's stdin. Each record is held whole until its moment (at most
+--max-record).
+
+A command that fails (exits non-zero, is killed, cannot start, or runs
+past --timeout) is named on stderr with its record's number, counted, and
+not retried; every other record still gets its command, and the exit
+status is 1.
+
+SIGINT or SIGTERM: nothing more is read; the records whose moment has come
+are out, those still waiting are not written; no command starts, those
+running are waited for; the summary is printed; then paceline ends by the
+same signal (a shell reports 130 or 143). A second signal ends it at once.
+
+Exit status:
+  0    done
+  1    a command failed or ran past --timeout (every other record's ran)
+  2    bad arguments
+  3    a record was late with --on-late fail
+  4    the limiter failed (Redis unreachable or down, with --on-down closed)
+  5    reading or writing failed
+  6    a record was longer than --max-record
+  130  ended by SIGINT, 143 by SIGTERM (see above)
+A late record, a record too long, a failed limiter or a failed read
+stops the reading only: the records granted before it still go out, each
+at its moment (their commands run), and none after. Statuses 3 to 6 win
+over 1.";
 
 /// Paces stdin to stdout (or a command per record) at a rate: exact
 /// spacing, bursts and warm-up, per key, across machines through Redis.
@@ -84,7 +110,8 @@ pub(crate) struct Args {
     #[arg(long, value_name = "D", value_parser = parse_duration)]
     pub(crate) max_wait: Option<Duration>,
 
-    /// What to do with a late record: drop it (counted), or fail (exit 3).
+    /// What to do with a late record: drop it (counted), or fail (exit
+    /// status 3, once the records before it are out).
     #[arg(long, value_enum, value_name = "WHAT", default_value_t = OnLate::Drop)]
     pub(crate) on_late: OnLate,
 

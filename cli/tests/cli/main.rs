@@ -373,3 +373,17 @@ fn both_processes_go_on_when_redis_dies() {
         assert_eq!(got.len(), 30, "every line came out");
     }
 }
+
+/// `--help` lists every exit status.
+#[test]
+fn help_lists_every_exit_status() {
+    let output = run(&["--help"], b"");
+    assert!(output.status.success());
+    let help = String::from_utf8(output.stdout).unwrap();
+    let table = &help[help.find("Exit status:").expect("the table")..];
+    for status in 0..=6 {
+        let line = format!("\n  {status}    ");
+        assert!(table.contains(&line), "no status {status}: {table}");
+    }
+    assert!(table.contains("130") && table.contains("143"), "{table}");
+}
