@@ -89,10 +89,11 @@ fn fifty_lines_at_twenty_a_second_arrive_fifty_ms_apart_unchanged() {
     assert!(child.wait().unwrap().success());
     let text: String = got.iter().map(|(_, l)| format!("{l}\n")).collect();
     assert_eq!(text, input);
-    // 49 intervals of 50 ms, on a schedule that does not drift: 2.45 s.
+    // 49 intervals of 50 ms, on a schedule that does not drift: 2.45 s
+    // (the bound above it is loose, for a loaded machine).
     let span = got[49].0 - got[0].0;
     assert!(
-        span >= Duration::from_millis(2_400) && span <= Duration::from_millis(2_550),
+        span >= Duration::from_millis(2_400) && span <= Duration::from_millis(3_000),
         "50 lines took {span:?}"
     );
     let gaps: Vec<Duration> = got.windows(2).map(|w| w[1].0 - w[0].0).collect();
@@ -113,9 +114,9 @@ fn bytes_go_at_a_mebibyte_a_second_unchanged() {
     assert!(output.status.success(), "{output:?}");
     assert!(output.stdout == input, "the bytes changed");
     // Half a mebibyte at 1 MiB/s: 0.5 s (less the first millisecond's
-    // worth, which goes at once).
+    // worth, which goes at once); loosely above, for a loaded machine.
     assert!(
-        took >= Duration::from_millis(480) && took <= Duration::from_millis(650),
+        took >= Duration::from_millis(480) && took <= Duration::from_millis(1_500),
         "took {took:?}"
     );
 }
@@ -133,7 +134,7 @@ fn two_keys_are_paced_apart() {
     assert_eq!(got.len(), 10);
     let last = got.last().unwrap().0;
     assert!(
-        last >= Duration::from_millis(380) && last <= Duration::from_millis(600),
+        last >= Duration::from_millis(380) && last <= Duration::from_millis(800),
         "the last line came after {last:?}"
     );
     // Each key's own lines in order, 100 ms apart.
@@ -340,10 +341,11 @@ fn two_processes_share_one_rate_through_redis() {
         assert_eq!(got.len(), 50);
         ends.push(got.last().unwrap().0);
     }
-    // 100 permits 50 ms apart: the last goes 4.95 s after the first.
+    // 100 permits 50 ms apart: the last goes 4.95 s after the first (50
+    // each, not shared, would take 2.45 s).
     let last = *ends.iter().max().unwrap();
     assert!(
-        last >= Duration::from_millis(4_700) && last <= Duration::from_millis(5_250),
+        last >= Duration::from_millis(4_700) && last <= Duration::from_millis(6_500),
         "100 lines took {last:?}"
     );
 }
