@@ -243,9 +243,12 @@ pub(crate) fn validate(args: &Args) -> Result<(), Failure> {
         return Err(Failure::Usage("--max-keys must be at least 1".to_owned()));
     }
     let keyed = args.key.is_some() || args.key_regex.is_some();
-    if args.bytes && (keyed || !args.command.is_empty()) {
+    // A byte stream has no records to key, run or drop: a late part of it
+    // could only be cut out of the middle.
+    if args.bytes && (keyed || !args.command.is_empty() || args.max_wait.is_some()) {
         return Err(Failure::Usage(
-            "--bytes paces a byte stream: it takes no --key and no command".to_owned(),
+            "--bytes paces a byte stream: it takes no --key, no --max-wait and no command"
+                .to_owned(),
         ));
     }
     if args.timeout.is_some() && args.command.is_empty() {

@@ -224,6 +224,11 @@ fn bad_arguments_are_refused_clearly() {
         (&["ten/s"][..], "not a number"),
         (&["10/fortnight"][..], "the period must be"),
         (&["--bytes", "5XB/s"][..], "not a size"),
+        (
+            &["--bytes", "5KB/s", "--max-wait", "1s"][..],
+            "no --max-wait",
+        ),
+        (&["--bytes", "5KB/s", "--key", "1"][..], "no --key"),
         (&["10/s", "--max-wait", "soon"][..], "bad duration"),
         (&["10/s", "--key", "0"][..], "count from 1"),
         (&["10/s", "--key-regex", "("][..], "bad --key-regex"),
