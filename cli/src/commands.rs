@@ -13,6 +13,7 @@ use tokio::task::JoinSet;
 use crate::args::Args;
 use crate::progress::Counts;
 use crate::read::trim;
+use crate::signals;
 
 /// The commands run per record, at most `jobs` at once.
 pub(crate) struct Commands {
@@ -45,16 +46,20 @@ impl Commands {
     }
 
     /// Starts the command for `record` (number `number` of the input,
-    /// from 1), once fewer than `jobs` run.
+    /// from 1), once fewer than `jobs` run; whether it did (not after a
+    /// signal, which may come while it waits for room).
     pub(crate) async fn start(
         &mut self,
         number: u64,
         record: Vec<u8>,
         separator: u8,
         counts: &Counts,
-    ) {
+    ) -> bool {
         while self.running.len() >= self.jobs {
             self.reap_one(counts).await;
+        }
+        if signals::caught().is_some() {
+            return false;
         }
         counts.commands.fetch_add(1, Ordering::Relaxed);
         let mut command = tokio::process::Command::new(&self.program);
@@ -63,7 +68,10 @@ impl Commands {
             for arg in &self.args {
                 match substitute(arg, text) {
                     Ok(arg) => command.arg(arg),
-                    Err(why) => return self.failed(number, &why, counts),
+                    Err(why) => {
+                        self.failed(number, &why, counts);
+                        return true;
+                    }
                 };
             }
             command.stdin(Stdio::null());
@@ -75,7 +83,8 @@ impl Commands {
             Ok(child) => child,
             Err(error) => {
                 let why = format!("cannot run {}: {error}", self.program.to_string_lossy());
-                return self.failed(number, &why, counts);
+                self.failed(number, &why, counts);
+                return true;
             }
         };
         let input = child.stdin.take();
@@ -110,6 +119,7 @@ impl Commands {
             };
             (number, outcome)
         });
+        true
     }
 
     /// Counts a command that failed, and says so.

@@ -50,7 +50,7 @@ fn main() -> ExitCode {
         },
     };
     counts.finish(&args);
-    match result {
+    let code = match result {
         Ok(failed_commands) if failed_commands > 0 => ExitCode::from(1),
         Ok(_) => ExitCode::SUCCESS,
         Err(failure) => {
@@ -61,16 +61,21 @@ fn main() -> ExitCode {
                      (--on-late fail): the records before it went out, each at its moment, none after"
                 ),
                 Failure::Io(error) => eprintln!("paceline: {error}"),
-                // Ended by the signal, as a program that does not catch it.
-                Failure::Signal(signal) => signals::end_by(*signal),
                 Failure::TooLong(max) => eprintln!(
                     "paceline: a record is longer than --max-record ({max} bytes): the records \
                      before it were written, nothing of it was"
                 ),
+                Failure::Signal(_) => {}
             }
             ExitCode::from(failure.code())
         }
+    };
+    // A signal caught at any point, even as the run was ending anyway,
+    // ends it by that signal, as a program that does not catch it.
+    if let Some(signal) = signals::caught() {
+        signals::end_by(signal);
     }
+    code
 }
 
 async fn run(args: &Args, counts: Arc<Counts>) -> Result<u64, Failure> {

@@ -85,20 +85,28 @@ pub(crate) async fn schedule(
     let result = async {
         loop {
             let signalled = matches!(stopped, Some(Failure::Signal(_)));
-            // Release what is due (after a signal, no command).
+            // Release what is due (after a signal, even one caught while
+            // a command waited for room, no command starts).
             let now = Instant::now();
-            while due.peek().is_some_and(|d| d.at <= now) && !(signalled && commands.is_some()) {
+            while due.peek().is_some_and(|d| d.at <= now)
+                && !(commands.is_some() && signals::caught().is_some())
+            {
                 let Due { record, seq, .. } = due.pop().expect("peeked");
                 held -= record.len();
-                counts.records.fetch_add(1, Ordering::Relaxed);
-                counts
-                    .bytes
-                    .fetch_add(record.len() as u64, Ordering::Relaxed);
-                if let Some(commands) = &mut commands {
-                    out.flush()?;
-                    commands.start(seq, record, separator, counts).await;
-                } else {
-                    out.write_all(&record)?;
+                let len = record.len() as u64;
+                let released = match &mut commands {
+                    Some(commands) => {
+                        out.flush()?;
+                        commands.start(seq, record, separator, counts).await
+                    }
+                    None => {
+                        out.write_all(&record)?;
+                        true
+                    }
+                };
+                if released {
+                    counts.records.fetch_add(1, Ordering::Relaxed);
+                    counts.bytes.fetch_add(len, Ordering::Relaxed);
                 }
             }
             out.flush()?;

@@ -114,3 +114,18 @@ fn a_second_signal_ends_the_run_at_once() {
     assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
     drop(stdin);
 }
+
+/// A signal that comes once the input is over, while only a command
+/// runs, still ends the run by it, once the command has ended.
+#[test]
+fn a_signal_after_the_input_ends_the_run_by_it_too() {
+    let mut child = paceline(&["10/s", "--", "sh", "-c", "exec sleep 0.5 > /dev/null"])
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"x\n").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: a plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+}
