@@ -101,9 +101,9 @@ async fn run(args: &Args, counts: Arc<Counts>) -> Result<u64, Failure> {
         tokio::task::block_in_place(|| copy(args, reserve, slowest, separator, &counts))
     } else {
         let (chunks, receiving) = mpsc::channel(2);
-        let split = (!args.bytes).then_some(separator);
+        // Records only: a byte stream is always a plain copy.
         let max_record = args.max_record;
-        std::thread::spawn(move || read_stdin(chunks, split, max_record));
+        std::thread::spawn(move || read_stdin(chunks, separator, max_record));
         schedule(args, &pacer, key_of, separator, receiving, &counts).await
     }
 }

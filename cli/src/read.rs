@@ -26,7 +26,7 @@ pub(crate) fn stdout_file() -> io::Result<std::fs::File> {
     std_file(io::stdout().as_fd())
 }
 
-/// A chunk of stdin: `buf[..len]`, whole records (or bytes as read). Its
+/// A chunk of stdin: `buf[..len]`, whole records. Its
 /// buffer goes back to the reader when it is dropped.
 pub(crate) struct Chunk {
     buf: Vec<u8>,
@@ -50,9 +50,8 @@ impl Drop for Chunk {
 /// they come back, not kept for the next reads.
 const KEPT: usize = 2 * READ_SIZE;
 
-/// Reads stdin into chunks of whole records (`separator`; `None`: bytes,
-/// as read), each sent as soon as it is read; the last record needs no
-/// separator. Buffers come back through a pool, so that nothing is
+/// Reads stdin into chunks of whole records (ending with `separator`),
+/// each sent as soon as it is read; the last record needs no separator. Buffers come back through a pool, so that nothing is
 /// allocated or cleared per read.
 ///
 /// A record longer than a buffer stays where it began and the next reads
@@ -64,7 +63,7 @@ const KEPT: usize = 2 * READ_SIZE;
 /// [`Failure::TooLong`].
 pub(crate) fn read_stdin(
     chunks: mpsc::Sender<Result<Chunk, Failure>>,
-    separator: Option<u8>,
+    separator: u8,
     max_record: usize,
 ) {
     use std::os::fd::AsFd;
@@ -91,7 +90,7 @@ pub(crate) fn read_stdin(
         };
         chunks.blocking_send(Ok(chunk)).is_ok()
     };
-    let too_long = |records: &[u8]| separator.and_then(|s| too_long(records, s, max_record));
+    let too_long = |records: &[u8]| too_long(records, separator, max_record);
     let mut buf = fresh();
     // `buf[..filled]`: a record begun before the last read, and what that
     // read brought.
@@ -119,13 +118,7 @@ pub(crate) fn read_stdin(
         };
         filled += read;
         // Only what the read brought is searched for the last separator.
-        let len = match separator {
-            None => filled,
-            Some(separator) => match memchr::memrchr(separator, &buf[start..filled]) {
-                Some(end) => start + end + 1,
-                None => 0,
-            },
-        };
+        let len = memchr::memrchr(separator, &buf[start..filled]).map_or(0, |end| start + end + 1);
         if len == 0 {
             if filled > max_record {
                 let _ = chunks.blocking_send(Err(Failure::TooLong(max_record)));
