@@ -54,11 +54,18 @@ pub(crate) fn copy(
     // offsets stay page-aligned too: the kernel then copies whole pages,
     // several times faster than into (or out of) the middle of one.
     let mut window = Window::new(PAGE);
+    // A file's reads never wait: a glance at the signal is enough, with
+    // no `poll` per read.
+    let may_wait = !stdin.metadata().is_ok_and(|m| m.is_file());
     let result = (|| {
         loop {
             // Everything whose moment has come is out (flushed below)
             // before a read may block.
-            if let Some(signal) = signals::readable(stdin.as_raw_fd()) {
+            let signal = match may_wait {
+                true => signals::readable(stdin.as_raw_fd()),
+                false => signals::caught(),
+            };
+            if let Some(signal) = signal {
                 return Err(Failure::Signal(signal));
             }
             let read = match window.fill(&mut stdin) {
