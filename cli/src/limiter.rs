@@ -127,8 +127,10 @@ pub(crate) async fn pacer(args: &Args, limits: Vec<Limit>, keyed: bool) -> Resul
         });
     };
     use paceline::redis::{Client, Fallback, RedisBackend};
+    let shown = without_credentials(url);
     let client = Client::open(url.as_str())
-        .map_err(|e| Failure::Usage(format!("bad Redis URL {url:?}: {e}")))?;
+        .map_err(|e| Failure::Usage(format!("bad Redis URL {shown:?}: {e}")))?;
+    let url = shown;
     // Unreachable at the start is down as any other time: the run starts
     // on its fallback, and goes over to Redis once it answers; but with
     // --on-down closed, it does not start.
@@ -176,6 +178,37 @@ pub(crate) async fn pacer(args: &Args, limits: Vec<Limit>, keyed: bool) -> Resul
     })
 }
 
+/// `url` without the user name and password it may carry, for messages.
+fn without_credentials(url: &str) -> String {
+    let Some(scheme) = url.find("://") else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme + 3..];
+    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+    match authority.rfind('@') {
+        Some(at) => format!("{}{}", &url[..scheme + 3], &rest[at + 1..]),
+        None => url.to_owned(),
+    }
+}
+
 pub(crate) fn usage(error: Error) -> Failure {
     Failure::Usage(error.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_credentials;
+
+    #[test]
+    fn messages_show_no_password() {
+        for (url, shown) in [
+            ("redis://127.0.0.1:6379/", "redis://127.0.0.1:6379/"),
+            ("redis://:secret@host:6379/0", "redis://host:6379/0"),
+            ("rediss://user:p@ss@host/", "rediss://host/"),
+            ("redis://host/key@x", "redis://host/key@x"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(without_credentials(url), shown);
+        }
+    }
 }

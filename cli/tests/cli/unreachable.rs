@@ -52,4 +52,19 @@ fn an_unreachable_redis_starts_on_the_fallback_unless_on_down_closed() {
         stderr.contains(&format!("cannot reach Redis at {url}")),
         "{stderr}"
     );
+    // A password in the URL is not shown.
+    let with_password = url.replace("redis://", "redis://:hunter2@");
+    let output = run(
+        &[
+            "10/s",
+            "--redis",
+            with_password.as_str(),
+            "--on-down",
+            "closed",
+        ],
+        b"x\n",
+    );
+    assert_eq!(output.status.code(), Some(4), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("hunter2"), "{stderr}");
 }
