@@ -239,6 +239,13 @@ pub(crate) fn validate(args: &Args) -> Result<(), Failure> {
     if args.jobs == 0 {
         return Err(Failure::Usage("-j must be at least 1".to_owned()));
     }
+    // Checked before Redis is reached, not after.
+    if !(args.local_fraction > 0.0 && args.local_fraction <= 1.0) {
+        return Err(Failure::Usage(format!(
+            "--local-fraction is a share of the rate: more than 0 and at most 1 (got {})",
+            args.local_fraction
+        )));
+    }
     if args.max_keys == 0 {
         return Err(Failure::Usage("--max-keys must be at least 1".to_owned()));
     }

@@ -237,6 +237,16 @@ fn bad_arguments_are_refused_clearly() {
         (&["10/s", "--key", "0"][..], "count from 1"),
         (&["10/s", "--key-regex", "("][..], "bad --key-regex"),
         (&["10/s", "-j", "0"][..], "-j must be at least 1"),
+        (
+            &[
+                "10/s",
+                "--redis",
+                "redis://127.0.0.1:1/",
+                "--local-fraction",
+                "NaN",
+            ][..],
+            "--local-fraction is a share",
+        ),
     ] {
         let output = run(args, b"");
         assert_eq!(output.status.code(), Some(2), "{args:?}: {output:?}");
