@@ -233,10 +233,8 @@ impl Config {
             ("requests per second", self.limits.requests_per_second),
             ("tokens per second", self.limits.tokens_per_second),
         ] {
-            if let Some(rate) = rate
-                && !(rate.is_finite() && rate > 0.0 && rate < 1e15)
-            {
-                return Err(ConfigError(format!("{name} must be above 0, not {rate}")));
+            if rate.is_some_and(|rate| !(rate.is_finite() && rate > 0.0 && rate < 1e15)) {
+                return Err(ConfigError(format!("{name} must be above 0")));
             }
         }
         if self.limits.max_in_flight == Some(0) {
@@ -416,8 +414,9 @@ impl Upstream {
         &self.shared.config
     }
 
-    /// Everything it admitted and refused so far (a copy: every admission's
-    /// time and every charge, so O(calls)).
+    /// Everything it admitted and refused so far: a copy, made under the
+    /// lock the calls take, of every admission's time and every charge (it
+    /// keeps 24 bytes a call, and 48 a bucket, for as long as it runs).
     pub fn stats(&self) -> Stats {
         self.shared.stats(true)
     }

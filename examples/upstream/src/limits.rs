@@ -189,9 +189,8 @@ impl Shared {
                 wait = wait.max(bucket.secs_until(0.0));
             }
         }
-        if let Some(max) = self.config.limits.max_in_flight
-            && state.in_flight >= max
-        {
+        let max_in_flight = self.config.limits.max_in_flight;
+        if max_in_flight.is_some_and(|max| state.in_flight >= max) {
             limits.push(Limit::InFlight);
             let first_due = state.due.keys().next().copied().unwrap_or(now);
             wait = wait.max(first_due.saturating_sub(now) as f64 / 1e9);

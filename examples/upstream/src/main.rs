@@ -39,8 +39,10 @@ fn main() -> ExitCode {
         limits.window_secs,
     );
     let mut last = upstream.totals();
-    for second in 1.. {
+    let mut second = 0_u64;
+    loop {
         std::thread::sleep(Duration::from_secs(1));
+        second += 1;
         let now = upstream.totals();
         if now != last {
             println!(
@@ -57,5 +59,4 @@ fn main() -> ExitCode {
         }
         last = now;
     }
-    ExitCode::SUCCESS
 }

@@ -190,8 +190,8 @@ impl Stats {
         }
     }
 
-    /// The stats as `GET /stats` answers them (durations in whole
-    /// milliseconds; the exact times are left out):
+    /// The stats as `GET /stats` answers them, on one line (durations in
+    /// whole milliseconds; the exact times are left out):
     ///
     /// ```text
     /// {"elapsed_ms":2513,"bucket_ms":100,
@@ -294,9 +294,7 @@ impl Recorder {
         self.charges.push((now, cost));
         self.totals.completed += 1;
         self.totals.tokens += cost;
-        if let Some(level) = level
-            && level < 0.0
-        {
+        if let Some(level) = level.filter(|&level| level < 0.0) {
             let debt = (-level).ceil() as u64;
             self.totals.max_token_debt = self.totals.max_token_debt.max(debt);
         }
