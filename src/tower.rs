@@ -187,10 +187,10 @@ struct Keep<'a> {
 
 impl Drop for Keep<'_> {
     fn drop(&mut self) {
-        if self.commit.load(Ordering::Acquire) {
-            if let Some(reservation) = self.reservation.take() {
-                reservation.commit();
-            }
+        if self.commit.load(Ordering::Acquire)
+            && let Some(reservation) = self.reservation.take()
+        {
+            reservation.commit();
         }
     }
 }
