@@ -265,11 +265,9 @@ impl Limit {
             config.max_burst = Some(stored_for(burst - 1.0, rate));
         }
         let (policy, rate) = config.policy()?;
-        let mut state = State::new(policy, rate, now)?;
         // A limit starts full: its burst is there at once, as for a key
         // never seen (a warming-up one is full, i.e. cold, already).
-        state.stored_permits = state.max_permits;
-        Ok(state)
+        Ok(State::full(policy, rate, now)?)
     }
 }
 

@@ -238,19 +238,7 @@ impl Limits {
         self.log.requests.clear();
         self.forget_if_empty();
         for (i, state) in self.states.iter_mut().enumerate() {
-            if now_micros > state.next_free_micros {
-                state.next_free_micros = now_micros.min(super::MAX_MICROS);
-                state.next_free_fraction = 0;
-            }
-            state.stored_permits = 0.0;
-            let debt = debts_micros.get(i).copied().unwrap_or(0);
-            let ticket = state.next_free_micros.saturating_add(debt);
-            if ticket >= super::MAX_MICROS {
-                state.next_free_micros = super::MAX_MICROS;
-                state.next_free_fraction = 0;
-            } else {
-                state.next_free_micros = ticket;
-            }
+            state.resume(debts_micros.get(i).copied().unwrap_or(0), now_micros);
         }
     }
 

@@ -194,7 +194,6 @@ const MICROS_PER_SECOND: f64 = 1_000_000.0;
 /// The ticket keeps this many bits below the microsecond: its fraction
 /// ([`State::next_free_fraction`]) counts units of 2^-20 µs (about a
 /// picosecond).
-#[doc(hidden)]
 pub const FRACTION_BITS: u32 = 20;
 
 /// One microsecond in fraction units: 2^20.
@@ -204,8 +203,7 @@ const FRACTION_ONE: u64 = 1 << FRACTION_BITS;
 /// to the fraction unit; longer ones to the whole microsecond (see
 /// [`State::charge`]). It keeps every intermediate value below 2^53, so the
 /// Lua mirror computes them exactly.
-#[doc(hidden)]
-pub const FINE_CHARGE_LIMIT_MICROS: f64 = 4_294_967_296.0;
+pub(crate) const FINE_CHARGE_LIMIT_MICROS: f64 = 4_294_967_296.0;
 
 /// The stable interval for a rate, in microseconds: `1e6 / permits_per_second`.
 ///
@@ -325,37 +323,28 @@ impl Policy {
 /// assert_eq!(state.try_reserve(1, 0, 100_000), None); // 400 ms > 100 ms timeout
 /// assert_eq!(state.try_reserve(1, 300_000, 100_000), Some(100_000));
 /// ```
-// Its fields are public for the crate's differential tests only, and hidden
-// from the docs: they are not part of the API.
 #[derive(Debug, Clone, PartialEq)]
 pub struct State {
-    #[doc(hidden)]
     /// Permits saved up while idle, in `0.0..=max_permits`.
-    pub stored_permits: f64,
-    #[doc(hidden)]
+    pub(crate) stored_permits: f64,
     /// The most permits that can be stored.
-    pub max_permits: f64,
-    #[doc(hidden)]
+    pub(crate) max_permits: f64,
     /// Microseconds between two permits at the stable rate; `0.0` for an
     /// infinite rate.
-    pub stable_interval_micros: f64,
-    #[doc(hidden)]
+    pub(crate) stable_interval_micros: f64,
     /// The moment the next request may go, in whole microseconds. In the
     /// past when the limiter is idle (until the next
     /// [`resync`](State::resync) moves it to `now`).
-    pub next_free_micros: u64,
-    #[doc(hidden)]
+    pub(crate) next_free_micros: u64,
     /// The ticket's part below the microsecond, in units of 2^-20 µs
     /// (`0..2^20`): the ticket is `next_free_micros + next_free_fraction /
     /// 2^20` µs. Waits are whole microseconds; this carries what they leave
     /// out, so that the schedule never drifts (see "Numbers" above).
-    pub next_free_fraction: u32,
-    #[doc(hidden)]
+    pub(crate) next_free_fraction: u32,
     /// The rate as the user set it.
-    pub permits_per_second: f64,
-    #[doc(hidden)]
+    pub(crate) permits_per_second: f64,
     /// What stored permits cost.
-    pub policy: Policy,
+    pub(crate) policy: Policy,
 }
 
 impl State {
@@ -380,6 +369,75 @@ impl State {
             permits_per_second,
             policy,
         })
+    }
+
+    /// A limiter at `permits_per_second` that has been idle long enough to
+    /// be full at `now_micros`: every permit it can store is stored (bursty:
+    /// a whole burst; warming-up: cold) and nothing is owed. A key never seen
+    /// starts so in a keyed limiter, as a missing key does in Redis.
+    ///
+    /// ```
+    /// use paceline::core::{Bursty, Policy, State};
+    ///
+    /// let state = State::full(Policy::Bursty(Bursty::default()), 5.0, 7).unwrap();
+    /// assert_eq!((state.stored_permits(), state.max_permits()), (5.0, 5.0));
+    /// assert_eq!(state.next_free_micros(), 7);
+    /// ```
+    pub fn full(
+        policy: Policy,
+        permits_per_second: f64,
+        now_micros: u64,
+    ) -> Result<Self, InvalidRate> {
+        let mut state = State::new(policy, permits_per_second, now_micros)?;
+        state.stored_permits = state.max_permits;
+        Ok(state)
+    }
+
+    /// Permits saved up while idle, as of the last operation (a
+    /// [`resync`](State::resync) brings them up to `now`): from `0.0` to
+    /// [`max_permits`](State::max_permits).
+    pub fn stored_permits(&self) -> f64 {
+        self.stored_permits
+    }
+
+    /// The most permits that can be stored: the burst past the one request
+    /// that goes at the ticket (bursty), or the permits of a cold limiter
+    /// (warming-up).
+    pub fn max_permits(&self) -> f64 {
+        self.max_permits
+    }
+
+    /// Microseconds between two permits at the stable rate (`0.0` for an
+    /// infinite rate; at most [`MAX_MICROS`]).
+    pub fn stable_interval_micros(&self) -> f64 {
+        self.stable_interval_micros
+    }
+
+    /// The ticket: the moment the next request may go, in whole
+    /// microseconds (the part below the microsecond is
+    /// [`next_free_fraction`](State::next_free_fraction)). In the past while
+    /// the limiter is idle, until the next operation resyncs it to `now`.
+    pub fn next_free_micros(&self) -> u64 {
+        self.next_free_micros
+    }
+
+    /// The ticket's part below the microsecond, in units of
+    /// 2^-[`FRACTION_BITS`] µs (`0..2^20`): the ticket is
+    /// `next_free_micros + next_free_fraction / 2^20` µs. Waits are whole
+    /// microseconds; this carries what they leave out (see "Exact at every
+    /// rate" in the [module documentation](self)).
+    pub fn next_free_fraction(&self) -> u32 {
+        self.next_free_fraction
+    }
+
+    /// The rate as last set, in permits per second.
+    pub fn permits_per_second(&self) -> f64 {
+        self.permits_per_second
+    }
+
+    /// What stored permits cost.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
     }
 
     /// Converts the idle time between `next_free_micros` and `now_micros`
@@ -494,6 +552,33 @@ impl State {
             Some(self.reserve(permits, now_micros))
         } else {
             None
+        }
+    }
+
+    /// Carries a debt into the state at `now_micros`, as a limiter coming
+    /// back from a fallback does: the stored permits are dropped and the
+    /// ticket (at least `now_micros`) moves forward by `debt_micros`,
+    /// saturating at [`MAX_MICROS`] (where its fraction is dropped).
+    ///
+    /// ```
+    /// use paceline::core::{Bursty, Policy, State};
+    ///
+    /// let mut state = State::full(Policy::Bursty(Bursty::default()), 5.0, 0).unwrap();
+    /// state.resume(300_000, 1_000_000);
+    /// assert_eq!((state.stored_permits(), state.next_free_micros()), (0.0, 1_300_000));
+    /// ```
+    pub fn resume(&mut self, debt_micros: u64, now_micros: u64) {
+        if now_micros > self.next_free_micros {
+            self.next_free_micros = now_micros.min(MAX_MICROS);
+            self.next_free_fraction = 0;
+        }
+        self.stored_permits = 0.0;
+        let ticket = self.next_free_micros.saturating_add(debt_micros);
+        if ticket >= MAX_MICROS {
+            self.next_free_micros = MAX_MICROS;
+            self.next_free_fraction = 0;
+        } else {
+            self.next_free_micros = ticket;
         }
     }
 

@@ -64,9 +64,7 @@ impl Config {
                 cold_factor,
             } => Policy::WarmingUp(WarmingUp::new(warmup, cold_factor)),
         };
-        let mut state = State::new(policy, rate, now).expect("a valid rate");
-        state.stored_permits = state.max_permits;
-        state
+        State::full(policy, rate, now).expect("a valid rate")
     }
 }
 
@@ -775,7 +773,7 @@ fn each_key_gives_back_as_the_core_through_a_ledger() {
                     // The state alone would have moved the ticket further
                     // back, scheduling the next callers early.
                     alone.give_back(&reserved, now);
-                    if alone.next_free_micros < state.next_free_micros {
+                    if alone.next_free_micros() < state.next_free_micros() {
                         ledger_held_back += 1;
                     }
                 }

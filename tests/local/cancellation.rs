@@ -77,12 +77,12 @@ fn drive(mut state: State, ops: &[Op], cancel: &[bool], rule: Option<Rule>) -> R
                 if rule.is_none() && cancel[id] {
                     continue;
                 }
-                if rule.is_none() && now > state.next_free_micros {
+                if rule.is_none() && now > state.next_free_micros() {
                     // Idle time the model's resync is about to drop at the cap.
-                    if let Policy::Bursty(_) = state.policy {
-                        let credit = (now - state.next_free_micros) as f64;
-                        let room = (state.max_permits - state.stored_permits)
-                            * state.stable_interval_micros;
+                    if let Policy::Bursty(_) = state.policy() {
+                        let credit = (now - state.next_free_micros()) as f64;
+                        let room = (state.max_permits() - state.stored_permits())
+                            * state.stable_interval_micros();
                         forfeited += (credit - room).max(0.0).ceil() as u64;
                     }
                 }
@@ -192,7 +192,7 @@ fn random_sequence(seed: u64) -> (State, Vec<Op>, Vec<bool>) {
     // checked against the core in the other tests.
     let max_burst = Duration::from_micros(rng.range(0, 3_000_000));
     let initial = State::new(Policy::Bursty(Bursty::new(max_burst)), rate, 0).unwrap();
-    let interval = initial.stable_interval_micros as u64 + 1;
+    let interval = initial.stable_interval_micros() as u64 + 1;
     let (ops, cancel) = random_ops(&mut rng, interval);
     (initial, ops, cancel)
 }
@@ -210,7 +210,7 @@ fn through_a_ledger_cancellations_never_schedule_anyone_before_the_model_and_end
         let (initial, ops, cancel) = random_sequence(seed);
         let real = run(initial.clone(), &ops, &cancel, Rule::Ledger);
         let model = model(initial.clone(), &ops, &real.cancelled);
-        let context = format!("seed {seed}, {:?}, ops {ops:?}", initial.policy);
+        let context = format!("seed {seed}, {:?}, ops {ops:?}", initial.policy());
         for (id, (r, m)) in real.moments.iter().zip(&model.moments).enumerate() {
             if real.cancelled[id] {
                 continue;
@@ -318,7 +318,7 @@ fn without_a_ledger_early_callers_are_bounded_by_the_idle_time_the_model_dropped
         let (initial, ops, cancel) = random_sequence(seed);
         let real = run(initial.clone(), &ops, &cancel, Rule::Charge);
         let model = model(initial.clone(), &ops, &real.cancelled);
-        let context = format!("seed {seed}, {:?}, ops {ops:?}", initial.policy);
+        let context = format!("seed {seed}, {:?}, ops {ops:?}", initial.policy());
         let mut early = false;
         for (id, (r, m)) in real.moments.iter().zip(&model.moments).enumerate() {
             if real.cancelled[id] {
@@ -363,7 +363,10 @@ fn without_a_ledger_early_callers_are_bounded_by_the_idle_time_the_model_dropped
                 GiveBack::Nothing => false,
             });
         if all_in_full && model.forfeited == 0 {
-            let (r, m) = (real.state.next_free_micros, model.state.next_free_micros);
+            let (r, m) = (
+                real.state.next_free_micros(),
+                model.state.next_free_micros(),
+            );
             assert!(
                 r.abs_diff(m) <= 1,
                 "final ticket {r} µs, the model's {m}: {context}"
@@ -536,8 +539,8 @@ fn a_rate_change_in_between_is_never_undone() {
     let reserved = state.reserve_recorded(1, 0); // waits 100 ms
     state.set_rate(20.0, 0).unwrap(); // leaves the ticket and the store as they were
     assert_eq!(state.give_back(&reserved, 0), GiveBack::Returned(100_000));
-    assert_eq!(state.permits_per_second, 20.0);
-    assert_eq!(state.next_free_micros, 100_000);
+    assert_eq!(state.permits_per_second(), 20.0);
+    assert_eq!(state.next_free_micros(), 100_000);
 }
 
 /// The local limiter gives back exactly as the core through a ledger does:
