@@ -149,6 +149,7 @@ mod ledger;
 mod limits;
 mod snapshot;
 mod warming_up;
+pub(crate) mod word;
 
 pub use bursty::Bursty;
 // The give-back's bookkeeping is public for the differential tests only.
@@ -461,8 +462,9 @@ impl State {
     }
 
     /// Pushes the ticket forward by `cost_micros` (a wait computed in
-    /// floating point, `>= 0`), to the 2^-20 µs below [`FINE_CHARGE_LIMIT_MICROS`]
-    /// and to the whole microsecond (truncated) above it, saturating at
+    /// floating point, `>= 0`), to the 2^-20 µs below 2^32 µs (about 71
+    /// minutes) and to the whole microsecond (truncated) from there,
+    /// saturating at
     /// [`MAX_MICROS`] (where the fraction is dropped). NaN pushes it to
     /// [`MAX_MICROS`]: the limiter fails closed.
     pub fn charge(&mut self, cost_micros: f64) {

@@ -12,7 +12,7 @@
 //! their give-backs exact) go through a lock and run the core's own code.
 
 mod outcome;
-pub(crate) mod word;
+mod slot;
 
 use std::fmt;
 use std::sync::atomic::AtomicU64;
@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use crate::builder::Builder;
 use crate::clock::{Clock, SystemClock};
+use crate::core::word::{self, Encoded, Quick, Settings, Step};
 use crate::core::{Ledger, Limits, State, micros, stable_interval_micros};
 use crate::error::check_permits;
 use crate::metrics::Metrics;
@@ -30,7 +31,7 @@ use crate::store::{Direct, NoKey, Now, Rate, Store, in_process_store};
 use crate::{Error, Snapshot};
 
 use outcome::{Grant, Outcome};
-use word::{Encoded, Quick, Slot, Step};
+use slot::Slot;
 
 /// A rate limiter for one process, shared by any number of threads and tasks.
 ///
@@ -121,6 +122,24 @@ struct Word(AtomicU64);
 #[repr(align(128))]
 struct Slots([Slot; 2]);
 
+impl Slots {
+    /// The configuration of `word`'s generation.
+    #[inline(always)]
+    fn of(&self, word: u64) -> &Slot {
+        &self.0[word::slot_index(word)]
+    }
+
+    /// The word that publishes `state` at `now` in the generation after
+    /// `word`'s (see [`word::publish`]), its configuration written first.
+    fn publish(&self, word: u64, state: &State, now: u64) -> u64 {
+        let (new, config) = word::publish(word, state, now);
+        if let Some(config) = config {
+            self.0[word::slot_index(new)].store(&config);
+        }
+        new
+    }
+}
+
 /// # Constructors
 impl RateLimiter<SystemClock> {
     /// A bursty limiter at `permits_per_second` that saves up to one second of
@@ -159,7 +178,7 @@ impl<C: Clock> RateLimiter<C> {
         let now = clock.now_micros();
         let slots = Slots([Slot::default(), Slot::default()]);
         // Published as the generation after the last one, i.e. generation 0.
-        let word = word::republish(u64::MAX, &state, now, &slots.0);
+        let word = slots.publish(u64::MAX, &state, now);
         RateLimiter {
             word: Word(AtomicU64::new(word)),
             slots,
@@ -207,7 +226,7 @@ impl<C: Clock> RateLimiter<C> {
         }
         let now = self.clock.now_micros();
         let (quick, mut current) = if word::has_stored(first) {
-            let quick = Quick::new(first, now, permits, &self.slots.0);
+            let quick = Quick::new(first, now, permits, self.slots.of(first));
             // Reloaded, so that only the quick step lies between the load
             // and the compare-and-swap when other threads write the word.
             (quick, self.word.0.load(Acquire))
@@ -217,7 +236,7 @@ impl<C: Clock> RateLimiter<C> {
         loop {
             let (new, wait) = match quick.apply(current) {
                 Some(new) => (new, 0),
-                None => match word::step(current, now, permits, timeout, &self.slots.0) {
+                None => match word::step(current, now, permits, timeout, self.slots.of(current)) {
                     Step::Refused => return None,
                     // One that can be given back waits in the ledger.
                     Step::Granted { wait, .. } if O::GIVES_BACK && wait > 0 => {
@@ -263,14 +282,9 @@ impl<C: Clock> RateLimiter<C> {
     /// The word for `state` at `now`, in `current`'s generation if it fits
     /// there, else in a new one (or mutex mode).
     fn encode(&self, current: u64, state: &State, now: u64) -> u64 {
-        match word::encode(
-            current,
-            state,
-            now,
-            &self.slots.0[word::slot_index(current)].load(),
-        ) {
+        match word::encode(current, state, now, &self.slots.of(current).config()) {
             Encoded::Word(new) => new,
-            Encoded::Rebase | Encoded::Mutex => word::republish(current, state, now, &self.slots.0),
+            Encoded::Rebase | Encoded::Mutex => self.slots.publish(current, state, now),
         }
     }
 
@@ -327,7 +341,7 @@ impl<C: Clock> RateLimiter<C> {
                 let result = update(&mut locked.state, &mut locked.ledger, now)?;
                 // Leave mutex mode if the word can hold the state again.
                 if locked.ledger.is_empty() {
-                    let new = word::republish(current, &locked.state, now, &self.slots.0);
+                    let new = self.slots.publish(current, &locked.state, now);
                     if !word::is_mutex(new) {
                         self.word.0.store(new, Release);
                     }
@@ -362,7 +376,7 @@ impl<C: Clock> RateLimiter<C> {
     /// The core state that `current` (not mutex mode) stands for at `now`,
     /// with the configuration in `locked`.
     fn state_at(&self, locked: &State, current: u64, now: u64) -> State {
-        let config = self.slots.0[word::slot_index(current)].load();
+        let config = self.slots.of(current).config();
         let decoded = word::decode(current, now, &config);
         let mut state = locked.clone();
         state.stored_permits = decoded.stored;
@@ -411,7 +425,7 @@ impl<C: Clock> RateLimiter<C> {
                 None => locked.state.query_earliest_available(),
             }
         } else {
-            let config = self.slots.0[word::slot_index(current)].load();
+            let config = self.slots.of(current).config();
             word::decode(current, now, &config).next_free
         };
         next_free.saturating_sub(now)
@@ -633,7 +647,7 @@ impl<C: Clock> RateLimiter<C> {
             state.set_rate(permits_per_second, now)?;
             // A new generation even if the configuration is unchanged: every
             // reservation computed with the old one must retry.
-            let new = word::republish(current, &state, now, &self.slots.0);
+            let new = self.slots.publish(current, &state, now);
             if self
                 .word
                 .0

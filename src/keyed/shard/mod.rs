@@ -56,8 +56,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
 use crate::Snapshot;
+use crate::core::word::{self, Config, Encoded, Step};
 use crate::core::{GiveBack, Ledger, Reserved, State};
-use crate::local::word::{self, Config, Encoded, Slot, Step};
 use crate::metrics::Metrics;
 
 /// A reservation with a wait, made under the write lock: the core's record
@@ -78,10 +78,9 @@ pub(super) struct Table<K> {
     /// The configuration every key runs under: a key's state is this with
     /// the key's numbers.
     template: State,
-    /// The word configuration (in slot 0; words are of generation 0), when
-    /// keys are held as words.
+    /// The word configuration (words are of generation 0), when keys are
+    /// held as words.
     config: Option<Config>,
-    slots: [Slot; 2],
     /// Keys held as words.
     words: HashMap<K, AtomicU64, RandomState>,
     /// Keys held as the core's numbers.
@@ -212,7 +211,6 @@ impl<K: Hash + Eq + Clone> Shard<K> {
         let mut table = Table {
             template,
             config: None,
-            slots: Default::default(),
             words: HashMap::with_hasher(hasher.clone()),
             states: HashMap::with_hasher(hasher.clone()),
             ledgers: HashMap::with_hasher(hasher),
@@ -279,7 +277,8 @@ impl<K: Hash + Eq + Clone> Table<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        if self.config.is_none() || now >= self.next_sweep() {
+        let config = self.config.as_ref()?;
+        if now >= self.next_sweep() {
             return None;
         }
         // A key with a ledger runs through it, under the write lock.
@@ -289,7 +288,7 @@ impl<K: Hash + Eq + Clone> Table<K> {
         let cell = self.words.get(key)?;
         let mut current = cell.load(Relaxed);
         loop {
-            match word::step(current, now, permits, timeout, &self.slots) {
+            match word::step(current, now, permits, timeout, config) {
                 Step::Refused => return Some(Fast::Refused),
                 Step::Slow => return None,
                 Step::Granted { wait, .. } if only_at_once && wait > 0 => return None,
@@ -313,9 +312,6 @@ impl<K: Hash + Eq + Clone> Table<K> {
             Mode::Full => Config::new(&self.template, now),
             Mode::Empty => None,
         };
-        if let Some(config) = &self.config {
-            self.slots[0].store(config);
-        }
         let template = &self.template;
         let mut moved = Vec::new();
         match (old, self.config) {

@@ -3,12 +3,10 @@
 use super::*;
 use crate::core::Bursty;
 
-fn bursty(rate: f64) -> (State, Config, [Slot; 2]) {
+fn bursty(rate: f64) -> (State, Config) {
     let state = State::new(Policy::Bursty(Bursty::default()), rate, 0).unwrap();
     let config = Config::new(&state, 0).unwrap();
-    let slots = [Slot::default(), Slot::default()];
-    slots[0].store(&config);
-    (state, config, slots)
+    (state, config)
 }
 
 #[test]
@@ -31,30 +29,30 @@ fn word_of(state: &State, now: u64, config: &Config) -> u64 {
 
 #[test]
 fn empty_limiter_charges_like_the_core() {
-    let (mut state, config, slots) = bursty(5.0);
+    let (mut state, config) = bursty(5.0);
     state.stored_permits = 0.0;
     let empty = word_of(&state, 0, &config);
-    let Step::Granted { word, wait: 0 } = step(empty, 0, 1, u64::MAX, &slots) else {
+    let Step::Granted { word, wait: 0 } = step(empty, 0, 1, u64::MAX, &config) else {
         panic!()
     };
     state.reserve(1, 0);
     assert_eq!(word, word_of(&state, 0, &config));
-    let Step::Granted { word, wait } = step(word, 0, 1, u64::MAX, &slots) else {
+    let Step::Granted { word, wait } = step(word, 0, 1, u64::MAX, &config) else {
         panic!()
     };
     assert_eq!(wait, 200_000);
-    assert_eq!(step(word, 0, 1, 399_999, &slots), Step::Refused);
+    assert_eq!(step(word, 0, 1, 399_999, &config), Step::Refused);
     assert_eq!(decode(word, 0, &config).next_free, 400_000);
 }
 
 #[test]
 fn the_ticket_keeps_its_fraction_like_the_core() {
     // 3 permits per µs: a third of a µs each, which whole µs would lose.
-    let (mut state, config, slots) = bursty(3e6);
+    let (mut state, config) = bursty(3e6);
     state.stored_permits = 0.0;
     let mut word = word_of(&state, 0, &config);
     for _ in 0..1_000 {
-        let Step::Granted { word: next, wait } = step(word, 0, 1, u64::MAX, &slots) else {
+        let Step::Granted { word: next, wait } = step(word, 0, 1, u64::MAX, &config) else {
             panic!()
         };
         assert_eq!(wait, state.reserve(1, 0));
@@ -71,11 +69,11 @@ fn the_ticket_keeps_its_fraction_like_the_core() {
 
 #[test]
 fn stored_permits_round_trip() {
-    let (mut state, config, slots) = bursty(5.0);
+    let (mut state, config) = bursty(5.0);
     state.stored_permits = 0.0;
     let empty = word_of(&state, 0, &config);
     // Idle for a second: five stored; spend two.
-    let Step::Granted { word, wait: 0 } = step(empty, 1_000_000, 2, 0, &slots) else {
+    let Step::Granted { word, wait: 0 } = step(empty, 1_000_000, 2, 0, &config) else {
         panic!()
     };
     assert_eq!(word & STORED, STORED);
@@ -87,7 +85,7 @@ fn stored_permits_round_trip() {
 
 #[test]
 fn stored_permits_behind_a_debt_need_mutex_mode() {
-    let (mut state, config, _) = bursty(5.0);
+    let (mut state, config) = bursty(5.0);
     state.stored_permits = 1.0;
     state.next_free_micros = 10;
     assert_eq!(encode(0, &state, 5, &config), Encoded::Mutex);
@@ -97,18 +95,18 @@ fn stored_permits_behind_a_debt_need_mutex_mode() {
 
 #[test]
 fn far_times_need_a_rebase() {
-    let (mut state, config, slots) = bursty(5.0);
+    let (mut state, config) = bursty(5.0);
     let later = WINDOW;
     state.next_free_micros = later;
     assert_eq!(encode(0, &state, later, &config), Encoded::Rebase);
-    assert_eq!(step(0, later, 1, 0, &slots), Step::Slow);
+    assert_eq!(step(0, later, 1, 0, &config), Step::Slow);
 }
 
 #[test]
 fn a_debt_past_the_window_needs_mutex_mode() {
-    let (mut state, _, slots) = bursty(5.0);
+    let (mut state, _) = bursty(5.0);
     state.next_free_micros = WINDOW;
-    assert!(is_mutex(republish(0, &state, 0, &slots)));
+    assert_eq!(publish(0, &state, 0), (mutex_mode(0), None));
 }
 
 #[test]
@@ -130,6 +128,5 @@ fn warming_up_and_huge_bursts_run_in_mutex_mode() {
     )
     .unwrap();
     assert_eq!(Config::new(&huge, 0), None);
-    let slots = [Slot::default(), Slot::default()];
-    assert!(is_mutex(republish(0, &huge, 0, &slots)));
+    assert_eq!(publish(0, &huge, 0), (mutex_mode(0), None));
 }

@@ -70,9 +70,7 @@
 //! rounding: at most one microsecond (checked by a differential test against
 //! the core on random sequences).
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-
-use crate::core::{FINE_CHARGE_LIMIT_MICROS, FRACTION_BITS, MAX_MICROS, Policy, State};
+use super::{FINE_CHARGE_LIMIT_MICROS, FRACTION_BITS, MAX_MICROS, Policy, State};
 
 /// Where the generation starts.
 const GEN_SHIFT: u32 = 55;
@@ -185,58 +183,66 @@ fn fixed_now(now: u64, base: i64) -> Option<u64> {
     (relative < WINDOW).then_some(relative << FRAC_BITS)
 }
 
-/// A configuration slot, readable while another thread rewrites it (a reader
-/// that sees a torn slot has an outdated generation and fails its
-/// compare-and-swap).
-#[derive(Debug, Default)]
-pub(crate) struct Slot {
-    interval: AtomicU64,
-    max_permits: AtomicU64,
-    burst: AtomicU64,
-    base: AtomicU64,
-    unit_charge: AtomicU64,
-    ceiling: AtomicU64,
+/// What a step reads of its generation's configuration: a [`Config`], or
+/// a place that keeps one where another thread may rewrite it (the local
+/// limiter's two slots, in atomics). A step reads each number only where it
+/// needs it, so that little lies between its load of the word and its
+/// compare-and-swap, and the common steps read three of them.
+pub(crate) trait Settings {
+    /// [`Config::base`].
+    fn base(&self) -> i64;
+    /// [`Config::burst`].
+    fn burst(&self) -> u64;
+    /// [`Config::ceiling`].
+    fn ceiling(&self) -> u64;
+    /// [`Config::unit_charge`].
+    fn unit_charge(&self) -> u64;
+    /// [`Config::interval`].
+    fn interval(&self) -> f64;
+    /// All of it, for the steps that need more.
+    fn config(&self) -> Config;
 }
 
-impl Slot {
-    /// Writes `config`; the caller publishes it by a release of the word.
-    pub(crate) fn store(&self, config: &Config) {
-        self.interval.store(config.interval.to_bits(), Relaxed);
-        self.max_permits
-            .store(config.max_permits.to_bits(), Relaxed);
-        self.burst.store(config.burst, Relaxed);
-        self.base.store(config.base as u64, Relaxed);
-        self.unit_charge.store(config.unit_charge, Relaxed);
-        self.ceiling.store(config.ceiling, Relaxed);
+impl Settings for Config {
+    #[inline(always)]
+    fn base(&self) -> i64 {
+        self.base
     }
 
-    /// Reads the slot (after an acquire of the word).
     #[inline(always)]
-    pub(crate) fn load(&self) -> Config {
-        Config {
-            interval: self.interval(),
-            max_permits: f64::from_bits(self.max_permits.load(Relaxed)),
-            burst: self.burst.load(Relaxed),
-            base: self.base.load(Relaxed) as i64,
-            unit_charge: self.unit_charge.load(Relaxed),
-            ceiling: self.ceiling.load(Relaxed),
-        }
+    fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    #[inline(always)]
+    fn ceiling(&self) -> u64 {
+        self.ceiling
+    }
+
+    #[inline(always)]
+    fn unit_charge(&self) -> u64 {
+        self.unit_charge
     }
 
     #[inline(always)]
     fn interval(&self) -> f64 {
-        f64::from_bits(self.interval.load(Relaxed))
+        self.interval
     }
 
-    /// What `permits` permits cost (fixed point), stored or fresh:
-    /// precomputed for one.
     #[inline(always)]
-    fn charge_for(&self, permits: u32) -> u64 {
-        if permits == 1 {
-            self.unit_charge.load(Relaxed)
-        } else {
-            charge(f64::from(permits) * self.interval())
-        }
+    fn config(&self) -> Config {
+        *self
+    }
+}
+
+/// What `permits` permits cost (fixed point), stored or fresh: precomputed
+/// for one.
+#[inline(always)]
+fn charge_for(settings: &impl Settings, permits: u32) -> u64 {
+    if permits == 1 {
+        settings.unit_charge()
+    } else {
+        charge(f64::from(permits) * settings.interval())
     }
 }
 
@@ -253,7 +259,7 @@ fn charge(micros: f64) -> u64 {
     }
 }
 
-/// Which of the two slots a word's generation uses.
+/// Which of the two configurations (slots) a word's generation uses.
 #[inline]
 pub(crate) fn slot_index(word: u64) -> usize {
     ((word >> GEN_SHIFT) & 1) as usize
@@ -341,16 +347,16 @@ impl Quick {
         charge: 0,
     };
 
-    /// Prepares the step for words of `word`'s generation.
+    /// Prepares the step for words of `word`'s generation, whose
+    /// configuration `settings` holds.
     #[inline(always)]
-    pub(crate) fn new(word: u64, now: u64, permits: u32, slots: &[Slot; 2]) -> Quick {
-        let slot = &slots[slot_index(word)];
-        let fixed_now = fixed_now(now, slot.base.load(Relaxed) as i64).unwrap_or(0);
+    pub(crate) fn new(word: u64, now: u64, permits: u32, settings: &impl Settings) -> Quick {
+        let fixed_now = fixed_now(now, settings.base()).unwrap_or(0);
         Quick {
             tag: (word & !PAYLOAD) | STORED,
             fixed_now,
-            full: fixed_now.saturating_sub(slot.burst.load(Relaxed)),
-            charge: slot.charge_for(permits),
+            full: fixed_now.saturating_sub(settings.burst()),
+            charge: charge_for(settings, permits),
         }
     }
 
@@ -369,13 +375,19 @@ impl Quick {
 
 /// One reservation of `permits` at `now` that waits at most `timeout` µs
 /// (`u64::MAX`: a plain reservation), from `word` and its generation's
-/// configuration. Pure: the caller writes the result with a compare-and-swap.
+/// configuration, `settings`. Pure: the caller writes the result with a
+/// compare-and-swap.
 #[inline(always)]
-pub(crate) fn step(word: u64, now: u64, permits: u32, timeout: u64, slots: &[Slot; 2]) -> Step {
+pub(crate) fn step(
+    word: u64,
+    now: u64,
+    permits: u32,
+    timeout: u64,
+    settings: &impl Settings,
+) -> Step {
     let generation = word & !(STORED | PAYLOAD);
     let payload = word & PAYLOAD;
-    let slot = &slots[slot_index(word)];
-    let Some(fixed_now) = fixed_now(now, slot.base.load(Relaxed) as i64) else {
+    let Some(fixed_now) = fixed_now(now, settings.base()) else {
         return Step::Slow; // rebase (or mutex mode)
     };
     if word & STORED == 0 {
@@ -391,8 +403,8 @@ pub(crate) fn step(word: u64, now: u64, permits: u32, timeout: u64, slots: &[Slo
         if next_free >= now {
             // Nothing stored and no resync: every permit is fresh
             // (`State::charge`, fraction and all).
-            let pushed = payload + slot.charge_for(permits);
-            if pushed > slot.ceiling.load(Relaxed) {
+            let pushed = payload + charge_for(settings, permits);
+            if pushed > settings.ceiling() {
                 return Step::Slow; // the debt leaves the window, or saturates
             }
             return Step::Granted {
@@ -401,14 +413,14 @@ pub(crate) fn step(word: u64, now: u64, permits: u32, timeout: u64, slots: &[Slo
             };
         }
         // `State::resync` from zero stored permits.
-        let config = slot.load();
+        let config = settings.config();
         let idle = (now - next_free) as f64 - (payload & FRAC_MASK) as f64 / SCALE;
         let stored = (idle / config.interval).min(config.max_permits);
         return spend(generation, fixed_now, stored, permits, &config);
     }
     // Resync (at most a full burst is stored before now), then charge.
-    let full = fixed_now.saturating_sub(slot.burst.load(Relaxed));
-    let tat = payload.max(full) + slot.charge_for(permits);
+    let full = fixed_now.saturating_sub(settings.burst());
+    let tat = payload.max(full) + charge_for(settings, permits);
     if tat < fixed_now {
         // The common case of an under-used limiter: stored permits remain.
         return Step::Granted {
@@ -419,7 +431,7 @@ pub(crate) fn step(word: u64, now: u64, permits: u32, timeout: u64, slots: &[Slo
     if payload >= fixed_now {
         return Step::Slow; // written by a caller with a later clock reading
     }
-    let config = slot.load();
+    let config = settings.config();
     spend(
         generation,
         fixed_now,
@@ -474,7 +486,8 @@ fn permits_in(stored: u64, config: &Config) -> f64 {
 }
 
 /// The core's state that `word` stands for at `now`, resynced if permits
-/// are stored. Not for mutex mode. Never panics, whatever the slot holds.
+/// are stored. Not for mutex mode. Never panics, whatever the configuration
+/// holds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Decoded {
     /// `stored_permits`.
@@ -584,20 +597,20 @@ pub(crate) fn mutex_mode(word: u64) -> u64 {
 }
 
 /// The word that publishes `state` at `now` in the generation after
-/// `word`'s: a fresh configuration (written into its slot) and the state
-/// encoded under it, or mutex mode when the word cannot hold them.
-pub(crate) fn republish(word: u64, state: &State, now: u64, slots: &[Slot; 2]) -> u64 {
+/// `word`'s, with the configuration to write into that generation's slot
+/// before the word is: a fresh configuration and the state encoded under
+/// it, or mutex mode (and no configuration) when the word cannot hold them.
+pub(crate) fn publish(word: u64, state: &State, now: u64) -> (u64, Option<Config>) {
     let generation = next_generation(word);
     if let Some(config) = Config::new(state, now) {
         // A fresh base puts `now` mid-window and the burst fits in the half
         // before it, so what fails is a debt that reaches past the window,
         // or permits stored behind a debt: mutex mode.
         if let Encoded::Word(new) = encode(generation, state, now, &config) {
-            slots[slot_index(new)].store(&config);
-            return new;
+            return (new, Some(config));
         }
     }
-    generation | MUTEX
+    (generation | MUTEX, None)
 }
 
 #[cfg(test)]
