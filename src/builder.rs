@@ -399,15 +399,11 @@ impl<C: Clock> Builder<C> {
     /// of both policies were set.
     pub fn build(self) -> Result<RateLimiter<C>, Error> {
         let now = self.clock.now_micros();
-        // Several limits serve every call under a short lock; one keeps the
-        // lock-free path.
-        let mut states = limit_states(&self.config, now)?;
+        // One bursty limit keeps the lock-free path; anything else serves
+        // every call under a short lock.
+        let states = limit_states(&self.config, now)?;
         let metrics = Metrics::named(self.name.as_deref());
-        if states.len() == 1 {
-            let state = states.pop().expect("one state");
-            return Ok(RateLimiter::from_parts(state, self.clock).with_metrics(metrics));
-        }
-        let limits = Limits::new(states).expect("at least two limits");
+        let limits = Limits::new(states).expect("at least one limit");
         Ok(RateLimiter::from_limits(limits, self.clock).with_metrics(metrics))
     }
 }

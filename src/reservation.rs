@@ -67,11 +67,7 @@ pub(crate) struct Pending<'a> {
 /// What a reservation took, in the form its limiter needs to give it back.
 #[derive(Debug)]
 pub(crate) enum Taken {
-    /// A local limiter's reservation, made under its lock through its
-    /// ledger.
-    Core(crate::core::Reserved),
-    /// A reservation of a local limiter with several limits: its id in
-    /// their give-back log.
+    /// A local limiter's reservation: its id in the limits' log.
     Logged(u64),
     /// A reservation in a form only its limiter knows: a keyed limiter's
     /// key and the core's record, a Redis limiter's key and the script's

@@ -35,18 +35,26 @@ pub const LOG_CAPACITY: usize = 1024;
 ///
 /// # Giving a reservation back, exactly
 ///
-/// While a reservation that may be given back waits, it keeps a
-/// log: the limits' states before the oldest such reservation, and every
-/// request since (its permits and its `now`). Giving one back takes it out
-/// of the log and replays the rest from the saved states: the limits then
-/// hold exactly what they would hold had it never been made, stored permits
-/// and warm-up included, whichever limit bound what. Callers already
-/// waiting keep their moments, which are at or after those of the replay (a
-/// request removed never makes another one earlier than it was). A logged
-/// request leaves the log once its moment has passed (it has been used);
-/// when the log is full, the oldest one leaves it and can no longer be given
-/// back (its give-back then changes nothing: it errs towards limiting). A
-/// rate change empties the log.
+/// While a reservation that may be given back waits, the limits keep a
+/// log: their states before the oldest such reservation, and every request
+/// since (its permits and its `now`). Giving one back takes it out of the
+/// log and replays the rest from the saved states: the limits then hold
+/// exactly what they would hold had it never been made, stored permits and
+/// warm-up included, whichever limit bound what. A logged reservation can
+/// be given back until its moment passes (it has been used) or it is
+/// [kept](Limits::keep); the requests at the head of the log that can no
+/// longer be given back leave it, so the log always starts at the oldest
+/// reservation that still can, and is empty when none can. When the log is
+/// full, its oldest request leaves it all the same and can no longer be
+/// given back (its give-back then changes nothing: it errs towards
+/// limiting). A rate change empties the log.
+///
+/// Callers already waiting keep their moments. With bursty limits these
+/// are at or after the replay's (a request removed never makes another one
+/// earlier). A warming-up limit that the replay leaves idle for longer
+/// goes colder, and its stored permits dearer, so a caller already waiting
+/// may hold a moment before the replay's: it was granted by the limits as
+/// they were, and the replay changes only what comes next.
 ///
 /// ```
 /// use paceline::core::{Bursty, Limits, Policy, State};
@@ -99,7 +107,8 @@ pub struct Granted {
     pub wait_micros: u64,
     /// The limit (its index) that made it wait; `None` if it did not wait.
     pub bound_by: Option<usize>,
-    /// What [`Limits::give_back`] takes, for a held reservation that waits.
+    /// What [`Limits::give_back`] (or [`Limits::keep`]) takes, for a held
+    /// reservation that waits.
     pub id: Option<u64>,
 }
 
@@ -125,6 +134,20 @@ impl Limits {
     /// The limits' states.
     pub fn states(&self) -> &[State] {
         &self.states
+    }
+
+    /// The limits' states, to load numbers held elsewhere into them (the
+    /// lock-free word's, a keyed entry's): only while the log is empty,
+    /// which a change to the states would void.
+    pub(crate) fn states_mut(&mut self) -> &mut [State] {
+        debug_assert!(self.log_is_empty(), "the states change under a log");
+        &mut self.states
+    }
+
+    /// Whether the log is empty: nothing can be given back, and the states
+    /// alone are the whole of the limits.
+    pub(crate) fn log_is_empty(&self) -> bool {
+        self.log.requests.is_empty()
     }
 
     /// The moment a request at `now_micros` would go, and the limit that
@@ -185,12 +208,20 @@ impl Limits {
         }
     }
 
-    /// Logs a request about to be charged.
+    /// Logs a request about to be charged (one the log starts with has an
+    /// id).
     fn log_request(&mut self, id: Option<u64>, permits: u32, now_micros: u64, moment: u64) {
-        if self.log.requests.is_empty() {
-            self.log.base.clone_from(&self.states);
-        } else if self.log.requests.len() == self.log.capacity {
+        if self.log.requests.len() == self.log.capacity {
+            // The oldest leaves: it can no longer be given back, nor what
+            // follows it up to the next that can.
             self.fold_oldest();
+            self.expire(now_micros);
+        }
+        if self.log.requests.is_empty() {
+            if id.is_none() {
+                return;
+            }
+            self.log.base.clone_from(&self.states);
         }
         self.log.requests.push_back(Logged {
             id,
@@ -224,7 +255,21 @@ impl Limits {
             let (moment, _) = earliest(&self.states, request.now_micros);
             charge(&mut self.states, request.permits, moment);
         }
-        self.forget_if_empty();
+        // What now heads the log may be what can no longer be given back.
+        self.expire(now_micros);
+        true
+    }
+
+    /// The held reservation `id` will not be given back (its permits are
+    /// used, or it was committed): the log stops holding it open, and
+    /// empties once it holds nothing else that may be given back. `false`
+    /// if the log no longer holds it. Changes no state.
+    pub fn keep(&mut self, id: u64, now_micros: u64) -> bool {
+        let Some(request) = self.log.requests.iter_mut().find(|r| r.id == Some(id)) else {
+            return false;
+        };
+        request.id = None;
+        self.expire(now_micros);
         true
     }
 
@@ -333,16 +378,18 @@ impl Limits {
             .unwrap_or(0)
     }
 
-    /// Takes out of the log the requests whose moment has passed at
-    /// `now_micros`: they have been used, and can no longer be given back.
-    /// Every call does it first; it changes nothing a caller can see (a
-    /// keyed limiter's sweep does it to find the entries it may drop).
+    /// Takes out of the head of the log the requests that can no longer be
+    /// given back at `now_micros`: those whose moment has passed (they have
+    /// been used) and those with no id (made plain, or kept), up to the
+    /// first that still can. Every call does it first; it changes nothing
+    /// a caller can see (a keyed limiter's sweep does it to find the
+    /// entries it may drop).
     pub(crate) fn expire(&mut self, now_micros: u64) {
         while self
             .log
             .requests
             .front()
-            .is_some_and(|r| r.moment_micros <= now_micros)
+            .is_some_and(|r| r.id.is_none() || r.moment_micros <= now_micros)
         {
             self.fold_oldest();
         }

@@ -70,7 +70,7 @@
 //! rounding: at most one microsecond (checked by a differential test against
 //! the core on random sequences).
 
-use super::{FINE_CHARGE_LIMIT_MICROS, FRACTION_BITS, MAX_MICROS, Policy, State};
+use super::{FINE_CHARGE_LIMIT_MICROS, FRACTION_BITS, Limits, MAX_MICROS, Policy, State};
 
 /// Where the generation starts.
 const GEN_SHIFT: u32 = 55;
@@ -541,6 +541,15 @@ pub(crate) fn decode(word: u64, now: u64, config: &Config) -> Decoded {
     }
 }
 
+/// Puts the state `word` (not mutex mode) stands for at `now`, under
+/// `config`, into `state` (whose configuration it is): see [`decode`].
+pub(crate) fn decode_into(word: u64, now: u64, config: &Config, state: &mut State) {
+    let decoded = decode(word, now, config);
+    state.stored_permits = decoded.stored;
+    state.next_free_micros = decoded.next_free;
+    state.next_free_fraction = decoded.fraction;
+}
+
 /// What [`encode`] made of a state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Encoded {
@@ -596,13 +605,17 @@ pub(crate) fn mutex_mode(word: u64) -> u64 {
     next_generation(word) | MUTEX
 }
 
-/// The word that publishes `state` at `now` in the generation after
+/// The word that publishes `limits` at `now` in the generation after
 /// `word`'s, with the configuration to write into that generation's slot
 /// before the word is: a fresh configuration and the state encoded under
-/// it, or mutex mode (and no configuration) when the word cannot hold them.
-pub(crate) fn publish(word: u64, state: &State, now: u64) -> (u64, Option<Config>) {
+/// it, when the limits are what a word holds (one bursty limit with an
+/// empty log, a configuration that fits and a state it can encode); else
+/// mutex mode, and no configuration.
+pub(crate) fn publish(word: u64, limits: &Limits, now: u64) -> (u64, Option<Config>) {
     let generation = next_generation(word);
-    if let Some(config) = Config::new(state, now) {
+    if let ([state], true) = (limits.states(), limits.log_is_empty())
+        && let Some(config) = Config::new(state, now)
+    {
         // A fresh base puts `now` mid-window and the burst fits in the half
         // before it, so what fails is a debt that reaches past the window,
         // or permits stored behind a debt: mutex mode.

@@ -234,3 +234,27 @@ fn a_rate_change_applies_to_one_limit_or_all_and_empties_the_log() {
     assert!(limits.states().iter().all(|s| s.permits_per_second == 3.0));
     assert!(Limits::new(Vec::new()).is_none());
 }
+
+/// The log starts at the oldest reservation that may still be given back:
+/// the plain requests before it, and one kept or given back at its head,
+/// leave it (changing no state), and it empties once none is left.
+#[test]
+fn the_log_starts_at_the_oldest_reservation_that_may_be_given_back() {
+    let mut limits = Limits::new(vec![bursty(1.0, Duration::ZERO)]).unwrap();
+    limits.reserve(1, 0, false); // goes at once: not logged
+    let a = limits.reserve(1, 0, true).id.unwrap(); // waits 1 s: logged
+    limits.reserve(1, 0, false); // logged behind it
+    let b = limits.reserve(1, 0, true).id.unwrap();
+    assert_eq!(limits.log.requests.len(), 3);
+    let before = limits.states().to_vec();
+    assert!(limits.keep(a, 0));
+    assert_eq!(limits.states(), &before[..]);
+    assert_eq!(limits.log.requests.len(), 1, "b alone");
+    assert!(!limits.give_back(a, 0) && !limits.keep(a, 0));
+    assert!(limits.give_back(b, 0));
+    assert!(limits.log_is_empty());
+    assert_eq!(limits.states()[0].next_free_micros, 3_000_000);
+    // A plain request finds the log empty, and is not logged.
+    limits.reserve(1, 0, false);
+    assert!(limits.log_is_empty());
+}

@@ -106,7 +106,8 @@ fn far_times_need_a_rebase() {
 fn a_debt_past_the_window_needs_mutex_mode() {
     let (mut state, _) = bursty(5.0);
     state.next_free_micros = WINDOW;
-    assert_eq!(publish(0, &state, 0), (mutex_mode(0), None));
+    let limits = Limits::new(vec![state]).unwrap();
+    assert_eq!(publish(0, &limits, 0), (mutex_mode(0), None));
 }
 
 #[test]
@@ -128,7 +129,8 @@ fn warming_up_and_huge_bursts_run_in_mutex_mode() {
     )
     .unwrap();
     assert_eq!(Config::new(&huge, 0), None);
-    assert_eq!(publish(0, &huge, 0), (mutex_mode(0), None));
+    let limits = Limits::new(vec![huge]).unwrap();
+    assert_eq!(publish(0, &limits, 0), (mutex_mode(0), None));
 }
 
 /// The word is the bursty n = 1 case of [`Limits`] with an empty log: the
@@ -154,7 +156,7 @@ fn a_word_is_one_bursty_limit_with_an_empty_log() {
         let mut now = rng.below(1 << 40);
         let policy = Policy::Bursty(Bursty::new(Duration::from_micros(burst)));
         let mut limits = Limits::new(vec![State::new(policy, rate, now).unwrap()]).unwrap();
-        let (mut word, config) = publish(u64::MAX, &limits.states()[0], now);
+        let (mut word, config) = publish(u64::MAX, &limits, now);
         let mut config = config.unwrap();
         for step_number in 0..100 {
             now += match rng.below(6) {
@@ -171,6 +173,7 @@ fn a_word_is_one_bursty_limit_with_an_empty_log() {
                 format!("sequence {sequence} step {step_number}: rate {rate}, burst {burst} µs");
             exact &= !has_stored(word);
             let granted = limits.try_reserve(permits, now, timeout, false);
+            assert!(limits.log_is_empty(), "{context}");
             match (step(word, now, permits, timeout, &config), granted) {
                 (Step::Granted { word: new, wait }, Some(granted)) => {
                     compared += 1;
@@ -228,7 +231,7 @@ fn republish(word: u64, limits: &Limits, now: u64, config: Config) -> (u64, Conf
     if let Encoded::Word(new) = encode(word, state, now, &config) {
         return (new, config);
     }
-    match publish(word, state, now) {
+    match publish(word, limits, now) {
         (new, Some(config)) => (new, config),
         (mutex, None) => (mutex, config),
     }
