@@ -298,7 +298,7 @@ impl Limits {
         now_micros: u64,
     ) -> Result<(), InvalidRate> {
         super::stable_interval_micros(permits_per_second)?;
-        let rates = (0..self.states.len())
+        let rates: Vec<f64> = (0..self.states.len())
             .map(|i| {
                 if index.is_none_or(|index| index == i) {
                     permits_per_second
@@ -307,7 +307,7 @@ impl Limits {
                 }
             })
             .collect();
-        self.set_rates(rates, now_micros)
+        self.set_rates(&rates, now_micros)
     }
 
     /// Multiplies every limit's rate by `factor` at `now_micros`, so that
@@ -335,17 +335,20 @@ impl Limits {
         } else {
             vec![otherwise; self.states.len()]
         };
-        self.set_rates(rates, now_micros)
+        self.set_rates(&rates, now_micros)
     }
 
-    /// Sets each limit's rate (all valid) to `rates`.
-    fn set_rates(&mut self, rates: Vec<f64>, now_micros: u64) -> Result<(), InvalidRate> {
+    /// Sets each limit's rate (all valid) to `rates` at `now_micros`: a
+    /// limit already at its rate is left as it is; if any changes, the log
+    /// empties. A keyed limiter applies one change to every key so, all
+    /// its keys being at the same rates.
+    pub(crate) fn set_rates(&mut self, rates: &[f64], now_micros: u64) -> Result<(), InvalidRate> {
         let changes = |(state, rate): (&State, &f64)| state.permits_per_second != *rate;
-        if !self.states.iter().zip(&rates).any(changes) {
+        if !self.states.iter().zip(rates).any(changes) {
             return Ok(());
         }
         self.clear_log();
-        for (state, rate) in self.states.iter_mut().zip(rates) {
+        for (state, &rate) in self.states.iter_mut().zip(rates) {
             if state.permits_per_second != rate {
                 state.set_rate(rate, now_micros)?;
             }
@@ -358,14 +361,10 @@ impl Limits {
     /// a key never seen starts in, so it can be forgotten.
     pub fn reads_as_full(&self, now_micros: u64) -> bool {
         self.log.requests.is_empty()
-            && self.states.iter().all(|state| {
-                let mut state = state.clone();
-                state.resync(now_micros);
-                // A ticket at `now` with a fraction still lies ahead.
-                state.next_free_micros <= now_micros
-                    && state.next_free_fraction == 0
-                    && state.stored_permits >= state.max_permits
-            })
+            && self
+                .states
+                .iter()
+                .all(|state| state.reads_as_full(now_micros))
     }
 
     /// The latest ticket of any limit: when the limits were last used, for

@@ -229,6 +229,22 @@ impl State {
         }
     }
 
+    /// Whether the state reads as full at `now_micros`: no debt (its
+    /// ticket, fraction included, has passed) and every permit it can store
+    /// stored once idle time up to `now_micros` is counted. A keyed limiter
+    /// can forget such a state: a key not held starts so.
+    pub(crate) fn reads_as_full(&self, now_micros: u64) -> bool {
+        // A ticket at `now` with a fraction still lies ahead.
+        if self.next_free_micros > now_micros
+            || (self.next_free_micros == now_micros && self.next_free_fraction > 0)
+        {
+            return false;
+        }
+        let mut state = self.clone();
+        state.resync(now_micros);
+        state.stored_permits >= state.max_permits
+    }
+
     /// Whether a request at `now_micros` would wait at most `timeout_micros`.
     /// Looks only at the debt of earlier requests, not at the size of this one.
     pub fn can_acquire(&self, now_micros: u64, timeout_micros: u64) -> bool {

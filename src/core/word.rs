@@ -266,7 +266,7 @@ pub(crate) fn slot_index(word: u64) -> usize {
 }
 
 /// The generation after `word`'s, as the generation bits of a word.
-fn next_generation(word: u64) -> u64 {
+const fn next_generation(word: u64) -> u64 {
     (((word >> GEN_SHIFT) + 1) & GEN_MASK) << GEN_SHIFT
 }
 
@@ -601,7 +601,7 @@ pub(crate) fn encode(generation: u64, state: &State, now: u64, config: &Config) 
 
 /// Mutex mode in the generation after `word`'s: the state is the locked
 /// core's, whatever it is.
-pub(crate) fn mutex_mode(word: u64) -> u64 {
+pub(crate) const fn mutex_mode(word: u64) -> u64 {
     next_generation(word) | MUTEX
 }
 
