@@ -20,9 +20,11 @@ use crate::metrics::Metrics;
 /// * [`cancel`](Reservation::cancel), or dropping the reservation before its
 ///   wait has passed, **gives the permits back**: later callers are scheduled
 ///   as if they had never been reserved, and callers already waiting keep
-///   their slots (the rules are in [`core`](crate::core); the in-process
-///   limiters hold them exactly however many are given back, see
-///   [`Ledger`](crate::core::Ledger)). This is what makes
+///   their slots (the in-process limiters replay their limits without it,
+///   exactly, however many are given back: see
+///   [`Limits`](crate::core::Limits); the crate's
+///   [table](crate#cancel-safety) says where each limiter errs). This is
+///   what makes
 ///   `tokio::time::timeout(d, limiter.acquire(n))` and `select!` correct:
 ///   the dropped `acquire` gives back what it had taken.
 /// * [`commit`](Reservation::commit) keeps the permits without waiting here,

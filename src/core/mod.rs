@@ -2,10 +2,18 @@
 //!
 //! Nothing in this module reads a clock, sleeps, locks or does I/O. Every
 //! function takes the current time as an argument (`now_micros`, integer
-//! microseconds on some monotonic timeline) and returns numbers. The local
-//! [`RateLimiter`](crate::RateLimiter) runs it behind a lock; the Redis
-//! limiter runs a line-by-line mirror of it in Lua (`lua/`) on the
-//! server's clock. A differential test keeps the two in agreement.
+//! microseconds on some monotonic timeline) and returns numbers.
+//!
+//! One algorithm: [`Limits`], one limit or several that every request must
+//! satisfy together, each a [`State`], with the log that makes give-backs
+//! exact. Every in-process limiter runs it: the
+//! [`RateLimiter`](crate::RateLimiter) and each key of the
+//! [`KeyedRateLimiter`](crate::KeyedRateLimiter), under a lock, or, for one
+//! bursty limit with nothing logged, as a single word updated with one
+//! compare-and-swap (the same arithmetic, folded into one number: the
+//! lock-free fast path; `src/core/word.rs`). The Redis limiter runs a
+//! line-by-line mirror of it in Lua (`lua/`) on the server's clock.
+//! Differential tests keep them in agreement.
 //!
 //! # How the limiter is designed, and why
 //!
@@ -81,20 +89,39 @@
 //! ## Giving a reservation back
 //!
 //! A caller may give up before its moment comes (`timeout(d, acquire(n))`,
-//! a dropped future). Its reservation ([`Reserved`]) is then given back
-//! ([`State::give_back`]): restored exactly, stored permits included, when it
-//! is still the latest; otherwise the ticket moves back by what it charged
-//! (never past `now`), so that later callers are scheduled as if it had
-//! never been made while callers already waiting keep their slots. That
-//! holds exactly while the limiter stays in debt. Once several
-//! reservations are given back, moving the ticket back by each one's whole
-//! charge can hand later callers idle time that a limiter without those
-//! reservations would have dropped at its burst; a [`Ledger`] kept beside
-//! the state remembers what was requested after each waiting reservation,
-//! so that a give-back never moves the ticket below it (see
-//! `src/core/ledger.rs` for how, and `src/core/give_back.rs` for the
-//! rules). A reservation that spent stored permits (a cold warming-up
-//! limiter) is given back only when it is the latest.
+//! a dropped future). Its reservation is then given back: later callers
+//! should be scheduled as if it had never been made, while callers already
+//! waiting keep their slots.
+//!
+//! The state alone cannot do that in general. Moving the ticket back by
+//! what the reservation charged is exact while the limiter stays in debt:
+//! every request made since found the ticket in the future and nothing
+//! stored, and a limiter without the reservation would have charged them
+//! the same from a ticket that much earlier. It is not once several are
+//! given back. A reservation `B` that keeps its slot after an earlier one
+//! `A` was given back holds a slot later than a limiter that never made
+//! `A` would have given it, so a request `S` made while `B` waits finds the
+//! limiter in debt where that limiter sat idle, longer than its burst, and
+//! dropped the excess idle time. Giving `B` back then moves `S`'s charge
+//! into that dropped time: the callers after `S` are scheduled early, by
+//! seconds and more (two reservations of an hour each, given back in turn,
+//! let later callers in up to an hour early). Nor is it exact for a
+//! reservation that spent stored permits (a cold warming-up limiter): their
+//! price depends on how many were left, so taking one out of the middle of
+//! the ramp has no undo in the numbers.
+//!
+//! So the limits keep a *log* while a reservation that may be given back
+//! waits: their states before the oldest such reservation, and every
+//! request since (its permits and its `now`). Giving one back takes it out
+//! of the log and replays the rest from the saved states: the limits then
+//! hold exactly what they would hold had it never been made, stored permits
+//! and warm-up included, for either policy and however many are given back
+//! in whatever order. A reservation leaves the log once its moment has
+//! passed (it has been used) or it is kept; a log that holds nothing that
+//! may be given back is empty, and costs nothing. When more than
+//! [`LOG_CAPACITY`] requests come after the oldest that may be given back,
+//! that one leaves the log and then gives nothing back, and a rate change
+//! empties the log: both err towards limiting. [`Limits`] has the details.
 //!
 //! ## Rate changes
 //!
@@ -155,9 +182,11 @@ mod warming_up;
 pub(crate) mod word;
 
 pub use bursty::Bursty;
-// The give-back's bookkeeping is public for the differential tests only.
+// The one-limit give-back that the log replaced, for the tests that model
+// the one-limit Redis script; they go when that script is replaced.
 #[doc(hidden)]
 pub use give_back::{GiveBack, Reserved};
+// The same: the one-limit Redis script's ledger, for its tests.
 #[doc(hidden)]
 pub use ledger::Ledger;
 pub use limits::{Granted, LOG_CAPACITY, Limits};

@@ -1,11 +1,19 @@
-//! A bursty limiter's whole state in one `u64`, and a reservation as one
-//! pure function from the old word to the new one.
+//! The lock-free fast path: [`Limits`] of one bursty limit with an empty
+//! log, its whole state in one `u64`, and a reservation as one pure
+//! function from the old word to the new one.
+//!
+//! Everything here is arithmetic over a word, `now`, the request and the
+//! generation's [`Config`]: no clock, no atomics, no I/O. The local limiter
+//! keeps the word in an atomic and writes a step's result with one
+//! compare-and-swap; a keyed limiter keeps one per key. A configuration,
+//! a state or a step the word cannot hold goes to the limits themselves,
+//! under a lock: *mutex mode*.
 //!
 //! # Why one number is enough
 //!
-//! The [core](crate::core) keeps two numbers, `stored_permits` and
-//! `next_free_micros`. For the bursty policy they can be folded into one: the
-//! *theoretical arrival time*
+//! A [`State`] keeps two numbers, `stored_permits` and `next_free_micros`.
+//! For the bursty policy they can be folded into one: the *theoretical
+//! arrival time*
 //!
 //! ```text
 //! tat = next_free_micros − stored_permits × interval
@@ -25,8 +33,12 @@
 //! which is every state the bursty core reaches from a monotonic clock, with
 //! one exception: leaving an infinite rate while a debt is still outstanding
 //! (the core then stores a full burst *behind* the debt). That state, and every
-//! configuration this word cannot hold, run on the core itself under the
-//! limiter's lock (*mutex mode*, below).
+//! configuration this word cannot hold, run on the limits themselves under
+//! the limiter's lock (mutex mode). With one limit, [`Limits`] is its
+//! [`State`] (every request goes at the limit's own moment), and with
+//! nothing logged there is nothing else to it: so the word is the whole of
+//! the limits, until a reservation that may be given back has to wait and
+//! is logged (mutex mode again, until the log is empty).
 //!
 //! # The word
 //!
@@ -47,7 +59,7 @@
 //!   `next_free_micros − base` in its integer bits and `next_free_fraction`
 //!   in its fractional bits, so every step from it repeats the core's
 //!   arithmetic operation for operation and agrees with it to the bit. The
-//!   payload `2^54 − 1` marks *mutex mode*: the state is the [`State`]
+//!   payload `2^54 − 1` marks *mutex mode*: the state is the [`Limits`]
 //!   behind the limiter's lock. A debt that reaches past the window (more
 //!   than about two hours ahead) is held in mutex mode until it is back
 //!   within it.
@@ -67,8 +79,9 @@
 //! fraction included. Stored permits are held as
 //! `tat` to 2^-20 µs instead of as the core's `f64` count, so after some
 //! stored permits were spent, a later wait may differ from the core's by a
-//! rounding: at most one microsecond (checked by a differential test against
-//! the core on random sequences).
+//! rounding: at most one microsecond (a differential test holds the word to
+//! [`Limits`] of one limit on random sequences: to the bit until it first
+//! holds stored permits, to the microsecond from then on).
 
 use super::{FINE_CHARGE_LIMIT_MICROS, FRACTION_BITS, Limits, MAX_MICROS, Policy, State};
 
