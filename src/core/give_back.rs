@@ -158,6 +158,7 @@ pub enum GiveBack {
     Nothing,
 }
 
+// Used by no in-process limiter: the one-limit Redis script's tests model it.
 impl State {
     /// [`reserve_earliest_available`](State::reserve_earliest_available),
     /// recording what was taken.

@@ -242,7 +242,7 @@ fn next_moment(run: &Run) -> u64 {
 /// so its callers can come later than the limiter's: no schedule bounds
 /// those made while a cancelled reservation still stood.)
 #[test]
-fn through_a_ledger_cancellations_never_schedule_anyone_before_the_model_and_end_on_it() {
+fn through_the_log_cancellations_never_schedule_anyone_before_the_model_and_end_on_it() {
     let mut given_back = 0;
     for seed in 0..SEQUENCES {
         let warm = seed % 3 == 2;
@@ -290,7 +290,7 @@ fn through_a_ledger_cancellations_never_schedule_anyone_before_the_model_and_end
 /// exactly; the older ones, which left the log, give nothing back, never
 /// too much.
 #[test]
-fn beyond_its_capacity_the_ledger_errs_late_never_early() {
+fn beyond_its_capacity_the_log_errs_late_never_early() {
     let mut rng = Rng::new(0xCA9A_C177);
     let initial = State::new(Policy::Bursty(Bursty::default()), 1_000.0, 0).unwrap();
     let n = LOG_CAPACITY * 2;
@@ -339,7 +339,7 @@ fn beyond_its_capacity_the_ledger_errs_late_never_early() {
 /// through the log, never (the test above). The same sequences, both
 /// rules.
 #[test]
-fn without_a_ledger_early_callers_are_bounded_by_the_idle_time_the_model_dropped() {
+fn without_the_log_early_callers_are_bounded_by_the_idle_time_the_model_dropped() {
     let (mut early_charge, mut early_log) = (0, 0);
     for seed in 0..SEQUENCES {
         let (initial, ops, cancel) = random_sequence(seed, false);
@@ -504,7 +504,7 @@ fn overload(o: Overload, rule: Rule) -> Outcome {
 /// times the rate. Through the log nobody is scheduled before the model;
 /// by the charge alone, callers are, in overloads with no burst, by seconds.
 #[test]
-fn timeout_driven_cancellations_through_a_ledger_never_schedule_anyone_before_the_model() {
+fn timeout_driven_cancellations_through_the_log_never_schedule_anyone_before_the_model() {
     let cases = [
         (10.0, 1, 10_000, 200_000, 4),
         (10.0, 0, 10_000, 200_000, 4),
