@@ -1,5 +1,11 @@
-//! The [`Ledger`]: what an exact give-back has to remember about the
-//! reservations still waiting (the reasoning is in its documentation).
+//! The [`Ledger`]: what an exact give-back of one limit has to remember
+//! about the reservations still waiting (the reasoning is in its
+//! documentation).
+//!
+//! No in-process limiter uses it: they give back through the log of
+//! [`Limits`](super::Limits). It stays as the counterpart of the one-limit
+//! Redis script, which keeps one in a key's value, for that script's tests,
+//! and goes when that script is replaced.
 
 use super::{FRACTION_ONE, GiveBack, MAX_MICROS, Policy, Reserved, State};
 
@@ -70,8 +76,7 @@ use super::{FRACTION_ONE, GiveBack, MAX_MICROS, Policy, Reserved, State};
 /// count no burst. So a caller is never scheduled before the limiter that
 /// never made the cancelled reservations would schedule it, and with no
 /// more than [`Ledger::CAPACITY`] reservations waiting, a bursty limiter
-/// ends where that limiter would, to the microsecond (`tests/local/cancellation.rs`
-/// checks both against that model).
+/// ends where that limiter would, to the microsecond.
 ///
 /// # Use
 ///

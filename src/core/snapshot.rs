@@ -91,9 +91,9 @@ impl Snapshot {
     /// `rate` with `max_permits`), taken to `template`'s configuration (the
     /// rate in force) at `now_micros` as the next reservation there would
     /// take it: [`State::set_rate`] if either differs.
-    #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
-    pub fn stored_state(
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn stored_state(
         template: &State,
         stored_permits: f64,
         next_free_micros: u64,

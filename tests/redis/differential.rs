@@ -152,9 +152,7 @@ fn push_f64(invocation: &mut redis::ScriptInvocation<'_>, value: f64, encoding: 
 
 /// A missing key: a limiter idle for a long time, i.e. full (or cold).
 fn missing_key_state(config: &Config, rate: f64, now: u64) -> State {
-    let mut state = State::new(config.policy(), rate, now).expect("valid rate");
-    state.stored_permits = state.max_permits;
-    state
+    State::full(config.policy(), rate, now).expect("valid rate")
 }
 
 /// The TTL (ms) the key needs after a write when the clock reads `time`
@@ -162,14 +160,14 @@ fn missing_key_state(config: &Config, rate: f64, now: u64) -> State {
 /// from the core's state: until it would read as missing anyway, plus 2 ms;
 /// 2 ms if it already does. The same f64 operations as the script.
 fn needed_ttl_ms(state: &State, time: u64, horizon: Option<u64>) -> f64 {
-    let cool_down = match &state.policy {
-        Policy::WarmingUp(w) if state.max_permits > 0.0 => {
-            w.warmup_micros as f64 / state.max_permits
+    let cool_down = match &state.policy() {
+        Policy::WarmingUp(w) if state.max_permits() > 0.0 => {
+            w.warmup_micros as f64 / state.max_permits()
         }
-        _ => state.stable_interval_micros,
+        _ => state.stable_interval_micros(),
     };
-    let refill_micros = (state.max_permits - state.stored_permits) * cool_down;
-    let mut ttl = (state.next_free_micros as f64 - time as f64) / 1000.0 + refill_micros / 1000.0;
+    let refill_micros = (state.max_permits() - state.stored_permits()) * cool_down;
+    let mut ttl = (state.next_free_micros() as f64 - time as f64) / 1000.0 + refill_micros / 1000.0;
     // With a ledger, at least until its horizon.
     if let Some(horizon) = horizon {
         ttl = ttl.max((horizon as f64 - time as f64) / 1000.0);
@@ -389,7 +387,7 @@ fn generate(seed: u64) -> Sequence {
         // The clock: mostly small steps, sometimes none, sometimes long idle
         // gaps, sometimes exactly to the ticket (and one µs either side),
         // sometimes backwards (a server's clock stepped back).
-        let debt = core.next_free_micros.saturating_sub(time.max(last_now));
+        let debt = core.next_free_micros().saturating_sub(time.max(last_now));
         let dt = match rng.below(100) {
             _ if deep => match rng.below(100) {
                 0..80 => 0,
@@ -403,14 +401,15 @@ fn generate(seed: u64) -> Sequence {
                 // the terms the ledger holds after give-backs moved the
                 // ticket behind waiting reservations: their groups go).
                 85..92 => {
-                    let room = match &core.policy {
+                    let room = match &core.policy() {
                         Policy::Bursty(_) => {
-                            (core.max_permits - core.stored_permits) * core.stable_interval_micros
+                            (core.max_permits() - core.stored_permits())
+                                * core.stable_interval_micros()
                         }
                         Policy::WarmingUp(_) => 0.0,
                     };
-                    let edge = core.next_free_micros as f64
-                        + f64::from(core.next_free_fraction) / f64::from(1u32 << 20)
+                    let edge = core.next_free_micros() as f64
+                        + f64::from(core.next_free_fraction()) / f64::from(1u32 << 20)
                         + room;
                     (edge.floor() as u64).saturating_sub(time.max(last_now))
                 }
@@ -451,7 +450,7 @@ fn generate(seed: u64) -> Sequence {
             85..90 => 1_000_000,
             _ => (rng.next_u64() as u32).max(1),
         };
-        let debt = core.next_free_micros.saturating_sub(now);
+        let debt = core.next_free_micros().saturating_sub(now);
         let mut kind = match rng.below(100) {
             _ if give_backs => {
                 let (queue_until, queueing) = if deep {
@@ -484,7 +483,7 @@ fn generate(seed: u64) -> Sequence {
                     70..85 => rng.below(1_000_000_000_000),
                     // Exactly to 2^53 from the ticket after the resync
                     // (with its fraction, if it is ahead).
-                    85..90 => MAX_MICROS - core.next_free_micros.max(now),
+                    85..90 => MAX_MICROS - core.next_free_micros().max(now),
                     90..95 => MAX_MICROS,
                     _ => u64::MAX, // capped by both sides
                 },
@@ -540,7 +539,7 @@ fn generate(seed: u64) -> Sequence {
             // A probe writes the key back as it is, keeping its TTL.
             Kind::Probe if written => {
                 keeps_ttl = true;
-                let debt = core.next_free_micros.saturating_sub(now) as i64;
+                let debt = core.next_free_micros().saturating_sub(now) as i64;
                 ((debt, debt), true)
             }
             // A missing key is written as it reads.
@@ -578,7 +577,7 @@ fn generate(seed: u64) -> Sequence {
                 // The script applies a rate change at the start of a call
                 // that writes, at that call's `now`; so does the core. The
                 // ledger's offsets were at the old rate: it forgets them.
-                if core.permits_per_second != rate {
+                if core.permits_per_second() != rate {
                     core.set_rate(rate, now).expect("valid rate");
                     ledger.clear();
                 }
@@ -589,25 +588,15 @@ fn generate(seed: u64) -> Sequence {
                         // with no fraction (the rule of State::charge).
                         // A request whose charge is never given back.
                         ledger.note(&core, now);
-                        core.resync(now);
-                        core.stored_permits = 0.0;
-                        let ticket = core
-                            .next_free_micros
-                            .saturating_add(debt_micros.min(MAX_MICROS));
-                        if ticket < MAX_MICROS {
-                            core.next_free_micros = ticket;
-                        } else {
-                            core.next_free_micros = MAX_MICROS;
-                            core.next_free_fraction = 0;
-                        }
-                        let debt = (core.next_free_micros - now) as i64;
+                        core.resume(debt_micros, now);
+                        let debt = (core.next_free_micros() - now) as i64;
                         ((debt, debt), true)
                     }
                     Kind::Try { timeout_micros } if !core.can_acquire(now, timeout_micros) => {
                         // A refused try writes nothing, not even the
                         // rate change: the next write applies it.
                         core = before;
-                        ((-1, (core.next_free_micros - now) as i64), false)
+                        ((-1, (core.next_free_micros() - now) as i64), false)
                     }
                     _ => {
                         let reserved = if held {
@@ -621,7 +610,7 @@ fn generate(seed: u64) -> Sequence {
                         (
                             (
                                 reserved.moment_micros.saturating_sub(now) as i64,
-                                (core.next_free_micros - now) as i64,
+                                (core.next_free_micros() - now) as i64,
                             ),
                             true,
                         )
@@ -659,7 +648,7 @@ fn generate(seed: u64) -> Sequence {
         // A granted reservation replies the value it wrote, without its
         // ledger, and its group's id if it got one.
         let reply_token = granted.map(|reserved| {
-            let mut bytes = token_bytes(&reserved, core.permits_per_second, expires_micros, now);
+            let mut bytes = token_bytes(&reserved, core.permits_per_second(), expires_micros, now);
             if tail {
                 bytes[..4].copy_from_slice(THR3_MARKER);
             }
@@ -929,26 +918,32 @@ fn check(
             same_bits(
                 "next_free_micros",
                 state.next_free_micros,
-                core.next_free_micros as f64,
+                core.next_free_micros() as f64,
             )
             .map_err(fail)?;
-            if state.next_free_fraction != core.next_free_fraction {
+            if state.next_free_fraction != core.next_free_fraction() {
                 return Err(fail(format!(
                     "next_free_fraction: script {}, core {}",
-                    state.next_free_fraction, core.next_free_fraction
+                    state.next_free_fraction,
+                    core.next_free_fraction()
                 )));
             }
-            if core.next_free_fraction != 0 {
+            if core.next_free_fraction() != 0 {
                 totals.fractional_states += 1;
             }
-            same_bits("stored_permits", state.stored_permits, core.stored_permits).map_err(fail)?;
+            same_bits(
+                "stored_permits",
+                state.stored_permits,
+                core.stored_permits(),
+            )
+            .map_err(fail)?;
             same_bits(
                 "permits_per_second",
                 state.permits_per_second,
-                core.permits_per_second,
+                core.permits_per_second(),
             )
             .map_err(fail)?;
-            same_bits("max_permits", state.max_permits, core.max_permits).map_err(fail)?;
+            same_bits("max_permits", state.max_permits, core.max_permits()).map_err(fail)?;
             same_bits(
                 "expires_micros",
                 state.expires_micros,

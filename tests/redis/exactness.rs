@@ -156,9 +156,7 @@ struct Call {
 
 /// The missing-key reading: idle for a long time, i.e. full (or cold).
 fn missing_key(config: Config, rate: f64) -> State {
-    let mut core = State::new(config.policy(), rate, T0).expect("valid rate");
-    core.stored_permits = core.max_permits;
-    core
+    State::full(config.policy(), rate, T0).expect("valid rate")
 }
 
 /// The core's side of a run: `n` reservations of `permits`, the first
@@ -176,7 +174,7 @@ fn predict(
     let mut calls = Vec::with_capacity(n);
     for i in 0..n {
         let rate = if i < switch_at { rate } else { new_rate };
-        if core.permits_per_second != rate {
+        if core.permits_per_second() != rate {
             // The script's rate change, at the call that brings it.
             core.set_rate(rate, now).expect("valid rate");
         }
@@ -369,10 +367,10 @@ impl Fixture {
         // The missing-key reading, with a TTL end far ahead and no TTL.
         let start = missing_key(config, rates.0);
         let value = LimiterState {
-            stored_permits: start.stored_permits,
+            stored_permits: start.stored_permits(),
             next_free_micros: T0 as f64,
             permits_per_second: rates.0,
-            max_permits: start.max_permits,
+            max_permits: start.max_permits(),
             expires_micros: FAR_EXPIRY,
             last_now_micros: T0 as f64,
             next_free_fraction: 0,
@@ -389,18 +387,22 @@ impl Fixture {
         let state = LimiterState::read(&mut self.con, &key).expect("the key");
         let last = calls.last().expect("calls");
         let fields = [
-            ("stored_permits", state.stored_permits, core.stored_permits),
+            (
+                "stored_permits",
+                state.stored_permits,
+                core.stored_permits(),
+            ),
             (
                 "next_free_micros",
                 state.next_free_micros,
-                core.next_free_micros as f64,
+                core.next_free_micros() as f64,
             ),
             (
                 "permits_per_second",
                 state.permits_per_second,
-                core.permits_per_second,
+                core.permits_per_second(),
             ),
-            ("max_permits", state.max_permits, core.max_permits),
+            ("max_permits", state.max_permits, core.max_permits()),
             ("last_now_micros", state.last_now_micros, last.now as f64),
         ];
         for (name, script, core) in fields {
@@ -409,7 +411,8 @@ impl Fixture {
             }
         }
         assert_eq!(
-            state.next_free_fraction, core.next_free_fraction,
+            state.next_free_fraction,
+            core.next_free_fraction(),
             "{key}: final next_free_fraction"
         );
         let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut self.con).unwrap();

@@ -57,9 +57,7 @@ impl Config {
 
     /// The limit full at `now`, as a missing key reads.
     fn full(&self, now: u64) -> State {
-        let mut state = State::new(self.policy(), self.rate, now).unwrap();
-        state.stored_permits = state.max_permits;
-        state
+        State::full(self.policy(), self.rate, now).unwrap()
     }
 }
 
@@ -357,12 +355,12 @@ fn the_script_and_the_core_agree_call_by_call() {
                 assert_eq!(
                     (stored_permits.to_bits(), ticket, fraction),
                     (
-                        state.stored_permits.to_bits(),
-                        state.next_free_micros,
-                        state.next_free_fraction
+                        state.stored_permits().to_bits(),
+                        state.next_free_micros(),
+                        state.next_free_fraction()
                     ),
                     "{what}: limit {i} stored {stored_permits} vs {}",
-                    state.stored_permits
+                    state.stored_permits()
                 );
             }
         }

@@ -212,9 +212,8 @@ where
             );
             (local, ScriptArgs::several(&limits))
         } else {
-            let state = local_states.into_iter().next().expect("one limit");
-            let local = KeyedRateLimiter::from_parts(
-                state,
+            let local = KeyedRateLimiter::from_limits(
+                local_states,
                 parts.clock,
                 Some(parts.max_local_keys),
                 Mode::Empty,
