@@ -5,7 +5,7 @@
 //! least any copy that counts lines does, so the floor of the ratio.
 //!
 //! ```text
-//! cargo build --release --features cli --bin paceline
+//! cargo build --release -p paceline-cli
 //! cargo bench -p paceline-benches --bench cli [-- FILTER]
 //! ```
 //!
@@ -14,7 +14,12 @@
 //! meaningful while a shared machine's speed drifts. Runs per case:
 //! `PACELINE_BENCH_RUNS` (60 by default). The inputs are written once into
 //! the system's temporary directory: 10^6 and 10^7 numbered lines (as `seq`
-//! prints them) and 200 MB of pseudo-random bytes.
+//! prints them), 200 MB of pseudo-random bytes, and one record (a line) of
+//! 12, 24 and 48 MiB, each through every mode that holds records whole (a
+//! plain copy, per key, a command per record) and as bytes.
+//!
+//! `PACELINE_BENCH_BINARY` names another `paceline` to time instead of
+//! this workspace's release build (an earlier version, say).
 
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Write};
@@ -43,6 +48,13 @@ fn main() {
     let lines7 = input(&dir, "lines-1e7.txt", |w| numbered_lines(w, 10_000_000));
     let bytes = input(&dir, "bytes-200MB.bin", |w| random_bytes(w, 200_000_000));
     let empty = input(&dir, "empty", |_| Ok(()));
+    let records: Vec<(usize, PathBuf)> = [12, 24, 48]
+        .into_iter()
+        .map(|mib| {
+            let name = format!("record-{mib}MiB.txt");
+            (mib, input(&dir, &name, |w| one_record(w, mib << 20)))
+        })
+        .collect();
 
     let pl = |args: &[&str]| -> Vec<String> {
         std::iter::once(paceline.display().to_string())
@@ -50,7 +62,7 @@ fn main() {
             .collect()
     };
     let cat = vec!["cat".to_owned()];
-    let mut cases = vec![
+    let mut cases: Vec<Case> = vec![
         Case {
             name: "bytes, 200 MB",
             a: pl(&["--bytes", "1e12/s"]),
@@ -78,10 +90,25 @@ fn main() {
         Case {
             name: "start-up (empty input)",
             a: pl(&["1e9/s"]),
-            b: cat,
+            b: cat.clone(),
             input: empty,
         },
     ];
+    for (mib, record) in &records {
+        for (mode, args) in [
+            ("a plain copy", &["1e9/s"][..]),
+            ("per key", &["1e9/s", "--key", "1"][..]),
+            ("bytes", &["--bytes", "1e12/s"][..]),
+            ("a command (cat)", &["1e9/s", "--", "cat"][..]),
+        ] {
+            cases.push(Case {
+                name: leak(format!("one {mib} MiB record, {mode}")),
+                a: pl(args),
+                b: cat.clone(),
+                input: record.clone(),
+            });
+        }
+    }
     if Command::new("pv").arg("--version").output().is_ok() {
         cases.push(Case {
             name: "lines, 10^6, against pv -q",
@@ -94,7 +121,7 @@ fn main() {
     }
 
     println!(
-        "{:<32} {:>10} {:>10} {:>8} {:>15} {:>11}",
+        "{:<40} {:>10} {:>10} {:>8} {:>15} {:>11}",
         "case", "A median", "B median", "A/B", "A/B min-max", "A's speed"
     );
     for case in cases
@@ -103,7 +130,7 @@ fn main() {
     {
         let (a, b, ratios) = compare(case, runs);
         println!(
-            "{:<32} {:>8.2}ms {:>8.2}ms {:>8.3} {:>7.2}-{:<7.2} {:>10.2}x",
+            "{:<40} {:>8.2}ms {:>8.2}ms {:>8.3} {:>7.2}-{:<7.2} {:>10.2}x",
             case.name,
             ms(a),
             ms(b),
@@ -175,8 +202,17 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// The release build of `paceline` in this workspace's target directory.
+/// A case's name, made once and kept for the run.
+fn leak(name: String) -> &'static str {
+    Box::leak(name.into_boxed_str())
+}
+
+/// `PACELINE_BENCH_BINARY`, or the release build of `paceline` in this
+/// workspace's target directory.
 fn binary() -> PathBuf {
+    if let Some(binary) = std::env::var_os("PACELINE_BENCH_BINARY") {
+        return PathBuf::from(binary);
+    }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
@@ -184,16 +220,23 @@ fn binary() -> PathBuf {
     let binary = fs::canonicalize(&binary).unwrap_or(binary);
     if !binary.exists() {
         eprintln!(
-            "{} is missing: build it first with\n  cargo build --release --features cli --bin paceline",
+            "{} is missing: build it first with\n  cargo build --release -p paceline-cli",
             binary.display()
         );
         std::process::exit(2);
     }
     let built = modified(&binary);
-    let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("../src");
-    if newest(&sources) > built {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let sources = [root.join("src"), root.join("cli/src")];
+    if sources
+        .iter()
+        .map(|dir| newest(dir))
+        .max()
+        .unwrap_or(std::time::UNIX_EPOCH)
+        > built
+    {
         eprintln!(
-            "warning: {} is older than the sources; rebuild it with\n  cargo build --release --features cli --bin paceline",
+            "warning: {} is older than the sources; rebuild it with\n  cargo build --release -p paceline-cli",
             binary.display()
         );
     }
@@ -244,6 +287,19 @@ fn numbered_lines(out: &mut dyn Write, n: u64) -> io::Result<()> {
         writeln!(out, "{i}")?;
     }
     Ok(())
+}
+
+/// One line of `len` bytes, its newline included: `k `, then letters.
+fn one_record(out: &mut dyn Write, len: usize) -> io::Result<()> {
+    let letters: Vec<u8> = (0..1 << 16).map(|i| b'a' + (i % 26) as u8).collect();
+    out.write_all(b"k ")?;
+    let mut left = len - 3;
+    while left > 0 {
+        let n = left.min(letters.len());
+        out.write_all(&letters[..n])?;
+        left -= n;
+    }
+    out.write_all(b"\n")
 }
 
 /// `len` pseudo-random bytes (xorshift), with no structure to help anyone.

@@ -15,9 +15,10 @@
 //! limiter and report wall time per call over both threads (the inverse of
 //! the aggregate throughput). The `clock` group measures the ways to read
 //! the time that a limiter could use. The `waiting` group measures what a
-//! reservation that has to wait (and may be given back) costs in the core's
-//! ledger, with none or a thousand others waiting, and a give-back among a
-//! thousand, on a fake timeline (no clock).
+//! reservation that has to wait (and may be given back) costs in the log of
+//! the core's `Limits` (one limit), with none or a thousand others waiting,
+//! and a give-back among a thousand (a replay of the five hundred after
+//! it), on a fake timeline (no clock).
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -28,7 +29,7 @@ use criterion::BatchSize;
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{DefaultDirectRateLimiter, Quota};
 use paceline::clock::{Clock, SystemClock};
-use paceline::core::{Bursty, Ledger, Policy, Reserved, State, micros};
+use paceline::core::{Bursty, Limits, Policy, State, micros};
 use paceline::{Limit, RateLimiter};
 
 const FAST: f64 = 1e9;
@@ -240,15 +241,17 @@ fn clock_reads(c: &mut Criterion) {
     group.finish();
 }
 
-/// A bursty state at 1 000 permits/s with `waiting` reservations of one
-/// permit waiting in its ledger, made at t = 0, and their records.
-fn waiting_state(waiting: usize) -> (State, Ledger, Vec<Reserved>) {
-    let mut state = State::new(Policy::Bursty(Bursty::default()), 1_000.0, 0).unwrap();
-    let mut ledger = Ledger::new();
+/// One bursty limit at 1 000 permits/s with `waiting` reservations of one
+/// permit waiting in its log, made at t = 0, and their ids.
+fn waiting_limits(waiting: usize) -> (Limits, Vec<u64>) {
+    let state = State::new(Policy::Bursty(Bursty::default()), 1_000.0, 0).unwrap();
+    let mut limits = Limits::new(vec![state]).unwrap();
+    // The first goes at once; the others wait, and are logged.
+    limits.reserve(1, 0, true);
     let held = (0..waiting)
-        .map(|_| ledger.reserve_recorded(&mut state, 1, 0))
+        .map(|_| limits.reserve(1, 0, true).id.unwrap())
         .collect();
-    (state, ledger, held)
+    (limits, held)
 }
 
 fn waiting(c: &mut Criterion) {
@@ -258,18 +261,18 @@ fn waiting(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(3))
         .sample_size(40);
     for others in [0, 1_000] {
-        group.bench_function(format!("reserve_recorded, {others} waiting"), |b| {
+        group.bench_function(format!("reserve held, {others} waiting"), |b| {
             b.iter_batched_ref(
-                || waiting_state(others),
-                |(state, ledger, _)| black_box(ledger.reserve_recorded(state, 1, 0)),
+                || waiting_limits(others),
+                |(limits, _)| black_box(limits.reserve(1, 0, true)),
                 BatchSize::SmallInput,
             )
         });
     }
     group.bench_function("give_back of the middle one, 1000 waiting", |b| {
         b.iter_batched_ref(
-            || waiting_state(1_000),
-            |(state, ledger, held)| black_box(ledger.give_back(state, &held[500], 0)),
+            || waiting_limits(1_000),
+            |(limits, held)| black_box(limits.give_back(held[500], 0)),
             BatchSize::SmallInput,
         )
     });

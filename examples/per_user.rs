@@ -69,10 +69,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut rates = Vec::with_capacity(USERS as usize);
     for user in users {
         let granted = user.await.expect("user task")?;
-        if let (Some(first), Some(last)) = (granted.first(), granted.last()) {
-            if granted.len() > 1 {
-                rates.push((granted.len() - 1) as f64 / (*last - *first).as_secs_f64());
-            }
+        if let (Some(first), Some(last)) = (granted.first(), granted.last())
+            && granted.len() > 1
+        {
+            rates.push((granted.len() - 1) as f64 / (*last - *first).as_secs_f64());
         }
     }
     rates.sort_by(f64::total_cmp);

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite: format check, lints, every test (unit, integration,
 # doc) with all features and with none. "All features" covers the whole
-# workspace (the benchmarks' package is linted, the axum server's package
-# tested); "none" is the crate alone, since building the other packages
-# would turn on the crate features they depend on. Installs redis-server if
-# it is missing (the Redis tests start their own servers on free loopback
-# ports).
+# workspace (the benchmarks' package is linted, the axum server's and the
+# command line's packages tested); "none" is the crate alone, since
+# building the other packages would turn on the crate features they depend
+# on. Installs redis-server if it is missing (the Redis tests start their
+# own servers on free loopback ports).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,7 +25,9 @@ echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 cargo clippy --all-targets --no-default-features -- -D warnings
 # The Redis limiters without cluster support, as the command line builds them.
-cargo clippy --all-targets --features redis,cli -- -D warnings
+cargo clippy --all-targets --features redis -- -D warnings
+# The command line (its own package, cli/), on the library as it builds it.
+cargo clippy -p paceline-cli --all-targets -- -D warnings
 
 echo "==> cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features --quiet

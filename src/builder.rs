@@ -265,11 +265,9 @@ impl Limit {
             config.max_burst = Some(stored_for(burst - 1.0, rate));
         }
         let (policy, rate) = config.policy()?;
-        let mut state = State::new(policy, rate, now)?;
         // A limit starts full: its burst is there at once, as for a key
         // never seen (a warming-up one is full, i.e. cold, already).
-        state.stored_permits = state.max_permits;
-        Ok(state)
+        Ok(State::full(policy, rate, now)?)
     }
 }
 
@@ -401,15 +399,11 @@ impl<C: Clock> Builder<C> {
     /// of both policies were set.
     pub fn build(self) -> Result<RateLimiter<C>, Error> {
         let now = self.clock.now_micros();
-        // Several limits serve every call under a short lock; one keeps the
-        // lock-free path.
-        let mut states = limit_states(&self.config, now)?;
+        // One bursty limit keeps the lock-free path; anything else serves
+        // every call under a short lock.
+        let states = limit_states(&self.config, now)?;
         let metrics = Metrics::named(self.name.as_deref());
-        if states.len() == 1 {
-            let state = states.pop().expect("one state");
-            return Ok(RateLimiter::from_parts(state, self.clock).with_metrics(metrics));
-        }
-        let limits = Limits::new(states).expect("at least two limits");
+        let limits = Limits::new(states).expect("at least one limit");
         Ok(RateLimiter::from_limits(limits, self.clock).with_metrics(metrics))
     }
 }

@@ -20,9 +20,11 @@ use crate::metrics::Metrics;
 /// * [`cancel`](Reservation::cancel), or dropping the reservation before its
 ///   wait has passed, **gives the permits back**: later callers are scheduled
 ///   as if they had never been reserved, and callers already waiting keep
-///   their slots (the rules are in [`core`](crate::core); the in-process
-///   limiters hold them exactly however many are given back, see
-///   [`Ledger`](crate::core::Ledger)). This is what makes
+///   their slots (the in-process limiters replay their limits without it,
+///   exactly, however many are given back: see
+///   [`Limits`](crate::core::Limits); the crate's
+///   [table](crate#cancel-safety) says where each limiter errs). This is
+///   what makes
 ///   `tokio::time::timeout(d, limiter.acquire(n))` and `select!` correct:
 ///   the dropped `acquire` gives back what it had taken.
 /// * [`commit`](Reservation::commit) keeps the permits without waiting here,
@@ -67,11 +69,7 @@ pub(crate) struct Pending<'a> {
 /// What a reservation took, in the form its limiter needs to give it back.
 #[derive(Debug)]
 pub(crate) enum Taken {
-    /// A local limiter's reservation, made under its lock through its
-    /// ledger.
-    Core(crate::core::Reserved),
-    /// A reservation of a local limiter with several limits: its id in
-    /// their give-back log.
+    /// A local limiter's reservation: its id in the limits' log.
     Logged(u64),
     /// A reservation in a form only its limiter knows: a keyed limiter's
     /// key and the core's record, a Redis limiter's key and the script's

@@ -9,7 +9,9 @@
 //!
 //! - **Waiting** ([`RateLimitLayer::new`]): `poll_ready` reserves one
 //!   permit and is ready once it is due; `call` uses it. A service dropped
-//!   between the two gives its permit back.
+//!   while it waits for its permit gives it back; once the permit is due,
+//!   it counts as used (as any reservation whose moment has passed), and
+//!   a service dropped before `call` gives nothing back.
 //! - **Rejecting** ([`RateLimitLayer::rejecting`]): `poll_ready` takes a
 //!   permit only if one is free now; otherwise `call` fails at once with
 //!   [`Throttled`], which says how long to wait (for a `Retry-After`
@@ -187,10 +189,10 @@ struct Keep<'a> {
 
 impl Drop for Keep<'_> {
     fn drop(&mut self) {
-        if self.commit.load(Ordering::Acquire) {
-            if let Some(reservation) = self.reservation.take() {
-                reservation.commit();
-            }
+        if self.commit.load(Ordering::Acquire)
+            && let Some(reservation) = self.reservation.take()
+        {
+            reservation.commit();
         }
     }
 }

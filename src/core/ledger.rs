@@ -1,5 +1,10 @@
-//! The [`Ledger`]: what an exact give-back has to remember about the
-//! reservations still waiting (the reasoning is in its documentation).
+//! The [`Ledger`]: what an exact give-back of one limit has to remember
+//! about the reservations still waiting (the reasoning is in its
+//! documentation).
+//!
+//! Nothing uses it any more: the limiters give back through the log of
+//! [`Limits`](super::Limits), and the Redis script, which kept one in a
+//! key's value, now replays a log as `Limits` does. It can go.
 
 use super::{FRACTION_ONE, GiveBack, MAX_MICROS, Policy, Reserved, State};
 
@@ -70,8 +75,7 @@ use super::{FRACTION_ONE, GiveBack, MAX_MICROS, Policy, Reserved, State};
 /// count no burst. So a caller is never scheduled before the limiter that
 /// never made the cancelled reservations would schedule it, and with no
 /// more than [`Ledger::CAPACITY`] reservations waiting, a bursty limiter
-/// ends where that limiter would, to the microsecond (`tests/local/cancellation.rs`
-/// checks both against that model).
+/// ends where that limiter would, to the microsecond.
 ///
 /// # Use
 ///
@@ -155,9 +159,8 @@ impl Ledger {
     /// reservation between them is then given back conservatively (see [`Ledger`]).
     pub const CAPACITY: usize = 1024;
 
-    /// The most groups the Redis script keeps in a key's value
-    /// (`docs/redis-protocol.md`, Ledger): a ledger of this capacity is its
-    /// counterpart in Rust.
+    /// The most groups the one-limit Redis script kept in a key's value: a
+    /// ledger of this capacity was its counterpart in Rust.
     pub const SHARED_CAPACITY: usize = 64;
 
     /// An empty ledger, for a state nothing has been reserved on yet (or

@@ -35,18 +35,26 @@ pub const LOG_CAPACITY: usize = 1024;
 ///
 /// # Giving a reservation back, exactly
 ///
-/// While a reservation that may be given back waits, it keeps a
-/// log: the limits' states before the oldest such reservation, and every
-/// request since (its permits and its `now`). Giving one back takes it out
-/// of the log and replays the rest from the saved states: the limits then
-/// hold exactly what they would hold had it never been made, stored permits
-/// and warm-up included, whichever limit bound what. Callers already
-/// waiting keep their moments, which are at or after those of the replay (a
-/// request removed never makes another one earlier than it was). A logged
-/// request leaves the log once its moment has passed (it has been used);
-/// when the log is full, the oldest one leaves it and can no longer be given
-/// back (its give-back then changes nothing: it errs towards limiting). A
-/// rate change empties the log.
+/// While a reservation that may be given back waits, the limits keep a
+/// log: their states before the oldest such reservation, and every request
+/// since (its permits and its `now`). Giving one back takes it out of the
+/// log and replays the rest from the saved states: the limits then hold
+/// exactly what they would hold had it never been made, stored permits and
+/// warm-up included, whichever limit bound what. A logged reservation can
+/// be given back until its moment passes (it has been used) or it is
+/// [kept](Limits::keep); the requests at the head of the log that can no
+/// longer be given back leave it, so the log always starts at the oldest
+/// reservation that still can, and is empty when none can. When the log is
+/// full, its oldest request leaves it all the same and can no longer be
+/// given back (its give-back then changes nothing: it errs towards
+/// limiting). A rate change empties the log.
+///
+/// Callers already waiting keep their moments. With bursty limits these
+/// are at or after the replay's (a request removed never makes another one
+/// earlier). A warming-up limit that the replay leaves idle for longer
+/// goes colder, and its stored permits dearer, so a caller already waiting
+/// may hold a moment before the replay's: it was granted by the limits as
+/// they were, and the replay changes only what comes next.
 ///
 /// ```
 /// use paceline::core::{Bursty, Limits, Policy, State};
@@ -99,7 +107,8 @@ pub struct Granted {
     pub wait_micros: u64,
     /// The limit (its index) that made it wait; `None` if it did not wait.
     pub bound_by: Option<usize>,
-    /// What [`Limits::give_back`] takes, for a held reservation that waits.
+    /// What [`Limits::give_back`] (or [`Limits::keep`]) takes, for a held
+    /// reservation that waits.
     pub id: Option<u64>,
 }
 
@@ -125,6 +134,20 @@ impl Limits {
     /// The limits' states.
     pub fn states(&self) -> &[State] {
         &self.states
+    }
+
+    /// The limits' states, to load numbers held elsewhere into them (the
+    /// lock-free word's, a keyed entry's): only while the log is empty,
+    /// which a change to the states would void.
+    pub(crate) fn states_mut(&mut self) -> &mut [State] {
+        debug_assert!(self.log_is_empty(), "the states change under a log");
+        &mut self.states
+    }
+
+    /// Whether the log is empty: nothing can be given back, and the states
+    /// alone are the whole of the limits.
+    pub(crate) fn log_is_empty(&self) -> bool {
+        self.log.requests.is_empty()
     }
 
     /// The moment a request at `now_micros` would go, and the limit that
@@ -185,12 +208,20 @@ impl Limits {
         }
     }
 
-    /// Logs a request about to be charged.
+    /// Logs a request about to be charged (one the log starts with has an
+    /// id).
     fn log_request(&mut self, id: Option<u64>, permits: u32, now_micros: u64, moment: u64) {
-        if self.log.requests.is_empty() {
-            self.log.base.clone_from(&self.states);
-        } else if self.log.requests.len() == self.log.capacity {
+        if self.log.requests.len() == self.log.capacity {
+            // The oldest leaves: it can no longer be given back, nor what
+            // follows it up to the next that can.
             self.fold_oldest();
+            self.expire(now_micros);
+        }
+        if self.log.requests.is_empty() {
+            if id.is_none() {
+                return;
+            }
+            self.log.base.clone_from(&self.states);
         }
         self.log.requests.push_back(Logged {
             id,
@@ -224,7 +255,21 @@ impl Limits {
             let (moment, _) = earliest(&self.states, request.now_micros);
             charge(&mut self.states, request.permits, moment);
         }
-        self.forget_if_empty();
+        // What now heads the log may be what can no longer be given back.
+        self.expire(now_micros);
+        true
+    }
+
+    /// The held reservation `id` will not be given back (its permits are
+    /// used, or it was committed): the log stops holding it open, and
+    /// empties once it holds nothing else that may be given back. `false`
+    /// if the log no longer holds it. Changes no state.
+    pub fn keep(&mut self, id: u64, now_micros: u64) -> bool {
+        let Some(request) = self.log.requests.iter_mut().find(|r| r.id == Some(id)) else {
+            return false;
+        };
+        request.id = None;
+        self.expire(now_micros);
         true
     }
 
@@ -235,22 +280,9 @@ impl Limits {
     /// longer be given back exactly, and gives nothing back (erring towards
     /// limiting).
     pub fn resume(&mut self, debts_micros: &[u64], now_micros: u64) {
-        self.log.requests.clear();
-        self.forget_if_empty();
+        self.clear_log();
         for (i, state) in self.states.iter_mut().enumerate() {
-            if now_micros > state.next_free_micros {
-                state.next_free_micros = now_micros.min(super::MAX_MICROS);
-                state.next_free_fraction = 0;
-            }
-            state.stored_permits = 0.0;
-            let debt = debts_micros.get(i).copied().unwrap_or(0);
-            let ticket = state.next_free_micros.saturating_add(debt);
-            if ticket >= super::MAX_MICROS {
-                state.next_free_micros = super::MAX_MICROS;
-                state.next_free_fraction = 0;
-            } else {
-                state.next_free_micros = ticket;
-            }
+            state.resume(debts_micros.get(i).copied().unwrap_or(0), now_micros);
         }
     }
 
@@ -266,7 +298,7 @@ impl Limits {
         now_micros: u64,
     ) -> Result<(), InvalidRate> {
         super::stable_interval_micros(permits_per_second)?;
-        let rates = (0..self.states.len())
+        let rates: Vec<f64> = (0..self.states.len())
             .map(|i| {
                 if index.is_none_or(|index| index == i) {
                     permits_per_second
@@ -275,7 +307,7 @@ impl Limits {
                 }
             })
             .collect();
-        self.set_rates(rates, now_micros)
+        self.set_rates(&rates, now_micros)
     }
 
     /// Multiplies every limit's rate by `factor` at `now_micros`, so that
@@ -303,18 +335,20 @@ impl Limits {
         } else {
             vec![otherwise; self.states.len()]
         };
-        self.set_rates(rates, now_micros)
+        self.set_rates(&rates, now_micros)
     }
 
-    /// Sets each limit's rate (all valid) to `rates`.
-    fn set_rates(&mut self, rates: Vec<f64>, now_micros: u64) -> Result<(), InvalidRate> {
+    /// Sets each limit's rate (all valid) to `rates` at `now_micros`: a
+    /// limit already at its rate is left as it is; if any changes, the log
+    /// empties. A keyed limiter applies one change to every key so, all
+    /// its keys being at the same rates.
+    pub(crate) fn set_rates(&mut self, rates: &[f64], now_micros: u64) -> Result<(), InvalidRate> {
         let changes = |(state, rate): (&State, &f64)| state.permits_per_second != *rate;
-        if !self.states.iter().zip(&rates).any(changes) {
+        if !self.states.iter().zip(rates).any(changes) {
             return Ok(());
         }
-        self.log.requests.clear();
-        self.forget_if_empty();
-        for (state, rate) in self.states.iter_mut().zip(rates) {
+        self.clear_log();
+        for (state, &rate) in self.states.iter_mut().zip(rates) {
             if state.permits_per_second != rate {
                 state.set_rate(rate, now_micros)?;
             }
@@ -327,11 +361,10 @@ impl Limits {
     /// a key never seen starts in, so it can be forgotten.
     pub fn reads_as_full(&self, now_micros: u64) -> bool {
         self.log.requests.is_empty()
-            && self.states.iter().all(|state| {
-                let mut state = state.clone();
-                state.resync(now_micros);
-                state.next_free_micros <= now_micros && state.stored_permits >= state.max_permits
-            })
+            && self
+                .states
+                .iter()
+                .all(|state| state.reads_as_full(now_micros))
     }
 
     /// The latest ticket of any limit: when the limits were last used, for
@@ -344,14 +377,18 @@ impl Limits {
             .unwrap_or(0)
     }
 
-    /// Takes out of the log the requests whose moment has passed: they have
-    /// been used.
-    fn expire(&mut self, now_micros: u64) {
+    /// Takes out of the head of the log the requests that can no longer be
+    /// given back at `now_micros`: those whose moment has passed (they have
+    /// been used) and those with no id (made plain, or kept), up to the
+    /// first that still can. Every call does it first; it changes nothing
+    /// a caller can see (a keyed limiter's sweep does it to find the
+    /// entries it may drop).
+    pub(crate) fn expire(&mut self, now_micros: u64) {
         while self
             .log
             .requests
             .front()
-            .is_some_and(|r| r.moment_micros <= now_micros)
+            .is_some_and(|r| r.id.is_none() || r.moment_micros <= now_micros)
         {
             self.fold_oldest();
         }
@@ -364,6 +401,14 @@ impl Limits {
             let (moment, _) = earliest(&self.log.base, request.now_micros);
             charge(&mut self.log.base, request.permits, moment);
         }
+    }
+
+    /// Empties the log: what it held can no longer be given back. (Also the
+    /// undo of a request logged in a log that was empty: the local limiter
+    /// clears what it noted on an attempt whose compare-and-swap lost.)
+    pub(crate) fn clear_log(&mut self) {
+        self.log.requests.clear();
+        self.forget_if_empty();
     }
 
     fn forget_if_empty(&mut self) {
@@ -398,254 +443,4 @@ fn charge(states: &mut [State], permits: u32, moment: u64) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::core::{Bursty, Policy, WarmingUp};
-    use std::time::Duration;
-
-    /// A small deterministic generator (xorshift).
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
-
-    fn bursty(rate: f64, burst: Duration) -> State {
-        State::new(Policy::Bursty(Bursty::new(burst)), rate, 0).unwrap()
-    }
-
-    fn random_limit(rng: &mut Rng) -> State {
-        let rate = [0.5, 3.0, 10.0, 100.0, 1000.0, f64::INFINITY][rng.below(6) as usize];
-        if rng.below(4) == 0 {
-            let warmup = Duration::from_millis(1 + rng.below(3000));
-            State::new(Policy::WarmingUp(WarmingUp::new(warmup, 3.0)), rate, 0).unwrap()
-        } else {
-            bursty(rate, Duration::from_millis(rng.below(3000)))
-        }
-    }
-
-    #[test]
-    fn one_limit_is_the_core_itself() {
-        let mut rng = Rng(7);
-        for _ in 0..200 {
-            let state = random_limit(&mut rng);
-            let mut single = state.clone();
-            let mut limits = Limits::new(vec![state]).unwrap();
-            let mut now = 0;
-            for _ in 0..100 {
-                now += rng.below(300_000);
-                let permits = 1 + rng.below(5) as u32;
-                let timeout = rng.below(1_000_000);
-                let expected = single.try_reserve(permits, now, timeout);
-                let got = limits.try_reserve(permits, now, timeout, false);
-                assert_eq!(got.map(|g| g.wait_micros), expected);
-                assert_eq!(limits.states()[0], single);
-            }
-        }
-    }
-
-    /// The wait is the latest any limit requires, and each limit is
-    /// charged as of that moment: the same as single limits fed the request
-    /// at the composite's moment. A refused try changes nothing.
-    #[test]
-    fn a_request_waits_for_the_latest_limit_and_charges_each_at_that_moment() {
-        let mut rng = Rng(11);
-        for _ in 0..200 {
-            let count = 1 + rng.below(3) as usize;
-            let mut singles: Vec<State> = (0..count).map(|_| random_limit(&mut rng)).collect();
-            let mut limits = Limits::new(singles.clone()).unwrap();
-            let mut now = 0;
-            for _ in 0..100 {
-                now += rng.below(500_000);
-                let permits = 1 + rng.below(4) as u32;
-                let timeout = rng.below(3_000_000);
-                let waits: Vec<u64> = singles
-                    .iter()
-                    .map(|s| s.next_free_micros.saturating_sub(now))
-                    .collect();
-                let longest = *waits.iter().max().unwrap();
-                let before = limits.clone();
-                match limits.try_reserve(permits, now, timeout, false) {
-                    None => {
-                        assert!(longest > timeout);
-                        assert_eq!(limits, before, "a refused try charged something");
-                    }
-                    Some(granted) => {
-                        assert_eq!(granted.wait_micros, longest);
-                        let bound = granted.bound_by.map(|i| waits[i]);
-                        assert_eq!(bound.unwrap_or(0), longest);
-                        for single in &mut singles {
-                            single.reserve_earliest_available(permits, now + longest);
-                        }
-                        assert_eq!(limits.states(), &singles[..]);
-                    }
-                }
-            }
-        }
-    }
-
-    /// The grants, replayed in any window, never exceed what each limit
-    /// allows alone over it: its burst, its rate over the window, and the
-    /// last request's own permits (charged to the next one).
-    #[test]
-    fn no_window_of_any_limit_is_over_granted() {
-        let mut rng = Rng(23);
-        for _ in 0..100 {
-            let rates = [rng.below(20) + 1, rng.below(5) + 1];
-            let bursts = [rng.below(1000), rng.below(3000)];
-            let states = (0..2)
-                .map(|i| bursty(rates[i] as f64, Duration::from_millis(bursts[i])))
-                .collect();
-            let mut limits = Limits::new(states).unwrap();
-            let mut grants = Vec::new();
-            let mut now = 0;
-            for _ in 0..200 {
-                now += rng.below(400_000);
-                let permits = 1 + rng.below(3) as u32;
-                if let Some(g) = limits.try_reserve(permits, now, rng.below(2_000_000), false) {
-                    grants.push((g.moment_micros, u64::from(permits)));
-                }
-            }
-            for i in 0..2 {
-                let burst = rates[i] as f64 * bursts[i] as f64 / 1000.0;
-                for a in 0..grants.len() {
-                    let mut sum = 0;
-                    for (b, &(moment, permits)) in grants.iter().enumerate().skip(a) {
-                        sum += permits;
-                        let window = (moment - grants[a].0) as f64 / 1e6;
-                        // Moments are whole microseconds, tickets finer: a
-                        // window can read up to 1 µs short at each end.
-                        let window_ends = 2e-6 * rates[i] as f64;
-                        let allowed =
-                            burst + rates[i] as f64 * window + permits as f64 + window_ends;
-                        assert!(
-                            (sum as f64) <= allowed,
-                            "limit {i}: {sum} permits in grants {a}..={b} over {window} s"
-                        );
-                    }
-                }
-            }
-        }
-    }
-
-    /// A give-back leaves the limits exactly as a twin that never saw the
-    /// reservation: random mixes of held and plain reservations, tries,
-    /// idle gaps and give-backs, both policies, one to three limits.
-    #[test]
-    fn a_give_back_leaves_exactly_what_a_limiter_without_it_holds() {
-        let mut rng = Rng(31);
-        for _ in 0..300 {
-            let count = 1 + rng.below(3) as usize;
-            let states: Vec<State> = (0..count).map(|_| random_limit(&mut rng)).collect();
-            let mut limits = Limits::new(states).unwrap();
-            // Every request made, with the held ones' ids; replayed without
-            // the ones given back, it must give the same states.
-            let mut history: Vec<(u32, u64, Option<u64>)> = Vec::new();
-            let mut given_back = Vec::new();
-            let fresh = limits.clone();
-            let mut now = 0;
-            for _ in 0..60 {
-                now += rng.below(200_000);
-                match rng.below(4) {
-                    0 | 1 => {
-                        let permits = 1 + rng.below(3) as u32;
-                        let g = limits.reserve(permits, now, rng.below(2) == 0);
-                        history.push((permits, now, g.id));
-                    }
-                    2 => {
-                        let ids: Vec<u64> = history.iter().filter_map(|h| h.2).collect();
-                        if let Some(&id) = ids.get(rng.below(ids.len() as u64 + 1) as usize)
-                            && !given_back.contains(&id)
-                        {
-                            let moment = limits_moment(&limits, id);
-                            let took = limits.give_back(id, now);
-                            assert_eq!(took, moment.is_some_and(|m| m > now), "id {id}");
-                            if took {
-                                given_back.push(id);
-                                let mut twin = fresh.clone();
-                                for &(p, at, hid) in &history {
-                                    if hid.is_none_or(|h| !given_back.contains(&h)) {
-                                        twin.reserve(p, at, false);
-                                    }
-                                }
-                                assert_eq!(limits.states(), twin.states());
-                            }
-                        }
-                    }
-                    _ => {
-                        let before = limits.clone();
-                        if limits.try_reserve(1, now, 0, false).is_none() {
-                            assert_eq!(limits, before);
-                        } else {
-                            history.push((1, now, None));
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    fn limits_moment(limits: &Limits, id: u64) -> Option<u64> {
-        limits
-            .log
-            .requests
-            .iter()
-            .find(|r| r.id == Some(id))
-            .map(|r| r.moment_micros)
-    }
-
-    #[test]
-    fn a_full_log_drops_its_oldest_which_then_gives_nothing_back() {
-        let mut limits = Limits::with_capacity(vec![bursty(1.0, Duration::ZERO)], 2).unwrap();
-        limits.reserve(1, 0, false);
-        let first = limits.reserve(1, 0, true).id.unwrap();
-        let second = limits.reserve(1, 0, true).id.unwrap();
-        let third = limits.reserve(1, 0, true).id.unwrap();
-        let before = limits.clone();
-        assert!(!limits.give_back(first, 0));
-        assert_eq!(limits, before);
-        assert!(limits.give_back(second, 0));
-        assert!(limits.give_back(third, 0));
-        assert_eq!(limits.states()[0].next_free_micros, 2_000_000);
-    }
-
-    #[test]
-    fn a_rate_change_applies_to_one_limit_or_all_and_empties_the_log() {
-        let per_second = bursty(10.0, Duration::ZERO);
-        let per_minute = bursty(1.0, Duration::ZERO);
-        let mut limits = Limits::new(vec![per_second, per_minute]).unwrap();
-        limits.reserve(1, 0, false);
-        let held = limits.reserve(1, 0, true).id.unwrap();
-        limits.set_rate(Some(1), 2.0, 0).unwrap();
-        assert_eq!(limits.states()[0].permits_per_second, 10.0);
-        assert_eq!(limits.states()[1].permits_per_second, 2.0);
-        assert!(
-            !limits.give_back(held, 0),
-            "given back across a rate change"
-        );
-        limits.set_rate(None, 4.0, 0).unwrap();
-        assert!(limits.states().iter().all(|s| s.permits_per_second == 4.0));
-        assert!(limits.set_rate(None, f64::NAN, 0).is_err());
-        limits.scale(0.5, 1.0, 0).unwrap();
-        assert!(limits.states().iter().all(|s| s.permits_per_second == 2.0));
-        limits.scale(f64::INFINITY, 3.0, 0).unwrap();
-        assert!(
-            limits
-                .states()
-                .iter()
-                .all(|s| s.permits_per_second == f64::INFINITY)
-        );
-        limits.scale(0.0, 3.0, 0).unwrap();
-        assert!(limits.states().iter().all(|s| s.permits_per_second == 3.0));
-        assert!(Limits::new(Vec::new()).is_none());
-    }
-}
+mod tests;

@@ -2,10 +2,18 @@
 //!
 //! Nothing in this module reads a clock, sleeps, locks or does I/O. Every
 //! function takes the current time as an argument (`now_micros`, integer
-//! microseconds on some monotonic timeline) and returns numbers. The local
-//! [`RateLimiter`](crate::RateLimiter) runs it behind a lock; the Redis
-//! limiter runs a line-by-line mirror of it in Lua (`lua/`) on the
-//! server's clock. A differential test keeps the two in agreement.
+//! microseconds on some monotonic timeline) and returns numbers.
+//!
+//! One algorithm: [`Limits`], one limit or several that every request must
+//! satisfy together, each a [`State`], with the log that makes give-backs
+//! exact. Every in-process limiter runs it: the
+//! [`RateLimiter`](crate::RateLimiter) and each key of the
+//! [`KeyedRateLimiter`](crate::KeyedRateLimiter), under a lock, or, for one
+//! bursty limit with nothing logged, as a single word updated with one
+//! compare-and-swap (the same arithmetic, folded into one number: the
+//! lock-free fast path; `src/core/word.rs`). The Redis limiter runs a
+//! line-by-line mirror of it in Lua (`lua/`) on the server's clock.
+//! Differential tests keep them in agreement.
 //!
 //! # How the limiter is designed, and why
 //!
@@ -81,20 +89,39 @@
 //! ## Giving a reservation back
 //!
 //! A caller may give up before its moment comes (`timeout(d, acquire(n))`,
-//! a dropped future). Its reservation ([`Reserved`]) is then given back
-//! ([`State::give_back`]): restored exactly, stored permits included, when it
-//! is still the latest; otherwise the ticket moves back by what it charged
-//! (never past `now`), so that later callers are scheduled as if it had
-//! never been made while callers already waiting keep their slots. That
-//! holds exactly while the limiter stays in debt. Once several
-//! reservations are given back, moving the ticket back by each one's whole
-//! charge can hand later callers idle time that a limiter without those
-//! reservations would have dropped at its burst; a [`Ledger`] kept beside
-//! the state remembers what was requested after each waiting reservation,
-//! so that a give-back never moves the ticket below it (see
-//! `src/core/ledger.rs` for how, and `src/core/give_back.rs` for the
-//! rules). A reservation that spent stored permits (a cold warming-up
-//! limiter) is given back only when it is the latest.
+//! a dropped future). Its reservation is then given back: later callers
+//! should be scheduled as if it had never been made, while callers already
+//! waiting keep their slots.
+//!
+//! The state alone cannot do that in general. Moving the ticket back by
+//! what the reservation charged is exact while the limiter stays in debt:
+//! every request made since found the ticket in the future and nothing
+//! stored, and a limiter without the reservation would have charged them
+//! the same from a ticket that much earlier. It is not once several are
+//! given back. A reservation `B` that keeps its slot after an earlier one
+//! `A` was given back holds a slot later than a limiter that never made
+//! `A` would have given it, so a request `S` made while `B` waits finds the
+//! limiter in debt where that limiter sat idle, longer than its burst, and
+//! dropped the excess idle time. Giving `B` back then moves `S`'s charge
+//! into that dropped time: the callers after `S` are scheduled early, by
+//! seconds and more (two reservations of an hour each, given back in turn,
+//! let later callers in up to an hour early). Nor is it exact for a
+//! reservation that spent stored permits (a cold warming-up limiter): their
+//! price depends on how many were left, so taking one out of the middle of
+//! the ramp has no undo in the numbers.
+//!
+//! So the limits keep a *log* while a reservation that may be given back
+//! waits: their states before the oldest such reservation, and every
+//! request since (its permits and its `now`). Giving one back takes it out
+//! of the log and replays the rest from the saved states: the limits then
+//! hold exactly what they would hold had it never been made, stored permits
+//! and warm-up included, for either policy and however many are given back
+//! in whatever order. A reservation leaves the log once its moment has
+//! passed (it has been used) or it is kept; a log that holds nothing that
+//! may be given back is empty, and costs nothing. When more than
+//! [`LOG_CAPACITY`] requests come after the oldest that may be given back,
+//! that one leaves the log and then gives nothing back, and a rate change
+//! empties the log: both err towards limiting. [`Limits`] has the details.
 //!
 //! ## Rate changes
 //!
@@ -148,16 +175,24 @@ mod give_back;
 mod ledger;
 mod limits;
 mod snapshot;
+mod state;
+#[cfg(test)]
+mod test_rng;
 mod warming_up;
+pub(crate) mod word;
 
 pub use bursty::Bursty;
-// The give-back's bookkeeping is public for the differential tests only.
+// The one-limit give-back that the log replaced: the baseline of
+// `tests/local/cancellation.rs` (the Redis script, which used it, now
+// replays a log).
 #[doc(hidden)]
 pub use give_back::{GiveBack, Reserved};
+// Its ledger: used by nothing any more.
 #[doc(hidden)]
 pub use ledger::Ledger;
 pub use limits::{Granted, LOG_CAPACITY, Limits};
 pub use snapshot::Snapshot;
+pub use state::State;
 pub use warming_up::WarmingUp;
 
 use std::fmt;
@@ -194,7 +229,6 @@ const MICROS_PER_SECOND: f64 = 1_000_000.0;
 /// The ticket keeps this many bits below the microsecond: its fraction
 /// ([`State::next_free_fraction`]) counts units of 2^-20 µs (about a
 /// picosecond).
-#[doc(hidden)]
 pub const FRACTION_BITS: u32 = 20;
 
 /// One microsecond in fraction units: 2^20.
@@ -204,8 +238,7 @@ const FRACTION_ONE: u64 = 1 << FRACTION_BITS;
 /// to the fraction unit; longer ones to the whole microsecond (see
 /// [`State::charge`]). It keeps every intermediate value below 2^53, so the
 /// Lua mirror computes them exactly.
-#[doc(hidden)]
-pub const FINE_CHARGE_LIMIT_MICROS: f64 = 4_294_967_296.0;
+pub(crate) const FINE_CHARGE_LIMIT_MICROS: f64 = 4_294_967_296.0;
 
 /// The stable interval for a rate, in microseconds: `1e6 / permits_per_second`.
 ///
@@ -311,221 +344,6 @@ impl Policy {
     }
 }
 
-/// The limiter's whole state, and the algorithm over it.
-///
-/// See the [module documentation](self) for how it works.
-///
-/// ```
-/// use paceline::core::{Bursty, Policy, State};
-///
-/// // 5 permits per second, no stored permits yet, created at t = 0.
-/// let mut state = State::new(Policy::Bursty(Bursty::default()), 5.0, 0).unwrap();
-/// assert_eq!(state.reserve(1, 0), 0); // the first request is free...
-/// assert_eq!(state.reserve(1, 0), 200_000); // ...the next one pays its debt
-/// assert_eq!(state.try_reserve(1, 0, 100_000), None); // 400 ms > 100 ms timeout
-/// assert_eq!(state.try_reserve(1, 300_000, 100_000), Some(100_000));
-/// ```
-// Its fields are public for the crate's differential tests only, and hidden
-// from the docs: they are not part of the API.
-#[derive(Debug, Clone, PartialEq)]
-pub struct State {
-    #[doc(hidden)]
-    /// Permits saved up while idle, in `0.0..=max_permits`.
-    pub stored_permits: f64,
-    #[doc(hidden)]
-    /// The most permits that can be stored.
-    pub max_permits: f64,
-    #[doc(hidden)]
-    /// Microseconds between two permits at the stable rate; `0.0` for an
-    /// infinite rate.
-    pub stable_interval_micros: f64,
-    #[doc(hidden)]
-    /// The moment the next request may go, in whole microseconds. In the
-    /// past when the limiter is idle (until the next
-    /// [`resync`](State::resync) moves it to `now`).
-    pub next_free_micros: u64,
-    #[doc(hidden)]
-    /// The ticket's part below the microsecond, in units of 2^-20 µs
-    /// (`0..2^20`): the ticket is `next_free_micros + next_free_fraction /
-    /// 2^20` µs. Waits are whole microseconds; this carries what they leave
-    /// out, so that the schedule never drifts (see "Numbers" above).
-    pub next_free_fraction: u32,
-    #[doc(hidden)]
-    /// The rate as the user set it.
-    pub permits_per_second: f64,
-    #[doc(hidden)]
-    /// What stored permits cost.
-    pub policy: Policy,
-}
-
-impl State {
-    /// A limiter at `permits_per_second`, created at `now_micros`.
-    ///
-    /// It starts with no stored permits (bursty) or full, i.e. cold
-    /// (warming-up), and the first request at or after `now_micros` goes at
-    /// once.
-    pub fn new(
-        mut policy: Policy,
-        permits_per_second: f64,
-        now_micros: u64,
-    ) -> Result<Self, InvalidRate> {
-        let stable = stable_interval_micros(permits_per_second)?;
-        let max_permits = policy.set_stable_interval(stable, permits_per_second);
-        Ok(State {
-            stored_permits: policy.initial_stored_permits(max_permits),
-            max_permits,
-            stable_interval_micros: stable,
-            next_free_micros: now_micros.min(MAX_MICROS),
-            next_free_fraction: 0,
-            permits_per_second,
-            policy,
-        })
-    }
-
-    /// Converts the idle time between `next_free_micros` and `now_micros`
-    /// into stored permits, and moves `next_free_micros` up to `now_micros`.
-    /// Does nothing while `next_free_micros` is still in the future.
-    pub fn resync(&mut self, now_micros: u64) {
-        if now_micros > self.next_free_micros {
-            let cool_down = self
-                .policy
-                .cool_down_interval_micros(self.stable_interval_micros, self.max_permits);
-            // The ticket is `next_free_micros` plus its fraction (under one
-            // µs), so `idle > 0`: an infinite quotient (cool_down == 0) is
-            // fine and never NaN.
-            let idle = (now_micros - self.next_free_micros) as f64
-                - f64::from(self.next_free_fraction) / FRACTION_ONE as f64;
-            let new_permits = idle / cool_down;
-            self.stored_permits = (self.stored_permits + new_permits).min(self.max_permits);
-            self.next_free_micros = now_micros.min(MAX_MICROS);
-            self.next_free_fraction = 0;
-        }
-    }
-
-    /// Pushes the ticket forward by `cost_micros` (a wait computed in
-    /// floating point, `>= 0`), to the 2^-20 µs below [`FINE_CHARGE_LIMIT_MICROS`]
-    /// and to the whole microsecond (truncated) above it, saturating at
-    /// [`MAX_MICROS`] (where the fraction is dropped). NaN pushes it to
-    /// [`MAX_MICROS`]: the limiter fails closed.
-    pub fn charge(&mut self, cost_micros: f64) {
-        let (whole, fraction) = if cost_micros < FINE_CHARGE_LIMIT_MICROS {
-            // Rounded to the nearest unit; below 2^52 + 1, exact in a double.
-            let units = (cost_micros * FRACTION_ONE as f64 + 0.5) as u64
-                + u64::from(self.next_free_fraction);
-            (units >> FRACTION_BITS, (units & (FRACTION_ONE - 1)) as u32)
-        } else {
-            (to_micros(cost_micros), self.next_free_fraction)
-        };
-        let ticket = self.next_free_micros.saturating_add(whole);
-        if ticket < MAX_MICROS {
-            self.next_free_micros = ticket;
-            self.next_free_fraction = fraction;
-        } else {
-            self.next_free_micros = MAX_MICROS;
-            self.next_free_fraction = 0;
-        }
-    }
-
-    /// Reserves `permits` at `now_micros` and returns the moment they may be
-    /// used: the ticket as it was before this request pushed it forward.
-    ///
-    /// This is the whole algorithm: resync, spend stored permits first, charge
-    /// the rest as fresh permits, push the ticket forward by both.
-    pub fn reserve_earliest_available(&mut self, permits: u32, now_micros: u64) -> u64 {
-        self.resync(now_micros);
-        let moment = self.next_free_micros;
-        let requested = f64::from(permits);
-        let stored_to_spend = requested.min(self.stored_permits);
-        let fresh = requested - stored_to_spend;
-        let wait = self.policy.stored_permits_to_wait_micros(
-            self.stored_permits,
-            stored_to_spend,
-            self.stable_interval_micros,
-        ) + fresh * self.stable_interval_micros;
-        self.charge(wait);
-        self.stored_permits -= stored_to_spend;
-        moment
-    }
-
-    /// Reserves `permits` at `now_micros` and returns how long the caller must
-    /// wait, in microseconds (zero if the ticket is already due).
-    pub fn reserve(&mut self, permits: u32, now_micros: u64) -> u64 {
-        self.reserve_earliest_available(permits, now_micros)
-            .saturating_sub(now_micros)
-    }
-
-    /// The earliest moment a request could go, without reserving anything.
-    pub fn query_earliest_available(&self) -> u64 {
-        self.next_free_micros
-    }
-
-    /// How long, in microseconds, idle time takes to refill every stored
-    /// permit from none (rounded up, saturating at [`MAX_MICROS`]): the
-    /// refill period after which an idle limiter with no debt is full.
-    pub fn refill_micros(&self) -> u64 {
-        let cool_down = self
-            .policy
-            .cool_down_interval_micros(self.stable_interval_micros, self.max_permits);
-        let refill = (self.max_permits * cool_down).ceil();
-        if refill < MAX_MICROS as f64 {
-            refill as u64
-        } else {
-            MAX_MICROS
-        }
-    }
-
-    /// Whether a request at `now_micros` would wait at most `timeout_micros`.
-    /// Looks only at the debt of earlier requests, not at the size of this one.
-    pub fn can_acquire(&self, now_micros: u64, timeout_micros: u64) -> bool {
-        self.query_earliest_available()
-            .saturating_sub(timeout_micros)
-            <= now_micros
-    }
-
-    /// Reserves `permits` if the wait fits in `timeout_micros` and returns it;
-    /// otherwise returns `None` and changes nothing.
-    pub fn try_reserve(
-        &mut self,
-        permits: u32,
-        now_micros: u64,
-        timeout_micros: u64,
-    ) -> Option<u64> {
-        if self.can_acquire(now_micros, timeout_micros) {
-            Some(self.reserve(permits, now_micros))
-        } else {
-            None
-        }
-    }
-
-    /// Changes the rate at `now_micros`.
-    ///
-    /// Idle time until now is credited at the old rate, the existing debt is
-    /// kept, and stored permits keep their fraction of `max_permits`.
-    pub fn set_rate(
-        &mut self,
-        permits_per_second: f64,
-        now_micros: u64,
-    ) -> Result<(), InvalidRate> {
-        let stable = stable_interval_micros(permits_per_second)?;
-        self.resync(now_micros);
-        let was_infinite = self.stable_interval_micros == 0.0;
-        let old_max = self.max_permits;
-        let max_permits = self.policy.set_stable_interval(stable, permits_per_second);
-        self.stored_permits = if was_infinite {
-            self.policy.stored_permits_after_infinite_rate(max_permits)
-        } else if old_max == 0.0 {
-            self.policy.initial_stored_permits(max_permits)
-        } else {
-            // stored / old_max is in 0..=1, so this never overflows.
-            self.stored_permits / old_max * max_permits
-        };
-        self.max_permits = max_permits;
-        self.stable_interval_micros = stable;
-        self.permits_per_second = permits_per_second;
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -554,47 +372,6 @@ mod tests {
         }
     }
 
-    fn bursty(rate: f64) -> State {
-        State::new(Policy::Bursty(Bursty::default()), rate, 0).unwrap()
-    }
-
-    #[test]
-    fn idle_time_is_stored_up_to_the_cap() {
-        let mut s = bursty(5.0);
-        s.resync(600_000);
-        assert_eq!(s.stored_permits, 3.0);
-        assert_eq!(s.next_free_micros, 600_000);
-        s.resync(10_000_000);
-        assert_eq!(s.stored_permits, 5.0);
-    }
-
-    #[test]
-    fn resync_in_the_past_changes_nothing() {
-        let mut s = bursty(5.0);
-        s.reserve(10, 0);
-        let before = s.clone();
-        s.resync(1_000_000);
-        assert_eq!(s, before);
-    }
-
-    #[test]
-    fn ticket_saturates_instead_of_overflowing() {
-        let mut s = bursty(1e-300);
-        assert_eq!(s.stable_interval_micros, MAX_MICROS as f64);
-        assert_eq!(s.reserve(u32::MAX, 0), 0);
-        assert_eq!(s.next_free_micros, MAX_MICROS);
-        assert_eq!(s.reserve(u32::MAX, 0), MAX_MICROS);
-        assert_eq!(s.next_free_micros, MAX_MICROS);
-    }
-
-    #[test]
-    fn can_acquire_with_huge_timeout() {
-        let mut s = bursty(1e-300);
-        s.reserve(1, 0);
-        assert!(s.can_acquire(0, u64::MAX));
-        assert!(!s.can_acquire(0, 0));
-    }
-
     #[test]
     fn nan_wait_fails_closed() {
         assert_eq!(to_micros(f64::NAN), MAX_MICROS);
@@ -607,13 +384,5 @@ mod tests {
         for rate in [0.0, -0.0, -1.0, f64::NAN, f64::NEG_INFINITY] {
             assert!(stable_interval_micros(rate).is_err());
         }
-    }
-
-    #[test]
-    fn smallest_positive_rate_is_finite() {
-        let mut s = bursty(f64::from_bits(1)); // 5e-324
-        assert_eq!(s.stable_interval_micros, MAX_MICROS as f64);
-        assert_eq!(s.reserve(1, 0), 0);
-        assert_eq!(s.reserve(1, 1_000), MAX_MICROS - 1_000);
     }
 }

@@ -57,7 +57,7 @@ use super::micros;
 /// // 2 permits/s (stable 500 ms), 4 s warm-up, cold factor 3 (cold 1.5 s).
 /// let policy = Policy::WarmingUp(WarmingUp::new(Duration::from_secs(4), 3.0));
 /// let mut state = State::new(policy, 2.0, 0).unwrap();
-/// assert_eq!(state.max_permits, 8.0); // threshold 4 + ramp 4
+/// assert_eq!(state.max_permits(), 8.0); // threshold 4 + ramp 4
 /// let mut now = 0;
 /// let mut waits = vec![];
 /// for _ in 0..6 {
@@ -76,12 +76,10 @@ pub struct WarmingUp {
     /// The cold interval as a multiple of the stable interval (`>= 1`).
     pub cold_factor: f64,
     /// Stored permits above this cost more than the stable interval.
-    #[doc(hidden)]
-    pub threshold_permits: f64,
-    #[doc(hidden)]
+    threshold_permits: f64,
     /// How much dearer each stored permit above the threshold is, in
     /// microseconds per permit.
-    pub slope: f64,
+    slope: f64,
 }
 
 impl WarmingUp {
@@ -149,6 +147,49 @@ impl WarmingUp {
             self.warmup_micros as f64 / max_permits
         } else {
             stable
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{MAX_MICROS, Policy, State};
+
+    /// Whatever the warm-up, the cold factor and the rate, the threshold and
+    /// the slope stay finite, so no price is ever NaN.
+    #[test]
+    fn the_threshold_and_the_slope_stay_finite() {
+        let rates = [1e-300, 1e-3, 0.5, 1.0, 7.0, 1e3, 1e6, 1e300, f64::INFINITY];
+        let warmups = [
+            Duration::ZERO,
+            Duration::from_nanos(500),
+            Duration::from_micros(1),
+            Duration::from_secs(1),
+            Duration::from_secs(3600),
+            Duration::MAX,
+        ];
+        for warmup in warmups {
+            for cold_factor in [1.0, 3.0, 10.0, 1e12] {
+                let policy = Policy::WarmingUp(WarmingUp::new(warmup, cold_factor));
+                let mut state = State::new(policy, 1.0, 0).unwrap();
+                for rate in rates {
+                    state.set_rate(rate, 0).unwrap();
+                    let Policy::WarmingUp(w) = &state.policy else {
+                        unreachable!()
+                    };
+                    assert!(
+                        w.slope.is_finite() && w.threshold_permits.is_finite(),
+                        "{warmup:?} {cold_factor} {rate}: {w:?}"
+                    );
+                    let wait = w.stored_permits_to_wait_micros(
+                        state.max_permits,
+                        state.max_permits,
+                        state.stable_interval_micros,
+                    );
+                    assert!(!wait.is_nan() && state.next_free_micros <= MAX_MICROS);
+                }
+            }
         }
     }
 }

@@ -115,20 +115,10 @@ impl<K, C: Clock> KeyedBuilder<K, C> {
                     .to_owned(),
             ));
         }
-        let mut states = limit_states(&self.config, 0)?;
+        let states = limit_states(&self.config, 0)?;
         let metrics = crate::metrics::Metrics::named(self.name.as_deref());
-        if states.len() > 1 {
-            return Ok(KeyedRateLimiter::from_limits(
-                states,
-                self.clock,
-                self.max_keys,
-                super::Mode::Full,
-            )
-            .with_metrics(metrics));
-        }
-        let template = states.pop().expect("one limit");
         Ok(
-            KeyedRateLimiter::from_parts(template, self.clock, self.max_keys, super::Mode::Full)
+            KeyedRateLimiter::from_limits(states, self.clock, self.max_keys, super::Mode::Full)
                 .with_metrics(metrics),
         )
     }

@@ -27,9 +27,6 @@ where
         Q: Hash + Eq + ?Sized,
     {
         let read = self.clock.now_micros();
-        if let Some(several) = &self.several {
-            return Duration::from_micros(several.wait_of(key, read));
-        }
         let next_free = self.shard(key).read().next_free(key, read);
         Duration::from_micros(next_free.saturating_sub(read))
     }
@@ -41,23 +38,16 @@ where
         Q: Hash + Eq + ?Sized,
     {
         let read = self.clock.now_micros();
-        if let Some(several) = &self.several {
-            return several.snapshot_of(key, read);
-        }
         self.shard(key).read().snapshot_of(key, read)
     }
 
-    /// The ticket of `key` (µs on the clock), if it is held.
+    /// The latest ticket of `key`'s limits (µs on the clock), if it is held.
     pub(crate) fn ticket<Q>(&self, key: &Q) -> Option<u64>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        if let Some(several) = &self.several {
-            return several.tickets(key)?.into_iter().max();
-        }
-        let now = self.clock.now_micros();
-        self.shard(key).read().ticket(key, now)
+        self.tickets(key)?.into_iter().max()
     }
 
     /// Each limit's ticket of `key` (µs on the clock), if it is held; one
@@ -67,31 +57,23 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        match &self.several {
-            Some(several) => several.tickets(key),
-            None => self.ticket(key).map(|ticket| vec![ticket]),
-        }
+        let now = self.clock.now_micros();
+        self.shard(key).read().tickets(key, now)
     }
 
-    /// Forgets `key` if its ticket is at most `until`; whether it is no
-    /// longer held.
+    /// Forgets `key` if none of its tickets lies after `until`; whether it
+    /// is no longer held.
     pub(crate) fn forget_if_paid<Q>(&self, key: &Q, until: u64) -> bool
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        if let Some(several) = &self.several {
-            return several.forget_if_paid(key, until);
-        }
         let (mut shard, now) = self.shard_now(key);
         shard.forget_if_paid(key, until, now)
     }
 
     /// The keys held now.
     pub(crate) fn keys(&self) -> Vec<K> {
-        if let Some(several) = &self.several {
-            return several.keys();
-        }
         let mut keys = Vec::new();
         for shard in self.shards.iter() {
             keys.extend(shard.0.read().keys().cloned());
@@ -99,18 +81,13 @@ where
         keys
     }
 
-    /// Holds `key` with nothing stored and its ticket at `until` (µs on the
-    /// clock), unless it is held already.
+    /// Holds `key` with nothing stored and every ticket at `until` (µs on
+    /// the clock), unless it is held already.
     pub(crate) fn open<Q>(&self, key: &Q, until: u64)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        if let Some(several) = &self.several {
-            let dropped = several.open(key, until, self.clock.now_micros());
-            self.count_dropped(dropped);
-            return;
-        }
         let (mut shard, now) = self.shard_now(key);
         let dropped = shard.open(key, until, now);
         drop(shard);

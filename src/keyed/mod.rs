@@ -3,29 +3,28 @@
 
 mod builder;
 mod fallback;
+mod hasher;
 mod rounds;
-mod several;
+mod settings;
 mod shard;
 mod store;
 
-use std::any::Any;
 use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
-use std::fmt;
-use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault, Hash};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 pub use builder::KeyedBuilder;
+use hasher::ShardHasher;
 use rounds::Rounds;
-use several::{Several, Ticket};
 pub(crate) use shard::Mode;
-use shard::{Dropped, Fast, Recorded, Shard, Written};
+use shard::{Dropped, Fast, Shard, Ticket, Written};
 
 use crate::clock::{Clock, SystemClock};
-use crate::core::{Policy, State, stable_interval_micros};
+use crate::core::{Limits, Policy, State};
 use crate::metrics::Metrics;
-use crate::reservation::{GiveBackTo, Pending, Taken};
+use crate::reservation::{Pending, Taken};
 use crate::store::{Now, Store};
 use crate::{Error, Reservation, Snapshot};
 
@@ -72,32 +71,34 @@ use crate::{Error, Reservation, Snapshot};
 /// Giving back a reservation (a dropped [`Reservation`], a cancelled
 /// `acquire`) is exact, key by key, as for the
 /// [`RateLimiter`](crate::RateLimiter): a reservation that has to wait is
-/// noted in its key's [`Ledger`](crate::core::Ledger), and its give-back
-/// goes through it, so nobody is ever scheduled earlier than a key that
-/// never made the cancelled reservations would schedule them, however many
-/// are given back and in whatever order. The ledger lives beside the key's
-/// entry while one of its reservations may still wait: a key is not dropped
-/// as full meanwhile, and the first call on the key once every such wait is
-/// over (or the key being dropped) takes the ledger away. A rate change
-/// clears every ledger: what was waiting then gives back only as far as is
-/// still known to be safe.
+/// logged in its key's [`Limits`](crate::core::Limits), and giving it back
+/// replays the key's limits without it, so the key holds what it would hold
+/// had it never been made, however many are given back and in whatever
+/// order, as long as the key's log holds every request since the oldest
+/// that may be given back ([`LOG_CAPACITY`](crate::core::LOG_CAPACITY)).
+/// The log lives while one of its reservations may still be given back: a
+/// key is not dropped as full meanwhile, and the first call on the key
+/// once none can (or the key being dropped) takes it away. A rate change
+/// empties every log: what was waiting then gives nothing back.
 ///
 /// Keys are spread over shards, each a read-write lock and hash maps; calls
-/// on keys in different shards do not contend. A bursty key is held as the
-/// [`RateLimiter`](crate::RateLimiter)'s one-word state (eight bytes beside
-/// the key), and the common call, on a key already held, takes its shard's
-/// lock for reading and updates the word with one compare-and-swap, so
-/// calls on one shard run side by side too. Every other call (a new key, a
-/// reservation with a wait that may be given back, a give-back, a rate
-/// change, any call on a key with a ledger) takes the lock for writing and
-/// runs the core (through the key's ledger, if it has one) for a few
-/// hundred nanoseconds at most; no call waits under the lock. A warming-up key, and
-/// a bursty key whose burst exceeds about two hours (or whose debt reaches
-/// further), is held as the core's numbers (24 bytes beside the key) and
-/// always takes the write lock. As for the `RateLimiter`, a bursty key
-/// agrees with the core to the microsecond but not always to the bit once
-/// stored permits have been spent: stored permits are held as time, to
-/// 2^-20 µs, so a later wait may differ from the core's by 1 µs.
+/// on keys in different shards do not contend. Every key runs the core's
+/// [`Limits`](crate::core::Limits). A key of one bursty limit is held as
+/// the [`RateLimiter`](crate::RateLimiter)'s one-word state (eight bytes
+/// beside the key) while its log is empty, and the common call, on a key
+/// already held, takes its shard's lock for reading and updates the word
+/// with one compare-and-swap, so calls on one shard run side by side too.
+/// Every other call (a new key, a reservation with a wait that may be given
+/// back, a give-back, a rate change, any call on a key held as limits)
+/// takes the lock for writing and runs the key's limits for a few hundred
+/// nanoseconds at most; no call waits under the lock. A key of several
+/// limits, a warming-up key, a key whose log is in use, and a bursty key
+/// whose burst exceeds about two hours (or whose debt reaches further), is
+/// held as limits of its own, boxed, and always takes the write lock. As
+/// for the `RateLimiter`, a bursty key agrees with the core to the
+/// microsecond but not always to the bit once stored permits have been
+/// spent: stored permits are held as time, to 2^-20 µs, so a later wait may
+/// differ from the core's by 1 µs.
 ///
 /// ```
 /// use std::time::Duration;
@@ -139,11 +140,10 @@ pub struct KeyedRateLimiter<K, C: Clock = SystemClock> {
     /// See [`dropped_until`](Self::dropped_until).
     dropped_until: AtomicU64,
     /// Whether keys may be held as words, so that a call tries the read
-    /// lock first: a bursty policy, keys that start full.
+    /// lock first: one bursty limit, keys that start full.
     words: bool,
-    /// The keys, for a limiter built with several limits (the shards are
-    /// then unused).
-    several: Option<Box<Several<K>>>,
+    /// How many limits every key has.
+    limits: usize,
     /// The visits that sweep the shards no call reaches.
     rounds: Rounds,
     metrics: Metrics,
@@ -153,41 +153,6 @@ pub struct KeyedRateLimiter<K, C: Clock = SystemClock> {
 /// do not write to the same line.
 #[repr(align(128))]
 struct Padded<T>(T);
-
-/// A fast hash to pick a key's shard (not the map's hash, which resists
-/// collisions chosen by clients): a multiply-rotate per word, as FxHash
-/// does. Kept here rather than taken from a crate: the local limiter
-/// depends on no hashing crate, the fast hashers in the dependency tree
-/// come only with the optional Redis client, and these twenty lines are
-/// all it needs.
-#[derive(Default)]
-struct ShardHasher(u64);
-
-impl Hasher for ShardHasher {
-    fn finish(&self) -> u64 {
-        self.0 ^ (self.0 >> 29)
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.write_u64(u64::from_le_bytes(word));
-        }
-    }
-
-    fn write_u64(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-
-    fn write_u32(&mut self, word: u32) {
-        self.write_u64(u64::from(word));
-    }
-
-    fn write_usize(&mut self, word: usize) {
-        self.write_u64(word as u64);
-    }
-}
 
 /// What a [`KeyedRateLimiter`] has had to do to stay within its bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -205,20 +170,13 @@ pub struct KeyedStats {
 /// what its shard gives it back with.
 struct KeyedTaken<K> {
     key: K,
-    recorded: Record,
-}
-
-/// What gives a keyed reservation back: the shard's record, or the way
-/// back into a key's several limits.
-#[derive(Debug)]
-enum Record {
-    Shard(Recorded),
-    Several(Ticket),
+    ticket: Ticket,
 }
 
 /// A granted reservation of one key: the wait in µs, what gives it back if
-/// it was recorded and waits, and the limit that set the wait.
-type Grant = (u64, Option<Record>, usize);
+/// it was logged (it waits, and may be given back), and the limit that set
+/// the wait.
+type Grant = (u64, Option<Ticket>, usize);
 
 /// # Constructors
 impl<K> KeyedRateLimiter<K, SystemClock>
@@ -286,31 +244,31 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
 {
-    pub(crate) fn from_parts(
-        template: State,
+    /// A limiter whose keys each enforce every one of `limits` (the first
+    /// one's rate is the limiter's), holding keys not seen as `mode` says.
+    pub(crate) fn from_limits(
+        limits: Vec<State>,
         clock: C,
         max_keys: Option<usize>,
         mode: Mode,
     ) -> Self {
         let shards = shard_count(max_keys);
-        // One keyed hasher for every shard's map.
+        // One keyed hasher for every shard's maps.
         let map_hasher = RandomState::new();
         // Each shard's share of the cap, rounded down: together, at most
         // max_keys.
         let cap = max_keys.map(|cap| (cap / shards).max(1));
-        let rate_bits = AtomicU64::new(template.permits_per_second.to_bits());
+        let rate_bits = AtomicU64::new(limits[0].permits_per_second().to_bits());
         let now = clock.now_micros();
-        let words = matches!(template.policy, Policy::Bursty(_)) && mode == Mode::Full;
+        let words = matches!(&limits[..], [state] if matches!(state.policy(), Policy::Bursty(_)))
+            && mode == Mode::Full;
+        let count = limits.len();
+        let template = Limits::new(limits).expect("a keyed limiter has limits");
         KeyedRateLimiter {
             shards: (0..shards)
                 .map(|_| {
-                    Padded(Shard::new(
-                        template.clone(),
-                        map_hasher.clone(),
-                        cap,
-                        mode,
-                        now,
-                    ))
+                    let template = template.clone();
+                    Padded(Shard::new(template, map_hasher.clone(), cap, mode, now))
                 })
                 .collect(),
             hasher: BuildHasherDefault::default(),
@@ -319,7 +277,7 @@ where
             dropped_unfinished: AtomicU64::new(0),
             dropped_until: AtomicU64::new(0),
             words,
-            several: None,
+            limits: count,
             rounds: Rounds::new(shards, now, mode == Mode::Full),
             metrics: Metrics::default(),
         }
@@ -330,35 +288,14 @@ where
         for shard in &self.shards {
             shard.0.write().metrics = metrics.clone();
         }
-        if let Some(several) = &mut self.several {
-            several.metrics = metrics.clone();
-        }
         self.metrics = metrics;
         self
-    }
-
-    /// A limiter whose keys each enforce every one of `limits` (the first
-    /// one's rate is the limiter's).
-    pub(crate) fn from_limits(
-        limits: Vec<State>,
-        clock: C,
-        max_keys: Option<usize>,
-        mode: Mode,
-    ) -> Self {
-        let mut limiter = Self::from_parts(limits[0].clone(), clock, max_keys, mode);
-        let cap = max_keys.map(|cap| (cap / limiter.shards.len()).max(1));
-        let empty = mode == Mode::Empty;
-        let several = Several::new(limits, limiter.shards.len(), cap, empty);
-        limiter.several = Some(Box::new(several));
-        limiter.words = false;
-        limiter
     }
 
     /// The shard of `key`.
     fn shard<Q: Hash + ?Sized>(&self, key: &Q) -> &Shard<K> {
         let hash = self.hasher.hash_one(key);
-        let index = (hash >> 32) as usize & (self.shards.len() - 1);
-        &self.shards[index].0
+        &self.shards[hasher::index(hash, self.shards.len())].0
     }
 
     /// `key`'s shard, write-locked, and the time now for it (see
@@ -389,17 +326,9 @@ where
         if self.rounds.due(read) {
             self.visit(read);
         }
-        if let Some(several) = &self.several {
-            let (grant, dropped) = several.reserve(key, permits, read, timeout, record);
-            self.count_dropped(dropped);
-            return grant.map(|(granted, ticket)| {
-                let limit = granted.bound_by.unwrap_or(0);
-                (granted.wait_micros, ticket.map(Record::Several), limit)
-            });
-        }
         let shard = self.shard(key);
-        // The common call: a key held as a word (with no ledger), a step
-        // with no wait to record, under the read lock.
+        // The common call: a key held as a word, a step with no wait to
+        // log, under the read lock.
         let only_at_once = record;
         if self.words
             && let Some(fast) = shard.read().fast(key, read, permits, timeout, only_at_once)
@@ -413,7 +342,10 @@ where
         let (grant, dropped) = shard.reserve(key, now, permits, timeout, record);
         drop(shard);
         self.count_dropped(dropped);
-        grant.map(|(wait, recorded)| (wait, recorded.map(Record::Shard), 0))
+        grant.map(|(granted, ticket)| {
+            let limit = granted.bound_by.unwrap_or(0);
+            (granted.wait_micros, ticket, limit)
+        })
     }
 
     /// Makes the visit due at `read`, unless another call claimed it: the
@@ -422,12 +354,8 @@ where
     #[cold]
     #[inline(never)]
     fn visit(&self, read: u64) {
-        let Some(index) = self.rounds.claim(read) else {
-            return;
-        };
-        match &self.several {
-            Some(several) => several.visit(index, read),
-            None => self.shards[index].0.visit(read),
+        if let Some(index) = self.rounds.claim(read) {
+            self.shards[index].0.visit(read);
         }
     }
 
@@ -437,12 +365,12 @@ where
         K: Borrow<Q>,
         Q: ToOwned<Owned = K> + ?Sized,
     {
-        let (wait, Some(recorded), limit) = grant else {
+        let (wait, Some(ticket), limit) = grant else {
             return Reservation::new(Duration::ZERO, &self.clock, None);
         };
         let taken = KeyedTaken {
             key: key.to_owned(),
-            recorded,
+            ticket,
         };
         Reservation::new(
             Duration::from_micros(wait),
@@ -461,7 +389,8 @@ where
 /// Each method is [`KeyedLimiter`](crate::KeyedLimiter)'s for one key,
 /// which says what it does; here the ones that do not sleep are plain
 /// functions. A key is looked up by any `&Q` it borrows as. Give-backs are
-/// exact, key by key, through the key's [`Ledger`](crate::core::Ledger);
+/// exact, key by key, through the key's log (see
+/// [`Limits`](crate::core::Limits));
 /// cancel safety: see the crate's [table](crate#cancel-safety).
 impl<K, C> KeyedRateLimiter<K, C>
 where
@@ -616,148 +545,5 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
         Ok(self.snapshot_of(key))
-    }
-}
-
-/// # Rate, size and clock
-impl<K, C> KeyedRateLimiter<K, C>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
-    /// Changes the rate of every key from now on, as
-    /// [`RateLimiter::set_rate`](crate::RateLimiter::set_rate) does for one:
-    /// each key still repays its last request at the old rate, and its
-    /// stored permits are rescaled to the new burst. Visits every key held
-    /// (shard by shard; calls on other shards go on meanwhile). With several
-    /// limits, as [`RateLimiter::set_rate`](crate::RateLimiter::set_rate):
-    /// the first one's rate, the others scaled alike.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN; the
-    /// limiter is then unchanged.
-    pub fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
-        stable_interval_micros(permits_per_second)?;
-        if let Some(several) = &self.several {
-            let factor = permits_per_second / several.shape().1;
-            several.scale(factor, permits_per_second, self.clock.now_micros())?;
-            self.rate_bits.store(permits_per_second.to_bits(), Relaxed);
-            return Ok(());
-        }
-        for shard in self.shards.iter() {
-            let read = self.clock.now_micros();
-            let (mut table, now) = shard.0.write_at(read);
-            table.set_rate(permits_per_second, now);
-        }
-        self.rate_bits.store(permits_per_second.to_bits(), Relaxed);
-        Ok(())
-    }
-
-    /// The stable rate of every key, in permits per second, as last set.
-    pub fn rate(&self) -> f64 {
-        f64::from_bits(self.rate_bits.load(Relaxed))
-    }
-
-    /// The clock this limiter reads and sleeps on.
-    pub fn clock(&self) -> &C {
-        &self.clock
-    }
-
-    /// Changes the rate of limit `index` alone, for every key (limits are
-    /// counted from 0 in the order the builder was given them). On a
-    /// limiter with one limit, index 0 is [`set_rate`](Self::set_rate).
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN, or
-    /// there is no limit `index`.
-    pub fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
-        stable_interval_micros(permits_per_second)?;
-        let count = self.several.as_ref().map_or(1, |several| several.shape().0);
-        crate::error::check_limit(index, count)?;
-        match &self.several {
-            Some(several) => {
-                several.set_limit_rate(index, permits_per_second, self.clock.now_micros())?;
-                if index == 0 {
-                    self.rate_bits.store(permits_per_second.to_bits(), Relaxed);
-                }
-                Ok(())
-            }
-            None => self.set_rate(permits_per_second),
-        }
-    }
-
-    /// The number of keys held now (those not known to read as full).
-    pub fn len(&self) -> usize {
-        if let Some(several) = &self.several {
-            return several.len();
-        }
-        self.shards.iter().map(|shard| shard.0.read().len()).sum()
-    }
-
-    /// Whether no key is held.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// What the limiter has had to do to stay within its bounds.
-    pub fn stats(&self) -> KeyedStats {
-        KeyedStats {
-            keys: self.len(),
-            dropped_unfinished: self.dropped_unfinished.load(Relaxed),
-        }
-    }
-}
-
-impl<K, C> GiveBackTo for KeyedRateLimiter<K, C>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
-    fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
-    fn give_back(&self, taken: Taken) {
-        let Taken::Boxed(taken) = taken else {
-            return;
-        };
-        let Ok(taken) = (taken as Box<dyn Any + Send + Sync>).downcast::<KeyedTaken<K>>() else {
-            return;
-        };
-        match &taken.recorded {
-            Record::Shard(recorded) => {
-                let (mut shard, now) = self.shard_now(&taken.key);
-                shard.give_back(&taken.key, recorded, now);
-            }
-            Record::Several(ticket) => {
-                if let Some(several) = &self.several {
-                    several.give_back(&taken.key, *ticket, self.clock.now_micros());
-                }
-            }
-        }
-    }
-
-    fn keep(&self, taken: Taken) {
-        let Taken::Boxed(taken) = taken else {
-            return;
-        };
-        let Ok(taken) = (taken as Box<dyn Any + Send + Sync>).downcast::<KeyedTaken<K>>() else {
-            return;
-        };
-        if let Record::Shard(recorded) = &taken.recorded {
-            let (mut shard, _) = self.shard_now(&taken.key);
-            shard.keep(&taken.key, recorded);
-        }
-    }
-}
-
-impl<K, C: Clock> fmt::Debug for KeyedRateLimiter<K, C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let template = self.shards[0].0.read().template().clone();
-        f.debug_struct("KeyedRateLimiter")
-            .field("permits_per_second", &template.permits_per_second)
-            .field("policy", &template.policy)
-            .field("shards", &self.shards.len())
-            .finish_non_exhaustive()
     }
 }

@@ -1,28 +1,32 @@
-//! The in-process limiter: the [core algorithm](crate::core) on one atomic
-//! word.
+//! The in-process limiter: [`Limits`] (the [core](crate::core)'s one
+//! algorithm), on one atomic word while it can be.
 //!
-//! A bursty limiter keeps its whole state in one `u64` (see [`word`] for the
-//! representation and why it is equivalent to the core), so a reservation is
-//! a clock read, a load, a little arithmetic and one compare-and-swap: no
-//! lock, no allocation, and a refusal writes nothing. Rate changes, rare
-//! rebases of the fixed-point window, the warming-up policy (whose stored
-//! permits have a price that does not fold into one number), and
-//! reservations that have to wait and may be given back (an `acquire`, a
-//! [`Reservation`]: they are noted in the core's [`Ledger`], which makes
-//! their give-backs exact) go through a lock and run the core's own code.
+//! A limiter of one bursty limit whose log is empty is the word's case (see
+//! [`word`]): its whole state fits in one `u64`, so a reservation is a clock
+//! read, a load, a little arithmetic and one compare-and-swap: no lock, no
+//! allocation, and a refusal writes nothing. Everything else runs the
+//! limits themselves under a lock (*mutex mode*): several limits, the
+//! warming-up policy (whose stored permits have a price that does not fold
+//! into one number), rate changes, rare rebases of the word's fixed-point
+//! window, and reservations that have to wait and may be given back (an
+//! `acquire`, a [`Reservation`]): those are logged, which makes their
+//! give-backs exact, and the limiter stays under the lock while its log
+//! holds anything.
 
+mod locked;
 mod outcome;
-pub(crate) mod word;
+mod slot;
 
 use std::fmt;
+use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::Ordering::{AcqRel, Acquire};
 use std::time::Duration;
 
 use crate::builder::Builder;
 use crate::clock::{Clock, SystemClock};
-use crate::core::{Ledger, Limits, State, micros, stable_interval_micros};
+use crate::core::word::{self, Quick, Step};
+use crate::core::{Limits, micros, stable_interval_micros};
 use crate::error::check_permits;
 use crate::metrics::Metrics;
 use crate::reservation::{GiveBackTo, Pending, Reservation, Taken};
@@ -30,7 +34,7 @@ use crate::store::{Direct, NoKey, Now, Rate, Store, in_process_store};
 use crate::{Error, Snapshot};
 
 use outcome::{Grant, Outcome};
-use word::{Encoded, Quick, Slot, Step};
+use slot::Slot;
 
 /// A rate limiter for one process, shared by any number of threads and tasks.
 ///
@@ -38,8 +42,8 @@ use word::{Encoded, Quick, Slot, Step};
 /// algorithm described in [`core`](crate::core): a request goes as soon as the
 /// previous caller's debt is paid, and its own cost is charged to the next
 /// caller. A bursty limiter reserves with one atomic compare-and-swap and no
-/// lock; a warming-up one under a short lock. Waiting always happens outside,
-/// so a sleeping caller never blocks others.
+/// lock; a warming-up one, or one of several limits, under a short lock.
+/// Waiting always happens outside, so a sleeping caller never blocks others.
 ///
 /// Share it with an [`Arc`](std::sync::Arc). It implements the
 /// [`Limiter`](crate::Limiter) trait, so it can stand wherever the Redis
@@ -61,17 +65,18 @@ use word::{Encoded, Quick, Slot, Step};
 /// core's floating-point count, so once some were spent a wait can differ
 /// from the core's by one microsecond of rounding. Rate changes, a rebase
 /// of the word's fixed-point window every few hours, debts and bursts
-/// longer than about two hours and the warming-up policy (whose stored
-/// permits have a price) run the core itself under a lock.
+/// longer than about two hours, the warming-up policy (whose stored
+/// permits have a price) and several limits run the core's [`Limits`]
+/// under a lock.
 ///
 /// So does a reservation that has to wait and can be given back (an
-/// `acquire` that sleeps, a [`Reservation`] with a delay): it is noted in
-/// the core's [`Ledger`], and the limiter stays under the lock until every
-/// such reservation's wait is over. That is what makes giving it back exact:
-/// nobody is ever scheduled before a limiter that never made it would
-/// schedule them. A caller that has to wait is about to sleep anyway; an
-/// `acquire` with nothing owed, and every `reserve` and `try_reserve`, stay
-/// on the lock-free word while no such reservation waits.
+/// `acquire` that sleeps, a [`Reservation`] with a delay): the limits log
+/// it, and the limiter stays under the lock while the log holds anything.
+/// That is what makes giving it back exact: the limits are replayed without
+/// it, and hold what they would hold had it never been made. A caller that
+/// has to wait is about to sleep anyway; an `acquire` with nothing owed,
+/// and every `reserve` and `try_reserve`, stay on the lock-free word while
+/// nothing is logged.
 ///
 /// ```
 /// use std::time::Duration;
@@ -92,27 +97,12 @@ pub struct RateLimiter<C: Clock = SystemClock> {
     word: Word,
     /// The configuration of the word's generation and of the next one.
     slots: Slots,
-    /// Serializes rate changes, rebases and reservations that can be given
-    /// back.
-    locked: Mutex<Locked>,
+    /// The limits: their configuration always, their state in mutex mode
+    /// (the word holds it otherwise). Serializes rate changes, rebases and
+    /// reservations that can be given back.
+    limits: Mutex<Limits>,
     clock: C,
     metrics: Metrics,
-}
-
-/// What the lock holds.
-struct Locked {
-    /// The configuration as a core [`State`] (its two state fields are
-    /// stale while the word holds the state), and the state itself in
-    /// mutex mode.
-    state: State,
-    /// The reservations still waiting that can be given back (see
-    /// [`Ledger`]). While it holds any, the limiter is in mutex mode: every
-    /// reservation goes through it.
-    ledger: Ledger,
-    /// Several limits, for a limiter built with more than one: the word
-    /// then stays in mutex mode, and every call goes through them (`state`
-    /// and `ledger` are unused).
-    limits: Option<Limits>,
 }
 
 #[repr(align(128))]
@@ -120,6 +110,24 @@ struct Word(AtomicU64);
 
 #[repr(align(128))]
 struct Slots([Slot; 2]);
+
+impl Slots {
+    /// The configuration of `word`'s generation.
+    #[inline(always)]
+    fn of(&self, word: u64) -> &Slot {
+        &self.0[word::slot_index(word)]
+    }
+
+    /// The word that publishes `limits` at `now` in the generation after
+    /// `word`'s (see [`word::publish`]), its configuration written first.
+    fn publish(&self, word: u64, limits: &Limits, now: u64) -> u64 {
+        let (new, config) = word::publish(word, limits, now);
+        if let Some(config) = config {
+            self.0[word::slot_index(new)].store(&config);
+        }
+        new
+    }
+}
 
 /// # Constructors
 impl RateLimiter<SystemClock> {
@@ -155,19 +163,17 @@ impl RateLimiter<SystemClock> {
 
 /// # Reserving and waiting
 impl<C: Clock> RateLimiter<C> {
-    pub(crate) fn from_parts(state: State, clock: C) -> Self {
+    /// A limiter that enforces every one of `limits` (see [`Limits`]): on
+    /// the word if they are one bursty limit, else in mutex mode.
+    pub(crate) fn from_limits(limits: Limits, clock: C) -> Self {
         let now = clock.now_micros();
         let slots = Slots([Slot::default(), Slot::default()]);
         // Published as the generation after the last one, i.e. generation 0.
-        let word = word::republish(u64::MAX, &state, now, &slots.0);
+        let word = slots.publish(u64::MAX, &limits, now);
         RateLimiter {
             word: Word(AtomicU64::new(word)),
             slots,
-            locked: Mutex::new(Locked {
-                state,
-                ledger: Ledger::new(),
-                limits: None,
-            }),
+            limits: Mutex::new(limits),
             clock,
             metrics: Metrics::default(),
         }
@@ -177,22 +183,6 @@ impl<C: Clock> RateLimiter<C> {
     pub(crate) fn with_metrics(mut self, metrics: Metrics) -> Self {
         self.metrics = metrics;
         self
-    }
-
-    /// A limiter that enforces every one of `limits` (see [`Limits`]): its
-    /// word stays in mutex mode, so that every call reaches them.
-    pub(crate) fn from_limits(limits: Limits, clock: C) -> Self {
-        let limiter = Self::from_parts(limits.states()[0].clone(), clock);
-        let word = word::mutex_mode(limiter.word.0.load(Acquire));
-        limiter.word.0.store(word, Release);
-        limiter.lock().limits = Some(limits);
-        limiter
-    }
-
-    /// The locked part, whatever a panicking thread left behind: nothing
-    /// panics while it is held mid-update.
-    fn lock(&self) -> MutexGuard<'_, Locked> {
-        self.locked.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Reserves `permits` if the debt fits in `timeout` µs (`u64::MAX`: a
@@ -207,7 +197,7 @@ impl<C: Clock> RateLimiter<C> {
         }
         let now = self.clock.now_micros();
         let (quick, mut current) = if word::has_stored(first) {
-            let quick = Quick::new(first, now, permits, &self.slots.0);
+            let quick = Quick::new(first, now, permits, self.slots.of(first));
             // Reloaded, so that only the quick step lies between the load
             // and the compare-and-swap when other threads write the word.
             (quick, self.word.0.load(Acquire))
@@ -217,9 +207,9 @@ impl<C: Clock> RateLimiter<C> {
         loop {
             let (new, wait) = match quick.apply(current) {
                 Some(new) => (new, 0),
-                None => match word::step(current, now, permits, timeout, &self.slots.0) {
+                None => match word::step(current, now, permits, timeout, self.slots.of(current)) {
                     Step::Refused => return None,
-                    // One that can be given back waits in the ledger.
+                    // One that can be given back waits in the log.
                     Step::Granted { wait, .. } if O::GIVES_BACK && wait > 0 => {
                         return self.reserve_locked(permits, timeout);
                     }
@@ -235,150 +225,6 @@ impl<C: Clock> RateLimiter<C> {
                 Ok(_) => return Some(O::from_word(wait)),
                 Err(actual) => current = actual,
             }
-        }
-    }
-
-    /// [`reserve_micros`](Self::reserve_micros) under the lock, on the core
-    /// itself: in mutex mode, to rebase, or when the word was written with a
-    /// later clock reading than the caller's.
-    #[cold]
-    #[inline(never)]
-    fn reserve_locked<O: Outcome>(&self, permits: u32, timeout: u64) -> Option<O> {
-        let mut guard = self.lock();
-        if let Some(limits) = &mut guard.limits {
-            let now = self.clock.now_micros();
-            let granted = limits.try_reserve(permits, now, timeout, O::GIVES_BACK)?;
-            let bound_by = granted.bound_by.unwrap_or(0);
-            return Some(O::from_limits(granted.wait_micros, granted.id, bound_by));
-        }
-        let (moment, record, now) = self.transact_in(&mut guard, |state, ledger, now| {
-            state.can_acquire(now, timeout).then(|| {
-                let (moment, record) = O::reserve(state, ledger, permits, now);
-                (moment, record, now)
-            })
-        })?;
-        Some(O::from_locked(moment.saturating_sub(now), record))
-    }
-
-    /// The word for `state` at `now`, in `current`'s generation if it fits
-    /// there, else in a new one (or mutex mode).
-    fn encode(&self, current: u64, state: &State, now: u64) -> u64 {
-        match word::encode(
-            current,
-            state,
-            now,
-            &self.slots.0[word::slot_index(current)].load(),
-        ) {
-            Encoded::Word(new) => new,
-            Encoded::Rebase | Encoded::Mutex => word::republish(current, state, now, &self.slots.0),
-        }
-    }
-
-    /// Gives back an unused reservation, through the ledger (see
-    /// [`Ledger::give_back`]).
-    fn give_back_taken(&self, taken: Taken) {
-        match taken {
-            Taken::Core(reserved) => self.update_locked(|state, ledger, now| {
-                ledger.give_back(state, &reserved, now);
-            }),
-            Taken::Logged(id) => {
-                if let Some(limits) = &mut self.lock().limits {
-                    limits.give_back(id, self.clock.now_micros());
-                }
-            }
-            Taken::Boxed(_) => {}
-        }
-        // Anything else is another limiter's: nothing of this one's.
-    }
-
-    /// Applies `update` to the core state and its ledger under the lock,
-    /// whatever mode the word is in, and publishes the result.
-    fn update_locked(&self, mut update: impl FnMut(&mut State, &mut Ledger, u64)) {
-        self.transact(|state, ledger, now| {
-            update(state, ledger, now);
-            Some(())
-        });
-    }
-
-    /// Runs `update` on the core state and its ledger under the lock,
-    /// whatever mode the word is in: on the locked core in mutex mode, else
-    /// on the state the word stands for, retried until its compare-and-swap
-    /// wins. `None` from `update` changes nothing (a refused try). The word
-    /// stays in (or enters) mutex mode while the ledger holds anything.
-    #[cold]
-    #[inline(never)]
-    fn transact<R>(
-        &self,
-        update: impl FnMut(&mut State, &mut Ledger, u64) -> Option<R>,
-    ) -> Option<R> {
-        self.transact_in(&mut self.lock(), update)
-    }
-
-    /// [`transact`](Self::transact) with the lock held.
-    fn transact_in<R>(
-        &self,
-        locked: &mut Locked,
-        mut update: impl FnMut(&mut State, &mut Ledger, u64) -> Option<R>,
-    ) -> Option<R> {
-        loop {
-            let current = self.word.0.load(Acquire);
-            let now = self.clock.now_micros();
-            if word::is_mutex(current) {
-                let result = update(&mut locked.state, &mut locked.ledger, now)?;
-                // Leave mutex mode if the word can hold the state again.
-                if locked.ledger.is_empty() {
-                    let new = word::republish(current, &locked.state, now, &self.slots.0);
-                    if !word::is_mutex(new) {
-                        self.word.0.store(new, Release);
-                    }
-                }
-                return Some(result);
-            }
-            // The word holds the state, so the ledger holds nothing.
-            let mut state = self.state_at(&locked.state, current, now);
-            let result = update(&mut state, &mut locked.ledger, now)?;
-            let new = if locked.ledger.is_empty() {
-                self.encode(current, &state, now)
-            } else {
-                word::mutex_mode(current)
-            };
-            if self
-                .word
-                .0
-                .compare_exchange(current, new, AcqRel, Acquire)
-                .is_ok()
-            {
-                if word::is_mutex(new) {
-                    locked.state = state;
-                }
-                return Some(result);
-            }
-            // Lost to a reservation on the word: what the ledger noted of
-            // this attempt is void (it was empty, and is again).
-            locked.ledger.clear();
-        }
-    }
-
-    /// The core state that `current` (not mutex mode) stands for at `now`,
-    /// with the configuration in `locked`.
-    fn state_at(&self, locked: &State, current: u64, now: u64) -> State {
-        let config = self.slots.0[word::slot_index(current)].load();
-        let decoded = word::decode(current, now, &config);
-        let mut state = locked.clone();
-        state.stored_permits = decoded.stored;
-        state.next_free_micros = decoded.next_free;
-        state.next_free_fraction = decoded.fraction;
-        state
-    }
-
-    /// The state now, for `Debug`.
-    fn state_now(&self) -> State {
-        let locked = self.lock();
-        let current = self.word.0.load(Acquire);
-        if word::is_mutex(current) {
-            locked.state.clone()
-        } else {
-            self.state_at(&locked.state, current, self.clock.now_micros())
         }
     }
 
@@ -398,23 +244,6 @@ impl<C: Clock> RateLimiter<C> {
             .for_limit(limit),
             _ => Reservation::new(Duration::ZERO, &self.clock, None),
         }
-    }
-
-    /// The wait in µs of a request made now.
-    fn next_free_micros(&self) -> u64 {
-        let current = self.word.0.load(Acquire);
-        let now = self.clock.now_micros();
-        let next_free = if word::is_mutex(current) {
-            let locked = self.lock();
-            match &locked.limits {
-                Some(limits) => limits.earliest(now).0,
-                None => locked.state.query_earliest_available(),
-            }
-        } else {
-            let config = self.slots.0[word::slot_index(current)].load();
-            word::decode(current, now, &config).next_free
-        };
-        next_free.saturating_sub(now)
     }
 }
 
@@ -555,17 +384,7 @@ impl<C: Clock> Now<NoKey> for RateLimiter<C> {
     }
 
     fn snapshot_now(&self, _: &NoKey) -> Snapshot {
-        let locked = self.lock();
-        let now = self.clock.now_micros();
-        if let Some(limits) = &locked.limits {
-            return Snapshot::of_limits(limits, now);
-        }
-        let current = self.word.0.load(Acquire);
-        if word::is_mutex(current) {
-            Snapshot::of(&locked.state, now, 0)
-        } else {
-            Snapshot::of(&self.state_at(&locked.state, current, now), now, 0)
-        }
+        self.snapshot_locked()
     }
 
     fn take_if_free_now(&self, _: &NoKey, permits: u32) -> Option<Result<bool, Error>> {
@@ -609,54 +428,28 @@ impl<C: Clock> RateLimiter<C> {
     /// and the others are scaled by the same factor (so that they keep
     /// their proportions; from or to an infinite rate, they all take this
     /// one); [`set_limit_rate`](Self::set_limit_rate) changes one alone.
+    /// What waits to be given back then gives back nothing (it was charged
+    /// at the old rate): erring towards limiting.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN; the
     /// limiter is then unchanged.
     pub fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
-        let mut locked = self.lock();
-        if let Some(limits) = &mut locked.limits {
-            let first = limits.states()[0].permits_per_second;
-            let factor = permits_per_second / first;
-            let now = self.clock.now_micros();
-            return Ok(limits.scale(factor, permits_per_second, now)?);
-        }
-        loop {
-            let current = self.word.0.load(Acquire);
-            let now = self.clock.now_micros();
-            let mut state = if word::is_mutex(current) {
-                locked.state.clone()
-            } else {
-                self.state_at(&locked.state, current, now)
-            };
-            state.set_rate(permits_per_second, now)?;
-            // A new generation even if the configuration is unchanged: every
-            // reservation computed with the old one must retry.
-            let new = word::republish(current, &state, now, &self.slots.0);
-            if self
-                .word
-                .0
-                .compare_exchange(current, new, AcqRel, Acquire)
-                .is_ok()
-            {
-                locked.state = state;
-                // Terms at the old rate: what is waiting now gives back only
-                // if it is the latest (erring late).
-                locked.ledger.clear();
-                return Ok(());
+        self.reconfigure(|limits, now| match limits.states() {
+            [_] => limits.set_rate(None, permits_per_second, now),
+            [first, ..] => {
+                let factor = permits_per_second / first.permits_per_second();
+                limits.scale(factor, permits_per_second, now)
             }
-        }
+            [] => Ok(()),
+        })
     }
 
     /// The stable rate, in permits per second, as last set (of the first
     /// limit, for a limiter built with several).
     pub fn rate(&self) -> f64 {
-        let locked = self.lock();
-        match &locked.limits {
-            Some(limits) => limits.states()[0].permits_per_second,
-            None => locked.state.permits_per_second,
-        }
+        self.lock().states()[0].permits_per_second()
     }
 
     /// Changes the rate of limit `index` alone (counted in the order the
@@ -668,19 +461,8 @@ impl<C: Clock> RateLimiter<C> {
     /// there is no limit `index`; the limiter is then unchanged.
     pub fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
-        let mut locked = self.lock();
-        let count = locked.limits.as_ref().map_or(1, |l| l.states().len());
-        crate::error::check_limit(index, count)?;
-        match &mut locked.limits {
-            Some(limits) => {
-                let now = self.clock.now_micros();
-                Ok(limits.set_rate(Some(index), permits_per_second, now)?)
-            }
-            None => {
-                drop(locked);
-                self.set_rate(permits_per_second)
-            }
-        }
+        crate::error::check_limit(index, self.lock().states().len())?;
+        self.reconfigure(|limits, now| limits.set_rate(Some(index), permits_per_second, now))
     }
 
     /// The clock this limiter reads and sleeps on.
@@ -695,27 +477,30 @@ impl<C: Clock> GiveBackTo for RateLimiter<C> {
     }
 
     fn give_back(&self, taken: Taken) {
-        self.give_back_taken(taken);
+        // Anything else is another limiter's: nothing of this one's.
+        if let Taken::Logged(id) = taken {
+            self.give_back_logged(id);
+        }
     }
 
     fn keep(&self, taken: Taken) {
-        if let Taken::Core(reserved) = taken {
-            self.update_locked(|_, ledger, _| ledger.keep(&reserved));
+        if let Taken::Logged(id) = taken {
+            self.keep_logged(id);
         }
     }
 }
 
 impl<C: Clock> fmt::Debug for RateLimiter<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let limits = self.lock().limits.clone();
-        match limits {
-            Some(limits) => f
+        let limits = self.limits_now();
+        match limits.states() {
+            [state] => f
                 .debug_struct("RateLimiter")
-                .field("limits", &limits.states())
+                .field("state", state)
                 .finish_non_exhaustive(),
-            None => f
+            states => f
                 .debug_struct("RateLimiter")
-                .field("state", &self.state_now())
+                .field("limits", &states)
                 .finish_non_exhaustive(),
         }
     }

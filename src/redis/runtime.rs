@@ -64,12 +64,12 @@ impl Driver {
 
 impl Drop for RuntimeRef {
     fn drop(&mut self) {
-        if let RuntimeRef::Owned(runtime) = self {
-            if let Some(runtime) = runtime.take() {
-                // Never blocks, so this is fine anywhere, even on one of the
-                // runtime's own threads or inside another runtime.
-                runtime.shutdown_background();
-            }
+        if let RuntimeRef::Owned(runtime) = self
+            && let Some(runtime) = runtime.take()
+        {
+            // Never blocks, so this is fine anywhere, even on one of the
+            // runtime's own threads or inside another runtime.
+            runtime.shutdown_background();
         }
     }
 }

@@ -1,5 +1,5 @@
 //! The tower layer: clones share one limiter, a permit reserved in
-//! `poll_ready` is given back if the service is dropped before `call`, the
+//! `poll_ready` is given back if the service is dropped while it waits, the
 //! rejecting mode answers at once with the wait, and the keyed mode limits
 //! each key alone.
 #![cfg(feature = "tower")]
@@ -115,8 +115,57 @@ async fn clones_share_one_limiter_on_the_real_clock() {
     );
 }
 
+/// A fake clock on which nothing that sleeps ever wakes: a service's
+/// permit, reserved in `poll_ready`, stays ahead of it.
+#[derive(Clone, Default)]
+struct Stopped(FakeClock);
+
+impl Clock for Stopped {
+    fn now(&self) -> Duration {
+        self.0.now()
+    }
+
+    fn sleep_blocking(&self, _: Duration) {
+        unreachable!("the tower layer does not block")
+    }
+
+    fn sleep(&self, _: Duration) -> paceline::clock::Sleep {
+        Box::pin(std::future::pending())
+    }
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn a_service_dropped_between_poll_ready_and_call_gives_its_permit_back() {
+    let clock = Stopped::default();
+    let limiter = Arc::new(
+        RateLimiter::builder()
+            .permits_per_second(10.0)
+            .max_burst(Duration::ZERO)
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    let layer = RateLimitLayer::new(Arc::clone(&limiter));
+    let mut first = layer.layer(Counter::default());
+    ready(&mut first).await.unwrap();
+    first.call(1).await.unwrap();
+    // The second reserves its permit in poll_ready and waits for it, then
+    // is dropped.
+    let mut second = layer.layer(Counter::default());
+    let waker = std::task::Waker::noop();
+    let pending = second.poll_ready(&mut Context::from_waker(waker));
+    assert!(pending.is_pending());
+    assert_eq!(limiter.available_in().unwrap(), 200 * MS);
+    drop(second);
+    // As if it had never reserved: the next permit is the second's.
+    assert_eq!(limiter.available_in().unwrap(), 100 * MS);
+}
+
+/// Once its permit is due the service holds a permit whose moment has
+/// passed, which counts as used, as every reservation's does: dropped
+/// before `call`, it gives nothing back.
+#[tokio::test(flavor = "current_thread")]
+async fn a_service_dropped_once_its_permit_is_due_has_used_it() {
     let clock = FakeClock::new();
     let limiter = limiter(&clock);
     let layer = RateLimitLayer::new(Arc::clone(&limiter));
@@ -128,8 +177,7 @@ async fn a_service_dropped_between_poll_ready_and_call_gives_its_permit_back() {
     ready(&mut second).await.unwrap();
     assert_eq!(clock.now(), 100 * MS);
     drop(second);
-    // As if it had never reserved: a permit is free now.
-    assert_eq!(limiter.available_in().unwrap(), Duration::ZERO);
+    assert_eq!(limiter.available_in().unwrap(), 100 * MS);
 }
 
 #[tokio::test(flavor = "current_thread")]

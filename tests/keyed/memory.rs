@@ -137,3 +137,39 @@ fn idle_shards_sweep_with_several_limits() {
     assert_eq!(limiter.stats().keys, 1);
     assert_eq!(limiter.stats().dropped_unfinished, 0);
 }
+
+/// Keys of several limits are held as limits of their own, boxed: after a
+/// flood of them has gone idle, the shards drop them and give the memory
+/// back as they do for one limit's words.
+#[test]
+fn a_flood_of_idle_keys_of_several_limits_gives_its_memory_back() {
+    let clock = FakeClock::new();
+    let limiter = KeyedRateLimiter::<u64, _>::builder()
+        .limit(Limit::per_second(1e9))
+        .limit(Limit::per_minute(6e10))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let before = bytes_in_use();
+    for key in 0..50_000u64 {
+        limiter.reserve(&key, 1).unwrap();
+    }
+    let flooded = bytes_in_use() - before;
+    assert!(flooded > 50_000 * 64, "{flooded} bytes for 50 000 keys");
+    // Two sweep periods (a minute each) later, calls on a few keys, a
+    // second apart, sweep every shard.
+    clock.advance(Duration::from_secs(120));
+    for _ in 0..200 {
+        for key in 1_000_000..1_000_064u64 {
+            limiter.reserve(&key, 1).unwrap();
+        }
+        clock.advance(Duration::from_secs(1));
+    }
+    assert_eq!(limiter.len(), 64);
+    let after = (bytes_in_use() - before).max(0);
+    assert!(
+        after < 256 * 1024,
+        "{after} bytes still held for {} keys (the flood took {flooded})",
+        limiter.len()
+    );
+}

@@ -152,12 +152,7 @@ fn every_key_agrees_with_the_core() {
             let core = cores.entry(key).or_insert_with(|| {
                 let states = template
                     .iter()
-                    .map(|t| {
-                        let mut s = t.clone();
-                        s.stored_permits = s.max_permits;
-                        s.next_free_micros = now;
-                        s
-                    })
+                    .map(|t| State::full(t.policy().clone(), t.permits_per_second(), now).unwrap())
                     .collect();
                 Limits::new(states).unwrap()
             });

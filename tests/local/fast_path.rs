@@ -2,9 +2,9 @@
 //!
 //! * A differential test: random sequences of pauses (some very long),
 //!   reservations (some huge), tries with random and borderline timeouts and
-//!   rate changes (infinite and tiny rates included), applied both to a
-//!   `paceline::core::State` and to a `RateLimiter` on a `FakeClock`. Waits
-//!   must agree to the microsecond, refusals exactly.
+//!   rate changes (infinite and tiny rates included), applied both to the
+//!   core's `Limits` of one limit and to a `RateLimiter` on a `FakeClock`.
+//!   Waits must agree to the microsecond, refusals exactly.
 //! * Concurrency: threads on a frozen clock get distinct consecutive slots,
 //!   also while stored permits are spent and while the rate changes.
 //! * Nothing allocates when no wait is due.
@@ -17,7 +17,7 @@ use crate::support::alloc::allocations;
 use crate::support::rng::Rng;
 use paceline::RateLimiter;
 use paceline::clock::{Clock, FakeClock, Sleep, SystemClock};
-use paceline::core::{Bursty, MAX_MICROS, Policy, State, micros};
+use paceline::core::{Bursty, Limits, MAX_MICROS, Policy, State, micros};
 
 // ---------------------------------------------------------------------------
 // The differential test.
@@ -147,18 +147,19 @@ fn run_sequence(seed: u64, steps: usize, divergence: &mut Divergence) {
         .build()
         .unwrap();
     // As the builder creates it.
-    let mut core = State::new(
+    let state = State::new(
         Policy::Bursty(Bursty::new(burst)),
         rate,
         micros(clock.now()),
     )
     .unwrap();
+    let mut core = Limits::new(vec![state]).unwrap();
     let mut log = vec![format!("rate {rate}, burst {burst:?}")];
     for step in 0..steps {
         let pause = random_pause(&mut rng);
         clock.advance(pause);
         let now = micros(clock.now());
-        let debt = core.query_earliest_available().saturating_sub(now);
+        let debt = core.earliest(now).0 - now;
         let context = |log: &[String], what: &str| {
             format!(
                 "seed {seed:#x}, step {step}: {what}\n  history:\n    {}",
@@ -169,7 +170,7 @@ fn run_sequence(seed: u64, steps: usize, divergence: &mut Divergence) {
             0 => {
                 let rate = random_rate(&mut rng);
                 log.push(format!("+{pause:?} set_rate({rate})"));
-                core.set_rate(rate, now).unwrap();
+                core.set_rate(None, rate, now).unwrap();
                 limiter.set_rate(rate).unwrap();
                 assert_eq!(limiter.rate(), rate);
             }
@@ -178,7 +179,9 @@ fn run_sequence(seed: u64, steps: usize, divergence: &mut Divergence) {
                 let timeout = random_timeout(&mut rng, debt);
                 let limiter_debt = micros(limiter.available_in().unwrap());
                 let before = core.clone();
-                let expected = core.try_reserve(permits, now, micros(timeout));
+                let expected = core
+                    .try_reserve(permits, now, micros(timeout), false)
+                    .map(|granted| granted.wait_micros);
                 let got = limiter.try_reserve(permits, timeout).unwrap().map(micros);
                 log.push(format!(
                     "+{pause:?} try_reserve({permits}, {timeout:?}) at {now}: \
@@ -201,7 +204,7 @@ fn run_sequence(seed: u64, steps: usize, divergence: &mut Divergence) {
                         // Take the limiter's decision, so that both go on alike.
                         core = before;
                         if got.is_some() {
-                            core.reserve(permits, now);
+                            core.reserve(permits, now, false);
                         }
                     }
                 }
@@ -215,7 +218,7 @@ fn run_sequence(seed: u64, steps: usize, divergence: &mut Divergence) {
             }
             _ => {
                 let permits = random_permits(&mut rng);
-                let expected = core.reserve(permits, now);
+                let expected = core.reserve(permits, now, false).wait_micros;
                 let got = micros(limiter.reserve(permits).unwrap());
                 log.push(format!(
                     "+{pause:?} reserve({permits}) at {now}: core {expected}, limiter {got}"

@@ -1,7 +1,8 @@
 //! The local limiter: the algorithm's spec on a fake clock, bad input,
 //! cancel safety, concurrency, the trait, the lock-free word against the
 //! core, and a few smoke tests on the real clock. One test binary; each
-//! module is one former test file, its tests' names unchanged.
+//! module is one former test file, its tests' names unchanged (`give_back`
+//! holds the limiter's tests of the former `cancellation`).
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -16,6 +17,7 @@ mod concurrency;
 mod core_invariants;
 mod exactness;
 mod fast_path;
+mod give_back;
 mod limiter_trait;
 mod real_clock;
 mod set_rate;

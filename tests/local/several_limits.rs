@@ -173,10 +173,8 @@ fn the_limiter_agrees_with_the_core_step_by_step() {
             }
             let micros = micros as u64;
             let policy = Policy::Bursty(Bursty::new(Duration::from_micros(micros)));
-            let mut state = State::new(policy, per_second, 0).unwrap();
             // A limit starts full.
-            state.stored_permits = state.max_permits;
-            states.push(state);
+            states.push(State::full(policy, per_second, 0).unwrap());
         }
         let limiter = builder.build().unwrap();
         let mut core = Limits::new(states).unwrap();

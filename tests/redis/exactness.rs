@@ -158,9 +158,7 @@ struct Call {
 
 /// The missing-key reading: idle for a long time, i.e. full (or cold).
 fn missing_key(config: Config, rate: f64) -> State {
-    let mut core = State::new(config.policy(), rate, T0).expect("valid rate");
-    core.stored_permits = core.max_permits;
-    core
+    State::full(config.policy(), rate, T0).expect("valid rate")
 }
 
 /// The core's side of a run: `n` reservations of `permits`, the first
@@ -178,7 +176,7 @@ fn predict(
     let mut calls = Vec::with_capacity(n);
     for i in 0..n {
         let rate = if i < switch_at { rate } else { new_rate };
-        if core.permits_per_second != rate {
+        if core.permits_per_second() != rate {
             // The script's rate change, at the call that brings it.
             core.set_rate(rate, now).expect("valid rate");
         }
@@ -214,23 +212,28 @@ fn check_reply(call: &Call, value: &[u8]) -> Result<(), String> {
         stored.moment_micros - stored.last_now_micros,
         (call.moment - call.now) as f64,
     )?;
-    same("stored_permits", state.stored_permits, core.stored_permits)?;
+    same(
+        "stored_permits",
+        state.stored_permits,
+        core.stored_permits(),
+    )?;
     same(
         "next_free_micros",
         state.next_free_micros,
-        core.next_free_micros as f64,
+        core.next_free_micros() as f64,
     )?;
-    if state.next_free_fraction != core.next_free_fraction {
+    if state.next_free_fraction != core.next_free_fraction() {
         return Err(format!(
             "next_free_fraction: script {}, core {}",
-            state.next_free_fraction, core.next_free_fraction
+            state.next_free_fraction,
+            core.next_free_fraction()
         ));
     }
     same("last_now_micros", state.last_now_micros, call.now as f64)?;
     // Written whole (at a rate change): the rest of the value too.
     if value.starts_with(b"plv1") {
         same("permits_per_second", state.permits_per_second, call.rate)?;
-        same("max_permits", state.max_permits, core.max_permits)?;
+        same("max_permits", state.max_permits, core.max_permits())?;
         same("expires_micros", state.expires_micros, FAR_EXPIRY)?;
     }
     Ok(())
@@ -363,10 +366,10 @@ impl Fixture {
         // The missing-key reading, with a TTL end far ahead and no TTL.
         let start = missing_key(config, rates.0);
         let value = LimiterState {
-            stored_permits: start.stored_permits,
+            stored_permits: start.stored_permits(),
             next_free_micros: T0 as f64,
             permits_per_second: rates.0,
-            max_permits: start.max_permits,
+            max_permits: start.max_permits(),
             expires_micros: FAR_EXPIRY,
             last_now_micros: T0 as f64,
             next_free_fraction: 0,
@@ -383,18 +386,22 @@ impl Fixture {
         let state = LimiterState::read(&mut self.con, &key).expect("the key");
         let last = calls.last().expect("calls");
         let fields = [
-            ("stored_permits", state.stored_permits, core.stored_permits),
+            (
+                "stored_permits",
+                state.stored_permits,
+                core.stored_permits(),
+            ),
             (
                 "next_free_micros",
                 state.next_free_micros,
-                core.next_free_micros as f64,
+                core.next_free_micros() as f64,
             ),
             (
                 "permits_per_second",
                 state.permits_per_second,
-                core.permits_per_second,
+                core.permits_per_second(),
             ),
-            ("max_permits", state.max_permits, core.max_permits),
+            ("max_permits", state.max_permits, core.max_permits()),
             ("last_now_micros", state.last_now_micros, last.now as f64),
         ];
         for (name, script, core) in fields {
@@ -403,7 +410,8 @@ impl Fixture {
             }
         }
         assert_eq!(
-            state.next_free_fraction, core.next_free_fraction,
+            state.next_free_fraction,
+            core.next_free_fraction(),
             "{key}: final next_free_fraction"
         );
         let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut self.con).unwrap();
@@ -446,8 +454,8 @@ fn every_row(name: &str, config_of: impl Fn(f64, u32) -> Config) {
         let (state, calls) = fx.run(config, permits, (rate, rate, n), n);
         let first = &calls[0];
         let reserved = n as f64 * f64::from(permits);
-        let expected =
-            (reserved - first.after.max_permits).max(0.0) / rate * 1e6 + config.cold_start_micros();
+        let expected = (reserved - first.after.max_permits()).max(0.0) / rate * 1e6
+            + config.cold_start_micros();
         let what = format!("{name}, {permits} permits at {rate}/s");
         let error = check_schedule(&what, ticket_since(&state, first.moment), expected);
         worst = worst.max(error.abs());

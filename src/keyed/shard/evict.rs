@@ -1,11 +1,11 @@
 //! How a shard stays small: the sweeps that drop entries reading as full,
-//! the cap's batch of least recently used entries, and the ledgers no
-//! longer needed.
+//! the cap's batch of least recently used entries, and the memory given
+//! back after a flood.
 
 use super::*;
 
 /// The least time between two sweeps by time (µs); see [`Sweep`].
-pub(super) const SWEEP_MIN_PERIOD: u64 = 1_000_000;
+const SWEEP_MIN_PERIOD: u64 = 1_000_000;
 
 /// See [`SWEEP_MIN_PERIOD`].
 pub(super) const SWEEP_MIN_LEN: usize = 64;
@@ -32,24 +32,16 @@ pub(super) enum Sweep {
     Cap,
 }
 
-/// The least time between two sweeps by time, for keys of `template`.
-pub(super) fn sweep_period(template: &State) -> u64 {
-    template.refill_micros().max(SWEEP_MIN_PERIOD)
-}
-/// Whether `entry` reads as full at `now`, i.e. as a missing key does: its
-/// ticket has passed and idle time has refilled every stored permit (the
-/// core's own resync decides, to the bit). Dropping it then changes nothing
-/// a caller can see.
-pub(super) fn reads_as_full(template: &State, entry: &Entry, now: u64) -> bool {
-    // A ticket at `now` with a fraction still lies ahead.
-    if entry.next_free_micros > now
-        || (entry.next_free_micros == now && entry.next_free_fraction > 0)
-    {
-        return false;
-    }
-    let mut state = entry.state(template);
-    state.resync(now);
-    state.stored_permits.to_bits() == state.max_permits.to_bits()
+/// The least time between two sweeps by time, for keys of `template`: the
+/// longest refill period of its limits, and at least a second.
+pub(super) fn sweep_period(template: &Limits) -> u64 {
+    template
+        .states()
+        .iter()
+        .map(State::refill_micros)
+        .max()
+        .unwrap_or(0)
+        .max(SWEEP_MIN_PERIOD)
 }
 
 impl<K: Hash + Eq + Clone> Shard<K> {
@@ -69,11 +61,11 @@ impl<K: Hash + Eq + Clone> Shard<K> {
 }
 
 impl<K: Hash + Eq + Clone> Table<K> {
-    /// Drops the entries that read as full at `now` and were last used
-    /// before `before` (see [`Sweep`]), except those with a reservation that
-    /// may still wait, then the ledgers no longer needed (see
-    /// [`Waiting::needed`]), and gives memory back once the maps are mostly
-    /// empty.
+    /// Drops the entries that read as full at `now` (nothing logged, no
+    /// debt, every permit stored: as a key not held reads) and were last
+    /// used before `before` (see [`Sweep`]); holds as words again the
+    /// entries held as limits that can be words now; and gives memory back
+    /// once the maps are mostly empty.
     pub(super) fn sweep(&mut self, now: u64, kind: Sweep) {
         let before = match kind {
             Sweep::Time => {
@@ -83,39 +75,47 @@ impl<K: Hash + Eq + Clone> Table<K> {
             Sweep::Growth => self.last_sweep,
             Sweep::Cap => u64::MAX,
         };
-        let template = &self.template;
-        let ledgers = &self.ledgers;
-        // Even reading as full, a key whose give-backs may still move its
-        // state is kept with its ledger. (One whose reservations have all
-        // passed their moment goes: restoring the last one would leave it
-        // full too.)
-        let waits =
-            |key: &K| !ledgers.is_empty() && ledgers.get(key).is_some_and(|w| now < w.until);
-        if let Some(config) = &self.config {
-            self.words.retain(|key, cell| {
-                let word = *cell.get_mut();
-                !(word::last_use(word, config) < before
-                    && reads_as_full(template, &Entry::decoded(word, now, config), now)
-                    && !waits(key))
-            });
-        }
-        self.states.retain(|key, entry| {
-            !(entry.next_free_micros < before && reads_as_full(template, entry, now) && !waits(key))
+        let (mut settled, mut dropped) = (Vec::new(), Vec::new());
+        self.limits.retain(|key, entry| {
+            // What has passed leaves the log first (it can no longer be
+            // given back), so that a key whose waits are over can go.
+            entry.limits.expire(now);
+            if entry.limits.last_used() < before && entry.limits.reads_as_full(now) {
+                dropped.push(key.clone());
+                return false;
+            }
+            if entry.limits.log_is_empty() {
+                settled.push(key.clone());
+            }
+            true
         });
-        self.forget_ledgers(now);
+        if let Some(config) = &self.config {
+            let mut state = self.template.states()[0].clone();
+            self.words.retain(|_, cell| {
+                let word = *cell.get_mut();
+                if word == HELD_AS_LIMITS || word::last_use(word, config) >= before {
+                    return true;
+                }
+                word::decode_into(word, now, config, &mut state);
+                !state.reads_as_full(now)
+            });
+            for key in dropped {
+                self.words.remove(&key);
+            }
+        }
+        for key in settled {
+            self.settle(&key, now);
+        }
         self.sweep_len = (2 * self.len()).max(SWEEP_MIN_LEN);
         // After a flood of keys a map keeps its size: give the memory back
         // once it is mostly empty.
-        for (len, capacity) in [
-            (self.words.len(), self.words.capacity()),
-            (self.states.len(), self.states.capacity()),
-        ] {
-            if capacity > 4 * len.max(SWEEP_MIN_LEN) {
-                self.words.shrink_to(2 * self.words.len());
-                self.states.shrink_to(2 * self.states.len());
-                break;
-            }
+        if self.words.capacity() > 4 * self.words.len().max(SWEEP_MIN_LEN) {
+            self.words.shrink_to(2 * self.words.len());
         }
+        if self.limits.capacity() > 4 * self.limits.len().max(SWEEP_MIN_LEN) {
+            self.limits.shrink_to(2 * self.limits.len());
+        }
+        self.release_limits();
     }
 
     /// Makes room for one more entry: a sweep by growth when the shard has
@@ -144,75 +144,44 @@ impl<K: Hash + Eq + Clone> Table<K> {
             Some(config) => self
                 .words
                 .values_mut()
-                .map(|cell| word::last_use(*cell.get_mut(), config))
+                .map(|cell| *cell.get_mut())
+                .filter(|word| *word != HELD_AS_LIMITS)
+                .map(|word| word::last_use(word, config))
                 .collect(),
             None => Vec::new(),
         };
-        stamps.extend(self.states.values().map(|entry| entry.next_free_micros));
+        stamps.extend(self.limits.values().map(|entry| entry.limits.last_used()));
         let (_, cutoff, _) = stamps.select_nth_unstable(batch - 1);
         let cutoff = *cutoff;
         let mut left = batch;
+        let mut dropped = Vec::new();
+        self.limits.retain(|key, entry| {
+            if left > 0 && entry.limits.last_used() <= cutoff {
+                left -= 1;
+                dropped.push(key.clone());
+                false
+            } else {
+                true
+            }
+        });
         if let Some(config) = &self.config {
             self.words.retain(|_, cell| {
-                if left > 0 && word::last_use(*cell.get_mut(), config) <= cutoff {
+                let word = *cell.get_mut();
+                if left > 0 && word != HELD_AS_LIMITS && word::last_use(word, config) <= cutoff {
                     left -= 1;
                     false
                 } else {
                     true
                 }
             });
-        }
-        self.states.retain(|_, entry| {
-            if left > 0 && entry.next_free_micros <= cutoff {
-                left -= 1;
-                false
-            } else {
-                true
+            for key in dropped {
+                self.words.remove(&key);
             }
-        });
-        // The dropped keys' ledgers go with them.
-        self.forget_ledgers(now);
+        }
+        self.release_limits();
         Dropped {
             unfinished: (batch - left) as u64,
             latest: if left < batch { cutoff } else { 0 },
-        }
-    }
-
-    /// Drops the ledgers of the keys no longer held and those no longer
-    /// needed (see [`Waiting::needed`]), and gives the memory back once
-    /// the map is mostly empty.
-    pub(super) fn forget_ledgers(&mut self, now: u64) {
-        if self.ledgers.is_empty() {
-            return;
-        }
-        let (words, states, config) = (&self.words, &self.states, self.config.as_ref());
-        self.ledgers.retain(|key, waiting| {
-            held_entry(words, states, config, key, now)
-                .is_some_and(|entry| waiting.needed(&entry, now))
-        });
-        self.release_ledgers();
-    }
-
-    /// Drops the ledger of `key`.
-    pub(super) fn forget_ledger<Q>(&mut self, key: &Q)
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        self.ledgers.remove(key);
-        self.release_ledgers();
-    }
-
-    /// Gives the ledger map's memory back: all of it once no key has a
-    /// ledger, most of it once it is mostly empty.
-    pub(super) fn release_ledgers(&mut self) {
-        let (len, capacity) = (self.ledgers.len(), self.ledgers.capacity());
-        if len == 0 {
-            if capacity > 0 {
-                self.ledgers.shrink_to_fit();
-            }
-        } else if capacity > 4 * len.max(SWEEP_MIN_LEN) {
-            self.ledgers.shrink_to(2 * len);
         }
     }
 }

@@ -256,22 +256,12 @@ where
                 State::new(policy.clone(), local_rate(*rate, parts.local_fraction), 0)
             })
             .collect::<Result<Vec<State>, _>>()?;
-        let local = if limits.len() > 1 {
-            KeyedRateLimiter::from_limits(
-                local_states,
-                parts.clock,
-                Some(parts.max_local_keys),
-                Mode::Empty,
-            )
-        } else {
-            let state = local_states.into_iter().next().expect("one limit");
-            KeyedRateLimiter::from_parts(
-                state,
-                parts.clock,
-                Some(parts.max_local_keys),
-                Mode::Empty,
-            )
-        };
+        let local = KeyedRateLimiter::from_limits(
+            local_states,
+            parts.clock,
+            Some(parts.max_local_keys),
+            Mode::Empty,
+        );
         let script_args = ScriptArgs::new(&limits);
         let metrics = Metrics::named(Some(match &parts.naming {
             Naming::Single { key, .. } => key,

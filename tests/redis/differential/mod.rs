@@ -84,17 +84,17 @@ fn same_states(script: &[f64], core: &[paceline::core::State]) -> Result<(), Str
         same_bits(
             &format!("limit {i} stored"),
             fields[0],
-            state.stored_permits,
+            state.stored_permits(),
         )?;
         same_bits(
             &format!("limit {i} ticket"),
             fields[1],
-            state.next_free_micros as f64,
+            state.next_free_micros() as f64,
         )?;
         same_bits(
             &format!("limit {i} fraction"),
             fields[2],
-            f64::from(state.next_free_fraction),
+            f64::from(state.next_free_fraction()),
         )?;
     }
     Ok(())
@@ -106,12 +106,12 @@ fn same_rates(value: &Stored, core: &[paceline::core::State]) -> Result<(), Stri
         same_bits(
             &format!("limit {i} rate"),
             limit.permits_per_second,
-            state.permits_per_second,
+            state.permits_per_second(),
         )?;
         same_bits(
             &format!("limit {i} max"),
             limit.max_permits,
-            state.max_permits,
+            state.max_permits(),
         )?;
     }
     Ok(())

@@ -64,9 +64,7 @@ impl LimitConfig {
 
     /// The limit at `rate` as a missing key reads it at `now`: full.
     pub fn full(&self, rate: f64, now: u64) -> State {
-        let mut state = State::new(self.policy(), rate, now).expect("a valid rate");
-        state.stored_permits = state.max_permits;
-        state
+        State::full(self.policy(), rate, now).expect("a valid rate")
     }
 }
 
@@ -174,8 +172,8 @@ impl Model {
         let mut moment = now;
         let mut bound = -1;
         for (i, state) in states.iter().enumerate() {
-            if state.next_free_micros > moment {
-                moment = state.next_free_micros;
+            if state.next_free_micros() > moment {
+                moment = state.next_free_micros();
                 bound = i as i64;
             }
         }
@@ -197,7 +195,7 @@ impl Model {
             self.written = true;
         }
         for (i, &rate) in rates.iter().enumerate() {
-            if self.limits.states()[i].permits_per_second != rate {
+            if self.limits.states()[i].permits_per_second() != rate {
                 self.limits.set_rate(Some(i), rate, now).unwrap();
                 self.history.push(Op::SetRate {
                     limit: i,
@@ -283,7 +281,7 @@ impl Model {
             || states
                 .iter()
                 .zip(rates)
-                .any(|(s, &r)| s.permits_per_second != r)
+                .any(|(s, &r)| s.permits_per_second() != r)
         {
             return false;
         }
@@ -324,14 +322,14 @@ impl Model {
     pub fn ttl_after_write(&mut self, time: u64) -> Option<f64> {
         let mut need = 0.0;
         for (i, state) in self.limits.states().iter().enumerate() {
-            let cool_down = match &state.policy {
-                Policy::WarmingUp(w) if state.max_permits > 0.0 => {
-                    w.warmup_micros as f64 / state.max_permits
+            let cool_down = match &state.policy() {
+                Policy::WarmingUp(w) if state.max_permits() > 0.0 => {
+                    w.warmup_micros as f64 / state.max_permits()
                 }
-                _ => state.stable_interval_micros,
+                _ => state.stable_interval_micros(),
             };
-            let limit = (state.next_free_micros as f64 - time as f64) / 1000.0
-                + (state.max_permits - state.stored_permits) * cool_down / 1000.0;
+            let limit = (state.next_free_micros() as f64 - time as f64) / 1000.0
+                + (state.max_permits() - state.stored_permits()) * cool_down / 1000.0;
             if i == 0 || limit > need {
                 need = limit;
             }

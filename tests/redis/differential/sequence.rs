@@ -438,7 +438,7 @@ fn answer(
             // At the rates in force, as the next reservation finds them.
             let mut states = model.read(rates, now);
             for (state, &rate) in states.iter_mut().zip(rates) {
-                if state.permits_per_second != rate {
+                if state.permits_per_second() != rate {
                     state.set_rate(rate, now).unwrap();
                 }
             }

@@ -1,11 +1,19 @@
-//! A bursty limiter's whole state in one `u64`, and a reservation as one
-//! pure function from the old word to the new one.
+//! The lock-free fast path: [`Limits`] of one bursty limit with an empty
+//! log, its whole state in one `u64`, and a reservation as one pure
+//! function from the old word to the new one.
+//!
+//! Everything here is arithmetic over a word, `now`, the request and the
+//! generation's [`Config`]: no clock, no atomics, no I/O. The local limiter
+//! keeps the word in an atomic and writes a step's result with one
+//! compare-and-swap; a keyed limiter keeps one per key. A configuration,
+//! a state or a step the word cannot hold goes to the limits themselves,
+//! under a lock: *mutex mode*.
 //!
 //! # Why one number is enough
 //!
-//! The [core](crate::core) keeps two numbers, `stored_permits` and
-//! `next_free_micros`. For the bursty policy they can be folded into one: the
-//! *theoretical arrival time*
+//! A [`State`] keeps two numbers, `stored_permits` and `next_free_micros`.
+//! For the bursty policy they can be folded into one: the *theoretical
+//! arrival time*
 //!
 //! ```text
 //! tat = next_free_micros − stored_permits × interval
@@ -25,8 +33,12 @@
 //! which is every state the bursty core reaches from a monotonic clock, with
 //! one exception: leaving an infinite rate while a debt is still outstanding
 //! (the core then stores a full burst *behind* the debt). That state, and every
-//! configuration this word cannot hold, run on the core itself under the
-//! limiter's lock (*mutex mode*, below).
+//! configuration this word cannot hold, run on the limits themselves under
+//! the limiter's lock (mutex mode). With one limit, [`Limits`] is its
+//! [`State`] (every request goes at the limit's own moment), and with
+//! nothing logged there is nothing else to it: so the word is the whole of
+//! the limits, until a reservation that may be given back has to wait and
+//! is logged (mutex mode again, until the log is empty).
 //!
 //! # The word
 //!
@@ -47,7 +59,7 @@
 //!   `next_free_micros − base` in its integer bits and `next_free_fraction`
 //!   in its fractional bits, so every step from it repeats the core's
 //!   arithmetic operation for operation and agrees with it to the bit. The
-//!   payload `2^54 − 1` marks *mutex mode*: the state is the [`State`]
+//!   payload `2^54 − 1` marks *mutex mode*: the state is the [`Limits`]
 //!   behind the limiter's lock. A debt that reaches past the window (more
 //!   than about two hours ahead) is held in mutex mode until it is back
 //!   within it.
@@ -67,12 +79,11 @@
 //! fraction included. Stored permits are held as
 //! `tat` to 2^-20 µs instead of as the core's `f64` count, so after some
 //! stored permits were spent, a later wait may differ from the core's by a
-//! rounding: at most one microsecond (checked by a differential test against
-//! the core on random sequences).
+//! rounding: at most one microsecond (a differential test holds the word to
+//! [`Limits`] of one limit on random sequences: to the bit until it first
+//! holds stored permits, to the microsecond from then on).
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-
-use crate::core::{FINE_CHARGE_LIMIT_MICROS, FRACTION_BITS, MAX_MICROS, Policy, State};
+use super::{FINE_CHARGE_LIMIT_MICROS, FRACTION_BITS, Limits, MAX_MICROS, Policy, State};
 
 /// Where the generation starts.
 const GEN_SHIFT: u32 = 55;
@@ -185,58 +196,87 @@ fn fixed_now(now: u64, base: i64) -> Option<u64> {
     (relative < WINDOW).then_some(relative << FRAC_BITS)
 }
 
-/// A configuration slot, readable while another thread rewrites it (a reader
-/// that sees a torn slot has an outdated generation and fails its
-/// compare-and-swap).
-#[derive(Debug, Default)]
-pub(crate) struct Slot {
-    interval: AtomicU64,
-    max_permits: AtomicU64,
-    burst: AtomicU64,
-    base: AtomicU64,
-    unit_charge: AtomicU64,
-    ceiling: AtomicU64,
-}
-
-impl Slot {
-    /// Writes `config`; the caller publishes it by a release of the word.
-    pub(crate) fn store(&self, config: &Config) {
-        self.interval.store(config.interval.to_bits(), Relaxed);
-        self.max_permits
-            .store(config.max_permits.to_bits(), Relaxed);
-        self.burst.store(config.burst, Relaxed);
-        self.base.store(config.base as u64, Relaxed);
-        self.unit_charge.store(config.unit_charge, Relaxed);
-        self.ceiling.store(config.ceiling, Relaxed);
-    }
-
-    /// Reads the slot (after an acquire of the word).
-    #[inline(always)]
-    pub(crate) fn load(&self) -> Config {
-        Config {
-            interval: self.interval(),
-            max_permits: f64::from_bits(self.max_permits.load(Relaxed)),
-            burst: self.burst.load(Relaxed),
-            base: self.base.load(Relaxed) as i64,
-            unit_charge: self.unit_charge.load(Relaxed),
-            ceiling: self.ceiling.load(Relaxed),
-        }
-    }
-
-    #[inline(always)]
-    fn interval(&self) -> f64 {
-        f64::from_bits(self.interval.load(Relaxed))
-    }
+/// What a step reads of its generation's configuration: a [`Config`], or
+/// a place that keeps one where another thread may rewrite it (the local
+/// limiter's two slots, in atomics). A step reads each number only where it
+/// needs it, so that little lies between its load of the word and its
+/// compare-and-swap, and the common steps read three of them.
+pub(crate) trait Settings {
+    /// [`Config::base`].
+    fn base(&self) -> i64;
+    /// [`Config::burst`].
+    fn burst(&self) -> u64;
+    /// [`Config::ceiling`].
+    fn ceiling(&self) -> u64;
+    /// [`Config::unit_charge`].
+    fn unit_charge(&self) -> u64;
+    /// [`Config::interval`].
+    fn interval(&self) -> f64;
+    /// All of it, for the steps that need more.
+    fn config(&self) -> Config;
 
     /// What `permits` permits cost (fixed point), stored or fresh:
     /// precomputed for one.
     #[inline(always)]
     fn charge_for(&self, permits: u32) -> u64 {
         if permits == 1 {
-            self.unit_charge.load(Relaxed)
+            self.unit_charge()
         } else {
             charge(f64::from(permits) * self.interval())
         }
+    }
+}
+
+impl Settings for Config {
+    #[inline(always)]
+    fn base(&self) -> i64 {
+        self.base
+    }
+
+    #[inline(always)]
+    fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    #[inline(always)]
+    fn ceiling(&self) -> u64 {
+        self.ceiling
+    }
+
+    #[inline(always)]
+    fn unit_charge(&self) -> u64 {
+        self.unit_charge
+    }
+
+    #[inline(always)]
+    fn interval(&self) -> f64 {
+        self.interval
+    }
+
+    #[inline(always)]
+    fn config(&self) -> Config {
+        *self
+    }
+
+    /// As the default, but out of line for more than one permit: from plain
+    /// fields (unlike atomics) the compiler would compute both costs and
+    /// pick one, putting the arithmetic of many permits on the path of one.
+    #[inline(always)]
+    fn charge_for(&self, permits: u32) -> u64 {
+        if permits == 1 {
+            self.unit_charge
+        } else {
+            self.charge_many(permits)
+        }
+    }
+}
+
+impl Config {
+    /// What `permits` permits cost, for [`Settings::charge_for`].
+    #[cold]
+    #[inline(never)]
+    fn charge_many(&self, permits: u32) -> u64 {
+        charge(f64::from(permits) * self.interval)
     }
 }
 
@@ -253,14 +293,14 @@ fn charge(micros: f64) -> u64 {
     }
 }
 
-/// Which of the two slots a word's generation uses.
+/// Which of the two configurations (slots) a word's generation uses.
 #[inline]
 pub(crate) fn slot_index(word: u64) -> usize {
     ((word >> GEN_SHIFT) & 1) as usize
 }
 
 /// The generation after `word`'s, as the generation bits of a word.
-fn next_generation(word: u64) -> u64 {
+const fn next_generation(word: u64) -> u64 {
     (((word >> GEN_SHIFT) + 1) & GEN_MASK) << GEN_SHIFT
 }
 
@@ -341,16 +381,16 @@ impl Quick {
         charge: 0,
     };
 
-    /// Prepares the step for words of `word`'s generation.
+    /// Prepares the step for words of `word`'s generation, whose
+    /// configuration `settings` holds.
     #[inline(always)]
-    pub(crate) fn new(word: u64, now: u64, permits: u32, slots: &[Slot; 2]) -> Quick {
-        let slot = &slots[slot_index(word)];
-        let fixed_now = fixed_now(now, slot.base.load(Relaxed) as i64).unwrap_or(0);
+    pub(crate) fn new(word: u64, now: u64, permits: u32, settings: &impl Settings) -> Quick {
+        let fixed_now = fixed_now(now, settings.base()).unwrap_or(0);
         Quick {
             tag: (word & !PAYLOAD) | STORED,
             fixed_now,
-            full: fixed_now.saturating_sub(slot.burst.load(Relaxed)),
-            charge: slot.charge_for(permits),
+            full: fixed_now.saturating_sub(settings.burst()),
+            charge: settings.charge_for(permits),
         }
     }
 
@@ -369,13 +409,19 @@ impl Quick {
 
 /// One reservation of `permits` at `now` that waits at most `timeout` µs
 /// (`u64::MAX`: a plain reservation), from `word` and its generation's
-/// configuration. Pure: the caller writes the result with a compare-and-swap.
+/// configuration, `settings`. Pure: the caller writes the result with a
+/// compare-and-swap.
 #[inline(always)]
-pub(crate) fn step(word: u64, now: u64, permits: u32, timeout: u64, slots: &[Slot; 2]) -> Step {
+pub(crate) fn step(
+    word: u64,
+    now: u64,
+    permits: u32,
+    timeout: u64,
+    settings: &impl Settings,
+) -> Step {
     let generation = word & !(STORED | PAYLOAD);
     let payload = word & PAYLOAD;
-    let slot = &slots[slot_index(word)];
-    let Some(fixed_now) = fixed_now(now, slot.base.load(Relaxed) as i64) else {
+    let Some(fixed_now) = fixed_now(now, settings.base()) else {
         return Step::Slow; // rebase (or mutex mode)
     };
     if word & STORED == 0 {
@@ -391,8 +437,8 @@ pub(crate) fn step(word: u64, now: u64, permits: u32, timeout: u64, slots: &[Slo
         if next_free >= now {
             // Nothing stored and no resync: every permit is fresh
             // (`State::charge`, fraction and all).
-            let pushed = payload + slot.charge_for(permits);
-            if pushed > slot.ceiling.load(Relaxed) {
+            let pushed = payload + settings.charge_for(permits);
+            if pushed > settings.ceiling() {
                 return Step::Slow; // the debt leaves the window, or saturates
             }
             return Step::Granted {
@@ -401,14 +447,14 @@ pub(crate) fn step(word: u64, now: u64, permits: u32, timeout: u64, slots: &[Slo
             };
         }
         // `State::resync` from zero stored permits.
-        let config = slot.load();
+        let config = settings.config();
         let idle = (now - next_free) as f64 - (payload & FRAC_MASK) as f64 / SCALE;
         let stored = (idle / config.interval).min(config.max_permits);
         return spend(generation, fixed_now, stored, permits, &config);
     }
     // Resync (at most a full burst is stored before now), then charge.
-    let full = fixed_now.saturating_sub(slot.burst.load(Relaxed));
-    let tat = payload.max(full) + slot.charge_for(permits);
+    let full = fixed_now.saturating_sub(settings.burst());
+    let tat = payload.max(full) + settings.charge_for(permits);
     if tat < fixed_now {
         // The common case of an under-used limiter: stored permits remain.
         return Step::Granted {
@@ -419,7 +465,7 @@ pub(crate) fn step(word: u64, now: u64, permits: u32, timeout: u64, slots: &[Slo
     if payload >= fixed_now {
         return Step::Slow; // written by a caller with a later clock reading
     }
-    let config = slot.load();
+    let config = settings.config();
     spend(
         generation,
         fixed_now,
@@ -473,132 +519,14 @@ fn permits_in(stored: u64, config: &Config) -> f64 {
     }
 }
 
-/// The core's state that `word` stands for at `now`, resynced if permits
-/// are stored. Not for mutex mode. Never panics, whatever the slot holds.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Decoded {
-    /// `stored_permits`.
-    pub(crate) stored: f64,
-    /// `next_free_micros`.
-    pub(crate) next_free: u64,
-    /// `next_free_fraction`.
-    pub(crate) fraction: u32,
-}
-
-/// See [`Decoded`].
-pub(crate) fn decode(word: u64, now: u64, config: &Config) -> Decoded {
-    let payload = word & PAYLOAD;
-    // A payload as a time: base + its whole µs, and its fraction.
-    let ticket = || {
-        let whole = i128::from(config.base) + i128::from(payload >> FRAC_BITS);
-        if whole < 0 {
-            return (0, 0); // never written: tickets are encoded from 0 up
-        }
-        match u64::try_from(whole) {
-            Ok(whole) if whole < MAX_MICROS => (whole, (payload & FRAC_MASK) as u32),
-            _ => (MAX_MICROS, 0),
-        }
-    };
-    if word & STORED == 0 {
-        let (next_free, fraction) = ticket();
-        return Decoded {
-            stored: 0.0,
-            next_free,
-            fraction,
-        };
-    }
-    // tat = base + payload / SCALE; stored time at now = now − tat.
-    let fixed_now = (i128::from(now) - i128::from(config.base)) << FRAC_BITS;
-    let stored = fixed_now - i128::from(payload);
-    if stored <= 0 {
-        // Written with a later clock reading than `now`: nothing stored yet
-        // at `now`, and the ticket is `tat`.
-        let (next_free, fraction) = ticket();
-        return Decoded {
-            stored: 0.0,
-            next_free,
-            fraction,
-        };
-    }
-    let stored = u64::try_from(stored).unwrap_or(u64::MAX);
-    Decoded {
-        stored: permits_in(stored, config),
-        next_free: now,
-        fraction: 0,
-    }
-}
-
-/// What [`encode`] made of a state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Encoded {
-    /// The state, as a word of the same generation.
-    Word(u64),
-    /// Needs a configuration with a base nearer `now`.
-    Rebase,
-    /// Permits stored behind a debt: only mutex mode can hold it.
-    Mutex,
-}
-
-/// The word of generation `generation` (the bits of a word) for the core's
-/// state at `now`, under `config`.
-pub(crate) fn encode(generation: u64, state: &State, now: u64, config: &Config) -> Encoded {
-    let generation = generation & !(STORED | PAYLOAD);
-    let stored = state.stored_permits;
-    let Some(fixed_now) = config.fixed_now(now) else {
-        return Encoded::Rebase;
-    };
-    // The ticket in fixed point from the base.
-    let ticket = ((i128::from(state.next_free_micros) - i128::from(config.base)) << FRAC_BITS)
-        + i128::from(state.next_free_fraction);
-    // NaN never occurs; it would read as nothing stored.
-    let stored_time = if stored.is_nan() || stored <= 0.0 {
-        0
-    } else {
-        fixed(stored * config.interval)
-    };
-    if stored_time == 0 {
-        if ticket > i128::from(config.ceiling) {
-            return Encoded::Rebase; // or mutex mode, if it is far ahead
-        }
-        // A ticket before the base has been idle for more than a full
-        // burst: it reads as full from there as from anywhere earlier.
-        return Encoded::Word(generation | ticket.max(0) as u64);
-    }
-    if state.next_free_micros > now {
-        return Encoded::Mutex;
-    }
-    // tat = ticket − stored time, clamped to at most a full burst before
-    // now (which is what the next resync would do anyway).
-    let tat =
-        (ticket - i128::from(stored_time)).max(i128::from(fixed_now) - i128::from(config.burst));
-    if tat < 0 {
-        return Encoded::Rebase;
-    }
-    Encoded::Word(generation | STORED | tat as u64)
-}
-
 /// Mutex mode in the generation after `word`'s: the state is the locked
 /// core's, whatever it is.
-pub(crate) fn mutex_mode(word: u64) -> u64 {
+pub(crate) const fn mutex_mode(word: u64) -> u64 {
     next_generation(word) | MUTEX
 }
 
-/// The word that publishes `state` at `now` in the generation after
-/// `word`'s: a fresh configuration (written into its slot) and the state
-/// encoded under it, or mutex mode when the word cannot hold them.
-pub(crate) fn republish(word: u64, state: &State, now: u64, slots: &[Slot; 2]) -> u64 {
-    let generation = next_generation(word);
-    if let Some(config) = Config::new(state, now) {
-        // A fresh base puts `now` mid-window and the burst fits in the half
-        // before it, so what fails is a debt that reaches past the window,
-        // or permits stored behind a debt: mutex mode.
-        if let Encoded::Word(new) = encode(generation, state, now, &config) {
-            slots[slot_index(new)].store(&config);
-            return new;
-        }
-    }
-    generation | MUTEX
-}
+mod codec;
+pub(crate) use codec::{Encoded, decode, decode_into, encode, publish};
 
 #[cfg(test)]
 mod tests;

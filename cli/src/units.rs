@@ -45,7 +45,13 @@ pub fn parse_rate(text: &str, bytes: bool) -> Result<Rate, String> {
             .parse::<f64>()
             .map_err(|_| bad("not a number"))?
     };
-    if !(permits.is_finite() && permits > 0.0) {
+    if permits.is_nan() {
+        return Err(bad("not a number"));
+    }
+    if permits == f64::INFINITY {
+        return Err(bad("too large: it reads as infinite"));
+    }
+    if permits <= 0.0 {
         return Err(bad("it must be more than zero"));
     }
     Ok(Rate { permits, period })
@@ -69,6 +75,21 @@ fn parse_size(text: &str) -> Option<f64> {
     .find_map(|(suffix, factor)| text.strip_suffix(suffix).map(|n| (n, *factor)))
     .unwrap_or((text, 1.0));
     Some(number.trim().parse::<f64>().ok()? * factor)
+}
+
+/// `64MiB`, `1GiB`, `100000`: the most bytes a record may hold, at least
+/// one.
+pub fn parse_record_size(text: &str) -> Result<usize, String> {
+    let bad = |why: &str| format!("bad size {text:?}: {why} (write it as 64MiB, 1GiB or 100000)");
+    let size = parse_size(text.trim()).ok_or_else(|| bad("not a size"))?;
+    if size.is_nan() || size < 1.0 {
+        return Err(bad("it must be at least one byte"));
+    }
+    // Past this, no machine holds the record anyway.
+    if size > (1u64 << 48) as f64 {
+        return Err(bad("it must be at most 256TiB"));
+    }
+    Ok(size as usize)
 }
 
 /// `250ms`, `2s`, `1.5s`, `3min`, `1h`, `500us`: a duration.
@@ -126,6 +147,18 @@ mod tests {
             assert!(parse_rate(bad, false).is_err(), "{bad}");
         }
         assert!(parse_rate("5XB/s", true).is_err());
+        for (bad, says) in [
+            ("1e309/s", "too large"),
+            ("inf/s", "too large"),
+            ("-inf/s", "more than zero"),
+            ("0/s", "more than zero"),
+            ("NaN/s", "not a number"),
+        ] {
+            let error = parse_rate(bad, false).unwrap_err();
+            assert!(error.contains(says), "{bad}: {error}");
+        }
+        let error = parse_rate("1e308GiB/s", true).unwrap_err();
+        assert!(error.contains("too large"), "{error}");
     }
 
     #[test]

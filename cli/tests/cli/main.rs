@@ -4,10 +4,18 @@
 //! arguments refused with a clear message and exit status, and two
 //! processes sharing one rate through a private redis-server, surviving
 //! its death on their fallbacks.
-#![cfg(feature = "cli")]
 
-#[path = "../support/mod.rs"]
-mod support;
+#[allow(dead_code)]
+#[path = "../../../tests/support/redis_server.rs"]
+mod redis_server;
+
+mod burst;
+mod commands;
+mod keys;
+mod late;
+mod records;
+mod signals;
+mod unreachable;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Output, Stdio};
@@ -62,6 +70,11 @@ fn timed_lines(child: &mut Child, start: Instant) -> Vec<(Duration, String)> {
         .collect()
 }
 
+/// A path for this test process's file `name` in the temporary directory.
+fn temp_path(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("paceline-cli-{}-{name}", std::process::id()))
+}
+
 fn lines(n: usize) -> String {
     (1..=n).map(|i| format!("line {i}\n")).collect()
 }
@@ -76,18 +89,23 @@ fn fifty_lines_at_twenty_a_second_arrive_fifty_ms_apart_unchanged() {
     assert!(child.wait().unwrap().success());
     let text: String = got.iter().map(|(_, l)| format!("{l}\n")).collect();
     assert_eq!(text, input);
-    // 49 intervals of 50 ms, on a schedule that does not drift: 2.45 s.
+    // 49 intervals of 50 ms, on a schedule that does not drift: 2.45 s
+    // (the bound above it is loose, for a loaded machine).
     let span = got[49].0 - got[0].0;
     assert!(
-        span >= Duration::from_millis(2_400) && span <= Duration::from_millis(2_550),
+        span >= Duration::from_millis(2_400) && span <= Duration::from_millis(3_000),
         "50 lines took {span:?}"
     );
+    // Exact spacing: no burst at the start, and lines apart all along
+    // but for the odd pair a loaded machine (paceline woken late, or this
+    // reader) sees together.
     let gaps: Vec<Duration> = got.windows(2).map(|w| w[1].0 - w[0].0).collect();
-    let min = gaps.iter().min().unwrap();
-    assert!(
-        *min >= Duration::from_millis(30),
-        "a gap of {min:?}: {gaps:?}"
-    );
+    let early = got
+        .iter()
+        .filter(|(t, _)| *t - got[0].0 < Duration::from_millis(120));
+    assert!(early.count() <= 3, "a burst at the start: {gaps:?}");
+    let close = gaps.iter().filter(|gap| **gap < Duration::from_millis(30));
+    assert!(close.count() <= 3, "lines together: {gaps:?}");
 }
 
 #[test]
@@ -100,9 +118,9 @@ fn bytes_go_at_a_mebibyte_a_second_unchanged() {
     assert!(output.status.success(), "{output:?}");
     assert!(output.stdout == input, "the bytes changed");
     // Half a mebibyte at 1 MiB/s: 0.5 s (less the first millisecond's
-    // worth, which goes at once).
+    // worth, which goes at once); loosely above, for a loaded machine.
     assert!(
-        took >= Duration::from_millis(480) && took <= Duration::from_millis(650),
+        took >= Duration::from_millis(480) && took <= Duration::from_millis(1_500),
         "took {took:?}"
     );
 }
@@ -120,7 +138,7 @@ fn two_keys_are_paced_apart() {
     assert_eq!(got.len(), 10);
     let last = got.last().unwrap().0;
     assert!(
-        last >= Duration::from_millis(380) && last <= Duration::from_millis(600),
+        last >= Duration::from_millis(380) && last <= Duration::from_millis(800),
         "the last line came after {last:?}"
     );
     // Each key's own lines in order, 100 ms apart.
@@ -164,6 +182,8 @@ fn late_records_are_dropped_and_counted_or_fail() {
     );
     assert_eq!(failed.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&failed.stderr).contains("--max-wait"));
+    // The three granted before the late one went out first.
+    assert_eq!(String::from_utf8(failed.stdout).unwrap(), lines(3));
 }
 
 #[test]
@@ -203,13 +223,30 @@ fn a_command_runs_once_per_record_with_jobs_at_once() {
 fn bad_arguments_are_refused_clearly() {
     for (args, says) in [
         (&["0/s"][..], "must be more than zero"),
+        (&["1e309/s"][..], "too large: it reads as infinite"),
+        (&["--bytes", "1e309MiB/s"][..], "too large"),
         (&["ten/s"][..], "not a number"),
         (&["10/fortnight"][..], "the period must be"),
         (&["--bytes", "5XB/s"][..], "not a size"),
+        (
+            &["--bytes", "5KB/s", "--max-wait", "1s"][..],
+            "no --max-wait",
+        ),
+        (&["--bytes", "5KB/s", "--key", "1"][..], "no --key"),
         (&["10/s", "--max-wait", "soon"][..], "bad duration"),
         (&["10/s", "--key", "0"][..], "count from 1"),
         (&["10/s", "--key-regex", "("][..], "bad --key-regex"),
         (&["10/s", "-j", "0"][..], "-j must be at least 1"),
+        (
+            &[
+                "10/s",
+                "--redis",
+                "redis://127.0.0.1:1/",
+                "--local-fraction",
+                "NaN",
+            ][..],
+            "--local-fraction is a share",
+        ),
     ] {
         let output = run(args, b"");
         assert_eq!(output.status.code(), Some(2), "{args:?}: {output:?}");
@@ -218,8 +255,17 @@ fn bad_arguments_are_refused_clearly() {
     }
     let output = run(&[], b"");
     assert_eq!(output.status.code(), Some(2));
-    // An unreachable Redis: exit status 4, and where.
-    let output = run(&["10/s", "--redis", "redis://127.0.0.1:1/"], b"x\n");
+    // An unreachable Redis with --on-down closed: exit status 4, and where.
+    let output = run(
+        &[
+            "10/s",
+            "--redis",
+            "redis://127.0.0.1:1/",
+            "--on-down",
+            "closed",
+        ],
+        b"x\n",
+    );
     assert_eq!(output.status.code(), Some(4), "{output:?}");
     assert!(
         String::from_utf8_lossy(&output.stderr)
@@ -302,7 +348,7 @@ fn a_reader_that_goes_away_ends_the_run_quietly() {
 #[test]
 fn two_processes_share_one_rate_through_redis() {
     let _one = one_at_a_time();
-    let server = support::redis_server::RedisServer::start();
+    let server = redis_server::RedisServer::start();
     let url = server.url();
     let args = ["20/s", "--redis", url.as_str(), "--name", "shared"];
     let start = Instant::now();
@@ -314,10 +360,11 @@ fn two_processes_share_one_rate_through_redis() {
         assert_eq!(got.len(), 50);
         ends.push(got.last().unwrap().0);
     }
-    // 100 permits 50 ms apart: the last goes 4.95 s after the first.
+    // 100 permits 50 ms apart: the last goes 4.95 s after the first (50
+    // each, not shared, would take 2.45 s).
     let last = *ends.iter().max().unwrap();
     assert!(
-        last >= Duration::from_millis(4_700) && last <= Duration::from_millis(5_250),
+        last >= Duration::from_millis(4_700) && last <= Duration::from_millis(6_500),
         "100 lines took {last:?}"
     );
 }
@@ -326,7 +373,7 @@ fn two_processes_share_one_rate_through_redis() {
 #[test]
 fn both_processes_go_on_when_redis_dies() {
     let _one = one_at_a_time();
-    let mut server = support::redis_server::RedisServer::start();
+    let mut server = redis_server::RedisServer::start();
     let url = server.url();
     let args = [
         "20/s",
@@ -346,4 +393,18 @@ fn both_processes_go_on_when_redis_dies() {
         assert!(status.success(), "{status:?}");
         assert_eq!(got.len(), 30, "every line came out");
     }
+}
+
+/// `--help` lists every exit status.
+#[test]
+fn help_lists_every_exit_status() {
+    let output = run(&["--help"], b"");
+    assert!(output.status.success());
+    let help = String::from_utf8(output.stdout).unwrap();
+    let table = &help[help.find("Exit status:").expect("the table")..];
+    for status in 0..=6 {
+        let line = format!("\n  {status}    ");
+        assert!(table.contains(&line), "no status {status}: {table}");
+    }
+    assert!(table.contains("130") && table.contains("143"), "{table}");
 }

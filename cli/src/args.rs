@@ -1,0 +1,285 @@
+//! The command line's arguments: what clap reads, what it cannot check,
+//! and why a run stops, as an exit status.
+
+use std::io;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use paceline::Error;
+
+use crate::limiter::limits;
+use crate::units::{parse_duration, parse_record_size};
+
+const EXAMPLES: &str = "\
+Examples:
+  seq 100 | paceline 10/s                     ten lines a second, exactly 100 ms apart
+  paceline 2/s --burst 5 < urls.txt           5 at once after a pause, then 2/s
+  paceline 10/s --limit 1000/h < jobs         10/s, and at most 1 000 in any hour
+  paceline --bytes 1MiB/s < big.iso > copy    1 MiB/s of bytes
+  paceline 5/s --key 1 < access.log           5 lines/s per value of the first field
+  paceline 20/s --max-wait 2s < events        drop what would wait more than 2 s
+  paceline 3/s -j 4 --timeout 1min -- curl -sO {} < urls
+                                              a command per line, 3 starts/s, 4 at once,
+                                              each killed after a minute
+  paceline 20/s --redis redis://host/ --name crawler < urls
+                                              one rate shared by every paceline of that name
+
+Bytes go through unchanged in every mode: to stdout, in place of {} and to
+a command's stdin. Each record is held whole until its moment (at most
+--max-record).
+
+A command that fails (exits non-zero, is killed, cannot start, or runs
+past --timeout) is named on stderr with its record's number, counted, and
+not retried; every other record still gets its command, and the exit
+status is 1.
+
+SIGINT or SIGTERM: nothing more is read; the records whose moment has come
+are out, those still waiting are not written; no command starts, those
+running are waited for; the summary is printed; then paceline ends by the
+same signal (a shell reports 130 or 143). A second signal ends it at once.
+
+Exit status:
+  0    done
+  1    a command failed or ran past --timeout (every other record's ran)
+  2    bad arguments
+  3    a record was late with --on-late fail
+  4    the limiter failed (Redis unreachable or down, with --on-down closed)
+  5    reading or writing failed
+  6    a record was longer than --max-record
+  130  ended by SIGINT, 143 by SIGTERM (see above)
+A late record, a record too long, a failed limiter or a failed read
+stops the reading only: the records granted before it still go out, each
+at its moment (their commands run), and none after. Statuses 3 to 6 win
+over 1.";
+
+/// Paces stdin to stdout (or a command per record) at a rate: exact
+/// spacing, bursts and warm-up, per key, across machines through Redis.
+#[derive(Parser, Debug)]
+#[command(name = "paceline", version, after_help = EXAMPLES)]
+pub(crate) struct Args {
+    /// The rate: 10/s, 600/min, 1000/h, 5/day (with --bytes, 5MiB/s). A
+    /// second rate is another limit every record must also satisfy, as
+    /// --limit.
+    #[arg(value_name = "RATE", required = true, num_args = 1..)]
+    pub(crate) rates: Vec<String>,
+
+    /// Another limit every record must also satisfy. Limits after the
+    /// first are quotas: each lets its whole period's worth go at once.
+    #[arg(long = "limit", value_name = "RATE")]
+    pub(crate) limits: Vec<String>,
+
+    /// Pace bytes instead of records (the rate in bytes: 5MiB/s, 100KB/s).
+    #[arg(long)]
+    pub(crate) bytes: bool,
+
+    /// Records end with NUL instead of newline.
+    #[arg(short = '0', long = "null")]
+    pub(crate) null: bool,
+
+    /// How many records (bytes, with --bytes) may go at once after an idle
+    /// spell: N at once, the next one interval after the first. At least 1;
+    /// default 1: exact spacing.
+    #[arg(long, value_name = "N")]
+    pub(crate) burst: Option<u64>,
+
+    /// Start slow after an idle spell and reach the rate over this long
+    /// (250ms, 2s, 1min) instead of a burst.
+    #[arg(long, value_name = "D", value_parser = parse_duration, conflicts_with = "burst")]
+    pub(crate) warmup: Option<Duration>,
+
+    /// Pace each key separately: the key is whitespace field FIELD of the
+    /// record (from 1), none the empty key. Keys are bytes: two that differ
+    /// in any byte are paced apart. Through Redis a key is named by its
+    /// text: UTF-8 as it is but `\` written `\\`, every other byte `\xNN`.
+    #[arg(long, value_name = "FIELD", conflicts_with = "key_regex")]
+    pub(crate) key: Option<usize>,
+
+    /// Pace each key separately: the key is the first group REGEX captures
+    /// in the record (or its whole match), no match the empty key; bytes,
+    /// as with --key. REGEX runs on the record's bytes: its `.`, `\S` and
+    /// `[^...]` match whole UTF-8 characters, `(?-u:.)` and `(?-u:\S)`
+    /// any byte.
+    #[arg(long, value_name = "REGEX")]
+    pub(crate) key_regex: Option<String>,
+
+    /// The most keys held at once (least recently used first out).
+    #[arg(long, value_name = "N", default_value_t = 100_000)]
+    pub(crate) max_keys: usize,
+
+    /// A record that would wait longer than this is late (see --on-late).
+    #[arg(long, value_name = "D", value_parser = parse_duration)]
+    pub(crate) max_wait: Option<Duration>,
+
+    /// What to do with a late record: drop it (counted), or fail (exit
+    /// status 3, once the records before it are out).
+    #[arg(long, value_enum, value_name = "WHAT", default_value_t = OnLate::Drop)]
+    pub(crate) on_late: OnLate,
+
+    /// Run up to N commands at once (with -- CMD).
+    #[arg(short = 'j', long, value_name = "N", default_value_t = 1)]
+    pub(crate) jobs: usize,
+
+    /// Kill a command still running D after it started (250ms, 30s,
+    /// 5min) and count it as failed, as a command that exits non-zero:
+    /// exit status 1 at the end. Default: no bound.
+    #[arg(long, value_name = "D", value_parser = parse_duration)]
+    pub(crate) timeout: Option<Duration>,
+
+    /// Share the rate through Redis at URL (redis://host:6379/) with every
+    /// paceline and library user of the same --name.
+    #[arg(long, value_name = "URL")]
+    pub(crate) redis: Option<String>,
+
+    /// The shared limiter's name in Redis.
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "paceline-cli",
+        requires = "redis"
+    )]
+    pub(crate) name: String,
+
+    /// While Redis is down, from the start too: pace on a limiter of this
+    /// process's own (local), let everything through (open), or fail with
+    /// exit status 4 (closed: it does not start without Redis).
+    #[arg(long, value_enum, value_name = "WHAT", default_value_t = OnDown::Local, requires = "redis")]
+    pub(crate) on_down: OnDown,
+
+    /// The share of the rate this process may use on its own while Redis
+    /// is down (1/N when N processes share it).
+    #[arg(long, value_name = "F", default_value_t = 1.0, requires = "redis")]
+    pub(crate) local_fraction: f64,
+
+    /// The longest record, its separator not counted (64MiB, 1GiB,
+    /// 100000): each is held whole until its moment. A longer one ends the
+    /// run with exit status 6: the records before it are written (each at
+    /// its moment), nothing of it is. Not with --bytes, which holds none.
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_record_size)]
+    pub(crate) max_record: usize,
+
+    /// Print a JSON summary to stderr at the end.
+    #[arg(long)]
+    pub(crate) json: bool,
+
+    /// No progress line, even on a terminal.
+    #[arg(short, long)]
+    pub(crate) quiet: bool,
+
+    /// Run CMD for each record instead of printing it: `{}` in its
+    /// arguments is the record; with no `{}`, the record is its stdin.
+    #[arg(last = true, value_name = "CMD")]
+    pub(crate) command: Vec<std::ffi::OsString>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OnLate {
+    Drop,
+    Fail,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OnDown {
+    Local,
+    Open,
+    Closed,
+}
+
+/// Why the run stopped early, as an exit status.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    Usage(String),
+    /// A record (this one, counted from 1 as read) would have waited
+    /// more than `--max-wait`, with `--on-late fail`.
+    Late(u64),
+    Limiter(String),
+    Io(io::Error),
+    /// A record longer than `--max-record` (this many bytes).
+    TooLong(usize),
+    /// SIGINT or SIGTERM (this one) was caught.
+    Signal(i32),
+}
+
+impl Failure {
+    pub(crate) fn code(&self) -> u8 {
+        match self {
+            Failure::Usage(_) => 2,
+            Failure::Late(_) => 3,
+            Failure::Limiter(_) => 4,
+            Failure::Io(_) => 5,
+            Failure::TooLong(_) => 6,
+            Failure::Signal(signal) => (128 + signal).clamp(0, 255) as u8,
+        }
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Self {
+        Failure::Limiter(error.to_string())
+    }
+}
+
+impl From<io::Error> for Failure {
+    fn from(error: io::Error) -> Self {
+        Failure::Io(error)
+    }
+}
+
+/// Checks what clap cannot: the arguments that depend on each other.
+pub(crate) fn validate(args: &Args) -> Result<(), Failure> {
+    if args.key == Some(0) {
+        return Err(Failure::Usage("--key fields count from 1".to_owned()));
+    }
+    if args.burst == Some(0) {
+        return Err(Failure::Usage(
+            "--burst counts the records (bytes, with --bytes) that may go at once: at least 1 \
+             (1, the default, is exact spacing)"
+                .to_owned(),
+        ));
+    }
+    if args.jobs == 0 {
+        return Err(Failure::Usage("-j must be at least 1".to_owned()));
+    }
+    // Checked before Redis is reached, not after.
+    if !(args.local_fraction > 0.0 && args.local_fraction <= 1.0) {
+        return Err(Failure::Usage(format!(
+            "--local-fraction is a share of the rate: more than 0 and at most 1 (got {})",
+            args.local_fraction
+        )));
+    }
+    if args.max_keys == 0 {
+        return Err(Failure::Usage("--max-keys must be at least 1".to_owned()));
+    }
+    let keyed = args.key.is_some() || args.key_regex.is_some();
+    // A byte stream has no records to key, run or drop: a late part of it
+    // could only be cut out of the middle.
+    if args.bytes && (keyed || !args.command.is_empty() || args.max_wait.is_some()) {
+        return Err(Failure::Usage(
+            "--bytes paces a byte stream: it takes no --key, no --max-wait and no command"
+                .to_owned(),
+        ));
+    }
+    if args.timeout.is_some() && args.command.is_empty() {
+        return Err(Failure::Usage(
+            "--timeout bounds each command: it needs one (-- CMD)".to_owned(),
+        ));
+    }
+    if args.timeout.is_some_and(|timeout| timeout.is_zero()) {
+        return Err(Failure::Usage(
+            "--timeout must be more than zero".to_owned(),
+        ));
+    }
+    if let Some(regex) = &args.key_regex {
+        regex::bytes::Regex::new(regex)
+            .map_err(|e| Failure::Usage(format!("bad --key-regex: {e}")))?;
+    }
+    limits(args).map(|_| ())
+}
+
+/// Whether records are simply copied, in order: no key, no bound on the
+/// wait, no command.
+pub(crate) fn plain(args: &Args) -> bool {
+    args.key.is_none()
+        && args.key_regex.is_none()
+        && args.max_wait.is_none()
+        && args.command.is_empty()
+}

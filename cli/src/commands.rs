@@ -1,0 +1,188 @@
+//! A command per record (`-- CMD`), at most `-j` at once, each killed past
+//! `--timeout`. The record goes to it unchanged: in place of each `{}` in
+//! its arguments, or as its stdin when none has `{}`.
+
+use std::ffi::{OsStr, OsString};
+use std::process::Stdio;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::task::JoinSet;
+
+use crate::args::Args;
+use crate::progress::Counts;
+use crate::read::trim;
+use crate::signals;
+
+/// The commands run per record, at most `jobs` at once.
+pub(crate) struct Commands {
+    program: OsString,
+    args: Vec<OsString>,
+    /// Whether an argument holds `{}`: the record goes there, not to the
+    /// command's stdin.
+    substituted: bool,
+    jobs: usize,
+    /// How long a command may run before it is killed.
+    timeout: Option<Duration>,
+    /// The number of each running command's record, and whether it
+    /// succeeded (or why not).
+    running: JoinSet<(u64, Result<(), String>)>,
+    failed: u64,
+}
+
+impl Commands {
+    pub(crate) fn new(args: &Args) -> Option<Commands> {
+        let (program, rest) = args.command.split_first()?;
+        Some(Commands {
+            program: program.clone(),
+            args: rest.to_vec(),
+            substituted: rest.iter().any(|arg| holds_braces(arg)),
+            jobs: args.jobs,
+            timeout: args.timeout,
+            running: JoinSet::new(),
+            failed: 0,
+        })
+    }
+
+    /// Starts the command for `record` (number `number` of the input,
+    /// from 1), once fewer than `jobs` run; whether it did (not after a
+    /// signal, which may come while it waits for room).
+    pub(crate) async fn start(
+        &mut self,
+        number: u64,
+        record: Vec<u8>,
+        separator: u8,
+        counts: &Counts,
+    ) -> bool {
+        while self.running.len() >= self.jobs {
+            self.reap_one(counts).await;
+        }
+        if signals::caught().is_some() {
+            return false;
+        }
+        counts.commands.fetch_add(1, Ordering::Relaxed);
+        let mut command = tokio::process::Command::new(&self.program);
+        if self.substituted {
+            let text = trim(&record, separator);
+            for arg in &self.args {
+                match substitute(arg, text) {
+                    Ok(arg) => command.arg(arg),
+                    Err(why) => {
+                        self.failed(number, &why, counts);
+                        return true;
+                    }
+                };
+            }
+            command.stdin(Stdio::null());
+        } else {
+            command.args(&self.args);
+            command.stdin(Stdio::piped());
+        }
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            Err(error) => {
+                let why = format!("cannot run {}: {error}", self.program.to_string_lossy());
+                self.failed(number, &why, counts);
+                return true;
+            }
+        };
+        let input = child.stdin.take();
+        let timeout = self.timeout;
+        self.running.spawn(async move {
+            let run = async {
+                if let Some(mut stdin) = input {
+                    // A command that does not read its stdin is not a
+                    // failure.
+                    let _ = stdin.write_all(&record).await;
+                }
+                child.wait().await
+            };
+            let ended = match timeout {
+                None => Some(run.await),
+                Some(timeout) => tokio::time::timeout(timeout, run).await.ok(),
+            };
+            let outcome = match ended {
+                Some(Ok(status)) if status.success() => Ok(()),
+                Some(Ok(status)) => Err(status.to_string()),
+                Some(Err(error)) => Err(format!("waiting for it failed: {error}")),
+                None => {
+                    let killed = match child.kill().await {
+                        Ok(()) => "killed".to_owned(),
+                        Err(error) => format!("killing it failed: {error}"),
+                    };
+                    Err(format!(
+                        "still running after --timeout {:?}: {killed}",
+                        timeout.unwrap_or_default()
+                    ))
+                }
+            };
+            (number, outcome)
+        });
+        true
+    }
+
+    /// Counts a command that failed, and says so.
+    fn failed(&mut self, number: u64, why: &str, counts: &Counts) {
+        eprintln!("paceline: the command for record {number} failed: {why}");
+        self.failed += 1;
+        counts.failed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    async fn reap_one(&mut self, counts: &Counts) {
+        match self.running.join_next().await {
+            Some(Ok((_, Ok(())))) | None => {}
+            Some(Ok((number, Err(why)))) => self.failed(number, &why, counts),
+            Some(Err(error)) => {
+                self.failed += 1;
+                counts.failed.fetch_add(1, Ordering::Relaxed);
+                eprintln!("paceline: a command's task failed: {error}");
+            }
+        }
+    }
+
+    /// Waits for every command; how many failed.
+    pub(crate) async fn finish(&mut self, counts: &Counts) -> u64 {
+        while !self.running.is_empty() {
+            self.reap_one(counts).await;
+        }
+        self.failed
+    }
+}
+
+/// Whether `arg` holds `{}`.
+fn holds_braces(arg: &OsStr) -> bool {
+    arg.as_encoded_bytes().windows(2).any(|pair| pair == b"{}")
+}
+
+/// `arg` with each `{}` replaced by `record`, byte for byte.
+#[cfg(unix)]
+fn substitute(arg: &OsStr, record: &[u8]) -> Result<OsString, String> {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let mut rest = arg.as_bytes();
+    let mut out = Vec::with_capacity(rest.len() + record.len());
+    while let Some(at) = rest.windows(2).position(|pair| pair == b"{}") {
+        out.extend_from_slice(&rest[..at]);
+        out.extend_from_slice(record);
+        rest = &rest[at + 2..];
+    }
+    out.extend_from_slice(rest);
+    Ok(OsString::from_vec(out))
+}
+
+/// `arg` with each `{}` replaced by `record`, which must be UTF-8 here: a
+/// command's arguments on this system cannot carry other bytes unchanged,
+/// and a record is never altered.
+#[cfg(not(unix))]
+fn substitute(arg: &OsStr, record: &[u8]) -> Result<OsString, String> {
+    let record = std::str::from_utf8(record).map_err(|_| {
+        "the record is not UTF-8, and on this system a command's arguments carry \
+         only UTF-8 unchanged (without {} in the command, the record goes to its \
+         stdin as it is)"
+            .to_owned()
+    })?;
+    let arg = arg
+        .to_str()
+        .ok_or_else(|| "an argument of the command is not UTF-8".to_owned())?;
+    Ok(arg.replace("{}", record).into())
+}

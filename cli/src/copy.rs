@@ -1,0 +1,158 @@
+//! The plain copy: records (or bytes) in order, paced in groups, on the
+//! calling thread.
+
+use std::io::{self, Write};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::args::{Args, Failure};
+use crate::limiter::{limits, local};
+use crate::progress::{Counts, Progress};
+use crate::read::{PAGE, Window, count, std_file, stdout_file, too_long};
+use crate::signals;
+
+/// A plain copy on a limiter in this process, with no async runtime.
+pub(crate) fn copy_locally(args: &Args, counts: &Arc<Counts>) -> Result<u64, Failure> {
+    let (limits, slowest) = limits(args)?;
+    let limiter = local(limits)?;
+    let _ = counts.started.set(Instant::now());
+    let _progress = Progress::start(args, counts);
+    let separator = if args.null { 0 } else { b'\n' };
+    copy(
+        args,
+        |permits| Ok(limiter.reserve(permits)?),
+        slowest,
+        separator,
+        counts,
+    )
+}
+
+/// Whether a write failed because the reader went away (`| head`): the end
+/// of the run, not a failure.
+pub(crate) fn reader_gone(error: &io::Error) -> bool {
+    error.kind() == io::ErrorKind::BrokenPipe
+}
+
+/// Copies records (or bytes) to stdout, paced, in groups of at most a
+/// millisecond's worth at the slowest rate: exact spacing at any rate a
+/// timer can keep, and the throughput of a plain copy at rates it never
+/// reaches. Runs on the calling thread, as `cat` does: a read, the groups
+/// it holds, each reserved (and slept for) then written, a write.
+pub(crate) fn copy(
+    args: &Args,
+    mut reserve: impl FnMut(u32) -> Result<Duration, Failure>,
+    slowest: f64,
+    separator: u8,
+    counts: &Counts,
+) -> Result<u64, Failure> {
+    use std::os::fd::{AsFd, AsRawFd};
+    let group = (slowest / 1000.0).floor().clamp(1.0, f64::from(u32::MAX)) as usize;
+    let mut stdin = std_file(io::stdin().as_fd())?;
+    let mut out = io::BufWriter::with_capacity(64 * 1024, stdout_file()?);
+    // Every read asks for whole pages into a page boundary, so a file's
+    // offsets stay page-aligned too: the kernel then copies whole pages,
+    // several times faster than into (or out of) the middle of one.
+    let mut window = Window::new(PAGE);
+    // A file's reads never wait: a glance at the signal is enough, with
+    // no `poll` per read.
+    let may_wait = !stdin.metadata().is_ok_and(|m| m.is_file());
+    let result = (|| {
+        loop {
+            // Everything whose moment has come is out (flushed below)
+            // before a read may block.
+            let signal = match may_wait {
+                true => signals::readable(stdin.as_raw_fd()),
+                false => signals::caught(),
+            };
+            if let Some(signal) = signal {
+                return Err(Failure::Signal(signal));
+            }
+            let read = match window.fill(&mut stdin) {
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+                other => other?,
+            };
+            let carried = window.carried();
+            let buf = window.bytes();
+            let filled = buf.len();
+            // Whole records only, but for the last at the end of input;
+            // only what the read brought is searched.
+            let mut len = match (args.bytes, read) {
+                (true, _) | (false, 0) => filled,
+                (false, _) => memchr::memrchr(separator, &buf[carried..filled])
+                    .map_or(0, |end| carried + end + 1),
+            };
+            // A record longer than --max-record: those before it go first.
+            let too_long = !args.bytes && {
+                let at = too_long(&buf[..len], separator, args.max_record);
+                len = at.unwrap_or(len);
+                at.is_some()
+            };
+            let mut rest = &buf[..len];
+            while !rest.is_empty() {
+                // The next group: `group` bytes, or `group` records.
+                let (end, permits) = if args.bytes {
+                    let end = rest.len().min(group);
+                    (end, end)
+                } else if group >= rest.len() {
+                    // No more records than bytes: all of them, counted.
+                    let records = count(rest, separator);
+                    let records = records + usize::from(rest[rest.len() - 1] != separator);
+                    (rest.len(), records)
+                } else {
+                    match memchr::memchr_iter(separator, rest).nth(group - 1) {
+                        Some(at) => (at + 1, group),
+                        None => {
+                            let records = count(rest, separator);
+                            let last = usize::from(rest[rest.len() - 1] != separator);
+                            (rest.len(), records + last)
+                        }
+                    }
+                };
+                let wait = reserve(permits as u32)?;
+                if !wait.is_zero() {
+                    out.flush()?;
+                    counts.waited.fetch_add(permits as u64, Ordering::Relaxed);
+                    if let Some(signal) = signals::sleep_until(later(wait)) {
+                        // This group's moment has not come: it stays.
+                        return Err(Failure::Signal(signal));
+                    }
+                }
+                if end >= 32 * 1024 {
+                    // Large: straight to stdout, not through the buffer.
+                    out.flush()?;
+                    out.get_mut().write_all(&rest[..end])?;
+                } else {
+                    out.write_all(&rest[..end])?;
+                }
+                let records = if args.bytes { 0 } else { permits as u64 };
+                counts.records.fetch_add(records, Ordering::Relaxed);
+                counts.bytes.fetch_add(end as u64, Ordering::Relaxed);
+                rest = &rest[end..];
+            }
+            // What was written goes out before the next read may block.
+            out.flush()?;
+            if too_long {
+                return Err(Failure::TooLong(args.max_record));
+            }
+            if read == 0 {
+                return Ok(0);
+            }
+            window.keep_from(len);
+            if !args.bytes && window.bytes().len() > args.max_record {
+                return Err(Failure::TooLong(args.max_record));
+            }
+        }
+    })();
+    match result {
+        Err(Failure::Io(error)) if reader_gone(&error) => Ok(0),
+        other => other,
+    }
+}
+
+/// The moment `wait` from now (or as far as the clock goes).
+pub(crate) fn later(wait: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(wait)
+        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30))
+}

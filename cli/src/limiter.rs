@@ -1,0 +1,214 @@
+//! The limiter the arguments describe: one rate or one per key, in this
+//! process or shared through Redis; and how a record's key is found.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use paceline::{Error, KeyedLimiter, Limit, Limiter};
+
+use crate::args::{Args, Failure, OnDown};
+use crate::key::Key;
+use crate::units::{Rate, parse_rate};
+
+/// The clock of the command line's local limiters: the standard library's
+/// monotonic clock, which needs no calibration at start (a pipeline
+/// stage starts often and copies little).
+///
+/// The local limiters are built on it with `Builder::with_clock` and
+/// `KeyedBuilder::with_clock`, here only ([`local`] and [`pacer`]). The
+/// library means to replace that API; when it does, this file is the one
+/// place to follow it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StdClock(Instant);
+
+impl StdClock {
+    /// A clock that reads zero now.
+    pub(crate) fn start() -> StdClock {
+        StdClock(Instant::now())
+    }
+}
+
+impl paceline::clock::Clock for StdClock {
+    fn now(&self) -> Duration {
+        self.0.elapsed()
+    }
+
+    fn sleep_blocking(&self, duration: Duration) {
+        std::thread::sleep(duration);
+    }
+
+    fn sleep(&self, duration: Duration) -> paceline::clock::Sleep {
+        Box::pin(tokio::time::sleep(duration))
+    }
+}
+
+/// The limiter: one rate, or one per key; here or through Redis.
+pub(crate) enum Pacer {
+    One(Arc<dyn Limiter>),
+    Keyed(Arc<dyn KeyedLimiter<Key>>),
+}
+
+impl Pacer {
+    /// Reserves `permits` (of `key`): the wait, or `None` if it would
+    /// exceed `max_wait` (nothing reserved).
+    pub(crate) async fn reserve(
+        &self,
+        key: Option<Key>,
+        permits: u32,
+        max_wait: Option<Duration>,
+    ) -> Result<Option<Duration>, Error> {
+        match self {
+            Pacer::One(limiter) => match max_wait {
+                None => limiter.reserve(permits).await.map(Some),
+                Some(max) => limiter.try_reserve(permits, max).await,
+            },
+            Pacer::Keyed(limiter) => {
+                let key = key.unwrap_or_default();
+                match max_wait {
+                    None => limiter.reserve(&key, permits).await.map(Some),
+                    Some(max) => limiter.try_reserve(&key, permits, max).await,
+                }
+            }
+        }
+    }
+}
+
+/// The limits the arguments describe: the first paces (burst `--burst`,
+/// default 1, or `--warmup`), the others are quotas (their whole period
+/// as burst).
+pub(crate) fn limits(args: &Args) -> Result<(Vec<Limit>, f64), Failure> {
+    let rates: Vec<Rate> = args
+        .rates
+        .iter()
+        .chain(&args.limits)
+        .map(|text| parse_rate(text, args.bytes))
+        .collect::<Result<_, _>>()
+        .map_err(Failure::Usage)?;
+    let slowest = rates
+        .iter()
+        .map(Rate::per_second)
+        .fold(f64::INFINITY, f64::min);
+    let limits = rates
+        .iter()
+        .enumerate()
+        .map(|(i, rate)| {
+            let limit = Limit::per(rate.permits, rate.period);
+            match (i, args.warmup) {
+                (0, Some(warmup)) => limit.warmup(warmup),
+                (0, None) => limit.burst(args.burst.unwrap_or(1)),
+                _ => limit,
+            }
+        })
+        .collect();
+    Ok((limits, slowest))
+}
+
+/// One rate in this process, on [`StdClock`].
+pub(crate) fn local(limits: Vec<Limit>) -> Result<paceline::RateLimiter<StdClock>, Failure> {
+    let mut builder = paceline::Builder::with_clock(StdClock::start());
+    for limit in limits {
+        builder = builder.limit(limit);
+    }
+    builder.build().map_err(usage)
+}
+
+/// The limiter of a run that is not a plain copy in this process.
+pub(crate) async fn pacer(args: &Args, limits: Vec<Limit>, keyed: bool) -> Result<Pacer, Failure> {
+    let Some(url) = &args.redis else {
+        return Ok(if keyed {
+            let mut builder = paceline::KeyedBuilder::<Key, _>::with_clock(StdClock::start())
+                .max_keys(args.max_keys);
+            for limit in limits {
+                builder = builder.limit(limit);
+            }
+            Pacer::Keyed(Arc::new(builder.build().map_err(usage)?))
+        } else {
+            Pacer::One(Arc::new(local(limits)?))
+        });
+    };
+    use paceline::redis::{Client, Fallback, RedisBackend};
+    let shown = without_credentials(url);
+    let client = Client::open(url.as_str())
+        .map_err(|e| Failure::Usage(format!("bad Redis URL {shown:?}: {e}")))?;
+    let url = shown;
+    // Unreachable at the start is down as any other time: the run starts
+    // on its fallback, and goes over to Redis once it answers; but with
+    // --on-down closed, it does not start.
+    let closed = args.on_down == OnDown::Closed;
+    let backend = RedisBackend::builder(client)
+        .require_connection(closed)
+        .build()
+        .await
+        .map_err(|e| {
+            Failure::Limiter(format!(
+                "cannot reach Redis at {url} (--on-down closed): {e}"
+            ))
+        })?;
+    let fallback = match args.on_down {
+        OnDown::Local => Fallback::Local,
+        OnDown::Open => Fallback::FailOpen,
+        OnDown::Closed => Fallback::FailClosed,
+    };
+    if backend.is_degraded() {
+        let meanwhile = match args.on_down {
+            OnDown::Local => "pacing on a limiter of its own (--on-down local)",
+            OnDown::Open | OnDown::Closed => "letting every record through (--on-down open)",
+        };
+        eprintln!("paceline: Redis at {url} does not answer: {meanwhile} until it does");
+    }
+    Ok(if keyed {
+        let mut builder = backend
+            .keyed_limiter::<Key>(&args.name)
+            .fallback(fallback)
+            .local_fraction(args.local_fraction)
+            .max_local_keys(args.max_keys);
+        for limit in limits {
+            builder = builder.limit(limit);
+        }
+        Pacer::Keyed(Arc::new(builder.build().map_err(usage)?))
+    } else {
+        let mut builder = backend
+            .limiter(&args.name)
+            .fallback(fallback)
+            .local_fraction(args.local_fraction);
+        for limit in limits {
+            builder = builder.limit(limit);
+        }
+        Pacer::One(Arc::new(builder.build().map_err(usage)?))
+    })
+}
+
+/// `url` without the user name and password it may carry, for messages.
+fn without_credentials(url: &str) -> String {
+    let Some(scheme) = url.find("://") else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme + 3..];
+    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+    match authority.rfind('@') {
+        Some(at) => format!("{}{}", &url[..scheme + 3], &rest[at + 1..]),
+        None => url.to_owned(),
+    }
+}
+
+pub(crate) fn usage(error: Error) -> Failure {
+    Failure::Usage(error.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_credentials;
+
+    #[test]
+    fn messages_show_no_password() {
+        for (url, shown) in [
+            ("redis://127.0.0.1:6379/", "redis://127.0.0.1:6379/"),
+            ("redis://:secret@host:6379/0", "redis://host:6379/0"),
+            ("rediss://user:p@ss@host/", "rediss://host/"),
+            ("redis://host/key@x", "redis://host/key@x"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(without_credentials(url), shown);
+        }
+    }
+}

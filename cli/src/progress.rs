@@ -1,0 +1,101 @@
+//! What a run did: counted as it goes, shown on a progress line while
+//! stderr is a terminal, summed up in JSON at the end (`--json`).
+
+use std::io::{self, IsTerminal};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::args::Args;
+
+/// What the run did, for the progress line and the summary.
+#[derive(Default)]
+pub(crate) struct Counts {
+    pub(crate) records: AtomicU64,
+    pub(crate) bytes: AtomicU64,
+    pub(crate) waited: AtomicU64,
+    pub(crate) dropped: AtomicU64,
+    pub(crate) commands: AtomicU64,
+    pub(crate) failed: AtomicU64,
+    pub(crate) started: std::sync::OnceLock<Instant>,
+}
+
+impl Counts {
+    pub(crate) fn elapsed(&self) -> f64 {
+        self.started
+            .get()
+            .map_or(0.0, |started| started.elapsed().as_secs_f64())
+    }
+
+    pub(crate) fn line(&self) -> String {
+        let records = self.records.load(Ordering::Relaxed);
+        let seconds = self.elapsed();
+        let rate = if seconds > 0.0 {
+            records as f64 / seconds
+        } else {
+            0.0
+        };
+        format!(
+            "{records} records, {} bytes, {rate:.1}/s, {} waited, {} dropped",
+            self.bytes.load(Ordering::Relaxed),
+            self.waited.load(Ordering::Relaxed),
+            self.dropped.load(Ordering::Relaxed),
+        )
+    }
+
+    pub(crate) fn finish(&self, args: &Args) {
+        if progress_shown(args) {
+            eprintln!("\r{}", self.line());
+        }
+        if args.json {
+            let seconds = self.elapsed();
+            let records = self.records.load(Ordering::Relaxed);
+            eprintln!(
+                "{{\"records\":{records},\"bytes\":{},\"seconds\":{seconds:.6},\"rate\":{:.3},\"waited\":{},\"dropped\":{},\"commands\":{},\"failed\":{}}}",
+                self.bytes.load(Ordering::Relaxed),
+                if seconds > 0.0 {
+                    records as f64 / seconds
+                } else {
+                    0.0
+                },
+                self.waited.load(Ordering::Relaxed),
+                self.dropped.load(Ordering::Relaxed),
+                self.commands.load(Ordering::Relaxed),
+                self.failed.load(Ordering::Relaxed),
+            );
+        }
+    }
+}
+
+pub(crate) fn progress_shown(args: &Args) -> bool {
+    !args.quiet && io::stderr().is_terminal()
+}
+
+/// The progress line on stderr, redrawn four times a second while it
+/// lives.
+pub(crate) struct Progress(Option<Arc<std::sync::atomic::AtomicBool>>);
+
+impl Progress {
+    pub(crate) fn start(args: &Args, counts: &Arc<Counts>) -> Progress {
+        if !progress_shown(args) {
+            return Progress(None);
+        }
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (counts, stop) = (Arc::clone(counts), Arc::clone(&done));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                eprint!("\r{}", counts.line());
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        });
+        Progress(Some(done))
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if let Some(done) = &self.0 {
+            done.store(true, Ordering::Relaxed);
+        }
+    }
+}

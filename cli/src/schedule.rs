@@ -1,0 +1,183 @@
+//! Pacing record by record: each reserved as it is read and released at
+//! its moment, per key, with a bound on the wait, or as a command.
+
+use std::collections::BinaryHeap;
+use std::io::{self, Write};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+
+use crate::args::{Args, Failure, OnLate};
+use crate::commands::Commands;
+use crate::copy::{later, reader_gone};
+use crate::key::KeyOf;
+use crate::limiter::Pacer;
+use crate::progress::Counts;
+use crate::read::{Chunk, records, stdout_file, trim};
+use crate::signals;
+
+/// A record waiting for its moment.
+struct Due {
+    at: Instant,
+    /// Its number in the input, from 1 (every record read counts).
+    seq: u64,
+    record: Vec<u8>,
+}
+
+impl PartialEq for Due {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+
+impl Eq for Due {}
+
+impl PartialOrd for Due {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Due {
+    /// The earliest first (the heap is a max-heap).
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (other.at, other.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+/// The most records waiting for their moment before input is held back.
+const MAX_DUE: usize = 100_000;
+
+/// The most bytes of records waiting for their moment before input is
+/// held back (a longer record still goes in alone).
+const MAX_HELD: usize = 64 << 20;
+
+/// Paces record by record: per key (records of other keys pass a key that
+/// waits), with a bound on the wait, or starting a command per record.
+/// Each record is reserved as it is read and released at its moment.
+///
+/// What stops the run early (a late record with `--on-late fail`, a
+/// record past `--max-record`, a failed read or limiter) stops the
+/// reading only: every record granted before it is still released, each
+/// at its moment, and the commands run to their end, before the failure
+/// is returned. A signal stops it sooner: the records whose moment has
+/// come are written, no other, and no command starts; those running are
+/// waited for.
+pub(crate) async fn schedule(
+    args: &Args,
+    pacer: &Pacer,
+    key_of: Option<KeyOf>,
+    separator: u8,
+    mut receiving: mpsc::Receiver<Result<Chunk, Failure>>,
+    counts: &Counts,
+) -> Result<u64, Failure> {
+    let mut due: BinaryHeap<Due> = BinaryHeap::new();
+    // The bytes of the records in `due`.
+    let mut held = 0usize;
+    let mut out = io::BufWriter::new(stdout_file()?);
+    let mut commands = Commands::new(args);
+    let mut seq = 0u64;
+    let mut input_open = true;
+    let mut stopped: Option<Failure> = None;
+    let signal = signals::caught_async();
+    tokio::pin!(signal);
+    let result = async {
+        loop {
+            let signalled = matches!(stopped, Some(Failure::Signal(_)));
+            // Release what is due (after a signal, even one caught while
+            // a command waited for room, no command starts).
+            let now = Instant::now();
+            while due.peek().is_some_and(|d| d.at <= now)
+                && !(commands.is_some() && signals::caught().is_some())
+            {
+                let Due { record, seq, .. } = due.pop().expect("peeked");
+                held -= record.len();
+                let len = record.len() as u64;
+                let released = match &mut commands {
+                    Some(commands) => {
+                        out.flush()?;
+                        commands.start(seq, record, separator, counts).await
+                    }
+                    None => {
+                        out.write_all(&record)?;
+                        true
+                    }
+                };
+                if released {
+                    counts.records.fetch_add(1, Ordering::Relaxed);
+                    counts.bytes.fetch_add(len, Ordering::Relaxed);
+                }
+            }
+            out.flush()?;
+            let reading = input_open && stopped.is_none();
+            if signalled || !reading && due.is_empty() {
+                break;
+            }
+            let room = due.is_empty() || (due.len() < MAX_DUE && held < MAX_HELD);
+            let next = due.peek().map(|d| d.at);
+            tokio::select! {
+                chunk = receiving.recv(), if reading && room => {
+                    let chunk = match chunk {
+                        Some(Ok(chunk)) => chunk,
+                        Some(Err(failure)) => {
+                            stopped = Some(failure);
+                            continue;
+                        }
+                        None => {
+                            input_open = false;
+                            continue;
+                        }
+                    };
+                    for record in records(chunk.bytes(), separator) {
+                        seq += 1;
+                        let key = key_of.as_ref().map(|k| k.key(trim(record, separator)));
+                        match pacer.reserve(key, 1, args.max_wait).await {
+                            Ok(Some(wait)) => {
+                                if !wait.is_zero() {
+                                    counts.waited.fetch_add(1, Ordering::Relaxed);
+                                }
+                                held += record.len();
+                                due.push(Due { at: later(wait), seq, record: record.to_vec() });
+                            }
+                            Ok(None) if args.on_late == OnLate::Fail => {
+                                stopped = Some(Failure::Late(seq));
+                                break;
+                            }
+                            Ok(None) => {
+                                counts.dropped.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(error) => {
+                                stopped = Some(error.into());
+                                break;
+                            }
+                        }
+                    }
+                }
+                () = sleep_until(next), if next.is_some() => {}
+                signal = &mut signal, if !signalled => {
+                    stopped = Some(Failure::Signal(signal));
+                }
+            }
+        }
+        Ok::<(), Failure>(())
+    }
+    .await;
+    let failed = match commands {
+        Some(mut commands) => commands.finish(counts).await,
+        None => 0,
+    };
+    match (result, stopped) {
+        (Err(Failure::Io(error)), stopped) if reader_gone(&error) => {
+            stopped.map_or(Ok(failed), Err)
+        }
+        (Err(failure), _) | (Ok(()), Some(failure)) => Err(failure),
+        (Ok(()), None) => Ok(failed),
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    if let Some(at) = at {
+        tokio::time::sleep_until(at.into()).await;
+    }
+}

@@ -1,0 +1,58 @@
+//! `--burst N`: N records at once after an idle spell, then the rate.
+
+use super::*;
+
+/// The first `n` lines of paceline's output with when each came, and
+/// then paceline stopped.
+fn first_lines(args: &[&str], input: &[u8], n: usize) -> Vec<(Duration, String)> {
+    let start = Instant::now();
+    let mut child = fed(args, input);
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let got: Vec<(Duration, String)> = stdout
+        .lines()
+        .take(n)
+        .map(|line| (start.elapsed(), line.unwrap()))
+        .collect();
+    let _ = child.kill();
+    let _ = child.wait();
+    got
+}
+
+#[test]
+fn a_burst_of_five_lets_exactly_five_go_at_once() {
+    let _one = one_at_a_time();
+    for args in [
+        &["2/s", "--burst", "5"][..],
+        &["2/s", "--burst", "5", "--key", "1"][..],
+    ] {
+        let got = first_lines(args, lines(10).as_bytes(), 6);
+        let texts: Vec<&str> = got.iter().map(|(_, line)| line.as_str()).collect();
+        assert_eq!(
+            texts,
+            ["line 1", "line 2", "line 3", "line 4", "line 5", "line 6"]
+        );
+        let first = got[0].0;
+        let fifth = got[4].0 - first;
+        let sixth = got[5].0 - first;
+        // Five at once; the sixth one interval (500 ms) after the first.
+        assert!(
+            fifth < Duration::from_millis(100),
+            "{args:?}: the fifth after {fifth:?}"
+        );
+        assert!(
+            sixth >= Duration::from_millis(400),
+            "{args:?}: the sixth after {sixth:?}"
+        );
+    }
+}
+
+#[test]
+fn a_burst_of_zero_is_refused() {
+    let output = run(&["2/s", "--burst", "0"], b"x\n");
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--burst") && stderr.contains("at least 1"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,65 @@
+//! Keys are bytes: keys that differ only in bytes that are not UTF-8 are
+//! paced apart, here and through Redis.
+
+use super::*;
+
+/// Four records whose keys differ only in their last byte, none of them
+/// UTF-8.
+fn four_keys() -> Vec<u8> {
+    let mut input = Vec::new();
+    for last in [0xffu8, 0xfe, 0xfd, 0xfc] {
+        input.extend_from_slice(b"a");
+        input.push(last);
+        input.extend_from_slice(b" record\n");
+    }
+    input
+}
+
+/// At 1/s per key, four records of four keys go at once (one key for all
+/// would take three seconds), and come out unchanged.
+fn at_once(args: &[&str]) {
+    let input = four_keys();
+    let start = Instant::now();
+    let output = run(args, &input);
+    let took = start.elapsed();
+    assert!(output.status.success(), "{args:?}: {output:?}");
+    assert!(output.stdout == input, "{args:?}: the bytes changed");
+    assert!(
+        took < Duration::from_millis(1_500),
+        "{args:?}: four keys took {took:?}, as if they were one"
+    );
+}
+
+#[test]
+fn keys_that_differ_only_in_bytes_that_are_not_utf8_are_paced_apart() {
+    let _one = one_at_a_time();
+    at_once(&["1/s", "--key", "1"]);
+    // Unicode's \S matches whole characters only: (?-u:\S) any byte.
+    at_once(&["1/s", "--key-regex", "^((?-u:\\S)+)"]);
+    // The same key still waits: two records of one key at 2/s.
+    let start = Instant::now();
+    let output = run(&["2/s", "--key", "1"], b"a\xff 1\na\xff 2\n");
+    assert!(output.status.success(), "{output:?}");
+    assert!(start.elapsed() >= Duration::from_millis(400));
+}
+
+#[test]
+fn through_redis_too() {
+    let _one = one_at_a_time();
+    let server = redis_server::RedisServer::start();
+    let url = server.url();
+    at_once(&["1/s", "--key", "1", "--redis", &url, "--name", "bytes"]);
+    // Each key is its own Redis key, named by the escaped form.
+    let mut con = server.client().get_connection().unwrap();
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg("paceline:*bytes*")
+        .query(&mut con)
+        .unwrap();
+    keys.sort();
+    // `a\xfc` (the key's form), with its backslash escaped by the library.
+    let expected: Vec<String> = ["fc", "fd", "fe", "ff"]
+        .iter()
+        .map(|hex| format!("paceline:bytes:a\\\\x{hex}"))
+        .collect();
+    assert_eq!(keys, expected);
+}

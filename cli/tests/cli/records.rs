@@ -1,0 +1,105 @@
+//! Records longer than a read: unchanged in every mode, and bounded by
+//! `--max-record` (exit status 6, the records before it written).
+
+use super::*;
+
+/// `before` short records, one of `len` bytes (key `k`, then letters),
+/// then `after` short ones.
+fn with_long_record(len: usize, before: usize, after: usize) -> Vec<u8> {
+    let mut input = Vec::new();
+    for i in 0..before {
+        input.extend_from_slice(format!("a before {i}\n").as_bytes());
+    }
+    input.extend_from_slice(b"k ");
+    input.extend((0..len - 2).map(|i| b'a' + (i % 26) as u8));
+    input.push(b'\n');
+    for i in 0..after {
+        input.extend_from_slice(format!("b after {i}\n").as_bytes());
+    }
+    input
+}
+
+/// 20 MiB in one record, with records around it, byte for byte through
+/// each mode: a plain copy (from a pipe and from a file), per key, bytes,
+/// and a command that copies its stdin.
+#[test]
+fn a_record_of_twenty_mebibytes_comes_out_unchanged_in_every_mode() {
+    let input = with_long_record(20 << 20, 3, 3);
+    let file = temp_path("long-record");
+    std::fs::write(&file, &input).unwrap();
+    for args in [
+        &["1e9/s"][..],
+        &["1e9/s", "--key", "1"][..],
+        &["--bytes", "1e12/s"][..],
+        &["1e9/s", "--", "cat"][..],
+    ] {
+        let output = run(args, &input);
+        assert!(output.status.success(), "{args:?}: {:?}", output.status);
+        assert!(output.stdout == input, "{args:?}: the bytes changed");
+    }
+    let from_file = paceline(&["1e9/s"])
+        .stdin(std::fs::File::open(&file).unwrap())
+        .output()
+        .unwrap();
+    std::fs::remove_file(&file).unwrap();
+    assert!(from_file.status.success(), "{:?}", from_file.status);
+    assert!(from_file.stdout == input, "from a file: the bytes changed");
+}
+
+/// A record past `--max-record` ends the run with status 6: every record
+/// before it is written, nothing of it or after it; terminated or not, in
+/// a read or across several, plain or scheduled (per key, a command).
+#[test]
+fn a_record_longer_than_max_record_ends_the_run_after_those_before_it() {
+    let before: Vec<u8> = (0..5)
+        .flat_map(|i| format!("a {i}\n").into_bytes())
+        .collect();
+    for len in [1_001, 300_000] {
+        let long = vec![b'x'; len];
+        for terminated in [true, false] {
+            let mut input = before.clone();
+            input.extend_from_slice(&long);
+            if terminated {
+                input.extend_from_slice(b"\nb after\n");
+            }
+            for args in [
+                &["1e9/s", "--max-record", "1000"][..],
+                &["1e9/s", "--max-record", "1000", "--key", "1"][..],
+                &["1e9/s", "--max-record", "1000", "--", "cat"][..],
+            ] {
+                let output = run(args, &input);
+                let case = format!("{args:?}, {len} bytes, terminated {terminated}");
+                assert_eq!(output.status.code(), Some(6), "{case}: {output:?}");
+                assert_eq!(
+                    String::from_utf8_lossy(&output.stdout),
+                    String::from_utf8_lossy(&before),
+                    "{case}"
+                );
+                let stderr = String::from_utf8_lossy(&output.stderr);
+                assert!(stderr.contains("--max-record"), "{case}: {stderr}");
+            }
+        }
+    }
+    // Exactly the bound is fine.
+    let mut input = vec![b'x'; 1000];
+    input.push(b'\n');
+    let output = run(&["1e9/s", "--max-record", "1000"], &input);
+    assert!(output.status.success(), "{output:?}");
+    assert!(output.stdout == input);
+    // A bad size is refused as a bad argument.
+    for bad in ["0", "lots", "-5"] {
+        let output = run(&["1e9/s", "--max-record", bad], b"");
+        assert_eq!(output.status.code(), Some(2), "{bad}: {output:?}");
+    }
+}
+
+/// With no `--max-record`, the bound is 64 MiB.
+#[test]
+fn the_default_bound_is_sixty_four_mebibytes() {
+    let mut input = b"first\n".to_vec();
+    input.extend(std::iter::repeat_n(b'x', (64 << 20) + 1));
+    input.push(b'\n');
+    let output = run(&["1e9/s"], &input);
+    assert_eq!(output.status.code(), Some(6), "{:?}", output.status);
+    assert_eq!(output.stdout, b"first\n");
+}

@@ -1,0 +1,168 @@
+//! The keyed limiter's rates, size and clock, giving back to its keys, and
+//! how it shows itself.
+
+use std::any::Any;
+use std::fmt;
+use std::hash::Hash;
+use std::sync::atomic::Ordering::Relaxed;
+
+use super::{KeyedRateLimiter, KeyedStats, KeyedTaken};
+use crate::Error;
+use crate::clock::Clock;
+use crate::core::{InvalidRate, Limits, State, stable_interval_micros};
+use crate::metrics::Metrics;
+use crate::reservation::{GiveBackTo, Taken};
+
+/// # Rate, size and clock
+impl<K, C> KeyedRateLimiter<K, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    /// Changes the rate of every key from now on, as
+    /// [`RateLimiter::set_rate`](crate::RateLimiter::set_rate) does for one:
+    /// each key still repays its last request at the old rate, and its
+    /// stored permits are rescaled to the new burst. Visits every key held
+    /// (shard by shard; calls on other shards go on meanwhile). With several
+    /// limits, as [`RateLimiter::set_rate`](crate::RateLimiter::set_rate):
+    /// the first one's rate, the others scaled alike.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN; the
+    /// limiter is then unchanged.
+    pub fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
+        stable_interval_micros(permits_per_second)?;
+        self.reconfigure(|limits| match limits.states() {
+            [_] => limits.set_rate(None, permits_per_second, 0),
+            [first, ..] => {
+                let factor = permits_per_second / first.permits_per_second();
+                limits.scale(factor, permits_per_second, 0)
+            }
+            [] => Ok(()),
+        })?;
+        self.rate_bits.store(permits_per_second.to_bits(), Relaxed);
+        Ok(())
+    }
+
+    /// Applies `change` to the limits every key runs under, then the rates
+    /// it leaves to every key held (shard by shard; calls on other shards
+    /// go on meanwhile).
+    fn reconfigure(
+        &self,
+        change: impl FnOnce(&mut Limits) -> Result<(), InvalidRate>,
+    ) -> Result<(), Error> {
+        let mut template = self.shards[0].0.read().template().clone();
+        change(&mut template)?;
+        let rates: Vec<f64> = template
+            .states()
+            .iter()
+            .map(State::permits_per_second)
+            .collect();
+        for shard in self.shards.iter() {
+            let read = self.clock.now_micros();
+            let (mut table, now) = shard.0.write_at(read);
+            table.set_rates(&rates, now)?;
+        }
+        Ok(())
+    }
+
+    /// The stable rate of every key, in permits per second, as last set.
+    pub fn rate(&self) -> f64 {
+        f64::from_bits(self.rate_bits.load(Relaxed))
+    }
+
+    /// The clock this limiter reads and sleeps on.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// Changes the rate of limit `index` alone, for every key (limits are
+    /// counted from 0 in the order the builder was given them). On a
+    /// limiter with one limit, index 0 is [`set_rate`](Self::set_rate).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN, or
+    /// there is no limit `index`.
+    pub fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
+        stable_interval_micros(permits_per_second)?;
+        crate::error::check_limit(index, self.limits)?;
+        self.reconfigure(|limits| limits.set_rate(Some(index), permits_per_second, 0))?;
+        if index == 0 {
+            self.rate_bits.store(permits_per_second.to_bits(), Relaxed);
+        }
+        Ok(())
+    }
+
+    /// The number of keys held now (those not known to read as full).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|shard| shard.0.read().len()).sum()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// What the limiter has had to do to stay within its bounds.
+    pub fn stats(&self) -> KeyedStats {
+        KeyedStats {
+            keys: self.len(),
+            dropped_unfinished: self.dropped_unfinished.load(Relaxed),
+        }
+    }
+}
+
+impl<K, C> GiveBackTo for KeyedRateLimiter<K, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    fn give_back(&self, taken: Taken) {
+        if let Some(taken) = Self::ours(taken) {
+            let (mut shard, now) = self.shard_now(&taken.key);
+            shard.give_back(&taken.key, taken.ticket, now);
+        }
+    }
+
+    fn keep(&self, taken: Taken) {
+        if let Some(taken) = Self::ours(taken) {
+            let (mut shard, now) = self.shard_now(&taken.key);
+            shard.keep(&taken.key, taken.ticket, now);
+        }
+    }
+}
+
+impl<K, C> KeyedRateLimiter<K, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    /// `taken` as a reservation of this limiter's, if it is one.
+    fn ours(taken: Taken) -> Option<Box<KeyedTaken<K>>> {
+        let Taken::Boxed(taken) = taken else {
+            return None;
+        };
+        (taken as Box<dyn Any + Send + Sync>)
+            .downcast::<KeyedTaken<K>>()
+            .ok()
+    }
+}
+
+impl<K, C: Clock> fmt::Debug for KeyedRateLimiter<K, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let template = self.shards[0].0.read().template().clone();
+        let limits: Vec<_> = template
+            .states()
+            .iter()
+            .map(|state| (state.permits_per_second(), state.policy().clone()))
+            .collect();
+        f.debug_struct("KeyedRateLimiter")
+            .field("limits", &limits)
+            .field("shards", &self.shards.len())
+            .finish_non_exhaustive()
+    }
+}

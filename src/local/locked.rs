@@ -1,0 +1,187 @@
+//! The local limiter's lock: [`Limits`] run in mutex mode, the moves between
+//! the word and the lock, rate changes and give-backs.
+
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
+use std::sync::{MutexGuard, PoisonError};
+
+use super::RateLimiter;
+use super::outcome::Outcome;
+use crate::clock::Clock;
+use crate::core::word::{self, Encoded, Settings};
+use crate::core::{InvalidRate, Limits, State};
+use crate::{Error, Snapshot};
+
+impl<C: Clock> RateLimiter<C> {
+    /// The limits, whatever a panicking thread left behind: nothing panics
+    /// while they are held mid-update.
+    pub(super) fn lock(&self) -> MutexGuard<'_, Limits> {
+        self.limits.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// [`reserve_micros`](Self::reserve_micros) under the lock, on the
+    /// limits themselves: in mutex mode, to rebase, for a reservation that
+    /// waits and may be given back (it is logged), or when the word was
+    /// written with a later clock reading than the caller's.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn reserve_locked<O: Outcome>(&self, permits: u32, timeout: u64) -> Option<O> {
+        let granted = self.transact(&mut self.lock(), |limits, now| {
+            limits.try_reserve(permits, now, timeout, O::GIVES_BACK)
+        })?;
+        Some(O::from_granted(granted))
+    }
+
+    /// Gives back the logged reservation `id` (see [`Limits::give_back`]);
+    /// nothing once the word holds the state again (the log emptied: its
+    /// moment passed, or a rate changed).
+    pub(super) fn give_back_logged(&self, id: u64) {
+        self.transact(&mut self.lock(), |limits, now| {
+            limits.give_back(id, now).then_some(())
+        });
+    }
+
+    /// Keeps the logged reservation `id`: it will not be given back (see
+    /// [`Limits::keep`]), and the limiter may return to the word sooner.
+    pub(super) fn keep_logged(&self, id: u64) {
+        self.transact(&mut self.lock(), |limits, now| {
+            limits.keep(id, now).then_some(())
+        });
+    }
+
+    /// Runs `update` on the limits under the lock (held in `limits`),
+    /// whatever mode the word is in: in mutex mode on the limits as they
+    /// are, else on the state the word stands for, retried until its
+    /// compare-and-swap wins. `None` from `update` changes nothing (a
+    /// refused try). The word stays in (or enters) mutex mode while the
+    /// log holds anything, and comes back as soon as the limits fit it.
+    fn transact<R>(
+        &self,
+        limits: &mut Limits,
+        mut update: impl FnMut(&mut Limits, u64) -> Option<R>,
+    ) -> Option<R> {
+        loop {
+            let current = self.word.0.load(Acquire);
+            let now = self.clock.now_micros();
+            if word::is_mutex(current) {
+                let result = update(limits, now)?;
+                // Leave mutex mode if the word can hold the limits again.
+                let new = self.slots.publish(current, limits, now);
+                if !word::is_mutex(new) {
+                    self.word.0.store(new, Release);
+                }
+                return Some(result);
+            }
+            // The word holds the state, so nothing is logged.
+            self.load(limits, current, now);
+            let result = update(limits, now)?;
+            let new = if limits.log_is_empty() {
+                self.encode(current, limits, now)
+            } else {
+                word::mutex_mode(current)
+            };
+            if self
+                .word
+                .0
+                .compare_exchange(current, new, AcqRel, Acquire)
+                .is_ok()
+            {
+                return Some(result);
+            }
+            // Lost to a reservation on the word: what the log noted of
+            // this attempt is void (it was empty, and is again).
+            limits.clear_log();
+        }
+    }
+
+    /// Applies `change` (a rate change) to the limits at `now`, whatever
+    /// mode the word is in, and publishes them in a new generation even if
+    /// nothing changed: every reservation computed with the old
+    /// configuration must retry.
+    pub(super) fn reconfigure(
+        &self,
+        change: impl Fn(&mut Limits, u64) -> Result<(), InvalidRate>,
+    ) -> Result<(), Error> {
+        let mut limits = self.lock();
+        loop {
+            let current = self.word.0.load(Acquire);
+            let now = self.clock.now_micros();
+            let mut next = limits.clone();
+            if !word::is_mutex(current) {
+                self.load(&mut next, current, now);
+            }
+            change(&mut next, now)?;
+            let new = self.slots.publish(current, &next, now);
+            if self
+                .word
+                .0
+                .compare_exchange(current, new, AcqRel, Acquire)
+                .is_ok()
+            {
+                *limits = next;
+                return Ok(());
+            }
+        }
+    }
+
+    /// Loads into `limits` (one limit, nothing logged) the state that
+    /// `current` (not mutex mode) stands for at `now`.
+    fn load(&self, limits: &mut Limits, current: u64, now: u64) {
+        let config = self.slots.of(current).config();
+        word::decode_into(current, now, &config, &mut limits.states_mut()[0]);
+    }
+
+    /// The word for `limits` (one limit, nothing logged) at `now`, in
+    /// `current`'s generation if it fits there, else in a new one (or mutex
+    /// mode).
+    fn encode(&self, current: u64, limits: &Limits, now: u64) -> u64 {
+        let config = self.slots.of(current).config();
+        match word::encode(current, &limits.states()[0], now, &config) {
+            Encoded::Word(new) => new,
+            Encoded::Rebase | Encoded::Mutex => self.slots.publish(current, limits, now),
+        }
+    }
+
+    /// The limits as they stand now (the word's state loaded into the one
+    /// limit, outside mutex mode).
+    pub(super) fn limits_now(&self) -> Limits {
+        let mut limits = self.lock().clone();
+        let current = self.word.0.load(Acquire);
+        if !word::is_mutex(current) {
+            self.load(&mut limits, current, self.clock.now_micros());
+        }
+        limits
+    }
+
+    /// What the limits hold now (see [`Snapshot::of_limits`]).
+    pub(super) fn snapshot_locked(&self) -> Snapshot {
+        let limits = self.lock();
+        let now = self.clock.now_micros();
+        let current = self.word.0.load(Acquire);
+        if word::is_mutex(current) {
+            return Snapshot::of_limits(&limits, now);
+        }
+        Snapshot::of(&self.state_at(&limits.states()[0], current, now), now, 0)
+    }
+
+    /// The state `current` (not mutex mode) stands for at `now`, with the
+    /// configuration of `template`.
+    fn state_at(&self, template: &State, current: u64, now: u64) -> State {
+        let mut state = template.clone();
+        let config = self.slots.of(current).config();
+        word::decode_into(current, now, &config, &mut state);
+        state
+    }
+
+    /// The wait in µs of a request made now.
+    pub(super) fn next_free_micros(&self) -> u64 {
+        let current = self.word.0.load(Acquire);
+        let now = self.clock.now_micros();
+        let next_free = if word::is_mutex(current) {
+            self.lock().earliest(now).0
+        } else {
+            let config = self.slots.of(current).config();
+            word::decode(current, now, &config).next_free
+        };
+        next_free.saturating_sub(now)
+    }
+}
