@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use paceline::Local;
 use paceline::redis::{Fallback, RedisRateLimiter};
 
 const RATE: f64 = 20.0;

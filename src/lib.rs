@@ -145,10 +145,8 @@ pub mod stream;
 #[cfg(feature = "tower")]
 pub mod tower;
 
-pub use builder::{Builder, DEFAULT_COLD_FACTOR, Limit};
+pub use builder::{Builder, DEFAULT_COLD_FACTOR, Limit, One, PerKey};
 pub use core::Snapshot;
 pub use error::{BackendError, Error};
-pub use keyed::{KeyedBuilder, KeyedRateLimiter, KeyedStats};
-pub use limiter::{KeyedLimiter, Limiter};
-pub use local::RateLimiter;
+pub use limiter::{Key, KeyedLimiter, KeyedRateLimiter, Limiter, Local, RateLimiter, Stats, Store};
 pub use reservation::Reservation;

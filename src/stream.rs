@@ -61,7 +61,7 @@
 //!
 //! When nothing is owed and the limiter can tell without I/O (the local
 //! [`RateLimiter`](crate::RateLimiter), through
-//! `Limiter::take_if_free`), an item's permits are taken at once, with no
+//! `Limiter::take_now`), an item's permits are taken at once, with no
 //! future and no timer. Otherwise an item costs one boxed future for its
 //! wait (the [`Limiter`] methods are `async`, so they box theirs too).
 
@@ -481,7 +481,7 @@ where
             let permits = permits(item);
             // Free, or nothing owed and the limiter can tell without I/O:
             // the item goes with no future to box.
-            if permits == 0 || matches!(limiter.take_if_free(permits), Some(Ok(true))) {
+            if permits == 0 || matches!(limiter.take_now(permits), Some(Ok(true))) {
                 return None;
             }
             Some(move |limiter| wait(limiter, permits))

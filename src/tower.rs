@@ -294,7 +294,7 @@ where
             match &mut self.permit {
                 Permit::None => {
                     // Nothing owed: no reservation to hold, no future.
-                    match self.limiter.take_if_free(1) {
+                    match self.limiter.take_now(1) {
                         Some(Ok(true)) => {
                             self.permit = Permit::Free;
                             continue;

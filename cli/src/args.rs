@@ -5,6 +5,7 @@ use std::io;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use paceline::Local;
 use paceline::Error;
 
 use crate::limiter::limits;

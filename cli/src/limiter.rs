@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use paceline::Local;
 use paceline::{Error, KeyedLimiter, Limit, Limiter};
 
 use crate::args::{Args, Failure, OnDown};
@@ -104,7 +105,7 @@ pub(crate) fn limits(args: &Args) -> Result<(Vec<Limit>, f64), Failure> {
 }
 
 /// One rate in this process, on [`StdClock`].
-pub(crate) fn local(limits: Vec<Limit>) -> Result<paceline::RateLimiter<StdClock>, Failure> {
+pub(crate) fn local(limits: Vec<Limit>) -> Result<paceline::RateLimiter<Local, StdClock>, Failure> {
     let mut builder = paceline::Builder::with_clock(StdClock::start());
     for limit in limits {
         builder = builder.limit(limit);

@@ -343,13 +343,13 @@ where
         };
         let config = &self.config;
         // A limiter in this process answers at once: no future to box.
-        match self.limiter.take_if_free(&key, 1) {
+        match self.limiter.take_now(&key, 1) {
             Some(Ok(true)) => {
                 let pending = match config.headers {
                     Headers::None => None,
                     kind => self
                         .limiter
-                        .snapshot_if_local(&key)
+                        .snapshot_now(&key)
                         .map(|snapshot| (kind, Arc::clone(&config.policy), snapshot)),
                 };
                 let answered =
@@ -358,7 +358,7 @@ where
                 return Either::Left(answered.map(add));
             }
             Some(Ok(false)) if config.max_wait.is_zero() => {
-                if let Some(snapshot) = self.limiter.snapshot_if_local(&key) {
+                if let Some(snapshot) = self.limiter.snapshot_now(&key) {
                     let response = refusal(config, snapshot);
                     return Either::Right(Either::Left(future::ready(Ok(response))));
                 }

@@ -6,15 +6,15 @@ use std::fmt;
 use std::hash::Hash;
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::{KeyedRateLimiter, KeyedStats, KeyedTaken};
-use crate::Error;
+use super::{Keyed, KeyedTaken};
+use crate::{Error, Stats};
 use crate::clock::Clock;
 use crate::core::{InvalidRate, Limits, State, stable_interval_micros};
 use crate::metrics::Metrics;
 use crate::reservation::{GiveBackTo, Taken};
 
 /// # Rate, size and clock
-impl<K, C> KeyedRateLimiter<K, C>
+impl<K, C> Keyed<K, C>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
@@ -30,7 +30,7 @@ where
     /// # Errors
     /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN; the
     /// limiter is then unchanged.
-    pub fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
+    pub(crate) fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
         self.reconfigure(|limits| match limits.states() {
             [_] => limits.set_rate(None, permits_per_second, 0),
@@ -67,12 +67,13 @@ where
     }
 
     /// The stable rate of every key, in permits per second, as last set.
-    pub fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         f64::from_bits(self.rate_bits.load(Relaxed))
     }
 
     /// The clock this limiter reads and sleeps on.
-    pub fn clock(&self) -> &C {
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn clock(&self) -> &C {
         &self.clock
     }
 
@@ -83,7 +84,7 @@ where
     /// # Errors
     /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN, or
     /// there is no limit `index`.
-    pub fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
+    pub(crate) fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
         crate::error::check_limit(index, self.limits)?;
         self.reconfigure(|limits| limits.set_rate(Some(index), permits_per_second, 0))?;
@@ -94,25 +95,22 @@ where
     }
 
     /// The number of keys held now (those not known to read as full).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.shards.iter().map(|shard| shard.0.read().len()).sum()
     }
 
-    /// Whether no key is held.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// What the limiter has had to do to stay within its bounds.
-    pub fn stats(&self) -> KeyedStats {
-        KeyedStats {
+    /// The keys held, and those dropped at the cap before they read as
+    /// full.
+    pub(crate) fn stats(&self) -> Stats {
+        Stats {
             keys: self.len(),
             dropped_unfinished: self.dropped_unfinished.load(Relaxed),
+            ..Stats::default()
         }
     }
 }
 
-impl<K, C> GiveBackTo for KeyedRateLimiter<K, C>
+impl<K, C> GiveBackTo for Keyed<K, C>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
@@ -136,7 +134,7 @@ where
     }
 }
 
-impl<K, C> KeyedRateLimiter<K, C>
+impl<K, C> Keyed<K, C>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
@@ -152,7 +150,7 @@ where
     }
 }
 
-impl<K, C: Clock> fmt::Debug for KeyedRateLimiter<K, C> {
+impl<K, C: Clock> fmt::Debug for Keyed<K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let template = self.shards[0].0.read().template().clone();
         let limits: Vec<_> = template

@@ -204,7 +204,6 @@ mod fallback;
 #[doc(hidden)]
 pub mod format;
 mod health;
-mod keyed;
 mod limiter;
 mod naming;
 mod round_trip;
@@ -213,14 +212,9 @@ mod script;
 mod shared;
 mod slots;
 
-pub use builder::{DEFAULT_PROBE_INTERVAL, DEFAULT_RESPONSE_TIMEOUT, RedisBuilder};
-pub use fallback::{Fallback, RedisStats};
-pub use keyed::{DEFAULT_MAX_LOCAL_KEYS, KeyedRedisBuilder, KeyedRedisRateLimiter};
-
-/// The former name of [`KeyedRedisBuilder`].
-#[deprecated(note = "renamed KeyedRedisBuilder, after the limiter it builds")]
-pub type RedisKeyedBuilder<K, C = crate::clock::SystemClock> = KeyedRedisBuilder<K, C>;
-pub use limiter::RedisRateLimiter;
+pub use builder::{DEFAULT_PROBE_INTERVAL, DEFAULT_RESPONSE_TIMEOUT};
+pub use fallback::Fallback;
+pub use limiter::Redis;
 pub use naming::DEFAULT_KEY_PREFIX;
 
 /// The oldest Redis these limiters support, as (major, minor): Redis 7.0
@@ -229,7 +223,7 @@ pub use naming::DEFAULT_KEY_PREFIX;
 /// starts against this; it runs on Redis 7.0, and has passed on Valkey 8.
 pub const MIN_REDIS_VERSION: (u32, u32) = (7, 0);
 pub use script::Token;
-pub use shared::{RedisBackend, RedisBackendBuilder, RedisLimiterBuilder};
+pub use shared::{RedisBackend, RedisBackendBuilder};
 
 /// The Redis client crate these limiters are built on, so that code using
 /// them needs no version of its own to match: `paceline::redis::Client`

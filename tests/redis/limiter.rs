@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::support::redis_server::RedisServer;
+use paceline::Local;
 use paceline::clock::{Clock, FakeClock};
 use paceline::redis::{Fallback, RedisRateLimiter};
 use paceline::{Error, Limiter};
@@ -18,7 +19,7 @@ async fn limiter(
     name: &str,
     rate: f64,
     clock: &FakeClock,
-) -> RedisRateLimiter<FakeClock> {
+) -> RedisRateLimiter<Local, FakeClock> {
     RedisRateLimiter::builder(server.client(), name)
         .permits_per_second(rate)
         .fallback(Fallback::FailClosed)

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::support::redis_server::RedisServer;
 use crate::support::rng::Rng;
+use paceline::Local;
 use paceline::core::{Bursty, Limits, Policy, State, WarmingUp};
 use paceline::redis::format::{SEVERAL_LOG_CAPACITY, SEVERAL_SCRIPT};
 use redis::Value;

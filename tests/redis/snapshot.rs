@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::support::poll::{RESPONSE_TIMEOUT, backend};
 use crate::support::redis_server::RedisServer;
+use paceline::Local;
 use paceline::redis::{Fallback, RedisRateLimiter};
 use paceline::{Error, KeyedLimiter, Limit, Limiter};
 

@@ -1,6 +1,7 @@
 //! A server killed (`SIGKILL`, restarted empty on the same port), or not
 //! reachable when the service starts.
 
+use paceline::Local;
 use super::*;
 
 /// `SIGKILL`, then a new, empty server on the same port. (That the limiter

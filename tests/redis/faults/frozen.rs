@@ -1,6 +1,7 @@
 //! A server frozen with `SIGSTOP`: round trips queued on its socket run
 //! late, when it resumes.
 
+use paceline::Local;
 use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
