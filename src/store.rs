@@ -202,7 +202,9 @@ where
 {
     check_permits(permits)?;
     let taken = engine.take(key, permits, Some(timeout), true).await?;
-    engine.metrics().tried(taken.as_ref().map(Reservation::delay));
+    engine
+        .metrics()
+        .tried(taken.as_ref().map(Reservation::delay));
     Ok(taken)
 }
 
@@ -253,7 +255,9 @@ where
     E: Engine<Q>,
 {
     check_permits(permits)?;
-    let wait = engine.take_blocking(key, permits, None)?.unwrap_or_default();
+    let wait = engine
+        .take_blocking(key, permits, None)?
+        .unwrap_or_default();
     engine.metrics().granted(wait);
     if !wait.is_zero() {
         engine.sleep_blocking(wait);
@@ -302,4 +306,82 @@ where
         engine.metrics().granted(Duration::ZERO);
     }
     taken
+}
+
+/// An engine shared with the tasks it starts (the Redis engine's) is an
+/// engine behind its `Arc`.
+impl<E: Rate> Rate for std::sync::Arc<E> {
+    fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
+        (**self).set_rate(permits_per_second)
+    }
+
+    fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
+        (**self).set_limit_rate(index, permits_per_second)
+    }
+
+    fn rate(&self) -> f64 {
+        (**self).rate()
+    }
+
+    fn clock(&self) -> &dyn Clock {
+        (**self).clock()
+    }
+
+    fn stats(&self) -> Stats {
+        (**self).stats()
+    }
+
+    fn sleep_blocking(&self, wait: Duration) {
+        (**self).sleep_blocking(wait);
+    }
+
+    fn metrics(&self) -> &Metrics {
+        (**self).metrics()
+    }
+}
+
+impl<Q: ?Sized + Sync, E: Engine<Q>> Engine<Q> for std::sync::Arc<E> {
+    fn take(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Option<Duration>,
+        held: bool,
+    ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
+        (**self).take(key, permits, timeout, held)
+    }
+
+    fn take_wait(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<Option<Duration>, Error>> + Send {
+        (**self).take_wait(key, permits, timeout)
+    }
+
+    fn take_blocking(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Duration>, Error> {
+        (**self).take_blocking(key, permits, timeout)
+    }
+
+    fn next_free(&self, key: &Q) -> impl Future<Output = Result<Duration, Error>> + Send {
+        (**self).next_free(key)
+    }
+
+    fn snapshot(&self, key: &Q) -> impl Future<Output = Result<Snapshot, Error>> + Send {
+        (**self).snapshot(key)
+    }
+
+    fn take_now(&self, key: &Q, permits: u32) -> Option<Result<bool, Error>> {
+        (**self).take_now(key, permits)
+    }
+
+    fn snapshot_now(&self, key: &Q) -> Option<Snapshot> {
+        (**self).snapshot_now(key)
+    }
 }

@@ -5,8 +5,8 @@ use std::io;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use paceline::Local;
 use paceline::Error;
+use paceline::Local;
 
 use crate::limiter::limits;
 use crate::units::{parse_duration, parse_record_size};

@@ -269,7 +269,8 @@ impl<K: Key, C: Clock> Builder<PerKey<K>, Local, C> {
     pub fn build(mut self) -> Result<KeyedRateLimiter<K, Local, C>, Error> {
         let (clock, metrics, max_keys) = self.parts()?;
         let states = limit_states(&self.config, 0)?;
-        let engine = crate::keyed::Keyed::from_limits(states, clock, max_keys, crate::keyed::Mode::Full);
+        let engine =
+            crate::keyed::Keyed::from_limits(states, clock, max_keys, crate::keyed::Mode::Full);
         Ok(KeyedRateLimiter {
             engine: engine.with_metrics(metrics),
         })

@@ -19,11 +19,11 @@ use rounds::Rounds;
 pub(crate) use shard::Mode;
 use shard::{Dropped, Fast, Shard, Ticket, Written};
 
+use crate::Reservation;
 use crate::clock::{Clock, SystemClock};
 use crate::core::{Limits, Policy, State};
 use crate::metrics::Metrics;
 use crate::reservation::{Pending, Taken};
-use crate::Reservation;
 
 /// The state of a keyed limiter in this process: the engine of a
 /// [`KeyedRateLimiter<K, Local>`](crate::KeyedRateLimiter), whose

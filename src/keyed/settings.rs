@@ -7,11 +7,11 @@ use std::hash::Hash;
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::{Keyed, KeyedTaken};
-use crate::{Error, Stats};
 use crate::clock::Clock;
 use crate::core::{InvalidRate, Limits, State, stable_interval_micros};
 use crate::metrics::Metrics;
 use crate::reservation::{GiveBackTo, Taken};
+use crate::{Error, Stats};
 
 /// # Rate, size and clock
 impl<K, C> Keyed<K, C>
@@ -84,7 +84,11 @@ where
     /// # Errors
     /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN, or
     /// there is no limit `index`.
-    pub(crate) fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
+    pub(crate) fn set_limit_rate(
+        &self,
+        index: usize,
+        permits_per_second: f64,
+    ) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
         crate::error::check_limit(index, self.limits)?;
         self.reconfigure(|limits| limits.set_rate(Some(index), permits_per_second, 0))?;

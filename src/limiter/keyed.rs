@@ -176,7 +176,10 @@ impl<K: Key, C: Clock> KeyedRateLimiter<K, Local, C> {
 }
 
 /// # The rate, on every store
-impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C> {
+impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C>
+where
+    S::Keyed<K, C>: Rate,
+{
     /// Changes the rate of every key from now on, as
     /// [`RateLimiter::set_rate`](crate::RateLimiter::set_rate) does for
     /// one: each key still repays its last request at the old rate, and its

@@ -21,7 +21,7 @@ use std::hash::Hash;
 pub use traits::{KeyedLimiter, Limiter};
 
 use crate::clock::Clock;
-use crate::store::{Engine, NoKey, Rate};
+use crate::store::{Engine, NoKey};
 
 /// Where a limiter's state lives: [`Local`] (this process) or
 /// [`Redis`](crate::redis::Redis) (shared through Redis). A limiter's type
@@ -37,7 +37,7 @@ pub trait Store: sealed::Sealed + Send + Sync + Sized + 'static {
     type Single<C: Clock>: Engine<NoKey>;
     /// The engine of a keyed limiter.
     #[doc(hidden)]
-    type Keyed<K: Key, C: Clock>: Rate;
+    type Keyed<K: Key, C: Clock>;
     /// What the builder knows of the store before it builds.
     #[doc(hidden)]
     type Settings: Send;

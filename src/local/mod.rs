@@ -253,14 +253,6 @@ impl<C: Clock> Rate for Single<C> {
     }
 }
 
-impl<C: Clock> Single<C> {
-    /// The clock this limiter reads and sleeps on.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn clock(&self) -> &C {
-        &self.clock
-    }
-}
-
 impl<C: Clock> GiveBackTo for Single<C> {
     fn metrics(&self) -> &Metrics {
         &self.metrics

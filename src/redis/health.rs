@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use super::fallback::Stats;
+use crate::Stats;
 use crate::metrics::BackendMetrics;
 
 /// The number of hash slots of a Redis Cluster.

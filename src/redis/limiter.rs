@@ -8,9 +8,9 @@ use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::Fallback;
 use super::backend::Backend;
 use super::failover::Failover;
-use super::Fallback;
 use crate::clock::Clock;
 use crate::limiter::{Key, Store};
 use crate::store::{self, Engine, NoKey};

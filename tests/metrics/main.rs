@@ -205,7 +205,10 @@ fn a_keyed_limiter_counts_its_keys_never_by_key() {
         limiter.reserve(&format!("flood-{user}"), 1).unwrap();
         clock.advance(Duration::from_micros(10));
     }
-    assert_eq!(seen.gauge(KEYS, &per_user), Some(limiter.stats().keys as f64));
+    assert_eq!(
+        seen.gauge(KEYS, &per_user),
+        Some(limiter.stats().keys as f64)
+    );
     assert!(limiter.stats().keys <= 64);
     assert_eq!(
         seen.counter(REQUESTS, &[("limiter", "per-user"), ("result", "acquired")]),

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use crate::support::poll::{RESPONSE_TIMEOUT, SLACK, backend, within};
 use crate::support::proxy::Proxy;
 use crate::support::redis_server::RedisServer;
-use paceline::Local;
 use paceline::Error;
+use paceline::Local;
 use paceline::redis::{Fallback, RedisBackend};
 
 const MS: Duration = Duration::from_millis(1);

@@ -58,11 +58,13 @@ use super::script::{Call, Reply, Request, ScriptArgs, Stored, Token};
 use crate::clock::Clock;
 use crate::core::{Policy, State, stable_interval_micros};
 use crate::error::BackendError;
+use crate::keyed::Keyed;
 use crate::keyed::Mode;
+use crate::limiter::Key;
 use crate::metrics::Metrics;
 use crate::reservation::{GiveBackTo, Pending, Taken};
-use crate::store::{Now, Rate, Store};
-use crate::{Error, KeyedRateLimiter, Reservation, Snapshot};
+use crate::store::{Engine, Rate, now};
+use crate::{Error, Reservation, Snapshot, Stats};
 
 /// Where a limiter's keys live in Redis.
 pub(crate) enum Naming {
@@ -95,7 +97,7 @@ pub struct Failover<K, C: Clock> {
     pub(crate) fallback: Fallback,
     /// The local fallback: keys open empty at their floor; a key held here
     /// owes Redis what it granted. Its clock is the one waits are slept on.
-    pub(crate) local: KeyedRateLimiter<K, C>,
+    pub(crate) local: Keyed<K, C>,
     local_fraction: f64,
     max_local_keys: usize,
     /// Whether the fallback may hold keys or debts are known: when not, a
@@ -204,7 +206,7 @@ where
             })
             .collect::<Result<Vec<State>, _>>()?;
         let (local, script_args) = if limits.len() > 1 {
-            let local = KeyedRateLimiter::from_limits(
+            let local = Keyed::from_limits(
                 local_states,
                 parts.clock,
                 Some(parts.max_local_keys),
@@ -212,7 +214,7 @@ where
             );
             (local, ScriptArgs::several(&limits))
         } else {
-            let local = KeyedRateLimiter::from_limits(
+            let local = Keyed::from_limits(
                 local_states,
                 parts.clock,
                 Some(parts.max_local_keys),
@@ -305,10 +307,6 @@ where
         Ok(())
     }
 
-    pub(crate) fn clock(&self) -> &C {
-        self.local.clock()
-    }
-
     fn now(&self) -> u64 {
         self.local.clock().now_micros()
     }
@@ -351,7 +349,7 @@ where
     }
 
     /// Reserves `permits` of `key` through Redis, or through the fallback
-    /// while Redis is down ([`Store::take`]). `held`: the caller may give
+    /// while Redis is down ([`Engine::take`]). `held`: the caller may give
     /// the reservation back (see [`Call::Reserve`]).
     async fn take<Q>(
         &self,
@@ -382,7 +380,7 @@ where
                 Route::Local(failure) => failure,
             };
             let served = self.serve_locally(key, &target, failure, |local| {
-                Ok(Now::take_now(local, key, permits, timeout))
+                now(Engine::take(local, key, permits, timeout, true))
             });
             match served {
                 Ok(result) => return result,
@@ -391,7 +389,7 @@ where
         }
     }
 
-    /// [`Store::take_blocking`]: the call runs on the backend's runtime
+    /// [`Engine::take_blocking`]: the call runs on the backend's runtime
     /// while this thread blocks.
     fn take_blocking_owned(
         &self,
@@ -403,7 +401,7 @@ where
             return Err(super::runtime::shut_down());
         };
         self.backend
-            .block_on(async move { Store::take_wait(&*this, &key, permits, timeout).await })?
+            .block_on(async move { Engine::take_wait(&*this, &key, permits, timeout).await })?
     }
 
     /// The current wait of `key`, from Redis or the fallback.
@@ -583,7 +581,7 @@ where
     }
 }
 
-impl<K, C, Q> Store<Q> for Failover<K, C>
+impl<K, C, Q> Engine<Q> for Failover<K, C>
 where
     K: Borrow<Q> + Display + Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
@@ -629,15 +627,27 @@ where
 
 impl<K, C> Rate for Failover<K, C>
 where
-    K: Display + Hash + Eq + Clone + Send + Sync + 'static,
+    K: Key + Display,
     C: Clock,
 {
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
         Failover::set_rate(self, permits_per_second)
     }
 
+    fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
+        Failover::set_limit_rate(self, index, permits_per_second)
+    }
+
     fn rate(&self) -> f64 {
         Failover::rate(self)
+    }
+
+    fn stats(&self) -> Stats {
+        Stats {
+            degraded: self.is_degraded(),
+            keys: self.local_len(),
+            ..self.backend.health.stats()
+        }
     }
 
     fn clock(&self) -> &dyn Clock {
@@ -650,6 +660,15 @@ where
 
     fn sleep_blocking(&self, wait: Duration) {
         blocking_section(|| self.local.clock().sleep_blocking(wait));
+    }
+}
+
+impl<K, C: Clock> std::fmt::Debug for Failover<K, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLimiter")
+            .field("key", &self.describe())
+            .field("fallback", &self.fallback)
+            .finish_non_exhaustive()
     }
 }
 

@@ -1,8 +1,8 @@
 //! A server killed (`SIGKILL`, restarted empty on the same port), or not
 //! reachable when the service starts.
 
-use paceline::Local;
 use super::*;
+use paceline::Local;
 
 /// `SIGKILL`, then a new, empty server on the same port. (That the limiter
 /// serves from its fallback and comes back: the `killed_redis_*` tests.) Here:

@@ -1,8 +1,8 @@
 //! A server frozen with `SIGSTOP`: round trips queued on its socket run
 //! late, when it resumes.
 
-use paceline::Local;
 use super::*;
+use paceline::Local;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_redis_does_not_hang_callers() {
