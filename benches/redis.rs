@@ -21,9 +21,10 @@
 //! * both real scripts again on random keys out of 10^7 (`__rand_int__`),
 //!   nearly all missing: the path that resets a key and sets its TTL;
 //! * the crate's script on one hot key with reservations its caller may
-//!   give back (`1+`, as `acquire` sends): each waits, so each gets a group
-//!   in the key's ledger, which stays full (64 groups, a 2 172-byte value):
-//!   the most a give-back-able reservation costs.
+//!   give back (`1+`, as `acquire` sends): each waits, so each is logged
+//!   with an id in the key's log, which stays full (64 requests, a value of
+//!   up to 2 676 bytes, written in place): the most a give-back-able
+//!   reservation costs.
 //!
 //! Part 2, the client: one `RateLimiter<Redis>` (one multiplexed connection)
 //! calls `reserve(1)` in a loop from 1 task, then from 64 tasks sharing it;
@@ -39,7 +40,7 @@
 //!
 //! Part 3, keyed: one `RedisBackend` (one connection) and a
 //! `KeyedRateLimiter<u64, Redis>` on it, 64 tasks reserving on random keys out of
-//! 10 000 (each its own Redis key, `paceline:keyed:{key}`), on a
+//! 10 000 (each its own Redis key, `paceline:v1:keyed:{key}`), on a
 //! current-thread runtime; next to it `redis-benchmark -c 64 -P 16` running
 //! the script on random keys of the same shape (`-r 10000`). Then `MEMORY
 //! USAGE` of the keys, averaged over a sample.
@@ -68,12 +69,22 @@ use paceline::redis::{Fallback, Redis, RedisBackend};
 use paceline::{KeyedRateLimiter, RateLimiter};
 
 #[allow(dead_code)]
+#[path = "../tests/support/limiter_state.rs"]
+mod limiter_state;
+#[allow(dead_code)]
 #[path = "../tests/support/redis_server.rs"]
 mod redis_server;
 
+/// Part 4: one hot key.
+#[path = "redis_hot_key.rs"]
+mod hot_key;
+
 use redis_server::RedisServer;
 
-const RESERVE: &str = paceline::redis::format::SCRIPT;
+/// The crate's script, as the crate assembles it.
+fn reserve_script() -> &'static str {
+    limiter_state::script_source()
+}
 const BASELINE: &str = include_str!("baseline.lua");
 const RETURN_1: &str = "return 1";
 /// What every script on this layout must do at least.
@@ -85,20 +96,20 @@ const LOWER_BOUND: &str = "local t = redis.call('TIME')\n\
 /// The limiter: the crate's key for the name `bench`, and the arguments the
 /// crate sends for `reserve(1)` at 1000 permits/s with 1 s of burst.
 const NAME: &str = "bench";
-const KEY: &str = "paceline:bench";
+const KEY: &str = "paceline:v1:bench";
 const RATE: f64 = 1000.0;
 const RESERVE_ARGS: &[&str] = &["1", "-1", "1000.0", "bursty", "1000000", "0.0"];
 const BASELINE_ARGS: &[&str] = &["1", "-1", "1000.0", "1000000"];
 /// The same reservation as one its caller may give back (`acquire`, a
-/// `Reservation`): on a key always in debt, each gets a group in the key's
-/// ledger, which stays full.
-const HELD_KEY: &str = "paceline:held";
+/// `Reservation`): on a key always in debt, each is logged with an id in
+/// the key's log, which stays full.
+const HELD_KEY: &str = "paceline:v1:held";
 const HELD_ARGS: &[&str] = &["1+", "-1", "1000.0", "bursty", "1000000", "0.0"];
 /// Random keys for the cold-key rows: `__rand_int__` is replaced per call.
-const COLD_KEY: &str = "paceline:cold:__rand_int__";
+const COLD_KEY: &str = "paceline:v1:cold:__rand_int__";
 const COLD_KEYS: &str = "10000000";
 /// The keyed case: 10 000 user keys under the keyed limiter's prefix.
-const USER_KEY: &str = "paceline:keyed:__rand_int__";
+const USER_KEY: &str = "paceline:v1:keyed:__rand_int__";
 const USER_KEYS: u64 = 10_000;
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -245,7 +256,7 @@ fn field(line: &str, name: &str) -> Option<f64> {
 
 /// Calls per second of `reserve(1)` from `tasks` tasks sharing `limiter`.
 async fn client_ops(limiter: &Arc<RateLimiter<Redis>>, tasks: usize, secs: f64) -> f64 {
-    hot_key_ops(limiter, tasks, secs).await.0
+    hot_key::hot_key_ops(limiter, tasks, secs).await.0
 }
 
 fn main() {
@@ -274,7 +285,7 @@ fn main() {
         bench.server.port()
     );
 
-    let reserve = bench.load(RESERVE);
+    let reserve = bench.load(reserve_script());
     let baseline = bench.load(BASELINE);
     let return_1 = bench.load(RETURN_1);
     let lower_bound = bench.load(LOWER_BOUND);
@@ -296,7 +307,7 @@ fn main() {
     // `PACELINE_BENCH_PART=4` runs part 4 alone.
     if std::env::var("PACELINE_BENCH_PART").as_deref() != Ok("4") {
         // Part 1: the scripts, -c 50 -P 16.
-        let baseline_key = "paceline:baseline";
+        let baseline_key = "paceline:v1:baseline";
         let cases: [(&str, &str, &str, &[&str]); 7] = [
             (
                 "the crate's script, one hot key",
@@ -330,7 +341,7 @@ fn main() {
                 BASELINE_ARGS,
             ),
             (
-                "the crate's script, one hot key, held (`1+`): a full ledger",
+                "the crate's script, one hot key, held (`1+`): a full log",
                 &reserve,
                 HELD_KEY,
                 HELD_ARGS,
@@ -483,7 +494,7 @@ fn main() {
             .map(|key| {
                 redis::cmd("MEMORY")
                     .arg("USAGE")
-                    .arg(format!("paceline:keyed:{key}"))
+                    .arg(format!("paceline:v1:keyed:{key}"))
                     .query::<Option<u64>>(&mut bench.con)
                     .unwrap()
                     .unwrap_or(0)
@@ -514,162 +525,7 @@ fn main() {
         drop(keyed);
     }
 
-    // Part 4: one hot key, 256 tasks, coalesced or not.
-    const TASKS: usize = 256;
-    bench.keyspace = COLD_KEYS.to_owned();
-    let hot: Vec<Arc<RateLimiter<Redis>>> = [true, false]
-        .iter()
-        .map(|&coalesce| {
-            runtime.block_on(async {
-                let redis = RedisBackend::builder(bench.server.client())
-                    .response_timeout(Duration::from_secs(5))
-                    .coalesce(coalesce)
-                    .build()
-                    .await
-                    .expect("backend");
-                RateLimiter::builder()
-                    .permits_per_second(1e9)
-                    .max_burst(Duration::from_secs(1))
-                    .redis(&redis, "hot")
-                    .fallback(Fallback::FailClosed)
-                    .build()
-                    .map(Arc::new)
-                    .expect("limiter")
-            })
-        })
-        .collect();
-    // [coalesced, one call each]: (ops/s, client CPU µs per reservation)
-    let mut hot_ops: [Vec<f64>; 2] = Default::default();
-    let mut hot_cpu: [Vec<f64>; 2] = Default::default();
-    let mut lone: [Vec<f64>; 2] = Default::default();
-    // EVALSHA calls per run (warm-up included), to tell the batch sizes.
-    let mut hot_calls: [Vec<f64>; 2] = Default::default();
-    let sizes = [1usize, 8, 64];
-    let mut per_reservation: Vec<Vec<f64>> = vec![vec![]; sizes.len()];
-    for _ in 0..rounds {
-        for (i, limiter) in hot.iter().enumerate() {
-            bench.reset();
-            let (ops, cpu) = runtime.block_on(hot_key_ops(limiter, TASKS, secs));
-            hot_ops[i].push(ops);
-            hot_cpu[i].push(cpu);
-            hot_calls[i].push(bench.evalsha_calls());
-            // A lone caller: never queued, so never slower.
-            bench.reset();
-            lone[i].push(runtime.block_on(hot_key_ops(limiter, 1, secs)).0);
-        }
-        for (i, &size) in sizes.iter().enumerate() {
-            // As the client sends them: a batch of the same request, or
-            // one request as a call of its own.
-            let batch = format!("1:-1*{size}");
-            let (mode, second) = if size == 1 {
-                ("1", "-1")
-            } else {
-                ("batch", batch.as_str())
-            };
-            let args = [mode, second, "1000000000.0", "bursty", "1000000", "0.0"];
-            let calls = (requests / size as u64).max(1000);
-            let run = bench.redis_benchmark(50, 16, calls, &reserve, "paceline:hot", &args);
-            per_reservation[i].push(run.usec / size as f64);
-        }
-    }
-    println!();
-    println!(
-        "A hot key: one RateLimiter<Redis> at 10^9 permits/s, {TASKS} tasks reserving 1 on a \
-         current-thread runtime; ops/s and the client's CPU µs per reservation, median (and \
-         range) of {rounds} rounds:"
-    );
-    println!();
-    println!("| coalesce | reservations/s | client CPU µs/reservation | reservations per call |");
-    println!("|---|---:|---:|---:|");
-    for (i, name) in ["true", "false"].iter().enumerate() {
-        // The run's reservations, warm-up included (0.3 s), per call.
-        let per_call: Vec<f64> = hot_ops[i]
-            .iter()
-            .zip(&hot_calls[i])
-            .map(|(ops, calls)| ops * (secs + 0.3) / calls)
-            .collect();
-        println!(
-            "| {name} | {} | {} | {} |",
-            spread(&hot_ops[i], 0),
-            spread(&hot_cpu[i], 2),
-            spread(&per_call, 1)
-        );
-    }
-    println!();
-    println!(
-        "coalesce(true) / coalesce(false): {:.2}x (median of the per-round ratios)",
-        ratio(&hot_ops[0], &hot_ops[1])
-    );
-    println!(
-        "A lone caller (1 task): {} reservations/s coalesced, {} not: {:.2}x",
-        spread(&lone[0], 0),
-        spread(&lone[1], 0),
-        ratio(&lone[0], &lone[1])
-    );
-    println!();
-    println!(
-        "Server time per reservation in a batch (redis-benchmark -c 50 -P 16, EVALSHA batch; \
-         a batch of 1 is a call of its own):"
-    );
-    println!();
-    println!("| batch | server µs/reservation | vs one call each |");
-    println!("|---:|---:|---:|");
-    for (i, size) in sizes.iter().enumerate() {
-        println!(
-            "| {size} | {} | {:.2}x |",
-            spread(&per_reservation[i], 2),
-            ratio(&per_reservation[i], &per_reservation[0])
-        );
-    }
-}
-
-/// This process's CPU time so far, in seconds (user and system, every
-/// thread), from /proc; 0 where there is none.
-fn cpu_secs() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // The fields after the command's name, which ends with the last ')'.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 here, in
-    // clock ticks (100 per second on Linux).
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-/// Reservations per second of `reserve(1)` from `tasks` tasks sharing
-/// `limiter` (one key), and the client's CPU µs per reservation.
-async fn hot_key_ops(limiter: &Arc<RateLimiter<Redis>>, tasks: usize, secs: f64) -> (f64, f64) {
-    let count = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let handles: Vec<_> = (0..tasks)
-        .map(|_| {
-            let (limiter, count, stop) = (Arc::clone(limiter), count.clone(), stop.clone());
-            tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    limiter.reserve(1).await.expect("reserve");
-                    count.fetch_add(1, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await; // warm-up
-    let (start, started, cpu) = (count.load(Ordering::Relaxed), Instant::now(), cpu_secs());
-    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
-    let done = count.load(Ordering::Relaxed) - start;
-    let (elapsed, cpu) = (started.elapsed().as_secs_f64(), cpu_secs() - cpu);
-    stop.store(true, Ordering::Relaxed);
-    for handle in handles {
-        handle.await.expect("task");
-    }
-    (done as f64 / elapsed, cpu * 1e6 / done as f64)
+    hot_key::run(&mut bench, runtime, rounds, secs, requests, &reserve);
 }
 
 /// Calls per second of `reserve(key, 1)` on random keys out of `USER_KEYS`

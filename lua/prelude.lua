@@ -1,101 +1,94 @@
--- The limiter's script, part 1 of 5: constants, arguments, configuration.
--- Its protocol is specified in docs/redis-protocol.md.
+-- The limiter's script, part 1 of 5: constants, arguments, the limits'
+-- configuration, the clock, the value as read. It mirrors core::Limits
+-- (src/core/limits.rs) over core::State (src/core/mod.rs), for 1 to
+-- MAX_LIMITS limits; its protocol is specified in docs/redis-protocol.md.
+--
+-- It is written for speed: Redis runs one script at a time, so every
+-- instruction here is every caller's. With one limit, its state and
+-- configuration are plain locals (no table is built); with several, the
+-- tables S (state) and C (configuration) hold every limit's, and the same
+-- locals are the limit being worked on (loaded at the top of each loop
+-- over the limits, stored back at its end). Code on the common path makes
+-- no closure, converts each argument once and packs the value once.
 
 -- Constants, as in src/core.
 local MAX_MICROS = 9007199254740992 -- 2^53
 local F64_MAX = 1.7976931348623157e308 -- f64::MAX
 local INFINITY = 1 / 0
-local TTL_CAP_MS = 9007199254740 -- floor(2^53 / 1000)
-local TTL_MAX_SLACK_MS = 1000
-local MARKER = 'thr2'
-local THR1 = 'thr1' -- the previous marker, same size (see Value)
-local VALUE = '<c4ddddddddd' -- the marker and nine doubles: 76 bytes
-local VALUE_SIZE = 76
-local STATE = '<c4ddddddd' -- the marker and fields 1 to 7, read from a value
 local FRACTION_ONE = 1048576 -- 2^20: one microsecond in fraction units
 local FINE_CHARGE_LIMIT = 4294967296 -- 2^32 µs (FINE_CHARGE_LIMIT_MICROS)
-local FRACTIONS_SHIFT = 2097152 -- 2^21: field 7 = next_free_fraction * 2^21 + ...
-local FRACTIONS_END = 2199023255552 -- 2^41: field 7 is below it
-local BAD = 'ERR paceline: %s (got "%s")'
-local THR3 = 'thr3' -- the marker of a value with a ledger (see Ledger)
-local LEDGER = '<dddddd' -- the ledger's head: six doubles, 48 bytes
-local LEDGER_START = 77 -- where a thr3 value's ledger begins
-local LEDGER_CAPACITY = 64 -- the most groups kept (Ledger::SHARED_CAPACITY)
-local TOKEN_ID_SIZE = 84 -- a token with a group id (see Token)
+local TTL_CAP_MS = 9007199254740 -- floor(2^53 / 1000)
+local TTL_MAX_SLACK_MS = 1000
+-- The value (see Value in the protocol).
+local MARKER = 'plv1'
+local HEAD = 36 -- the marker and the hot part's head: four doubles
+local MAX_LIMITS = 16
+-- shape = limits + SHAPE * logged requests + BOUND * (the record's bound + 1)
+local SHAPE = 32
+local LOGGED = 65 -- SHAPE * LOGGED = BOUND
+local BOUND = 2080
+local LOG_CAPACITY = 64 -- the most requests the log keeps
+local DEAD_CAPACITY = 16 -- the most requests kept in the value after they left the log
 local BATCH_CAPACITY = 1024 -- the most requests in one batch
+local BAD = 'ERR paceline: %s (got "%.40s")'
+-- (One literal: a concatenation would run on every call.)
 local NOT_OURS = 'ERR paceline: key %s holds a value this limiter does not recognise (%d bytes); it was left untouched: delete it or use another limiter name'
 
--- Comparisons below are written `if x > cap then x = cap end` where the core
--- has `x.min(cap)`: the same thing, as no x there can be NaN. An integer
--- check is `x % 1 == 0`, which NaN and the infinities fail.
+-- Comparisons are written `if x > cap then x = cap end` where the core has
+-- `x.min(cap)`: the same, as no x there is NaN. An integer check is
+-- `x % 1 == 0`, which NaN and the infinities fail.
 
 ---------------------------------------------------------------------------
--- Arguments. Everything is checked before the key is read or written.
+-- Arguments, all checked before the key is read.
 ---------------------------------------------------------------------------
 
-local argv = ARGV
+local argv, tonumber = ARGV, tonumber
 local nargs = #argv
 if #KEYS ~= 1 then
-    return redis.error_reply('ERR paceline: expected exactly 1 key, the limiter (got '
-        .. #KEYS .. '); call with KEYS[1] = limiter key')
+    return redis.error_reply('ERR paceline: expected exactly 1 key, the limiter (got ' .. #KEYS .. ')')
 end
-if nargs ~= 6 and nargs ~= 7 then
-    return redis.error_reply('ERR paceline: expected 6 or 7 arguments: permits|probe|resume|cancel|batch|status, '
-        .. 'timeout_micros|debt_micros|token, permits_per_second, policy, '
-        .. 'max_burst_micros|warmup_micros, cold_factor[, now_micros] (got ' .. nargs .. ')')
+-- Two, four per limit, and the clock's reading if it is given.
+local clocked = (nargs - 2) % 4
+local n = (nargs - 2 - clocked) / 4
+if clocked > 1 or n < 1 or n > MAX_LIMITS then
+    return redis.error_reply('ERR paceline: expected 2 + 4 per limit (1 to ' .. MAX_LIMITS
+        .. ' limits) arguments, then now_micros optionally: permits|mode, timeout_micros|debts|id|'
+        .. 'requests, and per limit permits_per_second, policy, max_burst_micros|warmup_micros, '
+        .. 'cold_factor (got ' .. nargs .. ')')
 end
-local tonumber = tonumber
 
--- ARGV[1]. `mode` stays nil for a reservation, a query (`permits`) or a
--- batch (`batch_p`), and names a cold mode otherwise (`permits` is then
--- nil). The most common value skips the conversion.
--- `held`: a reservation its caller may give back (`n+`), which gets a group
--- in the ledger if it waits.
-local permits = argv[1]
-local mode, held
+-- ARGV[1]: the permits of a reservation (`held`: `n+`, one its caller may
+-- give back), 0 for a query, or the mode. The common values skip tonumber.
+local permits, held, mode = argv[1], false, nil
 if permits == '1' then
     permits = 1
 elseif permits == '1+' then
     permits, held = 1, true
+elseif permits == 'batch' or permits == 'cancel' or permits == 'probe' or permits == 'resume'
+        or permits == 'status' then
+    mode, permits = permits, nil
 else
-    local n = tonumber(permits)
-    if not n and string.byte(permits, -1) == 43 then
-        n = tonumber(string.sub(permits, 1, -2))
-        held = n and n >= 1
-    end
-    if n and n >= 0 and n <= MAX_MICROS and n % 1 == 0 and held ~= false then
-        permits = n
-    elseif not n and (permits == 'probe' or permits == 'resume' or permits == 'cancel'
-            or permits == 'batch' or permits == 'status') then
-        mode = permits
-        permits = nil
-    else
-        return redis.error_reply(string.format(BAD,
-            'ARGV[1] must be the permits to reserve, an integer from 1 to 2^53 (followed by + '
-            .. 'if the reservation may be given back), 0 to query, or probe, resume, cancel, batch or status',
-            string.sub(tostring(argv[1]), 1, 40)))
+    if string.byte(permits, -1) == 43 then permits, held = string.sub(permits, 1, -2), true end
+    permits = tonumber(permits)
+    if not (permits and permits >= 0 and permits <= MAX_MICROS and permits % 1 == 0)
+            or (held and permits == 0) then
+        return redis.error_reply(string.format(BAD, 'ARGV[1] must be the permits to reserve, an integer '
+            .. 'from 1 to 2^53 (followed by + if it may be given back), 0 to query, or batch, cancel, '
+            .. 'probe, resume or status', argv[1]))
     end
 end
 
--- ARGV[2]: the timeout of a reservation (or of nothing, for a query or a
--- probe), the debt of a resume, the token of a cancel, the requests of a
--- batch.
-local timeout_micros = argv[2]
-local is_try = false
-local debt_micros
-local tk_stored_before, tk_next_free_before, tk_stored_after, tk_next_free_after
-local tk_moment, tk_spent_stored, tk_rate, tk_max, tk_now
-local tk_fractions, tk_fraction_before, tk_fraction_after, tk_id
--- A batch: `permits[+]:timeout_micros` each, joined by commas, applied in
--- order at one clock reading as the same calls one by one would be (see
--- Batch): their permits, whether each may be given back, their timeouts.
--- `*count` after a request repeats it (`1:-1*64`: 64 reservations of 1).
-local batch_p, batch_h, batch_t
-if mode == 'batch' then
-    mode = nil
-    batch_p, batch_h, batch_t = {}, {}, {}
+-- ARGV[2]: a reservation's timeout (-1: none), a resume's debts, a
+-- cancel's id, a batch's requests (R: permits, held, timeout and count of
+-- each run of them; `total` requests, `holds` if any is held).
+local arg2 = argv[2]
+local timeout, R, debts, cancel_id, total, holds = -1, nil, nil, nil, 1, false
+if arg2 == '-1' and not mode then
+    -- (No timeout: the most common.)
+elseif mode == 'batch' then
+    R = {}
     local count = 0
-    for request in string.gmatch(timeout_micros, '[^,]+') do
+    for request in string.gmatch(arg2, '[^,]+') do
         local p, plus, t, times = string.match(request, '^(%d+)(%+?):(-?%d+)(.*)$')
         p, t = tonumber(p), tonumber(t)
         if times == '' then
@@ -105,160 +98,245 @@ if mode == 'batch' then
         end
         if not (p and t and times and p >= 1 and p <= MAX_MICROS and t >= -1 and times >= 1)
                 or count + times > BATCH_CAPACITY then
-            return redis.error_reply(string.format(BAD, 'ARGV[2] of a batch must be 1 to '
-                .. BATCH_CAPACITY .. ' requests permits[+]:timeout_micros[*count] (permits from 1 '
-                .. 'to 2^53, timeout_micros -1 or >= 0, count >= 1), joined by commas',
-                string.sub(request, 1, 40)))
+            return redis.error_reply(string.format(BAD, 'ARGV[2] of a batch must be 1 to ' .. BATCH_CAPACITY
+                .. ' requests permits[+]:timeout_micros[*count] (permits from 1 to 2^53, timeout_micros -1 '
+                .. 'or >= 0, count >= 1), joined by commas', request))
         end
         if t > MAX_MICROS then t = MAX_MICROS end
         plus = plus == '+'
-        for _ = 1, times do
-            count = count + 1
-            batch_p[count], batch_h[count], batch_t[count] = p, plus, t
-        end
+        R[#R + 1], R[#R + 2], R[#R + 3], R[#R + 4] = p, plus, t, times
+        count, holds = count + times, holds or plus
     end
+    total = count
     if count == 0 then
-        return redis.error_reply(string.format(BAD, 'ARGV[2] of a batch must hold at least one request',
-            string.sub(timeout_micros, 1, 40)))
-    end
-elseif mode == nil or mode == 'probe' or mode == 'status' then
-    if timeout_micros ~= '-1' then
-        timeout_micros = tonumber(timeout_micros)
-        if not (timeout_micros and timeout_micros >= -1 and timeout_micros % 1 == 0) then
-            return redis.error_reply(string.format(BAD,
-                'timeout_micros (ARGV[2]) must be an integer >= 0, or -1 for no timeout',
-                string.sub(tostring(argv[2]), 1, 40)))
-        end
-        is_try = timeout_micros >= 0
-        if timeout_micros > MAX_MICROS then timeout_micros = MAX_MICROS end
+        return redis.error_reply(string.format(BAD, 'ARGV[2] of a batch must hold a request', arg2))
     end
 elseif mode == 'resume' then
-    debt_micros = tonumber(timeout_micros)
-    if not (debt_micros and debt_micros >= 0 and debt_micros % 1 == 0) then
-        return redis.error_reply(string.format(BAD, 'debt_micros (ARGV[2]) must be an integer >= 0',
-            string.sub(tostring(argv[2]), 1, 40)))
-    end
-    if debt_micros > MAX_MICROS then debt_micros = MAX_MICROS end
-else
-    -- The token, as a reservation's reply gave it (see Token).
-    local marker, _
-    local token_size = #timeout_micros
-    if token_size == VALUE_SIZE or token_size == TOKEN_ID_SIZE then
-        marker, tk_stored_after, tk_next_free_after, tk_rate, tk_max, _, tk_now, tk_fractions,
-            tk_stored_before, tk_next_free_before = struct.unpack(VALUE, timeout_micros)
-        tk_moment = tk_next_free_before
-        if tk_now > tk_moment then tk_moment = tk_now end
-        if marker == THR3 then marker = MARKER end
-        if token_size == TOKEN_ID_SIZE then
-            tk_id = struct.unpack('<d', timeout_micros, LEDGER_START)
-            if not (tk_id >= 0 and tk_id < MAX_MICROS and tk_id % 1 == 0) then marker = nil end
+    debts = {}
+    for debt in string.gmatch(arg2 .. ',', '([^,]*),') do
+        debt = tonumber(debt)
+        if not (debt and debt >= 0 and debt % 1 == 0) or #debts == n then
+            debts = nil
+            break
         end
+        if debt > MAX_MICROS then debt = MAX_MICROS end
+        debts[#debts + 1] = debt
     end
-    -- NaN fails every comparison, so it is rejected too.
-    if not (marker == MARKER and tk_max >= 0 and tk_max < INFINITY and tk_rate > 0
-            and tk_stored_before >= 0 and tk_stored_before <= tk_max
-            and tk_stored_after >= 0 and tk_stored_after <= tk_max
-            and tk_next_free_before >= 0 and tk_next_free_before <= MAX_MICROS
-            and tk_next_free_before % 1 == 0
-            and tk_now >= 0 and tk_now % 1 == 0
-            and tk_next_free_after >= tk_moment and tk_next_free_after <= MAX_MICROS
-            and tk_next_free_after % 1 == 0
-            and tk_fractions >= 0 and tk_fractions < FRACTIONS_END and tk_fractions % 1 == 0) then
-        return redis.error_reply('ERR paceline: ARGV[2] is not a reservation token: a cancel takes '
-            .. VALUE_SIZE .. ' or ' .. TOKEN_ID_SIZE .. ' bytes a granted reservation replied, unchanged (got '
-            .. #timeout_micros .. ' bytes)')
+    if not (debts and #debts == n) then
+        return redis.error_reply(string.format(BAD, 'ARGV[2] of a resume must be each limit\'s '
+            .. 'debt_micros, ' .. n .. ' integers >= 0 joined by commas', arg2))
     end
-    -- Field 7: fraction_after * 2^21 + fraction_before * 2 + spent_stored.
-    tk_spent_stored = tk_fractions % FRACTIONS_SHIFT
-    tk_fraction_after = (tk_fractions - tk_spent_stored) / FRACTIONS_SHIFT
-    tk_fraction_before = tk_spent_stored
-    tk_spent_stored = tk_spent_stored % 2
-    tk_fraction_before = (tk_fraction_before - tk_spent_stored) / 2
+elseif mode == 'cancel' then
+    cancel_id = tonumber(arg2)
+    if not (cancel_id and cancel_id >= 0 and cancel_id < MAX_MICROS and cancel_id % 1 == 0) then
+        return redis.error_reply(string.format(BAD, 'ARGV[2] of a cancel must be the id a held '
+            .. 'reservation\'s reply gave, an integer from 0 to 2^53 - 1', arg2))
+    end
+elseif arg2 == '0' then
+    timeout = 0
+else
+    timeout = tonumber(arg2)
+    if not (timeout and timeout >= -1 and timeout % 1 == 0) then
+        return redis.error_reply(string.format(BAD, 'timeout_micros (ARGV[2]) must be an integer >= 0, '
+            .. 'or -1 for no timeout', arg2))
+    end
+    if timeout > MAX_MICROS then timeout = MAX_MICROS end
 end
 
--- stable_interval_micros: rejects NaN, zero, negative rates (and -inf).
-local permits_per_second = tonumber(argv[3])
-if not (permits_per_second and permits_per_second > 0) then
-    return redis.error_reply(string.format(BAD, 'permits_per_second (ARGV[3]) must be a number > 0 or inf',
-        string.sub(tostring(argv[3]), 1, 40)))
-end
+---------------------------------------------------------------------------
+-- The configuration in force (Policy::set_stable_interval), limit by
+-- limit: its rate, whether
+-- it is bursty, its max_burst_micros or warmup_micros, stable interval,
+-- max_permits, warming-up threshold and slope, and cool-down interval
+-- (Policy::cool_down_interval_micros). C holds all of them, 8 per limit.
+---------------------------------------------------------------------------
 
-local policy = argv[4]
-local is_bursty = policy == 'bursty'
-if not is_bursty and policy ~= 'warming_up' then
-    return redis.error_reply(string.format(BAD, 'policy (ARGV[4]) must be "bursty" or "warming_up"',
-        string.sub(tostring(policy), 1, 40)))
-end
-
--- Bursty::max_burst_micros or WarmingUp::warmup_micros, capped like `micros`.
-local policy_micros = tonumber(argv[5])
-if not (policy_micros and policy_micros >= 0 and policy_micros % 1 == 0) then
-    return redis.error_reply(string.format(BAD, (is_bursty and 'max_burst_micros' or 'warmup_micros')
-        .. ' (ARGV[5]) must be an integer >= 0', string.sub(tostring(argv[5]), 1, 40)))
-end
-if policy_micros > MAX_MICROS then policy_micros = MAX_MICROS end
-
-local cold_factor
-if not is_bursty then
-    cold_factor = tonumber(argv[6])
-    if not (cold_factor and cold_factor >= 1 and cold_factor < INFINITY) then
-        return redis.error_reply(string.format(BAD, 'cold_factor (ARGV[6]) must be a finite number >= 1',
-            string.sub(tostring(argv[6]), 1, 40)))
+local rate, bursty, pmicros, stable, mx, thr, slope, cd
+local C
+for i = 1, n do
+    local a = 4 * i - 1 -- its rate; then its policy, micros and cold factor
+    -- stable_interval_micros: rejects NaN, zero, negative rates (and -inf).
+    rate = tonumber(argv[a])
+    if not (rate and rate > 0) then
+        return redis.error_reply(string.format(BAD, 'permits_per_second of limit ' .. (i - 1)
+            .. ' (ARGV[' .. a .. ']) must be a number > 0 or inf', argv[a]))
+    end
+    local policy = argv[a + 1]
+    bursty = policy == 'bursty'
+    if not bursty and policy ~= 'warming_up' then
+        return redis.error_reply(string.format(BAD, 'the policy of limit ' .. (i - 1) .. ' (ARGV['
+            .. (a + 1) .. ']) must be "bursty" or "warming_up"', policy))
+    end
+    -- Bursty::max_burst_micros or WarmingUp::warmup_micros, capped as `micros`.
+    pmicros = tonumber(argv[a + 2])
+    if not (pmicros and pmicros >= 0 and pmicros % 1 == 0) then
+        return redis.error_reply(string.format(BAD, (bursty and 'max_burst_micros' or 'warmup_micros')
+            .. ' of limit ' .. (i - 1) .. ' (ARGV[' .. (a + 2) .. ']) must be an integer >= 0', argv[a + 2]))
+    end
+    if pmicros > MAX_MICROS then pmicros = MAX_MICROS end
+    stable = 1000000.0 / rate
+    if stable > MAX_MICROS then stable = MAX_MICROS end
+    cd = stable
+    if bursty then
+        -- Bursty::max_permits
+        mx = 0.0
+        if rate ~= INFINITY then mx = pmicros * rate / 1000000.0 end
+        if mx > F64_MAX then mx = F64_MAX end
+    else
+        local cold_factor = tonumber(argv[a + 3])
+        if not (cold_factor and cold_factor >= 1 and cold_factor < INFINITY) then
+            return redis.error_reply(string.format(BAD, 'the cold_factor of limit ' .. (i - 1)
+                .. ' (ARGV[' .. (a + 3) .. ']) must be a finite number >= 1', argv[a + 3]))
+        end
+        -- WarmingUp::set_stable_interval
+        mx, thr, slope = 0.0, 0.0, 0.0
+        if stable ~= 0.0 then
+            local cold = stable * cold_factor
+            if cold > F64_MAX then cold = F64_MAX end
+            thr = 0.5 * pmicros / stable
+            if thr > F64_MAX then thr = F64_MAX end
+            local stable_plus_cold = stable + cold
+            if stable_plus_cold > F64_MAX then stable_plus_cold = F64_MAX end
+            mx = thr + 2.0 * pmicros / stable_plus_cold
+            if mx > F64_MAX then mx = F64_MAX end
+            if mx > thr then
+                slope = (cold - stable) / (mx - thr)
+                if slope > F64_MAX then slope = F64_MAX end
+            end
+        end
+        if mx > 0.0 then cd = pmicros / mx end
+    end
+    if n == 1 then
+    elseif i == 1 then
+        C = {rate, bursty, pmicros, stable, mx, thr or 0.0, slope or 0.0, cd}
+    else
+        local c = 8 * i - 8
+        C[c + 1], C[c + 2], C[c + 3], C[c + 4] = rate, bursty, pmicros, stable
+        C[c + 5], C[c + 6], C[c + 7], C[c + 8] = mx, thr or 0.0, slope or 0.0, cd
     end
 end
 
--- The clock as read: TIME, or ARGV[7].
+-- The clock as read: ARGV's last, or TIME (Lua converts the two strings
+-- TIME replies with exactly).
 local time_micros
-if nargs == 7 then
-    time_micros = tonumber(argv[7])
+if clocked == 1 then
+    time_micros = tonumber(argv[nargs])
     if not (time_micros and time_micros >= 0 and time_micros <= MAX_MICROS and time_micros % 1 == 0) then
-        return redis.error_reply(string.format(BAD,
-            'now_micros (ARGV[7]) must be an integer from 0 to 2^53, or absent to use TIME',
-            string.sub(tostring(argv[7]), 1, 40)))
+        return redis.error_reply(string.format(BAD, 'now_micros (ARGV[' .. nargs .. ']) must be an '
+            .. 'integer from 0 to 2^53, or absent to use TIME', argv[nargs]))
     end
-end
-
----------------------------------------------------------------------------
--- The configuration in force from now on (Policy::set_stable_interval).
----------------------------------------------------------------------------
-
--- stable_interval_micros: 0 for an infinite rate, capped at MAX_MICROS.
-local stable = 1000000.0 / permits_per_second
-if stable > MAX_MICROS then stable = MAX_MICROS end
-local max_permits, threshold_permits, slope, cool_down
-if is_bursty then
-    -- Bursty::max_permits
-    if permits_per_second == INFINITY then
-        max_permits = 0.0
-    else
-        max_permits = policy_micros * permits_per_second / 1000000.0
-        if max_permits > F64_MAX then max_permits = F64_MAX end
-    end
-    -- Policy::cool_down_interval_micros
-    cool_down = stable
 else
-    -- WarmingUp::set_stable_interval
-    if stable == 0.0 then
-        max_permits, threshold_permits, slope = 0.0, 0.0, 0.0
-    else
-        local cold = stable * cold_factor
-        if cold > F64_MAX then cold = F64_MAX end
-        threshold_permits = 0.5 * policy_micros / stable
-        if threshold_permits > F64_MAX then threshold_permits = F64_MAX end
-        local stable_plus_cold = stable + cold
-        if stable_plus_cold > F64_MAX then stable_plus_cold = F64_MAX end
-        max_permits = threshold_permits + 2.0 * policy_micros / stable_plus_cold
-        if max_permits > F64_MAX then max_permits = F64_MAX end
-        slope = 0.0
-        if max_permits > threshold_permits then
-            slope = (cold - stable) / (max_permits - threshold_permits)
-            if slope > F64_MAX then slope = F64_MAX end
-        end
+    local time = redis.call('TIME')
+    time_micros = time[1] * 1000000 + time[2]
+end
+local now = time_micros
+
+---------------------------------------------------------------------------
+-- The value as read (see Value). WRONGTYPE (the key is not a string)
+-- propagates: nothing is written.
+---------------------------------------------------------------------------
+
+-- Each limit's state: stored_permits, next_free_micros, next_free_fraction
+-- (S: 3 per limit), and the rate and max_permits it was last charged at
+-- (O, from O[ro + 1]: the TTL's end, `expires`, then 2 per limit).
+-- The log (see Log): `count` requests; the limits' states before the
+-- first (bst, bnf, bfr; B, laid out as S); the requests from byte `log_at`
+-- of the value (`dead` requests that left it before), 4 doubles each, the
+-- first read: its id, permits, now and moment (`front`). `whole`: the value
+-- is written whole, not only its hot part (see Value).
+local st, nf, fr, ort, omx
+local S, O, B, ro = nil, nil, nil, 0
+local bst, bnf, bfr
+local key = KEYS[1]
+local value = redis.call('GET', key)
+local expires, next_id, count, size, held_n, dead = 0, 0, 0, 0, 0, 0
+local log_from, log_at, front_id, front_p, front_at, front
+if value then
+    size = #value
+    local marker, shape, last_now, _
+    if size >= 84 then
+        marker, shape, last_now, next_id, _, st, nf, fr, expires, ort, omx =
+            struct.unpack('<c4dddddddddd', value)
     end
-    -- Policy::cool_down_interval_micros
-    if max_permits > 0.0 then
-        cool_down = policy_micros / max_permits
+    -- The head. (NaN fails every comparison.)
+    local ok = marker == MARKER
+        and last_now >= 0 and last_now <= MAX_MICROS and last_now % 1 == 0
+        and next_id >= 0 and next_id < MAX_MICROS and next_id % 1 == 0
+    local at = 84
+    if not ok then
+    elseif size == at and (shape == 1 or shape == 1 + BOUND) then
+        -- (One limit, nothing logged.)
+        held_n = 1
+    elseif shape >= 1 and shape < 17 * BOUND and shape % 1 == 0 then
+        held_n = shape % SHAPE
+        count = (shape - held_n) / SHAPE % LOGGED
+        at = 44 + 40 * held_n
+        ok = held_n >= 1 and held_n <= MAX_LIMITS and count <= LOG_CAPACITY
+        if count == 0 then
+            ok = ok and size == at
+        elseif ok and size >= at + 8 then
+            dead = struct.unpack('<d', value, at + 1)
+            ok = dead >= 0 and dead <= DEAD_CAPACITY and dead % 1 == 0
+                and size == at + 8 + 24 * held_n + 32 * (dead + count)
+        else
+            ok = false
+        end
     else
-        cool_down = stable
+        ok = false
+    end
+    -- The limits.
+    if ok and (held_n > 1 or n > 1) then
+        -- (One unpack: O is S, from the TTL's end on, unless limits are
+        -- added or dropped.)
+        S = {struct.unpack(string.rep('<d', 1 + 5 * held_n), value, HEAD + 1)}
+        O, ro = S, 3 * held_n
+        if held_n ~= n then O, ro = {unpack(S, ro + 1, ro + 1 + 2 * held_n)}, 0 end
+        st, nf, fr, expires, ort, omx = S[1], S[2], S[3], O[ro + 1], O[ro + 2], O[ro + 3]
+    end
+    ok = ok and expires >= 0 and expires < INFINITY and omx >= 0 and omx < INFINITY and st >= 0
+        and st <= omx and nf >= 0 and nf <= MAX_MICROS and nf % 1 == 0
+        and fr >= 0 and fr < FRACTION_ONE and fr % 1 == 0 and ort > 0
+    for i = 2, S and held_n or 0 do
+        local s, t, f, r, m = S[3 * i - 2], S[3 * i - 1], S[3 * i], O[ro + 2 * i], O[ro + 2 * i + 1]
+        ok = ok and m >= 0 and m < INFINITY and s >= 0 and s <= m and t >= 0 and t <= MAX_MICROS
+            and t % 1 == 0 and f >= 0 and f < FRACTION_ONE and f % 1 == 0 and r > 0
+    end
+    if n == 1 then S, O = nil, nil end
+    -- A value with another number of limits keeps its limits by position
+    -- (those it lacks start full, below; those past n go) and loses its log.
+    if held_n ~= n then count = 0 end
+    if ok and count > 0 then
+        -- The states before the log's first request, then that request.
+        at = at + 9
+        log_from = at + 24 * n
+        log_at = log_from + 32 * dead
+        if n == 1 then
+            bst, bnf, bfr = struct.unpack('<ddd', value, at)
+        else
+            B = {struct.unpack(string.rep('<d', 3 * n), value, at)}
+        end
+        for i = 1, n do
+            if B then bst, bnf, bfr = B[3 * i - 2], B[3 * i - 1], B[3 * i] end
+            ok = ok and bst >= 0 and bst <= F64_MAX and bnf >= 0 and bnf <= MAX_MICROS and bnf % 1 == 0
+                and bfr >= 0 and bfr < FRACTION_ONE and bfr % 1 == 0
+        end
+        front_id, front_p, front_at, front = struct.unpack('<dddd', value, log_at)
+        ok = ok and front_id % 1 == 0 and front_id >= -1 - n and front_id < next_id
+            and front_p % 1 == 0 and front_p >= 0 and front_p <= MAX_MICROS
+            and front_at >= 0 and front_at % 1 == 0 and front >= front_at and front <= MAX_MICROS
+            and front % 1 == 0
+    end
+    if not ok then return redis.error_reply(string.format(NOT_OURS, key, size)) end
+    -- The clock never runs backwards for a key.
+    if last_now > now then now = last_now end
+end
+local whole, logged_as_read = held_n ~= n, count
+-- Missing (or a limit the value lacks): idle for a long time, i.e. full.
+if held_n == 0 then st, nf, fr, ort, omx = mx, now, 0, rate, mx end
+if n > 1 then
+    S, O = S or {}, O or {expires}
+    for i = held_n + 1, n do
+        local c = 8 * i - 8
+        S[3 * i - 2], S[3 * i - 1], S[3 * i], O[2 * i], O[2 * i + 1] = C[c + 5], now, 0, C[c + 1], C[c + 5]
     end
 end

@@ -1,367 +1,362 @@
--- Part 4 of 5: the rate in force, then a reservation.
+-- Part 4 of 5: the rates in force, then the requests a call charges: a
+-- reservation's, each of a batch's in order (at one clock reading, each as
+-- its own call at that reading would be), a resume's (one per limit), or,
+-- for a cancel, those logged after the one given back, charged again.
 
--- STATUS: the key's state as read (a missing key as it starts), with the
--- clock, writing nothing: six doubles, `now_micros, stored_permits,
--- next_free_micros, next_free_fraction, rate, max_permits` (the rate and
--- max_permits it was last charged at). The client takes it to the rate in
--- force (src/core/snapshot.rs).
+-- Limits::set_rate for every limit whose rate or configuration changed:
+-- State::set_rate at now, and the log empties (its requests were charged
+-- at the old rates). Not for a cancel (see part 3) or a probe (of a
+-- missing key, read at the rates in force).
+if (n > 1 or ort ~= rate or omx ~= mx) and mode ~= 'cancel' and mode ~= 'probe' then
+    for i = 1, n do
+        local k, c = 3 * i - 3, 8 * i - 8
+        if n > 1 then
+            rate, mx, ort, omx = C[c + 1], C[c + 5], O[ro + 2 * i], O[ro + 2 * i + 1]
+        end
+        if ort ~= rate or omx ~= mx then
+            if n > 1 then bursty, pmicros, st, nf, fr = C[c + 2], C[c + 3], S[k + 1], S[k + 2], S[k + 3] end
+            count, log_at, whole = 0, nil, true
+            local old_stable = 1000000.0 / ort
+            if old_stable > MAX_MICROS then old_stable = MAX_MICROS end
+            -- State::resync at the old stable interval and max_permits
+            -- (the cool-down of the policy in force with them).
+            if now > nf then
+                local old_cd = old_stable
+                if not bursty and omx > 0.0 then old_cd = pmicros / omx end
+                local stored = st + ((now - nf) - fr / FRACTION_ONE) / old_cd
+                if stored > omx then stored = omx end
+                st, nf, fr = stored, now, 0
+            end
+            if old_stable == 0.0 then
+                -- Policy::stored_permits_after_infinite_rate
+                st = bursty and mx or 0.0
+            elseif omx == 0.0 then
+                -- Policy::initial_stored_permits
+                st = bursty and 0.0 or mx
+            else
+                -- stored / old_max is in 0..=1, so this never overflows.
+                st = st / omx * mx
+            end
+            ort, omx = rate, mx
+            if n > 1 then S[k + 1], S[k + 2], S[k + 3], O[ro + 2 * i], O[ro + 2 * i + 1] = st, nf, fr, ort, omx end
+        end
+    end
+end
+
+-- STATUS: the clock, then each limit's state at the rates in force, for a
+-- snapshot: three doubles per limit, stored_permits, next_free_micros,
+-- next_free_fraction (a limit the value lacks, or a missing key, as it
+-- starts). Writes nothing.
 if mode == 'status' then
-    return struct.pack('<dddddd', now_micros, stored_permits, next_free_micros, next_free_fraction,
-        old_rate, old_max)
+    if n == 1 then return struct.pack('<dddd', now, st, nf, fr) end
+    return struct.pack(string.rep('<d', 1 + 3 * n), now, unpack(S, 1, 3 * n))
 end
 
--- State::set_rate, when the rate (or the configuration) changed. (Never for
--- a cancel or a probe: their configuration is the key's.)
-if old_rate ~= permits_per_second or old_max ~= max_permits then
-    -- Ledger::clear: its offsets were at the old rate.
-    open, groups, earliest, in_order = 0, 0, INFINITY, 1
-    src, p0, p1, e0, e1 = '', 1, 0, 1, 0
-    local old_stable = 1000000.0 / old_rate
-    if old_stable > MAX_MICROS then old_stable = MAX_MICROS end
-    -- State::resync at the old stable interval and max_permits.
-    if now_micros > next_free_micros then
-        local old_cool_down = old_stable
-        if not is_bursty and old_max > 0.0 then old_cool_down = policy_micros / old_max end
-        -- Idle time from the exact ticket: > 0 (the fraction is below one
-        -- µs), so an infinite quotient (cool_down == 0) is fine, never NaN.
-        local stored = stored_permits
-            + ((now_micros - next_free_micros) - next_free_fraction / FRACTION_ONE) / old_cool_down
-        if stored > old_max then stored = old_max end
-        stored_permits = stored
-        next_free_micros = now_micros
-        next_free_fraction = 0
-    end
-    if old_stable == 0.0 then
-        -- Policy::stored_permits_after_infinite_rate
-        stored_permits = is_bursty and max_permits or 0.0
-    elseif old_max == 0.0 then
-        -- Policy::initial_stored_permits
-        stored_permits = is_bursty and 0.0 or max_permits
-    else
-        -- stored / old_max is in 0..=1, so this never overflows.
-        stored_permits = stored_permits / old_max * max_permits
-    end
-end
+-- The requests this call adds to the log (see Log), packed, from
+-- `added_first` on (A: their id, permits, now and moment, 4 each); those
+-- that leave it (F: id, permits and now, 3 each), whose charges go into its
+-- base in the second pass.
+local added, A, added_first, F = nil, nil, 1, nil
+-- Whether the call writes; the record of the last request granted (see
+-- Value: its moment, and the limit that bound it); a batch's replies
+-- (three numbers per request, see Batch).
+local writes = mode and mode ~= 'batch'
+local moment_r, bound_r = now, -1
+local replies, needs
+if R then replies, needs = {}, {} end
 
--- One request, or each of a batch in order (see Batch): they all read the
--- clock once, and the state each leaves is the next one's, as if each were
--- its own call at that clock reading. A batch packs each granted request's
--- token as its own write would, and writes once, at the end.
--- The reservation a write records (`State::reserve_recorded`'s; a mode
--- records one of nothing), and its id in the ledger; the value written
--- (its first 76 bytes), its marker, and the TTL to set in ms (nil: the
--- key's is kept).
-local stored_before, next_free_before, record, token_id
-local written, marker, ttl_set
--- A batch's replies (see Batch): per request, -debt if refused, else 0 (no
--- token), 1 (a token) or its group's id + 2 (a token with that id); and the
--- tokens. The latest grant's token waits in `last_*` until it is known
--- whether it is the batch's last grant.
-local replies, packed
-local last_r, last_marker, last_stored, last_next_free, last_expires, last_fractions
-local last_stored_before, last_next_free_before
-if batch_p then replies, packed = {}, {} end
-for r = 1, batch_p and #batch_p or 1 do
-    if batch_p then
-        permits, held, timeout_micros = batch_p[r], batch_h[r], batch_t[r]
-        is_try = timeout_micros >= 0
-        token_id = nil
-        if p_tail ~= '' then
-            -- The previous request's group joins the ledger as read, which
-            -- the code below reads from its ends.
-            local places = string.sub(src, p0, p1) .. p_tail
-            src = places .. string.sub(src, e0, e1) .. e_tail
-            p0, p1, e0, e1 = 1, #places, #places + 1, #src
-            p_tail, e_tail = '', ''
+-- The requests charged, each at the moment every limit allows it
+-- (Limits::earliest), to the limits or to the log's base (`on_base`: the
+-- two sets of states swap places for it), in up to two passes. A cancel:
+-- first the logged requests that were used (Limits::expire) into the base,
+-- then the others but the one given back into the limits, from the base
+-- on. Otherwise: first the call's requests (a reservation, each of a batch
+-- in order, or a resume's, one per limit) into the limits, then those that
+-- left the log meanwhile into its base (Limits::fold_oldest). `Q`: a
+-- pass's logged requests (id, permits and now each), charged again.
+local Q, on_base, steps, pass, r = nil, false, 1, 1, 0
+-- (`g`, `left`: the run of a batch's requests, and how many are left.)
+local g, left = -4, 0
+if n == 1 and count == 0 and (not mode and not held or R and not holds) then
+    -- Reservations of one limit that log nothing (one, or a batch's):
+    -- Limits::reserve_at is State::reserve, the loop's steps below for each
+    -- request, inline (the most common calls, at a third of the overhead).
+    for _ = 1, total do
+        local p, t = permits, timeout
+        if R then
+            if left == 0 then g, left = g + 4, R[g + 8] end
+            left, p, t = left - 1, R[g + 1], R[g + 3]
         end
-    end
-    -- State::can_acquire, for a try: refused means nothing is written at
-    -- all (for a batch, nothing for this request).
-    if is_try and next_free_micros - timeout_micros > now_micros then
-        if not batch_p then return now_micros - next_free_micros end
-        replies[r] = now_micros - next_free_micros
-    else
-        if not mode or mode == 'resume' then
-            -- Ledger::note: the request's term joins the open group. First
-            -- Ledger::expire.
-            if groups > 0 and now_micros >= earliest then
-                if in_order == 1 then
-                    -- Moments rise with the groups: the passed ones come first, and
-                    -- their entries (with ids up to theirs) too; the smallest offset
-                    -- among those is the first. It joins the next group, whose own
-                    -- entry (the next, if it has one) can only be larger.
-                    -- (The groups are all in `src` here: nothing was added yet.)
-                    local passed = 0
-                    while passed < groups and struct.unpack('<d', src, p0 + 16 * passed + 8) <= now_micros do
-                        passed = passed + 1
-                    end
-                    if passed > 0 then
-                        local last_passed = struct.unpack('<d', src, p0 + 16 * passed - 16)
-                        local carried = INFINITY
-                        if e0 <= e1 and struct.unpack('<d', src, e0) <= last_passed then
-                            carried = struct.unpack('<d', src, e0 + 8)
-                            repeat
-                                e0 = e0 + 16
-                            until e0 > e1 or struct.unpack('<d', src, e0) > last_passed
-                        end
-                        p0 = p0 + 16 * passed
-                        groups = groups - passed
-                        if groups > 0 and carried < INFINITY then
-                            -- The next group's entry becomes the first (its own,
-                            -- if it had one, is larger): the groups are packed
-                            -- anew.
-                            local first = struct.unpack('<d', src, p0)
-                            if e0 <= e1 and struct.unpack('<d', src, e0) == first then e0 = e0 + 16 end
-                            src = string.sub(src, p0, p1) .. struct.pack('<dd', first, carried)
-                                .. string.sub(src, e0, e1)
-                            p0, p1 = 1, 16 * groups
-                            e0, e1 = p1 + 1, #src
-                        end
-                    end
-                    if groups > 0 then
-                        earliest = struct.unpack('<d', src, p0 + 8)
-                    else
-                        open, earliest, in_order = 0, INFINITY, 1
-                    end
-                else
-                    if not decode() then return redis.error_reply(string.format(NOT_OURS, key, size)) end
-                    expire()
-                    encode()
-                end
-            end
-            if groups == 0 then
-                open = 0
-            else
-                -- How far `tat` lies above now - burst (slack_micros): a warming-up
-                -- limiter counts no burst.
-                local room = 0.0
-                if is_bursty then room = (max_permits - stored_permits) * stable end
-                local slack = ((next_free_micros + next_free_fraction / FRACTION_ONE) - now_micros) + room
-                if slack < 0.0 then
-                    -- Idle beyond the burst: this term is above every other.
-                    open, groups, earliest, in_order = 0, 0, INFINITY, 1
-                    src, p0, p1, e0, e1 = '', 1, 0, 1, 0
-                else
-                    -- Rounded down: a term never reads lower than it is.
-                    if slack < MAX_MICROS then
-                        slack = slack - slack % 1
-                    else
-                        slack = MAX_MICROS
-                    end
-                    if slack < open then open = slack end
-                    -- The groups it reaches can never be the largest again: their
-                    -- entries, the last ones, go.
-                    while e1 >= e0 and not (struct.unpack('<d', src, e1 - 7) < open) do
-                        e1 = e1 - 16
-                    end
-                end
-            end
-        end
-
-        if mode then
-            if mode == 'resume' then
-                -- (Noted in the ledger above as a request whose charge, the debt
-                -- and the dropped stored permits, is never given back: the
-                -- reservations waiting in it keep their groups, so that their
-                -- give-backs that reach Redis after this return what they would
-                -- have before it.)
-                -- State::resync, whose stored permits are then dropped: only its
-                -- move of the ticket up to now is left.
-                if now_micros > next_free_micros then
-                    next_free_micros = now_micros
-                    next_free_fraction = 0
-                end
-                stored_permits = 0.0
-                -- The debt; a ticket that reaches 2^53 is 2^53, with no fraction.
-                next_free_micros = next_free_micros + debt_micros
-                if next_free_micros >= MAX_MICROS then
-                    next_free_micros = MAX_MICROS
-                    next_free_fraction = 0
-                end
-            end
+        local moment, bound = now, -1
+        if nf > moment then moment, bound = nf, 0 end
+        if t >= 0 and moment - now > t then
+            if not R then return struct.pack('<dddd', now, st, nf, fr) end
+            replies[#replies + 1] = now - moment
         else
-            -- State::reserve_recorded: the state found, then
-            -- State::reserve_earliest_available: resync, then spend.
-            stored_before = stored_permits
-            next_free_before = next_free_micros
-            -- The record's part of field 7: fraction_before * 2 + spent_stored.
-            record = next_free_fraction * 2
-            if now_micros > next_free_micros then
-                local stored = stored_permits
-                    + ((now_micros - next_free_micros) - next_free_fraction / FRACTION_ONE) / cool_down
-                if stored > max_permits then stored = max_permits end
-                stored_permits = stored
-                next_free_micros = now_micros
-                next_free_fraction = 0
+            if moment > nf then
+                local stored = st + ((moment - nf) - fr / FRACTION_ONE) / cd
+                if stored > mx then stored = mx end
+                st, nf, fr = stored, moment, 0
             end
-            -- The reservation's moment: when its permits may be used.
-            local moment = next_free_micros
-            local stored_to_spend = permits
-            if stored_permits < stored_to_spend then stored_to_spend = stored_permits end
-            local fresh = permits - stored_to_spend
-            local wait
-            if is_bursty then
-                -- Bursty::stored_permits_to_wait_micros is 0, and 0.0 + x == x.
-                wait = fresh * stable
-            else
-                -- WarmingUp::stored_permits_to_wait_micros
-                local above_threshold = stored_permits - threshold_permits
-                local micros = 0.0
-                local spent = stored_to_spend
-                if above_threshold > 0.0 then
-                    local take_above = above_threshold
-                    if spent < take_above then take_above = spent end
-                    -- A trapezoid; permits_to_time(p) = stable + p * slope.
-                    local length = (stable + above_threshold * slope)
-                        + (stable + (above_threshold - take_above) * slope)
-                    micros = take_above * length / 2.0
-                    spent = spent - take_above
+            local spend = p
+            if st < spend then spend = st end
+            local wait = (p - spend) * stable
+            if not bursty then
+                local above, micros, spent = st - thr, 0.0, spend
+                if above > 0.0 then
+                    local take = above
+                    if spent < take then take = spent end
+                    micros = take * ((stable + above * slope) + (stable + (above - take) * slope)) / 2.0
+                    spent = spent - take
                 end
-                wait = micros + stable * spent + fresh * stable
+                wait = micros + stable * spent + wait
             end
-            -- State::charge. Below 2^32 µs: rounded to the nearest 2^-20 µs and
-            -- added to the fraction, in units of 2^-20 µs (x - x % 1 is floor(x)
-            -- for x >= 0), whose whole µs (the units above 20 bits) go to the
-            -- ticket. Else to_micros: truncated, saturated, NaN read as
-            -- MAX_MICROS; the fraction stays. A ticket that reaches 2^53 is 2^53,
-            -- with no fraction.
             if wait < FINE_CHARGE_LIMIT then
                 wait = wait * FRACTION_ONE + 0.5
-                wait = wait - wait % 1 + next_free_fraction
-                next_free_fraction = wait % FRACTION_ONE
-                wait = (wait - next_free_fraction) / FRACTION_ONE
+                wait = wait - wait % 1 + fr
+                fr = wait % FRACTION_ONE
+                wait = (wait - fr) / FRACTION_ONE
             elseif wait < MAX_MICROS then
                 wait = wait - wait % 1
             else
                 wait = MAX_MICROS
             end
-            next_free_micros = next_free_micros + wait
-            if next_free_micros >= MAX_MICROS then
-                next_free_micros = MAX_MICROS
-                next_free_fraction = 0
+            nf, st, moment_r, bound_r, writes = nf + wait, st - spend, moment, bound, true
+            if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
+            if R then
+                replies[#replies + 1] = moment - now
+                needs[#needs + 1] = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
             end
-            -- Reserved::spent_stored: the stored permits changed by the spending.
-            local stored_resynced = stored_permits
-            stored_permits = stored_permits - stored_to_spend
-            if stored_permits ~= stored_resynced then record = record + 1 end
-            -- Ledger::reserve_recorded: a reservation that waits, and that its
-            -- caller may give back, gets a group of its own, the open group's terms
-            -- with it; its id goes in its token. (Any other was only noted: a
-            -- give-back of it, e.g. of a round trip its caller abandoned, returns
-            -- what lies before its place, if it is not the latest.)
-            if held and moment > now_micros then
-                token_id = next_id or 0
-                next_id = token_id + 1
-                if groups == 0 then
-                    in_order = 1
-                elseif struct.unpack('<d', src, p1 - 7) > moment then
-                    in_order = 0
-                end
-                -- Its entry holds the open group's offset (finite: the note above
-                -- set it), the largest (entries rise).
-                if groups < LEDGER_CAPACITY then
-                    groups = groups + 1
-                    p_tail = struct.pack('<dd', token_id, moment)
-                    e_tail = struct.pack('<dd', token_id, open)
-                else
-                    -- Full: the two newest merge, the one before this losing its
-                    -- group (it then gives back only what lies before it). Its place
-                    -- goes; this one takes the smaller offset: that one's entry,
-                    -- the last, if it has one.
-                    local older = struct.unpack('<d', src, p1 - 15)
-                    p1 = p1 - 16
-                    p_tail = struct.pack('<dd', token_id, moment)
-                    local last_id, last_offset
-                    if e1 >= e0 then last_id, last_offset = struct.unpack('<dd', src, e1 - 15) end
-                    if last_id == older then
-                        e1 = e1 - 16
-                        e_tail = struct.pack('<dd', token_id, last_offset)
-                    else
-                        e_tail = struct.pack('<dd', token_id, open)
-                    end
-                end
-                open = INFINITY
-                if moment < earliest then earliest = moment end
-                if moment > horizon then horizon = moment end
-            end
-        end
-
-        -- The value as this write leaves it (see Value and Expiry).
-        -- The TTL the key needs: until the debt is paid and the stored permits are
-        -- refilled to max_permits, plus 2 ms, on the clock as read (see Expiry).
-        -- (Not 1: before Redis 7.2, setting a 1 ms TTL can delete the key at once if
-        -- a millisecond boundary falls between the two clock reads.) ceil(x) is
-        -- x - x % 1, plus 1 if x had a fraction; x < TTL_CAP_MS - 2 rules out inf
-        -- and NaN first. A need <= 0 (a cancel can move the ticket into the past)
-        -- means the key already reads as missing.
-        local ttl_ms = (next_free_micros - time_micros) / 1000
-            + (max_permits - stored_permits) * cool_down / 1000
-        -- The ledger is written while it holds anything, and until the moments of
-        -- the reservations it gave an id have all passed (the horizon): no token
-        -- meets another ledger's ids while it may be given back. The key lives
-        -- that long too.
-        marker = MARKER
-        if groups > 0 or now_micros < horizon then
-            marker = THR3
-            local horizon_ms = (horizon - time_micros) / 1000
-            if horizon_ms > ttl_ms then ttl_ms = horizon_ms end
-        end
-        if ttl_ms < TTL_CAP_MS - 2 then
-            if ttl_ms > 0 then
-                local whole = ttl_ms - ttl_ms % 1
-                if whole < ttl_ms then whole = whole + 1 end
-                ttl_ms = whole + 2
-            else
-                ttl_ms = 2
-            end
-        else
-            ttl_ms = TTL_CAP_MS
-        end
-
-        -- The reservation recorded with the value: this one, or one of nothing;
-        -- then field 7.
-        if mode then
-            stored_before, next_free_before, record = stored_permits, next_free_micros, next_free_fraction * 2
-        end
-        fractions = next_free_fraction * FRACTIONS_SHIFT + record
-
-        -- Keep the TTL if it lasts long enough, else set one with slack (twice the
-        -- need, at most TTL_MAX_SLACK_MS more).
-        if time_micros + ttl_ms * 1000 > expires_micros then
-            if ttl_ms > TTL_MAX_SLACK_MS then
-                ttl_ms = ttl_ms + TTL_MAX_SLACK_MS
-            else
-                ttl_ms = ttl_ms + ttl_ms
-            end
-            if ttl_ms > TTL_CAP_MS then ttl_ms = TTL_CAP_MS end
-            expires_micros = time_micros + ttl_ms * 1000
-            ttl_set = ttl_ms
-        end
-        if not batch_p then
-            written = struct.pack(VALUE, marker, stored_permits, next_free_micros, permits_per_second,
-                max_permits, expires_micros, now_micros, fractions, stored_before, next_free_before)
-        end
-        if batch_p then
-            -- Its token, as its own call would reply it, if its give-back
-            -- can return anything: if it waits (next_free_before > now),
-            -- or if it is the batch's last grant (it may be the latest).
-            -- Any other is neither: a give-back of it returns nothing.
-            if last_r then replies[last_r] = 0 end
-            if next_free_before > now_micros then
-                packed[#packed + 1] = struct.pack(VALUE, marker, stored_permits, next_free_micros,
-                    permits_per_second, max_permits, expires_micros, now_micros, fractions,
-                    stored_before, next_free_before)
-                replies[r] = token_id and token_id + 2 or 1
-                last_r = nil
-            else
-                last_r, last_marker, last_stored, last_next_free = r, marker, stored_permits,
-                    next_free_micros
-                last_expires, last_fractions, last_stored_before, last_next_free_before =
-                    expires_micros, fractions, stored_before, next_free_before
-            end
-            -- A value written without its ledger reads back with none: the
-            -- next request's ledger starts its ids anew.
-            if marker == MARKER then next_id = nil end
         end
     end
+    steps = 0
+elseif not mode then
+    -- (One reservation.)
+elseif E then
+    Q, on_base = {}, true
+    for j = 1, first - 1, 4 do Q[#Q + 1], Q[#Q + 2], Q[#Q + 3] = E[j], E[j + 1], E[j + 2] end
+    steps = #Q / 3
+    if steps > 0 then
+        if n == 1 then st, nf, fr, bst, bnf, bfr = bst, bnf, bfr, st, nf, fr else S, B = B, S end
+    end
+elseif R then
+    steps = total
+elseif debts then
+    steps = n
+else
+    steps = 0
 end
+while true do
+    if r == steps then
+        if on_base and steps > 0 then
+            if n == 1 then st, nf, fr, bst, bnf, bfr = bst, bnf, bfr, st, nf, fr else S, B = B, S end
+        end
+        if pass == 2 or not (E or (F and count > 0)) then break end
+        pass, r = 2, 0
+        if E then
+            -- The limits from the base on, then the others.
+            if n == 1 then
+                st, nf, fr = bst, bnf, bfr
+            else
+                for k = 1, 3 * n do S[k] = B[k] end
+            end
+            Q, on_base = {}, false
+            for j = first, 4 * count, 4 do
+                if j ~= place then Q[#Q + 1], Q[#Q + 2], Q[#Q + 3] = E[j], E[j + 1], E[j + 2] end
+            end
+            steps = #Q / 3
+        else
+            Q, on_base, steps = F, true, #F / 3
+            if n == 1 then st, nf, fr, bst, bnf, bfr = bst, bnf, bfr, st, nf, fr else S, B = B, S end
+        end
+        if steps == 0 then break end
+    end
+    r = r + 1
+
+    -- Request r: its permits, timeout, whether it is held, its now, its id;
+    -- for a resume, the limit it carries its debt to (`p`: the debt).
+    local p, t, hold, at, limit, id = permits, timeout, held, now, nil, -1
+    if Q then
+        id, p, at, t, hold = Q[3 * r - 2], Q[3 * r - 1], Q[3 * r], -1, false
+        if id < -1 then limit = -1 - id end
+    elseif not mode then
+        -- (The reservation.)
+    elseif R then
+        if left == 0 then g, left = g + 4, R[g + 8] end
+        left, p, hold, t = left - 1, R[g + 1], R[g + 2], R[g + 3]
+    else
+        limit, p = r, debts[r]
+    end
+
+    -- Limits::earliest: the moment every limit allows it, and the first
+    -- limit whose ticket that is, if it lies after now.
+    local moment, bound = at, -1
+    if limit then
+        moment = at
+    elseif n == 1 then
+        if nf > moment then moment, bound = nf, 0 end
+    else
+        for i = 1, n do
+            if S[3 * i - 1] > moment then moment, bound = S[3 * i - 1], i - 1 end
+        end
+    end
+
+    -- A try that the debt does not fit is refused: it charges nothing.
+    local granted = t < 0 or moment - at <= t
+    if granted and not Q then
+        writes = true
+        -- Limits::reserve_at: the id of a held reservation that waits (the
+        -- clock, or the id before it + 1 if that is more: ids rise, and a
+        -- key written anew after it expired gives none it gave before);
+        -- Limits::expire (the logged requests whose moment has passed leave
+        -- the log: they were used) and, when the log is full, its oldest
+        -- leaves it; the log keeps the request if it has an id (for a
+        -- resume, its limit's) or the log holds any, and starts with the
+        -- limits' states when it was empty.
+        if limit then
+            id = -1 - limit
+        elseif hold and moment > now then
+            if next_id < now then next_id = now end
+            id, next_id = next_id, next_id + 1
+        end
+        while count > 0 and (front <= now or count == LOG_CAPACITY) do
+            F = F or {}
+            F[#F + 1], F[#F + 2], F[#F + 3] = front_id, front_p, front_at
+            count = count - 1
+            if count == 0 then
+                log_at, added, A, added_first, F = nil, nil, nil, 1, nil
+            elseif log_at and log_at + 32 <= size then
+                log_at = log_at + 32
+                front_id, front_p, front_at, front = struct.unpack('<dddd', value, log_at)
+                if not (front_id % 1 == 0 and front_id >= -1 - n and front_id < next_id
+                        and front_p % 1 == 0 and front_p >= 0 and front_p <= MAX_MICROS
+                        and front_at >= 0 and front_at % 1 == 0 and front >= front_at
+                        and front <= MAX_MICROS and front % 1 == 0) then
+                    return redis.error_reply(string.format(NOT_OURS, key, size))
+                end
+            else
+                if log_at then log_at = nil else added_first = added_first + 1 end
+                local a = 4 * added_first
+                front_id, front_p, front_at, front = A[a - 3], A[a - 2], A[a - 1], A[a]
+            end
+        end
+        if id >= 0 or count > 0 then
+            if count == 0 then
+                if n == 1 then
+                    bst, bnf, bfr = st, nf, fr
+                else
+                    B = {unpack(S, 1, 3 * n)}
+                end
+                front_id, front_p, front_at, front = id, p, at, moment
+            end
+            if not added then added, A = {}, {} end
+            local a = #added
+            added[a + 1] = struct.pack('<dddd', id, p, at, moment)
+            A[4 * a + 1], A[4 * a + 2], A[4 * a + 3], A[4 * a + 4] = id, p, at, moment
+            count = count + 1
+        end
+    end
+
+    if limit and granted then
+        -- Limits::resume of one limit: its ticket at least up to now, no
+        -- stored permits, then its debt; a ticket that reaches 2^53 is 2^53,
+        -- with no fraction (as in State::charge).
+        local k = 3 * limit - 2
+        if n > 1 then st, nf, fr = S[k], S[k + 1], S[k + 2] end
+        if at > nf then nf, fr = at, 0 end
+        st = 0.0
+        nf = nf + p
+        if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
+        if n > 1 then S[k], S[k + 1], S[k + 2] = st, nf, fr end
+    elseif granted then
+        -- Limits::charge: every limit as if requested at the moment
+        -- (State::reserve_earliest_available: resync, spend stored permits
+        -- first, charge the rest as fresh ones, push the ticket).
+        for i = 1, n do
+            if n > 1 then
+                local c, k = 8 * i - 8, 3 * i - 2
+                bursty, stable, mx, thr, slope, cd = C[c + 2], C[c + 4], C[c + 5], C[c + 6], C[c + 7], C[c + 8]
+                st, nf, fr = S[k], S[k + 1], S[k + 2]
+            end
+            -- State::resync: idle time from the exact ticket, > 0 (the
+            -- fraction is below one µs), so an infinite quotient (cd = 0)
+            -- is fine, never NaN.
+            if moment > nf then
+                local stored = st + ((moment - nf) - fr / FRACTION_ONE) / cd
+                if stored > mx then stored = mx end
+                st, nf, fr = stored, moment, 0
+            end
+            local spend = p
+            if st < spend then spend = st end
+            local fresh = p - spend
+            local wait
+            if bursty then
+                -- Bursty::stored_permits_to_wait_micros is 0, and 0.0 + x == x.
+                wait = fresh * stable
+            else
+                -- WarmingUp::stored_permits_to_wait_micros: a trapezoid
+                -- above the threshold, permits_to_time(q) = stable + q * slope.
+                local above, micros, spent = st - thr, 0.0, spend
+                if above > 0.0 then
+                    local take = above
+                    if spent < take then take = spent end
+                    local length = (stable + above * slope) + (stable + (above - take) * slope)
+                    micros = take * length / 2.0
+                    spent = spent - take
+                end
+                wait = micros + stable * spent + fresh * stable
+            end
+            -- State::charge. Below 2^32 µs: rounded to the nearest 2^-20 µs
+            -- and added to the fraction, in units of 2^-20 µs (x - x % 1 is
+            -- floor(x) for x >= 0), whose whole µs (the units above 20
+            -- bits) go to the ticket. Else to_micros: truncated, saturated,
+            -- NaN read as MAX_MICROS; the fraction stays.
+            if wait < FINE_CHARGE_LIMIT then
+                wait = wait * FRACTION_ONE + 0.5
+                wait = wait - wait % 1 + fr
+                fr = wait % FRACTION_ONE
+                wait = (wait - fr) / FRACTION_ONE
+            elseif wait < MAX_MICROS then
+                wait = wait - wait % 1
+            else
+                wait = MAX_MICROS
+            end
+            nf = nf + wait
+            if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
+            st = st - spend
+            if n > 1 then S[3 * i - 2], S[3 * i - 1], S[3 * i] = st, nf, fr end
+        end
+    end
+
+    if Q then
+        -- (Charged again: no reply.)
+    elseif R then
+        -- A batch's reply for it (see Batch): its wait (negated if it was
+        -- refused), and with several limits the one that bound it.
+        replies[#replies + 1] = granted and moment - now or now - moment
+        if n > 1 then replies[#replies + 1] = bound end
+        if granted then
+            moment_r, bound_r = moment, bound
+            -- The TTL its own call would need (see part 5).
+            local need
+            if n == 1 then
+                need = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
+            else
+                for i = 1, n do
+                    local c, k = 8 * i - 8, 3 * i - 2
+                    local limit = (S[k + 1] - time_micros) / 1000 + (C[c + 5] - S[k]) * C[c + 8] / 1000
+                    if i == 1 or limit > need then need = limit end
+                end
+            end
+            needs[#needs + 1] = need
+        end
+    elseif not granted then
+        -- A refused try: the limits' states as read, with the clock, as a
+        -- status replies them (see Reply).
+        if n == 1 then return struct.pack('<dddd', now, st, nf, fr) end
+        return struct.pack(string.rep('<d', 1 + 3 * n), now, unpack(S, 1, 3 * n))
+    elseif not limit then
+        moment_r, bound_r = moment, bound
+    end
+end
+

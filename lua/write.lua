@@ -1,45 +1,154 @@
--- Part 5 of 5: the value written, the reply.
+-- Part 5 of 5: the value written, its TTL, the reply.
 
--- A batch writes the value as its last granted request left it, with the
--- TTL the latest of them set, if any did (they all read one clock): the
--- same key as its requests one by one would leave. None granted: nothing
--- is written, as for a refused try.
-if batch_p then
-    -- The last grant's token, then every token, one after another, first.
-    -- The value written is the last grant's.
-    if last_r then
-        replies[last_r] = 1
-        packed[#packed + 1] = struct.pack(VALUE, last_marker, last_stored, last_next_free,
-            permits_per_second, max_permits, last_expires, now_micros, last_fractions,
-            last_stored_before, last_next_free_before)
+-- A batch's replies end with the next id (its held requests that waited
+-- got the ids before it, in order), and the limits' states after it with
+-- the clock, as a status replies them.
+if replies then
+    local k = #replies
+    replies[k + 1], replies[k + 2] = next_id, now
+    if n == 1 then
+        replies[k + 3], replies[k + 4], replies[k + 5] = st, nf, fr
+    else
+        for j = 1, 3 * n do replies[k + 2 + j] = S[j] end
     end
-    table.insert(replies, 1, table.concat(packed))
-    -- Then the key's debt after the batch.
-    replies[#replies + 1] = next_free_micros > now_micros and next_free_micros - now_micros or 0
-    if #packed == 0 then return replies end
-    written = packed[#packed]
-end
-local value_written = written
-if marker == THR3 then
-    -- The ledger: its head, every group's place (id, moment), then the
-    -- (id, offset) of those with an offset.
-    value_written = written .. struct.pack(LEDGER, open, next_id, earliest, in_order, groups, horizon)
-        .. string.sub(src, p0, p1) .. p_tail .. string.sub(src, e0, e1) .. e_tail
-end
-if ttl_set then
-    redis.call('SET', key, value_written, 'PX', ttl_set)
-else
-    redis.call('SET', key, value_written, 'KEEPTTL')
+    replies = struct.pack(string.rep('<d', #replies), unpack(replies))
+    -- None granted (every try refused): nothing is written.
+    if not writes then return replies end
 end
 
-if batch_p then return replies end
-if not mode then
-    -- State::reserve: the value written, without its ledger, is the reply
-    -- and the token (see Reply); with the group's id if it has one.
-    if token_id then return written .. struct.pack('<d', token_id) end
-    return written
+-- The TTL the key needs (see Expiry): until every limit's debt is paid and
+-- its stored permits refilled to max_permits, plus 2 ms, on the clock as
+-- read. (Not 1: before Redis 7.2, setting a 1 ms TTL can delete the key at
+-- once if a millisecond boundary falls between the two clock reads.)
+-- ceil(x) is x - x % 1, plus 1 if x had a fraction; x < TTL_CAP_MS - 2
+-- rules out inf and NaN first. A need <= 0 (a give-back can move a ticket
+-- into the past) means the key already reads as missing. A batch applies
+-- the rule after each request granted, as their own calls would, with the
+-- needs part 4 noted (`needs`). A need the TTL covers with 3 ms to spare
+-- keeps it at once (ceil(x) + 2 <= x + 3).
+local ttl_ms, ttl_set
+if needs then
+elseif n == 1 then
+    ttl_ms = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
+else
+    for i = 1, n do
+        local c, k = 8 * i - 8, 3 * i - 2
+        local need = (S[k + 1] - time_micros) / 1000 + (C[c + 5] - S[k]) * C[c + 8] / 1000
+        if i == 1 or need > ttl_ms then ttl_ms = need end
+    end
 end
-if cancelled then return cancelled end
--- Resume, or the probe of a missing key (no debt): the debt.
-if next_free_micros > now_micros then return next_free_micros - now_micros end
-return 0
+for j = 1, needs and #needs or 1 do
+    if needs then ttl_ms = needs[j] end
+    if not (time_micros + ttl_ms * 1000 + 3000 <= expires) then
+        if ttl_ms < TTL_CAP_MS - 2 then
+            if ttl_ms > 0 then
+                local ceil = ttl_ms - ttl_ms % 1
+                if ceil < ttl_ms then ceil = ceil + 1 end
+                ttl_ms = ceil + 2
+            else
+                ttl_ms = 2
+            end
+        else
+            ttl_ms = TTL_CAP_MS
+        end
+        -- Keep the TTL the key has if it lasts that long (setting one
+        -- costs Redis more than the rest of the write), else set one with
+        -- slack: twice the need, at most TTL_MAX_SLACK_MS more. So the TTL
+        -- only ever grows, and covers every logged request's moment, which
+        -- was at most a ticket.
+        if time_micros + ttl_ms * 1000 > expires then
+            if ttl_ms > TTL_MAX_SLACK_MS then
+                ttl_ms = ttl_ms + TTL_MAX_SLACK_MS
+            else
+                ttl_ms = ttl_ms + ttl_ms
+            end
+            if ttl_ms > TTL_CAP_MS then ttl_ms = TTL_CAP_MS end
+            expires = time_micros + ttl_ms * 1000
+            ttl_set = ttl_ms
+        end
+    end
+end
+
+-- The value (see Value). Its hot part (the head and each limit's state)
+-- is what a reservation replies; when nothing else changed (the limits
+-- and their rates, the TTL, the log), it alone is written over the value
+-- as read. A reservation that keeps requests of the log as read writes in
+-- place too: the hot part, the rest of the fixed part and the log's head
+-- (the requests before `log_at` stay in the value, dead, up to
+-- DEAD_CAPACITY), and its own request appended; the log is not copied.
+-- Otherwise the value is written whole: for a cancel, the requests still
+-- in the log less the one given back; else those of the value as read
+-- that it kept, then this call's.
+local logged = count
+if E then count = count - (first - 1) / 4 - 1 end
+local shape = n + SHAPE * count + BOUND * (bound_r + 1)
+local hot
+if not whole and not ttl_set and count == 0 and logged_as_read == 0 then
+    if n == 1 then
+        hot = struct.pack('<ddddddd', shape, now, next_id, moment_r, st, nf, fr)
+    else
+        hot = struct.pack(string.rep('<d', 4 + 3 * n), shape, now, next_id, moment_r, unpack(S, 1, 3 * n))
+    end
+    redis.call('SETRANGE', key, '4', hot)
+elseif n == 1 and count == 0 then
+    hot = struct.pack('<c4dddddddddd', MARKER, shape, now, next_id, moment_r, st, nf, fr, expires, rate, mx)
+    if ttl_set then redis.call('SET', key, hot, 'PX', ttl_set) else redis.call('SET', key, hot, 'KEEPTTL') end
+else
+    -- The fixed part after the hot one: the TTL's end, each limit's rate
+    -- and max_permits; the log's head: the dead requests, the base.
+    local in_place = count > 0 and log_at and not mode and not whole and log_at - log_from <= 32 * DEAD_CAPACITY
+    dead = in_place and (log_at - log_from) / 32 or 0
+    if n == 1 and not E then
+        hot = struct.pack('<dddddddddddddd', shape, now, next_id, moment_r, st, nf, fr, expires, rate, mx,
+            dead, bst, bnf, bfr)
+    else
+        local numbers = {shape, now, next_id, moment_r}
+        if n == 1 then
+            numbers[5], numbers[6], numbers[7], numbers[8], numbers[9], numbers[10] = st, nf, fr, expires, rate, mx
+        else
+            for k = 1, 3 * n do numbers[4 + k] = S[k] end
+            numbers[#numbers + 1] = expires
+            for c = 1, 8 * n, 8 do numbers[#numbers + 1], numbers[#numbers + 2] = C[c], C[c + 4] end
+        end
+        if count > 0 then
+            numbers[#numbers + 1] = dead
+            if n == 1 then
+                numbers[#numbers + 1], numbers[#numbers + 2], numbers[#numbers + 3] = bst, bnf, bfr
+            else
+                for k = 1, 3 * n do numbers[#numbers + 1] = B[k] end
+            end
+            for j = first or 1, E and 4 * logged or 0, 4 do
+                if j ~= place then
+                    local k = #numbers
+                    numbers[k + 1], numbers[k + 2], numbers[k + 3], numbers[k + 4] = E[j], E[j + 1], E[j + 2], E[j + 3]
+                end
+            end
+        end
+        hot = struct.pack(string.rep('<d', #numbers), unpack(numbers))
+    end
+    if in_place then
+        -- (A single reservation adds at most one request.)
+        redis.call('SETRANGE', key, '4', hot)
+        if added then redis.call('APPEND', key, added[1]) end
+        if ttl_set then redis.call('PEXPIRE', key, ttl_set) end
+    else
+        hot = MARKER .. hot
+        if count > 0 and not E then
+            hot = hot .. (log_at and string.sub(value, log_at, size) or '')
+                .. (added and table.concat(added, '', added_first) or '')
+        end
+        if ttl_set then redis.call('SET', key, hot, 'PX', ttl_set) else redis.call('SET', key, hot, 'KEEPTTL') end
+    end
+end
+
+-- A reservation: what it wrote, from the hot part on (see Reply).
+if replies then return replies end
+if not mode then return hot end
+if E then return 1 end
+-- A resume, or the probe of a missing key: the debt.
+local debt = 0
+for k = 2, 3 * n, 3 do
+    local ahead = (n == 1 and nf or S[k]) - now
+    if ahead > debt then debt = ahead end
+end
+return debt

@@ -1,11 +1,10 @@
 //! Giving back a reservation that was never used, on one limit's state
 //! alone: the rule the log of [`Limits`](super::Limits) replaced.
 //!
-//! No in-process limiter uses it. It stays, with the
-//! [`Ledger`](super::Ledger) built on it, for the tests that model the
-//! one-limit Redis script (and as the baseline `tests/local/cancellation.rs`
-//! shows the log's exactness against), and goes when that script is
-//! replaced.
+//! No limiter uses it (the Redis script, which did, now replays a log as
+//! [`Limits`](super::Limits) does). It stays as the baseline
+//! `tests/local/cancellation.rs` shows the log's exactness against; the
+//! [`Ledger`](super::Ledger) built on it is used by nothing.
 //!
 //! A reservation is recorded as a [`Reserved`]: the state it found, the state
 //! it left, and the moment it was granted for. [`State::give_back`] then
@@ -62,8 +61,9 @@
 //!
 //! Closing it means remembering, for the reservations still waiting, what
 //! was requested after each: the [`Ledger`](super::Ledger) (which the
-//! one-limit Redis script keeps in the key's value), or all of it, the log
-//! of [`Limits`](super::Limits) that the in-process limiters replay. With
+//! one-limit Redis script kept in the key's value), or all of it, the log
+//! of [`Limits`](super::Limits) that the limiters (and now the Redis script)
+//! replay. With
 //! either, nobody is ever scheduled before the model, and the limiter ends
 //! on it. [`State::give_back`] alone is what a ledger falls back to for the
 //! latest reservation.
@@ -158,7 +158,7 @@ pub enum GiveBack {
     Nothing,
 }
 
-// Used by no in-process limiter: the one-limit Redis script's tests model it.
+// Used by no limiter: the baseline of `tests/local/cancellation.rs`.
 impl State {
     /// [`reserve_earliest_available`](State::reserve_earliest_available),
     /// recording what was taken.

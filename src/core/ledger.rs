@@ -2,10 +2,9 @@
 //! about the reservations still waiting (the reasoning is in its
 //! documentation).
 //!
-//! No in-process limiter uses it: they give back through the log of
-//! [`Limits`](super::Limits). It stays as the counterpart of the one-limit
-//! Redis script, which keeps one in a key's value, for that script's tests,
-//! and goes when that script is replaced.
+//! Nothing uses it any more: the limiters give back through the log of
+//! [`Limits`](super::Limits), and the Redis script, which kept one in a
+//! key's value, now replays a log as `Limits` does. It can go.
 
 use super::{FRACTION_ONE, GiveBack, MAX_MICROS, Policy, Reserved, State};
 
@@ -160,9 +159,8 @@ impl Ledger {
     /// reservation between them is then given back conservatively (see [`Ledger`]).
     pub const CAPACITY: usize = 1024;
 
-    /// The most groups the Redis script keeps in a key's value
-    /// (`docs/redis-protocol.md`, Ledger): a ledger of this capacity is its
-    /// counterpart in Rust.
+    /// The most groups the one-limit Redis script kept in a key's value: a
+    /// ledger of this capacity was its counterpart in Rust.
     pub const SHARED_CAPACITY: usize = 64;
 
     /// An empty ledger, for a state nothing has been reserved on yet (or

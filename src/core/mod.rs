@@ -182,11 +182,12 @@ mod warming_up;
 pub(crate) mod word;
 
 pub use bursty::Bursty;
-// The one-limit give-back that the log replaced, for the tests that model
-// the one-limit Redis script; they go when that script is replaced.
+// The one-limit give-back that the log replaced: the baseline of
+// `tests/local/cancellation.rs` (the Redis script, which used it, now
+// replays a log).
 #[doc(hidden)]
 pub use give_back::{GiveBack, Reserved};
-// The same: the one-limit Redis script's ledger, for its tests.
+// Its ledger: used by nothing any more.
 #[doc(hidden)]
 pub use ledger::Ledger;
 pub use limits::{Granted, LOG_CAPACITY, Limits};

@@ -87,39 +87,6 @@ impl Snapshot {
         .expect("limits are never empty")
     }
 
-    /// A limit's state as stored elsewhere (in Redis, charged last at
-    /// `rate` with `max_permits`), taken to `template`'s configuration (the
-    /// rate in force) at `now_micros` as the next reservation there would
-    /// take it: [`State::set_rate`] if either differs.
-    #[allow(clippy::too_many_arguments)]
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn stored_state(
-        template: &State,
-        stored_permits: f64,
-        next_free_micros: u64,
-        next_free_fraction: u32,
-        rate: f64,
-        max_permits: f64,
-        now_micros: u64,
-    ) -> State {
-        let mut state = State::new(template.policy.clone(), rate, 0).unwrap_or(template.clone());
-        state.stored_permits = stored_permits;
-        state.max_permits = max_permits;
-        state.next_free_micros = next_free_micros;
-        state.next_free_fraction = next_free_fraction;
-        if rate != template.permits_per_second || max_permits != template.max_permits {
-            // Resyncs at the stored rate first; the policy's maximum is
-            // the template's.
-            if state
-                .set_rate(template.permits_per_second, now_micros)
-                .is_err()
-            {
-                return template.clone();
-            }
-        }
-        state
-    }
-
     /// Of several limits' snapshots, the one that binds (see
     /// [`of_limits`](Self::of_limits)); `None` if there are none.
     pub fn binding(snapshots: impl IntoIterator<Item = Snapshot>) -> Option<Snapshot> {

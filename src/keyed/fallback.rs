@@ -9,7 +9,6 @@ use std::time::Duration;
 use super::Keyed;
 use crate::Snapshot;
 use crate::clock::Clock;
-use crate::core::State;
 
 /// # For a Redis limiter's fallback
 ///
@@ -40,19 +39,6 @@ where
     {
         let read = self.clock.now_micros();
         self.shard(key).read().snapshot_of(key, read)
-    }
-
-    /// Each configured limit as a state (the rate in force, nothing
-    /// stored): what a snapshot read elsewhere (in Redis) is taken under.
-    pub(crate) fn templates(&self) -> Vec<State> {
-        let table = self.shards[0].0.read();
-        table
-            .template()
-            .states()
-            .iter()
-            .map(|state| State::new(state.policy().clone(), state.permits_per_second(), 0))
-            .collect::<Result<_, _>>()
-            .expect("the rates in force are valid")
     }
 
     /// The latest ticket of `key`'s limits (µs on the clock), if it is held.

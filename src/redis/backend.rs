@@ -19,14 +19,35 @@ use crate::error::BackendError;
 /// the `paceline:` prefix, so that it can be no limiter's.
 const BACKEND_PROBE_KEY: &str = "paceline-probe";
 
-/// Where the probe runs the script: the key of the limiter whose call
-/// failed (on a cluster, that key's own node), with that limiter's
-/// arguments.
+/// A Redis key and what the script needs with it: where a call goes, and
+/// where the probe runs the script (the key of the limiter whose call
+/// failed: on a cluster, that key's own node).
 #[derive(Clone)]
 pub(crate) struct ProbeTarget {
     pub(crate) key: Arc<str>,
     pub(crate) script_args: Arc<ScriptArgs>,
-    pub(crate) rate: f64,
+    /// Who hears of a reservation granted after its caller stopped
+    /// waiting that cannot be given back.
+    pub(crate) late: Option<Weak<dyn Late>>,
+}
+
+/// A limiter that hears of the reservations granted in Redis after their
+/// callers stopped waiting (the response timeout passed, or the caller was
+/// dropped) that cannot be given back (no id: not held, or not waiting).
+/// Their charges stay in Redis; a caller served meanwhile by the fallback
+/// was served twice, so the carry-back must not add the fallback's charge
+/// for it again: the debt Redis reported counts as known.
+pub(crate) trait Late: Send + Sync {
+    fn late(&self, key: &str, debt_micros: u64);
+}
+
+impl ProbeTarget {
+    /// Tells the key's limiter of a late grant that stays charged.
+    pub(crate) fn note_late(&self, debt_micros: u64) {
+        if let Some(late) = self.late.as_ref().and_then(Weak::upgrade) {
+            late.late(&self.key, debt_micros);
+        }
+    }
 }
 
 impl ProbeTarget {
@@ -35,8 +56,8 @@ impl ProbeTarget {
     pub(crate) fn backend() -> ProbeTarget {
         ProbeTarget {
             key: BACKEND_PROBE_KEY.into(),
-            script_args: Arc::new(ScriptArgs::new(&Policy::Bursty(Bursty::default()), 1.0)),
-            rate: 1.0,
+            script_args: Arc::new(ScriptArgs::new(&[(Policy::Bursty(Bursty::default()), 1.0)])),
+            late: None,
         }
     }
 }
@@ -267,13 +288,7 @@ impl Backend {
         connection: &mut Connection,
         target: &ProbeTarget,
     ) -> Result<(), BackendError> {
-        let probe = script::invoke(
-            connection,
-            &target.key,
-            &Call::Probe,
-            target.rate,
-            &target.script_args,
-        );
+        let probe = script::invoke(connection, &target.key, &Call::Probe, &target.script_args);
         match tokio::time::timeout(self.response_timeout, probe).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) if script::is_data_error(&e) => Ok(()),

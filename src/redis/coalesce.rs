@@ -27,16 +27,19 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 
 use super::backend::{Backend, ProbeTarget, Scope};
+use super::reply::Reply;
 use super::round_trip::{Canceller, Ends, Failure, Lead, send, send_batch};
-use super::script::{Call, Reply, Request};
+use super::script::{Call, Request};
 use crate::error::BackendError;
 
 /// The most requests one batch carries: a batch holds Redis (which runs
-/// one script at a time) for about 16 000 instructions per request.
+/// one script at a time) for about 6 000 instructions per request (one
+/// limit; `scripts/script-cost.sh`).
 pub(crate) const MAX_BATCH: usize = 256;
 
 /// The most requests queued for one key: beyond it, a caller makes a
@@ -216,7 +219,9 @@ impl Ends for Coalescer {
 
 /// A caller's wait for the reply of its key's round trip, on a timer of
 /// its own: at most the response timeout, as a single call waits, however
-/// the other callers of the key are polled. Past it, the caller goes to its
+/// the other callers of the key are polled (or what is left of the
+/// caller's time, `budget`, after it waited for its key's carry-back: see
+/// [`send_within`](super::round_trip::send_within)). Past it, the caller goes to its
 /// fallback as a single call that timed out does (its part of Redis marked
 /// down); its request, left queued, is never sent, and one sent is given
 /// back when its reply comes. A reply that reaches the channel after the
@@ -225,13 +230,16 @@ pub(crate) async fn wait(
     backend: &Arc<Backend>,
     target: &ProbeTarget,
     waiting: Replied,
+    budget: Option<Duration>,
 ) -> Result<Reply, Failure> {
     let mut waiting = Waiting {
         replied: waiting,
         backend,
         target,
     };
-    let failure = match tokio::time::timeout(backend.response_timeout, &mut waiting.replied).await {
+    let budget = budget.filter(|budget| *budget < backend.response_timeout);
+    let limit = budget.unwrap_or(backend.response_timeout);
+    let failure = match tokio::time::timeout(limit, &mut waiting.replied).await {
         // The round trip it waited for, or its own, failed: its part of
         // Redis is down (marked here too, should it not be yet: it must be
         // before the caller is served by its fallback).
@@ -241,6 +249,13 @@ pub(crate) async fn wait(
         Ok(Err(_)) => {
             return Err(Failure::Down(Some(BackendError::new(format!(
                 "the round trip of key {} ended without a reply",
+                target.key
+            )))));
+        }
+        // The caller's time ran out, not Redis's: the fallback serves it.
+        Err(_) if budget.is_some() => {
+            return Err(Failure::Down(Some(BackendError::timeout(format!(
+                "the call's time ran out after it waited for key {} to be carried back",
                 target.key
             )))));
         }
@@ -266,16 +281,25 @@ struct Waiting<'a> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.replied.close();
-        if let Ok(Ok(Reply {
-            token: Some(token), ..
-        })) = self.replied.try_recv()
-        {
-            let canceller = Canceller {
-                backend: Arc::clone(self.backend),
-                target: self.target.clone(),
-            };
-            self.backend.spawn(canceller.cancel(token));
+        if let Ok(Ok(reply)) = self.replied.try_recv() {
+            give_back(self.backend, self.target, reply);
         }
+    }
+}
+
+/// A reply its caller never read: its grant is given back, or, if it
+/// cannot be, its limiter hears of it (see [`Late`](super::backend::Late)).
+fn give_back(backend: &Arc<Backend>, target: &ProbeTarget, reply: Reply) {
+    match reply.token {
+        Some(token) => {
+            let canceller = Canceller {
+                backend: Arc::clone(backend),
+                target: target.clone(),
+            };
+            backend.spawn(canceller.cancel(token));
+        }
+        None if reply.wait.is_some() => target.note_late(reply.debt_micros),
+        None => {}
     }
 }
 
@@ -296,15 +320,8 @@ async fn run_batch(backend: Arc<Backend>, batch: Vec<Queued>, lead: Lead) {
     match sent {
         Ok(replies) => {
             for (queued, reply) in batch.into_iter().zip(replies) {
-                if let Err(Ok(Reply {
-                    token: Some(token), ..
-                })) = queued.reply.send(Ok(reply))
-                {
-                    let canceller = Canceller {
-                        backend: Arc::clone(&backend),
-                        target: target.clone(),
-                    };
-                    backend.spawn(canceller.cancel(token));
+                if let Err(Ok(reply)) = queued.reply.send(Ok(reply)) {
+                    give_back(&backend, &target, reply);
                 }
             }
         }

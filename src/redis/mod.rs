@@ -2,15 +2,16 @@
 //! same Redis key.
 //!
 //! [`RedisRateLimiter`] runs the [core algorithm](crate::core) as a Lua
-//! script inside Redis (`lua/`, a line-by-line mirror of
-//! `src/core`), on Redis's own clock, in one round trip per reservation. The
-//! limiter's state is one key, `paceline:{name}` (a 76-byte string with a
-//! format marker), so it works the same on a single server and on Redis
+//! script inside Redis (`lua/`, a line-by-line mirror of `core::Limits`,
+//! for one limit or several), on Redis's own clock, in one round trip per
+//! reservation. The limiter's state is one key, `paceline:v1:name` (84
+//! bytes for one limit, with a format marker, more while reservations wait
+//! to be given back), so it works the same on a single server and on Redis
 //! Cluster. The key expires only once an idle limiter would have refilled
 //! anyway, so expiry is invisible; a missing key reads as a limiter that
 //! has been idle for a long time (full for the bursty policy, cold for the
-//! warming-up one). What the script takes, replies and stores, and how its
-//! formats are upgraded, is specified in `docs/redis-protocol.md`.
+//! warming-up one). What the script takes, replies and stores is specified
+//! in `docs/redis-protocol.md`.
 //!
 //! Each limiter built with [`RedisRateLimiter::builder`] has a connection
 //! of its own. Many limiters (one per API, per queue, ...) can share one
@@ -79,7 +80,7 @@
 //! | The key vanishes (evicted, `FLUSHALL`, a failover to a replica that never got it) | a limiter idle for long: one full burst (bursty) or cold (warming-up) | at once |
 //! | The server's clock steps back / forward | time stands still for the key until the clock catches up / the step reads as idle time (at most one burst) | at once |
 //! | A process served from its fallback and then never called again | — | its keys' debt is carried into Redis in the background as soon as its backend sees Redis again (within about one probe interval), so other processes see it |
-//! | More keys than `max_local_keys` during one outage (or more known debts than that) | the fallback drops the least recently used keys; new keys open no earlier than the latest dropped ticket, and a debt that does not fit is kept per hash bucket: errs towards limiting | keys called within the dropped debt's span are charged up to it once |
+//! | More keys than `max_local_keys` during one outage (or more known debts than that) | the fallback drops the least recently used keys; new keys open no earlier than the latest dropped ticket, and a debt that does not fit is kept per hash bucket: errs towards limiting | keys called within the dropped debt's span are charged up to it once (by the first of its callers; the others wait for it) |
 //! | Two outages in a row | the second opens each key from the debt Redis reports after the first one's carry-back, not from a stale local debt | as above |
 //! | One Redis Cluster node down or hung | the fallback for the limiters and keys in that node's slots only, whether each limiter has a backend of its own or they share a `RedisBackend` or a keyed limiter. The first call that finds the node down marks its slot; the probe then reads the slot map and marks the node's other slots, so their calls do not each wait for `response_timeout` (see "Cluster client timeouts" below) | when the script works on that node (probed there only, so other nodes' outages do not hold it back) |
 //!
@@ -93,8 +94,10 @@
 //! - **Back to Redis**, a key the fallback served is carried back before any
 //!   call of it reaches Redis again: one resume call adds what the fallback
 //!   granted beyond what Redis knew (scaled by `local_fraction`) and drops the
-//!   permits the key had stored; callers of that key wait for it (one round
-//!   trip). A background task, started when the backend recovers, carries the
+//!   permits the key had stored; callers of that key wait for it, within
+//!   their `response_timeout` in all (a caller whose time runs out is
+//!   served by the fallback, which holds the key until its debt is in
+//!   Redis). A background task, started when the backend recovers, carries the
 //!   keys nobody calls. Under `Fallback::FailOpen` the resume carries no debt
 //!   but still drops the stored permits, so nothing bursts after an outage.
 //! - **Nothing twice**: the fallback forgets a key only once its debt is in
@@ -170,29 +173,26 @@
 //!   with the default, limiters on healthy nodes can then stay on their
 //!   fallbacks for as long as the node hangs (a process that starts while it
 //!   hangs, for one).
-//! - **Upgrading.** The key's format carries a version marker. A new version
-//!   reads the formats of earlier ones and rewrites a key in its own format at
-//!   the next write, so upgrading every process is seamless. During a rolling
-//!   upgrade, though, a process still on an earlier version does not read a
-//!   key a newer one has written: its calls on that key fail with
-//!   `Error::Backend` ("holds a value this limiter does not recognise"), and
-//!   its fallback does not take over, as for any foreign value. Upgrade the
-//!   processes sharing a limiter together, or give the new version's limiters
-//!   new names for the length of the rollout. Formats so far: `thr2` (the
-//!   sub-microsecond schedule) and `thr3` (a key on which reservations wait
-//!   to be given back: its ledger).
+//! - **Upgrading.** The key layout has a version after the prefix
+//!   (`paceline:v1:name`), and the value a format marker (`plv1`). A later
+//!   layout takes another version, so processes of two versions never read
+//!   each other's keys: each version's limiter starts full on its own keys
+//!   (one burst), and the other's expire on their own. Upgrade the
+//!   processes sharing a limiter together, as during a rollout the two
+//!   versions share no state. Values of the formats before this one (`thr2`,
+//!   `thr3`, `thr4`, under the names `throttler:...` and `paceline:name`)
+//!   are not read: a key that holds one is not the limiter's (its calls fail
+//!   with `Error::Backend`, "holds a value this limiter does not
+//!   recognise", and it is left untouched).
 //! - **Key names.** A limiter named `name` uses the Redis key
-//!   `paceline:name`, and a keyed limiter's key `key` uses
-//!   `paceline:name:key` (`paceline` is the prefix a backend's builder
-//!   can change with `key_prefix`: `throttler` reads and shares the keys
-//!   of the crate under its former name, in the same formats), with `\` and `:` escaped in the name (`\\`, `\:`)
-//!   and `\`, `{`, `}` escaped in the key (`\\`, `\(`, `\)`). No two
+//!   `paceline:v1:name`, and a keyed limiter's key `key` uses
+//!   `paceline:v1:name:key`: `paceline` is the prefix a backend's builder
+//!   can change with `key_prefix`, and `v1` the version of the key layout
+//!   and of the values under it. `\` and `:` are escaped in the name
+//!   (`\\`, `\:`), and `\`, `{`, `}` in the key (`\\`, `\(`, `\)`). No two
 //!   (limiter, key) pairs share a Redis key, and no client's key text picks
 //!   its cluster slot; braces in a *name* are kept, so `{tenant-7}` puts a
-//!   limiter and all its keys in one slot on purpose. Names and keys without
-//!   those characters use the same Redis keys as before this rule; others
-//!   move to their escaped key when a process is upgraded, starting afresh
-//!   there (upgrade the processes sharing such a name together).
+//!   limiter and all its keys in one slot on purpose.
 //!
 
 mod backend;
@@ -201,11 +201,10 @@ mod coalesce;
 mod connection;
 mod failover;
 mod fallback;
-#[doc(hidden)]
-pub mod format;
 mod health;
 mod limiter;
 mod naming;
+mod reply;
 mod round_trip;
 mod runtime;
 mod script;

@@ -1,17 +1,20 @@
 //! The Redis key of a limiter and of each of its keys: one rule that maps
 //! every (limiter, key) pair to its own Redis key.
 //!
-//! - A limiter named `name` uses `prefix:` + `esc(name)`, where `prefix`
-//!   is the backend's key prefix (`paceline` unless set; it holds no `:`)
+//! - A limiter named `name` uses `prefix:v1:` + `esc(name)`, where `prefix`
+//!   is the backend's key prefix (`paceline` unless set; it holds no `:`),
+//!   `v1` the version of the key layout and of the values under it ([`LAYOUT`]),
 //!   and `esc` writes `\` as `\\` and `:` as `\:`.
 //! - A keyed limiter's key `key` (its `Display` text) uses
-//!   `prefix:` + `esc(name)` + `:` + `esc_key(key)`, where `esc_key`
+//!   `prefix:v1:` + `esc(name)` + `:` + `esc_key(key)`, where `esc_key`
 //!   writes `\` as `\\`, `{` as `\(` and `}` as `\)`.
 //!
-//! The first `:` ends the prefix. The next that no `\` escapes ends the name, so a
-//! single limiter's key (which has none) and each keyed limiter's keys are
-//! told apart, and both escapes can be undone: no two pairs share a Redis
-//! key, whatever bytes a client puts in its key.
+//! The first `:` ends the prefix and the second the version. The next that
+//! no `\` escapes ends the name, so a single limiter's key (which has none)
+//! and each keyed limiter's keys are told apart, and both escapes can be
+//! undone: no two pairs share a Redis key, whatever bytes a client puts in
+//! its key. A later layout (or value format) takes another version, so its
+//! keys never meet this one's.
 //!
 //! On a cluster, a Redis key's slot is the hash of the text between its
 //! first `{` and the next `}` when there is one. A key's text can hold no
@@ -23,12 +26,15 @@
 use std::fmt::{self, Display, Write};
 
 /// Every key starts with this and a `:` unless the backend's builder sets
-/// another prefix (`.key_prefix("throttler")` reads the keys of the crate
-/// under its former name), followed by the limiter's name (see
-/// [`RedisRateLimiter::key`](super::RedisRateLimiter::key) and
+/// another prefix, followed by the layout's version and the limiter's name
+/// (see [`RedisRateLimiter::key`](super::RedisRateLimiter::key) and
 /// [`KeyedRedisRateLimiter::redis_key`](super::KeyedRedisRateLimiter::redis_key)
 /// for the rest).
 pub const DEFAULT_KEY_PREFIX: &str = "paceline";
+
+/// The version of the key layout and of the values under it, after the
+/// prefix: `paceline:v1:name`.
+const LAYOUT: &str = "v1";
 
 /// Checks a key prefix: not empty, no `:` (which ends it), no braces
 /// (which would put every key of the backend in one cluster slot).
@@ -43,8 +49,10 @@ pub(crate) fn check_prefix(prefix: &str) -> Result<(), crate::Error> {
 
 /// The Redis key of the single limiter `name`, under `prefix`.
 pub(crate) fn single_key(prefix: &str, name: &str) -> String {
-    let mut key = String::with_capacity(prefix.len() + 1 + name.len());
+    let mut key = String::with_capacity(prefix.len() + 2 + LAYOUT.len() + name.len());
     key.push_str(prefix);
+    key.push(':');
+    key.push_str(LAYOUT);
     key.push(':');
     write_name(&mut key, name);
     key
@@ -105,45 +113,46 @@ mod tests {
     use super::*;
 
     #[test]
-    fn plain_names_and_keys_keep_their_redis_keys() {
+    fn plain_names_and_keys_are_the_prefix_the_version_and_them() {
         assert_eq!(
             single_key(DEFAULT_KEY_PREFIX, "orders-api"),
-            "paceline:orders-api"
+            "paceline:v1:orders-api"
         );
         assert_eq!(
             keyed_key(&keyed_prefix(DEFAULT_KEY_PREFIX, "api"), "alice"),
-            "paceline:api:alice"
+            "paceline:v1:api:alice"
         );
         assert_eq!(
             keyed_key(&keyed_prefix(DEFAULT_KEY_PREFIX, "api"), &42u64),
-            "paceline:api:42"
+            "paceline:v1:api:42"
         );
+        assert_eq!(single_key("tenant-7", "api"), "tenant-7:v1:api");
     }
 
     #[test]
-    fn names_and_keys_that_used_to_alias_no_longer_do() {
+    fn names_and_keys_with_colons_do_not_alias() {
         let keys = [
             keyed_key(&keyed_prefix(DEFAULT_KEY_PREFIX, "api"), "admin:x"),
             keyed_key(&keyed_prefix(DEFAULT_KEY_PREFIX, "api:admin"), "x"),
             single_key(DEFAULT_KEY_PREFIX, "api:admin:x"),
         ];
-        assert_eq!(keys[0], "paceline:api:admin:x");
-        assert_eq!(keys[1], "paceline:api\\:admin:x");
-        assert_eq!(keys[2], "paceline:api\\:admin\\:x");
+        assert_eq!(keys[0], "paceline:v1:api:admin:x");
+        assert_eq!(keys[1], "paceline:v1:api\\:admin:x");
+        assert_eq!(keys[2], "paceline:v1:api\\:admin\\:x");
     }
 
     #[test]
     fn a_key_cannot_choose_its_slot_but_a_name_can() {
         let key = keyed_key(&keyed_prefix(DEFAULT_KEY_PREFIX, "api"), "{victim}x");
-        assert_eq!(key, "paceline:api:\\(victim\\)x");
+        assert_eq!(key, "paceline:v1:api:\\(victim\\)x");
         assert!(!key.contains(['{', '}']));
         assert_eq!(
             keyed_key(&keyed_prefix(DEFAULT_KEY_PREFIX, "{tenant}"), "k"),
-            "paceline:{tenant}:k"
+            "paceline:v1:{tenant}:k"
         );
         assert_eq!(
             keyed_key(&keyed_prefix(DEFAULT_KEY_PREFIX, "a"), "\\"),
-            "paceline:a:\\\\"
+            "paceline:v1:a:\\\\"
         );
     }
 

@@ -11,7 +11,8 @@ use redis::RedisResult;
 
 use super::backend::{Backend, ProbeTarget, Scope};
 use super::connection::Connection;
-use super::script::{self, Call, Reply, Request, ScriptArgs, Stored, Token};
+use super::reply::{Reply, Stored};
+use super::script::{self, Call, Request, ScriptArgs, Token};
 use crate::Error;
 use crate::error::BackendError;
 
@@ -123,13 +124,7 @@ impl Canceller {
             return;
         };
         let (key, call) = (&self.target.key, Call::Cancel(token));
-        let sent = script::invoke(
-            &mut connection,
-            key,
-            &call,
-            self.target.rate,
-            &self.target.script_args,
-        );
+        let sent = script::invoke(&mut connection, key, &call, &self.target.script_args);
         match tokio::time::timeout(self.backend.response_timeout, sent).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => tracing::debug!(key = %key, error = %e, "a give-back failed"),
@@ -149,14 +144,30 @@ pub(crate) async fn send(
     call: Call,
     lead: Option<Lead>,
 ) -> Result<Reply, Failure> {
+    send_within(backend, target, call, lead, None).await
+}
+
+/// [`send`], bounded by what is left of its caller's time (`budget`, when
+/// shorter than the response timeout) rather than by the response timeout:
+/// a round trip that outlives it serves the caller from the fallback
+/// without marking Redis down (it was not given its full time), and is
+/// awaited in the background as any abandoned round trip.
+pub(crate) async fn send_within(
+    backend: &Arc<Backend>,
+    target: &ProbeTarget,
+    call: Call,
+    lead: Option<Lead>,
+    budget: Option<Duration>,
+) -> Result<Reply, Failure> {
     let gives_back = matches!(call, Call::Reserve(_));
     run(
         backend,
         target,
         gives_back,
         lead,
-        move |mut connection, key, args, rate| async move {
-            script::invoke(&mut connection, &key, &call, rate, &args).await
+        budget,
+        move |mut connection, key, args| async move {
+            script::invoke(&mut connection, &key, &call, &args).await
         },
     )
     .await
@@ -176,8 +187,9 @@ pub(crate) async fn send_batch(
         target,
         true,
         Some(lead),
-        move |mut connection, key, args, rate| async move {
-            script::invoke_batch(&mut connection, &key, &call, rate, &args).await
+        None,
+        move |mut connection, key, args| async move {
+            script::invoke_batch(&mut connection, &key, &call, &args).await
         },
     )
     .await
@@ -194,49 +206,64 @@ pub(crate) async fn send_status(
         target,
         false,
         None,
-        move |mut connection, key, args, rate| async move {
-            script::invoke_status(&mut connection, &key, rate, &args).await
+        None,
+        move |mut connection, key, args| async move {
+            script::invoke_status(&mut connection, &key, &args).await
         },
     )
     .await
 }
 
-/// What a round trip's reply holds that a give-back takes back.
+/// What a round trip's reply holds that a give-back takes back, and the
+/// debt Redis reported if it holds a grant that cannot be (see
+/// [`Late`](super::backend::Late)).
 trait Tokens: Send + 'static {
-    fn tokens(self) -> Vec<Token>;
+    fn tokens(self) -> (Vec<Token>, Option<u64>);
 }
 
 impl Tokens for Reply {
-    fn tokens(self) -> Vec<Token> {
-        self.token.into_iter().collect()
+    fn tokens(self) -> (Vec<Token>, Option<u64>) {
+        let kept = (self.token.is_none() && self.wait.is_some()).then_some(self.debt_micros);
+        (self.token.into_iter().collect(), kept)
     }
 }
 
 impl Tokens for Stored {
-    fn tokens(self) -> Vec<Token> {
-        Vec::new()
+    fn tokens(self) -> (Vec<Token>, Option<u64>) {
+        (Vec::new(), None)
     }
 }
 
 impl Tokens for Vec<Reply> {
-    fn tokens(self) -> Vec<Token> {
-        self.into_iter().filter_map(|reply| reply.token).collect()
+    fn tokens(self) -> (Vec<Token>, Option<u64>) {
+        let kept = self
+            .iter()
+            .any(|reply| reply.token.is_none() && reply.wait.is_some())
+            .then(|| {
+                self.iter()
+                    .map(|reply| reply.debt_micros)
+                    .max()
+                    .unwrap_or(0)
+            });
+        let tokens = self.into_iter().filter_map(|reply| reply.token).collect();
+        (tokens, kept)
     }
 }
 
 /// The body of [`send`] and [`send_batch`]: `call` makes the round trip on
 /// a connection. `gives_back`: a reply abandoned by its caller holds
-/// reservations to give back.
+/// reservations to give back. `budget`: see [`send_within`].
 async fn run<T, F, R>(
     backend: &Arc<Backend>,
     target: &ProbeTarget,
     gives_back: bool,
     lead: Option<Lead>,
+    budget: Option<Duration>,
     call: F,
 ) -> Result<T, Failure>
 where
     T: Tokens,
-    F: FnOnce(Connection, Arc<str>, Arc<ScriptArgs>, f64) -> R,
+    F: FnOnce(Connection, Arc<str>, Arc<ScriptArgs>) -> R,
     R: Future<Output = RedisResult<T>> + Send + 'static,
 {
     let Some(connection) = backend.connection() else {
@@ -255,7 +282,6 @@ where
         connection,
         Arc::clone(&target.key),
         Arc::clone(&target.script_args),
-        target.rate,
     );
     let led = lead.as_ref().map(Lead::id);
     let metrics = backend.health.metrics();
@@ -279,7 +305,9 @@ where
         })),
         canceller,
     };
-    let failure = match tokio::time::timeout(backend.response_timeout, in_flight.reply()).await {
+    let budget = budget.filter(|budget| *budget < backend.response_timeout);
+    let limit = budget.unwrap_or(backend.response_timeout);
+    let failure = match tokio::time::timeout(limit, in_flight.reply()).await {
         Ok(Ok(reply)) => return Ok(reply),
         Ok(Err(e)) if script::is_data_error(&e) => {
             return Err(Failure::Refused(Error::Backend(
@@ -292,6 +320,13 @@ where
             BackendError::new(format!("Redis failed the call on key {}", target.key))
                 .with_source(e)
                 .with_timeout(timed_out)
+        }
+        // The caller's time ran out, not Redis's: the fallback serves it.
+        Err(_) if budget.is_some() => {
+            return Err(Failure::Down(Some(BackendError::timeout(format!(
+                "the call's time ran out after it waited for key {} to be carried back",
+                target.key
+            )))));
         }
         Err(_) => BackendError::timeout(format!(
             "Redis did not answer within {:?} (key {})",
@@ -344,7 +379,11 @@ impl<T: Tokens> Drop for InFlight<T> {
                 return;
             };
             if let Ok(reply) = reply {
-                for token in Tokens::tokens(reply) {
+                let (tokens, kept) = Tokens::tokens(reply);
+                if let Some(debt) = kept {
+                    canceller.target.note_late(debt);
+                }
+                for token in tokens {
                     canceller.clone().cancel(token).await;
                 }
             }

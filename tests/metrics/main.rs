@@ -252,7 +252,7 @@ async fn redis_round_trips_outages_and_switches() {
     let calls = seen.histogram(REDIS_CALL_DURATION, &ok);
     assert_eq!(calls.len(), 3, "{calls:?}");
     assert!(calls.iter().all(|s| *s > 0.0 && *s < 1.0), "{calls:?}");
-    let acquired = [("limiter", "paceline:api"), ("result", "acquired")];
+    let acquired = [("limiter", "paceline:v1:api"), ("result", "acquired")];
     assert_eq!(seen.counter(REQUESTS, &acquired), 3);
 
     // Down: one switch to the fallbacks, degraded; back: one switch back.

@@ -67,7 +67,7 @@ async fn many_limiters_share_one_connection_and_keep_their_own_keys() {
         );
     }
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("paceline:shared-*")
+        .arg("paceline:v1:shared-*")
         .query(&mut observer)
         .unwrap();
     assert_eq!(keys.len(), 20);
@@ -224,9 +224,10 @@ fn a_blocking_backend_serves_blocking_limiters() {
     assert_eq!(again.stats(), backend.stats());
 }
 
-/// Keys start with `paceline:` unless the builder sets another prefix;
-/// `throttler` reads and shares the keys written under the crate's former
-/// name, and a prefix that could alias another limiter's keys is refused.
+/// Keys start with `paceline:` unless the builder sets another prefix,
+/// then the version of the key layout; limiters with the same prefix share
+/// their keys, and a prefix that could alias another limiter's keys is
+/// refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_key_prefix_is_paceline_unless_set() {
     use paceline::redis::RedisRateLimiter;
@@ -237,20 +238,19 @@ async fn the_key_prefix_is_paceline_unless_set() {
         .build()
         .await
         .unwrap();
-    assert_eq!(default.key(), "paceline:orders");
-    let former = RedisRateLimiter::builder(server.client(), "orders")
+    assert_eq!(default.key(), "paceline:v1:orders");
+    let tenant = RedisRateLimiter::builder(server.client(), "orders")
         .permits_per_second(1.0)
         .max_burst(Duration::ZERO)
-        .key_prefix("throttler")
+        .key_prefix("tenant-7")
         .build()
         .await
         .unwrap();
-    assert_eq!(former.key(), "throttler:orders");
-    // A value written under the former name is the same format: a second
-    // process with that prefix shares it.
-    assert_eq!(former.reserve(1).await.unwrap(), Duration::ZERO);
+    assert_eq!(tenant.key(), "tenant-7:v1:orders");
+    assert_eq!(tenant.reserve(1).await.unwrap(), Duration::ZERO);
+    // A second process with that prefix shares the key.
     let backend = paceline::redis::RedisBackend::builder(server.client())
-        .key_prefix("throttler")
+        .key_prefix("tenant-7")
         .build()
         .await
         .unwrap();
@@ -259,7 +259,7 @@ async fn the_key_prefix_is_paceline_unless_set() {
         .permits_per_second(1.0)
         .build()
         .unwrap();
-    assert_eq!(keyed.redis_key(&"k".to_owned()), "throttler:orders:k");
+    assert_eq!(keyed.redis_key(&"k".to_owned()), "tenant-7:v1:orders:k");
     let other = backend
         .limiter("orders")
         .permits_per_second(1.0)

@@ -1,48 +1,76 @@
-//! The one-limit script's batch mode against the same script one call at a
-//! time, on one real redis-server with the clock passed in: a batch of
-//! requests must leave exactly the key its requests would leave one by one
-//! at that clock reading (the value's bytes, ledger included, and its TTL)
-//! and reply, for each request, exactly what its own call would (the same
-//! token bytes, or the same refusal). Random batches of 1 to 1 024 requests
-//! mix permits, held reservations, tries that are refused mid-batch, both
-//! policies, rate changes and idle gaps between batches, and give-backs of
-//! earlier grants. (The script one call at a time is held to the core by
-//! the differential test, so a batch is held to the core's fold too.)
+//! The script's batch mode against the same script one call at a time, on
+//! one real redis-server with the clock passed in: a batch of requests
+//! must leave exactly the key its requests would leave one by one at that
+//! clock reading (the value's bytes, log included, and its TTL) and reply,
+//! for each request, exactly what its own call would (the same wait, bound
+//! and id, or the same refusal), then the state after the last. Random
+//! batches of 1 to 1 024 requests mix permits, held reservations, tries
+//! that are refused mid-batch, one or two limits of both policies, rate
+//! changes and idle gaps between batches, and give-backs of earlier
+//! grants. (The script one call at a time is held to the core by the
+//! differential test, so a batch is held to the core's fold too.)
 
 use std::time::Duration;
 
+use crate::support::limiter_state::{Reserved, lua_number, script_source};
 use crate::support::redis_server::RedisServer;
 use crate::support::rng::Rng;
-use paceline::redis::format::{BATCH_CAPACITY, SCRIPT};
 use redis::Value;
 
-/// The limiter's arguments, ARGV[3..=6].
+/// One limit's arguments.
 #[derive(Debug, Clone)]
-struct Config {
+struct Limit {
     rate: String,
     policy: &'static str,
     micros: u64,
     cold_factor: String,
 }
 
-impl Config {
-    fn random(rng: &mut Rng) -> Config {
+/// The limiter's arguments after ARGV[2]: one or two limits.
+#[derive(Debug, Clone)]
+struct Config(Vec<Limit>);
+
+impl Limit {
+    fn random(rng: &mut Rng) -> Limit {
         let rate = *rng.pick(&["0.5", "2.0", "10.0", "333.0", "1000.0", "1e6", "inf"]);
         if rng.chance(0.3) {
-            Config {
+            Limit {
                 rate: rate.to_owned(),
                 policy: "warming_up",
                 micros: 1 + rng.below(3_000_000),
                 cold_factor: format!("{:?}", 1.0 + 4.0 * rng.f64()),
             }
         } else {
-            Config {
+            Limit {
                 rate: rate.to_owned(),
                 policy: "bursty",
                 micros: rng.below(3_000_000),
                 cold_factor: "0".to_owned(),
             }
         }
+    }
+}
+
+impl Config {
+    fn random(rng: &mut Rng) -> Config {
+        Config((0..1 + rng.below(2)).map(|_| Limit::random(rng)).collect())
+    }
+
+    /// The same limits, some at another rate.
+    fn new_rates(&self, rng: &mut Rng) -> Config {
+        Config(
+            self.0
+                .iter()
+                .map(|limit| Limit {
+                    rate: if rng.chance(0.5) {
+                        Limit::random(rng).rate
+                    } else {
+                        limit.rate.clone()
+                    },
+                    ..limit.clone()
+                })
+                .collect(),
+        )
     }
 }
 
@@ -65,16 +93,14 @@ fn random_request(rng: &mut Rng) -> (String, String) {
 /// `EVALSHA` of the script on `key`.
 fn eval(sha: &str, key: &str, mode: &str, second: &[u8], config: &Config, now: u64) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(sha)
-        .arg(1)
-        .arg(key)
-        .arg(mode)
-        .arg(second)
-        .arg(&config.rate)
-        .arg(config.policy)
-        .arg(config.micros)
-        .arg(&config.cold_factor)
-        .arg(now);
+    cmd.arg(sha).arg(1).arg(key).arg(mode).arg(second);
+    for limit in &config.0 {
+        cmd.arg(&limit.rate)
+            .arg(limit.policy)
+            .arg(limit.micros)
+            .arg(&limit.cold_factor);
+    }
+    cmd.arg(now);
     cmd
 }
 
@@ -108,40 +134,61 @@ fn transact(
     (replies, value, ttl)
 }
 
-/// A batch's reply, per request: its token as its own call would reply it
-/// (`Some` bytes, with its group's id if it has one), `None` for a grant
-/// whose give-back could return nothing (it did not wait, and a later
-/// request was granted), or its refusal (`Err(-debt)`). The tokens come
-/// first, one after another (76 bytes each), then per request -debt if
-/// refused, else 0 (no token), 1 (a token) or its group's id + 2; then the
-/// key's debt after the batch.
-fn own_replies(reply: Vec<Value>, what: &str) -> Vec<Result<Option<Vec<u8>>, i64>> {
-    let mut reply = reply.into_iter();
-    let Some(Value::BulkString(tokens)) = reply.next() else {
-        panic!("{what}: a batch's reply starts with its tokens");
+/// A batch's reply: per request its wait (negated if refused) and, with
+/// several limits, the limit that bound it (-1: none); then the next id,
+/// the clock and the limits' states after the batch (three doubles each),
+/// as a status replies them. Returned per request as its wait, the limit
+/// that bound it (one limit: the only one if it waited) and its id (-1:
+/// none; the held requests that waited got the ids before the next one,
+/// in order); and the clock and states.
+fn own_replies(
+    reply: &Value,
+    limits: usize,
+    held: &[bool],
+    what: &str,
+) -> (Vec<[f64; 3]>, Vec<f64>) {
+    let Value::BulkString(bytes) = reply else {
+        panic!("{what}: a batch replies one string, got {reply:?}");
     };
-    let Some(Value::Int(debt)) = reply.next_back() else {
-        panic!("{what}: a batch's reply ends with the debt");
-    };
-    assert!(debt >= 0, "{what}: debt {debt}");
-    let mut tokens = tokens.chunks(76);
-    let replies = reply
-        .map(|item| match item {
-            Value::Int(n) if n < 0 => Err(n),
-            Value::Int(0) => Ok(None),
-            Value::Int(code) => {
-                let mut token = tokens.next().expect("a token per code").to_vec();
-                assert_eq!(token.len(), 76, "{what}: a token is 76 bytes");
-                if code > 1 {
-                    token.extend(((code - 2) as f64).to_le_bytes());
-                }
-                Ok(Some(token))
-            }
-            other => panic!("{what}: a request replied {other:?}"),
+    let numbers: Vec<f64> = bytes
+        .chunks_exact(8)
+        .map(|chunk| f64::from_le_bytes(chunk.try_into().unwrap()))
+        .collect();
+    let per = if limits > 1 { 2 } else { 1 };
+    assert_eq!(bytes.len() % 8, 0, "{what}");
+    assert_eq!(
+        numbers.len(),
+        per * held.len() + 2 + 3 * limits,
+        "{what}: {} numbers",
+        numbers.len()
+    );
+    let (replies, tail) = numbers.split_at(per * held.len());
+    let ided = |(r, held): (&[f64], &bool)| *held && r[0] > 0.0;
+    let ids = replies
+        .chunks_exact(per)
+        .zip(held)
+        .filter(|r| ided(*r))
+        .count();
+    let mut id = tail[0] - ids as f64;
+    let replies = replies
+        .chunks_exact(per)
+        .zip(held)
+        .map(|(r, held)| {
+            let bound = match r.get(1) {
+                Some(&bound) => bound,
+                None if r[0] != 0.0 => 0.0,
+                None => -1.0,
+            };
+            let own = if ided((r, held)) {
+                id += 1.0;
+                id - 1.0
+            } else {
+                -1.0
+            };
+            [r[0], bound, own]
         })
         .collect();
-    assert!(tokens.next().is_none(), "{what}: a token per code, no more");
-    replies
+    (replies, tail[1..].to_vec())
 }
 
 /// The same TTL was set on both keys (the value's expires_micros, compared
@@ -161,19 +208,21 @@ fn a_batch_is_its_requests_one_by_one() {
     let mut connection = server.connection();
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
-        .arg(SCRIPT)
+        .arg(script_source())
         .query(&mut connection)
         .unwrap();
+    let capacity = lua_number("BATCH_CAPACITY");
     // `BATCH_SEEDS=500` for a longer run.
     let seeds = std::env::var("BATCH_SEEDS").map_or(60, |s| s.parse().unwrap());
-    let (mut batches, mut requests, mut refused, mut held_ids, mut untokened) = (0, 0, 0, 0, 0);
+    let (mut batches, mut requests, mut refused, mut held_ids) = (0, 0, 0, 0);
     for seed in 0..seeds {
         let mut rng = Rng::new(7000 + seed);
         let (batched, single) = (format!("b:{seed}"), format!("s:{seed}"));
         let mut config = Config::random(&mut rng);
+        let limits = config.0.len();
         let mut now = 1_000_000 + rng.below(1_000_000);
-        // Tokens granted so far, the same bytes on both keys.
-        let mut tokens: Vec<Vec<u8>> = Vec::new();
+        // The ids granted so far, the same on both keys.
+        let mut ids: Vec<u64> = Vec::new();
         for step in 0..40 {
             let what = format!("seed {seed} step {step} ({config:?})");
             now += match rng.below(6) {
@@ -182,27 +231,29 @@ fn a_batch_is_its_requests_one_by_one() {
                 _ => 0,
             };
             if rng.chance(0.1) {
-                // A rate (or configuration) change between batches.
-                let next = Config::random(&mut rng);
-                config = Config {
-                    policy: config.policy,
-                    cold_factor: config.cold_factor.clone(),
-                    ..next
-                };
+                // A rate change between batches.
+                config = config.new_rates(&mut rng);
             }
-            if rng.chance(0.15) && !tokens.is_empty() {
+            if rng.chance(0.15) && !ids.is_empty() {
                 // A give-back of an earlier grant, on both keys.
-                let token = tokens.swap_remove(rng.below(tokens.len() as u64) as usize);
-                let cancel = |key: &str| vec![eval(&sha, key, "cancel", &token, &config, now)];
+                let id = ids
+                    .swap_remove(rng.below(ids.len() as u64) as usize)
+                    .to_string();
+                let cancel =
+                    |key: &str| vec![eval(&sha, key, "cancel", id.as_bytes(), &config, now)];
                 let started = std::time::Instant::now();
                 let a = transact(&mut connection, &batched, cancel(&batched));
                 let b = transact(&mut connection, &single, cancel(&single));
-                assert_eq!((&a.0, &a.1), (&b.0, &b.1), "{what}: a give-back");
+                assert_eq!(
+                    (&a.0, live(&a.1)),
+                    (&b.0, live(&b.1)),
+                    "{what}: a give-back"
+                );
                 same_ttl(a.2, b.2, started, &what);
                 continue;
             }
             let size = match rng.below(20) {
-                0 => 1 + rng.below(BATCH_CAPACITY as u64) as usize,
+                0 => 1 + rng.below(capacity as u64) as usize,
                 1..=4 => 1,
                 _ => 1 + rng.below(64) as usize,
             };
@@ -236,45 +287,51 @@ fn a_batch_is_its_requests_one_by_one() {
                 })
                 .collect();
             let (b, b_value, b_ttl) = transact(&mut connection, &single, calls);
-            let Some(Value::Array(a)) = a.pop() else {
-                panic!("{what}: a batch replies an array");
-            };
-            let a = own_replies(a, &what);
-            assert_eq!(a.len(), size, "{what}: one reply per request");
-            let last_grant = a.iter().rposition(Result::is_ok);
-            for (r, (a, b)) in a.iter().zip(&b).enumerate() {
+            let held: Vec<bool> = batch.iter().map(|(p, _)| p.ends_with('+')).collect();
+            let (replies, after) = own_replies(&a.pop().unwrap(), limits, &held, &what);
+            assert_eq!(replies.len(), size, "{what}: one reply per request");
+            for (r, (a, b)) in replies.iter().zip(&b).enumerate() {
                 let what = format!("{what}: request {r} of {size} ({:?})", batch[r]);
-                match (a, b) {
-                    (Err(a), Value::Int(b)) => {
-                        assert_eq!(a, b, "{what}");
+                let Value::BulkString(b) = b else {
+                    panic!("{what}: its own call replied {b:?}");
+                };
+                match Reserved::decode(b, limits).unwrap() {
+                    Reserved::Granted {
+                        wait, bound, value, ..
+                    } => {
+                        let held = batch[r].0.ends_with('+') && wait > 0;
+                        let id = if held { value.next_id - 1.0 } else { -1.0 };
+                        assert_eq!(a, &[wait as f64, bound as f64, id], "{what}");
+                        if held {
+                            ids.push(id as u64);
+                            held_ids += 1;
+                        }
+                    }
+                    refusal @ Reserved::Refused { .. } => {
+                        let wait = refusal.refused_wait().unwrap();
+                        assert_eq!((a[0], a[2]), (-(wait as f64), -1.0), "{what}");
                         refused += 1;
                     }
-                    (Ok(Some(a)), Value::BulkString(b)) => {
-                        assert_eq!(a, b, "{what}");
-                        held_ids += usize::from(a.len() > 76);
-                        tokens.push(a.clone());
-                    }
-                    // A grant without its token: one that did not wait
-                    // (the token records the reservation's moment, field
-                    // 9, as the ticket it found: not ahead of now, field
-                    // 6), and not the last.
-                    (Ok(None), Value::BulkString(b)) => {
-                        let field = |n: usize| {
-                            f64::from_le_bytes(b[4 + 8 * (n - 1)..][..8].try_into().unwrap())
-                        };
-                        assert!(
-                            field(9) <= field(6),
-                            "{what}: a grant that waits has no token"
-                        );
-                        assert_ne!(Some(r), last_grant, "{what}: the last grant has no token");
-                        untokened += 1;
-                    }
-                    (a, b) => panic!("{what}: {a:?} against its own call's {b:?}"),
                 }
             }
-            assert_eq!(a_value, b_value, "{what}: the value");
+            // (The calls one by one may leave requests that left the log
+            // in the value, dead: a batch writes it whole.)
+            assert_eq!(live(&a_value), live(&b_value), "{what}: the value");
+            if let Some(value) = &b_value {
+                // The state after the batch is the key's.
+                let stored = crate::support::limiter_state::Value::decode(value).unwrap();
+                let fields: Vec<f64> = stored
+                    .limits
+                    .iter()
+                    .flat_map(|l| [l.stored_permits, l.next_free_micros, l.next_free_fraction])
+                    .collect();
+                if replies.iter().any(|r| r[0] >= 0.0) {
+                    assert_eq!(after[0], stored.last_now_micros, "{what}: the clock after");
+                    assert_eq!(after[1..], fields[..], "{what}: the state after");
+                }
+            }
             same_ttl(a_ttl, b_ttl, started, &what);
-            tokens.truncate(200);
+            ids.truncate(200);
             batches += 1;
             requests += size;
         }
@@ -282,28 +339,22 @@ fn a_batch_is_its_requests_one_by_one() {
     // The mix was what it claims to be.
     assert!(batches > 20 * seeds as usize, "{batches} batches");
     assert!(refused > requests / 50, "{refused} of {requests} refused");
-    assert!(
-        held_ids > 100,
-        "{held_ids} grants with a group in the ledger"
-    );
-    assert!(
-        untokened > 100,
-        "{untokened} grants with nothing to give back"
-    );
+    assert!(held_ids > 100, "{held_ids} grants with an id");
 }
 
 #[test]
 fn a_bad_batch_is_refused_and_writes_nothing() {
     let server = RedisServer::start();
     let mut connection = server.connection();
-    let config = Config {
+    let config = Config(vec![Limit {
         rate: "10.0".to_owned(),
         policy: "bursty",
         micros: 1_000_000,
         cold_factor: "0".to_owned(),
-    };
-    let too_many = vec!["1:-1"; BATCH_CAPACITY + 1].join(",");
-    let too_many_runs = format!("1:-1*{BATCH_CAPACITY},1:0");
+    }]);
+    let capacity = lua_number("BATCH_CAPACITY");
+    let too_many = vec!["1:-1"; capacity + 1].join(",");
+    let too_many_runs = format!("1:-1*{capacity},1:0");
     for bad in [
         "",
         "1:x",
@@ -330,16 +381,15 @@ fn a_bad_batch_is_refused_and_writes_nothing() {
         .unwrap();
     assert!(!exists);
     // The largest batch goes.
-    let full = vec!["1:-1"; BATCH_CAPACITY].join(",");
-    let Value::Array(replies) = eval_script(&mut connection, "k", &full, &config).unwrap() else {
-        panic!("an array");
-    };
-    assert_eq!(own_replies(replies, "full").len(), BATCH_CAPACITY);
-    let runs = format!("1:-1*{},2+:0*1", BATCH_CAPACITY - 1);
-    let Value::Array(replies) = eval_script(&mut connection, "k", &runs, &config).unwrap() else {
-        panic!("an array");
-    };
-    assert_eq!(own_replies(replies, "runs").len(), BATCH_CAPACITY);
+    let full = vec!["1:-1"; capacity].join(",");
+    let reply = eval_script(&mut connection, "k", &full, &config).unwrap();
+    let plain = vec![false; capacity];
+    assert_eq!(own_replies(&reply, 1, &plain, "full").0.len(), capacity);
+    let runs = format!("1:-1*{},2+:0*1", capacity - 1);
+    let reply = eval_script(&mut connection, "k", &runs, &config).unwrap();
+    let mut held = plain;
+    held[capacity - 1] = true;
+    assert_eq!(own_replies(&reply, 1, &held, "runs").0.len(), capacity);
 }
 
 fn eval_script(
@@ -349,15 +399,26 @@ fn eval_script(
     config: &Config,
 ) -> redis::RedisResult<Value> {
     let mut cmd = redis::cmd("EVAL");
-    cmd.arg(SCRIPT)
+    cmd.arg(script_source())
         .arg(1)
         .arg(key)
         .arg("batch")
-        .arg(batch)
-        .arg(&config.rate)
-        .arg(config.policy)
-        .arg(config.micros)
-        .arg(&config.cold_factor)
-        .arg(Duration::from_secs(5).as_micros() as u64);
+        .arg(batch);
+    for limit in &config.0 {
+        cmd.arg(&limit.rate)
+            .arg(limit.policy)
+            .arg(limit.micros)
+            .arg(&limit.cold_factor);
+    }
+    cmd.arg(Duration::from_secs(5).as_micros() as u64);
     cmd.query(connection)
+}
+
+/// A value without the requests that left its log.
+fn live(value: &Option<Vec<u8>>) -> Option<crate::support::limiter_state::Value> {
+    value.as_ref().map(|bytes| {
+        let mut value = crate::support::limiter_state::Value::decode(bytes).unwrap();
+        value.dead.clear();
+        value
+    })
 }

@@ -6,8 +6,8 @@
 //! reply gave), from the missing-key reading at [`T0`]. The core
 //! (`paceline::core::State`, from that reading) predicts every call, so
 //! the calls are written in pipelined batches and each reply is compared
-//! with the core's record of the same reservation: its wait and every field
-//! of the value it wrote, the ticket's fraction included.
+//! with the core's state after the same reservation: its wait and every
+//! field of the value it wrote, the ticket's fraction included.
 //!
 //! The key starts as a value holding exactly what a missing key reads as
 //! (full, ticket at `T0`, no fraction), but with its recorded TTL end
@@ -43,9 +43,9 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use crate::support::limiter_state::{LimiterState, Token};
+use crate::support::limiter_state::{LimiterState, Value as Stored, script};
 use crate::support::redis_server::RedisServer;
-use paceline::core::{Bursty, Policy, Reserved, State, WarmingUp};
+use paceline::core::{Bursty, Policy, State, WarmingUp};
 
 /// Reservations per run, unless `PACELINE_EXACT_N` says otherwise.
 const N: usize = 100_000;
@@ -150,8 +150,10 @@ struct Call {
     /// The clock (ARGV[7]): the previous call's moment.
     now: u64,
     rate: f64,
-    /// The core's record of the reservation.
-    reserved: Reserved,
+    /// When the reservation's permits may be used.
+    moment: u64,
+    /// The core's state after it.
+    after: State,
 }
 
 /// The missing-key reading: idle for a long time, i.e. full (or cold).
@@ -178,13 +180,14 @@ fn predict(
             // The script's rate change, at the call that brings it.
             core.set_rate(rate, now).expect("valid rate");
         }
-        let reserved = core.reserve_recorded(permits, now);
+        let moment = core.reserve_earliest_available(permits, now);
         calls.push(Call {
             now,
             rate,
-            reserved,
+            moment,
+            after: core.clone(),
         });
-        now = reserved.moment_micros;
+        now = moment;
     }
     (calls, core)
 }
@@ -199,43 +202,39 @@ fn same(name: &str, script: f64, core: f64) -> Result<(), String> {
 }
 
 /// The reply to `call` (the value the script wrote) against the core's
-/// record: the wait, and every field.
+/// state after it: the wait, and every field.
 fn check_reply(call: &Call, value: &[u8]) -> Result<(), String> {
-    let token = Token::decode(value)?;
-    let r = &call.reserved;
-    let state = &token.state;
+    let stored = Stored::decode(value)?;
+    let state = LimiterState::decode(value)?;
+    let core = &call.after;
     same(
         "wait",
-        token.wait_micros(),
-        (r.moment_micros - call.now) as f64,
+        stored.moment_micros - stored.last_now_micros,
+        (call.moment - call.now) as f64,
     )?;
-    same("stored_permits", state.stored_permits, r.stored_after)?;
+    same(
+        "stored_permits",
+        state.stored_permits,
+        core.stored_permits(),
+    )?;
     same(
         "next_free_micros",
         state.next_free_micros,
-        r.next_free_after as f64,
+        core.next_free_micros() as f64,
     )?;
-    if state.next_free_fraction != r.fraction_after {
+    if state.next_free_fraction != core.next_free_fraction() {
         return Err(format!(
             "next_free_fraction: script {}, core {}",
-            state.next_free_fraction, r.fraction_after
+            state.next_free_fraction,
+            core.next_free_fraction()
         ));
     }
-    same("permits_per_second", state.permits_per_second, call.rate)?;
-    same("max_permits", state.max_permits, r.max_permits)?;
-    same("expires_micros", state.expires_micros, FAR_EXPIRY)?;
     same("last_now_micros", state.last_now_micros, call.now as f64)?;
-    same("stored_before", token.stored_before, r.stored_before)?;
-    same(
-        "next_free_before",
-        token.next_free_before,
-        r.next_free_before as f64,
-    )?;
-    if (token.fraction_before, token.spent_stored) != (r.fraction_before, r.spent_stored) {
-        return Err(format!(
-            "record (fraction_before, spent_stored): script ({}, {}), core ({}, {})",
-            token.fraction_before, token.spent_stored, r.fraction_before, r.spent_stored
-        ));
+    // Written whole (at a rate change): the rest of the value too.
+    if value.starts_with(b"plv1") {
+        same("permits_per_second", state.permits_per_second, call.rate)?;
+        same("max_permits", state.max_permits, core.max_permits())?;
+        same("expires_micros", state.expires_micros, FAR_EXPIRY)?;
     }
     Ok(())
 }
@@ -249,7 +248,7 @@ fn bulk(out: &mut Vec<u8>, arg: &[u8]) {
 
 /// A plain connection speaking RESP itself: a run's calls differ only in
 /// ARGV[7] (and ARGV[3] after a rate change), so they are written from a
-/// template, and the replies (76-byte values) read at fixed offsets,
+/// template, and the replies (what each call wrote) read into one buffer,
 /// without the allocations of a general client.
 struct Pipe {
     writer: TcpStream,
@@ -297,27 +296,27 @@ impl Pipe {
         };
         let batches: Vec<&[Call]> = calls.chunks(BATCH).collect();
         send(batches[0], &mut self.writer);
-        let mut value = [0u8; 91];
+        let mut value = [0u8; 128];
+        let mut line = Vec::with_capacity(16);
         for (b, batch) in batches.iter().enumerate() {
             if let Some(next) = batches.get(b + 1) {
                 send(next, &mut self.writer);
             }
             for (i, call) in batch.iter().enumerate() {
                 let index = b * BATCH + i;
-                // "$76\r\n", the value, "\r\n"; or "$84\r\n" for a token
-                // with its group's id (a reservation that waits).
-                self.reader.read_exact(&mut value[..5]).expect("read");
-                let len = match &value[..5] {
-                    b"$76\r\n" => 83,
-                    b"$84\r\n" => 91,
-                    _ => {
-                        let mut line = String::from_utf8_lossy(&value[..5]).into_owned();
-                        self.reader.read_line(&mut line).expect("read");
-                        panic!("{key}: reservation {index}: unexpected reply {line:?}");
-                    }
-                };
-                self.reader.read_exact(&mut value[5..len]).expect("read");
-                if let Err(what) = check_reply(call, &value[5..81]) {
+                // "$<length>\r\n", what the call wrote, "\r\n".
+                line.clear();
+                self.reader.read_until(b'\n', &mut line).expect("read");
+                let len = std::str::from_utf8(&line)
+                    .ok()
+                    .and_then(|line| line.strip_prefix('$')?.trim_end().parse::<usize>().ok())
+                    .filter(|len| *len + 2 <= value.len())
+                    .unwrap_or_else(|| {
+                        let line = String::from_utf8_lossy(&line);
+                        panic!("{key}: reservation {index}: unexpected reply {line:?}")
+                    });
+                self.reader.read_exact(&mut value[..len + 2]).expect("read");
+                if let Err(what) = check_reply(call, &value[..len]) {
                     panic!(
                         "{key}: reservation {index} (now {}, rate {}): the script and the \
                          core disagree: {what}",
@@ -341,7 +340,7 @@ struct Fixture {
 fn fixture() -> Fixture {
     let server = RedisServer::start();
     let mut con = server.connection();
-    let script = redis::Script::new(paceline::redis::format::SCRIPT);
+    let script = script();
     script.load(&mut con).expect("SCRIPT LOAD");
     let pipe = Pipe::connect(server.port());
     Fixture {
@@ -453,12 +452,12 @@ fn every_row(name: &str, config_of: impl Fn(f64, u32) -> Config) {
     for (rate, permits) in rows() {
         let config = config_of(rate, permits);
         let (state, calls) = fx.run(config, permits, (rate, rate, n), n);
-        let first = &calls[0].reserved;
+        let first = &calls[0];
         let reserved = n as f64 * f64::from(permits);
-        let expected =
-            (reserved - first.max_permits).max(0.0) / rate * 1e6 + config.cold_start_micros();
+        let expected = (reserved - first.after.max_permits()).max(0.0) / rate * 1e6
+            + config.cold_start_micros();
         let what = format!("{name}, {permits} permits at {rate}/s");
-        let error = check_schedule(&what, ticket_since(&state, first.moment_micros), expected);
+        let error = check_schedule(&what, ticket_since(&state, first.moment), expected);
         worst = worst.max(error.abs());
     }
     println!(
@@ -500,7 +499,7 @@ fn the_rate_through_the_script_is_exact_after_a_rate_change() {
         let new_rate = rate * 2.0 / 3.0;
         let (state, calls) = fx.run(config, permits, (rate, new_rate, n / 2), n);
         assert_eq!(state.permits_per_second, new_rate);
-        let first = calls[n / 2].reserved.moment_micros;
+        let first = calls[n / 2].moment;
         let expected = (n - n / 2) as f64 * f64::from(permits) / new_rate * 1e6;
         let what = format!("{config:?}, {permits} permits at {rate}/s, then {new_rate}/s");
         check_schedule(&what, ticket_since(&state, first), expected);

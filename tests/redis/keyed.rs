@@ -42,7 +42,7 @@ async fn each_key_is_its_own_redis_key_and_limited_alone() {
     // One saturated key leaves another untouched.
     assert_eq!(limiter.available_in(&bob).await.unwrap(), Duration::ZERO);
     assert!(limiter.try_acquire(&bob, 1, Duration::ZERO).await.unwrap());
-    assert_eq!(limiter.redis_key(&alice), "paceline:api:alice");
+    assert_eq!(limiter.redis_key(&alice), "paceline:v1:api:alice");
     // A `String`-keyed limiter is asked with a `&str` too.
     assert!(limiter.available_in("alice").await.unwrap() > 100 * MS);
     assert!(
@@ -53,11 +53,11 @@ async fn each_key_is_its_own_redis_key_and_limited_alone() {
     );
     let mut con = server.connection();
     let mut keys: Vec<String> = redis::cmd("KEYS")
-        .arg("paceline:api:*")
+        .arg("paceline:v1:api:*")
         .query(&mut con)
         .unwrap();
     keys.sort();
-    assert_eq!(keys, ["paceline:api:alice", "paceline:api:bob"]);
+    assert_eq!(keys, ["paceline:v1:api:alice", "paceline:v1:api:bob"]);
     // The trait object works the same.
     let shared: Arc<dyn KeyedLimiter<String>> = Arc::new(limiter);
     assert!(!shared.try_acquire(&alice, 1, Duration::ZERO).await.unwrap());
@@ -360,13 +360,13 @@ async fn names_and_keys_that_read_alike_never_share_a_redis_key() {
     assert_eq!(
         keys,
         [
-            "paceline:api:admin:x",
-            "paceline:api\\:admin:x",
-            "paceline:api\\:admin\\:x"
+            "paceline:v1:api:admin:x",
+            "paceline:v1:api\\:admin:x",
+            "paceline:v1:api\\:admin\\:x"
         ]
     );
     // A client's braces do not pick the slot.
-    assert_eq!(api.redis_key("{victim}"), "paceline:api:\\(victim\\)");
+    assert_eq!(api.redis_key("{victim}"), "paceline:v1:api:\\(victim\\)");
     let mut con = server.connection();
     for key in &keys {
         let exists: bool = redis::cmd("EXISTS").arg(key).query(&mut con).unwrap();

@@ -34,7 +34,7 @@ async fn a_new_key_is_full_then_paces_at_the_rate() {
     let server = RedisServer::start();
     let clock = FakeClock::new();
     let limiter = limiter(&server, "paced", 10.0, &clock).await;
-    assert_eq!(limiter.key(), "paceline:paced");
+    assert_eq!(limiter.key(), "paceline:v1:paced");
     // A missing key reads as idle for long: 10 stored permits, then one free
     // fresh permit, then the debt shows.
     for i in 0..11 {
@@ -53,8 +53,8 @@ async fn a_new_key_is_full_then_paces_at_the_rate() {
     assert!(second > 150 * MS && second <= 200 * MS, "{second:?}");
     assert!(second > wait + 50 * MS, "{wait:?} then {second:?}");
     let mut conn = server.connection();
-    assert!(conn.exists::<_, bool>("paceline:paced").unwrap());
-    let ttl: i64 = conn.pttl("paceline:paced").unwrap();
+    assert!(conn.exists::<_, bool>("paceline:v1:paced").unwrap());
+    let ttl: i64 = conn.pttl("paceline:v1:paced").unwrap();
     assert!(
         ttl > 1000,
         "the key lives until it would be full again: {ttl} ms"
@@ -92,7 +92,7 @@ async fn try_acquire_refuses_without_touching_the_key() {
     assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
     let mut conn = server.connection();
     let before: Vec<u8> = redis::cmd("DUMP")
-        .arg("paceline:tries")
+        .arg("paceline:v1:tries")
         .query(&mut conn)
         .unwrap();
     for _ in 0..20 {
@@ -100,7 +100,7 @@ async fn try_acquire_refuses_without_touching_the_key() {
         assert_eq!(limiter.try_reserve(1, Duration::ZERO).await.unwrap(), None);
     }
     let after: Vec<u8> = redis::cmd("DUMP")
-        .arg("paceline:tries")
+        .arg("paceline:v1:tries")
         .query(&mut conn)
         .unwrap();
     assert_eq!(before, after, "a refused try writes nothing");
@@ -323,7 +323,7 @@ async fn a_key_of_another_type_is_a_clear_error_whatever_the_fallback() {
     let server = RedisServer::start();
     let mut conn = server.connection();
     let _: () = conn
-        .hset("paceline:taken", "owner", "someone else")
+        .hset("paceline:v1:taken", "owner", "someone else")
         .unwrap();
     for fallback in [Fallback::Local, Fallback::FailOpen, Fallback::FailClosed] {
         let limiter = RedisRateLimiter::builder(server.client(), "taken")
@@ -336,7 +336,7 @@ async fn a_key_of_another_type_is_a_clear_error_whatever_the_fallback() {
             Err(Error::Backend(e)) => {
                 let text = Error::Backend(e).to_string();
                 assert!(
-                    text.contains("WRONGTYPE") && text.contains("paceline:taken"),
+                    text.contains("WRONGTYPE") && text.contains("paceline:v1:taken"),
                     "{text}"
                 );
             }
@@ -344,7 +344,8 @@ async fn a_key_of_another_type_is_a_clear_error_whatever_the_fallback() {
         }
         assert!(!limiter.is_degraded(), "a data error is not an outage");
     }
-    let value: std::collections::HashMap<String, String> = conn.hgetall("paceline:taken").unwrap();
+    let value: std::collections::HashMap<String, String> =
+        conn.hgetall("paceline:v1:taken").unwrap();
     assert_eq!(
         value,
         [("owner".to_string(), "someone else".to_string())].into(),
@@ -357,7 +358,7 @@ async fn a_foreign_string_value_is_an_error_and_left_untouched() {
     let server = RedisServer::start();
     let mut conn = server.connection();
     // A string, the limiter's type, but not a state: someone else's data.
-    let _: () = conn.set("paceline:junk", "lots of junk").unwrap();
+    let _: () = conn.set("paceline:v1:junk", "lots of junk").unwrap();
     let clock = FakeClock::new();
     let limiter = limiter(&server, "junk", 2.0, &clock).await;
     for _ in 0..3 {
@@ -367,7 +368,7 @@ async fn a_foreign_string_value_is_an_error_and_left_untouched() {
         }
     }
     assert!(!limiter.is_degraded(), "a foreign value is not an outage");
-    let value: String = conn.get("paceline:junk").unwrap();
+    let value: String = conn.get("paceline:v1:junk").unwrap();
     assert_eq!(value, "lots of junk", "other data is never overwritten");
 }
 

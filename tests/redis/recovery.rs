@@ -239,3 +239,125 @@ async fn failing_open_drops_the_permits_stored_during_the_outage() {
     }
     assert!(granted <= 1, "{granted} granted at once after the outage");
 }
+
+/// Callers of a key whose debt is on its way back to Redis wait for it at
+/// most the response timeout in all, the bound of every call: a caller
+/// that would wait longer is served by the fallback, which holds the key
+/// until its debt is in Redis. Each round trip here takes about 60% of the
+/// response timeout (a proxy delays each way), so a caller that waited for
+/// the carry-back and then made a round trip of its own would take longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_of_a_key_being_carried_back_return_within_the_response_timeout() {
+    const TIMEOUT: Duration = Duration::from_secs(1);
+    let server = RedisServer::start();
+    let proxy = crate::support::proxy::Proxy::in_front_of(&server);
+    let backend = RedisBackend::builder(proxy.client())
+        .response_timeout(TIMEOUT)
+        .probe_interval(100 * MS)
+        .build()
+        .await
+        .unwrap();
+    let limiter = std::sync::Arc::new(single(&backend, "slow-carry", 1.0));
+    assert_eq!(limiter.reserve(1).await.unwrap(), Duration::ZERO);
+    server.stop();
+    // Served by the fallback, which now holds the key and its debt.
+    limiter.reserve(1).await.unwrap();
+    assert!(limiter.is_degraded());
+    proxy.set_latency(300 * MS);
+    server.cont();
+    // Callers all along the recovery and the key's carry-back.
+    let started = Instant::now();
+    let callers: Vec<_> = (0..4)
+        .map(|_| {
+            let limiter = std::sync::Arc::clone(&limiter);
+            tokio::spawn(async move {
+                let mut slowest = Duration::ZERO;
+                while started.elapsed() < Duration::from_secs(4) {
+                    let call = Instant::now();
+                    limiter.try_reserve(1, Duration::ZERO).await.unwrap();
+                    slowest = slowest.max(call.elapsed());
+                    tokio::time::sleep(20 * MS).await;
+                }
+                slowest
+            })
+        })
+        .collect();
+    let mut slowest = Duration::ZERO;
+    for caller in callers {
+        slowest = slowest.max(caller.await.unwrap());
+    }
+    eprintln!("the slowest call took {slowest:?}");
+    assert!(
+        slowest <= TIMEOUT + 150 * MS,
+        "a call took {slowest:?}, past the response timeout of {TIMEOUT:?}"
+    );
+    assert!(!limiter.is_degraded(), "{:?}", limiter.stats());
+    assert_eq!(limiter.stats().local_keys, 0, "the key went back");
+}
+
+/// After an outage in which the fallback dropped a key with a debt (more
+/// keys than it holds), the first calls of another key are charged up to
+/// that ticket once, however many come at once (each round trip takes 40
+/// ms here, through a proxy): the first charges it, the others wait for it
+/// and go to Redis after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_is_charged_the_dropped_floor_once_by_its_first_callers() {
+    let server = RedisServer::start();
+    let proxy = crate::support::proxy::Proxy::in_front_of(&server);
+    let limiter = |backend: &RedisBackend| {
+        std::sync::Arc::new(
+            backend
+                .keyed_limiter::<String>("floor")
+                .permits_per_second(1.0)
+                .max_burst(Duration::ZERO)
+                .max_local_keys(2)
+                .build()
+                .unwrap(),
+        )
+    };
+    // Time enough for every caller to wait for the first's round trip and
+    // make its own.
+    let backend = RedisBackend::builder(proxy.client())
+        .response_timeout(Duration::from_secs(1))
+        .probe_interval(100 * MS)
+        .build()
+        .await
+        .unwrap();
+    let first = limiter(&backend);
+    assert_eq!(first.reserve("a", 1).await.unwrap(), Duration::ZERO);
+    server.stop();
+    // Three keys in the fallback, which holds two: the one with the least
+    // debt (ten seconds) is dropped.
+    for (key, permits) in [("b", 10), ("c", 20), ("d", 30)] {
+        first.reserve(key, permits).await.unwrap();
+    }
+    assert!(first.is_degraded());
+    server.cont();
+    recovered(|| !first.is_degraded()).await;
+    proxy.set_latency(20 * MS);
+    let callers: Vec<_> = (0..8)
+        .map(|_| {
+            let first = std::sync::Arc::clone(&first);
+            tokio::spawn(async move { first.reserve("x", 1).await.unwrap() })
+        })
+        .collect();
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    // And once only for later calls (the keys carried back fill what the
+    // fallback keeps of Redis's debts: this one is kept by its bucket).
+    first.reserve("x", 1).await.unwrap();
+    // Read by another process: up to the dropped ticket (about 10 s from
+    // the outage), then the nine permits, charged once each; once per
+    // caller, it would owe over 80 s.
+    let other = backend_of(&server).await;
+    let owed = limiter(&other).available_in("x").await.unwrap();
+    assert!(
+        owed >= Duration::from_secs(16) && owed <= Duration::from_secs(20),
+        "the key owes {owed:?}"
+    );
+}
+
+async fn backend_of(server: &RedisServer) -> RedisBackend {
+    backend(server.client()).await
+}

@@ -1,500 +1,125 @@
-//! The several-limits script against the core's `Limits`, reply by reply,
-//! on one real redis-server with the clock passed in: random limits of both
-//! policies, reservations (held or not), tries, queries, give-backs, rate
-//! changes, carry-backs from a fallback (resume), probes, batches (several
-//! requests in one call, as they would go one by one) and idle gaps. Waits, the limit that bound each, refusals and
-//! give-backs must agree exactly, and so must the states the script
-//! stores, field by field. Also: bad arguments and a corrupted value are
-//! clear errors that write nothing.
+//! Several limits through Redis: the script with a key written with
+//! another number of limits, bad arguments for several limits, and the
+//! Redis limiters built with several limits (the same rules as locally,
+//! shared through one key, and across an outage). The script's arithmetic
+//! with one to three limits is held to `core::Limits` by the differential
+//! test.
 
-use std::time::Duration;
-
+use crate::support::limiter_state::{Value as Stored, script};
 use crate::support::redis_server::RedisServer;
-use crate::support::rng::Rng;
-use paceline::Local;
-use paceline::core::{Bursty, Limits, Policy, State, WarmingUp};
-use paceline::redis::format::{SEVERAL_LOG_CAPACITY, SEVERAL_SCRIPT};
 use redis::Value;
 
-/// One limit's configuration, as the script takes it.
+/// One limit's arguments, as the script takes them.
 #[derive(Debug, Clone, Copy)]
 struct Config {
     rate: f64,
     bursty: bool,
     micros: u64,
-    cold_factor: f64,
 }
 
-impl Config {
-    fn random(rng: &mut Rng) -> Config {
-        let rate = *rng.pick(&[0.5, 2.0, 10.0, 333.0, 1000.0, 1e6, f64::INFINITY]);
-        if rng.chance(0.3) {
-            Config {
-                rate,
-                bursty: false,
-                micros: 1 + rng.below(3_000_000),
-                cold_factor: 1.0 + 4.0 * rng.f64(),
-            }
-        } else {
-            Config {
-                rate,
-                bursty: true,
-                micros: rng.below(3_000_000),
-                cold_factor: 0.0,
-            }
-        }
-    }
-
-    fn policy(&self) -> Policy {
-        if self.bursty {
-            Policy::Bursty(Bursty::new(Duration::from_micros(self.micros)))
-        } else {
-            Policy::WarmingUp(WarmingUp::new(
-                Duration::from_micros(self.micros),
-                self.cold_factor,
-            ))
-        }
-    }
-
-    /// The limit full at `now`, as a missing key reads.
-    fn full(&self, now: u64) -> State {
-        State::full(self.policy(), self.rate, now).unwrap()
-    }
-}
-
-/// A number as the script reads it back exactly.
-fn text(value: f64) -> String {
-    if value.is_infinite() {
-        "inf".to_owned()
-    } else {
-        format!("{value:?}")
-    }
-}
-
-struct Script {
-    script: redis::Script,
-    connection: redis::Connection,
-}
-
-impl Script {
-    fn call(&mut self, key: &str, first: &str, second: i64, limits: &[Config], now: u64) -> Value {
-        self.call_with(key, first, &second.to_string(), limits, now)
-    }
-
-    fn call_with(
-        &mut self,
-        key: &str,
-        first: &str,
-        second: &str,
-        limits: &[Config],
-        now: u64,
-    ) -> Value {
-        let mut invocation = self.script.key(key);
-        invocation.arg(first).arg(second).arg(limits.len());
-        for limit in limits {
-            invocation
-                .arg(text(limit.rate))
-                .arg(if limit.bursty { "bursty" } else { "warming_up" })
-                .arg(limit.micros)
-                .arg(text(limit.cold_factor));
-        }
-        invocation.arg(now);
-        // The TTL the script sets is computed for the simulated clock and
-        // runs on the real one, a few milliseconds for a key that refills
-        // fast: the call and the PERSIST go in one MULTI/EXEC, so that a
-        // loaded machine cannot expire the key between them.
-        invocation.load(&mut self.connection).unwrap();
-        let (reply,): (Value,) = redis::pipe()
-            .atomic()
-            .invoke_script(&invocation)
-            .cmd("PERSIST")
-            .arg(key)
-            .ignore()
-            .query(&mut self.connection)
-            .unwrap();
-        reply
-    }
-}
-
-fn ints(value: &Value) -> Vec<i64> {
-    match value {
-        Value::Array(items) => items
-            .iter()
-            .map(|item| match item {
-                Value::Int(n) => *n,
-                other => panic!("not an integer: {other:?}"),
-            })
-            .collect(),
-        other => panic!("not an array: {other:?}"),
-    }
-}
-
-/// The states the script stored, as (stored, ticket, fraction); `None`
-/// if the key is missing.
-fn stored_states(
+/// Runs the script on `key` with `first` and `second` (ARGV[1], ARGV[2])
+/// for `limits`, at `now`.
+fn call(
     connection: &mut redis::Connection,
     key: &str,
-    n: usize,
-) -> Option<Vec<(f64, u64, u32)>> {
-    let value: Option<Vec<u8>> = redis::cmd("GET").arg(key).query(connection).unwrap();
-    let value = value?;
-    assert_eq!(&value[..4], b"thr4");
-    let field = |at: usize| f64::from_le_bytes(value[at..at + 8].try_into().unwrap());
-    (0..n)
-        .map(|i| {
-            let at = 44 + 40 * i;
-            (field(at), field(at + 8) as u64, field(at + 16) as u32)
-        })
-        .collect::<Vec<_>>()
-        .into()
-}
-
-#[test]
-fn the_script_and_the_core_agree_call_by_call() {
-    let server = RedisServer::start();
-    let mut script = Script {
-        script: redis::Script::new(SEVERAL_SCRIPT),
-        connection: server.connection(),
-    };
-    // `SEVERAL_SEEDS=2000` for a longer run.
-    let seeds = std::env::var("SEVERAL_SEEDS").map_or(150, |s| s.parse().unwrap());
-    for seed in 0..seeds {
-        let mut rng = Rng::new(1000 + seed);
-        let key = format!("several:{seed}");
-        let count = 2 + rng.below(3) as usize;
-        let mut limits: Vec<Config> = (0..count).map(|_| Config::random(&mut rng)).collect();
-        let mut now = 1_000_000 + rng.below(1_000_000);
-        let mut core: Option<Limits> = None;
-        // The held reservations on both sides: (script id, core id).
-        let mut held: Vec<(i64, u64)> = Vec::new();
-        for step in 0..120 {
-            now += match rng.below(10) {
-                0 => rng.below(5_000_000),
-                1..=4 => 0,
-                _ => rng.below(200_000),
-            };
-            let core = core.get_or_insert_with(|| {
-                let states = limits.iter().map(|l| l.full(now)).collect();
-                Limits::with_capacity(states, SEVERAL_LOG_CAPACITY).unwrap()
-            });
-            let what = format!("seed {seed} step {step} at {now}, limits {limits:?}");
-            match rng.below(10) {
-                0 => {
-                    // A rate change, applied by the next reservation.
-                    let index = rng.below(count as u64) as usize;
-                    let rate = *rng.pick(&[0.25, 1.0, 7.0, 500.0, 1e-3, f64::INFINITY]);
-                    limits[index].rate = rate;
-                    let exists: bool = redis::cmd("EXISTS")
-                        .arg(&key)
-                        .query(&mut script.connection)
-                        .unwrap();
-                    if exists {
-                        core.set_rate(Some(index), rate, now).unwrap();
-                    } else {
-                        // A missing key knows no earlier rate: it reads as
-                        // full at the new one.
-                        let states = limits.iter().map(|l| l.full(now)).collect();
-                        *core = Limits::with_capacity(states, SEVERAL_LOG_CAPACITY).unwrap();
-                    }
-                    let reply = ints(&script.call(&key, "1", -1, &limits, now));
-                    let granted = core.reserve(1, now, false);
-                    assert_eq!(reply[1], granted.wait_micros as i64, "{what}");
-                    held.clear();
-                }
-                1 if !held.is_empty() => {
-                    let (script_id, core_id) = held.remove(rng.below(held.len() as u64) as usize);
-                    let reply = ints(&script.call(&key, "cancel", script_id, &limits, now));
-                    let took = core.give_back(core_id, now);
-                    assert_eq!(reply, vec![i64::from(took)], "{what}: give-back");
-                }
-                3 if rng.chance(0.2) => {
-                    // Back from a fallback: a debt per limit.
-                    let debts: Vec<u64> = (0..count).map(|_| rng.below(2_000_000)).collect();
-                    let text: Vec<String> = debts.iter().map(u64::to_string).collect();
-                    let reply =
-                        ints(&script.call_with(&key, "resume", &text.join(","), &limits, now));
-                    core.resume(&debts, now);
-                    let (moment, bound) = core.earliest(now);
-                    let bound = bound.map_or(-1, |b| b as i64);
-                    assert_eq!(
-                        reply,
-                        vec![1, (moment - now) as i64, bound, -1, (moment - now) as i64],
-                        "{what}: resume"
-                    );
-                    held.clear();
-                }
-                4 if rng.chance(0.2) => {
-                    let existed: bool = redis::cmd("EXISTS")
-                        .arg(&key)
-                        .query(&mut script.connection)
-                        .unwrap();
-                    let reply = ints(&script.call(&key, "probe", -1, &limits, now));
-                    let (moment, bound) = core.earliest(now);
-                    let bound = bound.map_or(-1, |b| b as i64);
-                    assert_eq!(
-                        reply,
-                        vec![1, (moment - now) as i64, bound, -1, (moment - now) as i64],
-                        "{what}: probe"
-                    );
-                    if !existed {
-                        // Written as it read, full as of now: the same
-                        // limits as the core's, full since earlier.
-                        assert!(core.reads_as_full(now), "{what}: probe of a missing key");
-                        let states = limits.iter().map(|l| l.full(now)).collect();
-                        *core = Limits::with_capacity(states, SEVERAL_LOG_CAPACITY).unwrap();
-                    }
-                }
-                5 if rng.chance(0.3) => {
-                    // A batch: the same as its requests one by one at one
-                    // clock reading.
-                    let runs = 1 + rng.below(20) as usize;
-                    let mut text = Vec::new();
-                    let mut expected = Vec::new();
-                    for _ in 0..runs {
-                        // Sometimes a run of the same request, `*count`.
-                        let times = if rng.chance(0.2) { 2 + rng.below(4) } else { 1 };
-                        let permits = 1 + rng.below(3) as u32;
-                        let is_held = rng.chance(0.5);
-                        let timeout = if rng.chance(0.5) {
-                            -1
-                        } else {
-                            rng.below(2_000_000) as i64
-                        };
-                        text.push(format!(
-                            "{permits}{}:{timeout}{}",
-                            if is_held { "+" } else { "" },
-                            if times > 1 {
-                                format!("*{times}")
-                            } else {
-                                String::new()
-                            }
-                        ));
-                        for _ in 0..times {
-                            expected.push(if timeout < 0 {
-                                Some(core.reserve(permits, now, is_held))
-                            } else {
-                                core.try_reserve(permits, now, timeout as u64, is_held)
-                            });
-                        }
-                    }
-                    let size = expected.len();
-                    let reply =
-                        ints(&script.call_with(&key, "batch", &text.join(","), &limits, now));
-                    assert_eq!(reply.len(), 4 * size + 1, "{what}: batch reply");
-                    for (r, granted) in expected.iter().enumerate() {
-                        let entry = &reply[4 * r..4 * r + 4];
-                        match granted {
-                            Some(g) => {
-                                let bound = g.bound_by.map_or(-1, |b| b as i64);
-                                assert_eq!(
-                                    entry[..3],
-                                    [1, g.wait_micros as i64, bound],
-                                    "{what}: batch {r}"
-                                );
-                                assert_eq!(entry[3] >= 0, g.id.is_some(), "{what}: batch {r} id");
-                                if let Some(id) = g.id {
-                                    held.push((entry[3], id));
-                                }
-                            }
-                            None => assert_eq!(entry[0], 0, "{what}: batch {r} refused"),
-                        }
-                    }
-                    let after = core.earliest(now).0 - now;
-                    assert_eq!(reply[4 * size], after as i64, "{what}: batch debt");
-                }
-                2 => {
-                    let reply = ints(&script.call(&key, "0", -1, &limits, now));
-                    let (moment, bound) = core.earliest(now);
-                    let bound = bound.map_or(-1, |b| b as i64);
-                    assert_eq!(
-                        reply,
-                        vec![1, (moment - now) as i64, bound, -1, (moment - now) as i64],
-                        "{what}: query"
-                    );
-                }
-                _ => {
-                    let permits = 1 + rng.below(4) as u32;
-                    let is_held = rng.chance(0.5);
-                    let timeout = if rng.chance(0.5) {
-                        -1
-                    } else {
-                        rng.below(3_000_000) as i64
-                    };
-                    let first = format!("{permits}{}", if is_held { "+" } else { "" });
-                    let reply = ints(&script.call(&key, &first, timeout, &limits, now));
-                    let expected = if timeout < 0 {
-                        Some(core.reserve(permits, now, is_held))
-                    } else {
-                        core.try_reserve(permits, now, timeout as u64, is_held)
-                    };
-                    match expected {
-                        Some(granted) => {
-                            let bound = granted.bound_by.map_or(-1, |b| b as i64);
-                            assert_eq!(
-                                reply[..3],
-                                [1, granted.wait_micros as i64, bound],
-                                "{what}"
-                            );
-                            assert_eq!(reply[3] >= 0, granted.id.is_some(), "{what}: id");
-                            if let Some(id) = granted.id {
-                                held.push((reply[3], id));
-                            }
-                            let after = core.earliest(now).0 - now;
-                            assert_eq!(reply[4], after as i64, "{what}: debt after");
-                        }
-                        None => assert_eq!(reply[0], 0, "{what}: refused"),
-                    }
-                }
-            }
-            let Some(stored) = stored_states(&mut script.connection, &key, count) else {
-                // Never written: it reads as full, and so must the core.
-                assert!(core.reads_as_full(now), "{what}: missing key");
-                continue;
-            };
-            for (i, state) in core.states().iter().enumerate() {
-                let (stored_permits, ticket, fraction) = stored[i];
-                assert_eq!(
-                    (stored_permits.to_bits(), ticket, fraction),
-                    (
-                        state.stored_permits().to_bits(),
-                        state.next_free_micros(),
-                        state.next_free_fraction()
-                    ),
-                    "{what}: limit {i} stored {stored_permits} vs {}",
-                    state.stored_permits()
-                );
-            }
-        }
+    first: &str,
+    second: &str,
+    limits: &[Config],
+    now: u64,
+) -> Value {
+    let script = script();
+    let mut invocation = script.key(key);
+    invocation.arg(first).arg(second);
+    for limit in limits {
+        invocation
+            .arg(format!("{:?}", limit.rate))
+            .arg(if limit.bursty { "bursty" } else { "warming_up" })
+            .arg(limit.micros)
+            .arg("3.0");
     }
+    invocation.arg(now);
+    invocation.invoke(connection).unwrap()
 }
 
+/// A grant's wait, the limit that bound it and the key's debt after it.
+fn granted(value: &Value) -> (u64, i64, u64) {
+    let Value::BulkString(bytes) = value else {
+        panic!("not a grant: {value:?}");
+    };
+    let value = Stored::decode(bytes).unwrap();
+    let now = value.last_now_micros;
+    let latest = value
+        .limits
+        .iter()
+        .map(|l| l.next_free_micros)
+        .fold(now, f64::max);
+    (
+        (value.moment_micros - now) as u64,
+        value.bound as i64,
+        (latest - now) as u64,
+    )
+}
+
+/// A key written with one limit, or with another number of limits, is
+/// read, not refused: its limits by position, the others full, and its log
+/// dropped.
 #[test]
-fn bad_arguments_and_a_corrupted_value_are_errors_that_write_nothing() {
+fn a_value_with_another_number_of_limits_keeps_them_by_position() {
     let server = RedisServer::start();
     let mut connection = server.connection();
-    let script = redis::Script::new(SEVERAL_SCRIPT);
-    let call = |connection: &mut redis::Connection, args: &[&str]| -> redis::RedisResult<Value> {
-        let mut invocation = script.key("bad");
-        for arg in args {
-            invocation.arg(*arg);
-        }
-        invocation.invoke(connection)
-    };
-    let limit = ["10.0", "bursty", "1000000", "0"];
-    let two = |first: &str, second: &str| {
-        let mut args = vec![first.to_owned(), second.to_owned(), "2".to_owned()];
-        args.extend(limit.iter().map(|s| (*s).to_owned()));
-        args.extend(limit.iter().map(|s| (*s).to_owned()));
-        args
-    };
-    for args in [
-        two("0+", "-1"),
-        two("-1", "-1"),
-        two("x", "-1"),
-        two("1", "nan"),
-        vec![
-            "1".into(),
-            "-1".into(),
-            "1".into(),
-            "1.0".into(),
-            "bursty".into(),
-            "0".into(),
-            "0".into(),
-        ],
-        {
-            let mut a = two("1", "-1");
-            a[3] = "0".into();
-            a
-        },
-        {
-            let mut a = two("1", "-1");
-            a[4] = "fast".into();
-            a
-        },
-        {
-            let mut a = two("1", "-1");
-            a.pop();
-            a
-        },
-        two("batch", ""),
-        two("batch", "1:x"),
-        two("batch", "0:-1"),
-        two("batch", "1:-1,,2"),
-        two("batch", &vec!["1:-1"; 1025].join(",")),
-        two("batch", "1:-1*1025"),
-        two("batch", "1:-1*0"),
-        two("batch", "1:-1*"),
-    ] {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let error = call(&mut connection, &args).unwrap_err();
-        assert!(error.to_string().contains("paceline"), "{args:?}: {error}");
-    }
-    let exists: bool = redis::cmd("EXISTS")
-        .arg("bad")
-        .query(&mut connection)
-        .unwrap();
-    assert!(!exists, "a refused call wrote the key");
-
-    // A value this script did not write is left alone, with an error.
-    for corrupt in [b"thr2garbage".to_vec(), vec![0u8; 44], b"thr4".repeat(30)] {
-        let _: () = redis::cmd("SET")
-            .arg("bad")
-            .arg(&corrupt)
-            .query(&mut connection)
-            .unwrap();
-        let args = two("1", "-1");
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let error = call(&mut connection, &args).unwrap_err();
-        assert!(error.to_string().contains("does not recognise"), "{error}");
-        let after: Vec<u8> = redis::cmd("GET").arg("bad").query(&mut connection).unwrap();
-        assert_eq!(after, corrupt);
-    }
-}
-
-/// A key written by the one-limit script, or by this one with another
-/// number of limits, is read, not refused: its limits by position, the
-/// others full.
-#[test]
-fn older_values_are_read_as_the_first_limits() {
-    let server = RedisServer::start();
-    let mut connection = server.connection();
-    let single = redis::Script::new(paceline::redis::format::SCRIPT);
     let t0: u64 = 5_000_000;
-    for _ in 0..2 {
-        let _: redis::Value = single
-            .key("upgraded")
-            .arg("1")
-            .arg("-1")
-            .arg("10.0")
-            .arg("bursty")
-            .arg("0")
-            .arg("0")
-            .arg(t0)
-            .invoke(&mut connection)
-            .unwrap();
-    }
-    let mut script = Script {
-        script: redis::Script::new(SEVERAL_SCRIPT),
-        connection,
-    };
     let ten = Config {
         rate: 10.0,
         bursty: true,
         micros: 0,
-        cold_factor: 0.0,
     };
     let one = Config { rate: 1.0, ..ten };
-    // The one-limit key's ticket (t0 + 200 ms) is the first limit's.
-    let reply = ints(&script.call("upgraded", "1", -1, &[ten, one], t0));
-    assert_eq!(reply, vec![1, 200_000, 0, -1, 1_200_000]);
-    let states = stored_states(&mut script.connection, "upgraded", 2).unwrap();
-    assert_eq!((states[0].1, states[1].1), (t0 + 300_000, t0 + 1_200_000));
-    // A third limit joins full; back to two, the third is dropped.
     let half = Config { rate: 0.5, ..ten };
-    let reply = ints(&script.call("upgraded", "1", -1, &[ten, one, half], t0));
-    assert_eq!(reply, vec![1, 1_200_000, 1, -1, 3_200_000]);
-    let reply = ints(&script.call("upgraded", "0", -1, &[ten, one], t0));
-    assert_eq!(reply, vec![1, 2_200_000, 1, -1, 2_200_000]);
+    for _ in 0..2 {
+        call(&mut connection, "resized", "1", "-1", &[ten], t0);
+    }
+    // The one-limit key's ticket (t0 + 200 ms) is the first limit's.
+    let reply = call(&mut connection, "resized", "1", "-1", &[ten, one], t0);
+    assert_eq!(granted(&reply), (200_000, 0, 1_200_000));
+    let value = Stored::read(&mut connection, "resized").unwrap();
+    assert_eq!(
+        (
+            value.limits[0].next_free_micros,
+            value.limits[1].next_free_micros
+        ),
+        ((t0 + 300_000) as f64, (t0 + 1_200_000) as f64)
+    );
+    // A third limit joins full; back to two, the third is dropped.
+    let reply = call(&mut connection, "resized", "1", "-1", &[ten, one, half], t0);
+    assert_eq!(granted(&reply), (1_200_000, 1, 3_200_000));
+    let query = call(&mut connection, "resized", "0", "-1", &[ten, one], t0);
+    assert_eq!(query, Value::Int(2_200_000));
+    // And back to one: the first limit alone, last charged at the moment
+    // the second set (1.2 s).
+    let reply = call(&mut connection, "resized", "1", "-1", &[ten], t0);
+    assert_eq!(granted(&reply), (1_300_000, 0, 1_400_000));
+    // A held reservation's log is dropped with a change of shape: it can
+    // no longer be given back.
+    call(&mut connection, "logged", "1+", "-1", &[ten], t0);
+    let held = call(&mut connection, "logged", "1+", "-1", &[ten], t0);
+    let Value::BulkString(bytes) = &held else {
+        panic!("{held:?}");
+    };
+    let id = Stored::decode(bytes).unwrap().next_id as u64 - 1;
+    call(&mut connection, "logged", "1", "-1", &[ten, one], t0);
+    let cancel = call(
+        &mut connection,
+        "logged",
+        "cancel",
+        &id.to_string(),
+        &[ten],
+        t0,
+    );
+    assert_eq!(cancel, Value::Int(0));
+    assert_eq!(
+        Stored::read(&mut connection, "logged").unwrap().logged(),
+        None
+    );
 }
 
 mod limiters {

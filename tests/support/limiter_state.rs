@@ -1,54 +1,245 @@
-//! The value the Lua script (`lua/`) keeps under a limiter key, decoded: the 4
-//! ASCII bytes `thr2`, then nine little-endian IEEE doubles
-//! (`struct.pack('<c4ddddddddd', 'thr2', ...)` in the script), 76 bytes in
-//! all: the state (fields 1 to 6, and the ticket's fraction in field 7) and
-//! the last write's reservation (the rest of field 7, fields 8 and 9).
-//! Field 7 packs three integers into one double:
-//! `next_free_fraction * 2^21 + fraction_before * 2 + spent_stored`.
-//! Tests read it to compare the script's state with the core's, and write
-//! crafted ones (also in the older formats: `thr1`, 76 bytes, and v0, 40
-//! bytes) to check how the script reads, upgrades or refuses them. A
-//! granted reservation replies with the value it wrote, which is its token.
+//! The limiter's script and the value it keeps under a key, for the tests
+//! that call the script directly.
+//!
+//! The script is assembled as the crate assembles it: the parts of `lua/`
+//! in the order `src/redis/script.rs` lists them; its constants are read
+//! from its own source. A value (see `docs/redis-protocol.md`, Value) is
+//! the marker `plv1`, then little-endian doubles: the hot part (the
+//! shape: the limits plus 32 per logged request plus 2080 times the record's
+//! bound plus one; last_now_micros; next_id; the record: the moment of the
+//! last request granted; three per limit: stored_permits, next_free_micros,
+//! next_free_fraction), then expires_micros and two per limit (the rate and
+//! max_permits it was last charged at), and while the log holds any
+//! request: how many requests that left it are still in the value, three
+//! per limit (the states before its first), and four per request (id,
+//! permits, now, moment), those that left it first. A granted reservation
+//! replies what it wrote, from its hot part on (with the marker if it wrote
+//! the value whole).
 
-use paceline::redis::format;
+use std::sync::OnceLock;
 
-// The layout, from the crate's one definition of it (`redis::format`),
-// under the names these tests use.
+/// The marker a value starts with.
+pub const MARKER: &[u8; 4] = b"plv1";
 
-/// The length of a valid value, in bytes (also of a `thr1` value).
-pub const STATE_LEN: usize = format::VALUE_LEN;
-/// The marker a valid value starts with.
-pub const MARKER: &[u8; 4] = format::MARKER;
-/// The marker of the previous format.
-pub const THR1_MARKER: &[u8; 4] = format::THR1_MARKER;
-/// The marker of a value that carries a ledger after its 76 bytes.
-pub const THR3_MARKER: &[u8; 4] = format::LEDGER_MARKER;
-/// The length of a ledger's head.
-pub const LEDGER_HEAD_LEN: usize = format::LEDGER_HEAD_LEN;
-/// The length of a token that carries its group's id.
-pub const TOKEN_WITH_ID_LEN: usize = format::TOKEN_WITH_ID_LEN;
-/// The length of a value in the first format.
-pub const V0_STATE_LEN: usize = format::V0_VALUE_LEN;
-/// The length of a reservation token (a value), in bytes.
-pub const TOKEN_LEN: usize = STATE_LEN;
-/// The bytes of field 7 (the packed fractions) in a value.
-pub const FRACTIONS_BYTES: std::ops::Range<usize> = format::FRACTIONS_BYTES;
-/// Field 7's shift for the ticket's fraction.
-pub const FRACTIONS_SHIFT: u64 = format::FRACTIONS_SHIFT;
-/// One microsecond in fraction units.
-pub const FRACTION_ONE: u32 = format::FRACTION_ONE as u32;
+/// One microsecond in fraction units (2^20).
+pub const FRACTION_ONE: u32 = 1 << 20;
 
-/// How many groups the ledger of a value holds (`None` for a value without
-/// a ledger).
-pub fn ledger_groups(value: &[u8]) -> Option<u64> {
-    if value.len() < STATE_LEN + LEDGER_HEAD_LEN || &value[..4] != THR3_MARKER {
-        return None;
-    }
-    let [groups] = doubles::<1>(&value[STATE_LEN + 32..STATE_LEN + 40]);
-    Some(groups as u64)
+/// A file of the repository (from the crate's tests, or from `benches/`,
+/// a crate of its own one directory down).
+fn read(path: &str) -> String {
+    let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = if here.join("src/redis/script.rs").exists() {
+        here
+    } else {
+        here.parent().expect("the repository")
+    };
+    let path = root.join(path);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// A limiter key's state, field by field, in the script's order.
+/// The script's text, as the crate assembles it.
+pub fn script_source() -> &'static str {
+    static SOURCE: OnceLock<String> = OnceLock::new();
+    SOURCE.get_or_init(|| {
+        let rust = read("src/redis/script.rs");
+        let parts: Vec<&str> = rust
+            .split("include_str!(\"../../")
+            .skip(1)
+            .map(|rest| &rest[..rest.find('"').expect("a closing quote")])
+            .collect();
+        assert!(
+            parts.len() >= 2,
+            "src/redis/script.rs lists the parts: {parts:?}"
+        );
+        parts.iter().map(|part| read(part)).collect()
+    })
+}
+
+/// The script, ready to run.
+pub fn script() -> redis::Script {
+    redis::Script::new(script_source())
+}
+
+/// The value of the script's `local NAME = value` line.
+pub fn lua_constant(name: &str) -> &'static str {
+    let prefix = format!("local {name} = ");
+    let line = script_source()
+        .lines()
+        .find(|line| line.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("the script declares no {name}"));
+    let value = line[prefix.len()..].split("--").next().unwrap().trim();
+    value.trim_matches('\'')
+}
+
+/// A numeric constant of the script.
+pub fn lua_number(name: &str) -> usize {
+    lua_constant(name)
+        .parse()
+        .unwrap_or_else(|_| panic!("{name} is not a whole number"))
+}
+
+fn doubles(bytes: &[u8]) -> Vec<f64> {
+    bytes
+        .chunks_exact(8)
+        .map(|chunk| f64::from_le_bytes(chunk.try_into().expect("8 bytes")))
+        .collect()
+}
+
+fn le(numbers: &[f64]) -> Vec<u8> {
+    numbers.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// One limit's state in a value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LimitState {
+    pub stored_permits: f64,
+    pub next_free_micros: f64,
+    /// The ticket's part below the microsecond, in units of 2^-20 µs.
+    pub next_free_fraction: f64,
+    pub permits_per_second: f64,
+    pub max_permits: f64,
+}
+
+/// A value, field by field.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Value {
+    /// When the key's TTL ends, as the script last set it (µs, on the clock
+    /// as read).
+    pub expires_micros: f64,
+    /// The latest clock reading a call used on this key.
+    pub last_now_micros: f64,
+    /// The least id the next held reservation that waits gets.
+    pub next_id: f64,
+    pub limits: Vec<LimitState>,
+    /// The record: the moment of the last request granted and the limit
+    /// that bound it (-1: none).
+    pub moment_micros: f64,
+    pub bound: f64,
+    /// The log: the states before its first request (stored, ticket,
+    /// fraction per limit), then each request (id, permits, now, moment).
+    pub base: Vec<[f64; 3]>,
+    pub log: Vec<[f64; 4]>,
+    /// Requests that left the log, still in the value (before the log's).
+    pub dead: Vec<[f64; 4]>,
+}
+
+impl Value {
+    /// Decodes a value, or a granted reservation's reply (its hot part
+    /// only: the TTL's end and the rates read -1, the log empty); an error
+    /// with the bytes if it is not one.
+    pub fn decode(bytes: &[u8]) -> Result<Value, String> {
+        let bad = || format!("not a value ({} bytes): {bytes:?}", bytes.len());
+        let whole = bytes.starts_with(MARKER);
+        let body = if whole { &bytes[4..] } else { bytes };
+        if body.len() < 32 || !body.len().is_multiple_of(8) {
+            return Err(bad());
+        }
+        let numbers = doubles(body);
+        let shape = numbers[0];
+        if !(shape >= 1.0 && shape.fract() == 0.0) {
+            return Err(bad());
+        }
+        let limits = shape as usize % 32;
+        let logged = shape as usize / 32 % 65;
+        let hot = 4 + 3 * limits;
+        let fixed = hot + 1 + 2 * limits;
+        if numbers.len() < if whole { fixed } else { hot } {
+            return Err(bad());
+        }
+        let state = |i: usize| {
+            let f = &numbers[4 + 3 * i..7 + 3 * i];
+            let (rate, max) = if whole {
+                (numbers[hot + 1 + 2 * i], numbers[hot + 2 + 2 * i])
+            } else {
+                (-1.0, -1.0)
+            };
+            LimitState {
+                stored_permits: f[0],
+                next_free_micros: f[1],
+                next_free_fraction: f[2],
+                permits_per_second: rate,
+                max_permits: max,
+            }
+        };
+        let mut value = Value {
+            expires_micros: if whole { numbers[hot] } else { -1.0 },
+            last_now_micros: numbers[1],
+            next_id: numbers[2],
+            limits: (0..limits).map(state).collect(),
+            moment_micros: numbers[3],
+            bound: (shape / 2080.0).floor() - 1.0,
+            base: Vec::new(),
+            log: Vec::new(),
+            dead: Vec::new(),
+        };
+        if !whole || numbers.len() == fixed {
+            return Ok(value);
+        }
+        let dead = numbers[fixed] as usize;
+        if logged == 0 || numbers.len() != fixed + 1 + 3 * limits + 4 * (dead + logged) {
+            return Err(bad());
+        }
+        let rest = &numbers[fixed + 1..];
+        value.base = rest[..3 * limits]
+            .chunks_exact(3)
+            .map(|f| [f[0], f[1], f[2]])
+            .collect();
+        let requests: Vec<[f64; 4]> = rest[3 * limits..]
+            .chunks_exact(4)
+            .map(|f| [f[0], f[1], f[2], f[3]])
+            .collect();
+        value.dead = requests[..dead].to_vec();
+        value.log = requests[dead..].to_vec();
+        Ok(value)
+    }
+
+    /// The bytes of this value.
+    pub fn encode(&self) -> Vec<u8> {
+        let shape =
+            self.limits.len() as f64 + 32.0 * self.log.len() as f64 + 2080.0 * (self.bound + 1.0);
+        let mut numbers = vec![
+            shape,
+            self.last_now_micros,
+            self.next_id,
+            self.moment_micros,
+        ];
+        for limit in &self.limits {
+            numbers.extend([
+                limit.stored_permits,
+                limit.next_free_micros,
+                limit.next_free_fraction,
+            ]);
+        }
+        numbers.push(self.expires_micros);
+        for limit in &self.limits {
+            numbers.extend([limit.permits_per_second, limit.max_permits]);
+        }
+        if !self.log.is_empty() {
+            numbers.push(self.dead.len() as f64);
+            numbers.extend(self.base.iter().flatten());
+            numbers.extend(self.dead.iter().flatten());
+            numbers.extend(self.log.iter().flatten());
+        }
+        [&MARKER[..], &le(&numbers)].concat()
+    }
+
+    /// GETs `key` and decodes it: `None` if the key is missing; panics if
+    /// the value is not one.
+    pub fn read(con: &mut redis::Connection, key: &str) -> Option<Value> {
+        let value: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(key)
+            .query(con)
+            .unwrap_or_else(|e| panic!("GET {key}: {e}"));
+        value.map(|bytes| Value::decode(&bytes).unwrap_or_else(|e| panic!("{key}: {e}")))
+    }
+
+    /// How many requests the log holds, or `None` without a log.
+    pub fn logged(&self) -> Option<usize> {
+        (!self.log.is_empty()).then_some(self.log.len())
+    }
+}
+
+/// A one-limit key's state, field by field: its limit and the head.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LimiterState {
     pub stored_permits: f64,
@@ -60,143 +251,58 @@ pub struct LimiterState {
     pub expires_micros: f64,
     /// The latest clock reading a call used on this key (µs).
     pub last_now_micros: f64,
-    /// The ticket's part below the microsecond, in units of 2^-20 µs (the
-    /// top of field 7).
+    /// The ticket's part below the microsecond, in units of 2^-20 µs.
     pub next_free_fraction: u32,
 }
 
-fn doubles<const N: usize>(bytes: &[u8]) -> [f64; N] {
-    std::array::from_fn(|i| {
-        f64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8 bytes"))
-    })
-}
-
-/// Field 7 of a value, as stored.
-pub fn fractions_field(value: &[u8]) -> f64 {
-    f64::from_le_bytes(value[FRACTIONS_BYTES].try_into().expect("8 bytes"))
-}
-
-/// Overwrites field 7 of a value with any double (to craft malformed ones).
-pub fn set_fractions_field(value: &mut [u8], raw: f64) {
-    value[FRACTIONS_BYTES].copy_from_slice(&raw.to_le_bytes());
-}
-
-/// Splits field 7 into (next_free_fraction, fraction_before, spent_stored);
-/// an error unless it is an integer in 0..2^41.
-fn split_fractions(raw: f64) -> Result<(u32, u32, bool), String> {
-    if !(raw >= 0.0 && raw < (1u64 << 41) as f64 && raw.fract() == 0.0) {
-        return Err(format!("field 7 is not an integer in 0..2^41: {raw:e}"));
-    }
-    let packed = raw as u64;
-    let low = packed % FRACTIONS_SHIFT;
-    Ok((
-        (packed / FRACTIONS_SHIFT) as u32,
-        (low / 2) as u32,
-        low % 2 == 1,
-    ))
-}
-
-/// Field 7 from its three integers.
-fn pack_fractions(next_free_fraction: u32, fraction_before: u32, spent_stored: bool) -> f64 {
-    (u64::from(next_free_fraction) * FRACTIONS_SHIFT
-        + u64::from(fraction_before) * 2
-        + u64::from(spent_stored)) as f64
-}
-
 impl LimiterState {
-    /// Decodes the state (fields 1 to 6 and the ticket's fraction) of a
-    /// thr2 value, or of the first 76 bytes of a thr3 value or token; an
-    /// error (with the length) if it is neither, or its field 7 is not an
-    /// integer in 0..2^41.
+    /// The first limit's state and the head of a value (or of a granted
+    /// reservation's reply: its rate, max_permits and TTL's end read -1);
+    /// an error if it is not one, or its fraction is not an integer in
+    /// 0..2^20.
     pub fn decode(bytes: &[u8]) -> Result<LimiterState, String> {
-        let thr2 = bytes.len() == STATE_LEN && &bytes[..4] == MARKER;
-        let thr3 = bytes.len() >= STATE_LEN && &bytes[..4] == THR3_MARKER;
-        if !thr2 && !thr3 {
-            return Err(format!(
-                "a limiter state is {STATE_LEN} bytes starting with `thr2` (or more, starting \
-                 with `thr3`), got {}: {bytes:?}",
-                bytes.len()
-            ));
+        let value = Value::decode(bytes)?;
+        let limit = value.limits[0];
+        let fraction = limit.next_free_fraction;
+        if !(0.0..f64::from(FRACTION_ONE)).contains(&fraction) || fraction.fract() != 0.0 {
+            return Err(format!("next_free_fraction {fraction:e} in {value:?}"));
         }
-        let [
-            stored_permits,
-            next_free_micros,
-            permits_per_second,
-            max_permits,
-            expires_micros,
-            last_now_micros,
-        ] = doubles::<6>(&bytes[4..52]);
-        let (next_free_fraction, _, _) = split_fractions(fractions_field(bytes))?;
         Ok(LimiterState {
-            stored_permits,
-            next_free_micros,
-            permits_per_second,
-            max_permits,
-            expires_micros,
-            last_now_micros,
-            next_free_fraction,
+            stored_permits: limit.stored_permits,
+            next_free_micros: limit.next_free_micros,
+            permits_per_second: limit.permits_per_second,
+            max_permits: limit.max_permits,
+            expires_micros: value.expires_micros,
+            last_now_micros: value.last_now_micros,
+            next_free_fraction: fraction as u32,
         })
     }
 
-    /// The 76 bytes the script would write for this state with a record of
-    /// no reservation (stored, next free and fraction unchanged, nothing
-    /// spent).
+    /// A one-limit value holding this state, with no log, ids from 0 and a
+    /// record of nothing granted.
     pub fn encode(&self) -> Vec<u8> {
-        Token {
-            state: *self,
-            stored_before: self.stored_permits,
-            next_free_before: self.next_free_micros,
-            fraction_before: self.next_free_fraction,
-            spent_stored: false,
+        self.with_next_id(0.0).encode()
+    }
+
+    /// The value of this state with `next_id`.
+    pub fn with_next_id(&self, next_id: f64) -> Value {
+        Value {
+            expires_micros: self.expires_micros,
+            last_now_micros: self.last_now_micros,
+            next_id,
+            limits: vec![LimitState {
+                stored_permits: self.stored_permits,
+                next_free_micros: self.next_free_micros,
+                next_free_fraction: f64::from(self.next_free_fraction),
+                permits_per_second: self.permits_per_second,
+                max_permits: self.max_permits,
+            }],
+            moment_micros: self.last_now_micros,
+            bound: -1.0,
+            base: Vec::new(),
+            log: Vec::new(),
+            dead: Vec::new(),
         }
-        .encode()
-    }
-
-    /// Fields 1 to 6 with `marker`: the first 52 bytes of a value.
-    fn encode_state(&self, marker: &[u8; 4]) -> Vec<u8> {
-        let mut bytes = marker.to_vec();
-        bytes.extend(
-            [
-                self.stored_permits,
-                self.next_free_micros,
-                self.permits_per_second,
-                self.max_permits,
-                self.expires_micros,
-                self.last_now_micros,
-            ]
-            .iter()
-            .flat_map(|x| x.to_le_bytes()),
-        );
-        bytes
-    }
-
-    /// The 76 bytes of the previous format, `thr1`: fields 1 to 6, then a
-    /// record of no reservation (stored_before, next_free_before,
-    /// spent_stored = 0). It has no fraction: `next_free_fraction` is not
-    /// stored.
-    pub fn encode_thr1(&self) -> Vec<u8> {
-        let mut bytes = self.encode_state(THR1_MARKER);
-        bytes.extend(
-            [self.stored_permits, self.next_free_micros, 0.0]
-                .iter()
-                .flat_map(|x| x.to_le_bytes()),
-        );
-        bytes
-    }
-
-    /// The 40 bytes of the first format: the first five fields, no marker
-    /// (`last_now_micros` and the fraction are not stored).
-    pub fn encode_v0(&self) -> Vec<u8> {
-        [
-            self.stored_permits,
-            self.next_free_micros,
-            self.permits_per_second,
-            self.max_permits,
-            self.expires_micros,
-        ]
-        .iter()
-        .flat_map(|x| x.to_le_bytes())
-        .collect()
     }
 
     /// `next_free_micros` as an integer; panics if it is not one.
@@ -216,7 +322,7 @@ impl LimiterState {
     }
 
     /// GETs `key` and decodes it: `None` if the key is missing; panics if
-    /// the value is not a state.
+    /// the value is not one.
     pub fn read(con: &mut redis::Connection, key: &str) -> Option<LimiterState> {
         let value: Option<Vec<u8>> = redis::cmd("GET")
             .arg(key)
@@ -228,71 +334,76 @@ impl LimiterState {
     }
 }
 
-/// A value with its record: what a granted reservation replies (its token),
-/// and what a cancel sends back.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Token {
-    /// Fields 1 to 6 and the ticket's fraction: the state the reservation
-    /// wrote ("after").
-    pub state: LimiterState,
-    /// Fields 8 and 9, and the record's fraction (in field 7): the state it
-    /// found (after the missing-key reading and the rate change, before its
-    /// resync).
-    pub stored_before: f64,
-    pub next_free_before: f64,
-    pub fraction_before: u32,
-    /// In field 7: whether the reservation spent stored permits.
-    pub spent_stored: bool,
+/// A reservation's reply, decoded: granted (what it wrote of the value: its
+/// wait, the key's debt after it, the limit that bound it and the id of a
+/// held one that waits), or refused (the state it found, with the clock;
+/// the rates read -1).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reserved {
+    Granted {
+        wait: u64,
+        debt: u64,
+        bound: i64,
+        value: Value,
+    },
+    Refused {
+        now: u64,
+        limits: Vec<LimitState>,
+    },
 }
 
-impl Token {
-    /// Decodes a value with its record; an error if it is not 76 bytes
-    /// starting with the marker, with an integer in 0..2^41 in field 7.
-    pub fn decode(bytes: &[u8]) -> Result<Token, String> {
-        let state = LimiterState::decode(bytes)?;
-        let (_, fraction_before, spent_stored) = split_fractions(fractions_field(bytes))?;
-        let [stored_before, next_free_before] = doubles::<2>(&bytes[60..STATE_LEN]);
-        Ok(Token {
-            state,
-            stored_before,
-            next_free_before,
-            fraction_before,
-            spent_stored,
+impl Reserved {
+    /// Decodes the reply of a reservation on `limits` limits.
+    pub fn decode(bytes: &[u8], limits: usize) -> Result<Reserved, String> {
+        if bytes.len() == 8 + 24 * limits {
+            let numbers = doubles(bytes);
+            let limits = numbers[1..]
+                .chunks_exact(3)
+                .map(|f| LimitState {
+                    stored_permits: f[0],
+                    next_free_micros: f[1],
+                    next_free_fraction: f[2],
+                    permits_per_second: -1.0,
+                    max_permits: -1.0,
+                })
+                .collect();
+            return Ok(Reserved::Refused {
+                now: numbers[0] as u64,
+                limits,
+            });
+        }
+        let value = Value::decode(bytes)?;
+        if value.limits.len() != limits {
+            return Err(format!("a reply of another number of limits: {value:?}"));
+        }
+        let now = value.last_now_micros;
+        let latest = value
+            .limits
+            .iter()
+            .map(|l| l.next_free_micros)
+            .fold(now, f64::max);
+        Ok(Reserved::Granted {
+            wait: (value.moment_micros - now) as u64,
+            debt: (latest - now) as u64,
+            bound: value.bound as i64,
+            value,
         })
     }
 
-    /// The 76 bytes of this value.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut bytes = self.state.encode_state(MARKER);
-        bytes.extend(
-            [
-                pack_fractions(
-                    self.state.next_free_fraction,
-                    self.fraction_before,
-                    self.spent_stored,
-                ),
-                self.stored_before,
-                self.next_free_before,
-            ]
-            .iter()
-            .flat_map(|x| x.to_le_bytes()),
-        );
-        bytes
-    }
-
-    /// When the reservation's permits may be used: its ticket after its
-    /// resync, `max(next_free_before, last_now_micros)`.
-    pub fn moment_micros(&self) -> f64 {
-        self.next_free_before.max(self.state.last_now_micros)
-    }
-
-    /// The wait the reply carries: `moment - now`.
-    pub fn wait_micros(&self) -> f64 {
-        self.moment_micros() - self.state.last_now_micros
-    }
-
-    /// The debt the reply carries: `next_free_micros - now`.
-    pub fn debt_micros(&self) -> f64 {
-        self.state.next_free_micros - self.state.last_now_micros
+    /// The wait it would have needed, for a refused one: the latest ticket
+    /// less the clock.
+    pub fn refused_wait(&self) -> Option<u64> {
+        match self {
+            Reserved::Refused { now, limits } => Some(
+                limits
+                    .iter()
+                    .map(|l| l.next_free_micros as u64)
+                    .max()
+                    .unwrap_or(0)
+                    .max(*now)
+                    - now,
+            ),
+            Reserved::Granted { .. } => None,
+        }
     }
 }

@@ -12,24 +12,26 @@ where
     /// Serves `key` from the fallback (or fails open or closed): opens the
     /// key at its floor and runs `serve` on the local limiter, under the
     /// lock. `Err` with a wake-up to await if the key is being carried back
-    /// (the caller then routes again).
+    /// and the caller is `patient` (it then routes again); an impatient one
+    /// is served here, where the key is held until its debt is in Redis.
     pub(super) fn serve_locally<'a, Q>(
         &'a self,
         key: &Q,
         target: &ProbeTarget,
         failure: Option<BackendError>,
+        patient: bool,
         serve: impl FnOnce(&'a Keyed<K, C>) -> Result<Option<Reservation<'a>>, Error>,
     ) -> Result<Result<Option<Reservation<'a>>, Error>, Carried<'a>>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         self.backend.health.count_fallback_call();
         if self.fallback == Fallback::FailClosed {
             return Ok(Err(self.closed_error(failure)));
         }
         let books = self.books();
-        if books.carrying.contains(key) {
+        if patient && books.carrying.contains(key) {
             let carried = self.carried.notified();
             drop(books);
             return Err(Box::pin(carried));
@@ -56,15 +58,17 @@ where
     }
 
     /// The wait of `key` while its part of Redis is down: the fallback's if
-    /// it holds the key, its floor otherwise (nothing is opened).
+    /// it holds the key, its floor otherwise (nothing is opened); for a
+    /// `patient` caller, once any carry-back of the key has ended.
     pub(super) fn query_locally<'a, Q>(
         &'a self,
         key: &Q,
         failure: Option<BackendError>,
+        patient: bool,
     ) -> Result<Result<Duration, Error>, Carried<'a>>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
+        Q: Display + Hash + Eq + ?Sized,
     {
         self.backend.health.count_fallback_call();
         match self.fallback {
@@ -73,7 +77,7 @@ where
             Fallback::Local => {}
         }
         let books = self.books();
-        if books.carrying.contains(key) {
+        if patient && books.carrying.contains(key) {
             let carried = self.carried.notified();
             drop(books);
             return Err(Box::pin(carried));
@@ -93,12 +97,13 @@ where
         &'a self,
         key: &Q,
         failure: Option<BackendError>,
+        patient: bool,
     ) -> Result<Result<Snapshot, Error>, Carried<'a>>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
+        Q: Display + Hash + Eq + ?Sized,
     {
-        let wait = match self.query_locally(key, failure)? {
+        let wait = match self.query_locally(key, failure, patient)? {
             Ok(wait) => wait,
             Err(error) => return Ok(Err(error)),
         };
@@ -125,13 +130,16 @@ where
     pub(super) fn floor<Q>(&self, books: &Books<K>, key: &Q) -> u64
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
+        Q: Display + Hash + Eq + ?Sized,
     {
         let known = match books.known.get(key) {
             Some(&until) => until,
             None => books.overflow[self.bucket(key)],
         };
-        self.now().max(known).max(self.local.dropped_until())
+        self.now()
+            .max(known)
+            .max(self.late_in(books, key))
+            .max(self.local.dropped_until())
     }
 
     pub(super) fn bucket<Q: Hash + ?Sized>(&self, key: &Q) -> usize {
@@ -181,7 +189,7 @@ where
 
     /// The exact end of the debt Redis reported for `key`, if it is known
     /// (0 otherwise: what Redis holds is then taken to be nothing, which
-    /// errs towards limiting).
+    /// errs towards limiting): by a reply, or by a late grant.
     pub(super) fn known_exactly<Q>(&self, key: &Q) -> u64
     where
         K: Borrow<Q>,
@@ -190,30 +198,87 @@ where
         self.books().known.get(key).copied().unwrap_or(0)
     }
 
+    /// When the debt of late grants of `key` ends (see [`Late`]), taken:
+    /// the carry-back counts it once.
+    fn late_until<Q>(&self, key: &Q) -> u64
+    where
+        Q: Display + ?Sized,
+    {
+        let mut books = self.books();
+        if books.late.is_empty() {
+            return 0;
+        }
+        books.late.remove(&*self.redis_key(key)).unwrap_or(0)
+    }
+
+    /// When the debt of late grants of `key` ends (see [`Late`]), if one
+    /// was heard of (0 otherwise).
+    fn late_in<Q>(&self, books: &Books<K>, key: &Q) -> u64
+    where
+        Q: Display + ?Sized,
+    {
+        if books.late.is_empty() {
+            return 0;
+        }
+        books.late.get(&*self.redis_key(key)).copied().unwrap_or(0)
+    }
+
     /// After an outage in which the fallback dropped keys with debts: the
     /// first call of a key whose debt Redis reported ends before the
-    /// latest dropped ticket is charged up to it (once: Redis then reports
-    /// the debt).
-    pub(super) async fn charge_floor<Q>(&self, key: &Q, target: &ProbeTarget) -> Result<(), Failure>
+    /// latest dropped ticket is charged up to it, once: the key is marked
+    /// as being carried meanwhile, and its other callers wait for it (as
+    /// for a carry-back), then find its debt noted from Redis's reply.
+    pub(super) async fn charge_floor<'a, Q>(
+        &'a self,
+        key: &Q,
+        target: &ProbeTarget,
+        budget: Option<Duration>,
+    ) -> Floor<'a>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let dropped = self.local.dropped_until();
         if dropped == 0 || self.fallback != Fallback::Local || dropped <= self.now() {
-            return Ok(());
+            return Floor::Charged;
         }
-        let known = self.now().max(self.known_exactly(key));
-        if dropped <= known {
-            return Ok(());
-        }
-        let resume = Call::Resume {
-            debts_micros: Box::new([self.at_shared_rate(dropped - known)]),
+        let marked = {
+            let mut books = self.books();
+            if books.carrying.contains(key) {
+                let charging = self.carried.notified();
+                drop(books);
+                return Floor::Busy(Box::pin(charging));
+            }
+            // A key not known exactly goes by its bucket, where its own
+            // charge is noted too: it is charged once either way (a key
+            // whose bucket holds a later debt of another is not charged).
+            let known = match books.known.get(key) {
+                Some(&until) => until,
+                None => books.overflow[self.bucket(key)],
+            };
+            let known = self.now().max(known);
+            let Some(failover) = self.this.upgrade().filter(|_| dropped > known) else {
+                return Floor::Charged;
+            };
+            books.carrying.insert(key.to_owned());
+            let marked = Marked {
+                failover,
+                key: key.to_owned(),
+            };
+            (marked, known)
         };
-        match self.send(key, target, resume).await {
-            Ok(_) | Err(Failure::Refused(_)) => Ok(()),
-            Err(down) => Err(down),
-        }
+        let (marked, known) = marked;
+        // The same for every limit.
+        let debt = self.at_shared_rate(dropped - known);
+        let resume = Call::Resume {
+            debts_micros: vec![debt; self.script_args.len()].into(),
+        };
+        let charged = match self.send(key, target, resume, budget).await {
+            Ok(_) | Err(Failure::Refused(_)) => Floor::Charged,
+            Err(Failure::Down(failure)) => Floor::Down(failure),
+        };
+        drop(marked);
+        charged
     }
 
     /// Time at the local rate, as time at the shared rate (the same permits
@@ -242,24 +307,40 @@ where
     pub(super) async fn carry(&self, key: &K) {
         let target = self.target(key);
         let mut known = self.known_exactly(key);
+        // What grants Redis made after their callers stopped waiting (see
+        // [`Late`]) charged it beyond the debt it reported: those callers
+        // were served by the fallback too, so with one limit that much of
+        // the fallback's debt is in Redis already. (With several, how much
+        // each limit was charged is not known: the fallback's whole debt
+        // goes, erring towards limiting.)
+        let mut late = self.late_until(key);
         while let Some(tickets) = self.local.tickets(key) {
             // One debt per limit (one for a limiter with one limit).
             let ticket = tickets.iter().copied().max().unwrap_or(0);
             let from = self.now().max(known);
+            let charged = if tickets.len() == 1 {
+                late.saturating_sub(from)
+            } else {
+                0
+            };
             let debts = tickets
                 .iter()
-                .map(|t| self.at_shared_rate(t.saturating_sub(from)))
+                .map(|t| {
+                    self.at_shared_rate(t.saturating_sub(from))
+                        .saturating_sub(charged)
+                })
                 .collect();
             let resume = Call::Resume {
                 debts_micros: debts,
             };
-            match self.send(key, &target, resume).await {
+            match self.send(key, &target, resume, None).await {
                 Ok(_) => {
                     if self.local.forget_if_paid(key, ticket) {
                         break;
                     }
                     // Granted meanwhile (it should not be): the rest.
                     known = ticket;
+                    late = 0;
                 }
                 // The key holds something else: calls report it.
                 Err(Failure::Refused(_)) => {

@@ -19,8 +19,10 @@
 //!   fallback granted beyond what Redis knew (its ticket less the debt
 //!   Redis had reported, at the shared rate) and drops the stored permits;
 //!   only then does the fallback forget the key. Callers of a key being
-//!   carried wait for it (at most a round trip). Keys nobody calls are
-//!   carried by a background task, started when the backend recovers.
+//!   carried wait for it, each within its response timeout in all (see
+//!   [`Patience`]): past it, the fallback, which still holds the key,
+//!   serves it. Keys nobody calls are carried by a background task,
+//!   started when the backend recovers.
 //! - **Nothing twice.** A key leaves the fallback only once its debt is in
 //!   Redis, so a second outage opens it from what Redis reports, not from
 //!   a stale local ticket. A resume whose reply is lost may be applied and
@@ -29,8 +31,10 @@
 //!   `max_local_keys` served in one outage) lose their local ticket; the
 //!   latest such ticket stays as a floor. After recovery, until that
 //!   moment passes, each key whose reported debt ends earlier is charged
-//!   up to it once, on its first call: that errs towards limiting.
+//!   up to it once, by its first call (others of the key wait for that
+//!   call, as for a carry-back): that errs towards limiting.
 
+mod impls;
 mod local;
 
 use std::borrow::Borrow;
@@ -48,19 +52,19 @@ use tokio::sync::Notify;
 use tokio::sync::futures::Notified;
 
 use super::Fallback;
-use super::backend::{Backend, ProbeTarget, Recover};
+use super::backend::{Backend, Late, ProbeTarget, Recover};
 use super::coalesce::{self, Coalescer, Joined};
 use super::health::Zone;
 use super::naming;
-use super::round_trip::{Canceller, Failure, send, send_status};
+use super::reply::{Reply, Stored};
+use super::round_trip::{Canceller, Failure, send_status, send_within};
 use super::runtime::blocking_section;
-use super::script::{Call, Reply, Request, ScriptArgs, Stored, Token};
+use super::script::{Call, Request, ScriptArgs, Token};
 use crate::clock::Clock;
 use crate::core::{Policy, State, stable_interval_micros};
 use crate::error::BackendError;
 use crate::keyed::Keyed;
 use crate::keyed::Mode;
-use crate::limiter::Key;
 use crate::metrics::Metrics;
 use crate::reservation::{GiveBackTo, Pending, Taken};
 use crate::store::{Engine, Rate, now};
@@ -77,8 +81,9 @@ pub(crate) enum Naming {
 /// How many buckets hold the known debts that do not fit in memory.
 const BUCKETS: usize = 64;
 
-/// How many times a call waits for its key's carry-back before it is
-/// served by the fallback, which still holds the key.
+/// How many times a call looks at its key's carry-back before it is served
+/// by the fallback, which still holds the key (its whole wait for it is
+/// bounded by the response timeout too: see [`Patience`]).
 const MAX_CARRY_WAITS: usize = 8;
 
 /// How many keys are carried back at once in the background.
@@ -131,6 +136,10 @@ struct Books<K> {
     overflow: [u64; BUCKETS],
     /// Keys whose debt is on its way to Redis: their callers wait.
     carrying: HashSet<K>,
+    /// When the debt Redis reported for a grant whose caller had stopped
+    /// waiting ends (µs, local clock), by Redis key (see [`Late`]): at most
+    /// `max_local_keys`.
+    late: HashMap<Arc<str>, u64>,
 }
 
 /// A reservation of one key made in Redis: its Redis key and the script's
@@ -161,6 +170,49 @@ impl<K: Hash + Eq, C: Clock> Drop for Marked<K, C> {
             .remove(&self.key);
         self.failover.carried.notify_waiters();
     }
+}
+
+/// How long a call may wait for its key's carry-back: until the response
+/// timeout from its start, so that it returns within it. Past that, the
+/// fallback (which holds the key until its debt is in Redis) serves it; a
+/// call that waited goes to Redis with what is left.
+struct Patience {
+    deadline: tokio::time::Instant,
+    waited: bool,
+}
+
+impl Patience {
+    fn new(response_timeout: Duration) -> Patience {
+        Patience {
+            deadline: tokio::time::Instant::now() + response_timeout,
+            waited: false,
+        }
+    }
+
+    /// Whether the call's time is up.
+    fn out(&self) -> bool {
+        tokio::time::Instant::now() >= self.deadline
+    }
+
+    /// What is left for a round trip, if the call waited (else it has the
+    /// whole response timeout, as any).
+    fn budget(&self) -> Option<Duration> {
+        self.waited.then(|| {
+            self.deadline
+                .saturating_duration_since(tokio::time::Instant::now())
+        })
+    }
+}
+
+/// What a key's floor asks of a call after an outage (see
+/// `charge_floor`).
+pub(super) enum Floor<'a> {
+    /// Nothing more: the call goes to Redis.
+    Charged,
+    /// Another call of the key is charging it: wait for that.
+    Busy(Carried<'a>),
+    /// Redis is down: the fallback serves the call.
+    Down(Option<BackendError>),
 }
 
 /// Where a call goes.
@@ -205,23 +257,13 @@ where
                 State::new(policy.clone(), local_rate(*rate, parts.local_fraction), 0)
             })
             .collect::<Result<Vec<State>, _>>()?;
-        let (local, script_args) = if limits.len() > 1 {
-            let local = Keyed::from_limits(
-                local_states,
-                parts.clock,
-                Some(parts.max_local_keys),
-                Mode::Empty,
-            );
-            (local, ScriptArgs::several(&limits))
-        } else {
-            let local = Keyed::from_limits(
-                local_states,
-                parts.clock,
-                Some(parts.max_local_keys),
-                Mode::Empty,
-            );
-            (local, ScriptArgs::new(&parts.policy, parts.rate))
-        };
+        let local = Keyed::from_limits(
+            local_states,
+            parts.clock,
+            Some(parts.max_local_keys),
+            Mode::Empty,
+        );
+        let script_args = ScriptArgs::new(&limits);
         let metrics = Metrics::named(Some(match &parts.naming {
             Naming::Single { key, .. } => key,
             Naming::Keyed { prefix } => prefix.trim_end_matches(':'),
@@ -246,6 +288,7 @@ where
                 known: HashMap::new(),
                 overflow: [0; BUCKETS],
                 carrying: HashSet::new(),
+                late: HashMap::new(),
             }),
             carried: Notify::new(),
             carrying_all: AtomicBool::new(false),
@@ -325,10 +368,11 @@ where
 
     /// The Redis key of `key`, and what the script needs with it.
     pub(crate) fn target<Q: Display + ?Sized>(&self, key: &Q) -> ProbeTarget {
+        let late: Weak<dyn Late> = self.this.clone();
         ProbeTarget {
             key: self.redis_key(key),
             script_args: Arc::clone(&self.script_args),
-            rate: self.rate(),
+            late: Some(late),
         }
     }
 
@@ -363,15 +407,21 @@ where
         Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
         let target = self.target(key);
+        let mut patience = Patience::new(self.backend.response_timeout);
         loop {
-            let failure = match self.route(key, &target).await {
+            let failure = match self.route(key, &target, &mut patience).await {
                 Route::Redis => {
+                    // A call that waited for its key's carry-back has less
+                    // than the response timeout left; should its reply
+                    // come too late, the fallback serves it and its
+                    // reservation is given back (held: it has an id if it
+                    // waits).
                     let call = Call::Reserve(Request {
                         permits,
                         timeout,
-                        held,
+                        held: held || patience.waited,
                     });
-                    match self.send(key, &target, call).await {
+                    match self.send(key, &target, call, patience.budget()).await {
                         Ok(reply) => return Ok(self.granted(reply, &target)),
                         Err(Failure::Refused(error)) => return Err(error),
                         Err(Failure::Down(failure)) => failure,
@@ -379,12 +429,12 @@ where
                 }
                 Route::Local(failure) => failure,
             };
-            let served = self.serve_locally(key, &target, failure, |local| {
+            let served = self.serve_locally(key, &target, failure, !patience.out(), |local| {
                 now(Engine::take(local, key, permits, timeout, true))
             });
             match served {
                 Ok(result) => return result,
-                Err(carried) => self.await_carry(carried).await,
+                Err(carried) => self.await_carry(carried, &mut patience).await,
             }
         }
     }
@@ -412,11 +462,11 @@ where
     {
         self.read(
             key,
-            |target| async move {
-                let reply = self.send(key, &target, Call::Query).await?;
+            |target, budget| async move {
+                let reply = self.send(key, &target, Call::Query, budget).await?;
                 Ok(reply.wait.unwrap_or_default())
             },
-            |failure| self.query_locally(key, failure),
+            |failure, patient| self.query_locally(key, failure, patient),
         )
         .await
     }
@@ -430,11 +480,11 @@ where
     {
         self.read(
             key,
-            |target| async move {
+            |target, _| async move {
                 let stored = send_status(&self.backend, &target).await?;
                 Ok(self.snapshot_of(&stored))
             },
-            |failure| self.snapshot_locally(key, failure),
+            |failure, patient| self.snapshot_locally(key, failure, patient),
         )
         .await
     }
@@ -445,8 +495,8 @@ where
     async fn read<'a, Q, T, R>(
         &'a self,
         key: &Q,
-        remote: impl Fn(ProbeTarget) -> R,
-        local: impl Fn(Option<BackendError>) -> Result<Result<T, Error>, Carried<'a>>,
+        remote: impl Fn(ProbeTarget, Option<Duration>) -> R,
+        local: impl Fn(Option<BackendError>, bool) -> Result<Result<T, Error>, Carried<'a>>,
     ) -> Result<T, Error>
     where
         K: Borrow<Q>,
@@ -454,46 +504,26 @@ where
         R: Future<Output = Result<T, Failure>>,
     {
         let target = self.target(key);
+        let mut patience = Patience::new(self.backend.response_timeout);
         loop {
-            let failure = match self.route(key, &target).await {
-                Route::Redis => match remote(target.clone()).await {
+            let failure = match self.route(key, &target, &mut patience).await {
+                Route::Redis => match remote(target.clone(), patience.budget()).await {
                     Ok(answer) => return Ok(answer),
                     Err(Failure::Refused(error)) => return Err(error),
                     Err(Failure::Down(failure)) => failure,
                 },
                 Route::Local(failure) => failure,
             };
-            match local(failure) {
+            match local(failure, !patience.out()) {
                 Ok(result) => return result,
-                Err(carried) => self.await_carry(carried).await,
+                Err(carried) => self.await_carry(carried, &mut patience).await,
             }
         }
     }
 
     /// A state read from Redis, under the limits in force.
     fn snapshot_of(&self, stored: &Stored) -> Snapshot {
-        let now = stored.now_micros;
-        let templates = self.local.templates();
-        let snapshots =
-            stored
-                .limits
-                .iter()
-                .zip(&templates)
-                .enumerate()
-                .map(|(i, (limit, template))| {
-                    let state = Snapshot::stored_state(
-                        template,
-                        limit.stored_permits,
-                        limit.next_free_micros,
-                        limit.next_free_fraction,
-                        limit.rate,
-                        limit.max_permits,
-                        now,
-                    );
-                    Snapshot::of(&state, now, i)
-                });
-        Snapshot::binding(snapshots)
-            .unwrap_or_else(|| Snapshot::from_wait(Duration::ZERO, self.rate()))
+        stored.snapshot(&self.script_args)
     }
 
     /// A granted reply, as a reservation that gives itself back if dropped.
@@ -512,19 +542,27 @@ where
         Some(Reservation::new(wait, self.local.clock(), pending).for_limit(reply.limit))
     }
 
-    /// One call for `key` to Redis (see [`send`]), noting the debt it
-    /// reports.
-    async fn send<Q>(&self, key: &Q, target: &ProbeTarget, call: Call) -> Result<Reply, Failure>
+    /// One call for `key` to Redis (see [`send_within`]), noting the debt
+    /// it reports. `budget`: what is left of the caller's time, if it
+    /// waited for its key's carry-back.
+    async fn send<Q>(
+        &self,
+        key: &Q,
+        target: &ProbeTarget,
+        call: Call,
+        budget: Option<Duration>,
+    ) -> Result<Reply, Failure>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        let backend = &self.backend;
         let reply = match (&self.coalescer, &call) {
             (Some(coalescer), Call::Reserve(request)) => match coalescer.join(target, *request) {
-                Joined::Waiting(waiting) => coalesce::wait(&self.backend, target, waiting).await,
-                Joined::Alone => send(&self.backend, target, call, None).await,
+                Joined::Waiting(waiting) => coalesce::wait(backend, target, waiting, budget).await,
+                Joined::Alone => send_within(backend, target, call, None, budget).await,
             },
-            _ => send(&self.backend, target, call, None).await,
+            _ => send_within(backend, target, call, None, budget).await,
         }?;
         self.note_debt(key, reply.debt_micros);
         Ok(reply)
@@ -532,16 +570,17 @@ where
 
     /// Where a call of `key` goes: to the fallback while its part of Redis
     /// is down; otherwise to Redis, once anything the fallback holds for
-    /// the key has been carried back.
-    async fn route<Q>(&self, key: &Q, target: &ProbeTarget) -> Route
+    /// the key has been carried back (waiting for that at most the call's
+    /// `patience`: past it, to the fallback, which still holds the key).
+    async fn route<Q>(&self, key: &Q, target: &ProbeTarget, patience: &mut Patience) -> Route
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         // A key whose carry-back keeps failing to start (its runtime gone)
         // is served where it is held.
         for _ in 0..MAX_CARRY_WAITS {
-            if self.is_down(target) {
+            if self.is_down(target) || patience.out() {
                 return Route::Local(None);
             }
             if self.active.load(Ordering::Acquire) {
@@ -561,180 +600,28 @@ where
                     }
                 };
                 if let Some(carried) = carried {
-                    self.await_carry(carried).await;
+                    self.await_carry(Box::pin(carried), patience).await;
                     continue;
                 }
             }
-            if let Err(Failure::Down(failure)) = self.charge_floor(key, target).await {
-                return Route::Local(failure);
+            match self.charge_floor(key, target, patience.budget()).await {
+                Floor::Charged => return Route::Redis,
+                // Another call of the key charges it: once it has, to
+                // Redis (whose debt then includes it).
+                Floor::Busy(charging) => {
+                    self.await_carry(charging, patience).await;
+                    return Route::Redis;
+                }
+                Floor::Down(failure) => return Route::Local(failure),
             }
-            return Route::Redis;
         }
         Route::Local(None)
     }
 
-    /// Waits for a carry-back to end: at most a round trip (bounded again
-    /// here, should a wake-up be missed).
-    async fn await_carry(&self, carried: impl Future<Output = ()>) {
-        let bound = self.backend.response_timeout.saturating_mul(2);
-        let _ = tokio::time::timeout(bound, carried).await;
-    }
-}
-
-impl<K, C, Q> Engine<Q> for Failover<K, C>
-where
-    K: Borrow<Q> + Display + Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-    Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
-{
-    fn take(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Option<Duration>,
-        held: bool,
-    ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
-        Failover::take(self, key, permits, timeout, held)
-    }
-
-    async fn take_wait(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Option<Duration>,
-    ) -> Result<Option<Duration>, Error> {
-        let taken = Failover::take(self, key, permits, timeout, false).await?;
-        Ok(taken.map(Reservation::commit))
-    }
-
-    fn take_blocking(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Option<Duration>,
-    ) -> Result<Option<Duration>, Error> {
-        self.take_blocking_owned(key.to_owned(), permits, timeout)
-    }
-
-    fn next_free(&self, key: &Q) -> impl Future<Output = Result<Duration, Error>> + Send {
-        self.query(key)
-    }
-
-    fn snapshot(&self, key: &Q) -> impl Future<Output = Result<Snapshot, Error>> + Send {
-        self.status(key)
-    }
-}
-
-impl<K, C> Rate for Failover<K, C>
-where
-    K: Key + Display,
-    C: Clock,
-{
-    fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
-        Failover::set_rate(self, permits_per_second)
-    }
-
-    fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
-        Failover::set_limit_rate(self, index, permits_per_second)
-    }
-
-    fn rate(&self) -> f64 {
-        Failover::rate(self)
-    }
-
-    fn stats(&self) -> Stats {
-        Stats {
-            degraded: self.is_degraded(),
-            keys: self.local_len(),
-            ..self.backend.health.stats()
-        }
-    }
-
-    fn clock(&self) -> &dyn Clock {
-        self.local.clock()
-    }
-
-    fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
-    fn sleep_blocking(&self, wait: Duration) {
-        blocking_section(|| self.local.clock().sleep_blocking(wait));
-    }
-}
-
-impl<K, C: Clock> std::fmt::Debug for Failover<K, C> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisLimiter")
-            .field("key", &self.describe())
-            .field("fallback", &self.fallback)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<K, C: Clock> Failover<K, C> {
-    /// The Redis key, or the keys' prefix.
-    pub(crate) fn describe(&self) -> &str {
-        match &self.naming {
-            Naming::Single { key, .. } => key,
-            Naming::Keyed { prefix } => prefix,
-        }
-    }
-}
-
-impl<K, C> Recover for Failover<K, C>
-where
-    K: Display + Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
-    fn recovered(&self) {
-        if self.active.load(Ordering::Acquire) {
-            self.carry_all();
-        }
-    }
-}
-
-impl<K, C> GiveBackTo for Failover<K, C>
-where
-    K: Display + Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
-    fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
-    fn give_back(&self, taken: Taken) {
-        let (key, token) = match taken {
-            Taken::Boxed(taken) => {
-                match (taken as Box<dyn std::any::Any + Send + Sync>).downcast::<RedisKeyTaken>() {
-                    Ok(taken) => (taken.key, taken.token),
-                    Err(local) => return GiveBackTo::give_back(&self.local, Taken::Boxed(local)),
-                }
-            }
-            other => return GiveBackTo::give_back(&self.local, other),
-        };
-        let canceller = Canceller {
-            backend: Arc::clone(&self.backend),
-            target: ProbeTarget {
-                key,
-                script_args: Arc::clone(&self.script_args),
-                rate: self.rate(),
-            },
-        };
-        self.backend.spawn(canceller.cancel(token));
-    }
-
-    fn keep(&self, taken: Taken) {
-        match taken {
-            Taken::Boxed(taken) => {
-                if let Err(local) =
-                    (taken as Box<dyn std::any::Any + Send + Sync>).downcast::<RedisKeyTaken>()
-                {
-                    GiveBackTo::keep(&self.local, Taken::Boxed(local));
-                }
-            }
-            other => GiveBackTo::keep(&self.local, other),
-        }
+    /// Waits for a carry-back to end, at most until the call's time is up.
+    async fn await_carry(&self, carried: Carried<'_>, patience: &mut Patience) {
+        patience.waited = true;
+        let _ = tokio::time::timeout_at(patience.deadline, carried).await;
     }
 }
 

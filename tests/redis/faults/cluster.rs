@@ -25,7 +25,7 @@ async fn a_cluster_that_loses_a_primary_degrades_only_the_limiters_on_it() {
     let mut names: Vec<Vec<String>> = vec![Vec::new(); cluster.nodes.len()];
     for i in 0.. {
         let name = format!("shard-{i}");
-        let node = cluster.node_for_key(&format!("paceline:{name}"));
+        let node = cluster.node_for_key(&format!("paceline:v1:{name}"));
         if names[node].len() < 2 {
             names[node].push(name);
         }
@@ -179,7 +179,7 @@ async fn recovers_on_its_own_node_while_another_primary_is(other: Other) {
     const DEAD: usize = 1;
     let name = (0..)
         .map(|i| format!("home-{i}"))
-        .find(|name| cluster.node_for_key(&format!("paceline:{name}")) == HOME)
+        .find(|name| cluster.node_for_key(&format!("paceline:v1:{name}")) == HOME)
         .unwrap();
     let limiter = RedisRateLimiter::cluster_builder(cluster.client(), &name)
         .permits_per_second(1_000.0)
@@ -283,8 +283,8 @@ async fn a_shared_cluster_backend_degrades_only_what_lives_on_a_frozen_node() {
         .build()
         .await
         .unwrap();
-    let names = two_names_per_node(&cluster, "api", |name| format!("paceline:{name}"));
-    let tenants = two_names_per_node(&cluster, "tenant", |t| format!("paceline:tenants:{t}"));
+    let names = two_names_per_node(&cluster, "api", |name| format!("paceline:v1:{name}"));
+    let tenants = two_names_per_node(&cluster, "tenant", |t| format!("paceline:v1:tenants:{t}"));
     let limiters: Vec<Vec<RedisRateLimiter>> = names
         .iter()
         .map(|names| {
@@ -434,7 +434,7 @@ async fn a_shared_cluster_backend_built_while_a_primary_hangs_serves_the_others_
     let cluster = RedisCluster::start();
     // The node of the backend's own probe key, which its first probe uses.
     let hung = cluster.node_for_key("paceline-probe");
-    let names = two_names_per_node(&cluster, "api", |name| format!("paceline:{name}"));
+    let names = two_names_per_node(&cluster, "api", |name| format!("paceline:v1:{name}"));
     cluster.nodes[hung].stop();
     let started = Instant::now();
     let backend = RedisBackend::cluster_builder(

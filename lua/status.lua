@@ -1,0 +1,18 @@
+-- Part 2 of 5: the calls that change nothing: a query, and the probe of a
+-- key that exists. (A status is answered in part 4, at the rates in force.)
+
+-- QUERY: the wait (Limits::earliest: the latest ticket, or now), and
+-- writes nothing. PROBE of a key that exists: the same bytes again, the
+-- same TTL, and the wait. (A missing key is written in part 5 as it reads.)
+if permits == 0 or (mode == 'probe' and value) then
+    local latest = now
+    if n == 1 then
+        if nf > latest then latest = nf end
+    else
+        for k = 2, 3 * n, 3 do
+            if S[k] > latest then latest = S[k] end
+        end
+    end
+    if mode then redis.call('SET', key, value, 'KEEPTTL') end
+    return latest - now
+end

@@ -1,0 +1,179 @@
+//! The limiter traits a fail-over serves through (see [the rule at every
+//! switch](super)), and what its round trips tell it back.
+
+use super::*;
+
+impl<K, C, Q> Engine<Q> for Failover<K, C>
+where
+    K: Borrow<Q> + Display + Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+    Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
+{
+    fn take(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Option<Duration>,
+        held: bool,
+    ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
+        Failover::take(self, key, permits, timeout, held)
+    }
+
+    async fn take_wait(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Duration>, Error> {
+        let taken = Failover::take(self, key, permits, timeout, false).await?;
+        Ok(taken.map(Reservation::commit))
+    }
+
+    fn take_blocking(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Duration>, Error> {
+        self.take_blocking_owned(key.to_owned(), permits, timeout)
+    }
+
+    fn next_free(&self, key: &Q) -> impl Future<Output = Result<Duration, Error>> + Send {
+        self.query(key)
+    }
+
+    fn snapshot(&self, key: &Q) -> impl Future<Output = Result<Snapshot, Error>> + Send {
+        self.status(key)
+    }
+}
+
+impl<K, C> Rate for Failover<K, C>
+where
+    K: Display + Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
+        Failover::set_rate(self, permits_per_second)
+    }
+
+    fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
+        Failover::set_limit_rate(self, index, permits_per_second)
+    }
+
+    fn rate(&self) -> f64 {
+        Failover::rate(self)
+    }
+
+    fn stats(&self) -> Stats {
+        Stats {
+            degraded: self.is_degraded(),
+            keys: self.local_len(),
+            ..self.backend.health.stats()
+        }
+    }
+
+    fn clock(&self) -> &dyn Clock {
+        self.local.clock()
+    }
+
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    fn sleep_blocking(&self, wait: Duration) {
+        blocking_section(|| self.local.clock().sleep_blocking(wait));
+    }
+}
+
+impl<K, C: Clock> std::fmt::Debug for Failover<K, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLimiter")
+            .field("key", &self.describe())
+            .field("fallback", &self.fallback)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K, C: Clock> Failover<K, C> {
+    /// The Redis key, or the keys' prefix.
+    pub(crate) fn describe(&self) -> &str {
+        match &self.naming {
+            Naming::Single { key, .. } => key,
+            Naming::Keyed { prefix } => prefix,
+        }
+    }
+}
+
+impl<K, C> Recover for Failover<K, C>
+where
+    K: Display + Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    fn recovered(&self) {
+        if self.active.load(Ordering::Acquire) {
+            self.carry_all();
+        }
+    }
+}
+
+impl<K, C> GiveBackTo for Failover<K, C>
+where
+    K: Display + Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    fn give_back(&self, taken: Taken) {
+        let (key, token) = match taken {
+            Taken::Boxed(taken) => {
+                match (taken as Box<dyn std::any::Any + Send + Sync>).downcast::<RedisKeyTaken>() {
+                    Ok(taken) => (taken.key, taken.token),
+                    Err(local) => return GiveBackTo::give_back(&self.local, Taken::Boxed(local)),
+                }
+            }
+            other => return GiveBackTo::give_back(&self.local, other),
+        };
+        let canceller = Canceller {
+            backend: Arc::clone(&self.backend),
+            target: ProbeTarget {
+                key,
+                script_args: Arc::clone(&self.script_args),
+                late: None,
+            },
+        };
+        self.backend.spawn(canceller.cancel(token));
+    }
+
+    fn keep(&self, taken: Taken) {
+        match taken {
+            Taken::Boxed(taken) => {
+                if let Err(local) =
+                    (taken as Box<dyn std::any::Any + Send + Sync>).downcast::<RedisKeyTaken>()
+                {
+                    GiveBackTo::keep(&self.local, Taken::Boxed(local));
+                }
+            }
+            other => GiveBackTo::keep(&self.local, other),
+        }
+    }
+}
+
+impl<K, C> Late for Failover<K, C>
+where
+    K: Display + Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    fn late(&self, key: &str, debt_micros: u64) {
+        let now = self.now();
+        let mut books = self.books();
+        books.late.retain(|_, until| *until > now);
+        if debt_micros > 0 && books.late.len() < self.max_local_keys {
+            let until = books.late.entry(key.into()).or_default();
+            *until = (*until).max(now.saturating_add(debt_micros));
+        }
+        drop(books);
+        self.activate();
+    }
+}

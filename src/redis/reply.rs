@@ -1,0 +1,420 @@
+//! The script's replies, decoded: a reservation's (what it wrote of the
+//! value, from its hot part on, or the state a refused try found), a
+//! batch's, a status, and the integers of the other modes. The layout is
+//! the value's (see `docs/redis-protocol.md`, Value); a test below holds
+//! these constants to the script's.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::Value;
+
+use super::script::{Call, Request, ScriptArgs, Token};
+use crate::Snapshot;
+use crate::core::{FRACTION_BITS, MAX_MICROS};
+
+/// The marker a value starts with.
+const MARKER: &[u8; 4] = b"plv1";
+/// The marker and the head's four doubles (shape, last_now_micros,
+/// next_id, the moment of the last request granted).
+const HEAD_LEN: usize = 36;
+/// Each limit's state in the hot part: three doubles.
+const LIMIT_LEN: usize = 24;
+/// `shape = limits + SHAPE * logged requests + BOUND * (bound + 1)`, where
+/// `bound` is the limit that bound the last request granted (-1: none).
+const SHAPE: f64 = 32.0;
+const BOUND: f64 = 2080.0;
+
+/// The script's reply to a call, decoded.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Reply {
+    /// The wait for a granted reservation, the debt for a query, a probe or
+    /// a resume, `None` for a refused try. For a cancel: 1 given back, 0
+    /// not (as µs, unused).
+    pub(crate) wait: Option<Duration>,
+    /// How far the key's latest ticket lies ahead of the server's clock
+    /// after the call, in µs.
+    pub(crate) debt_micros: u64,
+    /// What gives a held reservation that waits back.
+    pub(crate) token: Option<Token>,
+    /// The limit that set the wait (0 when none did).
+    pub(crate) limit: usize,
+    /// For a reservation, the limits' states after it (a refused try: as
+    /// it found them), with the server's clock: what its snapshot reads,
+    /// [`Reply::snapshot`]. (A batch's requests share the state after the
+    /// batch.)
+    pub(crate) after: Option<Arc<Stored>>,
+}
+
+impl Reply {
+    /// A reply that is one integer: the debt (a query's, a probe's, a
+    /// resume's), or a cancel's outcome.
+    fn integer(n: u64) -> Reply {
+        Reply {
+            wait: Some(Duration::from_micros(n)),
+            debt_micros: n,
+            token: None,
+            limit: 0,
+            after: None,
+        }
+    }
+
+    /// What a client is told after this reservation: how many requests of
+    /// one permit would still go at once (`remaining`) and how long until
+    /// every limit is full again (`full_in`), of the binding limit, with
+    /// the limits' rates in force. (For the rate-limit headers of a
+    /// reservation; the `Reservation` does not carry it yet.)
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn snapshot(&self, args: &ScriptArgs) -> Option<Snapshot> {
+        self.after.as_ref().map(|after| after.snapshot(args))
+    }
+}
+
+/// A key's state as the script replies it: the server's clock, and per
+/// limit its state at the rate in force (a limit not stored as it starts).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Stored {
+    pub(crate) now_micros: u64,
+    pub(crate) limits: Vec<StoredLimit>,
+}
+
+/// One limit of a [`Stored`] state.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct StoredLimit {
+    pub(crate) stored_permits: f64,
+    pub(crate) next_free_micros: u64,
+    pub(crate) next_free_fraction: u32,
+}
+
+/// `x` as whole µs in `0..=end`, if it is one.
+fn whole(x: f64, end: f64) -> Option<u64> {
+    ((0.0..=end).contains(&x) && x.fract() == 0.0).then_some(x as u64)
+}
+
+fn doubles(bytes: &[u8]) -> impl Iterator<Item = f64> + '_ {
+    bytes
+        .chunks_exact(8)
+        .map(|chunk| f64::from_le_bytes(chunk.try_into().expect("8 bytes")))
+}
+
+impl Stored {
+    /// A status reply (and a refused try's): the clock, then three doubles
+    /// per limit, `limits` of them.
+    pub(crate) fn decode(bytes: &[u8], limits: usize) -> Option<Stored> {
+        if bytes.len() != 8 + LIMIT_LEN * limits {
+            return None;
+        }
+        let numbers: Vec<f64> = doubles(bytes).collect();
+        Stored::from_numbers(numbers[0], &numbers[1..])
+    }
+
+    /// The clock `now` and the three fields of each limit; `None` unless
+    /// every number is one the script keeps (whole µs below 2^53, a
+    /// fraction below 2^20, permits at least 0).
+    fn from_numbers(now: f64, fields: &[f64]) -> Option<Stored> {
+        let max = MAX_MICROS as f64;
+        let limits = fields
+            .chunks_exact(3)
+            .map(|fields| {
+                let [stored, next_free, fraction] = fields.try_into().ok()?;
+                (0.0..f64::INFINITY).contains(&stored).then_some(())?;
+                Some(StoredLimit {
+                    stored_permits: stored,
+                    next_free_micros: whole(next_free, max)?,
+                    next_free_fraction: whole(fraction, f64::from((1u32 << FRACTION_BITS) - 1))?
+                        as u32,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(Stored {
+            now_micros: whole(now, max)?,
+            limits,
+        })
+    }
+
+    /// The latest ticket, or now (`Limits::earliest`), and the first limit
+    /// whose ticket that is, if it lies after now.
+    fn earliest(&self) -> (u64, Option<usize>) {
+        let mut moment = self.now_micros;
+        let mut bound = None;
+        for (i, limit) in self.limits.iter().enumerate() {
+            if limit.next_free_micros > moment {
+                moment = limit.next_free_micros;
+                bound = Some(i);
+            }
+        }
+        (moment, bound)
+    }
+
+    /// The binding limit's snapshot (`Snapshot::binding`), each limit's
+    /// state read at its rate in force (the script took it there).
+    pub(crate) fn snapshot(&self, args: &ScriptArgs) -> Snapshot {
+        let rates = args.rates();
+        let now = self.now_micros;
+        let templates = args.templates(&rates);
+        let snapshots =
+            self.limits
+                .iter()
+                .zip(templates)
+                .enumerate()
+                .map(|(i, (limit, mut state))| {
+                    state.stored_permits = limit.stored_permits.min(state.max_permits);
+                    state.next_free_micros = limit.next_free_micros;
+                    state.next_free_fraction = limit.next_free_fraction;
+                    Snapshot::of(&state, now, i)
+                });
+        Snapshot::binding(snapshots)
+            .unwrap_or_else(|| Snapshot::from_wait(Duration::ZERO, rates[0]))
+    }
+}
+
+/// The reply to `call` on a limiter with `limits` limits: a granted
+/// reservation's is what it wrote of the value, from its hot part on; a
+/// refused try's the state it found, as a status replies it; any other an
+/// integer.
+pub(crate) fn decode(value: Value, call: &Call, limits: usize) -> Option<Reply> {
+    match value {
+        Value::BulkString(bytes) => {
+            let held = matches!(call, Call::Reserve(Request { held: true, .. }));
+            if bytes.len() == 8 + LIMIT_LEN * limits {
+                return Some(refused(Stored::decode(&bytes, limits)?));
+            }
+            granted(&bytes, limits, held)
+        }
+        Value::Int(n) => Some(Reply::integer(u64::try_from(n).ok()?)),
+        _ => None,
+    }
+}
+
+/// A refused try's reply: the state it found.
+fn refused(stored: Stored) -> Reply {
+    let (moment, bound) = stored.earliest();
+    Reply {
+        wait: None,
+        debt_micros: moment - stored.now_micros,
+        token: None,
+        limit: bound.unwrap_or(0),
+        after: Some(Arc::new(stored)),
+    }
+}
+
+/// A granted reservation's reply: the value it wrote, from the marker or
+/// from its hot part on (the rest, if any, is not read): the head (the
+/// shape, with the limit that bound the request; the clock; next_id; the
+/// request's moment) and each limit's state. A held reservation that
+/// waits got the id before next_id.
+fn granted(bytes: &[u8], limits: usize, held: bool) -> Option<Reply> {
+    let bytes = bytes.strip_prefix(&MARKER[..]).unwrap_or(bytes);
+    let hot = HEAD_LEN - MARKER.len() + LIMIT_LEN * limits;
+    if bytes.len() < hot || !bytes.len().is_multiple_of(8) {
+        return None;
+    }
+    let numbers: Vec<f64> = doubles(&bytes[..hot]).collect();
+    let [shape, now, next_id, moment] = numbers[..4].try_into().ok()?;
+    if shape % SHAPE != limits as f64 {
+        return None;
+    }
+    let bound = (shape / BOUND).floor() - 1.0;
+    let after = Stored::from_numbers(now, &numbers[4..])?;
+    let max = MAX_MICROS as f64;
+    let (moment, next_id) = (whole(moment, max)?, whole(next_id, max)?);
+    let wait = moment.checked_sub(after.now_micros)?;
+    let token = if held && wait > 0 {
+        Some(Token(next_id.checked_sub(1)?))
+    } else {
+        None
+    };
+    let limit = match bound {
+        -1.0 => 0,
+        bound => usize::try_from(whole(bound, limits as f64 - 1.0)?).ok()?,
+    };
+    let (latest, _) = after.earliest();
+    Some(Reply {
+        wait: Some(Duration::from_micros(wait)),
+        debt_micros: latest - after.now_micros,
+        token,
+        limit,
+        after: Some(Arc::new(after)),
+    })
+}
+
+/// A batch's replies, one per request: per request its wait (negated if
+/// refused) and, with several limits, the limit that bound it (-1: none);
+/// then the next id (its held requests that waited got the ids before it,
+/// in order), and the limits' state after the batch, as a status replies
+/// it.
+pub(crate) fn decode_batch(
+    value: Value,
+    requests: &[Request],
+    limits: usize,
+) -> Option<Vec<Reply>> {
+    let Value::BulkString(bytes) = value else {
+        return None;
+    };
+    let per = if limits > 1 { 2 } else { 1 };
+    let n = requests.len();
+    if bytes.len() != 8 * (per * n + 2) + LIMIT_LEN * limits {
+        return None;
+    }
+    let numbers: Vec<f64> = doubles(&bytes).collect();
+    let next_id = whole(numbers[per * n], MAX_MICROS as f64)?;
+    let after = Arc::new(Stored::from_numbers(
+        numbers[per * n + 1],
+        &numbers[per * n + 2..],
+    )?);
+    let (latest, _) = after.earliest();
+    let debt_micros = latest - after.now_micros;
+    let replies: Vec<(Option<Duration>, usize)> = numbers[..per * n]
+        .chunks_exact(per)
+        .map(|reply| {
+            let granted = reply[0] >= 0.0;
+            let wait = Duration::from_micros(whole(reply[0].abs(), MAX_MICROS as f64)?);
+            let limit = match reply.get(1).copied().unwrap_or(-1.0) {
+                -1.0 => 0,
+                bound => usize::try_from(whole(bound, limits as f64 - 1.0)?).ok()?,
+            };
+            Some((granted.then_some(wait), limit))
+        })
+        .collect::<Option<_>>()?;
+    // The ids, counted back from the next one.
+    let ided = |(request, (wait, _)): (&Request, &(Option<Duration>, usize))| {
+        request.held && wait.is_some_and(|wait| !wait.is_zero())
+    };
+    let ids = requests.iter().zip(&replies).filter(|r| ided(*r)).count() as u64;
+    let mut id = next_id.checked_sub(ids)?;
+    Some(
+        requests
+            .iter()
+            .zip(&replies)
+            .map(|reply| {
+                let token = ided(reply).then(|| {
+                    id += 1;
+                    Token(id - 1)
+                });
+                let (wait, limit) = *reply.1;
+                Reply {
+                    wait,
+                    debt_micros,
+                    token,
+                    limit,
+                    after: Some(Arc::clone(&after)),
+                }
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{Bursty, FINE_CHARGE_LIMIT_MICROS, Policy};
+    use crate::redis::script::SOURCE;
+
+    /// The value of the script's `local NAME = value` line.
+    fn lua(name: &str) -> &'static str {
+        let prefix = format!("local {name} = ");
+        let line = SOURCE
+            .lines()
+            .find(|line| line.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("the script declares no {name}"));
+        let value = line[prefix.len()..].split("--").next().unwrap().trim();
+        value.trim_matches('\'')
+    }
+
+    fn lua_number(name: &str) -> f64 {
+        lua(name)
+            .parse()
+            .unwrap_or_else(|_| panic!("{name} = {} is not a number", lua(name)))
+    }
+
+    #[test]
+    fn the_script_declares_the_same_layout() {
+        assert_eq!(lua("MARKER").as_bytes(), MARKER);
+        assert_eq!(lua_number("HEAD"), HEAD_LEN as f64);
+        assert_eq!(lua_number("SHAPE"), SHAPE);
+        assert_eq!(lua_number("BOUND"), BOUND);
+        assert_eq!(lua_number("SHAPE") * lua_number("LOGGED"), BOUND);
+        assert_eq!(lua_number("MAX_MICROS"), MAX_MICROS as f64);
+        assert_eq!(lua_number("FRACTION_ONE"), f64::from(1u32 << FRACTION_BITS));
+        assert_eq!(lua_number("FINE_CHARGE_LIMIT"), FINE_CHARGE_LIMIT_MICROS);
+        // A batch no longer than the script takes, and a log as long as
+        // the core keeps for a shared key.
+        assert!(lua_number("BATCH_CAPACITY") >= super::super::coalesce::MAX_BATCH as f64);
+        assert_eq!(lua_number("LOG_CAPACITY"), 64.0);
+        assert_eq!(lua_number("MAX_LIMITS"), 16.0);
+    }
+
+    fn le(numbers: &[f64]) -> Vec<u8> {
+        numbers.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn a_grant_reads_from_the_value_it_wrote() {
+        let now = 1_000_000.0;
+        // A held reservation that waits 300 µs, given id 41; the key owes
+        // 500 µs after it.
+        let mut value = MARKER.to_vec();
+        // The hot part (the shape: one limit, nothing logged, bound by
+        // limit 0), then the TTL's end, the rate and max_permits.
+        value.extend(le(&[1.0 + BOUND, now, 42.0, now + 300.0]));
+        value.extend(le(&[0.0, now + 500.0, 7.0]));
+        value.extend(le(&[2e6, 5.0, 5.0]));
+        let held = Call::Reserve(Request {
+            permits: 1,
+            timeout: None,
+            held: true,
+        });
+        let reply = decode(Value::BulkString(value.clone()), &held, 1).unwrap();
+        // Written whole or only its hot part, the reply reads the same.
+        let hot = value[4..60].to_vec();
+        assert_eq!(
+            decode(Value::BulkString(hot), &held, 1),
+            Some(reply.clone())
+        );
+        assert_eq!(reply.wait, Some(Duration::from_micros(300)));
+        assert_eq!(
+            (reply.debt_micros, reply.token, reply.limit),
+            (500, Some(Token(41)), 0)
+        );
+        let after = reply.after.as_ref().unwrap();
+        assert_eq!(after.limits[0].next_free_fraction, 7);
+        let args = ScriptArgs::new(&[(Policy::Bursty(Bursty::default()), 5.0)]);
+        let snapshot = reply.snapshot(&args).unwrap();
+        assert_eq!(
+            (snapshot.remaining(), snapshot.wait()),
+            (0, Duration::from_micros(500))
+        );
+        // Not held: no token. A refused try: the state it read.
+        let plain = Call::Reserve(Request {
+            permits: 1,
+            timeout: None,
+            held: false,
+        });
+        assert_eq!(
+            decode(Value::BulkString(value.clone()), &plain, 1)
+                .unwrap()
+                .token,
+            None
+        );
+        let refused = le(&[now, 0.0, now + 900.0, 0.0]);
+        let reply = decode(Value::BulkString(refused), &plain, 1).unwrap();
+        assert_eq!((reply.wait, reply.debt_micros), (None, 900));
+        // Anything else is not the script's reply.
+        let mut wrong_marker = value.clone();
+        wrong_marker[3] = b'2';
+        let mut behind = value.clone();
+        behind[28..36].copy_from_slice(&(now - 1.0).to_le_bytes());
+        let mut fraction = value.clone();
+        fraction[52..60].copy_from_slice(&0.5f64.to_le_bytes());
+        for bad in [
+            Value::BulkString(wrong_marker),
+            Value::BulkString(behind),
+            Value::BulkString(fraction),
+            Value::BulkString(value[..value.len() - 1].to_vec()),
+            Value::Int(-1),
+            Value::Nil,
+        ] {
+            assert_eq!(decode(bad.clone(), &held, 1), None, "{bad:?}");
+        }
+    }
+}
