@@ -104,7 +104,7 @@
 //! Every async method is cancel-safe: dropping its future gives back what
 //! it had taken, so `tokio::time::timeout(d, limiter.acquire(n))` is a
 //! correct way to bound a wait. Dropping a [`Reservation`] before its
-//! moment gives its permits back too; [`Reservation::commit`] keeps them.
+//! moment gives its permits back too; [`Reservation::keep`] keeps them.
 //! How exactly a give-back restores the schedule depends on the limiter:
 //!
 //! | Limiter, methods | A give-back is | Errs towards limiting when |

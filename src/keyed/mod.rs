@@ -17,13 +17,13 @@ use std::time::Duration;
 use hasher::ShardHasher;
 use rounds::Rounds;
 pub(crate) use shard::Mode;
-use shard::{Dropped, Fast, Shard, Ticket, Written};
+use shard::{Dropped, Fast, LogId, Shard, Written};
 
 use crate::Reservation;
 use crate::clock::{Clock, SystemClock};
 use crate::core::{Limits, Policy, State};
 use crate::metrics::Metrics;
-use crate::reservation::{Pending, Taken};
+use crate::reservation::{GiveBack, GiveBackId};
 
 /// The state of a keyed limiter in this process: the engine of a
 /// [`KeyedRateLimiter<K, Local>`](crate::KeyedRateLimiter), whose
@@ -58,13 +58,13 @@ struct Padded<T>(T);
 /// what its shard gives it back with.
 struct KeyedTaken<K> {
     key: K,
-    ticket: Ticket,
+    ticket: LogId,
 }
 
 /// A granted reservation of one key: the wait in µs, what gives it back if
 /// it was logged (it waits, and may be given back), and the limit that set
 /// the wait.
-type Grant = (u64, Option<Ticket>, usize);
+type Grant = (u64, Option<LogId>, usize);
 
 /// The number of shards: a few per CPU, a power of two, and under a cap
 /// few enough that each shard's share is at least [`MIN_SHARD_CAP`] keys
@@ -228,9 +228,9 @@ where
         Reservation::new(
             Duration::from_micros(wait),
             &self.clock,
-            Some(Pending {
+            Some(GiveBack {
                 owner: self,
-                taken: Taken::Boxed(Box::new(taken)),
+                taken: GiveBackId::Boxed(Box::new(taken)),
             }),
         )
         .for_limit(limit)

@@ -10,7 +10,7 @@ use super::{Keyed, KeyedTaken};
 use crate::clock::Clock;
 use crate::core::{InvalidRate, Limits, State, stable_interval_micros};
 use crate::metrics::Metrics;
-use crate::reservation::{GiveBackTo, Taken};
+use crate::reservation::{GiveBackId, GivesBack};
 use crate::{Error, Stats};
 
 /// # Rate, size and clock
@@ -114,7 +114,7 @@ where
     }
 }
 
-impl<K, C> GiveBackTo for Keyed<K, C>
+impl<K, C> GivesBack for Keyed<K, C>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
@@ -123,14 +123,14 @@ where
         &self.metrics
     }
 
-    fn give_back(&self, taken: Taken) {
+    fn give_back(&self, taken: GiveBackId) {
         if let Some(taken) = Self::ours(taken) {
             let (mut shard, now) = self.shard_now(&taken.key);
             shard.give_back(&taken.key, taken.ticket, now);
         }
     }
 
-    fn keep(&self, taken: Taken) {
+    fn keep(&self, taken: GiveBackId) {
         if let Some(taken) = Self::ours(taken) {
             let (mut shard, now) = self.shard_now(&taken.key);
             shard.keep(&taken.key, taken.ticket, now);
@@ -144,8 +144,8 @@ where
     C: Clock,
 {
     /// `taken` as a reservation of this limiter's, if it is one.
-    fn ours(taken: Taken) -> Option<Box<KeyedTaken<K>>> {
-        let Taken::Boxed(taken) = taken else {
+    fn ours(taken: GiveBackId) -> Option<Box<KeyedTaken<K>>> {
+        let GiveBackId::Boxed(taken) = taken else {
             return None;
         };
         (taken as Box<dyn Any + Send + Sync>)

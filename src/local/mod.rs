@@ -28,7 +28,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::core::word::{self, Quick, Step};
 use crate::core::{Limits, micros, stable_interval_micros};
 use crate::metrics::Metrics;
-use crate::reservation::{GiveBackTo, Pending, Reservation, Taken};
+use crate::reservation::{GiveBack, GiveBackId, GivesBack, Reservation};
 use crate::store::{Engine, NoKey, Rate, now};
 use crate::{Error, Snapshot, Stats};
 
@@ -153,7 +153,7 @@ impl<C: Clock> Single<C> {
             } if wait > 0 => Reservation::new(
                 Duration::from_micros(wait),
                 &self.clock,
-                Some(Pending { owner: self, taken }),
+                Some(GiveBack { owner: self, taken }),
             )
             .for_limit(limit),
             _ => Reservation::new(Duration::ZERO, &self.clock, None),
@@ -253,20 +253,20 @@ impl<C: Clock> Rate for Single<C> {
     }
 }
 
-impl<C: Clock> GiveBackTo for Single<C> {
+impl<C: Clock> GivesBack for Single<C> {
     fn metrics(&self) -> &Metrics {
         &self.metrics
     }
 
-    fn give_back(&self, taken: Taken) {
+    fn give_back(&self, taken: GiveBackId) {
         // Anything else is another limiter's: nothing of this one's.
-        if let Taken::Logged(id) = taken {
+        if let GiveBackId::Logged(id) = taken {
             self.give_back_logged(id);
         }
     }
 
-    fn keep(&self, taken: Taken) {
-        if let Taken::Logged(id) = taken {
+    fn keep(&self, taken: GiveBackId) {
+        if let GiveBackId::Logged(id) = taken {
             self.keep_logged(id);
         }
     }

@@ -33,7 +33,7 @@ use tokio::sync::oneshot;
 
 use super::backend::{Backend, ProbeTarget, Scope};
 use super::reply::Reply;
-use super::round_trip::{Canceller, Ends, Failure, Lead, send, send_batch};
+use super::round_trip::{Ends, Failure, Lead, Remote, send, send_batch};
 use super::script::{Call, Request};
 use crate::error::BackendError;
 
@@ -292,11 +292,11 @@ impl Drop for Waiting<'_> {
 fn give_back(backend: &Arc<Backend>, target: &ProbeTarget, reply: Reply) {
     match reply.token {
         Some(token) => {
-            let canceller = Canceller {
+            let remote = Remote {
                 backend: Arc::clone(backend),
                 target: target.clone(),
             };
-            backend.spawn(canceller.cancel(token));
+            backend.spawn(remote.give_back(token));
         }
         None if reply.wait.is_some() => target.note_late(reply.debt_micros),
         None => {}

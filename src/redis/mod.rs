@@ -221,7 +221,6 @@ pub use naming::DEFAULT_KEY_PREFIX;
 /// with: 7.2 for Valkey 7.2 and 8). The test suite checks every server it
 /// starts against this; it runs on Redis 7.0, and has passed on Valkey 8.
 pub const MIN_REDIS_VERSION: (u32, u32) = (7, 0);
-pub use script::Token;
 pub use shared::{RedisBackend, RedisBackendBuilder};
 
 /// The Redis client crate these limiters are built on, so that code using

@@ -214,7 +214,7 @@ fn a_reservation_names_the_limit_it_waits_for() {
     let limiter = two_limits(&clock);
     let first = limiter.reservation(1).unwrap();
     assert_eq!(first.limit(), None, "it does not wait");
-    first.commit();
+    first.keep();
     assert_eq!(limiter.reservation(1).unwrap().limit(), Some(1));
     // While the per-minute limit has stored permits, the per-second one
     // binds.

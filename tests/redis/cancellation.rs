@@ -128,7 +128,7 @@ async fn a_dropped_waiter_gives_its_slot_to_the_next_caller_through_redis() {
         "C at {c_delay:?}, D at {:?}",
         d.delay()
     );
-    a.commit();
-    c.commit();
-    d.commit();
+    a.keep();
+    c.keep();
+    d.keep();
 }

@@ -110,7 +110,7 @@ fn a_value_with_another_number_of_limits_keeps_them_by_position() {
     let cancel = call(
         &mut connection,
         "logged",
-        "cancel",
+        "give_back",
         &id.to_string(),
         &[ten],
         t0,

@@ -26,7 +26,7 @@ where
         timeout: Option<Duration>,
     ) -> Result<Option<Duration>, Error> {
         let taken = Failover::take(self, key, permits, timeout, false).await?;
-        Ok(taken.map(Reservation::commit))
+        Ok(taken.map(Reservation::keep))
     }
 
     fn take_blocking(
@@ -116,7 +116,7 @@ where
     }
 }
 
-impl<K, C> GiveBackTo for Failover<K, C>
+impl<K, C> GivesBack for Failover<K, C>
 where
     K: Display + Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
@@ -125,17 +125,19 @@ where
         &self.metrics
     }
 
-    fn give_back(&self, taken: Taken) {
+    fn give_back(&self, taken: GiveBackId) {
         let (key, token) = match taken {
-            Taken::Boxed(taken) => {
+            GiveBackId::Boxed(taken) => {
                 match (taken as Box<dyn std::any::Any + Send + Sync>).downcast::<RedisKeyTaken>() {
                     Ok(taken) => (taken.key, taken.token),
-                    Err(local) => return GiveBackTo::give_back(&self.local, Taken::Boxed(local)),
+                    Err(local) => {
+                        return GivesBack::give_back(&self.local, GiveBackId::Boxed(local));
+                    }
                 }
             }
-            other => return GiveBackTo::give_back(&self.local, other),
+            other => return GivesBack::give_back(&self.local, other),
         };
-        let canceller = Canceller {
+        let remote = Remote {
             backend: Arc::clone(&self.backend),
             target: ProbeTarget {
                 key,
@@ -143,19 +145,19 @@ where
                 late: None,
             },
         };
-        self.backend.spawn(canceller.cancel(token));
+        self.backend.spawn(remote.give_back(token));
     }
 
-    fn keep(&self, taken: Taken) {
+    fn keep(&self, taken: GiveBackId) {
         match taken {
-            Taken::Boxed(taken) => {
+            GiveBackId::Boxed(taken) => {
                 if let Err(local) =
                     (taken as Box<dyn std::any::Any + Send + Sync>).downcast::<RedisKeyTaken>()
                 {
-                    GiveBackTo::keep(&self.local, Taken::Boxed(local));
+                    GivesBack::keep(&self.local, GiveBackId::Boxed(local));
                 }
             }
-            other => GiveBackTo::keep(&self.local, other),
+            other => GivesBack::keep(&self.local, other),
         }
     }
 }

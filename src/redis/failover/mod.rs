@@ -57,16 +57,16 @@ use super::coalesce::{self, Coalescer, Joined};
 use super::health::Zone;
 use super::naming;
 use super::reply::{Reply, Stored};
-use super::round_trip::{Canceller, Failure, send_status, send_within};
+use super::round_trip::{Failure, Remote, send_status, send_within};
 use super::runtime::blocking_section;
-use super::script::{Call, Request, ScriptArgs, Token};
+use super::script::{Call, LogId, Request, ScriptArgs};
 use crate::clock::Clock;
 use crate::core::{Policy, State, stable_interval_micros};
 use crate::error::BackendError;
 use crate::keyed::Keyed;
 use crate::keyed::Mode;
 use crate::metrics::Metrics;
-use crate::reservation::{GiveBackTo, Pending, Taken};
+use crate::reservation::{GiveBack, GiveBackId, GivesBack};
 use crate::store::{Engine, Rate, now};
 use crate::{Error, Reservation, Snapshot, Stats};
 
@@ -146,7 +146,7 @@ struct Books<K> {
 /// record.
 struct RedisKeyTaken {
     key: Arc<str>,
-    token: Token,
+    token: LogId,
 }
 
 /// The wake-up of a caller whose key is being carried back.
@@ -530,9 +530,9 @@ where
     fn granted(&self, reply: Reply, target: &ProbeTarget) -> Option<Reservation<'_>> {
         let wait = reply.wait?;
         let pending = match reply.token {
-            Some(token) if !wait.is_zero() => Some(Pending {
-                owner: self as &dyn GiveBackTo,
-                taken: Taken::Boxed(Box::new(RedisKeyTaken {
+            Some(token) if !wait.is_zero() => Some(GiveBack {
+                owner: self as &dyn GivesBack,
+                taken: GiveBackId::Boxed(Box::new(RedisKeyTaken {
                     key: Arc::clone(&target.key),
                     token,
                 })),

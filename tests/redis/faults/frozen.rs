@@ -288,7 +288,7 @@ async fn late_give_backs_do_not_erase_the_debt_the_fallback_carried_into_redis()
                     let reservation = limiter.reservation(1).await.unwrap();
                     let took = start.elapsed();
                     // The caller waits for its permit in its own time.
-                    (took, Instant::now() + reservation.commit())
+                    (took, Instant::now() + reservation.keep())
                 })
             })
             .collect();
