@@ -1,16 +1,13 @@
-//! [`KeyedRateLimiter`]'s methods: the ones that never sleep for [`Local`]
-//! (a Redis limiter's are in `redis/limiter.rs`), and those every store
-//! has.
+//! [`KeyedRateLimiter`]'s methods, each written once for every store.
 
 use std::borrow::Borrow;
 use std::fmt;
-use std::hash::Hash;
 use std::time::Duration;
 
-use super::{Key, KeyedRateLimiter, Local, Store};
+use super::{Key, KeyedRateLimiter, Store};
 use crate::builder::{Builder, PerKey};
 use crate::clock::Clock;
-use crate::store::{self, Engine, Rate, now};
+use crate::store::{self, Engine, Rate};
 use crate::{Error, Reservation, Snapshot, Stats};
 
 /// # Constructors
@@ -46,64 +43,103 @@ impl<K: Key> KeyedRateLimiter<K> {
     }
 }
 
-/// # Reserving and waiting, in this process
+/// # Reserving and waiting
 ///
 /// What each method does is said on [`KeyedLimiter`](crate::KeyedLimiter)
-/// for one key; here the ones that never sleep are plain functions. A key
-/// is looked up by any `&Q` it borrows as. Give-backs are exact, key by
-/// key; cancel safety: see the crate's [table](crate#cancel-safety).
+/// for one key; a key is looked up by any `&Q` it borrows as (through
+/// Redis, its `Display` text names it there). Those that never sleep answer
+/// in the store's way ([`Store::Answer`]): the value itself in this process,
+/// a future through Redis. Give-backs are exact, key by key; cancel safety:
+/// see the crate's [table](crate#cancel-safety).
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] if `permits` is 0.
-impl<K: Key, C: Clock> KeyedRateLimiter<K, Local, C> {
+/// [`Error::InvalidArgument`] if `permits` is 0; a Redis limiter's
+/// [`Error::Backend`] (see [`redis`](crate::redis)).
+impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C> {
     /// Reserves `permits` of `key`; the wait before they may be used.
     /// Does not sleep; nothing gives the permits back.
-    pub fn reserve<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
+    pub fn reserve<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        permits: u32,
+    ) -> S::Answer<'a, Result<Duration, Error>>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
+        Q: ?Sized + Sync,
+        S::Keyed<K, C>: Engine<Q>,
     {
-        now(store::reserve(&self.engine, key, permits))
+        S::answer(store::reserve(&self.engine, key, permits))
     }
 
     /// Reserves `permits` of `key` if the wait fits in `timeout`; `None`,
     /// reserving nothing, otherwise. Does not sleep.
-    pub fn try_reserve<Q>(
-        &self,
-        key: &Q,
+    pub fn try_reserve<'a, Q>(
+        &'a self,
+        key: &'a Q,
         permits: u32,
         timeout: Duration,
-    ) -> Result<Option<Duration>, Error>
+    ) -> S::Answer<'a, Result<Option<Duration>, Error>>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
+        Q: ?Sized + Sync,
+        S::Keyed<K, C>: Engine<Q>,
     {
-        now(store::try_reserve(&self.engine, key, permits, timeout))
+        S::answer(store::try_reserve(&self.engine, key, permits, timeout))
     }
 
     /// Reserves `permits` of `key` as a [`Reservation`]: wait for it, or
     /// drop it to give the permits back.
-    pub fn reservation<Q>(&self, key: &Q, permits: u32) -> Result<Reservation<'_>, Error>
+    pub fn reservation<'a, 'k, Q>(
+        &'a self,
+        key: &'k Q,
+        permits: u32,
+    ) -> S::Answer<'k, Result<Reservation<'a>, Error>>
     where
+        'a: 'k,
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
+        Q: ?Sized + Sync,
+        S::Keyed<K, C>: Engine<Q>,
     {
-        now(store::reservation(&self.engine, key, permits))
+        S::answer(store::reservation(&self.engine, key, permits))
     }
 
     /// [`reservation`](Self::reservation) if the wait fits in `timeout`;
     /// `None`, reserving nothing, otherwise.
-    pub fn try_reservation<Q>(
-        &self,
-        key: &Q,
+    pub fn try_reservation<'a, 'k, Q>(
+        &'a self,
+        key: &'k Q,
         permits: u32,
         timeout: Duration,
-    ) -> Result<Option<Reservation<'_>>, Error>
+    ) -> S::Answer<'k, Result<Option<Reservation<'a>>, Error>>
+    where
+        'a: 'k,
+        K: Borrow<Q>,
+        Q: ?Sized + Sync,
+        S::Keyed<K, C>: Engine<Q>,
+    {
+        S::answer(store::try_reservation(&self.engine, key, permits, timeout))
+    }
+
+    /// How long a request of `key` made now would wait (zero for a key not
+    /// held); reserves nothing.
+    pub fn available_in<'a, Q>(&'a self, key: &'a Q) -> S::Answer<'a, Result<Duration, Error>>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
+        Q: ?Sized + Sync,
+        S::Keyed<K, C>: Engine<Q>,
     {
-        now(store::try_reservation(&self.engine, key, permits, timeout))
+        S::answer(self.engine.next_free(key))
+    }
+
+    /// What `key` holds now, read without reserving (see [`Snapshot`]): a
+    /// key not held reads as a new key starts, full.
+    pub fn snapshot<'a, Q>(&'a self, key: &'a Q) -> S::Answer<'a, Result<Snapshot, Error>>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Sync,
+        S::Keyed<K, C>: Engine<Q>,
+    {
+        S::answer(self.engine.snapshot(key))
     }
 
     /// Reserves `permits` of `key` and sleeps until they may be used; the
@@ -111,7 +147,8 @@ impl<K: Key, C: Clock> KeyedRateLimiter<K, Local, C> {
     pub async fn acquire<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
+        Q: ?Sized + Sync,
+        S::Keyed<K, C>: Engine<Q>,
     {
         store::acquire(&self.engine, key, permits).await
     }
@@ -126,7 +163,8 @@ impl<K: Key, C: Clock> KeyedRateLimiter<K, Local, C> {
     ) -> Result<bool, Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
+        Q: ?Sized + Sync,
+        S::Keyed<K, C>: Engine<Q>,
     {
         store::try_acquire(&self.engine, key, permits, timeout).await
     }
@@ -135,7 +173,8 @@ impl<K: Key, C: Clock> KeyedRateLimiter<K, Local, C> {
     pub fn acquire_blocking<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
+        Q: ?Sized + Sync,
+        S::Keyed<K, C>: Engine<Q>,
     {
         store::acquire_blocking(&self.engine, key, permits)
     }
@@ -149,29 +188,10 @@ impl<K: Key, C: Clock> KeyedRateLimiter<K, Local, C> {
     ) -> Result<bool, Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
+        Q: ?Sized + Sync,
+        S::Keyed<K, C>: Engine<Q>,
     {
         store::try_acquire_blocking(&self.engine, key, permits, timeout)
-    }
-
-    /// How long a request of `key` made now would wait (zero for a key not
-    /// held); reserves nothing.
-    pub fn available_in<Q>(&self, key: &Q) -> Result<Duration, Error>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
-    {
-        now(self.engine.next_free(key))
-    }
-
-    /// What `key` holds now, read without reserving (see [`Snapshot`]): a
-    /// key not held reads as a new key starts, full.
-    pub fn snapshot<Q>(&self, key: &Q) -> Result<Snapshot, Error>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
-    {
-        now(self.engine.snapshot(key))
     }
 }
 

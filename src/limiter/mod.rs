@@ -4,13 +4,14 @@
 //! [`Redis`](crate::redis::Redis), shared by every process that names the
 //! same limiter.
 //!
-//! The methods have the same names on every limiter. Those that never
-//! sleep (`reserve`, `try_reserve`, `reservation`, `try_reservation`,
-//! `available_in`, `snapshot`) are plain functions on a [`Local`] limiter
-//! and `async` on a Redis one, which makes a round trip; `acquire` and
-//! `try_acquire` are `async` on both, and their `_blocking` forms block the
-//! calling thread on both. Each is written once, over the engine the store
-//! provides.
+//! The methods have the same names on every limiter, and each is written
+//! once, over the engine the store provides. Those that never sleep
+//! (`reserve`, `try_reserve`, `reservation`, `try_reservation`,
+//! `available_in`, `snapshot`) answer in the store's way, its
+//! [`Answer`](Store::Answer): at once on a [`Local`] limiter (the value
+//! itself), with a future to await on a Redis one (a round trip).
+//! `acquire` and `try_acquire` are `async` on both, and their `_blocking`
+//! forms block the calling thread on both.
 
 mod keyed;
 mod single;
@@ -32,6 +33,16 @@ use crate::store::{Engine, NoKey};
 /// own implements [`Limiter`] or [`KeyedLimiter`] instead, and stands
 /// wherever this crate's limiters do behind `dyn`.)
 pub trait Store: sealed::Sealed + Send + Sync + Sized + 'static {
+    /// How a call that never sleeps answers: [`Local`]'s is the value
+    /// itself (`T`: `limiter.reserve(1)?`); [`Redis`](crate::redis::Redis)'s
+    /// a future of it, to await (`limiter.reserve(1).await?`).
+    type Answer<'a, T: 'a>;
+    /// The answer of `call`, a future that an in-process store's engine
+    /// makes ready.
+    #[doc(hidden)]
+    fn answer<'a, T: 'a, F>(call: F) -> Self::Answer<'a, T>
+    where
+        F: std::future::Future<Output = T> + Send + 'a;
     /// The engine of a limiter with no key.
     #[doc(hidden)]
     type Single<C: Clock>: Engine<NoKey>;
@@ -56,6 +67,16 @@ pub struct Local;
 impl sealed::Sealed for Local {}
 
 impl Store for Local {
+    type Answer<'a, T: 'a> = T;
+
+    #[inline(always)]
+    fn answer<'a, T: 'a, F>(call: F) -> T
+    where
+        F: std::future::Future<Output = T> + Send + 'a,
+    {
+        crate::store::now(call)
+    }
+
     type Single<C: Clock> = crate::local::Single<C>;
     type Keyed<K: Key, C: Clock> = crate::keyed::Keyed<K, C>;
     type Settings = ();

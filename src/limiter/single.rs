@@ -1,13 +1,12 @@
-//! [`RateLimiter`]'s methods: the ones that never sleep for [`Local`] (a
-//! Redis limiter's are in `redis/limiter.rs`), and those every store has.
+//! [`RateLimiter`]'s methods, each written once for every store.
 
 use std::fmt;
 use std::time::Duration;
 
-use super::{Local, RateLimiter, Store};
+use super::{RateLimiter, Store};
 use crate::builder::{Builder, One};
 use crate::clock::Clock;
-use crate::store::{self, Engine, NoKey, Rate, now};
+use crate::store::{self, Engine, NoKey, Rate};
 use crate::{Error, Reservation, Snapshot, Stats};
 
 /// # Constructors
@@ -42,35 +41,44 @@ impl RateLimiter {
     }
 }
 
-/// # Reserving, in this process
+/// # Reserving and waiting
 ///
-/// What each method does is said on [`Limiter`](crate::Limiter); here the
-/// ones that never sleep are plain functions. Cancel safety: see the
+/// What each method does is said on [`Limiter`](crate::Limiter). Those that
+/// never sleep answer in the store's way ([`Store::Answer`]): the value
+/// itself in this process (`limiter.reserve(1)?`), a future through Redis
+/// (`limiter.reserve(1).await?`, one round trip). Cancel safety: see the
 /// crate's [table](crate#cancel-safety).
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] if `permits` is 0.
-impl<C: Clock> RateLimiter<Local, C> {
+/// [`Error::InvalidArgument`] if `permits` is 0; a Redis limiter's
+/// [`Error::Backend`] if Redis fails and its fallback is
+/// `FailClosed`, or its key holds something it did not write (see
+/// [`redis`](crate::redis)).
+impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// Reserves `permits` now; the wait before they may be used. Does not
     /// sleep; nothing gives the permits back.
     #[inline(always)]
-    pub fn reserve(&self, permits: u32) -> Result<Duration, Error> {
-        now(store::reserve(&self.engine, &NoKey, permits))
+    pub fn reserve(&self, permits: u32) -> S::Answer<'_, Result<Duration, Error>> {
+        S::answer(store::reserve(&self.engine, &NoKey, permits))
     }
 
     /// Reserves `permits` if the wait fits in `timeout`; `None`, reserving
     /// nothing, otherwise. Only earlier callers' debt counts, not this
     /// request's size. Does not sleep.
     #[inline(always)]
-    pub fn try_reserve(&self, permits: u32, timeout: Duration) -> Result<Option<Duration>, Error> {
-        now(store::try_reserve(&self.engine, &NoKey, permits, timeout))
+    pub fn try_reserve(
+        &self,
+        permits: u32,
+        timeout: Duration,
+    ) -> S::Answer<'_, Result<Option<Duration>, Error>> {
+        S::answer(store::try_reserve(&self.engine, &NoKey, permits, timeout))
     }
 
     /// Reserves `permits` as a [`Reservation`]: wait for it, or drop it to
     /// give the permits back.
     #[inline]
-    pub fn reservation(&self, permits: u32) -> Result<Reservation<'_>, Error> {
-        now(store::reservation(&self.engine, &NoKey, permits))
+    pub fn reservation(&self, permits: u32) -> S::Answer<'_, Result<Reservation<'_>, Error>> {
+        S::answer(store::reservation(&self.engine, &NoKey, permits))
     }
 
     /// [`reservation`](Self::reservation) if the wait fits in `timeout`;
@@ -80,8 +88,8 @@ impl<C: Clock> RateLimiter<Local, C> {
         &self,
         permits: u32,
         timeout: Duration,
-    ) -> Result<Option<Reservation<'_>>, Error> {
-        now(store::try_reservation(
+    ) -> S::Answer<'_, Result<Option<Reservation<'_>>, Error>> {
+        S::answer(store::try_reservation(
             &self.engine,
             &NoKey,
             permits,
@@ -91,24 +99,18 @@ impl<C: Clock> RateLimiter<Local, C> {
 
     /// How long a request made now would wait; reserves nothing (for a
     /// `Retry-After` header, say).
-    pub fn available_in(&self) -> Result<Duration, Error> {
-        now(self.engine.next_free(&NoKey))
+    pub fn available_in(&self) -> S::Answer<'_, Result<Duration, Error>> {
+        S::answer(self.engine.next_free(&NoKey))
     }
 
     /// What the limiter holds now, read without reserving: the requests
     /// that would go at once, the wait, the rate and the burst (see
-    /// [`Snapshot`]); with several limits, the binding one's.
-    pub fn snapshot(&self) -> Result<Snapshot, Error> {
-        now(self.engine.snapshot(&NoKey))
+    /// [`Snapshot`]); with several limits, the binding one's. Through
+    /// Redis, on Redis's clock.
+    pub fn snapshot(&self) -> S::Answer<'_, Result<Snapshot, Error>> {
+        S::answer(self.engine.snapshot(&NoKey))
     }
-}
 
-/// # Waiting, and the rate, on every store
-///
-/// # Errors
-/// [`Error::InvalidArgument`] if `permits` is 0; a Redis limiter's
-/// [`Error::Backend`] (see [`redis`](crate::redis)).
-impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// Reserves `permits` and sleeps on the limiter's clock until they may
     /// be used; the time slept. With nothing owed it returns at once,
     /// touching no timer. Cancel-safe: dropped, it gives the permits back.

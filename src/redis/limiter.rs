@@ -1,20 +1,19 @@
-//! [`Redis`]: the store of a limiter shared through Redis, and the methods
-//! of a `RateLimiter<Redis>` and a `KeyedRateLimiter<K, Redis>` that make a
-//! round trip (`async` where a local limiter's are plain functions).
+//! [`Redis`]: the store of a limiter shared through Redis, and what a
+//! `RateLimiter<Redis>` and a `KeyedRateLimiter<K, Redis>` add: their keys'
+//! names in Redis.
 
-use std::borrow::Borrow;
 use std::fmt::{self, Display};
-use std::hash::Hash;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::Fallback;
 use super::backend::Backend;
 use super::failover::Failover;
 use crate::clock::Clock;
 use crate::limiter::{Key, Store};
-use crate::store::{self, Engine, NoKey};
-use crate::{Error, KeyedRateLimiter, RateLimiter, Reservation, Snapshot};
+use crate::store::NoKey;
+use crate::{KeyedRateLimiter, RateLimiter};
 
 /// The state lives in Redis, shared by every process whose limiter has the
 /// same name: `RateLimiter<Redis>`, `KeyedRateLimiter<K, Redis>`.
@@ -56,6 +55,15 @@ use crate::{Error, KeyedRateLimiter, RateLimiter, Reservation, Snapshot};
 pub struct Redis;
 
 impl Store for Redis {
+    type Answer<'a, T: 'a> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+    fn answer<'a, T: 'a, F>(call: F) -> Self::Answer<'a, T>
+    where
+        F: Future<Output = T> + Send + 'a,
+    {
+        Box::pin(call)
+    }
+
     type Single<C: Clock> = Arc<Failover<NoKey, C>>;
     type Keyed<K: Key, C: Clock> = Arc<Failover<K, C>>;
     type Settings = Settings;
@@ -79,64 +87,8 @@ impl fmt::Debug for Settings {
     }
 }
 
-/// # Reserving, through Redis
-///
-/// What each method does is said on [`Limiter`](crate::Limiter); here each
-/// is one round trip (or an answer from the fallback), bounded by the
-/// response timeout. Cancel-safe: a call dropped in flight has what it
-/// reserved given back when its reply arrives (see the crate's
-/// [table](crate#cancel-safety)).
-///
-/// # Errors
-/// [`Error::InvalidArgument`] if `permits` is 0; [`Error::Backend`] if
-/// Redis fails and the fallback is
-/// [`FailClosed`](super::Fallback::FailClosed), or if the key holds
-/// something this limiter did not write.
+/// # Redis
 impl<C: Clock> RateLimiter<Redis, C> {
-    /// Reserves `permits` now; the wait before they may be used. Does not
-    /// sleep; nothing gives the permits back.
-    pub async fn reserve(&self, permits: u32) -> Result<Duration, Error> {
-        store::reserve(&self.engine, &NoKey, permits).await
-    }
-
-    /// Reserves `permits` if the wait fits in `timeout`; `None`, reserving
-    /// nothing, otherwise. Does not sleep.
-    pub async fn try_reserve(
-        &self,
-        permits: u32,
-        timeout: Duration,
-    ) -> Result<Option<Duration>, Error> {
-        store::try_reserve(&self.engine, &NoKey, permits, timeout).await
-    }
-
-    /// Reserves `permits` as a [`Reservation`]: wait for it, or drop it to
-    /// give the permits back (one more script call, in the background).
-    pub async fn reservation(&self, permits: u32) -> Result<Reservation<'_>, Error> {
-        store::reservation(&self.engine, &NoKey, permits).await
-    }
-
-    /// [`reservation`](Self::reservation) if the wait fits in `timeout`;
-    /// `None`, reserving nothing, otherwise.
-    pub async fn try_reservation(
-        &self,
-        permits: u32,
-        timeout: Duration,
-    ) -> Result<Option<Reservation<'_>>, Error> {
-        store::try_reservation(&self.engine, &NoKey, permits, timeout).await
-    }
-
-    /// How long a request made now would wait; reserves nothing.
-    pub async fn available_in(&self) -> Result<Duration, Error> {
-        self.engine.next_free(&NoKey).await
-    }
-
-    /// What the limiter holds now, read in one round trip on Redis's clock
-    /// without reserving (see [`Snapshot`]); with several limits, the
-    /// binding one's.
-    pub async fn snapshot(&self) -> Result<Snapshot, Error> {
-        self.engine.snapshot(&NoKey).await
-    }
-
     /// The Redis key holding the limiter's state: `paceline:v1:{name}` (the
     /// backend's [`key_prefix`](super::RedisBackendBuilder::key_prefix),
     /// the version of the key layout, and the name with `\` and `:`
@@ -146,128 +98,8 @@ impl<C: Clock> RateLimiter<Redis, C> {
     }
 }
 
-/// # Reserving and waiting, through Redis, per key
-///
-/// The methods of [`RateLimiter<Redis>`](RateLimiter#reserving-through-redis),
-/// for one key, looked up by any `&Q` it borrows as, with the same errors
-/// and cancel safety.
+/// # Redis
 impl<K: Key + Display, C: Clock> KeyedRateLimiter<K, Redis, C> {
-    /// Reserves `permits` of `key`; the wait. Does not sleep.
-    pub async fn reserve<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
-    where
-        K: Borrow<Q>,
-        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
-    {
-        store::reserve(&self.engine, key, permits).await
-    }
-
-    /// Reserves `permits` of `key` if the wait fits in `timeout`; `None`,
-    /// reserving nothing, otherwise.
-    pub async fn try_reserve<Q>(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Duration,
-    ) -> Result<Option<Duration>, Error>
-    where
-        K: Borrow<Q>,
-        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
-    {
-        store::try_reserve(&self.engine, key, permits, timeout).await
-    }
-
-    /// Reserves `permits` of `key` as a [`Reservation`]: wait for it, or
-    /// drop it to give the permits back.
-    pub async fn reservation<Q>(&self, key: &Q, permits: u32) -> Result<Reservation<'_>, Error>
-    where
-        K: Borrow<Q>,
-        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
-    {
-        store::reservation(&self.engine, key, permits).await
-    }
-
-    /// [`reservation`](Self::reservation) if the wait fits in `timeout`.
-    pub async fn try_reservation<Q>(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Duration,
-    ) -> Result<Option<Reservation<'_>>, Error>
-    where
-        K: Borrow<Q>,
-        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
-    {
-        store::try_reservation(&self.engine, key, permits, timeout).await
-    }
-
-    /// Reserves `permits` of `key` and sleeps for the wait. Cancel-safe:
-    /// dropped, in flight or asleep, it gives back what it took.
-    pub async fn acquire<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
-    where
-        K: Borrow<Q>,
-        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
-    {
-        store::acquire(&self.engine, key, permits).await
-    }
-
-    /// [`acquire`](Self::acquire) if the wait fits in `timeout`; `false` at
-    /// once, reserving nothing, otherwise. Cancel-safe as `acquire`.
-    pub async fn try_acquire<Q>(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Duration,
-    ) -> Result<bool, Error>
-    where
-        K: Borrow<Q>,
-        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
-    {
-        store::try_acquire(&self.engine, key, permits, timeout).await
-    }
-
-    /// [`acquire`](Self::acquire) on the calling thread (the round trip
-    /// runs on the backend's runtime).
-    pub fn acquire_blocking<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
-    where
-        K: Borrow<Q>,
-        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
-    {
-        store::acquire_blocking(&self.engine, key, permits)
-    }
-
-    /// [`try_acquire`](Self::try_acquire) on the calling thread.
-    pub fn try_acquire_blocking<Q>(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Duration,
-    ) -> Result<bool, Error>
-    where
-        K: Borrow<Q>,
-        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
-    {
-        store::try_acquire_blocking(&self.engine, key, permits, timeout)
-    }
-
-    /// How long a request of `key` made now would wait; reserves nothing.
-    pub async fn available_in<Q>(&self, key: &Q) -> Result<Duration, Error>
-    where
-        K: Borrow<Q>,
-        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
-    {
-        self.engine.next_free(key).await
-    }
-
-    /// What `key` holds now, read in one round trip without reserving; a
-    /// key not held in Redis reads as a new key starts, full.
-    pub async fn snapshot<Q>(&self, key: &Q) -> Result<Snapshot, Error>
-    where
-        K: Borrow<Q>,
-        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
-    {
-        self.engine.snapshot(key).await
-    }
-
     /// The Redis key of `key`: `paceline:v1:{name}:{key}`, with `\` and `:`
     /// escaped in the name (as `\\` and `\:`) and `\`, `{` and `}` in the
     /// key (as `\\`, `\(` and `\)`). No two (limiter, key) pairs, keyed or
