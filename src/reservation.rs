@@ -21,8 +21,7 @@ use crate::metrics::Metrics;
 ///   wait has passed, **gives the permits back**: later callers are scheduled
 ///   as if they had never been reserved, and callers already waiting keep
 ///   their slots (the in-process limiters replay their limits without it,
-///   exactly, however many are given back: see
-///   [`Limits`](crate::core::Limits); the crate's
+///   exactly, however many are given back; the crate's
 ///   [table](crate#cancel-safety) says where each limiter errs). This is
 ///   what makes
 ///   `tokio::time::timeout(d, limiter.acquire(n))` and `select!` correct:

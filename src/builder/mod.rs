@@ -142,7 +142,7 @@ impl<T, S: Store, C: Clock> Builder<T, S, C> {
     /// returns it to all of them. The rate set with
     /// [`permits_per_second`](Self::permits_per_second), if any, is the
     /// first limit, and the others follow in the order given. See
-    /// [`Limit`] and [`core::Limits`](crate::core::Limits).
+    /// [`Limit`].
     pub fn limit(mut self, limit: Limit) -> Self {
         self.config.limits.push(limit);
         self

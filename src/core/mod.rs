@@ -170,6 +170,10 @@
 //! producing NaN and not limiting at all), and extreme rates saturate instead
 //! of overflowing.
 
+// Some of the arithmetic serves only the Redis limiters' fallback (and the
+// model tests, with `internals`).
+#![cfg_attr(not(any(feature = "redis", feature = "internals")), allow(dead_code))]
+
 mod bursty;
 mod limits;
 mod snapshot;
@@ -180,7 +184,9 @@ mod warming_up;
 pub(crate) mod word;
 
 pub use bursty::Bursty;
-pub use limits::{Granted, LOG_CAPACITY, Limits};
+#[cfg(feature = "internals")]
+pub use limits::LOG_CAPACITY;
+pub use limits::{Granted, Limits};
 pub use snapshot::Snapshot;
 pub use state::State;
 pub use warming_up::WarmingUp;

@@ -169,19 +169,18 @@ pub struct RateLimiter<S: Store = Local, C: Clock = crate::clock::SystemClock> {
 /// Giving back a reservation (a dropped [`Reservation`], a cancelled
 /// `acquire`) is exact, key by key, as for the
 /// [`RateLimiter`](crate::RateLimiter): a reservation that has to wait is
-/// logged in its key's [`Limits`](crate::core::Limits), and giving it back
+/// logged in its key's limits, and giving it back
 /// replays the key's limits without it, so the key holds what it would hold
 /// had it never been made, however many are given back and in whatever
 /// order, as long as the key's log holds every request since the oldest
-/// that may be given back ([`LOG_CAPACITY`](crate::core::LOG_CAPACITY)).
+/// that may be given back (1 024 requests).
 /// The log lives while one of its reservations may still be given back: a
 /// key is not dropped as full meanwhile, and the first call on the key
 /// once none can (or the key being dropped) takes it away. A rate change
 /// empties every log: what was waiting then gives nothing back.
 ///
 /// Keys are spread over shards, each a read-write lock and hash maps; calls
-/// on keys in different shards do not contend. Every key runs the core's
-/// [`Limits`](crate::core::Limits). A key of one bursty limit is held as
+/// on keys in different shards do not contend. Every key runs the one algorithm. A key of one bursty limit is held as
 /// the [`RateLimiter`](crate::RateLimiter)'s one-word state (eight bytes
 /// beside the key) while its log is empty, and the common call, on a key
 /// already held, takes its shard's lock for reading and updates the word

@@ -19,7 +19,7 @@ pub(super) struct Grant {
 /// that the wait alone costs what it would if nothing were ever given back.
 pub(super) trait Outcome: Sized {
     /// Whether a reservation with a wait can be given back: it is then
-    /// made under the lock, and logged (see [`Limits`](crate::core::Limits)).
+    /// made under the lock, and logged (see `core::Limits`).
     const GIVES_BACK: bool;
     /// A reservation made on the word: it does not wait, or nothing gives
     /// it back.
