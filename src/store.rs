@@ -215,17 +215,7 @@ where
     Q: ?Sized + Sync,
     E: Engine<Q>,
 {
-    check_permits(permits)?;
-    match engine.take(key, permits, None, true).await? {
-        Some(reservation) => {
-            engine.metrics().granted(reservation.delay());
-            Ok(reservation.wait().await)
-        }
-        None => {
-            engine.metrics().granted(Duration::ZERO);
-            Ok(Duration::ZERO)
-        }
-    }
+    Ok(reservation(engine, key, permits).await?.wait().await)
 }
 
 /// [`acquire`] if the wait fits in `timeout`; `false` at once, reserving
@@ -240,11 +230,7 @@ where
     Q: ?Sized + Sync,
     E: Engine<Q>,
 {
-    check_permits(permits)?;
-    let taken = engine.take(key, permits, Some(timeout), true).await?;
-    engine
-        .metrics()
-        .tried(taken.as_ref().map(Reservation::delay));
+    let taken = try_reservation(engine, key, permits, timeout).await?;
     Ok(wait_if_granted(taken).await)
 }
 
@@ -254,15 +240,7 @@ where
     Q: ?Sized + Sync,
     E: Engine<Q>,
 {
-    check_permits(permits)?;
-    let wait = engine
-        .take_blocking(key, permits, None)?
-        .unwrap_or_default();
-    engine.metrics().granted(wait);
-    if !wait.is_zero() {
-        engine.sleep_blocking(wait);
-    }
-    Ok(wait)
+    Ok(take_and_sleep(engine, key, permits, None)?.unwrap_or_default())
 }
 
 /// [`try_acquire`] on the calling thread.
@@ -276,18 +254,31 @@ where
     Q: ?Sized + Sync,
     E: Engine<Q>,
 {
+    Ok(take_and_sleep(engine, key, permits, Some(timeout))?.is_some())
+}
+
+/// Takes `permits` of `key` if the wait fits in `timeout` (any wait without
+/// one), counts it, and sleeps the calling thread for the wait.
+fn take_and_sleep<Q, E>(
+    engine: &E,
+    key: &Q,
+    permits: u32,
+    timeout: Option<Duration>,
+) -> Result<Option<Duration>, Error>
+where
+    Q: ?Sized + Sync,
+    E: Engine<Q>,
+{
     check_permits(permits)?;
-    let taken = engine.take_blocking(key, permits, Some(timeout))?;
-    engine.metrics().tried(taken);
-    match taken {
-        Some(wait) => {
-            if !wait.is_zero() {
-                engine.sleep_blocking(wait);
-            }
-            Ok(true)
-        }
-        None => Ok(false),
+    let taken = engine.take_blocking(key, permits, timeout)?;
+    match timeout {
+        Some(_) => engine.metrics().tried(taken),
+        None => engine.metrics().granted(taken.unwrap_or_default()),
     }
+    if let Some(wait) = taken.filter(|wait| !wait.is_zero()) {
+        engine.sleep_blocking(wait);
+    }
+    Ok(taken)
 }
 
 /// Takes `permits` of `key` if they are free now, without I/O; counted as

@@ -11,6 +11,7 @@ use crate::clock::Clock;
 use crate::core::{InvalidRate, Limits, State, stable_interval_micros};
 use crate::metrics::Metrics;
 use crate::reservation::{GiveBackId, GivesBack};
+use crate::store::Rate;
 use crate::{Error, Stats};
 
 /// # Rate, size and clock
@@ -19,31 +20,6 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
 {
-    /// Changes the rate of every key from now on, as
-    /// [`RateLimiter::set_rate`](crate::RateLimiter::set_rate) does for one:
-    /// each key still repays its last request at the old rate, and its
-    /// stored permits are rescaled to the new burst. Visits every key held
-    /// (shard by shard; calls on other shards go on meanwhile). With several
-    /// limits, as [`RateLimiter::set_rate`](crate::RateLimiter::set_rate):
-    /// the first one's rate, the others scaled alike.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN; the
-    /// limiter is then unchanged.
-    pub(crate) fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
-        stable_interval_micros(permits_per_second)?;
-        self.reconfigure(|limits| match limits.states() {
-            [_] => limits.set_rate(None, permits_per_second, 0),
-            [first, ..] => {
-                let factor = permits_per_second / first.permits_per_second();
-                limits.scale(factor, permits_per_second, 0)
-            }
-            [] => Ok(()),
-        })?;
-        self.rate_bits.store(permits_per_second.to_bits(), Relaxed);
-        Ok(())
-    }
-
     /// Applies `change` to the limits every key runs under, then the rates
     /// it leaves to every key held (shard by shard; calls on other shards
     /// go on meanwhile).
@@ -66,29 +42,61 @@ where
         Ok(())
     }
 
-    /// The stable rate of every key, in permits per second, as last set.
-    pub(crate) fn rate(&self) -> f64 {
-        f64::from_bits(self.rate_bits.load(Relaxed))
-    }
-
     /// The clock this limiter reads and sleeps on.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn clock(&self) -> &C {
         &self.clock
     }
 
+    /// The number of keys held now (those not known to read as full).
+    pub(crate) fn len(&self) -> usize {
+        self.shards.iter().map(|shard| shard.0.read().len()).sum()
+    }
+}
+
+impl<K, C> Rate for Keyed<K, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    /// Changes the rate of every key from now on, as
+    /// [`RateLimiter::set_rate`](crate::RateLimiter::set_rate) does for one:
+    /// each key still repays its last request at the old rate, and its
+    /// stored permits are rescaled to the new burst. Visits every key held
+    /// (shard by shard; calls on other shards go on meanwhile). With several
+    /// limits, as [`RateLimiter::set_rate`](crate::RateLimiter::set_rate):
+    /// the first one's rate, the others scaled alike.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN; the
+    /// limiter is then unchanged.
+    fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
+        stable_interval_micros(permits_per_second)?;
+        self.reconfigure(|limits| match limits.states() {
+            [_] => limits.set_rate(None, permits_per_second, 0),
+            [first, ..] => {
+                let factor = permits_per_second / first.permits_per_second();
+                limits.scale(factor, permits_per_second, 0)
+            }
+            [] => Ok(()),
+        })?;
+        self.rate_bits.store(permits_per_second.to_bits(), Relaxed);
+        Ok(())
+    }
+
+    /// The stable rate of every key, in permits per second, as last set.
+    fn rate(&self) -> f64 {
+        f64::from_bits(self.rate_bits.load(Relaxed))
+    }
+
     /// Changes the rate of limit `index` alone, for every key (limits are
     /// counted from 0 in the order the builder was given them). On a
-    /// limiter with one limit, index 0 is [`set_rate`](Self::set_rate).
+    /// limiter with one limit, index 0 is `set_rate`.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN, or
     /// there is no limit `index`.
-    pub(crate) fn set_limit_rate(
-        &self,
-        index: usize,
-        permits_per_second: f64,
-    ) -> Result<(), Error> {
+    fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
         crate::error::check_limit(index, self.limits)?;
         self.reconfigure(|limits| limits.set_rate(Some(index), permits_per_second, 0))?;
@@ -98,19 +106,22 @@ where
         Ok(())
     }
 
-    /// The number of keys held now (those not known to read as full).
-    pub(crate) fn len(&self) -> usize {
-        self.shards.iter().map(|shard| shard.0.read().len()).sum()
+    fn clock(&self) -> &dyn Clock {
+        &self.clock
     }
 
     /// The keys held, and those dropped at the cap before they read as
     /// full.
-    pub(crate) fn stats(&self) -> Stats {
+    fn stats(&self) -> Stats {
         Stats {
             keys: self.len(),
             dropped_unfinished: self.dropped_unfinished.load(Relaxed),
             ..Stats::default()
         }
+    }
+
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 }
 

@@ -8,9 +8,8 @@ use std::time::Duration;
 use super::Keyed;
 use crate::clock::Clock;
 use crate::core::micros;
-use crate::metrics::Metrics;
-use crate::store::{Engine, Rate, now};
-use crate::{Error, Reservation, Snapshot, Stats};
+use crate::store::{Engine, now};
+use crate::{Error, Reservation, Snapshot};
 
 /// A timeout in µs for the shards: `u64::MAX` is no timeout.
 fn timeout_micros(timeout: Option<Duration>) -> u64 {
@@ -70,35 +69,5 @@ where
 
     fn snapshot_now(&self, key: &Q) -> Option<Snapshot> {
         Some(self.snapshot_of(key))
-    }
-}
-
-impl<K, C> Rate for Keyed<K, C>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
-    fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
-        Keyed::set_rate(self, permits_per_second)
-    }
-
-    fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
-        Keyed::set_limit_rate(self, index, permits_per_second)
-    }
-
-    fn rate(&self) -> f64 {
-        Keyed::rate(self)
-    }
-
-    fn clock(&self) -> &dyn Clock {
-        &self.clock
-    }
-
-    fn stats(&self) -> Stats {
-        Keyed::stats(self)
-    }
-
-    fn metrics(&self) -> &Metrics {
-        &self.metrics
     }
 }

@@ -305,9 +305,8 @@ where
         })),
         remote,
     };
-    let budget = budget.filter(|budget| *budget < backend.response_timeout);
-    let limit = budget.unwrap_or(backend.response_timeout);
-    let failure = match tokio::time::timeout(limit, in_flight.reply()).await {
+    let deadline = Deadline::new(backend, budget);
+    let failure = match tokio::time::timeout(deadline.limit, in_flight.reply()).await {
         Ok(Ok(reply)) => return Ok(reply),
         Ok(Err(e)) if script::is_data_error(&e) => {
             return Err(Failure::Refused(Error::Backend(
@@ -321,17 +320,7 @@ where
                 .with_source(e)
                 .with_timeout(timed_out)
         }
-        // The caller's time ran out, not Redis's: the fallback serves it.
-        Err(_) if budget.is_some() => {
-            return Err(Failure::Down(Some(BackendError::timeout(format!(
-                "the call's time ran out after it waited for key {} to be carried back",
-                target.key
-            )))));
-        }
-        Err(_) => BackendError::timeout(format!(
-            "Redis did not answer within {:?} (key {})",
-            backend.response_timeout, target.key
-        )),
+        Err(_) => deadline.passed(backend, target)?,
     };
     // A timed-out round trip is dropped here: its reply is awaited in the
     // background and its reservations given back.
@@ -387,5 +376,42 @@ impl<T: Tokens> Drop for InFlight<T> {
                 }
             }
         });
+    }
+}
+
+/// How long a call waits for its reply: the response timeout, or the
+/// caller's own budget if that is shorter.
+pub(crate) struct Deadline {
+    pub(crate) limit: Duration,
+    budget: bool,
+}
+
+impl Deadline {
+    pub(crate) fn new(backend: &Backend, budget: Option<Duration>) -> Deadline {
+        let budget = budget.filter(|budget| *budget < backend.response_timeout);
+        Deadline {
+            limit: budget.unwrap_or(backend.response_timeout),
+            budget: budget.is_some(),
+        }
+    }
+
+    /// The deadline passed: Redis's time ran out (the failure to mark its
+    /// part down with), or the caller's own (the fallback serves it, and
+    /// Redis is not marked down).
+    pub(crate) fn passed(
+        &self,
+        backend: &Backend,
+        target: &ProbeTarget,
+    ) -> Result<BackendError, Failure> {
+        if self.budget {
+            return Err(Failure::Down(Some(BackendError::timeout(format!(
+                "the call's time ran out after it waited for key {} to be carried back",
+                target.key
+            )))));
+        }
+        Ok(BackendError::timeout(format!(
+            "Redis did not answer within {:?} (key {})",
+            backend.response_timeout, target.key
+        )))
     }
 }

@@ -300,56 +300,6 @@ where
         }))
     }
 
-    pub(crate) fn rate(&self) -> f64 {
-        f64::from_bits(self.rate_bits.load(Ordering::Relaxed))
-    }
-
-    /// Changes the rate from now on, here and (with the next call of each
-    /// key) in Redis.
-    pub(crate) fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
-        stable_interval_micros(permits_per_second)?;
-        self.local
-            .set_rate(local_rate(permits_per_second, self.local_fraction))?;
-        // Several limits scale together, as `Limits::scale` does.
-        let rates = self.script_args.rates();
-        let factor = permits_per_second / rates[0];
-        let scaled: Vec<f64> = rates.iter().map(|rate| rate * factor).collect();
-        let valid = scaled.iter().all(|&r| stable_interval_micros(r).is_ok());
-        self.script_args.set_rates(if valid {
-            scaled.into()
-        } else {
-            vec![permits_per_second; rates.len()].into()
-        });
-        self.rate_bits
-            .store(permits_per_second.to_bits(), Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Changes the rate of limit `index` alone, here and (with the next
-    /// call of each key) in Redis.
-    pub(crate) fn set_limit_rate(
-        &self,
-        index: usize,
-        permits_per_second: f64,
-    ) -> Result<(), Error> {
-        stable_interval_micros(permits_per_second)?;
-        let rates = self.script_args.rates();
-        crate::error::check_limit(index, rates.len())?;
-        if rates.len() == 1 {
-            return self.set_rate(permits_per_second);
-        }
-        self.local
-            .set_limit_rate(index, local_rate(permits_per_second, self.local_fraction))?;
-        let mut rates = rates.to_vec();
-        rates[index] = permits_per_second;
-        self.script_args.set_rates(rates.into());
-        if index == 0 {
-            self.rate_bits
-                .store(permits_per_second.to_bits(), Ordering::Relaxed);
-        }
-        Ok(())
-    }
-
     fn now(&self) -> u64 {
         self.local.clock().now_micros()
     }
