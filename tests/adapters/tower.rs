@@ -262,8 +262,8 @@ async fn every_service_fits_a_router() {
 #[cfg(feature = "redis")]
 #[allow(dead_code)]
 fn redis_services_fit_a_router(
-    shared: Arc<paceline::redis::RedisRateLimiter>,
-    keyed: Arc<paceline::redis::KeyedRedisRateLimiter<u32>>,
+    shared: Arc<paceline::RateLimiter<paceline::redis::Redis>>,
+    keyed: Arc<paceline::KeyedRateLimiter<u32, paceline::redis::Redis>>,
 ) {
     fits_a_router::<_, u32>(&RateLimitLayer::new(Arc::clone(&shared)).layer(Counter::default()));
     fits_a_router::<_, u32>(&RateLimitLayer::rejecting(shared).layer(Counter::default()));
