@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use paceline::Error;
-use paceline::Local;
 
 use crate::limiter::limits;
 use crate::units::{parse_duration, parse_record_size};

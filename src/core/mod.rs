@@ -170,10 +170,6 @@
 //! producing NaN and not limiting at all), and extreme rates saturate instead
 //! of overflowing.
 
-// Some of the arithmetic serves only the Redis limiters' fallback (and the
-// model tests, with `internals`).
-#![cfg_attr(not(any(feature = "redis", feature = "internals")), allow(dead_code))]
-
 mod bursty;
 mod limits;
 mod snapshot;
