@@ -166,7 +166,7 @@ pub struct RateLimiter<S: Store = Local, C: Clock = crate::clock::SystemClock> {
 /// That is the price of a bound, and [`Stats::dropped_unfinished`]
 /// counts it.
 ///
-/// Giving back a reservation (a dropped [`Reservation`], a cancelled
+/// Giving back a reservation (a dropped [`Reservation`](crate::Reservation), a cancelled
 /// `acquire`) is exact, key by key, as for the
 /// [`RateLimiter`](crate::RateLimiter): a reservation that has to wait is
 /// logged in its key's limits, and giving it back

@@ -80,7 +80,7 @@ pub trait Limiter: Send + Sync {
     /// [`Snapshot`]). A Redis limiter reads it in one round trip, on the
     /// server's clock; with several limits, it is the binding limit's.
     ///
-    /// Provided: [`Snapshot::from_wait`] of
+    /// Provided: a snapshot of
     /// [`available_in`](Self::available_in) and the rate (nothing stored,
     /// no burst). The limiters of this crate read their state.
     ///
@@ -263,7 +263,7 @@ pub trait KeyedLimiter<K: Sync>: Send + Sync {
     /// key not held reads as a new key would. A Redis limiter reads it in
     /// one round trip, on the server's clock.
     ///
-    /// Provided: [`Snapshot::from_wait`] of
+    /// Provided: a snapshot of
     /// [`available_in`](Self::available_in) and the rate. The limiters of
     /// this crate read their state.
     ///
