@@ -143,9 +143,12 @@ async fn many_clients_get_rate_times_time_plus_burst(address: SocketAddr, keys: 
             .filter(|a| a.status == StatusCode::OK)
             .count() as f64;
         // The server saw the key for at least `at_least` and at most
-        // `at_most`: 10 at once, then 10 a second, to one permit.
+        // `at_most`: 10 at once, then 10 a second, to one permit. Fewer by
+        // a few on a loaded machine, never more: a late wake-up or a round
+        // trip past the response timeout (served by the fallback) leaves a
+        // permit or two untaken.
         let (low, high) = (
-            10.0 + (10.0 * at_least.as_secs_f64()).floor() - 1.0,
+            10.0 + (10.0 * at_least.as_secs_f64()).floor() - 3.0,
             10.0 + (10.0 * at_most.as_secs_f64()).floor() + 1.0,
         );
         assert!(
