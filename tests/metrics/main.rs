@@ -236,9 +236,9 @@ async fn redis_round_trips_outages_and_switches() {
     let seen = recorder();
     let mut server = RedisServer::start();
     let backend = backend(server.client()).await;
-    let limiter = backend
-        .keyed_limiter::<String>("api")
+    let limiter = KeyedRateLimiter::<String>::builder()
         .permits_per_second(1000.0)
+        .redis(&backend, "api")
         .build()
         .unwrap();
     let ok = [
@@ -262,10 +262,10 @@ async fn redis_round_trips_outages_and_switches() {
     assert_eq!(seen.counter(REDIS_FALLBACK_SWITCHES, &[("to", "local")]), 1);
     server.restart();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while backend.is_degraded() && std::time::Instant::now() < deadline {
+    while backend.stats().degraded && std::time::Instant::now() < deadline {
         tokio::time::sleep(PROBE_INTERVAL).await;
     }
-    assert!(!backend.is_degraded());
+    assert!(!backend.stats().degraded);
     assert_eq!(seen.gauge(REDIS_DEGRADED, &[]), Some(0.0));
     assert_eq!(seen.counter(REDIS_FALLBACK_SWITCHES, &[("to", "redis")]), 1);
     let _ = RESPONSE_TIMEOUT;
