@@ -293,7 +293,12 @@ async fn callers_of_a_key_being_carried_back_return_within_the_response_timeout(
         "a call took {slowest:?}, past the response timeout of {TIMEOUT:?}"
     );
     assert!(!limiter.stats().degraded, "{:?}", limiter.stats());
-    assert_eq!(limiter.stats().keys, 0, "the key went back");
+    // The key goes back once its callers stop: with round trips of more
+    // than half the response timeout, a caller that waited for a carry-back
+    // has too little time left for its own round trip, and the fallback
+    // serves it (holding the key again) while calls keep coming.
+    let back = within(Duration::from_secs(3), || limiter.stats().keys == 0).await;
+    assert!(back.is_some(), "the key never went back: {:?}", limiter.stats());
 }
 
 /// After an outage in which the fallback dropped a key with a debt (more
