@@ -57,6 +57,13 @@ pub struct Reservation<'a> {
     clock: &'a dyn Clock,
     /// What to give back on drop; `None` once used, or if nothing can be.
     pending: Option<GiveBack<'a>>,
+    /// What a Redis limiter's reply said the script left, and the limits it
+    /// is read under (see [`snapshot`](Reservation::snapshot)).
+    #[cfg(feature = "redis")]
+    after: Option<(
+        std::sync::Arc<crate::redis::Stored>,
+        &'a crate::redis::ScriptArgs,
+    )>,
 }
 
 /// Who takes a reservation back, and what it needs to do so.
@@ -108,7 +115,21 @@ impl<'a> Reservation<'a> {
             limit: 0,
             clock,
             pending,
+            #[cfg(feature = "redis")]
+            after: None,
         }
+    }
+
+    /// This reservation, with the state its Redis limiter's reply said the
+    /// script left, read under `args`.
+    #[cfg(feature = "redis")]
+    pub(crate) fn with_after(
+        mut self,
+        after: Option<std::sync::Arc<crate::redis::Stored>>,
+        args: &'a crate::redis::ScriptArgs,
+    ) -> Self {
+        self.after = after.map(|after| (after, args));
+        self
     }
 
     /// This reservation, waiting for limit `limit` of its limiter's.
@@ -154,6 +175,21 @@ impl<'a> Reservation<'a> {
     /// ```
     pub fn limit(&self) -> Option<usize> {
         (!self.delay.is_zero()).then_some(self.limit as usize)
+    }
+
+    /// What the limiter held right after this reservation, as its own answer
+    /// to it said: for a limiter shared through Redis, the state the script
+    /// left (for a coalesced batch, the state after the whole batch, which
+    /// errs towards fewer remaining). For the rate-limit headers of this very
+    /// request, where a second read could count other callers' requests.
+    /// `None` for the limiters in this process (whose `snapshot` is read
+    /// without I/O) and for a reservation a fallback served.
+    pub fn snapshot(&self) -> Option<crate::Snapshot> {
+        #[cfg(feature = "redis")]
+        if let Some((after, args)) = &self.after {
+            return Some(after.snapshot(args));
+        }
+        None
     }
 
     /// Sleeps for the delay (on the limiter's clock), then keeps the permits;

@@ -223,6 +223,8 @@ pub use naming::DEFAULT_KEY_PREFIX;
 /// with: 7.2 for Valkey 7.2 and 8). The test suite checks every server it
 /// starts against this; it runs on Redis 7.0, and has passed on Valkey 8.
 pub const MIN_REDIS_VERSION: (u32, u32) = (7, 0);
+pub(crate) use reply::Stored;
+pub(crate) use script::ScriptArgs;
 pub use shared::{RedisBackend, RedisBackendBuilder};
 
 /// The Redis client crate these limiters are built on, so that code using

@@ -62,9 +62,9 @@ impl Reply {
     /// What a client is told after this reservation: how many requests of
     /// one permit would still go at once (`remaining`) and how long until
     /// every limit is full again (`full_in`), of the binding limit, with
-    /// the limits' rates in force. (For the rate-limit headers of a
-    /// reservation; the `Reservation` does not carry it yet.)
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// the limits' rates in force. (A reservation reads it the same way:
+    /// `Reservation::snapshot`.)
+    #[cfg(test)]
     pub(crate) fn snapshot(&self, args: &ScriptArgs) -> Option<Snapshot> {
         self.after.as_ref().map(|after| after.snapshot(args))
     }

@@ -185,3 +185,41 @@ async fn a_value_that_is_not_the_limiters_is_an_error() {
         other => panic!("expected a backend error, got {other:?}"),
     }
 }
+
+/// A reservation carries the state its own reply said the script left:
+/// what the `RateLimit` headers of that very request report, however many
+/// requests of other processes came after it, where a second read would
+/// count them too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_reads_the_state_its_own_call_left() {
+    let server = RedisServer::start();
+    let build = |backend: &RedisBackend| {
+        RateLimiter::builder()
+            // One a minute: nothing comes back while the test runs.
+            .limit(Limit::per_minute(1.0).burst(5))
+            .redis(backend, "own-reply")
+            .build()
+            .unwrap()
+    };
+    // Two processes on one key.
+    let (one, other) = (
+        build(&backend(server.client()).await),
+        build(&backend(server.client()).await),
+    );
+    let first = one.reservation(1).await.unwrap();
+    let mine = first.snapshot().expect("a Redis reply's state");
+    assert_eq!((mine.remaining(), mine.burst()), (4, 5));
+    // Another process takes three more.
+    for _ in 0..3 {
+        other.reservation(1).await.unwrap().keep();
+    }
+    // The first request's own state is unchanged; a read now sees the rest.
+    assert_eq!(first.snapshot().unwrap().remaining(), 4);
+    assert_eq!(one.snapshot().await.unwrap().remaining(), 1);
+    let last = one.reservation(1).await.unwrap();
+    assert_eq!(last.snapshot().unwrap().remaining(), 0);
+    // A refused try has no reservation; one served by a limiter in this
+    // process carries no reply.
+    let local = RateLimiter::bursty(1.0).unwrap();
+    assert!(local.reservation(1).unwrap().snapshot().is_none());
+}

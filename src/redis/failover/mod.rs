@@ -489,7 +489,12 @@ where
             }),
             _ => None,
         };
-        Some(Reservation::new(wait, self.local.clock(), pending).for_limit(reply.limit))
+        let reservation = Reservation::new(wait, self.local.clock(), pending);
+        Some(
+            reservation
+                .for_limit(reply.limit)
+                .with_after(reply.after, &self.script_args),
+        )
     }
 
     /// One call for `key` to Redis (see [`send_within`]), noting the debt
