@@ -59,7 +59,7 @@ fn through_redis_too() {
     // `a\xfc` (the key's form), with its backslash escaped by the library.
     let expected: Vec<String> = ["fc", "fd", "fe", "ff"]
         .iter()
-        .map(|hex| format!("paceline:bytes:a\\\\x{hex}"))
+        .map(|hex| format!("paceline:v1:bytes:a\\\\x{hex}"))
         .collect();
     assert_eq!(keys, expected);
 }
