@@ -18,6 +18,7 @@
 /// not an outage: such calls return [`Error::Backend`](crate::Error::Backend)
 /// whatever the fallback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Fallback {
     /// Limit in this process with the same configuration (at the rate times
     /// the builder's [`local_fraction`](crate::Builder::local_fraction),
