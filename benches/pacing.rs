@@ -22,14 +22,14 @@
 //! `reserve(max_permits)` before the run. With no burst at all, a permit
 //! nobody claims on time is lost, so late timer wake-ups (Tokio timers have
 //! a resolution of one millisecond) lower the rate at high rates. Two limiters: the local `RateLimiter`, and a
-//! `RedisRateLimiter` on a private redis-server this benchmark starts on a
+//! `RateLimiter<Redis>` on a private redis-server this benchmark starts on a
 //! free loopback port (a fresh key per run). Both sleep on Tokio timers
 //! (multi-thread runtime), whose resolution is one millisecond.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use paceline::redis::{Fallback, RedisRateLimiter};
+use paceline::redis::{Fallback, RedisBackend};
 use paceline::{Limiter, RateLimiter};
 
 #[allow(dead_code)]
@@ -133,13 +133,17 @@ fn main() {
             runs += 1;
             let name = format!("pacing-{runs}");
             let redis: Arc<dyn Limiter> = runtime.block_on(async {
-                let limiter = RedisRateLimiter::builder(server.client(), &name)
-                    .permits_per_second(rate)
-                    .max_burst(burst)
-                    .fallback(Fallback::FailClosed)
+                let redis = RedisBackend::builder(server.client())
                     .response_timeout(Duration::from_secs(2))
                     .build()
                     .await
+                    .expect("Redis backend");
+                let limiter = RateLimiter::builder()
+                    .permits_per_second(rate)
+                    .max_burst(burst)
+                    .redis(&redis, &name)
+                    .fallback(Fallback::FailClosed)
+                    .build()
                     .expect("Redis limiter");
                 // Drain the full burst of the new key: it is spent at once, free.
                 let max_permits = (rate * burst.as_secs_f64()).floor() as u32;

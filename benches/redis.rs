@@ -26,7 +26,7 @@
 //!   up to 2 676 bytes, written in place): the most a give-back-able
 //!   reservation costs.
 //!
-//! Part 2, the client: one `RedisRateLimiter` (one multiplexed connection)
+//! Part 2, the client: one `RateLimiter<Redis>` (one multiplexed connection)
 //! calls `reserve(1)` in a loop from 1 task, then from 64 tasks sharing it;
 //! next to each, `redis-benchmark` on the same script, key and arguments
 //! with one connection and no pipelining (`-c 1 -P 1`), and with 64
@@ -39,7 +39,7 @@
 //! latter competes with redis-server for the CPUs.
 //!
 //! Part 3, keyed: one `RedisBackend` (one connection) and a
-//! `KeyedRedisRateLimiter` on it, 64 tasks reserving on random keys out of
+//! `KeyedRateLimiter<u64, Redis>` on it, 64 tasks reserving on random keys out of
 //! 10 000 (each its own Redis key, `paceline:v1:keyed:{key}`), on a
 //! current-thread runtime; next to it `redis-benchmark -c 64 -P 16` running
 //! the script on random keys of the same shape (`-r 10000`). Then `MEMORY
@@ -65,7 +65,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use paceline::redis::{Fallback, KeyedRedisRateLimiter, RedisBackend, RedisRateLimiter};
+use paceline::redis::{Fallback, Redis, RedisBackend};
+use paceline::{KeyedRateLimiter, RateLimiter};
 
 #[allow(dead_code)]
 #[path = "../tests/support/limiter_state.rs"]
@@ -254,7 +255,7 @@ fn field(line: &str, name: &str) -> Option<f64> {
 }
 
 /// Calls per second of `reserve(1)` from `tasks` tasks sharing `limiter`.
-async fn client_ops(limiter: &Arc<RedisRateLimiter>, tasks: usize, secs: f64) -> f64 {
+async fn client_ops(limiter: &Arc<RateLimiter<Redis>>, tasks: usize, secs: f64) -> f64 {
     hot_key::hot_key_ops(limiter, tasks, secs).await.0
 }
 
@@ -380,17 +381,21 @@ fn main() {
         // Part 2: the crate's client, next to redis-benchmark's ceilings, on
         // both kinds of Tokio runtime (one limiter each: a limiter's I/O runs on
         // the runtime it was built in).
-        let limiters: Vec<Arc<RedisRateLimiter>> = runtimes
+        let limiters: Vec<Arc<RateLimiter<Redis>>> = runtimes
             .iter()
             .map(|runtime| {
                 runtime.block_on(async {
-                    RedisRateLimiter::builder(bench.server.client(), NAME)
-                        .permits_per_second(RATE)
-                        .max_burst(Duration::from_secs(1))
-                        .fallback(Fallback::FailClosed)
+                    let redis = RedisBackend::builder(bench.server.client())
                         .response_timeout(Duration::from_secs(5))
                         .build()
                         .await
+                        .expect("backend");
+                    RateLimiter::builder()
+                        .permits_per_second(RATE)
+                        .max_burst(Duration::from_secs(1))
+                        .redis(&redis, NAME)
+                        .fallback(Fallback::FailClosed)
+                        .build()
                         .map(Arc::new)
                         .expect("limiter")
                 })
@@ -422,7 +427,7 @@ fn main() {
         }
         println!();
         println!(
-            "The crate's client (one RedisRateLimiter, reserve(1) in a loop) vs redis-benchmark, \
+            "The crate's client (one RateLimiter<Redis>, reserve(1) in a loop) vs redis-benchmark, \
          same script, key and arguments; ops/s, median (and range) of {rounds} rounds, \
          ratios: median of the per-round ratios:"
         );
@@ -459,17 +464,17 @@ fn main() {
         drop(limiters);
 
         // Part 3: keyed, 64 tasks over 10 000 keys through one backend.
-        let keyed: Arc<KeyedRedisRateLimiter<u64>> = runtime.block_on(async {
+        let keyed: Arc<KeyedRateLimiter<u64, Redis>> = runtime.block_on(async {
             let backend = RedisBackend::builder(bench.server.client())
                 .response_timeout(Duration::from_secs(5))
                 .build()
                 .await
                 .expect("backend");
             Arc::new(
-                backend
-                    .keyed_limiter::<u64>("keyed")
+                KeyedRateLimiter::<u64>::builder()
                     .permits_per_second(RATE)
                     .max_burst(Duration::from_secs(1))
+                    .redis(&backend, "keyed")
                     .fallback(Fallback::FailClosed)
                     .build()
                     .expect("keyed limiter"),
@@ -498,7 +503,7 @@ fn main() {
             .collect();
         println!();
         println!(
-            "Keyed: one KeyedRedisRateLimiter (one connection), 64 tasks reserving on random keys \
+            "Keyed: one KeyedRateLimiter<u64, Redis> (one connection), 64 tasks reserving on random keys \
          out of {USER_KEYS}, current-thread runtime, vs redis-benchmark -c 64 -P 16 -r {USER_KEYS}; \
          ops/s, median (and range) of {rounds} rounds:"
         );
@@ -525,7 +530,7 @@ fn main() {
 
 /// Calls per second of `reserve(key, 1)` on random keys out of `USER_KEYS`
 /// from `tasks` tasks sharing `limiter`.
-async fn keyed_ops(limiter: &Arc<KeyedRedisRateLimiter<u64>>, tasks: u64, secs: f64) -> f64 {
+async fn keyed_ops(limiter: &Arc<KeyedRateLimiter<u64, Redis>>, tasks: u64, secs: f64) -> f64 {
     let count = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let handles: Vec<_> = (0..tasks)

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use paceline::redis::{Fallback, RedisRateLimiter};
+use paceline::RateLimiter;
+use paceline::redis::{Fallback, Redis, RedisBackend};
 use tokio::runtime::Runtime;
 
 use super::{Bench, COLD_KEYS, ratio, spread};
@@ -25,18 +26,22 @@ pub(crate) fn run(
     // Part 4: one hot key, 256 tasks, coalesced or not.
     const TASKS: usize = 256;
     bench.keyspace = COLD_KEYS.to_owned();
-    let hot: Vec<Arc<RedisRateLimiter>> = [true, false]
+    let hot: Vec<Arc<RateLimiter<Redis>>> = [true, false]
         .iter()
         .map(|&coalesce| {
             runtime.block_on(async {
-                RedisRateLimiter::builder(bench.server.client(), "hot")
-                    .permits_per_second(1e9)
-                    .max_burst(Duration::from_secs(1))
-                    .fallback(Fallback::FailClosed)
+                let redis = RedisBackend::builder(bench.server.client())
                     .response_timeout(Duration::from_secs(5))
                     .coalesce(coalesce)
                     .build()
                     .await
+                    .expect("backend");
+                RateLimiter::builder()
+                    .permits_per_second(1e9)
+                    .max_burst(Duration::from_secs(1))
+                    .redis(&redis, "hot")
+                    .fallback(Fallback::FailClosed)
+                    .build()
                     .map(Arc::new)
                     .expect("limiter")
             })
@@ -78,7 +83,7 @@ pub(crate) fn run(
     }
     println!();
     println!(
-        "A hot key: one RedisRateLimiter at 10^9 permits/s, {TASKS} tasks reserving 1 on a \
+        "A hot key: one RateLimiter<Redis> at 10^9 permits/s, {TASKS} tasks reserving 1 on a \
          current-thread runtime; ops/s and the client's CPU µs per reservation, median (and \
          range) of {rounds} rounds:"
     );
@@ -151,7 +156,7 @@ fn cpu_secs() -> f64 {
 /// Reservations per second of `reserve(1)` from `tasks` tasks sharing
 /// `limiter` (one key), and the client's CPU µs per reservation.
 pub(crate) async fn hot_key_ops(
-    limiter: &Arc<RedisRateLimiter>,
+    limiter: &Arc<RateLimiter<Redis>>,
     tasks: usize,
     secs: f64,
 ) -> (f64, f64) {

@@ -11,7 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use paceline::redis::{Fallback, RedisRateLimiter};
+use paceline::RateLimiter;
+use paceline::redis::{Client, Fallback, RedisBackend};
 
 const RATE: f64 = 20.0;
 const INSTANCES: usize = 3;
@@ -29,16 +30,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     println!("sharing {RATE}/s through {url} among {INSTANCES} instances");
 
+    // Each instance with a connection of its own, as separate processes
+    // would have.
     let mut instances = Vec::new();
     for _ in 0..INSTANCES {
-        let limiter =
-            RedisRateLimiter::builder(paceline::redis::Client::open(url.as_str())?, "example")
-                .permits_per_second(RATE)
-                .max_burst(Duration::ZERO)
-                .fallback(Fallback::Local)
-                .local_fraction(1.0 / INSTANCES as f64)
-                .build()
-                .await?;
+        let redis = RedisBackend::builder(Client::open(url.as_str())?)
+            .build()
+            .await?;
+        let limiter = RateLimiter::builder()
+            .permits_per_second(RATE)
+            .max_burst(Duration::ZERO)
+            .redis(&redis, "example")
+            .fallback(Fallback::Local)
+            .local_fraction(1.0 / INSTANCES as f64)
+            .build()?;
         instances.push(Arc::new(limiter));
     }
 
@@ -69,7 +74,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "{total} permits in {elapsed:.2} s: {:.1}/s together (limit {RATE}/s); degraded: {}",
         f64::from(total - 1) / elapsed,
-        instances.iter().any(|l| l.is_degraded())
+        instances.iter().any(|l| l.stats().degraded)
     );
     Ok(())
 }

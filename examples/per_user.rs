@@ -1,7 +1,7 @@
 //! 1 000 simulated users, each limited to 5 requests per second, all asking
 //! as fast as they can for 3 seconds; prints the spread of the per-user
 //! achieved rates. Limits in this process with a `KeyedRateLimiter`, or
-//! through Redis with a `KeyedRedisRateLimiter` when `REDIS_URL` is set.
+//! through Redis with a `KeyedRateLimiter<String, Redis>` when `REDIS_URL` is set.
 //!
 //! ```text
 //! cargo run --release --example per_user
@@ -28,10 +28,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .await?;
             println!("limiting through Redis (one connection for every user)");
             Arc::new(
-                backend
-                    .keyed_limiter::<String>("per-user-example")
+                KeyedRateLimiter::<String>::builder()
                     .permits_per_second(RATE)
                     .max_burst(Duration::ZERO) // strict spacing: 200 ms apart per user
+                    .redis(&backend, "per-user-example")
                     .build()?,
             )
         }

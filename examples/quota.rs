@@ -26,12 +26,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(url) => {
             println!("limiting through Redis");
             let client = paceline::redis::Client::open(url)?;
+            let redis = paceline::redis::RedisBackend::builder(client)
+                .build()
+                .await?;
             Arc::new(
-                paceline::redis::RedisRateLimiter::builder(client, "quota-example")
+                RateLimiter::builder()
                     .limit(per_second)
                     .limit(per_hour)
-                    .build()
-                    .await?,
+                    .redis(&redis, "quota-example")
+                    .build()?,
             )
         }
         #[cfg(not(feature = "redis"))]

@@ -64,7 +64,7 @@ if permits == '1' then
     permits = 1
 elseif permits == '1+' then
     permits, held = 1, true
-elseif permits == 'batch' or permits == 'cancel' or permits == 'probe' or permits == 'resume'
+elseif permits == 'batch' or permits == 'give_back' or permits == 'probe' or permits == 'resume'
         or permits == 'status' then
     mode, permits = permits, nil
 else
@@ -73,16 +73,16 @@ else
     if not (permits and permits >= 0 and permits <= MAX_MICROS and permits % 1 == 0)
             or (held and permits == 0) then
         return redis.error_reply(string.format(BAD, 'ARGV[1] must be the permits to reserve, an integer '
-            .. 'from 1 to 2^53 (followed by + if it may be given back), 0 to query, or batch, cancel, '
+            .. 'from 1 to 2^53 (followed by + if it may be given back), 0 to query, or batch, give_back, '
             .. 'probe, resume or status', argv[1]))
     end
 end
 
 -- ARGV[2]: a reservation's timeout (-1: none), a resume's debts, a
--- cancel's id, a batch's requests (R: permits, held, timeout and count of
+-- give_back's id, a batch's requests (R: permits, held, timeout and count of
 -- each run of them; `total` requests, `holds` if any is held).
 local arg2 = argv[2]
-local timeout, R, debts, cancel_id, total, holds = -1, nil, nil, nil, 1, false
+local timeout, R, debts, give_back_id, total, holds = -1, nil, nil, nil, 1, false
 if arg2 == '-1' and not mode then
     -- (No timeout: the most common.)
 elseif mode == 'batch' then
@@ -126,10 +126,10 @@ elseif mode == 'resume' then
         return redis.error_reply(string.format(BAD, 'ARGV[2] of a resume must be each limit\'s '
             .. 'debt_micros, ' .. n .. ' integers >= 0 joined by commas', arg2))
     end
-elseif mode == 'cancel' then
-    cancel_id = tonumber(arg2)
-    if not (cancel_id and cancel_id >= 0 and cancel_id < MAX_MICROS and cancel_id % 1 == 0) then
-        return redis.error_reply(string.format(BAD, 'ARGV[2] of a cancel must be the id a held '
+elseif mode == 'give_back' then
+    give_back_id = tonumber(arg2)
+    if not (give_back_id and give_back_id >= 0 and give_back_id < MAX_MICROS and give_back_id % 1 == 0) then
+        return redis.error_reply(string.format(BAD, 'ARGV[2] of a give-back must be the id a held '
             .. 'reservation\'s reply gave, an integer from 0 to 2^53 - 1', arg2))
     end
 elseif arg2 == '0' then

@@ -1,13 +1,13 @@
 -- Part 4 of 5: the rates in force, then the requests a call charges: a
 -- reservation's, each of a batch's in order (at one clock reading, each as
 -- its own call at that reading would be), a resume's (one per limit), or,
--- for a cancel, those logged after the one given back, charged again.
+-- for a give-back, those logged after the one given back, charged again.
 
 -- Limits::set_rate for every limit whose rate or configuration changed:
 -- State::set_rate at now, and the log empties (its requests were charged
--- at the old rates). Not for a cancel (see part 3) or a probe (of a
+-- at the old rates). Not for a give-back (see part 3) or a probe (of a
 -- missing key, read at the rates in force).
-if (n > 1 or ort ~= rate or omx ~= mx) and mode ~= 'cancel' and mode ~= 'probe' then
+if (n > 1 or ort ~= rate or omx ~= mx) and mode ~= 'give_back' and mode ~= 'probe' then
     for i = 1, n do
         local k, c = 3 * i - 3, 8 * i - 8
         if n > 1 then
@@ -67,7 +67,7 @@ if R then replies, needs = {}, {} end
 
 -- The requests charged, each at the moment every limit allows it
 -- (Limits::earliest), to the limits or to the log's base (`on_base`: the
--- two sets of states swap places for it), in up to two passes. A cancel:
+-- two sets of states swap places for it), in up to two passes. A give-back:
 -- first the logged requests that were used (Limits::expire) into the base,
 -- then the others but the one given back into the limits, from the base
 -- on. Otherwise: first the call's requests (a reservation, each of a batch

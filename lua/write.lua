@@ -76,7 +76,7 @@ end
 -- place too: the hot part, the rest of the fixed part and the log's head
 -- (the requests before `log_at` stay in the value, dead, up to
 -- DEAD_CAPACITY), and its own request appended; the log is not copied.
--- Otherwise the value is written whole: for a cancel, the requests still
+-- Otherwise the value is written whole: for a give-back, the requests still
 -- in the log less the one given back; else those of the value as read
 -- that it kept, then this call's.
 local logged = count

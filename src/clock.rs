@@ -26,7 +26,7 @@ pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> Duration;
 
     /// [`now`](Clock::now) in whole microseconds, saturating at
-    /// [`MAX_MICROS`](crate::core::MAX_MICROS): what limiters read, once per
+    /// 2^53 (about 285 years): what limiters read, once per
     /// reservation.
     ///
     /// The default converts [`now`](Clock::now); a clock may override it with

@@ -8,10 +8,9 @@
 //!
 //! The algorithm is a smooth, reservation-based limiter: a request goes as soon as the
 //! previous caller's debt is paid and charges its own cost to the next caller;
-//! idle time is saved as *stored permits*, which are free (the
-//! [bursty](core::Bursty) policy) or expensive (the
-//! [warming-up](core::WarmingUp) policy, for resources that are slow when
-//! cold). [`core`] explains it in full.
+//! idle time is saved as *stored permits*, which are free (the bursty
+//! policy) or expensive (the warming-up policy, for resources that are slow
+//! when cold). `src/core/mod.rs` explains the algorithm in full.
 //!
 //! # Quick start
 //!
@@ -56,7 +55,7 @@
 //! A limiter built with several [`Limit`]s lets a request go when every
 //! one of them allows it, charges it to all of them, charges none for a
 //! refused try, and gives a dropped reservation back to all of them,
-//! exactly ([`core::Limits`] says how). A [`Reservation`] names the limit
+//! exactly. A [`Reservation`] names the limit
 //! it waits for. Every builder takes `.limit()`, the Redis ones too: all
 //! the limits of a key then live in one Redis value, updated by one call.
 //!
@@ -104,13 +103,13 @@
 //! Every async method is cancel-safe: dropping its future gives back what
 //! it had taken, so `tokio::time::timeout(d, limiter.acquire(n))` is a
 //! correct way to bound a wait. Dropping a [`Reservation`] before its
-//! moment gives its permits back too; [`Reservation::commit`] keeps them.
+//! moment gives its permits back too; [`Reservation::keep`] keeps them.
 //! How exactly a give-back restores the schedule depends on the limiter:
 //!
 //! | Limiter, methods | A give-back is | Errs towards limiting when |
 //! |---|---|---|
-//! | [`RateLimiter`], [`KeyedRateLimiter`], one limit or several, either policy: `acquire`, `try_acquire`, a [`Reservation`] | exact, however many are given back, in any order: the limits (a key's) are replayed without it from a log of up to [`LOG_CAPACITY`](core::LOG_CAPACITY) requests since the oldest that may be given back, and hold what they would had it never been made ([`core::Limits`]) | more requests came since the oldest that may be given back (it then gives nothing back); a rate changed meanwhile |
-//! | Redis limiters, one limit or several, either policy: `acquire`, `try_acquire`, a [`Reservation`] | exact, as locally, from a log of up to [`LOG_CAPACITY`](core::LOG_CAPACITY) requests per key | more came since it; a rate changed meanwhile; the give-back reaches Redis after its moment, or not at all (Redis down) |
+//! | [`RateLimiter`], [`KeyedRateLimiter`], one limit or several, either policy: `acquire`, `try_acquire`, a [`Reservation`] | exact, however many are given back, in any order: the limits (a key's) are replayed without it from a log of up to 1 024 requests since the oldest that may be given back, and hold what they would had it never been made | more requests came since the oldest that may be given back (it then gives nothing back); a rate changed meanwhile |
+//! | Redis limiters, one limit or several, either policy: `acquire`, `try_acquire`, a [`Reservation`] | exact, as locally, from a log of up to 1 024 requests per key | more came since it; a rate changed meanwhile; the give-back reaches Redis after its moment, or not at all (Redis down) |
 //! | Redis limiters: a round trip dropped in flight, or past the response timeout | the reply is awaited in the background (up to 30 s) and what it reserved given back, as above | as above; the reply comes later than that, or Redis is down |
 //! | Redis limiters: `reserve`, `try_reserve` (a wait, not a handle), dropped in flight | not given back: only a reservation with a handle is logged for a give-back | always: its permits stay charged |
 //! | Redis limiters on their local fallback | as [`KeyedRateLimiter`] | the key was carried back to Redis meanwhile: the give-back is lost, the permits stay charged |
@@ -124,7 +123,13 @@
 
 mod builder;
 pub mod clock;
+// The algorithm (pure arithmetic over `now`), public only with the hidden
+// feature `internals` for the crate's own model tests: not part of the API.
+#[cfg(feature = "internals")]
+#[doc(hidden)]
 pub mod core;
+#[cfg(not(feature = "internals"))]
+mod core;
 mod error;
 #[cfg(feature = "http")]
 pub mod http;
@@ -144,10 +149,8 @@ pub mod stream;
 #[cfg(feature = "tower")]
 pub mod tower;
 
-pub use builder::{Builder, DEFAULT_COLD_FACTOR, Limit};
+pub use builder::{Builder, DEFAULT_COLD_FACTOR, Limit, One, PerKey};
 pub use core::Snapshot;
 pub use error::{BackendError, Error};
-pub use keyed::{KeyedBuilder, KeyedRateLimiter, KeyedStats};
-pub use limiter::{KeyedLimiter, Limiter};
-pub use local::RateLimiter;
+pub use limiter::{Key, KeyedLimiter, KeyedRateLimiter, Limiter, Local, RateLimiter, Stats, Store};
 pub use reservation::Reservation;

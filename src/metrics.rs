@@ -7,9 +7,8 @@
 //!
 //! Every metric is labelled by the limiter's name (a Redis limiter's Redis
 //! key, or for a keyed one its keys' prefix, `paceline:api`;
-//! [`Builder::name`](crate::Builder::name) and
-//! [`KeyedBuilder::name`](crate::KeyedBuilder::name) for a local one,
-//! `default` otherwise), never by a user's key: a key is client-controlled
+//! [`Builder::name`](crate::Builder::name) for a local one, `default`
+//! otherwise), never by a user's key: a key is client-controlled
 //! text, and one label value per key would let clients grow the metrics
 //! without bound. The names follow the OpenTelemetry conventions where they
 //! exist (the rate-limiting metrics of ASP.NET Core's conventions, and the

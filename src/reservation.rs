@@ -17,17 +17,16 @@ use crate::metrics::Metrics;
 /// * [`wait`](Reservation::wait) (or
 ///   [`wait_blocking`](Reservation::wait_blocking)) sleeps until the permits
 ///   may be used; they are then used.
-/// * [`cancel`](Reservation::cancel), or dropping the reservation before its
+/// * [`give_back`](Reservation::give_back), or dropping the reservation before its
 ///   wait has passed, **gives the permits back**: later callers are scheduled
 ///   as if they had never been reserved, and callers already waiting keep
 ///   their slots (the in-process limiters replay their limits without it,
-///   exactly, however many are given back: see
-///   [`Limits`](crate::core::Limits); the crate's
+///   exactly, however many are given back; the crate's
 ///   [table](crate#cancel-safety) says where each limiter errs). This is
 ///   what makes
 ///   `tokio::time::timeout(d, limiter.acquire(n))` and `select!` correct:
 ///   the dropped `acquire` gives back what it had taken.
-/// * [`commit`](Reservation::commit) keeps the permits without waiting here,
+/// * [`keep`](Reservation::keep) keeps the permits without waiting here,
 ///   for a caller that schedules its work itself.
 ///
 /// A reservation with nothing to wait for has nothing to give back.
@@ -49,7 +48,7 @@ use crate::metrics::Metrics;
 /// assert_eq!(limiter.reservation(1)?.delay(), Duration::from_millis(100));
 /// # Ok::<(), paceline::Error>(())
 /// ```
-#[must_use = "a reservation is given back as soon as it is dropped: call .wait(), .wait_blocking() or .commit()"]
+#[must_use = "a reservation is given back as soon as it is dropped: call .wait(), .wait_blocking() or .keep()"]
 pub struct Reservation<'a> {
     delay: Duration,
     /// The limit that set the delay, on a limiter with several (see
@@ -57,18 +56,25 @@ pub struct Reservation<'a> {
     limit: u32,
     clock: &'a dyn Clock,
     /// What to give back on drop; `None` once used, or if nothing can be.
-    pending: Option<Pending<'a>>,
+    pending: Option<GiveBack<'a>>,
+    /// What a Redis limiter's reply said the script left, and the limits it
+    /// is read under (see [`snapshot`](Reservation::snapshot)).
+    #[cfg(feature = "redis")]
+    after: Option<(
+        std::sync::Arc<crate::redis::Stored>,
+        &'a crate::redis::ScriptArgs,
+    )>,
 }
 
 /// Who takes a reservation back, and what it needs to do so.
-pub(crate) struct Pending<'a> {
-    pub(crate) owner: &'a dyn GiveBackTo,
-    pub(crate) taken: Taken,
+pub(crate) struct GiveBack<'a> {
+    pub(crate) owner: &'a dyn GivesBack,
+    pub(crate) taken: GiveBackId,
 }
 
 /// What a reservation took, in the form its limiter needs to give it back.
 #[derive(Debug)]
-pub(crate) enum Taken {
+pub(crate) enum GiveBackId {
     /// A local limiter's reservation: its id in the limits' log.
     Logged(u64),
     /// A reservation in a form only its limiter knows: a keyed limiter's
@@ -78,14 +84,14 @@ pub(crate) enum Taken {
 }
 
 /// A limiter that can take a reservation back.
-pub(crate) trait GiveBackTo: Send + Sync {
+pub(crate) trait GivesBack: Send + Sync {
     /// Gives back what `taken` took. Never blocks for long (a remote limiter
     /// sends the give-back in the background).
-    fn give_back(&self, taken: Taken);
+    fn give_back(&self, taken: GiveBackId);
 
     /// `taken` will never be given back: its permits are kept. A limiter
     /// that keeps something to give it back with forgets it.
-    fn keep(&self, taken: Taken) {
+    fn keep(&self, taken: GiveBackId) {
         let _ = taken;
     }
 
@@ -99,13 +105,31 @@ impl<'a> Reservation<'a> {
     /// A reservation that can be given back through `owner`, or nothing to
     /// give back when `pending` is `None`.
     #[inline]
-    pub(crate) fn new(delay: Duration, clock: &'a dyn Clock, pending: Option<Pending<'a>>) -> Self {
+    pub(crate) fn new(
+        delay: Duration,
+        clock: &'a dyn Clock,
+        pending: Option<GiveBack<'a>>,
+    ) -> Self {
         Reservation {
             delay,
             limit: 0,
             clock,
             pending,
+            #[cfg(feature = "redis")]
+            after: None,
         }
+    }
+
+    /// This reservation, with the state its Redis limiter's reply said the
+    /// script left, read under `args`.
+    #[cfg(feature = "redis")]
+    pub(crate) fn with_after(
+        mut self,
+        after: Option<std::sync::Arc<crate::redis::Stored>>,
+        args: &'a crate::redis::ScriptArgs,
+    ) -> Self {
+        self.after = after.map(|after| (after, args));
+        self
     }
 
     /// This reservation, waiting for limit `limit` of its limiter's.
@@ -153,6 +177,21 @@ impl<'a> Reservation<'a> {
         (!self.delay.is_zero()).then_some(self.limit as usize)
     }
 
+    /// What the limiter held right after this reservation, as its own answer
+    /// to it said: for a limiter shared through Redis, the state the script
+    /// left (for a coalesced batch, the state after the whole batch, which
+    /// errs towards fewer remaining). For the rate-limit headers of this very
+    /// request, where a second read could count other callers' requests.
+    /// `None` for the limiters in this process (whose `snapshot` is read
+    /// without I/O) and for a reservation a fallback served.
+    pub fn snapshot(&self) -> Option<crate::Snapshot> {
+        #[cfg(feature = "redis")]
+        if let Some((after, args)) = &self.after {
+            return Some(after.snapshot(args));
+        }
+        None
+    }
+
     /// Sleeps for the delay (on the limiter's clock), then keeps the permits;
     /// returns the delay. With no delay, returns at once without touching a
     /// timer.
@@ -181,7 +220,7 @@ impl<'a> Reservation<'a> {
     /// Keeps the permits without waiting here, and returns the delay: the
     /// caller promises to wait for it itself.
     #[inline]
-    pub fn commit(mut self) -> Duration {
+    pub fn keep(mut self) -> Duration {
         if let Some(pending) = self.pending.take() {
             pending.owner.keep(pending.taken);
         }
@@ -189,10 +228,10 @@ impl<'a> Reservation<'a> {
     }
 
     /// Gives the permits back now (as dropping the reservation does).
-    pub fn cancel(self) {}
+    pub fn give_back(self) {}
 
     /// Whether dropping this reservation would give something back.
-    pub fn is_cancellable(&self) -> bool {
+    pub fn can_give_back(&self) -> bool {
         self.pending.is_some()
     }
 }
@@ -224,7 +263,7 @@ impl fmt::Debug for Reservation<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Reservation")
             .field("delay", &self.delay)
-            .field("cancellable", &self.pending.is_some())
+            .field("gives_back", &self.pending.is_some())
             .finish()
     }
 }

@@ -1,59 +1,56 @@
-//! What every limiter is under its public type: a [`Store`] of limiter
-//! state, for one key or many, and the user-facing methods written once over
-//! it.
+//! What every limiter is under its public type: an [`Engine`] that holds
+//! the state, for one key or many, in this process or in Redis, and the
+//! user-facing methods written once over it.
 //!
-//! A store reserves (with what it took, so that a dropped
-//! [`Reservation`] gives it back), answers how long a request would wait,
-//! and changes the rate. The in-process stores answer at once (their futures
-//! are ready when made); the Redis store makes a round trip or serves from
-//! its fallback. A limiter with no key is the case `Q = NoKey` of a keyed
-//! one.
-//!
-//! The public limiters forward to the methods here, so each of them has one
-//! body: [`reserve`](Store::reserve), [`try_reserve`](Store::try_reserve),
-//! [`reservation`](Store::reservation),
-//! [`try_reservation`](Store::try_reservation), [`acquire`](Store::acquire),
-//! [`try_acquire`](Store::try_acquire),
-//! [`acquire_blocking`](Store::acquire_blocking),
-//! [`try_acquire_blocking`](Store::try_acquire_blocking),
-//! [`available_in`](Store::available_in) and [`snapshot`](Store::snapshot). The in-process limiters offer the
-//! ones that do not sleep as plain functions too, through [`Now`]. The
-//! [`Limiter`](crate::Limiter) and [`KeyedLimiter`](crate::KeyedLimiter)
-//! traits are implemented once, for every type that is [`Direct`] or
-//! [`Keyed`].
+//! An engine reserves (with what it took, so that a dropped
+//! [`Reservation`] gives it back), answers how long a request would wait
+//! and what a key holds, and changes the rate. The in-process engines
+//! answer at once: their futures are ready when made, and their limiters'
+//! methods that do not sleep poll them once ([`now`]). The Redis engine
+//! makes a round trip or serves from its fallback. The bodies here are the
+//! only ones: [`RateLimiter`](crate::RateLimiter) and
+//! [`KeyedRateLimiter`](crate::KeyedRateLimiter) call them for every store,
+//! and so do the [`Limiter`](crate::Limiter) traits.
 
-use std::fmt::{self, Display};
 use std::future::Future;
-
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::error::check_permits;
 use crate::metrics::{self, Metrics};
 use crate::reservation::wait_if_granted;
-use crate::{Error, Reservation, Snapshot};
+use crate::{Error, Reservation, Snapshot, Stats};
 
-/// The key of a limiter with one state: a limiter with no key is a keyed
-/// limiter over this one key.
+/// The key of a limiter with one state: a limiter with no key is an
+/// engine over this one key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct NoKey;
 
-impl Display for NoKey {
-    fn fmt(&self, _: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl std::fmt::Display for NoKey {
+    fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         Ok(())
     }
 }
 
-/// What a store has whatever the key: its rate and its clock.
+/// What an engine has whatever the key: its rates, its clock, its counts.
 pub trait Rate: Send + Sync {
-    /// Changes the rate of every key.
+    /// Changes the rate of every key; with several limits, the first one's,
+    /// the others scaled alike.
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error>;
 
-    /// The stable rate, in permits per second.
+    /// Changes the rate of limit `index` alone.
+    fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error>;
+
+    /// The stable rate, in permits per second (of the first limit).
     fn rate(&self) -> f64;
 
     /// The clock waits are slept on.
     fn clock(&self) -> &dyn Clock;
+
+    /// What the engine has had to do.
+    fn stats(&self) -> Stats;
 
     /// Sleeps the calling thread for `wait` (a blocking acquire).
     fn sleep_blocking(&self, wait: Duration) {
@@ -68,8 +65,8 @@ pub trait Rate: Send + Sync {
 
 /// Where a limiter's state lives, for keys borrowed as `Q`.
 ///
-/// A store never sees zero permits: the methods check them first.
-pub trait Store<Q: ?Sized + Sync>: Rate {
+/// An engine never sees zero permits: the methods check them first.
+pub trait Engine<Q: ?Sized + Sync>: Rate {
     /// Reserves `permits` of `key` if the wait fits in `timeout` (`None`:
     /// whatever it is); `None` if refused, with nothing reserved. A `held`
     /// reservation gives its permits back if dropped before its wait has
@@ -83,7 +80,7 @@ pub trait Store<Q: ?Sized + Sync>: Rate {
     ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send;
 
     /// [`take`](Self::take), not held: the wait, or `None` if refused.
-    /// Its own method, so that the in-process stores' plain reservations
+    /// Its own method, so that the in-process engines' plain reservations
     /// (their fast path) never build a [`Reservation`].
     fn take_wait(
         &self,
@@ -106,329 +103,276 @@ pub trait Store<Q: ?Sized + Sync>: Rate {
     /// What `key` holds now, read without reserving.
     fn snapshot(&self, key: &Q) -> impl Future<Output = Result<Snapshot, Error>> + Send;
 
-    /// [`snapshot`](Self::snapshot) without I/O; `None` if the store
+    /// Takes `permits` if they are free now, without waiting and without
+    /// I/O; `None` if the engine cannot tell without a round trip.
+    fn take_now(&self, key: &Q, permits: u32) -> Option<Result<bool, Error>> {
+        let _ = (key, permits);
+        None
+    }
+
+    /// [`snapshot`](Self::snapshot) without I/O; `None` if the engine
     /// cannot tell without a round trip.
-    fn snapshot_if_local(&self, key: &Q) -> Option<Snapshot> {
+    fn snapshot_now(&self, key: &Q) -> Option<Snapshot> {
         let _ = key;
         None
     }
+}
 
-    /// Takes `permits` if they are free now, without I/O (see
-    /// [`Limiter::take_if_free`](crate::Limiter::take_if_free)); `None` if
-    /// the store cannot tell without a round trip.
-    fn take_if_free(&self, key: &Q, permits: u32) -> Option<Result<bool, Error>> {
-        let _ = (key, permits);
-        None
-    }
-
-    // The provided methods are `async` blocks rather than future
-    // combinators: a block is created small and builds the store's future
-    // in place when first polled, where a combinator moves the whole
-    // (large, for Redis) future at each layer.
-
-    /// Reserves `permits` of `key` now; the wait before they may be used.
-    /// Nothing gives them back.
-    fn reserve(
-        &self,
-        key: &Q,
-        permits: u32,
-    ) -> impl Future<Output = Result<Duration, Error>> + Send {
-        async move {
-            check_permits(permits)?;
-            let wait = self
-                .take_wait(key, permits, None)
-                .await?
-                .unwrap_or_default();
-            self.metrics().granted(wait);
-            Ok(wait)
-        }
-    }
-
-    /// Reserves `permits` of `key` if the wait fits in `timeout`; `None`,
-    /// reserving nothing, otherwise.
-    fn try_reserve(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<Option<Duration>, Error>> + Send {
-        async move {
-            check_permits(permits)?;
-            let wait = self.take_wait(key, permits, Some(timeout)).await?;
-            self.metrics().tried(wait);
-            Ok(wait)
-        }
-    }
-
-    /// Reserves `permits` of `key` as a reservation that gives them back if
-    /// dropped.
-    fn reservation(
-        &self,
-        key: &Q,
-        permits: u32,
-    ) -> impl Future<Output = Result<Reservation<'_>, Error>> + Send {
-        async move {
-            check_permits(permits)?;
-            let taken = self.take(key, permits, None, true).await?;
-            let reservation =
-                taken.unwrap_or_else(|| Reservation::new(Duration::ZERO, self.clock(), None));
-            self.metrics().granted(reservation.delay());
-            Ok(reservation)
-        }
-    }
-
-    /// [`reservation`](Self::reservation) if the wait fits in `timeout`.
-    fn try_reservation(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
-        async move {
-            check_permits(permits)?;
-            let taken = self.take(key, permits, Some(timeout), true).await?;
-            self.metrics().tried(taken.as_ref().map(Reservation::delay));
-            Ok(taken)
-        }
-    }
-
-    /// Reserves `permits` of `key` and sleeps for the wait; the time slept.
-    /// Dropped, it gives back what it took.
-    fn acquire(
-        &self,
-        key: &Q,
-        permits: u32,
-    ) -> impl Future<Output = Result<Duration, Error>> + Send {
-        async move {
-            check_permits(permits)?;
-            match self.take(key, permits, None, true).await? {
-                Some(reservation) => {
-                    self.metrics().granted(reservation.delay());
-                    Ok(reservation.wait().await)
-                }
-                None => {
-                    self.metrics().granted(Duration::ZERO);
-                    Ok(Duration::ZERO)
-                }
-            }
-        }
-    }
-
-    /// [`acquire`](Self::acquire) if the wait fits in `timeout`; `false`
-    /// at once, reserving nothing, otherwise.
-    fn try_acquire(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<bool, Error>> + Send {
-        async move {
-            check_permits(permits)?;
-            let taken = self.take(key, permits, Some(timeout), true).await?;
-            self.metrics().tried(taken.as_ref().map(Reservation::delay));
-            Ok(wait_if_granted(taken).await)
-        }
-    }
-
-    /// [`acquire`](Self::acquire) on the calling thread.
-    fn acquire_blocking(&self, key: &Q, permits: u32) -> Result<Duration, Error> {
-        check_permits(permits)?;
-        let wait = self.take_blocking(key, permits, None)?.unwrap_or_default();
-        self.metrics().granted(wait);
-        if !wait.is_zero() {
-            self.sleep_blocking(wait);
-        }
-        Ok(wait)
-    }
-
-    /// [`try_acquire`](Self::try_acquire) on the calling thread.
-    fn try_acquire_blocking(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Duration,
-    ) -> Result<bool, Error> {
-        check_permits(permits)?;
-        let taken = self.take_blocking(key, permits, Some(timeout))?;
-        self.metrics().tried(taken);
-        match taken {
-            Some(wait) => {
-                if !wait.is_zero() {
-                    self.sleep_blocking(wait);
-                }
-                Ok(true)
-            }
-            None => Ok(false),
-        }
-    }
-
-    /// How long a request of `key` made now would wait; reserves nothing.
-    #[inline(always)]
-    fn available_in(&self, key: &Q) -> impl Future<Output = Result<Duration, Error>> + Send {
-        self.next_free(key)
+/// The output of a future that is ready when made: an in-process engine's
+/// (their methods do no I/O and never sleep).
+#[inline(always)]
+pub(crate) fn now<F: Future>(future: F) -> F::Output {
+    match pin!(future).poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(output) => output,
+        // An in-process engine's future never waits: nothing here can.
+        Poll::Pending => unreachable!("an in-process limiter's call waited"),
     }
 }
 
-/// A limiter with no key, and its store: it is a [`Limiter`](crate::Limiter).
-pub trait Direct: Send + Sync {
-    /// The store.
-    #[doc(hidden)]
-    type Store: Store<NoKey> + 'static;
-    /// The store.
-    #[doc(hidden)]
-    fn store(&self) -> &Self::Store;
+// The bodies are `async` blocks rather than future combinators: a block is
+// created small and builds the engine's future in place when first
+// polled, where a combinator moves the whole (large, for Redis) future at
+// each layer.
+
+/// Reserves `permits` of `key` now; the wait before they may be used.
+/// Nothing gives them back.
+#[inline(always)]
+pub(crate) async fn reserve<Q, E>(engine: &E, key: &Q, permits: u32) -> Result<Duration, Error>
+where
+    Q: ?Sized + Sync,
+    E: Engine<Q>,
+{
+    check_permits(permits)?;
+    let wait = engine
+        .take_wait(key, permits, None)
+        .await?
+        .unwrap_or_default();
+    engine.metrics().granted(wait);
+    Ok(wait)
 }
 
-/// A limiter with keys `K`, and its store: it is a
-/// [`KeyedLimiter<K>`](crate::KeyedLimiter).
-pub trait Keyed<K: Sync>: Send + Sync {
-    /// The store.
-    #[doc(hidden)]
-    type Store: Store<K> + 'static;
-    /// The store.
-    #[doc(hidden)]
-    fn store(&self) -> &Self::Store;
+/// Reserves `permits` of `key` if the wait fits in `timeout`; `None`,
+/// reserving nothing, otherwise.
+#[inline(always)]
+pub(crate) async fn try_reserve<Q, E>(
+    engine: &E,
+    key: &Q,
+    permits: u32,
+    timeout: Duration,
+) -> Result<Option<Duration>, Error>
+where
+    Q: ?Sized + Sync,
+    E: Engine<Q>,
+{
+    check_permits(permits)?;
+    let wait = engine.take_wait(key, permits, Some(timeout)).await?;
+    engine.metrics().tried(wait);
+    Ok(wait)
 }
 
-/// A store that answers at once, in this process: the methods that do not
-/// sleep are plain functions on it, with the same bodies as
-/// [`Store`]'s, minus the `await`.
-pub trait Now<Q: ?Sized + Sync>: Rate {
-    /// [`Store::take_wait`], at once.
-    fn take_wait_now(&self, key: &Q, permits: u32, timeout: Option<Duration>) -> Option<Duration>;
+/// Reserves `permits` of `key` as a reservation that gives them back if
+/// dropped.
+pub(crate) async fn reservation<'a, Q, E>(
+    engine: &'a E,
+    key: &Q,
+    permits: u32,
+) -> Result<Reservation<'a>, Error>
+where
+    Q: ?Sized + Sync,
+    E: Engine<Q>,
+{
+    check_permits(permits)?;
+    let taken = engine.take(key, permits, None, true).await?;
+    let reservation =
+        taken.unwrap_or_else(|| Reservation::new(Duration::ZERO, engine.clock(), None));
+    engine.metrics().granted(reservation.delay());
+    Ok(reservation)
+}
 
-    /// [`Store::take`], held, at once.
-    fn take_now(&self, key: &Q, permits: u32, timeout: Option<Duration>)
-    -> Option<Reservation<'_>>;
+/// [`reservation`] if the wait fits in `timeout`.
+pub(crate) async fn try_reservation<'a, Q, E>(
+    engine: &'a E,
+    key: &Q,
+    permits: u32,
+    timeout: Duration,
+) -> Result<Option<Reservation<'a>>, Error>
+where
+    Q: ?Sized + Sync,
+    E: Engine<Q>,
+{
+    check_permits(permits)?;
+    let taken = engine.take(key, permits, Some(timeout), true).await?;
+    engine
+        .metrics()
+        .tried(taken.as_ref().map(Reservation::delay));
+    Ok(taken)
+}
 
-    /// [`Store::next_free`], at once.
-    fn next_free_now(&self, key: &Q) -> Duration;
+/// Reserves `permits` of `key` and sleeps for the wait; the time slept.
+/// Dropped, it gives back what it took.
+pub(crate) async fn acquire<Q, E>(engine: &E, key: &Q, permits: u32) -> Result<Duration, Error>
+where
+    Q: ?Sized + Sync,
+    E: Engine<Q>,
+{
+    Ok(reservation(engine, key, permits).await?.wait().await)
+}
 
-    /// [`Store::snapshot`], at once.
-    fn snapshot_now(&self, key: &Q) -> Snapshot;
+/// [`acquire`] if the wait fits in `timeout`; `false` at once, reserving
+/// nothing, otherwise.
+pub(crate) async fn try_acquire<Q, E>(
+    engine: &E,
+    key: &Q,
+    permits: u32,
+    timeout: Duration,
+) -> Result<bool, Error>
+where
+    Q: ?Sized + Sync,
+    E: Engine<Q>,
+{
+    let taken = try_reservation(engine, key, permits, timeout).await?;
+    Ok(wait_if_granted(taken).await)
+}
 
-    /// [`Store::take_if_free`].
-    fn take_if_free_now(&self, key: &Q, permits: u32) -> Option<Result<bool, Error>> {
-        let _ = (key, permits);
-        None
+/// [`acquire`] on the calling thread.
+pub(crate) fn acquire_blocking<Q, E>(engine: &E, key: &Q, permits: u32) -> Result<Duration, Error>
+where
+    Q: ?Sized + Sync,
+    E: Engine<Q>,
+{
+    Ok(take_and_sleep(engine, key, permits, None)?.unwrap_or_default())
+}
+
+/// [`try_acquire`] on the calling thread.
+pub(crate) fn try_acquire_blocking<Q, E>(
+    engine: &E,
+    key: &Q,
+    permits: u32,
+    timeout: Duration,
+) -> Result<bool, Error>
+where
+    Q: ?Sized + Sync,
+    E: Engine<Q>,
+{
+    Ok(take_and_sleep(engine, key, permits, Some(timeout))?.is_some())
+}
+
+/// Takes `permits` of `key` if the wait fits in `timeout` (any wait without
+/// one), counts it, and sleeps the calling thread for the wait.
+fn take_and_sleep<Q, E>(
+    engine: &E,
+    key: &Q,
+    permits: u32,
+    timeout: Option<Duration>,
+) -> Result<Option<Duration>, Error>
+where
+    Q: ?Sized + Sync,
+    E: Engine<Q>,
+{
+    check_permits(permits)?;
+    let taken = engine.take_blocking(key, permits, timeout)?;
+    match timeout {
+        Some(_) => engine.metrics().tried(taken),
+        None => engine.metrics().granted(taken.unwrap_or_default()),
+    }
+    if let Some(wait) = taken.filter(|wait| !wait.is_zero()) {
+        engine.sleep_blocking(wait);
+    }
+    Ok(taken)
+}
+
+/// Takes `permits` of `key` if they are free now, without I/O; counted as
+/// a grant when taken (one that is not free is the caller's to reserve
+/// next, which counts).
+pub(crate) fn take_now<Q, E>(engine: &E, key: &Q, permits: u32) -> Option<Result<bool, Error>>
+where
+    Q: ?Sized + Sync,
+    E: Engine<Q>,
+{
+    if let Err(error) = check_permits(permits) {
+        return Some(Err(error));
+    }
+    let taken = engine.take_now(key, permits);
+    if let Some(Ok(true)) = taken {
+        engine.metrics().granted(Duration::ZERO);
+    }
+    taken
+}
+
+/// An engine shared with the tasks it starts (the Redis engine's) is an
+/// engine behind its `Arc`.
+impl<E: Rate> Rate for std::sync::Arc<E> {
+    fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
+        (**self).set_rate(permits_per_second)
     }
 
-    /// [`Store::reserve`], at once.
-    #[inline(always)]
-    fn reserve_now(&self, key: &Q, permits: u32) -> Result<Duration, Error> {
-        check_permits(permits)?;
-        let wait = self.take_wait_now(key, permits, None).unwrap_or_default();
-        self.metrics().granted(wait);
-        Ok(wait)
+    fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
+        (**self).set_limit_rate(index, permits_per_second)
     }
 
-    /// [`Store::try_reserve`], at once.
-    #[inline(always)]
-    fn try_reserve_now(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Duration,
-    ) -> Result<Option<Duration>, Error> {
-        check_permits(permits)?;
-        let wait = self.take_wait_now(key, permits, Some(timeout));
-        self.metrics().tried(wait);
-        Ok(wait)
+    fn rate(&self) -> f64 {
+        (**self).rate()
     }
 
-    /// [`Store::reservation`], at once.
-    #[inline]
-    fn reservation_now(&self, key: &Q, permits: u32) -> Result<Reservation<'_>, Error> {
-        check_permits(permits)?;
-        let taken = self.take_now(key, permits, None);
-        let reservation =
-            taken.unwrap_or_else(|| Reservation::new(Duration::ZERO, self.clock(), None));
-        self.metrics().granted(reservation.delay());
-        Ok(reservation)
+    fn clock(&self) -> &dyn Clock {
+        (**self).clock()
     }
 
-    /// [`Store::try_reservation`], at once.
-    #[inline]
-    fn try_reservation_now(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Duration,
-    ) -> Result<Option<Reservation<'_>>, Error> {
-        check_permits(permits)?;
-        let taken = self.take_now(key, permits, Some(timeout));
-        self.metrics().tried(taken.as_ref().map(Reservation::delay));
-        Ok(taken)
+    fn stats(&self) -> Stats {
+        (**self).stats()
+    }
+
+    fn sleep_blocking(&self, wait: Duration) {
+        (**self).sleep_blocking(wait);
+    }
+
+    fn metrics(&self) -> &Metrics {
+        (**self).metrics()
     }
 }
 
-/// Implements [`Store`] for an in-process store from its [`Now`]: its
-/// futures are ready when made. (A macro rather than a blanket impl, which
-/// would overlap the Redis store's.)
-macro_rules! in_process_store {
-    (impl<$($gen:ident),*> for $ty:ty, key $q:ty, where $($bounds:tt)*) => {
-        impl<$($gen),*> $crate::store::Store<$q> for $ty
-        where
-            $($bounds)*
-        {
-    #[inline]
+impl<Q: ?Sized + Sync, E: Engine<Q>> Engine<Q> for std::sync::Arc<E> {
     fn take(
         &self,
-        key: &$q,
+        key: &Q,
         permits: u32,
-        timeout: Option<::std::time::Duration>,
+        timeout: Option<Duration>,
         held: bool,
-    ) -> impl ::std::future::Future<Output = Result<Option<$crate::Reservation<'_>>, $crate::Error>> + Send {
-        ::std::future::ready(Ok(if held {
-            $crate::store::Now::take_now(self, key, permits, timeout)
-        } else {
-            $crate::store::Now::take_wait_now(self, key, permits, timeout)
-                .map(|wait| Reservation::new(wait, $crate::store::Rate::clock(self), None))
-        }))
+    ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
+        (**self).take(key, permits, timeout, held)
     }
 
-    #[inline]
     fn take_wait(
         &self,
-        key: &$q,
+        key: &Q,
         permits: u32,
-        timeout: Option<::std::time::Duration>,
-    ) -> impl ::std::future::Future<Output = Result<Option<::std::time::Duration>, $crate::Error>> + Send {
-        ::std::future::ready(Ok($crate::store::Now::take_wait_now(self, key, permits, timeout)))
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<Option<Duration>, Error>> + Send {
+        (**self).take_wait(key, permits, timeout)
     }
 
     fn take_blocking(
         &self,
-        key: &$q,
+        key: &Q,
         permits: u32,
-        timeout: Option<::std::time::Duration>,
-    ) -> Result<Option<::std::time::Duration>, $crate::Error> {
-        Ok($crate::store::Now::take_wait_now(self, key, permits, timeout))
+        timeout: Option<Duration>,
+    ) -> Result<Option<Duration>, Error> {
+        (**self).take_blocking(key, permits, timeout)
     }
 
-    fn next_free(&self, key: &$q) -> impl ::std::future::Future<Output = Result<::std::time::Duration, $crate::Error>> + Send {
-        ::std::future::ready(Ok($crate::store::Now::next_free_now(self, key)))
+    fn next_free(&self, key: &Q) -> impl Future<Output = Result<Duration, Error>> + Send {
+        (**self).next_free(key)
     }
 
-    fn take_if_free(&self, key: &$q, permits: u32) -> Option<Result<bool, $crate::Error>> {
-        let taken = $crate::store::Now::take_if_free_now(self, key, permits);
-        // Taken: a grant with no wait. Not free: the caller reserves next,
-        // which counts.
-        if let Some(Ok(true)) = taken {
-            $crate::store::Rate::metrics(self).granted(::std::time::Duration::ZERO);
-        }
-        taken
+    fn snapshot(&self, key: &Q) -> impl Future<Output = Result<Snapshot, Error>> + Send {
+        (**self).snapshot(key)
     }
 
-    fn snapshot(&self, key: &$q) -> impl ::std::future::Future<Output = Result<$crate::Snapshot, $crate::Error>> + Send {
-        ::std::future::ready(Ok($crate::store::Now::snapshot_now(self, key)))
+    fn take_now(&self, key: &Q, permits: u32) -> Option<Result<bool, Error>> {
+        (**self).take_now(key, permits)
     }
 
-    fn snapshot_if_local(&self, key: &$q) -> Option<$crate::Snapshot> {
-        Some($crate::store::Now::snapshot_now(self, key))
+    fn snapshot_now(&self, key: &Q) -> Option<Snapshot> {
+        (**self).snapshot_now(key)
     }
 }
-    };
-}
-
-pub(crate) use in_process_store;

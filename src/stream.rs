@@ -61,12 +61,13 @@
 //!
 //! When nothing is owed and the limiter can tell without I/O (the local
 //! [`RateLimiter`](crate::RateLimiter), through
-//! `Limiter::take_if_free`), an item's permits are taken at once, with no
+//! `Limiter::take_now`), an item's permits are taken at once, with no
 //! future and no timer. Otherwise an item costs one boxed future for its
 //! wait (the [`Limiter`] methods are `async`, so they box theirs too).
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::ops::Deref;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -121,7 +122,7 @@ pub trait ThrottleExt: Stream {
         }
         Throttle {
             core: Core::new(self, limiter),
-            permits: one::<Self::Item>,
+            charge: one::<Self::Item>,
         }
     }
 
@@ -160,7 +161,7 @@ pub trait ThrottleExt: Stream {
     {
         Throttle {
             core: Core::new(self, limiter),
-            permits,
+            charge: permits,
         }
     }
 
@@ -200,7 +201,7 @@ pub trait ThrottleExt: Stream {
         self,
         limiter: L,
         key_and_permits: F,
-    ) -> ThrottleKeyed<'a, Self, L, F>
+    ) -> ThrottleKeyed<'a, Self, L, F, K>
     where
         Self: Sized,
         L: Deref + Send + 'a,
@@ -208,9 +209,9 @@ pub trait ThrottleExt: Stream {
         K: Send + Sync + 'a,
         F: FnMut(&Self::Item) -> (K, u32),
     {
-        ThrottleKeyed {
+        Throttle {
             core: Core::new(self, limiter),
-            key_and_permits,
+            charge: PerKey(key_and_permits, PhantomData),
         }
     }
 }
@@ -409,48 +410,86 @@ impl<'a, S: Stream, L> Core<'a, S, L> {
     }
 }
 
-/// The wait for `permits` of `limiter`.
-fn wait<'a, L>(limiter: L, permits: u32) -> Wait<'a, L>
+/// What an item of a throttled stream costs: the function given to
+/// [`ThrottleExt`], for a [`Limiter`] (`FnMut(&item) -> permits`) or, as
+/// [`PerKey`], for a [`KeyedLimiter`]. Sealed: implemented here only.
+pub trait Charge<'a, T, L>: sealed::Sealed {
+    /// The wait to start for `item`, or `None` to release it at once (it
+    /// is free, or its permits were taken at once).
+    #[doc(hidden)]
+    fn charge(
+        &mut self,
+        item: &T,
+        limiter: &L,
+    ) -> Option<impl FnOnce(L) -> Wait<'a, L> + use<'a, Self, T, L>>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+impl<F> sealed::Sealed for F {}
+
+impl<'a, T, L, F> Charge<'a, T, L> for F
 where
     L: Deref + Send + 'a,
     L::Target: Limiter + 'a,
+    F: FnMut(&T) -> u32,
 {
-    Box::pin(async move {
-        let target: &L::Target = &limiter;
-        let result = match target.reservation(permits).await {
-            Ok(reservation) => {
-                reservation.wait().await;
-                Ok(())
-            }
-            Err(error) => Err(error),
-        };
-        (limiter, result)
-    })
+    fn charge(
+        &mut self,
+        item: &T,
+        limiter: &L,
+    ) -> Option<impl FnOnce(L) -> Wait<'a, L> + use<'a, T, L, F>> {
+        let permits = self(item);
+        // Free, or nothing owed and the limiter can tell without I/O: the
+        // item goes with no future to box.
+        if permits == 0 || matches!(limiter.take_now(permits), Some(Ok(true))) {
+            return None;
+        }
+        Some(move |limiter: L| -> Wait<'a, L> {
+            Box::pin(async move {
+                let result = waited(limiter.reservation(permits).await).await;
+                (limiter, result)
+            })
+        })
+    }
 }
 
-/// The wait for `permits` of `key` in `limiter`.
-fn wait_keyed<'a, L, K>(limiter: L, key: K, permits: u32) -> Wait<'a, L>
+/// Waits for a reservation's moment, if it was made.
+async fn waited(reserved: Result<crate::Reservation<'_>, Error>) -> Result<(), Error> {
+    reserved?.wait().await;
+    Ok(())
+}
+
+/// The charge of [`ThrottleExt::throttle_keyed`]: `key_and_permits(&item)`
+/// for a [`KeyedLimiter`].
+pub struct PerKey<F, K>(F, PhantomData<fn() -> K>);
+
+impl<'a, T, L, F, K> Charge<'a, T, L> for PerKey<F, K>
 where
     L: Deref + Send + 'a,
     L::Target: KeyedLimiter<K> + 'a,
     K: Send + Sync + 'a,
+    F: FnMut(&T) -> (K, u32),
 {
-    Box::pin(async move {
-        let target: &L::Target = &limiter;
-        let result = match target.reservation(&key, permits).await {
-            Ok(reservation) => {
-                reservation.wait().await;
-                Ok(())
-            }
-            Err(error) => Err(error),
-        };
-        drop(key);
-        (limiter, result)
-    })
+    fn charge(
+        &mut self,
+        item: &T,
+        _: &L,
+    ) -> Option<impl FnOnce(L) -> Wait<'a, L> + use<'a, T, L, F, K>> {
+        let (key, permits) = (self.0)(item);
+        (permits != 0).then_some(move |limiter: L| -> Wait<'a, L> {
+            Box::pin(async move {
+                let result = waited(limiter.reservation(&key, permits).await).await;
+                drop(key);
+                (limiter, result)
+            })
+        })
+    }
 }
 
-/// A stream paced by a [`Limiter`]: made by [`ThrottleExt::throttle`] and
-/// [`ThrottleExt::throttle_by`].
+/// A stream paced by a limiter: made by [`ThrottleExt`]'s methods.
 ///
 /// Yields the inner stream's items in order, each once its permits are due,
 /// as `Ok(item)`; a limiter error yields `Err` with the item (see the
@@ -459,8 +498,12 @@ where
 #[must_use = "streams do nothing unless polled"]
 pub struct Throttle<'a, S: Stream, L, F> {
     core: Core<'a, S, L>,
-    permits: F,
+    charge: F,
 }
+
+/// A stream paced by a [`KeyedLimiter`], each item charged to its own key:
+/// made by [`ThrottleExt::throttle_keyed`].
+pub type ThrottleKeyed<'a, S, L, F, K> = Throttle<'a, S, L, PerKey<F, K>>;
 
 // Nothing is pinned in place: the inner stream is boxed, the rest is moved
 // freely.
@@ -469,23 +512,13 @@ impl<S: Stream, L, F> Unpin for Throttle<'_, S, L, F> {}
 impl<'a, S, L, F> Stream for Throttle<'a, S, L, F>
 where
     S: Stream,
-    L: Deref + Send + 'a,
-    L::Target: Limiter + 'a,
-    F: FnMut(&S::Item) -> u32,
+    F: Charge<'a, S::Item, L>,
 {
     type Item = Result<S::Item, ThrottleError<S::Item>>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Next<S::Item> {
-        let Throttle { core, permits } = self.get_mut();
-        core.poll_next(cx, |item, limiter| {
-            let permits = permits(item);
-            // Free, or nothing owed and the limiter can tell without I/O:
-            // the item goes with no future to box.
-            if permits == 0 || matches!(limiter.take_if_free(permits), Some(Ok(true))) {
-                return None;
-            }
-            Some(move |limiter| wait(limiter, permits))
-        })
+        let Throttle { core, charge } = self.get_mut();
+        core.poll_next(cx, |item, limiter| charge.charge(item, limiter))
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
@@ -496,9 +529,7 @@ where
 impl<'a, S, L, F> FusedStream for Throttle<'a, S, L, F>
 where
     S: Stream,
-    L: Deref + Send + 'a,
-    L::Target: Limiter + 'a,
-    F: FnMut(&S::Item) -> u32,
+    F: Charge<'a, S::Item, L>,
 {
     fn is_terminated(&self) -> bool {
         self.core.is_terminated()
@@ -508,63 +539,5 @@ where
 impl<S: Stream, L, F> fmt::Debug for Throttle<'_, S, L, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.core.fmt("Throttle", f)
-    }
-}
-
-/// A stream paced by a [`KeyedLimiter`]: made by
-/// [`ThrottleExt::throttle_keyed`].
-///
-/// As [`Throttle`], with each item charged to its own key.
-#[must_use = "streams do nothing unless polled"]
-pub struct ThrottleKeyed<'a, S: Stream, L, F> {
-    core: Core<'a, S, L>,
-    key_and_permits: F,
-}
-
-// As for `Throttle`: nothing is pinned in place.
-impl<S: Stream, L, F> Unpin for ThrottleKeyed<'_, S, L, F> {}
-
-impl<'a, S, L, F, K> Stream for ThrottleKeyed<'a, S, L, F>
-where
-    S: Stream,
-    L: Deref + Send + 'a,
-    L::Target: KeyedLimiter<K> + 'a,
-    K: Send + Sync + 'a,
-    F: FnMut(&S::Item) -> (K, u32),
-{
-    type Item = Result<S::Item, ThrottleError<S::Item>>;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Next<S::Item> {
-        let ThrottleKeyed {
-            core,
-            key_and_permits,
-        } = self.get_mut();
-        core.poll_next(cx, |item, _| {
-            let (key, permits) = key_and_permits(item);
-            (permits != 0).then_some(move |limiter| wait_keyed(limiter, key, permits))
-        })
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        self.core.size_hint()
-    }
-}
-
-impl<'a, S, L, F, K> FusedStream for ThrottleKeyed<'a, S, L, F>
-where
-    S: Stream,
-    L: Deref + Send + 'a,
-    L::Target: KeyedLimiter<K> + 'a,
-    K: Send + Sync + 'a,
-    F: FnMut(&S::Item) -> (K, u32),
-{
-    fn is_terminated(&self) -> bool {
-        self.core.is_terminated()
-    }
-}
-
-impl<S: Stream, L, F> fmt::Debug for ThrottleKeyed<'_, S, L, F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.core.fmt("ThrottleKeyed", f)
     }
 }

@@ -170,29 +170,29 @@ type Reserving = Pin<Box<dyn Future<Output = Result<Option<Duration>, Error>> + 
 
 /// A reservation in progress, owned by a service: the future reserves and
 /// waits, sets `due`, and then keeps the reservation until it is dropped,
-/// committing it if `commit` is set by then and giving it back otherwise.
+/// keeping it if `keep` is set by then and giving it back otherwise.
 struct Held {
     /// In a mutex only so that the service is `Sync` (axum's `.layer`
     /// requires it): it is only ever reached through `&mut`, with
     /// `get_mut`, which takes no lock.
     future: Mutex<Reserving>,
     due: Arc<AtomicBool>,
-    commit: Arc<AtomicBool>,
+    keep: Arc<AtomicBool>,
 }
 
-/// Keeps a reservation until dropped: commits it if `commit` is set, else
+/// Keeps a reservation until dropped: commits it if `keep` is set, else
 /// gives it back (by dropping it).
 struct Keep<'a> {
     reservation: Option<Reservation<'a>>,
-    commit: Arc<AtomicBool>,
+    keep: Arc<AtomicBool>,
 }
 
 impl Drop for Keep<'_> {
     fn drop(&mut self) {
-        if self.commit.load(Ordering::Acquire)
+        if self.keep.load(Ordering::Acquire)
             && let Some(reservation) = self.reservation.take()
         {
-            reservation.commit();
+            reservation.keep();
         }
     }
 }
@@ -206,8 +206,8 @@ impl Held {
         T: Limiter + ?Sized,
     {
         let due = Arc::new(AtomicBool::new(false));
-        let commit = Arc::new(AtomicBool::new(false));
-        let (due_set, commit_read) = (Arc::clone(&due), Arc::clone(&commit));
+        let keep = Arc::new(AtomicBool::new(false));
+        let (due_set, keep_read) = (Arc::clone(&due), Arc::clone(&keep));
         let future = Box::pin(async move {
             let reservation = if let Some(max_wait) = max_wait {
                 match limiter.try_reservation(1, max_wait).await? {
@@ -220,7 +220,7 @@ impl Held {
             let delay = reservation.delay();
             let keep = Keep {
                 reservation: Some(reservation),
-                commit: commit_read,
+                keep: keep_read,
             };
             if !delay.is_zero() {
                 limiter.clock().sleep(delay).await;
@@ -235,7 +235,7 @@ impl Held {
         Held {
             future: Mutex::new(future),
             due,
-            commit,
+            keep,
         }
     }
 }
@@ -294,7 +294,7 @@ where
             match &mut self.permit {
                 Permit::None => {
                     // Nothing owed: no reservation to hold, no future.
-                    match self.limiter.take_if_free(1) {
+                    match self.limiter.take_now(1) {
                         Some(Ok(true)) => {
                             self.permit = Permit::Free;
                             continue;
@@ -346,7 +346,7 @@ where
                     .map_err(boxed::<S::Error> as fn(_) -> _),
             ),
             Permit::Pending(held) if held.due.load(Ordering::Acquire) => {
-                held.commit.store(true, Ordering::Release);
+                held.keep.store(true, Ordering::Release);
                 drop(held);
                 Either::Left(
                     self.inner

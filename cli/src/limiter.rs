@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use paceline::Local;
 use paceline::{Error, KeyedLimiter, Limit, Limiter};
 
 use crate::args::{Args, Failure, OnDown};
@@ -14,10 +15,8 @@ use crate::units::{Rate, parse_rate};
 /// monotonic clock, which needs no calibration at start (a pipeline
 /// stage starts often and copies little).
 ///
-/// The local limiters are built on it with `Builder::with_clock` and
-/// `KeyedBuilder::with_clock`, here only ([`local`] and [`pacer`]). The
-/// library means to replace that API; when it does, this file is the one
-/// place to follow it.
+/// A builder given this clock never makes the library's own (see
+/// `Builder::clock`), so a run that never waits never calibrates one.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct StdClock(Instant);
 
@@ -104,8 +103,8 @@ pub(crate) fn limits(args: &Args) -> Result<(Vec<Limit>, f64), Failure> {
 }
 
 /// One rate in this process, on [`StdClock`].
-pub(crate) fn local(limits: Vec<Limit>) -> Result<paceline::RateLimiter<StdClock>, Failure> {
-    let mut builder = paceline::Builder::with_clock(StdClock::start());
+pub(crate) fn local(limits: Vec<Limit>) -> Result<paceline::RateLimiter<Local, StdClock>, Failure> {
+    let mut builder = paceline::RateLimiter::builder().clock(StdClock::start());
     for limit in limits {
         builder = builder.limit(limit);
     }
@@ -116,7 +115,8 @@ pub(crate) fn local(limits: Vec<Limit>) -> Result<paceline::RateLimiter<StdClock
 pub(crate) async fn pacer(args: &Args, limits: Vec<Limit>, keyed: bool) -> Result<Pacer, Failure> {
     let Some(url) = &args.redis else {
         return Ok(if keyed {
-            let mut builder = paceline::KeyedBuilder::<Key, _>::with_clock(StdClock::start())
+            let mut builder = paceline::KeyedRateLimiter::<Key>::builder()
+                .clock(StdClock::start())
                 .max_keys(args.max_keys);
             for limit in limits {
                 builder = builder.limit(limit);
@@ -149,7 +149,7 @@ pub(crate) async fn pacer(args: &Args, limits: Vec<Limit>, keyed: bool) -> Resul
         OnDown::Open => Fallback::FailOpen,
         OnDown::Closed => Fallback::FailClosed,
     };
-    if backend.is_degraded() {
+    if backend.stats().degraded {
         let meanwhile = match args.on_down {
             OnDown::Local => "pacing on a limiter of its own (--on-down local)",
             OnDown::Open | OnDown::Closed => "letting every record through (--on-down open)",
@@ -157,23 +157,24 @@ pub(crate) async fn pacer(args: &Args, limits: Vec<Limit>, keyed: bool) -> Resul
         eprintln!("paceline: Redis at {url} does not answer: {meanwhile} until it does");
     }
     Ok(if keyed {
-        let mut builder = backend
-            .keyed_limiter::<Key>(&args.name)
-            .fallback(fallback)
-            .local_fraction(args.local_fraction)
-            .max_local_keys(args.max_keys);
+        let mut builder = paceline::KeyedRateLimiter::<Key>::builder().max_keys(args.max_keys);
         for limit in limits {
             builder = builder.limit(limit);
         }
-        Pacer::Keyed(Arc::new(builder.build().map_err(usage)?))
-    } else {
-        let mut builder = backend
-            .limiter(&args.name)
+        let builder = builder
+            .redis(&backend, &args.name)
             .fallback(fallback)
             .local_fraction(args.local_fraction);
+        Pacer::Keyed(Arc::new(builder.build().map_err(usage)?))
+    } else {
+        let mut builder = paceline::RateLimiter::builder();
         for limit in limits {
             builder = builder.limit(limit);
         }
+        let builder = builder
+            .redis(&backend, &args.name)
+            .fallback(fallback)
+            .local_fraction(args.local_fraction);
         Pacer::One(Arc::new(builder.build().map_err(usage)?))
     })
 }

@@ -159,6 +159,7 @@ impl Limits {
     /// Reserves `permits` at `now_micros`: every limit is charged as of the
     /// moment all of them allow it. A `held` reservation that has to wait
     /// gets an id to give it back with.
+    #[cfg(any(test, feature = "internals"))]
     pub fn reserve(&mut self, permits: u32, now_micros: u64, held: bool) -> Granted {
         let (moment, bound_by) = earliest(&self.states, now_micros);
         self.reserve_at(permits, now_micros, moment, bound_by, held)
@@ -279,6 +280,7 @@ impl Limits {
     /// (a missing one is 0). The give-back log empties: what waits can no
     /// longer be given back exactly, and gives nothing back (erring towards
     /// limiting).
+    #[cfg(any(test, feature = "internals"))]
     pub fn resume(&mut self, debts_micros: &[u64], now_micros: u64) {
         self.clear_log();
         for (i, state) in self.states.iter_mut().enumerate() {

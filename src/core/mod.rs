@@ -171,8 +171,6 @@
 //! of overflowing.
 
 mod bursty;
-mod give_back;
-mod ledger;
 mod limits;
 mod snapshot;
 mod state;
@@ -182,15 +180,9 @@ mod warming_up;
 pub(crate) mod word;
 
 pub use bursty::Bursty;
-// The one-limit give-back that the log replaced: the baseline of
-// `tests/local/cancellation.rs` (the Redis script, which used it, now
-// replays a log).
-#[doc(hidden)]
-pub use give_back::{GiveBack, Reserved};
-// Its ledger: used by nothing any more.
-#[doc(hidden)]
-pub use ledger::Ledger;
-pub use limits::{Granted, LOG_CAPACITY, Limits};
+#[cfg(feature = "internals")]
+pub use limits::LOG_CAPACITY;
+pub use limits::{Granted, Limits};
 pub use snapshot::Snapshot;
 pub use state::State;
 pub use warming_up::WarmingUp;

@@ -56,7 +56,7 @@ impl Snapshot {
     /// The snapshot of `state` at `now_micros` (a state that has not seen
     /// `now_micros` yet is resynced first, on a copy). `limit` is its index
     /// among several.
-    pub fn of(state: &State, now_micros: u64, limit: usize) -> Snapshot {
+    pub(crate) fn of(state: &State, now_micros: u64, limit: usize) -> Snapshot {
         let mut state = state.clone();
         state.resync(now_micros);
         Snapshot {
@@ -76,7 +76,7 @@ impl Snapshot {
     /// now, with the fewest requests remaining (of those, the longest wait,
     /// then the longest until full). Its [`remaining`](Self::remaining) and
     /// [`wait`](Self::wait) are those of all the limits together.
-    pub fn of_limits(limits: &Limits, now_micros: u64) -> Snapshot {
+    pub(crate) fn of_limits(limits: &Limits, now_micros: u64) -> Snapshot {
         Snapshot::binding(
             limits
                 .states()
@@ -89,7 +89,7 @@ impl Snapshot {
 
     /// Of several limits' snapshots, the one that binds (see
     /// [`of_limits`](Self::of_limits)); `None` if there are none.
-    pub fn binding(snapshots: impl IntoIterator<Item = Snapshot>) -> Option<Snapshot> {
+    pub(crate) fn binding(snapshots: impl IntoIterator<Item = Snapshot>) -> Option<Snapshot> {
         snapshots.into_iter().min_by(|a, b| {
             a.remaining()
                 .cmp(&b.remaining())
@@ -101,7 +101,7 @@ impl Snapshot {
     /// What a limiter that knows only its wait and rate can tell: nothing
     /// stored, no burst. (The default of the limiter traits' `snapshot`,
     /// for limiters outside this crate.)
-    pub fn from_wait(wait: Duration, permits_per_second: f64) -> Snapshot {
+    pub(crate) fn from_wait(wait: Duration, permits_per_second: f64) -> Snapshot {
         let micros = super::micros(wait);
         Snapshot {
             rate: permits_per_second,

@@ -92,6 +92,7 @@ impl State {
     /// Permits saved up while idle, as of the last operation (a
     /// [`resync`](State::resync) brings them up to `now`): from `0.0` to
     /// [`max_permits`](State::max_permits).
+    #[cfg(any(test, feature = "internals"))]
     pub fn stored_permits(&self) -> f64 {
         self.stored_permits
     }
@@ -99,12 +100,14 @@ impl State {
     /// The most permits that can be stored: the burst past the one request
     /// that goes at the ticket (bursty), or the permits of a cold limiter
     /// (warming-up).
+    #[cfg(any(test, feature = "internals"))]
     pub fn max_permits(&self) -> f64 {
         self.max_permits
     }
 
     /// Microseconds between two permits at the stable rate (`0.0` for an
     /// infinite rate; at most [`MAX_MICROS`]).
+    #[cfg(any(test, feature = "internals"))]
     pub fn stable_interval_micros(&self) -> f64 {
         self.stable_interval_micros
     }
@@ -122,6 +125,7 @@ impl State {
     /// `next_free_micros + next_free_fraction / 2^20` µs. Waits are whole
     /// microseconds; this carries what they leave out (see "Exact at every
     /// rate" in the [module documentation](crate::core)).
+    #[cfg(any(test, feature = "internals"))]
     pub fn next_free_fraction(&self) -> u32 {
         self.next_free_fraction
     }
@@ -204,12 +208,14 @@ impl State {
 
     /// Reserves `permits` at `now_micros` and returns how long the caller must
     /// wait, in microseconds (zero if the ticket is already due).
+    #[cfg(any(test, feature = "internals"))]
     pub fn reserve(&mut self, permits: u32, now_micros: u64) -> u64 {
         self.reserve_earliest_available(permits, now_micros)
             .saturating_sub(now_micros)
     }
 
     /// The earliest moment a request could go, without reserving anything.
+    #[cfg(any(test, feature = "internals"))]
     pub fn query_earliest_available(&self) -> u64 {
         self.next_free_micros
     }
@@ -247,6 +253,7 @@ impl State {
 
     /// Whether a request at `now_micros` would wait at most `timeout_micros`.
     /// Looks only at the debt of earlier requests, not at the size of this one.
+    #[cfg(any(test, feature = "internals"))]
     pub fn can_acquire(&self, now_micros: u64, timeout_micros: u64) -> bool {
         self.query_earliest_available()
             .saturating_sub(timeout_micros)
@@ -255,6 +262,7 @@ impl State {
 
     /// Reserves `permits` if the wait fits in `timeout_micros` and returns it;
     /// otherwise returns `None` and changes nothing.
+    #[cfg(any(test, feature = "internals"))]
     pub fn try_reserve(
         &mut self,
         permits: u32,
@@ -280,6 +288,7 @@ impl State {
     /// state.resume(300_000, 1_000_000);
     /// assert_eq!((state.stored_permits(), state.next_free_micros()), (0.0, 1_300_000));
     /// ```
+    #[cfg(any(test, feature = "internals"))]
     pub fn resume(&mut self, debt_micros: u64, now_micros: u64) {
         if now_micros > self.next_free_micros {
             self.next_free_micros = now_micros.min(MAX_MICROS);

@@ -22,6 +22,7 @@ pub fn retry_after_secs(wait: Duration) -> u64 {
 /// Which rate-limit headers a [`RateLimitLayer`](super::RateLimitLayer) writes on every response
 /// it lets through or refuses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Headers {
     /// None (a refusal still carries `Retry-After`).
     None,

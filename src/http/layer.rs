@@ -98,9 +98,12 @@ impl<L, X> RateLimitLayer<L, X> {
     ///
     /// # The headers
     ///
-    /// With the key's [`Snapshot`] after the request (a second call to the
-    /// limiter: a second round trip for a Redis limiter; turn them off
-    /// with [`Headers::None`] where that matters):
+    /// With the key's [`Snapshot`] after the request: for a granted request
+    /// through Redis, the state its own reply said the script left
+    /// ([`Reservation::snapshot`](crate::Reservation::snapshot), so other
+    /// processes' requests after it do not count); otherwise a second call
+    /// to the limiter (for a refusal through Redis, a second round trip;
+    /// turn the headers off with [`Headers::None`] where that matters):
     ///
     /// * `RateLimit-Policy: "default";q=Q;w=W`: the rate as `Q` requests
     ///   per `W` seconds, `W` the shortest whole number of seconds (at
@@ -343,13 +346,13 @@ where
         };
         let config = &self.config;
         // A limiter in this process answers at once: no future to box.
-        match self.limiter.take_if_free(&key, 1) {
+        match self.limiter.take_now(&key, 1) {
             Some(Ok(true)) => {
                 let pending = match config.headers {
                     Headers::None => None,
                     kind => self
                         .limiter
-                        .snapshot_if_local(&key)
+                        .snapshot_now(&key)
                         .map(|snapshot| (kind, Arc::clone(&config.policy), snapshot)),
                 };
                 let answered =
@@ -358,7 +361,7 @@ where
                 return Either::Left(answered.map(add));
             }
             Some(Ok(false)) if config.max_wait.is_zero() => {
-                if let Some(snapshot) = self.limiter.snapshot_if_local(&key) {
+                if let Some(snapshot) = self.limiter.snapshot_now(&key) {
                     let response = refusal(config, snapshot);
                     return Either::Right(Either::Left(future::ready(Ok(response))));
                 }
@@ -371,12 +374,16 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let (limiter, config) = (self.limiter.clone(), self.config.clone());
         Either::Right(Either::Right(Box::pin(async move {
-            match limiter.try_acquire(&key, 1, config.max_wait).await {
-                Ok(true) => {
-                    let snapshot = match config.headers {
-                        Headers::None => None,
+            match limiter.try_reservation(&key, 1, config.max_wait).await {
+                Ok(Some(reservation)) => {
+                    // What the limiter's answer to this request said (one
+                    // round trip through Redis), or else a read of its own.
+                    let snapshot = match (config.headers, reservation.snapshot()) {
+                        (Headers::None, _) => None,
+                        (_, Some(after)) => Some(after),
                         _ => limiter.snapshot(&key).await.ok(),
                     };
+                    reservation.wait().await;
                     let mut response = inner.call(request).await?;
                     if let Some(snapshot) = snapshot {
                         let headers = response.headers_mut();
@@ -384,7 +391,7 @@ where
                     }
                     Ok(response)
                 }
-                Ok(false) => match limiter.snapshot(&key).await {
+                Ok(None) => match limiter.snapshot(&key).await {
                     Ok(snapshot) => Ok(refusal(&config, snapshot)),
                     Err(_) => Ok(answer(StatusCode::SERVICE_UNAVAILABLE)),
                 },

@@ -6,7 +6,7 @@ use std::hash::Hash;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use super::KeyedRateLimiter;
+use super::Keyed;
 use crate::Snapshot;
 use crate::clock::Clock;
 
@@ -15,7 +15,7 @@ use crate::clock::Clock;
 /// The fallback holds the keys it served in [`Mode::Empty`]; what a key
 /// owes Redis is read from its ticket.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-impl<K, C> KeyedRateLimiter<K, C>
+impl<K, C> Keyed<K, C>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,

@@ -6,44 +6,20 @@ use std::fmt;
 use std::hash::Hash;
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::{KeyedRateLimiter, KeyedStats, KeyedTaken};
-use crate::Error;
+use super::{Keyed, KeyedTaken};
 use crate::clock::Clock;
 use crate::core::{InvalidRate, Limits, State, stable_interval_micros};
 use crate::metrics::Metrics;
-use crate::reservation::{GiveBackTo, Taken};
+use crate::reservation::{GiveBackId, GivesBack};
+use crate::store::Rate;
+use crate::{Error, Stats};
 
 /// # Rate, size and clock
-impl<K, C> KeyedRateLimiter<K, C>
+impl<K, C> Keyed<K, C>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
 {
-    /// Changes the rate of every key from now on, as
-    /// [`RateLimiter::set_rate`](crate::RateLimiter::set_rate) does for one:
-    /// each key still repays its last request at the old rate, and its
-    /// stored permits are rescaled to the new burst. Visits every key held
-    /// (shard by shard; calls on other shards go on meanwhile). With several
-    /// limits, as [`RateLimiter::set_rate`](crate::RateLimiter::set_rate):
-    /// the first one's rate, the others scaled alike.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN; the
-    /// limiter is then unchanged.
-    pub fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
-        stable_interval_micros(permits_per_second)?;
-        self.reconfigure(|limits| match limits.states() {
-            [_] => limits.set_rate(None, permits_per_second, 0),
-            [first, ..] => {
-                let factor = permits_per_second / first.permits_per_second();
-                limits.scale(factor, permits_per_second, 0)
-            }
-            [] => Ok(()),
-        })?;
-        self.rate_bits.store(permits_per_second.to_bits(), Relaxed);
-        Ok(())
-    }
-
     /// Applies `change` to the limits every key runs under, then the rates
     /// it leaves to every key held (shard by shard; calls on other shards
     /// go on meanwhile).
@@ -66,24 +42,61 @@ where
         Ok(())
     }
 
-    /// The stable rate of every key, in permits per second, as last set.
-    pub fn rate(&self) -> f64 {
-        f64::from_bits(self.rate_bits.load(Relaxed))
+    /// The clock this limiter reads and sleeps on.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn clock(&self) -> &C {
+        &self.clock
     }
 
-    /// The clock this limiter reads and sleeps on.
-    pub fn clock(&self) -> &C {
-        &self.clock
+    /// The number of keys held now (those not known to read as full).
+    pub(crate) fn len(&self) -> usize {
+        self.shards.iter().map(|shard| shard.0.read().len()).sum()
+    }
+}
+
+impl<K, C> Rate for Keyed<K, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    /// Changes the rate of every key from now on, as
+    /// [`RateLimiter::set_rate`](crate::RateLimiter::set_rate) does for one:
+    /// each key still repays its last request at the old rate, and its
+    /// stored permits are rescaled to the new burst. Visits every key held
+    /// (shard by shard; calls on other shards go on meanwhile). With several
+    /// limits, as [`RateLimiter::set_rate`](crate::RateLimiter::set_rate):
+    /// the first one's rate, the others scaled alike.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN; the
+    /// limiter is then unchanged.
+    fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
+        stable_interval_micros(permits_per_second)?;
+        self.reconfigure(|limits| match limits.states() {
+            [_] => limits.set_rate(None, permits_per_second, 0),
+            [first, ..] => {
+                let factor = permits_per_second / first.permits_per_second();
+                limits.scale(factor, permits_per_second, 0)
+            }
+            [] => Ok(()),
+        })?;
+        self.rate_bits.store(permits_per_second.to_bits(), Relaxed);
+        Ok(())
+    }
+
+    /// The stable rate of every key, in permits per second, as last set.
+    fn rate(&self) -> f64 {
+        f64::from_bits(self.rate_bits.load(Relaxed))
     }
 
     /// Changes the rate of limit `index` alone, for every key (limits are
     /// counted from 0 in the order the builder was given them). On a
-    /// limiter with one limit, index 0 is [`set_rate`](Self::set_rate).
+    /// limiter with one limit, index 0 is `set_rate`.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN, or
     /// there is no limit `index`.
-    pub fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
+    fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
         crate::error::check_limit(index, self.limits)?;
         self.reconfigure(|limits| limits.set_rate(Some(index), permits_per_second, 0))?;
@@ -93,26 +106,26 @@ where
         Ok(())
     }
 
-    /// The number of keys held now (those not known to read as full).
-    pub fn len(&self) -> usize {
-        self.shards.iter().map(|shard| shard.0.read().len()).sum()
+    fn clock(&self) -> &dyn Clock {
+        &self.clock
     }
 
-    /// Whether no key is held.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// What the limiter has had to do to stay within its bounds.
-    pub fn stats(&self) -> KeyedStats {
-        KeyedStats {
+    /// The keys held, and those dropped at the cap before they read as
+    /// full.
+    fn stats(&self) -> Stats {
+        Stats {
             keys: self.len(),
             dropped_unfinished: self.dropped_unfinished.load(Relaxed),
+            ..Stats::default()
         }
+    }
+
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 }
 
-impl<K, C> GiveBackTo for KeyedRateLimiter<K, C>
+impl<K, C> GivesBack for Keyed<K, C>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
@@ -121,14 +134,14 @@ where
         &self.metrics
     }
 
-    fn give_back(&self, taken: Taken) {
+    fn give_back(&self, taken: GiveBackId) {
         if let Some(taken) = Self::ours(taken) {
             let (mut shard, now) = self.shard_now(&taken.key);
             shard.give_back(&taken.key, taken.ticket, now);
         }
     }
 
-    fn keep(&self, taken: Taken) {
+    fn keep(&self, taken: GiveBackId) {
         if let Some(taken) = Self::ours(taken) {
             let (mut shard, now) = self.shard_now(&taken.key);
             shard.keep(&taken.key, taken.ticket, now);
@@ -136,14 +149,14 @@ where
     }
 }
 
-impl<K, C> KeyedRateLimiter<K, C>
+impl<K, C> Keyed<K, C>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
 {
     /// `taken` as a reservation of this limiter's, if it is one.
-    fn ours(taken: Taken) -> Option<Box<KeyedTaken<K>>> {
-        let Taken::Boxed(taken) = taken else {
+    fn ours(taken: GiveBackId) -> Option<Box<KeyedTaken<K>>> {
+        let GiveBackId::Boxed(taken) = taken else {
             return None;
         };
         (taken as Box<dyn Any + Send + Sync>)
@@ -152,7 +165,7 @@ where
     }
 }
 
-impl<K, C: Clock> fmt::Debug for KeyedRateLimiter<K, C> {
+impl<K, C: Clock> fmt::Debug for Keyed<K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let template = self.shards[0].0.read().template().clone();
         let limits: Vec<_> = template

@@ -1,15 +1,14 @@
-//! The keyed limiter as a [store](crate::store): its shards answer at once.
+//! The keyed limiter as an [engine](crate::store): its shards answer at once.
 
 use std::borrow::Borrow;
+use std::future::{Future, ready};
 use std::hash::Hash;
 use std::time::Duration;
 
-use super::KeyedRateLimiter;
+use super::Keyed;
 use crate::clock::Clock;
 use crate::core::micros;
-use crate::error::check_permits;
-use crate::metrics::Metrics;
-use crate::store::{Keyed, Now, Rate, in_process_store};
+use crate::store::{Engine, now};
 use crate::{Error, Reservation, Snapshot};
 
 /// A timeout in µs for the shards: `u64::MAX` is no timeout.
@@ -17,81 +16,58 @@ fn timeout_micros(timeout: Option<Duration>) -> u64 {
     timeout.map_or(u64::MAX, |t| micros(t).min(u64::MAX - 1))
 }
 
-impl<K, C, Q> Now<Q> for KeyedRateLimiter<K, C>
+impl<K, C, Q> Engine<Q> for Keyed<K, C>
 where
     K: Borrow<Q> + Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
     Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
 {
-    fn take_wait_now(&self, key: &Q, permits: u32, timeout: Option<Duration>) -> Option<Duration> {
-        let grant = self.reserve_micros(key, permits, timeout_micros(timeout), false);
-        grant.map(|(wait, _, _)| Duration::from_micros(wait))
-    }
-
-    fn take_now(
+    #[inline]
+    fn take(
         &self,
         key: &Q,
         permits: u32,
         timeout: Option<Duration>,
-    ) -> Option<Reservation<'_>> {
-        let grant = self.reserve_micros(key, permits, timeout_micros(timeout), true);
-        grant.map(|grant| self.to_reservation(key, grant))
+        held: bool,
+    ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
+        let grant = self.reserve_micros(key, permits, timeout_micros(timeout), held);
+        ready(Ok(grant.map(|grant| self.to_reservation(key, grant))))
     }
 
-    fn next_free_now(&self, key: &Q) -> Duration {
-        self.wait_of(key)
+    #[inline]
+    fn take_wait(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<Option<Duration>, Error>> + Send {
+        let grant = self.reserve_micros(key, permits, timeout_micros(timeout), false);
+        ready(Ok(grant.map(|(wait, _, _)| Duration::from_micros(wait))))
     }
 
-    fn snapshot_now(&self, key: &Q) -> Snapshot {
-        self.snapshot_of(key)
+    fn take_blocking(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Duration>, Error> {
+        now(self.take_wait(key, permits, timeout))
     }
 
-    fn take_if_free_now(&self, key: &Q, permits: u32) -> Option<Result<bool, Error>> {
-        let free = check_permits(permits).map(|()| {
-            self.reserve_micros(key, permits, 0, false)
-                .is_some_and(|(wait, _, _)| wait == 0)
-        });
-        Some(free)
-    }
-}
-
-in_process_store!(
-    impl<K, C, Q> for KeyedRateLimiter<K, C>, key Q, where
-    K: Borrow<Q> + Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-    Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
-);
-
-impl<K, C> Rate for KeyedRateLimiter<K, C>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
-    fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
-        KeyedRateLimiter::set_rate(self, permits_per_second)
+    fn next_free(&self, key: &Q) -> impl Future<Output = Result<Duration, Error>> + Send {
+        ready(Ok(self.wait_of(key)))
     }
 
-    fn rate(&self) -> f64 {
-        KeyedRateLimiter::rate(self)
+    fn snapshot(&self, key: &Q) -> impl Future<Output = Result<Snapshot, Error>> + Send {
+        ready(Ok(self.snapshot_of(key)))
     }
 
-    fn clock(&self) -> &dyn Clock {
-        &self.clock
+    fn take_now(&self, key: &Q, permits: u32) -> Option<Result<bool, Error>> {
+        let grant = self.reserve_micros(key, permits, 0, false);
+        Some(Ok(grant.is_some_and(|(wait, _, _)| wait == 0)))
     }
 
-    fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-}
-
-impl<K, C> Keyed<K> for KeyedRateLimiter<K, C>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
-    type Store = Self;
-
-    fn store(&self) -> &Self {
-        self
+    fn snapshot_now(&self, key: &Q) -> Option<Snapshot> {
+        Some(self.snapshot_of(key))
     }
 }

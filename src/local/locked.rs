@@ -4,14 +4,14 @@
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
 use std::sync::{MutexGuard, PoisonError};
 
-use super::RateLimiter;
+use super::Single;
 use super::outcome::Outcome;
 use crate::clock::Clock;
 use crate::core::word::{self, Encoded, Settings};
 use crate::core::{InvalidRate, Limits, State};
 use crate::{Error, Snapshot};
 
-impl<C: Clock> RateLimiter<C> {
+impl<C: Clock> Single<C> {
     /// The limits, whatever a panicking thread left behind: nothing panics
     /// while they are held mid-update.
     pub(super) fn lock(&self) -> MutexGuard<'_, Limits> {

@@ -2,13 +2,13 @@
 //! the wait and what gives it back.
 
 use crate::core::Granted;
-use crate::reservation::Taken;
+use crate::reservation::GiveBackId;
 
 /// A granted reservation: the wait in µs and, if it was logged to be given
 /// back, its id there.
 pub(super) struct Grant {
     pub(super) wait: u64,
-    pub(super) taken: Option<Taken>,
+    pub(super) taken: Option<GiveBackId>,
     /// The limit that set the wait, on a limiter with several.
     pub(super) limit: usize,
 }
@@ -19,7 +19,7 @@ pub(super) struct Grant {
 /// that the wait alone costs what it would if nothing were ever given back.
 pub(super) trait Outcome: Sized {
     /// Whether a reservation with a wait can be given back: it is then
-    /// made under the lock, and logged (see [`Limits`](crate::core::Limits)).
+    /// made under the lock, and logged (see `core::Limits`).
     const GIVES_BACK: bool;
     /// A reservation made on the word: it does not wait, or nothing gives
     /// it back.
@@ -57,7 +57,7 @@ impl Outcome for Grant {
     fn from_granted(granted: Granted) -> Grant {
         Grant {
             wait: granted.wait_micros,
-            taken: granted.id.map(Taken::Logged),
+            taken: granted.id.map(GiveBackId::Logged),
             limit: granted.bound_by.unwrap_or(0),
         }
     }

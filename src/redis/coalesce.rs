@@ -33,7 +33,7 @@ use tokio::sync::oneshot;
 
 use super::backend::{Backend, ProbeTarget, Scope};
 use super::reply::Reply;
-use super::round_trip::{Canceller, Ends, Failure, Lead, send, send_batch};
+use super::round_trip::{Deadline, Ends, Failure, Lead, Remote, send, send_batch};
 use super::script::{Call, Request};
 use crate::error::BackendError;
 
@@ -237,9 +237,8 @@ pub(crate) async fn wait(
         backend,
         target,
     };
-    let budget = budget.filter(|budget| *budget < backend.response_timeout);
-    let limit = budget.unwrap_or(backend.response_timeout);
-    let failure = match tokio::time::timeout(limit, &mut waiting.replied).await {
+    let deadline = Deadline::new(backend, budget);
+    let failure = match tokio::time::timeout(deadline.limit, &mut waiting.replied).await {
         // The round trip it waited for, or its own, failed: its part of
         // Redis is down (marked here too, should it not be yet: it must be
         // before the caller is served by its fallback).
@@ -252,17 +251,7 @@ pub(crate) async fn wait(
                 target.key
             )))));
         }
-        // The caller's time ran out, not Redis's: the fallback serves it.
-        Err(_) if budget.is_some() => {
-            return Err(Failure::Down(Some(BackendError::timeout(format!(
-                "the call's time ran out after it waited for key {} to be carried back",
-                target.key
-            )))));
-        }
-        Err(_) => BackendError::timeout(format!(
-            "Redis did not answer within {:?} (key {})",
-            backend.response_timeout, target.key
-        )),
+        Err(_) => deadline.passed(backend, target)?,
     };
     backend.degrade(&failure, target.clone(), Scope::Key);
     Err(Failure::Down(Some(failure)))
@@ -292,11 +281,11 @@ impl Drop for Waiting<'_> {
 fn give_back(backend: &Arc<Backend>, target: &ProbeTarget, reply: Reply) {
     match reply.token {
         Some(token) => {
-            let canceller = Canceller {
+            let remote = Remote {
                 backend: Arc::clone(backend),
                 target: target.clone(),
             };
-            backend.spawn(canceller.cancel(token));
+            backend.spawn(remote.give_back(token));
         }
         None if reply.wait.is_some() => target.note_late(reply.debt_micros),
         None => {}

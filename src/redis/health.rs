@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use super::fallback::RedisStats;
+use crate::Stats;
 use crate::metrics::BackendMetrics;
 
 /// The number of hash slots of a Redis Cluster.
@@ -219,13 +219,13 @@ impl Health {
     }
 
     /// The counters; `degraded` says whether anything is down.
-    pub(crate) fn stats(&self) -> RedisStats {
-        RedisStats {
+    pub(crate) fn stats(&self) -> Stats {
+        Stats {
             degraded: self.any_down(),
             fallbacks: self.fallbacks.load(Ordering::Relaxed),
             recoveries: self.recoveries.load(Ordering::Relaxed),
             fallback_calls: self.fallback_calls.load(Ordering::Relaxed),
-            local_keys: 0,
+            ..Stats::default()
         }
     }
 }

@@ -1,38 +1,41 @@
 //! The distributed limiter: one rate shared by every process that uses the
 //! same Redis key.
 //!
-//! [`RedisRateLimiter`] runs the [core algorithm](crate::core) as a Lua
-//! script inside Redis (`lua/`, a line-by-line mirror of `core::Limits`,
-//! for one limit or several), on Redis's own clock, in one round trip per
-//! reservation. The limiter's state is one key, `paceline:v1:name` (84
-//! bytes for one limit, with a format marker, more while reservations wait
-//! to be given back), so it works the same on a single server and on Redis
-//! Cluster. The key expires only once an idle limiter would have refilled
-//! anyway, so expiry is invisible; a missing key reads as a limiter that
-//! has been idle for a long time (full for the bursty policy, cold for the
-//! warming-up one). What the script takes, replies and stores is specified
-//! in `docs/redis-protocol.md`.
+//! A [`RateLimiter`](crate::RateLimiter) or
+//! [`KeyedRateLimiter`](crate::KeyedRateLimiter) built with
+//! [`redis`](crate::Builder::redis) runs the crate's one algorithm as a Lua
+//! script inside Redis (`lua/`, a line-by-line mirror of the in-process
+//! arithmetic, for one limit or several), on Redis's own clock, in one
+//! round trip per reservation. Its methods are those of every limiter; the
+//! calls that never sleep return futures here. The limiter's state is one
+//! key, `paceline:v1:name` (84 bytes for one limit, with a format marker,
+//! more while reservations wait to be given back), so it works the same on
+//! a single server and on Redis Cluster. The key expires only once an idle
+//! limiter would have refilled anyway, so expiry is invisible; a missing
+//! key reads as a limiter that has been idle for a long time (full for the
+//! bursty policy, cold for the warming-up one). What the script takes,
+//! replies and stores is specified in `docs/redis-protocol.md`.
 //!
-//! Each limiter built with [`RedisRateLimiter::builder`] has a connection
-//! of its own. Many limiters (one per API, per queue, ...) can share one
-//! instead: build a [`RedisBackend`] once, then limiters from it with
-//! [`RedisBackend::limiter`], which does no I/O. They share its connection,
-//! its health and its probe.
-//!
-//! When Redis is unreachable, too slow (see
-//! [`response_timeout`](RedisBuilder::response_timeout)) or failing, the
-//! [`Fallback`] decides: limit locally (the default), grant, or refuse.
+//! A [`RedisBackend`] does the I/O: its connection, its health and its
+//! probe, and the connection options ([`RedisBackend::builder`]). Build one
+//! per process and give it to every limiter: building a limiter does no
+//! I/O. When Redis is unreachable, too slow (see
+//! [`response_timeout`](RedisBackendBuilder::response_timeout)) or failing,
+//! the limiter's [`Fallback`] decides: limit locally (the default), grant,
+//! or refuse.
 //!
 //! ```no_run
-//! use std::time::Duration;
-//! use paceline::redis::{Fallback, RedisRateLimiter};
+//! use paceline::RateLimiter;
+//! use paceline::redis::{Fallback, RedisBackend};
 //!
 //! // A program with no async runtime at all:
 //! let client = paceline::redis::Client::open("redis://127.0.0.1:6379/")?;
-//! let limiter = RedisRateLimiter::builder(client, "batch")
+//! let backend = RedisBackend::builder(client).build_blocking()?;
+//! let limiter = RateLimiter::builder()
 //!     .permits_per_second(5.0)
+//!     .redis(&backend, "batch")
 //!     .fallback(Fallback::FailClosed)
-//!     .build_blocking()?;
+//!     .build()?;
 //! for _item in 0..10 {
 //!     limiter.acquire_blocking(1)?;
 //!     // process it
@@ -48,7 +51,7 @@
 //! as its script works again on a fresh connection (a server that answers but
 //! refuses writes, e.g. out of memory or a read-only replica, counts as down).
 //! A limiter can be built while Redis is down: it starts on its fallback
-//! (`.require_connection(true)` makes building fail instead). Dropping an
+//! (the backend's `.require_connection(true)` makes building it fail instead). Dropping an
 //! `acquire` gives its reservation back, in Redis too. Redis's `TIME` is the
 //! clock; the script never lets it run backwards, and a forward step reads as
 //! idle time (at most a burst).
@@ -66,8 +69,7 @@
 //! # When Redis fails
 //!
 //! Every call returns within `response_timeout` (plus scheduling slack); "the
-//! fallback" is the one configured above. `tests/redis/faults/` and
-//! `tests/redis/cancellation.rs` stage each row with a real `redis-server` (of the
+//! fallback" is the one configured above. the Redis tests stage each row with a real `redis-server` (of the
 //! script refusals: out of memory, `READONLY`, `BUSY`, `LOADING` and
 //! `MASTERDOWN`).
 //!
@@ -80,7 +82,7 @@
 //! | The key vanishes (evicted, `FLUSHALL`, a failover to a replica that never got it) | a limiter idle for long: one full burst (bursty) or cold (warming-up) | at once |
 //! | The server's clock steps back / forward | time stands still for the key until the clock catches up / the step reads as idle time (at most one burst) | at once |
 //! | A process served from its fallback and then never called again | — | its keys' debt is carried into Redis in the background as soon as its backend sees Redis again (within about one probe interval), so other processes see it |
-//! | More keys than `max_local_keys` during one outage (or more known debts than that) | the fallback drops the least recently used keys; new keys open no earlier than the latest dropped ticket, and a debt that does not fit is kept per hash bucket: errs towards limiting | keys called within the dropped debt's span are charged up to it once (by the first of its callers; the others wait for it) |
+//! | More keys than `max_keys` during one outage (or more known debts than that) | the fallback drops the least recently used keys; new keys open no earlier than the latest dropped ticket, and a debt that does not fit is kept per hash bucket: errs towards limiting | keys called within the dropped debt's span are charged up to it once (by the first of its callers; the others wait for it) |
 //! | Two outages in a row | the second opens each key from the debt Redis reports after the first one's carry-back, not from a stale local debt | as above |
 //! | One Redis Cluster node down or hung | the fallback for the limiters and keys in that node's slots only, whether each limiter has a backend of its own or they share a `RedisBackend` or a keyed limiter. The first call that finds the node down marks its slot; the probe then reads the slot map and marks the node's other slots, so their calls do not each wait for `response_timeout` (see "Cluster client timeouts" below) | when the script works on that node (probed there only, so other nodes' outages do not hold it back) |
 //!
@@ -104,12 +106,12 @@
 //!   Redis, so a second outage opens it from what Redis reports, not from a
 //!   stale local debt.
 //! - **Where it cannot be known** (a reply lost with its connection, a
-//!   give-back that cannot be delivered, debts beyond `max_local_keys`, keys
+//!   give-back that cannot be delivered, debts beyond `max_keys`, keys
 //!   the fallback dropped to stay within it), the limiter errs towards
 //!   limiting: a reservation may stay charged, a key may open later than it
 //!   had to, never granted twice.
 //!
-//! `tests/redis/recovery.rs` stages each of these moments; `tests/redis/chaos.rs`
+//! The tests stage each of these moments; one of them
 //! kills, stops, fills up and demotes a server at seeded moments while two
 //! processes call through it, and checks every sliding window of every key
 //! against the rate, the burst and the fallbacks' allowance.
@@ -119,7 +121,7 @@
 //! Redis runs one script at a time, so a single key serves at most one
 //! script call per ~7 µs of server time, however many clients call it.
 //! Reservations of one key from one process are therefore *coalesced*
-//! (the backend option [`coalesce`](RedisBuilder::coalesce), on by
+//! (the backend option [`coalesce`](RedisBackendBuilder::coalesce), on by
 //! default): a caller with no round trip of its key in flight goes at
 //! once; callers that arrive while one is in flight queue, and go together
 //! in one script call (up to 256) when it ends, or sooner once 32 are
@@ -202,7 +204,6 @@ mod connection;
 mod failover;
 mod fallback;
 mod health;
-mod keyed;
 mod limiter;
 mod naming;
 mod reply;
@@ -212,11 +213,9 @@ mod script;
 mod shared;
 mod slots;
 
-pub use builder::{DEFAULT_PROBE_INTERVAL, DEFAULT_RESPONSE_TIMEOUT, RedisBuilder};
-pub use fallback::{Fallback, RedisStats};
-pub use keyed::{DEFAULT_MAX_LOCAL_KEYS, KeyedRedisBuilder, KeyedRedisRateLimiter};
-
-pub use limiter::RedisRateLimiter;
+pub use builder::{DEFAULT_PROBE_INTERVAL, DEFAULT_RESPONSE_TIMEOUT};
+pub use fallback::Fallback;
+pub use limiter::Redis;
 pub use naming::DEFAULT_KEY_PREFIX;
 
 /// The oldest Redis these limiters support, as (major, minor): Redis 7.0
@@ -224,8 +223,9 @@ pub use naming::DEFAULT_KEY_PREFIX;
 /// with: 7.2 for Valkey 7.2 and 8). The test suite checks every server it
 /// starts against this; it runs on Redis 7.0, and has passed on Valkey 8.
 pub const MIN_REDIS_VERSION: (u32, u32) = (7, 0);
-pub use script::Token;
-pub use shared::{RedisBackend, RedisBackendBuilder, RedisLimiterBuilder};
+pub(crate) use reply::Stored;
+pub(crate) use script::ScriptArgs;
+pub use shared::{RedisBackend, RedisBackendBuilder};
 
 /// The Redis client crate these limiters are built on, so that code using
 /// them needs no version of its own to match: `paceline::redis::Client`

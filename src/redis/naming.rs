@@ -27,9 +27,7 @@ use std::fmt::{self, Display, Write};
 
 /// Every key starts with this and a `:` unless the backend's builder sets
 /// another prefix, followed by the layout's version and the limiter's name
-/// (see [`RedisRateLimiter::key`](super::RedisRateLimiter::key) and
-/// [`KeyedRedisRateLimiter::redis_key`](super::KeyedRedisRateLimiter::redis_key)
-/// for the rest).
+/// (see a Redis limiter's `redis_key` for the rest).
 pub const DEFAULT_KEY_PREFIX: &str = "paceline";
 
 /// The version of the key layout and of the values under it, after the

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::script::{Call, Request, ScriptArgs, Token};
+use super::script::{Call, LogId, Request, ScriptArgs};
 use crate::Snapshot;
 use crate::core::{FRACTION_BITS, MAX_MICROS};
 
@@ -29,14 +29,14 @@ const BOUND: f64 = 2080.0;
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Reply {
     /// The wait for a granted reservation, the debt for a query, a probe or
-    /// a resume, `None` for a refused try. For a cancel: 1 given back, 0
+    /// a resume, `None` for a refused try. For a give-back: 1 given back, 0
     /// not (as µs, unused).
     pub(crate) wait: Option<Duration>,
     /// How far the key's latest ticket lies ahead of the server's clock
     /// after the call, in µs.
     pub(crate) debt_micros: u64,
     /// What gives a held reservation that waits back.
-    pub(crate) token: Option<Token>,
+    pub(crate) token: Option<LogId>,
     /// The limit that set the wait (0 when none did).
     pub(crate) limit: usize,
     /// For a reservation, the limits' states after it (a refused try: as
@@ -48,7 +48,7 @@ pub(crate) struct Reply {
 
 impl Reply {
     /// A reply that is one integer: the debt (a query's, a probe's, a
-    /// resume's), or a cancel's outcome.
+    /// resume's), or a give-back's outcome.
     fn integer(n: u64) -> Reply {
         Reply {
             wait: Some(Duration::from_micros(n)),
@@ -62,9 +62,9 @@ impl Reply {
     /// What a client is told after this reservation: how many requests of
     /// one permit would still go at once (`remaining`) and how long until
     /// every limit is full again (`full_in`), of the binding limit, with
-    /// the limits' rates in force. (For the rate-limit headers of a
-    /// reservation; the `Reservation` does not carry it yet.)
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// the limits' rates in force. (A reservation reads it the same way:
+    /// `Reservation::snapshot`.)
+    #[cfg(test)]
     pub(crate) fn snapshot(&self, args: &ScriptArgs) -> Option<Snapshot> {
         self.after.as_ref().map(|after| after.snapshot(args))
     }
@@ -220,7 +220,7 @@ fn granted(bytes: &[u8], limits: usize, held: bool) -> Option<Reply> {
     let (moment, next_id) = (whole(moment, max)?, whole(next_id, max)?);
     let wait = moment.checked_sub(after.now_micros)?;
     let token = if held && wait > 0 {
-        Some(Token(next_id.checked_sub(1)?))
+        Some(LogId(next_id.checked_sub(1)?))
     } else {
         None
     };
@@ -289,7 +289,7 @@ pub(crate) fn decode_batch(
             .map(|reply| {
                 let token = ided(reply).then(|| {
                     id += 1;
-                    Token(id - 1)
+                    LogId(id - 1)
                 });
                 let (wait, limit) = *reply.1;
                 Reply {
@@ -374,7 +374,7 @@ mod tests {
         assert_eq!(reply.wait, Some(Duration::from_micros(300)));
         assert_eq!(
             (reply.debt_micros, reply.token, reply.limit),
-            (500, Some(Token(41)), 0)
+            (500, Some(LogId(41)), 0)
         );
         let after = reply.after.as_ref().unwrap();
         assert_eq!(after.limits[0].next_free_fraction, 7);

@@ -12,7 +12,7 @@ use redis::RedisResult;
 use super::backend::{Backend, ProbeTarget, Scope};
 use super::connection::Connection;
 use super::reply::{Reply, Stored};
-use super::script::{self, Call, Request, ScriptArgs, Token};
+use super::script::{self, Call, LogId, Request, ScriptArgs};
 use crate::Error;
 use crate::error::BackendError;
 
@@ -110,20 +110,20 @@ type RoundTrip<T> = Pin<Box<dyn Future<Output = RedisResult<T>> + Send>>;
 
 /// Sends a give-back for a reservation made in Redis.
 #[derive(Clone)]
-pub(crate) struct Canceller {
+pub(crate) struct Remote {
     pub(crate) backend: Arc<Backend>,
     pub(crate) target: ProbeTarget,
 }
 
-impl Canceller {
+impl Remote {
     /// One round trip, bounded by the response timeout; a failure is only
     /// logged (the reservation then stays charged: the limiter errs towards
     /// limiting).
-    pub(crate) async fn cancel(self, token: Token) {
+    pub(crate) async fn give_back(self, token: LogId) {
         let Some(mut connection) = self.backend.connection() else {
             return;
         };
-        let (key, call) = (&self.target.key, Call::Cancel(token));
+        let (key, call) = (&self.target.key, Call::GiveBack(token));
         let sent = script::invoke(&mut connection, key, &call, &self.target.script_args);
         match tokio::time::timeout(self.backend.response_timeout, sent).await {
             Ok(Ok(_)) => {}
@@ -218,24 +218,24 @@ pub(crate) async fn send_status(
 /// debt Redis reported if it holds a grant that cannot be (see
 /// [`Late`](super::backend::Late)).
 trait Tokens: Send + 'static {
-    fn tokens(self) -> (Vec<Token>, Option<u64>);
+    fn tokens(self) -> (Vec<LogId>, Option<u64>);
 }
 
 impl Tokens for Reply {
-    fn tokens(self) -> (Vec<Token>, Option<u64>) {
+    fn tokens(self) -> (Vec<LogId>, Option<u64>) {
         let kept = (self.token.is_none() && self.wait.is_some()).then_some(self.debt_micros);
         (self.token.into_iter().collect(), kept)
     }
 }
 
 impl Tokens for Stored {
-    fn tokens(self) -> (Vec<Token>, Option<u64>) {
+    fn tokens(self) -> (Vec<LogId>, Option<u64>) {
         (Vec::new(), None)
     }
 }
 
 impl Tokens for Vec<Reply> {
-    fn tokens(self) -> (Vec<Token>, Option<u64>) {
+    fn tokens(self) -> (Vec<LogId>, Option<u64>) {
         let kept = self
             .iter()
             .any(|reply| reply.token.is_none() && reply.wait.is_some())
@@ -274,7 +274,7 @@ where
         }
         return Err(Failure::Down(Some(failure)));
     };
-    let canceller = gives_back.then(|| Canceller {
+    let remote = gives_back.then(|| Remote {
         backend: Arc::clone(backend),
         target: target.clone(),
     });
@@ -303,11 +303,10 @@ where
             }
             reply
         })),
-        canceller,
+        remote,
     };
-    let budget = budget.filter(|budget| *budget < backend.response_timeout);
-    let limit = budget.unwrap_or(backend.response_timeout);
-    let failure = match tokio::time::timeout(limit, in_flight.reply()).await {
+    let deadline = Deadline::new(backend, budget);
+    let failure = match tokio::time::timeout(deadline.limit, in_flight.reply()).await {
         Ok(Ok(reply)) => return Ok(reply),
         Ok(Err(e)) if script::is_data_error(&e) => {
             return Err(Failure::Refused(Error::Backend(
@@ -321,17 +320,7 @@ where
                 .with_source(e)
                 .with_timeout(timed_out)
         }
-        // The caller's time ran out, not Redis's: the fallback serves it.
-        Err(_) if budget.is_some() => {
-            return Err(Failure::Down(Some(BackendError::timeout(format!(
-                "the call's time ran out after it waited for key {} to be carried back",
-                target.key
-            )))));
-        }
-        Err(_) => BackendError::timeout(format!(
-            "Redis did not answer within {:?} (key {})",
-            backend.response_timeout, target.key
-        )),
+        Err(_) => deadline.passed(backend, target)?,
     };
     // A timed-out round trip is dropped here: its reply is awaited in the
     // background and its reservations given back.
@@ -351,7 +340,7 @@ where
 /// own, which fails them at the response timeout: see [`run`].)
 struct InFlight<T: Tokens> {
     round_trip: Option<RoundTrip<T>>,
-    canceller: Option<Canceller>,
+    remote: Option<Remote>,
 }
 
 impl<T: Tokens> InFlight<T> {
@@ -369,11 +358,10 @@ impl<T: Tokens> InFlight<T> {
 
 impl<T: Tokens> Drop for InFlight<T> {
     fn drop(&mut self) {
-        let (Some(round_trip), Some(canceller)) = (self.round_trip.take(), self.canceller.take())
-        else {
+        let (Some(round_trip), Some(remote)) = (self.round_trip.take(), self.remote.take()) else {
             return;
         };
-        let backend = Arc::clone(&canceller.backend);
+        let backend = Arc::clone(&remote.backend);
         backend.spawn(async move {
             let Ok(reply) = tokio::time::timeout(ORPHAN_WAIT, round_trip).await else {
                 return;
@@ -381,12 +369,49 @@ impl<T: Tokens> Drop for InFlight<T> {
             if let Ok(reply) = reply {
                 let (tokens, kept) = Tokens::tokens(reply);
                 if let Some(debt) = kept {
-                    canceller.target.note_late(debt);
+                    remote.target.note_late(debt);
                 }
                 for token in tokens {
-                    canceller.clone().cancel(token).await;
+                    remote.clone().give_back(token).await;
                 }
             }
         });
+    }
+}
+
+/// How long a call waits for its reply: the response timeout, or the
+/// caller's own budget if that is shorter.
+pub(crate) struct Deadline {
+    pub(crate) limit: Duration,
+    budget: bool,
+}
+
+impl Deadline {
+    pub(crate) fn new(backend: &Backend, budget: Option<Duration>) -> Deadline {
+        let budget = budget.filter(|budget| *budget < backend.response_timeout);
+        Deadline {
+            limit: budget.unwrap_or(backend.response_timeout),
+            budget: budget.is_some(),
+        }
+    }
+
+    /// The deadline passed: Redis's time ran out (the failure to mark its
+    /// part down with), or the caller's own (the fallback serves it, and
+    /// Redis is not marked down).
+    pub(crate) fn passed(
+        &self,
+        backend: &Backend,
+        target: &ProbeTarget,
+    ) -> Result<BackendError, Failure> {
+        if self.budget {
+            return Err(Failure::Down(Some(BackendError::timeout(format!(
+                "the call's time ran out after it waited for key {} to be carried back",
+                target.key
+            )))));
+        }
+        Ok(BackendError::timeout(format!(
+            "Redis did not answer within {:?} (key {})",
+            backend.response_timeout, target.key
+        )))
     }
 }

@@ -16,7 +16,7 @@ use crate::core::{Policy, State, micros};
 pub(crate) const SOURCE: &str = concat!(
     include_str!("../../lua/prelude.lua"),
     include_str!("../../lua/status.lua"),
-    include_str!("../../lua/cancel.lua"),
+    include_str!("../../lua/give_back.lua"),
     include_str!("../../lua/reserve.lua"),
     include_str!("../../lua/write.lua"),
 );
@@ -122,7 +122,7 @@ pub(crate) enum Call {
     /// one is 0).
     Resume { debts_micros: Box<[u64]> },
     /// Give back the held reservation a reply gave this token.
-    Cancel(Token),
+    GiveBack(LogId),
     /// Reservations applied in order at one clock reading, as the same
     /// calls one by one would be.
     Batch(Box<[Request]>),
@@ -147,11 +147,11 @@ pub(crate) struct Request {
 /// What gives a reservation made in Redis back: the id the script gave it
 /// in its key's log.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub struct Token(pub(crate) u64);
+pub(crate) struct LogId(pub(crate) u64);
 
-impl std::fmt::Debug for Token {
+impl std::fmt::Debug for LogId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Token(..)")
+        f.write_str("LogId(..)")
     }
 }
 
@@ -277,8 +277,8 @@ fn call_args(cmd: &mut Cmd, call: &Call, limits: usize) {
                 .collect();
             cmd.arg("resume").arg(debts.join(","));
         }
-        Call::Cancel(token) => {
-            cmd.arg("cancel").arg(token.0);
+        Call::GiveBack(token) => {
+            cmd.arg("give_back").arg(token.0);
         }
         Call::Batch(requests) => {
             cmd.arg("batch").arg(batch_text(requests));
@@ -442,7 +442,7 @@ mod tests {
         ]));
         let cmd = command("EVALSHA", "sha", "k", &batch, &args);
         assert_eq!(argv(&cmd)[..2], ["batch", "1+:-1*2,2:5"]);
-        let cancel = command("EVALSHA", "sha", "k", &Call::Cancel(Token(42)), &args);
-        assert_eq!(argv(&cancel)[..2], ["cancel", "42"]);
+        let give_back = command("EVALSHA", "sha", "k", &Call::GiveBack(LogId(42)), &args);
+        assert_eq!(argv(&give_back)[..2], ["give_back", "42"]);
     }
 }

@@ -7,28 +7,21 @@ use std::time::Duration;
 #[cfg(feature = "redis-cluster")]
 use redis::cluster::ClusterClient;
 
-use super::Fallback;
 use super::backend::{Backend, Connecting, ProbeTarget};
-use super::builder::{assemble_limiter, connection_setters, fallback_setters};
 use super::connection::Target;
-use super::fallback::RedisStats;
-use super::keyed::{DEFAULT_MAX_LOCAL_KEYS, KeyedRedisBuilder};
-use super::limiter::RedisRateLimiter;
 use super::runtime::{current_runtime, own_runtime};
-use crate::Error;
-use crate::builder::{PolicyConfig, policy_setters};
-use crate::clock::{Clock, SystemClock};
+use crate::{Error, Stats};
 
-/// Redis as many limiters share it: one connection (multiplexed), one
-/// health state and one probe, for every limiter made from it with
-/// [`limiter`](Self::limiter). A cheap `Clone` handle: clones share it all.
+/// Redis as the limiters of a process share it: one connection
+/// (multiplexed), one health state and one probe, for every limiter made on
+/// it with [`Builder::redis`](crate::Builder::redis). A cheap `Clone`
+/// handle: clones share it all.
 ///
 /// When a call of any of its limiters finds Redis unavailable, the backend
 /// is *degraded*: every limiter serves from its own fallback, and one probe
 /// (a fresh connection, and the script on the key whose call failed) runs
 /// until the script works again. Each limiter then carries its fallback's
-/// debt into its own key with its first call (see
-/// [`RedisRateLimiter`]).
+/// debt into its own key with its first call (see [`redis`](super)).
 ///
 /// On a cluster, the health state is kept per node: a node that is down or
 /// hung degrades only the limiters (and keyed limiters' keys) in its slots.
@@ -36,28 +29,29 @@ use crate::clock::{Clock, SystemClock};
 /// reads the cluster's slot map and marks the node's other slots too, so
 /// their calls go to their fallbacks at once instead of each waiting for
 /// the response timeout. The probe runs the script on that node only, and
-/// everything on it comes back together. [`is_degraded`](Self::is_degraded)
-/// says whether any part is down; a limiter's own
-/// [`is_degraded`](RedisRateLimiter::is_degraded) whether its key's is.
+/// everything on it comes back together. [`stats`](Self::stats) says
+/// whether any part is down; a limiter's own `stats()` whether its key's
+/// is.
 ///
 /// ```no_run
+/// use paceline::RateLimiter;
 /// use paceline::redis::RedisBackend;
 ///
 /// # #[tokio::main]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let backend = RedisBackend::builder(paceline::redis::Client::open("redis://127.0.0.1:6379/")?)
+/// let redis = RedisBackend::builder(paceline::redis::Client::open("redis://127.0.0.1:6379/")?)
 ///     .build()
 ///     .await?;
 /// // Both limiters use the backend's one connection; building them does no I/O.
-/// let search = backend.limiter("search-api").permits_per_second(10.0).build()?;
-/// let orders = backend.limiter("orders-api").permits_per_second(50.0).build()?;
+/// let search = RateLimiter::builder().permits_per_second(10.0).redis(&redis, "search-api").build()?;
+/// let orders = RateLimiter::builder().permits_per_second(50.0).redis(&redis, "orders-api").build()?;
 /// search.acquire(1).await?;
 /// orders.acquire(1).await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
 pub struct RedisBackend {
-    backend: Arc<Backend>,
+    pub(crate) backend: Arc<Backend>,
 }
 
 /// # Constructors
@@ -69,54 +63,24 @@ impl RedisBackend {
 
     /// A backend on a Redis Cluster (feature `redis-cluster`): each
     /// limiter's key lives on the node that owns its slot. Build the client
-    /// with a connection timeout below the backend's response timeout, as
-    /// for [`RedisRateLimiter::cluster_builder`].
+    /// with a connection timeout below the backend's response timeout
+    /// (`ClusterClientBuilder::connection_timeout`; the client's default is
+    /// 1 s): a cluster connection that reconnects to a node which accepts
+    /// connections but does not answer (a hung process) holds every request
+    /// until it gives up on that node, which would keep the limiters on
+    /// their fallbacks on every node.
     #[cfg(feature = "redis-cluster")]
     pub fn cluster_builder(client: ClusterClient) -> RedisBackendBuilder {
         RedisBackendBuilder::new(Target::Cluster(Box::new(client)))
     }
 }
 
-/// # Limiters
+/// # Health
 impl RedisBackend {
-    /// A builder for a limiter named `name` on this backend, sharing the key
-    /// `paceline:{name}` with every other limiter of that name. Its
-    /// [`build`](RedisLimiterBuilder::build) does no I/O.
-    pub fn limiter(&self, name: &str) -> RedisLimiterBuilder<SystemClock> {
-        RedisLimiterBuilder {
-            backend: Arc::clone(&self.backend),
-            name: name.to_owned(),
-            config: PolicyConfig::default(),
-            fallback: Fallback::default(),
-            local_fraction: 1.0,
-            clock: SystemClock::new(),
-        }
-    }
-
-    /// A builder for a keyed limiter named `name` on this backend: one
-    /// rate per key, each key its own Redis key `paceline:{name}:{key}`.
-    /// Its [`build`](KeyedRedisBuilder::build) does no I/O.
-    pub fn keyed_limiter<K>(&self, name: &str) -> KeyedRedisBuilder<K, SystemClock> {
-        KeyedRedisBuilder {
-            backend: Arc::clone(&self.backend),
-            name: name.to_owned(),
-            config: PolicyConfig::default(),
-            fallback: Fallback::default(),
-            local_fraction: 1.0,
-            max_local_keys: DEFAULT_MAX_LOCAL_KEYS,
-            clock: SystemClock::new(),
-            key: std::marker::PhantomData,
-        }
-    }
-
-    /// Whether any of the backend's limiters serve from their fallbacks now
-    /// (on a cluster: whether any node is marked down).
-    pub fn is_degraded(&self) -> bool {
-        self.backend.health.any_down()
-    }
-
-    /// The backend's health counters, over all its limiters.
-    pub fn stats(&self) -> RedisStats {
+    /// The backend's health, over all its limiters: whether any part of
+    /// Redis is down now (on a cluster, any node), and how often its
+    /// limiters switched to their fallbacks and back (see [`Stats`]).
+    pub fn stats(&self) -> Stats {
         self.backend.health.stats()
     }
 }
@@ -145,7 +109,65 @@ impl RedisBackendBuilder {
         }
     }
 
-    connection_setters!();
+    /// How long one call waits for Redis before the fallback takes
+    /// over. Default 200 ms
+    /// ([`DEFAULT_RESPONSE_TIMEOUT`](super::DEFAULT_RESPONSE_TIMEOUT)); must
+    /// be more than zero.
+    pub fn response_timeout(mut self, response_timeout: Duration) -> Self {
+        self.connecting.response_timeout = response_timeout;
+        self
+    }
+
+    /// How often a degraded backend probes Redis to see whether it is
+    /// back (a fresh connection, and the script on it). Default 500 ms;
+    /// must be more than zero.
+    pub fn probe_interval(mut self, probe_interval: Duration) -> Self {
+        self.connecting.probe_interval = probe_interval;
+        self
+    }
+
+    /// Whether building fails when Redis does not answer. Default
+    /// `false`: the limiters then start degraded (their fallbacks serve,
+    /// a warning is logged) and switch to Redis as soon as the probe
+    /// sees the script work, so a service can start while Redis is
+    /// down. Set it to fail fast instead; bad options fail at once
+    /// either way.
+    pub fn require_connection(mut self, require_connection: bool) -> Self {
+        self.connecting.require_connection = require_connection;
+        self
+    }
+
+    /// Whether reservations of one Redis key that arrive while a round
+    /// trip of that key is in flight wait for it and then go together,
+    /// in one call of the script (up to 256 at a time). Default `true`.
+    ///
+    /// The script applies a batch in order at one reading of Redis's
+    /// clock: each request gets exactly what it would have got had the
+    /// same calls arrived one by one at that moment. A lone caller goes
+    /// at once, so nothing waits without contention; under contention a
+    /// hot key serves several times more reservations per second, as
+    /// Redis runs one script at a time. Every guarantee of a single
+    /// call holds per request: a caller waits at most the response
+    /// timeout, whether or not the key's other callers are polled (the
+    /// round trips run on the backend's runtime, not in a caller's
+    /// future); a caller that gives up while queued sends and is
+    /// charged nothing; one that gives up after its batch was sent has
+    /// its grant given back; a batch that fails sends each of its
+    /// callers to the fallback once. With `false`, every call is its
+    /// own round trip.
+    pub fn coalesce(mut self, coalesce: bool) -> Self {
+        self.connecting.coalesce = coalesce;
+        self
+    }
+
+    /// What every Redis key of the limiters starts with, before `:v1:`
+    /// (the version of the key layout) and the limiter's name. Default
+    /// `paceline` ([`DEFAULT_KEY_PREFIX`](super::DEFAULT_KEY_PREFIX)).
+    /// Must be non-empty, without `:`, `{` or `}`: checked when built.
+    pub fn key_prefix(mut self, key_prefix: &str) -> Self {
+        self.connecting.key_prefix = key_prefix.to_owned();
+        self
+    }
 
     /// Creates the backend on the current Tokio runtime, after one attempt
     /// to reach Redis (a connection and the script, within the response
@@ -198,66 +220,5 @@ impl fmt::Debug for RedisBackendBuilder {
             .field("target", &self.target.describe())
             .field("connecting", &self.connecting)
             .finish()
-    }
-}
-
-/// Builds a [`RedisRateLimiter`] on a [`RedisBackend`]; see
-/// [`RedisBackend::limiter`]. The rate and policy setters are those of the
-/// local [`Builder`](crate::Builder).
-#[must_use = "a builder does nothing until .build() is called"]
-pub struct RedisLimiterBuilder<C = SystemClock> {
-    backend: Arc<Backend>,
-    name: String,
-    config: PolicyConfig,
-    fallback: Fallback,
-    local_fraction: f64,
-    clock: C,
-}
-
-impl<C: Clock + Clone> RedisLimiterBuilder<C> {
-    policy_setters!();
-
-    fallback_setters!();
-
-    /// The clock waits are slept on (Redis's clock decides the waits).
-    /// Default: [`SystemClock`].
-    pub fn clock<C2: Clock + Clone>(self, clock: C2) -> RedisLimiterBuilder<C2> {
-        RedisLimiterBuilder {
-            backend: self.backend,
-            name: self.name,
-            config: self.config,
-            fallback: self.fallback,
-            local_fraction: self.local_fraction,
-            clock,
-        }
-    }
-
-    /// Creates the limiter on the backend. Does no I/O: it uses the
-    /// backend's connection and health as they are.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for bad options (an empty name, a bad
-    /// rate or policy, a local fraction outside `(0, 1]`).
-    pub fn build(self) -> Result<RedisRateLimiter<C>, Error> {
-        assemble_limiter(
-            self.backend,
-            &self.name,
-            &self.config,
-            self.fallback,
-            self.local_fraction,
-            self.clock,
-        )
-    }
-}
-
-impl<C: fmt::Debug> fmt::Debug for RedisLimiterBuilder<C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisLimiterBuilder")
-            .field("name", &self.name)
-            .field("config", &self.config)
-            .field("fallback", &self.fallback)
-            .field("local_fraction", &self.local_fraction)
-            .field("clock", &self.clock)
-            .finish_non_exhaustive()
     }
 }

@@ -16,6 +16,7 @@ use std::time::Duration;
 use crate::tower::keyed_limiter;
 use ::http::{Request, Response, StatusCode};
 use async_trait::async_trait;
+use paceline::Local;
 use paceline::clock::{Clock, FakeClock};
 use paceline::http::{
     ClientIp, ClientIpSource, Global, Header, Headers, PeerIp, RateLimitLayer, Refused,
@@ -162,7 +163,7 @@ async fn a_forwarded_header_the_proxy_passes_on_changes_nothing() {
 /// go down: while it is up, the keys' rates are a local limiter's; while
 /// it is down, every call fails as the backend's failure.
 struct QuotaStore {
-    rates: KeyedRateLimiter<IpAddr, FakeClock>,
+    rates: KeyedRateLimiter<IpAddr, Local, FakeClock>,
     down: std::sync::atomic::AtomicBool,
 }
 

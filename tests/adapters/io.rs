@@ -14,6 +14,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use paceline::Local;
 use paceline::clock::{Clock, FakeClock, Sleep};
 use paceline::io::{MAX_CHUNK, ThrottledReader, ThrottledWriter, chunk_limit};
 use paceline::{Error, Limiter, RateLimiter};
@@ -22,7 +23,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 /// 1 byte per µs: every chunk's cost is a whole number of µs.
 const MB_PER_S: f64 = 1_000_000.0;
 
-fn fake(rate: f64) -> (Arc<RateLimiter<FakeClock>>, FakeClock) {
+fn fake(rate: f64) -> (Arc<RateLimiter<Local, FakeClock>>, FakeClock) {
     let clock = FakeClock::new();
     let limiter = RateLimiter::builder()
         .permits_per_second(rate)
@@ -111,7 +112,7 @@ impl Clock for ManualClock {
     }
 }
 
-fn manual(rate: f64) -> (Arc<RateLimiter<ManualClock>>, ManualClock) {
+fn manual(rate: f64) -> (Arc<RateLimiter<Local, ManualClock>>, ManualClock) {
     let clock = ManualClock::default();
     let limiter = RateLimiter::builder()
         .permits_per_second(rate)
@@ -422,7 +423,7 @@ async fn limiter_errors_are_io_errors_and_nothing_moves() {
 async fn any_handle_that_derefs_to_a_limiter_works() {
     let (limiter, _clock) = fake(MB_PER_S);
     let as_dyn: Arc<dyn Limiter> = limiter.clone();
-    let leaked: &'static RateLimiter<FakeClock> = Box::leak(Box::new(
+    let leaked: &'static RateLimiter<Local, FakeClock> = Box::leak(Box::new(
         RateLimiter::builder()
             .permits_per_second(MB_PER_S)
             .clock(FakeClock::new())

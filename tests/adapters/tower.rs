@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use paceline::Local;
 use paceline::clock::{Clock, FakeClock};
 use paceline::tower::{RateLimitLayer, Throttled};
 use paceline::{KeyedRateLimiter, RateLimiter};
@@ -37,7 +38,7 @@ impl Service<u32> for Counter {
     }
 }
 
-fn limiter(clock: &FakeClock) -> Arc<RateLimiter<FakeClock>> {
+fn limiter(clock: &FakeClock) -> Arc<RateLimiter<Local, FakeClock>> {
     Arc::new(
         RateLimiter::builder()
             .permits_per_second(10.0)
@@ -51,7 +52,7 @@ fn limiter(clock: &FakeClock) -> Arc<RateLimiter<FakeClock>> {
 /// The same, one rate per key (the HTTP tests' limiter too).
 pub(crate) fn keyed_limiter<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static>(
     clock: &FakeClock,
-) -> Arc<KeyedRateLimiter<K, FakeClock>> {
+) -> Arc<KeyedRateLimiter<K, Local, FakeClock>> {
     Arc::new(
         KeyedRateLimiter::builder()
             .permits_per_second(10.0)
@@ -261,8 +262,8 @@ async fn every_service_fits_a_router() {
 #[cfg(feature = "redis")]
 #[allow(dead_code)]
 fn redis_services_fit_a_router(
-    shared: Arc<paceline::redis::RedisRateLimiter>,
-    keyed: Arc<paceline::redis::KeyedRedisRateLimiter<u32>>,
+    shared: Arc<paceline::RateLimiter<paceline::redis::Redis>>,
+    keyed: Arc<paceline::KeyedRateLimiter<u32, paceline::redis::Redis>>,
 ) {
     fits_a_router::<_, u32>(&RateLimitLayer::new(Arc::clone(&shared)).layer(Counter::default()));
     fits_a_router::<_, u32>(&RateLimitLayer::rejecting(shared).layer(Counter::default()));

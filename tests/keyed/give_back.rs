@@ -90,11 +90,11 @@ fn each_key_is_an_independent_limiter_that_starts_full() {
                     compared += 1;
                     // A reservation with no wait is used at once: nothing
                     // to give back (as for `RateLimiter`).
-                    assert_eq!(reservation.is_cancellable(), !reservation.delay().is_zero());
-                    if reservation.is_cancellable() && rng.chance(0.3) {
+                    assert_eq!(reservation.can_give_back(), !reservation.delay().is_zero());
+                    if reservation.can_give_back() && rng.chance(0.3) {
                         held.push((key, granted.id, reservation));
                     } else {
-                        reservation.commit();
+                        reservation.keep();
                         if let Some(id) = granted.id {
                             model.key(key, now).keep(id, now);
                         }
@@ -110,7 +110,7 @@ fn each_key_is_an_independent_limiter_that_starts_full() {
             );
         }
         for (_, _, reservation) in held.drain(..) {
-            reservation.commit();
+            reservation.keep();
         }
     }
     assert!(compared > 50_000, "{compared}");
@@ -125,10 +125,10 @@ fn a_dropped_reservation_gives_the_key_its_permits_back() {
         .clock(clock.clone())
         .build()
         .unwrap();
-    limiter.reservation(&1, 1).unwrap().commit();
+    limiter.reservation(&1, 1).unwrap().keep();
     let second = limiter.reservation(&1, 1).unwrap();
     assert_eq!(second.delay(), 100 * MS);
-    assert!(second.is_cancellable());
+    assert!(second.can_give_back());
     drop(second);
     // As if it had never been made.
     assert_eq!(limiter.available_in(&1).unwrap(), 100 * MS);
@@ -172,7 +172,7 @@ fn a_waiter_dropped_after_another_never_lets_the_next_caller_of_its_key_in_early
     // After the eleven, as the key without A and B: 1810 s.
     assert_eq!(limiter.reservation(&7, 1).unwrap().delay(), 9 * S);
     for r in queued {
-        r.commit();
+        r.keep();
     }
     assert_eq!(limiter.reserve(&8, 1).unwrap(), Duration::ZERO);
 }
@@ -245,11 +245,11 @@ fn each_key_gives_back_as_the_core_through_its_log() {
                     ));
                     compared += 1;
                     match granted.id {
-                        Some(id) if reservation.is_cancellable() && rng.chance(0.7) => {
+                        Some(id) if reservation.can_give_back() && rng.chance(0.7) => {
                             held.push((key, id, granted.moment_micros, charged, reservation));
                         }
                         id => {
-                            reservation.commit();
+                            reservation.keep();
                             if let Some(id) = id {
                                 model.key(key, now).keep(id, now);
                             }
@@ -402,13 +402,13 @@ fn a_keys_log_does_not_outlive_its_waits() {
     for key in 0..100 {
         limiter.reserve(&key, 20).unwrap();
     }
-    assert_eq!(limiter.len(), 100);
+    assert_eq!(limiter.stats().keys, 100);
     let before = bytes_in_use();
     let held: Vec<_> = (0..100u32)
         .map(|key| {
             let first = limiter.reservation(&key, 3).unwrap();
             let second = limiter.reservation(&key, 3).unwrap();
-            assert!(first.is_cancellable() && second.is_cancellable());
+            assert!(first.can_give_back() && second.can_give_back());
             (first, second)
         })
         .collect();
@@ -425,7 +425,7 @@ fn a_keys_log_does_not_outlive_its_waits() {
     for key in 0..100 {
         limiter.reserve(&key, 1).unwrap();
     }
-    assert_eq!(limiter.len(), 100);
+    assert_eq!(limiter.stats().keys, 100);
     assert_eq!(bytes_in_use(), before);
 
     // A waiter whose permits are kept without waiting (committed) will
@@ -433,9 +433,9 @@ fn a_keys_log_does_not_outlive_its_waits() {
     limiter.reserve(&0, 30).unwrap();
     let before = bytes_in_use();
     let kept = limiter.reservation(&0, 5).unwrap();
-    assert!(kept.is_cancellable());
+    assert!(kept.can_give_back());
     assert!(bytes_in_use() > before);
-    kept.commit();
+    kept.keep();
     assert_eq!(bytes_in_use(), before);
 }
 
@@ -496,10 +496,10 @@ fn give_back_on_keys_from_threads(calls: usize) -> Vec<(Duration, u64)> {
                             let permits = rng.range(1, 3);
                             let reservation = limiter.reservation(&key, permits as u32).unwrap();
                             // One that goes at once has nothing to give back.
-                            if reservation.is_cancellable() && rng.chance(0.5) {
+                            if reservation.can_give_back() && rng.chance(0.5) {
                                 held.push((key, reservation));
                             } else {
-                                reservation.commit();
+                                reservation.keep();
                                 kept[key as usize] += permits;
                             }
                         }

@@ -6,6 +6,7 @@ use std::ops::Range;
 use std::time::Duration;
 
 use crate::support::alloc::bytes_in_use;
+use paceline::Local;
 use paceline::clock::FakeClock;
 use paceline::{KeyedRateLimiter, Limit};
 
@@ -34,18 +35,18 @@ fn a_flood_of_idle_keys_gives_its_memory_back() {
         clock.advance(Duration::from_millis(1));
     }
     let after = (bytes_in_use() - before).max(0);
-    assert!(limiter.len() <= 128, "{}", limiter.len());
+    assert!(limiter.stats().keys <= 128, "{}", limiter.stats().keys);
     assert!(
         after < 256 * 1024,
         "{after} bytes still held for {} keys (the flood took {flooded})",
-        limiter.len()
+        limiter.stats().keys
     );
 }
 
 /// Touches 200 000 keys once, lets `idle` pass, then calls each key of
 /// `in_use` once a millisecond, `calls` times; the keys held then.
 fn held_after_a_flood_went_idle(
-    limiter: &KeyedRateLimiter<u64, FakeClock>,
+    limiter: &KeyedRateLimiter<u64, Local, FakeClock>,
     clock: &FakeClock,
     idle: Duration,
     in_use: Range<u64>,
@@ -54,7 +55,7 @@ fn held_after_a_flood_went_idle(
     for key in 0..200_000u64 {
         limiter.reserve(&key, 1).unwrap();
     }
-    assert_eq!(limiter.len(), 200_000);
+    assert_eq!(limiter.stats().keys, 200_000);
     clock.advance(idle);
     for call in 0..calls {
         if call > 0 {
@@ -64,12 +65,12 @@ fn held_after_a_flood_went_idle(
             limiter.reserve(&key, 1).unwrap();
         }
     }
-    limiter.len()
+    limiter.stats().keys
 }
 
 /// 10 a second with a burst of 10: a key refills in a second, the sweep
 /// period.
-fn ten_a_second(clock: &FakeClock) -> KeyedRateLimiter<u64, FakeClock> {
+fn ten_a_second(clock: &FakeClock) -> KeyedRateLimiter<u64, Local, FakeClock> {
     KeyedRateLimiter::builder()
         .permits_per_second(10.0)
         .max_burst(Duration::from_secs(1))
@@ -165,11 +166,11 @@ fn a_flood_of_idle_keys_of_several_limits_gives_its_memory_back() {
         }
         clock.advance(Duration::from_secs(1));
     }
-    assert_eq!(limiter.len(), 64);
+    assert_eq!(limiter.stats().keys, 64);
     let after = (bytes_in_use() - before).max(0);
     assert!(
         after < 256 * 1024,
         "{after} bytes still held for {} keys (the flood took {flooded})",
-        limiter.len()
+        limiter.stats().keys
     );
 }

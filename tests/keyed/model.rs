@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::support::rng::Rng;
 use paceline::KeyedRateLimiter;
+use paceline::Local;
 use paceline::clock::FakeClock;
 use paceline::core::{Bursty, Limits, Policy, State, WarmingUp};
 
@@ -30,7 +31,11 @@ impl Config {
         }
     }
 
-    pub(crate) fn limiter(&self, rate: f64, clock: &FakeClock) -> KeyedRateLimiter<u32, FakeClock> {
+    pub(crate) fn limiter(
+        &self,
+        rate: f64,
+        clock: &FakeClock,
+    ) -> KeyedRateLimiter<u32, Local, FakeClock> {
         let builder = KeyedRateLimiter::<u32>::builder()
             .permits_per_second(rate)
             .clock(clock.clone());

@@ -6,13 +6,14 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::support::rng::Rng;
+use paceline::Local;
 use paceline::clock::{Clock, FakeClock};
 use paceline::core::{Bursty, Limits, Policy, State};
 use paceline::{Error, KeyedRateLimiter, Limit};
 
 const MS: Duration = Duration::from_millis(1);
 
-fn per_second_and_minute(clock: &FakeClock) -> KeyedRateLimiter<u64, FakeClock> {
+fn per_second_and_minute(clock: &FakeClock) -> KeyedRateLimiter<u64, Local, FakeClock> {
     // 10 per second with a burst of 3 and 3 per minute with a burst of 4:
     // 2 and 3 stored.
     KeyedRateLimiter::builder()
@@ -39,7 +40,7 @@ fn each_key_starts_full_on_every_limit_and_waits_for_the_latest() {
     assert_eq!(limiter.reserve(&2, 1).unwrap(), Duration::ZERO);
     assert_eq!(limiter.available_in(&1).unwrap(), Duration::from_secs(40));
     assert_eq!(limiter.available_in(&3).unwrap(), Duration::ZERO);
-    assert_eq!(limiter.len(), 2);
+    assert_eq!(limiter.stats().keys, 2);
 }
 
 #[test]
@@ -73,14 +74,14 @@ fn idle_keys_are_forgotten_and_a_cap_holds() {
     for key in 0..1_000 {
         limiter.reserve(&key, 1).unwrap();
     }
-    assert_eq!(limiter.len(), 1_000);
+    assert_eq!(limiter.stats().keys, 1_000);
     // A minute and a half later every key reads as full again: a call
     // sweeps them all.
     clock.advance(Duration::from_secs(90));
     for key in 0..64 {
         limiter.reserve(&(10_000 + key), 1).unwrap();
     }
-    assert!(limiter.len() <= 128, "{}", limiter.len());
+    assert!(limiter.stats().keys <= 128, "{}", limiter.stats().keys);
 
     let capped = KeyedRateLimiter::<u64>::builder()
         .limit(Limit::per_second(1.0).burst(2))
@@ -91,7 +92,7 @@ fn idle_keys_are_forgotten_and_a_cap_holds() {
         .unwrap();
     for key in 0..10_000 {
         capped.reserve(&key, 2).unwrap();
-        assert!(capped.len() <= 256);
+        assert!(capped.stats().keys <= 256);
     }
     assert!(capped.stats().dropped_unfinished > 0);
 }

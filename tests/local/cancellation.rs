@@ -8,14 +8,15 @@
 //! reservation, so once the last cancellation is done they *are* the model,
 //! to the bit, with either policy, and a bursty limiter never schedules
 //! anyone before the model. Moving the ticket back by the reservation's
-//! charge alone ([`State::give_back`], the rule the log replaced) is kept
-//! here to show what the log fixes: it lets some callers in early.
+//! charge alone (the rule the log replaced, which the library no longer
+//! has: [`by_charge`] here) is kept to show what the log fixes: it lets
+//! some callers in early.
 
 use crate::support;
 
 use std::time::Duration;
 
-use paceline::core::{Bursty, GiveBack, LOG_CAPACITY, Limits, Policy, Reserved, State, WarmingUp};
+use paceline::core::{Bursty, LOG_CAPACITY, Limits, Policy, State, WarmingUp};
 use support::rng::Rng;
 
 const SEQUENCES: u64 = 3_000;
@@ -43,12 +44,116 @@ enum Op {
     Idle { micros: u64 },
 }
 
+/// The baseline: giving back by the charge alone, on one bursty state,
+/// as every limiter did before the log (the library no longer has it). A
+/// reservation given back while its moment is still ahead moves the ticket
+/// back by its charge (how far it had pushed the ticket), never past now;
+/// the latest one, with nothing made after it, puts back the state it
+/// found. Others came after it: they keep their slots.
+mod by_charge {
+    use paceline::core::{FRACTION_BITS, Policy, State};
+
+    /// What one reservation took: enough to give it back by the charge.
+    #[derive(Debug, Clone)]
+    pub struct Reserved {
+        /// When its permits may be used.
+        pub moment_micros: u64,
+        /// The state it found (before its resync), and the state it left.
+        before: State,
+        after: State,
+    }
+
+    impl Reserved {
+        /// How far the reservation pushed the ticket, in whole
+        /// microseconds, rounded down (so that giving it back never moves
+        /// the ticket further back than it was pushed): from its moment
+        /// (with the ticket's fraction then, if no resync moved the ticket)
+        /// to the ticket it left.
+        pub fn charge_micros(&self) -> u64 {
+            let moment_fraction = if self.moment_micros == self.before.next_free_micros() {
+                self.before.next_free_fraction()
+            } else {
+                0
+            };
+            let whole = self.after.next_free_micros() - self.moment_micros;
+            if self.after.next_free_fraction() < moment_fraction {
+                whole.saturating_sub(1)
+            } else {
+                whole
+            }
+        }
+    }
+
+    /// What a give-back did.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum GiveBack {
+        /// The reservation was the latest: the state it found was put back.
+        Restored,
+        /// Others came after it: the ticket moved back by this many µs (its
+        /// charge, or less where that would have reached back past now).
+        Returned(u64),
+        /// Others came after it, and its moment had passed: nothing.
+        Nothing,
+    }
+
+    /// Reserves `permits` of `state` at `now_micros`, recording what was
+    /// taken.
+    pub fn reserve(state: &mut State, permits: u32, now_micros: u64) -> Reserved {
+        let before = state.clone();
+        let moment_micros = state.reserve_earliest_available(permits, now_micros);
+        Reserved {
+            moment_micros,
+            before,
+            after: state.clone(),
+        }
+    }
+
+    /// Gives `taken` back from a bursty `state` at `now_micros`, by the
+    /// charge alone.
+    pub fn give_back(state: &mut State, taken: &Reserved, now_micros: u64) -> GiveBack {
+        assert!(matches!(state.policy(), Policy::Bursty(_)));
+        if *state == taken.after {
+            *state = taken.before.clone();
+            return GiveBack::Restored;
+        }
+        if now_micros >= taken.moment_micros {
+            return GiveBack::Nothing;
+        }
+        let ticket = state.next_free_micros();
+        let moved = ticket
+            .saturating_sub(taken.charge_micros())
+            .max(now_micros.min(ticket));
+        if moved == ticket {
+            // The ticket is not ahead (earlier give-backs moved it before
+            // this reservation's moment): nothing to move.
+            return GiveBack::Returned(0);
+        }
+        // The ticket is ahead of now: a bursty state in debt stores
+        // nothing (it spent what it had before charging fresh permits), and
+        // its ticket is all there is to move.
+        assert_eq!(state.stored_permits(), 0.0);
+        // The same state with the ticket at `moved`, its fraction kept: a
+        // new bursty state stores nothing and starts at its ticket.
+        let mut back = State::new(state.policy().clone(), state.permits_per_second(), moved)
+            .expect("the rate it had");
+        back.charge(f64::from(state.next_free_fraction()) / f64::from(1u32 << FRACTION_BITS));
+        assert_eq!(
+            (back.next_free_fraction(), back.max_permits().to_bits()),
+            (state.next_free_fraction(), state.max_permits().to_bits())
+        );
+        *state = back;
+        GiveBack::Returned(ticket - moved)
+    }
+}
+
+use by_charge::{GiveBack, Reserved};
+
 /// How a run gives reservations back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Rule {
-    /// [`State::give_back`] alone: the whole charge, or the state it found
-    /// for the latest (what every limiter did before the log; kept to show
-    /// what the log fixes).
+    /// [`by_charge`]: the whole charge, or the state it found for the
+    /// latest (what every limiter did before the log; kept to show what
+    /// the log fixes).
     Charge,
     /// Through the log of [`Limits`] (one limit): what every in-process
     /// limiter does.
@@ -56,7 +161,7 @@ enum Rule {
 }
 
 /// What a run holds of a reservation, to give it back with.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum Held {
     Charge(Reserved),
     /// Its id in the log, if it waits.
@@ -110,7 +215,7 @@ fn drive(mut state: State, ops: &[Op], cancel: &[bool], rule: Option<Rule>) -> R
                     let granted = limits.reserve(permits, now, true);
                     (granted.moment_micros, Held::Log(granted.id))
                 } else {
-                    let reserved = state.reserve_recorded(permits, now);
+                    let reserved = by_charge::reserve(&mut state, permits, now);
                     (reserved.moment_micros, Held::Charge(reserved))
                 };
                 moments[id] = Some(moment);
@@ -123,8 +228,10 @@ fn drive(mut state: State, ops: &[Op], cancel: &[bool], rule: Option<Rule>) -> R
                     continue;
                 }
                 cancelled[id] = true;
-                outcomes.push(match held[id].expect("made") {
-                    Held::Charge(reserved) => Gave::Charge(state.give_back(&reserved, now)),
+                outcomes.push(match held[id].as_ref().expect("made") {
+                    Held::Charge(reserved) => {
+                        Gave::Charge(by_charge::give_back(&mut state, reserved, now))
+                    }
                     Held::Log(id) => Gave::Log(id.is_some_and(|id| limits.give_back(id, now))),
                 });
             }
@@ -449,7 +556,9 @@ fn overload(o: Overload, rule: Rule) -> Outcome {
         while waiting.first().is_some_and(|w| w.0 <= now) {
             let (at, id, held) = waiting.remove(0);
             let gave = match held {
-                Held::Charge(reserved) => state.give_back(&reserved, at) != GiveBack::Nothing,
+                Held::Charge(reserved) => {
+                    by_charge::give_back(&mut state, &reserved, at) != GiveBack::Nothing
+                }
                 Held::Log(id) => id.is_some_and(|id| limits.give_back(id, at)),
             };
             assert!(gave, "{o:?}");
@@ -459,7 +568,7 @@ fn overload(o: Overload, rule: Rule) -> Outcome {
         let permits = rng.range(1, o.max_permits) as u32;
         let (moment, held) = match rule {
             Rule::Charge => {
-                let reserved = state.reserve_recorded(permits, now);
+                let reserved = by_charge::reserve(&mut state, permits, now);
                 (reserved.moment_micros, Held::Charge(reserved))
             }
             Rule::Log => {

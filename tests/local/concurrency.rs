@@ -180,10 +180,10 @@ fn give_back_from_threads(calls: usize) -> (Duration, u64) {
                         _ => {
                             let permits = rng.range(1, 3);
                             let reservation = limiter.reservation(permits as u32).unwrap();
-                            if reservation.is_cancellable() && rng.chance(0.5) {
+                            if reservation.can_give_back() && rng.chance(0.5) {
                                 held.push(reservation);
                             } else {
-                                reservation.commit();
+                                reservation.keep();
                                 kept += permits;
                             }
                         }

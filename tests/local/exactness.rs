@@ -19,6 +19,7 @@ use crate::support::fake;
 use std::time::Duration;
 
 use fake::micros;
+use paceline::Local;
 use paceline::clock::{Clock, FakeClock};
 use paceline::{KeyedRateLimiter, RateLimiter};
 
@@ -80,7 +81,7 @@ fn check(what: &str, rate: f64, permits: u32, reservations: u64, elapsed: u64) {
 }
 
 /// A limiter of the given kind on a fresh fake clock.
-fn local(rate: f64, warmup: Option<Duration>) -> (RateLimiter<FakeClock>, FakeClock) {
+fn local(rate: f64, warmup: Option<Duration>) -> (RateLimiter<Local, FakeClock>, FakeClock) {
     let clock = FakeClock::new();
     let builder = RateLimiter::builder()
         .permits_per_second(rate)

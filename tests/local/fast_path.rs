@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use crate::support::alloc::allocations;
 use crate::support::rng::Rng;
+use paceline::Local;
 use paceline::RateLimiter;
 use paceline::clock::{Clock, FakeClock, Sleep, SystemClock};
 use paceline::core::{Bursty, Limits, MAX_MICROS, Policy, State, micros};
@@ -269,7 +270,7 @@ fn long_sequences_agree_with_the_core() {
 // ---------------------------------------------------------------------------
 // Exact edge cases.
 
-fn on_fake_clock(rate: f64, burst: Duration) -> (RateLimiter<FakeClock>, FakeClock) {
+fn on_fake_clock(rate: f64, burst: Duration) -> (RateLimiter<Local, FakeClock>, FakeClock) {
     let clock = FakeClock::new();
     let limiter = RateLimiter::builder()
         .permits_per_second(rate)
@@ -280,7 +281,7 @@ fn on_fake_clock(rate: f64, burst: Duration) -> (RateLimiter<FakeClock>, FakeClo
     (limiter, clock)
 }
 
-fn wait_micros(limiter: &RateLimiter<FakeClock>, permits: u32) -> u64 {
+fn wait_micros(limiter: &RateLimiter<Local, FakeClock>, permits: u32) -> u64 {
     micros(limiter.reserve(permits).unwrap())
 }
 
@@ -352,12 +353,12 @@ fn zero_burst_and_infinite_rate() {
 // ---------------------------------------------------------------------------
 // Concurrency.
 
-fn frozen(rate: f64) -> (Arc<RateLimiter<FakeClock>>, FakeClock) {
+fn frozen(rate: f64) -> (Arc<RateLimiter<Local, FakeClock>>, FakeClock) {
     let (limiter, clock) = on_fake_clock(rate, Duration::from_secs(1));
     (Arc::new(limiter), clock)
 }
 
-fn hammer(limiter: &Arc<RateLimiter<FakeClock>>, threads: usize, each: usize) -> Vec<u64> {
+fn hammer(limiter: &Arc<RateLimiter<Local, FakeClock>>, threads: usize, each: usize) -> Vec<u64> {
     let handles: Vec<_> = (0..threads)
         .map(|_| {
             let limiter = Arc::clone(limiter);
@@ -525,7 +526,7 @@ fn acquire_without_a_wait_neither_allocates_nor_sleeps() {
 
 #[test]
 fn reserve_and_try_reserve_do_not_allocate() {
-    let limiter: RateLimiter<SystemClock> = RateLimiter::bursty(1e9).unwrap();
+    let limiter: RateLimiter<Local, SystemClock> = RateLimiter::bursty(1e9).unwrap();
     let slow = RateLimiter::bursty(1.0 / 3600.0).unwrap();
     let before = allocations();
     for _ in 0..1000 {

@@ -56,10 +56,10 @@ fn the_local_limiter_gives_back_as_the_core() {
                         got.abs_diff(c.wait_micros) <= allowed,
                         "seed {seed} step {step}: {got} µs, core {c:?}"
                     );
-                    if r.is_cancellable() && rng.chance(0.5) {
+                    if r.can_give_back() && rng.chance(0.5) {
                         held.push((r, c));
                     } else {
-                        r.commit();
+                        r.keep();
                     }
                 }
                 3 if !held.is_empty() => {
@@ -117,7 +117,7 @@ fn a_waiter_dropped_after_another_never_lets_the_next_caller_in_early() {
     // After the eleven, as the limiter without A and B: 1810 s.
     assert_eq!(limiter.reservation(1).unwrap().delay(), 9 * S);
     for r in queued {
-        r.commit();
+        r.keep();
     }
 }
 
@@ -161,8 +161,8 @@ fn a_waiting_caller_keeps_its_slot_and_the_next_takes_the_dropped_one() {
     let d = limiter.reservation(1).unwrap();
     assert_eq!(d.delay(), Duration::from_millis(200), "D takes C's slot");
     assert_eq!(c.wait_blocking(), Duration::from_millis(200), "C keeps it");
-    d.commit();
-    a.commit();
+    d.keep();
+    a.keep();
 }
 
 /// The slot test above on the real clock (the local twin of
@@ -197,7 +197,7 @@ async fn a_dropped_waiter_gives_its_slot_to_the_next_caller_on_the_real_clock() 
         d_delay <= c_delay && gap <= Duration::from_millis(60),
         "C at {c_delay:?}, D at {d_delay:?}"
     );
-    a.commit();
+    a.keep();
     let (c_done, d_done) = tokio::join!(
         async {
             c.wait().await;

@@ -6,6 +6,7 @@ use crate::support::fake;
 use std::sync::Arc;
 use std::time::Duration;
 
+use paceline::Local;
 use paceline::clock::{Clock, FakeClock};
 use paceline::{Error, Limiter, RateLimiter};
 
@@ -76,6 +77,6 @@ async fn reserve_rate_and_errors_through_the_trait() {
 fn limiters_are_send_sync_and_shareable() {
     fn assert_send_sync<T: Send + Sync + 'static>() {}
     assert_send_sync::<RateLimiter>();
-    assert_send_sync::<RateLimiter<FakeClock>>();
+    assert_send_sync::<RateLimiter<Local, FakeClock>>();
     assert_send_sync::<Arc<dyn Limiter>>();
 }

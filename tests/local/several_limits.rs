@@ -6,13 +6,14 @@
 use std::time::Duration;
 
 use crate::support::rng::Rng;
+use paceline::Local;
 use paceline::clock::{Clock, FakeClock};
 use paceline::core::{Bursty, Limits, Policy, State};
 use paceline::{Error, Limit, RateLimiter};
 
 const MS: Duration = Duration::from_millis(1);
 
-fn two_limits(clock: &FakeClock) -> RateLimiter<FakeClock> {
+fn two_limits(clock: &FakeClock) -> RateLimiter<Local, FakeClock> {
     // 10 per second with a burst of 3 (2 stored, there at once: a limit
     // starts full), and 3 per minute with a burst of 1 (exact spacing).
     RateLimiter::builder()
@@ -213,7 +214,7 @@ fn a_reservation_names_the_limit_it_waits_for() {
     let limiter = two_limits(&clock);
     let first = limiter.reservation(1).unwrap();
     assert_eq!(first.limit(), None, "it does not wait");
-    first.commit();
+    first.keep();
     assert_eq!(limiter.reservation(1).unwrap().limit(), Some(1));
     // While the per-minute limit has stored permits, the per-second one
     // binds.

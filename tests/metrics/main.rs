@@ -198,15 +198,18 @@ fn a_keyed_limiter_counts_its_keys_never_by_key() {
     for user in 0..10 {
         limiter.reserve(&format!("user-{user}"), 1).unwrap();
     }
-    assert_eq!(limiter.len(), 10);
+    assert_eq!(limiter.stats().keys, 10);
     assert_eq!(seen.gauge(KEYS, &per_user), Some(10.0));
     // Many more keys than the cap: the gauge follows what is held.
     for user in 0..1_000 {
         limiter.reserve(&format!("flood-{user}"), 1).unwrap();
         clock.advance(Duration::from_micros(10));
     }
-    assert_eq!(seen.gauge(KEYS, &per_user), Some(limiter.len() as f64));
-    assert!(limiter.len() <= 64);
+    assert_eq!(
+        seen.gauge(KEYS, &per_user),
+        Some(limiter.stats().keys as f64)
+    );
+    assert!(limiter.stats().keys <= 64);
     assert_eq!(
         seen.counter(REQUESTS, &[("limiter", "per-user"), ("result", "acquired")]),
         1_010
@@ -233,9 +236,9 @@ async fn redis_round_trips_outages_and_switches() {
     let seen = recorder();
     let mut server = RedisServer::start();
     let backend = backend(server.client()).await;
-    let limiter = backend
-        .keyed_limiter::<String>("api")
+    let limiter = KeyedRateLimiter::<String>::builder()
         .permits_per_second(1000.0)
+        .redis(&backend, "api")
         .build()
         .unwrap();
     let ok = [
@@ -259,10 +262,10 @@ async fn redis_round_trips_outages_and_switches() {
     assert_eq!(seen.counter(REDIS_FALLBACK_SWITCHES, &[("to", "local")]), 1);
     server.restart();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while backend.is_degraded() && std::time::Instant::now() < deadline {
+    while backend.stats().degraded && std::time::Instant::now() < deadline {
         tokio::time::sleep(PROBE_INTERVAL).await;
     }
-    assert!(!backend.is_degraded());
+    assert!(!backend.stats().degraded);
     assert_eq!(seen.gauge(REDIS_DEGRADED, &[]), Some(0.0));
     assert_eq!(seen.counter(REDIS_FALLBACK_SWITCHES, &[("to", "redis")]), 1);
     let _ = RESPONSE_TIMEOUT;

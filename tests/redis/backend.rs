@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use crate::support::poll::{RESPONSE_TIMEOUT, SLACK, backend, within};
 use crate::support::proxy::Proxy;
 use crate::support::redis_server::RedisServer;
-use paceline::Error;
 use paceline::redis::{Fallback, RedisBackend};
+use paceline::{Error, KeyedRateLimiter, RateLimiter};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -35,8 +35,8 @@ async fn many_limiters_share_one_connection_and_keep_their_own_keys() {
     let limiters: Vec<_> = (0..20)
         .map(|i| {
             Arc::new(
-                backend
-                    .limiter(&format!("shared-{i}"))
+                RateLimiter::builder()
+                    .redis(&backend, &format!("shared-{i}"))
                     .permits_per_second(10.0)
                     .max_burst(Duration::ZERO)
                     .build()
@@ -62,7 +62,7 @@ async fn many_limiters_share_one_connection_and_keep_their_own_keys() {
         assert!(
             wait > 200 * MS && wait <= 400 * MS,
             "{}: {wait:?}",
-            limiter.key()
+            limiter.redis_key()
         );
     }
     let keys: Vec<String> = redis::cmd("KEYS")
@@ -70,7 +70,7 @@ async fn many_limiters_share_one_connection_and_keep_their_own_keys() {
         .query(&mut observer)
         .unwrap();
     assert_eq!(keys.len(), 20);
-    assert!(!backend.is_degraded());
+    assert!(!backend.stats().degraded);
     assert_eq!(backend.stats().fallbacks, 0);
 }
 
@@ -82,8 +82,8 @@ async fn building_a_limiter_does_no_io_and_checks_its_options() {
     let accepted = proxy.accepted();
     let start = Instant::now();
     for i in 0..1000 {
-        backend
-            .limiter(&format!("cheap-{i}"))
+        RateLimiter::builder()
+            .redis(&backend, &format!("cheap-{i}"))
             .permits_per_second(5.0)
             .build()
             .unwrap();
@@ -95,11 +95,17 @@ async fn building_a_limiter_does_no_io_and_checks_its_options() {
     );
     assert_eq!(proxy.accepted(), accepted, "building opened connections");
     for bad in [
-        backend.limiter("").permits_per_second(5.0).build(),
-        backend.limiter("x").permits_per_second(-1.0).build(),
-        backend.limiter("x").build(),
-        backend
-            .limiter("x")
+        RateLimiter::builder()
+            .redis(&backend, "")
+            .permits_per_second(5.0)
+            .build(),
+        RateLimiter::builder()
+            .redis(&backend, "x")
+            .permits_per_second(-1.0)
+            .build(),
+        RateLimiter::builder().redis(&backend, "x").build(),
+        RateLimiter::builder()
+            .redis(&backend, "x")
             .permits_per_second(5.0)
             .local_fraction(0.0)
             .build(),
@@ -121,9 +127,9 @@ async fn a_backend_starts_while_redis_is_down() {
     let start = Instant::now();
     let backend = backend(proxy.client()).await;
     assert!(start.elapsed() <= RESPONSE_TIMEOUT * 2 + SLACK);
-    assert!(backend.is_degraded());
-    let limiter = backend
-        .limiter("down-at-start")
+    assert!(backend.stats().degraded);
+    let limiter = RateLimiter::builder()
+        .redis(&backend, "down-at-start")
         .permits_per_second(10.0)
         .max_burst(Duration::ZERO)
         .build()
@@ -141,7 +147,7 @@ async fn a_backend_starts_while_redis_is_down() {
     assert!(matches!(strict, Err(Error::Backend(_))), "{strict:?}");
 
     proxy.refuse_new(false);
-    within(Duration::from_secs(5), || !backend.is_degraded())
+    within(Duration::from_secs(5), || !backend.stats().degraded)
         .await
         .expect("switches to Redis once it answers");
     // What is left of the local debt is carried into the key by the first
@@ -160,8 +166,8 @@ async fn one_outage_degrades_every_limiter_and_each_carries_its_own_debt_back() 
     let mut server = RedisServer::start();
     let backend = backend(server.client()).await;
     let limiter = |name: &str| {
-        backend
-            .limiter(name)
+        RateLimiter::builder()
+            .redis(&backend, name)
             .permits_per_second(10.0)
             .max_burst(Duration::ZERO)
             .fallback(Fallback::Local)
@@ -182,11 +188,11 @@ async fn one_outage_degrades_every_limiter_and_each_carries_its_own_debt_back() 
     let start = Instant::now();
     idle.reserve(1).await.unwrap();
     assert!(start.elapsed() <= RESPONSE_TIMEOUT + SLACK);
-    assert!(backend.is_degraded());
+    assert!(backend.stats().degraded);
     assert_eq!(backend.stats().fallbacks, 1);
 
     server.restart();
-    within(Duration::from_secs(5), || !backend.is_degraded())
+    within(Duration::from_secs(5), || !backend.stats().degraded)
         .await
         .expect("recovers after the restart");
     // Each key is empty after the restart; each limiter carries its own
@@ -208,8 +214,8 @@ fn a_blocking_backend_serves_blocking_limiters() {
         .response_timeout(RESPONSE_TIMEOUT)
         .build_blocking()
         .unwrap();
-    let limiter = backend
-        .limiter("blocking")
+    let limiter = RateLimiter::builder()
+        .redis(&backend, "blocking")
         .permits_per_second(20.0)
         .max_burst(Duration::ZERO)
         .build()
@@ -229,23 +235,30 @@ fn a_blocking_backend_serves_blocking_limiters() {
 /// refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_key_prefix_is_paceline_unless_set() {
-    use paceline::redis::RedisRateLimiter;
     let server = RedisServer::start();
-    let default = RedisRateLimiter::builder(server.client(), "orders")
-        .permits_per_second(1.0)
-        .max_burst(Duration::ZERO)
+    let default_backend = RedisBackend::builder(server.client())
         .build()
         .await
         .unwrap();
-    assert_eq!(default.key(), "paceline:v1:orders");
-    let tenant = RedisRateLimiter::builder(server.client(), "orders")
+    let default = RateLimiter::builder()
+        .redis(&default_backend, "orders")
         .permits_per_second(1.0)
         .max_burst(Duration::ZERO)
+        .build()
+        .unwrap();
+    assert_eq!(default.redis_key(), "paceline:v1:orders");
+    let tenant_backend = RedisBackend::builder(server.client())
         .key_prefix("tenant-7")
         .build()
         .await
         .unwrap();
-    assert_eq!(tenant.key(), "tenant-7:v1:orders");
+    let tenant = RateLimiter::builder()
+        .redis(&tenant_backend, "orders")
+        .permits_per_second(1.0)
+        .max_burst(Duration::ZERO)
+        .build()
+        .unwrap();
+    assert_eq!(tenant.redis_key(), "tenant-7:v1:orders");
     assert_eq!(tenant.reserve(1).await.unwrap(), Duration::ZERO);
     // A second process with that prefix shares the key.
     let backend = paceline::redis::RedisBackend::builder(server.client())
@@ -253,14 +266,14 @@ async fn the_key_prefix_is_paceline_unless_set() {
         .build()
         .await
         .unwrap();
-    let keyed = backend
-        .keyed_limiter::<String>("orders")
+    let keyed = KeyedRateLimiter::<String>::builder()
+        .redis(&backend, "orders")
         .permits_per_second(1.0)
         .build()
         .unwrap();
     assert_eq!(keyed.redis_key(&"k".to_owned()), "tenant-7:v1:orders:k");
-    let other = backend
-        .limiter("orders")
+    let other = RateLimiter::builder()
+        .redis(&backend, "orders")
         .permits_per_second(1.0)
         .max_burst(Duration::ZERO)
         .build()
@@ -269,11 +282,16 @@ async fn the_key_prefix_is_paceline_unless_set() {
     // The default limiter of that name has its own key, untouched.
     assert!(default.try_acquire(1, Duration::ZERO).await.unwrap());
     for bad in ["", "a:b", "{tag}"] {
-        let refused = RedisRateLimiter::builder(server.client(), "orders")
-            .permits_per_second(1.0)
+        let refused = RedisBackend::builder(server.client())
             .key_prefix(bad)
             .build()
-            .await;
+            .await
+            .and_then(|backend| {
+                RateLimiter::builder()
+                    .redis(&backend, "orders")
+                    .permits_per_second(1.0)
+                    .build()
+            });
         assert!(
             matches!(refused, Err(paceline::Error::InvalidArgument(_))),
             "{bad:?}"

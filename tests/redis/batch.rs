@@ -240,7 +240,7 @@ fn a_batch_is_its_requests_one_by_one() {
                     .swap_remove(rng.below(ids.len() as u64) as usize)
                     .to_string();
                 let cancel =
-                    |key: &str| vec![eval(&sha, key, "cancel", id.as_bytes(), &config, now)];
+                    |key: &str| vec![eval(&sha, key, "give_back", id.as_bytes(), &config, now)];
                 let started = std::time::Instant::now();
                 let a = transact(&mut connection, &batched, cancel(&batched));
                 let b = transact(&mut connection, &single, cancel(&single));

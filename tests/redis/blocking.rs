@@ -5,9 +5,24 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::poll::builder;
+use crate::support::poll::{backend_builder, builder};
 use crate::support::redis_server::RedisServer;
-use paceline::Error;
+use paceline::redis::{Redis, RedisBackendBuilder};
+use paceline::{Error, RateLimiter};
+
+/// A limiter at `rate` under `name` on a backend of its own built from
+/// `backend` with `build_blocking` (a runtime of its own).
+fn built_blocking(
+    backend: RedisBackendBuilder,
+    name: &str,
+    rate: f64,
+) -> Result<RateLimiter<Redis>, Error> {
+    let backend = backend.build_blocking()?;
+    RateLimiter::builder()
+        .permits_per_second(rate)
+        .redis(&backend, name)
+        .build()
+}
 
 /// Blocking calls from inside a task of a multi-thread runtime complete,
 /// with one worker (so the worker's own queue is the only one) and with
@@ -31,8 +46,8 @@ fn blocking_calls_work_inside_a_runtime_of(workers: usize) {
             .unwrap();
         let result = runtime.block_on(async move {
             let limiter = builder(client.clone(), "blocking", 1_000.0)
-                .build()
                 .await
+                .build()
                 .unwrap();
             let limiter = Arc::new(limiter);
             let task = tokio::spawn({
@@ -44,7 +59,7 @@ fn blocking_calls_work_inside_a_runtime_of(workers: usize) {
                         .unwrap()
                 }
             });
-            let own = builder(client, "blocking-own", 1_000.0).build_blocking();
+            let own = built_blocking(backend_builder(client), "blocking-own", 1_000.0);
             let own_ok = own.and_then(|l| l.acquire_blocking(1)).is_ok();
             (task.await.unwrap(), own_ok)
         });
@@ -63,13 +78,15 @@ fn blocking_calls_work_inside_a_runtime_of(workers: usize) {
         .unwrap();
     runtime.block_on(async {
         let nowhere = redis::Client::open("redis://127.0.0.1:1/").unwrap();
-        let degraded = builder(nowhere.clone(), "nowhere", 10.0).build_blocking();
-        assert!(degraded.is_ok_and(|l| l.is_degraded()));
-        let strict = builder(nowhere.clone(), "nowhere", 10.0)
-            .require_connection(true)
-            .build_blocking();
+        let degraded = built_blocking(backend_builder(nowhere.clone()), "nowhere", 10.0);
+        assert!(degraded.is_ok_and(|l| l.stats().degraded));
+        let strict = built_blocking(
+            backend_builder(nowhere.clone()).require_connection(true),
+            "nowhere",
+            10.0,
+        );
         assert!(matches!(strict, Err(Error::Backend(_))), "{strict:?}");
-        let bad = builder(nowhere, "nowhere", f64::NAN).build_blocking();
+        let bad = built_blocking(backend_builder(nowhere), "nowhere", f64::NAN);
         assert!(matches!(bad, Err(Error::InvalidArgument(_))), "{bad:?}");
     });
 }
@@ -77,7 +94,7 @@ fn blocking_calls_work_inside_a_runtime_of(workers: usize) {
 #[tokio::test(flavor = "current_thread")]
 async fn blocking_calls_on_the_limiters_own_current_thread_runtime_are_refused() {
     let server = RedisServer::start();
-    let limiter = builder(server.client(), "ct", 10.0).build().await.unwrap();
+    let limiter = builder(server.client(), "ct", 10.0).await.build().unwrap();
     assert!(matches!(
         limiter.acquire_blocking(1),
         Err(Error::InvalidArgument(_))
@@ -91,8 +108,8 @@ async fn blocking_calls_from_spawn_blocking_of_a_current_thread_runtime_work() {
     let server = RedisServer::start();
     let limiter = Arc::new(
         builder(server.client(), "ct-pool", 10.0)
-            .build()
             .await
+            .build()
             .unwrap(),
     );
     let pool = Arc::clone(&limiter);

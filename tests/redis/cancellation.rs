@@ -4,9 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::poll::builder;
+use crate::support::poll::{backend_builder, builder};
 use crate::support::proxy::Proxy;
 use crate::support::redis_server::RedisServer;
+use paceline::RateLimiter;
 
 /// `timeout(1 ms, acquire(1))`, twenty times, at 10/s: each caller's
 /// reservation is given back, so at most one interval of debt is left
@@ -20,9 +21,9 @@ use crate::support::redis_server::RedisServer;
 async fn timed_out_acquires_through_redis_leave_at_most_one_interval_of_debt() {
     let server = RedisServer::start();
     let limiter = builder(server.client(), "dropped", 10.0)
+        .await
         .max_burst(Duration::ZERO)
         .build()
-        .await
         .unwrap();
     let mut timed_out = 0;
     for _ in 0..20 {
@@ -39,7 +40,7 @@ async fn timed_out_acquires_through_redis_leave_at_most_one_interval_of_debt() {
     let debt = limiter.available_in().await.unwrap();
     println!("debt after 20 dropped acquires: {debt:?} ({timed_out} timed out)");
     assert!(debt <= Duration::from_millis(100), "debt left: {debt:?}");
-    assert!(!limiter.is_degraded());
+    assert!(!limiter.stats().degraded);
 }
 
 /// Callers that give up while their EVALSHA is still on the wire (a proxy
@@ -55,11 +56,16 @@ async fn a_caller_dropped_mid_round_trip_gives_its_reservation_back() {
     const INTERVAL: Duration = Duration::from_millis(100);
     let server = RedisServer::start();
     let proxy = Proxy::in_front_of(&server);
-    let limiter = builder(proxy.client(), "dropped-in-flight", 10.0)
-        .max_burst(Duration::ZERO)
+    let backend = backend_builder(proxy.client())
         .response_timeout(Duration::from_secs(2))
         .build()
         .await
+        .unwrap();
+    let limiter = RateLimiter::builder()
+        .permits_per_second(10.0)
+        .redis(&backend, "dropped-in-flight")
+        .max_burst(Duration::ZERO)
+        .build()
         .unwrap();
     // The connection is open and the key holds one interval of debt.
     assert!(limiter.acquire(1).await.unwrap().is_zero());
@@ -97,16 +103,16 @@ async fn a_caller_dropped_mid_round_trip_gives_its_reservation_back() {
     assert!(debt <= INTERVAL, "debt left: {debt:?}");
     let stats = limiter.stats();
     assert_eq!(stats.fallbacks, 0, "{stats:?}");
-    assert!(!limiter.is_degraded());
+    assert!(!limiter.stats().degraded);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_waiter_gives_its_slot_to_the_next_caller_through_redis() {
     let server = RedisServer::start();
     let limiter = builder(server.client(), "slots", 10.0)
+        .await
         .max_burst(Duration::ZERO)
         .build()
-        .await
         .unwrap();
     let a = limiter.reservation(1).await.unwrap();
     let b = limiter.reservation(1).await.unwrap();
@@ -128,7 +134,7 @@ async fn a_dropped_waiter_gives_its_slot_to_the_next_caller_through_redis() {
         "C at {c_delay:?}, D at {:?}",
         d.delay()
     );
-    a.commit();
-    c.commit();
-    d.commit();
+    a.keep();
+    c.keep();
+    d.keep();
 }

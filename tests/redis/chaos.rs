@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 use crate::support::poll::backend;
 use crate::support::redis_server::{RedisServer, free_port};
 use crate::support::rng::Rng;
-use paceline::redis::{KeyedRedisRateLimiter, RedisBackend, RedisRateLimiter};
+use paceline::redis::{Redis, RedisBackend};
+use paceline::{KeyedRateLimiter, RateLimiter};
 
 const RATE: f64 = 50.0;
 const BURST: Duration = Duration::from_millis(200);
@@ -59,21 +60,21 @@ struct Outage {
 type Grants = Arc<Mutex<HashMap<String, Vec<Instant>>>>;
 
 struct Limiters {
-    single: RedisRateLimiter,
-    keyed: KeyedRedisRateLimiter<String>,
+    single: RateLimiter<Redis>,
+    keyed: KeyedRateLimiter<String, Redis>,
 }
 
 fn limiters(backend: &RedisBackend, fraction: f64) -> Limiters {
     Limiters {
-        single: backend
-            .limiter("chaos")
+        single: RateLimiter::builder()
+            .redis(backend, "chaos")
             .permits_per_second(RATE)
             .max_burst(BURST)
             .local_fraction(fraction)
             .build()
             .unwrap(),
-        keyed: backend
-            .keyed_limiter::<String>("chaos-keyed")
+        keyed: KeyedRateLimiter::<String>::builder()
+            .redis(backend, "chaos-keyed")
             .permits_per_second(RATE)
             .max_burst(BURST)
             .local_fraction(fraction)
@@ -232,7 +233,7 @@ async fn run(seed: u64, length: Duration) -> Worst {
         let back = crate::support::poll::within(Duration::from_secs(10), || {
             processes
                 .iter()
-                .all(|p| !p.single.is_degraded() && !p.keyed.is_degraded())
+                .all(|p| !p.single.stats().degraded && !p.keyed.stats().degraded)
         })
         .await;
         assert!(back.is_some(), "seed {seed}: no recovery after {fault:?}");

@@ -5,18 +5,28 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::support::redis_cluster::RedisCluster;
-use paceline::redis::RedisRateLimiter;
+use paceline::RateLimiter;
+use paceline::redis::RedisBackend;
+
+/// A backend of its own on `cluster` (one connection, as a process of its
+/// own has), with the default settings.
+async fn own_backend(cluster: &RedisCluster) -> RedisBackend {
+    RedisBackend::cluster_builder(cluster.client())
+        .build()
+        .await
+        .expect("cluster backend")
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_keys_are_limited_independently_across_nodes() {
     let cluster = RedisCluster::start();
     let mut limiters = Vec::new();
     for i in 0..30 {
-        let limiter = RedisRateLimiter::cluster_builder(cluster.client(), &format!("tenant-{i}"))
+        let limiter = RateLimiter::builder()
+            .redis(&own_backend(&cluster).await, &format!("tenant-{i}"))
             .permits_per_second(1.0)
             .max_burst(Duration::from_secs(2))
             .build()
-            .await
             .expect("cluster limiter");
         limiters.push(limiter);
     }
@@ -37,7 +47,7 @@ async fn many_keys_are_limited_independently_across_nodes() {
             wait > Duration::from_millis(900) && wait <= Duration::from_secs(1),
             "key {i}: {wait:?}"
         );
-        assert!(!limiter.is_degraded());
+        assert!(!limiter.stats().degraded);
     }
     // The keys are spread over the nodes: each node holds some of them.
     let mut nodes_with_keys = HashSet::new();
@@ -60,17 +70,17 @@ async fn many_keys_are_limited_independently_across_nodes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_share_a_key_on_the_cluster() {
     let cluster = RedisCluster::start();
-    let a = RedisRateLimiter::cluster_builder(cluster.client(), "shared")
+    let a = RateLimiter::builder()
+        .redis(&own_backend(&cluster).await, "shared")
         .permits_per_second(10.0)
         .max_burst(Duration::ZERO)
         .build()
-        .await
         .unwrap();
-    let b = RedisRateLimiter::cluster_builder(cluster.client(), "shared")
+    let b = RateLimiter::builder()
+        .redis(&own_backend(&cluster).await, "shared")
         .permits_per_second(10.0)
         .max_burst(Duration::ZERO)
         .build()
-        .await
         .unwrap();
     assert!(a.try_acquire(1, Duration::ZERO).await.unwrap());
     assert!(

@@ -1,6 +1,6 @@
 //! Keyed limiting through Redis: one backend, many keys, each its own Redis
 //! key; one connection; keys that expire once idle; a local fallback bounded
-//! by `max_local_keys` whose debts go back to Redis key by key.
+//! by `max_keys` whose debts go back to Redis key by key.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,14 +10,14 @@ use crate::support::poll::{RESPONSE_TIMEOUT, SLACK, backend, within};
 #[cfg(feature = "redis-cluster")]
 use crate::support::redis_cluster::RedisCluster;
 use crate::support::redis_server::RedisServer;
-use paceline::redis::{KeyedRedisRateLimiter, RedisBackend};
-use paceline::{Error, KeyedLimiter};
+use paceline::redis::{Redis, RedisBackend};
+use paceline::{Error, KeyedLimiter, KeyedRateLimiter, RateLimiter};
 
 const MS: Duration = Duration::from_millis(1);
 
-fn keyed(backend: &RedisBackend, rate: f64) -> KeyedRedisRateLimiter<String> {
-    backend
-        .keyed_limiter::<String>("api")
+fn keyed(backend: &RedisBackend, rate: f64) -> KeyedRateLimiter<String, Redis> {
+    KeyedRateLimiter::<String>::builder()
+        .redis(backend, "api")
         .permits_per_second(rate)
         .max_burst(Duration::ZERO)
         .build()
@@ -66,10 +66,10 @@ async fn each_key_is_its_own_redis_key_and_limited_alone() {
         shared.reserve(&bob, 0).await,
         Err(Error::InvalidArgument(_))
     ));
-    let bad = backend
-        .keyed_limiter::<u64>("x")
+    let bad = KeyedRateLimiter::<u64>::builder()
+        .redis(&backend, "x")
         .permits_per_second(1.0)
-        .max_local_keys(0)
+        .max_keys(0)
         .build();
     assert!(matches!(bad, Err(Error::InvalidArgument(_))), "{bad:?}");
 }
@@ -87,8 +87,8 @@ async fn ten_thousand_keys_use_one_connection_and_expire_once_idle() {
     // 1/s with a burst of 1 s: a key one permit short is full again a
     // second later, and expires then (its TTL has up to a second of slack).
     let limiter = Arc::new(
-        backend
-            .keyed_limiter::<u64>("users")
+        KeyedRateLimiter::<u64>::builder()
+            .redis(&backend, "users")
             .permits_per_second(1.0)
             .max_burst(Duration::from_secs(1))
             .build()
@@ -129,11 +129,11 @@ async fn ten_thousand_keys_use_one_connection_and_expire_once_idle() {
 async fn while_redis_is_down_the_fallback_serves_within_max_local_keys() {
     let mut server = RedisServer::start();
     let backend = backend(server.client()).await;
-    let limiter = backend
-        .keyed_limiter::<u64>("down")
+    let limiter = KeyedRateLimiter::<u64>::builder()
+        .redis(&backend, "down")
         .permits_per_second(10.0)
         .max_burst(Duration::ZERO)
-        .max_local_keys(100)
+        .max_keys(100)
         .build()
         .unwrap();
     limiter.reserve(&1, 1).await.unwrap();
@@ -143,12 +143,12 @@ async fn while_redis_is_down_the_fallback_serves_within_max_local_keys() {
         limiter.reserve(&key, 1).await.unwrap();
         assert!(start.elapsed() <= RESPONSE_TIMEOUT + SLACK);
         assert!(
-            limiter.stats().local_keys <= 100,
+            limiter.stats().keys <= 100,
             "{} keys held",
-            limiter.stats().local_keys
+            limiter.stats().keys
         );
     }
-    assert!(limiter.is_degraded());
+    assert!(limiter.stats().degraded);
     assert_eq!(limiter.stats().fallbacks, 1);
     // A key served locally opens with no burst: 10/s, one at once.
     assert!(!limiter.try_acquire(&999, 1, Duration::ZERO).await.unwrap());
@@ -165,9 +165,9 @@ async fn each_key_carries_its_own_local_debt_back_to_redis() {
     // Served locally: 10 permits at once leave a second of debt on `busy`.
     let opened = Instant::now();
     assert_eq!(limiter.reserve(&busy, 10).await.unwrap(), Duration::ZERO);
-    assert!(limiter.is_degraded());
+    assert!(limiter.stats().degraded);
     server.restart();
-    within(Duration::from_secs(5), || !limiter.is_degraded())
+    within(Duration::from_secs(5), || !limiter.stats().degraded)
         .await
         .expect("recovers after the restart");
     let wait = limiter.reserve(&busy, 1).await.unwrap();
@@ -176,7 +176,7 @@ async fn each_key_carries_its_own_local_debt_back_to_redis() {
         wait + 50 * MS >= left && wait <= left + 50 * MS,
         "busy waits {wait:?}, its local debt left {left:?}"
     );
-    assert_eq!(limiter.stats().local_keys, 0, "the fallback forgot the key");
+    assert_eq!(limiter.stats().keys, 0, "the fallback forgot the key");
     // A key the fallback never served starts afresh in the new server.
     assert_eq!(limiter.reserve(&quiet, 1).await.unwrap(), Duration::ZERO);
 }
@@ -198,7 +198,7 @@ async fn a_key_opens_in_the_fallback_with_the_debt_redis_reported() {
     // stays saturated, the other owes only its one interval.
     let wait = limiter.reserve("saturated", 1).await.unwrap();
     let left = Duration::from_secs(1).saturating_sub(reported.elapsed());
-    assert!(limiter.is_degraded());
+    assert!(limiter.stats().degraded);
     assert!(
         wait + 50 * MS >= left && wait <= left + 50 * MS,
         "the saturated key waits {wait:?}, Redis's debt left {left:?}"
@@ -208,7 +208,7 @@ async fn a_key_opens_in_the_fallback_with_the_debt_redis_reported() {
     // Back on Redis (a new, empty server), only what the fallback granted
     // beyond Redis's debt is carried: one interval for `saturated`.
     server.restart();
-    within(Duration::from_secs(5), || !limiter.is_degraded())
+    within(Duration::from_secs(5), || !limiter.stats().degraded)
         .await
         .expect("recovers after the restart");
     let wait = limiter.reserve("saturated", 1).await.unwrap();
@@ -229,14 +229,14 @@ async fn keys_not_called_again_carry_their_debt_back_too() {
             Duration::ZERO
         );
     }
-    assert_eq!(limiter.stats().local_keys, 20);
+    assert_eq!(limiter.stats().keys, 20);
     server.restart();
-    within(Duration::from_secs(5), || !limiter.is_degraded())
+    within(Duration::from_secs(5), || !limiter.stats().degraded)
         .await
         .expect("recovers after the restart");
     // One call on another key: the others go back in the background.
     limiter.reserve("someone-else", 1).await.unwrap();
-    within(Duration::from_secs(2), || limiter.stats().local_keys == 0)
+    within(Duration::from_secs(2), || limiter.stats().keys == 0)
         .await
         .expect("the fallback's keys are carried back");
     let mut con = server.connection();
@@ -325,7 +325,7 @@ async fn a_cluster_serves_keys_on_every_node_through_one_backend() {
         nodes.insert(cluster.node_for_key(&limiter.redis_key(&key)));
     }
     assert_eq!(nodes.len(), 3, "keys on every node: {nodes:?}");
-    assert!(!limiter.is_degraded());
+    assert!(!limiter.stats().degraded);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -333,16 +333,16 @@ async fn names_and_keys_that_read_alike_never_share_a_redis_key() {
     let server = RedisServer::start();
     let backend = backend(server.client()).await;
     let build = |name: &str| {
-        backend
-            .keyed_limiter::<String>(name)
+        KeyedRateLimiter::<String>::builder()
+            .redis(&backend, name)
             .permits_per_second(1.0)
             .max_burst(Duration::ZERO)
             .build()
             .unwrap()
     };
     let (api, api_admin) = (build("api"), build("api:admin"));
-    let single = backend
-        .limiter("api:admin:x")
+    let single = RateLimiter::builder()
+        .redis(&backend, "api:admin:x")
         .permits_per_second(1.0)
         .max_burst(Duration::ZERO)
         .build()
@@ -355,7 +355,7 @@ async fn names_and_keys_that_read_alike_never_share_a_redis_key() {
     let keys = [
         api.redis_key("admin:x"),
         api_admin.redis_key("x"),
-        single.key().to_owned(),
+        single.redis_key(),
     ];
     assert_eq!(
         keys,

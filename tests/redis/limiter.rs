@@ -1,4 +1,4 @@
-//! `RedisRateLimiter` against a real redis-server started per test: the same
+//! `RateLimiter<Redis>` against a real redis-server started per test: the same
 //! verbs and semantics as the local limiter, one schedule for every instance
 //! whatever its own clock, blocking use, bad input.
 
@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use crate::support::redis_server::RedisServer;
 use paceline::clock::{Clock, FakeClock};
-use paceline::redis::{Fallback, RedisRateLimiter};
-use paceline::{Error, Limiter};
+use paceline::redis::{Fallback, Redis, RedisBackend};
+use paceline::{Error, Limiter, RateLimiter};
 use redis::Commands;
 
 const MS: Duration = Duration::from_millis(1);
@@ -18,13 +18,17 @@ async fn limiter(
     name: &str,
     rate: f64,
     clock: &FakeClock,
-) -> RedisRateLimiter<FakeClock> {
-    RedisRateLimiter::builder(server.client(), name)
+) -> RateLimiter<Redis, FakeClock> {
+    let backend = RedisBackend::builder(server.client())
+        .build()
+        .await
+        .expect("backend");
+    RateLimiter::builder()
+        .redis(&backend, name)
         .permits_per_second(rate)
         .fallback(Fallback::FailClosed)
         .clock(clock.clone())
         .build()
-        .await
         .expect("limiter")
 }
 
@@ -33,7 +37,7 @@ async fn a_new_key_is_full_then_paces_at_the_rate() {
     let server = RedisServer::start();
     let clock = FakeClock::new();
     let limiter = limiter(&server, "paced", 10.0, &clock).await;
-    assert_eq!(limiter.key(), "paceline:v1:paced");
+    assert_eq!(limiter.redis_key(), "paceline:v1:paced");
     // A missing key reads as idle for long: 10 stored permits, then one free
     // fresh permit, then the debt shows.
     for i in 0..11 {
@@ -64,12 +68,16 @@ async fn a_new_key_is_full_then_paces_at_the_rate() {
 async fn acquire_sleeps_the_wait_on_the_limiter_clock() {
     let server = RedisServer::start();
     let clock = FakeClock::new();
-    let limiter = RedisRateLimiter::builder(server.client(), "sleepy")
+    let backend = RedisBackend::builder(server.client())
+        .build()
+        .await
+        .unwrap();
+    let limiter = RateLimiter::builder()
+        .redis(&backend, "sleepy")
         .permits_per_second(2.0)
         .max_burst(Duration::ZERO)
         .clock(clock.clone())
         .build()
-        .await
         .unwrap();
     assert_eq!(limiter.acquire(1).await.unwrap(), Duration::ZERO);
     let slept = limiter.acquire(1).await.unwrap();
@@ -81,12 +89,16 @@ async fn acquire_sleeps_the_wait_on_the_limiter_clock() {
 async fn try_acquire_refuses_without_touching_the_key() {
     let server = RedisServer::start();
     let clock = FakeClock::new();
-    let limiter = RedisRateLimiter::builder(server.client(), "tries")
+    let backend = RedisBackend::builder(server.client())
+        .build()
+        .await
+        .unwrap();
+    let limiter = RateLimiter::builder()
+        .redis(&backend, "tries")
         .permits_per_second(1.0)
         .max_burst(Duration::ZERO)
         .clock(clock.clone())
         .build()
-        .await
         .unwrap();
     assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
     let mut conn = server.connection();
@@ -120,18 +132,26 @@ async fn instances_with_disagreeing_clocks_share_one_schedule() {
     let server = RedisServer::start();
     let future = FakeClock::new();
     future.advance(Duration::from_secs(365 * 24 * 3600));
-    let ahead = RedisRateLimiter::builder(server.client(), "shared")
+    let ahead_backend = RedisBackend::builder(server.client())
+        .build()
+        .await
+        .unwrap();
+    let ahead = RateLimiter::builder()
+        .redis(&ahead_backend, "shared")
         .permits_per_second(4.0)
         .max_burst(Duration::ZERO)
         .clock(future.clone())
         .build()
+        .unwrap();
+    let real_backend = RedisBackend::builder(server.client())
+        .build()
         .await
         .unwrap();
-    let real = RedisRateLimiter::builder(server.client(), "shared")
+    let real = RateLimiter::builder()
+        .redis(&real_backend, "shared")
         .permits_per_second(4.0)
         .max_burst(Duration::ZERO)
         .build()
-        .await
         .unwrap();
     assert_eq!(ahead.reserve(1).await.unwrap(), Duration::ZERO);
     let w1 = real.reserve(1).await.unwrap();
@@ -150,12 +170,16 @@ async fn instances_with_disagreeing_clocks_share_one_schedule() {
 async fn set_rate_reaches_redis_with_the_next_call() {
     let server = RedisServer::start();
     let clock = FakeClock::new();
-    let limiter = RedisRateLimiter::builder(server.client(), "rates")
+    let backend = RedisBackend::builder(server.client())
+        .build()
+        .await
+        .unwrap();
+    let limiter = RateLimiter::builder()
+        .redis(&backend, "rates")
         .permits_per_second(1.0)
         .max_burst(Duration::ZERO)
         .clock(clock)
         .build()
-        .await
         .unwrap();
     limiter.reserve(1).await.unwrap();
     limiter.set_rate(100.0).unwrap();
@@ -179,12 +203,16 @@ async fn set_rate_reaches_redis_with_the_next_call() {
 #[tokio::test]
 async fn warming_up_over_redis_starts_cold() {
     let server = RedisServer::start();
-    let limiter = RedisRateLimiter::builder(server.client(), "cold")
+    let backend = RedisBackend::builder(server.client())
+        .build()
+        .await
+        .unwrap();
+    let limiter = RateLimiter::builder()
+        .redis(&backend, "cold")
         .permits_per_second(10.0)
         .warmup(Duration::from_secs(1))
         .cold_factor(3.0)
         .build()
-        .await
         .unwrap();
     limiter.reserve(1).await.unwrap();
     let first_paid = limiter.reserve(1).await.unwrap();
@@ -211,10 +239,14 @@ async fn works_through_the_limiter_trait() {
 #[test]
 fn build_blocking_serves_a_program_without_runtime() {
     let server = RedisServer::start();
-    let limiter = RedisRateLimiter::builder(server.client(), "batch")
+    let backend = RedisBackend::builder(server.client())
+        .build_blocking()
+        .unwrap();
+    let limiter = RateLimiter::builder()
+        .redis(&backend, "batch")
         .permits_per_second(20.0)
         .max_burst(Duration::ZERO)
-        .build_blocking()
+        .build()
         .unwrap();
     let start = Instant::now();
     for _ in 0..5 {
@@ -247,22 +279,31 @@ fn build_blocking_serves_a_program_without_runtime() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn build_blocking_inside_a_runtime_and_drop_there() {
     let server = RedisServer::start();
-    let limiter = RedisRateLimiter::builder(server.client(), "inside")
-        .permits_per_second(100.0)
+    let backend = RedisBackend::builder(server.client())
         .build_blocking()
         .unwrap();
+    let limiter = RateLimiter::builder()
+        .redis(&backend, "inside")
+        .permits_per_second(100.0)
+        .build()
+        .unwrap();
     limiter.acquire(1).await.unwrap();
+    drop(backend);
     drop(limiter); // must not panic inside an async context
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocking_calls_from_plain_threads_use_the_builders_runtime() {
     let server = RedisServer::start();
+    let backend = RedisBackend::builder(server.client())
+        .build()
+        .await
+        .unwrap();
     let limiter = Arc::new(
-        RedisRateLimiter::builder(server.client(), "mixed")
+        RateLimiter::builder()
+            .redis(&backend, "mixed")
             .permits_per_second(1000.0)
             .build()
-            .await
             .unwrap(),
     );
     let l = Arc::clone(&limiter);
@@ -279,10 +320,14 @@ async fn blocking_calls_from_plain_threads_use_the_builders_runtime() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_blocking_call_on_a_current_thread_runtime_is_an_error_not_a_deadlock() {
     let server = RedisServer::start();
-    let limiter = RedisRateLimiter::builder(server.client(), "deadlock")
-        .permits_per_second(10.0)
+    let backend = RedisBackend::builder(server.client())
         .build()
         .await
+        .unwrap();
+    let limiter = RateLimiter::builder()
+        .redis(&backend, "deadlock")
+        .permits_per_second(10.0)
+        .build()
         .unwrap();
     match limiter.acquire_blocking(1) {
         Err(Error::InvalidArgument(message)) => {
@@ -314,7 +359,7 @@ async fn script_flush_and_flushall_mid_run_are_harmless() {
                 .unwrap()
         );
     }
-    assert!(!limiter.is_degraded());
+    assert!(!limiter.stats().degraded);
 }
 
 #[tokio::test]
@@ -325,11 +370,15 @@ async fn a_key_of_another_type_is_a_clear_error_whatever_the_fallback() {
         .hset("paceline:v1:taken", "owner", "someone else")
         .unwrap();
     for fallback in [Fallback::Local, Fallback::FailOpen, Fallback::FailClosed] {
-        let limiter = RedisRateLimiter::builder(server.client(), "taken")
+        let backend = RedisBackend::builder(server.client())
+            .build()
+            .await
+            .unwrap();
+        let limiter = RateLimiter::builder()
+            .redis(&backend, "taken")
             .permits_per_second(10.0)
             .fallback(fallback)
             .build()
-            .await
             .unwrap();
         match limiter.acquire(1).await {
             Err(Error::Backend(e)) => {
@@ -341,7 +390,7 @@ async fn a_key_of_another_type_is_a_clear_error_whatever_the_fallback() {
             }
             other => panic!("{fallback:?}: expected Error::Backend, got {other:?}"),
         }
-        assert!(!limiter.is_degraded(), "a data error is not an outage");
+        assert!(!limiter.stats().degraded, "a data error is not an outage");
     }
     let value: std::collections::HashMap<String, String> =
         conn.hgetall("paceline:v1:taken").unwrap();
@@ -366,7 +415,10 @@ async fn a_foreign_string_value_is_an_error_and_left_untouched() {
             other => panic!("expected Error::Backend, got {other:?}"),
         }
     }
-    assert!(!limiter.is_degraded(), "a foreign value is not an outage");
+    assert!(
+        !limiter.stats().degraded,
+        "a foreign value is not an outage"
+    );
     let value: String = conn.get("paceline:v1:junk").unwrap();
     assert_eq!(value, "lots of junk", "other data is never overwritten");
 }
@@ -374,56 +426,72 @@ async fn a_foreign_string_value_is_an_error_and_left_untouched() {
 #[tokio::test]
 async fn bad_options_and_arguments_are_clear_errors() {
     let server = RedisServer::start();
-    let build = |b: paceline::redis::RedisBuilder| async move { b.build().await };
-    for (builder, mentions) in [
+    let backend = RedisBackend::builder(server.client())
+        .build()
+        .await
+        .unwrap();
+    let build = |b: paceline::Builder<paceline::One, Redis>| b.build().map(drop);
+    let connect =
+        |b: paceline::redis::RedisBackendBuilder| async move { b.build().await.map(drop) };
+    for (built, mentions) in [
         (
-            RedisRateLimiter::builder(server.client(), "x"),
+            build(RateLimiter::builder().redis(&backend, "x")),
             "permits_per_second",
         ),
         (
-            RedisRateLimiter::builder(server.client(), "x").permits_per_second(-1.0),
+            build(
+                RateLimiter::builder()
+                    .redis(&backend, "x")
+                    .permits_per_second(-1.0),
+            ),
             "permits_per_second",
         ),
         (
-            RedisRateLimiter::builder(server.client(), "").permits_per_second(1.0),
+            build(
+                RateLimiter::builder()
+                    .redis(&backend, "")
+                    .permits_per_second(1.0),
+            ),
             "name",
         ),
         (
-            RedisRateLimiter::builder(server.client(), "x")
-                .permits_per_second(1.0)
-                .local_fraction(0.0),
+            build(
+                RateLimiter::builder()
+                    .redis(&backend, "x")
+                    .permits_per_second(1.0)
+                    .local_fraction(0.0),
+            ),
             "local_fraction",
         ),
         (
-            RedisRateLimiter::builder(server.client(), "x")
-                .permits_per_second(1.0)
-                .response_timeout(Duration::ZERO),
+            connect(RedisBackend::builder(server.client()).response_timeout(Duration::ZERO)).await,
             "response_timeout",
         ),
         (
-            RedisRateLimiter::builder(server.client(), "x")
-                .permits_per_second(1.0)
-                .probe_interval(Duration::ZERO),
+            connect(RedisBackend::builder(server.client()).probe_interval(Duration::ZERO)).await,
             "probe_interval",
         ),
         (
-            RedisRateLimiter::builder(server.client(), "x")
-                .permits_per_second(1.0)
-                .cold_factor(2.0),
+            build(
+                RateLimiter::builder()
+                    .redis(&backend, "x")
+                    .permits_per_second(1.0)
+                    .cold_factor(2.0),
+            ),
             "cold_factor",
         ),
     ] {
-        match build(builder).await {
+        match built {
             Err(Error::InvalidArgument(m)) => {
                 assert!(m.contains(mentions), "{m:?} should mention {mentions}")
             }
             other => panic!("expected InvalidArgument mentioning {mentions}, got {other:?}"),
         }
     }
-    let limiter = RedisRateLimiter::builder(server.client(), "x")
+    let limiter = RateLimiter::builder()
+        .redis(&backend, "x")
         .permits_per_second(1.0)
         .build()
-        .await
         .unwrap();
     assert!(matches!(
         limiter.reserve(0).await,
@@ -454,12 +522,17 @@ async fn an_unreachable_server_fails_a_strict_build_quickly_and_clearly() {
     let url = server.url();
     drop(server); // nothing listens on that port any more
     let start = Instant::now();
-    let result = RedisRateLimiter::builder(redis::Client::open(url).unwrap(), "nowhere")
-        .permits_per_second(1.0)
+    let result = RedisBackend::builder(redis::Client::open(url).unwrap())
         .response_timeout(100 * MS)
         .require_connection(true)
         .build()
-        .await;
+        .await
+        .and_then(|backend| {
+            RateLimiter::builder()
+                .redis(&backend, "nowhere")
+                .permits_per_second(1.0)
+                .build()
+        });
     match result {
         Err(Error::Backend(e)) => assert!(e.to_string().contains("cannot connect"), "{e}"),
         other => panic!("expected Error::Backend, got {other:?}"),

@@ -110,7 +110,7 @@ fn a_value_with_another_number_of_limits_keeps_them_by_position() {
     let cancel = call(
         &mut connection,
         "logged",
-        "cancel",
+        "give_back",
         &id.to_string(),
         &[ten],
         t0,
@@ -128,10 +128,10 @@ mod limiters {
 
     use std::time::Duration;
 
-    use crate::support::poll::{PROBE_INTERVAL, RESPONSE_TIMEOUT, SLACK, backend, within};
+    use crate::support::poll::{RESPONSE_TIMEOUT, SLACK, backend, within};
     use crate::support::redis_server::RedisServer;
-    use paceline::Limit;
-    use paceline::redis::{Fallback, RedisRateLimiter};
+    use paceline::redis::{Fallback, RedisBackend};
+    use paceline::{KeyedRateLimiter, Limit, RateLimiter};
 
     const S: Duration = Duration::from_secs(1);
 
@@ -142,12 +142,16 @@ mod limiters {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_redis_limiter_waits_for_the_latest_limit_and_gives_back_to_all() {
         let server = RedisServer::start();
-        let limiter = RedisRateLimiter::builder(server.client(), "several")
-            .limit(Limit::per_second(100.0).burst(1))
-            .limit(Limit::per_minute(6.0).burst(2))
+        let backend = RedisBackend::builder(server.client())
             .response_timeout(RESPONSE_TIMEOUT)
             .build()
             .await
+            .unwrap();
+        let limiter = RateLimiter::builder()
+            .redis(&backend, "several")
+            .limit(Limit::per_second(100.0).burst(1))
+            .limit(Limit::per_minute(6.0).burst(2))
+            .build()
             .unwrap();
         // The per-minute limit starts with its one stored permit, the
         // per-second one with none: the first goes at once, the second
@@ -178,12 +182,16 @@ mod limiters {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn one_limit_s_rate_changes_alone_or_all_scale() {
         let server = RedisServer::start();
-        let limiter = RedisRateLimiter::builder(server.client(), "several-rates")
-            .limit(Limit::per_second(100.0).burst(1))
-            .limit(Limit::per_minute(6.0).burst(1))
+        let backend = RedisBackend::builder(server.client())
             .response_timeout(RESPONSE_TIMEOUT)
             .build()
             .await
+            .unwrap();
+        let limiter = RateLimiter::builder()
+            .redis(&backend, "several-rates")
+            .limit(Limit::per_second(100.0).burst(1))
+            .limit(Limit::per_minute(6.0).burst(1))
+            .build()
             .unwrap();
         assert_eq!(limiter.reserve(1).await.unwrap(), Duration::ZERO);
         // One a second instead of one per 10 s: the debt already owed stays.
@@ -205,8 +213,8 @@ mod limiters {
     async fn a_keyed_redis_limiter_keeps_every_limit_per_key() {
         let server = RedisServer::start();
         let backend = backend(server.client()).await;
-        let limiter = backend
-            .keyed_limiter::<String>("several-keyed")
+        let limiter = KeyedRateLimiter::<String>::builder()
+            .redis(&backend, "several-keyed")
             .limit(Limit::per_second(10.0).burst(3))
             .limit(Limit::per_hour(3.0).burst(4))
             .build()
@@ -233,26 +241,25 @@ mod limiters {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_outage_is_served_locally_and_every_limit_carried_back() {
         let mut server = RedisServer::start();
-        let limiter = RedisRateLimiter::builder(server.client(), "several-outage")
+        let backend = backend(server.client()).await;
+        let limiter = RateLimiter::builder()
+            .redis(&backend, "several-outage")
             .limit(Limit::per_second(1000.0).burst(1))
             .limit(Limit::per_minute(60.0).burst(1))
             .fallback(Fallback::Local)
-            .response_timeout(RESPONSE_TIMEOUT)
-            .probe_interval(PROBE_INTERVAL)
             .build()
-            .await
             .unwrap();
         assert_eq!(limiter.reserve(1).await.unwrap(), Duration::ZERO);
         server.kill();
         // Served locally: the per-minute limit binds (1 s apart), and the
         // key opens at the debt Redis reported (1 s).
         let first = limiter.reserve(1).await.unwrap();
-        assert!(limiter.is_degraded());
+        assert!(limiter.stats().degraded);
         assert!(first <= S + SLACK, "{first:?}");
         let second = limiter.reserve(1).await.unwrap();
         assert!(second > first && second <= 2 * S + SLACK, "{second:?}");
         server.restart();
-        within(5 * S, || !limiter.is_degraded())
+        within(5 * S, || !limiter.stats().degraded)
             .await
             .expect("back on Redis");
         // The fallback's grants were carried into Redis: the next waits
@@ -292,8 +299,8 @@ mod shared {
         for _ in 0..3 {
             let backend = backend(server.client()).await;
             let limiter = Arc::new(
-                backend
-                    .limiter("shared-quota")
+                paceline::RateLimiter::builder()
+                    .redis(&backend, "shared-quota")
                     .limit(Limit::per_second(LIMITS[0].0).burst(LIMITS[0].1 as u64 + 1))
                     .limit(Limit::per(60.0, Duration::from_secs(2)).burst(LIMITS[1].1 as u64 + 1))
                     .build()

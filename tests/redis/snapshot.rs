@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use crate::support::poll::{RESPONSE_TIMEOUT, backend};
 use crate::support::redis_server::RedisServer;
-use paceline::redis::{Fallback, RedisRateLimiter};
-use paceline::{Error, KeyedLimiter, Limit, Limiter};
+use paceline::redis::{Fallback, RedisBackend};
+use paceline::{Error, KeyedRateLimiter, Limit, RateLimiter};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -16,8 +16,8 @@ const MS: Duration = Duration::from_millis(1);
 async fn a_key_reads_full_then_counts_down_to_its_wait() {
     let server = RedisServer::start();
     let backend = backend(server.client()).await;
-    let limiter = backend
-        .keyed_limiter::<String>("snap")
+    let limiter = KeyedRateLimiter::<String>::builder()
+        .redis(&backend, "snap")
         .permits_per_second(10.0)
         .max_burst(Duration::from_millis(500))
         .build()
@@ -68,8 +68,8 @@ async fn a_key_reads_full_then_counts_down_to_its_wait() {
 async fn a_rate_change_reads_as_the_next_reservation_takes_it() {
     let server = RedisServer::start();
     let backend = backend(server.client()).await;
-    let limiter = backend
-        .keyed_limiter::<String>("snap")
+    let limiter = KeyedRateLimiter::<String>::builder()
+        .redis(&backend, "snap")
         .permits_per_second(10.0)
         .max_burst(Duration::from_secs(1))
         .build()
@@ -94,12 +94,16 @@ async fn a_rate_change_reads_as_the_next_reservation_takes_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_limits_read_as_the_binding_one() {
     let server = RedisServer::start();
-    let limiter = RedisRateLimiter::builder(server.client(), "several-snap")
-        .limit(Limit::per_second(100.0).burst(1))
-        .limit(Limit::per_minute(6.0).burst(3))
+    let backend = RedisBackend::builder(server.client())
         .response_timeout(RESPONSE_TIMEOUT)
         .build()
         .await
+        .unwrap();
+    let limiter = RateLimiter::builder()
+        .redis(&backend, "several-snap")
+        .limit(Limit::per_second(100.0).burst(1))
+        .limit(Limit::per_minute(6.0).burst(3))
+        .build()
         .unwrap();
     // Both full: the per-second limit lets one go at once (no burst), the
     // per-minute one three; one remains, and the per-second binds.
@@ -121,13 +125,17 @@ async fn several_limits_read_as_the_binding_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_redis_is_down_the_fallback_answers() {
     let mut server = RedisServer::start();
-    let limiter = RedisRateLimiter::builder(server.client(), "down-snap")
-        .permits_per_second(10.0)
-        .max_burst(Duration::ZERO)
-        .fallback(Fallback::Local)
+    let backend = RedisBackend::builder(server.client())
         .response_timeout(RESPONSE_TIMEOUT)
         .build()
         .await
+        .unwrap();
+    let limiter = RateLimiter::builder()
+        .redis(&backend, "down-snap")
+        .permits_per_second(10.0)
+        .max_burst(Duration::ZERO)
+        .fallback(Fallback::Local)
+        .build()
         .unwrap();
     server.kill();
     // The fallback's own limiter: one goes, then the interval is owed.
@@ -137,12 +145,17 @@ async fn while_redis_is_down_the_fallback_answers() {
     assert_eq!(owed.remaining(), 0);
     assert!(owed.wait() > 50 * MS && owed.wait() <= 100 * MS, "{owed:?}");
 
-    let closed = RedisRateLimiter::builder(server.client(), "closed-snap")
-        .permits_per_second(10.0)
-        .fallback(Fallback::FailClosed)
+    let closed = RedisBackend::builder(server.client())
         .response_timeout(RESPONSE_TIMEOUT)
         .build()
-        .await;
+        .await
+        .and_then(|backend| {
+            RateLimiter::builder()
+                .redis(&backend, "closed-snap")
+                .permits_per_second(10.0)
+                .fallback(Fallback::FailClosed)
+                .build()
+        });
     // Built while down (or refused): either way, no snapshot to read.
     if let Ok(closed) = closed {
         assert!(closed.snapshot().await.is_err());
@@ -153,8 +166,8 @@ async fn while_redis_is_down_the_fallback_answers() {
 async fn a_value_that_is_not_the_limiters_is_an_error() {
     let server = RedisServer::start();
     let backend = backend(server.client()).await;
-    let limiter = backend
-        .keyed_limiter::<String>("snap")
+    let limiter = KeyedRateLimiter::<String>::builder()
+        .redis(&backend, "snap")
         .permits_per_second(10.0)
         .build()
         .unwrap();
@@ -171,4 +184,42 @@ async fn a_value_that_is_not_the_limiters_is_an_error() {
         }
         other => panic!("expected a backend error, got {other:?}"),
     }
+}
+
+/// A reservation carries the state its own reply said the script left:
+/// what the `RateLimit` headers of that very request report, however many
+/// requests of other processes came after it, where a second read would
+/// count them too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_reads_the_state_its_own_call_left() {
+    let server = RedisServer::start();
+    let build = |backend: &RedisBackend| {
+        RateLimiter::builder()
+            // One a minute: nothing comes back while the test runs.
+            .limit(Limit::per_minute(1.0).burst(5))
+            .redis(backend, "own-reply")
+            .build()
+            .unwrap()
+    };
+    // Two processes on one key.
+    let (one, other) = (
+        build(&backend(server.client()).await),
+        build(&backend(server.client()).await),
+    );
+    let first = one.reservation(1).await.unwrap();
+    let mine = first.snapshot().expect("a Redis reply's state");
+    assert_eq!((mine.remaining(), mine.burst()), (4, 5));
+    // Another process takes three more.
+    for _ in 0..3 {
+        other.reservation(1).await.unwrap().keep();
+    }
+    // The first request's own state is unchanged; a read now sees the rest.
+    assert_eq!(first.snapshot().unwrap().remaining(), 4);
+    assert_eq!(one.snapshot().await.unwrap().remaining(), 1);
+    let last = one.reservation(1).await.unwrap();
+    assert_eq!(last.snapshot().unwrap().remaining(), 0);
+    // A refused try has no reservation; one served by a limiter in this
+    // process carries no reply.
+    let local = RateLimiter::bursty(1.0).unwrap();
+    assert!(local.reservation(1).unwrap().snapshot().is_none());
 }

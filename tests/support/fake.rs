@@ -5,11 +5,12 @@
 
 use std::time::Duration;
 
+use paceline::Local;
 use paceline::RateLimiter;
 use paceline::clock::FakeClock;
 
 /// A bursty limiter (1 s burst) on a fresh fake clock.
-pub fn bursty(rate: f64) -> (RateLimiter<FakeClock>, FakeClock) {
+pub fn bursty(rate: f64) -> (RateLimiter<Local, FakeClock>, FakeClock) {
     let clock = FakeClock::new();
     let limiter = RateLimiter::builder()
         .permits_per_second(rate)
@@ -24,7 +25,7 @@ pub fn warming_up(
     rate: f64,
     warmup: Duration,
     cold_factor: f64,
-) -> (RateLimiter<FakeClock>, FakeClock) {
+) -> (RateLimiter<Local, FakeClock>, FakeClock) {
     let clock = FakeClock::new();
     let limiter = RateLimiter::builder()
         .permits_per_second(rate)
@@ -37,7 +38,7 @@ pub fn warming_up(
 }
 
 /// Acquires each count in turn with `acquire_blocking`; returns the waits in µs.
-pub fn waits(limiter: &RateLimiter<FakeClock>, permits: &[u32]) -> Vec<u64> {
+pub fn waits(limiter: &RateLimiter<Local, FakeClock>, permits: &[u32]) -> Vec<u64> {
     permits
         .iter()
         .map(|&p| micros(limiter.acquire_blocking(p).expect("valid permits")))
@@ -45,7 +46,7 @@ pub fn waits(limiter: &RateLimiter<FakeClock>, permits: &[u32]) -> Vec<u64> {
 }
 
 /// `n` single-permit acquisitions; returns the waits in µs.
-pub fn waits_n(limiter: &RateLimiter<FakeClock>, n: usize) -> Vec<u64> {
+pub fn waits_n(limiter: &RateLimiter<Local, FakeClock>, n: usize) -> Vec<u64> {
     waits(limiter, &vec![1; n])
 }
 

@@ -22,21 +22,28 @@ pub const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 /// Scheduling slack on a shared 2-core machine.
 pub const SLACK: Duration = Duration::from_millis(250);
 
-/// A backend on `client` with the tests' timeout and probe interval.
-pub async fn backend(client: redis::Client) -> paceline::redis::RedisBackend {
+/// A backend's builder on `client` with the tests' timeout and probe
+/// interval, for the options a test sets itself.
+pub fn backend_builder(client: redis::Client) -> paceline::redis::RedisBackendBuilder {
     paceline::redis::RedisBackend::builder(client)
         .response_timeout(RESPONSE_TIMEOUT)
         .probe_interval(PROBE_INTERVAL)
-        .build()
-        .await
-        .unwrap()
 }
 
-/// A limiter's builder on `client` with the tests' timeout and probe
-/// interval.
-pub fn builder(client: redis::Client, name: &str, rate: f64) -> paceline::redis::RedisBuilder {
-    paceline::redis::RedisRateLimiter::builder(client, name)
+/// A backend on `client` with the tests' timeout and probe interval.
+pub async fn backend(client: redis::Client) -> paceline::redis::RedisBackend {
+    backend_builder(client).build().await.unwrap()
+}
+
+/// A Redis limiter's builder at `rate` under `name`, on a backend of its
+/// own on `client` (one connection, as a process of its own has) with the
+/// tests' timeout and probe interval.
+pub async fn builder(
+    client: redis::Client,
+    name: &str,
+    rate: f64,
+) -> paceline::Builder<paceline::One, paceline::redis::Redis> {
+    paceline::RateLimiter::builder()
         .permits_per_second(rate)
-        .response_timeout(RESPONSE_TIMEOUT)
-        .probe_interval(PROBE_INTERVAL)
+        .redis(&backend(client).await, name)
 }

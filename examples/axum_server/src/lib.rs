@@ -106,13 +106,13 @@ pub async fn limiter(options: &Options) -> Result<Arc<dyn KeyedLimiter<IpAddr>>,
         #[cfg(feature = "redis")]
         Some(url) => {
             let client = paceline::redis::Client::open(url.as_str())?;
-            let backend = paceline::redis::RedisBackend::builder(client)
+            let redis = paceline::redis::RedisBackend::builder(client)
                 .build()
                 .await?;
             Ok(Arc::new(
-                backend
-                    .keyed_limiter::<IpAddr>("http-clients")
+                KeyedRateLimiter::<IpAddr>::builder()
                     .limit(limit)
+                    .redis(&redis, "http-clients")
                     .build()?,
             ))
         }

@@ -9,7 +9,7 @@ impl<K: Hash + Eq + Clone> Table<K> {
     /// word (its log had emptied: the reservation's moment had passed, or
     /// a rate changed), or the key was dropped (to the cap), and through its
     /// log the reservation would give nothing back either.
-    pub(in crate::keyed) fn give_back<Q>(&mut self, key: &Q, ticket: Ticket, now: u64) -> bool
+    pub(in crate::keyed) fn give_back<Q>(&mut self, key: &Q, ticket: LogId, now: u64) -> bool
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -19,7 +19,7 @@ impl<K: Hash + Eq + Clone> Table<K> {
 
     /// Keeps the reservation `ticket` of `key`: it will not be given back
     /// (see [`Limits::keep`]), and the key may be a word again sooner.
-    pub(in crate::keyed) fn keep<Q>(&mut self, key: &Q, ticket: Ticket, now: u64) -> bool
+    pub(in crate::keyed) fn keep<Q>(&mut self, key: &Q, ticket: LogId, now: u64) -> bool
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -32,7 +32,7 @@ impl<K: Hash + Eq + Clone> Table<K> {
     fn on_entry<Q>(
         &mut self,
         key: &Q,
-        ticket: Ticket,
+        ticket: LogId,
         now: u64,
         call: impl FnOnce(&mut Limits) -> bool,
     ) -> bool

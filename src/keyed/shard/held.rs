@@ -22,7 +22,7 @@ pub(super) struct Held {
 /// What gives back a reservation of a key: the entry it was logged in, and
 /// its id in that entry's log.
 #[derive(Debug, Clone, Copy)]
-pub(in crate::keyed) struct Ticket {
+pub(in crate::keyed) struct LogId {
     pub(super) serial: u64,
     pub(super) id: u64,
 }

@@ -45,7 +45,7 @@ mod give_back;
 mod held;
 mod rates;
 use evict::{SWEEP_MIN_LEN, Sweep, sweep_period};
-pub(super) use held::Ticket;
+pub(super) use held::LogId;
 use held::{HELD_AS_LIMITS, Held, start};
 
 use std::borrow::Borrow;
@@ -321,7 +321,7 @@ impl<K: Hash + Eq + Clone> Table<K> {
         permits: u32,
         timeout: u64,
         held: bool,
-    ) -> (Option<(Granted, Option<Ticket>)>, Dropped)
+    ) -> (Option<(Granted, Option<LogId>)>, Dropped)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -330,7 +330,7 @@ impl<K: Hash + Eq + Clone> Table<K> {
             limits.try_reserve(permits, now, timeout, held)
         });
         let grant = grant.map(|(granted, serial)| {
-            let ticket = granted.id.map(|id| Ticket { serial, id });
+            let ticket = granted.id.map(|id| LogId { serial, id });
             (granted, ticket)
         });
         (grant, dropped)

@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl<K, C, Q> Store<Q> for Failover<K, C>
+impl<K, C, Q> Engine<Q> for Failover<K, C>
 where
     K: Borrow<Q> + Display + Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
@@ -26,7 +26,7 @@ where
         timeout: Option<Duration>,
     ) -> Result<Option<Duration>, Error> {
         let taken = Failover::take(self, key, permits, timeout, false).await?;
-        Ok(taken.map(Reservation::commit))
+        Ok(taken.map(Reservation::keep))
     }
 
     fn take_blocking(
@@ -52,12 +52,58 @@ where
     K: Display + Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
 {
-    fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
-        Failover::set_rate(self, permits_per_second)
+    fn rate(&self) -> f64 {
+        f64::from_bits(self.rate_bits.load(Ordering::Relaxed))
     }
 
-    fn rate(&self) -> f64 {
-        Failover::rate(self)
+    /// Changes the rate from now on, here and (with the next call of each
+    /// key) in Redis.
+    fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
+        stable_interval_micros(permits_per_second)?;
+        self.local
+            .set_rate(local_rate(permits_per_second, self.local_fraction))?;
+        // Several limits scale together, as `Limits::scale` does.
+        let rates = self.script_args.rates();
+        let factor = permits_per_second / rates[0];
+        let scaled: Vec<f64> = rates.iter().map(|rate| rate * factor).collect();
+        let valid = scaled.iter().all(|&r| stable_interval_micros(r).is_ok());
+        self.script_args.set_rates(if valid {
+            scaled.into()
+        } else {
+            vec![permits_per_second; rates.len()].into()
+        });
+        self.rate_bits
+            .store(permits_per_second.to_bits(), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Changes the rate of limit `index` alone, here and (with the next
+    /// call of each key) in Redis.
+    fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
+        stable_interval_micros(permits_per_second)?;
+        let rates = self.script_args.rates();
+        crate::error::check_limit(index, rates.len())?;
+        if rates.len() == 1 {
+            return self.set_rate(permits_per_second);
+        }
+        self.local
+            .set_limit_rate(index, local_rate(permits_per_second, self.local_fraction))?;
+        let mut rates = rates.to_vec();
+        rates[index] = permits_per_second;
+        self.script_args.set_rates(rates.into());
+        if index == 0 {
+            self.rate_bits
+                .store(permits_per_second.to_bits(), Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn stats(&self) -> Stats {
+        Stats {
+            degraded: self.is_degraded(),
+            keys: self.local_len(),
+            ..self.backend.health.stats()
+        }
     }
 
     fn clock(&self) -> &dyn Clock {
@@ -70,6 +116,15 @@ where
 
     fn sleep_blocking(&self, wait: Duration) {
         blocking_section(|| self.local.clock().sleep_blocking(wait));
+    }
+}
+
+impl<K, C: Clock> std::fmt::Debug for Failover<K, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLimiter")
+            .field("key", &self.describe())
+            .field("fallback", &self.fallback)
+            .finish_non_exhaustive()
     }
 }
 
@@ -95,7 +150,7 @@ where
     }
 }
 
-impl<K, C> GiveBackTo for Failover<K, C>
+impl<K, C> GivesBack for Failover<K, C>
 where
     K: Display + Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
@@ -104,17 +159,19 @@ where
         &self.metrics
     }
 
-    fn give_back(&self, taken: Taken) {
+    fn give_back(&self, taken: GiveBackId) {
         let (key, token) = match taken {
-            Taken::Boxed(taken) => {
+            GiveBackId::Boxed(taken) => {
                 match (taken as Box<dyn std::any::Any + Send + Sync>).downcast::<RedisKeyTaken>() {
                     Ok(taken) => (taken.key, taken.token),
-                    Err(local) => return GiveBackTo::give_back(&self.local, Taken::Boxed(local)),
+                    Err(local) => {
+                        return GivesBack::give_back(&self.local, GiveBackId::Boxed(local));
+                    }
                 }
             }
-            other => return GiveBackTo::give_back(&self.local, other),
+            other => return GivesBack::give_back(&self.local, other),
         };
-        let canceller = Canceller {
+        let remote = Remote {
             backend: Arc::clone(&self.backend),
             target: ProbeTarget {
                 key,
@@ -122,19 +179,19 @@ where
                 late: None,
             },
         };
-        self.backend.spawn(canceller.cancel(token));
+        self.backend.spawn(remote.give_back(token));
     }
 
-    fn keep(&self, taken: Taken) {
+    fn keep(&self, taken: GiveBackId) {
         match taken {
-            Taken::Boxed(taken) => {
+            GiveBackId::Boxed(taken) => {
                 if let Err(local) =
                     (taken as Box<dyn std::any::Any + Send + Sync>).downcast::<RedisKeyTaken>()
                 {
-                    GiveBackTo::keep(&self.local, Taken::Boxed(local));
+                    GivesBack::keep(&self.local, GiveBackId::Boxed(local));
                 }
             }
-            other => GiveBackTo::keep(&self.local, other),
+            other => GivesBack::keep(&self.local, other),
         }
     }
 }

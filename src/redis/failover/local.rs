@@ -20,7 +20,7 @@ where
         target: &ProbeTarget,
         failure: Option<BackendError>,
         patient: bool,
-        serve: impl FnOnce(&'a KeyedRateLimiter<K, C>) -> Result<Option<Reservation<'a>>, Error>,
+        serve: impl FnOnce(&'a Keyed<K, C>) -> Result<Option<Reservation<'a>>, Error>,
     ) -> Result<Result<Option<Reservation<'a>>, Error>, Carried<'a>>
     where
         K: Borrow<Q>,
@@ -403,7 +403,7 @@ where
     /// Once the fallback holds nothing, calls skip the lock again.
     pub(super) fn settle(&self) {
         let books = self.books();
-        if books.carrying.is_empty() && self.local.is_empty() {
+        if books.carrying.is_empty() && self.local.len() == 0 {
             self.active.store(false, Ordering::Release);
         }
     }

@@ -57,17 +57,18 @@ use super::coalesce::{self, Coalescer, Joined};
 use super::health::Zone;
 use super::naming;
 use super::reply::{Reply, Stored};
-use super::round_trip::{Canceller, Failure, send_status, send_within};
+use super::round_trip::{Failure, Remote, send_status, send_within};
 use super::runtime::blocking_section;
-use super::script::{Call, Request, ScriptArgs, Token};
+use super::script::{Call, LogId, Request, ScriptArgs};
 use crate::clock::Clock;
 use crate::core::{Policy, State, stable_interval_micros};
 use crate::error::BackendError;
+use crate::keyed::Keyed;
 use crate::keyed::Mode;
 use crate::metrics::Metrics;
-use crate::reservation::{GiveBackTo, Pending, Taken};
-use crate::store::{Now, Rate, Store};
-use crate::{Error, KeyedRateLimiter, Reservation, Snapshot};
+use crate::reservation::{GiveBack, GiveBackId, GivesBack};
+use crate::store::{Engine, Rate, now};
+use crate::{Error, Reservation, Snapshot, Stats};
 
 /// Where a limiter's keys live in Redis.
 pub(crate) enum Naming {
@@ -101,7 +102,7 @@ pub struct Failover<K, C: Clock> {
     pub(crate) fallback: Fallback,
     /// The local fallback: keys open empty at their floor; a key held here
     /// owes Redis what it granted. Its clock is the one waits are slept on.
-    pub(crate) local: KeyedRateLimiter<K, C>,
+    pub(crate) local: Keyed<K, C>,
     local_fraction: f64,
     max_local_keys: usize,
     /// Whether the fallback may hold keys or debts are known: when not, a
@@ -145,7 +146,7 @@ struct Books<K> {
 /// record.
 struct RedisKeyTaken {
     key: Arc<str>,
-    token: Token,
+    token: LogId,
 }
 
 /// The wake-up of a caller whose key is being carried back.
@@ -256,7 +257,7 @@ where
                 State::new(policy.clone(), local_rate(*rate, parts.local_fraction), 0)
             })
             .collect::<Result<Vec<State>, _>>()?;
-        let local = KeyedRateLimiter::from_limits(
+        let local = Keyed::from_limits(
             local_states,
             parts.clock,
             Some(parts.max_local_keys),
@@ -297,60 +298,6 @@ where
             this: this.clone(),
             metrics,
         }))
-    }
-
-    pub(crate) fn rate(&self) -> f64 {
-        f64::from_bits(self.rate_bits.load(Ordering::Relaxed))
-    }
-
-    /// Changes the rate from now on, here and (with the next call of each
-    /// key) in Redis.
-    pub(crate) fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
-        stable_interval_micros(permits_per_second)?;
-        self.local
-            .set_rate(local_rate(permits_per_second, self.local_fraction))?;
-        // Several limits scale together, as `Limits::scale` does.
-        let rates = self.script_args.rates();
-        let factor = permits_per_second / rates[0];
-        let scaled: Vec<f64> = rates.iter().map(|rate| rate * factor).collect();
-        let valid = scaled.iter().all(|&r| stable_interval_micros(r).is_ok());
-        self.script_args.set_rates(if valid {
-            scaled.into()
-        } else {
-            vec![permits_per_second; rates.len()].into()
-        });
-        self.rate_bits
-            .store(permits_per_second.to_bits(), Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Changes the rate of limit `index` alone, here and (with the next
-    /// call of each key) in Redis.
-    pub(crate) fn set_limit_rate(
-        &self,
-        index: usize,
-        permits_per_second: f64,
-    ) -> Result<(), Error> {
-        stable_interval_micros(permits_per_second)?;
-        let rates = self.script_args.rates();
-        crate::error::check_limit(index, rates.len())?;
-        if rates.len() == 1 {
-            return self.set_rate(permits_per_second);
-        }
-        self.local
-            .set_limit_rate(index, local_rate(permits_per_second, self.local_fraction))?;
-        let mut rates = rates.to_vec();
-        rates[index] = permits_per_second;
-        self.script_args.set_rates(rates.into());
-        if index == 0 {
-            self.rate_bits
-                .store(permits_per_second.to_bits(), Ordering::Relaxed);
-        }
-        Ok(())
-    }
-
-    pub(crate) fn clock(&self) -> &C {
-        self.local.clock()
     }
 
     fn now(&self) -> u64 {
@@ -396,7 +343,7 @@ where
     }
 
     /// Reserves `permits` of `key` through Redis, or through the fallback
-    /// while Redis is down ([`Store::take`]). `held`: the caller may give
+    /// while Redis is down ([`Engine::take`]). `held`: the caller may give
     /// the reservation back (see [`Call::Reserve`]).
     async fn take<Q>(
         &self,
@@ -433,7 +380,7 @@ where
                 Route::Local(failure) => failure,
             };
             let served = self.serve_locally(key, &target, failure, !patience.out(), |local| {
-                Ok(Now::take_now(local, key, permits, timeout))
+                now(Engine::take(local, key, permits, timeout, true))
             });
             match served {
                 Ok(result) => return result,
@@ -442,7 +389,7 @@ where
         }
     }
 
-    /// [`Store::take_blocking`]: the call runs on the backend's runtime
+    /// [`Engine::take_blocking`]: the call runs on the backend's runtime
     /// while this thread blocks.
     fn take_blocking_owned(
         &self,
@@ -454,7 +401,7 @@ where
             return Err(super::runtime::shut_down());
         };
         self.backend
-            .block_on(async move { Store::take_wait(&*this, &key, permits, timeout).await })?
+            .block_on(async move { Engine::take_wait(&*this, &key, permits, timeout).await })?
     }
 
     /// The current wait of `key`, from Redis or the fallback.
@@ -533,16 +480,21 @@ where
     fn granted(&self, reply: Reply, target: &ProbeTarget) -> Option<Reservation<'_>> {
         let wait = reply.wait?;
         let pending = match reply.token {
-            Some(token) if !wait.is_zero() => Some(Pending {
-                owner: self as &dyn GiveBackTo,
-                taken: Taken::Boxed(Box::new(RedisKeyTaken {
+            Some(token) if !wait.is_zero() => Some(GiveBack {
+                owner: self as &dyn GivesBack,
+                taken: GiveBackId::Boxed(Box::new(RedisKeyTaken {
                     key: Arc::clone(&target.key),
                     token,
                 })),
             }),
             _ => None,
         };
-        Some(Reservation::new(wait, self.local.clock(), pending).for_limit(reply.limit))
+        let reservation = Reservation::new(wait, self.local.clock(), pending);
+        Some(
+            reservation
+                .for_limit(reply.limit)
+                .with_after(reply.after, &self.script_args),
+        )
     }
 
     /// One call for `key` to Redis (see [`send_within`]), noting the debt

@@ -96,7 +96,7 @@ fn keys_open_no_earlier_than_a_ticket_the_fallback_dropped() {
     // The fallback holds one key; a second drops the first, whose
     // ticket lies 10 s ahead.
     failover.local.open("a", now);
-    failover.local.reserve("a", 10).unwrap();
+    crate::store::now(crate::store::reserve(&failover.local, "a", 10)).unwrap();
     failover.local.open("b", now);
     assert!(failover.local.ticket("a").is_none());
     assert!(failover.local.dropped_until() >= now + 10 * SECOND);

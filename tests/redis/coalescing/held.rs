@@ -14,12 +14,15 @@ async fn poll_once<F: Future + Unpin>(call: &mut F) -> bool {
 /// A limiter at a rate nobody waits for, with a response timeout of 2 s:
 /// a caller answered within [`PROMPT`] was answered by Redis, not by its
 /// own timer.
-async fn roomy(server: &RedisServer, name: &str) -> Arc<RedisRateLimiter> {
-    let limiter = builder(server.client(), name, 1000.0)
-        .response_timeout(Duration::from_secs(2))
-        .build()
-        .await
-        .unwrap();
+async fn roomy(server: &RedisServer, name: &str) -> Arc<RateLimiter<Redis>> {
+    let limiter = builder_on(
+        backend_builder(server.client()).response_timeout(Duration::from_secs(2)),
+        name,
+        1000.0,
+    )
+    .await
+    .build()
+    .unwrap();
     // The connection is open and the script loaded.
     assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
     Arc::new(limiter)
@@ -131,8 +134,8 @@ async fn a_lead_never_polled_again_until_the_end_holds_up_nobody() {
 }
 
 /// The state of `limiter`'s key as stored.
-fn stored(server: &RedisServer, limiter: &RedisRateLimiter) -> LimiterState {
-    LimiterState::read(&mut server.connection(), limiter.key()).expect("the key is stored")
+fn stored(server: &RedisServer, limiter: &RateLimiter<Redis>) -> LimiterState {
+    LimiterState::read(&mut server.connection(), &limiter.redis_key()).expect("the key is stored")
 }
 
 /// An `acquire` that leads its key's round trip, is held unpolled past its
@@ -144,12 +147,15 @@ async fn a_lead_held_past_its_reply_then_dropped_gives_its_grant_back() {
     // given back.
     const INTERVAL_MICROS: u64 = 10_000_000;
     let server = RedisServer::start();
-    let limiter = builder(server.client(), "held-grant", 0.1)
-        .max_burst(Duration::ZERO)
-        .response_timeout(Duration::from_secs(2))
-        .build()
-        .await
-        .unwrap();
+    let limiter = builder_on(
+        backend_builder(server.client()).response_timeout(Duration::from_secs(2)),
+        "held-grant",
+        0.1,
+    )
+    .await
+    .max_burst(Duration::ZERO)
+    .build()
+    .unwrap();
     assert!(limiter.reserve(1).await.unwrap().is_zero());
     let before = stored(&server, &limiter);
     let mut lead = Box::pin(limiter.acquire(1));
@@ -196,12 +202,15 @@ async fn a_lead_dropped_mid_round_trip_gives_its_grant_back_and_the_key_goes_on(
     const INTERVAL_MICROS: u64 = 10_000_000;
     let server = RedisServer::start();
     let proxy = Proxy::in_front_of(&server);
-    let limiter = builder(proxy.client(), "dropped-lead", 0.1)
-        .max_burst(Duration::ZERO)
-        .response_timeout(Duration::from_secs(2))
-        .build()
-        .await
-        .unwrap();
+    let limiter = builder_on(
+        backend_builder(proxy.client()).response_timeout(Duration::from_secs(2)),
+        "dropped-lead",
+        0.1,
+    )
+    .await
+    .max_burst(Duration::ZERO)
+    .build()
+    .unwrap();
     assert!(limiter.reserve(1).await.unwrap().is_zero());
     let before = stored(&server, &limiter);
     proxy.set_latency(Duration::from_millis(50));
@@ -243,8 +252,8 @@ async fn a_lead_dropped_mid_round_trip_gives_its_grant_back_and_the_key_goes_on(
 async fn a_caller_queued_behind_a_held_lead_on_a_hung_server_falls_back_in_time() {
     let server = RedisServer::start();
     let limiter = builder(server.client(), "held-hung", 1000.0)
-        .build()
         .await
+        .build()
         .unwrap();
     assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
     server.stop();
@@ -266,6 +275,6 @@ async fn a_caller_queued_behind_a_held_lead_on_a_hung_server_falls_back_in_time(
         waited < PROMPT,
         "the next caller waited {waited:?}, with a response timeout of {RESPONSE_TIMEOUT:?}"
     );
-    assert!(limiter.is_degraded());
+    assert!(limiter.stats().degraded);
     drop(lead);
 }

@@ -16,10 +16,19 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::support::limiter_state::LimiterState;
-use crate::support::poll::{RESPONSE_TIMEOUT, builder, within};
+use crate::support::poll::{RESPONSE_TIMEOUT, backend_builder, builder, within};
 use crate::support::proxy::Proxy;
 use crate::support::redis_server::RedisServer;
-use paceline::redis::RedisRateLimiter;
+use paceline::redis::{Redis, RedisBackend, RedisBackendBuilder};
+use paceline::{Builder, One, RateLimiter};
+
+/// A Redis limiter's builder at `rate` under `name`, on a backend of its
+/// own built from `backend` (for the connection settings a test sets).
+async fn builder_on(backend: RedisBackendBuilder, name: &str, rate: f64) -> Builder<One, Redis> {
+    RateLimiter::builder()
+        .permits_per_second(rate)
+        .redis(&backend.build().await.unwrap(), name)
+}
 
 /// EVALSHA calls Redis counted since the last `CONFIG RESETSTAT`.
 fn evalsha_calls(server: &RedisServer) -> u64 {
@@ -47,7 +56,7 @@ fn reset_stats(server: &RedisServer) {
 /// paid: a paid key expires).
 async fn saturate(
     server: &RedisServer,
-    limiter: &Arc<RedisRateLimiter>,
+    limiter: &Arc<RateLimiter<Redis>>,
     tasks: usize,
     run: Duration,
 ) -> (Vec<Instant>, LimiterState) {
@@ -105,12 +114,15 @@ async fn a_saturated_hot_key_coalesces_and_keeps_its_schedule_exact() {
     const RUN: Duration = Duration::from_secs(2);
     let server = RedisServer::start();
     let limiter = Arc::new(
-        builder(server.client(), "hot", RATE)
-            .max_burst(Duration::ZERO)
-            .response_timeout(Duration::from_secs(2))
-            .build()
-            .await
-            .unwrap(),
+        builder_on(
+            backend_builder(server.client()).response_timeout(Duration::from_secs(2)),
+            "hot",
+            RATE,
+        )
+        .await
+        .max_burst(Duration::ZERO)
+        .build()
+        .unwrap(),
     );
     // 50 ms of debt first: the tasks' reservations queue behind it, on the
     // grid of its ticket.
@@ -166,11 +178,14 @@ async fn a_saturated_hot_key_coalesces_and_keeps_its_schedule_exact() {
 async fn without_coalescing_every_reservation_is_its_own_call() {
     let server = RedisServer::start();
     let limiter = Arc::new(
-        builder(server.client(), "alone", 1e9)
-            .coalesce(false)
-            .build()
-            .await
-            .unwrap(),
+        builder_on(
+            backend_builder(server.client()).coalesce(false),
+            "alone",
+            1e9,
+        )
+        .await
+        .build()
+        .unwrap(),
     );
     reset_stats(&server);
     let tasks: Vec<_> = (0..64)
@@ -196,16 +211,19 @@ async fn without_coalescing_every_reservation_is_its_own_call() {
 async fn behind_a_slow_proxy(
     name: &str,
     latency: Duration,
-) -> (RedisServer, Proxy, Arc<RedisRateLimiter>) {
+) -> (RedisServer, Proxy, Arc<RateLimiter<Redis>>) {
     let server = RedisServer::start();
     let proxy = Proxy::in_front_of(&server);
     let limiter = Arc::new(
-        builder(proxy.client(), name, 10.0)
-            .max_burst(Duration::ZERO)
-            .response_timeout(Duration::from_secs(2))
-            .build()
-            .await
-            .unwrap(),
+        builder_on(
+            backend_builder(proxy.client()).response_timeout(Duration::from_secs(2)),
+            name,
+            10.0,
+        )
+        .await
+        .max_burst(Duration::ZERO)
+        .build()
+        .unwrap(),
     );
     assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
     tokio::time::sleep(Duration::from_millis(150)).await;
@@ -300,11 +318,14 @@ async fn an_outage_mid_batch_sends_each_caller_to_its_fallback_once() {
     let mut server = RedisServer::start();
     let proxy = Proxy::in_front_of(&server);
     let limiter = Arc::new(
-        builder(proxy.client(), "outage", 1000.0)
-            .response_timeout(Duration::from_millis(300))
-            .build()
-            .await
-            .unwrap(),
+        builder_on(
+            backend_builder(proxy.client()).response_timeout(Duration::from_millis(300)),
+            "outage",
+            1000.0,
+        )
+        .await
+        .build()
+        .unwrap(),
     );
     limiter.reserve(1).await.unwrap();
     proxy.set_latency(Duration::from_millis(100));
@@ -320,7 +341,7 @@ async fn an_outage_mid_batch_sends_each_caller_to_its_fallback_once() {
         caller.await.unwrap().expect("the fallback serves");
     }
     let stats = limiter.stats();
-    assert!(limiter.is_degraded());
+    assert!(limiter.stats().degraded);
     assert_eq!(stats.fallbacks, 1, "{stats:?}");
     assert_eq!(stats.fallback_calls, CALLERS, "{stats:?}");
 }
@@ -334,12 +355,18 @@ async fn several_limits_coalesce_and_keep_every_limit() {
     use paceline::Limit;
     let server = RedisServer::start();
     let limiter = Arc::new(
-        RedisRateLimiter::builder(server.client(), "several-hot")
+        RateLimiter::builder()
+            .redis(
+                &RedisBackend::builder(server.client())
+                    .response_timeout(Duration::from_secs(2))
+                    .build()
+                    .await
+                    .unwrap(),
+                "several-hot",
+            )
             .limit(Limit::per_second(1_000.0).burst(21))
             .limit(Limit::per_minute(600.0).burst(31))
-            .response_timeout(Duration::from_secs(2))
             .build()
-            .await
             .unwrap(),
     );
     reset_stats(&server);

@@ -572,7 +572,7 @@ impl Sequence {
                 invocation.arg("resume").arg(debts.join(","));
             }
             Kind::Cancel { id } => {
-                invocation.arg("cancel").arg(*id);
+                invocation.arg("give_back").arg(*id);
             }
             Kind::Batch { requests } => {
                 let text: Vec<String> = requests

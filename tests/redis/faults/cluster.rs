@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::support::redis_cluster::RedisCluster;
+use paceline::KeyedRateLimiter;
 use paceline::redis::RedisBackend;
 
 /// A three-primary cluster (no replicas) loses one primary. Limiters whose
@@ -43,22 +44,20 @@ async fn a_cluster_that_loses_a_primary_degrades_only_the_limiters_on_it() {
     let mut others = Vec::new();
     for (node, names) in names.iter().enumerate() {
         for name in names {
-            let own = RedisRateLimiter::cluster_builder(cluster.client(), name)
+            let own = RateLimiter::builder()
                 .permits_per_second(1_000.0)
-                .response_timeout(RESPONSE_TIMEOUT)
-                .probe_interval(PROBE_INTERVAL)
+                .redis(&cluster_backend(&cluster).await, name)
                 .build()
-                .await
                 .unwrap();
             // The same key through the shared backend.
-            let sharing = shared
-                .limiter(name)
+            let sharing = RateLimiter::builder()
+                .redis(&shared, name)
                 .permits_per_second(1_000.0)
                 .build()
                 .unwrap();
             for limiter in [own, sharing] {
                 assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
-                assert!(!limiter.is_degraded());
+                assert!(!limiter.stats().degraded);
                 if node == VICTIM {
                     victims.push(limiter);
                 } else {
@@ -94,14 +93,14 @@ async fn a_cluster_that_loses_a_primary_degrades_only_the_limiters_on_it() {
         for limiter in victims.iter().chain(&others) {
             let call = Instant::now();
             let result = limiter.try_acquire(1, Duration::from_millis(10)).await;
-            assert!(result.is_ok(), "{}: {result:?}", limiter.key());
+            assert!(result.is_ok(), "{}: {result:?}", limiter.redis_key());
             slowest = slowest.max(call.elapsed());
         }
         for limiter in &others {
             assert!(
-                !limiter.is_degraded(),
+                !limiter.stats().degraded,
                 "{}: {:?}",
-                limiter.key(),
+                limiter.redis_key(),
                 limiter.stats()
             );
         }
@@ -128,7 +127,7 @@ async fn a_cluster_that_loses_a_primary_degrades_only_the_limiters_on_it() {
     // one: the backend's, which switched once for both victims.
     for limiter in victims.iter().step_by(2) {
         let stats = limiter.stats();
-        assert!(limiter.is_degraded(), "{}", limiter.key());
+        assert!(limiter.stats().degraded, "{}", limiter.redis_key());
         assert_eq!((stats.fallbacks, stats.recoveries), (1, 0), "{stats:?}");
         assert!(stats.fallback_calls >= rounds, "{stats:?}");
     }
@@ -136,7 +135,7 @@ async fn a_cluster_that_loses_a_primary_degrades_only_the_limiters_on_it() {
         let stats = limiter.stats();
         assert_eq!((stats.fallbacks, stats.fallback_calls), (0, 0), "{stats:?}");
     }
-    assert!(victims.iter().all(RedisRateLimiter::is_degraded));
+    assert!(victims.iter().all(|l| l.stats().degraded));
     let stats = shared.stats();
     println!("the shared backend: {stats:?}");
     assert_eq!((stats.fallbacks, stats.recoveries), (1, 0), "{stats:?}");
@@ -181,12 +180,10 @@ async fn recovers_on_its_own_node_while_another_primary_is(other: Other) {
         .map(|i| format!("home-{i}"))
         .find(|name| cluster.node_for_key(&format!("paceline:v1:{name}")) == HOME)
         .unwrap();
-    let limiter = RedisRateLimiter::cluster_builder(cluster.client(), &name)
+    let limiter = RateLimiter::builder()
         .permits_per_second(1_000.0)
-        .response_timeout(RESPONSE_TIMEOUT)
-        .probe_interval(PROBE_INTERVAL)
+        .redis(&cluster_backend(&cluster).await, &name)
         .build()
-        .await
         .unwrap();
     assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
 
@@ -199,13 +196,13 @@ async fn recovers_on_its_own_node_while_another_primary_is(other: Other) {
         assert!(limiter.try_acquire(1, Duration::ZERO).await.is_ok());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(!limiter.is_degraded(), "{:?}", limiter.stats());
+    assert!(!limiter.stats().degraded, "{:?}", limiter.stats());
 
     // Its own node freezes (for less than the cluster's node timeout, so
     // the cluster itself does not change): it degrades.
     cluster.nodes[HOME].stop();
     let frozen = Instant::now();
-    while !limiter.is_degraded() {
+    while !limiter.stats().degraded {
         assert!(frozen.elapsed() < Duration::from_secs(2), "never degraded");
         let call = Instant::now();
         assert!(limiter.try_acquire(1, Duration::ZERO).await.is_ok());
@@ -233,7 +230,7 @@ async fn recovers_on_its_own_node_while_another_primary_is(other: Other) {
         &what,
         resumed,
         bound,
-        || limiter.is_degraded(),
+        || limiter.stats().degraded,
         || limiter.stats(),
     )
     .await;
@@ -241,7 +238,7 @@ async fn recovers_on_its_own_node_while_another_primary_is(other: Other) {
     let stats = limiter.stats();
     assert_eq!((stats.fallbacks, stats.recoveries), (1, 1), "{stats:?}");
     assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
-    assert!(!limiter.is_degraded());
+    assert!(!limiter.stats().degraded);
 }
 
 /// Two names per node of `cluster` whose Redis keys (`key(name)`) that
@@ -285,14 +282,14 @@ async fn a_shared_cluster_backend_degrades_only_what_lives_on_a_frozen_node() {
         .unwrap();
     let names = two_names_per_node(&cluster, "api", |name| format!("paceline:v1:{name}"));
     let tenants = two_names_per_node(&cluster, "tenant", |t| format!("paceline:v1:tenants:{t}"));
-    let limiters: Vec<Vec<RedisRateLimiter>> = names
+    let limiters: Vec<Vec<RateLimiter<Redis>>> = names
         .iter()
         .map(|names| {
             names
                 .iter()
                 .map(|name| {
-                    backend
-                        .limiter(name)
+                    RateLimiter::builder()
+                        .redis(&backend, name)
                         .permits_per_second(1_000.0)
                         .build()
                         .unwrap()
@@ -300,8 +297,8 @@ async fn a_shared_cluster_backend_degrades_only_what_lives_on_a_frozen_node() {
                 .collect()
         })
         .collect();
-    let keyed = backend
-        .keyed_limiter::<String>("tenants")
+    let keyed = KeyedRateLimiter::<String>::builder()
+        .redis(&backend, "tenants")
         .permits_per_second(1_000.0)
         .build()
         .unwrap();
@@ -310,7 +307,7 @@ async fn a_shared_cluster_backend_degrades_only_what_lives_on_a_frozen_node() {
         assert!(keyed.try_acquire(tenant, 1, Duration::ZERO).await.unwrap());
     }
     // The second limiter and tenant of the victim make no call from here.
-    let active: Vec<&RedisRateLimiter> = limiters
+    let active: Vec<&RateLimiter<Redis>> = limiters
         .iter()
         .enumerate()
         .flat_map(|(node, l)| if node == VICTIM { &l[..1] } else { &l[..] })
@@ -320,7 +317,7 @@ async fn a_shared_cluster_backend_degrades_only_what_lives_on_a_frozen_node() {
         .enumerate()
         .flat_map(|(node, t)| if node == VICTIM { &t[..1] } else { &t[..] })
         .collect();
-    let healthy: Vec<&RedisRateLimiter> = limiters
+    let healthy: Vec<&RateLimiter<Redis>> = limiters
         .iter()
         .enumerate()
         .filter(|(node, _)| *node != VICTIM)
@@ -336,7 +333,7 @@ async fn a_shared_cluster_backend_degrades_only_what_lives_on_a_frozen_node() {
         for limiter in &active {
             let call = Instant::now();
             let result = limiter.try_acquire(1, Duration::from_millis(10)).await;
-            assert!(result.is_ok(), "{}: {result:?}", limiter.key());
+            assert!(result.is_ok(), "{}: {result:?}", limiter.redis_key());
             slowest = slowest.max(call.elapsed());
         }
         for tenant in &active_tenants {
@@ -349,13 +346,13 @@ async fn a_shared_cluster_backend_degrades_only_what_lives_on_a_frozen_node() {
         }
         victim_calls += 2;
         for limiter in &healthy {
-            assert!(!limiter.is_degraded(), "{}", limiter.key());
+            assert!(!limiter.stats().degraded, "{}", limiter.redis_key());
         }
         // The keyed fallback holds the victim's one active tenant at most.
         assert!(
-            keyed.stats().local_keys <= 1,
+            keyed.stats().keys <= 1,
             "{} keys held locally",
-            keyed.stats().local_keys
+            keyed.stats().keys
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -369,7 +366,7 @@ async fn a_shared_cluster_backend_degrades_only_what_lives_on_a_frozen_node() {
     // the slot map: under a loaded test run that can take a probe or two
     // more (still well inside the cluster's node timeout).
     let idle_marked = within(Duration::from_secs(2), || {
-        limiters[VICTIM].iter().all(RedisRateLimiter::is_degraded)
+        limiters[VICTIM].iter().all(|l| l.stats().degraded)
     })
     .await;
     assert!(idle_marked.is_some(), "{:?}", backend.stats());
@@ -389,7 +386,7 @@ async fn a_shared_cluster_backend_degrades_only_what_lives_on_a_frozen_node() {
         &format!("node {VICTIM}"),
         resumed,
         RECOVERY_BOUND,
-        || backend.is_degraded(),
+        || backend.stats().degraded,
         || backend.stats(),
     )
     .await;
@@ -403,7 +400,7 @@ async fn a_shared_cluster_backend_degrades_only_what_lives_on_a_frozen_node() {
                 .await
                 .unwrap()
         );
-        assert!(!limiter.is_degraded());
+        assert!(!limiter.stats().degraded);
     }
     for tenant in tenants.iter().flatten() {
         assert!(
@@ -414,7 +411,7 @@ async fn a_shared_cluster_backend_degrades_only_what_lives_on_a_frozen_node() {
         );
     }
     assert_eq!(backend.stats().fallback_calls, stats.fallback_calls);
-    within(Duration::from_secs(2), || keyed.stats().local_keys == 0)
+    within(Duration::from_secs(2), || keyed.stats().keys == 0)
         .await
         .expect("the victim's tenant is carried back to Redis");
 }
@@ -446,14 +443,14 @@ async fn a_shared_cluster_backend_built_while_a_primary_hangs_serves_the_others_
     .await
     .unwrap();
     assert!(started.elapsed() <= CALL_BOUND, "{:?}", started.elapsed());
-    assert!(backend.is_degraded());
-    let limiters: Vec<(usize, RedisRateLimiter)> = names
+    assert!(backend.stats().degraded);
+    let limiters: Vec<(usize, RateLimiter<Redis>)> = names
         .iter()
         .enumerate()
         .flat_map(|(node, names)| names.iter().map(move |name| (node, name)))
         .map(|(node, name)| {
-            let limiter = backend
-                .limiter(name)
+            let limiter = RateLimiter::builder()
+                .redis(&backend, name)
                 .permits_per_second(1_000.0)
                 .build()
                 .unwrap();
@@ -463,7 +460,7 @@ async fn a_shared_cluster_backend_built_while_a_primary_hangs_serves_the_others_
     let healthy_on_redis = || {
         limiters
             .iter()
-            .all(|(node, limiter)| limiter.is_degraded() == (*node == hung))
+            .all(|(node, limiter)| limiter.stats().degraded == (*node == hung))
     };
     let mut slowest = Duration::ZERO;
     while !healthy_on_redis() {
@@ -473,13 +470,13 @@ async fn a_shared_cluster_backend_built_while_a_primary_hangs_serves_the_others_
             backend.stats(),
             limiters
                 .iter()
-                .map(|(node, l)| (*node, l.is_degraded()))
+                .map(|(node, l)| (*node, l.stats().degraded))
                 .collect::<Vec<_>>()
         );
         for (_, limiter) in &limiters {
             let call = Instant::now();
             let result = limiter.try_acquire(1, Duration::from_millis(10)).await;
-            assert!(result.is_ok(), "{}: {result:?}", limiter.key());
+            assert!(result.is_ok(), "{}: {result:?}", limiter.redis_key());
             slowest = slowest.max(call.elapsed());
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -497,7 +494,12 @@ async fn a_shared_cluster_backend_built_while_a_primary_hangs_serves_the_others_
                 .await
                 .unwrap()
         );
-        assert_eq!(limiter.is_degraded(), *node == hung, "{}", limiter.key());
+        assert_eq!(
+            limiter.stats().degraded,
+            *node == hung,
+            "{}",
+            limiter.redis_key()
+        );
     }
     assert_eq!(
         backend.stats().fallback_calls - before,
@@ -505,9 +507,20 @@ async fn a_shared_cluster_backend_built_while_a_primary_hangs_serves_the_others_
         "only the hung node's two limiters use their fallbacks"
     );
     cluster.nodes[hung].cont();
-    within(Duration::from_secs(4), || !backend.is_degraded())
+    within(Duration::from_secs(4), || !backend.stats().degraded)
         .await
         .unwrap_or_else(|| panic!("still degraded: {:?}", backend.stats()));
+}
+
+/// A backend of its own on `cluster` (one connection, as a process of its
+/// own has), with the tests' timeout and probe interval.
+async fn cluster_backend(cluster: &RedisCluster) -> RedisBackend {
+    RedisBackend::cluster_builder(cluster.client())
+        .response_timeout(RESPONSE_TIMEOUT)
+        .probe_interval(PROBE_INTERVAL)
+        .build()
+        .await
+        .unwrap()
 }
 
 /// Whether the node on `port` is flagged `fail` (not only `fail?`) in

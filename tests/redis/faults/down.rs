@@ -13,12 +13,12 @@ async fn after_a_restart_on_the_same_port_instances_share_the_rate_again_without
     let mut server = RedisServer::start();
     // The default burst: a missing key reads as 10 stored permits.
     let a = builder(server.client(), "restarted", 10.0)
-        .build()
         .await
+        .build()
         .unwrap();
     let b = builder(server.client(), "restarted", 10.0)
-        .build()
         .await
+        .build()
         .unwrap();
     assert!(a.try_acquire(1, Duration::ZERO).await.unwrap());
     assert!(b.try_acquire(1, Duration::ZERO).await.unwrap());
@@ -31,7 +31,7 @@ async fn after_a_restart_on_the_same_port_instances_share_the_rate_again_without
             assert!(result.is_ok(), "the fallback serves: {result:?}");
             assert!(call.elapsed() <= CALL_BOUND, "{:?}", call.elapsed());
         }
-        assert!(limiter.is_degraded());
+        assert!(limiter.stats().degraded);
     }
 
     server.restart();
@@ -65,7 +65,10 @@ async fn after_a_restart_on_the_same_port_instances_share_the_rate_again_without
         "{granted} of 20 granted at once after the restart"
     );
     let mut admin = server.connection();
-    let exists: bool = redis::cmd("EXISTS").arg(a.key()).query(&mut admin).unwrap();
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(a.redis_key())
+        .query(&mut admin)
+        .unwrap();
     assert!(exists, "the limiter's state is in the new server");
     for (limiter, local) in [(&a, a_local), (&b, b_local)] {
         let stats = limiter.stats();
@@ -79,7 +82,7 @@ async fn killed_redis_with_local_fallback_never_fails_and_recovers_after_restart
     let mut server = RedisServer::start();
     let limiter = limiter(&server, Fallback::Local).await;
     assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
-    assert!(!limiter.is_degraded());
+    assert!(!limiter.stats().degraded);
 
     server.kill();
     let (slowest, results) = timed_calls(&limiter, 50).await;
@@ -88,14 +91,14 @@ async fn killed_redis_with_local_fallback_never_fails_and_recovers_after_restart
         slowest <= RESPONSE_TIMEOUT + SLACK,
         "a call took {slowest:?}"
     );
-    assert!(limiter.is_degraded());
+    assert!(limiter.stats().degraded);
     let stats = limiter.stats();
     assert_eq!(stats.fallbacks, 1, "{stats:?}");
     assert!(stats.fallback_calls >= 50, "{stats:?}");
 
     server.restart();
     let restarted = Instant::now();
-    while limiter.is_degraded() {
+    while limiter.stats().degraded {
         assert!(
             restarted.elapsed() <= 2 * PROBE_INTERVAL + SLACK + RESPONSE_TIMEOUT,
             "still degraded {:?} after the restart",
@@ -112,7 +115,7 @@ async fn killed_redis_with_local_fallback_never_fails_and_recovers_after_restart
     );
     let mut conn = server.connection();
     let exists: bool = redis::cmd("EXISTS")
-        .arg(limiter.key())
+        .arg(limiter.redis_key())
         .query(&mut conn)
         .unwrap();
     assert!(exists, "calls reach Redis again");
@@ -136,7 +139,7 @@ async fn killed_redis_with_fail_closed_returns_backend_errors() {
             other => panic!("expected Error::Backend, got {other:?}"),
         }
     }
-    assert!(limiter.is_degraded());
+    assert!(limiter.stats().degraded);
     assert!(matches!(
         limiter.available_in().await,
         Err(Error::Backend(_))
@@ -163,11 +166,11 @@ async fn killed_redis_with_fail_open_grants() {
 #[test]
 fn blocking_calls_survive_a_killed_redis_too() {
     let mut server = RedisServer::start();
-    let limiter = RedisRateLimiter::builder(server.client(), "faults-blocking")
+    let backend = backend_builder(server.client()).build_blocking().unwrap();
+    let limiter = RateLimiter::builder()
         .permits_per_second(1000.0)
-        .response_timeout(RESPONSE_TIMEOUT)
-        .probe_interval(PROBE_INTERVAL)
-        .build_blocking()
+        .redis(&backend, "faults-blocking")
+        .build()
         .unwrap();
     limiter.acquire_blocking(1).unwrap();
     server.kill();
@@ -176,7 +179,7 @@ fn blocking_calls_survive_a_killed_redis_too() {
         limiter.acquire_blocking(1).unwrap();
     }
     assert!(start.elapsed() <= RESPONSE_TIMEOUT + SLACK + Duration::from_millis(20));
-    assert!(limiter.is_degraded());
+    assert!(limiter.stats().degraded);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -186,24 +189,24 @@ async fn a_service_starts_while_redis_is_down_and_switches_when_it_is_up() {
     proxy.refuse_new(true);
     let start = Instant::now();
     let limiter = builder(proxy.client(), "down-at-start", 10.0)
-        .build()
         .await
+        .build()
         .expect("builds while Redis is down");
     assert!(start.elapsed() <= RESPONSE_TIMEOUT * 2 + SLACK);
-    assert!(limiter.is_degraded());
+    assert!(limiter.stats().degraded);
     assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
     // Failing fast is a choice.
-    let strict = builder(proxy.client(), "strict", 10.0)
+    let strict = backend_builder(proxy.client())
         .require_connection(true)
         .build()
         .await;
     assert!(matches!(strict, Err(Error::Backend(_))), "{strict:?}");
     // Bad options still fail at once.
-    let bad = builder(proxy.client(), "bad", -1.0).build().await;
+    let bad = builder(proxy.client(), "bad", -1.0).await.build();
     assert!(matches!(bad, Err(Error::InvalidArgument(_))), "{bad:?}");
 
     proxy.refuse_new(false);
-    within(Duration::from_secs(5), || !limiter.is_degraded())
+    within(Duration::from_secs(5), || !limiter.stats().degraded)
         .await
         .expect("switches to Redis once it answers");
     assert_eq!(limiter.stats().recoveries, 1);
@@ -221,11 +224,11 @@ async fn callers_that_open_the_fallback_together_are_paced_as_one() {
     let proxy = Proxy::in_front_of(&server);
     proxy.refuse_new(true);
     let backend = crate::support::poll::backend(proxy.client()).await;
-    assert!(backend.is_degraded());
+    assert!(backend.stats().degraded);
     for round in 0..200 {
         let limiter = Arc::new(
-            backend
-                .limiter(&format!("together-{round}"))
+            RateLimiter::builder()
+                .redis(&backend, &format!("together-{round}"))
                 .permits_per_second(1.0)
                 .max_burst(Duration::ZERO)
                 .build()
@@ -260,8 +263,8 @@ async fn callers_that_open_the_fallback_together_are_paced_as_one() {
 async fn the_fallback_opens_with_the_debt_not_a_burst() {
     let mut server = RedisServer::start();
     let limiter = builder(server.client(), "honest", 10.0)
-        .build()
         .await
+        .build()
         .unwrap();
     // A burst of 10 and 5 more: about half a second of debt.
     for _ in 0..15 {
@@ -274,7 +277,7 @@ async fn the_fallback_opens_with_the_debt_not_a_burst() {
             granted += 1;
         }
     }
-    assert!(limiter.is_degraded());
+    assert!(limiter.stats().degraded);
     assert!(
         granted <= 1,
         "{granted} of 15 granted at once by the fallback"

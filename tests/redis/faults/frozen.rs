@@ -27,7 +27,7 @@ async fn a_hung_redis_does_not_hang_callers() {
         }
         // Once the server runs again the probe brings the limiter back.
         let resumed = Instant::now();
-        while limiter.is_degraded() {
+        while limiter.stats().degraded {
             assert!(
                 resumed.elapsed() < Duration::from_secs(3),
                 "never recovered"
@@ -51,9 +51,9 @@ async fn a_hung_redis_does_not_hang_callers() {
 async fn a_frozen_server_with_the_local_fallback_paces_locally_and_recovers_after_sigcont() {
     let server = RedisServer::start();
     let limiter = builder(server.client(), "frozen-local", 10.0)
+        .await
         .max_burst(Duration::ZERO)
         .build()
-        .await
         .unwrap();
     limiter.acquire(1).await.unwrap();
     tokio::time::sleep(2 * INTERVAL).await;
@@ -83,7 +83,7 @@ async fn a_frozen_server_with_the_local_fallback_paces_locally_and_recovers_afte
         );
     }
     let stats = limiter.stats();
-    assert!(limiter.is_degraded());
+    assert!(limiter.stats().degraded);
     assert_eq!((stats.fallbacks, stats.recoveries), (1, 0), "{stats:?}");
 
     server.cont();
@@ -108,9 +108,9 @@ async fn a_frozen_server_with_the_local_fallback_paces_locally_and_recovers_afte
 async fn a_frozen_server_with_fail_closed_refuses_quickly_and_recovers_after_sigcont() {
     let server = RedisServer::start();
     let limiter = builder(server.client(), "frozen-closed", 10.0)
+        .await
         .fallback(Fallback::FailClosed)
         .build()
-        .await
         .unwrap();
     limiter.acquire(1).await.unwrap();
 
@@ -138,7 +138,7 @@ async fn a_frozen_server_with_fail_closed_refuses_quickly_and_recovers_after_sig
     }
     assert!(calls >= 10, "{calls}");
     let stats = limiter.stats();
-    assert!(limiter.is_degraded());
+    assert!(limiter.stats().degraded);
     assert_eq!((stats.fallbacks, stats.recoveries), (1, 0), "{stats:?}");
 
     server.cont();
@@ -166,9 +166,9 @@ async fn round_trips_that_outlive_the_response_timeout_are_not_charged_twice() {
     let server = RedisServer::start();
     let limiter = Arc::new(
         builder(server.client(), "orphans", 10.0)
+            .await
             .max_burst(Duration::ZERO)
             .build()
-            .await
             .unwrap(),
     );
     // The key exists and the connection is warm; then let the debt of that
@@ -203,7 +203,7 @@ async fn round_trips_that_outlive_the_response_timeout_are_not_charged_twice() {
     }
     delays.sort();
     let stats = limiter.stats();
-    assert!(limiter.is_degraded());
+    assert!(limiter.stats().degraded);
     assert_eq!((stats.fallbacks, stats.recoveries), (1, 0), "{stats:?}");
     assert!(stats.fallback_calls >= CALLERS as u64, "{stats:?}");
     // Paced locally, one interval apart (the fallback opened with no burst).
@@ -251,7 +251,7 @@ async fn round_trips_that_outlive_the_response_timeout_are_not_charged_twice() {
         "the first caller after recovery waited {waited:?}"
     );
     assert!(elapsed <= 2 * INTERVAL + SLACK, "{elapsed:?}");
-    assert!(!limiter.is_degraded());
+    assert!(!limiter.stats().degraded);
     let stats = limiter.stats();
     assert_eq!((stats.fallbacks, stats.recoveries), (1, 1), "{stats:?}");
 }
@@ -270,9 +270,9 @@ async fn late_give_backs_do_not_erase_the_debt_the_fallback_carried_into_redis()
         let server = RedisServer::start();
         let limiter = Arc::new(
             builder(server.client(), "carried", 10.0)
+                .await
                 .max_burst(Duration::ZERO)
                 .build()
-                .await
                 .unwrap(),
         );
         limiter.acquire(1).await.unwrap();
@@ -287,7 +287,7 @@ async fn late_give_backs_do_not_erase_the_debt_the_fallback_carried_into_redis()
                     let reservation = limiter.reservation(1).await.unwrap();
                     let took = start.elapsed();
                     // The caller waits for its permit in its own time.
-                    (took, Instant::now() + reservation.commit())
+                    (took, Instant::now() + reservation.keep())
                 })
             })
             .collect();

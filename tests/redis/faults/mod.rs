@@ -20,11 +20,13 @@ mod refusing;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::support::poll::{PROBE_INTERVAL, RESPONSE_TIMEOUT, SLACK, builder, within};
+use crate::support::poll::{
+    PROBE_INTERVAL, RESPONSE_TIMEOUT, SLACK, backend_builder, builder, within,
+};
 use crate::support::proxy::Proxy;
 use crate::support::redis_server::{RedisServer, free_port};
-use paceline::Error;
-use paceline::redis::{Fallback, RedisRateLimiter, RedisStats};
+use paceline::redis::{Fallback, Redis};
+use paceline::{Error, RateLimiter, Stats};
 
 /// The longest any call may take: the response timeout plus slack.
 const CALL_BOUND: Duration = RESPONSE_TIMEOUT.saturating_add(SLACK);
@@ -47,7 +49,7 @@ async fn back_on_redis(
     since: Instant,
     bound: Duration,
     degraded: impl Fn() -> bool,
-    stats: impl Fn() -> RedisStats,
+    stats: impl Fn() -> Stats,
 ) -> Duration {
     within(Duration::from_secs(5), || !degraded())
         .await
@@ -59,12 +61,12 @@ async fn back_on_redis(
 
 /// Waits until `limiter` is back on Redis, within [`RECOVERY_BOUND`] of now;
 /// returns how long that took.
-async fn recovered(limiter: &RedisRateLimiter, what: &str) -> Duration {
+async fn recovered(limiter: &RateLimiter<Redis>, what: &str) -> Duration {
     back_on_redis(
         what,
         Instant::now(),
         RECOVERY_BOUND,
-        || limiter.is_degraded(),
+        || limiter.stats().degraded,
         || limiter.stats(),
     )
     .await
@@ -72,7 +74,7 @@ async fn recovered(limiter: &RedisRateLimiter, what: &str) -> Duration {
 
 /// [`recovered`], for a limiter that went to its fallback once: prints how
 /// long it took and checks that this was its one recovery.
-async fn recovered_once(limiter: &RedisRateLimiter, what: &str) {
+async fn recovered_once(limiter: &RateLimiter<Redis>, what: &str) {
     let took = recovered(limiter, what).await;
     println!("{what}: back on Redis after {took:?}");
     assert_eq!(limiter.stats().recoveries, 1);
@@ -81,7 +83,7 @@ async fn recovered_once(limiter: &RedisRateLimiter, what: &str) {
 /// Calls `try_acquire(1, 10 ms)` every 10 ms for as long as `go_on` says,
 /// asserting that each call returns `Ok` within [`CALL_BOUND`]; returns how
 /// many calls were made.
-async fn calls_while(limiter: &RedisRateLimiter, mut go_on: impl FnMut() -> bool) -> u64 {
+async fn calls_while(limiter: &RateLimiter<Redis>, mut go_on: impl FnMut() -> bool) -> u64 {
     let mut calls = 0;
     while go_on() {
         let call = Instant::now();
@@ -98,21 +100,18 @@ async fn calls_while(limiter: &RedisRateLimiter, mut go_on: impl FnMut() -> bool
     calls
 }
 
-async fn limiter(server: &RedisServer, fallback: Fallback) -> RedisRateLimiter {
-    RedisRateLimiter::builder(server.client(), "faults")
-        .permits_per_second(10_000.0)
-        .fallback(fallback)
-        .response_timeout(RESPONSE_TIMEOUT)
-        .probe_interval(PROBE_INTERVAL)
-        .build()
+async fn limiter(server: &RedisServer, fallback: Fallback) -> RateLimiter<Redis> {
+    builder(server.client(), "faults", 10_000.0)
         .await
+        .fallback(fallback)
+        .build()
         .expect("limiter")
 }
 
 /// Runs `calls` try_acquires with no timeout budget to speak of and returns
 /// the slowest call's duration and the results.
 async fn timed_calls(
-    limiter: &RedisRateLimiter,
+    limiter: &RateLimiter<Redis>,
     calls: usize,
 ) -> (Duration, Vec<Result<bool, Error>>) {
     let mut slowest = Duration::ZERO;

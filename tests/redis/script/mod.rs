@@ -7,8 +7,8 @@
 //! rules in `paceline::core`; the differential test holds the script to
 //! the core on random sequences.
 
-mod cancel;
 mod cold;
+mod give_back;
 mod reserve;
 mod values;
 
@@ -116,7 +116,7 @@ impl Args {
 
     /// A give-back of the held reservation with this id.
     fn cancel(self, id: impl ToString) -> Args {
-        let mut args = self.permits("cancel");
+        let mut args = self.permits("give_back");
         args.arg2 = id.to_string().into_bytes();
         args
     }

@@ -1,12 +1,15 @@
-//! The traits every limiter implements, local or distributed, each
-//! implemented once over the [store](crate::store) under the limiter.
+//! The traits every limiter implements, in this process or shared through
+//! Redis, so that code can hold an `Arc<dyn Limiter>` and not care which:
+//! each implemented once, over the [engine](crate::store) under the
+//! limiter.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::{Key, KeyedRateLimiter, RateLimiter, Store};
 use crate::clock::Clock;
-use crate::store::{Direct, Keyed, NoKey, Rate, Store};
+use crate::store::{self, Engine, NoKey, Rate};
 use crate::{Error, Reservation, Snapshot};
 
 /// A rate limiter, in this process or shared through a backend.
@@ -77,7 +80,7 @@ pub trait Limiter: Send + Sync {
     /// [`Snapshot`]). A Redis limiter reads it in one round trip, on the
     /// server's clock; with several limits, it is the binding limit's.
     ///
-    /// Provided: [`Snapshot::from_wait`] of
+    /// Provided: a snapshot of
     /// [`available_in`](Self::available_in) and the rate (nothing stored,
     /// no burst). The limiters of this crate read their state.
     ///
@@ -103,22 +106,25 @@ pub trait Limiter: Send + Sync {
     /// The clock waits are slept on.
     fn clock(&self) -> &dyn Clock;
 
-    /// Takes `permits` if they are free now (nothing owed), without I/O:
-    /// `Some(true)` if taken (with nothing to wait for, so nothing to give
-    /// back), `Some(false)` if they are not free (nothing reserved), `None`
-    /// if this limiter cannot tell without a round trip. Adapters use it to
-    /// skip the reservation machinery when nothing is owed.
-    ///
-    /// Provided: `None`. The local limiter answers.
-    ///
-    /// Not part of the API: an optimisation between this crate's limiters
-    /// and adapters, hidden from the docs, and free to change.
+    /// Takes `permits` if they are free now (nothing owed), without waiting
+    /// and without I/O: `Some(Ok(true))` if taken (nothing to wait for, so
+    /// nothing to give back), `Some(Ok(false))` if they are not free
+    /// (nothing reserved), `None` if this limiter cannot tell without a
+    /// round trip. The in-process limiters answer (the adapters use it to
+    /// let a request through with no future when nothing is owed); a Redis
+    /// limiter, and by default a limiter of your own, answers `None`.
     ///
     /// # Errors
-    /// As [`try_reserve`](Limiter::try_reserve).
-    #[doc(hidden)]
-    fn take_if_free(&self, permits: u32) -> Option<Result<bool, Error>> {
+    /// [`Error::InvalidArgument`] if `permits` is 0.
+    fn take_now(&self, permits: u32) -> Option<Result<bool, Error>> {
         let _ = permits;
+        None
+    }
+
+    /// [`snapshot`](Self::snapshot) if this limiter can read it without
+    /// I/O; `None` otherwise (a Redis limiter, and by default a limiter of
+    /// your own).
+    fn snapshot_now(&self) -> Option<Snapshot> {
         None
     }
 
@@ -257,7 +263,7 @@ pub trait KeyedLimiter<K: Sync>: Send + Sync {
     /// key not held reads as a new key would. A Redis limiter reads it in
     /// one round trip, on the server's clock.
     ///
-    /// Provided: [`Snapshot::from_wait`] of
+    /// Provided: a snapshot of
     /// [`available_in`](Self::available_in) and the rate. The limiters of
     /// this crate read their state.
     ///
@@ -286,26 +292,19 @@ pub trait KeyedLimiter<K: Sync>: Send + Sync {
     /// The clock waits are slept on.
     fn clock(&self) -> &dyn Clock;
 
-    /// [`Limiter::take_if_free`] for `key`: takes `permits` if they are
-    /// free now, without I/O; `None` if this limiter cannot tell without
-    /// a round trip.
-    ///
-    /// Not part of the API: an optimisation between this crate's limiters
-    /// and adapters, hidden from the docs, and free to change.
+    /// [`Limiter::take_now`] for `key`: takes `permits` if they are free
+    /// now, without waiting and without I/O; `None` if this limiter cannot
+    /// tell without a round trip.
     ///
     /// # Errors
-    /// As [`try_reserve`](KeyedLimiter::try_reserve).
-    #[doc(hidden)]
-    fn take_if_free(&self, key: &K, permits: u32) -> Option<Result<bool, Error>> {
+    /// [`Error::InvalidArgument`] if `permits` is 0.
+    fn take_now(&self, key: &K, permits: u32) -> Option<Result<bool, Error>> {
         let _ = (key, permits);
         None
     }
 
-    /// [`snapshot`](KeyedLimiter::snapshot) without I/O; `None` if this
-    /// limiter cannot tell without a round trip. Hidden, as
-    /// [`take_if_free`](KeyedLimiter::take_if_free).
-    #[doc(hidden)]
-    fn snapshot_if_local(&self, key: &K) -> Option<Snapshot> {
+    /// [`Limiter::snapshot_now`] for `key`.
+    fn snapshot_now(&self, key: &K) -> Option<Snapshot> {
         let _ = key;
         None
     }
@@ -380,9 +379,9 @@ pub trait KeyedLimiter<K: Sync>: Send + Sync {
 }
 
 #[async_trait]
-impl<T: Direct> Limiter for T {
+impl<S: Store, C: Clock> Limiter for RateLimiter<S, C> {
     async fn reserve(&self, permits: u32) -> Result<Duration, Error> {
-        Store::reserve(self.store(), &NoKey, permits).await
+        store::reserve(&self.engine, &NoKey, permits).await
     }
 
     async fn try_reserve(
@@ -390,35 +389,39 @@ impl<T: Direct> Limiter for T {
         permits: u32,
         timeout: Duration,
     ) -> Result<Option<Duration>, Error> {
-        Store::try_reserve(self.store(), &NoKey, permits, timeout).await
+        store::try_reserve(&self.engine, &NoKey, permits, timeout).await
     }
 
     async fn available_in(&self) -> Result<Duration, Error> {
-        Store::available_in(self.store(), &NoKey).await
+        self.engine.next_free(&NoKey).await
     }
 
     async fn snapshot(&self) -> Result<Snapshot, Error> {
-        Store::snapshot(self.store(), &NoKey).await
+        self.engine.snapshot(&NoKey).await
     }
 
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
-        Rate::set_rate(self.store(), permits_per_second)
+        self.engine.set_rate(permits_per_second)
     }
 
     fn rate(&self) -> f64 {
-        Rate::rate(self.store())
+        self.engine.rate()
     }
 
     fn clock(&self) -> &dyn Clock {
-        Rate::clock(self.store())
+        self.engine.clock()
     }
 
-    fn take_if_free(&self, permits: u32) -> Option<Result<bool, Error>> {
-        Store::take_if_free(self.store(), &NoKey, permits)
+    fn take_now(&self, permits: u32) -> Option<Result<bool, Error>> {
+        store::take_now(&self.engine, &NoKey, permits)
+    }
+
+    fn snapshot_now(&self) -> Option<Snapshot> {
+        self.engine.snapshot_now(&NoKey)
     }
 
     async fn reservation(&self, permits: u32) -> Result<Reservation<'_>, Error> {
-        Store::reservation(self.store(), &NoKey, permits).await
+        store::reservation(&self.engine, &NoKey, permits).await
     }
 
     async fn try_reservation(
@@ -426,22 +429,28 @@ impl<T: Direct> Limiter for T {
         permits: u32,
         timeout: Duration,
     ) -> Result<Option<Reservation<'_>>, Error> {
-        Store::try_reservation(self.store(), &NoKey, permits, timeout).await
+        store::try_reservation(&self.engine, &NoKey, permits, timeout).await
     }
 
     async fn acquire(&self, permits: u32) -> Result<Duration, Error> {
-        Store::acquire(self.store(), &NoKey, permits).await
+        store::acquire(&self.engine, &NoKey, permits).await
     }
 
     async fn try_acquire(&self, permits: u32, timeout: Duration) -> Result<bool, Error> {
-        Store::try_acquire(self.store(), &NoKey, permits, timeout).await
+        store::try_acquire(&self.engine, &NoKey, permits, timeout).await
     }
 }
 
 #[async_trait]
-impl<K: Sync, T: Keyed<K>> KeyedLimiter<K> for T {
+impl<K, S, C> KeyedLimiter<K> for KeyedRateLimiter<K, S, C>
+where
+    K: Key,
+    S: Store,
+    C: Clock,
+    S::Keyed<K, C>: Engine<K>,
+{
     async fn reserve(&self, key: &K, permits: u32) -> Result<Duration, Error> {
-        Store::reserve(self.store(), key, permits).await
+        store::reserve(&self.engine, key, permits).await
     }
 
     async fn try_reserve(
@@ -450,39 +459,39 @@ impl<K: Sync, T: Keyed<K>> KeyedLimiter<K> for T {
         permits: u32,
         timeout: Duration,
     ) -> Result<Option<Duration>, Error> {
-        Store::try_reserve(self.store(), key, permits, timeout).await
+        store::try_reserve(&self.engine, key, permits, timeout).await
     }
 
     async fn available_in(&self, key: &K) -> Result<Duration, Error> {
-        Store::available_in(self.store(), key).await
+        self.engine.next_free(key).await
     }
 
     async fn snapshot(&self, key: &K) -> Result<Snapshot, Error> {
-        Store::snapshot(self.store(), key).await
+        self.engine.snapshot(key).await
     }
 
-    fn take_if_free(&self, key: &K, permits: u32) -> Option<Result<bool, Error>> {
-        Store::take_if_free(self.store(), key, permits)
+    fn take_now(&self, key: &K, permits: u32) -> Option<Result<bool, Error>> {
+        store::take_now(&self.engine, key, permits)
     }
 
-    fn snapshot_if_local(&self, key: &K) -> Option<Snapshot> {
-        Store::snapshot_if_local(self.store(), key)
+    fn snapshot_now(&self, key: &K) -> Option<Snapshot> {
+        self.engine.snapshot_now(key)
     }
 
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
-        Rate::set_rate(self.store(), permits_per_second)
+        self.engine.set_rate(permits_per_second)
     }
 
     fn rate(&self) -> f64 {
-        Rate::rate(self.store())
+        self.engine.rate()
     }
 
     fn clock(&self) -> &dyn Clock {
-        Rate::clock(self.store())
+        self.engine.clock()
     }
 
     async fn reservation(&self, key: &K, permits: u32) -> Result<Reservation<'_>, Error> {
-        Store::reservation(self.store(), key, permits).await
+        store::reservation(&self.engine, key, permits).await
     }
 
     async fn try_reservation(
@@ -491,14 +500,14 @@ impl<K: Sync, T: Keyed<K>> KeyedLimiter<K> for T {
         permits: u32,
         timeout: Duration,
     ) -> Result<Option<Reservation<'_>>, Error> {
-        Store::try_reservation(self.store(), key, permits, timeout).await
+        store::try_reservation(&self.engine, key, permits, timeout).await
     }
 
     async fn acquire(&self, key: &K, permits: u32) -> Result<Duration, Error> {
-        Store::acquire(self.store(), key, permits).await
+        store::acquire(&self.engine, key, permits).await
     }
 
     async fn try_acquire(&self, key: &K, permits: u32, timeout: Duration) -> Result<bool, Error> {
-        Store::try_acquire(self.store(), key, permits, timeout).await
+        store::try_acquire(&self.engine, key, permits, timeout).await
     }
 }

@@ -1,4 +1,4 @@
--- Part 3 of 5: a cancel (Limits::give_back). The held reservation with
+-- Part 3 of 5: a give-back (Limits::give_back). The held reservation with
 -- this id leaves the log, if it is still there with its moment ahead, and
 -- the log's other requests are charged again (in part 4) from the states
 -- before the first: the limits then hold what they would had it never
@@ -8,7 +8,7 @@
 -- first whose moment is ahead (Limits::expire: those before it were used);
 -- `place`: the one given back.
 local E, first, place
-if mode == 'cancel' then
+if mode == 'give_back' then
     -- A rate changed since: the log is void (the next write empties it),
     -- and nothing is given back.
     for i = 1, n do
@@ -31,7 +31,7 @@ if mode == 'cancel' then
         end
         if id >= 0 then last_id = id end
         if not first and moment > now then first = j end
-        if id == cancel_id and moment > now then place = j end
+        if id == give_back_id and moment > now then place = j end
     end
     if not place then return 0 end
 end

@@ -1,11 +1,10 @@
-//! Configuration of a limiter: rate and policy, validated in one place.
+//! A limiter's rates and policies, validated in one place: [`Limit`], and
+//! the builder's own options.
 
 use std::time::Duration;
 
-use crate::clock::{Clock, SystemClock};
-use crate::core::{Bursty, Limits, Policy, State, WarmingUp};
-use crate::metrics::Metrics;
-use crate::{Error, RateLimiter};
+use crate::Error;
+use crate::core::{Bursty, Policy, State, WarmingUp};
 
 /// The default cold factor of the warming-up policy: a cold limiter starts
 /// three times slower than its stable rate.
@@ -62,61 +61,8 @@ impl PolicyConfig {
     }
 }
 
-/// The rate and policy setters every builder has (a builder has a
-/// `config: PolicyConfig` field).
-macro_rules! policy_setters {
-    () => {
-        /// The stable rate, in permits per second: required. Must be positive;
-        /// `f64::INFINITY` means no limit.
-        ///
-        /// Precision: waits are whole microseconds, but the schedule carries
-        /// each cost to 2^-20 µs, so a busy limiter achieves this rate within
-        /// 0.01% (single permits up to 10^7/s, chunks of 64 or more up to
-        /// 10^9/s; see "Exact at every rate" in [`core`](crate::core)).
-        pub fn permits_per_second(mut self, permits_per_second: f64) -> Self {
-            self.config.permits_per_second = Some(permits_per_second);
-            self
-        }
-
-        /// Bursty policy: how much idle time is saved up as permits usable at
-        /// once. Default one second, i.e. a burst of `rate` permits.
-        /// `Duration::ZERO` allows no burst at all.
-        pub fn max_burst(mut self, max_burst: Duration) -> Self {
-            self.config.max_burst = Some(max_burst);
-            self
-        }
-
-        /// Chooses the warming-up policy: a limiter idle for this long starts
-        /// slow and takes this long to reach its stable rate.
-        pub fn warmup(mut self, warmup: Duration) -> Self {
-            self.config.warmup = Some(warmup);
-            self
-        }
-
-        /// Warming-up policy: how much slower than stable a cold limiter starts.
-        /// Default 3.0; must be finite and `>= 1.0`.
-        pub fn cold_factor(mut self, cold_factor: f64) -> Self {
-            self.config.cold_factor = Some(cold_factor);
-            self
-        }
-
-        /// Adds a limit that every request must also satisfy: a request goes
-        /// at the earliest moment every limit allows it, every limit is
-        /// charged for it, a refused try charges none, and a give-back
-        /// returns it to all of them. The rate set with
-        /// [`permits_per_second`](Self::permits_per_second), if any, is the
-        /// first limit, and the others follow in the order given. See
-        /// [`Limit`](crate::Limit) and [`core::Limits`](crate::core::Limits).
-        pub fn limit(mut self, limit: $crate::Limit) -> Self {
-            self.config.limits.push(limit);
-            self
-        }
-    };
-}
-pub(crate) use policy_setters;
-
 /// One of several limits a limiter enforces together; see
-/// [`Builder::limit`].
+/// [`Builder::limit`](crate::Builder::limit).
 ///
 /// A limit is a rate and how many requests may go at once after an idle
 /// spell, its *burst*. Made with a period (`Limit::per_hour(1000.0)`), its
@@ -131,7 +77,7 @@ pub(crate) use policy_setters;
 /// limit stores `n − 1` permits while idle, and the one request that goes
 /// when nothing is owed makes the `n`th (its cost is charged to the next
 /// request, as every request's is). The builder's
-/// [`max_burst`](Builder::max_burst), a duration of stored permits, keeps
+/// [`max_burst`](crate::Builder::max_burst), a duration of stored permits, keeps
 /// the classic meaning: `max_burst × rate` permits stored, so one more
 /// than that goes at once.
 ///
@@ -311,99 +257,4 @@ pub(crate) fn limit_states(config: &PolicyConfig, now: u64) -> Result<Vec<State>
         states.push(limit.state(now)?);
     }
     Ok(states)
-}
-
-/// Builds a [`RateLimiter`] with options; see [`RateLimiter::builder`].
-///
-/// Setting [`warmup`](Builder::warmup) chooses the warming-up policy;
-/// otherwise the limiter is bursty.
-///
-/// ```
-/// use std::time::Duration;
-/// use paceline::RateLimiter;
-/// use paceline::clock::FakeClock;
-///
-/// let clock = FakeClock::new();
-/// let limiter = RateLimiter::builder()
-///     .permits_per_second(2.0)
-///     .warmup(Duration::from_secs(4))
-///     .cold_factor(3.0)
-///     .clock(clock.clone())
-///     .build()?;
-/// assert_eq!(limiter.rate(), 2.0);
-///
-/// // Contradictory options are an error, not a guess.
-/// let err = RateLimiter::builder()
-///     .permits_per_second(2.0)
-///     .max_burst(Duration::from_secs(1))
-///     .warmup(Duration::from_secs(4))
-///     .build();
-/// assert!(err.is_err());
-/// # Ok::<(), paceline::Error>(())
-/// ```
-#[derive(Debug, Clone)]
-#[must_use = "a builder does nothing until .build() is called"]
-pub struct Builder<C = SystemClock> {
-    config: PolicyConfig,
-    clock: C,
-    name: Option<String>,
-}
-
-impl Builder<SystemClock> {
-    pub(crate) fn new() -> Self {
-        Builder {
-            config: PolicyConfig::default(),
-            clock: SystemClock::new(),
-            name: None,
-        }
-    }
-}
-
-impl<C: Clock> Builder<C> {
-    /// A builder whose limiter reads and sleeps on `clock`, without ever
-    /// making a [`SystemClock`] (which calibrates the processor's counter
-    /// once per process, about a millisecond: worth sparing a program
-    /// that starts often and does little, such as a pipeline stage).
-    /// `RateLimiter::builder().clock(clock)` is the same otherwise.
-    pub fn with_clock(clock: C) -> Self {
-        Builder {
-            config: PolicyConfig::default(),
-            clock,
-            name: None,
-        }
-    }
-
-    policy_setters!();
-
-    /// The clock the limiter reads and sleeps on. Default: [`SystemClock`].
-    pub fn clock<C2: Clock>(self, clock: C2) -> Builder<C2> {
-        Builder {
-            config: self.config,
-            clock,
-            name: self.name,
-        }
-    }
-
-    /// The limiter's name in its metrics (feature `metrics`; see
-    /// [`paceline::metrics`](crate#features)). Default `default`.
-    pub fn name(mut self, name: &str) -> Self {
-        self.name = Some(name.to_owned());
-        self
-    }
-
-    /// Checks the options and creates the limiter.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if no rate was given, the rate is zero,
-    /// negative or NaN, the cold factor is below 1 or not finite, or options
-    /// of both policies were set.
-    pub fn build(self) -> Result<RateLimiter<C>, Error> {
-        let now = self.clock.now_micros();
-        // One bursty limit keeps the lock-free path; anything else serves
-        // every call under a short lock.
-        let states = limit_states(&self.config, now)?;
-        let metrics = Metrics::named(self.name.as_deref());
-        let limits = Limits::new(states).expect("at least one limit");
-        Ok(RateLimiter::from_limits(limits, self.clock).with_metrics(metrics))
-    }
 }

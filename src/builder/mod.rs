@@ -1,0 +1,293 @@
+//! [`Builder`]: the one way to make a limiter, of any kind.
+
+mod limit;
+
+use std::any::Any;
+use std::fmt;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+pub use limit::{DEFAULT_COLD_FACTOR, Limit};
+pub(crate) use limit::{PolicyConfig, limit_states};
+
+use crate::clock::{Clock, SystemClock};
+use crate::core::Limits;
+use crate::limiter::{Key, Local, Store};
+use crate::metrics::Metrics;
+use crate::{Error, KeyedRateLimiter, RateLimiter};
+
+/// A [`Builder`] of a limiter with one rate for every caller: what
+/// [`RateLimiter::builder`] returns.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct One;
+
+/// A [`Builder`] of a limiter with one rate per key of type `K`: what
+/// [`KeyedRateLimiter::builder`] returns.
+pub struct PerKey<K>(PhantomData<fn(K)>);
+
+impl<K> fmt::Debug for PerKey<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PerKey")
+    }
+}
+
+/// Builds a limiter: [`RateLimiter::builder`] for one rate,
+/// [`KeyedRateLimiter::builder`] for one per key. The same setters shape
+/// both: a rate and its policy, or several [`Limit`]s; the clock; and
+/// where the state lives, in this process by default or in Redis with
+/// [`redis`](Builder::redis) (feature `redis`).
+///
+/// Setting [`warmup`](Builder::warmup) chooses the warming-up policy;
+/// otherwise the limiter is bursty. Contradictory options are an error from
+/// [`build`](Builder::build), not a guess.
+///
+/// ```
+/// use std::time::Duration;
+/// use paceline::{KeyedRateLimiter, Limit, RateLimiter};
+/// use paceline::clock::FakeClock;
+///
+/// let clock = FakeClock::new();
+/// let limiter = RateLimiter::builder()
+///     .permits_per_second(2.0)
+///     .warmup(Duration::from_secs(4))
+///     .cold_factor(3.0)
+///     .clock(clock.clone())
+///     .build()?;
+/// assert_eq!(limiter.rate(), 2.0);
+///
+/// // 100 a minute per tenant, at most 10 000 tenants held.
+/// let per_tenant = KeyedRateLimiter::<u64>::builder()
+///     .limit(Limit::per_minute(100.0))
+///     .max_keys(10_000)
+///     .build()?;
+/// assert!(per_tenant.try_reserve(&7, 1, Duration::ZERO)?.is_some());
+///
+/// let err = RateLimiter::builder()
+///     .permits_per_second(2.0)
+///     .max_burst(Duration::from_secs(1))
+///     .warmup(Duration::from_secs(4))
+///     .build();
+/// assert!(err.is_err());
+/// # Ok::<(), paceline::Error>(())
+/// ```
+#[must_use = "a builder does nothing until .build() is called"]
+pub struct Builder<T = One, S: Store = Local, C = SystemClock> {
+    config: PolicyConfig,
+    /// `None` until [`clock`](Builder::clock) is called: the system clock,
+    /// made only by `build` (making one calibrates the processor's counter
+    /// once per process, which a program that brings its own clock never
+    /// needs).
+    clock: Option<C>,
+    name: Option<String>,
+    max_keys: Option<usize>,
+    store: S::Settings,
+    shape: PhantomData<T>,
+}
+
+impl<T> Builder<T> {
+    pub(crate) fn new() -> Self {
+        Builder {
+            config: PolicyConfig::default(),
+            clock: None,
+            name: None,
+            max_keys: None,
+            store: (),
+            shape: PhantomData,
+        }
+    }
+}
+
+/// # What every limiter has
+impl<T, S: Store, C: Clock> Builder<T, S, C> {
+    /// The stable rate, in permits per second: required, unless the limits
+    /// are given with [`limit`](Self::limit). Must be positive;
+    /// `f64::INFINITY` means no limit.
+    ///
+    /// Precision: waits are whole microseconds, but the schedule carries
+    /// each cost to 2^-20 µs, so a busy limiter achieves this rate within
+    /// 0.01% (single permits up to 10^7/s, chunks of 64 or more up to
+    /// 10^9/s; see "Exact at every rate" in [`core`](crate::core)).
+    pub fn permits_per_second(mut self, permits_per_second: f64) -> Self {
+        self.config.permits_per_second = Some(permits_per_second);
+        self
+    }
+
+    /// Bursty policy: how much idle time is saved up as permits usable at
+    /// once, the classic way: `max_burst × rate` permits stored, so one
+    /// more than that goes at once. Default one second. `Duration::ZERO`
+    /// stores nothing: exact spacing. ([`Limit::burst`] counts requests
+    /// at once instead.)
+    pub fn max_burst(mut self, max_burst: Duration) -> Self {
+        self.config.max_burst = Some(max_burst);
+        self
+    }
+
+    /// Chooses the warming-up policy: a limiter idle for this long starts
+    /// slow and takes this long to reach its stable rate.
+    pub fn warmup(mut self, warmup: Duration) -> Self {
+        self.config.warmup = Some(warmup);
+        self
+    }
+
+    /// Warming-up policy: how much slower than stable a cold limiter starts.
+    /// Default 3.0; must be finite and `>= 1.0`.
+    pub fn cold_factor(mut self, cold_factor: f64) -> Self {
+        self.config.cold_factor = Some(cold_factor);
+        self
+    }
+
+    /// Adds a limit that every request must also satisfy: a request goes
+    /// at the earliest moment every limit allows it, every limit is
+    /// charged for it, a refused try charges none, and a give-back
+    /// returns it to all of them. The rate set with
+    /// [`permits_per_second`](Self::permits_per_second), if any, is the
+    /// first limit, and the others follow in the order given. See
+    /// [`Limit`].
+    pub fn limit(mut self, limit: Limit) -> Self {
+        self.config.limits.push(limit);
+        self
+    }
+
+    /// The clock the limiter reads and sleeps on. Default: [`SystemClock`];
+    /// a [`FakeClock`](crate::clock::FakeClock) in tests.
+    pub fn clock<C2: Clock>(self, clock: C2) -> Builder<T, S, C2> {
+        Builder {
+            config: self.config,
+            clock: Some(clock),
+            name: self.name,
+            max_keys: self.max_keys,
+            store: self.store,
+            shape: PhantomData,
+        }
+    }
+
+    /// The limiter's name in its metrics (feature `metrics`; see
+    /// [`paceline::metrics`](crate#features)): never a key, so that
+    /// clients cannot grow them. Default `default` (a Redis limiter: its
+    /// name in Redis).
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = Some(name.to_owned());
+        self
+    }
+
+    /// The most keys held in this process: a hard cap for key spaces a
+    /// client controls (addresses, tokens), on a keyed limiter; on a Redis
+    /// limiter, on the keys its fallback holds while Redis is down. Without
+    /// it, a keyed limiter's memory follows the keys active within about
+    /// one refill period (at least a second). At the cap, keys that read as
+    /// full go first; then the least recently used ones, which lose their
+    /// debt (counted in [`Stats::dropped_unfinished`](crate::Stats)). Must
+    /// be at least 1.
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = Some(max_keys);
+        self
+    }
+
+    /// The clock, the metrics and the cap, checked.
+    pub(crate) fn parts(&mut self) -> Result<(C, Metrics, Option<usize>), Error> {
+        if self.max_keys == Some(0) {
+            return Err(Error::InvalidArgument(
+                "max_keys must be at least 1 (got 0): a limiter that holds no key cannot \
+                 limit; leave max_keys unset for no cap"
+                    .to_owned(),
+            ));
+        }
+        let clock = match self.clock.take() {
+            Some(clock) => clock,
+            None => system_clock(),
+        };
+        Ok((clock, Metrics::named(self.name.as_deref()), self.max_keys))
+    }
+
+    /// The options, for a store's own build.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn config(&self) -> &PolicyConfig {
+        &self.config
+    }
+
+    /// The store's settings, for its own build.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn store(&self) -> &S::Settings {
+        &self.store
+    }
+
+    /// This builder with another store.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn with_store<S2: Store>(self, store: S2::Settings) -> Builder<T, S2, C> {
+        Builder {
+            config: self.config,
+            clock: self.clock,
+            name: self.name,
+            max_keys: self.max_keys,
+            store,
+            shape: PhantomData,
+        }
+    }
+
+    /// The store's settings, to change.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn store_mut(&mut self) -> &mut S::Settings {
+        &mut self.store
+    }
+}
+
+/// The system clock for a builder whose clock was never set: only
+/// `Builder::new` leaves it unset, and that builder's clock type is
+/// [`SystemClock`].
+fn system_clock<C: Clock>() -> C {
+    let system: Box<dyn Any> = Box::new(SystemClock::new());
+    match system.downcast::<C>() {
+        Ok(clock) => *clock,
+        Err(_) => unreachable!("only a builder on the system clock leaves its clock unset"),
+    }
+}
+
+/// # In this process
+impl<C: Clock> Builder<One, Local, C> {
+    /// Checks the options and creates the limiter.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if no rate was given, the rate is zero,
+    /// negative or NaN, the cold factor is below 1 or not finite, a limit
+    /// is invalid, or options of both policies were set.
+    pub fn build(mut self) -> Result<RateLimiter<Local, C>, Error> {
+        let (clock, metrics, _) = self.parts()?;
+        let states = limit_states(&self.config, clock.now_micros())?;
+        let limits = Limits::new(states).expect("at least one limit");
+        Ok(RateLimiter {
+            engine: crate::local::Single::from_limits(limits, clock).with_metrics(metrics),
+        })
+    }
+}
+
+/// # In this process, per key
+impl<K: Key, C: Clock> Builder<PerKey<K>, Local, C> {
+    /// Checks the options and creates the limiter.
+    ///
+    /// # Errors
+    /// As [`Builder::build`] for one rate, and `max_keys(0)`.
+    pub fn build(mut self) -> Result<KeyedRateLimiter<K, Local, C>, Error> {
+        let (clock, metrics, max_keys) = self.parts()?;
+        let states = limit_states(&self.config, 0)?;
+        let engine =
+            crate::keyed::Keyed::from_limits(states, clock, max_keys, crate::keyed::Mode::Full);
+        Ok(KeyedRateLimiter {
+            engine: engine.with_metrics(metrics),
+        })
+    }
+}
+
+impl<T, S: Store, C: fmt::Debug> fmt::Debug for Builder<T, S, C>
+where
+    S::Settings: fmt::Debug,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("config", &self.config)
+            .field("clock", &self.clock)
+            .field("name", &self.name)
+            .field("max_keys", &self.max_keys)
+            .field("store", &self.store)
+            .finish()
+    }
+}

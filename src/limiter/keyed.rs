@@ -1,0 +1,253 @@
+//! [`KeyedRateLimiter`]'s methods, each written once for every store.
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::time::Duration;
+
+use super::{Key, KeyedRateLimiter, Store};
+use crate::builder::{Builder, PerKey};
+use crate::clock::Clock;
+use crate::store::{self, Engine, Rate};
+use crate::{Error, Reservation, Snapshot, Stats};
+
+/// # Constructors
+impl<K: Key> KeyedRateLimiter<K> {
+    /// A bursty limiter per key at `permits_per_second`, with the default
+    /// burst (one second's worth), on the system clock.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN.
+    pub fn bursty(permits_per_second: f64) -> Result<Self, Error> {
+        Self::builder()
+            .permits_per_second(permits_per_second)
+            .build()
+    }
+
+    /// A warming-up limiter per key at `permits_per_second`, cold for
+    /// `warmup`, on the system clock.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN.
+    pub fn warming_up(permits_per_second: f64, warmup: Duration) -> Result<Self, Error> {
+        Self::builder()
+            .permits_per_second(permits_per_second)
+            .warmup(warmup)
+            .build()
+    }
+
+    /// A builder for every other option: burst, warm-up, several limits,
+    /// a cap on the keys held, the clock, and the store (`.redis(..)` to
+    /// share it).
+    pub fn builder() -> Builder<PerKey<K>> {
+        Builder::new()
+    }
+}
+
+/// # Reserving and waiting
+///
+/// What each method does is said on [`KeyedLimiter`](crate::KeyedLimiter)
+/// for one key; a key is looked up by any `&Q` it borrows as (through
+/// Redis, its `Display` text names it there). Those that never sleep answer
+/// in the store's way ([`Store::Answer`]): the value itself in this process,
+/// a future through Redis. Give-backs are exact, key by key; cancel safety:
+/// see the crate's [table](crate#cancel-safety).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] if `permits` is 0; a Redis limiter's
+/// [`Error::Backend`] (see [`redis`](crate::redis)).
+impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C> {
+    /// Reserves `permits` of `key`; the wait before they may be used.
+    /// Does not sleep; nothing gives the permits back.
+    pub fn reserve<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        permits: u32,
+    ) -> S::Answer<'a, Result<Duration, Error>>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Sync,
+        S::Keyed<K, C>: Engine<Q>,
+    {
+        S::answer(store::reserve(&self.engine, key, permits))
+    }
+
+    /// Reserves `permits` of `key` if the wait fits in `timeout`; `None`,
+    /// reserving nothing, otherwise. Does not sleep.
+    pub fn try_reserve<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        permits: u32,
+        timeout: Duration,
+    ) -> S::Answer<'a, Result<Option<Duration>, Error>>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Sync,
+        S::Keyed<K, C>: Engine<Q>,
+    {
+        S::answer(store::try_reserve(&self.engine, key, permits, timeout))
+    }
+
+    /// Reserves `permits` of `key` as a [`Reservation`]: wait for it, or
+    /// drop it to give the permits back.
+    pub fn reservation<'a, 'k, Q>(
+        &'a self,
+        key: &'k Q,
+        permits: u32,
+    ) -> S::Answer<'k, Result<Reservation<'a>, Error>>
+    where
+        'a: 'k,
+        K: Borrow<Q>,
+        Q: ?Sized + Sync,
+        S::Keyed<K, C>: Engine<Q>,
+    {
+        S::answer(store::reservation(&self.engine, key, permits))
+    }
+
+    /// [`reservation`](Self::reservation) if the wait fits in `timeout`;
+    /// `None`, reserving nothing, otherwise.
+    pub fn try_reservation<'a, 'k, Q>(
+        &'a self,
+        key: &'k Q,
+        permits: u32,
+        timeout: Duration,
+    ) -> S::Answer<'k, Result<Option<Reservation<'a>>, Error>>
+    where
+        'a: 'k,
+        K: Borrow<Q>,
+        Q: ?Sized + Sync,
+        S::Keyed<K, C>: Engine<Q>,
+    {
+        S::answer(store::try_reservation(&self.engine, key, permits, timeout))
+    }
+
+    /// How long a request of `key` made now would wait (zero for a key not
+    /// held); reserves nothing.
+    pub fn available_in<'a, Q>(&'a self, key: &'a Q) -> S::Answer<'a, Result<Duration, Error>>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Sync,
+        S::Keyed<K, C>: Engine<Q>,
+    {
+        S::answer(self.engine.next_free(key))
+    }
+
+    /// What `key` holds now, read without reserving (see [`Snapshot`]): a
+    /// key not held reads as a new key starts, full.
+    pub fn snapshot<'a, Q>(&'a self, key: &'a Q) -> S::Answer<'a, Result<Snapshot, Error>>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Sync,
+        S::Keyed<K, C>: Engine<Q>,
+    {
+        S::answer(self.engine.snapshot(key))
+    }
+
+    /// Reserves `permits` of `key` and sleeps until they may be used; the
+    /// time slept. Cancel-safe: dropped, it gives the permits back.
+    pub async fn acquire<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Sync,
+        S::Keyed<K, C>: Engine<Q>,
+    {
+        store::acquire(&self.engine, key, permits).await
+    }
+
+    /// [`acquire`](Self::acquire) if the wait fits in `timeout`; `false` at
+    /// once, reserving nothing, otherwise. Cancel-safe as `acquire`.
+    pub async fn try_acquire<Q>(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Duration,
+    ) -> Result<bool, Error>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Sync,
+        S::Keyed<K, C>: Engine<Q>,
+    {
+        store::try_acquire(&self.engine, key, permits, timeout).await
+    }
+
+    /// [`acquire`](Self::acquire) on the calling thread, which it blocks.
+    pub fn acquire_blocking<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Sync,
+        S::Keyed<K, C>: Engine<Q>,
+    {
+        store::acquire_blocking(&self.engine, key, permits)
+    }
+
+    /// [`try_acquire`](Self::try_acquire) on the calling thread.
+    pub fn try_acquire_blocking<Q>(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Duration,
+    ) -> Result<bool, Error>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Sync,
+        S::Keyed<K, C>: Engine<Q>,
+    {
+        store::try_acquire_blocking(&self.engine, key, permits, timeout)
+    }
+}
+
+/// # The rate, on every store
+impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C>
+where
+    S::Keyed<K, C>: Rate,
+{
+    /// Changes the rate of every key from now on, as
+    /// [`RateLimiter::set_rate`](crate::RateLimiter::set_rate) does for
+    /// one: each key still repays its last request at the old rate, and its
+    /// stored permits are rescaled to the new burst. In this process it
+    /// visits every key held (shard by shard; calls on other shards go on
+    /// meanwhile); in Redis each key takes it with its next call.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN; the
+    /// limiter is then unchanged.
+    pub fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
+        self.engine.set_rate(permits_per_second)
+    }
+
+    /// Changes the rate of limit `index` alone, for every key (limits are
+    /// counted from 0 in the order the builder was given them). On a
+    /// limiter with one limit, index 0 is [`set_rate`](Self::set_rate).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN, or
+    /// there is no limit `index`.
+    pub fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
+        self.engine.set_limit_rate(index, permits_per_second)
+    }
+
+    /// The stable rate of every key, in permits per second, as last set.
+    pub fn rate(&self) -> f64 {
+        self.engine.rate()
+    }
+
+    /// The clock this limiter reads and sleeps on.
+    pub fn clock(&self) -> &dyn Clock {
+        self.engine.clock()
+    }
+
+    /// The keys held in this process, those dropped at the cap before
+    /// they read as full, and for a Redis limiter how it is served (see
+    /// [`Stats`]).
+    pub fn stats(&self) -> Stats {
+        self.engine.stats()
+    }
+}
+
+impl<K: Key, S: Store, C: Clock> fmt::Debug for KeyedRateLimiter<K, S, C>
+where
+    S::Keyed<K, C>: fmt::Debug,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.engine.fmt(f)
+    }
+}

@@ -1,0 +1,258 @@
+//! The limiters: [`RateLimiter`] (one rate for every caller) and
+//! [`KeyedRateLimiter`] (one per key), each one type over where its state
+//! lives, its [`Store`]: [`Local`], this process, or
+//! [`Redis`](crate::redis::Redis), shared by every process that names the
+//! same limiter.
+//!
+//! The methods have the same names on every limiter, and each is written
+//! once, over the engine the store provides. Those that never sleep
+//! (`reserve`, `try_reserve`, `reservation`, `try_reservation`,
+//! `available_in`, `snapshot`) answer in the store's way, its
+//! [`Answer`](Store::Answer): at once on a [`Local`] limiter (the value
+//! itself), with a future to await on a Redis one (a round trip).
+//! `acquire` and `try_acquire` are `async` on both, and their `_blocking`
+//! forms block the calling thread on both.
+
+mod keyed;
+mod single;
+mod traits;
+
+use std::hash::Hash;
+
+pub use traits::{KeyedLimiter, Limiter};
+
+use crate::clock::Clock;
+use crate::store::{Engine, NoKey};
+
+/// Where a limiter's state lives: [`Local`] (this process) or
+/// [`Redis`](crate::redis::Redis) (shared through Redis). A limiter's type
+/// names it, `RateLimiter<Local>` or `RateLimiter<Redis>`; it is chosen on
+/// the [`Builder`](crate::Builder).
+///
+/// Sealed: the crate's two stores are the only ones. (A limiter of your
+/// own implements [`Limiter`] or [`KeyedLimiter`] instead, and stands
+/// wherever this crate's limiters do behind `dyn`.)
+pub trait Store: sealed::Sealed + Send + Sync + Sized + 'static {
+    /// How a call that never sleeps answers: [`Local`]'s is the value
+    /// itself (`T`: `limiter.reserve(1)?`); [`Redis`](crate::redis::Redis)'s
+    /// a future of it, to await (`limiter.reserve(1).await?`).
+    type Answer<'a, T: 'a>;
+    /// The answer of `call`, a future that an in-process store's engine
+    /// makes ready.
+    #[doc(hidden)]
+    fn answer<'a, T: 'a, F>(call: F) -> Self::Answer<'a, T>
+    where
+        F: std::future::Future<Output = T> + Send + 'a;
+    /// The engine of a limiter with no key.
+    #[doc(hidden)]
+    type Single<C: Clock>: Engine<NoKey>;
+    /// The engine of a keyed limiter.
+    #[doc(hidden)]
+    type Keyed<K: Key, C: Clock>;
+    /// What the builder knows of the store before it builds.
+    #[doc(hidden)]
+    type Settings: Send;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// The state lives in this process: a limiter is a few atomic words (one
+/// for a bursty rate), a keyed limiter a sharded map whose memory follows
+/// the active keys. Every call answers at once.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Local;
+
+impl sealed::Sealed for Local {}
+
+impl Store for Local {
+    type Answer<'a, T: 'a> = T;
+
+    #[inline(always)]
+    fn answer<'a, T: 'a, F>(call: F) -> T
+    where
+        F: std::future::Future<Output = T> + Send + 'a,
+    {
+        crate::store::now(call)
+    }
+
+    type Single<C: Clock> = crate::local::Single<C>;
+    type Keyed<K: Key, C: Clock> = crate::keyed::Keyed<K, C>;
+    type Settings = ();
+}
+
+#[cfg(feature = "redis")]
+impl sealed::Sealed for crate::redis::Redis {}
+
+/// What a keyed limiter's key must be: `Hash + Eq + Clone + Send + Sync +
+/// 'static`, as `String`, `u64` or `IpAddr` are (implemented for every such
+/// type). A Redis limiter's key is also `Display`: its text names the key
+/// in Redis.
+pub trait Key: Hash + Eq + Clone + Send + Sync + 'static {}
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static> Key for K {}
+
+/// A rate limiter: one rate (or several [limits](crate::Limit)) for every
+/// caller, in this process ([`Local`], the default) or shared through Redis
+/// ([`Redis`](crate::redis::Redis)).
+///
+/// It hands out permits with the reservation-based algorithm described in
+/// [`core`](crate::core): a request goes as soon as the previous caller's
+/// debt is paid, and its own cost is charged to the next caller. Share it
+/// with an [`Arc`](std::sync::Arc); it implements [`Limiter`], so an
+/// `Arc<dyn Limiter>` can be either kind.
+///
+/// In this process a bursty limiter reserves with one atomic
+/// compare-and-swap and no lock; a warming-up one, or one of several
+/// limits, under a short lock. Waiting always happens outside, so a
+/// sleeping caller never blocks others.
+///
+/// ```
+/// use std::time::Duration;
+/// use paceline::RateLimiter;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), paceline::Error> {
+/// let limiter = RateLimiter::bursty(1000.0)?; // 1000 permits per second
+/// limiter.acquire(1).await?;                 // waits if needed
+/// if limiter.try_acquire(1, Duration::from_millis(10)).await? {
+///     // got a permit within 10 ms
+/// }
+/// # Ok(()) }
+/// ```
+pub struct RateLimiter<S: Store = Local, C: Clock = crate::clock::SystemClock> {
+    pub(crate) engine: S::Single<C>,
+}
+
+/// One rate limiter per key (user, tenant, API key or client address), in
+/// this process ([`Local`], the default) or shared through Redis
+/// ([`Redis`](crate::redis::Redis)), with memory that follows the active keys.
+///
+/// A [`KeyedRateLimiter`] holds one [core](crate::core) state per key, each
+/// with the same configuration. A key behaves exactly like its own
+/// [`RateLimiter`](crate::RateLimiter) on the core algorithm, with one
+/// difference: a key never seen, or idle long enough, starts **full**, as a
+/// missing Redis key does: bursty with `max_burst` worth of stored permits,
+/// warming-up cold. So a key whose state reads as full can be forgotten at
+/// any moment with no visible change, and the limiter does forget them, as
+/// part of ordinary calls (no background thread):
+///
+/// * a *sweep period* after a shard's last sweep by time (the refill
+///   period, the time idle time takes to refill a key's burst, and at least
+///   a second), the shard's entries that read as full and have been idle
+///   for half a period are dropped: one pass per period, at the first call
+///   on the shard, or at a call on any other key that visits it. Calls take
+///   turns visiting the shards, one shard per call at most and every shard
+///   about once a second (a visit does not wait for a shard in use, whose
+///   own calls sweep it), so that a shard no call reaches sweeps too;
+/// * when a new key finds a shard twice as large as after its last sweep,
+///   the entries that read as full and have been idle since the last sweep
+///   by time are dropped: a pass over `n` entries follows `n / 2` new keys
+///   at least, a constant amount of work per call, amortized.
+///
+/// Memory therefore follows the keys active within about one sweep period,
+/// in every shard, whichever keys the calls are on (a round of visits takes
+/// a second, or as many calls as there are shards, whichever is longer),
+/// not every key ever seen; a key in use is not dropped and made again at
+/// every pass, even at a rate so high that it reads as full a moment after
+/// each call.
+///
+/// For hostile key spaces (random client addresses), [`max_keys`] sets a
+/// hard cap. When a shard is at its share of the cap and no entry there
+/// reads as full, the least recently used sixteenth of the shard is dropped
+/// at once (in one pass, so a flood of new keys costs constant work per key).
+/// Those keys lose their debt: their next request finds them full again.
+/// That is the price of a bound, and [`Stats::dropped_unfinished`]
+/// counts it.
+///
+/// Giving back a reservation (a dropped [`Reservation`](crate::Reservation), a cancelled
+/// `acquire`) is exact, key by key, as for the
+/// [`RateLimiter`](crate::RateLimiter): a reservation that has to wait is
+/// logged in its key's limits, and giving it back
+/// replays the key's limits without it, so the key holds what it would hold
+/// had it never been made, however many are given back and in whatever
+/// order, as long as the key's log holds every request since the oldest
+/// that may be given back (1 024 requests).
+/// The log lives while one of its reservations may still be given back: a
+/// key is not dropped as full meanwhile, and the first call on the key
+/// once none can (or the key being dropped) takes it away. A rate change
+/// empties every log: what was waiting then gives nothing back.
+///
+/// Keys are spread over shards, each a read-write lock and hash maps; calls
+/// on keys in different shards do not contend. Every key runs the one algorithm. A key of one bursty limit is held as
+/// the [`RateLimiter`](crate::RateLimiter)'s one-word state (eight bytes
+/// beside the key) while its log is empty, and the common call, on a key
+/// already held, takes its shard's lock for reading and updates the word
+/// with one compare-and-swap, so calls on one shard run side by side too.
+/// Every other call (a new key, a reservation with a wait that may be given
+/// back, a give-back, a rate change, any call on a key held as limits)
+/// takes the lock for writing and runs the key's limits for a few hundred
+/// nanoseconds at most; no call waits under the lock. A key of several
+/// limits, a warming-up key, a key whose log is in use, and a bursty key
+/// whose burst exceeds about two hours (or whose debt reaches further), is
+/// held as limits of its own, boxed, and always takes the write lock. As
+/// for the `RateLimiter`, a bursty key agrees with the core to the
+/// microsecond but not always to the bit once stored permits have been
+/// spent: stored permits are held as time, to 2^-20 µs, so a later wait may
+/// differ from the core's by 1 µs.
+///
+/// ```
+/// use std::time::Duration;
+/// use paceline::KeyedRateLimiter;
+/// use paceline::clock::FakeClock;
+///
+/// let limiter = KeyedRateLimiter::<String>::builder()
+///     .permits_per_second(5.0)
+///     .max_burst(Duration::from_secs(1)) // 5 permits at once per user
+///     .max_keys(100_000)
+///     .clock(FakeClock::new())
+///     .build()?;
+/// // A new user starts with a full burst; looked up by `&str`.
+/// for _ in 0..5 {
+///     assert_eq!(limiter.reserve("alice", 1)?, Duration::ZERO);
+/// }
+/// assert_eq!(limiter.reserve("alice", 1)?, Duration::ZERO); // charged to the next
+/// assert_eq!(limiter.reserve("alice", 1)?, Duration::from_millis(200));
+/// // Another user is not affected.
+/// assert_eq!(limiter.try_reserve("bob", 1, Duration::ZERO)?, Some(Duration::ZERO));
+/// assert_eq!(limiter.stats().keys, 2);
+/// # Ok::<(), paceline::Error>(())
+/// ```
+///
+/// [`max_keys`]: crate::Builder::max_keys
+///
+/// `K` is the key type: anything `Hash + Eq + Clone + Send + Sync` (a
+/// [`Key`]; through Redis, `Display` too). Methods take `&Q` for any `Q`
+/// the key borrows as, so a `String`-keyed limiter is asked with a `&str`.
+/// Share it with an [`Arc`](std::sync::Arc); it implements
+/// [`KeyedLimiter`]. Through Redis, the same algorithm runs in Redis for
+/// each key, and this process holds only the keys its fallback serves
+/// while Redis is down (see [`redis`](crate::redis)).
+pub struct KeyedRateLimiter<K: Key, S: Store = Local, C: Clock = crate::clock::SystemClock> {
+    pub(crate) engine: S::Keyed<K, C>,
+}
+
+/// What a limiter has done to stay within its bounds, and how it is served:
+/// read with `stats()` on any limiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Keys held in this process: a keyed limiter's entries (those not
+    /// known to read as full); a Redis limiter's keys its fallback holds
+    /// (served locally, not yet carried back to Redis).
+    pub keys: usize,
+    /// Keys dropped to stay within the cap on keys held before they read
+    /// as full: keys that lost their debt (dropping a full one changes
+    /// nothing and is not counted).
+    pub dropped_unfinished: u64,
+    /// Whether calls are being served by the fallback now (a Redis limiter;
+    /// on a cluster, some of its keys).
+    pub degraded: bool,
+    /// How many times a Redis limiter switched to its fallback.
+    pub fallbacks: u64,
+    /// How many times it switched back to Redis.
+    pub recoveries: u64,
+    /// How many calls its fallback served.
+    pub fallback_calls: u64,
+}
