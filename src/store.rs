@@ -89,13 +89,17 @@ pub trait Engine<Q: ?Sized + Sync>: Rate {
         timeout: Option<Duration>,
     ) -> impl Future<Output = Result<Option<Duration>, Error>> + Send;
 
-    /// [`take_wait`](Self::take_wait) from a thread that may block.
+    /// [`take_wait`](Self::take_wait) from a thread that may block. The
+    /// default polls it once: the in-process engines' futures are ready
+    /// when made ([`now`]). An engine that does I/O blocks its own way.
     fn take_blocking(
         &self,
         key: &Q,
         permits: u32,
         timeout: Option<Duration>,
-    ) -> Result<Option<Duration>, Error>;
+    ) -> Result<Option<Duration>, Error> {
+        now(self.take_wait(key, permits, timeout))
+    }
 
     /// How long a request of `key` made now would wait.
     fn next_free(&self, key: &Q) -> impl Future<Output = Result<Duration, Error>> + Send;

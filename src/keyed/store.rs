@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::Keyed;
 use crate::clock::Clock;
 use crate::core::micros;
-use crate::store::{Engine, now};
+use crate::store::Engine;
 use crate::{Error, Reservation, Snapshot};
 
 /// A timeout in µs for the shards: `u64::MAX` is no timeout.
@@ -43,15 +43,6 @@ where
     ) -> impl Future<Output = Result<Option<Duration>, Error>> + Send {
         let grant = self.reserve_micros(key, permits, timeout_micros(timeout), false);
         ready(Ok(grant.map(|(wait, _, _)| Duration::from_micros(wait))))
-    }
-
-    fn take_blocking(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Option<Duration>,
-    ) -> Result<Option<Duration>, Error> {
-        now(self.take_wait(key, permits, timeout))
     }
 
     fn next_free(&self, key: &Q) -> impl Future<Output = Result<Duration, Error>> + Send {

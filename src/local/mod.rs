@@ -29,7 +29,7 @@ use crate::core::word::{self, Quick, Step};
 use crate::core::{Limits, micros, stable_interval_micros};
 use crate::metrics::Metrics;
 use crate::reservation::{GiveBack, GiveBackId, GivesBack, Reservation};
-use crate::store::{Engine, NoKey, Rate, now};
+use crate::store::{Engine, NoKey, Rate};
 use crate::{Error, Snapshot, Stats};
 
 use outcome::{Grant, Outcome};
@@ -189,15 +189,6 @@ impl<C: Clock> Engine<NoKey> for Single<C> {
     ) -> impl Future<Output = Result<Option<Duration>, Error>> + Send {
         let wait = self.reserve_micros::<u64>(permits, timeout.map_or(u64::MAX, micros));
         ready(Ok(wait.map(Duration::from_micros)))
-    }
-
-    fn take_blocking(
-        &self,
-        key: &NoKey,
-        permits: u32,
-        timeout: Option<Duration>,
-    ) -> Result<Option<Duration>, Error> {
-        now(self.take_wait(key, permits, timeout))
     }
 
     fn next_free(&self, _: &NoKey) -> impl Future<Output = Result<Duration, Error>> + Send {
