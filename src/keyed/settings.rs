@@ -3,7 +3,6 @@
 
 use std::any::Any;
 use std::fmt;
-use std::hash::Hash;
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::{Keyed, KeyedTaken};
@@ -12,14 +11,10 @@ use crate::core::{InvalidRate, Limits, State, stable_interval_micros};
 use crate::metrics::Metrics;
 use crate::reservation::{GiveBackId, GivesBack};
 use crate::store::Rate;
-use crate::{Error, Stats};
+use crate::{Error, Key, Stats};
 
 /// # Rate, size and clock
-impl<K, C> Keyed<K, C>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
+impl<K: Key, C: Clock> Keyed<K, C> {
     /// Applies `change` to the limits every key runs under, then the rates
     /// it leaves to every key held (shard by shard; calls on other shards
     /// go on meanwhile).
@@ -54,11 +49,7 @@ where
     }
 }
 
-impl<K, C> Rate for Keyed<K, C>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
+impl<K: Key, C: Clock> Rate for Keyed<K, C> {
     /// Changes the rate of every key from now on, as
     /// [`RateLimiter::set_rate`](crate::RateLimiter::set_rate) does for one:
     /// each key still repays its last request at the old rate, and its
@@ -125,11 +116,7 @@ where
     }
 }
 
-impl<K, C> GivesBack for Keyed<K, C>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
+impl<K: Key, C: Clock> GivesBack for Keyed<K, C> {
     fn metrics(&self) -> &Metrics {
         &self.metrics
     }
@@ -149,11 +136,7 @@ where
     }
 }
 
-impl<K, C> Keyed<K, C>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
+impl<K: Key, C: Clock> Keyed<K, C> {
     /// `taken` as a reservation of this limiter's, if it is one.
     fn ours(taken: GiveBackId) -> Option<Box<KeyedTaken<K>>> {
         let GiveBackId::Boxed(taken) = taken else {

@@ -9,7 +9,7 @@ use super::Keyed;
 use crate::clock::Clock;
 use crate::core::micros;
 use crate::store::Engine;
-use crate::{Error, Reservation, Snapshot};
+use crate::{Error, Key, Reservation, Snapshot};
 
 /// A timeout in µs for the shards: `u64::MAX` is no timeout.
 fn timeout_micros(timeout: Option<Duration>) -> u64 {
@@ -18,7 +18,7 @@ fn timeout_micros(timeout: Option<Duration>) -> u64 {
 
 impl<K, C, Q> Engine<Q> for Keyed<K, C>
 where
-    K: Borrow<Q> + Hash + Eq + Clone + Send + Sync + 'static,
+    K: Key + Borrow<Q>,
     C: Clock,
     Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
 {
