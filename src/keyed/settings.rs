@@ -63,14 +63,7 @@ impl<K: Key, C: Clock> Rate for Keyed<K, C> {
     /// limiter is then unchanged.
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
-        self.reconfigure(|limits| match limits.states() {
-            [_] => limits.set_rate(None, permits_per_second, 0),
-            [first, ..] => {
-                let factor = permits_per_second / first.permits_per_second();
-                limits.scale(factor, permits_per_second, 0)
-            }
-            [] => Ok(()),
-        })?;
+        self.reconfigure(|limits| limits.set_first_rate(permits_per_second, 0))?;
         self.rate_bits.store(permits_per_second.to_bits(), Relaxed);
         Ok(())
     }

@@ -215,14 +215,7 @@ impl<C: Clock> Rate for Single<C> {
 
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
-        self.reconfigure(|limits, now| match limits.states() {
-            [_] => limits.set_rate(None, permits_per_second, now),
-            [first, ..] => {
-                let factor = permits_per_second / first.permits_per_second();
-                limits.scale(factor, permits_per_second, now)
-            }
-            [] => Ok(()),
-        })
+        self.reconfigure(|limits, now| limits.set_first_rate(permits_per_second, now))
     }
 
     fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
