@@ -122,6 +122,13 @@ pub trait Engine<Q: ?Sized + Sync>: Rate {
     }
 }
 
+/// A timeout in whole µs for the in-process engines (saturating at
+/// [`MAX_MICROS`](crate::core::MAX_MICROS)); `u64::MAX` for none.
+#[inline(always)]
+pub(crate) fn timeout_micros(timeout: Option<Duration>) -> u64 {
+    timeout.map_or(u64::MAX, crate::core::micros)
+}
+
 /// The output of a future that is ready when made: an in-process engine's
 /// (their methods do no I/O and never sleep).
 #[inline(always)]

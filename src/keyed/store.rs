@@ -7,14 +7,8 @@ use std::time::Duration;
 
 use super::Keyed;
 use crate::clock::Clock;
-use crate::core::micros;
-use crate::store::Engine;
+use crate::store::{Engine, timeout_micros};
 use crate::{Error, Key, Reservation, Snapshot};
-
-/// A timeout in µs for the shards: `u64::MAX` is no timeout.
-fn timeout_micros(timeout: Option<Duration>) -> u64 {
-    timeout.map_or(u64::MAX, |t| micros(t).min(u64::MAX - 1))
-}
 
 impl<K, C, Q> Engine<Q> for Keyed<K, C>
 where

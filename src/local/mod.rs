@@ -26,10 +26,10 @@ use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
 use crate::core::word::{self, Quick, Step};
-use crate::core::{Limits, micros, stable_interval_micros};
+use crate::core::{Limits, stable_interval_micros};
 use crate::metrics::Metrics;
 use crate::reservation::{GiveBack, GiveBackId, GivesBack, Reservation};
-use crate::store::{Engine, NoKey, Rate};
+use crate::store::{Engine, NoKey, Rate, timeout_micros};
 use crate::{Error, Snapshot, Stats};
 
 use outcome::{Grant, Outcome};
@@ -170,7 +170,7 @@ impl<C: Clock> Engine<NoKey> for Single<C> {
         timeout: Option<Duration>,
         held: bool,
     ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
-        let timeout = timeout.map_or(u64::MAX, micros);
+        let timeout = timeout_micros(timeout);
         ready(Ok(if held {
             let grant = self.reserve_micros::<Grant>(permits, timeout);
             grant.map(|grant| self.to_reservation(grant))
@@ -187,7 +187,7 @@ impl<C: Clock> Engine<NoKey> for Single<C> {
         permits: u32,
         timeout: Option<Duration>,
     ) -> impl Future<Output = Result<Option<Duration>, Error>> + Send {
-        let wait = self.reserve_micros::<u64>(permits, timeout.map_or(u64::MAX, micros));
+        let wait = self.reserve_micros::<u64>(permits, timeout_micros(timeout));
         ready(Ok(wait.map(Duration::from_micros)))
     }
 
