@@ -89,13 +89,17 @@ pub trait Engine<Q: ?Sized + Sync>: Rate {
         timeout: Option<Duration>,
     ) -> impl Future<Output = Result<Option<Duration>, Error>> + Send;
 
-    /// [`take_wait`](Self::take_wait) from a thread that may block.
+    /// [`take_wait`](Self::take_wait) from a thread that may block. The
+    /// default polls it once: the in-process engines' futures are ready
+    /// when made ([`now`]). An engine that does I/O blocks its own way.
     fn take_blocking(
         &self,
         key: &Q,
         permits: u32,
         timeout: Option<Duration>,
-    ) -> Result<Option<Duration>, Error>;
+    ) -> Result<Option<Duration>, Error> {
+        now(self.take_wait(key, permits, timeout))
+    }
 
     /// How long a request of `key` made now would wait.
     fn next_free(&self, key: &Q) -> impl Future<Output = Result<Duration, Error>> + Send;
@@ -116,6 +120,13 @@ pub trait Engine<Q: ?Sized + Sync>: Rate {
         let _ = key;
         None
     }
+}
+
+/// A timeout in whole µs for the in-process engines (saturating at
+/// [`MAX_MICROS`](crate::core::MAX_MICROS)); `u64::MAX` for none.
+#[inline(always)]
+pub(crate) fn timeout_micros(timeout: Option<Duration>) -> u64 {
+    timeout.map_or(u64::MAX, crate::core::micros)
 }
 
 /// The output of a future that is ready when made: an in-process engine's
