@@ -12,7 +12,7 @@ if mode == 'give_back' then
     -- A rate changed since: the log is void (the next write empties it),
     -- and nothing is given back.
     for i = 1, n do
-        if n > 1 then rate, mx, ort, omx = C[8 * i - 7], C[8 * i - 3], O[ro + 2 * i], O[ro + 2 * i + 1] end
+        if n > 1 then rate, mx, ort, omx = C[8 * i - 7], C[8 * i - 3], S[3 * n + 2 * i], S[3 * n + 2 * i + 1] end
         if ort ~= rate or omx ~= mx then return 0 end
     end
     if count == 0 then return 0 end

@@ -30,6 +30,9 @@ local BOUND = 2080
 local LOG_CAPACITY = 64 -- the most requests the log keeps
 local DEAD_CAPACITY = 16 -- the most requests kept in the value after they left the log
 local BATCH_CAPACITY = 1024 -- the most requests in one batch
+-- The formats of several limits' values: string.sub(FORMAT, 3, 3 + k) is
+-- k doubles, string.sub(FORMAT, 1, 3 + k) the marker and k doubles.
+local FORMAT = 'c4<ddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd' -- (85: 4 + 5 * MAX_LIMITS + 1)
 local BAD = 'ERR paceline: %s (got "%.40s")'
 -- (One literal: a concatenation would run on every call.)
 local NOT_OURS = 'ERR paceline: key %s holds a value this limiter does not recognise (%d bytes); it was left untouched: delete it or use another limiter name'
@@ -236,16 +239,17 @@ local now = time_micros
 -- propagates: nothing is written.
 ---------------------------------------------------------------------------
 
--- Each limit's state: stored_permits, next_free_micros, next_free_fraction
--- (S: 3 per limit), and the rate and max_permits it was last charged at
--- (O, from O[ro + 1]: the TTL's end, `expires`, then 2 per limit).
+-- Each limit's state: stored_permits, next_free_micros, next_free_fraction,
+-- and the rate and max_permits it was last charged at (the first limit's,
+-- or the only one's: st, nf, fr, ort, omx; S: the value's doubles from its
+-- hot part's states on, 3 per limit, the TTL's end `expires`, 2 per limit).
 -- The log (see Log): `count` requests; the limits' states before the
 -- first (bst, bnf, bfr; B, laid out as S); the requests from byte `log_at`
 -- of the value (`dead` requests that left it before), 4 doubles each, the
 -- first read: its id, permits, now and moment (`front`). `whole`: the value
 -- is written whole, not only its hot part (see Value).
 local st, nf, fr, ort, omx
-local S, O, B, ro = nil, nil, nil, 0
+local S, B
 local bst, bnf, bfr
 local key = KEYS[1]
 local value = redis.call('GET', key)
@@ -264,7 +268,7 @@ if value then
         and next_id >= 0 and next_id < MAX_MICROS and next_id % 1 == 0
     local at = 84
     if not ok then
-    elseif size == at and (shape == 1 or shape == 1 + BOUND) then
+    elseif size == at and (shape == 1 or shape == 2081) then -- (1 + BOUND)
         -- (One limit, nothing logged.)
         held_n = 1
     elseif shape >= 1 and shape < 17 * BOUND and shape % 1 == 0 then
@@ -284,24 +288,20 @@ if value then
     else
         ok = false
     end
-    -- The limits.
-    if ok and (held_n > 1 or n > 1) then
-        -- (One unpack: O is S, from the TTL's end on, unless limits are
-        -- added or dropped.)
-        S = {struct.unpack(string.rep('<d', 1 + 5 * held_n), value, HEAD + 1)}
-        O, ro = S, 3 * held_n
-        if held_n ~= n then O, ro = {unpack(S, ro + 1, ro + 1 + 2 * held_n)}, 0 end
-        st, nf, fr, expires, ort, omx = S[1], S[2], S[3], O[ro + 1], O[ro + 2], O[ro + 3]
+    -- The limits: with several (read or in force), S.
+    if ok and held_n + n > 2 then
+        S = {struct.unpack(string.sub(FORMAT, 3, 4 + 5 * held_n), value, HEAD + 1)}
+        local e = 3 * held_n + 1
+        st, nf, fr, expires, ort, omx = S[1], S[2], S[3], S[e], S[e + 1], S[e + 2]
+        for i = 2, held_n do
+            local s, t, f, r, m = S[3 * i - 2], S[3 * i - 1], S[3 * i], S[e + 2 * i - 1], S[e + 2 * i]
+            ok = ok and m >= 0 and m < INFINITY and s >= 0 and s <= m and t >= 0 and t <= MAX_MICROS
+                and t % 1 == 0 and f >= 0 and f < FRACTION_ONE and f % 1 == 0 and r > 0
+        end
     end
     ok = ok and expires >= 0 and expires < INFINITY and omx >= 0 and omx < INFINITY and st >= 0
         and st <= omx and nf >= 0 and nf <= MAX_MICROS and nf % 1 == 0
         and fr >= 0 and fr < FRACTION_ONE and fr % 1 == 0 and ort > 0
-    for i = 2, S and held_n or 0 do
-        local s, t, f, r, m = S[3 * i - 2], S[3 * i - 1], S[3 * i], O[ro + 2 * i], O[ro + 2 * i + 1]
-        ok = ok and m >= 0 and m < INFINITY and s >= 0 and s <= m and t >= 0 and t <= MAX_MICROS
-            and t % 1 == 0 and f >= 0 and f < FRACTION_ONE and f % 1 == 0 and r > 0
-    end
-    if n == 1 then S, O = nil, nil end
     -- A value with another number of limits keeps its limits by position
     -- (those it lacks start full, below; those past n go) and loses its log.
     if held_n ~= n then count = 0 end
@@ -313,7 +313,7 @@ if value then
         if n == 1 then
             bst, bnf, bfr = struct.unpack('<ddd', value, at)
         else
-            B = {struct.unpack(string.rep('<d', 3 * n), value, at)}
+            B = {struct.unpack(string.sub(FORMAT, 3, 3 + 3 * n), value, at)}
         end
         for i = 1, n do
             if B then bst, bnf, bfr = B[3 * i - 2], B[3 * i - 1], B[3 * i] end
@@ -333,10 +333,19 @@ end
 local whole, logged_as_read = held_n ~= n, count
 -- Missing (or a limit the value lacks): idle for a long time, i.e. full.
 if held_n == 0 then st, nf, fr, ort, omx = mx, now, 0, rate, mx end
-if n > 1 then
-    S, O = S or {}, O or {expires}
+if n > 1 and held_n ~= n then
+    -- S laid out for n limits, those it lacks as they start.
+    local T, e = {unpack(S or C, 1, 3 * (held_n < n and held_n or n))}, 3 * held_n + 1
     for i = held_n + 1, n do
-        local c = 8 * i - 8
-        S[3 * i - 2], S[3 * i - 1], S[3 * i], O[2 * i], O[2 * i + 1] = C[c + 5], now, 0, C[c + 1], C[c + 5]
+        T[3 * i - 2], T[3 * i - 1], T[3 * i] = C[8 * i - 3], now, 0
     end
+    T[3 * n + 1] = expires
+    for i = 1, n do
+        if i > held_n then
+            T[3 * n + 2 * i], T[3 * n + 2 * i + 1] = C[8 * i - 7], C[8 * i - 3]
+        else
+            T[3 * n + 2 * i], T[3 * n + 2 * i + 1] = S[e + 2 * i - 1], S[e + 2 * i]
+        end
+    end
+    S = T
 end

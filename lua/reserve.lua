@@ -11,7 +11,7 @@ if (n > 1 or ort ~= rate or omx ~= mx) and mode ~= 'give_back' and mode ~= 'prob
     for i = 1, n do
         local k, c = 3 * i - 3, 8 * i - 8
         if n > 1 then
-            rate, mx, ort, omx = C[c + 1], C[c + 5], O[ro + 2 * i], O[ro + 2 * i + 1]
+            rate, mx, ort, omx = C[c + 1], C[c + 5], S[3 * n + 2 * i], S[3 * n + 2 * i + 1]
         end
         if ort ~= rate or omx ~= mx then
             if n > 1 then bursty, pmicros, st, nf, fr = C[c + 2], C[c + 3], S[k + 1], S[k + 2], S[k + 3] end
@@ -38,7 +38,7 @@ if (n > 1 or ort ~= rate or omx ~= mx) and mode ~= 'give_back' and mode ~= 'prob
                 st = st / omx * mx
             end
             ort, omx = rate, mx
-            if n > 1 then S[k + 1], S[k + 2], S[k + 3], O[ro + 2 * i], O[ro + 2 * i + 1] = st, nf, fr, ort, omx end
+            if n > 1 then S[k + 1], S[k + 2], S[k + 3], S[3 * n + 2 * i], S[3 * n + 2 * i + 1] = st, nf, fr, ort, omx end
         end
     end
 end
@@ -49,7 +49,7 @@ end
 -- starts). Writes nothing.
 if mode == 'status' then
     if n == 1 then return struct.pack('<dddd', now, st, nf, fr) end
-    return struct.pack(string.rep('<d', 1 + 3 * n), now, unpack(S, 1, 3 * n))
+    return struct.pack(string.sub(FORMAT, 3, 4 + 3 * n), now, unpack(S, 1, 3 * n))
 end
 
 -- The requests this call adds to the log (see Log), packed, from
@@ -354,7 +354,7 @@ while true do
         -- A refused try: the limits' states as read, with the clock, as a
         -- status replies them (see Reply).
         if n == 1 then return struct.pack('<dddd', now, st, nf, fr) end
-        return struct.pack(string.rep('<d', 1 + 3 * n), now, unpack(S, 1, 3 * n))
+        return struct.pack(string.sub(FORMAT, 3, 4 + 3 * n), now, unpack(S, 1, 3 * n))
     elseif not limit then
         moment_r, bound_r = moment, bound
     end
