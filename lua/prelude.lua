@@ -155,7 +155,7 @@ end
 ---------------------------------------------------------------------------
 
 local rate, bursty, pmicros, stable, mx, thr, slope, cd
-local C
+local C, r1, b1, p1, s1, m1, t1, l1, d1
 for i = 1, n do
     local a = 4 * i - 1 -- its rate; then its policy, micros and cold factor
     -- stable_interval_micros: rejects NaN, zero, negative rates (and -inf).
@@ -209,9 +209,13 @@ for i = 1, n do
         end
         if mx > 0.0 then cd = pmicros / mx end
     end
+    -- (A table is cheapest built whole: the first limit's wait in locals
+    -- for the second's.)
     if n == 1 then
     elseif i == 1 then
-        C = {rate, bursty, pmicros, stable, mx, thr or 0.0, slope or 0.0, cd}
+        r1, b1, p1, s1, m1, t1, l1, d1 = rate, bursty, pmicros, stable, mx, thr or 0.0, slope or 0.0, cd
+    elseif i == 2 then
+        C = {r1, b1, p1, s1, m1, t1, l1, d1, rate, bursty, pmicros, stable, mx, thr or 0.0, slope or 0.0, cd}
     else
         local c = 8 * i - 8
         C[c + 1], C[c + 2], C[c + 3], C[c + 4] = rate, bursty, pmicros, stable
@@ -249,7 +253,7 @@ local now = time_micros
 -- first read: its id, permits, now and moment (`front`). `whole`: the value
 -- is written whole, not only its hot part (see Value).
 local st, nf, fr, ort, omx
-local S, B
+local S, B, changed
 local bst, bnf, bfr
 local key = KEYS[1]
 local value = redis.call('GET', key)
@@ -288,15 +292,19 @@ if value then
     else
         ok = false
     end
-    -- The limits: with several (read or in force), S.
+    -- The limits: with several (read or in force), S; `changed`: a limit
+    -- other than the first is at another rate or max_permits than in force
+    -- (the first then compares to rate and mx, its own).
     if ok and held_n + n > 2 then
         S = {struct.unpack(string.sub(FORMAT, 3, 4 + 5 * held_n), value, HEAD + 1)}
         local e = 3 * held_n + 1
-        st, nf, fr, expires, ort, omx = S[1], S[2], S[3], S[e], S[e + 1], S[e + 2]
+        expires, ort, omx = S[e], S[e + 1], S[e + 2]
+        if n > 1 then rate, mx = r1, m1 end
         for i = 2, held_n do
             local s, t, f, r, m = S[3 * i - 2], S[3 * i - 1], S[3 * i], S[e + 2 * i - 1], S[e + 2 * i]
             ok = ok and m >= 0 and m < INFINITY and s >= 0 and s <= m and t >= 0 and t <= MAX_MICROS
                 and t % 1 == 0 and f >= 0 and f < FRACTION_ONE and f % 1 == 0 and r > 0
+            if i <= n and (r ~= C[8 * i - 7] or m ~= C[8 * i - 3]) then changed = true end
         end
     end
     ok = ok and expires >= 0 and expires < INFINITY and omx >= 0 and omx < INFINITY and st >= 0

@@ -7,7 +7,7 @@
 -- State::set_rate at now, and the log empties (its requests were charged
 -- at the old rates). Not for a give-back (see part 3) or a probe (of a
 -- missing key, read at the rates in force).
-if (n > 1 or ort ~= rate or omx ~= mx) and mode ~= 'give_back' and mode ~= 'probe' then
+if (changed or ort ~= rate or omx ~= mx) and mode ~= 'give_back' and mode ~= 'probe' then
     for i = 1, n do
         local k, c = 3 * i - 3, 8 * i - 8
         if n > 1 then
@@ -61,7 +61,7 @@ local added, A, added_first, F = nil, nil, 1, nil
 -- Value: its moment, and the limit that bound it); a batch's replies
 -- (three numbers per request, see Batch).
 local writes = mode and mode ~= 'batch'
-local moment_r, bound_r = now, -1
+local moment_r, bound_r, need_r = now, -1, nil
 local replies, needs
 if R then replies, needs = {}, {} end
 
@@ -196,8 +196,9 @@ while true do
     elseif n == 1 then
         if nf > moment then moment, bound = nf, 0 end
     else
-        for i = 1, n do
-            if S[3 * i - 1] > moment then moment, bound = S[3 * i - 1], i - 1 end
+        for k = 2, 3 * n, 3 do
+            local ticket = S[k]
+            if ticket > moment then moment, bound = ticket, (k - 2) / 3 end
         end
     end
 
@@ -273,10 +274,11 @@ while true do
         -- (State::reserve_earliest_available: resync, spend stored permits
         -- first, charge the rest as fresh ones, push the ticket).
         for i = 1, n do
+            local k = 3 * i - 2
             if n > 1 then
-                local c, k = 8 * i - 8, 3 * i - 2
-                bursty, stable, mx, thr, slope, cd = C[c + 2], C[c + 4], C[c + 5], C[c + 6], C[c + 7], C[c + 8]
-                st, nf, fr = S[k], S[k + 1], S[k + 2]
+                local c = 8 * i - 8
+                bursty, stable, mx, cd, st, nf, fr = C[c + 2], C[c + 4], C[c + 5], C[c + 8], S[k], S[k + 1], S[k + 2]
+                if not bursty then thr, slope = C[c + 6], C[c + 7] end
             end
             -- State::resync: idle time from the exact ticket, > 0 (the
             -- fraction is below one µs), so an infinite quotient (cd = 0)
@@ -324,7 +326,12 @@ while true do
             nf = nf + wait
             if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
             st = st - spend
-            if n > 1 then S[3 * i - 2], S[3 * i - 1], S[3 * i] = st, nf, fr end
+            if n > 1 then
+                -- (With the TTL the limits need after it: see part 5.)
+                S[k], S[k + 1], S[k + 2] = st, nf, fr
+                local need = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
+                if i == 1 or need > need_r then need_r = need end
+            end
         end
     end
 
@@ -338,17 +345,8 @@ while true do
         if granted then
             moment_r, bound_r = moment, bound
             -- The TTL its own call would need (see part 5).
-            local need
-            if n == 1 then
-                need = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
-            else
-                for i = 1, n do
-                    local c, k = 8 * i - 8, 3 * i - 2
-                    local limit = (S[k + 1] - time_micros) / 1000 + (C[c + 5] - S[k]) * C[c + 8] / 1000
-                    if i == 1 or limit > need then need = limit end
-                end
-            end
-            needs[#needs + 1] = need
+            if n == 1 then need_r = (nf - time_micros) / 1000 + (mx - st) * cd / 1000 end
+            needs[#needs + 1] = need_r
         end
     elseif not granted then
         -- A refused try: the limits' states as read, with the clock, as a

@@ -30,6 +30,10 @@ local ttl_ms, ttl_set
 if needs then
 elseif n == 1 then
     ttl_ms = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
+elseif not (mode or F) then
+    -- (A reservation's, as part 4 charged it; not when the log's base was
+    -- charged after it.)
+    ttl_ms = need_r
 else
     for i = 1, n do
         local c, k = 8 * i - 8, 3 * i - 2
