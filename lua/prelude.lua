@@ -338,9 +338,9 @@ if value then
     -- The clock never runs backwards for a key.
     if last_now > now then now = last_now end
     -- A try of one limit that the debt does not fit, its rate unchanged:
-    -- refused here, as part 4 would refuse it (with the state it found).
+    -- refused here, as part 4 would refuse it (see Replies).
     if timeout >= 0 and nf - now > timeout and n == 1 and not mode and permits > 0 and ort == rate and omx == mx then
-        return struct.pack('<dddd', now, st, nf, fr)
+        return st == 0 and now - nf or struct.pack('<dddd', now, st, nf, fr)
     end
 end
 local whole, logged_as_read = held_n ~= n, count

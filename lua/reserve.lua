@@ -90,7 +90,7 @@ if n == 1 and count == 0 and (not mode and not held or R and not holds) then
         local moment, bound = now, -1
         if nf > moment then moment, bound = nf, 0 end
         if t >= 0 and moment - now > t then
-            if not R then return struct.pack('<dddd', now, st, nf, fr) end
+            if not R then return st == 0 and now - nf or struct.pack('<dddd', now, st, nf, fr) end
             replies[#replies + 1] = now - moment
         else
             if moment > nf then
@@ -350,8 +350,9 @@ while true do
         end
     elseif not granted then
         -- A refused try: the limits' states as read, with the clock, as a
-        -- status replies them (see Reply).
-        if n == 1 then return struct.pack('<dddd', now, st, nf, fr) end
+        -- status replies them; one limit that stores nothing, its wait
+        -- negated (see Replies).
+        if n == 1 then return st == 0 and now - nf or struct.pack('<dddd', now, st, nf, fr) end
         return struct.pack(string.sub(FORMAT, 3, 4 + 3 * n), now, unpack(S, 1, 3 * n))
     elseif not limit then
         moment_r, bound_r = moment, bound
