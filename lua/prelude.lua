@@ -14,7 +14,6 @@
 -- Constants, as in src/core.
 local MAX_MICROS = 9007199254740992 -- 2^53
 local F64_MAX = 1.7976931348623157e308 -- f64::MAX
-local INFINITY = 1 / 0
 local FRACTION_ONE = 1048576 -- 2^20: one microsecond in fraction units
 local FINE_CHARGE_LIMIT = 4294967296 -- 2^32 µs (FINE_CHARGE_LIMIT_MICROS)
 local TTL_CAP_MS = 9007199254740 -- floor(2^53 / 1000)
@@ -39,7 +38,9 @@ local NOT_OURS = 'ERR paceline: key %s holds a value this limiter does not recog
 
 -- Comparisons are written `if x > cap then x = cap end` where the core has
 -- `x.min(cap)`: the same, as no x there is NaN. An integer check is
--- `x % 1 == 0`, which NaN and the infinities fail.
+-- `x % 1 == 0`, which NaN and the infinities fail; `x <= F64_MAX` is
+-- x < inf. On the common paths, `a = x; b = y` where the two are
+-- independent: a multiple assignment goes through temporaries.
 
 ---------------------------------------------------------------------------
 -- Arguments, all checked before the key is read.
@@ -183,16 +184,16 @@ for i = 1, n do
     if bursty then
         -- Bursty::max_permits
         mx = 0.0
-        if rate ~= INFINITY then mx = pmicros * rate / 1000000.0 end
+        if rate <= F64_MAX then mx = pmicros * rate / 1000000.0 end
         if mx > F64_MAX then mx = F64_MAX end
     else
         local cold_factor = tonumber(argv[a + 3])
-        if not (cold_factor and cold_factor >= 1 and cold_factor < INFINITY) then
+        if not (cold_factor and cold_factor >= 1 and cold_factor <= F64_MAX) then
             return redis.error_reply(string.format(BAD, 'the cold_factor of limit ' .. (i - 1)
                 .. ' (ARGV[' .. (a + 3) .. ']) must be a finite number >= 1', argv[a + 3]))
         end
         -- WarmingUp::set_stable_interval
-        mx, thr, slope = 0.0, 0.0, 0.0
+        mx = 0.0; thr = 0.0; slope = 0.0
         if stable ~= 0.0 then
             local cold = stable * cold_factor
             if cold > F64_MAX then cold = F64_MAX end
@@ -302,12 +303,12 @@ if value then
         if n > 1 then rate, mx = r1, m1 end
         for i = 2, held_n do
             local s, t, f, r, m = S[3 * i - 2], S[3 * i - 1], S[3 * i], S[e + 2 * i - 1], S[e + 2 * i]
-            ok = ok and m >= 0 and m < INFINITY and s >= 0 and s <= m and t >= 0 and t <= MAX_MICROS
+            ok = ok and m >= 0 and m <= F64_MAX and s >= 0 and s <= m and t >= 0 and t <= MAX_MICROS
                 and t % 1 == 0 and f >= 0 and f < FRACTION_ONE and f % 1 == 0 and r > 0
             if i <= n and (r ~= C[8 * i - 7] or m ~= C[8 * i - 3]) then changed = true end
         end
     end
-    ok = ok and expires >= 0 and expires < INFINITY and omx >= 0 and omx < INFINITY and st >= 0
+    ok = ok and expires >= 0 and expires <= F64_MAX and omx >= 0 and omx <= F64_MAX and st >= 0
         and st <= omx and nf >= 0 and nf <= MAX_MICROS and nf % 1 == 0
         and fr >= 0 and fr < FRACTION_ONE and fr % 1 == 0 and ort > 0
     -- A value with another number of limits keeps its limits by position
@@ -345,7 +346,7 @@ if value then
 end
 local whole, logged_as_read = held_n ~= n, count
 -- Missing (or a limit the value lacks): idle for a long time, i.e. full.
-if held_n == 0 then st, nf, fr, ort, omx = mx, now, 0, rate, mx end
+if held_n == 0 then st = mx; nf = now; fr = 0; ort = rate; omx = mx end
 if n > 1 and held_n ~= n then
     -- S laid out for n limits, those it lacks as they start.
     local T, e = {unpack(S or C, 1, 3 * (held_n < n and held_n or n))}, 3 * held_n + 1
