@@ -214,7 +214,7 @@ for i = 1, n do
     -- for the second's.)
     if n == 1 then
     elseif i == 1 then
-        r1, b1, p1, s1, m1, t1, l1, d1 = rate, bursty, pmicros, stable, mx, thr or 0.0, slope or 0.0, cd
+        r1 = rate; b1 = bursty; p1 = pmicros; s1 = stable; m1 = mx; t1 = thr or 0.0; l1 = slope or 0.0; d1 = cd
     elseif i == 2 then
         C = {r1, b1, p1, s1, m1, t1, l1, d1, rate, bursty, pmicros, stable, mx, thr or 0.0, slope or 0.0, cd}
     else
@@ -298,14 +298,17 @@ if value then
     -- (the first then compares to rate and mx, its own).
     if ok and held_n + n > 2 then
         S = {struct.unpack(string.sub(FORMAT, 3, 4 + 5 * held_n), value, HEAD + 1)}
+        -- (j: the limit's rate in S, c: its configuration in C.)
         local e = 3 * held_n + 1
-        expires, ort, omx = S[e], S[e + 1], S[e + 2]
-        if n > 1 then rate, mx = r1, m1 end
-        for i = 2, held_n do
-            local s, t, f, r, m = S[3 * i - 2], S[3 * i - 1], S[3 * i], S[e + 2 * i - 1], S[e + 2 * i]
+        local j, c = e + 1, 0
+        expires = S[e]; ort = S[j]; omx = S[j + 1]
+        if n > 1 then rate = r1; mx = m1 end
+        for k = 4, e - 1, 3 do
+            j = j + 2; c = c + 8
+            local s, t, f, r, m = S[k], S[k + 1], S[k + 2], S[j], S[j + 1]
             ok = ok and m >= 0 and m <= F64_MAX and s >= 0 and s <= m and t >= 0 and t <= MAX_MICROS
                 and t % 1 == 0 and f >= 0 and f < FRACTION_ONE and f % 1 == 0 and r > 0
-            if i <= n and (r ~= C[8 * i - 7] or m ~= C[8 * i - 3]) then changed = true end
+            if c < 8 * n and (r ~= C[c + 1] or m ~= C[c + 5]) then changed = true end
         end
     end
     ok = ok and expires >= 0 and expires <= F64_MAX and omx >= 0 and omx <= F64_MAX and st >= 0
@@ -348,18 +351,16 @@ local whole, logged_as_read = held_n ~= n, count
 -- Missing (or a limit the value lacks): idle for a long time, i.e. full.
 if held_n == 0 then st = mx; nf = now; fr = 0; ort = rate; omx = mx end
 if n > 1 and held_n ~= n then
-    -- S laid out for n limits, those it lacks as they start.
-    local T, e = {unpack(S or C, 1, 3 * (held_n < n and held_n or n))}, 3 * held_n + 1
-    for i = held_n + 1, n do
-        T[3 * i - 2], T[3 * i - 1], T[3 * i] = C[8 * i - 3], now, 0
-    end
-    T[3 * n + 1] = expires
+    -- S laid out for n limits (T), those it lacks as they start (e: the
+    -- TTL's end in the value's).
+    local T, e = {}, 3 * held_n + 1
     for i = 1, n do
+        local c, k, j = 8 * i - 8, 3 * i - 2, 3 * n + 2 * i
         if i > held_n then
-            T[3 * n + 2 * i], T[3 * n + 2 * i + 1] = C[8 * i - 7], C[8 * i - 3]
+            T[k], T[k + 1], T[k + 2], T[j], T[j + 1] = C[c + 5], now, 0, C[c + 1], C[c + 5]
         else
-            T[3 * n + 2 * i], T[3 * n + 2 * i + 1] = S[e + 2 * i - 1], S[e + 2 * i]
+            T[k], T[k + 1], T[k + 2], T[j], T[j + 1] = S[k], S[k + 1], S[k + 2], S[e + 2 * i - 1], S[e + 2 * i]
         end
     end
-    S = T
+    T[3 * n + 1], S = expires, T
 end

@@ -279,8 +279,9 @@ else
                 local k = 3 * i - 2
                 if n > 1 then
                     local c = 8 * i - 8
-                    bursty, stable, mx, cd, st, nf, fr = C[c + 2], C[c + 4], C[c + 5], C[c + 8], S[k], S[k + 1], S[k + 2]
-                    if not bursty then thr, slope = C[c + 6], C[c + 7] end
+                    bursty = C[c + 2]; stable = C[c + 4]; mx = C[c + 5]; cd = C[c + 8]
+                    st = S[k]; nf = S[k + 1]; fr = S[k + 2]
+                    if not bursty then thr = C[c + 6]; slope = C[c + 7] end
                 end
                 -- State::resync: idle time from the exact ticket, > 0 (the
                 -- fraction is below one µs), so an infinite quotient (cd = 0)
@@ -330,7 +331,7 @@ else
                 st = st - spend
                 if n > 1 then
                     -- (With the TTL the limits need after it: see part 5.)
-                    S[k], S[k + 1], S[k + 2] = st, nf, fr
+                    S[k] = st; S[k + 1] = nf; S[k + 2] = fr
                     local need = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
                     if i == 1 or need > need_r then need_r = need end
                 end

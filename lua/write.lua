@@ -114,15 +114,11 @@ else
     else
         local numbers
         if n == 1 then
-            numbers = {shape, now, next_id, moment_r, st, nf, fr, expires, rate, mx, dead}
+            numbers = {shape, now, next_id, moment_r, st, nf, fr, expires, rate, mx, dead, bst, bnf, bfr}
         else
             S[3 * n + 1] = expires
             numbers = {shape, now, next_id, moment_r, unpack(S, 1, 5 * n + 1)}
             numbers[#numbers + 1] = dead
-        end
-        if n == 1 then
-            numbers[#numbers + 1], numbers[#numbers + 2], numbers[#numbers + 3] = bst, bnf, bfr
-        else
             for k = 1, 3 * n do numbers[#numbers + 1] = B[k] end
         end
         for j = first or 1, E and 4 * logged or 0, 4 do
