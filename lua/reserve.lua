@@ -275,10 +275,10 @@ else
             -- Limits::charge: every limit as if requested at the moment
             -- (State::reserve_earliest_available: resync, spend stored permits
             -- first, charge the rest as fresh ones, push the ticket).
-            for i = 1, n do
-                local k = 3 * i - 2
+            -- (k: the limit's state in S, from 1; c: its configuration in C.)
+            for k = 1, 3 * n, 3 do
                 if n > 1 then
-                    local c = 8 * i - 8
+                    local c = (k - 1) * 8 / 3
                     bursty = C[c + 2]; stable = C[c + 4]; mx = C[c + 5]; cd = C[c + 8]
                     st = S[k]; nf = S[k + 1]; fr = S[k + 2]
                     if not bursty then thr = C[c + 6]; slope = C[c + 7] end
@@ -333,7 +333,7 @@ else
                     -- (With the TTL the limits need after it: see part 5.)
                     S[k] = st; S[k + 1] = nf; S[k + 2] = fr
                     local need = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
-                    if i == 1 or need > need_r then need_r = need end
+                    if k == 1 or need > need_r then need_r = need end
                 end
             end
         end
