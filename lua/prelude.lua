@@ -6,10 +6,12 @@
 -- It is written for speed: Redis runs one script at a time, so every
 -- instruction here is every caller's. With one limit, its state and
 -- configuration are plain locals (no table is built); with several, the
--- tables S (state) and C (configuration) hold every limit's, and the same
--- locals are the limit being worked on (loaded at the top of each loop
--- over the limits, stored back at its end). Code on the common path makes
--- no closure, converts each argument once and packs the value once.
+-- tables S (the value's doubles from the states on, laid out as in the
+-- value, so that one unpack reads them and one pack writes them) and C
+-- (configuration) hold every limit's, and the same locals are the limit
+-- being worked on (loaded at the top of each loop over the limits, stored
+-- back at its end). Code on the common path makes no closure, converts
+-- each argument once and packs the value once.
 
 -- Constants, as in src/core.
 local MAX_MICROS = 9007199254740992 -- 2^53

@@ -188,9 +188,7 @@ impl Reply {
                 }),
                 state => Ok(refused(state)),
             },
-            Value::Int(n) if n < 0 && reservation => {
-                Ok(refused(Reserved::from_reply(&value, 1)?))
-            }
+            Value::Int(n) if n < 0 && reservation => Ok(refused(Reserved::from_reply(&value, 1)?)),
             Value::Int(n) => Ok(Reply {
                 first: n,
                 debt: n,
@@ -236,8 +234,7 @@ impl Fixture {
             .trim_end_matches('+')
             .parse::<u64>()
             .is_ok_and(|n| n >= 1);
-        let reply =
-            Reply::decode(value, reservation).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        let reply = Reply::decode(value, reservation).unwrap_or_else(|e| panic!("{args:?}: {e}"));
         match args.permits.as_str() {
             _ if reservation && reply.first >= 0 => {
                 let value = reply
