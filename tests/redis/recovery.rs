@@ -298,7 +298,11 @@ async fn callers_of_a_key_being_carried_back_return_within_the_response_timeout(
     // has too little time left for its own round trip, and the fallback
     // serves it (holding the key again) while calls keep coming.
     let back = within(Duration::from_secs(3), || limiter.stats().keys == 0).await;
-    assert!(back.is_some(), "the key never went back: {:?}", limiter.stats());
+    assert!(
+        back.is_some(),
+        "the key never went back: {:?}",
+        limiter.stats()
+    );
 }
 
 /// After an outage in which the fallback dropped a key with a debt (more
