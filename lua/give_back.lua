@@ -11,11 +11,7 @@ local E, first, place
 if mode == 'give_back' then
     -- A rate changed since: the log is void (the next write empties it),
     -- and nothing is given back.
-    for i = 1, n do
-        if n > 1 then rate, mx, ort, omx = C[8 * i - 7], C[8 * i - 3], O[ro + 2 * i], O[ro + 2 * i + 1] end
-        if ort ~= rate or omx ~= mx then return 0 end
-    end
-    if count == 0 then return 0 end
+    if changed or ort ~= rate or omx ~= mx or count == 0 then return 0 end
     E = {struct.unpack(string.rep('<d', 4 * count), value, log_at)}
     -- Every request is checked, as this script writes them: its id (rising,
     -- below next_id), -1 (none) or -1 - limit (a resume of that limit,

@@ -6,15 +6,16 @@
 -- It is written for speed: Redis runs one script at a time, so every
 -- instruction here is every caller's. With one limit, its state and
 -- configuration are plain locals (no table is built); with several, the
--- tables S (state) and C (configuration) hold every limit's, and the same
--- locals are the limit being worked on (loaded at the top of each loop
--- over the limits, stored back at its end). Code on the common path makes
--- no closure, converts each argument once and packs the value once.
+-- tables S (the value's doubles from the states on, laid out as in the
+-- value, so that one unpack reads them and one pack writes them) and C
+-- (configuration) hold every limit's, and the same locals are the limit
+-- being worked on (loaded at the top of each loop over the limits, stored
+-- back at its end). Code on the common path makes no closure, converts
+-- each argument once and packs the value once.
 
 -- Constants, as in src/core.
 local MAX_MICROS = 9007199254740992 -- 2^53
 local F64_MAX = 1.7976931348623157e308 -- f64::MAX
-local INFINITY = 1 / 0
 local FRACTION_ONE = 1048576 -- 2^20: one microsecond in fraction units
 local FINE_CHARGE_LIMIT = 4294967296 -- 2^32 µs (FINE_CHARGE_LIMIT_MICROS)
 local TTL_CAP_MS = 9007199254740 -- floor(2^53 / 1000)
@@ -30,13 +31,18 @@ local BOUND = 2080
 local LOG_CAPACITY = 64 -- the most requests the log keeps
 local DEAD_CAPACITY = 16 -- the most requests kept in the value after they left the log
 local BATCH_CAPACITY = 1024 -- the most requests in one batch
+-- The formats of several limits' values: string.sub(FORMAT, 3, 3 + k) is
+-- k doubles, string.sub(FORMAT, 1, 3 + k) the marker and k doubles.
+local FORMAT = 'c4<ddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd' -- (85: 4 + 5 * MAX_LIMITS + 1)
 local BAD = 'ERR paceline: %s (got "%.40s")'
 -- (One literal: a concatenation would run on every call.)
 local NOT_OURS = 'ERR paceline: key %s holds a value this limiter does not recognise (%d bytes); it was left untouched: delete it or use another limiter name'
 
 -- Comparisons are written `if x > cap then x = cap end` where the core has
 -- `x.min(cap)`: the same, as no x there is NaN. An integer check is
--- `x % 1 == 0`, which NaN and the infinities fail.
+-- `x % 1 == 0`, which NaN and the infinities fail; `x <= F64_MAX` is
+-- x < inf. On the common paths, `a = x; b = y` where the two are
+-- independent: a multiple assignment goes through temporaries.
 
 ---------------------------------------------------------------------------
 -- Arguments, all checked before the key is read.
@@ -152,7 +158,7 @@ end
 ---------------------------------------------------------------------------
 
 local rate, bursty, pmicros, stable, mx, thr, slope, cd
-local C
+local C, r1, b1, p1, s1, m1, t1, l1, d1
 for i = 1, n do
     local a = 4 * i - 1 -- its rate; then its policy, micros and cold factor
     -- stable_interval_micros: rejects NaN, zero, negative rates (and -inf).
@@ -180,16 +186,16 @@ for i = 1, n do
     if bursty then
         -- Bursty::max_permits
         mx = 0.0
-        if rate ~= INFINITY then mx = pmicros * rate / 1000000.0 end
+        if rate <= F64_MAX then mx = pmicros * rate / 1000000.0 end
         if mx > F64_MAX then mx = F64_MAX end
     else
         local cold_factor = tonumber(argv[a + 3])
-        if not (cold_factor and cold_factor >= 1 and cold_factor < INFINITY) then
+        if not (cold_factor and cold_factor >= 1 and cold_factor <= F64_MAX) then
             return redis.error_reply(string.format(BAD, 'the cold_factor of limit ' .. (i - 1)
                 .. ' (ARGV[' .. (a + 3) .. ']) must be a finite number >= 1', argv[a + 3]))
         end
         -- WarmingUp::set_stable_interval
-        mx, thr, slope = 0.0, 0.0, 0.0
+        mx = 0.0; thr = 0.0; slope = 0.0
         if stable ~= 0.0 then
             local cold = stable * cold_factor
             if cold > F64_MAX then cold = F64_MAX end
@@ -206,9 +212,13 @@ for i = 1, n do
         end
         if mx > 0.0 then cd = pmicros / mx end
     end
+    -- (A table is cheapest built whole: the first limit's wait in locals
+    -- for the second's.)
     if n == 1 then
     elseif i == 1 then
-        C = {rate, bursty, pmicros, stable, mx, thr or 0.0, slope or 0.0, cd}
+        r1 = rate; b1 = bursty; p1 = pmicros; s1 = stable; m1 = mx; t1 = thr or 0.0; l1 = slope or 0.0; d1 = cd
+    elseif i == 2 then
+        C = {r1, b1, p1, s1, m1, t1, l1, d1, rate, bursty, pmicros, stable, mx, thr or 0.0, slope or 0.0, cd}
     else
         local c = 8 * i - 8
         C[c + 1], C[c + 2], C[c + 3], C[c + 4] = rate, bursty, pmicros, stable
@@ -236,16 +246,17 @@ local now = time_micros
 -- propagates: nothing is written.
 ---------------------------------------------------------------------------
 
--- Each limit's state: stored_permits, next_free_micros, next_free_fraction
--- (S: 3 per limit), and the rate and max_permits it was last charged at
--- (O, from O[ro + 1]: the TTL's end, `expires`, then 2 per limit).
+-- Each limit's state: stored_permits, next_free_micros, next_free_fraction,
+-- and the rate and max_permits it was last charged at (the first limit's,
+-- or the only one's: st, nf, fr, ort, omx; S: the value's doubles from its
+-- hot part's states on, 3 per limit, the TTL's end `expires`, 2 per limit).
 -- The log (see Log): `count` requests; the limits' states before the
 -- first (bst, bnf, bfr; B, laid out as S); the requests from byte `log_at`
 -- of the value (`dead` requests that left it before), 4 doubles each, the
 -- first read: its id, permits, now and moment (`front`). `whole`: the value
 -- is written whole, not only its hot part (see Value).
 local st, nf, fr, ort, omx
-local S, O, B, ro = nil, nil, nil, 0
+local S, B, changed
 local bst, bnf, bfr
 local key = KEYS[1]
 local value = redis.call('GET', key)
@@ -264,7 +275,7 @@ if value then
         and next_id >= 0 and next_id < MAX_MICROS and next_id % 1 == 0
     local at = 84
     if not ok then
-    elseif size == at and (shape == 1 or shape == 1 + BOUND) then
+    elseif size == at and (shape == 1 or shape == 2081) then -- (1 + BOUND)
         -- (One limit, nothing logged.)
         held_n = 1
     elseif shape >= 1 and shape < 17 * BOUND and shape % 1 == 0 then
@@ -284,24 +295,27 @@ if value then
     else
         ok = false
     end
-    -- The limits.
-    if ok and (held_n > 1 or n > 1) then
-        -- (One unpack: O is S, from the TTL's end on, unless limits are
-        -- added or dropped.)
-        S = {struct.unpack(string.rep('<d', 1 + 5 * held_n), value, HEAD + 1)}
-        O, ro = S, 3 * held_n
-        if held_n ~= n then O, ro = {unpack(S, ro + 1, ro + 1 + 2 * held_n)}, 0 end
-        st, nf, fr, expires, ort, omx = S[1], S[2], S[3], O[ro + 1], O[ro + 2], O[ro + 3]
+    -- The limits: with several (read or in force), S; `changed`: a limit
+    -- other than the first is at another rate or max_permits than in force
+    -- (the first then compares to rate and mx, its own).
+    if ok and held_n + n > 2 then
+        S = {struct.unpack(string.sub(FORMAT, 3, 4 + 5 * held_n), value, HEAD + 1)}
+        -- (j: the limit's rate in S, c: its configuration in C.)
+        local e = 3 * held_n + 1
+        local j, c = e + 1, 0
+        expires = S[e]; ort = S[j]; omx = S[j + 1]
+        if n > 1 then rate = r1; mx = m1 end
+        for k = 4, e - 1, 3 do
+            j = j + 2; c = c + 8
+            local s, t, f, r, m = S[k], S[k + 1], S[k + 2], S[j], S[j + 1]
+            ok = ok and m >= 0 and m <= F64_MAX and s >= 0 and s <= m and t >= 0 and t <= MAX_MICROS
+                and t % 1 == 0 and f >= 0 and f < FRACTION_ONE and f % 1 == 0 and r > 0
+            if c < 8 * n and (r ~= C[c + 1] or m ~= C[c + 5]) then changed = true end
+        end
     end
-    ok = ok and expires >= 0 and expires < INFINITY and omx >= 0 and omx < INFINITY and st >= 0
+    ok = ok and expires >= 0 and expires <= F64_MAX and omx >= 0 and omx <= F64_MAX and st >= 0
         and st <= omx and nf >= 0 and nf <= MAX_MICROS and nf % 1 == 0
         and fr >= 0 and fr < FRACTION_ONE and fr % 1 == 0 and ort > 0
-    for i = 2, S and held_n or 0 do
-        local s, t, f, r, m = S[3 * i - 2], S[3 * i - 1], S[3 * i], O[ro + 2 * i], O[ro + 2 * i + 1]
-        ok = ok and m >= 0 and m < INFINITY and s >= 0 and s <= m and t >= 0 and t <= MAX_MICROS
-            and t % 1 == 0 and f >= 0 and f < FRACTION_ONE and f % 1 == 0 and r > 0
-    end
-    if n == 1 then S, O = nil, nil end
     -- A value with another number of limits keeps its limits by position
     -- (those it lacks start full, below; those past n go) and loses its log.
     if held_n ~= n then count = 0 end
@@ -313,7 +327,7 @@ if value then
         if n == 1 then
             bst, bnf, bfr = struct.unpack('<ddd', value, at)
         else
-            B = {struct.unpack(string.rep('<d', 3 * n), value, at)}
+            B = {struct.unpack(string.sub(FORMAT, 3, 3 + 3 * n), value, at)}
         end
         for i = 1, n do
             if B then bst, bnf, bfr = B[3 * i - 2], B[3 * i - 1], B[3 * i] end
@@ -329,14 +343,26 @@ if value then
     if not ok then return redis.error_reply(string.format(NOT_OURS, key, size)) end
     -- The clock never runs backwards for a key.
     if last_now > now then now = last_now end
+    -- A try of one limit that the debt does not fit, its rate unchanged:
+    -- refused here, as part 4 would refuse it (see Replies).
+    if timeout >= 0 and nf - now > timeout and n == 1 and not mode and permits > 0 and ort == rate and omx == mx then
+        return st == 0 and now - nf or struct.pack('<dddd', now, st, nf, fr)
+    end
 end
 local whole, logged_as_read = held_n ~= n, count
 -- Missing (or a limit the value lacks): idle for a long time, i.e. full.
-if held_n == 0 then st, nf, fr, ort, omx = mx, now, 0, rate, mx end
-if n > 1 then
-    S, O = S or {}, O or {expires}
-    for i = held_n + 1, n do
-        local c = 8 * i - 8
-        S[3 * i - 2], S[3 * i - 1], S[3 * i], O[2 * i], O[2 * i + 1] = C[c + 5], now, 0, C[c + 1], C[c + 5]
+if held_n == 0 then st = mx; nf = now; fr = 0; ort = rate; omx = mx end
+if n > 1 and held_n ~= n then
+    -- S laid out for n limits (T), those it lacks as they start (e: the
+    -- TTL's end in the value's).
+    local T, e = {}, 3 * held_n + 1
+    for i = 1, n do
+        local c, k, j = 8 * i - 8, 3 * i - 2, 3 * n + 2 * i
+        if i > held_n then
+            T[k], T[k + 1], T[k + 2], T[j], T[j + 1] = C[c + 5], now, 0, C[c + 1], C[c + 5]
+        else
+            T[k], T[k + 1], T[k + 2], T[j], T[j + 1] = S[k], S[k + 1], S[k + 2], S[e + 2 * i - 1], S[e + 2 * i]
+        end
     end
+    T[3 * n + 1], S = expires, T
 end

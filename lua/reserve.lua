@@ -7,11 +7,11 @@
 -- State::set_rate at now, and the log empties (its requests were charged
 -- at the old rates). Not for a give-back (see part 3) or a probe (of a
 -- missing key, read at the rates in force).
-if (n > 1 or ort ~= rate or omx ~= mx) and mode ~= 'give_back' and mode ~= 'probe' then
+if (changed or ort ~= rate or omx ~= mx) and mode ~= 'give_back' and mode ~= 'probe' then
     for i = 1, n do
         local k, c = 3 * i - 3, 8 * i - 8
         if n > 1 then
-            rate, mx, ort, omx = C[c + 1], C[c + 5], O[ro + 2 * i], O[ro + 2 * i + 1]
+            rate, mx, ort, omx = C[c + 1], C[c + 5], S[3 * n + 2 * i], S[3 * n + 2 * i + 1]
         end
         if ort ~= rate or omx ~= mx then
             if n > 1 then bursty, pmicros, st, nf, fr = C[c + 2], C[c + 3], S[k + 1], S[k + 2], S[k + 3] end
@@ -38,7 +38,7 @@ if (n > 1 or ort ~= rate or omx ~= mx) and mode ~= 'give_back' and mode ~= 'prob
                 st = st / omx * mx
             end
             ort, omx = rate, mx
-            if n > 1 then S[k + 1], S[k + 2], S[k + 3], O[ro + 2 * i], O[ro + 2 * i + 1] = st, nf, fr, ort, omx end
+            if n > 1 then S[k + 1], S[k + 2], S[k + 3], S[3 * n + 2 * i], S[3 * n + 2 * i + 1] = st, nf, fr, ort, omx end
         end
     end
 end
@@ -49,7 +49,7 @@ end
 -- starts). Writes nothing.
 if mode == 'status' then
     if n == 1 then return struct.pack('<dddd', now, st, nf, fr) end
-    return struct.pack(string.rep('<d', 1 + 3 * n), now, unpack(S, 1, 3 * n))
+    return struct.pack(string.sub(FORMAT, 3, 4 + 3 * n), now, unpack(S, 1, 3 * n))
 end
 
 -- The requests this call adds to the log (see Log), packed, from
@@ -61,20 +61,10 @@ local added, A, added_first, F = nil, nil, 1, nil
 -- Value: its moment, and the limit that bound it); a batch's replies
 -- (three numbers per request, see Batch).
 local writes = mode and mode ~= 'batch'
-local moment_r, bound_r = now, -1
+local moment_r, bound_r, need_r = now, -1, nil
 local replies, needs
 if R then replies, needs = {}, {} end
 
--- The requests charged, each at the moment every limit allows it
--- (Limits::earliest), to the limits or to the log's base (`on_base`: the
--- two sets of states swap places for it), in up to two passes. A give-back:
--- first the logged requests that were used (Limits::expire) into the base,
--- then the others but the one given back into the limits, from the base
--- on. Otherwise: first the call's requests (a reservation, each of a batch
--- in order, or a resume's, one per limit) into the limits, then those that
--- left the log meanwhile into its base (Limits::fold_oldest). `Q`: a
--- pass's logged requests (id, permits and now each), charged again.
-local Q, on_base, steps, pass, r = nil, false, 1, 1, 0
 -- (`g`, `left`: the run of a batch's requests, and how many are left.)
 local g, left = -4, 0
 if n == 1 and count == 0 and (not mode and not held or R and not holds) then
@@ -88,9 +78,9 @@ if n == 1 and count == 0 and (not mode and not held or R and not holds) then
             left, p, t = left - 1, R[g + 1], R[g + 3]
         end
         local moment, bound = now, -1
-        if nf > moment then moment, bound = nf, 0 end
+        if nf > moment then moment = nf; bound = 0 end
         if t >= 0 and moment - now > t then
-            if not R then return struct.pack('<dddd', now, st, nf, fr) end
+            if not R then return st == 0 and now - nf or struct.pack('<dddd', now, st, nf, fr) end
             replies[#replies + 1] = now - moment
         else
             if moment > nf then
@@ -121,7 +111,7 @@ if n == 1 and count == 0 and (not mode and not held or R and not holds) then
             else
                 wait = MAX_MICROS
             end
-            nf, st, moment_r, bound_r, writes = nf + wait, st - spend, moment, bound, true
+            nf = nf + wait; st = st - spend; moment_r = moment; bound_r = bound; writes = true
             if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
             if R then
                 replies[#replies + 1] = moment - now
@@ -129,234 +119,247 @@ if n == 1 and count == 0 and (not mode and not held or R and not holds) then
             end
         end
     end
-    steps = 0
-elseif not mode then
-    -- (One reservation.)
-elseif E then
-    Q, on_base = {}, true
-    for j = 1, first - 1, 4 do Q[#Q + 1], Q[#Q + 2], Q[#Q + 3] = E[j], E[j + 1], E[j + 2] end
-    steps = #Q / 3
-    if steps > 0 then
-        if n == 1 then st, nf, fr, bst, bnf, bfr = bst, bnf, bfr, st, nf, fr else S, B = B, S end
-    end
-elseif R then
-    steps = total
-elseif debts then
-    steps = n
 else
-    steps = 0
-end
-while true do
-    if r == steps then
-        if on_base and steps > 0 then
+    -- The requests charged, each at the moment every limit allows it
+    -- (Limits::earliest), to the limits or to the log's base (`on_base`:
+    -- the two sets of states swap places for it), in up to two passes. A
+    -- give-back: first the logged requests that were used (Limits::expire)
+    -- into the base, then the others but the one given back into the
+    -- limits, from the base on. Otherwise: first the call's requests (a
+    -- reservation, each of a batch in order, or a resume's, one per limit)
+    -- into the limits, then those that left the log meanwhile into its
+    -- base (Limits::fold_oldest). `Q`: a pass's logged requests (id,
+    -- permits and now each), charged again. (Declared here, so that the
+    -- calls above pay for none of it.)
+    local Q, on_base, steps, pass, r = nil, false, 1, 1, 0
+    if not mode then
+        -- (One reservation.)
+    elseif E then
+        Q, on_base = {}, true
+        for j = 1, first - 1, 4 do Q[#Q + 1], Q[#Q + 2], Q[#Q + 3] = E[j], E[j + 1], E[j + 2] end
+        steps = #Q / 3
+        if steps > 0 then
             if n == 1 then st, nf, fr, bst, bnf, bfr = bst, bnf, bfr, st, nf, fr else S, B = B, S end
         end
-        if pass == 2 or not (E or (F and count > 0)) then break end
-        pass, r = 2, 0
-        if E then
-            -- The limits from the base on, then the others.
-            if n == 1 then
-                st, nf, fr = bst, bnf, bfr
-            else
-                for k = 1, 3 * n do S[k] = B[k] end
-            end
-            Q, on_base = {}, false
-            for j = first, 4 * count, 4 do
-                if j ~= place then Q[#Q + 1], Q[#Q + 2], Q[#Q + 3] = E[j], E[j + 1], E[j + 2] end
-            end
-            steps = #Q / 3
-        else
-            Q, on_base, steps = F, true, #F / 3
-            if n == 1 then st, nf, fr, bst, bnf, bfr = bst, bnf, bfr, st, nf, fr else S, B = B, S end
-        end
-        if steps == 0 then break end
-    end
-    r = r + 1
-
-    -- Request r: its permits, timeout, whether it is held, its now, its id;
-    -- for a resume, the limit it carries its debt to (`p`: the debt).
-    local p, t, hold, at, limit, id = permits, timeout, held, now, nil, -1
-    if Q then
-        id, p, at, t, hold = Q[3 * r - 2], Q[3 * r - 1], Q[3 * r], -1, false
-        if id < -1 then limit = -1 - id end
-    elseif not mode then
-        -- (The reservation.)
     elseif R then
-        if left == 0 then g, left = g + 4, R[g + 8] end
-        left, p, hold, t = left - 1, R[g + 1], R[g + 2], R[g + 3]
+        steps = total
+    elseif debts then
+        steps = n
     else
-        limit, p = r, debts[r]
+        steps = 0
     end
-
-    -- Limits::earliest: the moment every limit allows it, and the first
-    -- limit whose ticket that is, if it lies after now.
-    local moment, bound = at, -1
-    if limit then
-        moment = at
-    elseif n == 1 then
-        if nf > moment then moment, bound = nf, 0 end
-    else
-        for i = 1, n do
-            if S[3 * i - 1] > moment then moment, bound = S[3 * i - 1], i - 1 end
-        end
-    end
-
-    -- A try that the debt does not fit is refused: it charges nothing.
-    local granted = t < 0 or moment - at <= t
-    if granted and not Q then
-        writes = true
-        -- Limits::reserve_at: the id of a held reservation that waits (the
-        -- clock, or the id before it + 1 if that is more: ids rise, and a
-        -- key written anew after it expired gives none it gave before);
-        -- Limits::expire (the logged requests whose moment has passed leave
-        -- the log: they were used) and, when the log is full, its oldest
-        -- leaves it; the log keeps the request if it has an id (for a
-        -- resume, its limit's) or the log holds any, and starts with the
-        -- limits' states when it was empty.
-        if limit then
-            id = -1 - limit
-        elseif hold and moment > now then
-            if next_id < now then next_id = now end
-            id, next_id = next_id, next_id + 1
-        end
-        while count > 0 and (front <= now or count == LOG_CAPACITY) do
-            F = F or {}
-            F[#F + 1], F[#F + 2], F[#F + 3] = front_id, front_p, front_at
-            count = count - 1
-            if count == 0 then
-                log_at, added, A, added_first, F = nil, nil, nil, 1, nil
-            elseif log_at and log_at + 32 <= size then
-                log_at = log_at + 32
-                front_id, front_p, front_at, front = struct.unpack('<dddd', value, log_at)
-                if not (front_id % 1 == 0 and front_id >= -1 - n and front_id < next_id
-                        and front_p % 1 == 0 and front_p >= 0 and front_p <= MAX_MICROS
-                        and front_at >= 0 and front_at % 1 == 0 and front >= front_at
-                        and front <= MAX_MICROS and front % 1 == 0) then
-                    return redis.error_reply(string.format(NOT_OURS, key, size))
-                end
-            else
-                if log_at then log_at = nil else added_first = added_first + 1 end
-                local a = 4 * added_first
-                front_id, front_p, front_at, front = A[a - 3], A[a - 2], A[a - 1], A[a]
+    while true do
+        if r == steps then
+            if on_base and steps > 0 then
+                if n == 1 then st, nf, fr, bst, bnf, bfr = bst, bnf, bfr, st, nf, fr else S, B = B, S end
             end
-        end
-        if id >= 0 or count > 0 then
-            if count == 0 then
+            if pass == 2 or not (E or (F and count > 0)) then break end
+            pass, r = 2, 0
+            if E then
+                -- The limits from the base on, then the others.
                 if n == 1 then
-                    bst, bnf, bfr = st, nf, fr
+                    st, nf, fr = bst, bnf, bfr
                 else
-                    B = {unpack(S, 1, 3 * n)}
+                    for k = 1, 3 * n do S[k] = B[k] end
                 end
-                front_id, front_p, front_at, front = id, p, at, moment
+                Q, on_base = {}, false
+                for j = first, 4 * count, 4 do
+                    if j ~= place then Q[#Q + 1], Q[#Q + 2], Q[#Q + 3] = E[j], E[j + 1], E[j + 2] end
+                end
+                steps = #Q / 3
+            else
+                Q, on_base, steps = F, true, #F / 3
+                if n == 1 then st, nf, fr, bst, bnf, bfr = bst, bnf, bfr, st, nf, fr else S, B = B, S end
             end
-            if not added then added, A = {}, {} end
-            local a = #added
-            added[a + 1] = struct.pack('<dddd', id, p, at, moment)
-            A[4 * a + 1], A[4 * a + 2], A[4 * a + 3], A[4 * a + 4] = id, p, at, moment
-            count = count + 1
+            if steps == 0 then break end
         end
-    end
+        r = r + 1
 
-    if limit and granted then
-        -- Limits::resume of one limit: its ticket at least up to now, no
-        -- stored permits, then its debt; a ticket that reaches 2^53 is 2^53,
-        -- with no fraction (as in State::charge).
-        local k = 3 * limit - 2
-        if n > 1 then st, nf, fr = S[k], S[k + 1], S[k + 2] end
-        if at > nf then nf, fr = at, 0 end
-        st = 0.0
-        nf = nf + p
-        if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
-        if n > 1 then S[k], S[k + 1], S[k + 2] = st, nf, fr end
-    elseif granted then
-        -- Limits::charge: every limit as if requested at the moment
-        -- (State::reserve_earliest_available: resync, spend stored permits
-        -- first, charge the rest as fresh ones, push the ticket).
-        for i = 1, n do
-            if n > 1 then
-                local c, k = 8 * i - 8, 3 * i - 2
-                bursty, stable, mx, thr, slope, cd = C[c + 2], C[c + 4], C[c + 5], C[c + 6], C[c + 7], C[c + 8]
-                st, nf, fr = S[k], S[k + 1], S[k + 2]
+        -- Request r: its permits, timeout, whether it is held, its now, its id;
+        -- for a resume, the limit it carries its debt to (`p`: the debt).
+        local p, t, hold, at, limit, id = permits, timeout, held, now, nil, -1
+        if Q then
+            id, p, at, t, hold = Q[3 * r - 2], Q[3 * r - 1], Q[3 * r], -1, false
+            if id < -1 then limit = -1 - id end
+        elseif not mode then
+            -- (The reservation.)
+        elseif R then
+            if left == 0 then g, left = g + 4, R[g + 8] end
+            left, p, hold, t = left - 1, R[g + 1], R[g + 2], R[g + 3]
+        else
+            limit, p = r, debts[r]
+        end
+
+        -- Limits::earliest: the moment every limit allows it, and the first
+        -- limit whose ticket that is, if it lies after now.
+        local moment, bound = at, -1
+        if limit then
+            moment = at
+        elseif n == 1 then
+            if nf > moment then moment, bound = nf, 0 end
+        else
+            for k = 2, 3 * n, 3 do
+                local ticket = S[k]
+                if ticket > moment then moment, bound = ticket, (k - 2) / 3 end
             end
-            -- State::resync: idle time from the exact ticket, > 0 (the
-            -- fraction is below one µs), so an infinite quotient (cd = 0)
-            -- is fine, never NaN.
-            if moment > nf then
-                local stored = st + ((moment - nf) - fr / FRACTION_ONE) / cd
-                if stored > mx then stored = mx end
-                st, nf, fr = stored, moment, 0
+        end
+
+        -- A try that the debt does not fit is refused: it charges nothing.
+        local granted = t < 0 or moment - at <= t
+        if granted and not Q then
+            writes = true
+            -- Limits::reserve_at: the id of a held reservation that waits (the
+            -- clock, or the id before it + 1 if that is more: ids rise, and a
+            -- key written anew after it expired gives none it gave before);
+            -- Limits::expire (the logged requests whose moment has passed leave
+            -- the log: they were used) and, when the log is full, its oldest
+            -- leaves it; the log keeps the request if it has an id (for a
+            -- resume, its limit's) or the log holds any, and starts with the
+            -- limits' states when it was empty.
+            if limit then
+                id = -1 - limit
+            elseif hold and moment > now then
+                if next_id < now then next_id = now end
+                id, next_id = next_id, next_id + 1
             end
-            local spend = p
-            if st < spend then spend = st end
-            local fresh = p - spend
-            local wait
-            if bursty then
-                -- Bursty::stored_permits_to_wait_micros is 0, and 0.0 + x == x.
-                wait = fresh * stable
-            else
-                -- WarmingUp::stored_permits_to_wait_micros: a trapezoid
-                -- above the threshold, permits_to_time(q) = stable + q * slope.
-                local above, micros, spent = st - thr, 0.0, spend
-                if above > 0.0 then
-                    local take = above
-                    if spent < take then take = spent end
-                    local length = (stable + above * slope) + (stable + (above - take) * slope)
-                    micros = take * length / 2.0
-                    spent = spent - take
+            while count > 0 and (front <= now or count == LOG_CAPACITY) do
+                F = F or {}
+                F[#F + 1], F[#F + 2], F[#F + 3] = front_id, front_p, front_at
+                count = count - 1
+                if count == 0 then
+                    log_at, added, A, added_first, F = nil, nil, nil, 1, nil
+                elseif log_at and log_at + 32 <= size then
+                    log_at = log_at + 32
+                    front_id, front_p, front_at, front = struct.unpack('<dddd', value, log_at)
+                    if not (front_id % 1 == 0 and front_id >= -1 - n and front_id < next_id
+                            and front_p % 1 == 0 and front_p >= 0 and front_p <= MAX_MICROS
+                            and front_at >= 0 and front_at % 1 == 0 and front >= front_at
+                            and front <= MAX_MICROS and front % 1 == 0) then
+                        return redis.error_reply(string.format(NOT_OURS, key, size))
+                    end
+                else
+                    if log_at then log_at = nil else added_first = added_first + 1 end
+                    local a = 4 * added_first
+                    front_id, front_p, front_at, front = A[a - 3], A[a - 2], A[a - 1], A[a]
                 end
-                wait = micros + stable * spent + fresh * stable
             end
-            -- State::charge. Below 2^32 µs: rounded to the nearest 2^-20 µs
-            -- and added to the fraction, in units of 2^-20 µs (x - x % 1 is
-            -- floor(x) for x >= 0), whose whole µs (the units above 20
-            -- bits) go to the ticket. Else to_micros: truncated, saturated,
-            -- NaN read as MAX_MICROS; the fraction stays.
-            if wait < FINE_CHARGE_LIMIT then
-                wait = wait * FRACTION_ONE + 0.5
-                wait = wait - wait % 1 + fr
-                fr = wait % FRACTION_ONE
-                wait = (wait - fr) / FRACTION_ONE
-            elseif wait < MAX_MICROS then
-                wait = wait - wait % 1
-            else
-                wait = MAX_MICROS
+            if id >= 0 or count > 0 then
+                if count == 0 then
+                    if n == 1 then
+                        bst, bnf, bfr = st, nf, fr
+                    else
+                        B = {unpack(S, 1, 3 * n)}
+                    end
+                    front_id, front_p, front_at, front = id, p, at, moment
+                end
+                if not added then added, A = {}, {} end
+                local a = #added
+                added[a + 1] = struct.pack('<dddd', id, p, at, moment)
+                A[4 * a + 1], A[4 * a + 2], A[4 * a + 3], A[4 * a + 4] = id, p, at, moment
+                count = count + 1
             end
-            nf = nf + wait
+        end
+
+        if limit and granted then
+            -- Limits::resume of one limit: its ticket at least up to now, no
+            -- stored permits, then its debt; a ticket that reaches 2^53 is 2^53,
+            -- with no fraction (as in State::charge).
+            local k = 3 * limit - 2
+            if n > 1 then st, nf, fr = S[k], S[k + 1], S[k + 2] end
+            if at > nf then nf, fr = at, 0 end
+            st = 0.0
+            nf = nf + p
             if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
-            st = st - spend
-            if n > 1 then S[3 * i - 2], S[3 * i - 1], S[3 * i] = st, nf, fr end
-        end
-    end
-
-    if Q then
-        -- (Charged again: no reply.)
-    elseif R then
-        -- A batch's reply for it (see Batch): its wait (negated if it was
-        -- refused), and with several limits the one that bound it.
-        replies[#replies + 1] = granted and moment - now or now - moment
-        if n > 1 then replies[#replies + 1] = bound end
-        if granted then
-            moment_r, bound_r = moment, bound
-            -- The TTL its own call would need (see part 5).
-            local need
-            if n == 1 then
-                need = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
-            else
-                for i = 1, n do
-                    local c, k = 8 * i - 8, 3 * i - 2
-                    local limit = (S[k + 1] - time_micros) / 1000 + (C[c + 5] - S[k]) * C[c + 8] / 1000
-                    if i == 1 or limit > need then need = limit end
+            if n > 1 then S[k], S[k + 1], S[k + 2] = st, nf, fr end
+        elseif granted then
+            -- Limits::charge: every limit as if requested at the moment
+            -- (State::reserve_earliest_available: resync, spend stored permits
+            -- first, charge the rest as fresh ones, push the ticket).
+            -- (k: the limit's state in S, from 1; c: its configuration in C.)
+            for k = 1, 3 * n, 3 do
+                if n > 1 then
+                    local c = (k - 1) * 8 / 3
+                    bursty = C[c + 2]; stable = C[c + 4]; mx = C[c + 5]; cd = C[c + 8]
+                    st = S[k]; nf = S[k + 1]; fr = S[k + 2]
+                    if not bursty then thr = C[c + 6]; slope = C[c + 7] end
+                end
+                -- State::resync: idle time from the exact ticket, > 0 (the
+                -- fraction is below one µs), so an infinite quotient (cd = 0)
+                -- is fine, never NaN.
+                if moment > nf then
+                    local stored = st + ((moment - nf) - fr / FRACTION_ONE) / cd
+                    if stored > mx then stored = mx end
+                    st, nf, fr = stored, moment, 0
+                end
+                local spend = p
+                if st < spend then spend = st end
+                local fresh = p - spend
+                local wait
+                if bursty then
+                    -- Bursty::stored_permits_to_wait_micros is 0, and 0.0 + x == x.
+                    wait = fresh * stable
+                else
+                    -- WarmingUp::stored_permits_to_wait_micros: a trapezoid
+                    -- above the threshold, permits_to_time(q) = stable + q * slope.
+                    local above, micros, spent = st - thr, 0.0, spend
+                    if above > 0.0 then
+                        local take = above
+                        if spent < take then take = spent end
+                        local length = (stable + above * slope) + (stable + (above - take) * slope)
+                        micros = take * length / 2.0
+                        spent = spent - take
+                    end
+                    wait = micros + stable * spent + fresh * stable
+                end
+                -- State::charge. Below 2^32 µs: rounded to the nearest 2^-20 µs
+                -- and added to the fraction, in units of 2^-20 µs (x - x % 1 is
+                -- floor(x) for x >= 0), whose whole µs (the units above 20
+                -- bits) go to the ticket. Else to_micros: truncated, saturated,
+                -- NaN read as MAX_MICROS; the fraction stays.
+                if wait < FINE_CHARGE_LIMIT then
+                    wait = wait * FRACTION_ONE + 0.5
+                    wait = wait - wait % 1 + fr
+                    fr = wait % FRACTION_ONE
+                    wait = (wait - fr) / FRACTION_ONE
+                elseif wait < MAX_MICROS then
+                    wait = wait - wait % 1
+                else
+                    wait = MAX_MICROS
+                end
+                nf = nf + wait
+                if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
+                st = st - spend
+                if n > 1 then
+                    -- (With the TTL the limits need after it: see part 5.)
+                    S[k] = st; S[k + 1] = nf; S[k + 2] = fr
+                    local need = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
+                    if k == 1 or need > need_r then need_r = need end
                 end
             end
-            needs[#needs + 1] = need
         end
-    elseif not granted then
-        -- A refused try: the limits' states as read, with the clock, as a
-        -- status replies them (see Reply).
-        if n == 1 then return struct.pack('<dddd', now, st, nf, fr) end
-        return struct.pack(string.rep('<d', 1 + 3 * n), now, unpack(S, 1, 3 * n))
-    elseif not limit then
-        moment_r, bound_r = moment, bound
+
+        if Q then
+            -- (Charged again: no reply.)
+        elseif R then
+            -- A batch's reply for it (see Batch): its wait (negated if it was
+            -- refused), and with several limits the one that bound it.
+            replies[#replies + 1] = granted and moment - now or now - moment
+            if n > 1 then replies[#replies + 1] = bound end
+            if granted then
+                moment_r, bound_r = moment, bound
+                -- The TTL its own call would need (see part 5).
+                if n == 1 then need_r = (nf - time_micros) / 1000 + (mx - st) * cd / 1000 end
+                needs[#needs + 1] = need_r
+            end
+        elseif not granted then
+            -- A refused try: the limits' states as read, with the clock, as a
+            -- status replies them; one limit that stores nothing, its wait
+            -- negated (see Replies).
+            if n == 1 then return st == 0 and now - nf or struct.pack('<dddd', now, st, nf, fr) end
+            return struct.pack(string.sub(FORMAT, 3, 4 + 3 * n), now, unpack(S, 1, 3 * n))
+        elseif not limit then
+            moment_r, bound_r = moment, bound
+        end
     end
 end
 

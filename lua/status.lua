@@ -6,12 +6,9 @@
 -- same TTL, and the wait. (A missing key is written in part 5 as it reads.)
 if permits == 0 or (mode == 'probe' and value) then
     local latest = now
-    if n == 1 then
-        if nf > latest then latest = nf end
-    else
-        for k = 2, 3 * n, 3 do
-            if S[k] > latest then latest = S[k] end
-        end
+    for k = 2, 3 * n, 3 do
+        local ticket = S and S[k] or nf
+        if ticket > latest then latest = ticket end
     end
     if mode then redis.call('SET', key, value, 'KEEPTTL') end
     return latest - now

@@ -30,6 +30,10 @@ local ttl_ms, ttl_set
 if needs then
 elseif n == 1 then
     ttl_ms = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
+elseif not (mode or F) then
+    -- (A reservation's, as part 4 charged it; not when the log's base was
+    -- charged after it.)
+    ttl_ms = need_r
 else
     for i = 1, n do
         local c, k = 8 * i - 8, 3 * i - 2
@@ -87,41 +91,40 @@ if not whole and not ttl_set and count == 0 and logged_as_read == 0 then
     if n == 1 then
         hot = struct.pack('<ddddddd', shape, now, next_id, moment_r, st, nf, fr)
     else
-        hot = struct.pack(string.rep('<d', 4 + 3 * n), shape, now, next_id, moment_r, unpack(S, 1, 3 * n))
+        hot = struct.pack(string.sub(FORMAT, 3, 7 + 3 * n), shape, now, next_id, moment_r, unpack(S, 1, 3 * n))
     end
     redis.call('SETRANGE', key, '4', hot)
-elseif n == 1 and count == 0 then
-    hot = struct.pack('<c4dddddddddd', MARKER, shape, now, next_id, moment_r, st, nf, fr, expires, rate, mx)
+elseif count == 0 then
+    if n == 1 then
+        hot = struct.pack('<c4dddddddddd', MARKER, shape, now, next_id, moment_r, st, nf, fr, expires, rate, mx)
+    else
+        S[3 * n + 1] = expires
+        hot = struct.pack(string.sub(FORMAT, 1, 8 + 5 * n), MARKER, shape, now, next_id, moment_r,
+            unpack(S, 1, 5 * n + 1))
+    end
     if ttl_set then redis.call('SET', key, hot, 'PX', ttl_set) else redis.call('SET', key, hot, 'KEEPTTL') end
 else
     -- The fixed part after the hot one: the TTL's end, each limit's rate
     -- and max_permits; the log's head: the dead requests, the base.
-    local in_place = count > 0 and log_at and not mode and not whole and log_at - log_from <= 32 * DEAD_CAPACITY
+    local in_place = log_at and not mode and not whole and log_at - log_from <= 32 * DEAD_CAPACITY
     dead = in_place and (log_at - log_from) / 32 or 0
     if n == 1 and not E then
         hot = struct.pack('<dddddddddddddd', shape, now, next_id, moment_r, st, nf, fr, expires, rate, mx,
             dead, bst, bnf, bfr)
     else
-        local numbers = {shape, now, next_id, moment_r}
+        local numbers
         if n == 1 then
-            numbers[5], numbers[6], numbers[7], numbers[8], numbers[9], numbers[10] = st, nf, fr, expires, rate, mx
+            numbers = {shape, now, next_id, moment_r, st, nf, fr, expires, rate, mx, dead, bst, bnf, bfr}
         else
-            for k = 1, 3 * n do numbers[4 + k] = S[k] end
-            numbers[#numbers + 1] = expires
-            for c = 1, 8 * n, 8 do numbers[#numbers + 1], numbers[#numbers + 2] = C[c], C[c + 4] end
-        end
-        if count > 0 then
+            S[3 * n + 1] = expires
+            numbers = {shape, now, next_id, moment_r, unpack(S, 1, 5 * n + 1)}
             numbers[#numbers + 1] = dead
-            if n == 1 then
-                numbers[#numbers + 1], numbers[#numbers + 2], numbers[#numbers + 3] = bst, bnf, bfr
-            else
-                for k = 1, 3 * n do numbers[#numbers + 1] = B[k] end
-            end
-            for j = first or 1, E and 4 * logged or 0, 4 do
-                if j ~= place then
-                    local k = #numbers
-                    numbers[k + 1], numbers[k + 2], numbers[k + 3], numbers[k + 4] = E[j], E[j + 1], E[j + 2], E[j + 3]
-                end
+            for k = 1, 3 * n do numbers[#numbers + 1] = B[k] end
+        end
+        for j = first or 1, E and 4 * logged or 0, 4 do
+            if j ~= place then
+                local k = #numbers
+                numbers[k + 1], numbers[k + 2], numbers[k + 3], numbers[k + 4] = E[j], E[j + 1], E[j + 2], E[j + 3]
             end
         end
         hot = struct.pack(string.rep('<d', #numbers), unpack(numbers))
@@ -133,7 +136,7 @@ else
         if ttl_set then redis.call('PEXPIRE', key, ttl_set) end
     else
         hot = MARKER .. hot
-        if count > 0 and not E then
+        if not E then
             hot = hot .. (log_at and string.sub(value, log_at, size) or '')
                 .. (added and table.concat(added, '', added_first) or '')
         end

@@ -132,78 +132,98 @@ pub fn chunk_limit(rate: f64) -> usize {
     }
 }
 
-/// A reservation being made and waited for. It owns the limiter while it
-/// runs and hands it back with the bytes it paid for.
-type Waiting<L> = Pin<Box<dyn Future<Output = (L, Result<usize, Error>)> + Send>>;
+/// A pending reservation's future: it reserves and waits, and hands the
+/// limiter back with the outcome.
+pub(crate) type Wait<'a, L, T> = Pin<Box<dyn Future<Output = (L, Result<T, Error>)> + Send + 'a>>;
 
-/// The limiter, idle or busy with one reservation.
-enum Gate<L> {
+/// A limiter handle, idle or lent to the one reservation pending: what a
+/// throttled reader, writer or stream holds between polls, so that a call
+/// dropped and made again picks the same reservation up.
+pub(crate) enum Gate<'a, L, T> {
     /// No reservation pending.
     Idle(L),
     /// A reservation pending: dropping it gives the permits back.
-    Waiting(Waiting<L>),
+    Waiting(Wait<'a, L, T>),
     /// Only if a reservation panicked: the limiter went with it.
     Gone,
 }
 
-impl<L> Gate<L>
-where
-    L: Deref + Send + Sync + 'static,
-    L::Target: Limiter,
-{
-    fn is_idle(&self) -> bool {
-        matches!(self, Gate::Idle(_))
-    }
-
-    /// The limiter's rate, if no reservation is pending.
-    fn rate(&self) -> Option<f64> {
+impl<'a, L, T> Gate<'a, L, T> {
+    /// The limiter, if no reservation is pending.
+    pub(crate) fn idle(&self) -> Option<&L> {
         match self {
-            Gate::Idle(limiter) => Some(limiter.rate()),
+            Gate::Idle(limiter) => Some(limiter),
             _ => None,
         }
     }
 
-    /// Starts reserving `bytes` (at least 1, at most `MAX_CHUNK`). Does
+    /// Lends the limiter to the reservation `wait` makes with it. Does
     /// nothing unless idle.
-    fn start(&mut self, bytes: usize) {
-        let Gate::Idle(_) = self else { return };
-        let Gate::Idle(limiter) = std::mem::replace(self, Gate::Gone) else {
-            unreachable!("checked just above")
-        };
-        // At most MAX_CHUNK, so the conversion never saturates.
-        let permits = u32::try_from(bytes).unwrap_or(u32::MAX);
-        *self = Gate::Waiting(Box::pin(async move {
-            let paid = match Limiter::reservation(&*limiter, permits).await {
-                Ok(reservation) => {
-                    reservation.wait().await;
-                    Ok(bytes)
-                }
-                Err(error) => Err(error),
-            };
-            (limiter, paid)
-        }));
+    pub(crate) fn start(&mut self, wait: impl FnOnce(L) -> Wait<'a, L, T>) {
+        if let Gate::Idle(_) = self
+            && let Gate::Idle(limiter) = std::mem::replace(self, Gate::Gone)
+        {
+            *self = Gate::Waiting(wait(limiter));
+        }
     }
 
-    /// Polls the pending reservation: the bytes paid for once it is due, or
-    /// the limiter's error (nothing paid). Idle again when ready.
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+    /// Polls the pending reservation: `None` if there is none, else its
+    /// outcome once it is due, the limiter idle again.
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<T, Error>>> {
         let Gate::Waiting(waiting) = self else {
-            return Poll::Ready(Err(io::Error::other(
-                "paceline: the limiter was lost to a panic in an earlier reservation",
-            )));
+            return Poll::Ready(None);
         };
-        let (limiter, paid) = ready!(waiting.as_mut().poll(cx));
+        let (limiter, outcome) = ready!(waiting.as_mut().poll(cx));
         *self = Gate::Idle(limiter);
-        Poll::Ready(paid.map_err(io::Error::other))
+        Poll::Ready(Some(outcome))
     }
 }
 
-impl<L> fmt::Debug for Gate<L> {
+impl<L, T> fmt::Debug for Gate<'_, L, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Gate::Idle(_) => "Idle",
             Gate::Waiting(_) => "Waiting",
             Gate::Gone => "Gone",
+        })
+    }
+}
+
+/// Waits for a reservation's moment, if it was made.
+pub(crate) async fn waited(reserved: Result<crate::Reservation<'_>, Error>) -> Result<(), Error> {
+    reserved?.wait().await;
+    Ok(())
+}
+
+/// The gate of a reader or writer: what it pays for is bytes.
+impl<L: Deref<Target: Limiter> + Send + Sync + 'static> Gate<'static, L, usize> {
+    /// The largest chunk at the limiter's rate, if no reservation is
+    /// pending.
+    fn chunk_limit(&self) -> Option<usize> {
+        self.idle().map(|limiter| chunk_limit(limiter.rate()))
+    }
+
+    /// Starts reserving `bytes` (at least 1, at most `MAX_CHUNK`). Does
+    /// nothing unless idle.
+    fn reserve(&mut self, bytes: usize) {
+        // At most MAX_CHUNK, so the conversion never saturates.
+        let permits = u32::try_from(bytes).unwrap_or(u32::MAX);
+        self.start(|limiter| {
+            Box::pin(async move {
+                let paid = waited(limiter.reservation(permits).await).await;
+                (limiter, paid.map(|()| bytes))
+            })
+        });
+    }
+
+    /// Polls the pending reservation: the bytes paid for once it is due,
+    /// or the limiter's error (nothing paid). Idle again when ready.
+    fn paid(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        Poll::Ready(match ready!(self.poll(cx)) {
+            Some(paid) => paid.map_err(io::Error::other),
+            None => Err(io::Error::other(
+                "paceline: the limiter was lost to a panic in an earlier reservation",
+            )),
         })
     }
 }
@@ -248,7 +268,7 @@ impl<L> fmt::Debug for Gate<L> {
 /// ```
 pub struct ThrottledWriter<W, L> {
     inner: W,
-    gate: Gate<L>,
+    gate: Gate<'static, L, usize>,
     /// Bytes reserved and waited for but not yet written.
     credit: usize,
 }
@@ -256,8 +276,7 @@ pub struct ThrottledWriter<W, L> {
 impl<W, L> ThrottledWriter<W, L>
 where
     W: AsyncWrite + Unpin,
-    L: Deref + Send + Sync + 'static,
-    L::Target: Limiter,
+    L: Deref<Target: Limiter> + Send + Sync + 'static,
 {
     /// Wraps `inner`, writing to it at `limiter`'s rate in bytes per second.
     ///
@@ -356,8 +375,7 @@ impl<W: Unpin, L> Unpin for ThrottledWriter<W, L> {}
 impl<W, L> AsyncWrite for ThrottledWriter<W, L>
 where
     W: AsyncWrite + Unpin,
-    L: Deref + Send + Sync + 'static,
-    L::Target: Limiter,
+    L: Deref<Target: Limiter> + Send + Sync + 'static,
 {
     fn poll_write(
         self: Pin<&mut Self>,
@@ -369,12 +387,12 @@ where
             return Pin::new(&mut this.inner).poll_write(cx, buf);
         }
         if this.credit == 0 {
-            if let Some(rate) = this.gate.rate() {
-                this.gate.start(buf.len().min(chunk_limit(rate)));
+            if let Some(limit) = this.gate.chunk_limit() {
+                this.gate.reserve(buf.len().min(limit));
             }
             // On an error nothing was paid and the gate is idle again: the
             // next write tries afresh.
-            this.credit = ready!(this.gate.poll(cx))?;
+            this.credit = ready!(this.gate.paid(cx))?;
         }
         let chunk = this.credit.min(buf.len());
         let written = ready!(Pin::new(&mut this.inner).poll_write(cx, &buf[..chunk]))?;
@@ -445,7 +463,7 @@ impl<W: fmt::Debug, L> fmt::Debug for ThrottledWriter<W, L> {
 /// ```
 pub struct ThrottledReader<R, L> {
     inner: R,
-    gate: Gate<L>,
+    gate: Gate<'static, L, usize>,
     /// Storage for bytes read and not yet handed over: `held[start..end]`.
     held: Vec<u8>,
     start: usize,
@@ -457,8 +475,7 @@ pub struct ThrottledReader<R, L> {
 impl<R, L> ThrottledReader<R, L>
 where
     R: AsyncRead + Unpin,
-    L: Deref + Send + Sync + 'static,
-    L::Target: Limiter,
+    L: Deref<Target: Limiter> + Send + Sync + 'static,
 {
     /// Wraps `inner`, reading from it at `limiter`'s rate in bytes per second.
     ///
@@ -560,8 +577,7 @@ impl<R: Unpin, L> Unpin for ThrottledReader<R, L> {}
 impl<R, L> AsyncRead for ThrottledReader<R, L>
 where
     R: AsyncRead + Unpin,
-    L: Deref + Send + Sync + 'static,
-    L::Target: Limiter,
+    L: Deref<Target: Limiter> + Send + Sync + 'static,
 {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -574,11 +590,11 @@ where
         }
         if this.start == this.end {
             // Nothing held: read a chunk.
-            let Some(rate) = this.gate.rate() else {
+            let Some(limit) = this.gate.chunk_limit() else {
                 // Unreachable: a reservation is only pending for held bytes.
-                return this.gate.poll(cx).map_ok(drop);
+                return this.gate.paid(cx).map_ok(drop);
             };
-            let limit = buf.remaining().min(chunk_limit(rate));
+            let limit = buf.remaining().min(limit);
             if this.held.len() < limit {
                 this.held.resize(limit, 0);
             }
@@ -593,10 +609,8 @@ where
         if !this.paid {
             // A new chunk, or one whose reservation failed before: reserve
             // exactly what is held.
-            if this.gate.is_idle() {
-                this.gate.start(this.end - this.start);
-            }
-            ready!(this.gate.poll(cx))?;
+            this.gate.reserve(this.end - this.start);
+            ready!(this.gate.paid(cx))?;
             this.paid = true;
         }
         let n = buf.remaining().min(this.end - this.start);

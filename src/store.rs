@@ -89,13 +89,17 @@ pub trait Engine<Q: ?Sized + Sync>: Rate {
         timeout: Option<Duration>,
     ) -> impl Future<Output = Result<Option<Duration>, Error>> + Send;
 
-    /// [`take_wait`](Self::take_wait) from a thread that may block.
+    /// [`take_wait`](Self::take_wait) from a thread that may block. The
+    /// default polls it once: the in-process engines' futures are ready
+    /// when made ([`now`]). An engine that does I/O blocks its own way.
     fn take_blocking(
         &self,
         key: &Q,
         permits: u32,
         timeout: Option<Duration>,
-    ) -> Result<Option<Duration>, Error>;
+    ) -> Result<Option<Duration>, Error> {
+        now(self.take_wait(key, permits, timeout))
+    }
 
     /// How long a request of `key` made now would wait.
     fn next_free(&self, key: &Q) -> impl Future<Output = Result<Duration, Error>> + Send;
@@ -116,6 +120,13 @@ pub trait Engine<Q: ?Sized + Sync>: Rate {
         let _ = key;
         None
     }
+}
+
+/// A timeout in whole µs for the in-process engines (saturating at
+/// [`MAX_MICROS`](crate::core::MAX_MICROS)); `u64::MAX` for none.
+#[inline(always)]
+pub(crate) fn timeout_micros(timeout: Option<Duration>) -> u64 {
+    timeout.map_or(u64::MAX, crate::core::micros)
 }
 
 /// The output of a future that is ready when made: an in-process engine's
@@ -297,82 +308,4 @@ where
         engine.metrics().granted(Duration::ZERO);
     }
     taken
-}
-
-/// An engine shared with the tasks it starts (the Redis engine's) is an
-/// engine behind its `Arc`.
-impl<E: Rate> Rate for std::sync::Arc<E> {
-    fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
-        (**self).set_rate(permits_per_second)
-    }
-
-    fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
-        (**self).set_limit_rate(index, permits_per_second)
-    }
-
-    fn rate(&self) -> f64 {
-        (**self).rate()
-    }
-
-    fn clock(&self) -> &dyn Clock {
-        (**self).clock()
-    }
-
-    fn stats(&self) -> Stats {
-        (**self).stats()
-    }
-
-    fn sleep_blocking(&self, wait: Duration) {
-        (**self).sleep_blocking(wait);
-    }
-
-    fn metrics(&self) -> &Metrics {
-        (**self).metrics()
-    }
-}
-
-impl<Q: ?Sized + Sync, E: Engine<Q>> Engine<Q> for std::sync::Arc<E> {
-    fn take(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Option<Duration>,
-        held: bool,
-    ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
-        (**self).take(key, permits, timeout, held)
-    }
-
-    fn take_wait(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Option<Duration>,
-    ) -> impl Future<Output = Result<Option<Duration>, Error>> + Send {
-        (**self).take_wait(key, permits, timeout)
-    }
-
-    fn take_blocking(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Option<Duration>,
-    ) -> Result<Option<Duration>, Error> {
-        (**self).take_blocking(key, permits, timeout)
-    }
-
-    fn next_free(&self, key: &Q) -> impl Future<Output = Result<Duration, Error>> + Send {
-        (**self).next_free(key)
-    }
-
-    fn snapshot(&self, key: &Q) -> impl Future<Output = Result<Snapshot, Error>> + Send {
-        (**self).snapshot(key)
-    }
-
-    fn take_now(&self, key: &Q, permits: u32) -> Option<Result<bool, Error>> {
-        (**self).take_now(key, permits)
-    }
-
-    fn snapshot_now(&self, key: &Q) -> Option<Snapshot> {
-        (**self).snapshot_now(key)
-    }
 }

@@ -66,7 +66,6 @@
 //! wait (the [`Limiter`] methods are `async`, so they box theirs too).
 
 use std::fmt;
-use std::future::Future;
 use std::marker::PhantomData;
 use std::ops::Deref;
 use std::pin::Pin;
@@ -75,6 +74,7 @@ use std::task::{Context, Poll, ready};
 use futures::Stream;
 use futures::stream::FusedStream;
 
+use crate::io::{Gate, waited};
 use crate::{Error, KeyedLimiter, Limiter};
 
 /// Adapters that pace a [`Stream`] with a limiter, implemented for every
@@ -114,16 +114,12 @@ pub trait ThrottleExt: Stream {
     fn throttle<'a, L>(self, limiter: L) -> Throttle<'a, Self, L, OnePermit<Self::Item>>
     where
         Self: Sized,
-        L: Deref + Send + 'a,
-        L::Target: Limiter + 'a,
+        L: Deref<Target: Limiter + 'a> + Send + 'a,
     {
         fn one<T>(_: &T) -> u32 {
             1
         }
-        Throttle {
-            core: Core::new(self, limiter),
-            charge: one::<Self::Item>,
-        }
+        Throttle::new(self, limiter, one::<Self::Item>)
     }
 
     /// Paces the stream at `permits(&item)` permits per item; an item of 0
@@ -155,14 +151,10 @@ pub trait ThrottleExt: Stream {
     fn throttle_by<'a, L, F>(self, limiter: L, permits: F) -> Throttle<'a, Self, L, F>
     where
         Self: Sized,
-        L: Deref + Send + 'a,
-        L::Target: Limiter + 'a,
+        L: Deref<Target: Limiter + 'a> + Send + 'a,
         F: FnMut(&Self::Item) -> u32,
     {
-        Throttle {
-            core: Core::new(self, limiter),
-            charge: permits,
-        }
+        Throttle::new(self, limiter, permits)
     }
 
     /// Paces the stream with a [`KeyedLimiter`]: `key_and_permits(&item)`
@@ -204,15 +196,11 @@ pub trait ThrottleExt: Stream {
     ) -> ThrottleKeyed<'a, Self, L, F, K>
     where
         Self: Sized,
-        L: Deref + Send + 'a,
-        L::Target: KeyedLimiter<K> + 'a,
+        L: Deref<Target: KeyedLimiter<K> + 'a> + Send + 'a,
         K: Send + Sync + 'a,
         F: FnMut(&Self::Item) -> (K, u32),
     {
-        Throttle {
-            core: Core::new(self, limiter),
-            charge: PerKey(key_and_permits, PhantomData),
-        }
+        Throttle::new(self, limiter, PerKey(key_and_permits, PhantomData))
     }
 }
 
@@ -287,128 +275,7 @@ impl<T> From<ThrottleError<T>> for Error {
 
 /// One item's wait: reserves, sleeps, and hands the limiter back with the
 /// outcome. Dropping it mid-wait drops the reservation, giving it back.
-type Wait<'a, L> = Pin<Box<dyn Future<Output = (L, Result<(), Error>)> + Send + 'a>>;
-
-/// Where the limiter handle is: ready for the next item, or inside the
-/// current item's wait.
-enum Slot<'a, L> {
-    Idle(L),
-    Waiting(Wait<'a, L>),
-    /// Only while a wait is being set up.
-    Moving,
-}
-
-/// What both throttled streams share: the inner stream, the limiter and the
-/// item waiting for its permits.
-struct Core<'a, S: Stream, L> {
-    /// Boxed once, so that any stream (pinned or not) can be polled.
-    stream: Pin<Box<S>>,
-    slot: Slot<'a, L>,
-    /// The item whose wait is in `slot`.
-    item: Option<S::Item>,
-    /// The inner stream has ended.
-    done: bool,
-}
-
-/// What a poll of the throttled stream yields.
-type Next<T> = Poll<Option<Result<T, ThrottleError<T>>>>;
-
-impl<'a, S: Stream, L> Core<'a, S, L> {
-    fn new(stream: S, limiter: L) -> Self {
-        Core {
-            stream: Box::pin(stream),
-            slot: Slot::Idle(limiter),
-            item: None,
-            done: false,
-        }
-    }
-
-    /// Polls the current wait, if any; yields its item when it is over.
-    /// `Ready(None)` means there was no wait.
-    fn poll_wait(&mut self, cx: &mut Context<'_>) -> Next<S::Item> {
-        let Slot::Waiting(wait) = &mut self.slot else {
-            return Poll::Ready(None);
-        };
-        let (limiter, result) = ready!(wait.as_mut().poll(cx));
-        self.slot = Slot::Idle(limiter);
-        let item = self.item.take().expect("a waiting item");
-        Poll::Ready(Some(match result {
-            Ok(()) => Ok(item),
-            Err(error) => Err(ThrottleError { item, error }),
-        }))
-    }
-
-    /// Polls the inner stream for the next item, unless it has ended.
-    fn poll_inner(&mut self, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
-        if self.done {
-            return Poll::Ready(None);
-        }
-        let next = ready!(self.stream.as_mut().poll_next(cx));
-        self.done = next.is_none();
-        Poll::Ready(next)
-    }
-
-    /// Starts `item`'s wait, made by `wait` from the limiter handle.
-    fn start(&mut self, item: S::Item, wait: impl FnOnce(L) -> Wait<'a, L>) {
-        let Slot::Idle(limiter) = std::mem::replace(&mut self.slot, Slot::Moving) else {
-            unreachable!("a throttled stream starts a wait only when idle");
-        };
-        self.slot = Slot::Waiting(wait(limiter));
-        self.item = Some(item);
-    }
-
-    /// The throttled stream's `poll_next`: releases the waiting item when
-    /// its wait is over, then takes the next item and asks `charge` what it
-    /// costs, given the limiter: `None` to release it at once (it is free,
-    /// or its permits were taken at once), or the wait to start for it.
-    fn poll_next<W>(
-        &mut self,
-        cx: &mut Context<'_>,
-        mut charge: impl FnMut(&S::Item, &L) -> Option<W>,
-    ) -> Next<S::Item>
-    where
-        W: FnOnce(L) -> Wait<'a, L>,
-    {
-        loop {
-            if let Some(released) = ready!(self.poll_wait(cx)) {
-                return Poll::Ready(Some(released));
-            }
-            let Some(item) = ready!(self.poll_inner(cx)) else {
-                return Poll::Ready(None);
-            };
-            let Slot::Idle(limiter) = &self.slot else {
-                unreachable!("no wait is in progress once poll_wait is ready");
-            };
-            match charge(&item, limiter) {
-                None => return Poll::Ready(Some(Ok(item))),
-                Some(wait) => self.start(item, wait),
-            }
-        }
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        let waiting = usize::from(self.item.is_some());
-        if self.done {
-            return (waiting, Some(waiting));
-        }
-        let (low, high) = self.stream.size_hint();
-        (
-            low.saturating_add(waiting),
-            high.and_then(|high| high.checked_add(waiting)),
-        )
-    }
-
-    fn is_terminated(&self) -> bool {
-        self.done && self.item.is_none()
-    }
-
-    fn fmt(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct(name)
-            .field("waiting", &self.item.is_some())
-            .field("done", &self.done)
-            .finish_non_exhaustive()
-    }
-}
+type Wait<'a, L> = crate::io::Wait<'a, L, ()>;
 
 /// What an item of a throttled stream costs: the function given to
 /// [`ThrottleExt`], for a [`Limiter`] (`FnMut(&item) -> permits`) or, as
@@ -432,8 +299,7 @@ impl<F> sealed::Sealed for F {}
 
 impl<'a, T, L, F> Charge<'a, T, L> for F
 where
-    L: Deref + Send + 'a,
-    L::Target: Limiter + 'a,
+    L: Deref<Target: Limiter + 'a> + Send + 'a,
     F: FnMut(&T) -> u32,
 {
     fn charge(
@@ -456,20 +322,13 @@ where
     }
 }
 
-/// Waits for a reservation's moment, if it was made.
-async fn waited(reserved: Result<crate::Reservation<'_>, Error>) -> Result<(), Error> {
-    reserved?.wait().await;
-    Ok(())
-}
-
 /// The charge of [`ThrottleExt::throttle_keyed`]: `key_and_permits(&item)`
 /// for a [`KeyedLimiter`].
 pub struct PerKey<F, K>(F, PhantomData<fn() -> K>);
 
 impl<'a, T, L, F, K> Charge<'a, T, L> for PerKey<F, K>
 where
-    L: Deref + Send + 'a,
-    L::Target: KeyedLimiter<K> + 'a,
+    L: Deref<Target: KeyedLimiter<K> + 'a> + Send + 'a,
     K: Send + Sync + 'a,
     F: FnMut(&T) -> (K, u32),
 {
@@ -497,13 +356,32 @@ where
 /// item's permits back.
 #[must_use = "streams do nothing unless polled"]
 pub struct Throttle<'a, S: Stream, L, F> {
-    core: Core<'a, S, L>,
+    /// Boxed once, so that any stream (pinned or not) can be polled.
+    stream: Pin<Box<S>>,
+    /// The limiter, or the wait of `item`.
+    gate: Gate<'a, L, ()>,
+    /// The item waiting for its permits.
+    item: Option<S::Item>,
+    /// The inner stream has ended.
+    done: bool,
     charge: F,
 }
 
 /// A stream paced by a [`KeyedLimiter`], each item charged to its own key:
 /// made by [`ThrottleExt::throttle_keyed`].
 pub type ThrottleKeyed<'a, S, L, F, K> = Throttle<'a, S, L, PerKey<F, K>>;
+
+impl<S: Stream, L, F> Throttle<'_, S, L, F> {
+    fn new(stream: S, limiter: L, charge: F) -> Self {
+        Throttle {
+            stream: Box::pin(stream),
+            gate: Gate::Idle(limiter),
+            item: None,
+            done: false,
+            charge,
+        }
+    }
+}
 
 // Nothing is pinned in place: the inner stream is boxed, the rest is moved
 // freely.
@@ -516,13 +394,49 @@ where
 {
     type Item = Result<S::Item, ThrottleError<S::Item>>;
 
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Next<S::Item> {
-        let Throttle { core, charge } = self.get_mut();
-        core.poll_next(cx, |item, limiter| charge.charge(item, limiter))
+    /// Releases the waiting item when its wait is over, then takes the
+    /// next item and asks `charge` what it costs: nothing (it is free, or
+    /// its permits were taken at once), or a wait to start for it.
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(outcome) = ready!(this.gate.poll(cx)) {
+                let item = this.item.take().expect("a waiting item");
+                return Poll::Ready(Some(match outcome {
+                    Ok(()) => Ok(item),
+                    Err(error) => Err(ThrottleError { item, error }),
+                }));
+            }
+            if this.done {
+                return Poll::Ready(None);
+            }
+            let Some(item) = ready!(this.stream.as_mut().poll_next(cx)) else {
+                this.done = true;
+                return Poll::Ready(None);
+            };
+            let Some(limiter) = this.gate.idle() else {
+                unreachable!("no wait is in progress once the gate is ready");
+            };
+            match this.charge.charge(&item, limiter) {
+                None => return Poll::Ready(Some(Ok(item))),
+                Some(wait) => {
+                    this.gate.start(wait);
+                    this.item = Some(item);
+                }
+            }
+        }
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        self.core.size_hint()
+        let waiting = usize::from(self.item.is_some());
+        if self.done {
+            return (waiting, Some(waiting));
+        }
+        let (low, high) = self.stream.size_hint();
+        (
+            low.saturating_add(waiting),
+            high.and_then(|high| high.checked_add(waiting)),
+        )
     }
 }
 
@@ -532,12 +446,15 @@ where
     F: Charge<'a, S::Item, L>,
 {
     fn is_terminated(&self) -> bool {
-        self.core.is_terminated()
+        self.done && self.item.is_none()
     }
 }
 
 impl<S: Stream, L, F> fmt::Debug for Throttle<'_, S, L, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.core.fmt("Throttle", f)
+        f.debug_struct("Throttle")
+            .field("waiting", &self.item.is_some())
+            .field("done", &self.done)
+            .finish_non_exhaustive()
     }
 }

@@ -200,10 +200,9 @@ impl Drop for Keep<'_> {
 impl Held {
     /// Reserves one permit on `limiter` (only if due within `max_wait`,
     /// when there is one), and waits for it.
-    fn start<L, T>(limiter: L, max_wait: Option<Duration>) -> Held
+    fn start<L>(limiter: L, max_wait: Option<Duration>) -> Held
     where
-        L: Deref<Target = T> + Send + 'static,
-        T: Limiter + ?Sized,
+        L: Deref<Target: Limiter> + Send + 'static,
     {
         let due = Arc::new(AtomicBool::new(false));
         let keep = Arc::new(AtomicBool::new(false));
@@ -278,12 +277,11 @@ fn boxed<E: Into<BoxError>>(error: E) -> BoxError {
     error.into()
 }
 
-impl<S, L, T, Req> Service<Req> for RateLimit<S, L>
+impl<S, L, Req> Service<Req> for RateLimit<S, L>
 where
     S: Service<Req>,
     S::Error: Into<BoxError>,
-    L: Deref<Target = T> + Clone + Send + 'static,
-    T: Limiter + ?Sized,
+    L: Deref<Target: Limiter> + Clone + Send + 'static,
 {
     type Response = S::Response;
     type Error = BoxError;
@@ -412,14 +410,13 @@ pub struct KeyedRateLimit<S, L, F> {
     max_wait: Option<Duration>,
 }
 
-impl<S, L, T, F, K, Req> Service<Req> for KeyedRateLimit<S, L, F>
+impl<S, L, F, K, Req> Service<Req> for KeyedRateLimit<S, L, F>
 where
     S: Service<Req> + Clone + Send + 'static,
     S::Error: Into<BoxError>,
     S::Future: Send + 'static,
     Req: Send + 'static,
-    L: Deref<Target = T> + Clone + Send + 'static,
-    T: KeyedLimiter<K> + ?Sized,
+    L: Deref<Target: KeyedLimiter<K>> + Clone + Send + 'static,
     K: Send + Sync + 'static,
     F: Fn(&Req) -> K,
 {

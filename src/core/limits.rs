@@ -340,6 +340,24 @@ impl Limits {
         self.set_rates(&rates, now_micros)
     }
 
+    /// A limiter's `set_rate`: the first limit's rate becomes
+    /// `permits_per_second`, and the others are scaled by the same factor
+    /// (see [`scale`](Self::scale)).
+    pub(crate) fn set_first_rate(
+        &mut self,
+        permits_per_second: f64,
+        now_micros: u64,
+    ) -> Result<(), InvalidRate> {
+        match &self.states[..] {
+            [_] => self.set_rate(None, permits_per_second, now_micros),
+            [first, ..] => {
+                let factor = permits_per_second / first.permits_per_second;
+                self.scale(factor, permits_per_second, now_micros)
+            }
+            [] => Ok(()),
+        }
+    }
+
     /// Sets each limit's rate (all valid) to `rates` at `now_micros`: a
     /// limit already at its rate is left as it is; if any changes, the log
     /// empties. A keyed limiter applies one change to every key so, all

@@ -273,6 +273,7 @@ pub fn micros(duration: Duration) -> u64 {
 ///
 /// No caller passes NaN; should one ever appear it reads as "wait forever",
 /// never as "no wait": the limiter fails closed.
+#[inline]
 fn to_micros(micros: f64) -> u64 {
     if micros < MAX_MICROS as f64 {
         micros as u64

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::word::{self, Config};
 use super::{Limits, MAX_MICROS, Policy, State};
 
 /// What a limiter (or one key of it) holds at one moment, read without
@@ -70,6 +71,19 @@ impl Snapshot {
                 .cool_down_interval_micros(state.stable_interval_micros, state.max_permits),
             limit,
         }
+    }
+
+    /// The snapshot of the state `word` (not mutex mode) stands for at
+    /// `now_micros`, under `config`, the configuration of `template`.
+    pub(crate) fn of_word(
+        word: u64,
+        now_micros: u64,
+        config: &Config,
+        template: &State,
+    ) -> Snapshot {
+        let mut state = template.clone();
+        word::decode_into(word, now_micros, config, &mut state);
+        Snapshot::of(&state, now_micros, 0)
     }
 
     /// The snapshot of several limits at `now_micros`: the one that binds

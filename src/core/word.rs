@@ -83,7 +83,9 @@
 //! [`Limits`] of one limit on random sequences: to the bit until it first
 //! holds stored permits, to the microsecond from then on).
 
-use super::{FINE_CHARGE_LIMIT_MICROS, FRACTION_BITS, Limits, MAX_MICROS, Policy, State};
+use super::{
+    FINE_CHARGE_LIMIT_MICROS, FRACTION_BITS, Limits, MAX_MICROS, Policy, State, to_micros,
+};
 
 /// Where the generation starts.
 const GEN_SHIFT: u32 = 55;
@@ -338,16 +340,6 @@ pub(crate) fn worth_rebasing(config: &Config, now: u64) -> bool {
 #[inline]
 pub(crate) fn is_mutex(word: u64) -> bool {
     word & (STORED | PAYLOAD) == MUTEX
-}
-
-/// The core's `to_micros`: truncates a wait to whole µs, saturating.
-#[inline]
-fn to_micros(micros: f64) -> u64 {
-    if micros < MAX_MICROS as f64 {
-        micros as u64
-    } else {
-        MAX_MICROS
-    }
 }
 
 /// A non-negative duration in µs to fixed point, rounded to nearest,

@@ -7,19 +7,15 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use super::Keyed;
-use crate::Snapshot;
 use crate::clock::Clock;
+use crate::{Key, Snapshot};
 
 /// # For a Redis limiter's fallback
 ///
 /// The fallback holds the keys it served in [`Mode::Empty`]; what a key
 /// owes Redis is read from its ticket.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-impl<K, C> Keyed<K, C>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
+impl<K: Key, C: Clock> Keyed<K, C> {
     /// How long a request of `key` made now would wait.
     pub(crate) fn wait_of<Q>(&self, key: &Q) -> Duration
     where

@@ -19,11 +19,11 @@ use rounds::Rounds;
 pub(crate) use shard::Mode;
 use shard::{Dropped, Fast, LogId, Shard, Written};
 
-use crate::Reservation;
 use crate::clock::{Clock, SystemClock};
 use crate::core::{Limits, Policy, State};
 use crate::metrics::Metrics;
 use crate::reservation::{GiveBack, GiveBackId};
+use crate::{Key, Reservation};
 
 /// The state of a keyed limiter in this process: the engine of a
 /// [`KeyedRateLimiter<K, Local>`](crate::KeyedRateLimiter), whose
@@ -92,11 +92,7 @@ fn prev_power_of_two(n: usize) -> usize {
 }
 
 /// # Reserving and waiting
-impl<K, C> Keyed<K, C>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
+impl<K: Key, C: Clock> Keyed<K, C> {
     /// A limiter whose keys each enforce every one of `limits` (the first
     /// one's rate is the limiter's), holding keys not seen as `mode` says.
     pub(crate) fn from_limits(

@@ -3,7 +3,6 @@
 
 use std::any::Any;
 use std::fmt;
-use std::hash::Hash;
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::{Keyed, KeyedTaken};
@@ -12,14 +11,10 @@ use crate::core::{InvalidRate, Limits, State, stable_interval_micros};
 use crate::metrics::Metrics;
 use crate::reservation::{GiveBackId, GivesBack};
 use crate::store::Rate;
-use crate::{Error, Stats};
+use crate::{Error, Key, Stats};
 
 /// # Rate, size and clock
-impl<K, C> Keyed<K, C>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
+impl<K: Key, C: Clock> Keyed<K, C> {
     /// Applies `change` to the limits every key runs under, then the rates
     /// it leaves to every key held (shard by shard; calls on other shards
     /// go on meanwhile).
@@ -54,11 +49,7 @@ where
     }
 }
 
-impl<K, C> Rate for Keyed<K, C>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
+impl<K: Key, C: Clock> Rate for Keyed<K, C> {
     /// Changes the rate of every key from now on, as
     /// [`RateLimiter::set_rate`](crate::RateLimiter::set_rate) does for one:
     /// each key still repays its last request at the old rate, and its
@@ -72,14 +63,7 @@ where
     /// limiter is then unchanged.
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
-        self.reconfigure(|limits| match limits.states() {
-            [_] => limits.set_rate(None, permits_per_second, 0),
-            [first, ..] => {
-                let factor = permits_per_second / first.permits_per_second();
-                limits.scale(factor, permits_per_second, 0)
-            }
-            [] => Ok(()),
-        })?;
+        self.reconfigure(|limits| limits.set_first_rate(permits_per_second, 0))?;
         self.rate_bits.store(permits_per_second.to_bits(), Relaxed);
         Ok(())
     }
@@ -125,11 +109,7 @@ where
     }
 }
 
-impl<K, C> GivesBack for Keyed<K, C>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
+impl<K: Key, C: Clock> GivesBack for Keyed<K, C> {
     fn metrics(&self) -> &Metrics {
         &self.metrics
     }
@@ -149,11 +129,7 @@ where
     }
 }
 
-impl<K, C> Keyed<K, C>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
+impl<K: Key, C: Clock> Keyed<K, C> {
     /// `taken` as a reservation of this limiter's, if it is one.
     fn ours(taken: GiveBackId) -> Option<Box<KeyedTaken<K>>> {
         let GiveBackId::Boxed(taken) = taken else {

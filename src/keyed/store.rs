@@ -7,18 +7,12 @@ use std::time::Duration;
 
 use super::Keyed;
 use crate::clock::Clock;
-use crate::core::micros;
-use crate::store::{Engine, now};
-use crate::{Error, Reservation, Snapshot};
-
-/// A timeout in µs for the shards: `u64::MAX` is no timeout.
-fn timeout_micros(timeout: Option<Duration>) -> u64 {
-    timeout.map_or(u64::MAX, |t| micros(t).min(u64::MAX - 1))
-}
+use crate::store::{Engine, timeout_micros};
+use crate::{Error, Key, Reservation, Snapshot};
 
 impl<K, C, Q> Engine<Q> for Keyed<K, C>
 where
-    K: Borrow<Q> + Hash + Eq + Clone + Send + Sync + 'static,
+    K: Key + Borrow<Q>,
     C: Clock,
     Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
 {
@@ -43,15 +37,6 @@ where
     ) -> impl Future<Output = Result<Option<Duration>, Error>> + Send {
         let grant = self.reserve_micros(key, permits, timeout_micros(timeout), false);
         ready(Ok(grant.map(|(wait, _, _)| Duration::from_micros(wait))))
-    }
-
-    fn take_blocking(
-        &self,
-        key: &Q,
-        permits: u32,
-        timeout: Option<Duration>,
-    ) -> Result<Option<Duration>, Error> {
-        now(self.take_wait(key, permits, timeout))
     }
 
     fn next_free(&self, key: &Q) -> impl Future<Output = Result<Duration, Error>> + Send {

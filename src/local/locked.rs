@@ -8,7 +8,7 @@ use super::Single;
 use super::outcome::Outcome;
 use crate::clock::Clock;
 use crate::core::word::{self, Encoded, Settings};
-use crate::core::{InvalidRate, Limits, State};
+use crate::core::{InvalidRate, Limits};
 use crate::{Error, Snapshot};
 
 impl<C: Clock> Single<C> {
@@ -160,16 +160,8 @@ impl<C: Clock> Single<C> {
         if word::is_mutex(current) {
             return Snapshot::of_limits(&limits, now);
         }
-        Snapshot::of(&self.state_at(&limits.states()[0], current, now), now, 0)
-    }
-
-    /// The state `current` (not mutex mode) stands for at `now`, with the
-    /// configuration of `template`.
-    fn state_at(&self, template: &State, current: u64, now: u64) -> State {
-        let mut state = template.clone();
         let config = self.slots.of(current).config();
-        word::decode_into(current, now, &config, &mut state);
-        state
+        Snapshot::of_word(current, now, &config, &limits.states()[0])
     }
 
     /// The wait in µs of a request made now.

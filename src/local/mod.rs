@@ -26,10 +26,10 @@ use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
 use crate::core::word::{self, Quick, Step};
-use crate::core::{Limits, micros, stable_interval_micros};
+use crate::core::{Limits, stable_interval_micros};
 use crate::metrics::Metrics;
 use crate::reservation::{GiveBack, GiveBackId, GivesBack, Reservation};
-use crate::store::{Engine, NoKey, Rate, now};
+use crate::store::{Engine, NoKey, Rate, timeout_micros};
 use crate::{Error, Snapshot, Stats};
 
 use outcome::{Grant, Outcome};
@@ -170,7 +170,7 @@ impl<C: Clock> Engine<NoKey> for Single<C> {
         timeout: Option<Duration>,
         held: bool,
     ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
-        let timeout = timeout.map_or(u64::MAX, micros);
+        let timeout = timeout_micros(timeout);
         ready(Ok(if held {
             let grant = self.reserve_micros::<Grant>(permits, timeout);
             grant.map(|grant| self.to_reservation(grant))
@@ -187,17 +187,8 @@ impl<C: Clock> Engine<NoKey> for Single<C> {
         permits: u32,
         timeout: Option<Duration>,
     ) -> impl Future<Output = Result<Option<Duration>, Error>> + Send {
-        let wait = self.reserve_micros::<u64>(permits, timeout.map_or(u64::MAX, micros));
+        let wait = self.reserve_micros::<u64>(permits, timeout_micros(timeout));
         ready(Ok(wait.map(Duration::from_micros)))
-    }
-
-    fn take_blocking(
-        &self,
-        key: &NoKey,
-        permits: u32,
-        timeout: Option<Duration>,
-    ) -> Result<Option<Duration>, Error> {
-        now(self.take_wait(key, permits, timeout))
     }
 
     fn next_free(&self, _: &NoKey) -> impl Future<Output = Result<Duration, Error>> + Send {
@@ -224,14 +215,7 @@ impl<C: Clock> Rate for Single<C> {
 
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
-        self.reconfigure(|limits, now| match limits.states() {
-            [_] => limits.set_rate(None, permits_per_second, now),
-            [first, ..] => {
-                let factor = permits_per_second / first.permits_per_second();
-                limits.scale(factor, permits_per_second, now)
-            }
-            [] => Ok(()),
-        })
+        self.reconfigure(|limits, now| limits.set_first_rate(permits_per_second, now))
     }
 
     fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {

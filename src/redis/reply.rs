@@ -1,6 +1,7 @@
 //! The script's replies, decoded: a reservation's (what it wrote of the
-//! value, from its hot part on, or the state a refused try found), a
-//! batch's, a status, and the integers of the other modes. The layout is
+//! value, from its hot part on, or the state a refused try found: with one
+//! limit that stores nothing, its wait negated), a batch's, a status, and
+//! the integers of the other modes. The layout is
 //! the value's (see `docs/redis-protocol.md`, Value); a test below holds
 //! these constants to the script's.
 
@@ -98,6 +99,20 @@ fn doubles(bytes: &[u8]) -> impl Iterator<Item = f64> + '_ {
 }
 
 impl Stored {
+    /// One limit that stores nothing, `wait` µs from now: a refused try's
+    /// integer reply, read on a clock at 0 (its fraction tells nothing, as
+    /// its ticket is ahead).
+    fn waiting(wait: u64) -> Stored {
+        Stored {
+            now_micros: 0,
+            limits: vec![StoredLimit {
+                stored_permits: 0.0,
+                next_free_micros: wait,
+                next_free_fraction: 0,
+            }],
+        }
+    }
+
     /// A status reply (and a refused try's): the clock, then three doubles
     /// per limit, `limits` of them.
     pub(crate) fn decode(bytes: &[u8], limits: usize) -> Option<Stored> {
@@ -170,8 +185,8 @@ impl Stored {
 
 /// The reply to `call` on a limiter with `limits` limits: a granted
 /// reservation's is what it wrote of the value, from its hot part on; a
-/// refused try's the state it found, as a status replies it; any other an
-/// integer.
+/// refused try's the state it found, as a status replies it, or with one
+/// limit that stores nothing its wait negated; any other an integer.
 pub(crate) fn decode(value: Value, call: &Call, limits: usize) -> Option<Reply> {
     match value {
         Value::BulkString(bytes) => {
@@ -180,6 +195,9 @@ pub(crate) fn decode(value: Value, call: &Call, limits: usize) -> Option<Reply> 
                 return Some(refused(Stored::decode(&bytes, limits)?));
             }
             granted(&bytes, limits, held)
+        }
+        Value::Int(n) if n < 0 && limits == 1 && matches!(call, Call::Reserve(_)) => {
+            Some(refused(Stored::waiting(n.unsigned_abs())))
         }
         Value::Int(n) => Some(Reply::integer(u64::try_from(n).ok()?)),
         _ => None,
@@ -396,9 +414,18 @@ mod tests {
                 .token,
             None
         );
-        let refused = le(&[now, 0.0, now + 900.0, 0.0]);
+        let refused = le(&[now, 0.5, now + 900.0, 0.0]);
         let reply = decode(Value::BulkString(refused), &plain, 1).unwrap();
         assert_eq!((reply.wait, reply.debt_micros), (None, 900));
+        // Nothing stored: the wait, negated; the same snapshot as the
+        // state it stands for.
+        let reply = decode(Value::Int(-900), &plain, 1).unwrap();
+        assert_eq!((reply.wait, reply.debt_micros), (None, 900));
+        let state = Stored::decode(&le(&[now, 0.0, now + 900.0, 7.0]), 1).unwrap();
+        assert_eq!(reply.snapshot(&args), Some(state.snapshot(&args)));
+        // (Not for several limits, nor for another call.)
+        assert_eq!(decode(Value::Int(-900), &plain, 2), None);
+        assert_eq!(decode(Value::Int(-900), &Call::Query, 1), None);
         // Anything else is not the script's reply.
         let mut wrong_marker = value.clone();
         wrong_marker[3] = b'2';
@@ -411,7 +438,6 @@ mod tests {
             Value::BulkString(behind),
             Value::BulkString(fraction),
             Value::BulkString(value[..value.len() - 1].to_vec()),
-            Value::Int(-1),
             Value::Nil,
         ] {
             assert_eq!(decode(bad.clone(), &held, 1), None, "{bad:?}");

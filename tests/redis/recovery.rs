@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::poll::{backend, within};
+use crate::support::poll::{backend, backend_builder, within};
 use crate::support::redis_server::RedisServer;
 use paceline::redis::{Fallback, Redis, RedisBackend};
 use paceline::{KeyedRateLimiter, RateLimiter};
@@ -211,7 +211,13 @@ async fn a_second_outage_does_not_count_the_first_ones_debt_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_open_drops_the_permits_stored_during_the_outage() {
     let server = RedisServer::start();
-    let backend = backend(server.client()).await;
+    // A response timeout a loaded machine does not reach: a late reply
+    // would be served by failing open, and let a second try through.
+    let backend = backend_builder(server.client())
+        .response_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .unwrap();
     let limiter = KeyedRateLimiter::<String>::builder()
         .redis(&backend, "open")
         .permits_per_second(1.0)

@@ -337,7 +337,8 @@ impl LimiterState {
 /// A reservation's reply, decoded: granted (what it wrote of the value: its
 /// wait, the key's debt after it, the limit that bound it and the id of a
 /// held one that waits), or refused (the state it found, with the clock;
-/// the rates read -1).
+/// the rates read -1; one limit that stores nothing replies its wait
+/// negated, read as that state on a clock at 0, with no fraction).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reserved {
     Granted {
@@ -353,6 +354,25 @@ pub enum Reserved {
 }
 
 impl Reserved {
+    /// Decodes the reply of a reservation on `limits` limits as Redis gave
+    /// it: the bytes [`decode`](Self::decode) reads, or a refusal's integer.
+    pub fn from_reply(reply: &redis::Value, limits: usize) -> Result<Reserved, String> {
+        match reply {
+            redis::Value::BulkString(bytes) => Reserved::decode(bytes, limits),
+            redis::Value::Int(n) if *n < 0 && limits == 1 => Ok(Reserved::Refused {
+                now: 0,
+                limits: vec![LimitState {
+                    stored_permits: 0.0,
+                    next_free_micros: n.unsigned_abs() as f64,
+                    next_free_fraction: 0.0,
+                    permits_per_second: -1.0,
+                    max_permits: -1.0,
+                }],
+            }),
+            other => Err(format!("not a reservation's reply: {other:?}")),
+        }
+    }
+
     /// Decodes the reply of a reservation on `limits` limits.
     pub fn decode(bytes: &[u8], limits: usize) -> Result<Reserved, String> {
         if bytes.len() == 8 + 24 * limits {

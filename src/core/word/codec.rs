@@ -19,43 +19,34 @@ pub(crate) struct Decoded {
 /// See [`Decoded`].
 pub(crate) fn decode(word: u64, now: u64, config: &Config) -> Decoded {
     let payload = word & PAYLOAD;
-    // A payload as a time: base + its whole µs, and its fraction.
-    let ticket = || {
-        let whole = i128::from(config.base) + i128::from(payload >> FRAC_BITS);
-        if whole < 0 {
-            return (0, 0); // never written: tickets are encoded from 0 up
+    if word & STORED != 0 {
+        // tat = base + payload / SCALE; stored time at now = now − tat.
+        let fixed_now = (i128::from(now) - i128::from(config.base)) << FRAC_BITS;
+        let stored = fixed_now - i128::from(payload);
+        if stored > 0 {
+            let stored = u64::try_from(stored).unwrap_or(u64::MAX);
+            return Decoded {
+                stored: permits_in(stored, config),
+                next_free: now,
+                fraction: 0,
+            };
         }
-        match u64::try_from(whole) {
-            Ok(whole) if whole < MAX_MICROS => (whole, (payload & FRAC_MASK) as u32),
-            _ => (MAX_MICROS, 0),
-        }
-    };
-    if word & STORED == 0 {
-        let (next_free, fraction) = ticket();
-        return Decoded {
-            stored: 0.0,
-            next_free,
-            fraction,
-        };
-    }
-    // tat = base + payload / SCALE; stored time at now = now − tat.
-    let fixed_now = (i128::from(now) - i128::from(config.base)) << FRAC_BITS;
-    let stored = fixed_now - i128::from(payload);
-    if stored <= 0 {
         // Written with a later clock reading than `now`: nothing stored yet
         // at `now`, and the ticket is `tat`.
-        let (next_free, fraction) = ticket();
-        return Decoded {
-            stored: 0.0,
-            next_free,
-            fraction,
-        };
     }
-    let stored = u64::try_from(stored).unwrap_or(u64::MAX);
+    // The payload as a time: base + its whole µs, and its fraction.
+    let whole = i128::from(config.base) + i128::from(payload >> FRAC_BITS);
+    let (next_free, fraction) = if whole < 0 {
+        (0, 0) // never written: tickets are encoded from 0 up
+    } else if whole < i128::from(MAX_MICROS) {
+        (whole as u64, (payload & FRAC_MASK) as u32)
+    } else {
+        (MAX_MICROS, 0)
+    };
     Decoded {
-        stored: permits_in(stored, config),
-        next_free: now,
-        fraction: 0,
+        stored: 0.0,
+        next_free,
+        fraction,
     }
 }
 

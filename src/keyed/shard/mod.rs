@@ -387,14 +387,6 @@ impl<K: Hash + Eq + Clone> Table<K> {
         (Some((result, serial)), dropped)
     }
 
-    /// The state a word stands for at `now`, under the template's
-    /// configuration.
-    fn word_state(&self, word: u64, config: &Config, now: u64) -> State {
-        let mut state = self.template.states()[0].clone();
-        word::decode_into(word, now, config, &mut state);
-        state
-    }
-
     /// What `key` holds at `now` (a missing key: as it would start).
     pub(super) fn snapshot_of<Q>(&self, key: &Q, now: u64) -> Snapshot
     where
@@ -408,7 +400,8 @@ impl<K: Hash + Eq + Clone> Table<K> {
         if let Some(config) = &self.config
             && let Some(cell) = self.words.get(key)
         {
-            return Snapshot::of(&self.word_state(cell.load(Relaxed), config, now), now, 0);
+            let template = &self.template.states()[0];
+            return Snapshot::of_word(cell.load(Relaxed), now, config, template);
         }
         let snapshots = self.template.states().iter().enumerate().map(|(i, s)| {
             let mut state = s.clone();

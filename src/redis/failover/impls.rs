@@ -3,7 +3,9 @@
 
 use super::*;
 
-impl<K, C, Q> Engine<Q> for Failover<K, C>
+/// The engine is the fail-over behind its `Arc`: it shares itself with
+/// the tasks it starts.
+impl<K, C, Q> Engine<Q> for Arc<Failover<K, C>>
 where
     K: Borrow<Q> + Display + Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
@@ -47,7 +49,7 @@ where
     }
 }
 
-impl<K, C> Rate for Failover<K, C>
+impl<K, C> Rate for Arc<Failover<K, C>>
 where
     K: Display + Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,

@@ -110,7 +110,7 @@ where
         let snapshot = match self.fallback {
             Fallback::Local if self.local.ticket(key).is_some() => self.local.snapshot_of(key),
             Fallback::FailOpen => Snapshot::from_wait(Duration::ZERO, f64::INFINITY),
-            _ => Snapshot::from_wait(wait, self.rate()),
+            _ => Snapshot::from_wait(wait, f64::from_bits(self.rate_bits.load(Ordering::Relaxed))),
         };
         Ok(Ok(snapshot))
     }

@@ -401,7 +401,7 @@ where
             return Err(super::runtime::shut_down());
         };
         self.backend
-            .block_on(async move { Engine::take_wait(&*this, &key, permits, timeout).await })?
+            .block_on(async move { Engine::take_wait(&this, &key, permits, timeout).await })?
     }
 
     /// The current wait of `key`, from Redis or the fallback.

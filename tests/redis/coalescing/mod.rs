@@ -160,9 +160,13 @@ async fn a_saturated_hot_key_coalesces_and_keeps_its_schedule_exact() {
         gap_micros <= 0.01 * RUN.as_micros() as f64,
         "the schedule has {gap_micros} µs of gaps"
     );
-    // Within 0.1% of rate × time, less what a gap may have taken.
+    // Within 0.1% of rate × time, less what a gap may have taken, and more
+    // by what a late first moment adds: the moments are the clients' (each
+    // read when its reply is handled), so a first reply handled late moves
+    // the window, by 0.4% here for 8 ms, on a loaded machine. (The count of
+    // the server's own schedule above is the exact one.)
     let fewest = (expected - gap_micros * RATE / 1e6) * 0.999;
-    let most = expected * 1.001;
+    let most = expected * 1.005;
     assert!(
         (fewest..=most).contains(&(in_window as f64)),
         "{in_window} grants, {fewest:.0} to {most:.0} expected"

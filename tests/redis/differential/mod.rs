@@ -157,11 +157,30 @@ fn check_reply(reply: &Value, expect: &Expect, limits: usize) -> Result<(), Stri
                 "granted (wait, bound, debt, next_id): script {got:?}, core {core:?}"
             ))
         }
+        // A refused try of one limit that stores nothing replies its wait,
+        // negated (its fraction tells nothing: the ticket is ahead); any
+        // other the state it found, as a status.
+        (Expect::Refused { now, states }, Value::Int(n)) => {
+            let [state] = &states[..] else {
+                return Err(format!("an integer refusal of {} limits", states.len()));
+            };
+            same_bits("stored", 0.0, state.stored_permits())?;
+            let wait = state.next_free_micros() as i64 - *now as i64;
+            (wait > 0 && *n == -wait)
+                .then_some(())
+                .ok_or(format!("refused with {n}, core's wait {wait}"))
+        }
         (Expect::Refused { now, states }, Value::BulkString(bytes))
         | (Expect::Status { now, states }, Value::BulkString(bytes)) => {
             let numbers = doubles(bytes);
             if bytes.len() != 8 + 24 * limits {
                 return Err(format!("a state of {} bytes", bytes.len()));
+            }
+            if matches!(expect, Expect::Refused { .. })
+                && limits == 1
+                && states[0].stored_permits() == 0.0
+            {
+                return Err("a refusal storing nothing replies its wait".into());
             }
             same_bits("now", numbers[0], *now as f64)?;
             same_states(&numbers[1..], states)

@@ -84,7 +84,7 @@ fn probe_of_a_missing_key_writes_it_as_it_reads() {
         .query(&mut fx.con)
         .unwrap();
     assert_eq!(
-        Reply::decode(reply).unwrap(),
+        Reply::decode(reply, false).unwrap(),
         Reply {
             first: 0,
             debt: 0,
@@ -196,7 +196,7 @@ fn probe_fails_with_readonly_on_a_replica() {
     // A query writes nothing, so a replica answers it.
     let reply = eval_on(&fx.script, &mut con, &["k"], &args.clone().query().to_vec()).unwrap();
     assert_eq!(
-        Reply::decode(reply).unwrap(),
+        Reply::decode(reply, false).unwrap(),
         Reply {
             first: 0,
             debt: 0,

@@ -171,7 +171,14 @@ struct Reply {
 }
 
 impl Reply {
-    fn decode(value: Value) -> Result<Reply, String> {
+    /// `reservation`: the call reserved (a negative integer is then a
+    /// refused try's wait, negated).
+    fn decode(value: Value, reservation: bool) -> Result<Reply, String> {
+        let refused = |refused: Reserved| Reply {
+            first: -1,
+            debt: refused.refused_wait().unwrap() as i64,
+            value: None,
+        };
         match value {
             Value::BulkString(bytes) => match Reserved::decode(&bytes, 1)? {
                 Reserved::Granted { wait, debt, .. } => Ok(Reply {
@@ -179,12 +186,9 @@ impl Reply {
                     debt: debt as i64,
                     value: Some(bytes),
                 }),
-                refused => Ok(Reply {
-                    first: -1,
-                    debt: refused.refused_wait().unwrap() as i64,
-                    value: None,
-                }),
+                state => Ok(refused(state)),
             },
+            Value::Int(n) if n < 0 && reservation => Ok(refused(Reserved::from_reply(&value, 1)?)),
             Value::Int(n) => Ok(Reply {
                 first: n,
                 debt: n,
@@ -225,12 +229,12 @@ impl Fixture {
         let value = self
             .eval(key, args)
             .unwrap_or_else(|e| panic!("script failed for {args:?}: {e}"));
-        let reply = Reply::decode(value).unwrap_or_else(|e| panic!("{args:?}: {e}"));
         let reservation = args
             .permits
             .trim_end_matches('+')
             .parse::<u64>()
             .is_ok_and(|n| n >= 1);
+        let reply = Reply::decode(value, reservation).unwrap_or_else(|e| panic!("{args:?}: {e}"));
         match args.permits.as_str() {
             _ if reservation && reply.first >= 0 => {
                 let value = reply

@@ -82,31 +82,41 @@ fn reserve_replies_the_value_it_wrote() {
     );
     // Not held: no id was given.
     assert_eq!(value.next_id, 0.0);
-    // A refused try: the state as read, with the clock; its debt.
+    // A refused try: its debt. The limit stores nothing, so it replies its
+    // wait, negated: all the state it found tells (the ticket is ahead, so
+    // its fraction tells nothing).
     let refused = fx.call("k", &args.clone().timeout(0).at(T0 + 200_000));
     assert_eq!(
         (refused.first, refused.debt, refused.value),
         (-1, 400_000, None)
     );
-    let Value::BulkString(bytes) = fx
-        .eval("k", &args.clone().timeout(0).at(T0 + 200_000))
-        .unwrap()
-    else {
-        panic!("a refusal replies the state");
-    };
+    assert_eq!(
+        fx.eval("k", &args.clone().timeout(0).at(T0 + 200_000))
+            .unwrap(),
+        Value::Int(-400_000)
+    );
     let state = fx.state("k");
+    assert_eq!((state.stored_permits, state.next()), (0.0, T0 + 600_000));
+    // One that stores some (warming up, cold): the state as read, with the
+    // clock.
+    let cold = Args::warming_up("10", 1_000_000, "3.0");
+    assert_eq!(fx.run("w", &cold.clone().at(T0)), 0);
+    let Value::BulkString(bytes) = fx.eval("w", &cold.clone().timeout(0).at(T0)).unwrap() else {
+        panic!("a refusal with permits stored replies the state");
+    };
+    let found = fx.value("w").limits[0];
+    assert!(found.stored_permits > 0.0, "{found:?}");
     assert_eq!(
         Reserved::decode(&bytes, 1).unwrap(),
         Reserved::Refused {
-            now: T0 + 200_000,
+            now: T0,
             limits: vec![LimitState {
                 permits_per_second: -1.0,
                 max_permits: -1.0,
-                ..fx.value("k").limits[0]
+                ..found
             }],
         }
     );
-    assert_eq!(state.next(), T0 + 600_000);
     // A query: the debt twice.
     let query = fx.call("k", &args.clone().query().at(T0 + 200_000));
     assert_eq!((query.first, query.debt), (400_000, 400_000));
@@ -263,7 +273,7 @@ fn a_rate_above_one_permit_per_microsecond_limits() {
             .unwrap();
     let waits: Vec<i64> = replies
         .into_iter()
-        .map(|reply| Reply::decode(reply).unwrap().first)
+        .map(|reply| Reply::decode(reply, true).unwrap().first)
         .collect();
     assert_eq!(waits[..7], [0, 0, 1, 2, 2, 3, 4]);
     assert_eq!(after_seven.next(), T0 + 4);
