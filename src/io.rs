@@ -262,7 +262,7 @@ impl<L: Deref<Target: Limiter> + Send + Sync + 'static> Gate<'static, L, usize> 
 /// writer.write_all(&[7u8; 100_000]).await?; // ten chunks of 10 kB
 /// // Nine chunks waited 10 ms each; the last one's debt is left to the next caller.
 /// assert_eq!(clock.now(), Duration::from_millis(90));
-/// assert_eq!(limiter.available_in().await?, Duration::from_millis(10));
+/// assert_eq!(limiter.snapshot().await?.wait(), Duration::from_millis(10));
 /// assert_eq!(writer.into_inner().len(), 100_000);
 /// # Ok(()) }
 /// ```
@@ -457,8 +457,8 @@ impl<W: fmt::Debug, L> fmt::Debug for ThrottledWriter<W, L> {
 /// assert_eq!(out, data);
 /// // 25 kB at 1 MB/s: the schedule ends at 25 ms. The reader returned the
 /// // last chunk when it was granted, leaving its cost to the next caller.
-/// assert_eq!(clock.now() + limiter.available_in()?, Duration::from_millis(25));
-/// assert!(limiter.available_in()? <= Duration::from_millis(10));
+/// assert_eq!(clock.now() + limiter.snapshot()?.wait(), Duration::from_millis(25));
+/// assert!(limiter.snapshot()?.wait() <= Duration::from_millis(10));
 /// # Ok(()) }
 /// ```
 pub struct ThrottledReader<R, L> {

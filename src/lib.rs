@@ -116,7 +116,7 @@
 //! | [`stream`] adapters | a dropped stream gives its pending reservation back, as a [`Reservation`] | as its limiter |
 //! | [`io`] reader and writer | a dropped call leaves its reservation with the reader or writer for the next call; dropping the reader or writer gives it back | as its limiter |
 //!
-//! `available_in` changes nothing. The `_blocking` methods are not futures:
+//! `snapshot` changes nothing. The `_blocking` methods are not futures:
 //! nothing cancels them.
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]

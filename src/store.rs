@@ -101,9 +101,6 @@ pub trait Engine<Q: ?Sized + Sync>: Rate {
         now(self.take_wait(key, permits, timeout))
     }
 
-    /// How long a request of `key` made now would wait.
-    fn next_free(&self, key: &Q) -> impl Future<Output = Result<Duration, Error>> + Send;
-
     /// What `key` holds now, read without reserving.
     fn snapshot(&self, key: &Q) -> impl Future<Output = Result<Snapshot, Error>> + Send;
 

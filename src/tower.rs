@@ -211,7 +211,7 @@ impl Held {
             let reservation = if let Some(max_wait) = max_wait {
                 match limiter.try_reservation(1, max_wait).await? {
                     Some(reservation) => reservation,
-                    None => return Ok(Some(limiter.available_in().await?)),
+                    None => return Ok(Some(limiter.snapshot().await?.wait())),
                 }
             } else {
                 limiter.reservation(1).await?
@@ -442,7 +442,7 @@ where
                 }
                 Some(max_wait) => {
                     if !limiter.try_acquire(&key, 1, max_wait).await? {
-                        let retry_after = limiter.available_in(&key).await?;
+                        let retry_after = limiter.snapshot(&key).await?.wait();
                         return Err(Box::new(Throttled { retry_after }) as BoxError);
                     }
                 }

@@ -152,6 +152,7 @@ impl Limits {
 
     /// The moment a request at `now_micros` would go, and the limit that
     /// would make it wait (none if it would not).
+    #[cfg(any(test, feature = "internals"))]
     pub fn earliest(&self, now_micros: u64) -> (u64, Option<usize>) {
         earliest(&self.states, now_micros)
     }

@@ -112,10 +112,18 @@ impl Snapshot {
         })
     }
 
-    /// What a limiter that knows only its wait and rate can tell: nothing
-    /// stored, no burst. (The default of the limiter traits' `snapshot`,
-    /// for limiters outside this crate.)
-    pub(crate) fn from_wait(wait: Duration, permits_per_second: f64) -> Snapshot {
+    /// What a limiter that knows only its wait and its rate can tell:
+    /// nothing stored, no burst; for a [`Limiter`](crate::Limiter) written
+    /// outside this crate.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use paceline::Snapshot;
+    ///
+    /// let snapshot = Snapshot::waiting(Duration::from_millis(300), 10.0);
+    /// assert_eq!((snapshot.wait(), snapshot.remaining()), (Duration::from_millis(300), 0));
+    /// ```
+    pub fn waiting(wait: Duration, permits_per_second: f64) -> Snapshot {
         let micros = super::micros(wait);
         Snapshot {
             rate: permits_per_second,

@@ -4,7 +4,6 @@
 use std::borrow::Borrow;
 use std::hash::Hash;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
 
 use super::Keyed;
 use crate::clock::Clock;
@@ -16,17 +15,6 @@ use crate::{Key, Snapshot};
 /// owes Redis is read from its ticket.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 impl<K: Key, C: Clock> Keyed<K, C> {
-    /// How long a request of `key` made now would wait.
-    pub(crate) fn wait_of<Q>(&self, key: &Q) -> Duration
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        let read = self.clock.now_micros();
-        let next_free = self.shard(key).read().next_free(key, read);
-        Duration::from_micros(next_free.saturating_sub(read))
-    }
-
     /// What `key` holds now (a key not held: as it would start).
     pub(crate) fn snapshot_of<Q>(&self, key: &Q) -> Snapshot
     where

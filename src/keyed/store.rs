@@ -39,10 +39,6 @@ where
         ready(Ok(grant.map(|(wait, _, _)| Duration::from_micros(wait))))
     }
 
-    fn next_free(&self, key: &Q) -> impl Future<Output = Result<Duration, Error>> + Send {
-        ready(Ok(self.wait_of(key)))
-    }
-
     fn snapshot(&self, key: &Q) -> impl Future<Output = Result<Snapshot, Error>> + Send {
         ready(Ok(self.snapshot_of(key)))
     }

@@ -120,17 +120,6 @@ impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C> {
         S::answer(store::try_reservation(&self.engine, key, permits, timeout))
     }
 
-    /// How long a request of `key` made now would wait (zero for a key not
-    /// held); reserves nothing.
-    pub fn available_in<'a, Q>(&'a self, key: &'a Q) -> S::Answer<'a, Result<Duration, Error>>
-    where
-        K: Borrow<Q>,
-        Q: ?Sized + Sync,
-        S::Keyed<K, C>: Engine<Q>,
-    {
-        S::answer(self.engine.next_free(key))
-    }
-
     /// What `key` holds now, read without reserving (see [`Snapshot`]): a
     /// key not held reads as a new key starts, full.
     pub fn snapshot<'a, Q>(&'a self, key: &'a Q) -> S::Answer<'a, Result<Snapshot, Error>>

@@ -7,7 +7,7 @@
 //! The methods have the same names on every limiter, and each is written
 //! once, over the engine the store provides. Those that never sleep
 //! (`reserve`, `try_reserve`, `reservation`, `try_reservation`,
-//! `available_in`, `snapshot`) answer in the store's way, its
+//! `snapshot`) answer in the store's way, its
 //! [`Answer`](Store::Answer): at once on a [`Local`] limiter (the value
 //! itself), with a future to await on a Redis one (a round trip).
 //! `acquire` and `try_acquire` are `async` on both, and their `_blocking`

@@ -97,16 +97,11 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         ))
     }
 
-    /// How long a request made now would wait; reserves nothing (for a
-    /// `Retry-After` header, say).
-    pub fn available_in(&self) -> S::Answer<'_, Result<Duration, Error>> {
-        S::answer(self.engine.next_free(&NoKey))
-    }
-
     /// What the limiter holds now, read without reserving: the requests
     /// that would go at once, the wait, the rate and the burst (see
     /// [`Snapshot`]); with several limits, the binding one's. Through
-    /// Redis, on Redis's clock.
+    /// Redis, on Redis's clock. Its [`wait`](Snapshot::wait) is how long a
+    /// request made now would wait (for a `Retry-After` header, say).
     pub fn snapshot(&self) -> S::Answer<'_, Result<Snapshot, Error>> {
         S::answer(self.engine.snapshot(&NoKey))
     }

@@ -65,24 +65,14 @@ pub trait Limiter: Send + Sync {
     async fn try_reserve(&self, permits: u32, timeout: Duration)
     -> Result<Option<Duration>, Error>;
 
-    /// How long a request made now would wait; reserves nothing.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it reserves nothing.
-    ///
-    /// # Errors
-    /// A backend's errors.
-    async fn available_in(&self) -> Result<Duration, Error>;
-
     /// What the limiter holds now, read without reserving: how many
     /// requests would go at once, the wait, the rate and the burst (see
     /// [`Snapshot`]). A Redis limiter reads it in one round trip, on the
     /// server's clock; with several limits, it is the binding limit's.
     ///
-    /// Provided: a snapshot of
-    /// [`available_in`](Self::available_in) and the rate (nothing stored,
-    /// no burst). The limiters of this crate read their state.
+    /// Its [`wait`](Snapshot::wait) is how long a request made now would
+    /// wait (for a `Retry-After` header, say). A limiter that knows only
+    /// that can answer [`Snapshot::waiting`].
     ///
     /// # Cancel safety
     ///
@@ -90,9 +80,7 @@ pub trait Limiter: Send + Sync {
     ///
     /// # Errors
     /// A backend's errors.
-    async fn snapshot(&self) -> Result<Snapshot, Error> {
-        Ok(Snapshot::from_wait(self.available_in().await?, self.rate()))
-    }
+    async fn snapshot(&self) -> Result<Snapshot, Error>;
 
     /// Changes the rate.
     ///
@@ -249,23 +237,13 @@ pub trait KeyedLimiter<K: Sync>: Send + Sync {
         timeout: Duration,
     ) -> Result<Option<Duration>, Error>;
 
-    /// How long a request of `key` made now would wait; reserves nothing.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it reserves nothing.
-    ///
-    /// # Errors
-    /// A backend's errors.
-    async fn available_in(&self, key: &K) -> Result<Duration, Error>;
-
     /// What `key` holds now, read without reserving (see [`Snapshot`]); a
     /// key not held reads as a new key would. A Redis limiter reads it in
     /// one round trip, on the server's clock.
     ///
-    /// Provided: a snapshot of
-    /// [`available_in`](Self::available_in) and the rate. The limiters of
-    /// this crate read their state.
+    /// Its [`wait`](Snapshot::wait) is how long a request of `key` made
+    /// now would wait. A limiter that knows only that can answer
+    /// [`Snapshot::waiting`].
     ///
     /// # Cancel safety
     ///
@@ -273,12 +251,7 @@ pub trait KeyedLimiter<K: Sync>: Send + Sync {
     ///
     /// # Errors
     /// A backend's errors.
-    async fn snapshot(&self, key: &K) -> Result<Snapshot, Error> {
-        Ok(Snapshot::from_wait(
-            self.available_in(key).await?,
-            self.rate(),
-        ))
-    }
+    async fn snapshot(&self, key: &K) -> Result<Snapshot, Error>;
 
     /// Changes the rate of every key.
     ///
@@ -392,10 +365,6 @@ impl<S: Store, C: Clock> Limiter for RateLimiter<S, C> {
         store::try_reserve(&self.engine, &NoKey, permits, timeout).await
     }
 
-    async fn available_in(&self) -> Result<Duration, Error> {
-        self.engine.next_free(&NoKey).await
-    }
-
     async fn snapshot(&self) -> Result<Snapshot, Error> {
         self.engine.snapshot(&NoKey).await
     }
@@ -460,10 +429,6 @@ where
         timeout: Duration,
     ) -> Result<Option<Duration>, Error> {
         store::try_reserve(&self.engine, key, permits, timeout).await
-    }
-
-    async fn available_in(&self, key: &K) -> Result<Duration, Error> {
-        self.engine.next_free(key).await
     }
 
     async fn snapshot(&self, key: &K) -> Result<Snapshot, Error> {

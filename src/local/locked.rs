@@ -163,17 +163,4 @@ impl<C: Clock> Single<C> {
         let config = self.slots.of(current).config();
         Snapshot::of_word(current, now, &config, &limits.states()[0])
     }
-
-    /// The wait in µs of a request made now.
-    pub(super) fn next_free_micros(&self) -> u64 {
-        let current = self.word.0.load(Acquire);
-        let now = self.clock.now_micros();
-        let next_free = if word::is_mutex(current) {
-            self.lock().earliest(now).0
-        } else {
-            let config = self.slots.of(current).config();
-            word::decode(current, now, &config).next_free
-        };
-        next_free.saturating_sub(now)
-    }
 }

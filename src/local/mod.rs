@@ -191,10 +191,6 @@ impl<C: Clock> Engine<NoKey> for Single<C> {
         ready(Ok(wait.map(Duration::from_micros)))
     }
 
-    fn next_free(&self, _: &NoKey) -> impl Future<Output = Result<Duration, Error>> + Send {
-        ready(Ok(Duration::from_micros(self.next_free_micros())))
-    }
-
     fn snapshot(&self, _: &NoKey) -> impl Future<Output = Result<Snapshot, Error>> + Send {
         ready(Ok(self.snapshot_locked()))
     }

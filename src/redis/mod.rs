@@ -92,7 +92,7 @@
 //!
 //! - **Into the fallback**, a key opens with no stored permits and with the
 //!   debt Redis last reported for it, so a saturated key stays saturated.
-//!   `available_in` reads that debt too, without opening the key.
+//!   A snapshot reads that debt too, without opening the key.
 //! - **Back to Redis**, a key the fallback served is carried back before any
 //!   call of it reaches Redis again: one resume call adds what the fallback
 //!   granted beyond what Redis knew (scaled by `local_fraction`) and drops the

@@ -178,8 +178,7 @@ impl Stored {
                     state.next_free_fraction = limit.next_free_fraction;
                     Snapshot::of(&state, now, i)
                 });
-        Snapshot::binding(snapshots)
-            .unwrap_or_else(|| Snapshot::from_wait(Duration::ZERO, rates[0]))
+        Snapshot::binding(snapshots).unwrap_or_else(|| Snapshot::waiting(Duration::ZERO, rates[0]))
     }
 }
 
@@ -425,7 +424,7 @@ mod tests {
         assert_eq!(reply.snapshot(&args), Some(state.snapshot(&args)));
         // (Not for several limits, nor for another call.)
         assert_eq!(decode(Value::Int(-900), &plain, 2), None);
-        assert_eq!(decode(Value::Int(-900), &Call::Query, 1), None);
+        assert_eq!(decode(Value::Int(-900), &Call::Probe, 1), None);
         // Anything else is not the script's reply.
         let mut wrong_marker = value.clone();
         wrong_marker[3] = b'2';

@@ -113,8 +113,6 @@ fn number_text(value: f64) -> String {
 pub(crate) enum Call {
     /// A reservation.
     Reserve(Request),
-    /// Read the current wait; write nothing.
-    Query,
     /// Prove the script can read and write the key, changing nothing.
     Probe,
     /// Back from a fallback: drop the key's stored permits and carry each
@@ -262,9 +260,6 @@ fn call_args(cmd: &mut Cmd, call: &Call, limits: usize) {
                 Some(t) => cmd.arg(micros(*t)),
             };
         }
-        Call::Query => {
-            cmd.arg("0").arg("-1");
-        }
         Call::Probe => {
             cmd.arg("probe").arg("-1");
         }
@@ -384,8 +379,8 @@ mod tests {
             (
                 &warming,
                 f64::INFINITY,
-                Call::Query,
-                ["0", "-1", "inf", "warming_up", "2000000", "3.5"],
+                Call::Probe,
+                ["probe", "-1", "inf", "warming_up", "2000000", "3.5"],
             ),
         ] {
             // Built at this rate (preformatted), and at another one (the

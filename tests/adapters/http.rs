@@ -195,9 +195,9 @@ impl KeyedLimiter<IpAddr> for QuotaStore {
         KeyedLimiter::try_reserve(&self.rates, key, permits, timeout).await
     }
 
-    async fn available_in(&self, key: &IpAddr) -> Result<Duration, Error> {
+    async fn snapshot(&self, key: &IpAddr) -> Result<paceline::Snapshot, Error> {
         self.check()?;
-        KeyedLimiter::available_in(&self.rates, key).await
+        KeyedLimiter::snapshot(&self.rates, key).await
     }
 
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {

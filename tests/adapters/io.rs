@@ -2,7 +2,7 @@
 //!
 //! On a `FakeClock` the schedule is exact: a limiter's schedule for N bytes
 //! ends at N / rate, so the time the copy took plus the debt it left
-//! (`available_in`) is exactly N / rate. The copy itself returns when its last
+//! (the snapshot's `wait`) is exactly N / rate. The copy itself returns when its last
 //! chunk is granted, that chunk's cost before the end of the schedule.
 //! A `ManualClock` (sleeps end only when the test moves time) lets tests stop
 //! a reader or writer mid-wait. Two tests run on the real clock.
@@ -173,8 +173,11 @@ async fn write_all_is_split_into_chunks_and_takes_n_over_rate() {
     assert_eq!(inner.writes, vec![10_000; 100]);
     // 99 chunks waited 10 ms each; the last chunk's 10 ms is left as debt.
     assert_eq!(clock.now(), us(990_000));
-    assert_eq!(limiter.available_in().unwrap(), us(10_000));
-    assert_eq!(clock.now() + limiter.available_in().unwrap(), us(N as u64));
+    assert_eq!(limiter.snapshot().unwrap().wait(), us(10_000));
+    assert_eq!(
+        clock.now() + limiter.snapshot().unwrap().wait(),
+        us(N as u64)
+    );
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -186,9 +189,12 @@ async fn copy_through_writer_into_sink_takes_n_over_rate() {
     let bytes = data(N);
     let copied = tokio::io::copy(&mut &bytes[..], &mut writer).await.unwrap();
     assert_eq!(copied, N as u64);
-    assert_eq!(clock.now() + limiter.available_in().unwrap(), us(N as u64));
+    assert_eq!(
+        clock.now() + limiter.snapshot().unwrap().wait(),
+        us(N as u64)
+    );
     // The debt left is the last chunk's: at most one chunk.
-    assert!(limiter.available_in().unwrap() <= us(10_000));
+    assert!(limiter.snapshot().unwrap().wait() <= us(10_000));
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -201,8 +207,11 @@ async fn copy_through_reader_into_sink_takes_n_over_rate() {
         .await
         .unwrap();
     assert_eq!(copied, N as u64);
-    assert_eq!(clock.now() + limiter.available_in().unwrap(), us(N as u64));
-    assert!(limiter.available_in().unwrap() <= us(10_000));
+    assert_eq!(
+        clock.now() + limiter.snapshot().unwrap().wait(),
+        us(N as u64)
+    );
+    assert!(limiter.snapshot().unwrap().wait() <= us(10_000));
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -227,9 +236,9 @@ async fn reader_reads_in_chunks_and_end_of_file_is_free() {
     assert_eq!(reads, expected);
     // Nine chunks were paid by waiting; end of file was not charged.
     assert_eq!(clock.now(), us(90_000));
-    assert_eq!(limiter.available_in().unwrap(), us(5_000));
+    assert_eq!(limiter.snapshot().unwrap().wait(), us(5_000));
     assert_eq!(reader.read(&mut big).await.unwrap(), 0);
-    assert_eq!(limiter.available_in().unwrap(), us(5_000));
+    assert_eq!(limiter.snapshot().unwrap().wait(), us(5_000));
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -254,7 +263,10 @@ async fn reader_over_a_duplex_is_charged_exactly_what_it_reads() {
     let ((), out) = tokio::join!(write, read);
     assert_eq!(out, expected);
     // Short reads (at most 1000 bytes each) are charged what they returned.
-    assert_eq!(clock.now() + limiter.available_in().unwrap(), us(N as u64));
+    assert_eq!(
+        clock.now() + limiter.snapshot().unwrap().wait(),
+        us(N as u64)
+    );
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -273,7 +285,7 @@ async fn short_writes_are_charged_once_through_credit() {
     assert_eq!(inner.bytes, bytes);
     assert!(inner.writes.iter().all(|&n| n <= 3));
     assert_eq!(
-        clock.now() + limiter.available_in().unwrap(),
+        clock.now() + limiter.snapshot().unwrap().wait(),
         Duration::from_millis(95)
     );
 }
@@ -285,7 +297,10 @@ async fn slow_rates_move_one_byte_at_a_time_and_fast_ones_64_kib() {
     writer.write_all(b"hello").await.unwrap();
     assert_eq!(writer.get_ref().writes, vec![1; 5]);
     assert_eq!(clock.now(), Duration::from_millis(80));
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_millis(20));
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(20)
+    );
 
     let (limiter, _clock) = fake(1e9);
     let mut writer = ThrottledWriter::new(Recorder::default(), limiter);
@@ -305,15 +320,24 @@ async fn writer_polls_are_cancel_safe_and_never_charge_twice() {
         poll_write(&mut writer, &[1; 10]).await,
         Poll::Ready(Ok(10))
     ));
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_millis(10));
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(10)
+    );
     // The next chunk waits for the first one's 10 ms.
     assert!(poll_write(&mut writer, &[2; 20]).await.is_pending());
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_millis(20));
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(20)
+    );
     // Polled again (the caller's future was dropped and made again, with
     // another buffer): the same reservation, not a second one.
     assert!(poll_write(&mut writer, &[3; 5]).await.is_pending());
     assert!(poll_write(&mut writer, &[3; 5]).await.is_pending());
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_millis(20));
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(20)
+    );
     clock.advance(Duration::from_millis(10));
     // Due: 5 of the 10 bytes paid for are written, 5 stay as credit.
     assert!(matches!(
@@ -321,14 +345,20 @@ async fn writer_polls_are_cancel_safe_and_never_charge_twice() {
         Poll::Ready(Ok(5))
     ));
     assert_eq!(writer.credit(), 5);
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_millis(10));
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(10)
+    );
     // The credit goes first, without a new reservation.
     assert!(matches!(
         poll_write(&mut writer, &[4; 8]).await,
         Poll::Ready(Ok(5))
     ));
     assert_eq!(writer.credit(), 0);
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_millis(10));
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(10)
+    );
     assert_eq!(writer.get_ref().writes, vec![10, 5, 5]);
     assert_eq!(writer.get_ref().bytes.len(), 20);
 }
@@ -338,18 +368,33 @@ async fn dropping_a_waiting_writer_leaves_no_debt() {
     let (limiter, _clock) = manual(1000.0);
     let mut writer = ThrottledWriter::new(tokio::io::sink(), limiter.clone());
     assert!(poll_write(&mut writer, &[0; 10]).await.is_ready());
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_millis(10));
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(10)
+    );
     assert!(poll_write(&mut writer, &[0; 100]).await.is_pending());
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_millis(20));
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(20)
+    );
     drop(writer);
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_millis(10));
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(10)
+    );
 
     // into_inner gives it back too.
     let mut writer = ThrottledWriter::new(tokio::io::sink(), limiter.clone());
     assert!(poll_write(&mut writer, &[0; 100]).await.is_pending());
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_millis(20));
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(20)
+    );
     let _sink = writer.into_inner();
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_millis(10));
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(10)
+    );
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -358,24 +403,42 @@ async fn reader_polls_are_cancel_safe_and_dropping_a_waiting_reader_leaves_no_de
     let bytes = data(100);
     let mut reader = ThrottledReader::new(&bytes[..], limiter.clone());
     assert_eq!(poll_read(&mut reader, 64).await.unwrap(), bytes[..10]);
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_millis(10));
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(10)
+    );
     // The next chunk is read from the inner reader, reserved, and held.
     assert!(poll_read(&mut reader, 64).await.is_none());
     assert_eq!(reader.buffered(), 10);
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_millis(20));
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(20)
+    );
     // Polled again with a smaller buffer: the same reservation.
     assert!(poll_read(&mut reader, 4).await.is_none());
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_millis(20));
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(20)
+    );
     clock.advance(Duration::from_millis(10));
     assert_eq!(poll_read(&mut reader, 4).await.unwrap(), bytes[10..14]);
     // The rest of the chunk is paid for: no new reservation.
     assert_eq!(poll_read(&mut reader, 64).await.unwrap(), bytes[14..20]);
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_millis(10));
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(10)
+    );
     // Mid-wait on the third chunk, the reader is dropped: given back.
     assert!(poll_read(&mut reader, 64).await.is_none());
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_millis(20));
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(20)
+    );
     drop(reader);
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_millis(10));
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(10)
+    );
 }
 
 /// A limiter whose backend is down: every reservation fails.
@@ -389,8 +452,8 @@ impl Limiter for Broken {
     async fn try_reserve(&self, _: u32, _: Duration) -> Result<Option<Duration>, Error> {
         Err(Error::InvalidArgument("broken on purpose".into()))
     }
-    async fn available_in(&self) -> Result<Duration, Error> {
-        Ok(Duration::ZERO)
+    async fn snapshot(&self) -> Result<paceline::Snapshot, Error> {
+        Ok(paceline::Snapshot::waiting(Duration::ZERO, self.rate()))
     }
     fn set_rate(&self, _: f64) -> Result<(), Error> {
         Ok(())
@@ -493,7 +556,7 @@ async fn real_clock_writer_copies_1_mib_at_2_mib_per_s_in_half_a_second() {
     let copied = tokio::io::copy(&mut &bytes[..], &mut writer).await.unwrap();
     let elapsed = start.elapsed();
     assert_eq!(copied, MIB as u64);
-    assert_half_a_second("writer", elapsed, limiter.available_in().unwrap());
+    assert_half_a_second("writer", elapsed, limiter.snapshot().unwrap().wait());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
@@ -507,5 +570,5 @@ async fn real_clock_reader_copies_1_mib_at_2_mib_per_s_in_half_a_second() {
         .unwrap();
     let elapsed = start.elapsed();
     assert_eq!(copied, MIB as u64);
-    assert_half_a_second("reader", elapsed, limiter.available_in().unwrap());
+    assert_half_a_second("reader", elapsed, limiter.snapshot().unwrap().wait());
 }

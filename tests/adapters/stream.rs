@@ -66,7 +66,7 @@ async fn throttle_by_charges_each_item_its_permits() {
         ]
     );
     // The last item's 5 permits are owed to the next caller.
-    assert_eq!(limiter.available_in().unwrap(), ms(500));
+    assert_eq!(limiter.snapshot().unwrap().wait(), ms(500));
 }
 
 #[tokio::test]
@@ -124,17 +124,23 @@ fn a_stream_dropped_mid_wait_leaves_no_debt() {
         throttled.poll_next_unpin(&mut cx),
         Poll::Ready(Some(Ok(0)))
     ));
-    let owed = futures::executor::block_on(limiter.available_in()).unwrap();
+    let owed = futures::executor::block_on(limiter.snapshot())
+        .unwrap()
+        .wait();
     assert_eq!(owed, Duration::from_millis(300));
 
     // The second reserves its 3 permits and waits for ever.
     assert!(throttled.poll_next_unpin(&mut cx).is_pending());
-    let with_pending = futures::executor::block_on(limiter.available_in()).unwrap();
+    let with_pending = futures::executor::block_on(limiter.snapshot())
+        .unwrap()
+        .wait();
     assert_eq!(with_pending, Duration::from_millis(600));
 
     // Dropping the stream gives them back: only the first item's debt is left.
     drop(throttled);
-    let after = futures::executor::block_on(limiter.available_in()).unwrap();
+    let after = futures::executor::block_on(limiter.snapshot())
+        .unwrap()
+        .wait();
     assert_eq!(after, owed);
 }
 
@@ -148,7 +154,7 @@ async fn a_stream_dropped_by_a_timeout_leaves_no_debt_on_the_real_clock() {
     assert!(timed_out.is_err());
     drop(throttled);
     // Only the first item's permit is owed: at most 80 ms of it is left.
-    let left = limiter.available_in().unwrap();
+    let left = limiter.snapshot().unwrap().wait();
     assert!(left <= Duration::from_millis(80), "{left:?}");
 }
 
@@ -185,8 +191,8 @@ async fn keyed_items_wait_for_their_own_key_in_order() {
             (("bob", 1), ms(200)),
         ]
     );
-    assert_eq!(per_user.available_in(&"alice").unwrap(), ms(0)); // its debt was paid at 200 ms
-    assert_eq!(per_user.available_in(&"bob").unwrap(), ms(100));
+    assert_eq!(per_user.snapshot(&"alice").unwrap().wait(), ms(0)); // its debt was paid at 200 ms
+    assert_eq!(per_user.snapshot(&"bob").unwrap().wait(), ms(100));
 }
 
 /// A limiter whose every other reservation fails.
@@ -209,8 +215,8 @@ impl Limiter for Flaky {
         self.reserve(permits).await.map(Some)
     }
 
-    async fn available_in(&self) -> Result<Duration, Error> {
-        Ok(Duration::ZERO)
+    async fn snapshot(&self) -> Result<paceline::Snapshot, Error> {
+        Ok(paceline::Snapshot::waiting(Duration::ZERO, self.rate()))
     }
 
     fn set_rate(&self, _: f64) -> Result<(), Error> {

@@ -156,10 +156,10 @@ async fn a_service_dropped_between_poll_ready_and_call_gives_its_permit_back() {
     let waker = std::task::Waker::noop();
     let pending = second.poll_ready(&mut Context::from_waker(waker));
     assert!(pending.is_pending());
-    assert_eq!(limiter.available_in().unwrap(), 200 * MS);
+    assert_eq!(limiter.snapshot().unwrap().wait(), 200 * MS);
     drop(second);
     // As if it had never reserved: the next permit is the second's.
-    assert_eq!(limiter.available_in().unwrap(), 100 * MS);
+    assert_eq!(limiter.snapshot().unwrap().wait(), 100 * MS);
 }
 
 /// Once its permit is due the service holds a permit whose moment has
@@ -178,7 +178,7 @@ async fn a_service_dropped_once_its_permit_is_due_has_used_it() {
     ready(&mut second).await.unwrap();
     assert_eq!(clock.now(), 100 * MS);
     drop(second);
-    assert_eq!(limiter.available_in().unwrap(), 100 * MS);
+    assert_eq!(limiter.snapshot().unwrap().wait(), 100 * MS);
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -291,7 +291,7 @@ async fn a_bounded_wait_refuses_past_the_bound_and_waits_within_it() {
         error.downcast_ref::<Throttled>().unwrap().retry_after,
         100 * MS
     );
-    assert_eq!(limiter.available_in().unwrap(), 100 * MS);
+    assert_eq!(limiter.snapshot().unwrap().wait(), 100 * MS);
     assert_eq!(clock.now(), Duration::ZERO);
     // 40 ms away: within the bound, it waits.
     clock.advance(60 * MS);
@@ -327,7 +327,7 @@ async fn the_keyed_layer_refuses_per_key() {
     }
     assert_eq!(counter.0.load(Ordering::Relaxed), 2);
     assert_eq!(
-        keyed.available_in(&0).unwrap(),
+        keyed.snapshot(&0).unwrap().wait(),
         100 * MS,
         "nothing reserved"
     );

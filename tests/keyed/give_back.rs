@@ -104,7 +104,7 @@ fn each_key_is_an_independent_limiter_that_starts_full() {
             // Queries agree too.
             let now = clock.now_micros();
             assert_eq!(
-                micros(limiter.available_in(&key).unwrap()),
+                micros(limiter.snapshot(&key).unwrap().wait()),
                 model.debt(key, now),
                 "seed {seed} step {step}"
             );
@@ -131,7 +131,7 @@ fn a_dropped_reservation_gives_the_key_its_permits_back() {
     assert!(second.can_give_back());
     drop(second);
     // As if it had never been made.
-    assert_eq!(limiter.available_in(&1).unwrap(), 100 * MS);
+    assert_eq!(limiter.snapshot(&1).unwrap().wait(), 100 * MS);
     assert_eq!(limiter.reservation(&1, 1).unwrap().delay(), 100 * MS);
 }
 
@@ -322,9 +322,9 @@ fn each_key_gives_back_as_the_core_through_its_log() {
             }
             let now = clock.now_micros();
             close(
-                limiter.available_in(&key).unwrap(),
+                limiter.snapshot(&key).unwrap().wait(),
                 model.debt(key, now),
-                "available_in",
+                "snapshot wait",
                 step,
             );
         }
@@ -519,7 +519,7 @@ fn give_back_on_keys_from_threads(calls: usize) -> Vec<(Duration, u64)> {
     (0..KEYS)
         .map(|key| {
             let kept: u64 = kept.iter().map(|per_thread| per_thread[key as usize]).sum();
-            (limiter.available_in(&key).unwrap(), kept)
+            (limiter.snapshot(&key).unwrap().wait(), kept)
         })
         .collect()
 }

@@ -252,9 +252,9 @@ fn string_keys_are_looked_up_by_str_and_independent() {
         .unwrap();
     assert_eq!(limiter.reserve("alice", 1).unwrap(), Duration::ZERO);
     assert_eq!(limiter.reserve("alice", 1).unwrap(), 200 * MS);
-    assert_eq!(limiter.available_in("alice").unwrap(), 400 * MS);
+    assert_eq!(limiter.snapshot("alice").unwrap().wait(), 400 * MS);
     // One saturated key leaves another untouched.
-    assert_eq!(limiter.available_in("bob").unwrap(), Duration::ZERO);
+    assert_eq!(limiter.snapshot("bob").unwrap().wait(), Duration::ZERO);
     assert_eq!(
         limiter.try_reserve("bob", 1, Duration::ZERO).unwrap(),
         Some(Duration::ZERO)
@@ -331,7 +331,7 @@ async fn the_keyed_trait_is_object_safe() {
     assert_eq!(limiter.acquire(&7, 1).await.unwrap(), Duration::ZERO);
     assert_eq!(limiter.acquire(&7, 1).await.unwrap(), 100 * MS);
     assert!(!limiter.try_acquire(&7, 1, Duration::ZERO).await.unwrap());
-    assert_eq!(limiter.available_in(&7).await.unwrap(), 100 * MS);
+    assert_eq!(limiter.snapshot(&7).await.unwrap().wait(), 100 * MS);
     assert_eq!(limiter.rate(), 10.0);
 }
 
@@ -466,7 +466,7 @@ fn snapshots_say_what_goes_at_once() {
         let owed = limiter.snapshot(&key).unwrap();
         assert_eq!(owed.remaining(), 0);
         assert_eq!(Some(owed.wait()), owed.wait_for(1));
-        assert_eq!(owed.wait(), limiter.available_in(&key).unwrap());
+        assert_eq!(owed.wait(), limiter.snapshot(&key).unwrap().wait());
         clock.advance(Duration::from_micros(rng.below(400_000)));
     }
     // Several limits: the binding one.

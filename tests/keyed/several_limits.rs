@@ -38,8 +38,11 @@ fn each_key_starts_full_on_every_limit_and_waits_for_the_latest() {
     assert_eq!(limiter.reserve(&1, 1).unwrap(), Duration::from_secs(20));
     // Another key is untouched.
     assert_eq!(limiter.reserve(&2, 1).unwrap(), Duration::ZERO);
-    assert_eq!(limiter.available_in(&1).unwrap(), Duration::from_secs(40));
-    assert_eq!(limiter.available_in(&3).unwrap(), Duration::ZERO);
+    assert_eq!(
+        limiter.snapshot(&1).unwrap().wait(),
+        Duration::from_secs(40)
+    );
+    assert_eq!(limiter.snapshot(&3).unwrap().wait(), Duration::ZERO);
     assert_eq!(limiter.stats().keys, 2);
 }
 
@@ -50,21 +53,24 @@ fn a_refused_try_charges_nothing_and_a_drop_gives_back() {
     for _ in 0..4 {
         limiter.reserve(&7, 1).unwrap();
     }
-    let before = limiter.available_in(&7).unwrap();
+    let before = limiter.snapshot(&7).unwrap().wait();
     assert_eq!(before, Duration::from_secs(20));
     assert_eq!(
         limiter.try_reserve(&7, 1, Duration::from_secs(1)).unwrap(),
         None
     );
-    assert_eq!(limiter.available_in(&7).unwrap(), before);
+    assert_eq!(limiter.snapshot(&7).unwrap().wait(), before);
     let held = limiter.reservation(&7, 1).unwrap();
     assert_eq!(
         (held.delay(), held.limit()),
         (Duration::from_secs(20), Some(1))
     );
-    assert_eq!(limiter.available_in(&7).unwrap(), Duration::from_secs(40));
+    assert_eq!(
+        limiter.snapshot(&7).unwrap().wait(),
+        Duration::from_secs(40)
+    );
     drop(held);
-    assert_eq!(limiter.available_in(&7).unwrap(), before);
+    assert_eq!(limiter.snapshot(&7).unwrap().wait(), before);
 }
 
 #[test]

@@ -115,7 +115,7 @@ fn max_permits_and_timeouts_saturate() {
         );
         // A timeout of Duration::MAX always fits; zero never does once there is debt (unless the rate is huge).
         assert!(limiter.try_reserve(1, Duration::MAX).unwrap().is_some());
-        let _ = limiter.available_in();
+        let _ = limiter.snapshot();
     }
 }
 

@@ -118,16 +118,25 @@ fn reserve_returns_the_wait_without_sleeping() {
 }
 
 #[test]
-fn available_in_peeks_without_reserving() {
+fn a_snapshot_peeks_without_reserving() {
     let (limiter, clock) = bursty(5.0);
-    assert_eq!(limiter.available_in().unwrap(), Duration::ZERO);
+    assert_eq!(limiter.snapshot().unwrap().wait(), Duration::ZERO);
     limiter.reserve(3).unwrap();
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_millis(600));
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_millis(600));
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(600)
+    );
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(600)
+    );
     pause_ms(&clock, 250);
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_millis(350));
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(350)
+    );
     pause_ms(&clock, 1000);
-    assert_eq!(limiter.available_in().unwrap(), Duration::ZERO);
+    assert_eq!(limiter.snapshot().unwrap().wait(), Duration::ZERO);
 }
 
 #[tokio::test]

@@ -178,7 +178,7 @@ fn run_sequence(seed: u64, steps: usize, divergence: &mut Divergence) {
             1..=4 => {
                 let permits = random_permits(&mut rng);
                 let timeout = random_timeout(&mut rng, debt);
-                let limiter_debt = micros(limiter.available_in().unwrap());
+                let limiter_debt = micros(limiter.snapshot().unwrap().wait());
                 let before = core.clone();
                 let expected = core
                     .try_reserve(permits, now, micros(timeout), false)
@@ -211,11 +211,11 @@ fn run_sequence(seed: u64, steps: usize, divergence: &mut Divergence) {
                 }
             }
             5 => {
-                let got = micros(limiter.available_in().unwrap());
+                let got = micros(limiter.snapshot().unwrap().wait());
                 log.push(format!(
-                    "+{pause:?} available_in at {now}: core {debt}, limiter {got}"
+                    "+{pause:?} snapshot wait at {now}: core {debt}, limiter {got}"
                 ));
-                divergence.compare(debt, got, exact, || context(&log, "available_in"));
+                divergence.compare(debt, got, exact, || context(&log, "snapshot wait"));
             }
             _ => {
                 let permits = random_permits(&mut rng);
@@ -295,7 +295,7 @@ fn saturation_at_max_micros() {
         Some(Duration::from_micros(MAX_MICROS))
     );
     clock.advance(Duration::from_micros(MAX_MICROS + 5));
-    assert_eq!(limiter.available_in().unwrap(), Duration::ZERO);
+    assert_eq!(limiter.snapshot().unwrap().wait(), Duration::ZERO);
     assert_eq!(wait_micros(&limiter, 1), 0);
 }
 
@@ -388,7 +388,10 @@ fn threads_spending_stored_permits_get_each_permit_once() {
     let mut expected = vec![0; 1001];
     expected.extend((1..=2999).map(|i| i * 1000));
     assert_eq!(waits, expected);
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_millis(3000));
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(3000)
+    );
 }
 
 #[test]
@@ -430,7 +433,7 @@ fn set_rate_racing_reservations_loses_and_duplicates_nothing() {
                 changes.load(Ordering::Relaxed)
             );
         }
-        let last_step = micros(limiter.available_in().unwrap()) - waits[waits.len() - 1];
+        let last_step = micros(limiter.snapshot().unwrap().wait()) - waits[waits.len() - 1];
         assert!(last_step == 1000 || last_step == 1500, "{last_step}");
     }
 }

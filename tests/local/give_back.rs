@@ -135,7 +135,10 @@ fn a_dropped_reservation_puts_back_exactly_what_it_took() {
     assert_eq!(b.delay(), Duration::from_millis(100));
     drop(b);
     assert_eq!(format!("{limiter:?}"), before);
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_millis(100));
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(100)
+    );
 }
 
 #[test]
@@ -254,7 +257,7 @@ async fn timed_out_acquires_leave_at_most_one_interval_of_debt() {
         }
     }
     assert!(timed_out >= 18, "{timed_out} of 20 timed out");
-    let debt = limiter.available_in().unwrap();
+    let debt = limiter.snapshot().unwrap().wait();
     assert!(debt <= Duration::from_millis(100), "debt left: {debt:?}");
     // The same through the trait object.
     let shared: std::sync::Arc<dyn Limiter> =
@@ -262,6 +265,6 @@ async fn timed_out_acquires_leave_at_most_one_interval_of_debt() {
     for _ in 0..20 {
         let _ = tokio::time::timeout(Duration::from_millis(1), shared.acquire(1)).await;
     }
-    let debt = shared.available_in().await.unwrap();
+    let debt = shared.snapshot().await.unwrap().wait();
     assert!(debt <= Duration::from_millis(100), "debt left: {debt:?}");
 }

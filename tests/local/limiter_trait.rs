@@ -38,7 +38,7 @@ async fn try_acquire_through_the_trait() {
             .unwrap()
     );
     assert_eq!(
-        limiter.available_in().await.unwrap(),
+        limiter.snapshot().await.unwrap().wait(),
         Duration::from_millis(250)
     );
     assert!(

@@ -79,14 +79,14 @@ fn idle_time_before_the_change_is_credited_at_the_old_rate() {
 fn a_rejected_rate_leaves_the_limiter_unchanged() {
     let (limiter, _) = bursty(5.0);
     waits_n(&limiter, 2);
-    let before = limiter.available_in().unwrap();
+    let before = limiter.snapshot().unwrap().wait();
     for bad in [0.0, -0.0, -1.0, f64::NAN, f64::NEG_INFINITY] {
         let err = limiter.set_rate(bad).unwrap_err();
         assert!(matches!(err, Error::InvalidArgument(_)), "{bad}: {err}");
         assert!(err.to_string().contains("permits_per_second"), "{err}");
     }
     assert_eq!(limiter.rate(), 5.0);
-    assert_eq!(limiter.available_in().unwrap(), before);
+    assert_eq!(limiter.snapshot().unwrap().wait(), before);
     // The two acquisitions slept 200 ms; the ticket is at 400 ms.
     assert_eq!(waits_n(&limiter, 1), [200_000]);
 }

@@ -32,7 +32,7 @@ fn the_latest_limit_sets_the_wait_and_every_limit_is_charged() {
     // (20 s), not the per-second one (whose burst is there).
     assert_eq!(limiter.reserve(1).unwrap(), Duration::ZERO);
     assert_eq!(limiter.reserve(1).unwrap(), Duration::from_secs(20));
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_secs(40));
+    assert_eq!(limiter.snapshot().unwrap().wait(), Duration::from_secs(40));
     // A minute later the per-minute limit has caught up (its ticket was
     // at 40 s) and stored nothing (no burst): one goes at once, the next
     // waits 20 s.
@@ -73,9 +73,9 @@ fn a_dropped_reservation_gives_back_to_every_limit() {
     // The next caller is scheduled as if the dropped one had never been:
     // the one after it still holds 40 s, and the per-minute limit's ticket
     // is back to 40 s, not 60 s.
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_secs(35));
+    assert_eq!(limiter.snapshot().unwrap().wait(), Duration::from_secs(35));
     drop(after);
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_secs(15));
+    assert_eq!(limiter.snapshot().unwrap().wait(), Duration::from_secs(15));
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -92,7 +92,7 @@ async fn a_timed_out_acquire_gives_back_to_every_limit() {
     }
     // Twenty callers gave up: the debt is one interval of the slow limit
     // at most, not twenty.
-    let wait = limiter.available_in().unwrap();
+    let wait = limiter.snapshot().unwrap().wait();
     assert!(wait <= Duration::from_secs(1), "{wait:?}");
 }
 
@@ -107,7 +107,7 @@ fn set_rate_scales_every_limit_and_set_limit_rate_one() {
     limiter.reserve(1).unwrap();
     assert_eq!(limiter.reserve(1).unwrap(), Duration::from_secs(10));
     limiter.set_limit_rate(1, 60.0 / 60.0).unwrap();
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_secs(20));
+    assert_eq!(limiter.snapshot().unwrap().wait(), Duration::from_secs(20));
     assert!(matches!(
         limiter.set_limit_rate(2, 1.0),
         Err(Error::InvalidArgument(_))

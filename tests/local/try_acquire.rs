@@ -39,11 +39,11 @@ fn some_wait_allowed() {
 fn a_refused_try_reserves_nothing() {
     let (limiter, clock) = bursty(5.0);
     limiter.reserve(2).unwrap(); // debt: 400 ms
-    let before = limiter.available_in().unwrap();
+    let before = limiter.snapshot().unwrap().wait();
     for _ in 0..100 {
         assert_eq!(limiter.try_reserve(1000, 399 * MS).unwrap(), None);
     }
-    assert_eq!(limiter.available_in().unwrap(), before);
+    assert_eq!(limiter.snapshot().unwrap().wait(), before);
     assert_eq!(clock.now(), Duration::ZERO, "a refused try does not sleep");
     assert_eq!(limiter.try_reserve(1, 400 * MS).unwrap(), Some(400 * MS));
 }
@@ -56,7 +56,10 @@ fn only_the_existing_debt_counts_not_the_request_size() {
         limiter.try_reserve(5000, Duration::ZERO).unwrap(),
         Some(Duration::ZERO)
     );
-    assert_eq!(limiter.available_in().unwrap(), Duration::from_secs(1000));
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_secs(1000)
+    );
     assert_eq!(
         limiter.try_reserve(1, Duration::from_secs(999)).unwrap(),
         None

@@ -58,7 +58,7 @@ async fn many_limiters_share_one_connection_and_keep_their_own_keys() {
     // Each key is its own limiter: 64 reservations over 20 keys at 10/s
     // with no burst leave each key 3 or 4 intervals of debt, not 64.
     for limiter in &limiters {
-        let wait = limiter.available_in().await.unwrap();
+        let wait = limiter.snapshot().await.unwrap().wait();
         assert!(
             wait > 200 * MS && wait <= 400 * MS,
             "{}: {wait:?}",

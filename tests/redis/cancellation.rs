@@ -37,7 +37,7 @@ async fn timed_out_acquires_through_redis_leave_at_most_one_interval_of_debt() {
     assert!(timed_out >= 15, "{timed_out} of 20 timed out");
     // Give-backs are sent in the background: let them land.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let debt = limiter.available_in().await.unwrap();
+    let debt = limiter.snapshot().await.unwrap().wait();
     println!("debt after 20 dropped acquires: {debt:?} ({timed_out} timed out)");
     assert!(debt <= Duration::from_millis(100), "debt left: {debt:?}");
     assert!(!limiter.stats().degraded);
@@ -84,7 +84,7 @@ async fn a_caller_dropped_mid_round_trip_gives_its_reservation_back() {
     // comes back and its give-back goes out at once: wait for that, with
     // room for scheduling.
     tokio::time::sleep(LATENCY + Duration::from_millis(150)).await;
-    let debt = limiter.available_in().await.unwrap();
+    let debt = limiter.snapshot().await.unwrap().wait();
     // Kept, the reservations would end about CALLERS intervals after the
     // first request reached Redis (at `start` plus the latency, or later).
     let kept = (LATENCY + INTERVAL * CALLERS).saturating_sub(start.elapsed());

@@ -42,7 +42,7 @@ async fn many_keys_are_limited_independently_across_nodes() {
             !limiter.try_acquire(1, Duration::ZERO).await.unwrap(),
             "key {i} over its limit"
         );
-        let wait = limiter.available_in().await.unwrap();
+        let wait = limiter.snapshot().await.unwrap().wait();
         assert!(
             wait > Duration::from_millis(900) && wait <= Duration::from_secs(1),
             "key {i}: {wait:?}"

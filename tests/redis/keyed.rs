@@ -40,11 +40,11 @@ async fn each_key_is_its_own_redis_key_and_limited_alone() {
             .unwrap()
     );
     // One saturated key leaves another untouched.
-    assert_eq!(limiter.available_in(&bob).await.unwrap(), Duration::ZERO);
+    assert_eq!(limiter.snapshot(&bob).await.unwrap().wait(), Duration::ZERO);
     assert!(limiter.try_acquire(&bob, 1, Duration::ZERO).await.unwrap());
     assert_eq!(limiter.redis_key(&alice), "paceline:v1:api:alice");
     // A `String`-keyed limiter is asked with a `&str` too.
-    assert!(limiter.available_in("alice").await.unwrap() > 100 * MS);
+    assert!(limiter.snapshot("alice").await.unwrap().wait() > 100 * MS);
     assert!(
         !limiter
             .try_acquire("alice", 1, Duration::ZERO)
@@ -242,7 +242,7 @@ async fn keys_not_called_again_carry_their_debt_back_too() {
     let mut con = server.connection();
     for i in 0..20 {
         let key = format!("user{i}");
-        let wait = limiter.available_in(&key).await.unwrap();
+        let wait = limiter.snapshot(&key).await.unwrap().wait();
         assert!(
             wait > 300 * MS,
             "{key}: only {wait:?} of its local debt reached Redis"

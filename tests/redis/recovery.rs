@@ -77,7 +77,7 @@ async fn keys_carried_back_in_the_background_get_no_burst_meanwhile() {
         .expect("every key goes back");
     eprintln!("1 000 keys carried back within {carried:?} of the sweep");
     for key in keys.iter().step_by(97) {
-        let wait = limiter.available_in(key).await.unwrap();
+        let wait = limiter.snapshot(key).await.unwrap().wait();
         assert!(wait > Duration::from_secs(15), "{key} owes only {wait:?}");
     }
 }
@@ -107,7 +107,7 @@ async fn a_recovered_limiter_never_called_again_still_carries_its_debt_back() {
     let mut wait = Duration::ZERO;
     let polled = Instant::now();
     while wait < Duration::from_secs(5) && polled.elapsed() < Duration::from_secs(2) {
-        wait = second.available_in().await.unwrap();
+        wait = second.snapshot().await.unwrap().wait();
         tokio::time::sleep(10 * MS).await;
     }
     eprintln!(
@@ -148,7 +148,7 @@ async fn known_debts_beyond_max_local_keys_still_open_the_fallback_late() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn available_in_during_an_outage_reports_the_debt_redis_reported() {
+async fn a_snapshot_during_an_outage_reports_the_debt_redis_reported() {
     let mut server = RedisServer::start();
     let backend = backend(server.client()).await;
     let limiter = keyed(&backend, "query", Duration::ZERO);
@@ -156,13 +156,13 @@ async fn available_in_during_an_outage_reports_the_debt_redis_reported() {
     let reported = Instant::now();
     server.kill();
     // The first call finds Redis down; the next read the fallback.
-    let _ = limiter.available_in("owes").await.unwrap();
-    let wait = limiter.available_in("owes").await.unwrap();
+    let _ = limiter.snapshot("owes").await.unwrap().wait();
+    let wait = limiter.snapshot("owes").await.unwrap().wait();
     assert!(limiter.stats().degraded);
     let left = Duration::from_secs(10).saturating_sub(reported.elapsed());
     assert!(
         wait + 300 * MS >= left && wait <= left + 50 * MS,
-        "available_in says {wait:?}; the debt left is {left:?}"
+        "the snapshot says {wait:?}; the debt left is {left:?}"
     );
     assert_eq!(limiter.stats().keys, 0, "a query opens nothing");
     assert_eq!(
@@ -199,7 +199,7 @@ async fn a_second_outage_does_not_count_the_first_ones_debt_again() {
         expected += Duration::from_secs(1);
         server.cont();
         recovered(|| !limiter.stats().degraded).await;
-        let owed = limiter.available_in().await.unwrap();
+        let owed = limiter.snapshot().await.unwrap().wait();
         let left = expected.saturating_sub(start.elapsed());
         assert!(
             owed + 300 * MS >= left && owed <= left + 100 * MS,
@@ -367,7 +367,7 @@ async fn a_key_is_charged_the_dropped_floor_once_by_its_first_callers() {
     // the outage), then the nine permits, charged once each; once per
     // caller, it would owe over 80 s.
     let other = backend_of(&server).await;
-    let owed = limiter(&other).available_in("x").await.unwrap();
+    let owed = limiter(&other).snapshot("x").await.unwrap().wait();
     assert!(
         owed >= Duration::from_secs(16) && owed <= Duration::from_secs(20),
         "the key owes {owed:?}"

@@ -162,19 +162,19 @@ mod limiters {
         let held = limiter.reservation(1).await.unwrap();
         assert!(close(held.delay(), 10 * S), "{:?}", held.delay());
         assert_eq!(held.limit(), Some(1));
-        assert!(close(limiter.available_in().await.unwrap(), 20 * S));
+        assert!(close(limiter.snapshot().await.unwrap().wait(), 20 * S));
         // Refused: nothing charged.
         assert_eq!(limiter.try_reserve(1, S).await.unwrap(), None);
-        assert!(close(limiter.available_in().await.unwrap(), 20 * S));
+        assert!(close(limiter.snapshot().await.unwrap().wait(), 20 * S));
         // Given back in the background, to both limits.
         drop(held);
-        let mut wait = limiter.available_in().await.unwrap();
+        let mut wait = limiter.snapshot().await.unwrap().wait();
         for _ in 0..100 {
             if close(wait, 10 * S) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
-            wait = limiter.available_in().await.unwrap();
+            wait = limiter.snapshot().await.unwrap().wait();
         }
         assert!(close(wait, 10 * S), "{wait:?}");
     }
@@ -199,12 +199,12 @@ mod limiters {
         assert_eq!(limiter.rate(), 100.0);
         let wait = limiter.reserve(1).await.unwrap();
         assert!(close(wait, 10 * S), "{wait:?}");
-        assert!(close(limiter.available_in().await.unwrap(), 11 * S));
+        assert!(close(limiter.snapshot().await.unwrap().wait(), 11 * S));
         // Halving the first halves them all: 2 s apart now.
         limiter.set_rate(50.0).unwrap();
         let wait = limiter.reserve(1).await.unwrap();
         assert!(close(wait, 11 * S), "{wait:?}");
-        assert!(close(limiter.available_in().await.unwrap(), 13 * S));
+        assert!(close(limiter.snapshot().await.unwrap().wait(), 13 * S));
         assert!(limiter.set_limit_rate(2, 1.0).is_err());
         assert!(limiter.set_limit_rate(0, f64::NAN).is_err());
     }
@@ -231,7 +231,7 @@ mod limiters {
         assert_eq!(limiter.try_reserve("a", 1, S).await.unwrap(), None);
         let other = limiter.try_reserve("b", 1, Duration::ZERO).await.unwrap();
         assert_eq!(other, Some(Duration::ZERO));
-        let wait = limiter.available_in("a").await.unwrap();
+        let wait = limiter.snapshot("a").await.unwrap().wait();
         assert!(close(wait, 1200 * S), "{wait:?}");
     }
 
@@ -264,7 +264,7 @@ mod limiters {
             .expect("back on Redis");
         // The fallback's grants were carried into Redis: the next waits
         // behind them, per minute, as if Redis had granted them.
-        let after = limiter.available_in().await.unwrap();
+        let after = limiter.snapshot().await.unwrap().wait();
         println!("fallback waits {first:?}, {second:?}; after the carry-back {after:?}");
         assert!(after >= S, "carried back: {after:?}");
         assert!(after <= 3 * S + SLACK, "{after:?}");

@@ -410,24 +410,6 @@ impl<K: Hash + Eq + Clone> Table<K> {
         });
         Snapshot::binding(snapshots).expect("limits are never empty")
     }
-
-    /// When a request of `key` made at `now` would go (`now` for a key not
-    /// held).
-    pub(super) fn next_free<Q>(&self, key: &Q, now: u64) -> u64
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        if let Some(entry) = self.limits.get(key) {
-            return entry.limits.earliest(now).0;
-        }
-        match (&self.config, self.words.get(key)) {
-            (Some(config), Some(cell)) => word::decode(cell.load(Relaxed), now, config)
-                .next_free
-                .max(now),
-            _ => now,
-        }
-    }
 }
 
 impl<K> fmt::Debug for Shard<K> {

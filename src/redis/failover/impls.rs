@@ -40,10 +40,6 @@ where
         self.take_blocking_owned(key.to_owned(), permits, timeout)
     }
 
-    fn next_free(&self, key: &Q) -> impl Future<Output = Result<Duration, Error>> + Send {
-        self.query(key)
-    }
-
     fn snapshot(&self, key: &Q) -> impl Future<Output = Result<Snapshot, Error>> + Send {
         self.status(key)
     }

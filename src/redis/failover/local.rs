@@ -57,42 +57,10 @@ where
         Ok(served)
     }
 
-    /// The wait of `key` while its part of Redis is down: the fallback's if
-    /// it holds the key, its floor otherwise (nothing is opened); for a
-    /// `patient` caller, once any carry-back of the key has ended.
-    pub(super) fn query_locally<'a, Q>(
-        &'a self,
-        key: &Q,
-        failure: Option<BackendError>,
-        patient: bool,
-    ) -> Result<Result<Duration, Error>, Carried<'a>>
-    where
-        K: Borrow<Q>,
-        Q: Display + Hash + Eq + ?Sized,
-    {
-        self.backend.health.count_fallback_call();
-        match self.fallback {
-            Fallback::FailClosed => return Ok(Err(self.closed_error(failure))),
-            Fallback::FailOpen => return Ok(Ok(Duration::ZERO)),
-            Fallback::Local => {}
-        }
-        let books = self.books();
-        if patient && books.carrying.contains(key) {
-            let carried = self.carried.notified();
-            drop(books);
-            return Err(Box::pin(carried));
-        }
-        let now = self.now();
-        let until = match self.local.ticket(key) {
-            Some(_) => return Ok(Ok(self.local.wait_of(key))),
-            None => self.floor(&books, key),
-        };
-        Ok(Ok(Duration::from_micros(until.saturating_sub(now))))
-    }
-
     /// What `key` holds while its part of Redis is down: the fallback's
     /// state if it holds the key; otherwise nothing stored and its floor
-    /// to wait for (nothing is opened). Failing open, every request goes.
+    /// to wait for (nothing is opened); for a `patient` caller, once any
+    /// carry-back of the key has ended. Failing open, every request goes.
     pub(super) fn snapshot_locally<'a, Q>(
         &'a self,
         key: &Q,
@@ -103,16 +71,24 @@ where
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ?Sized,
     {
-        let wait = match self.query_locally(key, failure, patient)? {
-            Ok(wait) => wait,
-            Err(error) => return Ok(Err(error)),
-        };
-        let snapshot = match self.fallback {
-            Fallback::Local if self.local.ticket(key).is_some() => self.local.snapshot_of(key),
-            Fallback::FailOpen => Snapshot::from_wait(Duration::ZERO, f64::INFINITY),
-            _ => Snapshot::from_wait(wait, f64::from_bits(self.rate_bits.load(Ordering::Relaxed))),
-        };
-        Ok(Ok(snapshot))
+        self.backend.health.count_fallback_call();
+        match self.fallback {
+            Fallback::FailClosed => return Ok(Err(self.closed_error(failure))),
+            Fallback::FailOpen => return Ok(Ok(Snapshot::waiting(Duration::ZERO, f64::INFINITY))),
+            Fallback::Local => {}
+        }
+        let books = self.books();
+        if patient && books.carrying.contains(key) {
+            let carried = self.carried.notified();
+            drop(books);
+            return Err(Box::pin(carried));
+        }
+        if self.local.ticket(key).is_some() {
+            return Ok(Ok(self.local.snapshot_of(key)));
+        }
+        let wait = self.floor(&books, key).saturating_sub(self.now());
+        let rate = f64::from_bits(self.rate_bits.load(Ordering::Relaxed));
+        Ok(Ok(Snapshot::waiting(Duration::from_micros(wait), rate)))
     }
 
     /// The fallback holds keys from now on: the backend tells this limiter

@@ -404,23 +404,6 @@ where
             .block_on(async move { Engine::take_wait(&this, &key, permits, timeout).await })?
     }
 
-    /// The current wait of `key`, from Redis or the fallback.
-    async fn query<Q>(&self, key: &Q) -> Result<Duration, Error>
-    where
-        K: Borrow<Q>,
-        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
-    {
-        self.read(
-            key,
-            |target, budget| async move {
-                let reply = self.send(key, &target, Call::Query, budget).await?;
-                Ok(reply.wait.unwrap_or_default())
-            },
-            |failure, patient| self.query_locally(key, failure, patient),
-        )
-        .await
-    }
-
     /// What `key` holds now, from Redis (one round trip, on its clock) or
     /// the fallback.
     async fn status<Q>(&self, key: &Q) -> Result<Snapshot, Error>

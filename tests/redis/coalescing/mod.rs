@@ -266,7 +266,7 @@ async fn callers_that_give_up_while_queued_are_never_sent() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(evalsha_calls(&server), 1, "only the lead was sent");
     // The key holds the lead's permit alone: one interval from its moment.
-    let debt = limiter.available_in().await.unwrap();
+    let debt = limiter.snapshot().await.unwrap().wait();
     assert!(debt <= Duration::from_millis(100), "debt {debt:?}");
 }
 
@@ -310,7 +310,7 @@ async fn callers_that_give_up_after_their_batch_was_sent_give_it_back() {
     // so it has none.
     assert_eq!(evalsha_calls(&server), 2 + 9);
     // Kept, the ten would leave about a second of debt.
-    let debt = limiter.available_in().await.unwrap();
+    let debt = limiter.snapshot().await.unwrap().wait();
     assert!(debt <= Duration::from_millis(100), "debt {debt:?}");
 }
 

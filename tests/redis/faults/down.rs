@@ -39,7 +39,7 @@ async fn after_a_restart_on_the_same_port_instances_share_the_rate_again_without
     let took_b = recovered(&b, "b, after the restart").await;
     println!("restart: a back on Redis after {took_a:?}, b {took_b:?} later");
     // Whatever debt the fallbacks carried in, let it pass.
-    let debt = a.available_in().await.unwrap();
+    let debt = a.snapshot().await.unwrap().wait();
     assert!(debt <= 2 * INTERVAL, "{debt:?}");
     tokio::time::sleep(debt + Duration::from_millis(10)).await;
     let (a_local, b_local) = (a.stats().fallback_calls, b.stats().fallback_calls);
@@ -47,7 +47,7 @@ async fn after_a_restart_on_the_same_port_instances_share_the_rate_again_without
     assert!(a.try_acquire(1, Duration::ZERO).await.unwrap());
     // B sees A's permit: one rate, one key; and no stored permits.
     assert!(!b.try_acquire(1, Duration::ZERO).await.unwrap());
-    let wait = b.available_in().await.unwrap();
+    let wait = b.snapshot().await.unwrap().wait();
     assert!(
         wait > Duration::from_millis(50) && wait <= INTERVAL,
         "{wait:?}"
@@ -140,10 +140,7 @@ async fn killed_redis_with_fail_closed_returns_backend_errors() {
         }
     }
     assert!(limiter.stats().degraded);
-    assert!(matches!(
-        limiter.available_in().await,
-        Err(Error::Backend(_))
-    ));
+    assert!(matches!(limiter.snapshot().await, Err(Error::Backend(_))));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

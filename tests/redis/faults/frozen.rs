@@ -229,7 +229,7 @@ async fn round_trips_that_outlive_the_response_timeout_are_not_charged_twice() {
     // replies, the probe two.) Real callers come a little after the very
     // instant of recovery.
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let pending = limiter.available_in().await.unwrap();
+    let pending = limiter.snapshot().await.unwrap().wait();
     let start = Instant::now();
     let waited = limiter.acquire(1).await.unwrap();
     let elapsed = start.elapsed();
