@@ -31,6 +31,9 @@ cargo clippy --no-default-features -- -D warnings
 cargo clippy --all-targets --features redis -- -D warnings
 # The command line (its own package, cli/), on the library as it builds it.
 cargo clippy -p paceline-cli --all-targets -- -D warnings
+# The benchmarks as their commands build them (no features beyond their
+# own defaults).
+cargo clippy -p paceline-benches --all-targets -- -D warnings
 
 echo "==> cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features --quiet

@@ -12,10 +12,13 @@
 //! [`KeyedRateLimiter`](crate::KeyedRateLimiter) call them for every store,
 //! and so do the [`Limiter`](crate::Limiter) traits.
 
-use std::future::Future;
+use std::future::{Future, ready};
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::Either;
 
 use crate::clock::Clock;
 use crate::error::check_permits;
@@ -144,38 +147,65 @@ pub(crate) fn now<F: Future>(future: F) -> F::Output {
 
 /// Reserves `permits` of `key` now; the wait before they may be used.
 /// Nothing gives them back.
+///
+/// This call and [`try_reserve`] are combinators, not `async` blocks: an
+/// in-process engine's future is ready, and their polls are small enough
+/// to inline into the caller (an `async` block's is a function of its own,
+/// which cost the local limiter twice the time of a plain call).
 #[inline(always)]
-pub(crate) async fn reserve<Q, E>(engine: &E, key: &Q, permits: u32) -> Result<Duration, Error>
+pub(crate) fn reserve<'a, Q, E>(
+    engine: &'a E,
+    key: &'a Q,
+    permits: u32,
+) -> impl Future<Output = Result<Duration, Error>> + Send + 'a
 where
     Q: ?Sized + Sync,
     E: Engine<Q>,
 {
-    check_permits(permits)?;
-    let wait = engine
-        .take_wait(key, permits, None)
-        .await?
-        .unwrap_or_default();
-    engine.metrics().granted(wait);
-    Ok(wait)
+    checked(engine, key, permits, None).map(move |taken| {
+        let wait = taken?.unwrap_or_default();
+        engine.metrics().granted(wait);
+        Ok(wait)
+    })
 }
 
 /// Reserves `permits` of `key` if the wait fits in `timeout`; `None`,
 /// reserving nothing, otherwise.
 #[inline(always)]
-pub(crate) async fn try_reserve<Q, E>(
-    engine: &E,
-    key: &Q,
+pub(crate) fn try_reserve<'a, Q, E>(
+    engine: &'a E,
+    key: &'a Q,
     permits: u32,
     timeout: Duration,
-) -> Result<Option<Duration>, Error>
+) -> impl Future<Output = Result<Option<Duration>, Error>> + Send + 'a
 where
     Q: ?Sized + Sync,
     E: Engine<Q>,
 {
-    check_permits(permits)?;
-    let wait = engine.take_wait(key, permits, Some(timeout)).await?;
-    engine.metrics().tried(wait);
-    Ok(wait)
+    checked(engine, key, permits, Some(timeout)).map(move |taken| {
+        let wait = taken?;
+        engine.metrics().tried(wait);
+        Ok(wait)
+    })
+}
+
+/// The engine's `take_wait` if `permits` may be asked for; the error
+/// otherwise.
+#[inline(always)]
+fn checked<'a, Q, E>(
+    engine: &'a E,
+    key: &'a Q,
+    permits: u32,
+    timeout: Option<Duration>,
+) -> impl Future<Output = Result<Option<Duration>, Error>> + Send + 'a
+where
+    Q: ?Sized + Sync,
+    E: Engine<Q>,
+{
+    match check_permits(permits) {
+        Ok(()) => Either::Left(engine.take_wait(key, permits, timeout)),
+        Err(error) => Either::Right(ready(Err(error))),
+    }
 }
 
 /// Reserves `permits` of `key` as a reservation that gives them back if
