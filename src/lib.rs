@@ -150,7 +150,7 @@ pub mod stream;
 pub mod tower;
 
 pub use builder::{Builder, DEFAULT_COLD_FACTOR, Limit, One, PerKey};
-pub use core::Snapshot;
+pub use core::{Cost, Snapshot};
 pub use error::{BackendError, Error};
 pub use limiter::{Key, KeyedLimiter, KeyedRateLimiter, Limiter, Local, RateLimiter, Stats, Store};
 pub use reservation::Reservation;

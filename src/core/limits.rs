@@ -2,7 +2,8 @@
 
 use std::collections::VecDeque;
 
-use super::{InvalidRate, State};
+use super::learn::Learned;
+use super::{Cost, InvalidRate, State};
 
 /// How many requests [`Limits`] keeps in its log by default.
 pub const LOG_CAPACITY: usize = 1024;
@@ -74,8 +75,11 @@ pub const LOG_CAPACITY: usize = 1024;
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limits {
-    states: Vec<State>,
+    pub(super) states: Vec<State>,
     log: Log,
+    /// What the limits learned from an upstream (see
+    /// [`learn`](Limits::learn)); `None` until they first do.
+    pub(super) learned: Option<Box<Learned>>,
 }
 
 /// The give-back log; see [`Limits`].
@@ -88,11 +92,15 @@ struct Log {
     capacity: usize,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 struct Logged {
     /// The id a held reservation was given; `None` for the others.
     id: Option<u64>,
-    permits: u32,
+    /// An open call's: it stays in the log past its moment, until it is
+    /// settled for good ([`Limits::keep`]), so that its cost can still be
+    /// replaced ([`Limits::settle`]).
+    open: bool,
+    cost: Cost,
     now_micros: u64,
     /// The moment it was granted for: it leaves the log once this passes.
     moment_micros: u64,
@@ -128,6 +136,7 @@ impl Limits {
                 capacity: capacity.max(1),
                 ..Log::default()
             },
+            learned: None,
         })
     }
 
@@ -163,7 +172,13 @@ impl Limits {
     #[cfg(any(test, feature = "internals"))]
     pub fn reserve(&mut self, permits: u32, now_micros: u64, held: bool) -> Granted {
         let (moment, bound_by) = earliest(&self.states, now_micros);
-        self.reserve_at(permits, now_micros, moment, bound_by, held)
+        self.reserve_at(
+            &Cost::new(permits),
+            now_micros,
+            moment,
+            bound_by,
+            Hold::from(held),
+        )
     }
 
     /// [`reserve`](Self::reserve) if the wait fits in `timeout_micros`;
@@ -177,31 +192,55 @@ impl Limits {
         held: bool,
     ) -> Option<Granted> {
         let (moment, bound_by) = earliest(&self.states, now_micros);
+        (moment - now_micros <= timeout_micros).then(|| {
+            self.reserve_at(
+                &Cost::new(permits),
+                now_micros,
+                moment,
+                bound_by,
+                Hold::from(held),
+            )
+        })
+    }
+
+    /// Reserves `cost` at `now_micros` for an *open call* if the wait fits
+    /// in `timeout_micros` (`None`, charging nothing, otherwise): a held
+    /// reservation that always gets an id, and stays in the log after its
+    /// moment, until [`keep`](Self::keep), so that
+    /// [`settle`](Self::settle) can replace its cost with what the call
+    /// turned out to cost. Until its moment it can be given back.
+    pub fn open(&mut self, cost: &Cost, now_micros: u64, timeout_micros: u64) -> Option<Granted> {
+        let (moment, bound_by) = earliest(&self.states, now_micros);
         (moment - now_micros <= timeout_micros)
-            .then(|| self.reserve_at(permits, now_micros, moment, bound_by, held))
+            .then(|| self.reserve_at(cost, now_micros, moment, bound_by, Hold::Open))
     }
 
     /// Reserves at `moment`, which `earliest` gave for `now_micros`.
     #[inline]
     fn reserve_at(
         &mut self,
-        permits: u32,
+        cost: &Cost,
         now_micros: u64,
         moment: u64,
         bound_by: Option<usize>,
-        held: bool,
+        hold: Hold,
     ) -> Granted {
         if !self.log.requests.is_empty() {
             self.expire(now_micros);
         }
-        let id = (held && moment > now_micros).then(|| {
+        let logs = match hold {
+            Hold::Plain => false,
+            Hold::Held => moment > now_micros,
+            Hold::Open => true,
+        };
+        let id = logs.then(|| {
             self.log.next_id += 1;
             self.log.next_id
         });
         if id.is_some() || !self.log.requests.is_empty() {
-            self.log_request(id, permits, now_micros, moment);
+            self.log_request(id, hold == Hold::Open, cost, now_micros, moment);
         }
-        charge(&mut self.states, permits, moment);
+        charge(&mut self.states, cost, moment);
         Granted {
             moment_micros: moment,
             wait_micros: moment - now_micros,
@@ -212,7 +251,14 @@ impl Limits {
 
     /// Logs a request about to be charged (one the log starts with has an
     /// id).
-    fn log_request(&mut self, id: Option<u64>, permits: u32, now_micros: u64, moment: u64) {
+    fn log_request(
+        &mut self,
+        id: Option<u64>,
+        open: bool,
+        cost: &Cost,
+        now_micros: u64,
+        moment: u64,
+    ) {
         if self.log.requests.len() == self.log.capacity {
             // The oldest leaves: it can no longer be given back, nor what
             // follows it up to the next that can.
@@ -227,7 +273,8 @@ impl Limits {
         }
         self.log.requests.push_back(Logged {
             id,
-            permits,
+            open,
+            cost: cost.clone(),
             now_micros,
             moment_micros: moment,
         });
@@ -252,14 +299,51 @@ impl Limits {
             return false;
         };
         self.log.requests.remove(place);
-        self.states.clone_from(&self.log.base);
-        for request in &self.log.requests {
-            let (moment, _) = earliest(&self.states, request.now_micros);
-            charge(&mut self.states, request.permits, moment);
-        }
+        self.replay();
         // What now heads the log may be what can no longer be given back.
         self.expire(now_micros);
         true
+    }
+
+    /// Settles the open call `id`, charged `charged` so far, at
+    /// `actual` at `now_micros`: the limits then hold what they would had
+    /// it reserved `actual` in the first place. While the log holds the
+    /// call this is exact: its cost is replaced and the log replayed, as
+    /// a give-back does (`true`). Once the log has let it go (it filled, or
+    /// a rate changed), what `actual` charges past `charged` is charged
+    /// now, as a request that does not wait (the next callers wait for
+    /// it), and what it charges less is not given back: that could let
+    /// later callers in before the exact answer would, where the limiter
+    /// sat idle since (`false`). Either way the call stays open until
+    /// [`keep`](Self::keep).
+    pub fn settle(&mut self, id: u64, charged: &Cost, actual: &Cost, now_micros: u64) -> bool {
+        self.expire(now_micros);
+        if let Some(request) = self
+            .log
+            .requests
+            .iter_mut()
+            .find(|r| r.id == Some(id) && r.open)
+        {
+            request.cost = actual.clone();
+            self.replay();
+            return true;
+        }
+        let more = actual.more_than(charged, self.states.len());
+        if !more.is_zero(self.states.len()) {
+            let (moment, bound_by) = earliest(&self.states, now_micros);
+            self.reserve_at(&more, now_micros, moment, bound_by, Hold::Plain);
+        }
+        false
+    }
+
+    /// The states again from the log's base, replaying every logged
+    /// request.
+    fn replay(&mut self) {
+        self.states.clone_from(&self.log.base);
+        for request in &self.log.requests {
+            let (moment, _) = earliest(&self.states, request.now_micros);
+            charge(&mut self.states, &request.cost, moment);
+        }
     }
 
     /// The held reservation `id` will not be given back (its permits are
@@ -271,6 +355,7 @@ impl Limits {
             return false;
         };
         request.id = None;
+        request.open = false;
         self.expire(now_micros);
         true
     }
@@ -301,12 +386,13 @@ impl Limits {
         now_micros: u64,
     ) -> Result<(), InvalidRate> {
         super::stable_interval_micros(permits_per_second)?;
+        let ceilings = self.ceilings();
         let rates: Vec<f64> = (0..self.states.len())
             .map(|i| {
                 if index.is_none_or(|index| index == i) {
                     permits_per_second
                 } else {
-                    self.states[i].permits_per_second
+                    ceilings[i]
                 }
             })
             .collect();
@@ -325,11 +411,7 @@ impl Limits {
         now_micros: u64,
     ) -> Result<(), InvalidRate> {
         super::stable_interval_micros(otherwise)?;
-        let scaled: Vec<f64> = self
-            .states
-            .iter()
-            .map(|s| s.permits_per_second * factor)
-            .collect();
+        let scaled: Vec<f64> = self.ceilings().iter().map(|rate| rate * factor).collect();
         let valid = scaled
             .iter()
             .all(|&rate| super::stable_interval_micros(rate).is_ok());
@@ -349,10 +431,10 @@ impl Limits {
         permits_per_second: f64,
         now_micros: u64,
     ) -> Result<(), InvalidRate> {
-        match &self.states[..] {
+        match &self.ceilings()[..] {
             [_] => self.set_rate(None, permits_per_second, now_micros),
             [first, ..] => {
-                let factor = permits_per_second / first.permits_per_second;
+                let factor = permits_per_second / first;
                 self.scale(factor, permits_per_second, now_micros)
             }
             [] => Ok(()),
@@ -364,6 +446,17 @@ impl Limits {
     /// empties. A keyed limiter applies one change to every key so, all
     /// its keys being at the same rates.
     pub(crate) fn set_rates(&mut self, rates: &[f64], now_micros: u64) -> Result<(), InvalidRate> {
+        let rates = self.learned_rates(rates);
+        self.apply_rates(&rates, now_micros)
+    }
+
+    /// Sets each limit's rate (all valid) to `rates` at `now_micros`, as
+    /// they are (learning's ceilings unchanged).
+    pub(super) fn apply_rates(
+        &mut self,
+        rates: &[f64],
+        now_micros: u64,
+    ) -> Result<(), InvalidRate> {
         let changes = |(state, rate): (&State, &f64)| state.permits_per_second != *rate;
         if !self.states.iter().zip(rates).any(changes) {
             return Ok(());
@@ -409,7 +502,7 @@ impl Limits {
             .log
             .requests
             .front()
-            .is_some_and(|r| r.id.is_none() || r.moment_micros <= now_micros)
+            .is_some_and(|r| r.id.is_none() || (!r.open && r.moment_micros <= now_micros))
         {
             self.fold_oldest();
         }
@@ -420,7 +513,7 @@ impl Limits {
     fn fold_oldest(&mut self) {
         if let Some(request) = self.log.requests.pop_front() {
             let (moment, _) = earliest(&self.log.base, request.now_micros);
-            charge(&mut self.log.base, request.permits, moment);
+            charge(&mut self.log.base, &request.cost, moment);
         }
     }
 
@@ -454,12 +547,29 @@ fn earliest(states: &[State], now_micros: u64) -> (u64, Option<usize>) {
     (moment, bound_by)
 }
 
-/// Charges `permits` to every limit as if requested at `moment` (at or
-/// after every ticket).
+/// Charges `cost` to every limit as if requested at `moment` (at or after
+/// every ticket).
 #[inline]
-fn charge(states: &mut [State], permits: u32, moment: u64) {
-    for state in states {
-        state.reserve_earliest_available(permits, moment);
+fn charge(states: &mut [State], cost: &Cost, moment: u64) {
+    for (i, state) in states.iter_mut().enumerate() {
+        state.reserve_earliest_available(cost.get(i), moment);
+    }
+}
+
+/// How a reservation is held: plain (the caller's at once), held (given
+/// back if dropped before its moment; logged only if it waits), or an
+/// open call (logged, and settled after its moment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hold {
+    Plain,
+    Held,
+    Open,
+}
+
+impl From<bool> for Hold {
+    #[inline(always)]
+    fn from(held: bool) -> Hold {
+        if held { Hold::Held } else { Hold::Plain }
     }
 }
 

@@ -171,6 +171,8 @@
 //! of overflowing.
 
 mod bursty;
+mod cost;
+mod learn;
 mod limits;
 mod snapshot;
 mod state;
@@ -180,6 +182,8 @@ mod warming_up;
 pub(crate) mod word;
 
 pub use bursty::Bursty;
+pub use cost::Cost;
+pub use learn::{Learning, Lesson, Reported};
 #[cfg(feature = "internals")]
 pub use limits::LOG_CAPACITY;
 pub use limits::{Granted, Limits};

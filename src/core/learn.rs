@@ -1,0 +1,305 @@
+//! Learning an upstream's limit from its answers: [`Learning`] (the
+//! policy's constants), [`Lesson`] (what one answer said, in the limits'
+//! terms) and [`Limits::learn`].
+//!
+//! # The policy
+//!
+//! The limits keep their configured rates as *ceilings*, and run at
+//! `min(ceiling, cap × margin) × factor` each, where `cap` is a rate the
+//! upstream reported for that limit (its quota over its window), and
+//! `factor` (from 0 to 1) is learned from its refusals:
+//!
+//! * A refusal (429) lowers `factor` multiplicatively (× `decrease`, down
+//!   to `floor`), once per episode: refusals that come back while the
+//!   pause it started is in force were sent before anyone knew, and lower
+//!   nothing more. It also *pauses* every limit until its `Retry-After`
+//!   (or `pause` without one): each ticket moves to the end of the pause
+//!   and every stored permit is dropped, so that the callers that come
+//!   back after it go one interval apart at the lowered rate, never as a
+//!   burst.
+//! * A success after the pause raises `factor` additively (+ `increase`),
+//!   at most once per `interval`, back up to 1.
+//! * A limit the upstream says is spent (`remaining` 0, with its `reset`)
+//!   is paused until the reset; one with `remaining` left keeps at most
+//!   that many permits stored.
+//!
+//! Rate changes and pauses are applied to the states at `now`: like a
+//! [`Limits::set_rate`], they empty the give-back log (the calls it held
+//! open then settle as [`Limits::settle`] does once the log has let them
+//! go).
+
+use super::{Limits, MAX_MICROS, State};
+
+/// The constants of the policy by which a limiter learns an upstream's
+/// limit (see the [`outbound`](crate::outbound) module).
+///
+/// ```
+/// use std::time::Duration;
+/// use paceline::outbound::Learning;
+///
+/// let learning = Learning::default()
+///     .decrease(0.5)
+///     .increase(0.1)
+///     .interval(Duration::from_millis(500));
+/// assert_eq!(learning.margin_value(), 0.97);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Learning {
+    pub(crate) decrease: f64,
+    pub(crate) increase: f64,
+    pub(crate) interval_micros: u64,
+    pub(crate) floor: f64,
+    pub(crate) pause_micros: u64,
+    pub(crate) margin: f64,
+}
+
+impl Default for Learning {
+    /// A refusal multiplies the rate by 0.7 (down to 0.05 of the
+    /// configured rate) and pauses for its `Retry-After` (1 s without
+    /// one); each second of successes adds back 0.05 of the configured
+    /// rate; a rate the upstream reports is used at 0.97 of it.
+    fn default() -> Self {
+        Learning {
+            decrease: 0.7,
+            increase: 0.05,
+            interval_micros: 1_000_000,
+            floor: 0.05,
+            pause_micros: 1_000_000,
+            margin: 0.97,
+        }
+    }
+}
+
+impl Learning {
+    /// What a refusal multiplies the learned rate by, in `(0, 1]`
+    /// (default 0.7); anything else keeps the default.
+    pub fn decrease(mut self, factor: f64) -> Self {
+        if factor > 0.0 && factor <= 1.0 {
+            self.decrease = factor;
+        }
+        self
+    }
+
+    /// What each [`interval`](Self::interval) of successes adds back, as
+    /// a fraction of the configured rate, in `[0, 1]` (default 0.05).
+    pub fn increase(mut self, fraction: f64) -> Self {
+        if (0.0..=1.0).contains(&fraction) {
+            self.increase = fraction;
+        }
+        self
+    }
+
+    /// How often successes may raise the rate (default 1 s; at least
+    /// 1 ms).
+    pub fn interval(mut self, interval: std::time::Duration) -> Self {
+        self.interval_micros = super::micros(interval).max(1_000);
+        self
+    }
+
+    /// The lowest fraction of the configured rate refusals bring it to,
+    /// in `(0, 1]` (default 0.05).
+    pub fn floor(mut self, fraction: f64) -> Self {
+        if fraction > 0.0 && fraction <= 1.0 {
+            self.floor = fraction;
+        }
+        self
+    }
+
+    /// How long a refusal without `Retry-After` pauses (default 1 s).
+    pub fn pause(mut self, pause: std::time::Duration) -> Self {
+        self.pause_micros = super::micros(pause);
+        self
+    }
+
+    /// The fraction of a rate the upstream reports that the limiter runs
+    /// at, in `(0, 1]` (default 0.97): a little under it, so that calls
+    /// that arrive unevenly still find room.
+    pub fn margin(mut self, fraction: f64) -> Self {
+        if fraction > 0.0 && fraction <= 1.0 {
+            self.margin = fraction;
+        }
+        self
+    }
+
+    /// The margin ([`margin`](Self::margin)).
+    pub fn margin_value(&self) -> f64 {
+        self.margin
+    }
+}
+
+/// What one answer from the upstream said, in the limits' terms: the
+/// digest of a [`Feedback`](crate::outbound::Feedback) that
+/// [`Limits::learn`] applies. Durations are from the moment it is learned.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Lesson {
+    /// The upstream refused the call for rate (429).
+    pub throttled: bool,
+    /// The call succeeded.
+    pub success: bool,
+    /// How long the upstream asked to wait (`Retry-After`).
+    pub retry_after_micros: Option<u64>,
+    /// Per limit, in order: what the upstream reported for it.
+    pub limits: Vec<Reported>,
+}
+
+/// What the upstream reported for one limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Reported {
+    /// Its rate, in permits per second (its quota over its window).
+    pub rate: Option<f64>,
+    /// What it has left in its window.
+    pub remaining: Option<u64>,
+    /// How long until its window is full again.
+    pub reset_micros: Option<u64>,
+}
+
+/// What the limits learned (see the module's documentation).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Learned {
+    /// The rates the limits were configured at.
+    ceilings: Vec<f64>,
+    /// The rates the upstream reported (infinite where it did not).
+    caps: Vec<f64>,
+    /// The learned fraction of the rate, in `[floor, 1]`.
+    factor: f64,
+    /// The end of the last pause.
+    paused_until: u64,
+    /// When `factor` last rose.
+    increased_at: u64,
+    /// The fraction of a cap the limits run at.
+    margin: f64,
+}
+
+impl Learned {
+    fn new(states: &[State]) -> Self {
+        Learned {
+            ceilings: states.iter().map(|s| s.permits_per_second).collect(),
+            caps: vec![f64::INFINITY; states.len()],
+            factor: 1.0,
+            paused_until: 0,
+            increased_at: 0,
+            margin: 1.0,
+        }
+    }
+
+    /// The rate limit `i` runs at.
+    fn rate(&self, i: usize) -> f64 {
+        let capped = self.ceilings[i].min(self.caps[i] * self.margin);
+        let rate = capped * self.factor;
+        // An infinite ceiling scaled stays infinite; a product that is not
+        // a valid rate (never, with the factor in (0, 1]) keeps the cap.
+        if rate > 0.0 { rate } else { capped }
+    }
+}
+
+impl Limits {
+    /// Learns what an upstream said in answer to a call (see the module's
+    /// documentation) at `now_micros`, under `learning`'s constants.
+    pub fn learn(&mut self, lesson: &Lesson, now_micros: u64, learning: &Learning) {
+        let n = self.states.len();
+        let learned = self
+            .learned
+            .get_or_insert_with(|| Box::new(Learned::new(&self.states)));
+        let before = learned.clone();
+        learned.margin = learning.margin;
+        for (i, reported) in lesson.limits.iter().enumerate().take(n) {
+            if let Some(rate) = reported.rate.filter(|r| *r > 0.0 && r.is_finite()) {
+                learned.caps[i] = rate;
+            }
+        }
+        let mut pause = None;
+        if lesson.throttled {
+            if now_micros >= learned.paused_until {
+                learned.factor = (learned.factor * learning.decrease).max(learning.floor);
+            }
+            let after = lesson.retry_after_micros.unwrap_or(learning.pause_micros);
+            let until = now_micros.saturating_add(after).min(MAX_MICROS);
+            learned.paused_until = learned.paused_until.max(until);
+            learned.increased_at = learned.paused_until;
+            pause = Some(until);
+        } else if lesson.success
+            && now_micros >= learned.paused_until
+            && now_micros.saturating_sub(learned.increased_at) >= learning.interval_micros
+            && learned.factor < 1.0
+        {
+            learned.factor = (learned.factor + learning.increase).min(1.0);
+            learned.increased_at = now_micros;
+        }
+        if learned.factor != before.factor
+            || learned.caps != before.caps
+            || learned.margin != before.margin
+        {
+            let rates: Vec<f64> = (0..n).map(|i| learned.rate(i)).collect();
+            // Every learned rate is positive, so valid.
+            let _ = self.apply_rates(&rates, now_micros);
+        }
+        let spent = |i: usize| {
+            let reported = lesson.limits.get(i)?;
+            let until = now_micros.saturating_add(reported.reset_micros?);
+            (reported.remaining == Some(0)).then_some(until.min(MAX_MICROS))
+        };
+        let pauses: Vec<Option<u64>> = (0..n).map(|i| pause.max(spent(i))).collect();
+        if pauses
+            .iter()
+            .any(|p| p.is_some_and(|until| until > now_micros))
+        {
+            self.clear_log();
+            for (state, until) in self.states.iter_mut().zip(pauses) {
+                if let Some(until) = until {
+                    state.pause(until, now_micros);
+                }
+            }
+        }
+        for (i, reported) in lesson.limits.iter().enumerate().take(n) {
+            if let Some(remaining) = reported.remaining.filter(|r| *r > 0) {
+                self.states[i].keep_stored_at_most(remaining, now_micros);
+            }
+        }
+    }
+
+    /// The learned fraction of the configured rates (1 until a refusal).
+    pub fn learned_factor(&self) -> f64 {
+        self.learned.as_ref().map_or(1.0, |l| l.factor)
+    }
+
+    /// The configured rates: the limits' own, or the ceilings learning
+    /// keeps under them.
+    pub(crate) fn ceilings(&self) -> Vec<f64> {
+        match &self.learned {
+            Some(learned) => learned.ceilings.clone(),
+            None => self.states.iter().map(|s| s.permits_per_second).collect(),
+        }
+    }
+
+    /// The rates the limits run at for configured rates `rates`: what
+    /// learning makes of them, which keeps them as its ceilings.
+    pub(super) fn learned_rates(&mut self, rates: &[f64]) -> Vec<f64> {
+        match &mut self.learned {
+            Some(learned) => {
+                learned.ceilings = rates.to_vec();
+                (0..rates.len()).map(|i| learned.rate(i)).collect()
+            }
+            None => rates.to_vec(),
+        }
+    }
+}
+
+impl State {
+    /// Pauses the limit until `until_micros`: its ticket moves there (if
+    /// earlier) and it drops every stored permit, so that it stores only
+    /// the idle time after the pause.
+    pub(crate) fn pause(&mut self, until_micros: u64, now_micros: u64) {
+        self.resync(now_micros);
+        self.stored_permits = 0.0;
+        if until_micros > self.next_free_micros {
+            self.next_free_micros = until_micros.min(MAX_MICROS);
+            self.next_free_fraction = 0;
+        }
+    }
+
+    /// Keeps at most `permits` stored (as of `now_micros`).
+    pub(crate) fn keep_stored_at_most(&mut self, permits: u64, now_micros: u64) {
+        self.resync(now_micros);
+        self.stored_permits = self.stored_permits.min(permits as f64);
+    }
+}

@@ -1,0 +1,161 @@
+//! Learning an upstream's limit in the core's [`Limits`]: refusals lower
+//! the rate once per episode and pause without a burst after, successes
+//! raise it slowly, reported rates and spent quotas clamp it.
+
+use std::time::Duration;
+
+use paceline::core::{Bursty, Learning, Lesson, Limits, Policy, Reported, State};
+
+const SECOND: u64 = 1_000_000;
+
+fn limits(rates: &[f64]) -> Limits {
+    let states = rates
+        .iter()
+        .map(|&rate| {
+            State::full(Policy::Bursty(Bursty::new(Duration::from_secs(1))), rate, 0).unwrap()
+        })
+        .collect();
+    Limits::new(states).unwrap()
+}
+
+fn throttled(retry_after: Option<u64>) -> Lesson {
+    Lesson {
+        throttled: true,
+        retry_after_micros: retry_after,
+        ..Lesson::default()
+    }
+}
+
+fn success() -> Lesson {
+    Lesson {
+        success: true,
+        ..Lesson::default()
+    }
+}
+
+fn rate(limits: &Limits, i: usize) -> f64 {
+    limits.states()[i].permits_per_second()
+}
+
+/// A refusal multiplies every limit's rate by `decrease` and pauses them
+/// until its `Retry-After`, dropping what they stored: after the pause the
+/// callers go one (lowered) interval apart, with no burst.
+#[test]
+fn a_refusal_lowers_the_rate_and_pauses_without_a_burst_after() {
+    let learning = Learning::default();
+    let mut limits = limits(&[100.0, 1_000.0]);
+    limits.learn(&throttled(Some(2 * SECOND)), SECOND, &learning);
+    assert_eq!((rate(&limits, 0), rate(&limits, 1)), (70.0, 700.0));
+    assert_eq!(limits.learned_factor(), 0.7);
+    // Nothing before the end of the pause...
+    assert_eq!(limits.reserve(1, SECOND, false).wait_micros, 2 * SECOND);
+    // ...and from it, one interval of 70/s apart, though the limits were
+    // full before the refusal.
+    let interval = (1e6_f64 / 70.0).round() as u64;
+    let next = limits.reserve(1, 3 * SECOND, false);
+    assert!(next.wait_micros.abs_diff(interval) <= 1, "{next:?}");
+}
+
+/// Refusals that come back while the pause is in force were sent before
+/// anyone knew: they lower nothing more (a later `Retry-After` still
+/// lengthens the pause). One after the pause lowers again, down to the
+/// floor.
+#[test]
+fn refusals_lower_the_rate_once_per_pause_down_to_the_floor() {
+    let learning = Learning::default().floor(0.4);
+    let mut limits = limits(&[100.0]);
+    limits.learn(&throttled(Some(SECOND)), 0, &learning);
+    limits.learn(&throttled(Some(3 * SECOND)), SECOND / 2, &learning);
+    limits.learn(&throttled(None), SECOND, &learning);
+    assert_eq!(limits.learned_factor(), 0.7);
+    assert_eq!(
+        limits.states()[0].next_free_micros(),
+        SECOND / 2 + 3 * SECOND
+    );
+    limits.learn(&throttled(None), 4 * SECOND, &learning);
+    assert_eq!(limits.learned_factor(), 0.7 * 0.7);
+    limits.learn(&throttled(None), 6 * SECOND, &learning);
+    assert_eq!(limits.learned_factor(), 0.4);
+    assert_eq!(rate(&limits, 0), 40.0);
+}
+
+/// Successes after the pause raise the rate by `increase` of the
+/// configured rate, at most once per `interval`, up to the configured
+/// rate and no further.
+#[test]
+fn successes_raise_the_rate_slowly_up_to_the_configured_one() {
+    let learning = Learning::default().increase(0.2);
+    let mut limits = limits(&[100.0]);
+    limits.learn(&throttled(Some(SECOND)), 0, &learning);
+    // During the pause, and within a second of its end: nothing.
+    limits.learn(&success(), SECOND / 2, &learning);
+    limits.learn(&success(), SECOND + SECOND / 2, &learning);
+    assert_eq!(limits.learned_factor(), 0.7);
+    limits.learn(&success(), 2 * SECOND, &learning);
+    assert!((limits.learned_factor() - 0.9).abs() < 1e-12);
+    limits.learn(&success(), 2 * SECOND + SECOND / 2, &learning);
+    assert!((limits.learned_factor() - 0.9).abs() < 1e-12);
+    limits.learn(&success(), 3 * SECOND, &learning);
+    limits.learn(&success(), 5 * SECOND, &learning);
+    assert_eq!(limits.learned_factor(), 1.0);
+    assert_eq!(rate(&limits, 0), 100.0);
+}
+
+/// A rate the upstream reports lowers that limit to `margin` of it, never
+/// raises it above the configured rate; a configured rate set later is
+/// still capped by it.
+#[test]
+fn a_reported_rate_caps_its_limit_under_the_margin() {
+    let learning = Learning::default();
+    let mut limits = limits(&[100.0, 6_000.0]);
+    let reported = Lesson {
+        success: true,
+        limits: vec![
+            Reported {
+                rate: Some(50.0),
+                ..Reported::default()
+            },
+            Reported {
+                rate: Some(10_000.0),
+                ..Reported::default()
+            },
+        ],
+        ..Lesson::default()
+    };
+    limits.learn(&reported, 0, &learning);
+    assert_eq!((rate(&limits, 0), rate(&limits, 1)), (50.0 * 0.97, 6_000.0));
+    limits.set_rate(Some(0), 200.0, SECOND).unwrap();
+    assert_eq!(rate(&limits, 0), 50.0 * 0.97);
+    limits.set_rate(Some(0), 10.0, SECOND).unwrap();
+    assert_eq!(rate(&limits, 0), 10.0);
+}
+
+/// A limit the upstream says is spent waits for its reset, the others do
+/// not pause; one with a few left keeps no more than that stored.
+#[test]
+fn a_spent_quota_pauses_its_limit_until_the_reset() {
+    let learning = Learning::default();
+    let mut limits = limits(&[100.0, 6_000.0]);
+    let lesson = Lesson {
+        success: true,
+        limits: vec![
+            Reported {
+                remaining: Some(3),
+                ..Reported::default()
+            },
+            Reported {
+                remaining: Some(0),
+                reset_micros: Some(SECOND / 4),
+                ..Reported::default()
+            },
+        ],
+        ..Lesson::default()
+    };
+    limits.learn(&lesson, SECOND, &learning);
+    assert_eq!(limits.learned_factor(), 1.0);
+    let states = limits.states();
+    assert_eq!(states[1].next_free_micros(), SECOND + SECOND / 4);
+    assert_eq!(states[0].next_free_micros(), SECOND);
+    let next = limits.reserve(1, SECOND, false);
+    assert_eq!((next.wait_micros, next.bound_by), (SECOND / 4, Some(1)));
+}
