@@ -134,6 +134,26 @@ pub(crate) fn check_permits(permits: u32) -> Result<(), Error> {
     }
 }
 
+/// `Err` unless `cost` fits a limiter of `limits` limits: no count for a
+/// limit it lacks, and (for a reservation, `reserving`) some count above 0.
+pub(crate) fn check_cost(
+    cost: &crate::core::Cost,
+    limits: usize,
+    reserving: bool,
+) -> Result<(), Error> {
+    if let Some(len) = cost.len().filter(|len| *len > limits) {
+        return Err(Error::InvalidArgument(format!(
+            "a cost of {len} counts for a limiter of {limits} limits"
+        )));
+    }
+    if reserving && cost.is_zero(limits) {
+        return Err(Error::InvalidArgument(
+            "a call must cost at least 1 permit of some limit (got none)".to_owned(),
+        ));
+    }
+    Ok(())
+}
+
 /// `Err` unless a limiter with `count` limits has a limit `index`.
 pub(crate) fn check_limit(index: usize, count: usize) -> Result<(), Error> {
     if index < count {

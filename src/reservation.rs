@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::clock::Clock;
+use crate::core::{Cost, Learning, Lesson};
 use crate::metrics::Metrics;
 
 /// Permits reserved from a limiter, to be used once their wait has passed.
@@ -98,6 +99,20 @@ pub(crate) trait GivesBack: Send + Sync {
     /// What a give-back is counted in.
     fn metrics(&self) -> &Metrics {
         &crate::metrics::NONE
+    }
+
+    /// The open call `taken`, charged `charged` so far, cost `actual`
+    /// (see [`Limits::settle`](crate::core::Limits::settle)). Never blocks
+    /// for long.
+    fn settle(&self, taken: &GiveBackId, charged: &Cost, actual: &Cost) {
+        let _ = (taken, charged, actual);
+    }
+
+    /// What the upstream answered to the open call `taken` (see
+    /// [`Limits::learn`](crate::core::Limits::learn)). Never blocks for
+    /// long.
+    fn learn(&self, taken: &GiveBackId, lesson: &Lesson, learning: &Learning) {
+        let _ = (taken, lesson, learning);
     }
 }
 
@@ -206,6 +221,15 @@ impl<'a> Reservation<'a> {
         }
         self.pending = None;
         self.delay
+    }
+
+    /// Sleeps for the delay, then hands over what settles the open call it
+    /// reserved. Cancel-safe as [`wait`](Self::wait).
+    pub(crate) async fn wait_open(mut self) -> (Duration, Option<GiveBack<'a>>) {
+        if !self.delay.is_zero() {
+            self.clock.sleep(self.delay).await;
+        }
+        (self.delay, self.pending.take())
     }
 
     /// [`wait`](Self::wait) on the calling thread: blocks it for the delay.

@@ -21,8 +21,10 @@ use futures::FutureExt;
 use futures::future::Either;
 
 use crate::clock::Clock;
-use crate::error::check_permits;
+use crate::core::Cost;
+use crate::error::{check_cost, check_permits};
 use crate::metrics::{self, Metrics};
+use crate::outbound::{Call, Upstream};
 use crate::reservation::wait_if_granted;
 use crate::{Error, Reservation, Snapshot, Stats};
 
@@ -54,6 +56,9 @@ pub trait Rate: Send + Sync {
 
     /// What the engine has had to do.
     fn stats(&self) -> Stats;
+
+    /// How many limits every key has.
+    fn limit_count(&self) -> usize;
 
     /// Sleeps the calling thread for `wait` (a blocking acquire).
     fn sleep_blocking(&self, wait: Duration) {
@@ -103,6 +108,19 @@ pub trait Engine<Q: ?Sized + Sync>: Rate {
     ) -> Result<Option<Duration>, Error> {
         now(self.take_wait(key, permits, timeout))
     }
+
+    /// Reserves `cost` of `key` for an open call if the wait fits in
+    /// `timeout` (`None`: whatever it is); `None` if refused, with nothing
+    /// reserved. The reservation gives its cost back if dropped before its
+    /// wait has passed; after, what it hands over settles it (see
+    /// [`Limits::open`](crate::core::Limits::open)). `cost` counts for one
+    /// limit at least, and for no limit the engine lacks.
+    fn take_call(
+        &self,
+        key: &Q,
+        cost: &Cost,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send;
 
     /// What `key` holds now, read without reserving.
     fn snapshot(&self, key: &Q) -> impl Future<Output = Result<Snapshot, Error>> + Send;
@@ -270,6 +288,36 @@ where
 {
     let taken = try_reservation(engine, key, permits, timeout).await?;
     Ok(wait_if_granted(taken).await)
+}
+
+/// Reserves `cost` of `key` for a call to an upstream if the wait fits in
+/// `timeout` (any wait without one), sleeps for the wait, and returns the
+/// call to settle and learn from; `None`, reserving nothing, if refused.
+/// Dropped before it returns, it gives back what it took.
+pub(crate) async fn call<'a, Q, E>(
+    engine: &'a E,
+    key: &Q,
+    cost: Cost,
+    timeout: Option<Duration>,
+    upstream: &'a Upstream,
+) -> Result<Option<Call<'a>>, Error>
+where
+    Q: ?Sized + Sync,
+    E: Engine<Q>,
+{
+    let limits = engine.limit_count();
+    check_cost(&cost, limits, true)?;
+    let taken = engine.take_call(key, &cost, timeout).await?;
+    let delay = taken.as_ref().map(Reservation::delay);
+    match timeout {
+        Some(_) => engine.metrics().tried(delay),
+        None => engine.metrics().granted(delay.unwrap_or_default()),
+    }
+    let Some(reservation) = taken else {
+        return Ok(None);
+    };
+    let (waited, pending) = reservation.wait_open().await;
+    Ok(Some(Call::new(waited, pending, cost, limits, upstream)))
 }
 
 /// [`acquire`] on the calling thread.

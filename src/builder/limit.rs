@@ -122,6 +122,8 @@ pub struct Limit {
     period_permits: f64,
     /// Why it cannot be built, found when it was made.
     invalid: Option<&'static str>,
+    /// The upstream's name for it (see [`named`](Limit::named)).
+    name: Option<Box<str>>,
 }
 
 impl Limit {
@@ -140,6 +142,7 @@ impl Limit {
             },
             burst: None,
             period_permits: permits,
+            name: None,
         }
     }
 
@@ -180,6 +183,21 @@ impl Limit {
         self.config.max_burst = None;
         self.burst = None;
         self
+    }
+
+    /// The name an upstream gives this limit in its rate-limit headers
+    /// (`requests`, `tokens`: a `RateLimit` policy's name, or the suffix of
+    /// `X-RateLimit-Remaining-Tokens`), so that what it reports of it
+    /// reaches this limit (see [`outbound`](crate::outbound)). Unnamed
+    /// limits take what it reports without a name, the first of them only.
+    pub fn named(mut self, name: &str) -> Limit {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The upstream's name for it.
+    pub(crate) fn name(&self) -> Option<&str> {
+        self.name.as_deref()
     }
 
     /// Warming-up policy: how much slower than its rate a cold limit starts

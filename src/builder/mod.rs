@@ -80,6 +80,7 @@ pub struct Builder<T = One, S: Store = Local, C = SystemClock> {
     clock: Option<C>,
     name: Option<String>,
     max_keys: Option<usize>,
+    learning: crate::outbound::Learning,
     store: S::Settings,
     shape: PhantomData<T>,
 }
@@ -91,6 +92,7 @@ impl<T> Builder<T> {
             clock: None,
             name: None,
             max_keys: None,
+            learning: crate::outbound::Learning::default(),
             store: (),
             shape: PhantomData,
         }
@@ -156,6 +158,7 @@ impl<T, S: Store, C: Clock> Builder<T, S, C> {
             clock: Some(clock),
             name: self.name,
             max_keys: self.max_keys,
+            learning: self.learning,
             store: self.store,
             shape: PhantomData,
         }
@@ -181,6 +184,29 @@ impl<T, S: Store, C: Clock> Builder<T, S, C> {
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = Some(max_keys);
         self
+    }
+
+    /// How the limiter learns the limit of an upstream it paces calls to,
+    /// from the answers its [`Call`](crate::outbound::Call)s feed back
+    /// (default [`Learning::default`](crate::outbound::Learning)). Name the
+    /// limits with [`Limit::named`] to match the upstream's names for
+    /// them.
+    pub fn learning(mut self, learning: crate::outbound::Learning) -> Self {
+        self.learning = learning;
+        self
+    }
+
+    /// What the limiter knows of the upstream it paces calls to.
+    pub(crate) fn upstream(&self) -> crate::outbound::Upstream {
+        let first = self.config.permits_per_second.map(|_| None);
+        let names = first
+            .into_iter()
+            .chain(self.config.limits.iter().map(|l| l.name().map(Box::from)))
+            .collect();
+        crate::outbound::Upstream {
+            learning: self.learning,
+            names,
+        }
     }
 
     /// The clock, the metrics and the cap, checked.
@@ -219,6 +245,7 @@ impl<T, S: Store, C: Clock> Builder<T, S, C> {
             clock: self.clock,
             name: self.name,
             max_keys: self.max_keys,
+            learning: self.learning,
             store,
             shape: PhantomData,
         }
@@ -256,6 +283,7 @@ impl<C: Clock> Builder<One, Local, C> {
         let limits = Limits::new(states).expect("at least one limit");
         Ok(RateLimiter {
             engine: crate::local::Single::from_limits(limits, clock).with_metrics(metrics),
+            upstream: self.upstream(),
         })
     }
 }
@@ -273,6 +301,7 @@ impl<K: Key, C: Clock> Builder<PerKey<K>, Local, C> {
             crate::keyed::Keyed::from_limits(states, clock, max_keys, crate::keyed::Mode::Full);
         Ok(KeyedRateLimiter {
             engine: engine.with_metrics(metrics),
+            upstream: self.upstream(),
         })
     }
 }

@@ -159,6 +159,12 @@ impl Limits {
         self.log.requests.is_empty()
     }
 
+    /// Whether the states alone are the whole of the limits: nothing
+    /// logged, nothing learned. Only such limits may be held as a word.
+    pub(crate) fn is_plain(&self) -> bool {
+        self.log.requests.is_empty() && self.learned.is_none()
+    }
+
     /// The moment a request at `now_micros` would go, and the limit that
     /// would make it wait (none if it would not).
     #[cfg(any(test, feature = "internals"))]
@@ -296,6 +302,8 @@ impl Limits {
             .iter()
             .position(|r| r.id == Some(id) && r.moment_micros > now_micros)
         else {
+            // An open call whose moment has passed was made: it is kept.
+            self.keep(id, now_micros);
             return false;
         };
         self.log.requests.remove(place);

@@ -197,6 +197,23 @@ impl<K: Key, C: Clock> Keyed<K, C> {
         })
     }
 
+    /// Reserves `cost` of `key` for an open call if its debt fits in
+    /// `timeout` µs; the wait in µs and what settles it.
+    fn open_call<Q>(&self, key: &Q, cost: &crate::core::Cost, timeout: u64) -> Option<Grant>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let (mut shard, now) = self.shard_now(key);
+        let (grant, dropped) = shard.open_call(key, now, cost, timeout);
+        drop(shard);
+        self.count_dropped(dropped);
+        grant.map(|(granted, ticket)| {
+            let limit = granted.bound_by.unwrap_or(0);
+            (granted.wait_micros, ticket, limit)
+        })
+    }
+
     /// Makes the visit due at `read`, unless another call claimed it: the
     /// next shard in turn sweeps if its sweep period has passed (see
     /// [`Rounds`]).

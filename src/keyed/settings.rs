@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::{Keyed, KeyedTaken};
 use crate::clock::Clock;
-use crate::core::{InvalidRate, Limits, State, stable_interval_micros};
+use crate::core::{Cost, InvalidRate, Learning, Lesson, Limits, State, stable_interval_micros};
 use crate::metrics::Metrics;
 use crate::reservation::{GiveBackId, GivesBack};
 use crate::store::Rate;
@@ -96,6 +96,10 @@ impl<K: Key, C: Clock> Rate for Keyed<K, C> {
 
     /// The keys held, and those dropped at the cap before they read as
     /// full.
+    fn limit_count(&self) -> usize {
+        self.shards[0].0.read().template().states().len()
+    }
+
     fn stats(&self) -> Stats {
         Stats {
             keys: self.len(),
@@ -127,9 +131,35 @@ impl<K: Key, C: Clock> GivesBack for Keyed<K, C> {
             shard.keep(&taken.key, taken.ticket, now);
         }
     }
+
+    fn settle(&self, taken: &GiveBackId, charged: &Cost, actual: &Cost) {
+        if let Some(taken) = Self::ours_ref(taken) {
+            let (mut shard, now) = self.shard_now(&taken.key);
+            let dropped = shard.settle_call(&taken.key, taken.ticket, charged, actual, now);
+            drop(shard);
+            self.count_dropped(dropped);
+        }
+    }
+
+    fn learn(&self, taken: &GiveBackId, lesson: &Lesson, learning: &Learning) {
+        if let Some(taken) = Self::ours_ref(taken) {
+            let (mut shard, now) = self.shard_now(&taken.key);
+            let dropped = shard.learn(&taken.key, now, lesson, learning);
+            drop(shard);
+            self.count_dropped(dropped);
+        }
+    }
 }
 
 impl<K: Key, C: Clock> Keyed<K, C> {
+    /// `taken` as a reservation of this limiter's, if it is one, borrowed.
+    fn ours_ref(taken: &GiveBackId) -> Option<&KeyedTaken<K>> {
+        let GiveBackId::Boxed(taken) = taken else {
+            return None;
+        };
+        taken.downcast_ref::<KeyedTaken<K>>()
+    }
+
     /// `taken` as a reservation of this limiter's, if it is one.
     fn ours(taken: GiveBackId) -> Option<Box<KeyedTaken<K>>> {
         let GiveBackId::Boxed(taken) = taken else {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::Keyed;
 use crate::clock::Clock;
+use crate::core::Cost;
 use crate::store::{Engine, timeout_micros};
 use crate::{Error, Key, Reservation, Snapshot};
 
@@ -37,6 +38,16 @@ where
     ) -> impl Future<Output = Result<Option<Duration>, Error>> + Send {
         let grant = self.reserve_micros(key, permits, timeout_micros(timeout), false);
         ready(Ok(grant.map(|(wait, _, _)| Duration::from_micros(wait))))
+    }
+
+    fn take_call(
+        &self,
+        key: &Q,
+        cost: &Cost,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
+        let grant = self.open_call(key, cost, timeout_micros(timeout));
+        ready(Ok(grant.map(|grant| self.to_reservation(key, grant))))
     }
 
     fn snapshot(&self, key: &Q) -> impl Future<Output = Result<Snapshot, Error>> + Send {

@@ -7,8 +7,9 @@ use std::time::Duration;
 use super::{Key, KeyedRateLimiter, Store};
 use crate::builder::{Builder, PerKey};
 use crate::clock::Clock;
+use crate::outbound::Call;
 use crate::store::{self, Engine, Rate};
-use crate::{Error, Reservation, Snapshot, Stats};
+use crate::{Cost, Error, Reservation, Snapshot, Stats};
 
 /// # Constructors
 impl<K: Key> KeyedRateLimiter<K> {
@@ -156,6 +157,48 @@ impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C> {
         S::Keyed<K, C>: Engine<Q>,
     {
         store::try_acquire(&self.engine, key, permits, timeout).await
+    }
+
+    /// Reserves `estimate` of `key` for a call to an upstream, sleeps
+    /// until it may go, and returns the [`Call`], to settle and learn from
+    /// once its answer is back: [`RateLimiter::call`](crate::RateLimiter::call)
+    /// for one key (one key per upstream, say), what it learns learned by
+    /// that key alone. Cancel-safe: dropped before it returns, it gives
+    /// the estimate back.
+    ///
+    /// A key idle long enough to read as full is forgotten, and with it
+    /// what it learned: it starts again at the configured rates.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `estimate` counts nothing, or counts
+    /// for a limit the limiter lacks.
+    pub async fn call<Q>(&self, key: &Q, estimate: impl Into<Cost>) -> Result<Call<'_>, Error>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Sync,
+        S::Keyed<K, C>: Engine<Q>,
+    {
+        let call = store::call(&self.engine, key, estimate.into(), None, &self.upstream);
+        Ok(call
+            .await?
+            .expect("a call without a timeout is never refused"))
+    }
+
+    /// [`call`](Self::call) if the wait fits in `timeout`; `None` at once,
+    /// reserving nothing, otherwise. Cancel-safe as `call`.
+    pub async fn try_call<Q>(
+        &self,
+        key: &Q,
+        estimate: impl Into<Cost>,
+        timeout: Duration,
+    ) -> Result<Option<Call<'_>>, Error>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Sync,
+        S::Keyed<K, C>: Engine<Q>,
+    {
+        let estimate = estimate.into();
+        store::call(&self.engine, key, estimate, Some(timeout), &self.upstream).await
     }
 
     /// [`acquire`](Self::acquire) on the calling thread, which it blocks.

@@ -123,6 +123,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Key for K {}
 /// ```
 pub struct RateLimiter<S: Store = Local, C: Clock = crate::clock::SystemClock> {
     pub(crate) engine: S::Single<C>,
+    pub(crate) upstream: crate::outbound::Upstream,
 }
 
 /// One rate limiter per key (user, tenant, API key or client address), in
@@ -231,6 +232,7 @@ pub struct RateLimiter<S: Store = Local, C: Clock = crate::clock::SystemClock> {
 /// while Redis is down (see [`redis`](crate::redis)).
 pub struct KeyedRateLimiter<K: Key, S: Store = Local, C: Clock = crate::clock::SystemClock> {
     pub(crate) engine: S::Keyed<K, C>,
+    pub(crate) upstream: crate::outbound::Upstream,
 }
 
 /// What a limiter has done to stay within its bounds, and how it is served:

@@ -6,8 +6,9 @@ use std::time::Duration;
 use super::{RateLimiter, Store};
 use crate::builder::{Builder, One};
 use crate::clock::Clock;
+use crate::outbound::Call;
 use crate::store::{self, Engine, NoKey, Rate};
-use crate::{Error, Reservation, Snapshot, Stats};
+use crate::{Cost, Error, Reservation, Snapshot, Stats};
 
 /// # Constructors
 impl RateLimiter {
@@ -128,6 +129,41 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// [`try_acquire`](Self::try_acquire) on the calling thread.
     pub fn try_acquire_blocking(&self, permits: u32, timeout: Duration) -> Result<bool, Error> {
         store::try_acquire_blocking(&self.engine, &NoKey, permits, timeout)
+    }
+
+    /// Reserves `estimate` for a call to an upstream, sleeps until it may
+    /// go, and returns the [`Call`](crate::outbound::Call), to settle with
+    /// its real cost and learn from once its answer is back (see
+    /// [`outbound`](crate::outbound)). `estimate` is a [`Cost`](crate::Cost):
+    /// a number of permits for every limit, or one per limit.
+    /// Cancel-safe: dropped before it returns, it gives the estimate back.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `estimate` counts nothing, or counts
+    /// for a limit the limiter lacks.
+    pub async fn call(&self, estimate: impl Into<Cost>) -> Result<Call<'_>, Error> {
+        let call = store::call(&self.engine, &NoKey, estimate.into(), None, &self.upstream);
+        Ok(call
+            .await?
+            .expect("a call without a timeout is never refused"))
+    }
+
+    /// [`call`](Self::call) if the wait fits in `timeout`; `None` at once,
+    /// reserving nothing, otherwise. Cancel-safe as `call`.
+    pub async fn try_call(
+        &self,
+        estimate: impl Into<Cost>,
+        timeout: Duration,
+    ) -> Result<Option<Call<'_>>, Error> {
+        let estimate = estimate.into();
+        store::call(
+            &self.engine,
+            &NoKey,
+            estimate,
+            Some(timeout),
+            &self.upstream,
+        )
+        .await
     }
 
     /// Changes the rate from now on. The next caller still repays the

@@ -8,7 +8,7 @@ use super::Single;
 use super::outcome::Outcome;
 use crate::clock::Clock;
 use crate::core::word::{self, Encoded, Settings};
-use crate::core::{InvalidRate, Limits};
+use crate::core::{Cost, Granted, InvalidRate, Learning, Lesson, Limits};
 use crate::{Error, Snapshot};
 
 impl<C: Clock> Single<C> {
@@ -38,6 +38,33 @@ impl<C: Clock> Single<C> {
         self.transact(&mut self.lock(), |limits, now| {
             limits.give_back(id, now).then_some(())
         });
+    }
+
+    /// Reserves `cost` for an open call if the wait fits in `timeout` µs
+    /// (see [`Limits::open`]): it is logged, so the limiter is in mutex
+    /// mode until the call ends.
+    pub(super) fn open_call(&self, cost: &Cost, timeout: u64) -> Option<Granted> {
+        self.transact(&mut self.lock(), |limits, now| {
+            limits.open(cost, now, timeout)
+        })
+    }
+
+    /// Settles the open call `id` (see [`Limits::settle`]).
+    pub(super) fn settle_logged(&self, id: u64, charged: &Cost, actual: &Cost) {
+        self.transact(&mut self.lock(), |limits, now| {
+            limits.settle(id, charged, actual, now);
+            Some(())
+        });
+    }
+
+    /// Learns what an upstream answered (see [`Limits::learn`]): a rate
+    /// change, published as one.
+    pub(super) fn learn_locked(&self, lesson: &Lesson, learning: &Learning) {
+        let learned = self.reconfigure(|limits, now| {
+            limits.learn(lesson, now, learning);
+            Ok(())
+        });
+        debug_assert!(learned.is_ok(), "learning sets valid rates");
     }
 
     /// Keeps the logged reservation `id`: it will not be given back (see

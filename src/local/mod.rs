@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
 use crate::core::word::{self, Quick, Step};
-use crate::core::{Limits, stable_interval_micros};
+use crate::core::{Cost, Learning, Lesson, Limits, stable_interval_micros};
 use crate::metrics::Metrics;
 use crate::reservation::{GiveBack, GiveBackId, GivesBack, Reservation};
 use crate::store::{Engine, NoKey, Rate, timeout_micros};
@@ -191,6 +191,28 @@ impl<C: Clock> Engine<NoKey> for Single<C> {
         ready(Ok(wait.map(Duration::from_micros)))
     }
 
+    fn take_call(
+        &self,
+        _: &NoKey,
+        cost: &Cost,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
+        let timeout = timeout_micros(timeout);
+        let granted = self.open_call(cost, timeout);
+        ready(Ok(granted.map(|granted| {
+            let taken = granted.id.map(|id| GiveBack {
+                owner: self,
+                taken: GiveBackId::Logged(id),
+            });
+            Reservation::new(
+                Duration::from_micros(granted.wait_micros),
+                &self.clock,
+                taken,
+            )
+            .for_limit(granted.bound_by.unwrap_or(0))
+        })))
+    }
+
     fn snapshot(&self, _: &NoKey) -> impl Future<Output = Result<Snapshot, Error>> + Send {
         ready(Ok(self.snapshot_locked()))
     }
@@ -231,6 +253,10 @@ impl<C: Clock> Rate for Single<C> {
     fn stats(&self) -> Stats {
         Stats::default()
     }
+
+    fn limit_count(&self) -> usize {
+        self.lock().states().len()
+    }
 }
 
 impl<C: Clock> GivesBack for Single<C> {
@@ -249,6 +275,16 @@ impl<C: Clock> GivesBack for Single<C> {
         if let GiveBackId::Logged(id) = taken {
             self.keep_logged(id);
         }
+    }
+
+    fn settle(&self, taken: &GiveBackId, charged: &Cost, actual: &Cost) {
+        if let GiveBackId::Logged(id) = *taken {
+            self.settle_logged(id, charged, actual);
+        }
+    }
+
+    fn learn(&self, _: &GiveBackId, lesson: &Lesson, learning: &Learning) {
+        self.learn_locked(lesson, learning);
     }
 }
 

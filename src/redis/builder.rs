@@ -103,8 +103,9 @@ impl<C: Clock> Builder<One, Redis, C> {
         let key: Arc<str> = naming::single_key(&backend.key_prefix, &self.store().name).into();
         let zone = backend.health.zone_of(&key);
         // The fallback holds the limiter's one state.
+        let upstream = self.upstream();
         let engine = self.failover(Naming::Single { key, zone }, 1)?;
-        Ok(RateLimiter { engine })
+        Ok(RateLimiter { engine, upstream })
     }
 }
 
@@ -116,8 +117,9 @@ impl<K: Key + Display, C: Clock> Builder<PerKey<K>, Redis, C> {
     /// As [`Builder::build`] for one rate, and `max_keys(0)`.
     pub fn build(self) -> Result<KeyedRateLimiter<K, Redis, C>, Error> {
         let prefix = naming::keyed_prefix(&self.store().backend.key_prefix, &self.store().name);
+        let upstream = self.upstream();
         let engine = self.failover(Naming::Keyed { prefix }, DEFAULT_MAX_LOCAL_KEYS)?;
-        Ok(KeyedRateLimiter { engine })
+        Ok(KeyedRateLimiter { engine, upstream })
     }
 }
 

@@ -116,7 +116,7 @@ pub(crate) fn encode(generation: u64, state: &State, now: u64, config: &Config) 
 /// mutex mode, and no configuration.
 pub(crate) fn publish(word: u64, limits: &Limits, now: u64) -> (u64, Option<Config>) {
     let generation = next_generation(word);
-    if let ([state], true) = (limits.states(), limits.log_is_empty())
+    if let ([state], true) = (limits.states(), limits.is_plain())
         && let Some(config) = Config::new(state, now)
     {
         // A fresh base puts `now` mid-window and the burst fits in the half

@@ -84,7 +84,7 @@ impl<K: Hash + Eq + Clone> Table<K> {
                 dropped.push(key.clone());
                 return false;
             }
-            if entry.limits.log_is_empty() {
+            if entry.limits.is_plain() {
                 settled.push(key.clone());
             }
             true

@@ -27,6 +27,43 @@ impl<K: Hash + Eq + Clone> Table<K> {
         self.on_entry(key, ticket, now, |limits| limits.keep(ticket.id, now))
     }
 
+    /// Settles the open call `ticket` of `key` (see [`Limits::settle`]), if
+    /// the key is still held as the entry it was logged in; else what
+    /// `actual` counts past `charged` is charged to the key as it is now
+    /// (a request that does not wait), as the limits do for a call their
+    /// log let go.
+    pub(in crate::keyed) fn settle_call<Q>(
+        &mut self,
+        key: &Q,
+        ticket: LogId,
+        charged: &crate::core::Cost,
+        actual: &crate::core::Cost,
+        now: u64,
+    ) -> Dropped
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let logged = self
+            .limits
+            .get(key)
+            .is_some_and(|e| e.serial == ticket.serial);
+        if logged {
+            self.on_entry(key, ticket, now, |limits| {
+                limits.settle(ticket.id, charged, actual, now);
+                true
+            });
+            return Dropped::default();
+        }
+        // Not logged there: the limits' own answer for a call they let go
+        // (no call has id 0).
+        let (_, dropped) = self.update(key, now, |limits| {
+            limits.settle(0, charged, actual, now);
+            Some(())
+        });
+        dropped
+    }
+
     /// Runs `call` on the limits of `key` if they are the entry `ticket` was
     /// logged in, then holds the key as a word if it can be one again.
     fn on_entry<Q>(

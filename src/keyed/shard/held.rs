@@ -185,7 +185,7 @@ impl<K: Hash + Eq + Clone> Table<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        if self.template.log_is_empty() && self.config.is_some() {
+        if self.template.is_plain() && self.config.is_some() {
             let state = self.template.states()[0].clone();
             if let Some(word) = self.encode(&state, now) {
                 self.hold_as_word(key, word);
@@ -212,7 +212,7 @@ impl<K: Hash + Eq + Clone> Table<K> {
         let Some(entry) = self.limits.get(key) else {
             return;
         };
-        if !entry.limits.log_is_empty() {
+        if !entry.limits.is_plain() {
             return;
         }
         let state = entry.limits.states()[0].clone();

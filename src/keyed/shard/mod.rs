@@ -336,6 +336,48 @@ impl<K: Hash + Eq + Clone> Table<K> {
         (grant, dropped)
     }
 
+    /// Reserves `cost` of `key` at `now` for an open call if its debt fits
+    /// in `timeout` µs (see [`Limits::open`]), with its ticket; what had to
+    /// be dropped to make room for a new key comes with it.
+    pub(super) fn open_call<Q>(
+        &mut self,
+        key: &Q,
+        now: u64,
+        cost: &crate::core::Cost,
+        timeout: u64,
+    ) -> (Option<(Granted, Option<LogId>)>, Dropped)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let (grant, dropped) = self.update(key, now, |limits| limits.open(cost, now, timeout));
+        let grant = grant.map(|(granted, serial)| {
+            let ticket = granted.id.map(|id| LogId { serial, id });
+            (granted, ticket)
+        });
+        (grant, dropped)
+    }
+
+    /// Learns what an upstream answered to a call on `key` at `now` (see
+    /// [`Limits::learn`]); what had to be dropped to make room for it.
+    pub(super) fn learn<Q>(
+        &mut self,
+        key: &Q,
+        now: u64,
+        lesson: &crate::core::Lesson,
+        learning: &crate::core::Learning,
+    ) -> Dropped
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let (_, dropped) = self.update(key, now, |limits| {
+            limits.learn(lesson, now, learning);
+            Some(())
+        });
+        dropped
+    }
+
     /// Runs `step` on the limits of `key` at `now` (a key not held starts
     /// full, or empty for a fallback) and keeps what it leaves if it
     /// returns `Some`. Returns `step`'s result with the serial of the entry

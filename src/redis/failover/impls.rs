@@ -40,6 +40,19 @@ where
         self.take_blocking_owned(key.to_owned(), permits, timeout)
     }
 
+    async fn take_call(
+        &self,
+        key: &Q,
+        cost: &crate::core::Cost,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Reservation<'_>>, Error> {
+        // TODO(outbound): open calls in the script.
+        let _ = (key, cost, timeout);
+        Err(Error::InvalidArgument(
+            "calls are not yet served through Redis".to_owned(),
+        ))
+    }
+
     fn snapshot(&self, key: &Q) -> impl Future<Output = Result<Snapshot, Error>> + Send {
         self.status(key)
     }
@@ -94,6 +107,10 @@ where
                 .store(permits_per_second.to_bits(), Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    fn limit_count(&self) -> usize {
+        self.script_args.rates().len()
     }
 
     fn stats(&self) -> Stats {

@@ -1,0 +1,140 @@
+//! [`Call`]: one call to an upstream, its cost settled and its answer
+//! learned from once it is back.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::Upstream;
+use crate::Error;
+use crate::core::Cost;
+use crate::error::check_cost;
+use crate::reservation::GiveBack;
+
+/// One call to an upstream, made once its limiter's wait has passed:
+/// what [`RateLimiter::call`](crate::RateLimiter::call) and
+/// [`KeyedRateLimiter::call`](crate::KeyedRateLimiter::call) return.
+///
+/// It was charged its estimate. Once the answer is back:
+///
+/// * [`settle`](Call::settle) replaces the estimate with the real cost:
+///   the limiter then holds what it would had the call reserved that in
+///   the first place (exactly, while the limiter's log holds the call; see
+///   [`settle`](Call::settle) for after);
+/// * [`learn`](Call::learn) feeds the answer back: a refusal (429) pauses
+///   every caller of the limiter until its `Retry-After` and lowers the
+///   rate, successes raise it back slowly, the rates and quotas the
+///   upstream reports cap it (see [`outbound`](crate::outbound)).
+///
+/// Dropping the call (or [`finish`](Call::finish)) ends it: its cost
+/// stands as last settled.
+///
+/// ```
+/// use paceline::{Cost, Limit, RateLimiter};
+/// use paceline::clock::FakeClock;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), paceline::Error> {
+/// // 10 requests and 1 000 tokens per second, no burst.
+/// let limiter = RateLimiter::builder()
+///     .limit(Limit::per_second(10.0).burst(1))
+///     .limit(Limit::per_second(1_000.0).burst(1))
+///     .clock(FakeClock::new())
+///     .build()?;
+/// let mut call = limiter.call(Cost::each([1, 800])).await?;
+/// // ... send the request; the answer says it used 200 tokens.
+/// call.settle(Cost::each([1, 200]))?;
+/// call.finish();
+/// // The next call waits for 200 tokens at 1 000/s, not 800.
+/// let next = limiter.call(Cost::each([1, 100])).await?;
+/// assert_eq!(next.waited().as_millis(), 200);
+/// # Ok(()) }
+/// ```
+#[must_use = "a call ends as soon as it is dropped: keep it until its answer is back"]
+pub struct Call<'a> {
+    waited: Duration,
+    pending: Option<GiveBack<'a>>,
+    charged: Cost,
+    limits: usize,
+    upstream: &'a Upstream,
+}
+
+impl<'a> Call<'a> {
+    pub(crate) fn new(
+        waited: Duration,
+        pending: Option<GiveBack<'a>>,
+        charged: Cost,
+        limits: usize,
+        upstream: &'a Upstream,
+    ) -> Self {
+        Call {
+            waited,
+            pending,
+            charged,
+            limits,
+            upstream,
+        }
+    }
+
+    /// How long the call waited for its limiter before it could go.
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
+
+    /// What the call is charged now: its estimate, or what it was last
+    /// settled at.
+    pub fn cost(&self) -> &Cost {
+        &self.charged
+    }
+
+    /// Replaces what the call was charged with what it really cost (0 is
+    /// a cost: a call that failed at once). Through Redis the change is
+    /// sent in the background; settling twice keeps the last.
+    ///
+    /// Exact while the limiter's log still holds the call (it holds every
+    /// request since the oldest call still open, up to 1 024 in this
+    /// process and 64 in Redis, until a rate change, a pause or a learned
+    /// rate empties it): the limiter then holds what it would had the call
+    /// reserved `actual`. After that, what `actual` counts past the estimate
+    /// is charged at once (later callers wait for it), and what it counts
+    /// less is not given back, erring towards limiting.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `actual` counts for a limit the
+    /// limiter lacks; nothing changes.
+    pub fn settle(&mut self, actual: impl Into<Cost>) -> Result<(), Error> {
+        let actual = actual.into();
+        check_cost(&actual, self.limits, false)?;
+        if let Some(pending) = &self.pending {
+            pending.owner.settle(&pending.taken, &self.charged, &actual);
+        }
+        self.charged = actual;
+        Ok(())
+    }
+
+    /// Ends the call (as dropping it does): its cost stands as last
+    /// settled.
+    pub fn finish(self) {}
+
+    /// The upstream this call's limiter learns about.
+    #[allow(dead_code)]
+    pub(crate) fn upstream(&self) -> &Upstream {
+        self.upstream
+    }
+}
+
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        if let Some(pending) = self.pending.take() {
+            pending.owner.keep(pending.taken);
+        }
+    }
+}
+
+impl fmt::Debug for Call<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Call")
+            .field("waited", &self.waited)
+            .field("cost", &self.charged)
+            .finish_non_exhaustive()
+    }
+}
