@@ -16,17 +16,17 @@ use crate::reservation::GiveBack;
 ///
 /// It was charged its estimate. Once the answer is back:
 ///
-/// * [`settle`](Call::settle) replaces the estimate with the real cost:
-///   the limiter then holds what it would had the call reserved that in
-///   the first place (exactly, while the limiter's log holds the call; see
-///   [`settle`](Call::settle) for after);
 /// * [`learn`](Call::learn) feeds the answer back: a refusal (429) pauses
 ///   every caller of the limiter until its `Retry-After` and lowers the
 ///   rate, successes raise it back slowly, the rates and quotas the
-///   upstream reports cap it (see [`outbound`](crate::outbound)).
+///   upstream reports cap it (see [`outbound`](crate::outbound));
+/// * [`settle`](Call::settle) replaces the estimate with the real cost and
+///   ends the call: the limiter then holds what it would had the call
+///   reserved that in the first place (exactly, while the limiter's log
+///   holds the call; see [`settle`](Call::settle) for after).
 ///
-/// Dropping the call (or [`finish`](Call::finish)) ends it: its cost
-/// stands as last settled.
+/// Dropping the call (or [`finish`](Call::finish)) ends it at its
+/// estimate.
 ///
 /// ```
 /// use paceline::{Cost, Limit, RateLimiter};
@@ -40,10 +40,9 @@ use crate::reservation::GiveBack;
 ///     .limit(Limit::per_second(1_000.0).burst(1))
 ///     .clock(FakeClock::new())
 ///     .build()?;
-/// let mut call = limiter.call(Cost::each([1, 800])).await?;
+/// let call = limiter.call(Cost::each([1, 800])).await?;
 /// // ... send the request; the answer says it used 200 tokens.
 /// call.settle(Cost::each([1, 200]))?;
-/// call.finish();
 /// // The next call waits for 200 tokens at 1 000/s, not 800.
 /// let next = limiter.call(Cost::each([1, 100])).await?;
 /// assert_eq!(next.waited().as_millis(), 200);
@@ -80,15 +79,14 @@ impl<'a> Call<'a> {
         self.waited
     }
 
-    /// What the call is charged now: its estimate, or what it was last
-    /// settled at.
-    pub fn cost(&self) -> &Cost {
+    /// What the call was charged: its estimate.
+    pub fn estimate(&self) -> &Cost {
         &self.charged
     }
 
-    /// Replaces what the call was charged with what it really cost (0 is
-    /// a cost: a call that failed at once). Through Redis the change is
-    /// sent in the background; settling twice keeps the last.
+    /// Replaces the estimate with what the call really cost (0 is a cost:
+    /// a call that failed at once), and ends the call. Through Redis the
+    /// change is sent in the background.
     ///
     /// Exact while the limiter's log still holds the call (it holds every
     /// request since the oldest call still open, up to 1 024 in this
@@ -100,19 +98,17 @@ impl<'a> Call<'a> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `actual` counts for a limit the
-    /// limiter lacks; nothing changes.
-    pub fn settle(&mut self, actual: impl Into<Cost>) -> Result<(), Error> {
+    /// limiter lacks; the call then ends at its estimate.
+    pub fn settle(self, actual: impl Into<Cost>) -> Result<(), Error> {
         let actual = actual.into();
         check_cost(&actual, self.limits, false)?;
         if let Some(pending) = &self.pending {
             pending.owner.settle(&pending.taken, &self.charged, &actual);
         }
-        self.charged = actual;
         Ok(())
     }
 
-    /// Ends the call (as dropping it does): its cost stands as last
-    /// settled.
+    /// Ends the call at its estimate (as dropping it does).
     pub fn finish(self) {}
 
     /// The upstream this call's limiter learns about.
@@ -134,7 +130,7 @@ impl fmt::Debug for Call<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Call")
             .field("waited", &self.waited)
-            .field("cost", &self.charged)
+            .field("estimate", &self.charged)
             .finish_non_exhaustive()
     }
 }

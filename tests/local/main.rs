@@ -12,6 +12,7 @@ static ALLOCATOR: support::alloc::Counting = support::alloc::Counting;
 
 mod bad_input;
 mod bursty;
+mod calls;
 mod cancellation;
 mod concurrency;
 mod core_invariants;

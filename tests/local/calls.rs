@@ -1,0 +1,232 @@
+//! Calls to an upstream on the in-process limiters: `call`, `settle` and
+//! the end of a call, against the core's `Limits` (whose settles equal a
+//! twin that reserved the real costs: `settle.rs`), for one limiter and
+//! for a key of a keyed one.
+
+use crate::support;
+
+use std::time::Duration;
+
+use paceline::clock::FakeClock;
+use paceline::core::{Bursty, Limits, Policy, State, WarmingUp};
+use paceline::{Cost, Error, KeyedRateLimiter, Limit, RateLimiter};
+use support::rng::Rng;
+
+/// The idle time that stores `permits` at `rate`, as `Limit::burst` sets it.
+fn stored_for(permits: f64, rate: f64) -> Duration {
+    let mut micros = (permits * 1e6 / rate).ceil();
+    if micros * rate / 1e6 < permits {
+        micros += 1.0;
+    }
+    Duration::from_micros(micros as u64)
+}
+
+/// The limits a test runs, requests (bursty or warming-up) and tokens, and
+/// their states as the builder makes them (full).
+fn limits(rng: &mut Rng) -> (Vec<Limit>, Vec<State>) {
+    let requests = [5.0, 20.0, 100.0][rng.below(3) as usize];
+    let tokens = requests * 50.0;
+    let (first, policy) = if rng.chance(0.3) {
+        let warmup = Duration::from_millis(rng.range(1, 2_000));
+        (
+            Limit::per_second(requests).warmup(warmup),
+            Policy::WarmingUp(WarmingUp::new(warmup, 3.0)),
+        )
+    } else {
+        let burst = rng.range(1, 5);
+        (
+            Limit::per_second(requests).burst(burst),
+            Policy::Bursty(Bursty::new(stored_for(burst as f64 - 1.0, requests))),
+        )
+    };
+    let states = vec![
+        State::full(policy, requests, 0).unwrap(),
+        State::full(Policy::Bursty(Bursty::new(Duration::ZERO)), tokens, 0).unwrap(),
+    ];
+    (vec![first, Limit::per_second(tokens).burst(1)], states)
+}
+
+/// One limiter, or one key of a keyed one, driven the same way.
+enum Subject {
+    One(RateLimiter<paceline::Local, FakeClock>),
+    Keyed(KeyedRateLimiter<String, paceline::Local, FakeClock>),
+}
+
+impl Subject {
+    async fn call(&self, cost: Cost) -> paceline::outbound::Call<'_> {
+        match self {
+            Subject::One(limiter) => limiter.call(cost).await.unwrap(),
+            Subject::Keyed(limiter) => limiter.call("upstream", cost).await.unwrap(),
+        }
+    }
+}
+
+/// Calls settled at random moments after their estimates, ended in any
+/// order, with idle time between: each call waits what the core's
+/// `Limits` says, to the microsecond, on a limiter and on a key.
+#[tokio::test(flavor = "current_thread")]
+async fn calls_wait_and_settle_as_the_core_on_every_in_process_limiter() {
+    for seed in 0..300 {
+        let mut rng = Rng::new(0xCA11_0000 + seed);
+        let (config, states) = limits(&mut rng);
+        let clock = FakeClock::new();
+        let subject = if seed % 2 == 0 {
+            let mut builder = RateLimiter::builder().clock(clock.clone());
+            for limit in config {
+                builder = builder.limit(limit);
+            }
+            Subject::One(builder.build().unwrap())
+        } else {
+            let mut builder = KeyedRateLimiter::<String>::builder().clock(clock.clone());
+            for limit in config {
+                builder = builder.limit(limit);
+            }
+            Subject::Keyed(builder.build().unwrap())
+        };
+        let mut core = Limits::new(states).unwrap();
+        let mut now = 0;
+        let mut open = Vec::new();
+        for step in 0..40 {
+            match rng.below(4) {
+                0 | 1 => {
+                    let estimate = Cost::each([1, rng.range(1, 200) as u32]);
+                    let expected = core.open(&estimate, now, u64::MAX).unwrap();
+                    let call = subject.call(estimate.clone()).await;
+                    assert_eq!(
+                        call.waited().as_micros() as u64,
+                        expected.wait_micros,
+                        "seed {seed} step {step}"
+                    );
+                    now += expected.wait_micros;
+                    open.push((call, expected.id.unwrap()));
+                }
+                2 if !open.is_empty() => {
+                    let at = rng.below(open.len() as u64) as usize;
+                    let actual = Cost::each([1, rng.below(300) as u32]);
+                    let (call, id) = open.swap_remove(at);
+                    if rng.chance(0.8) {
+                        assert!(core.settle(id, call.estimate(), &actual, now));
+                        call.settle(actual).unwrap();
+                    } else {
+                        call.finish();
+                    }
+                    core.keep(id, now);
+                }
+                _ => {
+                    let gap = rng.range(0, 100_000);
+                    clock.advance(Duration::from_micros(gap));
+                    now += gap;
+                }
+            }
+        }
+    }
+}
+
+/// A call whose `call` future is dropped while it waits gives its
+/// estimate back: the next caller waits as if it had never been made.
+#[tokio::test(flavor = "current_thread")]
+async fn a_call_dropped_while_it_waits_gives_its_estimate_back() {
+    let limiter = RateLimiter::builder()
+        .limit(Limit::per_second(1.0).burst(1))
+        .build()
+        .unwrap();
+    let first = limiter.call(1).await.unwrap();
+    first.finish();
+    // The second waits a second: dropped after 20 ms.
+    let waited = tokio::time::timeout(Duration::from_millis(20), limiter.call(1)).await;
+    assert!(waited.is_err());
+    // Without the give-back the next would wait about two seconds.
+    let wait = limiter.snapshot().unwrap().wait();
+    assert!(wait <= Duration::from_secs(1), "{wait:?}");
+}
+
+/// A call settles exactly while the log holds it: here after other calls
+/// came and ended, and it gives back what it did not use. Once more
+/// requests than the log holds have come after it, a smaller cost gives
+/// nothing back (erring towards limiting) and a larger one is charged.
+#[tokio::test(flavor = "current_thread")]
+async fn a_call_settles_exactly_while_the_log_holds_it() {
+    let limiter = RateLimiter::builder()
+        .limit(Limit::per_second(1_000.0).burst(1))
+        .clock(FakeClock::new())
+        .build()
+        .unwrap();
+    let call = limiter.call(50).await.unwrap();
+    for _ in 0..100 {
+        limiter.call(1).await.unwrap().finish();
+    }
+    // 50 + 100 permits at 1 000/s: the clock stands at 150 ms, and the
+    // next is due at 151 ms.
+    assert_eq!(limiter.snapshot().unwrap().wait(), Duration::from_millis(1));
+    call.settle(10).unwrap();
+    // 40 fewer: the next was due 40 ms ago.
+    assert_eq!(limiter.snapshot().unwrap().wait(), Duration::ZERO);
+
+    for (actual, wait) in [(10, 1), (60, 11)] {
+        limiter.call(1).await.unwrap().finish();
+        let call = limiter.call(50).await.unwrap();
+        for _ in 0..1_100 {
+            limiter.call(1).await.unwrap().finish();
+        }
+        assert_eq!(limiter.snapshot().unwrap().wait(), Duration::from_millis(1));
+        call.settle(actual).unwrap();
+        let next = limiter.snapshot().unwrap().wait();
+        assert_eq!(next, Duration::from_millis(wait), "settled at {actual}");
+    }
+}
+
+/// Costs that do not fit the limiter are errors, and change nothing.
+#[tokio::test(flavor = "current_thread")]
+async fn costs_that_do_not_fit_are_errors() {
+    let limiter = RateLimiter::builder()
+        .limit(Limit::per_second(10.0).burst(1))
+        .limit(Limit::per_second(1_000.0).burst(1))
+        .clock(FakeClock::new())
+        .build()
+        .unwrap();
+    for cost in [
+        Cost::new(0),
+        Cost::each([0, 0]),
+        Cost::each([1, 2, 3]),
+        Cost::each([]),
+    ] {
+        let error = limiter.call(cost.clone()).await.unwrap_err();
+        assert!(
+            matches!(error, Error::InvalidArgument(_)),
+            "{cost:?}: {error}"
+        );
+    }
+    let call = limiter.call(Cost::each([1, 100])).await.unwrap();
+    assert_eq!(call.estimate(), &Cost::each([1, 100]));
+    assert!(call.settle(Cost::each([1, 2, 3])).is_err());
+    // The call ended at its estimate: 100 tokens at 1 000/s.
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(100)
+    );
+    // A call may cost nothing in the end.
+    let call = limiter.call(Cost::each([1, 100])).await.unwrap();
+    call.settle(Cost::each([0, 0])).unwrap();
+    assert_eq!(limiter.snapshot().unwrap().wait(), Duration::ZERO);
+}
+
+/// A key's calls settle that key alone.
+#[tokio::test(flavor = "current_thread")]
+async fn a_keys_settle_leaves_other_keys_alone() {
+    let limiter = KeyedRateLimiter::<String>::builder()
+        .limit(Limit::per_second(10.0).burst(1))
+        .clock(FakeClock::new())
+        .build()
+        .unwrap();
+    let a = limiter.call("a", 5).await.unwrap();
+    limiter.call("b", 5).await.unwrap().finish();
+    a.settle(1).unwrap();
+    assert_eq!(
+        limiter.snapshot("a").unwrap().wait(),
+        Duration::from_millis(100)
+    );
+    assert_eq!(
+        limiter.snapshot("b").unwrap().wait(),
+        Duration::from_millis(500)
+    );
+}
