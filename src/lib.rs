@@ -141,6 +141,7 @@ mod local;
 pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
+pub mod outbound;
 #[cfg(feature = "redis")]
 pub mod redis;
 mod reservation;
