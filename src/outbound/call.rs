@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::Upstream;
+use super::{Feedback, Upstream};
 use crate::Error;
 use crate::core::Cost;
 use crate::error::check_cost;
@@ -111,10 +111,18 @@ impl<'a> Call<'a> {
     /// Ends the call at its estimate (as dropping it does).
     pub fn finish(self) {}
 
-    /// The upstream this call's limiter learns about.
-    #[allow(dead_code)]
-    pub(crate) fn upstream(&self) -> &Upstream {
-        self.upstream
+    /// Feeds the upstream's answer to this call back to the limiter (see
+    /// [`outbound`](crate::outbound) for what it learns): a refusal pauses
+    /// and slows every caller of the limiter (of the key, on a keyed one),
+    /// successes speed it back up, reported rates cap it. Through Redis it
+    /// is sent in the background, and the whole fleet learns it.
+    pub fn learn(&self, feedback: &Feedback) {
+        if let Some(pending) = &self.pending {
+            let lesson = self.upstream.lesson(feedback);
+            pending
+                .owner
+                .learn(&pending.taken, &lesson, &self.upstream.learning);
+        }
     }
 }
 

@@ -1,0 +1,406 @@
+//! [`Feedback`]: the status and rate-limit headers of one response, read
+//! from bytes the upstream chose.
+
+use std::time::{Duration, SystemTime};
+
+use values::{cut, integer, reset, retry_after, seconds, units};
+
+mod values;
+
+// The bounds (see `Feedback::from_headers`): quotas kept, bytes of a name,
+// items of a line (and parameters of an item), lines looked at, rate-limit
+// lines read.
+const MAX_QUOTAS: usize = 8;
+const MAX_NAME: usize = 64;
+const MAX_ITEMS: usize = 16;
+const MAX_LINES: usize = 256;
+const MAX_READ: usize = 32;
+
+/// What one response from the upstream said about its limits.
+///
+/// Built from the status and headers ([`from_headers`](Self::from_headers),
+/// or `from_response` with feature `http`), or by hand for a client that
+/// reads them itself ([`new`](Self::new) and the `with_` methods).
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use paceline::outbound::Feedback;
+///
+/// let headers: [(&str, &[u8]); 3] = [
+///     ("RateLimit-Policy", b"\"requests\";q=50;w=1, \"tokens\";q=3000;w=1"),
+///     ("RateLimit", b"\"requests\";r=0;t=1, \"tokens\";r=2950;t=1"),
+///     ("Retry-After", b"1"),
+/// ];
+/// let feedback = Feedback::from_headers(429, headers, SystemTime::now());
+/// assert!(feedback.is_throttled());
+/// assert_eq!(feedback.retry_after(), Some(Duration::from_secs(1)));
+/// let tokens = feedback.quota(Some("tokens")).unwrap();
+/// assert_eq!((tokens.limit, tokens.remaining), (Some(3000), Some(2950)));
+/// assert_eq!(tokens.window, Some(Duration::from_secs(1)));
+/// ```
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Feedback {
+    status: u16,
+    retry_after: Option<Duration>,
+    quotas: Vec<Quota>,
+}
+
+/// One limit the upstream reported (one policy, or one `X-RateLimit-*`
+/// suffix); each field is what the response said, where it said it.
+#[derive(Debug, Clone, PartialEq, Default)]
+#[non_exhaustive]
+pub struct Quota {
+    /// The limit's name, lowercased: a policy's (`requests` from
+    /// `"requests";q=50`) or an `X-RateLimit-*` suffix (`tokens` from
+    /// `X-RateLimit-Remaining-Tokens`). `None`: the unnamed limit, the main
+    /// one.
+    pub name: Option<String>,
+    /// The quota per window: `q`, `RateLimit-Limit`, `X-RateLimit-Limit`.
+    pub limit: Option<u64>,
+    /// The window's length, as sent: `w`.
+    pub window: Option<Duration>,
+    /// What is left of the quota: `r`, `RateLimit-Remaining`,
+    /// `X-RateLimit-Remaining`.
+    pub remaining: Option<u64>,
+    /// How long after the response the quota resets: `t`,
+    /// `RateLimit-Reset`, `X-RateLimit-Reset` or `X-RateLimit-Reset-After`;
+    /// at most a day.
+    pub reset: Option<Duration>,
+}
+
+impl Quota {
+    /// A quota of this name, every other field `None` (`Quota::default()`
+    /// is the unnamed one).
+    pub fn named(name: impl Into<String>) -> Quota {
+        Quota {
+            name: Some(name.into()),
+            ..Quota::default()
+        }
+    }
+}
+
+/// A rate-limit header line: when it is read (see [`classify`]), the
+/// field its value sets, its `X-RateLimit-*` suffix, its value.
+type Line<'h> = (u8, &'static [u8], &'h str, &'h [u8]);
+
+impl Feedback {
+    /// A response with this status, that said nothing of its limits: for a
+    /// client that reads the headers itself.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use paceline::outbound::{Feedback, Quota};
+    ///
+    /// let mut requests = Quota::named("requests");
+    /// requests.remaining = Some(0);
+    /// let feedback = Feedback::new(429)
+    ///     .with_retry_after(Duration::from_secs(2))
+    ///     .with_quota(requests);
+    /// assert_eq!(feedback.quota(Some("Requests")).unwrap().remaining, Some(0));
+    /// ```
+    pub fn new(status: u16) -> Feedback {
+        Feedback {
+            status,
+            ..Feedback::default()
+        }
+    }
+
+    /// With `Retry-After` (at most a day: a longer one is cut to a day).
+    pub fn with_retry_after(mut self, after: Duration) -> Feedback {
+        self.retry_after = Some(cut(after));
+        self
+    }
+
+    /// With this quota (its name lowercased, its reset cut to a day), in
+    /// place of one of the same name; past 8 distinct names, left out.
+    pub fn with_quota(mut self, mut quota: Quota) -> Feedback {
+        quota.reset = quota.reset.map(cut);
+        if let Some(name) = &mut quota.name {
+            name.make_ascii_lowercase();
+        }
+        match self.find(quota.name.as_deref().map(str::as_bytes)) {
+            Some(at) => self.quotas[at] = quota,
+            None if self.quotas.len() < MAX_QUOTAS => self.quotas.push(quota),
+            None => {}
+        }
+        self
+    }
+
+    /// Reads a response's status and headers, as `(name, value)` pairs;
+    /// HTTP-dates and resets given as times are read against `now`.
+    ///
+    /// Names are matched ASCII case-insensitively. Read:
+    ///
+    /// * `Retry-After`: seconds (`120`, or `1.5`) or an HTTP-date (a date
+    ///   past is zero).
+    /// * `RateLimit-Policy` and `RateLimit`: items `"name";q=50;w=1` and
+    ///   `"name";r=49;t=1`, one [`Quota`] per name; an unnamed `50;w=1`;
+    ///   the older `limit=50, remaining=49, reset=1`.
+    /// * `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`.
+    /// * `X-RateLimit-Limit`, `-Remaining`, `-Reset`, `-Reset-After`, and
+    ///   each with a suffix naming its quota (`X-RateLimit-Remaining-Tokens`).
+    ///
+    /// A reset is seconds (`1`, `0.020`), a duration with units (`6m0s`,
+    /// `17ms`, `1h2m3.5s`), a time since the Unix epoch in seconds (a
+    /// number from 10^9) or milliseconds (from 10^12), or an HTTP-date;
+    /// `-Reset-After` is seconds or a duration.
+    ///
+    /// Where two headers give the same field of a quota, the first read
+    /// wins: the current IETF headers, then their older forms, then
+    /// `X-RateLimit-*`, each in the order given. A `Retry-After` or reset
+    /// longer than a day is cut to a day; what does not parse (a number
+    /// that overflows a `u64`, bytes that are not text) is left out. The
+    /// work is linear in the headers' length, and bounded: 256 lines looked
+    /// at, 32 rate-limit lines read, 16 items of a line and 16 parameters
+    /// of an item, 8 quotas kept, names of 1 to 64 token characters (an
+    /// item named otherwise is left out). Nothing is allocated but the
+    /// quotas.
+    pub fn from_headers<'h, I>(status: u16, headers: I, now: SystemTime) -> Feedback
+    where
+        I: IntoIterator<Item = (&'h str, &'h [u8])>,
+    {
+        let mut lines: [Line<'h>; MAX_READ] = [(0, b"", "", b""); MAX_READ];
+        let mut read = 0;
+        for (name, value) in headers.into_iter().take(MAX_LINES) {
+            if let Some((rank, key, suffix)) = classify(name)
+                && read < MAX_READ
+            {
+                lines[read] = (rank, key, suffix, value);
+                read += 1;
+            }
+        }
+        let mut feedback = Feedback::new(status);
+        for rank in 0..4 {
+            for &line in lines[..read].iter().filter(|line| line.0 == rank) {
+                feedback.read(line, now);
+            }
+        }
+        feedback
+    }
+
+    /// The response's status.
+    pub fn status(&self) -> u16 {
+        self.status
+    }
+
+    /// How long the upstream asked to wait (`Retry-After`), at most a day.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// The limits the upstream reported, at most 8, in the order read.
+    pub fn quotas(&self) -> &[Quota] {
+        &self.quotas
+    }
+
+    /// The quota of this name, matched ASCII case-insensitively (`None`:
+    /// the unnamed one).
+    pub fn quota(&self, name: Option<&str>) -> Option<&Quota> {
+        self.find(name.map(str::as_bytes))
+            .map(|at| &self.quotas[at])
+    }
+
+    /// The upstream refused for rate: `429`, or `503` with a
+    /// `Retry-After`.
+    pub fn is_throttled(&self) -> bool {
+        self.status == 429 || (self.status == 503 && self.retry_after.is_some())
+    }
+
+    /// A `2xx` status.
+    pub fn is_success(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+
+    fn find(&self, name: Option<&[u8]>) -> Option<usize> {
+        self.quotas
+            .iter()
+            .position(|quota| match (quota.name.as_deref(), name) {
+                (None, None) => true,
+                (Some(have), Some(name)) => have.as_bytes().eq_ignore_ascii_case(name),
+                _ => false,
+            })
+    }
+
+    /// Sets the fields of the quota `name` that are unset and `fields`
+    /// sets, adding the quota if there is room.
+    fn merge(&mut self, name: Option<&[u8]>, fields: Quota) {
+        if fields == Quota::default() {
+            return;
+        }
+        let at = match self.find(name) {
+            Some(at) => at,
+            None if self.quotas.len() < MAX_QUOTAS => {
+                // A name is token characters: ASCII.
+                let name = name.map(|name| String::from_utf8_lossy(name).to_ascii_lowercase());
+                self.quotas.push(Quota {
+                    name,
+                    ..Quota::default()
+                });
+                self.quotas.len() - 1
+            }
+            None => return,
+        };
+        let quota = &mut self.quotas[at];
+        quota.limit = quota.limit.or(fields.limit);
+        quota.window = quota.window.or(fields.window);
+        quota.remaining = quota.remaining.or(fields.remaining);
+        quota.reset = quota.reset.or(fields.reset);
+    }
+
+    fn read(&mut self, (rank, key, suffix, value): Line<'_>, now: SystemTime) {
+        if rank == 0 {
+            self.retry_after = self.retry_after.or_else(|| retry_after(value, now));
+        } else if rank == 3 {
+            let mut fields = Quota::default();
+            set(&mut fields, key, value.trim_ascii(), now);
+            let name = Some(suffix.as_bytes()).filter(|suffix| !suffix.is_empty());
+            self.merge(name, fields);
+        } else {
+            // A list (`RateLimit-Policy`, `RateLimit`), or one number first;
+            // a number item is the quota (`50;w=1`) or the header's field.
+            let (members, number) = if rank == 1 {
+                (MAX_ITEMS, &b"q"[..])
+            } else {
+                (1, key)
+            };
+            for member in split(value, b',').take(members) {
+                let mut pieces = split(member, b';');
+                let Some((name, (key, value))) = item(pieces.next().unwrap_or_default(), number)
+                else {
+                    continue;
+                };
+                let mut fields = Quota::default();
+                set(&mut fields, key, value, now);
+                for (key, value) in pieces.take(MAX_ITEMS).filter_map(pair) {
+                    set(&mut fields, key, value, now);
+                }
+                self.merge(name, fields);
+            }
+        }
+    }
+}
+
+#[cfg(feature = "http")]
+impl Feedback {
+    /// Reads a response of the `http` crate (see
+    /// [`from_headers`](Self::from_headers)), against the system clock.
+    pub fn from_response<B>(response: &::http::Response<B>) -> Feedback {
+        Feedback::from_header_map(response.status(), response.headers())
+    }
+
+    /// Reads the head of a response of the `http` crate, as
+    /// [`from_response`](Self::from_response).
+    pub fn from_parts(parts: &::http::response::Parts) -> Feedback {
+        Feedback::from_header_map(parts.status, &parts.headers)
+    }
+
+    fn from_header_map(status: ::http::StatusCode, headers: &::http::HeaderMap) -> Feedback {
+        let lines = headers
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_bytes()));
+        Feedback::from_headers(status.as_u16(), lines, SystemTime::now())
+    }
+}
+
+/// What a header named `name` is: when it is read (0 `Retry-After`, 1 the
+/// IETF headers, 2 their older forms, 3 `X-RateLimit-*`), which field a
+/// number in it sets, and its `X-RateLimit-*` suffix.
+fn classify(name: &str) -> Option<(u8, &'static [u8], &str)> {
+    if let Some(rest) = strip(name, "x-ratelimit-") {
+        let fields = ["limit", "remaining", "reset-after", "reset"];
+        return fields.into_iter().find_map(|field| {
+            let suffix = strip(rest, field)?;
+            match suffix.strip_prefix('-') {
+                _ if suffix.is_empty() => Some((3, field.as_bytes(), "")),
+                Some(suffix) if is_name(suffix.as_bytes()) => Some((3, field.as_bytes(), suffix)),
+                _ => None,
+            }
+        });
+    }
+    let known: [(&str, u8, &'static [u8]); 6] = [
+        ("retry-after", 0, b""),
+        ("ratelimit-policy", 1, b""),
+        ("ratelimit", 1, b""),
+        ("ratelimit-limit", 2, b"q"),
+        ("ratelimit-remaining", 2, b"r"),
+        ("ratelimit-reset", 2, b"t"),
+    ];
+    let (_, rank, key) = known
+        .into_iter()
+        .find(|(known, ..)| name.eq_ignore_ascii_case(known))?;
+    Some((rank, key, ""))
+}
+
+/// `name` past `prefix`, matched ASCII case-insensitively.
+fn strip<'n>(name: &'n str, prefix: &str) -> Option<&'n str> {
+    let head = name.get(..prefix.len())?;
+    head.eq_ignore_ascii_case(prefix)
+        .then(|| name.get(prefix.len()..))?
+}
+
+/// A name: 1 to 64 token characters.
+fn is_name(name: &[u8]) -> bool {
+    (1..=MAX_NAME).contains(&name.len())
+        && name
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&b))
+}
+
+/// Sets the field `key` names (`q` or `limit`, `w`, `r` or `remaining`,
+/// `t` or `reset`, `reset-after`) from `value`.
+fn set(fields: &mut Quota, key: &[u8], value: &[u8], now: SystemTime) {
+    match key {
+        b"q" | b"limit" => fields.limit = integer(value),
+        b"w" => fields.window = seconds(value),
+        b"r" | b"remaining" => fields.remaining = integer(value),
+        b"t" | b"reset" => fields.reset = reset(value, now),
+        b"reset-after" => fields.reset = seconds(value).or_else(|| units(value)).map(cut),
+        _ => {}
+    }
+}
+
+/// A member's item: a name (a string or a token), or a field to set (a
+/// number sets the field `number`, `key=value` its own).
+fn item<'v>(item: &'v [u8], number: &'v [u8]) -> Option<(Option<&'v [u8]>, Field<'v>)> {
+    match item.trim_ascii() {
+        [b'"', name @ .., b'"'] if is_name(name) => Some((Some(name), (b"", b""))),
+        item @ [b'0'..=b'9', ..] => Some((None, (number, item))),
+        item if is_name(item) => Some((Some(item), (b"", b""))),
+        item => Some((None, pair(item)?)),
+    }
+}
+
+/// A field's key and its value.
+type Field<'v> = (&'v [u8], &'v [u8]);
+
+/// `key=value`, each trimmed.
+fn pair(text: &[u8]) -> Option<Field<'_>> {
+    let at = text.iter().position(|&b| b == b'=')?;
+    Some((text[..at].trim_ascii(), text[at + 1..].trim_ascii()))
+}
+
+/// The pieces of `bytes` between `separator`s outside quoted strings.
+fn split(bytes: &[u8], separator: u8) -> impl Iterator<Item = &[u8]> {
+    let mut rest = Some(bytes);
+    std::iter::from_fn(move || {
+        let bytes = rest?;
+        let (mut quoted, mut escaped) = (false, false);
+        for (at, &b) in bytes.iter().enumerate() {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' if quoted => escaped = true,
+                b'"' => quoted = !quoted,
+                _ if b == separator && !quoted => {
+                    rest = Some(&bytes[at + 1..]);
+                    return Some(&bytes[..at]);
+                }
+                _ => {}
+            }
+        }
+        rest = None;
+        Some(bytes)
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,116 @@
+//! What a limiter makes of an upstream's answer: a [`Feedback`] read as a
+//! [`Lesson`] for its limits, matched by name.
+
+use super::{Feedback, Quota, Upstream};
+use crate::core::{Lesson, Reported, micros};
+
+impl Upstream {
+    /// `feedback` in the limits' terms: each limit takes the quota of its
+    /// name, and the first unnamed limit the quota the upstream gave no
+    /// name.
+    pub(crate) fn lesson(&self, feedback: &Feedback) -> Lesson {
+        let first_unnamed = self.names.iter().position(Option::is_none);
+        let limits = self
+            .names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let quota = match name {
+                    Some(name) => feedback.quota(Some(name)),
+                    None if first_unnamed == Some(i) => feedback.quota(None),
+                    None => None,
+                };
+                quota.map(reported).unwrap_or_default()
+            })
+            .collect();
+        Lesson {
+            throttled: feedback.is_throttled(),
+            success: feedback.is_success(),
+            retry_after_micros: feedback.retry_after().map(micros),
+            limits,
+        }
+    }
+}
+
+/// What a quota says of its limit: its rate when the upstream gave both
+/// its quota and its window, what is left, and when it resets.
+fn reported(quota: &Quota) -> Reported {
+    let rate = match (quota.limit, quota.window) {
+        (Some(limit), Some(window)) if limit > 0 && !window.is_zero() => {
+            Some(limit as f64 / window.as_secs_f64())
+        }
+        _ => None,
+    };
+    Reported {
+        rate,
+        remaining: quota.remaining,
+        reset_micros: quota.reset.map(micros),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use super::*;
+
+    fn upstream(names: &[Option<&str>]) -> Upstream {
+        Upstream {
+            learning: Default::default(),
+            names: names.iter().map(|n| n.map(Box::from)).collect(),
+        }
+    }
+
+    #[test]
+    fn each_limit_takes_the_quota_of_its_name() {
+        let headers: [(&str, &[u8]); 3] = [
+            (
+                "RateLimit-Policy",
+                b"\"requests\";q=50;w=1, \"tokens\";q=3000;w=1",
+            ),
+            ("RateLimit", b"\"requests\";r=49;t=1, \"tokens\";r=0;t=2"),
+            ("Retry-After", b"2"),
+        ];
+        let feedback = Feedback::from_headers(429, headers, SystemTime::UNIX_EPOCH);
+        let lesson = upstream(&[Some("requests"), Some("tokens")]).lesson(&feedback);
+        assert!(lesson.throttled && !lesson.success);
+        assert_eq!(lesson.retry_after_micros, Some(2_000_000));
+        let requests = Reported {
+            rate: Some(50.0),
+            remaining: Some(49),
+            reset_micros: Some(1_000_000),
+        };
+        let tokens = Reported {
+            rate: Some(3000.0),
+            remaining: Some(0),
+            reset_micros: Some(2_000_000),
+        };
+        assert_eq!(lesson.limits, [requests, tokens]);
+        // Unnamed limits take nothing named; a limit the upstream does not
+        // report learns nothing from it.
+        let lesson = upstream(&[None, Some("bytes")]).lesson(&feedback);
+        assert_eq!(lesson.limits, [Reported::default(), Reported::default()]);
+    }
+
+    #[test]
+    fn the_first_unnamed_limit_takes_the_unnamed_quota() {
+        let headers: [(&str, &[u8]); 3] = [
+            ("X-RateLimit-Limit", b"100"),
+            ("X-RateLimit-Remaining", b"7"),
+            ("X-RateLimit-Reset", b"0.5"),
+        ];
+        let feedback = Feedback::from_headers(200, headers, SystemTime::UNIX_EPOCH);
+        let lesson = upstream(&[Some("tokens"), None, None]).lesson(&feedback);
+        assert!(lesson.success);
+        let unnamed = Reported {
+            rate: None,
+            remaining: Some(7),
+            reset_micros: Some(500_000),
+        };
+        assert_eq!(
+            lesson.limits,
+            [Reported::default(), unnamed, Reported::default()]
+        );
+        let _ = Duration::ZERO;
+    }
+}
