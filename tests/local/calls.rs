@@ -230,3 +230,55 @@ async fn a_keys_settle_leaves_other_keys_alone() {
         Duration::from_millis(500)
     );
 }
+
+/// A refusal fed back through a call pauses the limiter until its
+/// `Retry-After` and lowers its rate; what the upstream reports of its
+/// limits caps them; a keyed limiter learns per key.
+#[tokio::test(flavor = "current_thread")]
+async fn calls_teach_the_limiter_the_upstreams_limit() {
+    use paceline::outbound::Feedback;
+    use std::time::SystemTime;
+
+    let clock = FakeClock::new();
+    let limiter = RateLimiter::builder()
+        .limit(Limit::per_second(100.0).named("requests"))
+        .limit(Limit::per_second(6_000.0).named("tokens"))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let call = limiter.call(Cost::each([1, 50])).await.unwrap();
+    let refused: [(&str, &[u8]); 1] = [("retry-after", b"2")];
+    call.learn(&Feedback::from_headers(429, refused, SystemTime::now()));
+    call.settle(Cost::each([1, 0])).unwrap();
+    let snapshot = limiter.snapshot().unwrap();
+    assert_eq!(snapshot.wait(), Duration::from_secs(2));
+    assert_eq!(limiter.rate(), 70.0);
+    // After the pause: one interval of 70/s apart, no burst.
+    let first = limiter.call(1).await.unwrap();
+    assert_eq!(first.waited(), Duration::from_secs(2));
+    first.finish();
+    let second = limiter.call(1).await.unwrap();
+    assert!(second.waited().abs_diff(Duration::from_secs_f64(1.0 / 70.0)) <= Duration::from_micros(1));
+
+    // The upstream says: 50 requests and 3 000 tokens a second.
+    let policy: [(&str, &[u8]); 1] = [(
+        "ratelimit-policy",
+        b"\"requests\";q=50;w=1, \"tokens\";q=3000;w=1",
+    )];
+    second.learn(&Feedback::from_headers(200, policy, SystemTime::now()));
+    second.finish();
+    assert_eq!(limiter.rate(), 50.0 * 0.97 * 0.7);
+
+    let keyed = KeyedRateLimiter::<String>::builder()
+        .limit(Limit::per_second(10.0))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let call = keyed.call("a", 1).await.unwrap();
+    call.learn(&Feedback::new(429).with_retry_after(Duration::from_secs(5)));
+    call.finish();
+    assert_eq!(keyed.snapshot("a").unwrap().wait(), Duration::from_secs(5));
+    assert_eq!(keyed.snapshot("a").unwrap().rate(), 7.0);
+    assert_eq!(keyed.snapshot("b").unwrap().wait(), Duration::ZERO);
+    assert_eq!(keyed.snapshot("b").unwrap().rate(), 10.0);
+}
