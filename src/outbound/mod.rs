@@ -33,11 +33,15 @@
 
 mod call;
 mod feedback;
+#[cfg(feature = "http")]
+mod layer;
 mod lesson;
 
 pub use crate::core::Learning;
 pub use call::Call;
 pub use feedback::{Feedback, Quota};
+#[cfg(feature = "http")]
+pub use layer::{Actual, Estimate, Estimated, Outbound, OutboundFuture, OutboundLayer, Unit};
 
 /// What a limiter knows of the upstream it paces calls to: how it learns,
 /// and which of its limits each of the upstream's is.

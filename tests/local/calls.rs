@@ -258,7 +258,12 @@ async fn calls_teach_the_limiter_the_upstreams_limit() {
     assert_eq!(first.waited(), Duration::from_secs(2));
     first.finish();
     let second = limiter.call(1).await.unwrap();
-    assert!(second.waited().abs_diff(Duration::from_secs_f64(1.0 / 70.0)) <= Duration::from_micros(1));
+    assert!(
+        second
+            .waited()
+            .abs_diff(Duration::from_secs_f64(1.0 / 70.0))
+            <= Duration::from_micros(1)
+    );
 
     // The upstream says: 50 requests and 3 000 tokens a second.
     let policy: [(&str, &[u8]); 1] = [(

@@ -1,0 +1,242 @@
+//! [`OutboundLayer`]: a tower layer for HTTP clients that paces their
+//! calls, settles their costs and learns the upstream's limit.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::Feedback;
+use crate::clock::Clock;
+use crate::tower::BoxError;
+use crate::{Cost, RateLimiter, Store};
+
+/// Paces the requests of an HTTP client (any tower service from
+/// `http::Request` to `http::Response`, as hyper's and reqwest-style
+/// clients are) to an upstream's limits: each request reserves its
+/// estimate and waits for its turn ([`RateLimiter::call`]); its response
+/// is fed back ([`Call::learn`](super::Call::learn): a 429 pauses and
+/// slows every caller of the limiter, through Redis the whole fleet) and
+/// its real cost, read from the response, settled
+/// ([`Call::settle`](super::Call::settle)).
+///
+/// The estimate is one permit of every limit unless
+/// [`estimate`](OutboundLayer::estimate) says otherwise; the real cost is
+/// the estimate unless [`actual`](OutboundLayer::actual) reads one from
+/// the response (a body is not read: a cost in the body is the plain
+/// API's, [`Call`](super::Call)). Refused requests are returned as they
+/// came, to be retried by the caller: the limiter paces the retries too.
+///
+/// ```
+/// use std::sync::Arc;
+/// use paceline::{Cost, Limit, RateLimiter};
+/// use paceline::outbound::OutboundLayer;
+///
+/// # fn main() -> Result<(), paceline::Error> {
+/// // 3 500 requests and 90 000 tokens a minute, as the upstream documents
+/// // them; its headers will say if it allows less.
+/// let limiter = Arc::new(
+///     RateLimiter::builder()
+///         .limit(Limit::per_minute(3_500.0).named("requests"))
+///         .limit(Limit::per_minute(90_000.0).named("tokens"))
+///         .build()?,
+/// );
+/// let layer = OutboundLayer::new(limiter)
+///     .estimate(|_: &http::Request<String>| Cost::each([1, 800]))
+///     .actual(|response: &http::Response<String>| {
+///         let tokens = response.headers().get("x-usage-tokens")?.to_str().ok()?;
+///         Some(Cost::each([1, tokens.parse().ok()?]))
+///     });
+/// # let _ = layer;
+/// # Ok(()) }
+/// ```
+pub struct OutboundLayer<S: Store, C: Clock, E = Unit, A = Estimated> {
+    limiter: Arc<RateLimiter<S, C>>,
+    estimate: E,
+    actual: A,
+}
+
+/// The default estimate: one permit of every limit.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Unit;
+
+/// The default real cost: the estimate.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Estimated;
+
+/// What a request is estimated to cost.
+pub trait Estimate<B>: Clone + Send + Sync + 'static {
+    /// The estimate for `request`.
+    fn estimate(&self, request: &http::Request<B>) -> Cost;
+}
+
+impl<B> Estimate<B> for Unit {
+    fn estimate(&self, _: &http::Request<B>) -> Cost {
+        Cost::new(1)
+    }
+}
+
+impl<B, F> Estimate<B> for F
+where
+    F: Fn(&http::Request<B>) -> Cost + Clone + Send + Sync + 'static,
+{
+    fn estimate(&self, request: &http::Request<B>) -> Cost {
+        self(request)
+    }
+}
+
+/// What a response says its request really cost; `None`: the estimate.
+pub trait Actual<B>: Clone + Send + Sync + 'static {
+    /// The real cost of the request `response` answers.
+    fn actual(&self, response: &http::Response<B>) -> Option<Cost>;
+}
+
+impl<B> Actual<B> for Estimated {
+    fn actual(&self, _: &http::Response<B>) -> Option<Cost> {
+        None
+    }
+}
+
+impl<B, F> Actual<B> for F
+where
+    F: Fn(&http::Response<B>) -> Option<Cost> + Clone + Send + Sync + 'static,
+{
+    fn actual(&self, response: &http::Response<B>) -> Option<Cost> {
+        self(response)
+    }
+}
+
+impl<S: Store, C: Clock> OutboundLayer<S, C> {
+    /// Paces requests through `limiter`, each estimated at one permit of
+    /// every limit and charged that.
+    pub fn new(limiter: Arc<RateLimiter<S, C>>) -> Self {
+        OutboundLayer {
+            limiter,
+            estimate: Unit,
+            actual: Estimated,
+        }
+    }
+}
+
+impl<S: Store, C: Clock, E, A> OutboundLayer<S, C, E, A> {
+    /// Estimates each request's cost with `estimate` (a function of the
+    /// request, or any [`Estimate`]).
+    pub fn estimate<E2>(self, estimate: E2) -> OutboundLayer<S, C, E2, A> {
+        OutboundLayer {
+            limiter: self.limiter,
+            estimate,
+            actual: self.actual,
+        }
+    }
+
+    /// Reads each request's real cost from its response with `actual` (a
+    /// function of the response, or any [`Actual`]); `None` keeps the
+    /// estimate.
+    pub fn actual<A2>(self, actual: A2) -> OutboundLayer<S, C, E, A2> {
+        OutboundLayer {
+            limiter: self.limiter,
+            estimate: self.estimate,
+            actual,
+        }
+    }
+}
+
+impl<S: Store, C: Clock, E: Clone, A: Clone> Clone for OutboundLayer<S, C, E, A> {
+    fn clone(&self) -> Self {
+        OutboundLayer {
+            limiter: Arc::clone(&self.limiter),
+            estimate: self.estimate.clone(),
+            actual: self.actual.clone(),
+        }
+    }
+}
+
+impl<S: Store, C: Clock, E, A> fmt::Debug for OutboundLayer<S, C, E, A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutboundLayer").finish_non_exhaustive()
+    }
+}
+
+impl<S: Store, C: Clock, E: Clone, A: Clone, Svc> Layer<Svc> for OutboundLayer<S, C, E, A> {
+    type Service = Outbound<Svc, S, C, E, A>;
+
+    fn layer(&self, inner: Svc) -> Self::Service {
+        Outbound {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// A client service paced by an [`OutboundLayer`].
+pub struct Outbound<Svc, S: Store, C: Clock, E, A> {
+    inner: Svc,
+    layer: OutboundLayer<S, C, E, A>,
+}
+
+impl<Svc: Clone, S: Store, C: Clock, E: Clone, A: Clone> Clone for Outbound<Svc, S, C, E, A> {
+    fn clone(&self) -> Self {
+        Outbound {
+            inner: self.inner.clone(),
+            layer: self.layer.clone(),
+        }
+    }
+}
+
+impl<Svc, S: Store, C: Clock, E, A> fmt::Debug for Outbound<Svc, S, C, E, A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Outbound").finish_non_exhaustive()
+    }
+}
+
+/// The response future of an [`Outbound`] service.
+pub type OutboundFuture<R> = Pin<Box<dyn Future<Output = Result<R, BoxError>> + Send>>;
+
+impl<Svc, S, C, E, A, ReqB, ResB> Service<http::Request<ReqB>> for Outbound<Svc, S, C, E, A>
+where
+    Svc: Service<http::Request<ReqB>, Response = http::Response<ResB>> + Clone + Send + 'static,
+    Svc::Error: Into<BoxError>,
+    Svc::Future: Send,
+    S: Store,
+    C: Clock,
+    RateLimiter<S, C>: Send + Sync,
+    E: Estimate<ReqB>,
+    A: Actual<ResB>,
+    ReqB: Send + 'static,
+    ResB: 'static,
+{
+    type Response = http::Response<ResB>;
+    type Error = BoxError;
+    type Future = OutboundFuture<http::Response<ResB>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    /// Waits for the request's turn, sends it, then learns from its
+    /// response and settles its cost. Cancel-safe: dropped while it waits,
+    /// it gives the estimate back; dropped while the request is in flight,
+    /// the call ends at its estimate.
+    fn call(&mut self, request: http::Request<ReqB>) -> Self::Future {
+        // The service made ready is the one that sends; a clone takes its
+        // place for the next request.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let layer = self.layer.clone();
+        Box::pin(async move {
+            let estimate = layer.estimate.estimate(&request);
+            let call = layer.limiter.call(estimate).await?;
+            let response = inner.call(request).await.map_err(Into::into)?;
+            call.learn(&Feedback::from_response(&response));
+            match layer.actual.actual(&response) {
+                Some(actual) => call.settle(actual)?,
+                None => call.finish(),
+            }
+            Ok(response)
+        })
+    }
+}

@@ -1,0 +1,8 @@
+//! Pacing calls to a real HTTP upstream that enforces its own limits
+//! (`paceline-upstream`: requests and tokens per second, 429 with
+//! `Retry-After` and rate-limit headers), through the outbound layer: the
+//! limiter configured at twice the upstream's limits learns them from its
+//! answers, and settles each call's tokens from the response.
+
+mod client;
+mod local;
