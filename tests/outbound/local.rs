@@ -5,11 +5,10 @@ use std::time::{Duration, Instant};
 
 use paceline::outbound::OutboundLayer;
 use paceline::{Cost, Limit, RateLimiter};
+use paceline_upstream::client::{Client, complete, tokens};
 use paceline_upstream::{Config, Upstream};
 use tower_layer::Layer;
 use tower_service::Service;
-
-use crate::client::{Client, complete, tokens};
 
 /// 16 tasks calling in a loop (retrying refused calls, which the limiter
 /// paces too) through a limiter configured at twice the upstream's 50

@@ -4,5 +4,4 @@
 //! limiter configured at twice the upstream's limits learns them from its
 //! answers, and settles each call's tokens from the response.
 
-mod client;
 mod local;

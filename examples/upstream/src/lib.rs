@@ -73,6 +73,7 @@
 //! [`Stats::allowance`] says what the buckets allow in it, so that a test
 //! can assert that the limits held in every window.
 
+pub mod client;
 mod headers;
 mod limits;
 mod server;

@@ -1,6 +1,8 @@
-//! A small HTTP/1.1 client as a tower service, for calling the test
-//! upstream: one connection per request (`Connection: close`), a
-//! `Content-Length` body, a timeout on the whole exchange.
+//! A small HTTP/1.1 client of the upstream, as a tower service: one
+//! connection per request (`Connection: close`), a `Content-Length` body,
+//! a timeout on the whole exchange. For the clients of the tests,
+//! benchmarks and examples that call the upstream through a limiter's
+//! layer.
 
 use std::future::Future;
 use std::io;
@@ -16,11 +18,14 @@ use tower_service::Service;
 /// Sends each request to one address.
 #[derive(Debug, Clone, Copy)]
 pub struct Client {
+    /// The upstream's address.
     pub addr: SocketAddr,
+    /// The longest a whole exchange may take (default 10 s).
     pub timeout: Duration,
 }
 
 impl Client {
+    /// A client of the upstream at `addr`.
     pub fn new(addr: SocketAddr) -> Self {
         Client {
             addr,
