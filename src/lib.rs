@@ -75,6 +75,34 @@
 //! # Ok::<(), paceline::Error>(())
 //! ```
 //!
+//! # Calls to someone else's API
+//!
+//! A client of an upstream with limits of its own reserves each call's
+//! estimated [`Cost`] (one per limit: a request and its tokens), and once
+//! the answer is back feeds it to the [`outbound::Call`] and settles the
+//! real cost. The limiter learns the upstream's limit from its answers:
+//! a 429 pauses and slows every caller, the rates it reports cap the
+//! limiter's (see [`outbound`]).
+//!
+//! ```
+//! use std::time::Duration;
+//! use paceline::{Cost, Limit, RateLimiter};
+//! use paceline::outbound::Feedback;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), paceline::Error> {
+//! let llm = RateLimiter::builder()
+//!     .limit(Limit::per_minute(3_500.0).named("requests"))
+//!     .limit(Limit::per_minute(90_000.0).named("tokens"))
+//!     .build()?;
+//! let call = llm.call(Cost::each([1, 800])).await?; // waits for its turn
+//! // ... send it; the answer says 429, come back in 2 s.
+//! call.learn(&Feedback::new(429).with_retry_after(Duration::from_secs(2)));
+//! call.settle(Cost::each([1, 0]))?;
+//! assert!(llm.snapshot()?.wait() > Duration::from_secs(1)); // every caller waits
+//! # Ok(()) }
+//! ```
+//!
 //! # Testing code that uses a limiter
 //!
 //! Limiters read time from a [`Clock`](clock::Clock). Give them a
@@ -113,6 +141,8 @@
 //! | Redis limiters: a round trip dropped in flight, or past the response timeout | the reply is awaited in the background (up to 30 s) and what it reserved given back, as above | as above; the reply comes later than that, or Redis is down |
 //! | Redis limiters: `reserve`, `try_reserve` (a wait, not a handle), dropped in flight | not given back: only a reservation with a handle is logged for a give-back | always: its permits stay charged |
 //! | Redis limiters on their local fallback | as [`KeyedRateLimiter`] | the key was carried back to Redis meanwhile: the give-back is lost, the permits stay charged |
+//! | `call`, `try_call` (dropped before the [`outbound::Call`] is returned) | as `acquire`: the estimate is given back | as `acquire` |
+//! | an [`outbound::Call`] dropped or settled | not a give-back: a dropped call ends at its estimate, a settled one at its real cost, exactly while the log holds it | more requests than the log holds came since, or a rate changed or was learned meanwhile: a larger cost is charged at once, a smaller one gives nothing back |
 //! | [`stream`] adapters | a dropped stream gives its pending reservation back, as a [`Reservation`] | as its limiter |
 //! | [`io`] reader and writer | a dropped call leaves its reservation with the reader or writer for the next call; dropping the reader or writer gives it back | as its limiter |
 //!
