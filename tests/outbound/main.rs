@@ -4,4 +4,9 @@
 //! limiter configured at twice the upstream's limits learns them from its
 //! answers, and settles each call's tokens from the response.
 
+#[path = "../support/mod.rs"]
+mod support;
+
+#[cfg(feature = "redis")]
+mod fleet;
 mod local;
