@@ -347,9 +347,9 @@ impl Call {
             .body(Full::new(Bytes::from_static(b"{\"prompt\":\"hello\"}")))
             .map_err(|e| Stop::Failed(format!("cannot build the request: {e}")))?;
         let exchange = async {
-            let response = self.client.request(request).await.map_err(|e| e.to_string())?;
+            let response = self.client.request(request).await.map_err(|e| causes(&e))?;
             let (parts, body) = response.into_parts();
-            body.collect().await.map_err(|e| e.to_string())?;
+            body.collect().await.map_err(|e| causes(&e))?;
             Ok::<_, String>(parts)
         };
         let parts = match tokio::time::timeout(CALL_TIMEOUT, exchange).await {
@@ -393,6 +393,19 @@ impl Call {
             Err(_) => Err(Stop::Deadline),
         }
     }
+}
+
+/// An error with its sources (hyper's say little on their own: "client
+/// error (Connect)").
+fn causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// A logical call as the worker reports it, on one line of stdout:
