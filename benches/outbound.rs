@@ -61,14 +61,17 @@
 //! the picture goes; default `outbound.svg` in the target directory). A run
 //! takes about strategies × (D + 3) seconds, whatever P.
 //!
-//! The picture: a panel per strategy, time across (the first 5 s shaded),
-//! the requests admitted each second (blue, left axis), the tokens charged
-//! (orange, right axis, scaled so that both limits fall on one dashed
-//! line) and the 429s (red area), each over the last second of 100 ms
-//! buckets; the faint blue line is the requests of each 100 ms bucket
-//! alone. A herd shows as red waves and a faint line in bursts a
-//! `Retry-After` apart; a limiter that learns, as blue and orange lines
-//! that climb to the dashed one and stay under it with little red.
+//! The picture (from the upstream's 100 ms buckets): a panel per
+//! strategy, time across (the warm-up shaded), the requests admitted
+//! (blue, left axis), the tokens charged (orange, right axis, scaled so
+//! that both limits fall on one dashed line) and the 429s (red area),
+//! each per second over the last second; under it a strip of every
+//! 100 ms bucket's calls, admitted (blue) and refused (red), on a log
+//! scale. A herd shows in the strip as bursts a `Retry-After` apart with
+//! nothing between, and in the plot as a red area that never leaves; a
+//! limiter that learns, as an even comb of blue in the strip and blue and
+//! orange lines that climb to the dashed one and stay near it with little
+//! red.
 
 use std::io::Read as _;
 use std::path::PathBuf;
@@ -175,6 +178,9 @@ fn main() -> ExitCode {
         ),
         secs: knobs.secs,
         warmup: knobs.warmup,
+        bucket: measured
+            .first()
+            .map_or(0.1, |(_, _, run)| run.stats.bucket.as_secs_f64()),
         requests_limit: RPS,
         tokens_limit: TPS,
         panels: measured
@@ -489,7 +495,9 @@ fn panel(name: &str, what: &str, run: &Run, knobs: &Knobs) -> svg::Panel {
     let mut points = Vec::new();
     for (i, b) in buckets.iter().enumerate() {
         let end = b.start.as_secs_f64() + bucket - run.offset;
-        if end < bucket - 1e-9 || end > knobs.secs + bucket + 1e-9 {
+        // Every bucket with a part after the start (the first holds the
+        // start's burst) and before the deadline.
+        if end <= 0.0 || end > knobs.secs + bucket + 1e-9 {
             continue;
         }
         let second = &buckets[(i + 1).saturating_sub(per_second)..=i];
@@ -498,7 +506,8 @@ fn panel(name: &str, what: &str, run: &Run, knobs: &Knobs) -> svg::Panel {
         };
         points.push(svg::Point {
             end,
-            requests_raw: b.admitted as f64 / bucket,
+            admitted_here: b.admitted,
+            refused_here: b.refused,
             requests: sum(|b| b.admitted),
             tokens: sum(|b| b.tokens),
             refused: sum(|b| b.refused),

@@ -12,11 +12,14 @@ const LEFT: f64 = 64.0;
 const RIGHT: f64 = 76.0;
 /// The legend's height, above the first panel.
 const HEAD: f64 = 86.0;
-/// A panel: its title line, its plot, its time axis.
+/// A panel: its title lines, its plot, the strip of 100 ms buckets under
+/// it, its time axis.
 const TITLE: f64 = 34.0;
 const PLOT: f64 = 170.0;
+const GAP: f64 = 6.0;
+const STRIP: f64 = 44.0;
 const AXIS: f64 = 34.0;
-const PANEL: f64 = TITLE + PLOT + AXIS;
+const PANEL: f64 = TITLE + PLOT + GAP + STRIP + AXIS;
 
 const REQUESTS: &str = "#1f6fb4";
 const TOKENS: &str = "#e07b00";
@@ -27,8 +30,9 @@ const REFUSED: &str = "#d62728";
 pub struct Point {
     /// Where the bucket ends, in seconds since the common start.
     pub end: f64,
-    /// Requests admitted in the bucket alone, per second.
-    pub requests_raw: f64,
+    /// Calls admitted and refused in the bucket alone.
+    pub admitted_here: u64,
+    pub refused_here: u64,
     /// Requests admitted, tokens charged and calls refused in the second
     /// before `end`.
     pub requests: f64,
@@ -53,6 +57,8 @@ pub struct Chart {
     /// The run's length and its warm-up, in seconds.
     pub secs: f64,
     pub warmup: f64,
+    /// The span of a bucket, in seconds.
+    pub bucket: f64,
     /// The upstream's limits.
     pub requests_limit: f64,
     pub tokens_limit: f64,
@@ -103,6 +109,16 @@ impl Chart {
         (top / step).ceil() * step
     }
 
+    /// The top of the strips, in calls per bucket: the most calls of any
+    /// bucket, at least twice a bucket's share of the requests limit.
+    fn strip_max(&self) -> f64 {
+        self.panels
+            .iter()
+            .flat_map(|panel| &panel.points)
+            .map(|p| (p.admitted_here + p.refused_here) as f64)
+            .fold(2.0 * self.requests_limit * self.bucket, f64::max)
+    }
+
     /// The SVG document.
     pub fn render(&self) -> String {
         let height = HEAD + PANEL * self.panels.len() as f64 + 24.0;
@@ -120,10 +136,10 @@ impl Chart {
             escape(&self.title)
         );
         self.legend(&mut svg);
-        let y_max = self.y_max();
+        let (y_max, strip_max) = (self.y_max(), self.strip_max());
         for (index, panel) in self.panels.iter().enumerate() {
             let top = HEAD + PANEL * index as f64;
-            self.panel(&mut svg, panel, index, top, y_max);
+            self.panel(&mut svg, panel, index, top, (y_max, strip_max));
         }
         let bottom = HEAD + PANEL * self.panels.len() as f64;
         let middle = LEFT + (WIDTH - LEFT - RIGHT) / 2.0;
@@ -144,7 +160,10 @@ impl Chart {
                 "requests",
                 "requests/s admitted, over the last second (left axis)".to_owned(),
             ),
-            ("raw", "requests/s admitted per 100 ms (the herd's waves)".to_owned()),
+            (
+                "strip",
+                "strip: calls in each 100 ms, admitted (blue) and refused (red)".to_owned(),
+            ),
             (
                 "tokens",
                 "tokens/s charged, over the last second (right axis)".to_owned(),
@@ -170,7 +189,16 @@ impl Chart {
             };
             let mark = match *kind {
                 "requests" => line(REQUESTS, 2.0, ""),
-                "raw" => line(REQUESTS, 1.0, " stroke-opacity=\"0.35\""),
+                "strip" => format!(
+                    "<rect x=\"{x}\" y=\"{}\" width=\"5\" height=\"9\" fill=\"{REQUESTS}\"/>\
+                     <rect x=\"{}\" y=\"{}\" width=\"5\" height=\"12\" fill=\"{REQUESTS}\"/>\
+                     <rect x=\"{}\" y=\"{}\" width=\"5\" height=\"3\" fill=\"{REFUSED}\"/>",
+                    y - 9.0,
+                    x + 10.0,
+                    y - 9.0,
+                    x + 10.0,
+                    y - 12.0
+                ),
                 "tokens" => line(TOKENS, 2.0, ""),
                 "refused" => format!(
                     "<rect x=\"{x}\" y=\"{}\" width=\"26\" height=\"9\" fill=\"{REFUSED}\" \
@@ -193,7 +221,8 @@ impl Chart {
         }
     }
 
-    fn panel(&self, svg: &mut String, panel: &Panel, index: usize, top: f64, y_max: f64) {
+    fn panel(&self, svg: &mut String, panel: &Panel, index: usize, top: f64, maxes: (f64, f64)) {
+        let (y_max, strip_max) = maxes;
         let (x0, x1) = (LEFT, WIDTH - RIGHT);
         let (y0, y1) = (top + TITLE, top + TITLE + PLOT);
         let secs = self.secs.max(1e-3);
@@ -203,7 +232,7 @@ impl Chart {
         let _ = writeln!(
             svg,
             "<text x=\"{x0}\" y=\"{}\" font-size=\"13\"><tspan font-weight=\"bold\">{}</tspan>\
-             <tspan fill=\"#555\">&#160;\u{2014}&#160;{}</tspan></text>\n\
+             <tspan fill=\"#555\" dx=\"6\">\u{2014} {}</tspan></text>\n\
              <text x=\"{x1}\" y=\"{}\" text-anchor=\"end\" fill=\"#333\">{}</text>",
             top + 14.0,
             escape(&panel.name),
@@ -239,6 +268,7 @@ impl Chart {
             );
             value += y_step;
         }
+        let (s0, s1) = (y1 + GAP, y1 + GAP + STRIP);
         let x_step = step(secs, 10.0).max(1.0);
         let mut t = 0.0;
         while t <= secs + 1e-9 {
@@ -246,14 +276,16 @@ impl Chart {
             let _ = writeln!(
                 svg,
                 "<line x1=\"{at:.1}\" y1=\"{y0}\" x2=\"{at:.1}\" y2=\"{y1}\" stroke=\"#eee\"/>\
-                 <line x1=\"{at:.1}\" y1=\"{y1}\" x2=\"{at:.1}\" y2=\"{}\" stroke=\"#333\"/>\
+                 <line x1=\"{at:.1}\" y1=\"{s0}\" x2=\"{at:.1}\" y2=\"{s1}\" stroke=\"#eee\"/>\
+                 <line x1=\"{at:.1}\" y1=\"{s1}\" x2=\"{at:.1}\" y2=\"{}\" stroke=\"#333\"/>\
                  <text x=\"{at:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
-                y1 + 4.0,
-                y1 + 16.0,
+                s1 + 4.0,
+                s1 + 16.0,
                 label(t)
             );
             t += x_step;
         }
+        self.strip(svg, panel, index, (x0, x1), (s0, s1), strip_max);
         let middle = (y0 + y1) / 2.0;
         let _ = writeln!(
             svg,
@@ -294,10 +326,8 @@ impl Chart {
         }
         let _ = writeln!(
             svg,
-            "<path d=\"{}\" stroke=\"{REQUESTS}\" stroke-opacity=\"0.35\" stroke-width=\"1\"/>\n\
-             <path d=\"{}\" stroke=\"{TOKENS}\" stroke-width=\"2\"/>\n\
+            "<path d=\"{}\" stroke=\"{TOKENS}\" stroke-width=\"2\"/>\n\
              <path d=\"{}\" stroke=\"{REQUESTS}\" stroke-width=\"2\"/>\n</g>",
-            path(&|p| p.requests_raw),
             path(&|p| p.tokens * scale),
             path(&|p| p.requests),
         );
@@ -306,6 +336,77 @@ impl Chart {
             svg,
             "<line x1=\"{x0}\" y1=\"{limit:.1}\" x2=\"{x1}\" y2=\"{limit:.1}\" stroke=\"black\" \
              stroke-width=\"1.2\" stroke-dasharray=\"6 4\"/>"
+        );
+    }
+
+    /// The strip under a panel: each bucket's calls as a bar, those
+    /// admitted (blue) in front of all of them (red), on a logarithmic
+    /// scale of its own (`ln(1 + calls)`), so that a herd's bursts and an
+    /// even pace both show.
+    fn strip(
+        &self,
+        svg: &mut String,
+        panel: &Panel,
+        index: usize,
+        (x0, x1): (f64, f64),
+        (s0, s1): (f64, f64),
+        strip_max: f64,
+    ) {
+        let secs = self.secs.max(1e-3);
+        let x = |t: f64| x0 + (x1 - x0) * t / secs;
+        let h = |calls: f64| STRIP * calls.ln_1p() / strip_max.ln_1p();
+        let width = ((x1 - x0) * self.bucket / secs - 0.4).max(0.6);
+        let _ = writeln!(
+            svg,
+            "<rect x=\"{x0}\" y=\"{s0}\" width=\"{}\" height=\"{STRIP}\" fill=\"#000\" \
+             fill-opacity=\"0.07\" clip-path=\"url(#strip{index})\"/>\n\
+             <clipPath id=\"strip{index}\"><rect x=\"{x0}\" y=\"{s0}\" width=\"{}\" \
+             height=\"{STRIP}\"/></clipPath>\n<g clip-path=\"url(#strip{index})\">",
+            x(self.warmup) - x0,
+            x1 - x0
+        );
+        for point in &panel.points {
+            let left = x(point.end - self.bucket) + 0.2;
+            let all = point.admitted_here + point.refused_here;
+            for (calls, color) in [(all, REFUSED), (point.admitted_here, REQUESTS)] {
+                if calls > 0 {
+                    let height = h(calls as f64);
+                    let _ = write!(
+                        svg,
+                        "<rect x=\"{left:.1}\" y=\"{:.1}\" width=\"{width:.1}\" \
+                         height=\"{height:.1}\" fill=\"{color}\"/>",
+                        s1 - height
+                    );
+                }
+            }
+        }
+        svg.push_str("</g>\n");
+        let mut tick = 1.0;
+        while tick <= strip_max {
+            let at = s1 - h(tick);
+            let _ = writeln!(
+                svg,
+                "<line x1=\"{}\" y1=\"{at:.1}\" x2=\"{x0}\" y2=\"{at:.1}\" stroke=\"#333\"/>\
+                 <text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\" font-size=\"10\">{}</text>",
+                x0 - 3.0,
+                x0 - 5.0,
+                at + 3.5,
+                label(tick)
+            );
+            tick *= 10.0;
+        }
+        let _ = writeln!(
+            svg,
+            "<rect x=\"{x0}\" y=\"{s0}\" width=\"{}\" height=\"{STRIP}\" fill=\"none\" \
+             stroke=\"#333\"/>\n\
+             <text x=\"{}\" y=\"{}\" font-size=\"10\" fill=\"#333\">calls per</text>\
+             <text x=\"{}\" y=\"{}\" font-size=\"10\" fill=\"#333\">{} ms (log)</text>",
+            x1 - x0,
+            x1 + 6.0,
+            s0 + 18.0,
+            x1 + 6.0,
+            s0 + 30.0,
+            label(self.bucket * 1e3)
         );
     }
 }
