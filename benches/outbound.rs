@@ -127,7 +127,11 @@ fn main() -> ExitCode {
     let knobs = Knobs {
         procs: env_or("PACELINE_BENCH_PROCS", 4_usize).max(1),
         tasks: env_or("PACELINE_BENCH_TASKS", 16_usize).max(1),
-        secs: if secs.is_finite() && secs > 0.0 { secs } else { 30.0 },
+        secs: if secs.is_finite() && secs > 0.0 {
+            secs
+        } else {
+            30.0
+        },
         warmup: if secs > WARMUP_SECS { WARMUP_SECS } else { 0.0 },
     };
     let strategies: Vec<(&str, &str)> = match std::env::var("PACELINE_BENCH_STRATEGIES") {
@@ -256,7 +260,10 @@ impl Fleet {
                     }
                 }
             };
-            let out = reader.take().and_then(|r| r.join().ok()).unwrap_or_default();
+            let out = reader
+                .take()
+                .and_then(|r| r.join().ok())
+                .unwrap_or_default();
             done.push((status, out));
         }
         done
@@ -286,7 +293,8 @@ fn measure(strategy: &str, knobs: &Knobs, redis: &str, exe: &PathBuf) -> Result<
     };
     // The upstream's clock starts within Upstream::start.
     let zero_us = epoch_us();
-    let upstream = Upstream::start(config).map_err(|e| format!("cannot start the upstream: {e}"))?;
+    let upstream =
+        Upstream::start(config).map_err(|e| format!("cannot start the upstream: {e}"))?;
     let start_us = epoch_us() + STARTUP.as_micros() as u64;
     let mut fleet = Fleet::default();
     for index in 0..knobs.procs {
@@ -414,7 +422,10 @@ fn figures(run: &Run, knobs: &Knobs) -> Figures {
             ("tokens", most.tokens, allowed.tokens),
         ] {
             if over.is_none() && allowed.is_some_and(|allowed| most > allowed) {
-                over = Some(format!("{what} {most} > {} in {window} s", allowed.unwrap_or(0)));
+                over = Some(format!(
+                    "{what} {most} > {} in {window} s",
+                    allowed.unwrap_or(0)
+                ));
             }
         }
     }
@@ -451,7 +462,15 @@ fn table(measured: &[(&str, &str, Run)], knobs: &Knobs) {
     );
     println!(
         "{:<12} {:>8} {:>8} {:>7} {:>7} {:>9} {:>9}  {:<12} {:>10}",
-        "strategy", "req used", "tok used", "429s", "ok/s", "p50", "p99", "limits held", "token debt"
+        "strategy",
+        "req used",
+        "tok used",
+        "429s",
+        "ok/s",
+        "p50",
+        "p99",
+        "limits held",
+        "token debt"
     );
     let mut checks = Vec::new();
     for (name, _, run) in measured {
@@ -526,7 +545,11 @@ fn panel(name: &str, what: &str, run: &Run, knobs: &Knobs) -> svg::Panel {
             f.refused_share * 100.0,
             latency(f.p50),
             latency(f.p99),
-            if f.over.is_some() { ", LIMITS BROKEN" } else { "" }
+            if f.over.is_some() {
+                ", LIMITS BROKEN"
+            } else {
+                ""
+            }
         ),
         points,
     }

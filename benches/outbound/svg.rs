@@ -168,7 +168,10 @@ impl Chart {
                 "tokens",
                 "tokens/s charged, over the last second (right axis)".to_owned(),
             ),
-            ("refused", "429s/s, over the last second (left axis)".to_owned()),
+            (
+                "refused",
+                "429s/s, over the last second (left axis)".to_owned(),
+            ),
             (
                 "limit",
                 format!("the upstream's limits: {requests} requests/s = {tokens} tokens/s"),

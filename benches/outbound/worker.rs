@@ -39,7 +39,10 @@ pub const STRATEGIES: &[(&str, &str)] = &[
         "fixed-redis",
         "one limiter through Redis at 2x the requests limit; on 429, sleep Retry-After",
     ),
-    ("learned", "placeholder: fixed-redis until the learned limiter lands"),
+    (
+        "learned",
+        "placeholder: fixed-redis until the learned limiter lands",
+    ),
 ];
 
 /// The rate the fixed limiters are configured with: twice the upstream's
@@ -104,7 +107,9 @@ impl Settings {
         }
         fn number<T: std::str::FromStr>(name: &str) -> Result<T, String> {
             let value = var(name)?;
-            value.parse().map_err(|_| format!("{name}: cannot read {value:?}"))
+            value
+                .parse()
+                .map_err(|_| format!("{name}: cannot read {value:?}"))
         }
         Ok(Settings {
             strategy,
@@ -122,7 +127,9 @@ impl Settings {
 
 /// Microseconds since the Unix epoch.
 pub fn epoch_us() -> u64 {
-    let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
     u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
 }
 
@@ -362,7 +369,8 @@ impl Call {
                 )));
             }
         };
-        self.last_status.store(parts.status.as_u16(), Ordering::Relaxed);
+        self.last_status
+            .store(parts.status.as_u16(), Ordering::Relaxed);
         let tokens = parts
             .headers
             .get("x-usage-tokens")
@@ -569,7 +577,8 @@ impl Worker {
             let call = Arc::clone(&call);
             let errors = Arc::clone(&errors);
             let records = Arc::clone(&self.records);
-            let (client, url, deadline) = (self.client.clone(), Arc::clone(&self.url), self.deadline);
+            let (client, url, deadline) =
+                (self.client.clone(), Arc::clone(&self.url), self.deadline);
             let who = self.who.clone();
             let start = self.start;
             tasks.push(tokio::spawn(async move {
@@ -615,7 +624,10 @@ impl Worker {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                 }
-                records.lock().unwrap_or_else(|e| e.into_inner()).extend(mine);
+                records
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend(mine);
             }));
         }
         for task in tasks {
