@@ -38,6 +38,9 @@
 //!   settled from the answers, its rate taught by the 429s and headers)
 //!   takes its place (`learned_worker` in `outbound/worker.rs`).
 //!
+//! A strategy is an `async fn` in `outbound/worker.rs` and its line in
+//! `STRATEGIES` there.
+//!
 //! The table, one row per strategy, after a warm-up of 5 s (the first 5 s
 //! are left out; none if D is 5 s or less):
 //!
@@ -81,6 +84,8 @@ use std::time::{Duration, Instant};
 
 use paceline_upstream::{Config, Limits, Stats, Upstream};
 
+#[path = "outbound/record.rs"]
+mod record;
 #[allow(dead_code)]
 #[path = "../tests/support/redis_server.rs"]
 mod redis_server;
@@ -89,8 +94,9 @@ mod svg;
 #[path = "outbound/worker.rs"]
 mod worker;
 
+use record::{Outcome, Record};
 use redis_server::RedisServer;
-use worker::{Outcome, Record, STRATEGIES, Settings, epoch_us};
+use worker::{STRATEGIES, Settings, epoch_us};
 
 /// The upstream's limits.
 const RPS: f64 = 50.0;
@@ -135,14 +141,14 @@ fn main() -> ExitCode {
         warmup: if secs > WARMUP_SECS { WARMUP_SECS } else { 0.0 },
     };
     let strategies: Vec<(&str, &str)> = match std::env::var("PACELINE_BENCH_STRATEGIES") {
-        Err(_) => STRATEGIES.to_vec(),
+        Err(_) => STRATEGIES.iter().map(|s| (s.name, s.what)).collect(),
         Ok(list) => {
             let mut chosen = Vec::new();
             for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-                match STRATEGIES.iter().find(|(known, _)| *known == name) {
-                    Some(&strategy) => chosen.push(strategy),
+                match STRATEGIES.iter().find(|known| known.name == name) {
+                    Some(strategy) => chosen.push((strategy.name, strategy.what)),
                     None => {
-                        let known: Vec<&str> = STRATEGIES.iter().map(|(n, _)| *n).collect();
+                        let known: Vec<&str> = STRATEGIES.iter().map(|s| s.name).collect();
                         eprintln!("no strategy {name:?}; the strategies: {}", known.join(", "));
                         return ExitCode::FAILURE;
                     }

@@ -8,10 +8,10 @@
 //! A strategy is one `async fn(Worker) -> Result<(), String>` that builds
 //! what it needs (a limiter or none) and hands [`Worker::run`] the body of
 //! one logical call: a closure from a [`Call`] to its final [`Answer`].
-//! Adding one is that function, its arm in [`run_strategy`] and its line in
-//! [`STRATEGIES`].
+//! Adding one is that function and its line in [`STRATEGIES`].
 
 use std::future::Future;
+use std::pin::Pin;
 use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,22 +27,41 @@ use hyper_util::rt::TokioExecutor;
 use paceline::redis::{Client as RedisClient, RedisBackend};
 use paceline::{Limit, Limiter, RateLimiter};
 
-/// The strategies, in the order a run measures them, each with what it
-/// does (the SVG's panel titles).
-pub const STRATEGIES: &[(&str, &str)] = &[
-    ("none", "no limiter; on 429, sleep Retry-After"),
-    (
-        "fixed-local",
-        "a limiter per process at 2x the requests limit; on 429, sleep Retry-After",
-    ),
-    (
-        "fixed-redis",
-        "one limiter through Redis at 2x the requests limit; on 429, sleep Retry-After",
-    ),
-    (
-        "learned",
-        "placeholder: fixed-redis until the learned limiter lands",
-    ),
+use crate::record::{Outcome, Record};
+
+/// A strategy: its name (`PACELINE_BENCH_STRATEGIES`, the table's rows),
+/// what it does (the SVG's panel titles), and its worker's body.
+pub struct Strategy {
+    pub name: &'static str,
+    pub what: &'static str,
+    run: fn(Worker) -> Body,
+}
+
+/// A worker's body, as a strategy's `async fn` returns it.
+type Body = Pin<Box<dyn Future<Output = Result<(), String>>>>;
+
+/// The strategies, in the order a run measures them.
+pub const STRATEGIES: &[Strategy] = &[
+    Strategy {
+        name: "none",
+        what: "no limiter; on 429, sleep Retry-After",
+        run: |worker| Box::pin(none_worker(worker)),
+    },
+    Strategy {
+        name: "fixed-local",
+        what: "a limiter per process at 2x the requests limit; on 429, sleep Retry-After",
+        run: |worker| Box::pin(fixed_local_worker(worker)),
+    },
+    Strategy {
+        name: "fixed-redis",
+        what: "one limiter through Redis at 2x the requests limit; on 429, sleep Retry-After",
+        run: |worker| Box::pin(fixed_redis_worker(worker)),
+    },
+    Strategy {
+        name: "learned",
+        what: "placeholder: fixed-redis until the learned limiter lands",
+        run: |worker| Box::pin(learned_worker(worker)),
+    },
 ];
 
 /// The rate the fixed limiters are configured with: twice the upstream's
@@ -168,7 +187,13 @@ pub fn main(strategy: String) -> ExitCode {
     };
     let worker = runtime.block_on(Worker::new(settings, who.clone()));
     let records = Arc::clone(&worker.records);
-    let result = runtime.block_on(run_strategy(worker));
+    let result = match STRATEGIES
+        .iter()
+        .find(|s| s.name == worker.settings.strategy)
+    {
+        Some(strategy) => runtime.block_on((strategy.run)(worker)),
+        None => Err(format!("no strategy named {strategy:?}")),
+    };
     drop(runtime);
     let records = std::mem::take(&mut *records.lock().unwrap_or_else(|e| e.into_inner()));
     let mut out = String::with_capacity(records.len() * 48);
@@ -186,17 +211,6 @@ pub fn main(strategy: String) -> ExitCode {
             eprintln!("{who}: {why}");
             ExitCode::FAILURE
         }
-    }
-}
-
-/// Runs the strategy `worker` was started for.
-async fn run_strategy(worker: Worker) -> Result<(), String> {
-    match worker.settings.strategy.as_str() {
-        "none" => none_worker(worker).await,
-        "fixed-local" => fixed_local_worker(worker).await,
-        "fixed-redis" => fixed_redis_worker(worker).await,
-        "learned" => learned_worker(worker).await,
-        other => Err(format!("no strategy named {other:?}")),
     }
 }
 
@@ -260,7 +274,7 @@ async fn learned_worker(worker: Worker) -> Result<(), String> {
     // `answer.tokens`, feedback from `answer.headers`) and a closure that
     // makes one logical call with it: `call.attempt()` for each try,
     // `call.wait(..)` / `call.acquire(..)` for waits that end at the
-    // deadline.
+    // deadline. And its `what` in STRATEGIES.
     let backend = worker.redis().await?;
     let limiter = Arc::new(
         RateLimiter::builder()
@@ -414,82 +428,6 @@ fn causes(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
-}
-
-/// A logical call as the worker reports it, on one line of stdout:
-/// `call START_US END_US ATTEMPTS OUTCOME STATUS TOKENS`, times in
-/// microseconds since the common start; `OUTCOME` is `ok` (a 200), `http`
-/// (another final answer), `late` (the deadline came first) or `err`;
-/// `STATUS` the last answer's (0 if none).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Record {
-    pub start_us: i64,
-    pub end_us: i64,
-    pub attempts: u32,
-    pub outcome: Outcome,
-    pub status: u16,
-    pub tokens: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Ok,
-    Http,
-    Late,
-    Err,
-}
-
-impl Outcome {
-    fn name(self) -> &'static str {
-        match self {
-            Outcome::Ok => "ok",
-            Outcome::Http => "http",
-            Outcome::Late => "late",
-            Outcome::Err => "err",
-        }
-    }
-}
-
-impl Record {
-    fn write(&self, out: &mut String) {
-        use std::fmt::Write as _;
-        let _ = writeln!(
-            out,
-            "call {} {} {} {} {} {}",
-            self.start_us,
-            self.end_us,
-            self.attempts,
-            self.outcome.name(),
-            self.status,
-            self.tokens
-        );
-    }
-
-    /// A line [`write`](Self::write) wrote; `None` for any other.
-    pub fn parse(line: &str) -> Option<Record> {
-        let mut fields = line.strip_prefix("call ")?.split(' ');
-        let mut next = || fields.next();
-        let start_us = next()?.parse().ok()?;
-        let end_us = next()?.parse().ok()?;
-        let attempts = next()?.parse().ok()?;
-        let outcome = match next()? {
-            "ok" => Outcome::Ok,
-            "http" => Outcome::Http,
-            "late" => Outcome::Late,
-            "err" => Outcome::Err,
-            _ => return None,
-        };
-        let status = next()?.parse().ok()?;
-        let tokens = next()?.parse().ok()?;
-        Some(Record {
-            start_us,
-            end_us,
-            attempts,
-            outcome,
-            status,
-            tokens,
-        })
-    }
 }
 
 /// One worker process: its settings, its HTTP client, the run's start
