@@ -24,8 +24,9 @@ use hyper::{Request, StatusCode};
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use paceline::redis::{Client as RedisClient, RedisBackend};
-use paceline::{Limit, Limiter, RateLimiter};
+use paceline::outbound::Feedback;
+use paceline::redis::{Client as RedisClient, Redis, RedisBackend};
+use paceline::{Cost, Limit, Limiter, RateLimiter};
 
 use crate::record::{Outcome, Record};
 
@@ -59,7 +60,7 @@ pub const STRATEGIES: &[Strategy] = &[
     },
     Strategy {
         name: "learned",
-        what: "placeholder: fixed-redis until the learned limiter lands",
+        what: "one limiter through Redis at 2x both limits, learned from the answers, tokens settled",
         run: |worker| Box::pin(learned_worker(worker)),
     },
 ];
@@ -264,35 +265,67 @@ async fn fixed_redis_worker(worker: Worker) -> Result<(), String> {
     result
 }
 
-/// The learned limiter: the fleet's one limiter through Redis, charged
-/// each call's tokens from `X-Usage-Tokens` once it is answered and
-/// taught its rate by the 429s and the rate-limit headers.
+/// The learned limiter: the fleet's one limiter through Redis, at twice
+/// both of the upstream's limits (requests and tokens, named as the
+/// upstream names them), each call reserved at an estimate of
+/// [`ESTIMATED_TOKENS`], fed its answer (429s and the rate-limit headers
+/// teach the fleet the upstream's rates) and settled at the tokens
+/// `X-Usage-Tokens` reports. A refused call comes back through the
+/// limiter, which paces it: no sleep of its own.
 async fn learned_worker(worker: Worker) -> Result<(), String> {
-    // TODO(outbound): the learned limiter. Until its API lands this is
-    // `fixed_redis_worker`; replace this body with one limiter built with
-    // the new API (requests and tokens limits, costs settled from
-    // `answer.tokens`, feedback from `answer.headers`) and a closure that
-    // makes one logical call with it: `call.attempt()` for each try,
-    // `call.wait(..)` / `call.acquire(..)` for waits that end at the
-    // deadline. And its `what` in STRATEGIES.
     let backend = worker.redis().await?;
     let limiter = Arc::new(
         RateLimiter::builder()
-            .limit(Limit::per_second(FIXED_RATE))
+            .limit(Limit::per_second(FIXED_RATE).named("requests"))
+            .limit(Limit::per_second(FIXED_TOKENS).named("tokens"))
             .redis(&backend, &worker.settings.key)
             .local_fraction(1.0 / worker.settings.procs as f64)
             .build()
             .map_err(|e| format!("cannot build the limiter: {e}"))?,
     );
-    let shared: Arc<dyn Limiter> = limiter.clone();
+    let shared = Arc::clone(&limiter);
     let result = worker
         .run(move |call| {
             let limiter = Arc::clone(&shared);
-            async move { retry_after_429(&call, Some(&*limiter)).await }
+            async move { learned_call(&call, &limiter).await }
         })
         .await;
     worker.check_fallback(&limiter.stats());
     result
+}
+
+/// What the learned limiter estimates a call at: the mean of the
+/// upstream's 20 to 120 tokens.
+const ESTIMATED_TOKENS: u32 = 70;
+
+/// Twice the upstream's 3 000 tokens a second.
+const FIXED_TOKENS: f64 = 6_000.0;
+
+/// One logical call through the learned limiter.
+async fn learned_call(call: &Call, limiter: &RateLimiter<Redis>) -> Result<Answer, Stop> {
+    loop {
+        let estimate = Cost::each([1, ESTIMATED_TOKENS]);
+        let paced =
+            match tokio::time::timeout_at(call.deadline.into(), limiter.call(estimate)).await {
+                Ok(Ok(paced)) => paced,
+                Ok(Err(error)) => return Err(Stop::Failed(format!("the limiter: {error}"))),
+                Err(_) => return Err(Stop::Deadline),
+            };
+        let answer = call.attempt().await?;
+        let headers = answer
+            .headers
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_bytes()));
+        let feedback = Feedback::from_headers(answer.status.as_u16(), headers, SystemTime::now());
+        paced.learn(&feedback);
+        let tokens = u32::try_from(answer.tokens.unwrap_or(0)).unwrap_or(u32::MAX);
+        paced
+            .settle(Cost::each([1, tokens]))
+            .map_err(|error| Stop::Failed(format!("the limiter: {error}")))?;
+        if answer.status != StatusCode::TOO_MANY_REQUESTS {
+            return Ok(answer);
+        }
+    }
 }
 
 /// One logical call as users write it today: take a permit from `limiter`

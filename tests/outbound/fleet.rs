@@ -24,7 +24,10 @@ const TASKS: usize = 8;
 const ENV: &str = "PACELINE_FLEET";
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
 }
 
 /// The body of a worker process: a limiter on the shared key at twice the
@@ -57,7 +60,9 @@ async fn worker() {
     );
     let layer = OutboundLayer::new(limiter)
         .estimate(|_: &http::Request<String>| Cost::each([1, 70]))
-        .actual(|response: &http::Response<String>| Some(Cost::each([1, tokens(response).unwrap_or(0)])));
+        .actual(|response: &http::Response<String>| {
+            Some(Cost::each([1, tokens(response).unwrap_or(0)]))
+        });
     let client = layer.layer(Client::new(upstream.parse().unwrap()));
     while now_ms() < start_ms {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -83,7 +88,13 @@ async fn worker() {
 /// Starts a worker process.
 fn spawn(told: &str) -> Child {
     Command::new(std::env::current_exe().unwrap())
-        .args(["fleet::worker", "--exact", "--nocapture", "--test-threads", "1"])
+        .args([
+            "fleet::worker",
+            "--exact",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
         .env(ENV, told)
         .stdout(Stdio::null())
         .spawn()
@@ -96,7 +107,9 @@ fn between(stats: &Stats, from: Duration, to: Duration) -> (u64, u64, u64) {
         .buckets
         .iter()
         .filter(|b| b.start >= from && b.start < to)
-        .fold((0, 0, 0), |(a, t, r), b| (a + b.admitted, t + b.tokens, r + b.refused))
+        .fold((0, 0, 0), |(a, t, r), b| {
+            (a + b.admitted, t + b.tokens, r + b.refused)
+        })
 }
 
 /// Three processes of eight tasks share one limit through Redis,
@@ -125,16 +138,28 @@ fn a_fleet_learns_the_upstreams_limit_and_keeps_it_without_redis() {
     let stats = upstream.stats();
     let run_start = Duration::from_millis(start_ms - begin_ms);
     let at = |secs: f64| run_start + Duration::from_secs_f64(secs);
-    for (name, from, to) in [("with Redis", at(2.0), at(6.0)), ("without", at(7.0), at(10.0))] {
+    for (name, from, to) in [
+        ("with Redis", at(2.0), at(6.0)),
+        ("without", at(7.0), at(10.0)),
+    ] {
         let (admitted, used, refused) = between(&stats, from, to);
         let span = (to - from).as_secs_f64();
-        let (requests, tokens) = (admitted as f64 / (50.0 * span), used as f64 / (3_000.0 * span));
+        let (requests, tokens) = (
+            admitted as f64 / (50.0 * span),
+            used as f64 / (3_000.0 * span),
+        );
         eprintln!(
             "{name}: {refused} of {} refused; requests {requests:.3}, tokens {tokens:.3} of the limits",
             admitted + refused
         );
-        assert!(refused * 50 <= admitted + refused, "{name}: {refused} refused of {admitted}");
-        assert!(requests.max(tokens) >= 0.5, "{name}: requests {requests:.2}, tokens {tokens:.2}");
+        assert!(
+            refused * 50 <= admitted + refused,
+            "{name}: {refused} refused of {admitted}"
+        );
+        assert!(
+            requests.max(tokens) >= 0.5,
+            "{name}: requests {requests:.2}, tokens {tokens:.2}"
+        );
     }
     let window = Duration::from_secs(1);
     let (most, allowed) = (stats.max_in_any_window(window), stats.allowance(window));
