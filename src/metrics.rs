@@ -20,6 +20,8 @@
 //! | `paceline.rate_limiting.request.time_in_queue` | histogram, s | `limiter` | the wait of each granted reservation (0 when it went at once) |
 //! | `paceline.rate_limiting.given_back` | counter | `limiter` | reservations given back before their wait ended (a dropped future, a dropped [`Reservation`](crate::Reservation)) |
 //! | `paceline.rate_limiting.keys` | gauge | `limiter` | keys a keyed limiter holds (in this process) |
+//! | `paceline.rate_limiting.upstream.refused` | counter | `limiter` | refusals (429) of an upstream fed back to the limiter ([`Call::learn`](crate::outbound::Call::learn)) |
+//! | `paceline.rate_limiting.rate` | gauge | `limiter` | the rate a limiter without keys runs its first limit at, in permits per second, set when it learns from an upstream's answer (see [`outbound`](crate::outbound)) |
 //! | `db.client.operation.duration` | histogram, s | `db.system.name` = `redis`, `db.operation.name` = `EVALSHA`, `error.type` on failure | each round trip of a Redis limiter |
 //! | `paceline.redis.degraded` | gauge | | 1 while some part of Redis is down and limiters serve from their fallbacks, else 0 (per backend; the last one to change sets it) |
 //! | `paceline.redis.fallback.switches` | counter | `to` = `local` or `redis` | parts of Redis marked down (calls switch to the fallback) and back up |
@@ -63,6 +65,10 @@ pub const TIME_IN_QUEUE: &str = "paceline.rate_limiting.request.time_in_queue";
 pub const GIVEN_BACK: &str = "paceline.rate_limiting.given_back";
 /// Keys a keyed limiter holds: a gauge, label `limiter`.
 pub const KEYS: &str = "paceline.rate_limiting.keys";
+/// Refusals of an upstream fed back: a counter, label `limiter`.
+pub const UPSTREAM_REFUSED: &str = "paceline.rate_limiting.upstream.refused";
+/// The learned rate of a limiter without keys: a gauge, label `limiter`.
+pub const RATE: &str = "paceline.rate_limiting.rate";
 /// Each Redis round trip, in seconds: a histogram, labels
 /// `db.system.name`, `db.operation.name` and, on failure, `error.type`.
 pub const REDIS_CALL_DURATION: &str = "db.client.operation.duration";
@@ -88,6 +94,8 @@ struct Handles {
     given_back: metrics::Counter,
     time_in_queue: metrics::Histogram,
     keys: metrics::Gauge,
+    upstream_refused: metrics::Counter,
+    rate: metrics::Gauge,
 }
 
 /// What records nothing: the metrics of a store that has none.
@@ -114,7 +122,9 @@ impl Metrics {
                 refused: metrics::counter!(REQUESTS, "limiter" => limiter.clone(), "result" => "refused"),
                 given_back: metrics::counter!(GIVEN_BACK, "limiter" => limiter.clone()),
                 time_in_queue: metrics::histogram!(TIME_IN_QUEUE, "limiter" => limiter.clone()),
-                keys: metrics::gauge!(KEYS, "limiter" => limiter),
+                keys: metrics::gauge!(KEYS, "limiter" => limiter.clone()),
+                upstream_refused: metrics::counter!(UPSTREAM_REFUSED, "limiter" => limiter.clone()),
+                rate: metrics::gauge!(RATE, "limiter" => limiter),
             };
             Metrics {
                 handles: Some(std::sync::Arc::new(handles)),
@@ -159,6 +169,26 @@ impl Metrics {
         #[cfg(feature = "metrics")]
         if let Some(handles) = &self.handles {
             handles.given_back.increment(1);
+        }
+    }
+
+    /// An upstream's answer fed back: a refusal or not.
+    #[inline]
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn upstream_answered(&self, refused: bool) {
+        #[cfg(feature = "metrics")]
+        if let (Some(handles), true) = (&self.handles, refused) {
+            handles.upstream_refused.increment(1);
+        }
+    }
+
+    /// The rate the limiter runs its first limit at, as learned.
+    #[inline]
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn rate(&self, permits_per_second: f64) {
+        #[cfg(feature = "metrics")]
+        if let Some(handles) = &self.handles {
+            handles.rate.set(permits_per_second);
         }
     }
 

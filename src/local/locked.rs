@@ -65,6 +65,8 @@ impl<C: Clock> Single<C> {
             Ok(())
         });
         debug_assert!(learned.is_ok(), "learning sets valid rates");
+        self.metrics
+            .rate(self.lock().states()[0].permits_per_second());
     }
 
     /// Keeps the logged reservation `id`: it will not be given back (see

@@ -119,6 +119,7 @@ impl<'a> Call<'a> {
     pub fn learn(&self, feedback: &Feedback) {
         if let Some(pending) = &self.pending {
             let lesson = self.upstream.lesson(feedback);
+            pending.owner.metrics().upstream_answered(lesson.throttled);
             pending
                 .owner
                 .learn(&pending.taken, &lesson, &self.upstream.learning);

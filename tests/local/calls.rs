@@ -48,7 +48,7 @@ fn limits(rng: &mut Rng) -> (Vec<Limit>, Vec<State>) {
 
 /// One limiter, or one key of a keyed one, driven the same way.
 enum Subject {
-    One(RateLimiter<paceline::Local, FakeClock>),
+    One(Box<RateLimiter<paceline::Local, FakeClock>>),
     Keyed(KeyedRateLimiter<String, paceline::Local, FakeClock>),
 }
 
@@ -75,7 +75,7 @@ async fn calls_wait_and_settle_as_the_core_on_every_in_process_limiter() {
             for limit in config {
                 builder = builder.limit(limit);
             }
-            Subject::One(builder.build().unwrap())
+            Subject::One(Box::new(builder.build().unwrap()))
         } else {
             let mut builder = KeyedRateLimiter::<String>::builder().clock(clock.clone());
             for limit in config {

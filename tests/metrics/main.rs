@@ -17,7 +17,7 @@ use metrics::{
     SharedString, Unit,
 };
 use paceline::clock::{Clock, FakeClock};
-use paceline::metrics::{GIVEN_BACK, KEYS, REQUESTS, TIME_IN_QUEUE};
+use paceline::metrics::{GIVEN_BACK, KEYS, RATE, REQUESTS, TIME_IN_QUEUE, UPSTREAM_REFUSED};
 use paceline::{KeyedRateLimiter, RateLimiter};
 
 /// A metric's name and its labels, sorted.
@@ -181,6 +181,29 @@ fn a_local_limiter_counts_grants_refusals_give_backs_and_waits() {
     clock.advance(Duration::from_secs(1));
     assert!(limiter.try_acquire_blocking(1, Duration::ZERO).unwrap());
     assert_eq!(seen.counter(REQUESTS, &acquired), 4);
+}
+
+#[test]
+fn a_limiter_fed_an_upstreams_answers_counts_its_refusals_and_its_rate() {
+    let seen = recorder();
+    let limiter = RateLimiter::builder()
+        .permits_per_second(100.0)
+        .name("upstream")
+        .clock(FakeClock::new())
+        .build()
+        .unwrap();
+    let refused = paceline::outbound::Feedback::new(429);
+    futures::executor::block_on(async {
+        let call = limiter.call(1).await.unwrap();
+        call.learn(&refused);
+        call.finish();
+        let call = limiter.call(1).await.unwrap();
+        call.learn(&paceline::outbound::Feedback::new(200));
+        call.finish();
+    });
+    let upstream = [("limiter", "upstream")];
+    assert_eq!(seen.counter(UPSTREAM_REFUSED, &upstream), 1);
+    assert_eq!(seen.gauge(RATE, &upstream), Some(70.0));
 }
 
 #[test]
