@@ -258,6 +258,7 @@ impl Limits {
     }
 
     /// The learned fraction of the configured rates (1 until a refusal).
+    #[cfg(any(test, feature = "internals"))]
     pub fn learned_factor(&self) -> f64 {
         self.learned.as_ref().map_or(1.0, |l| l.factor)
     }
