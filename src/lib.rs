@@ -113,6 +113,7 @@
 //! | Redis limiters: a round trip dropped in flight, or past the response timeout | the reply is awaited in the background (up to 30 s) and what it reserved given back, as above | as above; the reply comes later than that, or Redis is down |
 //! | Redis limiters: `reserve`, `try_reserve` (a wait, not a handle), dropped in flight | not given back: only a reservation with a handle is logged for a give-back | always: its permits stay charged |
 //! | Redis limiters on their local fallback | as [`KeyedRateLimiter`] | the key was carried back to Redis meanwhile: the give-back is lost, the permits stay charged |
+//! | Slots of a [`Limit::concurrent`] (`call`, `try_call`) | a call dropped while it waits for a slot takes none (its place in line goes to the next); a slot taken goes back when the call's future or its [`Call`](outbound::Call) is dropped (through Redis, its lease is released in the background) | through Redis: the release is lost (Redis down, or a reply lost with its connection): the lease stays until its TTL |
 //! | [`stream`] adapters | a dropped stream gives its pending reservation back, as a [`Reservation`] | as its limiter |
 //! | [`io`] reader and writer | a dropped call leaves its reservation with the reader or writer for the next call; dropping the reader or writer gives it back | as its limiter |
 //!

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::Upstream;
+use super::{Slot, Upstream};
 use crate::Error;
 use crate::core::Cost;
 use crate::error::check_cost;
@@ -26,7 +26,8 @@ use crate::reservation::GiveBack;
 ///   upstream reports cap it (see [`outbound`](crate::outbound)).
 ///
 /// Dropping the call (or [`finish`](Call::finish)) ends it: its cost
-/// stands as last settled.
+/// stands as last settled, and its slot, with a
+/// [`Limit::concurrent`](crate::Limit::concurrent), is free at once.
 ///
 /// ```
 /// use paceline::{Cost, Limit, RateLimiter};
@@ -56,6 +57,8 @@ pub struct Call<'a> {
     charged: Cost,
     limits: usize,
     upstream: &'a Upstream,
+    /// Its slot, with a concurrent limit: given back after the rest.
+    _slot: Slot<'a>,
 }
 
 impl<'a> Call<'a> {
@@ -65,6 +68,7 @@ impl<'a> Call<'a> {
         charged: Cost,
         limits: usize,
         upstream: &'a Upstream,
+        slot: Slot<'a>,
     ) -> Self {
         Call {
             waited,
@@ -72,10 +76,13 @@ impl<'a> Call<'a> {
             charged,
             limits,
             upstream,
+            _slot: slot,
         }
     }
 
-    /// How long the call waited for its limiter before it could go.
+    /// How long the call waited for its limiter before it could go: for a
+    /// slot (with [`Limit::concurrent`](crate::Limit::concurrent)), then
+    /// for its place in the schedule.
     pub fn waited(&self) -> Duration {
         self.waited
     }
