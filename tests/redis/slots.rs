@@ -11,6 +11,8 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::support::poll::{SLACK, backend, backend_builder, within};
@@ -99,6 +101,42 @@ async fn two_limiters_on_one_redis_share_k_and_a_drop_frees_at_once() {
     assert_eq!((a.stats().in_flight, b.stats().in_flight), (0, 0));
     let exists: bool = server.connection().exists(slots_key("shared")).unwrap();
     assert!(!exists, "an empty set is no key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_k_slots_are_held_across_limiters_under_many_tasks() {
+    let server = RedisServer::start();
+    let ttl = Duration::from_secs(30);
+    let now = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let limiter = Arc::new(limiter(&server, "busy", 3, ttl, Fallback::FailClosed).await);
+        for task in 0..12u64 {
+            let (limiter, now, most) = (limiter.clone(), now.clone(), most.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..10 {
+                    let (_, slot) = limiter
+                        .hold_slot(Some(Duration::from_secs(20)))
+                        .await
+                        .unwrap()
+                        .expect("a slot within 20 s");
+                    let in_flight = now.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(in_flight, Ordering::SeqCst);
+                    assert!(in_flight <= 3, "{in_flight} slots held");
+                    tokio::time::sleep(MS * (1 + task % 3) as u32).await;
+                    now.fetch_sub(1, Ordering::SeqCst);
+                    drop(slot);
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(most.load(Ordering::SeqCst), 3);
+    let freed = within(Duration::from_secs(1), || live(&server, "busy") == 0).await;
+    assert!(freed.is_some(), "every lease is released");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
