@@ -143,6 +143,7 @@
 //! | Redis limiters on their local fallback | as [`KeyedRateLimiter`] | the key was carried back to Redis meanwhile: the give-back is lost, the permits stay charged |
 //! | `call`, `try_call` (dropped before the [`outbound::Call`] is returned) | as `acquire`: the estimate is given back | as `acquire` |
 //! | an [`outbound::Call`] dropped or settled | not a give-back: a dropped call ends at its estimate, a settled one at its real cost, exactly while the log holds it | more requests than the log holds came since, or a rate changed or was learned meanwhile: a larger cost is charged at once, a smaller one gives nothing back |
+//! | Slots of a [`Limit::concurrent`] (`call`, `try_call`) | a call dropped while it waits for a slot takes none (its place in line goes to the next); a slot taken goes back when the call's future or its [`Call`](outbound::Call) is dropped (through Redis, its lease is released in the background) | through Redis: the release is lost (Redis down, or a reply lost with its connection): the lease stays until its TTL |
 //! | [`stream`] adapters | a dropped stream gives its pending reservation back, as a [`Reservation`] | as its limiter |
 //! | [`io`] reader and writer | a dropped call leaves its reservation with the reader or writer for the next call; dropping the reader or writer gives it back | as its limiter |
 //!

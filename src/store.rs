@@ -24,7 +24,7 @@ use crate::clock::Clock;
 use crate::core::Cost;
 use crate::error::{check_cost, check_permits};
 use crate::metrics::{self, Metrics};
-use crate::outbound::{Call, Upstream};
+use crate::outbound::{Call, TakeSlot, Upstream};
 use crate::reservation::wait_if_granted;
 use crate::{Error, Reservation, Snapshot, Stats};
 
@@ -290,12 +290,15 @@ where
     Ok(wait_if_granted(taken).await)
 }
 
-/// Reserves `cost` of `key` for a call to an upstream if the wait fits in
-/// `timeout` (any wait without one), sleeps for the wait, and returns the
-/// call to settle and learn from; `None`, reserving nothing, if refused.
-/// Dropped before it returns, it gives back what it took.
-pub(crate) async fn call<'a, Q, E>(
+/// Takes a slot of `key` (with a concurrent limit), then reserves `cost`
+/// of `key` for a call to an upstream, if both fit in `timeout` together
+/// (any wait without one); sleeps for the wait, and returns the call to
+/// settle and learn from; `None`, taking nothing, if refused (a slot taken
+/// goes back at once). Dropped before it returns, it gives back what it
+/// took.
+pub(crate) async fn call<'a, Q, E, L>(
     engine: &'a E,
+    slots: &'a L,
     key: &Q,
     cost: Cost,
     timeout: Option<Duration>,
@@ -304,9 +307,15 @@ pub(crate) async fn call<'a, Q, E>(
 where
     Q: ?Sized + Sync,
     E: Engine<Q>,
+    L: TakeSlot<Q>,
 {
     let limits = engine.limit_count();
     check_cost(&cost, limits, true)?;
+    let Some(slot) = slots.take_slot(key, timeout, engine.clock()).await? else {
+        engine.metrics().tried(None);
+        return Ok(None);
+    };
+    let timeout = timeout.map(|timeout| timeout.saturating_sub(slot.waited));
     let taken = engine.take_call(key, &cost, timeout).await?;
     let delay = taken.as_ref().map(Reservation::delay);
     match timeout {
@@ -317,7 +326,10 @@ where
         return Ok(None);
     };
     let (waited, pending) = reservation.wait_open().await;
-    Ok(Some(Call::new(waited, pending, cost, limits, upstream)))
+    let waited = slot.waited + waited;
+    Ok(Some(Call::new(
+        waited, pending, cost, limits, upstream, slot.slot,
+    )))
 }
 
 /// [`acquire`] on the calling thread.

@@ -124,6 +124,8 @@ pub struct Limit {
     invalid: Option<&'static str>,
     /// The upstream's name for it (see [`named`](Limit::named)).
     name: Option<Box<str>>,
+    /// Calls in flight at most, for [`Limit::concurrent`]: then not a rate.
+    concurrent: Option<u32>,
 }
 
 impl Limit {
@@ -143,7 +145,37 @@ impl Limit {
             burst: None,
             period_permits: permits,
             name: None,
+            concurrent: None,
         }
+    }
+
+    /// At most `calls` calls in flight at once: not a rate but a cap on
+    /// the [`Call`](crate::outbound::Call)s that
+    /// [`RateLimiter::call`](crate::RateLimiter::call) and
+    /// [`KeyedRateLimiter::call`](crate::KeyedRateLimiter::call) (per key)
+    /// hand out and that have not ended. A call takes a *slot* first,
+    /// waiting for one while all are taken (first come, first served in
+    /// this process), then its place in the schedule; its slot is free
+    /// again as soon as the `Call` is dropped. Through Redis the slots are
+    /// shared by every process (see [`outbound`](crate::outbound)).
+    ///
+    /// Only calls hold slots: `reserve`, `acquire` and the rest do not
+    /// take one (their end is not known). It takes no place among the
+    /// limits a [`Cost`](crate::Cost) counts for, which are the rate
+    /// limits only, in order, and the limiter still needs a rate (give
+    /// `Limit::per_second(f64::INFINITY)` for none). At most one per
+    /// limiter; `calls` at least 1: building with `0` is an
+    /// [`Error::InvalidArgument`]. `burst`, `warmup`, `cold_factor` and
+    /// `named` do not apply to it (building with them is an error too).
+    pub fn concurrent(calls: u32) -> Limit {
+        let mut limit = Limit::per_second(f64::INFINITY);
+        limit.concurrent = Some(calls);
+        limit
+    }
+
+    /// Whether it is a rate (not [`concurrent`](Limit::concurrent)).
+    pub(crate) fn is_rate(&self) -> bool {
+        self.concurrent.is_none()
     }
 
     /// `permits` per second, with a burst of `permits`.
@@ -258,9 +290,18 @@ fn stored_for(permits: f64, rate: f64) -> Duration {
 /// The core states of a builder's limits at `now`: the one its own rate
 /// describes, if set, then each [`Limit`] in order.
 pub(crate) fn limit_states(config: &PolicyConfig, now: u64) -> Result<Vec<State>, Error> {
-    let limits = &config.limits;
+    let limits: Vec<&Limit> = config.limits.iter().filter(|l| l.is_rate()).collect();
+    concurrency(config)?;
     let mut states = Vec::with_capacity(limits.len() + 1);
     if limits.is_empty() || config.permits_per_second.is_some() {
+        if config.permits_per_second.is_none() && !config.limits.is_empty() {
+            return Err(Error::InvalidArgument(
+                "Limit::concurrent caps the calls in flight and is not a rate: give a rate \
+                 too (.permits_per_second(rate) or a Limit::per_second; f64::INFINITY for \
+                 none)"
+                    .to_owned(),
+            ));
+        }
         let (policy, rate) = config.policy()?;
         states.push(State::new(policy, rate, now)?);
     } else if config.max_burst.is_some() || config.warmup.is_some() || config.cold_factor.is_some()
@@ -275,4 +316,39 @@ pub(crate) fn limit_states(config: &PolicyConfig, now: u64) -> Result<Vec<State>
         states.push(limit.state(now)?);
     }
     Ok(states)
+}
+
+/// How many calls may be in flight at once, if a [`Limit::concurrent`]
+/// says: checked (at least 1, at most one such limit, no rate options on
+/// it).
+pub(crate) fn concurrency(config: &PolicyConfig) -> Result<Option<u32>, Error> {
+    let mut found = None;
+    for limit in &config.limits {
+        let Some(calls) = limit.concurrent else {
+            continue;
+        };
+        if found.is_some() {
+            return Err(Error::InvalidArgument(
+                "a limiter takes one Limit::concurrent at most (got two)".to_owned(),
+            ));
+        }
+        if calls == 0 {
+            return Err(Error::InvalidArgument(
+                "Limit::concurrent must allow at least 1 call in flight (got 0)".to_owned(),
+            ));
+        }
+        let shaped = limit.burst.is_some()
+            || limit.config.warmup.is_some()
+            || limit.config.cold_factor.is_some()
+            || limit.name.is_some();
+        if shaped {
+            return Err(Error::InvalidArgument(
+                "burst, warmup, cold_factor and named shape a rate, and Limit::concurrent is \
+                 not one: give them to a rate limit"
+                    .to_owned(),
+            ));
+        }
+        found = Some(calls);
+    }
+    Ok(found)
 }

@@ -8,7 +8,7 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 pub use limit::{DEFAULT_COLD_FACTOR, Limit};
-pub(crate) use limit::{PolicyConfig, limit_states};
+pub(crate) use limit::{PolicyConfig, concurrency, limit_states};
 
 use crate::clock::{Clock, SystemClock};
 use crate::core::Limits;
@@ -201,7 +201,11 @@ impl<T, S: Store, C: Clock> Builder<T, S, C> {
         let first = self.config.permits_per_second.map(|_| None);
         let names = first
             .into_iter()
-            .chain(self.config.limits.iter().map(|l| l.name().map(Box::from)))
+            .chain(
+                (self.config.limits.iter())
+                    .filter(|l| l.is_rate())
+                    .map(|l| l.name().map(Box::from)),
+            )
             .collect();
         crate::outbound::Upstream {
             learning: self.learning,
@@ -284,6 +288,7 @@ impl<C: Clock> Builder<One, Local, C> {
         Ok(RateLimiter {
             engine: crate::local::Single::from_limits(limits, clock).with_metrics(metrics),
             upstream: self.upstream(),
+            slots: crate::outbound::LocalSlots::new(concurrency(&self.config)?),
         })
     }
 }
@@ -302,6 +307,7 @@ impl<K: Key, C: Clock> Builder<PerKey<K>, Local, C> {
         Ok(KeyedRateLimiter {
             engine: engine.with_metrics(metrics),
             upstream: self.upstream(),
+            slots: crate::outbound::LocalSlots::new(concurrency(&self.config)?),
         })
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::{Key, KeyedRateLimiter, Store};
 use crate::builder::{Builder, PerKey};
 use crate::clock::Clock;
-use crate::outbound::Call;
+use crate::outbound::{Call, InFlight, TakeSlot};
 use crate::store::{self, Engine, Rate};
 use crate::{Cost, Error, Reservation, Snapshot, Stats};
 
@@ -177,8 +177,17 @@ impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C> {
         K: Borrow<Q>,
         Q: ?Sized + Sync,
         S::Keyed<K, C>: Engine<Q>,
+        S::KeyedSlots<K, C>: TakeSlot<Q>,
     {
-        let call = store::call(&self.engine, key, estimate.into(), None, &self.upstream);
+        let estimate = estimate.into();
+        let call = store::call(
+            &self.engine,
+            &self.slots,
+            key,
+            estimate,
+            None,
+            &self.upstream,
+        );
         Ok(call
             .await?
             .expect("a call without a timeout is never refused"))
@@ -196,9 +205,19 @@ impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C> {
         K: Borrow<Q>,
         Q: ?Sized + Sync,
         S::Keyed<K, C>: Engine<Q>,
+        S::KeyedSlots<K, C>: TakeSlot<Q>,
     {
         let estimate = estimate.into();
-        store::call(&self.engine, key, estimate, Some(timeout), &self.upstream).await
+        let engine = &self.engine;
+        store::call(
+            engine,
+            &self.slots,
+            key,
+            estimate,
+            Some(timeout),
+            &self.upstream,
+        )
+        .await
     }
 
     /// [`acquire`](Self::acquire) on the calling thread, which it blocks.
@@ -271,7 +290,10 @@ where
     /// they read as full, and for a Redis limiter how it is served (see
     /// [`Stats`]).
     pub fn stats(&self) -> Stats {
-        self.engine.stats()
+        Stats {
+            in_flight: self.slots.in_flight(),
+            ..self.engine.stats()
+        }
     }
 }
 

@@ -22,6 +22,7 @@ use std::hash::Hash;
 pub use traits::{KeyedLimiter, Limiter};
 
 use crate::clock::Clock;
+use crate::outbound::{InFlight, TakeSlot};
 use crate::store::{Engine, NoKey};
 
 /// Where a limiter's state lives: [`Local`] (this process) or
@@ -49,6 +50,12 @@ pub trait Store: sealed::Sealed + Send + Sync + Sized + 'static {
     /// The engine of a keyed limiter.
     #[doc(hidden)]
     type Keyed<K: Key, C: Clock>;
+    /// The slots for calls in flight of a limiter with no key.
+    #[doc(hidden)]
+    type SingleSlots<C: Clock>: TakeSlot<NoKey>;
+    /// The slots for calls in flight of a keyed limiter.
+    #[doc(hidden)]
+    type KeyedSlots<K: Key, C: Clock>: InFlight;
     /// What the builder knows of the store before it builds.
     #[doc(hidden)]
     type Settings: Send;
@@ -79,6 +86,8 @@ impl Store for Local {
 
     type Single<C: Clock> = crate::local::Single<C>;
     type Keyed<K: Key, C: Clock> = crate::keyed::Keyed<K, C>;
+    type SingleSlots<C: Clock> = crate::outbound::LocalSlots<NoKey>;
+    type KeyedSlots<K: Key, C: Clock> = crate::outbound::LocalSlots<K>;
     type Settings = ();
 }
 
@@ -124,6 +133,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Key for K {}
 pub struct RateLimiter<S: Store = Local, C: Clock = crate::clock::SystemClock> {
     pub(crate) engine: S::Single<C>,
     pub(crate) upstream: crate::outbound::Upstream,
+    pub(crate) slots: S::SingleSlots<C>,
 }
 
 /// One rate limiter per key (user, tenant, API key or client address), in
@@ -233,6 +243,7 @@ pub struct RateLimiter<S: Store = Local, C: Clock = crate::clock::SystemClock> {
 pub struct KeyedRateLimiter<K: Key, S: Store = Local, C: Clock = crate::clock::SystemClock> {
     pub(crate) engine: S::Keyed<K, C>,
     pub(crate) upstream: crate::outbound::Upstream,
+    pub(crate) slots: S::KeyedSlots<K, C>,
 }
 
 /// What a limiter has done to stay within its bounds, and how it is served:
@@ -257,4 +268,8 @@ pub struct Stats {
     pub recoveries: u64,
     /// How many calls its fallback served.
     pub fallback_calls: u64,
+    /// Calls of this process that hold a slot of the limiter's
+    /// [`Limit::concurrent`](crate::Limit::concurrent) now (through Redis,
+    /// a lease or a slot of its fallback), over all keys.
+    pub in_flight: usize,
 }

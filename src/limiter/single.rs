@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::{RateLimiter, Store};
 use crate::builder::{Builder, One};
 use crate::clock::Clock;
-use crate::outbound::Call;
+use crate::outbound::{Call, InFlight};
 use crate::store::{self, Engine, NoKey, Rate};
 use crate::{Cost, Error, Reservation, Snapshot, Stats};
 
@@ -142,7 +142,15 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// [`Error::InvalidArgument`] if `estimate` counts nothing, or counts
     /// for a limit the limiter lacks.
     pub async fn call(&self, estimate: impl Into<Cost>) -> Result<Call<'_>, Error> {
-        let call = store::call(&self.engine, &NoKey, estimate.into(), None, &self.upstream);
+        let estimate = estimate.into();
+        let call = store::call(
+            &self.engine,
+            &self.slots,
+            &NoKey,
+            estimate,
+            None,
+            &self.upstream,
+        );
         Ok(call
             .await?
             .expect("a call without a timeout is never refused"))
@@ -158,6 +166,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         let estimate = estimate.into();
         store::call(
             &self.engine,
+            &self.slots,
             &NoKey,
             estimate,
             Some(timeout),
@@ -208,7 +217,10 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// How the limiter is served: for a Redis limiter, whether it is on
     /// its fallback and how often it switched (see [`Stats`]).
     pub fn stats(&self) -> Stats {
-        self.engine.stats()
+        Stats {
+            in_flight: self.slots.in_flight(),
+            ..self.engine.stats()
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::{Feedback, Upstream};
+use super::{Feedback, Slot, Upstream};
 use crate::Error;
 use crate::core::Cost;
 use crate::error::check_cost;
@@ -26,7 +26,8 @@ use crate::reservation::GiveBack;
 ///   holds the call; see [`settle`](Call::settle) for after).
 ///
 /// Dropping the call (or [`finish`](Call::finish)) ends it at its
-/// estimate.
+/// estimate, and its slot, with a
+/// [`Limit::concurrent`](crate::Limit::concurrent), is free at once.
 ///
 /// ```
 /// use paceline::{Cost, Limit, RateLimiter};
@@ -55,6 +56,8 @@ pub struct Call<'a> {
     charged: Cost,
     limits: usize,
     upstream: &'a Upstream,
+    /// Its slot, with a concurrent limit: given back after the rest.
+    _slot: Slot<'a>,
 }
 
 impl<'a> Call<'a> {
@@ -64,6 +67,7 @@ impl<'a> Call<'a> {
         charged: Cost,
         limits: usize,
         upstream: &'a Upstream,
+        slot: Slot<'a>,
     ) -> Self {
         Call {
             waited,
@@ -71,10 +75,13 @@ impl<'a> Call<'a> {
             charged,
             limits,
             upstream,
+            _slot: slot,
         }
     }
 
-    /// How long the call waited for its limiter before it could go.
+    /// How long the call waited for its limiter before it could go: for a
+    /// slot (with [`Limit::concurrent`](crate::Limit::concurrent)), then
+    /// for its place in the schedule.
     pub fn waited(&self) -> Duration {
         self.waited
     }

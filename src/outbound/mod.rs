@@ -30,18 +30,83 @@
 //! reaches the first unnamed limit. Through Redis, what a limiter learns
 //! lives in the key it shares: one refusal seen by one worker slows the
 //! whole fleet, and a new worker starts at the learned rate.
+//!
+//! # Calls in flight
+//!
+//! An upstream that also caps how many requests it serves at once gets a
+//! [`Limit::concurrent(k)`](crate::Limit::concurrent) beside its rates: "N
+//! per second *and* k at once". A call then takes one of `k` *slots*
+//! first (waiting for one while all are taken: first come, first served in
+//! this process, and a caller that gives up hands its place on), then its
+//! place in the schedule; the [`Call`] holds both, and its slot is free
+//! again as soon as it is dropped. All or nothing: a
+//! [`try_call`](crate::RateLimiter::try_call) that cannot have both within
+//! its timeout (one timeout for the two) takes neither, and a slot taken
+//! and then refused by the schedule goes back at once. Only calls hold
+//! slots (`reserve` and `acquire` do not: their end is not known), a
+//! [`Cost`](crate::Cost) counts the rate limits only, in order, and
+//! [`Stats::in_flight`](crate::Stats) counts the calls holding a slot. A
+//! keyed limiter has `k` slots per key, and holds nothing for a key with
+//! no call holding or waiting for one.
+//!
+//! ```
+//! use std::time::Duration;
+//! use paceline::{Limit, RateLimiter};
+//! use paceline::clock::FakeClock;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), paceline::Error> {
+//! // 10 requests a second, and 2 at once.
+//! let limiter = RateLimiter::builder()
+//!     .limit(Limit::per_second(10.0))
+//!     .limit(Limit::concurrent(2))
+//!     .clock(FakeClock::new())
+//!     .build()?;
+//! let first = limiter.call(1).await?;
+//! let second = limiter.call(1).await?;
+//! // Both slots are taken: a third would wait (this one does not).
+//! assert!(limiter.try_call(1, Duration::ZERO).await?.is_none());
+//! assert_eq!(limiter.stats().in_flight, 2);
+//! drop(first); // its answer is back: its slot is free
+//! assert!(limiter.try_call(1, Duration::ZERO).await?.is_some());
+//! # drop(second);
+//! # Ok(()) }
+//! ```
+//!
+//! **Through Redis** the slots are shared by every process that uses the
+//! limiter (per key, for a keyed one): each is a lease in a sorted set
+//! beside the limiter's key (`{paceline:v1:name}\slots`, in its cluster
+//! slot), taken and released by a script of its own on Redis's clock. A
+//! call's lease is renewed while the call lasts and released in the
+//! background as soon as it is dropped; a process that dies holding
+//! leases has them back after the slot TTL
+//! ([`slot_ttl`](crate::Builder::slot_ttl), 30 s by default), not before.
+//! A call waiting for a slot polls Redis, after pauses that double up to
+//! 200 ms, cut short by the earliest lease's expiry and by a release in its
+//! own process (so the order across processes is not first come, first
+//! served). While Redis is down the [`Fallback`](crate::redis::Fallback)
+//! decides, as for the rates: `Local` gives each key
+//! `max(1, ⌊k × local_fraction⌋)` slots in this process, `FailOpen` takes
+//! none (calls go unbounded), `FailClosed` fails the call. A slot taken
+//! from the fallback stays there until its call ends, unseen by Redis.
 
 mod call;
 mod feedback;
+#[cfg(feature = "internals")]
+mod hooks;
 #[cfg(feature = "http")]
 mod layer;
 mod lesson;
+mod slots;
 
 pub use crate::core::Learning;
 pub use call::Call;
 pub use feedback::{Feedback, Quota};
 #[cfg(feature = "http")]
 pub use layer::{Actual, Estimate, Estimated, Outbound, OutboundFuture, OutboundLayer, Unit};
+#[cfg(feature = "redis")]
+pub(crate) use slots::Taken;
+pub(crate) use slots::{InFlight, LocalSlots, Slot, TakeSlot};
 
 /// What a limiter knows of the upstream it paces calls to: how it learns,
 /// and which of its limits each of the upstream's is.

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::failover::{Failover, Naming, Parts};
+use super::leases::Slots;
 use super::limiter::{Redis, Settings};
 use super::{Fallback, RedisBackend, naming};
 use crate::builder::{Builder, One, PerKey, PolicyConfig, limit_states};
@@ -45,6 +46,7 @@ impl<T, C: Clock> Builder<T, Local, C> {
             name: name.to_owned(),
             fallback: Fallback::default(),
             local_fraction: 1.0,
+            slot_ttl: super::DEFAULT_SLOT_TTL,
         })
     }
 }
@@ -104,8 +106,14 @@ impl<C: Clock> Builder<One, Redis, C> {
         let zone = backend.health.zone_of(&key);
         // The fallback holds the limiter's one state.
         let upstream = self.upstream();
+        let slots = Slots::of(&self)?;
         let engine = self.failover(Naming::Single { key, zone }, 1)?;
-        Ok(RateLimiter { engine, upstream })
+        let slots = slots.leases(&engine)?;
+        Ok(RateLimiter {
+            engine,
+            upstream,
+            slots,
+        })
     }
 }
 
@@ -118,8 +126,14 @@ impl<K: Key + Display, C: Clock> Builder<PerKey<K>, Redis, C> {
     pub fn build(self) -> Result<KeyedRateLimiter<K, Redis, C>, Error> {
         let prefix = naming::keyed_prefix(&self.store().backend.key_prefix, &self.store().name);
         let upstream = self.upstream();
+        let slots = Slots::of(&self)?;
         let engine = self.failover(Naming::Keyed { prefix }, DEFAULT_MAX_LOCAL_KEYS)?;
-        Ok(KeyedRateLimiter { engine, upstream })
+        let slots = slots.leases(&engine)?;
+        Ok(KeyedRateLimiter {
+            engine,
+            upstream,
+            slots,
+        })
     }
 }
 

@@ -66,6 +66,8 @@ impl Store for Redis {
 
     type Single<C: Clock> = Arc<Failover<NoKey, C>>;
     type Keyed<K: Key, C: Clock> = Arc<Failover<K, C>>;
+    type SingleSlots<C: Clock> = super::leases::Leases<NoKey, C>;
+    type KeyedSlots<K: Key, C: Clock> = super::leases::Leases<K, C>;
     type Settings = Settings;
 }
 
@@ -75,6 +77,7 @@ pub struct Settings {
     pub(crate) name: String,
     pub(crate) fallback: Fallback,
     pub(crate) local_fraction: f64,
+    pub(crate) slot_ttl: std::time::Duration,
 }
 
 impl fmt::Debug for Settings {

@@ -194,7 +194,10 @@
 //!   (`\\`, `\:`), and `\`, `{`, `}` in the key (`\\`, `\(`, `\)`). No two
 //!   (limiter, key) pairs share a Redis key, and no client's key text picks
 //!   its cluster slot; braces in a *name* are kept, so `{tenant-7}` puts a
-//!   limiter and all its keys in one slot on purpose.
+//!   limiter and all its keys in one slot on purpose. The slots of a
+//!   [`Limit::concurrent`](crate::Limit::concurrent) live beside each key,
+//!   in `{key}\slots` (`key\slots` where the key has a hash tag): in its
+//!   slot, and no limiter's key (see [`outbound`](crate::outbound)).
 //!
 
 mod backend;
@@ -204,6 +207,7 @@ mod connection;
 mod failover;
 mod fallback;
 mod health;
+mod leases;
 mod limiter;
 mod naming;
 mod reply;
@@ -215,6 +219,7 @@ mod slots;
 
 pub use builder::{DEFAULT_PROBE_INTERVAL, DEFAULT_RESPONSE_TIMEOUT};
 pub use fallback::Fallback;
+pub use leases::DEFAULT_SLOT_TTL;
 pub use limiter::Redis;
 pub use naming::DEFAULT_KEY_PREFIX;
 

@@ -14,3 +14,4 @@ mod limiter;
 mod memory;
 mod model;
 mod several_limits;
+mod slots;

@@ -25,5 +25,6 @@ mod real_clock;
 mod set_rate;
 mod settle;
 mod several_limits;
+mod slots;
 mod try_acquire;
 mod warming_up;

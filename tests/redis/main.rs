@@ -25,4 +25,5 @@ mod proxy_harness;
 mod recovery;
 mod script;
 mod several;
+mod slots;
 mod snapshot;

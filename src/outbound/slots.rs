@@ -1,0 +1,324 @@
+//! Slots for calls in flight ([`Limit::concurrent`](crate::Limit::concurrent)):
+//! a call takes one before its place in the schedule, and gives it back
+//! when it ends.
+//!
+//! In this process ([`LocalSlots`]) a key's slots are a semaphore of `k`
+//! permits (tokio's: first come, first served, and a waiter dropped hands
+//! its place on), held in a map only while a call holds one of its slots
+//! or waits for one. Through Redis they are leases (`redis::leases`).
+
+use std::borrow::Borrow;
+use std::collections::HashMap;
+use std::future::Future;
+use std::hash::Hash;
+use std::pin::pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures::future::{Either, select};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::Error;
+use crate::clock::Clock;
+
+/// A slot a call holds: given back when dropped. Empty where no slot is
+/// needed (no [`Limit::concurrent`](crate::Limit::concurrent), or a
+/// fallback that grants everything).
+#[derive(Default)]
+pub struct Slot<'a> {
+    /// Held for its drop.
+    _guard: Option<Box<dyn Send + Sync + 'a>>,
+}
+
+impl<'a> Slot<'a> {
+    /// No slot.
+    pub(crate) fn none() -> Self {
+        Slot { _guard: None }
+    }
+
+    /// A slot that `guard`, dropped, gives back.
+    pub(crate) fn held(guard: impl Send + Sync + 'a) -> Self {
+        Slot {
+            _guard: Some(Box::new(guard)),
+        }
+    }
+
+    /// Whether it holds a slot.
+    #[cfg(any(test, feature = "internals"))]
+    pub(crate) fn is_held(&self) -> bool {
+        self._guard.is_some()
+    }
+}
+
+/// A slot taken, and how long its call waited for it.
+pub struct Taken<'a> {
+    pub(crate) slot: Slot<'a>,
+    pub(crate) waited: Duration,
+}
+
+impl Taken<'_> {
+    /// No slot needed, no wait.
+    pub(crate) fn free() -> Self {
+        Taken {
+            slot: Slot::none(),
+            waited: Duration::ZERO,
+        }
+    }
+}
+
+/// How many calls hold a slot in this process.
+pub trait InFlight: Send + Sync {
+    /// Calls holding a slot now (0 without a concurrent limit).
+    fn in_flight(&self) -> usize;
+}
+
+/// Where a limiter's slots are, for keys borrowed as `Q`.
+pub trait TakeSlot<Q: ?Sized>: InFlight {
+    /// Takes a slot of `key`, waiting for one at most `timeout` (`None`:
+    /// as long as it takes) on `clock`; `None`, with nothing taken, if
+    /// none was free in time. Dropped while it waits, it takes nothing.
+    fn take_slot<'s>(
+        &'s self,
+        key: &Q,
+        timeout: Option<Duration>,
+        clock: &dyn Clock,
+    ) -> impl Future<Output = Result<Option<Taken<'s>>, Error>> + Send;
+}
+
+/// The slots of a limiter in this process: per key, `calls` at once. Empty
+/// (one word) without a concurrent limit.
+pub struct LocalSlots<K>(Option<Box<Shared<K>>>);
+
+/// What the slots of a limiter with a concurrent limit share.
+pub(crate) struct Shared<K> {
+    calls: u32,
+    /// The keys a call holds a slot of or waits for, no others.
+    keys: Mutex<HashMap<K, Entry>>,
+    in_flight: AtomicUsize,
+}
+
+/// One key's slots: its semaphore, and the calls that hold one of its
+/// permits or wait for one (the entry goes when there are none).
+struct Entry {
+    semaphore: Arc<Semaphore>,
+    users: usize,
+}
+
+impl<K> LocalSlots<K> {
+    /// `calls` at once per key; none (no slots at all) for `None`.
+    pub(crate) fn new(calls: Option<u32>) -> Self {
+        LocalSlots(calls.map(|calls| {
+            Box::new(Shared {
+                calls,
+                keys: Mutex::new(HashMap::new()),
+                in_flight: AtomicUsize::new(0),
+            })
+        }))
+    }
+
+    /// How many keys hold slot state now (those with a call that holds a
+    /// slot or waits for one).
+    #[cfg(any(test, feature = "internals"))]
+    pub(crate) fn keys_held(&self) -> usize {
+        self.0.as_ref().map_or(0, |shared| shared.keys().len())
+    }
+}
+
+impl<K> Shared<K> {
+    fn keys(&self) -> MutexGuard<'_, HashMap<K, Entry>> {
+        self.keys.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<K: Hash + Eq> Shared<K> {
+    /// Counts a call on `key` in (creating its entry if need be): its
+    /// semaphore, until the [`User`] is dropped.
+    fn enter<Q>(&self, key: &Q) -> User<'_, K>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut keys = self.keys();
+        let semaphore = match keys.get_mut(key) {
+            Some(entry) => {
+                entry.users += 1;
+                Arc::clone(&entry.semaphore)
+            }
+            None => {
+                let permits = usize::try_from(self.calls).unwrap_or(usize::MAX);
+                let semaphore = Arc::new(Semaphore::new(permits.min(Semaphore::MAX_PERMITS)));
+                let entry = Entry {
+                    semaphore: Arc::clone(&semaphore),
+                    users: 1,
+                };
+                keys.insert(key.to_owned(), entry);
+                semaphore
+            }
+        };
+        User {
+            shared: self,
+            key: Some(key.to_owned()),
+            semaphore,
+        }
+    }
+}
+
+/// A call counted on its key's entry: the entry lives while one does.
+struct User<'s, K: Hash + Eq> {
+    shared: &'s Shared<K>,
+    key: Option<K>,
+    semaphore: Arc<Semaphore>,
+}
+
+impl<K: Hash + Eq> Drop for User<'_, K> {
+    fn drop(&mut self) {
+        let Some(key) = self.key.take() else {
+            return;
+        };
+        let mut keys = self.shared.keys();
+        let Some(entry) = keys.get_mut(&key) else {
+            return;
+        };
+        entry.users = entry.users.saturating_sub(1);
+        if entry.users > 0 {
+            return;
+        }
+        // Nobody holds a permit or waits for one: the semaphore is full,
+        // and nobody else has it.
+        keys.remove(&key);
+        if keys.is_empty() {
+            *keys = HashMap::new();
+        } else if keys.capacity() > 64 && keys.len() * 4 < keys.capacity() {
+            let len = keys.len();
+            keys.shrink_to(len * 2);
+        }
+    }
+}
+
+/// A slot held in this process: its permit, then its call's count on the
+/// key (dropped in this order, so the entry goes with a full semaphore).
+struct Held<'s, K: Hash + Eq> {
+    _permit: OwnedSemaphorePermit,
+    user: User<'s, K>,
+}
+
+impl<K: Hash + Eq> Drop for Held<'_, K> {
+    fn drop(&mut self) {
+        self.user.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl<K: Send + Sync> InFlight for LocalSlots<K> {
+    fn in_flight(&self) -> usize {
+        self.0
+            .as_ref()
+            .map_or(0, |shared| shared.in_flight.load(Ordering::Relaxed))
+    }
+}
+
+impl<K, Q> TakeSlot<Q> for LocalSlots<K>
+where
+    K: Hash + Eq + Borrow<Q> + Send + Sync,
+    Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
+{
+    async fn take_slot<'s>(
+        &'s self,
+        key: &Q,
+        timeout: Option<Duration>,
+        clock: &dyn Clock,
+    ) -> Result<Option<Taken<'s>>, Error> {
+        let Some(shared) = self.0.as_deref() else {
+            return Ok(Some(Taken::free()));
+        };
+        let user = shared.enter(key);
+        let semaphore = Arc::clone(&user.semaphore);
+        let (permit, waited) = match Arc::clone(&semaphore).try_acquire_owned() {
+            Ok(permit) => (permit, Duration::ZERO),
+            Err(_) => {
+                let started = clock.now();
+                let Some(permit) = wait_for(semaphore, timeout, clock).await else {
+                    return Ok(None);
+                };
+                (permit, clock.now().saturating_sub(started))
+            }
+        };
+        shared.in_flight.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(Taken {
+            slot: Slot::held(Held {
+                _permit: permit,
+                user,
+            }),
+            waited,
+        }))
+    }
+}
+
+/// Waits for a permit of `semaphore` at most `timeout` on `clock`; `None`
+/// if it passed first (the wait's place then goes to the next in line).
+async fn wait_for(
+    semaphore: Arc<Semaphore>,
+    timeout: Option<Duration>,
+    clock: &dyn Clock,
+) -> Option<OwnedSemaphorePermit> {
+    let acquire = semaphore.acquire_owned();
+    let Some(timeout) = timeout else {
+        // The semaphore is never closed.
+        return acquire.await.ok();
+    };
+    if timeout.is_zero() {
+        return None;
+    }
+    // Made only now: a fake clock moves when a sleep is made.
+    let sleep = clock.sleep(timeout);
+    match select(pin!(acquire), sleep).await {
+        Either::Left((permit, _)) => permit.ok(),
+        Either::Right(((), _)) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::FakeClock;
+    use crate::store::now;
+
+    #[test]
+    fn a_key_holds_state_only_while_a_call_holds_or_waits_for_a_slot() {
+        let slots = LocalSlots::<u64>::new(Some(2));
+        let clock = FakeClock::new();
+        let mut held = Vec::new();
+        for key in 0..1_000u64 {
+            let taken = now(slots.take_slot(&key, Some(Duration::ZERO), &clock));
+            held.push(taken.unwrap().unwrap());
+        }
+        assert_eq!(slots.keys_held(), 1_000);
+        assert_eq!(slots.in_flight(), 1_000);
+        let capacity = slots.0.as_ref().unwrap().keys().capacity();
+        assert!(capacity >= 1_000);
+        held.truncate(10);
+        assert_eq!(slots.keys_held(), 10);
+        assert!(slots.0.as_ref().unwrap().keys().capacity() < capacity / 4);
+        held.clear();
+        assert_eq!(slots.keys_held(), 0);
+        assert_eq!(slots.0.as_ref().unwrap().keys().capacity(), 0);
+        assert_eq!(slots.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_refused_try_takes_nothing_and_moves_the_clock_by_its_timeout() {
+        let slots = LocalSlots::<u64>::new(Some(1));
+        let clock = FakeClock::new();
+        let first = now(slots.take_slot(&7, None, &clock)).unwrap().unwrap();
+        assert!(first.slot.is_held());
+        let refused = now(slots.take_slot(&7, Some(Duration::from_millis(5)), &clock));
+        assert!(refused.unwrap().is_none());
+        assert_eq!(clock.now(), Duration::from_millis(5));
+        assert_eq!((slots.in_flight(), slots.keys_held()), (1, 1));
+        drop(first);
+        assert_eq!((slots.in_flight(), slots.keys_held()), (0, 0));
+        let no_limit = LocalSlots::<u64>::new(None);
+        let free = now(no_limit.take_slot(&7, None, &clock)).unwrap().unwrap();
+        assert!(!free.slot.is_held());
+    }
+}

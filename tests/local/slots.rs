@@ -1,0 +1,258 @@
+//! Calls in flight (`Limit::concurrent`) on the limiter with no key: at
+//! most `k` calls hold a slot, whatever many tasks do; a call takes its
+//! slot and then its place in the schedule, both or neither; cancelled at
+//! any point, it gives back what it took; the builder's rules.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Waker};
+use std::time::{Duration, Instant};
+
+use paceline::clock::{FakeClock, SystemClock};
+use paceline::{Cost, Error, Limit, Local, RateLimiter};
+
+const MS: Duration = Duration::from_millis(1);
+
+fn limiter(rate: f64, burst: u64, calls: u32) -> RateLimiter<Local, FakeClock> {
+    RateLimiter::builder()
+        .limit(Limit::per_second(rate).burst(burst))
+        .limit(Limit::concurrent(calls))
+        .clock(FakeClock::new())
+        .build()
+        .unwrap()
+}
+
+/// Polls `future` once: whether it is still pending.
+fn pending<F: Future>(future: std::pin::Pin<&mut F>) -> bool {
+    future
+        .poll(&mut Context::from_waker(Waker::noop()))
+        .is_pending()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn at_most_k_calls_are_in_flight_under_many_tasks() {
+    let limiter = Arc::new(limiter(1e6, 1_000, 4));
+    let now = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for task in 0..64 {
+        let (limiter, now, most) = (limiter.clone(), now.clone(), most.clone());
+        tasks.push(tokio::spawn(async move {
+            for round in 0..20 {
+                let call = if (task + round) % 3 == 0 {
+                    limiter.try_call(1, Duration::from_secs(60)).await.unwrap()
+                } else {
+                    Some(limiter.call(1).await.unwrap())
+                };
+                let Some(call) = call else { continue };
+                let in_flight = now.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(in_flight, Ordering::SeqCst);
+                assert!(in_flight <= 4, "{in_flight} calls in flight");
+                assert!(limiter.stats().in_flight <= 4);
+                for _ in 0..(task % 4) {
+                    tokio::task::yield_now().await;
+                }
+                if task % 8 == 0 {
+                    tokio::time::sleep(MS / 10).await;
+                }
+                now.fetch_sub(1, Ordering::SeqCst);
+                call.finish();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(most.load(Ordering::SeqCst), 4);
+    assert_eq!(limiter.stats().in_flight, 0);
+}
+
+#[tokio::test]
+async fn a_call_dropped_while_it_waits_for_a_slot_takes_none_and_strands_none() {
+    let limiter = limiter(1_000.0, 1_000, 1);
+    let held = limiter.call(1).await.unwrap();
+    assert_eq!(limiter.stats().in_flight, 1);
+    // Two callers wait in line; the first of them gives up.
+    let mut first = pin!(limiter.call(1));
+    assert!(pending(first.as_mut()));
+    let mut second = pin!(limiter.call(1));
+    assert!(pending(second.as_mut()));
+    assert_eq!(limiter.stats().in_flight, 1);
+    // Dropped in place (a select! arm that lost).
+    first.set(limiter.call(1));
+    drop(held);
+    // The freed slot goes to the one still waiting.
+    let second = second.await.unwrap();
+    assert_eq!(limiter.stats().in_flight, 1);
+    assert!(limiter.try_call(1, Duration::ZERO).await.unwrap().is_none());
+    drop(second);
+    // The replacement made above never ran: nothing is taken, and the
+    // slot is free for anyone.
+    assert_eq!(limiter.stats().in_flight, 0);
+    let again = limiter.try_call(1, Duration::ZERO).await.unwrap();
+    assert!(again.is_some());
+}
+
+#[tokio::test]
+async fn a_call_dropped_while_it_waits_for_its_place_gives_back_slot_and_place() {
+    // The real clock: the call sleeps for its place holding its slot.
+    let limiter = RateLimiter::builder()
+        .limit(Limit::per_second(10.0).burst(1))
+        .limit(Limit::concurrent(2))
+        .build()
+        .unwrap();
+    let first = limiter.call(1).await.unwrap();
+    {
+        let mut waiting = pin!(limiter.call(1));
+        assert!(pending(waiting.as_mut()));
+        assert_eq!(limiter.stats().in_flight, 2);
+        // Its place is taken: a try that cannot wait is refused.
+        assert_eq!(limiter.try_reserve(1, 150 * MS).unwrap(), None);
+    }
+    assert_eq!(limiter.stats().in_flight, 1);
+    // Given back: the next request waits for the first call only.
+    let wait = limiter.reserve(1).unwrap();
+    assert!(wait <= 100 * MS && wait > 50 * MS, "{wait:?}");
+    drop(first);
+    assert_eq!(limiter.stats().in_flight, 0);
+}
+
+#[tokio::test]
+async fn a_try_call_that_finds_no_slot_takes_no_place() {
+    let limiter = limiter(1.0, 1, 1);
+    let clock = limiter.clock();
+    let held = limiter.call(1).await.unwrap();
+    // No slot within 50 ms: refused (the fake clock moves by the wait).
+    assert!(limiter.try_call(1, 50 * MS).await.unwrap().is_none());
+    assert_eq!(clock.now(), 50 * MS);
+    assert_eq!(limiter.stats().in_flight, 1);
+    // No place was taken: the next is the held call's successor.
+    assert_eq!(limiter.snapshot().unwrap().wait(), 950 * MS);
+    drop(held);
+    assert_eq!(limiter.stats().in_flight, 0);
+}
+
+#[tokio::test]
+async fn a_slot_taken_then_refused_by_the_schedule_goes_back_at_once() {
+    let limiter = limiter(1.0, 1, 1);
+    limiter.call(1).await.unwrap().finish();
+    // The slot is free, the schedule's next place a second away.
+    assert!(limiter.try_call(1, 10 * MS).await.unwrap().is_none());
+    assert_eq!(limiter.stats().in_flight, 0);
+    assert_eq!(limiter.clock().now(), Duration::ZERO);
+    let call = limiter.try_call(1, Duration::from_secs(1)).await.unwrap();
+    let call = call.expect("the slot went back");
+    assert_eq!(call.waited(), Duration::from_secs(1));
+    assert_eq!(limiter.stats().in_flight, 1);
+}
+
+#[tokio::test]
+async fn a_try_calls_timeout_covers_its_slot_and_its_place_together() {
+    // The real clock. The held call ends 300 ms in; the schedule's next
+    // place is 1 s in. With 800 ms for both, the slot comes at 300 ms and
+    // the place would take 700 ms more: refused, and the slot goes back.
+    let limiter = RateLimiter::builder()
+        .limit(Limit::per_second(1.0).burst(1))
+        .limit(Limit::concurrent(1))
+        .clock(SystemClock::new())
+        .build()
+        .unwrap();
+    let held = limiter.call(1).await.unwrap();
+    let started = Instant::now();
+    let ends = async {
+        tokio::time::sleep(300 * MS).await;
+        drop(held);
+    };
+    let (refused, ()) = tokio::join!(limiter.try_call(1, 800 * MS), ends);
+    assert!(refused.unwrap().is_none());
+    let elapsed = started.elapsed();
+    assert!(elapsed >= 250 * MS && elapsed < 750 * MS, "{elapsed:?}");
+    assert_eq!(limiter.stats().in_flight, 0);
+    // Its place was not taken either: the schedule still opens at 1 s.
+    let wait = limiter.snapshot().unwrap().wait();
+    assert!(wait <= 700 * MS && wait >= 200 * MS, "{wait:?}");
+}
+
+#[tokio::test]
+async fn slots_are_held_by_calls_only() {
+    let limiter = limiter(f64::INFINITY, 1, 1);
+    let call = limiter.call(1).await.unwrap();
+    assert!(limiter.try_call(1, Duration::ZERO).await.unwrap().is_none());
+    // Plain reservations and acquires take no slot.
+    assert_eq!(limiter.reserve(1).unwrap(), Duration::ZERO);
+    assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
+    limiter.acquire(3).await.unwrap();
+    drop(limiter.reservation(2).unwrap());
+    assert_eq!(limiter.stats().in_flight, 1);
+    drop(call);
+    assert_eq!(limiter.stats().in_flight, 0);
+}
+
+#[tokio::test]
+async fn a_concurrent_limit_takes_no_place_in_a_cost() {
+    // Requests and tokens, with the concurrent limit given between them:
+    // a cost counts the two rate limits, in order.
+    let limiter = RateLimiter::builder()
+        .limit(Limit::per_second(10.0).burst(10))
+        .limit(Limit::concurrent(2))
+        .limit(Limit::per_second(1_000.0).burst(1))
+        .clock(FakeClock::new())
+        .build()
+        .unwrap();
+    let first = limiter.call(Cost::each([1, 600])).await.unwrap();
+    assert_eq!(first.waited(), Duration::ZERO);
+    first.finish();
+    // 600 tokens at 1 000 a second.
+    let second = limiter.call(Cost::each([1, 1])).await.unwrap();
+    assert_eq!(second.waited(), 600 * MS);
+    // A third count is for a limit the limiter lacks.
+    assert!(matches!(
+        limiter
+            .try_call(Cost::each([1, 1, 1]), Duration::ZERO)
+            .await,
+        Err(Error::InvalidArgument(_))
+    ));
+    assert_eq!(limiter.stats().in_flight, 1);
+}
+
+#[test]
+fn the_builder_checks_the_concurrent_limit() {
+    let invalid = |builder: paceline::Builder<paceline::One, Local, FakeClock>| {
+        matches!(builder.build(), Err(Error::InvalidArgument(_)))
+    };
+    let base = || RateLimiter::builder().clock(FakeClock::new());
+    assert!(invalid(
+        base().permits_per_second(1.0).limit(Limit::concurrent(0))
+    ));
+    assert!(invalid(base().limit(Limit::concurrent(3))));
+    assert!(invalid(
+        base()
+            .permits_per_second(1.0)
+            .limit(Limit::concurrent(2))
+            .limit(Limit::concurrent(3))
+    ));
+    for shaped in [
+        Limit::concurrent(2).burst(5),
+        Limit::concurrent(2).warmup(Duration::from_secs(1)),
+        Limit::concurrent(2).cold_factor(2.0),
+        Limit::concurrent(2).named("requests"),
+    ] {
+        assert!(invalid(base().permits_per_second(1.0).limit(shaped)));
+    }
+    // A rate and a cap, or no rate to speak of and a cap.
+    assert!(
+        base()
+            .permits_per_second(1.0)
+            .limit(Limit::concurrent(1))
+            .build()
+            .is_ok()
+    );
+    let unbounded = base()
+        .limit(Limit::per_second(f64::INFINITY))
+        .limit(Limit::concurrent(1))
+        .build()
+        .unwrap();
+    assert_eq!(unbounded.reserve(1_000).unwrap(), Duration::ZERO);
+}

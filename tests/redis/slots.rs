@@ -1,0 +1,386 @@
+//! Calls in flight through Redis (`Limit::concurrent`): slots are leases in
+//! a sorted set beside the limiter's key, shared by every process; a
+//! normal drop frees one at once, and a worker killed while it holds some
+//! (a real child process: this test binary, run again) has them back
+//! after the slot TTL, not before. While Redis is down the fallback says.
+//!
+//! Until calls are served through Redis (`take_call`), the slots are held
+//! with the crate's hidden test hook `hold_slot`, which takes one as a
+//! call does; `a_call_through_redis_holds_a_lease_or_none` goes through
+//! `call` itself.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::support::poll::{SLACK, backend, backend_builder, within};
+use crate::support::redis_server::RedisServer;
+use paceline::redis::{Fallback, Redis};
+use paceline::{Error, KeyedRateLimiter, Limit, RateLimiter};
+use redis::Commands;
+
+const MS: Duration = Duration::from_millis(1);
+
+/// The slots key of the limiter `name` (see `redis_key`).
+fn slots_key(name: &str) -> String {
+    format!("{{paceline:v1:{name}}}\\slots")
+}
+
+/// A limiter `name` on a backend of its own (as another process has), with
+/// `calls` slots that live `ttl`.
+async fn limiter(
+    server: &RedisServer,
+    name: &str,
+    calls: u32,
+    ttl: Duration,
+    fallback: Fallback,
+) -> RateLimiter<Redis> {
+    RateLimiter::builder()
+        .permits_per_second(1_000.0)
+        .limit(Limit::concurrent(calls))
+        .redis(&backend(server.client()).await, name)
+        .slot_ttl(ttl)
+        .fallback(fallback)
+        .local_fraction(0.5)
+        .build()
+        .unwrap()
+}
+
+fn live(server: &RedisServer, name: &str) -> usize {
+    server.connection().zcard(slots_key(name)).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_limiters_on_one_redis_share_k_and_a_drop_frees_at_once() {
+    let server = RedisServer::start();
+    let ttl = Duration::from_secs(30);
+    let a = limiter(&server, "shared", 3, ttl, Fallback::FailClosed).await;
+    let b = limiter(&server, "shared", 3, ttl, Fallback::FailClosed).await;
+    let (held, a1) = a.hold_slot(None).await.unwrap().unwrap();
+    assert!(held);
+    let (_, a2) = a.hold_slot(None).await.unwrap().unwrap();
+    let (_, b1) = b.hold_slot(Some(Duration::ZERO)).await.unwrap().unwrap();
+    assert_eq!(live(&server, "shared"), 3);
+    assert_eq!((a.stats().in_flight, b.stats().in_flight), (2, 1));
+    // Full for both: a try that cannot wait is refused at once.
+    assert!(a.hold_slot(Some(Duration::ZERO)).await.unwrap().is_none());
+    assert!(b.hold_slot(Some(50 * MS)).await.unwrap().is_none());
+    // The key lives as long as its leases.
+    let pttl: i64 = server.connection().pttl(slots_key("shared")).unwrap();
+    assert!(pttl > 29_000 && pttl <= 30_000, "{pttl}");
+    // A slot dropped in one process goes to a waiter of the other well
+    // before any TTL: the waiter polls again within 200 ms.
+    let started = Instant::now();
+    let release = async {
+        tokio::time::sleep(100 * MS).await;
+        drop(a1);
+    };
+    let (taken, ()) = tokio::join!(b.hold_slot(Some(Duration::from_secs(5))), release);
+    let (_, b2) = taken.unwrap().expect("the freed slot");
+    let took = started.elapsed();
+    assert!(took < 300 * MS + SLACK, "{took:?}");
+    assert_eq!(live(&server, "shared"), 3);
+    // A waiter of the same process is woken by the release itself.
+    let started = Instant::now();
+    let release = async {
+        tokio::time::sleep(100 * MS).await;
+        drop(b1);
+    };
+    let (taken, ()) = tokio::join!(b.hold_slot(Some(Duration::from_secs(5))), release);
+    let b3 = taken.unwrap().expect("the freed slot");
+    assert!(
+        started.elapsed() < 100 * MS + SLACK,
+        "{:?}",
+        started.elapsed()
+    );
+    drop((a2, b2, b3));
+    let freed = within(Duration::from_secs(1), || live(&server, "shared") == 0).await;
+    assert!(freed.is_some(), "every lease is released");
+    assert_eq!((a.stats().in_flight, b.stats().in_flight), (0, 0));
+    let exists: bool = server.connection().exists(slots_key("shared")).unwrap();
+    assert!(!exists, "an empty set is no key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_k_slots_are_held_across_limiters_under_many_tasks() {
+    let server = RedisServer::start();
+    let ttl = Duration::from_secs(30);
+    let now = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let limiter = Arc::new(limiter(&server, "busy", 3, ttl, Fallback::FailClosed).await);
+        for task in 0..12u64 {
+            let (limiter, now, most) = (limiter.clone(), now.clone(), most.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..10 {
+                    let (_, slot) = limiter
+                        .hold_slot(Some(Duration::from_secs(20)))
+                        .await
+                        .unwrap()
+                        .expect("a slot within 20 s");
+                    let in_flight = now.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(in_flight, Ordering::SeqCst);
+                    assert!(in_flight <= 3, "{in_flight} slots held");
+                    tokio::time::sleep(MS * (1 + task % 3) as u32).await;
+                    now.fetch_sub(1, Ordering::SeqCst);
+                    drop(slot);
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(most.load(Ordering::SeqCst), 3);
+    let freed = within(Duration::from_secs(1), || live(&server, "busy") == 0).await;
+    assert!(freed.is_some(), "every lease is released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_is_renewed_while_it_is_held() {
+    let server = RedisServer::start();
+    let ttl = 300 * MS;
+    let a = limiter(&server, "renewed", 1, ttl, Fallback::FailClosed).await;
+    let b = limiter(&server, "renewed", 1, ttl, Fallback::FailClosed).await;
+    let held = a.hold_slot(None).await.unwrap().unwrap();
+    // Three TTLs later the lease is still live, and still the only one.
+    tokio::time::sleep(3 * ttl).await;
+    assert!(b.hold_slot(Some(Duration::ZERO)).await.unwrap().is_none());
+    assert_eq!(live(&server, "renewed"), 1);
+    drop(held);
+    let (_, taken) = b
+        .hold_slot(Some(Duration::from_secs(1)))
+        .await
+        .unwrap()
+        .unwrap();
+    drop(taken);
+}
+
+/// The child's side of `a_killed_worker_has_its_slots_back_after_the_ttl`:
+/// holds every slot of the limiter it is told of, says so, and waits to
+/// be killed. Does nothing when run by hand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the worker process of a_killed_worker_has_its_slots_back_after_the_ttl"]
+async fn worker_holding_slots() {
+    let Ok(told) = std::env::var("PACELINE_SLOTS_WORKER") else {
+        return;
+    };
+    let [port, name, calls, ttl_ms] = told.split(' ').collect::<Vec<_>>()[..] else {
+        panic!("PACELINE_SLOTS_WORKER: {told}");
+    };
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let limiter = RateLimiter::builder()
+        .permits_per_second(1_000.0)
+        .limit(Limit::concurrent(calls.parse().unwrap()))
+        .redis(&backend(client).await, name)
+        .slot_ttl(Duration::from_millis(ttl_ms.parse().unwrap()))
+        .fallback(Fallback::FailClosed)
+        .build()
+        .unwrap();
+    let mut held = Vec::new();
+    for _ in 0..calls.parse().unwrap() {
+        held.push(
+            limiter
+                .hold_slot(Some(Duration::ZERO))
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    println!("held");
+    tokio::time::sleep(Duration::from_secs(3_600)).await;
+}
+
+/// A child process, killed when dropped.
+struct Worker(Child);
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_has_its_slots_back_after_the_ttl_and_not_before() {
+    let server = RedisServer::start();
+    let ttl = Duration::from_millis(1_500);
+    let mut worker = Worker(
+        Command::new(std::env::current_exe().unwrap())
+            .args([
+                "slots::worker_holding_slots",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env(
+                "PACELINE_SLOTS_WORKER",
+                format!("{} killed 2 {}", server.port(), ttl.as_millis()),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = worker.0.stdout.take().unwrap();
+    let said = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .any(|line| line == "held")
+    });
+    assert!(said.await.unwrap(), "the worker took its slots");
+    let here = limiter(&server, "killed", 2, ttl, Fallback::FailClosed).await;
+    // Alive, it renews them: two TTLs on, they are still taken.
+    tokio::time::sleep(2 * ttl).await;
+    assert!(
+        here.hold_slot(Some(Duration::ZERO))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(live(&server, "killed"), 2);
+    // Killed (SIGKILL: nothing is released), they come back once their
+    // TTL has passed since their last renewal (every third of it), and
+    // not before.
+    let _ = worker.0.kill();
+    let _ = worker.0.wait();
+    let killed = Instant::now();
+    // The last renewal was at most a third of the TTL before the kill
+    // (give or take a timer's lateness): a half is safe.
+    let early = here.hold_slot(Some(ttl / 2)).await.unwrap();
+    assert!(
+        early.is_none(),
+        "a slot came back {:?} after the kill",
+        killed.elapsed()
+    );
+    let (held, slot) = here
+        .hold_slot(Some(2 * ttl))
+        .await
+        .unwrap()
+        .expect("the dead worker's slots come back");
+    assert!(held);
+    let back = killed.elapsed();
+    assert!(
+        back >= ttl / 2 && back <= ttl + SLACK,
+        "back after {back:?}"
+    );
+    let (_, second) = here.hold_slot(Some(ttl)).await.unwrap().unwrap();
+    assert_eq!(live(&server, "killed"), 2);
+    drop((slot, second));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_redis_is_down_the_fallback_says() {
+    let mut server = RedisServer::start();
+    let ttl = Duration::from_secs(30);
+    let local = limiter(&server, "down", 4, ttl, Fallback::Local).await;
+    let open = limiter(&server, "down", 4, ttl, Fallback::FailOpen).await;
+    let closed = limiter(&server, "down", 4, ttl, Fallback::FailClosed).await;
+    let (_, before) = local.hold_slot(None).await.unwrap().unwrap();
+    server.kill();
+    // Local: half of the 4 slots here (local_fraction 0.5); the lease held
+    // before Redis went is not among them.
+    let (held, one) = local.hold_slot(None).await.unwrap().unwrap();
+    assert!(held);
+    let (_, two) = local.hold_slot(None).await.unwrap().unwrap();
+    assert!(local.hold_slot(Some(20 * MS)).await.unwrap().is_none());
+    assert_eq!(local.stats().in_flight, 3);
+    drop(one);
+    assert!(
+        local
+            .hold_slot(Some(Duration::ZERO))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    // FailOpen: no slot, no bound.
+    for _ in 0..10 {
+        let (held, _) = open.hold_slot(None).await.unwrap().unwrap();
+        assert!(!held);
+    }
+    // FailClosed: the call fails.
+    assert!(matches!(
+        closed.hold_slot(None).await,
+        Err(Error::Backend(_))
+    ));
+    drop((before, two));
+    assert_eq!(local.stats().in_flight, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slots_key_holding_something_else_is_an_error_whatever_the_fallback() {
+    let server = RedisServer::start();
+    let _: () = server.connection().set(slots_key("taken"), "x").unwrap();
+    let limiter = limiter(
+        &server,
+        "taken",
+        2,
+        Duration::from_secs(5),
+        Fallback::FailOpen,
+    )
+    .await;
+    assert!(matches!(
+        limiter.hold_slot(None).await,
+        Err(Error::Backend(_))
+    ));
+    assert!(!limiter.stats().degraded);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_limiters_keys_have_slots_of_their_own() {
+    let server = RedisServer::start();
+    let limiter = KeyedRateLimiter::<String>::builder()
+        .permits_per_second(1_000.0)
+        .limit(Limit::concurrent(1))
+        .redis(
+            &backend_builder(server.client()).build().await.unwrap(),
+            "api",
+        )
+        .build()
+        .unwrap();
+    let alice = limiter.hold_slot("alice", None).await.unwrap().unwrap();
+    let bob = limiter
+        .hold_slot("bob", Some(Duration::ZERO))
+        .await
+        .unwrap();
+    assert!(bob.is_some());
+    let again = limiter
+        .hold_slot("alice", Some(Duration::ZERO))
+        .await
+        .unwrap();
+    assert!(again.is_none());
+    let key = format!("{{{}}}\\slots", limiter.redis_key("alice"));
+    let live: usize = server.connection().zcard(&key).unwrap();
+    assert_eq!(live, 1);
+    drop((alice, bob));
+}
+
+/// Through `call`: a call that is served holds a lease until it ends; one
+/// that fails (calls are not yet served through Redis on this branch)
+/// leaves none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_through_redis_holds_a_lease_or_none() {
+    let server = RedisServer::start();
+    let limiter = limiter(
+        &server,
+        "calls",
+        2,
+        Duration::from_secs(30),
+        Fallback::FailClosed,
+    )
+    .await;
+    match limiter.call(1).await {
+        Ok(call) => {
+            assert_eq!(live(&server, "calls"), 1);
+            assert_eq!(limiter.stats().in_flight, 1);
+            drop(call);
+        }
+        Err(_) => assert_eq!(limiter.stats().in_flight, 0),
+    }
+    let freed = within(Duration::from_secs(1), || live(&server, "calls") == 0).await;
+    assert!(freed.is_some(), "no lease is left");
+}
