@@ -196,7 +196,11 @@ if value then
             and (front_p >= 0 or front_id >= 0)
             and front_at >= 0 and front_at % 1 == 0 and front >= front_at and front <= MAX_MICROS
             and front % 1 == 0
-        if front_p < 0 then front_p, front = -1 - front_p, 1e999 end
+        if front_id < 0 then
+            front = -1
+        elseif front_p < 0 then
+            front_p, front = -1 - front_p, 1e999
+        end
         if front_P then front_P[1] = front_p end
     end
     if not ok then return redis.error_reply(string.format(NOT_OURS, key, size)) end

@@ -75,7 +75,7 @@ if mode and (mode == 'give_back' or mode == 'keep' or mode == 'settle') then
     if E then
         first = W * count + 1
         for j = 1, W * count, W do
-            if E[j + 1] < 0 or E[j + 3] > now then
+            if E[j] >= 0 and (E[j + 1] < 0 or E[j + 3] > now) then
                 first = j
                 break
             end

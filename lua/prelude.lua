@@ -259,7 +259,9 @@ local now = time_micros
 -- out as S); the requests from byte `log_at` of the value (`dead` requests
 -- that left it before), W doubles each, the first read: its id, count
 -- (with several limits, front_P: its counts) and now, and `front`, when it
--- leaves the log once used: its moment, or never (1e999) for an open call.
+-- leaves the log once at its head (Limits::expire): its moment, never
+-- (1e999) for an open call, at once (-1) for a request without an id
+-- (plain, kept, or a resume), which nothing can give back.
 -- `whole`: the value is written whole, not only its hot part (see Value).
 local st, nf, fr, ort, omx
 local S, B, changed, L

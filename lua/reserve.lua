@@ -319,7 +319,11 @@ else
                             and front <= MAX_MICROS and front % 1 == 0) then
                         return redis.error_reply(string.format(NOT_OURS, key, size))
                     end
-                    if front_p < 0 then front_p, front = -1 - front_p, 1e999 end
+                    if front_id < 0 then
+                        front = -1
+                    elseif front_p < 0 then
+                        front_p, front = -1 - front_p, 1e999
+                    end
                     if front_P then front_P[1] = front_p end
                 else
                     if log_at then log_at = nil else added_first = added_first + 1 end
@@ -329,9 +333,13 @@ else
             end
             if id >= 0 or count > 0 then
                 -- (c: its first count as logged, negative if it is open; e:
-                -- when it leaves the log once used, see front.)
+                -- when it leaves the log once at its head, see front.)
                 local c, e = p, moment
-                if hold == 2 then c, e = -1 - p, 1e999 end
+                if id < 0 then
+                    e = -1
+                elseif hold == 2 then
+                    c, e = -1 - p, 1e999
+                end
                 if count == 0 then
                     if n == 1 then
                         bst, bnf, bfr = st, nf, fr

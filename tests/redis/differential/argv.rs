@@ -134,7 +134,10 @@ fn lesson_text(lesson: &Lesson, args: &LearnArgs) -> String {
     );
     for reported in &lesson.limits {
         let rate = reported.rate.map(|r| format!("{r:e}")).unwrap_or_default();
-        let remaining = reported.remaining.map(|r| r.to_string()).unwrap_or_default();
+        let remaining = reported
+            .remaining
+            .map(|r| r.to_string())
+            .unwrap_or_default();
         let _ = write!(text, ";{rate},{remaining},{}", some(reported.reset_micros));
     }
     text

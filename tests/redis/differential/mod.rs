@@ -20,7 +20,11 @@
 //!
 //! Besides the mixed sequences, a give-back profile builds a queue of held
 //! reservations and gives them back in random order while the clock creeps
-//! through the queue, and a deep one queues more than the log holds.
+//! through the queue, a deep one queues more than the log holds, and a
+//! calls profile mixes open calls with a count per limit, their settles
+//! (while the log holds them, and after it let them go), keeps and
+//! give-backs, and lessons learned (`calls.rs`), among the rest: what the
+//! limits learned is compared too.
 //!
 //! Replay one sequence with
 //! `PACELINE_DIFF_SEED=<seed> cargo test --all-features --test redis differential -- --nocapture`;
@@ -30,6 +34,7 @@ mod argv;
 mod calls;
 mod model;
 mod sequence;
+mod totals;
 
 use std::time::Instant;
 
@@ -37,7 +42,8 @@ use crate::support::limiter_state::Value as Stored;
 use crate::support::redis_server::RedisServer;
 use model::{LOG_CAPACITY, micros};
 use redis::Value;
-use sequence::{Expect, Sequence, Totals, generate};
+use sequence::{Expect, Sequence, generate};
+use totals::Totals;
 
 const SEQUENCES: u64 = 1_500;
 const BASE_SEED: u64 = 0x5EED_0000;
@@ -253,7 +259,10 @@ fn check_value(value: &Stored, expect: &sequence::Fields) -> Result<(), String> 
     same_states(&fields, &expect.states)?;
     same_rates(value, &expect.states)?;
     if value.log != expect.log {
-        return Err(format!("log: script {:?}, core {:?}", value.log, expect.log));
+        return Err(format!(
+            "log: script {:?}, core {:?}",
+            value.log, expect.log
+        ));
     }
     let bits = |numbers: &Option<Vec<f64>>| {
         numbers
@@ -420,6 +429,14 @@ fn lua_script_and_core_agree() {
         );
         assert!(
             totals.full_logs > 10 && totals.rate_changes > 100,
+            "{totals:?}"
+        );
+        assert!(
+            totals.calls > 100 && totals.calls_refused > 10 && totals.kept > 100,
+            "{totals:?}"
+        );
+        assert!(
+            totals.settled_exactly > 100 && totals.settled_after > 100 && totals.learned > 100,
             "{totals:?}"
         );
     }

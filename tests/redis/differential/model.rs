@@ -282,11 +282,17 @@ impl Model {
         self.set_rates(rates, now);
     }
 
-    /// The log before a request is logged: those used leave it (not an
-    /// open call), and the oldest when it is full.
+    /// Whether `entry` stays at the head of the log at `now`
+    /// (Limits::expire): it has an id, and is open or its moment is ahead.
+    fn stays(entry: &Entry, now: u64) -> bool {
+        entry.id >= 0.0 && (entry.open || entry.moment > now)
+    }
+
+    /// The log before a request is logged: those at its head that can no
+    /// longer be given back leave it, and the oldest when it is full.
     fn expire(&mut self, now: u64) {
         while let Some(front) = self.log.front() {
-            if (front.moment > now || front.open) && self.log.len() < LOG_CAPACITY {
+            if Self::stays(front, now) && self.log.len() < LOG_CAPACITY {
                 break;
             }
             self.log.pop_front();
@@ -294,13 +300,12 @@ impl Model {
     }
 
     /// The log after a give-back, keep or settle: the requests before the
-    /// first that stays (an open call, or one whose moment is ahead) leave
-    /// it.
+    /// first that stays leave it.
     fn fold_front(&mut self, now: u64) {
         let first = self
             .log
             .iter()
-            .position(|e| e.open || e.moment > now)
+            .position(|e| Self::stays(e, now))
             .unwrap_or(self.log.len());
         self.log.drain(..first);
     }
@@ -425,11 +430,7 @@ impl Model {
         }
         let id = id as f64;
         if let Some(place) = self.log.iter().position(|e| e.id == id && e.moment > now) {
-            let first = self
-                .log
-                .iter()
-                .position(|e| e.open || e.moment > now)
-                .unwrap();
+            let first = self.log.iter().position(|e| Self::stays(e, now)).unwrap();
             self.log.remove(place);
             self.log.drain(..first);
             self.given_back.insert(id as u64);
@@ -469,8 +470,8 @@ impl Model {
         now: u64,
         rates: &[f64],
     ) -> Option<Result<(), Grant>> {
-        let logged = self.log_stands(rates, now)
-            && self.log.iter().any(|e| e.id == id as f64 && e.open);
+        let logged =
+            self.log_stands(rates, now) && self.log.iter().any(|e| e.id == id as f64 && e.open);
         if logged {
             let entry = self
                 .log

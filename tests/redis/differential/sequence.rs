@@ -144,61 +144,6 @@ pub struct Sequence {
     pub backward_steps: u64,
 }
 
-/// Running totals for the summary line.
-#[derive(Debug, Default)]
-pub struct Totals {
-    pub sequences: u64,
-    pub limits: [u64; 3],
-    pub reserves: u64,
-    pub tries_granted: u64,
-    pub tries_refused: u64,
-    pub queries: u64,
-    pub probes: u64,
-    pub resumes: u64,
-    pub statuses: u64,
-    pub batches: u64,
-    pub given_back: u64,
-    pub given_nothing: u64,
-    pub calls: u64,
-    pub calls_refused: u64,
-    pub settled_exactly: u64,
-    pub settled_after: u64,
-    pub kept: u64,
-    pub learned: u64,
-    pub rate_changes: u64,
-    pub backward_steps: u64,
-    pub field_checks: u64,
-    pub fractional_states: u64,
-    pub logs_checked: u64,
-    pub full_logs: u64,
-    pub ttls_set: u64,
-    pub ttls_kept: u64,
-}
-
-impl Totals {
-    pub fn count(&mut self, step: &Step, reply: &Expect) {
-        match (&step.kind, reply) {
-            (Kind::Reserve { timeout: None, .. }, _) => self.reserves += 1,
-            (Kind::Reserve { .. }, Expect::Refused { .. }) => self.tries_refused += 1,
-            (Kind::Reserve { .. }, _) => self.tries_granted += 1,
-            (Kind::Query, _) => self.queries += 1,
-            (Kind::Probe, _) => self.probes += 1,
-            (Kind::Resume { .. }, _) => self.resumes += 1,
-            (Kind::Status, _) => self.statuses += 1,
-            (Kind::Batch { .. }, _) => self.batches += 1,
-            (Kind::Cancel { .. }, Expect::Int(1)) => self.given_back += 1,
-            (Kind::Cancel { .. }, _) => self.given_nothing += 1,
-            (Kind::Call { .. }, Expect::Refused { .. }) => self.calls_refused += 1,
-            (Kind::Call { .. }, _) => self.calls += 1,
-            (Kind::Settle { .. }, Expect::Int(1)) => self.settled_exactly += 1,
-            (Kind::Settle { .. }, _) => self.settled_after += 1,
-            (Kind::Keep { .. }, Expect::Int(1)) => self.kept += 1,
-            (Kind::Keep { .. }, _) => {}
-            (Kind::Learn { .. }, _) => self.learned += 1,
-        }
-    }
-}
-
 fn random_config(rng: &mut Rng) -> LimitConfig {
     if rng.chance(0.5) {
         let max_burst_micros = match rng.below(100) {
@@ -569,7 +514,9 @@ fn answer(
             match next.reserve(cost, now, timeout, true, true) {
                 Ok((wait, bound, id)) => {
                     *model = next;
-                    pending.calls.push((id.expect("a call has an id"), cost.clone()));
+                    pending
+                        .calls
+                        .push((id.expect("a call has an id"), cost.clone()));
                     let debt = debt_of(model.limits.states()) as u64;
                     let next_id = model.next_id;
                     (
@@ -665,4 +612,3 @@ fn answer(
         }
     }
 }
-

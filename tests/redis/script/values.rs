@@ -204,7 +204,11 @@ fn a_corrupted_log_is_an_error_and_left_untouched() {
     for (name, at, x) in [
         ("shape NaN", 4, f64::NAN),
         ("a shape past its range", 4, 1.0 + 2.0 * LEARNED),
-        ("learned, but the size says not", 4, 1.0 + 3.0 * 32.0 + LEARNED),
+        (
+            "learned, but the size says not",
+            4,
+            1.0 + 3.0 * 32.0 + LEARNED,
+        ),
         ("2 logged requests (the size says 3)", 4, 1.0 + 64.0),
         ("no limits", 4, 96.0),
         ("next_id -1", 20, -1.0),
@@ -219,7 +223,11 @@ fn a_corrupted_log_is_an_error_and_left_untouched() {
         ("the first request's id 1.5", 116, 1.5),
         ("the first request's id past next_id", 116, (T0 + 10) as f64),
         ("the first request's count 0.5", 124, 0.5),
-        ("the first request's count below -2^53", 124, -(MAX_MICROS as f64) - 2.0),
+        (
+            "the first request's count below -2^53",
+            124,
+            -(MAX_MICROS as f64) - 2.0,
+        ),
         ("the first request's now 0.5", 132, 0.5),
         ("the first request's moment 0.5", 140, 0.5),
         ("the first request's moment before its now", 140, 0.0),
