@@ -115,6 +115,21 @@ impl<'a> Call<'a> {
     /// settled.
     pub fn finish(self) {}
 
+    /// Feeds the limits' own digest of what the upstream answered back to
+    /// the limiter, under its learning (see
+    /// [`Limits::learn`](crate::core::Limits::learn)); through Redis it is
+    /// sent in the background. For the crate's own tests: an application's
+    /// answers are digested for it.
+    #[doc(hidden)]
+    #[cfg(feature = "internals")]
+    pub fn learn_lesson(&self, lesson: &crate::core::Lesson) {
+        if let Some(pending) = &self.pending {
+            pending
+                .owner
+                .learn(&pending.taken, lesson, &self.upstream.learning);
+        }
+    }
+
     /// The upstream this call's limiter learns about.
     #[allow(dead_code)]
     pub(crate) fn upstream(&self) -> &Upstream {

@@ -20,6 +20,8 @@ pub use call::Call;
 pub(crate) struct Upstream {
     pub(crate) learning: Learning,
     /// Each limit's name, in order, to match the names the upstream gives
-    /// its limits (`None`: the unnamed one, for the first limit).
+    /// its limits (`None`: the unnamed one, for the first limit). (Read
+    /// once answers are digested into lessons.)
+    #[allow(dead_code)]
     pub(crate) names: Box<[Option<Box<str>>]>,
 }
