@@ -179,6 +179,14 @@ fn every_mode(args: &Args) -> Vec<Args> {
         args.clone().resume(0),
         args.clone().resume(1_000_000),
         args.clone().cancel(AN_ID),
+        args.clone().permits("call").timeout("1:-1"),
+        args.clone()
+            .permits("settle")
+            .timeout(format!("{AN_ID}:1:2")),
+        args.clone().permits("keep").timeout(AN_ID),
+        args.clone()
+            .permits("learn")
+            .timeout(super::calls::LEARN_429),
     ]
 }
 
@@ -358,6 +366,30 @@ const CORRUPTIONS: &[(&str, Corruption)] = &[
         let mut second = v.limits[0];
         second.permits_per_second = 0.0;
         v.limits.push(second);
+    }),
+    ("learned factor 0", |v| {
+        v.learned = Some(vec![0.0, 0.0, 0.0, 1.0, 5.0])
+    }),
+    ("learned factor 1.5", |v| {
+        v.learned = Some(vec![1.5, 0.0, 0.0, 1.0, 5.0])
+    }),
+    ("learned factor nan", |v| {
+        v.learned = Some(vec![f64::NAN, 0.0, 0.0, 1.0, 5.0])
+    }),
+    ("learned pause 0.5", |v| {
+        v.learned = Some(vec![0.5, 0.5, 0.0, 1.0, 5.0])
+    }),
+    ("learned rise 2^53 + 2", |v| {
+        v.learned = Some(vec![0.5, 0.0, (MAX_MICROS + 2) as f64, 1.0, 5.0])
+    }),
+    ("learned margin 0", |v| {
+        v.learned = Some(vec![0.5, 0.0, 0.0, 0.0, 5.0])
+    }),
+    ("learned cap 0", |v| {
+        v.learned = Some(vec![0.5, 0.0, 0.0, 1.0, 0.0])
+    }),
+    ("learned cap nan", |v| {
+        v.learned = Some(vec![0.5, 0.0, 0.0, 1.0, f64::NAN])
     }),
 ];
 
