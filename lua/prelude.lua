@@ -1,7 +1,8 @@
--- The limiter's script, part 1 of 5: constants, arguments, the limits'
--- configuration, the clock, the value as read. It mirrors core::Limits
--- (src/core/limits.rs) over core::State (src/core/mod.rs), for 1 to
--- MAX_LIMITS limits; its protocol is specified in docs/redis-protocol.md.
+-- The limiter's script, part 1 of 7: constants, arguments, the clock, the
+-- value's head as read. It mirrors core::Limits (src/core/limits.rs, and
+-- src/core/learn.rs for what it learns) over core::State
+-- (src/core/mod.rs), for 1 to MAX_LIMITS limits; its protocol is
+-- specified in docs/redis-protocol.md.
 --
 -- It is written for speed: Redis runs one script at a time, so every
 -- instruction here is every caller's. With one limit, its state and
@@ -25,9 +26,11 @@ local MARKER = 'plv1'
 local HEAD = 36 -- the marker and the hot part's head: four doubles
 local MAX_LIMITS = 16
 -- shape = limits + SHAPE * logged requests + BOUND * (the record's bound + 1)
+-- + LEARNED if the value holds what the limits learned
 local SHAPE = 32
 local LOGGED = 65 -- SHAPE * LOGGED = BOUND
 local BOUND = 2080
+local LEARNED = 35360 -- BOUND * 17
 local LOG_CAPACITY = 64 -- the most requests the log keeps
 local DEAD_CAPACITY = 16 -- the most requests kept in the value after they left the log
 local BATCH_CAPACITY = 1024 -- the most requests in one batch
@@ -45,52 +48,70 @@ local NOT_OURS = 'ERR paceline: key %s holds a value this limiter does not recog
 -- independent: a multiple assignment goes through temporaries.
 
 ---------------------------------------------------------------------------
--- Arguments, all checked before the key is read.
+-- Arguments: the call's (ARGV[1] and ARGV[2]) and the clock's here, the
+-- limits' in part 2; all checked before anything is written.
 ---------------------------------------------------------------------------
 
 local argv, tonumber = ARGV, tonumber
 local nargs = #argv
 if #KEYS ~= 1 then
-    return redis.error_reply('ERR paceline: expected exactly 1 key, the limiter (got ' .. #KEYS .. ')')
+    return redis.error_reply(string.format('ERR paceline: expected exactly 1 key, the limiter (got %d)', #KEYS))
 end
 -- Two, four per limit, and the clock's reading if it is given.
 local clocked = (nargs - 2) % 4
 local n = (nargs - 2 - clocked) / 4
 if clocked > 1 or n < 1 or n > MAX_LIMITS then
-    return redis.error_reply('ERR paceline: expected 2 + 4 per limit (1 to ' .. MAX_LIMITS
-        .. ' limits) arguments, then now_micros optionally: permits|mode, timeout_micros|debts|id|'
-        .. 'requests, and per limit permits_per_second, policy, max_burst_micros|warmup_micros, '
-        .. 'cold_factor (got ' .. nargs .. ')')
+    return redis.error_reply(string.format('ERR paceline: expected 2 + 4 per limit (1 to %d limits) arguments, then now_micros optionally: permits|mode, timeout_micros|debts|id|requests|counts|lesson, and per limit permits_per_second, policy, max_burst_micros|warmup_micros, cold_factor (got %d)', MAX_LIMITS, nargs))
 end
+-- A logged request's doubles (see Log).
+local W = 3 + n
+
+-- (The script keeps the names it uses few: every distinct name and string
+-- it holds costs each call some of the garbage collector's time. Locals of
+-- the new modes reuse names of the others where they mean the same.)
 
 -- ARGV[1]: the permits of a reservation (`held`: `n+`, one its caller may
 -- give back), 0 for a query, or the mode. The common values skip tonumber.
-local permits, held, mode = argv[1], false, nil
+-- A call (an open call, Limits::open) is a reservation held as 2 (open),
+-- of `permits` for the first limit and P (several limits: a table) for
+-- each. (Declared here too, for the new modes, with no cost to the others:
+-- a call's or settle's `lists` of counts, a learn's `lesson` and what the
+-- limits learn from it, L2 and M1, see part 2.)
+local permits, held, mode, P, lists, lesson, L2, M1 = argv[1], false
 if permits == '1' then
     permits = 1
 elseif permits == '1+' then
     permits, held = 1, true
 elseif permits == 'batch' or permits == 'give_back' or permits == 'probe' or permits == 'resume'
-        or permits == 'status' then
+        or permits == 'status' or permits == 'call' or permits == 'settle' or permits == 'keep'
+        or permits == 'learn' then
     mode, permits = permits, nil
 else
     if string.byte(permits, -1) == 43 then permits, held = string.sub(permits, 1, -2), true end
     permits = tonumber(permits)
     if not (permits and permits >= 0 and permits <= MAX_MICROS and permits % 1 == 0)
             or (held and permits == 0) then
-        return redis.error_reply(string.format(BAD, 'ARGV[1] must be the permits to reserve, an integer '
-            .. 'from 1 to 2^53 (followed by + if it may be given back), 0 to query, or batch, give_back, '
-            .. 'probe, resume or status', argv[1]))
+        return redis.error_reply(string.format(BAD, 'ARGV[1] must be the permits to reserve, an integer from 1 to 2^53 (followed by + if it may be given back), 0 to query, or batch, call, give_back, keep, learn, probe, resume, settle or status', argv[1]))
     end
 end
 
 -- ARGV[2]: a reservation's timeout (-1: none), a resume's debts, a
--- give_back's id, a batch's requests (R: permits, held, timeout and count of
--- each run of them; `total` requests, `holds` if any is held).
+-- give_back's or keep's id, a batch's requests (R: permits, held, timeout
+-- and count of each run of them; `total` requests, `holds` if any is
+-- held), a call's counts and timeout, a settle's id and counts (`lists`:
+-- charged, actual), a learn's `lesson` (see below).
 local arg2 = argv[2]
 local timeout, R, debts, give_back_id, total, holds = -1, nil, nil, nil, 1, false
 if arg2 == '-1' and not mode then
     -- (No timeout: the most common.)
+elseif arg2 == '0' and not mode then
+    timeout = 0
+elseif not mode or mode == 'probe' or mode == 'status' then
+    timeout = tonumber(arg2)
+    if not (timeout and timeout >= -1 and timeout % 1 == 0) then
+        return redis.error_reply(string.format(BAD, 'timeout_micros (ARGV[2]) must be an integer >= 0, or -1 for no timeout', arg2))
+    end
+    if timeout > MAX_MICROS then timeout = MAX_MICROS end
 elseif mode == 'batch' then
     R = {}
     local count = 0
@@ -104,9 +125,7 @@ elseif mode == 'batch' then
         end
         if not (p and t and times and p >= 1 and p <= MAX_MICROS and t >= -1 and times >= 1)
                 or count + times > BATCH_CAPACITY then
-            return redis.error_reply(string.format(BAD, 'ARGV[2] of a batch must be 1 to ' .. BATCH_CAPACITY
-                .. ' requests permits[+]:timeout_micros[*count] (permits from 1 to 2^53, timeout_micros -1 '
-                .. 'or >= 0, count >= 1), joined by commas', request))
+            return redis.error_reply(string.format('ERR paceline: ARGV[2] of a batch must be 1 to %d requests permits[+]:timeout_micros[*count] (permits from 1 to 2^53, timeout_micros -1 or >= 0, count >= 1), joined by commas (got "%.40s")', BATCH_CAPACITY, request))
         end
         if t > MAX_MICROS then t = MAX_MICROS end
         plus = plus == '+'
@@ -129,100 +148,83 @@ elseif mode == 'resume' then
         debts[#debts + 1] = debt
     end
     if not (debts and #debts == n) then
-        return redis.error_reply(string.format(BAD, 'ARGV[2] of a resume must be each limit\'s '
-            .. 'debt_micros, ' .. n .. ' integers >= 0 joined by commas', arg2))
+        return redis.error_reply(string.format('ERR paceline: ARGV[2] of a resume must be each limit\'s debt_micros, %d integers >= 0 joined by commas (got "%.40s")', n, arg2))
     end
-elseif mode == 'give_back' then
+elseif mode == 'give_back' or mode == 'keep' then
     give_back_id = tonumber(arg2)
     if not (give_back_id and give_back_id >= 0 and give_back_id < MAX_MICROS and give_back_id % 1 == 0) then
-        return redis.error_reply(string.format(BAD, 'ARGV[2] of a give-back must be the id a held '
-            .. 'reservation\'s reply gave, an integer from 0 to 2^53 - 1', arg2))
+        return redis.error_reply(string.format('ERR paceline: ARGV[2] of a %s must be the id a held reservation\'s or a call\'s reply gave, an integer from 0 to 2^53 - 1 (got "%.40s")', mode, arg2))
     end
-elseif arg2 == '0' then
-    timeout = 0
-else
-    timeout = tonumber(arg2)
-    if not (timeout and timeout >= -1 and timeout % 1 == 0) then
-        return redis.error_reply(string.format(BAD, 'timeout_micros (ARGV[2]) must be an integer >= 0, '
-            .. 'or -1 for no timeout', arg2))
-    end
-    if timeout > MAX_MICROS then timeout = MAX_MICROS end
-end
-
----------------------------------------------------------------------------
--- The configuration in force (Policy::set_stable_interval), limit by
--- limit: its rate, whether
--- it is bursty, its max_burst_micros or warmup_micros, stable interval,
--- max_permits, warming-up threshold and slope, and cool-down interval
--- (Policy::cool_down_interval_micros). C holds all of them, 8 per limit.
----------------------------------------------------------------------------
-
-local rate, bursty, pmicros, stable, mx, thr, slope, cd
-local C, r1, b1, p1, s1, m1, t1, l1, d1
-for i = 1, n do
-    local a = 4 * i - 1 -- its rate; then its policy, micros and cold factor
-    -- stable_interval_micros: rejects NaN, zero, negative rates (and -inf).
-    rate = tonumber(argv[a])
-    if not (rate and rate > 0) then
-        return redis.error_reply(string.format(BAD, 'permits_per_second of limit ' .. (i - 1)
-            .. ' (ARGV[' .. a .. ']) must be a number > 0 or inf', argv[a]))
-    end
-    local policy = argv[a + 1]
-    bursty = policy == 'bursty'
-    if not bursty and policy ~= 'warming_up' then
-        return redis.error_reply(string.format(BAD, 'the policy of limit ' .. (i - 1) .. ' (ARGV['
-            .. (a + 1) .. ']) must be "bursty" or "warming_up"', policy))
-    end
-    -- Bursty::max_burst_micros or WarmingUp::warmup_micros, capped as `micros`.
-    pmicros = tonumber(argv[a + 2])
-    if not (pmicros and pmicros >= 0 and pmicros % 1 == 0) then
-        return redis.error_reply(string.format(BAD, (bursty and 'max_burst_micros' or 'warmup_micros')
-            .. ' of limit ' .. (i - 1) .. ' (ARGV[' .. (a + 2) .. ']) must be an integer >= 0', argv[a + 2]))
-    end
-    if pmicros > MAX_MICROS then pmicros = MAX_MICROS end
-    stable = 1000000.0 / rate
-    if stable > MAX_MICROS then stable = MAX_MICROS end
-    cd = stable
-    if bursty then
-        -- Bursty::max_permits
-        mx = 0.0
-        if rate <= F64_MAX then mx = pmicros * rate / 1000000.0 end
-        if mx > F64_MAX then mx = F64_MAX end
+elseif mode == 'call' or mode == 'settle' then
+    -- Lists of n counts (integers from 0 to 2^53) joined by commas: a
+    -- call's, with its timeout (`counts:timeout_micros`), or a settle's
+    -- charged and actual, after the call's id (`id:charged:actual`).
+    -- (`plus`: a count is above 0.)
+    local t, plus
+    lists = {}
+    if mode == 'call' then
+        lists[1], t = string.match(arg2, '^([%d,]+):(-?%d+)$')
+        t = tonumber(t)
     else
-        local cold_factor = tonumber(argv[a + 3])
-        if not (cold_factor and cold_factor >= 1 and cold_factor <= F64_MAX) then
-            return redis.error_reply(string.format(BAD, 'the cold_factor of limit ' .. (i - 1)
-                .. ' (ARGV[' .. (a + 3) .. ']) must be a finite number >= 1', argv[a + 3]))
-        end
-        -- WarmingUp::set_stable_interval
-        mx = 0.0; thr = 0.0; slope = 0.0
-        if stable ~= 0.0 then
-            local cold = stable * cold_factor
-            if cold > F64_MAX then cold = F64_MAX end
-            thr = 0.5 * pmicros / stable
-            if thr > F64_MAX then thr = F64_MAX end
-            local stable_plus_cold = stable + cold
-            if stable_plus_cold > F64_MAX then stable_plus_cold = F64_MAX end
-            mx = thr + 2.0 * pmicros / stable_plus_cold
-            if mx > F64_MAX then mx = F64_MAX end
-            if mx > thr then
-                slope = (cold - stable) / (mx - thr)
-                if slope > F64_MAX then slope = F64_MAX end
-            end
-        end
-        if mx > 0.0 then cd = pmicros / mx end
+        give_back_id, lists[1], lists[2] = string.match(arg2, '^(%d+):([%d,]+):([%d,]+)$')
+        give_back_id = tonumber(give_back_id)
     end
-    -- (A table is cheapest built whole: the first limit's wait in locals
-    -- for the second's.)
-    if n == 1 then
-    elseif i == 1 then
-        r1 = rate; b1 = bursty; p1 = pmicros; s1 = stable; m1 = mx; t1 = thr or 0.0; l1 = slope or 0.0; d1 = cd
-    elseif i == 2 then
-        C = {r1, b1, p1, s1, m1, t1, l1, d1, rate, bursty, pmicros, stable, mx, thr or 0.0, slope or 0.0, cd}
-    else
-        local c = 8 * i - 8
-        C[c + 1], C[c + 2], C[c + 3], C[c + 4] = rate, bursty, pmicros, stable
-        C[c + 5], C[c + 6], C[c + 7], C[c + 8] = mx, thr or 0.0, slope or 0.0, cd
+    local ok = lists[1] and (t and t >= -1 or give_back_id and give_back_id < MAX_MICROS)
+    for j = 1, ok and #lists or 0 do
+        local numbers = {}
+        for count in string.gmatch(lists[j] .. ',', '([^,]*),') do
+            count = tonumber(count)
+            ok = ok and count and count < MAX_MICROS and #numbers < n
+            if not ok then break end
+            numbers[#numbers + 1] = count
+            plus = plus or count > 0
+        end
+        ok = ok and #numbers == n
+        lists[j] = numbers
+    end
+    if mode == 'settle' and not ok then
+        return redis.error_reply(string.format('ERR paceline: ARGV[2] of a settle must be id:charged:actual, the id a call\'s reply gave (an integer below 2^53), then what it was charged and what it cost, %d integers from 0 to 2^53 - 1 each, joined by commas (got "%.40s")', n, arg2))
+    elseif not (ok and plus) then
+        return redis.error_reply(string.format('ERR paceline: ARGV[2] of a call must be its count for each limit (%d integers from 0 to 2^53 - 1, one at least > 0) joined by commas, then :timeout_micros (-1 or >= 0) (got "%.40s")', n, arg2))
+    end
+    if mode == 'call' then
+        -- A reservation held as open (see part 5).
+        mode, permits, held, timeout = nil, lists[1][1], 2, t
+        if timeout > MAX_MICROS then timeout = MAX_MICROS end
+        if n > 1 then P = lists[1] end
+    end
+elseif mode == 'learn' then
+    -- The lesson and the learning's constants (see Learn), in `lesson` by
+    -- position: 1 throttled, 2 success (booleans), 3 retry_after (nil: not
+    -- given), 4 decrease, 5 increase, 6 interval, 7 floor, 8 pause, 9
+    -- margin, 10 the end of the pause a refusal starts (part 2), then for
+    -- limit i reported (`;rate,remaining,reset`, an empty field: not
+    -- reported): 8 + 3i its rate, 9 + 3i remaining, 10 + 3i reset.
+    lesson = {string.match(arg2, '^([01]),([01]),(%d*),([^,;]+),([^,;]+),(%d+),([^,;]+),(%d+),([^,;]+)()')}
+    local ok, at = #lesson == 10, lesson[10]
+    if ok then
+        lesson[1], lesson[2], lesson[10] = lesson[1] == '1', lesson[2] == '1', nil
+        for k = 3, 9 do lesson[k] = tonumber(lesson[k]) end
+        local f = lesson
+        ok = f[4] and f[4] > 0 and f[4] <= 1 and f[5] and f[5] >= 0 and f[5] <= 1
+            and f[7] and f[7] > 0 and f[7] <= 1 and f[9] and f[9] > 0 and f[9] <= 1
+        if (f[3] or 0) > MAX_MICROS then f[3] = MAX_MICROS end
+        if f[8] > MAX_MICROS then f[8] = MAX_MICROS end
+    end
+    local k = 10
+    while ok and at <= #arg2 do
+        local r, m, s, e = string.match(arg2, '^;([^,;]*),(%d*),(%d*)()', at)
+        ok = r and k < 10 + 3 * n
+        if ok then
+            local rate = tonumber(r)
+            ok = r == '' or rate and rate > 0 and rate <= F64_MAX
+            s = tonumber(s)
+            if s and s > MAX_MICROS then s = MAX_MICROS end
+            lesson[k + 1], lesson[k + 2], lesson[k + 3], k, at = rate, tonumber(m), s, k + 3, e
+        end
+    end
+    if not ok then
+        return redis.error_reply(string.format('ERR paceline: ARGV[2] of a learn must be throttled,success,retry_after_micros,decrease,increase,interval_micros,floor,pause_micros,margin (flags 0 or 1; decrease, floor and margin in (0, 1], increase in [0, 1]; whole µs, retry_after may be empty), then for each limit reported (up to %d) ;rate,remaining,reset_micros (rate > 0 and finite, the others whole, each may be empty) (got "%.40s")', n, arg2))
     end
 end
 
@@ -232,8 +234,7 @@ local time_micros
 if clocked == 1 then
     time_micros = tonumber(argv[nargs])
     if not (time_micros and time_micros >= 0 and time_micros <= MAX_MICROS and time_micros % 1 == 0) then
-        return redis.error_reply(string.format(BAD, 'now_micros (ARGV[' .. nargs .. ']) must be an '
-            .. 'integer from 0 to 2^53, or absent to use TIME', argv[nargs]))
+        return redis.error_reply(string.format('ERR paceline: now_micros (ARGV[%d]) must be an integer from 0 to 2^53, or absent to use TIME (got "%.40s")', nargs, argv[nargs]))
     end
 else
     local time = redis.call('TIME')
@@ -242,127 +243,81 @@ end
 local now = time_micros
 
 ---------------------------------------------------------------------------
--- The value as read (see Value). WRONGTYPE (the key is not a string)
--- propagates: nothing is written.
+-- The value as read (see Value), its head here (what part 2 needs to
+-- configure the limits: whether, and what, they learned), the rest
+-- checked in part 2. WRONGTYPE (the key is not a string) propagates:
+-- nothing is written.
 ---------------------------------------------------------------------------
 
 -- Each limit's state: stored_permits, next_free_micros, next_free_fraction,
 -- and the rate and max_permits it was last charged at (the first limit's,
 -- or the only one's: st, nf, fr, ort, omx; S: the value's doubles from its
 -- hot part's states on, 3 per limit, the TTL's end `expires`, 2 per limit).
--- The log (see Log): `count` requests; the limits' states before the
--- first (bst, bnf, bfr; B, laid out as S); the requests from byte `log_at`
--- of the value (`dead` requests that left it before), 4 doubles each, the
--- first read: its id, permits, now and moment (`front`). `whole`: the value
--- is written whole, not only its hot part (see Value).
+-- What the limits learned, as read (L: factor, paused_until, increased_at,
+-- margin, then each limit's cap; see Learned). The log (see Log): `count`
+-- requests; the limits' states before the first (bst, bnf, bfr; B, laid
+-- out as S); the requests from byte `log_at` of the value (`dead` requests
+-- that left it before), W doubles each, the first read: its id, count
+-- (with several limits, front_P: its counts) and now, and `front`, when it
+-- leaves the log once at its head (Limits::expire): its moment, never
+-- (1e999) for an open call, at once (-1) for a request without an id
+-- (plain, kept, or a resume), which nothing can give back.
+-- `whole`: the value is written whole, not only its hot part (see Value).
 local st, nf, fr, ort, omx
-local S, B, changed
+local S, B, changed, L
 local bst, bnf, bfr
 local key = KEYS[1]
 local value = redis.call('GET', key)
 local expires, next_id, count, size, held_n, dead = 0, 0, 0, 0, 0, 0
-local log_from, log_at, front_id, front_p, front_at, front
+local log_from, log_at, front_id, front_p, front_at, front, front_P
+local ok, at, last_now, marker, shape, _
 if value then
     size = #value
-    local marker, shape, last_now, _
+    at = 84
     if size >= 84 then
         marker, shape, last_now, next_id, _, st, nf, fr, expires, ort, omx =
             struct.unpack('<c4dddddddddd', value)
     end
     -- The head. (NaN fails every comparison.)
-    local ok = marker == MARKER
+    ok = marker == MARKER
         and last_now >= 0 and last_now <= MAX_MICROS and last_now % 1 == 0
         and next_id >= 0 and next_id < MAX_MICROS and next_id % 1 == 0
-    local at = 84
     if not ok then
     elseif size == at and (shape == 1 or shape == 2081) then -- (1 + BOUND)
-        -- (One limit, nothing logged.)
+        -- (One limit, nothing logged, nothing learned.)
         held_n = 1
-    elseif shape >= 1 and shape < 17 * BOUND and shape % 1 == 0 then
+        -- The clock never runs backwards for a key.
+        if last_now > now then now = last_now end
+    elseif shape >= 1 and shape < 2 * LEARNED and shape % 1 == 0 then
         held_n = shape % SHAPE
         count = (shape - held_n) / SHAPE % LOGGED
         at = 44 + 40 * held_n
         ok = held_n >= 1 and held_n <= MAX_LIMITS and count <= LOG_CAPACITY
+        if last_now > now then now = last_now end
+        if shape >= LEARNED then
+            -- What the limits learned, after their rates.
+            ok = ok and size >= at + 32 + 8 * held_n
+            if ok then
+                L = {struct.unpack(string.sub(FORMAT, 3, 7 + held_n), value, at + 1)}
+                L[5 + held_n] = nil -- (the position unpack returns last)
+                at = at + 32 + 8 * held_n
+                -- A factor in (0, 1], whole µs, a margin in (0, 1], caps > 0
+                -- (inf: none reported).
+                ok = L[1] > 0 and L[1] <= 1 and L[2] >= 0 and L[2] <= MAX_MICROS and L[2] % 1 == 0
+                    and L[3] >= 0 and L[3] <= MAX_MICROS and L[3] % 1 == 0 and L[4] > 0 and L[4] <= 1
+                for i = 5, 4 + held_n do ok = ok and L[i] > 0 end
+            end
+        end
         if count == 0 then
             ok = ok and size == at
         elseif ok and size >= at + 8 then
             dead = struct.unpack('<d', value, at + 1)
             ok = dead >= 0 and dead <= DEAD_CAPACITY and dead % 1 == 0
-                and size == at + 8 + 24 * held_n + 32 * (dead + count)
+                and size == at + 8 + 24 * held_n + (24 + 8 * held_n) * (dead + count)
         else
             ok = false
         end
     else
         ok = false
     end
-    -- The limits: with several (read or in force), S; `changed`: a limit
-    -- other than the first is at another rate or max_permits than in force
-    -- (the first then compares to rate and mx, its own).
-    if ok and held_n + n > 2 then
-        S = {struct.unpack(string.sub(FORMAT, 3, 4 + 5 * held_n), value, HEAD + 1)}
-        -- (j: the limit's rate in S, c: its configuration in C.)
-        local e = 3 * held_n + 1
-        local j, c = e + 1, 0
-        expires = S[e]; ort = S[j]; omx = S[j + 1]
-        if n > 1 then rate = r1; mx = m1 end
-        for k = 4, e - 1, 3 do
-            j = j + 2; c = c + 8
-            local s, t, f, r, m = S[k], S[k + 1], S[k + 2], S[j], S[j + 1]
-            ok = ok and m >= 0 and m <= F64_MAX and s >= 0 and s <= m and t >= 0 and t <= MAX_MICROS
-                and t % 1 == 0 and f >= 0 and f < FRACTION_ONE and f % 1 == 0 and r > 0
-            if c < 8 * n and (r ~= C[c + 1] or m ~= C[c + 5]) then changed = true end
-        end
-    end
-    ok = ok and expires >= 0 and expires <= F64_MAX and omx >= 0 and omx <= F64_MAX and st >= 0
-        and st <= omx and nf >= 0 and nf <= MAX_MICROS and nf % 1 == 0
-        and fr >= 0 and fr < FRACTION_ONE and fr % 1 == 0 and ort > 0
-    -- A value with another number of limits keeps its limits by position
-    -- (those it lacks start full, below; those past n go) and loses its log.
-    if held_n ~= n then count = 0 end
-    if ok and count > 0 then
-        -- The states before the log's first request, then that request.
-        at = at + 9
-        log_from = at + 24 * n
-        log_at = log_from + 32 * dead
-        if n == 1 then
-            bst, bnf, bfr = struct.unpack('<ddd', value, at)
-        else
-            B = {struct.unpack(string.sub(FORMAT, 3, 3 + 3 * n), value, at)}
-        end
-        for i = 1, n do
-            if B then bst, bnf, bfr = B[3 * i - 2], B[3 * i - 1], B[3 * i] end
-            ok = ok and bst >= 0 and bst <= F64_MAX and bnf >= 0 and bnf <= MAX_MICROS and bnf % 1 == 0
-                and bfr >= 0 and bfr < FRACTION_ONE and bfr % 1 == 0
-        end
-        front_id, front_p, front_at, front = struct.unpack('<dddd', value, log_at)
-        ok = ok and front_id % 1 == 0 and front_id >= -1 - n and front_id < next_id
-            and front_p % 1 == 0 and front_p >= 0 and front_p <= MAX_MICROS
-            and front_at >= 0 and front_at % 1 == 0 and front >= front_at and front <= MAX_MICROS
-            and front % 1 == 0
-    end
-    if not ok then return redis.error_reply(string.format(NOT_OURS, key, size)) end
-    -- The clock never runs backwards for a key.
-    if last_now > now then now = last_now end
-    -- A try of one limit that the debt does not fit, its rate unchanged:
-    -- refused here, as part 4 would refuse it (see Replies).
-    if timeout >= 0 and nf - now > timeout and n == 1 and not mode and permits > 0 and ort == rate and omx == mx then
-        return st == 0 and now - nf or struct.pack('<dddd', now, st, nf, fr)
-    end
-end
-local whole, logged_as_read = held_n ~= n, count
--- Missing (or a limit the value lacks): idle for a long time, i.e. full.
-if held_n == 0 then st = mx; nf = now; fr = 0; ort = rate; omx = mx end
-if n > 1 and held_n ~= n then
-    -- S laid out for n limits (T), those it lacks as they start (e: the
-    -- TTL's end in the value's).
-    local T, e = {}, 3 * held_n + 1
-    for i = 1, n do
-        local c, k, j = 8 * i - 8, 3 * i - 2, 3 * n + 2 * i
-        if i > held_n then
-            T[k], T[k + 1], T[k + 2], T[j], T[j + 1] = C[c + 5], now, 0, C[c + 1], C[c + 5]
-        else
-            T[k], T[k + 1], T[k + 2], T[j], T[j + 1] = S[k], S[k + 1], S[k + 2], S[e + 2 * i - 1], S[e + 2 * i]
-        end
-    end
-    T[3 * n + 1], S = expires, T
 end

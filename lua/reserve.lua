@@ -1,19 +1,28 @@
--- Part 4 of 5: the rates in force, then the requests a call charges: a
--- reservation's, each of a batch's in order (at one clock reading, each as
+-- Part 5 of 7: the rates in force (and what a learn pauses), then the
+-- requests a call charges: a reservation's (a call's, a settle's that the
+-- log let go), each of a batch's in order (at one clock reading, each as
 -- its own call at that reading would be), a resume's (one per limit), or,
--- for a give-back, those logged after the one given back, charged again.
+-- for a give-back or a settle, those logged, charged again from the log's
+-- base.
 
 -- Limits::set_rate for every limit whose rate or configuration changed:
 -- State::set_rate at now, and the log empties (its requests were charged
--- at the old rates). Not for a give-back (see part 3) or a probe (of a
--- missing key, read at the rates in force).
-if (changed or ort ~= rate or omx ~= mx) and mode ~= 'give_back' and mode ~= 'probe' then
+-- at the old rates). Not for a give-back or a keep (see part 4) or a probe
+-- (of a missing key, read at the rates in force). A learn sets the rates
+-- twice (Limits::learn after the rates in force, at the same now): those
+-- before the lesson (M1), then those after it.
+if (changed or ort ~= rate or omx ~= mx) and mode ~= 'give_back' and mode ~= 'probe'
+        and mode ~= 'keep' then
+    for pass = M1 and 1 or 2, 2 do
     for i = 1, n do
         local k, c = 3 * i - 3, 8 * i - 8
+        -- (r, m: the rate and max_permits it goes to.)
+        local r, m = rate, mx
         if n > 1 then
-            rate, mx, ort, omx = C[c + 1], C[c + 5], S[3 * n + 2 * i], S[3 * n + 2 * i + 1]
+            r, m, ort, omx = C[c + 1], C[c + 5], S[3 * n + 2 * i], S[3 * n + 2 * i + 1]
         end
-        if ort ~= rate or omx ~= mx then
+        if pass == 1 then r, m = M1[2 * i - 1], M1[2 * i] end
+        if ort ~= r or omx ~= m then
             if n > 1 then bursty, pmicros, st, nf, fr = C[c + 2], C[c + 3], S[k + 1], S[k + 2], S[k + 3] end
             count, log_at, whole = 0, nil, true
             local old_stable = 1000000.0 / ort
@@ -29,16 +38,61 @@ if (changed or ort ~= rate or omx ~= mx) and mode ~= 'give_back' and mode ~= 'pr
             end
             if old_stable == 0.0 then
                 -- Policy::stored_permits_after_infinite_rate
-                st = bursty and mx or 0.0
+                st = bursty and m or 0.0
             elseif omx == 0.0 then
                 -- Policy::initial_stored_permits
-                st = bursty and 0.0 or mx
+                st = bursty and 0.0 or m
             else
                 -- stored / old_max is in 0..=1, so this never overflows.
-                st = st / omx * mx
+                st = st / omx * m
             end
-            ort, omx = rate, mx
+            ort, omx = r, m
             if n > 1 then S[k + 1], S[k + 2], S[k + 3], S[3 * n + 2 * i], S[3 * n + 2 * i + 1] = st, nf, fr, ort, omx end
+        end
+    end
+    end
+end
+
+-- A learn, after its rates: the limits it pauses (State::pause: a
+-- refusal's every limit, until its end; a limit the upstream says is
+-- spent, until its reset), if any pause ends after now (the log then
+-- empties), then what the upstream says each limit has left
+-- (State::keep_stored_at_most). Each resyncs at now first. (T: each
+-- limit's pause, false for none; `ahead`: one ends after now.) The value
+-- holds what they learned: whole.
+if L2 then
+    L, whole = L2, true
+    local f, T, ahead = lesson, {}, false
+    for i = 1, n do
+        -- (t: its pause; e: the end of its spent quota's window.)
+        local t, e = f[10], f[10 + 3 * i]
+        if f[9 + 3 * i] == 0 and e then
+            e = now + e
+            if e > MAX_MICROS then e = MAX_MICROS end
+            if not t or e > t then t = e end
+        end
+        T[i] = t or false
+        ahead = ahead or t and t > now
+    end
+    if ahead then count, log_at, whole = 0, nil, true end
+    for i = 1, n do
+        local left = f[9 + 3 * i]
+        if ahead and T[i] or left and left > 0 then
+            local k, c = 3 * i - 3, 8 * i - 8
+            if n > 1 then
+                cd, mx, st, nf, fr = C[c + 8], C[c + 5], S[k + 1], S[k + 2], S[k + 3]
+            end
+            if now > nf then
+                local stored = st + ((now - nf) - fr / FRACTION_ONE) / cd
+                if stored > mx then stored = mx end
+                st, nf, fr = stored, now, 0
+            end
+            if ahead and T[i] then
+                st = 0.0
+                if T[i] > nf then nf, fr = T[i], 0 end
+            end
+            if left and left > 0 and st > left then st = left end
+            if n > 1 then S[k + 1], S[k + 2], S[k + 3] = st, nf, fr end
         end
     end
 end
@@ -123,21 +177,38 @@ else
     -- The requests charged, each at the moment every limit allows it
     -- (Limits::earliest), to the limits or to the log's base (`on_base`:
     -- the two sets of states swap places for it), in up to two passes. A
-    -- give-back: first the logged requests that were used (Limits::expire)
-    -- into the base, then the others but the one given back into the
-    -- limits, from the base on. Otherwise: first the call's requests (a
-    -- reservation, each of a batch in order, or a resume's, one per limit)
-    -- into the limits, then those that left the log meanwhile into its
-    -- base (Limits::fold_oldest). `Q`: a pass's logged requests (id,
-    -- permits and now each), charged again. (Declared here, so that the
-    -- calls above pay for none of it.)
-    local Q, on_base, steps, pass, r = nil, false, 1, 1, 0
+    -- give-back, keep or settle (part 4): first the logged requests that
+    -- leave the log (Limits::expire) into the base, then (not for a keep)
+    -- the others but the one given back, or with the settled one's new
+    -- counts, into the limits, from the base on. Otherwise: first the
+    -- call's requests (a reservation, each of a batch in order, or a
+    -- resume's, one per limit) into the limits, then those that left the
+    -- log meanwhile into its base (Limits::fold_oldest). `Q`: a pass's
+    -- logged requests (id, first count, now and, with several limits, the
+    -- counts each), charged again. (Declared here, so that the calls above
+    -- pay for none of it.)
+    -- (T: a give-back's or settle's second pass; a keep's first is its
+    -- last.)
+    local Q, T, on_base, steps, pass, r = nil, nil, false, 1, 1, 0
     if not mode then
         -- (One reservation.)
     elseif E then
-        Q, on_base = {}, true
-        for j = 1, first - 1, 4 do Q[#Q + 1], Q[#Q + 2], Q[#Q + 3] = E[j], E[j + 1], E[j + 2] end
-        steps = #Q / 3
+        Q, T, on_base = {}, {}, true
+        if kept then pass = 2 end
+        for j = 1, W * count, W do
+            if j ~= place then
+                local P, e, p = false, Q, E[j + 1]
+                if j >= first then e = T end
+                if p < 0 then p = -1 - p end
+                if n > 1 then
+                    P = {p}
+                    for i = 2, n do P[i] = E[j + 2 + i] end
+                end
+                local k = #e
+                e[k + 1], e[k + 2], e[k + 3], e[k + 4] = E[j], p, E[j + 2], P
+            end
+        end
+        steps = #Q / 4
         if steps > 0 then
             if n == 1 then st, nf, fr, bst, bnf, bfr = bst, bnf, bfr, st, nf, fr else S, B = B, S end
         end
@@ -162,24 +233,23 @@ else
                 else
                     for k = 1, 3 * n do S[k] = B[k] end
                 end
-                Q, on_base = {}, false
-                for j = first, 4 * count, 4 do
-                    if j ~= place then Q[#Q + 1], Q[#Q + 2], Q[#Q + 3] = E[j], E[j + 1], E[j + 2] end
-                end
-                steps = #Q / 3
+                Q, on_base, steps = T, false, #T / 4
             else
-                Q, on_base, steps = F, true, #F / 3
+                Q, on_base, steps = F, true, #F / 4
                 if n == 1 then st, nf, fr, bst, bnf, bfr = bst, bnf, bfr, st, nf, fr else S, B = B, S end
             end
             if steps == 0 then break end
         end
         r = r + 1
 
-        -- Request r: its permits, timeout, whether it is held, its now, its id;
-        -- for a resume, the limit it carries its debt to (`p`: the debt).
-        local p, t, hold, at, limit, id = permits, timeout, held, now, nil, -1
+        -- Request r: its permits (the first limit's count; P, with several
+        -- limits, the counts, or false for `p` each), timeout, whether it is
+        -- held (2: open), its now, its id; for a resume, the limit it
+        -- carries its debt to (`p`: the debt).
+        local p, t, hold, at, limit, id, P = permits, timeout, held, now, nil, -1, P
         if Q then
-            id, p, at, t, hold = Q[3 * r - 2], Q[3 * r - 1], Q[3 * r], -1, false
+            local k = 4 * r
+            id, p, at, P, t, hold = Q[k - 3], Q[k - 2], Q[k - 1], Q[k], -1, false
             if id < -1 then limit = -1 - id end
         elseif not mode then
             -- (The reservation.)
@@ -208,54 +278,87 @@ else
         local granted = t < 0 or moment - at <= t
         if granted and not Q then
             writes = true
-            -- Limits::reserve_at: the id of a held reservation that waits (the
-            -- clock, or the id before it + 1 if that is more: ids rise, and a
-            -- key written anew after it expired gives none it gave before);
-            -- Limits::expire (the logged requests whose moment has passed leave
-            -- the log: they were used) and, when the log is full, its oldest
-            -- leaves it; the log keeps the request if it has an id (for a
-            -- resume, its limit's) or the log holds any, and starts with the
-            -- limits' states when it was empty.
+            -- Limits::reserve_at: the id of a held reservation that waits, or
+            -- of a call (the clock, or the id before it + 1 if that is more:
+            -- ids rise, and a key written anew after it expired gives none it
+            -- gave before); Limits::expire (the logged requests whose moment
+            -- has passed leave the log: they were used; not an open call) and,
+            -- when the log is full, its oldest leaves it; the log keeps the
+            -- request if it has an id (for a resume, its limit's) or the log
+            -- holds any, and starts with the limits' states when it was empty.
             if limit then
                 id = -1 - limit
-            elseif hold and moment > now then
+            elseif hold and (hold == 2 or moment > now) then
                 if next_id < now then next_id = now end
                 id, next_id = next_id, next_id + 1
             end
             while count > 0 and (front <= now or count == LOG_CAPACITY) do
                 F = F or {}
-                F[#F + 1], F[#F + 2], F[#F + 3] = front_id, front_p, front_at
+                F[#F + 1], F[#F + 2], F[#F + 3], F[#F + 4] = front_id, front_p, front_at, front_P or false
                 count = count - 1
                 if count == 0 then
                     log_at, added, A, added_first, F = nil, nil, nil, 1, nil
-                elseif log_at and log_at + 32 <= size then
-                    log_at = log_at + 32
-                    front_id, front_p, front_at, front = struct.unpack('<dddd', value, log_at)
-                    if not (front_id % 1 == 0 and front_id >= -1 - n and front_id < next_id
-                            and front_p % 1 == 0 and front_p >= 0 and front_p <= MAX_MICROS
+                elseif log_at and log_at + 8 * W <= size then
+                    -- (The next in the value: read and checked as in part 2.)
+                    log_at = log_at + 8 * W
+                    if n == 1 then
+                        front_id, front_p, front_at, front = struct.unpack('<dddd', value, log_at)
+                    else
+                        front_P = {struct.unpack(string.sub(FORMAT, 3, 3 + W), value, log_at)}
+                        front_id, front_p, front_at, front = front_P[1], front_P[2], front_P[3], front_P[4]
+                        for i = 2, n do
+                            local e = front_P[3 + i]
+                            ok = ok and e % 1 == 0 and e >= 0 and e <= MAX_MICROS
+                            front_P[i] = e
+                        end
+                    end
+                    if not (ok and front_id % 1 == 0 and front_id >= -1 - n and front_id < next_id
+                            and front_p % 1 == 0 and front_p >= -MAX_MICROS and front_p <= MAX_MICROS
+                            and (front_p >= 0 or front_id >= 0)
                             and front_at >= 0 and front_at % 1 == 0 and front >= front_at
                             and front <= MAX_MICROS and front % 1 == 0) then
                         return redis.error_reply(string.format(NOT_OURS, key, size))
                     end
+                    if front_id < 0 then
+                        front = -1
+                    elseif front_p < 0 then
+                        front_p, front = -1 - front_p, 1e999
+                    end
+                    if front_P then front_P[1] = front_p end
                 else
                     if log_at then log_at = nil else added_first = added_first + 1 end
-                    local a = 4 * added_first
-                    front_id, front_p, front_at, front = A[a - 3], A[a - 2], A[a - 1], A[a]
+                    local a = 5 * added_first
+                    front_id, front_p, front_at, front, front_P = A[a - 4], A[a - 3], A[a - 2], A[a - 1], A[a]
                 end
             end
             if id >= 0 or count > 0 then
+                -- (c: its first count as logged, negative if it is open; e:
+                -- when it leaves the log once at its head, see front.)
+                local c, e = p, moment
+                if id < 0 then
+                    e = -1
+                elseif hold == 2 then
+                    c, e = -1 - p, 1e999
+                end
                 if count == 0 then
                     if n == 1 then
                         bst, bnf, bfr = st, nf, fr
                     else
                         B = {unpack(S, 1, 3 * n)}
                     end
-                    front_id, front_p, front_at, front = id, p, at, moment
+                    front_id, front_p, front_at, front, front_P = id, p, at, e, P
                 end
                 if not added then added, A = {}, {} end
                 local a = #added
-                added[a + 1] = struct.pack('<dddd', id, p, at, moment)
-                A[4 * a + 1], A[4 * a + 2], A[4 * a + 3], A[4 * a + 4] = id, p, at, moment
+                if n == 1 then
+                    added[a + 1] = struct.pack('<dddd', id, c, at, moment)
+                else
+                    local numbers = {id, c, at, moment}
+                    for i = 2, n do numbers[3 + i] = P and P[i] or p end
+                    added[a + 1] = struct.pack(string.sub(FORMAT, 3, 3 + W), unpack(numbers))
+                end
+                a = 5 * a
+                A[a + 1], A[a + 2], A[a + 3], A[a + 4], A[a + 5] = id, p, at, e, P
                 count = count + 1
             end
         end
@@ -277,11 +380,14 @@ else
             -- first, charge the rest as fresh ones, push the ticket).
             -- (k: the limit's state in S, from 1; c: its configuration in C.)
             for k = 1, 3 * n, 3 do
+                -- (e: its count for this limit.)
+                local e = p
                 if n > 1 then
                     local c = (k - 1) * 8 / 3
                     bursty = C[c + 2]; stable = C[c + 4]; mx = C[c + 5]; cd = C[c + 8]
                     st = S[k]; nf = S[k + 1]; fr = S[k + 2]
                     if not bursty then thr = C[c + 6]; slope = C[c + 7] end
+                    if P then e = P[(k + 2) / 3] end
                 end
                 -- State::resync: idle time from the exact ticket, > 0 (the
                 -- fraction is below one µs), so an infinite quotient (cd = 0)
@@ -291,9 +397,9 @@ else
                     if stored > mx then stored = mx end
                     st, nf, fr = stored, moment, 0
                 end
-                local spend = p
+                local spend = e
                 if st < spend then spend = st end
-                local fresh = p - spend
+                local fresh = e - spend
                 local wait
                 if bursty then
                     -- Bursty::stored_permits_to_wait_micros is 0, and 0.0 + x == x.
@@ -330,7 +436,7 @@ else
                 if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
                 st = st - spend
                 if n > 1 then
-                    -- (With the TTL the limits need after it: see part 5.)
+                    -- (With the TTL the limits need after it: see part 7.)
                     S[k] = st; S[k + 1] = nf; S[k + 2] = fr
                     local need = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
                     if k == 1 or need > need_r then need_r = need end
@@ -347,7 +453,7 @@ else
             if n > 1 then replies[#replies + 1] = bound end
             if granted then
                 moment_r, bound_r = moment, bound
-                -- The TTL its own call would need (see part 5).
+                -- The TTL its own call would need (see part 7).
                 if n == 1 then need_r = (nf - time_micros) / 1000 + (mx - st) * cd / 1000 end
                 needs[#needs + 1] = need_r
             end

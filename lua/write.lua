@@ -1,4 +1,4 @@
--- Part 5 of 5: the value written, its TTL, the reply.
+-- Part 7 of 7: the value written, its TTL, the reply.
 
 -- A batch's replies end with the next id (its held requests that waited
 -- got the ids before it, in order), and the limits' states after it with
@@ -24,14 +24,16 @@ end
 -- rules out inf and NaN first. A need <= 0 (a give-back can move a ticket
 -- into the past) means the key already reads as missing. A batch applies
 -- the rule after each request granted, as their own calls would, with the
--- needs part 4 noted (`needs`). A need the TTL covers with 3 ms to spare
--- keeps it at once (ceil(x) + 2 <= x + 3).
+-- needs part 5 noted (`needs`). A need the TTL covers with 3 ms to spare
+-- keeps it at once (ceil(x) + 2 <= x + 3; a need below -1 ms, which a
+-- keep or a give-back can leave, keeps a TTL shorter than 2 ms: the key
+-- already reads as missing).
 local ttl_ms, ttl_set
 if needs then
 elseif n == 1 then
     ttl_ms = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
 elseif not (mode or F) then
-    -- (A reservation's, as part 4 charged it; not when the log's base was
+    -- (A reservation's, as part 5 charged it; not when the log's base was
     -- charged after it.)
     ttl_ms = need_r
 else
@@ -80,12 +82,21 @@ end
 -- place too: the hot part, the rest of the fixed part and the log's head
 -- (the requests before `log_at` stay in the value, dead, up to
 -- DEAD_CAPACITY), and its own request appended; the log is not copied.
--- Otherwise the value is written whole: for a give-back, the requests still
--- in the log less the one given back; else those of the value as read
--- that it kept, then this call's.
+-- Otherwise the value is written whole: for a give-back, keep or settle,
+-- the requests still in the log (less the one given back, with the one
+-- kept or settled as it now is); else those of the value as read that it
+-- kept, then this call's. What the limits learned follows the fixed part.
 local logged = count
-if E then count = count - (first - 1) / 4 - 1 end
+if E then
+    count = count - (first - 1) / W
+    if place then count = count - 1 end
+end
 local shape = n + SHAPE * count + BOUND * (bound_r + 1)
+if L then
+    -- (A cap per limit: inf for a limit the value lacked.)
+    shape = shape + LEARNED
+    for i = 1, n do L[4 + i] = L[4 + i] or 1e999 end
+end
 local hot
 if not whole and not ttl_set and count == 0 and logged_as_read == 0 then
     if n == 1 then
@@ -102,29 +113,35 @@ elseif count == 0 then
         hot = struct.pack(string.sub(FORMAT, 1, 8 + 5 * n), MARKER, shape, now, next_id, moment_r,
             unpack(S, 1, 5 * n + 1))
     end
+    if L then hot = hot .. struct.pack(string.sub(FORMAT, 3, 7 + n), unpack(L, 1, 4 + n)) end
     if ttl_set then redis.call('SET', key, hot, 'PX', ttl_set) else redis.call('SET', key, hot, 'KEEPTTL') end
 else
     -- The fixed part after the hot one: the TTL's end, each limit's rate
     -- and max_permits; the log's head: the dead requests, the base.
-    local in_place = log_at and not mode and not whole and log_at - log_from <= 32 * DEAD_CAPACITY
-    dead = in_place and (log_at - log_from) / 32 or 0
-    if n == 1 and not E then
+    local in_place = log_at and not mode and not whole and log_at - log_from <= 8 * W * DEAD_CAPACITY
+    dead = in_place and (log_at - log_from) / (8 * W) or 0
+    if n == 1 and not (E or L) then
         hot = struct.pack('<dddddddddddddd', shape, now, next_id, moment_r, st, nf, fr, expires, rate, mx,
             dead, bst, bnf, bfr)
     else
         local numbers
         if n == 1 then
-            numbers = {shape, now, next_id, moment_r, st, nf, fr, expires, rate, mx, dead, bst, bnf, bfr}
+            numbers = {shape, now, next_id, moment_r, st, nf, fr, expires, rate, mx}
         else
             S[3 * n + 1] = expires
             numbers = {shape, now, next_id, moment_r, unpack(S, 1, 5 * n + 1)}
-            numbers[#numbers + 1] = dead
+        end
+        for k = 1, L and 4 + n or 0 do numbers[#numbers + 1] = L[k] end
+        numbers[#numbers + 1] = dead
+        if n == 1 then
+            local k = #numbers
+            numbers[k + 1], numbers[k + 2], numbers[k + 3] = bst, bnf, bfr
+        else
             for k = 1, 3 * n do numbers[#numbers + 1] = B[k] end
         end
-        for j = first or 1, E and 4 * logged or 0, 4 do
+        for j = first or 1, E and W * logged or 0, W do
             if j ~= place then
-                local k = #numbers
-                numbers[k + 1], numbers[k + 2], numbers[k + 3], numbers[k + 4] = E[j], E[j + 1], E[j + 2], E[j + 3]
+                for k = j, j + W - 1 do numbers[#numbers + 1] = E[k] end
             end
         end
         hot = struct.pack(string.rep('<d', #numbers), unpack(numbers))
@@ -144,10 +161,14 @@ else
     end
 end
 
--- A reservation: what it wrote, from the hot part on (see Reply).
+-- A reservation (a call's, a settle's the log let go): what it wrote,
+-- from the hot part on (see Reply); a learn the value, whole.
 if replies then return replies end
 if not mode then return hot end
-if E then return 1 end
+-- A give-back: 1 given back, 0 kept instead; a keep or a settle in the
+-- log: 1.
+if E then return (kept and mode == 'give_back') and 0 or 1 end
+if mode == 'learn' then return hot end
 -- A resume, or the probe of a missing key: the debt.
 local debt = 0
 for k = 2, 3 * n, 3 do

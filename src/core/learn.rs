@@ -257,10 +257,46 @@ impl Limits {
         }
     }
 
+    /// Runs the limits at `factor` (in `(0, 1]`; anything else changes
+    /// nothing) of their configured rates from `now_micros`, as though they
+    /// had learned it, and nothing else: a fallback that takes a key over
+    /// from a limiter shared through Redis starts from the factor the key
+    /// learned there. As a rate change, it empties the log.
+    pub(crate) fn adopt_factor(&mut self, factor: f64, now_micros: u64) {
+        if !(factor > 0.0 && factor <= 1.0) {
+            return;
+        }
+        let learned = self
+            .learned
+            .get_or_insert_with(|| Box::new(Learned::new(&self.states)));
+        learned.factor = factor;
+        let rates: Vec<f64> = (0..self.states.len()).map(|i| learned.rate(i)).collect();
+        // Every learned rate is positive, so valid.
+        let _ = self.apply_rates(&rates, now_micros);
+    }
+
     /// The learned fraction of the configured rates (1 until a refusal).
     #[cfg(any(test, feature = "internals"))]
     pub fn learned_factor(&self) -> f64 {
         self.learned.as_ref().map_or(1.0, |l| l.factor)
+    }
+
+    /// What the limits learned, number by number, if they learned
+    /// anything: the factor, the end of the last pause, when the factor
+    /// last rose, the margin, and each limit's cap (infinite where none
+    /// was reported). For the model tests, which hold a copy kept
+    /// elsewhere (Redis's) to it.
+    #[cfg(any(test, feature = "internals"))]
+    pub fn learned_numbers(&self) -> Option<(f64, u64, u64, f64, Vec<f64>)> {
+        self.learned.as_ref().map(|l| {
+            (
+                l.factor,
+                l.paused_until,
+                l.increased_at,
+                l.margin,
+                l.caps.clone(),
+            )
+        })
     }
 
     /// The configured rates: the limits' own, or the ceilings learning

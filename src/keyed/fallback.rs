@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::Keyed;
 use crate::clock::Clock;
+use crate::core::{Cost, Learning, Lesson};
 use crate::{Key, Snapshot};
 
 /// # For a Redis limiter's fallback
@@ -66,14 +67,42 @@ impl<K: Key, C: Clock> Keyed<K, C> {
     }
 
     /// Holds `key` with nothing stored and every ticket at `until` (µs on
-    /// the clock), unless it is held already.
-    pub(crate) fn open<Q>(&self, key: &Q, until: u64)
+    /// the clock), at `factor` of its configured rates (what the key
+    /// learned in Redis; 1: at them), unless it is held already.
+    pub(crate) fn open<Q>(&self, key: &Q, until: u64, factor: f64)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let (mut shard, now) = self.shard_now(key);
-        let dropped = shard.open(key, until, now);
+        let dropped = shard.open(key, until, factor, now);
+        drop(shard);
+        self.count_dropped(dropped);
+    }
+
+    /// Charges `cost` to `key` now, as a request that does not wait (later
+    /// callers wait for it): what a call cost past its charge, once its
+    /// limits can no longer settle it exactly (see `Limits::settle`).
+    pub(crate) fn charge<Q>(&self, key: &Q, cost: &Cost)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let (mut shard, now) = self.shard_now(key);
+        let dropped = shard.charge(key, cost, now);
+        drop(shard);
+        self.count_dropped(dropped);
+    }
+
+    /// Learns what an upstream answered to a call on `key` (see
+    /// `Limits::learn`).
+    pub(crate) fn learn_key<Q>(&self, key: &Q, lesson: &Lesson, learning: &Learning)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let (mut shard, now) = self.shard_now(key);
+        let dropped = shard.learn(key, now, lesson, learning);
         drop(shard);
         self.count_dropped(dropped);
     }

@@ -1,7 +1,8 @@
-//! The script's replies, decoded: a reservation's (what it wrote of the
-//! value, from its hot part on, or the state a refused try found: with one
-//! limit that stores nothing, its wait negated), a batch's, a status, and
-//! the integers of the other modes. The layout is
+//! The script's replies, decoded: a reservation's or a call's (what it
+//! wrote of the value, from its hot part on, or the state a refused try
+//! found: with one limit that stores nothing, its wait negated), a
+//! learn's (the value it wrote), a batch's, a status, and the integers of
+//! the other modes. The layout is
 //! the value's (see `docs/redis-protocol.md`, Value); a test below holds
 //! these constants to the script's.
 
@@ -22,9 +23,14 @@ const HEAD_LEN: usize = 36;
 /// Each limit's state in the hot part: three doubles.
 const LIMIT_LEN: usize = 24;
 /// `shape = limits + SHAPE * logged requests + BOUND * (bound + 1)`, where
-/// `bound` is the limit that bound the last request granted (-1: none).
+/// `bound` is the limit that bound the last request granted (-1: none),
+/// plus `LEARNED` if the value holds what the limits learned.
 const SHAPE: f64 = 32.0;
 const BOUND: f64 = 2080.0;
+const LEARNED: f64 = 35_360.0;
+/// The fixed part after the hot one: the TTL's end, then each limit's rate
+/// and max_permits (in doubles: 1 + 2 per limit).
+const FIXED_PER_LIMIT: usize = 2;
 
 /// The script's reply to a call, decoded.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,6 +51,11 @@ pub(crate) struct Reply {
     /// [`Reply::snapshot`]. (A batch's requests share the state after the
     /// batch.)
     pub(crate) after: Option<Arc<Stored>>,
+    /// The fraction of their configured rates the limits run at, learned
+    /// from an upstream's answers (see `Limits::learn`), when the reply
+    /// carries what the key learned (a call's and a learn's do, once it
+    /// has learned anything); `None` otherwise.
+    pub(crate) learned: Option<f64>,
 }
 
 impl Reply {
@@ -57,6 +68,7 @@ impl Reply {
             token: None,
             limit: 0,
             after: None,
+            learned: None,
         }
     }
 
@@ -187,15 +199,20 @@ impl Stored {
 /// refused try's the state it found, as a status replies it, or with one
 /// limit that stores nothing its wait negated; any other an integer.
 pub(crate) fn decode(value: Value, call: &Call, limits: usize) -> Option<Reply> {
+    let reserves = matches!(call, Call::Reserve(_) | Call::Open { .. });
     match value {
         Value::BulkString(bytes) => {
-            let held = matches!(call, Call::Reserve(Request { held: true, .. }));
+            let held = match call {
+                Call::Reserve(Request { held, .. }) => Held::IfItWaits(*held),
+                Call::Open { .. } => Held::Always,
+                _ => Held::IfItWaits(false),
+            };
             if bytes.len() == 8 + LIMIT_LEN * limits {
                 return Some(refused(Stored::decode(&bytes, limits)?));
             }
             granted(&bytes, limits, held)
         }
-        Value::Int(n) if n < 0 && limits == 1 && matches!(call, Call::Reserve(_)) => {
+        Value::Int(n) if n < 0 && limits == 1 && reserves => {
             Some(refused(Stored::waiting(n.unsigned_abs())))
         }
         Value::Int(n) => Some(Reply::integer(u64::try_from(n).ok()?)),
@@ -212,15 +229,27 @@ fn refused(stored: Stored) -> Reply {
         token: None,
         limit: bound.unwrap_or(0),
         after: Some(Arc::new(stored)),
+        learned: None,
     }
 }
 
+/// Whether a grant's reply holds an id to give it back with.
+#[derive(Clone, Copy)]
+enum Held {
+    /// A held reservation's (`true`) if it waits.
+    IfItWaits(bool),
+    /// A call's, always.
+    Always,
+}
+
 /// A granted reservation's reply: the value it wrote, from the marker or
-/// from its hot part on (the rest, if any, is not read): the head (the
-/// shape, with the limit that bound the request; the clock; next_id; the
-/// request's moment) and each limit's state. A held reservation that
-/// waits got the id before next_id.
-fn granted(bytes: &[u8], limits: usize, held: bool) -> Option<Reply> {
+/// from its hot part on (the rest, if any, is read only for what the
+/// limits learned): the head (the shape, with the limit that bound the
+/// request and whether the key learned anything; the clock; next_id; the
+/// request's moment) and each limit's state, then the fixed part and what
+/// the limits learned, its factor first, if the reply holds them. A held
+/// reservation that waits, and a call, got the id before next_id.
+fn granted(bytes: &[u8], limits: usize, held: Held) -> Option<Reply> {
     let bytes = bytes.strip_prefix(&MARKER[..]).unwrap_or(bytes);
     let hot = HEAD_LEN - MARKER.len() + LIMIT_LEN * limits;
     if bytes.len() < hot || !bytes.len().is_multiple_of(8) {
@@ -231,16 +260,24 @@ fn granted(bytes: &[u8], limits: usize, held: bool) -> Option<Reply> {
     if shape % SHAPE != limits as f64 {
         return None;
     }
-    let bound = (shape / BOUND).floor() - 1.0;
+    let learns = shape >= LEARNED;
+    let bound = ((shape % LEARNED) / BOUND).floor() - 1.0;
     let after = Stored::from_numbers(now, &numbers[4..])?;
     let max = MAX_MICROS as f64;
     let (moment, next_id) = (whole(moment, max)?, whole(next_id, max)?);
     let wait = moment.checked_sub(after.now_micros)?;
-    let token = if held && wait > 0 {
-        Some(LogId(next_id.checked_sub(1)?))
-    } else {
-        None
+    let token = match held {
+        Held::IfItWaits(true) if wait > 0 => Some(LogId(next_id.checked_sub(1)?)),
+        Held::Always => Some(LogId(next_id.checked_sub(1)?)),
+        Held::IfItWaits(_) => None,
     };
+    // The factor: the first double after the fixed part.
+    let factor_at = hot + 8 * (1 + FIXED_PER_LIMIT * limits);
+    let learned = bytes
+        .get(factor_at..factor_at + 8)
+        .filter(|_| learns)
+        .and_then(|factor| doubles(factor).next())
+        .filter(|factor| *factor > 0.0 && *factor <= 1.0);
     let limit = match bound {
         -1.0 => 0,
         bound => usize::try_from(whole(bound, limits as f64 - 1.0)?).ok()?,
@@ -252,6 +289,7 @@ fn granted(bytes: &[u8], limits: usize, held: bool) -> Option<Reply> {
         token,
         limit,
         after: Some(Arc::new(after)),
+        learned,
     })
 }
 
@@ -315,6 +353,7 @@ pub(crate) fn decode_batch(
                     token,
                     limit,
                     after: Some(Arc::clone(&after)),
+                    learned: None,
                 }
             })
             .collect(),
@@ -351,6 +390,8 @@ mod tests {
         assert_eq!(lua_number("SHAPE"), SHAPE);
         assert_eq!(lua_number("BOUND"), BOUND);
         assert_eq!(lua_number("SHAPE") * lua_number("LOGGED"), BOUND);
+        assert_eq!(lua_number("LEARNED"), LEARNED);
+        assert_eq!(LEARNED, BOUND * 17.0);
         assert_eq!(lua_number("MAX_MICROS"), MAX_MICROS as f64);
         assert_eq!(lua_number("FRACTION_ONE"), f64::from(1u32 << FRACTION_BITS));
         assert_eq!(lua_number("FINE_CHARGE_LIMIT"), FINE_CHARGE_LIMIT_MICROS);

@@ -159,7 +159,7 @@ pub(crate) async fn send_within(
     lead: Option<Lead>,
     budget: Option<Duration>,
 ) -> Result<Reply, Failure> {
-    let gives_back = matches!(call, Call::Reserve(_));
+    let gives_back = matches!(call, Call::Reserve(_) | Call::Open { .. });
     run(
         backend,
         target,

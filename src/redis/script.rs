@@ -9,14 +9,15 @@ use redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, Value};
 
 use super::connection::Connection;
 use super::reply::{self, Reply, Stored};
-use crate::core::{Policy, State, micros};
+use crate::core::{Cost, Learning, Lesson, Policy, State, micros};
 
 /// The script's text: the parts of `lua/`, in this order (the protocol
 /// names them).
 pub(crate) const SOURCE: &str = concat!(
     include_str!("../../lua/prelude.lua"),
+    include_str!("../../lua/limits.lua"),
     include_str!("../../lua/status.lua"),
-    include_str!("../../lua/give_back.lua"),
+    include_str!("../../lua/log.lua"),
     include_str!("../../lua/reserve.lua"),
     include_str!("../../lua/write.lua"),
 );
@@ -127,6 +128,29 @@ pub(crate) enum Call {
     /// Read the key's state as stored, with the server's clock; write
     /// nothing.
     Status,
+    /// Reserve `cost` for an open call (`Limits::open`): logged with an id
+    /// whatever its wait, and kept open past its moment until settled for
+    /// good ([`Call::Keep`]).
+    Open {
+        cost: Cost,
+        timeout: Option<Duration>,
+    },
+    /// The open call a reply gave this token was charged `charged` and
+    /// cost `actual` (`Limits::settle`).
+    Settle {
+        token: LogId,
+        charged: Cost,
+        actual: Cost,
+    },
+    /// The held reservation or open call a reply gave this token will not
+    /// be given back nor settled again (`Limits::keep`).
+    Keep(LogId),
+    /// What the upstream answered to a call (`Limits::learn`), under these
+    /// constants.
+    Learn {
+        lesson: Box<Lesson>,
+        learning: Learning,
+    },
 }
 
 /// A reservation: `permits`; with a timeout, only if the wait fits in it.
@@ -278,8 +302,74 @@ fn call_args(cmd: &mut Cmd, call: &Call, limits: usize) {
         Call::Batch(requests) => {
             cmd.arg("batch").arg(batch_text(requests));
         }
+        Call::Open { cost, timeout } => {
+            let timeout = timeout.map_or_else(|| "-1".to_owned(), |t| micros(t).to_string());
+            cmd.arg("call")
+                .arg(format!("{}:{timeout}", counts_text(cost, limits)));
+        }
+        Call::Settle {
+            token,
+            charged,
+            actual,
+        } => {
+            cmd.arg("settle").arg(format!(
+                "{}:{}:{}",
+                token.0,
+                counts_text(charged, limits),
+                counts_text(actual, limits)
+            ));
+        }
+        Call::Keep(token) => {
+            cmd.arg("keep").arg(token.0);
+        }
+        Call::Learn { lesson, learning } => {
+            cmd.arg("learn").arg(lesson_text(lesson, learning, limits));
+        }
     }
 }
+
+/// A cost as the script reads it: its count for each of `limits` limits,
+/// joined by commas.
+fn counts_text(cost: &Cost, limits: usize) -> String {
+    let counts: Vec<String> = (0..limits).map(|i| cost.get(i).to_string()).collect();
+    counts.join(",")
+}
+
+/// A lesson and the constants it is learned under, as the script reads
+/// them (see `docs/redis-protocol.md`, Learn): the flags, `Retry-After`
+/// and the constants, then what the upstream reported of each limit, up to
+/// `limits` of them (a rate that is not one the limits take, > 0 and
+/// finite, is not sent: `Limits::learn` ignores it).
+fn lesson_text(lesson: &Lesson, learning: &Learning, limits: usize) -> String {
+    use std::fmt::Write;
+    let optional = |value: Option<u64>| value.map(|v| v.to_string()).unwrap_or_default();
+    let mut text = format!(
+        "{},{},{},{},{},{},{},{},{}",
+        u8::from(lesson.throttled),
+        u8::from(lesson.success),
+        optional(lesson.retry_after_micros.map(|t| t.min(MAX_ARG_MICROS))),
+        number_text(learning.decrease),
+        number_text(learning.increase),
+        learning.interval_micros,
+        number_text(learning.floor),
+        learning.pause_micros,
+        number_text(learning.margin),
+    );
+    for reported in lesson.limits.iter().take(limits) {
+        let rate = reported.rate.filter(|r| *r > 0.0 && r.is_finite());
+        let _ = write!(
+            text,
+            ";{},{},{}",
+            rate.map(number_text).unwrap_or_default(),
+            optional(reported.remaining),
+            optional(reported.reset_micros.map(|t| t.min(MAX_ARG_MICROS))),
+        );
+    }
+    text
+}
+
+/// Durations past 2^53 µs saturate there in the script as in the core.
+const MAX_ARG_MICROS: u64 = crate::core::MAX_MICROS;
 
 /// A batch's requests as the script reads them: `permits[+]:timeout_micros`
 /// each (`-1`: no timeout), joined by commas; a run of the same request is

@@ -10,6 +10,7 @@ mod support;
 mod backend;
 mod batch;
 mod blocking;
+mod calls;
 mod cancellation;
 mod chaos;
 #[cfg(feature = "redis-cluster")]

@@ -6,15 +6,18 @@
 //! from its own source. A value (see `docs/redis-protocol.md`, Value) is
 //! the marker `plv1`, then little-endian doubles: the hot part (the
 //! shape: the limits plus 32 per logged request plus 2080 times the record's
-//! bound plus one; last_now_micros; next_id; the record: the moment of the
-//! last request granted; three per limit: stored_permits, next_free_micros,
+//! bound plus one, plus 35360 if the limits learned anything;
+//! last_now_micros; next_id; the record: the moment of the last request
+//! granted; three per limit: stored_permits, next_free_micros,
 //! next_free_fraction), then expires_micros and two per limit (the rate and
-//! max_permits it was last charged at), and while the log holds any
-//! request: how many requests that left it are still in the value, three
-//! per limit (the states before its first), and four per request (id,
-//! permits, now, moment), those that left it first. A granted reservation
-//! replies what it wrote, from its hot part on (with the marker if it wrote
-//! the value whole).
+//! max_permits it was last charged at), then what the limits learned if
+//! they did (factor, paused_until, increased_at, margin, a cap per limit),
+//! and while the log holds any request: how many requests that left it are
+//! still in the value, three per limit (the states before its first), and
+//! 3 + limits per request (id, the first limit's count, now, moment, the
+//! other limits' counts; an open call's first count is stored as
+//! -1 - count), those that left it first. A granted reservation replies what it wrote,
+//! from its hot part on (with the marker if it wrote the value whole).
 
 use std::sync::OnceLock;
 
@@ -115,13 +118,28 @@ pub struct Value {
     /// that bound it (-1: none).
     pub moment_micros: f64,
     pub bound: f64,
+    /// What the limits learned, if they did: factor, paused_until,
+    /// increased_at, margin, then a cap per limit.
+    pub learned: Option<Vec<f64>>,
     /// The log: the states before its first request (stored, ticket,
-    /// fraction per limit), then each request (id, permits, now, moment).
+    /// fraction per limit), then each request (id, the first limit's count
+    /// or -1 - it for an open call, now, moment, the other limits'
+    /// counts).
     pub base: Vec<[f64; 3]>,
-    pub log: Vec<[f64; 4]>,
+    pub log: Vec<Vec<f64>>,
     /// Requests that left the log, still in the value (before the log's).
-    pub dead: Vec<[f64; 4]>,
+    pub dead: Vec<Vec<f64>>,
 }
+
+/// Where a logged request's fields are (see [`Value::log`]).
+pub const ENTRY_ID: usize = 0;
+/// Its count for the first limit (-1 - count for an open call).
+pub const ENTRY_COUNT: usize = 1;
+pub const ENTRY_NOW: usize = 2;
+pub const ENTRY_MOMENT: usize = 3;
+
+/// The shape's flag of a value that holds what its limits learned.
+pub const LEARNED: f64 = 35360.0;
 
 impl Value {
     /// Decodes a value, or a granted reservation's reply (its hot part
@@ -141,6 +159,7 @@ impl Value {
         }
         let limits = shape as usize % 32;
         let logged = shape as usize / 32 % 65;
+        let learns = shape >= LEARNED;
         let hot = 4 + 3 * limits;
         let fixed = hot + 1 + 2 * limits;
         if numbers.len() < if whole { fixed } else { hot } {
@@ -167,16 +186,27 @@ impl Value {
             next_id: numbers[2],
             limits: (0..limits).map(state).collect(),
             moment_micros: numbers[3],
-            bound: (shape / 2080.0).floor() - 1.0,
+            bound: ((shape % LEARNED) / 2080.0).floor() - 1.0,
+            learned: None,
             base: Vec::new(),
             log: Vec::new(),
             dead: Vec::new(),
         };
-        if !whole || numbers.len() == fixed {
+        if !whole {
             return Ok(value);
         }
-        let dead = numbers[fixed] as usize;
-        if logged == 0 || numbers.len() != fixed + 1 + 3 * limits + 4 * (dead + logged) {
+        let mut fixed = fixed;
+        if learns {
+            let learned = numbers.get(fixed..fixed + 4 + limits).ok_or_else(bad)?;
+            value.learned = Some(learned.to_vec());
+            fixed += 4 + limits;
+        }
+        if numbers.len() == fixed && logged == 0 {
+            return Ok(value);
+        }
+        let width = 3 + limits;
+        let dead = *numbers.get(fixed).ok_or_else(bad)? as usize;
+        if logged == 0 || numbers.len() != fixed + 1 + 3 * limits + width * (dead + logged) {
             return Err(bad());
         }
         let rest = &numbers[fixed + 1..];
@@ -184,9 +214,9 @@ impl Value {
             .chunks_exact(3)
             .map(|f| [f[0], f[1], f[2]])
             .collect();
-        let requests: Vec<[f64; 4]> = rest[3 * limits..]
-            .chunks_exact(4)
-            .map(|f| [f[0], f[1], f[2], f[3]])
+        let requests: Vec<Vec<f64>> = rest[3 * limits..]
+            .chunks_exact(width)
+            .map(<[f64]>::to_vec)
             .collect();
         value.dead = requests[..dead].to_vec();
         value.log = requests[dead..].to_vec();
@@ -195,8 +225,11 @@ impl Value {
 
     /// The bytes of this value.
     pub fn encode(&self) -> Vec<u8> {
-        let shape =
-            self.limits.len() as f64 + 32.0 * self.log.len() as f64 + 2080.0 * (self.bound + 1.0);
+        let learned = if self.learned.is_some() { LEARNED } else { 0.0 };
+        let shape = self.limits.len() as f64
+            + 32.0 * self.log.len() as f64
+            + 2080.0 * (self.bound + 1.0)
+            + learned;
         let mut numbers = vec![
             shape,
             self.last_now_micros,
@@ -213,6 +246,9 @@ impl Value {
         numbers.push(self.expires_micros);
         for limit in &self.limits {
             numbers.extend([limit.permits_per_second, limit.max_permits]);
+        }
+        if let Some(learned) = &self.learned {
+            numbers.extend(learned);
         }
         if !self.log.is_empty() {
             numbers.push(self.dead.len() as f64);
@@ -299,6 +335,7 @@ impl LimiterState {
             }],
             moment_micros: self.last_now_micros,
             bound: -1.0,
+            learned: None,
             base: Vec::new(),
             log: Vec::new(),
             dead: Vec::new(),

@@ -46,9 +46,16 @@ impl<K: Hash + Eq + Clone> Table<K> {
         }
     }
 
-    /// Holds `key` with nothing stored and every ticket at `until`, unless
-    /// it is held already.
-    pub(in crate::keyed) fn open<Q>(&mut self, key: &Q, until: u64, now: u64) -> Dropped
+    /// Holds `key` with nothing stored and every ticket at `until`, at
+    /// `factor` of its configured rates (see `Limits::adopt_factor`; 1:
+    /// at them), unless it is held already.
+    pub(in crate::keyed) fn open<Q>(
+        &mut self,
+        key: &Q,
+        until: u64,
+        factor: f64,
+        now: u64,
+    ) -> Dropped
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -59,6 +66,9 @@ impl<K: Hash + Eq + Clone> Table<K> {
         let dropped = self.make_room(now);
         for state in self.template.states_mut() {
             start(state, Mode::Empty, until.max(now));
+        }
+        if factor < 1.0 {
+            self.template.adopt_factor(factor, now);
         }
         self.keep_scratch(key, now);
         dropped

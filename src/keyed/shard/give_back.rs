@@ -55,10 +55,30 @@ impl<K: Hash + Eq + Clone> Table<K> {
             });
             return Dropped::default();
         }
-        // Not logged there: the limits' own answer for a call they let go
-        // (no call has id 0).
+        // Not logged there: the limits' own answer for a call they let go.
+        self.charge(
+            key,
+            &actual.more_than(charged, self.template.states().len()),
+            now,
+        )
+    }
+
+    /// Charges `cost` to `key` at `now` as a request that does not wait:
+    /// the limits' answer to the settle of a call their log let go (no
+    /// call has id 0).
+    pub(in crate::keyed) fn charge<Q>(
+        &mut self,
+        key: &Q,
+        cost: &crate::core::Cost,
+        now: u64,
+    ) -> Dropped
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let nothing = crate::core::Cost::new(0);
         let (_, dropped) = self.update(key, now, |limits| {
-            limits.settle(0, charged, actual, now);
+            limits.settle(0, &nothing, cost, now);
             Some(())
         });
         dropped

@@ -193,8 +193,14 @@ impl<K: Hash + Eq + Clone> Table<K> {
             }
         }
         // The scratch goes to the key, log and all; the template gets fresh
-        // states, with a log that holds no memory.
-        let template = Limits::new(self.template.states().to_vec()).expect("a key has limits");
+        // states, with a log that holds no memory, at the configured rates
+        // (not at what the key learned, if it learned anything).
+        let mut template = Limits::new(self.template.states().to_vec()).expect("a key has limits");
+        if !self.template.is_plain() {
+            let configured = self.template.ceilings();
+            // The template's own rates, so valid.
+            let _ = template.set_rates(&configured, now);
+        }
         let limits = std::mem::replace(&mut self.template, template);
         self.hold_as_limits(key.to_owned(), limits)
     }

@@ -2,6 +2,7 @@
 //! switch](super)), and what its round trips tell it back.
 
 use super::*;
+use crate::core::{Cost, Learning, Lesson};
 
 /// The engine is the fail-over behind its `Arc`: it shares itself with
 /// the tasks it starts.
@@ -40,17 +41,13 @@ where
         self.take_blocking_owned(key.to_owned(), permits, timeout)
     }
 
-    async fn take_call(
+    fn take_call(
         &self,
         key: &Q,
-        cost: &crate::core::Cost,
+        cost: &Cost,
         timeout: Option<Duration>,
-    ) -> Result<Option<Reservation<'_>>, Error> {
-        // TODO(outbound): open calls in the script.
-        let _ = (key, cost, timeout);
-        Err(Error::InvalidArgument(
-            "calls are not yet served through Redis".to_owned(),
-        ))
+    ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
+        Failover::take_call(self, key, cost, timeout)
     }
 
     fn snapshot(&self, key: &Q) -> impl Future<Output = Result<Snapshot, Error>> + Send {
@@ -175,6 +172,9 @@ where
     }
 
     fn give_back(&self, taken: GiveBackId) {
+        if let Some(call) = Self::redis_call(&taken) {
+            return self.give_back_call(call);
+        }
         let (key, token) = match taken {
             GiveBackId::Boxed(taken) => {
                 match (taken as Box<dyn std::any::Any + Send + Sync>).downcast::<RedisKeyTaken>() {
@@ -198,6 +198,9 @@ where
     }
 
     fn keep(&self, taken: GiveBackId) {
+        if let Some(call) = Self::redis_call(&taken) {
+            return self.keep_call(call);
+        }
         match taken {
             GiveBackId::Boxed(taken) => {
                 if let Err(local) =
@@ -207,6 +210,20 @@ where
                 }
             }
             other => GivesBack::keep(&self.local, other),
+        }
+    }
+
+    fn settle(&self, taken: &GiveBackId, charged: &Cost, actual: &Cost) {
+        match Self::redis_call(taken) {
+            Some(call) => self.settle_call(call, charged, actual),
+            None => GivesBack::settle(&self.local, taken, charged, actual),
+        }
+    }
+
+    fn learn(&self, taken: &GiveBackId, lesson: &Lesson, learning: &Learning) {
+        match Self::redis_call(taken) {
+            Some(call) => self.learn_call(call, lesson, learning),
+            None => GivesBack::learn(&self.local, taken, lesson, learning),
         }
     }
 }

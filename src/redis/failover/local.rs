@@ -37,10 +37,7 @@ where
             return Err(Box::pin(carried));
         }
         self.activate();
-        if self.local.ticket(key).is_none() {
-            let floor = self.floor(&books, key);
-            self.local.open(key, floor);
-        }
+        self.open_locally(&books, key);
         let served = match self.fallback {
             Fallback::Local => serve(&self.local),
             _ => Ok(Some(Reservation::new(
@@ -98,6 +95,21 @@ where
         if !self.registered.swap(true, Ordering::AcqRel) {
             let this: Weak<dyn Recover> = self.this.clone();
             self.backend.on_recovery(this);
+        }
+    }
+
+    /// Holds `key` in the fallback, unless it does already: at its floor,
+    /// and at the rates it learned in Redis, as its last reply said (under
+    /// the lock, in `books`).
+    pub(super) fn open_locally<Q>(&self, books: &Books<K>, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if self.local.ticket(key).is_none() {
+            let floor = self.floor(books, key);
+            let factor = books.learned.get(key).copied().unwrap_or(1.0);
+            self.local.open(key, floor, factor);
         }
     }
 
@@ -362,6 +374,7 @@ where
                         }
                     })
                     .await;
+                this.send_keeps().await;
                 this.settle();
                 if !this.again.swap(false, Ordering::AcqRel) {
                     this.carrying_all.store(false, Ordering::Release);
@@ -379,7 +392,7 @@ where
     /// Once the fallback holds nothing, calls skip the lock again.
     pub(super) fn settle(&self) {
         let books = self.books();
-        if books.carrying.is_empty() && self.local.len() == 0 {
+        if books.carrying.is_empty() && books.keeps.is_empty() && self.local.len() == 0 {
             self.active.store(false, Ordering::Release);
         }
     }

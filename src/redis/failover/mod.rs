@@ -34,6 +34,7 @@
 //!   up to it once, by its first call (others of the key wait for that
 //!   call, as for a carry-back): that errs towards limiting.
 
+mod calls;
 mod impls;
 mod local;
 
@@ -140,6 +141,14 @@ struct Books<K> {
     /// waiting ends (µs, local clock), by Redis key (see [`Late`]): at most
     /// `max_local_keys`.
     late: HashMap<Arc<str>, u64>,
+    /// The fraction of its configured rates each key runs at in Redis, as
+    /// its last reply that said it did (what the key learned from an
+    /// upstream: see `calls`), for keys below 1: at most
+    /// `max_local_keys`. A key opens in the fallback at that fraction.
+    learned: HashMap<K, f64>,
+    /// The open calls made in Redis whose keep could not reach it (Redis
+    /// was down): sent once it is back, at most `max_local_keys`.
+    keeps: Vec<(K, LogId)>,
 }
 
 /// A reservation of one key made in Redis: its Redis key and the script's
@@ -289,6 +298,8 @@ where
                 overflow: [0; BUCKETS],
                 carrying: HashSet::new(),
                 late: HashMap::new(),
+                learned: HashMap::new(),
+                keeps: Vec::new(),
             }),
             carried: Notify::new(),
             carrying_all: AtomicBool::new(false),
@@ -503,6 +514,9 @@ where
             _ => send_within(backend, target, call, None, budget).await,
         }?;
         self.note_debt(key, reply.debt_micros);
+        if let Some(factor) = reply.learned {
+            self.note_learned(key, factor);
+        }
         Ok(reply)
     }
 

@@ -95,10 +95,36 @@ fn keys_open_no_earlier_than_a_ticket_the_fallback_dropped() {
     let now = clock.now_micros();
     // The fallback holds one key; a second drops the first, whose
     // ticket lies 10 s ahead.
-    failover.local.open("a", now);
+    failover.local.open("a", now, 1.0);
     crate::store::now(crate::store::reserve(&failover.local, "a", 10)).unwrap();
-    failover.local.open("b", now);
+    failover.local.open("b", now, 1.0);
     assert!(failover.local.ticket("a").is_none());
     assert!(failover.local.dropped_until() >= now + 10 * SECOND);
     assert!(floor(&failover, "c") >= now + 10 * SECOND);
+}
+
+/// A key opens in the fallback at the fraction of its rate it learned in
+/// Redis, as its last reply said; a key that learned nothing, opened
+/// after it, runs at the configured rate (the fallback's template keeps
+/// it).
+#[test]
+fn a_key_opens_at_the_rate_it_learned_and_the_others_at_theirs() {
+    let (failover, clock) = failover(10);
+    failover.note_learned("slow", 0.5);
+    let now = clock.now_micros();
+    failover.open_locally(&failover.books(), "slow");
+    failover.open_locally(&failover.books(), "fresh");
+    let take =
+        |key: &str| crate::store::now(crate::store::reserve(&failover.local, key, 1)).unwrap();
+    // Both open at now with nothing stored: the first goes at once, the
+    // next waits one interval, 2 s at half of 1/s, 1 s at 1/s.
+    for key in ["slow", "fresh"] {
+        assert_eq!(take(key), Duration::ZERO, "{key}");
+    }
+    assert_eq!(take("slow"), Duration::from_secs(2));
+    assert_eq!(take("fresh"), Duration::from_secs(1));
+    assert_eq!(failover.local.ticket("slow"), Some(now + 4 * SECOND));
+    // A reply that says the key is back at its rate forgets the factor.
+    failover.note_learned("slow", 1.0);
+    assert!(failover.books().learned.is_empty());
 }

@@ -20,14 +20,21 @@
 //!
 //! Besides the mixed sequences, a give-back profile builds a queue of held
 //! reservations and gives them back in random order while the clock creeps
-//! through the queue, and a deep one queues more than the log holds.
+//! through the queue, a deep one queues more than the log holds, and a
+//! calls profile mixes open calls with a count per limit, their settles
+//! (while the log holds them, and after it let them go), keeps and
+//! give-backs, and lessons learned (`calls.rs`), among the rest: what the
+//! limits learned is compared too.
 //!
 //! Replay one sequence with
 //! `PACELINE_DIFF_SEED=<seed> cargo test --all-features --test redis differential -- --nocapture`;
 //! `PACELINE_DIFF_SEQUENCES=<n>` changes how many sequences run.
 
+mod argv;
+mod calls;
 mod model;
 mod sequence;
+mod totals;
 
 use std::time::Instant;
 
@@ -35,7 +42,8 @@ use crate::support::limiter_state::Value as Stored;
 use crate::support::redis_server::RedisServer;
 use model::{LOG_CAPACITY, micros};
 use redis::Value;
-use sequence::{Expect, Sequence, Totals, generate};
+use sequence::{Expect, Sequence, generate};
+use totals::Totals;
 
 const SEQUENCES: u64 = 1_500;
 const BASE_SEED: u64 = 0x5EED_0000;
@@ -46,6 +54,9 @@ pub const GIVE_BACK_SEED: u64 = 0x6B0B_0000;
 /// than the log holds, then give-backs; one for every 20 of the mixed
 /// profile.
 pub const DEEP_SEED: u64 = 0x7DEE_0000;
+/// Seeds from here on generate the calls profile (see `calls.rs`); one for
+/// every 3 of the mixed profile.
+pub const CALLS_SEED: u64 = 0x8CA1_0000;
 
 /// Compares one number bit for bit.
 fn same_bits(name: &str, script: f64, core: f64) -> Result<(), String> {
@@ -247,13 +258,22 @@ fn check_value(value: &Stored, expect: &sequence::Fields) -> Result<(), String> 
         .collect();
     same_states(&fields, &expect.states)?;
     same_rates(value, &expect.states)?;
-    let log: Vec<[f64; 4]> = expect
-        .log
-        .iter()
-        .map(|e| [e.id, e.permits as f64, e.now as f64, e.moment as f64])
-        .collect();
-    if value.log != log {
-        return Err(format!("log: script {:?}, core {log:?}", value.log));
+    if value.log != expect.log {
+        return Err(format!(
+            "log: script {:?}, core {:?}",
+            value.log, expect.log
+        ));
+    }
+    let bits = |numbers: &Option<Vec<f64>>| {
+        numbers
+            .as_ref()
+            .map(|n| n.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+    };
+    if bits(&value.learned) != bits(&expect.learned) {
+        return Err(format!(
+            "learned: script {:?}, core {:?}",
+            value.learned, expect.learned
+        ));
     }
     Ok(())
 }
@@ -357,6 +377,7 @@ fn lua_script_and_core_agree() {
             (BASE_SEED..BASE_SEED + n)
                 .chain(GIVE_BACK_SEED..GIVE_BACK_SEED + n / 4)
                 .chain(DEEP_SEED..DEEP_SEED + n / 20)
+                .chain(CALLS_SEED..CALLS_SEED + n / 3)
                 .collect()
         }
     };
@@ -408,6 +429,14 @@ fn lua_script_and_core_agree() {
         );
         assert!(
             totals.full_logs > 10 && totals.rate_changes > 100,
+            "{totals:?}"
+        );
+        assert!(
+            totals.calls > 100 && totals.calls_refused > 10 && totals.kept > 100,
+            "{totals:?}"
+        );
+        assert!(
+            totals.settled_exactly > 100 && totals.settled_after > 100 && totals.learned > 100,
             "{totals:?}"
         );
     }

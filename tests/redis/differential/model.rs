@@ -13,7 +13,10 @@
 use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
-use paceline::core::{Bursty, Limits, MAX_MICROS, Policy, State, WarmingUp};
+use paceline::Cost;
+use paceline::core::{
+    Bursty, Granted, Learning, Lesson, Limits, MAX_MICROS, Policy, State, WarmingUp,
+};
 
 /// The most requests the script's log keeps.
 pub const LOG_CAPACITY: usize = 64;
@@ -69,20 +72,34 @@ impl LimitConfig {
 }
 
 /// A request in the script's log: its id (-1: none; -1 - i: the resume of
-/// limit i, 1-based, whose debt is `permits`), permits, now and moment.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// limit i, 1-based, whose debt is its every count), now, moment, whether
+/// it is an open call, and its count for each limit.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
     pub id: f64,
-    pub permits: u64,
     pub now: u64,
     pub moment: u64,
+    pub open: bool,
+    pub counts: Vec<u64>,
+}
+
+impl Entry {
+    /// Its doubles, as the value lays them out: the first count of an open
+    /// call as -1 - count.
+    pub fn numbers(&self) -> Vec<f64> {
+        let first = self.counts[0] as f64;
+        let first = if self.open { -1.0 - first } else { first };
+        let mut numbers = vec![self.id, first, self.now as f64, self.moment as f64];
+        numbers.extend(self.counts[1..].iter().map(|&c| c as f64));
+        numbers
+    }
 }
 
 /// What the key saw, in order, for the twin to replay.
 #[derive(Debug, Clone)]
 enum Op {
     Reserve {
-        permits: u32,
+        cost: Vec<u32>,
         now: u64,
         id: Option<u64>,
     },
@@ -95,6 +112,13 @@ enum Op {
         rate: f64,
         now: u64,
     },
+    /// `bare`: replayed without what it said remains (see `Model::fragile`).
+    Learn {
+        lesson: Lesson,
+        learning: Learning,
+        now: u64,
+        bare: bool,
+    },
 }
 
 /// The key as the script must hold it.
@@ -106,8 +130,16 @@ pub struct Model {
     /// The limits as the key was first written.
     start: Vec<State>,
     pub limits: Limits,
+    /// The rates the calls configured (the ceilings of what is learned).
+    ceilings: Vec<f64>,
     history: Vec<Op>,
     given_back: HashSet<u64>,
+    /// The lessons learned while the log held requests and that did not
+    /// empty it (their indexes in `history`): what they said remains
+    /// (State::keep_stored_at_most) is in no logged request, so a replay
+    /// of the log from its base (an exact give-back or settle) undoes it,
+    /// in the core's Limits as in the script.
+    fragile: Vec<usize>,
     pub log: VecDeque<Entry>,
     pub next_id: u64,
     pub expires: f64,
@@ -121,16 +153,28 @@ pub struct Model {
 /// A grant: its wait, the limit that bound it (-1: none), its id.
 pub type Grant = (u64, i64, Option<u64>);
 
+/// Charges `cost` to `limits` at `now` as a request that does not wait
+/// (an open call, kept at once): its grant.
+fn charge(limits: &mut Limits, cost: &[u32], now: u64) -> Granted {
+    let granted = limits
+        .open(&Cost::each(cost.iter().copied()), now, u64::MAX)
+        .expect("no timeout");
+    limits.keep(granted.id.expect("a call has an id"), now);
+    granted
+}
+
 impl Model {
     pub fn new(config: Vec<LimitConfig>) -> Model {
         let limits = Limits::new(config.iter().map(|c| c.full(1.0, 0)).collect()).unwrap();
         Model {
+            ceilings: vec![1.0; config.len()],
             config,
             written: false,
             start: Vec::new(),
             limits,
             history: Vec::new(),
             given_back: HashSet::new(),
+            fragile: Vec::new(),
             log: VecDeque::new(),
             next_id: 0,
             expires: 0.0,
@@ -180,58 +224,108 @@ impl Model {
         (moment, bound)
     }
 
-    /// A call that writes: the key is written as it reads if it was
-    /// missing, then takes the rates in force (State::set_rate of each
-    /// limit whose rate changed; the log empties).
-    pub fn begin_write(&mut self, rates: &[f64], now: u64) {
-        if !self.written {
-            self.start = self.fresh(rates, now);
-            self.limits = Limits::new(self.start.clone()).unwrap();
-            self.history.clear();
-            self.given_back.clear();
-            self.log.clear();
-            self.next_id = 0;
-            self.expires = 0.0;
-            self.written = true;
-        }
+    /// The limits' rates now.
+    fn rates(&self) -> Vec<f64> {
+        self.limits
+            .states()
+            .iter()
+            .map(State::permits_per_second)
+            .collect()
+    }
+
+    /// The limits at the configured `rates`, as a call that writes finds
+    /// them at `now`: what they learned makes of them the rates they run
+    /// at (State::set_rate of each limit whose rate changes; the log
+    /// empties).
+    pub fn set_rates(&mut self, rates: &[f64], now: u64) -> bool {
+        let before = self.rates();
         for (i, &rate) in rates.iter().enumerate() {
-            if self.limits.states()[i].permits_per_second() != rate {
+            if self.ceilings[i] != rate {
                 self.limits.set_rate(Some(i), rate, now).unwrap();
+                self.ceilings[i] = rate;
                 self.history.push(Op::SetRate {
                     limit: i,
                     rate,
                     now,
                 });
-                self.log.clear();
             }
         }
+        let changed = self.rates() != before;
+        if changed {
+            self.log.clear();
+        }
+        changed
     }
 
-    /// The log before a request is logged: those used leave it, and the
-    /// oldest when it is full.
+    /// Whether the rates in force at `rates` differ from the limits'
+    /// (a call then finds the log void).
+    pub fn rates_change(&self, rates: &[f64], now: u64) -> bool {
+        let mut next = self.clone();
+        next.set_rates(rates, now)
+    }
+
+    /// A call that writes: the key is written as it reads if it was
+    /// missing, then takes the rates in force.
+    pub fn begin_write(&mut self, rates: &[f64], now: u64) {
+        if !self.written {
+            self.start = self.fresh(rates, now);
+            self.limits = Limits::new(self.start.clone()).unwrap();
+            self.ceilings = rates.to_vec();
+            self.history.clear();
+            self.given_back.clear();
+            self.fragile.clear();
+            self.log.clear();
+            self.next_id = 0;
+            self.expires = 0.0;
+            self.written = true;
+        }
+        self.set_rates(rates, now);
+    }
+
+    /// Whether `entry` stays at the head of the log at `now`
+    /// (Limits::expire): it has an id, and is open or its moment is ahead.
+    fn stays(entry: &Entry, now: u64) -> bool {
+        entry.id >= 0.0 && (entry.open || entry.moment > now)
+    }
+
+    /// The log before a request is logged: those at its head that can no
+    /// longer be given back leave it, and the oldest when it is full.
     fn expire(&mut self, now: u64) {
         while let Some(front) = self.log.front() {
-            if front.moment > now && self.log.len() < LOG_CAPACITY {
+            if Self::stays(front, now) && self.log.len() < LOG_CAPACITY {
                 break;
             }
             self.log.pop_front();
         }
     }
 
-    /// A reservation of `permits` at `now` (after `begin_write`); `Err`
-    /// with its wait and bound if a try with `timeout` is refused.
+    /// The log after a give-back, keep or settle: the requests before the
+    /// first that stays leave it.
+    fn fold_front(&mut self, now: u64) {
+        let first = self
+            .log
+            .iter()
+            .position(|e| Self::stays(e, now))
+            .unwrap_or(self.log.len());
+        self.log.drain(..first);
+    }
+
+    /// A reservation of `cost` at `now` (after `begin_write`), held, or an
+    /// open call (`open`); `Err` with its wait and bound if a try with
+    /// `timeout` is refused.
     pub fn reserve(
         &mut self,
-        permits: u32,
+        cost: &[u32],
         now: u64,
         timeout: Option<u64>,
         held: bool,
+        open: bool,
     ) -> Result<Grant, (u64, i64)> {
         let (moment, bound) = Self::earliest(self.limits.states(), now);
         if timeout.is_some_and(|t| moment - now > t) {
             return Err((moment - now, bound));
         }
-        let id = (held && moment > now).then(|| {
+        let id = (open || held && moment > now).then(|| {
             let id = self.next_id.max(now);
             self.next_id = id + 1;
             id
@@ -240,28 +334,35 @@ impl Model {
         if id.is_some() || !self.log.is_empty() {
             self.log.push_back(Entry {
                 id: id.map_or(-1.0, |id| id as f64),
-                permits: u64::from(permits),
                 now,
                 moment,
+                open,
+                counts: cost.iter().map(|&c| u64::from(c)).collect(),
             });
         }
-        let granted = self.limits.reserve(permits, now, false);
+        let granted = charge(&mut self.limits, cost, now);
         assert_eq!(granted.moment_micros, moment);
-        self.history.push(Op::Reserve { permits, now, id });
+        self.history.push(Op::Reserve {
+            cost: cost.to_vec(),
+            now,
+            id,
+        });
         self.record = (moment, bound);
         Ok((moment - now, bound, id))
     }
 
-    /// A resume of `debts` (one per limit) at `now`.
+    /// A resume of `debts` (one per limit) at `now`: each limit's debt is
+    /// logged in turn while the log holds anything.
     pub fn resume(&mut self, debts: &[u64], now: u64) {
         for (i, &debt) in debts.iter().enumerate() {
             self.expire(now);
             if !self.log.is_empty() {
                 self.log.push_back(Entry {
                     id: -2.0 - i as f64,
-                    permits: debt,
                     now,
                     moment: now,
+                    open: false,
+                    counts: vec![debt; debts.len()],
                 });
             }
         }
@@ -273,47 +374,174 @@ impl Model {
         self.record = (now, -1);
     }
 
-    /// A give-back of `id` at `now` with the call's `rates`: whether it
-    /// was given back.
-    pub fn give_back(&mut self, id: u64, now: u64, rates: &[f64]) -> bool {
-        let states = self.limits.states();
-        if !self.written
-            || states
-                .iter()
-                .zip(rates)
-                .any(|(s, &r)| s.permits_per_second() != r)
-        {
-            return false;
+    /// The twin: the limits had every request but those given back been
+    /// made, with the costs settled since, each lesson learned (without
+    /// what a fragile one said remains).
+    fn replay(&mut self) {
+        for &i in &self.fragile {
+            if let Op::Learn { bare, .. } = &mut self.history[i] {
+                *bare = true;
+            }
         }
-        let Some(place) = self
-            .log
-            .iter()
-            .position(|e| e.id == id as f64 && e.moment > now)
-        else {
-            return false;
-        };
-        let first = self.log.iter().position(|e| e.moment > now).unwrap();
-        self.log.remove(place);
-        self.log.drain(..first);
-        self.given_back.insert(id);
-        // The twin: every request but those given back.
+        self.fragile.clear();
         let mut twin = Limits::new(self.start.clone()).unwrap();
         for op in &self.history {
             match op {
-                Op::Reserve { permits, now, id } => {
+                Op::Reserve { cost, now, id } => {
                     if id.is_none_or(|id| !self.given_back.contains(&id)) {
-                        twin.reserve(*permits, *now, false);
+                        charge(&mut twin, cost, *now);
                     }
                 }
                 Op::Resume { debts, now } => twin.resume(debts, *now),
                 Op::SetRate { limit, rate, now } => {
                     twin.set_rate(Some(*limit), *rate, *now).unwrap()
                 }
+                Op::Learn {
+                    lesson,
+                    learning,
+                    now,
+                    bare,
+                } => {
+                    let mut lesson = lesson.clone();
+                    if *bare {
+                        for reported in &mut lesson.limits {
+                            reported.remaining = None;
+                        }
+                    }
+                    twin.learn(&lesson, *now, learning);
+                }
             }
         }
-        self.limits = Limits::new(twin.states().to_vec()).unwrap();
+        self.limits = twin;
+    }
+
+    /// Whether the rates in force at `rates` leave the log as it is (a
+    /// give-back, keep or exact settle may use it).
+    fn log_stands(&self, rates: &[f64], now: u64) -> bool {
+        self.written && !self.log.is_empty() && !self.rates_change(rates, now)
+    }
+
+    /// A give-back of `id` at `now` with the call's `rates`: `Some(true)`
+    /// if it was given back, `Some(false)` if an open call whose moment has
+    /// passed was kept instead (a write), `None` if nothing changed.
+    pub fn give_back(&mut self, id: u64, now: u64, rates: &[f64]) -> Option<bool> {
+        if !self.log_stands(rates, now) {
+            return None;
+        }
+        let id = id as f64;
+        if let Some(place) = self.log.iter().position(|e| e.id == id && e.moment > now) {
+            let first = self.log.iter().position(|e| Self::stays(e, now)).unwrap();
+            self.log.remove(place);
+            self.log.drain(..first);
+            self.given_back.insert(id as u64);
+            self.replay();
+            self.record = (now, -1);
+            return Some(true);
+        }
+        let entry = self.log.iter_mut().find(|e| e.id == id && e.open)?;
+        (entry.id, entry.open) = (-1.0, false);
+        self.fold_front(now);
+        self.record = (now, -1);
+        Some(false)
+    }
+
+    /// A keep of `id` at `now`: whether the log held it.
+    pub fn keep(&mut self, id: u64, now: u64, rates: &[f64]) -> bool {
+        if !self.log_stands(rates, now) {
+            return false;
+        }
+        let Some(entry) = self.log.iter_mut().find(|e| e.id == id as f64) else {
+            return false;
+        };
+        (entry.id, entry.open) = (-1.0, false);
+        self.fold_front(now);
         self.record = (now, -1);
         true
+    }
+
+    /// A settle of the call `id`, charged `charged`, at `actual`: `Some` if
+    /// it writes: `Ok` if it was exact, else the grant of what it cost past
+    /// its charge.
+    pub fn settle(
+        &mut self,
+        id: u64,
+        charged: &[u32],
+        actual: &[u32],
+        now: u64,
+        rates: &[f64],
+    ) -> Option<Result<(), Grant>> {
+        let logged =
+            self.log_stands(rates, now) && self.log.iter().any(|e| e.id == id as f64 && e.open);
+        if logged {
+            let entry = self
+                .log
+                .iter_mut()
+                .find(|e| e.id == id as f64 && e.open)
+                .unwrap();
+            entry.counts = actual.iter().map(|&c| u64::from(c)).collect();
+            self.fold_front(now);
+            for op in &mut self.history {
+                if let Op::Reserve {
+                    cost, id: Some(i), ..
+                } = op
+                    && *i == id
+                {
+                    cost.clone_from(&actual.to_vec());
+                }
+            }
+            self.replay();
+            self.record = (now, -1);
+            return Some(Ok(()));
+        }
+        let more: Vec<u32> = actual
+            .iter()
+            .zip(charged)
+            .map(|(a, c)| a.saturating_sub(*c))
+            .collect();
+        if more.iter().all(|&m| m == 0) {
+            return None;
+        }
+        self.begin_write(rates, now);
+        Some(Err(self.reserve(&more, now, None, false, false).unwrap()))
+    }
+
+    /// A learn of `lesson` under `learning` (whose pause is
+    /// `pause_micros`) at `now` (after `begin_write`).
+    pub fn learn(&mut self, lesson: &Lesson, learning: &Learning, pause_micros: u64, now: u64) {
+        let before = self.rates();
+        self.limits.learn(lesson, now, learning);
+        let n = self.config.len();
+        let pause = lesson
+            .throttled
+            .then(|| now.saturating_add(lesson.retry_after_micros.unwrap_or(pause_micros)));
+        let pausing = (0..n).any(|i| {
+            let spent = lesson.limits.get(i).and_then(|r| {
+                (r.remaining == Some(0)).then_some(now.saturating_add(r.reset_micros?))
+            });
+            pause
+                .max(spent)
+                .is_some_and(|until| until.min(MAX_MICROS) > now)
+        });
+        if pausing || self.rates() != before {
+            self.log.clear();
+        } else if !self.log.is_empty() {
+            self.fragile.push(self.history.len());
+        }
+        self.history.push(Op::Learn {
+            lesson: lesson.clone(),
+            learning: *learning,
+            now,
+            bare: false,
+        });
+        self.record = (now, -1);
+    }
+
+    /// After a step: a lesson stops being fragile once the log it was
+    /// learned under has emptied without a replay.
+    pub fn settle_fragile(&mut self) {
+        if self.log.is_empty() {
+            self.fragile.clear();
+        }
     }
 
     /// The script's TTL rule after a write at `time` (the clock as read):
@@ -334,13 +562,16 @@ impl Model {
                 need = limit;
             }
         }
+        let raw = need;
         let need = if need < TTL_CAP_MS - 2.0 {
             if need > 0.0 { need.ceil() + 2.0 } else { 2.0 }
         } else {
             TTL_CAP_MS
         };
         let time = time as f64;
-        if time + need * 1000.0 <= self.expires {
+        // (The script keeps a TTL that covers the need with 3 ms to spare
+        // at once, as it reads it.)
+        if time + raw * 1000.0 + 3000.0 <= self.expires || time + need * 1000.0 <= self.expires {
             None
         } else {
             let ttl = (need + need.min(TTL_MAX_SLACK_MS)).min(TTL_CAP_MS);

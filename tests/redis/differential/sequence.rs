@@ -1,14 +1,15 @@
 //! Random sequences of calls, and what the model says the script must
 //! answer to each.
 
-use std::fmt::Write as _;
-
-use super::model::{Entry, LimitConfig, Model};
-use super::{DEEP_SEED, GIVE_BACK_SEED};
+use super::calls::{self, LearnArgs, Pending};
+use super::model::{LimitConfig, Model};
+use super::{CALLS_SEED, DEEP_SEED, GIVE_BACK_SEED};
 use crate::support::rng::Rng;
-use paceline::core::{MAX_MICROS, State};
+use paceline::core::{Lesson, MAX_MICROS, State};
 
 const STEPS: usize = 40;
+/// The steps of a calls sequence.
+const CALLS_STEPS: usize = 60;
 /// The steps of a deep sequence.
 const DEEP_STEPS: usize = 200;
 /// Field comparisons every this many steps (and after the last step).
@@ -48,6 +49,25 @@ pub enum Kind {
     /// Requests applied in order at one clock reading.
     Batch {
         requests: Vec<(u32, bool, Option<u64>)>,
+    },
+    /// An open call of these counts; with a timeout, a try.
+    Call {
+        cost: Vec<u32>,
+        timeout: Option<u64>,
+    },
+    /// The call with this id, charged `charged`, cost `actual`.
+    Settle {
+        id: u64,
+        charged: Vec<u32>,
+        actual: Vec<u32>,
+    },
+    /// The held reservation or call with this id will not be given back.
+    Keep {
+        id: u64,
+    },
+    Learn {
+        lesson: Lesson,
+        args: LearnArgs,
     },
 }
 
@@ -96,7 +116,10 @@ pub struct Fields {
     pub last_now: u64,
     pub next_id: u64,
     pub record: (u64, i64),
-    pub log: Vec<Entry>,
+    /// Each request's numbers, as the value lays them out.
+    pub log: Vec<Vec<f64>>,
+    /// What the limits learned, as the value lays it out.
+    pub learned: Option<Vec<f64>>,
 }
 
 #[derive(Debug, Clone)]
@@ -114,53 +137,11 @@ pub struct Expected {
 pub struct Sequence {
     pub seed: u64,
     pub config: Vec<LimitConfig>,
-    encoding: Encoding,
+    pub encoding: Encoding,
     pub steps: Vec<Step>,
     pub expected: Vec<Expected>,
     pub rate_changes: u64,
     pub backward_steps: u64,
-}
-
-/// Running totals for the summary line.
-#[derive(Debug, Default)]
-pub struct Totals {
-    pub sequences: u64,
-    pub limits: [u64; 3],
-    pub reserves: u64,
-    pub tries_granted: u64,
-    pub tries_refused: u64,
-    pub queries: u64,
-    pub probes: u64,
-    pub resumes: u64,
-    pub statuses: u64,
-    pub batches: u64,
-    pub given_back: u64,
-    pub given_nothing: u64,
-    pub rate_changes: u64,
-    pub backward_steps: u64,
-    pub field_checks: u64,
-    pub fractional_states: u64,
-    pub logs_checked: u64,
-    pub full_logs: u64,
-    pub ttls_set: u64,
-    pub ttls_kept: u64,
-}
-
-impl Totals {
-    pub fn count(&mut self, step: &Step, reply: &Expect) {
-        match (&step.kind, reply) {
-            (Kind::Reserve { timeout: None, .. }, _) => self.reserves += 1,
-            (Kind::Reserve { .. }, Expect::Refused { .. }) => self.tries_refused += 1,
-            (Kind::Reserve { .. }, _) => self.tries_granted += 1,
-            (Kind::Query, _) => self.queries += 1,
-            (Kind::Probe, _) => self.probes += 1,
-            (Kind::Resume { .. }, _) => self.resumes += 1,
-            (Kind::Status, _) => self.statuses += 1,
-            (Kind::Batch { .. }, _) => self.batches += 1,
-            (Kind::Cancel { .. }, Expect::Int(1)) => self.given_back += 1,
-            (Kind::Cancel { .. }, _) => self.given_nothing += 1,
-        }
-    }
 }
 
 fn random_config(rng: &mut Rng) -> LimitConfig {
@@ -230,9 +211,14 @@ fn random_timeout(rng: &mut Rng, debt: u64) -> u64 {
 }
 
 pub fn generate(seed: u64) -> Sequence {
-    let give_backs = seed >= GIVE_BACK_SEED;
-    let deep = seed >= DEEP_SEED;
-    let steps_in_sequence = if deep { DEEP_STEPS } else { STEPS };
+    let calls = seed >= CALLS_SEED;
+    let give_backs = seed >= GIVE_BACK_SEED && !calls;
+    let deep = seed >= DEEP_SEED && !calls;
+    let steps_in_sequence = match () {
+        _ if deep => DEEP_STEPS,
+        _ if calls => CALLS_STEPS,
+        _ => STEPS,
+    };
     let mut rng = Rng::new(seed);
     let n = 1 + rng.below(3) as usize;
     let config: Vec<LimitConfig> = (0..n).map(|_| random_config(&mut rng)).collect();
@@ -246,8 +232,9 @@ pub fn generate(seed: u64) -> Sequence {
     let mut model = Model::new(config.clone());
     let mut steps = Vec::with_capacity(steps_in_sequence);
     let mut expected = Vec::with_capacity(steps_in_sequence);
-    // The ids of held reservations granted, to give back.
-    let mut outstanding: Vec<u64> = Vec::new();
+    // The ids of held reservations granted, to give back, and the calls
+    // open.
+    let mut pending = Pending::default();
     let (mut rate_changes, mut backward_steps) = (0, 0);
     for i in 0..steps_in_sequence {
         // The clock: mostly small steps, sometimes none, sometimes long idle
@@ -264,6 +251,12 @@ pub fn generate(seed: u64) -> Sequence {
                 0..35 => 0,
                 35..85 => rng.below(debt / 16 + 1),
                 _ => rng.below(debt / 4 + 1),
+            },
+            _ if calls => match rng.below(100) {
+                0..40 => 0,
+                40..70 => rng.below(debt / 8 + 1),
+                70..90 => rng.below(100_000),
+                _ => rng.below(10_000_000),
             },
             0..20 => 0,
             20..45 => rng.below(1_000),
@@ -284,7 +277,11 @@ pub fn generate(seed: u64) -> Sequence {
         } else {
             time = (time + dt).min(MAX_MICROS);
         }
-        if rng.chance(if deep { 0.005 } else { 0.1 }) {
+        if rng.chance(match () {
+            _ if deep => 0.005,
+            _ if calls => 0.02,
+            _ => 0.1,
+        }) {
             rate_changes += 1;
             if rng.chance(0.7) {
                 let limit = rng.below(n as u64) as usize;
@@ -297,7 +294,9 @@ pub fn generate(seed: u64) -> Sequence {
         let states = model.read(&rates, now);
         let debt = Model::earliest(&states, now).0 - now;
         let held_chance = if give_backs { 0.9 } else { 0.5 };
+        let outstanding = &mut pending.held;
         let kind = match rng.below(100) {
+            _ if calls => Kind::Query, // (replaced below)
             _ if give_backs => {
                 let (queue_until, queueing) = if deep {
                     (steps_in_sequence * 6 / 10, 0.95)
@@ -363,12 +362,18 @@ pub fn generate(seed: u64) -> Sequence {
                 timeout: None,
             },
         };
+        let kind = if calls {
+            calls::kind(&mut rng, n, &mut pending)
+        } else {
+            kind
+        };
         let step = Step {
             now: time,
             rates: rates.clone(),
             kind,
         };
-        let (reply, wrote, ttl_ms) = apply(&mut model, &step, now, time, &mut outstanding);
+        let (reply, wrote, ttl_ms) = apply(&mut model, &step, now, time, &mut pending);
+        model.settle_fragile();
         let check_fields =
             model.written && (i % FIELDS_EVERY == FIELDS_EVERY - 1 || i == steps_in_sequence - 1);
         expected.push(Expected {
@@ -382,7 +387,15 @@ pub fn generate(seed: u64) -> Sequence {
                 last_now: model.last_now,
                 next_id: model.next_id,
                 record: model.record,
-                log: model.log.iter().copied().collect(),
+                log: model.log.iter().map(|e| e.numbers()).collect(),
+                learned: model.limits.learned_numbers().map(
+                    |(factor, paused_until, increased_at, margin, caps)| {
+                        let mut numbers =
+                            vec![factor, paused_until as f64, increased_at as f64, margin];
+                        numbers.extend(caps);
+                        numbers
+                    },
+                ),
             }),
         });
         steps.push(step);
@@ -405,9 +418,9 @@ fn apply(
     step: &Step,
     now: u64,
     time: u64,
-    outstanding: &mut Vec<u64>,
+    pending: &mut Pending,
 ) -> (Expect, bool, Option<f64>) {
-    let (reply, wrote, keeps_ttl) = answer(model, step, now, time, outstanding);
+    let (reply, wrote, keeps_ttl) = answer(model, step, now, time, pending);
     if !wrote || keeps_ttl {
         return (reply, wrote, None);
     }
@@ -428,7 +441,7 @@ fn answer(
     step: &Step,
     now: u64,
     time: u64,
-    outstanding: &mut Vec<u64>,
+    pending: &mut Pending,
 ) -> (Expect, bool, bool) {
     let rates = &step.rates;
     let debt_of = |states: &[State]| (Model::earliest(states, now).0 - now) as i64;
@@ -436,12 +449,9 @@ fn answer(
         Kind::Query => (Expect::Int(debt_of(&model.read(rates, now))), false, false),
         Kind::Status => {
             // At the rates in force, as the next reservation finds them.
-            let mut states = model.read(rates, now);
-            for (state, &rate) in states.iter_mut().zip(rates) {
-                if state.permits_per_second() != rate {
-                    state.set_rate(rate, now).unwrap();
-                }
-            }
+            let mut next = model.clone();
+            next.begin_write(rates, now);
+            let states = next.limits.states().to_vec();
             (Expect::Status { now, states }, false, false)
         }
         Kind::Probe if model.written => (Expect::Int(debt_of(model.limits.states())), true, true),
@@ -456,11 +466,78 @@ fn answer(
             model.resume(&debts, now);
             (Expect::Int(debt_of(model.limits.states())), true, false)
         }
-        Kind::Cancel { id } => {
-            if model.give_back(*id, now, rates) {
+        Kind::Cancel { id } => match model.give_back(*id, now, rates) {
+            Some(given) => (Expect::Int(i64::from(given)), true, false),
+            None => (Expect::Int(0), false, false),
+        },
+        Kind::Keep { id } => {
+            if model.keep(*id, now, rates) {
                 (Expect::Int(1), true, false)
             } else {
                 (Expect::Int(0), false, false)
+            }
+        }
+        Kind::Settle {
+            id,
+            charged,
+            actual,
+        } => match model.settle(*id, charged, actual, now, rates) {
+            Some(Ok(())) => (Expect::Int(1), true, false),
+            Some(Err((wait, bound, _))) => {
+                let debt = debt_of(model.limits.states()) as u64;
+                let next_id = model.next_id;
+                let granted = Expect::Granted {
+                    wait,
+                    bound,
+                    debt,
+                    next_id,
+                };
+                (granted, true, false)
+            }
+            None => (Expect::Int(0), false, false),
+        },
+        Kind::Learn { lesson, args } => {
+            model.begin_write(rates, now);
+            model.learn(lesson, &args.learning(), args.pause_micros, now);
+            let granted = Expect::Granted {
+                wait: 0,
+                bound: -1,
+                debt: debt_of(model.limits.states()) as u64,
+                next_id: model.next_id,
+            };
+            (granted, true, false)
+        }
+        Kind::Call { cost, timeout } => {
+            let mut next = model.clone();
+            next.begin_write(rates, now);
+            let timeout = timeout.map(|t| t.min(MAX_MICROS));
+            match next.reserve(cost, now, timeout, true, true) {
+                Ok((wait, bound, id)) => {
+                    *model = next;
+                    pending
+                        .calls
+                        .push((id.expect("a call has an id"), cost.clone()));
+                    let debt = debt_of(model.limits.states()) as u64;
+                    let next_id = model.next_id;
+                    (
+                        Expect::Granted {
+                            wait,
+                            bound,
+                            debt,
+                            next_id,
+                        },
+                        true,
+                        false,
+                    )
+                }
+                Err(_) => (
+                    Expect::Refused {
+                        now,
+                        states: next.limits.states().to_vec(),
+                    },
+                    false,
+                    false,
+                ),
             }
         }
         Kind::Reserve {
@@ -471,10 +548,11 @@ fn answer(
             let mut next = model.clone();
             next.begin_write(rates, now);
             let timeout = timeout.map(|t| t.min(MAX_MICROS));
-            match next.reserve(*permits, now, timeout, *held) {
+            let cost = vec![*permits; model.config.len()];
+            match next.reserve(&cost, now, timeout, *held, false) {
                 Ok((wait, bound, id)) => {
                     *model = next;
-                    outstanding.extend(id);
+                    pending.held.extend(id);
                     let debt = debt_of(model.limits.states()) as u64;
                     let next_id = model.next_id;
                     (
@@ -505,13 +583,14 @@ fn answer(
             let mut granted = false;
             for &(permits, held, timeout) in requests {
                 let timeout = timeout.map(|t| t.min(MAX_MICROS));
-                match next.reserve(permits, now, timeout, held) {
+                let cost = vec![permits; model.config.len()];
+                match next.reserve(&cost, now, timeout, held, false) {
                     Ok((wait, bound, id)) => {
                         granted = true;
                         if let Some(ttl) = next.ttl_after_write(time) {
                             next.batch_ttl = Some(ttl);
                         }
-                        outstanding.extend(id);
+                        pending.held.extend(id);
                         replies.push([wait as f64, bound as f64, id.map_or(-1.0, |id| id as f64)]);
                     }
                     Err((wait, bound)) => replies.push([-(wait as f64), bound as f64, -1.0]),
@@ -531,84 +610,5 @@ fn answer(
                 false,
             )
         }
-    }
-}
-
-fn push_f64(invocation: &mut redis::ScriptInvocation<'_>, value: f64, encoding: Encoding) {
-    match encoding {
-        _ if value.is_infinite() => invocation.arg("inf"),
-        Encoding::RedisArg => invocation.arg(value),
-        Encoding::Display => invocation.arg(value.to_string()),
-    };
-}
-
-impl Sequence {
-    /// `step`'s ARGV.
-    pub fn arguments(&self, step: &Step, invocation: &mut redis::ScriptInvocation<'_>) {
-        match &step.kind {
-            Kind::Reserve {
-                permits,
-                held,
-                timeout,
-            } => {
-                let plus = if *held { "+" } else { "" };
-                invocation.arg(format!("{permits}{plus}"));
-                match timeout {
-                    None => invocation.arg("-1"),
-                    Some(t) => invocation.arg(*t),
-                };
-            }
-            Kind::Query => {
-                invocation.arg(0).arg("-1");
-            }
-            Kind::Probe => {
-                invocation.arg("probe").arg("-1");
-            }
-            Kind::Status => {
-                invocation.arg("status").arg("-1");
-            }
-            Kind::Resume { debts } => {
-                let debts: Vec<String> = debts.iter().map(u64::to_string).collect();
-                invocation.arg("resume").arg(debts.join(","));
-            }
-            Kind::Cancel { id } => {
-                invocation.arg("give_back").arg(*id);
-            }
-            Kind::Batch { requests } => {
-                let text: Vec<String> = requests
-                    .iter()
-                    .map(|(permits, held, timeout)| {
-                        let plus = if *held { "+" } else { "" };
-                        match timeout {
-                            None => format!("{permits}{plus}:-1"),
-                            Some(t) => format!("{permits}{plus}:{}", t.min(&MAX_MICROS)),
-                        }
-                    })
-                    .collect();
-                invocation.arg("batch").arg(text.join(","));
-            }
-        }
-        for (limit, &rate) in self.config.iter().zip(&step.rates) {
-            let (policy, micros, cold_factor) = limit.argv();
-            push_f64(invocation, rate, self.encoding);
-            invocation.arg(policy).arg(micros);
-            push_f64(invocation, cold_factor, self.encoding);
-        }
-        invocation.arg(step.now);
-    }
-
-    pub fn describe(&self) -> String {
-        let mut text = format!(
-            "seed {} ({:#x}), limits {:?}, numbers as {:?}\nsteps:\n",
-            self.seed, self.seed, self.config, self.encoding
-        );
-        for (i, (step, expected)) in self.steps.iter().zip(&self.expected).enumerate() {
-            let _ = writeln!(
-                text,
-                "  {i:>3}: {step:?} -> core {:?} (wrote: {})",
-                expected.reply, expected.wrote
-            );
-        }
-        text
     }
 }

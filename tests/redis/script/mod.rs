@@ -5,8 +5,10 @@
 //! fraction below the microsecond included), expiry, and the cold modes
 //! (probe, resume, cancel). Expected waits are derived by hand from the
 //! rules in `paceline::core`; the differential test holds the script to
-//! the core on random sequences.
+//! the core on random sequences. `calls` holds the modes of calls to an
+//! upstream: call, settle, keep and learn.
 
+mod calls;
 mod cold;
 mod give_back;
 mod reserve;

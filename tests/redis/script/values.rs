@@ -2,7 +2,7 @@
 //! error that writes nothing.
 
 use super::*;
-use crate::support::limiter_state::LimitState;
+use crate::support::limiter_state::{ENTRY_COUNT, ENTRY_ID, ENTRY_MOMENT, LEARNED, LimitState};
 
 /// A well-formed id that gives nothing back.
 const AN_ID: u64 = 12;
@@ -179,6 +179,14 @@ fn every_mode(args: &Args) -> Vec<Args> {
         args.clone().resume(0),
         args.clone().resume(1_000_000),
         args.clone().cancel(AN_ID),
+        args.clone().permits("call").timeout("1:-1"),
+        args.clone()
+            .permits("settle")
+            .timeout(format!("{AN_ID}:1:2")),
+        args.clone().permits("keep").timeout(AN_ID),
+        args.clone()
+            .permits("learn")
+            .timeout(super::calls::LEARN_429),
     ]
 }
 
@@ -203,7 +211,12 @@ fn a_corrupted_log_is_an_error_and_left_untouched() {
     let mut every: Vec<(String, Vec<u8>)> = vec![];
     for (name, at, x) in [
         ("shape NaN", 4, f64::NAN),
-        ("a shape past its range", 4, 1.0 + 2080.0 * 17.0),
+        ("a shape past its range", 4, 1.0 + 2.0 * LEARNED),
+        (
+            "learned, but the size says not",
+            4,
+            1.0 + 3.0 * 32.0 + LEARNED,
+        ),
         ("2 logged requests (the size says 3)", 4, 1.0 + 64.0),
         ("no limits", 4, 96.0),
         ("next_id -1", 20, -1.0),
@@ -217,6 +230,13 @@ fn a_corrupted_log_is_an_error_and_left_untouched() {
         ("the base's fraction 2^20", 108, 1_048_576.0),
         ("the first request's id 1.5", 116, 1.5),
         ("the first request's id past next_id", 116, (T0 + 10) as f64),
+        ("the first request's count 0.5", 124, 0.5),
+        (
+            "the first request's count below -2^53",
+            124,
+            -(MAX_MICROS as f64) - 2.0,
+        ),
+        ("the first request's now 0.5", 132, 0.5),
         ("the first request's moment 0.5", 140, 0.5),
         ("the first request's moment before its now", 140, 0.0),
     ] {
@@ -232,14 +252,18 @@ fn a_corrupted_log_is_an_error_and_left_untouched() {
     swapped.log.swap(1, 2);
     cancels.push(("ids not rising", swapped.encode()));
     let mut nan = log.clone();
-    nan.log[2][1] = f64::NAN;
+    nan.log[2][ENTRY_COUNT] = f64::NAN;
     cancels.push(("permits NaN", nan.encode()));
     let mut moment = log.clone();
-    moment.log[1][3] = 0.5;
+    moment.log[1][ENTRY_MOMENT] = 0.5;
     cancels.push(("a moment 0.5", moment.encode()));
     let mut resume = log.clone();
-    resume.log[1][0] = -3.0; // a resume of limit 2, of one
+    resume.log[1][ENTRY_ID] = -3.0; // a resume of limit 2, of one
     cancels.push(("a resume of no limit", resume.encode()));
+    let mut plain_open = log.clone();
+    plain_open.log[2][ENTRY_ID] = -1.0;
+    plain_open.log[2][ENTRY_COUNT] = -2.0;
+    cancels.push(("open without an id", plain_open.encode()));
 
     let cancel = args.clone().cancel(ids[1]);
     for (i, (name, value)) in every.iter().enumerate() {
@@ -343,6 +367,30 @@ const CORRUPTIONS: &[(&str, Corruption)] = &[
         second.permits_per_second = 0.0;
         v.limits.push(second);
     }),
+    ("learned factor 0", |v| {
+        v.learned = Some(vec![0.0, 0.0, 0.0, 1.0, 5.0])
+    }),
+    ("learned factor 1.5", |v| {
+        v.learned = Some(vec![1.5, 0.0, 0.0, 1.0, 5.0])
+    }),
+    ("learned factor nan", |v| {
+        v.learned = Some(vec![f64::NAN, 0.0, 0.0, 1.0, 5.0])
+    }),
+    ("learned pause 0.5", |v| {
+        v.learned = Some(vec![0.5, 0.5, 0.0, 1.0, 5.0])
+    }),
+    ("learned rise 2^53 + 2", |v| {
+        v.learned = Some(vec![0.5, 0.0, (MAX_MICROS + 2) as f64, 1.0, 5.0])
+    }),
+    ("learned margin 0", |v| {
+        v.learned = Some(vec![0.5, 0.0, 0.0, 0.0, 5.0])
+    }),
+    ("learned cap 0", |v| {
+        v.learned = Some(vec![0.5, 0.0, 0.0, 1.0, 0.0])
+    }),
+    ("learned cap nan", |v| {
+        v.learned = Some(vec![0.5, 0.0, 0.0, 1.0, f64::NAN])
+    }),
 ];
 
 /// A valid value with 10 s of debt at T0.
@@ -360,6 +408,7 @@ fn valid_value() -> Stored {
         }],
         moment_micros: T0 as f64,
         bound: -1.0,
+        learned: None,
         base: Vec::new(),
         log: Vec::new(),
         dead: Vec::new(),

@@ -1,0 +1,235 @@
+-- Part 2 of 7: what a learn learns (Limits::learn, before its rates are
+-- applied in part 5), the limits' configuration at the rates they run at,
+-- and the rest of the value as read, checked.
+
+---------------------------------------------------------------------------
+-- A learn: what the limits learn from the lesson (L2, laid out as L), at
+-- the key's clock. They run at their configured rates (the ceilings, in
+-- ARGV) until they first learn (see Learned).
+---------------------------------------------------------------------------
+
+if lesson then
+    -- (L2 laid out as L; f: the lesson. The rates change: `changed`.)
+    local f = lesson
+    changed = true
+    L2 = {1.0, 0, 0, f[9]}
+    if L then L2[1], L2[2], L2[3] = L[1], L[2], L[3] end
+    for i = 1, n do
+        L2[4 + i] = 1e999 -- (inf: no cap)
+        if L and i <= held_n then L2[4 + i] = L[4 + i] end
+        if f[8 + 3 * i] then L2[4 + i] = f[8 + 3 * i] end
+    end
+    if f[1] then
+        -- A refusal: lowered once per pause; paused until its Retry-After.
+        if now >= L2[2] then
+            L2[1] = L2[1] * f[4]
+            if L2[1] < f[7] then L2[1] = f[7] end
+        end
+        f[10] = now + (f[3] or f[8])
+        if f[10] > MAX_MICROS then f[10] = MAX_MICROS end
+        if f[10] > L2[2] then L2[2] = f[10] end
+        L2[3] = L2[2]
+    elseif f[2] and now >= L2[2] and L2[1] < 1.0 and (now - L2[3] >= f[6] or f[6] == 0) then
+        -- A success after the pause, an interval after the last rise.
+        L2[1] = L2[1] + f[5]
+        if L2[1] > 1.0 then L2[1] = 1.0 end
+        L2[3] = now
+    end
+end
+
+---------------------------------------------------------------------------
+-- The configuration in force (Policy::set_stable_interval), limit by
+-- limit: its rate (what it learned makes of its configured rate: see
+-- Learned), whether it is bursty, its max_burst_micros or warmup_micros,
+-- stable interval, max_permits, warming-up threshold and slope, and
+-- cool-down interval (Policy::cool_down_interval_micros). C holds all of
+-- them, 8 per limit. A learn goes over the limits twice: at the rates
+-- they ran at before the lesson (only each rate and max_permits kept, in
+-- M1, for part 5), then at those after it.
+---------------------------------------------------------------------------
+
+local rate, bursty, pmicros, stable, mx, thr, slope, cd
+local C, r1, b1, p1, s1, m1, t1, l1, d1
+-- (f: what the limits learned, for their rates.)
+local f = L
+while true do
+    for i = 1, n do
+        local a = 4 * i - 1 -- its rate; then its policy, micros and cold factor
+        -- stable_interval_micros: rejects NaN, zero, negative rates (and -inf).
+        rate = tonumber(argv[a])
+        if not (rate and rate > 0) then
+            return redis.error_reply(string.format('ERR paceline: permits_per_second of limit %d (ARGV[%d]) must be a number > 0 or inf (got "%.40s")', i - 1, a, argv[a]))
+        end
+        if f then
+            -- Learned::rate: min(ceiling, cap * margin) * factor, the capped
+            -- rate if that is not > 0. (A limit the value lacks has no cap.)
+            local m = f[4 + i]
+            if m then
+                m = m * f[4]
+                if m < rate then rate = m end
+            end
+            m = rate * f[1]
+            if m > 0.0 then rate = m end
+        end
+        local policy = argv[a + 1]
+        bursty = policy == 'bursty'
+        if not bursty and policy ~= 'warming_up' then
+            return redis.error_reply(string.format('ERR paceline: the policy of limit %d (ARGV[%d]) must be "bursty" or "warming_up" (got "%.40s")', i - 1, a + 1, policy))
+        end
+        -- Bursty::max_burst_micros or WarmingUp::warmup_micros, capped as `micros`.
+        pmicros = tonumber(argv[a + 2])
+        if not (pmicros and pmicros >= 0 and pmicros % 1 == 0) then
+            return redis.error_reply(string.format('ERR paceline: %s of limit %d (ARGV[%d]) must be an integer >= 0 (got "%.40s")', bursty and 'max_burst_micros' or 'warmup_micros', i - 1, a + 2, argv[a + 2]))
+        end
+        if pmicros > MAX_MICROS then pmicros = MAX_MICROS end
+        stable = 1000000.0 / rate
+        if stable > MAX_MICROS then stable = MAX_MICROS end
+        cd = stable
+        if bursty then
+            -- Bursty::max_permits
+            mx = 0.0
+            if rate <= F64_MAX then mx = pmicros * rate / 1000000.0 end
+            if mx > F64_MAX then mx = F64_MAX end
+        else
+            local cold_factor = tonumber(argv[a + 3])
+            if not (cold_factor and cold_factor >= 1 and cold_factor <= F64_MAX) then
+                return redis.error_reply(string.format('ERR paceline: the cold_factor of limit %d (ARGV[%d]) must be a finite number >= 1 (got "%.40s")', i - 1, a + 3, argv[a + 3]))
+            end
+            -- WarmingUp::set_stable_interval
+            mx = 0.0; thr = 0.0; slope = 0.0
+            if stable ~= 0.0 then
+                local cold = stable * cold_factor
+                if cold > F64_MAX then cold = F64_MAX end
+                thr = 0.5 * pmicros / stable
+                if thr > F64_MAX then thr = F64_MAX end
+                local stable_plus_cold = stable + cold
+                if stable_plus_cold > F64_MAX then stable_plus_cold = F64_MAX end
+                mx = thr + 2.0 * pmicros / stable_plus_cold
+                if mx > F64_MAX then mx = F64_MAX end
+                if mx > thr then
+                    slope = (cold - stable) / (mx - thr)
+                    if slope > F64_MAX then slope = F64_MAX end
+                end
+            end
+            if mx > 0.0 then cd = pmicros / mx end
+        end
+        -- (A table is cheapest built whole: the first limit's wait in locals
+        -- for the second's.)
+        if n == 1 then
+        elseif i == 1 then
+            r1 = rate; b1 = bursty; p1 = pmicros; s1 = stable; m1 = mx; t1 = thr or 0.0; l1 = slope or 0.0; d1 = cd
+        elseif i == 2 then
+            C = {r1, b1, p1, s1, m1, t1, l1, d1, rate, bursty, pmicros, stable, mx, thr or 0.0, slope or 0.0, cd}
+        else
+            local c = 8 * i - 8
+            C[c + 1], C[c + 2], C[c + 3], C[c + 4] = rate, bursty, pmicros, stable
+            C[c + 5], C[c + 6], C[c + 7], C[c + 8] = mx, thr or 0.0, slope or 0.0, cd
+        end
+    end
+    if not L2 or f == L2 then break end
+    -- A learn: the rates in force before the lesson kept, the limits again
+    -- with what they learned from it.
+    M1 = {rate, mx}
+    for i = 1, n > 1 and n or 0 do M1[2 * i - 1], M1[2 * i] = C[8 * i - 7], C[8 * i - 3] end
+    f = L2
+end
+
+---------------------------------------------------------------------------
+-- The value as read, checked (the head was, in part 1): every field, as
+-- this script writes them.
+---------------------------------------------------------------------------
+
+-- The limits: with several (read or in force), S; `changed`: a limit other
+-- than the first is at another rate or max_permits than in force (the
+-- first then compares to rate and mx, its own).
+if value then
+    if ok and held_n + n > 2 then
+        S = {struct.unpack(string.sub(FORMAT, 3, 4 + 5 * held_n), value, HEAD + 1)}
+        -- (j: the limit's rate in S, c: its configuration in C.)
+        local e = 3 * held_n + 1
+        local j, c = e + 1, 0
+        expires = S[e]; ort = S[j]; omx = S[j + 1]
+        if n > 1 then rate = r1; mx = m1 end
+        for k = 4, e - 1, 3 do
+            j = j + 2; c = c + 8
+            local s, t, f, r, m = S[k], S[k + 1], S[k + 2], S[j], S[j + 1]
+            ok = ok and m >= 0 and m <= F64_MAX and s >= 0 and s <= m and t >= 0 and t <= MAX_MICROS
+                and t % 1 == 0 and f >= 0 and f < FRACTION_ONE and f % 1 == 0 and r > 0
+            if c < 8 * n and (r ~= C[c + 1] or m ~= C[c + 5]) then changed = true end
+        end
+    end
+    ok = ok and expires >= 0 and expires <= F64_MAX and omx >= 0 and omx <= F64_MAX and st >= 0
+        and st <= omx and nf >= 0 and nf <= MAX_MICROS and nf % 1 == 0
+        and fr >= 0 and fr < FRACTION_ONE and fr % 1 == 0 and ort > 0
+    -- A value with another number of limits keeps its limits by position
+    -- (those it lacks start full, below; those past n go) and loses its log.
+    if held_n ~= n then count = 0 end
+    if ok and count > 0 then
+        -- The states before the log's first request, then that request.
+        at = at + 9
+        log_from = at + 24 * n
+        log_at = log_from + 8 * W * dead
+        if n == 1 then
+            bst, bnf, bfr = struct.unpack('<ddd', value, at)
+        else
+            B = {struct.unpack(string.sub(FORMAT, 3, 3 + 3 * n), value, at)}
+        end
+        for i = 1, n do
+            if B then bst, bnf, bfr = B[3 * i - 2], B[3 * i - 1], B[3 * i] end
+            ok = ok and bst >= 0 and bst <= F64_MAX and bnf >= 0 and bnf <= MAX_MICROS and bnf % 1 == 0
+                and bfr >= 0 and bfr < FRACTION_ONE and bfr % 1 == 0
+        end
+        -- (Read again the same way in part 5, as the log moves on.)
+        if n == 1 then
+            front_id, front_p, front_at, front = struct.unpack('<dddd', value, log_at)
+        else
+            front_P = {struct.unpack(string.sub(FORMAT, 3, 3 + W), value, log_at)}
+            front_id, front_p, front_at, front = front_P[1], front_P[2], front_P[3], front_P[4]
+            for i = 2, n do
+                local p = front_P[3 + i]
+                ok = ok and p % 1 == 0 and p >= 0 and p <= MAX_MICROS
+                front_P[i] = p
+            end
+        end
+        ok = ok and front_id % 1 == 0 and front_id >= -1 - n and front_id < next_id
+            and front_p % 1 == 0 and front_p >= -MAX_MICROS and front_p <= MAX_MICROS
+            and (front_p >= 0 or front_id >= 0)
+            and front_at >= 0 and front_at % 1 == 0 and front >= front_at and front <= MAX_MICROS
+            and front % 1 == 0
+        if front_id < 0 then
+            front = -1
+        elseif front_p < 0 then
+            front_p, front = -1 - front_p, 1e999
+        end
+        if front_P then front_P[1] = front_p end
+    end
+    if not ok then return redis.error_reply(string.format(NOT_OURS, key, size)) end
+    -- A try of one limit that the debt does not fit, its rate unchanged:
+    -- refused here, as part 5 would refuse it (see Replies).
+    if timeout >= 0 and nf - now > timeout and n == 1 and not mode and permits > 0 and ort == rate and omx == mx then
+        return st == 0 and now - nf or struct.pack('<dddd', now, st, nf, fr)
+    end
+end
+local whole, logged_as_read = held_n ~= n, count
+-- Missing (or a limit the value lacks): idle for a long time, i.e. full,
+-- at the rate in force before a lesson.
+if held_n == 0 then
+    if M1 then ort, omx = M1[1], M1[2] else ort, omx = rate, mx end
+    st = omx; nf = now; fr = 0
+end
+if n > 1 and held_n ~= n then
+    -- S laid out for n limits (T), those it lacks as they start (e: the
+    -- TTL's end in the value's).
+    local T, e = {}, 3 * held_n + 1
+    for i = 1, n do
+        local c, k, j = 8 * i - 8, 3 * i - 2, 3 * n + 2 * i
+        if i > held_n then
+            local r, m = C[c + 1], C[c + 5]
+            if M1 then r, m = M1[2 * i - 1], M1[2 * i] end
+            T[k], T[k + 1], T[k + 2], T[j], T[j + 1] = m, now, 0, r, m
+        else
+            T[k], T[k + 1], T[k + 2], T[j], T[j + 1] = S[k], S[k + 1], S[k + 2], S[e + 2 * i - 1], S[e + 2 * i]
+        end
+    end
+    T[3 * n + 1], S = expires, T
+end

@@ -1,0 +1,84 @@
+-- Part 4 of 7: the calls on the log itself (see Log). A give-back
+-- (Limits::give_back): the request with this id leaves the log, if it is
+-- still there with its moment ahead, and the log's other requests are
+-- charged again (in part 5) from the states before the first: the limits
+-- then hold what they would had it never been made; an open call whose
+-- moment has passed is kept instead. A keep (Limits::keep): the request
+-- with this id will not be given back nor settled; those at the head that
+-- were used leave the log (no state changes). A settle (Limits::settle):
+-- the open call with this id, while the log holds it, gets the counts it
+-- really cost and the log is charged again from its base, as a give-back
+-- does; once the log let it go, what it cost past what it was charged is
+-- charged now, as a reservation (part 5) that does not wait for it.
+
+-- E: the log's requests as read, W doubles each (see Log); `first`: the
+-- first that stays in the log (Limits::expire: those before it were used,
+-- or kept); `place`: the one given back; `kept`: the one kept (its id and
+-- open flag cleared).
+local E, first, place, kept
+if mode and (mode == 'give_back' or mode == 'keep' or mode == 'settle') then
+    -- A rate changed since (or changes now, with this call): the log is
+    -- void (the next write empties it), and nothing is given back or kept.
+    changed = changed or ort ~= rate or omx ~= mx
+    if (changed or count == 0) and mode ~= 'settle' then return 0 end
+    if not (changed or count == 0) then
+        E = {struct.unpack(string.rep('<d', W * count), value, log_at)}
+        -- Every request is checked, as this script writes them: its id
+        -- (rising, below next_id), -1 (none) or -1 - limit (a resume of
+        -- that limit, carrying its debt as its counts); whole counts, the
+        -- first negative for an open call (with an id); whole µs, the
+        -- moment at or after its now. (c: its first count as stored.)
+        local last_id = -1
+        for j = 1, W * count, W do
+            local id, c, at, moment = E[j], E[j + 1], E[j + 2], E[j + 3]
+            ok = id % 1 == 0 and id < next_id and id >= -1 - n and (id < 0 or id > last_id)
+                and c % 1 == 0 and c >= -MAX_MICROS and c <= MAX_MICROS and (c >= 0 or id >= 0)
+                and at >= 0 and at % 1 == 0 and moment >= at and moment <= MAX_MICROS
+                and moment % 1 == 0
+            for k = j + 4, j + W - 1 do
+                local p = E[k]
+                ok = ok and p % 1 == 0 and p >= 0 and p <= MAX_MICROS
+            end
+            if not ok then return redis.error_reply(string.format(NOT_OURS, key, size)) end
+            if id >= 0 then last_id = id end
+            if id ~= give_back_id then
+            elseif mode == 'keep' or mode == 'give_back' and c < 0 and moment <= now then
+                kept = j
+            elseif mode == 'give_back' and moment > now or mode == 'settle' and c < 0 then
+                place = j
+            end
+        end
+    end
+    if mode == 'settle' and not place then
+        -- Let go: what it cost past what it was charged, limit by limit
+        -- (nothing if it cost no more anywhere; `ok`: it cost more).
+        ok = false
+        for i = 1, n do
+            local m = lists[2][i] - lists[1][i]
+            if m < 0 then m = 0 end
+            lists[1][i], ok = m, ok or m > 0
+        end
+        if not ok then return 0 end
+        mode, permits, E = nil, lists[1][1], nil
+        if n > 1 then P = lists[1] end
+    elseif mode == 'settle' then
+        -- In the log: its counts replaced, then charged again with the rest.
+        E[place + 1] = -1 - lists[2][1]
+        for i = 2, n do E[place + 2 + i] = lists[2][i] end
+        place = nil
+    elseif kept then
+        E[kept] = -1
+        if E[kept + 1] < 0 then E[kept + 1] = -1 - E[kept + 1] end
+    elseif not place then
+        return 0
+    end
+    if E then
+        first = W * count + 1
+        for j = 1, W * count, W do
+            if E[j] >= 0 and (E[j + 1] < 0 or E[j + 3] > now) then
+                first = j
+                break
+            end
+        end
+    end
+end

@@ -1,0 +1,323 @@
+//! Calls to an upstream through Redis: an open call is reserved by the
+//! script (one round trip of its own, never coalesced), then settled,
+//! learned from and kept there, in the background and in the order its
+//! [`Call`](crate::outbound::Call) made them; by the fallback while Redis
+//! is down.
+//!
+//! # The rule at every switch, for calls
+//!
+//! - A call the fallback served is settled, learned from and kept by the
+//!   fallback (its reservation is the fallback's own), even once Redis is
+//!   back: what it changes there is carried back with the key's debt.
+//! - A call Redis served is settled in Redis: exactly while the key's log
+//!   holds it (64 requests, a carry-back's resume among them; not past a
+//!   rate change, a learned one, or a restart that lost the key). If
+//!   Redis is down when its settle comes, or the settle fails, what it
+//!   cost past its charge is charged to the key in the fallback instead,
+//!   which carries it back with the rest of its debt: counted once, as it
+//!   is never sent to Redis after (a settle that failed after Redis
+//!   applied it is counted twice, erring towards limiting), and what it
+//!   cost less is not given back. A lesson learned while Redis is down is
+//!   learned by the fallback (what the fallback learns stays there: its
+//!   pauses are carried back as debt, not its factor); a keep that cannot
+//!   reach Redis is sent once it is back.
+//! - A key opens in the fallback at the fraction of its rates it learned
+//!   in Redis, as the last reply that said so (a call's, a learn's), so
+//!   that the fallback keeps the learned rate (not the rates the upstream
+//!   reported, which the fallback's share of the rate does not map to).
+
+use std::sync::{Mutex, PoisonError};
+
+use tokio::sync::oneshot;
+
+use super::*;
+use crate::core::{Cost, Learning, Lesson};
+
+/// An open call made in Redis, as its [`GiveBack`] holds it: its key, in
+/// the fallback's terms and in Redis's, the script's id for it, and the
+/// end of the last operation sent for it, so that its settles, its lessons
+/// and its keep reach Redis in the order they were made.
+pub(super) struct RedisCall<K> {
+    key: K,
+    redis_key: Arc<str>,
+    token: LogId,
+    previous: Mutex<Option<oneshot::Receiver<()>>>,
+}
+
+/// What a call asks of its key after it was made.
+enum CallOp {
+    Settle {
+        charged: Cost,
+        actual: Cost,
+    },
+    Learn {
+        lesson: Box<Lesson>,
+        learning: Learning,
+    },
+    Keep,
+}
+
+impl<K, C> Failover<K, C>
+where
+    K: Display + Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    /// Reserves `cost` of `key` for an open call ([`Engine::take_call`]):
+    /// through Redis, or through the fallback while Redis is down, with the
+    /// same routing as a reservation.
+    pub(super) async fn take_call<Q>(
+        &self,
+        key: &Q,
+        cost: &Cost,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Reservation<'_>>, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
+    {
+        let target = self.target(key);
+        let mut patience = Patience::new(self.backend.response_timeout);
+        loop {
+            let failure = match self.route(key, &target, &mut patience).await {
+                Route::Redis => {
+                    // Its own round trip (a call is not coalesced); should its
+                    // reply come too late, it is given back (it has an id).
+                    let call = Call::Open {
+                        cost: cost.clone(),
+                        timeout,
+                    };
+                    match self.send(key, &target, call, patience.budget()).await {
+                        Ok(reply) => return Ok(self.granted_call(reply, &target, key)),
+                        Err(Failure::Refused(error)) => return Err(error),
+                        Err(Failure::Down(failure)) => failure,
+                    }
+                }
+                Route::Local(failure) => failure,
+            };
+            let served = self.serve_locally(key, &target, failure, !patience.out(), |local| {
+                now(Engine::take_call(local, key, cost, timeout))
+            });
+            match served {
+                Ok(result) => return result,
+                Err(carried) => self.await_carry(carried, &mut patience).await,
+            }
+        }
+    }
+
+    /// A call's granted reply, as a reservation that gives itself back if
+    /// dropped before its wait has passed, and then settles the call.
+    fn granted_call<Q>(
+        &self,
+        reply: Reply,
+        target: &ProbeTarget,
+        key: &Q,
+    ) -> Option<Reservation<'_>>
+    where
+        K: Borrow<Q>,
+        Q: ToOwned<Owned = K> + ?Sized,
+    {
+        let wait = reply.wait?;
+        let pending = reply.token.map(|token| GiveBack {
+            owner: self as &dyn GivesBack,
+            taken: GiveBackId::Boxed(Box::new(RedisCall {
+                key: key.to_owned(),
+                redis_key: Arc::clone(&target.key),
+                token,
+                previous: Mutex::new(None),
+            })),
+        });
+        let reservation = Reservation::new(wait, self.local.clock(), pending);
+        Some(
+            reservation
+                .for_limit(reply.limit)
+                .with_after(reply.after, &self.script_args),
+        )
+    }
+
+    /// Remembers the fraction of its rates `key` runs at in Redis, as a
+    /// reply said (see `Books::learned`).
+    pub(super) fn note_learned<Q>(&self, key: &Q, factor: f64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut books = self.books();
+        if factor >= 1.0 {
+            books.learned.remove(key);
+        } else if let Some(known) = books.learned.get_mut(key) {
+            *known = factor;
+        } else if books.learned.len() < self.max_local_keys {
+            books.learned.insert(key.to_owned(), factor);
+        }
+    }
+
+    /// `taken` as an open call made in Redis, if it is one.
+    pub(super) fn redis_call(taken: &GiveBackId) -> Option<&RedisCall<K>> {
+        let GiveBackId::Boxed(taken) = taken else {
+            return None;
+        };
+        taken.downcast_ref::<RedisCall<K>>()
+    }
+
+    /// Gives back the open call `call` (dropped before its wait passed; one
+    /// whose moment has passed is kept instead, by the script).
+    pub(super) fn give_back_call(&self, call: &RedisCall<K>) {
+        let remote = Remote {
+            backend: Arc::clone(&self.backend),
+            target: ProbeTarget {
+                key: Arc::clone(&call.redis_key),
+                script_args: Arc::clone(&self.script_args),
+                late: None,
+            },
+        };
+        self.backend.spawn(remote.give_back(call.token));
+    }
+
+    /// `GivesBack::settle` of an open call made in Redis.
+    pub(super) fn settle_call(&self, call: &RedisCall<K>, charged: &Cost, actual: &Cost) {
+        let op = CallOp::Settle {
+            charged: charged.clone(),
+            actual: actual.clone(),
+        };
+        self.in_order(call, op);
+    }
+
+    /// `GivesBack::learn` of an open call made in Redis.
+    pub(super) fn learn_call(&self, call: &RedisCall<K>, lesson: &Lesson, learning: &Learning) {
+        let op = CallOp::Learn {
+            lesson: Box::new(lesson.clone()),
+            learning: *learning,
+        };
+        self.in_order(call, op);
+    }
+
+    /// `GivesBack::keep` of an open call made in Redis: it is settled for
+    /// good, and leaves the key's log (which would otherwise hold it, and
+    /// every request after it, until it fills).
+    pub(super) fn keep_call(&self, call: &RedisCall<K>) {
+        self.in_order(call, CallOp::Keep);
+    }
+
+    /// Runs `op` for `call` in the background, once the operations sent for
+    /// it before have ended.
+    fn in_order(&self, call: &RedisCall<K>, op: CallOp) {
+        let Some(this) = self.this.upgrade() else {
+            return;
+        };
+        let (done, finished) = oneshot::channel();
+        let previous = call
+            .previous
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .replace(finished);
+        let (key, token) = (call.key.clone(), call.token);
+        self.backend.spawn(async move {
+            if let Some(previous) = previous {
+                // (Ended, or dropped with its runtime: either way, go.)
+                let _ = previous.await;
+            }
+            this.apply(&key, token, op).await;
+            let _ = done.send(());
+        });
+    }
+
+    /// Sends `op` for the call `token` of `key` to Redis, or, while Redis is
+    /// down (or if the round trip fails), has the fallback count it (see
+    /// the module's rule).
+    async fn apply(&self, key: &K, token: LogId, op: CallOp) {
+        let target = self.target(key);
+        if !self.is_down(&target) {
+            let call = match &op {
+                CallOp::Settle { charged, actual } => Call::Settle {
+                    token,
+                    charged: charged.clone(),
+                    actual: actual.clone(),
+                },
+                CallOp::Learn { lesson, learning } => Call::Learn {
+                    lesson: lesson.clone(),
+                    learning: *learning,
+                },
+                CallOp::Keep => Call::Keep(token),
+            };
+            // (Not `send`: a settle's or a keep's integer is no debt.)
+            match send_within(&self.backend, &target, call, None, None).await {
+                Ok(reply) => {
+                    // A learn's reply, or the charge of a settle's excess:
+                    // what the key owes and learned after it.
+                    if reply.after.is_some() {
+                        self.note_debt(key, reply.debt_micros);
+                        if let Some(factor) = reply.learned {
+                            self.note_learned(key, factor);
+                        }
+                    }
+                    return;
+                }
+                Err(Failure::Refused(error)) => {
+                    tracing::debug!(key = %target.key, error = %error, "a call's update was refused");
+                    return;
+                }
+                Err(Failure::Down(_)) => {}
+            }
+        }
+        match op {
+            CallOp::Settle { charged, actual } => {
+                let limits = self.script_args.len();
+                let more = actual.more_than(&charged, limits);
+                if !more.is_zero(limits) {
+                    self.locally(key, |local| local.charge(key, &more));
+                }
+            }
+            CallOp::Learn { lesson, learning } => {
+                self.locally(key, |local| local.learn_key(key, &lesson, &learning));
+            }
+            CallOp::Keep => {
+                let mut books = self.books();
+                if books.keeps.len() < self.max_local_keys {
+                    books.keeps.push((key.clone(), token));
+                }
+                drop(books);
+                self.activate();
+            }
+        }
+    }
+
+    /// Runs `update` on `key` in the fallback (opened at its floor and its
+    /// learned rates if it is not held), under the lock; nothing for a
+    /// limiter that fails open or closed, which holds no keys.
+    fn locally(&self, key: &K, update: impl FnOnce(&Keyed<K, C>)) {
+        if self.fallback != Fallback::Local {
+            return;
+        }
+        let books = self.books();
+        self.activate();
+        self.open_locally(&books, key);
+        update(&self.local);
+        drop(books);
+        if !self.is_down(&self.target(key)) {
+            // Redis came back meanwhile: carry the key back now.
+            self.carry_all();
+        }
+    }
+
+    /// Sends the keeps that could not reach Redis while it was down; those
+    /// whose part of Redis is down again wait for its next recovery (a
+    /// keep lost for good only leaves its call in the log until the log
+    /// fills and lets it go).
+    pub(super) async fn send_keeps(&self) {
+        let keeps = std::mem::take(&mut self.books().keeps);
+        let mut again = Vec::new();
+        for (key, token) in keeps {
+            let target = self.target(&key);
+            let sent = match self.is_down(&target) {
+                true => Err(Failure::Down(None)),
+                false => send_within(&self.backend, &target, Call::Keep(token), None, None).await,
+            };
+            if let Err(Failure::Down(_)) = sent {
+                again.push((key, token));
+            }
+        }
+        let mut books = self.books();
+        let room = self.max_local_keys.saturating_sub(books.keeps.len());
+        books.keeps.extend(again.into_iter().take(room));
+    }
+}

@@ -1,0 +1,364 @@
+//! Calls to an upstream through Redis (`RateLimiter::call`,
+//! `KeyedRateLimiter::call`): settles exact while the key's log holds the
+//! call (a twin that reserved the real cost in the first place ends on the
+//! same tickets, to the 2^-20 µs), the excess charged once it let go; a
+//! refusal learned by one instance slows every instance of the key, and
+//! one started later; a dropped call is kept; the fallback keeps the
+//! learned rate when Redis dies, and counts a settle that arrives then.
+//!
+//! Redis reads its own clock (TIME), so each test keeps its keys in debt
+//! far ahead of it: every request's moment is then a ticket, whatever the
+//! clock reads, and the tickets compare exactly. Settles, lessons and keeps
+//! go in the background: a test waits for the key's log to empty (the
+//! keep comes last) before it reads.
+
+use std::time::Duration;
+
+use crate::support::limiter_state::{LimitState, Value};
+use crate::support::poll::{backend, within};
+use crate::support::redis_server::RedisServer;
+use crate::support::rng::Rng;
+use paceline::clock::FakeClock;
+use paceline::outbound::Feedback;
+use paceline::redis::{Fallback, Redis};
+use paceline::{Cost, KeyedRateLimiter, Limit, RateLimiter};
+
+/// A limit's ticket, in 2^-20 µs.
+fn ticket(limit: &LimitState) -> u128 {
+    ((limit.next_free_micros as u128) << 20) + limit.next_free_fraction as u128
+}
+
+/// `key`'s value once its log is empty (every call kept), within 5 s.
+async fn settled(server: &RedisServer, key: &str) -> Value {
+    let mut con = server.connection();
+    let mut value = None;
+    within(Duration::from_secs(5), || {
+        value = Value::read(&mut con, key);
+        value.as_ref().is_some_and(|v| v.logged().is_none())
+    })
+    .await
+    .unwrap_or_else(|| panic!("{key}'s log never emptied: {value:?}"));
+    value.unwrap()
+}
+
+/// A lesson: refused, asked to wait `retry_after`.
+fn refused(retry_after: Duration) -> Feedback {
+    Feedback::new(429).with_retry_after(retry_after)
+}
+
+/// 1 000 requests and 100 000 tokens per second, no burst, under `name`,
+/// on a backend of its own (a process of its own).
+async fn requests_and_tokens(
+    server: &RedisServer,
+    name: &str,
+    clock: &FakeClock,
+) -> RateLimiter<Redis, FakeClock> {
+    RateLimiter::builder()
+        .limit(Limit::per_second(1_000.0).burst(1))
+        .limit(Limit::per_second(100_000.0).burst(1))
+        .redis(&backend(server.client()).await, name)
+        .fallback(Fallback::FailClosed)
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+/// `rate` permits per second, no burst, under `name`, on a backend of its
+/// own.
+async fn paced(
+    server: &RedisServer,
+    name: &str,
+    rate: f64,
+    clock: &FakeClock,
+    fallback: Fallback,
+) -> RateLimiter<Redis, FakeClock> {
+    RateLimiter::builder()
+        .permits_per_second(rate)
+        .max_burst(Duration::ZERO)
+        .redis(&backend(server.client()).await, name)
+        .fallback(fallback)
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+fn counts(rng: &mut Rng) -> [u32; 2] {
+    [1 + rng.below(3) as u32, rng.below(2_000) as u32]
+}
+
+/// Calls settled at their real cost (some twice, the last standing), then
+/// dropped, among plain reservations, leave their key where a twin that
+/// reserved the real costs in the first place leaves its own: the same
+/// distance travelled by every ticket, to the 2^-20 µs.
+#[tokio::test]
+async fn a_settled_call_leaves_the_key_as_a_twin_that_reserved_its_cost() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new();
+    let settled_limiter = requests_and_tokens(&server, "settled", &clock).await;
+    let twin = requests_and_tokens(&server, "twin", &clock).await;
+    // 10 s of debt on the first limit: every request after goes at its
+    // ticket.
+    settled_limiter.reserve(10_000).await.unwrap();
+    twin.reserve(10_000).await.unwrap();
+    let before = [
+        settled(&server, "paceline:v1:settled").await,
+        settled(&server, "paceline:v1:twin").await,
+    ];
+    let mut rng = Rng::new(0xCA11);
+    for i in 0..20 {
+        let (estimate, actual) = (counts(&mut rng), counts(&mut rng));
+        let call = settled_limiter.call(Cost::each(estimate)).await.unwrap();
+        call.settle(Cost::each(actual)).unwrap();
+        twin.call(Cost::each(actual)).await.unwrap().finish();
+        if i % 4 == 0 {
+            settled_limiter.reserve(2).await.unwrap();
+            twin.reserve(2).await.unwrap();
+        }
+    }
+    let after = [
+        settled(&server, "paceline:v1:settled").await,
+        settled(&server, "paceline:v1:twin").await,
+    ];
+    for limit in 0..2 {
+        let travelled: Vec<u128> = (0..2)
+            .map(|key| ticket(&after[key].limits[limit]) - ticket(&before[key].limits[limit]))
+            .collect();
+        assert_eq!(travelled[0], travelled[1], "limit {limit}");
+        assert_eq!(after[0].limits[limit].stored_permits, 0.0);
+    }
+    // (Far ahead of the clock, as the test needs.)
+    assert!(after[0].limits[0].next_free_micros > after[0].last_now_micros + 5e6);
+}
+
+/// Once the log has let a call go (here a rate change emptied it), what
+/// it cost past its estimate is charged as a request that does not wait,
+/// and what it cost less is not given back.
+#[tokio::test]
+async fn a_call_the_log_let_go_is_charged_its_excess_and_gives_nothing_back() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new();
+    let let_go = paced(&server, "let_go", 1_000.0, &clock, Fallback::FailClosed).await;
+    let twin = paced(
+        &server,
+        "let_go_twin",
+        1_000.0,
+        &clock,
+        Fallback::FailClosed,
+    )
+    .await;
+    for limiter in [&let_go, &twin] {
+        limiter.reserve(10_000).await.unwrap();
+    }
+    let before = [
+        settled(&server, "paceline:v1:let_go").await,
+        settled(&server, "paceline:v1:let_go_twin").await,
+    ];
+    let more = let_go.call(5).await.unwrap();
+    let less = let_go.call(5).await.unwrap();
+    twin.call(5).await.unwrap().finish();
+    twin.call(5).await.unwrap().finish();
+    for limiter in [&let_go, &twin] {
+        limiter.set_rate(500.0).unwrap();
+        limiter.reserve(1).await.unwrap();
+    }
+    more.settle(8).unwrap();
+    less.settle(2).unwrap();
+    // The twin: the excess of the first, nothing of the second.
+    twin.reserve(3).await.unwrap();
+    let twin_after = settled(&server, "paceline:v1:let_go_twin").await;
+    let expected = ticket(&twin_after.limits[0]) - ticket(&before[1].limits[0]);
+    let travelled = |server: &RedisServer| {
+        let mut con = server.connection();
+        let value = Value::read(&mut con, "paceline:v1:let_go").unwrap();
+        ticket(&value.limits[0]) - ticket(&before[0].limits[0])
+    };
+    within(Duration::from_secs(5), || travelled(&server) == expected)
+        .await
+        .unwrap_or_else(|| panic!("travelled {}, the twin {expected}", travelled(&server)));
+    // Nothing else comes.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(travelled(&server), expected);
+}
+
+/// A refusal learned by one instance lowers the rate (× 0.7) and pauses
+/// every instance of the key until its Retry-After: another instance's
+/// next request goes one learned interval after the pause, and an
+/// instance started after runs at the learned rate too.
+#[tokio::test]
+async fn a_refusal_learned_by_one_instance_slows_every_instance_of_the_key() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new();
+    let one = paced(&server, "shared", 10.0, &clock, Fallback::FailClosed).await;
+    let other = paced(&server, "shared", 10.0, &clock, Fallback::FailClosed).await;
+    let call = one.call(1).await.unwrap();
+    call.learn(&refused(Duration::from_secs(3)));
+    drop(call);
+    let mut con = server.connection();
+    let mut value = None;
+    within(Duration::from_secs(5), || {
+        value = Value::read(&mut con, "paceline:v1:shared");
+        value.as_ref().is_some_and(|v| v.learned.is_some())
+    })
+    .await
+    .expect("the lesson reached Redis");
+    let learned = value.unwrap().learned.unwrap();
+    let (factor, paused_until) = (learned[0], learned[1]);
+    assert_eq!(factor, 0.7);
+    // The other instance: at the end of the pause, then 1/7 s apart.
+    other.reserve(1).await.unwrap();
+    let value = settled(&server, "paceline:v1:shared").await;
+    assert_eq!(value.limits[0].permits_per_second, 10.0 * 0.7);
+    let interval = 1e6 / (10.0 * 0.7);
+    let first = value.limits[0].next_free_micros - paused_until;
+    assert!((first - interval).abs() <= 1.0, "{first} after the pause");
+    let before = ticket(&value.limits[0]);
+    other.reserve(10).await.unwrap();
+    let value = settled(&server, "paceline:v1:shared").await;
+    let ten = (ticket(&value.limits[0]) - before) as f64 / f64::from(1u32 << 20);
+    assert!((ten - 10.0 * interval).abs() <= 1.0, "{ten} µs for 10");
+    // An instance started now runs at the learned rate.
+    let later = paced(&server, "shared", 10.0, &clock, Fallback::FailClosed).await;
+    let before = ticket(&value.limits[0]);
+    later.reserve(10).await.unwrap();
+    let value = settled(&server, "paceline:v1:shared").await;
+    let ten = (ticket(&value.limits[0]) - before) as f64 / f64::from(1u32 << 20);
+    assert!((ten - 10.0 * interval).abs() <= 1.0, "{ten} µs for 10");
+}
+
+/// A call stays in the key's log past its moment, so that it can still be
+/// settled exactly; dropping it keeps it, and the log empties.
+#[tokio::test]
+async fn a_dropped_call_is_kept_and_the_log_empties() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new();
+    // (Slow: the key lives, with its log, for seconds.)
+    let limiter = paced(&server, "kept", 1.0, &clock, Fallback::FailClosed).await;
+    let call = limiter.call(1).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut con = server.connection();
+    let value = Value::read(&mut con, "paceline:v1:kept").unwrap();
+    assert_eq!(value.logged(), Some(1), "open past its moment: {value:?}");
+    assert!(value.log[0][1] < 0.0, "logged as open: {value:?}");
+    // Others' requests are logged behind it while it is open.
+    limiter.reserve(1).await.unwrap();
+    assert_eq!(
+        Value::read(&mut con, "paceline:v1:kept").unwrap().logged(),
+        Some(2)
+    );
+    drop(call);
+    settled(&server, "paceline:v1:kept").await;
+}
+
+/// A keyed limiter through Redis: each key settles its calls exactly (as
+/// a twin key that reserved the real costs), and learns alone.
+#[tokio::test]
+async fn keyed_calls_settle_and_learn_per_key() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new();
+    let limiter = KeyedRateLimiter::<String>::builder()
+        .limit(Limit::per_second(1_000.0).burst(1))
+        .limit(Limit::per_second(100_000.0).burst(1))
+        .redis(&backend(server.client()).await, "upstreams")
+        .fallback(Fallback::FailClosed)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let key = |k: &str| limiter.redis_key(k);
+    for k in ["a", "b"] {
+        limiter.reserve(k, 10_000).await.unwrap();
+    }
+    let before = [
+        settled(&server, &key("a")).await,
+        settled(&server, &key("b")).await,
+    ];
+    let mut rng = Rng::new(0xB0B);
+    for _ in 0..10 {
+        let (estimate, actual) = (counts(&mut rng), counts(&mut rng));
+        let call = limiter.call("a", Cost::each(estimate)).await.unwrap();
+        call.settle(Cost::each(actual)).unwrap();
+        limiter
+            .call("b", Cost::each(actual))
+            .await
+            .unwrap()
+            .finish();
+    }
+    let after = [
+        settled(&server, &key("a")).await,
+        settled(&server, &key("b")).await,
+    ];
+    for limit in 0..2 {
+        assert_eq!(
+            ticket(&after[0].limits[limit]) - ticket(&before[0].limits[limit]),
+            ticket(&after[1].limits[limit]) - ticket(&before[1].limits[limit]),
+            "limit {limit}"
+        );
+    }
+    // A refusal on "a" is learned by "a" alone.
+    let call = limiter.call("a", 1).await.unwrap();
+    call.learn(&refused(Duration::ZERO));
+    drop(call);
+    let learned = settled(&server, &key("a")).await;
+    let mut con = server.connection();
+    within(Duration::from_secs(5), || {
+        Value::read(&mut con, &key("a")).is_some_and(|v| v.learned.is_some())
+    })
+    .await
+    .unwrap_or_else(|| panic!("a learned nothing: {learned:?}"));
+    let a = Value::read(&mut con, &key("a")).unwrap();
+    assert_eq!(a.learned.as_ref().unwrap()[0], 0.7);
+    assert_eq!(a.limits[0].permits_per_second, 1_000.0 * 0.7);
+    assert_eq!(a.limits[1].permits_per_second, 100_000.0 * 0.7);
+    let b = Value::read(&mut con, &key("b")).unwrap();
+    assert_eq!((b.learned, b.limits[0].permits_per_second), (None, 1_000.0));
+}
+
+/// Redis dies after the key learned a refusal: the fallback opens the key
+/// at the learned rate (10/s × 0.7, on the limiter's own clock), and a
+/// settle of a call Redis served, arriving while it is down, is charged
+/// there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_redis_dies_the_fallback_keeps_the_learned_rate() {
+    let mut server = RedisServer::start();
+    let clock = FakeClock::new();
+    let limiter = paced(&server, "dying", 10.0, &clock, Fallback::Local).await;
+    let call = limiter.call(1).await.unwrap();
+    call.learn(&refused(Duration::ZERO));
+    drop(call);
+    settled(&server, "paceline:v1:dying").await;
+    // A call's reply carries what the key learned.
+    let served = limiter.call(1).await.unwrap();
+    assert!(!limiter.stats().degraded);
+    server.kill();
+    let interval = Duration::from_nanos((1e9_f64 / (10.0 * 0.7)).round() as u64);
+    let wait = |first: Duration, second: Duration| second.saturating_sub(first);
+    let first = limiter.reserve(1).await.unwrap();
+    assert!(limiter.stats().degraded, "{:?}", limiter.stats());
+    let second = limiter.reserve(1).await.unwrap();
+    let apart = wait(first, second);
+    assert!(
+        apart.abs_diff(interval) <= Duration::from_micros(1),
+        "{apart:?} apart, not {interval:?}"
+    );
+    // The settle of the call Redis served: its excess, 3 permits, is
+    // charged to the fallback's key (3 intervals more for the next).
+    served.settle(4).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let wait = limiter.snapshot().await.unwrap().wait();
+        if wait.saturating_sub(second) >= 3 * interval {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the excess never reached the fallback: {wait:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let next = limiter.reserve(1).await.unwrap();
+    let apart = wait(second, next);
+    assert!(
+        apart.abs_diff(4 * interval) <= Duration::from_micros(4),
+        "{apart:?} apart, not {:?}",
+        4 * interval
+    );
+}
