@@ -153,6 +153,31 @@ pub struct Reported {
     pub reset_micros: Option<u64>,
 }
 
+/// What limits learned, as another copy of them reports it (Redis's, in a
+/// reply): the factor, the margin, and each limit's cap (infinite where
+/// none was reported).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Adopted {
+    pub(crate) factor: f64,
+    pub(crate) margin: f64,
+    pub(crate) caps: Box<[f64]>,
+}
+
+impl Adopted {
+    /// Whether it changes nothing: limits at their configured rates.
+    pub(crate) fn is_nothing(&self) -> bool {
+        self.factor >= 1.0 && self.caps.iter().all(|c| c.is_infinite())
+    }
+
+    /// The same, its caps scaled by `fraction` (a fallback's share).
+    pub(crate) fn scaled(mut self, fraction: f64) -> Adopted {
+        for cap in self.caps.iter_mut() {
+            *cap *= fraction;
+        }
+        self
+    }
+}
+
 /// What the limits learned (see the module's documentation).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Learned {
@@ -257,19 +282,28 @@ impl Limits {
         }
     }
 
-    /// Runs the limits at `factor` (in `(0, 1]`; anything else changes
-    /// nothing) of their configured rates from `now_micros`, as though they
-    /// had learned it, and nothing else: a fallback that takes a key over
-    /// from a limiter shared through Redis starts from the factor the key
-    /// learned there. As a rate change, it empties the log.
-    pub(crate) fn adopt_factor(&mut self, factor: f64, now_micros: u64) {
-        if !(factor > 0.0 && factor <= 1.0) {
+    /// Runs the limits at the rates `adopted` says another copy of them
+    /// learned (its factor, margin and caps; the caps already in this
+    /// copy's terms), from `now_micros`, and nothing else: a fallback that
+    /// takes a key over from a limiter shared through Redis starts from
+    /// what the key learned there. Numbers out of range change nothing. As
+    /// a rate change, it empties the log.
+    pub(crate) fn adopt(&mut self, adopted: &Adopted, now_micros: u64) {
+        let valid = |x: f64| x > 0.0 && x <= 1.0;
+        if !valid(adopted.factor)
+            || !valid(adopted.margin)
+            || adopted.caps.iter().any(|c| !(*c > 0.0))
+        {
             return;
         }
         let learned = self
             .learned
             .get_or_insert_with(|| Box::new(Learned::new(&self.states)));
-        learned.factor = factor;
+        learned.factor = adopted.factor;
+        learned.margin = adopted.margin;
+        for (cap, adopted) in learned.caps.iter_mut().zip(adopted.caps.iter()) {
+            *cap = *adopted;
+        }
         let rates: Vec<f64> = (0..self.states.len()).map(|i| learned.rate(i)).collect();
         // Every learned rate is positive, so valid.
         let _ = self.apply_rates(&rates, now_micros);

@@ -183,6 +183,7 @@ pub(crate) mod word;
 
 pub use bursty::Bursty;
 pub use cost::Cost;
+pub(crate) use learn::Adopted;
 pub use learn::{Learning, Lesson, Reported};
 #[cfg(feature = "internals")]
 pub use limits::LOG_CAPACITY;

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::Keyed;
 use crate::clock::Clock;
-use crate::core::{Cost, Learning, Lesson};
+use crate::core::Cost;
 use crate::{Key, Snapshot};
 
 /// # For a Redis limiter's fallback
@@ -67,15 +67,15 @@ impl<K: Key, C: Clock> Keyed<K, C> {
     }
 
     /// Holds `key` with nothing stored and every ticket at `until` (µs on
-    /// the clock), at `factor` of its configured rates (what the key
-    /// learned in Redis; 1: at them), unless it is held already.
-    pub(crate) fn open<Q>(&self, key: &Q, until: u64, factor: f64)
+    /// the clock), at the rates it `learned` in Redis (`None`: at its
+    /// configured rates), unless it is held already.
+    pub(crate) fn open<Q>(&self, key: &Q, until: u64, learned: Option<&crate::core::Adopted>)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let (mut shard, now) = self.shard_now(key);
-        let dropped = shard.open(key, until, factor, now);
+        let dropped = shard.open(key, until, learned, now);
         drop(shard);
         self.count_dropped(dropped);
     }
@@ -90,19 +90,6 @@ impl<K: Key, C: Clock> Keyed<K, C> {
     {
         let (mut shard, now) = self.shard_now(key);
         let dropped = shard.charge(key, cost, now);
-        drop(shard);
-        self.count_dropped(dropped);
-    }
-
-    /// Learns what an upstream answered to a call on `key` (see
-    /// `Limits::learn`).
-    pub(crate) fn learn_key<Q>(&self, key: &Q, lesson: &Lesson, learning: &Learning)
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        let (mut shard, now) = self.shard_now(key);
-        let dropped = shard.learn(key, now, lesson, learning);
         drop(shard);
         self.count_dropped(dropped);
     }

@@ -20,7 +20,7 @@ pub(crate) use shard::Mode;
 use shard::{Dropped, Fast, LogId, Shard, Written};
 
 use crate::clock::{Clock, SystemClock};
-use crate::core::{Limits, Policy, State};
+use crate::core::{Learning, Lesson, Limits, Policy, State};
 use crate::metrics::Metrics;
 use crate::reservation::{GiveBack, GiveBackId};
 use crate::{Key, Reservation};
@@ -47,6 +47,10 @@ pub struct Keyed<K, C: Clock = SystemClock> {
     /// The visits that sweep the shards no call reaches.
     rounds: Rounds,
     metrics: Metrics,
+    /// The share of the rates an upstream reports that each key runs at:
+    /// 1, or a Redis limiter's fallback's local fraction (its keys run at
+    /// that share of the shared rates).
+    share: f64,
 }
 
 /// A shard on cache lines of its own, so that threads on different shards
@@ -129,7 +133,39 @@ impl<K: Key, C: Clock> Keyed<K, C> {
             limits: count,
             rounds: Rounds::new(shards, now, mode == Mode::Full),
             metrics: Metrics::default(),
+            share: 1.0,
         }
+    }
+
+    /// Runs each key at `share` of the rates an upstream reports (a
+    /// fallback's local fraction): its own rates are that share already.
+    pub(crate) fn with_share(mut self, share: f64) -> Self {
+        self.share = share;
+        self
+    }
+
+    /// Learns what an upstream answered to a call on `key` (see
+    /// [`Limits::learn`]), the rates it reports taken at this limiter's
+    /// share.
+    pub(crate) fn learn_key<Q>(&self, key: &Q, lesson: &Lesson, learning: &Learning)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut shared;
+        let lesson = if self.share == 1.0 {
+            lesson
+        } else {
+            shared = lesson.clone();
+            for reported in &mut shared.limits {
+                reported.rate = reported.rate.map(|rate| rate * self.share);
+            }
+            &shared
+        };
+        let (mut shard, now) = self.shard_now(key);
+        let dropped = shard.learn(key, now, lesson, learning);
+        drop(shard);
+        self.count_dropped(dropped);
     }
 
     /// Records into `metrics` from now on.

@@ -143,10 +143,7 @@ impl<K: Key, C: Clock> GivesBack for Keyed<K, C> {
 
     fn learn(&self, taken: &GiveBackId, lesson: &Lesson, learning: &Learning) {
         if let Some(taken) = Self::ours_ref(taken) {
-            let (mut shard, now) = self.shard_now(&taken.key);
-            let dropped = shard.learn(&taken.key, now, lesson, learning);
-            drop(shard);
-            self.count_dropped(dropped);
+            self.learn_key(&taken.key, lesson, learning);
         }
     }
 }

@@ -125,11 +125,9 @@ impl<'a> Call<'a> {
     /// is sent in the background, and the whole fleet learns it.
     pub fn learn(&self, feedback: &Feedback) {
         if let Some(pending) = &self.pending {
-            let lesson = self.upstream.lesson(feedback);
+            let (lesson, learning) = self.upstream.lesson(feedback);
             pending.owner.metrics().upstream_answered(lesson.throttled);
-            pending
-                .owner
-                .learn(&pending.taken, &lesson, &self.upstream.learning);
+            pending.owner.learn(&pending.taken, &lesson, &learning);
         }
     }
 }

@@ -2,13 +2,16 @@
 //! [`Lesson`] for its limits, matched by name.
 
 use super::{Feedback, Quota, Upstream};
-use crate::core::{Lesson, Reported, micros};
+use crate::core::{Learning, Lesson, Reported, micros};
 
 impl Upstream {
-    /// `feedback` in the limits' terms: each limit takes the quota of its
+    /// `feedback` in the limits' terms (each limit takes the quota of its
     /// name, and the first unnamed limit the quota the upstream gave no
-    /// name.
-    pub(crate) fn lesson(&self, feedback: &Feedback) -> Lesson {
+    /// name), and the learning to learn it under: the limiter's, except
+    /// that an answer reporting the rate of every limit lowers nothing (the
+    /// limiter already runs under the rates the upstream says it allows: a
+    /// refusal then only pauses).
+    pub(crate) fn lesson(&self, feedback: &Feedback) -> (Lesson, Learning) {
         let first_unnamed = self.names.iter().position(Option::is_none);
         let limits = self
             .names
@@ -23,12 +26,19 @@ impl Upstream {
                 quota.map(reported).unwrap_or_default()
             })
             .collect();
-        Lesson {
+        let lesson = Lesson {
             throttled: feedback.is_throttled(),
             success: feedback.is_success(),
             retry_after_micros: feedback.retry_after().map(micros),
             limits,
-        }
+        };
+        let reported = |limits: &[Reported]| limits.iter().all(|r| r.rate.is_some());
+        let learning = if !lesson.limits.is_empty() && reported(&lesson.limits) {
+            self.learning.decrease(1.0)
+        } else {
+            self.learning
+        };
+        (lesson, learning)
     }
 }
 
@@ -72,7 +82,7 @@ mod tests {
             ("Retry-After", b"2"),
         ];
         let feedback = Feedback::from_headers(429, headers, SystemTime::UNIX_EPOCH);
-        let lesson = upstream(&[Some("requests"), Some("tokens")]).lesson(&feedback);
+        let (lesson, learning) = upstream(&[Some("requests"), Some("tokens")]).lesson(&feedback);
         assert!(lesson.throttled && !lesson.success);
         assert_eq!(lesson.retry_after_micros, Some(2_000_000));
         let requests = Reported {
@@ -86,10 +96,13 @@ mod tests {
             reset_micros: Some(2_000_000),
         };
         assert_eq!(lesson.limits, [requests, tokens]);
+        // Every limit's rate reported: a refusal lowers nothing.
+        assert_eq!(learning, Learning::default().decrease(1.0));
         // Unnamed limits take nothing named; a limit the upstream does not
         // report learns nothing from it.
-        let lesson = upstream(&[None, Some("bytes")]).lesson(&feedback);
+        let (lesson, learning) = upstream(&[None, Some("bytes")]).lesson(&feedback);
         assert_eq!(lesson.limits, [Reported::default(), Reported::default()]);
+        assert_eq!(learning, Learning::default());
     }
 
     #[test]
@@ -100,7 +113,7 @@ mod tests {
             ("X-RateLimit-Reset", b"0.5"),
         ];
         let feedback = Feedback::from_headers(200, headers, SystemTime::UNIX_EPOCH);
-        let lesson = upstream(&[Some("tokens"), None, None]).lesson(&feedback);
+        let (lesson, _) = upstream(&[Some("tokens"), None, None]).lesson(&feedback);
         assert!(lesson.success);
         let unnamed = Reported {
             rate: None,

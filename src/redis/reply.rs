@@ -55,7 +55,7 @@ pub(crate) struct Reply {
     /// from an upstream's answers (see `Limits::learn`), when the reply
     /// carries what the key learned (a call's and a learn's do, once it
     /// has learned anything); `None` otherwise.
-    pub(crate) learned: Option<f64>,
+    pub(crate) learned: Option<crate::core::Adopted>,
 }
 
 impl Reply {
@@ -271,13 +271,22 @@ fn granted(bytes: &[u8], limits: usize, held: Held) -> Option<Reply> {
         Held::Always => Some(LogId(next_id.checked_sub(1)?)),
         Held::IfItWaits(_) => None,
     };
-    // The factor: the first double after the fixed part.
-    let factor_at = hot + 8 * (1 + FIXED_PER_LIMIT * limits);
+    // What the limits learned, after the fixed part: the factor, the end
+    // of the pause, when it last rose, the margin, and a cap per limit.
+    let learned_at = hot + 8 * (1 + FIXED_PER_LIMIT * limits);
     let learned = bytes
-        .get(factor_at..factor_at + 8)
+        .get(learned_at..learned_at + 8 * (4 + limits))
         .filter(|_| learns)
-        .and_then(|factor| doubles(factor).next())
-        .filter(|factor| *factor > 0.0 && *factor <= 1.0);
+        .map(|learned| doubles(learned).collect::<Vec<f64>>())
+        .map(|numbers| crate::core::Adopted {
+            factor: numbers[0],
+            margin: numbers[3],
+            caps: numbers[4..].into(),
+        })
+        .filter(|adopted| {
+            let valid = |x: f64| x > 0.0 && x <= 1.0;
+            valid(adopted.factor) && valid(adopted.margin) && adopted.caps.iter().all(|c| *c > 0.0)
+        });
     let limit = match bound {
         -1.0 => 0,
         bound => usize::try_from(whole(bound, limits as f64 - 1.0)?).ok()?,

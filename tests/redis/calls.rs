@@ -362,3 +362,58 @@ async fn when_redis_dies_the_fallback_keeps_the_learned_rate() {
         4 * interval
     );
 }
+
+/// A rate the upstream reported, learned in Redis, reaches the fallback
+/// too, at the process's share: a limiter configured at 10/s that learned
+/// the upstream allows 4/s, taking half when Redis is down, goes on at
+/// half of 0.97 of 4/s, not at half of 10/s.
+#[tokio::test]
+async fn when_redis_dies_the_fallback_keeps_the_reported_rate_at_its_share() {
+    let mut server = RedisServer::start();
+    let clock = FakeClock::new();
+    let limiter = RateLimiter::builder()
+        .permits_per_second(10.0)
+        .max_burst(Duration::ZERO)
+        .redis(&backend(server.client()).await, "reported")
+        .fallback(Fallback::Local)
+        .local_fraction(0.5)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let call = limiter.call(1).await.unwrap();
+    let policy: [(&str, &[u8]); 1] = [("ratelimit-policy", b"4;w=1")];
+    call.learn(&Feedback::from_headers(
+        200,
+        policy,
+        std::time::SystemTime::now(),
+    ));
+    drop(call);
+    settled(&server, "paceline:v1:reported").await;
+    // A call's reply carries what the key learned.
+    drop(limiter.call(1).await.unwrap());
+    server.kill();
+    let first = limiter.reserve(1).await.unwrap();
+    assert!(limiter.stats().degraded, "{:?}", limiter.stats());
+    let second = limiter.reserve(1).await.unwrap();
+    let interval = Duration::from_secs_f64(1.0 / (4.0 * 0.97 * 0.5));
+    let apart = second.saturating_sub(first);
+    assert!(
+        apart.abs_diff(interval) <= Duration::from_micros(1),
+        "{apart:?} apart, not {interval:?}"
+    );
+    // A call the fallback serves learns the same rate, at the same share.
+    let call = limiter.call(1).await.unwrap();
+    call.learn(&Feedback::from_headers(
+        200,
+        policy,
+        std::time::SystemTime::now(),
+    ));
+    drop(call);
+    let third = limiter.reserve(1).await.unwrap();
+    let fourth = limiter.reserve(1).await.unwrap();
+    let apart = fourth.saturating_sub(third);
+    assert!(
+        apart.abs_diff(interval) <= Duration::from_micros(1),
+        "{apart:?} apart after a lesson in the fallback, not {interval:?}"
+    );
+}

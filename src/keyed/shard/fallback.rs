@@ -46,14 +46,14 @@ impl<K: Hash + Eq + Clone> Table<K> {
         }
     }
 
-    /// Holds `key` with nothing stored and every ticket at `until`, at
-    /// `factor` of its configured rates (see `Limits::adopt_factor`; 1:
-    /// at them), unless it is held already.
+    /// Holds `key` with nothing stored and every ticket at `until`, at the
+    /// rates it `learned` elsewhere (see `Limits::adopt`; `None`: at its
+    /// configured rates), unless it is held already.
     pub(in crate::keyed) fn open<Q>(
         &mut self,
         key: &Q,
         until: u64,
-        factor: f64,
+        learned: Option<&crate::core::Adopted>,
         now: u64,
     ) -> Dropped
     where
@@ -67,8 +67,8 @@ impl<K: Hash + Eq + Clone> Table<K> {
         for state in self.template.states_mut() {
             start(state, Mode::Empty, until.max(now));
         }
-        if factor < 1.0 {
-            self.template.adopt_factor(factor, now);
+        if let Some(learned) = learned {
+            self.template.adopt(learned, now);
         }
         self.keep_scratch(key, now);
         dropped

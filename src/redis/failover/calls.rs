@@ -134,20 +134,23 @@ where
         )
     }
 
-    /// Remembers the fraction of its rates `key` runs at in Redis, as a
-    /// reply said (see `Books::learned`).
-    pub(super) fn note_learned<Q>(&self, key: &Q, factor: f64)
+    /// Remembers what `key` learned in Redis, as a reply said (see
+    /// `Books::learned`).
+    pub(super) fn note_learned<Q>(&self, key: &Q, learned: &crate::core::Adopted)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let mut books = self.books();
-        if factor >= 1.0 {
+        if learned.is_nothing() {
             books.learned.remove(key);
-        } else if let Some(known) = books.learned.get_mut(key) {
-            *known = factor;
+            return;
+        }
+        let learned = learned.clone().scaled(self.local_fraction);
+        if let Some(known) = books.learned.get_mut(key) {
+            *known = learned;
         } else if books.learned.len() < self.max_local_keys {
-            books.learned.insert(key.to_owned(), factor);
+            books.learned.insert(key.to_owned(), learned);
         }
     }
 
@@ -246,8 +249,8 @@ where
                     // what the key owes and learned after it.
                     if reply.after.is_some() {
                         self.note_debt(key, reply.debt_micros);
-                        if let Some(factor) = reply.learned {
-                            self.note_learned(key, factor);
+                        if let Some(learned) = &reply.learned {
+                            self.note_learned(key, learned);
                         }
                     }
                     return;

@@ -108,8 +108,7 @@ where
     {
         if self.local.ticket(key).is_none() {
             let floor = self.floor(books, key);
-            let factor = books.learned.get(key).copied().unwrap_or(1.0);
-            self.local.open(key, floor, factor);
+            self.local.open(key, floor, books.learned.get(key));
         }
     }
 

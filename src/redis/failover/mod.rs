@@ -141,11 +141,11 @@ struct Books<K> {
     /// waiting ends (µs, local clock), by Redis key (see [`Late`]): at most
     /// `max_local_keys`.
     late: HashMap<Arc<str>, u64>,
-    /// The fraction of its configured rates each key runs at in Redis, as
-    /// its last reply that said it did (what the key learned from an
-    /// upstream: see `calls`), for keys below 1: at most
-    /// `max_local_keys`. A key opens in the fallback at that fraction.
-    learned: HashMap<K, f64>,
+    /// What each key learned in Redis from an upstream (see `calls`), as
+    /// its last reply that said it did, its caps scaled to the fallback's
+    /// share, for keys that run below their configured rates: at most
+    /// `max_local_keys`. A key opens in the fallback at those rates.
+    learned: HashMap<K, crate::core::Adopted>,
     /// The open calls made in Redis whose keep could not reach it (Redis
     /// was down): sent once it is back, at most `max_local_keys`.
     keeps: Vec<(K, LogId)>,
@@ -271,7 +271,8 @@ where
             parts.clock,
             Some(parts.max_local_keys),
             Mode::Empty,
-        );
+        )
+        .with_share(parts.local_fraction);
         let script_args = ScriptArgs::new(&limits);
         let metrics = Metrics::named(Some(match &parts.naming {
             Naming::Single { key, .. } => key,
@@ -514,8 +515,8 @@ where
             _ => send_within(backend, target, call, None, budget).await,
         }?;
         self.note_debt(key, reply.debt_micros);
-        if let Some(factor) = reply.learned {
-            self.note_learned(key, factor);
+        if let Some(learned) = &reply.learned {
+            self.note_learned(key, learned);
         }
         Ok(reply)
     }

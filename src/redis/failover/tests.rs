@@ -95,9 +95,9 @@ fn keys_open_no_earlier_than_a_ticket_the_fallback_dropped() {
     let now = clock.now_micros();
     // The fallback holds one key; a second drops the first, whose
     // ticket lies 10 s ahead.
-    failover.local.open("a", now, 1.0);
+    failover.local.open("a", now, None);
     crate::store::now(crate::store::reserve(&failover.local, "a", 10)).unwrap();
-    failover.local.open("b", now, 1.0);
+    failover.local.open("b", now, None);
     assert!(failover.local.ticket("a").is_none());
     assert!(failover.local.dropped_until() >= now + 10 * SECOND);
     assert!(floor(&failover, "c") >= now + 10 * SECOND);
@@ -110,7 +110,12 @@ fn keys_open_no_earlier_than_a_ticket_the_fallback_dropped() {
 #[test]
 fn a_key_opens_at_the_rate_it_learned_and_the_others_at_theirs() {
     let (failover, clock) = failover(10);
-    failover.note_learned("slow", 0.5);
+    let learned = |factor: f64| crate::core::Adopted {
+        factor,
+        margin: 1.0,
+        caps: vec![f64::INFINITY].into(),
+    };
+    failover.note_learned("slow", &learned(0.5));
     let now = clock.now_micros();
     failover.open_locally(&failover.books(), "slow");
     failover.open_locally(&failover.books(), "fresh");
@@ -125,6 +130,6 @@ fn a_key_opens_at_the_rate_it_learned_and_the_others_at_theirs() {
     assert_eq!(take("fresh"), Duration::from_secs(1));
     assert_eq!(failover.local.ticket("slow"), Some(now + 4 * SECOND));
     // A reply that says the key is back at its rate forgets the factor.
-    failover.note_learned("slow", 1.0);
+    failover.note_learned("slow", &learned(1.0));
     assert!(failover.books().learned.is_empty());
 }
