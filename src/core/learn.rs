@@ -292,7 +292,7 @@ impl Limits {
         let valid = |x: f64| x > 0.0 && x <= 1.0;
         if !valid(adopted.factor)
             || !valid(adopted.margin)
-            || adopted.caps.iter().any(|c| !(*c > 0.0))
+            || !adopted.caps.iter().all(|c| *c > 0.0)
         {
             return;
         }
