@@ -163,6 +163,7 @@ pub(crate) struct Adopted {
     pub(crate) caps: Box<[f64]>,
 }
 
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 impl Adopted {
     /// Whether it changes nothing: limits at their configured rates.
     pub(crate) fn is_nothing(&self) -> bool {

@@ -139,6 +139,7 @@ impl<K: Key, C: Clock> Keyed<K, C> {
 
     /// Runs each key at `share` of the rates an upstream reports (a
     /// fallback's local fraction): its own rates are that share already.
+    #[cfg(feature = "redis")]
     pub(crate) fn with_share(mut self, share: f64) -> Self {
         self.share = share;
         self
