@@ -22,8 +22,8 @@
 //!   nearly all missing: the path that resets a key and sets its TTL;
 //! * the crate's script on one hot key with reservations its caller may
 //!   give back (`1+`, as `acquire` sends): each waits, so each is logged
-//!   with an id in the key's log, which stays full (64 requests, a value of
-//!   up to 2 676 bytes, written in place): the most a give-back-able
+//!   with an id in the key's log, which stays full (128 requests, a value of
+//!   up to about 4 700 bytes, written in place): the most a give-back-able
 //!   reservation costs.
 //!
 //! Part 2, the client: one `RateLimiter<Redis>` (one multiplexed connection)

@@ -28,10 +28,10 @@ local MAX_LIMITS = 16
 -- shape = limits + SHAPE * logged requests + BOUND * (the record's bound + 1)
 -- + LEARNED if the value holds what the limits learned
 local SHAPE = 32
-local LOGGED = 65 -- SHAPE * LOGGED = BOUND
-local BOUND = 2080
-local LEARNED = 35360 -- BOUND * 17
-local LOG_CAPACITY = 64 -- the most requests the log keeps
+local LOGGED = 129 -- SHAPE * LOGGED = BOUND
+local BOUND = 4128
+local LEARNED = 70176 -- BOUND * 17
+local LOG_CAPACITY = 128 -- the most requests the log keeps
 local DEAD_CAPACITY = 16 -- the most requests kept in the value after they left the log
 local BATCH_CAPACITY = 1024 -- the most requests in one batch
 -- The formats of several limits' values: string.sub(FORMAT, 3, 3 + k) is
@@ -283,7 +283,7 @@ if value then
         and last_now >= 0 and last_now <= MAX_MICROS and last_now % 1 == 0
         and next_id >= 0 and next_id < MAX_MICROS and next_id % 1 == 0
     if not ok then
-    elseif size == at and (shape == 1 or shape == 2081) then -- (1 + BOUND)
+    elseif size == at and (shape == 1 or shape == 4129) then -- (1 + BOUND)
         -- (One limit, nothing logged, nothing learned.)
         held_n = 1
         -- The clock never runs backwards for a key.

@@ -97,7 +97,7 @@ impl<'a> Call<'a> {
     ///
     /// Exact while the limiter's log still holds the call (it holds every
     /// request since the oldest call still open, up to 1 024 in this
-    /// process and 64 in Redis, until a rate change, a pause or a learned
+    /// process and 128 in Redis, until a rate change, a pause or a learned
     /// rate empties it): the limiter then holds what it would had the call
     /// reserved `actual`. After that, what `actual` counts past the estimate
     /// is charged at once (later callers wait for it), and what it counts

@@ -26,8 +26,8 @@ const LIMIT_LEN: usize = 24;
 /// `bound` is the limit that bound the last request granted (-1: none),
 /// plus `LEARNED` if the value holds what the limits learned.
 const SHAPE: f64 = 32.0;
-const BOUND: f64 = 2080.0;
-const LEARNED: f64 = 35_360.0;
+const BOUND: f64 = 4128.0;
+const LEARNED: f64 = 70_176.0;
 /// The fixed part after the hot one: the TTL's end, then each limit's rate
 /// and max_permits (in doubles: 1 + 2 per limit).
 const FIXED_PER_LIMIT: usize = 2;
@@ -407,7 +407,7 @@ mod tests {
         // A batch no longer than the script takes, and a log as long as
         // the core keeps for a shared key.
         assert!(lua_number("BATCH_CAPACITY") >= super::super::coalesce::MAX_BATCH as f64);
-        assert_eq!(lua_number("LOG_CAPACITY"), 64.0);
+        assert_eq!(lua_number("LOG_CAPACITY"), 128.0);
         assert_eq!(lua_number("MAX_LIMITS"), 16.0);
     }
 

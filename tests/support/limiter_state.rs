@@ -5,8 +5,8 @@
 //! in the order `src/redis/script.rs` lists them; its constants are read
 //! from its own source. A value (see `docs/redis-protocol.md`, Value) is
 //! the marker `plv1`, then little-endian doubles: the hot part (the
-//! shape: the limits plus 32 per logged request plus 2080 times the record's
-//! bound plus one, plus 35360 if the limits learned anything;
+//! shape: the limits plus 32 per logged request plus 4128 times the record's
+//! bound plus one, plus 70176 if the limits learned anything;
 //! last_now_micros; next_id; the record: the moment of the last request
 //! granted; three per limit: stored_permits, next_free_micros,
 //! next_free_fraction), then expires_micros and two per limit (the rate and
@@ -139,7 +139,7 @@ pub const ENTRY_NOW: usize = 2;
 pub const ENTRY_MOMENT: usize = 3;
 
 /// The shape's flag of a value that holds what its limits learned.
-pub const LEARNED: f64 = 35360.0;
+pub const LEARNED: f64 = 70176.0;
 
 impl Value {
     /// Decodes a value, or a granted reservation's reply (its hot part
@@ -158,7 +158,7 @@ impl Value {
             return Err(bad());
         }
         let limits = shape as usize % 32;
-        let logged = shape as usize / 32 % 65;
+        let logged = shape as usize / 32 % 129;
         let learns = shape >= LEARNED;
         let hot = 4 + 3 * limits;
         let fixed = hot + 1 + 2 * limits;
@@ -186,7 +186,7 @@ impl Value {
             next_id: numbers[2],
             limits: (0..limits).map(state).collect(),
             moment_micros: numbers[3],
-            bound: ((shape % LEARNED) / 2080.0).floor() - 1.0,
+            bound: ((shape % LEARNED) / 4128.0).floor() - 1.0,
             learned: None,
             base: Vec::new(),
             log: Vec::new(),
@@ -228,7 +228,7 @@ impl Value {
         let learned = if self.learned.is_some() { LEARNED } else { 0.0 };
         let shape = self.limits.len() as f64
             + 32.0 * self.log.len() as f64
-            + 2080.0 * (self.bound + 1.0)
+            + 4128.0 * (self.bound + 1.0)
             + learned;
         let mut numbers = vec![
             shape,

@@ -10,7 +10,7 @@
 //!   fallback (its reservation is the fallback's own), even once Redis is
 //!   back: what it changes there is carried back with the key's debt.
 //! - A call Redis served is settled in Redis: exactly while the key's log
-//!   holds it (64 requests, a carry-back's resume among them; not past a
+//!   holds it (128 requests, a carry-back's resume among them; not past a
 //!   rate change, a learned one, or a restart that lost the key). If
 //!   Redis is down when its settle comes, or the settle fails, what it
 //!   cost past its charge is charged to the key in the fallback instead,

@@ -19,7 +19,7 @@ use paceline::core::{
 };
 
 /// The most requests the script's log keeps.
-pub const LOG_CAPACITY: usize = 64;
+pub const LOG_CAPACITY: usize = 128;
 /// The script's TTL cap, in milliseconds: floor(2^53 / 1000).
 const TTL_CAP_MS: f64 = 9_007_199_254_740.0;
 /// The most the script adds to a TTL it sets, in milliseconds.

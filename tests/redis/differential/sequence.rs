@@ -11,7 +11,7 @@ const STEPS: usize = 40;
 /// The steps of a calls sequence.
 const CALLS_STEPS: usize = 60;
 /// The steps of a deep sequence.
-const DEEP_STEPS: usize = 200;
+const DEEP_STEPS: usize = 400;
 /// Field comparisons every this many steps (and after the last step).
 const FIELDS_EVERY: usize = 4;
 /// A realistic clock: microseconds since the epoch, late 2023.

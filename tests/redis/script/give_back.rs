@@ -341,13 +341,13 @@ fn a_full_log_written_in_place_keeps_a_few_dead_requests_and_gives_back_exactly(
     let args = Args::bursty("1000", 0).held();
     let mut ids = vec![];
     let mut most_dead = 0;
-    for i in 0..150u64 {
+    for i in 0..300u64 {
         let reply = fx.call("k", &args.clone().at(T0 + i));
         if i > 0 {
             ids.push(reply.id());
         }
         let value = fx.value("k");
-        let logged = (i > 0).then_some(i.min(64) as usize);
+        let logged = (i > 0).then_some(i.min(128) as usize);
         assert_eq!(value.logged(), logged, "call {i}");
         assert!(
             value.dead.len() <= 16,
@@ -365,11 +365,11 @@ fn a_full_log_written_in_place_keeps_a_few_dead_requests_and_gives_back_exactly(
     // Every logged request's id, oldest first; giving back the oldest
     // moves the ticket back by its millisecond, as if it was never made.
     let logged: Vec<u64> = fx.value("k").log.iter().map(|r| r[0] as u64).collect();
-    assert_eq!(logged, ids[ids.len() - 64..]);
+    assert_eq!(logged, ids[ids.len() - 128..]);
     let before = fx.state("k").next();
-    let cancel = args.clone().cancel(logged[0]).at(T0 + 150);
+    let cancel = args.clone().cancel(logged[0]).at(T0 + 300);
     assert_eq!(fx.run("k", &cancel), 1);
     assert_eq!(fx.state("k").next(), before - 1_000);
     let value = fx.value("k");
-    assert_eq!((value.logged(), value.dead.len()), (Some(63), 0));
+    assert_eq!((value.logged(), value.dead.len()), (Some(127), 0));
 }
