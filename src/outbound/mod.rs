@@ -17,13 +17,22 @@
 //!
 //! * a refusal (429, or 503 with `Retry-After`) pauses every caller of the
 //!   limiter until its `Retry-After`, and multiplies its rates by 0.7 (once
-//!   per pause, down to 0.05 of the configured rates); after the pause the
-//!   callers go one interval apart at the lowered rate, never as a burst;
+//!   per pause, down to 0.05 of the configured rates) unless the same
+//!   answer reports the rate of every limit (the limiter runs under those
+//!   already: the refusal came from a burst, and the pause is enough);
+//!   after the pause the callers go one interval apart, never as a burst;
 //! * each second of successes after the pause adds back 0.05 of the
 //!   configured rates, up to them;
 //! * a rate the upstream reports for a limit (a quota over its window)
 //!   caps that limit at 0.97 of it, never above the configured rate; a
 //!   limit it reports spent (`remaining` 0) waits for its reset.
+//!
+//! Estimates: what a call costs past its estimate is always charged, and
+//! what it costs less is given back while the limiter's log still holds the
+//! call (every request since the oldest call still open: 1 024 in this
+//! process, 128 per key through Redis). With more callers than that
+//! waiting on one key, estimate low: the excess is charged when the answer
+//! says it.
 //!
 //! The upstream's names for its limits (`requests`, `tokens`) reach the
 //! limits [named](crate::Limit::named) so; what it reports without a name
