@@ -137,7 +137,7 @@
 //! | Limiter, methods | A give-back is | Errs towards limiting when |
 //! |---|---|---|
 //! | [`RateLimiter`], [`KeyedRateLimiter`], one limit or several, either policy: `acquire`, `try_acquire`, a [`Reservation`] | exact, however many are given back, in any order: the limits (a key's) are replayed without it from a log of up to 1 024 requests since the oldest that may be given back, and hold what they would had it never been made | more requests came since the oldest that may be given back (it then gives nothing back); a rate changed meanwhile |
-//! | Redis limiters, one limit or several, either policy: `acquire`, `try_acquire`, a [`Reservation`] | exact, as locally, from a log of up to 1 024 requests per key | more came since it; a rate changed meanwhile; the give-back reaches Redis after its moment, or not at all (Redis down) |
+//! | Redis limiters, one limit or several, either policy: `acquire`, `try_acquire`, a [`Reservation`] | exact, as locally, from a log of up to 128 requests per key | more came since it; a rate changed meanwhile; the give-back reaches Redis after its moment, or not at all (Redis down) |
 //! | Redis limiters: a round trip dropped in flight, or past the response timeout | the reply is awaited in the background (up to 30 s) and what it reserved given back, as above | as above; the reply comes later than that, or Redis is down |
 //! | Redis limiters: `reserve`, `try_reserve` (a wait, not a handle), dropped in flight | not given back: only a reservation with a handle is logged for a give-back | always: its permits stay charged |
 //! | Redis limiters on their local fallback | as [`KeyedRateLimiter`] | the key was carried back to Redis meanwhile: the give-back is lost, the permits stay charged |
