@@ -170,6 +170,14 @@ impl Adopted {
         self.factor >= 1.0 && self.caps.iter().all(|c| c.is_infinite())
     }
 
+    /// The rate a limit configured at `ceiling`, with `cap`, runs at
+    /// (`Learned::rate`).
+    pub(crate) fn rate_of(&self, ceiling: f64, cap: f64) -> f64 {
+        let capped = ceiling.min(cap * self.margin);
+        let rate = capped * self.factor;
+        if rate > 0.0 { rate } else { capped }
+    }
+
     /// The same, its caps scaled by `fraction` (a fallback's share).
     pub(crate) fn scaled(mut self, fraction: f64) -> Adopted {
         for cap in self.caps.iter_mut() {

@@ -89,6 +89,10 @@ impl Reply {
 pub(crate) struct Stored {
     pub(crate) now_micros: u64,
     pub(crate) limits: Vec<StoredLimit>,
+    /// What the key learned, when the reply (or this process's last reply
+    /// for the key) said: its limits run at the rates it makes of the
+    /// configured ones.
+    pub(crate) learned: Option<crate::core::Adopted>,
 }
 
 /// One limit of a [`Stored`] state.
@@ -122,6 +126,7 @@ impl Stored {
                 next_free_micros: wait,
                 next_free_fraction: 0,
             }],
+            learned: None,
         }
     }
 
@@ -156,6 +161,7 @@ impl Stored {
         Some(Stored {
             now_micros: whole(now, max)?,
             limits,
+            learned: None,
         })
     }
 
@@ -174,9 +180,15 @@ impl Stored {
     }
 
     /// The binding limit's snapshot (`Snapshot::binding`), each limit's
-    /// state read at its rate in force (the script took it there).
+    /// state read at its rate in force (the script took it there): the
+    /// configured one, or what the key learned makes of it.
     pub(crate) fn snapshot(&self, args: &ScriptArgs) -> Snapshot {
-        let rates = args.rates();
+        let mut rates = args.rates().to_vec();
+        if let Some(learned) = &self.learned {
+            for (rate, cap) in rates.iter_mut().zip(learned.caps.iter()) {
+                *rate = learned.rate_of(*rate, *cap);
+            }
+        }
         let now = self.now_micros;
         let templates = args.templates(&rates);
         let snapshots =
@@ -262,7 +274,7 @@ fn granted(bytes: &[u8], limits: usize, held: Held) -> Option<Reply> {
     }
     let learns = shape >= LEARNED;
     let bound = ((shape % LEARNED) / BOUND).floor() - 1.0;
-    let after = Stored::from_numbers(now, &numbers[4..])?;
+    let mut after = Stored::from_numbers(now, &numbers[4..])?;
     let max = MAX_MICROS as f64;
     let (moment, next_id) = (whole(moment, max)?, whole(next_id, max)?);
     let wait = moment.checked_sub(after.now_micros)?;
@@ -287,6 +299,7 @@ fn granted(bytes: &[u8], limits: usize, held: Held) -> Option<Reply> {
             let valid = |x: f64| x > 0.0 && x <= 1.0;
             valid(adopted.factor) && valid(adopted.margin) && adopted.caps.iter().all(|c| *c > 0.0)
         });
+    after.learned.clone_from(&learned);
     let limit = match bound {
         -1.0 => 0,
         bound => usize::try_from(whole(bound, limits as f64 - 1.0)?).ok()?,

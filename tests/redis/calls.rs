@@ -389,8 +389,10 @@ async fn when_redis_dies_the_fallback_keeps_the_reported_rate_at_its_share() {
     ));
     drop(call);
     settled(&server, "paceline:v1:reported").await;
-    // A call's reply carries what the key learned.
+    // A call's reply carries what the key learned: its snapshots read the
+    // key at the learned rate.
     drop(limiter.call(1).await.unwrap());
+    assert_eq!(limiter.snapshot().await.unwrap().rate(), 4.0 * 0.97);
     server.kill();
     let first = limiter.reserve(1).await.unwrap();
     assert!(limiter.stats().degraded, "{:?}", limiter.stats());

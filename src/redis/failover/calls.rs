@@ -146,11 +146,10 @@ where
             books.learned.remove(key);
             return;
         }
-        let learned = learned.clone().scaled(self.local_fraction);
         if let Some(known) = books.learned.get_mut(key) {
-            *known = learned;
+            known.clone_from(learned);
         } else if books.learned.len() < self.max_local_keys {
-            books.learned.insert(key.to_owned(), learned);
+            books.learned.insert(key.to_owned(), learned.clone());
         }
     }
 

@@ -108,7 +108,10 @@ where
     {
         if self.local.ticket(key).is_none() {
             let floor = self.floor(books, key);
-            self.local.open(key, floor, books.learned.get(key));
+            // At its share of the rates the upstream reports.
+            let learned = books.learned.get(key).cloned();
+            let learned = learned.map(|learned| learned.scaled(self.local_fraction));
+            self.local.open(key, floor, learned.as_ref());
         }
     }
 

@@ -142,9 +142,10 @@ struct Books<K> {
     /// `max_local_keys`.
     late: HashMap<Arc<str>, u64>,
     /// What each key learned in Redis from an upstream (see `calls`), as
-    /// its last reply that said it did, its caps scaled to the fallback's
-    /// share, for keys that run below their configured rates: at most
-    /// `max_local_keys`. A key opens in the fallback at those rates.
+    /// its last reply that said it did, for keys that run below their
+    /// configured rates: at most `max_local_keys`. A key opens in the
+    /// fallback at those rates (the caps at its share), and its snapshots
+    /// read its state at them.
     learned: HashMap<K, crate::core::Adopted>,
     /// The open calls made in Redis whose keep could not reach it (Redis
     /// was down): sent once it is back, at most `max_local_keys`.
@@ -427,7 +428,7 @@ where
             key,
             |target, _| async move {
                 let stored = send_status(&self.backend, &target).await?;
-                Ok(self.snapshot_of(&stored))
+                Ok(self.snapshot_of(key, stored))
             },
             |failure, patient| self.snapshot_locally(key, failure, patient),
         )
@@ -466,8 +467,15 @@ where
         }
     }
 
-    /// A state read from Redis, under the limits in force.
-    fn snapshot_of(&self, stored: &Stored) -> Snapshot {
+    /// A state read from Redis of `key`, under the limits in force: at
+    /// what the key learned, as this process's last reply for it said.
+    fn snapshot_of<Q>(&self, key: &Q, stored: Stored) -> Snapshot
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let mut stored = stored;
+        stored.learned = self.books().learned.get(key).cloned();
         stored.snapshot(&self.script_args)
     }
 
