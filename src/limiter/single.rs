@@ -204,7 +204,10 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     }
 
     /// The stable rate, in permits per second, as last set (of the first
-    /// limit, for a limiter built with several).
+    /// limit, for a limiter built with several); in this process, what it
+    /// learned from an upstream makes of it (see
+    /// [`outbound`](crate::outbound)), through Redis the rate set (the
+    /// learned one is in [`snapshot`](Self::snapshot)).
     pub fn rate(&self) -> f64 {
         self.engine.rate()
     }
