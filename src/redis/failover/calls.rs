@@ -75,33 +75,19 @@ where
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        let target = self.target(key);
-        let mut patience = Patience::new(self.backend.response_timeout);
-        loop {
-            let failure = match self.route(key, &target, &mut patience).await {
-                Route::Redis => {
-                    // Its own round trip (a call is not coalesced); should its
-                    // reply come too late, it is given back (it has an id).
-                    let call = Call::Open {
-                        cost: cost.clone(),
-                        timeout,
-                    };
-                    match self.send(key, &target, call, patience.budget()).await {
-                        Ok(reply) => return Ok(self.granted_call(reply, &target, key)),
-                        Err(Failure::Refused(error)) => return Err(error),
-                        Err(Failure::Down(failure)) => failure,
-                    }
-                }
-                Route::Local(failure) => failure,
-            };
-            let served = self.serve_locally(key, &target, failure, !patience.out(), |local| {
-                now(Engine::take_call(local, key, cost, timeout))
-            });
-            match served {
-                Ok(result) => return result,
-                Err(carried) => self.await_carry(carried, &mut patience).await,
-            }
-        }
+        // Its own round trip (a call is not coalesced); should its reply
+        // come too late, it is given back (it has an id).
+        let call = |_| Call::Open {
+            cost: cost.clone(),
+            timeout,
+        };
+        self.reserve_routed(
+            key,
+            call,
+            |reply, target| self.granted_call(reply, target, key),
+            |local| now(Engine::take_call(local, key, cost, timeout)),
+        )
+        .await
     }
 
     /// A call's granted reply, as a reservation that gives itself back if

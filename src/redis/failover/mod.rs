@@ -369,33 +369,56 @@ where
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
+        // A call that waited for its key's carry-back has less than the
+        // response timeout left; should its reply come too late, the
+        // fallback serves it and its reservation is given back (held: it
+        // has an id if it waits).
+        let call = |waited: bool| {
+            Call::Reserve(Request {
+                permits,
+                timeout,
+                held: held || waited,
+            })
+        };
+        self.reserve_routed(
+            key,
+            call,
+            |reply, target| self.granted(reply, target),
+            |local| now(Engine::take(local, key, permits, timeout, true)),
+        )
+        .await
+    }
+
+    /// Reserves for `key` with `call` (made knowing whether the caller
+    /// waited for its key's carry-back) through Redis, its reply read by
+    /// `granted`, or with `local` through the fallback while Redis is
+    /// down: the routing every reservation shares.
+    pub(super) async fn reserve_routed<'a, Q>(
+        &'a self,
+        key: &Q,
+        call: impl Fn(bool) -> Call,
+        granted: impl Fn(Reply, &ProbeTarget) -> Option<Reservation<'a>>,
+        local: impl Fn(&'a Keyed<K, C>) -> Result<Option<Reservation<'a>>, Error>,
+    ) -> Result<Option<Reservation<'a>>, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
+    {
         let target = self.target(key);
         let mut patience = Patience::new(self.backend.response_timeout);
         loop {
             let failure = match self.route(key, &target, &mut patience).await {
                 Route::Redis => {
-                    // A call that waited for its key's carry-back has less
-                    // than the response timeout left; should its reply
-                    // come too late, the fallback serves it and its
-                    // reservation is given back (held: it has an id if it
-                    // waits).
-                    let call = Call::Reserve(Request {
-                        permits,
-                        timeout,
-                        held: held || patience.waited,
-                    });
+                    let call = call(patience.waited);
                     match self.send(key, &target, call, patience.budget()).await {
-                        Ok(reply) => return Ok(self.granted(reply, &target)),
+                        Ok(reply) => return Ok(granted(reply, &target)),
                         Err(Failure::Refused(error)) => return Err(error),
                         Err(Failure::Down(failure)) => failure,
                     }
                 }
                 Route::Local(failure) => failure,
             };
-            let served = self.serve_locally(key, &target, failure, !patience.out(), |local| {
-                now(Engine::take(local, key, permits, timeout, true))
-            });
-            match served {
+            match self.serve_locally(key, &target, failure, !patience.out(), &local) {
                 Ok(result) => return result,
                 Err(carried) => self.await_carry(carried, &mut patience).await,
             }
