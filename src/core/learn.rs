@@ -173,9 +173,7 @@ impl Adopted {
     /// The rate a limit configured at `ceiling`, with `cap`, runs at
     /// (`Learned::rate`).
     pub(crate) fn rate_of(&self, ceiling: f64, cap: f64) -> f64 {
-        let capped = ceiling.min(cap * self.margin);
-        let rate = capped * self.factor;
-        if rate > 0.0 { rate } else { capped }
+        learned_rate(ceiling, cap, self.margin, self.factor)
     }
 
     /// The same, its caps scaled by `fraction` (a fallback's share).
@@ -218,12 +216,19 @@ impl Learned {
 
     /// The rate limit `i` runs at.
     fn rate(&self, i: usize) -> f64 {
-        let capped = self.ceilings[i].min(self.caps[i] * self.margin);
-        let rate = capped * self.factor;
-        // An infinite ceiling scaled stays infinite; a product that is not
-        // a valid rate (never, with the factor in (0, 1]) keeps the cap.
-        if rate > 0.0 { rate } else { capped }
+        learned_rate(self.ceilings[i], self.caps[i], self.margin, self.factor)
     }
+}
+
+/// The rate a limit configured at `ceiling` runs at, with the rate `cap`
+/// reported for it, under `margin` and the learned `factor`:
+/// `min(ceiling, cap × margin) × factor`. An infinite ceiling scaled stays
+/// infinite; a product that is not a valid rate (never, with the factor in
+/// (0, 1]) keeps the capped rate.
+fn learned_rate(ceiling: f64, cap: f64, margin: f64, factor: f64) -> f64 {
+    let capped = ceiling.min(cap * margin);
+    let rate = capped * factor;
+    if rate > 0.0 { rate } else { capped }
 }
 
 impl Limits {
