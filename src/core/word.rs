@@ -365,14 +365,6 @@ pub(crate) struct Quick {
 }
 
 impl Quick {
-    /// Applies to no word: nothing lies before a `fixed_now` of zero.
-    pub(crate) const NONE: Quick = Quick {
-        tag: 0,
-        fixed_now: 0,
-        full: 0,
-        charge: 0,
-    };
-
     /// Prepares the step for words of `word`'s generation, whose
     /// configuration `settings` holds.
     #[inline(always)]

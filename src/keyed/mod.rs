@@ -203,6 +203,7 @@ impl<K: Key, C: Clock> Keyed<K, C> {
     /// Reserves `permits` of `key` if its debt fits in `timeout` µs
     /// (`u64::MAX`: always); the wait in µs and, when `record` is set (for
     /// a [`Reservation`]) and it has to wait, what gives it back.
+    #[inline(always)]
     fn reserve_micros<Q>(&self, key: &Q, permits: u32, timeout: u64, record: bool) -> Option<Grant>
     where
         K: Borrow<Q>,
@@ -224,6 +225,25 @@ impl<K: Key, C: Clock> Keyed<K, C> {
                 Fast::Refused => None,
             };
         }
+        self.reserve_locked(shard, key, read, permits, timeout, record)
+    }
+
+    /// [`reserve_micros`](Self::reserve_micros) under `shard`'s write lock:
+    /// out of line, so that the common call stays small where it is inlined.
+    #[inline(never)]
+    fn reserve_locked<Q>(
+        &self,
+        shard: &Shard<K>,
+        key: &Q,
+        read: u64,
+        permits: u32,
+        timeout: u64,
+        record: bool,
+    ) -> Option<Grant>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let (mut shard, now) = shard.write_at(read);
         let (grant, dropped) = shard.reserve(key, now, permits, timeout, record);
         drop(shard);

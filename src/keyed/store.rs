@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::Keyed;
 use crate::clock::Clock;
 use crate::core::Cost;
-use crate::store::{Engine, timeout_micros};
+use crate::store::{Engine, timeout_micros, wait_of};
 use crate::{Error, Key, Reservation, Snapshot};
 
 impl<K, C, Q> Engine<Q> for Keyed<K, C>
@@ -30,14 +30,15 @@ where
     }
 
     #[inline]
-    fn take_wait(
+    fn take_wait<T: Send>(
         &self,
         key: &Q,
         permits: u32,
         timeout: Option<Duration>,
-    ) -> impl Future<Output = Result<Option<Duration>, Error>> + Send {
+        then: impl FnOnce(Result<Option<Duration>, Error>) -> T + Send,
+    ) -> impl Future<Output = T> + Send {
         let grant = self.reserve_micros(key, permits, timeout_micros(timeout), false);
-        ready(Ok(grant.map(|(wait, _, _)| Duration::from_micros(wait))))
+        ready(then(Ok(grant.map(|(wait, _, _)| wait_of(wait)))))
     }
 
     fn take_call(

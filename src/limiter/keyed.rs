@@ -59,6 +59,7 @@ impl<K: Key> KeyedRateLimiter<K> {
 impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C> {
     /// Reserves `permits` of `key`; the wait before they may be used.
     /// Does not sleep; nothing gives the permits back.
+    #[inline(always)]
     pub fn reserve<'a, Q>(
         &'a self,
         key: &'a Q,
@@ -74,6 +75,7 @@ impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C> {
 
     /// Reserves `permits` of `key` if the wait fits in `timeout`; `None`,
     /// reserving nothing, otherwise. Does not sleep.
+    #[inline(always)]
     pub fn try_reserve<'a, Q>(
         &'a self,
         key: &'a Q,

@@ -29,7 +29,7 @@ use crate::core::word::{self, Quick, Step};
 use crate::core::{Cost, Learning, Lesson, Limits, stable_interval_micros};
 use crate::metrics::Metrics;
 use crate::reservation::{GiveBack, GiveBackId, GivesBack, Reservation};
-use crate::store::{Engine, NoKey, Rate, timeout_micros};
+use crate::store::{Engine, NoKey, Rate, timeout_micros, wait_of};
 use crate::{Error, Snapshot, Stats};
 
 use outcome::{Grant, Outcome};
@@ -102,6 +102,11 @@ impl<C: Clock> Single<C> {
     /// Reserves `permits` if the debt fits in `timeout` µs (`u64::MAX`: a
     /// plain reservation); returns the wait in µs and, for a [`Grant`],
     /// what to give back if the reservation goes unused.
+    ///
+    /// The common step of an under-used limiter (stored permits spent, some
+    /// left) is tried first on its own, with only the prepared step between
+    /// the load and the compare-and-swap; everything else, and that step
+    /// when another thread wrote the word first, goes through [`word::step`].
     #[inline(always)]
     fn reserve_micros<O: Outcome>(&self, permits: u32, timeout: u64) -> Option<O> {
         let first = self.word.0.load(Acquire);
@@ -110,18 +115,49 @@ impl<C: Clock> Single<C> {
             return self.reserve_locked(permits, timeout);
         }
         let now = self.clock.now_micros();
-        let (quick, mut current) = if word::has_stored(first) {
+        if word::has_stored(first) {
             let quick = Quick::new(first, now, permits, self.slots.of(first));
-            // Reloaded, so that only the quick step lies between the load
-            // and the compare-and-swap when other threads write the word.
-            (quick, self.word.0.load(Acquire))
-        } else {
-            (Quick::NONE, first)
-        };
+            let current = self.word.0.load(Acquire);
+            if let Some(new) = quick.apply(current)
+                && self
+                    .word
+                    .0
+                    .compare_exchange_weak(current, new, AcqRel, Acquire)
+                    .is_ok()
+            {
+                return Some(O::from_word(0));
+            }
+            return self.reserve_stepping(self.word.0.load(Acquire), now, permits, timeout);
+        }
+        self.step_loop(first, now, permits, timeout)
+    }
+
+    /// [`step_loop`](Self::step_loop), out of line: after the quick step
+    /// did not apply.
+    #[inline(never)]
+    fn reserve_stepping<O: Outcome>(
+        &self,
+        current: u64,
+        now: u64,
+        permits: u32,
+        timeout: u64,
+    ) -> Option<O> {
+        self.step_loop(current, now, permits, timeout)
+    }
+
+    /// Steps from `current` at `now` and writes the result, until a
+    /// compare-and-swap succeeds, or the step is refused or needs the lock.
+    #[inline(always)]
+    fn step_loop<O: Outcome>(
+        &self,
+        mut current: u64,
+        now: u64,
+        permits: u32,
+        timeout: u64,
+    ) -> Option<O> {
         loop {
-            let (new, wait) = match quick.apply(current) {
-                Some(new) => (new, 0),
-                None => match word::step(current, now, permits, timeout, self.slots.of(current)) {
+            let (new, wait) =
+                match word::step(current, now, permits, timeout, self.slots.of(current)) {
                     Step::Refused => return None,
                     // One that can be given back waits in the log.
                     Step::Granted { wait, .. } if O::GIVES_BACK && wait > 0 => {
@@ -129,8 +165,7 @@ impl<C: Clock> Single<C> {
                     }
                     Step::Granted { word, wait } => (word, wait),
                     Step::Slow => return self.reserve_locked(permits, timeout),
-                },
-            };
+                };
             match self
                 .word
                 .0
@@ -181,14 +216,15 @@ impl<C: Clock> Engine<NoKey> for Single<C> {
     }
 
     #[inline(always)]
-    fn take_wait(
+    fn take_wait<T: Send>(
         &self,
         _: &NoKey,
         permits: u32,
         timeout: Option<Duration>,
-    ) -> impl Future<Output = Result<Option<Duration>, Error>> + Send {
+        then: impl FnOnce(Result<Option<Duration>, Error>) -> T + Send,
+    ) -> impl Future<Output = T> + Send {
         let wait = self.reserve_micros::<u64>(permits, timeout_micros(timeout));
-        ready(Ok(wait.map(Duration::from_micros)))
+        ready(then(Ok(wait.map(wait_of))))
     }
 
     fn take_call(

@@ -22,14 +22,15 @@ where
         Failover::take(self, key, permits, timeout, held)
     }
 
-    async fn take_wait(
+    async fn take_wait<T: Send>(
         &self,
         key: &Q,
         permits: u32,
         timeout: Option<Duration>,
-    ) -> Result<Option<Duration>, Error> {
-        let taken = Failover::take(self, key, permits, timeout, false).await?;
-        Ok(taken.map(Reservation::keep))
+        then: impl FnOnce(Result<Option<Duration>, Error>) -> T + Send,
+    ) -> T {
+        let taken = Failover::take(self, key, permits, timeout, false).await;
+        then(taken.map(|taken| taken.map(Reservation::keep)))
     }
 
     fn take_blocking(

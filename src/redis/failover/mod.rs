@@ -436,8 +436,9 @@ where
         let Some(this) = self.this.upgrade() else {
             return Err(super::runtime::shut_down());
         };
-        self.backend
-            .block_on(async move { Engine::take_wait(&this, &key, permits, timeout).await })?
+        self.backend.block_on(async move {
+            Engine::take_wait(&this, &key, permits, timeout, |taken| taken).await
+        })?
     }
 
     /// What `key` holds now, from Redis (one round trip, on its clock) or
