@@ -1,4 +1,17 @@
-use super::*;
+//! The client's address from the one source the proxies write, read from
+//! the right past trusted proxies only.
+
+use std::net::IpAddr;
+
+use ::http::header::HeaderName;
+use ::http::{HeaderMap, HeaderValue};
+use paceline::Error;
+use paceline::http::{ClientIpSource, TrustedProxies};
+
+// The documented bounds (`TrustedProxies::client_ip`): entries of a list
+// read, bytes of an entry.
+const MAX_HOPS: usize = 64;
+const MAX_ENTRY: usize = 512;
 
 fn ip(text: &str) -> IpAddr {
     text.parse().unwrap()
