@@ -120,6 +120,11 @@ impl Learning {
         }
         self
     }
+
+    /// The margin ([`margin`](Self::margin)).
+    pub fn margin_value(&self) -> f64 {
+        self.margin
+    }
 }
 
 /// What one answer from the upstream said, in the limits' terms: the
