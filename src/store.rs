@@ -342,10 +342,14 @@ where
         return Ok(None);
     };
     let (waited, pending) = reservation.wait_open().await;
-    let waited = slot.waited + waited;
-    Ok(Some(Call::new(
-        waited, pending, cost, limits, upstream, slot.slot,
-    )))
+    Ok(Some(Call {
+        waited: slot.waited + waited,
+        pending,
+        charged: cost,
+        limits,
+        upstream,
+        _slot: slot.slot,
+    }))
 }
 
 /// [`acquire`] on the calling thread.

@@ -177,14 +177,8 @@ impl Limits {
     /// gets an id to give it back with.
     #[cfg(any(test, feature = "internals"))]
     pub fn reserve(&mut self, permits: u32, now_micros: u64, held: bool) -> Granted {
-        let (moment, bound_by) = earliest(&self.states, now_micros);
-        self.reserve_at(
-            &Cost::new(permits),
-            now_micros,
-            moment,
-            bound_by,
-            Hold::from(held),
-        )
+        self.try_reserve(permits, now_micros, u64::MAX, held)
+            .expect("every wait fits in u64::MAX")
     }
 
     /// [`reserve`](Self::reserve) if the wait fits in `timeout_micros`;

@@ -391,6 +391,3 @@ fn address(text: &str) -> Option<IpAddr> {
             inner.parse::<IpAddr>().ok()
         })
 }
-
-#[cfg(test)]
-mod tests;

@@ -51,34 +51,16 @@ use crate::reservation::GiveBack;
 /// ```
 #[must_use = "a call ends as soon as it is dropped: keep it until its answer is back"]
 pub struct Call<'a> {
-    waited: Duration,
-    pending: Option<GiveBack<'a>>,
-    charged: Cost,
-    limits: usize,
-    upstream: &'a Upstream,
+    pub(crate) waited: Duration,
+    pub(crate) pending: Option<GiveBack<'a>>,
+    pub(crate) charged: Cost,
+    pub(crate) limits: usize,
+    pub(crate) upstream: &'a Upstream,
     /// Its slot, with a concurrent limit: given back after the rest.
-    _slot: Slot<'a>,
+    pub(crate) _slot: Slot<'a>,
 }
 
 impl<'a> Call<'a> {
-    pub(crate) fn new(
-        waited: Duration,
-        pending: Option<GiveBack<'a>>,
-        charged: Cost,
-        limits: usize,
-        upstream: &'a Upstream,
-        slot: Slot<'a>,
-    ) -> Self {
-        Call {
-            waited,
-            pending,
-            charged,
-            limits,
-            upstream,
-            _slot: slot,
-        }
-    }
-
     /// How long the call waited for its limiter before it could go: for a
     /// slot (with [`Limit::concurrent`](crate::Limit::concurrent)), then
     /// for its place in the schedule.

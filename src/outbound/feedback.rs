@@ -401,6 +401,3 @@ fn split(bytes: &[u8], separator: u8) -> impl Iterator<Item = &[u8]> {
         Some(bytes)
     })
 }
-
-#[cfg(test)]
-mod tests;

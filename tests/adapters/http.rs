@@ -26,6 +26,8 @@ use paceline::{BackendError, Error, KeyedLimiter, KeyedRateLimiter};
 use tower_layer::Layer;
 use tower_service::Service;
 
+mod client_ip;
+
 /// An HTTP service that answers 200 at once and counts its calls.
 #[derive(Clone, Default)]
 struct Ok200(Arc<AtomicU32>);

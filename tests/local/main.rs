@@ -16,6 +16,7 @@ mod calls;
 mod cancellation;
 mod concurrency;
 mod core_invariants;
+mod core_limits;
 mod exactness;
 mod fast_path;
 mod give_back;

@@ -121,7 +121,7 @@ pub(super) fn digits(text: &[u8]) -> i64 {
 
 /// An HTTP-date (`Sun, 06 Nov 1994 08:49:37 GMT`, or the obsolete
 /// `Sun Nov  6 08:49:37 1994`) as time since the epoch (zero before it).
-pub(super) fn http_date(text: &[u8]) -> Option<Duration> {
+fn http_date(text: &[u8]) -> Option<Duration> {
     const MONTHS: [&[u8]; 12] = [
         b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov",
         b"Dec",
@@ -146,10 +146,22 @@ pub(super) fn http_date(text: &[u8]) -> Option<Duration> {
 }
 
 /// Days from 1970-01-01 to a proleptic Gregorian date.
-pub(super) fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     let year = if month <= 2 { year - 1 } else { year };
     let (era, of_era) = (year.div_euclid(400), year.rem_euclid(400));
     let of_year = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
     let of_era = of_era * 365 + of_era / 4 - of_era / 100 + of_year;
     era * 146_097 + of_era - 719_468
+}
+
+#[cfg(test)]
+#[test]
+fn the_calendar() {
+    assert_eq!(days_from_civil(1970, 1, 1), 0);
+    assert_eq!(days_from_civil(2000, 3, 1), 11_017);
+    assert_eq!(days_from_civil(1969, 12, 31), -1);
+    assert_eq!(
+        http_date(b"Sun, 06 Nov 1994 08:49:37 GMT"),
+        Some(Duration::from_secs(784_111_777))
+    );
 }

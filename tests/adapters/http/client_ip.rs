@@ -1,4 +1,17 @@
-use super::*;
+//! The client's address from the one source the proxies write, read from
+//! the right past trusted proxies only.
+
+use std::net::IpAddr;
+
+use ::http::header::HeaderName;
+use ::http::{HeaderMap, HeaderValue};
+use paceline::Error;
+use paceline::http::{ClientIpSource, TrustedProxies};
+
+// The documented bounds (`TrustedProxies::client_ip`): entries of a list
+// read, bytes of an entry.
+const MAX_HOPS: usize = 64;
+const MAX_ENTRY: usize = 512;
 
 fn ip(text: &str) -> IpAddr {
     text.parse().unwrap()
@@ -20,6 +33,15 @@ fn reading(source: ClientIpSource) -> TrustedProxies {
 
 fn single(name: &'static str) -> ClientIpSource {
     ClientIpSource::SingleHeader(HeaderName::from_static(name))
+}
+
+/// Asserts that each `(value, client)` of `header` from the trusted peer
+/// 10.0.0.5 reads as `client`.
+fn reads(proxies: &TrustedProxies, header: &'static str, cases: &[(&str, &str)]) {
+    for (value, client) in cases {
+        let got = proxies.client_ip(ip("10.0.0.5"), &headers(&[(header, value)]));
+        assert_eq!(got, ip(client), "{value:?}");
+    }
 }
 
 /// Every forwarding header at once, each naming a different client.
@@ -133,26 +155,27 @@ fn each_source_reads_its_own_header_and_no_other() {
 fn a_list_is_read_from_the_right_past_trusted_proxies_only() {
     let proxies = reading(ClientIpSource::XForwardedFor);
     let peer = ip("10.0.0.5");
-    for (value, client) in [
-        // One proxy appended the client it saw.
-        ("203.0.113.7", "203.0.113.7"),
-        // The client forged entries to the left: ignored.
-        ("6.6.6.6, 203.0.113.7", "203.0.113.7"),
-        // It forged one of our proxies to the left: still ignored.
-        ("10.9.9.9, 203.0.113.7", "203.0.113.7"),
-        // Two proxies of ours: the client is before them.
-        ("203.0.113.7, 10.0.0.9", "203.0.113.7"),
-        ("6.6.6.6, 203.0.113.7, 192.168.1.1, 10.0.0.9", "203.0.113.7"),
-        // Ports, tabs and spaces, and no spaces.
-        ("203.0.113.7:5555", "203.0.113.7"),
-        ("6.6.6.6,203.0.113.7", "203.0.113.7"),
-        ("  [2001:db8::7]:443 \t", "2001:db8::7"),
-        // Every entry one of ours: the leftmost.
-        ("10.1.1.1, 10.0.0.9", "10.1.1.1"),
-    ] {
-        let got = proxies.client_ip(peer, &headers(&[("x-forwarded-for", value)]));
-        assert_eq!(got, ip(client), "{value}");
-    }
+    reads(
+        &proxies,
+        "x-forwarded-for",
+        &[
+            // One proxy appended the client it saw.
+            ("203.0.113.7", "203.0.113.7"),
+            // The client forged entries to the left: ignored.
+            ("6.6.6.6, 203.0.113.7", "203.0.113.7"),
+            // It forged one of our proxies to the left: still ignored.
+            ("10.9.9.9, 203.0.113.7", "203.0.113.7"),
+            // Two proxies of ours: the client is before them.
+            ("203.0.113.7, 10.0.0.9", "203.0.113.7"),
+            ("6.6.6.6, 203.0.113.7, 192.168.1.1, 10.0.0.9", "203.0.113.7"),
+            // Ports, tabs and spaces, and no spaces.
+            ("203.0.113.7:5555", "203.0.113.7"),
+            ("6.6.6.6,203.0.113.7", "203.0.113.7"),
+            ("  [2001:db8::7]:443 \t", "2001:db8::7"),
+            // Every entry one of ours: the leftmost.
+            ("10.1.1.1, 10.0.0.9", "10.1.1.1"),
+        ],
+    );
     // Several lines: read in order, as one list, the last line last.
     let split = headers(&[
         ("x-forwarded-for", "6.6.6.6"),
@@ -170,22 +193,23 @@ fn a_list_is_read_from_the_right_past_trusted_proxies_only() {
 fn an_entry_that_is_not_an_address_falls_back_to_the_hop_that_wrote_it() {
     let proxies = reading(ClientIpSource::XForwardedFor);
     let peer = ip("10.0.0.5");
-    for (value, client) in [
-        // Garbage where the client should be: the proxy that wrote it.
-        ("6.6.6.6, garbage", "10.0.0.5"),
-        ("203.0.113.7, unknown, 10.0.0.9", "10.0.0.9"),
-        ("203.0.113.7, , 10.0.0.9", "10.0.0.9"),
-        ("203.0.113.7,", "10.0.0.5"),
-        ("", "10.0.0.5"),
-        ("fe80::1%eth0", "10.0.0.5"),
-        ("1.2.3.4.5", "10.0.0.5"),
-        ("203.0.113.7:99999", "10.0.0.5"),
-        // Garbage the client wrote to the left of its address: not read.
-        ("garbage, \"\";, 203.0.113.7", "203.0.113.7"),
-    ] {
-        let got = proxies.client_ip(peer, &headers(&[("x-forwarded-for", value)]));
-        assert_eq!(got, ip(client), "{value:?}");
-    }
+    reads(
+        &proxies,
+        "x-forwarded-for",
+        &[
+            // Garbage where the client should be: the proxy that wrote it.
+            ("6.6.6.6, garbage", "10.0.0.5"),
+            ("203.0.113.7, unknown, 10.0.0.9", "10.0.0.9"),
+            ("203.0.113.7, , 10.0.0.9", "10.0.0.9"),
+            ("203.0.113.7,", "10.0.0.5"),
+            ("", "10.0.0.5"),
+            ("fe80::1%eth0", "10.0.0.5"),
+            ("1.2.3.4.5", "10.0.0.5"),
+            ("203.0.113.7:99999", "10.0.0.5"),
+            // Garbage the client wrote to the left of its address: not read.
+            ("garbage, \"\";, 203.0.113.7", "203.0.113.7"),
+        ],
+    );
     // Bytes that are not text: to the left of the client, not read;
     // where the client should be, the proxy that wrote them.
     let bytes = |value: &[u8]| {
@@ -204,50 +228,51 @@ fn an_entry_that_is_not_an_address_falls_back_to_the_hop_that_wrote_it() {
 #[test]
 fn forwarded_elements_are_read_by_their_for() {
     let proxies = reading(ClientIpSource::Forwarded);
-    let peer = ip("10.0.0.5");
-    for (value, client) in [
-        (
-            "for=6.6.6.6, for=\"[2001:db8:cafe::17]:4711\";proto=https;by=10.0.0.5",
-            "2001:db8:cafe::17",
-        ),
-        ("For=203.0.113.7;Proto=http", "203.0.113.7"),
-        (
-            "proto=https; for = \"203.0.113.7:80\" ;by=_proxy",
-            "203.0.113.7",
-        ),
-        ("for=203.0.113.7, for=192.168.1.1", "203.0.113.7"),
-        // Obfuscated or unknown: the proxy that wrote it.
-        ("for=_hidden, For=10.0.0.9", "10.0.0.9"),
-        ("for=6.6.6.6, for=unknown", "10.0.0.5"),
-        // No `for=`, two of them, an unclosed quote: the same.
-        ("for=6.6.6.6, proto=https", "10.0.0.5"),
-        ("for=6.6.6.6, for=7.7.7.7;for=8.8.8.8", "10.0.0.5"),
-        ("for=6.6.6.6, for=\"203.0.113.7", "10.0.0.5"),
-        // A client's unclosed quote to the left changes nothing.
-        ("for=\"6.6.6.6, for=203.0.113.7", "203.0.113.7"),
-    ] {
-        let got = proxies.client_ip(peer, &headers(&[("forwarded", value)]));
-        assert_eq!(got, ip(client), "{value}");
-    }
+    reads(
+        &proxies,
+        "forwarded",
+        &[
+            (
+                "for=6.6.6.6, for=\"[2001:db8:cafe::17]:4711\";proto=https;by=10.0.0.5",
+                "2001:db8:cafe::17",
+            ),
+            ("For=203.0.113.7;Proto=http", "203.0.113.7"),
+            (
+                "proto=https; for = \"203.0.113.7:80\" ;by=_proxy",
+                "203.0.113.7",
+            ),
+            ("for=203.0.113.7, for=192.168.1.1", "203.0.113.7"),
+            // Obfuscated or unknown: the proxy that wrote it.
+            ("for=_hidden, For=10.0.0.9", "10.0.0.9"),
+            ("for=6.6.6.6, for=unknown", "10.0.0.5"),
+            // No `for=`, two of them, an unclosed quote: the same.
+            ("for=6.6.6.6, proto=https", "10.0.0.5"),
+            ("for=6.6.6.6, for=7.7.7.7;for=8.8.8.8", "10.0.0.5"),
+            ("for=6.6.6.6, for=\"203.0.113.7", "10.0.0.5"),
+            // A client's unclosed quote to the left changes nothing.
+            ("for=\"6.6.6.6, for=203.0.113.7", "203.0.113.7"),
+        ],
+    );
 }
 
 #[test]
 fn a_single_address_header_is_believed_from_a_trusted_peer_only() {
     let proxies = reading(single("cf-connecting-ip"));
     let peer = ip("10.0.0.5");
-    for (value, client) in [
-        ("203.0.113.7", "203.0.113.7"),
-        (" 2001:db8::7 ", "2001:db8::7"),
-        ("[2001:db8::7]:443", "2001:db8::7"),
-        ("::ffff:203.0.113.7", "203.0.113.7"),
-        // A list, or garbage: the peer.
-        ("6.6.6.6, 203.0.113.7", "10.0.0.5"),
-        ("unknown", "10.0.0.5"),
-        ("", "10.0.0.5"),
-    ] {
-        let got = proxies.client_ip(peer, &headers(&[("cf-connecting-ip", value)]));
-        assert_eq!(got, ip(client), "{value}");
-    }
+    reads(
+        &proxies,
+        "cf-connecting-ip",
+        &[
+            ("203.0.113.7", "203.0.113.7"),
+            (" 2001:db8::7 ", "2001:db8::7"),
+            ("[2001:db8::7]:443", "2001:db8::7"),
+            ("::ffff:203.0.113.7", "203.0.113.7"),
+            // A list, or garbage: the peer.
+            ("6.6.6.6, 203.0.113.7", "10.0.0.5"),
+            ("unknown", "10.0.0.5"),
+            ("", "10.0.0.5"),
+        ],
+    );
     // From a peer that is not a proxy: the peer.
     let direct = ip("198.51.100.7");
     let forged = headers(&[("cf-connecting-ip", "203.0.113.7")]);

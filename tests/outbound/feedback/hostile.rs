@@ -143,6 +143,17 @@ fn at_most_256_lines_looked_at_and_32_read() {
     assert_eq!(feedback.quotas(), [quota(None, Some(1), None, None, None)]);
 }
 
+// The documented bounds (`Feedback::from_headers`): quotas kept, a name's
+// bytes and characters.
+const MAX_QUOTAS: usize = 8;
+
+fn is_name(name: &[u8]) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&b))
+}
+
 fn check_bounds(feedback: &Feedback) {
     assert!(feedback.quotas().len() <= MAX_QUOTAS);
     assert!(feedback.retry_after().is_none_or(|after| after <= DAY));
@@ -157,10 +168,7 @@ fn check_bounds(feedback: &Feedback) {
         );
         assert_ne!(
             quota,
-            &Quota {
-                name: quota.name.clone(),
-                ..Quota::default()
-            }
+            &quota.name.clone().map_or_else(Quota::default, Quota::named)
         );
     }
     let names: Vec<_> = feedback
