@@ -326,14 +326,9 @@ impl<K: Hash + Eq + Clone> Table<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let (grant, dropped) = self.update(key, now, |limits| {
+        self.grant(key, now, |limits| {
             limits.try_reserve(permits, now, timeout, held)
-        });
-        let grant = grant.map(|(granted, serial)| {
-            let ticket = granted.id.map(|id| LogId { serial, id });
-            (granted, ticket)
-        });
-        (grant, dropped)
+        })
     }
 
     /// Reserves `cost` of `key` at `now` for an open call if its debt fits
@@ -350,7 +345,22 @@ impl<K: Hash + Eq + Clone> Table<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let (grant, dropped) = self.update(key, now, |limits| limits.open(cost, now, timeout));
+        self.grant(key, now, |limits| limits.open(cost, now, timeout))
+    }
+
+    /// [`update`](Self::update) with a step that grants: the grant with
+    /// its ticket, if it was logged.
+    fn grant<Q>(
+        &mut self,
+        key: &Q,
+        now: u64,
+        step: impl FnOnce(&mut Limits) -> Option<Granted>,
+    ) -> (Option<(Granted, Option<LogId>)>, Dropped)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let (grant, dropped) = self.update(key, now, step);
         let grant = grant.map(|(granted, serial)| {
             let ticket = granted.id.map(|id| LogId { serial, id });
             (granted, ticket)
