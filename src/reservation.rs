@@ -179,7 +179,7 @@ impl<'a> Reservation<'a> {
     ///
     /// let limiter = RateLimiter::builder()
     ///     .limit(Limit::per_second(10.0).burst(1))
-    ///     .limit(Limit::per_minute(60.0).burst(1))
+    ///     .limit(Limit::per(60.0, Duration::from_secs(60)).burst(1))
     ///     .clock(FakeClock::new())
     ///     .build()?;
     /// assert_eq!(limiter.reservation(1)?.limit(), None); // it does not wait
