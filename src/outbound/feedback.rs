@@ -206,11 +206,6 @@ impl Feedback {
         self.status == 429 || (self.status == 503 && self.retry_after.is_some())
     }
 
-    /// A `2xx` status.
-    pub fn is_success(&self) -> bool {
-        (200..300).contains(&self.status)
-    }
-
     fn find(&self, name: Option<&[u8]>) -> Option<usize> {
         self.quotas
             .iter()
