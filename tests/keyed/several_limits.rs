@@ -185,10 +185,19 @@ fn a_burst_of_n_lets_exactly_n_of_a_key_go_at_once() {
         (vec![Limit::per_second(5.0).burst(10)], 10),
         (vec![Limit::per_second(5.0)], 5),
         (
-            vec![Limit::per_second(5.0).burst(10), Limit::per(1000.0, Duration::from_secs(3600))],
+            vec![
+                Limit::per_second(5.0).burst(10),
+                Limit::per(1000.0, Duration::from_secs(3600)),
+            ],
             10,
         ),
-        (vec![Limit::per_second(50.0), Limit::per(20.0, Duration::from_secs(60))], 20),
+        (
+            vec![
+                Limit::per_second(50.0),
+                Limit::per(20.0, Duration::from_secs(60)),
+            ],
+            20,
+        ),
     ] {
         let mut builder = KeyedRateLimiter::<u64, _>::builder().clock(FakeClock::new());
         for limit in &limits {
