@@ -486,8 +486,10 @@ fn from_an_http_response() {
             quota(Some("tokens"), Some(3000), None, None, None),
         ]
     );
+    // A response's head alone reads the same.
     let (parts, ()) = response.into_parts();
-    assert_eq!(Feedback::from_parts(&parts), feedback);
+    let head = ::http::Response::from_parts(parts, ());
+    assert_eq!(Feedback::from_response(&head), feedback);
 }
 
 #[test]
