@@ -233,9 +233,9 @@ where
             let call = layer.limiter.call(estimate).await?;
             let response = inner.call(request).await.map_err(Into::into)?;
             call.learn(&Feedback::from_response(&response));
-            match layer.actual.actual(&response) {
-                Some(actual) => call.settle(actual)?,
-                None => call.finish(),
+            // Without a real cost, the call ends at its estimate as it drops.
+            if let Some(actual) = layer.actual.actual(&response) {
+                call.settle(actual)?;
             }
             Ok(response)
         })
