@@ -206,7 +206,7 @@ impl TrustedProxies {
     }
 
     /// Whether `ip` is one of the trusted proxies.
-    pub fn contains(&self, ip: IpAddr) -> bool {
+    fn contains(&self, ip: IpAddr) -> bool {
         self.nets.iter().any(|net| net.contains(ip))
     }
 
