@@ -107,7 +107,12 @@ fn sources_parse_from_a_header_name() {
         let error = bad.parse::<ClientIpSource>().unwrap_err();
         assert!(matches!(error, Error::InvalidArgument(_)), "{bad}");
     }
-    assert_eq!(TrustedProxies::none().source(), &ClientIpSource::Peer);
+    // The default trusts none and reads the peer.
+    let none: [&str; 0] = [];
+    assert_eq!(
+        TrustedProxies::default(),
+        TrustedProxies::new(ClientIpSource::Peer, none).unwrap()
+    );
 }
 
 #[test]
@@ -121,7 +126,7 @@ fn an_untrusted_peer_is_the_client_whatever_it_forges() {
     ] {
         assert_eq!(reading(source).client_ip(peer, &all_forged()), peer);
     }
-    let none = TrustedProxies::none();
+    let none = TrustedProxies::default();
     assert_eq!(
         none.client_ip(ip("10.0.0.1"), &all_forged()),
         ip("10.0.0.1")
