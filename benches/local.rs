@@ -134,7 +134,7 @@ fn single_thread(c: &mut Criterion) {
     // twice one limit's `try_reserve granted`, in the same run.
     let two = RateLimiter::builder()
         .limit(Limit::per_second(FAST))
-        .limit(Limit::per_hour(FAST * 3600.0))
+        .limit(Limit::per(FAST * 3600.0, Duration::from_secs(3600)))
         .build()
         .unwrap();
     group.bench_function("paceline two limits try_reserve granted", |b| {

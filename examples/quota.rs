@@ -11,7 +11,7 @@
 //! ```
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use paceline::{Limit, Limiter, RateLimiter};
 
@@ -20,7 +20,7 @@ const LIMITS: [&str; 2] = ["10 per second", "1 000 an hour"];
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let per_second = Limit::per_second(10.0).burst(5);
-    let per_hour = Limit::per_hour(1000.0).burst(12);
+    let per_hour = Limit::per(1000.0, Duration::from_secs(3600)).burst(12);
     let limiter: Arc<dyn Limiter> = match std::env::var("REDIS_URL") {
         #[cfg(feature = "redis")]
         Ok(url) => {

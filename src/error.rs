@@ -59,7 +59,7 @@ impl std::error::Error for Error {
 /// assert_eq!(error.to_string(), "backend error: cannot reach the quota store: connection refused");
 /// assert!(std::error::Error::source(&error).is_some());
 ///
-/// let late = BackendError::timeout("the quota store did not answer in 50 ms");
+/// let late = BackendError::new("the quota store did not answer in 50 ms").with_timeout(true);
 /// assert!(late.is_timeout());
 /// ```
 #[derive(Debug)]
@@ -80,11 +80,6 @@ impl BackendError {
         }
     }
 
-    /// The backend did not answer in time.
-    pub fn timeout(message: impl Into<String>) -> Self {
-        BackendError::new(message).with_timeout(true)
-    }
-
     /// The backend's own error, which caused this one: the
     /// [`source`](Self::source), and part of the message.
     pub fn with_source(
@@ -95,7 +90,8 @@ impl BackendError {
         self
     }
 
-    /// Marks the error as a timeout, or not.
+    /// Marks the error as a timeout (the backend did not answer in time),
+    /// or not.
     pub fn with_timeout(mut self, timed_out: bool) -> Self {
         self.timed_out = timed_out;
         self

@@ -332,23 +332,6 @@ impl<W, L> ThrottledWriter<W, L> {
         &mut self.inner
     }
 
-    /// Bytes paid for and not yet written: what the next writes use before
-    /// reserving again (at most one chunk).
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use paceline::RateLimiter;
-    /// use paceline::io::ThrottledWriter;
-    ///
-    /// let limiter = Arc::new(RateLimiter::bursty(1000.0)?);
-    /// let writer = ThrottledWriter::new(tokio::io::sink(), limiter);
-    /// assert_eq!(writer.credit(), 0);
-    /// # Ok::<(), paceline::Error>(())
-    /// ```
-    pub fn credit(&self) -> usize {
-        self.credit
-    }
-
     /// Unwraps the inner writer. A pending reservation is given back; credit
     /// (bytes paid for and not written) is lost.
     ///
@@ -535,25 +518,9 @@ impl<R, L> ThrottledReader<R, L> {
         &mut self.inner
     }
 
-    /// Bytes read from the inner reader and not yet handed over (at most one
-    /// chunk): paid for, or waiting for their reservation.
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use paceline::RateLimiter;
-    /// use paceline::io::ThrottledReader;
-    ///
-    /// let limiter = Arc::new(RateLimiter::bursty(1000.0)?);
-    /// let reader = ThrottledReader::new(&b"abc"[..], limiter);
-    /// assert_eq!(reader.buffered(), 0);
-    /// # Ok::<(), paceline::Error>(())
-    /// ```
-    pub fn buffered(&self) -> usize {
-        self.end - self.start
-    }
-
     /// Unwraps the inner reader. A pending reservation is given back, and
-    /// the bytes this reader holds ([`buffered`](Self::buffered)) are lost.
+    /// the bytes this reader holds (read from the inner reader and not yet
+    /// handed over, at most one chunk) are lost.
     ///
     /// ```
     /// use std::sync::Arc;

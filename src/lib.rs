@@ -60,18 +60,19 @@
 //! the limits of a key then live in one Redis value, updated by one call.
 //!
 //! ```
+//! use std::time::Duration;
 //! use paceline::{KeyedRateLimiter, Limit, RateLimiter};
 //!
 //! let api = RateLimiter::builder()
 //!     .limit(Limit::per_second(10.0).burst(20))
-//!     .limit(Limit::per_hour(1000.0))
+//!     .limit(Limit::per(1000.0, Duration::from_secs(3600)))
 //!     .build()?;
-//! assert!(api.try_reserve(1, std::time::Duration::ZERO)?.is_some());
+//! assert!(api.try_reserve(1, Duration::ZERO)?.is_some());
 //! let per_user = KeyedRateLimiter::<String>::builder()
 //!     .limit(Limit::per_second(5.0))
-//!     .limit(Limit::per_day(10_000.0))
+//!     .limit(Limit::per(10_000.0, Duration::from_secs(86_400)))
 //!     .build()?;
-//! assert!(per_user.try_reserve("alice", 1, std::time::Duration::ZERO)?.is_some());
+//! assert!(per_user.try_reserve("alice", 1, Duration::ZERO)?.is_some());
 //! # Ok::<(), paceline::Error>(())
 //! ```
 //!
@@ -92,8 +93,8 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), paceline::Error> {
 //! let llm = RateLimiter::builder()
-//!     .limit(Limit::per_minute(3_500.0).named("requests"))
-//!     .limit(Limit::per_minute(90_000.0).named("tokens"))
+//!     .limit(Limit::per(3_500.0, Duration::from_secs(60)).named("requests"))
+//!     .limit(Limit::per(90_000.0, Duration::from_secs(60)).named("tokens"))
 //!     .build()?;
 //! let call = llm.call(Cost::each([1, 800])).await?; // waits for its turn
 //! // ... send it; the answer says 429, come back in 2 s.

@@ -18,15 +18,14 @@ use crate::metrics::Metrics;
 /// * [`wait`](Reservation::wait) (or
 ///   [`wait_blocking`](Reservation::wait_blocking)) sleeps until the permits
 ///   may be used; they are then used.
-/// * [`give_back`](Reservation::give_back), or dropping the reservation before its
-///   wait has passed, **gives the permits back**: later callers are scheduled
-///   as if they had never been reserved, and callers already waiting keep
-///   their slots (the in-process limiters replay their limits without it,
-///   exactly, however many are given back; the crate's
-///   [table](crate#cancel-safety) says where each limiter errs). This is
-///   what makes
-///   `tokio::time::timeout(d, limiter.acquire(n))` and `select!` correct:
-///   the dropped `acquire` gives back what it had taken.
+/// * Drop it to **give the permits back** (before its wait has passed):
+///   later callers are scheduled as if they had never been reserved, and
+///   callers already waiting keep their slots (the in-process limiters
+///   replay their limits without it, exactly, however many are given back;
+///   the crate's [table](crate#cancel-safety) says where each limiter
+///   errs). This is what makes `tokio::time::timeout(d, limiter.acquire(n))`
+///   and `select!` correct: the dropped `acquire` gives back what it had
+///   taken.
 /// * [`keep`](Reservation::keep) keeps the permits without waiting here,
 ///   for a caller that schedules its work itself.
 ///
@@ -179,7 +178,7 @@ impl<'a> Reservation<'a> {
     ///
     /// let limiter = RateLimiter::builder()
     ///     .limit(Limit::per_second(10.0).burst(1))
-    ///     .limit(Limit::per_minute(60.0).burst(1))
+    ///     .limit(Limit::per(60.0, Duration::from_secs(60)).burst(1))
     ///     .clock(FakeClock::new())
     ///     .build()?;
     /// assert_eq!(limiter.reservation(1)?.limit(), None); // it does not wait
@@ -250,9 +249,6 @@ impl<'a> Reservation<'a> {
         }
         self.delay
     }
-
-    /// Gives the permits back now (as dropping the reservation does).
-    pub fn give_back(self) {}
 
     /// Whether dropping this reservation would give something back.
     pub fn can_give_back(&self) -> bool {

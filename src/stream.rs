@@ -42,7 +42,7 @@
 //!   holding the item, which was not charged. The stream goes on with the
 //!   next item, so the caller decides: stop (`?`, or
 //!   [`try_next`](futures::TryStreamExt::try_next)), skip the item, or let
-//!   it through unpaced ([`ThrottleError::into_item`]). Hence the throttled
+//!   it through unpaced ([`ThrottleError::into_parts`]). Hence the throttled
 //!   stream's items are `Result<Item, ThrottleError<Item>>`. This crate's
 //!   local limiters ([`RateLimiter`](crate::RateLimiter),
 //!   [`KeyedRateLimiter`](crate::KeyedRateLimiter)) never fail here: their
@@ -212,9 +212,9 @@ pub type OnePermit<T> = fn(&T) -> u32;
 /// A limiter error for one item of a throttled stream, with that item.
 ///
 /// The item was not charged and not released; the stream goes on with the
-/// next one. [`into_item`](Self::into_item) lets it through anyway,
-/// [`into_parts`](Self::into_parts) keeps both, and `?` converts it to the
-/// crate's [`Error`] (dropping the item).
+/// next one. [`into_parts`](Self::into_parts) hands back the item (to let
+/// it through anyway) and the error, and `?` converts it to the crate's
+/// [`Error`] (dropping the item).
 pub struct ThrottleError<T> {
     item: T,
     error: Error,
@@ -229,16 +229,6 @@ impl<T> ThrottleError<T> {
     /// The item the permits were for.
     pub fn item(&self) -> &T {
         &self.item
-    }
-
-    /// The item, dropping the error.
-    pub fn into_item(self) -> T {
-        self.item
-    }
-
-    /// The error, dropping the item.
-    pub fn into_error(self) -> Error {
-        self.error
     }
 
     /// The item and the error.

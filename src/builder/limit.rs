@@ -65,9 +65,10 @@ impl PolicyConfig {
 /// [`Builder::limit`](crate::Builder::limit).
 ///
 /// A limit is a rate and how many requests may go at once after an idle
-/// spell, its *burst*. Made with a period (`Limit::per_hour(1000.0)`), its
-/// burst is the period's whole permits: a quota of 1 000 an hour lets
-/// 1 000 requests go at once, then refills at 1 000 an hour.
+/// spell, its *burst*. Made with a period
+/// (`Limit::per(1000.0, Duration::from_secs(3600))`), its burst is the
+/// period's whole permits: a quota of 1 000 an hour lets 1 000 requests go
+/// at once, then refills at 1 000 an hour.
 /// [`burst`](Limit::burst) sets another count (`burst(1)`: exact spacing,
 /// one at a time), and [`warmup`](Limit::warmup) the warming-up policy
 /// instead. A limit starts full, its burst there at once (a rate set with
@@ -92,23 +93,24 @@ impl PolicyConfig {
 /// up to twice its quota across its boundary too. If the sliding window
 /// must hold the quota, give the limit half the window as its burst
 /// (`.burst(500)`: at most 1 500 in any hour), or add a second, tighter
-/// limit (`Limit::per_minute(20.0)`) to pace the spending.
+/// limit (`Limit::per(20.0, Duration::from_secs(60))`) to pace the spending.
 ///
 /// ```
+/// use std::time::Duration;
 /// use paceline::{Limit, RateLimiter};
 /// use paceline::clock::FakeClock;
 ///
 /// let limiter = RateLimiter::builder()
 ///     .limit(Limit::per_second(10.0).burst(20))
-///     .limit(Limit::per_hour(1000.0))
+///     .limit(Limit::per(1000.0, Duration::from_secs(3600)))
 ///     .clock(FakeClock::new())
 ///     .build()?;
 /// assert_eq!(limiter.rate(), 10.0);
 /// // A burst of 20 is 20 at once, and the 21st waits.
 /// for _ in 0..20 {
-///     assert!(limiter.try_reserve(1, std::time::Duration::ZERO)?.is_some());
+///     assert!(limiter.try_reserve(1, Duration::ZERO)?.is_some());
 /// }
-/// assert!(limiter.try_reserve(1, std::time::Duration::ZERO)?.is_none());
+/// assert!(limiter.try_reserve(1, Duration::ZERO)?.is_none());
 /// # Ok::<(), paceline::Error>(())
 /// ```
 #[derive(Debug, Clone)]
@@ -130,7 +132,8 @@ pub struct Limit {
 
 impl Limit {
     /// `permits` per `period`, with a burst of the period's whole permits
-    /// (at least 1).
+    /// (at least 1): a minute is `Duration::from_secs(60)`, an hour
+    /// `Duration::from_secs(3600)`, a day `Duration::from_secs(86_400)`.
     pub fn per(permits: f64, period: Duration) -> Limit {
         let invalid = period
             .is_zero()
@@ -181,21 +184,6 @@ impl Limit {
     /// `permits` per second, with a burst of `permits`.
     pub fn per_second(permits: f64) -> Limit {
         Limit::per(permits, Duration::from_secs(1))
-    }
-
-    /// `permits` per minute, with a burst of `permits`.
-    pub fn per_minute(permits: f64) -> Limit {
-        Limit::per(permits, Duration::from_secs(60))
-    }
-
-    /// `permits` per hour, with a burst of `permits`.
-    pub fn per_hour(permits: f64) -> Limit {
-        Limit::per(permits, Duration::from_secs(3600))
-    }
-
-    /// `permits` per day, with a burst of `permits`.
-    pub fn per_day(permits: f64) -> Limit {
-        Limit::per(permits, Duration::from_secs(86_400))
     }
 
     /// How many requests of one permit may go at once after an idle

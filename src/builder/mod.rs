@@ -57,7 +57,7 @@ impl<K> fmt::Debug for PerKey<K> {
 ///
 /// // 100 a minute per tenant, at most 10 000 tenants held.
 /// let per_tenant = KeyedRateLimiter::<u64>::builder()
-///     .limit(Limit::per_minute(100.0))
+///     .limit(Limit::per(100.0, Duration::from_secs(60)))
 ///     .max_keys(10_000)
 ///     .build()?;
 /// assert!(per_tenant.try_reserve(&7, 1, Duration::ZERO)?.is_some());

@@ -35,13 +35,22 @@ use super::{Limits, MAX_MICROS, State};
 ///
 /// ```
 /// use std::time::Duration;
+/// use paceline::RateLimiter;
 /// use paceline::outbound::Learning;
 ///
 /// let learning = Learning::default()
 ///     .decrease(0.5)
 ///     .increase(0.1)
 ///     .interval(Duration::from_millis(500));
-/// assert_eq!(learning.margin_value(), 0.97);
+/// // The margin stays at its default, 0.97; one out of (0, 1] keeps it.
+/// assert_eq!(learning, learning.margin(0.97));
+/// assert_eq!(learning.margin(1.5), learning);
+/// let limiter = RateLimiter::builder()
+///     .permits_per_second(10.0)
+///     .learning(learning)
+///     .build()?;
+/// # drop(limiter);
+/// # Ok::<(), paceline::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Learning {
@@ -119,11 +128,6 @@ impl Learning {
             self.margin = fraction;
         }
         self
-    }
-
-    /// The margin ([`margin`](Self::margin)).
-    pub fn margin_value(&self) -> f64 {
-        self.margin
     }
 }
 

@@ -96,8 +96,9 @@ const MAX_ENTRY: usize = 512;
 
 /// The proxies whose forwarding header is believed (addresses and
 /// networks: `10.0.0.0/8`, `fd00::/8`, `127.0.0.1`), and which header
-/// that is ([`ClientIpSource`]). With none, or with the source
-/// [`ClientIpSource::Peer`], every request's client is its peer.
+/// that is ([`ClientIpSource`]). With none (`TrustedProxies::default()`
+/// trusts none), or with the source [`ClientIpSource::Peer`], every
+/// request's client is its peer.
 ///
 /// Name your proxies only: an address inside these networks is taken at
 /// its word like a proxy, so a client inside them can name any address
@@ -166,11 +167,6 @@ pub(super) fn canonical(ip: IpAddr) -> IpAddr {
 }
 
 impl TrustedProxies {
-    /// Trusts no proxy: the client is always the peer.
-    pub fn none() -> TrustedProxies {
-        TrustedProxies::default()
-    }
-
     /// Trusts the proxies at these addresses or networks to write the
     /// client's address in `source`, the header they overwrite or append
     /// to.
@@ -206,13 +202,8 @@ impl TrustedProxies {
     }
 
     /// Whether `ip` is one of the trusted proxies.
-    pub fn contains(&self, ip: IpAddr) -> bool {
+    fn contains(&self, ip: IpAddr) -> bool {
         self.nets.iter().any(|net| net.contains(ip))
-    }
-
-    /// Where the client's address is read from.
-    pub fn source(&self) -> &ClientIpSource {
-        &self.source
     }
 
     /// The client of a request that came from `peer` with `headers`.

@@ -25,9 +25,8 @@ use crate::reservation::GiveBack;
 ///   reserved that in the first place (exactly, while the limiter's log
 ///   holds the call; see [`settle`](Call::settle) for after).
 ///
-/// Dropping the call (or [`finish`](Call::finish)) ends it at its
-/// estimate, and its slot, with a
-/// [`Limit::concurrent`](crate::Limit::concurrent), is free at once.
+/// Drop the call to end it at its estimate: its slot, with a
+/// [`Limit::concurrent`](crate::Limit::concurrent), is then free at once.
 ///
 /// ```
 /// use paceline::{Cost, Limit, RateLimiter};
@@ -96,9 +95,6 @@ impl<'a> Call<'a> {
         }
         Ok(())
     }
-
-    /// Ends the call at its estimate (as dropping it does).
-    pub fn finish(self) {}
 
     /// Feeds the upstream's answer to this call back to the limiter (see
     /// [`outbound`](crate::outbound) for what it learns): a refusal pauses

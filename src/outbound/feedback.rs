@@ -206,11 +206,6 @@ impl Feedback {
         self.status == 429 || (self.status == 503 && self.retry_after.is_some())
     }
 
-    /// A `2xx` status.
-    pub fn is_success(&self) -> bool {
-        (200..300).contains(&self.status)
-    }
-
     fn find(&self, name: Option<&[u8]>) -> Option<usize> {
         self.quotas
             .iter()
@@ -284,21 +279,14 @@ impl Feedback {
 impl Feedback {
     /// Reads a response of the `http` crate (see
     /// [`from_headers`](Self::from_headers)), against the system clock.
+    /// Only its status and headers are read, so a response's head alone
+    /// serves too: `Response::from_parts(parts, ())`.
     pub fn from_response<B>(response: &::http::Response<B>) -> Feedback {
-        Feedback::from_header_map(response.status(), response.headers())
-    }
-
-    /// Reads the head of a response of the `http` crate, as
-    /// [`from_response`](Self::from_response).
-    pub fn from_parts(parts: &::http::response::Parts) -> Feedback {
-        Feedback::from_header_map(parts.status, &parts.headers)
-    }
-
-    fn from_header_map(status: ::http::StatusCode, headers: &::http::HeaderMap) -> Feedback {
-        let lines = headers
+        let lines = response
+            .headers()
             .iter()
             .map(|(name, value)| (name.as_str(), value.as_bytes()));
-        Feedback::from_headers(status.as_u16(), lines, SystemTime::now())
+        Feedback::from_headers(response.status().as_u16(), lines, SystemTime::now())
     }
 }
 

@@ -33,6 +33,7 @@ use crate::{Cost, RateLimiter, Store};
 ///
 /// ```
 /// use std::sync::Arc;
+/// use std::time::Duration;
 /// use paceline::{Cost, Limit, RateLimiter};
 /// use paceline::outbound::OutboundLayer;
 ///
@@ -41,8 +42,8 @@ use crate::{Cost, RateLimiter, Store};
 /// // them; its headers will say if it allows less.
 /// let limiter = Arc::new(
 ///     RateLimiter::builder()
-///         .limit(Limit::per_minute(3_500.0).named("requests"))
-///         .limit(Limit::per_minute(90_000.0).named("tokens"))
+///         .limit(Limit::per(3_500.0, Duration::from_secs(60)).named("requests"))
+///         .limit(Limit::per(90_000.0, Duration::from_secs(60)).named("tokens"))
 ///         .build()?,
 /// );
 /// let layer = OutboundLayer::new(limiter)
@@ -232,9 +233,9 @@ where
             let call = layer.limiter.call(estimate).await?;
             let response = inner.call(request).await.map_err(Into::into)?;
             call.learn(&Feedback::from_response(&response));
-            match layer.actual.actual(&response) {
-                Some(actual) => call.settle(actual)?,
-                None => call.finish(),
+            // Without a real cost, the call ends at its estimate as it drops.
+            if let Some(actual) = layer.actual.actual(&response) {
+                call.settle(actual)?;
             }
             Ok(response)
         })

@@ -28,7 +28,7 @@ impl Upstream {
             .collect();
         let lesson = Lesson {
             throttled: feedback.is_throttled(),
-            success: feedback.is_success(),
+            success: (200..300).contains(&feedback.status()),
             retry_after_micros: feedback.retry_after().map(micros),
             limits,
         };
@@ -125,5 +125,16 @@ mod tests {
             [Reported::default(), unnamed, Reported::default()]
         );
         let _ = Duration::ZERO;
+    }
+
+    #[test]
+    fn a_2xx_status_is_a_success() {
+        let lesson = |status| upstream(&[None]).lesson(&Feedback::new(status)).0;
+        for status in [200, 201, 204, 299] {
+            assert!(lesson(status).success, "{status}");
+        }
+        for status in [0, 100, 199, 300, 429, 503] {
+            assert!(!lesson(status).success, "{status}");
+        }
     }
 }

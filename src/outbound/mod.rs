@@ -21,8 +21,8 @@
 //!   answer reports the rate of every limit (the limiter runs under those
 //!   already: the refusal came from a burst, and the pause is enough);
 //!   after the pause the callers go one interval apart, never as a burst;
-//! * each second of successes after the pause adds back 0.05 of the
-//!   configured rates, up to them;
+//! * each second of successes (`2xx` statuses) after the pause adds back
+//!   0.05 of the configured rates, up to them;
 //! * a rate the upstream reports for a limit (a quota over its window)
 //!   caps that limit at 0.97 of it, never above the configured rate; a
 //!   limit it reports spent (`remaining` 0) waits for its reset.

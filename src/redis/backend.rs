@@ -297,10 +297,11 @@ impl Backend {
                 target.key
             ))
             .with_source(e)),
-            Err(_) => Err(BackendError::timeout(format!(
+            Err(_) => Err(BackendError::new(format!(
                 "the probe's script did not answer within {:?} (key {})",
                 self.response_timeout, target.key
-            ))),
+            ))
+            .with_timeout(true)),
         }
     }
 

@@ -74,10 +74,11 @@ impl Target {
                         .with_timeout(timed_out),
                 )
             }
-            Err(_) => Err(BackendError::timeout(format!(
+            Err(_) => Err(BackendError::new(format!(
                 "cannot connect to {}: no answer within {timeout:?}",
                 self.describe()
-            ))),
+            ))
+            .with_timeout(true)),
         }
     }
 }

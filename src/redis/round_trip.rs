@@ -404,14 +404,18 @@ impl Deadline {
         target: &ProbeTarget,
     ) -> Result<BackendError, Failure> {
         if self.budget {
-            return Err(Failure::Down(Some(BackendError::timeout(format!(
-                "the call's time ran out after it waited for key {} to be carried back",
-                target.key
-            )))));
+            return Err(Failure::Down(Some(
+                BackendError::new(format!(
+                    "the call's time ran out after it waited for key {} to be carried back",
+                    target.key
+                ))
+                .with_timeout(true),
+            )));
         }
-        Ok(BackendError::timeout(format!(
+        Ok(BackendError::new(format!(
             "Redis did not answer within {:?} (key {})",
             backend.response_timeout, target.key
-        )))
+        ))
+        .with_timeout(true))
     }
 }

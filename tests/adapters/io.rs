@@ -280,14 +280,20 @@ async fn short_writes_are_charged_once_through_credit() {
     let mut writer = ThrottledWriter::new(inner, limiter.clone());
     let bytes = data(N);
     writer.write_all(&bytes).await.unwrap();
-    assert_eq!(writer.credit(), 0);
-    let inner = writer.into_inner();
-    assert_eq!(inner.bytes, bytes);
-    assert!(inner.writes.iter().all(|&n| n <= 3));
     assert_eq!(
         clock.now() + limiter.snapshot().unwrap().wait(),
         Duration::from_millis(95)
     );
+    // No credit is left over: one more byte is reserved and charged.
+    writer.write_all(&[0]).await.unwrap();
+    assert_eq!(
+        clock.now() + limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(96)
+    );
+    let inner = writer.into_inner();
+    assert_eq!(inner.bytes[..N], bytes);
+    assert_eq!(inner.bytes.len(), N + 1);
+    assert!(inner.writes.iter().all(|&n| n <= 3));
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -344,23 +350,28 @@ async fn writer_polls_are_cancel_safe_and_never_charge_twice() {
         poll_write(&mut writer, &[3; 5]).await,
         Poll::Ready(Ok(5))
     ));
-    assert_eq!(writer.credit(), 5);
     assert_eq!(
         limiter.snapshot().unwrap().wait(),
         Duration::from_millis(10)
     );
-    // The credit goes first, without a new reservation.
+    // The credit goes first, without a new reservation: exactly its 5
+    // bytes of the 8.
     assert!(matches!(
         poll_write(&mut writer, &[4; 8]).await,
         Poll::Ready(Ok(5))
     ));
-    assert_eq!(writer.credit(), 0);
     assert_eq!(
         limiter.snapshot().unwrap().wait(),
         Duration::from_millis(10)
     );
     assert_eq!(writer.get_ref().writes, vec![10, 5, 5]);
     assert_eq!(writer.get_ref().bytes.len(), 20);
+    // The credit is spent: the next write reserves a chunk of its own.
+    assert!(poll_write(&mut writer, &[5; 10]).await.is_pending());
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(20)
+    );
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -409,7 +420,7 @@ async fn reader_polls_are_cancel_safe_and_dropping_a_waiting_reader_leaves_no_de
     );
     // The next chunk is read from the inner reader, reserved, and held.
     assert!(poll_read(&mut reader, 64).await.is_none());
-    assert_eq!(reader.buffered(), 10);
+    assert_eq!(reader.get_ref().len(), 80);
     assert_eq!(
         limiter.snapshot().unwrap().wait(),
         Duration::from_millis(20)
@@ -479,7 +490,10 @@ async fn limiter_errors_are_io_errors_and_nothing_moves() {
 
     let mut reader = ThrottledReader::new(&b"abc"[..], Arc::new(Broken(FakeClock::new())));
     assert!(reader.read(&mut [0; 8]).await.is_err());
-    assert_eq!(reader.buffered(), 3); // held, unpaid, for the next try
+    // The 3 bytes left the inner reader and are held, unpaid, for the next
+    // try, which asks the limiter again.
+    assert!(reader.get_ref().is_empty());
+    assert!(reader.read(&mut [0; 8]).await.is_err());
 }
 
 #[tokio::test(flavor = "current_thread")]

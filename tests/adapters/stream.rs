@@ -247,7 +247,7 @@ async fn a_limiter_error_yields_the_item_and_the_stream_goes_on() {
             Err(error) => {
                 assert!(matches!(error.error(), Error::InvalidArgument(_)));
                 assert!(error.to_string().contains("backend down"));
-                Err(error.into_item())
+                Err(error.into_parts().0)
             }
         });
     }

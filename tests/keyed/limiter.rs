@@ -472,7 +472,7 @@ fn snapshots_say_what_goes_at_once() {
     // Several limits: the binding one.
     let several = KeyedRateLimiter::<String>::builder()
         .limit(paceline::Limit::per_second(10.0).burst(5))
-        .limit(paceline::Limit::per_minute(3.0).burst(4))
+        .limit(paceline::Limit::per(3.0, Duration::from_secs(60)).burst(4))
         .clock(clock.clone())
         .build()
         .unwrap();

@@ -123,7 +123,7 @@ fn idle_shards_sweep_with_several_limits() {
     // The per-minute limit refills in a minute, the sweep period.
     let limiter = KeyedRateLimiter::<u64, _>::builder()
         .limit(Limit::per_second(10.0))
-        .limit(Limit::per_minute(300.0))
+        .limit(Limit::per(300.0, Duration::from_secs(60)))
         .clock(clock.clone())
         .build()
         .unwrap();
@@ -147,7 +147,7 @@ fn a_flood_of_idle_keys_of_several_limits_gives_its_memory_back() {
     let clock = FakeClock::new();
     let limiter = KeyedRateLimiter::<u64, _>::builder()
         .limit(Limit::per_second(1e9))
-        .limit(Limit::per_minute(6e10))
+        .limit(Limit::per(6e10, Duration::from_secs(60)))
         .clock(clock.clone())
         .build()
         .unwrap();

@@ -18,7 +18,7 @@ fn per_second_and_minute(clock: &FakeClock) -> KeyedRateLimiter<u64, Local, Fake
     // 2 and 3 stored.
     KeyedRateLimiter::builder()
         .limit(Limit::per_second(10.0).burst(3))
-        .limit(Limit::per_minute(3.0).burst(4))
+        .limit(Limit::per(3.0, Duration::from_secs(60)).burst(4))
         .clock(clock.clone())
         .build()
         .unwrap()
@@ -91,7 +91,7 @@ fn idle_keys_are_forgotten_and_a_cap_holds() {
 
     let capped = KeyedRateLimiter::<u64>::builder()
         .limit(Limit::per_second(1.0).burst(2))
-        .limit(Limit::per_hour(10.0).burst(11))
+        .limit(Limit::per(10.0, Duration::from_secs(3600)).burst(11))
         .max_keys(256)
         .clock(clock.clone())
         .build()
@@ -108,7 +108,7 @@ fn rates_change_for_every_key_together_or_one_limit() {
     let clock = FakeClock::new();
     let limiter = KeyedRateLimiter::<u64>::builder()
         .limit(Limit::per_second(10.0).burst(1))
-        .limit(Limit::per_minute(3.0).burst(1))
+        .limit(Limit::per(3.0, Duration::from_secs(60)).burst(1))
         .clock(clock.clone())
         .build()
         .unwrap();
@@ -185,10 +185,19 @@ fn a_burst_of_n_lets_exactly_n_of_a_key_go_at_once() {
         (vec![Limit::per_second(5.0).burst(10)], 10),
         (vec![Limit::per_second(5.0)], 5),
         (
-            vec![Limit::per_second(5.0).burst(10), Limit::per_hour(1000.0)],
+            vec![
+                Limit::per_second(5.0).burst(10),
+                Limit::per(1000.0, Duration::from_secs(3600)),
+            ],
             10,
         ),
-        (vec![Limit::per_second(50.0), Limit::per_minute(20.0)], 20),
+        (
+            vec![
+                Limit::per_second(50.0),
+                Limit::per(20.0, Duration::from_secs(60)),
+            ],
+            20,
+        ),
     ] {
         let mut builder = KeyedRateLimiter::<u64, _>::builder().clock(FakeClock::new());
         for limit in &limits {

@@ -97,7 +97,7 @@ fn a_keys_slot_state_goes_with_its_last_call_and_its_memory_with_it() {
         // Every key called once first: what the rate holds of them is
         // there before the count starts.
         for key in 0..20_000u64 {
-            limiter.call(&key, 1).await.unwrap().finish();
+            drop(limiter.call(&key, 1).await.unwrap());
         }
         assert_eq!(limiter.slot_keys(), 0);
         let before = bytes_in_use();

@@ -108,7 +108,7 @@ async fn calls_wait_and_settle_as_the_core_on_every_in_process_limiter() {
                         assert!(core.settle(id, call.estimate(), &actual, now));
                         call.settle(actual).unwrap();
                     } else {
-                        call.finish();
+                        drop(call);
                     }
                     core.keep(id, now);
                 }
@@ -131,7 +131,7 @@ async fn a_call_dropped_while_it_waits_gives_its_estimate_back() {
         .build()
         .unwrap();
     let first = limiter.call(1).await.unwrap();
-    first.finish();
+    drop(first);
     // The second waits a second: dropped after 20 ms.
     let waited = tokio::time::timeout(Duration::from_millis(20), limiter.call(1)).await;
     assert!(waited.is_err());
@@ -153,7 +153,7 @@ async fn a_call_settles_exactly_while_the_log_holds_it() {
         .unwrap();
     let call = limiter.call(50).await.unwrap();
     for _ in 0..100 {
-        limiter.call(1).await.unwrap().finish();
+        drop(limiter.call(1).await.unwrap());
     }
     // 50 + 100 permits at 1 000/s: the clock stands at 150 ms, and the
     // next is due at 151 ms.
@@ -163,10 +163,10 @@ async fn a_call_settles_exactly_while_the_log_holds_it() {
     assert_eq!(limiter.snapshot().unwrap().wait(), Duration::ZERO);
 
     for (actual, wait) in [(10, 1), (60, 11)] {
-        limiter.call(1).await.unwrap().finish();
+        drop(limiter.call(1).await.unwrap());
         let call = limiter.call(50).await.unwrap();
         for _ in 0..1_100 {
-            limiter.call(1).await.unwrap().finish();
+            drop(limiter.call(1).await.unwrap());
         }
         assert_eq!(limiter.snapshot().unwrap().wait(), Duration::from_millis(1));
         call.settle(actual).unwrap();
@@ -219,7 +219,7 @@ async fn a_keys_settle_leaves_other_keys_alone() {
         .build()
         .unwrap();
     let a = limiter.call("a", 5).await.unwrap();
-    limiter.call("b", 5).await.unwrap().finish();
+    drop(limiter.call("b", 5).await.unwrap());
     a.settle(1).unwrap();
     assert_eq!(
         limiter.snapshot("a").unwrap().wait(),
@@ -256,7 +256,7 @@ async fn calls_teach_the_limiter_the_upstreams_limit() {
     // After the pause: one interval of 70/s apart, no burst.
     let first = limiter.call(1).await.unwrap();
     assert_eq!(first.waited(), Duration::from_secs(2));
-    first.finish();
+    drop(first);
     let second = limiter.call(1).await.unwrap();
     assert!(
         second
@@ -271,7 +271,7 @@ async fn calls_teach_the_limiter_the_upstreams_limit() {
         b"\"requests\";q=50;w=1, \"tokens\";q=3000;w=1",
     )];
     second.learn(&Feedback::from_headers(200, policy, SystemTime::now()));
-    second.finish();
+    drop(second);
     assert_eq!(limiter.rate(), 50.0 * 0.97 * 0.7);
 
     let keyed = KeyedRateLimiter::<String>::builder()
@@ -281,7 +281,7 @@ async fn calls_teach_the_limiter_the_upstreams_limit() {
         .unwrap();
     let call = keyed.call("a", 1).await.unwrap();
     call.learn(&Feedback::new(429).with_retry_after(Duration::from_secs(5)));
-    call.finish();
+    drop(call);
     assert_eq!(keyed.snapshot("a").unwrap().wait(), Duration::from_secs(5));
     assert_eq!(keyed.snapshot("a").unwrap().rate(), 7.0);
     assert_eq!(keyed.snapshot("b").unwrap().wait(), Duration::ZERO);

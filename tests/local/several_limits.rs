@@ -18,7 +18,7 @@ fn two_limits(clock: &FakeClock) -> RateLimiter<Local, FakeClock> {
     // starts full), and 3 per minute with a burst of 1 (exact spacing).
     RateLimiter::builder()
         .limit(Limit::per_second(10.0).burst(3))
-        .limit(Limit::per_minute(3.0).burst(1))
+        .limit(Limit::per(3.0, Duration::from_secs(60)).burst(1))
         .clock(clock.clone())
         .build()
         .unwrap()
@@ -140,13 +140,13 @@ fn bad_limits_are_refused_when_built() {
     // One limit alone is an ordinary limiter; the builder's own rate is
     // the first of several.
     let one = RateLimiter::builder()
-        .limit(Limit::per_minute(60.0))
+        .limit(Limit::per(60.0, Duration::from_secs(60)))
         .build()
         .unwrap();
     assert_eq!(one.rate(), 1.0);
     let two = RateLimiter::builder()
         .permits_per_second(5.0)
-        .limit(Limit::per_hour(100.0))
+        .limit(Limit::per(100.0, Duration::from_secs(3600)))
         .build()
         .unwrap();
     assert_eq!(two.rate(), 5.0);
@@ -221,7 +221,7 @@ fn a_reservation_names_the_limit_it_waits_for() {
     let clock = FakeClock::new();
     let limiter = RateLimiter::builder()
         .limit(Limit::per_second(10.0).burst(1))
-        .limit(Limit::per_minute(60.0).burst(4))
+        .limit(Limit::per(60.0, Duration::from_secs(60)).burst(4))
         .clock(clock.clone())
         .build()
         .unwrap();
@@ -249,7 +249,7 @@ fn a_burst_of_n_lets_exactly_n_go_at_once() {
         (Limit::per_second(5.0).burst(10), 10),
         (Limit::per_second(5.0).burst(1), 1),
         (Limit::per_second(5.0), 5),
-        (Limit::per_hour(1000.0), 1000),
+        (Limit::per(1000.0, Duration::from_secs(3600)), 1000),
         (Limit::per_second(3.0).burst(7), 7),
         (Limit::per(2.5, Duration::from_secs(1)), 2),
     ] {

@@ -58,7 +58,7 @@ async fn at_most_k_calls_are_in_flight_under_many_tasks() {
                     tokio::time::sleep(MS / 10).await;
                 }
                 now.fetch_sub(1, Ordering::SeqCst);
-                call.finish();
+                drop(call);
             }
         }));
     }
@@ -137,7 +137,7 @@ async fn a_try_call_that_finds_no_slot_takes_no_place() {
 #[tokio::test]
 async fn a_slot_taken_then_refused_by_the_schedule_goes_back_at_once() {
     let limiter = limiter(1.0, 1, 1);
-    limiter.call(1).await.unwrap().finish();
+    drop(limiter.call(1).await.unwrap());
     // The slot is free, the schedule's next place a second away.
     assert!(limiter.try_call(1, 10 * MS).await.unwrap().is_none());
     assert_eq!(limiter.stats().in_flight, 0);
@@ -203,7 +203,7 @@ async fn a_concurrent_limit_takes_no_place_in_a_cost() {
         .unwrap();
     let first = limiter.call(Cost::each([1, 600])).await.unwrap();
     assert_eq!(first.waited(), Duration::ZERO);
-    first.finish();
+    drop(first);
     // 600 tokens at 1 000 a second.
     let second = limiter.call(Cost::each([1, 1])).await.unwrap();
     assert_eq!(second.waited(), 600 * MS);

@@ -196,10 +196,10 @@ fn a_limiter_fed_an_upstreams_answers_counts_its_refusals_and_its_rate() {
     futures::executor::block_on(async {
         let call = limiter.call(1).await.unwrap();
         call.learn(&refused);
-        call.finish();
+        drop(call);
         let call = limiter.call(1).await.unwrap();
         call.learn(&paceline::outbound::Feedback::new(200));
-        call.finish();
+        drop(call);
     });
     let upstream = [("limiter", "upstream")];
     assert_eq!(seen.counter(UPSTREAM_REFUSED, &upstream), 1);

@@ -109,7 +109,7 @@ async fn a_settled_call_leaves_the_key_as_a_twin_that_reserved_its_cost() {
         let (estimate, actual) = (counts(&mut rng), counts(&mut rng));
         let call = settled_limiter.call(Cost::each(estimate)).await.unwrap();
         call.settle(Cost::each(actual)).unwrap();
-        twin.call(Cost::each(actual)).await.unwrap().finish();
+        drop(twin.call(Cost::each(actual)).await.unwrap());
         if i % 4 == 0 {
             settled_limiter.reserve(2).await.unwrap();
             twin.reserve(2).await.unwrap();
@@ -155,8 +155,8 @@ async fn a_call_the_log_let_go_is_charged_its_excess_and_gives_nothing_back() {
     ];
     let more = let_go.call(5).await.unwrap();
     let less = let_go.call(5).await.unwrap();
-    twin.call(5).await.unwrap().finish();
-    twin.call(5).await.unwrap().finish();
+    drop(twin.call(5).await.unwrap());
+    drop(twin.call(5).await.unwrap());
     for limiter in [&let_go, &twin] {
         limiter.set_rate(500.0).unwrap();
         limiter.reserve(1).await.unwrap();
@@ -276,11 +276,7 @@ async fn keyed_calls_settle_and_learn_per_key() {
         let (estimate, actual) = (counts(&mut rng), counts(&mut rng));
         let call = limiter.call("a", Cost::each(estimate)).await.unwrap();
         call.settle(Cost::each(actual)).unwrap();
-        limiter
-            .call("b", Cost::each(actual))
-            .await
-            .unwrap()
-            .finish();
+        drop(limiter.call("b", Cost::each(actual)).await.unwrap());
     }
     let after = [
         settled(&server, &key("a")).await,

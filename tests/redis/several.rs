@@ -150,7 +150,7 @@ mod limiters {
         let limiter = RateLimiter::builder()
             .redis(&backend, "several")
             .limit(Limit::per_second(100.0).burst(1))
-            .limit(Limit::per_minute(6.0).burst(2))
+            .limit(Limit::per(6.0, Duration::from_secs(60)).burst(2))
             .build()
             .unwrap();
         // The per-minute limit starts with its one stored permit, the
@@ -190,7 +190,7 @@ mod limiters {
         let limiter = RateLimiter::builder()
             .redis(&backend, "several-rates")
             .limit(Limit::per_second(100.0).burst(1))
-            .limit(Limit::per_minute(6.0).burst(1))
+            .limit(Limit::per(6.0, Duration::from_secs(60)).burst(1))
             .build()
             .unwrap();
         assert_eq!(limiter.reserve(1).await.unwrap(), Duration::ZERO);
@@ -216,7 +216,7 @@ mod limiters {
         let limiter = KeyedRateLimiter::<String>::builder()
             .redis(&backend, "several-keyed")
             .limit(Limit::per_second(10.0).burst(3))
-            .limit(Limit::per_hour(3.0).burst(4))
+            .limit(Limit::per(3.0, Duration::from_secs(3600)).burst(4))
             .build()
             .unwrap();
         // Each key starts full: 2 at once per second, 3 an hour. Three go
@@ -245,7 +245,7 @@ mod limiters {
         let limiter = RateLimiter::builder()
             .redis(&backend, "several-outage")
             .limit(Limit::per_second(1000.0).burst(1))
-            .limit(Limit::per_minute(60.0).burst(1))
+            .limit(Limit::per(60.0, Duration::from_secs(60)).burst(1))
             .fallback(Fallback::Local)
             .build()
             .unwrap();

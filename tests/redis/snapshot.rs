@@ -102,7 +102,7 @@ async fn several_limits_read_as_the_binding_one() {
     let limiter = RateLimiter::builder()
         .redis(&backend, "several-snap")
         .limit(Limit::per_second(100.0).burst(1))
-        .limit(Limit::per_minute(6.0).burst(3))
+        .limit(Limit::per(6.0, Duration::from_secs(60)).burst(3))
         .build()
         .unwrap();
     // Both full: the per-second limit lets one go at once (no burst), the
@@ -196,7 +196,7 @@ async fn a_reservation_reads_the_state_its_own_call_left() {
     let build = |backend: &RedisBackend| {
         RateLimiter::builder()
             // One a minute: nothing comes back while the test runs.
-            .limit(Limit::per_minute(1.0).burst(5))
+            .limit(Limit::per(1.0, Duration::from_secs(60)).burst(5))
             .redis(backend, "own-reply")
             .build()
             .unwrap()

@@ -293,10 +293,11 @@ where
                     .with_source(e)
                     .with_timeout(timed_out)
             }
-            Err(_) => BackendError::timeout(format!(
+            Err(_) => BackendError::new(format!(
                 "Redis did not answer within {:?} (key {slots})",
                 backend.response_timeout
-            )),
+            ))
+            .with_timeout(true),
         };
         backend.degrade(&failure, target.clone(), Scope::Key);
         Err(Failure::Down(Some(failure)))

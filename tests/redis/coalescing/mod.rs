@@ -369,7 +369,7 @@ async fn several_limits_coalesce_and_keep_every_limit() {
                 "several-hot",
             )
             .limit(Limit::per_second(1_000.0).burst(21))
-            .limit(Limit::per_minute(600.0).burst(31))
+            .limit(Limit::per(600.0, Duration::from_secs(60)).burst(31))
             .build()
             .unwrap(),
     );
