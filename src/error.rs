@@ -63,7 +63,12 @@ impl std::error::Error for Error {
 /// assert!(late.is_timeout());
 /// ```
 #[derive(Debug)]
-pub struct BackendError {
+pub struct BackendError(Box<Backend>);
+
+/// What a [`BackendError`] holds, boxed: an `Error` is then a word or three,
+/// cheap to move through every call's `Result`.
+#[derive(Debug)]
+struct Backend {
     message: String,
     timed_out: bool,
     source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
@@ -73,11 +78,11 @@ impl BackendError {
     /// The backend failed as `message` says (what was asked of it, and of
     /// which backend): it answered with an error, or could not be reached.
     pub fn new(message: impl Into<String>) -> Self {
-        BackendError {
+        BackendError(Box::new(Backend {
             message: message.into(),
             timed_out: false,
             source: None,
-        }
+        }))
     }
 
     /// The backend's own error, which caused this one: the
@@ -86,26 +91,27 @@ impl BackendError {
         mut self,
         source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
     ) -> Self {
-        self.source = Some(source.into());
+        self.0.source = Some(source.into());
         self
     }
 
     /// Marks the error as a timeout (the backend did not answer in time),
     /// or not.
     pub fn with_timeout(mut self, timed_out: bool) -> Self {
-        self.timed_out = timed_out;
+        self.0.timed_out = timed_out;
         self
     }
 
     /// Whether the backend failed to answer in time (as opposed to answering
     /// with an error or refusing the connection).
     pub fn is_timeout(&self) -> bool {
-        self.timed_out
+        self.0.timed_out
     }
 
     /// The backend's own error, if there was one (e.g. a `redis::RedisError`).
     pub fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
+        self.0
+            .source
             .as_deref()
             .map(|e| e as &(dyn std::error::Error + 'static))
     }
@@ -113,9 +119,9 @@ impl BackendError {
 
 impl fmt::Display for BackendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.source {
-            Some(source) => write!(f, "{}: {source}", self.message),
-            None => f.write_str(&self.message),
+        match &self.0.source {
+            Some(source) => write!(f, "{}: {source}", self.0.message),
+            None => f.write_str(&self.0.message),
         }
     }
 }

@@ -12,12 +12,10 @@
 //! [`KeyedRateLimiter`](crate::KeyedRateLimiter) call them for every store,
 //! and so do the [`Limiter`](crate::Limiter) traits.
 
-use std::future::{Future, ready};
+use std::future::Future;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
-
-use futures::future::Either;
 
 use crate::clock::Clock;
 use crate::core::Cost;
@@ -86,16 +84,18 @@ pub trait Engine<Q: ?Sized + Sync>: Rate {
         held: bool,
     ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send;
 
-    /// [`take`](Self::take), not held: the wait, or `None` if refused,
-    /// handed to `then`. Its own method, so that the in-process engines'
-    /// plain reservations (their fast path) never build a
-    /// [`Reservation`]; `then` rather than a combinator on the future, so
-    /// that an in-process engine's future is `ready(then(..))`, which
-    /// inlines wherever it is polled.
+    /// [`take`](Self::take), not held, of `permits` as checked (an error
+    /// is handed on, nothing taken): the wait, or `None` if refused, handed
+    /// to `then`. Its own method, so that the in-process engines' plain
+    /// reservations (their fast path) never build a [`Reservation`]; the
+    /// check's error and `then` passed in rather than a choice of futures
+    /// and a combinator around them, so that an in-process engine's future
+    /// is one `ready(then(..))`, which compiles to the plain call wherever
+    /// it is polled.
     fn take_wait<T: Send>(
         &self,
         key: &Q,
-        permits: u32,
+        permits: Result<u32, Error>,
         timeout: Option<Duration>,
         then: impl FnOnce(Result<Option<Duration>, Error>) -> T + Send,
     ) -> impl Future<Output = T> + Send;
@@ -109,7 +109,7 @@ pub trait Engine<Q: ?Sized + Sync>: Rate {
         permits: u32,
         timeout: Option<Duration>,
     ) -> Result<Option<Duration>, Error> {
-        now(self.take_wait(key, permits, timeout, |taken| taken))
+        now(self.take_wait(key, Ok(permits), timeout, |taken| taken))
     }
 
     /// Reserves `cost` of `key` for an open call if the wait fits in
@@ -222,8 +222,8 @@ where
     })
 }
 
-/// The engine's `take_wait` if `permits` may be asked for; the error
-/// otherwise; either handed to `then`.
+/// The engine's `take_wait` if `permits` may be asked for, the error
+/// otherwise, handed to `then`.
 #[inline(always)]
 fn checked<'a, Q, E, T: Send + 'a>(
     engine: &'a E,
@@ -236,10 +236,8 @@ where
     Q: ?Sized + Sync,
     E: Engine<Q>,
 {
-    match check_permits(permits) {
-        Ok(()) => Either::Left(engine.take_wait(key, permits, timeout, then)),
-        Err(error) => Either::Right(ready(then(Err(error)))),
-    }
+    let permits = check_permits(permits).map(|()| permits);
+    engine.take_wait(key, permits, timeout, then)
 }
 
 /// Reserves `permits` of `key` as a reservation that gives them back if

@@ -33,12 +33,15 @@ where
     fn take_wait<T: Send>(
         &self,
         key: &Q,
-        permits: u32,
+        permits: Result<u32, Error>,
         timeout: Option<Duration>,
         then: impl FnOnce(Result<Option<Duration>, Error>) -> T + Send,
     ) -> impl Future<Output = T> + Send {
-        let grant = self.reserve_micros(key, permits, timeout_micros(timeout), false);
-        ready(then(Ok(grant.map(|(wait, _, _)| wait_of(wait)))))
+        let timeout = timeout_micros(timeout);
+        let grant = permits.map(|permits| self.reserve_micros(key, permits, timeout, false));
+        ready(then(
+            grant.map(|grant| grant.map(|(wait, _, _)| wait_of(wait))),
+        ))
     }
 
     fn take_call(

@@ -219,12 +219,13 @@ impl<C: Clock> Engine<NoKey> for Single<C> {
     fn take_wait<T: Send>(
         &self,
         _: &NoKey,
-        permits: u32,
+        permits: Result<u32, Error>,
         timeout: Option<Duration>,
         then: impl FnOnce(Result<Option<Duration>, Error>) -> T + Send,
     ) -> impl Future<Output = T> + Send {
-        let wait = self.reserve_micros::<u64>(permits, timeout_micros(timeout));
-        ready(then(Ok(wait.map(wait_of))))
+        let timeout = timeout_micros(timeout);
+        let wait = permits.map(|permits| self.reserve_micros::<u64>(permits, timeout));
+        ready(then(wait.map(|wait| wait.map(wait_of))))
     }
 
     fn take_call(

@@ -25,11 +25,14 @@ where
     async fn take_wait<T: Send>(
         &self,
         key: &Q,
-        permits: u32,
+        permits: Result<u32, Error>,
         timeout: Option<Duration>,
         then: impl FnOnce(Result<Option<Duration>, Error>) -> T + Send,
     ) -> T {
-        let taken = Failover::take(self, key, permits, timeout, false).await;
+        let taken = match permits {
+            Ok(permits) => Failover::take(self, key, permits, timeout, false).await,
+            Err(error) => Err(error),
+        };
         then(taken.map(|taken| taken.map(Reservation::keep)))
     }
 

@@ -437,7 +437,7 @@ where
             return Err(super::runtime::shut_down());
         };
         self.backend.block_on(async move {
-            Engine::take_wait(&this, &key, permits, timeout, |taken| taken).await
+            Engine::take_wait(&this, &key, Ok(permits), timeout, |taken| taken).await
         })?
     }
 
