@@ -206,7 +206,7 @@ if value then
     if not ok then return redis.error_reply(string.format(NOT_OURS, key, size)) end
     -- A try of one limit that the debt does not fit, its rate unchanged:
     -- refused here, as part 5 would refuse it (see Replies).
-    if timeout >= 0 and nf - now > timeout and n == 1 and not mode and permits > 0 and ort == rate and omx == mx then
+    if timeout >= 0 and nf - now > timeout and n == 1 and not mode and ort == rate and omx == mx then
         return st == 0 and now - nf or struct.pack('<dddd', now, st, nf, fr)
     end
 end

@@ -71,7 +71,7 @@ local W = 3 + n
 -- the new modes reuse names of the others where they mean the same.)
 
 -- ARGV[1]: the permits of a reservation (`held`: `n+`, one its caller may
--- give back), 0 for a query, or the mode. The common values skip tonumber.
+-- give back), or the mode. The common values skip tonumber.
 -- A call (an open call, Limits::open) is a reservation held as 2 (open),
 -- of `permits` for the first limit and P (several limits: a table) for
 -- each. (Declared here too, for the new modes, with no cost to the others:
@@ -89,9 +89,8 @@ elseif permits == 'batch' or permits == 'give_back' or permits == 'probe' or per
 else
     if string.byte(permits, -1) == 43 then permits, held = string.sub(permits, 1, -2), true end
     permits = tonumber(permits)
-    if not (permits and permits >= 0 and permits <= MAX_MICROS and permits % 1 == 0)
-            or (held and permits == 0) then
-        return redis.error_reply(string.format(BAD, 'ARGV[1] must be the permits to reserve, an integer from 1 to 2^53 (followed by + if it may be given back), 0 to query, or batch, call, give_back, keep, learn, probe, resume, settle or status', argv[1]))
+    if not (permits and permits >= 1 and permits <= MAX_MICROS and permits % 1 == 0) then
+        return redis.error_reply(string.format(BAD, 'ARGV[1] must be the permits to reserve, an integer from 1 to 2^53 (followed by + if it may be given back), or batch, call, give_back, keep, learn, probe, resume, settle or status', argv[1]))
     end
 end
 
