@@ -135,45 +135,34 @@ elseif mode == 'batch' then
     if count == 0 then
         return redis.error_reply(string.format(BAD, 'ARGV[2] of a batch must hold a request', arg2))
     end
-elseif mode == 'resume' then
-    debts = {}
-    for debt in string.gmatch(arg2 .. ',', '([^,]*),') do
-        debt = tonumber(debt)
-        if not (debt and debt >= 0 and debt % 1 == 0) or #debts == n then
-            debts = nil
-            break
-        end
-        if debt > MAX_MICROS then debt = MAX_MICROS end
-        debts[#debts + 1] = debt
-    end
-    if not (debts and #debts == n) then
-        return redis.error_reply(string.format('ERR paceline: ARGV[2] of a resume must be each limit\'s debt_micros, %d integers >= 0 joined by commas (got "%.40s")', n, arg2))
-    end
 elseif mode == 'give_back' or mode == 'keep' then
     give_back_id = tonumber(arg2)
     if not (give_back_id and give_back_id >= 0 and give_back_id < MAX_MICROS and give_back_id % 1 == 0) then
         return redis.error_reply(string.format('ERR paceline: ARGV[2] of a %s must be the id a held reservation\'s or a call\'s reply gave, an integer from 0 to 2^53 - 1 (got "%.40s")', mode, arg2))
     end
-elseif mode == 'call' or mode == 'settle' then
+elseif mode == 'call' or mode == 'settle' or mode == 'resume' then
     -- Lists of n counts (integers from 0 to 2^53) joined by commas: a
-    -- call's, with its timeout (`counts:timeout_micros`), or a settle's
-    -- charged and actual, after the call's id (`id:charged:actual`).
-    -- (`plus`: a count is above 0.)
+    -- resume's debts (capped at 2^53), a call's counts, with its timeout
+    -- (`counts:timeout_micros`), or a settle's charged and actual, after
+    -- the call's id (`id:charged:actual`). (`plus`: a count is above 0.)
     local t, plus
     lists = {}
     if mode == 'call' then
         lists[1], t = string.match(arg2, '^([%d,]+):(-?%d+)$')
         t = tonumber(t)
-    else
+    elseif mode == 'settle' then
         give_back_id, lists[1], lists[2] = string.match(arg2, '^(%d+):([%d,]+):([%d,]+)$')
         give_back_id = tonumber(give_back_id)
+    else
+        lists[1] = string.match(arg2, '^[%d,]+$')
     end
-    local ok = lists[1] and (t and t >= -1 or give_back_id and give_back_id < MAX_MICROS)
+    local ok = lists[1] and (t and t >= -1 or give_back_id and give_back_id < MAX_MICROS or mode == 'resume')
     for j = 1, ok and #lists or 0 do
         local numbers = {}
         for count in string.gmatch(lists[j] .. ',', '([^,]*),') do
             count = tonumber(count)
-            ok = ok and count and count < MAX_MICROS and #numbers < n
+            if mode == 'resume' and count and count > MAX_MICROS then count = MAX_MICROS end
+            ok = ok and count and (count < MAX_MICROS or mode == 'resume') and #numbers < n
             if not ok then break end
             numbers[#numbers + 1] = count
             plus = plus or count > 0
@@ -181,9 +170,12 @@ elseif mode == 'call' or mode == 'settle' then
         ok = ok and #numbers == n
         lists[j] = numbers
     end
-    if mode == 'settle' and not ok then
+    debts = mode == 'resume' and lists[1]
+    if mode == 'resume' and not ok then
+        return redis.error_reply(string.format('ERR paceline: ARGV[2] of a resume must be each limit\'s debt_micros, %d integers >= 0 joined by commas (got "%.40s")', n, arg2))
+    elseif mode == 'settle' and not ok then
         return redis.error_reply(string.format('ERR paceline: ARGV[2] of a settle must be id:charged:actual, the id a call\'s reply gave (an integer below 2^53), then what it was charged and what it cost, %d integers from 0 to 2^53 - 1 each, joined by commas (got "%.40s")', n, arg2))
-    elseif not (ok and plus) then
+    elseif mode == 'call' and not (ok and plus) then
         return redis.error_reply(string.format('ERR paceline: ARGV[2] of a call must be its count for each limit (%d integers from 0 to 2^53 - 1, one at least > 0) joined by commas, then :timeout_micros (-1 or >= 0) (got "%.40s")', n, arg2))
     end
     if mode == 'call' then
