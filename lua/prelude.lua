@@ -1,4 +1,4 @@
--- The limiter's script, part 1 of 7: constants, arguments, the clock, the
+-- The limiter's script, part 1 of 5: constants, arguments, the clock, the
 -- value's head as read. It mirrors core::Limits (src/core/limits.rs, and
 -- src/core/learn.rs for what it learns) over core::State
 -- (src/core/mod.rs), for 1 to MAX_LIMITS limits; its protocol is
@@ -179,7 +179,7 @@ elseif mode == 'call' or mode == 'settle' or mode == 'resume' then
         return redis.error_reply(string.format('ERR paceline: ARGV[2] of a call must be its count for each limit (%d integers from 0 to 2^53 - 1, one at least > 0) joined by commas, then :timeout_micros (-1 or >= 0) (got "%.40s")', n, arg2))
     end
     if mode == 'call' then
-        -- A reservation held as open (see part 5).
+        -- A reservation held as open (see part 4).
         mode, permits, held, timeout = nil, lists[1][1], 2, t
         if timeout > MAX_MICROS then timeout = MAX_MICROS end
         if n > 1 then P = lists[1] end

@@ -1,4 +1,4 @@
--- Part 5 of 7: the rates in force (and what a learn pauses), then the
+-- Part 4 of 5: the rates in force (and what a learn pauses), then the
 -- requests a call charges: a reservation's (a call's, a settle's that the
 -- log let go), each of a batch's in order (at one clock reading, each as
 -- its own call at that reading would be), a resume's (one per limit), or,
@@ -7,7 +7,7 @@
 
 -- Limits::set_rate for every limit whose rate or configuration changed:
 -- State::set_rate at now, and the log empties (its requests were charged
--- at the old rates). Not for a give-back or a keep (see part 4) or a probe
+-- at the old rates). Not for a give-back or a keep (see part 3) or a probe
 -- (of a missing key, read at the rates in force). A learn sets the rates
 -- twice (Limits::learn after the rates in force, at the same now): those
 -- before the lesson (M1), then those after it.
@@ -177,7 +177,7 @@ else
     -- The requests charged, each at the moment every limit allows it
     -- (Limits::earliest), to the limits or to the log's base (`on_base`:
     -- the two sets of states swap places for it), in up to two passes. A
-    -- give-back, keep or settle (part 4): first the logged requests that
+    -- give-back, keep or settle (part 3): first the logged requests that
     -- leave the log (Limits::expire) into the base, then (not for a keep)
     -- the others but the one given back, or with the settled one's new
     -- counts, into the limits, from the base on. Otherwise: first the
@@ -436,7 +436,7 @@ else
                 if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
                 st = st - spend
                 if n > 1 then
-                    -- (With the TTL the limits need after it: see part 7.)
+                    -- (With the TTL the limits need after it: see part 5.)
                     S[k] = st; S[k + 1] = nf; S[k + 2] = fr
                     local need = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
                     if k == 1 or need > need_r then need_r = need end
@@ -453,7 +453,7 @@ else
             if n > 1 then replies[#replies + 1] = bound end
             if granted then
                 moment_r, bound_r = moment, bound
-                -- The TTL its own call would need (see part 7).
+                -- The TTL its own call would need (see part 5).
                 if n == 1 then need_r = (nf - time_micros) / 1000 + (mx - st) * cd / 1000 end
                 needs[#needs + 1] = need_r
             end
