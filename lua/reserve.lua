@@ -399,23 +399,20 @@ else
                 end
                 local spend = e
                 if st < spend then spend = st end
-                local fresh = e - spend
-                local wait
-                if bursty then
-                    -- Bursty::stored_permits_to_wait_micros is 0, and 0.0 + x == x.
-                    wait = fresh * stable
-                else
+                -- The fresh permits' wait. (Bursty::stored_permits_to_wait_micros
+                -- is 0, and 0.0 + x == x.)
+                local wait = (e - spend) * stable
+                if not bursty then
                     -- WarmingUp::stored_permits_to_wait_micros: a trapezoid
                     -- above the threshold, permits_to_time(q) = stable + q * slope.
                     local above, micros, spent = st - thr, 0.0, spend
                     if above > 0.0 then
                         local take = above
                         if spent < take then take = spent end
-                        local length = (stable + above * slope) + (stable + (above - take) * slope)
-                        micros = take * length / 2.0
+                        micros = take * ((stable + above * slope) + (stable + (above - take) * slope)) / 2.0
                         spent = spent - take
                     end
-                    wait = micros + stable * spent + fresh * stable
+                    wait = micros + stable * spent + wait
                 end
                 -- State::charge. Below 2^32 µs: rounded to the nearest 2^-20 µs
                 -- and added to the fraction, in units of 2^-20 µs (x - x % 1 is
