@@ -23,7 +23,9 @@ local TTL_CAP_MS = 9007199254740 -- floor(2^53 / 1000)
 local TTL_MAX_SLACK_MS = 1000
 -- The value (see Value in the protocol).
 local MARKER = 'plv1'
-local HEAD = 36 -- the marker and the hot part's head: four doubles
+-- A one-limit value's fixed part: the marker, the hot part's head (four
+-- doubles) and state, the TTL's end, the rate and max_permits.
+local FIXED = 84
 local MAX_LIMITS = 16
 -- shape = limits + SHAPE * logged requests + BOUND * (the record's bound + 1)
 -- + LEARNED if the value holds what the limits learned
@@ -264,8 +266,8 @@ local log_from, log_at, front_id, front_p, front_at, front, front_P
 local ok, at, last_now, marker, shape, _
 if value then
     size = #value
-    at = 84
-    if size >= 84 then
+    at = FIXED
+    if size >= FIXED then
         marker, shape, last_now, next_id, _, st, nf, fr, expires, ort, omx =
             struct.unpack('<c4dddddddddd', value)
     end

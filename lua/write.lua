@@ -127,21 +127,13 @@ else
         hot = struct.pack('<dddddddddddddd', shape, now, next_id, moment_r, st, nf, fr, expires, rate, mx,
             dead, bst, bnf, bfr)
     else
-        local numbers
-        if n == 1 then
-            numbers = {shape, now, next_id, moment_r, st, nf, fr, expires, rate, mx}
-        else
-            S[3 * n + 1] = expires
-            numbers = {shape, now, next_id, moment_r, unpack(S, 1, 5 * n + 1)}
-        end
+        -- (One limit's state and base laid out as several limits' are.)
+        if n == 1 then S, B = {st, nf, fr, expires, rate, mx}, {bst, bnf, bfr} end
+        S[3 * n + 1] = expires
+        local numbers = {shape, now, next_id, moment_r, unpack(S, 1, 5 * n + 1)}
         for k = 1, L and 4 + n or 0 do numbers[#numbers + 1] = L[k] end
         numbers[#numbers + 1] = dead
-        if n == 1 then
-            local k = #numbers
-            numbers[k + 1], numbers[k + 2], numbers[k + 3] = bst, bnf, bfr
-        else
-            for k = 1, 3 * n do numbers[#numbers + 1] = B[k] end
-        end
+        for k = 1, 3 * n do numbers[#numbers + 1] = B[k] end
         for j = first or 1, E and W * logged or 0, W do
             if j ~= place then
                 for k = j, j + W - 1 do numbers[#numbers + 1] = E[k] end
