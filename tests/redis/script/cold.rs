@@ -194,7 +194,8 @@ fn probe_fails_with_readonly_on_a_replica() {
         }
     }
     // A status writes nothing, so a replica answers it.
-    let reply = eval_on(&fx.script, &mut con, &["k"], &args.clone().status().to_vec()).unwrap();
+    let status = args.clone().status().to_vec();
+    let reply = eval_on(&fx.script, &mut con, &["k"], &status).unwrap();
     let state = Reserved::from_reply(&reply, 1).unwrap();
     assert_eq!(state.refused_wait(), Some(0));
 }

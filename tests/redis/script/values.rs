@@ -14,8 +14,8 @@ fn bad_arguments_are_errors_and_write_nothing() {
     let warm = Args::warming_up("5", 1_000_000, "3").at(T0);
     let mut cases: Vec<Vec<Vec<u8>>> = vec![];
     for permits in [
-        "-1", "0", "1.5", "abc", "", "nan", "inf", "1e17", "0+", "1++", "PROBE", "probe ", "Cancel",
-        "resumed",
+        "-1", "0", "1.5", "abc", "", "nan", "inf", "1e17", "0+", "1++", "PROBE", "probe ",
+        "Cancel", "resumed",
     ] {
         cases.push(good.clone().permits(permits).to_vec());
     }
