@@ -144,8 +144,8 @@ end
 -- first then compares to rate and mx, its own).
 if value then
     if ok and held_n + n > 2 then
-        -- (The head's last six doubles are its first.)
-        S = {st, nf, fr, expires, ort, omx, struct.unpack(string.sub(FORMAT, 3, 5 * held_n - 2), value, FIXED + 1)}
+        -- (The head read its first six doubles, from HEAD on.)
+        S = {st, nf, fr, expires, ort, omx, struct.unpack(string.sub(FORMAT, 3, 5 * held_n - 2), value, HEAD + 49)}
         -- (j: the limit's rate in S, c: its configuration in C.)
         local e = 3 * held_n + 1
         local j, c = e + 1, 0

@@ -23,9 +23,7 @@ local TTL_CAP_MS = 9007199254740 -- floor(2^53 / 1000)
 local TTL_MAX_SLACK_MS = 1000
 -- The value (see Value in the protocol).
 local MARKER = 'plv1'
--- A one-limit value's fixed part: the marker, the hot part's head (four
--- doubles) and state, the TTL's end, the rate and max_permits.
-local FIXED = 84
+local HEAD = 36 -- the marker and the hot part's head: four doubles
 local MAX_LIMITS = 16
 -- shape = limits + SHAPE * logged requests + BOUND * (the record's bound + 1)
 -- + LEARNED if the value holds what the limits learned
@@ -266,8 +264,8 @@ local log_from, log_at, front_id, front_p, front_at, front, front_P
 local ok, at, last_now, marker, shape, _
 if value then
     size = #value
-    at = FIXED
-    if size >= FIXED then
+    at = 84
+    if size >= 84 then
         marker, shape, last_now, next_id, _, st, nf, fr, expires, ort, omx =
             struct.unpack('<c4dddddddddd', value)
     end
