@@ -5,64 +5,15 @@
 -- for a give-back or a settle, those logged, charged again from the log's
 -- base.
 
--- Limits::set_rate for every limit whose rate or configuration changed:
--- State::set_rate at now, and the log empties (its requests were charged
--- at the old rates). Not for a give-back or a keep (see part 3) or a probe
--- (of a missing key, read at the rates in force). A learn sets the rates
--- twice (Limits::learn after the rates in force, at the same now): those
--- before the lesson (M1), then those after it.
-if (changed or ort ~= rate or omx ~= mx) and mode ~= 'give_back' and mode ~= 'probe'
-        and mode ~= 'keep' then
-    for pass = M1 and 1 or 2, 2 do
-    for i = 1, n do
-        local k, c = 3 * i - 3, 8 * i - 8
-        -- (r, m: the rate and max_permits it goes to.)
-        local r, m = rate, mx
-        if n > 1 then
-            r, m, ort, omx = C[c + 1], C[c + 5], S[3 * n + 2 * i], S[3 * n + 2 * i + 1]
-        end
-        if pass == 1 then r, m = M1[2 * i - 1], M1[2 * i] end
-        if ort ~= r or omx ~= m then
-            if n > 1 then bursty, pmicros, st, nf, fr = C[c + 2], C[c + 3], S[k + 1], S[k + 2], S[k + 3] end
-            count, log_at, whole = 0, nil, true
-            local old_stable = 1000000.0 / ort
-            if old_stable > MAX_MICROS then old_stable = MAX_MICROS end
-            -- State::resync at the old stable interval and max_permits
-            -- (the cool-down of the policy in force with them).
-            if now > nf then
-                local old_cd = old_stable
-                if not bursty and omx > 0.0 then old_cd = pmicros / omx end
-                local stored = st + ((now - nf) - fr / FRACTION_ONE) / old_cd
-                if stored > omx then stored = omx end
-                st, nf, fr = stored, now, 0
-            end
-            if old_stable == 0.0 then
-                -- Policy::stored_permits_after_infinite_rate
-                st = bursty and m or 0.0
-            elseif omx == 0.0 then
-                -- Policy::initial_stored_permits
-                st = bursty and 0.0 or m
-            else
-                -- stored / old_max is in 0..=1, so this never overflows.
-                st = st / omx * m
-            end
-            ort, omx = r, m
-            if n > 1 then S[k + 1], S[k + 2], S[k + 3], S[3 * n + 2 * i], S[3 * n + 2 * i + 1] = st, nf, fr, ort, omx end
-        end
-    end
-    end
-end
-
--- A learn, after its rates: the limits it pauses (State::pause: a
--- refusal's every limit, until its end; a limit the upstream says is
--- spent, until its reset), if any pause ends after now (the log then
--- empties), then what the upstream says each limit has left
--- (State::keep_stored_at_most). Each resyncs at now first. (T: each
--- limit's pause, false for none; `ahead`: one ends after now.) The value
--- holds what they learned: whole.
+-- A learn: the limits it pauses (State::pause: a refusal's every limit,
+-- until its end; a limit the upstream says is spent, until its reset), if
+-- any pause ends after now (the log then empties). (T: each limit's pause,
+-- false for none; `ahead`: one ends after now.) The value holds what they
+-- learned: whole.
+local T, ahead
 if L2 then
-    L, whole = L2, true
-    local f, T, ahead = lesson, {}, false
+    L, whole, T, ahead = L2, true, {}, false
+    local f = lesson
     for i = 1, n do
         -- (t: its pause; e: the end of its spent quota's window.)
         local t, e = f[10], f[10 + 3 * i]
@@ -75,25 +26,67 @@ if L2 then
         ahead = ahead or t and t > now
     end
     if ahead then count, log_at, whole = 0, nil, true end
+end
+
+-- Limits::set_rate for every limit whose rate or configuration changed:
+-- State::set_rate at now, and the log empties (its requests were charged
+-- at the old rates). Not for a give-back or a keep (see part 3) or a probe
+-- (of a missing key, read at the rates in force). A learn sets the rates
+-- twice (Limits::learn after the rates in force, at the same now): those
+-- before the lesson (M1), then those after it; then it pauses the limits
+-- (above) and keeps what the upstream says each has left
+-- (State::keep_stored_at_most). Each limit resyncs at now first.
+if (changed or ort ~= rate or omx ~= mx) and mode ~= 'give_back' and mode ~= 'probe'
+        and mode ~= 'keep' then
+    for pass = M1 and 1 or 2, 2 do
     for i = 1, n do
-        local left = f[9 + 3 * i]
-        if ahead and T[i] or left and left > 0 then
-            local k, c = 3 * i - 3, 8 * i - 8
-            if n > 1 then
-                cd, mx, st, nf, fr = C[c + 8], C[c + 5], S[k + 1], S[k + 2], S[k + 3]
+        local k, c = 3 * i - 3, 8 * i - 8
+        -- (r, m: the rate and max_permits it goes to; `set`: they change;
+        -- t, left: its pause and what it has left, after a lesson.)
+        local r, m = rate, mx
+        if n > 1 then
+            r, m, ort, omx = C[c + 1], C[c + 5], S[3 * n + 2 * i], S[3 * n + 2 * i + 1]
+        end
+        if pass == 1 then r, m = M1[2 * i - 1], M1[2 * i] end
+        local set, t, left = ort ~= r or omx ~= m, ahead and pass == 2 and T[i], T and pass == 2 and lesson[9 + 3 * i]
+        if set or t or left and left > 0 then
+            if n > 1 then bursty, pmicros, cd, st, nf, fr = C[c + 2], C[c + 3], C[c + 8], S[k + 1], S[k + 2], S[k + 3] end
+            -- State::resync: at the old stable interval and max_permits (the
+            -- cool-down of the policy in force with them) if they change.
+            -- (Once they changed, nothing is left to resync at the new ones.)
+            local old_stable, x, y = 0.0, cd, m
+            if set then
+                count, log_at, whole = 0, nil, true
+                old_stable = 1000000.0 / ort
+                if old_stable > MAX_MICROS then old_stable = MAX_MICROS end
+                x, y = old_stable, omx
+                if not bursty and omx > 0.0 then x = pmicros / omx end
             end
             if now > nf then
-                local stored = st + ((now - nf) - fr / FRACTION_ONE) / cd
-                if stored > mx then stored = mx end
+                local stored = st + ((now - nf) - fr / FRACTION_ONE) / x
+                if stored > y then stored = y end
                 st, nf, fr = stored, now, 0
             end
-            if ahead and T[i] then
+            if not set then
+            elseif old_stable == 0.0 then
+                -- Policy::stored_permits_after_infinite_rate
+                st = bursty and m or 0.0
+            elseif omx == 0.0 then
+                -- Policy::initial_stored_permits
+                st = bursty and 0.0 or m
+            else
+                -- stored / old_max is in 0..=1, so this never overflows.
+                st = st / omx * m
+            end
+            ort, omx = r, m
+            if t then
                 st = 0.0
-                if T[i] > nf then nf, fr = T[i], 0 end
+                if t > nf then nf, fr = t, 0 end
             end
             if left and left > 0 and st > left then st = left end
-            if n > 1 then S[k + 1], S[k + 2], S[k + 3] = st, nf, fr end
+            if n > 1 then S[k + 1], S[k + 2], S[k + 3], S[3 * n + 2 * i], S[3 * n + 2 * i + 1] = st, nf, fr, ort, omx end
         end
+    end
     end
 end
 
