@@ -1,5 +1,5 @@
--- Part 2 of 7: what a learn learns (Limits::learn, before its rates are
--- applied in part 5), the limits' configuration at the rates they run at,
+-- Part 2 of 5: what a learn learns (Limits::learn, before its rates are
+-- applied in part 4), the limits' configuration at the rates they run at,
 -- and the rest of the value as read, checked.
 
 ---------------------------------------------------------------------------
@@ -45,7 +45,7 @@ end
 -- cool-down interval (Policy::cool_down_interval_micros). C holds all of
 -- them, 8 per limit. A learn goes over the limits twice: at the rates
 -- they ran at before the lesson (only each rate and max_permits kept, in
--- M1, for part 5), then at those after it.
+-- M1, for part 4), then at those after it.
 ---------------------------------------------------------------------------
 
 local rate, bursty, pmicros, stable, mx, thr, slope, cd
@@ -144,7 +144,8 @@ end
 -- first then compares to rate and mx, its own).
 if value then
     if ok and held_n + n > 2 then
-        S = {struct.unpack(string.sub(FORMAT, 3, 4 + 5 * held_n), value, HEAD + 1)}
+        -- (The head read its first six doubles, from HEAD on.)
+        S = {st, nf, fr, expires, ort, omx, struct.unpack(string.sub(FORMAT, 3, 5 * held_n - 2), value, HEAD + 49)}
         -- (j: the limit's rate in S, c: its configuration in C.)
         local e = 3 * held_n + 1
         local j, c = e + 1, 0
@@ -179,7 +180,7 @@ if value then
             ok = ok and bst >= 0 and bst <= F64_MAX and bnf >= 0 and bnf <= MAX_MICROS and bnf % 1 == 0
                 and bfr >= 0 and bfr < FRACTION_ONE and bfr % 1 == 0
         end
-        -- (Read again the same way in part 5, as the log moves on.)
+        -- (Read again the same way in part 4, as the log moves on.)
         if n == 1 then
             front_id, front_p, front_at, front = struct.unpack('<dddd', value, log_at)
         else
@@ -205,8 +206,8 @@ if value then
     end
     if not ok then return redis.error_reply(string.format(NOT_OURS, key, size)) end
     -- A try of one limit that the debt does not fit, its rate unchanged:
-    -- refused here, as part 5 would refuse it (see Replies).
-    if timeout >= 0 and nf - now > timeout and n == 1 and not mode and permits > 0 and ort == rate and omx == mx then
+    -- refused here, as part 4 would refuse it (see Replies).
+    if timeout >= 0 and nf - now > timeout and n == 1 and not mode and ort == rate and omx == mx then
         return st == 0 and now - nf or struct.pack('<dddd', now, st, nf, fr)
     end
 end

@@ -1,7 +1,7 @@
--- Part 4 of 7: the calls on the log itself (see Log). A give-back
+-- Part 3 of 5: the calls on the log itself (see Log). A give-back
 -- (Limits::give_back): the request with this id leaves the log, if it is
 -- still there with its moment ahead, and the log's other requests are
--- charged again (in part 5) from the states before the first: the limits
+-- charged again (in part 4) from the states before the first: the limits
 -- then hold what they would had it never been made; an open call whose
 -- moment has passed is kept instead. A keep (Limits::keep): the request
 -- with this id will not be given back nor settled; those at the head that
@@ -9,7 +9,7 @@
 -- the open call with this id, while the log holds it, gets the counts it
 -- really cost and the log is charged again from its base, as a give-back
 -- does; once the log let it go, what it cost past what it was charged is
--- charged now, as a reservation (part 5) that does not wait for it.
+-- charged now, as a reservation (part 4) that does not wait for it.
 
 -- E: the log's requests as read, W doubles each (see Log); `first`: the
 -- first that stays in the log (Limits::expire: those before it were used,

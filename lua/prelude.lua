@@ -1,4 +1,4 @@
--- The limiter's script, part 1 of 7: constants, arguments, the clock, the
+-- The limiter's script, part 1 of 5: constants, arguments, the clock, the
 -- value's head as read. It mirrors core::Limits (src/core/limits.rs, and
 -- src/core/learn.rs for what it learns) over core::State
 -- (src/core/mod.rs), for 1 to MAX_LIMITS limits; its protocol is
@@ -71,7 +71,7 @@ local W = 3 + n
 -- the new modes reuse names of the others where they mean the same.)
 
 -- ARGV[1]: the permits of a reservation (`held`: `n+`, one its caller may
--- give back), 0 for a query, or the mode. The common values skip tonumber.
+-- give back), or the mode. The common values skip tonumber.
 -- A call (an open call, Limits::open) is a reservation held as 2 (open),
 -- of `permits` for the first limit and P (several limits: a table) for
 -- each. (Declared here too, for the new modes, with no cost to the others:
@@ -89,9 +89,8 @@ elseif permits == 'batch' or permits == 'give_back' or permits == 'probe' or per
 else
     if string.byte(permits, -1) == 43 then permits, held = string.sub(permits, 1, -2), true end
     permits = tonumber(permits)
-    if not (permits and permits >= 0 and permits <= MAX_MICROS and permits % 1 == 0)
-            or (held and permits == 0) then
-        return redis.error_reply(string.format(BAD, 'ARGV[1] must be the permits to reserve, an integer from 1 to 2^53 (followed by + if it may be given back), 0 to query, or batch, call, give_back, keep, learn, probe, resume, settle or status', argv[1]))
+    if not (permits and permits >= 1 and permits <= MAX_MICROS and permits % 1 == 0) then
+        return redis.error_reply(string.format(BAD, 'ARGV[1] must be the permits to reserve, an integer from 1 to 2^53 (followed by + if it may be given back), or batch, call, give_back, keep, learn, probe, resume, settle or status', argv[1]))
     end
 end
 
@@ -136,45 +135,34 @@ elseif mode == 'batch' then
     if count == 0 then
         return redis.error_reply(string.format(BAD, 'ARGV[2] of a batch must hold a request', arg2))
     end
-elseif mode == 'resume' then
-    debts = {}
-    for debt in string.gmatch(arg2 .. ',', '([^,]*),') do
-        debt = tonumber(debt)
-        if not (debt and debt >= 0 and debt % 1 == 0) or #debts == n then
-            debts = nil
-            break
-        end
-        if debt > MAX_MICROS then debt = MAX_MICROS end
-        debts[#debts + 1] = debt
-    end
-    if not (debts and #debts == n) then
-        return redis.error_reply(string.format('ERR paceline: ARGV[2] of a resume must be each limit\'s debt_micros, %d integers >= 0 joined by commas (got "%.40s")', n, arg2))
-    end
 elseif mode == 'give_back' or mode == 'keep' then
     give_back_id = tonumber(arg2)
     if not (give_back_id and give_back_id >= 0 and give_back_id < MAX_MICROS and give_back_id % 1 == 0) then
         return redis.error_reply(string.format('ERR paceline: ARGV[2] of a %s must be the id a held reservation\'s or a call\'s reply gave, an integer from 0 to 2^53 - 1 (got "%.40s")', mode, arg2))
     end
-elseif mode == 'call' or mode == 'settle' then
+elseif mode == 'call' or mode == 'settle' or mode == 'resume' then
     -- Lists of n counts (integers from 0 to 2^53) joined by commas: a
-    -- call's, with its timeout (`counts:timeout_micros`), or a settle's
-    -- charged and actual, after the call's id (`id:charged:actual`).
-    -- (`plus`: a count is above 0.)
+    -- resume's debts (capped at 2^53), a call's counts, with its timeout
+    -- (`counts:timeout_micros`), or a settle's charged and actual, after
+    -- the call's id (`id:charged:actual`). (`plus`: a count is above 0.)
     local t, plus
     lists = {}
     if mode == 'call' then
         lists[1], t = string.match(arg2, '^([%d,]+):(-?%d+)$')
         t = tonumber(t)
-    else
+    elseif mode == 'settle' then
         give_back_id, lists[1], lists[2] = string.match(arg2, '^(%d+):([%d,]+):([%d,]+)$')
         give_back_id = tonumber(give_back_id)
+    else
+        lists[1] = string.match(arg2, '^[%d,]+$')
     end
-    local ok = lists[1] and (t and t >= -1 or give_back_id and give_back_id < MAX_MICROS)
+    local ok = lists[1] and (t and t >= -1 or give_back_id and give_back_id < MAX_MICROS or mode == 'resume')
     for j = 1, ok and #lists or 0 do
         local numbers = {}
         for count in string.gmatch(lists[j] .. ',', '([^,]*),') do
             count = tonumber(count)
-            ok = ok and count and count < MAX_MICROS and #numbers < n
+            if mode == 'resume' and count and count > MAX_MICROS then count = MAX_MICROS end
+            ok = ok and count and (count < MAX_MICROS or mode == 'resume') and #numbers < n
             if not ok then break end
             numbers[#numbers + 1] = count
             plus = plus or count > 0
@@ -182,13 +170,16 @@ elseif mode == 'call' or mode == 'settle' then
         ok = ok and #numbers == n
         lists[j] = numbers
     end
-    if mode == 'settle' and not ok then
+    debts = mode == 'resume' and lists[1]
+    if mode == 'resume' and not ok then
+        return redis.error_reply(string.format('ERR paceline: ARGV[2] of a resume must be each limit\'s debt_micros, %d integers >= 0 joined by commas (got "%.40s")', n, arg2))
+    elseif mode == 'settle' and not ok then
         return redis.error_reply(string.format('ERR paceline: ARGV[2] of a settle must be id:charged:actual, the id a call\'s reply gave (an integer below 2^53), then what it was charged and what it cost, %d integers from 0 to 2^53 - 1 each, joined by commas (got "%.40s")', n, arg2))
-    elseif not (ok and plus) then
+    elseif mode == 'call' and not (ok and plus) then
         return redis.error_reply(string.format('ERR paceline: ARGV[2] of a call must be its count for each limit (%d integers from 0 to 2^53 - 1, one at least > 0) joined by commas, then :timeout_micros (-1 or >= 0) (got "%.40s")', n, arg2))
     end
     if mode == 'call' then
-        -- A reservation held as open (see part 5).
+        -- A reservation held as open (see part 4).
         mode, permits, held, timeout = nil, lists[1][1], 2, t
         if timeout > MAX_MICROS then timeout = MAX_MICROS end
         if n > 1 then P = lists[1] end

@@ -1,68 +1,19 @@
--- Part 5 of 7: the rates in force (and what a learn pauses), then the
+-- Part 4 of 5: the rates in force (and what a learn pauses), then the
 -- requests a call charges: a reservation's (a call's, a settle's that the
 -- log let go), each of a batch's in order (at one clock reading, each as
 -- its own call at that reading would be), a resume's (one per limit), or,
 -- for a give-back or a settle, those logged, charged again from the log's
 -- base.
 
--- Limits::set_rate for every limit whose rate or configuration changed:
--- State::set_rate at now, and the log empties (its requests were charged
--- at the old rates). Not for a give-back or a keep (see part 4) or a probe
--- (of a missing key, read at the rates in force). A learn sets the rates
--- twice (Limits::learn after the rates in force, at the same now): those
--- before the lesson (M1), then those after it.
-if (changed or ort ~= rate or omx ~= mx) and mode ~= 'give_back' and mode ~= 'probe'
-        and mode ~= 'keep' then
-    for pass = M1 and 1 or 2, 2 do
-    for i = 1, n do
-        local k, c = 3 * i - 3, 8 * i - 8
-        -- (r, m: the rate and max_permits it goes to.)
-        local r, m = rate, mx
-        if n > 1 then
-            r, m, ort, omx = C[c + 1], C[c + 5], S[3 * n + 2 * i], S[3 * n + 2 * i + 1]
-        end
-        if pass == 1 then r, m = M1[2 * i - 1], M1[2 * i] end
-        if ort ~= r or omx ~= m then
-            if n > 1 then bursty, pmicros, st, nf, fr = C[c + 2], C[c + 3], S[k + 1], S[k + 2], S[k + 3] end
-            count, log_at, whole = 0, nil, true
-            local old_stable = 1000000.0 / ort
-            if old_stable > MAX_MICROS then old_stable = MAX_MICROS end
-            -- State::resync at the old stable interval and max_permits
-            -- (the cool-down of the policy in force with them).
-            if now > nf then
-                local old_cd = old_stable
-                if not bursty and omx > 0.0 then old_cd = pmicros / omx end
-                local stored = st + ((now - nf) - fr / FRACTION_ONE) / old_cd
-                if stored > omx then stored = omx end
-                st, nf, fr = stored, now, 0
-            end
-            if old_stable == 0.0 then
-                -- Policy::stored_permits_after_infinite_rate
-                st = bursty and m or 0.0
-            elseif omx == 0.0 then
-                -- Policy::initial_stored_permits
-                st = bursty and 0.0 or m
-            else
-                -- stored / old_max is in 0..=1, so this never overflows.
-                st = st / omx * m
-            end
-            ort, omx = r, m
-            if n > 1 then S[k + 1], S[k + 2], S[k + 3], S[3 * n + 2 * i], S[3 * n + 2 * i + 1] = st, nf, fr, ort, omx end
-        end
-    end
-    end
-end
-
--- A learn, after its rates: the limits it pauses (State::pause: a
--- refusal's every limit, until its end; a limit the upstream says is
--- spent, until its reset), if any pause ends after now (the log then
--- empties), then what the upstream says each limit has left
--- (State::keep_stored_at_most). Each resyncs at now first. (T: each
--- limit's pause, false for none; `ahead`: one ends after now.) The value
--- holds what they learned: whole.
+-- A learn: the limits it pauses (State::pause: a refusal's every limit,
+-- until its end; a limit the upstream says is spent, until its reset), if
+-- any pause ends after now (the log then empties). (T: each limit's pause,
+-- false for none; `ahead`: one ends after now.) The value holds what they
+-- learned: whole.
+local T, ahead
 if L2 then
-    L, whole = L2, true
-    local f, T, ahead = lesson, {}, false
+    L, whole, T, ahead = L2, true, {}, false
+    local f = lesson
     for i = 1, n do
         -- (t: its pause; e: the end of its spent quota's window.)
         local t, e = f[10], f[10 + 3 * i]
@@ -75,25 +26,67 @@ if L2 then
         ahead = ahead or t and t > now
     end
     if ahead then count, log_at, whole = 0, nil, true end
+end
+
+-- Limits::set_rate for every limit whose rate or configuration changed:
+-- State::set_rate at now, and the log empties (its requests were charged
+-- at the old rates). Not for a give-back or a keep (see part 3) or a probe
+-- (of a missing key, read at the rates in force). A learn sets the rates
+-- twice (Limits::learn after the rates in force, at the same now): those
+-- before the lesson (M1), then those after it; then it pauses the limits
+-- (above) and keeps what the upstream says each has left
+-- (State::keep_stored_at_most). Each limit resyncs at now first.
+if (changed or ort ~= rate or omx ~= mx) and mode ~= 'give_back' and mode ~= 'probe'
+        and mode ~= 'keep' then
+    for pass = M1 and 1 or 2, 2 do
     for i = 1, n do
-        local left = f[9 + 3 * i]
-        if ahead and T[i] or left and left > 0 then
-            local k, c = 3 * i - 3, 8 * i - 8
-            if n > 1 then
-                cd, mx, st, nf, fr = C[c + 8], C[c + 5], S[k + 1], S[k + 2], S[k + 3]
+        local k, c = 3 * i - 3, 8 * i - 8
+        -- (r, m: the rate and max_permits it goes to; `set`: they change;
+        -- t, left: its pause and what it has left, after a lesson.)
+        local r, m = rate, mx
+        if n > 1 then
+            r, m, ort, omx = C[c + 1], C[c + 5], S[3 * n + 2 * i], S[3 * n + 2 * i + 1]
+        end
+        if pass == 1 then r, m = M1[2 * i - 1], M1[2 * i] end
+        local set, t, left = ort ~= r or omx ~= m, ahead and pass == 2 and T[i], T and pass == 2 and lesson[9 + 3 * i]
+        if set or t or left and left > 0 then
+            if n > 1 then bursty, pmicros, cd, st, nf, fr = C[c + 2], C[c + 3], C[c + 8], S[k + 1], S[k + 2], S[k + 3] end
+            -- State::resync: at the old stable interval and max_permits (the
+            -- cool-down of the policy in force with them) if they change.
+            -- (Once they changed, nothing is left to resync at the new ones.)
+            local old_stable, x, y = 0.0, cd, m
+            if set then
+                count, log_at, whole = 0, nil, true
+                old_stable = 1000000.0 / ort
+                if old_stable > MAX_MICROS then old_stable = MAX_MICROS end
+                x, y = old_stable, omx
+                if not bursty and omx > 0.0 then x = pmicros / omx end
             end
             if now > nf then
-                local stored = st + ((now - nf) - fr / FRACTION_ONE) / cd
-                if stored > mx then stored = mx end
+                local stored = st + ((now - nf) - fr / FRACTION_ONE) / x
+                if stored > y then stored = y end
                 st, nf, fr = stored, now, 0
             end
-            if ahead and T[i] then
+            if not set then
+            elseif old_stable == 0.0 then
+                -- Policy::stored_permits_after_infinite_rate
+                st = bursty and m or 0.0
+            elseif omx == 0.0 then
+                -- Policy::initial_stored_permits
+                st = bursty and 0.0 or m
+            else
+                -- stored / old_max is in 0..=1, so this never overflows.
+                st = st / omx * m
+            end
+            ort, omx = r, m
+            if t then
                 st = 0.0
-                if T[i] > nf then nf, fr = T[i], 0 end
+                if t > nf then nf, fr = t, 0 end
             end
             if left and left > 0 and st > left then st = left end
-            if n > 1 then S[k + 1], S[k + 2], S[k + 3] = st, nf, fr end
+            if n > 1 then S[k + 1], S[k + 2], S[k + 3], S[3 * n + 2 * i], S[3 * n + 2 * i + 1] = st, nf, fr, ort, omx end
         end
+    end
     end
 end
 
@@ -177,7 +170,7 @@ else
     -- The requests charged, each at the moment every limit allows it
     -- (Limits::earliest), to the limits or to the log's base (`on_base`:
     -- the two sets of states swap places for it), in up to two passes. A
-    -- give-back, keep or settle (part 4): first the logged requests that
+    -- give-back, keep or settle (part 3): first the logged requests that
     -- leave the log (Limits::expire) into the base, then (not for a keep)
     -- the others but the one given back, or with the settled one's new
     -- counts, into the limits, from the base on. Otherwise: first the
@@ -189,7 +182,7 @@ else
     -- pay for none of it.)
     -- (T: a give-back's or settle's second pass; a keep's first is its
     -- last.)
-    local Q, T, on_base, steps, pass, r = nil, nil, false, 1, 1, 0
+    local Q, T, on_base, steps, pass = nil, nil, false, 1, 1
     if not mode then
         -- (One reservation.)
     elseif E then
@@ -220,252 +213,248 @@ else
         steps = 0
     end
     while true do
-        if r == steps then
-            if on_base and steps > 0 then
-                if n == 1 then st, nf, fr, bst, bnf, bfr = bst, bnf, bfr, st, nf, fr else S, B = B, S end
-            end
-            if pass == 2 or not (E or (F and count > 0)) then break end
-            pass, r = 2, 0
-            if E then
-                -- The limits from the base on, then the others.
-                if n == 1 then
-                    st, nf, fr = bst, bnf, bfr
-                else
-                    for k = 1, 3 * n do S[k] = B[k] end
-                end
-                Q, on_base, steps = T, false, #T / 4
+        for r = 1, steps do
+            -- Request r: its permits (the first limit's count; P, with several
+            -- limits, the counts, or false for `p` each), timeout, whether it is
+            -- held (2: open), its now, its id; for a resume, the limit it
+            -- carries its debt to (`p`: the debt).
+            local p, t, hold, at, limit, id, P = permits, timeout, held, now, nil, -1, P
+            if Q then
+                local k = 4 * r
+                id, p, at, P, t, hold = Q[k - 3], Q[k - 2], Q[k - 1], Q[k], -1, false
+                if id < -1 then limit = -1 - id end
+            elseif not mode then
+                -- (The reservation.)
+            elseif R then
+                if left == 0 then g, left = g + 4, R[g + 8] end
+                left, p, hold, t = left - 1, R[g + 1], R[g + 2], R[g + 3]
             else
-                Q, on_base, steps = F, true, #F / 4
-                if n == 1 then st, nf, fr, bst, bnf, bfr = bst, bnf, bfr, st, nf, fr else S, B = B, S end
+                limit, p = r, debts[r]
             end
-            if steps == 0 then break end
-        end
-        r = r + 1
 
-        -- Request r: its permits (the first limit's count; P, with several
-        -- limits, the counts, or false for `p` each), timeout, whether it is
-        -- held (2: open), its now, its id; for a resume, the limit it
-        -- carries its debt to (`p`: the debt).
-        local p, t, hold, at, limit, id, P = permits, timeout, held, now, nil, -1, P
-        if Q then
-            local k = 4 * r
-            id, p, at, P, t, hold = Q[k - 3], Q[k - 2], Q[k - 1], Q[k], -1, false
-            if id < -1 then limit = -1 - id end
-        elseif not mode then
-            -- (The reservation.)
-        elseif R then
-            if left == 0 then g, left = g + 4, R[g + 8] end
-            left, p, hold, t = left - 1, R[g + 1], R[g + 2], R[g + 3]
-        else
-            limit, p = r, debts[r]
-        end
-
-        -- Limits::earliest: the moment every limit allows it, and the first
-        -- limit whose ticket that is, if it lies after now.
-        local moment, bound = at, -1
-        if limit then
-            moment = at
-        elseif n == 1 then
-            if nf > moment then moment, bound = nf, 0 end
-        else
-            for k = 2, 3 * n, 3 do
-                local ticket = S[k]
-                if ticket > moment then moment, bound = ticket, (k - 2) / 3 end
-            end
-        end
-
-        -- A try that the debt does not fit is refused: it charges nothing.
-        local granted = t < 0 or moment - at <= t
-        if granted and not Q then
-            writes = true
-            -- Limits::reserve_at: the id of a held reservation that waits, or
-            -- of a call (the clock, or the id before it + 1 if that is more:
-            -- ids rise, and a key written anew after it expired gives none it
-            -- gave before); Limits::expire (the logged requests whose moment
-            -- has passed leave the log: they were used; not an open call) and,
-            -- when the log is full, its oldest leaves it; the log keeps the
-            -- request if it has an id (for a resume, its limit's) or the log
-            -- holds any, and starts with the limits' states when it was empty.
+            -- Limits::earliest: the moment every limit allows it, and the first
+            -- limit whose ticket that is, if it lies after now.
+            local moment, bound = at, -1
             if limit then
-                id = -1 - limit
-            elseif hold and (hold == 2 or moment > now) then
-                if next_id < now then next_id = now end
-                id, next_id = next_id, next_id + 1
+                -- (A resume: at its now.)
+            elseif n == 1 then
+                if nf > moment then moment, bound = nf, 0 end
+            else
+                for k = 2, 3 * n, 3 do
+                    local ticket = S[k]
+                    if ticket > moment then moment, bound = ticket, (k - 2) / 3 end
+                end
             end
-            while count > 0 and (front <= now or count == LOG_CAPACITY) do
-                F = F or {}
-                F[#F + 1], F[#F + 2], F[#F + 3], F[#F + 4] = front_id, front_p, front_at, front_P or false
-                count = count - 1
-                if count == 0 then
-                    log_at, added, A, added_first, F = nil, nil, nil, 1, nil
-                elseif log_at and log_at + 8 * W <= size then
-                    -- (The next in the value: read and checked as in part 2.)
-                    log_at = log_at + 8 * W
-                    if n == 1 then
-                        front_id, front_p, front_at, front = struct.unpack('<dddd', value, log_at)
-                    else
-                        front_P = {struct.unpack(string.sub(FORMAT, 3, 3 + W), value, log_at)}
-                        front_id, front_p, front_at, front = front_P[1], front_P[2], front_P[3], front_P[4]
-                        for i = 2, n do
-                            local e = front_P[3 + i]
-                            ok = ok and e % 1 == 0 and e >= 0 and e <= MAX_MICROS
-                            front_P[i] = e
+
+            -- A try that the debt does not fit is refused: it charges nothing.
+            local granted = t < 0 or moment - at <= t
+            if granted and not Q then
+                writes = true
+                -- Limits::reserve_at: the id of a held reservation that waits, or
+                -- of a call (the clock, or the id before it + 1 if that is more:
+                -- ids rise, and a key written anew after it expired gives none it
+                -- gave before); Limits::expire (the logged requests whose moment
+                -- has passed leave the log: they were used; not an open call) and,
+                -- when the log is full, its oldest leaves it; the log keeps the
+                -- request if it has an id (for a resume, its limit's) or the log
+                -- holds any, and starts with the limits' states when it was empty.
+                if limit or hold or count > 0 then
+                    if limit then
+                        id = -1 - limit
+                    elseif hold and (hold == 2 or moment > now) then
+                        if next_id < now then next_id = now end
+                        id, next_id = next_id, next_id + 1
+                    end
+                    while count > 0 and (front <= now or count == LOG_CAPACITY) do
+                        F = F or {}
+                        F[#F + 1], F[#F + 2], F[#F + 3], F[#F + 4] = front_id, front_p, front_at, front_P or false
+                        count = count - 1
+                        if count == 0 then
+                            log_at, added, A, added_first, F = nil, nil, nil, 1, nil
+                        elseif log_at and log_at + 8 * W <= size then
+                            -- (The next in the value: read and checked as in part 2.)
+                            log_at = log_at + 8 * W
+                            if n == 1 then
+                                front_id, front_p, front_at, front = struct.unpack('<dddd', value, log_at)
+                            else
+                                front_P = {struct.unpack(string.sub(FORMAT, 3, 3 + W), value, log_at)}
+                                front_id, front_p, front_at, front = front_P[1], front_P[2], front_P[3], front_P[4]
+                                for i = 2, n do
+                                    local e = front_P[3 + i]
+                                    ok = ok and e % 1 == 0 and e >= 0 and e <= MAX_MICROS
+                                    front_P[i] = e
+                                end
+                            end
+                            if not (ok and front_id % 1 == 0 and front_id >= -1 - n and front_id < next_id
+                                    and front_p % 1 == 0 and front_p >= -MAX_MICROS and front_p <= MAX_MICROS
+                                    and (front_p >= 0 or front_id >= 0)
+                                    and front_at >= 0 and front_at % 1 == 0 and front >= front_at
+                                    and front <= MAX_MICROS and front % 1 == 0) then
+                                return redis.error_reply(string.format(NOT_OURS, key, size))
+                            end
+                            if front_id < 0 then
+                                front = -1
+                            elseif front_p < 0 then
+                                front_p, front = -1 - front_p, 1e999
+                            end
+                            if front_P then front_P[1] = front_p end
+                        else
+                            if log_at then log_at = nil else added_first = added_first + 1 end
+                            local a = 5 * added_first
+                            front_id, front_p, front_at, front, front_P = A[a - 4], A[a - 3], A[a - 2], A[a - 1], A[a]
                         end
                     end
-                    if not (ok and front_id % 1 == 0 and front_id >= -1 - n and front_id < next_id
-                            and front_p % 1 == 0 and front_p >= -MAX_MICROS and front_p <= MAX_MICROS
-                            and (front_p >= 0 or front_id >= 0)
-                            and front_at >= 0 and front_at % 1 == 0 and front >= front_at
-                            and front <= MAX_MICROS and front % 1 == 0) then
-                        return redis.error_reply(string.format(NOT_OURS, key, size))
+                    if id >= 0 or count > 0 then
+                        -- (c: its first count as logged, negative if it is open; e:
+                        -- when it leaves the log once at its head, see front.)
+                        local c, e = p, moment
+                        if id < 0 then
+                            e = -1
+                        elseif hold == 2 then
+                            c, e = -1 - p, 1e999
+                        end
+                        if count == 0 then
+                            if n == 1 then
+                                bst, bnf, bfr = st, nf, fr
+                            else
+                                B = {unpack(S, 1, 3 * n)}
+                            end
+                            front_id, front_p, front_at, front, front_P = id, p, at, e, P
+                        end
+                        if not added then added, A = {}, {} end
+                        local a = #added
+                        if n == 1 then
+                            added[a + 1] = struct.pack('<dddd', id, c, at, moment)
+                        else
+                            local numbers = {id, c, at, moment}
+                            for i = 2, n do numbers[3 + i] = P and P[i] or p end
+                            added[a + 1] = struct.pack(string.sub(FORMAT, 3, 3 + W), unpack(numbers))
+                        end
+                        a = 5 * a
+                        A[a + 1], A[a + 2], A[a + 3], A[a + 4], A[a + 5] = id, p, at, e, P
+                        count = count + 1
                     end
-                    if front_id < 0 then
-                        front = -1
-                    elseif front_p < 0 then
-                        front_p, front = -1 - front_p, 1e999
-                    end
-                    if front_P then front_P[1] = front_p end
-                else
-                    if log_at then log_at = nil else added_first = added_first + 1 end
-                    local a = 5 * added_first
-                    front_id, front_p, front_at, front, front_P = A[a - 4], A[a - 3], A[a - 2], A[a - 1], A[a]
                 end
             end
-            if id >= 0 or count > 0 then
-                -- (c: its first count as logged, negative if it is open; e:
-                -- when it leaves the log once at its head, see front.)
-                local c, e = p, moment
-                if id < 0 then
-                    e = -1
-                elseif hold == 2 then
-                    c, e = -1 - p, 1e999
-                end
-                if count == 0 then
-                    if n == 1 then
-                        bst, bnf, bfr = st, nf, fr
-                    else
-                        B = {unpack(S, 1, 3 * n)}
-                    end
-                    front_id, front_p, front_at, front, front_P = id, p, at, e, P
-                end
-                if not added then added, A = {}, {} end
-                local a = #added
-                if n == 1 then
-                    added[a + 1] = struct.pack('<dddd', id, c, at, moment)
-                else
-                    local numbers = {id, c, at, moment}
-                    for i = 2, n do numbers[3 + i] = P and P[i] or p end
-                    added[a + 1] = struct.pack(string.sub(FORMAT, 3, 3 + W), unpack(numbers))
-                end
-                a = 5 * a
-                A[a + 1], A[a + 2], A[a + 3], A[a + 4], A[a + 5] = id, p, at, e, P
-                count = count + 1
-            end
-        end
 
-        if limit and granted then
-            -- Limits::resume of one limit: its ticket at least up to now, no
-            -- stored permits, then its debt; a ticket that reaches 2^53 is 2^53,
-            -- with no fraction (as in State::charge).
-            local k = 3 * limit - 2
-            if n > 1 then st, nf, fr = S[k], S[k + 1], S[k + 2] end
-            if at > nf then nf, fr = at, 0 end
-            st = 0.0
-            nf = nf + p
-            if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
-            if n > 1 then S[k], S[k + 1], S[k + 2] = st, nf, fr end
-        elseif granted then
-            -- Limits::charge: every limit as if requested at the moment
-            -- (State::reserve_earliest_available: resync, spend stored permits
-            -- first, charge the rest as fresh ones, push the ticket).
-            -- (k: the limit's state in S, from 1; c: its configuration in C.)
-            for k = 1, 3 * n, 3 do
-                -- (e: its count for this limit.)
-                local e = p
-                if n > 1 then
-                    local c = (k - 1) * 8 / 3
-                    bursty = C[c + 2]; stable = C[c + 4]; mx = C[c + 5]; cd = C[c + 8]
-                    st = S[k]; nf = S[k + 1]; fr = S[k + 2]
-                    if not bursty then thr = C[c + 6]; slope = C[c + 7] end
-                    if P then e = P[(k + 2) / 3] end
-                end
-                -- State::resync: idle time from the exact ticket, > 0 (the
-                -- fraction is below one µs), so an infinite quotient (cd = 0)
-                -- is fine, never NaN.
-                if moment > nf then
-                    local stored = st + ((moment - nf) - fr / FRACTION_ONE) / cd
-                    if stored > mx then stored = mx end
-                    st, nf, fr = stored, moment, 0
-                end
-                local spend = e
-                if st < spend then spend = st end
-                local fresh = e - spend
-                local wait
-                if bursty then
-                    -- Bursty::stored_permits_to_wait_micros is 0, and 0.0 + x == x.
-                    wait = fresh * stable
-                else
-                    -- WarmingUp::stored_permits_to_wait_micros: a trapezoid
-                    -- above the threshold, permits_to_time(q) = stable + q * slope.
-                    local above, micros, spent = st - thr, 0.0, spend
-                    if above > 0.0 then
-                        local take = above
-                        if spent < take then take = spent end
-                        local length = (stable + above * slope) + (stable + (above - take) * slope)
-                        micros = take * length / 2.0
-                        spent = spent - take
-                    end
-                    wait = micros + stable * spent + fresh * stable
-                end
-                -- State::charge. Below 2^32 µs: rounded to the nearest 2^-20 µs
-                -- and added to the fraction, in units of 2^-20 µs (x - x % 1 is
-                -- floor(x) for x >= 0), whose whole µs (the units above 20
-                -- bits) go to the ticket. Else to_micros: truncated, saturated,
-                -- NaN read as MAX_MICROS; the fraction stays.
-                if wait < FINE_CHARGE_LIMIT then
-                    wait = wait * FRACTION_ONE + 0.5
-                    wait = wait - wait % 1 + fr
-                    fr = wait % FRACTION_ONE
-                    wait = (wait - fr) / FRACTION_ONE
-                elseif wait < MAX_MICROS then
-                    wait = wait - wait % 1
-                else
-                    wait = MAX_MICROS
-                end
-                nf = nf + wait
+            if limit and granted then
+                -- Limits::resume of one limit: its ticket at least up to now, no
+                -- stored permits, then its debt; a ticket that reaches 2^53 is 2^53,
+                -- with no fraction (as in State::charge).
+                local k = 3 * limit - 2
+                if n > 1 then st, nf, fr = S[k], S[k + 1], S[k + 2] end
+                if at > nf then nf, fr = at, 0 end
+                st = 0.0
+                nf = nf + p
                 if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
-                st = st - spend
-                if n > 1 then
-                    -- (With the TTL the limits need after it: see part 7.)
-                    S[k] = st; S[k + 1] = nf; S[k + 2] = fr
-                    local need = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
-                    if k == 1 or need > need_r then need_r = need end
+                if n > 1 then S[k], S[k + 1], S[k + 2] = st, nf, fr end
+            elseif granted then
+                -- Limits::charge: every limit as if requested at the moment
+                -- (State::reserve_earliest_available: resync, spend stored permits
+                -- first, charge the rest as fresh ones, push the ticket).
+                -- (k: the limit's state in S, from 1; c: its configuration in C.)
+                for k = 1, 3 * n, 3 do
+                    -- (e: its count for this limit.)
+                    local e = p
+                    if n > 1 then
+                        local c = (k - 1) * 8 / 3
+                        bursty = C[c + 2]; stable = C[c + 4]; mx = C[c + 5]; cd = C[c + 8]
+                        st = S[k]; nf = S[k + 1]; fr = S[k + 2]
+                        if not bursty then thr = C[c + 6]; slope = C[c + 7] end
+                        if P then e = P[(k + 2) / 3] end
+                    end
+                    -- State::resync: idle time from the exact ticket, > 0 (the
+                    -- fraction is below one µs), so an infinite quotient (cd = 0)
+                    -- is fine, never NaN.
+                    if moment > nf then
+                        local stored = st + ((moment - nf) - fr / FRACTION_ONE) / cd
+                        if stored > mx then stored = mx end
+                        st, nf, fr = stored, moment, 0
+                    end
+                    local spend = e
+                    if st < spend then spend = st end
+                    -- The fresh permits' wait. (Bursty::stored_permits_to_wait_micros
+                    -- is 0, and 0.0 + x == x.)
+                    local wait = (e - spend) * stable
+                    if not bursty then
+                        -- WarmingUp::stored_permits_to_wait_micros: a trapezoid
+                        -- above the threshold, permits_to_time(q) = stable + q * slope.
+                        local above, micros, spent = st - thr, 0.0, spend
+                        if above > 0.0 then
+                            local take = above
+                            if spent < take then take = spent end
+                            micros = take * ((stable + above * slope) + (stable + (above - take) * slope)) / 2.0
+                            spent = spent - take
+                        end
+                        wait = micros + stable * spent + wait
+                    end
+                    -- State::charge. Below 2^32 µs: rounded to the nearest 2^-20 µs
+                    -- and added to the fraction, in units of 2^-20 µs (x - x % 1 is
+                    -- floor(x) for x >= 0), whose whole µs (the units above 20
+                    -- bits) go to the ticket. Else to_micros: truncated, saturated,
+                    -- NaN read as MAX_MICROS; the fraction stays.
+                    if wait < FINE_CHARGE_LIMIT then
+                        wait = wait * FRACTION_ONE + 0.5
+                        wait = wait - wait % 1 + fr
+                        fr = wait % FRACTION_ONE
+                        wait = (wait - fr) / FRACTION_ONE
+                    elseif wait < MAX_MICROS then
+                        wait = wait - wait % 1
+                    else
+                        wait = MAX_MICROS
+                    end
+                    nf = nf + wait
+                    if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
+                    st = st - spend
+                    if n > 1 then
+                        -- (With the TTL the limits need after it: see part 5.)
+                        S[k] = st; S[k + 1] = nf; S[k + 2] = fr
+                        local need = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
+                        if k == 1 or need > need_r then need_r = need end
+                    end
                 end
             end
-        end
-
-        if Q then
-            -- (Charged again: no reply.)
-        elseif R then
-            -- A batch's reply for it (see Batch): its wait (negated if it was
-            -- refused), and with several limits the one that bound it.
-            replies[#replies + 1] = granted and moment - now or now - moment
-            if n > 1 then replies[#replies + 1] = bound end
-            if granted then
+            if not granted then
+                -- A refused try: a batch's reply for it (see Batch), its wait
+                -- negated and with several limits the one that bound it; else
+                -- the limits' states as read, with the clock, as a status
+                -- replies them; one limit that stores nothing, its wait negated
+                -- (see Replies).
+                if not R then
+                    if n == 1 then return st == 0 and now - nf or struct.pack('<dddd', now, st, nf, fr) end
+                    return struct.pack(string.sub(FORMAT, 3, 4 + 3 * n), now, unpack(S, 1, 3 * n))
+                end
+                replies[#replies + 1] = now - moment
+                if n > 1 then replies[#replies + 1] = bound end
+            elseif not (Q or R or limit) then
                 moment_r, bound_r = moment, bound
-                -- The TTL its own call would need (see part 7).
+            elseif R and not Q then
+                -- A batch's reply for it (see Batch): its wait, and with several
+                -- limits the one that bound it; the TTL its own call would need
+                -- (see part 5). (Charged again, Q's requests have no reply.)
+                replies[#replies + 1] = moment - now
+                if n > 1 then replies[#replies + 1] = bound end
+                moment_r, bound_r = moment, bound
                 if n == 1 then need_r = (nf - time_micros) / 1000 + (mx - st) * cd / 1000 end
                 needs[#needs + 1] = need_r
             end
-        elseif not granted then
-            -- A refused try: the limits' states as read, with the clock, as a
-            -- status replies them; one limit that stores nothing, its wait
-            -- negated (see Replies).
-            if n == 1 then return st == 0 and now - nf or struct.pack('<dddd', now, st, nf, fr) end
-            return struct.pack(string.sub(FORMAT, 3, 4 + 3 * n), now, unpack(S, 1, 3 * n))
-        elseif not limit then
-            moment_r, bound_r = moment, bound
+        end
+        if on_base and steps > 0 then
+            if n == 1 then st, nf, fr, bst, bnf, bfr = bst, bnf, bfr, st, nf, fr else S, B = B, S end
+        end
+        if pass == 2 or not (E or (F and count > 0)) then break end
+        pass = 2
+        if E then
+            -- The limits from the base on, then the others.
+            if n == 1 then
+                st, nf, fr = bst, bnf, bfr
+            else
+                for k = 1, 3 * n do S[k] = B[k] end
+            end
+            Q, on_base, steps = T, false, #T / 4
+        else
+            Q, on_base, steps = F, true, #F / 4
+            if n == 1 then st, nf, fr, bst, bnf, bfr = bst, bnf, bfr, st, nf, fr else S, B = B, S end
         end
     end
 end
-

@@ -1,4 +1,4 @@
--- Part 7 of 7: the value written, its TTL, the reply.
+-- Part 5 of 5: the value written, its TTL, the reply.
 
 -- A batch's replies end with the next id (its held requests that waited
 -- got the ids before it, in order), and the limits' states after it with
@@ -24,7 +24,7 @@ end
 -- rules out inf and NaN first. A need <= 0 (a give-back can move a ticket
 -- into the past) means the key already reads as missing. A batch applies
 -- the rule after each request granted, as their own calls would, with the
--- needs part 5 noted (`needs`). A need the TTL covers with 3 ms to spare
+-- needs part 4 noted (`needs`). A need the TTL covers with 3 ms to spare
 -- keeps it at once (ceil(x) + 2 <= x + 3; a need below -1 ms, which a
 -- keep or a give-back can leave, keeps a TTL shorter than 2 ms: the key
 -- already reads as missing).
@@ -33,7 +33,7 @@ if needs then
 elseif n == 1 then
     ttl_ms = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
 elseif not (mode or F) then
-    -- (A reservation's, as part 5 charged it; not when the log's base was
+    -- (A reservation's, as part 4 charged it; not when the log's base was
     -- charged after it.)
     ttl_ms = need_r
 else
@@ -98,7 +98,10 @@ if L then
     for i = 1, n do L[4 + i] = L[4 + i] or 1e999 end
 end
 local hot
-if not whole and not ttl_set and count == 0 and logged_as_read == 0 then
+if mode == 'probe' and value then
+    -- The probe of a key that exists: the same bytes again, the same TTL.
+    redis.call('SET', key, value, 'KEEPTTL')
+elseif not whole and not ttl_set and count == 0 and logged_as_read == 0 then
     if n == 1 then
         hot = struct.pack('<ddddddd', shape, now, next_id, moment_r, st, nf, fr)
     else
@@ -124,21 +127,13 @@ else
         hot = struct.pack('<dddddddddddddd', shape, now, next_id, moment_r, st, nf, fr, expires, rate, mx,
             dead, bst, bnf, bfr)
     else
-        local numbers
-        if n == 1 then
-            numbers = {shape, now, next_id, moment_r, st, nf, fr, expires, rate, mx}
-        else
-            S[3 * n + 1] = expires
-            numbers = {shape, now, next_id, moment_r, unpack(S, 1, 5 * n + 1)}
-        end
+        -- (One limit's state and base laid out as several limits' are.)
+        if n == 1 then S, B = {st, nf, fr, expires, rate, mx}, {bst, bnf, bfr} end
+        S[3 * n + 1] = expires
+        local numbers = {shape, now, next_id, moment_r, unpack(S, 1, 5 * n + 1)}
         for k = 1, L and 4 + n or 0 do numbers[#numbers + 1] = L[k] end
         numbers[#numbers + 1] = dead
-        if n == 1 then
-            local k = #numbers
-            numbers[k + 1], numbers[k + 2], numbers[k + 3] = bst, bnf, bfr
-        else
-            for k = 1, 3 * n do numbers[#numbers + 1] = B[k] end
-        end
+        for k = 1, 3 * n do numbers[#numbers + 1] = B[k] end
         for j = first or 1, E and W * logged or 0, W do
             if j ~= place then
                 for k = j, j + W - 1 do numbers[#numbers + 1] = E[k] end
@@ -164,12 +159,12 @@ end
 -- A reservation (a call's, a settle's the log let go): what it wrote,
 -- from the hot part on (see Reply); a learn the value, whole.
 if replies then return replies end
-if not mode then return hot end
+if not mode or mode == 'learn' then return hot end
 -- A give-back: 1 given back, 0 kept instead; a keep or a settle in the
 -- log: 1.
 if E then return (kept and mode == 'give_back') and 0 or 1 end
-if mode == 'learn' then return hot end
--- A resume, or the probe of a missing key: the debt.
+-- A resume or a probe: the debt (Limits::earliest: the latest ticket, or
+-- now).
 local debt = 0
 for k = 2, 3 * n, 3 do
     local ahead = (n == 1 and nf or S[k]) - now

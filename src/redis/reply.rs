@@ -35,8 +35,8 @@ const FIXED_PER_LIMIT: usize = 2;
 /// The script's reply to a call, decoded.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Reply {
-    /// The wait for a granted reservation, the debt for a query, a probe or
-    /// a resume, `None` for a refused try. For a give-back: 1 given back, 0
+    /// The wait for a granted reservation, the debt for a probe or a
+    /// resume, `None` for a refused try. For a give-back: 1 given back, 0
     /// not (as µs, unused).
     pub(crate) wait: Option<Duration>,
     /// How far the key's latest ticket lies ahead of the server's clock
@@ -59,8 +59,8 @@ pub(crate) struct Reply {
 }
 
 impl Reply {
-    /// A reply that is one integer: the debt (a query's, a probe's, a
-    /// resume's), or a give-back's outcome.
+    /// A reply that is one integer: the debt (a probe's or a resume's), or
+    /// a give-back's outcome.
     fn integer(n: u64) -> Reply {
         Reply {
             wait: Some(Duration::from_micros(n)),

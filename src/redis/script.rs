@@ -16,7 +16,6 @@ use crate::core::{Cost, Learning, Lesson, Policy, State, micros};
 pub(crate) const SOURCE: &str = concat!(
     include_str!("../../lua/prelude.lua"),
     include_str!("../../lua/limits.lua"),
-    include_str!("../../lua/status.lua"),
     include_str!("../../lua/log.lua"),
     include_str!("../../lua/reserve.lua"),
     include_str!("../../lua/write.lua"),

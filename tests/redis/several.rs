@@ -5,7 +5,7 @@
 //! with one to three limits is held to `core::Limits` by the differential
 //! test.
 
-use crate::support::limiter_state::{Value as Stored, script};
+use crate::support::limiter_state::{Reserved, Value as Stored, script};
 use crate::support::redis_server::RedisServer;
 use redis::Value;
 
@@ -92,8 +92,9 @@ fn a_value_with_another_number_of_limits_keeps_them_by_position() {
     // A third limit joins full; back to two, the third is dropped.
     let reply = call(&mut connection, "resized", "1", "-1", &[ten, one, half], t0);
     assert_eq!(granted(&reply), (1_200_000, 1, 3_200_000));
-    let query = call(&mut connection, "resized", "0", "-1", &[ten, one], t0);
-    assert_eq!(query, Value::Int(2_200_000));
+    let status = call(&mut connection, "resized", "status", "-1", &[ten, one], t0);
+    let wait = Reserved::from_reply(&status, 2).unwrap().refused_wait();
+    assert_eq!(wait, Some(2_200_000));
     // And back to one: the first limit alone, last charged at the moment
     // the second set (1.2 s).
     let reply = call(&mut connection, "resized", "1", "-1", &[ten], t0);

@@ -30,9 +30,6 @@ impl Sequence {
                     Some(t) => invocation.arg(*t),
                 };
             }
-            Kind::Query => {
-                invocation.arg(0).arg("-1");
-            }
             Kind::Probe => {
                 invocation.arg("probe").arg("-1");
             }

@@ -1,6 +1,6 @@
 //! Differential test: the script (`lua/`) in Redis and `paceline::core::Limits`
 //! in Rust, with one to three limits, driven by the same random sequences
-//! of reservations (held or not), tries, batches, queries, statuses,
+//! of reservations (held or not), tries, batches, statuses,
 //! probes, resumes, give-backs of earlier reservations, rate changes (of
 //! one limit or all) and clock jumps (forwards and backwards), must give
 //! the same replies (waits, bounds, ids, refusals, debts, states) and the

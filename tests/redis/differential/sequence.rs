@@ -34,7 +34,6 @@ pub enum Kind {
         held: bool,
         timeout: Option<u64>,
     },
-    Query,
     /// Rewrites the key as it is (or writes a missing key as it reads).
     Probe,
     /// Back from a local fallback that ran up these debts.
@@ -296,7 +295,7 @@ pub fn generate(seed: u64) -> Sequence {
         let held_chance = if give_backs { 0.9 } else { 0.5 };
         let outstanding = &mut pending.held;
         let kind = match rng.below(100) {
-            _ if calls => Kind::Query, // (replaced below)
+            _ if calls => Kind::Status, // (replaced below)
             _ if give_backs => {
                 let (queue_until, queueing) = if deep {
                     (steps_in_sequence * 6 / 10, 0.95)
@@ -314,7 +313,6 @@ pub fn generate(seed: u64) -> Sequence {
                     Kind::Cancel { id }
                 }
             }
-            0..8 => Kind::Query,
             8..30 => Kind::Reserve {
                 permits: random_permits(&mut rng, false),
                 held: rng.chance(held_chance),
@@ -343,7 +341,7 @@ pub fn generate(seed: u64) -> Sequence {
                     .collect(),
             },
             48..52 => Kind::Probe,
-            52..55 => Kind::Status,
+            0..8 | 52..55 => Kind::Status,
             55..62 => Kind::Batch {
                 requests: (0..1 + rng.below(12))
                     .map(|_| {
@@ -446,7 +444,6 @@ fn answer(
     let rates = &step.rates;
     let debt_of = |states: &[State]| (Model::earliest(states, now).0 - now) as i64;
     match &step.kind {
-        Kind::Query => (Expect::Int(debt_of(&model.read(rates, now))), false, false),
         Kind::Status => {
             // At the rates in force, as the next reservation finds them.
             let mut next = model.clone();

@@ -57,9 +57,9 @@ fn probe_writes_the_same_bytes_and_keeps_the_ttl() {
     assert_eq!(fx.run("k", &args.clone().probe().at(T0)), 400_000);
     assert_eq!(fx.pttl("k"), -1);
     assert_eq!(fx.raw("k"), before);
-    // A query does not write.
+    // A status does not write.
     let writes = changes(&mut fx.con);
-    assert_eq!(fx.run("k", &args.clone().query().at(T0)), 400_000);
+    assert_eq!(fx.wait("k", &args.clone().at(T0)), 400_000);
     assert_eq!(changes(&mut fx.con), writes);
 }
 
@@ -133,8 +133,8 @@ fn probe_fails_with_oom_when_the_server_is_full() {
             assert!(error.contains("OOM"), "{key}, {call:?}: {error}");
         }
     }
-    // A query writes nothing, so it still answers.
-    assert_eq!(fx.run("k", &args.clone().query()), 0);
+    // A status writes nothing, so it still answers.
+    assert_eq!(fx.wait("k", &args), 0);
     assert_eq!(fx.dump("k"), dump);
     assert!(!fx.exists("missing"));
 
@@ -193,16 +193,11 @@ fn probe_fails_with_readonly_on_a_replica() {
             assert!(error.contains("READONLY"), "{key}, {call:?}: {error}");
         }
     }
-    // A query writes nothing, so a replica answers it.
-    let reply = eval_on(&fx.script, &mut con, &["k"], &args.clone().query().to_vec()).unwrap();
-    assert_eq!(
-        Reply::decode(reply, false).unwrap(),
-        Reply {
-            first: 0,
-            debt: 0,
-            value: None
-        }
-    );
+    // A status writes nothing, so a replica answers it.
+    let status = args.clone().status().to_vec();
+    let reply = eval_on(&fx.script, &mut con, &["k"], &status).unwrap();
+    let state = Reserved::from_reply(&reply, 1).unwrap();
+    assert_eq!(state.refused_wait(), Some(0));
 }
 
 #[test]

@@ -89,10 +89,6 @@ impl Args {
         self
     }
 
-    fn query(self) -> Args {
-        self.permits(0)
-    }
-
     /// A reservation its caller may give back (`n+`): if it waits, the key
     /// logs it with an id.
     fn held(mut self) -> Args {
@@ -163,8 +159,7 @@ fn show(argv: &[Vec<u8>]) -> String {
 /// or an integer (the debt; a cancel's outcome).
 #[derive(Debug, Clone, PartialEq)]
 struct Reply {
-    /// The wait, -1 for a refused try, the debt for a query, a probe or a
-    /// resume; for a cancel 1 (given back) or 0 (nothing).
+    /// The wait, -1 for a refused try, the debt for a probe or a resume; for a cancel 1 (given back) or 0 (nothing).
     first: i64,
     /// The key's debt after the call (a cancel: its outcome again).
     debt: i64,
@@ -225,8 +220,8 @@ impl Fixture {
 
     /// Runs the script, expects a reply and checks its shape against the
     /// mode: a granted reservation replies what it wrote (the whole value,
-    /// or from its hot part on) and a debt at least its wait, a refused try a debt, a query, a probe
-    /// or a resume its debt.
+    /// or from its hot part on) and a debt at least its wait, a refused try a debt, a probe or a
+    /// resume its debt.
     fn call(&mut self, key: &str, args: &Args) -> Reply {
         let value = self
             .eval(key, args)
@@ -270,6 +265,21 @@ impl Fixture {
     /// (-1 for a refused try).
     fn run(&mut self, key: &str, args: &Args) -> i64 {
         self.call(key, args).first
+    }
+
+    /// The key's wait as a status reads it at `args` (at its rates, and
+    /// its clock if it sets one): the latest ticket less the clock, or 0.
+    /// Checks that it wrote nothing.
+    fn wait(&mut self, key: &str, args: &Args) -> i64 {
+        let before = self.dump(key);
+        let reply = self
+            .eval(key, &args.clone().status())
+            .unwrap_or_else(|e| panic!("status failed for {args:?}: {e}"));
+        assert_eq!(self.dump(key), before, "{args:?}: a status wrote");
+        match Reserved::from_reply(&reply, 1) {
+            Ok(state @ Reserved::Refused { .. }) => state.refused_wait().unwrap() as i64,
+            other => panic!("{args:?}: not a status: {other:?}"),
+        }
     }
 
     /// Runs the script and expects an error; returns it as the server

@@ -117,9 +117,8 @@ fn reserve_replies_the_value_it_wrote() {
             }],
         }
     );
-    // A query: the debt twice.
-    let query = fx.call("k", &args.clone().query().at(T0 + 200_000));
-    assert_eq!((query.first, query.debt), (400_000, 400_000));
+    // A status: the debt.
+    assert_eq!(fx.wait("k", &args.clone().at(T0 + 200_000)), 400_000);
 }
 
 #[test]
@@ -284,7 +283,7 @@ fn a_rate_above_one_permit_per_microsecond_limits() {
     let state = fx.state("k");
     assert_eq!(state.next(), T0 + 2_000);
     assert_eq!(state.next_free_fraction, 1_000);
-    assert_eq!(fx.run("k", &args.clone().query()), 2_000);
+    assert_eq!(fx.wait("k", &args), 2_000);
 }
 
 #[test]
@@ -366,30 +365,30 @@ fn refused_try_leaves_the_key_untouched() {
 }
 
 #[test]
-fn query_returns_the_wait_and_writes_nothing() {
+fn status_reads_the_wait_and_writes_nothing() {
     let mut fx = fixture();
     let args = Args::bursty("5", 0);
     // Missing key: no wait, and still missing.
-    assert_eq!(fx.run("k", &args.clone().query().at(T0)), 0);
-    assert_eq!(fx.run("k", &args.clone().query()), 0);
+    assert_eq!(fx.wait("k", &args.clone().at(T0)), 0);
+    assert_eq!(fx.wait("k", &args), 0);
     assert!(!fx.exists("k"));
 
     assert_eq!(fx.run("k", &args.clone().at(T0)), 0);
     assert_eq!(fx.run("k", &args.clone().at(T0)), 200_000); // next = T0 + 400 ms
     fx.persist("k");
     let dump = fx.dump("k");
-    assert_eq!(fx.run("k", &args.clone().query().at(T0)), 400_000);
-    assert_eq!(fx.run("k", &args.clone().query().at(T0 + 150_000)), 250_000);
+    assert_eq!(fx.wait("k", &args.clone().at(T0)), 400_000);
+    assert_eq!(fx.wait("k", &args.clone().at(T0 + 150_000)), 250_000);
     assert_eq!(
-        fx.run("k", &args.clone().query().timeout(0).at(T0 + 150_000)),
+        fx.wait("k", &args.clone().timeout(0).at(T0 + 150_000)),
         250_000
     );
-    assert_eq!(fx.run("k", &args.clone().query().at(T0 + 400_000)), 0);
+    assert_eq!(fx.wait("k", &args.clone().at(T0 + 400_000)), 0);
     // Long idle and a new rate: no resync, no rate change written.
-    let idle = args.clone().rate("1000").query().at(T0 + 3_600_000_000);
-    assert_eq!(fx.run("k", &idle), 0);
-    assert_eq!(fx.dump("k"), dump, "a query changed the key");
-    assert_eq!(fx.pttl("k"), -1, "a query wrote a TTL");
+    let idle = args.clone().rate("1000").at(T0 + 3_600_000_000);
+    assert_eq!(fx.wait("k", &idle), 0);
+    assert_eq!(fx.dump("k"), dump, "a status changed the key");
+    assert_eq!(fx.pttl("k"), -1, "a status wrote a TTL");
 }
 
 #[test]
@@ -481,7 +480,7 @@ fn state_is_stored_exactly() {
         (before + 1_000_000..=after + 1_000_000).contains(&next),
         "next {next} not within [{before}, {after}] + 1 s"
     );
-    // A query at now = 0 reads the key's latest clock instead (time never
+    // A status at now = 0 reads the key's latest clock instead (time never
     // runs backwards) and replies with the ticket minus that: to the
     // microsecond.
     let last_now = fx.state("k").last_now_micros;
@@ -490,7 +489,7 @@ fn state_is_stored_exactly() {
         "{last_now}"
     );
     assert_eq!(
-        fx.run("k", &args.clone().query().at(0)),
+        fx.wait("k", &args.clone().at(0)),
         (next as f64 - last_now) as i64
     );
 
@@ -528,12 +527,12 @@ fn time_going_backwards_reads_as_the_latest_time() {
 
     // 10 s back reads as T0: the debt is 400 ms, not 10.4 s.
     let back = T0 - 10_000_000;
-    assert_eq!(fx.call("k", &args.clone().query().at(back)).debt, 400_000);
+    assert_eq!(fx.wait("k", &args.clone().at(back)), 400_000);
     assert_eq!(
         fx.call("k", &args.clone().timeout(399_999).at(back)).debt,
         400_000
     );
-    assert_eq!(fx.raw("k"), before, "a query or a refused try wrote");
+    assert_eq!(fx.raw("k"), before, "a status or a refused try wrote");
     assert_eq!(
         fx.run("k", &args.clone().timeout(400_000).at(back)),
         400_000
@@ -550,8 +549,8 @@ fn time_going_backwards_reads_as_the_latest_time() {
     // Forward again, but not past T0 + 600 ms, then back a little: the
     // latest time stands.
     assert_eq!(fx.run("k", &args.clone().at(T0 + 100_000)), 500_000);
-    assert_eq!(fx.run("k", &args.clone().query().at(T0 + 50_000)), 700_000);
-    assert_eq!(fx.run("k", &args.clone().query().at(0)), 700_000);
+    assert_eq!(fx.wait("k", &args.clone().at(T0 + 50_000)), 700_000);
+    assert_eq!(fx.wait("k", &args.clone().at(0)), 700_000);
     assert_eq!(fx.state("k").last_now_micros, (T0 + 100_000) as f64);
 
     // A step forwards reads as idle time: at most one burst.

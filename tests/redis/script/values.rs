@@ -14,14 +14,13 @@ fn bad_arguments_are_errors_and_write_nothing() {
     let warm = Args::warming_up("5", 1_000_000, "3").at(T0);
     let mut cases: Vec<Vec<Vec<u8>>> = vec![];
     for permits in [
-        "-1", "1.5", "abc", "", "nan", "inf", "1e17", "0+", "1++", "PROBE", "probe ", "Cancel",
-        "resumed",
+        "-1", "0", "1.5", "abc", "", "nan", "inf", "1e17", "0+", "1++", "PROBE", "probe ",
+        "Cancel", "resumed",
     ] {
         cases.push(good.clone().permits(permits).to_vec());
     }
     for timeout in ["-2", "0.5", "x", "nan", "-inf", ""] {
         cases.push(good.clone().timeout(timeout).to_vec());
-        cases.push(good.clone().query().timeout(timeout).to_vec());
         cases.push(good.clone().probe().timeout(timeout).to_vec());
         cases.push(good.clone().status().timeout(timeout).to_vec());
     }
@@ -173,7 +172,6 @@ fn every_mode(args: &Args) -> Vec<Args> {
         args.clone().held(),
         args.clone().timeout(0),
         args.clone().timeout(MAX_MICROS),
-        args.clone().query(),
         args.clone().status(),
         args.clone().probe(),
         args.clone().resume(0),
@@ -422,7 +420,7 @@ fn unrecognised_values_are_an_error_in_every_mode_and_left_untouched() {
     // Sanity: the valid value is read as is (10 s of debt).
     let valid = valid_value().encode();
     fx.set_bytes("valid", &valid);
-    assert_eq!(fx.run("valid", &args.clone().query()), 10_000_000);
+    assert_eq!(fx.wait("valid", &args), 10_000_000);
 
     let mut other_marker = valid.clone();
     other_marker[..4].copy_from_slice(b"PLV1");
