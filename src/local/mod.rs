@@ -105,8 +105,8 @@ impl<C: Clock> Single<C> {
     ///
     /// The common step of an under-used limiter (stored permits spent, some
     /// left) is tried first on its own, with only the prepared step between
-    /// the load and the compare-and-swap; everything else, and that step
-    /// when another thread wrote the word first, goes through [`word::step`].
+    /// the load and the compare-and-swap; if another thread wrote the word
+    /// first, or the step needs more, the loop goes on out of line.
     #[inline(always)]
     fn reserve_micros<O: Outcome>(&self, permits: u32, timeout: u64) -> Option<O> {
         let first = self.word.0.load(Acquire);
@@ -127,22 +127,36 @@ impl<C: Clock> Single<C> {
             {
                 return Some(O::from_word(0));
             }
-            return self.reserve_stepping(self.word.0.load(Acquire), now, permits, timeout);
+            return self.reserve_contended(&quick, now, permits, timeout);
         }
         self.step_loop(first, now, permits, timeout)
     }
 
-    /// [`step_loop`](Self::step_loop), out of line: after the quick step
-    /// did not apply.
+    /// [`reserve_micros`](Self::reserve_micros) after its first try, out of
+    /// line: the prepared step again while it applies (as it does under
+    /// contention), else [`word::step`].
     #[inline(never)]
-    fn reserve_stepping<O: Outcome>(
+    fn reserve_contended<O: Outcome>(
         &self,
-        current: u64,
+        quick: &Quick,
         now: u64,
         permits: u32,
         timeout: u64,
     ) -> Option<O> {
-        self.step_loop(current, now, permits, timeout)
+        let mut current = self.word.0.load(Acquire);
+        loop {
+            let Some(new) = quick.apply(current) else {
+                return self.step_loop(current, now, permits, timeout);
+            };
+            match self
+                .word
+                .0
+                .compare_exchange_weak(current, new, AcqRel, Acquire)
+            {
+                Ok(_) => return Some(O::from_word(0)),
+                Err(actual) => current = actual,
+            }
+        }
     }
 
     /// Steps from `current` at `now` and writes the result, until a
