@@ -118,32 +118,36 @@ impl<C: Clock> Single<C> {
         if word::has_stored(first) {
             let quick = Quick::new(first, now, permits, self.slots.of(first));
             let current = self.word.0.load(Acquire);
-            if let Some(new) = quick.apply(current)
-                && self
+            let current = match quick.apply(current) {
+                Some(new) => match self
                     .word
                     .0
                     .compare_exchange_weak(current, new, AcqRel, Acquire)
-                    .is_ok()
-            {
-                return Some(O::from_word(0));
-            }
-            return self.reserve_contended(&quick, now, permits, timeout);
+                {
+                    Ok(_) => return Some(O::from_word(0)),
+                    Err(actual) => actual,
+                },
+                None => current,
+            };
+            return self.reserve_contended(first, current, now, permits, timeout);
         }
         self.step_loop(first, now, permits, timeout)
     }
 
-    /// [`reserve_micros`](Self::reserve_micros) after its first try, out of
-    /// line: the prepared step again while it applies (as it does under
-    /// contention), else [`word::step`].
+    /// [`reserve_micros`](Self::reserve_micros) after its first try, from
+    /// `current`, out of line: the step prepared for `first`'s generation
+    /// again while it applies (as it does under contention), else
+    /// [`word::step`].
     #[inline(never)]
     fn reserve_contended<O: Outcome>(
         &self,
-        quick: &Quick,
+        first: u64,
+        mut current: u64,
         now: u64,
         permits: u32,
         timeout: u64,
     ) -> Option<O> {
-        let mut current = self.word.0.load(Acquire);
+        let quick = Quick::new(first, now, permits, self.slots.of(first));
         loop {
             let Some(new) = quick.apply(current) else {
                 return self.step_loop(current, now, permits, timeout);
