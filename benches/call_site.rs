@@ -1,0 +1,119 @@
+//! The in-process limiters at an ordinary call site: a plain loop in a
+//! function of its own, next to `governor` in the same run, outside the
+//! measuring harness of the `local` and `keyed` benchmarks (whose loop is
+//! one place the compiler may treat differently from a caller's code).
+//!
+//! ```text
+//! cargo bench -p paceline-benches --bench call_site
+//! ```
+//!
+//! Each case makes `PACELINE_BENCH_CALLS` calls (default 20 000 000) and
+//! reports nanoseconds per call; the cases alternate over
+//! `PACELINE_BENCH_ROUNDS` rounds (default 5), and the table gives each
+//! case's median and the median of the per-round ratios to `governor`.
+//! Limiters as in the `local` and `keyed` benchmarks: 10^9 permits a second
+//! (every call granted) or one an hour (every call after the first refused),
+//! one hot key for the keyed ones.
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+
+use governor::Quota;
+use paceline::{KeyedRateLimiter, RateLimiter};
+
+/// Calls `call` `calls` times; nanoseconds per call.
+#[inline(never)]
+fn per_call(calls: u64, call: impl Fn() -> bool) -> f64 {
+    let start = Instant::now();
+    let mut granted = 0u64;
+    for _ in 0..calls {
+        if black_box(call()) {
+            granted += 1;
+        }
+    }
+    black_box(granted);
+    start.elapsed().as_nanos() as f64 / calls as f64
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    let calls = env("PACELINE_BENCH_CALLS", 20_000_000);
+    let rounds = env("PACELINE_BENCH_ROUNDS", 5) as usize;
+    let fast = Quota::per_second(NonZeroU32::new(1_000_000_000).unwrap());
+    let hourly = Quota::with_period(Duration::from_secs(3600)).unwrap();
+    let granted = RateLimiter::bursty(1e9).unwrap();
+    let refused = RateLimiter::bursty(1.0 / 3600.0).unwrap();
+    let keyed = KeyedRateLimiter::<u64>::bursty(1e9).unwrap();
+    let governor_granted = governor::RateLimiter::direct(fast);
+    let governor_refused = governor::RateLimiter::direct(hourly);
+    let governor_keyed = governor::RateLimiter::keyed(fast);
+    let key = 42u64;
+
+    // (case, paceline's call, governor's call)
+    type Call<'a> = Box<dyn Fn() -> bool + 'a>;
+    let cases: Vec<(&str, Call, Call)> = vec![
+        (
+            "try_reserve granted",
+            Box::new(|| {
+                matches!(
+                    granted.try_reserve(black_box(1), Duration::ZERO),
+                    Ok(Some(_))
+                )
+            }),
+            Box::new(|| governor_granted.check().is_ok()),
+        ),
+        (
+            "try_reserve refused",
+            Box::new(|| {
+                matches!(
+                    refused.try_reserve(black_box(1), Duration::ZERO),
+                    Ok(Some(_))
+                )
+            }),
+            Box::new(|| governor_refused.check().is_ok()),
+        ),
+        (
+            "keyed, one hot key",
+            Box::new(|| {
+                matches!(
+                    keyed.try_reserve(black_box(&key), black_box(1), Duration::ZERO),
+                    Ok(Some(_))
+                )
+            }),
+            Box::new(|| governor_keyed.check_key(black_box(&key)).is_ok()),
+        ),
+    ];
+    let mut times = vec![(vec![], vec![], vec![]); cases.len()];
+    for _ in 0..rounds {
+        for (i, (_, ours, theirs)) in cases.iter().enumerate() {
+            let (a, b) = (per_call(calls, ours), per_call(calls, theirs));
+            times[i].0.push(a);
+            times[i].1.push(b);
+            times[i].2.push(a / b);
+        }
+    }
+    println!("{calls} calls a case, {rounds} rounds, medians:");
+    println!();
+    println!("| case | paceline ns/call | governor ns/call | ratio |");
+    println!("|---|---:|---:|---:|");
+    for ((name, ..), (ours, theirs, ratios)) in cases.iter().zip(times) {
+        println!(
+            "| {name} | {:.2} | {:.2} | {:.3} |",
+            median(ours),
+            median(theirs),
+            median(ratios)
+        );
+    }
+}
