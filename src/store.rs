@@ -173,18 +173,21 @@ pub(crate) fn now<F: Future>(future: F) -> F::Output {
     }
 }
 
-// The bodies are `async` blocks rather than future combinators: a block is
-// created small and builds the engine's future in place when first
-// polled, where a combinator moves the whole (large, for Redis) future at
-// each layer.
+// The other bodies are `async` blocks rather than future combinators: a
+// block is created small and builds the engine's future in place when
+// first polled, where a combinator moves the whole (large, for Redis)
+// future at each layer.
 
 /// Reserves `permits` of `key` now; the wait before they may be used.
 /// Nothing gives them back.
 ///
-/// This call and [`try_reserve`] are combinators, not `async` blocks: an
-/// in-process engine's future is ready, and their polls are small enough
-/// to inline into the caller (an `async` block's is a function of its own,
-/// which cost the local limiter twice the time of a plain call).
+/// This call and [`try_reserve`] are neither `async` blocks nor future
+/// combinators: they hand their last step to the engine, whose future (an
+/// in-process engine's: `ready`) is all there is to poll. An `async`
+/// block's poll, and a combinator's, is a function of its own at some call
+/// sites, which cost the local limiter up to two and a half times the time
+/// of the plain call (see BENCHMARKS.md, "Plain reservations at every call
+/// site").
 #[inline(always)]
 pub(crate) fn reserve<'a, Q, E>(
     engine: &'a E,
