@@ -504,52 +504,28 @@ fn answer(
             };
             (granted, true, false)
         }
-        Kind::Call { cost, timeout } => {
+        Kind::Call { .. } | Kind::Reserve { .. } => {
+            // A call is a held reservation of its counts, with an id.
+            let (cost, held, call, timeout) = match &step.kind {
+                Kind::Call { cost, timeout } => (cost.clone(), true, true, *timeout),
+                Kind::Reserve {
+                    permits,
+                    held,
+                    timeout,
+                } => (vec![*permits; model.config.len()], *held, false, *timeout),
+                _ => unreachable!(),
+            };
             let mut next = model.clone();
             next.begin_write(rates, now);
             let timeout = timeout.map(|t| t.min(MAX_MICROS));
-            match next.reserve(cost, now, timeout, true, true) {
+            match next.reserve(&cost, now, timeout, held, call) {
                 Ok((wait, bound, id)) => {
                     *model = next;
-                    pending
-                        .calls
-                        .push((id.expect("a call has an id"), cost.clone()));
-                    let debt = debt_of(model.limits.states()) as u64;
-                    let next_id = model.next_id;
-                    (
-                        Expect::Granted {
-                            wait,
-                            bound,
-                            debt,
-                            next_id,
-                        },
-                        true,
-                        false,
-                    )
-                }
-                Err(_) => (
-                    Expect::Refused {
-                        now,
-                        states: next.limits.states().to_vec(),
-                    },
-                    false,
-                    false,
-                ),
-            }
-        }
-        Kind::Reserve {
-            permits,
-            held,
-            timeout,
-        } => {
-            let mut next = model.clone();
-            next.begin_write(rates, now);
-            let timeout = timeout.map(|t| t.min(MAX_MICROS));
-            let cost = vec![*permits; model.config.len()];
-            match next.reserve(&cost, now, timeout, *held, false) {
-                Ok((wait, bound, id)) => {
-                    *model = next;
-                    pending.held.extend(id);
+                    if call {
+                        pending.calls.push((id.expect("a call has an id"), cost));
+                    } else {
+                        pending.held.extend(id);
+                    }
                     let debt = debt_of(model.limits.states()) as u64;
                     let next_id = model.next_id;
                     (
