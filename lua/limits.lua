@@ -102,8 +102,8 @@ while true do
                 if cold > F64_MAX then cold = F64_MAX end
                 thr = 0.5 * pmicros / stable
                 if thr > F64_MAX then thr = F64_MAX end
+                -- (finite: cold is at most F64_MAX and stable at most 2^53)
                 local stable_plus_cold = stable + cold
-                if stable_plus_cold > F64_MAX then stable_plus_cold = F64_MAX end
                 mx = thr + 2.0 * pmicros / stable_plus_cold
                 if mx > F64_MAX then mx = F64_MAX end
                 if mx > thr then
