@@ -108,8 +108,7 @@ impl WarmingUp {
         self.threshold_permits = (0.5 * warmup / stable).min(f64::MAX);
         // (`stable + cold` is finite: `cold` is at most `f64::MAX` and
         // `stable` at most 2^53, far below the last unit of `f64::MAX`.)
-        let max_permits =
-            (self.threshold_permits + 2.0 * warmup / (stable + cold)).min(f64::MAX);
+        let max_permits = (self.threshold_permits + 2.0 * warmup / (stable + cold)).min(f64::MAX);
         self.slope = if max_permits > self.threshold_permits {
             ((cold - stable) / (max_permits - self.threshold_permits)).min(f64::MAX)
         } else {
