@@ -62,7 +62,6 @@ impl std::error::Error for Error {
 /// let late = BackendError::new("the quota store did not answer in 50 ms").with_timeout(true);
 /// assert!(late.is_timeout());
 /// ```
-#[derive(Debug)]
 pub struct BackendError(Box<Backend>);
 
 /// What a [`BackendError`] holds, boxed: an `Error` is then a word or three,
@@ -114,6 +113,22 @@ impl BackendError {
             .source
             .as_deref()
             .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// As the fields it holds, without the box.
+impl fmt::Debug for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Backend {
+            message,
+            timed_out,
+            source,
+        } = &*self.0;
+        f.debug_struct("BackendError")
+            .field("message", message)
+            .field("timed_out", timed_out)
+            .field("source", source)
+            .finish()
     }
 }
 
