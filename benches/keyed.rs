@@ -18,7 +18,7 @@
 //! held, as in `governor`, which keeps every key it has seen.
 //!
 //! - `one hot key`: every call on the same key. Also on a warming-up limiter
-//!   (`KeyedRateLimiter::warming_up(1e9, 1 s)`), whose keys are held as the
+//!   (1e9 per second, warming up for 1 s), whose keys are held as the
 //!   core's numbers and run on the core under the shard's write lock: the
 //!   cost of the general path.
 //! - `100000 keys, round-robin`: each call on the next of 100 000 keys, all
@@ -115,7 +115,11 @@ fn paceline_granted() -> KeyedRateLimiter<u64> {
 
 /// Grants every call too, on the general path.
 fn paceline_warming_up() -> KeyedRateLimiter<u64> {
-    KeyedRateLimiter::warming_up(FAST, Duration::from_secs(1)).unwrap()
+    KeyedRateLimiter::builder()
+        .permits_per_second(FAST)
+        .warmup(Duration::from_secs(1))
+        .build()
+        .unwrap()
 }
 
 fn governor_granted() -> DefaultKeyedRateLimiter<u64> {

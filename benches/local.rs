@@ -141,7 +141,11 @@ fn single_thread(c: &mut Criterion) {
         b.iter(|| black_box(granted(two.try_reserve(black_box(1), Duration::ZERO))))
     });
 
-    let warming = RateLimiter::warming_up(FAST, Duration::from_secs(1)).unwrap();
+    let warming = RateLimiter::builder()
+        .permits_per_second(FAST)
+        .warmup(Duration::from_secs(1))
+        .build()
+        .unwrap();
     group.bench_function("paceline warming-up try_reserve granted", |b| {
         b.iter(|| black_box(granted(warming.try_reserve(black_box(1), Duration::ZERO))))
     });

@@ -39,7 +39,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::InvalidArgument(_) => None,
-            Error::Backend(error) => error.source(),
+            Error::Backend(error) => std::error::Error::source(error),
         }
     }
 }
@@ -106,14 +106,6 @@ impl BackendError {
     pub fn is_timeout(&self) -> bool {
         self.0.timed_out
     }
-
-    /// The backend's own error, if there was one (e.g. a `redis::RedisError`).
-    pub fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.0
-            .source
-            .as_deref()
-            .map(|e| e as &(dyn std::error::Error + 'static))
-    }
 }
 
 /// As the fields it holds, without the box.
@@ -138,6 +130,16 @@ impl fmt::Display for BackendError {
             Some(source) => write!(f, "{}: {source}", self.0.message),
             None => f.write_str(&self.0.message),
         }
+    }
+}
+
+/// The backend's own error, if there was one (e.g. a `redis::RedisError`).
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0
+            .source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
 

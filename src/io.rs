@@ -25,11 +25,10 @@
 //!
 //! # Chunks
 //!
-//! A read or a write moves at most one *chunk*: at most [`chunk_limit`] of
-//! the limiter's current [`rate`](Limiter::rate) bytes, and never more than
-//! the caller's buffer. The limit is the bytes the rate allows in
-//! [`CHUNK_TIME`] (10 ms), at least 1 byte and at most [`MAX_CHUNK`]
-//! (64 KiB):
+//! A read or a write moves at most one *chunk*: the bytes the limiter's
+//! current [`rate`](Limiter::rate) allows in [`CHUNK_TIME`] (10 ms), rounded
+//! down, at least 1 byte and at most [`MAX_CHUNK`] (64 KiB), and never
+//! more than the caller's buffer:
 //!
 //! * **Short waits.** A reservation waits for the debt left by the one
 //!   before it, so no read or write waits for more than about one chunk's
@@ -110,16 +109,7 @@ pub const MAX_CHUNK: usize = 64 * 1024;
 /// The largest chunk a read or write moves at `rate` bytes per second: the
 /// bytes of [`CHUNK_TIME`] at that rate, rounded down, at least 1 and at most
 /// [`MAX_CHUNK`]. A read or write also moves no more than its buffer.
-///
-/// ```
-/// use paceline::io::{MAX_CHUNK, chunk_limit};
-///
-/// assert_eq!(chunk_limit(1_000_000.0), 10_000); // 10 ms at 1 MB/s
-/// assert_eq!(chunk_limit(50.0), 1); // at least one byte
-/// assert_eq!(chunk_limit(1e9), MAX_CHUNK); // at most 64 KiB
-/// assert_eq!(chunk_limit(f64::INFINITY), MAX_CHUNK);
-/// ```
-pub fn chunk_limit(rate: f64) -> usize {
+pub(crate) fn chunk_limit(rate: f64) -> usize {
     let bytes = rate * CHUNK_TIME.as_secs_f64();
     if bytes >= MAX_CHUNK as f64 {
         MAX_CHUNK
@@ -598,5 +588,23 @@ impl<R: fmt::Debug, L> fmt::Debug for ThrottledReader<R, L> {
             .field("buffered", &(self.end - self.start))
             .field("paid", &self.paid)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MAX_CHUNK, chunk_limit};
+
+    #[test]
+    fn chunk_limit_is_10_ms_of_the_rate_between_1_byte_and_64_kib() {
+        assert_eq!(chunk_limit(1_000_000.0), 10_000);
+        assert_eq!(chunk_limit(2.0 * 1024.0 * 1024.0), 20_971);
+        assert_eq!(chunk_limit(1000.0), 10);
+        assert_eq!(chunk_limit(150.0), 1);
+        assert_eq!(chunk_limit(50.0), 1);
+        assert_eq!(chunk_limit(1e-3), 1);
+        assert_eq!(chunk_limit(6_553_600.0), MAX_CHUNK);
+        assert_eq!(chunk_limit(1e9), MAX_CHUNK);
+        assert_eq!(chunk_limit(f64::INFINITY), MAX_CHUNK);
     }
 }

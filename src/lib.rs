@@ -31,7 +31,10 @@
 //! }
 //!
 //! // After a pause, start slow and reach 50/s within 3 seconds.
-//! let warm = RateLimiter::warming_up(50.0, Duration::from_secs(3))?;
+//! let warm = RateLimiter::builder()
+//!     .permits_per_second(50.0)
+//!     .warmup(Duration::from_secs(3))
+//!     .build()?;
 //! warm.acquire(1).await?;
 //! # Ok(()) }
 //! ```

@@ -221,16 +221,6 @@ pub struct ThrottleError<T> {
 }
 
 impl<T> ThrottleError<T> {
-    /// What the limiter reported.
-    pub fn error(&self) -> &Error {
-        &self.error
-    }
-
-    /// The item the permits were for.
-    pub fn item(&self) -> &T {
-        &self.item
-    }
-
     /// The item and the error.
     pub fn into_parts(self) -> (T, Error) {
         (self.item, self.error)

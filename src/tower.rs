@@ -12,7 +12,7 @@
 //!   while it waits for its permit gives it back; once the permit is due,
 //!   it counts as used (as any reservation whose moment has passed), and
 //!   a service dropped before `call` gives nothing back.
-//! - **Rejecting** ([`RateLimitLayer::rejecting`]): `poll_ready` takes a
+//! - **Rejecting** (`.max_wait(Duration::ZERO)`): `poll_ready` takes a
 //!   permit only if one is free now; otherwise `call` fails at once with
 //!   [`Throttled`], which says how long to wait (for a `Retry-After`
 //!   header), and the inner service is not called.
@@ -21,8 +21,8 @@
 //!   fails at once with [`Throttled`].
 //! - **Keyed** ([`RateLimitLayer::keyed`]): one rate per key, the key taken
 //!   from each request; the wait happens in the response future, before the
-//!   inner service is called. [`rejecting`](KeyedRateLimitLayer::rejecting)
-//!   and [`max_wait`](KeyedRateLimitLayer::max_wait) refuse per key.
+//!   inner service is called. [`max_wait`](KeyedRateLimitLayer::max_wait)
+//!   refuses per key.
 //!
 //! ```
 //! use std::sync::{Arc, Mutex, PoisonError};
@@ -69,8 +69,8 @@ use crate::{Error, KeyedLimiter, Limiter, Reservation};
 /// limiter's [`Error`], or [`Throttled`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A request refused by a [rejecting](RateLimitLayer::rejecting) layer, or
-/// by one whose [`max_wait`](RateLimitLayer::max_wait) it would exceed: a
+/// A request refused by a layer whose [`max_wait`](RateLimitLayer::max_wait)
+/// it would exceed (at once, with a zero bound): a
 /// permit will be free in `retry_after`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Throttled {
@@ -104,15 +104,6 @@ impl<L> RateLimitLayer<L> {
         RateLimitLayer {
             limiter,
             max_wait: None,
-        }
-    }
-
-    /// Refuses at once with [`Throttled`] when no permit is free: the same
-    /// as `.max_wait(Duration::ZERO)`.
-    pub fn rejecting(limiter: L) -> Self {
-        RateLimitLayer {
-            limiter,
-            max_wait: Some(Duration::ZERO),
         }
     }
 
@@ -370,13 +361,6 @@ pub struct KeyedRateLimitLayer<L, F> {
 }
 
 impl<L, F> KeyedRateLimitLayer<L, F> {
-    /// Refuses a request with [`Throttled`] at once when its key has no
-    /// permit free (per key, what a server answers with a 429): the same
-    /// as `.max_wait(Duration::ZERO)`.
-    pub fn rejecting(self) -> Self {
-        self.max_wait(Duration::ZERO)
-    }
-
     /// Waits at most `max_wait` for a key's permit: a request that would
     /// wait longer reserves nothing and fails at once with [`Throttled`]
     /// (its key's wait).

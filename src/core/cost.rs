@@ -3,7 +3,7 @@
 use std::fmt;
 
 /// What one request counts against each of a limiter's limits: the same
-/// number of permits for every limit ([`Cost::new`], or a plain `u32`), or
+/// number of permits for every limit (from a plain `u32`), or
 /// a number per limit ([`Cost::each`]) when the limits count different
 /// things, such as requests and tokens.
 ///
@@ -29,7 +29,7 @@ enum Repr {
 impl Cost {
     /// `permits` for every limit.
     #[inline]
-    pub const fn new(permits: u32) -> Cost {
+    pub(crate) const fn new(permits: u32) -> Cost {
         Cost(Repr::Same(permits))
     }
 

@@ -141,17 +141,11 @@ impl Snapshot {
         self.rate
     }
 
-    /// Permits stored now (saved while idle), up to
-    /// [`max_stored`](Self::max_stored).
+    /// Permits stored now (saved while idle): up to the burst past the one
+    /// request that goes when nothing is owed (bursty), or the permits of a
+    /// cold limiter (warming-up).
     pub fn stored(&self) -> f64 {
         self.stored
-    }
-
-    /// The most permits an idle limiter stores (bursty: its burst past the
-    /// one request that goes when nothing is owed; warming-up: the
-    /// permits of a cold limiter).
-    pub fn max_stored(&self) -> f64 {
-        self.max_stored
     }
 
     /// How long a request made now would wait (zero: it would go now).
@@ -183,7 +177,7 @@ impl Snapshot {
 
     /// How many requests of one permit a full, idle limiter lets through at
     /// once: [`remaining`](Self::remaining) when [`stored`](Self::stored)
-    /// reaches [`max_stored`](Self::max_stored).
+    /// is at its most.
     pub fn burst(&self) -> u64 {
         self.at_most(self.max_stored)
     }

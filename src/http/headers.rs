@@ -9,7 +9,7 @@ use crate::Snapshot;
 
 /// The `Retry-After` value for a wait, in whole seconds: rounded up, and
 /// at least 1 (a client told 0 would retry at once, and be refused again).
-pub fn retry_after_secs(wait: Duration) -> u64 {
+pub(crate) fn retry_after_secs(wait: Duration) -> u64 {
     let whole = wait.as_secs();
     let secs = if wait.subsec_nanos() > 0 {
         whole.saturating_add(1)

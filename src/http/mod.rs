@@ -88,7 +88,7 @@ mod key;
 mod layer;
 
 pub use client_ip::{ClientIpSource, TrustedProxies};
-pub use headers::{Headers, retry_after_secs};
+pub use headers::Headers;
 pub use key::{ClientIp, Global, Header, KeyExtractor, PeerIp};
 pub use layer::{
     AddHeaders, EmptyBody, OnRefused, Pending, RateLimit, RateLimitLayer, Refused, ResponseFuture,

@@ -24,18 +24,6 @@ impl<K: Key> KeyedRateLimiter<K> {
             .build()
     }
 
-    /// A warming-up limiter per key at `permits_per_second`, cold for
-    /// `warmup`, on the system clock.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN.
-    pub fn warming_up(permits_per_second: f64, warmup: Duration) -> Result<Self, Error> {
-        Self::builder()
-            .permits_per_second(permits_per_second)
-            .warmup(warmup)
-            .build()
-    }
-
     /// A builder for every other option: burst, warm-up, several limits,
     /// a cap on the keys held, the clock, and the store (`.redis(..)` to
     /// share it).

@@ -23,18 +23,6 @@ impl RateLimiter {
             .build()
     }
 
-    /// A warming-up limiter at `permits_per_second`: after a pause it starts
-    /// three times slower and reaches the stable rate within `warmup`.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN.
-    pub fn warming_up(permits_per_second: f64, warmup: Duration) -> Result<Self, Error> {
-        Self::builder()
-            .permits_per_second(permits_per_second)
-            .warmup(warmup)
-            .build()
-    }
-
     /// A builder for every other option: burst, warm-up, several limits,
     /// the clock, and the store (`.redis(..)` to share it).
     pub fn builder() -> Builder<One> {

@@ -233,7 +233,7 @@ async fn a_limiter_of_our_own_reports_its_backend_down_as_503() {
     match store.reserve(&key, 1).await {
         Err(Error::Backend(failure)) => {
             assert!(!failure.is_timeout());
-            assert!(failure.source().is_some());
+            assert!(std::error::Error::source(&failure).is_some());
             assert_eq!(
                 failure.to_string(),
                 "cannot reach the quota store: connection refused"

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use paceline::Local;
 use paceline::clock::{Clock, FakeClock, Sleep};
-use paceline::io::{MAX_CHUNK, ThrottledReader, ThrottledWriter, chunk_limit};
+use paceline::io::{MAX_CHUNK, ThrottledReader, ThrottledWriter};
 use paceline::{Error, Limiter, RateLimiter};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
@@ -146,19 +146,6 @@ async fn poll_read<R: AsyncRead + Unpin>(reader: &mut R, len: usize) -> Option<V
         }
         Poll::Pending => None,
     }
-}
-
-#[test]
-fn chunk_limit_is_10_ms_of_the_rate_between_1_byte_and_64_kib() {
-    assert_eq!(chunk_limit(MB_PER_S), 10_000);
-    assert_eq!(chunk_limit(2.0 * 1024.0 * 1024.0), 20_971);
-    assert_eq!(chunk_limit(1000.0), 10);
-    assert_eq!(chunk_limit(150.0), 1);
-    assert_eq!(chunk_limit(50.0), 1);
-    assert_eq!(chunk_limit(1e-3), 1);
-    assert_eq!(chunk_limit(6_553_600.0), MAX_CHUNK);
-    assert_eq!(chunk_limit(1e9), MAX_CHUNK);
-    assert_eq!(chunk_limit(f64::INFINITY), MAX_CHUNK);
 }
 
 #[tokio::test(flavor = "current_thread")]

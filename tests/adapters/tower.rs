@@ -185,7 +185,9 @@ async fn a_service_dropped_once_its_permit_is_due_has_used_it() {
 async fn the_rejecting_mode_answers_at_once_with_the_wait() {
     let clock = FakeClock::new();
     let counter = Counter::default();
-    let mut service = RateLimitLayer::rejecting(limiter(&clock)).layer(counter.clone());
+    let mut service = RateLimitLayer::new(limiter(&clock))
+        .max_wait(Duration::ZERO)
+        .layer(counter.clone());
     ready(&mut service).await.unwrap();
     assert_eq!(service.call(1).await.unwrap(), 1);
     ready(&mut service).await.unwrap();
@@ -236,7 +238,11 @@ async fn every_service_fits_a_router() {
     let clock = FakeClock::new();
     let waiting = RateLimitLayer::new(limiter(&clock)).layer(Counter::default());
     fits_a_router::<_, u32>(&waiting);
-    fits_a_router::<_, u32>(&RateLimitLayer::rejecting(limiter(&clock)).layer(Counter::default()));
+    fits_a_router::<_, u32>(
+        &RateLimitLayer::new(limiter(&clock))
+            .max_wait(Duration::ZERO)
+            .layer(Counter::default()),
+    );
     let keyed = Arc::new(KeyedRateLimiter::<u32>::bursty(10.0).unwrap());
     let by_key = RateLimitLayer::keyed(keyed, |request: &u32| *request % 4);
     fits_a_router::<_, u32>(&by_key.layer(Counter::default()));
@@ -266,7 +272,11 @@ fn redis_services_fit_a_router(
     keyed: Arc<paceline::KeyedRateLimiter<u32, paceline::redis::Redis>>,
 ) {
     fits_a_router::<_, u32>(&RateLimitLayer::new(Arc::clone(&shared)).layer(Counter::default()));
-    fits_a_router::<_, u32>(&RateLimitLayer::rejecting(shared).layer(Counter::default()));
+    fits_a_router::<_, u32>(
+        &RateLimitLayer::new(shared)
+            .max_wait(Duration::ZERO)
+            .layer(Counter::default()),
+    );
     let by_key = RateLimitLayer::keyed(keyed, |request: &u32| *request % 4);
     fits_a_router::<_, u32>(&by_key.layer(Counter::default()));
 }
@@ -310,7 +320,7 @@ async fn the_keyed_layer_refuses_per_key() {
     let counter = Counter::default();
     let parity = |request: &u32| request % 2;
     let mut rejecting = RateLimitLayer::keyed(Arc::clone(&keyed), parity)
-        .rejecting()
+        .max_wait(Duration::ZERO)
         .layer(counter.clone());
     for (request, refused) in [
         (0, None),

@@ -38,7 +38,10 @@ fn bad_rates_are_rejected_by_every_constructor() {
     for rate in [0.0, -0.0, -5.0, f64::NAN, f64::NEG_INFINITY, f64::MIN] {
         invalid(RateLimiter::bursty(rate), "permits_per_second");
         invalid(
-            RateLimiter::warming_up(rate, Duration::from_secs(1)),
+            RateLimiter::builder()
+                .permits_per_second(rate)
+                .warmup(Duration::from_secs(1))
+                .build(),
             "permits_per_second",
         );
         invalid(

@@ -185,7 +185,7 @@ async fn costs_that_do_not_fit_are_errors() {
         .build()
         .unwrap();
     for cost in [
-        Cost::new(0),
+        Cost::from(0),
         Cost::each([0, 0]),
         Cost::each([1, 2, 3]),
         Cost::each([]),

@@ -45,7 +45,11 @@ fn blocking_try_acquire_gives_up_at_once() {
 
 #[tokio::test]
 async fn warming_up_starts_slower_than_stable() {
-    let limiter = RateLimiter::warming_up(100.0, Duration::from_millis(200)).unwrap();
+    let limiter = RateLimiter::builder()
+        .permits_per_second(100.0)
+        .warmup(Duration::from_millis(200))
+        .build()
+        .unwrap();
     let start = Instant::now();
     for _ in 0..3 {
         limiter.acquire(1).await.unwrap();
@@ -70,7 +74,11 @@ fn a_new_limiter_grants_its_first_request_at_once() {
         );
     }
     for _ in 0..20_000 {
-        let limiter = RateLimiter::warming_up(1.0, Duration::from_secs(1)).unwrap();
+        let limiter = RateLimiter::builder()
+            .permits_per_second(1.0)
+            .warmup(Duration::from_secs(1))
+            .build()
+            .unwrap();
         assert_eq!(
             limiter.try_reserve(1, Duration::ZERO).unwrap(),
             Some(Duration::ZERO)

@@ -23,7 +23,7 @@ fn random_limit(rng: &mut Rng) -> State {
 
 fn random_cost(rng: &mut Rng, limits: usize) -> Cost {
     if rng.chance(0.3) {
-        Cost::new(rng.range(1, 5) as u32)
+        Cost::from(rng.range(1, 5) as u32)
     } else {
         Cost::each((0..limits).map(|_| rng.below(40) as u32))
     }
@@ -113,10 +113,14 @@ fn a_second_settle_replaces_the_first() {
     let state = State::new(Policy::Bursty(Bursty::new(Duration::ZERO)), 10.0, 0).unwrap();
     let mut limits = Limits::new(vec![state.clone()]).unwrap();
     let mut twin = Limits::new(vec![state]).unwrap();
-    let id = limits.open(&Cost::new(5), 0, u64::MAX).unwrap().id.unwrap();
-    twin.open(&Cost::new(2), 0, u64::MAX).unwrap();
-    assert!(limits.settle(id, &Cost::new(5), &Cost::new(9), 100));
-    assert!(limits.settle(id, &Cost::new(9), &Cost::new(2), 200));
+    let id = limits
+        .open(&Cost::from(5), 0, u64::MAX)
+        .unwrap()
+        .id
+        .unwrap();
+    twin.open(&Cost::from(2), 0, u64::MAX).unwrap();
+    assert!(limits.settle(id, &Cost::from(5), &Cost::from(9), 100));
+    assert!(limits.settle(id, &Cost::from(9), &Cost::from(2), 200));
     assert_eq!(limits.states(), twin.states());
     // 2 permits at 10/s: the next goes at 200 ms.
     assert_eq!(limits.reserve(1, 300, false).wait_micros, 200_000 - 300);
@@ -133,7 +137,7 @@ fn a_call_the_log_let_go_settles_against_the_schedule() {
         let mut limits = Limits::with_capacity(vec![state.clone()], 1).unwrap();
         let mut twin = Limits::new(vec![state.clone()]).unwrap();
         let id = limits
-            .open(&Cost::new(estimate), 0, u64::MAX)
+            .open(&Cost::from(estimate), 0, u64::MAX)
             .unwrap()
             .id
             .unwrap();
@@ -141,7 +145,7 @@ fn a_call_the_log_let_go_settles_against_the_schedule() {
         // Another caller pushes the call out of the log.
         limits.reserve(1, 1_000, false);
         twin.reserve(1, 1_000, false);
-        assert!(!limits.settle(id, &Cost::new(estimate), &Cost::new(actual), 2_000));
+        assert!(!limits.settle(id, &Cost::from(estimate), &Cost::from(actual), 2_000));
         let ours = limits.reserve(1, 3_000, false).wait_micros;
         let exact = twin.reserve(1, 3_000, false).wait_micros;
         if actual >= estimate {

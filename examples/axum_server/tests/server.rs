@@ -339,13 +339,14 @@ async fn every_layer_fits_axum() {
         .layer(
             tower::ServiceBuilder::new()
                 .layer(HandleErrorLayer::new(refused))
-                .layer(RateLimitLayer::rejecting(Arc::clone(&direct))),
+                .layer(RateLimitLayer::new(Arc::clone(&direct)).max_wait(Duration::ZERO)),
         )
         .layer(
             tower::ServiceBuilder::new()
                 .layer(HandleErrorLayer::new(refused))
                 .layer(
-                    RateLimitLayer::keyed(keyed_u8, |_: &axum::extract::Request| 0u8).rejecting(),
+                    RateLimitLayer::keyed(keyed_u8, |_: &axum::extract::Request| 0u8)
+                        .max_wait(Duration::ZERO),
                 ),
         )
         .layer(HttpLayer::new(keyed, Global).headers(paceline::http::Headers::None));
