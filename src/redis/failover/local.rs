@@ -412,19 +412,6 @@ where
         }))
     }
 
-    /// The debt the fallback holds for `key`, in µs from now (for tests
-    /// and stats).
-    #[allow(dead_code)]
-    pub(crate) fn local_debt<Q>(&self, key: &Q) -> u64
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        self.local
-            .ticket(key)
-            .map_or(0, |ticket| ticket.saturating_sub(self.now()))
-    }
-
     pub(crate) fn local_len(&self) -> usize {
         self.local.len()
     }
