@@ -96,8 +96,9 @@ while true do
                 return redis.error_reply(string.format('ERR paceline: the cold_factor of limit %d (ARGV[%d]) must be a finite number >= 1 (got "%.40s")', i - 1, a + 3, argv[a + 3]))
             end
             -- WarmingUp::set_stable_interval
-            mx = 0.0; thr = 0.0; slope = 0.0
-            if stable ~= 0.0 then
+            if stable == 0.0 then
+                mx = 0.0; thr = 0.0; slope = 0.0
+            else
                 local cold = stable * cold_factor
                 if cold > F64_MAX then cold = F64_MAX end
                 thr = 0.5 * pmicros / stable
@@ -106,6 +107,7 @@ while true do
                 local stable_plus_cold = stable + cold
                 mx = thr + 2.0 * pmicros / stable_plus_cold
                 if mx > F64_MAX then mx = F64_MAX end
+                slope = 0.0
                 if mx > thr then
                     slope = (cold - stable) / (mx - thr)
                     if slope > F64_MAX then slope = F64_MAX end
@@ -114,16 +116,17 @@ while true do
             if mx > 0.0 then cd = pmicros / mx end
         end
         -- (A table is cheapest built whole: the first limit's wait in locals
-        -- for the second's.)
-        if n == 1 then
-        elseif i == 1 then
-            r1 = rate; b1 = bursty; p1 = pmicros; s1 = stable; m1 = mx; t1 = thr or 0.0; l1 = slope or 0.0; d1 = cd
-        elseif i == 2 then
-            C = {r1, b1, p1, s1, m1, t1, l1, d1, rate, bursty, pmicros, stable, mx, thr or 0.0, slope or 0.0, cd}
-        else
-            local c = 8 * i - 8
-            C[c + 1], C[c + 2], C[c + 3], C[c + 4] = rate, bursty, pmicros, stable
-            C[c + 5], C[c + 6], C[c + 7], C[c + 8] = mx, thr or 0.0, slope or 0.0, cd
+        -- for the second's. One limit keeps nothing, in one test.)
+        if n > 1 then
+            if i == 1 then
+                r1 = rate; b1 = bursty; p1 = pmicros; s1 = stable; m1 = mx; t1 = thr or 0.0; l1 = slope or 0.0; d1 = cd
+            elseif i == 2 then
+                C = {r1, b1, p1, s1, m1, t1, l1, d1, rate, bursty, pmicros, stable, mx, thr or 0.0, slope or 0.0, cd}
+            else
+                local c = 8 * i - 8
+                C[c + 1], C[c + 2], C[c + 3], C[c + 4] = rate, bursty, pmicros, stable
+                C[c + 5], C[c + 6], C[c + 7], C[c + 8] = mx, thr or 0.0, slope or 0.0, cd
+            end
         end
     end
     if not L2 or f == L2 then break end
@@ -145,6 +148,7 @@ end
 if value then
     if ok and held_n + n > 2 then
         -- (The head read its first six doubles, from HEAD on.)
+        local HEAD = 36 -- the marker and the hot part's head: four doubles
         S = {st, nf, fr, expires, ort, omx, struct.unpack(string.sub(FORMAT, 3, 5 * held_n - 2), value, HEAD + 49)}
         -- (j: the limit's rate in S, c: its configuration in C.)
         local e = 3 * held_n + 1
@@ -215,7 +219,8 @@ local whole, logged_as_read = held_n ~= n, count
 -- Missing (or a limit the value lacks): idle for a long time, i.e. full,
 -- at the rate in force before a lesson.
 if held_n == 0 then
-    if M1 then ort, omx = M1[1], M1[2] else ort, omx = rate, mx end
+    ort = rate; omx = mx
+    if M1 then ort = M1[1]; omx = M1[2] end
     st = omx; nf = now; fr = 0
 end
 if n > 1 and held_n ~= n then

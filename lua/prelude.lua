@@ -23,7 +23,6 @@ local TTL_CAP_MS = 9007199254740 -- floor(2^53 / 1000)
 local TTL_MAX_SLACK_MS = 1000
 -- The value (see Value in the protocol).
 local MARKER = 'plv1'
-local HEAD = 36 -- the marker and the hot part's head: four doubles
 local MAX_LIMITS = 16
 -- shape = limits + SHAPE * logged requests + BOUND * (the record's bound + 1)
 -- + LEARNED if the value holds what the limits learned
@@ -33,12 +32,12 @@ local BOUND = 4128
 local LEARNED = 70176 -- BOUND * 17
 local LOG_CAPACITY = 128 -- the most requests the log keeps
 local DEAD_CAPACITY = 16 -- the most requests kept in the value after they left the log
-local BATCH_CAPACITY = 1024 -- the most requests in one batch
 -- The formats of several limits' values: string.sub(FORMAT, 3, 3 + k) is
 -- k doubles, string.sub(FORMAT, 1, 3 + k) the marker and k doubles.
 local FORMAT = 'c4<ddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd' -- (85: 4 + 5 * MAX_LIMITS + 1)
-local BAD = 'ERR paceline: %s (got "%.40s")'
--- (One literal: a concatenation would run on every call.)
+-- (One literal: a concatenation would run on every call. Each local here
+-- costs every call an instruction: a constant that one branch alone uses
+-- is declared there, or written out with its name beside it.)
 local NOT_OURS = 'ERR paceline: key %s holds a value this limiter does not recognise (%d bytes); it was left untouched: delete it or use another limiter name'
 
 -- Comparisons are written `if x > cap then x = cap end` where the core has
@@ -77,7 +76,7 @@ local W = 3 + n
 -- each. (Declared here too, for the new modes, with no cost to the others:
 -- a call's or settle's `lists` of counts, a learn's `lesson` and what the
 -- limits learn from it, L2 and M1, see part 2.)
-local permits, held, mode, P, lists, lesson, L2, M1 = argv[1], false
+local permits, held, mode, P, lists, lesson, L2, M1 = argv[1]
 if permits == '1' then
     permits = 1
 elseif permits == '1+' then
@@ -90,7 +89,7 @@ else
     if string.byte(permits, -1) == 43 then permits, held = string.sub(permits, 1, -2), true end
     permits = tonumber(permits)
     if not (permits and permits >= 1 and permits <= MAX_MICROS and permits % 1 == 0) then
-        return redis.error_reply(string.format(BAD, 'ARGV[1] must be the permits to reserve, an integer from 1 to 2^53 (followed by + if it may be given back), or batch, call, give_back, keep, learn, probe, resume, settle or status', argv[1]))
+        return redis.error_reply(string.format('ERR paceline: ARGV[1] must be the permits to reserve, an integer from 1 to 2^53 (followed by + if it may be given back), or batch, call, give_back, keep, learn, probe, resume, settle or status (got "%.40s")', argv[1]))
     end
 end
 
@@ -100,7 +99,7 @@ end
 -- held), a call's counts and timeout, a settle's id and counts (`lists`:
 -- charged, actual), a learn's `lesson` (see below).
 local arg2 = argv[2]
-local timeout, R, debts, give_back_id, total, holds = -1, nil, nil, nil, 1, false
+local timeout, total, R, debts, give_back_id, holds = -1, 1
 if arg2 == '-1' and not mode then
     -- (No timeout: the most common.)
 elseif arg2 == '0' and not mode then
@@ -108,10 +107,11 @@ elseif arg2 == '0' and not mode then
 elseif not mode or mode == 'probe' or mode == 'status' then
     timeout = tonumber(arg2)
     if not (timeout and timeout >= -1 and timeout % 1 == 0) then
-        return redis.error_reply(string.format(BAD, 'timeout_micros (ARGV[2]) must be an integer >= 0, or -1 for no timeout', arg2))
+        return redis.error_reply(string.format('ERR paceline: timeout_micros (ARGV[2]) must be an integer >= 0, or -1 for no timeout (got "%.40s")', arg2))
     end
     if timeout > MAX_MICROS then timeout = MAX_MICROS end
 elseif mode == 'batch' then
+    local BATCH_CAPACITY = 1024 -- the most requests in one batch
     R = {}
     local count = 0
     for request in string.gmatch(arg2, '[^,]+') do
@@ -133,7 +133,7 @@ elseif mode == 'batch' then
     end
     total = count
     if count == 0 then
-        return redis.error_reply(string.format(BAD, 'ARGV[2] of a batch must hold a request', arg2))
+        return redis.error_reply(string.format('ERR paceline: ARGV[2] of a batch must hold a request (got "%.40s")', arg2))
     end
 elseif mode == 'give_back' or mode == 'keep' then
     give_back_id = tonumber(arg2)
@@ -221,9 +221,9 @@ end
 
 -- The clock as read: ARGV's last, or TIME (Lua converts the two strings
 -- TIME replies with exactly).
-local time_micros
+local time_micros = argv[nargs]
 if clocked == 1 then
-    time_micros = tonumber(argv[nargs])
+    time_micros = tonumber(time_micros)
     if not (time_micros and time_micros >= 0 and time_micros <= MAX_MICROS and time_micros % 1 == 0) then
         return redis.error_reply(string.format('ERR paceline: now_micros (ARGV[%d]) must be an integer from 0 to 2^53, or absent to use TIME (got "%.40s")', nargs, argv[nargs]))
     end
@@ -254,13 +254,14 @@ local now = time_micros
 -- (1e999) for an open call, at once (-1) for a request without an id
 -- (plain, kept, or a resume), which nothing can give back.
 -- `whole`: the value is written whole, not only its hot part (see Value).
+-- (Those a missing key leaves nil declared last, in one instruction.)
+local key = KEYS[1]
+local value = redis.call('GET', key)
+local expires, next_id, count, held_n = 0, 0, 0, 0
 local st, nf, fr, ort, omx
 local S, B, changed, L
 local bst, bnf, bfr
-local key = KEYS[1]
-local value = redis.call('GET', key)
-local expires, next_id, count, size, held_n, dead = 0, 0, 0, 0, 0, 0
-local log_from, log_at, front_id, front_p, front_at, front, front_P
+local size, dead, log_from, log_at, front_id, front_p, front_at, front, front_P
 local ok, at, last_now, marker, shape, _
 if value then
     size = #value

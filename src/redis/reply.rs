@@ -388,11 +388,13 @@ mod tests {
     use crate::core::{Bursty, FINE_CHARGE_LIMIT_MICROS, Policy};
     use crate::redis::script::SOURCE;
 
-    /// The value of the script's `local NAME = value` line.
+    /// The value of the script's `local NAME = value` line (a constant that
+    /// one branch alone uses is declared there, indented).
     fn lua(name: &str) -> &'static str {
         let prefix = format!("local {name} = ");
         let line = SOURCE
             .lines()
+            .map(str::trim_start)
             .find(|line| line.starts_with(&prefix))
             .unwrap_or_else(|| panic!("the script declares no {name}"));
         let value = line[prefix.len()..].split("--").next().unwrap().trim();

@@ -63,11 +63,13 @@ pub fn script() -> redis::Script {
     redis::Script::new(script_source())
 }
 
-/// The value of the script's `local NAME = value` line.
+/// The value of the script's `local NAME = value` line (a constant that one
+/// branch alone uses is declared there, indented).
 pub fn lua_constant(name: &str) -> &'static str {
     let prefix = format!("local {name} = ");
     let line = script_source()
         .lines()
+        .map(str::trim_start)
         .find(|line| line.starts_with(&prefix))
         .unwrap_or_else(|| panic!("the script declares no {name}"));
     let value = line[prefix.len()..].split("--").next().unwrap().trim();
