@@ -10,7 +10,6 @@
 -- any pause ends after now (the log then empties). (T: each limit's pause,
 -- false for none; `ahead`: one ends after now.) The value holds what they
 -- learned: whole.
-local T, ahead
 if L2 then
     L, whole, T, ahead = L2, true, {}, false
     local f = lesson
@@ -99,34 +98,32 @@ if mode == 'status' then
     return struct.pack(string.sub(FORMAT, 3, 4 + 3 * n), now, unpack(S, 1, 3 * n))
 end
 
--- The requests this call adds to the log (see Log), packed, from
--- `added_first` on (A: their id, permits, now and moment, 4 each); those
--- that leave it (F: id, permits and now, 3 each), whose charges go into its
--- base in the second pass.
-local added, A, added_first, F = nil, nil, 1, nil
 -- Whether the call writes; the record of the last request granted (see
--- Value: its moment, and the limit that bound it); a batch's replies
--- (three numbers per request, see Batch).
+-- Value: its moment, and the limit that bound it); the requests this call
+-- adds to the log (see Log), packed, from `added_first` on (A: their id,
+-- permits, now and moment, 4 each); those that leave it (F: id, permits
+-- and now, 3 each), whose charges go into its base in the second pass; a
+-- batch's replies (three numbers per request, see Batch), and `g`, `left`:
+-- the run of its requests, and how many are left. (Those nil declared
+-- last, in one instruction.)
 local writes = mode and mode ~= 'batch'
-local moment_r, bound_r, need_r = now, -1, nil
-local replies, needs
-if R then replies, needs = {}, {} end
+local moment_r, bound_r, added_first = now, -1, 1
+local added, A, F, need_r, replies, needs, g, left
+if R then replies, needs, g, left = {}, {}, -4, 0 end
 
--- (`g`, `left`: the run of a batch's requests, and how many are left.)
-local g, left = -4, 0
 if n == 1 and count == 0 and (not mode and not held or R and not holds) then
     -- Reservations of one limit that log nothing (one, or a batch's):
     -- Limits::reserve_at is State::reserve, the loop's steps below for each
     -- request, inline (the most common calls, at a third of the overhead).
+    -- (A batch's request in permits and timeout, in turn.)
     for _ = 1, total do
-        local p, t = permits, timeout
         if R then
             if left == 0 then g, left = g + 4, R[g + 8] end
-            left, p, t = left - 1, R[g + 1], R[g + 3]
+            left, permits, timeout = left - 1, R[g + 1], R[g + 3]
         end
         local moment, bound = now, -1
         if nf > moment then moment = nf; bound = 0 end
-        if t >= 0 and moment - now > t then
+        if timeout >= 0 and moment - now > timeout then
             if not R then return st == 0 and now - nf or struct.pack('<dddd', now, st, nf, fr) end
             replies[#replies + 1] = now - moment
         else
@@ -135,9 +132,9 @@ if n == 1 and count == 0 and (not mode and not held or R and not holds) then
                 if stored > mx then stored = mx end
                 st, nf, fr = stored, moment, 0
             end
-            local spend = p
+            local spend = permits
             if st < spend then spend = st end
-            local wait = (p - spend) * stable
+            local wait = (permits - spend) * stable
             if not bursty then
                 local above, micros, spent = st - thr, 0.0, spend
                 if above > 0.0 then

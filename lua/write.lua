@@ -86,8 +86,10 @@ end
 -- the requests still in the log (less the one given back, with the one
 -- kept or settled as it now is); else those of the value as read that it
 -- kept, then this call's. What the limits learned follows the fixed part.
-local logged = count
+-- (`logged`: a give-back's, keep's or settle's count before, for E.)
+local logged, hot
 if E then
+    logged = count
     count = count - (first - 1) / W
     if place then count = count - 1 end
 end
@@ -97,7 +99,6 @@ if L then
     shape = shape + LEARNED
     for i = 1, n do L[4 + i] = L[4 + i] or 1e999 end
 end
-local hot
 if mode == 'probe' and value then
     -- The probe of a key that exists: the same bytes again, the same TTL.
     redis.call('SET', key, value, 'KEEPTTL')
