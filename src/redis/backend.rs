@@ -288,7 +288,12 @@ impl Backend {
         connection: &mut Connection,
         target: &ProbeTarget,
     ) -> Result<(), BackendError> {
-        let probe = script::invoke(connection, &target.key, &Call::Probe, &target.script_args);
+        let probe = script::invoke::<super::reply::Reply>(
+            connection,
+            &target.key,
+            &Call::Probe,
+            &target.script_args,
+        );
         match tokio::time::timeout(self.response_timeout, probe).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) if script::is_data_error(&e) => Ok(()),

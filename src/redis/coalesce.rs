@@ -33,7 +33,7 @@ use tokio::sync::oneshot;
 
 use super::backend::{Backend, ProbeTarget, Scope};
 use super::reply::Reply;
-use super::round_trip::{Deadline, Ends, Failure, Lead, Remote, send, send_batch};
+use super::round_trip::{Deadline, Ends, Failure, Lead, Remote, send};
 use super::script::{Call, Request};
 use crate::error::BackendError;
 
@@ -225,7 +225,7 @@ impl Ends for Coalescer {
 /// its own: at most the response timeout, as a single call waits, however
 /// the other callers of the key are polled (or what is left of the
 /// caller's time, `budget`, after it waited for its key's carry-back: see
-/// [`send_within`](super::round_trip::send_within)). Past it, the caller goes to its
+/// [`send`](super::round_trip::send)). Past it, the caller goes to its
 /// fallback as a single call that timed out does (its part of Redis marked
 /// down); its request, left queued, is never sent, and one sent is given
 /// back when its reply comes. A reply that reaches the channel after the
@@ -303,12 +303,12 @@ async fn run_batch(backend: Arc<Backend>, batch: Vec<Queued>, lead: Lead) {
     // A batch of one goes as its own call, which costs Redis less.
     let sent = if let [queued] = &batch[..] {
         let call = Call::Reserve(queued.request);
-        send(&backend, &target, call, Some(lead))
+        send(&backend, &target, call, Some(lead), None)
             .await
             .map(|reply| vec![reply])
     } else {
         let requests = batch.iter().map(|queued| queued.request).collect();
-        send_batch(&backend, &target, requests, lead).await
+        send(&backend, &target, Call::Batch(requests), Some(lead), None).await
     };
     match sent {
         Ok(replies) => {

@@ -206,11 +206,71 @@ impl Stored {
     }
 }
 
+/// What a call of the script answers, decoded: a [`Reply`], a batch's
+/// replies, or a status's [`Stored`].
+pub(crate) trait Answer: Send + Sized + 'static {
+    /// The answer to `call` on a limiter with `limits` limits, or `None` if
+    /// the script's reply is not one.
+    fn decode(value: Value, call: &Call, limits: usize) -> Option<Self>;
+
+    /// What an answer abandoned by its caller holds that a give-back takes
+    /// back, and the debt Redis reported if it holds a grant that cannot be
+    /// (see [`Late`](super::backend::Late)).
+    fn tokens(self) -> (Vec<LogId>, Option<u64>);
+}
+
+impl Answer for Reply {
+    fn decode(value: Value, call: &Call, limits: usize) -> Option<Reply> {
+        decode(value, call, limits)
+    }
+
+    fn tokens(self) -> (Vec<LogId>, Option<u64>) {
+        let kept = (self.token.is_none() && self.wait.is_some()).then_some(self.debt_micros);
+        (self.token.into_iter().collect(), kept)
+    }
+}
+
+impl Answer for Vec<Reply> {
+    fn decode(value: Value, call: &Call, limits: usize) -> Option<Vec<Reply>> {
+        let Call::Batch(requests) = call else {
+            return None;
+        };
+        decode_batch(value, requests, limits)
+    }
+
+    fn tokens(self) -> (Vec<LogId>, Option<u64>) {
+        let kept = self
+            .iter()
+            .any(|reply| reply.token.is_none() && reply.wait.is_some())
+            .then(|| {
+                self.iter()
+                    .map(|reply| reply.debt_micros)
+                    .max()
+                    .unwrap_or(0)
+            });
+        let tokens = self.into_iter().filter_map(|reply| reply.token).collect();
+        (tokens, kept)
+    }
+}
+
+impl Answer for Stored {
+    fn decode(value: Value, _: &Call, limits: usize) -> Option<Stored> {
+        match value {
+            Value::BulkString(bytes) => Stored::decode(&bytes, limits),
+            _ => None,
+        }
+    }
+
+    fn tokens(self) -> (Vec<LogId>, Option<u64>) {
+        (Vec::new(), None)
+    }
+}
+
 /// The reply to `call` on a limiter with `limits` limits: a granted
 /// reservation's is what it wrote of the value, from its hot part on; a
 /// refused try's the state it found, as a status replies it, or with one
 /// limit that stores nothing its wait negated; any other an integer.
-pub(crate) fn decode(value: Value, call: &Call, limits: usize) -> Option<Reply> {
+fn decode(value: Value, call: &Call, limits: usize) -> Option<Reply> {
     let reserves = matches!(call, Call::Reserve(_) | Call::Open { .. });
     match value {
         Value::BulkString(bytes) => {
@@ -320,11 +380,7 @@ fn granted(bytes: &[u8], limits: usize, held: Held) -> Option<Reply> {
 /// then the next id (its held requests that waited got the ids before it,
 /// in order), and the limits' state after the batch, as a status replies
 /// it.
-pub(crate) fn decode_batch(
-    value: Value,
-    requests: &[Request],
-    limits: usize,
-) -> Option<Vec<Reply>> {
+fn decode_batch(value: Value, requests: &[Request], limits: usize) -> Option<Vec<Reply>> {
     let Value::BulkString(bytes) = value else {
         return None;
     };

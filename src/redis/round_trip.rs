@@ -10,9 +10,8 @@ use std::time::Duration;
 use redis::RedisResult;
 
 use super::backend::{Backend, ProbeTarget, Scope};
-use super::connection::Connection;
-use super::reply::{Reply, Stored};
-use super::script::{self, Call, LogId, Request, ScriptArgs};
+use super::reply::{Answer, Reply};
+use super::script::{self, Call, LogId};
 use crate::Error;
 use crate::error::BackendError;
 
@@ -124,7 +123,7 @@ impl Remote {
             return;
         };
         let (key, call) = (&self.target.key, Call::GiveBack(token));
-        let sent = script::invoke(&mut connection, key, &call, &self.target.script_args);
+        let sent = script::invoke::<Reply>(&mut connection, key, &call, &self.target.script_args);
         match tokio::time::timeout(self.backend.response_timeout, sent).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => tracing::debug!(key = %key, error = %e, "a give-back failed"),
@@ -134,139 +133,21 @@ impl Remote {
 }
 
 /// One call of the script on `target`'s key, bounded by the response
-/// timeout. A failure that is an outage degrades the backend (its probe
-/// then runs on that key); a round trip abandoned by the timeout is awaited
-/// in the background and a reservation it made given back. `lead`: the
-/// call leads its key's coalesced calls (see [`Lead`]).
-pub(crate) async fn send(
-    backend: &Arc<Backend>,
-    target: &ProbeTarget,
-    call: Call,
-    lead: Option<Lead>,
-) -> Result<Reply, Failure> {
-    send_within(backend, target, call, lead, None).await
-}
-
-/// [`send`], bounded by what is left of its caller's time (`budget`, when
-/// shorter than the response timeout) rather than by the response timeout:
-/// a round trip that outlives it serves the caller from the fallback
-/// without marking Redis down (it was not given its full time), and is
-/// awaited in the background as any abandoned round trip.
-pub(crate) async fn send_within(
+/// timeout, or by what is left of its caller's time (`budget`, when
+/// shorter). A failure that is an outage degrades the backend (its probe
+/// then runs on that key); a round trip abandoned by its caller or the
+/// timeout is awaited in the background and the reservations it made given
+/// back. A round trip that outlives the caller's budget serves it from the
+/// fallback without marking Redis down (it was not given its full time).
+/// `lead`: the call leads its key's coalesced calls (see [`Lead`]).
+pub(crate) async fn send<T: Answer>(
     backend: &Arc<Backend>,
     target: &ProbeTarget,
     call: Call,
     lead: Option<Lead>,
     budget: Option<Duration>,
-) -> Result<Reply, Failure> {
-    let gives_back = matches!(call, Call::Reserve(_) | Call::Open { .. });
-    run(
-        backend,
-        target,
-        gives_back,
-        lead,
-        budget,
-        move |mut connection, key, args| async move {
-            script::invoke(&mut connection, &key, &call, &args).await
-        },
-    )
-    .await
-}
-
-/// A batch of reservations in one call of the script, as [`send`] makes
-/// one: their replies in order, or one failure for them all.
-pub(crate) async fn send_batch(
-    backend: &Arc<Backend>,
-    target: &ProbeTarget,
-    requests: Box<[Request]>,
-    lead: Lead,
-) -> Result<Vec<Reply>, Failure> {
-    let call = Call::Batch(requests);
-    run(
-        backend,
-        target,
-        true,
-        Some(lead),
-        None,
-        move |mut connection, key, args| async move {
-            script::invoke_batch(&mut connection, &key, &call, &args).await
-        },
-    )
-    .await
-}
-
-/// The key's state as stored, with the server's clock, in one round trip
-/// (the scripts' `status` mode), as [`send`] makes one.
-pub(crate) async fn send_status(
-    backend: &Arc<Backend>,
-    target: &ProbeTarget,
-) -> Result<Stored, Failure> {
-    run(
-        backend,
-        target,
-        false,
-        None,
-        None,
-        move |mut connection, key, args| async move {
-            script::invoke_status(&mut connection, &key, &args).await
-        },
-    )
-    .await
-}
-
-/// What a round trip's reply holds that a give-back takes back, and the
-/// debt Redis reported if it holds a grant that cannot be (see
-/// [`Late`](super::backend::Late)).
-trait Tokens: Send + 'static {
-    fn tokens(self) -> (Vec<LogId>, Option<u64>);
-}
-
-impl Tokens for Reply {
-    fn tokens(self) -> (Vec<LogId>, Option<u64>) {
-        let kept = (self.token.is_none() && self.wait.is_some()).then_some(self.debt_micros);
-        (self.token.into_iter().collect(), kept)
-    }
-}
-
-impl Tokens for Stored {
-    fn tokens(self) -> (Vec<LogId>, Option<u64>) {
-        (Vec::new(), None)
-    }
-}
-
-impl Tokens for Vec<Reply> {
-    fn tokens(self) -> (Vec<LogId>, Option<u64>) {
-        let kept = self
-            .iter()
-            .any(|reply| reply.token.is_none() && reply.wait.is_some())
-            .then(|| {
-                self.iter()
-                    .map(|reply| reply.debt_micros)
-                    .max()
-                    .unwrap_or(0)
-            });
-        let tokens = self.into_iter().filter_map(|reply| reply.token).collect();
-        (tokens, kept)
-    }
-}
-
-/// The body of [`send`] and [`send_batch`]: `call` makes the round trip on
-/// a connection. `gives_back`: a reply abandoned by its caller holds
-/// reservations to give back. `budget`: see [`send_within`].
-async fn run<T, F, R>(
-    backend: &Arc<Backend>,
-    target: &ProbeTarget,
-    gives_back: bool,
-    lead: Option<Lead>,
-    budget: Option<Duration>,
-    call: F,
-) -> Result<T, Failure>
-where
-    T: Tokens,
-    F: FnOnce(Connection, Arc<str>, Arc<ScriptArgs>) -> R,
-    R: Future<Output = RedisResult<T>> + Send + 'static,
-{
-    let Some(connection) = backend.connection() else {
+) -> Result<T, Failure> {
+    let Some(mut connection) = backend.connection() else {
         let failure = BackendError::new(format!("no connection to {}", backend.target.describe()));
         backend.degrade(&failure, target.clone(), Scope::Backend);
         if let Some(lead) = lead {
@@ -274,15 +155,13 @@ where
         }
         return Err(Failure::Down(Some(failure)));
     };
+    // A reply abandoned by its caller holds reservations to give back.
+    let gives_back = matches!(call, Call::Reserve(_) | Call::Open { .. } | Call::Batch(_));
     let remote = gives_back.then(|| Remote {
         backend: Arc::clone(backend),
         target: target.clone(),
     });
-    let round_trip = call(
-        connection,
-        Arc::clone(&target.key),
-        Arc::clone(&target.script_args),
-    );
+    let (key, args) = (Arc::clone(&target.key), Arc::clone(&target.script_args));
     let led = lead.as_ref().map(Lead::id);
     let metrics = backend.health.metrics();
     let timed = metrics
@@ -290,7 +169,7 @@ where
         .then(|| (metrics.clone(), std::time::Instant::now()));
     let mut in_flight = InFlight {
         round_trip: Some(Box::pin(async move {
-            let reply = round_trip.await;
+            let reply = script::invoke(&mut connection, &key, &call, &args).await;
             if let Some((metrics, started)) = timed {
                 metrics.call(started.elapsed(), reply.is_ok());
             }
@@ -338,12 +217,12 @@ where
 /// awaited in the background, and the reservations it carries given back.
 /// (A round trip that leads its key's coalesced calls runs in a task of its
 /// own, which fails them at the response timeout: see [`run`].)
-struct InFlight<T: Tokens> {
+struct InFlight<T: Answer> {
     round_trip: Option<RoundTrip<T>>,
     remote: Option<Remote>,
 }
 
-impl<T: Tokens> InFlight<T> {
+impl<T: Answer> InFlight<T> {
     /// Awaits the reply (for as long as the caller does).
     async fn reply(&mut self) -> RedisResult<T> {
         let round_trip = self
@@ -356,7 +235,7 @@ impl<T: Tokens> InFlight<T> {
     }
 }
 
-impl<T: Tokens> Drop for InFlight<T> {
+impl<T: Answer> Drop for InFlight<T> {
     fn drop(&mut self) {
         let (Some(round_trip), Some(remote)) = (self.round_trip.take(), self.remote.take()) else {
             return;
@@ -367,7 +246,7 @@ impl<T: Tokens> Drop for InFlight<T> {
                 return;
             };
             if let Ok(reply) = reply {
-                let (tokens, kept) = Tokens::tokens(reply);
+                let (tokens, kept) = Answer::tokens(reply);
                 if let Some(debt) = kept {
                     remote.target.note_late(debt);
                 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, Value};
 
 use super::connection::Connection;
-use super::reply::{self, Reply, Stored};
+use super::reply::Answer;
 use crate::core::{Cost, Learning, Lesson, Policy, State, micros};
 
 /// The script's text: the parts of `lua/`, in this order (the protocol
@@ -178,43 +178,15 @@ impl std::fmt::Debug for LogId {
 
 /// Runs the script once (one round trip; two on NOSCRIPT, the second an
 /// EVAL of the script's text, routed like the first by its key, which
-/// also caches it on that server) and decodes its reply.
-pub(crate) async fn invoke(
+/// also caches it on that server) and decodes its answer.
+pub(crate) async fn invoke<T: Answer>(
     connection: &mut Connection,
     key: &str,
     call: &Call,
     args: &ScriptArgs,
-) -> RedisResult<Reply> {
-    let limits = args.len();
+) -> RedisResult<T> {
     let value = evaluate(connection, key, call, args).await?;
-    reply::decode(value, call, limits).ok_or_else(unexpected)
-}
-
-/// Runs a batch of reservations in one call of the script, as [`invoke`]
-/// runs one: their replies, in order.
-pub(crate) async fn invoke_batch(
-    connection: &mut Connection,
-    key: &str,
-    call: &Call,
-    args: &ScriptArgs,
-) -> RedisResult<Vec<Reply>> {
-    let Call::Batch(requests) = call else {
-        return Err(unexpected());
-    };
-    let value = evaluate(connection, key, call, args).await?;
-    reply::decode_batch(value, requests, args.len()).ok_or_else(unexpected)
-}
-
-/// Runs the script's `status` mode (one round trip, as [`invoke`]).
-pub(crate) async fn invoke_status(
-    connection: &mut Connection,
-    key: &str,
-    args: &ScriptArgs,
-) -> RedisResult<Stored> {
-    match evaluate(connection, key, &Call::Status, args).await? {
-        Value::BulkString(bytes) => Stored::decode(&bytes, args.len()).ok_or_else(unexpected),
-        _ => Err(unexpected()),
-    }
+    T::decode(value, call, args.len()).ok_or_else(unexpected)
 }
 
 pub(crate) fn unexpected() -> redis::RedisError {

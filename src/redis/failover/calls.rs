@@ -228,7 +228,7 @@ where
                 CallOp::Keep => Call::Keep(token),
             };
             // (Not `send`: a settle's or a keep's integer is no debt.)
-            match send_within(&self.backend, &target, call, None, None).await {
+            match send::<Reply>(&self.backend, &target, call, None, None).await {
                 Ok(reply) => {
                     // A learn's reply, or the charge of a settle's excess:
                     // what the key owes and learned after it.
@@ -298,7 +298,7 @@ where
             let target = self.target(&key);
             let sent = match self.is_down(&target) {
                 true => Err(Failure::Down(None)),
-                false => send_within(&self.backend, &target, Call::Keep(token), None, None).await,
+                false => send::<Reply>(&self.backend, &target, Call::Keep(token), None, None).await,
             };
             if let Err(Failure::Down(_)) = sent {
                 again.push((key, token));

@@ -58,7 +58,7 @@ use super::coalesce::{self, Coalescer, Joined};
 use super::health::Zone;
 use super::naming;
 use super::reply::{Reply, Stored};
-use super::round_trip::{Failure, Remote, send_status, send_within};
+use super::round_trip::{Failure, Remote, send};
 use super::runtime::blocking_section;
 use super::script::{Call, LogId, Request, ScriptArgs};
 use crate::clock::Clock;
@@ -451,7 +451,7 @@ where
         self.read(
             key,
             |target, _| async move {
-                let stored = send_status(&self.backend, &target).await?;
+                let stored: Stored = send(&self.backend, &target, Call::Status, None, None).await?;
                 Ok(self.snapshot_of(key, stored))
             },
             |failure, patient| self.snapshot_locally(key, failure, patient),
@@ -524,7 +524,7 @@ where
         )
     }
 
-    /// One call for `key` to Redis (see [`send_within`]), noting the debt
+    /// One call for `key` to Redis (see [`send`]), noting the debt
     /// it reports. `budget`: what is left of the caller's time, if it
     /// waited for its key's carry-back.
     async fn send<Q>(
@@ -542,9 +542,9 @@ where
         let reply = match (&self.coalescer, &call) {
             (Some(coalescer), Call::Reserve(request)) => match coalescer.join(target, *request) {
                 Joined::Waiting(waiting) => coalesce::wait(backend, target, waiting, budget).await,
-                Joined::Alone => send_within(backend, target, call, None, budget).await,
+                Joined::Alone => send(backend, target, call, None, budget).await,
             },
-            _ => send_within(backend, target, call, None, budget).await,
+            _ => send(backend, target, call, None, budget).await,
         }?;
         self.note_debt(key, reply.debt_micros);
         if let Some(learned) = &reply.learned {
