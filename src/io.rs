@@ -291,51 +291,17 @@ where
 
 impl<W, L> ThrottledWriter<W, L> {
     /// The inner writer.
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use paceline::RateLimiter;
-    /// use paceline::io::ThrottledWriter;
-    ///
-    /// let limiter = Arc::new(RateLimiter::bursty(1000.0)?);
-    /// let writer = ThrottledWriter::new(Vec::<u8>::new(), limiter);
-    /// assert!(writer.get_ref().is_empty());
-    /// # Ok::<(), paceline::Error>(())
-    /// ```
     pub fn get_ref(&self) -> &W {
         &self.inner
     }
 
     /// The inner writer, mutably. Writing to it directly bypasses the limiter.
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use paceline::RateLimiter;
-    /// use paceline::io::ThrottledWriter;
-    ///
-    /// let limiter = Arc::new(RateLimiter::bursty(1000.0)?);
-    /// let mut writer = ThrottledWriter::new(Vec::<u8>::new(), limiter);
-    /// writer.get_mut().extend_from_slice(b"header, not throttled");
-    /// # Ok::<(), paceline::Error>(())
-    /// ```
     pub fn get_mut(&mut self) -> &mut W {
         &mut self.inner
     }
 
     /// Unwraps the inner writer. A pending reservation is given back; credit
     /// (bytes paid for and not written) is lost.
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use paceline::RateLimiter;
-    /// use paceline::io::ThrottledWriter;
-    ///
-    /// let limiter = Arc::new(RateLimiter::bursty(1000.0)?);
-    /// let writer = ThrottledWriter::new(Vec::<u8>::new(), limiter);
-    /// let inner: Vec<u8> = writer.into_inner();
-    /// # drop(inner);
-    /// # Ok::<(), paceline::Error>(())
-    /// ```
     pub fn into_inner(self) -> W {
         self.inner
     }
@@ -476,34 +442,12 @@ where
 
 impl<R, L> ThrottledReader<R, L> {
     /// The inner reader.
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use paceline::RateLimiter;
-    /// use paceline::io::ThrottledReader;
-    ///
-    /// let limiter = Arc::new(RateLimiter::bursty(1000.0)?);
-    /// let reader = ThrottledReader::new(&b"abc"[..], limiter);
-    /// assert_eq!(*reader.get_ref(), b"abc");
-    /// # Ok::<(), paceline::Error>(())
-    /// ```
     pub fn get_ref(&self) -> &R {
         &self.inner
     }
 
     /// The inner reader, mutably. Reading from it directly bypasses the
     /// limiter (and skips the bytes this reader holds, if any).
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use paceline::RateLimiter;
-    /// use paceline::io::ThrottledReader;
-    ///
-    /// let limiter = Arc::new(RateLimiter::bursty(1000.0)?);
-    /// let mut reader = ThrottledReader::new(&b"abc"[..], limiter);
-    /// *reader.get_mut() = &b"xyz"[..];
-    /// # Ok::<(), paceline::Error>(())
-    /// ```
     pub fn get_mut(&mut self) -> &mut R {
         &mut self.inner
     }
@@ -511,17 +455,6 @@ impl<R, L> ThrottledReader<R, L> {
     /// Unwraps the inner reader. A pending reservation is given back, and
     /// the bytes this reader holds (read from the inner reader and not yet
     /// handed over, at most one chunk) are lost.
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use paceline::RateLimiter;
-    /// use paceline::io::ThrottledReader;
-    ///
-    /// let limiter = Arc::new(RateLimiter::bursty(1000.0)?);
-    /// let reader = ThrottledReader::new(&b"abc"[..], limiter);
-    /// assert_eq!(reader.into_inner(), b"abc");
-    /// # Ok::<(), paceline::Error>(())
-    /// ```
     pub fn into_inner(self) -> R {
         self.inner
     }
