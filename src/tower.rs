@@ -264,10 +264,6 @@ impl<S: fmt::Debug, L> fmt::Debug for RateLimit<S, L> {
 /// error boxed, or an error at once (a refusal, a limiter's failure).
 pub type ResponseFuture<F, R, E> = Either<MapErr<F, fn(E) -> BoxError>, Ready<Result<R, BoxError>>>;
 
-fn boxed<E: Into<BoxError>>(error: E) -> BoxError {
-    error.into()
-}
-
 impl<S, L, Req> Service<Req> for RateLimit<S, L>
 where
     S: Service<Req>,
@@ -281,44 +277,29 @@ where
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         loop {
             match &mut self.permit {
+                // Nothing owed: no reservation to hold, no future.
                 Permit::None => {
-                    // Nothing owed: no reservation to hold, no future.
-                    match self.limiter.take_now(1) {
-                        Some(Ok(true)) => {
-                            self.permit = Permit::Free;
-                            continue;
+                    self.permit = match self.limiter.take_now(1) {
+                        Some(Ok(true)) => Permit::Free,
+                        Some(Err(error)) => Permit::Failed(error),
+                        Some(Ok(false)) | None => {
+                            Permit::Pending(Held::start(self.limiter.clone(), self.max_wait))
                         }
-                        Some(Err(error)) => {
-                            self.permit = Permit::Failed(error);
-                            continue;
-                        }
-                        Some(Ok(false)) | None => {}
-                    }
-                    let held = Held::start(self.limiter.clone(), self.max_wait);
-                    self.permit = Permit::Pending(held);
+                    };
                 }
-                Permit::Free => return self.inner.poll_ready(cx).map_err(Into::into),
-                Permit::Pending(held) => {
-                    if !held.due.load(Ordering::Acquire) {
-                        let future = held.future.get_mut();
-                        let future = future.unwrap_or_else(PoisonError::into_inner);
-                        match future.as_mut().poll(cx) {
-                            Poll::Pending if !held.due.load(Ordering::Acquire) => {
-                                return Poll::Pending;
-                            }
-                            Poll::Pending => {}
-                            Poll::Ready(Ok(Some(retry_after))) => {
-                                self.permit = Permit::Refused(retry_after);
-                                continue;
-                            }
-                            Poll::Ready(Ok(None)) => unreachable!("a held permit never completes"),
-                            Poll::Ready(Err(error)) => {
-                                self.permit = Permit::Failed(error);
-                                continue;
-                            }
-                        }
-                    }
-                    // The permit is due: the inner service must be ready too.
+                Permit::Pending(held) if !held.due.load(Ordering::Acquire) => {
+                    let future = held.future.get_mut();
+                    let future = future.unwrap_or_else(PoisonError::into_inner);
+                    self.permit = match future.as_mut().poll(cx) {
+                        Poll::Pending if !held.due.load(Ordering::Acquire) => return Poll::Pending,
+                        Poll::Pending => continue,
+                        Poll::Ready(Ok(Some(retry_after))) => Permit::Refused(retry_after),
+                        Poll::Ready(Ok(None)) => unreachable!("a held permit never completes"),
+                        Poll::Ready(Err(error)) => Permit::Failed(error),
+                    };
+                }
+                // The permit is free or due: the inner service must be ready too.
+                Permit::Free | Permit::Pending(_) => {
                     return self.inner.poll_ready(cx).map_err(Into::into);
                 }
                 // A refusal or a failure is the answer `call` gives.
@@ -329,27 +310,28 @@ where
 
     fn call(&mut self, request: Req) -> Self::Future {
         match std::mem::replace(&mut self.permit, Permit::None) {
-            Permit::Free => Either::Left(
-                self.inner
-                    .call(request)
-                    .map_err(boxed::<S::Error> as fn(_) -> _),
-            ),
+            Permit::Free => {}
             Permit::Pending(held) if held.due.load(Ordering::Acquire) => {
+                // Committed as it drops, before the inner service is called.
                 held.keep.store(true, Ordering::Release);
                 drop(held);
-                Either::Left(
-                    self.inner
-                        .call(request)
-                        .map_err(boxed::<S::Error> as fn(_) -> _),
-                )
             }
             Permit::Refused(retry_after) => {
-                Either::Right(ready(Err(Box::new(Throttled { retry_after }) as BoxError)))
+                return Either::Right(ready(Err(Throttled { retry_after }.into())));
             }
-            Permit::Failed(error) => Either::Right(ready(Err(Box::new(error) as BoxError))),
+            Permit::Failed(error) => return Either::Right(ready(Err(error.into()))),
             _ => panic!("RateLimit::call before poll_ready returned Ready"),
         }
+        let boxed = Into::<BoxError>::into as fn(S::Error) -> BoxError;
+        Either::Left(self.inner.call(request).map_err(boxed))
     }
+}
+
+/// The service made ready, to go with a request into its response future;
+/// a fresh clone, to be made ready again, takes its place.
+pub(crate) fn take_ready<S: Clone>(service: &mut S) -> S {
+    let clone = service.clone();
+    std::mem::replace(service, clone)
 }
 
 /// A layer with one rate per key; see [`RateLimitLayer::keyed`].
@@ -414,10 +396,7 @@ where
 
     fn call(&mut self, request: Req) -> Self::Future {
         let key = (self.key_of)(&request);
-        // The ready service goes with the request; this one is a fresh
-        // clone that must be made ready again.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = take_ready(&mut self.inner);
         let (limiter, max_wait) = (self.limiter.clone(), self.max_wait);
         Box::pin(async move {
             match max_wait {

@@ -16,6 +16,7 @@ use tower_service::Service;
 
 use super::headers::{Headers, PolicyName, retry_after_secs, write_headers};
 use super::key::KeyExtractor;
+use crate::tower::take_ready;
 use crate::{KeyedLimiter, Snapshot};
 
 /// What a refused request is told: passed to the hook that shapes its
@@ -368,10 +369,7 @@ where
             }
             _ => {}
         }
-        // The ready service goes with the request; this one is a fresh
-        // clone that must be made ready again.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = take_ready(&mut self.inner);
         let (limiter, config) = (self.limiter.clone(), self.config.clone());
         Either::Right(Either::Right(Box::pin(async move {
             match limiter.try_reservation(&key, 1, config.max_wait).await {

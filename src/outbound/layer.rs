@@ -12,7 +12,7 @@ use tower_service::Service;
 
 use super::Feedback;
 use crate::clock::Clock;
-use crate::tower::BoxError;
+use crate::tower::{BoxError, take_ready};
 use crate::{Cost, RateLimiter, Store};
 
 /// Paces the requests of an HTTP client (any tower service from
@@ -223,10 +223,7 @@ where
     /// it gives the estimate back; dropped while the request is in flight,
     /// the call ends at its estimate.
     fn call(&mut self, request: http::Request<ReqB>) -> Self::Future {
-        // The service made ready is the one that sends; a clone takes its
-        // place for the next request.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = take_ready(&mut self.inner);
         let layer = self.layer.clone();
         Box::pin(async move {
             let estimate = layer.estimate.estimate(&request);
