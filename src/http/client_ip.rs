@@ -5,8 +5,8 @@
 use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 
+use ::http::HeaderMap;
 use ::http::header::{FORWARDED, HeaderName};
-use ::http::{HeaderMap, HeaderValue};
 
 use crate::Error;
 
@@ -252,29 +252,21 @@ impl TrustedProxies {
         if !self.contains(peer) {
             return peer;
         }
-        match &self.source {
-            ClientIpSource::Peer => peer,
-            ClientIpSource::XForwardedFor => {
-                let entries = from_the_right(headers, &X_FORWARDED_FOR);
-                self.walk(peer, entries.map(|entry| entry.and_then(list_address)))
+        // A list: its name, and how an entry gives its address.
+        let (list, read): (_, fn(&[u8]) -> Option<IpAddr>) = match &self.source {
+            ClientIpSource::Peer => return peer,
+            ClientIpSource::XForwardedFor => (&X_FORWARDED_FOR, list_address),
+            ClientIpSource::Forwarded => (&FORWARDED, forwarded_for),
+            ClientIpSource::SingleHeader(name) => {
+                return one_address(headers, name).unwrap_or(peer);
             }
-            ClientIpSource::Forwarded => {
-                let elements = from_the_right(headers, &FORWARDED);
-                self.walk(
-                    peer,
-                    elements.map(|element| element.and_then(forwarded_for)),
-                )
-            }
-            ClientIpSource::SingleHeader(name) => one_address(headers, name).unwrap_or(peer),
-        }
-    }
-
-    /// Reads `hops`, rightmost first, from `peer` (a trusted proxy) to the
-    /// first address that is not one: `None` stops at the hop before.
-    fn walk(&self, peer: IpAddr, hops: impl Iterator<Item = Option<IpAddr>>) -> IpAddr {
+        };
+        // Rightmost first, from `peer` (a trusted proxy) to the first
+        // address that is not one; an entry that is not an address stops at
+        // the hop before.
         let mut client = peer;
-        for hop in hops.take(MAX_HOPS) {
-            let Some(ip) = hop else {
+        for entry in from_the_right(headers, list).take(MAX_HOPS) {
+            let Some(ip) = entry.and_then(read) else {
                 return client;
             };
             client = canonical(ip);
@@ -293,39 +285,21 @@ fn from_the_right<'a>(
     headers: &'a HeaderMap,
     name: &HeaderName,
 ) -> impl Iterator<Item = Option<&'a [u8]>> + 'a {
-    headers
-        .get_all(name)
-        .into_iter()
-        .rev()
-        .flat_map(|line: &'a HeaderValue| Entries {
-            rest: Some(line.as_bytes()),
+    headers.get_all(name).into_iter().rev().flat_map(|line| {
+        let mut rest = Some(line.as_bytes());
+        std::iter::from_fn(move || {
+            let bytes = rest?;
+            // Only the last MAX_ENTRY + 1 bytes are looked at for the comma.
+            let window = bytes.len().saturating_sub(MAX_ENTRY + 1);
+            let Some(at) = bytes[window..].iter().rposition(|byte| *byte == b',') else {
+                rest = None;
+                return Some((bytes.len() <= MAX_ENTRY).then_some(bytes));
+            };
+            let comma = window + at;
+            rest = Some(&bytes[..comma]);
+            Some(Some(&bytes[comma + 1..]))
         })
-}
-
-/// A header line's entries, from the right.
-struct Entries<'a> {
-    rest: Option<&'a [u8]>,
-}
-
-impl<'a> Iterator for Entries<'a> {
-    type Item = Option<&'a [u8]>;
-
-    fn next(&mut self) -> Option<Option<&'a [u8]>> {
-        let rest = self.rest?;
-        // Only the last MAX_ENTRY + 1 bytes are looked at for the comma.
-        let window = rest.len().saturating_sub(MAX_ENTRY + 1);
-        match rest[window..].iter().rposition(|byte| *byte == b',') {
-            Some(at) => {
-                let comma = window + at;
-                self.rest = Some(&rest[..comma]);
-                Some(Some(&rest[comma + 1..]))
-            }
-            None => {
-                self.rest = None;
-                Some((rest.len() <= MAX_ENTRY).then_some(rest))
-            }
-        }
-    }
+    })
 }
 
 /// An `X-Forwarded-For` entry, or a single-address header's value: an
