@@ -10,13 +10,7 @@ use crate::Snapshot;
 /// The `Retry-After` value for a wait, in whole seconds: rounded up, and
 /// at least 1 (a client told 0 would retry at once, and be refused again).
 pub(crate) fn retry_after_secs(wait: Duration) -> u64 {
-    let whole = wait.as_secs();
-    let secs = if wait.subsec_nanos() > 0 {
-        whole.saturating_add(1)
-    } else {
-        whole
-    };
-    secs.max(1)
+    secs_up(wait).max(1)
 }
 
 /// Which rate-limit headers a [`RateLimitLayer`](super::RateLimitLayer) writes on every response
@@ -39,7 +33,9 @@ const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 
 /// Whole seconds, rounded up.
 fn secs_up(duration: Duration) -> u64 {
-    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
+    duration
+        .as_secs()
+        .saturating_add(u64::from(duration.subsec_nanos() > 0))
 }
 
 /// The policy's quota and window for `snapshot` (see
