@@ -382,12 +382,8 @@ where
                         _ => limiter.snapshot(&key).await.ok(),
                     };
                     reservation.wait().await;
-                    let mut response = inner.call(request).await?;
-                    if let Some(snapshot) = snapshot {
-                        let headers = response.headers_mut();
-                        write_headers(headers, config.headers, &config.policy, &snapshot, false);
-                    }
-                    Ok(response)
+                    let pending = snapshot.map(|after| (config.headers, config.policy, after));
+                    add_headers((inner.call(request).await, Pending(pending)))
                 }
                 Ok(None) => match limiter.snapshot(&key).await {
                     Ok(snapshot) => Ok(refusal(&config, snapshot)),
