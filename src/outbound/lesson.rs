@@ -60,7 +60,7 @@ fn reported(quota: &Quota) -> Reported {
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, SystemTime};
+    use std::time::SystemTime;
 
     use super::*;
 
@@ -124,7 +124,6 @@ mod tests {
             lesson.limits,
             [Reported::default(), unnamed, Reported::default()]
         );
-        let _ = Duration::ZERO;
     }
 
     #[test]

@@ -158,7 +158,7 @@ impl<K: Hash + Eq> Shared<K> {
         };
         User {
             shared: self,
-            key: Some(key.to_owned()),
+            key: key.to_owned(),
             semaphore,
         }
     }
@@ -167,17 +167,14 @@ impl<K: Hash + Eq> Shared<K> {
 /// A call counted on its key's entry: the entry lives while one does.
 struct User<'s, K: Hash + Eq> {
     shared: &'s Shared<K>,
-    key: Option<K>,
+    key: K,
     semaphore: Arc<Semaphore>,
 }
 
 impl<K: Hash + Eq> Drop for User<'_, K> {
     fn drop(&mut self) {
-        let Some(key) = self.key.take() else {
-            return;
-        };
         let mut keys = self.shared.keys();
-        let Some(entry) = keys.get_mut(&key) else {
+        let Some(entry) = keys.get_mut(&self.key) else {
             return;
         };
         entry.users = entry.users.saturating_sub(1);
@@ -186,7 +183,7 @@ impl<K: Hash + Eq> Drop for User<'_, K> {
         }
         // Nobody holds a permit or waits for one: the semaphore is full,
         // and nobody else has it.
-        keys.remove(&key);
+        keys.remove(&self.key);
         if keys.is_empty() {
             *keys = HashMap::new();
         } else if keys.capacity() > 64 && keys.len() * 4 < keys.capacity() {
@@ -232,11 +229,11 @@ where
             return Ok(Some(Taken::free()));
         };
         let user = shared.enter(key);
-        let semaphore = Arc::clone(&user.semaphore);
-        let (permit, waited) = match Arc::clone(&semaphore).try_acquire_owned() {
+        let (permit, waited) = match Arc::clone(&user.semaphore).try_acquire_owned() {
             Ok(permit) => (permit, Duration::ZERO),
             Err(_) => {
                 let started = clock.now();
+                let semaphore = Arc::clone(&user.semaphore);
                 let Some(permit) = wait_for(semaphore, timeout, clock).await else {
                     return Ok(None);
                 };
