@@ -269,17 +269,6 @@ where
     L: Deref<Target: Limiter> + Send + Sync + 'static,
 {
     /// Wraps `inner`, writing to it at `limiter`'s rate in bytes per second.
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use paceline::RateLimiter;
-    /// use paceline::io::ThrottledWriter;
-    ///
-    /// let limiter = Arc::new(RateLimiter::bursty(65_536.0)?); // 64 KiB/s
-    /// let writer = ThrottledWriter::new(tokio::io::sink(), limiter);
-    /// # drop(writer);
-    /// # Ok::<(), paceline::Error>(())
-    /// ```
     pub fn new(inner: W, limiter: L) -> Self {
         ThrottledWriter {
             inner,
