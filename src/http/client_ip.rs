@@ -253,7 +253,7 @@ impl TrustedProxies {
             return peer;
         }
         // A list: its name, and how an entry gives its address.
-        let (list, read): (_, fn(&[u8]) -> Option<IpAddr>) = match &self.source {
+        let (list, read): (_, ReadEntry) = match &self.source {
             ClientIpSource::Peer => return peer,
             ClientIpSource::XForwardedFor => (&X_FORWARDED_FOR, list_address),
             ClientIpSource::Forwarded => (&FORWARDED, forwarded_for),
@@ -277,6 +277,9 @@ impl TrustedProxies {
         client
     }
 }
+
+/// How an entry of a list header gives its address.
+type ReadEntry = fn(&[u8]) -> Option<IpAddr>;
 
 /// The entries of a list header, rightmost first: its lines from the
 /// last, each split at its commas from the right. `None` for an entry
