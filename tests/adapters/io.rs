@@ -525,8 +525,10 @@ async fn any_handle_that_derefs_to_a_limiter_works() {
 
 /// 1 MiB at 2 MiB/s with no burst: 0.5 s on the schedule. The copy returns
 /// when its last chunk is granted, up to one chunk (10 ms) before the
-/// schedule ends, and late timer wake-ups are absorbed as long as each is
-/// shorter than a chunk: 0.5 s ± 5%.
+/// schedule ends, so never before 0.49 s whatever the machine does; late
+/// timer wake-ups only add (within 5% on a quiet machine, each one shorter
+/// than a chunk being absorbed; a loaded one may add more, so the upper
+/// bound here only says the copy does not stall).
 const MIB: usize = 1024 * 1024;
 const REAL_RATE: f64 = 2.0 * MIB as f64;
 
@@ -543,8 +545,8 @@ fn real_limiter() -> Arc<RateLimiter> {
 fn assert_half_a_second(what: &str, elapsed: Duration, debt: Duration) {
     println!("{what}: 1 MiB at 2 MiB/s in {elapsed:?} (+ {debt:?} left as debt)");
     assert!(
-        (0.475..=0.525).contains(&elapsed.as_secs_f64()),
-        "{what}: {elapsed:?}, expected 0.5 s ± 5%"
+        (0.49..=5.0).contains(&elapsed.as_secs_f64()),
+        "{what}: {elapsed:?}, expected 0.5 s (and never less than 0.49 s)"
     );
 }
 

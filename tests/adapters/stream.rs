@@ -291,5 +291,9 @@ async fn twenty_items_at_50_per_second_take_380_ms_on_the_real_clock() {
         .unwrap();
     let took = start.elapsed().as_secs_f64();
     assert_eq!(count, 20);
-    assert!((0.38 * 0.95..=0.38 * 1.05).contains(&took), "took {took} s");
+    // 19 intervals of 20 ms after the first, which a new limiter lets go
+    // at once: never less (but for the two clocks' rounding); late
+    // wake-ups only add (a loaded machine's may add much, so the upper
+    // bound only says nothing stalls).
+    assert!((0.379..=5.0).contains(&took), "took {took} s");
 }

@@ -109,9 +109,11 @@ async fn clones_share_one_limiter_on_the_real_clock() {
         task.await.unwrap();
     }
     let took = start.elapsed();
-    // 20 calls: 1.9 s, ± 5%.
+    // 20 calls: 1.9 s on the schedule, never less (one limiter, not one
+    // per clone); late wake-ups only add (the upper bound only says nothing
+    // stalls).
     assert!(
-        took >= 1805 * MS && took <= 1995 * MS,
+        took >= 1900 * MS - 5 * MS && took <= 10 * 1900 * MS,
         "20 calls at 10/s over 3 clones took {took:?}"
     );
 }
