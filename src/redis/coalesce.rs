@@ -33,7 +33,7 @@ use tokio::sync::oneshot;
 
 use super::backend::{Backend, ProbeTarget, Scope};
 use super::reply::Reply;
-use super::round_trip::{Deadline, Ends, Failure, Lead, Remote, send};
+use super::round_trip::{Deadline, Ends, Failure, Lead, Remote, down, send};
 use super::script::{Call, Request};
 use crate::error::BackendError;
 
@@ -255,10 +255,9 @@ pub(crate) async fn wait(
                 target.key
             )))));
         }
-        Err(_) => deadline.passed(backend, target)?,
+        Err(_) => deadline.passed(&target.key)?,
     };
-    backend.degrade(&failure, target.clone(), Scope::Key);
-    Err(Failure::Down(Some(failure)))
+    Err(down(backend, target, failure, Scope::Key))
 }
 
 /// A caller's end of its reply's channel. Dropped before the reply was

@@ -7,9 +7,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::RedisResult;
+use redis::{RedisError, RedisResult};
 
 use super::backend::{Backend, ProbeTarget, Scope};
+use super::connection::Connection;
 use super::reply::{Answer, Reply};
 use super::script::{self, Call, LogId};
 use crate::Error;
@@ -124,10 +125,28 @@ impl Remote {
         };
         let (key, call) = (&self.target.key, Call::GiveBack(token));
         let sent = script::invoke::<Reply>(&mut connection, key, &call, &self.target.script_args);
-        match tokio::time::timeout(self.backend.response_timeout, sent).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::debug!(key = %key, error = %e, "a give-back failed"),
-            Err(_) => tracing::debug!(key = %key, "a give-back timed out"),
+        unheeded(&self.backend, key, "a give-back", sent).await;
+    }
+}
+
+/// A round trip (a `what` on `key`) whose failure nobody is told of,
+/// bounded by the response timeout: its reply, or `None` once its failure
+/// is logged.
+pub(crate) async fn unheeded<T>(
+    backend: &Backend,
+    key: &str,
+    what: &str,
+    sent: impl Future<Output = RedisResult<T>>,
+) -> Option<T> {
+    match tokio::time::timeout(backend.response_timeout, sent).await {
+        Ok(Ok(reply)) => Some(reply),
+        Ok(Err(e)) => {
+            tracing::debug!(key = %key, error = %e, "{what} failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(key = %key, "{what} timed out");
+            None
         }
     }
 }
@@ -147,14 +166,9 @@ pub(crate) async fn send<T: Answer>(
     lead: Option<Lead>,
     budget: Option<Duration>,
 ) -> Result<T, Failure> {
-    let Some(mut connection) = backend.connection() else {
-        let failure = BackendError::new(format!("no connection to {}", backend.target.describe()));
-        backend.degrade(&failure, target.clone(), Scope::Backend);
-        if let Some(lead) = lead {
-            lead.finish(false);
-        }
-        return Err(Failure::Down(Some(failure)));
-    };
+    // (With no connection, a lead dropped unfinished fails the calls
+    // queued behind it.)
+    let mut connection = connection(backend, target)?;
     // A reply abandoned by its caller holds reservations to give back.
     let gives_back = matches!(call, Call::Reserve(_) | Call::Open { .. } | Call::Batch(_));
     let remote = gives_back.then(|| Remote {
@@ -187,36 +201,67 @@ pub(crate) async fn send<T: Answer>(
     let deadline = Deadline::new(backend, budget);
     let failure = match tokio::time::timeout(deadline.limit, in_flight.reply()).await {
         Ok(Ok(reply)) => return Ok(reply),
-        Ok(Err(e)) if script::is_data_error(&e) => {
-            return Err(Failure::Refused(Error::Backend(
-                BackendError::new(format!("Redis refused the call on key {}", target.key))
-                    .with_source(e),
-            )));
-        }
-        Ok(Err(e)) => {
-            let timed_out = e.is_timeout();
-            BackendError::new(format!("Redis failed the call on key {}", target.key))
-                .with_source(e)
-                .with_timeout(timed_out)
-        }
-        Err(_) => deadline.passed(backend, target)?,
+        Ok(Err(e)) => failed(e, "call", &target.key)?,
+        Err(_) => deadline.passed(&target.key)?,
     };
     // A timed-out round trip is dropped here: its reply is awaited in the
     // background and its reservations given back.
     drop(in_flight);
-    backend.degrade(&failure, target.clone(), Scope::Key);
+    let failure = down(backend, target, failure, Scope::Key);
     // The calls queued behind a round trip that timed out fail with it.
     if let Some(led) = led {
         led.fail();
     }
-    Err(Failure::Down(Some(failure)))
+    Err(failure)
+}
+
+/// The connection calls use; with none (none has worked yet), the whole
+/// backend is marked down, and that is the call's failure.
+pub(crate) fn connection(
+    backend: &Arc<Backend>,
+    target: &ProbeTarget,
+) -> Result<Connection, Failure> {
+    backend.connection().ok_or_else(|| {
+        let failure = BackendError::new(format!("no connection to {}", backend.target.describe()));
+        down(backend, target, failure, Scope::Backend)
+    })
+}
+
+/// A call on `target`'s key met an outage, `failure`: the zone `scope`
+/// names is marked down (the probe then runs the script on that key).
+pub(crate) fn down(
+    backend: &Arc<Backend>,
+    target: &ProbeTarget,
+    failure: BackendError,
+    scope: Scope,
+) -> Failure {
+    backend.degrade(&failure, target.clone(), scope);
+    Failure::Down(Some(failure))
+}
+
+/// Why a round trip (a `what` on `key`) that Redis answered with `error`
+/// gave no reply: Redis refused it (the key or the call is wrong, which a
+/// fallback cannot fix: reported as is, `Err`), or failed it (`Ok`: the
+/// outage to mark its part down with).
+pub(crate) fn failed(error: RedisError, what: &str, key: &str) -> Result<BackendError, Failure> {
+    if script::is_data_error(&error) {
+        return Err(Failure::Refused(Error::Backend(
+            BackendError::new(format!("Redis refused the {what} on key {key}")).with_source(error),
+        )));
+    }
+    let timed_out = error.is_timeout();
+    Ok(
+        BackendError::new(format!("Redis failed the {what} on key {key}"))
+            .with_source(error)
+            .with_timeout(timed_out),
+    )
 }
 
 /// A round trip in flight. If it is dropped before its reply (the caller's
 /// future was dropped, or the response timeout passed), the reply is still
 /// awaited in the background, and the reservations it carries given back.
 /// (A round trip that leads its key's coalesced calls runs in a task of its
-/// own, which fails them at the response timeout: see [`run`].)
+/// own, which fails them at the response timeout: see [`send`].)
 struct InFlight<T: Answer> {
     round_trip: Option<RoundTrip<T>>,
     remote: Option<Remote>,
@@ -274,26 +319,22 @@ impl Deadline {
         }
     }
 
-    /// The deadline passed: Redis's time ran out (the failure to mark its
-    /// part down with), or the caller's own (the fallback serves it, and
-    /// Redis is not marked down).
-    pub(crate) fn passed(
-        &self,
-        backend: &Backend,
-        target: &ProbeTarget,
-    ) -> Result<BackendError, Failure> {
+    /// The deadline of a call on `key` passed: Redis's time ran out (the
+    /// failure to mark its part down with), or the caller's own (the
+    /// fallback serves it, and Redis is not marked down).
+    pub(crate) fn passed(&self, key: &str) -> Result<BackendError, Failure> {
         if self.budget {
             return Err(Failure::Down(Some(
                 BackendError::new(format!(
-                    "the call's time ran out after it waited for key {} to be carried back",
-                    target.key
+                    "the call's time ran out after it waited for key {key} to be carried back"
                 ))
                 .with_timeout(true),
             )));
         }
+        // Not the caller's budget: the limit is the response timeout.
         Ok(BackendError::new(format!(
-            "Redis did not answer within {:?} (key {})",
-            backend.response_timeout, target.key
+            "Redis did not answer within {:?} (key {key})",
+            self.limit
         ))
         .with_timeout(true))
     }

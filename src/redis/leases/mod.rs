@@ -46,8 +46,7 @@ use super::Fallback;
 use super::backend::{Backend, ProbeTarget, Scope};
 use super::failover::Failover;
 use super::limiter::{Redis, Settings};
-use super::round_trip::Failure;
-use super::script::is_data_error;
+use super::round_trip::{Deadline, Failure, connection, down, failed, unheeded};
 use crate::Error;
 use crate::builder::{Builder, concurrency};
 use crate::clock::Clock;
@@ -263,44 +262,24 @@ where
         id: &Arc<str>,
     ) -> Result<script::Answer, Failure> {
         let backend = self.backend();
-        let Some(mut connection) = backend.connection() else {
-            let failure =
-                BackendError::new(format!("no connection to {}", backend.target.describe()));
-            backend.degrade(&failure, target.clone(), Scope::Backend);
-            return Err(Failure::Down(Some(failure)));
-        };
+        let mut connection = connection(backend, target)?;
         let mut unused = Unused(Some((
             Arc::clone(backend),
             Arc::clone(slots),
             Arc::clone(id),
         )));
         let sent = script::take(&mut connection, slots, id, self.calls, self.ttl);
-        let failure = match tokio::time::timeout(backend.response_timeout, sent).await {
+        let deadline = Deadline::new(backend, None);
+        let failure = match tokio::time::timeout(deadline.limit, sent).await {
             Ok(Ok(answer)) => {
                 unused.0 = None;
                 return Ok(answer);
             }
-            Ok(Err(e)) if is_data_error(&e) => {
-                unused.0 = None;
-                return Err(Failure::Refused(Error::Backend(
-                    BackendError::new(format!("Redis refused the slots call on key {slots}"))
-                        .with_source(e),
-                )));
-            }
-            Ok(Err(e)) => {
-                let timed_out = e.is_timeout();
-                BackendError::new(format!("Redis failed the slots call on key {slots}"))
-                    .with_source(e)
-                    .with_timeout(timed_out)
-            }
-            Err(_) => BackendError::new(format!(
-                "Redis did not answer within {:?} (key {slots})",
-                backend.response_timeout
-            ))
-            .with_timeout(true),
+            // A take Redis refused took nothing.
+            Ok(Err(e)) => failed(e, "slots call", slots).inspect_err(|_| unused.0 = None)?,
+            Err(_) => deadline.passed(slots)?,
         };
-        backend.degrade(&failure, target.clone(), Scope::Key);
-        Err(Failure::Down(Some(failure)))
+        Err(down(backend, target, failure, Scope::Key))
     }
 
     /// A lease taken: renewed while it is held, released when dropped.
@@ -416,11 +395,7 @@ async fn release(
 ) {
     if let Some(mut connection) = backend.connection() {
         let sent = script::release(&mut connection, &slots, &id);
-        match tokio::time::timeout(backend.response_timeout, sent).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::debug!(key = %slots, error = %e, "a slot's release failed"),
-            Err(_) => tracing::debug!(key = %slots, "a slot's release timed out"),
-        }
+        unheeded(&backend, &slots, "a slot's release", sent).await;
     }
     if let Some((wakers, index)) = wakers
         && let Some(waker) = wakers.get(index)
@@ -438,14 +413,13 @@ async fn renew(backend: Arc<Backend>, slots: Arc<str>, id: Arc<str>, calls: u32,
             continue;
         };
         let sent = script::take(&mut connection, &slots, &id, calls, ttl);
-        match tokio::time::timeout(backend.response_timeout, sent).await {
-            Ok(Ok(script::Answer::Granted)) => {}
-            Ok(Ok(script::Answer::Full { .. })) => tracing::warn!(
+        if let Some(script::Answer::Full { .. }) =
+            unheeded(&backend, &slots, "a slot's renewal", sent).await
+        {
+            tracing::warn!(
                 key = %slots,
                 "a call's slot lease expired before it was renewed, and the slots were all taken"
-            ),
-            Ok(Err(e)) => tracing::debug!(key = %slots, error = %e, "a slot's renewal failed"),
-            Err(_) => tracing::debug!(key = %slots, "a slot's renewal timed out"),
+            );
         }
     }
 }
