@@ -392,7 +392,7 @@ where
     /// Reserves for `key` with `call` (made knowing whether the caller
     /// waited for its key's carry-back) through Redis, its reply read by
     /// `granted`, or with `local` through the fallback while Redis is
-    /// down: the routing every reservation shares.
+    /// down: what every reservation shares.
     pub(super) async fn reserve_routed<'a, Q>(
         &'a self,
         key: &Q,
@@ -404,25 +404,21 @@ where
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        let target = self.target(key);
-        let mut patience = Patience::new(self.backend.response_timeout);
-        loop {
-            let failure = match self.route(key, &target, &mut patience).await {
-                Route::Redis => {
-                    let call = call(patience.waited);
-                    match self.send(key, &target, call, patience.budget()).await {
-                        Ok(reply) => return Ok(granted(reply, &target)),
-                        Err(Failure::Refused(error)) => return Err(error),
-                        Err(Failure::Down(failure)) => failure,
-                    }
-                }
-                Route::Local(failure) => failure,
-            };
-            match self.serve_locally(key, &target, failure, !patience.out(), &local) {
-                Ok(result) => return result,
-                Err(carried) => self.await_carry(carried, &mut patience).await,
-            }
-        }
+        let target = &self.target(key);
+        let (call, granted) = (&call, &granted);
+        self.routed(
+            key,
+            target,
+            // A budget is left only to a call that waited.
+            |budget| async move {
+                let reply = self
+                    .send(key, target, call(budget.is_some()), budget)
+                    .await?;
+                Ok(granted(reply, target))
+            },
+            |failure, patient| self.serve_locally(key, target, failure, patient, &local),
+        )
+        .await
     }
 
     /// [`Engine::take_blocking`]: the call runs on the backend's runtime
@@ -448,10 +444,12 @@ where
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        self.read(
+        let target = &self.target(key);
+        self.routed(
             key,
-            |target, _| async move {
-                let stored: Stored = send(&self.backend, &target, Call::Status, None, None).await?;
+            target,
+            |_| async move {
+                let stored: Stored = send(&self.backend, target, Call::Status, None, None).await?;
                 Ok(self.snapshot_of(key, stored))
             },
             |failure, patient| self.snapshot_locally(key, failure, patient),
@@ -459,13 +457,17 @@ where
         .await
     }
 
-    /// A read of `key` that reserves nothing: `remote` asks Redis, or,
-    /// while the key's part of Redis is down, `local` asks the fallback
-    /// (after any carry-back of the key has ended).
-    async fn read<'a, Q, T, R>(
+    /// A call of `key` (on `target`, its Redis key): `remote` asks Redis
+    /// (given what is left of the caller's time if it waited for its
+    /// key's carry-back), or, while the key's part of Redis is down,
+    /// `local` asks the fallback, told the failure and whether the caller
+    /// may still wait for a carry-back of the key (it then routes again
+    /// once that has ended).
+    async fn routed<'a, Q, T, R>(
         &'a self,
         key: &Q,
-        remote: impl Fn(ProbeTarget, Option<Duration>) -> R,
+        target: &ProbeTarget,
+        remote: impl Fn(Option<Duration>) -> R,
         local: impl Fn(Option<BackendError>, bool) -> Result<Result<T, Error>, Carried<'a>>,
     ) -> Result<T, Error>
     where
@@ -473,11 +475,10 @@ where
         Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
         R: Future<Output = Result<T, Failure>>,
     {
-        let target = self.target(key);
         let mut patience = Patience::new(self.backend.response_timeout);
         loop {
-            let failure = match self.route(key, &target, &mut patience).await {
-                Route::Redis => match remote(target.clone(), patience.budget()).await {
+            let failure = match self.route(key, target, &mut patience).await {
+                Route::Redis => match remote(patience.budget()).await {
                     Ok(answer) => return Ok(answer),
                     Err(Failure::Refused(error)) => return Err(error),
                     Err(Failure::Down(failure)) => failure,
