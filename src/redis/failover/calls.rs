@@ -102,22 +102,13 @@ where
         K: Borrow<Q>,
         Q: ToOwned<Owned = K> + ?Sized,
     {
-        let wait = reply.wait?;
-        let pending = reply.token.map(|token| GiveBack {
-            owner: self as &dyn GivesBack,
-            taken: GiveBackId::Boxed(Box::new(RedisCall {
-                key: key.to_owned(),
-                redis_key: Arc::clone(&target.key),
-                token,
-                previous: Mutex::new(None),
-            })),
+        let taken = reply.token.map(|token| RedisCall {
+            key: key.to_owned(),
+            redis_key: Arc::clone(&target.key),
+            token,
+            previous: Mutex::new(None),
         });
-        let reservation = Reservation::new(wait, self.local.clock(), pending);
-        Some(
-            reservation
-                .for_limit(reply.limit)
-                .with_after(reply.after, &self.script_args),
-        )
+        self.reservation(reply, taken)
     }
 
     /// Remembers what `key` learned in Redis, as a reply said (see
@@ -150,15 +141,7 @@ where
     /// Gives back the open call `call` (dropped before its wait passed; one
     /// whose moment has passed is kept instead, by the script).
     pub(super) fn give_back_call(&self, call: &RedisCall<K>) {
-        let remote = Remote {
-            backend: Arc::clone(&self.backend),
-            target: ProbeTarget {
-                key: Arc::clone(&call.redis_key),
-                script_args: Arc::clone(&self.script_args),
-                late: None,
-            },
-        };
-        self.backend.spawn(remote.give_back(call.token));
+        self.give_back_in_redis(Arc::clone(&call.redis_key), call.token);
     }
 
     /// `GivesBack::settle` of an open call made in Redis.

@@ -179,41 +179,18 @@ where
         if let Some(call) = Self::redis_call(&taken) {
             return self.give_back_call(call);
         }
-        let (key, token) = match taken {
-            GiveBackId::Boxed(taken) => {
-                match (taken as Box<dyn std::any::Any + Send + Sync>).downcast::<RedisKeyTaken>() {
-                    Ok(taken) => (taken.key, taken.token),
-                    Err(local) => {
-                        return GivesBack::give_back(&self.local, GiveBackId::Boxed(local));
-                    }
-                }
-            }
-            other => return GivesBack::give_back(&self.local, other),
-        };
-        let remote = Remote {
-            backend: Arc::clone(&self.backend),
-            target: ProbeTarget {
-                key,
-                script_args: Arc::clone(&self.script_args),
-                late: None,
-            },
-        };
-        self.backend.spawn(remote.give_back(token));
+        match redis_taken(taken) {
+            Ok(taken) => self.give_back_in_redis(taken.key, taken.token),
+            Err(local) => GivesBack::give_back(&self.local, local),
+        }
     }
 
     fn keep(&self, taken: GiveBackId) {
         if let Some(call) = Self::redis_call(&taken) {
             return self.keep_call(call);
         }
-        match taken {
-            GiveBackId::Boxed(taken) => {
-                if let Err(local) =
-                    (taken as Box<dyn std::any::Any + Send + Sync>).downcast::<RedisKeyTaken>()
-                {
-                    GivesBack::keep(&self.local, GiveBackId::Boxed(local));
-                }
-            }
-            other => GivesBack::keep(&self.local, other),
+        if let Err(local) = redis_taken(taken) {
+            GivesBack::keep(&self.local, local);
         }
     }
 
@@ -229,6 +206,17 @@ where
             Some(call) => self.learn_call(call, lesson, learning),
             None => GivesBack::learn(&self.local, taken, lesson, learning),
         }
+    }
+}
+
+/// `taken` as a reservation made in Redis, if it is one; else as it is,
+/// the fallback's.
+fn redis_taken(taken: GiveBackId) -> Result<Box<RedisKeyTaken>, GiveBackId> {
+    match taken {
+        GiveBackId::Boxed(taken) => (taken as Box<dyn std::any::Any + Send + Sync>)
+            .downcast::<RedisKeyTaken>()
+            .map_err(GiveBackId::Boxed),
+        other => Err(other),
     }
 }
 

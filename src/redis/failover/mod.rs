@@ -506,23 +506,46 @@ where
 
     /// A granted reply, as a reservation that gives itself back if dropped.
     fn granted(&self, reply: Reply, target: &ProbeTarget) -> Option<Reservation<'_>> {
+        let waits = reply.wait.is_some_and(|wait| !wait.is_zero());
+        let taken = reply.token.filter(|_| waits).map(|token| RedisKeyTaken {
+            key: Arc::clone(&target.key),
+            token,
+        });
+        self.reservation(reply, taken)
+    }
+
+    /// A granted reply, as a reservation; one `taken` names gives itself
+    /// back through this limiter if dropped (see [`GivesBack`]).
+    pub(super) fn reservation<T: std::any::Any + Send + Sync>(
+        &self,
+        reply: Reply,
+        taken: Option<T>,
+    ) -> Option<Reservation<'_>> {
         let wait = reply.wait?;
-        let pending = match reply.token {
-            Some(token) if !wait.is_zero() => Some(GiveBack {
-                owner: self as &dyn GivesBack,
-                taken: GiveBackId::Boxed(Box::new(RedisKeyTaken {
-                    key: Arc::clone(&target.key),
-                    token,
-                })),
-            }),
-            _ => None,
-        };
+        let pending = taken.map(|taken| GiveBack {
+            owner: self as &dyn GivesBack,
+            taken: GiveBackId::Boxed(Box::new(taken)),
+        });
         let reservation = Reservation::new(wait, self.local.clock(), pending);
         Some(
             reservation
                 .for_limit(reply.limit)
                 .with_after(reply.after, &self.script_args),
         )
+    }
+
+    /// Gives back, in the background, what the script gave `token` in
+    /// `key` (a held reservation, an open call).
+    pub(super) fn give_back_in_redis(&self, key: Arc<str>, token: LogId) {
+        let remote = Remote {
+            backend: Arc::clone(&self.backend),
+            target: ProbeTarget {
+                key,
+                script_args: Arc::clone(&self.script_args),
+                late: None,
+            },
+        };
+        self.backend.spawn(remote.give_back(token));
     }
 
     /// One call for `key` to Redis (see [`send`]), noting the debt
