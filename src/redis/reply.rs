@@ -108,6 +108,15 @@ fn whole(x: f64, end: f64) -> Option<u64> {
     ((0.0..=end).contains(&x) && x.fract() == 0.0).then_some(x as u64)
 }
 
+/// The limit a reply says bound a request, of `limits` (-1: none, read as
+/// the first), if it is one.
+fn binding(bound: f64, limits: usize) -> Option<usize> {
+    match bound {
+        -1.0 => Some(0),
+        bound => usize::try_from(whole(bound, limits as f64 - 1.0)?).ok(),
+    }
+}
+
 fn doubles(bytes: &[u8]) -> impl Iterator<Item = f64> + '_ {
     bytes
         .chunks_exact(8)
@@ -179,6 +188,11 @@ impl Stored {
         (moment, bound)
     }
 
+    /// How far the latest ticket lies ahead of the clock, in µs.
+    fn debt_micros(&self) -> u64 {
+        self.earliest().0 - self.now_micros
+    }
+
     /// The binding limit's snapshot (`Snapshot::binding`), each limit's
     /// state read at its rate in force (the script took it there): the
     /// configured one, or what the key learned makes of it.
@@ -220,8 +234,30 @@ pub(crate) trait Answer: Send + Sized + 'static {
 }
 
 impl Answer for Reply {
+    /// The reply to `call` on a limiter with `limits` limits: a granted
+    /// reservation's is what it wrote of the value, from its hot part on; a
+    /// refused try's the state it found, as a status replies it, or with one
+    /// limit that stores nothing its wait negated; any other an integer.
     fn decode(value: Value, call: &Call, limits: usize) -> Option<Reply> {
-        decode(value, call, limits)
+        let reserves = matches!(call, Call::Reserve(_) | Call::Open { .. });
+        match value {
+            Value::BulkString(bytes) => {
+                let held = match call {
+                    Call::Reserve(Request { held, .. }) => Held::IfItWaits(*held),
+                    Call::Open { .. } => Held::Always,
+                    _ => Held::IfItWaits(false),
+                };
+                if bytes.len() == 8 + LIMIT_LEN * limits {
+                    return Some(refused(Stored::decode(&bytes, limits)?));
+                }
+                granted(&bytes, limits, held)
+            }
+            Value::Int(n) if n < 0 && limits == 1 && reserves => {
+                Some(refused(Stored::waiting(n.unsigned_abs())))
+            }
+            Value::Int(n) => Some(Reply::integer(u64::try_from(n).ok()?)),
+            _ => None,
+        }
     }
 
     fn tokens(self) -> (Vec<LogId>, Option<u64>) {
@@ -231,11 +267,63 @@ impl Answer for Reply {
 }
 
 impl Answer for Vec<Reply> {
+    /// A batch's replies, one per request: per request its wait (negated if
+    /// refused) and, with several limits, the limit that bound it (-1: none);
+    /// then the next id (its held requests that waited got the ids before it,
+    /// in order), and the limits' state after the batch, as a status replies
+    /// it.
     fn decode(value: Value, call: &Call, limits: usize) -> Option<Vec<Reply>> {
-        let Call::Batch(requests) = call else {
+        let (Call::Batch(requests), Value::BulkString(bytes)) = (call, value) else {
             return None;
         };
-        decode_batch(value, requests, limits)
+        let per = if limits > 1 { 2 } else { 1 };
+        let n = requests.len();
+        if bytes.len() != 8 * (per * n + 2) + LIMIT_LEN * limits {
+            return None;
+        }
+        let numbers: Vec<f64> = doubles(&bytes).collect();
+        let next_id = whole(numbers[per * n], MAX_MICROS as f64)?;
+        let after = Arc::new(Stored::from_numbers(
+            numbers[per * n + 1],
+            &numbers[per * n + 2..],
+        )?);
+        let debt_micros = after.debt_micros();
+        let replies: Vec<(Option<Duration>, usize)> = numbers[..per * n]
+            .chunks_exact(per)
+            .map(|reply| {
+                let granted = reply[0] >= 0.0;
+                let wait = Duration::from_micros(whole(reply[0].abs(), MAX_MICROS as f64)?);
+                let limit = binding(reply.get(1).copied().unwrap_or(-1.0), limits)?;
+                Some((granted.then_some(wait), limit))
+            })
+            .collect::<Option<_>>()?;
+        // The ids, counted back from the next one.
+        let ided = |(request, (wait, _)): (&Request, &(Option<Duration>, usize))| {
+            request.held && wait.is_some_and(|wait| !wait.is_zero())
+        };
+        let ids = requests.iter().zip(&replies).filter(|r| ided(*r)).count() as u64;
+        let mut id = next_id.checked_sub(ids)?;
+        Some(
+            requests
+                .iter()
+                .zip(&replies)
+                .map(|reply| {
+                    let token = ided(reply).then(|| {
+                        id += 1;
+                        LogId(id - 1)
+                    });
+                    let (wait, limit) = *reply.1;
+                    Reply {
+                        wait,
+                        debt_micros,
+                        token,
+                        limit,
+                        after: Some(Arc::clone(&after)),
+                        learned: None,
+                    }
+                })
+                .collect(),
+        )
     }
 
     fn tokens(self) -> (Vec<LogId>, Option<u64>) {
@@ -263,32 +351,6 @@ impl Answer for Stored {
 
     fn tokens(self) -> (Vec<LogId>, Option<u64>) {
         (Vec::new(), None)
-    }
-}
-
-/// The reply to `call` on a limiter with `limits` limits: a granted
-/// reservation's is what it wrote of the value, from its hot part on; a
-/// refused try's the state it found, as a status replies it, or with one
-/// limit that stores nothing its wait negated; any other an integer.
-fn decode(value: Value, call: &Call, limits: usize) -> Option<Reply> {
-    let reserves = matches!(call, Call::Reserve(_) | Call::Open { .. });
-    match value {
-        Value::BulkString(bytes) => {
-            let held = match call {
-                Call::Reserve(Request { held, .. }) => Held::IfItWaits(*held),
-                Call::Open { .. } => Held::Always,
-                _ => Held::IfItWaits(false),
-            };
-            if bytes.len() == 8 + LIMIT_LEN * limits {
-                return Some(refused(Stored::decode(&bytes, limits)?));
-            }
-            granted(&bytes, limits, held)
-        }
-        Value::Int(n) if n < 0 && limits == 1 && reserves => {
-            Some(refused(Stored::waiting(n.unsigned_abs())))
-        }
-        Value::Int(n) => Some(Reply::integer(u64::try_from(n).ok()?)),
-        _ => None,
     }
 }
 
@@ -360,82 +422,14 @@ fn granted(bytes: &[u8], limits: usize, held: Held) -> Option<Reply> {
             valid(adopted.factor) && valid(adopted.margin) && adopted.caps.iter().all(|c| *c > 0.0)
         });
     after.learned.clone_from(&learned);
-    let limit = match bound {
-        -1.0 => 0,
-        bound => usize::try_from(whole(bound, limits as f64 - 1.0)?).ok()?,
-    };
-    let (latest, _) = after.earliest();
     Some(Reply {
         wait: Some(Duration::from_micros(wait)),
-        debt_micros: latest - after.now_micros,
+        debt_micros: after.debt_micros(),
         token,
-        limit,
+        limit: binding(bound, limits)?,
         after: Some(Arc::new(after)),
         learned,
     })
-}
-
-/// A batch's replies, one per request: per request its wait (negated if
-/// refused) and, with several limits, the limit that bound it (-1: none);
-/// then the next id (its held requests that waited got the ids before it,
-/// in order), and the limits' state after the batch, as a status replies
-/// it.
-fn decode_batch(value: Value, requests: &[Request], limits: usize) -> Option<Vec<Reply>> {
-    let Value::BulkString(bytes) = value else {
-        return None;
-    };
-    let per = if limits > 1 { 2 } else { 1 };
-    let n = requests.len();
-    if bytes.len() != 8 * (per * n + 2) + LIMIT_LEN * limits {
-        return None;
-    }
-    let numbers: Vec<f64> = doubles(&bytes).collect();
-    let next_id = whole(numbers[per * n], MAX_MICROS as f64)?;
-    let after = Arc::new(Stored::from_numbers(
-        numbers[per * n + 1],
-        &numbers[per * n + 2..],
-    )?);
-    let (latest, _) = after.earliest();
-    let debt_micros = latest - after.now_micros;
-    let replies: Vec<(Option<Duration>, usize)> = numbers[..per * n]
-        .chunks_exact(per)
-        .map(|reply| {
-            let granted = reply[0] >= 0.0;
-            let wait = Duration::from_micros(whole(reply[0].abs(), MAX_MICROS as f64)?);
-            let limit = match reply.get(1).copied().unwrap_or(-1.0) {
-                -1.0 => 0,
-                bound => usize::try_from(whole(bound, limits as f64 - 1.0)?).ok()?,
-            };
-            Some((granted.then_some(wait), limit))
-        })
-        .collect::<Option<_>>()?;
-    // The ids, counted back from the next one.
-    let ided = |(request, (wait, _)): (&Request, &(Option<Duration>, usize))| {
-        request.held && wait.is_some_and(|wait| !wait.is_zero())
-    };
-    let ids = requests.iter().zip(&replies).filter(|r| ided(*r)).count() as u64;
-    let mut id = next_id.checked_sub(ids)?;
-    Some(
-        requests
-            .iter()
-            .zip(&replies)
-            .map(|reply| {
-                let token = ided(reply).then(|| {
-                    id += 1;
-                    LogId(id - 1)
-                });
-                let (wait, limit) = *reply.1;
-                Reply {
-                    wait,
-                    debt_micros,
-                    token,
-                    limit,
-                    after: Some(Arc::clone(&after)),
-                    learned: None,
-                }
-            })
-            .collect(),
-    )
 }
 
 #[cfg(test)]
@@ -502,11 +496,11 @@ mod tests {
             timeout: None,
             held: true,
         });
-        let reply = decode(Value::BulkString(value.clone()), &held, 1).unwrap();
+        let reply = Reply::decode(Value::BulkString(value.clone()), &held, 1).unwrap();
         // Written whole or only its hot part, the reply reads the same.
         let hot = value[4..60].to_vec();
         assert_eq!(
-            decode(Value::BulkString(hot), &held, 1),
+            Reply::decode(Value::BulkString(hot), &held, 1),
             Some(reply.clone())
         );
         assert_eq!(reply.wait, Some(Duration::from_micros(300)));
@@ -529,23 +523,23 @@ mod tests {
             held: false,
         });
         assert_eq!(
-            decode(Value::BulkString(value.clone()), &plain, 1)
+            Reply::decode(Value::BulkString(value.clone()), &plain, 1)
                 .unwrap()
                 .token,
             None
         );
         let refused = le(&[now, 0.5, now + 900.0, 0.0]);
-        let reply = decode(Value::BulkString(refused), &plain, 1).unwrap();
+        let reply = Reply::decode(Value::BulkString(refused), &plain, 1).unwrap();
         assert_eq!((reply.wait, reply.debt_micros), (None, 900));
         // Nothing stored: the wait, negated; the same snapshot as the
         // state it stands for.
-        let reply = decode(Value::Int(-900), &plain, 1).unwrap();
+        let reply = Reply::decode(Value::Int(-900), &plain, 1).unwrap();
         assert_eq!((reply.wait, reply.debt_micros), (None, 900));
         let state = Stored::decode(&le(&[now, 0.0, now + 900.0, 7.0]), 1).unwrap();
         assert_eq!(reply.snapshot(&args), Some(state.snapshot(&args)));
         // (Not for several limits, nor for another call.)
-        assert_eq!(decode(Value::Int(-900), &plain, 2), None);
-        assert_eq!(decode(Value::Int(-900), &Call::Probe, 1), None);
+        assert_eq!(Reply::decode(Value::Int(-900), &plain, 2), None);
+        assert_eq!(Reply::decode(Value::Int(-900), &Call::Probe, 1), None);
         // Anything else is not the script's reply.
         let mut wrong_marker = value.clone();
         wrong_marker[3] = b'2';
@@ -560,7 +554,7 @@ mod tests {
             Value::BulkString(value[..value.len() - 1].to_vec()),
             Value::Nil,
         ] {
-            assert_eq!(decode(bad.clone(), &held, 1), None, "{bad:?}");
+            assert_eq!(Reply::decode(bad.clone(), &held, 1), None, "{bad:?}");
         }
     }
 }
