@@ -33,7 +33,7 @@ use tokio::sync::oneshot;
 
 use super::backend::{Backend, ProbeTarget, Scope};
 use super::reply::Reply;
-use super::round_trip::{Deadline, Ends, Failure, Lead, Remote, down, send};
+use super::round_trip::{Deadline, Failure, Lead, Remote, down, send};
 use super::script::{Call, Request};
 use crate::error::BackendError;
 
@@ -150,7 +150,7 @@ impl Coalescer {
     /// A round trip of `key`'s slot `lead` ended: `up`, Redis answered (the
     /// queued requests go as the next batch); else it failed (they fail,
     /// and the slot goes).
-    fn finish(self: &Arc<Self>, key: &Arc<str>, lead: u64, up: bool) {
+    pub(crate) fn finish(self: &Arc<Self>, key: &Arc<str>, lead: u64, up: bool) {
         let mut keys = self.keys();
         let Some(slot) = keys.get_mut(key).filter(|slot| slot.lead == lead) else {
             return;
@@ -181,7 +181,7 @@ impl Coalescer {
 
     /// Sends `batch`, a round trip of `key`'s slot `lead`.
     fn dispatch(self: &Arc<Self>, key: &Arc<str>, lead: u64, batch: Vec<Queued>) {
-        let lead = Lead::new(Arc::clone(self) as Arc<dyn Ends>, Arc::clone(key), lead);
+        let lead = Lead::new(Arc::clone(self), Arc::clone(key), lead);
         self.backend
             .spawn(run_batch(Arc::clone(&self.backend), batch, lead));
     }
@@ -213,12 +213,6 @@ fn take_batch(slot: &mut Slot) -> Vec<Queued> {
         }
     }
     batch
-}
-
-impl Ends for Coalescer {
-    fn ended(self: Arc<Self>, key: &Arc<str>, lead: u64, up: bool) {
-        self.finish(key, lead, up);
-    }
 }
 
 /// A caller's wait for the reply of its key's round trip, on a timer of
@@ -274,24 +268,8 @@ impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.replied.close();
         if let Ok(Ok(reply)) = self.replied.try_recv() {
-            give_back(self.backend, self.target, reply);
+            Remote::new(self.backend, self.target).give_back_unread(reply);
         }
-    }
-}
-
-/// A reply its caller never read: its grant is given back, or, if it
-/// cannot be, its limiter hears of it (see [`Late`](super::backend::Late)).
-fn give_back(backend: &Arc<Backend>, target: &ProbeTarget, reply: Reply) {
-    match reply.token {
-        Some(token) => {
-            let remote = Remote {
-                backend: Arc::clone(backend),
-                target: target.clone(),
-            };
-            backend.spawn(remote.give_back(token));
-        }
-        None if reply.wait.is_some() => target.note_late(reply.debt_micros),
-        None => {}
     }
 }
 
@@ -313,7 +291,7 @@ async fn run_batch(backend: Arc<Backend>, batch: Vec<Queued>, lead: Lead) {
         Ok(replies) => {
             for (queued, reply) in batch.into_iter().zip(replies) {
                 if let Err(Ok(reply)) = queued.reply.send(Ok(reply)) {
-                    give_back(&backend, &target, reply);
+                    Remote::new(&backend, &target).give_back_unread(reply);
                 }
             }
         }

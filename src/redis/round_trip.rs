@@ -10,6 +10,7 @@ use std::time::Duration;
 use redis::{RedisError, RedisResult};
 
 use super::backend::{Backend, ProbeTarget, Scope};
+use super::coalesce::Coalescer;
 use super::connection::Connection;
 use super::reply::{Answer, Reply};
 use super::script::{self, Call, LogId};
@@ -29,14 +30,6 @@ pub(crate) enum Failure {
     Down(Option<BackendError>),
 }
 
-/// What a round trip that leads its key's coalesced calls tells when it
-/// ends (see `coalesce`).
-pub(crate) trait Ends: Send + Sync + 'static {
-    /// The round trip of `key`'s slot `lead` ended: `up`, Redis answered
-    /// (the calls queued behind it go next); else it failed (they fail).
-    fn ended(self: Arc<Self>, key: &Arc<str>, lead: u64, up: bool);
-}
-
 /// A round trip that leads its key's coalesced calls. When it ends
 /// ([`finish`](Lead::finish), or dropped unfinished: failed), the calls
 /// queued behind it go as the next batch, or fail with it.
@@ -49,15 +42,19 @@ pub(crate) struct Lead {
 /// the response timeout, while the reply is still awaited).
 #[derive(Clone)]
 pub(crate) struct LeadId {
-    ends: Arc<dyn Ends>,
+    coalescer: Arc<Coalescer>,
     key: Arc<str>,
     lead: u64,
 }
 
 impl Lead {
-    pub(crate) fn new(ends: Arc<dyn Ends>, key: Arc<str>, lead: u64) -> Lead {
+    pub(crate) fn new(coalescer: Arc<Coalescer>, key: Arc<str>, lead: u64) -> Lead {
         Lead {
-            id: LeadId { ends, key, lead },
+            id: LeadId {
+                coalescer,
+                key,
+                lead,
+            },
             finished: false,
         }
     }
@@ -69,8 +66,7 @@ impl Lead {
     /// The round trip ended: `up`, Redis answered.
     fn finish(mut self, up: bool) {
         self.finished = true;
-        let id = &self.id;
-        Arc::clone(&id.ends).ended(&id.key, id.lead, up);
+        self.id.coalescer.finish(&self.id.key, self.id.lead, up);
     }
 }
 
@@ -88,7 +84,7 @@ impl LeadId {
     /// Ends the round trip as failed (again, or after its slot failed:
     /// nothing changes).
     fn fail(&self) {
-        Arc::clone(&self.ends).ended(&self.key, self.lead, false);
+        self.coalescer.finish(&self.key, self.lead, false);
     }
 }
 
@@ -116,6 +112,32 @@ pub(crate) struct Remote {
 }
 
 impl Remote {
+    pub(crate) fn new(backend: &Arc<Backend>, target: &ProbeTarget) -> Remote {
+        Remote {
+            backend: Arc::clone(backend),
+            target: target.clone(),
+        }
+    }
+
+    /// Gives back, in the background, what `answer` holds, which its
+    /// caller never read; a grant that cannot be given back is told to its
+    /// limiter (see [`Late`](super::backend::Late)).
+    pub(crate) fn give_back_unread<T: Answer>(self, answer: T) {
+        let (tokens, kept) = answer.tokens();
+        if let Some(debt) = kept {
+            self.target.note_late(debt);
+        }
+        if tokens.is_empty() {
+            return;
+        }
+        let backend = Arc::clone(&self.backend);
+        backend.spawn(async move {
+            for token in tokens {
+                self.clone().give_back(token).await;
+            }
+        });
+    }
+
     /// One round trip, bounded by the response timeout; a failure is only
     /// logged (the reservation then stays charged: the limiter errs towards
     /// limiting).
@@ -171,10 +193,7 @@ pub(crate) async fn send<T: Answer>(
     let mut connection = connection(backend, target)?;
     // A reply abandoned by its caller holds reservations to give back.
     let gives_back = matches!(call, Call::Reserve(_) | Call::Open { .. } | Call::Batch(_));
-    let remote = gives_back.then(|| Remote {
-        backend: Arc::clone(backend),
-        target: target.clone(),
-    });
+    let remote = gives_back.then(|| Remote::new(backend, target));
     let (key, args) = (Arc::clone(&target.key), Arc::clone(&target.script_args));
     let led = lead.as_ref().map(Lead::id);
     let metrics = backend.health.metrics();
@@ -287,17 +306,8 @@ impl<T: Answer> Drop for InFlight<T> {
         };
         let backend = Arc::clone(&remote.backend);
         backend.spawn(async move {
-            let Ok(reply) = tokio::time::timeout(ORPHAN_WAIT, round_trip).await else {
-                return;
-            };
-            if let Ok(reply) = reply {
-                let (tokens, kept) = Answer::tokens(reply);
-                if let Some(debt) = kept {
-                    remote.target.note_late(debt);
-                }
-                for token in tokens {
-                    remote.clone().give_back(token).await;
-                }
+            if let Ok(Ok(reply)) = tokio::time::timeout(ORPHAN_WAIT, round_trip).await {
+                remote.give_back_unread(reply);
             }
         });
     }
