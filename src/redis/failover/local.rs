@@ -31,10 +31,8 @@ where
             return Ok(Err(self.closed_error(failure)));
         }
         let books = self.books();
-        if patient && books.carrying.contains(key) {
-            let carried = self.carried.notified();
-            drop(books);
-            return Err(Box::pin(carried));
+        if patient && let Some(carried) = self.carrying(&books, key) {
+            return Err(carried);
         }
         self.activate();
         self.open_locally(&books, key);
@@ -75,10 +73,8 @@ where
             Fallback::Local => {}
         }
         let books = self.books();
-        if patient && books.carrying.contains(key) {
-            let carried = self.carried.notified();
-            drop(books);
-            return Err(Box::pin(carried));
+        if patient && let Some(carried) = self.carrying(&books, key) {
+            return Err(carried);
         }
         if self.local.ticket(key).is_some() {
             return Ok(Ok(self.local.snapshot_of(key)));
@@ -130,6 +126,19 @@ where
             .max(known)
             .max(self.late_in(books, key))
             .max(self.local.dropped_until())
+    }
+
+    /// A wake-up for the end of `key`'s carry-back, if one is under way
+    /// (taken under the lock, so that the end cannot pass unseen).
+    pub(super) fn carrying<Q>(&self, books: &Books<K>, key: &Q) -> Option<Carried<'_>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        books
+            .carrying
+            .contains(key)
+            .then(|| Box::pin(self.carried.notified()))
     }
 
     pub(super) fn bucket<Q: Hash + ?Sized>(&self, key: &Q) -> usize {
@@ -234,10 +243,8 @@ where
         }
         let marked = {
             let mut books = self.books();
-            if books.carrying.contains(key) {
-                let charging = self.carried.notified();
-                drop(books);
-                return Floor::Busy(Box::pin(charging));
+            if let Some(charging) = self.carrying(&books, key) {
+                return Floor::Busy(charging);
             }
             // A key not known exactly goes by its bucket, where its own
             // charge is noted too: it is charged once either way (a key

@@ -595,21 +595,19 @@ where
             if self.active.load(Ordering::Acquire) {
                 let carried = {
                     let mut books = self.books();
-                    if books.carrying.contains(key) {
-                        Some(self.carried.notified())
-                    } else if self.local.ticket(key).is_some() {
+                    let carried = self.carrying(&books, key);
+                    if carried.is_none() && self.local.ticket(key).is_some() {
                         books.carrying.insert(key.to_owned());
                         drop(books);
                         self.spawn_carry(key.to_owned());
                         // The rest of the fallback's keys go back too.
                         self.carry_all();
                         continue;
-                    } else {
-                        None
                     }
+                    carried
                 };
                 if let Some(carried) = carried {
-                    self.await_carry(Box::pin(carried), patience).await;
+                    self.await_carry(carried, patience).await;
                     continue;
                 }
             }
