@@ -236,19 +236,18 @@ fn slot_bit(slot: u16) -> (usize, u64) {
 }
 
 /// The hash slot of a Redis key, as a cluster computes it: CRC16 (XMODEM)
-/// of the key, or of its hash tag (the part between the first `{` and the
-/// first `}` after it, when that is not empty), modulo 16 384.
+/// of the key, or of its [hash tag](hash_tag), modulo 16 384.
 pub(crate) fn key_slot(key: &[u8]) -> u16 {
-    let hashed = key
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let rest = &key[open + 1..];
-            let close = rest.iter().position(|&b| b == b'}')?;
-            (close > 0).then(|| &rest[..close])
-        })
-        .unwrap_or(key);
-    crc16(hashed) % SLOTS
+    crc16(hash_tag(key).unwrap_or(key)) % SLOTS
+}
+
+/// A Redis key's hash tag, if it has one: the part between its first `{`
+/// and the first `}` after it, when that is not empty.
+pub(crate) fn hash_tag(key: &[u8]) -> Option<&[u8]> {
+    let open = key.iter().position(|&b| b == b'{')?;
+    let rest = &key[open + 1..];
+    let close = rest.iter().position(|&b| b == b'}')?;
+    (close > 0).then(|| &rest[..close])
 }
 
 /// CRC16 with polynomial 0x1021 and initial value 0 (XMODEM): the redis

@@ -185,7 +185,8 @@ pub(crate) async fn invoke<T: Answer>(
     call: &Call,
     args: &ScriptArgs,
 ) -> RedisResult<T> {
-    let value = evaluate(connection, key, call, args).await?;
+    let command = |verb: &str, script: &str| command(verb, script, key, call, args);
+    let value = evaluate(connection, &SCRIPT, SOURCE, command).await?;
     T::decode(value, call, args.len()).ok_or_else(unexpected)
 }
 
@@ -196,18 +197,21 @@ pub(crate) fn unexpected() -> redis::RedisError {
     ))
 }
 
-/// The script's reply to `call`, as Redis gave it.
-async fn evaluate(
+/// A script's reply, as Redis gave it: `command` writes the call as
+/// EVALSHA with `script`'s hash and, on NOSCRIPT, as EVAL with its text,
+/// `source`.
+pub(crate) async fn evaluate(
     connection: &mut Connection,
-    key: &str,
-    call: &Call,
-    args: &ScriptArgs,
+    script: &Script,
+    source: &str,
+    command: impl Fn(&str, &str) -> Cmd,
 ) -> RedisResult<Value> {
-    let mut cmd = command("EVALSHA", SCRIPT.get_hash(), key, call, args);
-    match cmd.query_async::<Value>(connection).await {
+    match command("EVALSHA", script.get_hash())
+        .query_async(connection)
+        .await
+    {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            cmd = command("EVAL", SOURCE, key, call, args);
-            cmd.query_async::<Value>(connection).await
+            command("EVAL", source).query_async(connection).await
         }
         reply => reply,
     }
@@ -262,10 +266,8 @@ fn call_args(cmd: &mut Cmd, call: &Call, limits: usize) {
             cmd.arg("status").arg("-1");
         }
         Call::Resume { debts_micros } => {
-            let debts: Vec<String> = (0..limits)
-                .map(|i| debts_micros.get(i).copied().unwrap_or(0).to_string())
-                .collect();
-            cmd.arg("resume").arg(debts.join(","));
+            let debt = |i| debts_micros.get(i).copied().unwrap_or(0);
+            cmd.arg("resume").arg(joined(limits, debt));
         }
         Call::GiveBack(token) => {
             cmd.arg("give_back").arg(token.0);
@@ -275,8 +277,10 @@ fn call_args(cmd: &mut Cmd, call: &Call, limits: usize) {
         }
         Call::Open { cost, timeout } => {
             let timeout = timeout.map_or_else(|| "-1".to_owned(), |t| micros(t).to_string());
-            cmd.arg("call")
-                .arg(format!("{}:{timeout}", counts_text(cost, limits)));
+            cmd.arg("call").arg(format!(
+                "{}:{timeout}",
+                joined(limits, |i| cost.get(i).into())
+            ));
         }
         Call::Settle {
             token,
@@ -286,8 +290,8 @@ fn call_args(cmd: &mut Cmd, call: &Call, limits: usize) {
             cmd.arg("settle").arg(format!(
                 "{}:{}:{}",
                 token.0,
-                counts_text(charged, limits),
-                counts_text(actual, limits)
+                joined(limits, |i| charged.get(i).into()),
+                joined(limits, |i| actual.get(i).into())
             ));
         }
         Call::Keep(token) => {
@@ -299,11 +303,11 @@ fn call_args(cmd: &mut Cmd, call: &Call, limits: usize) {
     }
 }
 
-/// A cost as the script reads it: its count for each of `limits` limits,
-/// joined by commas.
-fn counts_text(cost: &Cost, limits: usize) -> String {
-    let counts: Vec<String> = (0..limits).map(|i| cost.get(i).to_string()).collect();
-    counts.join(",")
+/// A number for each of `limits` limits (a cost's counts, a resume's
+/// debts), as the script reads them: joined by commas.
+fn joined(limits: usize, each: impl Fn(usize) -> u64) -> String {
+    let numbers: Vec<String> = (0..limits).map(|i| each(i).to_string()).collect();
+    numbers.join(",")
 }
 
 /// A lesson and the constants it is learned under, as the script reads

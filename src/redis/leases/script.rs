@@ -4,10 +4,11 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, Value};
+use redis::{Cmd, RedisResult, Script, Value};
 
 use super::super::connection::Connection;
-use super::super::script::unexpected;
+use super::super::health::hash_tag;
+use super::super::script::{self, unexpected};
 
 /// The script's text.
 const SOURCE: &str = include_str!("../../../lua/slots.lua");
@@ -37,11 +38,7 @@ pub(super) enum Answer {
 /// `\slots` appended: another slot, which is still safe (the script
 /// touches one key).
 pub(crate) fn slots_key(key: &str) -> String {
-    let tagged = key.find('{').is_some_and(|open| {
-        let rest = &key[open + 1..];
-        rest.find('}').is_some_and(|close| close > 0)
-    });
-    if tagged || key.contains('}') {
+    if hash_tag(key.as_bytes()).is_some() || key.contains('}') {
         format!("{key}\\slots")
     } else {
         format!("{{{key}}}\\slots")
@@ -103,13 +100,7 @@ async fn evaluate(connection: &mut Connection, key: &str, args: &[&str]) -> Redi
         cmd.arg(verb).arg(script).arg(1).arg(key).arg(args);
         cmd
     };
-    let cmd = command("EVALSHA", SCRIPT.get_hash());
-    match cmd.query_async::<Value>(connection).await {
-        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            command("EVAL", SOURCE).query_async(connection).await
-        }
-        reply => reply,
-    }
+    script::evaluate(connection, &SCRIPT, SOURCE, command).await
 }
 
 #[cfg(test)]
