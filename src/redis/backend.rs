@@ -48,9 +48,7 @@ impl ProbeTarget {
             late.late(&self.key, debt_micros);
         }
     }
-}
 
-impl ProbeTarget {
     /// The backend's own probe key, with arguments that describe an idle
     /// limiter (its probe writes a missing key with a TTL of a few ms).
     pub(crate) fn backend() -> ProbeTarget {
@@ -440,11 +438,12 @@ impl Backend {
         if down.is_empty() {
             return groups;
         }
+        let alone = |slot| Group {
+            zones: vec![Zone::Slot(slot)],
+            target: targets.get(&Zone::Slot(slot)).cloned(),
+        };
         let Some(map) = self.slot_map(connection).await else {
-            groups.extend(down.into_iter().map(|slot| Group {
-                zones: vec![Zone::Slot(slot)],
-                target: targets.get(&Zone::Slot(slot)).cloned(),
-            }));
+            groups.extend(down.into_iter().map(alone));
             return groups;
         };
         let mut by_node: BTreeMap<Option<usize>, Vec<u16>> = BTreeMap::new();
@@ -470,10 +469,7 @@ impl Backend {
                         target,
                     });
                 }
-                (None, _) => groups.extend(slots.into_iter().map(|slot| Group {
-                    zones: vec![Zone::Slot(slot)],
-                    target: targets.get(&Zone::Slot(slot)).cloned(),
-                })),
+                (None, _) => groups.extend(slots.into_iter().map(alone)),
                 (Some(_), None) => groups.push(Group {
                     zones: slots.into_iter().map(Zone::Slot).collect(),
                     target: None,
