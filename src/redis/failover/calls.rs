@@ -44,19 +44,6 @@ pub(super) struct RedisCall<K> {
     previous: Mutex<Option<oneshot::Receiver<()>>>,
 }
 
-/// What a call asks of its key after it was made.
-enum CallOp {
-    Settle {
-        charged: Cost,
-        actual: Cost,
-    },
-    Learn {
-        lesson: Box<Lesson>,
-        learning: Learning,
-    },
-    Keep,
-}
-
 impl<K, C> Failover<K, C>
 where
     K: Display + Hash + Eq + Clone + Send + Sync + 'static,
@@ -146,7 +133,8 @@ where
 
     /// `GivesBack::settle` of an open call made in Redis.
     pub(super) fn settle_call(&self, call: &RedisCall<K>, charged: &Cost, actual: &Cost) {
-        let op = CallOp::Settle {
+        let op = Call::Settle {
+            token: call.token,
             charged: charged.clone(),
             actual: actual.clone(),
         };
@@ -155,7 +143,7 @@ where
 
     /// `GivesBack::learn` of an open call made in Redis.
     pub(super) fn learn_call(&self, call: &RedisCall<K>, lesson: &Lesson, learning: &Learning) {
-        let op = CallOp::Learn {
+        let op = Call::Learn {
             lesson: Box::new(lesson.clone()),
             learning: *learning,
         };
@@ -166,12 +154,12 @@ where
     /// good, and leaves the key's log (which would otherwise hold it, and
     /// every request after it, until it fills).
     pub(super) fn keep_call(&self, call: &RedisCall<K>) {
-        self.in_order(call, CallOp::Keep);
+        self.in_order(call, Call::Keep(call.token));
     }
 
-    /// Runs `op` for `call` in the background, once the operations sent for
-    /// it before have ended.
-    fn in_order(&self, call: &RedisCall<K>, op: CallOp) {
+    /// Runs `op` (a settle, a learn or a keep) for `call` in the
+    /// background, once the operations sent for it before have ended.
+    fn in_order(&self, call: &RedisCall<K>, op: Call) {
         let Some(this) = self.this.upgrade() else {
             return;
         };
@@ -181,37 +169,25 @@ where
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .replace(finished);
-        let (key, token) = (call.key.clone(), call.token);
+        let key = call.key.clone();
         self.backend.spawn(async move {
             if let Some(previous) = previous {
                 // (Ended, or dropped with its runtime: either way, go.)
                 let _ = previous.await;
             }
-            this.apply(&key, token, op).await;
+            this.apply(&key, op).await;
             let _ = done.send(());
         });
     }
 
-    /// Sends `op` for the call `token` of `key` to Redis, or, while Redis is
-    /// down (or if the round trip fails), has the fallback count it (see
-    /// the module's rule).
-    async fn apply(&self, key: &K, token: LogId, op: CallOp) {
+    /// Sends `op` for a call of `key` to Redis, or, while Redis is down (or
+    /// if the round trip fails), has the fallback count it (see the
+    /// module's rule).
+    async fn apply(&self, key: &K, op: Call) {
         let target = self.target(key);
         if !self.is_down(&target) {
-            let call = match &op {
-                CallOp::Settle { charged, actual } => Call::Settle {
-                    token,
-                    charged: charged.clone(),
-                    actual: actual.clone(),
-                },
-                CallOp::Learn { lesson, learning } => Call::Learn {
-                    lesson: lesson.clone(),
-                    learning: *learning,
-                },
-                CallOp::Keep => Call::Keep(token),
-            };
             // (Not `send`: a settle's or a keep's integer is no debt.)
-            match send::<Reply>(&self.backend, &target, call, None, None).await {
+            match send::<Reply>(&self.backend, &target, op.clone(), None, None).await {
                 Ok(reply) => {
                     // A learn's reply, or the charge of a settle's excess:
                     // what the key owes and learned after it.
@@ -231,17 +207,19 @@ where
             }
         }
         match op {
-            CallOp::Settle { charged, actual } => {
+            Call::Settle {
+                charged, actual, ..
+            } => {
                 let limits = self.script_args.len();
                 let more = actual.more_than(&charged, limits);
                 if !more.is_zero(limits) {
                     self.locally(key, |local| local.charge(key, &more));
                 }
             }
-            CallOp::Learn { lesson, learning } => {
+            Call::Learn { lesson, learning } => {
                 self.locally(key, |local| local.learn_key(key, &lesson, &learning));
             }
-            CallOp::Keep => {
+            Call::Keep(token) => {
                 let mut books = self.books();
                 if books.keeps.len() < self.max_local_keys {
                     books.keeps.push((key.clone(), token));
@@ -249,6 +227,8 @@ where
                 drop(books);
                 self.activate();
             }
+            // Nothing else is sent for a call once it is made.
+            _ => {}
         }
     }
 
