@@ -36,13 +36,17 @@ where
         then(taken.map(|taken| taken.map(Reservation::keep)))
     }
 
+    /// The call runs on the backend's runtime while this thread blocks.
     fn take_blocking(
         &self,
         key: &Q,
         permits: u32,
         timeout: Option<Duration>,
     ) -> Result<Option<Duration>, Error> {
-        self.take_blocking_owned(key.to_owned(), permits, timeout)
+        let (this, key) = (Arc::clone(self), key.to_owned());
+        self.backend.block_on(async move {
+            Engine::<K>::take_wait(&this, &key, Ok(permits), timeout, |taken| taken).await
+        })?
     }
 
     fn take_call(

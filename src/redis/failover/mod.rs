@@ -421,22 +421,6 @@ where
         .await
     }
 
-    /// [`Engine::take_blocking`]: the call runs on the backend's runtime
-    /// while this thread blocks.
-    fn take_blocking_owned(
-        &self,
-        key: K,
-        permits: u32,
-        timeout: Option<Duration>,
-    ) -> Result<Option<Duration>, Error> {
-        let Some(this) = self.this.upgrade() else {
-            return Err(super::runtime::shut_down());
-        };
-        self.backend.block_on(async move {
-            Engine::take_wait(&this, &key, Ok(permits), timeout, |taken| taken).await
-        })?
-    }
-
     /// What `key` holds now, from Redis (one round trip, on its clock) or
     /// the fallback.
     async fn status<Q>(&self, key: &Q) -> Result<Snapshot, Error>
