@@ -44,11 +44,7 @@ pub(super) struct RedisCall<K> {
     previous: Mutex<Option<oneshot::Receiver<()>>>,
 }
 
-impl<K, C> Failover<K, C>
-where
-    K: Display + Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
+impl<K: Key + Display, C: Clock> Failover<K, C> {
     /// Reserves `cost` of `key` for an open call ([`Engine::take_call`]):
     /// through Redis, or through the fallback while Redis is down, with the
     /// same routing as a reservation.

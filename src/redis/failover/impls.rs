@@ -8,7 +8,7 @@ use crate::core::{Cost, Learning, Lesson};
 /// the tasks it starts.
 impl<K, C, Q> Engine<Q> for Arc<Failover<K, C>>
 where
-    K: Borrow<Q> + Display + Hash + Eq + Clone + Send + Sync + 'static,
+    K: Key + Display + Borrow<Q>,
     C: Clock,
     Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
 {
@@ -63,11 +63,7 @@ where
     }
 }
 
-impl<K, C> Rate for Arc<Failover<K, C>>
-where
-    K: Display + Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
+impl<K: Key + Display, C: Clock> Rate for Arc<Failover<K, C>> {
     fn rate(&self) -> f64 {
         f64::from_bits(self.rate_bits.load(Ordering::Relaxed))
     }
@@ -158,11 +154,7 @@ impl<K, C: Clock> Failover<K, C> {
     }
 }
 
-impl<K, C> Recover for Failover<K, C>
-where
-    K: Display + Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
+impl<K: Key + Display, C: Clock> Recover for Failover<K, C> {
     fn recovered(&self) {
         if self.active.load(Ordering::Acquire) {
             self.carry_all();
@@ -170,11 +162,7 @@ where
     }
 }
 
-impl<K, C> GivesBack for Failover<K, C>
-where
-    K: Display + Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
+impl<K: Key + Display, C: Clock> GivesBack for Failover<K, C> {
     fn metrics(&self) -> &Metrics {
         &self.metrics
     }
@@ -224,11 +212,7 @@ fn redis_taken(taken: GiveBackId) -> Result<Box<RedisKeyTaken>, GiveBackId> {
     }
 }
 
-impl<K, C> Late for Failover<K, C>
-where
-    K: Display + Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
+impl<K: Key + Display, C: Clock> Late for Failover<K, C> {
     fn late(&self, key: &str, debt_micros: u64) {
         let now = self.now();
         let mut books = self.books();

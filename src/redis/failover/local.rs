@@ -4,11 +4,7 @@
 
 use super::*;
 
-impl<K, C> Failover<K, C>
-where
-    K: Display + Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
+impl<K: Key + Display, C: Clock> Failover<K, C> {
     /// Serves `key` from the fallback (or fails open or closed): opens the
     /// key at its floor and runs `serve` on the local limiter, under the
     /// lock. `Err` with a wake-up to await if the key is being carried back

@@ -66,6 +66,7 @@ use crate::core::{Policy, State, stable_interval_micros};
 use crate::error::BackendError;
 use crate::keyed::Keyed;
 use crate::keyed::Mode;
+use crate::limiter::Key;
 use crate::metrics::Metrics;
 use crate::reservation::{GiveBack, GiveBackId, GivesBack};
 use crate::store::{Engine, Rate, now};
@@ -252,11 +253,7 @@ pub(crate) struct Parts<C> {
     pub(crate) clock: C,
 }
 
-impl<K, C> Failover<K, C>
-where
-    K: Display + Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
+impl<K: Key + Display, C: Clock> Failover<K, C> {
     pub(crate) fn new(parts: Parts<C>) -> Result<Arc<Self>, Error> {
         let mut limits = vec![(parts.policy.clone(), parts.rate)];
         limits.extend(parts.more.iter().cloned());

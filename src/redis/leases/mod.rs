@@ -51,6 +51,7 @@ use crate::Error;
 use crate::builder::{Builder, concurrency};
 use crate::clock::Clock;
 use crate::error::BackendError;
+use crate::limiter::Key;
 use crate::outbound::{InFlight, LocalSlots, Slot, TakeSlot, Taken};
 
 pub(crate) use script::slots_key;
@@ -168,7 +169,7 @@ impl<K: Send + Sync, C: Clock> InFlight for Leases<K, C> {
 
 impl<K, C, Q> TakeSlot<Q> for Leases<K, C>
 where
-    K: Borrow<Q> + Display + Hash + Eq + Clone + Send + Sync + 'static,
+    K: Key + Display + Borrow<Q>,
     C: Clock,
     Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
 {
@@ -185,11 +186,7 @@ where
     }
 }
 
-impl<K, C> Inner<K, C>
-where
-    K: Display + Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-{
+impl<K: Key + Display, C: Clock> Inner<K, C> {
     fn backend(&self) -> &Arc<Backend> {
         &self.failover.backend
     }
