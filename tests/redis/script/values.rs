@@ -413,6 +413,56 @@ fn valid_value() -> Stored {
     }
 }
 
+/// The same corruptions of one limit's state (or of the TTL's end), in a
+/// value of two limits, for either limit, read by two limits: the script
+/// reads two limits at the rates in force on a path of its own.
+#[test]
+fn a_corrupted_limit_of_two_is_an_error_and_left_untouched() {
+    let mut fx = fixture();
+    let one = Args::bursty("5", 1_000_000).at(T0);
+    // (Two limits: the same one twice, before the clock.)
+    let two = |args: &Args| {
+        let mut argv = args.to_vec();
+        let limit = argv[2..6].to_vec();
+        argv.splice(6..6, limit);
+        argv
+    };
+    let mut valid = valid_value();
+    valid.limits.push(valid.limits[0]);
+    fx.set_bytes("valid", &valid.encode());
+    assert!(fx.eval_raw(&["valid"], &two(&one)).is_ok());
+    let mut cases = Vec::new();
+    for (name, corrupt) in CORRUPTIONS {
+        let mut value = valid_value();
+        corrupt(&mut value);
+        if value.limits.len() != 1 || value.learned.is_some() {
+            continue;
+        }
+        for i in 0..2 {
+            let mut case = value.clone();
+            case.limits.insert(1 - i, valid.limits[0]);
+            cases.push((format!("{name}, limit {i}"), case.encode()));
+        }
+    }
+    for (i, (name, value)) in cases.iter().enumerate() {
+        let key = format!("c{i}");
+        fx.set_bytes(&key, value);
+        let dump = fx.dump(&key);
+        for mode in [
+            one.clone(),
+            one.clone().permits(7),
+            one.clone().timeout(0),
+            one.clone().timeout(MAX_MICROS),
+            one.clone().held(),
+            one.clone().status(),
+        ] {
+            let error = fx.run_err(&[&key], &two(&mode));
+            assert_unrecognised(&error, &format!("{name}, {mode:?}"));
+            assert_eq!(fx.dump(&key), dump, "{name}, {mode:?}: the key changed");
+        }
+    }
+}
+
 #[test]
 fn unrecognised_values_are_an_error_in_every_mode_and_left_untouched() {
     let mut fx = fixture();
