@@ -120,6 +120,8 @@ while true do
         if n > 1 then
             if i == 1 then
                 r1 = rate; b1 = bursty; p1 = pmicros; s1 = stable; m1 = mx; t1 = thr or 0.0; l1 = slope or 0.0; d1 = cd
+            elseif two then
+                -- (C only if a rate changed, see below.)
             elseif i == 2 then
                 C = {r1, b1, p1, s1, m1, t1, l1, d1, rate, bursty, pmicros, stable, mx, thr or 0.0, slope or 0.0, cd}
             else
@@ -149,18 +151,39 @@ if value then
     if ok and held_n + n > 2 then
         -- (The head read its first six doubles, from HEAD on.)
         local HEAD = 36 -- the marker and the hot part's head: four doubles
-        S = {st, nf, fr, expires, ort, omx, struct.unpack(string.sub(FORMAT, 3, 5 * held_n - 2), value, HEAD + 49)}
-        -- (j: the limit's rate in S, c: its configuration in C.)
-        local e = 3 * held_n + 1
-        local j, c = e + 1, 0
-        expires = S[e]; ort = S[j]; omx = S[j + 1]
-        if n > 1 then rate = r1; mx = m1 end
-        for k = 4, e - 1, 3 do
-            j = j + 2; c = c + 8
-            local s, t, f, r, m = S[k], S[k + 1], S[k + 2], S[j], S[j + 1]
-            ok = ok and m >= 0 and m <= F64_MAX and s >= 0 and s <= m and t >= 0 and t <= MAX_MICROS
-                and t % 1 == 0 and f >= 0 and f < FRACTION_ONE and f % 1 == 0 and r > 0
-            if c < 8 * n and (r ~= C[c + 1] or m ~= C[c + 5]) then changed = true end
+        -- `two`: two limits that logged nothing, for a reservation (that
+        -- logs nothing, see part 4), at the rates in force: no table, as
+        -- with one limit (C is built only if a rate changed). The second
+        -- is worked on in st, nf, fr, ort and omx (its configuration: the
+        -- last the loop above set), the first waits aside (ast, anf, afr;
+        -- its configuration: r1 to d1). (The head read the second's state
+        -- as expires, ort and omx; a rate equal to the one in force is > 0,
+        -- a max_permits in 0..=F64_MAX.)
+        if two then
+            local e, r, m, r2, m2 = struct.unpack('<ddddd', value, HEAD + 49)
+            two = r == r1 and m == m1 and r2 == rate and m2 == mx
+            if two then
+                ast = st; anf = nf; afr = fr; st = expires; nf = ort; fr = omx; expires = e; ort = r2; omx = m2
+                ok = ast <= m and ast >= 0 and anf >= 0 and anf <= MAX_MICROS and anf % 1 == 0
+                    and afr >= 0 and afr < FRACTION_ONE and afr % 1 == 0
+            else
+                C = {r1, b1, p1, s1, m1, t1, l1, d1, rate, bursty, pmicros, stable, mx, thr or 0.0, slope or 0.0, cd}
+            end
+        end
+        if not two then
+            S = {st, nf, fr, expires, ort, omx, struct.unpack(string.sub(FORMAT, 3, 5 * held_n - 2), value, HEAD + 49)}
+            -- (j: the limit's rate in S, c: its configuration in C.)
+            local e = 3 * held_n + 1
+            local j, c = e + 1, 0
+            expires = S[e]; ort = S[j]; omx = S[j + 1]
+            if n > 1 then rate = r1; mx = m1 end
+            for k = 4, e - 1, 3 do
+                j = j + 2; c = c + 8
+                local s, t, f, r, m = S[k], S[k + 1], S[k + 2], S[j], S[j + 1]
+                ok = ok and m >= 0 and m <= F64_MAX and s >= 0 and s <= m and t >= 0 and t <= MAX_MICROS
+                    and t % 1 == 0 and f >= 0 and f < FRACTION_ONE and f % 1 == 0 and r > 0
+                if c < 8 * n and (r ~= C[c + 1] or m ~= C[c + 5]) then changed = true end
+            end
         end
     end
     ok = ok and expires >= 0 and expires <= F64_MAX and omx >= 0 and omx <= F64_MAX and st >= 0

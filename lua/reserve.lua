@@ -163,6 +163,56 @@ if n == 1 and count == 0 and (not mode and not held or R and not holds) then
             end
         end
     end
+elseif two then
+    -- Two limits in locals (see part 2), a reservation that logs nothing:
+    -- the loop's steps below, inline, each limit charged on its own, the
+    -- second first (its need kept for the TTL, see part 5), then the
+    -- first, their states and configurations swapped between.
+    local moment, bound = now, -1
+    if anf > moment then moment = anf; bound = 0 end
+    if nf > moment then moment = nf; bound = 1 end
+    if timeout >= 0 and moment - now > timeout then
+        return struct.pack('<ddddddd', now, ast, anf, afr, st, nf, fr)
+    end
+    moment_r = moment; bound_r = bound
+    for i = 1, 2 do
+        if moment > nf then
+            local stored = st + ((moment - nf) - fr / FRACTION_ONE) / cd
+            if stored > mx then stored = mx end
+            st, nf, fr = stored, moment, 0
+        end
+        local spend = permits
+        if st < spend then spend = st end
+        local wait = (permits - spend) * stable
+        if not bursty then
+            local above, micros, spent = st - thr, 0.0, spend
+            if above > 0.0 then
+                local take = above
+                if spent < take then take = spent end
+                micros = take * ((stable + above * slope) + (stable + (above - take) * slope)) / 2.0
+                spent = spent - take
+            end
+            wait = micros + stable * spent + wait
+        end
+        if wait < FINE_CHARGE_LIMIT then
+            wait = wait * FRACTION_ONE + 0.5
+            wait = wait - wait % 1 + fr
+            fr = wait % FRACTION_ONE
+            wait = (wait - fr) / FRACTION_ONE
+        elseif wait < MAX_MICROS then
+            wait = wait - wait % 1
+        else
+            wait = MAX_MICROS
+        end
+        nf = nf + wait; st = st - spend
+        if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
+        if i == 1 then
+            -- (`wait`: the swap's temporary.)
+            need_r = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
+            wait = st; st = ast; ast = wait; wait = nf; nf = anf; anf = wait; wait = fr; fr = afr; afr = wait
+            bursty = b1; stable = s1; mx = m1; cd = d1; thr = t1; slope = l1
+        end
+    end
 else
     -- The requests charged, each at the moment every limit allows it
     -- (Limits::earliest), to the limits or to the log's base (`on_base`:
