@@ -120,8 +120,8 @@ while true do
         if n > 1 then
             if i == 1 then
                 r1 = rate; b1 = bursty; p1 = pmicros; s1 = stable; m1 = mx; t1 = thr or 0.0; l1 = slope or 0.0; d1 = cd
-            elseif two then
-                -- (C only if a rate changed, see below.)
+            elseif n == 2 and held_n == 2 and count == 0 and not (mode or held) then
+                -- (Two limits in locals, see below: C only if a rate changed.)
             elseif i == 2 then
                 C = {r1, b1, p1, s1, m1, t1, l1, d1, rate, bursty, pmicros, stable, mx, thr or 0.0, slope or 0.0, cd}
             else
@@ -151,26 +151,27 @@ if value then
     if ok and held_n + n > 2 then
         -- (The head read its first six doubles, from HEAD on.)
         local HEAD = 36 -- the marker and the hot part's head: four doubles
-        -- `two`: two limits that logged nothing, for a reservation (that
-        -- logs nothing, see part 4), at the rates in force: no table, as
-        -- with one limit (C is built only if a rate changed). The second
-        -- is worked on in st, nf, fr, ort and omx (its configuration: the
-        -- last the loop above set), the first waits aside (ast, anf, afr;
-        -- its configuration: r1 to d1). (The head read the second's state
-        -- as expires, ort and omx; a rate equal to the one in force is > 0,
-        -- a max_permits in 0..=F64_MAX.)
-        if two then
+        -- Two limits that logged nothing, for a reservation (that logs
+        -- nothing, see part 4), at the rates in force: no table, as with
+        -- one limit (C is built only if a rate changed: with several
+        -- limits, no C from here on means these two). The second is
+        -- worked on in st, nf, fr, ort and omx (its configuration: the last
+        -- the loop above set), the first waits aside in bst, bnf, bfr (the
+        -- log's base, free with nothing logged; its configuration: r1 to
+        -- d1). (The head read the second's state as expires, ort and omx; a
+        -- rate equal to the one in force is > 0, a max_permits in
+        -- 0..=F64_MAX.)
+        if n > 1 and not C then
             local e, r, m, r2, m2 = struct.unpack('<ddddd', value, HEAD + 49)
-            two = r == r1 and m == m1 and r2 == rate and m2 == mx
-            if two then
-                ast = st; anf = nf; afr = fr; st = expires; nf = ort; fr = omx; expires = e; ort = r2; omx = m2
-                ok = ast <= m and ast >= 0 and anf >= 0 and anf <= MAX_MICROS and anf % 1 == 0
-                    and afr >= 0 and afr < FRACTION_ONE and afr % 1 == 0
+            if r == r1 and m == m1 and r2 == rate and m2 == mx then
+                bst = st; bnf = nf; bfr = fr; st = expires; nf = ort; fr = omx; expires = e; ort = r2; omx = m2
+                ok = bst <= m and bst >= 0 and bnf >= 0 and bnf <= MAX_MICROS and bnf % 1 == 0
+                    and bfr >= 0 and bfr < FRACTION_ONE and bfr % 1 == 0
             else
                 C = {r1, b1, p1, s1, m1, t1, l1, d1, rate, bursty, pmicros, stable, mx, thr or 0.0, slope or 0.0, cd}
             end
         end
-        if not two then
+        if not bst then
             S = {st, nf, fr, expires, ort, omx, struct.unpack(string.sub(FORMAT, 3, 5 * held_n - 2), value, HEAD + 49)}
             -- (j: the limit's rate in S, c: its configuration in C.)
             local e = 3 * held_n + 1

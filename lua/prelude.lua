@@ -255,14 +255,12 @@ local now = time_micros
 -- (1e999) for an open call, at once (-1) for a request without an id
 -- (plain, kept, or a resume), which nothing can give back.
 -- `whole`: the value is written whole, not only its hot part (see Value).
--- `two`: two limits held in locals, the first's state aside in ast, anf,
--- afr (see part 2).
 -- (Those a missing key leaves nil declared last, in one instruction.)
 local key = KEYS[1]
 local value = redis.call('GET', key)
 local expires, next_id, count, held_n = 0, 0, 0, 0
 local st, nf, fr, ort, omx
-local S, B, changed, L, two, ast, anf, afr
+local S, B, changed, L
 local bst, bnf, bfr
 local size, dead, log_from, log_at, front_id, front_p, front_at, front, front_P
 local ok, at, last_now, marker, shape, _
@@ -305,7 +303,6 @@ if value then
         end
         if count == 0 then
             ok = ok and size == at
-            two = ok and n == 2 and held_n == 2 and not (mode or held)
         elseif ok and size >= at + 8 then
             dead = struct.unpack('<d', value, at + 1)
             ok = dead >= 0 and dead <= DEAD_CAPACITY and dead % 1 == 0

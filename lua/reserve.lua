@@ -163,16 +163,17 @@ if n == 1 and count == 0 and (not mode and not held or R and not holds) then
             end
         end
     end
-elseif two then
+elseif n > 1 and not C then
     -- Two limits in locals (see part 2), a reservation that logs nothing:
     -- the loop's steps below, inline, each limit charged on its own, the
     -- second first (its need kept for the TTL, see part 5), then the
-    -- first, their states and configurations swapped between.
+    -- first, their states and configurations swapped between (the
+    -- second's state then aside, after the first's in the value).
     local moment, bound = now, -1
-    if anf > moment then moment = anf; bound = 0 end
+    if bnf > moment then moment = bnf; bound = 0 end
     if nf > moment then moment = nf; bound = 1 end
     if timeout >= 0 and moment - now > timeout then
-        return struct.pack('<ddddddd', now, ast, anf, afr, st, nf, fr)
+        return struct.pack('<ddddddd', now, bst, bnf, bfr, st, nf, fr)
     end
     moment_r = moment; bound_r = bound
     for i = 1, 2 do
@@ -209,7 +210,7 @@ elseif two then
         if i == 1 then
             -- (`wait`: the swap's temporary.)
             need_r = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
-            wait = st; st = ast; ast = wait; wait = nf; nf = anf; anf = wait; wait = fr; fr = afr; afr = wait
+            wait = st; st = bst; bst = wait; wait = nf; nf = bnf; bnf = wait; wait = fr; fr = bfr; bfr = wait
             bursty = b1; stable = s1; mx = m1; cd = d1; thr = t1; slope = l1
         end
     end

@@ -32,8 +32,8 @@ local ttl_ms, ttl_set
 if needs then
 elseif n == 1 then
     ttl_ms = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
-elseif two then
-    -- (Two limits in locals: the first's, and the second's, kept.)
+elseif not C then
+    -- (Two limits in locals: the first's, and the second's, kept in part 4.)
     ttl_ms = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
     if need_r > ttl_ms then ttl_ms = need_r end
 elseif not (mode or F) then
@@ -109,8 +109,9 @@ if mode == 'probe' and value then
 elseif not whole and not ttl_set and count == 0 and logged_as_read == 0 then
     if n == 1 then
         hot = struct.pack('<ddddddd', shape, now, next_id, moment_r, st, nf, fr)
-    elseif two then
-        hot = struct.pack('<dddddddddd', shape, now, next_id, moment_r, st, nf, fr, ast, anf, afr)
+    elseif not C then
+        -- (Two limits in locals, see part 4.)
+        hot = struct.pack('<dddddddddd', shape, now, next_id, moment_r, st, nf, fr, bst, bnf, bfr)
     else
         hot = struct.pack(string.sub(FORMAT, 3, 7 + 3 * n), shape, now, next_id, moment_r, unpack(S, 1, 3 * n))
     end
@@ -118,10 +119,11 @@ elseif not whole and not ttl_set and count == 0 and logged_as_read == 0 then
 elseif count == 0 then
     if n == 1 then
         hot = struct.pack('<c4dddddddddd', MARKER, shape, now, next_id, moment_r, st, nf, fr, expires, rate, mx)
-    elseif two then
-        -- (The second limit's rate and max_permits, as in force: ort, omx.)
-        hot = struct.pack('<c4ddddddddddddddd', MARKER, shape, now, next_id, moment_r, st, nf, fr, ast, anf,
-            afr, expires, r1, m1, ort, omx)
+    elseif not C then
+        -- (Two limits in locals; the second's rate and max_permits, as in
+        -- force: ort, omx.)
+        hot = struct.pack('<c4ddddddddddddddd', MARKER, shape, now, next_id, moment_r, st, nf, fr, bst, bnf,
+            bfr, expires, r1, m1, ort, omx)
     else
         S[3 * n + 1] = expires
         hot = struct.pack(string.sub(FORMAT, 1, 8 + 5 * n), MARKER, shape, now, next_id, moment_r,
