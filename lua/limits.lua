@@ -239,7 +239,8 @@ if value then
         return st == 0 and now - nf or struct.pack('<dddd', now, st, nf, fr)
     end
 end
-local whole, logged_as_read = held_n ~= n, count
+-- The record of the last request granted (see part 4), none yet: now.
+local whole, logged_as_read, moment_r, bound_r = held_n ~= n, count, now, -1
 -- Missing (or a limit the value lacks): idle for a long time, i.e. full,
 -- at the rate in force before a lesson.
 if held_n == 0 then
@@ -247,19 +248,25 @@ if held_n == 0 then
     if M1 then ort = M1[1]; omx = M1[2] end
     st = omx; nf = now; fr = 0
 end
-if n > 1 and held_n ~= n then
-    -- S laid out for n limits (T), those it lacks as they start (e: the
-    -- TTL's end in the value's).
-    local T, e = {}, 3 * held_n + 1
-    for i = 1, n do
-        local c, k, j = 8 * i - 8, 3 * i - 2, 3 * n + 2 * i
-        if i > held_n then
-            local r, m = C[c + 1], C[c + 5]
-            if M1 then r, m = M1[2 * i - 1], M1[2 * i] end
-            T[k], T[k + 1], T[k + 2], T[j], T[j + 1] = m, now, 0, r, m
-        else
-            T[k], T[k + 1], T[k + 2], T[j], T[j + 1] = S[k], S[k + 1], S[k + 2], S[e + 2 * i - 1], S[e + 2 * i]
+if n > 1 then
+    if held_n ~= n then
+        -- S laid out for n limits (T), those it lacks as they start (e: the
+        -- TTL's end in the value's).
+        local T, e = {}, 3 * held_n + 1
+        for i = 1, n do
+            local c, k, j = 8 * i - 8, 3 * i - 2, 3 * n + 2 * i
+            if i > held_n then
+                local r, m = C[c + 1], C[c + 5]
+                if M1 then r, m = M1[2 * i - 1], M1[2 * i] end
+                T[k], T[k + 1], T[k + 2], T[j], T[j + 1] = m, now, 0, r, m
+            else
+                T[k], T[k + 1], T[k + 2], T[j], T[j + 1] = S[k], S[k + 1], S[k + 2], S[e + 2 * i - 1], S[e + 2 * i]
+            end
         end
+        T[3 * n + 1], S = expires, T
+    elseif not C and bnf > now then
+        -- Two limits in locals: the moment both allow starts from the
+        -- first's ticket (see part 4), as the record's.
+        moment_r = bnf; bound_r = 0
     end
-    T[3 * n + 1], S = expires, T
 end

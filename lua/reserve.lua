@@ -98,34 +98,46 @@ if mode == 'status' then
     return struct.pack(string.sub(FORMAT, 3, 4 + 3 * n), now, unpack(S, 1, 3 * n))
 end
 
--- Whether the call writes; the record of the last request granted (see
--- Value: its moment, and the limit that bound it); the requests this call
+-- Whether the call writes (the record of the last request granted, see
+-- Value, is moment_r and bound_r, from part 2); the requests this call
 -- adds to the log (see Log), packed, from `added_first` on (A: their id,
 -- permits, now and moment, 4 each); those that leave it (F: id, permits
 -- and now, 3 each), whose charges go into its base in the second pass; a
 -- batch's replies (three numbers per request, see Batch), and `g`, `left`:
 -- the run of its requests, and how many are left. (Those nil declared
 -- last, in one instruction.)
-local writes = mode and mode ~= 'batch'
-local moment_r, bound_r, added_first = now, -1, 1
+local writes, added_first = mode and mode ~= 'batch', 1
 local added, A, F, need_r, replies, needs, g, left
 if R then replies, needs, g, left = {}, {}, -4, 0 end
 
-if n == 1 and count == 0 and (not mode and not held or R and not holds) then
-    -- Reservations of one limit that log nothing (one, or a batch's):
-    -- Limits::reserve_at is State::reserve, the loop's steps below for each
-    -- request, inline (the most common calls, at a third of the overhead).
-    -- (A batch's request in permits and timeout, in turn.)
-    for _ = 1, total do
+if not C and count == 0 and (not mode and not held or R and not holds) then
+    -- Reservations that log nothing, of one limit (one, or a batch's) or of
+    -- two in locals (one, see part 2): Limits::reserve_at is State::reserve,
+    -- the loop's steps below for each request, inline (the most common
+    -- calls, at a third of the overhead). (A batch's request in permits and
+    -- timeout, in turn.) A request's moment starts from the record's
+    -- (moment_r: now, or a moment after now and at most the ticket, which
+    -- only grows: the same moment and bound as from now), so that two
+    -- limits, a step each, start from the first's ticket (part 2): the
+    -- second first (its need kept for the TTL, see part 5), then the first,
+    -- which finds the moment granted, their states and configurations
+    -- swapped between (the second's state then aside, after the first's in
+    -- the value).
+    for i = 1, n * total do
         if R then
             if left == 0 then g, left = g + 4, R[g + 8] end
             left, permits, timeout = left - 1, R[g + 1], R[g + 3]
         end
-        local moment, bound = now, -1
-        if nf > moment then moment = nf; bound = 0 end
+        local moment, bound = moment_r, bound_r
+        if nf > moment then moment = nf; bound = n - 1 end
         if timeout >= 0 and moment - now > timeout then
-            if not R then return st == 0 and now - nf or struct.pack('<dddd', now, st, nf, fr) end
-            replies[#replies + 1] = now - moment
+            if R then
+                replies[#replies + 1] = now - moment
+            elseif n > 1 then
+                return struct.pack('<ddddddd', now, bst, bnf, bfr, st, nf, fr)
+            else
+                return st == 0 and now - nf or struct.pack('<dddd', now, st, nf, fr)
+            end
         else
             if moment > nf then
                 local stored = st + ((moment - nf) - fr / FRACTION_ONE) / cd
@@ -157,61 +169,18 @@ if n == 1 and count == 0 and (not mode and not held or R and not holds) then
             end
             nf = nf + wait; st = st - spend; moment_r = moment; bound_r = bound; writes = true
             if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
-            if R then
+            -- (A batch's request last: it pays no jump over the rest.)
+            if not R then
+                if i < n then
+                    -- (`wait`: the swap's temporary.)
+                    need_r = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
+                    wait = st; st = bst; bst = wait; wait = nf; nf = bnf; bnf = wait; wait = fr; fr = bfr; bfr = wait
+                    bursty = b1; stable = s1; mx = m1; cd = d1; thr = t1; slope = l1
+                end
+            else
                 replies[#replies + 1] = moment - now
                 needs[#needs + 1] = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
             end
-        end
-    end
-elseif n > 1 and not C then
-    -- Two limits in locals (see part 2), a reservation that logs nothing:
-    -- the loop's steps below, inline, each limit charged on its own, the
-    -- second first (its need kept for the TTL, see part 5), then the
-    -- first, their states and configurations swapped between (the
-    -- second's state then aside, after the first's in the value).
-    local moment, bound = now, -1
-    if bnf > moment then moment = bnf; bound = 0 end
-    if nf > moment then moment = nf; bound = 1 end
-    if timeout >= 0 and moment - now > timeout then
-        return struct.pack('<ddddddd', now, bst, bnf, bfr, st, nf, fr)
-    end
-    moment_r = moment; bound_r = bound
-    for i = 1, 2 do
-        if moment > nf then
-            local stored = st + ((moment - nf) - fr / FRACTION_ONE) / cd
-            if stored > mx then stored = mx end
-            st, nf, fr = stored, moment, 0
-        end
-        local spend = permits
-        if st < spend then spend = st end
-        local wait = (permits - spend) * stable
-        if not bursty then
-            local above, micros, spent = st - thr, 0.0, spend
-            if above > 0.0 then
-                local take = above
-                if spent < take then take = spent end
-                micros = take * ((stable + above * slope) + (stable + (above - take) * slope)) / 2.0
-                spent = spent - take
-            end
-            wait = micros + stable * spent + wait
-        end
-        if wait < FINE_CHARGE_LIMIT then
-            wait = wait * FRACTION_ONE + 0.5
-            wait = wait - wait % 1 + fr
-            fr = wait % FRACTION_ONE
-            wait = (wait - fr) / FRACTION_ONE
-        elseif wait < MAX_MICROS then
-            wait = wait - wait % 1
-        else
-            wait = MAX_MICROS
-        end
-        nf = nf + wait; st = st - spend
-        if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
-        if i == 1 then
-            -- (`wait`: the swap's temporary.)
-            need_r = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
-            wait = st; st = bst; bst = wait; wait = nf; nf = bnf; bnf = wait; wait = fr; fr = bfr; bfr = wait
-            bursty = b1; stable = s1; mx = m1; cd = d1; thr = t1; slope = l1
         end
     end
 else

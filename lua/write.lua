@@ -30,12 +30,11 @@ end
 -- already reads as missing).
 local ttl_ms, ttl_set
 if needs then
-elseif n == 1 then
-    ttl_ms = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
 elseif not C then
-    -- (Two limits in locals: the first's, and the second's, kept in part 4.)
+    -- (One limit's; two in locals: the first's, and the second's, kept in
+    -- part 4.)
     ttl_ms = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
-    if need_r > ttl_ms then ttl_ms = need_r end
+    if n > 1 and need_r > ttl_ms then ttl_ms = need_r end
 elseif not (mode or F) then
     -- (A reservation's, as part 4 charged it; not when the log's base was
     -- charged after it.)
