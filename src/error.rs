@@ -85,7 +85,7 @@ impl BackendError {
     }
 
     /// The backend's own error, which caused this one: the
-    /// [`source`](Self::source), and part of the message.
+    /// [`source`](std::error::Error::source), and part of the message.
     pub fn with_source(
         mut self,
         source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
