@@ -1,7 +1,6 @@
 //! The keyed limiter's rates, size and clock, giving back to its keys, and
 //! how it shows itself.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -119,21 +118,15 @@ impl<K: Key, C: Clock> GivesBack for Keyed<K, C> {
     }
 
     fn give_back(&self, taken: GiveBackId) {
-        if let Some(taken) = Self::ours(taken) {
-            let (mut shard, now) = self.shard_now(&taken.key);
-            shard.give_back(&taken.key, taken.ticket, now);
-        }
+        self.on_ticket(&taken, |limits, id, now| limits.give_back(id, now));
     }
 
     fn keep(&self, taken: GiveBackId) {
-        if let Some(taken) = Self::ours(taken) {
-            let (mut shard, now) = self.shard_now(&taken.key);
-            shard.keep(&taken.key, taken.ticket, now);
-        }
+        self.on_ticket(&taken, |limits, id, now| limits.keep(id, now));
     }
 
     fn settle(&self, taken: &GiveBackId, charged: &Cost, actual: &Cost) {
-        if let Some(taken) = Self::ours_ref(taken) {
+        if let Some(taken) = Self::ours(taken) {
             let (mut shard, now) = self.shard_now(&taken.key);
             let dropped = shard.settle_call(&taken.key, taken.ticket, charged, actual, now);
             drop(shard);
@@ -142,29 +135,29 @@ impl<K: Key, C: Clock> GivesBack for Keyed<K, C> {
     }
 
     fn learn(&self, taken: &GiveBackId, lesson: &Lesson, learning: &Learning) {
-        if let Some(taken) = Self::ours_ref(taken) {
+        if let Some(taken) = Self::ours(taken) {
             self.learn_key(&taken.key, lesson, learning);
         }
     }
 }
 
 impl<K: Key, C: Clock> Keyed<K, C> {
-    /// `taken` as a reservation of this limiter's, if it is one, borrowed.
-    fn ours_ref(taken: &GiveBackId) -> Option<&KeyedTaken<K>> {
+    /// `taken` as a reservation of this limiter's, if it is one.
+    fn ours(taken: &GiveBackId) -> Option<&KeyedTaken<K>> {
         let GiveBackId::Boxed(taken) = taken else {
             return None;
         };
         taken.downcast_ref::<KeyedTaken<K>>()
     }
 
-    /// `taken` as a reservation of this limiter's, if it is one.
-    fn ours(taken: GiveBackId) -> Option<Box<KeyedTaken<K>>> {
-        let GiveBackId::Boxed(taken) = taken else {
-            return None;
-        };
-        (taken as Box<dyn Any + Send + Sync>)
-            .downcast::<KeyedTaken<K>>()
-            .ok()
+    /// Runs `call` on the limits of the reservation `taken`, if it is this
+    /// limiter's, with its id in their log and the time (see the shard's
+    /// `on_entry`).
+    fn on_ticket(&self, taken: &GiveBackId, call: impl FnOnce(&mut Limits, u64, u64) -> bool) {
+        if let Some(taken) = Self::ours(taken) {
+            let (mut shard, now) = self.shard_now(&taken.key);
+            shard.on_entry(&taken.key, taken.ticket, now, call);
+        }
     }
 }
 

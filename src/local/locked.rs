@@ -9,6 +9,7 @@ use super::outcome::Outcome;
 use crate::clock::Clock;
 use crate::core::word::{self, Encoded, Settings};
 use crate::core::{Cost, Granted, InvalidRate, Learning, Lesson, Limits};
+use crate::reservation::GiveBackId;
 use crate::{Error, Snapshot};
 
 impl<C: Clock> Single<C> {
@@ -31,13 +32,21 @@ impl<C: Clock> Single<C> {
         Some(O::from_granted(granted))
     }
 
-    /// Gives back the logged reservation `id` (see [`Limits::give_back`]);
-    /// nothing once the word holds the state again (the log emptied: its
-    /// moment passed, or a rate changed).
-    pub(super) fn give_back_logged(&self, id: u64) {
-        self.transact(&mut self.lock(), |limits, now| {
-            limits.give_back(id, now).then_some(())
-        });
+    /// Runs `update` on the limits under the lock for the logged
+    /// reservation or open call `taken` (anything else is another
+    /// limiter's: nothing of this one's), given its id and the time;
+    /// `false` changes nothing (once the word holds the state again, the
+    /// log has emptied: the moment passed, or a rate changed).
+    pub(super) fn on_logged(
+        &self,
+        taken: &GiveBackId,
+        update: impl Fn(&mut Limits, u64, u64) -> bool,
+    ) {
+        if let GiveBackId::Logged(id) = *taken {
+            self.transact(&mut self.lock(), |limits, now| {
+                update(limits, id, now).then_some(())
+            });
+        }
     }
 
     /// Reserves `cost` for an open call if the wait fits in `timeout` µs
@@ -47,14 +56,6 @@ impl<C: Clock> Single<C> {
         self.transact(&mut self.lock(), |limits, now| {
             limits.open(cost, now, timeout)
         })
-    }
-
-    /// Settles the open call `id` (see [`Limits::settle`]).
-    pub(super) fn settle_logged(&self, id: u64, charged: &Cost, actual: &Cost) {
-        self.transact(&mut self.lock(), |limits, now| {
-            limits.settle(id, charged, actual, now);
-            Some(())
-        });
     }
 
     /// Learns what an upstream answered (see [`Limits::learn`]): a rate
@@ -67,14 +68,6 @@ impl<C: Clock> Single<C> {
         debug_assert!(learned.is_ok(), "learning sets valid rates");
         self.metrics
             .rate(self.lock().states()[0].permits_per_second());
-    }
-
-    /// Keeps the logged reservation `id`: it will not be given back (see
-    /// [`Limits::keep`]), and the limiter may return to the word sooner.
-    pub(super) fn keep_logged(&self, id: u64) {
-        self.transact(&mut self.lock(), |limits, now| {
-            limits.keep(id, now).then_some(())
-        });
     }
 
     /// Runs `update` on the limits under the lock (held in `limits`),

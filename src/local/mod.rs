@@ -320,22 +320,18 @@ impl<C: Clock> GivesBack for Single<C> {
     }
 
     fn give_back(&self, taken: GiveBackId) {
-        // Anything else is another limiter's: nothing of this one's.
-        if let GiveBackId::Logged(id) = taken {
-            self.give_back_logged(id);
-        }
+        self.on_logged(&taken, |limits, id, now| limits.give_back(id, now));
     }
 
     fn keep(&self, taken: GiveBackId) {
-        if let GiveBackId::Logged(id) = taken {
-            self.keep_logged(id);
-        }
+        self.on_logged(&taken, |limits, id, now| limits.keep(id, now));
     }
 
     fn settle(&self, taken: &GiveBackId, charged: &Cost, actual: &Cost) {
-        if let GiveBackId::Logged(id) = *taken {
-            self.settle_logged(id, charged, actual);
-        }
+        self.on_logged(taken, |limits, id, now| {
+            limits.settle(id, charged, actual, now);
+            true
+        });
     }
 
     fn learn(&self, _: &GiveBackId, lesson: &Lesson, learning: &Learning) {

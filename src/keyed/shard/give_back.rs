@@ -1,32 +1,8 @@
-//! Giving a reservation back to its key, or keeping it.
+//! Giving a reservation back to its key, keeping it, or settling a call.
 
 use super::*;
 
 impl<K: Hash + Eq + Clone> Table<K> {
-    /// Gives back the reservation `ticket` of `key` at `now` (see
-    /// [`Limits::give_back`]), if the key is still held as the entry it was
-    /// logged in. Otherwise it gives nothing back: the entry went back to a
-    /// word (its log had emptied: the reservation's moment had passed, or
-    /// a rate changed), or the key was dropped (to the cap), and through its
-    /// log the reservation would give nothing back either.
-    pub(in crate::keyed) fn give_back<Q>(&mut self, key: &Q, ticket: LogId, now: u64) -> bool
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        self.on_entry(key, ticket, now, |limits| limits.give_back(ticket.id, now))
-    }
-
-    /// Keeps the reservation `ticket` of `key`: it will not be given back
-    /// (see [`Limits::keep`]), and the key may be a word again sooner.
-    pub(in crate::keyed) fn keep<Q>(&mut self, key: &Q, ticket: LogId, now: u64) -> bool
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        self.on_entry(key, ticket, now, |limits| limits.keep(ticket.id, now))
-    }
-
     /// Settles the open call `ticket` of `key` (see [`Limits::settle`]), if
     /// the key is still held as the entry it was logged in; else what
     /// `actual` counts past `charged` is charged to the key as it is now
@@ -49,8 +25,8 @@ impl<K: Hash + Eq + Clone> Table<K> {
             .get(key)
             .is_some_and(|e| e.serial == ticket.serial);
         if logged {
-            self.on_entry(key, ticket, now, |limits| {
-                limits.settle(ticket.id, charged, actual, now);
+            self.on_entry(key, ticket, now, |limits, id, now| {
+                limits.settle(id, charged, actual, now);
                 true
             });
             return Dropped::default();
@@ -84,14 +60,20 @@ impl<K: Hash + Eq + Clone> Table<K> {
         dropped
     }
 
-    /// Runs `call` on the limits of `key` if they are the entry `ticket` was
-    /// logged in, then holds the key as a word if it can be one again.
-    fn on_entry<Q>(
+    /// Runs `call` on the limits of `key`, with `ticket`'s id in their log
+    /// and `now` (a give-back, see [`Limits::give_back`], a keep, see
+    /// [`Limits::keep`], or a settle), if the key is still held as the
+    /// entry `ticket` was logged in, then holds the key as a word if it can
+    /// be one again; what `call` answers. Otherwise it does nothing: the entry went back to a word (its log
+    /// had emptied: the reservation's moment had passed, or a rate
+    /// changed), or the key was dropped (to the cap), and through its log
+    /// the reservation would give nothing back either.
+    pub(in crate::keyed) fn on_entry<Q>(
         &mut self,
         key: &Q,
         ticket: LogId,
         now: u64,
-        call: impl FnOnce(&mut Limits) -> bool,
+        call: impl FnOnce(&mut Limits, u64, u64) -> bool,
     ) -> bool
     where
         K: Borrow<Q>,
@@ -103,7 +85,7 @@ impl<K: Hash + Eq + Clone> Table<K> {
         if entry.serial != ticket.serial {
             return false;
         }
-        let done = call(&mut entry.limits);
+        let done = call(&mut entry.limits, ticket.id, now);
         self.settle(key, now);
         done
     }
