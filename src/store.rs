@@ -254,31 +254,35 @@ where
     Q: ?Sized + Sync,
     E: Engine<Q>,
 {
-    check_permits(permits)?;
-    let taken = engine.take(key, permits, None, true).await?;
-    let reservation =
-        taken.unwrap_or_else(|| Reservation::new(Duration::ZERO, engine.clock(), None));
-    engine.metrics().granted(reservation.delay());
-    Ok(reservation)
+    let taken = try_reservation(engine, key, permits, None).await?;
+    Ok(taken.unwrap_or_else(|| Reservation::new(Duration::ZERO, engine.clock(), None)))
 }
 
-/// [`reservation`] if the wait fits in `timeout`.
+/// [`reservation`] if the wait fits in `timeout` (any wait without one);
+/// `None`, reserving nothing, if refused.
 pub(crate) async fn try_reservation<'a, Q, E>(
     engine: &'a E,
     key: &Q,
     permits: u32,
-    timeout: Duration,
+    timeout: Option<Duration>,
 ) -> Result<Option<Reservation<'a>>, Error>
 where
     Q: ?Sized + Sync,
     E: Engine<Q>,
 {
     check_permits(permits)?;
-    let taken = engine.take(key, permits, Some(timeout), true).await?;
-    engine
-        .metrics()
-        .tried(taken.as_ref().map(Reservation::delay));
+    let taken = engine.take(key, permits, timeout, true).await?;
+    count(engine, timeout, taken.as_ref().map(Reservation::delay));
     Ok(taken)
+}
+
+/// Counts a reservation's wait (`None`: refused): a try's when there is a
+/// `timeout`, else a grant's.
+fn count(engine: &impl Rate, timeout: Option<Duration>, wait: Option<Duration>) {
+    match timeout {
+        Some(_) => engine.metrics().tried(wait),
+        None => engine.metrics().granted(wait.unwrap_or_default()),
+    }
 }
 
 /// Reserves `permits` of `key` and sleeps for the wait; the time slept.
@@ -303,7 +307,7 @@ where
     Q: ?Sized + Sync,
     E: Engine<Q>,
 {
-    let taken = try_reservation(engine, key, permits, timeout).await?;
+    let taken = try_reservation(engine, key, permits, Some(timeout)).await?;
     Ok(wait_if_granted(taken).await)
 }
 
@@ -334,11 +338,7 @@ where
     };
     let timeout = timeout.map(|timeout| timeout.saturating_sub(slot.waited));
     let taken = engine.take_call(key, &cost, timeout).await?;
-    let delay = taken.as_ref().map(Reservation::delay);
-    match timeout {
-        Some(_) => engine.metrics().tried(delay),
-        None => engine.metrics().granted(delay.unwrap_or_default()),
-    }
+    count(engine, timeout, taken.as_ref().map(Reservation::delay));
     let Some(reservation) = taken else {
         return Ok(None);
     };
@@ -390,10 +390,7 @@ where
 {
     check_permits(permits)?;
     let taken = engine.take_blocking(key, permits, timeout)?;
-    match timeout {
-        Some(_) => engine.metrics().tried(taken),
-        None => engine.metrics().granted(taken.unwrap_or_default()),
-    }
+    count(engine, timeout, taken);
     if let Some(wait) = taken.filter(|wait| !wait.is_zero()) {
         engine.sleep_blocking(wait);
     }

@@ -108,7 +108,12 @@ impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C> {
         Q: ?Sized + Sync,
         S::Keyed<K, C>: Engine<Q>,
     {
-        S::answer(store::try_reservation(&self.engine, key, permits, timeout))
+        S::answer(store::try_reservation(
+            &self.engine,
+            key,
+            permits,
+            Some(timeout),
+        ))
     }
 
     /// What `key` holds now, read without reserving (see [`Snapshot`]): a

@@ -82,7 +82,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             &self.engine,
             &NoKey,
             permits,
-            timeout,
+            Some(timeout),
         ))
     }
 

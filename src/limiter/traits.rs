@@ -398,7 +398,7 @@ impl<S: Store, C: Clock> Limiter for RateLimiter<S, C> {
         permits: u32,
         timeout: Duration,
     ) -> Result<Option<Reservation<'_>>, Error> {
-        store::try_reservation(&self.engine, &NoKey, permits, timeout).await
+        store::try_reservation(&self.engine, &NoKey, permits, Some(timeout)).await
     }
 
     async fn acquire(&self, permits: u32) -> Result<Duration, Error> {
@@ -465,7 +465,7 @@ where
         permits: u32,
         timeout: Duration,
     ) -> Result<Option<Reservation<'_>>, Error> {
-        store::try_reservation(&self.engine, key, permits, timeout).await
+        store::try_reservation(&self.engine, key, permits, Some(timeout)).await
     }
 
     async fn acquire(&self, key: &K, permits: u32) -> Result<Duration, Error> {
