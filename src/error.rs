@@ -161,14 +161,12 @@ pub(crate) fn check_cost(
     reserving: bool,
 ) -> Result<(), Error> {
     if let Some(len) = cost.len().filter(|len| *len > limits) {
-        return Err(Error::InvalidArgument(format!(
+        return invalid(format!(
             "a cost of {len} counts for a limiter of {limits} limits"
-        )));
+        ));
     }
     if reserving && cost.is_zero(limits) {
-        return Err(Error::InvalidArgument(
-            "a call must cost at least 1 permit of some limit (got none)".to_owned(),
-        ));
+        return invalid("a call must cost at least 1 permit of some limit (got none)");
     }
     Ok(())
 }
@@ -178,10 +176,16 @@ pub(crate) fn check_limit(index: usize, count: usize) -> Result<(), Error> {
     if index < count {
         Ok(())
     } else {
-        Err(Error::InvalidArgument(format!(
+        invalid(format!(
             "no limit {index}: this limiter has {count} (counted from 0)"
-        )))
+        ))
     }
+}
+
+/// An [`Error::InvalidArgument`] saying `message`.
+#[cold]
+pub(crate) fn invalid<T>(message: impl Into<String>) -> Result<T, Error> {
+    Err(Error::InvalidArgument(message.into()))
 }
 
 #[cold]

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::Error;
 use crate::core::{Bursty, Policy, State, WarmingUp};
+use crate::error::invalid;
 
 /// The default cold factor of the warming-up policy: a cold limiter starts
 /// three times slower than its stable rate.
@@ -24,35 +25,32 @@ pub(crate) struct PolicyConfig {
 impl PolicyConfig {
     /// Checks the options and returns the policy and rate they describe.
     pub(crate) fn policy(&self) -> Result<(Policy, f64), Error> {
-        let rate = self.permits_per_second.ok_or_else(|| {
-            Error::InvalidArgument(
-                "no rate was given: call .permits_per_second(rate) on the builder".to_owned(),
-            )
-        })?;
+        let Some(rate) = self.permits_per_second else {
+            return invalid("no rate was given: call .permits_per_second(rate) on the builder");
+        };
         crate::core::stable_interval_micros(rate)?;
         let policy = match (self.warmup, self.max_burst) {
             (Some(_), Some(_)) => {
-                return Err(Error::InvalidArgument(
+                return invalid(
                     "max_burst applies to the bursty policy only, but warmup was also set \
-                     (which chooses the warming-up policy): set one of them"
-                        .to_owned(),
-                ));
+                     (which chooses the warming-up policy): set one of them",
+                );
             }
             (Some(warmup), None) => {
                 let cold_factor = self.cold_factor.unwrap_or(DEFAULT_COLD_FACTOR);
                 if !(cold_factor.is_finite() && cold_factor >= 1.0) {
-                    return Err(Error::InvalidArgument(format!(
+                    return invalid(format!(
                         "cold_factor must be a finite number >= 1.0 (got {cold_factor})"
-                    )));
+                    ));
                 }
                 Policy::WarmingUp(WarmingUp::new(warmup, cold_factor))
             }
             (None, max_burst) => {
                 if let Some(cold_factor) = self.cold_factor {
-                    return Err(Error::InvalidArgument(format!(
+                    return invalid(format!(
                         "cold_factor ({cold_factor}) applies to the warming-up policy only: \
                          also set warmup, or remove cold_factor"
-                    )));
+                    ));
                 }
                 Policy::Bursty(max_burst.map(Bursty::new).unwrap_or_default())
             }
@@ -230,17 +228,16 @@ impl Limit {
     /// The limit's core state at `now`.
     fn state(&self, now: u64) -> Result<State, Error> {
         if let Some(why) = self.invalid {
-            return Err(Error::InvalidArgument(why.to_owned()));
+            return invalid(why);
         }
         let mut config = self.config.clone();
         if let (Some(rate), None) = (config.permits_per_second, config.warmup) {
             let burst = match self.burst {
                 Some(0) => {
-                    return Err(Error::InvalidArgument(
+                    return invalid(
                         "a limit's burst must be at least 1 (got 0): one request always goes \
-                         when nothing is owed; burst(1) is exact spacing"
-                            .to_owned(),
-                    ));
+                         when nothing is owed; burst(1) is exact spacing",
+                    );
                 }
                 Some(burst) => burst as f64,
                 // The period's whole permits, at least one.
@@ -283,22 +280,20 @@ pub(crate) fn limit_states(config: &PolicyConfig, now: u64) -> Result<Vec<State>
     let mut states = Vec::with_capacity(limits.len() + 1);
     if limits.is_empty() || config.permits_per_second.is_some() {
         if config.permits_per_second.is_none() && !config.limits.is_empty() {
-            return Err(Error::InvalidArgument(
+            return invalid(
                 "Limit::concurrent caps the calls in flight and is not a rate: give a rate \
                  too (.permits_per_second(rate) or a Limit::per_second; f64::INFINITY for \
-                 none)"
-                    .to_owned(),
-            ));
+                 none)",
+            );
         }
         let (policy, rate) = config.policy()?;
         states.push(State::new(policy, rate, now)?);
     } else if config.max_burst.is_some() || config.warmup.is_some() || config.cold_factor.is_some()
     {
-        return Err(Error::InvalidArgument(
+        return invalid(
             "max_burst, warmup and cold_factor on the builder shape the rate set with \
-             permits_per_second, which was not set: set them on each Limit instead"
-                .to_owned(),
-        ));
+             permits_per_second, which was not set: set them on each Limit instead",
+        );
     }
     for limit in limits {
         states.push(limit.state(now)?);
@@ -316,25 +311,20 @@ pub(crate) fn concurrency(config: &PolicyConfig) -> Result<Option<u32>, Error> {
             continue;
         };
         if found.is_some() {
-            return Err(Error::InvalidArgument(
-                "a limiter takes one Limit::concurrent at most (got two)".to_owned(),
-            ));
+            return invalid("a limiter takes one Limit::concurrent at most (got two)");
         }
         if calls == 0 {
-            return Err(Error::InvalidArgument(
-                "Limit::concurrent must allow at least 1 call in flight (got 0)".to_owned(),
-            ));
+            return invalid("Limit::concurrent must allow at least 1 call in flight (got 0)");
         }
         let shaped = limit.burst.is_some()
             || limit.config.warmup.is_some()
             || limit.config.cold_factor.is_some()
             || limit.name.is_some();
         if shaped {
-            return Err(Error::InvalidArgument(
+            return invalid(
                 "burst, warmup, cold_factor and named shape a rate, and Limit::concurrent is \
-                 not one: give them to a rate limit"
-                    .to_owned(),
-            ));
+                 not one: give them to a rate limit",
+            );
         }
         found = Some(calls);
     }

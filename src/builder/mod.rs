@@ -12,6 +12,7 @@ pub(crate) use limit::{PolicyConfig, concurrency, limit_states};
 
 use crate::clock::{Clock, SystemClock};
 use crate::core::Limits;
+use crate::error::invalid;
 use crate::limiter::{Key, Local, Store};
 use crate::metrics::Metrics;
 use crate::{Error, KeyedRateLimiter, RateLimiter};
@@ -216,11 +217,10 @@ impl<T, S: Store, C: Clock> Builder<T, S, C> {
     /// The clock, the metrics and the cap, checked.
     pub(crate) fn parts(&mut self) -> Result<(C, Metrics, Option<usize>), Error> {
         if self.max_keys == Some(0) {
-            return Err(Error::InvalidArgument(
+            return invalid(
                 "max_keys must be at least 1 (got 0): a limiter that holds no key cannot \
-                 limit; leave max_keys unset for no cap"
-                    .to_owned(),
-            ));
+                 limit; leave max_keys unset for no cap",
+            );
         }
         let clock = match self.clock.take() {
             Some(clock) => clock,
