@@ -5,10 +5,9 @@ use std::io;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use paceline::Error;
+use paceline::{Error, Limit};
 
-use crate::limiter::limits;
-use crate::units::{parse_duration, parse_record_size};
+use crate::units::{Rate, parse_duration, parse_rate, parse_record_size};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -282,4 +281,34 @@ pub(crate) fn plain(args: &Args) -> bool {
         && args.key_regex.is_none()
         && args.max_wait.is_none()
         && args.command.is_empty()
+}
+
+/// The limits the arguments describe: the first paces (burst `--burst`,
+/// default 1, or `--warmup`), the others are quotas (their whole period
+/// as burst).
+pub(crate) fn limits(args: &Args) -> Result<(Vec<Limit>, f64), Failure> {
+    let rates: Vec<Rate> = args
+        .rates
+        .iter()
+        .chain(&args.limits)
+        .map(|text| parse_rate(text, args.bytes))
+        .collect::<Result<_, _>>()
+        .map_err(Failure::Usage)?;
+    let slowest = rates
+        .iter()
+        .map(Rate::per_second)
+        .fold(f64::INFINITY, f64::min);
+    let limits = rates
+        .iter()
+        .enumerate()
+        .map(|(i, rate)| {
+            let limit = Limit::per(rate.permits, rate.period);
+            match (i, args.warmup) {
+                (0, Some(warmup)) => limit.warmup(warmup),
+                (0, None) => limit.burst(args.burst.unwrap_or(1)),
+                _ => limit,
+            }
+        })
+        .collect();
+    Ok((limits, slowest))
 }

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use crate::args::limits;
 use crate::args::{Args, Failure};
-use crate::limiter::{limits, local};
+use crate::limiter::local;
 use crate::progress::{Counts, Progress};
 use crate::read::{PAGE, Window, count, std_file, stdout_file, too_long};
 use crate::signals;

@@ -9,7 +9,6 @@ use paceline::{Error, KeyedLimiter, Limit, Limiter};
 
 use crate::args::{Args, Failure, OnDown};
 use crate::key::Key;
-use crate::units::{Rate, parse_rate};
 
 /// The clock of the command line's local limiters: the standard library's
 /// monotonic clock, which needs no calibration at start (a pipeline
@@ -70,36 +69,6 @@ impl Pacer {
             }
         }
     }
-}
-
-/// The limits the arguments describe: the first paces (burst `--burst`,
-/// default 1, or `--warmup`), the others are quotas (their whole period
-/// as burst).
-pub(crate) fn limits(args: &Args) -> Result<(Vec<Limit>, f64), Failure> {
-    let rates: Vec<Rate> = args
-        .rates
-        .iter()
-        .chain(&args.limits)
-        .map(|text| parse_rate(text, args.bytes))
-        .collect::<Result<_, _>>()
-        .map_err(Failure::Usage)?;
-    let slowest = rates
-        .iter()
-        .map(Rate::per_second)
-        .fold(f64::INFINITY, f64::min);
-    let limits = rates
-        .iter()
-        .enumerate()
-        .map(|(i, rate)| {
-            let limit = Limit::per(rate.permits, rate.period);
-            match (i, args.warmup) {
-                (0, Some(warmup)) => limit.warmup(warmup),
-                (0, None) => limit.burst(args.burst.unwrap_or(1)),
-                _ => limit,
-            }
-        })
-        .collect();
-    Ok((limits, slowest))
 }
 
 /// One rate in this process, on [`StdClock`].

@@ -21,10 +21,10 @@ use std::time::Instant;
 use clap::Parser;
 use tokio::sync::mpsc;
 
-use args::{Args, Failure, plain, validate};
+use args::{Args, Failure, limits, plain, validate};
 use copy::{copy, copy_locally};
 use key::KeyOf;
-use limiter::{limits, pacer};
+use limiter::pacer;
 use progress::{Counts, Progress};
 use read::read_stdin;
 use schedule::schedule;
