@@ -210,12 +210,11 @@ pub struct RateLimiter<S: Store = Local, C: Clock = crate::clock::SystemClock> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use paceline::KeyedRateLimiter;
+/// use paceline::{KeyedRateLimiter, Limit};
 /// use paceline::clock::FakeClock;
 ///
 /// let limiter = KeyedRateLimiter::<String>::builder()
-///     .permits_per_second(5.0)
-///     .max_burst(Duration::from_secs(1)) // 5 permits at once per user
+///     .limit(Limit::per_second(5.0).burst(5)) // 5 requests at once per user
 ///     .max_keys(100_000)
 ///     .clock(FakeClock::new())
 ///     .build()?;
@@ -223,7 +222,6 @@ pub struct RateLimiter<S: Store = Local, C: Clock = crate::clock::SystemClock> {
 /// for _ in 0..5 {
 ///     assert_eq!(limiter.reserve("alice", 1)?, Duration::ZERO);
 /// }
-/// assert_eq!(limiter.reserve("alice", 1)?, Duration::ZERO); // charged to the next
 /// assert_eq!(limiter.reserve("alice", 1)?, Duration::from_millis(200));
 /// // Another user is not affected.
 /// assert_eq!(limiter.try_reserve("bob", 1, Duration::ZERO)?, Some(Duration::ZERO));
