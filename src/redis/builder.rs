@@ -9,9 +9,9 @@ use super::failover::{Failover, Naming, Parts};
 use super::leases::Slots;
 use super::limiter::{Redis, Settings};
 use super::{Fallback, RedisBackend, naming};
-use crate::builder::{Builder, One, PerKey, PolicyConfig, limit_states};
+use crate::builder::{Builder, One, PerKey, limit_states};
 use crate::clock::Clock;
-use crate::core::Policy;
+use crate::error::invalid;
 use crate::limiter::{Key, Local};
 use crate::{Error, KeyedRateLimiter, RateLimiter};
 
@@ -77,16 +77,25 @@ impl<T, C: Clock> Builder<T, Redis, C> {
     {
         let (clock, _, cap) = self.parts()?;
         let settings = self.store();
-        check_limiter(&settings.name, self.config(), settings.local_fraction)?;
-        let (policy, rate, more) = shapes(self.config())?;
+        if settings.name.is_empty() {
+            return invalid("the limiter's name (its Redis key) must not be empty");
+        }
+        let local_fraction = settings.local_fraction;
+        if !(local_fraction > 0.0 && local_fraction <= 1.0) {
+            return invalid(format!(
+                "local_fraction must be in (0, 1] (got {local_fraction})"
+            ));
+        }
+        let limits = limit_states(self.config(), 0)?;
         Failover::new(Parts {
             backend: Arc::clone(&settings.backend),
             naming,
-            policy,
-            rate,
-            more,
+            limits: limits
+                .iter()
+                .map(|s| (s.policy().clone(), s.permits_per_second()))
+                .collect(),
             fallback: settings.fallback,
-            local_fraction: settings.local_fraction,
+            local_fraction,
             max_local_keys: cap.unwrap_or(max_keys),
             clock,
         })
@@ -135,32 +144,4 @@ impl<K: Key + Display, C: Clock> Builder<PerKey<K>, Redis, C> {
             slots,
         })
     }
-}
-
-/// Checks a Redis limiter's own options.
-fn check_limiter(name: &str, config: &PolicyConfig, local_fraction: f64) -> Result<(), Error> {
-    if name.is_empty() {
-        return Err(Error::InvalidArgument(
-            "the limiter's name (its Redis key) must not be empty".to_owned(),
-        ));
-    }
-    if !(local_fraction > 0.0 && local_fraction <= 1.0) {
-        return Err(Error::InvalidArgument(format!(
-            "local_fraction must be in (0, 1] (got {local_fraction})"
-        )));
-    }
-    limit_states(config, 0).map(|_| ())
-}
-
-/// The policy and rate of a builder's first limit, and the others.
-type Shapes = (Policy, f64, Vec<(Policy, f64)>);
-
-/// The limits a builder's options describe, as [`Parts`] takes them.
-fn shapes(config: &PolicyConfig) -> Result<Shapes, Error> {
-    let mut states = limit_states(config, 0)?.into_iter();
-    let first = states.next().expect("at least one limit");
-    let more = states
-        .map(|s| (s.policy().clone(), s.permits_per_second()))
-        .collect();
-    Ok((first.policy().clone(), first.permits_per_second(), more))
 }

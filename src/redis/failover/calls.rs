@@ -236,7 +236,6 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             return;
         }
         let books = self.books();
-        self.activate();
         self.open_locally(&books, key);
         update(&self.local);
         drop(books);

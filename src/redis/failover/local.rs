@@ -30,7 +30,6 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         if patient && let Some(carried) = self.carrying(&books, key) {
             return Err(carried);
         }
-        self.activate();
         self.open_locally(&books, key);
         let served = match self.fallback {
             Fallback::Local => serve(&self.local),
@@ -90,7 +89,8 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         }
     }
 
-    /// Holds `key` in the fallback, unless it does already: at its floor,
+    /// Holds `key` in the fallback (active from then on), unless it does
+    /// already: at its floor,
     /// and at the rates it learned in Redis, as its last reply said (under
     /// the lock, in `books`).
     pub(super) fn open_locally<Q>(&self, books: &Books<K>, key: &Q)
@@ -98,6 +98,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        self.activate();
         if self.local.ticket(key).is_none() {
             let floor = self.floor(books, key);
             // At its share of the rates the upstream reports.
@@ -114,14 +115,21 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ?Sized,
     {
-        let known = match books.known.get(key) {
-            Some(&until) => until,
-            None => books.overflow[self.bucket(key)],
-        };
-        self.now()
-            .max(known)
+        self.reported(books, key)
             .max(self.late_in(books, key))
             .max(self.local.dropped_until())
+    }
+
+    /// No earlier than now, the end of the debt Redis reported for `key`
+    /// (for a key not known exactly, the latest of its bucket).
+    fn reported<Q>(&self, books: &Books<K>, key: &Q) -> u64
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let known = books.known.get(key).copied();
+        self.now()
+            .max(known.unwrap_or_else(|| books.overflow[self.bucket(key)]))
     }
 
     /// A wake-up for the end of `key`'s carry-back, if one is under way
@@ -245,11 +253,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             // A key not known exactly goes by its bucket, where its own
             // charge is noted too: it is charged once either way (a key
             // whose bucket holds a later debt of another is not charged).
-            let known = match books.known.get(key) {
-                Some(&until) => until,
-                None => books.overflow[self.bucket(key)],
-            };
-            let known = self.now().max(known);
+            let known = self.reported(&books, key);
             let Some(failover) = self.this.upgrade().filter(|_| dropped > known) else {
                 return Floor::Charged;
             };

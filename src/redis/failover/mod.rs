@@ -4,35 +4,26 @@
 //!
 //! # The rule at every switch
 //!
-//! Each permit granted is counted exactly once in the schedule that later
-//! callers of every process see; where that cannot be known exactly, the
-//! limiter errs towards limiting, never towards granting twice.
+//! Each permit granted is counted once in the schedule every process sees;
+//! where that cannot be known, the limiter errs towards limiting (the
+//! user's view: `crate::redis`, "When Redis fails"). In the code's terms:
 //!
-//! - **Into the fallback.** A key opens in the local fallback with nothing
-//!   stored and its ticket at its *floor*: the end of the debt Redis last
-//!   reported for it (or, for a key whose report did not fit in memory,
-//!   the latest such end among the keys sharing its bucket), and no earlier
-//!   than the ticket of any key the fallback dropped to stay within
-//!   `max_local_keys`. A saturated key stays saturated.
-//! - **Back to Redis.** A key the fallback holds is carried back before
-//!   any other call of it reaches Redis: one resume call adds what the
-//!   fallback granted beyond what Redis knew (its ticket less the debt
-//!   Redis had reported, at the shared rate) and drops the stored permits;
-//!   only then does the fallback forget the key. Callers of a key being
-//!   carried wait for it, each within its response timeout in all (see
-//!   [`Patience`]): past it, the fallback, which still holds the key,
-//!   serves it. Keys nobody calls are carried by a background task,
-//!   started when the backend recovers.
-//! - **Nothing twice.** A key leaves the fallback only once its debt is in
-//!   Redis, so a second outage opens it from what Redis reports, not from
-//!   a stale local ticket. A resume whose reply is lost may be applied and
-//!   sent again: that errs towards limiting.
-//! - **Beyond the cap.** Keys the fallback dropped (more than
-//!   `max_local_keys` served in one outage) lose their local ticket; the
-//!   latest such ticket stays as a floor. After recovery, until that
-//!   moment passes, each key whose reported debt ends earlier is charged
-//!   up to it once, by its first call (others of the key wait for that
-//!   call, as for a carry-back): that errs towards limiting.
+//! - A key opens in the fallback with nothing stored and its ticket at its
+//!   *floor* (`floor`): the end of the debt Redis last reported for it (for
+//!   a key whose report did not fit in memory, the latest end in its
+//!   bucket), and no earlier than any ticket the fallback dropped to stay
+//!   within `max_local_keys`.
+//! - A key the fallback holds is carried back (`carry`: one resume adds
+//!   what it granted beyond what Redis knew, at the shared rate, and drops
+//!   the stored permits) before any other call of it reaches Redis, and
+//!   forgotten only then. Its callers wait within their response timeout
+//!   ([`Patience`]); past it, the fallback serves them. Keys nobody calls
+//!   are carried by a background task (`carry_all`). A resume whose reply
+//!   is lost may be applied and sent again: that errs towards limiting.
+//! - After an outage in which the fallback dropped keys, the first call of
+//!   a key whose reported debt ends before the latest dropped ticket is
+//!   charged up to it, once (`charge_floor`), its other callers waiting
+//!   as for a carry-back.
 
 mod calls;
 mod impls;
@@ -242,11 +233,8 @@ pub(crate) fn local_rate(permits_per_second: f64, local_fraction: f64) -> f64 {
 pub(crate) struct Parts<C> {
     pub(crate) backend: Arc<Backend>,
     pub(crate) naming: Naming,
-    pub(crate) policy: Policy,
-    pub(crate) rate: f64,
-    /// The limits after the first (`policy` and `rate`), for a limiter
-    /// built with several.
-    pub(crate) more: Vec<(Policy, f64)>,
+    /// Each limit's policy and shared rate (at least one).
+    pub(crate) limits: Vec<(Policy, f64)>,
     pub(crate) fallback: Fallback,
     pub(crate) local_fraction: f64,
     pub(crate) max_local_keys: usize,
@@ -255,8 +243,7 @@ pub(crate) struct Parts<C> {
 
 impl<K: Key + Display, C: Clock> Failover<K, C> {
     pub(crate) fn new(parts: Parts<C>) -> Result<Arc<Self>, Error> {
-        let mut limits = vec![(parts.policy.clone(), parts.rate)];
-        limits.extend(parts.more.iter().cloned());
+        let limits = &parts.limits;
         // The fallback's limits: each a share of its shared rate.
         let local_states = limits
             .iter()
@@ -271,7 +258,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             Mode::Empty,
         )
         .with_share(parts.local_fraction);
-        let script_args = ScriptArgs::new(&limits);
+        let script_args = ScriptArgs::new(limits);
         let metrics = Metrics::named(Some(match &parts.naming {
             Naming::Single { key, .. } => key,
             Naming::Keyed { prefix } => prefix.trim_end_matches(':'),
@@ -285,7 +272,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             coalescer,
             naming: parts.naming,
             script_args: Arc::new(script_args),
-            rate_bits: AtomicU64::new(parts.rate.to_bits()),
+            rate_bits: AtomicU64::new(limits[0].1.to_bits()),
             fallback: parts.fallback,
             local,
             local_fraction: parts.local_fraction,
@@ -475,12 +462,11 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
 
     /// A state read from Redis of `key`, under the limits in force: at
     /// what the key learned, as this process's last reply for it said.
-    fn snapshot_of<Q>(&self, key: &Q, stored: Stored) -> Snapshot
+    fn snapshot_of<Q>(&self, key: &Q, mut stored: Stored) -> Snapshot
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let mut stored = stored;
         stored.learned = self.books().learned.get(key).cloned();
         stored.snapshot(&self.script_args)
     }

@@ -32,9 +32,7 @@ fn failover(max_local_keys: usize) -> (Arc<Failover<String, FakeClock>>, FakeClo
         naming: Naming::Keyed {
             prefix: "paceline:t:".to_owned(),
         },
-        policy: Policy::Bursty(Bursty::new(Duration::ZERO)),
-        rate: 1.0,
-        more: Vec::new(),
+        limits: vec![(Policy::Bursty(Bursty::new(Duration::ZERO)), 1.0)],
         fallback: Fallback::Local,
         local_fraction: 1.0,
         max_local_keys,
