@@ -48,7 +48,7 @@ pub(crate) struct Reply {
     pub(crate) limit: usize,
     /// For a reservation, the limits' states after it (a refused try: as
     /// it found them), with the server's clock: what its snapshot reads,
-    /// [`Reply::snapshot`]. (A batch's requests share the state after the
+    /// [`Stored::snapshot`]. (A batch's requests share the state after the
     /// batch.)
     pub(crate) after: Option<Arc<Stored>>,
     /// The fraction of their configured rates the limits run at, learned
@@ -56,31 +56,6 @@ pub(crate) struct Reply {
     /// carries what the key learned (a call's and a learn's do, once it
     /// has learned anything); `None` otherwise.
     pub(crate) learned: Option<crate::core::Adopted>,
-}
-
-impl Reply {
-    /// A reply that is one integer: the debt (a probe's or a resume's), or
-    /// a give-back's outcome.
-    fn integer(n: u64) -> Reply {
-        Reply {
-            wait: Some(Duration::from_micros(n)),
-            debt_micros: n,
-            token: None,
-            limit: 0,
-            after: None,
-            learned: None,
-        }
-    }
-
-    /// What a client is told after this reservation: how many requests of
-    /// one permit would still go at once (`remaining`) and how long until
-    /// every limit is full again (`full_in`), of the binding limit, with
-    /// the limits' rates in force. (A reservation reads it the same way:
-    /// `Reservation::snapshot`.)
-    #[cfg(test)]
-    pub(crate) fn snapshot(&self, args: &ScriptArgs) -> Option<Snapshot> {
-        self.after.as_ref().map(|after| after.snapshot(args))
-    }
 }
 
 /// A key's state as the script replies it: the server's clock, and per
@@ -241,21 +216,30 @@ impl Answer for Reply {
     fn decode(value: Value, call: &Call, limits: usize) -> Option<Reply> {
         let reserves = matches!(call, Call::Reserve(_) | Call::Open { .. });
         match value {
-            Value::BulkString(bytes) => {
-                let held = match call {
-                    Call::Reserve(Request { held, .. }) => Held::IfItWaits(*held),
-                    Call::Open { .. } => Held::Always,
-                    _ => Held::IfItWaits(false),
-                };
-                if bytes.len() == 8 + LIMIT_LEN * limits {
-                    return Some(refused(Stored::decode(&bytes, limits)?));
-                }
-                granted(&bytes, limits, held)
+            Value::BulkString(bytes) if bytes.len() == 8 + LIMIT_LEN * limits => {
+                Some(refused(Stored::decode(&bytes, limits)?))
             }
+            // A held reservation's grant holds an id if it waits, a call's
+            // always.
+            Value::BulkString(bytes) => granted(&bytes, limits, |wait| match call {
+                Call::Reserve(request) => request.held && wait > 0,
+                _ => matches!(call, Call::Open { .. }),
+            }),
             Value::Int(n) if n < 0 && limits == 1 && reserves => {
                 Some(refused(Stored::waiting(n.unsigned_abs())))
             }
-            Value::Int(n) => Some(Reply::integer(u64::try_from(n).ok()?)),
+            // The debt (a probe's or a resume's), or a give-back's outcome.
+            Value::Int(n) => {
+                let n = u64::try_from(n).ok()?;
+                Some(Reply {
+                    wait: Some(Duration::from_micros(n)),
+                    debt_micros: n,
+                    token: None,
+                    limit: 0,
+                    after: None,
+                    learned: None,
+                })
+            }
             _ => None,
         }
     }
@@ -330,12 +314,8 @@ impl Answer for Vec<Reply> {
         let kept = self
             .iter()
             .any(|reply| reply.token.is_none() && reply.wait.is_some())
-            .then(|| {
-                self.iter()
-                    .map(|reply| reply.debt_micros)
-                    .max()
-                    .unwrap_or(0)
-            });
+            // (The debt after the batch, which its replies share.)
+            .then(|| self[0].debt_micros);
         let tokens = self.into_iter().filter_map(|reply| reply.token).collect();
         (tokens, kept)
     }
@@ -367,23 +347,15 @@ fn refused(stored: Stored) -> Reply {
     }
 }
 
-/// Whether a grant's reply holds an id to give it back with.
-#[derive(Clone, Copy)]
-enum Held {
-    /// A held reservation's (`true`) if it waits.
-    IfItWaits(bool),
-    /// A call's, always.
-    Always,
-}
-
 /// A granted reservation's reply: the value it wrote, from the marker or
 /// from its hot part on (the rest, if any, is read only for what the
 /// limits learned): the head (the shape, with the limit that bound the
 /// request and whether the key learned anything; the clock; next_id; the
 /// request's moment) and each limit's state, then the fixed part and what
 /// the limits learned, its factor first, if the reply holds them. A held
-/// reservation that waits, and a call, got the id before next_id.
-fn granted(bytes: &[u8], limits: usize, held: Held) -> Option<Reply> {
+/// reservation that waits, and a call, got the id before next_id (`ided`,
+/// given the wait, says whether this one did).
+fn granted(bytes: &[u8], limits: usize, ided: impl Fn(u64) -> bool) -> Option<Reply> {
     let bytes = bytes.strip_prefix(&MARKER[..]).unwrap_or(bytes);
     let hot = HEAD_LEN - MARKER.len() + LIMIT_LEN * limits;
     if bytes.len() < hot || !bytes.len().is_multiple_of(8) {
@@ -400,10 +372,9 @@ fn granted(bytes: &[u8], limits: usize, held: Held) -> Option<Reply> {
     let max = MAX_MICROS as f64;
     let (moment, next_id) = (whole(moment, max)?, whole(next_id, max)?);
     let wait = moment.checked_sub(after.now_micros)?;
-    let token = match held {
-        Held::IfItWaits(true) if wait > 0 => Some(LogId(next_id.checked_sub(1)?)),
-        Held::Always => Some(LogId(next_id.checked_sub(1)?)),
-        Held::IfItWaits(_) => None,
+    let token = match ided(wait) {
+        true => Some(LogId(next_id.checked_sub(1)?)),
+        false => None,
     };
     // What the limits learned, after the fixed part: the factor, the end
     // of the pause, when it last rose, the margin, and a cap per limit.
@@ -511,7 +482,7 @@ mod tests {
         let after = reply.after.as_ref().unwrap();
         assert_eq!(after.limits[0].next_free_fraction, 7);
         let args = ScriptArgs::new(&[(Policy::Bursty(Bursty::default()), 5.0)]);
-        let snapshot = reply.snapshot(&args).unwrap();
+        let snapshot = reply.after.as_ref().unwrap().snapshot(&args);
         assert_eq!(
             (snapshot.remaining(), snapshot.wait()),
             (0, Duration::from_micros(500))
@@ -536,7 +507,7 @@ mod tests {
         let reply = Reply::decode(Value::Int(-900), &plain, 1).unwrap();
         assert_eq!((reply.wait, reply.debt_micros), (None, 900));
         let state = Stored::decode(&le(&[now, 0.0, now + 900.0, 7.0]), 1).unwrap();
-        assert_eq!(reply.snapshot(&args), Some(state.snapshot(&args)));
+        assert_eq!(reply.after.unwrap().snapshot(&args), state.snapshot(&args));
         // (Not for several limits, nor for another call.)
         assert_eq!(Reply::decode(Value::Int(-900), &plain, 2), None);
         assert_eq!(Reply::decode(Value::Int(-900), &Call::Probe, 1), None);

@@ -59,10 +59,6 @@ impl Lead {
         }
     }
 
-    fn id(&self) -> LeadId {
-        self.id.clone()
-    }
-
     /// The round trip ended: `up`, Redis answered.
     fn finish(mut self, up: bool) {
         self.finished = true;
@@ -195,7 +191,7 @@ pub(crate) async fn send<T: Answer>(
     let gives_back = matches!(call, Call::Reserve(_) | Call::Open { .. } | Call::Batch(_));
     let remote = gives_back.then(|| Remote::new(backend, target));
     let (key, args) = (Arc::clone(&target.key), Arc::clone(&target.script_args));
-    let led = lead.as_ref().map(Lead::id);
+    let led = lead.as_ref().map(|lead| lead.id.clone());
     let metrics = backend.health.metrics();
     let timed = metrics
         .timing()

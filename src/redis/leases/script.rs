@@ -77,20 +77,13 @@ pub(super) async fn release(connection: &mut Connection, key: &str, id: &str) ->
 
 /// The script's reply: three integers.
 fn numbers(value: &Value) -> Option<[i64; 3]> {
-    let Value::Array(items) = value else {
-        return None;
-    };
-    let mut out = [0; 3];
-    if items.len() != 3 {
-        return None;
+    match value {
+        Value::Array(items) => match items[..] {
+            [Value::Int(a), Value::Int(b), Value::Int(c)] => Some([a, b, c]),
+            _ => None,
+        },
+        _ => None,
     }
-    for (slot, item) in out.iter_mut().zip(items) {
-        let Value::Int(n) = item else {
-            return None;
-        };
-        *slot = *n;
-    }
-    Some(out)
 }
 
 /// The script's reply to `args` on `key`.
