@@ -11,15 +11,10 @@ use ::http::header::{FORWARDED, HeaderName};
 use crate::Error;
 
 /// Where the client's address is read from: the connection's peer, or the
-/// one header that your own proxies write. Every other forwarding header
-/// is ignored, whatever it says: a client can send any header it likes,
-/// and only the one your proxy overwrites or appends to carries what the
-/// proxy saw (see [the module's docs](super#the-client-behind-proxies)).
-///
-/// The list headers, `X-Forwarded-For` and `Forwarded`, are read from the
-/// right past the trusted proxies; a header that holds one address is
-/// believed whole when the peer is a trusted proxy. See
-/// [`TrustedProxies::client_ip`].
+/// one header that your own proxies write; every other forwarding header
+/// is ignored, whatever it says (see [the module's
+/// docs](super#the-client-behind-proxies) for why, and
+/// [`TrustedProxies::client_ip`] for how each is read).
 ///
 /// It parses from a header's name, as a configuration file would give it
 /// (any case): `peer`, `x-forwarded-for` and `forwarded` are those
@@ -231,22 +226,8 @@ impl TrustedProxies {
     ///   the client is the peer.
     ///
     /// An IPv4 address mapped into IPv6 (`::ffff:192.0.2.1`) is read as
-    /// the IPv4 address, for the peer and in the headers alike.
-    ///
-    /// ```
-    /// use std::net::IpAddr;
-    /// use paceline::http::{ClientIpSource, TrustedProxies};
-    ///
-    /// let proxies = TrustedProxies::new(ClientIpSource::XForwardedFor, ["10.0.0.0/8"])?;
-    /// let mut headers = http::HeaderMap::new();
-    /// // The client wrote "6.6.6.6"; the proxy at 10.0.0.5 appended the
-    /// // address it saw; a forged `Forwarded` is not read.
-    /// headers.insert("x-forwarded-for", "6.6.6.6, 203.0.113.7".parse()?);
-    /// headers.insert("forwarded", "for=9.9.9.9".parse()?);
-    /// let peer: IpAddr = "10.0.0.5".parse()?;
-    /// assert_eq!(proxies.client_ip(peer, &headers), "203.0.113.7".parse::<IpAddr>()?);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
+    /// the IPv4 address, for the peer and in the headers alike. (An
+    /// example: [the module's](super#the-client-behind-proxies).)
     pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         let peer = canonical(peer);
         if !self.contains(peer) {

@@ -14,18 +14,10 @@ use crate::reservation::GiveBack;
 /// what [`RateLimiter::call`](crate::RateLimiter::call) and
 /// [`KeyedRateLimiter::call`](crate::KeyedRateLimiter::call) return.
 ///
-/// It was charged its estimate. Once the answer is back:
-///
-/// * [`learn`](Call::learn) feeds the answer back: a refusal (429) pauses
-///   every caller of the limiter until its `Retry-After` and lowers the
-///   rate, successes raise it back slowly, the rates and quotas the
-///   upstream reports cap it (see [`outbound`](crate::outbound));
-/// * [`settle`](Call::settle) replaces the estimate with the real cost and
-///   ends the call: the limiter then holds what it would had the call
-///   reserved that in the first place (exactly, while the limiter's log
-///   holds the call; see [`settle`](Call::settle) for after).
-///
-/// Drop the call to end it at its estimate: its slot, with a
+/// It was charged its estimate. Once the answer is back,
+/// [`learn`](Call::learn) feeds it back to the limiter, and
+/// [`settle`](Call::settle) replaces the estimate with the real cost and
+/// ends the call. Drop the call to end it at its estimate: its slot, with a
 /// [`Limit::concurrent`](crate::Limit::concurrent), is then free at once.
 ///
 /// ```

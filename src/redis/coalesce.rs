@@ -1,28 +1,19 @@
-//! Coalesced round trips: the reservations of one Redis key that arrive
-//! while a round trip of that key is in flight wait, and go together in
-//! one call of the script when it ends (a group commit). The script applies
-//! them in order at one clock reading, exactly as the same calls one by one
-//! would be; a lone caller goes at once.
+//! Coalesced round trips, a group commit (what users are told: the
+//! "Hot keys" section of `crate::redis`): the reservations of one Redis
+//! key that arrive while a round trip of that key is in flight wait, and
+//! go together in one call of the script when it ends, applied in order at
+//! one clock reading exactly as the same calls one by one would be; a lone
+//! caller goes at once.
 //!
 //! Every round trip of a key, a lone caller's included, runs as a task of
 //! the backend's runtime, and every caller awaits its reply through a
-//! channel of its own, on a timer of its own: no caller's wait depends on
-//! another caller's future being polled, and a caller stalled or dropped
-//! holds up nobody but itself.
-//!
-//! The guarantees of a single call hold for each request of a batch:
-//!
-//! - **Cancelled while queued**: nothing is sent for it, nothing charged.
-//! - **Cancelled after it was sent**: its reply is given back, as an
-//!   abandoned round trip's is, whether it comes after the caller left or
-//!   reached the caller's channel before and was never read.
-//! - **Past the response timeout**: the caller goes to its fallback as a
-//!   single call that timed out does; its request, if it was sent, is
-//!   given back when its reply comes.
-//! - **An outage**: a batch that fails (or times out) fails every request
-//!   in it, and every request queued behind it, once: each caller then goes
-//!   to its fallback as a single call would. A batch that times out is
-//!   still awaited in the background and its grants given back.
+//! channel of its own, on a timer of its own ([`wait`]): a caller stalled
+//! or dropped holds up nobody but itself. Each request of a batch keeps a
+//! single call's guarantees: cancelled while queued, nothing is sent or
+//! charged; cancelled after it was sent, or past the response timeout (the
+//! caller then goes to its fallback), its grant is given back when its
+//! reply comes ([`Waiting`], [`run_batch`]); a batch that fails or times
+//! out fails every request in it and queued behind it, once.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};

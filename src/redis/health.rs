@@ -1,14 +1,10 @@
 //! Which part of Redis a backend finds down, and its health counters.
 //!
-//! A single server is one *zone*: when a call fails, the whole backend is
-//! down. A cluster has one zone per hash slot (16 384 of them): a call that
-//! finds its key's node down marks that key's slot, and the probe widens
-//! that to every slot the node serves as soon as it has read the cluster's
-//! slot map, so that the node's other keys go to their fallbacks without
-//! each waiting for a timeout first. Keys on the other nodes stay on Redis.
-//! A cluster that cannot be reached at all is down as a whole, as a single
-//! server is.
-//!
+//! A single server is one *zone*; a cluster has one per hash slot. A call
+//! that finds its key's node down marks that key's slot, and the probe
+//! widens that to every slot of the node once it has read the slot map
+//! (see the cluster row of `crate::redis`'s "When Redis fails"); a cluster
+//! that cannot be reached at all is down as a whole ([`Zone::All`]).
 //! Checking whether a zone is down is one atomic load while nothing is.
 
 use std::collections::BTreeMap;

@@ -69,9 +69,7 @@
 //! # When Redis fails
 //!
 //! Every call returns within `response_timeout` (plus scheduling slack); "the
-//! fallback" is the one configured above. the Redis tests stage each row with a real `redis-server` (of the
-//! script refusals: out of memory, `READONLY`, `BUSY`, `LOADING` and
-//! `MASTERDOWN`).
+//! fallback" is the one configured above.
 //!
 //! | What happens | What callers get | Back on Redis |
 //! |---|---|---|
@@ -111,8 +109,9 @@
 //!   limiting: a reservation may stay charged, a key may open later than it
 //!   had to, never granted twice.
 //!
-//! The tests stage each of these moments; one of them
-//! kills, stops, fills up and demotes a server at seeded moments while two
+//! The tests stage each row and each of these moments on a real server
+//! (every script refusal of the table among them); one of them kills,
+//! stops, fills up and demotes a server at seeded moments while two
 //! processes call through it, and checks every sliding window of every key
 //! against the rate, the burst and the fallbacks' allowance.
 //!
@@ -124,7 +123,7 @@
 //! (the backend option [`coalesce`](RedisBackendBuilder::coalesce), on by
 //! default): a caller with no round trip of its key in flight goes at
 //! once; callers that arrive while one is in flight queue, and go together
-//! in one script call (up to 256) when it ends, or sooner once 32 are
+//! in one script call (up to 256) when it ends, or sooner once 64 are
 //! waiting (at most two calls of a key in flight). The script applies a
 //! batch in order at one reading of Redis's clock: each request gets
 //! exactly what its own call would have got at that moment, and the key is
@@ -161,12 +160,8 @@
 //!   time.
 //! - **Cluster** (feature `redis-cluster`, which turns on the client's
 //!   cluster support). Each limiter is one key, so limiters spread over the
-//!   slots. Health is kept per node: when a node is down or hung, only the limiters
-//!   and keys in its slots serve from their fallbacks, also when they share
-//!   one `RedisBackend` or are keys of one keyed limiter. The probe runs the
-//!   script on the failing node only, never on every node, so an unrelated
-//!   node's outage does not keep anything degraded. A cluster that refuses
-//!   every connection is down as a whole.
+//!   slots. Health is kept per node (the table's last row), and a cluster
+//!   that refuses every connection is down as a whole.
 //! - **Cluster client timeouts.** Build the `ClusterClient` with a
 //!   `connection_timeout` below the limiter's `response_timeout` (the
 //!   client's default is 1 s). A cluster connection that has to reconnect to

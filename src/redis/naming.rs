@@ -1,27 +1,17 @@
 //! The Redis key of a limiter and of each of its keys: one rule that maps
-//! every (limiter, key) pair to its own Redis key.
+//! every (limiter, key) pair to its own Redis key, as `crate::redis`'s
+//! "Key names" states it: `prefix:v1:` + the name with `\` and `:`
+//! escaped, then, for a keyed limiter's key, `:` + the key's `Display`
+//! text with `\`, `{` and `}` escaped (as `\\`, `\(`, `\)`).
 //!
-//! - A limiter named `name` uses `prefix:v1:` + `esc(name)`, where `prefix`
-//!   is the backend's key prefix (`paceline` unless set; it holds no `:`),
-//!   `v1` the version of the key layout and of the values under it ([`LAYOUT`]),
-//!   and `esc` writes `\` as `\\` and `:` as `\:`.
-//! - A keyed limiter's key `key` (its `Display` text) uses
-//!   `prefix:v1:` + `esc(name)` + `:` + `esc_key(key)`, where `esc_key`
-//!   writes `\` as `\\`, `{` as `\(` and `}` as `\)`.
-//!
-//! The first `:` ends the prefix and the second the version. The next that
-//! no `\` escapes ends the name, so a single limiter's key (which has none)
-//! and each keyed limiter's keys are told apart, and both escapes can be
-//! undone: no two pairs share a Redis key, whatever bytes a client puts in
-//! its key. A later layout (or value format) takes another version, so its
-//! keys never meet this one's.
-//!
-//! On a cluster, a Redis key's slot is the hash of the text between its
-//! first `{` and the next `}` when there is one. A key's text can hold no
-//! brace once escaped, so no client picks its slot; a limiter's name keeps
-//! its braces, so `{tenant-7}` (in the name) puts that limiter and all its
-//! keys in one slot, on purpose. Names and keys without `\`, `:`, `{` or
-//! `}` map to the same Redis keys as before the rule.
+//! Why no two pairs share a Redis key: the first `:` ends the prefix (which
+//! holds none) and the second the version; the next that no `\` escapes
+//! ends the name, so a single limiter's key (which has none) and each keyed
+//! limiter's keys are told apart, and both escapes can be undone. A later
+//! layout (or value format) takes another version, so its keys never meet
+//! this one's. A key's text holds no brace once escaped, so no client picks
+//! its cluster slot; a name keeps its braces, so that `{tenant-7}` can put
+//! a limiter and all its keys in one slot.
 
 use std::fmt::{self, Display, Write};
 
