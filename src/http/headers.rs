@@ -60,57 +60,17 @@ fn quota(snapshot: &Snapshot) -> (u64, u64) {
     (allowed.max(burst), window)
 }
 
-/// A header value built on the stack: `parts` one after another (one
-/// allocation, the value's own; a value too long for the stack, from a
-/// long policy name, goes through a `Vec`).
-fn header_value(parts: &[Part<'_>]) -> Option<HeaderValue> {
+/// A header value formatted on the stack (one allocation, the value's
+/// own; a value too long for the stack, from a long policy name, is
+/// formatted again on the heap).
+fn header_value(args: std::fmt::Arguments<'_>) -> Option<HeaderValue> {
     let mut buffer = [0u8; 96];
-    let mut at = 0;
-    let mut spilled: Option<Vec<u8>> = None;
-    for part in parts {
-        let mut digits = [0u8; 20];
-        let bytes = part.bytes(&mut digits);
-        match &mut spilled {
-            Some(spilled) => spilled.extend_from_slice(bytes),
-            None if at + bytes.len() <= buffer.len() => {
-                buffer[at..at + bytes.len()].copy_from_slice(bytes);
-                at += bytes.len();
-            }
-            None => {
-                let mut long = buffer[..at].to_vec();
-                long.extend_from_slice(bytes);
-                spilled = Some(long);
-            }
-        }
+    let mut rest = &mut buffer[..];
+    if std::io::Write::write_fmt(&mut rest, args).is_ok() {
+        let len = 96 - rest.len();
+        return HeaderValue::from_bytes(&buffer[..len]).ok();
     }
-    HeaderValue::from_bytes(spilled.as_deref().unwrap_or(&buffer[..at])).ok()
-}
-
-/// A piece of a header value.
-enum Part<'a> {
-    Text(&'a str),
-    Number(u64),
-}
-
-impl Part<'_> {
-    /// Its bytes (a number's digits written into `digits`).
-    fn bytes<'b>(&'b self, digits: &'b mut [u8; 20]) -> &'b [u8] {
-        match self {
-            Part::Text(text) => text.as_bytes(),
-            Part::Number(n) => {
-                let (mut n, mut i) = (*n, digits.len());
-                loop {
-                    i -= 1;
-                    digits[i] = b'0' + (n % 10) as u8;
-                    n /= 10;
-                    if n == 0 {
-                        break;
-                    }
-                }
-                &digits[i..]
-            }
-        }
-    }
+    HeaderValue::from_bytes(args.to_string().as_bytes()).ok()
 }
 
 /// A policy's name as a structured-field string (quotes included), and
@@ -142,9 +102,7 @@ impl PolicyName {
         {
             return Some(value);
         }
-        use Part::{Number, Text};
-        let quoted = &*self.quoted;
-        let value = header_value(&[Text(quoted), Text(";q="), Number(q), Text(";w="), Number(w)])?;
+        let value = header_value(format_args!("{};q={q};w={w}", self.quoted))?;
         if let Ok(mut cached) = self.value.write() {
             *cached = Some((q, w, value.clone()));
         }
@@ -182,11 +140,10 @@ pub(super) fn write_headers(
             vacant.insert(value);
         }
     };
-    use Part::{Number, Text};
     put(RATELIMIT_POLICY, &|| policy.value(q, w));
     let name = &*policy.quoted;
     put(RATELIMIT, &|| {
-        header_value(&[Text(name), Text(";r="), Number(r), Text(";t="), Number(t)])
+        header_value(format_args!("{name};r={r};t={t}"))
     });
     if kind == Headers::IetfAndLegacy {
         put(X_RATELIMIT_LIMIT, &|| Some(HeaderValue::from(q)));
@@ -216,6 +173,15 @@ mod tests {
             (Duration::MAX, u64::MAX),
         ] {
             assert_eq!(retry_after_secs(wait), secs, "{wait:?}");
+        }
+    }
+
+    #[test]
+    fn a_value_too_long_for_the_stack_is_written_whole() {
+        for len in [0, 95, 96, 97, 300] {
+            let text = "x".repeat(len);
+            let value = header_value(format_args!("{text}")).unwrap();
+            assert_eq!(value.as_bytes(), text.as_bytes());
         }
     }
 }

@@ -44,16 +44,12 @@
 //!
 //! An upstream that also caps how many requests it serves at once gets a
 //! [`Limit::concurrent(k)`](crate::Limit::concurrent) beside its rates: "N
-//! per second *and* k at once". A call then takes one of `k` *slots*
-//! first (waiting for one while all are taken: first come, first served in
-//! this process, and a caller that gives up hands its place on), then its
-//! place in the schedule; the [`Call`] holds both, and its slot is free
-//! again as soon as it is dropped. All or nothing: a
-//! [`try_call`](crate::RateLimiter::try_call) that cannot have both within
-//! its timeout (one timeout for the two) takes neither, and a slot taken
-//! and then refused by the schedule goes back at once. Only calls hold
-//! slots (`reserve` and `acquire` do not: their end is not known), a
-//! [`Cost`](crate::Cost) counts the rate limits only, in order, and
+//! per second *and* k at once" (what a *slot* is, and what holds one:
+//! there). The [`Call`] holds its slot and its place in the schedule; a
+//! caller that gives up while waiting for a slot hands its place on. All
+//! or nothing: a [`try_call`](crate::RateLimiter::try_call) that cannot
+//! have both within its timeout (one timeout for the two) takes neither,
+//! and a slot taken and then refused by the schedule goes back at once.
 //! [`Stats::in_flight`](crate::Stats) counts the calls holding a slot. A
 //! keyed limiter has `k` slots per key, and holds nothing for a key with
 //! no call holding or waiting for one.

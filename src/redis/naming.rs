@@ -100,28 +100,26 @@ mod tests {
 
     use super::*;
 
+    fn keyed<Q: Display + ?Sized>(name: &str, key: &Q) -> String {
+        keyed_key(&keyed_prefix(DEFAULT_KEY_PREFIX, name), key)
+    }
+
     #[test]
     fn plain_names_and_keys_are_the_prefix_the_version_and_them() {
         assert_eq!(
             single_key(DEFAULT_KEY_PREFIX, "orders-api"),
             "paceline:v1:orders-api"
         );
-        assert_eq!(
-            keyed_key(&keyed_prefix(DEFAULT_KEY_PREFIX, "api"), "alice"),
-            "paceline:v1:api:alice"
-        );
-        assert_eq!(
-            keyed_key(&keyed_prefix(DEFAULT_KEY_PREFIX, "api"), &42u64),
-            "paceline:v1:api:42"
-        );
+        assert_eq!(keyed("api", "alice"), "paceline:v1:api:alice");
+        assert_eq!(keyed("api", &42u64), "paceline:v1:api:42");
         assert_eq!(single_key("tenant-7", "api"), "tenant-7:v1:api");
     }
 
     #[test]
     fn names_and_keys_with_colons_do_not_alias() {
         let keys = [
-            keyed_key(&keyed_prefix(DEFAULT_KEY_PREFIX, "api"), "admin:x"),
-            keyed_key(&keyed_prefix(DEFAULT_KEY_PREFIX, "api:admin"), "x"),
+            keyed("api", "admin:x"),
+            keyed("api:admin", "x"),
             single_key(DEFAULT_KEY_PREFIX, "api:admin:x"),
         ];
         assert_eq!(keys[0], "paceline:v1:api:admin:x");
@@ -131,17 +129,11 @@ mod tests {
 
     #[test]
     fn a_key_cannot_choose_its_slot_but_a_name_can() {
-        let key = keyed_key(&keyed_prefix(DEFAULT_KEY_PREFIX, "api"), "{victim}x");
+        let key = keyed("api", "{victim}x");
         assert_eq!(key, "paceline:v1:api:\\(victim\\)x");
         assert!(!key.contains(['{', '}']));
-        assert_eq!(
-            keyed_key(&keyed_prefix(DEFAULT_KEY_PREFIX, "{tenant}"), "k"),
-            "paceline:v1:{tenant}:k"
-        );
-        assert_eq!(
-            keyed_key(&keyed_prefix(DEFAULT_KEY_PREFIX, "a"), "\\"),
-            "paceline:v1:a:\\\\"
-        );
+        assert_eq!(keyed("{tenant}", "k"), "paceline:v1:{tenant}:k");
+        assert_eq!(keyed("a", "\\"), "paceline:v1:a:\\\\");
     }
 
     /// A small deterministic generator (splitmix64).
@@ -188,7 +180,7 @@ mod tests {
                 .then(|| text(&mut state, true));
             let redis_key = match &key {
                 None => single_key(DEFAULT_KEY_PREFIX, &name),
-                Some(key) => keyed_key(&keyed_prefix(DEFAULT_KEY_PREFIX, &name), key),
+                Some(key) => keyed(&name, key),
             };
             let pair = (name.clone(), key.clone());
             if new

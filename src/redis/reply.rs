@@ -462,11 +462,7 @@ mod tests {
         value.extend(le(&[1.0 + BOUND, now, 42.0, now + 300.0]));
         value.extend(le(&[0.0, now + 500.0, 7.0]));
         value.extend(le(&[2e6, 5.0, 5.0]));
-        let held = Call::Reserve(Request {
-            permits: 1,
-            timeout: None,
-            held: true,
-        });
+        let held = Call::Reserve(Request::of(1, None, true));
         let reply = Reply::decode(Value::BulkString(value.clone()), &held, 1).unwrap();
         // Written whole or only its hot part, the reply reads the same.
         let hot = value[4..60].to_vec();
@@ -488,11 +484,7 @@ mod tests {
             (0, Duration::from_micros(500))
         );
         // Not held: no token. A refused try: the state it read.
-        let plain = Call::Reserve(Request {
-            permits: 1,
-            timeout: None,
-            held: false,
-        });
+        let plain = Call::Reserve(Request::of(1, None, false));
         assert_eq!(
             Reply::decode(Value::BulkString(value.clone()), &plain, 1)
                 .unwrap()

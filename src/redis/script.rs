@@ -165,6 +165,18 @@ pub(crate) struct Request {
     pub(crate) held: bool,
 }
 
+#[cfg(test)]
+impl Request {
+    /// A request as the tests write one.
+    pub(crate) fn of(permits: u32, timeout: Option<Duration>, held: bool) -> Request {
+        Request {
+            permits,
+            timeout,
+            held,
+        }
+    }
+}
+
 /// What gives a reservation made in Redis back: the id the script gave it
 /// in its key's log.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -276,11 +288,9 @@ fn call_args(cmd: &mut Cmd, call: &Call, limits: usize) {
             cmd.arg("batch").arg(batch_text(requests));
         }
         Call::Open { cost, timeout } => {
-            let timeout = timeout.map_or_else(|| "-1".to_owned(), |t| micros(t).to_string());
-            cmd.arg("call").arg(format!(
-                "{}:{timeout}",
-                joined(limits, |i| cost.get(i).into())
-            ));
+            let costs = joined(limits, |i| cost.get(i).into());
+            let timeout = timeout.map_or(-1, |t| micros(t) as i64);
+            cmd.arg("call").arg(format!("{costs}:{timeout}"));
         }
         Call::Settle {
             token,
@@ -418,16 +428,8 @@ mod tests {
     fn arguments_are_the_same_whether_preformatted_or_not() {
         let bursty = Policy::Bursty(Bursty::new(Duration::from_millis(1500)));
         let warming = Policy::WarmingUp(WarmingUp::new(Duration::from_secs(2), 3.5));
-        let reserve = Call::Reserve(Request {
-            permits: 1,
-            timeout: None,
-            held: false,
-        });
-        let try_7 = Call::Reserve(Request {
-            permits: 7,
-            timeout: Some(Duration::from_millis(20)),
-            held: true,
-        });
+        let reserve = Call::Reserve(Request::of(1, None, false));
+        let try_7 = Call::Reserve(Request::of(7, Some(Duration::from_millis(20)), true));
         for (policy, rate, call, expected) in [
             (
                 &bursty,
@@ -484,21 +486,9 @@ mod tests {
             ]
         );
         let batch = Call::Batch(Box::new([
-            Request {
-                permits: 1,
-                timeout: None,
-                held: true,
-            },
-            Request {
-                permits: 1,
-                timeout: None,
-                held: true,
-            },
-            Request {
-                permits: 2,
-                timeout: Some(Duration::from_micros(5)),
-                held: false,
-            },
+            Request::of(1, None, true),
+            Request::of(1, None, true),
+            Request::of(2, Some(Duration::from_micros(5)), false),
         ]));
         let cmd = command("EVALSHA", "sha", "k", &batch, &args);
         assert_eq!(argv(&cmd)[..2], ["batch", "1+:-1*2,2:5"]);

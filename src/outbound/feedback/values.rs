@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The longest `Retry-After` or reset kept: a longer one is cut to this,
 /// so that no response pauses a client for longer.
-pub(super) const MAX_DELAY: Duration = Duration::from_secs(24 * 60 * 60);
+const MAX_DELAY: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// A non-negative integer; `None` for anything else, or one past `u64`.
 pub(super) fn integer(text: &[u8]) -> Option<u64> {
@@ -72,7 +72,7 @@ pub(super) fn cut(delay: Duration) -> Duration {
 
 /// The time from `now` to `at` (since the epoch): zero if past, at most a
 /// day.
-pub(super) fn until(at: Duration, now: SystemTime) -> Duration {
+fn until(at: Duration, now: SystemTime) -> Duration {
     UNIX_EPOCH.checked_add(at).map_or(MAX_DELAY, |at| {
         cut(at.duration_since(now).unwrap_or(Duration::ZERO))
     })
@@ -102,7 +102,7 @@ pub(super) fn reset(value: &[u8], now: SystemTime) -> Option<Duration> {
 
 /// Whether `text` has the shape of `template`: `a` a letter, `0` a digit,
 /// `_` a digit or a space, any other byte itself.
-pub(super) fn shaped(text: &[u8], template: &[u8]) -> bool {
+fn shaped(text: &[u8], template: &[u8]) -> bool {
     text.len() == template.len()
         && text.iter().zip(template).all(|(&b, &t)| match t {
             b'a' => b.is_ascii_alphabetic(),
@@ -113,7 +113,7 @@ pub(super) fn shaped(text: &[u8], template: &[u8]) -> bool {
 }
 
 /// The number that shaped digits (and spaces) write.
-pub(super) fn digits(text: &[u8]) -> i64 {
+fn digits(text: &[u8]) -> i64 {
     text.iter()
         .filter(|b| b.is_ascii_digit())
         .fold(0, |n, &b| n * 10 + i64::from(b - b'0'))
