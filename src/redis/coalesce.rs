@@ -1,5 +1,5 @@
-//! Coalesced round trips, a group commit (what users are told: the
-//! "Hot keys" section of `crate::redis`): the reservations of one Redis
+//! Coalesced round trips, a group commit (what users are told:
+//! `RedisBackendBuilder::coalesce`): the reservations of one Redis
 //! key that arrive while a round trip of that key is in flight wait, and
 //! go together in one call of the script when it ends, applied in order at
 //! one clock reading exactly as the same calls one by one would be; a lone

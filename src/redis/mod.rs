@@ -45,26 +45,20 @@
 //!
 //! # Fallbacks
 //!
-//! Every call waits at most `response_timeout` for Redis (default 200 ms). When
-//! Redis is unreachable, too slow, or failing, the limiter switches to its
-//! fallback at once and probes Redis in the background, switching back as soon
-//! as its script works again on a fresh connection (a server that answers but
-//! refuses writes, e.g. out of memory or a read-only replica, counts as down).
-//! A limiter can be built while Redis is down: it starts on its fallback
-//! (the backend's `.require_connection(true)` makes building it fail instead). Dropping an
+//! Every call waits at most `response_timeout` for Redis (default 200 ms).
+//! When Redis is unreachable, too slow, or failing, the limiter switches to
+//! its [`Fallback`] at once ([`Fallback::Local`], the default, limits in
+//! this process at `rate × local_fraction`: set `.local_fraction(1.0 / N)`
+//! when N processes share the key), probes Redis in the background, and
+//! switches back as soon as its script works again on a fresh connection
+//! (the [`Fallback`] docs say how). A limiter can be built while Redis is
+//! down: it starts on its fallback (the backend's
+//! `.require_connection(true)` makes building it fail instead). Dropping an
 //! `acquire` gives its reservation back, in Redis too. Redis's `TIME` is the
-//! clock; the script never lets it run backwards, and a forward step reads as
-//! idle time (at most a burst).
-//!
-//! - [`Fallback::Local`] (default): limit in this process with the same
-//!   configuration, at `rate × local_fraction` (set `.local_fraction(1.0 / N)`
-//!   when N processes share the key).
-//! - [`Fallback::FailOpen`]: grant everything; availability over limiting.
-//! - [`Fallback::FailClosed`]: return `Error::Backend`; limiting over availability.
-//!
-//! Switches are logged through `tracing` and counted by `limiter.stats()`. Run
-//! `cargo run --example distributed` to see three instances share one rate (it
-//! uses `REDIS_URL`, or starts a private `redis-server`).
+//! clock; the script never lets it run backwards, and a forward step reads
+//! as idle time (at most a burst). Run `cargo run --example distributed` to
+//! see three instances share one rate (it uses `REDIS_URL`, or starts a
+//! private `redis-server`).
 //!
 //! # When Redis fails
 //!
@@ -121,22 +115,12 @@
 //! script call per ~7 µs of server time, however many clients call it.
 //! Reservations of one key from one process are therefore *coalesced*
 //! (the backend option [`coalesce`](RedisBackendBuilder::coalesce), on by
-//! default): a caller with no round trip of its key in flight goes at
-//! once; callers that arrive while one is in flight queue, and go together
-//! in one script call (up to 256) when it ends, or sooner once 64 are
-//! waiting (at most two calls of a key in flight). The script applies a
-//! batch in order at one reading of Redis's clock: each request gets
-//! exactly what its own call would have got at that moment, and the key is
-//! left exactly as those calls one by one would leave it. On one hot key,
-//! 256 tasks of one process reserve about 6× as many permits per second
-//! as with `coalesce(false)` (BENCHMARKS.md). The round trips run as tasks
-//! of the limiter's runtime, and each caller waits for its reply on a timer
-//! of its own (the response timeout, as a single call): a caller held
-//! unpolled (a `select!` arm left pending, a `join!` beside blocking work)
-//! or dropped holds up no other caller of its key. A caller that gives up
-//! while queued sends nothing and is charged nothing; one that gives up
-//! after its batch was sent has its grant given back; a batch that fails
-//! sends each of its callers to the fallback once.
+//! default, which states what each caller is promised): a caller with no
+//! round trip of its key in flight goes at once; callers that arrive while
+//! one is in flight queue, and go together in one script call (up to 256)
+//! when it ends, or sooner once 64 are waiting (at most two calls of a key
+//! in flight). On one hot key, 256 tasks of one process reserve about 6×
+//! as many permits per second as with `coalesce(false)` (BENCHMARKS.md).
 //!
 //! # Running Redis for this
 //!

@@ -162,14 +162,15 @@ struct Marked<K: Hash + Eq, C: Clock> {
     key: K,
 }
 
+impl<K, C: Clock> Failover<K, C> {
+    fn books(&self) -> MutexGuard<'_, Books<K>> {
+        self.books.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 impl<K: Hash + Eq, C: Clock> Drop for Marked<K, C> {
     fn drop(&mut self) {
-        self.failover
-            .books
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .carrying
-            .remove(&self.key);
+        self.failover.books().carrying.remove(&self.key);
         self.failover.carried.notify_waiters();
     }
 }
@@ -184,13 +185,6 @@ struct Patience {
 }
 
 impl Patience {
-    fn new(response_timeout: Duration) -> Patience {
-        Patience {
-            deadline: tokio::time::Instant::now() + response_timeout,
-            waited: false,
-        }
-    }
-
     /// Whether the call's time is up.
     fn out(&self) -> bool {
         tokio::time::Instant::now() >= self.deadline
@@ -299,10 +293,6 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
 
     fn now(&self) -> u64 {
         self.local.clock().now_micros()
-    }
-
-    fn books(&self) -> MutexGuard<'_, Books<K>> {
-        self.books.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The Redis key of `key`.
@@ -443,7 +433,10 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
         R: Future<Output = Result<T, Failure>>,
     {
-        let mut patience = Patience::new(self.backend.response_timeout);
+        let mut patience = Patience {
+            deadline: tokio::time::Instant::now() + self.backend.response_timeout,
+            waited: false,
+        };
         loop {
             let failure = match self.route(key, target, &mut patience).await {
                 Route::Redis => match remote(patience.budget()).await {
