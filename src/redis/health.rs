@@ -92,7 +92,14 @@ impl Health {
     /// Whether calls in `zone` are to be served by the fallback.
     #[inline]
     pub(crate) fn is_down(&self, zone: Zone) -> bool {
-        self.any_down() && (self.all.load(Ordering::Acquire) || self.slot_is_down(zone))
+        let slot_down = || match (zone, &self.slots) {
+            (Zone::Slot(slot), Some(slots)) => {
+                let (word, bit) = slot_bit(slot);
+                slots[word].load(Ordering::Acquire) & bit != 0
+            }
+            _ => false,
+        };
+        self.any_down() && (self.all.load(Ordering::Acquire) || slot_down())
     }
 
     /// Whether calls on the Redis key `key` are to be served by the
@@ -100,16 +107,6 @@ impl Health {
     #[inline]
     pub(crate) fn is_down_key(&self, key: &str) -> bool {
         self.any_down() && self.is_down(self.zone_of(key))
-    }
-
-    fn slot_is_down(&self, zone: Zone) -> bool {
-        match (zone, &self.slots) {
-            (Zone::Slot(slot), Some(slots)) => {
-                let (word, bit) = slot_bit(slot);
-                slots[word].load(Ordering::Acquire) & bit != 0
-            }
-            _ => false,
-        }
     }
 
     /// Marks `zone` down; returns whether it was up. The first zone to go
