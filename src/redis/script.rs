@@ -254,6 +254,7 @@ fn command(verb: &str, script: &str, key: &str, call: &Call, args: &ScriptArgs) 
 /// ARGV[1] and ARGV[2], the call; a resume carries one debt per limit
 /// (`limits` of them, joined by commas).
 fn call_args(cmd: &mut Cmd, call: &Call, limits: usize) {
+    let costs = |cost: &Cost| joined(limits, |i| cost.get(i).into());
     match call {
         Call::Reserve(Request {
             permits,
@@ -269,48 +270,34 @@ fn call_args(cmd: &mut Cmd, call: &Call, limits: usize) {
             match timeout {
                 None => cmd.arg("-1"),
                 Some(t) => cmd.arg(micros(*t)),
-            };
+            }
         }
-        Call::Probe => {
-            cmd.arg("probe").arg("-1");
-        }
-        Call::Status => {
-            cmd.arg("status").arg("-1");
-        }
+        Call::Probe => cmd.arg("probe").arg("-1"),
+        Call::Status => cmd.arg("status").arg("-1"),
         Call::Resume { debts_micros } => {
             let debt = |i| debts_micros.get(i).copied().unwrap_or(0);
-            cmd.arg("resume").arg(joined(limits, debt));
+            cmd.arg("resume").arg(joined(limits, debt))
         }
-        Call::GiveBack(token) => {
-            cmd.arg("give_back").arg(token.0);
-        }
-        Call::Batch(requests) => {
-            cmd.arg("batch").arg(batch_text(requests));
-        }
+        Call::GiveBack(token) => cmd.arg("give_back").arg(token.0),
+        Call::Batch(requests) => cmd.arg("batch").arg(batch_text(requests)),
         Call::Open { cost, timeout } => {
-            let costs = joined(limits, |i| cost.get(i).into());
             let timeout = timeout.map_or(-1, |t| micros(t) as i64);
-            cmd.arg("call").arg(format!("{costs}:{timeout}"));
+            cmd.arg("call").arg(format!("{}:{timeout}", costs(cost)))
         }
         Call::Settle {
             token,
             charged,
             actual,
         } => {
-            cmd.arg("settle").arg(format!(
-                "{}:{}:{}",
-                token.0,
-                joined(limits, |i| charged.get(i).into()),
-                joined(limits, |i| actual.get(i).into())
-            ));
+            let (charged, actual) = (costs(charged), costs(actual));
+            cmd.arg("settle")
+                .arg(format!("{}:{charged}:{actual}", token.0))
         }
-        Call::Keep(token) => {
-            cmd.arg("keep").arg(token.0);
-        }
+        Call::Keep(token) => cmd.arg("keep").arg(token.0),
         Call::Learn { lesson, learning } => {
-            cmd.arg("learn").arg(lesson_text(lesson, learning, limits));
+            cmd.arg("learn").arg(lesson_text(lesson, learning, limits))
         }
-    }
+    };
 }
 
 /// A number for each of `limits` limits (a cost's counts, a resume's

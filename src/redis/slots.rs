@@ -12,33 +12,24 @@ impl SlotMap {
     /// Reads a `CLUSTER SLOTS` reply: `[start, end, [host, port, ...], ...]`
     /// per range, the primary first.
     pub(super) fn parse(reply: &redis::Value) -> Option<SlotMap> {
-        let redis::Value::Array(ranges) = reply else {
+        use redis::Value::{Array, BulkString, Int, SimpleString};
+        let Array(ranges) = reply else {
             return None;
         };
         let mut owners = vec![u16::MAX; usize::from(SLOTS)];
         let mut nodes: Vec<(Vec<u8>, i64)> = Vec::new();
         for range in ranges {
-            let redis::Value::Array(range) = range else {
+            let Array(range) = range else {
                 return None;
             };
-            let (
-                Some(redis::Value::Int(start)),
-                Some(redis::Value::Int(end)),
-                Some(redis::Value::Array(primary)),
-            ) = (range.first(), range.get(1), range.get(2))
-            else {
+            let [Int(start), Int(end), Array(primary), ..] = &range[..] else {
                 return None;
             };
-            let (Some(host), Some(redis::Value::Int(port))) = (primary.first(), primary.get(1))
-            else {
-                return None;
-            };
-            let host = match host {
-                redis::Value::BulkString(bytes) => bytes.clone(),
-                redis::Value::SimpleString(text) => text.clone().into_bytes(),
+            let node = match &primary[..] {
+                [BulkString(bytes), Int(port), ..] => (bytes.clone(), *port),
+                [SimpleString(text), Int(port), ..] => (text.clone().into_bytes(), *port),
                 _ => return None,
             };
-            let node = (host, *port);
             let index = nodes.iter().position(|n| *n == node).unwrap_or_else(|| {
                 nodes.push(node);
                 nodes.len() - 1
