@@ -297,20 +297,15 @@ fn list_address(entry: &[u8]) -> Option<IpAddr> {
 /// `for=`, or with two, or whose node is not an address (`unknown`, an
 /// obfuscated `_name`).
 fn forwarded_for(element: &[u8]) -> Option<IpAddr> {
-    let element = std::str::from_utf8(element).ok()?;
-    let mut node = None;
-    for pair in element.split(';') {
-        let Some((name, value)) = pair.split_once('=') else {
-            continue;
-        };
-        if name.trim_matches([' ', '\t']).eq_ignore_ascii_case("for") {
-            if node.is_some() {
-                return None;
-            }
-            node = Some(value.trim_matches([' ', '\t']));
-        }
+    let mut nodes = std::str::from_utf8(element)
+        .ok()?
+        .split(';')
+        .filter_map(|pair| pair.split_once('='))
+        .filter(|(name, _)| name.trim_matches([' ', '\t']).eq_ignore_ascii_case("for"));
+    let node = nodes.next()?.1.trim_matches([' ', '\t']);
+    if nodes.next().is_some() {
+        return None;
     }
-    let node = node?;
     let node = match node.strip_prefix('"') {
         Some(quoted) => quoted.strip_suffix('"')?,
         None => node,

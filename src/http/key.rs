@@ -79,13 +79,6 @@ impl<T> PeerIp<T> {
     pub fn from_extension(peer: fn(&T) -> IpAddr) -> Self {
         PeerIp { peer }
     }
-
-    fn peer<B>(&self, request: &Request<B>) -> Option<IpAddr>
-    where
-        T: Send + Sync + 'static,
-    {
-        request.extensions().get::<T>().map(self.peer)
-    }
 }
 
 impl<T> Clone for PeerIp<T> {
@@ -104,7 +97,11 @@ impl<B, T: Send + Sync + 'static> KeyExtractor<B> for PeerIp<T> {
     type Key = IpAddr;
 
     fn key(&self, request: &Request<B>) -> Option<IpAddr> {
-        self.peer(request).map(canonical)
+        request
+            .extensions()
+            .get::<T>()
+            .map(self.peer)
+            .map(canonical)
     }
 }
 
@@ -145,7 +142,7 @@ impl<B, T: Send + Sync + 'static> KeyExtractor<B> for ClientIp<T> {
     type Key = IpAddr;
 
     fn key(&self, request: &Request<B>) -> Option<IpAddr> {
-        let peer = self.peer.peer(request)?;
+        let peer = request.extensions().get::<T>().map(self.peer.peer)?;
         Some(self.proxies.client_ip(peer, request.headers()))
     }
 }

@@ -462,14 +462,11 @@ mod tests {
         value.extend(le(&[1.0 + BOUND, now, 42.0, now + 300.0]));
         value.extend(le(&[0.0, now + 500.0, 7.0]));
         value.extend(le(&[2e6, 5.0, 5.0]));
+        let bulk = |bytes: &[u8], call| Reply::decode(Value::BulkString(bytes.to_vec()), call, 1);
         let held = Call::Reserve(Request::of(1, None, true));
-        let reply = Reply::decode(Value::BulkString(value.clone()), &held, 1).unwrap();
+        let reply = bulk(&value, &held).unwrap();
         // Written whole or only its hot part, the reply reads the same.
-        let hot = value[4..60].to_vec();
-        assert_eq!(
-            Reply::decode(Value::BulkString(hot), &held, 1),
-            Some(reply.clone())
-        );
+        assert_eq!(bulk(&value[4..60], &held), Some(reply.clone()));
         assert_eq!(reply.wait, Some(Duration::from_micros(300)));
         assert_eq!(
             (reply.debt_micros, reply.token, reply.limit),
@@ -478,21 +475,15 @@ mod tests {
         let after = reply.after.as_ref().unwrap();
         assert_eq!(after.limits[0].next_free_fraction, 7);
         let args = ScriptArgs::new(&[(Policy::Bursty(Bursty::default()), 5.0)]);
-        let snapshot = reply.after.as_ref().unwrap().snapshot(&args);
+        let snapshot = after.snapshot(&args);
         assert_eq!(
             (snapshot.remaining(), snapshot.wait()),
             (0, Duration::from_micros(500))
         );
         // Not held: no token. A refused try: the state it read.
         let plain = Call::Reserve(Request::of(1, None, false));
-        assert_eq!(
-            Reply::decode(Value::BulkString(value.clone()), &plain, 1)
-                .unwrap()
-                .token,
-            None
-        );
-        let refused = le(&[now, 0.5, now + 900.0, 0.0]);
-        let reply = Reply::decode(Value::BulkString(refused), &plain, 1).unwrap();
+        assert_eq!(bulk(&value, &plain).unwrap().token, None);
+        let reply = bulk(&le(&[now, 0.5, now + 900.0, 0.0]), &plain).unwrap();
         assert_eq!((reply.wait, reply.debt_micros), (None, 900));
         // Nothing stored: the wait, negated; the same snapshot as the
         // state it stands for.
