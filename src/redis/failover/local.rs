@@ -90,9 +90,8 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
     }
 
     /// Holds `key` in the fallback (active from then on), unless it does
-    /// already: at its floor,
-    /// and at the rates it learned in Redis, as its last reply said (under
-    /// the lock, in `books`).
+    /// already: at its floor, and at the rates it learned in Redis, as its
+    /// last reply said (under the lock, in `books`).
     pub(super) fn open_locally<Q>(&self, books: &Books<K>, key: &Q)
     where
         K: Borrow<Q>,
@@ -160,34 +159,24 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         }
         let mut books = self.books();
         let now = self.now();
-        self.note_debt_in(&mut books, key, now, debt_micros);
-        self.known_len.store(books.known.len(), Ordering::Relaxed);
-    }
-
-    pub(super) fn note_debt_in<Q>(&self, books: &mut Books<K>, key: &Q, now: u64, debt_micros: u64)
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
+        let until = now.saturating_add(debt_micros);
         if debt_micros == 0 {
             books.known.remove(key);
-            return;
-        }
-        let until = now.saturating_add(debt_micros);
-        if let Some(known) = books.known.get_mut(key) {
+        } else if let Some(known) = books.known.get_mut(key) {
             *known = until;
-            return;
-        }
-        if books.known.len() >= self.max_local_keys {
-            books.known.retain(|_, until| *until > now);
-        }
-        if books.known.len() >= self.max_local_keys {
-            // Kept coarsely: a key of this bucket opens no earlier.
-            let bucket = &mut books.overflow[self.bucket(key)];
-            *bucket = (*bucket).max(until);
         } else {
-            books.known.insert(key.to_owned(), until);
+            if books.known.len() >= self.max_local_keys {
+                books.known.retain(|_, until| *until > now);
+            }
+            if books.known.len() >= self.max_local_keys {
+                // Kept coarsely: a key of this bucket opens no earlier.
+                let bucket = &mut books.overflow[self.bucket(key)];
+                *bucket = (*bucket).max(until);
+            } else {
+                books.known.insert(key.to_owned(), until);
+            }
         }
+        self.known_len.store(books.known.len(), Ordering::Relaxed);
     }
 
     /// The exact end of the debt Redis reported for `key`, if it is known
@@ -245,7 +234,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         if dropped == 0 || self.fallback != Fallback::Local || dropped <= self.now() {
             return Floor::Charged;
         }
-        let marked = {
+        let (marked, known) = {
             let mut books = self.books();
             if let Some(charging) = self.carrying(&books, key) {
                 return Floor::Busy(charging);
@@ -258,13 +247,9 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                 return Floor::Charged;
             };
             books.carrying.insert(key.to_owned());
-            let marked = Marked {
-                failover,
-                key: key.to_owned(),
-            };
-            (marked, known)
+            let key = key.to_owned();
+            (Marked { failover, key }, known)
         };
-        let (marked, known) = marked;
         // The same for every limit.
         let debt = self.at_shared_rate(dropped - known);
         let resume = Call::Resume {
