@@ -305,16 +305,14 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             } else {
                 0
             };
-            let debts = tickets
+            let debts_micros = tickets
                 .iter()
                 .map(|t| {
                     self.at_shared_rate(t.saturating_sub(from))
                         .saturating_sub(charged)
                 })
                 .collect();
-            let resume = Call::Resume {
-                debts_micros: debts,
-            };
+            let resume = Call::Resume { debts_micros };
             match self.send(key, &target, resume, None).await {
                 Ok(_) => {
                     if self.local.forget_if_paid(key, ticket) {
@@ -369,7 +367,12 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                     })
                     .await;
                 this.send_keeps().await;
-                this.settle();
+                // Once the fallback holds nothing, calls skip the lock again.
+                let books = this.books();
+                if books.carrying.is_empty() && books.keeps.is_empty() && this.local.len() == 0 {
+                    this.active.store(false, Ordering::Release);
+                }
+                drop(books);
                 if !this.again.swap(false, Ordering::AcqRel) {
                     this.carrying_all.store(false, Ordering::Release);
                     // Asked again between the check and the store: run.
@@ -381,14 +384,6 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                 }
             }
         });
-    }
-
-    /// Once the fallback holds nothing, calls skip the lock again.
-    pub(super) fn settle(&self) {
-        let books = self.books();
-        if books.carrying.is_empty() && books.keeps.is_empty() && self.local.len() == 0 {
-            self.active.store(false, Ordering::Release);
-        }
     }
 
     pub(super) fn closed_error(&self, failure: Option<BackendError>) -> Error {
