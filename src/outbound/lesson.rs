@@ -32,8 +32,8 @@ impl Upstream {
             retry_after_micros: feedback.retry_after().map(micros),
             limits,
         };
-        let reported = |limits: &[Reported]| limits.iter().all(|r| r.rate.is_some());
-        let learning = if !lesson.limits.is_empty() && reported(&lesson.limits) {
+        let reported = lesson.limits.iter().all(|r| r.rate.is_some());
+        let learning = if !lesson.limits.is_empty() && reported {
             self.learning.decrease(1.0)
         } else {
             self.learning

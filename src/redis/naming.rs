@@ -28,9 +28,9 @@ const LAYOUT: &str = "v1";
 /// (which would put every key of the backend in one cluster slot).
 pub(crate) fn check_prefix(prefix: &str) -> Result<(), crate::Error> {
     if prefix.is_empty() || prefix.contains([':', '{', '}']) {
-        return Err(crate::Error::InvalidArgument(format!(
+        return crate::error::invalid(format!(
             "a key prefix must be non-empty text without ':', '{{' or '}}' (got {prefix:?})"
-        )));
+        ));
     }
     Ok(())
 }
