@@ -207,14 +207,11 @@ fn take_batch(slot: &mut Slot) -> Vec<Queued> {
 }
 
 /// A caller's wait for the reply of its key's round trip, on a timer of
-/// its own: at most the response timeout, as a single call waits, however
-/// the other callers of the key are polled (or what is left of the
-/// caller's time, `budget`, after it waited for its key's carry-back: see
-/// [`send`](super::round_trip::send)). Past it, the caller goes to its
-/// fallback as a single call that timed out does (its part of Redis marked
-/// down); its request, left queued, is never sent, and one sent is given
-/// back when its reply comes. A reply that reaches the channel after the
-/// caller stopped waiting, or that was never read, is given back.
+/// its own: at most the response timeout, or what is left of the caller's
+/// time (`budget`) after it waited for its key's carry-back. Past it, the
+/// caller goes to its fallback as a single call that timed out does (its
+/// part of Redis marked down); its request, left queued, is never sent,
+/// and one sent is given back when its reply comes ([`Waiting`]).
 pub(crate) async fn wait(
     backend: &Arc<Backend>,
     target: &ProbeTarget,
