@@ -91,16 +91,10 @@ impl PolicyName {
 
     /// The `RateLimit-Policy` value for `q` requests per `w` seconds.
     fn value(&self, q: u64, w: u64) -> Option<HeaderValue> {
-        let read = |value: &Option<(u64, u64, HeaderValue)>| match value {
-            Some((cached_q, cached_w, value)) if (*cached_q, *cached_w) == (q, w) => {
-                Some(value.clone())
-            }
-            _ => None,
-        };
         if let Ok(cached) = self.value.read()
-            && let Some(value) = read(&cached)
+            && let Some((_, _, value)) = cached.as_ref().filter(|(cq, cw, _)| (*cq, *cw) == (q, w))
         {
-            return Some(value);
+            return Some(value.clone());
         }
         let value = header_value(format_args!("{};q={q};w={w}", self.quoted))?;
         if let Ok(mut cached) = self.value.write() {

@@ -355,10 +355,8 @@ fn batch_text(requests: &[Request]) -> String {
         }
         let request = run[0];
         let held = if request.held { "+" } else { "" };
-        let _ = match request.timeout {
-            None => write!(text, "{}{held}:-1", request.permits),
-            Some(timeout) => write!(text, "{}{held}:{}", request.permits, micros(timeout)),
-        };
+        let timeout = request.timeout.map_or(-1, |t| micros(t) as i64);
+        let _ = write!(text, "{}{held}:{timeout}", request.permits);
         if run.len() > 1 {
             let _ = write!(text, "*{}", run.len());
         }
