@@ -252,7 +252,6 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             Mode::Empty,
         )
         .with_share(parts.local_fraction);
-        let script_args = ScriptArgs::new(limits);
         let metrics = Metrics::named(Some(match &parts.naming {
             Naming::Single { key, .. } => key,
             Naming::Keyed { prefix } => prefix.trim_end_matches(':'),
@@ -265,7 +264,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             backend: parts.backend,
             coalescer,
             naming: parts.naming,
-            script_args: Arc::new(script_args),
+            script_args: Arc::new(ScriptArgs::new(limits)),
             rate_bits: AtomicU64::new(limits[0].1.to_bits()),
             fallback: parts.fallback,
             local,
