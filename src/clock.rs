@@ -117,10 +117,13 @@ impl Default for SystemClock {
 
 impl fmt::Debug for SystemClock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SystemClock")
-            .field("now", &self.now())
-            .finish()
+        debug_now(f, "SystemClock", self)
     }
+}
+
+/// A clock as its name and its time now: what a clock's `Debug` shows.
+fn debug_now(f: &mut fmt::Formatter<'_>, name: &str, clock: &impl Clock) -> fmt::Result {
+    f.debug_struct(name).field("now", &clock.now()).finish()
 }
 
 impl Clock for SystemClock {
@@ -192,9 +195,7 @@ impl FakeClock {
 
 impl fmt::Debug for FakeClock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FakeClock")
-            .field("now", &self.now())
-            .finish()
+        debug_now(f, "FakeClock", self)
     }
 }
 
