@@ -98,12 +98,6 @@ struct Handles {
     rate: metrics::Gauge,
 }
 
-/// What records nothing: the metrics of a store that has none.
-pub(crate) static NONE: Metrics = Metrics {
-    #[cfg(feature = "metrics")]
-    handles: None,
-};
-
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Metrics")

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::core::{Cost, Learning, Lesson};
-use crate::metrics::Metrics;
+use crate::store::Metered;
 
 /// Permits reserved from a limiter, to be used once their wait has passed.
 ///
@@ -84,7 +84,7 @@ pub(crate) enum GiveBackId {
 }
 
 /// A limiter that can take a reservation back.
-pub(crate) trait GivesBack: Send + Sync {
+pub(crate) trait GivesBack: Metered + Send + Sync {
     /// Gives back what `taken` took. Never blocks for long (a remote limiter
     /// sends the give-back in the background).
     fn give_back(&self, taken: GiveBackId);
@@ -93,11 +93,6 @@ pub(crate) trait GivesBack: Send + Sync {
     /// that keeps something to give it back with forgets it.
     fn keep(&self, taken: GiveBackId) {
         let _ = taken;
-    }
-
-    /// What a give-back is counted in.
-    fn metrics(&self) -> &Metrics {
-        &crate::metrics::NONE
     }
 
     /// The open call `taken`, charged `charged` so far, cost `actual`

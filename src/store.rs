@@ -20,7 +20,7 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::core::Cost;
 use crate::error::{check_cost, check_permits};
-use crate::metrics::{self, Metrics};
+use crate::metrics::Metrics;
 use crate::outbound::{Call, TakeSlot, Upstream};
 use crate::reservation::wait_if_granted;
 use crate::{Error, Reservation, Snapshot, Stats};
@@ -36,8 +36,10 @@ impl std::fmt::Display for NoKey {
     }
 }
 
-/// What an engine has whatever the key: its rates, its clock, its counts.
-pub trait Rate: Send + Sync {
+/// What an engine has whatever the key: its rates, its clock, its counts,
+/// and (as [`Metered`]) what the methods here record grants and refusals
+/// in.
+pub trait Rate: Metered + Send + Sync {
     /// Changes the rate of every key; with several limits, the first one's,
     /// the others scaled alike.
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error>;
@@ -61,10 +63,21 @@ pub trait Rate: Send + Sync {
     fn sleep_blocking(&self, wait: Duration) {
         self.clock().sleep_blocking(wait);
     }
+}
 
-    /// What the methods here record grants and refusals in.
+/// What an engine records its grants, refusals and give-backs in: said
+/// once for both of its sides, the [`Rate`](Rate) its
+/// limiter calls and the [`GivesBack`](crate::reservation::GivesBack) its
+/// reservations call.
+pub trait Metered {
+    /// Its metrics.
+    fn metrics(&self) -> &Metrics;
+}
+
+/// An engine shared behind an `Arc` records in the engine's metrics.
+impl<T: Metered + ?Sized> Metered for std::sync::Arc<T> {
     fn metrics(&self) -> &Metrics {
-        &metrics::NONE
+        (**self).metrics()
     }
 }
 

@@ -9,7 +9,7 @@ use crate::clock::Clock;
 use crate::core::{Cost, InvalidRate, Learning, Lesson, Limits, State, stable_interval_micros};
 use crate::metrics::Metrics;
 use crate::reservation::{GiveBackId, GivesBack};
-use crate::store::Rate;
+use crate::store::{Metered, Rate};
 use crate::{Error, Key, Stats};
 
 /// # Rate, size and clock
@@ -45,6 +45,12 @@ impl<K: Key, C: Clock> Keyed<K, C> {
     /// The number of keys held now (those not known to read as full).
     pub(crate) fn len(&self) -> usize {
         self.shards.iter().map(|shard| shard.0.read().len()).sum()
+    }
+}
+
+impl<K, C: Clock> Metered for Keyed<K, C> {
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 }
 
@@ -106,17 +112,9 @@ impl<K: Key, C: Clock> Rate for Keyed<K, C> {
             ..Stats::default()
         }
     }
-
-    fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
 }
 
 impl<K: Key, C: Clock> GivesBack for Keyed<K, C> {
-    fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
     fn give_back(&self, taken: GiveBackId) {
         self.on_ticket(&taken, |limits, id, now| limits.give_back(id, now));
     }

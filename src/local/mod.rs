@@ -29,7 +29,7 @@ use crate::core::word::{self, Quick, Step};
 use crate::core::{Cost, Learning, Lesson, Limits, stable_interval_micros};
 use crate::metrics::Metrics;
 use crate::reservation::{GiveBack, GiveBackId, GivesBack, Reservation};
-use crate::store::{Engine, NoKey, Rate, timeout_micros, wait_of};
+use crate::store::{Engine, Metered, NoKey, Rate, timeout_micros, wait_of};
 use crate::{Error, Snapshot, Stats};
 
 use outcome::{Grant, Outcome};
@@ -281,11 +281,13 @@ impl<C: Clock> Engine<NoKey> for Single<C> {
     }
 }
 
-impl<C: Clock> Rate for Single<C> {
+impl<C: Clock> Metered for Single<C> {
     fn metrics(&self) -> &Metrics {
         &self.metrics
     }
+}
 
+impl<C: Clock> Rate for Single<C> {
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
         self.reconfigure(|limits, now| limits.set_first_rate(permits_per_second, now))
@@ -315,10 +317,6 @@ impl<C: Clock> Rate for Single<C> {
 }
 
 impl<C: Clock> GivesBack for Single<C> {
-    fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
     fn give_back(&self, taken: GiveBackId) {
         self.on_logged(&taken, |limits, id, now| limits.give_back(id, now));
     }

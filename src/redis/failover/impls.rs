@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::core::{Cost, Learning, Lesson};
+use crate::store::Metered;
 
 /// The engine is the fail-over behind its `Arc`: it shares itself with
 /// the tasks it starts.
@@ -126,10 +127,6 @@ impl<K: Key + Display, C: Clock> Rate for Arc<Failover<K, C>> {
         self.local.clock()
     }
 
-    fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
     fn sleep_blocking(&self, wait: Duration) {
         blocking_section(|| self.local.clock().sleep_blocking(wait));
     }
@@ -162,11 +159,13 @@ impl<K: Key + Display, C: Clock> Recover for Failover<K, C> {
     }
 }
 
-impl<K: Key + Display, C: Clock> GivesBack for Failover<K, C> {
+impl<K, C: Clock> Metered for Failover<K, C> {
     fn metrics(&self) -> &Metrics {
         &self.metrics
     }
+}
 
+impl<K: Key + Display, C: Clock> GivesBack for Failover<K, C> {
     fn give_back(&self, taken: GiveBackId) {
         if let Some(call) = Self::redis_call(&taken) {
             return self.give_back_call(call);
