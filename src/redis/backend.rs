@@ -73,13 +73,9 @@ pub(crate) struct Backend {
     pub(crate) link: Link,
     pub(crate) health: Health,
     pub(crate) runtime: RuntimeRef,
-    pub(crate) response_timeout: Duration,
-    pub(crate) probe_interval: Duration,
-    /// Whether a key's reservations that meet a round trip in flight go
-    /// together (see `coalesce`).
-    pub(crate) coalesce: bool,
-    /// What every Redis key of its limiters starts with, before the `:`.
-    pub(crate) key_prefix: Arc<str>,
+    /// The options it was built with (checked): its response timeout,
+    /// probe interval and key prefix, and whether reservations coalesce.
+    pub(crate) options: Connecting,
     /// What the probe runs the script on. Marking zones down and up
     /// happens under this lock, with the targets kept in step.
     probes: Mutex<Probes>,
@@ -95,7 +91,10 @@ pub(crate) struct Connecting {
     pub(crate) response_timeout: Duration,
     pub(crate) probe_interval: Duration,
     pub(crate) require_connection: bool,
+    /// Whether a key's reservations that meet a round trip in flight go
+    /// together (see `coalesce`).
     pub(crate) coalesce: bool,
+    /// What every Redis key of its limiters starts with, before the `:`.
     pub(crate) key_prefix: String,
 }
 
@@ -170,10 +169,7 @@ impl Backend {
             link: Link::default(),
             health: Health::new(cluster),
             runtime,
-            response_timeout: connecting.response_timeout,
-            probe_interval: connecting.probe_interval,
-            coalesce: connecting.coalesce,
-            key_prefix: connecting.key_prefix.as_str().into(),
+            options: connecting.clone(),
             probes: Mutex::default(),
             recovering: Mutex::default(),
         }
@@ -212,7 +208,7 @@ impl Backend {
         require: bool,
         target: ProbeTarget,
     ) -> Result<(), Error> {
-        let failure = match self.target.connect(self.response_timeout).await {
+        let failure = match self.target.connect(self.options.response_timeout).await {
             Ok(mut connection) => match self.run_probe(&mut connection, &target).await {
                 Ok(()) => {
                     self.link.replace(connection);
@@ -292,7 +288,7 @@ impl Backend {
             &Call::Probe,
             &target.script_args,
         );
-        match tokio::time::timeout(self.response_timeout, probe).await {
+        match tokio::time::timeout(self.options.response_timeout, probe).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) if script::is_data_error(&e) => Ok(()),
             Ok(Err(e)) => Err(BackendError::new(format!(
@@ -302,7 +298,7 @@ impl Backend {
             .with_source(e)),
             Err(_) => Err(BackendError::new(format!(
                 "the probe's script did not answer within {:?} (key {})",
-                self.response_timeout, target.key
+                self.options.response_timeout, target.key
             ))
             .with_timeout(true)),
         }
@@ -321,9 +317,9 @@ impl Backend {
         // each up to the client's own connection timeout: one hung node,
         // however unrelated, makes it slower than a response timeout.
         let bound = if self.target.is_cluster() {
-            self.response_timeout.max(CLUSTER_PROBE_CONNECT)
+            self.options.response_timeout.max(CLUSTER_PROBE_CONNECT)
         } else {
-            self.response_timeout
+            self.options.response_timeout
         };
         let connection = match self.target.connect(bound).await {
             Ok(connection) => connection,
@@ -489,7 +485,7 @@ impl Backend {
     async fn slot_map(&self, connection: &Connection) -> Option<SlotMap> {
         for _ in 0..3 {
             let asked = connection.ask_any_node(redis::cmd("CLUSTER").arg("SLOTS").clone());
-            match tokio::time::timeout(self.response_timeout, asked).await {
+            match tokio::time::timeout(self.options.response_timeout, asked).await {
                 // A single server: there is no slot map to read.
                 Ok(None) => return None,
                 Ok(Some(Ok(reply))) => {
@@ -599,7 +595,7 @@ async fn probe(backend: Weak<Backend>) {
         backend.widen_now().await;
     }
     loop {
-        let Some(interval) = backend.upgrade().map(|b| b.probe_interval) else {
+        let Some(interval) = backend.upgrade().map(|b| b.options.probe_interval) else {
             return;
         };
         tokio::time::sleep(interval).await;

@@ -111,7 +111,8 @@ impl<C: Clock> Builder<One, Redis, C> {
     /// rate, policy or limit, a local fraction outside `(0, 1]`.
     pub fn build(self) -> Result<RateLimiter<Redis, C>, Error> {
         let backend = &self.store().backend;
-        let key: Arc<str> = naming::single_key(&backend.key_prefix, &self.store().name).into();
+        let key: Arc<str> =
+            naming::single_key(&backend.options.key_prefix, &self.store().name).into();
         let zone = backend.health.zone_of(&key);
         // The fallback holds the limiter's one state.
         let upstream = self.upstream();
@@ -133,7 +134,8 @@ impl<K: Key + Display, C: Clock> Builder<PerKey<K>, Redis, C> {
     /// # Errors
     /// As [`Builder::build`] for one rate, and `max_keys(0)`.
     pub fn build(self) -> Result<KeyedRateLimiter<K, Redis, C>, Error> {
-        let prefix = naming::keyed_prefix(&self.store().backend.key_prefix, &self.store().name);
+        let prefix =
+            naming::keyed_prefix(&self.store().backend.options.key_prefix, &self.store().name);
         let upstream = self.upstream();
         let slots = Slots::of(&self)?;
         let engine = self.failover(Naming::Keyed { prefix }, DEFAULT_MAX_LOCAL_KEYS)?;

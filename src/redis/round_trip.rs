@@ -156,7 +156,7 @@ pub(crate) async fn unheeded<T>(
     what: &str,
     sent: impl Future<Output = RedisResult<T>>,
 ) -> Option<T> {
-    match tokio::time::timeout(backend.response_timeout, sent).await {
+    match tokio::time::timeout(backend.options.response_timeout, sent).await {
         Ok(Ok(reply)) => Some(reply),
         Ok(Err(e)) => {
             tracing::debug!(key = %key, error = %e, "{what} failed");
@@ -318,9 +318,9 @@ pub(crate) struct Deadline {
 
 impl Deadline {
     pub(crate) fn new(backend: &Backend, budget: Option<Duration>) -> Deadline {
-        let budget = budget.filter(|budget| *budget < backend.response_timeout);
+        let budget = budget.filter(|budget| *budget < backend.options.response_timeout);
         Deadline {
-            limit: budget.unwrap_or(backend.response_timeout),
+            limit: budget.unwrap_or(backend.options.response_timeout),
             budget: budget.is_some(),
         }
     }

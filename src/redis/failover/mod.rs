@@ -258,6 +258,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         }));
         let coalescer = parts
             .backend
+            .options
             .coalesce
             .then(|| Coalescer::new(Arc::clone(&parts.backend)));
         Ok(Arc::new_cyclic(|this| Failover {
@@ -433,7 +434,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         R: Future<Output = Result<T, Failure>>,
     {
         let mut patience = Patience {
-            deadline: tokio::time::Instant::now() + self.backend.response_timeout,
+            deadline: tokio::time::Instant::now() + self.backend.options.response_timeout,
             waited: false,
         };
         loop {
