@@ -65,10 +65,9 @@ pub trait Rate: Metered + Send + Sync {
     }
 }
 
-/// What an engine records its grants, refusals and give-backs in: said
-/// once for both of its sides, the [`Rate`](Rate) its
-/// limiter calls and the [`GivesBack`](crate::reservation::GivesBack) its
-/// reservations call.
+/// What an engine records its grants, refusals and give-backs in, said
+/// once for both of its sides: the [`Rate`] its limiter calls and the
+/// [`GivesBack`](crate::reservation::GivesBack) its reservations call.
 pub trait Metered {
     /// Its metrics.
     fn metrics(&self) -> &Metrics;

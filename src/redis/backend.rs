@@ -84,8 +84,8 @@ pub(crate) struct Backend {
     recovering: Mutex<Vec<Weak<dyn Recover>>>,
 }
 
-/// The options of a backend's builder (and of a limiter's that makes its
-/// own backend), which the connection setters set.
+/// A backend's options: what its builder's setters set, and what the
+/// backend built keeps (checked).
 #[derive(Debug, Clone)]
 pub(crate) struct Connecting {
     pub(crate) response_timeout: Duration,
