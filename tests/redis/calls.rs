@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use crate::support::limiter_state::{LimitState, Value};
-use crate::support::poll::{backend, backend_builder, within};
+use crate::support::poll::{backend, backend_builder, patient_backend, within};
 use crate::support::redis_server::RedisServer;
 use crate::support::rng::Rng;
 use paceline::clock::FakeClock;
@@ -56,22 +56,10 @@ async fn requests_and_tokens(
     RateLimiter::builder()
         .limit(Limit::per_second(1_000.0).burst(1))
         .limit(Limit::per_second(100_000.0).burst(1))
-        .redis(&patient_backend(server).await, name)
+        .redis(&patient_backend(server.client()).await, name)
         .fallback(Fallback::FailClosed)
         .clock(clock.clone())
         .build()
-        .unwrap()
-}
-
-/// A backend of its own on `server` that waits for Redis as long as a
-/// loaded machine makes a call take (5 s): these tests check what Redis
-/// holds after each call, not how soon it answers. (A killed server's
-/// calls still fail at once, on its closed connection.)
-async fn patient_backend(server: &RedisServer) -> paceline::redis::RedisBackend {
-    backend_builder(server.client())
-        .response_timeout(Duration::from_secs(5))
-        .build()
-        .await
         .unwrap()
 }
 
@@ -87,7 +75,7 @@ async fn paced(
     RateLimiter::builder()
         .permits_per_second(rate)
         .max_burst(Duration::ZERO)
-        .redis(&patient_backend(server).await, name)
+        .redis(&patient_backend(server.client()).await, name)
         .fallback(fallback)
         .clock(clock.clone())
         .build()

@@ -35,6 +35,19 @@ pub async fn backend(client: redis::Client) -> paceline::redis::RedisBackend {
     backend_builder(client).build().await.unwrap()
 }
 
+/// A backend on `client` that waits for Redis as long as a loaded machine
+/// makes a call take (5 s), for a test that checks what Redis grants or
+/// holds, not how soon it answers: a call that merely runs late must not
+/// fail or send the limiter to its fallback. (A killed server's calls
+/// still fail at once, on the closed connection.)
+pub async fn patient_backend(client: redis::Client) -> paceline::redis::RedisBackend {
+    backend_builder(client)
+        .response_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap()
+}
+
 /// A Redis limiter's builder at `rate` under `name`, on a backend of its
 /// own on `client` (one connection, as a process of its own has) with the
 /// tests' timeout and probe interval.

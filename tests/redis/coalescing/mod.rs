@@ -179,7 +179,11 @@ async fn without_coalescing_every_reservation_is_its_own_call() {
     let server = RedisServer::start();
     let limiter = Arc::new(
         builder_on(
-            backend_builder(server.client()).coalesce(false),
+            // Patient: a late reply must not send a call to the fallback,
+            // which would leave it out of Redis's count.
+            backend_builder(server.client())
+                .response_timeout(Duration::from_secs(5))
+                .coalesce(false),
             "alone",
             1e9,
         )
