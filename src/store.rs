@@ -85,15 +85,14 @@ impl<T: Metered + ?Sized> Metered for std::sync::Arc<T> {
 /// An engine never sees zero permits: the methods check them first.
 pub trait Engine<Q: ?Sized + Sync>: Rate {
     /// Reserves `permits` of `key` if the wait fits in `timeout` (`None`:
-    /// whatever it is); `None` if refused, with nothing reserved. A `held`
+    /// whatever it is); `None` if refused, with nothing reserved. The
     /// reservation gives its permits back if dropped before its wait has
-    /// passed; one that is not is the caller's at once.
+    /// passed.
     fn take(
         &self,
         key: &Q,
         permits: u32,
         timeout: Option<Duration>,
-        held: bool,
     ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send;
 
     /// [`take`](Self::take), not held, of `permits` as checked (an error
@@ -283,7 +282,7 @@ where
     E: Engine<Q>,
 {
     check_permits(permits)?;
-    let taken = engine.take(key, permits, timeout, true).await?;
+    let taken = engine.take(key, permits, timeout).await?;
     count(engine, timeout, taken.as_ref().map(Reservation::delay));
     Ok(taken)
 }

@@ -23,9 +23,8 @@ where
         key: &Q,
         permits: u32,
         timeout: Option<Duration>,
-        held: bool,
     ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
-        let grant = self.reserve_micros(key, permits, timeout_micros(timeout), held);
+        let grant = self.reserve_micros(key, permits, timeout_micros(timeout), true);
         ready(Ok(grant.map(|grant| self.to_reservation(key, grant))))
     }
 

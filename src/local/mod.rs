@@ -221,16 +221,9 @@ impl<C: Clock> Engine<NoKey> for Single<C> {
         _: &NoKey,
         permits: u32,
         timeout: Option<Duration>,
-        held: bool,
     ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
-        let timeout = timeout_micros(timeout);
-        ready(Ok(if held {
-            let grant = self.reserve_micros::<Grant>(permits, timeout);
-            grant.map(|grant| self.to_reservation(grant))
-        } else {
-            let wait = self.reserve_micros::<u64>(permits, timeout);
-            wait.map(|wait| Reservation::new(Duration::from_micros(wait), &self.clock, None))
-        }))
+        let grant = self.reserve_micros::<Grant>(permits, timeout_micros(timeout));
+        ready(Ok(grant.map(|grant| self.to_reservation(grant))))
     }
 
     #[inline(always)]

@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use crate::support::limiter_state::{LimitState, Value};
-use crate::support::poll::{backend, backend_builder, patient_backend, within};
+use crate::support::poll::{backend, patient_backend, within};
 use crate::support::redis_server::RedisServer;
 use crate::support::rng::Rng;
 use paceline::clock::FakeClock;

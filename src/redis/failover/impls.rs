@@ -18,9 +18,8 @@ where
         key: &Q,
         permits: u32,
         timeout: Option<Duration>,
-        held: bool,
     ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
-        Failover::take(self, key, permits, timeout, held)
+        Failover::take(self, key, permits, timeout, true)
     }
 
     async fn take_wait<T: Send>(

@@ -358,7 +358,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             key,
             call,
             |reply, target| self.granted(reply, target),
-            |local| now(Engine::take(local, key, permits, timeout, true)),
+            |local| now(Engine::take(local, key, permits, timeout)),
         )
         .await
     }
