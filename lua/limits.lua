@@ -14,25 +14,19 @@ if lesson then
     changed = true
     L2 = {1.0, 0, 0, f[9]}
     if L then L2[1], L2[2], L2[3] = L[1], L[2], L[3] end
-    for i = 1, n do
-        L2[4 + i] = 1e999 -- (inf: no cap)
-        if L and i <= held_n then L2[4 + i] = L[4 + i] end
-        if f[8 + 3 * i] then L2[4 + i] = f[8 + 3 * i] end
-    end
+    -- (Each limit's cap: reported, learned before, or none, inf.)
+    for i = 1, n do L2[4 + i] = f[8 + 3 * i] or L and i <= held_n and L[4 + i] or 1e999 end
     if f[1] then
         -- A refusal: lowered once per pause; paused until its Retry-After.
         if now >= L2[2] then
-            L2[1] = L2[1] * f[4]
-            if L2[1] < f[7] then L2[1] = f[7] end
+            L2[1] = math.max(L2[1] * f[4], f[7])
         end
-        f[10] = now + (f[3] or f[8])
-        if f[10] > MAX_MICROS then f[10] = MAX_MICROS end
+        f[10] = math.min(now + (f[3] or f[8]), MAX_MICROS)
         if f[10] > L2[2] then L2[2] = f[10] end
         L2[3] = L2[2]
     elseif f[2] and now >= L2[2] and L2[1] < 1.0 and (now - L2[3] >= f[6] or f[6] == 0) then
         -- A success after the pause, an interval after the last rise.
-        L2[1] = L2[1] + f[5]
-        if L2[1] > 1.0 then L2[1] = 1.0 end
+        L2[1] = math.min(L2[1] + f[5], 1.0)
         L2[3] = now
     end
 end
@@ -215,9 +209,8 @@ if value then
             front_P = {struct.unpack(string.sub(FORMAT, 3, 3 + W), value, log_at)}
             front_id, front_p, front_at, front = front_P[1], front_P[2], front_P[3], front_P[4]
             for i = 2, n do
-                local p = front_P[3 + i]
-                ok = ok and p % 1 == 0 and p >= 0 and p <= MAX_MICROS
-                front_P[i] = p
+                front_P[i] = front_P[3 + i]
+                ok = ok and front_P[i] % 1 == 0 and front_P[i] >= 0 and front_P[i] <= MAX_MICROS
             end
         end
         ok = ok and front_id % 1 == 0 and front_id >= -1 - n and front_id < next_id

@@ -36,10 +36,7 @@ if mode and (mode == 'give_back' or mode == 'keep' or mode == 'settle') then
                 and c % 1 == 0 and c >= -MAX_MICROS and c <= MAX_MICROS and (c >= 0 or id >= 0)
                 and at >= 0 and at % 1 == 0 and moment >= at and moment <= MAX_MICROS
                 and moment % 1 == 0
-            for k = j + 4, j + W - 1 do
-                local p = E[k]
-                ok = ok and p % 1 == 0 and p >= 0 and p <= MAX_MICROS
-            end
+            for k = j + 4, j + W - 1 do ok = ok and E[k] % 1 == 0 and E[k] >= 0 and E[k] <= MAX_MICROS end
             if not ok then return redis.error_reply(string.format(NOT_OURS, key, size)) end
             if id >= 0 then last_id = id end
             if id ~= give_back_id then
@@ -55,8 +52,7 @@ if mode and (mode == 'give_back' or mode == 'keep' or mode == 'settle') then
         -- (nothing if it cost no more anywhere; `ok`: it cost more).
         ok = false
         for i = 1, n do
-            local m = lists[2][i] - lists[1][i]
-            if m < 0 then m = 0 end
+            local m = math.max(lists[2][i] - lists[1][i], 0)
             lists[1][i], ok = m, ok or m > 0
         end
         if not ok then return 0 end

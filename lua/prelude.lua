@@ -42,7 +42,8 @@ local FORMAT = 'c4<ddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd
 local NOT_OURS = 'ERR paceline: key %s holds a value this limiter does not recognise (%d bytes); it was left untouched: delete it or use another limiter name'
 
 -- Comparisons are written `if x > cap then x = cap end` where the core has
--- `x.min(cap)`: the same, as no x there is NaN. An integer check is
+-- `x.min(cap)`: the same, as no x there is NaN (the rare modes' may call
+-- math.min and math.max instead). An integer check is
 -- `x % 1 == 0`, which NaN and the infinities fail; `x <= F64_MAX` is
 -- x < inf. On the common paths, `a = x; b = y` where the two are
 -- independent: a multiple assignment goes through temporaries.
@@ -82,16 +83,14 @@ if permits == '1' then
     permits = 1
 elseif permits == '1+' then
     permits, held = 1, true
-elseif permits == 'batch' or permits == 'give_back' or permits == 'probe' or permits == 'resume'
-        or permits == 'status' or permits == 'call' or permits == 'settle' or permits == 'keep'
-        or permits == 'learn' then
+elseif string.find(permits, '^%l') then
+    -- (A mode: one that ARGV[2]'s parts below do not know is refused there.)
     mode, permits = permits, nil
 else
     if string.byte(permits, -1) == 43 then permits, held = string.sub(permits, 1, -2), true end
     permits = tonumber(permits)
-    if not (permits and permits >= 1 and permits <= MAX_MICROS and permits % 1 == 0) then
-        return redis.error_reply(string.format('ERR paceline: ARGV[1] must be the permits to reserve, an integer from 1 to 2^53 (followed by + if it may be given back), or batch, call, give_back, keep, learn, probe, resume, settle or status (got "%.40s")', argv[1]))
-    end
+    -- (Not a count: refused as a mode no part knows.)
+    if not (permits and permits >= 1 and permits <= MAX_MICROS and permits % 1 == 0) then mode = '?' end
 end
 
 -- ARGV[2]: a reservation's timeout (-1: none), a resume's debts, a
@@ -116,13 +115,9 @@ elseif mode == 'batch' then
     R = {}
     local count = 0
     for request in string.gmatch(arg2, '[^,]+') do
-        local p, plus, t, times = string.match(request, '^(%d+)(%+?):(-?%d+)(.*)$')
-        p, t = tonumber(p), tonumber(t)
-        if times == '' then
-            times = 1
-        elseif times then
-            times = tonumber(string.match(times, '^%*(%d+)$'))
-        end
+        -- (`star`: '*' before a count, '' for one.)
+        local p, plus, t, star, times = string.match(request, '^(%d+)(%+?):(-?%d+)(%*?)(%d*)$')
+        p, t, times = tonumber(p), tonumber(t), star == '' and 1 or tonumber(times)
         if not (p and t and times and p >= 1 and p <= MAX_MICROS and t >= -1 and times >= 1)
                 or count + times > BATCH_CAPACITY then
             return redis.error_reply(string.format('ERR paceline: ARGV[2] of a batch must be 1 to %d requests permits[+]:timeout_micros[*count] (permits from 1 to 2^53, timeout_micros -1 or >= 0, count >= 1), joined by commas (got "%.40s")', BATCH_CAPACITY, request))
@@ -147,15 +142,12 @@ elseif mode == 'call' or mode == 'settle' or mode == 'resume' then
     -- (`counts:timeout_micros`), or a settle's charged and actual, after
     -- the call's id (`id:charged:actual`). (`plus`: a count is above 0.)
     local t, plus
-    lists = {}
-    if mode == 'call' then
-        lists[1], t = string.match(arg2, '^([%d,]+):(-?%d+)$')
-        t = tonumber(t)
-    elseif mode == 'settle' then
-        give_back_id, lists[1], lists[2] = string.match(arg2, '^(%d+):([%d,]+):([%d,]+)$')
-        give_back_id = tonumber(give_back_id)
+    if mode == 'settle' then
+        local id, charged, actual = string.match(arg2, '^(%d+):([%d,]+):([%d,]+)$')
+        give_back_id, lists = tonumber(id), {charged, actual}
     else
-        lists[1] = string.match(arg2, '^[%d,]+$')
+        lists = {string.match(arg2, mode == 'call' and '^([%d,]+):(-?%d+)$' or '^([%d,]+)$')}
+        t, lists[2] = tonumber(lists[2]), nil
     end
     local ok = lists[1] and (t and t >= -1 or give_back_id and give_back_id < MAX_MICROS or mode == 'resume')
     for j = 1, ok and #lists or 0 do
@@ -193,11 +185,11 @@ elseif mode == 'learn' then
     -- limit i reported (`;rate,remaining,reset`, an empty field: not
     -- reported): 8 + 3i its rate, 9 + 3i remaining, 10 + 3i reset.
     lesson = {string.match(arg2, '^([01]),([01]),(%d*),([^,;]+),([^,;]+),(%d+),([^,;]+),(%d+),([^,;]+)()')}
-    local ok, at = #lesson == 10, lesson[10]
+    local f, at = lesson, lesson[10]
+    local ok = #f == 10
     if ok then
-        lesson[1], lesson[2], lesson[10] = lesson[1] == '1', lesson[2] == '1', nil
-        for k = 3, 9 do lesson[k] = tonumber(lesson[k]) end
-        local f = lesson
+        f[1], f[2], f[10] = f[1] == '1', f[2] == '1', nil
+        for k = 3, 9 do f[k] = tonumber(f[k]) end
         ok = f[4] and f[4] > 0 and f[4] <= 1 and f[5] and f[5] >= 0 and f[5] <= 1
             and f[7] and f[7] > 0 and f[7] <= 1 and f[9] and f[9] > 0 and f[9] <= 1
         if (f[3] or 0) > MAX_MICROS then f[3] = MAX_MICROS end
@@ -206,18 +198,17 @@ elseif mode == 'learn' then
     local k = 10
     while ok and at <= #arg2 do
         local r, m, s, e = string.match(arg2, '^;([^,;]*),(%d*),(%d*)()', at)
-        ok = r and k < 10 + 3 * n
-        if ok then
-            local rate = tonumber(r)
-            ok = r == '' or rate and rate > 0 and rate <= F64_MAX
-            s = tonumber(s)
-            if s and s > MAX_MICROS then s = MAX_MICROS end
-            lesson[k + 1], lesson[k + 2], lesson[k + 3], k, at = rate, tonumber(m), s, k + 3, e
-        end
+        local rate = tonumber(r)
+        ok = r and k < 10 + 3 * n and (r == '' or rate and rate > 0 and rate <= F64_MAX)
+        s = tonumber(s)
+        if s and s > MAX_MICROS then s = MAX_MICROS end
+        lesson[k + 1], lesson[k + 2], lesson[k + 3], k, at = rate, tonumber(m), s, k + 3, e
     end
     if not ok then
         return redis.error_reply(string.format('ERR paceline: ARGV[2] of a learn must be throttled,success,retry_after_micros,decrease,increase,interval_micros,floor,pause_micros,margin (flags 0 or 1; decrease, floor and margin in (0, 1], increase in [0, 1]; whole µs, retry_after may be empty), then for each limit reported (up to %d) ;rate,remaining,reset_micros (rate > 0 and finite, the others whole, each may be empty) (got "%.40s")', n, arg2))
     end
+else
+    return redis.error_reply(string.format('ERR paceline: ARGV[1] must be the permits to reserve, an integer from 1 to 2^53 (followed by + if it may be given back), or batch, call, give_back, keep, learn, probe, resume, settle or status (got "%.40s")', argv[1]))
 end
 
 -- The clock as read: ARGV's last, or TIME (Lua converts the two strings

@@ -17,8 +17,7 @@ if L2 then
         -- (t: its pause; e: the end of its spent quota's window.)
         local t, e = f[10], f[10 + 3 * i]
         if f[9 + 3 * i] == 0 and e then
-            e = now + e
-            if e > MAX_MICROS then e = MAX_MICROS end
+            e = math.min(now + e, MAX_MICROS)
             if not t or e > t then t = e end
         end
         T[i] = t or false
@@ -43,9 +42,7 @@ if (changed or ort ~= rate or omx ~= mx) and mode ~= 'give_back' and mode ~= 'pr
         -- (r, m: the rate and max_permits it goes to; `set`: they change;
         -- t, left: its pause and what it has left, after a lesson.)
         local r, m = rate, mx
-        if n > 1 then
-            r, m, ort, omx = C[c + 1], C[c + 5], S[3 * n + 2 * i], S[3 * n + 2 * i + 1]
-        end
+        if n > 1 then r, m, ort, omx = C[c + 1], C[c + 5], S[3 * n + 2 * i], S[3 * n + 2 * i + 1] end
         if pass == 1 then r, m = M1[2 * i - 1], M1[2 * i] end
         local set, t, left = ort ~= r or omx ~= m, ahead and pass == 2 and T[i], T and pass == 2 and lesson[9 + 3 * i]
         if set or t or left and left > 0 then
@@ -198,11 +195,10 @@ else
     -- counts each), charged again. (Declared here, so that the calls above
     -- pay for none of it.)
     -- (T: a give-back's or settle's second pass; a keep's first is its
-    -- last.)
-    local Q, T, on_base, steps, pass = nil, nil, false, 1, 1
-    if not mode then
-        -- (One reservation.)
-    elseif E then
+    -- last. `steps`: a pass's requests: one reservation, a batch's, a
+    -- resume's one per limit, none for a learn or a probe.)
+    local Q, T, on_base, pass, steps = nil, nil, false, 1, not mode and 1 or R and total or debts and n or 0
+    if E then
         Q, T, on_base = {}, {}, true
         if kept then pass = 2 end
         for j = 1, W * count, W do
@@ -210,26 +206,17 @@ else
                 local P, e, p = false, Q, E[j + 1]
                 if j >= first then e = T end
                 if p < 0 then p = -1 - p end
-                if n > 1 then
-                    P = {p}
-                    for i = 2, n do P[i] = E[j + 2 + i] end
-                end
+                if n > 1 then P = {p, unpack(E, j + 4, j + W - 1)} end
                 local k = #e
                 e[k + 1], e[k + 2], e[k + 3], e[k + 4] = E[j], p, E[j + 2], P
             end
         end
         steps = #Q / 4
-        if steps > 0 then
-            if n == 1 then st, nf, fr, bst, bnf, bfr = bst, bnf, bfr, st, nf, fr else S, B = B, S end
-        end
-    elseif R then
-        steps = total
-    elseif debts then
-        steps = n
-    else
-        steps = 0
     end
     while true do
+        if on_base and steps > 0 then
+            if n == 1 then st, nf, fr, bst, bnf, bfr = bst, bnf, bfr, st, nf, fr else S, B = B, S end
+        end
         for r = 1, steps do
             -- Request r: its permits (the first limit's count; P, with several
             -- limits, the counts, or false for `p` each), timeout, whether it is
@@ -297,9 +284,8 @@ else
                                 front_P = {struct.unpack(string.sub(FORMAT, 3, 3 + W), value, log_at)}
                                 front_id, front_p, front_at, front = front_P[1], front_P[2], front_P[3], front_P[4]
                                 for i = 2, n do
-                                    local e = front_P[3 + i]
-                                    ok = ok and e % 1 == 0 and e >= 0 and e <= MAX_MICROS
-                                    front_P[i] = e
+                                    front_P[i] = front_P[3 + i]
+                                    ok = ok and front_P[i] % 1 == 0 and front_P[i] >= 0 and front_P[i] <= MAX_MICROS
                                 end
                             end
                             if not (ok and front_id % 1 == 0 and front_id >= -1 - n and front_id < next_id
@@ -431,29 +417,26 @@ else
                     end
                 end
             end
-            if not granted then
-                -- A refused try: a batch's reply for it (see Batch), its wait
-                -- negated and with several limits the one that bound it; else
-                -- the limits' states as read, with the clock, as a status
-                -- replies them; one limit that stores nothing, its wait negated
-                -- (see Replies).
-                if not R then
-                    if n == 1 then return st == 0 and now - nf or struct.pack('<dddd', now, st, nf, fr) end
-                    return struct.pack(string.sub(FORMAT, 3, 4 + 3 * n), now, unpack(S, 1, 3 * n))
-                end
-                replies[#replies + 1] = now - moment
-                if n > 1 then replies[#replies + 1] = bound end
+            if not (granted or R) then
+                -- A refused try (not a batch's): the limits' states as read,
+                -- with the clock, as a status replies them; one limit that
+                -- stores nothing, its wait negated (see Replies).
+                if n == 1 then return st == 0 and now - nf or struct.pack('<dddd', now, st, nf, fr) end
+                return struct.pack(string.sub(FORMAT, 3, 4 + 3 * n), now, unpack(S, 1, 3 * n))
             elseif not (Q or R or limit) then
                 moment_r, bound_r = moment, bound
             elseif R and not Q then
-                -- A batch's reply for it (see Batch): its wait, and with several
-                -- limits the one that bound it; the TTL its own call would need
-                -- (see part 5). (Charged again, Q's requests have no reply.)
-                replies[#replies + 1] = moment - now
+                -- A batch's reply for it (see Batch): its wait, negated if it
+                -- was refused, and with several limits the one that bound it;
+                -- if granted, the TTL its own call would need (see part 5).
+                -- (Charged again, Q's requests have no reply.)
+                replies[#replies + 1] = granted and moment - now or now - moment
                 if n > 1 then replies[#replies + 1] = bound end
-                moment_r, bound_r = moment, bound
-                if n == 1 then need_r = (nf - time_micros) / 1000 + (mx - st) * cd / 1000 end
-                needs[#needs + 1] = need_r
+                if granted then
+                    moment_r, bound_r = moment, bound
+                    if n == 1 then need_r = (nf - time_micros) / 1000 + (mx - st) * cd / 1000 end
+                    needs[#needs + 1] = need_r
+                end
             end
         end
         if on_base and steps > 0 then
@@ -471,7 +454,6 @@ else
             Q, on_base, steps = T, false, #T / 4
         else
             Q, on_base, steps = F, true, #F / 4
-            if n == 1 then st, nf, fr, bst, bnf, bfr = bst, bnf, bfr, st, nf, fr else S, B = B, S end
         end
     end
 end
