@@ -188,10 +188,40 @@ if value then
     -- (those it lacks start full, below; those past n go) and loses its log.
     if held_n ~= n then count = 0 end
     if ok and count > 0 then
-        -- The states before the log's first request, then that request.
+        -- The log's first request, then the states before it.
         at = at + 9
         log_from = at + 24 * n
         log_at = log_from + 8 * W * dead
+        -- A request of the log, at byte `at` of the value, read as its head
+        -- (see front and front_P), and whether it is as this script writes
+        -- them (`good`): its id whole, -1 (none), -1 - limit (a resume of
+        -- that limit, carrying its debt as its counts) or >= 0 and below
+        -- `below`; whole counts, the first negative for an open call (with
+        -- an id); whole µs, the moment at or after its now. (Made only for
+        -- a value with a log: part 3 checks each request with it, part 4
+        -- reads the next ones as the log moves on. It captures nothing, as
+        -- it is made on each such call: 2^53 is MAX_MICROS.)
+        read_request = function(at, below, value, n)
+            local id, p, t, moment, P = struct.unpack('<dddd', value, at)
+            local good = id % 1 == 0 and id >= -1 - n and id < below
+                and p % 1 == 0 and p >= -9007199254740992 and p <= 9007199254740992 and (p >= 0 or id >= 0)
+                and t >= 0 and t % 1 == 0 and moment >= t and moment <= 9007199254740992 and moment % 1 == 0
+            if id < 0 then
+                moment = -1
+            elseif p < 0 then
+                p, moment = -1 - p, 1e999
+            end
+            if n > 1 then
+                P = {struct.unpack('<' .. string.rep('d', 3 + n), value, at)}
+                P[1] = p
+                for i = 2, n do
+                    P[i] = P[3 + i]
+                    good = good and P[i] % 1 == 0 and P[i] >= 0 and P[i] <= 9007199254740992
+                end
+            end
+            return good, id, p, t, moment, P
+        end
+        ok, front_id, front_p, front_at, front, front_P = read_request(log_at, next_id, value, n)
         if n == 1 then
             bst, bnf, bfr = struct.unpack('<ddd', value, at)
         else
@@ -202,28 +232,6 @@ if value then
             ok = ok and bst >= 0 and bst <= F64_MAX and bnf >= 0 and bnf <= MAX_MICROS and bnf % 1 == 0
                 and bfr >= 0 and bfr < FRACTION_ONE and bfr % 1 == 0
         end
-        -- (Read again the same way in part 4, as the log moves on.)
-        if n == 1 then
-            front_id, front_p, front_at, front = struct.unpack('<dddd', value, log_at)
-        else
-            front_P = {struct.unpack(string.sub(FORMAT, 3, 3 + W), value, log_at)}
-            front_id, front_p, front_at, front = front_P[1], front_P[2], front_P[3], front_P[4]
-            for i = 2, n do
-                front_P[i] = front_P[3 + i]
-                ok = ok and front_P[i] % 1 == 0 and front_P[i] >= 0 and front_P[i] <= MAX_MICROS
-            end
-        end
-        ok = ok and front_id % 1 == 0 and front_id >= -1 - n and front_id < next_id
-            and front_p % 1 == 0 and front_p >= -MAX_MICROS and front_p <= MAX_MICROS
-            and (front_p >= 0 or front_id >= 0)
-            and front_at >= 0 and front_at % 1 == 0 and front >= front_at and front <= MAX_MICROS
-            and front % 1 == 0
-        if front_id < 0 then
-            front = -1
-        elseif front_p < 0 then
-            front_p, front = -1 - front_p, 1e999
-        end
-        if front_P then front_P[1] = front_p end
     end
     if not ok then return redis.error_reply(string.format(NOT_OURS, key, size)) end
     -- A try of one limit that the debt does not fit, its rate unchanged:

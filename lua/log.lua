@@ -24,20 +24,15 @@ if mode and (mode == 'give_back' or mode == 'keep' or mode == 'settle') then
     if (changed or count == 0) and mode ~= 'settle' then return 0 end
     if not (changed or count == 0) then
         E = {struct.unpack(string.rep('<d', W * count), value, log_at)}
-        -- Every request is checked, as this script writes them: its id
-        -- (rising, below next_id), -1 (none) or -1 - limit (a resume of
-        -- that limit, carrying its debt as its counts); whole counts, the
-        -- first negative for an open call (with an id); whole µs, the
-        -- moment at or after its now. (c: its first count as stored.)
+        -- Every request is checked, as this script writes them (see
+        -- read_request, part 2), its ids rising. (c: its first count as
+        -- stored.)
         local last_id = -1
         for j = 1, W * count, W do
-            local id, c, at, moment = E[j], E[j + 1], E[j + 2], E[j + 3]
-            ok = id % 1 == 0 and id < next_id and id >= -1 - n and (id < 0 or id > last_id)
-                and c % 1 == 0 and c >= -MAX_MICROS and c <= MAX_MICROS and (c >= 0 or id >= 0)
-                and at >= 0 and at % 1 == 0 and moment >= at and moment <= MAX_MICROS
-                and moment % 1 == 0
-            for k = j + 4, j + W - 1 do ok = ok and E[k] % 1 == 0 and E[k] >= 0 and E[k] <= MAX_MICROS end
-            if not ok then return redis.error_reply(string.format(NOT_OURS, key, size)) end
+            local id, c, moment = E[j], E[j + 1], E[j + 3]
+            if not (read_request(log_at + 8 * j - 8, next_id, value, n) and (id < 0 or id > last_id)) then
+                return redis.error_reply(string.format(NOT_OURS, key, size))
+            end
             if id >= 0 then last_id = id end
             if id ~= give_back_id then
             elseif mode == 'keep' or mode == 'give_back' and c < 0 and moment <= now then

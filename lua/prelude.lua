@@ -253,7 +253,7 @@ local expires, next_id, count, held_n = 0, 0, 0, 0
 local st, nf, fr, ort, omx
 local S, B, changed, L
 local bst, bnf, bfr
-local size, dead, log_from, log_at, front_id, front_p, front_at, front, front_P
+local size, dead, log_from, log_at, front_id, front_p, front_at, front, front_P, read_request
 local ok, at, last_now, marker, shape, _
 if value then
     size = #value

@@ -278,29 +278,8 @@ else
                         elseif log_at and log_at + 8 * W <= size then
                             -- (The next in the value: read and checked as in part 2.)
                             log_at = log_at + 8 * W
-                            if n == 1 then
-                                front_id, front_p, front_at, front = struct.unpack('<dddd', value, log_at)
-                            else
-                                front_P = {struct.unpack(string.sub(FORMAT, 3, 3 + W), value, log_at)}
-                                front_id, front_p, front_at, front = front_P[1], front_P[2], front_P[3], front_P[4]
-                                for i = 2, n do
-                                    front_P[i] = front_P[3 + i]
-                                    ok = ok and front_P[i] % 1 == 0 and front_P[i] >= 0 and front_P[i] <= MAX_MICROS
-                                end
-                            end
-                            if not (ok and front_id % 1 == 0 and front_id >= -1 - n and front_id < next_id
-                                    and front_p % 1 == 0 and front_p >= -MAX_MICROS and front_p <= MAX_MICROS
-                                    and (front_p >= 0 or front_id >= 0)
-                                    and front_at >= 0 and front_at % 1 == 0 and front >= front_at
-                                    and front <= MAX_MICROS and front % 1 == 0) then
-                                return redis.error_reply(string.format(NOT_OURS, key, size))
-                            end
-                            if front_id < 0 then
-                                front = -1
-                            elseif front_p < 0 then
-                                front_p, front = -1 - front_p, 1e999
-                            end
-                            if front_P then front_P[1] = front_p end
+                            ok, front_id, front_p, front_at, front, front_P = read_request(log_at, next_id, value, n)
+                            if not ok then return redis.error_reply(string.format(NOT_OURS, key, size)) end
                         else
                             if log_at then log_at = nil else added_first = added_first + 1 end
                             local a = 5 * added_first
