@@ -173,8 +173,7 @@ elseif mode == 'call' or mode == 'settle' or mode == 'resume' then
     end
     if mode == 'call' then
         -- A reservation held as open (see part 4).
-        mode, permits, held, timeout = nil, lists[1][1], 2, t
-        if timeout > MAX_MICROS then timeout = MAX_MICROS end
+        mode, permits, held, timeout = nil, lists[1][1], 2, math.min(t, MAX_MICROS)
         if n > 1 then P = lists[1] end
     end
 elseif mode == 'learn' then

@@ -53,16 +53,11 @@ if (changed or ort ~= rate or omx ~= mx) and mode ~= 'give_back' and mode ~= 'pr
             local old_stable, x, y = 0.0, cd, m
             if set then
                 count, log_at, whole = 0, nil, true
-                old_stable = 1000000.0 / ort
-                if old_stable > MAX_MICROS then old_stable = MAX_MICROS end
+                old_stable = math.min(1000000.0 / ort, MAX_MICROS)
                 x, y = old_stable, omx
                 if not bursty and omx > 0.0 then x = pmicros / omx end
             end
-            if now > nf then
-                local stored = st + ((now - nf) - fr / FRACTION_ONE) / x
-                if stored > y then stored = y end
-                st, nf, fr = stored, now, 0
-            end
+            if now > nf then st, nf, fr = math.min(st + ((now - nf) - fr / FRACTION_ONE) / x, y), now, 0 end
             if not set then
             elseif old_stable == 0.0 then
                 -- Policy::stored_permits_after_infinite_rate

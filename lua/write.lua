@@ -178,8 +178,5 @@ if E then return (kept and mode == 'give_back') and 0 or 1 end
 -- A resume or a probe: the debt (Limits::earliest: the latest ticket, or
 -- now).
 local debt = 0
-for k = 2, 3 * n, 3 do
-    local ahead = (n == 1 and nf or S[k]) - now
-    if ahead > debt then debt = ahead end
-end
+for k = 2, 3 * n, 3 do debt = math.max(debt, (n == 1 and nf or S[k]) - now) end
 return debt
