@@ -184,8 +184,7 @@ elseif mode == 'learn' then
     -- limit i reported (`;rate,remaining,reset`, an empty field: not
     -- reported): 8 + 3i its rate, 9 + 3i remaining, 10 + 3i reset.
     lesson = {string.match(arg2, '^([01]),([01]),(%d*),([^,;]+),([^,;]+),(%d+),([^,;]+),(%d+),([^,;]+)()')}
-    local f, at = lesson, lesson[10]
-    local ok = #f == 10
+    local f, at, ok = lesson, lesson[10], #lesson == 10
     if ok then
         f[1], f[2], f[10] = f[1] == '1', f[2] == '1', nil
         for k = 3, 9 do f[k] = tonumber(f[k]) end

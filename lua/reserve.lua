@@ -17,8 +17,7 @@ if L2 then
         -- (t: its pause; e: the end of its spent quota's window.)
         local t, e = f[10], f[10 + 3 * i]
         if f[9 + 3 * i] == 0 and e then
-            e = math.min(now + e, MAX_MICROS)
-            if not t or e > t then t = e end
+            t = math.max(t or 0, math.min(now + e, MAX_MICROS))
         end
         T[i] = t or false
         ahead = ahead or t and t > now
