@@ -40,7 +40,11 @@ if mode and (mode == 'give_back' or mode == 'keep' or mode == 'settle') then
             elseif mode == 'give_back' and moment > now or mode == 'settle' and c < 0 then
                 place = j
             end
+            -- (The first that stays: with an id, open or its moment ahead,
+            -- and not the one kept, whose id goes.)
+            if not first and id >= 0 and j ~= kept and (c < 0 or moment > now) then first = j end
         end
+        first = first or W * count + 1
     end
     if mode == 'settle' and not place then
         -- Let go: what it cost past what it was charged, limit by limit
@@ -63,14 +67,5 @@ if mode and (mode == 'give_back' or mode == 'keep' or mode == 'settle') then
         if E[kept + 1] < 0 then E[kept + 1] = -1 - E[kept + 1] end
     elseif not place then
         return 0
-    end
-    if E then
-        first = W * count + 1
-        for j = 1, W * count, W do
-            if E[j] >= 0 and (E[j + 1] < 0 or E[j + 3] > now) then
-                first = j
-                break
-            end
-        end
     end
 end
