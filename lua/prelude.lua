@@ -12,7 +12,8 @@
 -- value, so that one unpack reads them and one pack writes them) and C
 -- (configuration) hold every limit's, and the same locals are the limit
 -- being worked on (loaded at the top of each loop over the limits, stored
--- back at its end). Code on the common path makes no closure, converts
+-- back at its end). Code on the common path makes no closure (a value
+-- with a log makes one, read_request, that captures nothing), converts
 -- each argument once and packs the value once.
 
 -- Constants, as in src/core.

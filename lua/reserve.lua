@@ -57,16 +57,11 @@ if (changed or ort ~= rate or omx ~= mx) and mode ~= 'give_back' and mode ~= 'pr
                 if not bursty and omx > 0.0 then x = pmicros / omx end
             end
             if now > nf then st, nf, fr = math.min(st + ((now - nf) - fr / FRACTION_ONE) / x, y), now, 0 end
-            if not set then
-            elseif old_stable == 0.0 then
-                -- Policy::stored_permits_after_infinite_rate
-                st = bursty and m or 0.0
-            elseif omx == 0.0 then
-                -- Policy::initial_stored_permits
-                st = bursty and 0.0 or m
-            else
-                -- stored / old_max is in 0..=1, so this never overflows.
-                st = st / omx * m
+            if set then
+                -- Policy::stored_permits_after_infinite_rate, else
+                -- Policy::initial_stored_permits, else rescaled (stored /
+                -- old_max is in 0..=1, so this never overflows).
+                st = old_stable == 0.0 and (bursty and m or 0.0) or omx == 0.0 and (bursty and 0.0 or m) or st / omx * m
             end
             ort, omx = r, m
             if t then
@@ -197,8 +192,7 @@ else
         if kept then pass = 2 end
         for j = 1, W * count, W do
             if j ~= place then
-                local P, e, p = false, Q, E[j + 1]
-                if j >= first then e = T end
+                local P, e, p = false, j >= first and T or Q, E[j + 1]
                 if p < 0 then p = -1 - p end
                 if n > 1 then P = {p, unpack(E, j + 4, j + W - 1)} end
                 local k = #e
