@@ -155,10 +155,9 @@ elseif mode == 'call' or mode == 'settle' or mode == 'resume' then
         local numbers = {}
         for count in string.gmatch(lists[j] .. ',', '([^,]*),') do
             count = tonumber(count)
-            if mode == 'resume' and count and count > MAX_MICROS then count = MAX_MICROS end
             ok = ok and count and (count < MAX_MICROS or mode == 'resume') and #numbers < n
             if not ok then break end
-            numbers[#numbers + 1] = count
+            numbers[#numbers + 1] = math.min(count, MAX_MICROS)
             plus = plus or count > 0
         end
         ok = ok and #numbers == n
@@ -191,8 +190,7 @@ elseif mode == 'learn' then
         for k = 3, 9 do f[k] = tonumber(f[k]) end
         ok = f[4] and f[4] > 0 and f[4] <= 1 and f[5] and f[5] >= 0 and f[5] <= 1
             and f[7] and f[7] > 0 and f[7] <= 1 and f[9] and f[9] > 0 and f[9] <= 1
-        if (f[3] or 0) > MAX_MICROS then f[3] = MAX_MICROS end
-        if f[8] > MAX_MICROS then f[8] = MAX_MICROS end
+        f[3], f[8] = f[3] and math.min(f[3], MAX_MICROS), math.min(f[8], MAX_MICROS)
     end
     local k = 10
     while ok and at <= #arg2 do
@@ -200,8 +198,7 @@ elseif mode == 'learn' then
         local rate = tonumber(r)
         ok = r and k < 10 + 3 * n and (r == '' or rate and rate > 0 and rate <= F64_MAX)
         s = tonumber(s)
-        if s and s > MAX_MICROS then s = MAX_MICROS end
-        lesson[k + 1], lesson[k + 2], lesson[k + 3], k, at = rate, tonumber(m), s, k + 3, e
+        lesson[k + 1], lesson[k + 2], lesson[k + 3], k, at = rate, tonumber(m), s and math.min(s, MAX_MICROS), k + 3, e
     end
     if not ok then
         return redis.error_reply(string.format('ERR paceline: ARGV[2] of a learn must be throttled,success,retry_after_micros,decrease,increase,interval_micros,floor,pause_micros,margin (flags 0 or 1; decrease, floor and margin in (0, 1], increase in [0, 1]; whole µs, retry_after may be empty), then for each limit reported (up to %d) ;rate,remaining,reset_micros (rate > 0 and finite, the others whole, each may be empty) (got "%.40s")', n, arg2))
