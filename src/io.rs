@@ -110,16 +110,9 @@ pub const MAX_CHUNK: usize = 64 * 1024;
 /// bytes of [`CHUNK_TIME`] at that rate, rounded down, at least 1 and at most
 /// [`MAX_CHUNK`]. A read or write also moves no more than its buffer.
 pub(crate) fn chunk_limit(rate: f64) -> usize {
-    let bytes = rate * CHUNK_TIME.as_secs_f64();
-    if bytes >= MAX_CHUNK as f64 {
-        MAX_CHUNK
-    } else if bytes >= 1.0 {
-        // In 1..MAX_CHUNK: the conversion truncates, as documented.
-        bytes as usize
-    } else {
-        // Below one byte per chunk, or NaN (which no limiter reports).
-        1
-    }
+    // The conversion truncates and saturates (NaN, which no limiter
+    // reports, to 0): the clamp does the rest.
+    ((rate * CHUNK_TIME.as_secs_f64()) as usize).clamp(1, MAX_CHUNK)
 }
 
 /// A pending reservation's future: it reserves and waits, and hands the
@@ -221,14 +214,10 @@ impl<L: Deref<Target: Limiter> + Send + Sync + 'static> Gate<'static, L, usize> 
 /// An [`AsyncWrite`] that passes bytes to its inner writer at a limiter's
 /// rate, one permit per byte.
 ///
-/// Each write moves at most one [chunk](self#chunks): it reserves the chunk,
-/// waits until it is due, then writes it. Bytes reserved but not accepted by
-/// the inner writer stay paid for and go with the next writes (see
-/// [accounting](self#accounting)). [`poll_flush`](AsyncWrite::poll_flush)
-/// and [`poll_shutdown`](AsyncWrite::poll_shutdown) pass straight through.
-///
-/// Dropping the writer while it waits gives the pending reservation back.
-/// The inner writer must be [`Unpin`]; pin one that is not with `Box::pin`.
+/// Each write reserves one [chunk](self#chunks), waits, then writes it;
+/// see [accounting](self#accounting) and [cancellation](self#cancellation).
+/// Flush and shutdown pass straight through. The inner writer must be
+/// [`Unpin`]; pin one that is not with `Box::pin`.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -350,14 +339,9 @@ impl<W: fmt::Debug, L> fmt::Debug for ThrottledWriter<W, L> {
 /// An [`AsyncRead`] that passes bytes from its inner reader at a limiter's
 /// rate, one permit per byte.
 ///
-/// Each read moves at most one [chunk](self#chunks): it reads up to a chunk
-/// from the inner reader into its own buffer, reserves exactly the bytes it
-/// got, waits until they are due, then copies them into the caller's buffer
-/// (see [accounting](self#accounting)). End of file is passed on at once and
-/// costs nothing.
-///
-/// Dropping the reader while it waits gives the pending reservation back
-/// (and drops the bytes read for it). The inner reader must be [`Unpin`];
+/// Each read reads up to one [chunk](self#chunks), reserves the bytes it
+/// got, waits, then hands them over; see [accounting](self#accounting) and
+/// [cancellation](self#cancellation). The inner reader must be [`Unpin`];
 /// pin one that is not with `Box::pin`.
 ///
 /// ```
@@ -406,17 +390,6 @@ where
     L: Deref<Target: Limiter> + Send + Sync + 'static,
 {
     /// Wraps `inner`, reading from it at `limiter`'s rate in bytes per second.
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use paceline::{Limiter, RateLimiter};
-    /// use paceline::io::ThrottledReader;
-    ///
-    /// let limiter: Arc<dyn Limiter> = Arc::new(RateLimiter::bursty(65_536.0)?); // 64 KiB/s
-    /// let reader = ThrottledReader::new(tokio::io::empty(), limiter);
-    /// # drop(reader);
-    /// # Ok::<(), paceline::Error>(())
-    /// ```
     pub fn new(inner: R, limiter: L) -> Self {
         ThrottledReader {
             inner,

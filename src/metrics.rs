@@ -29,9 +29,7 @@
 //! `stats()` on the limiters and the backend stays: it reads the same
 //! events without a recorder.
 //!
-//! Nothing is recorded until the application installs a recorder (an
-//! exporter of its choice, through `metrics::set_global_recorder` or the
-//! exporter's own `install`). Then every limiter records under its name:
+//! Once a recorder is installed, every limiter records under its name:
 //!
 //! ```
 //! use std::time::Duration;

@@ -20,12 +20,8 @@ use crate::store::Metered;
 ///   may be used; they are then used.
 /// * Drop it to **give the permits back** (before its wait has passed):
 ///   later callers are scheduled as if they had never been reserved, and
-///   callers already waiting keep their slots (the in-process limiters
-///   replay their limits without it, exactly, however many are given back;
-///   the crate's [table](crate#cancel-safety) says where each limiter
-///   errs). This is what makes `tokio::time::timeout(d, limiter.acquire(n))`
-///   and `select!` correct: the dropped `acquire` gives back what it had
-///   taken.
+///   callers already waiting keep their slots (how exactly, per limiter:
+///   the crate's [table](crate#cancel-safety)).
 /// * [`keep`](Reservation::keep) keeps the permits without waiting here,
 ///   for a caller that schedules its work itself.
 ///
@@ -203,18 +199,11 @@ impl<'a> Reservation<'a> {
 
     /// Sleeps for the delay (on the limiter's clock), then keeps the permits;
     /// returns the delay. With no delay, returns at once without touching a
-    /// timer.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future before the sleep ends gives the permits back, as
-    /// dropping the reservation does.
-    pub async fn wait(mut self) -> Duration {
-        if !self.delay.is_zero() {
-            self.clock.sleep(self.delay).await;
-        }
-        self.pending = None;
-        self.delay
+    /// timer. Cancel-safe: dropped before the sleep ends, it gives the
+    /// permits back, as dropping the reservation does.
+    pub async fn wait(self) -> Duration {
+        // What `wait_open` hands over is dropped without giving back.
+        self.wait_open().await.0
     }
 
     /// Sleeps for the delay, then hands over what settles the open call it
@@ -255,13 +244,11 @@ impl<'a> Reservation<'a> {
 /// granted reservation and keeps it (`true`), or reports the refusal
 /// (`false`). Cancel-safe as [`Reservation::wait`].
 pub(crate) async fn wait_if_granted(reservation: Option<Reservation<'_>>) -> bool {
-    match reservation {
-        Some(reservation) => {
-            reservation.wait().await;
-            true
-        }
-        None => false,
-    }
+    let Some(reservation) = reservation else {
+        return false;
+    };
+    reservation.wait().await;
+    true
 }
 
 impl Drop for Reservation<'_> {

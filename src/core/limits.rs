@@ -36,19 +36,12 @@ pub const LOG_CAPACITY: usize = 1024;
 ///
 /// # Giving a reservation back, exactly
 ///
-/// While a reservation that may be given back waits, the limits keep a
-/// log: their states before the oldest such reservation, and every request
-/// since (its permits and its `now`). Giving one back takes it out of the
-/// log and replays the rest from the saved states: the limits then hold
-/// exactly what they would hold had it never been made, stored permits and
-/// warm-up included, whichever limit bound what. A logged reservation can
-/// be given back until its moment passes (it has been used) or it is
-/// [kept](Limits::keep); the requests at the head of the log that can no
-/// longer be given back leave it, so the log always starts at the oldest
-/// reservation that still can, and is empty when none can. When the log is
-/// full, its oldest request leaves it all the same and can no longer be
-/// given back (its give-back then changes nothing: it errs towards
-/// limiting). A rate change empties the log.
+/// The log, as the [module docs](super#giving-a-reservation-back) tell:
+/// the states before the oldest reservation that may be given back, and
+/// every request since; a give-back replays the rest without it, whichever
+/// limit bound what. A reservation leaves the log once its moment passes
+/// or it is [kept](Limits::keep); a full log drops its oldest request,
+/// which then gives nothing back; a rate change empties it.
 ///
 /// Callers already waiting keep their moments. With bursty limits these
 /// are at or after the replay's (a request removed never makes another one

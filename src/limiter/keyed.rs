@@ -174,12 +174,11 @@ impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C> {
         S::Keyed<K, C>: Engine<Q>,
         S::KeyedSlots<K, C>: TakeSlot<Q>,
     {
-        let estimate = estimate.into();
         let call = store::call(
             &self.engine,
             &self.slots,
             key,
-            estimate,
+            estimate.into(),
             None,
             &self.upstream,
         );
@@ -202,13 +201,11 @@ impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C> {
         S::Keyed<K, C>: Engine<Q>,
         S::KeyedSlots<K, C>: TakeSlot<Q>,
     {
-        let estimate = estimate.into();
-        let engine = &self.engine;
         store::call(
-            engine,
+            &self.engine,
             &self.slots,
             key,
-            estimate,
+            estimate.into(),
             Some(timeout),
             &self.upstream,
         )

@@ -177,36 +177,21 @@ pub struct RateLimiter<S: Store = Local, C: Clock = crate::clock::SystemClock> {
 /// That is the price of a bound, and [`Stats::dropped_unfinished`]
 /// counts it.
 ///
-/// Giving back a reservation (a dropped [`Reservation`](crate::Reservation), a cancelled
-/// `acquire`) is exact, key by key, as for the
-/// [`RateLimiter`](crate::RateLimiter): a reservation that has to wait is
-/// logged in its key's limits, and giving it back
-/// replays the key's limits without it, so the key holds what it would hold
-/// had it never been made, however many are given back and in whatever
-/// order, as long as the key's log holds every request since the oldest
-/// that may be given back (1 024 requests).
-/// The log lives while one of its reservations may still be given back: a
-/// key is not dropped as full meanwhile, and the first call on the key
-/// once none can (or the key being dropped) takes it away. A rate change
-/// empties every log: what was waiting then gives nothing back.
+/// Giving back a reservation is exact, key by key, as for the
+/// [`RateLimiter`](crate::RateLimiter) (see the crate's
+/// [table](crate#cancel-safety)): a key is not dropped as full while a
+/// reservation of its may still be given back, and a rate change makes
+/// what was waiting give nothing back.
 ///
-/// Keys are spread over shards, each a read-write lock and hash maps; calls
-/// on keys in different shards do not contend. Every key runs the one algorithm. A key of one bursty limit is held as
-/// the [`RateLimiter`](crate::RateLimiter)'s one-word state (eight bytes
-/// beside the key) while its log is empty, and the common call, on a key
-/// already held, takes its shard's lock for reading and updates the word
-/// with one compare-and-swap, so calls on one shard run side by side too.
-/// Every other call (a new key, a reservation with a wait that may be given
-/// back, a give-back, a rate change, any call on a key held as limits)
-/// takes the lock for writing and runs the key's limits for a few hundred
-/// nanoseconds at most; no call waits under the lock. A key of several
-/// limits, a warming-up key, a key whose log is in use, and a bursty key
-/// whose burst exceeds about two hours (or whose debt reaches further), is
-/// held as limits of its own, boxed, and always takes the write lock. As
-/// for the `RateLimiter`, a bursty key agrees with the core to the
-/// microsecond but not always to the bit once stored permits have been
-/// spent: stored permits are held as time, to 2^-20 µs, so a later wait may
-/// differ from the core's by 1 µs.
+/// Keys are spread over shards, each a read-write lock and hash maps;
+/// calls on keys in different shards do not contend. The common call (a
+/// key of one bursty limit, already held) takes its shard's lock for
+/// reading and updates the key's one-word state (eight bytes beside the
+/// key) with one compare-and-swap, so calls on one shard run side by side
+/// too; every other call takes the lock for writing for a few hundred
+/// nanoseconds at most, and no call waits under the lock. As for the
+/// `RateLimiter`, a bursty key agrees with the core to the microsecond,
+/// not always to the bit, once stored permits have been spent.
 ///
 /// ```
 /// use std::time::Duration;

@@ -86,11 +86,8 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         ))
     }
 
-    /// What the limiter holds now, read without reserving: the requests
-    /// that would go at once, the wait, the rate and the burst (see
-    /// [`Snapshot`]); with several limits, the binding one's. Through
-    /// Redis, on Redis's clock. Its [`wait`](Snapshot::wait) is how long a
-    /// request made now would wait (for a `Retry-After` header, say).
+    /// What the limiter holds now, read without reserving (see
+    /// [`Limiter::snapshot`](crate::Limiter::snapshot)).
     pub fn snapshot(&self) -> S::Answer<'_, Result<Snapshot, Error>> {
         S::answer(self.engine.snapshot(&NoKey))
     }
@@ -130,12 +127,11 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// [`Error::InvalidArgument`] if `estimate` counts nothing, or counts
     /// for a limit the limiter lacks.
     pub async fn call(&self, estimate: impl Into<Cost>) -> Result<Call<'_>, Error> {
-        let estimate = estimate.into();
         let call = store::call(
             &self.engine,
             &self.slots,
             &NoKey,
-            estimate,
+            estimate.into(),
             None,
             &self.upstream,
         );
@@ -151,12 +147,11 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         estimate: impl Into<Cost>,
         timeout: Duration,
     ) -> Result<Option<Call<'_>>, Error> {
-        let estimate = estimate.into();
         store::call(
             &self.engine,
             &self.slots,
             &NoKey,
-            estimate,
+            estimate.into(),
             Some(timeout),
             &self.upstream,
         )

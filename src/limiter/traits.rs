@@ -54,11 +54,8 @@ pub trait Limiter: Send + Sync {
     async fn reserve(&self, permits: u32) -> Result<Duration, Error>;
 
     /// Reserves `permits` if the wait fits in `timeout` and returns it;
-    /// returns `None`, reserving nothing, otherwise.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`reserve`](Self::reserve).
+    /// returns `None`, reserving nothing, otherwise. Cancel-safe as
+    /// [`reserve`](Self::reserve).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0; a backend's errors.
@@ -72,11 +69,8 @@ pub trait Limiter: Send + Sync {
     ///
     /// Its [`wait`](Snapshot::wait) is how long a request made now would
     /// wait (for a `Retry-After` header, say). A limiter that knows only
-    /// that can answer [`Snapshot::waiting`].
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it reserves nothing.
+    /// that can answer [`Snapshot::waiting`]. Cancel-safe: it reserves
+    /// nothing.
     ///
     /// # Errors
     /// A backend's errors.
@@ -136,11 +130,8 @@ pub trait Limiter: Send + Sync {
     }
 
     /// [`reservation`](Limiter::reservation) if the permits can be used
-    /// within `timeout`; `None`, reserving nothing, otherwise.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`reservation`](Self::reservation).
+    /// within `timeout`; `None`, reserving nothing, otherwise. Cancel-safe
+    /// as [`reservation`](Self::reservation).
     ///
     /// # Errors
     /// As [`try_reserve`](Limiter::try_reserve).
@@ -169,11 +160,8 @@ pub trait Limiter: Send + Sync {
     }
 
     /// Acquires `permits` if the wait fits in `timeout`, sleeping for it;
-    /// returns `false` at once, reserving nothing, otherwise.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`acquire`](Limiter::acquire).
+    /// returns `false` at once, reserving nothing, otherwise. Cancel-safe
+    /// as [`acquire`](Limiter::acquire).
     ///
     /// # Errors
     /// As [`try_reserve`](Limiter::try_reserve).
@@ -207,29 +195,16 @@ pub trait Limiter: Send + Sync {
 /// ```
 #[async_trait]
 pub trait KeyedLimiter<K: Sync>: Send + Sync {
-    /// Reserves `permits` of `key` now and returns the wait before they may
-    /// be used.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe for this crate's limiters: a future dropped before it
-    /// returns reserves nothing (a Redis round trip already sent is given
-    /// back when its reply arrives). Once it has returned, the permits are
-    /// the caller's.
+    /// [`Limiter::reserve`] for `key`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if `permits` is 0; a backend's errors.
+    /// As [`Limiter::reserve`].
     async fn reserve(&self, key: &K, permits: u32) -> Result<Duration, Error>;
 
-    /// Reserves `permits` of `key` if the wait fits in `timeout` and returns
-    /// it; returns `None`, reserving nothing, otherwise.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`reserve`](Self::reserve).
+    /// [`Limiter::try_reserve`] for `key`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if `permits` is 0; a backend's errors.
+    /// As [`Limiter::try_reserve`].
     async fn try_reserve(
         &self,
         key: &K,
@@ -237,17 +212,8 @@ pub trait KeyedLimiter<K: Sync>: Send + Sync {
         timeout: Duration,
     ) -> Result<Option<Duration>, Error>;
 
-    /// What `key` holds now, read without reserving (see [`Snapshot`]); a
-    /// key not held reads as a new key would. A Redis limiter reads it in
-    /// one round trip, on the server's clock.
-    ///
-    /// Its [`wait`](Snapshot::wait) is how long a request of `key` made
-    /// now would wait. A limiter that knows only that can answer
-    /// [`Snapshot::waiting`].
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it reserves nothing.
+    /// [`Limiter::snapshot`] for `key`; a key not held reads as a new key
+    /// would.
     ///
     /// # Errors
     /// A backend's errors.
@@ -265,9 +231,7 @@ pub trait KeyedLimiter<K: Sync>: Send + Sync {
     /// The clock waits are slept on.
     fn clock(&self) -> &dyn Clock;
 
-    /// [`Limiter::take_now`] for `key`: takes `permits` if they are free
-    /// now, without waiting and without I/O; `None` if this limiter cannot
-    /// tell without a round trip.
+    /// [`Limiter::take_now`] for `key`.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
@@ -282,17 +246,7 @@ pub trait KeyedLimiter<K: Sync>: Send + Sync {
         None
     }
 
-    /// Reserves `permits` of `key` as a [`Reservation`]: wait for it, or
-    /// drop it to give the permits back.
-    ///
-    /// Provided: a [`reserve`](KeyedLimiter::reserve) whose permits cannot be
-    /// given back. The limiters of this crate give them back.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe for this crate's limiters: a future dropped before it
-    /// returns reserves nothing; the [`Reservation`] it returns gives its
-    /// permits back when dropped.
+    /// [`Limiter::reservation`] for `key` (provided the same way).
     ///
     /// # Errors
     /// As [`reserve`](KeyedLimiter::reserve).
@@ -301,12 +255,7 @@ pub trait KeyedLimiter<K: Sync>: Send + Sync {
         Ok(Reservation::without_give_back(wait, self.clock()))
     }
 
-    /// [`reservation`](KeyedLimiter::reservation) if the permits can be used
-    /// within `timeout`; `None`, reserving nothing, otherwise.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`reservation`](Self::reservation).
+    /// [`Limiter::try_reservation`] for `key`.
     ///
     /// # Errors
     /// As [`try_reserve`](KeyedLimiter::try_reserve).
@@ -320,13 +269,7 @@ pub trait KeyedLimiter<K: Sync>: Send + Sync {
         Ok(wait.map(|wait| Reservation::without_give_back(wait, self.clock())))
     }
 
-    /// Reserves `permits` of `key` and sleeps for the wait; returns the time
-    /// slept.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe for this crate's limiters: dropping the future gives back
-    /// what it had taken.
+    /// [`Limiter::acquire`] for `key`.
     ///
     /// # Errors
     /// As [`reserve`](KeyedLimiter::reserve).
@@ -334,12 +277,7 @@ pub trait KeyedLimiter<K: Sync>: Send + Sync {
         Ok(self.reservation(key, permits).await?.wait().await)
     }
 
-    /// Acquires `permits` of `key` if the wait fits in `timeout`, sleeping
-    /// for it; returns `false` at once, reserving nothing, otherwise.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`acquire`](KeyedLimiter::acquire).
+    /// [`Limiter::try_acquire`] for `key`.
     ///
     /// # Errors
     /// As [`try_reserve`](KeyedLimiter::try_reserve).

@@ -18,13 +18,11 @@ use crate::{KeyedRateLimiter, RateLimiter};
 /// The state lives in Redis, shared by every process whose limiter has the
 /// same name: `RateLimiter<Redis>`, `KeyedRateLimiter<K, Redis>`.
 ///
-/// Each reservation is one round trip, a call of the crate's Lua script
-/// (`lua/`), which runs the [algorithm](crate::core) inside Redis on
-/// Redis's own clock (`TIME`), so every process shares one schedule
-/// whatever its own clock says. The wait it returns is slept here. Every
-/// call is bounded by the backend's response timeout; while Redis is
-/// unavailable the limiter's [`Fallback`] serves. Made with
-/// [`Builder::redis`](crate::Builder::redis) on a [`RedisBackend`](super::RedisBackend).
+/// Each reservation is one round trip to the crate's script, on Redis's
+/// clock; the wait it returns is slept here, and while Redis is
+/// unavailable the limiter's [`Fallback`] serves (see [`redis`](super)).
+/// Made with [`Builder::redis`](crate::Builder::redis) on a
+/// [`RedisBackend`](super::RedisBackend).
 ///
 /// ```no_run
 /// use std::time::Duration;

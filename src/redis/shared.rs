@@ -24,12 +24,8 @@ use crate::{Error, Stats};
 /// debt into its own key with its first call (see [`redis`](super)).
 ///
 /// On a cluster, the health state is kept per node: a node that is down or
-/// hung degrades only the limiters (and keyed limiters' keys) in its slots.
-/// The first call that finds it down marks its key's slot; the probe then
-/// reads the cluster's slot map and marks the node's other slots too, so
-/// their calls go to their fallbacks at once instead of each waiting for
-/// the response timeout. The probe runs the script on that node only, and
-/// everything on it comes back together. [`stats`](Self::stats) says
+/// hung degrades only the limiters and keys in its slots (the
+/// [table](super#when-redis-fails) says how). [`stats`](Self::stats) says
 /// whether any part is down; a limiter's own `stats()` whether its key's
 /// is.
 ///
