@@ -3,9 +3,9 @@
 //! binding one; a fallback answers while Redis is down; a value that is
 //! not the limiter's is an error.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::support::poll::{RESPONSE_TIMEOUT, backend};
+use crate::support::poll::{RESPONSE_TIMEOUT, patient_backend};
 use crate::support::redis_server::RedisServer;
 use paceline::redis::{Fallback, RedisBackend};
 use paceline::{Error, KeyedRateLimiter, Limit, RateLimiter};
@@ -15,11 +15,14 @@ const MS: Duration = Duration::from_millis(1);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_reads_full_then_counts_down_to_its_wait() {
     let server = RedisServer::start();
-    let backend = backend(server.client()).await;
+    // Patient: a late reply must not send a call to the fallback.
+    let backend = patient_backend(server.client()).await;
+    // One a second: what the clock stores while the test runs is bounded
+    // below by the time its calls take here.
     let limiter = KeyedRateLimiter::<String>::builder()
         .redis(&backend, "snap")
-        .permits_per_second(10.0)
-        .max_burst(Duration::from_millis(500))
+        .permits_per_second(1.0)
+        .max_burst(Duration::from_secs(5))
         .build()
         .unwrap();
     let key = "alice".to_owned();
@@ -29,7 +32,7 @@ async fn a_key_reads_full_then_counts_down_to_its_wait() {
         (fresh.remaining(), fresh.burst(), fresh.wait()),
         (6, 6, Duration::ZERO)
     );
-    assert_eq!((fresh.rate(), fresh.stored()), (10.0, 5.0));
+    assert_eq!((fresh.rate(), fresh.stored()), (1.0, 5.0));
     // Reading wrote nothing.
     let mut con = server.connection();
     let exists: bool = redis::cmd("EXISTS")
@@ -37,37 +40,59 @@ async fn a_key_reads_full_then_counts_down_to_its_wait() {
         .query(&mut con)
         .unwrap();
     assert!(!exists);
-    // Four go: two remain (give or take what the clock stored meanwhile).
+    // Permits the clock stores in `elapsed` (at 1/s), at most.
+    let stored_in = |elapsed: Duration| (elapsed + MS).as_secs();
+    // Four go: two remain, and what the clock stored meanwhile.
+    let start = Instant::now();
     for _ in 0..4 {
         assert!(limiter.try_acquire(&key, 1, Duration::ZERO).await.unwrap());
     }
+    let read = Instant::now();
     let after = limiter.snapshot(&key).await.unwrap();
-    assert!((2..=3).contains(&after.remaining()), "{after:?}");
-    // Exactly as many as it said go at once; then one owes its interval.
+    let most = 2 + stored_in(start.elapsed());
+    assert!((2..=most).contains(&after.remaining()), "{after:?}");
+    // Exactly as many as it said go at once, and what was stored since;
+    // then one owes its interval.
     let remaining = after.remaining();
     let mut granted = 0;
     while limiter.try_acquire(&key, 1, Duration::ZERO).await.unwrap() {
         granted += 1;
     }
-    assert!(
-        granted >= remaining && granted <= remaining + 1,
-        "{granted}"
-    );
+    let most = remaining + 1 + stored_in(read.elapsed());
+    assert!(granted >= remaining && granted <= most, "{granted}");
+    // Past the 5 stored and the 1 fresh at the first call, each permit
+    // costs an interval from then: the next is due that long after it, and
+    // the wait is that less the time since.
     let owed = limiter.snapshot(&key).await.unwrap();
-    assert_eq!(owed.remaining(), 0);
-    assert!(owed.wait() > 50 * MS && owed.wait() <= 100 * MS, "{owed:?}");
-    assert_eq!(owed.wait_for(3), Some(owed.wait() + 200 * MS));
-    assert_eq!(owed.full_in(), owed.wait() + 500 * MS);
-    assert_eq!(owed.wait_for(7), None);
-    // The trait's answer and the wait agree.
+    let since_first = start.elapsed();
+    let due = Duration::from_secs(4 + granted - 5);
+    assert!(
+        owed.wait() <= Duration::from_secs(1) && owed.wait() + since_first + MS >= due,
+        "{owed:?}, {since_first:?} after the first call"
+    );
+    // (Unless a stalled machine let the debt pass before the read.)
+    if !owed.wait().is_zero() {
+        assert_eq!(owed.remaining(), 0);
+        assert_eq!(owed.wait_for(3), Some(owed.wait() + 2000 * MS));
+        assert_eq!(owed.full_in(), owed.wait() + 5000 * MS);
+        assert_eq!(owed.wait_for(7), None);
+    }
+    // The trait's answer and the wait agree, less the time between them.
+    let second = Instant::now();
     let wait = limiter.snapshot(&key).await.unwrap().wait();
-    assert!(wait <= owed.wait() && owed.wait() - wait < 50 * MS);
+    let between = second.elapsed();
+    assert!(
+        wait <= owed.wait() && wait + between + MS >= owed.wait(),
+        "{wait:?} then {:?}, {between:?} later",
+        owed.wait()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_change_reads_as_the_next_reservation_takes_it() {
     let server = RedisServer::start();
-    let backend = backend(server.client()).await;
+    // Patient: a late reply must not send a call to the fallback.
+    let backend = patient_backend(server.client()).await;
     let limiter = KeyedRateLimiter::<String>::builder()
         .redis(&backend, "snap")
         .permits_per_second(10.0)
@@ -79,26 +104,26 @@ async fn a_rate_change_reads_as_the_next_reservation_takes_it() {
     for _ in 0..5 {
         assert!(limiter.try_acquire(&key, 1, Duration::ZERO).await.unwrap());
     }
+    let start = Instant::now();
     let before = limiter.snapshot(&key).await.unwrap();
-    // Doubled: the same fraction of twice the burst.
+    // Doubled: the same fraction of twice the burst, and what the clock
+    // stored between the reads (at most 20/s over the time they took here).
     limiter.set_rate(20.0).unwrap();
     let after = limiter.snapshot(&key).await.unwrap();
+    let between = (start.elapsed() + MS).as_secs_f64();
     assert_eq!((after.rate(), after.burst()), (20.0, 21));
     let expected = before.stored() / 10.0 * 20.0;
     assert!(
-        after.stored() >= expected && after.stored() < expected + 1.0,
-        "{before:?} {after:?}"
+        after.stored() >= expected && after.stored() <= expected + 20.0 * between,
+        "{before:?} {after:?}, {between} s apart"
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_limits_read_as_the_binding_one() {
     let server = RedisServer::start();
-    let backend = RedisBackend::builder(server.client())
-        .response_timeout(RESPONSE_TIMEOUT)
-        .build()
-        .await
-        .unwrap();
+    // Patient: a late reply must not send a call to the fallback.
+    let backend = patient_backend(server.client()).await;
     let limiter = RateLimiter::builder()
         .redis(&backend, "several-snap")
         .limit(Limit::per_second(100.0).burst(1))
@@ -109,15 +134,18 @@ async fn several_limits_read_as_the_binding_one() {
     // per-minute one three; one remains, and the per-second binds.
     let fresh = limiter.snapshot().await.unwrap();
     assert_eq!((fresh.remaining(), fresh.limit()), (1, 0));
+    let start = Instant::now();
     for _ in 0..3 {
         limiter.reserve(1).await.unwrap();
     }
-    // The per-minute limit now owes 10 s: it binds, and says so.
+    // The per-minute limit now owes 10 s from the first call, less the
+    // time since: it binds, and says so.
     let owed = limiter.snapshot().await.unwrap();
+    let since_first = start.elapsed();
     assert_eq!((owed.remaining(), owed.limit()), (0, 1));
     assert!(
-        owed.wait() > 9_500 * MS && owed.wait() <= 10_000 * MS,
-        "{owed:?}"
+        owed.wait() <= 10_000 * MS && owed.wait() + since_first + MS >= 10_000 * MS,
+        "{owed:?}, {since_first:?} after the first call"
     );
     assert_eq!(owed.rate(), 0.1);
 }
@@ -140,10 +168,17 @@ async fn while_redis_is_down_the_fallback_answers() {
     server.kill();
     // The fallback's own limiter: one goes, then the interval is owed.
     let _ = limiter.snapshot().await.unwrap();
+    let start = Instant::now();
     assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
     let owed = limiter.snapshot().await.unwrap();
-    assert_eq!(owed.remaining(), 0);
-    assert!(owed.wait() > 50 * MS && owed.wait() <= 100 * MS, "{owed:?}");
+    let since = start.elapsed();
+    // One interval after the permit, less the time since (unless a stalled
+    // machine let it pass before the read).
+    assert!(
+        owed.wait() <= 100 * MS && owed.wait() + since + MS >= 100 * MS,
+        "{owed:?}, {since:?} after the permit"
+    );
+    assert!(owed.wait().is_zero() || owed.remaining() == 0, "{owed:?}");
 
     let closed = RedisBackend::builder(server.client())
         .response_timeout(RESPONSE_TIMEOUT)
@@ -165,7 +200,7 @@ async fn while_redis_is_down_the_fallback_answers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_value_that_is_not_the_limiters_is_an_error() {
     let server = RedisServer::start();
-    let backend = backend(server.client()).await;
+    let backend = patient_backend(server.client()).await;
     let limiter = KeyedRateLimiter::<String>::builder()
         .redis(&backend, "snap")
         .permits_per_second(10.0)
@@ -203,8 +238,8 @@ async fn a_reservation_reads_the_state_its_own_call_left() {
     };
     // Two processes on one key.
     let (one, other) = (
-        build(&backend(server.client()).await),
-        build(&backend(server.client()).await),
+        build(&patient_backend(server.client()).await),
+        build(&patient_backend(server.client()).await),
     );
     let first = one.reservation(1).await.unwrap();
     let mine = first.snapshot().expect("a Redis reply's state");
