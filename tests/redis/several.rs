@@ -127,27 +127,26 @@ mod limiters {
     //! The Redis limiters built with several limits: the same rules as
     //! locally, shared through one key, and across an outage.
 
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
-    use crate::support::poll::{RESPONSE_TIMEOUT, SLACK, backend, within};
+    use crate::support::poll::{SLACK, backend, patient_backend, within};
     use crate::support::redis_server::RedisServer;
-    use paceline::redis::{Fallback, RedisBackend};
-    use paceline::{KeyedRateLimiter, Limit, RateLimiter};
+    use paceline::{KeyedRateLimiter, Limit, RateLimiter, redis::Fallback};
 
     const S: Duration = Duration::from_secs(1);
 
-    fn close(got: Duration, expected: Duration) -> bool {
-        got <= expected && expected - got <= Duration::from_millis(200)
+    /// A wait `got`, read now, of one due `expected` after the first call
+    /// (made after `first`): at most that, less no more than the time since,
+    /// which is all Redis's clock can have run meanwhile.
+    fn close(got: Duration, expected: Duration, first: Instant) -> bool {
+        got <= expected && got + first.elapsed() + Duration::from_millis(1) >= expected
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_redis_limiter_waits_for_the_latest_limit_and_gives_back_to_all() {
         let server = RedisServer::start();
-        let backend = RedisBackend::builder(server.client())
-            .response_timeout(RESPONSE_TIMEOUT)
-            .build()
-            .await
-            .unwrap();
+        // Patient: a late reply must not send a call to the fallback.
+        let backend = patient_backend(server.client()).await;
         let limiter = RateLimiter::builder()
             .redis(&backend, "several")
             .limit(Limit::per_second(100.0).burst(1))
@@ -157,55 +156,70 @@ mod limiters {
         // The per-minute limit starts with its one stored permit, the
         // per-second one with none: the first goes at once, the second
         // waits 10 ms (per second) and is charged 10 s per minute.
+        let first = Instant::now();
         assert_eq!(limiter.reserve(1).await.unwrap(), Duration::ZERO);
         let second = limiter.reserve(1).await.unwrap();
         assert!(second <= Duration::from_millis(10), "{second:?}");
         let held = limiter.reservation(1).await.unwrap();
-        assert!(close(held.delay(), 10 * S), "{:?}", held.delay());
+        assert!(close(held.delay(), 10 * S, first), "{:?}", held.delay());
         assert_eq!(held.limit(), Some(1));
-        assert!(close(limiter.snapshot().await.unwrap().wait(), 20 * S));
+        assert!(close(
+            limiter.snapshot().await.unwrap().wait(),
+            20 * S,
+            first
+        ));
         // Refused: nothing charged.
         assert_eq!(limiter.try_reserve(1, S).await.unwrap(), None);
-        assert!(close(limiter.snapshot().await.unwrap().wait(), 20 * S));
+        assert!(close(
+            limiter.snapshot().await.unwrap().wait(),
+            20 * S,
+            first
+        ));
         // Given back in the background, to both limits.
         drop(held);
         let mut wait = limiter.snapshot().await.unwrap().wait();
         for _ in 0..100 {
-            if close(wait, 10 * S) {
+            if close(wait, 10 * S, first) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
             wait = limiter.snapshot().await.unwrap().wait();
         }
-        assert!(close(wait, 10 * S), "{wait:?}");
+        assert!(close(wait, 10 * S, first), "{wait:?}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn one_limit_s_rate_changes_alone_or_all_scale() {
         let server = RedisServer::start();
-        let backend = RedisBackend::builder(server.client())
-            .response_timeout(RESPONSE_TIMEOUT)
-            .build()
-            .await
-            .unwrap();
+        // Patient: a late reply must not send a call to the fallback.
+        let backend = patient_backend(server.client()).await;
         let limiter = RateLimiter::builder()
             .redis(&backend, "several-rates")
             .limit(Limit::per_second(100.0).burst(1))
             .limit(Limit::per(6.0, Duration::from_secs(60)).burst(1))
             .build()
             .unwrap();
+        let first = Instant::now();
         assert_eq!(limiter.reserve(1).await.unwrap(), Duration::ZERO);
         // One a second instead of one per 10 s: the debt already owed stays.
         limiter.set_limit_rate(1, 1.0).unwrap();
         assert_eq!(limiter.rate(), 100.0);
         let wait = limiter.reserve(1).await.unwrap();
-        assert!(close(wait, 10 * S), "{wait:?}");
-        assert!(close(limiter.snapshot().await.unwrap().wait(), 11 * S));
+        assert!(close(wait, 10 * S, first), "{wait:?}");
+        assert!(close(
+            limiter.snapshot().await.unwrap().wait(),
+            11 * S,
+            first
+        ));
         // Halving the first halves them all: 2 s apart now.
         limiter.set_rate(50.0).unwrap();
         let wait = limiter.reserve(1).await.unwrap();
-        assert!(close(wait, 11 * S), "{wait:?}");
-        assert!(close(limiter.snapshot().await.unwrap().wait(), 13 * S));
+        assert!(close(wait, 11 * S, first), "{wait:?}");
+        assert!(close(
+            limiter.snapshot().await.unwrap().wait(),
+            13 * S,
+            first
+        ));
         assert!(limiter.set_limit_rate(2, 1.0).is_err());
         assert!(limiter.set_limit_rate(0, f64::NAN).is_err());
     }
@@ -213,7 +227,8 @@ mod limiters {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_keyed_redis_limiter_keeps_every_limit_per_key() {
         let server = RedisServer::start();
-        let backend = backend(server.client()).await;
+        // Patient: a late reply must not send a call to the fallback.
+        let backend = patient_backend(server.client()).await;
         let limiter = KeyedRateLimiter::<String>::builder()
             .redis(&backend, "several-keyed")
             .limit(Limit::per_second(10.0).burst(3))
@@ -223,6 +238,7 @@ mod limiters {
         // Each key starts full: 2 at once per second, 3 an hour. Three go
         // at once, the fourth 100 ms later (charged a third of the hour),
         // the fifth not within a second.
+        let first = Instant::now();
         for _ in 0..3 {
             let granted = limiter.try_reserve("a", 1, Duration::ZERO).await.unwrap();
             assert_eq!(granted, Some(Duration::ZERO));
@@ -233,7 +249,7 @@ mod limiters {
         let other = limiter.try_reserve("b", 1, Duration::ZERO).await.unwrap();
         assert_eq!(other, Some(Duration::ZERO));
         let wait = limiter.snapshot("a").await.unwrap().wait();
-        assert!(close(wait, 1200 * S), "{wait:?}");
+        assert!(close(wait, 1200 * S, first), "{wait:?}");
     }
 
     /// Redis killed: the fallback serves every limit locally (at their
