@@ -40,7 +40,9 @@ async fn many_limiters_share_one_connection_and_keep_their_own_keys() {
             Arc::new(
                 RateLimiter::builder()
                     .redis(&backend, &format!("shared-{i}"))
-                    .permits_per_second(10.0)
+                    // One a second: the keys live for seconds, past a
+                    // loaded machine's delays before they are listed.
+                    .permits_per_second(1.0)
                     .max_burst(Duration::ZERO)
                     .build()
                     .unwrap(),
@@ -59,14 +61,14 @@ async fn many_limiters_share_one_connection_and_keep_their_own_keys() {
         task.await.unwrap();
     }
     assert_eq!(clients(&mut observer), 1, "one data connection");
-    // Each key is its own limiter: 64 reservations over 20 keys at 10/s
+    // Each key is its own limiter: 64 reservations over 20 keys at 1/s
     // with no burst leave each key 3 or 4 intervals of debt, not 64, from
     // its first call: less the time since (Redis's clock moves no more).
     for limiter in &limiters {
         let wait = limiter.snapshot().await.unwrap().wait();
         let since_first = start.elapsed();
         assert!(
-            wait <= 400 * MS && wait + since_first + MS >= 300 * MS,
+            wait <= 4000 * MS && wait + since_first + MS >= 3000 * MS,
             "{}: {wait:?}, {since_first:?} after the first call",
             limiter.redis_key()
         );
@@ -94,8 +96,10 @@ async fn building_a_limiter_does_no_io_and_checks_its_options() {
             .build()
             .unwrap();
     }
+    // A stall detector (a loaded machine takes over a second): that no
+    // connection was opened is checked below.
     assert!(
-        start.elapsed() < Duration::from_secs(1),
+        start.elapsed() < Duration::from_secs(10),
         "{:?}",
         start.elapsed()
     );
