@@ -111,6 +111,19 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", self.url()))
     }
 
+    /// The EVALSHA calls this server counted since it started (or since
+    /// the last `CONFIG RESETSTAT`).
+    pub fn evalsha_calls(&self) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.connection())
+            .unwrap();
+        info.lines()
+            .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |calls| calls.parse().unwrap())
+    }
+
     /// `CONFIG SET name value`, on a connection of its own.
     pub fn config_set(&self, name: &str, value: &str) {
         let _: () = redis::cmd("CONFIG")

@@ -30,18 +30,6 @@ async fn builder_on(backend: RedisBackendBuilder, name: &str, rate: f64) -> Buil
         .redis(&backend.build().await.unwrap(), name)
 }
 
-/// EVALSHA calls Redis counted since the last `CONFIG RESETSTAT`.
-fn evalsha_calls(server: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.connection())
-        .unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |calls| calls.parse().unwrap())
-}
-
 fn reset_stats(server: &RedisServer) {
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
@@ -135,7 +123,7 @@ async fn a_saturated_hot_key_coalesces_and_keeps_its_schedule_exact() {
     let start = LimiterState::read(&mut server.connection(), "paceline:v1:hot");
     reset_stats(&server);
     let (moments, end) = saturate(&server, &limiter, 256, RUN).await;
-    let calls = evalsha_calls(&server);
+    let calls = server.evalsha_calls();
     let total = moments.len() as u64;
     let in_window = moments.iter().filter(|m| **m < moments[0] + RUN).count();
     let expected = RUN.as_secs_f64() * RATE;
@@ -212,7 +200,7 @@ async fn without_coalescing_every_reservation_is_its_own_call() {
     for task in tasks {
         task.await.unwrap();
     }
-    assert_eq!(evalsha_calls(&server), 64 * 50);
+    assert_eq!(server.evalsha_calls(), 64 * 50);
 }
 
 /// A limiter at 10/s with no burst behind a proxy that delays every
@@ -271,7 +259,7 @@ async fn callers_that_give_up_while_queued_are_never_sent() {
     assert_eq!(lead.await.unwrap(), Duration::ZERO);
     proxy.set_latency(Duration::ZERO);
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(evalsha_calls(&server), 1, "only the lead was sent");
+    assert_eq!(server.evalsha_calls(), 1, "only the lead was sent");
     // The key holds the lead's permit alone: one interval from its moment.
     let debt = limiter.snapshot().await.unwrap().wait();
     assert!(debt <= Duration::from_millis(100), "debt {debt:?}");
@@ -315,7 +303,7 @@ async fn callers_that_give_up_after_their_batch_was_sent_give_it_back() {
     // interval had passed when the batch reached Redis), and a give-back of
     // a grant that did not wait, with later ones after it, returns nothing,
     // so it has none.
-    assert_eq!(evalsha_calls(&server), 2 + 9);
+    assert_eq!(server.evalsha_calls(), 2 + 9);
     // Kept, the ten would leave about a second of debt.
     let debt = limiter.snapshot().await.unwrap().wait();
     assert!(debt <= Duration::from_millis(100), "debt {debt:?}");
@@ -402,7 +390,7 @@ async fn several_limits_coalesce_and_keep_every_limit() {
         granted += g;
     }
     let elapsed = start.elapsed().as_secs_f64();
-    let calls = evalsha_calls(&server);
+    let calls = server.evalsha_calls();
     println!("{granted} of {tries} tries granted in {elapsed:.3} s, in {calls} script calls");
     // The per-minute limit binds: its burst of 30, one more at once (its
     // cost is pre-consumed: the next caller pays), then 10/s.
