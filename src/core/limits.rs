@@ -184,16 +184,8 @@ impl Limits {
         timeout_micros: u64,
         held: bool,
     ) -> Option<Granted> {
-        let (moment, bound_by) = earliest(&self.states, now_micros);
-        (moment - now_micros <= timeout_micros).then(|| {
-            self.reserve_at(
-                &Cost::new(permits),
-                now_micros,
-                moment,
-                bound_by,
-                Hold::from(held),
-            )
-        })
+        let hold = if held { Hold::Held } else { Hold::Plain };
+        self.reserve_at(&Cost::new(permits), now_micros, timeout_micros, hold)
     }
 
     /// Reserves `cost` at `now_micros` for an *open call* if the wait fits
@@ -203,21 +195,23 @@ impl Limits {
     /// [`settle`](Self::settle) can replace its cost with what the call
     /// turned out to cost. Until its moment it can be given back.
     pub fn open(&mut self, cost: &Cost, now_micros: u64, timeout_micros: u64) -> Option<Granted> {
-        let (moment, bound_by) = earliest(&self.states, now_micros);
-        (moment - now_micros <= timeout_micros)
-            .then(|| self.reserve_at(cost, now_micros, moment, bound_by, Hold::Open))
+        self.reserve_at(cost, now_micros, timeout_micros, Hold::Open)
     }
 
-    /// Reserves at `moment`, which `earliest` gave for `now_micros`.
+    /// Reserves `cost` at the moment every limit allows a request at
+    /// `now_micros`, if the wait fits in `timeout_micros`.
     #[inline]
     fn reserve_at(
         &mut self,
         cost: &Cost,
         now_micros: u64,
-        moment: u64,
-        bound_by: Option<usize>,
+        timeout_micros: u64,
         hold: Hold,
-    ) -> Granted {
+    ) -> Option<Granted> {
+        let (moment, bound_by) = earliest(&self.states, now_micros);
+        if moment - now_micros > timeout_micros {
+            return None;
+        }
         if !self.log.requests.is_empty() {
             self.expire(now_micros);
         }
@@ -234,12 +228,12 @@ impl Limits {
             self.log_request(id, hold == Hold::Open, cost, now_micros, moment);
         }
         charge(&mut self.states, cost, moment);
-        Granted {
+        Some(Granted {
             moment_micros: moment,
             wait_micros: moment - now_micros,
             bound_by,
             id,
-        }
+        })
     }
 
     /// Logs a request about to be charged (one the log starts with has an
@@ -325,8 +319,7 @@ impl Limits {
         }
         let more = actual.more_than(charged, self.states.len());
         if !more.is_zero(self.states.len()) {
-            let (moment, bound_by) = earliest(&self.states, now_micros);
-            self.reserve_at(&more, now_micros, moment, bound_by, Hold::Plain);
+            self.reserve_at(&more, now_micros, u64::MAX, Hold::Plain);
         }
         false
     }
@@ -381,16 +374,12 @@ impl Limits {
         now_micros: u64,
     ) -> Result<(), InvalidRate> {
         super::stable_interval_micros(permits_per_second)?;
-        let ceilings = self.ceilings();
-        let rates: Vec<f64> = (0..self.states.len())
-            .map(|i| {
-                if index.is_none_or(|index| index == i) {
-                    permits_per_second
-                } else {
-                    ceilings[i]
-                }
-            })
-            .collect();
+        let mut rates = self.ceilings();
+        for (i, rate) in rates.iter_mut().enumerate() {
+            if index.is_none_or(|index| index == i) {
+                *rate = permits_per_second;
+            }
+        }
         self.set_rates(&rates, now_micros)
     }
 
@@ -406,15 +395,7 @@ impl Limits {
         now_micros: u64,
     ) -> Result<(), InvalidRate> {
         super::stable_interval_micros(otherwise)?;
-        let scaled: Vec<f64> = self.ceilings().iter().map(|rate| rate * factor).collect();
-        let valid = scaled
-            .iter()
-            .all(|&rate| super::stable_interval_micros(rate).is_ok());
-        let rates = if valid {
-            scaled
-        } else {
-            vec![otherwise; self.states.len()]
-        };
+        let rates = scaled_rates(&self.ceilings(), factor, otherwise);
         self.set_rates(&rates, now_micros)
     }
 
@@ -542,6 +523,20 @@ fn earliest(states: &[State], now_micros: u64) -> (u64, Option<usize>) {
     (moment, bound_by)
 }
 
+/// `rates` times `factor`, or `otherwise` for each if that is not a valid
+/// rate for one of them (see [`Limits::scale`]).
+pub(crate) fn scaled_rates(rates: &[f64], factor: f64, otherwise: f64) -> Vec<f64> {
+    let scaled: Vec<f64> = rates.iter().map(|rate| rate * factor).collect();
+    if scaled
+        .iter()
+        .all(|&rate| super::stable_interval_micros(rate).is_ok())
+    {
+        scaled
+    } else {
+        vec![otherwise; rates.len()]
+    }
+}
+
 /// Charges `cost` to every limit as if requested at `moment` (at or after
 /// every ticket).
 #[inline]
@@ -559,13 +554,6 @@ enum Hold {
     Plain,
     Held,
     Open,
-}
-
-impl From<bool> for Hold {
-    #[inline(always)]
-    fn from(held: bool) -> Hold {
-        if held { Hold::Held } else { Hold::Plain }
-    }
 }
 
 #[cfg(test)]

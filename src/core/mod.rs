@@ -187,6 +187,8 @@ pub(crate) use learn::Adopted;
 pub use learn::{Learning, Lesson, Reported};
 #[cfg(feature = "internals")]
 pub use limits::LOG_CAPACITY;
+#[cfg(feature = "redis")]
+pub(crate) use limits::scaled_rates;
 pub use limits::{Granted, Limits};
 pub use snapshot::Snapshot;
 pub use state::State;

@@ -124,12 +124,11 @@ impl Snapshot {
     /// assert_eq!((snapshot.wait(), snapshot.remaining()), (Duration::from_millis(300), 0));
     /// ```
     pub fn waiting(wait: Duration, permits_per_second: f64) -> Snapshot {
-        let micros = super::micros(wait);
         Snapshot {
             rate: permits_per_second,
             max_stored: 0.0,
             stored: 0.0,
-            wait_micros: micros,
+            wait_micros: super::micros(wait),
             bursty: true,
             cool_down_micros: super::stable_interval_micros(permits_per_second).unwrap_or(0.0),
             limit: 0,
@@ -224,12 +223,7 @@ impl Snapshot {
 
     /// The wait, then `permits` more cool-downs, rounded up to the µs.
     fn after_debt(&self, permits: f64) -> Duration {
-        let idle = (permits * self.cool_down_micros).ceil();
-        let idle = if idle < MAX_MICROS as f64 {
-            idle as u64
-        } else {
-            MAX_MICROS
-        };
+        let idle = super::to_micros((permits * self.cool_down_micros).ceil());
         Duration::from_micros(self.wait_micros.saturating_add(idle).min(MAX_MICROS))
     }
 }

@@ -227,12 +227,7 @@ impl State {
         let cool_down = self
             .policy
             .cool_down_interval_micros(self.stable_interval_micros, self.max_permits);
-        let refill = (self.max_permits * cool_down).ceil();
-        if refill < MAX_MICROS as f64 {
-            refill as u64
-        } else {
-            MAX_MICROS
-        }
+        to_micros((self.max_permits * cool_down).ceil())
     }
 
     /// Whether the state reads as full at `now_micros`: no debt (its
@@ -269,11 +264,8 @@ impl State {
         now_micros: u64,
         timeout_micros: u64,
     ) -> Option<u64> {
-        if self.can_acquire(now_micros, timeout_micros) {
-            Some(self.reserve(permits, now_micros))
-        } else {
-            None
-        }
+        self.can_acquire(now_micros, timeout_micros)
+            .then(|| self.reserve(permits, now_micros))
     }
 
     /// Carries a debt into the state at `now_micros`, as a limiter coming

@@ -77,13 +77,8 @@ impl<K: Key + Display, C: Clock> Rate for Arc<Failover<K, C>> {
         // Several limits scale together, as `Limits::scale` does.
         let rates = self.script_args.rates();
         let factor = permits_per_second / rates[0];
-        let scaled: Vec<f64> = rates.iter().map(|rate| rate * factor).collect();
-        let valid = scaled.iter().all(|&r| stable_interval_micros(r).is_ok());
-        self.script_args.set_rates(if valid {
-            scaled.into()
-        } else {
-            vec![permits_per_second; rates.len()].into()
-        });
+        let rates = crate::core::scaled_rates(&rates, factor, permits_per_second);
+        self.script_args.set_rates(rates.into());
         self.rate_bits
             .store(permits_per_second.to_bits(), Ordering::Relaxed);
         Ok(())
