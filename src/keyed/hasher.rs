@@ -58,12 +58,7 @@ mod tests {
         let hasher = BuildHasherDefault::<ShardHasher>::default();
         for shards in [1, 4, 8, 16, 64] {
             let keys = 64_000u64;
-            let mut counts = [
-                vec![0usize; shards],
-                vec![0usize; shards],
-                vec![0usize; shards],
-                vec![0usize; shards],
-            ];
+            let mut counts = vec![vec![0usize; shards]; 4];
             for key in 0..keys {
                 counts[0][index(hasher.hash_one(key), shards)] += 1;
                 counts[1][index(hasher.hash_one(key as u32), shards)] += 1;

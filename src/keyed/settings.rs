@@ -99,12 +99,12 @@ impl<K: Key, C: Clock> Rate for Keyed<K, C> {
         &self.clock
     }
 
-    /// The keys held, and those dropped at the cap before they read as
-    /// full.
     fn limit_count(&self) -> usize {
         self.shards[0].0.read().template().states().len()
     }
 
+    /// The keys held, and those dropped at the cap before they read as
+    /// full.
     fn stats(&self) -> Stats {
         Stats {
             keys: self.len(),

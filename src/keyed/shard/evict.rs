@@ -127,12 +127,9 @@ impl<K: Hash + Eq + Clone> Table<K> {
         if self.mode == Mode::Full && self.len() >= self.sweep_len {
             self.sweep(now, Sweep::Growth);
         }
-        let Some(cap) = self.cap else {
+        let Some(cap) = self.cap.filter(|&cap| self.len() >= cap) else {
             return Dropped::default();
         };
-        if self.len() < cap {
-            return Dropped::default();
-        }
         if self.mode == Mode::Full {
             self.sweep(now, Sweep::Cap);
             if self.len() < cap {

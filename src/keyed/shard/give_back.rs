@@ -1,6 +1,7 @@
 //! Giving a reservation back to its key, keeping it, or settling a call.
 
 use super::*;
+use crate::core::Cost;
 
 impl<K: Hash + Eq + Clone> Table<K> {
     /// Settles the open call `ticket` of `key` (see [`Limits::settle`]), if
@@ -12,8 +13,8 @@ impl<K: Hash + Eq + Clone> Table<K> {
         &mut self,
         key: &Q,
         ticket: LogId,
-        charged: &crate::core::Cost,
-        actual: &crate::core::Cost,
+        charged: &Cost,
+        actual: &Cost,
         now: u64,
     ) -> Dropped
     where
@@ -42,17 +43,12 @@ impl<K: Hash + Eq + Clone> Table<K> {
     /// Charges `cost` to `key` at `now` as a request that does not wait:
     /// the limits' answer to the settle of a call their log let go (no
     /// call has id 0).
-    pub(in crate::keyed) fn charge<Q>(
-        &mut self,
-        key: &Q,
-        cost: &crate::core::Cost,
-        now: u64,
-    ) -> Dropped
+    pub(in crate::keyed) fn charge<Q>(&mut self, key: &Q, cost: &Cost, now: u64) -> Dropped
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let nothing = crate::core::Cost::new(0);
+        let nothing = Cost::new(0);
         let (_, dropped) = self.update(key, now, |limits| {
             limits.settle(0, &nothing, cost, now);
             Some(())
@@ -64,10 +60,11 @@ impl<K: Hash + Eq + Clone> Table<K> {
     /// and `now` (a give-back, see [`Limits::give_back`], a keep, see
     /// [`Limits::keep`], or a settle), if the key is still held as the
     /// entry `ticket` was logged in, then holds the key as a word if it can
-    /// be one again; what `call` answers. Otherwise it does nothing: the entry went back to a word (its log
-    /// had emptied: the reservation's moment had passed, or a rate
-    /// changed), or the key was dropped (to the cap), and through its log
-    /// the reservation would give nothing back either.
+    /// be one again; what `call` answers. Otherwise it does nothing: the
+    /// entry went back to a word (its log had emptied: the reservation's
+    /// moment had passed, or a rate changed), or the key was dropped (to
+    /// the cap), and through its log the reservation would give nothing
+    /// back either.
     pub(in crate::keyed) fn on_entry<Q>(
         &mut self,
         key: &Q,
@@ -79,12 +76,13 @@ impl<K: Hash + Eq + Clone> Table<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let Some(entry) = self.limits.get_mut(key) else {
+        let Some(entry) = self
+            .limits
+            .get_mut(key)
+            .filter(|e| e.serial == ticket.serial)
+        else {
             return false;
         };
-        if entry.serial != ticket.serial {
-            return false;
-        }
         let done = call(&mut entry.limits, ticket.id, now);
         self.settle(key, now);
         done

@@ -129,13 +129,7 @@ impl<K: Hash + Eq + Clone> Table<K> {
         let serial = self.next_serial;
         self.next_serial += 1;
         if self.config.is_some() {
-            match self.words.get_mut(&key) {
-                Some(cell) => *cell.get_mut() = HELD_AS_LIMITS,
-                None => {
-                    self.words
-                        .insert(key.clone(), AtomicU64::new(HELD_AS_LIMITS));
-                }
-            }
+            self.set_word(&key, HELD_AS_LIMITS);
         }
         self.limits.insert(key, Box::new(Held { limits, serial }));
         serial
@@ -150,11 +144,18 @@ impl<K: Hash + Eq + Clone> Table<K> {
         if self.limits.remove(key).is_some() {
             self.release_limits();
         }
+        self.set_word(key, word);
+    }
+
+    /// Sets `key`'s word (the key owned only if it is new).
+    fn set_word<Q>(&mut self, key: &Q, word: u64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         match self.words.get_mut(key) {
             Some(cell) => *cell.get_mut() = word,
-            None => {
-                self.words.insert(key.to_owned(), AtomicU64::new(word));
-            }
+            None => drop(self.words.insert(key.to_owned(), AtomicU64::new(word))),
         }
     }
 
