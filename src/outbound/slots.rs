@@ -32,11 +32,6 @@ pub struct Slot<'a> {
 }
 
 impl<'a> Slot<'a> {
-    /// No slot.
-    pub(crate) fn none() -> Self {
-        Slot { _guard: None }
-    }
-
     /// A slot that `guard`, dropped, gives back.
     pub(crate) fn held(guard: impl Send + Sync + 'a) -> Self {
         Slot {
@@ -61,7 +56,7 @@ impl Taken<'_> {
     /// No slot needed, no wait.
     pub(crate) fn free() -> Self {
         Taken {
-            slot: Slot::none(),
+            slot: Slot::default(),
             waited: Duration::ZERO,
         }
     }

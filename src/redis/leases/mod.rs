@@ -318,7 +318,7 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
     {
         match self.failover.fallback {
             Fallback::FailOpen => Ok(Some(Taken {
-                slot: Slot::none(),
+                slot: Slot::default(),
                 waited: started.elapsed(),
             })),
             Fallback::FailClosed => Err(Error::Backend(failure.unwrap_or_else(|| {
@@ -349,8 +349,7 @@ struct Unused(Option<(Arc<Backend>, Arc<str>, Arc<str>)>);
 impl Drop for Unused {
     fn drop(&mut self) {
         if let Some((backend, slots, id)) = self.0.take() {
-            let sender = Arc::clone(&backend);
-            sender.spawn(release(backend, slots, id, None));
+            Arc::clone(&backend).spawn(release(backend, slots, id, None));
         }
     }
 }
