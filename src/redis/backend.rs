@@ -208,7 +208,7 @@ impl Backend {
         require: bool,
         target: ProbeTarget,
     ) -> Result<(), Error> {
-        let failure = match self.target.connect(self.options.response_timeout).await {
+        let (failure, scope) = match self.target.connect(self.options.response_timeout).await {
             Ok(mut connection) => match self.run_probe(&mut connection, &target).await {
                 Ok(()) => {
                     self.link.replace(connection);
@@ -226,9 +226,9 @@ impl Backend {
             Err(failure) => (failure, Scope::Backend),
         };
         if require {
-            return Err(Error::Backend(failure.0));
+            return Err(Error::Backend(failure));
         }
-        self.degrade(&failure.0, target, failure.1);
+        self.degrade(&failure, target, scope);
         Ok(())
     }
 
@@ -427,9 +427,7 @@ impl Backend {
                 target: Some(target.clone()),
             });
         }
-        if !self.health.is_cluster() {
-            return groups;
-        }
+        // Empty on a single server.
         let down = self.health.down_slots();
         if down.is_empty() {
             return groups;
@@ -524,10 +522,7 @@ impl Backend {
     /// connection in use and marks the failing node's other slots down, so
     /// that their calls do not each wait for a timeout first.
     async fn widen_now(&self) {
-        if !self.health.is_cluster() {
-            return;
-        }
-        let Some(connection) = self.connection() else {
+        let Some(connection) = self.connection().filter(|_| self.health.is_cluster()) else {
             return;
         };
         let targets = self.probes().targets.clone();
