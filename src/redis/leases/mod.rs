@@ -1,31 +1,22 @@
 //! Slots for calls in flight shared through Redis
-//! ([`Limit::concurrent`](crate::Limit::concurrent)): each slot a lease in
-//! a sorted set beside the limiter's key, scored by when it expires on
+//! ([`Limit::concurrent`](crate::Limit::concurrent)), as the
+//! [`outbound`](crate::outbound) module tells: each slot a lease in a
+//! sorted set beside the limiter's key, scored by when it expires on
 //! Redis's clock, taken and released by a script of its own
-//! (`lua/slots.lua`).
+//! (`lua/slots.lua`). What that leaves out:
 //!
-//! - **Taking.** A call asks for a lease of a fresh id; every take drops
-//!   the expired leases first. While all `k` are live it polls again, after
-//!   a pause that doubles from 2 ms to 200 ms, cut short by the earliest
-//!   lease's expiry (which the script reports), by the caller's timeout,
-//!   and by a release of the same key in this process.
-//! - **Holding.** The lease lasts the slot TTL (default 30 s); a task the
-//!   call owns renews it every third of that, so a lease outlives its TTL
-//!   only while its process lives. A worker that dies holding slots has
-//!   them back in Redis after the TTL, not before.
-//! - **Releasing.** Dropping the call stops the renewal and removes the
-//!   lease in the background at once (as give-backs are sent). A take
-//!   whose reply is lost (the response timeout, or the caller dropped)
-//!   is released the same way; should that release be lost too, the lease
-//!   expires with its TTL: errs towards limiting.
-//! - **While Redis is down** the limiter's [`Fallback`] decides, as for its
-//!   rate: `Local` holds a local share of the slots in this process,
-//!   `max(1, ⌊k × local_fraction⌋)` per key; `FailOpen` takes none (calls
-//!   go unbounded); `FailClosed` fails the call with
-//!   [`Error::Backend`](crate::Error::Backend). A slot taken from the
-//!   fallback stays there until its call ends (Redis does not see it); a
-//!   lease held when Redis went away is renewed again once it is back
-//!   (taken again if it expired meanwhile and there is room).
+//! - Every take drops the expired leases first. A waiting call's pause
+//!   (2 ms, doubling to 200 ms) is cut short by its own timeout too.
+//! - A task the call owns renews its lease every third of the slot TTL,
+//!   so a lease outlives its TTL only while its process lives.
+//! - A take whose reply is lost (the response timeout, or the caller
+//!   dropped) is released in the background, as a dropped call's lease
+//!   is; should that release be lost too, the lease expires with its
+//!   TTL: errs towards limiting.
+//! - While Redis is down, `FailClosed` fails the call with
+//!   [`Error::Backend`](crate::Error::Backend). A lease held when Redis
+//!   went away is renewed again once it is back (taken again if it
+//!   expired meanwhile and there is room).
 
 mod script;
 
