@@ -319,12 +319,7 @@ mod tests {
     #[test]
     fn several_limits_read_as_the_binding_one() {
         let per_second = bursty(10.0, 1_000);
-        let per_minute = State::new(
-            Policy::Bursty(Bursty::new(Duration::from_secs(60))),
-            3.0 / 60.0,
-            0,
-        )
-        .unwrap();
+        let per_minute = bursty(3.0 / 60.0, 60_000);
         let mut limits = Limits::new(vec![per_second, per_minute]).unwrap();
         // One request each remains; the per-minute limit is the longer to
         // fill.

@@ -163,9 +163,8 @@ impl State {
     /// Pushes the ticket forward by `cost_micros` (a wait computed in
     /// floating point, `>= 0`), to the 2^-20 µs below 2^32 µs (about 71
     /// minutes) and to the whole microsecond (truncated) from there,
-    /// saturating at
-    /// [`MAX_MICROS`] (where the fraction is dropped). NaN pushes it to
-    /// [`MAX_MICROS`]: the limiter fails closed.
+    /// saturating at [`MAX_MICROS`] (where the fraction is dropped). NaN
+    /// pushes it to [`MAX_MICROS`]: the limiter fails closed.
     pub fn charge(&mut self, cost_micros: f64) {
         let (whole, fraction) = if cost_micros < FINE_CHARGE_LIMIT_MICROS {
             // Rounded to the nearest unit; below 2^52 + 1, exact in a double.
