@@ -184,8 +184,10 @@ impl Limits {
         timeout_micros: u64,
         held: bool,
     ) -> Option<Granted> {
+        let (moment, bound_by) = earliest(&self.states, now_micros);
         let hold = if held { Hold::Held } else { Hold::Plain };
-        self.reserve_at(&Cost::new(permits), now_micros, timeout_micros, hold)
+        (moment - now_micros <= timeout_micros)
+            .then(|| self.reserve_at(&Cost::new(permits), now_micros, moment, bound_by, hold))
     }
 
     /// Reserves `cost` at `now_micros` for an *open call* if the wait fits
@@ -195,23 +197,21 @@ impl Limits {
     /// [`settle`](Self::settle) can replace its cost with what the call
     /// turned out to cost. Until its moment it can be given back.
     pub fn open(&mut self, cost: &Cost, now_micros: u64, timeout_micros: u64) -> Option<Granted> {
-        self.reserve_at(cost, now_micros, timeout_micros, Hold::Open)
+        let (moment, bound_by) = earliest(&self.states, now_micros);
+        (moment - now_micros <= timeout_micros)
+            .then(|| self.reserve_at(cost, now_micros, moment, bound_by, Hold::Open))
     }
 
-    /// Reserves `cost` at the moment every limit allows a request at
-    /// `now_micros`, if the wait fits in `timeout_micros`.
+    /// Reserves at `moment`, which `earliest` gave for `now_micros`.
     #[inline]
     fn reserve_at(
         &mut self,
         cost: &Cost,
         now_micros: u64,
-        timeout_micros: u64,
+        moment: u64,
+        bound_by: Option<usize>,
         hold: Hold,
-    ) -> Option<Granted> {
-        let (moment, bound_by) = earliest(&self.states, now_micros);
-        if moment - now_micros > timeout_micros {
-            return None;
-        }
+    ) -> Granted {
         if !self.log.requests.is_empty() {
             self.expire(now_micros);
         }
@@ -228,12 +228,12 @@ impl Limits {
             self.log_request(id, hold == Hold::Open, cost, now_micros, moment);
         }
         charge(&mut self.states, cost, moment);
-        Some(Granted {
+        Granted {
             moment_micros: moment,
             wait_micros: moment - now_micros,
             bound_by,
             id,
-        })
+        }
     }
 
     /// Logs a request about to be charged (one the log starts with has an
@@ -319,7 +319,8 @@ impl Limits {
         }
         let more = actual.more_than(charged, self.states.len());
         if !more.is_zero(self.states.len()) {
-            self.reserve_at(&more, now_micros, u64::MAX, Hold::Plain);
+            let (moment, bound_by) = earliest(&self.states, now_micros);
+            self.reserve_at(&more, now_micros, moment, bound_by, Hold::Plain);
         }
         false
     }
