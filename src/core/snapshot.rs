@@ -20,7 +20,7 @@ use super::{Limits, MAX_MICROS, Policy, State};
 /// use paceline::RateLimiter;
 /// use paceline::clock::FakeClock;
 ///
-/// // 10 per second with a burst of 5 (half a second stored), idle.
+/// // 10 per second, half a second (5 permits) stored: a burst of 6, idle.
 /// let clock = FakeClock::new();
 /// let limiter = RateLimiter::builder()
 ///     .permits_per_second(10.0)
