@@ -51,7 +51,7 @@
 //!   chunks: `cargo bench -p paceline-benches --bench io`).
 //! * **Bounded.** 64 KiB bounds the reader's buffer and a shared limiter's
 //!   granularity: several streams sharing one limiter take turns in pieces
-//!   of at most 64 KiB (10 ms at rates up to 6.4 MiB/s, less above).
+//!   of at most 64 KiB (10 ms at rates up to 6.25 MiB/s, less above).
 //!
 //! # Accounting
 //!
