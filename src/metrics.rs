@@ -6,7 +6,7 @@
 //! recorder, nothing is recorded and each call costs a branch.
 //!
 //! Every metric is labelled by the limiter's name (a Redis limiter's Redis
-//! key, or for a keyed one its keys' prefix, `paceline:api`;
+//! key, or for a keyed one its keys' prefix, `paceline:v1:api`;
 //! [`Builder::name`](crate::Builder::name) for a local one, `default`
 //! otherwise), never by a user's key: a key is client-controlled
 //! text, and one label value per key would let clients grow the metrics

@@ -166,9 +166,9 @@ impl<T, S: Store, C: Clock> Builder<T, S, C> {
     }
 
     /// The limiter's name in its metrics (feature `metrics`; see
-    /// [`paceline::metrics`](crate#features)): never a key, so that
-    /// clients cannot grow them. Default `default` (a Redis limiter: its
-    /// name in Redis).
+    /// `paceline::metrics`): never a key, so that clients cannot grow
+    /// them. Default `default`. A Redis limiter's is its Redis key,
+    /// whatever this says.
     pub fn name(mut self, name: &str) -> Self {
         self.name = Some(name.to_owned());
         self
