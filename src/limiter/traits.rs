@@ -44,10 +44,10 @@ pub trait Limiter: Send + Sync {
     ///
     /// # Cancel safety
     ///
-    /// Cancel-safe for this crate's limiters: a future dropped before it
-    /// returns reserves nothing (a Redis round trip already sent is given
-    /// back when its reply arrives). Once it has returned, the permits are
-    /// the caller's.
+    /// Cancel-safe for this crate's limiters: a future dropped before its
+    /// Redis round trip is sent reserves nothing; one dropped after stays
+    /// charged (only a [`reservation`](Self::reservation) is given back).
+    /// Once it has returned, the permits are the caller's.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0; a backend's errors.
