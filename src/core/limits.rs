@@ -53,8 +53,7 @@ pub const LOG_CAPACITY: usize = 1024;
 /// ```
 /// use paceline::core::{Bursty, Limits, Policy, State};
 ///
-/// // 10 per second with a burst of 2, and 3 per minute with a burst of 3,
-/// // both full at t = 0.
+/// // 10 per second storing up to 2 permits, and 3 per minute up to 3.
 /// let per_second = State::new(Policy::Bursty(Bursty::new(std::time::Duration::from_millis(200))), 10.0, 0).unwrap();
 /// let per_minute = State::new(Policy::Bursty(Bursty::new(std::time::Duration::from_secs(60))), 3.0 / 60.0, 0).unwrap();
 /// let mut limits = Limits::new(vec![per_second, per_minute]).unwrap();
