@@ -57,9 +57,9 @@
 //! What does a stored permit *cost*? That is the one question the two policies
 //! answer differently ([`Policy`]):
 //!
-//! * [`Bursty`]: stored permits are free. An idle limiter then allows a burst
-//!   of `max_permits` (by default one second's worth) before falling back to
-//!   the stable rate. Right for a resource that was simply under-used: an API
+//! * [`Bursty`]: stored permits are free. An idle limiter then lets
+//!   `max_permits + 1` requests go at once (`max_permits` is one second's
+//!   worth by default) before falling back to the stable rate. Right for a resource that was simply under-used: an API
 //!   quota, a batch job that paused.
 //! * [`WarmingUp`]: stored permits are *expensive*. A long-idle resource may be
 //!   cold (empty caches, closed connections, a JIT that has not compiled yet),
