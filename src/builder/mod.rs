@@ -280,7 +280,7 @@ impl<C: Clock> Builder<One, Local, C> {
     /// # Errors
     /// [`Error::InvalidArgument`] if no rate was given, the rate is zero,
     /// negative or NaN, the cold factor is below 1 or not finite, a limit
-    /// is invalid, or options of both policies were set.
+    /// is invalid, options of both policies were set, or `max_keys(0)`.
     pub fn build(mut self) -> Result<RateLimiter<Local, C>, Error> {
         let (clock, metrics, _) = self.parts()?;
         let states = limit_states(&self.config, clock.now_micros())?;
@@ -298,7 +298,7 @@ impl<K: Key, C: Clock> Builder<PerKey<K>, Local, C> {
     /// Checks the options and creates the limiter.
     ///
     /// # Errors
-    /// As [`Builder::build`] for one rate, and `max_keys(0)`.
+    /// As [`Builder::build`] for one rate.
     pub fn build(mut self) -> Result<KeyedRateLimiter<K, Local, C>, Error> {
         let (clock, metrics, max_keys) = self.parts()?;
         let states = limit_states(&self.config, 0)?;

@@ -108,7 +108,8 @@ impl<C: Clock> Builder<One, Redis, C> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for bad options: an empty name, a bad
-    /// rate, policy or limit, a local fraction outside `(0, 1]`.
+    /// rate, policy or limit, a local fraction outside `(0, 1]`,
+    /// `max_keys(0)`.
     pub fn build(self) -> Result<RateLimiter<Redis, C>, Error> {
         let backend = &self.store().backend;
         let key: Arc<str> =
@@ -132,7 +133,7 @@ impl<K: Key + Display, C: Clock> Builder<PerKey<K>, Redis, C> {
     /// I/O.
     ///
     /// # Errors
-    /// As [`Builder::build`] for one rate, and `max_keys(0)`.
+    /// As [`Builder::build`] for one rate.
     pub fn build(self) -> Result<KeyedRateLimiter<K, Redis, C>, Error> {
         let prefix =
             naming::keyed_prefix(&self.store().backend.options.key_prefix, &self.store().name);
