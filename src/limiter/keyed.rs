@@ -166,7 +166,7 @@ impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `estimate` counts nothing, or counts
-    /// for a limit the limiter lacks.
+    /// for a limit the limiter lacks; a Redis limiter's [`Error::Backend`].
     pub async fn call<Q>(&self, key: &Q, estimate: impl Into<Cost>) -> Result<Call<'_>, Error>
     where
         K: Borrow<Q>,

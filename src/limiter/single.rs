@@ -125,7 +125,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `estimate` counts nothing, or counts
-    /// for a limit the limiter lacks.
+    /// for a limit the limiter lacks; a Redis limiter's [`Error::Backend`].
     pub async fn call(&self, estimate: impl Into<Cost>) -> Result<Call<'_>, Error> {
         let call = store::call(
             &self.engine,
