@@ -90,7 +90,7 @@ impl fmt::Debug for Settings {
 
 /// # Redis
 impl<C: Clock> RateLimiter<Redis, C> {
-    /// The Redis key holding the limiter's state: `paceline:v1:{name}` (the
+    /// The Redis key holding the limiter's state: `paceline:v1:name` (the
     /// backend's [`key_prefix`](super::RedisBackendBuilder::key_prefix),
     /// the version of the key layout, and the name with `\` and `:`
     /// escaped as `\\` and `\:`, so that it is no keyed limiter's key).
@@ -101,7 +101,7 @@ impl<C: Clock> RateLimiter<Redis, C> {
 
 /// # Redis
 impl<K: Key + Display, C: Clock> KeyedRateLimiter<K, Redis, C> {
-    /// The Redis key of `key`: `paceline:v1:{name}:{key}`, with `\` and `:`
+    /// The Redis key of `key`: `paceline:v1:name:key`, with `\` and `:`
     /// escaped in the name (as `\\` and `\:`) and `\`, `{` and `}` in the
     /// key (as `\\`, `\(` and `\)`). No two (limiter, key) pairs, keyed or
     /// not, share a Redis key, and a key's text cannot choose its cluster
