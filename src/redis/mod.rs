@@ -52,8 +52,8 @@
 //! when N processes share the key), probes Redis in the background, and
 //! switches back as soon as its script works again on a fresh connection
 //! (the [`Fallback`] docs say how). A limiter can be built while Redis is
-//! down: it starts on its fallback (the backend's
-//! `.require_connection(true)` makes building it fail instead). Dropping an
+//! down: it starts on its fallback (`.require_connection(true)` makes
+//! building the backend fail instead). Dropping an
 //! `acquire` gives its reservation back, in Redis too. Redis's `TIME` is the
 //! clock; the script never lets it run backwards, and a forward step reads
 //! as idle time (at most a burst). Run `cargo run --example distributed` to
