@@ -179,7 +179,8 @@ impl Limit {
         self.concurrent.is_none()
     }
 
-    /// `permits` per second, with a burst of `permits`.
+    /// `permits` per second: [`per`](Limit::per) one second (a burst of its
+    /// whole permits, at least 1).
     pub fn per_second(permits: f64) -> Limit {
         Limit::per(permits, Duration::from_secs(1))
     }
