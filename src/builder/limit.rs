@@ -69,8 +69,8 @@ impl PolicyConfig {
 /// at once, then refills at 1 000 an hour.
 /// [`burst`](Limit::burst) sets another count (`burst(1)`: exact spacing,
 /// one at a time), and [`warmup`](Limit::warmup) the warming-up policy
-/// instead. A limit starts full, its burst there at once (a rate set with
-/// `permits_per_second` starts with nothing stored, as it always has).
+/// instead. A limit starts full, its burst there at once (a local
+/// `RateLimiter`'s `permits_per_second` starts with nothing stored).
 ///
 /// A burst of `n` means `n` requests of one permit at once, no more: the
 /// limit stores `n − 1` permits while idle, and the one request that goes
