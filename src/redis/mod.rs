@@ -118,9 +118,10 @@
 //! default, which states what each caller is promised): a caller with no
 //! round trip of its key in flight goes at once; callers that arrive while
 //! one is in flight queue, and go together in one script call (up to 256)
-//! when it ends, or sooner once 64 are waiting (at most two calls of a key
-//! in flight). On one hot key, 256 tasks of one process reserve about 6×
-//! as many permits per second as with `coalesce(false)` (BENCHMARKS.md).
+//! when it ends, or sooner once 64 are waiting (at most two batches of a
+//! key in flight; a caller that finds 1 024 waiting goes alone). On one
+//! hot key, 256 tasks of one process reserve about 6× as many permits per
+//! second as with `coalesce(false)` (BENCHMARKS.md).
 //!
 //! # Running Redis for this
 //!
