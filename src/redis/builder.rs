@@ -27,6 +27,10 @@ pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(500);
 /// [`max_keys`](Builder::max_keys) says otherwise.
 const DEFAULT_MAX_LOCAL_KEYS: usize = 100_000;
 
+/// The most limits a Redis limiter holds: all of a key's live in one value,
+/// which the script reads with one fixed layout.
+pub(crate) const MAX_LIMITS: usize = 16;
+
 /// # Shared through Redis (feature `redis`)
 impl<T, C: Clock> Builder<T, Local, C> {
     /// Shares the limiter through Redis, on `backend` (which does the I/O:
@@ -87,6 +91,12 @@ impl<T, C: Clock> Builder<T, Redis, C> {
             ));
         }
         let limits = limit_states(self.config(), 0)?;
+        if limits.len() > MAX_LIMITS {
+            return invalid(format!(
+                "a Redis limiter holds at most {MAX_LIMITS} limits, all in one value (got {})",
+                limits.len()
+            ));
+        }
         Failover::new(Parts {
             backend: Arc::clone(&settings.backend),
             naming,
@@ -108,8 +118,8 @@ impl<C: Clock> Builder<One, Redis, C> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for bad options: an empty name, a bad
-    /// rate, policy or limit, a local fraction outside `(0, 1]`,
-    /// `max_keys(0)`.
+    /// rate, policy or limit, more than 16 limits, a local fraction outside
+    /// `(0, 1]`, `max_keys(0)`.
     pub fn build(self) -> Result<RateLimiter<Redis, C>, Error> {
         let backend = &self.store().backend;
         let key: Arc<str> =

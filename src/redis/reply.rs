@@ -444,7 +444,10 @@ mod tests {
         // the core keeps for a shared key.
         assert!(lua_number("BATCH_CAPACITY") >= super::super::coalesce::MAX_BATCH as f64);
         assert_eq!(lua_number("LOG_CAPACITY"), 128.0);
-        assert_eq!(lua_number("MAX_LIMITS"), 16.0);
+        assert_eq!(
+            lua_number("MAX_LIMITS"),
+            super::super::builder::MAX_LIMITS as f64
+        );
     }
 
     fn le(numbers: &[f64]) -> Vec<u8> {

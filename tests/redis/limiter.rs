@@ -9,7 +9,7 @@ use crate::support::poll::patient_backend;
 use crate::support::redis_server::RedisServer;
 use paceline::clock::{Clock, FakeClock};
 use paceline::redis::{Fallback, Redis, RedisBackend};
-use paceline::{Error, Limiter, RateLimiter};
+use paceline::{Error, Limit, Limiter, RateLimiter};
 use redis::Commands;
 
 const MS: Duration = Duration::from_millis(1);
@@ -515,6 +515,15 @@ async fn bad_options_and_arguments_are_clear_errors() {
             "local_fraction",
         ),
         (
+            // All of a key's limits live in one value, of at most 16.
+            build(
+                (0..17).fold(RateLimiter::builder().redis(&backend, "x"), |b, _| {
+                    b.limit(Limit::per_second(1.0))
+                }),
+            ),
+            "at most 16 limits",
+        ),
+        (
             connect(RedisBackend::builder(server.client()).response_timeout(Duration::ZERO)).await,
             "response_timeout",
         ),
@@ -539,6 +548,18 @@ async fn bad_options_and_arguments_are_clear_errors() {
             other => panic!("expected InvalidArgument mentioning {mentions}, got {other:?}"),
         }
     }
+    // Sixteen are served.
+    let sixteen = (0..16)
+        .fold(RateLimiter::builder().redis(&backend, "sixteen"), |b, i| {
+            b.limit(Limit::per_second(f64::from(i + 1)))
+        })
+        .build()
+        .unwrap();
+    assert_eq!(
+        sixteen.try_reserve(1, Duration::ZERO).await.unwrap(),
+        Some(Duration::ZERO)
+    );
+    assert!(!sixteen.stats().degraded);
     let limiter = RateLimiter::builder()
         .redis(&backend, "x")
         .permits_per_second(1.0)
