@@ -189,6 +189,11 @@ impl Limit {
     /// spell: `n` at once, the `n + 1`th one interval after the first
     /// (`1`: exact spacing). At least 1: building with `0` is an
     /// [`Error::InvalidArgument`].
+    ///
+    /// The count holds at the rate the limit is built with. A new rate
+    /// (`set_rate`, or one learned from an upstream) keeps the time the
+    /// stored permits span, so the count follows the rate: `burst(20)` at
+    /// 10/s stores 1.9 s of permits, 39 at once at 20/s, 10 at 5/s.
     pub fn burst(mut self, permits: u64) -> Limit {
         self.burst = Some(permits);
         self.config.warmup = None;

@@ -159,8 +159,9 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     }
 
     /// Changes the rate from now on. The next caller still repays the
-    /// previous request at the old rate; stored permits are rescaled to the
-    /// new burst size. With several limits, this is the first one's rate,
+    /// previous request at the old rate; stored permits keep their share of
+    /// the burst, which spans the same time at the new rate (see
+    /// [`Limit::burst`](crate::Limit::burst)). With several limits, this is the first one's rate,
     /// and the others are scaled by the same factor (so that they keep
     /// their proportions; from or to an infinite rate, they all take this
     /// one); [`set_limit_rate`](Self::set_limit_rate) changes one alone.

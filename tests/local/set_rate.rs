@@ -151,3 +151,28 @@ fn bursts_never_exceed_one_second_of_work_across_rate_changes() {
         );
     }
 }
+
+#[test]
+fn a_limits_burst_spans_the_same_time_at_a_new_rate() {
+    // A burst is counted at the rate a limit is built with; a new rate
+    // keeps the time its stored permits span (19 at 10/s: 1.9 s), so the
+    // count follows the rate: 39 at once at 20/s, 10 at 5/s.
+    use paceline::clock::FakeClock;
+    use paceline::{Limit, RateLimiter};
+    let at_once = |limiter: &RateLimiter<paceline::Local, FakeClock>| {
+        (0..100)
+            .take_while(|_| limiter.try_reserve(1, Duration::ZERO).unwrap().is_some())
+            .count()
+    };
+    for (rate, expected) in [(10.0, 20), (20.0, 39), (5.0, 10)] {
+        let clock = FakeClock::new();
+        let limiter = RateLimiter::builder()
+            .limit(Limit::per_second(10.0).burst(20))
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        limiter.set_rate(rate).unwrap();
+        clock.advance(Duration::from_secs(60));
+        assert_eq!(at_once(&limiter), expected, "at {rate}/s");
+    }
+}
