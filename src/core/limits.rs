@@ -524,13 +524,16 @@ fn earliest(states: &[State], now_micros: u64) -> (u64, Option<usize>) {
 }
 
 /// `rates` times `factor`, or `otherwise` for each if that is not a valid
-/// rate for one of them (see [`Limits::scale`]).
+/// rate for one of them (see [`Limits::scale`]). A finite rate scaled to
+/// infinity is not, unless `otherwise` is infinite: the factor overflowed
+/// (from a tiny rate back up), and would lift every limit.
 pub(crate) fn scaled_rates(rates: &[f64], factor: f64, otherwise: f64) -> Vec<f64> {
     let scaled: Vec<f64> = rates.iter().map(|rate| rate * factor).collect();
-    if scaled
-        .iter()
-        .all(|&rate| super::stable_interval_micros(rate).is_ok())
-    {
+    let valid = |(&rate, &scaled): (&f64, &f64)| {
+        super::stable_interval_micros(scaled).is_ok()
+            && (scaled.is_finite() || rate.is_infinite() || otherwise.is_infinite())
+    };
+    if rates.iter().zip(&scaled).all(valid) {
         scaled
     } else {
         vec![otherwise; rates.len()]

@@ -126,6 +126,31 @@ fn rates_change_for_every_key_together_or_one_limit() {
     assert!(limiter.set_rate(0.0).is_err());
 }
 
+/// Back up from a tiny rate the factor that scales the other limits
+/// overflows: every key's limits take the rate asked for, not an infinite
+/// one.
+#[test]
+fn set_rate_from_a_tiny_rate_back_up_still_limits_every_key() {
+    let clock = FakeClock::new();
+    let limiter = per_second_and_minute(&clock);
+    limiter.set_rate(f64::from_bits(1)).unwrap(); // 5e-324
+    limiter.set_rate(5.0).unwrap();
+    clock.advance(Duration::from_secs(3600));
+    for key in 0..3 {
+        let granted = (0..100)
+            .filter(|_| {
+                limiter
+                    .try_reserve(&key, 1, Duration::ZERO)
+                    .unwrap()
+                    .is_some()
+            })
+            .count();
+        assert!((1..=4).contains(&granted), "key {key}: {granted} at once");
+        let rate = limiter.snapshot(&key).unwrap().rate();
+        assert!(rate.is_finite(), "key {key}: {rate}");
+    }
+}
+
 /// Each key against its own `Limits`, started full: random keys, limits,
 /// reservations, tries and idle gaps.
 #[test]

@@ -168,7 +168,23 @@ fn a_rate_change_applies_to_one_limit_or_all_and_empties_the_log() {
             .iter()
             .all(|s| s.permits_per_second() == 2.0)
     );
+    // Scaled to infinity, they take `otherwise`: an infinite rate only if
+    // that is one (a finite factor overflowed otherwise).
     limits.scale(f64::INFINITY, 3.0, 0).unwrap();
+    assert!(
+        limits
+            .states()
+            .iter()
+            .all(|s| s.permits_per_second() == 3.0)
+    );
+    limits.scale(1e308, 5.0, 0).unwrap();
+    assert!(
+        limits
+            .states()
+            .iter()
+            .all(|s| s.permits_per_second() == 5.0)
+    );
+    limits.scale(f64::INFINITY, f64::INFINITY, 0).unwrap();
     assert!(
         limits
             .states()

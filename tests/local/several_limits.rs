@@ -117,6 +117,29 @@ fn set_rate_scales_every_limit_and_set_limit_rate_one() {
     assert_eq!(limiter.rate(), 20.0);
 }
 
+/// Back up from a tiny rate, the factor that scales the other limits
+/// overflows to infinity: the limits then took the rate asked for, not an
+/// infinite one (which let every request through).
+#[test]
+fn set_rate_from_a_tiny_rate_back_up_still_limits() {
+    for tiny in [1e-300, f64::from_bits(1)] {
+        let clock = FakeClock::new();
+        let limiter = two_limits(&clock);
+        limiter.set_rate(tiny).unwrap();
+        limiter.set_rate(5.0).unwrap();
+        assert_eq!(limiter.rate(), 5.0);
+        clock.advance(Duration::from_secs(3600));
+        let granted = (0..100)
+            .filter(|_| limiter.try_reserve(1, Duration::ZERO).unwrap().is_some())
+            .count();
+        // A burst of 3 at most (the per-minute limit, if it kept its
+        // proportion, allows fewer).
+        assert!((1..=3).contains(&granted), "{tiny}: {granted} at once");
+        let snapshot = limiter.snapshot().unwrap();
+        assert!(snapshot.rate().is_finite(), "{tiny}: {snapshot:?}");
+    }
+}
+
 #[test]
 fn bad_limits_are_refused_when_built() {
     for limit in [
