@@ -42,12 +42,18 @@ impl Upstream {
     }
 }
 
+/// The slowest rate a report sets: one a day. A quota of less (one in a
+/// window of 2^64 s) would keep every caller waiting for years, where a
+/// `Retry-After` or a reset pauses them for a day at most.
+const SLOWEST_REPORTED: f64 = 1.0 / 86_400.0;
+
 /// What a quota says of its limit: its rate when the upstream gave both
-/// its quota and its window, what is left, and when it resets.
+/// its quota and its window (at least one a day), what is left, and when
+/// it resets.
 fn reported(quota: &Quota) -> Reported {
     let rate = match (quota.limit, quota.window) {
         (Some(limit), Some(window)) if limit > 0 && !window.is_zero() => {
-            Some(limit as f64 / window.as_secs_f64())
+            Some((limit as f64 / window.as_secs_f64()).max(SLOWEST_REPORTED))
         }
         _ => None,
     };

@@ -23,9 +23,10 @@
 //!   after the pause the callers go one interval apart, never as a burst;
 //! * each second of successes (`2xx` statuses) after the pause adds back
 //!   0.05 of the configured rates, up to them;
-//! * a rate the upstream reports for a limit (a quota over its window)
-//!   caps that limit at 0.97 of it, never above the configured rate; a
-//!   limit it reports spent (`remaining` 0) waits for its reset.
+//! * a rate the upstream reports for a limit (a quota over its window,
+//!   read as at least one a day) caps that limit at 0.97 of it, never
+//!   above the configured rate; a limit it reports spent (`remaining` 0)
+//!   waits for its reset (at most a day).
 //!
 //! Estimates: what a call costs past its estimate is always charged, and
 //! what it costs less is given back while the limiter's log still holds the

@@ -231,6 +231,47 @@ async fn a_keys_settle_leaves_other_keys_alone() {
     );
 }
 
+/// A rate the upstream reports is its quota over its window, both numbers
+/// it chose: one permit in 2^64 seconds paused every caller for the 285
+/// years time saturates at. Like a `Retry-After` or a reset, no answer
+/// makes the callers wait more than about a day: a quota of less than one
+/// a day reads as one a day.
+#[tokio::test(flavor = "current_thread")]
+async fn a_reported_rate_never_makes_callers_wait_more_than_about_a_day() {
+    use paceline::outbound::Feedback;
+    use std::time::SystemTime;
+
+    let day = 86_400.0;
+    for (policy, rate) in [
+        (&b"1;w=18446744073709551615"[..], 1.0 / day),
+        (b"1;w=172800", 1.0 / day),
+        (b"7;w=604800", 1.0 / day),
+        (b"2;w=86400", 2.0 / day),
+    ] {
+        let clock = FakeClock::new();
+        let limiter = RateLimiter::builder()
+            .limit(Limit::per_second(10.0).burst(1))
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let call = limiter.call(1).await.unwrap();
+        call.learn(&Feedback::from_headers(
+            200,
+            [("RateLimit-Policy", policy)],
+            SystemTime::now(),
+        ));
+        drop(call);
+        let policy = String::from_utf8_lossy(policy);
+        assert_eq!(limiter.rate(), rate * 0.97, "{policy}");
+        limiter.reserve(1).unwrap();
+        let wait = limiter.snapshot().unwrap().wait();
+        assert!(
+            wait <= Duration::from_secs_f64(day / 0.97 + 1.0),
+            "{policy}: {wait:?}"
+        );
+    }
+}
+
 /// A refusal fed back through a call pauses the limiter until its
 /// `Retry-After` and lowers its rate; what the upstream reports of its
 /// limits caps them; a keyed limiter learns per key.
