@@ -261,6 +261,12 @@ impl Limit {
 /// The idle time that stores `permits` (whole, `>= 0`) at `rate`: rounded
 /// up to the microsecond, so that at least `permits` are stored, and less
 /// than one more (a burst of `n` lets `n` go at once, never `n + 1`).
+///
+/// Above 10^6 permits a second a microsecond stores a permit or more, and
+/// rounding up would store as many more as a microsecond holds (at 10^9/s,
+/// a burst of 5 let 2 000 go at once): it is then rounded down. What that
+/// leaves out, under one microsecond's worth, goes anyway, the ticket's
+/// part below the microsecond not being waited for.
 fn stored_for(permits: f64, rate: f64) -> Duration {
     if permits <= 0.0 || rate.is_infinite() {
         return Duration::ZERO;
@@ -270,6 +276,9 @@ fn stored_for(permits: f64, rate: f64) -> Duration {
     // rounding below `permits` would store one permit fewer.
     if micros * rate / 1e6 < permits {
         micros += 1.0;
+    }
+    if micros * rate / 1e6 >= permits + 1.0 {
+        micros = (permits * 1e6 / rate).floor();
     }
     Duration::from_micros(if micros < u64::MAX as f64 {
         micros as u64

@@ -263,6 +263,35 @@ fn a_reservation_names_the_limit_it_waits_for() {
     assert_eq!(one.reservation(1).unwrap().limit(), Some(0));
 }
 
+/// Above 10^6 permits a second, a wait of whole microseconds lets every
+/// request whose ticket lies in the current microsecond go (up to `rate ×
+/// 1 µs` of them), burst or not; a burst of `n` adds `n − 1` stored
+/// permits to those, no more. Rounding the stored idle time up to the
+/// microsecond added a whole microsecond's worth: at 10^9 per second a
+/// burst of 5 let 2 000 go at once.
+#[test]
+fn a_burst_at_a_rate_above_a_permit_a_microsecond_adds_no_more_than_its_own() {
+    for rate in [1e6, 1.5e6, 2.5e6, 3e6, 1e7, 3.3e7, 1e8, 1e9] {
+        for burst in [1, 2, 3, 5, 20, 1000] {
+            let clock = FakeClock::new();
+            let limiter = RateLimiter::builder()
+                .limit(Limit::per_second(rate).burst(burst))
+                .clock(clock.clone())
+                .build()
+                .unwrap();
+            let mut at_once = 0;
+            while limiter.try_reserve(1, Duration::ZERO).unwrap().is_some() {
+                at_once += 1;
+            }
+            let per_micro = (rate / 1e6).ceil() as u64;
+            assert!(
+                (burst..=burst + per_micro).contains(&at_once),
+                "{rate}/s, burst {burst}: {at_once} at once"
+            );
+        }
+    }
+}
+
 /// A burst of `n` is `n` requests at once, never `n + 1`: set with
 /// `burst(n)`, or a period's whole permits by default; at 5 per second
 /// with a burst of 10, 60 in the first 10 s of hammering, no more.
