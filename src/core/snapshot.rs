@@ -114,7 +114,9 @@ impl Snapshot {
 
     /// What a limiter that knows only its wait and its rate can tell:
     /// nothing stored, no burst; for a [`Limiter`](crate::Limiter) written
-    /// outside this crate.
+    /// outside this crate. A rate that is none (zero, negative, NaN) reads
+    /// as the slowest there is, never as no limit (`f64::INFINITY` is
+    /// that).
     ///
     /// ```
     /// use std::time::Duration;
@@ -130,7 +132,10 @@ impl Snapshot {
             stored: 0.0,
             wait_micros: super::micros(wait),
             bursty: true,
-            cool_down_micros: super::stable_interval_micros(permits_per_second).unwrap_or(0.0),
+            // A rate that is not one (zero, negative, NaN) lets nothing
+            // more through, never everything.
+            cool_down_micros: super::stable_interval_micros(permits_per_second)
+                .unwrap_or(MAX_MICROS as f64),
             limit: 0,
         }
     }
@@ -314,6 +319,18 @@ mod tests {
             (u64::MAX, u64::MAX)
         );
         assert_eq!(snapshot.full_in(), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_waiting_snapshot_at_a_rate_that_is_none_is_not_unlimited() {
+        for rate in [0.0, -1.0, f64::NAN, f64::NEG_INFINITY] {
+            let snapshot = Snapshot::waiting(Duration::ZERO, rate);
+            assert_eq!((snapshot.remaining(), snapshot.burst()), (1, 1), "{rate}");
+            let owing = Snapshot::waiting(Duration::from_secs(1), rate);
+            assert_eq!(owing.remaining(), 0, "{rate}");
+        }
+        let unlimited = Snapshot::waiting(Duration::ZERO, f64::INFINITY);
+        assert_eq!(unlimited.remaining(), u64::MAX);
     }
 
     #[test]
