@@ -54,7 +54,11 @@ pub fn parse_rate(text: &str, bytes: bool) -> Result<Rate, String> {
     if permits <= 0.0 {
         return Err(bad("it must be more than zero"));
     }
-    Ok(Rate { permits, period })
+    let rate = Rate { permits, period };
+    if rate.per_second() == 0.0 {
+        return Err(bad("too small: it reads as zero a second"));
+    }
+    Ok(rate)
 }
 
 /// `5MiB`, `100KB`, `1.5G`, `4096`: bytes.
@@ -153,6 +157,7 @@ mod tests {
             ("-inf/s", "more than zero"),
             ("0/s", "more than zero"),
             ("NaN/s", "not a number"),
+            ("1e-320/day", "too small"),
         ] {
             let error = parse_rate(bad, false).unwrap_err();
             assert!(error.contains(says), "{bad}: {error}");
