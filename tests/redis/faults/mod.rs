@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::support::poll::{
-    PROBE_INTERVAL, RESPONSE_TIMEOUT, SLACK, backend_builder, builder, within,
+    PROBE_INTERVAL, RESPONSE_TIMEOUT, SLACK, backend_builder, builder, patient_backend, within,
 };
 use crate::support::proxy::Proxy;
 use crate::support::redis_server::{RedisServer, free_port};

@@ -273,8 +273,12 @@ async fn a_server_loading_its_dataset_degrades_once_and_recovers_when_loaded() {
         .arg(2_000_000)
         .query(&mut admin)
         .unwrap();
-    let limiter = builder(server.client(), "loading", 1_000.0)
-        .await
+    // Patient: the fault is an error reply, which comes at once; a call
+    // before the reload that merely runs late on a loaded machine must not
+    // send the limiter to its fallback first.
+    let limiter = RateLimiter::builder()
+        .permits_per_second(1_000.0)
+        .redis(&patient_backend(server.client()).await, "loading")
         .build()
         .unwrap();
     assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
