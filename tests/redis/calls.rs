@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use crate::support::limiter_state::{LimitState, Value};
-use crate::support::poll::{backend, patient_backend, within};
+use crate::support::poll::{patient_backend, within};
 use crate::support::redis_server::RedisServer;
 use crate::support::rng::Rng;
 use paceline::clock::FakeClock;
@@ -258,7 +258,7 @@ async fn keyed_calls_settle_and_learn_per_key() {
     let limiter = KeyedRateLimiter::<String>::builder()
         .limit(Limit::per_second(1_000.0).burst(1))
         .limit(Limit::per_second(100_000.0).burst(1))
-        .redis(&backend(server.client()).await, "upstreams")
+        .redis(&patient_backend(server.client()).await, "upstreams")
         .fallback(Fallback::FailClosed)
         .clock(clock.clone())
         .build()
@@ -370,7 +370,7 @@ async fn when_redis_dies_the_fallback_keeps_the_reported_rate_at_its_share() {
     let limiter = RateLimiter::builder()
         .permits_per_second(10.0)
         .max_burst(Duration::ZERO)
-        .redis(&backend(server.client()).await, "reported")
+        .redis(&patient_backend(server.client()).await, "reported")
         .fallback(Fallback::Local)
         .local_fraction(0.5)
         .clock(clock.clone())
