@@ -4,16 +4,16 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::poll::{backend_builder, builder, patient_backend};
+use crate::support::poll::{backend_builder, patient_backend};
 use crate::support::proxy::Proxy;
 use crate::support::redis_server::RedisServer;
 use paceline::RateLimiter;
 
 const MS: Duration = Duration::from_millis(1);
 
-/// `timeout(1 ms, acquire(1))`, twenty times, at 10/s: each caller's
+/// `timeout(1 ms, acquire(1))`, twenty times, at 1/s: each caller's
 /// reservation is given back, so at most one interval of debt is left
-/// instead of about two seconds. On loopback the round trip usually ends
+/// instead of about twenty seconds. On loopback the round trip usually ends
 /// within the millisecond and the caller is dropped while it sleeps (its
 /// reservation's give-back); one dropped while its EVALSHA is still out is
 /// given back from the late reply (see
@@ -21,9 +21,15 @@ const MS: Duration = Duration::from_millis(1);
 /// forces that case).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timed_out_acquires_through_redis_leave_at_most_one_interval_of_debt() {
+    const INTERVAL: Duration = Duration::from_secs(1);
     let server = RedisServer::start();
-    let limiter = builder(server.client(), "dropped", 10.0)
-        .await
+    // Patient, and one a second: a caller's wait outlasts its millisecond
+    // however late a loaded machine polls it (at 10/s, a poll 100 ms late
+    // finds the wait over as well, and the acquire done), and a late reply
+    // does not send a call to the fallback.
+    let limiter = RateLimiter::builder()
+        .permits_per_second(1.0)
+        .redis(&patient_backend(server.client()).await, "dropped")
         .max_burst(Duration::ZERO)
         .build()
         .unwrap();
@@ -37,12 +43,20 @@ async fn timed_out_acquires_through_redis_leave_at_most_one_interval_of_debt() {
         }
     }
     assert!(timed_out >= 15, "{timed_out} of 20 timed out");
-    // Give-backs are sent in the background: let them land.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let debt = limiter.snapshot().await.unwrap().wait();
+    // Give-backs are sent in the background: until they land (5 s at
+    // most), the debt may read higher.
+    let landing = Instant::now();
+    let debt = loop {
+        let debt = limiter.snapshot().await.unwrap().wait();
+        if debt <= INTERVAL || landing.elapsed() > Duration::from_secs(5) {
+            break debt;
+        }
+        tokio::time::sleep(5 * MS).await;
+    };
     println!("debt after 20 dropped acquires: {debt:?} ({timed_out} timed out)");
-    assert!(debt <= Duration::from_millis(100), "debt left: {debt:?}");
-    assert!(!limiter.stats().degraded);
+    assert!(debt <= INTERVAL, "debt left: {debt:?}");
+    let stats = limiter.stats();
+    assert!(!stats.degraded && stats.fallbacks == 0, "{stats:?}");
 }
 
 /// Callers that give up while their EVALSHA is still on the wire (a proxy
@@ -140,6 +154,8 @@ async fn a_dropped_waiter_gives_its_slot_to_the_next_caller_through_redis() {
     let a = limiter.reservation(1).await.unwrap();
     let second = Instant::now();
     let b = limiter.reservation(1).await.unwrap();
+    // From before C's call: Redis's clock read C's slot after this.
+    let third = Instant::now();
     let c = limiter.reservation(1).await.unwrap();
     let between = second.elapsed();
     assert!(a.delay().is_zero());
@@ -149,7 +165,6 @@ async fn a_dropped_waiter_gives_its_slot_to_the_next_caller_through_redis() {
         c_delay <= b_delay + INTERVAL && c_delay + between + MS >= b_delay + INTERVAL,
         "{b_delay:?} {c_delay:?}, {between:?} apart"
     );
-    let third = Instant::now();
     drop(b);
     // The give-back lands in the background: within 5 s, half an interval,
     // the key's ticket is back at C's slot.
@@ -159,7 +174,8 @@ async fn a_dropped_waiter_gives_its_slot_to_the_next_caller_through_redis() {
     }
     let d = limiter.reservation(1).await.unwrap();
     let between = third.elapsed();
-    // D is scheduled at C's slot (less the real time that passed), not one
+    // D is scheduled at C's slot (less the real time that passed since
+    // before C's call, which Redis's clock cannot outrun), not one
     // interval later.
     assert!(
         d.delay() <= c_delay && d.delay() + between + MS >= c_delay,
