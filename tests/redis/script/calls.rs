@@ -288,7 +288,11 @@ fn reported_rates_cap_and_spent_quotas_pause_one_limit() {
 fn another_number_of_limits_keeps_what_was_learned() {
     let mut fx = fixture();
     let args = Args::bursty("10", 1_000_000).at(T0);
-    let lesson = "1,0,0,0.5,0.05,1000000,0.05,1000000,1;20,,";
+    // A refusal that pauses for a minute, so the key's TTL is a minute too
+    // (with no pause it read as full at once, with a TTL of a few ms that a
+    // loaded machine outran before the next call).
+    let lesson = "1,0,60000000,0.5,0.05,1000000,0.05,1000000,1;20,,";
+    const PAUSED: f64 = (T0 + 60_000_000) as f64;
     reply(&mut fx, "k", &learn(&args, lesson));
     let mut argv = args.to_vec();
     let now = argv.pop().unwrap();
@@ -298,7 +302,7 @@ fn another_number_of_limits_keeps_what_was_learned() {
     let value = fx.value("k");
     assert_eq!(
         value.learned,
-        Some(vec![0.5, T0 as f64, T0 as f64, 1.0, 20.0, f64::INFINITY])
+        Some(vec![0.5, PAUSED, PAUSED, 1.0, 20.0, f64::INFINITY])
     );
     let rates: Vec<f64> = value.limits.iter().map(|l| l.permits_per_second).collect();
     assert_eq!(rates, [5.0, 2.0]);
