@@ -39,6 +39,23 @@ pub(crate) struct ProbeTarget {
 /// for it again: the debt Redis reported counts as known.
 pub(crate) trait Late: Send + Sync {
     fn late(&self, key: &str, debt_micros: u64);
+    /// A round trip of `key` whose caller stopped waiting is awaited in the
+    /// background (`pending`), or is no more (its late grant, if any, told).
+    fn awaited(&self, key: &str, pending: bool);
+}
+
+/// A round trip of a key awaited in the background after its caller
+/// stopped waiting, as its limiter knows it until this is dropped (see
+/// [`Late::awaited`]).
+pub(crate) struct Awaited {
+    late: Arc<dyn Late>,
+    key: Arc<str>,
+}
+
+impl Drop for Awaited {
+    fn drop(&mut self) {
+        self.late.awaited(&self.key, false);
+    }
 }
 
 impl ProbeTarget {
@@ -47,6 +64,17 @@ impl ProbeTarget {
         if let Some(late) = self.late.as_ref().and_then(Weak::upgrade) {
             late.late(&self.key, debt_micros);
         }
+    }
+
+    /// Tells the key's limiter that a round trip of the key is awaited in
+    /// the background, until the returned guard is dropped.
+    pub(crate) fn awaited(&self) -> Option<Awaited> {
+        let late = self.late.as_ref().and_then(Weak::upgrade)?;
+        late.awaited(&self.key, true);
+        Some(Awaited {
+            late,
+            key: Arc::clone(&self.key),
+        })
     }
 
     /// The backend's own probe key, with arguments that describe an idle

@@ -301,10 +301,12 @@ impl<T: Answer> Drop for InFlight<T> {
             return;
         };
         let backend = Arc::clone(&remote.backend);
+        let awaited = remote.target.awaited();
         backend.spawn(async move {
             if let Ok(Ok(reply)) = tokio::time::timeout(ORPHAN_WAIT, round_trip).await {
                 remote.give_back_unread(reply);
             }
+            drop(awaited);
         });
     }
 }

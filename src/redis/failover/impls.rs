@@ -217,4 +217,18 @@ impl<K: Key + Display, C: Clock> Late for Failover<K, C> {
         drop(books);
         self.activate();
     }
+
+    fn awaited(&self, key: &str, pending: bool) {
+        let mut books = self.books();
+        if pending {
+            *books.awaited.entry(key.into()).or_default() += 1;
+        } else if let Some(count) = books.awaited.get_mut(key) {
+            *count -= 1;
+            if *count == 0 {
+                books.awaited.remove(key);
+            }
+            drop(books);
+            self.answered.notify_waiters();
+        }
+    }
 }

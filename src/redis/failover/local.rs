@@ -190,6 +190,27 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         self.books().known.get(key).copied().unwrap_or(0)
     }
 
+    /// Waits, at most the response timeout, for the round trips of `key`
+    /// whose callers stopped waiting (see [`Late`]): a grant Redis made
+    /// late is then known before the carry-back, which counts it once.
+    /// (After a stall, Redis answers them first, before the probe that
+    /// finds it back: the wait is a task's turn.)
+    async fn await_answers(&self, key: &K) {
+        let redis_key = self.redis_key(key);
+        let deadline = tokio::time::Instant::now() + self.backend.options.response_timeout;
+        loop {
+            let answered = self.answered.notified();
+            tokio::pin!(answered);
+            answered.as_mut().enable();
+            if !self.books().awaited.contains_key(&redis_key) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, answered).await.is_err() {
+                return;
+            }
+        }
+    }
+
     /// When the debt of late grants of `key` ends (see [`Late`]), taken:
     /// the carry-back counts it once.
     fn late_until<Q>(&self, key: &Q) -> u64
@@ -288,6 +309,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
     /// key's callers.)
     pub(super) async fn carry(&self, key: &K) {
         let target = self.target(key);
+        self.await_answers(key).await;
         let mut known = self.known_exactly(key);
         // What grants Redis made after their callers stopped waiting (see
         // [`Late`]) charged it beyond the debt it reported: those callers

@@ -107,6 +107,8 @@ pub struct Failover<K, C: Clock> {
     books: Mutex<Books<K>>,
     /// Woken whenever a key's carry-back ends.
     carried: Notify,
+    /// Woken whenever a round trip awaited in the background ends.
+    answered: Notify,
     /// Whether the background carry-back runs, and whether it should run
     /// again once done (keys were opened meanwhile).
     carrying_all: AtomicBool,
@@ -133,6 +135,10 @@ struct Books<K> {
     /// waiting ends (µs, local clock), by Redis key (see [`Late`]): at most
     /// `max_local_keys`.
     late: HashMap<Arc<str>, u64>,
+    /// How many round trips whose callers stopped waiting are awaited in
+    /// the background, by Redis key: a late grant among them is not known
+    /// yet.
+    awaited: HashMap<Arc<str>, usize>,
     /// What each key learned in Redis from an upstream (see `calls`), as
     /// its last reply that said it did, for keys that run below their
     /// configured rates: at most `max_local_keys`. A key opens in the
@@ -278,10 +284,12 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                 overflow: [0; BUCKETS],
                 carrying: HashSet::new(),
                 late: HashMap::new(),
+                awaited: HashMap::new(),
                 learned: HashMap::new(),
                 keeps: Vec::new(),
             }),
             carried: Notify::new(),
+            answered: Notify::new(),
             carrying_all: AtomicBool::new(false),
             again: AtomicBool::new(false),
             registered: AtomicBool::new(false),
