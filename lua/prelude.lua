@@ -261,6 +261,11 @@ if value then
     -- The head. (NaN fails every comparison.)
     ok = marker == MARKER
         and last_now >= 0 and last_now <= MAX_MICROS and last_now % 1 == 0
+        -- A value's clock at most 2^52 µs (142 years) ahead of the reading
+        -- (a clock stepped back): one further ahead is not one a server's
+        -- clock wrote, and time standing still near where it saturates
+        -- would stop tickets from limiting.
+        and last_now - now <= 4503599627370496 -- 2^52
         and next_id >= 0 and next_id < MAX_MICROS and next_id % 1 == 0
     if not ok then
     elseif size == at and (shape == 1 or shape == 4129) then -- (1 + BOUND)

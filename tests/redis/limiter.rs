@@ -474,6 +474,42 @@ async fn a_foreign_string_value_is_an_error_and_left_untouched() {
     assert_eq!(value, "lots of junk", "other data is never overwritten");
 }
 
+/// A value whose clock lies at the end of time (2^53 µs, where time
+/// saturates), or close to it: on it every ticket saturates at once, and
+/// each reservation would wait a second, a µs or nothing. It is not the
+/// limiter's: an error, not unlimited grants.
+#[tokio::test]
+async fn a_value_with_a_clock_at_the_end_of_time_is_an_error_not_unlimited_grants() {
+    let server = RedisServer::start();
+    let mut conn = server.connection();
+    let clock = FakeClock::new();
+    let limiter = limiter(&server, "end-of-time", 10.0, &clock).await;
+    let key = limiter.redis_key();
+    for last_now in [1u64 << 53, (1 << 53) - 1, (1 << 53) - 1_000_000] {
+        let _: () = conn.del(&key).unwrap();
+        limiter.reserve(1).await.unwrap();
+        let mut value: Vec<u8> = conn.get(&key).unwrap();
+        // The head: the marker, then shape and last_now.
+        value[12..20].copy_from_slice(&(last_now as f64).to_le_bytes());
+        let _: () = conn.set(&key, &value).unwrap();
+        let mut granted = 0;
+        for _ in 0..30 {
+            match limiter.try_acquire(1, Duration::from_secs(1)).await {
+                Ok(true) => granted += 1,
+                Ok(false) => {}
+                Err(Error::Backend(e)) => {
+                    assert!(e.to_string().contains("does not recognise"), "{e}");
+                }
+                Err(other) => panic!("{last_now}: {other:?}"),
+            }
+        }
+        assert_eq!(granted, 0, "last_now {last_now}: granted {granted} of 30");
+        let after: Vec<u8> = conn.get(&key).unwrap();
+        assert_eq!(after, value, "last_now {last_now}: the value changed");
+        assert!(!limiter.stats().degraded);
+    }
+}
+
 #[tokio::test]
 async fn bad_options_and_arguments_are_clear_errors() {
     let server = RedisServer::start();

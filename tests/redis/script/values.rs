@@ -358,6 +358,16 @@ const CORRUPTIONS: &[(&str, Corruption)] = &[
     ("last_now 2^53 + 2", |v| {
         v.last_now_micros = (MAX_MICROS + 2) as f64
     }),
+    // A clock more than 2^52 µs ahead of the reading (T0), where time
+    // would stand still so close to where it saturates that tickets no
+    // longer limit: no server's clock stepped back from there.
+    ("last_now 2^53", |v| v.last_now_micros = MAX_MICROS as f64),
+    ("last_now 2^53 - 1", |v| {
+        v.last_now_micros = (MAX_MICROS - 1) as f64
+    }),
+    ("last_now 2^52 + 1 ahead", |v| {
+        v.last_now_micros = (T0 + MAX_MICROS / 2 + 1) as f64
+    }),
     ("next_id -1", |v| v.next_id = -1.0),
     ("next_id 0.5", |v| v.next_id = 0.5),
     ("a second limit's rate 0", |v| {
