@@ -48,13 +48,15 @@ pub(crate) trait Late: Send + Sync {
 /// stopped waiting, as its limiter knows it until this is dropped (see
 /// [`Late::awaited`]).
 pub(crate) struct Awaited {
-    late: Arc<dyn Late>,
+    late: Weak<dyn Late>,
     key: Arc<str>,
 }
 
 impl Drop for Awaited {
     fn drop(&mut self) {
-        self.late.awaited(&self.key, false);
+        if let Some(late) = self.late.upgrade() {
+            late.awaited(&self.key, false);
+        }
     }
 }
 
@@ -69,10 +71,10 @@ impl ProbeTarget {
     /// Tells the key's limiter that a round trip of the key is awaited in
     /// the background, until the returned guard is dropped.
     pub(crate) fn awaited(&self) -> Option<Awaited> {
-        let late = self.late.as_ref().and_then(Weak::upgrade)?;
-        late.awaited(&self.key, true);
+        let weak = self.late.as_ref()?;
+        weak.upgrade()?.awaited(&self.key, true);
         Some(Awaited {
-            late,
+            late: Weak::clone(weak),
             key: Arc::clone(&self.key),
         })
     }
