@@ -24,13 +24,65 @@ fn keyed(backend: &RedisBackend, name: &str, burst: Duration) -> KeyedRateLimite
 
 /// 1 permit/s, no burst; the fallback paces at `local_fraction` of it.
 fn single(backend: &RedisBackend, name: &str, local_fraction: f64) -> RateLimiter<Redis> {
+    single_at(backend, name, 1.0, local_fraction)
+}
+
+/// `rate` permits/s, no burst; the fallback paces at `local_fraction` of
+/// it.
+fn single_at(
+    backend: &RedisBackend,
+    name: &str,
+    rate: f64,
+    local_fraction: f64,
+) -> RateLimiter<Redis> {
     RateLimiter::builder()
         .redis(backend, name)
-        .permits_per_second(1.0)
+        .permits_per_second(rate)
         .max_burst(Duration::ZERO)
         .local_fraction(local_fraction)
         .build()
         .unwrap()
+}
+
+/// A backend whose response timeout (1 s) a loaded machine does not
+/// reach, for a test that stalls the server: a stalled call still fails
+/// within a second, while one that merely runs late is not served by the
+/// fallback (a setup call would then be counted at the fallback's rate) and
+/// a carry-back's resume is not sent twice (which errs towards limiting).
+async fn stall_backend(client: redis::Client) -> RedisBackend {
+    backend_builder(client)
+        .response_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .unwrap()
+}
+
+/// When a debt in Redis ends, as far as this process can tell: the debt
+/// read, from when the read was sent and from when its reply came.
+#[derive(Clone, Copy, Debug)]
+struct Ends {
+    earliest: Instant,
+    latest: Instant,
+}
+
+impl Ends {
+    /// Read from Redis by `reader` (another process, on a patient backend).
+    async fn read(reader: &RateLimiter<Redis>) -> Ends {
+        let sent = Instant::now();
+        let owed = reader.snapshot().await.unwrap().wait();
+        Ends {
+            earliest: sent + owed,
+            latest: Instant::now() + owed,
+        }
+    }
+
+    /// The same debt, `more` later.
+    fn plus(self, more: Duration) -> Ends {
+        Ends {
+            earliest: self.earliest + more,
+            latest: self.latest + more,
+        }
+    }
 }
 
 async fn recovered(what: impl Fn() -> bool) {
@@ -137,7 +189,9 @@ async fn a_recovered_limiter_never_called_again_still_carries_its_debt_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn known_debts_beyond_max_local_keys_still_open_the_fallback_late() {
     let mut server = RedisServer::start();
-    let backend = backend(server.client()).await;
+    // Patient: the killed server's calls fail at once, and the debts must
+    // reach Redis first.
+    let backend = patient_backend(server.client()).await;
     let limiter = KeyedRateLimiter::<String>::builder()
         .redis(&backend, "cap")
         .permits_per_second(1.0)
@@ -159,22 +213,36 @@ async fn known_debts_beyond_max_local_keys_still_open_the_fallback_late() {
     assert!(limiter.stats().degraded);
 }
 
+/// On a patient backend: the server is killed, so its calls fail at once
+/// on the closed connection, while a call that merely runs late before is
+/// not served by the fallback (which would then hold the key).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_during_an_outage_reports_the_debt_redis_reported() {
     let mut server = RedisServer::start();
-    let backend = backend(server.client()).await;
+    let backend = patient_backend(server.client()).await;
     let limiter = keyed(&backend, "query", Duration::ZERO);
+    let sent = Instant::now();
     assert_eq!(limiter.reserve("owes", 10).await.unwrap(), Duration::ZERO);
     let reported = Instant::now();
     server.kill();
     // The first call finds Redis down; the next read the fallback.
     let _ = limiter.snapshot("owes").await.unwrap().wait();
+    let asked = Instant::now();
     let wait = limiter.snapshot("owes").await.unwrap().wait();
+    let answered = Instant::now();
     assert!(limiter.stats().degraded);
-    let left = Duration::from_secs(10).saturating_sub(reported.elapsed());
+    // Ten seconds from when Redis granted them, noted once the reply came:
+    // between the reservation's call and its reply, read between the
+    // snapshot's call and its answer.
+    let ends = (sent + Duration::from_secs(10), reported + Duration::from_secs(10));
     assert!(
-        wait + 300 * MS >= left && wait <= left + 50 * MS,
-        "the snapshot says {wait:?}; the debt left is {left:?}"
+        answered + wait >= ends.0 && asked + wait <= ends.1,
+        "the snapshot says {wait:?} from between {:?} and {:?} after the reservation's \
+         call; the debt ends between {:?} and {:?}",
+        asked - sent,
+        answered - sent,
+        ends.0 - sent,
+        ends.1 - sent,
     );
     assert_eq!(limiter.stats().keys, 0, "a query opens nothing");
     assert_eq!(
@@ -186,37 +254,70 @@ async fn a_snapshot_during_an_outage_reports_the_debt_redis_reported() {
     );
 }
 
+/// Each outage's permit is counted once in Redis, the first outage's debt
+/// not again in the second. Bounds come from measured time: a debt's end is
+/// read by another process (between when the read went and when its reply
+/// came), and the fallback opens at the end Redis last reported, noted
+/// locally up to the time its call took later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_outage_does_not_count_the_first_ones_debt_again() {
+    // Ten seconds a permit; the fallback paces at half the rate: a permit
+    // it grants is twenty seconds of its own schedule and ten of the shared
+    // one. The debts outlast the test however slowly a loaded machine runs
+    // it, and a permit counted twice is ten seconds off, more than any
+    // call takes.
+    const PERMIT: Duration = Duration::from_secs(10);
     let server = RedisServer::start();
-    let backend = backend(server.client()).await;
-    // The fallback paces at half the rate: a permit it grants is two
-    // seconds of its own schedule and one of the shared one.
-    let limiter = single(&backend, "twice", 0.5);
-    let start = Instant::now();
-    // Two seconds of debt in Redis.
+    let limiter = single_at(&stall_backend(server.client()).await, "twice", 0.1, 0.5);
+    let reader = single_at(&patient_backend(server.client()).await, "twice", 0.1, 0.5);
+    // Two permits of debt in Redis. (Should this call outrun its timeout,
+    // the fallback serves it and carries it back: what Redis then holds is
+    // read below.)
+    let set = Instant::now();
     assert_eq!(limiter.reserve(2).await.unwrap(), Duration::ZERO);
-    let mut expected = Duration::from_secs(2);
+    recovered(|| !limiter.stats().degraded && limiter.stats().keys == 0).await;
+    // The limiter noted the debt from a reply to a call sent since `set`:
+    // at most `lag` after Redis reported it.
+    let mut lag = set.elapsed();
+    let mut ends = Ends::read(&reader).await;
     for outage in 1..=2 {
         server.stop();
         // One more permit from the fallback: it waits for the debt Redis
-        // reported, and adds one second.
+        // last reported (noted at most `lag` late), and adds a permit.
+        let asked = Instant::now();
         let wait = limiter.reserve(1).await.unwrap();
-        let left = expected.saturating_sub(start.elapsed());
+        let answered = Instant::now();
         assert!(limiter.stats().degraded);
         assert!(
-            wait + 300 * MS >= left && wait <= left + 100 * MS,
-            "outage {outage}: waits {wait:?}, the debt left is {left:?}"
+            asked + wait <= ends.latest + lag && answered + wait >= ends.earliest,
+            "outage {outage}: waits {wait:?} from between {:?} and {:?} after the \
+             start; the debt ends between {:?} and {:?} (noted up to {lag:?} late)",
+            asked - set,
+            answered - set,
+            ends.earliest - set,
+            ends.latest - set,
         );
-        expected += Duration::from_secs(1);
+        let back = Instant::now();
         server.cont();
-        recovered(|| !limiter.stats().degraded).await;
-        let owed = limiter.snapshot().await.unwrap().wait();
-        let left = expected.saturating_sub(start.elapsed());
+        // Once the key is carried back, Redis holds its debt plus one
+        // permit, and at most the note's lag more (the carry-back counts
+        // from the debt as noted), never another permit.
+        recovered(|| !limiter.stats().degraded && limiter.stats().keys == 0).await;
+        let carried = Instant::now();
+        let after = Ends::read(&reader).await;
+        let expected = ends.plus(PERMIT);
         assert!(
-            owed + 300 * MS >= left && owed <= left + 100 * MS,
-            "after outage {outage}: owes {owed:?}, expected {left:?}"
+            after.latest >= expected.earliest && after.earliest <= expected.latest + lag,
+            "after outage {outage}: the debt ends between {:?} and {:?} after the start, \
+             expected between {:?} and {:?} (plus up to {lag:?})",
+            after.earliest - set,
+            after.latest - set,
+            expected.earliest - set,
+            expected.latest - set,
         );
+        ends = after;
+        // The resume's reply, which the next outage's floor comes from.
+        lag = carried - back;
     }
 }
 
@@ -355,7 +456,8 @@ async fn a_key_is_charged_the_dropped_floor_once_by_its_first_callers() {
     assert_eq!(first.reserve("a", 1).await.unwrap(), Duration::ZERO);
     server.stop();
     // Three keys in the fallback, which holds two: the one with the least
-    // debt (ten seconds) is dropped.
+    // debt (ten seconds from when the fallback served it) is dropped.
+    let dropped_sent = Instant::now();
     for (key, permits) in [("b", 10), ("c", 20), ("d", 30)] {
         first.reserve(key, permits).await.unwrap();
     }
@@ -375,17 +477,20 @@ async fn a_key_is_charged_the_dropped_floor_once_by_its_first_callers() {
     // And once only for later calls (the keys carried back fill what the
     // fallback keeps of Redis's debts: this one is kept by its bucket).
     first.reserve("x", 1).await.unwrap();
-    // Read by another process: up to the dropped ticket (about 10 s from
-    // the outage), then the nine permits, charged once each; once per
-    // caller, it would owe over 80 s.
-    let other = backend_of(&server).await;
+    // Whatever the fallback served (a call that ran past its timeout) is
+    // in Redis too.
+    recovered(|| !first.stats().degraded && first.stats().keys == 0).await;
+    // Read by another process, on a patient backend (a read that merely
+    // runs late would otherwise be answered by its fallback, which knows
+    // no debt): up to the dropped ticket, then the nine permits, charged
+    // once each; once per caller, it would owe over 80 s. Redis's clock
+    // only advances: the debt left is what was charged less the time since
+    // the dropped key's call.
+    let other = patient_backend(server.client()).await;
     let owed = limiter(&other).snapshot("x").await.unwrap().wait();
+    let since = dropped_sent.elapsed();
     assert!(
-        owed >= Duration::from_secs(16) && owed <= Duration::from_secs(20),
-        "the key owes {owed:?}"
+        owed + since >= Duration::from_secs(19) && owed <= Duration::from_secs(20),
+        "the key owes {owed:?}, {since:?} after the dropped key's call"
     );
-}
-
-async fn backend_of(server: &RedisServer) -> RedisBackend {
-    backend(server.client()).await
 }
