@@ -257,7 +257,10 @@ async fn a_snapshot_during_an_outage_reports_the_debt_redis_reported() {
     // Ten seconds from when Redis granted them, noted once the reply came:
     // between the reservation's call and its reply, read between the
     // snapshot's call and its answer.
-    let ends = (sent + Duration::from_secs(10), reported + Duration::from_secs(10));
+    let ends = (
+        sent + Duration::from_secs(10),
+        reported + Duration::from_secs(10),
+    );
     assert!(
         answered + wait >= ends.0 && asked + wait <= ends.1,
         "the snapshot says {wait:?} from between {:?} and {:?} after the reservation's \
