@@ -59,8 +59,9 @@
 //!
 //! * [`Bursty`]: stored permits are free. An idle limiter then lets
 //!   `max_permits + 1` requests go at once (`max_permits` is one second's
-//!   worth by default) before falling back to the stable rate. Right for a resource that was simply under-used: an API
-//!   quota, a batch job that paused.
+//!   worth by default) before falling back to the stable rate. Right for a
+//!   resource that was simply under-used: an API quota, a batch job that
+//!   paused.
 //! * [`WarmingUp`]: stored permits are *expensive*. A long-idle resource may be
 //!   cold (empty caches, closed connections, a JIT that has not compiled yet),
 //!   so after a pause the limiter starts slow, at `cold_factor` times the

@@ -189,9 +189,10 @@ pub struct RateLimiter<S: Store = Local, C: Clock = crate::clock::SystemClock> {
 /// reading and updates the key's one-word state (eight bytes beside the
 /// key) with one compare-and-swap, so calls on one shard run side by side
 /// too; every other call takes the lock for writing for a few hundred
-/// nanoseconds (a sweep, for its pass), and no call waits under the lock. As for the
-/// `RateLimiter`, a bursty key agrees with the core to the microsecond,
-/// not always to the bit, once stored permits have been spent.
+/// nanoseconds (a sweep, for its pass), and no call waits under the
+/// lock. As for the `RateLimiter`, a bursty key agrees with the core to
+/// the microsecond, not always to the bit, once stored permits have been
+/// spent.
 ///
 /// ```
 /// use std::time::Duration;

@@ -161,10 +161,11 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// Changes the rate from now on. The next caller still repays the
     /// previous request at the old rate; stored permits keep their share of
     /// the burst, which spans the same time at the new rate (see
-    /// [`Limit::burst`](crate::Limit::burst)). With several limits, this is the first one's rate,
-    /// and the others are scaled by the same factor (so that they keep
-    /// their proportions; from or to an infinite rate, they all take this
-    /// one); [`set_limit_rate`](Self::set_limit_rate) changes one alone.
+    /// [`Limit::burst`](crate::Limit::burst)). With several limits, this is
+    /// the first one's rate, and the others are scaled by the same factor
+    /// (so that they keep their proportions; from or to an infinite rate,
+    /// they all take this one); [`set_limit_rate`](Self::set_limit_rate)
+    /// changes one alone.
     /// What waits to be given back then gives back nothing (it was charged
     /// at the old rate): erring towards limiting. A Redis limiter's keys
     /// take it with their next call.
