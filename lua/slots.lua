@@ -26,17 +26,17 @@ if mode == 'release' then
 end
 
 if mode ~= 'take' then
-  return redis.error_reply('paceline: the slots script has no mode ' .. tostring(mode))
+  return redis.error_reply('ERR paceline: the slots script has no mode ' .. tostring(mode))
 end
 
 local calls = tonumber(ARGV[3])
 local ttl = tonumber(ARGV[4])
 if not calls or calls < 1 or not ttl or ttl < 1000 then
-  return redis.error_reply('paceline: the slots script was called with bad arguments')
+  return redis.error_reply('ERR paceline: the slots script was called with bad arguments')
 end
 local kind = redis.call('TYPE', key).ok
 if kind ~= 'zset' and kind ~= 'none' then
-  return redis.error_reply('paceline: the slots key ' .. key .. ' holds a ' .. kind)
+  return redis.error_reply('ERR paceline: the slots key ' .. key .. ' holds a ' .. kind)
 end
 
 local time = redis.call('TIME')

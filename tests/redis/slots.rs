@@ -323,10 +323,12 @@ async fn a_slots_key_holding_something_else_is_an_error_whatever_the_fallback() 
         Fallback::FailOpen,
     )
     .await;
-    assert!(matches!(
-        limiter.hold_slot(None).await,
-        Err(Error::Backend(_))
-    ));
+    let error = limiter.hold_slot(None).await.err();
+    assert!(matches!(error, Some(Error::Backend(_))), "{error:?}");
+    // The reply reads as the script wrote it, the key and what it holds.
+    let text = error.unwrap().to_string();
+    assert!(text.contains("paceline: the slots key"), "{text}");
+    assert!(text.contains("holds a string"), "{text}");
     assert!(!limiter.stats().degraded);
 }
 
