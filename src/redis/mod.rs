@@ -7,22 +7,19 @@
 //! script inside Redis (`lua/`, a line-by-line mirror of the in-process
 //! arithmetic, for one limit or several), on Redis's own clock, in one
 //! round trip per reservation. Its methods are those of every limiter; the
-//! calls that never sleep return futures here. The limiter's state is one
-//! key, `paceline:v1:name` (84 bytes for one limit, with a format marker,
-//! more while reservations wait to be given back), so it works the same on
-//! a single server and on Redis Cluster. The key expires only once an idle
-//! limiter would have refilled anyway, so expiry is invisible; a missing
-//! key reads as a limiter that has been idle for a long time (full for the
-//! bursty policy, cold for the warming-up one). What the script takes,
-//! replies and stores is specified in `docs/redis-protocol.md`.
+//! calls that never sleep return futures here. Its state is one key (84
+//! bytes for one limit, more while reservations wait to be given back; see
+//! "Key names" below), so it works the same on a single server and on Redis
+//! Cluster. The key expires only once an idle limiter would have refilled
+//! anyway, so expiry is invisible: a missing key reads as a limiter idle
+//! for long (full for the bursty policy, cold for the warming-up one). What
+//! the script takes, replies and stores is specified in
+//! `docs/redis-protocol.md`.
 //!
 //! A [`RedisBackend`] does the I/O: its connection, its health and its
 //! probe, and the connection options ([`RedisBackend::builder`]). Build one
 //! per process and give it to every limiter: building a limiter does no
-//! I/O. When Redis is unreachable, too slow (see
-//! [`response_timeout`](RedisBackendBuilder::response_timeout)) or failing,
-//! the limiter's [`Fallback`] decides: limit locally (the default), grant,
-//! or refuse.
+//! I/O.
 //!
 //! ```no_run
 //! use paceline::RateLimiter;
@@ -45,25 +42,22 @@
 //!
 //! # Fallbacks
 //!
-//! Every call waits at most `response_timeout` for Redis (default 200 ms).
-//! When Redis is unreachable, too slow, or failing, the limiter switches to
-//! its [`Fallback`] at once ([`Fallback::Local`], the default, limits in
-//! this process at `rate × local_fraction`: set `.local_fraction(1.0 / N)`
-//! when N processes share the key), probes Redis in the background, and
-//! switches back as soon as its script works again on a fresh connection
-//! (the [`Fallback`] docs say how). A limiter can be built while Redis is
-//! down: it starts on its fallback (`.require_connection(true)` makes
-//! building the backend fail instead). Dropping an
-//! `acquire` gives its reservation back, in Redis too. Redis's `TIME` is the
-//! clock; the script never lets it run backwards, and a forward step reads
-//! as idle time (at most a burst). Run `cargo run --example distributed` to
-//! see three instances share one rate (it uses `REDIS_URL`, or starts a
-//! private `redis-server`).
+//! Every call waits at most
+//! [`response_timeout`](RedisBackendBuilder::response_timeout) for Redis
+//! (default 200 ms), so it returns within it plus scheduling slack. When
+//! Redis is unreachable, too slow or failing, the limiter switches at once
+//! to its [`Fallback`]: limit in this process at `rate × local_fraction`
+//! ([`Fallback::Local`], the default; set `.local_fraction(1.0 / N)` when N
+//! processes share the key), grant, or refuse. It probes Redis in the
+//! background and switches back as soon as its script works again on a
+//! fresh connection (the [`Fallback`] docs say how). A limiter can be built
+//! while Redis is down: it starts on its fallback (`.require_connection(true)`
+//! makes building the backend fail instead). Dropping an `acquire` gives its
+//! reservation back, in Redis too. `cargo run --example distributed` shows
+//! three instances sharing one rate (on `REDIS_URL`, or a private
+//! `redis-server` it starts).
 //!
 //! # When Redis fails
-//!
-//! Every call returns within `response_timeout` (plus scheduling slack); "the
-//! fallback" is the one configured above.
 //!
 //! | What happens | What callers get | Back on Redis |
 //! |---|---|---|
@@ -76,7 +70,7 @@
 //! | A process served from its fallback and then never called again | — | its keys' debt is carried into Redis in the background as soon as its backend sees Redis again (within about one probe interval), so other processes see it |
 //! | More keys than `max_keys` during one outage (or more known debts than that) | the fallback drops the least recently used keys; new keys open no earlier than the latest dropped ticket, and a debt that does not fit is kept per hash bucket: errs towards limiting | keys called within the dropped debt's span are charged up to it once (by the first of its callers; the others wait for it) |
 //! | Two outages in a row | the second opens each key from the debt Redis reports after the first one's carry-back, not from a stale local debt | as above |
-//! | One Redis Cluster node down or hung | the fallback for the limiters and keys in that node's slots only, whether each limiter has a backend of its own or they share a `RedisBackend` or a keyed limiter. The first call that finds the node down marks its slot; the probe then reads the slot map and marks the node's other slots, so their calls do not each wait for `response_timeout` (see "Cluster client timeouts" below) | when the script works on that node (probed there only, so other nodes' outages do not hold it back) |
+//! | One Redis Cluster node down or hung | the fallback for the limiters and keys in that node's slots only, however the limiters share backends. The first call that finds the node down marks its slot; the probe then marks the node's other slots from the slot map, so their calls do not each wait for `response_timeout` (but see "Cluster client timeouts" below) | when the script works on that node (probed there only, so other nodes' outages do not hold it back) |
 //!
 //! What crosses a switch follows one rule, for the single and the keyed
 //! limiter alike: each permit granted is counted once in the schedule that
@@ -87,50 +81,44 @@
 //!   A snapshot reads that debt too, without opening the key.
 //! - **Back to Redis**, a key the fallback served is carried back before any
 //!   call of it reaches Redis again: one resume call adds what the fallback
-//!   granted beyond what Redis knew (scaled by `local_fraction`) and drops the
-//!   permits the key had stored; callers of that key wait for it, within
-//!   their `response_timeout` in all (a caller whose time runs out is
-//!   served by the fallback, which holds the key until its debt is in
-//!   Redis). A background task, started when the backend recovers, carries the
-//!   keys nobody calls. Under `Fallback::FailOpen` the resume carries no debt
-//!   but still drops the stored permits, so nothing bursts after an outage.
-//! - **Nothing twice**: the fallback forgets a key only once its debt is in
-//!   Redis, so a second outage opens it from what Redis reports, not from a
-//!   stale local debt.
+//!   granted beyond what Redis knew (scaled by `local_fraction`) and drops
+//!   the permits the key had stored. Callers of that key wait for it,
+//!   within their `response_timeout` in all; one whose time runs out is
+//!   served by the fallback, which forgets the key only once its debt is in
+//!   Redis. A background task, started when the backend recovers, carries
+//!   the keys nobody calls. Under `Fallback::FailOpen` the resume carries no
+//!   debt but still drops the stored permits, so nothing bursts after an
+//!   outage.
 //! - **Where it cannot be known** (a reply lost with its connection, a
-//!   give-back that cannot be delivered, debts beyond `max_keys`, keys
-//!   the fallback dropped to stay within it), the limiter errs towards
-//!   limiting: a reservation may stay charged, a key may open later than it
-//!   had to, never granted twice.
+//!   give-back that cannot be delivered, keys and debts beyond `max_keys`),
+//!   the limiter errs towards limiting: a reservation may stay charged, a
+//!   key may open later than it had to, never granted twice.
 //!
-//! The tests stage each row and each of these moments on a real server
-//! (every script refusal of the table among them); one of them kills,
-//! stops, fills up and demotes a server at seeded moments while two
-//! processes call through it, and checks every sliding window of every key
-//! against the rate, the burst and the fallbacks' allowance.
+//! The tests stage each row and moment on a real server, and check every
+//! sliding window of every key against the rate, the burst and the
+//! fallbacks' allowance while a server is killed, stopped, filled up and
+//! demoted at seeded moments under two processes.
 //!
 //! # Hot keys
 //!
 //! Redis runs one script at a time, so a single key serves at most one
-//! script call per ~7 µs of server time, however many clients call it.
-//! Reservations of one key from one process are therefore *coalesced*
-//! (the backend option [`coalesce`](RedisBackendBuilder::coalesce), on by
-//! default, which states what each caller is promised): a caller with no
-//! round trip of its key in flight goes at once; callers that arrive while
-//! one is in flight queue, and go together in one script call (up to 256)
-//! when it ends, or sooner once 64 are waiting (at most two batches of a
-//! key in flight; a caller that finds 1 024 waiting goes alone). On one
-//! hot key, 256 tasks of one process reserve about 6× as many permits per
-//! second as with `coalesce(false)` (BENCHMARKS.md).
+//! script call per ~7 µs of server time, however many clients call it. A
+//! process therefore *coalesces* the reservations of one key
+//! ([`coalesce`](RedisBackendBuilder::coalesce), on by default, which states
+//! what each caller is promised): a lone caller goes at once; callers that
+//! arrive while a round trip of the key is in flight go together in one
+//! script call (up to 256) when it ends, or sooner once 64 wait (at most two
+//! batches of a key in flight; a caller that finds 1 024 waiting goes
+//! alone). On one hot key, 256 tasks of one process reserve about 6× as many
+//! permits per second as with `coalesce(false)` (BENCHMARKS.md).
 //!
 //! # Running Redis for this
 //!
-//! - **Eviction.** Use `maxmemory-policy noeviction` or one of the `volatile-*`
-//!   policies: limiter keys always carry a TTL, so `volatile-ttl` and
-//!   `volatile-lru` can evict them under memory pressure, and an evicted key
-//!   reads as an idle limiter (one full burst). `noeviction` never drops them;
-//!   when memory is full, writes fail and the limiters switch to their
-//!   fallback until memory is freed. Prefer `noeviction` (or a separate
+//! - **Eviction.** Limiter keys always carry a TTL, so `volatile-ttl` and
+//!   `volatile-lru` can evict them under memory pressure (an evicted key is
+//!   one full burst, as in the table). `maxmemory-policy noeviction` never
+//!   drops them: when memory is full, writes fail and the limiters serve
+//!   from their fallbacks until memory is freed. Prefer it (or a separate
 //!   instance) when a burst after memory pressure is not acceptable.
 //! - **Persistence and failover.** The state is a few bytes per key, written
 //!   on every reservation. A replica promoted by a failover has the state as
@@ -138,39 +126,26 @@
 //!   the lost writes had charged (at most the lag's worth of permits, or a
 //!   burst for a key it never received). Persistence matters only across a
 //!   restart of a lone server: without it, every key restarts idle.
-//! - **Clocks.** The script uses the server's `TIME`, a wall clock. Run the
-//!   server with time synchronisation that slews rather than steps where you
-//!   can; a step backwards holds keys still until the clock catches up (no
-//!   caller is ever charged the step), and a step forwards is read as idle
-//!   time.
+//! - **Clocks.** The script uses the server's `TIME`, a wall clock, and never
+//!   lets it run backwards: a step backwards holds keys still until the clock
+//!   catches up (no caller is charged the step), a step forwards reads as
+//!   idle time (at most a burst). Where you can, synchronise time by slewing
+//!   rather than stepping.
 //! - **Cluster** (feature `redis-cluster`, which turns on the client's
 //!   cluster support). Each limiter is one key, so limiters spread over the
 //!   slots. Health is kept per node (the table's last row), and a cluster
 //!   that refuses every connection is down as a whole.
 //! - **Cluster client timeouts.** Build the `ClusterClient` with a
 //!   `connection_timeout` below the limiter's `response_timeout` (the
-//!   client's default is 1 s). A cluster connection that has to reconnect to
-//!   a node that accepts connections but does not answer (a hung process)
-//!   holds every request, to every node, until it gives up on that node;
-//!   with the default, limiters on healthy nodes can then stay on their
-//!   fallbacks for as long as the node hangs (a process that starts while it
-//!   hangs, for one).
-//! - **Upgrading.** The key layout has a version after the prefix
-//!   (`paceline:v1:name`), and the value a format marker (`plv1`). A later
-//!   layout takes another version, so processes of two versions never read
-//!   each other's keys: each version's limiter starts full on its own keys
-//!   (one burst), and the other's expire on their own. Upgrade the
-//!   processes sharing a limiter together, as during a rollout the two
-//!   versions share no state. Values of the formats before this one (`thr2`,
-//!   `thr3`, `thr4`, under the names `throttler:...` and `paceline:name`)
-//!   are not read: a key that holds one is not the limiter's (its calls fail
-//!   with `Error::Backend`, "holds a value this limiter does not
-//!   recognise", and it is left untouched).
+//!   client's default is 1 s). A cluster connection reconnecting to a node
+//!   that accepts connections but does not answer (a hung process) holds
+//!   every request, to every node, until it gives up on that node; with the
+//!   default, limiters on healthy nodes can stay on their fallbacks for as
+//!   long as the node hangs (a process that starts while it hangs, for one).
 //! - **Key names.** A limiter named `name` uses the Redis key
 //!   `paceline:v1:name`, and a keyed limiter's key `key` uses
 //!   `paceline:v1:name:key`: `paceline` is the prefix a backend's builder
-//!   can change with `key_prefix`, and `v1` the version of the key layout
-//!   and of the values under it. `\` and `:` are escaped in the name
+//!   can change with `key_prefix`. `\` and `:` are escaped in the name
 //!   (`\\`, `\:`), and `\`, `{`, `}` in the key (`\\`, `\(`, `\)`). No two
 //!   (limiter, key) pairs share a Redis key, and no client's key text picks
 //!   its cluster slot; braces in a *name* are kept, so `{tenant-7}` puts a
@@ -178,6 +153,15 @@
 //!   [`Limit::concurrent`](crate::Limit::concurrent) live beside each key,
 //!   in `{key}\slots` (`key\slots` where the key has a hash tag): in its
 //!   slot, and no limiter's key (see [`outbound`](crate::outbound)).
+//! - **Upgrading.** `v1` is the version of the key layout and of the values
+//!   under it, which carry a format marker (`plv1`). A later layout takes
+//!   another version, so processes of two versions share no state: each
+//!   starts full on its own keys (one burst), and the other's expire on
+//!   their own; upgrade the processes sharing a limiter together. Values of
+//!   earlier formats (`thr2`, `thr3`, `thr4`, under `throttler:...` and
+//!   `paceline:name`) are not read: such a key is not the limiter's (its
+//!   calls fail with `Error::Backend`, "holds a value this limiter does not
+//!   recognise", and it is left untouched).
 //!
 
 mod backend;
