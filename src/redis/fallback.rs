@@ -3,20 +3,20 @@
 
 /// What to do when Redis cannot be reached, times out, or fails.
 ///
-/// Whichever is chosen, the limiter's [`RedisBackend`](super::RedisBackend)
-/// then switches to *degraded* mode (`stats().degraded`): calls no longer
-/// wait for Redis but are served by the fallback at once, and one background
-/// probe opens a fresh connection every `probe_interval` and runs the
-/// script on it, on the key whose call failed (in a mode that reserves
-/// nothing but writes, so a server that answers PING but refuses writes
-/// stays "down"). When the script works, that connection replaces the old
-/// one and calls go back to Redis; each limiter's first call then carries
-/// what its local fallback granted into its key. Switches are logged
-/// (`tracing`, warn and info) and counted in [`Stats`](crate::Stats).
+/// Whichever is chosen, the [`RedisBackend`](super::RedisBackend) then
+/// switches to *degraded* mode (`stats().degraded`): the fallback serves
+/// calls at once, and one background probe opens a fresh connection every
+/// `probe_interval` and runs the script on the key whose call failed, in a
+/// mode that reserves nothing but writes (so a server that answers PING but
+/// refuses writes stays down). When the script works, that connection
+/// replaces the old one and calls go back to Redis, after what the fallback
+/// granted is carried into Redis (see [the module docs](super)). Switches
+/// are logged (`tracing`, warn and info) and counted in
+/// [`Stats`](crate::Stats).
 ///
-/// A key that holds data of another type, or a call the script rejects, is
-/// not an outage: such calls return [`Error::Backend`](crate::Error::Backend)
-/// whatever the fallback.
+/// A key holding data of another type, or a call the script rejects, is not
+/// an outage: [`Error::Backend`](crate::Error::Backend) whatever the
+/// fallback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Fallback {
