@@ -4,22 +4,19 @@
 //!
 //! # The rule at every switch
 //!
-//! Each permit granted is counted once in the schedule every process sees;
-//! where that cannot be known, the limiter errs towards limiting (the
-//! user's view: `crate::redis`, "When Redis fails"). In the code's terms:
+//! The user's view is `crate::redis`, "When Redis fails"; in the code's terms:
 //!
 //! - A key opens in the fallback with nothing stored and its ticket at its
-//!   *floor* (`floor`): the end of the debt Redis last reported for it (for
-//!   a key whose report did not fit in memory, the latest end in its
-//!   bucket), and no earlier than any ticket the fallback dropped to stay
-//!   within `max_local_keys`.
+//!   *floor* (`floor`): the end of the debt Redis last reported for it (the
+//!   latest end in its bucket, for a report that did not fit in memory), and
+//!   no earlier than any ticket the fallback dropped to stay within
+//!   `max_local_keys`.
 //! - A key the fallback holds is carried back (`carry`: one resume adds
 //!   what it granted beyond what Redis knew, at the shared rate, and drops
 //!   the stored permits) before any other call of it reaches Redis, and
-//!   forgotten only then. Its callers wait within their response timeout
-//!   ([`Patience`]); past it, the fallback serves them. Keys nobody calls
-//!   are carried by a background task (`carry_all`). A resume whose reply
-//!   is lost may be applied and sent again: that errs towards limiting.
+//!   forgotten only then; its callers wait as [`Patience`] says. Keys nobody
+//!   calls are carried by a background task (`carry_all`). A resume whose
+//!   reply is lost may be applied and sent again: that errs towards limiting.
 //! - After an outage in which the fallback dropped keys, the first call of
 //!   a key whose reported debt ends before the latest dropped ticket is
 //!   charged up to it, once (`charge_floor`), its other callers waiting
@@ -74,9 +71,8 @@ pub(crate) enum Naming {
 /// How many buckets hold the known debts that do not fit in memory.
 const BUCKETS: usize = 64;
 
-/// How many times a call looks at its key's carry-back before it is served
-/// by the fallback, which still holds the key (its whole wait for it is
-/// bounded by the response timeout too: see [`Patience`]).
+/// How many times a call looks at its key's carry-back before the fallback
+/// serves it (its wait is bounded by [`Patience`] too).
 const MAX_CARRY_WAITS: usize = 8;
 
 /// How many keys are carried back at once in the background.
@@ -89,17 +85,16 @@ pub struct Failover<K, C: Clock> {
     coalescer: Option<Arc<Coalescer>>,
     naming: Naming,
     script_args: Arc<ScriptArgs>,
-    /// The rate in force, as `f64` bits: passed with every call, so a change
-    /// reaches Redis with the next one.
+    /// The rate in force, as `f64` bits, passed with every call.
     rate_bits: AtomicU64,
     pub(crate) fallback: Fallback,
-    /// The local fallback: keys open empty at their floor; a key held here
-    /// owes Redis what it granted. Its clock is the one waits are slept on.
+    /// The local fallback (a key held here owes Redis what it granted). Its
+    /// clock is the one waits are slept on.
     pub(crate) local: Keyed<K, C>,
     local_fraction: f64,
     max_local_keys: usize,
-    /// Whether the fallback may hold keys or debts are known: when not, a
-    /// call goes to Redis without taking the lock.
+    /// Whether the fallback may hold keys or debts are known: if not, calls
+    /// skip the lock.
     active: AtomicBool,
     /// How many debts are known (a call with no debt to note skips the lock
     /// while none is).
@@ -109,8 +104,8 @@ pub struct Failover<K, C: Clock> {
     carried: Notify,
     /// Woken whenever a round trip awaited in the background ends.
     answered: Notify,
-    /// Whether the background carry-back runs, and whether it should run
-    /// again once done (keys were opened meanwhile).
+    /// Whether the background carry-back runs, and whether it runs again
+    /// once done (keys were opened meanwhile).
     carrying_all: AtomicBool,
     again: AtomicBool,
     /// Whether the backend tells this limiter of its recoveries.
@@ -139,14 +134,13 @@ struct Books<K> {
     /// the background, by Redis key: a late grant among them is not known
     /// yet.
     awaited: HashMap<Arc<str>, usize>,
-    /// What each key learned in Redis from an upstream (see `calls`), as
-    /// its last reply that said it did, for keys that run below their
-    /// configured rates: at most `max_local_keys`. A key opens in the
-    /// fallback at those rates (the caps at its share), and its snapshots
-    /// read its state at them.
+    /// What each key running below its configured rates learned in Redis
+    /// from an upstream (see `calls`), per its last reply that said so: at
+    /// most `max_local_keys`. The key opens in the fallback at those rates
+    /// (at its share), and its snapshots read its state at them.
     learned: HashMap<K, crate::core::Adopted>,
-    /// The open calls made in Redis whose keep could not reach it (Redis
-    /// was down): sent once it is back, at most `max_local_keys`.
+    /// Open calls made in Redis whose keep could not reach it: sent once it
+    /// is back, at most `max_local_keys`.
     keeps: Vec<(K, LogId)>,
 }
 
@@ -160,9 +154,8 @@ struct RedisKeyTaken {
 /// The wake-up of a caller whose key is being carried back.
 type Carried<'a> = Pin<Box<Notified<'a>>>;
 
-/// A key marked as being carried back: the mark goes, and the key's
-/// callers wake, when this is dropped (the carry-back ended, or its task
-/// was dropped before it could run).
+/// A key marked as being carried back: dropped (the carry-back ended, or
+/// its task was dropped unrun), the mark goes and the key's callers wake.
 struct Marked<K: Hash + Eq, C: Clock> {
     failover: Arc<Failover<K, C>>,
     key: K,
@@ -184,7 +177,7 @@ impl<K: Hash + Eq, C: Clock> Drop for Marked<K, C> {
 /// How long a call may wait for its key's carry-back: until the response
 /// timeout from its start, so that it returns within it. Past that, the
 /// fallback (which holds the key until its debt is in Redis) serves it; a
-/// call that waited goes to Redis with what is left.
+/// call that waited goes to Redis with what is left ([`Patience::budget`]).
 struct Patience {
     deadline: tokio::time::Instant,
     waited: bool,
@@ -197,7 +190,7 @@ impl Patience {
     }
 
     /// What is left for a round trip, if the call waited (else it has the
-    /// whole response timeout, as any).
+    /// whole response timeout).
     fn budget(&self) -> Option<Duration> {
         self.waited.then(|| {
             self.deadline
@@ -351,10 +344,9 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        // A call that waited for its key's carry-back has less than the
-        // response timeout left; should its reply come too late, the
-        // fallback serves it and its reservation is given back (held: it
-        // has an id if it waits).
+        // A call that waited for a carry-back has less than the response
+        // timeout left: held, so that a reply that comes too late (the
+        // fallback serving it meanwhile) can be given back by its id.
         let call = |waited: bool| {
             Call::Reserve(Request {
                 permits,
@@ -371,10 +363,10 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         .await
     }
 
-    /// Reserves for `key` with `call` (made knowing whether the caller
-    /// waited for its key's carry-back) through Redis, its reply read by
-    /// `granted`, or with `local` through the fallback while Redis is
-    /// down: what every reservation shares.
+    /// What every reservation shares: reserves for `key` with `call` (told
+    /// whether the caller waited for a carry-back) through Redis, its reply
+    /// read by `granted`, or with `local` through the fallback while Redis
+    /// is down.
     pub(super) async fn reserve_routed<'a, Q>(
         &'a self,
         key: &Q,
@@ -391,7 +383,6 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         self.routed(
             key,
             target,
-            // A budget is left only to a call that waited.
             |budget| async move {
                 let reply = self
                     .send(key, target, call(budget.is_some()), budget)
@@ -423,9 +414,8 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         .await
     }
 
-    /// A call of `key` (on `target`, its Redis key): `remote` asks Redis
-    /// (given what is left of the caller's time if it waited for its
-    /// key's carry-back), or, while the key's part of Redis is down,
+    /// A call of `key` (on `target`, its Redis key): `remote` asks Redis,
+    /// given [`Patience::budget`]; while the key's part of Redis is down,
     /// `local` asks the fallback, told the failure and whether the caller
     /// may still wait for a carry-back of the key (it then routes again
     /// once that has ended).
@@ -516,9 +506,8 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         self.backend.spawn(remote.give_back(token));
     }
 
-    /// One call for `key` to Redis (see [`send`]), noting the debt
-    /// it reports. `budget`: what is left of the caller's time, if it
-    /// waited for its key's carry-back.
+    /// One call for `key` to Redis (see [`send`]) within `budget` (see
+    /// [`Patience::budget`]), noting the debt it reports.
     async fn send<Q>(
         &self,
         key: &Q,
@@ -546,9 +535,8 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
     }
 
     /// Where a call of `key` goes: to the fallback while its part of Redis
-    /// is down; otherwise to Redis, once anything the fallback holds for
-    /// the key has been carried back (waiting for that at most the call's
-    /// `patience`: past it, to the fallback, which still holds the key).
+    /// is down or its `patience` is out; otherwise to Redis, once what the
+    /// fallback holds for the key has been carried back.
     async fn route<Q>(&self, key: &Q, target: &ProbeTarget, patience: &mut Patience) -> Route
     where
         K: Borrow<Q>,
