@@ -1,19 +1,15 @@
-//! Coalesced round trips, a group commit (what users are told:
-//! `RedisBackendBuilder::coalesce`): the reservations of one Redis
-//! key that arrive while a round trip of that key is in flight wait, and
-//! go together in one call of the script when it ends, applied in order at
-//! one clock reading exactly as the same calls one by one would be; a lone
-//! caller goes at once.
+//! Coalesced round trips, a group commit (what users are promised:
+//! `RedisBackendBuilder::coalesce`).
 //!
 //! Every round trip of a key, a lone caller's included, runs as a task of
 //! the backend's runtime, and every caller awaits its reply through a
 //! channel of its own, on a timer of its own ([`wait`]): a caller stalled
 //! or dropped holds up nobody but itself. Each request of a batch keeps a
 //! single call's guarantees: cancelled while queued, nothing is sent or
-//! charged; cancelled after it was sent, or past the response timeout (the
-//! caller then goes to its fallback), its grant is given back when its
-//! reply comes ([`Waiting`], [`run_batch`]); a batch that fails or times
-//! out fails every request in it and queued behind it, once.
+//! charged ([`take_batch`]); cancelled after it was sent, or past its
+//! deadline, its grant is given back when its reply comes ([`Waiting`],
+//! [`run_batch`]); a batch that fails or times out fails every request in
+//! it and queued behind it, once.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -103,8 +99,7 @@ impl Coalescer {
         self.keys.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// How a reservation of `target`'s key goes. A lone caller's round
-    /// trip is sent at once, as a task of its own, a batch of one.
+    /// How a reservation of `target`'s key goes (see [`Joined`]).
     pub(crate) fn join(self: &Arc<Self>, target: &ProbeTarget, request: Request) -> Joined {
         let mut keys = self.keys();
         match keys.get_mut(&target.key) {
@@ -207,11 +202,9 @@ fn take_batch(slot: &mut Slot) -> Vec<Queued> {
 }
 
 /// A caller's wait for the reply of its key's round trip, on a timer of
-/// its own: at most the response timeout, or what is left of the caller's
-/// time (`budget`) after it waited for its key's carry-back. Past it, the
-/// caller goes to its fallback as a single call that timed out does (its
-/// part of Redis marked down); its request, left queued, is never sent,
-/// and one sent is given back when its reply comes ([`Waiting`]).
+/// its own (its [`Deadline`]). Past it, the caller goes to its fallback as
+/// a single call that timed out does; its request, left queued, is never
+/// sent, and one sent is given back when its reply comes ([`Waiting`]).
 pub(crate) async fn wait(
     backend: &Arc<Backend>,
     target: &ProbeTarget,
@@ -225,9 +218,8 @@ pub(crate) async fn wait(
     };
     let deadline = Deadline::new(backend, budget);
     let failure = match tokio::time::timeout(deadline.limit, &mut waiting.replied).await {
-        // The round trip it waited for, or its own, failed: its part of
-        // Redis is down (marked here too, should it not be yet: it must be
-        // before the caller is served by its fallback).
+        // Its round trip failed: marked down here too, should it not be yet,
+        // as it must be before the fallback serves the caller.
         Ok(Ok(Err(Failure::Down(Some(failure))))) => failure,
         Ok(Ok(result)) => return result,
         // The batch's task ended without a reply: its runtime shut down.

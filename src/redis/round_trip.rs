@@ -169,14 +169,11 @@ pub(crate) async fn unheeded<T>(
     }
 }
 
-/// One call of the script on `target`'s key, bounded by the response
-/// timeout, or by what is left of its caller's time (`budget`, when
-/// shorter). A failure that is an outage degrades the backend (its probe
-/// then runs on that key); a round trip abandoned by its caller or the
-/// timeout is awaited in the background and the reservations it made given
-/// back. A round trip that outlives the caller's budget serves it from the
-/// fallback without marking Redis down (it was not given its full time).
-/// `lead`: the call leads its key's coalesced calls (see [`Lead`]).
+/// One call of the script on `target`'s key, within its [`Deadline`]. An
+/// outage degrades the backend (its probe then runs on that key); a round
+/// trip abandoned by its caller or the deadline is given back
+/// ([`InFlight`]). `lead`: the call leads its key's coalesced calls (see
+/// [`Lead`]).
 pub(crate) async fn send<T: Answer>(
     backend: &Arc<Backend>,
     target: &ProbeTarget,
@@ -219,8 +216,7 @@ pub(crate) async fn send<T: Answer>(
         Ok(Err(e)) => failed(e, "call", &target.key)?,
         Err(_) => deadline.passed(&target.key)?,
     };
-    // A timed-out round trip is dropped here: its reply is awaited in the
-    // background and its reservations given back.
+    // Given back in the background (see `InFlight`).
     drop(in_flight);
     let failure = down(backend, target, failure, Scope::Key);
     // The calls queued behind a round trip that timed out fail with it.
@@ -311,8 +307,8 @@ impl<T: Answer> Drop for InFlight<T> {
     }
 }
 
-/// How long a call waits for its reply: the response timeout, or the
-/// caller's own budget if that is shorter.
+/// How long a call waits for its reply: the response timeout, or what is
+/// left of the caller's time (its budget) if that is shorter.
 pub(crate) struct Deadline {
     pub(crate) limit: Duration,
     budget: bool,
@@ -328,8 +324,9 @@ impl Deadline {
     }
 
     /// The deadline of a call on `key` passed: Redis's time ran out (the
-    /// failure to mark its part down with), or the caller's own (the
-    /// fallback serves it, and Redis is not marked down).
+    /// failure to mark its part down with), or the caller's budget (the
+    /// fallback serves it, and Redis, not given its full time, is not marked
+    /// down).
     pub(crate) fn passed(&self, key: &str) -> Result<BackendError, Failure> {
         if self.budget {
             return Err(Failure::Down(Some(
@@ -339,7 +336,6 @@ impl Deadline {
                 .with_timeout(true),
             )));
         }
-        // Not the caller's budget: the limit is the response timeout.
         Ok(BackendError::new(format!(
             "Redis did not answer within {:?} (key {key})",
             self.limit
