@@ -25,45 +25,31 @@
 //!
 //! When the inner stream yields an item, the throttled stream works out its
 //! permits (one, or what the closure of
-//! [`throttle_by`](ThrottleExt::throttle_by) says), makes a
+//! [`throttle_by`](ThrottleExt::throttle_by) says; an item of 0 is yielded
+//! at once, without asking the limiter), makes a
 //! [`Reservation`](crate::Reservation) for them and sleeps on the limiter's
 //! [clock](crate::Limiter::clock) until they are due; then it yields the item.
 //! Only then does it ask the inner stream for the next one, so items keep
 //! their order and at most one reservation is in flight per stream.
 //!
-//! * **Free items.** An item whose permits are 0 is yielded at once, without
-//!   asking the limiter (an empty message costs no bytes).
-//! * **Dropping the stream** while an item waits drops that item's
-//!   reservation, which **gives its permits back**: the limiter's later
-//!   callers are scheduled as if the item had never been reserved. An item
-//!   already yielded has been paid for.
-//! * **Limiter errors** (a backend that cannot be reached, say) lose no
-//!   item: the stream yields `Err(`[`ThrottleError`]`)` in that item's place,
-//!   holding the item, which was not charged. The stream goes on with the
-//!   next item, so the caller decides: stop (`?`, or
-//!   [`try_next`](futures::TryStreamExt::try_next)), skip the item, or let
-//!   it through unpaced ([`ThrottleError::into_parts`]). Hence the throttled
-//!   stream's items are `Result<Item, ThrottleError<Item>>`. This crate's
-//!   local limiters ([`RateLimiter`](crate::RateLimiter),
-//!   [`KeyedRateLimiter`](crate::KeyedRateLimiter)) never fail here: their
-//!   only error is for 0 permits, which the stream never asks for.
+//! Dropping the stream while an item waits **gives that item's permits
+//! back**: later callers are scheduled as if it had never been reserved (an
+//! item already yielded has been paid for). A limiter error loses no item:
+//! the stream yields a [`ThrottleError`] holding it, hence items of type
+//! `Result<Item, ThrottleError<Item>>`.
 //!
-//! # Which limiters
-//!
-//! Anything that dereferences to a [`Limiter`] (or, for
+//! The limiter is anything that dereferences to a [`Limiter`] (or, for
 //! [`throttle_keyed`](ThrottleExt::throttle_keyed), a [`KeyedLimiter`]):
 //! `Arc<RateLimiter>`, `Arc<dyn Limiter>`, `&RateLimiter`,
-//! `Box<dyn Limiter>`, a Redis limiter in an `Arc`. The handle is moved
-//! into the stream; pass a clone of an `Arc` to keep using the limiter
-//! elsewhere (its other callers share the rate with the stream).
-//!
-//! # Cost
+//! `Box<dyn Limiter>`, a Redis limiter in an `Arc`. It is moved into the
+//! stream; pass a clone of an `Arc` to keep using it elsewhere (its other
+//! callers share the rate with the stream).
 //!
 //! When nothing is owed and the limiter can tell without I/O (the local
-//! [`RateLimiter`](crate::RateLimiter), through
-//! `Limiter::take_now`), an item's permits are taken at once, with no
-//! future and no timer. Otherwise an item costs one boxed future for its
-//! wait (the [`Limiter`] methods are `async`, so they box theirs too).
+//! [`RateLimiter`](crate::RateLimiter), through `Limiter::take_now`), an
+//! item's permits are taken with no future and no timer; otherwise an item
+//! costs one boxed future for its wait (the `async` [`Limiter`] methods box
+//! theirs too).
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -78,15 +64,9 @@ use crate::io::{Gate, waited};
 use crate::{Error, KeyedLimiter, Limiter};
 
 /// Adapters that pace a [`Stream`] with a limiter, implemented for every
-/// stream.
-///
-/// See the [module documentation](self) for how items are released, what
-/// dropping the stream gives back and how limiter errors are reported.
+/// stream; the [module documentation](self) says how items are released.
 pub trait ThrottleExt: Stream {
     /// Paces the stream at one permit per item.
-    ///
-    /// `limiter` is anything that dereferences to a [`Limiter`], such as
-    /// `Arc<RateLimiter>`, `Arc<dyn Limiter>` or `&RateLimiter`.
     ///
     /// ```
     /// use std::time::Duration;
@@ -209,12 +189,16 @@ impl<S: Stream + ?Sized> ThrottleExt for S {}
 /// The permits function of [`ThrottleExt::throttle`]: one per item.
 pub type OnePermit<T> = fn(&T) -> u32;
 
-/// A limiter error for one item of a throttled stream, with that item.
+/// A limiter error for one item of a throttled stream (a backend that
+/// cannot be reached, say), with that item, neither charged nor released.
 ///
-/// The item was not charged and not released; the stream goes on with the
-/// next one. [`into_parts`](Self::into_parts) hands back the item (to let
-/// it through anyway) and the error, and `?` converts it to the crate's
-/// [`Error`] (dropping the item).
+/// The stream goes on with the next item, so the caller decides: stop (`?`
+/// converts this to the crate's [`Error`], dropping the item; or
+/// [`try_next`](futures::TryStreamExt::try_next)), skip the item, or let it
+/// through unpaced ([`into_parts`](Self::into_parts)). The local limiters
+/// ([`RateLimiter`](crate::RateLimiter),
+/// [`KeyedRateLimiter`](crate::KeyedRateLimiter)) never fail here: their
+/// only error is for 0 permits, which the stream never asks for.
 pub struct ThrottleError<T> {
     item: T,
     error: Error,
@@ -254,7 +238,7 @@ impl<T> From<ThrottleError<T>> for Error {
 }
 
 /// One item's wait: reserves, sleeps, and hands the limiter back with the
-/// outcome. Dropping it mid-wait drops the reservation, giving it back.
+/// outcome (dropped mid-wait, it gives the reservation back).
 type Wait<'a, L> = crate::io::Wait<'a, L, ()>;
 
 /// What an item of a throttled stream costs: the function given to
@@ -328,12 +312,9 @@ where
     }
 }
 
-/// A stream paced by a limiter: made by [`ThrottleExt`]'s methods.
-///
-/// Yields the inner stream's items in order, each once its permits are due,
-/// as `Ok(item)`; a limiter error yields `Err` with the item (see the
-/// [module documentation](self)). Dropping it mid-wait gives the waiting
-/// item's permits back.
+/// A stream paced by a limiter, made by [`ThrottleExt`]'s methods: yields
+/// the inner stream's items in order, each once its permits are due (see
+/// the [module documentation](self)).
 #[must_use = "streams do nothing unless polled"]
 pub struct Throttle<'a, S: Stream, L, F> {
     /// Boxed once, so that any stream (pinned or not) can be polled.
@@ -375,8 +356,7 @@ where
     type Item = Result<S::Item, ThrottleError<S::Item>>;
 
     /// Releases the waiting item when its wait is over, then takes the
-    /// next item and asks `charge` what it costs: nothing (it is free, or
-    /// its permits were taken at once), or a wait to start for it.
+    /// next item and asks `charge` for its wait, if any.
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
         loop {
