@@ -9,20 +9,15 @@
 //!
 //! - **Waiting** ([`RateLimitLayer::new`]): `poll_ready` reserves one
 //!   permit and is ready once it is due; `call` uses it. A service dropped
-//!   while it waits for its permit gives it back; once the permit is due,
-//!   it counts as used (as any reservation whose moment has passed), and
-//!   a service dropped before `call` gives nothing back.
-//! - **Rejecting** (`.max_wait(Duration::ZERO)`): `poll_ready` takes a
-//!   permit only if one is free now; otherwise `call` fails at once with
-//!   [`Throttled`], which says how long to wait (for a `Retry-After`
-//!   header), and the inner service is not called.
-//! - **Bounded** ([`RateLimitLayer::max_wait`]): waits as above, but at
-//!   most the bound: a request that would wait longer reserves nothing and
-//!   fails at once with [`Throttled`].
+//!   while it waits for its permit gives it back; once the permit is due it
+//!   counts as used, even if the service is dropped before `call`.
+//! - **Bounded** ([`RateLimitLayer::max_wait`]): as above, but a request
+//!   that would wait longer than the bound is refused with [`Throttled`]
+//!   (with `Duration::ZERO`, whenever no permit is free now).
 //! - **Keyed** ([`RateLimitLayer::keyed`]): one rate per key, the key taken
 //!   from each request; the wait happens in the response future, before the
-//!   inner service is called. [`max_wait`](KeyedRateLimitLayer::max_wait)
-//!   refuses per key.
+//!   inner service is called, bounded per key by
+//!   [`max_wait`](KeyedRateLimitLayer::max_wait).
 //!
 //! ```
 //! use std::sync::{Arc, Mutex, PoisonError};
@@ -69,9 +64,8 @@ use crate::{Error, KeyedLimiter, Limiter, Reservation};
 /// limiter's [`Error`], or [`Throttled`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A request refused by a layer whose [`max_wait`](RateLimitLayer::max_wait)
-/// it would exceed (at once, with a zero bound): a
-/// permit will be free in `retry_after`.
+/// A request refused, at once, because its wait would exceed the layer's
+/// [`max_wait`](RateLimitLayer::max_wait); the inner service is not called.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Throttled {
     /// How long until a permit is free (for a `Retry-After` header).
@@ -109,8 +103,8 @@ impl<L> RateLimitLayer<L> {
 
     /// Waits at most `max_wait` for a permit: a request that would wait
     /// longer reserves nothing and fails at once with [`Throttled`] (the
-    /// wait it would have needed). A request path that may wait at most
-    /// 50 ms for a permit sets `.max_wait(Duration::from_millis(50))`.
+    /// wait it would have needed); zero refuses unless a permit is free now.
+    /// E.g. `.max_wait(Duration::from_millis(50))`.
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = Some(max_wait);
         self
@@ -146,8 +140,7 @@ enum Permit {
     None,
     /// Taken, free (nothing was owed): nothing to wait for or give back.
     Free,
-    /// Reserving or waiting for it (the future holds the reservation, and
-    /// gives it back if dropped before `call` commits it).
+    /// Reserving or waiting for it: see [`Held`].
     Pending(Held),
     /// Refused (rejecting mode): `call` fails with this.
     Refused(Duration),
@@ -171,8 +164,7 @@ struct Held {
     keep: Arc<AtomicBool>,
 }
 
-/// Keeps a reservation until dropped: commits it if `keep` is set, else
-/// gives it back (by dropping it).
+/// Dropped, commits its reservation if `keep` is set, else gives it back.
 struct Keep<'a> {
     reservation: Option<Reservation<'a>>,
     keep: Arc<AtomicBool>,
@@ -343,9 +335,7 @@ pub struct KeyedRateLimitLayer<L, F> {
 }
 
 impl<L, F> KeyedRateLimitLayer<L, F> {
-    /// Waits at most `max_wait` for a key's permit: a request that would
-    /// wait longer reserves nothing and fails at once with [`Throttled`]
-    /// (its key's wait).
+    /// As [`RateLimitLayer::max_wait`], for the request's key.
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = Some(max_wait);
         self
@@ -365,9 +355,8 @@ impl<S, L: Clone, F: Clone> Layer<S> for KeyedRateLimitLayer<L, F> {
     }
 }
 
-/// A service rate-limited per key by a [`KeyedRateLimitLayer`]: each
-/// request waits for its key's permit (or is refused, past the layer's
-/// `max_wait`), then the inner service is called.
+/// A service rate-limited per key by a [`KeyedRateLimitLayer`] (see
+/// [`RateLimitLayer::keyed`]).
 #[derive(Clone, Debug)]
 pub struct KeyedRateLimit<S, L, F> {
     inner: S,
