@@ -78,10 +78,9 @@ impl FromStr for ClientIpSource {
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
-/// At most this many entries of a list header are read, from the right:
-/// a walk past this many trusted proxies stops at the last of them. No
-/// deployment has that many proxies of its own in a row; a list longer
-/// than that costs no more to read than this many entries.
+/// At most this many entries of a list header are read, from the right (a
+/// walk past this many trusted proxies stops at the last of them): more than
+/// any deployment's own proxies in a row, so a longer list costs no more.
 const MAX_HOPS: usize = 64;
 
 /// An entry longer than this many bytes (a `Forwarded` element with its
@@ -242,9 +241,6 @@ impl TrustedProxies {
                 return one_address(headers, name).unwrap_or(peer);
             }
         };
-        // Rightmost first, from `peer` (a trusted proxy) to the first
-        // address that is not one; an entry that is not an address stops at
-        // the hop before.
         let mut client = peer;
         for entry in from_the_right(headers, list).take(MAX_HOPS) {
             let Some(ip) = entry.and_then(read) else {

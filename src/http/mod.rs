@@ -18,18 +18,17 @@
 //! appends to) lets every client choose its own key: a new one per request
 //! to escape its limit, or a victim's to use up theirs.
 //!
-//! So the key is read from one header only: the one *your* proxy
-//! overwrites or appends to, which you name ([`ClientIpSource`]), from a
-//! peer that is one of the proxies you name ([`TrustedProxies`]). Every
-//! other forwarding header is ignored, whatever it says; with no source
-//! named, the client is the connection's peer. A list
-//! (`X-Forwarded-For`, `Forwarded`) is read from the right, past your own
-//! proxies only: the first address that is not one of them is the client,
-//! whatever a client wrote to the left of it. A header that holds one
-//! address (`X-Real-IP`, `CF-Connecting-IP`) is believed whole, because
-//! your proxy replaced whatever the client sent. See
-//! [`TrustedProxies::client_ip`] for entries that are not addresses and
-//! for the bound on the work a long header costs.
+//! So the key is read from one header only, the one *your* proxy
+//! overwrites or appends to ([`ClientIpSource`]), and only from a peer that
+//! is one of the proxies you name ([`TrustedProxies`]); every other
+//! forwarding header is ignored, and with no source named the client is the
+//! connection's peer. A list (`X-Forwarded-For`, `Forwarded`) is read from
+//! the right, past your own proxies only: the first address that is not one
+//! of them is the client, whatever a client wrote to the left of it. A
+//! header that holds one address (`X-Real-IP`, `CF-Connecting-IP`) is
+//! believed whole, because your proxy replaced whatever the client sent.
+//! [`TrustedProxies::client_ip`] says how entries that are not addresses
+//! and long headers are read.
 //!
 //! ```
 //! use std::net::IpAddr;
