@@ -4,34 +4,31 @@
 //! # Two ways to hold a key
 //!
 //! Every key runs the core's [`Limits`], the one algorithm. A key of one
-//! bursty limit with nothing logged is the word's case: its state is one
-//! `u64`, the [word](crate::core::word) (a fixed-point *theoretical arrival
-//! time* relative to the shard's base), in an `AtomicU64`. The common call,
-//! on a key already held, takes the shard's lock for reading and runs the
-//! word's step with one compare-and-swap, so calls on keys of one shard run
-//! side by side; the entry costs the key and eight bytes.
+//! bursty limit with nothing logged is held as one `u64`, the
+//! [word](crate::core::word) (a fixed-point *theoretical arrival time*
+//! relative to the shard's base), in an `AtomicU64` of a table of its own,
+//! so that the entry costs the key and eight bytes. The common call, on a
+//! key already held, takes the shard's lock for reading and runs the word's
+//! step with one compare-and-swap, so calls on keys of one shard run side
+//! by side.
 //!
-//! Every other key is held as limits of its own, boxed: several limits, the
-//! warming-up policy, a log in use (a reservation that waits and may be
-//! given back), a state the word cannot hold (a debt past the word's
-//! window, permits stored behind a debt), the local fallback of a Redis
-//! limiter. Each key is held once, as one or the other; the words are kept
-//! in a table of their own so that their entries stay small. Every call
-//! that is not the word's step takes the lock for writing: a new key, a
-//! reservation that records what it took, a give-back, a rate change, a
-//! sweep, any call on a key held as limits. A key held as a word runs such
-//! a call on the shard's own limits (their numbers are scratch space), and
-//! goes back to a word if it can.
+//! Every other key is held once, as limits of its own, boxed: several
+//! limits, the warming-up policy, a log in use, a state the word cannot hold
+//! (a debt past the word's window, permits stored behind a debt), the local
+//! fallback of a Redis limiter. Every call that is not the word's step takes
+//! the lock for writing (a new key, a reservation that records what it took,
+//! a give-back, a rate change, a sweep, any call on a key held as limits); a
+//! key held as a word runs it on the shard's scratch limits
+//! ([`Table::template`]) and goes back to a word if it can.
 //!
 //! # Exact give-backs
 //!
 //! A reservation that has to wait and may be given back is logged in its
 //! key's limits, which makes its give-back exact (the key's limits are
-//! replayed without it), and the key is held as limits while its log holds
-//! anything. It goes back to a word at its first call (or the shard's next
-//! sweep) once its log has emptied: once every reservation in it was given
-//! back or kept, or its moment passed. A key is never swept as full while
-//! its log holds anything, and a reservation gives back only to the
+//! replayed without it). The key is held as limits, and never swept as full,
+//! while its log holds anything; it goes back to a word at its first call
+//! (or the shard's next sweep) once every reservation in the log was given
+//! back or kept, or its moment passed. A reservation gives back only to the
 //! entry it was made on.
 //!
 //! As for the local limiter, a step from a word with permits stored may
@@ -68,17 +65,16 @@ pub(super) struct Shard<K> {
 
 /// The keys of one shard.
 pub(super) struct Table<K> {
-    /// The limits every key runs under: a key's limits are these with the
-    /// key's numbers. Their own numbers are scratch space, where a key held
-    /// as a word runs a call under the write lock; their log is empty
-    /// between calls.
+    /// The limits every key runs under, with the key's numbers. Their own
+    /// numbers are scratch space, where a key held as a word runs a call
+    /// under the write lock; their log is empty between calls.
     template: Limits,
     /// The word configuration (words are of generation 0), when keys are
     /// held as words: one bursty limit that fits, keys that start full.
     config: Option<Config>,
-    /// Keys held as words: while keys can be words, every key held, the
-    /// word of one held as limits marked so ([`HELD_AS_LIMITS`]), so that a
-    /// key going to limits and back leaves this table as it was.
+    /// While keys can be words, every key held: a key held as limits has
+    /// its word marked [`HELD_AS_LIMITS`], so that going to limits and back
+    /// leaves this table as it was.
     words: HashMap<K, AtomicU64, RandomState>,
     /// Keys held as limits of their own.
     limits: HashMap<K, Box<Held>, RandomState>,
@@ -109,9 +105,8 @@ pub(crate) enum Mode {
     /// the public keyed limiter.
     Full,
     /// A key not held starts with nothing stored and no debt, and entries
-    /// stay until taken or capped: a Redis keyed limiter's local fallback,
-    /// whose keys open with no burst and whose entries record what each
-    /// key ran up locally.
+    /// stay until taken or capped (they record what each key ran up): a
+    /// Redis keyed limiter's local fallback.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     Empty,
 }
@@ -221,10 +216,9 @@ impl<K: Hash + Eq + Clone> Shard<K> {
         }
     }
 
-    /// The table, write-locked, and the time now for it: `read` (the clock,
-    /// read before the lock so that no call waits under it) raised to the
-    /// shard's latest reading, so that time never runs backwards for a key.
-    /// Sweeps first if a sweep is due by time.
+    /// The table, write-locked, and the time now for it ([`Table::clamp`]
+    /// of `read`, the clock read before the lock so that no call waits
+    /// under it).
     pub(super) fn write_at(&self, read: u64) -> (Written<'_, K>, u64) {
         let mut table = self.write();
         let now = table.clamp(read);
@@ -242,7 +236,7 @@ impl<K> Table<K> {
         }
     }
 
-    /// The limits every key runs under (their numbers mean nothing).
+    /// The limits every key runs under (see the field).
     pub(super) fn template(&self) -> &Limits {
         &self.template
     }
@@ -298,8 +292,9 @@ impl<K: Hash + Eq + Clone> Table<K> {
         }
     }
 
-    /// `now` as read before the lock, never below the shard's last reading;
-    /// sweeps first if one is due by time.
+    /// `now` as read before the lock, raised to the shard's last reading so
+    /// that time never runs backwards for a key; sweeps first if one is due
+    /// by time.
     pub(super) fn clamp(&mut self, now: u64) -> u64 {
         let now = now.max(self.last_now);
         self.last_now = now;
@@ -312,8 +307,8 @@ impl<K: Hash + Eq + Clone> Table<K> {
     /// Reserves `permits` of `key` at `now` if its debt fits in `timeout`
     /// µs (`u64::MAX`: always), under the write lock, as its limits do. A
     /// `held` reservation that has to wait is logged, and returned with its
-    /// ticket to give it back with; what had to be dropped to make room for
-    /// a new key comes with it.
+    /// ticket to give it back with. [`Dropped`]: as for
+    /// [`update`](Self::update).
     pub(super) fn reserve<Q>(
         &mut self,
         key: &Q,
@@ -332,8 +327,7 @@ impl<K: Hash + Eq + Clone> Table<K> {
     }
 
     /// Reserves `cost` of `key` at `now` for an open call if its debt fits
-    /// in `timeout` µs (see [`Limits::open`]), with its ticket; what had to
-    /// be dropped to make room for a new key comes with it.
+    /// in `timeout` µs (see [`Limits::open`]), as [`reserve`](Self::reserve).
     pub(super) fn open_call<Q>(
         &mut self,
         key: &Q,
@@ -369,7 +363,7 @@ impl<K: Hash + Eq + Clone> Table<K> {
     }
 
     /// Learns what an upstream answered to a call on `key` at `now` (see
-    /// [`Limits::learn`]); what had to be dropped to make room for it.
+    /// [`Limits::learn`]), as [`update`](Self::update).
     pub(super) fn learn<Q>(
         &mut self,
         key: &Q,
