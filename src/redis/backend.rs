@@ -26,8 +26,7 @@ const BACKEND_PROBE_KEY: &str = "paceline-probe";
 pub(crate) struct ProbeTarget {
     pub(crate) key: Arc<str>,
     pub(crate) script_args: Arc<ScriptArgs>,
-    /// Who hears of a reservation granted after its caller stopped
-    /// waiting that cannot be given back.
+    /// Who hears of its late grants (see [`Late`]).
     pub(crate) late: Option<Weak<dyn Late>>,
 }
 
@@ -91,8 +90,9 @@ impl ProbeTarget {
 }
 
 /// How long the probe waits for a fresh connection to a cluster, at least:
-/// more than a cluster client's connection timeout (1 s unless set), which
-/// it may spend on a hung node before going on without it.
+/// such a connection waits for every node, each up to the client's
+/// connection timeout (1 s unless set), so one hung node, however
+/// unrelated, makes it slower than a response timeout.
 const CLUSTER_PROBE_CONNECT: Duration = Duration::from_secs(10);
 
 /// One target, one connection, one health state (one zone per hash slot on
@@ -103,11 +103,10 @@ pub(crate) struct Backend {
     pub(crate) link: Link,
     pub(crate) health: Health,
     pub(crate) runtime: RuntimeRef,
-    /// The options it was built with (checked): its response timeout,
-    /// probe interval and key prefix, and whether reservations coalesce.
+    /// The options it was built with (checked).
     pub(crate) options: Connecting,
-    /// What the probe runs the script on. Marking zones down and up
-    /// happens under this lock, with the targets kept in step.
+    /// What the probe runs the script on. Zones are marked down and up
+    /// under this lock, in step with the targets.
     probes: Mutex<Probes>,
     /// The limiters told when zones come back (those that served from
     /// their fallback).
@@ -304,9 +303,8 @@ impl Backend {
     }
 
     /// The script's probe mode on `connection`, bounded by the response
-    /// timeout (it reserves nothing, but writes: a server that refuses
-    /// writes fails it). A call the script rejects for the key's data is
-    /// not an outage.
+    /// timeout (it writes: a server that refuses writes fails it). A call
+    /// the script rejects for the key's data is not an outage.
     async fn run_probe(
         &self,
         connection: &mut Connection,
@@ -335,17 +333,11 @@ impl Backend {
     }
 
     /// One round of the probe: a fresh connection, then the script once per
-    /// group of zones that are down (a cluster node's slots, found from its
-    /// slot map, which also widens a failing slot to its whole node). Every
-    /// group whose script works comes back, and the connection then
-    /// replaces the one in use. A cluster that was down as a whole and
-    /// opens a connection again is down node by node from then on: only the
-    /// node where the script failed, if it did.
+    /// group of zones that are down ([`groups`](Self::groups)). Every group
+    /// whose script works comes back, and the connection then replaces the
+    /// one in use.
     async fn probe_round(&self) {
         let targets = self.probes().targets.clone();
-        // A fresh cluster connection waits for every node it is given,
-        // each up to the client's own connection timeout: one hung node,
-        // however unrelated, makes it slower than a response timeout.
         let bound = if self.target.is_cluster() {
             self.options.response_timeout.max(CLUSTER_PROBE_CONNECT)
         } else {
@@ -505,11 +497,9 @@ impl Backend {
 
     /// The cluster's slot map, read from a node (up to three tries, each
     /// within the response timeout); `None` if none answers, or on a single
-    /// server.
-    ///
-    /// It asks `CLUSTER SLOTS`, deprecated since Redis 7.0 for `CLUSTER
-    /// SHARDS` but still served; `SHARDS` gives nothing more this needs
-    /// (which node owns each slot).
+    /// server. `CLUSTER SLOTS` is deprecated since Redis 7.0 but still
+    /// served, and `CLUSTER SHARDS` says nothing more this needs (which node
+    /// owns each slot).
     async fn slot_map(&self, connection: &Connection) -> Option<SlotMap> {
         for _ in 0..3 {
             let asked = connection.ask_any_node(redis::cmd("CLUSTER").arg("SLOTS").clone());
@@ -612,9 +602,9 @@ impl Backend {
     }
 }
 
-/// Probes every `probe_interval` until every zone that is down works
-/// again (see [`Backend::probe_round`]). Ends then, or when the backend is
-/// dropped (with its last limiter and handle).
+/// Probes every `probe_interval` ([`Backend::probe_round`]) until every
+/// zone that is down works again, or the backend is dropped (with its last
+/// limiter and handle).
 async fn probe(backend: Weak<Backend>) {
     if let Some(backend) = backend.upgrade() {
         backend.widen_now().await;
