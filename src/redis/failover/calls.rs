@@ -45,9 +45,8 @@ pub(super) struct RedisCall<K> {
 }
 
 impl<K: Key + Display, C: Clock> Failover<K, C> {
-    /// Reserves `cost` of `key` for an open call ([`Engine::take_call`]):
-    /// through Redis, or through the fallback while Redis is down, with the
-    /// same routing as a reservation.
+    /// Reserves `cost` of `key` for an open call ([`Engine::take_call`]),
+    /// routed as a reservation.
     pub(super) async fn take_call<Q>(
         &self,
         key: &Q,
@@ -58,8 +57,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        // Its own round trip (a call is not coalesced); should its reply
-        // come too late, it is given back (it has an id).
+        // A reply that comes too late is given back (a call has an id).
         let call = |_| Call::Open {
             cost: cost.clone(),
             timeout,

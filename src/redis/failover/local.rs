@@ -9,7 +9,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
     /// key at its floor and runs `serve` on the local limiter, under the
     /// lock. `Err` with a wake-up to await if the key is being carried back
     /// and the caller is `patient` (it then routes again); an impatient one
-    /// is served here, where the key is held until its debt is in Redis.
+    /// is served here.
     pub(super) fn serve_locally<'a, Q>(
         &'a self,
         key: &Q,
@@ -90,8 +90,8 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
     }
 
     /// Holds `key` in the fallback (active from then on), unless it does
-    /// already: at its floor, and at the rates it learned in Redis, as its
-    /// last reply said (under the lock, in `books`).
+    /// already: at its floor and its learned rates (`Books::learned`), under
+    /// the lock, in `books`.
     pub(super) fn open_locally<Q>(&self, books: &Books<K>, key: &Q)
     where
         K: Borrow<Q>,
@@ -107,8 +107,9 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         }
     }
 
-    /// Where `key` opens in the fallback: no earlier than now, the end of
-    /// the debt Redis reported for it, and the fallback's dropped keys.
+    /// Where `key` opens in the fallback: no earlier than the debt Redis
+    /// reported for it ([`reported`](Self::reported)), its late grants' debt
+    /// and the fallback's dropped keys.
     pub(super) fn floor<Q>(&self, books: &Books<K>, key: &Q) -> u64
     where
         K: Borrow<Q>,
@@ -211,8 +212,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         }
     }
 
-    /// When the debt of late grants of `key` ends (see [`Late`]), taken:
-    /// the carry-back counts it once.
+    /// [`late_in`](Self::late_in), taken: the carry-back counts it once.
     fn late_until<Q>(&self, key: &Q) -> u64
     where
         Q: Display + ?Sized,
@@ -291,7 +291,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
     }
 
     /// Carries `key` back in the background (its caller marked it as being
-    /// carried; the mark goes when the carry-back ends or is dropped).
+    /// carried; see [`Marked`]).
     pub(super) fn spawn_carry(&self, key: K) {
         let Some(failover) = self.this.upgrade() else {
             return;
