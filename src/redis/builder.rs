@@ -35,9 +35,9 @@ pub(crate) const MAX_LIMITS: usize = 16;
 impl<T, C: Clock> Builder<T, Local, C> {
     /// Shares the limiter through Redis, on `backend` (which does the I/O:
     /// building the limiter does none), under `name`: every limiter of
-    /// that name, in any process, shares one schedule. A limiter named
-    /// `name` keeps its state in the Redis key `paceline:v1:name`, a
-    /// keyed one each key in `paceline:v1:name:key` (see `redis_key`).
+    /// that name, in any process, shares one schedule, in the Redis key
+    /// `paceline:v1:name` (see `redis_key`, and
+    /// [Key names](crate::redis#running-redis-for-this) for a keyed one's).
     ///
     /// The rate and policy options are the same as in this process; what
     /// the limiter does while Redis is down is [`fallback`](Self::fallback)

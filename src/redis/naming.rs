@@ -1,8 +1,5 @@
-//! The Redis key of a limiter and of each of its keys: one rule that maps
-//! every (limiter, key) pair to its own Redis key, as `crate::redis`'s
-//! "Key names" states it: `prefix:v1:` + the name with `\` and `:`
-//! escaped, then, for a keyed limiter's key, `:` + the key's `Display`
-//! text with `\`, `{` and `}` escaped (as `\\`, `\(`, `\)`).
+//! The Redis key of a limiter and of each of its keys (the key's `Display`
+//! text), by the rule `crate::redis`'s "Key names" states.
 //!
 //! Why no two pairs share a Redis key: the first `:` ends the prefix (which
 //! holds none) and the second the version; the next that no `\` escapes
@@ -15,9 +12,8 @@
 
 use std::fmt::{self, Display, Write};
 
-/// Every key starts with this and a `:` unless the backend's builder sets
-/// another prefix, followed by the layout's version and the limiter's name
-/// (see a Redis limiter's `redis_key` for the rest).
+/// What every Redis key starts with, before a `:`, unless the backend's
+/// builder sets another prefix (see [Key names](super#running-redis-for-this)).
 pub const DEFAULT_KEY_PREFIX: &str = "paceline";
 
 /// The version of the key layout and of the values under it, after the
