@@ -4,11 +4,10 @@ use std::hash::Hasher;
 
 /// A fast hash to pick a key's shard (not the maps' hash, which resists
 /// collisions chosen by clients): a multiply-rotate per word, as FxHash
-/// does. Kept here rather than taken from a crate: the local limiter
-/// depends on no hashing crate, the fast hashers in the dependency tree
-/// come only with the optional Redis client, and these twenty lines are
-/// all it needs. Its low bits mix poorly (a key `k` of one word hashes to
-/// `k × C`), so [`index`] reads the top ones.
+/// does, written here as the local limiter depends on no hashing crate
+/// (those in the dependency tree come only with the Redis client). Its low
+/// bits mix poorly (a key `k` of one word hashes to `k × C`), so [`index`]
+/// reads the top ones.
 #[derive(Default)]
 pub(super) struct ShardHasher(u64);
 

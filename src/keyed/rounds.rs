@@ -2,19 +2,16 @@
 //! reaches still sweeps.
 //!
 //! A shard sweeps by time at its own first call once its sweep period has
-//! passed; a shard that gets no calls would keep its idle keys for good.
-//! So calls on any shard take turns visiting the others, with no background
-//! thread: every [`ROUND`] / *shards* µs, one call (the first to find a
-//! visit due, with one relaxed load and a compare) claims the visit and
-//! looks at the next shard in turn, without waiting for its lock (a shard
-//! that is locked is in use, and sweeps at its own calls). The shard sweeps
-//! if its sweep period has passed, just as its own next call would have.
-//!
-//! A call makes one visit at most, and a round visits every shard once:
-//! each shard is looked at about once per [`ROUND`], at least as often as
-//! its sweep period (never shorter than a round) comes due. After a long
-//! quiet time, the visits missed are made up to one round: the next calls
-//! visit every shard once, one each, then one per tick again.
+//! passed, so a shard that gets no calls would keep its idle keys for good.
+//! Instead, with no background thread, calls on any shard take turns
+//! visiting the others: every [`ROUND`] / *shards* µs, the first call to find
+//! a visit due (one relaxed load and a compare) claims it and looks at the
+//! next shard in turn, without waiting for its lock (a locked shard is in
+//! use, and sweeps at its own calls); that shard sweeps if its period has
+//! passed. A call makes one visit at most, and a round visits every shard
+//! once, so each is looked at about once per round, at least as often as
+//! its sweep period (never shorter) comes due. Missed visits are made up to
+//! one round ([`Rounds::claim`]).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
@@ -58,8 +55,8 @@ impl Rounds {
         if now < due {
             return None;
         }
-        // Visits missed are made up to one round: at most `shards` visits
-        // are due at `now`, this one included.
+        // After a quiet time, at most `shards` visits are due at `now`, this
+        // one included: each shard once, then one per tick again.
         let backlog = self.tick.saturating_mul(self.shards as u64 - 1);
         let next = due
             .max(now.saturating_sub(backlog))

@@ -55,17 +55,8 @@ impl<K, C: Clock> Metered for Keyed<K, C> {
 }
 
 impl<K: Key, C: Clock> Rate for Keyed<K, C> {
-    /// Changes the rate of every key from now on, as
-    /// [`RateLimiter::set_rate`](crate::RateLimiter::set_rate) does for one:
-    /// each key still repays its last request at the old rate, and its
-    /// stored permits are rescaled to the new burst. Visits every key held
-    /// (shard by shard; calls on other shards go on meanwhile). With several
-    /// limits, as [`RateLimiter::set_rate`](crate::RateLimiter::set_rate):
-    /// the first one's rate, the others scaled alike.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN; the
-    /// limiter is then unchanged.
+    /// [`KeyedRateLimiter::set_rate`](crate::KeyedRateLimiter::set_rate)
+    /// in this process: visits every key held ([`reconfigure`](Self::reconfigure)).
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
         self.reconfigure(|limits| limits.set_first_rate(permits_per_second, 0))?;
@@ -78,13 +69,8 @@ impl<K: Key, C: Clock> Rate for Keyed<K, C> {
         f64::from_bits(self.rate_bits.load(Relaxed))
     }
 
-    /// Changes the rate of limit `index` alone, for every key (limits are
-    /// counted from 0 in the order the builder was given them). On a
-    /// limiter with one limit, index 0 is `set_rate`.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN, or
-    /// there is no limit `index`.
+    /// [`KeyedRateLimiter::set_limit_rate`](crate::KeyedRateLimiter::set_limit_rate)
+    /// in this process.
     fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
         crate::error::check_limit(index, self.limits)?;

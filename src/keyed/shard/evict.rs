@@ -16,11 +16,10 @@ pub(super) const SWEEP_MIN_LEN: usize = 64;
 /// a key reads as full a moment after each call).
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Sweep {
-    /// At the first call a sweep period (the refill period, and at least
-    /// [`SWEEP_MIN_PERIOD`]) after the last sweep by time, or at a visit
-    /// from a call on another shard: the entries idle for half a period at
-    /// least, so that a shard flooded once shrinks as soon as the limiter
-    /// is used again. One pass per period.
+    /// At the first call a [`sweep_period`] after the last sweep by time,
+    /// or at a visit from a call on another shard: the entries idle for
+    /// half a period at least, so that a shard flooded once shrinks as soon
+    /// as the limiter is used again. One pass per period.
     Time,
     /// When a new key finds the shard twice as large as after the last
     /// sweep (and [`SWEEP_MIN_LEN`] at least): the entries idle since the

@@ -22,7 +22,6 @@ impl<K: Hash + Eq + Clone> Table<K> {
 
     /// The keys held.
     pub(in crate::keyed) fn keys(&self) -> Box<dyn Iterator<Item = &K> + '_> {
-        // While keys can be words, every key held is in the word table.
         match self.config {
             Some(_) => Box::new(self.words.keys()),
             None => Box::new(self.limits.keys()),

@@ -6,9 +6,7 @@ use crate::core::Cost;
 impl<K: Hash + Eq + Clone> Table<K> {
     /// Settles the open call `ticket` of `key` (see [`Limits::settle`]), if
     /// the key is still held as the entry it was logged in; else what
-    /// `actual` counts past `charged` is charged to the key as it is now
-    /// (a request that does not wait), as the limits do for a call their
-    /// log let go.
+    /// `actual` counts past `charged` is [`charge`](Self::charge)d.
     pub(in crate::keyed) fn settle_call<Q>(
         &mut self,
         key: &Q,
@@ -32,7 +30,6 @@ impl<K: Hash + Eq + Clone> Table<K> {
             });
             return Dropped::default();
         }
-        // Not logged there: the limits' own answer for a call they let go.
         self.charge(
             key,
             &actual.more_than(charged, self.template.states().len()),
@@ -56,15 +53,13 @@ impl<K: Hash + Eq + Clone> Table<K> {
         dropped
     }
 
-    /// Runs `call` on the limits of `key`, with `ticket`'s id in their log
-    /// and `now` (a give-back, see [`Limits::give_back`], a keep, see
-    /// [`Limits::keep`], or a settle), if the key is still held as the
-    /// entry `ticket` was logged in, then holds the key as a word if it can
-    /// be one again; what `call` answers. Otherwise it does nothing: the
-    /// entry went back to a word (its log had emptied: the reservation's
-    /// moment had passed, or a rate changed), or the key was dropped (to
-    /// the cap), and through its log the reservation would give nothing
-    /// back either.
+    /// Runs `call` ([`Limits::give_back`], [`Limits::keep`] or a settle) on
+    /// the limits of `key`, with `ticket`'s id in their log and `now`, if the
+    /// key is still held as the entry `ticket` was logged in, then holds the
+    /// key as a word if it can be one again; what `call` answers. Otherwise
+    /// it does nothing: the entry went back to a word (its log had emptied:
+    /// the moment passed, or a rate changed) or was dropped to the cap, and
+    /// through its log the reservation would give nothing back either.
     pub(in crate::keyed) fn on_entry<Q>(
         &mut self,
         key: &Q,

@@ -5,7 +5,7 @@
 //!
 //! Every key runs the core's [`Limits`], the one algorithm. A key of one
 //! bursty limit with nothing logged is held as one `u64`, the
-//! [word](crate::core::word) (a fixed-point *theoretical arrival time*
+//! [word] (a fixed-point *theoretical arrival time*
 //! relative to the shard's base), in an `AtomicU64` of a table of its own,
 //! so that the entry costs the key and eight bytes. The common call, on a
 //! key already held, takes the shard's lock for reading and runs the word's
@@ -72,9 +72,8 @@ pub(super) struct Table<K> {
     /// The word configuration (words are of generation 0), when keys are
     /// held as words: one bursty limit that fits, keys that start full.
     config: Option<Config>,
-    /// While keys can be words, every key held: a key held as limits has
-    /// its word marked [`HELD_AS_LIMITS`], so that going to limits and back
-    /// leaves this table as it was.
+    /// While keys can be words, every key held (one held as limits marked
+    /// [`HELD_AS_LIMITS`]).
     words: HashMap<K, AtomicU64, RandomState>,
     /// Keys held as limits of their own.
     limits: HashMap<K, Box<Held>, RandomState>,
@@ -84,8 +83,7 @@ pub(super) struct Table<K> {
     last_sweep: u64,
     /// The number of entries from which a new key sweeps first.
     sweep_len: usize,
-    /// The least time between two sweeps by time: the longest refill
-    /// period of the limits, and at least a second.
+    /// The least time between two sweeps by time ([`sweep_period`]).
     sweep_period: u64,
     /// The most entries this shard may hold, if capped.
     cap: Option<usize>,
@@ -228,8 +226,7 @@ impl<K: Hash + Eq + Clone> Shard<K> {
 
 impl<K> Table<K> {
     pub(super) fn len(&self) -> usize {
-        // Every key is a word while keys can be words (one marked so for
-        // each key held as limits), else held as limits.
+        // See `words`.
         match self.config {
             Some(_) => self.words.len(),
             None => self.limits.len(),
