@@ -272,8 +272,6 @@ where
         limiter: &L,
     ) -> Option<impl FnOnce(L) -> Wait<'a, L> + use<'a, T, L, F>> {
         let permits = self(item);
-        // Free, or nothing owed and the limiter can tell without I/O: the
-        // item goes with no future to box.
         if permits == 0 || matches!(limiter.take_now(permits), Some(Ok(true))) {
             return None;
         }

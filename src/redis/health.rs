@@ -1,11 +1,10 @@
 //! Which part of Redis a backend finds down, and its health counters.
 //!
-//! A single server is one *zone*; a cluster has one per hash slot. A call
-//! that finds its key's node down marks that key's slot, and the probe
-//! widens that to every slot of the node once it has read the slot map
-//! (see the cluster row of `crate::redis`'s "When Redis fails"); a cluster
-//! that cannot be reached at all is down as a whole ([`Zone::All`]).
-//! Checking whether a zone is down is one atomic load while nothing is.
+//! A single server is one *zone*; a cluster has one per hash slot (how a
+//! node's slots go down: the cluster row of `crate::redis`'s "When Redis
+//! fails"), and is down as a whole ([`Zone::All`]) when it cannot be reached
+//! at all. Checking whether a zone is down is one atomic load while nothing
+//! is.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -48,8 +47,7 @@ pub(crate) struct Health {
 }
 
 impl Health {
-    /// Health for a single server (one zone), or for a cluster (one zone
-    /// per slot).
+    /// Health for a single server, or for a cluster.
     pub(crate) fn new(cluster: bool) -> Health {
         Health {
             all: AtomicBool::new(false),

@@ -5,16 +5,14 @@
 //! [`KeyedRateLimiter`](crate::KeyedRateLimiter) built with
 //! [`redis`](crate::Builder::redis) runs the crate's one algorithm as a Lua
 //! script inside Redis (`lua/`, a line-by-line mirror of the in-process
-//! arithmetic, for one limit or several), on Redis's own clock, in one
-//! round trip per reservation. Its methods are those of every limiter; the
-//! calls that never sleep return futures here. Its state is one key (84
-//! bytes for one limit, more while reservations wait to be given back; see
-//! "Key names" below), so it works the same on a single server and on Redis
-//! Cluster. The key expires only once an idle limiter would have refilled
-//! anyway, so expiry is invisible: a missing key reads as a limiter idle
-//! for long (full for the bursty policy, cold for the warming-up one). What
-//! the script takes, replies and stores is specified in
-//! `docs/redis-protocol.md`.
+//! arithmetic, for one limit or several), on Redis's clock, in one round
+//! trip per reservation; its methods are every limiter's, the calls that
+//! never sleep returning futures. Its state is one key (84 bytes for one
+//! limit, more while reservations wait to be given back; see "Key names"
+//! below), so a single server and Redis Cluster work alike. The key expires
+//! only once an idle limiter would have refilled anyway, so expiry is
+//! invisible (a missing key: see the table below). `docs/redis-protocol.md`
+//! specifies what the script takes, replies and stores.
 //!
 //! A [`RedisBackend`] does the I/O: its connection, its health and its
 //! probe, and the connection options ([`RedisBackend::builder`]). Build one
@@ -101,16 +99,16 @@
 //!
 //! # Hot keys
 //!
-//! Redis runs one script at a time, so a single key serves at most one
-//! script call per ~7 µs of server time, however many clients call it. A
-//! process therefore *coalesces* the reservations of one key
-//! ([`coalesce`](RedisBackendBuilder::coalesce), on by default, which states
-//! what each caller is promised): a lone caller goes at once; callers that
-//! arrive while a round trip of the key is in flight go together in one
-//! script call (up to 256) when it ends, or sooner once 64 wait (at most two
-//! batches of a key in flight; a caller that finds 1 024 waiting goes
-//! alone). On one hot key, 256 tasks of one process reserve about 6× as many
-//! permits per second as with `coalesce(false)` (BENCHMARKS.md).
+//! Redis runs one script at a time, so one key serves at most one script
+//! call per ~7 µs of server time, however many clients call it. A process
+//! therefore *coalesces* a key's reservations
+//! ([`coalesce`](RedisBackendBuilder::coalesce), on by default, states the
+//! promise): a lone caller goes at once; callers arriving while a round trip
+//! of the key is in flight go together in one script call (up to 256) when
+//! it ends, or once 64 wait (at most two batches in flight; a caller finding
+//! 1 024 waiting goes alone). On one hot key, 256 tasks of one process
+//! reserve about 6× as many permits per second as with `coalesce(false)`
+//! (BENCHMARKS.md).
 //!
 //! # Running Redis for this
 //!

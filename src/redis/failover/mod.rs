@@ -8,9 +8,9 @@
 //!
 //! - A key opens in the fallback with nothing stored and its ticket at its
 //!   *floor* (`floor`): the end of the debt Redis last reported for it (the
-//!   latest end in its bucket, for a report that did not fit in memory), and
-//!   no earlier than any ticket the fallback dropped to stay within
-//!   `max_local_keys`.
+//!   latest end in its bucket, for a report that did not fit in memory) or
+//!   for a late grant of it ([`Late`]), and no earlier than any ticket the
+//!   fallback dropped to stay within `max_local_keys`.
 //! - A key the fallback holds is carried back (`carry`: one resume adds
 //!   what it granted beyond what Redis knew, at the shared rate, and drops
 //!   the stored permits) before any other call of it reaches Redis, and
@@ -96,8 +96,8 @@ pub struct Failover<K, C: Clock> {
     /// Whether the fallback may hold keys or debts are known: if not, calls
     /// skip the lock.
     active: AtomicBool,
-    /// How many debts are known (a call with no debt to note skips the lock
-    /// while none is).
+    /// How many debts are known (while none is, a call with no debt skips
+    /// the lock).
     known_len: AtomicUsize,
     books: Mutex<Books<K>>,
     /// Woken whenever a key's carry-back ends.
@@ -126,13 +126,11 @@ struct Books<K> {
     overflow: [u64; BUCKETS],
     /// Keys whose debt is on its way to Redis: their callers wait.
     carrying: HashSet<K>,
-    /// When the debt Redis reported for a grant whose caller had stopped
-    /// waiting ends (µs, local clock), by Redis key (see [`Late`]): at most
-    /// `max_local_keys`.
+    /// When the debt of a late grant ends (µs, local clock), by Redis key
+    /// (see [`Late`]): at most `max_local_keys`.
     late: HashMap<Arc<str>, u64>,
     /// How many round trips whose callers stopped waiting are awaited in
-    /// the background, by Redis key: a late grant among them is not known
-    /// yet.
+    /// the background, by Redis key (a late grant among them is not known).
     awaited: HashMap<Arc<str>, usize>,
     /// What each key running below its configured rates learned in Redis
     /// from an upstream (see `calls`), per its last reply that said so: at
