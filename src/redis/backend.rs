@@ -20,8 +20,7 @@ use crate::error::BackendError;
 const BACKEND_PROBE_KEY: &str = "paceline-probe";
 
 /// A Redis key and what the script needs with it: where a call goes, and
-/// where the probe runs the script (the key of the limiter whose call
-/// failed: on a cluster, that key's own node).
+/// where the probe runs the script (on a cluster, that key's node).
 #[derive(Clone)]
 pub(crate) struct ProbeTarget {
     pub(crate) key: Arc<str>,
@@ -43,9 +42,8 @@ pub(crate) trait Late: Send + Sync {
     fn awaited(&self, key: &str, pending: bool);
 }
 
-/// A round trip of a key awaited in the background after its caller
-/// stopped waiting, as its limiter knows it until this is dropped (see
-/// [`Late::awaited`]).
+/// A round trip awaited in the background after its caller stopped
+/// waiting, known to its limiter until this drops ([`Late::awaited`]).
 pub(crate) struct Awaited {
     late: Weak<dyn Late>,
     key: Arc<str>,
@@ -68,7 +66,7 @@ impl ProbeTarget {
     }
 
     /// Tells the key's limiter that a round trip of the key is awaited in
-    /// the background, until the returned guard is dropped.
+    /// the background, until the returned guard drops.
     pub(crate) fn awaited(&self) -> Option<Awaited> {
         let weak = self.late.as_ref()?;
         weak.upgrade()?.awaited(&self.key, true);
@@ -262,9 +260,8 @@ impl Backend {
     }
 
     /// Marks the zone `scope` names down after `failure` (once: later
-    /// failures there change nothing) and has the probe test it, with the
-    /// script on `target`'s key. Calls in that zone then serve from their
-    /// fallbacks.
+    /// failures there change nothing), so that its calls serve from their
+    /// fallbacks, and has the probe test it with the script on `target`'s key.
     pub(crate) fn degrade(
         self: &Arc<Self>,
         failure: &BackendError,
@@ -564,15 +561,14 @@ impl Backend {
 
     /// Runs `work` to completion from blocking code: the thread blocks while
     /// the backend's runtime drives `work`. Works from a plain thread, from
-    /// `spawn_blocking`, and from a task of a multi-thread runtime (whose
-    /// worker hands its other tasks to another thread first).
+    /// `spawn_blocking`, and from a task of a multi-thread runtime (see
+    /// [`blocking_section`]).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] on the thread that drives the
-    /// current-thread runtime the backend runs on (the one in its
-    /// `block_on`), where blocking would stop the runtime that has to do
-    /// the work. That thread is the one a task of the runtime first runs
-    /// on (until one has run: the thread the limiter was built on).
+    /// current-thread runtime the backend runs on (see
+    /// [`Driver`](super::runtime::Driver)), where blocking would stop the
+    /// runtime that has to do the work.
     pub(crate) fn block_on<T: Send + 'static>(
         &self,
         work: impl Future<Output = T> + Send + 'static,
