@@ -68,7 +68,7 @@
 //! | A process served from its fallback and then never called again | — | its keys' debt is carried into Redis in the background as soon as its backend sees Redis again (within about one probe interval), so other processes see it |
 //! | More keys than `max_keys` during one outage (or more known debts than that) | the fallback drops the least recently used keys; new keys open no earlier than the latest dropped ticket, and a debt that does not fit is kept per hash bucket: errs towards limiting | keys called within the dropped debt's span are charged up to it once (by the first of its callers; the others wait for it) |
 //! | Two outages in a row | the second opens each key from the debt Redis reports after the first one's carry-back, not from a stale local debt | as above |
-//! | One Redis Cluster node down or hung | the fallback for the limiters and keys in that node's slots only, however the limiters share backends. The first call that finds the node down marks its slot; the probe then marks the node's other slots from the slot map, so their calls do not each wait for `response_timeout` (but see "Cluster client timeouts" below) | when the script works on that node (probed there only, so other nodes' outages do not hold it back) |
+//! | One Redis Cluster node down or hung | the fallback for the limiters and keys in that node's slots only, whether each limiter has a backend of its own or they share a `RedisBackend` or a keyed limiter. The first call that finds the node down marks its slot; the probe then marks the node's other slots from the slot map, so their calls do not each wait for `response_timeout` (but see "Cluster client timeouts" below) | when the script works on that node (probed there only, so other nodes' outages do not hold it back) |
 //!
 //! What crosses a switch follows one rule, for the single and the keyed
 //! limiter alike: each permit granted is counted once in the schedule that
@@ -92,10 +92,10 @@
 //!   the limiter errs towards limiting: a reservation may stay charged, a
 //!   key may open later than it had to, never granted twice.
 //!
-//! The tests stage each row and moment on a real server, and check every
-//! sliding window of every key against the rate, the burst and the
-//! fallbacks' allowance while a server is killed, stopped, filled up and
-//! demoted at seeded moments under two processes.
+//! The tests stage each row (every script refusal among them) and moment on
+//! a real server, and check every sliding window of every key against the
+//! rate, the burst and the fallbacks' allowance while a server is killed,
+//! stopped, filled up and demoted at seeded moments under two processes.
 //!
 //! # Hot keys
 //!
@@ -112,12 +112,13 @@
 //!
 //! # Running Redis for this
 //!
-//! - **Eviction.** Limiter keys always carry a TTL, so `volatile-ttl` and
-//!   `volatile-lru` can evict them under memory pressure (an evicted key is
-//!   one full burst, as in the table). `maxmemory-policy noeviction` never
-//!   drops them: when memory is full, writes fail and the limiters serve
-//!   from their fallbacks until memory is freed. Prefer it (or a separate
-//!   instance) when a burst after memory pressure is not acceptable.
+//! - **Eviction.** Use `maxmemory-policy noeviction` or a `volatile-*`
+//!   policy. Limiter keys always carry a TTL, so `volatile-ttl` and
+//!   `volatile-lru` can evict them under memory pressure (one full burst, as
+//!   in the table); `noeviction` never drops them: when memory is full,
+//!   writes fail and the limiters serve from their fallbacks until memory is
+//!   freed. Prefer it (or a separate instance) when a burst after memory
+//!   pressure is not acceptable.
 //! - **Persistence and failover.** The state is a few bytes per key, written
 //!   on every reservation. A replica promoted by a failover has the state as
 //!   far as replication had carried it: a lagging replica grants again what
