@@ -39,7 +39,8 @@ fn secs_up(duration: Duration) -> u64 {
 }
 
 /// The policy's quota and window for `snapshot` (see
-/// [`RateLimitLayer::new`](super::RateLimitLayer::new)): `q` requests per `w` seconds.
+/// [`RateLimitLayer::new`](super::RateLimitLayer::new)): `q` requests per
+/// `w` seconds.
 fn quota(snapshot: &Snapshot) -> (u64, u64) {
     let burst = snapshot.burst().min(SF_INTEGER_MAX);
     let rate = snapshot.rate();

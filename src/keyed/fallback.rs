@@ -12,8 +12,9 @@ use crate::{Key, Snapshot};
 
 /// # For a Redis limiter's fallback
 ///
-/// The fallback holds the keys it served in [`Mode::Empty`](super::Mode::Empty); what a key
-/// owes Redis is read from its ticket.
+/// The fallback holds the keys it served in
+/// [`Mode::Empty`](super::Mode::Empty); what a key owes Redis is read from
+/// its ticket.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 impl<K: Key, C: Clock> Keyed<K, C> {
     /// What `key` holds now (a key not held: as it would start).

@@ -56,7 +56,8 @@ impl<K, C: Clock> Metered for Keyed<K, C> {
 
 impl<K: Key, C: Clock> Rate for Keyed<K, C> {
     /// [`KeyedRateLimiter::set_rate`](crate::KeyedRateLimiter::set_rate)
-    /// in this process: visits every key held ([`reconfigure`](Self::reconfigure)).
+    /// in this process: visits every key held
+    /// ([`reconfigure`](Self::reconfigure)).
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
         self.reconfigure(|limits| limits.set_first_rate(permits_per_second, 0))?;

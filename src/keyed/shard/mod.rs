@@ -4,10 +4,10 @@
 //! # Two ways to hold a key
 //!
 //! Every key runs the core's [`Limits`], the one algorithm. A key of one
-//! bursty limit with nothing logged is held as one `u64`, the
-//! [word] (a fixed-point *theoretical arrival time*
-//! relative to the shard's base), in an `AtomicU64` of a table of its own,
-//! so that the entry costs the key and eight bytes. The common call, on a
+//! bursty limit with nothing logged is held as one `u64`, the [word] (a
+//! fixed-point *theoretical arrival time* relative to the shard's base), in
+//! an `AtomicU64` of a table of its own, so that the entry costs the key and
+//! eight bytes. The common call, on a
 //! key already held, takes the shard's lock for reading and runs the word's
 //! step with one compare-and-swap, so calls on keys of one shard run side
 //! by side.

@@ -4,7 +4,9 @@
 //!
 //! # The rule at every switch
 //!
-//! The user's view is `crate::redis`, "When Redis fails"; in the code's terms:
+//! Each permit granted is counted once in the schedule every process sees;
+//! where that cannot be known, the limiter errs towards limiting (the
+//! user's view: `crate::redis`, "When Redis fails"). In the code's terms:
 //!
 //! - A key opens in the fallback with nothing stored and its ticket at its
 //!   *floor* (`floor`): the end of the debt Redis last reported for it (the
@@ -85,7 +87,8 @@ pub struct Failover<K, C: Clock> {
     coalescer: Option<Arc<Coalescer>>,
     naming: Naming,
     script_args: Arc<ScriptArgs>,
-    /// The rate in force, as `f64` bits, passed with every call.
+    /// The rate in force, as `f64` bits: passed with every call, so a change
+    /// reaches Redis with the next one.
     rate_bits: AtomicU64,
     pub(crate) fallback: Fallback,
     /// The local fallback (a key held here owes Redis what it granted). Its
