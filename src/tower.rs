@@ -152,9 +152,8 @@ enum Permit {
 /// mode), an error if the limiter failed; it never completes otherwise.
 type Reserving = Pin<Box<dyn Future<Output = Result<Option<Duration>, Error>> + Send>>;
 
-/// A reservation in progress, owned by a service: the future reserves and
-/// waits, sets `due`, and then keeps the reservation until it is dropped,
-/// keeping it if `keep` is set by then and giving it back otherwise.
+/// A reservation in progress, owned by a service: the future reserves,
+/// waits, sets `due`, then holds the reservation in a [`Keep`] until dropped.
 struct Held {
     /// In a mutex only so that the service is `Sync` (axum's `.layer`
     /// requires it): it is only ever reached through `&mut`, with

@@ -71,9 +71,8 @@
 //! (`"X-Forwarded-For".parse()`).
 //!
 //! Name as trusted every proxy of yours that a request passes (the one
-//! that connects to the server, and each one before it), and nothing else:
-//! an address inside the trusted networks is taken at its word like a
-//! proxy. With several layers (a CDN, then a load balancer), prefer the
+//! that connects to the server, and each one before it), and nothing else
+//! (see [`TrustedProxies`]). With several layers (a CDN, then a load balancer), prefer the
 //! list that every layer appends to, and trust every layer's addresses
 //! (the CDN's published ranges too): a client that goes around the CDN is
 //! then keyed by the address the load balancer saw. A single-address
