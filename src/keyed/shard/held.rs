@@ -40,9 +40,8 @@ pub(super) fn start(state: &mut State, mode: Mode, at: u64) {
 }
 
 impl<K: Hash + Eq + Clone> Table<K> {
-    /// Sets the word configuration for the template at `now` (none if its
-    /// keys cannot be words), and holds every key under it: re-encoded if
-    /// it is a word and still fits one, else as limits.
+    /// Sets the word configuration for the template at `now` and holds every
+    /// key under it ([`rehold`](Self::rehold) with every word's state).
     pub(super) fn configure(&mut self, now: u64) {
         let states = self.word_states(now);
         self.rehold(states, now);
@@ -170,8 +169,8 @@ impl<K: Hash + Eq + Clone> Table<K> {
         self.words.remove(key);
     }
 
-    /// Gives back the memory of the map of keys held as limits once none
-    /// is: a bursty key is held so only while its log is in use.
+    /// Gives back the memory of the map of keys held as limits once it is
+    /// empty (a bursty key is held so only while its log is in use).
     pub(super) fn release_limits(&mut self) {
         if self.limits.is_empty() && self.limits.capacity() > 0 {
             self.limits.shrink_to_fit();

@@ -380,10 +380,10 @@ impl<K: Hash + Eq + Clone> Table<K> {
     }
 
     /// Runs `step` on the limits of `key` at `now` (a key not held starts
-    /// full, or empty for a fallback) and keeps what it leaves if it
-    /// returns `Some`. Returns `step`'s result with the serial of the entry
-    /// it ran on (meaningful while that entry logs anything), and what had
-    /// to be dropped to make room for a new key.
+    /// as [`Mode`] says) and keeps what it leaves if it returns `Some`.
+    /// Returns `step`'s result with the serial of the entry it ran on
+    /// (meaningful while that entry logs anything), and what had to be
+    /// dropped to make room for a new key.
     fn update<Q, R>(
         &mut self,
         key: &Q,
