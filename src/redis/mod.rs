@@ -151,16 +151,17 @@
 //!   limiter and all its keys in one slot on purpose. The slots of a
 //!   [`Limit::concurrent`](crate::Limit::concurrent) live beside each key,
 //!   in `{key}\slots` (`key\slots` where the key has a hash tag): in its
-//!   slot, and no limiter's key (see [`outbound`](crate::outbound)).
+//!   slot, and no limiter's key (see [`outbound`](crate::outbound)). A name
+//!   with a `}` but no hash tag (`a}b`) gets `key\slots` too, in another
+//!   slot, which is safe: the slots script touches that one key.
 //! - **Upgrading.** `v1` is the version of the key layout and of the values
 //!   under it, which carry a format marker (`plv1`). A later layout takes
 //!   another version, so processes of two versions share no state: each
 //!   starts full on its own keys (one burst), and the other's expire on
-//!   their own; upgrade the processes sharing a limiter together. Values of
-//!   earlier formats (`thr2`, `thr3`, `thr4`, under `throttler:...` and
-//!   `paceline:name`) are not read: such a key is not the limiter's (its
-//!   calls fail with `Error::Backend`, "holds a value this limiter does not
-//!   recognise", and it is left untouched).
+//!   their own; upgrade the processes sharing a limiter together. A value
+//!   without the marker is not the limiter's: its calls fail with
+//!   `Error::Backend`, "holds a value this limiter does not recognise", and
+//!   it is left untouched.
 //!
 
 mod backend;
