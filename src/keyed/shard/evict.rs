@@ -7,7 +7,8 @@ use super::*;
 /// The least time between two sweeps by time (µs); see [`Sweep`].
 const SWEEP_MIN_PERIOD: u64 = 1_000_000;
 
-/// See [`SWEEP_MIN_PERIOD`].
+/// The least shard length a sweep by growth waits for (see [`Sweep::Growth`]);
+/// a sweep keeps a table's capacity up to four times it.
 pub(super) const SWEEP_MIN_LEN: usize = 64;
 
 /// A pass that drops entries reading as full, as part of an ordinary call.
