@@ -4,13 +4,9 @@ use std::time::Duration;
 
 use super::micros;
 
-/// Stored permits cost nothing, so an idle limiter lets its stored permits
-/// go at once, and one request more at the ticket (`max_burst × rate + 1`
-/// in all), before falling back to the stable rate. A new limiter has no
-/// stored permits.
-///
-/// `max_permits = max_burst × rate`, and an idle limiter stores one permit
-/// per stable interval.
+/// Stored permits cost nothing: an idle limiter lets its `max_permits = max_burst × rate` stored
+/// permits go at once, and one request more at the ticket, before falling back to the stable
+/// rate. An idle limiter stores one permit per stable interval.
 ///
 /// ```
 /// use std::time::Duration;

@@ -1,37 +1,29 @@
-//! Learning an upstream's limit from its answers: [`Learning`] (the
-//! policy's constants), [`Lesson`] (what one answer said, in the limits'
-//! terms) and [`Limits::learn`].
+//! Learning an upstream's limit from its answers: [`Learning`] (the policy's constants),
+//! [`Lesson`] (what one answer said, in the limits' terms) and [`Limits::learn`].
 //!
 //! # The policy
 //!
-//! The limits keep their configured rates as *ceilings*, and run at
-//! `min(ceiling, cap × margin) × factor` each, where `cap` is a rate the
-//! upstream reported for that limit (its quota over its window), and
-//! `factor` (from 0 to 1) is learned from its refusals:
+//! The limits keep their configured rates as *ceilings*, and each runs at
+//! `min(ceiling, cap × margin) × factor`, where `cap` is the rate the upstream reported for that
+//! limit (its quota over its window) and `factor` (from 0 to 1) is learned from its refusals:
 //!
-//! * A refusal (429) lowers `factor` multiplicatively (× `decrease`, down
-//!   to `floor`), once per episode: refusals that come back while the
-//!   pause it started is in force were sent before anyone knew, and lower
-//!   nothing more. It also *pauses* every limit until its `Retry-After`
-//!   (or `pause` without one): each ticket moves to the end of the pause
-//!   and every stored permit is dropped, so that the callers that come
-//!   back after it go one interval apart at the lowered rate, never as a
-//!   burst.
-//! * A success after the pause raises `factor` additively (+ `increase`),
-//!   at most once per `interval`, back up to 1.
-//! * A limit the upstream says is spent (`remaining` 0, with its `reset`)
-//!   is paused until the reset; one with `remaining` left keeps at most
-//!   that many permits stored.
+//! * A refusal (429) lowers `factor` multiplicatively (× `decrease`, down to `floor`), once per
+//!   episode: refusals that come back while the pause it started is in force were sent before
+//!   anyone knew, and lower nothing more. It also *pauses* every limit until its `Retry-After`
+//!   (or `pause` without one) with [`State::pause`], so that the callers that come back after it
+//!   go one interval apart at the lowered rate, never as a burst.
+//! * A success after the pause raises `factor` additively (+ `increase`), at most once per
+//!   `interval`, back up to 1.
+//! * A limit the upstream says is spent (`remaining` 0, with its `reset`) is paused until the
+//!   reset; one with `remaining` left keeps at most that many permits stored.
 //!
-//! Rate changes and pauses are applied to the states at `now`: like a
-//! [`Limits::set_rate`], they empty the give-back log (the calls it held
-//! open then settle as [`Limits::settle`] does once the log has let them
-//! go).
+//! Rate changes and pauses apply to the states at `now` and, like [`Limits::set_rate`], empty the
+//! give-back log (the calls it held open then settle as [`Limits::settle`] tells).
 
 use super::{Limits, MAX_MICROS, State};
 
-/// The constants of the policy by which a limiter learns an upstream's
-/// limit (see the [`outbound`](crate::outbound) module).
+/// The constants of the policy by which a limiter learns an upstream's limit (see the
+/// [`outbound`](crate::outbound) module).
 ///
 /// ```
 /// use std::time::Duration;
@@ -63,10 +55,7 @@ pub struct Learning {
 }
 
 impl Default for Learning {
-    /// A refusal multiplies the rate by 0.7 (down to 0.05 of the
-    /// configured rate) and pauses for its `Retry-After` (1 s without
-    /// one); each second of successes adds back 0.05 of the configured
-    /// rate; a rate the upstream reports is used at 0.97 of it.
+    /// The defaults each setter gives.
     fn default() -> Self {
         Learning {
             decrease: 0.7,
@@ -80,8 +69,8 @@ impl Default for Learning {
 }
 
 impl Learning {
-    /// What a refusal multiplies the learned rate by, in `(0, 1]`
-    /// (default 0.7); anything else keeps the default.
+    /// What a refusal multiplies the learned rate by, in `(0, 1]` (default 0.7). Here and in
+    /// `increase`, `floor` and `margin`, a value out of range keeps the current one.
     pub fn decrease(mut self, factor: f64) -> Self {
         if factor > 0.0 && factor <= 1.0 {
             self.decrease = factor;
@@ -98,15 +87,14 @@ impl Learning {
         self
     }
 
-    /// How often successes may raise the rate (default 1 s; at least
-    /// 1 ms).
+    /// How often successes may raise the rate (default 1 s; at least 1 ms).
     pub fn interval(mut self, interval: std::time::Duration) -> Self {
         self.interval_micros = super::micros(interval).max(1_000);
         self
     }
 
-    /// The lowest fraction of the configured rate refusals bring it to,
-    /// in `(0, 1]` (default 0.05).
+    /// The lowest fraction of the configured rate refusals bring it to, in `(0, 1]` (default
+    /// 0.05).
     pub fn floor(mut self, fraction: f64) -> Self {
         if fraction > 0.0 && fraction <= 1.0 {
             self.floor = fraction;
@@ -120,9 +108,8 @@ impl Learning {
         self
     }
 
-    /// The fraction of a rate the upstream reports that the limiter runs
-    /// at, in `(0, 1]` (default 0.97): a little under it, so that calls
-    /// that arrive unevenly still find room.
+    /// The fraction of a rate the upstream reports that the limiter runs at, in `(0, 1]` (default
+    /// 0.97): a little under it, so that calls that arrive unevenly still find room.
     pub fn margin(mut self, fraction: f64) -> Self {
         if fraction > 0.0 && fraction <= 1.0 {
             self.margin = fraction;
@@ -131,9 +118,9 @@ impl Learning {
     }
 }
 
-/// What one answer from the upstream said, in the limits' terms: the
-/// digest of a [`Feedback`](crate::outbound::Feedback) that
-/// [`Limits::learn`] applies. Durations are from the moment it is learned.
+/// What one answer from the upstream said, in the limits' terms: the digest of a
+/// [`Feedback`](crate::outbound::Feedback) that [`Limits::learn`] applies. Durations are from the
+/// moment it is learned.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Lesson {
     /// The upstream refused the call for rate (429).
@@ -157,9 +144,8 @@ pub struct Reported {
     pub reset_micros: Option<u64>,
 }
 
-/// What limits learned, as another copy of them reports it (Redis's, in a
-/// reply): the factor, the margin, and each limit's cap (infinite where
-/// none was reported).
+/// What limits learned, as another copy of them reports it (Redis's, in a reply): the factor,
+/// the margin, and each limit's cap (infinite where none was reported).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Adopted {
     pub(crate) factor: f64,
@@ -174,8 +160,7 @@ impl Adopted {
         self.factor >= 1.0 && self.caps.iter().all(|c| c.is_infinite())
     }
 
-    /// The rate a limit configured at `ceiling`, with `cap`, runs at
-    /// (`Learned::rate`).
+    /// The rate a limit configured at `ceiling`, with `cap`, runs at (`Learned::rate`).
     pub(crate) fn rate_of(&self, ceiling: f64, cap: f64) -> f64 {
         learned_rate(ceiling, cap, self.margin, self.factor)
     }
@@ -224,11 +209,9 @@ impl Learned {
     }
 }
 
-/// The rate a limit configured at `ceiling` runs at, with the rate `cap`
-/// reported for it, under `margin` and the learned `factor`:
-/// `min(ceiling, cap × margin) × factor`. An infinite ceiling scaled stays
-/// infinite; a product that is not a valid rate (never, with the factor in
-/// (0, 1]) keeps the capped rate.
+/// `min(ceiling, cap × margin) × factor`, the rate of [the policy](self). An infinite ceiling
+/// scaled stays infinite; a product that is not a valid rate (never, with the factor in (0, 1])
+/// keeps the capped rate.
 fn learned_rate(ceiling: f64, cap: f64, margin: f64, factor: f64) -> f64 {
     let capped = ceiling.min(cap * margin);
     let rate = capped * factor;
@@ -236,8 +219,8 @@ fn learned_rate(ceiling: f64, cap: f64, margin: f64, factor: f64) -> f64 {
 }
 
 impl Limits {
-    /// Learns what an upstream said in answer to a call (see the module's
-    /// documentation) at `now_micros`, under `learning`'s constants.
+    /// Learns what an upstream said in answer to a call at `now_micros`, under `learning`'s
+    /// constants, by the policy that `src/core/learn.rs` opens with.
     pub fn learn(&mut self, lesson: &Lesson, now_micros: u64, learning: &Learning) {
         let n = self.states.len();
         let learned = self
@@ -300,12 +283,10 @@ impl Limits {
         }
     }
 
-    /// Runs the limits at the rates `adopted` says another copy of them
-    /// learned (its factor, margin and caps; the caps already in this
-    /// copy's terms), from `now_micros`, and nothing else: a fallback that
-    /// takes a key over from a limiter shared through Redis starts from
-    /// what the key learned there. Numbers out of range change nothing. As
-    /// a rate change, it empties the log.
+    /// Runs the limits from `now_micros` at the rates `adopted` says another copy of them learned
+    /// (the caps already in this copy's terms), and nothing else: a fallback that takes a key over
+    /// from a limiter shared through Redis starts from what the key learned there. Numbers out of
+    /// range change nothing. As a rate change, it empties the log.
     pub(crate) fn adopt(&mut self, adopted: &Adopted, now_micros: u64) {
         let valid = |x: f64| x > 0.0 && x <= 1.0;
         if !valid(adopted.factor)
@@ -333,11 +314,9 @@ impl Limits {
         self.learned.as_ref().map_or(1.0, |l| l.factor)
     }
 
-    /// What the limits learned, number by number, if they learned
-    /// anything: the factor, the end of the last pause, when the factor
-    /// last rose, the margin, and each limit's cap (infinite where none
-    /// was reported). For the model tests, which hold a copy kept
-    /// elsewhere (Redis's) to it.
+    /// What the limits learned, if anything: the factor, the end of the last pause, when the
+    /// factor last rose, the margin, and each limit's cap (infinite where none was reported). For
+    /// the model tests, which hold Redis's copy to it.
     #[cfg(any(test, feature = "internals"))]
     pub fn learned_numbers(&self) -> Option<(f64, u64, u64, f64, Vec<f64>)> {
         self.learned.as_ref().map(|l| {
@@ -351,8 +330,7 @@ impl Limits {
         })
     }
 
-    /// The configured rates: the limits' own, or the ceilings learning
-    /// keeps under them.
+    /// The configured rates: the limits' own, or the ceilings learning keeps under them.
     pub(crate) fn ceilings(&self) -> Vec<f64> {
         match &self.learned {
             Some(learned) => learned.ceilings.clone(),
@@ -360,8 +338,8 @@ impl Limits {
         }
     }
 
-    /// The rates the limits run at for configured rates `rates`: what
-    /// learning makes of them, which keeps them as its ceilings.
+    /// The rates the limits run at for configured rates `rates`, which learning keeps as its
+    /// ceilings.
     pub(super) fn learned_rates(&mut self, rates: &[f64]) -> Vec<f64> {
         match &mut self.learned {
             Some(learned) => {
@@ -374,9 +352,8 @@ impl Limits {
 }
 
 impl State {
-    /// Pauses the limit until `until_micros`: its ticket moves there (if
-    /// earlier) and it drops every stored permit, so that it stores only
-    /// the idle time after the pause.
+    /// Pauses the limit until `until_micros`: its ticket moves there (if earlier) and it drops
+    /// every stored permit, so that it stores only the idle time after the pause.
     pub(crate) fn pause(&mut self, until_micros: u64, now_micros: u64) {
         self.resync(now_micros);
         self.stored_permits = 0.0;

@@ -4,13 +4,10 @@ use std::time::Duration;
 
 use super::micros;
 
-/// Stored permits cost *more* than fresh ones, so a limiter that has been idle
-/// (cold) starts slow and speeds up to its stable rate as it is used.
-///
-/// The price of the next permit depends on how many permits are stored. Up to
-/// `threshold_permits` a stored permit costs the stable interval; above it,
-/// the price rises linearly up to the cold interval (`cold_factor × stable`)
-/// at `max_permits`:
+/// Stored permits cost *more* than fresh ones, so a limiter that has been idle (cold) starts
+/// slow and speeds up to its stable rate as it is used. Up to `threshold_permits` stored, a stored
+/// permit costs the stable interval; above, its price rises linearly to the cold interval
+/// (`cold_factor × stable`) at `max_permits`:
 ///
 /// ```text
 ///          ^ price of the next permit (µs)
@@ -34,21 +31,17 @@ use super::micros;
 ///              threshold     max
 /// ```
 ///
-/// Spending `k` stored permits costs the area under that line over the `k`
-/// rightmost stored permits; fresh permits (beyond what is stored) cost the
-/// stable interval. The shape is fixed by two choices:
+/// Spending `k` stored permits costs the area under that line over the `k` rightmost stored
+/// permits; fresh permits cost the stable interval. Two choices fix the shape:
 ///
-/// * the area above the threshold (the ramp) is `warmup`: a full limiter
-///   reaches the stable rate after exactly `warmup` of continuous use, so
-///   `max - threshold = 2 × warmup / (stable + cold)`;
-/// * the flat area left of the threshold is `warmup / 2`, so
-///   `threshold = 0.5 × warmup / stable`. This makes cooling down (going from
-///   0 to `max` stored permits at `warmup / max` per permit while idle) take
+/// * the ramp's area is `warmup`: a full limiter reaches the stable rate after exactly `warmup`
+///   of continuous use, so `max - threshold = 2 × warmup / (stable + cold)`;
+/// * the flat area left of the threshold is `warmup / 2`, so `threshold = 0.5 × warmup / stable`,
+///   which makes cooling down (0 to `max` stored permits, at `warmup / max` per permit idle) take
 ///   exactly `warmup` too.
 ///
-/// A new limiter is cold (`max_permits` stored). A zero or sub-microsecond
-/// `warmup` makes `max_permits` zero: the limiter then limits like a bursty
-/// one with no burst, never "not at all".
+/// A zero or sub-microsecond `warmup` makes `max_permits` zero: the limiter then limits like a
+/// bursty one with no burst, never "not at all".
 ///
 /// ```
 /// use std::time::Duration;
@@ -83,8 +76,7 @@ pub struct WarmingUp {
 }
 
 impl WarmingUp {
-    /// A warming-up policy; `cold_factor` must be finite and at least 1
-    /// (the builder checks it and reports an error otherwise).
+    /// A warming-up policy; `cold_factor` must be finite and at least 1 (the builder checks it).
     pub fn new(warmup: Duration, cold_factor: f64) -> Self {
         WarmingUp {
             warmup_micros: micros(warmup),
@@ -94,8 +86,8 @@ impl WarmingUp {
         }
     }
 
-    /// Recomputes the threshold and slope for a stable interval; returns the
-    /// new `max_permits`. All values are kept finite.
+    /// Recomputes the threshold and slope for a stable interval, all finite; returns the new
+    /// `max_permits`.
     pub(super) fn set_stable_interval(&mut self, stable: f64) -> f64 {
         if stable == 0.0 {
             // Infinite rate: every permit is free, nothing is stored.
@@ -106,8 +98,8 @@ impl WarmingUp {
         let warmup = self.warmup_micros as f64;
         let cold = (stable * self.cold_factor).min(f64::MAX);
         self.threshold_permits = (0.5 * warmup / stable).min(f64::MAX);
-        // (`stable + cold` is finite: `cold` is at most `f64::MAX` and
-        // `stable` at most 2^53, far below the last unit of `f64::MAX`.)
+        // `stable + cold` is finite: `cold <= f64::MAX`, and `stable <= 2^53` is far below the
+        // last unit of `f64::MAX`.
         let max_permits = (self.threshold_permits + 2.0 * warmup / (stable + cold)).min(f64::MAX);
         self.slope = if max_permits > self.threshold_permits {
             ((cold - stable) / (max_permits - self.threshold_permits)).min(f64::MAX)
