@@ -1,5 +1,5 @@
-//! [`OutboundLayer`]: a tower layer for HTTP clients that paces their
-//! calls, settles their costs and learns the upstream's limit.
+//! [`OutboundLayer`]: a tower layer for HTTP clients that paces their calls, settles their costs
+//! and learns the upstream's limit.
 
 use std::fmt;
 use std::future::Future;
@@ -15,21 +15,17 @@ use crate::clock::Clock;
 use crate::tower::{BoxError, take_ready};
 use crate::{Cost, RateLimiter, Store};
 
-/// Paces the requests of an HTTP client (any tower service from
-/// `http::Request` to `http::Response`, as hyper's and reqwest-style
-/// clients are) to an upstream's limits: each request reserves its
-/// estimate and waits for its turn ([`RateLimiter::call`]); its response
-/// is fed back ([`Call::learn`](super::Call::learn): a 429 pauses and
-/// slows every caller of the limiter, through Redis the whole fleet) and
-/// its real cost, read from the response, settled
+/// Paces the requests of an HTTP client (any tower service from `http::Request` to
+/// `http::Response`) to an upstream's limits: each request reserves its estimate and waits for
+/// its turn ([`RateLimiter::call`]); its response is fed back
+/// ([`Call::learn`](super::Call::learn)) and its real cost, read from the response, settled
 /// ([`Call::settle`](super::Call::settle)).
 ///
-/// The estimate is one permit of every limit unless
-/// [`estimate`](OutboundLayer::estimate) says otherwise; the real cost is
-/// the estimate unless [`actual`](OutboundLayer::actual) reads one from
-/// the response (a body is not read: a cost in the body is the plain
-/// API's, [`Call`](super::Call)). Refused requests are returned as they
-/// came, to be retried by the caller: the limiter paces the retries too.
+/// The estimate is one permit of every limit unless [`estimate`](OutboundLayer::estimate) says
+/// otherwise; the real cost is the estimate unless [`actual`](OutboundLayer::actual) reads one
+/// from the response (a body is not read: for a cost in the body, use [`Call`](super::Call)).
+/// Refused requests are returned as they came, for the caller to retry: the limiter paces the
+/// retries too.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -112,8 +108,8 @@ where
 }
 
 impl<S: Store, C: Clock> OutboundLayer<S, C> {
-    /// Paces requests through `limiter`, each estimated at one permit of
-    /// every limit and charged that.
+    /// Paces requests through `limiter`, each estimated at one permit of every limit and charged
+    /// that.
     pub fn new(limiter: Arc<RateLimiter<S, C>>) -> Self {
         OutboundLayer {
             limiter,
@@ -124,8 +120,8 @@ impl<S: Store, C: Clock> OutboundLayer<S, C> {
 }
 
 impl<S: Store, C: Clock, E, A> OutboundLayer<S, C, E, A> {
-    /// Estimates each request's cost with `estimate` (a function of the
-    /// request, or any [`Estimate`]).
+    /// Estimates each request's cost with `estimate` (a function of the request, or any
+    /// [`Estimate`]).
     pub fn estimate<E2>(self, estimate: E2) -> OutboundLayer<S, C, E2, A> {
         OutboundLayer {
             limiter: self.limiter,
@@ -134,9 +130,8 @@ impl<S: Store, C: Clock, E, A> OutboundLayer<S, C, E, A> {
         }
     }
 
-    /// Reads each request's real cost from its response with `actual` (a
-    /// function of the response, or any [`Actual`]); `None` keeps the
-    /// estimate.
+    /// Reads each request's real cost from its response with `actual` (a function of the
+    /// response, or any [`Actual`]); `None` keeps the estimate.
     pub fn actual<A2>(self, actual: A2) -> OutboundLayer<S, C, E, A2> {
         OutboundLayer {
             limiter: self.limiter,
@@ -218,10 +213,9 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    /// Waits for the request's turn, sends it, then learns from its
-    /// response and settles its cost. Cancel-safe: dropped while it waits,
-    /// it gives the estimate back; dropped while the request is in flight,
-    /// the call ends at its estimate.
+    /// Waits for the request's turn, sends it, then learns from its response and settles its cost.
+    /// Cancel-safe: dropped while it waits, it gives the estimate back; dropped while the request
+    /// is in flight, the call ends at its estimate.
     fn call(&mut self, request: http::Request<ReqB>) -> Self::Future {
         let mut inner = take_ready(&mut self.inner);
         let layer = self.layer.clone();
@@ -230,7 +224,6 @@ where
             let call = layer.limiter.call(estimate).await?;
             let response = inner.call(request).await.map_err(Into::into)?;
             call.learn(&Feedback::from_response(&response));
-            // Without a real cost, the call ends at its estimate as it drops.
             if let Some(actual) = layer.actual.actual(&response) {
                 call.settle(actual)?;
             }
