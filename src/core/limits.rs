@@ -223,8 +223,8 @@ impl Limits {
         moment: u64,
     ) {
         if self.log.requests.len() == self.log.capacity {
-            // The oldest leaves, and with it what can no longer be given back up to the next
-            // that can.
+            // The oldest leaves and can no longer be given back, nor can what follows it up to
+            // the next that can.
             self.fold_oldest();
             self.expire(now_micros);
         }
@@ -306,8 +306,8 @@ impl Limits {
     }
 
     /// The held reservation `id` will not be given back (its permits are used, or it was
-    /// committed): the log lets it go, and empties once nothing in it may be given back. `false`
-    /// if the log no longer holds it. Changes no state.
+    /// committed): the log stops holding it open, and empties once nothing in it may be given
+    /// back. `false` if the log no longer holds it. Changes no state.
     pub fn keep(&mut self, id: u64, now_micros: u64) -> bool {
         let Some(request) = self.log.requests.iter_mut().find(|r| r.id == Some(id)) else {
             return false;
