@@ -3,17 +3,15 @@
 //!
 //! # The policy
 //!
-//! The limits keep their configured rates as *ceilings*, and each runs at
+//! The [`outbound`](crate::outbound) module docs tell it as a user sees it; here, in the limits'
+//! terms. The limits keep their configured rates as *ceilings*, and each runs at
 //! `min(ceiling, cap × margin) × factor`, where `cap` is the rate the upstream reported for that
 //! limit (its quota over its window) and `factor` (from 0 to 1) is learned from its refusals:
 //!
-//! * A refusal (429) lowers `factor` multiplicatively (× `decrease`, down to `floor`), once per
-//!   episode: refusals that come back while the pause it started is in force were sent before
-//!   anyone knew, and lower nothing more. It also *pauses* every limit until its `Retry-After`
-//!   (or `pause` without one) with [`State::pause`], so that the callers that come back after it
-//!   go one interval apart at the lowered rate, never as a burst.
-//! * A success after the pause raises `factor` additively (+ `increase`), at most once per
-//!   `interval`, back up to 1.
+//! * A refusal (429) multiplies `factor` by `decrease`, down to `floor`, once per episode
+//!   (refusals that come back during the pause it started were sent before anyone knew), and
+//!   [pauses](State::pause) every limit until its `Retry-After` (or for `pause`).
+//! * A success after the pause adds `increase` to `factor`, at most once per `interval`, up to 1.
 //! * A limit the upstream says is spent (`remaining` 0, with its `reset`) is paused until the
 //!   reset; one with `remaining` left keeps at most that many permits stored.
 //!
@@ -353,7 +351,8 @@ impl Limits {
 
 impl State {
     /// Pauses the limit until `until_micros`: its ticket moves there (if earlier) and it drops
-    /// every stored permit, so that it stores only the idle time after the pause.
+    /// every stored permit, so that it stores only the idle time after the pause and the callers
+    /// that come back after it go one interval apart, never as a burst.
     pub(crate) fn pause(&mut self, until_micros: u64, now_micros: u64) {
         self.resync(now_micros);
         self.stored_permits = 0.0;

@@ -36,8 +36,7 @@
 //! it allows an unbounded burst after a long pause. The compromise is **`stored_permits`**: idle
 //! time becomes permits (one per *cool-down interval*), saved up to **`max_permits`**. A request
 //! spends stored permits first and is charged the rest as *fresh* permits at the stable interval.
-//! [`resync`](State::resync) does the converting: it runs at the start of every operation and
-//! moves a ticket that lies in the past up to `now`.
+//! [`resync`](State::resync) converts idle time at the start of every operation (step 1 below).
 //!
 //! What a stored permit *costs* is the one question the two policies ([`Policy`]) answer
 //! differently:
@@ -73,16 +72,16 @@
 //! callers already waiting keep their slots.
 //!
 //! The state alone cannot do that in general. Moving the ticket back by what the reservation
-//! charged is exact while the limiter stays in debt: every request made since found the ticket
-//! ahead and nothing stored, and would have been charged the same from a ticket that much earlier.
-//! It is not once several are given back. A reservation `B` that keeps its slot after an earlier
-//! `A` was given back holds a slot later than a limiter that never made `A` would have given it,
-//! so a request `S` made while `B` waits finds the limiter in debt where that limiter sat idle,
-//! longer than its burst, and dropped the excess idle time. Giving `B` back then moves `S`'s
-//! charge into that dropped time, and the callers after `S` go early, by seconds and more (two
-//! reservations of an hour each, given back in turn, let later callers in up to an hour early).
-//! Nor can a reservation that spent stored permits (a cold warming-up limiter) be undone in the
-//! numbers: their price depended on how many were left.
+//! charged is exact while the limiter stays in debt (every request since found the ticket ahead
+//! and nothing stored, and would have been charged the same from a ticket that much earlier), but
+//! not once several are given back: a reservation `B` that keeps its slot after an earlier `A`
+//! was given back holds a later slot than a limiter that never made `A` would have given it, so a
+//! request `S` made while `B` waits finds the limiter in debt where that limiter sat idle past its
+//! burst and dropped the excess. Giving `B` back then moves `S`'s charge into that dropped time,
+//! and the callers after `S` go early, by seconds and more (two reservations of an hour each,
+//! given back in turn, let later callers in up to an hour early). Nor can a reservation that spent
+//! stored permits (a cold warming-up limiter) be undone in the numbers: their price depended on
+//! how many were left.
 //!
 //! So while a reservation that may be given back waits, the limits keep a *log*: their states
 //! before the oldest such reservation, and every request since (its permits and its `now`).
