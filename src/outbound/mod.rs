@@ -70,8 +70,8 @@
 //! keyed one): each is a lease in a sorted set beside the limiter's key
 //! (`{paceline:v1:name}\slots`, in its cluster slot), taken and released by a script of its own
 //! on Redis's clock. A call's lease is renewed while the call lasts and released in the
-//! background as soon as it is dropped; a process that dies holding leases has them back after
-//! the slot TTL ([`slot_ttl`](crate::Builder::slot_ttl), 30 s by default), not before. A call
+//! background as soon as it is dropped; the leases of a process that dies holding them come back
+//! after the [slot TTL](crate::Builder::slot_ttl) (30 s by default), not before. A call
 //! waiting for a slot polls Redis, after pauses that double up to 200 ms, cut short by the
 //! earliest lease's expiry and by a release in its own process (so the order across processes is
 //! not first come, first served). While Redis is down the [`Fallback`](crate::redis::Fallback)
