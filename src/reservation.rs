@@ -14,13 +14,11 @@ use crate::store::Metered;
 /// steps, reserve then wait, so that in between the caller can look at the wait
 /// ([`delay`](Reservation::delay)) and decide.
 ///
-/// * [`wait`](Reservation::wait) (or [`wait_blocking`](Reservation::wait_blocking)) sleeps until
-///   the permits may be used; they are then used.
-/// * Drop it before its wait has passed to **give the permits back**: later callers are scheduled
-///   as if they had never been reserved, and callers already waiting keep their slots (how
-///   exactly, per limiter: the crate's [table](crate#cancel-safety)).
-/// * [`keep`](Reservation::keep) keeps the permits without waiting here, for a caller that
-///   schedules its work itself.
+/// Then [`wait`](Reservation::wait) (or [`wait_blocking`](Reservation::wait_blocking)) until the
+/// permits may be used; [`keep`](Reservation::keep) them without waiting, for a caller that
+/// schedules its work itself; or drop it before its wait has passed to **give the permits back**:
+/// later callers are scheduled as if they had never been reserved, and callers already waiting
+/// keep their slots (how exactly, per limiter: the crate's [table](crate#cancel-safety)).
 ///
 /// A reservation with nothing to wait for has nothing to give back.
 ///
