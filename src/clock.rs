@@ -1,9 +1,9 @@
 //! Where limiters read the time and how they sleep.
 //!
 //! A [`Clock`] reads monotonic time and sleeps, on a thread
-//! ([`sleep_blocking`](Clock::sleep_blocking)) and in a task ([`sleep`](Clock::sleep)). Limiters
-//! never touch the system clock directly, so the whole algorithm can run on a [`FakeClock`] in
-//! tests.
+//! ([`sleep_blocking`](Clock::sleep_blocking)) and in a task
+//! ([`sleep`](Clock::sleep)). Limiters never touch the system clock directly,
+//! so the whole algorithm can run on a [`FakeClock`] in tests.
 
 use std::fmt;
 use std::future::{Future, ready};
@@ -17,15 +17,16 @@ pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
 /// A monotonic clock that can also sleep.
 ///
-/// Implementations must be cheap to call and thread-safe. The trait is object safe: `&dyn Clock`
-/// works.
+/// Implementations must be cheap to call and thread-safe. The trait is object
+/// safe: `&dyn Clock` works.
 pub trait Clock: Send + Sync + 'static {
     /// Time elapsed since an origin fixed by the clock. Never goes backwards.
     fn now(&self) -> Duration;
 
-    /// [`now`](Clock::now) in whole microseconds, saturating at 2^53 (about 285 years): what
-    /// limiters read, once per reservation. The default converts [`now`](Clock::now); a clock may
-    /// override it with a faster way to the same number.
+    /// [`now`](Clock::now) in whole microseconds, saturating at 2^53 (about
+    /// 285 years): what limiters read, once per reservation. The default
+    /// converts [`now`](Clock::now); a clock may override it with a faster way
+    /// to the same number.
     fn now_micros(&self) -> u64 {
         crate::core::micros(self.now())
     }
@@ -37,10 +38,10 @@ pub trait Clock: Send + Sync + 'static {
     fn sleep(&self, duration: Duration) -> Sleep;
 }
 
-/// The real clock: reads the CPU's time-stamp counter, scaled, where it is reliable (else the
-/// OS monotonic clock); sleeps with `tokio::time::sleep` in tasks and `std::thread::sleep` on
-/// threads. [`sleep`](Clock::sleep) must be awaited inside a Tokio runtime with the time driver
-/// enabled.
+/// The real clock: reads the CPU's time-stamp counter, scaled, where it is
+/// reliable (else the OS monotonic clock); sleeps with `tokio::time::sleep` in
+/// tasks and `std::thread::sleep` on threads. [`sleep`](Clock::sleep) must be
+/// awaited inside a Tokio runtime with the time driver enabled.
 ///
 /// ```
 /// use paceline::clock::{Clock, SystemClock};
@@ -55,11 +56,13 @@ pub struct SystemClock {
     clock: quanta::Clock,
     /// The origin, as a raw reading of `clock`.
     origin: u64,
-    /// Microseconds per raw tick, in 0.64 fixed point, if that is at most `MAX_MICROS` (a tick
-    /// shorter than 2^-11 µs: a counter faster than 2.05 GHz). Then `now_micros` is
-    /// `ticks × factor >> 64`: one multiplication instead of scaling to nanoseconds and dividing,
-    /// and a result below `factor`, so below `MAX_MICROS`, that needs no cap (a cap there would
-    /// lie on the path of every reservation). Other clocks take the general path.
+    /// Microseconds per raw tick, in 0.64 fixed point, if that is at most
+    /// `MAX_MICROS` (a tick shorter than 2^-11 µs: a counter faster than 2.05
+    /// GHz). Then `now_micros` is `ticks × factor >> 64`: one multiplication
+    /// instead of scaling to nanoseconds and dividing, and a result below
+    /// `factor`, so below `MAX_MICROS`, that needs no cap (a cap there would
+    /// lie on the path of every reservation). Other clocks take the general
+    /// path.
     micros_per_tick: Option<u64>,
 }
 
@@ -68,8 +71,8 @@ impl SystemClock {
     pub fn new() -> Self {
         let clock = quanta::Clock::new();
         let origin = clock.raw();
-        // The clock's own scaling of 2^40 ticks, exact to the nanosecond, gives the factor to
-        // about 1e-16 relative error.
+        // The clock's own scaling of 2^40 ticks, exact to the nanosecond,
+        // gives the factor to about 1e-16 relative error.
         const TICKS: u64 = 1 << 40;
         let nanos = u128::from(clock.delta_as_nanos(0, TICKS));
         let micros_per_tick = u64::try_from((nanos << 24) / 1000)
@@ -82,15 +85,17 @@ impl SystemClock {
         }
     }
 
-    /// `now_micros` without `micros_per_tick`: through nanoseconds, capped at `MAX_MICROS`.
+    /// `now_micros` without `micros_per_tick`: through nanoseconds, capped at
+    /// `MAX_MICROS`.
     #[cold]
     fn micros_general(&self) -> u64 {
         (self.nanos() / 1_000).min(crate::core::MAX_MICROS)
     }
 
-    /// Nanoseconds since the origin: one raw read and one multiply-shift, with no `Duration`
-    /// arithmetic on the way. Monotonic: the scaling is, and a reading below the origin (a counter
-    /// that differs between cores) counts as zero.
+    /// Nanoseconds since the origin: one raw read and one multiply-shift, with
+    /// no `Duration` arithmetic on the way. Monotonic: the scaling is, and a
+    /// reading below the origin (a counter that differs between cores) counts
+    /// as zero.
     #[inline]
     fn nanos(&self) -> u64 {
         self.clock.delta_as_nanos(self.origin, self.clock.raw())
@@ -141,9 +146,9 @@ impl Clock for SystemClock {
 }
 
 /// A clock for tests: it starts at zero and moves only when told to
-/// ([`advance`](FakeClock::advance)) or when something sleeps on it, in which case the sleep
-/// returns at once and the clock moves by its length. Clones share one time, so a test keeps a
-/// clone and hands another to the limiter.
+/// ([`advance`](FakeClock::advance)) or when something sleeps on it, in which
+/// case the sleep returns at once and the clock moves by its length. Clones
+/// share one time, so a test keeps a clone and hands another to the limiter.
 ///
 /// ```
 /// use std::time::Duration;

@@ -4,19 +4,20 @@ use std::fmt;
 
 /// Everything that can go wrong in this crate.
 ///
-/// Being throttled is not an error: [`try_acquire`](crate::RateLimiter::try_acquire) returns
-/// `Ok(false)` and [`try_reserve`](crate::RateLimiter::try_reserve) `Ok(None)`. Errors are for bad
-/// input and broken backends.
+/// Being throttled is not an error:
+/// [`try_acquire`](crate::RateLimiter::try_acquire) returns `Ok(false)` and
+/// [`try_reserve`](crate::RateLimiter::try_reserve) `Ok(None)`. Errors are for
+/// bad input and broken backends.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {
-    /// An argument or a configuration value is out of range (zero permits, a rate that is zero,
-    /// negative or NaN, a cold factor below 1, options that contradict each other); the message
-    /// says which and what was given.
+    /// An argument or a configuration value is out of range (zero permits, a
+    /// rate that is zero, negative or NaN, a cold factor below 1, options that
+    /// contradict each other); the message says which and what was given.
     InvalidArgument(String),
-    /// The backend (Redis) could not serve the call: it was unreachable, did not answer in time,
-    /// or answered with an error. The underlying error, if any, is the
-    /// [`source`](std::error::Error::source).
+    /// The backend (Redis) could not serve the call: it was unreachable, did
+    /// not answer in time, or answered with an error. The underlying error, if
+    /// any, is the [`source`](std::error::Error::source).
     Backend(BackendError),
 }
 
@@ -47,9 +48,9 @@ impl std::error::Error for Error {
 /// What went wrong with a backend, with the backend's own error as the source.
 ///
 /// The Redis limiters make these; a [`KeyedLimiter`](crate::KeyedLimiter) or
-/// [`Limiter`](crate::Limiter) written outside the crate makes its own for a store it cannot
-/// reach, so that callers (the HTTP layer answers `503 Service Unavailable`) tell a broken backend
-/// from a bad argument.
+/// [`Limiter`](crate::Limiter) written outside the crate makes its own for a
+/// store it cannot reach, so that callers (the HTTP layer answers `503 Service
+/// Unavailable`) tell a broken backend from a bad argument.
 ///
 /// ```
 /// use paceline::{BackendError, Error};
@@ -64,8 +65,8 @@ impl std::error::Error for Error {
 /// ```
 pub struct BackendError(Box<Backend>);
 
-/// What a [`BackendError`] holds, boxed, so that an `Error` is a word or three, cheap to move
-/// through every call's `Result`.
+/// What a [`BackendError`] holds, boxed, so that an `Error` is a word or
+/// three, cheap to move through every call's `Result`.
 #[derive(Debug)]
 struct Backend {
     message: String,
@@ -74,8 +75,8 @@ struct Backend {
 }
 
 impl BackendError {
-    /// The backend failed as `message` says (what was asked of which backend): it answered with
-    /// an error, or could not be reached.
+    /// The backend failed as `message` says (what was asked of which backend):
+    /// it answered with an error, or could not be reached.
     pub fn new(message: impl Into<String>) -> Self {
         BackendError(Box::new(Backend {
             message: message.into(),
@@ -84,8 +85,8 @@ impl BackendError {
         }))
     }
 
-    /// The backend's own error, which caused this one: the [`source`](std::error::Error::source),
-    /// and part of the message.
+    /// The backend's own error, which caused this one: the
+    /// [`source`](std::error::Error::source), and part of the message.
     pub fn with_source(
         mut self,
         source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
@@ -94,14 +95,15 @@ impl BackendError {
         self
     }
 
-    /// Marks the error as a timeout (the backend did not answer in time), or not.
+    /// Marks the error as a timeout (the backend did not answer in time), or
+    /// not.
     pub fn with_timeout(mut self, timed_out: bool) -> Self {
         self.0.timed_out = timed_out;
         self
     }
 
-    /// Whether the backend failed to answer in time (rather than answering with an error or
-    /// refusing the connection).
+    /// Whether the backend failed to answer in time (rather than answering
+    /// with an error or refusing the connection).
     pub fn is_timeout(&self) -> bool {
         self.0.timed_out
     }

@@ -1,14 +1,16 @@
 //! Smooth, reservation-based rate limiting, in one process or shared by many.
 //!
-//! `paceline` paces work at a steady rate: calls to a rate-limited API, a batch job's throughput,
-//! requests that may wait at most so long for their turn. A caller awaits
-//! ([`RateLimiter::acquire`]) or blocks ([`RateLimiter::acquire_blocking`]) until its permits are
-//! due, or asks whether they would be due within a timeout ([`RateLimiter::try_acquire`]).
+//! `paceline` paces work at a steady rate: calls to a rate-limited API, a
+//! batch job's throughput, requests that may wait at most so long for their
+//! turn. A caller awaits ([`RateLimiter::acquire`]) or blocks
+//! ([`RateLimiter::acquire_blocking`]) until its permits are due, or asks
+//! whether they would be due within a timeout ([`RateLimiter::try_acquire`]).
 //!
-//! A request goes as soon as the previous caller's debt is paid and charges its own cost to the
-//! next caller; idle time is saved as *stored permits*, which are free (the bursty policy) or
-//! expensive (the warming-up policy, for resources that are slow when cold). `src/core/mod.rs`
-//! explains the algorithm in full.
+//! A request goes as soon as the previous caller's debt is paid and charges
+//! its own cost to the next caller; idle time is saved as *stored permits*,
+//! which are free (the bursty policy) or expensive (the warming-up policy, for
+//! resources that are slow when cold). `src/core/mod.rs` explains the
+//! algorithm in full.
 //!
 //! # Quick start
 //!
@@ -39,8 +41,8 @@
 //!
 //! # One rate per user
 //!
-//! [`KeyedRateLimiter`] holds one limiter per key, with memory that follows the active keys (and
-//! an optional hard cap):
+//! [`KeyedRateLimiter`] holds one limiter per key, with memory that follows
+//! the active keys (and an optional hard cap):
 //!
 //! ```
 //! use std::time::Duration;
@@ -53,11 +55,12 @@
 //!
 //! # Several limits at once
 //!
-//! A limiter built with several [`Limit`]s lets a request go when every one of them allows it,
-//! charges it to all of them, charges none for a refused try, and gives a dropped reservation
-//! back to all of them, exactly. A [`Reservation`] names the limit it waits for. Every builder
-//! takes `.limit()`, the Redis ones too (up to 16): all the limits of a key then live in one Redis
-//! value, updated by one call.
+//! A limiter built with several [`Limit`]s lets a request go when every one of
+//! them allows it, charges it to all of them, charges none for a refused try,
+//! and gives a dropped reservation back to all of them, exactly. A
+//! [`Reservation`] names the limit it waits for. Every builder takes
+//! `.limit()`, the Redis ones too (up to 16): all the limits of a key then
+//! live in one Redis value, updated by one call.
 //!
 //! ```
 //! use std::time::Duration;
@@ -78,10 +81,11 @@
 //!
 //! # Calls to someone else's API
 //!
-//! A client of an upstream with limits of its own reserves each call's estimated [`Cost`] (one per
-//! limit: a request and its tokens), and once the answer is back feeds it to the
-//! [`outbound::Call`] and settles the real cost. The limiter learns the upstream's limit from its
-//! answers ([`outbound`]).
+//! A client of an upstream with limits of its own reserves each call's
+//! estimated [`Cost`] (one per limit: a request and its tokens), and once the
+//! answer is back feeds it to the [`outbound::Call`] and settles the real
+//! cost. The limiter learns the upstream's limit from its answers
+//! ([`outbound`]).
 //!
 //! ```
 //! use std::time::Duration;
@@ -104,9 +108,10 @@
 //!
 //! # Testing code that uses a limiter
 //!
-//! Limiters read time from a [`Clock`](clock::Clock). Give them a [`FakeClock`](clock::FakeClock)
-//! and time moves only when you say so or when the limiter sleeps (which then returns at once), so
-//! tests are exact and instant:
+//! Limiters read time from a [`Clock`](clock::Clock). Give them a
+//! [`FakeClock`](clock::FakeClock) and time moves only when you say so or when
+//! the limiter sleeps (which then returns at once), so tests are exact and
+//! instant:
 //!
 //! ```
 //! use std::time::Duration;
@@ -126,10 +131,11 @@
 //!
 //! # Cancel safety
 //!
-//! Every async method is cancel-safe: dropping its future gives back what it had taken, so
-//! `tokio::time::timeout(d, limiter.acquire(n))` is a correct way to bound a wait. Dropping a
-//! [`Reservation`] before its moment gives its permits back too; [`Reservation::keep`] keeps them.
-//! How exactly a give-back restores the schedule depends on the limiter:
+//! Every async method is cancel-safe: dropping its future gives back what it
+//! had taken, so `tokio::time::timeout(d, limiter.acquire(n))` is a correct
+//! way to bound a wait. Dropping a [`Reservation`] before its moment gives its
+//! permits back too; [`Reservation::keep`] keeps them. How exactly a give-back
+//! restores the schedule depends on the limiter:
 //!
 //! | Limiter, methods | A give-back is | Errs towards limiting when |
 //! |---|---|---|
@@ -144,13 +150,15 @@
 //! | [`stream`] adapters | a dropped stream gives its pending reservation back, as a [`Reservation`] | as its limiter |
 //! | [`io`] reader and writer | a dropped call leaves its reservation with the reader or writer for the next call; dropping the reader or writer gives it back | as its limiter |
 //!
-//! `snapshot` changes nothing. The `_blocking` methods are not futures: nothing cancels them.
+//! `snapshot` changes nothing. The `_blocking` methods are not futures:
+//! nothing cancels them.
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
 mod builder;
 pub mod clock;
-// Public only with the hidden feature `internals`, for the crate's own model tests.
+// Public only with the hidden feature `internals`, for the crate's own model
+// tests.
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod core;

@@ -1,14 +1,17 @@
 //! Metrics (feature `metrics`): what every limiter records through the
-//! [`metrics`](https://docs.rs/metrics) facade. The crate depends on no exporter: install a
-//! recorder in the application *before* building the limiters (a limiter registers its metrics
-//! when it is built). Without a recorder, nothing is recorded and each call costs a branch.
+//! [`metrics`](https://docs.rs/metrics) facade. The crate depends on no
+//! exporter: install a recorder in the application *before* building the
+//! limiters (a limiter registers its metrics when it is built). Without a
+//! recorder, nothing is recorded and each call costs a branch.
 //!
-//! Every metric is labelled by the limiter's name (a Redis limiter's Redis key, or for a keyed one
-//! its keys' prefix, `paceline:v1:api`; [`Builder::name`](crate::Builder::name) for a local one,
-//! `default` otherwise), never by a user's key: a key is client-controlled text, and one label
-//! value per key would let clients grow the metrics without bound. The names follow the
-//! OpenTelemetry conventions where they exist (rate limiting, and the database client's
-//! operation duration); times are in seconds. Each name is a constant of this module.
+//! Every metric is labelled by the limiter's name (a Redis limiter's Redis
+//! key, or for a keyed one its keys' prefix, `paceline:v1:api`;
+//! [`Builder::name`](crate::Builder::name) for a local one, `default`
+//! otherwise), never by a user's key: a key is client-controlled text, and one
+//! label value per key would let clients grow the metrics without bound. The
+//! names follow the OpenTelemetry conventions where they exist (rate limiting,
+//! and the database client's operation duration); times are in seconds. Each
+//! name is a constant of this module.
 //!
 //! | name | kind | labels | what |
 //! |---|---|---|---|
@@ -22,7 +25,8 @@
 //! | `paceline.redis.degraded` | gauge | | 1 while some part of Redis is down and limiters serve from their fallbacks, else 0 (per backend; the last one to change sets it) |
 //! | `paceline.redis.fallback.switches` | counter | `to` = `local` or `redis` | parts of Redis marked down (calls switch to the fallback) and back up |
 //!
-//! `stats()` on the limiters and the backend reads the same events without a recorder.
+//! `stats()` on the limiters and the backend reads the same events without a
+//! recorder.
 //!
 //! Once a recorder is installed, every limiter records under its name:
 //!
@@ -39,9 +43,11 @@
 //! # Ok::<(), paceline::Error>(())
 //! ```
 //!
-//! The crate's `tests/metrics` checks each of these by value, with a small recorder of its own.
+//! The crate's `tests/metrics` checks each of these by value, with a small
+//! recorder of its own.
 
-// Without the feature the names are unused, and without Redis the backend's handles.
+// Without the feature the names are unused, and without Redis the backend's
+// handles.
 #![cfg_attr(not(all(feature = "metrics", feature = "redis")), allow(dead_code))]
 
 use std::time::Duration;
@@ -65,8 +71,8 @@ pub const REDIS_DEGRADED: &str = "paceline.redis.degraded";
 /// Switches to the fallback and back: a counter.
 pub const REDIS_FALLBACK_SWITCHES: &str = "paceline.redis.fallback.switches";
 
-/// A limiter's handles (registered when it is built), or nothing: the feature is off, and every
-/// method is empty.
+/// A limiter's handles (registered when it is built), or nothing: the feature
+/// is off, and every method is empty.
 #[doc(hidden)]
 #[derive(Clone, Default)]
 pub struct Metrics {
@@ -260,7 +266,8 @@ impl BackendMetrics {
         false
     }
 
-    /// `switched` parts went down (`down`) or came back up; `degraded`: whether any part is down.
+    /// `switched` parts went down (`down`) or came back up; `degraded`:
+    /// whether any part is down.
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn switched(&self, switched: usize, down: bool, degraded: bool) {
         #[cfg(feature = "metrics")]

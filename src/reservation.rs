@@ -9,16 +9,18 @@ use crate::store::Metered;
 
 /// Permits reserved from a limiter, to be used once their wait has passed.
 ///
-/// Returned by [`RateLimiter::reservation`](crate::RateLimiter::reservation) and
-/// [`Limiter::reservation`](crate::Limiter::reservation) (and their `try_` forms): `acquire` in two
-/// steps, reserve then wait, so that in between the caller can look at the wait
-/// ([`delay`](Reservation::delay)) and decide.
+/// Returned by [`RateLimiter::reservation`](crate::RateLimiter::reservation)
+/// and [`Limiter::reservation`](crate::Limiter::reservation) (and their `try_`
+/// forms): `acquire` in two steps, reserve then wait, so that in between the
+/// caller can look at the wait ([`delay`](Reservation::delay)) and decide.
 ///
-/// Then [`wait`](Reservation::wait) (or [`wait_blocking`](Reservation::wait_blocking)) until the
-/// permits may be used; [`keep`](Reservation::keep) them without waiting, for a caller that
-/// schedules its work itself; or drop it before its wait has passed to **give the permits back**:
-/// later callers are scheduled as if they had never been reserved, and callers already waiting
-/// keep their slots (how exactly, per limiter: the crate's [table](crate#cancel-safety)).
+/// Then [`wait`](Reservation::wait) (or
+/// [`wait_blocking`](Reservation::wait_blocking)) until the permits may be
+/// used; [`keep`](Reservation::keep) them without waiting, for a caller that
+/// schedules its work itself; or drop it before its wait has passed to **give
+/// the permits back**: later callers are scheduled as if they had never been
+/// reserved, and callers already waiting keep their slots (how exactly, per
+/// limiter: the crate's [table](crate#cancel-safety)).
 ///
 /// A reservation with nothing to wait for has nothing to give back.
 ///
@@ -47,8 +49,8 @@ pub struct Reservation<'a> {
     clock: &'a dyn Clock,
     /// What to give back on drop; `None` once used, or if nothing can be.
     pending: Option<GiveBack<'a>>,
-    /// What a Redis limiter's reply said the script left, and the limits it is read under
-    /// ([`snapshot`](Reservation::snapshot)).
+    /// What a Redis limiter's reply said the script left, and the limits it is
+    /// read under ([`snapshot`](Reservation::snapshot)).
     #[cfg(feature = "redis")]
     after: Option<(
         std::sync::Arc<crate::redis::Stored>,
@@ -67,19 +69,19 @@ pub(crate) struct GiveBack<'a> {
 pub(crate) enum GiveBackId {
     /// A local limiter's reservation: its id in the limits' log.
     Logged(u64),
-    /// A reservation in a form only its limiter knows: a keyed limiter's key and the core's
-    /// record, a Redis limiter's key and the script's record.
+    /// A reservation in a form only its limiter knows: a keyed limiter's key
+    /// and the core's record, a Redis limiter's key and the script's record.
     Boxed(Box<dyn std::any::Any + Send + Sync>),
 }
 
-/// A limiter that can take a reservation back. No method blocks for long: a remote limiter sends
-/// in the background.
+/// A limiter that can take a reservation back. No method blocks for long: a
+/// remote limiter sends in the background.
 pub(crate) trait GivesBack: Metered + Send + Sync {
     /// Gives back what `taken` took.
     fn give_back(&self, taken: GiveBackId);
 
-    /// `taken` will never be given back: its permits are kept, and what the limiter kept to give
-    /// it back with is forgotten.
+    /// `taken` will never be given back: its permits are kept, and what the
+    /// limiter kept to give it back with is forgotten.
     fn keep(&self, taken: GiveBackId) {
         let _ = taken;
     }
@@ -98,7 +100,8 @@ pub(crate) trait GivesBack: Metered + Send + Sync {
 }
 
 impl<'a> Reservation<'a> {
-    /// A reservation given back through `pending`'s owner; `None`: nothing to give back.
+    /// A reservation given back through `pending`'s owner; `None`: nothing to
+    /// give back.
     #[inline]
     pub(crate) fn new(
         delay: Duration,
@@ -115,8 +118,8 @@ impl<'a> Reservation<'a> {
         }
     }
 
-    /// This reservation, with the state its Redis limiter's reply said the script left, read
-    /// under `args`.
+    /// This reservation, with the state its Redis limiter's reply said the
+    /// script left, read under `args`.
     #[cfg(feature = "redis")]
     pub(crate) fn with_after(
         mut self,
@@ -133,8 +136,9 @@ impl<'a> Reservation<'a> {
         self
     }
 
-    /// A reservation that cannot be given back: what a [`Limiter`](crate::Limiter) implemented
-    /// outside this crate returns by default, from its [`reserve`](crate::Limiter::reserve).
+    /// A reservation that cannot be given back: what a
+    /// [`Limiter`](crate::Limiter) implemented outside this crate returns by
+    /// default, from its [`reserve`](crate::Limiter::reserve).
     pub fn without_give_back(delay: Duration, clock: &'a dyn Clock) -> Self {
         Reservation::new(delay, clock, None)
     }
@@ -145,10 +149,11 @@ impl<'a> Reservation<'a> {
         self.delay
     }
 
-    /// Which of its limiter's limits this reservation waits for, from 0 in the order the builder
-    /// was given them ([`Builder::limit`](crate::Builder::limit)); `None` if it does not wait
-    /// (one limit: `Some(0)` for any wait). For a `RateLimit` header that names the policy a
-    /// client ran into.
+    /// Which of its limiter's limits this reservation waits for, from 0 in the
+    /// order the builder was given them
+    /// ([`Builder::limit`](crate::Builder::limit)); `None` if it does not wait
+    /// (one limit: `Some(0)` for any wait). For a `RateLimit` header that
+    /// names the policy a client ran into.
     ///
     /// ```
     /// use std::time::Duration;
@@ -170,11 +175,13 @@ impl<'a> Reservation<'a> {
         (!self.delay.is_zero()).then_some(self.limit as usize)
     }
 
-    /// What a limiter shared through Redis held right after this reservation, as the script's
-    /// reply said (for a coalesced batch, the state after the whole batch, which errs towards
-    /// fewer remaining): for the rate-limit headers of this very request, where a second read
-    /// could count other callers' requests. `None` for the limiters in this process (whose
-    /// `snapshot` is read without I/O) and for a reservation a fallback served.
+    /// What a limiter shared through Redis held right after this reservation,
+    /// as the script's reply said (for a coalesced batch, the state after the
+    /// whole batch, which errs towards fewer remaining): for the rate-limit
+    /// headers of this very request, where a second read could count other
+    /// callers' requests. `None` for the limiters in this process (whose
+    /// `snapshot` is read without I/O) and for a reservation a fallback
+    /// served.
     pub fn snapshot(&self) -> Option<crate::Snapshot> {
         #[cfg(feature = "redis")]
         if let Some((after, args)) = &self.after {
@@ -183,16 +190,17 @@ impl<'a> Reservation<'a> {
         None
     }
 
-    /// Sleeps for the delay (on the limiter's clock), then keeps the permits; returns the delay.
-    /// With no delay, returns at once without touching a timer. Cancel-safe: dropped before the
-    /// sleep ends, it gives the permits back, as dropping the reservation does.
+    /// Sleeps for the delay (on the limiter's clock), then keeps the permits;
+    /// returns the delay. With no delay, returns at once without touching a
+    /// timer. Cancel-safe: dropped before the sleep ends, it gives the permits
+    /// back, as dropping the reservation does.
     pub async fn wait(self) -> Duration {
         // What `wait_open` hands over is dropped without giving back.
         self.wait_open().await.0
     }
 
-    /// Sleeps for the delay, then hands over what settles the open call it reserved. Cancel-safe
-    /// as [`wait`](Self::wait).
+    /// Sleeps for the delay, then hands over what settles the open call it
+    /// reserved. Cancel-safe as [`wait`](Self::wait).
     pub(crate) async fn wait_open(mut self) -> (Duration, Option<GiveBack<'a>>) {
         if !self.delay.is_zero() {
             self.clock.sleep(self.delay).await;
@@ -209,8 +217,8 @@ impl<'a> Reservation<'a> {
         self.delay
     }
 
-    /// Keeps the permits without waiting here, and returns the delay: the caller promises to wait
-    /// for it itself.
+    /// Keeps the permits without waiting here, and returns the delay: the
+    /// caller promises to wait for it itself.
     #[inline]
     pub fn keep(mut self) -> Duration {
         if let Some(pending) = self.pending.take() {
@@ -225,8 +233,9 @@ impl<'a> Reservation<'a> {
     }
 }
 
-/// What every `try_acquire` does with its `try_reservation`: waits for a granted reservation and
-/// keeps it (`true`), or reports the refusal (`false`). Cancel-safe as [`Reservation::wait`].
+/// What every `try_acquire` does with its `try_reservation`: waits for a
+/// granted reservation and keeps it (`true`), or reports the refusal
+/// (`false`). Cancel-safe as [`Reservation::wait`].
 pub(crate) async fn wait_if_granted(reservation: Option<Reservation<'_>>) -> bool {
     let Some(reservation) = reservation else {
         return false;

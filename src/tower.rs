@@ -289,7 +289,8 @@ where
                         Poll::Ready(Err(error)) => Permit::Failed(error),
                     };
                 }
-                // The permit is free or due: the inner service must be ready too.
+                // The permit is free or due: the inner service must be ready
+                // too.
                 Permit::Free | Permit::Pending(_) => {
                     return self.inner.poll_ready(cx).map_err(Into::into);
                 }

@@ -1,5 +1,5 @@
-//! A limiter's rates and policies, validated in one place: [`Limit`], and the builder's own
-//! options.
+//! A limiter's rates and policies, validated in one place: [`Limit`], and the
+//! builder's own options.
 
 use std::time::Duration;
 
@@ -7,8 +7,8 @@ use crate::Error;
 use crate::core::{Bursty, Policy, State, WarmingUp};
 use crate::error::invalid;
 
-/// The default cold factor of the warming-up policy: a cold limiter starts three times slower
-/// than its stable rate.
+/// The default cold factor of the warming-up policy: a cold limiter starts
+/// three times slower than its stable rate.
 pub const DEFAULT_COLD_FACTOR: f64 = 3.0;
 
 /// The rate and policy options shared by every limiter's builder.
@@ -62,28 +62,34 @@ impl PolicyConfig {
 /// One of several limits a limiter enforces together; see
 /// [`Builder::limit`](crate::Builder::limit).
 ///
-/// A limit is a rate and its *burst*: how many requests may go at once after an idle spell. Made
-/// with a period (`Limit::per(1000.0, Duration::from_secs(3600))`), its burst is the period's whole
-/// permits: a quota of 1 000 an hour lets 1 000 requests go at once, then refills at 1 000 an
-/// hour. [`burst`](Limit::burst) sets another count, [`warmup`](Limit::warmup) the warming-up
-/// policy instead. A limit starts full, its burst there at once (a local `RateLimiter`'s
-/// `permits_per_second` starts with nothing stored).
+/// A limit is a rate and its *burst*: how many requests may go at once after
+/// an idle spell. Made with a period (`Limit::per(1000.0,
+/// Duration::from_secs(3600))`), its burst is the period's whole permits: a
+/// quota of 1 000 an hour lets 1 000 requests go at once, then refills at 1
+/// 000 an hour. [`burst`](Limit::burst) sets another count,
+/// [`warmup`](Limit::warmup) the warming-up policy instead. A limit starts
+/// full, its burst there at once (a local `RateLimiter`'s `permits_per_second`
+/// starts with nothing stored).
 ///
-/// A burst of `n` is `n` requests of one permit at once, no more: the limit stores `n − 1` permits
-/// while idle, and the request that goes when nothing is owed makes the `n`th (the next request
-/// pays its cost). The builder's [`max_burst`](crate::Builder::max_burst), a duration of stored
-/// permits, keeps the classic meaning: `max_burst × rate` permits stored, one more at once.
+/// A burst of `n` is `n` requests of one permit at once, no more: the limit
+/// stores `n − 1` permits while idle, and the request that goes when nothing
+/// is owed makes the `n`th (the next request pays its cost). The builder's
+/// [`max_burst`](crate::Builder::max_burst), a duration of stored permits,
+/// keeps the classic meaning: `max_burst × rate` permits stored, one more at
+/// once.
 ///
-/// **A long window's burst.** A per-hour limit whose burst is one second of its rate (the
-/// single-limit builder's default) is just a slow rate: one permit every 3.6 s at 1 000 an hour.
-/// A quota wants the whole window as its burst, the default here.
+/// **A long window's burst.** A per-hour limit whose burst is one second of
+/// its rate (the single-limit builder's default) is just a slow rate: one
+/// permit every 3.6 s at 1 000 an hour. A quota wants the whole window as its
+/// burst, the default here.
 ///
-/// **Against a fixed window.** A full bucket drained at its rate admits up to about twice its
-/// quota in one sliding window: 1 000 at once, then 1 000 more over the hour that follows (a fixed
-/// window admits twice its quota across its boundary too). If the sliding window must hold the
-/// quota, give the limit half the window as its burst (`.burst(500)`: at most 1 500 in any hour),
-/// or add a second, tighter limit (`Limit::per(20.0, Duration::from_secs(60))`) to pace the
-/// spending.
+/// **Against a fixed window.** A full bucket drained at its rate admits up to
+/// about twice its quota in one sliding window: 1 000 at once, then 1 000 more
+/// over the hour that follows (a fixed window admits twice its quota across
+/// its boundary too). If the sliding window must hold the quota, give the
+/// limit half the window as its burst (`.burst(500)`: at most 1 500 in any
+/// hour), or add a second, tighter limit (`Limit::per(20.0,
+/// Duration::from_secs(60))`) to pace the spending.
 ///
 /// ```
 /// use std::time::Duration;
@@ -120,8 +126,8 @@ pub struct Limit {
 }
 
 impl Limit {
-    /// `permits` per `period`, with a burst of the period's whole permits (at least 1). A zero
-    /// period is an [`Error::InvalidArgument`] when built.
+    /// `permits` per `period`, with a burst of the period's whole permits (at
+    /// least 1). A zero period is an [`Error::InvalidArgument`] when built.
     pub fn per(permits: f64, period: Duration) -> Limit {
         let invalid = period
             .is_zero()
@@ -141,18 +147,21 @@ impl Limit {
     }
 
     /// At most `calls` calls in flight at once: not a rate but a cap on the
-    /// [`Call`](crate::outbound::Call)s that [`RateLimiter::call`](crate::RateLimiter::call) and
-    /// [`KeyedRateLimiter::call`](crate::KeyedRateLimiter::call) (per key) hand out and that have
-    /// not ended. A call takes a *slot* first, waiting while all are taken (first come, first
-    /// served in this process), then its place in the schedule; the slot is free again as soon as
-    /// the `Call` is dropped. Through Redis the slots are shared by every process (see
+    /// [`Call`](crate::outbound::Call)s that
+    /// [`RateLimiter::call`](crate::RateLimiter::call) and
+    /// [`KeyedRateLimiter::call`](crate::KeyedRateLimiter::call) (per key)
+    /// hand out and that have not ended. A call takes a *slot* first, waiting
+    /// while all are taken (first come, first served in this process), then
+    /// its place in the schedule; the slot is free again as soon as the `Call`
+    /// is dropped. Through Redis the slots are shared by every process (see
     /// [`outbound`](crate::outbound)).
     ///
-    /// Only calls hold slots: `reserve`, `acquire` and the rest do not (their end is not known).
-    /// It is not among the limits a [`Cost`](crate::Cost) counts for, and the limiter still needs
-    /// a rate (`Limit::per_second(f64::INFINITY)` for none). Building is an
-    /// [`Error::InvalidArgument`] with `calls` 0, with two of them, or with `burst`, `warmup`,
-    /// `cold_factor` or `named` on it.
+    /// Only calls hold slots: `reserve`, `acquire` and the rest do not (their
+    /// end is not known). It is not among the limits a [`Cost`](crate::Cost)
+    /// counts for, and the limiter still needs a rate
+    /// (`Limit::per_second(f64::INFINITY)` for none). Building is an
+    /// [`Error::InvalidArgument`] with `calls` 0, with two of them, or with
+    /// `burst`, `warmup`, `cold_factor` or `named` on it.
     pub fn concurrent(calls: u32) -> Limit {
         let mut limit = Limit::per_second(f64::INFINITY);
         limit.concurrent = Some(calls);
@@ -169,21 +178,22 @@ impl Limit {
         Limit::per(permits, Duration::from_secs(1))
     }
 
-    /// How many requests of one permit may go at once after an idle spell: `n` at once, the
-    /// `n + 1`th one interval after the first (`1`: exact spacing). Building with `0` is an
-    /// [`Error::InvalidArgument`].
+    /// How many requests of one permit may go at once after an idle spell: `n`
+    /// at once, the `n + 1`th one interval after the first (`1`: exact
+    /// spacing). Building with `0` is an [`Error::InvalidArgument`].
     ///
-    /// The count holds at the rate the limit is built with. A new rate (`set_rate`, or one learned
-    /// from an upstream) keeps the time the stored permits span, so the count follows the rate:
-    /// `burst(20)` at 10/s stores 1.9 s of permits, 39 at once at 20/s, 10 at 5/s.
+    /// The count holds at the rate the limit is built with. A new rate
+    /// (`set_rate`, or one learned from an upstream) keeps the time the stored
+    /// permits span, so the count follows the rate: `burst(20)` at 10/s stores
+    /// 1.9 s of permits, 39 at once at 20/s, 10 at 5/s.
     pub fn burst(mut self, permits: u64) -> Limit {
         self.burst = Some(permits);
         self.config.warmup = None;
         self
     }
 
-    /// The warming-up policy instead of a burst: idle for this long, the limit starts slow and
-    /// takes this long to reach its rate.
+    /// The warming-up policy instead of a burst: idle for this long, the limit
+    /// starts slow and takes this long to reach its rate.
     pub fn warmup(mut self, warmup: Duration) -> Limit {
         self.config.warmup = Some(warmup);
         self.config.max_burst = None;
@@ -191,9 +201,10 @@ impl Limit {
         self
     }
 
-    /// The name an upstream gives this limit in its rate-limit headers (`requests`, `tokens`: a
-    /// `RateLimit` policy's name, or the suffix of `X-RateLimit-Remaining-Tokens`), so that what
-    /// it reports of it reaches this limit (see [`outbound`](crate::outbound)).
+    /// The name an upstream gives this limit in its rate-limit headers
+    /// (`requests`, `tokens`: a `RateLimit` policy's name, or the suffix of
+    /// `X-RateLimit-Remaining-Tokens`), so that what it reports of it reaches
+    /// this limit (see [`outbound`](crate::outbound)).
     pub fn named(mut self, name: &str) -> Limit {
         self.name = Some(name.into());
         self
@@ -204,8 +215,8 @@ impl Limit {
         self.name.as_deref()
     }
 
-    /// Warming-up policy: how much slower than its rate a cold limit starts (default
-    /// [`DEFAULT_COLD_FACTOR`]).
+    /// Warming-up policy: how much slower than its rate a cold limit starts
+    /// (default [`DEFAULT_COLD_FACTOR`]).
     pub fn cold_factor(mut self, cold_factor: f64) -> Limit {
         self.config.cold_factor = Some(cold_factor);
         self
@@ -236,14 +247,15 @@ impl Limit {
     }
 }
 
-/// The idle time that stores `permits` (whole, `>= 0`) at `rate`: rounded up to the microsecond,
-/// so that at least `permits` are stored, and less than one more (a burst of `n` lets `n` go at
-/// once, never `n + 1`).
+/// The idle time that stores `permits` (whole, `>= 0`) at `rate`: rounded up
+/// to the microsecond, so that at least `permits` are stored, and less than
+/// one more (a burst of `n` lets `n` go at once, never `n + 1`).
 ///
-/// Above 10^6 permits a second a microsecond stores a permit or more, and rounding up would store
-/// as many more as a microsecond holds (at 10^9/s, a burst of 5 would let 2 000 go at once), so
-/// it is then rounded down. What that leaves out, under a microsecond's worth, goes anyway: the
-/// ticket's part below the microsecond is not waited for.
+/// Above 10^6 permits a second a microsecond stores a permit or more, and
+/// rounding up would store as many more as a microsecond holds (at 10^9/s, a
+/// burst of 5 would let 2 000 go at once), so it is then rounded down. What
+/// that leaves out, under a microsecond's worth, goes anyway: the ticket's
+/// part below the microsecond is not waited for.
 fn stored_for(permits: f64, rate: f64) -> Duration {
     if permits <= 0.0 || rate.is_infinite() {
         return Duration::ZERO;
@@ -264,8 +276,8 @@ fn stored_for(permits: f64, rate: f64) -> Duration {
     })
 }
 
-/// The core states of a builder's limits at `now`: the one its own rate describes, if set, then
-/// each rate [`Limit`] in order.
+/// The core states of a builder's limits at `now`: the one its own rate
+/// describes, if set, then each rate [`Limit`] in order.
 pub(crate) fn limit_states(config: &PolicyConfig, now: u64) -> Result<Vec<State>, Error> {
     let limits: Vec<&Limit> = config.limits.iter().filter(|l| l.is_rate()).collect();
     concurrency(config)?;
@@ -293,7 +305,8 @@ pub(crate) fn limit_states(config: &PolicyConfig, now: u64) -> Result<Vec<State>
     Ok(states)
 }
 
-/// How many calls may be in flight at once, if a [`Limit::concurrent`] says, checked as it tells.
+/// How many calls may be in flight at once, if a [`Limit::concurrent`] says,
+/// checked as it tells.
 pub(crate) fn concurrency(config: &PolicyConfig) -> Result<Option<u32>, Error> {
     let mut found = None;
     for limit in &config.limits {

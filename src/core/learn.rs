@@ -1,27 +1,33 @@
-//! Learning an upstream's limit from its answers: [`Learning`] (the policy's constants),
-//! [`Lesson`] (what one answer said, in the limits' terms) and [`Limits::learn`].
+//! Learning an upstream's limit from its answers: [`Learning`] (the policy's
+//! constants), [`Lesson`] (what one answer said, in the limits' terms) and
+//! [`Limits::learn`].
 //!
 //! # The policy
 //!
-//! The [`outbound`](crate::outbound) module docs tell it as a user sees it; here, in the limits'
-//! terms. The limits keep their configured rates as *ceilings*, and each runs at
-//! `min(ceiling, cap × margin) × factor`, where `cap` is the rate the upstream reported for that
-//! limit (its quota over its window) and `factor` (from 0 to 1) is learned from its refusals:
+//! The [`outbound`](crate::outbound) module docs tell it as a user sees it;
+//! here, in the limits' terms. The limits keep their configured rates as
+//! *ceilings*, and each runs at `min(ceiling, cap × margin) × factor`, where
+//! `cap` is the rate the upstream reported for that limit (its quota over its
+//! window) and `factor` (from 0 to 1) is learned from its refusals:
 //!
-//! * A refusal (429) multiplies `factor` by `decrease`, down to `floor`, once per episode
-//!   (refusals that come back during the pause it started were sent before anyone knew), and
-//!   [pauses](State::pause) every limit until its `Retry-After` (or for `pause`).
-//! * A success after the pause adds `increase` to `factor`, at most once per `interval`, up to 1.
-//! * A limit the upstream says is spent (`remaining` 0, with its `reset`) is paused until the
-//!   reset; one with `remaining` left keeps at most that many permits stored.
+//! * A refusal (429) multiplies `factor` by `decrease`, down to `floor`, once
+//!   per episode (refusals that come back during the pause it started were
+//!   sent before anyone knew), and [pauses](State::pause) every limit until
+//!   its `Retry-After` (or for `pause`).
+//! * A success after the pause adds `increase` to `factor`, at most once per
+//!   `interval`, up to 1.
+//! * A limit the upstream says is spent (`remaining` 0, with its `reset`) is
+//!   paused until the reset; one with `remaining` left keeps at most that many
+//!   permits stored.
 //!
-//! Rate changes and pauses apply to the states at `now` and, like [`Limits::set_rate`], empty the
-//! give-back log (the calls it held open then settle as [`Limits::settle`] tells).
+//! Rate changes and pauses apply to the states at `now` and, like
+//! [`Limits::set_rate`], empty the give-back log (the calls it held open then
+//! settle as [`Limits::settle`] tells).
 
 use super::{Limits, MAX_MICROS, State};
 
-/// The constants of the policy by which a limiter learns an upstream's limit (see the
-/// [`outbound`](crate::outbound) module).
+/// The constants of the policy by which a limiter learns an upstream's limit
+/// (see the [`outbound`](crate::outbound) module).
 ///
 /// ```
 /// use std::time::Duration;
@@ -67,8 +73,9 @@ impl Default for Learning {
 }
 
 impl Learning {
-    /// What a refusal multiplies the learned rate by, in `(0, 1]` (default 0.7). Here and in
-    /// `increase`, `floor` and `margin`, a value out of range keeps the current one.
+    /// What a refusal multiplies the learned rate by, in `(0, 1]` (default
+    /// 0.7). Here and in `increase`, `floor` and `margin`, a value out of
+    /// range keeps the current one.
     pub fn decrease(mut self, factor: f64) -> Self {
         if factor > 0.0 && factor <= 1.0 {
             self.decrease = factor;
@@ -91,8 +98,8 @@ impl Learning {
         self
     }
 
-    /// The lowest fraction of the configured rate refusals bring it to, in `(0, 1]` (default
-    /// 0.05).
+    /// The lowest fraction of the configured rate refusals bring it to, in
+    /// `(0, 1]` (default 0.05).
     pub fn floor(mut self, fraction: f64) -> Self {
         if fraction > 0.0 && fraction <= 1.0 {
             self.floor = fraction;
@@ -106,8 +113,9 @@ impl Learning {
         self
     }
 
-    /// The fraction of a rate the upstream reports that the limiter runs at, in `(0, 1]` (default
-    /// 0.97): a little under it, so that calls that arrive unevenly still find room.
+    /// The fraction of a rate the upstream reports that the limiter runs at,
+    /// in `(0, 1]` (default 0.97): a little under it, so that calls that
+    /// arrive unevenly still find room.
     pub fn margin(mut self, fraction: f64) -> Self {
         if fraction > 0.0 && fraction <= 1.0 {
             self.margin = fraction;
@@ -116,9 +124,9 @@ impl Learning {
     }
 }
 
-/// What one answer from the upstream said, in the limits' terms: the digest of a
-/// [`Feedback`](crate::outbound::Feedback) that [`Limits::learn`] applies. Durations are from the
-/// moment it is learned.
+/// What one answer from the upstream said, in the limits' terms: the digest of
+/// a [`Feedback`](crate::outbound::Feedback) that [`Limits::learn`] applies.
+/// Durations are from the moment it is learned.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Lesson {
     /// The upstream refused the call for rate (429).
@@ -142,8 +150,9 @@ pub struct Reported {
     pub reset_micros: Option<u64>,
 }
 
-/// What limits learned, as another copy of them reports it (Redis's, in a reply): the factor,
-/// the margin, and each limit's cap (infinite where none was reported).
+/// What limits learned, as another copy of them reports it (Redis's, in a
+/// reply): the factor, the margin, and each limit's cap (infinite where none
+/// was reported).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Adopted {
     pub(crate) factor: f64,
@@ -158,7 +167,8 @@ impl Adopted {
         self.factor >= 1.0 && self.caps.iter().all(|c| c.is_infinite())
     }
 
-    /// The rate a limit configured at `ceiling`, with `cap`, runs at (`Learned::rate`).
+    /// The rate a limit configured at `ceiling`, with `cap`, runs at
+    /// (`Learned::rate`).
     pub(crate) fn rate_of(&self, ceiling: f64, cap: f64) -> f64 {
         learned_rate(ceiling, cap, self.margin, self.factor)
     }
@@ -207,9 +217,9 @@ impl Learned {
     }
 }
 
-/// `min(ceiling, cap × margin) × factor`, the rate of [the policy](self). An infinite ceiling
-/// scaled stays infinite; a product that is not a valid rate (never, with the factor in (0, 1])
-/// keeps the capped rate.
+/// `min(ceiling, cap × margin) × factor`, the rate of [the policy](self). An
+/// infinite ceiling scaled stays infinite; a product that is not a valid rate
+/// (never, with the factor in (0, 1]) keeps the capped rate.
 fn learned_rate(ceiling: f64, cap: f64, margin: f64, factor: f64) -> f64 {
     let capped = ceiling.min(cap * margin);
     let rate = capped * factor;
@@ -217,8 +227,9 @@ fn learned_rate(ceiling: f64, cap: f64, margin: f64, factor: f64) -> f64 {
 }
 
 impl Limits {
-    /// Learns what an upstream said in answer to a call at `now_micros`, under `learning`'s
-    /// constants, by the policy that `src/core/learn.rs` opens with.
+    /// Learns what an upstream said in answer to a call at `now_micros`, under
+    /// `learning`'s constants, by the policy that `src/core/learn.rs` opens
+    /// with.
     pub fn learn(&mut self, lesson: &Lesson, now_micros: u64, learning: &Learning) {
         let n = self.states.len();
         let learned = self
@@ -281,9 +292,10 @@ impl Limits {
         }
     }
 
-    /// Runs the limits from `now_micros` at the rates `adopted` says another copy of them learned
-    /// (the caps already in this copy's terms), and nothing else: a fallback that takes a key over
-    /// from a limiter shared through Redis starts from what the key learned there. Numbers out of
+    /// Runs the limits from `now_micros` at the rates `adopted` says another
+    /// copy of them learned (the caps already in this copy's terms), and
+    /// nothing else: a fallback that takes a key over from a limiter shared
+    /// through Redis starts from what the key learned there. Numbers out of
     /// range change nothing. As a rate change, it empties the log.
     pub(crate) fn adopt(&mut self, adopted: &Adopted, now_micros: u64) {
         let valid = |x: f64| x > 0.0 && x <= 1.0;
@@ -312,9 +324,10 @@ impl Limits {
         self.learned.as_ref().map_or(1.0, |l| l.factor)
     }
 
-    /// What the limits learned, if anything: the factor, the end of the last pause, when the
-    /// factor last rose, the margin, and each limit's cap (infinite where none was reported). For
-    /// the model tests, which hold Redis's copy to it.
+    /// What the limits learned, if anything: the factor, the end of the last
+    /// pause, when the factor last rose, the margin, and each limit's cap
+    /// (infinite where none was reported). For the model tests, which hold
+    /// Redis's copy to it.
     #[cfg(any(test, feature = "internals"))]
     pub fn learned_numbers(&self) -> Option<(f64, u64, u64, f64, Vec<f64>)> {
         self.learned.as_ref().map(|l| {
@@ -328,7 +341,8 @@ impl Limits {
         })
     }
 
-    /// The configured rates: the limits' own, or the ceilings learning keeps under them.
+    /// The configured rates: the limits' own, or the ceilings learning keeps
+    /// under them.
     pub(crate) fn ceilings(&self) -> Vec<f64> {
         match &self.learned {
             Some(learned) => learned.ceilings.clone(),
@@ -336,8 +350,8 @@ impl Limits {
         }
     }
 
-    /// The rates the limits run at for configured rates `rates`, which learning keeps as its
-    /// ceilings.
+    /// The rates the limits run at for configured rates `rates`, which
+    /// learning keeps as its ceilings.
     pub(super) fn learned_rates(&mut self, rates: &[f64]) -> Vec<f64> {
         match &mut self.learned {
             Some(learned) => {
@@ -350,9 +364,10 @@ impl Limits {
 }
 
 impl State {
-    /// Pauses the limit until `until_micros`: its ticket moves there (if earlier) and it drops
-    /// every stored permit, so that it stores only the idle time after the pause and the callers
-    /// that come back after it go one interval apart, never as a burst.
+    /// Pauses the limit until `until_micros`: its ticket moves there (if
+    /// earlier) and it drops every stored permit, so that it stores only the
+    /// idle time after the pause and the callers that come back after it go
+    /// one interval apart, never as a burst.
     pub(crate) fn pause(&mut self, until_micros: u64, now_micros: u64) {
         self.resync(now_micros);
         self.stored_permits = 0.0;

@@ -8,34 +8,39 @@ use super::{Cost, InvalidRate, State};
 /// How many requests [`Limits`] keeps in its log by default.
 pub const LOG_CAPACITY: usize = 1024;
 
-/// Several limits that every request must satisfy together: 10 per second with a burst of 20
-/// *and* 1 000 per hour, all or nothing.
+/// Several limits that every request must satisfy together: 10 per second with
+/// a burst of 20 *and* 1 000 per hour, all or nothing.
 ///
 /// # The rule
 ///
-/// Each limit is a [`State`] of its own. A request at `now` goes at the earliest moment every
-/// limit allows, `M = max(now, every ticket)`, and every limit is charged *as if it had arrived at
-/// `M`*: each resyncs to `M` (storing idle time up to then) and pushes its ticket from there. The
-/// wait is `M − now`; the limit whose ticket set `M` bound it.
+/// Each limit is a [`State`] of its own. A request at `now` goes at the
+/// earliest moment every limit allows, `M = max(now, every ticket)`, and every
+/// limit is charged *as if it had arrived at `M`*: each resyncs to `M`
+/// (storing idle time up to then) and pushes its ticket from there. The wait
+/// is `M − now`; the limit whose ticket set `M` bound it.
 ///
-/// Charging at `M` rather than at `now` keeps every limit whole: a limit that does not bind sees
-/// its requests arrive at `M`, in order, each of its tickets at or before the next `M`, so it
-/// makes exactly the grants it would make alone, at the same moments, and in no window grants
-/// more. (Charged at `now`, a limit of 1 per second behind one in debt until `t = 5` s would let
-/// five requests made at `0` through together at `5`, its tickets `0` to `4` spent while nobody
-/// could use them.) With one limit, `M` is the core's own moment.
+/// Charging at `M` rather than at `now` keeps every limit whole: a limit that
+/// does not bind sees its requests arrive at `M`, in order, each of its
+/// tickets at or before the next `M`, so it makes exactly the grants it would
+/// make alone, at the same moments, and in no window grants more. (Charged at
+/// `now`, a limit of 1 per second behind one in debt until `t = 5` s would let
+/// five requests made at `0` through together at `5`, its tickets `0` to `4`
+/// spent while nobody could use them.) With one limit, `M` is the core's own
+/// moment.
 ///
 /// A refused try charges no limit.
 ///
 /// # Giving a reservation back, exactly
 ///
-/// The log of the [module docs](super#giving-a-reservation-back) spans every limit: a give-back
-/// replays the rest without the reservation, whichever limit bound what.
+/// The log of the [module docs](super#giving-a-reservation-back) spans every
+/// limit: a give-back replays the rest without the reservation, whichever
+/// limit bound what.
 ///
-/// Callers already waiting keep their moments. With bursty limits these are at or after the
-/// replay's (removing a request never makes another earlier). A warming-up limit that the replay
-/// leaves idle for longer goes colder, its stored permits dearer, so a caller already waiting may
-/// hold a moment before the replay's: it was granted by the limits as they were, and the replay
+/// Callers already waiting keep their moments. With bursty limits these are at
+/// or after the replay's (removing a request never makes another earlier). A
+/// warming-up limit that the replay leaves idle for longer goes colder, its
+/// stored permits dearer, so a caller already waiting may hold a moment before
+/// the replay's: it was granted by the limits as they were, and the replay
 /// changes only what comes next.
 ///
 /// ```
@@ -57,7 +62,8 @@ pub const LOG_CAPACITY: usize = 1024;
 pub struct Limits {
     pub(super) states: Vec<State>,
     log: Log,
-    /// What [`learn`](Limits::learn) learned from an upstream; `None` until it first does.
+    /// What [`learn`](Limits::learn) learned from an upstream; `None` until it
+    /// first does.
     pub(super) learned: Option<Box<Learned>>,
 }
 
@@ -75,7 +81,8 @@ struct Log {
 struct Logged {
     /// The id a held reservation was given; `None` for the others.
     id: Option<u64>,
-    /// An open call's ([`Limits::open`]): it stays past its moment, until kept.
+    /// An open call's ([`Limits::open`]): it stays past its moment, until
+    /// kept.
     open: bool,
     cost: Cost,
     now_micros: u64,
@@ -92,7 +99,8 @@ pub struct Granted {
     pub wait_micros: u64,
     /// The limit (its index) that made it wait; `None` if it did not wait.
     pub bound_by: Option<usize>,
-    /// What [`Limits::give_back`] and [`Limits::keep`] take, for a held reservation that waits.
+    /// What [`Limits::give_back`] and [`Limits::keep`] take, for a held
+    /// reservation that waits.
     pub id: Option<u64>,
 }
 
@@ -121,8 +129,9 @@ impl Limits {
         &self.states
     }
 
-    /// The limits' states, to load numbers held elsewhere (the lock-free word's, a keyed
-    /// entry's): only while the log, which a change to the states would void, is empty.
+    /// The limits' states, to load numbers held elsewhere (the lock-free
+    /// word's, a keyed entry's): only while the log, which a change to the
+    /// states would void, is empty.
     pub(crate) fn states_mut(&mut self) -> &mut [State] {
         debug_assert!(self.log_is_empty(), "the states change under a log");
         &mut self.states
@@ -133,20 +142,21 @@ impl Limits {
         self.log.requests.is_empty()
     }
 
-    /// Whether the states alone are the whole of the limits (nothing logged, nothing learned):
-    /// only such limits may be held as a word.
+    /// Whether the states alone are the whole of the limits (nothing logged,
+    /// nothing learned): only such limits may be held as a word.
     pub(crate) fn is_plain(&self) -> bool {
         self.log.requests.is_empty() && self.learned.is_none()
     }
 
-    /// The moment a request at `now_micros` would go, and the limit that would make it wait.
+    /// The moment a request at `now_micros` would go, and the limit that would
+    /// make it wait.
     #[cfg(any(test, feature = "internals"))]
     pub fn earliest(&self, now_micros: u64) -> (u64, Option<usize>) {
         earliest(&self.states, now_micros)
     }
 
-    /// Reserves `permits` at `now_micros` ([the rule](Limits#the-rule)). A `held` reservation
-    /// that has to wait gets an id to give it back with.
+    /// Reserves `permits` at `now_micros` ([the rule](Limits#the-rule)). A
+    /// `held` reservation that has to wait gets an id to give it back with.
     #[cfg(any(test, feature = "internals"))]
     pub fn reserve(&mut self, permits: u32, now_micros: u64, held: bool) -> Granted {
         self.try_reserve(permits, now_micros, u64::MAX, held)
@@ -169,9 +179,10 @@ impl Limits {
             .then(|| self.reserve_at(&Cost::new(permits), now_micros, moment, bound_by, hold))
     }
 
-    /// Reserves `cost` at `now_micros` for an *open call*, as [`try_reserve`](Self::try_reserve)
-    /// does a held one, but it always gets an id and stays in the log past its moment until
-    /// [`keep`](Self::keep), so that [`settle`](Self::settle) can replace its cost with what the
+    /// Reserves `cost` at `now_micros` for an *open call*, as
+    /// [`try_reserve`](Self::try_reserve) does a held one, but it always gets
+    /// an id and stays in the log past its moment until [`keep`](Self::keep),
+    /// so that [`settle`](Self::settle) can replace its cost with what the
     /// call turned out to cost. Until its moment it can be given back.
     pub fn open(&mut self, cost: &Cost, now_micros: u64, timeout_micros: u64) -> Option<Granted> {
         let (moment, bound_by) = earliest(&self.states, now_micros);
@@ -223,8 +234,8 @@ impl Limits {
         moment: u64,
     ) {
         if self.log.requests.len() == self.log.capacity {
-            // The oldest leaves and can no longer be given back, nor can what follows it up to
-            // the next that can.
+            // The oldest leaves and can no longer be given back, nor can what
+            // follows it up to the next that can.
             self.fold_oldest();
             self.expire(now_micros);
         }
@@ -243,13 +254,15 @@ impl Limits {
         });
     }
 
-    /// Gives back the held reservation `id` at `now_micros`: the limits become what they would be
-    /// had it never been made. `false`, changing nothing, if it can no longer be given back (its
-    /// moment has passed, the log dropped it, a rate change came since, or it was given back).
+    /// Gives back the held reservation `id` at `now_micros`: the limits become
+    /// what they would be had it never been made. `false`, changing nothing,
+    /// if it can no longer be given back (its moment has passed, the log
+    /// dropped it, a rate change came since, or it was given back).
     pub fn give_back(&mut self, id: u64, now_micros: u64) -> bool {
         self.expire(now_micros);
-        // After a give-back a moment can fall behind an earlier one's, so a request whose
-        // moment has passed may still sit in the log: it has been used all the same.
+        // After a give-back a moment can fall behind an earlier one's, so a
+        // request whose moment has passed may still sit in the log: it has
+        // been used all the same.
         let Some(place) = self
             .log
             .requests
@@ -267,15 +280,17 @@ impl Limits {
         true
     }
 
-    /// Settles the open call `id`, charged `charged` so far, at `actual` at `now_micros`, so that
-    /// the limits hold what they would had it reserved `actual` in the first place.
+    /// Settles the open call `id`, charged `charged` so far, at `actual` at
+    /// `now_micros`, so that the limits hold what they would had it reserved
+    /// `actual` in the first place.
     ///
-    /// While the log holds the call this is exact (`true`): its cost is replaced and the log
-    /// replayed. Once the log has let it go (it filled, or a rate changed), what `actual` charges
-    /// past `charged` is charged now, as a request that does not wait (the next callers wait for
-    /// it), and what it charges less is not given back (`false`): where the limiter sat idle
-    /// since, that could let later callers in before the exact answer would. Either way the call
-    /// stays open until [`keep`](Self::keep).
+    /// While the log holds the call this is exact (`true`): its cost is
+    /// replaced and the log replayed. Once the log has let it go (it filled,
+    /// or a rate changed), what `actual` charges past `charged` is charged
+    /// now, as a request that does not wait (the next callers wait for it),
+    /// and what it charges less is not given back (`false`): where the limiter
+    /// sat idle since, that could let later callers in before the exact answer
+    /// would. Either way the call stays open until [`keep`](Self::keep).
     pub fn settle(&mut self, id: u64, charged: &Cost, actual: &Cost, now_micros: u64) -> bool {
         self.expire(now_micros);
         if let Some(request) = self
@@ -296,7 +311,8 @@ impl Limits {
         false
     }
 
-    /// Rebuilds the states from the log's base, replaying every logged request.
+    /// Rebuilds the states from the log's base, replaying every logged
+    /// request.
     fn replay(&mut self) {
         self.states.clone_from(&self.log.base);
         for request in &self.log.requests {
@@ -305,9 +321,10 @@ impl Limits {
         }
     }
 
-    /// The held reservation `id` will not be given back (its permits are used, or it was
-    /// committed): the log stops holding it open, and empties once nothing in it may be given
-    /// back. `false` if the log no longer holds it. Changes no state.
+    /// The held reservation `id` will not be given back (its permits are used,
+    /// or it was committed): the log stops holding it open, and empties once
+    /// nothing in it may be given back. `false` if the log no longer holds it.
+    /// Changes no state.
     pub fn keep(&mut self, id: u64, now_micros: u64) -> bool {
         let Some(request) = self.log.requests.iter_mut().find(|r| r.id == Some(id)) else {
             return false;
@@ -318,8 +335,9 @@ impl Limits {
         true
     }
 
-    /// [`State::resume`] for each limit, with its debt in `debts_micros` (a missing one is 0).
-    /// The log empties: what waits gives nothing back (erring towards limiting).
+    /// [`State::resume`] for each limit, with its debt in `debts_micros` (a
+    /// missing one is 0). The log empties: what waits gives nothing back
+    /// (erring towards limiting).
     #[cfg(any(test, feature = "internals"))]
     pub fn resume(&mut self, debts_micros: &[u64], now_micros: u64) {
         self.clear_log();
@@ -328,10 +346,10 @@ impl Limits {
         }
     }
 
-    /// Changes the rate of limit `index` (every limit with `None`) at `now_micros`, as
-    /// [`State::set_rate`]. A limit already at that rate is left as it is; if any changes, the
-    /// log empties (its requests were charged at the old rates). Out-of-range indexes change
-    /// nothing.
+    /// Changes the rate of limit `index` (every limit with `None`) at
+    /// `now_micros`, as [`State::set_rate`]. A limit already at that rate is
+    /// left as it is; if any changes, the log empties (its requests were
+    /// charged at the old rates). Out-of-range indexes change nothing.
     pub fn set_rate(
         &mut self,
         index: Option<usize>,
@@ -348,10 +366,11 @@ impl Limits {
         self.set_rates(&rates, now_micros)
     }
 
-    /// Multiplies every limit's rate by `factor` at `now_micros`, keeping their proportions; if
-    /// that is not a valid rate for some limit (scaled to zero or NaN, or a finite rate scaled to
-    /// infinity), every limit gets `otherwise`.
-    /// Otherwise as [`set_rate`](Self::set_rate); an invalid `otherwise` changes nothing.
+    /// Multiplies every limit's rate by `factor` at `now_micros`, keeping
+    /// their proportions; if that is not a valid rate for some limit (scaled
+    /// to zero or NaN, or a finite rate scaled to infinity), every limit gets
+    /// `otherwise`. Otherwise as [`set_rate`](Self::set_rate); an invalid
+    /// `otherwise` changes nothing.
     pub fn scale(
         &mut self,
         factor: f64,
@@ -363,8 +382,9 @@ impl Limits {
         self.set_rates(&rates, now_micros)
     }
 
-    /// A limiter's `set_rate`: the first limit's rate becomes `permits_per_second`, and the
-    /// others [`scale`](Self::scale) by the same factor.
+    /// A limiter's `set_rate`: the first limit's rate becomes
+    /// `permits_per_second`, and the others [`scale`](Self::scale) by the same
+    /// factor.
     pub(crate) fn set_first_rate(
         &mut self,
         permits_per_second: f64,
@@ -381,14 +401,15 @@ impl Limits {
     }
 
     /// Sets each limit's rate (all valid) to `rates` at `now_micros`, as
-    /// [`set_rate`](Self::set_rate) does one. A keyed limiter applies one change to every key so,
-    /// all its keys being at the same rates.
+    /// [`set_rate`](Self::set_rate) does one. A keyed limiter applies one
+    /// change to every key so, all its keys being at the same rates.
     pub(crate) fn set_rates(&mut self, rates: &[f64], now_micros: u64) -> Result<(), InvalidRate> {
         let rates = self.learned_rates(rates);
         self.apply_rates(&rates, now_micros)
     }
 
-    /// [`set_rates`](Self::set_rates) as given, leaving learning's ceilings unchanged.
+    /// [`set_rates`](Self::set_rates) as given, leaving learning's ceilings
+    /// unchanged.
     pub(super) fn apply_rates(
         &mut self,
         rates: &[f64],
@@ -407,9 +428,9 @@ impl Limits {
         Ok(())
     }
 
-    /// Whether every limit reads as full at `now_micros` (no debt, every permit it can store
-    /// stored) and nothing can be given back: the state a key never seen starts in, so a keyed
-    /// limiter can forget it.
+    /// Whether every limit reads as full at `now_micros` (no debt, every
+    /// permit it can store stored) and nothing can be given back: the state a
+    /// key never seen starts in, so a keyed limiter can forget it.
     pub fn reads_as_full(&self, now_micros: u64) -> bool {
         self.log.requests.is_empty()
             && self
@@ -418,7 +439,8 @@ impl Limits {
                 .all(|state| state.reads_as_full(now_micros))
     }
 
-    /// The latest ticket of any limit: when the limits were last used, to choose which to forget.
+    /// The latest ticket of any limit: when the limits were last used, to
+    /// choose which to forget.
     pub fn last_used(&self) -> u64 {
         self.states
             .iter()
@@ -427,9 +449,10 @@ impl Limits {
             .unwrap_or(0)
     }
 
-    /// Takes off the head of the log the requests that can no longer be given back at
-    /// `now_micros` (moment passed, or no id), up to the first that still can. Every call does it
-    /// first; a caller sees no change (a keyed limiter's sweep does it to find what it may drop).
+    /// Takes off the head of the log the requests that can no longer be given
+    /// back at `now_micros` (moment passed, or no id), up to the first that
+    /// still can. Every call does it first; a caller sees no change (a keyed
+    /// limiter's sweep does it to find what it may drop).
     pub(crate) fn expire(&mut self, now_micros: u64) {
         while self
             .log
@@ -450,8 +473,9 @@ impl Limits {
         }
     }
 
-    /// Empties the log: what it held can no longer be given back. Also undoes a request that
-    /// started the log (the local limiter's attempt whose compare-and-swap lost).
+    /// Empties the log: what it held can no longer be given back. Also undoes
+    /// a request that started the log (the local limiter's attempt whose
+    /// compare-and-swap lost).
     pub(crate) fn clear_log(&mut self) {
         self.log.requests.clear();
         self.forget_if_empty();
@@ -464,8 +488,8 @@ impl Limits {
     }
 }
 
-/// The moment every limit allows a request at `now_micros`, and the first limit whose ticket is
-/// that moment if it lies after `now_micros`.
+/// The moment every limit allows a request at `now_micros`, and the first
+/// limit whose ticket is that moment if it lies after `now_micros`.
 #[inline]
 fn earliest(states: &[State], now_micros: u64) -> (u64, Option<usize>) {
     let mut moment = now_micros;
@@ -479,9 +503,10 @@ fn earliest(states: &[State], now_micros: u64) -> (u64, Option<usize>) {
     (moment, bound_by)
 }
 
-/// `rates` times `factor`, or `otherwise` for each if one is not a valid rate ([`Limits::scale`]).
-/// A finite rate scaled to infinity is not, unless `otherwise` is infinite: the factor overflowed
-/// (from a tiny rate back up), and would lift every limit.
+/// `rates` times `factor`, or `otherwise` for each if one is not a valid rate
+/// ([`Limits::scale`]). A finite rate scaled to infinity is not, unless
+/// `otherwise` is infinite: the factor overflowed (from a tiny rate back up),
+/// and would lift every limit.
 pub(crate) fn scaled_rates(rates: &[f64], factor: f64, otherwise: f64) -> Vec<f64> {
     let scaled: Vec<f64> = rates.iter().map(|rate| rate * factor).collect();
     let valid = |(&rate, &scaled): (&f64, &f64)| {
@@ -504,8 +529,9 @@ fn charge(states: &mut [State], cost: &Cost, moment: u64) {
     }
 }
 
-/// How a reservation is held: plain (the caller's at once), held (given back if dropped before
-/// its moment; logged only if it waits), or an open call (logged, settled after its moment).
+/// How a reservation is held: plain (the caller's at once), held (given back
+/// if dropped before its moment; logged only if it waits), or an open call
+/// (logged, settled after its moment).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Hold {
     Plain,

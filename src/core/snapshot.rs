@@ -5,14 +5,15 @@ use std::time::Duration;
 use super::word::{self, Config};
 use super::{Limits, MAX_MICROS, Policy, State};
 
-/// What a limiter (or one key of it) holds at one moment, read without reserving anything: its
-/// rate and burst, its stored permits and its debt. It answers what a client is told: how many
-/// requests would go now ([`remaining`](Self::remaining)), how long until one would
-/// ([`wait`](Self::wait)) or until `n` would ([`wait_for`](Self::wait_for)), and how long until
-/// the limiter is full again ([`full_in`](Self::full_in)).
+/// What a limiter (or one key of it) holds at one moment, read without
+/// reserving anything: its rate and burst, its stored permits and its debt. It
+/// answers what a client is told: how many requests would go now
+/// ([`remaining`](Self::remaining)), how long until one would
+/// ([`wait`](Self::wait)) or until `n` would ([`wait_for`](Self::wait_for)),
+/// and how long until the limiter is full again ([`full_in`](Self::full_in)).
 ///
-/// Every limiter reads one with `snapshot()`: the local ones at once, a Redis limiter in one round
-/// trip, on the server's clock.
+/// Every limiter reads one with `snapshot()`: the local ones at once, a Redis
+/// limiter in one round trip, on the server's clock.
 ///
 /// ```
 /// use std::time::Duration;
@@ -53,7 +54,8 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// The snapshot of `state` at `now_micros` (resynced on a copy); `limit` is its index.
+    /// The snapshot of `state` at `now_micros` (resynced on a copy); `limit`
+    /// is its index.
     pub(crate) fn of(state: &State, now_micros: u64, limit: usize) -> Snapshot {
         let mut state = state.clone();
         state.resync(now_micros);
@@ -70,8 +72,8 @@ impl Snapshot {
         }
     }
 
-    /// The snapshot of the state `word` (not mutex mode) stands for at `now_micros`, under
-    /// `config`, the configuration of `template`.
+    /// The snapshot of the state `word` (not mutex mode) stands for at
+    /// `now_micros`, under `config`, the configuration of `template`.
     pub(crate) fn of_word(
         word: u64,
         now_micros: u64,
@@ -83,9 +85,9 @@ impl Snapshot {
         Snapshot::of(&state, now_micros, 0)
     }
 
-    /// The snapshot of several limits at `now_micros`: the one that binds now ([`binding`]), whose
-    /// [`remaining`](Self::remaining) and [`wait`](Self::wait) are those of all the limits
-    /// together.
+    /// The snapshot of several limits at `now_micros`: the one that binds now
+    /// ([`binding`]), whose [`remaining`](Self::remaining) and
+    /// [`wait`](Self::wait) are those of all the limits together.
     ///
     /// [`binding`]: Self::binding
     pub(crate) fn of_limits(limits: &Limits, now_micros: u64) -> Snapshot {
@@ -99,8 +101,9 @@ impl Snapshot {
         .expect("limits are never empty")
     }
 
-    /// Of several limits' snapshots, the one that binds: the fewest requests remaining, then the
-    /// longest wait, then the longest until full; `None` if there are none.
+    /// Of several limits' snapshots, the one that binds: the fewest requests
+    /// remaining, then the longest wait, then the longest until full; `None`
+    /// if there are none.
     pub(crate) fn binding(snapshots: impl IntoIterator<Item = Snapshot>) -> Option<Snapshot> {
         snapshots.into_iter().min_by(|a, b| {
             a.remaining()
@@ -111,9 +114,9 @@ impl Snapshot {
     }
 
     /// What a limiter that knows only its wait and its rate can tell, for a
-    /// [`Limiter`](crate::Limiter) written outside this crate: nothing stored, no burst. A rate
-    /// that is none (zero, negative, NaN) reads as the slowest there is, never as no limit
-    /// (`f64::INFINITY` is that).
+    /// [`Limiter`](crate::Limiter) written outside this crate: nothing stored,
+    /// no burst. A rate that is none (zero, negative, NaN) reads as the
+    /// slowest there is, never as no limit (`f64::INFINITY` is that).
     ///
     /// ```
     /// use std::time::Duration;
@@ -140,8 +143,9 @@ impl Snapshot {
         self.rate
     }
 
-    /// Permits stored now (saved while idle): up to the burst past the one request that goes when
-    /// nothing is owed (bursty), or the permits of a cold limiter (warming-up).
+    /// Permits stored now (saved while idle): up to the burst past the one
+    /// request that goes when nothing is owed (bursty), or the permits of a
+    /// cold limiter (warming-up).
     pub fn stored(&self) -> f64 {
         self.stored
     }
@@ -151,18 +155,21 @@ impl Snapshot {
         Duration::from_micros(self.wait_micros)
     }
 
-    /// With several limits, which one this is (from 0, in the order they were given); 0 with one.
+    /// With several limits, which one this is (from 0, in the order they were
+    /// given); 0 with one.
     pub fn limit(&self) -> usize {
         self.limit
     }
 
-    /// How many requests of one permit would go now, one after another, without waiting: none
-    /// while something is owed; otherwise one per whole stored permit and one more (bursty), or
-    /// one (warming-up, where a stored permit costs time); `u64::MAX` at an infinite rate.
+    /// How many requests of one permit would go now, one after another,
+    /// without waiting: none while something is owed; otherwise one per whole
+    /// stored permit and one more (bursty), or one (warming-up, where a stored
+    /// permit costs time); `u64::MAX` at an infinite rate.
     ///
-    /// Waits are whole microseconds, so where a request leaves under one owed (a permit costing
-    /// under a microsecond, above 10^6 per second, or a stored count a rounding below a whole
-    /// one), one or a few more go than this says.
+    /// Waits are whole microseconds, so where a request leaves under one owed
+    /// (a permit costing under a microsecond, above 10^6 per second, or a
+    /// stored count a rounding below a whole one), one or a few more go than
+    /// this says.
     pub fn remaining(&self) -> u64 {
         if self.wait_micros > 0 {
             0
@@ -171,13 +178,15 @@ impl Snapshot {
         }
     }
 
-    /// How many requests of one permit a full, idle limiter lets through at once:
-    /// [`remaining`](Self::remaining) when [`stored`](Self::stored) is at its most.
+    /// How many requests of one permit a full, idle limiter lets through at
+    /// once: [`remaining`](Self::remaining) when [`stored`](Self::stored) is
+    /// at its most.
     pub fn burst(&self) -> u64 {
         self.at_most(self.max_stored)
     }
 
-    /// How many requests of one permit go at once with `stored` permits and nothing owed.
+    /// How many requests of one permit go at once with `stored` permits and
+    /// nothing owed.
     fn at_most(&self, stored: f64) -> u64 {
         if self.cool_down_micros == 0.0 {
             u64::MAX
@@ -190,9 +199,9 @@ impl Snapshot {
     }
 
     /// How long until `requests` requests of one permit would all go at once
-    /// ([`remaining`](Self::remaining) reaching `requests`) if nothing else is reserved
-    /// meanwhile; `None` if they never would (more than [`burst`](Self::burst)). Zero requests:
-    /// zero.
+    /// ([`remaining`](Self::remaining) reaching `requests`) if nothing else is
+    /// reserved meanwhile; `None` if they never would (more than
+    /// [`burst`](Self::burst)). Zero requests: zero.
     pub fn wait_for(&self, requests: u64) -> Option<Duration> {
         if requests == 0 {
             return Some(Duration::ZERO);
@@ -200,7 +209,8 @@ impl Snapshot {
         if requests > self.burst() {
             return None;
         }
-        // Stored permits needed past the one the ticket lets go: one per cool-down after the debt.
+        // Stored permits needed past the one the ticket lets go: one per
+        // cool-down after the debt.
         let missing = if self.bursty {
             ((requests - 1) as f64 - self.stored).max(0.0)
         } else {
@@ -209,8 +219,8 @@ impl Snapshot {
         Some(self.after_debt(missing))
     }
 
-    /// How long until the limiter is full again (nothing owed, every permit it can store stored),
-    /// if nothing is reserved meanwhile.
+    /// How long until the limiter is full again (nothing owed, every permit it
+    /// can store stored), if nothing is reserved meanwhile.
     pub fn full_in(&self) -> Duration {
         self.after_debt((self.max_stored - self.stored).max(0.0))
     }

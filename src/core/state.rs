@@ -5,7 +5,8 @@ use super::{
     stable_interval_micros, to_micros,
 };
 
-/// The limiter's whole state, and the algorithm over it ([how it works](crate::core)).
+/// The limiter's whole state, and the algorithm over it ([how it
+/// works](crate::core)).
 ///
 /// ```
 /// use paceline::core::{Bursty, Policy, State};
@@ -37,8 +38,9 @@ pub struct State {
 }
 
 impl State {
-    /// A limiter at `permits_per_second`, created at `now_micros`: no stored permits (bursty) or
-    /// full, i.e. cold (warming-up), and the first request at or after `now_micros` goes at once.
+    /// A limiter at `permits_per_second`, created at `now_micros`: no stored
+    /// permits (bursty) or full, i.e. cold (warming-up), and the first request
+    /// at or after `now_micros` goes at once.
     pub fn new(
         mut policy: Policy,
         permits_per_second: f64,
@@ -57,9 +59,10 @@ impl State {
         })
     }
 
-    /// A limiter at `permits_per_second` idle long enough to be full at `now_micros`: every permit
-    /// it can store is stored (bursty: a whole burst; warming-up: cold) and nothing is owed. A key
-    /// never seen starts so in a keyed limiter, as a missing key does in Redis.
+    /// A limiter at `permits_per_second` idle long enough to be full at
+    /// `now_micros`: every permit it can store is stored (bursty: a whole
+    /// burst; warming-up: cold) and nothing is owed. A key never seen starts
+    /// so in a keyed limiter, as a missing key does in Redis.
     ///
     /// ```
     /// use paceline::core::{Bursty, Policy, State};
@@ -78,8 +81,9 @@ impl State {
         Ok(state)
     }
 
-    /// Permits saved up while idle, from `0.0` to [`max_permits`](State::max_permits), as of the
-    /// last operation (a [`resync`](State::resync) brings them up to `now`).
+    /// Permits saved up while idle, from `0.0` to
+    /// [`max_permits`](State::max_permits), as of the last operation (a
+    /// [`resync`](State::resync) brings them up to `now`).
     #[cfg(any(test, feature = "internals"))]
     pub fn stored_permits(&self) -> f64 {
         self.stored_permits
@@ -100,16 +104,18 @@ impl State {
         self.stable_interval_micros
     }
 
-    /// The ticket: the moment the next request may go, in whole microseconds (the rest is
-    /// [`next_free_fraction`](State::next_free_fraction)). In the past while the limiter is idle,
-    /// until the next operation resyncs it to `now`.
+    /// The ticket: the moment the next request may go, in whole microseconds
+    /// (the rest is [`next_free_fraction`](State::next_free_fraction)). In the
+    /// past while the limiter is idle, until the next operation resyncs it to
+    /// `now`.
     pub fn next_free_micros(&self) -> u64 {
         self.next_free_micros
     }
 
-    /// The ticket's part below the microsecond, in units of 2^-[`FRACTION_BITS`] µs (`0..2^20`):
-    /// the ticket is `next_free_micros + next_free_fraction / 2^20` µs. It carries what whole-µs
-    /// waits leave out ([exact at every rate](crate::core#exact-at-every-rate)).
+    /// The ticket's part below the microsecond, in units of
+    /// 2^-[`FRACTION_BITS`] µs (`0..2^20`): the ticket is `next_free_micros +
+    /// next_free_fraction / 2^20` µs. It carries what whole-µs waits leave out
+    /// ([exact at every rate](crate::core#exact-at-every-rate)).
     #[cfg(any(test, feature = "internals"))]
     pub fn next_free_fraction(&self) -> u32 {
         self.next_free_fraction
@@ -125,8 +131,9 @@ impl State {
         &self.policy
     }
 
-    /// Converts the idle time from the ticket to `now_micros` into stored permits and moves the
-    /// ticket up to `now_micros`; does nothing while the ticket is still ahead.
+    /// Converts the idle time from the ticket to `now_micros` into stored
+    /// permits and moves the ticket up to `now_micros`; does nothing while the
+    /// ticket is still ahead.
     pub fn resync(&mut self, now_micros: u64) {
         if now_micros > self.next_free_micros {
             let cool_down = self
@@ -144,9 +151,10 @@ impl State {
         }
     }
 
-    /// Pushes the ticket forward by `cost_micros` (`>= 0`): to the 2^-20 µs below 2^32 µs, to the
-    /// whole microsecond (truncated) from there, saturating at [`MAX_MICROS`] (fraction dropped).
-    /// NaN pushes it to [`MAX_MICROS`]: the limiter fails closed.
+    /// Pushes the ticket forward by `cost_micros` (`>= 0`): to the 2^-20 µs
+    /// below 2^32 µs, to the whole microsecond (truncated) from there,
+    /// saturating at [`MAX_MICROS`] (fraction dropped). NaN pushes it to
+    /// [`MAX_MICROS`]: the limiter fails closed.
     pub fn charge(&mut self, cost_micros: f64) {
         let (whole, fraction) = if cost_micros < FINE_CHARGE_LIMIT_MICROS {
             // Rounded to the nearest unit; below 2^52 + 1, exact in a double.
@@ -166,8 +174,9 @@ impl State {
         }
     }
 
-    /// Reserves `permits` at `now_micros` and returns the moment they may be used: the ticket
-    /// before this request pushed it ([step by step](crate::core#one-reservation-step-by-step)).
+    /// Reserves `permits` at `now_micros` and returns the moment they may be
+    /// used: the ticket before this request pushed it ([step by
+    /// step](crate::core#one-reservation-step-by-step)).
     pub fn reserve_earliest_available(&mut self, permits: u32, now_micros: u64) -> u64 {
         self.resync(now_micros);
         let moment = self.next_free_micros;
@@ -184,7 +193,8 @@ impl State {
         moment
     }
 
-    /// Reserves `permits` at `now_micros` and returns the wait in microseconds (zero if due).
+    /// Reserves `permits` at `now_micros` and returns the wait in microseconds
+    /// (zero if due).
     #[cfg(any(test, feature = "internals"))]
     pub fn reserve(&mut self, permits: u32, now_micros: u64) -> u64 {
         self.reserve_earliest_available(permits, now_micros)
@@ -197,8 +207,9 @@ impl State {
         self.next_free_micros
     }
 
-    /// The refill period: microseconds of idle time that store every permit from none, after
-    /// which an idle limiter with no debt is full (rounded up, saturating at [`MAX_MICROS`]).
+    /// The refill period: microseconds of idle time that store every permit
+    /// from none, after which an idle limiter with no debt is full (rounded
+    /// up, saturating at [`MAX_MICROS`]).
     pub fn refill_micros(&self) -> u64 {
         let cool_down = self
             .policy
@@ -206,8 +217,9 @@ impl State {
         to_micros((self.max_permits * cool_down).ceil())
     }
 
-    /// Whether the state reads as full at `now_micros`, as [`State::full`] starts: the ticket,
-    /// fraction included, has passed and idle time to `now_micros` fills every stored permit.
+    /// Whether the state reads as full at `now_micros`, as [`State::full`]
+    /// starts: the ticket, fraction included, has passed and idle time to
+    /// `now_micros` fills every stored permit.
     pub(crate) fn reads_as_full(&self, now_micros: u64) -> bool {
         // A ticket at `now` with a fraction still lies ahead.
         if self.next_free_micros > now_micros
@@ -220,8 +232,8 @@ impl State {
         state.stored_permits >= state.max_permits
     }
 
-    /// Whether a request at `now_micros` would wait at most `timeout_micros` (only earlier debt
-    /// counts, not this request's size).
+    /// Whether a request at `now_micros` would wait at most `timeout_micros`
+    /// (only earlier debt counts, not this request's size).
     #[cfg(any(test, feature = "internals"))]
     pub fn can_acquire(&self, now_micros: u64, timeout_micros: u64) -> bool {
         self.query_earliest_available()
@@ -229,8 +241,8 @@ impl State {
             <= now_micros
     }
 
-    /// Reserves `permits` and returns the wait if it fits in `timeout_micros`; otherwise `None`,
-    /// changing nothing.
+    /// Reserves `permits` and returns the wait if it fits in `timeout_micros`;
+    /// otherwise `None`, changing nothing.
     #[cfg(any(test, feature = "internals"))]
     pub fn try_reserve(
         &mut self,
@@ -242,9 +254,10 @@ impl State {
             .then(|| self.reserve(permits, now_micros))
     }
 
-    /// Carries a debt into the state at `now_micros`, as a limiter coming back from a fallback
-    /// does: stored permits are dropped and the ticket (at least `now_micros`) moves forward by
-    /// `debt_micros`, saturating at [`MAX_MICROS`] (fraction dropped).
+    /// Carries a debt into the state at `now_micros`, as a limiter coming back
+    /// from a fallback does: stored permits are dropped and the ticket (at
+    /// least `now_micros`) moves forward by `debt_micros`, saturating at
+    /// [`MAX_MICROS`] (fraction dropped).
     ///
     /// ```
     /// use paceline::core::{Bursty, Policy, State};
@@ -269,8 +282,9 @@ impl State {
         }
     }
 
-    /// Changes the rate at `now_micros`, as [rate changes](crate::core#rate-changes) tells: idle
-    /// time so far at the old rate, the debt kept, stored permits rescaled. An invalid rate
+    /// Changes the rate at `now_micros`, as [rate
+    /// changes](crate::core#rate-changes) tells: idle time so far at the old
+    /// rate, the debt kept, stored permits rescaled. An invalid rate
     /// ([`InvalidRate`]) changes nothing.
     pub fn set_rate(
         &mut self,

@@ -4,10 +4,11 @@ use std::time::Duration;
 
 use super::micros;
 
-/// Stored permits cost *more* than fresh ones, so a limiter that has been idle (cold) starts
-/// slow and speeds up to its stable rate as it is used. Up to `threshold_permits` stored, a stored
-/// permit costs the stable interval; above, its price rises linearly to the cold interval
-/// (`cold_factor × stable`) at `max_permits`:
+/// Stored permits cost *more* than fresh ones, so a limiter that has been idle
+/// (cold) starts slow and speeds up to its stable rate as it is used. Up to
+/// `threshold_permits` stored, a stored permit costs the stable interval;
+/// above, its price rises linearly to the cold interval (`cold_factor ×
+/// stable`) at `max_permits`:
 ///
 /// ```text
 ///          ^ price of the next permit (µs)
@@ -31,17 +32,19 @@ use super::micros;
 ///              threshold     max
 /// ```
 ///
-/// Spending `k` stored permits costs the area under that line over the `k` rightmost stored
-/// permits; fresh permits cost the stable interval. Two choices fix the shape:
+/// Spending `k` stored permits costs the area under that line over the `k`
+/// rightmost stored permits; fresh permits cost the stable interval. Two
+/// choices fix the shape:
 ///
-/// * the ramp's area is `warmup`: a full limiter reaches the stable rate after exactly `warmup`
-///   of continuous use, so `max - threshold = 2 × warmup / (stable + cold)`;
-/// * the flat area left of the threshold is `warmup / 2`, so `threshold = 0.5 × warmup / stable`,
-///   which makes cooling down (0 to `max` stored permits, at `warmup / max` per permit idle) take
-///   exactly `warmup` too.
+/// * the ramp's area is `warmup`: a full limiter reaches the stable rate after
+///   exactly `warmup` of continuous use, so `max - threshold = 2 × warmup /
+///   (stable + cold)`;
+/// * the flat area left of the threshold is `warmup / 2`, so `threshold = 0.5
+///   × warmup / stable`, which makes cooling down (0 to `max` stored permits,
+///   at `warmup / max` per permit idle) take exactly `warmup` too.
 ///
-/// A zero or sub-microsecond `warmup` makes `max_permits` zero: the limiter then limits like a
-/// bursty one with no burst, never "not at all".
+/// A zero or sub-microsecond `warmup` makes `max_permits` zero: the limiter
+/// then limits like a bursty one with no burst, never "not at all".
 ///
 /// ```
 /// use std::time::Duration;
@@ -76,7 +79,8 @@ pub struct WarmingUp {
 }
 
 impl WarmingUp {
-    /// A warming-up policy; `cold_factor` must be finite and at least 1 (the builder checks it).
+    /// A warming-up policy; `cold_factor` must be finite and at least 1 (the
+    /// builder checks it).
     pub fn new(warmup: Duration, cold_factor: f64) -> Self {
         WarmingUp {
             warmup_micros: micros(warmup),
@@ -86,8 +90,8 @@ impl WarmingUp {
         }
     }
 
-    /// Recomputes the threshold and slope for a stable interval, all finite; returns the new
-    /// `max_permits`.
+    /// Recomputes the threshold and slope for a stable interval, all finite;
+    /// returns the new `max_permits`.
     pub(super) fn set_stable_interval(&mut self, stable: f64) -> f64 {
         if stable == 0.0 {
             // Infinite rate: every permit is free, nothing is stored.
@@ -98,8 +102,8 @@ impl WarmingUp {
         let warmup = self.warmup_micros as f64;
         let cold = (stable * self.cold_factor).min(f64::MAX);
         self.threshold_permits = (0.5 * warmup / stable).min(f64::MAX);
-        // `stable + cold` is finite: `cold <= f64::MAX`, and `stable <= 2^53` is far below the
-        // last unit of `f64::MAX`.
+        // `stable + cold` is finite: `cold <= f64::MAX`, and `stable <= 2^53`
+        // is far below the last unit of `f64::MAX`.
         let max_permits = (self.threshold_permits + 2.0 * warmup / (stable + cold)).min(f64::MAX);
         self.slope = if max_permits > self.threshold_permits {
             ((cold - stable) / (max_permits - self.threshold_permits)).min(f64::MAX)
@@ -120,7 +124,8 @@ impl WarmingUp {
         let mut micros = 0.0;
         if above_threshold > 0.0 {
             let take_above = above_threshold.min(permits);
-            // A trapezoid: (price at the top + price at the bottom) / 2 × width.
+            // A trapezoid: (price at the top + price at the bottom) / 2 ×
+            // width.
             let length = self.permits_to_time(above_threshold, stable)
                 + self.permits_to_time(above_threshold - take_above, stable);
             micros = take_above * length / 2.0;

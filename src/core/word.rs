@@ -1,36 +1,40 @@
-//! The lock-free fast path: [`Limits`] of one bursty limit with an empty log, its whole state in
-//! one `u64`, and a reservation as one pure function from the old word to the new one.
+//! The lock-free fast path: [`Limits`] of one bursty limit with an empty log,
+//! its whole state in one `u64`, and a reservation as one pure function from
+//! the old word to the new one.
 //!
-//! Everything here is arithmetic over a word, `now`, the request and the generation's [`Config`]:
-//! no clock, no atomics, no I/O. The local limiter keeps the word in an atomic and writes a step's
-//! result with one compare-and-swap; a keyed limiter keeps one per key. A configuration, a state
-//! or a step the word cannot hold goes to the limits themselves, under a lock: *mutex mode*.
+//! Everything here is arithmetic over a word, `now`, the request and the
+//! generation's [`Config`]: no clock, no atomics, no I/O. The local limiter
+//! keeps the word in an atomic and writes a step's result with one
+//! compare-and-swap; a keyed limiter keeps one per key. A configuration, a
+//! state or a step the word cannot hold goes to the limits themselves, under a
+//! lock: *mutex mode*.
 //!
 //! # Why one number is enough
 //!
-//! A [`State`] keeps two numbers, `stored_permits` and `next_free_micros`. For the bursty policy
-//! they fold into one, the *theoretical arrival time*
+//! A [`State`] keeps two numbers, `stored_permits` and `next_free_micros`. For
+//! the bursty policy they fold into one, the *theoretical arrival time*
 //!
 //! ```text
 //! tat = next_free_micros − stored_permits × interval
 //! ```
 //!
-//! the moment the limiter would be free had the stored permits never been saved. Everything the
-//! core computes can be read back from it at `now`:
+//! the moment the limiter would be free had the stored permits never been
+//! saved. Everything the core computes can be read back from it at `now`:
 //!
 //! * resync: `stored(now) = min((now − tat) / interval, max_permits)`, i.e.
 //!   `tat ← max(tat, now − max_permits × interval)`: resyncing is clamping;
-//! * a reservation of `p` permits pushes it by `p × interval`, stored (free) or fresh, and the
-//!   caller waits `max(tat, now) − now` before the push
+//! * a reservation of `p` permits pushes it by `p × interval`, stored (free)
+//!   or fresh, and the caller waits `max(tat, now) − now` before the push
 //!   ([pre-consumption](super#pre-consumption-the-next-caller-pays)).
 //!
-//! This holds whenever `next_free_micros <= now` or `stored_permits == 0`: every state the bursty
-//! core reaches from a monotonic clock but one, leaving an infinite rate while a debt is
-//! outstanding (the core then stores a full burst *behind* the debt), which runs in mutex mode.
-//! With one limit, [`Limits`] is its [`State`] (every request goes at the limit's own moment), and
-//! with nothing logged there is nothing else to it: so the word is the whole of the limits, until
-//! a reservation that may be given back has to wait and is logged (mutex mode again, until the log
-//! is empty).
+//! This holds whenever `next_free_micros <= now` or `stored_permits == 0`:
+//! every state the bursty core reaches from a monotonic clock but one, leaving
+//! an infinite rate while a debt is outstanding (the core then stores a full
+//! burst *behind* the debt), which runs in mutex mode. With one limit,
+//! [`Limits`] is its [`State`] (every request goes at the limit's own moment),
+//! and with nothing logged there is nothing else to it: so the word is the
+//! whole of the limits, until a reservation that may be given back has to wait
+//! and is logged (mutex mode again, until the log is empty).
 //!
 //! # The word
 //!
@@ -41,31 +45,37 @@
 //! +------------+--+--------------------------------------------------+
 //! ```
 //!
-//! Both payloads are times in fixed point with [`FRAC_BITS`] fractional bits (the core's 2^-20 µs),
-//! relative to the `base` of the generation's configuration, so they cover a window of 2^34 µs
-//! (4.7 hours) around the present. A step that would leave the window goes to the lock and
-//! *rebases*: a new generation with a new base.
+//! Both payloads are times in fixed point with [`FRAC_BITS`] fractional bits
+//! (the core's 2^-20 µs), relative to the `base` of the generation's
+//! configuration, so they cover a window of 2^34 µs (4.7 hours) around the
+//! present. A step that would leave the window goes to the lock and *rebases*:
+//! a new generation with a new base.
 //!
-//! * `B = 0`: nothing is stored; the payload is the core's ticket, `next_free_micros − base` in
-//!   its integer bits and `next_free_fraction` in its fractional bits. The payload `2^54 − 1`
-//!   marks mutex mode: the state is the [`Limits`] behind the limiter's lock. A debt reaching past
-//!   the window (more than about two hours ahead) stays in mutex mode until it is back within it.
+//! * `B = 0`: nothing is stored; the payload is the core's ticket,
+//!   `next_free_micros − base` in its integer bits and `next_free_fraction` in
+//!   its fractional bits. The payload `2^54 − 1` marks mutex mode: the state
+//!   is the [`Limits`] behind the limiter's lock. A debt reaching past the
+//!   window (more than about two hours ahead) stays in mutex mode until it is
+//!   back within it.
 //! * `B = 1`: permits are stored; the payload is `tat`.
 //!
-//! The generation (9 bits) selects one of two configuration slots (interval, burst, base).
-//! Changing the rate or rebasing writes the slot not in use, then publishes the new generation in
-//! the word with a compare-and-swap, so a reservation computed from an older configuration fails
-//! its own compare-and-swap and retries. (That needs fewer than 2^9 configuration changes during
-//! one reservation's few instructions.)
+//! The generation (9 bits) selects one of two configuration slots (interval,
+//! burst, base). Changing the rate or rebasing writes the slot not in use,
+//! then publishes the new generation in the word with a compare-and-swap, so a
+//! reservation computed from an older configuration fails its own
+//! compare-and-swap and retries. (That needs fewer than 2^9 configuration
+//! changes during one reservation's few instructions.)
 //!
 //! # Exactness
 //!
-//! From a `B = 0` word a step performs exactly the core's floating-point and fixed-point
-//! operations, so it agrees with the core to the bit, the ticket's fraction included. Stored
-//! permits are held as `tat` to 2^-20 µs rather than the core's `f64` count, so once stored
-//! permits were spent a later wait may differ from the core's by a rounding of at most one
-//! microsecond (a differential test holds the word to [`Limits`] of one limit on random
-//! sequences: to the bit until it first holds stored permits, to the microsecond from then on).
+//! From a `B = 0` word a step performs exactly the core's floating-point and
+//! fixed-point operations, so it agrees with the core to the bit, the ticket's
+//! fraction included. Stored permits are held as `tat` to 2^-20 µs rather than
+//! the core's `f64` count, so once stored permits were spent a later wait may
+//! differ from the core's by a rounding of at most one microsecond (a
+//! differential test holds the word to [`Limits`] of one limit on random
+//! sequences: to the bit until it first holds stored permits, to the
+//! microsecond from then on).
 
 use super::{
     FINE_CHARGE_LIMIT_MICROS, FRACTION_BITS, Limits, MAX_MICROS, Policy, State, to_micros,
@@ -111,27 +121,30 @@ pub(crate) struct Config {
     pub(crate) interval: f64,
     /// `max_permits`.
     pub(crate) max_permits: f64,
-    /// `max_permits × interval`, in fixed point: the most time that can be stored.
+    /// `max_permits × interval`, in fixed point: the most time that can be
+    /// stored.
     pub(crate) burst: u64,
     /// The origin of fixed-point payloads, in µs (may be negative).
     pub(crate) base: i64,
     /// What one permit costs, stored or fresh, in fixed point:
     /// `charge(interval)`.
     pub(crate) unit_charge: u64,
-    /// The latest ticket a word with nothing stored may hold ([`ceiling`]); a step past it goes to
-    /// the lock.
+    /// The latest ticket a word with nothing stored may hold ([`ceiling`]); a
+    /// step past it goes to the lock.
     pub(crate) ceiling: u64,
 }
 
 impl Config {
-    /// The configuration for `state` with a base around `now`, or `None` if it must run in mutex
-    /// mode: a warming-up policy, a burst longer than half the window, or a rate so extreme that
-    /// the core caps its interval or its burst.
+    /// The configuration for `state` with a base around `now`, or `None` if it
+    /// must run in mutex mode: a warming-up policy, a burst longer than half
+    /// the window, or a rate so extreme that the core caps its interval or its
+    /// burst.
     ///
-    /// The word holds stored permits as stored *time*. A rate change keeps the stored fraction of
-    /// the burst, so stored time carries over unchanged as long as `max_permits × interval` is the
-    /// configured burst, which capping would break (a burst of 10^-280 µs at one rate can be a
-    /// day's worth at the next).
+    /// The word holds stored permits as stored *time*. A rate change keeps the
+    /// stored fraction of the burst, so stored time carries over unchanged as
+    /// long as `max_permits × interval` is the configured burst, which capping
+    /// would break (a burst of 10^-280 µs at one rate can be a day's worth at
+    /// the next).
     pub(crate) fn new(state: &State, now: u64) -> Option<Config> {
         let Policy::Bursty(bursty) = &state.policy else {
             return None;
@@ -164,8 +177,9 @@ impl Config {
     }
 }
 
-/// The latest payload a word with nothing stored may hold under `base`: `MAX_MICROS` (where the
-/// core saturates) in fixed point, or the last payload below `MUTEX`, whichever comes first.
+/// The latest payload a word with nothing stored may hold under `base`:
+/// `MAX_MICROS` (where the core saturates) in fixed point, or the last payload
+/// below `MUTEX`, whichever comes first.
 fn ceiling(base: i64) -> u64 {
     let max = (i128::from(MAX_MICROS) - i128::from(base)) << FRAC_BITS;
     max.clamp(0, i128::from(MUTEX - 1)) as u64
@@ -179,10 +193,11 @@ fn fixed_now(now: u64, base: i64) -> Option<u64> {
     (relative < WINDOW).then_some(relative << FRAC_BITS)
 }
 
-/// What a step reads of its generation's configuration: a [`Config`], or a place another thread
-/// may rewrite (the local limiter's two slots, in atomics). A step reads each number only where
-/// it needs it, so that little lies between its load of the word and its compare-and-swap; the
-/// common steps read three.
+/// What a step reads of its generation's configuration: a [`Config`], or a
+/// place another thread may rewrite (the local limiter's two slots, in
+/// atomics). A step reads each number only where it needs it, so that little
+/// lies between its load of the word and its compare-and-swap; the common
+/// steps read three.
 pub(crate) trait Settings {
     /// [`Config::base`].
     fn base(&self) -> i64;
@@ -197,7 +212,8 @@ pub(crate) trait Settings {
     /// All of it, for the steps that need more.
     fn config(&self) -> Config;
 
-    /// What `permits` permits cost (fixed point), stored or fresh; precomputed for one.
+    /// What `permits` permits cost (fixed point), stored or fresh; precomputed
+    /// for one.
     #[inline(always)]
     fn charge_for(&self, permits: u32) -> u64 {
         if permits == 1 {
@@ -239,9 +255,9 @@ impl Settings for Config {
         *self
     }
 
-    /// As the default, but out of line for more than one permit: from plain fields (unlike
-    /// atomics) the compiler would compute both costs and pick one, putting the arithmetic of many
-    /// permits on the path of one.
+    /// As the default, but out of line for more than one permit: from plain
+    /// fields (unlike atomics) the compiler would compute both costs and pick
+    /// one, putting the arithmetic of many permits on the path of one.
     #[inline(always)]
     fn charge_for(&self, permits: u32) -> u64 {
         if permits == 1 {
@@ -261,9 +277,10 @@ impl Config {
     }
 }
 
-/// A charge in fixed point, as `State::charge` adds it to the ticket: to the nearest 2^-20 µs
-/// below `FINE_CHARGE_LIMIT_MICROS`, else to the whole µs (truncated); capped at 2^62 so that
-/// adding it to a payload cannot overflow (any charge that leaves the window has the same effect).
+/// A charge in fixed point, as `State::charge` adds it to the ticket: to the
+/// nearest 2^-20 µs below `FINE_CHARGE_LIMIT_MICROS`, else to the whole µs
+/// (truncated); capped at 2^62 so that adding it to a payload cannot overflow
+/// (any charge that leaves the window has the same effect).
 #[inline(always)]
 fn charge(micros: f64) -> u64 {
     if micros < FINE_CHARGE_LIMIT_MICROS {
@@ -290,9 +307,10 @@ pub(crate) fn has_stored(word: u64) -> bool {
     word & STORED != 0
 }
 
-/// The latest clock reading (µs) at which `word` (under `config`) can have been written: its
-/// ticket if nothing is stored, else its `tat` plus a full burst (a step leaves `tat` at least a
-/// burst before its `now`). Orders a keyed limiter's entries from least to most recently used.
+/// The latest clock reading (µs) at which `word` (under `config`) can have
+/// been written: its ticket if nothing is stored, else its `tat` plus a full
+/// burst (a step leaves `tat` at least a burst before its `now`). Orders a
+/// keyed limiter's entries from least to most recently used.
 pub(crate) fn last_use(word: u64, config: &Config) -> u64 {
     let payload = word & PAYLOAD;
     let latest = if word & STORED == 0 {
@@ -304,9 +322,10 @@ pub(crate) fn last_use(word: u64, config: &Config) -> u64 {
     micros.clamp(0, i128::from(MAX_MICROS)) as u64
 }
 
-/// Whether a new base for `now` would differ enough from `config`'s to be worth re-encoding a
-/// whole keyed shard: `now` has left the window, or moved an eighth of it past the middle. (Closer
-/// to the base, a state that does not fit is one far in debt, which no base would hold for long.)
+/// Whether a new base for `now` would differ enough from `config`'s to be
+/// worth re-encoding a whole keyed shard: `now` has left the window, or moved
+/// an eighth of it past the middle. (Closer to the base, a state that does not
+/// fit is one far in debt, which no base would hold for long.)
 pub(crate) fn worth_rebasing(config: &Config, now: u64) -> bool {
     let relative = i128::from(now) - i128::from(config.base);
     relative < 0 || relative >= i128::from(HALF_WINDOW + WINDOW / 8)
@@ -318,14 +337,16 @@ pub(crate) fn is_mutex(word: u64) -> bool {
     word & (STORED | PAYLOAD) == MUTEX
 }
 
-/// A non-negative duration in µs to fixed point, rounded to nearest, saturating.
+/// A non-negative duration in µs to fixed point, rounded to nearest,
+/// saturating.
 #[inline]
 fn fixed(micros: f64) -> u64 {
     (micros * SCALE + 0.5) as u64
 }
 
-/// The common step, spending stored permits from a word of one generation at one `now`, prepared
-/// before the word is (re)loaded so that little happens between the load and the compare-and-swap.
+/// The common step, spending stored permits from a word of one generation at
+/// one `now`, prepared before the word is (re)loaded so that little happens
+/// between the load and the compare-and-swap.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Quick {
     /// The generation bits, with `STORED`: the words this applies to.
@@ -339,7 +360,8 @@ pub(crate) struct Quick {
 }
 
 impl Quick {
-    /// Prepares the step for words of `word`'s generation, configured by `settings`.
+    /// Prepares the step for words of `word`'s generation, configured by
+    /// `settings`.
     #[inline(always)]
     pub(crate) fn new(word: u64, now: u64, permits: u32, settings: &impl Settings) -> Quick {
         let fixed_now = fixed_now(now, settings.base()).unwrap_or(0);
@@ -351,8 +373,9 @@ impl Quick {
         }
     }
 
-    /// The new word if `word` is of the prepared generation, has stored permits and keeps some
-    /// after this step: what [`step`] would return as `Granted { word, wait: 0 }`.
+    /// The new word if `word` is of the prepared generation, has stored
+    /// permits and keeps some after this step: what [`step`] would return as
+    /// `Granted { word, wait: 0 }`.
     #[inline(always)]
     pub(crate) fn apply(&self, word: u64) -> Option<u64> {
         if word & !PAYLOAD != self.tag {
@@ -363,9 +386,9 @@ impl Quick {
     }
 }
 
-/// One reservation of `permits` at `now` that waits at most `timeout` µs (`u64::MAX`: a plain
-/// reservation), from `word` and its generation's `settings`. Pure: the caller writes the result
-/// with a compare-and-swap.
+/// One reservation of `permits` at `now` that waits at most `timeout` µs
+/// (`u64::MAX`: a plain reservation), from `word` and its generation's
+/// `settings`. Pure: the caller writes the result with a compare-and-swap.
 #[inline(always)]
 pub(crate) fn step(
     word: u64,
@@ -430,8 +453,9 @@ pub(crate) fn step(
     )
 }
 
-/// The rest of `State::reserve_earliest_available` after a resync to `now` (`fixed_now`, in the
-/// window, whole µs) that left `stored` permits: spend them first, charge the rest.
+/// The rest of `State::reserve_earliest_available` after a resync to `now`
+/// (`fixed_now`, in the window, whole µs) that left `stored` permits: spend
+/// them first, charge the rest.
 #[inline(never)]
 fn spend(generation: u64, fixed_now: u64, stored: f64, permits: u32, config: &Config) -> Step {
     let requested = f64::from(permits);
@@ -462,7 +486,8 @@ fn spend(generation: u64, fixed_now: u64, stored: f64, permits: u32, config: &Co
     }
 }
 
-/// Stored time (fixed point, positive) as a count of permits, capped as `State::resync` caps it.
+/// Stored time (fixed point, positive) as a count of permits, capped as
+/// `State::resync` caps it.
 #[inline]
 fn permits_in(stored: u64, config: &Config) -> f64 {
     if stored >= config.burst {
@@ -472,7 +497,8 @@ fn permits_in(stored: u64, config: &Config) -> f64 {
     }
 }
 
-/// Mutex mode in the generation after `word`'s: the state is the locked core's, whatever it is.
+/// Mutex mode in the generation after `word`'s: the state is the locked
+/// core's, whatever it is.
 pub(crate) const fn mutex_mode(word: u64) -> u64 {
     next_generation(word) | MUTEX
 }

@@ -13,8 +13,8 @@ pub(crate) fn retry_after_secs(wait: Duration) -> u64 {
     secs_up(wait).max(1)
 }
 
-/// Which rate-limit headers a [`RateLimitLayer`](super::RateLimitLayer) writes on every response
-/// it lets through or refuses.
+/// Which rate-limit headers a [`RateLimitLayer`](super::RateLimitLayer) writes
+/// on every response it lets through or refuses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Headers {

@@ -70,15 +70,15 @@
 //! The header names in the second column parse into a [`ClientIpSource`]
 //! (`"X-Forwarded-For".parse()`).
 //!
-//! Name as trusted every proxy of yours that a request passes (the one
-//! that connects to the server, and each one before it), and nothing else
-//! (see [`TrustedProxies`]). With several layers (a CDN, then a load balancer), prefer the
-//! list that every layer appends to, and trust every layer's addresses
-//! (the CDN's published ranges too): a client that goes around the CDN is
-//! then keyed by the address the load balancer saw. A single-address
-//! header that the outer layer sets is safe only if nothing but that layer
-//! can reach the inner one: the peer checked is the inner layer, which
-//! passes the header on whoever sent it.
+//! Name as trusted every proxy of yours that a request passes (the one that
+//! connects to the server, and each one before it), and nothing else (see
+//! [`TrustedProxies`]). With several layers (a CDN, then a load balancer),
+//! prefer the list that every layer appends to, and trust every layer's
+//! addresses (the CDN's published ranges too): a client that goes around the
+//! CDN is then keyed by the address the load balancer saw. A single-address
+//! header that the outer layer sets is safe only if nothing but that layer can
+//! reach the inner one: the peer checked is the inner layer, which passes the
+//! header on whoever sent it.
 
 mod client_ip;
 mod headers;

@@ -1,4 +1,5 @@
-//! [`Call`]: one call to an upstream, its cost settled and its answer learned from once it is back.
+//! [`Call`]: one call to an upstream, its cost settled and its answer learned
+//! from once it is back.
 
 use std::fmt;
 use std::time::Duration;
@@ -15,9 +16,9 @@ use crate::reservation::GiveBack;
 ///
 /// It was charged its estimate, and holds its slot with a
 /// [`Limit::concurrent`](crate::Limit::concurrent). Once the answer is back,
-/// [`learn`](Call::learn) feeds it to the limiter and [`settle`](Call::settle) replaces the
-/// estimate with the real cost and ends the call. Drop the call to end it at its estimate, its
-/// slot free at once.
+/// [`learn`](Call::learn) feeds it to the limiter and [`settle`](Call::settle)
+/// replaces the estimate with the real cost and ends the call. Drop the call
+/// to end it at its estimate, its slot free at once.
 ///
 /// ```
 /// use paceline::{Cost, Limit, RateLimiter};
@@ -51,8 +52,9 @@ pub struct Call<'a> {
 }
 
 impl<'a> Call<'a> {
-    /// How long the call waited for its limiter before it could go: for a slot (with
-    /// [`Limit::concurrent`](crate::Limit::concurrent)), then for its place in the schedule.
+    /// How long the call waited for its limiter before it could go: for a slot
+    /// (with [`Limit::concurrent`](crate::Limit::concurrent)), then for its
+    /// place in the schedule.
     pub fn waited(&self) -> Duration {
         self.waited
     }
@@ -62,19 +64,21 @@ impl<'a> Call<'a> {
         &self.charged
     }
 
-    /// Replaces the estimate with what the call really cost (0 is a cost: a call that failed at
-    /// once), and ends the call. Through Redis the change is sent in the background.
+    /// Replaces the estimate with what the call really cost (0 is a cost: a
+    /// call that failed at once), and ends the call. Through Redis the change
+    /// is sent in the background.
     ///
-    /// Exact while the limiter's log still holds the call (every request since the oldest call
-    /// still open, up to 1 024 in this process and 128 per key in Redis, until a rate change, a
-    /// pause or a learned rate empties it): the limiter then holds what it would had the call
-    /// reserved `actual`. After that, what `actual` counts past the estimate is charged at once
-    /// (later callers wait for it), and what it counts less is not given back, erring towards
-    /// limiting.
+    /// Exact while the limiter's log still holds the call (every request since
+    /// the oldest call still open, up to 1 024 in this process and 128 per key
+    /// in Redis, until a rate change, a pause or a learned rate empties it):
+    /// the limiter then holds what it would had the call reserved `actual`.
+    /// After that, what `actual` counts past the estimate is charged at once
+    /// (later callers wait for it), and what it counts less is not given back,
+    /// erring towards limiting.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if `actual` counts for a limit the limiter lacks; the call then
-    /// ends at its estimate.
+    /// [`Error::InvalidArgument`] if `actual` counts for a limit the limiter
+    /// lacks; the call then ends at its estimate.
     pub fn settle(self, actual: impl Into<Cost>) -> Result<(), Error> {
         let actual = actual.into();
         check_cost(&actual, self.limits, false)?;
@@ -84,9 +88,10 @@ impl<'a> Call<'a> {
         Ok(())
     }
 
-    /// Feeds the upstream's answer to this call back to the limiter (of the key, on a keyed one),
-    /// which learns from it for every caller as [`outbound`](crate::outbound) tells. Through Redis
-    /// it is sent in the background.
+    /// Feeds the upstream's answer to this call back to the limiter (of the
+    /// key, on a keyed one), which learns from it for every caller as
+    /// [`outbound`](crate::outbound) tells. Through Redis it is sent in the
+    /// background.
     pub fn learn(&self, feedback: &Feedback) {
         if let Some(pending) = &self.pending {
             let (lesson, learning) = self.upstream.lesson(feedback);

@@ -1,5 +1,5 @@
-//! [`Feedback`]: the status and rate-limit headers of one response, read from bytes the upstream
-//! chose.
+//! [`Feedback`]: the status and rate-limit headers of one response, read from
+//! bytes the upstream chose.
 
 use std::time::{Duration, SystemTime};
 
@@ -7,8 +7,9 @@ use values::{cut, integer, reset, retry_after, seconds, units};
 
 mod values;
 
-// The bounds of `Feedback::from_headers`: quotas kept, bytes of a name, items of a line (and
-// parameters of an item), lines looked at, rate-limit lines read.
+// The bounds of `Feedback::from_headers`: quotas kept, bytes of a name, items
+// of a line (and parameters of an item), lines looked at, rate-limit lines
+// read.
 const MAX_QUOTAS: usize = 8;
 const MAX_NAME: usize = 64;
 const MAX_ITEMS: usize = 16;
@@ -17,9 +18,9 @@ const MAX_READ: usize = 32;
 
 /// What one response from the upstream said about its limits.
 ///
-/// Built from the status and headers ([`from_headers`](Self::from_headers), or `from_response`
-/// with feature `http`), or by hand for a client that reads them itself ([`new`](Self::new) and
-/// the `with_` methods).
+/// Built from the status and headers ([`from_headers`](Self::from_headers), or
+/// `from_response` with feature `http`), or by hand for a client that reads
+/// them itself ([`new`](Self::new) and the `with_` methods).
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
@@ -44,28 +45,31 @@ pub struct Feedback {
     quotas: Vec<Quota>,
 }
 
-/// One limit the upstream reported (one policy, or one `X-RateLimit-*` suffix); each field is
-/// what the response said, where it said it.
+/// One limit the upstream reported (one policy, or one `X-RateLimit-*`
+/// suffix); each field is what the response said, where it said it.
 #[derive(Debug, Clone, PartialEq, Default)]
 #[non_exhaustive]
 pub struct Quota {
-    /// The limit's name, lowercased: a policy's (`requests` from `"requests";q=50`) or an
-    /// `X-RateLimit-*` suffix (`tokens` from `X-RateLimit-Remaining-Tokens`). `None`: the unnamed
-    /// limit, the main one.
+    /// The limit's name, lowercased: a policy's (`requests` from
+    /// `"requests";q=50`) or an `X-RateLimit-*` suffix (`tokens` from
+    /// `X-RateLimit-Remaining-Tokens`). `None`: the unnamed limit, the main
+    /// one.
     pub name: Option<String>,
     /// The quota per window: `q`, `RateLimit-Limit`, `X-RateLimit-Limit`.
     pub limit: Option<u64>,
     /// The window's length, as sent: `w`.
     pub window: Option<Duration>,
-    /// What is left of the quota: `r`, `RateLimit-Remaining`, `X-RateLimit-Remaining`.
+    /// What is left of the quota: `r`, `RateLimit-Remaining`,
+    /// `X-RateLimit-Remaining`.
     pub remaining: Option<u64>,
-    /// How long after the response the quota resets, at most a day: `t`, `RateLimit-Reset`,
-    /// `X-RateLimit-Reset` or `X-RateLimit-Reset-After`.
+    /// How long after the response the quota resets, at most a day: `t`,
+    /// `RateLimit-Reset`, `X-RateLimit-Reset` or `X-RateLimit-Reset-After`.
     pub reset: Option<Duration>,
 }
 
 impl Quota {
-    /// A quota of this name, every other field `None` (`Quota::default()` is the unnamed one).
+    /// A quota of this name, every other field `None` (`Quota::default()` is
+    /// the unnamed one).
     pub fn named(name: impl Into<String>) -> Quota {
         Quota {
             name: Some(name.into()),
@@ -74,13 +78,13 @@ impl Quota {
     }
 }
 
-/// A rate-limit header line: when it is read ([`classify`]), the field its value sets, its
-/// `X-RateLimit-*` suffix, its value.
+/// A rate-limit header line: when it is read ([`classify`]), the field its
+/// value sets, its `X-RateLimit-*` suffix, its value.
 type Line<'h> = (u8, &'static [u8], &'h str, &'h [u8]);
 
 impl Feedback {
-    /// A response with this status that said nothing of its limits, for a client that reads the
-    /// headers itself.
+    /// A response with this status that said nothing of its limits, for a
+    /// client that reads the headers itself.
     ///
     /// ```
     /// use std::time::Duration;
@@ -106,8 +110,8 @@ impl Feedback {
         self
     }
 
-    /// With this quota (its name lowercased, its reset cut to a day), in place of one of the same
-    /// name; past 8 distinct names, left out.
+    /// With this quota (its name lowercased, its reset cut to a day), in place
+    /// of one of the same name; past 8 distinct names, left out.
     pub fn with_quota(mut self, mut quota: Quota) -> Feedback {
         quota.reset = quota.reset.map(cut);
         if let Some(name) = &mut quota.name {
@@ -121,27 +125,33 @@ impl Feedback {
         self
     }
 
-    /// Reads a response's status and headers, as `(name, value)` pairs; HTTP-dates and resets
-    /// given as times are read against `now`. Names are matched ASCII case-insensitively. Read:
+    /// Reads a response's status and headers, as `(name, value)` pairs;
+    /// HTTP-dates and resets given as times are read against `now`. Names are
+    /// matched ASCII case-insensitively. Read:
     ///
-    /// * `Retry-After`: seconds (`120`, or `1.5`) or an HTTP-date (a date past is zero).
-    /// * `RateLimit-Policy` and `RateLimit`: items `"name";q=50;w=1` and `"name";r=49;t=1`, one
-    ///   [`Quota`] per name; an unnamed `50;w=1`; the older `limit=50, remaining=49, reset=1`.
+    /// * `Retry-After`: seconds (`120`, or `1.5`) or an HTTP-date (a date past
+    ///   is zero).
+    /// * `RateLimit-Policy` and `RateLimit`: items `"name";q=50;w=1` and
+    ///   `"name";r=49;t=1`, one [`Quota`] per name; an unnamed `50;w=1`; the
+    ///   older `limit=50, remaining=49, reset=1`.
     /// * `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`.
-    /// * `X-RateLimit-Limit`, `-Remaining`, `-Reset`, `-Reset-After`, and each with a suffix
-    ///   naming its quota (`X-RateLimit-Remaining-Tokens`).
+    /// * `X-RateLimit-Limit`, `-Remaining`, `-Reset`, `-Reset-After`, and each
+    ///   with a suffix naming its quota (`X-RateLimit-Remaining-Tokens`).
     ///
-    /// A reset is seconds (`1`, `0.020`), a duration with units (`6m0s`, `17ms`, `1h2m3.5s`), a
-    /// time since the Unix epoch in seconds (a number from 10^9) or milliseconds (from 10^12), or
-    /// an HTTP-date; `-Reset-After` is seconds or a duration.
+    /// A reset is seconds (`1`, `0.020`), a duration with units (`6m0s`,
+    /// `17ms`, `1h2m3.5s`), a time since the Unix epoch in seconds (a number
+    /// from 10^9) or milliseconds (from 10^12), or an HTTP-date;
+    /// `-Reset-After` is seconds or a duration.
     ///
-    /// Where two headers give the same field of a quota, the first read wins: the current IETF
-    /// headers, then their older forms, then `X-RateLimit-*`, each in the order given. A
-    /// `Retry-After` or reset longer than a day is cut to a day; what does not parse (a number
-    /// that overflows a `u64`, bytes that are not text) is left out. The work is linear in the
-    /// headers' length, and bounded: 256 lines looked at, 32 rate-limit lines read, 16 items of a
-    /// line and 16 parameters of an item, 8 quotas kept, names of 1 to 64 token characters (an
-    /// item named otherwise is left out). Nothing is allocated but the quotas.
+    /// Where two headers give the same field of a quota, the first read wins:
+    /// the current IETF headers, then their older forms, then `X-RateLimit-*`,
+    /// each in the order given. A `Retry-After` or reset longer than a day is
+    /// cut to a day; what does not parse (a number that overflows a `u64`,
+    /// bytes that are not text) is left out. The work is linear in the
+    /// headers' length, and bounded: 256 lines looked at, 32 rate-limit lines
+    /// read, 16 items of a line and 16 parameters of an item, 8 quotas kept,
+    /// names of 1 to 64 token characters (an item named otherwise is left
+    /// out). Nothing is allocated but the quotas.
     pub fn from_headers<'h, I>(status: u16, headers: I, now: SystemTime) -> Feedback
     where
         I: IntoIterator<Item = (&'h str, &'h [u8])>,
@@ -180,7 +190,8 @@ impl Feedback {
         &self.quotas
     }
 
-    /// The quota of this name, matched ASCII case-insensitively (`None`: the unnamed one).
+    /// The quota of this name, matched ASCII case-insensitively (`None`: the
+    /// unnamed one).
     pub fn quota(&self, name: Option<&str>) -> Option<&Quota> {
         self.find(name.map(str::as_bytes))
             .map(|at| &self.quotas[at])
@@ -201,8 +212,8 @@ impl Feedback {
             })
     }
 
-    /// Sets the fields of the quota `name` that are unset and `fields` sets, adding the quota if
-    /// there is room.
+    /// Sets the fields of the quota `name` that are unset and `fields` sets,
+    /// adding the quota if there is room.
     fn merge(&mut self, name: Option<&[u8]>, fields: Quota) {
         if fields == Quota::default() {
             return;
@@ -236,8 +247,8 @@ impl Feedback {
             let name = Some(suffix.as_bytes()).filter(|suffix| !suffix.is_empty());
             self.merge(name, fields);
         } else {
-            // A list (`RateLimit-Policy`, `RateLimit`), or one number first; a number item is
-            // the quota (`50;w=1`) or the header's field.
+            // A list (`RateLimit-Policy`, `RateLimit`), or one number first; a
+            // number item is the quota (`50;w=1`) or the header's field.
             let (members, number) = if rank == 1 {
                 (MAX_ITEMS, &b"q"[..])
             } else {
@@ -262,8 +273,9 @@ impl Feedback {
 
 #[cfg(feature = "http")]
 impl Feedback {
-    /// Reads a response of the `http` crate as [`from_headers`](Self::from_headers) does, against
-    /// the system clock. Only its status and headers are read, so a response's head alone serves
+    /// Reads a response of the `http` crate as
+    /// [`from_headers`](Self::from_headers) does, against the system clock.
+    /// Only its status and headers are read, so a response's head alone serves
     /// too: `Response::from_parts(parts, ())`.
     pub fn from_response<B>(response: &::http::Response<B>) -> Feedback {
         let lines = response
@@ -274,9 +286,9 @@ impl Feedback {
     }
 }
 
-/// What a header named `name` is: when it is read (0 `Retry-After`, 1 the IETF headers, 2 their
-/// older forms, 3 `X-RateLimit-*`), which field a number in it sets, and its `X-RateLimit-*`
-/// suffix.
+/// What a header named `name` is: when it is read (0 `Retry-After`, 1 the IETF
+/// headers, 2 their older forms, 3 `X-RateLimit-*`), which field a number in
+/// it sets, and its `X-RateLimit-*` suffix.
 fn classify(name: &str) -> Option<(u8, &'static [u8], &str)> {
     if let Some(rest) = strip(name, "x-ratelimit-") {
         let fields = ["limit", "remaining", "reset-after", "reset"];

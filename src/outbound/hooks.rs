@@ -1,6 +1,6 @@
-//! What the crate's own tests reach of the slots (feature `internals`, hidden: not part of the
-//! API): a slot held without a call (through Redis, before calls are), and the keys holding slot
-//! state.
+//! What the crate's own tests reach of the slots (feature `internals`, hidden:
+//! not part of the API): a slot held without a call (through Redis, before
+//! calls are), and the keys holding slot state.
 
 use std::borrow::Borrow;
 use std::time::Duration;
@@ -12,9 +12,9 @@ use crate::store::{NoKey, Rate};
 use crate::{Error, KeyedRateLimiter, Local, RateLimiter};
 
 impl<S: Store, C: Clock> RateLimiter<S, C> {
-    /// A slot of the limiter's concurrent limit, as a call takes it, waiting at most `timeout`:
-    /// held until dropped (`Some(false)` inside without a concurrent limit, or from a fallback
-    /// that takes none).
+    /// A slot of the limiter's concurrent limit, as a call takes it, waiting
+    /// at most `timeout`: held until dropped (`Some(false)` inside without a
+    /// concurrent limit, or from a fallback that takes none).
     #[doc(hidden)]
     pub async fn hold_slot(
         &self,

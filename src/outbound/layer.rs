@@ -1,5 +1,5 @@
-//! [`OutboundLayer`]: a tower layer for HTTP clients that paces their calls, settles their costs
-//! and learns the upstream's limit.
+//! [`OutboundLayer`]: a tower layer for HTTP clients that paces their calls,
+//! settles their costs and learns the upstream's limit.
 
 use std::fmt;
 use std::future::Future;
@@ -15,17 +15,19 @@ use crate::clock::Clock;
 use crate::tower::{BoxError, take_ready};
 use crate::{Cost, RateLimiter, Store};
 
-/// Paces the requests of an HTTP client (any tower service from `http::Request` to
-/// `http::Response`) to an upstream's limits: each request reserves its estimate and waits for
-/// its turn ([`RateLimiter::call`]); its response is fed back
-/// ([`Call::learn`](super::Call::learn)) and its real cost, read from the response, settled
+/// Paces the requests of an HTTP client (any tower service from
+/// `http::Request` to `http::Response`) to an upstream's limits: each request
+/// reserves its estimate and waits for its turn ([`RateLimiter::call`]); its
+/// response is fed back ([`Call::learn`](super::Call::learn)) and its real
+/// cost, read from the response, settled
 /// ([`Call::settle`](super::Call::settle)).
 ///
-/// The estimate is one permit of every limit unless [`estimate`](OutboundLayer::estimate) says
-/// otherwise; the real cost is the estimate unless [`actual`](OutboundLayer::actual) reads one
-/// from the response (a body is not read: for a cost in the body, use [`Call`](super::Call)).
-/// Refused requests are returned as they came, for the caller to retry: the limiter paces the
-/// retries too.
+/// The estimate is one permit of every limit unless
+/// [`estimate`](OutboundLayer::estimate) says otherwise; the real cost is the
+/// estimate unless [`actual`](OutboundLayer::actual) reads one from the
+/// response (a body is not read: for a cost in the body, use
+/// [`Call`](super::Call)). Refused requests are returned as they came, for the
+/// caller to retry: the limiter paces the retries too.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -108,8 +110,8 @@ where
 }
 
 impl<S: Store, C: Clock> OutboundLayer<S, C> {
-    /// Paces requests through `limiter`, each estimated at one permit of every limit and charged
-    /// that.
+    /// Paces requests through `limiter`, each estimated at one permit of every
+    /// limit and charged that.
     pub fn new(limiter: Arc<RateLimiter<S, C>>) -> Self {
         OutboundLayer {
             limiter,
@@ -120,8 +122,8 @@ impl<S: Store, C: Clock> OutboundLayer<S, C> {
 }
 
 impl<S: Store, C: Clock, E, A> OutboundLayer<S, C, E, A> {
-    /// Estimates each request's cost with `estimate` (a function of the request, or any
-    /// [`Estimate`]).
+    /// Estimates each request's cost with `estimate` (a function of the
+    /// request, or any [`Estimate`]).
     pub fn estimate<E2>(self, estimate: E2) -> OutboundLayer<S, C, E2, A> {
         OutboundLayer {
             limiter: self.limiter,
@@ -130,8 +132,9 @@ impl<S: Store, C: Clock, E, A> OutboundLayer<S, C, E, A> {
         }
     }
 
-    /// Reads each request's real cost from its response with `actual` (a function of the
-    /// response, or any [`Actual`]); `None` keeps the estimate.
+    /// Reads each request's real cost from its response with `actual` (a
+    /// function of the response, or any [`Actual`]); `None` keeps the
+    /// estimate.
     pub fn actual<A2>(self, actual: A2) -> OutboundLayer<S, C, E, A2> {
         OutboundLayer {
             limiter: self.limiter,
@@ -213,9 +216,10 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    /// Waits for the request's turn, sends it, then learns from its response and settles its cost.
-    /// Cancel-safe: dropped while it waits, it gives the estimate back; dropped while the request
-    /// is in flight, the call ends at its estimate.
+    /// Waits for the request's turn, sends it, then learns from its response
+    /// and settles its cost. Cancel-safe: dropped while it waits, it gives the
+    /// estimate back; dropped while the request is in flight, the call ends at
+    /// its estimate.
     fn call(&mut self, request: http::Request<ReqB>) -> Self::Future {
         let mut inner = take_ready(&mut self.inner);
         let layer = self.layer.clone();

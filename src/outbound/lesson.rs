@@ -1,13 +1,14 @@
-//! What a limiter makes of an upstream's answer: a [`Feedback`] read as a [`Lesson`] for its
-//! limits, matched by name.
+//! What a limiter makes of an upstream's answer: a [`Feedback`] read as a
+//! [`Lesson`] for its limits, matched by name.
 
 use super::{Feedback, Quota, Upstream};
 use crate::core::{Learning, Lesson, Reported, micros};
 
 impl Upstream {
-    /// `feedback` in the limits' terms (each limit takes the quota of its name, the first unnamed
-    /// limit the unnamed quota), and the learning to learn it under: the limiter's, except that an
-    /// answer reporting the rate of every limit lowers nothing (see [`outbound`](super)).
+    /// `feedback` in the limits' terms (each limit takes the quota of its
+    /// name, the first unnamed limit the unnamed quota), and the learning to
+    /// learn it under: the limiter's, except that an answer reporting the rate
+    /// of every limit lowers nothing (see [`outbound`](super)).
     pub(crate) fn lesson(&self, feedback: &Feedback) -> (Lesson, Learning) {
         let first_unnamed = self.names.iter().position(Option::is_none);
         let limits = self
@@ -39,12 +40,14 @@ impl Upstream {
     }
 }
 
-/// The slowest rate a report sets: one a day. A quota of less (one in a window of 2^64 s) would
-/// keep every caller waiting for years, where a `Retry-After` or a reset pauses them a day at most.
+/// The slowest rate a report sets: one a day. A quota of less (one in a window
+/// of 2^64 s) would keep every caller waiting for years, where a `Retry-After`
+/// or a reset pauses them a day at most.
 const SLOWEST_REPORTED: f64 = 1.0 / 86_400.0;
 
-/// What a quota says of its limit: its rate when the upstream gave both its quota and its window
-/// (at least one a day), what is left, and when it resets.
+/// What a quota says of its limit: its rate when the upstream gave both its
+/// quota and its window (at least one a day), what is left, and when it
+/// resets.
 fn reported(quota: &Quota) -> Reported {
     let rate = match (quota.limit, quota.window) {
         (Some(limit), Some(window)) if limit > 0 && !window.is_zero() => {

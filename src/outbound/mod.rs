@@ -1,46 +1,55 @@
-//! Pacing calls to someone else's rate-limited API: costs settled once the answer says what a
-//! call cost, and the upstream's limit learned from its answers.
+//! Pacing calls to someone else's rate-limited API: costs settled once the
+//! answer says what a call cost, and the upstream's limit learned from its
+//! answers.
 //!
-//! A client that calls an upstream with limits of its own (requests and tokens per minute, say)
-//! reserves each call's estimate with [`RateLimiter::call`](crate::RateLimiter::call) (or
-//! [`KeyedRateLimiter::call`](crate::KeyedRateLimiter::call), one key per upstream), sends it
-//! once the [`Call`] is returned, then feeds the answer back ([`Call::learn`], with the
-//! [`Feedback`] read from its status and headers) and settles its real cost ([`Call::settle`]).
+//! A client that calls an upstream with limits of its own (requests and tokens
+//! per minute, say) reserves each call's estimate with
+//! [`RateLimiter::call`](crate::RateLimiter::call) (or
+//! [`KeyedRateLimiter::call`](crate::KeyedRateLimiter::call), one key per
+//! upstream), sends it once the [`Call`] is returned, then feeds the answer
+//! back ([`Call::learn`], with the [`Feedback`] read from its status and
+//! headers) and settles its real cost ([`Call::settle`]).
 //!
-//! What the limiter does with the [`Feedback`] ([`Feedback::from_headers`] lists the headers
-//! read) is [`Learning`]'s policy (the numbers are its defaults):
+//! What the limiter does with the [`Feedback`] ([`Feedback::from_headers`]
+//! lists the headers read) is [`Learning`]'s policy (the numbers are its
+//! defaults):
 //!
-//! * a refusal (429, or 503 with `Retry-After`) pauses every caller of the limiter until its
-//!   `Retry-After`, and multiplies its rates by 0.7 (once per pause, down to 0.05 of the
-//!   configured rates) unless the same answer reports the rate of every limit (the limiter runs
-//!   under those already: the refusal came from a burst, and the pause is enough); after the
-//!   pause the callers go one interval apart, never as a burst;
-//! * each second of successes (`2xx` statuses) after the pause adds back 0.05 of the configured
-//!   rates, up to them;
-//! * a rate the upstream reports for a limit (a quota over its window, read as at least one a
-//!   day) caps that limit at 0.97 of it, never above the configured rate; a limit it reports
-//!   spent (`remaining` 0) waits for its reset (at most a day).
+//! * a refusal (429, or 503 with `Retry-After`) pauses every caller of the
+//!   limiter until its `Retry-After`, and multiplies its rates by 0.7 (once
+//!   per pause, down to 0.05 of the configured rates) unless the same answer
+//!   reports the rate of every limit (the limiter runs under those already:
+//!   the refusal came from a burst, and the pause is enough); after the pause
+//!   the callers go one interval apart, never as a burst;
+//! * each second of successes (`2xx` statuses) after the pause adds back 0.05
+//!   of the configured rates, up to them;
+//! * a rate the upstream reports for a limit (a quota over its window, read as
+//!   at least one a day) caps that limit at 0.97 of it, never above the
+//!   configured rate; a limit it reports spent (`remaining` 0) waits for its
+//!   reset (at most a day).
 //!
-//! Estimates: what a call costs past its estimate is always charged, and what it costs less is
-//! given back while the limiter's log still holds the call ([`Call::settle`]). With more callers
-//! waiting on one key than the log holds, estimate low: the excess is charged when the answer
-//! says it.
+//! Estimates: what a call costs past its estimate is always charged, and what
+//! it costs less is given back while the limiter's log still holds the call
+//! ([`Call::settle`]). With more callers waiting on one key than the log
+//! holds, estimate low: the excess is charged when the answer says it.
 //!
 //! The upstream's names for its limits (`requests`, `tokens`) reach the limits
-//! [named](crate::Limit::named) so; what it reports without a name reaches the first unnamed
-//! limit. Through Redis, what a limiter learns lives in the key it shares: one refusal seen by
-//! one worker slows the whole fleet, and a new worker starts at the learned rate.
+//! [named](crate::Limit::named) so; what it reports without a name reaches the
+//! first unnamed limit. Through Redis, what a limiter learns lives in the key
+//! it shares: one refusal seen by one worker slows the whole fleet, and a new
+//! worker starts at the learned rate.
 //!
 //! # Calls in flight
 //!
 //! An upstream that also caps how many requests it serves at once gets a
-//! [`Limit::concurrent(k)`](crate::Limit::concurrent) beside its rates: "N per second *and* k at
-//! once" (what a *slot* is, and what holds one: there). A caller that gives up while waiting for
-//! a slot hands its place on. All or nothing: a [`try_call`](crate::RateLimiter::try_call) that
-//! cannot have both within its timeout (one timeout for the two) takes neither, and a slot taken
-//! and then refused by the schedule goes back at once. [`Stats::in_flight`](crate::Stats) counts
-//! the calls holding a slot. A keyed limiter has `k` slots per key, and holds nothing for a key
-//! with no call holding or waiting for one.
+//! [`Limit::concurrent(k)`](crate::Limit::concurrent) beside its rates: "N per
+//! second *and* k at once" (what a *slot* is, and what holds one: there). A
+//! caller that gives up while waiting for a slot hands its place on. All or
+//! nothing: a [`try_call`](crate::RateLimiter::try_call) that cannot have both
+//! within its timeout (one timeout for the two) takes neither, and a slot
+//! taken and then refused by the schedule goes back at once.
+//! [`Stats::in_flight`](crate::Stats) counts the calls holding a slot. A keyed
+//! limiter has `k` slots per key, and holds nothing for a key with no call
+//! holding or waiting for one.
 //!
 //! ```
 //! use std::time::Duration;
@@ -66,18 +75,21 @@
 //! # Ok(()) }
 //! ```
 //!
-//! **Through Redis** the slots are shared by every process that uses the limiter (per key, for a
-//! keyed one): each is a lease in a sorted set beside the limiter's key
-//! (`{paceline:v1:name}\slots`, in its cluster slot), taken and released by a script of its own
-//! on Redis's clock. A call's lease is renewed while the call lasts and released in the
-//! background as soon as it is dropped; the leases of a process that dies holding them come back
-//! after the [slot TTL](crate::Builder::slot_ttl) (30 s by default), not before. A call
-//! waiting for a slot polls Redis, after pauses that double up to 200 ms, cut short by the
-//! earliest lease's expiry and by a release in its own process (so the order across processes is
-//! not first come, first served). While Redis is down the [`Fallback`](crate::redis::Fallback)
-//! decides, as for the rates: `Local` gives each key `max(1, ⌊k × local_fraction⌋)` slots in this
-//! process, `FailOpen` takes none (calls go unbounded), `FailClosed` fails the call. A slot taken
-//! from the fallback stays there until its call ends, unseen by Redis.
+//! **Through Redis** the slots are shared by every process that uses the
+//! limiter (per key, for a keyed one): each is a lease in a sorted set beside
+//! the limiter's key (`{paceline:v1:name}\slots`, in its cluster slot), taken
+//! and released by a script of its own on Redis's clock. A call's lease is
+//! renewed while the call lasts and released in the background as soon as it
+//! is dropped; the leases of a process that dies holding them come back after
+//! the [slot TTL](crate::Builder::slot_ttl) (30 s by default), not before. A
+//! call waiting for a slot polls Redis, after pauses that double up to 200 ms,
+//! cut short by the earliest lease's expiry and by a release in its own
+//! process (so the order across processes is not first come, first served).
+//! While Redis is down the [`Fallback`](crate::redis::Fallback) decides, as
+//! for the rates: `Local` gives each key `max(1, ⌊k × local_fraction⌋)` slots
+//! in this process, `FailOpen` takes none (calls go unbounded), `FailClosed`
+//! fails the call. A slot taken from the fallback stays there until its call
+//! ends, unseen by Redis.
 
 mod call;
 mod feedback;
@@ -97,8 +109,8 @@ pub use layer::{Actual, Estimate, Estimated, Outbound, OutboundFuture, OutboundL
 pub(crate) use slots::Taken;
 pub(crate) use slots::{InFlight, LocalSlots, Slot, TakeSlot};
 
-/// What a limiter knows of the upstream it paces calls to: how it learns, and which of its limits
-/// each of the upstream's is.
+/// What a limiter knows of the upstream it paces calls to: how it learns, and
+/// which of its limits each of the upstream's is.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Upstream {
     pub(crate) learning: Learning,

@@ -13,7 +13,8 @@
 use std::fmt::{self, Display, Write};
 
 /// What every Redis key starts with, before a `:`, unless the backend's
-/// builder sets another prefix (see [Key names](super#running-redis-for-this)).
+/// builder sets another prefix (see [Key
+/// names](super#running-redis-for-this)).
 pub const DEFAULT_KEY_PREFIX: &str = "paceline";
 
 /// The version of the key layout and of the values under it, after the

@@ -1,5 +1,6 @@
-//! `Limits` against twins that never saw what was given back, and the log that makes that exact
-//! (the rest of its tests are in `tests/local/core_limits.rs`).
+//! `Limits` against twins that never saw what was given back, and the log that
+//! makes that exact (the rest of its tests are in
+//! `tests/local/core_limits.rs`).
 
 use super::*;
 use crate::core::test_rng::Rng;
@@ -20,8 +21,9 @@ fn random_limit(rng: &mut Rng) -> State {
     }
 }
 
-/// A give-back leaves the limits exactly as a twin that never saw the reservation: random mixes
-/// of held and plain reservations, tries, idle gaps and give-backs, both policies, 1 to 3 limits.
+/// A give-back leaves the limits exactly as a twin that never saw the
+/// reservation: random mixes of held and plain reservations, tries, idle gaps
+/// and give-backs, both policies, 1 to 3 limits.
 #[test]
 fn a_give_back_leaves_exactly_what_a_limiter_without_it_holds() {
     let mut rng = Rng(31);
@@ -29,8 +31,8 @@ fn a_give_back_leaves_exactly_what_a_limiter_without_it_holds() {
         let count = 1 + rng.below(3) as usize;
         let states: Vec<State> = (0..count).map(|_| random_limit(&mut rng)).collect();
         let mut limits = Limits::new(states).unwrap();
-        // Every request made, with the held ones' ids; replayed without the ones given back, it
-        // must give the same states.
+        // Every request made, with the held ones' ids; replayed without the
+        // ones given back, it must give the same states.
         let mut history: Vec<(u32, u64, Option<u64>)> = Vec::new();
         let mut given_back = Vec::new();
         let fresh = limits.clone();
@@ -85,9 +87,9 @@ fn limits_moment(limits: &Limits, id: u64) -> Option<u64> {
         .map(|r| r.moment_micros)
 }
 
-/// The log starts at the oldest reservation that may still be given back: the plain requests
-/// before it, and one kept or given back at its head, leave it (changing no state), and it empties
-/// once none is left.
+/// The log starts at the oldest reservation that may still be given back: the
+/// plain requests before it, and one kept or given back at its head, leave it
+/// (changing no state), and it empties once none is left.
 #[test]
 fn the_log_starts_at_the_oldest_reservation_that_may_be_given_back() {
     let mut limits = Limits::new(vec![bursty(1.0, Duration::ZERO)]).unwrap();

@@ -3,8 +3,8 @@
 
 use super::*;
 
-/// The core's state that `word` stands for at `now`, resynced if permits are stored. Not for
-/// mutex mode. Never panics, whatever the configuration holds.
+/// The core's state that `word` stands for at `now`, resynced if permits are
+/// stored. Not for mutex mode. Never panics, whatever the configuration holds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Decoded {
     /// `stored_permits`.
@@ -30,7 +30,8 @@ pub(crate) fn decode(word: u64, now: u64, config: &Config) -> Decoded {
                 fraction: 0,
             };
         }
-        // Written with a later clock reading than `now`: nothing stored yet; the ticket is `tat`.
+        // Written with a later clock reading than `now`: nothing stored yet;
+        // the ticket is `tat`.
     }
     // The payload as a time: base + its whole µs, and its fraction.
     let whole = i128::from(config.base) + i128::from(payload >> FRAC_BITS);
@@ -67,8 +68,8 @@ pub(crate) enum Encoded {
     Mutex,
 }
 
-/// The word of generation `generation` (the bits of a word) for the core's state at `now`, under
-/// `config`.
+/// The word of generation `generation` (the bits of a word) for the core's
+/// state at `now`, under `config`.
 pub(crate) fn encode(generation: u64, state: &State, now: u64, config: &Config) -> Encoded {
     let generation = generation & !(STORED | PAYLOAD);
     let stored = state.stored_permits;
@@ -88,15 +89,15 @@ pub(crate) fn encode(generation: u64, state: &State, now: u64, config: &Config) 
         if ticket > i128::from(config.ceiling) {
             return Encoded::Rebase; // or mutex mode, if it is far ahead
         }
-        // A ticket before the base has been idle for more than a full burst: it reads as full
-        // from there as from anywhere earlier.
+        // A ticket before the base has been idle for more than a full burst:
+        // it reads as full from there as from anywhere earlier.
         return Encoded::Word(generation | ticket.max(0) as u64);
     }
     if state.next_free_micros > now {
         return Encoded::Mutex;
     }
-    // tat = ticket − stored time, clamped to at most a full burst before now, as the next
-    // resync would.
+    // tat = ticket − stored time, clamped to at most a full burst before now,
+    // as the next resync would.
     let tat =
         (ticket - i128::from(stored_time)).max(i128::from(fixed_now) - i128::from(config.burst));
     if tat < 0 {
@@ -105,17 +106,19 @@ pub(crate) fn encode(generation: u64, state: &State, now: u64, config: &Config) 
     Encoded::Word(generation | STORED | tat as u64)
 }
 
-/// The word that publishes `limits` at `now` in the generation after `word`'s, with the
-/// configuration to write into that generation's slot before the word: a fresh configuration and
-/// the state encoded under it, when the limits are what a word holds (one bursty limit with an
-/// empty log, a configuration that fits and a state it can encode); else mutex mode, and none.
+/// The word that publishes `limits` at `now` in the generation after `word`'s,
+/// with the configuration to write into that generation's slot before the
+/// word: a fresh configuration and the state encoded under it, when the limits
+/// are what a word holds (one bursty limit with an empty log, a configuration
+/// that fits and a state it can encode); else mutex mode, and none.
 pub(crate) fn publish(word: u64, limits: &Limits, now: u64) -> (u64, Option<Config>) {
     let generation = next_generation(word);
     if let ([state], true) = (limits.states(), limits.is_plain())
         && let Some(config) = Config::new(state, now)
     {
-        // A fresh base puts `now` mid-window and the burst fits in the half before it, so what
-        // fails is a debt reaching past the window, or permits stored behind a debt: mutex mode.
+        // A fresh base puts `now` mid-window and the burst fits in the half
+        // before it, so what fails is a debt reaching past the window, or
+        // permits stored behind a debt: mutex mode.
         if let Encoded::Word(new) = encode(generation, state, now, &config) {
             return (new, Some(config));
         }

@@ -133,11 +133,13 @@ fn warming_up_and_huge_bursts_run_in_mutex_mode() {
     assert_eq!(publish(0, &limits, 0), (mutex_mode(0), None));
 }
 
-/// The same requests on the word and on [`Limits`] of one bursty limit give the same waits,
-/// refusals and tickets, to the bit and then to the microsecond (see the word's "Exactness"; a
-/// limit with no burst never leaves the bit), where a timeout between two debts a rounding apart
-/// may split a refusal. A step the word cannot take (a rebase, a debt past the window) runs on the
-/// limits, and the word is published again from them, as the local limiter does.
+/// The same requests on the word and on [`Limits`] of one bursty limit give
+/// the same waits, refusals and tickets, to the bit and then to the
+/// microsecond (see the word's "Exactness"; a limit with no burst never leaves
+/// the bit), where a timeout between two debts a rounding apart may split a
+/// refusal. A step the word cannot take (a rebase, a debt past the window)
+/// runs on the limits, and the word is published again from them, as the local
+/// limiter does.
 #[test]
 fn a_word_is_one_bursty_limit_with_an_empty_log() {
     use crate::core::test_rng::Rng;
@@ -219,9 +221,10 @@ fn a_word_is_one_bursty_limit_with_an_empty_log() {
     );
 }
 
-/// The word for `limits` after a step the word could not take: in the same generation if it fits,
-/// else published in the next one; `config` is the configuration in force. In mutex mode (a debt
-/// past the window) the next step finds it and comes back here.
+/// The word for `limits` after a step the word could not take: in the same
+/// generation if it fits, else published in the next one; `config` is the
+/// configuration in force. In mutex mode (a debt past the window) the next
+/// step finds it and comes back here.
 fn republish(word: u64, limits: &Limits, now: u64, config: Config) -> (u64, Config) {
     let state = &limits.states()[0];
     if let Encoded::Word(new) = encode(word, state, now, &config) {

@@ -1,10 +1,11 @@
-//! The values in rate-limit headers: numbers, seconds, durations with units, HTTP-dates, read
-//! from bytes the upstream chose. Linear in the bytes, allocating nothing.
+//! The values in rate-limit headers: numbers, seconds, durations with units,
+//! HTTP-dates, read from bytes the upstream chose. Linear in the bytes,
+//! allocating nothing.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// The longest `Retry-After` or reset kept: a longer one is cut to this, so that no response
-/// pauses a client for longer.
+/// The longest `Retry-After` or reset kept: a longer one is cut to this, so
+/// that no response pauses a client for longer.
 const MAX_DELAY: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// A non-negative integer; `None` for anything else, or one past `u64`.
@@ -13,7 +14,8 @@ pub(super) fn integer(text: &[u8]) -> Option<u64> {
     std::str::from_utf8(text).ok()?.parse().ok()
 }
 
-/// Seconds, whole or decimal (`1`, `0.020`); digits past the ninth decimal are dropped.
+/// Seconds, whole or decimal (`1`, `0.020`); digits past the ninth decimal are
+/// dropped.
 pub(super) fn seconds(text: &[u8]) -> Option<Duration> {
     let (whole, fraction) = match text.iter().position(|&b| b == b'.') {
         Some(at) => (&text[..at], &text[at + 1..]),
@@ -30,8 +32,8 @@ pub(super) fn seconds(text: &[u8]) -> Option<Duration> {
     Some(Duration::new(integer(whole)?, nanos))
 }
 
-/// A duration with units, `6m0s`, `17ms`, `1h2m3.5s` (`h`, `m`, `s`, `ms`, `us` or `µs`, `ns`),
-/// at most a day.
+/// A duration with units, `6m0s`, `17ms`, `1h2m3.5s` (`h`, `m`, `s`, `ms`,
+/// `us` or `µs`, `ns`), at most a day.
 pub(super) fn units(mut text: &[u8]) -> Option<Duration> {
     let mut nanos: u128 = 0;
     if text.is_empty() {
@@ -83,8 +85,8 @@ pub(super) fn retry_after(value: &[u8], now: SystemTime) -> Option<Duration> {
         .or_else(|| http_date(value).map(|at| until(at, now)))
 }
 
-/// A reset: seconds, a duration with units, a time since the epoch in seconds (from 10^9) or
-/// milliseconds (from 10^12), or an HTTP-date.
+/// A reset: seconds, a duration with units, a time since the epoch in seconds
+/// (from 10^9) or milliseconds (from 10^12), or an HTTP-date.
 pub(super) fn reset(value: &[u8], now: SystemTime) -> Option<Duration> {
     let value = value.trim_ascii();
     match seconds(value) {
@@ -97,8 +99,8 @@ pub(super) fn reset(value: &[u8], now: SystemTime) -> Option<Duration> {
     }
 }
 
-/// Whether `text` has the shape of `template`: `a` a letter, `0` a digit, `_` a digit or a
-/// space, any other byte itself.
+/// Whether `text` has the shape of `template`: `a` a letter, `0` a digit, `_`
+/// a digit or a space, any other byte itself.
 fn shaped(text: &[u8], template: &[u8]) -> bool {
     text.len() == template.len()
         && text.iter().zip(template).all(|(&b, &t)| match t {
@@ -116,8 +118,8 @@ fn digits(text: &[u8]) -> i64 {
         .fold(0, |n, &b| n * 10 + i64::from(b - b'0'))
 }
 
-/// An HTTP-date (`Sun, 06 Nov 1994 08:49:37 GMT`, or the obsolete `Sun Nov  6 08:49:37 1994`)
-/// as time since the epoch (zero before it).
+/// An HTTP-date (`Sun, 06 Nov 1994 08:49:37 GMT`, or the obsolete `Sun Nov 6
+/// 08:49:37 1994`) as time since the epoch (zero before it).
 fn http_date(text: &[u8]) -> Option<Duration> {
     const MONTHS: [&[u8]; 12] = [
         b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov",
