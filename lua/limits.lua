@@ -136,6 +136,39 @@ end
 -- this script writes them.
 ---------------------------------------------------------------------------
 
+if count > 0 or R or debts then
+    -- A request of the log, at byte `at` of the value, read as its head
+    -- (see front and front_P), and whether it is as this script writes
+    -- them (`good`): its id whole, -1 (none), -1 - limit (a resume of
+    -- that limit, carrying its debt as its counts) or >= 0 and below
+    -- `below`; whole counts, the first negative for an open call (with
+    -- an id); whole µs, the moment at or after its now. (Made only for a
+    -- value with a log or a call that may log several requests: part 3
+    -- checks each request with it, part 4 reads the next ones, of the
+    -- value or of those it logged, as the log moves on. It captures
+    -- nothing, as it is made on each such call: 2^53 is MAX_MICROS.)
+    read_request = function(at, below, value, n)
+        local id, p, t, moment, P = struct.unpack('<dddd', value, at)
+        local good = id % 1 == 0 and id >= -1 - n and id < below
+            and p % 1 == 0 and p >= -9007199254740992 and p <= 9007199254740992 and (p >= 0 or id >= 0)
+            and t >= 0 and t % 1 == 0 and moment >= t and moment <= 9007199254740992 and moment % 1 == 0
+        if id < 0 then
+            moment = -1
+        elseif p < 0 then
+            p, moment = -1 - p, 1e999
+        end
+        if n > 1 then
+            P = {struct.unpack('<' .. string.rep('d', 3 + n), value, at)}
+            P[1] = p
+            for i = 2, n do
+                P[i] = P[3 + i]
+                good = good and P[i] % 1 == 0 and P[i] >= 0 and P[i] <= 9007199254740992
+            end
+        end
+        return good, id, p, t, moment, P
+    end
+end
+
 -- The limits: with several (read or in force), S; `changed`: a limit other
 -- than the first is at another rate or max_permits than in force (the
 -- first then compares to rate and mx, its own).
@@ -190,35 +223,6 @@ if value then
         at = at + 9
         log_from = at + 24 * n
         log_at = log_from + 8 * W * dead
-        -- A request of the log, at byte `at` of the value, read as its head
-        -- (see front and front_P), and whether it is as this script writes
-        -- them (`good`): its id whole, -1 (none), -1 - limit (a resume of
-        -- that limit, carrying its debt as its counts) or >= 0 and below
-        -- `below`; whole counts, the first negative for an open call (with
-        -- an id); whole µs, the moment at or after its now. (Made only for
-        -- a value with a log: part 3 checks each request with it, part 4
-        -- reads the next ones as the log moves on. It captures nothing, as
-        -- it is made on each such call: 2^53 is MAX_MICROS.)
-        read_request = function(at, below, value, n)
-            local id, p, t, moment, P = struct.unpack('<dddd', value, at)
-            local good = id % 1 == 0 and id >= -1 - n and id < below
-                and p % 1 == 0 and p >= -9007199254740992 and p <= 9007199254740992 and (p >= 0 or id >= 0)
-                and t >= 0 and t % 1 == 0 and moment >= t and moment <= 9007199254740992 and moment % 1 == 0
-            if id < 0 then
-                moment = -1
-            elseif p < 0 then
-                p, moment = -1 - p, 1e999
-            end
-            if n > 1 then
-                P = {struct.unpack('<' .. string.rep('d', 3 + n), value, at)}
-                P[1] = p
-                for i = 2, n do
-                    P[i] = P[3 + i]
-                    good = good and P[i] % 1 == 0 and P[i] >= 0 and P[i] <= 9007199254740992
-                end
-            end
-            return good, id, p, t, moment, P
-        end
         ok, front_id, front_p, front_at, front, front_P = read_request(log_at, next_id, value, n)
         if n == 1 then
             bst, bnf, bfr = struct.unpack('<ddd', value, at)

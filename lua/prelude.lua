@@ -29,8 +29,7 @@ local MAX_LIMITS = 16
 -- shape = limits + SHAPE * logged requests + BOUND * (the record's bound + 1)
 -- + LEARNED if the value holds what the limits learned
 local SHAPE = 32
-local LOGGED = 129 -- SHAPE * LOGGED = BOUND
-local BOUND = 4128
+local BOUND = 4128 -- SHAPE * 129
 local LEARNED = 70176 -- BOUND * 17
 local LOG_CAPACITY = 128 -- the most requests the log keeps
 local DEAD_CAPACITY = 16 -- the most requests kept in the value after they left the log
@@ -275,9 +274,10 @@ if value then
         if last_now > now then now = last_now end
     elseif shape >= 1 and shape < 2 * LEARNED and shape % 1 == 0 then
         held_n = shape % SHAPE
-        count = (shape - held_n) / SHAPE % LOGGED
+        -- (At most LOG_CAPACITY, as SHAPE * LOG_CAPACITY < BOUND.)
+        count = (shape - held_n) % BOUND / SHAPE
         at = 44 + 40 * held_n
-        ok = held_n >= 1 and held_n <= MAX_LIMITS and count <= LOG_CAPACITY
+        ok = held_n >= 1 and held_n <= MAX_LIMITS
         if last_now > now then now = last_now end
         if shape >= LEARNED then
             -- What the limits learned, after their rates.

@@ -86,14 +86,14 @@ end
 
 -- Whether the call writes (the record of the last request granted, see
 -- Value, is moment_r and bound_r, from part 2); the requests this call
--- adds to the log (see Log), packed, from `added_first` on (A: their id,
--- permits, now and moment, 4 each); those that leave it (F: id, permits
--- and now, 3 each), whose charges go into its base in the second pass; a
+-- adds to the log (see Log), packed, from `added_first` on (read again
+-- with read_request); those that leave it (F: id, permits, now and
+-- counts, 4 each), whose charges go into its base in the second pass; a
 -- batch's replies (three numbers per request, see Batch), and `g`, `left`:
 -- the run of its requests, and how many are left. (Those nil declared
 -- last, in one instruction.)
 local writes, added_first = mode and mode ~= 'batch', 1
-local added, A, F, need_r, replies, needs, g, left
+local added, F, need_r, replies, needs, g, left
 if R then replies, needs, g, left = {}, {}, -4, 0 end
 
 if not C and count == 0 and (not mode and not held or R and not holds) then
@@ -262,16 +262,16 @@ else
                         F[#F + 1], F[#F + 2], F[#F + 3], F[#F + 4] = front_id, front_p, front_at, front_P or false
                         count = count - 1
                         if count == 0 then
-                            log_at, added, A, added_first, F = nil, nil, nil, 1, nil
+                            log_at, added, added_first, F = nil, nil, 1, nil
                         elseif log_at and log_at + 8 * W <= size then
                             -- (The next in the value: read and checked as in part 2.)
                             log_at = log_at + 8 * W
                             ok, front_id, front_p, front_at, front, front_P = read_request(log_at, next_id, value, n)
                             if not ok then return redis.error_reply(string.format(NOT_OURS, key, size)) end
                         else
+                            -- (The next this call logged.)
                             if log_at then log_at = nil else added_first = added_first + 1 end
-                            local a = 5 * added_first
-                            front_id, front_p, front_at, front, front_P = A[a - 4], A[a - 3], A[a - 2], A[a - 1], A[a]
+                            _, front_id, front_p, front_at, front, front_P = read_request(1, next_id, added[added_first], n)
                         end
                     end
                     if id >= 0 or count > 0 then
@@ -291,7 +291,7 @@ else
                             end
                             front_id, front_p, front_at, front, front_P = id, p, at, e, P
                         end
-                        if not added then added, A = {}, {} end
+                        added = added or {}
                         local a = #added
                         if n == 1 then
                             added[a + 1] = struct.pack('<dddd', id, c, at, moment)
@@ -300,8 +300,6 @@ else
                             for i = 2, n do numbers[3 + i] = P and P[i] or p end
                             added[a + 1] = struct.pack(string.sub(FORMAT, 3, 3 + W), unpack(numbers))
                         end
-                        a = 5 * a
-                        A[a + 1], A[a + 2], A[a + 3], A[a + 4], A[a + 5] = id, p, at, e, P
                         count = count + 1
                     end
                 end
