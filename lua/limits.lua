@@ -148,7 +148,8 @@ if count > 0 or R or debts then
     -- value or of those it logged, as the log moves on. It captures
     -- nothing, as it is made on each such call: 2^53 is MAX_MICROS.)
     read_request = function(at, below, value, n)
-        local id, p, t, moment, P = struct.unpack('<dddd', value, at)
+        -- (_: the position unpack returns last; P: nil with one limit.)
+        local id, p, t, moment, _, P = struct.unpack('<dddd', value, at)
         local good = id % 1 == 0 and id >= -1 - n and id < below
             and p % 1 == 0 and p >= -9007199254740992 and p <= 9007199254740992 and (p >= 0 or id >= 0)
             and t >= 0 and t % 1 == 0 and moment >= t and moment <= 9007199254740992 and moment % 1 == 0

@@ -55,8 +55,7 @@ if mode and (mode == 'give_back' or mode == 'keep' or mode == 'settle') then
             lists[1][i], ok = m, ok or m > 0
         end
         if not ok then return 0 end
-        mode, permits, E = nil, lists[1][1], nil
-        if n > 1 then P = lists[1] end
+        mode, permits, E, P = nil, lists[1][1], nil, lists[1]
     elseif mode == 'settle' then
         -- In the log: its counts replaced, then charged again with the rest.
         E[place + 1] = -1 - lists[2][1]

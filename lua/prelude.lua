@@ -74,8 +74,8 @@ local W = 3 + n
 -- ARGV[1]: the permits of a reservation (`held`: `n+`, one its caller may
 -- give back), or the mode. The common values skip tonumber.
 -- A call (an open call, Limits::open) is a reservation held as 2 (open),
--- of `permits` for the first limit and P (several limits: a table) for
--- each. (Declared here too, for the new modes, with no cost to the others:
+-- of `permits` for the first limit and P (a table, read with several
+-- limits) for each. (Declared here too, for the new modes, with no cost to the others:
 -- a call's or settle's `lists` of counts, a learn's `lesson` and what the
 -- limits learn from it, L2 and M1, see part 2.)
 local permits, held, mode, P, lists, lesson, L2, M1 = argv[1]
@@ -112,23 +112,21 @@ elseif not mode or mode == 'probe' or mode == 'status' then
     if timeout > MAX_MICROS then timeout = MAX_MICROS end
 elseif mode == 'batch' then
     local BATCH_CAPACITY = 1024 -- the most requests in one batch
-    R = {}
-    local count = 0
+    R, total = {}, 0
     for request in string.gmatch(arg2, '[^,]+') do
         -- (`star`: '*' before a count, '' for one.)
         local p, plus, t, star, times = string.match(request, '^(%d+)(%+?):(-?%d+)(%*?)(%d*)$')
         p, t, times = tonumber(p), tonumber(t), star == '' and 1 or tonumber(times)
         if not (p and t and times and p >= 1 and p <= MAX_MICROS and t >= -1 and times >= 1)
-                or count + times > BATCH_CAPACITY then
+                or total + times > BATCH_CAPACITY then
             return redis.error_reply(string.format('ERR paceline: ARGV[2] of a batch must be 1 to %d requests permits[+]:timeout_micros[*count] (permits from 1 to 2^53, timeout_micros -1 or >= 0, count >= 1), joined by commas (got "%.40s")', BATCH_CAPACITY, request))
         end
         if t > MAX_MICROS then t = MAX_MICROS end
         plus = plus == '+'
         R[#R + 1], R[#R + 2], R[#R + 3], R[#R + 4] = p, plus, t, times
-        count, holds = count + times, holds or plus
+        total, holds = total + times, holds or plus
     end
-    total = count
-    if count == 0 then
+    if total == 0 then
         return redis.error_reply(string.format('ERR paceline: ARGV[2] of a batch must hold a request (got "%.40s")', arg2))
     end
 elseif mode == 'give_back' or mode == 'keep' then
@@ -172,8 +170,7 @@ elseif mode == 'call' or mode == 'settle' or mode == 'resume' then
     end
     if mode == 'call' then
         -- A reservation held as open (see part 4).
-        mode, permits, held, timeout = nil, lists[1][1], 2, math.min(t, MAX_MICROS)
-        if n > 1 then P = lists[1] end
+        mode, permits, held, timeout, P = nil, lists[1][1], 2, math.min(t, MAX_MICROS), lists[1]
     end
 elseif mode == 'learn' then
     -- The lesson and the learning's constants (see Learn), in `lesson` by

@@ -35,10 +35,6 @@ elseif not C then
     -- part 4.)
     ttl_ms = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
     if n > 1 and need_r > ttl_ms then ttl_ms = need_r end
-elseif not (mode or F) then
-    -- (A reservation's, as part 4 charged it; not when the log's base was
-    -- charged after it.)
-    ttl_ms = need_r
 else
     for i = 1, n do
         local c, k = 8 * i - 8, 3 * i - 2
