@@ -75,9 +75,9 @@ local W = 3 + n
 -- give back), or the mode. The common values skip tonumber.
 -- A call (an open call, Limits::open) is a reservation held as 2 (open),
 -- of `permits` for the first limit and P (a table, read with several
--- limits) for each. (Declared here too, for the new modes, with no cost to the others:
--- a call's or settle's `lists` of counts, a learn's `lesson` and what the
--- limits learn from it, L2 and M1, see part 2.)
+-- limits) for each. (Declared here too, for the new modes, with no cost
+-- to the others: a call's or settle's `lists` of counts, a learn's
+-- `lesson` and what the limits learn from it, L2 and M1, see part 2.)
 local permits, held, mode, P, lists, lesson, L2, M1 = argv[1]
 if permits == '1' then
     permits = 1
