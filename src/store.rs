@@ -364,32 +364,11 @@ where
     }))
 }
 
-/// [`acquire`] on the calling thread.
-pub(crate) fn acquire_blocking<Q, E>(engine: &E, key: &Q, permits: u32) -> Result<Duration, Error>
-where
-    Q: ?Sized + Sync,
-    E: Engine<Q>,
-{
-    Ok(take_and_sleep(engine, key, permits, None)?.unwrap_or_default())
-}
-
-/// [`try_acquire`] on the calling thread.
-pub(crate) fn try_acquire_blocking<Q, E>(
-    engine: &E,
-    key: &Q,
-    permits: u32,
-    timeout: Duration,
-) -> Result<bool, Error>
-where
-    Q: ?Sized + Sync,
-    E: Engine<Q>,
-{
-    Ok(take_and_sleep(engine, key, permits, Some(timeout))?.is_some())
-}
-
-/// Takes `permits` of `key` if the wait fits in `timeout` (any wait without
-/// one), counts it, and sleeps the calling thread for the wait.
-fn take_and_sleep<Q, E>(
+/// [`acquire`] (no `timeout`) or [`try_acquire`] on the calling thread:
+/// takes `permits` of `key` if the wait fits in `timeout` (any wait without
+/// one), counts it, and sleeps the calling thread for the wait; `None` if
+/// refused.
+pub(crate) fn take_and_sleep<Q, E>(
     engine: &E,
     key: &Q,
     permits: u32,

@@ -219,7 +219,7 @@ impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C> {
         Q: ?Sized + Sync,
         S::Keyed<K, C>: Engine<Q>,
     {
-        store::acquire_blocking(&self.engine, key, permits)
+        Ok(store::take_and_sleep(&self.engine, key, permits, None)?.unwrap_or_default())
     }
 
     /// [`try_acquire`](Self::try_acquire) on the calling thread.
@@ -234,7 +234,7 @@ impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C> {
         Q: ?Sized + Sync,
         S::Keyed<K, C>: Engine<Q>,
     {
-        store::try_acquire_blocking(&self.engine, key, permits, timeout)
+        Ok(store::take_and_sleep(&self.engine, key, permits, Some(timeout))?.is_some())
     }
 }
 

@@ -108,12 +108,12 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// [`acquire`](Self::acquire) on the calling thread, which it blocks.
     /// Needs no async runtime; do not call it from async code.
     pub fn acquire_blocking(&self, permits: u32) -> Result<Duration, Error> {
-        store::acquire_blocking(&self.engine, &NoKey, permits)
+        Ok(store::take_and_sleep(&self.engine, &NoKey, permits, None)?.unwrap_or_default())
     }
 
     /// [`try_acquire`](Self::try_acquire) on the calling thread.
     pub fn try_acquire_blocking(&self, permits: u32, timeout: Duration) -> Result<bool, Error> {
-        store::try_acquire_blocking(&self.engine, &NoKey, permits, timeout)
+        Ok(store::take_and_sleep(&self.engine, &NoKey, permits, Some(timeout))?.is_some())
     }
 
     /// Reserves `estimate` for a call to an upstream, sleeps until it may
