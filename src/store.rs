@@ -12,7 +12,7 @@
 //! [`KeyedRateLimiter`](crate::KeyedRateLimiter) call them for every store,
 //! and so do the [`Limiter`](crate::Limiter) traits.
 
-use std::future::Future;
+use std::future::{Future, ready};
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -154,10 +154,79 @@ pub trait Engine<Q: ?Sized + Sync>: Rate {
     }
 }
 
+/// An engine in this process: it answers at once, so its [`Engine`]
+/// futures are ready when made, and its reservations give back to it
+/// ([`GivesBack`](crate::reservation::GivesBack), which also tells the
+/// fail-over engine, an `Arc` that gives back nothing itself, apart). One
+/// impl below serves every such engine; timeouts are whole µs here
+/// ([`timeout_micros`]).
+pub(crate) trait AtOnce<Q: ?Sized + Sync>: Rate + crate::reservation::GivesBack {
+    /// [`Engine::take`], answered at once.
+    fn reserve_at_once(&self, key: &Q, permits: u32, timeout: u64) -> Option<Reservation<'_>>;
+
+    /// [`Engine::take_wait`], answered at once: the wait in µs, with no
+    /// [`Reservation`] built (the fast path).
+    fn wait_at_once(&self, key: &Q, permits: u32, timeout: u64) -> Option<u64>;
+
+    /// [`Engine::take_call`], answered at once.
+    fn call_at_once(&self, key: &Q, cost: &Cost, timeout: u64) -> Option<Reservation<'_>>;
+
+    /// [`Engine::snapshot`], answered at once.
+    fn snapshot_at_once(&self, key: &Q) -> Snapshot;
+}
+
+impl<Q: ?Sized + Sync, E: AtOnce<Q>> Engine<Q> for E {
+    #[inline(always)]
+    fn take(
+        &self,
+        key: &Q,
+        permits: u32,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
+        let timeout = timeout_micros(timeout);
+        ready(Ok(self.reserve_at_once(key, permits, timeout)))
+    }
+
+    #[inline(always)]
+    fn take_wait<T: Send>(
+        &self,
+        key: &Q,
+        permits: Result<u32, Error>,
+        timeout: Option<Duration>,
+        then: impl FnOnce(Result<Option<Duration>, Error>) -> T + Send,
+    ) -> impl Future<Output = T> + Send {
+        let timeout = timeout_micros(timeout);
+        let wait = permits.map(|permits| self.wait_at_once(key, permits, timeout));
+        ready(then(wait.map(|wait| wait.map(wait_of))))
+    }
+
+    fn take_call(
+        &self,
+        key: &Q,
+        cost: &Cost,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
+        ready(Ok(self.call_at_once(key, cost, timeout_micros(timeout))))
+    }
+
+    fn snapshot(&self, key: &Q) -> impl Future<Output = Result<Snapshot, Error>> + Send {
+        ready(Ok(self.snapshot_at_once(key)))
+    }
+
+    /// Free now: granted with a wait of zero, no wait being allowed.
+    fn take_now(&self, key: &Q, permits: u32) -> Option<Result<bool, Error>> {
+        Some(Ok(self.wait_at_once(key, permits, 0) == Some(0)))
+    }
+
+    fn snapshot_now(&self, key: &Q) -> Option<Snapshot> {
+        Some(self.snapshot_at_once(key))
+    }
+}
+
 /// A timeout in whole µs for the in-process engines (saturating at
 /// [`MAX_MICROS`](crate::core::MAX_MICROS)); `u64::MAX` for none.
 #[inline(always)]
-pub(crate) fn timeout_micros(timeout: Option<Duration>) -> u64 {
+fn timeout_micros(timeout: Option<Duration>) -> u64 {
     timeout.map_or(u64::MAX, crate::core::micros)
 }
 
@@ -165,7 +234,7 @@ pub(crate) fn timeout_micros(timeout: Option<Duration>) -> u64 {
 /// zero (a granted try's: the division by a million is a tenth of its
 /// instructions).
 #[inline(always)]
-pub(crate) fn wait_of(micros: u64) -> Duration {
+fn wait_of(micros: u64) -> Duration {
     if micros == 0 {
         Duration::ZERO
     } else {

@@ -18,7 +18,6 @@ mod outcome;
 mod slot;
 
 use std::fmt;
-use std::future::{Future, ready};
 use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{AcqRel, Acquire};
@@ -29,7 +28,7 @@ use crate::core::word::{self, Quick, Step};
 use crate::core::{Cost, Learning, Lesson, Limits, stable_interval_micros};
 use crate::metrics::Metrics;
 use crate::reservation::{GiveBack, GiveBackId, GivesBack, Reservation};
-use crate::store::{Engine, Metered, NoKey, Rate, timeout_micros, wait_of};
+use crate::store::{AtOnce, Metered, NoKey, Rate};
 use crate::{Error, Snapshot, Stats};
 
 use outcome::{Grant, Outcome};
@@ -214,40 +213,21 @@ impl<C: Clock> Single<C> {
     }
 }
 
-impl<C: Clock> Engine<NoKey> for Single<C> {
+impl<C: Clock> AtOnce<NoKey> for Single<C> {
     #[inline(always)]
-    fn take(
-        &self,
-        _: &NoKey,
-        permits: u32,
-        timeout: Option<Duration>,
-    ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
-        let grant = self.reserve_micros::<Grant>(permits, timeout_micros(timeout));
-        ready(Ok(grant.map(|grant| self.to_reservation(grant))))
+    fn reserve_at_once(&self, _: &NoKey, permits: u32, timeout: u64) -> Option<Reservation<'_>> {
+        let grant = self.reserve_micros::<Grant>(permits, timeout);
+        grant.map(|grant| self.to_reservation(grant))
     }
 
     #[inline(always)]
-    fn take_wait<T: Send>(
-        &self,
-        _: &NoKey,
-        permits: Result<u32, Error>,
-        timeout: Option<Duration>,
-        then: impl FnOnce(Result<Option<Duration>, Error>) -> T + Send,
-    ) -> impl Future<Output = T> + Send {
-        let timeout = timeout_micros(timeout);
-        let wait = permits.map(|permits| self.reserve_micros::<u64>(permits, timeout));
-        ready(then(wait.map(|wait| wait.map(wait_of))))
+    fn wait_at_once(&self, _: &NoKey, permits: u32, timeout: u64) -> Option<u64> {
+        self.reserve_micros::<u64>(permits, timeout)
     }
 
-    fn take_call(
-        &self,
-        _: &NoKey,
-        cost: &Cost,
-        timeout: Option<Duration>,
-    ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
-        let timeout = timeout_micros(timeout);
+    fn call_at_once(&self, _: &NoKey, cost: &Cost, timeout: u64) -> Option<Reservation<'_>> {
         let granted = self.open_call(cost, timeout);
-        ready(Ok(granted.map(|granted| {
+        granted.map(|granted| {
             let taken = granted.id.map(|id| GiveBack {
                 owner: self,
                 taken: GiveBackId::Logged(id),
@@ -258,19 +238,11 @@ impl<C: Clock> Engine<NoKey> for Single<C> {
                 taken,
             )
             .for_limit(granted.bound_by.unwrap_or(0))
-        })))
+        })
     }
 
-    fn snapshot(&self, _: &NoKey) -> impl Future<Output = Result<Snapshot, Error>> + Send {
-        ready(Ok(self.snapshot_locked()))
-    }
-
-    fn take_now(&self, _: &NoKey, permits: u32) -> Option<Result<bool, Error>> {
-        Some(Ok(self.reserve_micros::<u64>(permits, 0).is_some()))
-    }
-
-    fn snapshot_now(&self, _: &NoKey) -> Option<Snapshot> {
-        Some(self.snapshot_locked())
+    fn snapshot_at_once(&self, _: &NoKey) -> Snapshot {
+        self.snapshot_locked()
     }
 }
 
