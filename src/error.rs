@@ -49,8 +49,8 @@ impl std::error::Error for Error {
 ///
 /// The Redis limiters make these; a [`KeyedLimiter`](crate::KeyedLimiter) or
 /// [`Limiter`](crate::Limiter) written outside the crate makes its own for a
-/// store it cannot reach, so that callers (the HTTP layer answers `503 Service
-/// Unavailable`) tell a broken backend from a bad argument.
+/// store it cannot reach, so that callers (the HTTP layer answers
+/// `503 Service Unavailable`) tell a broken backend from a bad argument.
 ///
 /// ```
 /// use paceline::{BackendError, Error};

@@ -63,13 +63,13 @@ impl PolicyConfig {
 /// [`Builder::limit`](crate::Builder::limit).
 ///
 /// A limit is a rate and its *burst*: how many requests may go at once after
-/// an idle spell. Made with a period (`Limit::per(1000.0,
-/// Duration::from_secs(3600))`), its burst is the period's whole permits: a
-/// quota of 1 000 an hour lets 1 000 requests go at once, then refills at 1
-/// 000 an hour. [`burst`](Limit::burst) sets another count,
-/// [`warmup`](Limit::warmup) the warming-up policy instead. A limit starts
-/// full, its burst there at once (a local `RateLimiter`'s `permits_per_second`
-/// starts with nothing stored).
+/// an idle spell. Made with a period
+/// (`Limit::per(1000.0, Duration::from_secs(3600))`), its burst is the
+/// period's whole permits: a quota of 1 000 an hour lets 1 000 requests go
+/// at once, then refills at 1 000 an hour. [`burst`](Limit::burst) sets
+/// another count, [`warmup`](Limit::warmup) the warming-up policy instead. A
+/// limit starts full, its burst there at once (a local `RateLimiter`'s
+/// `permits_per_second` starts with nothing stored).
 ///
 /// A burst of `n` is `n` requests of one permit at once, no more: the limit
 /// stores `n − 1` permits while idle, and the request that goes when nothing
@@ -88,8 +88,8 @@ impl PolicyConfig {
 /// over the hour that follows (a fixed window admits twice its quota across
 /// its boundary too). If the sliding window must hold the quota, give the
 /// limit half the window as its burst (`.burst(500)`: at most 1 500 in any
-/// hour), or add a second, tighter limit (`Limit::per(20.0,
-/// Duration::from_secs(60))`) to pace the spending.
+/// hour), or add a second, tighter limit
+/// (`Limit::per(20.0, Duration::from_secs(60))`) to pace the spending.
 ///
 /// ```
 /// use std::time::Duration;

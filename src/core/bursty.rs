@@ -4,10 +4,10 @@ use std::time::Duration;
 
 use super::micros;
 
-/// Stored permits cost nothing: an idle limiter lets its `max_permits =
-/// max_burst × rate` stored permits go at once, and one request more at the
-/// ticket, before falling back to the stable rate. An idle limiter stores one
-/// permit per stable interval.
+/// Stored permits cost nothing: an idle limiter lets its
+/// `max_permits = max_burst × rate` stored permits go at once, and one request
+/// more at the ticket, before falling back to the stable rate. An idle limiter
+/// stores one permit per stable interval.
 ///
 /// ```
 /// use std::time::Duration;

@@ -62,9 +62,9 @@
 //!
 //! [`State::reserve_earliest_available`] for `permits` at `now`:
 //!
-//! 1. `resync(now)`: if `now > next_free_micros`, add `(now -
-//!    next_free_micros) / cool_down_interval` stored permits (capped at
-//!    `max_permits`); set `next_free_micros = now`.
+//! 1. `resync(now)`: if `now > next_free_micros`, add
+//!    `(now - next_free_micros) / cool_down_interval` stored permits (capped
+//!    at `max_permits`); set `next_free_micros = now`.
 //! 2. Remember `moment = next_free_micros`: this request may go then.
 //! 3. Spend `min(permits, stored_permits)` stored permits at the policy's
 //!    price; the rest are fresh, at `stable_interval_micros` each.
@@ -72,9 +72,9 @@
 //! 5. Return `moment`. The caller waits `moment - now`, or nothing if that is
 //!    in the past.
 //!
-//! [`State::can_acquire`] asks, changing nothing, whether `next_free_micros -
-//! timeout <= now`: whether the existing debt fits in the caller's timeout. A
-//! try that does not fit reserves nothing.
+//! [`State::can_acquire`] asks, changing nothing, whether
+//! `next_free_micros - timeout <= now`: whether the existing debt fits in the
+//! caller's timeout. A try that does not fit reserves nothing.
 //!
 //! ## Giving a reservation back
 //!
@@ -219,8 +219,9 @@ const FRACTION_ONE: u64 = 1 << FRACTION_BITS;
 /// docs](crate::core#exact-at-every-rate)).
 pub(crate) const FINE_CHARGE_LIMIT_MICROS: f64 = 4_294_967_296.0;
 
-/// The stable interval for a rate, in microseconds: `1e6 /
-/// permits_per_second`, `0.0` for an infinite rate, capped at [`MAX_MICROS`].
+/// The stable interval for a rate, in microseconds:
+/// `1e6 / permits_per_second`, `0.0` for an infinite rate, capped at
+/// [`MAX_MICROS`].
 ///
 /// # Errors
 ///

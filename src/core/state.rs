@@ -113,9 +113,10 @@ impl State {
     }
 
     /// The ticket's part below the microsecond, in units of
-    /// 2^-[`FRACTION_BITS`] µs (`0..2^20`): the ticket is `next_free_micros +
-    /// next_free_fraction / 2^20` µs. It carries what whole-µs waits leave out
-    /// ([exact at every rate](crate::core#exact-at-every-rate)).
+    /// 2^-[`FRACTION_BITS`] µs (`0..2^20`): the ticket is
+    /// `next_free_micros + next_free_fraction / 2^20` µs. It carries what
+    /// whole-µs waits leave out ([exact at every
+    /// rate](crate::core#exact-at-every-rate)).
     #[cfg(any(test, feature = "internals"))]
     pub fn next_free_fraction(&self) -> u32 {
         self.next_free_fraction

@@ -7,8 +7,8 @@ use super::micros;
 /// Stored permits cost *more* than fresh ones, so a limiter that has been idle
 /// (cold) starts slow and speeds up to its stable rate as it is used. Up to
 /// `threshold_permits` stored, a stored permit costs the stable interval;
-/// above, its price rises linearly to the cold interval (`cold_factor ×
-/// stable`) at `max_permits`:
+/// above, its price rises linearly to the cold interval
+/// (`cold_factor × stable`) at `max_permits`:
 ///
 /// ```text
 ///          ^ price of the next permit (µs)
@@ -37,11 +37,12 @@ use super::micros;
 /// choices fix the shape:
 ///
 /// * the ramp's area is `warmup`: a full limiter reaches the stable rate after
-///   exactly `warmup` of continuous use, so `max - threshold = 2 × warmup /
-///   (stable + cold)`;
-/// * the flat area left of the threshold is `warmup / 2`, so `threshold = 0.5
-///   × warmup / stable`, which makes cooling down (0 to `max` stored permits,
-///   at `warmup / max` per permit idle) take exactly `warmup` too.
+///   exactly `warmup` of continuous use, so
+///   `max - threshold = 2 × warmup / (stable + cold)`;
+/// * the flat area left of the threshold is `warmup / 2`, so
+///   `threshold = 0.5 × warmup / stable`, which makes cooling down (0 to `max`
+///   stored permits, at `warmup / max` per permit idle) take exactly `warmup`
+///   too.
 ///
 /// A zero or sub-microsecond `warmup` makes `max_permits` zero: the limiter
 /// then limits like a bursty one with no burst, never "not at all".

@@ -154,12 +154,12 @@ impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C> {
         store::try_acquire(&self.engine, key, permits, timeout).await
     }
 
-    /// Reserves `estimate` of `key` for a call to an upstream, sleeps
-    /// until it may go, and returns the [`Call`], to settle and learn from
-    /// once its answer is back: [`RateLimiter::call`](crate::RateLimiter::call)
-    /// for one key (one key per upstream, say), what it learns learned by
-    /// that key alone. Cancel-safe: dropped before it returns, it gives
-    /// the estimate back.
+    /// Reserves `estimate` of `key` for a call to an upstream, sleeps until it
+    /// may go, and returns the [`Call`], to settle and learn from once its
+    /// answer is back: [`RateLimiter::call`](crate::RateLimiter::call) for one
+    /// key (one key per upstream, say), what it learns learned by that key
+    /// alone. Cancel-safe: dropped before it returns, it gives the estimate
+    /// back.
     ///
     /// A key idle long enough to read as full is forgotten, and with it
     /// what it learned: it starts again at the configured rates.

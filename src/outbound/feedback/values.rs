@@ -118,8 +118,8 @@ fn digits(text: &[u8]) -> i64 {
         .fold(0, |n, &b| n * 10 + i64::from(b - b'0'))
 }
 
-/// An HTTP-date (`Sun, 06 Nov 1994 08:49:37 GMT`, or the obsolete `Sun Nov 6
-/// 08:49:37 1994`) as time since the epoch (zero before it).
+/// An HTTP-date (`Sun, 06 Nov 1994 08:49:37 GMT`, or the obsolete
+/// `Sun Nov 6 08:49:37 1994`) as time since the epoch (zero before it).
 fn http_date(text: &[u8]) -> Option<Duration> {
     const MONTHS: [&[u8]; 12] = [
         b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov",
