@@ -22,6 +22,10 @@ use std::time::{Duration, Instant};
 use governor::Quota;
 use paceline::{KeyedRateLimiter, RateLimiter};
 
+#[path = "plain.rs"]
+mod plain;
+use plain::{env, median};
+
 /// Calls `call` `calls` times; nanoseconds per call.
 #[inline(never)]
 fn per_call(calls: u64, call: impl Fn() -> bool) -> f64 {
@@ -34,18 +38,6 @@ fn per_call(calls: u64, call: impl Fn() -> bool) -> f64 {
     }
     black_box(granted);
     start.elapsed().as_nanos() as f64 / calls as f64
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
-
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 fn main() {

@@ -25,6 +25,10 @@ use std::time::{Duration, Instant};
 use governor::Quota;
 use paceline::{KeyedRateLimiter, RateLimiter};
 
+#[path = "plain.rs"]
+mod plain;
+use plain::{env, median};
+
 /// Keys per thread in the distinct-keys case.
 const KEYS: u64 = 1_000;
 
@@ -51,18 +55,6 @@ fn per_call(threads: u64, calls: u64, call: &(dyn Fn(u64, u64) -> bool + Sync)) 
         Instant::now()
     });
     began.elapsed().as_nanos() as f64 / (threads * calls) as f64
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
-
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 fn thread_counts() -> Vec<u64> {
