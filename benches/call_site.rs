@@ -24,7 +24,7 @@ use paceline::{KeyedRateLimiter, RateLimiter};
 
 #[path = "plain.rs"]
 mod plain;
-use plain::{env, median};
+use plain::env;
 
 /// Calls `call` `calls` times; nanoseconds per call.
 #[inline(never)]
@@ -87,25 +87,7 @@ fn main() {
             Box::new(|| governor_keyed.check_key(black_box(&key)).is_ok()),
         ),
     ];
-    let mut times = vec![(vec![], vec![], vec![]); cases.len()];
-    for _ in 0..rounds {
-        for (i, (_, ours, theirs)) in cases.iter().enumerate() {
-            let (a, b) = (per_call(calls, ours), per_call(calls, theirs));
-            times[i].0.push(a);
-            times[i].1.push(b);
-            times[i].2.push(a / b);
-        }
-    }
     println!("{calls} calls a case, {rounds} rounds, medians:");
     println!();
-    println!("| case | paceline ns/call | governor ns/call | ratio |");
-    println!("|---|---:|---:|---:|");
-    for ((name, ..), (ours, theirs, ratios)) in cases.iter().zip(times) {
-        println!(
-            "| {name} | {:.2} | {:.2} | {:.3} |",
-            median(ours),
-            median(theirs),
-            median(ratios)
-        );
-    }
+    plain::compare(rounds, &cases, "ns/call", |call| per_call(calls, call));
 }

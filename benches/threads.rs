@@ -27,7 +27,7 @@ use paceline::{KeyedRateLimiter, RateLimiter};
 
 #[path = "plain.rs"]
 mod plain;
-use plain::{env, median};
+use plain::env;
 
 /// Keys per thread in the distinct-keys case.
 const KEYS: u64 = 1_000;
@@ -121,28 +121,9 @@ fn main() {
                 Box::new(|t, i| theirs_keyed.check_key(&(t * KEYS + i % KEYS)).is_ok()),
             ),
         ];
-        let mut times = vec![(vec![], vec![], vec![]); cases.len()];
-        for _ in 0..rounds {
-            for (i, (_, ours, theirs)) in cases.iter().enumerate() {
-                let a = per_call(threads, calls, ours);
-                let b = per_call(threads, calls, theirs);
-                times[i].0.push(a);
-                times[i].1.push(b);
-                times[i].2.push(a / b);
-            }
-        }
         println!();
         println!("{threads} thread(s):");
         println!();
-        println!("| case | paceline | governor | ratio |");
-        println!("|---|---:|---:|---:|");
-        for ((name, ..), (ours, theirs, ratios)) in cases.iter().zip(times) {
-            println!(
-                "| {name} | {:.2} | {:.2} | {:.3} |",
-                median(ours),
-                median(theirs),
-                median(ratios)
-            );
-        }
+        plain::compare(rounds, &cases, "ns", |call| per_call(threads, calls, call));
     }
 }
