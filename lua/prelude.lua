@@ -1,7 +1,7 @@
 -- The limiter's script, part 1 of 5: constants, arguments, the clock, the
 -- value's head as read. It mirrors core::Limits (src/core/limits.rs, and
 -- src/core/learn.rs for what it learns) over core::State
--- (src/core/mod.rs), for 1 to MAX_LIMITS limits; its protocol is
+-- (src/core/state.rs), for 1 to MAX_LIMITS limits; its protocol is
 -- specified in docs/redis-protocol.md.
 --
 -- It is written for speed: Redis runs one script at a time, so every

@@ -9,8 +9,8 @@
 //! A request goes as soon as the previous caller's debt is paid and charges
 //! its own cost to the next caller; idle time is saved as *stored permits*,
 //! which are free (the bursty policy) or expensive (the warming-up policy, for
-//! resources that are slow when cold). `src/core/mod.rs` explains the
-//! algorithm in full.
+//! resources that are slow when cold). [`design`] explains the algorithm
+//! in full.
 //!
 //! # Quick start
 //!
@@ -153,6 +153,8 @@
 //! `snapshot` changes nothing. The `_blocking` methods are not futures:
 //! nothing cancels them.
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![cfg_attr(docsrs, doc(auto_cfg(hide(feature = "internals"))))]
 #![forbid(unsafe_code)]
 
 mod builder;
@@ -164,6 +166,7 @@ pub mod clock;
 pub mod core;
 #[cfg(not(feature = "internals"))]
 mod core;
+pub mod design;
 mod error;
 #[cfg(feature = "http")]
 pub mod http;

@@ -109,7 +109,7 @@ impl<T, S: Store, C: Clock> Builder<T, S, C> {
     /// Precision: waits are whole microseconds, but the schedule carries
     /// each cost to 2^-20 µs, so a busy limiter achieves this rate within
     /// 0.01% (single permits up to 10^7/s, chunks of 64 or more up to
-    /// 10^9/s; see "Exact at every rate" in [`core`](crate::core)).
+    /// 10^9/s; see [exact at every rate](crate::design#exact-at-every-rate)).
     pub fn permits_per_second(mut self, permits_per_second: f64) -> Self {
         self.config.permits_per_second = Some(permits_per_second);
         self

@@ -6,7 +6,7 @@ use super::{
 };
 
 /// The limiter's whole state, and the algorithm over it ([how it
-/// works](crate::core)).
+/// works](crate::design)).
 ///
 /// ```
 /// use paceline::core::{Bursty, Policy, State};
@@ -116,7 +116,7 @@ impl State {
     /// 2^-[`FRACTION_BITS`] µs (`0..2^20`): the ticket is
     /// `next_free_micros + next_free_fraction / 2^20` µs. It carries what
     /// whole-µs waits leave out ([exact at every
-    /// rate](crate::core#exact-at-every-rate)).
+    /// rate](crate::design#exact-at-every-rate)).
     #[cfg(any(test, feature = "internals"))]
     pub fn next_free_fraction(&self) -> u32 {
         self.next_free_fraction
@@ -177,7 +177,7 @@ impl State {
 
     /// Reserves `permits` at `now_micros` and returns the moment they may be
     /// used: the ticket before this request pushed it ([step by
-    /// step](crate::core#one-reservation-step-by-step)).
+    /// step](crate::design#one-reservation-step-by-step)).
     pub fn reserve_earliest_available(&mut self, permits: u32, now_micros: u64) -> u64 {
         self.resync(now_micros);
         let moment = self.next_free_micros;
@@ -284,7 +284,7 @@ impl State {
     }
 
     /// Changes the rate at `now_micros`, as [rate
-    /// changes](crate::core#rate-changes) tells: idle time so far at the old
+    /// changes](crate::design#rate-changes) tells: idle time so far at the old
     /// rate, the debt kept, stored permits rescaled. An invalid rate
     /// ([`InvalidRate`]) changes nothing.
     pub fn set_rate(

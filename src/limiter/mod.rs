@@ -94,10 +94,10 @@ impl Store for Local {
 #[cfg(feature = "redis")]
 impl sealed::Sealed for crate::redis::Redis {}
 
-/// What a keyed limiter's key must be: `Hash + Eq + Clone + Send + Sync +
-/// 'static`, as `String`, `u64` or `IpAddr` are (implemented for every such
-/// type). A Redis limiter's key is also `Display`: its text names the key
-/// in Redis.
+/// What a keyed limiter's key must be:
+/// `Hash + Eq + Clone + Send + Sync + 'static`, as `String`, `u64` or `IpAddr`
+/// are (implemented for every such type). A Redis limiter's key is also
+/// `Display`: its text names the key in Redis.
 pub trait Key: Hash + Eq + Clone + Send + Sync + 'static {}
 
 impl<K: Hash + Eq + Clone + Send + Sync + 'static> Key for K {}
@@ -107,7 +107,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Key for K {}
 /// ([`Redis`](crate::redis::Redis)).
 ///
 /// It hands out permits with the reservation-based algorithm described in
-/// [`core`](crate::core): a request goes as soon as the previous caller's
+/// [`design`](crate::design): a request goes as soon as the previous caller's
 /// debt is paid, and its own cost is charged to the next caller. Share it
 /// with an [`Arc`](std::sync::Arc); it implements [`Limiter`], so an
 /// `Arc<dyn Limiter>` can be either kind.
@@ -140,7 +140,7 @@ pub struct RateLimiter<S: Store = Local, C: Clock = crate::clock::SystemClock> {
 /// this process ([`Local`], the default) or shared through Redis
 /// ([`Redis`](crate::redis::Redis)), with memory that follows the active keys.
 ///
-/// A [`KeyedRateLimiter`] holds one [core](crate::core) state per key, each
+/// A [`KeyedRateLimiter`] holds one [state](crate::design) per key, each
 /// with the same configuration. A key behaves exactly like its own
 /// [`RateLimiter`](crate::RateLimiter) on the core algorithm, with one
 /// difference: a key never seen, or idle long enough, starts **full**, as a
