@@ -124,10 +124,19 @@ impl Snapshot {
     ///
     /// let snapshot = Snapshot::waiting(Duration::from_millis(300), 10.0);
     /// assert_eq!((snapshot.wait(), snapshot.remaining()), (Duration::from_millis(300), 0));
+    /// // No rate: the slowest there is, a permit in about 285 years.
+    /// let none = Snapshot::waiting(Duration::ZERO, f64::NAN);
+    /// assert!(none.rate() > 0.0 && none.rate() < 1e-9);
     /// ```
     pub fn waiting(wait: Duration, permits_per_second: f64) -> Snapshot {
+        // `!(> 0)` so that NaN is none too.
+        let rate = if permits_per_second > 0.0 {
+            permits_per_second
+        } else {
+            1e6 / MAX_MICROS as f64
+        };
         Snapshot {
-            rate: permits_per_second,
+            rate,
             max_stored: 0.0,
             stored: 0.0,
             wait_micros: super::micros(wait),

@@ -131,6 +131,22 @@ impl Net {
                 .filter(|p| *p <= bits)
                 .ok_or_else(bad)?,
         };
+        // A peer or entry mapped from IPv4 is read as IPv4 (`canonical`),
+        // so a mapped network is its IPv4 network, or it would never match.
+        if let IpAddr::V6(v6) = addr
+            && let Some(v4) = v6.to_ipv4_mapped()
+        {
+            if prefix < 96 {
+                return Err(Error::InvalidArgument(format!(
+                    "a trusted network written as IPv4 mapped into IPv6 needs a prefix of \
+                     96 or more; write it as the IPv4 network (got {text:?})"
+                )));
+            }
+            return Ok(Net {
+                addr: IpAddr::V4(v4),
+                prefix: prefix - 96,
+            });
+        }
         Ok(Net { addr, prefix })
     }
 

@@ -310,6 +310,21 @@ fn ipv6_peers_entries_and_networks() {
     assert_eq!(proxies.client_ip(ip("fd00::5"), &v6), ip("2001:db8::1"));
     // An IPv6 peer outside the networks: itself.
     assert_eq!(proxies.client_ip(ip("2001:db8::5"), &v6), ip("2001:db8::5"));
+    // A proxy written mapped into IPv6 is its IPv4 address or network,
+    // as the peer is read; a mapped network wider than IPv4 is refused.
+    for written in [
+        "::ffff:10.0.0.5",
+        "::ffff:10.0.0.0/120",
+        "::ffff:10.0.0.0/104",
+    ] {
+        let mapped_proxy = TrustedProxies::new(ClientIpSource::XForwardedFor, [written]).unwrap();
+        assert!(trusts(&mapped_proxy, "10.0.0.5"), "{written}");
+        assert!(trusts(&mapped_proxy, "::ffff:10.0.0.5"), "{written}");
+        assert!(!trusts(&mapped_proxy, "11.0.0.5"), "{written}");
+    }
+    let error =
+        TrustedProxies::new(ClientIpSource::XForwardedFor, ["::ffff:0.0.0.0/95"]).unwrap_err();
+    assert!(matches!(error, Error::InvalidArgument(_)));
 }
 
 #[test]
