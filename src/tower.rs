@@ -67,6 +67,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// A request refused, at once, because its wait would exceed the layer's
 /// [`max_wait`](RateLimitLayer::max_wait); the inner service is not called.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Throttled {
     /// How long until a permit is free (for a `Retry-After` header).
     pub retry_after: Duration,

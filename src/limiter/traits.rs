@@ -38,6 +38,49 @@ use crate::{Error, Reservation, Snapshot};
 /// send_all(limiter, &["a", "b"]).await?;
 /// # Ok(()) }
 /// ```
+///
+/// # A limiter of your own
+///
+/// Implement the required methods under [`async_trait`](crate::async_trait)
+/// (re-exported by this crate); waiting, and the give-backs it can offer,
+/// come with them, and the crate's adapters take it as they take its own.
+///
+/// ```
+/// use std::time::Duration;
+/// use paceline::clock::{Clock, SystemClock};
+/// use paceline::{Error, Limiter, Snapshot, async_trait};
+///
+/// /// Lets everything through at once.
+/// struct Unlimited(SystemClock);
+///
+/// #[async_trait]
+/// impl Limiter for Unlimited {
+///     async fn reserve(&self, _permits: u32) -> Result<Duration, Error> {
+///         Ok(Duration::ZERO)
+///     }
+///     async fn try_reserve(&self, _: u32, _: Duration) -> Result<Option<Duration>, Error> {
+///         Ok(Some(Duration::ZERO))
+///     }
+///     async fn snapshot(&self) -> Result<Snapshot, Error> {
+///         Ok(Snapshot::waiting(Duration::ZERO, f64::INFINITY))
+///     }
+///     fn set_rate(&self, _: f64) -> Result<(), Error> {
+///         Ok(())
+///     }
+///     fn rate(&self) -> f64 {
+///         f64::INFINITY
+///     }
+///     fn clock(&self) -> &dyn Clock {
+///         &self.0
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Error> {
+/// let limiter = Unlimited(SystemClock::new());
+/// assert_eq!(limiter.acquire(5).await?, Duration::ZERO);
+/// # Ok(()) }
+/// ```
 #[async_trait]
 pub trait Limiter: Send + Sync {
     /// Reserves `permits` now and returns the wait before they may be used.
