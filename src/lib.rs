@@ -187,12 +187,12 @@ pub mod stream;
 #[cfg(feature = "tower")]
 pub mod tower;
 
+/// The attribute the [`Limiter`] and [`KeyedLimiter`] traits are written
+/// with: put it on an impl of either (see "A limiter of your own" there).
+#[doc(no_inline)]
+pub use async_trait::async_trait;
 pub use builder::{Builder, DEFAULT_COLD_FACTOR, Limit, One, PerKey};
 pub use core::{Cost, Snapshot};
 pub use error::{BackendError, Error};
 pub use limiter::{Key, KeyedLimiter, KeyedRateLimiter, Limiter, Local, RateLimiter, Stats, Store};
 pub use reservation::Reservation;
-/// The attribute the [`Limiter`] and [`KeyedLimiter`] traits are written
-/// with: put it on an impl of either (see "A limiter of your own" there).
-#[doc(no_inline)]
-pub use async_trait::async_trait;

@@ -118,7 +118,7 @@ pub struct Limit {
     /// The permits per period it was made with.
     period_permits: f64,
     /// Why it cannot be built, found when it was made.
-    invalid: Option<&'static str>,
+    invalid: Option<String>,
     /// The upstream's name for it (see [`named`](Limit::named)).
     name: Option<Box<str>>,
     /// Calls in flight at most, for [`Limit::concurrent`]: then not a rate.
@@ -129,9 +129,16 @@ impl Limit {
     /// `permits` per `period`, with a burst of the period's whole permits (at
     /// least 1). A zero period is an [`Error::InvalidArgument`] when built.
     pub fn per(permits: f64, period: Duration) -> Limit {
-        let invalid = period
-            .is_zero()
-            .then_some("a limit's period must be longer than zero");
+        // `!(> 0)` so that NaN is refused too.
+        let invalid = if period.is_zero() {
+            Some("its period must be longer than zero".to_owned())
+        } else if !(permits > 0.0) {
+            Some(format!(
+                "its permits must be a positive number or +infinity (got {permits})"
+            ))
+        } else {
+            None
+        };
         Limit {
             invalid,
             config: PolicyConfig {
@@ -224,15 +231,15 @@ impl Limit {
 
     /// The limit's core state at `now`.
     fn state(&self, now: u64) -> Result<State, Error> {
-        if let Some(why) = self.invalid {
-            return invalid(why);
+        if let Some(why) = &self.invalid {
+            return invalid(why.as_str());
         }
         let mut config = self.config.clone();
         if let (Some(rate), None) = (config.permits_per_second, config.warmup) {
             let burst = match self.burst {
                 Some(0) => {
                     return invalid(
-                        "a limit's burst must be at least 1 (got 0): one request always goes \
+                        "its burst must be at least 1 (got 0): one request always goes \
                          when nothing is owed; burst(1) is exact spacing",
                     );
                 }
@@ -300,7 +307,16 @@ pub(crate) fn limit_states(config: &PolicyConfig, now: u64) -> Result<Vec<State>
         );
     }
     for limit in limits {
-        states.push(limit.state(now)?);
+        // Which limit, counted as `set_limit_rate` counts them.
+        let index = states.len();
+        let state = limit.state(now).map_err(|error| match error {
+            Error::InvalidArgument(why) => Error::InvalidArgument(match limit.name() {
+                Some(name) => format!("limit {index} ({name:?}): {why}"),
+                None => format!("limit {index}: {why}"),
+            }),
+            other => other,
+        })?;
+        states.push(state);
     }
     Ok(states)
 }

@@ -155,6 +155,17 @@ fn bad_limits_are_refused_when_built() {
             .build();
         assert!(matches!(built, Err(Error::InvalidArgument(_))), "{limit:?}");
     }
+    // The message names the limit (counted from 0, the builder's own rate
+    // first) and the value as given, not one worked out from it.
+    let built = RateLimiter::builder()
+        .permits_per_second(1.0)
+        .limit(Limit::per(-5.0, Duration::from_secs(60)).named("tokens"))
+        .build();
+    let Err(Error::InvalidArgument(why)) = built else {
+        panic!("{built:?}");
+    };
+    assert!(why.starts_with("limit 1 (\"tokens\"): "), "{why}");
+    assert!(why.contains("(got -5)"), "{why}");
     let shaped_nothing = RateLimiter::builder()
         .max_burst(Duration::from_secs(1))
         .limit(Limit::per_second(1.0))
