@@ -176,7 +176,8 @@ impl<T, S: Store, C: Clock> Builder<T, S, C> {
 
     /// The most keys held in this process: a hard cap for key spaces a
     /// client controls (addresses, tokens), on a keyed limiter; on a Redis
-    /// limiter, on the keys its fallback holds while Redis is down. Without
+    /// limiter, on the keys its fallback holds while Redis is down (a
+    /// `RateLimiter` in this process holds none, and refuses it). Without
     /// it, a keyed limiter's memory follows the keys active within about
     /// one refill period (at least a second). At the cap, keys that read as
     /// full go first; then the least recently used ones, which lose their
@@ -280,9 +281,17 @@ impl<C: Clock> Builder<One, Local, C> {
     /// # Errors
     /// [`Error::InvalidArgument`] if no rate was given, the rate is zero,
     /// negative or NaN, the cold factor is below 1 or not finite, a limit
-    /// is invalid, options of both policies were set, or `max_keys(0)`.
+    /// is invalid, options of both policies were set, or `max_keys` was
+    /// (this limiter holds no keys).
     pub fn build(mut self) -> Result<RateLimiter<Local, C>, Error> {
-        let (clock, metrics, _) = self.parts()?;
+        let (clock, metrics, max_keys) = self.parts()?;
+        if max_keys.is_some() {
+            return invalid(
+                "max_keys caps the keys of a keyed limiter (or a Redis limiter's fallback), \
+                 and a RateLimiter in this process holds none: remove it, or build a \
+                 KeyedRateLimiter",
+            );
+        }
         let states = limit_states(&self.config, clock.now_micros())?;
         let limits = Limits::new(states).expect("at least one limit");
         Ok(RateLimiter {

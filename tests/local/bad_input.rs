@@ -90,6 +90,20 @@ fn options_of_both_policies_are_rejected() {
 }
 
 #[test]
+fn options_that_do_nothing_here_are_rejected() {
+    // A cap on keys, on a limiter with none, is not ignored in silence.
+    for max_keys in [0, 1, 10_000] {
+        invalid(
+            RateLimiter::builder()
+                .permits_per_second(1.0)
+                .max_keys(max_keys)
+                .build(),
+            "max_keys",
+        );
+    }
+}
+
+#[test]
 fn errors_display_what_was_wrong() {
     let err = RateLimiter::bursty(-2.5).unwrap_err();
     assert_eq!(
