@@ -110,6 +110,14 @@ impl<T, S: Store, C: Clock> Builder<T, S, C> {
     /// each cost to 2^-20 µs, so a busy limiter achieves this rate within
     /// 0.01% (single permits up to 10^7/s, chunks of 64 or more up to
     /// 10^9/s; see [exact at every rate](crate::design#exact-at-every-rate)).
+    ///
+    /// How it starts: a `RateLimiter` in this process starts with nothing
+    /// stored, as the classic algorithm's new limiter does (the first
+    /// request goes at once, the next waits its interval; a warming-up one
+    /// starts cold). Every key of a keyed limiter, a Redis limiter, and a
+    /// [`Limit`] start full, their burst there at once: a key not held, or
+    /// missing in Redis, reads as full, which is what lets it be forgotten.
+    /// So the same options through Redis let one burst more go at start.
     pub fn permits_per_second(mut self, permits_per_second: f64) -> Self {
         self.config.permits_per_second = Some(permits_per_second);
         self

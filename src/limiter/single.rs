@@ -13,7 +13,9 @@ use crate::{Cost, Error, Reservation, Snapshot, Stats};
 /// # Constructors
 impl RateLimiter {
     /// A bursty limiter at `permits_per_second` that saves up to one second
-    /// of idle time as a burst.
+    /// of idle time as a burst. It starts with nothing stored: the first
+    /// request goes at once, the next waits its interval (see
+    /// [`Builder::permits_per_second`](crate::Builder::permits_per_second)).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN.
