@@ -125,7 +125,11 @@ pub trait Limiter: Send + Sync {
     /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN.
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error>;
 
-    /// The stable rate, in permits per second.
+    /// The stable rate, in permits per second, as this process knows it
+    /// without I/O (of the first limit, with several): a `RateLimiter` in
+    /// this process runs at it, what it learned from an upstream included;
+    /// through Redis it is the rate set, and what the limiter learned is
+    /// read with [`snapshot`](Limiter::snapshot).
     fn rate(&self) -> f64;
 
     /// The clock waits are slept on.
@@ -268,7 +272,9 @@ pub trait KeyedLimiter<K: Sync>: Send + Sync {
     /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN.
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error>;
 
-    /// The stable rate of every key, in permits per second.
+    /// The stable rate of every key, in permits per second, as last set:
+    /// what a key learned from an upstream is its own, read with
+    /// [`snapshot`](KeyedLimiter::snapshot).
     fn rate(&self) -> f64;
 
     /// The clock waits are slept on.
