@@ -180,7 +180,7 @@ pub trait ThrottleExt: Stream {
         K: Send + Sync + 'a,
         F: FnMut(&Self::Item) -> (K, u32),
     {
-        Throttle::new(self, limiter, PerKey(key_and_permits, PhantomData))
+        Throttle::new(self, limiter, KeyedCharge(key_and_permits, PhantomData))
     }
 }
 
@@ -243,7 +243,7 @@ type Wait<'a, L> = crate::io::Wait<'a, L, ()>;
 
 /// What an item of a throttled stream costs: the function given to
 /// [`ThrottleExt`], for a [`Limiter`] (`FnMut(&item) -> permits`) or, as
-/// [`PerKey`], for a [`KeyedLimiter`]. Sealed: implemented here only.
+/// [`KeyedCharge`], for a [`KeyedLimiter`]. Sealed: implemented here only.
 pub trait Charge<'a, T, L>: sealed::Sealed {
     /// The wait to start for `item`, or `None` to release it at once (it
     /// is free, or its permits were taken at once).
@@ -286,9 +286,9 @@ where
 
 /// The charge of [`ThrottleExt::throttle_keyed`]: `key_and_permits(&item)`
 /// for a [`KeyedLimiter`].
-pub struct PerKey<F, K>(F, PhantomData<fn() -> K>);
+pub struct KeyedCharge<F, K>(F, PhantomData<fn() -> K>);
 
-impl<'a, T, L, F, K> Charge<'a, T, L> for PerKey<F, K>
+impl<'a, T, L, F, K> Charge<'a, T, L> for KeyedCharge<F, K>
 where
     L: Deref<Target: KeyedLimiter<K> + 'a> + Send + 'a,
     K: Send + Sync + 'a,
@@ -328,7 +328,7 @@ pub struct Throttle<'a, S: Stream, L, F> {
 
 /// A stream paced by a [`KeyedLimiter`], each item charged to its own key:
 /// made by [`ThrottleExt::throttle_keyed`].
-pub type ThrottleKeyed<'a, S, L, F, K> = Throttle<'a, S, L, PerKey<F, K>>;
+pub type ThrottleKeyed<'a, S, L, F, K> = Throttle<'a, S, L, KeyedCharge<F, K>>;
 
 impl<S: Stream, L, F> Throttle<'_, S, L, F> {
     fn new(stream: S, limiter: L, charge: F) -> Self {
