@@ -67,7 +67,8 @@ impl<T, C: Clock> Builder<T, Redis, C> {
     /// With [`Fallback::Local`], the share of the rate this process allows
     /// itself while degraded: `1.0 / N` when N processes share the key, so
     /// that together they stay near the rate. Default 1.0; must be in
-    /// `(0, 1]`.
+    /// `(0, 1]`, and a share below 1 with another fallback is refused when
+    /// built (it would do nothing).
     pub fn local_fraction(mut self, local_fraction: f64) -> Self {
         self.store_mut().local_fraction = local_fraction;
         self
@@ -88,6 +89,13 @@ impl<T, C: Clock> Builder<T, Redis, C> {
         if !(local_fraction > 0.0 && local_fraction <= 1.0) {
             return invalid(format!(
                 "local_fraction must be in (0, 1] (got {local_fraction})"
+            ));
+        }
+        if local_fraction != 1.0 && settings.fallback != Fallback::Local {
+            return invalid(format!(
+                "local_fraction ({local_fraction}) shares the rate out while Redis is down \
+                 with Fallback::Local only, and the fallback is {:?}: remove one of them",
+                settings.fallback
             ));
         }
         let limits = limit_states(self.config(), 0)?;
@@ -119,7 +127,7 @@ impl<C: Clock> Builder<One, Redis, C> {
     /// # Errors
     /// [`Error::InvalidArgument`] for bad options: an empty name, a bad
     /// rate, policy or limit, more than 16 limits, a local fraction outside
-    /// `(0, 1]`, `max_keys(0)`.
+    /// `(0, 1]` or with a fallback other than `Local`, `max_keys(0)`.
     pub fn build(self) -> Result<RateLimiter<Redis, C>, Error> {
         let backend = &self.store().backend;
         let key: Arc<str> =

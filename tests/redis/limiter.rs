@@ -551,6 +551,17 @@ async fn bad_options_and_arguments_are_clear_errors() {
             "local_fraction",
         ),
         (
+            // A share of the rate for a fallback that serves no rate.
+            build(
+                RateLimiter::builder()
+                    .redis(&backend, "x")
+                    .permits_per_second(1.0)
+                    .fallback(paceline::redis::Fallback::FailClosed)
+                    .local_fraction(0.5),
+            ),
+            "Fallback::Local only",
+        ),
+        (
             // All of a key's limits live in one value, of at most 16.
             build(
                 (0..17).fold(RateLimiter::builder().redis(&backend, "x"), |b, _| {
