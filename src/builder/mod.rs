@@ -86,6 +86,22 @@ pub struct Builder<T = One, S: Store = Local, C = SystemClock> {
     shape: PhantomData<T>,
 }
 
+/// A builder is a template: clone it to build several limiters of one
+/// configuration (one per tenant, or one here and one through Redis).
+impl<T, S: Store, C: Clone> Clone for Builder<T, S, C> {
+    fn clone(&self) -> Self {
+        Builder {
+            config: self.config.clone(),
+            clock: self.clock.clone(),
+            name: self.name.clone(),
+            max_keys: self.max_keys,
+            learning: self.learning,
+            store: self.store.clone(),
+            shape: PhantomData,
+        }
+    }
+}
+
 impl<T> Builder<T> {
     pub(crate) fn new() -> Self {
         Builder {

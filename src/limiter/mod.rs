@@ -58,7 +58,7 @@ pub trait Store: sealed::Sealed + Send + Sync + Sized + 'static {
     type KeyedSlots<K: Key, C: Clock>: InFlight;
     /// What the builder knows of the store before it builds.
     #[doc(hidden)]
-    type Settings: Send;
+    type Settings: Send + Clone;
 }
 
 mod sealed {

@@ -70,6 +70,7 @@ impl Store for Redis {
 }
 
 /// What a builder knows of a Redis limiter before it builds it.
+#[derive(Clone)]
 pub struct Settings {
     pub(crate) backend: Arc<Backend>,
     pub(crate) name: String,

@@ -75,7 +75,9 @@ impl RedisBackend {
 impl RedisBackend {
     /// The backend's health, over all its limiters: whether any part of
     /// Redis is down now (on a cluster, any node), and how often its
-    /// limiters switched to their fallbacks and back (see [`Stats`]).
+    /// limiters switched to their fallbacks and back (see [`Stats`]). The
+    /// keys held and calls in flight are each limiter's own (its `stats`),
+    /// so they read zero here.
     pub fn stats(&self) -> Stats {
         self.backend.health.stats()
     }

@@ -349,3 +349,21 @@ fn a_burst_of_n_lets_exactly_n_go_at_once() {
         .build();
     assert!(matches!(zero, Err(Error::InvalidArgument(_))));
 }
+
+/// A builder is a template: its clones build limiters of one configuration
+/// and separate schedules.
+#[test]
+fn a_cloned_builder_builds_separate_limiters_alike() {
+    let clock = FakeClock::new();
+    let template = RateLimiter::builder()
+        .limit(Limit::per_second(10.0).burst(2))
+        .limit(Limit::per(30.0, Duration::from_secs(60)))
+        .clock(clock.clone());
+    let first = template.clone().build().unwrap();
+    let second = template.build().unwrap();
+    for limiter in [&first, &second] {
+        assert_eq!(limiter.reserve(1).unwrap(), Duration::ZERO);
+        assert_eq!(limiter.reserve(1).unwrap(), Duration::ZERO);
+        assert_eq!(limiter.reserve(1).unwrap(), Duration::from_millis(100));
+    }
+}
