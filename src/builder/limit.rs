@@ -195,16 +195,16 @@ impl Limit {
     /// 1.9 s of permits, 39 at once at 20/s, 10 at 5/s.
     pub fn burst(mut self, permits: u64) -> Limit {
         self.burst = Some(permits);
-        self.config.warmup = None;
         self
     }
 
     /// The warming-up policy instead of a burst: idle for this long, the limit
-    /// starts slow and takes this long to reach its rate.
+    /// starts slow and takes this long to reach its rate. With a
+    /// [`burst`](Limit::burst) too, building is an [`Error::InvalidArgument`].
     pub fn warmup(mut self, warmup: Duration) -> Limit {
         self.config.warmup = Some(warmup);
+        // The period's burst, which a warming-up limit does not have.
         self.config.max_burst = None;
-        self.burst = None;
         self
     }
 
@@ -233,6 +233,12 @@ impl Limit {
     fn state(&self, now: u64) -> Result<State, Error> {
         if let Some(why) = &self.invalid {
             return invalid(why.as_str());
+        }
+        if let (Some(_), Some(_)) = (self.burst, self.config.warmup) {
+            return invalid(
+                "burst applies to the bursty policy only, but warmup was also set (which \
+                 chooses the warming-up policy): set one of them",
+            );
         }
         let mut config = self.config.clone();
         if let (Some(rate), None) = (config.permits_per_second, config.warmup) {

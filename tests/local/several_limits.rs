@@ -148,6 +148,10 @@ fn bad_limits_are_refused_when_built() {
         Limit::per_second(-3.0),
         Limit::per(5.0, Duration::ZERO),
         Limit::per_second(1.0).warmup(MS).cold_factor(0.5),
+        // Options of both policies, in either order: refused, not one of
+        // them dropped in silence.
+        Limit::per_second(1.0).burst(3).warmup(MS),
+        Limit::per_second(1.0).warmup(MS).burst(3),
     ] {
         let built = RateLimiter::builder()
             .limit(Limit::per_second(1.0))
