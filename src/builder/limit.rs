@@ -129,10 +129,9 @@ impl Limit {
     /// `permits` per `period`, with a burst of the period's whole permits (at
     /// least 1). A zero period is an [`Error::InvalidArgument`] when built.
     pub fn per(permits: f64, period: Duration) -> Limit {
-        // `!(> 0)` so that NaN is refused too.
         let invalid = if period.is_zero() {
             Some("its period must be longer than zero".to_owned())
-        } else if !(permits > 0.0) {
+        } else if permits.is_nan() || permits <= 0.0 {
             Some(format!(
                 "its permits must be a positive number or +infinity (got {permits})"
             ))
