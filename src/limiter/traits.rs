@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use super::{Key, KeyedRateLimiter, RateLimiter, Store};
 use crate::clock::Clock;
 use crate::store::{self, Engine, NoKey, Rate};
-use crate::{Error, Reservation, Snapshot};
+use crate::{Error, Reservation, Snapshot, Stats};
 
 /// A rate limiter, in this process or shared through a backend.
 ///
@@ -134,6 +134,13 @@ pub trait Limiter: Send + Sync {
 
     /// The clock waits are slept on.
     fn clock(&self) -> &dyn Clock;
+
+    /// How the limiter is served and what it dropped (see [`Stats`]): for
+    /// a Redis limiter, whether it is on its fallback now. Provided: all
+    /// zero, for a limiter with nothing to count.
+    fn stats(&self) -> Stats {
+        Stats::default()
+    }
 
     /// Takes `permits` if they are free now (nothing owed), without waiting
     /// and without I/O: `Some(Ok(true))` if taken (nothing to wait for, so
@@ -280,6 +287,11 @@ pub trait KeyedLimiter<K: Sync>: Send + Sync {
     /// The clock waits are slept on.
     fn clock(&self) -> &dyn Clock;
 
+    /// [`Limiter::stats`], over every key.
+    fn stats(&self) -> Stats {
+        Stats::default()
+    }
+
     /// [`Limiter::take_now`] for `key`.
     ///
     /// # Errors
@@ -368,6 +380,10 @@ impl<S: Store, C: Clock> Limiter for RateLimiter<S, C> {
         self.engine.clock()
     }
 
+    fn stats(&self) -> Stats {
+        RateLimiter::stats(self)
+    }
+
     fn take_now(&self, permits: u32) -> Option<Result<bool, Error>> {
         store::take_now(&self.engine, &NoKey, permits)
     }
@@ -440,6 +456,10 @@ where
 
     fn clock(&self) -> &dyn Clock {
         self.engine.clock()
+    }
+
+    fn stats(&self) -> Stats {
+        KeyedRateLimiter::stats(self)
     }
 
     async fn reservation(&self, key: &K, permits: u32) -> Result<Reservation<'_>, Error> {

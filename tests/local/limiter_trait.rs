@@ -80,3 +80,37 @@ fn limiters_are_send_sync_and_shareable() {
     assert_send_sync::<RateLimiter<Local, FakeClock>>();
     assert_send_sync::<Arc<dyn Limiter>>();
 }
+
+/// What a limiter counts reads the same through the traits as on the
+/// limiter: calls in flight, keys held.
+#[tokio::test(flavor = "current_thread")]
+async fn stats_through_the_traits() {
+    let limiter = Arc::new(
+        RateLimiter::builder()
+            .limit(paceline::Limit::per_second(100.0))
+            .limit(paceline::Limit::concurrent(2))
+            .clock(FakeClock::new())
+            .build()
+            .unwrap(),
+    );
+    let call = limiter.call(1).await.unwrap();
+    let shared: Arc<dyn Limiter> = limiter.clone();
+    assert_eq!(shared.stats().in_flight, 1);
+    drop(call);
+    assert_eq!(shared.stats(), limiter.stats());
+    assert_eq!(shared.stats().in_flight, 0);
+
+    let keyed = Arc::new(
+        paceline::KeyedRateLimiter::<u64>::builder()
+            .permits_per_second(5.0)
+            .clock(FakeClock::new())
+            .build()
+            .unwrap(),
+    );
+    let shared: Arc<dyn paceline::KeyedLimiter<u64>> = keyed.clone();
+    for key in 0..3 {
+        shared.reserve(&key, 5).await.unwrap();
+    }
+    assert_eq!(shared.stats().keys, 3);
+    assert_eq!(shared.stats(), keyed.stats());
+}
