@@ -138,6 +138,15 @@ impl Default for Connecting {
 }
 
 impl Connecting {
+    /// When a call made now stops waiting for Redis: `response_timeout`
+    /// from now, or for a timeout too long to add (`Duration::MAX`: no
+    /// timeout) far enough ahead that it never comes, as Tokio's timers do.
+    pub(crate) fn response_deadline(&self) -> tokio::time::Instant {
+        let now = tokio::time::Instant::now();
+        now.checked_add(self.response_timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30))
+    }
+
     /// Checks the options.
     pub(crate) fn check(&self) -> Result<(), Error> {
         for (what, value) in [

@@ -110,7 +110,8 @@ impl RedisBackendBuilder {
     /// How long one call waits for Redis before the fallback takes
     /// over. Default 200 ms
     /// ([`DEFAULT_RESPONSE_TIMEOUT`](super::DEFAULT_RESPONSE_TIMEOUT)); must
-    /// be more than zero.
+    /// be more than zero. `Duration::MAX` is none: a call waits for Redis
+    /// as long as it takes (a hung server then holds its callers).
     pub fn response_timeout(mut self, response_timeout: Duration) -> Self {
         self.connecting.response_timeout = response_timeout;
         self

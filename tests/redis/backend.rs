@@ -336,3 +336,33 @@ async fn the_key_prefix_is_paceline_unless_set() {
         );
     }
 }
+
+/// A timeout too long to add to the clock (`Duration::MAX`) means none, as
+/// for Tokio's timers: calls are served, none panics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_response_timeout_is_no_timeout() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder(server.client())
+        .response_timeout(Duration::MAX)
+        .probe_interval(Duration::MAX)
+        .build()
+        .await
+        .unwrap();
+    let limiter = RateLimiter::builder()
+        .redis(&backend, "endless")
+        .permits_per_second(10.0)
+        .build()
+        .unwrap();
+    let keyed = KeyedRateLimiter::<String>::builder()
+        .redis(&backend, "endless-keyed")
+        .permits_per_second(10.0)
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        limiter.reserve(1).await.unwrap();
+        keyed.reserve("a", 1).await.unwrap();
+    }
+    let blocking = tokio::task::spawn_blocking(move || limiter.acquire_blocking(1).map(drop));
+    blocking.await.unwrap().unwrap();
+    assert_eq!(keyed.stats().fallback_calls, 0);
+}

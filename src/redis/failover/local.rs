@@ -198,7 +198,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
     /// finds it back: the wait is a task's turn.)
     async fn await_answers(&self, key: &K) {
         let redis_key = self.redis_key(key);
-        let deadline = tokio::time::Instant::now() + self.backend.options.response_timeout;
+        let deadline = self.backend.options.response_deadline();
         loop {
             let answered = self.answered.notified();
             tokio::pin!(answered);

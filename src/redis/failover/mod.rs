@@ -433,7 +433,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         R: Future<Output = Result<T, Failure>>,
     {
         let mut patience = Patience {
-            deadline: tokio::time::Instant::now() + self.backend.options.response_timeout,
+            deadline: self.backend.options.response_deadline(),
             waited: false,
         };
         loop {
