@@ -45,6 +45,25 @@ impl<B> KeyExtractor<B> for Global {
 
 /// The value of a request header (an API key, a tenant): requests
 /// without it share one key, the empty string.
+///
+/// The key is the value's bytes, one for one: printable ASCII as it is, a
+/// backslash as `\\`, any other byte as `\xNN` (so `é` is `\xc3\xa9`).
+/// Distinct values are distinct keys, whatever bytes they hold.
+///
+/// ```
+/// use paceline::http::{Header, KeyExtractor};
+///
+/// let key = Header(http::header::AUTHORIZATION);
+/// let of = |value: &[u8]| {
+///     let request = http::Request::builder().header("authorization", value).body(());
+///     key.key(&request.unwrap()).unwrap()
+/// };
+/// assert_eq!(of(b"key\xff"), "key\\xff");
+/// // Distinct bytes, distinct keys: the text that reads as an escape too.
+/// assert_ne!(of(b"key\xff"), of(b"key\xfe"));
+/// assert_ne!(of(b"key\xff"), of(br"key\xff"));
+/// assert_eq!(of(br"key\xff"), r"key\\xff");
+/// ```
 #[derive(Debug, Clone)]
 pub struct Header(pub HeaderName);
 
@@ -53,7 +72,19 @@ impl<B> KeyExtractor<B> for Header {
 
     fn key(&self, request: &Request<B>) -> Option<String> {
         let value = request.headers().get(&self.0);
-        Some(String::from_utf8_lossy(value.map_or(&[][..], |v| v.as_bytes())).into_owned())
+        let bytes = value.map_or(&[][..], |v| v.as_bytes());
+        let mut key = String::with_capacity(bytes.len());
+        for &byte in bytes {
+            match byte {
+                b'\\' => key.push_str("\\\\"),
+                b' '..=b'~' => key.push(char::from(byte)),
+                _ => {
+                    use std::fmt::Write;
+                    let _ = write!(key, "\\x{byte:02x}");
+                }
+            }
+        }
+        Some(key)
     }
 }
 
@@ -72,18 +103,69 @@ impl<B> KeyExtractor<B> for Header {
 /// ```
 pub struct PeerIp<T> {
     peer: fn(&T) -> IpAddr,
+    ipv6_prefix: u8,
 }
 
 impl<T> PeerIp<T> {
-    /// Reads the peer's address from the extension of type `T`.
+    /// Reads the peer's address from the extension of type `T`. An IPv4
+    /// client is keyed by its address; an IPv6 client by the first 64 bits
+    /// of it (see [`ipv6_prefix`](Self::ipv6_prefix)).
     pub fn from_extension(peer: fn(&T) -> IpAddr) -> Self {
-        PeerIp { peer }
+        PeerIp {
+            peer,
+            ipv6_prefix: 64,
+        }
+    }
+
+    /// How many leading bits of an IPv6 client's address are its key:
+    /// default 64. One IPv6 site (a home, a server) is given a /64 or more,
+    /// and picks any address in it, so keying each address lets one client
+    /// take a new key, and a full burst, with every request. 128 keys each
+    /// address; 56 or 48 key a whole site, for providers that hand those
+    /// out. Above 128 counts as 128. The same applies through
+    /// [`ClientIp`], to the client read past the proxies.
+    ///
+    /// ```
+    /// use std::net::{IpAddr, SocketAddr};
+    /// use paceline::http::{KeyExtractor, PeerIp};
+    ///
+    /// let key = PeerIp::from_extension(|peer: &SocketAddr| peer.ip());
+    /// let from = |peer: &str| {
+    ///     let mut request = http::Request::new(());
+    ///     request.extensions_mut().insert(peer.parse::<SocketAddr>().unwrap());
+    ///     key.key(&request)
+    /// };
+    /// // Two addresses of one /64: one key.
+    /// assert_eq!(from("[2001:db8:1:2::a]:443"), from("[2001:db8:1:2:ffff::9]:80"));
+    /// assert_eq!(from("[2001:db8:1:2::a]:443"), Some("2001:db8:1:2::".parse::<IpAddr>()?));
+    /// assert_ne!(from("[2001:db8:1:2::a]:443"), from("[2001:db8:1:3::a]:443"));
+    /// # Ok::<(), std::net::AddrParseError>(())
+    /// ```
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.ipv6_prefix = bits.min(128);
+        self
+    }
+
+    /// The key of a client at `ip`: IPv4 (or mapped IPv4) whole, IPv6 cut
+    /// to its prefix.
+    fn key_of(&self, ip: IpAddr) -> IpAddr {
+        match canonical(ip) {
+            IpAddr::V6(v6) => {
+                let kept = u32::from(128 - self.ipv6_prefix);
+                let mask = u128::MAX.checked_shl(kept).unwrap_or(0);
+                IpAddr::V6((u128::from(v6) & mask).into())
+            }
+            v4 => v4,
+        }
     }
 }
 
 impl<T> Clone for PeerIp<T> {
     fn clone(&self) -> Self {
-        PeerIp { peer: self.peer }
+        PeerIp {
+            peer: self.peer,
+            ipv6_prefix: self.ipv6_prefix,
+        }
     }
 }
 
@@ -101,7 +183,7 @@ impl<B, T: Send + Sync + 'static> KeyExtractor<B> for PeerIp<T> {
             .extensions()
             .get::<T>()
             .map(self.peer)
-            .map(canonical)
+            .map(|ip| self.key_of(ip))
     }
 }
 
@@ -143,6 +225,7 @@ impl<B, T: Send + Sync + 'static> KeyExtractor<B> for ClientIp<T> {
 
     fn key(&self, request: &Request<B>) -> Option<IpAddr> {
         let peer = request.extensions().get::<T>().map(self.peer.peer)?;
-        Some(self.proxies.client_ip(peer, request.headers()))
+        let client = self.proxies.client_ip(peer, request.headers());
+        Some(self.peer.key_of(client))
     }
 }

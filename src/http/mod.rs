@@ -28,7 +28,9 @@
 //! header that holds one address (`X-Real-IP`, `CF-Connecting-IP`) is
 //! believed whole, because your proxy replaced whatever the client sent.
 //! [`TrustedProxies::client_ip`] says how entries that are not addresses
-//! and long headers are read.
+//! and long headers are read. An IPv6 client is keyed by the first 64 bits
+//! of its address ([`PeerIp::ipv6_prefix`]): a site picks any address in
+//! its /64, and would otherwise take a new key with every request.
 //!
 //! ```
 //! use std::net::IpAddr;

@@ -495,3 +495,52 @@ async fn a_burst_of_n_lets_n_through_and_the_policy_says_n() {
     assert_eq!(through, 10);
     assert_eq!(inner.0.load(Ordering::Relaxed), 10);
 }
+
+/// An IPv6 client is keyed by its /64: a new address in it with every
+/// request does not escape its limit; another /64 is another client; behind
+/// proxies the client they name is keyed alike; `ipv6_prefix(128)` keys
+/// each address.
+#[tokio::test(flavor = "current_thread")]
+async fn ipv6_clients_are_keyed_by_their_prefix() {
+    let clock = FakeClock::new();
+    let peer = PeerIp::from_extension(|peer: &SocketAddr| peer.ip());
+    let mut service =
+        RateLimitLayer::new(keyed_limiter::<IpAddr>(&clock), peer.clone()).layer(Ok200::default());
+    let direct = |client: &str| from(&format!("[{client}]"), &[]);
+    assert_eq!(
+        send(&mut service, direct("2001:db8:0:1::1")).await.status(),
+        StatusCode::OK
+    );
+    for same_site in ["2001:db8:0:1::2", "2001:db8:0:1:ffff:ffff:ffff:ffff"] {
+        let refused = send(&mut service, direct(same_site)).await.status();
+        assert_eq!(refused, StatusCode::TOO_MANY_REQUESTS, "{same_site}");
+    }
+    assert_eq!(
+        send(&mut service, direct("2001:db8:0:2::1")).await.status(),
+        StatusCode::OK
+    );
+
+    let client_ip = ClientIp {
+        peer: peer.clone(),
+        proxies: TrustedProxies::new(ClientIpSource::XForwardedFor, ["10.0.0.0/8"]).unwrap(),
+    };
+    let mut proxied =
+        RateLimitLayer::new(keyed_limiter::<IpAddr>(&clock), client_ip).layer(Ok200::default());
+    let via = |client: &str| from("10.0.0.5", &[("x-forwarded-for", client)]);
+    assert_eq!(
+        send(&mut proxied, via("2001:db8:0:3::1")).await.status(),
+        StatusCode::OK
+    );
+    let refused = send(&mut proxied, via("2001:db8:0:3::2")).await.status();
+    assert_eq!(refused, StatusCode::TOO_MANY_REQUESTS);
+
+    let mut each = RateLimitLayer::new(keyed_limiter::<IpAddr>(&clock), peer.ipv6_prefix(128))
+        .layer(Ok200::default());
+    for address in ["2001:db8:0:4::1", "2001:db8:0:4::2"] {
+        assert_eq!(
+            send(&mut each, direct(address)).await.status(),
+            StatusCode::OK,
+            "{address}"
+        );
+    }
+}
