@@ -46,9 +46,10 @@ impl<B> KeyExtractor<B> for Global {
 /// The value of a request header (an API key, a tenant): requests
 /// without it share one key, the empty string.
 ///
-/// The key is the value's bytes, one for one: printable ASCII as it is, a
-/// backslash as `\\`, any other byte as `\xNN` (so `é` is `\xc3\xa9`).
-/// Distinct values are distinct keys, whatever bytes they hold.
+/// The key is the value's bytes, one for one: UTF-8 as it is but for `\`,
+/// written `\\`; each byte that is not part of valid UTF-8 as `\xNN`. So
+/// distinct values are distinct keys, whatever bytes they hold (as the
+/// command line's keys are).
 ///
 /// ```
 /// use paceline::http::{Header, KeyExtractor};
@@ -63,6 +64,7 @@ impl<B> KeyExtractor<B> for Global {
 /// assert_ne!(of(b"key\xff"), of(b"key\xfe"));
 /// assert_ne!(of(b"key\xff"), of(br"key\xff"));
 /// assert_eq!(of(br"key\xff"), r"key\\xff");
+/// assert_eq!(of("café".as_bytes()), "café");
 /// ```
 #[derive(Debug, Clone)]
 pub struct Header(pub HeaderName);
@@ -74,14 +76,11 @@ impl<B> KeyExtractor<B> for Header {
         let value = request.headers().get(&self.0);
         let bytes = value.map_or(&[][..], |v| v.as_bytes());
         let mut key = String::with_capacity(bytes.len());
-        for &byte in bytes {
-            match byte {
-                b'\\' => key.push_str("\\\\"),
-                b' '..=b'~' => key.push(char::from(byte)),
-                _ => {
-                    use std::fmt::Write;
-                    let _ = write!(key, "\\x{byte:02x}");
-                }
+        for chunk in bytes.utf8_chunks() {
+            key.push_str(&chunk.valid().replace('\\', "\\\\"));
+            for byte in chunk.invalid() {
+                use std::fmt::Write;
+                let _ = write!(key, "\\x{byte:02x}");
             }
         }
         Some(key)
