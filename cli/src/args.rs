@@ -44,7 +44,7 @@ Exit status:
   3    a record was late with --on-late fail
   4    the limiter failed (Redis unreachable or down, with --on-down closed)
   5    reading or writing failed
-  6    a record was longer than --max-record
+  6    a record was longer than --max-record, or its key than --max-key
   130  ended by SIGINT, 143 by SIGTERM (see above)
 A late record, a record too long, a failed limiter or a failed read
 stops the reading only: the records granted before it still go out, each
@@ -104,6 +104,12 @@ pub(crate) struct Args {
     /// The most keys held at once (least recently used first out).
     #[arg(long, value_name = "N", default_value_t = 100_000)]
     pub(crate) max_keys: usize,
+
+    /// The longest key (with --key or --key-regex; 1KiB, 64KiB): the keys
+    /// held take --max-keys times this at most. A record with a longer key
+    /// ends the run with exit status 6, as a record too long does.
+    #[arg(long, value_name = "SIZE", default_value = "1KiB", value_parser = parse_record_size)]
+    pub(crate) max_key: usize,
 
     /// A record that would wait longer than this is late (see --on-late).
     #[arg(long, value_name = "D", value_parser = parse_duration)]
@@ -194,6 +200,9 @@ pub(crate) enum Failure {
     Io(io::Error),
     /// A record longer than `--max-record` (this many bytes).
     TooLong(usize),
+    /// A record (this one, counted from 1 as read) whose key is longer
+    /// than `--max-key` (this many bytes).
+    KeyTooLong(u64, usize),
     /// SIGINT or SIGTERM (this one) was caught.
     Signal(i32),
 }
@@ -205,7 +214,7 @@ impl Failure {
             Failure::Late(_) => 3,
             Failure::Limiter(_) => 4,
             Failure::Io(_) => 5,
-            Failure::TooLong(_) => 6,
+            Failure::TooLong(_) | Failure::KeyTooLong(..) => 6,
             Failure::Signal(signal) => (128 + signal).clamp(0, 255) as u8,
         }
     }
@@ -244,6 +253,13 @@ pub(crate) fn validate(args: &Args) -> Result<(), Failure> {
             "--local-fraction is a share of the rate: more than 0 and at most 1 (got {})",
             args.local_fraction
         )));
+    }
+    if args.local_fraction != 1.0 && args.on_down != OnDown::Local {
+        return Err(Failure::Usage(
+            "--local-fraction shares the rate out while Redis is down with --on-down local \
+             only: remove one of them"
+                .to_owned(),
+        ));
     }
     if args.max_keys == 0 {
         return Err(Failure::Usage("--max-keys must be at least 1".to_owned()));

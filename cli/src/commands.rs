@@ -124,7 +124,7 @@ impl Commands {
 
     /// Counts a command that failed, and says so.
     fn failed(&mut self, number: u64, why: &str, counts: &Counts) {
-        eprintln!("paceline: the command for record {number} failed: {why}");
+        say!("paceline: the command for record {number} failed: {why}");
         self.failed += 1;
         counts.failed.fetch_add(1, Ordering::Relaxed);
     }
@@ -136,7 +136,7 @@ impl Commands {
             Some(Err(error)) => {
                 self.failed += 1;
                 counts.failed.fetch_add(1, Ordering::Relaxed);
-                eprintln!("paceline: a command's task failed: {error}");
+                say!("paceline: a command's task failed: {error}");
             }
         }
     }

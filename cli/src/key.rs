@@ -18,6 +18,11 @@ impl Key {
     pub(crate) fn new(bytes: &[u8]) -> Key {
         Key(bytes.into())
     }
+
+    /// Its length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
 }
 
 impl Display for Key {

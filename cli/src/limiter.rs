@@ -123,7 +123,7 @@ pub(crate) async fn pacer(args: &Args, limits: Vec<Limit>, keyed: bool) -> Resul
             OnDown::Local => "pacing on a limiter of its own (--on-down local)",
             OnDown::Open | OnDown::Closed => "letting every record through (--on-down open)",
         };
-        eprintln!("paceline: Redis at {url} does not answer: {meanwhile} until it does");
+        say!("paceline: Redis at {url} does not answer: {meanwhile} until it does");
     }
     Ok(if keyed {
         let mut builder = paceline::KeyedRateLimiter::<Key>::builder().max_keys(args.max_keys);
@@ -153,11 +153,14 @@ fn without_credentials(url: &str) -> String {
     let Some(scheme) = url.find("://") else {
         return url.to_owned();
     };
-    let rest = &url[scheme + 3..];
-    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
-    match authority.rfind('@') {
-        Some(at) => format!("{}{}", &url[..scheme + 3], &rest[at + 1..]),
+    let (scheme, rest) = url.split_at(scheme + 3);
+    match rest.rfind('@') {
         None => url.to_owned(),
+        Some(at) if !rest[..at].contains('/') => format!("{scheme}{}", &rest[at + 1..]),
+        // An `@` past a `/`: a password with a `/` in it (unescaped, so the
+        // URL does not parse), or an `@` in the path. Either way, all before
+        // it is hidden.
+        Some(at) => format!("{scheme}…@{}", &rest[at + 1..]),
     }
 }
 
@@ -175,7 +178,10 @@ mod tests {
             ("redis://127.0.0.1:6379/", "redis://127.0.0.1:6379/"),
             ("redis://:secret@host:6379/0", "redis://host:6379/0"),
             ("rediss://user:p@ss@host/", "rediss://host/"),
-            ("redis://host/key@x", "redis://host/key@x"),
+            ("redis://host/key@x", "redis://…@x"),
+            ("redis://user:pa/ss@host/", "redis://…@host/"),
+            ("redis://user:p@s/s@host/", "redis://…@host/"),
+            ("redis://:p?a#ss@host:6379/0", "redis://host:6379/0"),
             ("not a url", "not a url"),
         ] {
             assert_eq!(without_credentials(url), shown);

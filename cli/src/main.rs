@@ -3,6 +3,23 @@
 //! asked; shared with every other `paceline` (and library user) of the same
 //! name through Redis if asked. See `paceline --help`.
 
+/// `eprintln!` that does not panic when stderr is closed (its reader went
+/// away): what it could not say is lost, and the run goes on to its end.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `eprint!` likewise, without the newline.
+macro_rules! say_more {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod args;
 mod commands;
 mod copy;
@@ -55,15 +72,19 @@ fn main() -> ExitCode {
         Ok(_) => ExitCode::SUCCESS,
         Err(failure) => {
             match &failure {
-                Failure::Usage(why) | Failure::Limiter(why) => eprintln!("paceline: {why}"),
-                Failure::Late(number) => eprintln!(
+                Failure::Usage(why) | Failure::Limiter(why) => say!("paceline: {why}"),
+                Failure::Late(number) => say!(
                     "paceline: record {number} would have waited more than --max-wait \
                      (--on-late fail): the records before it went out, each at its moment, none after"
                 ),
-                Failure::Io(error) => eprintln!("paceline: {error}"),
-                Failure::TooLong(max) => eprintln!(
+                Failure::Io(error) => say!("paceline: {error}"),
+                Failure::TooLong(max) => say!(
                     "paceline: a record is longer than --max-record ({max} bytes): the records \
                      before it were written, nothing of it was"
+                ),
+                Failure::KeyTooLong(number, max) => say!(
+                    "paceline: the key of record {number} is longer than --max-key ({max} \
+                     bytes): the records before it went out, each at its moment, none after"
                 ),
                 Failure::Signal(_) => {}
             }

@@ -45,12 +45,12 @@ impl Counts {
 
     pub(crate) fn finish(&self, args: &Args) {
         if progress_shown(args) {
-            eprintln!("\r{}", self.line());
+            say!("\r{}", self.line());
         }
         if args.json {
             let seconds = self.elapsed();
             let records = self.records.load(Ordering::Relaxed);
-            eprintln!(
+            say!(
                 "{{\"records\":{records},\"bytes\":{},\"seconds\":{seconds:.6},\"rate\":{:.3},\"waited\":{},\"dropped\":{},\"commands\":{},\"failed\":{}}}",
                 self.bytes.load(Ordering::Relaxed),
                 if seconds > 0.0 {
@@ -84,7 +84,7 @@ impl Progress {
         let (counts, stop) = (Arc::clone(counts), Arc::clone(&done));
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                eprint!("\r{}", counts.line());
+                say_more!("\r{}", counts.line());
                 std::thread::sleep(Duration::from_millis(250));
             }
         });

@@ -132,6 +132,10 @@ pub(crate) async fn schedule(
                     for record in records(chunk.bytes(), separator) {
                         seq += 1;
                         let key = key_of.as_ref().map(|k| k.key(trim(record, separator)));
+                        if key.as_ref().is_some_and(|key| key.len() > args.max_key) {
+                            stopped = Some(Failure::KeyTooLong(seq, args.max_key));
+                            break;
+                        }
                         match pacer.reserve(key, 1, args.max_wait).await {
                             Ok(Some(wait)) => {
                                 if !wait.is_zero() {

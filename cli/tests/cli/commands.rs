@@ -82,3 +82,28 @@ fn a_command_past_its_timeout_is_killed_and_fails() {
         assert!(String::from_utf8_lossy(&output.stderr).contains(says));
     }
 }
+
+/// With stderr closed (its reader gone, as in `2>&1 | head`), what paceline
+/// would say there is lost, not a panic: every record still gets its
+/// command, and the status is the run's own (1: commands failed), for a
+/// summary too.
+#[test]
+fn a_closed_stderr_loses_the_messages_not_the_run() {
+    let _one = one_at_a_time();
+    for extra in [&[][..], &["--json"][..]] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let mut args = vec!["1e9/s"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "sh", "-c", "echo ran; exit 3"]);
+        let mut child = paceline(&args).stderr(writer).spawn().unwrap();
+        child.stdin.take().unwrap().write_all(b"a\nb\nc\n").unwrap();
+        let output = child.wait_with_output().unwrap();
+        assert_eq!(output.status.code(), Some(1), "{extra:?}: {output:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&output.stdout),
+            "ran\nran\nran\n",
+            "{extra:?}"
+        );
+    }
+}

@@ -63,3 +63,35 @@ fn through_redis_too() {
         .collect();
     assert_eq!(keys, expected);
 }
+
+/// A key longer than `--max-key` ends the run with status 6, as a record
+/// too long does: the records before it go out, it and those after do not.
+/// So the keys held take `--max-keys` times `--max-key` bytes at most,
+/// however long the records (the default is 1 KiB).
+#[test]
+fn a_key_longer_than_max_key_ends_the_run_after_those_before_it() {
+    let _one = one_at_a_time();
+    let mut input = b"a 1\nbb 2\n".to_vec();
+    input.extend(std::iter::repeat_n(b'k', 1_025));
+    input.extend_from_slice(b" 3\nc 4\n");
+    for args in [
+        &["1e9/s", "--key", "1"][..],
+        &["1e9/s", "--key-regex", "^(\\S+)"][..],
+        &["1e9/s", "--key", "1", "--max-key", "1"][..],
+    ] {
+        let output = run(args, &input);
+        assert_eq!(output.status.code(), Some(6), "{args:?}: {output:?}");
+        let before = if args.contains(&"--max-key") {
+            "a 1\n"
+        } else {
+            "a 1\nbb 2\n"
+        };
+        assert_eq!(String::from_utf8_lossy(&output.stdout), before, "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("--max-key"), "{args:?}: {stderr}");
+    }
+    // Raised, it goes through.
+    let output = run(&["1e9/s", "--key", "1", "--max-key", "2KiB"], &input);
+    assert!(output.status.success(), "{output:?}");
+    assert!(output.stdout == input);
+}

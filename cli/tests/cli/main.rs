@@ -247,6 +247,18 @@ fn bad_arguments_are_refused_clearly() {
             ][..],
             "--local-fraction is a share",
         ),
+        (
+            &[
+                "10/s",
+                "--redis",
+                "redis://127.0.0.1:1/",
+                "--on-down",
+                "closed",
+                "--local-fraction",
+                "0.5",
+            ][..],
+            "with --on-down local only",
+        ),
     ] {
         let output = run(args, b"");
         assert_eq!(output.status.code(), Some(2), "{args:?}: {output:?}");
