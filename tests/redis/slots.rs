@@ -37,15 +37,19 @@ async fn limiter(
     ttl: Duration,
     fallback: Fallback,
 ) -> RateLimiter<Redis> {
-    RateLimiter::builder()
+    let builder = RateLimiter::builder()
         .permits_per_second(1_000.0)
         .limit(Limit::concurrent(calls))
         .redis(&backend(server.client()).await, name)
         .slot_ttl(ttl)
-        .fallback(fallback)
-        .local_fraction(0.5)
-        .build()
-        .unwrap()
+        .fallback(fallback);
+    // A share of the slots is the local fallback's only.
+    let builder = if fallback == Fallback::Local {
+        builder.local_fraction(0.5)
+    } else {
+        builder
+    };
+    builder.build().unwrap()
 }
 
 fn live(server: &RedisServer, name: &str) -> usize {
