@@ -42,8 +42,8 @@ use crate::{Error, Reservation, Snapshot, Stats};
 /// # A limiter of your own
 ///
 /// Implement the required methods under [`async_trait`](crate::async_trait)
-/// (re-exported by this crate); waiting, and the give-backs it can offer,
-/// come with them, and the crate's adapters take it as they take its own.
+/// (re-exported by this crate): the waiting methods are provided on top of
+/// them, and the crate's adapters take it as they take its own limiters.
 ///
 /// ```
 /// use std::time::Duration;
