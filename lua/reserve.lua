@@ -68,7 +68,8 @@ if (changed or ort ~= rate or omx ~= mx) and mode ~= 'give_back' and mode ~= 'pr
                 st = 0.0
                 if t > nf then nf, fr = t, 0 end
             end
-            if left and left > 0 and st > left then st = left end
+            -- (A cap the log's base does not hold: the log empties.)
+            if left and left > 0 and st > left then st, count, log_at, whole = left, 0, nil, true end
             if n > 1 then S[k + 1], S[k + 2], S[k + 3], S[3 * n + 2 * i], S[3 * n + 2 * i + 1] = st, nf, fr, ort, omx end
         end
     end

@@ -101,9 +101,11 @@
 //! and however many are given back in whatever order. A reservation leaves the
 //! log once its moment has passed (it was used) or it is kept; a log with
 //! nothing left that may be given back is empty, and costs nothing. When more
-//! than `LOG_CAPACITY` (128) requests follow the oldest that may be given
-//! back, that one leaves the log and gives nothing back; a rate change empties
-//! the log. Both err towards limiting. `Limits` (`src/core/limits.rs`) has the
+//! than `LOG_CAPACITY` requests (1 024 in this process, 128 per key in Redis)
+//! follow the oldest that may be given back, that one leaves the log and
+//! gives nothing back; a rate change empties the log, as does anything else
+//! that changes the states other than a request (a pause, what an upstream
+//! says is left). Both err towards limiting. `Limits` (`src/core/limits.rs`) has the
 //! details.
 //!
 //! # Rate changes

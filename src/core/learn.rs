@@ -286,8 +286,13 @@ impl Limits {
             }
         }
         for (i, reported) in lesson.limits.iter().enumerate().take(n) {
-            if let Some(remaining) = reported.remaining.filter(|r| *r > 0) {
-                self.states[i].keep_stored_at_most(remaining, now_micros);
+            if let Some(remaining) = reported.remaining.filter(|r| *r > 0)
+                && self.states[i].keep_stored_at_most(remaining, now_micros)
+            {
+                // The log's base does not hold the cap, so a give-back or a
+                // settle replayed from it would undo it: the log empties, as
+                // for a rate change.
+                self.clear_log();
             }
         }
     }
@@ -377,9 +382,12 @@ impl State {
         }
     }
 
-    /// Keeps at most `permits` stored (as of `now_micros`).
-    pub(crate) fn keep_stored_at_most(&mut self, permits: u64, now_micros: u64) {
+    /// Keeps at most `permits` stored (as of `now_micros`); whether that
+    /// took some away.
+    pub(crate) fn keep_stored_at_most(&mut self, permits: u64, now_micros: u64) -> bool {
         self.resync(now_micros);
+        let lowered = self.stored_permits > permits as f64;
         self.stored_permits = self.stored_permits.min(permits as f64);
+        lowered
     }
 }

@@ -328,3 +328,46 @@ async fn calls_teach_the_limiter_the_upstreams_limit() {
     assert_eq!(keyed.snapshot("b").unwrap().wait(), Duration::ZERO);
     assert_eq!(keyed.snapshot("b").unwrap().rate(), 10.0);
 }
+
+/// What the upstream says is left caps what a limiter (and a key) stores,
+/// and the call's settle after the lesson does not undo it.
+#[tokio::test(flavor = "current_thread")]
+async fn a_cap_on_what_is_left_survives_the_settle() {
+    use paceline::outbound::{Feedback, Quota};
+    let clock = FakeClock::new();
+    let two_left = || {
+        let mut quota = Quota::default();
+        quota.remaining = Some(2);
+        Feedback::new(200).with_quota(quota)
+    };
+    let limiter = RateLimiter::builder()
+        .limit(Limit::per_second(10.0))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let call = limiter.call(1).await.unwrap();
+    call.learn(&two_left());
+    call.settle(1).unwrap();
+    let mut at_once = 0;
+    while limiter.try_reserve(1, Duration::ZERO).unwrap().is_some() && at_once < 20 {
+        at_once += 1;
+    }
+    assert_eq!(at_once, 3, "the 2 left and the one when nothing is owed");
+
+    let keyed = KeyedRateLimiter::<u64>::builder()
+        .limit(Limit::per_second(10.0))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let call = keyed.call(&7, 1).await.unwrap();
+    call.learn(&two_left());
+    call.settle(1).unwrap();
+    let mut at_once = 0;
+    while keyed.try_reserve(&7, 1, Duration::ZERO).unwrap().is_some() && at_once < 20 {
+        at_once += 1;
+    }
+    assert_eq!(
+        at_once, 3,
+        "a key: the 2 left and the one when nothing is owed"
+    );
+}

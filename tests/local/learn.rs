@@ -159,3 +159,65 @@ fn a_spent_quota_pauses_its_limit_until_the_reset() {
     let next = limits.reserve(1, SECOND, false);
     assert_eq!((next.wait_micros, next.bound_by), (SECOND / 4, Some(1)));
 }
+
+/// What an upstream says is left caps what the limits store, and a settle
+/// or a give-back after it does not undo the cap: the log, whose base does
+/// not hold it, empties (as for a rate change), so the settle charges only
+/// what it counts past the estimate.
+#[test]
+fn a_cap_on_what_is_left_survives_a_settle_and_a_give_back() {
+    use paceline::Cost;
+    let left = |remaining| Lesson {
+        success: true,
+        limits: vec![Reported {
+            remaining: Some(remaining),
+            ..Reported::default()
+        }],
+        ..Lesson::default()
+    };
+    let at_once = |limits: &mut Limits, now| {
+        let mut n = 0;
+        while limits.reserve(1, now, false).wait_micros == 0 {
+            n += 1;
+        }
+        n
+    };
+    // Settled: 10 stored, a call of 1 open, the upstream says 2 are left.
+    let mut settled = limits(&[10.0]);
+    let call = settled.open(&Cost::from(1), 0, u64::MAX).unwrap();
+    settled.learn(&left(2), 10, &Learning::default());
+    settled.settle(call.id.unwrap(), &Cost::from(1), &Cost::from(1), 20);
+    settled.keep(call.id.unwrap(), 20);
+    // The 2 left, and the one that goes when nothing is owed.
+    assert_eq!(at_once(&mut settled, 20), 3);
+    // Given back: a request waits for the first of two limits while the
+    // second stores 7; the upstream says the second has 2 left; the
+    // request is given back (it leaves nothing to give back then).
+    let mut given = limits(&[1.0, 10.0]);
+    given.reserve(2, 0, false);
+    let waiting = given.reserve(1, 0, true);
+    assert!(waiting.wait_micros > 0);
+    let second_left = Lesson {
+        success: true,
+        limits: vec![
+            Reported::default(),
+            Reported {
+                remaining: Some(2),
+                ..Reported::default()
+            },
+        ],
+        ..Lesson::default()
+    };
+    given.learn(&second_left, 10, &Learning::default());
+    given.give_back(waiting.id.unwrap(), 20);
+    let stored = given.states()[1].stored_permits();
+    assert!(stored <= 2.0 + 1e-6, "the second limit stores {stored}");
+    // A cap that takes nothing away leaves the log as it was: the open
+    // call still settles exactly.
+    let mut kept = limits(&[10.0]);
+    let call = kept.open(&Cost::from(5), 0, u64::MAX).unwrap();
+    kept.learn(&left(7), 10, &Learning::default());
+    kept.settle(call.id.unwrap(), &Cost::from(5), &Cost::from(1), 20);
+    kept.keep(call.id.unwrap(), 20);
+    assert_eq!(at_once(&mut kept, 20), 10);
+}

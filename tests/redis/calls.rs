@@ -415,3 +415,39 @@ async fn when_redis_dies_the_fallback_keeps_the_reported_rate_at_its_share() {
         "{apart:?} apart after a lesson in the fallback, not {interval:?}"
     );
 }
+
+/// What the upstream says is left caps the key's stored permits in Redis,
+/// and the call's settle after the lesson does not undo the cap (it used to
+/// be replayed from the log's base, which did not hold it).
+#[tokio::test]
+async fn a_cap_on_what_is_left_survives_the_settle() {
+    let server = RedisServer::start();
+    // 1/s with a burst of 10: a second of a loaded machine adds one.
+    let limiter = RateLimiter::builder()
+        .limit(Limit::per(10.0, Duration::from_secs(10)))
+        .redis(&patient_backend(server.client()).await, "left")
+        .build()
+        .unwrap();
+    let call = limiter.call(1).await.unwrap();
+    let mut quota = paceline::outbound::Quota::default();
+    quota.remaining = Some(2);
+    call.learn(&Feedback::new(200).with_quota(quota));
+    call.settle(1).unwrap();
+    settled(&server, "paceline:v1:left").await;
+    let mut at_once = 0;
+    while limiter
+        .try_reserve(1, Duration::ZERO)
+        .await
+        .unwrap()
+        .is_some()
+        && at_once < 20
+    {
+        at_once += 1;
+    }
+    // The 2 left, the one that goes when nothing is owed, and a second's
+    // worth of slack; 10 before the fix.
+    assert!(
+        at_once <= 4,
+        "{at_once} at once after the upstream said 2 are left"
+    );
+}

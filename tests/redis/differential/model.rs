@@ -135,7 +135,8 @@ pub struct Model {
     history: Vec<Op>,
     given_back: HashSet<u64>,
     /// The lessons learned while the log held requests and that did not
-    /// empty it (their indexes in `history`): what they said remains
+    /// empty it (no pause, no rate change, no cap on what is left that
+    /// took some away; their indexes in `history`): what they said remains
     /// (State::keep_stored_at_most) is in no logged request, so a replay
     /// of the log from its base (an exact give-back or settle) undoes it,
     /// in the core's Limits as in the script.
@@ -509,6 +510,7 @@ impl Model {
     /// `pause_micros`) at `now` (after `begin_write`).
     pub fn learn(&mut self, lesson: &Lesson, learning: &Learning, pause_micros: u64, now: u64) {
         let before = self.rates();
+        let states = self.limits.states().to_vec();
         self.limits.learn(lesson, now, learning);
         let n = self.config.len();
         let pause = lesson
@@ -522,7 +524,18 @@ impl Model {
                 .max(spent)
                 .is_some_and(|until| until.min(MAX_MICROS) > now)
         });
-        if pausing || self.rates() != before {
+        // What the upstream says is left, lower than what a limit stores:
+        // the log's base does not hold the cap, so the log empties.
+        let capped = || {
+            lesson.limits.iter().zip(&states).any(|(reported, state)| {
+                let mut state = state.clone();
+                state.resync(now);
+                reported
+                    .remaining
+                    .is_some_and(|left| left > 0 && state.stored_permits() > left as f64)
+            })
+        };
+        if pausing || self.rates() != before || capped() {
             self.log.clear();
         } else if !self.log.is_empty() {
             self.fragile.push(self.history.len());
