@@ -103,10 +103,22 @@
 //! nothing left that may be given back is empty, and costs nothing. When more
 //! than `LOG_CAPACITY` requests (1 024 in this process, 128 per key in Redis)
 //! follow the oldest that may be given back, that one leaves the log and
-//! gives nothing back; a rate change empties the log, as does anything else
-//! that changes the states other than a request (a pause, what an upstream
-//! says is left). Both err towards limiting. `Limits` (`src/core/limits.rs`) has the
-//! details.
+//! gives nothing back; a rate change empties the log, as do a pause and a cap
+//! on what an upstream says is left that takes stored permits away (the
+//! saved states do not hold them). Both err towards limiting. `Limits`
+//! (`src/core/limits.rs`) has the details.
+//!
+//! What the replay does not undo is a waiting caller's slot. The callers
+//! behind a given-back reservation keep their moments, while the replay
+//! charges them where it left room, and later callers are scheduled after
+//! those charges: they can be given moments inside a waiting caller's real
+//! slot. Giving back `A` while `B`, 50 permits at 1/s, waits behind it lets
+//! a stream of later callers run through `B`'s moment, and a window around
+//! it holds up to `B`'s permits more than the rate and the burst allow (the
+//! long-run rate holds). Charging `B` at its real moment instead would free
+//! nothing while anyone waits behind a given-back reservation; the limiter
+//! frees the room, and the overlap is bounded by the permits of the callers
+//! that wait behind it.
 //!
 //! # Rate changes
 //!
