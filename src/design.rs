@@ -105,10 +105,10 @@
 //! follow the oldest that may be given back, that one leaves the log and
 //! gives nothing back; a rate change empties the log, as do a pause and a cap
 //! on what an upstream says is left that takes stored permits away (the
-//! saved states do not hold them; a cap that took nothing away is not
-//! replayed, so a give-back after it can store more than the upstream said
-//! was left). Both err towards limiting. `Limits` (`src/core/limits.rs`) has
-//! the details.
+//! saved states do not hold them). Both err towards limiting. A cap that
+//! took nothing away is not replayed, so a give-back after it can store more
+//! than the upstream said was left. `Limits` (`src/core/limits.rs`) has the
+//! details.
 //!
 //! What the replay does not undo is a waiting caller's slot. The callers
 //! behind a given-back reservation keep their moments, while the replay
