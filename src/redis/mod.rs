@@ -90,7 +90,15 @@
 //! - **Where it cannot be known** (a reply lost with its connection, a
 //!   give-back that cannot be delivered, keys and debts beyond `max_keys`),
 //!   the limiter errs towards limiting: a reservation may stay charged, a
-//!   key may open later than it had to, never granted twice.
+//!   key may open later than it had to, never granted twice by it.
+//! - **The exception: a key the fallback dropped at `max_keys`.** Its
+//!   debt is gone with it (that is the cap's point: a flood of keys during
+//!   an outage costs no more memory), so it never reaches Redis: this
+//!   process charges any key called before the dropped ticket up to it, but
+//!   other processes do not know of it and may grant the dropped key's
+//!   permits again, up to what this fallback granted it (at its
+//!   `local_fraction`). [`Stats::dropped_unfinished`](crate::Stats) counts
+//!   those keys; a `max_keys` above the keys active in one outage avoids it.
 //!
 //! The tests stage each row (every script refusal among them) and moment on
 //! a real server, and check every sliding window of every key against the

@@ -544,3 +544,64 @@ async fn a_key_is_charged_the_dropped_floor_once_by_its_first_callers() {
         "the key owes {owed:?}, {since:?} after the dropped key's call"
     );
 }
+
+/// The same at a share of the rate (0.5): the dropped key's ticket is at
+/// the fallback's half rate, the charge at the shared rate, so the debt
+/// Redis reports after it ends before the ticket; the key is still charged
+/// once (four calls: one charge of about half the ticket's span, then four
+/// permits), not again at every call until its debt reaches the ticket.
+/// And what the fallback dropped is counted in the limiter's stats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_a_share_the_dropped_floor_is_charged_once_and_counted() {
+    let server = RedisServer::start();
+    let limiter = |backend: &RedisBackend| {
+        std::sync::Arc::new(
+            KeyedRateLimiter::<String>::builder()
+                .redis(backend, "floor-share")
+                .permits_per_second(1.0)
+                .max_burst(Duration::ZERO)
+                .local_fraction(0.5)
+                .max_keys(2)
+                .build()
+                .unwrap(),
+        )
+    };
+    let backend = backend_builder(server.client())
+        .response_timeout(Duration::from_secs(1))
+        .probe_interval(100 * MS)
+        .build()
+        .await
+        .unwrap();
+    let first = limiter(&backend);
+    assert_eq!(first.reserve("a", 1).await.unwrap(), Duration::ZERO);
+    server.stop();
+    // b's ten permits at the fallback's 0.5/s: its ticket 20 s on; dropped
+    // when d comes (the fallback holds two keys).
+    let dropped_sent = Instant::now();
+    for (key, permits) in [("b", 10), ("c", 20), ("d", 30)] {
+        first.reserve(key, permits).await.unwrap();
+    }
+    let stats = first.stats();
+    assert!(stats.degraded, "{stats:?}");
+    assert!(
+        stats.dropped_unfinished >= 1,
+        "b was dropped with its debt: {stats:?}"
+    );
+    server.cont();
+    recovered(|| !first.stats().degraded && first.stats().keys == 0).await;
+    let mut waits = Vec::new();
+    for _ in 0..4 {
+        waits.push(first.reserve("x", 1).await.unwrap());
+    }
+    let other = patient_backend(server.client()).await;
+    let owed = limiter(&other).snapshot("x").await.unwrap().wait();
+    let since = dropped_sent.elapsed();
+    // One charge of half of what is left of b's 20 s at the first call
+    // (about 9 to 10 s, ending about 10 s after b's call, later by half of
+    // any delay before it), then 4 s: about 14 s after b's call. Charged
+    // at every call it would come to about 20.5 s.
+    assert!(
+        owed + since >= Duration::from_secs(13) && owed + since <= Duration::from_secs(17),
+        "x owes {owed:?}, {since:?} after the dropped key's call (waits {waits:?})"
+    );
+}

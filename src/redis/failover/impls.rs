@@ -110,9 +110,13 @@ impl<K: Key + Display, C: Clock> Rate for Arc<Failover<K, C>> {
     }
 
     fn stats(&self) -> Stats {
+        // The fallback's keys and what it dropped; the switches, the
+        // backend's.
+        let local = self.local.stats();
         Stats {
             degraded: self.is_degraded(),
-            keys: self.local_len(),
+            keys: local.keys,
+            dropped_unfinished: local.dropped_unfinished,
             ..self.backend.health.stats()
         }
     }

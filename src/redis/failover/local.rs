@@ -240,7 +240,11 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
     /// first call of a key whose debt Redis reported ends before the
     /// latest dropped ticket is charged up to it, once: the key is marked
     /// as being carried meanwhile, and its other callers wait for it (as
-    /// for a carry-back), then find its debt noted from Redis's reply.
+    /// for a carry-back), then find it among the keys charged. (Not by
+    /// its debt: the ticket is at the fallback's share of the rate, the
+    /// charge at the shared rate, so with a share below 1 the debt Redis
+    /// reports ends before the ticket.) A key past `max_local_keys` of
+    /// them is charged again at its next call, erring towards limiting.
     pub(super) async fn charge_floor<'a, Q>(
         &'a self,
         key: &Q,
@@ -260,6 +264,13 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             if let Some(charging) = self.carrying(&books, key) {
                 return Floor::Busy(charging);
             }
+            if books.floored_for != dropped {
+                books.floored.clear();
+                books.floored_for = dropped;
+            }
+            if books.floored.contains(key) {
+                return Floor::Charged;
+            }
             // A key not known exactly goes by its bucket, where its own
             // charge is noted too: it is charged once either way (a key
             // whose bucket holds a later debt of another is not charged).
@@ -277,7 +288,13 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             debts_micros: vec![debt; self.script_args.len()].into(),
         };
         let charged = match self.send(key, target, resume, budget).await {
-            Ok(_) | Err(Failure::Refused(_)) => Floor::Charged,
+            Ok(_) | Err(Failure::Refused(_)) => {
+                let mut books = self.books();
+                if books.floored_for == dropped && books.floored.len() < self.max_local_keys {
+                    books.floored.insert(key.to_owned());
+                }
+                Floor::Charged
+            }
             Err(Failure::Down(failure)) => Floor::Down(failure),
         };
         drop(marked);
@@ -419,9 +436,5 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                 self.backend.health.last_error()
             ))
         }))
-    }
-
-    pub(crate) fn local_len(&self) -> usize {
-        self.local.len()
     }
 }

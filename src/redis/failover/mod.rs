@@ -129,6 +129,10 @@ struct Books<K> {
     overflow: [u64; BUCKETS],
     /// Keys whose debt is on its way to Redis: their callers wait.
     carrying: HashSet<K>,
+    /// Keys charged up to the fallback's dropped keys' ticket
+    /// `floored_for` (see `charge_floor`): at most `max_local_keys`.
+    floored: HashSet<K>,
+    floored_for: u64,
     /// When the debt of a late grant ends (µs, local clock), by Redis key
     /// (see [`Late`]): at most `max_local_keys`.
     late: HashMap<Arc<str>, u64>,
@@ -277,6 +281,8 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                 known: HashMap::new(),
                 overflow: [0; BUCKETS],
                 carrying: HashSet::new(),
+                floored: HashSet::new(),
+                floored_for: 0,
                 late: HashMap::new(),
                 awaited: HashMap::new(),
                 learned: HashMap::new(),
