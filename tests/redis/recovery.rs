@@ -605,3 +605,66 @@ async fn at_a_share_the_dropped_floor_is_charged_once_and_counted() {
         "x owes {owed:?}, {since:?} after the dropped key's call (waits {waits:?})"
     );
 }
+
+/// A caller that waited for another's charge of the dropped floor looks at
+/// its route again: when the charge found Redis stalled (past its response
+/// timeout) and its caller was served by the fallback, which opened the
+/// key there, the waiter goes there too, and the key is carried back
+/// whole. It used to go straight to Redis, ahead of the carry-back, which
+/// then found Redis's debt past the fallback's ticket and carried nothing:
+/// the fallback's permit was counted nowhere (8 permits at 1/s within 6 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_waited_for_a_failed_floor_charge_follows_it_to_the_fallback() {
+    let server = RedisServer::start();
+    let limiter = |backend: &RedisBackend| {
+        std::sync::Arc::new(
+            KeyedRateLimiter::<String>::builder()
+                .redis(backend, "floor-waiter")
+                .permits_per_second(1.0)
+                .max_burst(Duration::ZERO)
+                .local_fraction(0.5)
+                .max_keys(2)
+                .build()
+                .unwrap(),
+        )
+    };
+    let backend = backend_builder(server.client())
+        .response_timeout(Duration::from_secs(1))
+        .probe_interval(100 * MS)
+        .build()
+        .await
+        .unwrap();
+    let first = limiter(&backend);
+    assert_eq!(first.reserve("a", 1).await.unwrap(), Duration::ZERO);
+    server.stop();
+    // b (ticket 20 s on, at 0.5/s) is dropped: the fallback holds two keys.
+    for key in ["b", "c", "d"] {
+        first.reserve(key, 10).await.unwrap();
+    }
+    server.cont();
+    recovered(|| !first.stats().degraded && first.stats().keys == 0).await;
+    // c's and d's debts in Redis (about 9.5 s) end; b's floor is ahead.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    // x's first call charges the floor in a stalled Redis; a second waits.
+    server.stop();
+    let at = |first: std::sync::Arc<_>, permits| {
+        tokio::spawn(async move {
+            let limiter: &KeyedRateLimiter<String, paceline::redis::Redis> = &first;
+            let wait = limiter.reserve("x", permits).await.unwrap();
+            Instant::now() + wait
+        })
+    };
+    let charger = at(std::sync::Arc::clone(&first), 1);
+    tokio::time::sleep(400 * MS).await;
+    let waiter = at(std::sync::Arc::clone(&first), 6);
+    let charger_at = charger.await.unwrap();
+    server.cont();
+    let waiter_at = waiter.await.unwrap();
+    recovered(|| !first.stats().degraded && first.stats().keys == 0).await;
+    let other = limiter(&patient_backend(server.client()).await);
+    let wait = other.reserve("x", 1).await.unwrap();
+    let next_at = Instant::now() + wait;
+    // 1 permit/s, no burst: 8 permits (1 + 6 + 1) span at least 7 s.
+    let span = next_at - charger_at.min(waiter_at);
+    assert!(span >= 6500 * MS, "8 permits of x granted within {span:?}");
+}

@@ -576,11 +576,13 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             }
             match self.charge_floor(key, target, patience.budget()).await {
                 Floor::Charged => return Route::Redis,
-                // Another call of the key charges it: once it has, to
-                // Redis (whose debt then includes it).
+                // Another call of the key charges it: once it has, the
+                // route is looked at again (Redis, whose debt then includes
+                // the charge; or, if the charge found Redis down and its
+                // caller went to the fallback, there, then a carry-back).
                 Floor::Busy(charging) => {
                     self.await_carry(charging, patience).await;
-                    return Route::Redis;
+                    continue;
                 }
                 Floor::Down(failure) => return Route::Local(failure),
             }
