@@ -545,6 +545,31 @@ async fn a_key_is_charged_the_dropped_floor_once_by_its_first_callers() {
     );
 }
 
+/// A keyed limiter `name` at 1/s, no burst, half the rate while Redis is
+/// down, whose fallback holds two keys.
+fn at_half(backend: &RedisBackend, name: &str) -> std::sync::Arc<KeyedRateLimiter<String, Redis>> {
+    std::sync::Arc::new(
+        KeyedRateLimiter::<String>::builder()
+            .redis(backend, name)
+            .permits_per_second(1.0)
+            .max_burst(Duration::ZERO)
+            .local_fraction(0.5)
+            .max_keys(2)
+            .build()
+            .unwrap(),
+    )
+}
+
+/// A backend on `server` that waits 1 s for Redis and probes every 100 ms.
+async fn one_second_backend(server: &RedisServer) -> RedisBackend {
+    backend_builder(server.client())
+        .response_timeout(Duration::from_secs(1))
+        .probe_interval(100 * MS)
+        .build()
+        .await
+        .unwrap()
+}
+
 /// The same at a share of the rate (0.5): the dropped key's ticket is at
 /// the fallback's half rate, the charge at the shared rate, so the debt
 /// Redis reports after it ends before the ticket; the key is still charged
@@ -554,24 +579,8 @@ async fn a_key_is_charged_the_dropped_floor_once_by_its_first_callers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_a_share_the_dropped_floor_is_charged_once_and_counted() {
     let server = RedisServer::start();
-    let limiter = |backend: &RedisBackend| {
-        std::sync::Arc::new(
-            KeyedRateLimiter::<String>::builder()
-                .redis(backend, "floor-share")
-                .permits_per_second(1.0)
-                .max_burst(Duration::ZERO)
-                .local_fraction(0.5)
-                .max_keys(2)
-                .build()
-                .unwrap(),
-        )
-    };
-    let backend = backend_builder(server.client())
-        .response_timeout(Duration::from_secs(1))
-        .probe_interval(100 * MS)
-        .build()
-        .await
-        .unwrap();
+    let limiter = |backend: &RedisBackend| at_half(backend, "floor-share");
+    let backend = one_second_backend(&server).await;
     let first = limiter(&backend);
     assert_eq!(first.reserve("a", 1).await.unwrap(), Duration::ZERO);
     server.stop();
@@ -616,24 +625,8 @@ async fn at_a_share_the_dropped_floor_is_charged_once_and_counted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_that_waited_for_a_failed_floor_charge_follows_it_to_the_fallback() {
     let server = RedisServer::start();
-    let limiter = |backend: &RedisBackend| {
-        std::sync::Arc::new(
-            KeyedRateLimiter::<String>::builder()
-                .redis(backend, "floor-waiter")
-                .permits_per_second(1.0)
-                .max_burst(Duration::ZERO)
-                .local_fraction(0.5)
-                .max_keys(2)
-                .build()
-                .unwrap(),
-        )
-    };
-    let backend = backend_builder(server.client())
-        .response_timeout(Duration::from_secs(1))
-        .probe_interval(100 * MS)
-        .build()
-        .await
-        .unwrap();
+    let limiter = |backend: &RedisBackend| at_half(backend, "floor-waiter");
+    let backend = one_second_backend(&server).await;
     let first = limiter(&backend);
     assert_eq!(first.reserve("a", 1).await.unwrap(), Duration::ZERO);
     server.stop();
