@@ -570,6 +570,26 @@ async fn one_second_backend(server: &RedisServer) -> RedisBackend {
         .unwrap()
 }
 
+/// A limiter `name` at half the rate while Redis is down (`at_half`), on
+/// a backend of its own, whose fallback served b ten permits (its ticket
+/// 20 s on, at 0.5/s), then c and d `others` permits each, and so dropped
+/// b, in an outage the server is left in (stopped); and when b's call was
+/// made.
+async fn with_b_dropped(
+    server: &RedisServer,
+    name: &str,
+    others: [u32; 2],
+) -> (std::sync::Arc<KeyedRateLimiter<String, Redis>>, Instant) {
+    let first = at_half(&one_second_backend(server).await, name);
+    assert_eq!(first.reserve("a", 1).await.unwrap(), Duration::ZERO);
+    server.stop();
+    let dropped_sent = Instant::now();
+    for (key, permits) in [("b", 10), ("c", others[0]), ("d", others[1])] {
+        first.reserve(key, permits).await.unwrap();
+    }
+    (first, dropped_sent)
+}
+
 /// The same at a share of the rate (0.5): the dropped key's ticket is at
 /// the fallback's half rate, the charge at the shared rate, so the debt
 /// Redis reports after it ends before the ticket; the key is still charged
@@ -579,17 +599,7 @@ async fn one_second_backend(server: &RedisServer) -> RedisBackend {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_a_share_the_dropped_floor_is_charged_once_and_counted() {
     let server = RedisServer::start();
-    let limiter = |backend: &RedisBackend| at_half(backend, "floor-share");
-    let backend = one_second_backend(&server).await;
-    let first = limiter(&backend);
-    assert_eq!(first.reserve("a", 1).await.unwrap(), Duration::ZERO);
-    server.stop();
-    // b's ten permits at the fallback's 0.5/s: its ticket 20 s on; dropped
-    // when d comes (the fallback holds two keys).
-    let dropped_sent = Instant::now();
-    for (key, permits) in [("b", 10), ("c", 20), ("d", 30)] {
-        first.reserve(key, permits).await.unwrap();
-    }
+    let (first, dropped_sent) = with_b_dropped(&server, "floor-share", [20, 30]).await;
     let stats = first.stats();
     assert!(stats.degraded, "{stats:?}");
     assert!(
@@ -603,7 +613,11 @@ async fn at_a_share_the_dropped_floor_is_charged_once_and_counted() {
         waits.push(first.reserve("x", 1).await.unwrap());
     }
     let other = patient_backend(server.client()).await;
-    let owed = limiter(&other).snapshot("x").await.unwrap().wait();
+    let owed = at_half(&other, "floor-share")
+        .snapshot("x")
+        .await
+        .unwrap()
+        .wait();
     let since = dropped_sent.elapsed();
     // One charge of half of what is left of b's 20 s at the first call
     // (about 9 to 10 s, ending about 10 s after b's call, later by half of
@@ -625,15 +639,7 @@ async fn at_a_share_the_dropped_floor_is_charged_once_and_counted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_that_waited_for_a_failed_floor_charge_follows_it_to_the_fallback() {
     let server = RedisServer::start();
-    let limiter = |backend: &RedisBackend| at_half(backend, "floor-waiter");
-    let backend = one_second_backend(&server).await;
-    let first = limiter(&backend);
-    assert_eq!(first.reserve("a", 1).await.unwrap(), Duration::ZERO);
-    server.stop();
-    // b (ticket 20 s on, at 0.5/s) is dropped: the fallback holds two keys.
-    for key in ["b", "c", "d"] {
-        first.reserve(key, 10).await.unwrap();
-    }
+    let (first, _) = with_b_dropped(&server, "floor-waiter", [10, 10]).await;
     server.cont();
     recovered(|| !first.stats().degraded && first.stats().keys == 0).await;
     // c's and d's debts in Redis (about 9.5 s) end; b's floor is ahead.
@@ -654,7 +660,7 @@ async fn a_caller_that_waited_for_a_failed_floor_charge_follows_it_to_the_fallba
     server.cont();
     let waiter_at = waiter.await.unwrap();
     recovered(|| !first.stats().degraded && first.stats().keys == 0).await;
-    let other = limiter(&patient_backend(server.client()).await);
+    let other = at_half(&patient_backend(server.client()).await, "floor-waiter");
     let wait = other.reserve("x", 1).await.unwrap();
     let next_at = Instant::now() + wait;
     // 1 permit/s, no burst: 8 permits (1 + 6 + 1) span at least 7 s.
