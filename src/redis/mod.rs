@@ -88,9 +88,10 @@
 //!   debt but still drops the stored permits, so nothing bursts after an
 //!   outage.
 //! - **Where it cannot be known** (a reply lost with its connection, a
-//!   give-back that cannot be delivered, keys and debts beyond `max_keys`),
-//!   the limiter errs towards limiting: a reservation may stay charged, a
-//!   key may open later than it had to, never granted twice by it.
+//!   give-back that cannot be delivered, keys, debts and late grants beyond
+//!   `max_keys`), the limiter errs towards limiting: a reservation may stay
+//!   charged or be carried back twice, a key may open later than it had to,
+//!   never granted twice by it.
 //! - **The exception: a key the fallback dropped at `max_keys`.** Its
 //!   debt is gone with it (that is the cap's point: a flood of keys during
 //!   an outage costs no more memory), so it never reaches Redis: this

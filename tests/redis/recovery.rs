@@ -667,3 +667,45 @@ async fn a_caller_that_waited_for_a_failed_floor_charge_follows_it_to_the_fallba
     let span = next_at - charger_at.min(waiter_at);
     assert!(span >= 6500 * MS, "8 permits of x granted within {span:?}");
 }
+
+/// A grant Redis made after its caller was dropped (a late grant: it stays
+/// charged) is heard of before the key next opens in the fallback: the key
+/// opens after it, and the carry-back adds all the fallback granted. It used
+/// to subtract the late grant's span from the fallback's debt as if the
+/// fallback had served that caller too: at a share below 1 the carry then
+/// lost the fallback's permits (5 permits at 1/s, and another process's
+/// next permit at the same moment as their first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_grant_heard_of_before_the_key_opens_is_not_taken_off_its_carry() {
+    let server = RedisServer::start();
+    let first = at_half(&one_second_backend(&server).await, "late-first");
+    assert_eq!(first.reserve("a", 1).await.unwrap(), Duration::ZERO);
+    // A stall shorter than the response timeout: x's caller gives up after
+    // 200 ms, and Redis grants its 20 permits once it is back.
+    server.stop();
+    assert!(
+        tokio::time::timeout(200 * MS, first.reserve("x", 20))
+            .await
+            .is_err()
+    );
+    tokio::time::sleep(300 * MS).await;
+    server.cont();
+    tokio::time::sleep(300 * MS).await;
+    assert!(!first.stats().degraded);
+    // An outage (y's call finds it), in which the fallback serves x.
+    server.stop();
+    first.reserve("y", 1).await.unwrap();
+    assert!(first.stats().degraded);
+    let local_at = Instant::now() + first.reserve("x", 5).await.unwrap();
+    server.cont();
+    recovered(|| !first.stats().degraded && first.stats().keys == 0).await;
+    let other = at_half(&patient_backend(server.client()).await, "late-first");
+    let next_at = Instant::now() + other.reserve("x", 1).await.unwrap();
+    // 1 permit/s, no burst: the fallback's 5 permits (at 0.5/s locally)
+    // take 5 s of the shared schedule; the next permit comes after them.
+    assert!(
+        next_at >= local_at + 4500 * MS,
+        "the next permit {:?} after the first of the fallback's 5",
+        next_at.saturating_duration_since(local_at)
+    );
+}

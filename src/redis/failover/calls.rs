@@ -233,8 +233,8 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         if self.fallback != Fallback::Local {
             return;
         }
-        let books = self.books();
-        self.open_locally(&books, key);
+        let mut books = self.books();
+        self.open_locally(&mut books, key);
         update(&self.local);
         drop(books);
         if !self.is_down(&self.target(key)) {

@@ -26,11 +26,11 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         if self.fallback == Fallback::FailClosed {
             return Ok(Err(self.closed_error(failure)));
         }
-        let books = self.books();
+        let mut books = self.books();
         if patient && let Some(carried) = self.carrying(&books, key) {
             return Err(carried);
         }
-        self.open_locally(&books, key);
+        self.open_locally(&mut books, key);
         let served = match self.fallback {
             Fallback::Local => serve(&self.local),
             _ => Ok(Some(Reservation::new(
@@ -92,7 +92,13 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
     /// Holds `key` in the fallback (active from then on), unless it does
     /// already: at its floor and its learned rates (`Books::learned`), under
     /// the lock, in `books`.
-    pub(super) fn open_locally<Q>(&self, books: &Books<K>, key: &Q)
+    ///
+    /// A late grant heard of before the key opens is then part of its floor:
+    /// the fallback's schedule starts after it, so the carry-back must not
+    /// take it for one of the fallback's grants. It becomes the key's known
+    /// debt (which only grows by it), and only late grants heard of while the
+    /// key is held are subtracted from what the key carries back.
+    pub(super) fn open_locally<Q>(&self, books: &mut Books<K>, key: &Q)
     where
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -100,6 +106,18 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         self.activate();
         if self.local.ticket(key).is_none() {
             let floor = self.floor(books, key);
+            if !books.late.is_empty()
+                && let Some(late) = books.late.remove(&*self.redis_key(key))
+            {
+                // (A key whose debt does not fit among the known ones is
+                // carried back from now: that errs towards limiting.)
+                if let Some(known) = books.known.get_mut(key) {
+                    *known = (*known).max(late);
+                } else if books.known.len() < self.max_local_keys {
+                    books.known.insert(key.to_owned(), late);
+                    self.known_len.store(books.known.len(), Ordering::Relaxed);
+                }
+            }
             // At its share of the rates the upstream reports.
             let learned = books.learned.get(key).cloned();
             let learned = learned.map(|learned| learned.scaled(self.local_fraction));
@@ -329,9 +347,11 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         self.await_answers(key).await;
         let mut known = self.known_exactly(key);
         // What grants Redis made after their callers stopped waiting (see
-        // [`Late`]) charged it beyond the debt it reported: those callers
-        // were served by the fallback too, so with one limit that much of
-        // the fallback's debt is in Redis already. (With several, how much
+        // [`Late`]) while the fallback held the key charged it beyond the
+        // debt it reported: those callers were served by the fallback too,
+        // so with one limit that much of the fallback's debt is in Redis
+        // already. (One heard of before the key opened is in its known debt:
+        // see `open_locally`.) (With several, how much
         // each limit was charged is not known: the fallback's whole debt
         // goes, erring towards limiting.)
         let mut late = self.late_until(key);

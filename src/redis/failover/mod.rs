@@ -12,7 +12,10 @@
 //!   *floor* (`floor`): the end of the debt Redis last reported for it (the
 //!   latest end in its bucket, for a report that did not fit in memory) or
 //!   for a late grant of it ([`Late`]), and no earlier than any ticket the
-//!   fallback dropped to stay within `max_local_keys`.
+//!   fallback dropped to stay within `max_local_keys`. A late grant heard
+//!   of before the key opens becomes part of its reported debt; one heard
+//!   of while the key is held is taken off what the key carries back (its
+//!   caller was served by the fallback too, or never learned of it).
 //! - A key the fallback holds is carried back (`carry`: one resume adds
 //!   what it granted beyond what Redis knew, at the shared rate, and drops
 //!   the stored permits) before any other call of it reaches Redis, and

@@ -115,8 +115,8 @@ fn a_key_opens_at_the_rate_it_learned_and_the_others_at_theirs() {
     };
     failover.note_learned("slow", &learned(0.5));
     let now = clock.now_micros();
-    failover.open_locally(&failover.books(), "slow");
-    failover.open_locally(&failover.books(), "fresh");
+    failover.open_locally(&mut failover.books(), "slow");
+    failover.open_locally(&mut failover.books(), "fresh");
     let take =
         |key: &str| crate::store::now(crate::store::reserve(&failover.local, key, 1)).unwrap();
     // Both open at now with nothing stored: the first goes at once, the
