@@ -27,14 +27,14 @@ end
 
 -- Limits::set_rate for every limit whose rate or configuration changed:
 -- State::set_rate at now, and the log empties (its requests were charged
--- at the old rates). Not for a give-back or a keep (see part 3) or a probe
--- (of a missing key, read at the rates in force). A learn sets the rates
--- twice (Limits::learn after the rates in force, at the same now): those
--- before the lesson (M1), then those after it; then it pauses the limits
--- (above) and keeps what the upstream says each has left
--- (State::keep_stored_at_most). Each limit resyncs at now first.
-if (changed or ort ~= rate or omx ~= mx) and mode ~= 'give_back' and mode ~= 'probe'
-        and mode ~= 'keep' then
+-- at the old rates). Not for a probe (of a missing key, read at the rates
+-- in force); a give-back or a keep never gets here with a rate changed
+-- (see part 3). A learn sets the rates twice (Limits::learn after the
+-- rates in force, at the same now): those before the lesson (M1), then
+-- those after it; then it pauses the limits (above) and keeps what the
+-- upstream says each has left (State::keep_stored_at_most). Each limit
+-- resyncs at now first.
+if (changed or ort ~= rate or omx ~= mx) and mode ~= 'probe' then
     for pass = M1 and 1 or 2, 2 do
     for i = 1, n do
         local k, c = 3 * i - 3, 8 * i - 8
