@@ -12,11 +12,10 @@
 -- learned: whole.
 if L2 then
     L, whole, T, ahead = L2, true, {}, false
-    local f = lesson
     for i = 1, n do
         -- (t: its pause; e: the end of its spent quota's window.)
-        local t, e = f[10], f[10 + 3 * i]
-        if f[9 + 3 * i] == 0 and e then
+        local t, e = lesson[10], lesson[10 + 3 * i]
+        if lesson[9 + 3 * i] == 0 and e then
             t = math.max(t or 0, math.min(now + e, MAX_MICROS))
         end
         T[i] = t or false
