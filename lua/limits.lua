@@ -107,16 +107,15 @@ while true do
             end
             if mx > 0.0 then cd = pmicros / mx end
         end
-        -- (A table is cheapest built whole: the first limit's wait in locals
-        -- for the second's. One limit keeps nothing, in one test.)
+        -- (The first limit's wait in locals for the second's. One limit
+        -- keeps nothing, in one test.)
         if n > 1 then
             if i == 1 then
                 r1 = rate; b1 = bursty; p1 = pmicros; s1 = stable; m1 = mx; t1 = thr or 0.0; l1 = slope or 0.0; d1 = cd
             elseif n == 2 and held_n == 2 and count == 0 and not (mode or held) then
                 -- (Two limits in locals, see below: C only if a rate changed.)
-            elseif i == 2 then
-                C = {r1, b1, p1, s1, m1, t1, l1, d1, rate, bursty, pmicros, stable, mx, thr or 0.0, slope or 0.0, cd}
             else
+                if i == 2 then C = {r1, b1, p1, s1, m1, t1, l1, d1} end
                 local c = 8 * i - 8
                 C[c + 1], C[c + 2], C[c + 3], C[c + 4] = rate, bursty, pmicros, stable
                 C[c + 5], C[c + 6], C[c + 7], C[c + 8] = mx, thr or 0.0, slope or 0.0, cd

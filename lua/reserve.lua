@@ -12,11 +12,10 @@
 -- learned: whole.
 if L2 then
     L, whole, T, ahead = L2, true, {}, false
-    local f = lesson
     for i = 1, n do
         -- (t: its pause; e: the end of its spent quota's window.)
-        local t, e = f[10], f[10 + 3 * i]
-        if f[9 + 3 * i] == 0 and e then
+        local t, e = lesson[10], lesson[10 + 3 * i]
+        if lesson[9 + 3 * i] == 0 and e then
             t = math.max(t or 0, math.min(now + e, MAX_MICROS))
         end
         T[i] = t or false
@@ -27,14 +26,14 @@ end
 
 -- Limits::set_rate for every limit whose rate or configuration changed:
 -- State::set_rate at now, and the log empties (its requests were charged
--- at the old rates). Not for a give-back or a keep (see part 3) or a probe
--- (of a missing key, read at the rates in force). A learn sets the rates
--- twice (Limits::learn after the rates in force, at the same now): those
--- before the lesson (M1), then those after it; then it pauses the limits
--- (above) and keeps what the upstream says each has left
--- (State::keep_stored_at_most). Each limit resyncs at now first.
-if (changed or ort ~= rate or omx ~= mx) and mode ~= 'give_back' and mode ~= 'probe'
-        and mode ~= 'keep' then
+-- at the old rates). Not for a probe (of a missing key, read at the rates
+-- in force); a give-back or a keep never gets here with a rate changed
+-- (see part 3). A learn sets the rates twice (Limits::learn after the
+-- rates in force, at the same now): those before the lesson (M1), then
+-- those after it; then it pauses the limits (above) and keeps what the
+-- upstream says each has left (State::keep_stored_at_most). Each limit
+-- resyncs at now first.
+if (changed or ort ~= rate or omx ~= mx) and mode ~= 'probe' then
     for pass = M1 and 1 or 2, 2 do
     for i = 1, n do
         local k, c = 3 * i - 3, 8 * i - 8

@@ -46,13 +46,10 @@ for j = 1, needs and #needs or 1 do
     if needs then ttl_ms = needs[j] end
     if not (time_micros + ttl_ms * 1000 + 3000 <= expires) then
         if ttl_ms < TTL_CAP_MS - 2 then
-            if ttl_ms > 0 then
-                local ceil = ttl_ms - ttl_ms % 1
-                if ceil < ttl_ms then ceil = ceil + 1 end
-                ttl_ms = ceil + 2
-            else
-                ttl_ms = 2
-            end
+            if ttl_ms < 0 then ttl_ms = 0 end
+            local ceil = ttl_ms - ttl_ms % 1
+            if ceil < ttl_ms then ceil = ceil + 1 end
+            ttl_ms = ceil + 2
         else
             ttl_ms = TTL_CAP_MS
         end
@@ -62,11 +59,7 @@ for j = 1, needs and #needs or 1 do
         -- only ever grows, and covers every logged request's moment, which
         -- was at most a ticket.
         if time_micros + ttl_ms * 1000 > expires then
-            if ttl_ms > TTL_MAX_SLACK_MS then
-                ttl_ms = ttl_ms + TTL_MAX_SLACK_MS
-            else
-                ttl_ms = ttl_ms + ttl_ms
-            end
+            ttl_ms = ttl_ms + (ttl_ms > TTL_MAX_SLACK_MS and TTL_MAX_SLACK_MS or ttl_ms)
             if ttl_ms > TTL_CAP_MS then ttl_ms = TTL_CAP_MS end
             expires = time_micros + ttl_ms * 1000
             ttl_set = ttl_ms
