@@ -26,7 +26,8 @@
 //! # Chunks
 //!
 //! A read or a write moves at most one *chunk*: the bytes the limiter's
-//! current [`rate`](Limiter::rate) allows in [`CHUNK_TIME`] (10 ms), rounded
+//! current [`slowest_rate`](Limiter::slowest_rate) (its slowest limit's
+//! rate, with several) allows in [`CHUNK_TIME`] (10 ms), rounded
 //! down, at least 1 byte and at most [`MAX_CHUNK`] (64 KiB), and never
 //! more than the caller's buffer:
 //!
@@ -183,7 +184,8 @@ impl<L: Deref<Target: Limiter> + Send + Sync + 'static> Gate<'static, L, usize> 
     /// The largest chunk at the limiter's rate, if no reservation is
     /// pending.
     fn chunk_limit(&self) -> Option<usize> {
-        self.idle().map(|limiter| chunk_limit(limiter.rate()))
+        self.idle()
+            .map(|limiter| chunk_limit(limiter.slowest_rate()))
     }
 
     /// Starts reserving `bytes` (at least 1, at most `MAX_CHUNK`). Does

@@ -50,6 +50,9 @@ pub trait Rate: Metered + Send + Sync {
     /// The stable rate, in permits per second (of the first limit).
     fn rate(&self) -> f64;
 
+    /// The slowest limit's stable rate, in permits per second.
+    fn slowest_rate(&self) -> f64;
+
     /// The clock waits are slept on.
     fn clock(&self) -> &dyn Clock;
 

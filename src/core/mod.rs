@@ -102,6 +102,11 @@ pub fn stable_interval_micros(permits_per_second: f64) -> Result<f64, InvalidRat
     Ok((MICROS_PER_SECOND / permits_per_second).min(MAX_MICROS as f64))
 }
 
+/// The slowest of `rates`: what a limiter with several limits sustains.
+pub(crate) fn slowest(rates: impl IntoIterator<Item = f64>) -> f64 {
+    rates.into_iter().fold(f64::INFINITY, f64::min)
+}
+
 /// A duration in whole microseconds, saturating at [`MAX_MICROS`].
 ///
 /// ```

@@ -70,6 +70,17 @@ impl<K: Key, C: Clock> Rate for Keyed<K, C> {
         f64::from_bits(self.rate_bits.load(Relaxed))
     }
 
+    fn slowest_rate(&self) -> f64 {
+        let shard = self.shards[0].0.read();
+        crate::core::slowest(
+            shard
+                .template()
+                .states()
+                .iter()
+                .map(State::permits_per_second),
+        )
+    }
+
     /// [`KeyedRateLimiter::set_limit_rate`](crate::KeyedRateLimiter::set_limit_rate)
     /// in this process.
     fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {

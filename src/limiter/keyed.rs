@@ -273,6 +273,12 @@ where
         self.engine.rate()
     }
 
+    /// The slowest of every key's limits' stable rates, as last set (`rate`
+    /// itself with one limit).
+    pub fn slowest_rate(&self) -> f64 {
+        self.engine.slowest_rate()
+    }
+
     /// The clock this limiter reads and sleeps on.
     pub fn clock(&self) -> &dyn Clock {
         self.engine.clock()

@@ -199,6 +199,13 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         self.engine.rate()
     }
 
+    /// The slowest of its limits' stable rates, in permits per second, as
+    /// [`rate`](Self::rate) reads them: the rate it sustains (`rate` itself
+    /// with one limit).
+    pub fn slowest_rate(&self) -> f64 {
+        self.engine.slowest_rate()
+    }
+
     /// The clock this limiter reads and sleeps on.
     pub fn clock(&self) -> &dyn Clock {
         self.engine.clock()

@@ -132,6 +132,14 @@ pub trait Limiter: Send + Sync {
     /// read with [`snapshot`](Limiter::snapshot).
     fn rate(&self) -> f64;
 
+    /// The slowest of its limits' stable rates, in permits per second, as
+    /// [`rate`](Limiter::rate) reads them: the rate it sustains, and what
+    /// [`io`](crate::io) sizes its chunks by. Provided: `rate`, for a
+    /// limiter with one limit.
+    fn slowest_rate(&self) -> f64 {
+        self.rate()
+    }
+
     /// The clock waits are slept on.
     fn clock(&self) -> &dyn Clock;
 
@@ -284,6 +292,11 @@ pub trait KeyedLimiter<K: Sync>: Send + Sync {
     /// [`snapshot`](KeyedLimiter::snapshot).
     fn rate(&self) -> f64;
 
+    /// [`Limiter::slowest_rate`], of every key. Provided: `rate`.
+    fn slowest_rate(&self) -> f64 {
+        self.rate()
+    }
+
     /// The clock waits are slept on.
     fn clock(&self) -> &dyn Clock;
 
@@ -376,6 +389,10 @@ impl<S: Store, C: Clock> Limiter for RateLimiter<S, C> {
         self.engine.rate()
     }
 
+    fn slowest_rate(&self) -> f64 {
+        self.engine.slowest_rate()
+    }
+
     fn clock(&self) -> &dyn Clock {
         self.engine.clock()
     }
@@ -452,6 +469,10 @@ where
 
     fn rate(&self) -> f64 {
         self.engine.rate()
+    }
+
+    fn slowest_rate(&self) -> f64 {
+        self.engine.slowest_rate()
     }
 
     fn clock(&self) -> &dyn Clock {

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
 use crate::core::word::{self, Quick, Step};
-use crate::core::{Cost, Learning, Lesson, Limits, stable_interval_micros};
+use crate::core::{Cost, Learning, Lesson, Limits, State, stable_interval_micros};
 use crate::metrics::Metrics;
 use crate::reservation::{GiveBack, GiveBackId, GivesBack, Reservation};
 use crate::store::{AtOnce, Metered, NoKey, Rate};
@@ -266,6 +266,10 @@ impl<C: Clock> Rate for Single<C> {
 
     fn rate(&self) -> f64 {
         self.lock().states()[0].permits_per_second()
+    }
+
+    fn slowest_rate(&self) -> f64 {
+        crate::core::slowest(self.lock().states().iter().map(State::permits_per_second))
     }
 
     fn clock(&self) -> &dyn Clock {

@@ -575,3 +575,48 @@ async fn real_clock_reader_copies_1_mib_at_2_mib_per_s_in_half_a_second() {
     assert_eq!(copied, MIB as u64);
     assert_half_a_second("reader", elapsed, limiter.snapshot().unwrap().wait());
 }
+
+/// 1 MB/s with a burst of one byte and, second, 1 kB/s with a burst of
+/// 1 kB: the second limit is the slowest, and the one that binds.
+fn slow_second_limit(clock: &FakeClock) -> Arc<RateLimiter<Local, FakeClock>> {
+    Arc::new(
+        RateLimiter::builder()
+            .limit(paceline::Limit::per_second(MB_PER_S).burst(1))
+            .limit(paceline::Limit::per_second(1_000.0).burst(1_000))
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    )
+}
+
+/// With several limits, a chunk is 10 ms of the slowest one's rate: one
+/// write of 100 kB moves 10 bytes at once, and the next waits about 10 ms.
+/// Sized by the first limit's rate, one write moved 10 000 bytes at once
+/// (ten times the slow limit's burst), and the next waited 9 s.
+#[tokio::test]
+async fn a_writers_chunk_follows_the_slowest_limit_not_the_first() {
+    let clock = FakeClock::new();
+    let limiter = slow_second_limit(&clock);
+    assert_eq!(
+        (limiter.rate(), limiter.slowest_rate()),
+        (MB_PER_S, 1_000.0)
+    );
+    let mut writer = ThrottledWriter::new(Vec::new(), limiter);
+    let data = data(100_000);
+    let first = writer.write(&data).await.unwrap();
+    assert_eq!((first, clock.now()), (10, Duration::ZERO));
+    let second = writer.write(&data[first..]).await.unwrap();
+    assert_eq!(second, 10);
+    assert!(clock.now() <= us(10_000), "waited {:?}", clock.now());
+}
+
+/// The same for the reader.
+#[tokio::test]
+async fn a_readers_chunk_follows_the_slowest_limit_not_the_first() {
+    let clock = FakeClock::new();
+    let data = data(100_000);
+    let mut reader = ThrottledReader::new(&data[..], slow_second_limit(&clock));
+    let mut buf = vec![0u8; 100_000];
+    let first = reader.read(&mut buf).await.unwrap();
+    assert_eq!((first, clock.now()), (10, Duration::ZERO));
+}

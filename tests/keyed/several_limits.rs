@@ -112,13 +112,15 @@ fn rates_change_for_every_key_together_or_one_limit() {
         .clock(clock.clone())
         .build()
         .unwrap();
+    assert_eq!(limiter.slowest_rate(), 0.05);
     limiter.set_rate(20.0).unwrap();
-    assert_eq!(limiter.rate(), 20.0);
+    assert_eq!((limiter.rate(), limiter.slowest_rate()), (20.0, 0.1));
     // Per minute doubled too: 6 a minute, 10 s apart.
     assert_eq!(limiter.reserve(&1, 1).unwrap(), Duration::ZERO);
     assert_eq!(limiter.reserve(&1, 1).unwrap(), Duration::from_secs(10));
     limiter.set_limit_rate(1, 1.0).unwrap();
     assert_eq!(limiter.reserve(&1, 1).unwrap(), Duration::from_secs(20));
+    assert_eq!(limiter.slowest_rate(), 1.0);
     assert!(matches!(
         limiter.set_limit_rate(2, 1.0),
         Err(Error::InvalidArgument(_))

@@ -100,14 +100,15 @@ async fn a_timed_out_acquire_gives_back_to_every_limit() {
 fn set_rate_scales_every_limit_and_set_limit_rate_one() {
     let clock = FakeClock::new();
     let limiter = two_limits(&clock);
-    assert_eq!(limiter.rate(), 10.0);
+    assert_eq!((limiter.rate(), limiter.slowest_rate()), (10.0, 0.05));
     limiter.set_rate(20.0).unwrap();
-    assert_eq!(limiter.rate(), 20.0);
+    assert_eq!((limiter.rate(), limiter.slowest_rate()), (20.0, 0.1));
     // The per-minute limit doubled too: 6 per minute, 10 s apart.
     limiter.reserve(1).unwrap();
     assert_eq!(limiter.reserve(1).unwrap(), Duration::from_secs(10));
     limiter.set_limit_rate(1, 60.0 / 60.0).unwrap();
     assert_eq!(limiter.snapshot().unwrap().wait(), Duration::from_secs(20));
+    assert_eq!((limiter.rate(), limiter.slowest_rate()), (20.0, 1.0));
     assert!(matches!(
         limiter.set_limit_rate(2, 1.0),
         Err(Error::InvalidArgument(_))

@@ -201,9 +201,10 @@ mod limiters {
             .unwrap();
         let first = Instant::now();
         assert_eq!(limiter.reserve(1).await.unwrap(), Duration::ZERO);
+        assert_eq!(limiter.slowest_rate(), 0.1);
         // One a second instead of one per 10 s: the debt already owed stays.
         limiter.set_limit_rate(1, 1.0).unwrap();
-        assert_eq!(limiter.rate(), 100.0);
+        assert_eq!((limiter.rate(), limiter.slowest_rate()), (100.0, 1.0));
         let wait = limiter.reserve(1).await.unwrap();
         assert!(close(wait, 10 * S, first), "{wait:?}");
         assert!(close(
@@ -213,6 +214,7 @@ mod limiters {
         ));
         // Halving the first halves them all: 2 s apart now.
         limiter.set_rate(50.0).unwrap();
+        assert_eq!(limiter.slowest_rate(), 0.5);
         let wait = limiter.reserve(1).await.unwrap();
         assert!(close(wait, 11 * S, first), "{wait:?}");
         assert!(close(

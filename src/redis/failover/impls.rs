@@ -68,6 +68,10 @@ impl<K: Key + Display, C: Clock> Rate for Arc<Failover<K, C>> {
         f64::from_bits(self.rate_bits.load(Ordering::Relaxed))
     }
 
+    fn slowest_rate(&self) -> f64 {
+        crate::core::slowest(self.script_args.rates().iter().copied())
+    }
+
     /// Changes the rate from now on, here and (with the next call of each
     /// key) in Redis.
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
