@@ -241,6 +241,46 @@ fn at_the_cap_full_keys_go_first() {
     }
 }
 
+/// A key dropped in debt at the cap is counted, comes back fresh (its debt
+/// lost, as `max_keys` says), and a reservation it made before, given back
+/// afterwards, gives nothing to its new entry.
+#[test]
+fn a_key_dropped_at_the_cap_is_counted_and_its_old_reservation_gives_back_nothing() {
+    let limiter = KeyedRateLimiter::<u64>::builder()
+        .permits_per_second(10.0)
+        .max_burst(Duration::from_secs(1))
+        .max_keys(16)
+        .clock(FakeClock::new())
+        .build()
+        .unwrap();
+    // Key 0 spends its burst of 10, then holds a reservation that waits.
+    for _ in 0..11 {
+        limiter.reserve(&0, 1).unwrap();
+    }
+    let waiting = limiter.reservation(&0, 5).unwrap();
+    assert!(waiting.delay() > Duration::ZERO);
+    // Fifteen more keys in debt, each used after key 0; one more key and
+    // the cap drops the least recently used: key 0.
+    for key in 1..16u64 {
+        limiter.reserve(&key, 100).unwrap();
+    }
+    assert_eq!(limiter.stats().dropped_unfinished, 0);
+    limiter.reserve(&99, 100).unwrap();
+    let stats = limiter.stats();
+    assert!(stats.keys <= 16, "{stats:?}");
+    assert!(stats.dropped_unfinished >= 1, "{stats:?}");
+    // Key 0 is new again: a full burst.
+    for _ in 0..10 {
+        assert_eq!(
+            limiter.try_reserve(&0, 1, Duration::ZERO).unwrap(),
+            Some(Duration::ZERO)
+        );
+    }
+    let owed = limiter.snapshot(&0).unwrap().wait();
+    drop(waiting);
+    assert_eq!(limiter.snapshot(&0).unwrap().wait(), owed);
+}
+
 #[test]
 fn string_keys_are_looked_up_by_str_and_independent() {
     let clock = FakeClock::new();

@@ -149,3 +149,89 @@ async fn a_waiter_dropped_leaves_no_state_behind() {
             .is_some()
     );
 }
+
+/// Per key, at most `k` calls in flight while calls are cancelled wherever
+/// they are (waiting for a slot, or for their place) by `timeout`; once
+/// every task is done each key has its `k` slots free again, and no key
+/// holds slot state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn calls_cancelled_at_random_points_strand_no_slot_and_never_exceed_k_per_key() {
+    // The real clock: a call sleeps for its place holding its slot.
+    let limiter = Arc::new(
+        KeyedRateLimiter::<u64>::builder()
+            .limit(Limit::per_second(2_000.0).burst(2))
+            .limit(Limit::concurrent(2))
+            .build()
+            .unwrap(),
+    );
+    let keys: Arc<Vec<AtomicUsize>> = Arc::new((0..4).map(|_| AtomicUsize::new(0)).collect());
+    let mut tasks = Vec::new();
+    for task in 0..32u64 {
+        let (limiter, keys) = (limiter.clone(), keys.clone());
+        tasks.push(tokio::spawn(async move {
+            for round in 0..40u64 {
+                let key = (task + round) % 4;
+                let bound = Duration::from_micros(200 + (task * 37 + round * 101) % 3_000);
+                let Ok(call) = tokio::time::timeout(bound, limiter.call(&key, 1)).await else {
+                    continue;
+                };
+                let call = call.unwrap();
+                let now = keys[key as usize].fetch_add(1, Ordering::SeqCst) + 1;
+                assert!(now <= 2, "{now} calls of key {key} in flight");
+                tokio::time::sleep(Duration::from_micros((task * 13 + round) % 700)).await;
+                keys[key as usize].fetch_sub(1, Ordering::SeqCst);
+                drop(call);
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!((limiter.stats().in_flight, limiter.slot_keys()), (0, 0));
+    for key in 0..4u64 {
+        let first = limiter.try_call(&key, 1, Duration::from_secs(1)).await;
+        let second = limiter.try_call(&key, 1, Duration::from_secs(1)).await;
+        let (first, second) = (first.unwrap(), second.unwrap());
+        assert!(first.is_some() && second.is_some());
+        let third = limiter
+            .try_call(&key, 1, Duration::from_millis(20))
+            .await
+            .unwrap();
+        assert!(third.is_none(), "a third call of key {key} in flight");
+    }
+}
+
+/// A key dropped at `max_keys` loses its debt, not its calls in flight: a
+/// call that holds the key's only slot still counts for it.
+#[tokio::test]
+async fn a_key_dropped_at_the_cap_keeps_its_calls_in_flight() {
+    let limiter = KeyedRateLimiter::<u64>::builder()
+        .limit(Limit::per_second(10.0).burst(10))
+        .limit(Limit::concurrent(1))
+        .max_keys(16)
+        .clock(FakeClock::new())
+        .build()
+        .unwrap();
+    let call = limiter.call(&0, 1).await.unwrap();
+    // Keys in debt, used after key 0, push it out.
+    for key in 1..200u64 {
+        limiter.reserve(&key, 100).unwrap();
+    }
+    assert!(limiter.stats().dropped_unfinished >= 1);
+    assert!(limiter.stats().keys <= 16);
+    assert!(
+        limiter
+            .try_call(&0, 1, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    drop(call);
+    assert!(
+        limiter
+            .try_call(&0, 1, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_some()
+    );
+}

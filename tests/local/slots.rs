@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
+use crate::support::poll::within;
 use paceline::clock::{FakeClock, SystemClock};
 use paceline::{Cost, Error, Limit, Local, RateLimiter};
 
@@ -173,6 +174,114 @@ async fn a_try_calls_timeout_covers_its_slot_and_its_place_together() {
     // Its place was not taken either: the schedule still opens at 1 s.
     let wait = limiter.snapshot().unwrap().wait();
     assert!(wait <= 700 * MS && wait >= 200 * MS, "{wait:?}");
+}
+
+/// Calls cancelled wherever they are (waiting for a slot, or holding one
+/// while they wait for their place: `timeout` around `call`, and
+/// `try_call`'s own bound) by many tasks at once: never more than `k` in
+/// flight, and once every task is done all `k` slots are free again and no
+/// more than `k`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn calls_cancelled_at_random_points_strand_no_slot_and_never_exceed_k() {
+    // The real clock: a call sleeps for its place holding its slot.
+    let limiter = Arc::new(
+        RateLimiter::builder()
+            .limit(Limit::per_second(3_000.0).burst(1))
+            .limit(Limit::concurrent(3))
+            .build()
+            .unwrap(),
+    );
+    let now = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for task in 0..48u64 {
+        let (limiter, now) = (limiter.clone(), now.clone());
+        tasks.push(tokio::spawn(async move {
+            for round in 0..30u64 {
+                let bound = Duration::from_micros(100 + (task * 53 + round * 97) % 2_500);
+                let call = if round % 2 == 0 {
+                    match tokio::time::timeout(bound, limiter.call(1)).await {
+                        Ok(call) => Some(call.unwrap()),
+                        Err(_) => None,
+                    }
+                } else {
+                    limiter.try_call(1, bound).await.unwrap()
+                };
+                let Some(call) = call else { continue };
+                let in_flight = now.fetch_add(1, Ordering::SeqCst) + 1;
+                assert!(in_flight <= 3, "{in_flight} calls in flight");
+                assert!(limiter.stats().in_flight <= 3);
+                tokio::time::sleep(Duration::from_micros((task * 7 + round) % 500)).await;
+                now.fetch_sub(1, Ordering::SeqCst);
+                drop(call);
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(limiter.stats().in_flight, 0);
+    let held = futures::future::join_all((0..3).map(|_| limiter.call(1))).await;
+    assert!(held.iter().all(Result::is_ok));
+    assert!(limiter.try_call(1, 20 * MS).await.unwrap().is_none());
+}
+
+/// A task that panics while it holds a call frees the call's slot as it
+/// unwinds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_panics_holding_a_call_frees_its_slot() {
+    let limiter = Arc::new(limiter(1_000.0, 1_000, 1));
+    let panicking = limiter.clone();
+    let joined = tokio::spawn(async move {
+        let _call = panicking.call(1).await.unwrap();
+        panic!("the upstream's client panicked");
+    })
+    .await;
+    assert!(joined.unwrap_err().is_panic());
+    assert_eq!(limiter.stats().in_flight, 0);
+    assert!(limiter.try_call(1, Duration::ZERO).await.unwrap().is_some());
+}
+
+/// Tasks aborted while their calls wait for a slot, wait for their place
+/// holding one, or hold their call: every slot comes back, and so does the
+/// place that was waited for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborted_tasks_strand_no_slot() {
+    // The real clock. The first call goes at once; the second holds its
+    // slot and sleeps for its place, a second away; four wait for a slot.
+    let limiter = Arc::new(
+        RateLimiter::builder()
+            .limit(Limit::per_second(1.0).burst(1))
+            .limit(Limit::concurrent(2))
+            .build()
+            .unwrap(),
+    );
+    let tasks: Vec<_> = (0..6)
+        .map(|_| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                let _call = limiter.call(1).await.unwrap();
+                std::future::pending::<()>().await;
+            })
+        })
+        .collect();
+    let full = within(Duration::from_secs(5), || limiter.stats().in_flight == 2).await;
+    assert!(full.is_some(), "{:?}", limiter.stats());
+    tokio::time::sleep(20 * MS).await;
+    assert_eq!(limiter.stats().in_flight, 2);
+    for task in &tasks {
+        task.abort();
+    }
+    for task in tasks {
+        assert!(task.await.unwrap_err().is_cancelled());
+    }
+    assert_eq!(limiter.stats().in_flight, 0);
+    // The second call's place went back: the next is a second after the
+    // first call's, not two.
+    let wait = limiter.snapshot().unwrap().wait();
+    assert!(wait <= Duration::from_secs(1), "{wait:?}");
+    let call = limiter.try_call(1, Duration::from_secs(5)).await.unwrap();
+    assert!(call.is_some());
+    assert_eq!(limiter.stats().in_flight, 1);
 }
 
 #[tokio::test]

@@ -6,8 +6,8 @@
 //!
 //! Until calls are served through Redis (`take_call`), the slots are held
 //! with the crate's hidden test hook `hold_slot`, which takes one as a
-//! call does; `a_call_through_redis_holds_a_lease_or_none` goes through
-//! `call` itself.
+//! call does; `a_call_through_redis_holds_a_lease_or_none` and the tests
+//! after it go through `call` itself.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -15,9 +15,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::support::poll::{SLACK, backend, backend_builder, within};
+use crate::support::poll::{SLACK, backend, backend_builder, patient_backend, within};
 use crate::support::redis_server::RedisServer;
-use paceline::redis::{Fallback, Redis};
+use paceline::redis::{Fallback, Redis, RedisBackend};
 use paceline::{Error, KeyedRateLimiter, Limit, RateLimiter};
 use redis::Commands;
 
@@ -37,10 +37,21 @@ async fn limiter(
     ttl: Duration,
     fallback: Fallback,
 ) -> RateLimiter<Redis> {
+    limiter_on(&backend(server.client()).await, name, calls, ttl, fallback)
+}
+
+/// The same on `backend`.
+fn limiter_on(
+    backend: &RedisBackend,
+    name: &str,
+    calls: u32,
+    ttl: Duration,
+    fallback: Fallback,
+) -> RateLimiter<Redis> {
     let builder = RateLimiter::builder()
         .permits_per_second(1_000.0)
         .limit(Limit::concurrent(calls))
-        .redis(&backend(server.client()).await, name)
+        .redis(backend, name)
         .slot_ttl(ttl)
         .fallback(fallback);
     // A share of the slots is the local fallback's only.
@@ -389,4 +400,114 @@ async fn a_call_through_redis_holds_a_lease_or_none() {
     }
     let freed = within(Duration::from_secs(1), || live(&server, "calls") == 0).await;
     assert!(freed.is_some(), "no lease is left");
+}
+
+/// Two limiters (two processes) share `k` = 2 through real calls,
+/// cancelled by `timeout` wherever they are (mid round trip, pausing for a
+/// slot, sleeping for their place): never more than 2 in flight, and once
+/// every task is done no lease is left (long before the TTL). Patient
+/// backends: a round trip a loaded machine makes late is not a failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn calls_cancelled_at_random_points_never_exceed_k_nor_leave_a_lease() {
+    let server = RedisServer::start();
+    let ttl = Duration::from_secs(30);
+    let now = Arc::new(AtomicUsize::new(0));
+    let mut limiters = Vec::new();
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let backend = patient_backend(server.client()).await;
+        let limiter = Arc::new(limiter_on(
+            &backend,
+            "cancelled",
+            2,
+            ttl,
+            Fallback::FailClosed,
+        ));
+        limiters.push(limiter.clone());
+        for task in 0..10u64 {
+            let (limiter, now) = (limiter.clone(), now.clone());
+            tasks.push(tokio::spawn(async move {
+                for round in 0..30u64 {
+                    let bound = Duration::from_micros(50 + (task * 211 + round * 389) % 20_000);
+                    let Ok(call) = tokio::time::timeout(bound, limiter.call(1)).await else {
+                        continue;
+                    };
+                    let call = call.unwrap();
+                    let in_flight = now.fetch_add(1, Ordering::SeqCst) + 1;
+                    assert!(in_flight <= 2, "{in_flight} calls in flight");
+                    tokio::time::sleep(MS * (1 + task % 3) as u32).await;
+                    now.fetch_sub(1, Ordering::SeqCst);
+                    drop(call);
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    for limiter in &limiters {
+        assert_eq!(limiter.stats().in_flight, 0);
+    }
+    let freed = within(Duration::from_secs(2), || live(&server, "cancelled") == 0).await;
+    assert!(
+        freed.is_some(),
+        "{} leases left (TTL 30 s)",
+        live(&server, "cancelled")
+    );
+}
+
+/// Redis stopped for longer than a lease's renewal period while a call
+/// holds it: once Redis is back the lease is renewed and still counts past
+/// the TTL it was first taken for (the other process is refused), and the
+/// call's end frees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_held_across_a_stop_is_renewed_and_still_counts() {
+    let server = RedisServer::start();
+    // Renewed every 300 ms.
+    let ttl = 900 * MS;
+    let a = limiter(&server, "stopped", 1, ttl, Fallback::FailClosed).await;
+    let b = limiter(&server, "stopped", 1, ttl, Fallback::FailClosed).await;
+    let taken = Instant::now();
+    let call = a.call(1).await.unwrap();
+    server.stop();
+    tokio::time::sleep(500 * MS).await;
+    server.cont();
+    // Past the first TTL and what a renewal sent during the stop gave:
+    // only renewals since hold the lease.
+    tokio::time::sleep((2 * ttl + 200 * MS).saturating_sub(taken.elapsed())).await;
+    assert!(b.try_call(1, Duration::ZERO).await.unwrap().is_none());
+    assert_eq!(live(&server, "stopped"), 1);
+    drop(call);
+    let got = b.try_call(1, Duration::from_secs(2)).await.unwrap();
+    assert!(got.is_some(), "the slot was not freed");
+    drop(got);
+    let freed = within(Duration::from_secs(2), || live(&server, "stopped") == 0).await;
+    assert!(freed.is_some(), "{} leases left", live(&server, "stopped"));
+}
+
+/// A call whose take is sent while Redis is stopped and which is dropped
+/// before the reply: Redis applies the take once it is back, and the lease
+/// is released in the background, not left for its TTL (30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_dropped_while_redis_is_stopped_leaves_no_lease() {
+    let server = RedisServer::start();
+    let backend = patient_backend(server.client()).await;
+    let ttl = Duration::from_secs(30);
+    let a = limiter_on(&backend, "late", 1, ttl, Fallback::FailClosed);
+    // The script loaded and the connection made.
+    drop(a.call(1).await.unwrap());
+    let freed = within(Duration::from_secs(1), || live(&server, "late") == 0).await;
+    assert!(freed.is_some());
+    server.stop();
+    let dropped = tokio::time::timeout(30 * MS, a.call(1)).await;
+    assert!(dropped.is_err(), "Redis answered while stopped");
+    assert_eq!(a.stats().in_flight, 0);
+    tokio::time::sleep(300 * MS).await;
+    server.cont();
+    let freed = within(Duration::from_secs(2), || live(&server, "late") == 0).await;
+    assert!(
+        freed.is_some(),
+        "{} lease left (TTL 30 s)",
+        live(&server, "late")
+    );
 }
