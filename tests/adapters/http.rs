@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::tower::keyed_limiter;
+use crate::tower::{Stopped, keyed_limiter};
 use ::http::{Request, Response, StatusCode};
 use async_trait::async_trait;
 use paceline::Local;
@@ -288,6 +288,42 @@ async fn a_bounded_wait_waits_within_it_and_refuses_past_it() {
     clock.advance(Duration::from_millis(60));
     assert_eq!(send(&mut service, client()).await.status(), StatusCode::OK);
     assert_eq!(clock.now(), Duration::from_millis(300));
+}
+
+/// With a bounded wait, a response future dropped while its request waits
+/// gives the request's permit back, and the inner service is not called.
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_dropped_while_it_waits_gives_its_permit_back() {
+    let limiter = Arc::new(
+        KeyedRateLimiter::<()>::builder()
+            .permits_per_second(10.0)
+            .max_burst(Duration::ZERO)
+            .clock(Stopped::default())
+            .build()
+            .unwrap(),
+    );
+    let inner = Ok200::default();
+    let mut service = RateLimitLayer::new(Arc::clone(&limiter), Global)
+        .max_wait(Duration::from_secs(1))
+        .layer(inner.clone());
+    let client = || from("192.0.2.1", &[]);
+    assert_eq!(send(&mut service, client()).await.status(), StatusCode::OK);
+    poll_fn(|cx| service.poll_ready(cx)).await.unwrap();
+    {
+        let mut waiting = std::pin::pin!(service.call(client()));
+        let waker = std::task::Waker::noop();
+        let polled = waiting.as_mut().poll(&mut Context::from_waker(waker));
+        assert!(polled.is_pending());
+        assert_eq!(
+            limiter.snapshot(&()).unwrap().wait(),
+            Duration::from_millis(200)
+        );
+    }
+    assert_eq!(
+        limiter.snapshot(&()).unwrap().wait(),
+        Duration::from_millis(100)
+    );
+    assert_eq!(inner.0.load(Ordering::Relaxed), 1);
 }
 
 #[tokio::test(flavor = "current_thread")]

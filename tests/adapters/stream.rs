@@ -144,6 +144,37 @@ fn a_stream_dropped_mid_wait_leaves_no_debt() {
     assert_eq!(after, owed);
 }
 
+/// A stream dropped while an item of `u32::MAX` permits waits (13 years'
+/// worth at 10 a second) gives every one of them back.
+#[test]
+fn a_stream_dropped_while_a_huge_item_waits_gives_it_back() {
+    let limiter = Arc::new(
+        RateLimiter::builder()
+            .permits_per_second(10.0)
+            .max_burst(Duration::ZERO)
+            .clock(StuckClock(FakeClock::new()))
+            .build()
+            .unwrap(),
+    );
+    // The next item waits 100 ms.
+    limiter.reserve(1).unwrap();
+    let owed = limiter.snapshot().unwrap().wait();
+    let mut throttled = stream::iter([u32::MAX]).throttle_by(limiter.clone(), |n: &u32| *n);
+    let waker = futures::task::noop_waker();
+    assert!(
+        throttled
+            .poll_next_unpin(&mut Context::from_waker(&waker))
+            .is_pending()
+    );
+    let with_pending = limiter.snapshot().unwrap().wait();
+    assert!(
+        with_pending > Duration::from_secs(400_000_000),
+        "{with_pending:?}"
+    );
+    drop(throttled);
+    assert_eq!(limiter.snapshot().unwrap().wait(), owed);
+}
+
 #[tokio::test]
 async fn a_stream_dropped_by_a_timeout_leaves_no_debt_on_the_real_clock() {
     let limiter = Arc::new(RateLimiter::bursty(10.0).unwrap());

@@ -1,7 +1,7 @@
 //! The tower layer: clones share one limiter, a permit reserved in
-//! `poll_ready` is given back if the service is dropped while it waits, the
-//! rejecting mode answers at once with the wait, and the keyed mode limits
-//! each key alone.
+//! `poll_ready` (keyed, in the response future) is given back if the
+//! service (the future) is dropped while it waits, the rejecting mode
+//! answers at once with the wait, and the keyed mode limits each key alone.
 #![cfg(feature = "tower")]
 
 use std::future::poll_fn;
@@ -119,9 +119,10 @@ async fn clones_share_one_limiter_on_the_real_clock() {
 }
 
 /// A fake clock on which nothing that sleeps ever wakes: a service's
-/// permit, reserved in `poll_ready`, stays ahead of it.
+/// permit, reserved in `poll_ready` (or in a response future), stays ahead
+/// of it.
 #[derive(Clone, Default)]
-struct Stopped(FakeClock);
+pub(crate) struct Stopped(FakeClock);
 
 impl Clock for Stopped {
     fn now(&self) -> Duration {
@@ -162,6 +163,42 @@ async fn a_service_dropped_between_poll_ready_and_call_gives_its_permit_back() {
     drop(second);
     // As if it had never reserved: the next permit is the second's.
     assert_eq!(limiter.snapshot().unwrap().wait(), 100 * MS);
+}
+
+/// The keyed layer reserves in the response future: one dropped while it
+/// waits gives its key's permit back, and the inner service is not called,
+/// with a bound on the wait or without.
+#[tokio::test(flavor = "current_thread")]
+async fn a_keyed_request_dropped_while_it_waits_gives_its_permit_back() {
+    let keyed = Arc::new(
+        KeyedRateLimiter::<u32>::builder()
+            .permits_per_second(10.0)
+            .max_burst(Duration::ZERO)
+            .clock(Stopped::default())
+            .build()
+            .unwrap(),
+    );
+    for (key, max_wait) in [(1, None), (2, Some(Duration::from_secs(1)))] {
+        let counter = Counter::default();
+        let layer = RateLimitLayer::keyed(Arc::clone(&keyed), |request: &u32| *request);
+        let layer = match max_wait {
+            Some(bound) => layer.max_wait(bound),
+            None => layer,
+        };
+        let mut service = layer.layer(counter.clone());
+        ready(&mut service).await.unwrap();
+        assert_eq!(service.call(key).await.unwrap(), key);
+        ready(&mut service).await.unwrap();
+        {
+            let mut second = std::pin::pin!(service.call(key));
+            let waker = std::task::Waker::noop();
+            let pending = second.as_mut().poll(&mut Context::from_waker(waker));
+            assert!(pending.is_pending(), "key {key}");
+            assert_eq!(keyed.snapshot(&key).unwrap().wait(), 200 * MS);
+        }
+        assert_eq!(keyed.snapshot(&key).unwrap().wait(), 100 * MS, "key {key}");
+        assert_eq!(counter.0.load(Ordering::Relaxed), 1);
+    }
 }
 
 /// Once its permit is due the service holds a permit whose moment has
