@@ -4,9 +4,9 @@
 //! (a real child process: this test binary, run again) has them back
 //! after the slot TTL, not before. While Redis is down the fallback says.
 //!
-//! Until calls are served through Redis (`take_call`), the slots are held
-//! with the crate's hidden test hook `hold_slot`, which takes one as a
-//! call does; `a_call_through_redis_holds_a_lease_or_none` and the tests
+//! Most tests hold slots with the crate's hidden test hook `hold_slot`
+//! (feature `internals`), which takes one as a call does, without a call
+//! to run; `a_call_through_redis_holds_a_lease_or_none` and the tests
 //! after it go through `call` itself.
 
 use std::io::{BufRead, BufReader};
