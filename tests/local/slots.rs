@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
-use crate::support::poll::within;
+use crate::support::within::within;
 use paceline::clock::{FakeClock, SystemClock};
 use paceline::{Cost, Error, Limit, Local, RateLimiter};
 

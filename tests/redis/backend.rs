@@ -5,11 +5,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::support::poll::{
-    RESPONSE_TIMEOUT, SLACK, backend, backend_builder, patient_backend, within,
-};
+use crate::support::poll::{RESPONSE_TIMEOUT, SLACK, backend, backend_builder, patient_backend};
 use crate::support::proxy::Proxy;
 use crate::support::redis_server::RedisServer;
+use crate::support::within::within;
 use paceline::redis::{Fallback, RedisBackend};
 use paceline::{Error, KeyedRateLimiter, RateLimiter};
 

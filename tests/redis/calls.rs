@@ -15,9 +15,10 @@
 use std::time::Duration;
 
 use crate::support::limiter_state::{LimitState, Value};
-use crate::support::poll::{patient_backend, within};
+use crate::support::poll::patient_backend;
 use crate::support::redis_server::RedisServer;
 use crate::support::rng::Rng;
+use crate::support::within::within;
 use paceline::clock::FakeClock;
 use paceline::outbound::Feedback;
 use paceline::redis::{Fallback, Redis};

@@ -230,7 +230,7 @@ async fn run(seed: u64, length: Duration) -> Worst {
         start_fault(&mut server, fault).await;
         tokio::time::sleep(Duration::from_millis(rng.range(200, 1_200))).await;
         end_fault(&mut server, fault).await;
-        let back = crate::support::poll::within(Duration::from_secs(10), || {
+        let back = crate::support::within::within(Duration::from_secs(10), || {
             processes
                 .iter()
                 .all(|p| !p.single.stats().degraded && !p.keyed.stats().degraded)

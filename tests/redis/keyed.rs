@@ -6,10 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::support::poll::{RESPONSE_TIMEOUT, SLACK, backend, patient_backend, within};
+use crate::support::poll::{RESPONSE_TIMEOUT, SLACK, backend, patient_backend};
+
 #[cfg(feature = "redis-cluster")]
 use crate::support::redis_cluster::RedisCluster;
 use crate::support::redis_server::RedisServer;
+use crate::support::within::within;
 use paceline::redis::{Redis, RedisBackend};
 use paceline::{Error, KeyedLimiter, KeyedRateLimiter, RateLimiter};
 

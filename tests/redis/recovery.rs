@@ -4,8 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::poll::{backend_builder, patient_backend, within};
+use crate::support::poll::{backend_builder, patient_backend};
+
 use crate::support::redis_server::RedisServer;
+use crate::support::within::within;
 use paceline::redis::{Fallback, Redis, RedisBackend};
 use paceline::{KeyedRateLimiter, RateLimiter};
 

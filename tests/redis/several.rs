@@ -129,8 +129,10 @@ mod limiters {
 
     use std::time::{Duration, Instant};
 
-    use crate::support::poll::{SLACK, backend, patient_backend, within};
+    use crate::support::poll::{SLACK, backend, patient_backend};
+
     use crate::support::redis_server::RedisServer;
+    use crate::support::within::within;
     use paceline::{KeyedRateLimiter, Limit, RateLimiter, redis::Fallback};
 
     const S: Duration = Duration::from_secs(1);

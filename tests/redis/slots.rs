@@ -15,8 +15,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::support::poll::{SLACK, backend, backend_builder, patient_backend, within};
+use crate::support::poll::{SLACK, backend, backend_builder, patient_backend};
+
 use crate::support::redis_server::RedisServer;
+use crate::support::within::within;
 use paceline::redis::{Fallback, Redis, RedisBackend};
 use paceline::{Error, KeyedRateLimiter, Limit, RateLimiter};
 use redis::Commands;

@@ -17,3 +17,4 @@ pub mod redis_cluster;
 #[cfg(feature = "redis")]
 pub mod redis_server;
 pub mod rng;
+pub mod within;

@@ -1,20 +1,6 @@
-//! Waiting, on the real clock, for something a background task does; the
-//! Redis tests' backend settings.
+//! The Redis tests' backend settings.
 
-use std::time::{Duration, Instant};
-
-/// Polls `done` every 5 ms for up to `limit`; returns how long it took, or
-/// `None` if it never held.
-pub async fn within(limit: Duration, mut done: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if done() {
-            return Some(start.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    None
-}
+use std::time::Duration;
 
 /// The response timeout and probe interval of the Redis tests' backends.
 pub const RESPONSE_TIMEOUT: Duration = Duration::from_millis(100);

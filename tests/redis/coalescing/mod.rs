@@ -16,9 +16,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::support::limiter_state::LimiterState;
-use crate::support::poll::{RESPONSE_TIMEOUT, backend_builder, builder, within};
+use crate::support::poll::{RESPONSE_TIMEOUT, backend_builder, builder};
 use crate::support::proxy::Proxy;
 use crate::support::redis_server::RedisServer;
+use crate::support::within::within;
 use paceline::redis::{Redis, RedisBackend, RedisBackendBuilder};
 use paceline::{Builder, One, RateLimiter};
 

@@ -21,10 +21,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::support::poll::{
-    PROBE_INTERVAL, RESPONSE_TIMEOUT, SLACK, backend_builder, builder, patient_backend, within,
+    PROBE_INTERVAL, RESPONSE_TIMEOUT, SLACK, backend_builder, builder, patient_backend,
 };
 use crate::support::proxy::Proxy;
 use crate::support::redis_server::{RedisServer, free_port};
+use crate::support::within::within;
 use paceline::redis::{Fallback, Redis};
 use paceline::{Error, RateLimiter, Stats};
 
