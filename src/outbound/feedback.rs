@@ -241,7 +241,8 @@ impl Feedback {
     fn read(&mut self, (rank, key, suffix, value): Line<'_>, now: SystemTime) {
         if rank == 0 {
             self.retry_after = self.retry_after.or_else(|| retry_after(value, now));
-        } else if rank == 3 {
+        } else if rank == 3 || (rank == 2 && key == b"t" && reset(value, now).is_some()) {
+            // (`RateLimit-Reset` whole: an HTTP-date holds a comma.)
             let mut fields = Quota::default();
             set(&mut fields, key, value.trim_ascii(), now);
             let name = Some(suffix.as_bytes()).filter(|suffix| !suffix.is_empty());
@@ -347,7 +348,10 @@ fn set(fields: &mut Quota, key: &[u8], value: &[u8], now: SystemTime) {
 /// number sets the field `number`, `key=value` its own).
 fn item<'v>(item: &'v [u8], number: &'v [u8]) -> Option<(Option<&'v [u8]>, Field<'v>)> {
     match item.trim_ascii() {
-        [b'"', name @ .., b'"'] if is_name(name) => Some((Some(name), (b"", b""))),
+        // A string that is no name leaves its item out (its parameters are
+        // no other quota's).
+        [b'"', name @ .., b'"'] => is_name(name).then_some((Some(name), (b"", b""))),
+        [b'"', ..] => None,
         item @ [b'0'..=b'9', ..] => Some((None, (number, item))),
         item if is_name(item) => Some((Some(item), (b"", b""))),
         item => Some((None, pair(item)?)),

@@ -134,7 +134,9 @@ impl<S: Store, C: Clock, E, A> OutboundLayer<S, C, E, A> {
 
     /// Reads each request's real cost from its response with `actual` (a
     /// function of the response, or any [`Actual`]); `None` keeps the
-    /// estimate.
+    /// estimate, and so does a cost that counts for a limit the limiter lacks
+    /// (the response is returned all the same: the request was sent and
+    /// answered).
     pub fn actual<A2>(self, actual: A2) -> OutboundLayer<S, C, E, A2> {
         OutboundLayer {
             limiter: self.limiter,
@@ -229,7 +231,9 @@ where
             let response = inner.call(request).await.map_err(Into::into)?;
             call.learn(&Feedback::from_response(&response));
             if let Some(actual) = layer.actual.actual(&response) {
-                call.settle(actual)?;
+                // A cost the limiter cannot hold ends the call at its
+                // estimate; the upstream's answer is the caller's either way.
+                let _ = call.settle(actual);
             }
             Ok(response)
         })

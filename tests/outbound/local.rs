@@ -88,3 +88,24 @@ async fn a_limiter_at_twice_the_rate_learns_the_upstreams_limits() {
     );
     assert!(limiter.rate() <= 50.0 * 0.97, "{}", limiter.rate());
 }
+
+/// A cost the limiter cannot hold (two counts, for a limiter with one
+/// limit) ends the call at its estimate, and the upstream's answer still
+/// reaches the caller: the request was sent and answered. (The layer once
+/// returned the settle's error instead, and the answer was lost.)
+#[tokio::test(flavor = "current_thread")]
+async fn a_cost_the_limiter_cannot_hold_still_returns_the_answer() {
+    let upstream = Upstream::start(Config::default()).unwrap();
+    let limiter = Arc::new(
+        RateLimiter::builder()
+            .limit(Limit::per_second(100.0))
+            .build()
+            .unwrap(),
+    );
+    let mut client = OutboundLayer::new(Arc::clone(&limiter))
+        .actual(|_: &http::Response<String>| Some(Cost::each([1, 2])))
+        .layer(Client::new(upstream.addr()));
+    let response = client.call(complete()).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(upstream.stats().totals.admitted, 1);
+}

@@ -69,6 +69,11 @@ fn odd_structured_fields() {
                 "RateLimit-Policy",
                 "\"g\", (\"h\";q=1);q=1, \"\";q=1, \"i;q=6",
             ),
+            // A string that is no name, with a `=` in it: left out, not read
+            // as a field of the unnamed quota (which it once capped to 1 an
+            // hour, spent).
+            ("RateLimit-Policy", "\"tier=free\";q=1;w=3600"),
+            ("RateLimit", "\"tier=free\";r=0;t=3600"),
         ],
     );
     assert_eq!(
