@@ -14,8 +14,9 @@
 //! lists the headers read) is [`Learning`]'s policy (the numbers are its
 //! defaults):
 //!
-//! * a refusal (429, or 503 with `Retry-After`) pauses every caller of the
-//!   limiter until its `Retry-After`, and multiplies its rates by 0.7 (once
+//! * a refusal (429, or 503 with `Retry-After`) pauses every caller that
+//!   reserves after it until its `Retry-After` (a caller already waiting
+//!   keeps the moment it was given), and multiplies its rates by 0.7 (once
 //!   per pause, down to 0.05 of the configured rates) unless the same answer
 //!   reports the rate of every limit (the limiter runs under those already:
 //!   the refusal came from a burst, and the pause is enough); after the pause
@@ -36,7 +37,10 @@
 //! [named](crate::Limit::named) so; what it reports without a name reaches the
 //! first unnamed limit. Through Redis, what a limiter learns lives in the key
 //! it shares: one refusal seen by one worker slows the whole fleet, and a new
-//! worker starts at the learned rate.
+//! worker starts at the learned rate. What a key learned lives as long as the
+//! key: one left idle until it reads as full again (its Redis key expires; a
+//! keyed limiter in this process forgets it) starts again at the configured
+//! rates, and learns again from the next answers.
 //!
 //! # Calls in flight
 //!
