@@ -116,6 +116,14 @@ impl<L, X> RateLimitLayer<L, X> {
     ///   ([`Snapshot::full_in`]).
     /// * `Retry-After` on a refusal: the wait, rounded up, at least 1.
     ///
+    /// With several limits the snapshot, and so each header, is the limit
+    /// that binds after the request (the fewest requests that would go now):
+    /// `R` is exact, and the policy can change from one response to the next
+    /// (`q=10;w=1` while the per-second limit binds, `q=5;w=60` once the
+    /// per-minute one does), so a client that paces itself by the first
+    /// policy it sees can be refused. For a warming-up limiter, `Q` is the
+    /// stable rate's: a cold key grants less until it warms up.
+    ///
     /// ```
     /// use std::net::{IpAddr, SocketAddr};
     /// use std::sync::Arc;
