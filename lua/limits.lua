@@ -139,9 +139,12 @@ if count > 0 or R or debts then
     -- A request of the log, at byte `at` of the value, read as its head
     -- (see front and front_P), and whether it is as this script writes
     -- them (`good`): its id whole, -1 (none), -1 - limit (a resume of
-    -- that limit, carrying its debt as its counts) or >= 0 and below
-    -- `below`; whole counts, the first negative for an open call (with
-    -- an id); whole µs, the moment at or after its now. (Made only for a
+    -- that limit, carrying its debt as its counts), -101 - limit (a cap
+    -- on what that limit stores, what the upstream said is left, > 0
+    -- and whole but of any size, as its counts) or >= 0 and below
+    -- `below`; whole counts up to 2^53 (a cap's, any), the first
+    -- negative for an open call (with an id); whole µs, the moment at or
+    -- after its now. (Made only for a
     -- value with a log or a call that may log several requests: part 3
     -- checks each request with it, part 4 reads the next ones, of the
     -- value or of those it logged, as the log moves on. It captures
@@ -149,8 +152,9 @@ if count > 0 or R or debts then
     read_request = function(at, below, value, n)
         -- (_: the position unpack returns last; P: nil with one limit.)
         local id, p, t, moment, _, P = struct.unpack('<dddd', value, at)
-        local good = id % 1 == 0 and id >= -1 - n and id < below
-            and p % 1 == 0 and p >= -9007199254740992 and p <= 9007199254740992 and (p >= 0 or id >= 0)
+        local good = id % 1 == 0 and id < below and p % 1 == 0
+            and (id >= -1 - n and p >= -9007199254740992 and p <= 9007199254740992 and (p >= 0 or id >= 0)
+                or id <= -102 and id >= -101 - n and p >= 1)
             and t >= 0 and t % 1 == 0 and moment >= t and moment <= 9007199254740992 and moment % 1 == 0
         if id < 0 then
             moment = -1
@@ -162,7 +166,7 @@ if count > 0 or R or debts then
             P[1] = p
             for i = 2, n do
                 P[i] = P[3 + i]
-                good = good and P[i] % 1 == 0 and P[i] >= 0 and P[i] <= 9007199254740992
+                good = good and P[i] % 1 == 0 and P[i] >= 0 and (P[i] <= 9007199254740992 or id < -101)
             end
         end
         return good, id, p, t, moment, P

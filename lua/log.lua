@@ -14,9 +14,9 @@
 -- E: the log's requests as read, W doubles each (see Log); `first`: the
 -- first that stays in the log (Limits::expire: those before it were used,
 -- or kept); `place`: the one given back; `kept`: the one kept (its id and
--- open flag cleared). (T and `ahead`: see part 4, declared here in the
--- same instruction.)
-local E, first, place, kept, T, ahead
+-- open flag cleared). (T, `ahead` and K: see part 4, declared here in
+-- the same instruction.)
+local E, first, place, kept, T, ahead, K
 if mode and (mode == 'give_back' or mode == 'keep' or mode == 'settle') then
     -- A rate changed since (or changes now, with this call): the log is
     -- void (the next write empties it), and nothing is given back or kept.

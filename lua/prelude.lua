@@ -236,7 +236,8 @@ local now = time_micros
 -- (with several limits, front_P: its counts) and now, and `front`, when it
 -- leaves the log once at its head (Limits::expire): its moment, never
 -- (1e999) for an open call, at once (-1) for a request without an id
--- (plain, kept, or a resume), which nothing can give back.
+-- (plain, kept, a resume, or a lesson's cap), which nothing can give
+-- back.
 -- `whole`: the value is written whole, not only its hot part (see Value).
 -- (Those a missing key leaves nil declared last, in one instruction.)
 local key = KEYS[1]

@@ -1,17 +1,19 @@
 -- Part 4 of 5: the rates in force (and what a learn pauses), then the
 -- requests a call charges: a reservation's (a call's, a settle's that the
 -- log let go), each of a batch's in order (at one clock reading, each as
--- its own call at that reading would be), a resume's (one per limit), or,
--- for a give-back or a settle, those logged, charged again from the log's
--- base.
+-- its own call at that reading would be), a resume's (one per limit), a
+-- learn's caps on what the limits store (one per limit the upstream says
+-- has some left), or, for a give-back or a settle, those logged, charged
+-- again from the log's base.
 
 -- A learn: the limits it pauses (State::pause: a refusal's every limit,
 -- until its end; a limit the upstream says is spent, until its reset), if
--- any pause ends after now (the log then empties). (T: each limit's pause,
--- false for none; `ahead`: one ends after now.) The value holds what they
--- learned: whole.
+-- any pause ends after now (the log then empties), and those it caps (the
+-- upstream says they have some left: see the requests below). (T: each
+-- limit's pause, false for none; `ahead`: one ends after now; K: the
+-- limits capped, in order.) The value holds what they learned: whole.
 if L2 then
-    L, whole, T, ahead = L2, true, {}, false
+    L, whole, T, ahead, K = L2, true, {}, false, {}
     for i = 1, n do
         -- (t: its pause; e: the end of its spent quota's window.)
         local t, e = lesson[10], lesson[10 + 3 * i]
@@ -20,6 +22,7 @@ if L2 then
         end
         T[i] = t or false
         ahead = ahead or t and t > now
+        if (lesson[9 + 3 * i] or 0) > 0 then K[#K + 1] = i end
     end
     if ahead then count, log_at, whole = 0, nil, true end
 end
@@ -30,20 +33,19 @@ end
 -- in force); a give-back or a keep never gets here with a rate changed
 -- (see part 3). A learn sets the rates twice (Limits::learn after the
 -- rates in force, at the same now): those before the lesson (M1), then
--- those after it; then it pauses the limits (above) and keeps what the
--- upstream says each has left (State::keep_stored_at_most). Each limit
--- resyncs at now first.
+-- those after it; then it pauses the limits (above), and caps them (the
+-- requests below). Each limit resyncs at now first.
 if (changed or ort ~= rate or omx ~= mx) and mode ~= 'probe' then
     for pass = M1 and 1 or 2, 2 do
     for i = 1, n do
         local k, c = 3 * i - 3, 8 * i - 8
         -- (r, m: the rate and max_permits it goes to; `set`: they change;
-        -- t, left: its pause and what it has left, after a lesson.)
+        -- t: its pause, after a lesson.)
         local r, m = rate, mx
         if n > 1 then r, m, ort, omx = C[c + 1], C[c + 5], S[3 * n + 2 * i], S[3 * n + 2 * i + 1] end
         if pass == 1 then r, m = M1[2 * i - 1], M1[2 * i] end
-        local set, t, left = ort ~= r or omx ~= m, ahead and pass == 2 and T[i], T and pass == 2 and lesson[9 + 3 * i]
-        if set or t or left and left > 0 then
+        local set, t = ort ~= r or omx ~= m, ahead and pass == 2 and T[i]
+        if set or t then
             if n > 1 then bursty, pmicros, cd, st, nf, fr = C[c + 2], C[c + 3], C[c + 8], S[k + 1], S[k + 2], S[k + 3] end
             -- State::resync: at the old stable interval and max_permits (the
             -- cool-down of the policy in force with them) if they change.
@@ -67,8 +69,6 @@ if (changed or ort ~= rate or omx ~= mx) and mode ~= 'probe' then
                 st = 0.0
                 if t > nf then nf, fr = t, 0 end
             end
-            -- (A cap the log's base does not hold: the log empties.)
-            if left and left > 0 and st > left then st, count, log_at, whole = left, 0, nil, true end
             if n > 1 then S[k + 1], S[k + 2], S[k + 3], S[3 * n + 2 * i], S[3 * n + 2 * i + 1] = st, nf, fr, ort, omx end
         end
     end
@@ -185,8 +185,8 @@ else
     -- pay for none of it.)
     -- (T: a give-back's or settle's second pass; a keep's first is its
     -- last. `steps`: a pass's requests: one reservation, a batch's, a
-    -- resume's one per limit, none for a learn or a probe.)
-    local Q, T, on_base, pass, steps = nil, nil, false, 1, not mode and 1 or R and total or debts and n or 0
+    -- resume's one per limit, a learn's caps, none for a probe.)
+    local Q, T, on_base, pass, steps = nil, nil, false, 1, not mode and 1 or R and total or debts and n or K and #K or 0
     if E then
         Q, T, on_base = {}, {}, true
         if kept then pass = 2 end
@@ -209,26 +209,34 @@ else
             -- Request r: its permits (the first limit's count; P, with several
             -- limits, the counts, or false for `p` each), timeout, whether it is
             -- held (2: open), its now, its id; for a resume, the limit it
-            -- carries its debt to (`p`: the debt).
-            local p, t, hold, at, limit, id, P = permits, timeout, held, now, nil, -1, P
+            -- carries its debt to (`p`: the debt); for a cap (`cap`), the limit
+            -- that keeps at most `p` stored.
+            local p, t, hold, at, id, P, limit, cap = permits, timeout, held, now, -1, P
             if Q then
                 local k = 4 * r
                 id, p, at, P, t, hold = Q[k - 3], Q[k - 2], Q[k - 1], Q[k], -1, false
-                if id < -1 then limit = -1 - id end
+                if id < -1 then
+                    limit = -1 - id
+                    if limit > 100 then limit, cap = limit - 100, true end
+                end
             elseif not mode then
                 -- (The reservation.)
             elseif R then
                 if left == 0 then g, left = g + 4, R[g + 8] end
                 left, p, hold, t = left - 1, R[g + 1], R[g + 2], R[g + 3]
-            else
+            elseif debts then
                 limit, p = r, debts[r]
+            else
+                -- (What the upstream says limit K[r] has left.)
+                limit = K[r]
+                p, cap = lesson[9 + 3 * limit], true
             end
 
             -- Limits::earliest: the moment every limit allows it, and the first
             -- limit whose ticket that is, if it lies after now.
             local moment, bound = at, -1
             if limit then
-                -- (A resume: at its now.)
+                -- (A resume or a cap: at its now.)
             elseif n == 1 then
                 if nf > moment then moment, bound = nf, 0 end
             else
@@ -248,11 +256,13 @@ else
                 -- gave before); Limits::expire (the logged requests whose moment
                 -- has passed leave the log: they were used; not an open call) and,
                 -- when the log is full, its oldest leaves it; the log keeps the
-                -- request if it has an id (for a resume, its limit's) or the log
-                -- holds any, and starts with the limits' states when it was empty.
+                -- request if it has an id (for a resume or a cap, its limit's) or
+                -- the log holds any, and starts with the limits' states when it
+                -- was empty.
                 if limit or hold or count > 0 then
                     if limit then
                         id = -1 - limit
+                        if cap then id = id - 100 end
                     elseif hold and (hold == 2 or moment > now) then
                         if next_id < now then next_id = now end
                         id, next_id = next_id, next_id + 1
@@ -305,16 +315,29 @@ else
                 end
             end
 
-            if limit and granted then
-                -- Limits::resume of one limit: its ticket at least up to now, no
-                -- stored permits, then its debt; a ticket that reaches 2^53 is 2^53,
-                -- with no fraction (as in State::charge).
+            if limit then
+                -- (A resume's or a cap's limit, always granted: no timeout.)
                 local k = 3 * limit - 2
                 if n > 1 then st, nf, fr = S[k], S[k + 1], S[k + 2] end
-                if at > nf then nf, fr = at, 0 end
-                st = 0.0
-                nf = nf + p
-                if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
+                if cap then
+                    -- State::keep_stored_at_most: resynced at its now (as in
+                    -- Limits::charge below), then at most `p` stored.
+                    if n > 1 then mx = C[8 * limit - 3]; cd = C[8 * limit] end
+                    if at > nf then
+                        local stored = st + ((at - nf) - fr / FRACTION_ONE) / cd
+                        if stored > mx then stored = mx end
+                        st, nf, fr = stored, at, 0
+                    end
+                    if st > p then st = p end
+                else
+                    -- Limits::resume: its ticket at least up to now, no stored
+                    -- permits, then its debt; a ticket that reaches 2^53 is
+                    -- 2^53, with no fraction (as in State::charge).
+                    if at > nf then nf, fr = at, 0 end
+                    st = 0.0
+                    nf = nf + p
+                    if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
+                end
                 if n > 1 then S[k], S[k + 1], S[k + 2] = st, nf, fr end
             elseif granted then
                 -- Limits::charge: every limit as if requested at the moment

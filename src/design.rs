@@ -103,12 +103,13 @@
 //! nothing left that may be given back is empty, and costs nothing. When more
 //! than `LOG_CAPACITY` requests (1 024 in this process, 128 per key in Redis)
 //! follow the oldest that may be given back, that one leaves the log and
-//! gives nothing back; a rate change empties the log, as do a pause and a cap
-//! on what an upstream says is left that takes stored permits away (the
-//! saved states do not hold them). Both err towards limiting. A cap that
-//! took nothing away is not replayed, so a give-back after it can store more
-//! than the upstream said was left. `Limits` (`src/core/limits.rs`) has the
-//! details.
+//! gives nothing back; a rate change empties the log, as does a pause (the
+//! saved states do not hold them). Both err towards limiting. A cap on what
+//! an upstream says is left (at most that many permits stored) is logged,
+//! an entry of its own that nothing gives back, and replayed where it came:
+//! after a give-back or a settle the limits store no more than the upstream
+//! said was left, whether the cap took permits away at the time or not.
+//! `Limits` (`src/core/limits.rs`) has the details.
 //!
 //! What the replay does not undo is a waiting caller's slot. The callers
 //! behind a given-back reservation keep their moments, while the replay

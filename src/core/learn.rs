@@ -22,7 +22,12 @@
 //!
 //! Rate changes and pauses apply to the states at `now` and, like
 //! [`Limits::set_rate`], empty the give-back log (the calls it held open then
-//! settle as [`Limits::settle`] tells).
+//! settle as [`Limits::settle`] tells). A cap on what is left applies to the
+//! states at `now` too, and while the log holds anything it is logged, an
+//! entry of its own that nothing can give back: a give-back or a settle
+//! replays it at its place, so the limits then hold what they would had the
+//! request given back never been made (or the call cost what it settled
+//! at) and the upstream said the same at the same moment.
 
 use super::{Limits, MAX_MICROS, State};
 
@@ -286,13 +291,10 @@ impl Limits {
             }
         }
         for (i, reported) in lesson.limits.iter().enumerate().take(n) {
-            if let Some(remaining) = reported.remaining.filter(|r| *r > 0)
-                && self.states[i].keep_stored_at_most(remaining, now_micros)
-            {
-                // The log's base does not hold the cap, so a give-back or a
-                // settle replayed from it would undo it: the log empties, as
-                // for a rate change.
-                self.clear_log();
+            if let Some(remaining) = reported.remaining.filter(|r| *r > 0) {
+                // Logged while the log holds anything, binding or not, so
+                // that a give-back or a settle replays it at its place.
+                self.keep_stored_at_most(i, remaining, now_micros);
             }
         }
     }
@@ -382,12 +384,9 @@ impl State {
         }
     }
 
-    /// Keeps at most `permits` stored (as of `now_micros`); whether that
-    /// took some away.
-    pub(crate) fn keep_stored_at_most(&mut self, permits: u64, now_micros: u64) -> bool {
+    /// Keeps at most `permits` stored (as of `now_micros`).
+    pub(crate) fn keep_stored_at_most(&mut self, permits: u64, now_micros: u64) {
         self.resync(now_micros);
-        let lowered = self.stored_permits > permits as f64;
         self.stored_permits = self.stored_permits.min(permits as f64);
-        lowered
     }
 }

@@ -34,7 +34,9 @@ pub const LOG_CAPACITY: usize = 1024;
 ///
 /// The log of the [module docs](super#giving-a-reservation-back) spans every
 /// limit: a give-back replays the rest without the reservation, whichever
-/// limit bound what.
+/// limit bound what, with the caps on what a limit stores that an
+/// upstream's lessons put in between ([`learn`](Self::learn)), each at its
+/// place.
 ///
 /// Callers already waiting keep their moments. With bursty limits these are at
 /// or after the replay's (removing a request never makes another earlier). A
@@ -79,15 +81,27 @@ struct Log {
 
 #[derive(Debug, Clone, PartialEq)]
 struct Logged {
-    /// The id a held reservation was given; `None` for the others.
+    /// The id a held reservation was given; `None` for the others (and for
+    /// a cap).
     id: Option<u64>,
     /// An open call's ([`Limits::open`]): it stays past its moment, until
     /// kept.
     open: bool,
-    cost: Cost,
+    step: Step,
     now_micros: u64,
-    /// The moment it was granted for: it leaves the log once this passes.
+    /// The moment it was granted for: it leaves the log once this passes
+    /// (a cap's: its now).
     moment_micros: u64,
+}
+
+/// What a logged entry does to the limits, replayed at its place.
+#[derive(Debug, Clone, PartialEq)]
+enum Step {
+    /// A request's cost, charged at the moment every limit allows it.
+    Charge(Cost),
+    /// What an upstream said is left of limit `limit`
+    /// ([`Limits::learn`]): [`State::keep_stored_at_most`] at its now.
+    Cap { limit: usize, permits: u64 },
 }
 
 /// A request granted by [`Limits`].
@@ -213,7 +227,8 @@ impl Limits {
             self.log.next_id
         });
         if id.is_some() || !self.log.requests.is_empty() {
-            self.log_request(id, hold == Hold::Open, cost, now_micros, moment);
+            let step = Step::Charge(cost.clone());
+            self.log_request(id, hold == Hold::Open, step, now_micros, moment);
         }
         charge(&mut self.states, cost, moment);
         Granted {
@@ -224,12 +239,13 @@ impl Limits {
         }
     }
 
-    /// Logs a request about to be charged (only one with an id starts a log).
+    /// Logs a request about to be charged, or a cap about to be applied
+    /// (only one with an id starts a log).
     fn log_request(
         &mut self,
         id: Option<u64>,
         open: bool,
-        cost: &Cost,
+        step: Step,
         now_micros: u64,
         moment: u64,
     ) {
@@ -248,10 +264,27 @@ impl Limits {
         self.log.requests.push_back(Logged {
             id,
             open,
-            cost: cost.clone(),
+            step,
             now_micros,
             moment_micros: moment,
         });
+    }
+
+    /// Keeps at most `permits` stored in limit `limit` at `now_micros`
+    /// ([`State::keep_stored_at_most`]: what an upstream says is left, see
+    /// [`learn`](Self::learn)). While the log holds anything the cap is
+    /// logged too, an entry without an id, so that a give-back or a settle
+    /// that replays the log caps at the same place: a replay from the base
+    /// without it would undo a cap that took permits away, and miss one
+    /// that took none at the time where a request given back leaves more
+    /// stored.
+    pub(super) fn keep_stored_at_most(&mut self, limit: usize, permits: u64, now_micros: u64) {
+        if !self.log.requests.is_empty() {
+            self.expire(now_micros);
+            let step = Step::Cap { limit, permits };
+            self.log_request(None, false, step, now_micros, now_micros);
+        }
+        self.states[limit].keep_stored_at_most(permits, now_micros);
     }
 
     /// Gives back the held reservation `id` at `now_micros`: the limits become
@@ -299,7 +332,7 @@ impl Limits {
             .iter_mut()
             .find(|r| r.id == Some(id) && r.open)
         {
-            request.cost = actual.clone();
+            request.step = Step::Charge(actual.clone());
             self.replay();
             return true;
         }
@@ -312,12 +345,11 @@ impl Limits {
     }
 
     /// Rebuilds the states from the log's base, replaying every logged
-    /// request.
+    /// request and cap.
     fn replay(&mut self) {
         self.states.clone_from(&self.log.base);
         for request in &self.log.requests {
-            let (moment, _) = earliest(&self.states, request.now_micros);
-            charge(&mut self.states, &request.cost, moment);
+            request.apply(&mut self.states);
         }
     }
 
@@ -465,11 +497,11 @@ impl Limits {
         self.forget_if_empty();
     }
 
-    /// Applies the oldest logged request to the saved states and drops it.
+    /// Applies the oldest logged request (or cap) to the saved states and
+    /// drops it.
     fn fold_oldest(&mut self) {
         if let Some(request) = self.log.requests.pop_front() {
-            let (moment, _) = earliest(&self.log.base, request.now_micros);
-            charge(&mut self.log.base, &request.cost, moment);
+            request.apply(&mut self.log.base);
         }
     }
 
@@ -484,6 +516,22 @@ impl Limits {
     fn forget_if_empty(&mut self) {
         if self.log.requests.is_empty() {
             self.log.base.clear();
+        }
+    }
+}
+
+impl Logged {
+    /// Applies it to `states` as it was applied to the limits: a request
+    /// charged at the moment they allow it at its now, a cap at its now.
+    fn apply(&self, states: &mut [State]) {
+        match &self.step {
+            Step::Charge(cost) => {
+                let (moment, _) = earliest(states, self.now_micros);
+                charge(states, cost, moment);
+            }
+            Step::Cap { limit, permits } => {
+                states[*limit].keep_stored_at_most(*permits, self.now_micros);
+            }
         }
     }
 }

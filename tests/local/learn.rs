@@ -161,9 +161,8 @@ fn a_spent_quota_pauses_its_limit_until_the_reset() {
 }
 
 /// What an upstream says is left caps what the limits store, and a settle
-/// or a give-back after it does not undo the cap: the log, whose base does
-/// not hold it, empties (as for a rate change), so the settle charges only
-/// what it counts past the estimate.
+/// or a give-back after it does not undo the cap: while the log holds
+/// anything the cap is logged, and the replay caps at the same place.
 #[test]
 fn a_cap_on_what_is_left_survives_a_settle_and_a_give_back() {
     use paceline::Cost;
@@ -212,12 +211,112 @@ fn a_cap_on_what_is_left_survives_a_settle_and_a_give_back() {
     given.give_back(waiting.id.unwrap(), 20);
     let stored = given.states()[1].stored_permits();
     assert!(stored <= 2.0 + 1e-6, "the second limit stores {stored}");
-    // A cap that takes nothing away leaves the log as it was: the open
-    // call still settles exactly.
+    // A cap that takes nothing away is logged all the same: the open call
+    // settles exactly, and the replay caps where the lesson came. Had the
+    // call cost 1 in the first place, 9 would have been stored when the
+    // upstream said 7 were left: 7 and the one when nothing is owed (10
+    // before caps were logged, the cap not replayed).
     let mut kept = limits(&[10.0]);
     let call = kept.open(&Cost::from(5), 0, u64::MAX).unwrap();
     kept.learn(&left(7), 10, &Learning::default());
-    kept.settle(call.id.unwrap(), &Cost::from(5), &Cost::from(1), 20);
+    assert!(kept.settle(call.id.unwrap(), &Cost::from(5), &Cost::from(1), 20));
     kept.keep(call.id.unwrap(), 20);
-    assert_eq!(at_once(&mut kept, 20), 10);
+    assert_eq!(at_once(&mut kept, 20), 8);
+}
+
+/// Two limits of 1/s: the first stores up to 1, the second up to 10.
+fn slow_second() -> Limits {
+    let burst = |seconds| Policy::Bursty(Bursty::new(Duration::from_secs(seconds)));
+    let states = vec![
+        State::full(burst(1), 1.0, 0).unwrap(),
+        State::full(burst(10), 1.0, 0).unwrap(),
+    ];
+    Limits::new(states).unwrap()
+}
+
+/// The upstream says the second of two limits has `remaining` left.
+fn second_left(remaining: u64) -> Lesson {
+    Lesson {
+        success: true,
+        limits: vec![
+            Reported::default(),
+            Reported {
+                remaining: Some(remaining),
+                ..Reported::default()
+            },
+        ],
+        ..Lesson::default()
+    }
+}
+
+/// How many requests of `cost` go at once at `now` (up to 100).
+fn at_once_of(limits: &mut Limits, cost: &paceline::Cost, now: u64) -> usize {
+    (0..100)
+        .take_while(|_| {
+            let granted = limits.open(cost, now, 0);
+            if let Some(id) = granted.and_then(|g| g.id) {
+                limits.keep(id, now);
+            }
+            granted.is_some()
+        })
+        .count()
+}
+
+/// A cap that took nothing away when the upstream said it, because a
+/// request made before had taken more, still binds once that request is
+/// given back: the limits then hold what they would had it never been made
+/// and the upstream said the same at the same moment. (Before caps were
+/// logged, the give-back replayed the log without it, and the second limit
+/// stored 2.5 more than the upstream had said were left.)
+#[test]
+fn a_cap_that_took_nothing_away_survives_a_give_back_of_an_earlier_request() {
+    use paceline::Cost;
+    let mut limits = slow_second();
+    // The first limit owes a second; the second stores 8.
+    limits.reserve(2, 0, false);
+    // A held reservation waits for the first; the second, charged then,
+    // stores 4 after it.
+    let held = limits.reserve(5, 0, true);
+    assert_eq!(held.wait_micros, SECOND);
+    // Half a second in, the upstream says the second has 6 left: it stores
+    // 4, so the cap takes nothing away.
+    limits.learn(&second_left(6), SECOND / 2, &Learning::default());
+    assert!(limits.give_back(held.id.unwrap(), SECOND / 2));
+    // Without the reservation the second would have stored 8.5 when the
+    // upstream said 6 were left: 6, then another half second's worth, and
+    // the one that goes when nothing is owed.
+    let mut twin = slow_second();
+    twin.reserve(2, 0, false);
+    twin.learn(&second_left(6), SECOND / 2, &Learning::default());
+    assert_eq!(limits.states(), twin.states());
+    let second_only = Cost::each([0, 1]);
+    assert_eq!(at_once_of(&mut limits, &second_only, SECOND), 7);
+}
+
+/// A settle after a cap that took permits away is exact: the call's
+/// estimate is replaced by what it cost and the log replayed, the cap at
+/// its place, so what the estimate over-counted on another limit is given
+/// back. (Before caps were logged, the cap emptied the log, and the settle
+/// gave nothing back: the first limit stayed 19 s in debt.)
+#[test]
+fn a_settle_after_a_cap_that_took_permits_away_is_exact() {
+    use paceline::Cost;
+    let mut limits = slow_second();
+    // Estimated at 20 of the first (19 s of debt) and 1 of the second.
+    let call = limits.open(&Cost::each([20, 1]), 0, u64::MAX).unwrap();
+    assert_eq!(limits.states()[0].next_free_micros(), 19 * SECOND);
+    // The second stores 9; the upstream says 2 are left.
+    limits.learn(&second_left(2), 10, &Learning::default());
+    assert_eq!(limits.states()[1].stored_permits(), 2.0);
+    // It cost 1 of each.
+    let id = call.id.unwrap();
+    assert!(limits.settle(id, &Cost::each([20, 1]), &Cost::each([1, 1]), 20));
+    limits.keep(id, 20);
+    let mut twin = slow_second();
+    let kept = twin.open(&Cost::each([1, 1]), 0, u64::MAX).unwrap();
+    twin.keep(kept.id.unwrap(), 0);
+    twin.learn(&second_left(2), 10, &Learning::default());
+    assert_eq!(limits.states(), twin.states());
+    // Nothing owed: the next request goes at once.
+    assert_eq!(limits.reserve(1, 20, false).wait_micros, 0);
 }

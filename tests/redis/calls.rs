@@ -418,8 +418,9 @@ async fn when_redis_dies_the_fallback_keeps_the_reported_rate_at_its_share() {
 }
 
 /// What the upstream says is left caps the key's stored permits in Redis,
-/// and the call's settle after the lesson does not undo the cap (it used to
-/// be replayed from the log's base, which did not hold it).
+/// and the call's settle after the lesson does not undo the cap: the key's
+/// log holds it, and the settle's replay caps at the same place (before
+/// caps were logged, the replay from the log's base undid it: 9 at once).
 #[tokio::test]
 async fn a_cap_on_what_is_left_survives_the_settle() {
     let server = RedisServer::start();
@@ -452,4 +453,75 @@ async fn a_cap_on_what_is_left_survives_the_settle() {
         at_once <= 4,
         "{at_once} at once after the upstream said 2 are left"
     );
+}
+
+/// Requests at 1/s with no burst, and tokens (named so) at 0.1/s storing
+/// up to 9: a loaded machine's stall of ten seconds adds one token.
+async fn requests_and_slow_tokens(server: &RedisServer, name: &str) -> RateLimiter<Redis> {
+    RateLimiter::builder()
+        .limit(Limit::per_second(1.0))
+        .limit(Limit::per(10.0, Duration::from_secs(100)).named("tokens"))
+        .redis(&patient_backend(server.client()).await, name)
+        .build()
+        .unwrap()
+}
+
+/// The upstream says `remaining` tokens are left.
+fn tokens_left(remaining: u64) -> Feedback {
+    let mut quota = paceline::outbound::Quota::named("tokens");
+    quota.remaining = Some(remaining);
+    Feedback::new(200).with_quota(quota)
+}
+
+/// A cap that took nothing away in Redis, because a held reservation made
+/// before had taken more, still binds once that reservation is given back:
+/// the key then stores what it would had the reservation never been made
+/// and the upstream said the same then. (Before caps were logged, the
+/// give-back replayed the log without the cap: 9 tokens stored after the
+/// upstream said 7 were left.)
+#[tokio::test]
+async fn a_cap_that_took_nothing_away_survives_a_give_back_in_redis() {
+    let server = RedisServer::start();
+    let limiter = requests_and_slow_tokens(&server, "left_given").await;
+    // An open call puts the requests 10 s in debt, and keeps the log open.
+    let call = limiter.call(Cost::each([10, 0])).await.unwrap();
+    // A reservation waits for the requests; the tokens, charged then,
+    // store 4 after it.
+    let held = limiter.reservation(5).await.unwrap();
+    assert!(held.delay() > Duration::from_secs(5), "{:?}", held.delay());
+    // The upstream says 7 tokens are left: the cap takes nothing away.
+    call.learn(&tokens_left(7));
+    let mut con = server.connection();
+    within(Duration::from_secs(5), || {
+        Value::read(&mut con, "paceline:v1:left_given").is_some_and(|v| v.learned.is_some())
+    })
+    .await
+    .expect("the lesson lands");
+    drop(held);
+    drop(call);
+    let value = settled(&server, "paceline:v1:left_given").await;
+    // Without the reservation the key stored all 9 tokens when the
+    // upstream said 7 were left: 7 (the cap, at its place).
+    let tokens = value.limits[1].stored_permits;
+    assert_eq!(tokens, 7.0, "{value:?}");
+}
+
+/// A settle in Redis after a cap that took tokens away is exact: what the
+/// call's estimate over-counted of the requests is given back. (Before caps
+/// were logged, the cap emptied the key's log, and the settle gave nothing
+/// back: the requests stayed 20 s in debt.)
+#[tokio::test]
+async fn a_settle_after_a_cap_that_took_permits_away_is_exact_in_redis() {
+    let server = RedisServer::start();
+    let limiter = requests_and_slow_tokens(&server, "left_settled").await;
+    // Estimated at 20 requests (20 s of debt) and 1 token: 8 tokens stored.
+    let call = limiter.call(Cost::each([20, 1])).await.unwrap();
+    // The upstream says 2 tokens are left; the call cost 1 request.
+    call.learn(&tokens_left(2));
+    call.settle(Cost::each([1, 1])).unwrap();
+    let value = settled(&server, "paceline:v1:left_settled").await;
+    // The requests owe the 1 s of the one they counted, not 20.
+    let debt = value.limits[0].next_free_micros - value.last_now_micros;
+    assert!(debt <= 1e6, "{debt} µs of debt: {value:?}");
+    assert_eq!(value.limits[1].stored_permits, 2.0, "{value:?}");
 }

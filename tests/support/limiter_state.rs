@@ -126,7 +126,8 @@ pub struct Value {
     /// The log: the states before its first request (stored, ticket,
     /// fraction per limit), then each request (id, the first limit's count
     /// or -1 - it for an open call, now, moment, the other limits'
-    /// counts).
+    /// counts; the id -1 - limit for a resume, -101 - limit for a lesson's
+    /// cap on what the limit stores, with limits from 1).
     pub base: Vec<[f64; 3]>,
     pub log: Vec<Vec<f64>>,
     /// Requests that left the log, still in the value (before the log's).

@@ -109,7 +109,9 @@ fn lesson(rng: &mut Rng, n: usize) -> Lesson {
             remaining: match rng.below(100) {
                 0..50 => None,
                 50..70 => Some(0),
-                _ => Some(1 + rng.below(50)),
+                70..98 => Some(1 + rng.below(50)),
+                // (Logged as a double: above 2^53, rounded.)
+                _ => Some(*rng.pick(&[1 << 53, (1 << 53) + 3, u64::MAX])),
             },
             reset_micros: match rng.below(100) {
                 0..40 => None,

@@ -363,6 +363,8 @@ fn check(
     totals.limits[seq.config.len() - 1] += 1;
     totals.rate_changes += seq.rate_changes;
     totals.backward_steps += seq.backward_steps;
+    totals.caps_logged += seq.caps_logged;
+    totals.caps_replayed += seq.caps_replayed;
     Ok(())
 }
 
@@ -437,6 +439,10 @@ fn lua_script_and_core_agree() {
         );
         assert!(
             totals.settled_exactly > 100 && totals.settled_after > 100 && totals.learned > 100,
+            "{totals:?}"
+        );
+        assert!(
+            totals.caps_logged > 50 && totals.caps_replayed > 50,
             "{totals:?}"
         );
     }

@@ -4,7 +4,9 @@
 //! the record of the last grant).
 //!
 //! A give-back's state comes from a twin: a `Limits` that replays every
-//! request, resume and rate change the key saw, but those given back. (The
+//! request, resume, rate change and lesson the key saw, but those given
+//! back (a lesson's caps on what is left where it was learned, as the
+//! script's log replays them). (The
 //! script logs a resume, where `Limits::resume` empties the log, so that a
 //! reservation that reached Redis late is still given back exactly after
 //! the carry-back of an outage; what the twin replays is the definition of
@@ -72,8 +74,10 @@ impl LimitConfig {
 }
 
 /// A request in the script's log: its id (-1: none; -1 - i: the resume of
-/// limit i, 1-based, whose debt is its every count), now, moment, whether
-/// it is an open call, and its count for each limit.
+/// limit i, 1-based, whose debt is its every count; -101 - i: a lesson's
+/// cap on what limit i stores, what the upstream said is left as its every
+/// count), now, moment (a resume's or a cap's: its now), whether it is an
+/// open call, and its count for each limit.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
     pub id: f64,
@@ -112,12 +116,10 @@ enum Op {
         rate: f64,
         now: u64,
     },
-    /// `bare`: replayed without what it said remains (see `Model::fragile`).
     Learn {
         lesson: Lesson,
         learning: Learning,
         now: u64,
-        bare: bool,
     },
 }
 
@@ -134,13 +136,6 @@ pub struct Model {
     ceilings: Vec<f64>,
     history: Vec<Op>,
     given_back: HashSet<u64>,
-    /// The lessons learned while the log held requests and that did not
-    /// empty it (no pause, no rate change, no cap on what is left that
-    /// took some away; their indexes in `history`): what they said remains
-    /// (State::keep_stored_at_most) is in no logged request, so a replay
-    /// of the log from its base (an exact give-back or settle) undoes it,
-    /// in the core's Limits as in the script.
-    fragile: Vec<usize>,
     pub log: VecDeque<Entry>,
     pub next_id: u64,
     pub expires: f64,
@@ -175,7 +170,6 @@ impl Model {
             limits,
             history: Vec::new(),
             given_back: HashSet::new(),
-            fragile: Vec::new(),
             log: VecDeque::new(),
             next_id: 0,
             expires: 0.0,
@@ -274,7 +268,6 @@ impl Model {
             self.ceilings = rates.to_vec();
             self.history.clear();
             self.given_back.clear();
-            self.fragile.clear();
             self.log.clear();
             self.next_id = 0;
             self.expires = 0.0;
@@ -376,15 +369,9 @@ impl Model {
     }
 
     /// The twin: the limits had every request but those given back been
-    /// made, with the costs settled since, each lesson learned (without
-    /// what a fragile one said remains).
+    /// made, with the costs settled since, each lesson learned where it
+    /// was (what it said is left caps what the twin stores there).
     fn replay(&mut self) {
-        for &i in &self.fragile {
-            if let Op::Learn { bare, .. } = &mut self.history[i] {
-                *bare = true;
-            }
-        }
-        self.fragile.clear();
         let mut twin = Limits::new(self.start.clone()).unwrap();
         for op in &self.history {
             match op {
@@ -401,16 +388,7 @@ impl Model {
                     lesson,
                     learning,
                     now,
-                    bare,
-                } => {
-                    let mut lesson = lesson.clone();
-                    if *bare {
-                        for reported in &mut lesson.limits {
-                            reported.remaining = None;
-                        }
-                    }
-                    twin.learn(&lesson, *now, learning);
-                }
+                } => twin.learn(lesson, *now, learning),
             }
         }
         self.limits = twin;
@@ -510,7 +488,6 @@ impl Model {
     /// `pause_micros`) at `now` (after `begin_write`).
     pub fn learn(&mut self, lesson: &Lesson, learning: &Learning, pause_micros: u64, now: u64) {
         let before = self.rates();
-        let states = self.limits.states().to_vec();
         self.limits.learn(lesson, now, learning);
         let n = self.config.len();
         let pause = lesson
@@ -524,37 +501,32 @@ impl Model {
                 .max(spent)
                 .is_some_and(|until| until.min(MAX_MICROS) > now)
         });
-        // What the upstream says is left, lower than what a limit stores:
-        // the log's base does not hold the cap, so the log empties.
-        let capped = || {
-            lesson.limits.iter().zip(&states).any(|(reported, state)| {
-                let mut state = state.clone();
-                state.resync(now);
-                reported
-                    .remaining
-                    .is_some_and(|left| left > 0 && state.stored_permits() > left as f64)
-            })
-        };
-        if pausing || self.rates() != before || capped() {
+        if pausing || self.rates() != before {
             self.log.clear();
-        } else if !self.log.is_empty() {
-            self.fragile.push(self.history.len());
+        }
+        // What the upstream says each limit has left caps what it stores,
+        // and is logged, in turn, while the log holds anything (whether it
+        // took some away or not), so that a replay caps at the same place.
+        for (i, reported) in lesson.limits.iter().enumerate().take(n) {
+            if let Some(left) = reported.remaining.filter(|&left| left > 0) {
+                self.expire(now);
+                if !self.log.is_empty() {
+                    self.log.push_back(Entry {
+                        id: -102.0 - i as f64,
+                        now,
+                        moment: now,
+                        open: false,
+                        counts: vec![left; n],
+                    });
+                }
+            }
         }
         self.history.push(Op::Learn {
             lesson: lesson.clone(),
             learning: *learning,
             now,
-            bare: false,
         });
         self.record = (now, -1);
-    }
-
-    /// After a step: a lesson stops being fragile once the log it was
-    /// learned under has emptied without a replay.
-    pub fn settle_fragile(&mut self) {
-        if self.log.is_empty() {
-            self.fragile.clear();
-        }
     }
 
     /// The script's TTL rule after a write at `time` (the clock as read):

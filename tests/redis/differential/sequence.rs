@@ -2,7 +2,7 @@
 //! answer to each.
 
 use super::calls::{self, LearnArgs, Pending};
-use super::model::{LimitConfig, Model};
+use super::model::{Entry, LimitConfig, Model};
 use super::{CALLS_SEED, DEEP_SEED, GIVE_BACK_SEED};
 use crate::support::rng::Rng;
 use paceline::core::{Lesson, MAX_MICROS, State};
@@ -141,6 +141,10 @@ pub struct Sequence {
     pub expected: Vec<Expected>,
     pub rate_changes: u64,
     pub backward_steps: u64,
+    /// Lessons whose caps on what is left were logged, and give-backs or
+    /// exact settles that replayed a log holding such a cap.
+    pub caps_logged: u64,
+    pub caps_replayed: u64,
 }
 
 fn random_config(rng: &mut Rng) -> LimitConfig {
@@ -235,6 +239,7 @@ pub fn generate(seed: u64) -> Sequence {
     // open.
     let mut pending = Pending::default();
     let (mut rate_changes, mut backward_steps) = (0, 0);
+    let (mut caps_logged, mut caps_replayed) = (0, 0);
     for i in 0..steps_in_sequence {
         // The clock: mostly small steps, sometimes none, sometimes long idle
         // gaps, sometimes exactly to the latest ticket (and one µs either
@@ -370,8 +375,18 @@ pub fn generate(seed: u64) -> Sequence {
             rates: rates.clone(),
             kind,
         };
+        let is_cap = |e: &Entry| e.id <= -102.0;
+        let capped = model.log.iter().any(is_cap);
         let (reply, wrote, ttl_ms) = apply(&mut model, &step, now, time, &mut pending);
-        model.settle_fragile();
+        match (&step.kind, &reply) {
+            (Kind::Learn { .. }, _) => {
+                caps_logged += u64::from(model.log.back().is_some_and(is_cap));
+            }
+            (Kind::Cancel { .. } | Kind::Settle { .. }, Expect::Int(1)) if capped => {
+                caps_replayed += 1;
+            }
+            _ => {}
+        }
         let check_fields =
             model.written && (i % FIELDS_EVERY == FIELDS_EVERY - 1 || i == steps_in_sequence - 1);
         expected.push(Expected {
@@ -406,6 +421,8 @@ pub fn generate(seed: u64) -> Sequence {
         expected,
         rate_changes,
         backward_steps,
+        caps_logged,
+        caps_replayed,
     }
 }
 

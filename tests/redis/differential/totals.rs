@@ -25,6 +25,8 @@ pub struct Totals {
     pub learned: u64,
     pub rate_changes: u64,
     pub backward_steps: u64,
+    pub caps_logged: u64,
+    pub caps_replayed: u64,
     pub field_checks: u64,
     pub fractional_states: u64,
     pub logs_checked: u64,

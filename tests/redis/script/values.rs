@@ -258,6 +258,17 @@ fn a_corrupted_log_is_an_error_and_left_untouched() {
     let mut resume = log.clone();
     resume.log[1][ENTRY_ID] = -3.0; // a resume of limit 2, of one
     cancels.push(("a resume of no limit", resume.encode()));
+    for (name, id, count) in [
+        ("a cap of no limit", -103.0, 3.0), // of limit 2, of one
+        ("an id between a resume's and a cap's", -101.0, 3.0),
+        ("a cap of nothing", -102.0, 0.0),
+        ("a cap of 1.5", -102.0, 1.5),
+    ] {
+        let mut cap = log.clone();
+        cap.log[2][ENTRY_ID] = id;
+        cap.log[2][ENTRY_COUNT] = count;
+        cancels.push((name, cap.encode()));
+    }
     let mut plain_open = log.clone();
     plain_open.log[2][ENTRY_ID] = -1.0;
     plain_open.log[2][ENTRY_COUNT] = -2.0;
@@ -283,6 +294,12 @@ fn a_corrupted_log_is_an_error_and_left_untouched() {
     // The log itself, copied as it is, gives back.
     fx.set_bytes("copy", &raw);
     assert_eq!(fx.run("copy", &cancel), 1);
+    // So does one holding a lesson's cap on what is left, however large.
+    let mut cap = log.clone();
+    cap.log[2][ENTRY_ID] = -102.0;
+    cap.log[2][ENTRY_COUNT] = 2f64.powi(60);
+    fx.set_bytes("cap", &cap.encode());
+    assert_eq!(fx.run("cap", &cancel), 1);
 }
 
 #[test]
