@@ -140,8 +140,8 @@ if count > 0 or R or debts then
     -- (see front and front_P), and whether it is as this script writes
     -- them (`good`): its id whole, -1 (none), -1 - limit (a resume of
     -- that limit, carrying its debt as its counts), -101 - limit (a cap
-    -- on what that limit stores, what the upstream said is left, > 0
-    -- and whole but of any size, as its counts) or >= 0 and below
+    -- on what that limit stores, what the upstream said is left, whole
+    -- but of any size, as its counts) or >= 0 and below
     -- `below`; whole counts up to 2^53 (a cap's, any), the first
     -- negative for an open call (with an id); whole µs, the moment at or
     -- after its now. (Made only for a
@@ -154,7 +154,7 @@ if count > 0 or R or debts then
         local id, p, t, moment, _, P = struct.unpack('<dddd', value, at)
         local good = id % 1 == 0 and id < below and p % 1 == 0
             and (id >= -1 - n and p >= -9007199254740992 and p <= 9007199254740992 and (p >= 0 or id >= 0)
-                or id <= -102 and id >= -101 - n and p >= 1)
+                or id <= -102 and id >= -101 - n and p >= 0)
             and t >= 0 and t % 1 == 0 and moment >= t and moment <= 9007199254740992 and moment % 1 == 0
         if id < 0 then
             moment = -1

@@ -3,13 +3,14 @@
 -- log let go), each of a batch's in order (at one clock reading, each as
 -- its own call at that reading would be), a resume's (one per limit), a
 -- learn's caps on what the limits store (one per limit the upstream says
--- has some left), or, for a give-back or a settle, those logged, charged
+-- how many it has left), or, for a give-back or a settle, those logged, charged
 -- again from the log's base.
 
 -- A learn: the limits it pauses (State::pause: a refusal's every limit,
 -- until its end; a limit the upstream says is spent, until its reset), if
 -- any pause ends after now (the log then empties), and those it caps (the
--- upstream says they have some left: see the requests below). (T: each
+-- upstream says how many they have left, 0 included: see the requests
+-- below). (T: each
 -- limit's pause, false for none; `ahead`: one ends after now; K: the
 -- limits capped, in order.) The value holds what they learned: whole.
 if L2 then
@@ -22,7 +23,7 @@ if L2 then
         end
         T[i] = t or false
         ahead = ahead or t and t > now
-        if (lesson[9 + 3 * i] or 0) > 0 then K[#K + 1] = i end
+        if lesson[9 + 3 * i] then K[#K + 1] = i end
     end
     if ahead then count, log_at, whole = 0, nil, true end
 end

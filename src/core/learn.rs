@@ -17,8 +17,8 @@
 //! * A success after the pause adds `increase` to `factor`, at most once per
 //!   `interval`, up to 1.
 //! * A limit the upstream says is spent (`remaining` 0, with its `reset`) is
-//!   paused until the reset; one with `remaining` left keeps at most that many
-//!   permits stored.
+//!   paused until the reset; one with `remaining` (0 included, without a
+//!   reset) keeps at most that many permits stored.
 //!
 //! Rate changes and pauses apply to the states at `now` and, like
 //! [`Limits::set_rate`], empty the give-back log (the calls it held open then
@@ -291,7 +291,9 @@ impl Limits {
             }
         }
         for (i, reported) in lesson.limits.iter().enumerate().take(n) {
-            if let Some(remaining) = reported.remaining.filter(|r| *r > 0) {
+            // (0 too: a spent limit with no reset stores nothing; one with a
+            // reset is paused above, which stores nothing already.)
+            if let Some(remaining) = reported.remaining {
                 // Logged while the log holds anything, binding or not, so
                 // that a give-back or a settle replays it at its place.
                 self.keep_stored_at_most(i, remaining, now_micros);

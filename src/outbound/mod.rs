@@ -26,8 +26,9 @@
 //! * a rate the upstream reports for a limit (a quota over its window, read as
 //!   at least one a day) caps that limit at 0.97 of it, never above the
 //!   configured rate; a limit it reports spent (`remaining` 0) waits for its
-//!   reset (at most a day), and one with some left stores no more than that
-//!   (nor does it after a call settled or a reservation given back later).
+//!   reset (at most a day; with no reset given, it stores nothing), and one
+//!   with some left stores no more than that (nor does it after a call
+//!   settled or a reservation given back later).
 //!
 //! Estimates: what a call costs past its estimate is always charged, and what
 //! it costs less is given back while the limiter's log still holds the call

@@ -320,3 +320,27 @@ fn a_settle_after_a_cap_that_took_permits_away_is_exact() {
     // Nothing owed: the next request goes at once.
     assert_eq!(limits.reserve(1, 20, false).wait_micros, 0);
 }
+
+/// An upstream that says a limit has nothing left, with no reset to wait
+/// for, caps what it stores at nothing: no more go at once than after
+/// "1 left" (one fewer: the one that goes when nothing is owed). A
+/// `remaining` of 0 once capped nothing, and the limit's whole burst went
+/// (9 at once where "1 left" let 2).
+#[test]
+fn nothing_left_without_a_reset_stores_nothing() {
+    let at_once = |remaining| {
+        let burst = Policy::Bursty(Bursty::new(Duration::from_secs(1)));
+        let mut limits = Limits::new(vec![State::full(burst, 10.0, 0).unwrap()]).unwrap();
+        let lesson = Lesson {
+            success: true,
+            limits: vec![Reported {
+                remaining: Some(remaining),
+                ..Reported::default()
+            }],
+            ..Lesson::default()
+        };
+        limits.learn(&lesson, 0, &Learning::default());
+        at_once_of(&mut limits, &paceline::Cost::each([1]), 0)
+    };
+    assert_eq!((at_once(1), at_once(0)), (2, 1));
+}

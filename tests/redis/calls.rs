@@ -525,3 +525,30 @@ async fn a_settle_after_a_cap_that_took_permits_away_is_exact_in_redis() {
     assert!(debt <= 1e6, "{debt} µs of debt: {value:?}");
     assert_eq!(value.limits[1].stored_permits, 2.0, "{value:?}");
 }
+
+/// "Nothing left", with no reset to wait for, caps what the key stores at
+/// nothing, in the log (a call open) and outside it: it once capped
+/// nothing, and the tokens kept all they stored (9, where "1 left" kept 1).
+#[tokio::test]
+async fn nothing_left_without_a_reset_stores_nothing_in_redis() {
+    let server = RedisServer::start();
+    let limiter = requests_and_slow_tokens(&server, "left_none").await;
+    // An open call (its request 1 s in debt, 1 token of 10): logged.
+    let call = limiter.call(Cost::each([1, 1])).await.unwrap();
+    call.learn(&tokens_left(0));
+    call.settle(Cost::each([1, 1])).unwrap();
+    let value = settled(&server, "paceline:v1:left_none").await;
+    assert_eq!(value.limits[1].stored_permits, 0.0, "{value:?}");
+    // Not logged: a second key, whose call's estimate nothing waits for
+    // (it is kept, and leaves the log, before the lesson).
+    let other = requests_and_slow_tokens(&server, "left_none_plain").await;
+    let call = other.call(Cost::each([0, 1])).await.unwrap();
+    call.settle(Cost::each([0, 1])).unwrap();
+    let value = settled(&server, "paceline:v1:left_none_plain").await;
+    assert_eq!(value.limits[1].stored_permits, 8.0, "{value:?}");
+    let call = other.call(Cost::each([0, 1])).await.unwrap();
+    call.learn(&tokens_left(0));
+    drop(call);
+    let value = settled(&server, "paceline:v1:left_none_plain").await;
+    assert_eq!(value.limits[1].stored_permits, 0.0, "{value:?}");
+}

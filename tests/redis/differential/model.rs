@@ -506,9 +506,10 @@ impl Model {
         }
         // What the upstream says each limit has left caps what it stores,
         // and is logged, in turn, while the log holds anything (whether it
-        // took some away or not), so that a replay caps at the same place.
+        // took some away or not), so that a replay caps at the same place
+        // (0 included: a spent limit with a reset is paused above).
         for (i, reported) in lesson.limits.iter().enumerate().take(n) {
-            if let Some(left) = reported.remaining.filter(|&left| left > 0) {
+            if let Some(left) = reported.remaining {
                 self.expire(now);
                 if !self.log.is_empty() {
                     self.log.push_back(Entry {

@@ -261,7 +261,7 @@ fn a_corrupted_log_is_an_error_and_left_untouched() {
     for (name, id, count) in [
         ("a cap of no limit", -103.0, 3.0), // of limit 2, of one
         ("an id between a resume's and a cap's", -101.0, 3.0),
-        ("a cap of nothing", -102.0, 0.0),
+        ("a cap of -1", -102.0, -1.0),
         ("a cap of 1.5", -102.0, 1.5),
     ] {
         let mut cap = log.clone();
@@ -294,12 +294,15 @@ fn a_corrupted_log_is_an_error_and_left_untouched() {
     // The log itself, copied as it is, gives back.
     fx.set_bytes("copy", &raw);
     assert_eq!(fx.run("copy", &cancel), 1);
-    // So does one holding a lesson's cap on what is left, however large.
-    let mut cap = log.clone();
-    cap.log[2][ENTRY_ID] = -102.0;
-    cap.log[2][ENTRY_COUNT] = 2f64.powi(60);
-    fx.set_bytes("cap", &cap.encode());
-    assert_eq!(fx.run("cap", &cancel), 1);
+    // So does one holding a lesson's cap on what is left, however large,
+    // or none.
+    for (i, left) in [2f64.powi(60), 0.0].into_iter().enumerate() {
+        let mut cap = log.clone();
+        cap.log[2][ENTRY_ID] = -102.0;
+        cap.log[2][ENTRY_COUNT] = left;
+        fx.set_bytes(&format!("cap{i}"), &cap.encode());
+        assert_eq!(fx.run(&format!("cap{i}"), &cancel), 1, "a cap of {left}");
+    }
 }
 
 #[test]
