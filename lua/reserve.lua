@@ -79,10 +79,21 @@ end
 -- STATUS: the clock, then each limit's state at the rates in force, for a
 -- snapshot: three doubles per limit, stored_permits, next_free_micros,
 -- next_free_fraction (a limit the value lacks, or a missing key, as it
--- starts). Writes nothing.
+-- starts); then, if the key learned anything, what (as a call's reply
+-- carries it: the factor, the end of the pause, when it last rose, the
+-- margin, and a cap per limit, 1e999 for none), so that any process reads
+-- the rates in force. Writes nothing.
 if mode == 'status' then
-    if n == 1 then return struct.pack('<dddd', now, st, nf, fr) end
-    return struct.pack(string.sub(FORMAT, 3, 4 + 3 * n), now, unpack(S, 1, 3 * n))
+    local head
+    if n == 1 then
+        head = struct.pack('<dddd', now, st, nf, fr)
+    else
+        head = struct.pack(string.sub(FORMAT, 3, 4 + 3 * n), now, unpack(S, 1, 3 * n))
+    end
+    if not L then return head end
+    local caps = {}
+    for i = 1, n do caps[i] = L[4 + i] or 1e999 end
+    return head .. struct.pack('<' .. string.rep('d', 4 + n), L[1], L[2], L[3], L[4], unpack(caps))
 end
 
 -- Whether the call writes (the record of the last request granted, see

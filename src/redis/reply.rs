@@ -64,9 +64,9 @@ pub(crate) struct Reply {
 pub(crate) struct Stored {
     pub(crate) now_micros: u64,
     pub(crate) limits: Vec<StoredLimit>,
-    /// What the key learned, when the reply (or this process's last reply
-    /// for the key) said: its limits run at the rates it makes of the
-    /// configured ones.
+    /// What the key learned, when the reply said (a status's says whenever
+    /// the key learned anything): its limits run at the rates it makes of
+    /// the configured ones.
     pub(crate) learned: Option<crate::core::Adopted>,
 }
 
@@ -117,11 +117,16 @@ impl Stored {
     /// A status reply (and a refused try's): the clock, then three doubles
     /// per limit, `limits` of them.
     pub(crate) fn decode(bytes: &[u8], limits: usize) -> Option<Stored> {
-        if bytes.len() != 8 + LIMIT_LEN * limits {
-            return None;
-        }
-        let numbers: Vec<f64> = doubles(bytes).collect();
-        Stored::from_numbers(numbers[0], &numbers[1..])
+        let states = 8 + LIMIT_LEN * limits;
+        let learned = match bytes.len() - states.min(bytes.len()) {
+            0 if bytes.len() == states => None,
+            tail if tail == 8 * (4 + limits) => Some(learned(&bytes[states..])?),
+            _ => return None,
+        };
+        let numbers: Vec<f64> = doubles(&bytes[..states]).collect();
+        let mut stored = Stored::from_numbers(numbers[0], &numbers[1..])?;
+        stored.learned = learned;
+        Some(stored)
     }
 
     /// The clock `now` and the three fields of each limit; `None` unless
@@ -334,6 +339,21 @@ impl Answer for Stored {
     }
 }
 
+/// What the limits learned, as the script writes it (the factor, the end of
+/// the pause, when it last rose, the margin, and a cap per limit): `None`
+/// unless it is a state the script keeps.
+fn learned(bytes: &[u8]) -> Option<crate::core::Adopted> {
+    let numbers: Vec<f64> = doubles(bytes).collect();
+    let adopted = crate::core::Adopted {
+        factor: *numbers.first()?,
+        margin: *numbers.get(3)?,
+        caps: numbers.get(4..)?.into(),
+    };
+    let valid = |x: f64| x > 0.0 && x <= 1.0;
+    (valid(adopted.factor) && valid(adopted.margin) && adopted.caps.iter().all(|c| *c > 0.0))
+        .then_some(adopted)
+}
+
 /// A refused try's reply: the state it found.
 fn refused(stored: Stored) -> Reply {
     let (moment, bound) = stored.earliest();
@@ -382,16 +402,7 @@ fn granted(bytes: &[u8], limits: usize, ided: impl Fn(u64) -> bool) -> Option<Re
     let learned = bytes
         .get(learned_at..learned_at + 8 * (4 + limits))
         .filter(|_| learns)
-        .map(|learned| doubles(learned).collect::<Vec<f64>>())
-        .map(|numbers| crate::core::Adopted {
-            factor: numbers[0],
-            margin: numbers[3],
-            caps: numbers[4..].into(),
-        })
-        .filter(|adopted| {
-            let valid = |x: f64| x > 0.0 && x <= 1.0;
-            valid(adopted.factor) && valid(adopted.margin) && adopted.caps.iter().all(|c| *c > 0.0)
-        });
+        .and_then(learned);
     after.learned.clone_from(&learned);
     Some(Reply {
         wait: Some(Duration::from_micros(wait)),

@@ -552,3 +552,41 @@ async fn nothing_left_without_a_reset_stores_nothing_in_redis() {
     let value = settled(&server, "paceline:v1:left_none_plain").await;
     assert_eq!(value.limits[1].stored_permits, 0.0, "{value:?}");
 }
+
+/// A snapshot reads the key at the rates in force, what it learned
+/// included, whichever instance taught it: one that has made no call since
+/// another learned the upstream's rate reads the same rate and burst as
+/// that one. (It once read them at what its own last reply had said: the
+/// configured rate and burst, its stored permits resynced at that rate.)
+#[tokio::test]
+async fn a_snapshot_reads_what_another_instance_taught_the_key() {
+    let server = RedisServer::start();
+    let limiter = || async {
+        RateLimiter::builder()
+            .limit(Limit::per(10.0, Duration::from_secs(10)))
+            .redis(&patient_backend(server.client()).await, "taught")
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (limiter().await, limiter().await);
+    // The upstream: 1 per 4 s (the limiter runs at 0.97 of it).
+    let mut quota = paceline::outbound::Quota::default();
+    quota.limit = Some(1);
+    quota.window = Some(Duration::from_secs(4));
+    let call = a.call(1).await.unwrap();
+    call.learn(&Feedback::new(200).with_quota(quota));
+    drop(call);
+    let mut con = server.connection();
+    within(Duration::from_secs(5), || {
+        Value::read(&mut con, "paceline:v1:taught").is_some_and(|v| v.learned.is_some())
+    })
+    .await
+    .expect("the lesson lands");
+    let (theirs, mine) = (b.snapshot().await.unwrap(), a.snapshot().await.unwrap());
+    assert_eq!(mine.rate(), 0.97 / 4.0);
+    assert_eq!(
+        (theirs.rate(), theirs.burst()),
+        (mine.rate(), mine.burst()),
+        "b reads {theirs:?}, a {mine:?}"
+    );
+}

@@ -145,7 +145,7 @@ struct Books<K> {
     /// What each key running below its configured rates learned in Redis
     /// from an upstream (see `calls`), per its last reply that said so: at
     /// most `max_local_keys`. The key opens in the fallback at those rates
-    /// (at its share), and its snapshots read its state at them.
+    /// (at its share). (A snapshot from Redis reads them from its status.)
     learned: HashMap<K, crate::core::Adopted>,
     /// Open calls made in Redis whose keep could not reach it: sent once it
     /// is back, at most `max_local_keys`.
@@ -416,8 +416,10 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             key,
             target,
             |_| async move {
+                // At the rates in force: what the key learned, as the
+                // status says (whichever process taught it).
                 let stored: Stored = send(&self.backend, target, Call::Status, None, None).await?;
-                Ok(self.snapshot_of(key, stored))
+                Ok(stored.snapshot(&self.script_args))
             },
             |failure, patient| self.snapshot_locally(key, failure, patient),
         )
@@ -459,17 +461,6 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                 Err(carried) => self.await_carry(carried, &mut patience).await,
             }
         }
-    }
-
-    /// A state read from Redis of `key`, under the limits in force: at
-    /// what the key learned, as this process's last reply for it said.
-    fn snapshot_of<Q>(&self, key: &Q, mut stored: Stored) -> Snapshot
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        stored.learned = self.books().learned.get(key).cloned();
-        stored.snapshot(&self.script_args)
     }
 
     /// A granted reply, as a reservation that gives itself back if dropped.
