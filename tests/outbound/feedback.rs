@@ -73,13 +73,20 @@ fn retry_after_in_seconds() {
 
 #[test]
 fn retry_after_as_an_http_date_against_now() {
-    for future in ["Wed, 01 May 2024 12:02:00 GMT", "Wed May  1 12:02:00 2024"] {
+    // The three forms HTTP recipients read; the RFC 850 one's two-digit
+    // year in the century nearest now (2024).
+    for future in [
+        "Wed, 01 May 2024 12:02:00 GMT",
+        "Wednesday, 01-May-24 12:02:00 GMT",
+        "Wed May  1 12:02:00 2024",
+    ] {
         assert_eq!(retry_after_of(future), Some(secs(120)), "{future}");
     }
     for past in [
         "Wed, 01 May 2024 11:59:59 GMT",
         "Sun, 06 Nov 1994 08:49:37 GMT",
         "Sun Nov  6 08:49:37 1994",
+        "Sunday, 06-Nov-94 08:49:37 GMT",
         "Thu, 01 Jan 1970 00:00:00 GMT",
         "Mon, 01 Jan 1900 00:00:00 GMT",
     ] {
@@ -94,9 +101,11 @@ fn retry_after_as_an_http_date_against_now() {
         "Wed, 01 may 2024 12:00:00 GMT",
         "Wed, 01 May 2024 12:00:00 UTC",
         "Wed, 1 May 2024 12:00:00 GMT",
-        // The obsolete RFC 850 form is not read.
-        "Wednesday, 01-May-24 12:02:00 GMT",
         "Wed May 01 12:02:00 24",
+        "Wed, 01-May-24 12:02:00 GMT",
+        "Wednesdays, 01-May-24 12:02:00 GMT",
+        "Wednesday, 01-May-2024 12:02:00 GMT",
+        "Wednesday 01-May-24 12:02:00 GMT",
     ] {
         assert_eq!(retry_after_of(bad), None, "{bad}");
     }

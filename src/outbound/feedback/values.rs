@@ -82,7 +82,7 @@ pub(super) fn retry_after(value: &[u8], now: SystemTime) -> Option<Duration> {
     let value = value.trim_ascii();
     seconds(value)
         .map(cut)
-        .or_else(|| http_date(value).map(|at| until(at, now)))
+        .or_else(|| http_date(value, now).map(|at| until(at, now)))
 }
 
 /// A reset: seconds, a duration with units, a time since the epoch in seconds
@@ -95,7 +95,7 @@ pub(super) fn reset(value: &[u8], now: SystemTime) -> Option<Duration> {
         }
         Some(at) if at.as_secs() >= 1_000_000_000 => Some(until(at, now)),
         Some(after) => Some(cut(after)),
-        None => units(value).or_else(|| http_date(value).map(|at| until(at, now))),
+        None => units(value).or_else(|| http_date(value, now).map(|at| until(at, now))),
     }
 }
 
@@ -118,18 +118,27 @@ fn digits(text: &[u8]) -> i64 {
         .fold(0, |n, &b| n * 10 + i64::from(b - b'0'))
 }
 
-/// An HTTP-date (`Sun, 06 Nov 1994 08:49:37 GMT`, or the obsolete
-/// `Sun Nov 6 08:49:37 1994`) as time since the epoch (zero before it).
-fn http_date(text: &[u8]) -> Option<Duration> {
+/// An HTTP-date (`Sun, 06 Nov 1994 08:49:37 GMT`, or either obsolete
+/// form: `Sunday, 06-Nov-94 08:49:37 GMT`, its century the one that puts it
+/// nearest `now`, and `Sun Nov 6 08:49:37 1994`) as time since the epoch
+/// (zero before it).
+fn http_date(text: &[u8], now: SystemTime) -> Option<Duration> {
     const MONTHS: [&[u8]; 12] = [
         b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov",
         b"Dec",
     ];
+    // The weekday of the RFC 850 form, its full name.
+    let weekday = text.iter().position(|&b| b == b',').unwrap_or(0);
     // Day, month, year, time.
     let at: [(usize, usize); 4] = if shaped(text, b"aaa, 00 aaa 0000 00:00:00 GMT") {
         [(5, 7), (8, 11), (12, 16), (17, 25)]
     } else if shaped(text, b"aaa aaa _0 00:00:00 0000") {
         [(8, 10), (4, 7), (20, 24), (11, 19)]
+    } else if (6..=9).contains(&weekday)
+        && text[..weekday].iter().all(u8::is_ascii_alphabetic)
+        && shaped(&text[weekday..], b", 00-aaa-00 00:00:00 GMT")
+    {
+        [(2, 4), (5, 8), (9, 11), (12, 20)].map(|(from, to)| (weekday + from, weekday + to))
     } else {
         return None;
     };
@@ -139,8 +148,17 @@ fn http_date(text: &[u8]) -> Option<Duration> {
     if !(1..=31).contains(&day) || hours > 23 || minutes > 59 || secs > 60 {
         return None;
     }
-    let days = days_from_civil(digits(year), month, day);
-    let stamp = days * 86_400 + hours * 3_600 + minutes * 60 + secs;
+    let stamp = |year: i64| {
+        let days = days_from_civil(year, month, day);
+        days * 86_400 + hours * 3_600 + minutes * 60 + secs
+    };
+    let stamp = if year.len() == 2 {
+        let now = now.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs() as i64;
+        let years = [1900, 2000, 2100].map(|century| stamp(century + digits(year)));
+        years.into_iter().min_by_key(|stamp| stamp.abs_diff(now))?
+    } else {
+        stamp(digits(year))
+    };
     Some(Duration::from_secs(u64::try_from(stamp).unwrap_or(0)))
 }
 
@@ -159,8 +177,15 @@ fn the_calendar() {
     assert_eq!(days_from_civil(1970, 1, 1), 0);
     assert_eq!(days_from_civil(2000, 3, 1), 11_017);
     assert_eq!(days_from_civil(1969, 12, 31), -1);
-    assert_eq!(
-        http_date(b"Sun, 06 Nov 1994 08:49:37 GMT"),
-        Some(Duration::from_secs(784_111_777))
-    );
+    let in_1994 = UNIX_EPOCH + Duration::from_secs(784_111_777);
+    for date in [
+        &b"Sun, 06 Nov 1994 08:49:37 GMT"[..],
+        b"Sunday, 06-Nov-94 08:49:37 GMT",
+        b"Sun Nov  6 08:49:37 1994",
+    ] {
+        assert_eq!(
+            http_date(date, in_1994),
+            Some(Duration::from_secs(784_111_777))
+        );
+    }
 }
