@@ -84,16 +84,9 @@ end
 -- margin, and a cap per limit, 1e999 for none), so that any process reads
 -- the rates in force. Writes nothing.
 if mode == 'status' then
-    local head
-    if n == 1 then
-        head = struct.pack('<dddd', now, st, nf, fr)
-    else
-        head = struct.pack(string.sub(FORMAT, 3, 4 + 3 * n), now, unpack(S, 1, 3 * n))
-    end
-    if not L then return head end
-    local caps = {}
-    for i = 1, n do caps[i] = L[4 + i] or 1e999 end
-    return head .. struct.pack('<' .. string.rep('d', 4 + n), L[1], L[2], L[3], L[4], unpack(caps))
+    local numbers = n == 1 and {now, st, nf, fr} or {now, unpack(S, 1, 3 * n)}
+    for k = 1, L and 4 + n or 0 do numbers[#numbers + 1] = L[k] or 1e999 end
+    return struct.pack(string.sub(FORMAT, 3, #numbers + 3), unpack(numbers))
 end
 
 -- Whether the call writes (the record of the last request granted, see
