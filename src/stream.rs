@@ -368,12 +368,13 @@ where
             if this.done {
                 return Poll::Ready(None);
             }
+            // (Checked before an item is taken, which would be lost.)
+            let Some(limiter) = this.gate.idle() else {
+                panic!("a Throttle polled again after its limiter panicked");
+            };
             let Some(item) = ready!(this.stream.as_mut().poll_next(cx)) else {
                 this.done = true;
                 return Poll::Ready(None);
-            };
-            let Some(limiter) = this.gate.idle() else {
-                unreachable!("no wait is in progress once the gate is ready");
             };
             match this.charge.charge(&item, limiter) {
                 None => return Poll::Ready(Some(Ok(item))),
