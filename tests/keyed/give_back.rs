@@ -449,36 +449,80 @@ fn a_keys_log_does_not_outlive_its_waits() {
 fn threads_giving_back_on_the_same_keys_leave_each_key_owing_what_was_kept() {
     // Four threads of 250 calls make at most 1 000 requests.
     const { assert!(1_000 < LOG_CAPACITY) };
-    for (owed, kept) in give_back_on_keys_from_threads(250) {
+    for (owed, kept) in give_back_on_keys_from_threads(250, 0x7EAD_0000, false).0 {
         assert_eq!(owed, Duration::from_millis(kept), "{kept} permits kept");
     }
-    for (owed, kept) in give_back_on_keys_from_threads(2_000) {
+    for (owed, kept) in give_back_on_keys_from_threads(2_000, 0x7EAD_0000, false).0 {
         assert!(owed >= Duration::from_millis(kept), "{owed:?}: {kept} kept");
     }
 }
 
-/// Four threads of `calls` calls each on three keys (see above): what each
-/// key owes at the end, and the permits kept of it.
-fn give_back_on_keys_from_threads(calls: usize) -> Vec<(Duration, u64)> {
+/// The race above while a flood of new keys fills a small cap (`max_keys`
+/// 64: four shards of 16), so that each new key in a full shard drops the
+/// least recently used of its shard, in debt: the keys in use are those
+/// whose tickets lie furthest ahead, never dropped, and each ends owing
+/// exactly what was kept of it.
+#[test]
+fn giving_back_on_keys_in_use_stays_exact_while_new_keys_fill_the_cap() {
+    const { assert!(1_000 < LOG_CAPACITY) };
+    for round in 1..=6 {
+        let (keys, dropped) = give_back_on_keys_from_threads(250, 0x7EAD_0000 + 16 * round, true);
+        for (key, (owed, kept)) in keys.into_iter().enumerate() {
+            assert_eq!(
+                owed,
+                Duration::from_millis(kept),
+                "round {round}: key {key}: {kept} permits kept ({dropped} keys dropped in debt)"
+            );
+        }
+        assert!(dropped > 0, "round {round}: the cap dropped nothing");
+    }
+}
+
+/// Four threads of `calls` calls each on three keys (see above), thread `i`
+/// drawing from `seed + i`: what each key owes at the end, the permits kept
+/// of it, and the keys dropped in debt. With `flood`, under a cap of 64
+/// keys, a quarter of the calls reserve 2 permits on each of 4 keys drawn
+/// from a million others, and each of the three keys first reserves 10
+/// (kept), so that its ticket lies ahead of every other key's (a new one's
+/// at 2 ms, at the same moment on a frozen clock): they are dropped
+/// instead.
+fn give_back_on_keys_from_threads(
+    calls: usize,
+    seed: u64,
+    flood: bool,
+) -> (Vec<(Duration, u64)>, u64) {
     const THREADS: u64 = 4;
     const KEYS: u64 = 3;
+    const AHEAD: u64 = 10;
     let clock = FakeClock::new();
-    let limiter = Arc::new(
-        KeyedRateLimiter::<u64>::builder()
-            .permits_per_second(1_000.0)
-            .max_burst(Duration::ZERO)
-            .clock(clock.clone())
-            .build()
-            .unwrap(),
-    );
+    let mut builder = KeyedRateLimiter::<u64>::builder()
+        .permits_per_second(1_000.0)
+        .max_burst(Duration::ZERO)
+        .clock(clock.clone());
+    if flood {
+        builder = builder.max_keys(64);
+    }
+    let limiter = Arc::new(builder.build().unwrap());
+    if flood {
+        for key in 0..KEYS {
+            limiter.reserve(&key, AHEAD as u32).unwrap();
+        }
+    }
     let kept: Vec<Vec<u64>> = (0..THREADS)
         .map(|thread| {
             let limiter = Arc::clone(&limiter);
             std::thread::spawn(move || {
-                let mut rng = Rng::new(0x7EAD_0000 + thread);
+                let mut rng = Rng::new(seed + thread);
                 let mut kept = vec![0u64; KEYS as usize];
                 let mut held = Vec::new();
                 for _ in 0..calls {
+                    if flood && rng.chance(0.25) {
+                        for _ in 0..4 {
+                            let other = KEYS + rng.below(1_000_000);
+                            limiter.reserve(&other, 2).unwrap();
+                        }
+                        continue;
+                    }
                     let key = rng.below(KEYS);
                     match rng.below(10) {
                         0 => {
@@ -516,10 +560,14 @@ fn give_back_on_keys_from_threads(calls: usize) -> Vec<(Duration, u64)> {
         .map(|thread| thread.join().unwrap())
         .collect();
     // The first permit of a key goes at once, and pays for the next.
-    (0..KEYS)
+    let keys = (0..KEYS)
         .map(|key| {
-            let kept: u64 = kept.iter().map(|per_thread| per_thread[key as usize]).sum();
+            let mut kept: u64 = kept.iter().map(|per_thread| per_thread[key as usize]).sum();
+            if flood {
+                kept += AHEAD;
+            }
             (limiter.snapshot(&key).unwrap().wait(), kept)
         })
-        .collect()
+        .collect();
+    (keys, limiter.stats().dropped_unfinished)
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::model::{Config, Model};
 use crate::support::rng::Rng;
+use crate::support::window::{max_in_window, most_in_window};
 use paceline::clock::Clock;
 use paceline::clock::FakeClock;
 use paceline::{Error, KeyedLimiter, KeyedRateLimiter};
@@ -466,6 +467,129 @@ fn threads_racing_on_the_same_keys_never_over_grant() {
         .map(|call| Duration::from_millis(100 * call.saturating_sub(10)))
         .collect();
     assert_eq!(waits, expected);
+}
+
+/// Two hot keys in use while a flood of cold keys fills a small cap
+/// (`max_keys` 64: four shards of 16) and the clock moves under the
+/// threads, a few µs a call and now and then by a jump, so that sweeps by
+/// time, by growth and to the cap run between the calls on the hot keys
+/// (on the shared lock's path and under the write lock). A key in use is
+/// not dropped in debt, so each hot key keeps its rate: at 100 000/s with a
+/// 1 ms burst, no window of `T` µs holds more of its grants, at their
+/// granted moments, than `100 000/s · (T + 1 ms) + 1`.
+#[test]
+fn hot_keys_keep_their_rate_while_a_flood_of_cold_keys_fills_the_cap() {
+    const RATE: f64 = 100_000.0;
+    const BURST: u64 = 1_000;
+    const ROUNDS: u64 = 4;
+    const CALLS: usize = 40_000;
+    // A call's clock reading lies between the readings just before and just
+    // after it: a grant whose two differ by more is left out (which can only
+    // lower a count), and a window checked is that much shorter.
+    const SLACK: u64 = 4;
+    let hot = ["hot0".to_string(), "hot1".to_string()];
+    for round in 0..ROUNDS {
+        let clock = FakeClock::new();
+        clock.advance(Duration::from_secs(5));
+        let limiter = Arc::new(
+            KeyedRateLimiter::<String>::builder()
+                .permits_per_second(RATE)
+                .max_burst(Duration::from_micros(BURST))
+                .max_keys(64)
+                .clock(clock.clone())
+                .build()
+                .unwrap(),
+        );
+        let workers: Vec<_> = (0..4u64)
+            .map(|thread| {
+                let (limiter, clock, hot) = (Arc::clone(&limiter), clock.clone(), hot.clone());
+                std::thread::spawn(move || {
+                    let mut rng = Rng::new(0x407_0000 + round * 31 + thread);
+                    let mut moments: [Vec<u64>; 2] = Default::default();
+                    let mut held = Vec::new();
+                    let cold: Vec<String> = (0..64).map(|i| format!("cold{i}")).collect();
+                    for _ in 0..CALLS {
+                        if rng.chance(0.5) {
+                            clock.advance(Duration::from_micros(rng.below(4)));
+                        }
+                        if rng.chance(1.0 / 3_000.0) {
+                            clock.advance(Duration::from_millis(rng.range(100, 600)));
+                        }
+                        let h = rng.below(2) as usize;
+                        match rng.below(10) {
+                            0..5 => {
+                                let before = clock.now_micros();
+                                let timeout = Duration::from_micros(rng.below(300));
+                                if let Some(wait) =
+                                    limiter.try_reserve(&hot[h], 1, timeout).unwrap()
+                                    && clock.now_micros() - before <= SLACK
+                                {
+                                    moments[h].push(before + micros(wait));
+                                }
+                            }
+                            5 => {
+                                // Only when little is owed, so that the
+                                // clock catches up.
+                                let owed = limiter.snapshot(&hot[h]).unwrap().wait();
+                                if owed < Duration::from_micros(200) {
+                                    let before = clock.now_micros();
+                                    let reservation = limiter.reservation(&hot[h], 1).unwrap();
+                                    let delay = micros(reservation.delay());
+                                    reservation.keep();
+                                    if clock.now_micros() - before <= SLACK {
+                                        moments[h].push(before + delay);
+                                    }
+                                }
+                            }
+                            6 => {
+                                let key = format!("cold{}", rng.below(100_000));
+                                limiter.try_reserve(&key, 1, Duration::ZERO).unwrap();
+                            }
+                            7 => {
+                                let key = rng.pick(&cold);
+                                limiter.reserve(key, rng.range(1, 30) as u32).unwrap();
+                            }
+                            8 => {
+                                let reservation = limiter.reservation(rng.pick(&cold), 1).unwrap();
+                                if reservation.can_give_back() {
+                                    held.push(reservation);
+                                } else {
+                                    reservation.keep();
+                                }
+                            }
+                            _ if !held.is_empty() => {
+                                drop(held.swap_remove(rng.below(held.len() as u64) as usize));
+                            }
+                            _ => {}
+                        }
+                    }
+                    drop(held);
+                    moments
+                })
+            })
+            .collect();
+        let mut moments: [Vec<u64>; 2] = Default::default();
+        for worker in workers {
+            for (all, some) in moments.iter_mut().zip(worker.join().unwrap()) {
+                all.extend(some);
+            }
+        }
+        let stats = limiter.stats();
+        assert!(stats.keys <= 64, "{stats:?}");
+        for (h, moments) in moments.iter_mut().enumerate() {
+            moments.sort_unstable();
+            for span in [100, 1_000, 5_000, 20_000] {
+                let (count, at) = max_in_window(moments, span - SLACK);
+                let most = most_in_window(RATE, span, BURST);
+                assert!(
+                    count <= most,
+                    "round {round}: hot{h}: {count} permits granted in the {span} µs from \
+                     {at} µs, at most {most} allowed ({} grants; {stats:?})",
+                    moments.len()
+                );
+            }
+        }
+    }
 }
 
 /// A key's snapshot says how many requests go at once, and when: drained

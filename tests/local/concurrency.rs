@@ -5,7 +5,7 @@ use crate::support;
 use crate::support::fake;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use paceline::RateLimiter;
@@ -138,16 +138,33 @@ async fn tasks_on_the_real_clock_respect_the_rate() {
 #[test]
 fn threads_giving_back_leave_the_limiter_owing_what_was_kept() {
     // Four threads of 250 calls make at most 1 000 requests.
-    let (owed, kept) = give_back_from_threads(250);
+    let (owed, kept) = give_back_from_threads(250, SEED, false);
     const { assert!(1_000 < LOG_CAPACITY) };
     assert_eq!(owed, Duration::from_millis(kept));
-    let (owed, kept) = give_back_from_threads(3_000);
+    let (owed, kept) = give_back_from_threads(3_000, SEED, false);
     assert!(owed >= Duration::from_millis(kept), "{owed:?} {kept}");
 }
 
-/// Four threads of `calls` calls each (see above): what the limiter owes
-/// at the end, and the permits kept.
-fn give_back_from_threads(calls: usize) -> (Duration, u64) {
+/// The race above while another thread publishes the same rate again and
+/// again (each call a new generation of the word's configuration; the rate
+/// does not change, so what waits can still be given back): the limiter
+/// ends owing exactly what was kept.
+#[test]
+fn giving_back_stays_exact_while_the_same_rate_is_set_again_and_again() {
+    const { assert!(1_000 < LOG_CAPACITY) };
+    for round in 1..=10 {
+        let (owed, kept) = give_back_from_threads(250, SEED + 16 * round, true);
+        assert_eq!(owed, Duration::from_millis(kept), "round {round}");
+    }
+}
+
+/// The seed of the threads' draws (thread `i` draws from `SEED + i`).
+const SEED: u64 = 0xC0C0_0000;
+
+/// Four threads of `calls` calls each (see above), drawing from `seed`
+/// on, and with `republish` another setting the same rate all along: what
+/// the limiter owes at the end, and the permits kept.
+fn give_back_from_threads(calls: usize, seed: u64, republish: bool) -> (Duration, u64) {
     let clock = FakeClock::new();
     let limiter = Arc::new(
         RateLimiter::builder()
@@ -157,11 +174,20 @@ fn give_back_from_threads(calls: usize) -> (Duration, u64) {
             .build()
             .unwrap(),
     );
+    let stop = Arc::new(AtomicBool::new(false));
+    let setter = republish.then(|| {
+        let (limiter, stop) = (Arc::clone(&limiter), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                limiter.set_rate(1_000.0).unwrap();
+            }
+        })
+    });
     let kept: u64 = (0..4u64)
         .map(|thread| {
             let limiter = Arc::clone(&limiter);
             std::thread::spawn(move || {
-                let mut rng = Rng::new(0xC0C0_0000 + thread);
+                let mut rng = Rng::new(seed + thread);
                 let mut kept = 0;
                 let mut held = Vec::new();
                 for _ in 0..calls {
@@ -197,6 +223,10 @@ fn give_back_from_threads(calls: usize) -> (Duration, u64) {
         .into_iter()
         .map(|thread| thread.join().unwrap())
         .sum();
+    stop.store(true, Ordering::Relaxed);
+    if let Some(setter) = setter {
+        setter.join().unwrap();
+    }
     // The first permit goes at once, and pays for the next: one interval
     // (1 ms) a permit kept.
     (limiter.snapshot().unwrap().wait(), kept)

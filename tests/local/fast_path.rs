@@ -6,7 +6,9 @@
 //!   core's `Limits` of one limit and to a `RateLimiter` on a `FakeClock`.
 //!   Waits must agree to the microsecond, refusals exactly.
 //! * Concurrency: threads on a frozen clock get distinct consecutive slots,
-//!   also while stored permits are spent and while the rate changes.
+//!   also while stored permits are spent and while the rate changes; on a
+//!   moving clock, no window holds more than the rate allows, also while
+//!   the rate changes.
 //! * Nothing allocates when no wait is due.
 
 use std::sync::Arc;
@@ -15,6 +17,7 @@ use std::time::Duration;
 
 use crate::support::alloc::allocations;
 use crate::support::rng::Rng;
+use crate::support::window::{max_in_window, most_in_window};
 use paceline::Local;
 use paceline::RateLimiter;
 use paceline::clock::{Clock, FakeClock, Sleep, SystemClock};
@@ -435,6 +438,151 @@ fn set_rate_racing_reservations_loses_and_duplicates_nothing() {
         }
         let last_step = micros(limiter.snapshot().unwrap().wait()) - waits[waits.len() - 1];
         assert!(last_step == 1000 || last_step == 1500, "{last_step}");
+    }
+}
+
+thread_local! {
+    /// The last reading a `Recording` clock gave this thread (µs).
+    static LAST_READ: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// A fake clock that remembers, per thread, the last reading it gave: the
+/// one the limiter's call just used.
+#[derive(Clone, Default)]
+struct Recording {
+    inner: FakeClock,
+}
+
+impl Clock for Recording {
+    fn now(&self) -> Duration {
+        let now = self.inner.now();
+        LAST_READ.with(|last| last.set(micros(now)));
+        now
+    }
+
+    fn now_micros(&self) -> u64 {
+        let now = self.inner.now_micros();
+        LAST_READ.with(|last| last.set(now));
+        now
+    }
+
+    fn sleep_blocking(&self, duration: Duration) {
+        self.inner.sleep_blocking(duration);
+    }
+
+    fn sleep(&self, duration: Duration) -> Sleep {
+        self.inner.sleep(duration)
+    }
+}
+
+/// The moment a call that just returned `wait` granted its permit: the
+/// clock reading it used, plus the wait.
+fn granted_moment(wait: Duration) -> u64 {
+    LAST_READ.with(|last| last.get()) + micros(wait)
+}
+
+/// Rate changes among 50 000, 100 000 and 200 000/s (a 1 ms burst, the same
+/// time at every rate) while threads reserve on a fake clock that moves
+/// under them: with tries, plain and kept reservations of one permit, no
+/// window of `T` µs holds more grants, at their granted moments, than the
+/// fastest rate allows, `200 000/s · (T + 1 ms) + 1`. Three rates, not two
+/// in turn: the word's generation counter wraps at 512, an even number, so
+/// with two a configuration 512 generations old is that of the same rate,
+/// and a reservation computed from it that wins its compare-and-swap after
+/// a wrap goes unseen.
+#[test]
+fn set_rate_cycling_three_rates_never_over_grants_in_any_window() {
+    const RATES: [f64; 3] = [50_000.0, 100_000.0, 200_000.0];
+    const BURST: u64 = 1_000;
+    const ROUNDS: u64 = 4;
+    const CALLS: usize = 50_000;
+    for seed in 0..ROUNDS {
+        let clock = Recording::default();
+        clock.inner.advance(Duration::from_secs(10));
+        let limiter: Arc<RateLimiter<Local, Recording>> = Arc::new(
+            RateLimiter::builder()
+                .permits_per_second(RATES[0])
+                .max_burst(Duration::from_micros(BURST))
+                .clock(clock.clone())
+                .build()
+                .unwrap(),
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let changer = {
+            let (limiter, stop) = (Arc::clone(&limiter), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut changes = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    limiter.set_rate(RATES[changes % RATES.len()]).unwrap();
+                    changes += 1;
+                }
+                changes
+            })
+        };
+        let mover = {
+            let (clock, stop) = (clock.clone(), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    clock.inner.advance(Duration::from_micros(1));
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        let workers: Vec<_> = (0..4)
+            .map(|thread| {
+                let (limiter, clock) = (Arc::clone(&limiter), clock.clone());
+                std::thread::spawn(move || {
+                    let mut rng = Rng::new(0x3A7E_0000 + seed * 97 + thread);
+                    let mut moments = Vec::with_capacity(CALLS);
+                    for _ in 0..CALLS {
+                        if rng.chance(0.5) {
+                            clock.inner.advance(Duration::from_micros(rng.below(4)));
+                        }
+                        // Plain and kept reservations only when little is
+                        // owed, so that the clock catches up.
+                        let little_owed =
+                            || limiter.snapshot().unwrap().wait() < Duration::from_micros(200);
+                        match rng.below(10) {
+                            0..6 => {
+                                let timeout = Duration::from_micros(rng.below(300));
+                                if let Some(wait) = limiter.try_reserve(1, timeout).unwrap() {
+                                    moments.push(granted_moment(wait));
+                                }
+                            }
+                            6..8 if little_owed() => {
+                                let wait = limiter.reserve(1).unwrap();
+                                moments.push(granted_moment(wait));
+                            }
+                            8.. if little_owed() => {
+                                let reservation = limiter.reservation(1).unwrap();
+                                moments.push(granted_moment(reservation.delay()));
+                                reservation.keep();
+                            }
+                            _ => {}
+                        }
+                    }
+                    moments
+                })
+            })
+            .collect();
+        let mut moments: Vec<u64> = workers
+            .into_iter()
+            .flat_map(|worker| worker.join().unwrap())
+            .collect();
+        stop.store(true, Ordering::Relaxed);
+        let changes = changer.join().unwrap();
+        mover.join().unwrap();
+        moments.sort_unstable();
+        for span in [100, 1_000, 5_000, 20_000, 100_000] {
+            let (count, at) = max_in_window(&moments, span);
+            let most = most_in_window(RATES[2], span, BURST);
+            assert!(
+                count <= most,
+                "seed {seed}: {count} permits granted in the {span} µs from {at} µs, at most \
+                 {most} allowed ({} grants, {changes} rate changes)",
+                moments.len()
+            );
+        }
     }
 }
 

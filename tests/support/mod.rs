@@ -17,4 +17,5 @@ pub mod redis_cluster;
 #[cfg(feature = "redis")]
 pub mod redis_server;
 pub mod rng;
+pub mod window;
 pub mod within;
