@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::Error;
-use crate::core::{Bursty, Policy, State, WarmingUp};
+use crate::core::{Bursty, MAX_MICROS, Policy, State, WarmingUp};
 use crate::error::invalid;
 
 /// The default cold factor of the warming-up policy: a cold limiter starts
@@ -251,7 +251,17 @@ impl Limit {
                 Some(burst) => burst as f64,
                 None => self.period_permits.floor().max(1.0),
             };
-            config.max_burst = Some(stored_for(burst - 1.0, rate));
+            let stored = stored_for(burst - 1.0, rate);
+            // A count means what it says: one the limiter cannot store (it
+            // holds 2^53 µs of idle time) is refused, not cut.
+            if self.burst.is_some() && stored > Duration::from_micros(MAX_MICROS) {
+                let most = (MAX_MICROS as f64 * rate / 1e6).floor() + 1.0;
+                return invalid(format!(
+                    "its burst of {burst} is more than the limiter stores at {rate} per \
+                     second (2^53 µs of idle time, about 285 years: at most {most})"
+                ));
+            }
+            config.max_burst = Some(stored);
         }
         let (policy, rate) = config.policy()?;
         // Full, as a key never seen starts (a warming-up limit is cold).

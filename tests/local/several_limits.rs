@@ -372,3 +372,28 @@ fn a_cloned_builder_builds_separate_limiters_alike() {
         assert_eq!(limiter.reserve(1).unwrap(), Duration::from_millis(100));
     }
 }
+
+/// A burst is a count that means what it says: one more than the limiter
+/// can store (2^53 µs of idle time: 104 250 at one a day) is refused when
+/// built, naming the most it stores, where it was cut in silence (a burst
+/// of 200 000 a day let 104 250 go at once, then one a day); the most it
+/// stores is that many at once.
+#[test]
+fn a_burst_past_what_the_limiter_stores_is_refused_not_cut() {
+    let day = Duration::from_secs(86_400);
+    let built = |burst| {
+        RateLimiter::builder()
+            .limit(Limit::per(1.0, day).burst(burst))
+            .clock(FakeClock::new())
+            .build()
+    };
+    match built(200_000) {
+        Err(Error::InvalidArgument(why)) => assert!(why.contains("at most 104250"), "{why}"),
+        other => panic!("a burst of 200 000 a day: {other:?}"),
+    }
+    let most = built(104_250).unwrap();
+    let at_once = (0..110_000)
+        .take_while(|_| most.try_reserve(1, Duration::ZERO).unwrap().is_some())
+        .count();
+    assert_eq!(at_once, 104_250);
+}

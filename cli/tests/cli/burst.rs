@@ -56,3 +56,15 @@ fn a_burst_of_zero_is_refused() {
         "{stderr}"
     );
 }
+
+/// A burst is N at once or refused: one past what the limiter stores
+/// (104 250 at one a day) ends the run with status 2 before any record,
+/// where it was cut in silence (104 250 went, then one a day).
+#[test]
+fn a_burst_past_what_the_limiter_stores_is_refused() {
+    let output = run(&["1/day", "--burst", "200000"], b"x\n");
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(output.stdout.is_empty(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("at most 104250"), "{stderr}");
+}
