@@ -126,7 +126,9 @@ pub(crate) struct Args {
 
     /// Kill a command still running D after it started (250ms, 30s,
     /// 5min) and count it as failed, as a command that exits non-zero:
-    /// exit status 1 at the end. Default: no bound.
+    /// exit status 1 at the end. The command's own process is killed, not
+    /// the processes it started (a shell script should `exec` its last
+    /// program, so that it is the one killed). Default: no bound.
     #[arg(long, value_name = "D", value_parser = parse_duration)]
     pub(crate) timeout: Option<Duration>,
 
