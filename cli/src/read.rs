@@ -105,6 +105,16 @@ pub(crate) fn read_stdin(
         let read = loop {
             match stdin.read(&mut buf[start..]) {
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+                // A stdin left non-blocking (O_NONBLOCK, by whoever made
+                // the pipe): wait until it can be read, as a blocking read
+                // would.
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                    use std::os::fd::AsRawFd;
+                    if let Some(signal) = crate::signals::readable(stdin.as_raw_fd()) {
+                        let _ = chunks.blocking_send(Err(Failure::Signal(signal)));
+                        return;
+                    }
+                }
                 other => break other,
             }
         };

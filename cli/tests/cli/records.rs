@@ -103,3 +103,55 @@ fn the_default_bound_is_sixty_four_mebibytes() {
     assert_eq!(output.status.code(), Some(6), "{:?}", output.status);
     assert_eq!(output.stdout, b"first\n");
 }
+
+/// A stdin left non-blocking (O_NONBLOCK on the pipe, as some parents
+/// leave it) is read as any other, in every mode: the records that come
+/// after a first read found nothing go out unchanged. With `--key`,
+/// `--max-wait` or a command the reader took the first EAGAIN for a
+/// failed read (status 5, "Resource temporarily unavailable", nothing
+/// out).
+#[test]
+fn a_non_blocking_stdin_is_read_in_every_mode() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let _one = one_at_a_time();
+    for args in [
+        &["1e9/s"][..],
+        &["1e9/s", "--key", "1"][..],
+        &["1e9/s", "--max-wait", "1s"][..],
+    ] {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors `pipe2` writes.
+        // (Close-on-exec: paceline must not hold the writing end itself.)
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: the descriptors were just opened, and are owned here.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // SAFETY: fcntl on a descriptor this test owns.
+        unsafe {
+            let flags = libc::fcntl(fds[0], libc::F_GETFL);
+            assert_eq!(
+                libc::fcntl(fds[0], libc::F_SETFL, flags | libc::O_NONBLOCK),
+                0
+            );
+        }
+        let child = Command::new(PACELINE)
+            .args(args)
+            .stdin(Stdio::from(read))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Nothing there when paceline first reads: the input comes later.
+        std::thread::sleep(Duration::from_millis(200));
+        let mut write = std::fs::File::from(write);
+        write.write_all(b"a 1\nb 2\n").unwrap();
+        drop(write);
+        let output = child.wait_with_output().unwrap();
+        assert!(
+            output.status.success() && output.stdout == b"a 1\nb 2\n",
+            "{args:?}: {:?}, stdout {:?}, stderr {}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
