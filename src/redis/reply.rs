@@ -115,11 +115,12 @@ impl Stored {
     }
 
     /// A status reply (and a refused try's): the clock, then three doubles
-    /// per limit, `limits` of them.
+    /// per limit, `limits` of them; a status's then what the key learned,
+    /// if it learned anything (see [`learned`]).
     pub(crate) fn decode(bytes: &[u8], limits: usize) -> Option<Stored> {
         let states = 8 + LIMIT_LEN * limits;
-        let learned = match bytes.len() - states.min(bytes.len()) {
-            0 if bytes.len() == states => None,
+        let learned = match bytes.len().checked_sub(states)? {
+            0 => None,
             tail if tail == 8 * (4 + limits) => Some(learned(&bytes[states..])?),
             _ => return None,
         };
