@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use super::connection::{Connection, Link, Target};
+use super::connection::{Connection, Link, Target, refuses_client};
 use super::health::{Health, Zone};
 use super::runtime::{RuntimeRef, blocking_section, shut_down};
 use super::script::{self, Call, ScriptArgs};
@@ -261,7 +261,7 @@ impl Backend {
             },
             Err(failure) => (failure, Scope::Backend),
         };
-        if require {
+        if require || refuses_client(&failure, scope == Scope::Backend) {
             return Err(Error::Backend(failure));
         }
         self.degrade(&failure, target, scope);

@@ -83,6 +83,31 @@ impl Target {
     }
 }
 
+/// Whether `failure` is Redis answering and refusing this client: a wrong
+/// password or user, no permission for the script or its keys, a database
+/// that does not exist, a bad client setting. Waiting mends none of these,
+/// unlike an outage; a server still loading or a cluster still forming is
+/// an outage. `connecting`: it came from opening a connection.
+pub(crate) fn refuses_client(failure: &BackendError, connecting: bool) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    let Some(error) = std::error::Error::source(failure)
+        .and_then(|source| source.downcast_ref::<redis::RedisError>())
+    else {
+        return false;
+    };
+    matches!(error.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+        || matches!(
+            error.kind(),
+            ErrorKind::AuthenticationFailed
+                | ErrorKind::InvalidClientConfig
+                | ErrorKind::Server(ServerErrorKind::NoPerm)
+        )
+        // The setup a new connection runs (its database, its protocol)
+        // refused: said as a plain error (`ERR`).
+        || (connecting
+            && error.kind() == ErrorKind::Server(ServerErrorKind::ResponseError))
+}
+
 /// A multiplexed connection shared by every task of a limiter: cloning it is
 /// cheap and clones pipeline their requests on the same socket(s).
 #[derive(Clone)]

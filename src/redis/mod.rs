@@ -50,7 +50,9 @@
 //! background and switches back as soon as its script works again on a
 //! fresh connection (the [`Fallback`] docs say how). A limiter can be built
 //! while Redis is down: it starts on its fallback (`.require_connection(true)`
-//! makes building the backend fail instead). Dropping an `acquire` gives its
+//! makes building the backend fail instead); a Redis that answers and
+//! refuses it (a wrong password, user or database) fails the build either
+//! way. Dropping an `acquire` gives its
 //! reservation back, in Redis too. `cargo run --example distributed` shows
 //! three instances sharing one rate (on `REDIS_URL`, or a private
 //! `redis-server` it starts).

@@ -130,7 +130,10 @@ impl RedisBackendBuilder {
     /// a warning is logged) and switch to Redis as soon as the probe
     /// sees the script work, so a service can start while Redis is
     /// down. Set it to fail fast instead; bad options fail at once
-    /// either way.
+    /// either way, and so does a Redis that answers and refuses this
+    /// client (a wrong password or user, no permission for the script, a
+    /// database that does not exist): a mistake that waiting cannot mend,
+    /// which a fallback would only hide.
     pub fn require_connection(mut self, require_connection: bool) -> Self {
         self.connecting.require_connection = require_connection;
         self
@@ -178,8 +181,9 @@ impl RedisBackendBuilder {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for bad options or when not called inside
-    /// a Tokio runtime; with `require_connection(true)`, [`Error::Backend`]
-    /// if Redis cannot be reached.
+    /// a Tokio runtime; [`Error::Backend`] if Redis refuses this client
+    /// (see [`require_connection`](Self::require_connection)), and with
+    /// `require_connection(true)` if it cannot be reached.
     pub async fn build(self) -> Result<RedisBackend, Error> {
         self.connecting.check()?;
         let runtime = current_runtime("RedisBackendBuilder")?;

@@ -180,6 +180,64 @@ async fn a_backend_starts_while_redis_is_down() {
     assert_eq!(backend.stats().recoveries, 1);
 }
 
+/// A Redis that answers and refuses this client (no such database, a wrong
+/// password, none) is no outage: the build fails, whatever
+/// `require_connection` says, rather than starting on a fallback that would
+/// serve until someone reads the logs. The right settings build.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_refuses_this_client_fails_the_build() {
+    let server = RedisServer::start();
+    let port = server.port();
+    let build = |url: String| async move {
+        RedisBackend::builder(redis::Client::open(url).unwrap())
+            .response_timeout(RESPONSE_TIMEOUT)
+            .require_connection(false)
+            .build()
+            .await
+    };
+    let refused = |built: &Result<RedisBackend, Error>, why: &str| match built {
+        Err(Error::Backend(error)) => assert!(!error.is_timeout(), "{why}: {error}"),
+        Ok(backend) => panic!("{why}: built, degraded {}", backend.stats().degraded),
+        Err(other) => panic!("{why}: {other}"),
+    };
+    // Databases are 0 to 15 by default.
+    refused(
+        &build(format!("redis://127.0.0.1:{port}/99")).await,
+        "no such database",
+    );
+    server.config_set("requirepass", "sekrit");
+    refused(
+        &build(format!("redis://:wrong@127.0.0.1:{port}/")).await,
+        "a wrong password",
+    );
+    refused(
+        &build(format!("redis://127.0.0.1:{port}/")).await,
+        "no password",
+    );
+    let backend = build(format!("redis://:sekrit@127.0.0.1:{port}/"))
+        .await
+        .expect("the right password builds");
+    assert!(!backend.stats().degraded);
+    let limiter = RateLimiter::builder()
+        .redis(&backend, "refused-then-right")
+        .permits_per_second(10.0)
+        .build()
+        .unwrap();
+    assert_eq!(limiter.reserve(1).await.unwrap(), Duration::ZERO);
+    assert_eq!(limiter.stats().fallback_calls, 0);
+    // (The blocking builder starts the same way.)
+    let blocking = tokio::task::spawn_blocking(move || {
+        RedisBackend::builder(
+            redis::Client::open(format!("redis://:wrong@127.0.0.1:{port}/")).unwrap(),
+        )
+        .response_timeout(RESPONSE_TIMEOUT)
+        .build_blocking()
+    })
+    .await
+    .unwrap();
+    refused(&blocking, "a wrong password, blocking");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_outage_degrades_every_limiter_and_each_carries_its_own_debt_back() {
     let mut server = RedisServer::start();
