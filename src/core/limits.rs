@@ -473,7 +473,7 @@ impl Limits {
 
     /// The latest ticket of any limit: when the limits were last used, to
     /// choose which to forget.
-    pub fn last_used(&self) -> u64 {
+    pub(crate) fn last_used(&self) -> u64 {
         self.states
             .iter()
             .map(|s| s.next_free_micros)

@@ -95,7 +95,7 @@ pub(crate) const FINE_CHARGE_LIMIT_MICROS: f64 = 4_294_967_296.0;
 /// assert_eq!(stable_interval_micros(f64::INFINITY).unwrap(), 0.0);
 /// assert!(stable_interval_micros(0.0).is_err());
 /// ```
-pub fn stable_interval_micros(permits_per_second: f64) -> Result<f64, InvalidRate> {
+pub(crate) fn stable_interval_micros(permits_per_second: f64) -> Result<f64, InvalidRate> {
     if permits_per_second.is_nan() || permits_per_second <= 0.0 {
         return Err(InvalidRate { permits_per_second });
     }

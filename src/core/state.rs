@@ -204,14 +204,14 @@ impl State {
 
     /// The earliest moment a request could go, without reserving anything.
     #[cfg(any(test, feature = "internals"))]
-    pub fn query_earliest_available(&self) -> u64 {
+    pub(crate) fn query_earliest_available(&self) -> u64 {
         self.next_free_micros
     }
 
     /// The refill period: microseconds of idle time that store every permit
     /// from none, after which an idle limiter with no debt is full (rounded
     /// up, saturating at [`MAX_MICROS`]).
-    pub fn refill_micros(&self) -> u64 {
+    pub(crate) fn refill_micros(&self) -> u64 {
         let cool_down = self
             .policy
             .cool_down_interval_micros(self.stable_interval_micros, self.max_permits);
@@ -236,7 +236,7 @@ impl State {
     /// Whether a request at `now_micros` would wait at most `timeout_micros`
     /// (only earlier debt counts, not this request's size).
     #[cfg(any(test, feature = "internals"))]
-    pub fn can_acquire(&self, now_micros: u64, timeout_micros: u64) -> bool {
+    pub(crate) fn can_acquire(&self, now_micros: u64, timeout_micros: u64) -> bool {
         self.query_earliest_available()
             .saturating_sub(timeout_micros)
             <= now_micros
