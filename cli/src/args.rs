@@ -29,8 +29,15 @@ a command's stdin. Each record is held whole until its moment (at most
 
 A command that fails (exits non-zero, is killed, cannot start, or runs
 past --timeout) is named on stderr with its record's number, counted, and
-not retried; every other record still gets its command, and the exit
-status is 1.
+not retried; every other record still gets its command (unless stdout's
+reader goes away, below), and the exit status is 1.
+
+When stdout is a pipe or a socket whose reader goes away (`| head`), the
+run ends there, as it does without a command: no command starts after
+that (the records left get none), those running are waited for, and one
+killed by SIGPIPE then (cut short with the run) is neither named nor
+counted. Any other failure still counts: the exit status is 1 if one
+came, before the reader went or after, and 0 if none did.
 
 SIGINT or SIGTERM: nothing more is read; the records whose moment has come
 are out, those still waiting are not written; no command starts, those
@@ -38,8 +45,9 @@ running are waited for; the summary is printed; then paceline ends by the
 same signal (a shell reports 130 or 143). A second signal ends it at once.
 
 Exit status:
-  0    done
-  1    a command failed or ran past --timeout (every other record's ran)
+  0    done, or stdout's reader went away (`| head`, see above)
+  1    a command failed or ran past --timeout (every other record's ran,
+       unless stdout's reader went away)
   2    bad arguments
   3    a record was late with --on-late fail
   4    the limiter failed (Redis unreachable or down, with --on-down closed)

@@ -1,6 +1,11 @@
 //! A command per record (`-- CMD`), at most `-j` at once, each killed past
 //! `--timeout`. The record goes to it unchanged: in place of each `{}` in
 //! its arguments, or as its stdin when none has `{}`.
+//!
+//! The commands write to paceline's stdout. Once its reader has gone
+//! (`| head`), no command starts: the run ends as the plain copy's does,
+//! and a command killed by SIGPIPE then (it wrote to that reader) is not
+//! a failure.
 
 use std::ffi::{OsStr, OsString};
 use std::process::Stdio;
@@ -14,6 +19,7 @@ use crate::args::Args;
 use crate::progress::Counts;
 use crate::read::trim;
 use crate::signals;
+use crate::stdout::Stdout;
 
 /// The commands run per record, at most `jobs` at once.
 pub(crate) struct Commands {
@@ -27,11 +33,21 @@ pub(crate) struct Commands {
     timeout: Option<Duration>,
     /// The number of each running command's record, and whether it
     /// succeeded (or why not).
-    running: JoinSet<(u64, Result<(), String>)>,
+    running: JoinSet<(u64, Result<(), Failed>)>,
     failed: u64,
+    /// Where the commands write.
+    stdout: Stdout,
+}
+
+/// Why a command failed.
+struct Failed {
+    why: String,
+    /// It was killed by SIGPIPE: it wrote to a pipe with no reader.
+    broken_pipe: bool,
 }
 
 impl Commands {
+    /// The commands of `args`, if any; within the runtime.
     pub(crate) fn new(args: &Args) -> Option<Commands> {
         let (program, rest) = args.command.split_first()?;
         Some(Commands {
@@ -42,12 +58,31 @@ impl Commands {
             timeout: args.timeout,
             running: JoinSet::new(),
             failed: 0,
+            stdout: Stdout::new(),
         })
     }
 
+    /// Whether no command may start any more: a signal was caught, or
+    /// stdout's reader has gone.
+    pub(crate) fn stopped(&mut self) -> bool {
+        signals::caught().is_some() || self.reader_gone()
+    }
+
+    /// Whether stdout's reader has gone (`| head`).
+    pub(crate) fn reader_gone(&mut self) -> bool {
+        self.stdout.gone()
+    }
+
+    /// Returns once stdout's reader has gone, if that can be waited for
+    /// (see [`Stdout::going`]). Dropping the future gives up nothing.
+    pub(crate) async fn reader_going(&self) {
+        self.stdout.going().await;
+    }
+
     /// Starts the command for `record` (number `number` of the input,
-    /// from 1), once fewer than `jobs` run; whether it did (not after a
-    /// signal, which may come while it waits for room).
+    /// from 1), once fewer than `jobs` run; whether it did (not once
+    /// [`stopped`](Self::stopped), which may come while it waits for
+    /// room).
     pub(crate) async fn start(
         &mut self,
         number: u64,
@@ -58,7 +93,7 @@ impl Commands {
         while self.running.len() >= self.jobs {
             self.reap_one(counts).await;
         }
-        if signals::caught().is_some() {
+        if self.stopped() {
             return false;
         }
         counts.commands.fetch_add(1, Ordering::Relaxed);
@@ -104,8 +139,11 @@ impl Commands {
             };
             let outcome = match ended {
                 Some(Ok(status)) if status.success() => Ok(()),
-                Some(Ok(status)) => Err(status.to_string()),
-                Some(Err(error)) => Err(format!("waiting for it failed: {error}")),
+                Some(Ok(status)) => Err(Failed {
+                    why: status.to_string(),
+                    broken_pipe: broken_pipe(status),
+                }),
+                Some(Err(error)) => Err(format!("waiting for it failed: {error}").into()),
                 None => {
                     let killed = match child.kill().await {
                         Ok(()) => "killed".to_owned(),
@@ -114,7 +152,8 @@ impl Commands {
                     Err(format!(
                         "still running after --timeout {:?}: {killed}",
                         timeout.unwrap_or_default()
-                    ))
+                    )
+                    .into())
                 }
             };
             (number, outcome)
@@ -129,10 +168,14 @@ impl Commands {
         counts.failed.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Waits for a command to end; counts it if it failed, but for one
+    /// killed by SIGPIPE once stdout's reader has gone: cut short with
+    /// the run, not failed.
     async fn reap_one(&mut self, counts: &Counts) {
         match self.running.join_next().await {
             Some(Ok((_, Ok(())))) | None => {}
-            Some(Ok((number, Err(why)))) => self.failed(number, &why, counts),
+            Some(Ok((_, Err(failed)))) if failed.broken_pipe && self.reader_gone() => {}
+            Some(Ok((number, Err(failed)))) => self.failed(number, &failed.why, counts),
             Some(Err(error)) => {
                 self.failed += 1;
                 counts.failed.fetch_add(1, Ordering::Relaxed);
@@ -148,6 +191,27 @@ impl Commands {
         }
         self.failed
     }
+}
+
+impl From<String> for Failed {
+    fn from(why: String) -> Failed {
+        Failed {
+            why,
+            broken_pipe: false,
+        }
+    }
+}
+
+/// Whether a command was killed by SIGPIPE.
+#[cfg(unix)]
+fn broken_pipe(status: std::process::ExitStatus) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    status.signal() == Some(libc::SIGPIPE)
+}
+
+#[cfg(not(unix))]
+fn broken_pipe(_: std::process::ExitStatus) -> bool {
+    false
 }
 
 /// Whether `arg` holds `{}`.

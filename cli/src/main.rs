@@ -29,6 +29,7 @@ mod progress;
 mod read;
 mod schedule;
 mod signals;
+mod stdout;
 mod units;
 
 use std::process::ExitCode;

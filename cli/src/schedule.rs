@@ -63,7 +63,10 @@ const MAX_HELD: usize = 64 << 20;
 /// at its moment, and the commands run to their end, before the failure
 /// is returned. A signal stops it sooner: the records whose moment has
 /// come are written, no other, and no command starts; those running are
-/// waited for.
+/// waited for. Stdout's reader going away (`| head`) ends it with no
+/// failure, as it ends the plain copy: records learn it from the write
+/// that fails; commands before the next would start, or while the run
+/// waits, as soon as a pipe's reader goes (those running are waited for).
 pub(crate) async fn schedule(
     args: &Args,
     pacer: &Pacer,
@@ -86,10 +89,11 @@ pub(crate) async fn schedule(
         loop {
             let signalled = matches!(stopped, Some(Failure::Signal(_)));
             // Release what is due (after a signal, even one caught while
-            // a command waited for room, no command starts).
+            // a command waited for room, or once stdout's reader has gone,
+            // no command starts).
             let now = Instant::now();
             while due.peek().is_some_and(|d| d.at <= now)
-                && !(commands.is_some() && signals::caught().is_some())
+                && !commands.as_mut().is_some_and(Commands::stopped)
             {
                 let Due { record, seq, .. } = due.pop().expect("peeked");
                 held -= record.len();
@@ -111,7 +115,8 @@ pub(crate) async fn schedule(
             }
             out.flush()?;
             let reading = input_open && stopped.is_none();
-            if signalled || !reading && due.is_empty() {
+            let gone = commands.as_mut().is_some_and(Commands::reader_gone);
+            if signalled || gone || !reading && due.is_empty() {
                 break;
             }
             let room = due.is_empty() || (due.len() < MAX_DUE && held < MAX_HELD);
@@ -159,6 +164,7 @@ pub(crate) async fn schedule(
                     }
                 }
                 () = sleep_until(next), if next.is_some() => {}
+                () = reader_going(&commands) => {}
                 signal = &mut signal, if !signalled => {
                     stopped = Some(Failure::Signal(signal));
                 }
@@ -177,6 +183,15 @@ pub(crate) async fn schedule(
         }
         (Err(failure), _) | (Ok(()), Some(failure)) => Err(failure),
         (Ok(()), None) => Ok(failed),
+    }
+}
+
+/// Returns once stdout's reader has gone, where commands write to it and
+/// that can be waited for; else never.
+async fn reader_going(commands: &Option<Commands>) {
+    match commands {
+        Some(commands) => commands.reader_going().await,
+        None => std::future::pending().await,
     }
 }
 

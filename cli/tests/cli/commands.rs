@@ -107,3 +107,140 @@ fn a_closed_stderr_loses_the_messages_not_the_run() {
         );
     }
 }
+
+/// Endless input (as `yes` gives), written to `child`'s stdin until it
+/// ends.
+fn feed_endlessly(child: &mut Child) -> std::thread::JoinHandle<()> {
+    let mut stdin = child.stdin.take().unwrap();
+    std::thread::spawn(move || {
+        let records = "y\n".repeat(4096);
+        while stdin.write_all(records.as_bytes()).is_ok() {}
+    })
+}
+
+/// How `child` (run as `what`) ended, within `bound`; killed, and a
+/// failure, if it did not.
+fn ended_within(child: &mut Child, bound: Duration, what: &str) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if start.elapsed() > bound {
+            let _ = child.kill();
+            let status = child.wait().unwrap();
+            panic!(
+                "{what}: still running {bound:?} after its reader went away (then killed: \
+                 {status:?})"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// With stdout's reader gone (`yes | paceline ... -- echo {} | head -1`),
+/// no command starts any more: the run ends, on endless input too, as the
+/// plain copy's does, quietly (status 0, nothing on stderr), though
+/// commands died of SIGPIPE. Noticed before a command starts (a fast rate,
+/// one or four at once), and while waiting for the next record's moment
+/// (a minute away, stdin open and quiet: nothing else wakes the run).
+#[test]
+fn a_reader_that_goes_away_ends_a_run_of_commands_quietly() {
+    let _one = one_at_a_time();
+    for (rate, endless) in [
+        (&["1000/s"][..], true),
+        (&["1000/s", "-j", "4"][..], true),
+        (&["1/min"][..], false),
+    ] {
+        let mut args = rate.to_vec();
+        args.extend_from_slice(&["--", "echo", "{}"]);
+        let mut child = paceline(&args).spawn().unwrap();
+        let (writer, stdin) = match endless {
+            true => (Some(feed_endlessly(&mut child)), None),
+            false => {
+                let mut stdin = child.stdin.take().unwrap();
+                stdin.write_all(b"y\ny\n").unwrap();
+                (None, Some(stdin))
+            }
+        };
+        let mut stderr = child.stderr.take().unwrap();
+        let said = std::thread::spawn(move || {
+            let mut said = String::new();
+            let _ = stderr.read_to_string(&mut said);
+            said
+        });
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut first = String::new();
+        stdout.read_line(&mut first).unwrap();
+        assert_eq!(first, "y\n", "{rate:?}");
+        drop(stdout);
+        let status = ended_within(&mut child, Duration::from_secs(20), &format!("{rate:?}"));
+        drop(stdin);
+        if let Some(writer) = writer {
+            writer.join().unwrap();
+        }
+        let said = said.join().unwrap();
+        assert_eq!(status.code(), Some(0), "{rate:?}: {status:?}: {said}");
+        assert_eq!(said, "", "{rate:?}");
+    }
+}
+
+/// A command that failed of itself (not of SIGPIPE once the reader was
+/// gone) still makes the status 1 when the reader goes away after it.
+#[test]
+fn a_command_that_failed_before_the_reader_went_away_still_fails_the_run() {
+    let _one = one_at_a_time();
+    let mut child = paceline(&[
+        "1000/s",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$1\"; exit 3",
+        "sh",
+        "{}",
+    ])
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let writer = feed_endlessly(&mut child);
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    assert_eq!(first, "y\n");
+    drop(stdout);
+    let status = ended_within(&mut child, Duration::from_secs(20), "exit 3");
+    writer.join().unwrap();
+    assert_eq!(status.code(), Some(1), "{status:?}");
+}
+
+/// Stdout a regular file, or a device: never a reader to lose, every
+/// record still gets its command, as ever.
+#[test]
+fn with_stdout_a_file_every_record_gets_its_command() {
+    let path = temp_path("commands-to-a-file");
+    for to_file in [true, false] {
+        let stdout = match to_file {
+            true => std::fs::File::create(&path).unwrap(),
+            false => std::fs::File::create("/dev/null").unwrap(),
+        };
+        let mut child = paceline(&["1e9/s", "--json", "--", "echo", "{}"])
+            .stdout(stdout)
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(lines(200).as_bytes())
+            .unwrap();
+        let output = child.wait_with_output().unwrap();
+        assert!(output.status.success(), "{output:?}");
+        let summary = String::from_utf8_lossy(&output.stderr);
+        assert!(summary.contains("\"commands\":200,"), "{summary}");
+        assert!(summary.contains("\"failed\":0}"), "{summary}");
+        if to_file {
+            assert_eq!(std::fs::read_to_string(&path).unwrap(), lines(200));
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+}
