@@ -79,6 +79,12 @@ fn lines(n: usize) -> String {
     (1..=n).map(|i| format!("line {i}\n")).collect()
 }
 
+/// 50 lines at 20/s come out unchanged, none early: line `i` (from 0) no
+/// sooner than `i` intervals of 50 ms after the run started. A line can
+/// only reach this reader later than paceline wrote it, so a loaded
+/// machine makes no false failure here; a burst, or a schedule that runs
+/// ahead, does fail it. (How close to its moment each line goes is a
+/// matter of quiet timing, measured apart, not asserted here.)
 #[test]
 fn fifty_lines_at_twenty_a_second_arrive_fifty_ms_apart_unchanged() {
     let _one = one_at_a_time();
@@ -89,23 +95,21 @@ fn fifty_lines_at_twenty_a_second_arrive_fifty_ms_apart_unchanged() {
     assert!(child.wait().unwrap().success());
     let text: String = got.iter().map(|(_, l)| format!("{l}\n")).collect();
     assert_eq!(text, input);
-    // 49 intervals of 50 ms, on a schedule that does not drift: 2.45 s
-    // (the bound above it is loose, for a loaded machine).
-    let span = got[49].0 - got[0].0;
-    assert!(
-        span >= Duration::from_millis(2_400) && span <= Duration::from_millis(3_000),
-        "50 lines took {span:?}"
-    );
-    // Exact spacing: no burst at the start, and lines apart all along
-    // but for the odd pair a loaded machine (paceline woken late, or this
-    // reader) sees together.
-    let gaps: Vec<Duration> = got.windows(2).map(|w| w[1].0 - w[0].0).collect();
-    let early = got
+    let early: Vec<(usize, Duration)> = got
         .iter()
-        .filter(|(t, _)| *t - got[0].0 < Duration::from_millis(120));
-    assert!(early.count() <= 3, "a burst at the start: {gaps:?}");
-    let close = gaps.iter().filter(|gap| **gap < Duration::from_millis(30));
-    assert!(close.count() <= 3, "lines together: {gaps:?}");
+        .enumerate()
+        .filter(|(i, (at, _))| {
+            *at + Duration::from_millis(1) < Duration::from_millis(50) * *i as u32
+        })
+        .map(|(i, (at, _))| (i, *at))
+        .collect();
+    assert!(early.is_empty(), "lines before their moment: {early:?}");
+    // Not stalled: 2.45 s of schedule, with room for a loaded machine.
+    assert!(
+        got[49].0 < Duration::from_secs(10),
+        "50 lines took {:?}",
+        got[49].0
+    );
 }
 
 #[test]
@@ -281,7 +285,7 @@ fn bad_arguments_are_refused_clearly() {
     assert_eq!(output.status.code(), Some(4), "{output:?}");
     assert!(
         String::from_utf8_lossy(&output.stderr)
-            .contains("cannot reach Redis at redis://127.0.0.1:1/")
+            .contains("cannot use Redis at redis://127.0.0.1:1/")
     );
 }
 
