@@ -50,7 +50,8 @@ Exit status:
        unless stdout's reader went away)
   2    bad arguments
   3    a record was late with --on-late fail
-  4    the limiter failed (Redis unreachable or down, with --on-down closed)
+  4    the limiter failed: Redis refused paceline (a wrong password, user
+       or database), or, with --on-down closed, could not be reached
   5    reading or writing failed
   6    a record was longer than --max-record, or its key than --max-key
   130  ended by SIGINT, 143 by SIGTERM (see above)

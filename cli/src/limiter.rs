@@ -102,16 +102,19 @@ pub(crate) async fn pacer(args: &Args, limits: Vec<Limit>, keyed: bool) -> Resul
     let url = shown;
     // Unreachable at the start is down as any other time: the run starts
     // on its fallback, and goes over to Redis once it answers; but with
-    // --on-down closed, it does not start.
+    // --on-down closed, it does not start. A Redis that answers and
+    // refuses this client (a wrong password, user or database) is no
+    // outage: the run does not start, whatever --on-down says.
     let closed = args.on_down == OnDown::Closed;
     let backend = RedisBackend::builder(client)
         .require_connection(closed)
         .build()
         .await
         .map_err(|e| {
-            Failure::Limiter(format!(
-                "cannot reach Redis at {url} (--on-down closed): {e}"
-            ))
+            Failure::Limiter(match closed {
+                true => format!("cannot use Redis at {url} (--on-down closed): {e}"),
+                false => format!("Redis at {url} refuses this client: {e}"),
+            })
         })?;
     let fallback = match args.on_down {
         OnDown::Local => Fallback::Local,

@@ -49,7 +49,7 @@ fn an_unreachable_redis_starts_on_the_fallback_unless_on_down_closed() {
     assert!(output.stdout.is_empty());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        stderr.contains(&format!("cannot reach Redis at {url}")),
+        stderr.contains(&format!("cannot use Redis at {url}")),
         "{stderr}"
     );
     // A password in the URL is not shown.
@@ -67,4 +67,45 @@ fn an_unreachable_redis_starts_on_the_fallback_unless_on_down_closed() {
     assert_eq!(output.status.code(), Some(4), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!stderr.contains("hunter2"), "{stderr}");
+}
+
+/// A Redis that answers and refuses paceline (a wrong password, no such
+/// database) is no outage: the run does not start (status 4, the reason
+/// on stderr, no password shown), whatever `--on-down` says, rather than
+/// pacing on a limiter of its own until someone reads its stderr. The
+/// right password runs.
+#[test]
+fn a_redis_that_refuses_paceline_stops_the_run_whatever_on_down_says() {
+    let _one = one_at_a_time();
+    let server = redis_server::RedisServer::start();
+    let port = server.port();
+    server.config_set("requirepass", "sekrit");
+    for (url, why) in [
+        (format!("redis://:nottheone@127.0.0.1:{port}/"), "auth"),
+        (format!("redis://127.0.0.1:{port}/"), "auth"),
+        (format!("redis://:sekrit@127.0.0.1:{port}/99"), "database"),
+    ] {
+        for on_down in ["local", "open", "closed"] {
+            let output = run(
+                &["10/s", "--redis", url.as_str(), "--on-down", on_down],
+                b"x\n",
+            );
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(output.status.code(), Some(4), "{url} {on_down}: {stderr}");
+            assert!(output.stdout.is_empty(), "{url} {on_down}");
+            assert!(!stderr.contains("does not answer"), "{stderr}");
+            assert!(!stderr.contains("nottheone"), "a password shown: {stderr}");
+            let said = match why {
+                "auth" => ["auth", "Auth", "NOAUTH"]
+                    .iter()
+                    .any(|w| stderr.contains(w)),
+                _ => stderr.contains("DB index"),
+            };
+            assert!(said, "{url} {on_down}: the reason is not said: {stderr}");
+        }
+    }
+    let right = format!("redis://:sekrit@127.0.0.1:{port}/");
+    let output = run(&["10/s", "--redis", right.as_str()], b"x\ny\n");
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(output.stdout, b"x\ny\n");
 }
