@@ -110,7 +110,10 @@ pub(crate) struct Args {
     #[arg(long, value_name = "REGEX")]
     pub(crate) key_regex: Option<String>,
 
-    /// The most keys held at once (least recently used first out).
+    /// The most keys held at once. At the cap, keys idle long enough to be
+    /// full go first, then the least recently used, which forget what they
+    /// owe: such a key, back, starts afresh (raise N if keys come back
+    /// sooner than they are full).
     #[arg(long, value_name = "N", default_value_t = 100_000)]
     pub(crate) max_keys: usize,
 
