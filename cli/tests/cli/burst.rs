@@ -33,14 +33,18 @@ fn a_burst_of_five_lets_exactly_five_go_at_once() {
         );
         let first = got[0].0;
         let fifth = got[4].0 - first;
-        let sixth = got[5].0 - first;
-        // Five at once; the sixth one interval (500 ms) after the first.
+        // Five at once (paced, the fifth would come 2 s after the first;
+        // the bound leaves a loaded machine room); the sixth one interval
+        // (500 ms) after the first.
         assert!(
-            fifth < Duration::from_millis(100),
+            fifth < Duration::from_secs(1),
             "{args:?}: the fifth after {fifth:?}"
         );
+        // (Since the start, as a line reaches this reader later than it
+        // was written, never sooner.)
+        let sixth = got[5].0;
         assert!(
-            sixth >= Duration::from_millis(400),
+            sixth >= Duration::from_millis(499),
             "{args:?}: the sixth after {sixth:?}"
         );
     }

@@ -15,8 +15,9 @@ fn four_keys() -> Vec<u8> {
     input
 }
 
-/// At 1/s per key, four records of four keys go at once (one key for all
-/// would take three seconds), and come out unchanged.
+/// At 1/min per key, four records of four keys go at once (one key for
+/// all would take three minutes; the bound leaves a loaded machine room),
+/// and come out unchanged.
 fn at_once(args: &[&str]) {
     let input = four_keys();
     let start = Instant::now();
@@ -25,7 +26,7 @@ fn at_once(args: &[&str]) {
     assert!(output.status.success(), "{args:?}: {output:?}");
     assert!(output.stdout == input, "{args:?}: the bytes changed");
     assert!(
-        took < Duration::from_millis(1_500),
+        took < Duration::from_secs(30),
         "{args:?}: four keys took {took:?}, as if they were one"
     );
 }
@@ -33,9 +34,9 @@ fn at_once(args: &[&str]) {
 #[test]
 fn keys_that_differ_only_in_bytes_that_are_not_utf8_are_paced_apart() {
     let _one = one_at_a_time();
-    at_once(&["1/s", "--key", "1"]);
+    at_once(&["1/min", "--key", "1"]);
     // Unicode's \S matches whole characters only: (?-u:\S) any byte.
-    at_once(&["1/s", "--key-regex", "^((?-u:\\S)+)"]);
+    at_once(&["1/min", "--key-regex", "^((?-u:\\S)+)"]);
     // The same key still waits: two records of one key at 2/s.
     let start = Instant::now();
     let output = run(&["2/s", "--key", "1"], b"a\xff 1\na\xff 2\n");
@@ -48,7 +49,7 @@ fn through_redis_too() {
     let _one = one_at_a_time();
     let server = redis_server::RedisServer::start();
     let url = server.url();
-    at_once(&["1/s", "--key", "1", "--redis", &url, "--name", "bytes"]);
+    at_once(&["1/min", "--key", "1", "--redis", &url, "--name", "bytes"]);
     // Each key is its own Redis key, named by the escaped form.
     let mut con = server.client().get_connection().unwrap();
     let mut keys: Vec<String> = redis::cmd("KEYS")

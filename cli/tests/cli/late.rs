@@ -26,10 +26,12 @@ fn a_late_record_fails_the_run_after_the_records_granted_before_it() {
     assert_eq!(child.wait().unwrap().code(), Some(3));
     let texts: Vec<&str> = got.iter().map(|(_, line)| line.as_str()).collect();
     assert_eq!(texts, ["1", "2"]);
-    let gap = got[1].0 - got[0].0;
+    // (Since the start: a line reaches this reader later than it was
+    // written, never sooner, so load cannot fake this.)
+    let second = got[1].0;
     assert!(
-        gap >= Duration::from_millis(400),
-        "the second came {gap:?} after the first"
+        second >= Duration::from_millis(499),
+        "the second came {second:?} after the start"
     );
 }
 
