@@ -328,11 +328,7 @@ else
                     -- State::keep_stored_at_most: resynced at its now (as in
                     -- Limits::charge below), then at most `p` stored.
                     if n > 1 then mx = C[8 * limit - 3]; cd = C[8 * limit] end
-                    if at > nf then
-                        local stored = st + ((at - nf) - fr / FRACTION_ONE) / cd
-                        if stored > mx then stored = mx end
-                        st, nf, fr = stored, at, 0
-                    end
+                    if at > nf then st, nf, fr = math.min(st + ((at - nf) - fr / FRACTION_ONE) / cd, mx), at, 0 end
                     if st > p then st = p end
                 else
                     -- Limits::resume: its ticket at least up to now, no stored
