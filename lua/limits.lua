@@ -112,9 +112,9 @@ while true do
         if n > 1 then
             if i == 1 then
                 r1 = rate; b1 = bursty; p1 = pmicros; s1 = stable; m1 = mx; t1 = thr or 0.0; l1 = slope or 0.0; d1 = cd
-            elseif n == 2 and held_n == 2 and count == 0 and not (mode or held) then
-                -- (Two limits in locals, see below: C only if a rate changed.)
-            else
+            elseif not (n == 2 and held_n == 2 and count == 0 and not (mode or held)) then
+                -- (Not two limits in locals, see below: for those, C only if
+                -- a rate changed.)
                 if i == 2 then C = {r1, b1, p1, s1, m1, t1, l1, d1} end
                 local c = 8 * i - 8
                 C[c + 1], C[c + 2], C[c + 3], C[c + 4] = rate, bursty, pmicros, stable
