@@ -88,13 +88,6 @@ pub(crate) const FINE_CHARGE_LIMIT_MICROS: f64 = 4_294_967_296.0;
 /// # Errors
 ///
 /// [`InvalidRate`] for a zero, negative or NaN rate.
-///
-/// ```
-/// use paceline::core::stable_interval_micros;
-/// assert_eq!(stable_interval_micros(5.0).unwrap(), 200_000.0);
-/// assert_eq!(stable_interval_micros(f64::INFINITY).unwrap(), 0.0);
-/// assert!(stable_interval_micros(0.0).is_err());
-/// ```
 pub(crate) fn stable_interval_micros(permits_per_second: f64) -> Result<f64, InvalidRate> {
     if permits_per_second.is_nan() || permits_per_second <= 0.0 {
         return Err(InvalidRate { permits_per_second });
@@ -195,6 +188,15 @@ impl Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_stable_interval_of_a_rate() {
+        assert_eq!(stable_interval_micros(5.0).unwrap(), 200_000.0);
+        assert_eq!(stable_interval_micros(f64::INFINITY).unwrap(), 0.0);
+        assert!(stable_interval_micros(0.0).is_err());
+        assert!(stable_interval_micros(-1.0).is_err());
+        assert!(stable_interval_micros(f64::NAN).is_err());
+    }
 
     #[test]
     fn micros_truncates_and_saturates_like_the_128_bit_count() {
