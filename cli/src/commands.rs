@@ -19,7 +19,7 @@ use crate::args::Args;
 use crate::progress::Counts;
 use crate::read::trim;
 use crate::signals;
-use crate::stdout::Stdout;
+use crate::stdout;
 
 /// The commands run per record, at most `jobs` at once.
 pub(crate) struct Commands {
@@ -35,8 +35,6 @@ pub(crate) struct Commands {
     /// succeeded (or why not).
     running: JoinSet<(u64, Result<(), Failed>)>,
     failed: u64,
-    /// Where the commands write.
-    stdout: Stdout,
 }
 
 /// Why a command failed.
@@ -58,25 +56,13 @@ impl Commands {
             timeout: args.timeout,
             running: JoinSet::new(),
             failed: 0,
-            stdout: Stdout::new(),
         })
     }
 
     /// Whether no command may start any more: a signal was caught, or
     /// stdout's reader has gone.
-    pub(crate) fn stopped(&mut self) -> bool {
-        signals::caught().is_some() || self.reader_gone()
-    }
-
-    /// Whether stdout's reader has gone (`| head`).
-    pub(crate) fn reader_gone(&mut self) -> bool {
-        self.stdout.gone()
-    }
-
-    /// Returns once stdout's reader has gone, if that can be waited for
-    /// (see [`Stdout::going`]). Dropping the future gives up nothing.
-    pub(crate) async fn reader_going(&self) {
-        self.stdout.going().await;
+    pub(crate) fn stopped(&self) -> bool {
+        signals::caught().is_some() || stdout::gone()
     }
 
     /// Starts the command for `record` (number `number` of the input,
@@ -174,7 +160,7 @@ impl Commands {
     async fn reap_one(&mut self, counts: &Counts) {
         match self.running.join_next().await {
             Some(Ok((_, Ok(())))) | None => {}
-            Some(Ok((_, Err(failed)))) if failed.broken_pipe && self.reader_gone() => {}
+            Some(Ok((_, Err(failed)))) if failed.broken_pipe && stdout::gone() => {}
             Some(Ok((number, Err(failed)))) => self.failed(number, &failed.why, counts),
             Some(Err(error)) => {
                 self.failed += 1;

@@ -62,12 +62,12 @@ pub(crate) fn copy(
         loop {
             // Everything whose moment has come is out (flushed below)
             // before a read may block.
-            let signal = match may_wait {
+            let woken = match may_wait {
                 true => signals::readable(stdin.as_raw_fd()),
-                false => signals::caught(),
+                false => signals::caught().map(signals::Woken::Signal),
             };
-            if let Some(signal) = signal {
-                return Err(Failure::Signal(signal));
+            if let Some(woken) = woken {
+                return Err(woken.into());
             }
             let read = match window.fill(&mut stdin) {
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
@@ -114,9 +114,9 @@ pub(crate) fn copy(
                 if !wait.is_zero() {
                     out.flush()?;
                     counts.waited.fetch_add(permits as u64, Ordering::Relaxed);
-                    if let Some(signal) = signals::sleep_until(later(wait)) {
+                    if let Some(woken) = signals::sleep_until(later(wait)) {
                         // This group's moment has not come: it stays.
-                        return Err(Failure::Signal(signal));
+                        return Err(woken.into());
                     }
                 }
                 if end >= 32 * 1024 {

@@ -110,9 +110,15 @@ pub(crate) fn read_stdin(
                 // would.
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
                     use std::os::fd::AsRawFd;
-                    if let Some(signal) = crate::signals::readable(stdin.as_raw_fd()) {
-                        let _ = chunks.blocking_send(Err(Failure::Signal(signal)));
-                        return;
+                    match crate::signals::readable(stdin.as_raw_fd()) {
+                        Some(crate::signals::Woken::Signal(signal)) => {
+                            let _ = chunks.blocking_send(Err(Failure::Signal(signal)));
+                            return;
+                        }
+                        // The scheduler, which watches stdout too, ends
+                        // the run: nothing more to read for it.
+                        Some(crate::signals::Woken::ReaderGone) => return,
+                        None => {}
                     }
                 }
                 other => break other,

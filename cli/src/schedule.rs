@@ -16,6 +16,7 @@ use crate::limiter::Pacer;
 use crate::progress::Counts;
 use crate::read::{Chunk, records, stdout_file, trim};
 use crate::signals;
+use crate::stdout;
 
 /// A record waiting for its moment.
 struct Due {
@@ -64,9 +65,9 @@ const MAX_HELD: usize = 64 << 20;
 /// is returned. A signal stops it sooner: the records whose moment has
 /// come are written, no other, and no command starts; those running are
 /// waited for. Stdout's reader going away (`| head`) ends it with no
-/// failure, as it ends the plain copy: records learn it from the write
-/// that fails; commands before the next would start, or while the run
-/// waits, as soon as a pipe's reader goes (those running are waited for).
+/// failure, as it ends the plain copy: at the write that fails, before
+/// the next command would start, or while the run waits, as soon as a
+/// pipe's reader goes (the commands running are waited for).
 pub(crate) async fn schedule(
     args: &Args,
     pacer: &Pacer,
@@ -85,6 +86,7 @@ pub(crate) async fn schedule(
     let mut stopped: Option<Failure> = None;
     let signal = signals::caught_async();
     tokio::pin!(signal);
+    let watch = stdout::Watch::new();
     let result = async {
         loop {
             let signalled = matches!(stopped, Some(Failure::Signal(_)));
@@ -93,7 +95,7 @@ pub(crate) async fn schedule(
             // no command starts).
             let now = Instant::now();
             while due.peek().is_some_and(|d| d.at <= now)
-                && !commands.as_mut().is_some_and(Commands::stopped)
+                && !commands.as_ref().is_some_and(Commands::stopped)
             {
                 let Due { record, seq, .. } = due.pop().expect("peeked");
                 held -= record.len();
@@ -115,8 +117,7 @@ pub(crate) async fn schedule(
             }
             out.flush()?;
             let reading = input_open && stopped.is_none();
-            let gone = commands.as_mut().is_some_and(Commands::reader_gone);
-            if signalled || gone || !reading && due.is_empty() {
+            if signalled || stdout::gone() || !reading && due.is_empty() {
                 break;
             }
             let room = due.is_empty() || (due.len() < MAX_DUE && held < MAX_HELD);
@@ -164,7 +165,7 @@ pub(crate) async fn schedule(
                     }
                 }
                 () = sleep_until(next), if next.is_some() => {}
-                () = reader_going(&commands) => {}
+                () = watch.going() => {}
                 signal = &mut signal, if !signalled => {
                     stopped = Some(Failure::Signal(signal));
                 }
@@ -183,15 +184,6 @@ pub(crate) async fn schedule(
         }
         (Err(failure), _) | (Ok(()), Some(failure)) => Err(failure),
         (Ok(()), None) => Ok(failed),
-    }
-}
-
-/// Returns once stdout's reader has gone, where commands write to it and
-/// that can be waited for; else never.
-async fn reader_going(commands: &Option<Commands>) {
-    match commands {
-        Some(commands) => commands.reader_going().await,
-        None => std::future::pending().await,
     }
 }
 

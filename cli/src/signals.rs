@@ -103,8 +103,36 @@ pub(crate) fn end_by(signal: i32) -> ! {
     std::process::exit(128 + signal)
 }
 
-/// `poll`s `fd` (if any) for reading, and the signals' pipe, at most
-/// `timeout_ms` (-1: no bound); goes on where interrupted.
+/// What ended a wait before its end: a signal caught, or stdout's reader
+/// gone (see [`stdout`](crate::stdout)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Woken {
+    Signal(i32),
+    ReaderGone,
+}
+
+/// How a wait's end ends the run: by the signal, or as a write to a gone
+/// reader does (quietly, see [`reader_gone`](crate::copy::reader_gone)).
+impl From<Woken> for crate::args::Failure {
+    fn from(woken: Woken) -> Self {
+        match woken {
+            Woken::Signal(signal) => crate::args::Failure::Signal(signal),
+            Woken::ReaderGone => crate::args::Failure::Io(io::ErrorKind::BrokenPipe.into()),
+        }
+    }
+}
+
+/// What ends a wait now, if anything.
+fn woken() -> Option<Woken> {
+    match caught() {
+        Some(signal) => Some(Woken::Signal(signal)),
+        None => crate::stdout::gone().then_some(Woken::ReaderGone),
+    }
+}
+
+/// `poll`s `fd` (if any) for reading, the signals' pipe, and stdout (a
+/// pipe's or socket's) for its reader going away, at most `timeout_ms`
+/// (-1: no bound); goes on where interrupted.
 fn poll(fd: Option<RawFd>, timeout_ms: libc::c_int) {
     let mut fds = [
         libc::pollfd {
@@ -118,18 +146,24 @@ fn poll(fd: Option<RawFd>, timeout_ms: libc::c_int) {
             events: libc::POLLIN,
             revents: 0,
         },
+        libc::pollfd {
+            // No event asked for: errors and hang-ups are always reported.
+            fd: crate::stdout::watched_fd().unwrap_or(-1),
+            events: 0,
+            revents: 0,
+        },
     ];
-    // SAFETY: `fds` holds two valid `pollfd`s.
-    unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
+    // SAFETY: `fds` holds three valid `pollfd`s.
+    unsafe { libc::poll(fds.as_mut_ptr(), 3, timeout_ms) };
 }
 
-/// Waits until `fd` can be read (or is at its end, or failed) or a signal
-/// is caught: which signal, if one was.
-pub(crate) fn readable(fd: RawFd) -> Option<i32> {
-    if caught().is_none() {
+/// Waits until `fd` can be read (or is at its end, or failed), a signal
+/// is caught or stdout's reader goes: which of the last two, if one came.
+pub(crate) fn readable(fd: RawFd) -> Option<Woken> {
+    if woken().is_none() {
         poll(Some(fd), -1);
     }
-    caught()
+    woken()
 }
 
 /// A sleep ends some 50 µs after it was due (the system's timer slack), so
@@ -138,14 +172,14 @@ pub(crate) fn readable(fd: RawFd) -> Option<i32> {
 /// times its length.
 pub(crate) const SPIN_BELOW: Duration = Duration::from_micros(100);
 
-/// Returns at `due`, not before, or as soon as a signal is caught: which
-/// signal, if one was. Waits of more than a couple of milliseconds watch
-/// the signals' pipe until a millisecond before `due`; the rest is slept,
-/// or spun below [`SPIN_BELOW`].
-pub(crate) fn sleep_until(due: Instant) -> Option<i32> {
+/// Returns at `due`, not before, or as soon as a signal is caught or
+/// stdout's reader goes: which, if one came. Waits of more than a couple
+/// of milliseconds watch the signals' pipe and stdout until a millisecond
+/// before `due`; the rest is slept, or spun below [`SPIN_BELOW`].
+pub(crate) fn sleep_until(due: Instant) -> Option<Woken> {
     loop {
-        if let Some(signal) = caught() {
-            return Some(signal);
+        if let Some(woken) = woken() {
+            return Some(woken);
         }
         let left = due.saturating_duration_since(Instant::now());
         if left > Duration::from_millis(2) {

@@ -1,64 +1,86 @@
 //! Stdout's reader going away (`| head`): the end of a run, not a
-//! failure. The plain copy and the records learn it from a write that
-//! fails (a broken pipe, see [`reader_gone`](crate::copy::reader_gone));
-//! the commands run per record write to stdout themselves, so paceline
-//! asks before each one starts, and a wait for the next record's moment
-//! ends when a pipe's reader goes.
+//! failure. A write learns it when it fails (a broken pipe, see
+//! [`reader_gone`](crate::copy::reader_gone)); but a run may go long
+//! without writing (a record waiting for its moment at a slow rate, input
+//! that does not come, commands that write to stdout themselves), so every
+//! wait of the run also watches stdout when it is a pipe or a socket, and
+//! the run ends as soon as its reader goes.
 
 use std::fs::File;
-use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::FileTypeExt;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::io::{Interest, unix::AsyncFd};
 
 use crate::read::stdout_file;
 
-/// Stdout, watched for its reader going away.
-pub(crate) struct Stdout {
-    /// Whether stdout is a pipe or a socket: a file, a terminal or a
-    /// device has no reader to lose.
-    piped: bool,
-    /// Stdout (a copy of it) registered with the runtime for errors only:
-    /// a pipe's write end reports one once its reader has gone (a
-    /// socket's closed peer is learned at the next start instead).
-    watched: Option<AsyncFd<File>>,
-    gone: bool,
-}
+/// Stdout's descriptor.
+const STDOUT: RawFd = 1;
 
-impl Stdout {
-    /// Stdout as it is now; within the runtime.
-    pub(crate) fn new() -> Stdout {
-        let piped = stdout_file().ok().filter(|file| {
+/// Once known, that stdout's reader has gone.
+static GONE: AtomicBool = AtomicBool::new(false);
+
+/// Whether stdout is a pipe or a socket: a file, a terminal or a device
+/// has no reader to lose. Asked once.
+pub(crate) fn piped() -> bool {
+    static PIPED: OnceLock<bool> = OnceLock::new();
+    *PIPED.get_or_init(|| {
+        stdout_file().is_ok_and(|file| {
             file.metadata().is_ok_and(|meta| {
                 let kind = meta.file_type();
                 kind.is_fifo() || kind.is_socket()
             })
-        });
-        Stdout {
-            piped: piped.is_some(),
-            watched: piped.and_then(|file| {
+        })
+    })
+}
+
+/// Stdout's descriptor where a wait should watch it for its reader going
+/// away; `None` where it has none to lose.
+pub(crate) fn watched_fd() -> Option<RawFd> {
+    piped().then_some(STDOUT)
+}
+
+/// Whether stdout's reader has gone: asked of the system (a `poll` that
+/// does not wait) until it has, then known.
+pub(crate) fn gone() -> bool {
+    if GONE.load(Ordering::Relaxed) {
+        return true;
+    }
+    let gone = piped() && no_reader(STDOUT);
+    if gone {
+        GONE.store(true, Ordering::Relaxed);
+    }
+    gone
+}
+
+/// Stdout registered with the async runtime, for a `select!` to wait on
+/// its reader going away.
+pub(crate) struct Watch {
+    /// A copy of stdout, registered for errors only: a pipe's write end
+    /// reports one once its reader has gone (a socket's closed peer is
+    /// learned by [`gone`] at the next wake instead).
+    watched: Option<AsyncFd<File>>,
+}
+
+impl Watch {
+    /// Stdout as it is now; within the runtime.
+    pub(crate) fn new() -> Watch {
+        let file = stdout_file().ok().filter(|_| piped());
+        Watch {
+            watched: file.and_then(|file| {
                 // SAFETY: the `AsyncFd` owns the file, open (and the same)
                 // for as long as it lives.
                 unsafe { AsyncFd::register_with_interest(file, Interest::ERROR) }.ok()
             }),
-            gone: false,
         }
-    }
-
-    /// Whether stdout's reader has gone: asked of the system (a `poll`
-    /// that does not wait) until it has, then known.
-    pub(crate) fn gone(&mut self) -> bool {
-        if self.piped && !self.gone {
-            self.gone = no_reader(io::stdout().as_raw_fd());
-        }
-        self.gone
     }
 
     /// Returns once stdout's reader has gone (a pipe's; never for stdout
     /// not watched). Dropping the future gives up nothing.
     pub(crate) async fn going(&self) {
-        let Some(watched) = self.watched.as_ref().filter(|_| !self.gone) else {
+        let Some(watched) = self.watched.as_ref().filter(|_| !gone()) else {
             return std::future::pending().await;
         };
         loop {
@@ -66,6 +88,7 @@ impl Stdout {
                 return std::future::pending().await;
             };
             if no_reader(watched.as_raw_fd()) {
+                GONE.store(true, Ordering::Relaxed);
                 return;
             }
             // Reported, but a reader is there again (a named pipe
@@ -78,7 +101,7 @@ impl Stdout {
 /// Whether `fd`, written to, has no reader any more: `poll`, without
 /// waiting, reports an error (a pipe's) or a hang-up (a socket's). A file
 /// or a terminal never reports one while it can be written.
-fn no_reader(fd: RawFd) -> bool {
+pub(crate) fn no_reader(fd: RawFd) -> bool {
     let mut polled = libc::pollfd {
         fd,
         // No event asked for: errors and hang-ups are always reported.

@@ -110,7 +110,7 @@ fn a_closed_stderr_loses_the_messages_not_the_run() {
 
 /// Endless input (as `yes` gives), written to `child`'s stdin until it
 /// ends.
-fn feed_endlessly(child: &mut Child) -> std::thread::JoinHandle<()> {
+pub(super) fn feed_endlessly(child: &mut Child) -> std::thread::JoinHandle<()> {
     let mut stdin = child.stdin.take().unwrap();
     std::thread::spawn(move || {
         let records = "y\n".repeat(4096);
@@ -120,7 +120,11 @@ fn feed_endlessly(child: &mut Child) -> std::thread::JoinHandle<()> {
 
 /// How `child` (run as `what`) ended, within `bound`; killed, and a
 /// failure, if it did not.
-fn ended_within(child: &mut Child, bound: Duration, what: &str) -> std::process::ExitStatus {
+pub(super) fn ended_within(
+    child: &mut Child,
+    bound: Duration,
+    what: &str,
+) -> std::process::ExitStatus {
     let start = Instant::now();
     loop {
         if let Some(status) = child.try_wait().unwrap() {

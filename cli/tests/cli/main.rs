@@ -364,6 +364,53 @@ fn a_reader_that_goes_away_ends_the_run_quietly() {
     assert!(status.success(), "{status:?}");
 }
 
+/// A reader that goes away while paceline waits, for a record's moment
+/// (a minute away, endless input) or for input (stdin open and quiet),
+/// ends the run at once, quietly (status 0, nothing on stderr): a wait
+/// watches stdout, rather than the run learning it at its next write, a
+/// minute (or input) later. The plain copy and the scheduler alike.
+#[test]
+fn a_reader_that_goes_away_while_paceline_waits_ends_the_run() {
+    use commands::{ended_within, feed_endlessly};
+    let _one = one_at_a_time();
+    for (args, endless) in [
+        (&["1/min"][..], true),
+        (&["1/min", "--key", "1"][..], true),
+        (&["1/min", "--max-wait", "1h"][..], true),
+        (&["10/s"][..], false),
+        (&["10/s", "--key", "1"][..], false),
+    ] {
+        let mut child = paceline(args).spawn().unwrap();
+        let (writer, stdin) = match endless {
+            true => (Some(feed_endlessly(&mut child)), None),
+            false => {
+                let mut stdin = child.stdin.take().unwrap();
+                stdin.write_all(b"y\n").unwrap();
+                (None, Some(stdin))
+            }
+        };
+        let mut stderr = child.stderr.take().unwrap();
+        let said = std::thread::spawn(move || {
+            let mut said = String::new();
+            let _ = stderr.read_to_string(&mut said);
+            said
+        });
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut first = String::new();
+        stdout.read_line(&mut first).unwrap();
+        assert_eq!(first, "y\n", "{args:?}");
+        drop(stdout);
+        let status = ended_within(&mut child, Duration::from_secs(20), &format!("{args:?}"));
+        drop(stdin);
+        if let Some(writer) = writer {
+            writer.join().unwrap();
+        }
+        let said = said.join().unwrap();
+        assert_eq!(status.code(), Some(0), "{args:?}: {status:?}: {said}");
+        assert_eq!(said, "", "{args:?}");
+    }
+}
+
 /// Two processes with `--redis` on one private server share 20/s: 100
 /// lines between them take 5 s (± 5%).
 #[test]
