@@ -32,6 +32,13 @@ past --timeout) is named on stderr with its record's number, counted, and
 not retried; every other record still gets its command (unless stdout's
 reader goes away, below), and the exit status is 1.
 
+Each command runs as the leader of a process group of its own, apart from
+paceline's and the terminal's: --timeout kills the whole group (the
+processes the command started too, unless one left the group), and
+paceline passes SIGINT and SIGTERM on to it (below). A command that
+reads the terminal itself, not its stdin, is stopped as a background job
+is.
+
 When stdout is a pipe or a socket whose reader goes away (`| head`), the
 run ends there, as it does without a command: no command starts after
 that (the records left get none), those running are waited for, and one
@@ -40,9 +47,12 @@ counted. Any other failure still counts: the exit status is 1 if one
 came, before the reader went or after, and 0 if none did.
 
 SIGINT or SIGTERM: nothing more is read; the records whose moment has come
-are out, those still waiting are not written; no command starts, those
-running are waited for; the summary is printed; then paceline ends by the
-same signal (a shell reports 130 or 143). A second signal ends it at once.
+are out, those still waiting are not written; no command starts; those
+running are sent the same signal, each to its whole process group (so a
+terminal's Ctrl-C still reaches them), and waited for; the summary is
+printed; then paceline ends by the same signal (a shell reports 130 or
+143). A second signal ends it at once, the process groups of the commands
+still running killed first (SIGKILL).
 
 Exit status:
   0    done, or stdout's reader went away (`| head`, see above)
@@ -138,9 +148,9 @@ pub(crate) struct Args {
 
     /// Kill a command still running D after it started (250ms, 30s,
     /// 5min) and count it as failed, as a command that exits non-zero:
-    /// exit status 1 at the end. The command's own process is killed, not
-    /// the processes it started (a shell script should `exec` its last
-    /// program, so that it is the one killed). Default: no bound.
+    /// exit status 1 at the end. Its whole process group is killed
+    /// (SIGKILL): the command and the processes it started, unless one
+    /// left the group. Default: no bound.
     #[arg(long, value_name = "D", value_parser = parse_duration)]
     pub(crate) timeout: Option<Duration>,
 

@@ -2,6 +2,11 @@
 //! `--timeout`. The record goes to it unchanged: in place of each `{}` in
 //! its arguments, or as its stdin when none has `{}`.
 //!
+//! Each command leads a process group of its own: `--timeout` kills the
+//! whole group, what the command started too (a shell's children, which
+//! would otherwise run on, holding stdout open), and SIGINT and SIGTERM
+//! caught by paceline are passed on to it (see [`signals`]).
+//!
 //! The commands write to paceline's stdout. Once its reader has gone
 //! (`| head`), no command starts: the run ends as the plain copy's does,
 //! and a command killed by SIGPIPE then (it wrote to that reader) is not
@@ -18,7 +23,7 @@ use tokio::task::JoinSet;
 use crate::args::Args;
 use crate::progress::Counts;
 use crate::read::trim;
-use crate::signals;
+use crate::signals::{self, Group};
 use crate::stdout;
 
 /// The commands run per record, at most `jobs` at once.
@@ -48,6 +53,7 @@ impl Commands {
     /// The commands of `args`, if any; within the runtime.
     pub(crate) fn new(args: &Args) -> Option<Commands> {
         let (program, rest) = args.command.split_first()?;
+        signals::track_groups(args.jobs);
         Some(Commands {
             program: program.clone(),
             args: rest.to_vec(),
@@ -84,6 +90,9 @@ impl Commands {
         }
         counts.commands.fetch_add(1, Ordering::Relaxed);
         let mut command = tokio::process::Command::new(&self.program);
+        // A group of its own, led by the command.
+        #[cfg(unix)]
+        command.process_group(0);
         if self.substituted {
             let text = trim(&record, separator);
             for arg in &self.args {
@@ -108,6 +117,8 @@ impl Commands {
                 return true;
             }
         };
+        // In the signals' table from now until its leader is waited for.
+        let group = child.id().and_then(Group::enter);
         let input = child.stdin.take();
         let timeout = self.timeout;
         self.running.spawn(async move {
@@ -131,8 +142,18 @@ impl Commands {
                 }),
                 Some(Err(error)) => Err(format!("waiting for it failed: {error}").into()),
                 None => {
-                    let killed = match child.kill().await {
-                        Ok(()) => "killed".to_owned(),
+                    // The whole group, the command's leader still not
+                    // waited for (its id is not another's); the command
+                    // alone should that fail.
+                    let killed = match group.as_ref().map(Group::kill) {
+                        Some(Ok(())) => Ok(()),
+                        _ => child.start_kill(),
+                    };
+                    let killed = match killed {
+                        Ok(()) => match child.wait().await {
+                            Ok(_) => "killed".to_owned(),
+                            Err(error) => format!("killed, but waiting for it failed: {error}"),
+                        },
                         Err(error) => format!("killing it failed: {error}"),
                     };
                     Err(format!(
@@ -142,6 +163,8 @@ impl Commands {
                     .into())
                 }
             };
+            // Its leader waited for: out of the table.
+            drop(group);
             (number, outcome)
         });
         true

@@ -63,11 +63,12 @@ const MAX_HELD: usize = 64 << 20;
 /// reading only: every record granted before it is still released, each
 /// at its moment, and the commands run to their end, before the failure
 /// is returned. A signal stops it sooner: the records whose moment has
-/// come are written, no other, and no command starts; those running are
-/// waited for. Stdout's reader going away (`| head`) ends it with no
-/// failure, as it ends the plain copy: at the write that fails, before
-/// the next command would start, or while the run waits, as soon as a
-/// pipe's reader goes (the commands running are waited for).
+/// come are written, no other, and no command starts; those running (the
+/// handler passed the signal on to them) are waited for. Stdout's reader
+/// going away (`| head`) ends it with no failure, as it ends the plain
+/// copy: at the write that fails, before the next command would start, or
+/// while the run waits, as soon as a pipe's reader goes (the commands
+/// running are waited for).
 pub(crate) async fn schedule(
     args: &Args,
     pacer: &Pacer,

@@ -1,17 +1,24 @@
 //! SIGINT and SIGTERM. The first ends the run in order: nothing more is
 //! read, records whose moment has come are written, those still waiting
-//! for theirs are not, no command starts, the commands running are
-//! waited for, the summary is printed; then paceline ends by that same
-//! signal, so that its parent sees it (a shell reports 130 or 143, and a
-//! script stops as it would have). A second one ends it at once.
+//! for theirs are not, no command starts, the commands running are sent
+//! that same signal and waited for, the summary is printed; then paceline
+//! ends by that same signal, so that its parent sees it (a shell reports
+//! 130 or 143, and a script stops as it would have). A second one ends it
+//! at once, the commands running killed first.
 //!
-//! The handler only notes the signal and writes a byte to a pipe, which
-//! every wait of the run watches: a read of stdin (`poll` before it), a
-//! sleep until a record's moment, the scheduler's `select!`.
+//! Each command leads a process group of its own, so that `--timeout`
+//! kills what it started too; a terminal's Ctrl-C, sent to paceline's
+//! group, no longer reaches it, so the handler passes the signal on to
+//! every running command's group, as the terminal did when they shared
+//! paceline's. Beyond that the handler only notes the signal and writes a
+//! byte to a pipe, which every wait of the run watches: a read of stdin
+//! (`poll` before it), a sleep until a record's moment, the scheduler's
+//! `select!`.
 
 use std::io;
 use std::os::fd::{BorrowedFd, RawFd};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::ptr;
+use std::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
 use std::time::{Duration, Instant};
 
 /// The first signal caught (0: none yet).
@@ -21,6 +28,18 @@ static CAUGHT: AtomicI32 = AtomicI32::new(0);
 /// (its read end); -1 before [`install`].
 static WAKE: AtomicI32 = AtomicI32::new(-1);
 static WATCH: AtomicI32 = AtomicI32::new(-1);
+
+/// The process groups of the commands running, for the handler: a slot
+/// each, 0 when free, a group's id (its leader's pid) while its leader
+/// runs, negated once the group was sent the first signal. Null before
+/// [`track_groups`], then never freed (the handler may read it at any
+/// moment).
+static GROUPS: AtomicPtr<Slots> = AtomicPtr::new(ptr::null_mut());
+
+struct Slots(Box<[AtomicI32]>);
+
+/// More slots than a system has processes are never all used.
+const MAX_GROUPS: usize = 1 << 22;
 
 /// Catches SIGINT and SIGTERM from now on.
 pub(crate) fn install() -> io::Result<()> {
@@ -67,7 +86,17 @@ extern "C" fn on_signal(signal: libc::c_int) {
         .compare_exchange(0, signal, Ordering::SeqCst, Ordering::SeqCst)
         .is_err()
     {
-        // The second: end now, by it (delivered as the handler returns).
+        // The second: end now, by it (delivered as the handler returns),
+        // the commands' groups killed first: nothing they started is left
+        // running.
+        for slot in slots() {
+            let group = slot.load(Ordering::SeqCst).abs();
+            if group != 0 {
+                // SAFETY: `kill` is async-signal-safe; a group that has
+                // ended already (ESRCH) needs nothing.
+                unsafe { libc::kill(-group, libc::SIGKILL) };
+            }
+        }
         // SAFETY: both are async-signal-safe.
         unsafe {
             libc::signal(signal, libc::SIG_DFL);
@@ -75,11 +104,139 @@ extern "C" fn on_signal(signal: libc::c_int) {
         }
         return;
     }
+    // The code this handler interrupted may be about to read errno.
+    let errno = Errno::save();
+    for slot in slots() {
+        pass_on(slot, signal);
+    }
     let fd = WAKE.load(Ordering::SeqCst);
     let byte = 1u8;
     // SAFETY: `write` is async-signal-safe; the pipe does not block (a
     // full pipe already wakes every wait).
     unsafe { libc::write(fd, (&raw const byte).cast(), 1) };
+    errno.restore();
+}
+
+/// The slots of the running commands' groups (none before
+/// [`track_groups`]); async-signal-safe.
+fn slots() -> &'static [AtomicI32] {
+    let slots = GROUPS.load(Ordering::SeqCst);
+    // SAFETY: once set, the table is never freed nor changed but through
+    // its atomics.
+    unsafe { slots.as_ref() }.map_or(&[], |slots| &slots.0)
+}
+
+/// Sends `signal` to the group in `slot`, unless it was sent it already
+/// (or the slot is free): either the handler or [`Group::enter`] sends it,
+/// never both. Async-signal-safe.
+fn pass_on(slot: &AtomicI32, signal: libc::c_int) {
+    let group = slot.load(Ordering::SeqCst);
+    if group > 0
+        && slot
+            .compare_exchange(group, -group, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    {
+        // SAFETY: `kill` is async-signal-safe; a group that has ended
+        // already (ESRCH) needs nothing.
+        unsafe { libc::kill(-group, signal) };
+    }
+}
+
+/// Keeps a slot for the process group of each of `jobs` commands running
+/// at once, for the handler to signal; before the first command starts.
+pub(crate) fn track_groups(jobs: usize) {
+    let slots: Box<[AtomicI32]> = std::iter::repeat_with(|| AtomicI32::new(0))
+        .take(jobs.clamp(1, MAX_GROUPS))
+        .collect();
+    // Leaked, as any table set before it: the handler may be reading it.
+    GROUPS.store(Box::into_raw(Box::new(Slots(slots))), Ordering::SeqCst);
+}
+
+/// A running command's process group (it leads it), in the handler's
+/// table from [`Group::enter`] until dropped: to drop once its leader has
+/// been waited for, not before (until then the command may run on, and
+/// must get the signals caught).
+pub(crate) struct Group {
+    id: libc::pid_t,
+    slot: Option<&'static AtomicI32>,
+}
+
+impl Group {
+    /// The group led by the command just started, `leader`.
+    pub(crate) fn enter(leader: u32) -> Option<Group> {
+        let id = libc::pid_t::try_from(leader).ok().filter(|&id| id > 0)?;
+        let slot = slots().iter().find(|slot| {
+            slot.compare_exchange(0, id, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        });
+        // A signal caught before the group was in its slot did not reach
+        // it (one caught since is sent once, by whichever comes first).
+        if let Some(signal) = caught() {
+            match slot {
+                Some(slot) => pass_on(slot, signal),
+                // SAFETY: a plain kill(2) of a group this process leads.
+                None => unsafe {
+                    libc::kill(-id, signal);
+                },
+            }
+        }
+        Some(Group { id, slot })
+    }
+
+    /// Kills the whole group: the command and every process it started
+    /// that is still in its group. One that has ended already is not a
+    /// failure.
+    pub(crate) fn kill(&self) -> io::Result<()> {
+        // SAFETY: a plain kill(2) of a group this process leads, whose
+        // leader it has not waited for yet.
+        if unsafe { libc::kill(-self.id, libc::SIGKILL) } == 0 {
+            return Ok(());
+        }
+        match io::Error::last_os_error() {
+            error if error.raw_os_error() == Some(libc::ESRCH) => Ok(()),
+            error => Err(error),
+        }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot {
+            slot.store(0, Ordering::SeqCst);
+        }
+    }
+}
+
+/// errno as a signal handler found it, to leave it so.
+struct Errno(libc::c_int);
+
+impl Errno {
+    fn save() -> Errno {
+        // SAFETY: the calling thread's errno is always there.
+        Errno(errno_location().map_or(0, |at| unsafe { *at }))
+    }
+
+    fn restore(self) {
+        if let Some(at) = errno_location() {
+            // SAFETY: as above.
+            unsafe { *at = self.0 };
+        }
+    }
+}
+
+/// Where the calling thread's errno is, where the system says.
+fn errno_location() -> Option<*mut libc::c_int> {
+    #[cfg(any(target_os = "linux", target_os = "dragonfly"))]
+    // SAFETY: no preconditions.
+    return Some(unsafe { libc::__errno_location() });
+    #[cfg(any(target_os = "android", target_os = "netbsd", target_os = "openbsd"))]
+    // SAFETY: no preconditions.
+    return Some(unsafe { libc::__errno() });
+    #[cfg(any(target_vendor = "apple", target_os = "freebsd"))]
+    // SAFETY: no preconditions.
+    return Some(unsafe { libc::__error() });
+    #[allow(unreachable_code)]
+    None
 }
 
 /// The signal caught, if one was.

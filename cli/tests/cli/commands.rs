@@ -83,6 +83,67 @@ fn a_command_past_its_timeout_is_killed_and_fails() {
     }
 }
 
+/// `--timeout` kills a command's whole process group: a process it started
+/// (in the background, for the shell to wait for) ends with it, and the
+/// pipes it held (stdout, stderr) end then, not when it would have ended.
+/// With `-j 2`, each command's group.
+#[test]
+fn a_command_past_its_timeout_is_killed_with_what_it_started() {
+    let dir = temp_path("timeout-group");
+    std::fs::create_dir_all(&dir).unwrap();
+    let pid_file = format!("{}/{{}}.pid", dir.display());
+    let mut child = paceline(&[
+        "100/s",
+        "-j",
+        "2",
+        "--timeout",
+        "2s",
+        "--json",
+        "--",
+        "sh",
+        "-c",
+        "sleep 60 & echo $! > \"$1\"; wait",
+        "sh",
+        &pid_file,
+    ])
+    .spawn()
+    .unwrap();
+    child.stdin.take().unwrap().write_all(b"a\nb\n").unwrap();
+    let stdout = read_all(child.stdout.take().unwrap());
+    let stderr = read_all(child.stderr.take().unwrap());
+    let sleeps = || ["a", "b"].map(|record| dir.join(format!("{record}.pid")));
+    let kill_sleeps = || {
+        for path in sleeps() {
+            let pid = std::fs::read_to_string(&path).ok();
+            if let Some(pid) = pid
+                .and_then(|pid| pid.trim().parse::<i32>().ok())
+                .filter(|&pid| pid > 0)
+            {
+                // SAFETY: a plain kill(2), of the test's own sleep.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    };
+    let status = exits_within(&mut child, Duration::from_secs(30), "paceline", kill_sleeps);
+    for path in sleeps() {
+        let pid = pid_in(&path);
+        if !process_ends_within(pid, Duration::from_secs(5)) {
+            kill_sleeps();
+            panic!(
+                "{}: the command's sleep ({pid}) outlived its --timeout",
+                path.display()
+            );
+        }
+    }
+    let bound = Duration::from_secs(10);
+    let stderr = stderr.recv_timeout(bound).expect("stderr still open");
+    assert_eq!(status.code(), Some(1), "{status:?}: {stderr}");
+    assert!(stderr.contains("\"failed\":2"), "{stderr}");
+    assert_eq!(stderr.matches("--timeout").count(), 2, "{stderr}");
+    assert_eq!(stdout.recv_timeout(bound).expect("stdout still open"), "");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// With stderr closed (its reader gone, as in `2>&1 | head`), what paceline
 /// would say there is lost, not a panic: every record still gets its
 /// command, and the status is the run's own (1: commands failed), for a

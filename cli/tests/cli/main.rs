@@ -75,6 +75,77 @@ fn temp_path(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("paceline-cli-{}-{name}", std::process::id()))
 }
 
+/// Whether process `pid` ends within `bound`: gone, or a zombie no one has
+/// waited for yet (whatever adopts orphans may take its time, or never).
+fn process_ends_within(pid: i32, bound: Duration) -> bool {
+    let start = Instant::now();
+    loop {
+        let ended = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            // The state follows the name, which is in parentheses.
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+            Err(_) if std::path::Path::new("/proc/self/stat").exists() => true,
+            // SAFETY: signal 0 only asks whether the process is there.
+            Err(_) => (unsafe { libc::kill(pid, 0) }) != 0,
+        };
+        if ended {
+            return true;
+        }
+        if start.elapsed() > bound {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The pid a command wrote to `path`, once it has: a process's, never 0
+/// or below (which kill(2) takes for groups, or every process).
+fn pid_in(path: &std::path::Path) -> i32 {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+    let pid = text
+        .trim()
+        .parse()
+        .unwrap_or_else(|error| panic!("{}: {text:?}: {error}", path.display()));
+    assert!(pid > 0, "{}: {text:?}", path.display());
+    pid
+}
+
+/// How `child` ended, within `bound`; `cleanup` run, `child` killed, and a
+/// failure (saying `what`), if it did not.
+fn exits_within(
+    child: &mut Child,
+    bound: Duration,
+    what: &str,
+    cleanup: impl FnOnce(),
+) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if start.elapsed() > bound {
+            cleanup();
+            let _ = child.kill();
+            let status = child.wait().unwrap();
+            panic!("{what}: still running after {bound:?} (then killed: {status:?})");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// All of `pipe`, read on a thread of its own: received once it ends.
+fn read_all(mut pipe: impl Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut text = Vec::new();
+        let _ = pipe.read_to_end(&mut text);
+        let _ = sender.send(String::from_utf8_lossy(&text).into_owned());
+    });
+    receiver
+}
+
 fn lines(n: usize) -> String {
     (1..=n).map(|i| format!("line {i}\n")).collect()
 }

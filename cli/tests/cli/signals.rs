@@ -1,7 +1,8 @@
 //! SIGINT and SIGTERM end a run in order: the records whose moment has
 //! come are out, none still waiting is written, no command starts and
-//! those running are waited for, the summary is printed, and paceline
-//! ends by the signal (a shell reports 130 or 143).
+//! those running are sent the signal (their whole process groups) and
+//! waited for, the summary is printed, and paceline ends by the signal (a
+//! shell reports 130 or 143).
 
 use std::os::unix::process::ExitStatusExt;
 
@@ -63,8 +64,9 @@ fn a_signal_ends_the_run_after_what_is_due_and_before_what_is_not() {
 #[test]
 fn after_a_signal_no_command_starts_and_those_running_end() {
     let _one = one_at_a_time();
-    // The first record's command runs 0.3 s; the second's moment (0.5 s)
-    // comes after the signal (0.1 s): it never starts.
+    // The first record's command runs 0.3 s, ignoring the signal (passed
+    // on to it): it is waited for. The second's moment (0.5 s) comes
+    // after the signal (0.1 s): it never starts.
     let (lines, status, stderr, _) = signalled(
         &[
             "2/s",
@@ -72,7 +74,7 @@ fn after_a_signal_no_command_starts_and_those_running_end() {
             "--",
             "sh",
             "-c",
-            "echo started; sleep 0.3; echo \"$1\"",
+            "trap '' TERM; echo started; sleep 0.3; echo \"$1\"",
             "sh",
             "{}",
         ],
@@ -84,19 +86,36 @@ fn after_a_signal_no_command_starts_and_those_running_end() {
     assert!(stderr.contains("\"commands\":1,"), "{stderr}");
 }
 
-/// Waiting for a command that runs on, the run ends at a second signal.
+/// Waiting for a command that runs on (it ignores the first signal), the
+/// run ends at a second signal, the command killed first.
 #[test]
 fn a_second_signal_ends_the_run_at_once() {
-    let mut child = paceline(&["10/s", "--", "sh", "-c", "exec sleep 5 > /dev/null"])
-        .spawn()
-        .unwrap();
+    let pid_file = temp_path("second-signal.pid");
+    let _ = std::fs::remove_file(&pid_file);
+    let mut child = paceline(&[
+        "10/s",
+        "--",
+        "sh",
+        "-c",
+        "trap '' TERM; echo $$ > \"$1\"; exec sleep 60 > /dev/null",
+        "sh",
+        pid_file.to_str().unwrap(),
+    ])
+    .spawn()
+    .unwrap();
     let stdin = child.stdin.take().unwrap();
     let kill = |child: &Child| {
         // SAFETY: a plain kill(2) of our own child.
         assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     };
     (&stdin).write_all(b"x\n").unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // The command runs, ignoring SIGTERM, once it has written its pid.
+    let start = Instant::now();
+    while !std::fs::read_to_string(&pid_file).is_ok_and(|pid| pid.ends_with('\n'))
+        && start.elapsed() < Duration::from_secs(10)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     kill(&child);
     std::thread::sleep(Duration::from_millis(300));
     assert!(
@@ -113,6 +132,102 @@ fn a_second_signal_ends_the_run_at_once() {
     );
     assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
     drop(stdin);
+    let sleep = pid_in(&pid_file);
+    let _ = std::fs::remove_file(&pid_file);
+    if !process_ends_within(sleep, Duration::from_secs(5)) {
+        // SAFETY: a plain kill(2), of the test's own sleep.
+        unsafe { libc::kill(sleep, libc::SIGKILL) };
+        panic!("the command ({sleep}) outlived paceline's second signal");
+    }
+}
+
+/// The signal paceline catches (sent to it alone here, not to its process
+/// group as a terminal's Ctrl-C is) is passed on to each running command's
+/// whole process group: a process a command started gets it too, and the
+/// run ends by the signal once the commands have ended.
+#[test]
+fn a_signal_reaches_what_the_running_commands_started() {
+    let _one = one_at_a_time();
+    let dir = temp_path("signal-groups");
+    std::fs::create_dir_all(&dir).unwrap();
+    let prefix = format!("{}/{{}}", dir.display());
+    // The command (a shell, which does not simply run its last program in
+    // its place) starts a shell that notes SIGINT in a file and ends. It
+    // sleeps a second at a time: a signal that comes as it starts a sleep
+    // (forked, not yet that program) is lost to the sleep, not to it.
+    let noted = "trap 'echo INT > \"$1.noted\"; exit 130' INT; echo $$ > \"$1.pid\"; \
+                 echo started; while :; do sleep 1; done; echo never";
+    let mut child = paceline(&[
+        "100/s",
+        "-j",
+        "2",
+        "--json",
+        "--",
+        "sh",
+        "-c",
+        "sh -c \"$1\" sh \"$2\"; echo \"the inner shell ended: $?\"",
+        "sh",
+        noted,
+        &prefix,
+    ])
+    .spawn()
+    .unwrap();
+    let stdin = child.stdin.take().unwrap();
+    (&stdin).write_all(b"a\nb\n").unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    for _ in 0..2 {
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        assert_eq!(line, "started\n");
+    }
+    let stdout = read_all(stdout);
+    let stderr = read_all(child.stderr.take().unwrap());
+    let shells = || ["a", "b"].map(|record| dir.join(format!("{record}.pid")));
+    let kill_shells = || {
+        for path in shells() {
+            let shell = pid_in(&path);
+            // SAFETY: getpgid(2) and kill(2) of the test's own shell, and
+            // of its group if that is not this test's (as it is where the
+            // command does not lead a group of its own).
+            unsafe {
+                let group = libc::getpgid(shell);
+                match group > 0 && group != libc::getpgid(0) {
+                    true => libc::kill(-group, libc::SIGKILL),
+                    false => libc::kill(shell, libc::SIGKILL),
+                };
+            }
+        }
+    };
+    // SAFETY: a plain kill(2) of our own child, not of its group.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let status = exits_within(
+        &mut child,
+        Duration::from_secs(20),
+        "paceline, after SIGINT",
+        kill_shells,
+    );
+    drop(stdin);
+    for record in ["a", "b"] {
+        let noted = dir.join(format!("{record}.noted"));
+        let start = Instant::now();
+        while !noted.exists() && start.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if !noted.exists() {
+            kill_shells();
+            panic!("record {record}: the command's shell never got SIGINT");
+        }
+        assert_eq!(std::fs::read_to_string(&noted).unwrap(), "INT\n");
+        let shell = pid_in(&dir.join(format!("{record}.pid")));
+        assert!(process_ends_within(shell, Duration::from_secs(5)));
+    }
+    let bound = Duration::from_secs(10);
+    let stdout = stdout.recv_timeout(bound).expect("stdout still open");
+    let stderr = stderr.recv_timeout(bound).expect("stderr still open");
+    assert_eq!(status.signal(), Some(libc::SIGINT), "{status:?}: {stderr}");
+    assert!(!stdout.contains("never"), "{stdout}");
+    assert!(stderr.contains("\"commands\":2,"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A signal that comes once the input is over, while only a command
