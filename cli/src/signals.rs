@@ -10,7 +10,9 @@
 //! kills what it started too; a terminal's Ctrl-C, sent to paceline's
 //! group, no longer reaches it, so the handler passes the signal on to
 //! every running command's group, as the terminal did when they shared
-//! paceline's. Beyond that the handler only notes the signal and writes a
+//! paceline's; and so for a stop (Ctrl-Z: the groups stop, then
+//! paceline), the continue after it, and a hangup (the groups get it, then
+//! paceline ends by it). Beyond that the handler only notes the signal and writes a
 //! byte to a pipe, which every wait of the run watches: a read of stdin
 //! (`poll` before it), a sleep until a record's moment, the scheduler's
 //! `select!`.
@@ -89,19 +91,8 @@ extern "C" fn on_signal(signal: libc::c_int) {
         // The second: end now, by it (delivered as the handler returns),
         // the commands' groups killed first: nothing they started is left
         // running.
-        for slot in slots() {
-            let group = slot.load(Ordering::SeqCst).abs();
-            if group != 0 {
-                // SAFETY: `kill` is async-signal-safe; a group that has
-                // ended already (ESRCH) needs nothing.
-                unsafe { libc::kill(-group, libc::SIGKILL) };
-            }
-        }
-        // SAFETY: both are async-signal-safe.
-        unsafe {
-            libc::signal(signal, libc::SIG_DFL);
-            libc::raise(signal);
-        }
+        to_every_group(libc::SIGKILL);
+        raise_default(signal);
         return;
     }
     // The code this handler interrupted may be about to read errno.
@@ -150,6 +141,79 @@ pub(crate) fn track_groups(jobs: usize) {
         .collect();
     // Leaked, as any table set before it: the handler may be reading it.
     GROUPS.store(Box::into_raw(Box::new(Slots(slots))), Ordering::SeqCst);
+    // What a terminal does to its foreground group, passed on to the
+    // commands' groups, which are not in it: a stop (Ctrl-Z) and the
+    // continue after it, a hangup. (Best effort: a handler that cannot be
+    // installed leaves that signal as it was.)
+    set_handler(libc::SIGTSTP, on_stop);
+    set_handler(libc::SIGCONT, on_continue);
+    set_handler(libc::SIGHUP, on_hangup);
+}
+
+/// Catches `signal` with `handler` (calls it interrupts go on); whether it
+/// could. Async-signal-safe.
+fn set_handler(signal: libc::c_int, handler: extern "C" fn(libc::c_int)) -> bool {
+    // SAFETY: a zeroed `sigaction` is a valid value to fill in; sigaction
+    // is async-signal-safe.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = handler as libc::sighandler_t;
+        action.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(signal, &action, std::ptr::null_mut()) == 0
+    }
+}
+
+/// Sends `signal` to every running command's group. Async-signal-safe.
+fn to_every_group(signal: libc::c_int) {
+    for slot in slots() {
+        let group = slot.load(Ordering::SeqCst).abs();
+        if group != 0 {
+            // SAFETY: `kill` is async-signal-safe; a group that has ended
+            // already (ESRCH) needs nothing.
+            unsafe { libc::kill(-group, signal) };
+        }
+    }
+}
+
+/// Raises `signal` with its default action, taken as the handler returns
+/// (the signal is blocked while its handler runs). Async-signal-safe.
+fn raise_default(signal: libc::c_int) {
+    // SAFETY: both are async-signal-safe.
+    unsafe {
+        libc::signal(signal, libc::SIG_DFL);
+        libc::raise(signal);
+    }
+}
+
+/// A stop (Ctrl-Z): the commands' groups stop too, then paceline does,
+/// as the terminal's group would have. (A command started as the stop
+/// comes, not yet in the table, runs on until the continue: paceline,
+/// stopped, cannot stop it then.)
+extern "C" fn on_stop(signal: libc::c_int) {
+    let errno = Errno::save();
+    to_every_group(signal);
+    raise_default(signal);
+    errno.restore();
+}
+
+/// Continued after a stop: the commands' groups continue too, and the
+/// next stop is caught again.
+extern "C" fn on_continue(signal: libc::c_int) {
+    let errno = Errno::save();
+    set_handler(libc::SIGTSTP, on_stop);
+    to_every_group(signal);
+    errno.restore();
+}
+
+/// A hangup: the commands' groups get it, then paceline ends by it, as
+/// it did before it caught it (the run is not ended in order: a hangup
+/// leaves nobody to read what it would say).
+extern "C" fn on_hangup(signal: libc::c_int) {
+    let errno = Errno::save();
+    to_every_group(signal);
+    raise_default(signal);
+    errno.restore();
 }
 
 /// A running command's process group (it leads it), in the handler's

@@ -244,3 +244,107 @@ fn a_signal_after_the_input_ends_the_run_by_it_too() {
     let status = child.wait().unwrap();
     assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
 }
+
+/// The state letter of process `pid` (`R`, `S`, `T` when stopped, ...),
+/// if it is there.
+fn state_of(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The state follows the name, which is in parentheses.
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// Whether `pid`'s state satisfies `wanted` within `bound`.
+fn state_within(pid: i32, bound: Duration, wanted: impl Fn(Option<char>) -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < bound {
+        if wanted(state_of(pid)) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// What a terminal does to its foreground group reaches the commands,
+/// which lead groups of their own: a stop (Ctrl-Z) stops them with
+/// paceline, the continue after it continues them, and a hangup reaches
+/// them and ends paceline by it, as when they shared its group. Each
+/// signal is sent to paceline alone. (The command execs its sleep: a shell
+/// that forks one as the stop comes waits for its stopped child in a state
+/// of its own, not the stopped one.)
+#[test]
+fn a_stop_a_continue_and_a_hangup_reach_the_commands() {
+    let _one = one_at_a_time();
+    if state_of(std::process::id() as i32).is_none() {
+        return; // no /proc to read states from
+    }
+    let dir = temp_path("signal-stop");
+    std::fs::create_dir_all(&dir).unwrap();
+    let prefix = format!("{}/{{}}", dir.display());
+    let mut child = paceline(&[
+        "100/s",
+        "--",
+        "sh",
+        "-c",
+        "echo $$ > \"$1.pid\"; echo started; exec sleep 60",
+        "sh",
+        &prefix,
+    ])
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let stdin = child.stdin.take().unwrap();
+    (&stdin).write_all(b"a\n").unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "started\n");
+    let paceline_pid = child.id() as i32;
+    let shell = pid_in(&dir.join("a.pid"));
+    // paceline notes a command's group as soon as the command is started:
+    // a stop that came in between would not reach it (it would run on
+    // until the continue). Time for that note, on a loaded machine too.
+    std::thread::sleep(Duration::from_millis(500));
+    let kill_shell = || {
+        // SAFETY: kill(2) of the test's own shell.
+        unsafe { libc::kill(shell, libc::SIGKILL) };
+    };
+    let signal = |signal| {
+        // SAFETY: a plain kill(2) of our own child, not of its group.
+        assert_eq!(unsafe { libc::kill(paceline_pid, signal) }, 0);
+    };
+    let bound = Duration::from_secs(10);
+    signal(libc::SIGTSTP);
+    let stopped = |state: Option<char>| state == Some('T');
+    let both_stopped =
+        state_within(paceline_pid, bound, stopped) && state_within(shell, bound, stopped);
+    let when_stopped = (state_of(paceline_pid), state_of(shell));
+    signal(libc::SIGCONT);
+    let running = |state: Option<char>| state.is_some_and(|s| s != 'T');
+    let both_running =
+        state_within(paceline_pid, bound, running) && state_within(shell, bound, running);
+    let when_running = (state_of(paceline_pid), state_of(shell));
+    signal(libc::SIGHUP);
+    let status = exits_within(
+        &mut child,
+        Duration::from_secs(20),
+        "paceline, after SIGHUP",
+        kill_shell,
+    );
+    let shell_ended = process_ends_within(shell, Duration::from_secs(5));
+    if !shell_ended {
+        kill_shell();
+    }
+    drop(stdin);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        both_stopped,
+        "after SIGTSTP, (paceline, its command): {when_stopped:?}"
+    );
+    assert!(
+        both_running,
+        "after SIGCONT, (paceline, its command): {when_running:?}"
+    );
+    assert_eq!(status.signal(), Some(libc::SIGHUP), "{status:?}");
+    assert!(shell_ended, "the command outlived paceline's hangup");
+}
