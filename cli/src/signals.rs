@@ -11,8 +11,8 @@
 //! group, no longer reaches it, so the handler passes the signal on to
 //! every running command's group, as the terminal did when they shared
 //! paceline's; and so for a stop (Ctrl-Z: the groups stop, then
-//! paceline), the continue after it, and a hangup (the groups get it, then
-//! paceline ends by it). Beyond that the handler only notes the signal and writes a
+//! paceline), the continue after it, a hangup and a quit (the groups get
+//! it, then paceline ends by it). Beyond that the handler only notes the signal and writes a
 //! byte to a pipe, which every wait of the run watches: a read of stdin
 //! (`poll` before it), a sleep until a record's moment, the scheduler's
 //! `select!`.
@@ -147,7 +147,8 @@ pub(crate) fn track_groups(jobs: usize) {
     // installed leaves that signal as it was.)
     set_handler(libc::SIGTSTP, on_stop);
     set_handler(libc::SIGCONT, on_continue);
-    set_handler(libc::SIGHUP, on_hangup);
+    set_handler(libc::SIGHUP, on_ending);
+    set_handler(libc::SIGQUIT, on_ending);
 }
 
 /// Catches `signal` with `handler` (calls it interrupts go on); whether it
@@ -206,10 +207,11 @@ extern "C" fn on_continue(signal: libc::c_int) {
     errno.restore();
 }
 
-/// A hangup: the commands' groups get it, then paceline ends by it, as
-/// it did before it caught it (the run is not ended in order: a hangup
-/// leaves nobody to read what it would say).
-extern "C" fn on_hangup(signal: libc::c_int) {
+/// A hangup, or a quit (Ctrl-\\): the commands' groups get it, then
+/// paceline ends by it, as it did before it caught it (the run is not
+/// ended in order: a hangup leaves nobody to read what it would say, and a
+/// quit asks for no order).
+extern "C" fn on_ending(signal: libc::c_int) {
     let errno = Errno::save();
     to_every_group(signal);
     raise_default(signal);

@@ -268,20 +268,28 @@ fn state_within(pid: i32, bound: Duration, wanted: impl Fn(Option<char>) -> bool
 /// What a terminal does to its foreground group reaches the commands,
 /// which lead groups of their own: a stop (Ctrl-Z) stops them with
 /// paceline, the continue after it continues them, and a hangup reaches
-/// them and ends paceline by it, as when they shared its group. Each
+/// them and ends paceline by it, as a quit (Ctrl-\\) does, as when they
+/// shared its group. Each
 /// signal is sent to paceline alone. (The command execs its sleep: a shell
 /// that forks one as the stop comes waits for its stopped child in a state
 /// of its own, not the stopped one.)
 #[test]
-fn a_stop_a_continue_and_a_hangup_reach_the_commands() {
+fn a_stop_a_continue_and_a_hangup_or_a_quit_reach_the_commands() {
     let _one = one_at_a_time();
     if state_of(std::process::id() as i32).is_none() {
         return; // no /proc to read states from
     }
-    let dir = temp_path("signal-stop");
+    for ending in [libc::SIGHUP, libc::SIGQUIT] {
+        stop_continue_and_end(ending);
+    }
+}
+
+fn stop_continue_and_end(ending: libc::c_int) {
+    use std::os::unix::process::CommandExt;
+    let dir = temp_path(&format!("signal-stop-{ending}"));
     std::fs::create_dir_all(&dir).unwrap();
     let prefix = format!("{}/{{}}", dir.display());
-    let mut child = paceline(&[
+    let mut command = paceline(&[
         "100/s",
         "--",
         "sh",
@@ -289,10 +297,21 @@ fn a_stop_a_continue_and_a_hangup_reach_the_commands() {
         "echo $$ > \"$1.pid\"; echo started; exec sleep 60",
         "sh",
         &prefix,
-    ])
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap();
+    ]);
+    command.stderr(Stdio::null());
+    // SAFETY: setrlimit(2) only, between fork and exec: a quit ends
+    // paceline with no core dump left behind.
+    let no_core = || {
+        let none = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        match unsafe { libc::setrlimit(libc::RLIMIT_CORE, &none) } {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()),
+        }
+    };
+    let mut child = unsafe { command.pre_exec(no_core) }.spawn().unwrap();
     let stdin = child.stdin.take().unwrap();
     (&stdin).write_all(b"a\n").unwrap();
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
@@ -324,11 +343,11 @@ fn a_stop_a_continue_and_a_hangup_reach_the_commands() {
     let both_running =
         state_within(paceline_pid, bound, running) && state_within(shell, bound, running);
     let when_running = (state_of(paceline_pid), state_of(shell));
-    signal(libc::SIGHUP);
+    signal(ending);
     let status = exits_within(
         &mut child,
         Duration::from_secs(20),
-        "paceline, after SIGHUP",
+        &format!("paceline, after signal {ending}"),
         kill_shell,
     );
     let shell_ended = process_ends_within(shell, Duration::from_secs(5));
@@ -345,6 +364,9 @@ fn a_stop_a_continue_and_a_hangup_reach_the_commands() {
         both_running,
         "after SIGCONT, (paceline, its command): {when_running:?}"
     );
-    assert_eq!(status.signal(), Some(libc::SIGHUP), "{status:?}");
-    assert!(shell_ended, "the command outlived paceline's hangup");
+    assert_eq!(status.signal(), Some(ending), "{status:?}");
+    assert!(
+        shell_ended,
+        "the command outlived paceline's signal {ending}"
+    );
 }
