@@ -125,7 +125,7 @@ pub(crate) struct Args {
     /// The most keys held at once. At the cap, keys idle long enough to be
     /// full go first, then the least recently used, which forget what they
     /// owe: such a key, back, starts afresh (raise N if keys come back
-    /// sooner than they are full).
+    /// sooner than they are full; --json counts such keys).
     #[arg(long, value_name = "N", default_value_t = 100_000)]
     pub(crate) max_keys: usize,
 
@@ -188,7 +188,10 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_record_size)]
     pub(crate) max_record: usize,
 
-    /// Print a JSON summary to stderr at the end.
+    /// Print a JSON summary to stderr at the end: records and bytes out,
+    /// seconds, rate, records that waited, late records dropped, commands
+    /// started and failed, keys dropped at --max-keys before they were
+    /// full.
     #[arg(long)]
     pub(crate) json: bool,
 

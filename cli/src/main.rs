@@ -34,6 +34,7 @@ mod units;
 
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use clap::Parser;
@@ -42,7 +43,7 @@ use tokio::sync::mpsc;
 use args::{Args, Failure, limits, plain, validate};
 use copy::{copy, copy_locally};
 use key::KeyOf;
-use limiter::pacer;
+use limiter::{Pacer, pacer};
 use progress::{Counts, Progress};
 use read::read_stdin;
 use schedule::schedule;
@@ -126,6 +127,13 @@ async fn run(args: &Args, counts: Arc<Counts>) -> Result<u64, Failure> {
         // Records only: a byte stream is always a plain copy.
         let max_record = args.max_record;
         std::thread::spawn(move || read_stdin(chunks, separator, max_record));
-        schedule(args, &pacer, key_of, separator, receiving, &counts).await
+        let done = schedule(args, &pacer, key_of, separator, receiving, &counts).await;
+        if let Pacer::Keyed(limiter) = &pacer {
+            let dropped = limiter.stats().dropped_unfinished;
+            counts
+                .keys_dropped_unfinished
+                .store(dropped, Ordering::Relaxed);
+        }
+        done
     }
 }

@@ -17,6 +17,9 @@ pub(crate) struct Counts {
     pub(crate) dropped: AtomicU64,
     pub(crate) commands: AtomicU64,
     pub(crate) failed: AtomicU64,
+    /// Keys dropped at `--max-keys` before they were full: they forgot
+    /// what they owed (the limiter's count, read at the end).
+    pub(crate) keys_dropped_unfinished: AtomicU64,
     pub(crate) started: std::sync::OnceLock<Instant>,
 }
 
@@ -51,7 +54,7 @@ impl Counts {
             let seconds = self.elapsed();
             let records = self.records.load(Ordering::Relaxed);
             say!(
-                "{{\"records\":{records},\"bytes\":{},\"seconds\":{seconds:.6},\"rate\":{:.3},\"waited\":{},\"dropped\":{},\"commands\":{},\"failed\":{}}}",
+                "{{\"records\":{records},\"bytes\":{},\"seconds\":{seconds:.6},\"rate\":{:.3},\"waited\":{},\"dropped\":{},\"commands\":{},\"failed\":{},\"keys_dropped_unfinished\":{}}}",
                 self.bytes.load(Ordering::Relaxed),
                 if seconds > 0.0 {
                     records as f64 / seconds
@@ -62,6 +65,7 @@ impl Counts {
                 self.dropped.load(Ordering::Relaxed),
                 self.commands.load(Ordering::Relaxed),
                 self.failed.load(Ordering::Relaxed),
+                self.keys_dropped_unfinished.load(Ordering::Relaxed),
             );
         }
     }

@@ -302,7 +302,7 @@ fn with_stdout_a_file_every_record_gets_its_command() {
         assert!(output.status.success(), "{output:?}");
         let summary = String::from_utf8_lossy(&output.stderr);
         assert!(summary.contains("\"commands\":200,"), "{summary}");
-        assert!(summary.contains("\"failed\":0}"), "{summary}");
+        assert!(summary.contains("\"failed\":0,"), "{summary}");
         if to_file {
             assert_eq!(std::fs::read_to_string(&path).unwrap(), lines(200));
         }

@@ -96,3 +96,30 @@ fn a_key_longer_than_max_key_ends_the_run_after_those_before_it() {
     assert!(output.status.success(), "{output:?}");
     assert!(output.stdout == input);
 }
+
+/// Keys dropped at `--max-keys` before they are full forget what they
+/// owe, as the help says, and the summary counts them: at 1/min a key
+/// back after its drop goes at once, where held it would wait a minute.
+#[test]
+fn keys_dropped_at_the_cap_before_they_are_full_are_counted() {
+    let _one = one_at_a_time();
+    let output = run(
+        &["1/min", "--key", "1", "--max-keys", "2", "--json", "-q"],
+        b"a 1\nb 1\nc 1\na 2\n",
+    );
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(output.stdout, b"a 1\nb 1\nc 1\na 2\n");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // `a` when `c` came, then `b` when `a` came back.
+    assert!(
+        stderr.contains("\"keys_dropped_unfinished\":2}"),
+        "{stderr}"
+    );
+    // Held keys: none dropped, and the summary says so.
+    let output = run(&["1/min", "--key", "1", "--json", "-q"], b"a 1\nb 1\n");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("\"keys_dropped_unfinished\":0}"),
+        "{stderr}"
+    );
+}
