@@ -298,7 +298,10 @@ fn stop_continue_and_end(ending: libc::c_int) {
         "sh",
         &prefix,
     ]);
-    command.stderr(Stdio::null());
+    // paceline leads a group of its own, whose parent (this test) is in
+    // another group of the session, as under a shell: a group with no such
+    // parent is orphaned, and the system drops a stop sent to it.
+    command.stderr(Stdio::null()).process_group(0);
     // SAFETY: setrlimit(2) only, between fork and exec: a quit ends
     // paceline with no core dump left behind.
     let no_core = || {
