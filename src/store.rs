@@ -22,7 +22,6 @@ use crate::core::Cost;
 use crate::error::{check_cost, check_permits};
 use crate::metrics::Metrics;
 use crate::outbound::{Call, TakeSlot, Upstream};
-use crate::reservation::wait_if_granted;
 use crate::{Error, Reservation, Snapshot, Stats};
 
 /// The key of a limiter with one state: a limiter with no key is an
@@ -155,6 +154,23 @@ pub trait Engine<Q: ?Sized + Sync>: Rate {
         let _ = key;
         None
     }
+
+    /// The end of the pause a refusal learned for `key` started (µs, on
+    /// the engine's clock: only ever compared with another of its
+    /// answers), while it lasts; `None` otherwise, or if the engine cannot
+    /// have learned one. Asked by a caller that waited, as it wakes (see
+    /// [`acquire`]). Errors read as `None`: the caller goes at its moment,
+    /// as it did before it asked.
+    fn paused(&self, key: &Q) -> impl Future<Output = Option<u64>> + Send {
+        let _ = key;
+        ready(None)
+    }
+
+    /// [`paused`](Self::paused) from a thread that may block. The default
+    /// polls it once, as [`take_blocking`](Self::take_blocking) does.
+    fn paused_blocking(&self, key: &Q) -> Option<u64> {
+        now(self.paused(key))
+    }
 }
 
 /// An engine in this process: it answers at once, so its [`Engine`]
@@ -176,6 +192,9 @@ pub(crate) trait AtOnce<Q: ?Sized + Sync>: Rate + crate::reservation::GivesBack 
 
     /// [`Engine::snapshot`], answered at once.
     fn snapshot_at_once(&self, key: &Q) -> Snapshot;
+
+    /// [`Engine::paused`], answered at once.
+    fn paused_at_once(&self, key: &Q) -> Option<u64>;
 }
 
 impl<Q: ?Sized + Sync, E: AtOnce<Q>> Engine<Q> for E {
@@ -223,6 +242,10 @@ impl<Q: ?Sized + Sync, E: AtOnce<Q>> Engine<Q> for E {
 
     fn snapshot_now(&self, key: &Q) -> Option<Snapshot> {
         Some(self.snapshot_at_once(key))
+    }
+
+    fn paused(&self, key: &Q) -> impl Future<Output = Option<u64>> + Send {
+        ready(self.paused_at_once(key))
     }
 }
 
@@ -375,11 +398,13 @@ where
     Q: ?Sized + Sync,
     E: Engine<Q>,
 {
-    Ok(reservation(engine, key, permits).await?.wait().await)
+    Ok(take_and_wait(engine, key, permits, None)
+        .await?
+        .unwrap_or_default())
 }
 
 /// [`acquire`] if the wait fits in `timeout`; `false` at once, reserving
-/// nothing, otherwise.
+/// nothing, otherwise (or once it has waited: see [`take_and_wait`]).
 pub(crate) async fn try_acquire<Q, E>(
     engine: &E,
     key: &Q,
@@ -390,8 +415,72 @@ where
     Q: ?Sized + Sync,
     E: Engine<Q>,
 {
-    let taken = try_reservation(engine, key, permits, Some(timeout)).await?;
-    Ok(wait_if_granted(taken).await)
+    Ok(take_and_wait(engine, key, permits, Some(timeout))
+        .await?
+        .is_some())
+}
+
+/// Reserves `permits` of `key` if the wait fits in `timeout` (any wait
+/// without one) and sleeps for it; the time slept, or `None` if refused.
+///
+/// A refusal learned while the caller waited (by this process, or through
+/// Redis by any) pauses the callers that reserve after it; this caller's
+/// moment, set before, may fall inside the pause. So a caller that waited
+/// asks, as it wakes, whether a pause holds (see [`Engine::paused`]): if
+/// so it does not go but reserves again, behind the pause, within what is
+/// left of `timeout` (refused, `None`, if that does not fit), and sleeps
+/// again; asked again only of a later pause. What it reserved first stays
+/// spent, erring towards limiting: the pause emptied the log it would be
+/// given back through.
+async fn take_and_wait<Q, E>(
+    engine: &E,
+    key: &Q,
+    permits: u32,
+    timeout: Option<Duration>,
+) -> Result<Option<Duration>, Error>
+where
+    Q: ?Sized + Sync,
+    E: Engine<Q>,
+{
+    let mut slept = Duration::ZERO;
+    let mut handled = None;
+    loop {
+        let left = timeout.map(|timeout| timeout.saturating_sub(slept));
+        let Some(reservation) = try_reservation(engine, key, permits, left).await? else {
+            return Ok(None);
+        };
+        let waited = reservation.wait().await;
+        slept += waited;
+        if !paused_since(engine, key, waited, &mut handled).await {
+            return Ok(Some(slept));
+        }
+    }
+}
+
+/// Whether a caller that just waited `waited` for `key` wakes inside a
+/// pause it has not yet reserved again behind (`handled`: the end of the
+/// last it did, updated). One that did not wait went at once: no pause
+/// came meanwhile.
+async fn paused_since<Q, E>(
+    engine: &E,
+    key: &Q,
+    waited: Duration,
+    handled: &mut Option<u64>,
+) -> bool
+where
+    Q: ?Sized + Sync,
+    E: Engine<Q>,
+{
+    if waited.is_zero() {
+        return false;
+    }
+    match engine.paused(key).await {
+        Some(until) if *handled != Some(until) => {
+            *handled = Some(until);
+            true
+        }
+        _ => false,
+    }
 }
 
 /// Takes a slot of `key` (with a concurrent limit), then reserves `cost`
@@ -419,15 +508,28 @@ where
         engine.metrics().tried(None);
         return Ok(None);
     };
-    let timeout = timeout.map(|timeout| timeout.saturating_sub(slot.waited));
-    let taken = engine.take_call(key, &cost, timeout).await?;
-    count(engine, timeout, taken.as_ref().map(Reservation::delay));
-    let Some(reservation) = taken else {
-        return Ok(None);
+    // As `take_and_wait`: again behind a pause learned while it waited.
+    let mut waited = slot.waited;
+    let mut handled = None;
+    let pending = loop {
+        let left = timeout.map(|timeout| timeout.saturating_sub(waited));
+        let taken = engine.take_call(key, &cost, left).await?;
+        count(engine, left, taken.as_ref().map(Reservation::delay));
+        let Some(reservation) = taken else {
+            return Ok(None);
+        };
+        let (slept, pending) = reservation.wait_open().await;
+        waited += slept;
+        if !paused_since(engine, key, slept, &mut handled).await {
+            break pending;
+        }
+        // The call it opened ends at its estimate, as a dropped one does.
+        if let Some(pending) = pending {
+            pending.owner.keep(pending.taken);
+        }
     };
-    let (waited, pending) = reservation.wait_open().await;
     Ok(Some(Call {
-        waited: slot.waited + waited,
+        waited,
         pending,
         charged: cost,
         limits,
@@ -451,12 +553,26 @@ where
     E: Engine<Q>,
 {
     check_permits(permits)?;
-    let taken = engine.take_blocking(key, permits, timeout)?;
-    count(engine, timeout, taken);
-    if let Some(wait) = taken.filter(|wait| !wait.is_zero()) {
+    let mut slept = Duration::ZERO;
+    let mut handled = None;
+    loop {
+        let left = timeout.map(|timeout| timeout.saturating_sub(slept));
+        let taken = engine.take_blocking(key, permits, left)?;
+        count(engine, left, taken);
+        let Some(wait) = taken else {
+            return Ok(None);
+        };
+        if wait.is_zero() {
+            return Ok(Some(slept));
+        }
         engine.sleep_blocking(wait);
+        slept += wait;
+        // As `take_and_wait`: again behind a pause learned while it slept.
+        match engine.paused_blocking(key) {
+            Some(until) if handled != Some(until) => handled = Some(until),
+            _ => return Ok(Some(slept)),
+        }
     }
-    Ok(taken)
 }
 
 /// Takes `permits` of `key` if they are free now, without I/O; counted as

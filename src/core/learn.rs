@@ -157,12 +157,14 @@ pub struct Reported {
 
 /// What limits learned, as another copy of them reports it (Redis's, in a
 /// reply): the factor, the margin, and each limit's cap (infinite where none
-/// was reported).
+/// was reported); and the end of the last refusal's pause, on that copy's
+/// clock (not adopted: a fallback's clock is its own).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Adopted {
     pub(crate) factor: f64,
     pub(crate) margin: f64,
     pub(crate) caps: Box<[f64]>,
+    pub(crate) paused_until: u64,
 }
 
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
@@ -325,6 +327,14 @@ impl Limits {
         let rates: Vec<f64> = (0..self.states.len()).map(|i| learned.rate(i)).collect();
         // Every learned rate is positive, so valid.
         let _ = self.apply_rates(&rates, now_micros);
+    }
+
+    /// The end of the pause the last refusal started (µs), while it lasts
+    /// at `now_micros`: a caller that waited and wakes before it has its
+    /// moment inside the pause, which it learned of too late.
+    pub(crate) fn paused_until(&self, now_micros: u64) -> Option<u64> {
+        let until = self.learned.as_ref()?.paused_until;
+        (until > now_micros).then_some(until)
     }
 
     /// The learned fraction of the configured rates (1 until a refusal).

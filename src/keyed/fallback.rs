@@ -27,6 +27,18 @@ impl<K: Key, C: Clock> Keyed<K, C> {
         self.shard(key).read().snapshot_of(key, read)
     }
 
+    /// The end of the pause a refusal learned by `key` started (µs on the
+    /// clock), while it lasts; `None` if `key` is not held (a key that
+    /// learned something is held by its limits, not a word).
+    pub(crate) fn paused_until<Q>(&self, key: &Q) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let now = self.clock.now_micros();
+        self.shard(key).read().paused_until(key, now)
+    }
+
     /// The latest ticket of `key`'s limits (µs on the clock), if it is held.
     pub(crate) fn ticket<Q>(&self, key: &Q) -> Option<u64>
     where

@@ -35,4 +35,8 @@ where
     fn snapshot_at_once(&self, key: &Q) -> Snapshot {
         self.snapshot_of(key)
     }
+
+    fn paused_at_once(&self, key: &Q) -> Option<u64> {
+        self.paused_until(key)
+    }
 }

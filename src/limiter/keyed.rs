@@ -128,7 +128,9 @@ impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C> {
     }
 
     /// Reserves `permits` of `key` and sleeps until they may be used; the
-    /// time slept. Cancel-safe: dropped, it gives the permits back.
+    /// time slept; behind the pause of a refusal the key learned while it
+    /// waited, as [`RateLimiter::acquire`](crate::RateLimiter::acquire).
+    /// Cancel-safe: dropped, it gives the permits back.
     pub async fn acquire<Q>(&self, key: &Q, permits: u32) -> Result<Duration, Error>
     where
         K: Borrow<Q>,
@@ -139,7 +141,9 @@ impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C> {
     }
 
     /// [`acquire`](Self::acquire) if the wait fits in `timeout`; `false` at
-    /// once, reserving nothing, otherwise. Cancel-safe as `acquire`.
+    /// once, reserving nothing, otherwise; `false` later if a refusal
+    /// learned while it waited pauses the limiter past `timeout` (see
+    /// [`outbound`](crate::outbound)). Cancel-safe as `acquire`.
     pub async fn try_acquire<Q>(
         &self,
         key: &Q,
@@ -188,7 +192,9 @@ impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C> {
     }
 
     /// [`call`](Self::call) if the wait fits in `timeout`; `None` at once,
-    /// reserving nothing, otherwise. Cancel-safe as `call`.
+    /// reserving nothing, otherwise; `None` later if a refusal learned
+    /// while it waited pauses the limiter past `timeout` (see
+    /// [`outbound`](crate::outbound)). Cancel-safe as `call`.
     pub async fn try_call<Q>(
         &self,
         key: &Q,

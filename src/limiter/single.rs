@@ -96,13 +96,18 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
 
     /// Reserves `permits` and sleeps on the limiter's clock until they may
     /// be used; the time slept. With nothing owed it returns at once,
-    /// touching no timer. Cancel-safe: dropped, it gives the permits back.
+    /// touching no timer. A refusal learned while it waits, whose pause
+    /// holds its moment, sends it behind the pause (see
+    /// [`outbound`](crate::outbound)). Cancel-safe: dropped, it gives the
+    /// permits back.
     pub async fn acquire(&self, permits: u32) -> Result<Duration, Error> {
         store::acquire(&self.engine, &NoKey, permits).await
     }
 
     /// [`acquire`](Self::acquire) if the wait fits in `timeout`; `false` at
-    /// once, reserving nothing, otherwise. Cancel-safe as `acquire`.
+    /// once, reserving nothing, otherwise; `false` later if a refusal
+    /// learned while it waited pauses the limiter past `timeout` (see
+    /// [`outbound`](crate::outbound)). Cancel-safe as `acquire`.
     pub async fn try_acquire(&self, permits: u32, timeout: Duration) -> Result<bool, Error> {
         store::try_acquire(&self.engine, &NoKey, permits, timeout).await
     }
@@ -143,7 +148,9 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     }
 
     /// [`call`](Self::call) if the wait fits in `timeout`; `None` at once,
-    /// reserving nothing, otherwise. Cancel-safe as `call`.
+    /// reserving nothing, otherwise; `None` later if a refusal learned
+    /// while it waited pauses the limiter past `timeout` (see
+    /// [`outbound`](crate::outbound)). Cancel-safe as `call`.
     pub async fn try_call(
         &self,
         estimate: impl Into<Cost>,

@@ -222,8 +222,10 @@ pub trait Limiter: Send + Sync {
     }
 
     /// Acquires `permits` if the wait fits in `timeout`, sleeping for it;
-    /// returns `false` at once, reserving nothing, otherwise. Cancel-safe
-    /// as [`acquire`](Limiter::acquire).
+    /// returns `false` at once, reserving nothing, otherwise (and, on this
+    /// crate's limiters, later if a refusal learned while it waited pauses
+    /// the limiter past `timeout`: see [`outbound`](crate::outbound)).
+    /// Cancel-safe as [`acquire`](Limiter::acquire).
     ///
     /// # Errors
     /// As [`try_reserve`](Limiter::try_reserve).

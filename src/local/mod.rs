@@ -244,6 +244,11 @@ impl<C: Clock> AtOnce<NoKey> for Single<C> {
     fn snapshot_at_once(&self, _: &NoKey) -> Snapshot {
         self.snapshot_locked()
     }
+
+    fn paused_at_once(&self, _: &NoKey) -> Option<u64> {
+        let now = self.clock.now_micros();
+        self.lock().paused_until(now)
+    }
 }
 
 impl<C: Clock> Metered for Single<C> {

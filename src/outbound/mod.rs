@@ -14,9 +14,17 @@
 //! lists the headers read) is [`Learning`]'s policy (the numbers are its
 //! defaults):
 //!
-//! * a refusal (429, or 503 with `Retry-After`) pauses every caller that
-//!   reserves after it until its `Retry-After` (a caller already waiting
-//!   keeps the moment it was given), and multiplies its rates by 0.7 (once
+//! * a refusal (429, or 503 with `Retry-After`) pauses every caller until
+//!   its `Retry-After`: those that reserve after it, and those already
+//!   waiting in `acquire`, `try_acquire`, `call` or `try_call` (and the
+//!   blocking forms) whose moment falls inside the pause: as they wake,
+//!   they reserve again behind it (a `try_` whose timeout the pause
+//!   outlasts then returns `false` or `None`), what they reserved first
+//!   staying spent, erring towards limiting. Through Redis a caller that
+//!   waited asks the key's status as it wakes (one round trip), once its
+//!   limiter has called an upstream or learned anything. A
+//!   [`Reservation`](crate::Reservation) waited on by its holder keeps its
+//!   moment. The refusal also multiplies the rates by 0.7 (once
 //!   per pause, down to 0.05 of the configured rates) unless the same answer
 //!   reports the rate of every limit (the limiter runs under those already:
 //!   the refusal came from a burst, and the pause is enough); after the pause

@@ -349,6 +349,8 @@ fn learned(bytes: &[u8]) -> Option<crate::core::Adopted> {
         factor: *numbers.first()?,
         margin: *numbers.get(3)?,
         caps: numbers.get(4..)?.into(),
+        // (Read leniently: it is no part of what is checked below.)
+        paused_until: numbers.get(1)?.clamp(0.0, MAX_MICROS as f64) as u64,
     };
     let valid = |x: f64| x > 0.0 && x <= 1.0;
     (valid(adopted.factor) && valid(adopted.margin) && adopted.caps.iter().all(|c| *c > 0.0))

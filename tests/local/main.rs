@@ -22,6 +22,7 @@ mod fast_path;
 mod give_back;
 mod learn;
 mod limiter_trait;
+mod pause;
 mod real_clock;
 mod set_rate;
 mod settle;

@@ -590,3 +590,50 @@ async fn a_snapshot_reads_what_another_instance_taught_the_key() {
         "b reads {theirs:?}, a {mine:?}"
     );
 }
+
+/// A refusal learned by one instance while another's callers wait: those
+/// whose moments fall inside its pause go behind it, not inside it (each
+/// asks Redis as it wakes, once its limiter calls an upstream). On the
+/// real clock, asserting only what load cannot fake: no sooner than the
+/// pause ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_waiting_in_another_instance_go_behind_a_refusals_pause() {
+    let pause = Duration::from_secs(2);
+    let server = RedisServer::start();
+    let instance = || async {
+        std::sync::Arc::new(
+            RateLimiter::builder()
+                .limit(Limit::per_second(10.0).burst(1))
+                .redis(&patient_backend(server.client()).await, "paused")
+                .fallback(Fallback::FailClosed)
+                .build()
+                .unwrap(),
+        )
+    };
+    let (one, two) = (instance().await, instance().await);
+    let start = std::time::Instant::now();
+    let first = one.call(1).await.unwrap();
+    // The other instance's callers: a call, then an acquire, 100 and
+    // 200 ms after the first.
+    let waiters = ["call", "acquire"].map(|how| {
+        let two = std::sync::Arc::clone(&two);
+        tokio::spawn(async move {
+            match how {
+                "call" => drop(two.call(1).await.unwrap()),
+                _ => drop(two.acquire(1).await.unwrap()),
+            }
+            start.elapsed()
+        })
+    });
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    first.learn(&refused(pause));
+    let learned = start.elapsed();
+    drop(first);
+    for (how, waiter) in ["call", "acquire"].into_iter().zip(waiters) {
+        let after = waiter.await.unwrap();
+        assert!(
+            after + Duration::from_millis(5) >= learned + pause,
+            "{how}: went {after:?} after the start, inside the pause learned at {learned:?}"
+        );
+    }
+}

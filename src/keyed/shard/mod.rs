@@ -430,6 +430,15 @@ impl<K: Hash + Eq + Clone> Table<K> {
         (Some((result, serial)), dropped)
     }
 
+    /// [`Limits::paused_until`] of `key`, if it is held by its limits.
+    pub(super) fn paused_until<Q>(&self, key: &Q, now: u64) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.limits.get(key)?.limits.paused_until(now)
+    }
+
     /// What `key` holds at `now` (a missing key: as it would start).
     pub(super) fn snapshot_of<Q>(&self, key: &Q, now: u64) -> Snapshot
     where

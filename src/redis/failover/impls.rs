@@ -55,11 +55,29 @@ where
         cost: &Cost,
         timeout: Option<Duration>,
     ) -> impl Future<Output = Result<Option<Reservation<'_>>, Error>> + Send {
+        // A limiter that calls an upstream may be paused by its refusals.
+        self.learns.store(true, Ordering::Relaxed);
         Failover::take_call(self, key, cost, timeout)
     }
 
     fn snapshot(&self, key: &Q) -> impl Future<Output = Result<Snapshot, Error>> + Send {
         self.status(key)
+    }
+
+    fn paused(&self, key: &Q) -> impl Future<Output = Option<u64>> + Send {
+        Failover::paused(self, key)
+    }
+
+    /// The status runs on the backend's runtime while this thread blocks.
+    fn paused_blocking(&self, key: &Q) -> Option<u64> {
+        if !self.learns.load(Ordering::Relaxed) {
+            return None;
+        }
+        let (this, key) = (Arc::clone(self), key.to_owned());
+        let paused = self
+            .backend
+            .block_on(async move { Failover::paused(&this, key.borrow()).await });
+        paused.ok().flatten()
     }
 }
 
@@ -195,6 +213,7 @@ impl<K: Key + Display, C: Clock> GivesBack for Failover<K, C> {
     }
 
     fn learn(&self, taken: &GiveBackId, lesson: &Lesson, learning: &Learning) {
+        self.learns.store(true, Ordering::Relaxed);
         match Self::redis_call(taken) {
             Some(call) => self.learn_call(call, lesson, learning),
             None => GivesBack::learn(&self.local, taken, lesson, learning),

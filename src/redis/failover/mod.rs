@@ -114,6 +114,11 @@ pub struct Failover<K, C: Clock> {
     /// once done (keys were opened meanwhile).
     carrying_all: AtomicBool,
     again: AtomicBool,
+    /// Whether this limiter may be paused by an upstream's refusals: it
+    /// opened a call, sent a lesson, or heard that a key learned something.
+    /// Until then a caller that waited does not ask Redis whether a pause
+    /// holds (a limiter that only paces pays no round trip for it).
+    pub(super) learns: AtomicBool,
     /// Whether the backend tells this limiter of its recoveries.
     registered: AtomicBool,
     bucket_hasher: RandomState,
@@ -279,6 +284,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             local_fraction: parts.local_fraction,
             max_local_keys: parts.max_local_keys,
             active: AtomicBool::new(false),
+            learns: AtomicBool::new(false),
             known_len: AtomicUsize::new(0),
             books: Mutex::new(Books {
                 known: HashMap::new(),
@@ -426,6 +432,37 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         .await
     }
 
+    /// The end of the pause a refusal learned for `key` started (µs on
+    /// Redis's clock; the fallback's, where it serves the key), while it
+    /// lasts: one round trip, the key's status, once the limiter may have
+    /// learned anything (see [`Engine::paused`]); an error reads as none.
+    async fn paused<Q>(&self, key: &Q) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
+    {
+        if !self.learns.load(Ordering::Relaxed) {
+            return None;
+        }
+        let target = &self.target(key);
+        self.routed(
+            key,
+            target,
+            |_| async move {
+                let stored: Stored = send(&self.backend, target, Call::Status, None, None).await?;
+                let now = stored.now_micros;
+                Ok(stored
+                    .learned
+                    .map(|learned| learned.paused_until)
+                    .filter(|&until| until > now))
+            },
+            |_, _| Ok(Ok(self.local.paused_until(key))),
+        )
+        .await
+        .ok()
+        .flatten()
+    }
+
     /// A call of `key` (on `target`, its Redis key): `remote` asks Redis,
     /// given [`Patience::budget`]; while the key's part of Redis is down,
     /// `local` asks the fallback, told the failure and whether the caller
@@ -530,6 +567,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         }?;
         self.note_debt(key, reply.debt_micros);
         if let Some(learned) = &reply.learned {
+            self.learns.store(true, Ordering::Relaxed);
             self.note_learned(key, learned);
         }
         Ok(reply)

@@ -112,6 +112,7 @@ fn a_key_opens_at_the_rate_it_learned_and_the_others_at_theirs() {
         factor,
         margin: 1.0,
         caps: vec![f64::INFINITY].into(),
+        paused_until: 0,
     };
     failover.note_learned("slow", &learned(0.5));
     let now = clock.now_micros();

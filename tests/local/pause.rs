@@ -1,0 +1,112 @@
+//! A refusal learned while callers wait: a caller whose moment falls inside
+//! the pause it starts does not go then, but behind the pause. On the real
+//! clock (a fake one returns a sleep at once, before any lesson could come
+//! during it), asserting only what load cannot fake: a caller returns no
+//! sooner than the pause ends (a late wake-up only makes it later), and
+//! bounds far from what going inside the pause gives.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use paceline::outbound::Feedback;
+use paceline::{KeyedRateLimiter, Limit, RateLimiter};
+
+/// The pause each test's refusal asks for.
+const PAUSE: Duration = Duration::from_secs(2);
+
+fn refused() -> Feedback {
+    Feedback::new(429).with_retry_after(PAUSE)
+}
+
+/// 10/s, no burst: a second caller waits 100 ms.
+fn limiter() -> Arc<RateLimiter> {
+    Arc::new(
+        RateLimiter::builder()
+            .limit(Limit::per_second(10.0).burst(1))
+            .build()
+            .unwrap(),
+    )
+}
+
+/// Callers already waiting when a refusal comes (by `acquire`, `call`,
+/// `acquire_blocking`) go behind its pause, not at their moments inside
+/// it; a `try_acquire` whose timeout the pause outlasts returns `false`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_waiting_when_a_refusal_comes_go_behind_its_pause() {
+    for how in ["acquire", "call", "acquire_blocking", "try_acquire"] {
+        let limiter = limiter();
+        let start = Instant::now();
+        let first = limiter.call(1).await.unwrap();
+        // Waits its interval, 100 ms: a refusal comes meanwhile.
+        let waiter = {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move {
+                let went = match how {
+                    "acquire" => limiter.acquire(1).await.map(|_| true),
+                    "call" => limiter.call(1).await.map(|_| true),
+                    "try_acquire" => limiter.try_acquire(1, Duration::from_millis(500)).await,
+                    _ => tokio::task::spawn_blocking(move || limiter.acquire_blocking(1))
+                        .await
+                        .unwrap()
+                        .map(|_| true),
+                };
+                (went.unwrap(), start.elapsed())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        first.learn(&refused());
+        let learned = start.elapsed();
+        drop(first);
+        let (went, after) = waiter.await.unwrap();
+        if how == "try_acquire" {
+            assert!(!went, "{how}: went after {after:?}, inside the pause");
+            // (It waited for its moment first.)
+            assert!(after >= Duration::from_millis(99), "{how}: {after:?}");
+        } else {
+            assert!(went);
+            assert!(
+                after >= learned + PAUSE,
+                "{how}: went {after:?} after the start, inside the pause learned at {learned:?}"
+            );
+            assert!(after < learned + PAUSE * 4, "{how}: {after:?}");
+        }
+    }
+}
+
+/// On a keyed limiter the pause is the key's: a caller of the key that
+/// learned it goes behind it, one of another key at its moment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_pause_holds_its_waiting_callers_not_the_other_keys() {
+    let limiter = Arc::new(
+        KeyedRateLimiter::<String>::builder()
+            .limit(Limit::per_second(10.0).burst(1))
+            .build()
+            .unwrap(),
+    );
+    let start = Instant::now();
+    let first = limiter.call("refusing", 1).await.unwrap();
+    limiter.acquire("other", 1).await.unwrap();
+    let waiters = ["refusing", "other"].map(|key| {
+        let limiter = Arc::clone(&limiter);
+        tokio::spawn(async move {
+            limiter.acquire(key, 1).await.unwrap();
+            start.elapsed()
+        })
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    first.learn(&refused());
+    let learned = start.elapsed();
+    drop(first);
+    let [refusing, other] = waiters;
+    let (refusing, other) = (refusing.await.unwrap(), other.await.unwrap());
+    assert!(
+        refusing >= learned + PAUSE,
+        "the refusing key's caller went after {refusing:?}"
+    );
+    // The other key's, at its moment (100 ms; the bound leaves a loaded
+    // machine room, far from the pause).
+    assert!(
+        other < learned + PAUSE / 2,
+        "the other key's caller went after {other:?}"
+    );
+}
