@@ -37,9 +37,11 @@ paceline's and the terminal's: --timeout kills the whole group (the
 processes the command started too, unless one left the group), and
 paceline passes on to it what the terminal sends its own group: SIGINT
 and SIGTERM (below), a stop (Ctrl-Z) and the continue after it, a hangup
-or a quit (Ctrl-\\; these two then end paceline, as ever). A command that
-reads the terminal itself, not its stdin, is stopped as a background job
-is.
+or a quit (Ctrl-\\; these two then end paceline, as ever). A signal ignored
+when paceline starts stays ignored, by the commands too. What is
+not passed on: SIGKILL (it cannot be caught), and anything to what a
+command left running in its group once it ended. A command that reads
+the terminal itself, not its stdin, is stopped as a background job is.
 
 When stdout is a pipe or a socket whose reader goes away (`| head`), the
 run ends there, as it does without a command: no command starts after

@@ -64,7 +64,13 @@ pub(crate) fn install() -> io::Result<()> {
     }
     WATCH.store(fds[0], Ordering::SeqCst);
     WAKE.store(fds[1], Ordering::SeqCst);
+    // A signal ignored from the start stays ignored (a hang-up, by a
+    // parent that asked to outlive its terminal; an interrupt, by a shell's
+    // `&` without job control): whoever started paceline asked for that.
     for signal in [libc::SIGINT, libc::SIGTERM] {
+        if ignored(signal) {
+            continue;
+        }
         // SAFETY: a zeroed `sigaction` is a valid value to fill in; the
         // handler does only what a signal handler may (atomics, write,
         // signal, raise).
@@ -143,12 +149,46 @@ pub(crate) fn track_groups(jobs: usize) {
     GROUPS.store(Box::into_raw(Box::new(Slots(slots))), Ordering::SeqCst);
     // What a terminal does to its foreground group, passed on to the
     // commands' groups, which are not in it: a stop (Ctrl-Z) and the
-    // continue after it, a hangup. (Best effort: a handler that cannot be
-    // installed leaves that signal as it was.)
-    set_handler(libc::SIGTSTP, on_stop);
-    set_handler(libc::SIGCONT, on_continue);
-    set_handler(libc::SIGHUP, on_ending);
-    set_handler(libc::SIGQUIT, on_ending);
+    // continue after it, a hangup, a quit; each unless ignored from the
+    // start (the commands then ignore it too, as they inherit that).
+    // (Best effort: a handler that cannot be installed leaves that signal
+    // as it was.)
+    if !ignored(libc::SIGTSTP) {
+        set_handler(libc::SIGTSTP, on_stop);
+        set_handler(libc::SIGCONT, on_continue);
+    }
+    for signal in [libc::SIGHUP, libc::SIGQUIT] {
+        if !ignored(signal) {
+            set_handler(signal, on_ending);
+        }
+    }
+}
+
+/// Whether `signal` is ignored now (as it was when paceline started, if
+/// asked before paceline catches it).
+fn ignored(signal: libc::c_int) -> bool {
+    // SAFETY: a zeroed `sigaction` is a valid value to read into; a null
+    // new action only reads the current one.
+    unsafe {
+        let mut current: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(signal, std::ptr::null(), &mut current) == 0
+            && current.sa_sigaction == libc::SIG_IGN
+    }
+}
+
+/// Whether a stop sent to paceline's group would stop it: not if the
+/// group is orphaned (no member's parent in the session outside it), where
+/// the system drops a stop's default action. Told by paceline's own
+/// parent: one in another session (paceline started in a session of its
+/// own, by a daemon or a container's init, or its parent gone) leaves the
+/// group orphaned; one in the session (a shell, a script) is taken to hold
+/// it. Async-signal-safe.
+fn stops() -> bool {
+    // SAFETY: plain system calls with no preconditions.
+    unsafe {
+        let session = libc::getsid(libc::getppid());
+        session >= 0 && session == libc::getsid(0)
+    }
 }
 
 /// Catches `signal` with `handler` (calls it interrupts go on); whether it
@@ -193,8 +233,12 @@ fn raise_default(signal: libc::c_int) {
 /// stopped, cannot stop it then.)
 extern "C" fn on_stop(signal: libc::c_int) {
     let errno = Errno::save();
-    to_every_group(signal);
-    raise_default(signal);
+    // In an orphaned group the system drops the stop for paceline: so
+    // for its commands too, or nothing would ever continue them.
+    if stops() {
+        to_every_group(signal);
+        raise_default(signal);
+    }
     errno.restore();
 }
 

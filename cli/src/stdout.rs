@@ -58,10 +58,11 @@ pub(crate) fn gone() -> bool {
 /// Stdout registered with the async runtime, for a `select!` to wait on
 /// its reader going away.
 pub(crate) struct Watch {
-    /// A copy of stdout, registered for errors only: a pipe's write end
-    /// reports one once its reader has gone (a socket's closed peer is
-    /// learned by [`gone`] at the next wake instead).
-    watched: Option<AsyncFd<File>>,
+    /// A copy of stdout, registered for what its reader's going reports: a
+    /// pipe's write end an error; a socket a hang-up, which comes with its
+    /// end of input (read readiness: a socket stdout is written, never
+    /// read, so that wakes only when its peer sends, shuts down or goes).
+    watched: Option<(AsyncFd<File>, Interest)>,
 }
 
 impl Watch {
@@ -70,29 +71,38 @@ impl Watch {
         let file = stdout_file().ok().filter(|_| piped());
         Watch {
             watched: file.and_then(|file| {
+                let socket = file
+                    .metadata()
+                    .is_ok_and(|meta| meta.file_type().is_socket());
+                let interest = match socket {
+                    true => Interest::ERROR.add(Interest::READABLE),
+                    false => Interest::ERROR,
+                };
                 // SAFETY: the `AsyncFd` owns the file, open (and the same)
                 // for as long as it lives.
-                unsafe { AsyncFd::register_with_interest(file, Interest::ERROR) }.ok()
+                let watched = unsafe { AsyncFd::register_with_interest(file, interest) };
+                watched.ok().map(|watched| (watched, interest))
             }),
         }
     }
 
-    /// Returns once stdout's reader has gone (a pipe's; never for stdout
-    /// not watched). Dropping the future gives up nothing.
+    /// Returns once stdout's reader has gone (a pipe's or a socket's;
+    /// never for stdout not watched). Dropping the future gives up nothing.
     pub(crate) async fn going(&self) {
-        let Some(watched) = self.watched.as_ref().filter(|_| !gone()) else {
+        let Some((watched, interest)) = self.watched.as_ref().filter(|_| !gone()) else {
             return std::future::pending().await;
         };
         loop {
-            let Ok(mut ready) = watched.ready(Interest::ERROR).await else {
+            let Ok(mut ready) = watched.ready(*interest).await else {
                 return std::future::pending().await;
             };
             if no_reader(watched.as_raw_fd()) {
                 GONE.store(true, Ordering::Relaxed);
                 return;
             }
-            // Reported, but a reader is there again (a named pipe
-            // opened anew): wait for the next report.
+            // Reported, but a reader is there (a named pipe opened anew,
+            // a socket's peer that sent or shut down its side only): wait
+            // for the next report.
             ready.clear_ready();
         }
     }

@@ -482,6 +482,51 @@ fn a_reader_that_goes_away_while_paceline_waits_ends_the_run() {
     }
 }
 
+/// Stdout a Unix socket whose reader goes away while the scheduler waits
+/// (a record's moment a minute away, with --key, --max-wait or a
+/// command): the run ends there, status 0, as for a pipe (a closed peer
+/// is a hang-up, which comes with the socket's end of input).
+#[test]
+fn a_socket_whose_reader_goes_away_ends_a_waiting_schedule() {
+    let _one = one_at_a_time();
+    for args in [
+        &["1/min", "--key", "1"][..],
+        &["1/min", "--max-wait", "1h"][..],
+        &["1/min", "--", "echo", "{}"][..],
+    ] {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut child = paceline(args)
+            .stdout(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"y\ny\n").unwrap();
+        let mut reader = BufReader::new(ours);
+        let mut first = String::new();
+        reader.read_line(&mut first).unwrap();
+        assert_eq!(first, "y\n", "{args:?}");
+        // paceline back in its wait (were it not yet, it would notice the
+        // reader gone on its way there: no failure, only no test).
+        std::thread::sleep(Duration::from_millis(500));
+        drop(reader);
+        let status = commands::ended_within(
+            &mut child,
+            Duration::from_secs(20),
+            &format!("{args:?}, stdout a socket"),
+        );
+        drop(stdin);
+        let mut said = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut said)
+            .unwrap();
+        assert_eq!(status.code(), Some(0), "{args:?}: {status:?}: {said}");
+        assert_eq!(said, "", "{args:?}");
+    }
+}
+
 /// Two processes with `--redis` on one private server share 20/s: 100
 /// lines between them take 5 s (± 5%).
 #[test]

@@ -4,7 +4,7 @@
 //! waited for, the summary is printed, and paceline ends by the signal (a
 //! shell reports 130 or 143).
 
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 
 use super::*;
 
@@ -285,7 +285,6 @@ fn a_stop_a_continue_and_a_hangup_or_a_quit_reach_the_commands() {
 }
 
 fn stop_continue_and_end(ending: libc::c_int) {
-    use std::os::unix::process::CommandExt;
     let dir = temp_path(&format!("signal-stop-{ending}"));
     std::fs::create_dir_all(&dir).unwrap();
     let prefix = format!("{}/{{}}", dir.display());
@@ -372,4 +371,140 @@ fn stop_continue_and_end(ending: libc::c_int) {
         shell_ended,
         "the command outlived paceline's signal {ending}"
     );
+}
+
+/// paceline with `args`, `signal` ignored from its start (as a parent
+/// that asks to outlive its terminal leaves SIGHUP, and a shell without
+/// job control SIGINT and SIGQUIT for a command run with `&`).
+fn ignoring(args: &[&str], signal: libc::c_int) -> Child {
+    let mut command = paceline(args);
+    // SAFETY: signal(2) only, between fork and exec.
+    let ignore = move || match unsafe { libc::signal(signal, libc::SIG_IGN) } {
+        libc::SIG_ERR => Err(std::io::Error::last_os_error()),
+        _ => Ok(()),
+    };
+    unsafe { command.pre_exec(ignore) }.spawn().unwrap()
+}
+
+/// Runs `args` (a command per record, writing each) over three records,
+/// `signal` ignored from the start and sent once the first is out: the
+/// lines out and how paceline ended. A signal ignored on entry stays
+/// ignored, as it did before paceline caught it: the run goes on to its
+/// end.
+fn ignored_signal_sent(args: &[&str], signal: libc::c_int) -> (String, std::process::ExitStatus) {
+    let mut child = ignoring(args, signal);
+    child.stdin.take().unwrap().write_all(b"a\nb\nc\n").unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    let rest = read_all(stdout);
+    std::thread::sleep(Duration::from_millis(100));
+    // SAFETY: a plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+    let pid = child.id() as i32;
+    let status = exits_within(
+        &mut child,
+        Duration::from_secs(20),
+        &format!("paceline, signal {signal} ignored from its start, then sent"),
+        || {
+            // A stopped paceline: let the kill below end it.
+            // SAFETY: kill(2) of our own child.
+            unsafe { libc::kill(pid, libc::SIGCONT) };
+        },
+    );
+    let rest = rest
+        .recv_timeout(Duration::from_secs(10))
+        .expect("stdout still open");
+    (first + &rest, status)
+}
+
+/// A hangup (the terminal closed) ignored from the start (a run meant to
+/// outlive its terminal) stays ignored, by paceline and by its commands,
+/// which inherit that; so a quit a shell without job control leaves
+/// ignored for a job run with `&`. The run goes on to its end.
+#[test]
+fn a_hangup_or_a_quit_ignored_from_the_start_stays_ignored_with_commands() {
+    let _one = one_at_a_time();
+    for signal in [libc::SIGHUP, libc::SIGQUIT] {
+        let (lines, status) = ignored_signal_sent(&["2/s", "--", "echo", "{}"], signal);
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "signal {signal}: {status:?}: {lines:?}"
+        );
+        assert_eq!(lines, "a\nb\nc\n", "signal {signal}");
+    }
+}
+
+/// A stop (SIGTSTP) ignored from the start stays ignored: paceline does
+/// not stop, nor do its commands.
+#[test]
+fn a_stop_ignored_from_the_start_does_not_stop_paceline() {
+    let _one = one_at_a_time();
+    let (lines, status) = ignored_signal_sent(&["2/s", "--", "echo", "{}"], libc::SIGTSTP);
+    assert_eq!(status.code(), Some(0), "{status:?}: {lines:?}");
+    assert_eq!(lines, "a\nb\nc\n");
+}
+
+/// SIGINT ignored from the start (`paceline ... &` in a script: the shell
+/// leaves SIGINT and SIGQUIT ignored for it, so that a Ctrl-C meant for
+/// the script's foreground does not end it) stays ignored, in the plain
+/// copy too.
+#[test]
+fn an_interrupt_ignored_from_the_start_stays_ignored() {
+    let _one = one_at_a_time();
+    for args in [&["2/s"][..], &["2/s", "--", "echo", "{}"][..]] {
+        let (lines, status) = ignored_signal_sent(args, libc::SIGINT);
+        assert_eq!(status.code(), Some(0), "{args:?}: {status:?}: {lines:?}");
+        assert_eq!(lines, "a\nb\nc\n", "{args:?}");
+    }
+}
+
+/// paceline in an orphaned process group (a session of its own: started
+/// by a daemon, `setsid`, a container's init) gets a stop: the system
+/// drops a stop's default action there, so paceline does not stop; nor
+/// are its commands stopped, which nothing would then continue: the run
+/// goes on to its end, as when they shared paceline's group.
+#[test]
+fn a_stop_in_an_orphaned_group_does_not_leave_the_commands_stopped() {
+    let _one = one_at_a_time();
+    let mut command = paceline(&[
+        "10/s",
+        "--",
+        "sh",
+        "-c",
+        "echo started; sleep 2; echo \"$1\"",
+        "sh",
+        "{}",
+    ]);
+    // SAFETY: setsid(2) only, between fork and exec: paceline leads a
+    // session (and a group) of its own, which has no parent in it: an
+    // orphaned group.
+    let own_session = || match unsafe { libc::setsid() } {
+        -1 => Err(std::io::Error::last_os_error()),
+        _ => Ok(()),
+    };
+    let mut child = unsafe { command.pre_exec(own_session) }.spawn().unwrap();
+    child.stdin.take().unwrap().write_all(b"a\n").unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "started\n");
+    let rest = read_all(stdout);
+    // SAFETY: a plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTSTP) }, 0);
+    // The command sleeps 2 s: stopped, it never ends. (paceline killed,
+    // its stopped commands are in an orphaned group: the kernel hangs
+    // them up and continues them.)
+    let status = exits_within(
+        &mut child,
+        Duration::from_secs(20),
+        "paceline in an orphaned group, after SIGTSTP",
+        || {},
+    );
+    let rest = rest
+        .recv_timeout(Duration::from_secs(10))
+        .expect("stdout still open");
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert_eq!(rest, "a\n");
 }
