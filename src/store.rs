@@ -442,44 +442,54 @@ where
     Q: ?Sized + Sync,
     E: Engine<Q>,
 {
-    let mut slept = Duration::ZERO;
-    let mut handled = None;
+    let mut waits = Waits::default();
     loop {
-        let left = timeout.map(|timeout| timeout.saturating_sub(slept));
+        let left = waits.left(timeout);
         let Some(reservation) = try_reservation(engine, key, permits, left).await? else {
             return Ok(None);
         };
         let waited = reservation.wait().await;
-        slept += waited;
-        if !paused_since(engine, key, waited, &mut handled).await {
-            return Ok(Some(slept));
+        if !waits.again(waited, || engine.paused(key)).await {
+            return Ok(Some(waits.slept));
         }
     }
 }
 
-/// Whether a caller that just waited `waited` for `key` wakes inside a
-/// pause it has not yet reserved again behind (`handled`: the end of the
-/// last it did, updated). One that did not wait went at once: no pause
-/// came meanwhile.
-async fn paused_since<Q, E>(
-    engine: &E,
-    key: &Q,
-    waited: Duration,
-    handled: &mut Option<u64>,
-) -> bool
-where
-    Q: ?Sized + Sync,
-    E: Engine<Q>,
-{
-    if waited.is_zero() {
-        return false;
+/// What a caller has waited so far, and the end of the last pause it
+/// reserved again behind (see [`take_and_wait`]).
+#[derive(Default)]
+struct Waits {
+    slept: Duration,
+    handled: Option<u64>,
+}
+
+impl Waits {
+    /// What is left of `timeout` (`None`: no bound).
+    fn left(&self, timeout: Option<Duration>) -> Option<Duration> {
+        timeout.map(|timeout| timeout.saturating_sub(self.slept))
     }
-    match engine.paused(key).await {
-        Some(until) if *handled != Some(until) => {
-            *handled = Some(until);
-            true
+
+    /// Counts a wait of `waited`; whether the caller wakes inside a pause
+    /// it has not yet reserved again behind, as `paused` (asked only if it
+    /// waited: one that went at once saw no pause come) tells.
+    async fn again<F>(&mut self, waited: Duration, paused: impl FnOnce() -> F) -> bool
+    where
+        F: Future<Output = Option<u64>>,
+    {
+        self.slept += waited;
+        !waited.is_zero() && self.behind(paused().await)
+    }
+
+    /// Whether the pause ending at `paused` is one it has not yet reserved
+    /// again behind (then it has).
+    fn behind(&mut self, paused: Option<u64>) -> bool {
+        match paused {
+            Some(until) if self.handled != Some(until) => {
+                self.handled = Some(until);
+                true
+            }
+            _ => false,
         }
-        _ => false,
     }
 }
 
@@ -509,18 +519,19 @@ where
         return Ok(None);
     };
     // As `take_and_wait`: again behind a pause learned while it waited.
-    let mut waited = slot.waited;
-    let mut handled = None;
+    let mut waits = Waits {
+        slept: slot.waited,
+        handled: None,
+    };
     let pending = loop {
-        let left = timeout.map(|timeout| timeout.saturating_sub(waited));
+        let left = waits.left(timeout);
         let taken = engine.take_call(key, &cost, left).await?;
         count(engine, left, taken.as_ref().map(Reservation::delay));
         let Some(reservation) = taken else {
             return Ok(None);
         };
         let (slept, pending) = reservation.wait_open().await;
-        waited += slept;
-        if !paused_since(engine, key, slept, &mut handled).await {
+        if !waits.again(slept, || engine.paused(key)).await {
             break pending;
         }
         // The call it opened ends at its estimate, as a dropped one does.
@@ -529,7 +540,7 @@ where
         }
     };
     Ok(Some(Call {
-        waited,
+        waited: waits.slept,
         pending,
         charged: cost,
         limits,
@@ -553,24 +564,22 @@ where
     E: Engine<Q>,
 {
     check_permits(permits)?;
-    let mut slept = Duration::ZERO;
-    let mut handled = None;
+    // As `take_and_wait`: again behind a pause learned while it slept.
+    let mut waits = Waits::default();
     loop {
-        let left = timeout.map(|timeout| timeout.saturating_sub(slept));
+        let left = waits.left(timeout);
         let taken = engine.take_blocking(key, permits, left)?;
         count(engine, left, taken);
         let Some(wait) = taken else {
             return Ok(None);
         };
+        waits.slept += wait;
         if wait.is_zero() {
-            return Ok(Some(slept));
+            return Ok(Some(waits.slept));
         }
         engine.sleep_blocking(wait);
-        slept += wait;
-        // As `take_and_wait`: again behind a pause learned while it slept.
-        match engine.paused_blocking(key) {
-            Some(until) if handled != Some(until) => handled = Some(until),
-            _ => return Ok(Some(slept)),
+        if !waits.behind(engine.paused_blocking(key)) {
+            return Ok(Some(waits.slept));
         }
     }
 }

@@ -417,16 +417,11 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        let target = &self.target(key);
-        self.routed(
+        // At the rates in force: what the key learned, as the status says
+        // (whichever process taught it).
+        self.read_status(
             key,
-            target,
-            |_| async move {
-                // At the rates in force: what the key learned, as the
-                // status says (whichever process taught it).
-                let stored: Stored = send(&self.backend, target, Call::Status, None, None).await?;
-                Ok(stored.snapshot(&self.script_args))
-            },
+            |stored| stored.snapshot(&self.script_args),
             |failure, patient| self.snapshot_locally(key, failure, patient),
         )
         .await
@@ -444,23 +439,38 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         if !self.learns.load(Ordering::Relaxed) {
             return None;
         }
+        let paused = |stored: Stored| {
+            let until = stored.learned.map(|learned| learned.paused_until);
+            until.filter(|&until| until > stored.now_micros)
+        };
+        let status = self.read_status(key, paused, |_, _| Ok(Ok(self.local.paused_until(key))));
+        status.await.ok().flatten()
+    }
+
+    /// `key`'s status from Redis, read by `read`; `local` while its part
+    /// of Redis is down (see [`routed`](Self::routed)).
+    async fn read_status<'a, Q, T>(
+        &'a self,
+        key: &Q,
+        read: impl Fn(Stored) -> T,
+        local: impl Fn(Option<BackendError>, bool) -> Result<Result<T, Error>, Carried<'a>>,
+    ) -> Result<T, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
+    {
         let target = &self.target(key);
+        let read = &read;
         self.routed(
             key,
             target,
             |_| async move {
                 let stored: Stored = send(&self.backend, target, Call::Status, None, None).await?;
-                let now = stored.now_micros;
-                Ok(stored
-                    .learned
-                    .map(|learned| learned.paused_until)
-                    .filter(|&until| until > now))
+                Ok(read(stored))
             },
-            |_, _| Ok(Ok(self.local.paused_until(key))),
+            local,
         )
         .await
-        .ok()
-        .flatten()
     }
 
     /// A call of `key` (on `target`, its Redis key): `remote` asks Redis,
