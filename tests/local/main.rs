@@ -23,6 +23,7 @@ mod give_back;
 mod learn;
 mod limiter_trait;
 mod pause;
+mod pause_exact;
 mod real_clock;
 mod set_rate;
 mod settle;

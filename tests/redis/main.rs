@@ -22,6 +22,7 @@ mod exactness;
 mod faults;
 mod keyed;
 mod limiter;
+mod pause;
 mod proxy_harness;
 mod recovery;
 mod script;
