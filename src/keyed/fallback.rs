@@ -35,6 +35,9 @@ impl<K: Key, C: Clock> Keyed<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
+        if !self.ever_learned() {
+            return None;
+        }
         let now = self.clock.now_micros();
         self.shard(key).read().paused_until(key, now)
     }

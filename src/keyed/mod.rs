@@ -11,7 +11,7 @@ mod store;
 use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use hasher::ShardHasher;
@@ -51,6 +51,10 @@ pub struct Keyed<K, C: Clock = SystemClock> {
     /// 1, or a Redis limiter's fallback's local fraction (its keys run at
     /// that share of the shared rates).
     share: f64,
+    /// Whether any key ever learned from an upstream: until then a caller
+    /// that waited does not take its shard's lock to ask whether a pause
+    /// holds.
+    learned: AtomicBool,
 }
 
 /// A shard on cache lines of its own, so that threads on different shards
@@ -134,6 +138,7 @@ impl<K: Key, C: Clock> Keyed<K, C> {
             rounds: Rounds::new(shards, now, mode == Mode::Full),
             metrics: Metrics::default(),
             share: 1.0,
+            learned: AtomicBool::new(false),
         }
     }
 
@@ -164,9 +169,17 @@ impl<K: Key, C: Clock> Keyed<K, C> {
             &shared
         };
         let (mut shard, now) = self.shard_now(key);
+        // (Under the shard's lock, before the lesson: a caller that sees it
+        // waits for the lock, then finds the pause.)
+        self.learned.store(true, Relaxed);
         let dropped = shard.learn(key, now, lesson, learning);
         drop(shard);
         self.count_dropped(dropped);
+    }
+
+    /// Whether any key ever learned from an upstream.
+    pub(crate) fn ever_learned(&self) -> bool {
+        self.learned.load(Relaxed)
     }
 
     /// Records into `metrics` from now on.

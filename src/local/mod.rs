@@ -19,8 +19,8 @@ mod slot;
 
 use std::fmt;
 use std::sync::Mutex;
-use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{AcqRel, Acquire};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
@@ -49,6 +49,9 @@ pub struct Single<C: Clock = SystemClock> {
     limits: Mutex<Limits>,
     clock: C,
     metrics: Metrics,
+    /// Whether it ever learned from an upstream: until then a caller that
+    /// waited does not take the lock to ask whether a pause holds.
+    learned: AtomicBool,
 }
 
 #[repr(align(128))]
@@ -89,6 +92,7 @@ impl<C: Clock> Single<C> {
             limits: Mutex::new(limits),
             clock,
             metrics: Metrics::default(),
+            learned: AtomicBool::new(false),
         }
     }
 
@@ -246,6 +250,9 @@ impl<C: Clock> AtOnce<NoKey> for Single<C> {
     }
 
     fn paused_at_once(&self, _: &NoKey) -> Option<u64> {
+        if !self.learned.load(Ordering::Acquire) {
+            return None;
+        }
         let now = self.clock.now_micros();
         self.lock().paused_until(now)
     }
@@ -307,6 +314,7 @@ impl<C: Clock> GivesBack for Single<C> {
     }
 
     fn learn(&self, _: &GiveBackId, lesson: &Lesson, learning: &Learning) {
+        self.learned.store(true, Ordering::Release);
         self.learn_locked(lesson, learning);
     }
 }
