@@ -90,6 +90,19 @@ fn refused(ms: u64) -> Feedback {
     Feedback::new(429).with_retry_after(Duration::from_millis(ms))
 }
 
+/// `future`, boxed and polled once: it waits.
+fn waiting<'a, T>(future: impl Future<Output = T> + 'a) -> Boxed<'a, T> {
+    let mut future: Boxed<'a, T> = Box::pin(future);
+    assert!(poll(&mut future).is_none(), "went at once");
+    future
+}
+
+/// At 20 ms, the upstream refuses `first`, asking for `pause_ms`.
+fn refused_at_20(clock: &Manual, first: paceline::outbound::Call<'_>, pause_ms: u64) {
+    clock.set_ms(20);
+    first.learn(&refused(pause_ms));
+}
+
 /// 10/s, no burst.
 fn limiter(clock: &Manual) -> RateLimiter<paceline::Local, Manual> {
     RateLimiter::builder()
@@ -132,22 +145,10 @@ fn sanity_acquire_goes_behind_the_pause_and_reports_all_it_slept() {
     let clock = Manual::default();
     let limiter = limiter(&clock);
     let first = at_once(limiter.call(1)).unwrap();
-    let mut waiter: Boxed<'_, _> = Box::pin(limiter.acquire(1));
-    assert!(poll(&mut waiter).is_none());
-    clock.set_ms(20);
-    first.learn(&refused(1000));
-    drop(first);
-    let mut futures = [Some(waiter)];
-    let mut slept = None;
-    let mut ms = 20;
-    while slept.is_none() && ms < 5000 {
-        clock.set_ms(ms);
-        if let Some(out) = poll(futures[0].as_mut().unwrap()) {
-            slept = Some((ms, out.unwrap()));
-        }
-        ms += 1;
-    }
-    let (went, slept) = slept.unwrap();
+    let mut waiter = waiting(limiter.acquire(1));
+    refused_at_20(&clock, first, 1000);
+    let (went, slept) = finish(&clock, &mut waiter, 5000).unwrap();
+    let slept = slept.unwrap();
     assert_eq!(went, 1020, "went at {went} ms");
     assert_eq!(slept, Duration::from_millis(1020));
 }
@@ -176,11 +177,8 @@ fn acquire_dropped_behind_the_pause_gives_back_its_second_reservation() {
     let clock = Manual::default();
     let limiter = limiter(&clock);
     let first = at_once(limiter.call(1)).unwrap();
-    let mut waiter: Boxed<'_, _> = Box::pin(limiter.acquire(1));
-    assert!(poll(&mut waiter).is_none());
-    clock.set_ms(20);
-    first.learn(&refused(1000));
-    drop(first);
+    let mut waiter = waiting(limiter.acquire(1));
+    refused_at_20(&clock, first, 1000);
     assert!(finish(&clock, &mut waiter, 500).is_none());
     drop(waiter);
     let wait = limiter.snapshot().unwrap().wait();
@@ -201,9 +199,7 @@ fn several_waiters_go_one_interval_apart_after_the_pause() {
             Some(w)
         })
         .collect();
-    clock.set_ms(20);
-    first.learn(&refused(1000));
-    drop(first);
+    refused_at_20(&clock, first, 1000);
     let done = run_until(&clock, &mut waiters, 4000);
     let mut went: Vec<u64> = done.into_iter().map(Option::unwrap).collect();
     went.sort();
@@ -226,12 +222,9 @@ fn call_keeps_one_slot_across_the_pause_and_frees_it_when_dropped() {
         .build()
         .unwrap();
     let first = at_once(limiter.call(1)).unwrap();
-    let mut waiter: Boxed<'_, _> = Box::pin(limiter.call(1));
-    assert!(poll(&mut waiter).is_none());
+    let mut waiter = waiting(limiter.call(1));
     assert_eq!(limiter.stats().in_flight, 2);
-    clock.set_ms(20);
-    first.learn(&refused(1000));
-    drop(first);
+    refused_at_20(&clock, first, 1000);
     assert_eq!(limiter.stats().in_flight, 1);
     assert!(finish(&clock, &mut waiter, 500).is_none());
     assert_eq!(limiter.stats().in_flight, 1);
@@ -262,11 +255,8 @@ fn try_call_outlasted_by_the_pause_returns_none_and_frees_its_slot() {
         .build()
         .unwrap();
     let first = at_once(limiter.call(1)).unwrap();
-    let mut waiter: Boxed<'_, _> = Box::pin(limiter.try_call(1, Duration::from_millis(500)));
-    assert!(poll(&mut waiter).is_none());
-    clock.set_ms(20);
-    first.learn(&refused(1000));
-    drop(first);
+    let mut waiter = waiting(limiter.try_call(1, Duration::from_millis(500)));
+    refused_at_20(&clock, first, 1000);
     let (went, out) = finish(&clock, &mut waiter, 3000).unwrap();
     assert_eq!(went, 100);
     assert!(out.unwrap().is_none());
@@ -287,8 +277,7 @@ fn a_second_refusal_during_the_second_wait_sends_it_behind_again() {
     let clock = Manual::default();
     let limiter = limiter(&clock);
     let first = at_once(limiter.call(1)).unwrap();
-    let mut waiter: Boxed<'_, _> = Box::pin(limiter.acquire(1));
-    assert!(poll(&mut waiter).is_none());
+    let mut waiter = waiting(limiter.acquire(1));
     clock.set_ms(20);
     first.learn(&refused(1000));
     assert!(finish(&clock, &mut waiter, 500).is_none());
@@ -314,9 +303,7 @@ fn keyed_pause_holds_only_its_key() {
     let mut a: Boxed<'_, _> = Box::pin(limiter.acquire("a", 1));
     let mut b: Boxed<'_, _> = Box::pin(limiter.acquire("b", 1));
     assert!(poll(&mut a).is_none() && poll(&mut b).is_none());
-    clock.set_ms(20);
-    first.learn(&refused(1000));
-    drop(first);
+    refused_at_20(&clock, first, 1000);
     let mut both = [Some(a), Some(b)];
     let done = run_until(&clock, &mut both, 3000);
     assert_eq!(done, vec![Some(1020), Some(100)]);
@@ -365,9 +352,7 @@ fn trait_objects_go_behind_the_pause() {
     let mut waiter: Boxed<'_, _> = Box::pin(dynamic.try_acquire(1, Duration::from_millis(500)));
     let mut acquire: Boxed<'_, _> = Box::pin(async { dynamic.acquire(1).await.map(|_| true) });
     assert!(poll(&mut waiter).is_none() && poll(&mut acquire).is_none());
-    clock.set_ms(20);
-    first.learn(&refused(1000));
-    drop(first);
+    refused_at_20(&clock, first, 1000);
     let mut both = [Some(waiter), Some(acquire)];
     let done = run_until(&clock, &mut both, 3000);
     assert_eq!(done, vec![Some(100), Some(1020)]);
@@ -381,11 +366,8 @@ fn trait_objects_go_behind_the_pause() {
     let dynamic: &dyn KeyedLimiter<String> = &keyed;
     let key = "k".to_string();
     let first = at_once(keyed.call("k", 1)).unwrap();
-    let mut waiter: Boxed<'_, _> = Box::pin(dynamic.acquire(&key, 1));
-    assert!(poll(&mut waiter).is_none());
-    clock.set_ms(20);
-    first.learn(&refused(1000));
-    drop(first);
+    let mut waiter = waiting(dynamic.acquire(&key, 1));
+    refused_at_20(&clock, first, 1000);
     let (went, _) = finish(&clock, &mut waiter, 3000).unwrap();
     assert_eq!(went, 1020);
 }

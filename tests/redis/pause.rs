@@ -8,12 +8,45 @@ use std::time::{Duration, Instant};
 
 use crate::support::poll::patient_backend;
 use crate::support::redis_server::RedisServer;
-use paceline::outbound::Feedback;
-use paceline::redis::Fallback;
+use paceline::outbound::{Call, Feedback};
+use paceline::redis::{Fallback, Redis};
 use paceline::{KeyedRateLimiter, Limit, RateLimiter};
 
 fn refused(pause: Duration) -> Feedback {
     Feedback::new(429).with_retry_after(pause)
+}
+
+/// 30 ms after the callers began waiting, the upstream refuses `first`,
+/// asking for `pause`: when the limiter learned it, since `start`.
+async fn refuse(first: Call<'_>, start: Instant, pause: Duration) -> Duration {
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    first.learn(&refused(pause));
+    start.elapsed()
+}
+
+/// Two instances (processes: a backend each) of a limiter at 10/s, no
+/// burst, named `name`, on `server`.
+async fn two_instances(server: &RedisServer, name: &str) -> [Arc<RateLimiter<Redis>>; 2] {
+    let mut instances = Vec::new();
+    for _ in 0..2 {
+        let limiter = RateLimiter::builder()
+            .limit(Limit::per_second(10.0).burst(1))
+            .redis(&patient_backend(server.client()).await, name)
+            .fallback(Fallback::FailClosed)
+            .build()
+            .unwrap();
+        instances.push(Arc::new(limiter));
+    }
+    [instances.remove(0), instances.remove(0)]
+}
+
+/// A caller that went `after` the start went no sooner than the pause
+/// learned at `learned` ended (a late wake-up only makes it later).
+fn behind(after: Duration, learned: Duration, pause: Duration, what: &str) {
+    assert!(
+        after + Duration::from_millis(5) >= learned + pause,
+        "{what}: went {after:?} after the start, inside the pause learned at {learned:?}"
+    );
 }
 
 /// A Redis limiter that never calls an upstream pays no status round
@@ -42,17 +75,7 @@ async fn a_pacing_only_redis_limiter_pays_one_round_trip_per_acquire() {
 async fn an_acquire_only_instance_waiters_go_behind_the_pause() {
     let pause = Duration::from_secs(2);
     let server = RedisServer::start();
-    let instance = || async {
-        Arc::new(
-            RateLimiter::builder()
-                .limit(Limit::per_second(10.0).burst(1))
-                .redis(&patient_backend(server.client()).await, "acq-only")
-                .fallback(Fallback::FailClosed)
-                .build()
-                .unwrap(),
-        )
-    };
-    let (one, two) = (instance().await, instance().await);
+    let [one, two] = two_instances(&server, "acq-only").await;
     // The key learned something long before: a refusal with a short pause.
     let early = one.call(1).await.unwrap();
     early.learn(&refused(Duration::from_millis(1)));
@@ -69,15 +92,9 @@ async fn an_acquire_only_instance_waiters_go_behind_the_pause() {
             start.elapsed()
         })
     };
-    tokio::time::sleep(Duration::from_millis(30)).await;
-    first.learn(&refused(pause));
-    let learned = start.elapsed();
-    drop(first);
+    let learned = refuse(first, start, pause).await;
     let after = waiter.await.unwrap();
-    assert!(
-        after + Duration::from_millis(5) >= learned + pause,
-        "went {after:?} after the start, inside the pause learned at {learned:?}"
-    );
+    behind(after, learned, pause, "the waiter");
 }
 
 /// acquire_blocking and try_acquire_blocking on a Redis limiter go behind
@@ -110,18 +127,12 @@ async fn blocking_acquires_through_redis_go_behind_the_pause() {
                 (went, start.elapsed())
             })
         };
-        tokio::time::sleep(Duration::from_millis(30)).await;
-        first.learn(&refused(pause));
-        let learned = start.elapsed();
-        drop(first);
+        let learned = refuse(first, start, pause).await;
         let (went, after) = waiter.await.unwrap();
         if how == "try" {
             assert!(!went, "{how}: went {after:?}, inside the pause");
         } else {
-            assert!(
-                after + Duration::from_millis(5) >= learned + pause,
-                "{how}: went {after:?}, inside the pause learned at {learned:?}"
-            );
+            behind(after, learned, pause, how);
         }
         // Let the pause end before the next round.
         tokio::time::sleep(pause).await;
@@ -152,10 +163,7 @@ async fn keyed_redis_pause_holds_only_its_key() {
             start.elapsed()
         })
     });
-    tokio::time::sleep(Duration::from_millis(30)).await;
-    first.learn(&refused(pause));
-    let learned = start.elapsed();
-    drop(first);
+    let learned = refuse(first, start, pause).await;
     let [a, b] = waiters;
     let (a, b) = (a.await.unwrap(), b.await.unwrap());
     assert!(
@@ -197,16 +205,10 @@ async fn several_limits_through_redis_go_behind_the_pause() {
                 start.elapsed()
             })
         });
-        tokio::time::sleep(Duration::from_millis(30)).await;
-        first.learn(&refused(pause));
-        let learned = start.elapsed();
-        drop(first);
+        let learned = refuse(first, start, pause).await;
         for (how, waiter) in ["call", "acquire"].into_iter().zip(waiters) {
             let after = waiter.await.unwrap();
-            assert!(
-                after + Duration::from_millis(5) >= learned + pause,
-                "{name} {how}: went {after:?}, inside the pause learned at {learned:?}"
-            );
+            behind(after, learned, pause, &format!("{name} {how}"));
         }
     }
 }
@@ -240,14 +242,36 @@ async fn on_the_fallback_waiters_go_behind_the_pause() {
             start.elapsed()
         })
     };
-    tokio::time::sleep(Duration::from_millis(30)).await;
-    first.learn(&refused(pause));
-    let learned = start.elapsed();
-    drop(first);
+    let learned = refuse(first, start, pause).await;
     let after = waiter.await.unwrap();
     assert!(limiter.stats().degraded);
-    assert!(
-        after + Duration::from_millis(5) >= learned + pause,
-        "went {after:?}, inside the pause learned at {learned:?}"
-    );
+    behind(after, learned, pause, "the waiter");
+}
+
+/// A refusal learned by one instance while another's callers wait: those
+/// whose moments fall inside its pause go behind it, not inside it (each
+/// asks Redis as it wakes, once its limiter calls an upstream).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_waiting_in_another_instance_go_behind_a_refusals_pause() {
+    let pause = Duration::from_secs(2);
+    let server = RedisServer::start();
+    let [one, two] = two_instances(&server, "paused").await;
+    let start = Instant::now();
+    let first = one.call(1).await.unwrap();
+    // The other instance's callers: a call, then an acquire, 100 and
+    // 200 ms after the first.
+    let waiters = ["call", "acquire"].map(|how| {
+        let two = Arc::clone(&two);
+        tokio::spawn(async move {
+            match how {
+                "call" => drop(two.call(1).await.unwrap()),
+                _ => drop(two.acquire(1).await.unwrap()),
+            }
+            start.elapsed()
+        })
+    });
+    let learned = refuse(first, start, pause).await;
+    for (how, waiter) in ["call", "acquire"].into_iter().zip(waiters) {
+        behind(waiter.await.unwrap(), learned, pause, how);
+    }
 }

@@ -219,35 +219,44 @@ fn a_reader_that_goes_away_ends_a_run_of_commands_quietly() {
     ] {
         let mut args = rate.to_vec();
         args.extend_from_slice(&["--", "echo", "{}"]);
-        let mut child = paceline(&args).spawn().unwrap();
-        let (writer, stdin) = match endless {
-            true => (Some(feed_endlessly(&mut child)), None),
-            false => {
-                let mut stdin = child.stdin.take().unwrap();
-                stdin.write_all(b"y\ny\n").unwrap();
-                (None, Some(stdin))
-            }
-        };
-        let mut stderr = child.stderr.take().unwrap();
-        let said = std::thread::spawn(move || {
-            let mut said = String::new();
-            let _ = stderr.read_to_string(&mut said);
-            said
-        });
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut first = String::new();
-        stdout.read_line(&mut first).unwrap();
-        assert_eq!(first, "y\n", "{rate:?}");
-        drop(stdout);
-        let status = ended_within(&mut child, Duration::from_secs(20), &format!("{rate:?}"));
-        drop(stdin);
-        if let Some(writer) = writer {
-            writer.join().unwrap();
-        }
-        let said = said.join().unwrap();
+        let (status, said) = reader_leaves_after_a_line(&args, endless);
         assert_eq!(status.code(), Some(0), "{rate:?}: {status:?}: {said}");
         assert_eq!(said, "", "{rate:?}");
     }
+}
+
+/// Runs paceline with `args` on endless input, or on one record and a
+/// stdin kept open and quiet; reads the first line (`y`) and goes away:
+/// how paceline ended (within 20 s, else a failure) and what it said on
+/// stderr.
+pub(super) fn reader_leaves_after_a_line(
+    args: &[&str],
+    endless: bool,
+) -> (std::process::ExitStatus, String) {
+    let mut child = paceline(args).spawn().unwrap();
+    let (writer, stdin) = match endless {
+        true => (Some(feed_endlessly(&mut child)), None),
+        false => {
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(b"y\n").unwrap();
+            (None, Some(stdin))
+        }
+    };
+    let said = read_all(child.stderr.take().unwrap());
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    assert_eq!(first, "y\n", "{args:?}");
+    drop(stdout);
+    let status = ended_within(&mut child, Duration::from_secs(20), &format!("{args:?}"));
+    drop(stdin);
+    if let Some(writer) = writer {
+        writer.join().unwrap();
+    }
+    let said = said
+        .recv_timeout(Duration::from_secs(10))
+        .expect("stderr still open");
+    (status, said)
 }
 
 /// A command that failed of itself (not of SIGPIPE once the reader was

@@ -442,7 +442,6 @@ fn a_reader_that_goes_away_ends_the_run_quietly() {
 /// minute (or input) later. The plain copy and the scheduler alike.
 #[test]
 fn a_reader_that_goes_away_while_paceline_waits_ends_the_run() {
-    use commands::{ended_within, feed_endlessly};
     let _one = one_at_a_time();
     for (args, endless) in [
         (&["1/min"][..], true),
@@ -451,32 +450,7 @@ fn a_reader_that_goes_away_while_paceline_waits_ends_the_run() {
         (&["10/s"][..], false),
         (&["10/s", "--key", "1"][..], false),
     ] {
-        let mut child = paceline(args).spawn().unwrap();
-        let (writer, stdin) = match endless {
-            true => (Some(feed_endlessly(&mut child)), None),
-            false => {
-                let mut stdin = child.stdin.take().unwrap();
-                stdin.write_all(b"y\n").unwrap();
-                (None, Some(stdin))
-            }
-        };
-        let mut stderr = child.stderr.take().unwrap();
-        let said = std::thread::spawn(move || {
-            let mut said = String::new();
-            let _ = stderr.read_to_string(&mut said);
-            said
-        });
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut first = String::new();
-        stdout.read_line(&mut first).unwrap();
-        assert_eq!(first, "y\n", "{args:?}");
-        drop(stdout);
-        let status = ended_within(&mut child, Duration::from_secs(20), &format!("{args:?}"));
-        drop(stdin);
-        if let Some(writer) = writer {
-            writer.join().unwrap();
-        }
-        let said = said.join().unwrap();
+        let (status, said) = commands::reader_leaves_after_a_line(args, endless);
         assert_eq!(status.code(), Some(0), "{args:?}: {status:?}: {said}");
         assert_eq!(said, "", "{args:?}");
     }
