@@ -179,28 +179,14 @@ pub(super) fn feed_endlessly(child: &mut Child) -> std::thread::JoinHandle<()> {
     })
 }
 
-/// How `child` (run as `what`) ended, within `bound`; killed, and a
-/// failure, if it did not.
+/// How `child` (run as `what`) ended, within `bound` after its reader
+/// went away; killed, and a failure, if it did not.
 pub(super) fn ended_within(
     child: &mut Child,
     bound: Duration,
     what: &str,
 ) -> std::process::ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if start.elapsed() > bound {
-            let _ = child.kill();
-            let status = child.wait().unwrap();
-            panic!(
-                "{what}: still running {bound:?} after its reader went away (then killed: \
-                 {status:?})"
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    exits_within(child, bound, &format!("{what}, its reader gone"), || {})
 }
 
 /// With stdout's reader gone (`yes | paceline ... -- echo {} | head -1`),
