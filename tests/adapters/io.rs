@@ -8,16 +8,17 @@
 //! a reader or writer mid-wait. Two tests run on the real clock.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use paceline::Local;
-use paceline::clock::{Clock, FakeClock, Sleep};
+use paceline::clock::{Clock, FakeClock};
 use paceline::io::{MAX_CHUNK, ThrottledReader, ThrottledWriter};
 use paceline::{Error, Limiter, RateLimiter};
+
+use crate::support::manual::ManualClock;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 /// 1 byte per µs: every chunk's cost is a whole number of µs.
@@ -104,45 +105,6 @@ impl AsyncRead for Trickle<'_> {
         buf.put_slice(&this.data[..n]);
         this.data = &this.data[n..];
         Poll::Ready(Ok(()))
-    }
-}
-
-/// A clock whose sleeps end only when the test advances it.
-#[derive(Clone, Default)]
-struct ManualClock {
-    nanos: Arc<AtomicU64>,
-    sleepers: Arc<Mutex<Vec<Waker>>>,
-}
-
-impl ManualClock {
-    fn advance(&self, by: Duration) {
-        self.nanos.fetch_add(by.as_nanos() as u64, Ordering::AcqRel);
-        for waker in self.sleepers.lock().unwrap().drain(..) {
-            waker.wake();
-        }
-    }
-}
-
-impl Clock for ManualClock {
-    fn now(&self) -> Duration {
-        Duration::from_nanos(self.nanos.load(Ordering::Acquire))
-    }
-
-    fn sleep_blocking(&self, _: Duration) {
-        unimplemented!("async tests only")
-    }
-
-    fn sleep(&self, duration: Duration) -> Sleep {
-        let clock = self.clone();
-        let deadline = self.now() + duration;
-        Box::pin(std::future::poll_fn(move |cx| {
-            if clock.now() >= deadline {
-                Poll::Ready(())
-            } else {
-                clock.sleepers.lock().unwrap().push(cx.waker().clone());
-                Poll::Pending
-            }
-        }))
     }
 }
 

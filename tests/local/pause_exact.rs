@@ -5,62 +5,14 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use paceline::clock::{Clock, Sleep};
 use paceline::outbound::Feedback;
 use paceline::{KeyedRateLimiter, Limit, RateLimiter};
 
-#[derive(Clone, Default)]
-pub struct Manual(Arc<Inner>);
-
-#[derive(Default)]
-pub struct Inner {
-    micros: AtomicU64,
-    wakers: Mutex<Vec<Waker>>,
-}
-
-impl Manual {
-    pub fn set_ms(&self, ms: u64) {
-        self.0.micros.store(ms * 1000, Ordering::SeqCst);
-        for waker in self.0.wakers.lock().unwrap().drain(..) {
-            waker.wake();
-        }
-    }
-
-    pub fn ms(&self) -> u64 {
-        self.0.micros.load(Ordering::SeqCst) / 1000
-    }
-}
-
-impl Clock for Manual {
-    fn now(&self) -> Duration {
-        Duration::from_micros(self.0.micros.load(Ordering::SeqCst))
-    }
-
-    fn sleep_blocking(&self, duration: Duration) {
-        let deadline = self.now() + duration;
-        while self.now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-
-    fn sleep(&self, duration: Duration) -> Sleep {
-        let clock = self.clone();
-        let deadline = self.now() + duration;
-        Box::pin(std::future::poll_fn(move |cx| {
-            if clock.now() >= deadline {
-                Poll::Ready(())
-            } else {
-                clock.0.wakers.lock().unwrap().push(cx.waker().clone());
-                Poll::Pending
-            }
-        }))
-    }
-}
+use crate::support::manual::ManualClock;
 
 type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 
@@ -98,13 +50,13 @@ fn waiting<'a, T>(future: impl Future<Output = T> + 'a) -> Boxed<'a, T> {
 }
 
 /// At 20 ms, the upstream refuses `first`, asking for `pause_ms`.
-fn refused_at_20(clock: &Manual, first: paceline::outbound::Call<'_>, pause_ms: u64) {
+fn refused_at_20(clock: &ManualClock, first: paceline::outbound::Call<'_>, pause_ms: u64) {
     clock.set_ms(20);
     first.learn(&refused(pause_ms));
 }
 
 /// 10/s, no burst.
-fn limiter(clock: &Manual) -> RateLimiter<paceline::Local, Manual> {
+fn limiter(clock: &ManualClock) -> RateLimiter<paceline::Local, ManualClock> {
     RateLimiter::builder()
         .limit(Limit::per_second(10.0).burst(1))
         .clock(clock.clone())
@@ -115,7 +67,7 @@ fn limiter(clock: &Manual) -> RateLimiter<paceline::Local, Manual> {
 /// Polls every future at each ms from the clock's time to `end_ms`;
 /// the ms each finished at.
 fn run_until<T>(
-    clock: &Manual,
+    clock: &ManualClock,
     futures: &mut [Option<Boxed<'_, T>>],
     end_ms: u64,
 ) -> Vec<Option<u64>> {
@@ -142,7 +94,7 @@ fn run_until<T>(
 /// slept (both waits).
 #[test]
 fn sanity_acquire_goes_behind_the_pause_and_reports_all_it_slept() {
-    let clock = Manual::default();
+    let clock = ManualClock::default();
     let limiter = limiter(&clock);
     let first = at_once(limiter.call(1)).unwrap();
     let mut waiter = waiting(limiter.acquire(1));
@@ -155,7 +107,7 @@ fn sanity_acquire_goes_behind_the_pause_and_reports_all_it_slept() {
 
 /// Polls `future` at each ms up to `end_ms`; the ms it finished at and its
 /// output, or `None`.
-fn finish<T>(clock: &Manual, future: &mut Boxed<'_, T>, end_ms: u64) -> Option<(u64, T)> {
+fn finish<T>(clock: &ManualClock, future: &mut Boxed<'_, T>, end_ms: u64) -> Option<(u64, T)> {
     let mut ms = clock.ms();
     loop {
         clock.set_ms(ms);
@@ -174,7 +126,7 @@ fn finish<T>(clock: &Manual, future: &mut Boxed<'_, T>, end_ms: u64) -> Option<(
 /// end, not an interval after it.
 #[test]
 fn acquire_dropped_behind_the_pause_gives_back_its_second_reservation() {
-    let clock = Manual::default();
+    let clock = ManualClock::default();
     let limiter = limiter(&clock);
     let first = at_once(limiter.call(1)).unwrap();
     let mut waiter = waiting(limiter.acquire(1));
@@ -189,7 +141,7 @@ fn acquire_dropped_behind_the_pause_gives_back_its_second_reservation() {
 /// apart at the lowered rate (7/s), never as a burst.
 #[test]
 fn several_waiters_go_one_interval_apart_after_the_pause() {
-    let clock = Manual::default();
+    let clock = ManualClock::default();
     let limiter = limiter(&clock);
     let first = at_once(limiter.call(1)).unwrap();
     let mut waiters: Vec<Option<Boxed<'_, _>>> = (0..5)
@@ -214,7 +166,7 @@ fn several_waiters_go_one_interval_apart_after_the_pause() {
 /// second reservation.
 #[test]
 fn call_keeps_one_slot_across_the_pause_and_frees_it_when_dropped() {
-    let clock = Manual::default();
+    let clock = ManualClock::default();
     let limiter = RateLimiter::builder()
         .limit(Limit::per_second(10.0).burst(1))
         .limit(Limit::concurrent(2))
@@ -247,7 +199,7 @@ fn call_keeps_one_slot_across_the_pause_and_frees_it_when_dropped() {
 /// nothing reserved behind the pause.
 #[test]
 fn try_call_outlasted_by_the_pause_returns_none_and_frees_its_slot() {
-    let clock = Manual::default();
+    let clock = ManualClock::default();
     let limiter = RateLimiter::builder()
         .limit(Limit::per_second(10.0).burst(1))
         .limit(Limit::concurrent(2))
@@ -274,7 +226,7 @@ fn try_call_outlasted_by_the_pause_returns_none_and_frees_its_slot() {
 /// later pause too.
 #[test]
 fn a_second_refusal_during_the_second_wait_sends_it_behind_again() {
-    let clock = Manual::default();
+    let clock = ManualClock::default();
     let limiter = limiter(&clock);
     let first = at_once(limiter.call(1)).unwrap();
     let mut waiter = waiting(limiter.acquire(1));
@@ -292,7 +244,7 @@ fn a_second_refusal_during_the_second_wait_sends_it_behind_again() {
 /// its moment and reserves once.
 #[test]
 fn keyed_pause_holds_only_its_key() {
-    let clock = Manual::default();
+    let clock = ManualClock::default();
     let limiter = KeyedRateLimiter::<String>::builder()
         .limit(Limit::per_second(10.0).burst(1))
         .clock(clock.clone())
@@ -314,7 +266,7 @@ fn keyed_pause_holds_only_its_key() {
 /// end exactly goes then too.
 #[test]
 fn a_caller_reserved_behind_the_pause_or_at_its_end_reserves_once() {
-    let clock = Manual::default();
+    let clock = ManualClock::default();
     let limiter = limiter(&clock);
     let first = at_once(limiter.call(1)).unwrap();
     let mut at_end: Boxed<'_, _> = Box::pin(limiter.acquire(1)); // moment 100
@@ -345,7 +297,7 @@ fn a_caller_reserved_behind_the_pause_or_at_its_end_reserves_once() {
 #[test]
 fn trait_objects_go_behind_the_pause() {
     use paceline::{KeyedLimiter, Limiter};
-    let clock = Manual::default();
+    let clock = ManualClock::default();
     let single = Arc::new(limiter(&clock));
     let dynamic: Arc<dyn Limiter> = single.clone();
     let first = at_once(single.call(1)).unwrap();
@@ -357,7 +309,7 @@ fn trait_objects_go_behind_the_pause() {
     let done = run_until(&clock, &mut both, 3000);
     assert_eq!(done, vec![Some(100), Some(1020)]);
 
-    let clock = Manual::default();
+    let clock = ManualClock::default();
     let keyed = KeyedRateLimiter::<String>::builder()
         .limit(Limit::per_second(10.0).burst(1))
         .clock(clock.clone())

@@ -8,6 +8,7 @@ pub mod alloc;
 pub mod fake;
 #[cfg(feature = "redis")]
 pub mod limiter_state;
+pub mod manual;
 #[cfg(feature = "redis")]
 pub mod poll;
 #[cfg(feature = "redis")]
