@@ -99,7 +99,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// touching no timer. A refusal learned while it waits, whose pause
     /// holds its moment, sends it behind the pause (see
     /// [`outbound`](crate::outbound)). Cancel-safe: dropped, it gives the
-    /// permits back.
+    /// permits back (behind a pause, those it reserved there).
     pub async fn acquire(&self, permits: u32) -> Result<Duration, Error> {
         store::acquire(&self.engine, &NoKey, permits).await
     }
@@ -127,8 +127,12 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// go, and returns the [`Call`](crate::outbound::Call), to settle with
     /// its real cost and learn from once its answer is back (see
     /// [`outbound`](crate::outbound)). `estimate` is a [`Cost`](crate::Cost):
-    /// a number of permits for every limit, or one per limit.
-    /// Cancel-safe: dropped before it returns, it gives the estimate back.
+    /// a number of permits for every limit, or one per limit. A refusal
+    /// learned while it waits, whose pause holds its moment, sends it
+    /// behind the pause, as [`acquire`](Self::acquire). Cancel-safe:
+    /// dropped before it returns, it gives the estimate back (behind a
+    /// pause, the one it reserved there: see the crate's
+    /// [table](crate#cancel-safety)).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `estimate` counts nothing, or counts
