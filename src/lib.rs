@@ -175,6 +175,7 @@ pub mod io;
 mod keyed;
 mod limiter;
 mod local;
+mod meter;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 #[cfg(not(feature = "metrics"))]

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::core::{Cost, Learning, Lesson};
-use crate::store::Metered;
+use crate::meter::Metered;
 
 /// Permits reserved from a limiter, to be used once their wait has passed.
 ///

@@ -20,7 +20,7 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::core::Cost;
 use crate::error::{check_cost, check_permits};
-use crate::metrics::Metrics;
+use crate::meter::Metered;
 use crate::outbound::{Call, TakeSlot, Upstream};
 use crate::{Error, Reservation, Snapshot, Stats};
 
@@ -64,21 +64,6 @@ pub trait Rate: Metered + Send + Sync {
     /// Sleeps the calling thread for `wait` (a blocking acquire).
     fn sleep_blocking(&self, wait: Duration) {
         self.clock().sleep_blocking(wait);
-    }
-}
-
-/// What an engine records its grants, refusals and give-backs in, said
-/// once for both of its sides: the [`Rate`] its limiter calls and the
-/// [`GivesBack`](crate::reservation::GivesBack) its reservations call.
-pub trait Metered {
-    /// Its metrics.
-    fn metrics(&self) -> &Metrics;
-}
-
-/// An engine shared behind an `Arc` records in the engine's metrics.
-impl<T: Metered + ?Sized> Metered for std::sync::Arc<T> {
-    fn metrics(&self) -> &Metrics {
-        (**self).metrics()
     }
 }
 

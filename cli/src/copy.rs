@@ -10,8 +10,9 @@ use crate::args::limits;
 use crate::args::{Args, Failure};
 use crate::limiter::local;
 use crate::progress::{Counts, Progress};
-use crate::read::{PAGE, Window, count, std_file, stdout_file, too_long};
+use crate::read::{PAGE, Window, count, std_file, too_long};
 use crate::signals;
+use crate::stdout::stdout_file;
 
 /// A plain copy on a limiter in this process, with no async runtime.
 pub(crate) fn copy_locally(args: &Args, counts: &Arc<Counts>) -> Result<u64, Failure> {

@@ -19,13 +19,6 @@ pub(crate) fn std_file(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<std::fs::F
     Ok(std::fs::File::from(fd.try_clone_to_owned()?))
 }
 
-/// Standard output, written directly (through `BufWriter`s of the
-/// callers').
-pub(crate) fn stdout_file() -> io::Result<std::fs::File> {
-    use std::os::fd::AsFd;
-    std_file(io::stdout().as_fd())
-}
-
 /// A chunk of stdin: `buf[..len]`, whole records. Its
 /// buffer goes back to the reader when it is dropped.
 pub(crate) struct Chunk {

@@ -14,9 +14,10 @@ use crate::copy::{later, reader_gone};
 use crate::key::KeyOf;
 use crate::limiter::Pacer;
 use crate::progress::Counts;
-use crate::read::{Chunk, records, stdout_file, trim};
+use crate::read::{Chunk, records, trim};
 use crate::signals;
 use crate::stdout;
+use crate::stdout::stdout_file;
 
 /// A record waiting for its moment.
 struct Due {

@@ -14,13 +14,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::io::{Interest, unix::AsyncFd};
 
-use crate::read::stdout_file;
-
 /// Stdout's descriptor.
 const STDOUT: RawFd = 1;
 
 /// Once known, that stdout's reader has gone.
 static GONE: AtomicBool = AtomicBool::new(false);
+
+/// Standard output, written directly (through `BufWriter`s of the
+/// callers').
+pub(crate) fn stdout_file() -> std::io::Result<File> {
+    use std::os::fd::AsFd;
+    Ok(File::from(std::io::stdout().as_fd().try_clone_to_owned()?))
+}
 
 /// Whether stdout is a pipe or a socket: a file, a terminal or a device
 /// has no reader to lose. Asked once.

@@ -14,7 +14,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::core::Limits;
 use crate::error::invalid;
 use crate::limiter::{Key, Local, Store};
-use crate::metrics::Metrics;
+use crate::meter::Metrics;
 use crate::{Error, KeyedRateLimiter, RateLimiter};
 
 /// A [`Builder`] of a limiter with one rate for every caller: what

@@ -21,7 +21,7 @@ use shard::{Dropped, Fast, LogId, Shard, Written};
 
 use crate::clock::{Clock, SystemClock};
 use crate::core::{Learning, Lesson, Limits, Policy, State};
-use crate::metrics::Metrics;
+use crate::meter::Metrics;
 use crate::reservation::{GiveBack, GiveBackId};
 use crate::{Key, Reservation};
 

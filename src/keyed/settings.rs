@@ -7,9 +7,10 @@ use std::sync::atomic::Ordering::Relaxed;
 use super::{Keyed, KeyedTaken};
 use crate::clock::Clock;
 use crate::core::{Cost, InvalidRate, Learning, Lesson, Limits, State, stable_interval_micros};
-use crate::metrics::Metrics;
+use crate::meter::Metered;
+use crate::meter::Metrics;
 use crate::reservation::{GiveBackId, GivesBack};
-use crate::store::{Metered, Rate};
+use crate::store::Rate;
 use crate::{Error, Key, Stats};
 
 /// # Rate, size and clock

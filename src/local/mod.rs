@@ -26,9 +26,10 @@ use std::time::Duration;
 use crate::clock::{Clock, SystemClock};
 use crate::core::word::{self, Quick, Step};
 use crate::core::{Cost, Learning, Lesson, Limits, State, stable_interval_micros};
-use crate::metrics::Metrics;
+use crate::meter::Metered;
+use crate::meter::Metrics;
 use crate::reservation::{GiveBack, GiveBackId, GivesBack, Reservation};
-use crate::store::{AtOnce, Metered, NoKey, Rate};
+use crate::store::{AtOnce, NoKey, Rate};
 use crate::{Error, Snapshot, Stats};
 
 use outcome::{Grant, Outcome};

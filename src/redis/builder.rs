@@ -9,7 +9,7 @@ use super::failover::{Failover, Naming, Parts};
 use super::leases::Slots;
 use super::limiter::{Redis, Settings};
 use super::{Fallback, RedisBackend, naming};
-use crate::builder::{Builder, One, PerKey, limit_states};
+use crate::builder::{Builder, One, PerKey, concurrency, limit_states};
 use crate::clock::Clock;
 use crate::error::invalid;
 use crate::limiter::{Key, Local};
@@ -55,6 +55,21 @@ impl<T, C: Clock> Builder<T, Local, C> {
     }
 }
 
+/// # Calls in flight through Redis
+impl<T, C: Clock> Builder<T, Redis, C> {
+    /// How long a slot of a
+    /// [`Limit::concurrent`](crate::Limit::concurrent) lives in Redis
+    /// unless its holder renews it (every third of this, while its call
+    /// lasts): how long the slots of a process that died holding them stay
+    /// taken. Default [`DEFAULT_SLOT_TTL`](super::DEFAULT_SLOT_TTL) (30 s); at least 10 ms (building
+    /// with less is an [`Error::InvalidArgument`]), and best well above the
+    /// backend's response timeout.
+    pub fn slot_ttl(mut self, ttl: Duration) -> Self {
+        self.store_mut().slot_ttl = ttl;
+        self
+    }
+}
+
 /// # While Redis is down
 impl<T, C: Clock> Builder<T, Redis, C> {
     /// What to do while Redis is unavailable. Default
@@ -72,6 +87,16 @@ impl<T, C: Clock> Builder<T, Redis, C> {
     pub fn local_fraction(mut self, local_fraction: f64) -> Self {
         self.store_mut().local_fraction = local_fraction;
         self
+    }
+
+    /// The slots for calls in flight the options describe, checked.
+    fn slots(&self) -> Result<Slots, Error> {
+        let settings = self.store();
+        Slots::new(
+            concurrency(self.config())?,
+            settings.slot_ttl,
+            settings.local_fraction,
+        )
     }
 
     /// The failover of a limiter named as `naming` says, holding at most
@@ -135,7 +160,7 @@ impl<C: Clock> Builder<One, Redis, C> {
         let zone = backend.health.zone_of(&key);
         // The fallback holds the limiter's one state.
         let upstream = self.upstream();
-        let slots = Slots::of(&self)?;
+        let slots = self.slots()?;
         let engine = self.failover(Naming::Single { key, zone }, 1)?;
         let slots = slots.leases(&engine)?;
         Ok(RateLimiter {
@@ -156,7 +181,7 @@ impl<K: Key + Display, C: Clock> Builder<PerKey<K>, Redis, C> {
         let prefix =
             naming::keyed_prefix(&self.store().backend.options.key_prefix, &self.store().name);
         let upstream = self.upstream();
-        let slots = Slots::of(&self)?;
+        let slots = self.slots()?;
         let engine = self.failover(Naming::Keyed { prefix }, DEFAULT_MAX_LOCAL_KEYS)?;
         let slots = slots.leases(&engine)?;
         Ok(KeyedRateLimiter {

@@ -167,7 +167,8 @@ impl Coalescer {
 
     /// Sends `batch`, a round trip of `key`'s slot `lead`.
     fn dispatch(self: &Arc<Self>, key: &Arc<str>, lead: u64, batch: Vec<Queued>) {
-        let lead = Lead::new(Arc::clone(self), Arc::clone(key), lead);
+        let (coalescer, key) = (Arc::clone(self), Arc::clone(key));
+        let lead = Lead::new(move |up| coalescer.finish(&key, lead, up));
         self.backend
             .spawn(run_batch(Arc::clone(&self.backend), batch, lead));
     }

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crate::Stats;
-use crate::metrics::BackendMetrics;
+use crate::meter::BackendMetrics;
 
 /// The number of hash slots of a Redis Cluster.
 pub(crate) const SLOTS: u16 = 16_384;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::script::{Call, LogId, Request, ScriptArgs};
+use super::script::{Answer, Call, LogId, Request, ScriptArgs};
 use crate::Snapshot;
 use crate::core::{FRACTION_BITS, MAX_MICROS};
 
@@ -199,19 +199,6 @@ impl Stored {
                 });
         Snapshot::binding(snapshots).unwrap_or_else(|| Snapshot::waiting(Duration::ZERO, rates[0]))
     }
-}
-
-/// What a call of the script answers, decoded: a [`Reply`], a batch's
-/// replies, or a status's [`Stored`].
-pub(crate) trait Answer: Send + Sized + 'static {
-    /// The answer to `call` on a limiter with `limits` limits, or `None` if
-    /// the script's reply is not one.
-    fn decode(value: Value, call: &Call, limits: usize) -> Option<Self>;
-
-    /// What an answer abandoned by its caller holds that a give-back takes
-    /// back, and the debt Redis reported if it holds a grant that cannot be
-    /// (see [`Late`](super::backend::Late)).
-    fn tokens(self) -> (Vec<LogId>, Option<u64>);
 }
 
 impl Answer for Reply {

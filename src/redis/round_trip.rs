@@ -10,9 +10,9 @@ use std::time::Duration;
 use redis::{RedisError, RedisResult};
 
 use super::backend::{Backend, ProbeTarget, Scope};
-use super::coalesce::Coalescer;
 use super::connection::Connection;
-use super::reply::{Answer, Reply};
+use super::reply::Reply;
+use super::script::Answer;
 use super::script::{self, Call, LogId};
 use crate::Error;
 use crate::error::BackendError;
@@ -39,22 +39,16 @@ pub(crate) struct Lead {
 }
 
 /// Names a [`Lead`], to fail it from elsewhere (its round trip's task, at
-/// the response timeout, while the reply is still awaited).
+/// the response timeout, while the reply is still awaited): what ends it,
+/// told whether Redis answered (ending it again changes nothing).
 #[derive(Clone)]
-pub(crate) struct LeadId {
-    coalescer: Arc<Coalescer>,
-    key: Arc<str>,
-    lead: u64,
-}
+pub(crate) struct LeadId(Arc<dyn Fn(bool) + Send + Sync>);
 
 impl Lead {
-    pub(crate) fn new(coalescer: Arc<Coalescer>, key: Arc<str>, lead: u64) -> Lead {
+    /// The lead that `end` ends, told whether Redis answered.
+    pub(crate) fn new(end: impl Fn(bool) + Send + Sync + 'static) -> Lead {
         Lead {
-            id: LeadId {
-                coalescer,
-                key,
-                lead,
-            },
+            id: LeadId(Arc::new(end)),
             finished: false,
         }
     }
@@ -62,7 +56,7 @@ impl Lead {
     /// The round trip ended: `up`, Redis answered.
     fn finish(mut self, up: bool) {
         self.finished = true;
-        self.id.coalescer.finish(&self.id.key, self.id.lead, up);
+        (self.id.0)(up);
     }
 }
 
@@ -80,7 +74,7 @@ impl LeadId {
     /// Ends the round trip as failed (again, or after its slot failed:
     /// nothing changes).
     fn fail(&self) {
-        self.coalescer.finish(&self.key, self.lead, false);
+        (self.0)(false);
     }
 }
 

@@ -8,7 +8,6 @@ use std::time::Duration;
 use redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, Value};
 
 use super::connection::Connection;
-use super::reply::Answer;
 use crate::core::{Cost, Learning, Lesson, Policy, State, micros};
 
 /// The script's text: the parts of `lua/`, in this order (the protocol
@@ -186,6 +185,20 @@ impl std::fmt::Debug for LogId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("LogId(..)")
     }
+}
+
+/// What a call of the script answers, decoded: a
+/// [`Reply`](super::reply::Reply), a batch's replies, or a status's
+/// [`Stored`](super::reply::Stored).
+pub(crate) trait Answer: Send + Sized + 'static {
+    /// The answer to `call` on a limiter with `limits` limits, or `None` if
+    /// the script's reply is not one.
+    fn decode(value: Value, call: &Call, limits: usize) -> Option<Self>;
+
+    /// What an answer abandoned by its caller holds that a give-back takes
+    /// back, and the debt Redis reported if it holds a grant that cannot be
+    /// (see [`Late`](super::backend::Late)).
+    fn tokens(self) -> (Vec<LogId>, Option<u64>);
 }
 
 /// Runs the script once (one round trip; two on NOSCRIPT, the second an

@@ -56,7 +56,7 @@ use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockE
 use crate::Snapshot;
 use crate::core::word::{self, Config, Encoded, Step};
 use crate::core::{Granted, Limits, State};
-use crate::metrics::Metrics;
+use crate::meter::Metrics;
 
 /// One shard: its keys behind a read-write lock.
 pub(super) struct Shard<K> {

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::core::{Cost, Learning, Lesson};
-use crate::store::Metered;
+use crate::meter::Metered;
 
 /// The engine is the fail-over behind its `Arc`: it shares itself with
 /// the tasks it starts.

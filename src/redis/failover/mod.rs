@@ -60,7 +60,7 @@ use crate::error::BackendError;
 use crate::keyed::Keyed;
 use crate::keyed::Mode;
 use crate::limiter::Key;
-use crate::metrics::Metrics;
+use crate::meter::Metrics;
 use crate::reservation::{GiveBack, GiveBackId, GivesBack};
 use crate::store::{Engine, Rate, now};
 use crate::{Error, Reservation, Snapshot, Stats};

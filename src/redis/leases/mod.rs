@@ -36,10 +36,8 @@ use tokio::time::Instant;
 use super::Fallback;
 use super::backend::{Backend, ProbeTarget, Scope};
 use super::failover::Failover;
-use super::limiter::{Redis, Settings};
 use super::round_trip::{Deadline, Failure, connection, down, failed, unheeded};
 use crate::Error;
-use crate::builder::{Builder, concurrency};
 use crate::clock::Clock;
 use crate::error::BackendError;
 use crate::limiter::Key;
@@ -61,21 +59,6 @@ const MAX_PAUSE: Duration = Duration::from_millis(200);
 /// How many wake-ups a limiter's waiters share (by their slots key's hash):
 /// a release in this process wakes those of its key at once.
 const WAKERS: usize = 32;
-
-/// # Calls in flight through Redis
-impl<T, C: Clock> Builder<T, Redis, C> {
-    /// How long a slot of a
-    /// [`Limit::concurrent`](crate::Limit::concurrent) lives in Redis
-    /// unless its holder renews it (every third of this, while its call
-    /// lasts): how long the slots of a process that died holding them stay
-    /// taken. Default [`DEFAULT_SLOT_TTL`] (30 s); at least 10 ms (building
-    /// with less is an [`Error::InvalidArgument`]), and best well above the
-    /// backend's response timeout.
-    pub fn slot_ttl(mut self, ttl: Duration) -> Self {
-        self.store_mut().slot_ttl = ttl;
-        self
-    }
-}
 
 /// The slots of a Redis limiter: leases per key, and a local share of
 /// them for its fallback. Empty (one word) without a concurrent limit.
@@ -107,20 +90,23 @@ pub(crate) struct Slots {
 }
 
 impl Slots {
-    /// The slots `builder` describes, checked.
-    pub(crate) fn of<T, C: Clock>(builder: &Builder<T, Redis, C>) -> Result<Slots, Error> {
-        let settings: &Settings = builder.store();
-        let calls = concurrency(builder.config())?;
-        if calls.is_some() && settings.slot_ttl < MIN_SLOT_TTL {
+    /// The slots of a limiter that lets `calls` in flight (`None`: no
+    /// such limit) on leases that live `ttl`, its fallback holding
+    /// `local_fraction` of them; checked.
+    pub(crate) fn new(
+        calls: Option<u32>,
+        ttl: Duration,
+        local_fraction: f64,
+    ) -> Result<Slots, Error> {
+        if calls.is_some() && ttl < MIN_SLOT_TTL {
             return Err(Error::InvalidArgument(format!(
-                "slot_ttl must be at least {MIN_SLOT_TTL:?} (got {:?})",
-                settings.slot_ttl
+                "slot_ttl must be at least {MIN_SLOT_TTL:?} (got {ttl:?})"
             )));
         }
         Ok(Slots {
             calls,
-            ttl: settings.slot_ttl,
-            local_fraction: settings.local_fraction,
+            ttl,
+            local_fraction,
         })
     }
 
