@@ -24,7 +24,10 @@ pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> Duration;
 
     /// [`now`](Clock::now) in whole microseconds, saturating at 2^53 (about
-    /// 285 years): what limiters read, once per reservation. The default
+    /// 285 years): what limiters read, once per reservation. A limiter tells
+    /// moments apart below that only: on a clock that reads 2^53 (a
+    /// [`FakeClock`] advanced by `Duration::MAX`) time stands still, and
+    /// every request goes at once. The default
     /// converts [`now`](Clock::now); a clock may override it with a faster way
     /// to the same number.
     fn now_micros(&self) -> u64 {

@@ -135,6 +135,11 @@ impl Limit {
             Some(format!(
                 "its permits must be a positive number or +infinity (got {permits})"
             ))
+        } else if permits / period.as_secs_f64() == 0.0 {
+            Some(format!(
+                "its rate, {permits} permits per {period:?}, is too small to hold (it \
+                 rounds to 0 permits per second)"
+            ))
         } else {
             None
         };
@@ -252,13 +257,19 @@ impl Limit {
                 None => self.period_permits.floor().max(1.0),
             };
             let stored = stored_for(burst - 1.0, rate);
-            // A count means what it says: one the limiter cannot store (it
-            // holds 2^53 µs of idle time) is refused, not cut.
-            if self.burst.is_some() && stored > Duration::from_micros(MAX_MICROS) {
+            // A count means what it says, given or the period's: one the
+            // limiter cannot store (it holds 2^53 µs of idle time) is
+            // refused, not cut.
+            if stored > Duration::from_micros(MAX_MICROS) {
                 let most = (MAX_MICROS as f64 * rate / 1e6).floor() + 1.0;
+                let whose = if self.burst.is_some() {
+                    ""
+                } else {
+                    " (its period's permits)"
+                };
                 return invalid(format!(
-                    "its burst of {burst} is more than the limiter stores at {rate} per \
-                     second (2^53 µs of idle time, about 285 years: at most {most})"
+                    "its burst of {burst}{whose} is more than the limiter stores at {rate} \
+                     per second (2^53 µs of idle time, about 285 years: at most {most})"
                 ));
             }
             config.max_burst = Some(stored);

@@ -61,9 +61,9 @@ impl<T, C: Clock> Builder<T, Redis, C> {
     /// [`Limit::concurrent`](crate::Limit::concurrent) lives in Redis
     /// unless its holder renews it (every third of this, while its call
     /// lasts): how long the slots of a process that died holding them stay
-    /// taken. Default [`DEFAULT_SLOT_TTL`](super::DEFAULT_SLOT_TTL) (30 s); at least 10 ms (building
-    /// with less is an [`Error::InvalidArgument`]), and best well above the
-    /// backend's response timeout.
+    /// taken. Default [`DEFAULT_SLOT_TTL`](super::DEFAULT_SLOT_TTL) (30 s); at least 10 ms and at
+    /// most a year (building with another is an [`Error::InvalidArgument`]),
+    /// and best well above the backend's response timeout.
     pub fn slot_ttl(mut self, ttl: Duration) -> Self {
         self.store_mut().slot_ttl = ttl;
         self

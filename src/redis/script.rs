@@ -378,11 +378,16 @@ fn batch_text(requests: &[Request]) -> String {
 }
 
 /// Whether `error` says the key or the call is wrong (someone else's data
-/// under our key, a rejected argument), as opposed to Redis being
-/// unavailable. A fallback cannot fix those, so they are reported, not
-/// hidden.
+/// under our key, a rejected argument, a command of the script that Redis
+/// refused as wrong: `ERR` from inside the script), as opposed to Redis
+/// being unavailable. A fallback cannot fix those, and Redis is not down
+/// for the other keys, so they are reported, not hidden.
 pub(crate) fn is_data_error(error: &redis::RedisError) -> bool {
-    matches!(error.code(), Some("WRONGTYPE")) || error.to_string().contains("paceline:")
+    match error.code() {
+        Some("WRONGTYPE") => true,
+        Some("ERR") if error.to_string().contains("@user_script") => true,
+        _ => error.to_string().contains("paceline:"),
+    }
 }
 
 #[cfg(test)]
@@ -403,6 +408,33 @@ mod tests {
     /// Arguments written as one line, separated by spaces.
     fn words(line: &str) -> Vec<&str> {
         line.split(' ').collect()
+    }
+
+    /// Redis's own words for a command of the script it refused (a slots
+    /// TTL it could not read, before TTLs were bounded) are the call's
+    /// fault, not an outage; an outage's are not.
+    #[test]
+    fn an_error_from_inside_the_script_is_the_calls_not_an_outage() {
+        let error = |reply: &[u8]| {
+            redis::parse_redis_value(reply)
+                .unwrap()
+                .extract_error()
+                .unwrap_err()
+        };
+        assert!(is_data_error(&error(
+            b"-ERR value is not an integer or out of range script: 88a329ecad0514c71a6f818f8766847673407688, on @user_script:56.\r\n"
+        )));
+        assert!(is_data_error(&error(
+            b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n"
+        )));
+        for outage in [
+            &b"-READONLY You can't write against a read only replica. script: 88a3, on @user_script:56.\r\n"[..],
+            b"-OOM command not allowed when used memory > 'maxmemory'.\r\n",
+            b"-LOADING Redis is loading the dataset in memory\r\n",
+            b"-ERR max number of clients reached\r\n",
+        ] {
+            assert!(!is_data_error(&error(outage)), "{}", String::from_utf8_lossy(outage));
+        }
     }
 
     #[test]

@@ -18,6 +18,7 @@ mod concurrency;
 mod core_invariants;
 mod core_limits;
 mod exactness;
+mod extremes;
 mod fast_path;
 mod give_back;
 mod learn;

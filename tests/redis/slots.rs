@@ -513,3 +513,40 @@ async fn a_take_dropped_while_redis_is_stopped_leaves_no_lease() {
         live(&server, "late")
     );
 }
+
+/// `slot_ttl` is bounded above too: a TTL the slots script could not hand
+/// Redis (`Duration::MAX`, or 10^14 s) built, then every call failed with
+/// Redis's "value is not an integer or out of range", and the backend
+/// took that for an outage of every limiter on it. It is refused when
+/// built; a year, the most, works.
+#[tokio::test]
+async fn a_slot_ttl_past_a_year_is_refused_when_built() {
+    let server = RedisServer::start();
+    let backend = backend(server.client()).await;
+    let year = Duration::from_secs(365 * 24 * 3600);
+    let build = |ttl: Duration, name: &str| {
+        RateLimiter::builder()
+            .permits_per_second(1_000.0)
+            .limit(Limit::concurrent(2))
+            .redis(&backend, name)
+            .slot_ttl(ttl)
+            .fallback(Fallback::FailClosed)
+            .build()
+    };
+    for ttl in [
+        year + Duration::from_millis(1),
+        Duration::from_secs(100_000_000_000_000),
+        Duration::MAX,
+    ] {
+        match build(ttl, "huge-ttl") {
+            Err(Error::InvalidArgument(message)) => {
+                assert!(message.contains("slot_ttl"), "{message}");
+            }
+            other => panic!("slot_ttl {ttl:?}: {other:?}"),
+        }
+    }
+    let limiter = build(year, "a-year").unwrap();
+    let call = limiter.call(1).await;
+    assert!(call.is_ok(), "{:?}", call.err());
+    assert!(!limiter.stats().degraded);
+}

@@ -49,8 +49,10 @@ pub(crate) use script::slots_key;
 /// [`Builder::slot_ttl`]).
 pub const DEFAULT_SLOT_TTL: Duration = Duration::from_secs(30);
 
-/// The shortest slot TTL a builder takes.
+/// The shortest slot TTL a builder takes, and the longest (a year: what
+/// Redis keeps exact, with room to spare).
 const MIN_SLOT_TTL: Duration = Duration::from_millis(10);
+const MAX_SLOT_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// The first pause of a call waiting for a slot, and the longest.
 const FIRST_PAUSE: Duration = Duration::from_millis(2);
@@ -98,9 +100,10 @@ impl Slots {
         ttl: Duration,
         local_fraction: f64,
     ) -> Result<Slots, Error> {
-        if calls.is_some() && ttl < MIN_SLOT_TTL {
+        if calls.is_some() && !(MIN_SLOT_TTL..=MAX_SLOT_TTL).contains(&ttl) {
             return Err(Error::InvalidArgument(format!(
-                "slot_ttl must be at least {MIN_SLOT_TTL:?} (got {ttl:?})"
+                "slot_ttl must be at least {MIN_SLOT_TTL:?} and at most a year, \
+                 {MAX_SLOT_TTL:?} (got {ttl:?})"
             )));
         }
         Ok(Slots {

@@ -1,0 +1,108 @@
+//! Extreme input to the builder and the limiter: limits whose numbers
+//! underflow or cannot be stored, indices out of range, and a snapshot's
+//! numbers on a cold and a warming limiter.
+
+use std::time::Duration;
+
+use paceline::clock::FakeClock;
+use paceline::{Error, Limit, Local, RateLimiter};
+
+fn build(limit: Limit) -> (Result<RateLimiter<Local, FakeClock>, Error>, FakeClock) {
+    let clock = FakeClock::new();
+    let built = RateLimiter::builder()
+        .limit(limit)
+        .clock(clock.clone())
+        .build();
+    (built, clock)
+}
+
+const YEAR: u64 = 365 * 24 * 3600;
+
+/// `Limit::per` with positive permits and a positive period whose quotient
+/// underflows to 0 is refused in the limit's own words (it once blamed a
+/// `permits_per_second` of 0 the caller never gave).
+#[test]
+fn a_limit_whose_rate_underflows_is_refused_with_its_own_words() {
+    let (built, _) = build(Limit::per(f64::MIN_POSITIVE, Duration::MAX));
+    match built {
+        Err(Error::InvalidArgument(message)) => assert!(
+            !message.contains("permits_per_second") && !message.contains("(got 0)"),
+            "the message should speak of the limit's permits and period: {message:?}"
+        ),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+}
+
+/// `Limit::per(n, period)` promises a burst of the period's whole permits,
+/// and an explicit `.burst(n)` that cannot be stored is refused ("a count
+/// means what it says"); so is the period's own (it was cut in silence:
+/// 10 per 400 years let 8 go at once, 10 per `Duration::MAX` only 1).
+#[test]
+fn a_limit_over_a_very_long_period_keeps_its_burst_or_is_refused() {
+    let period = Duration::from_secs(400 * YEAR);
+    // The explicit count is refused ...
+    let (explicit, _) = build(Limit::per(10.0, period).burst(10));
+    assert!(matches!(explicit, Err(Error::InvalidArgument(_))));
+    // ... and so is the same count by default, not cut.
+    for period in [period, Duration::MAX] {
+        let (built, _) = build(Limit::per(10.0, period));
+        match built {
+            Err(Error::InvalidArgument(message)) => {
+                assert!(
+                    message.contains("burst of 10 (its period's permits)"),
+                    "{message}"
+                );
+            }
+            other => panic!(
+                "10 per {period:?}: {:?}",
+                other.map(|l| l.snapshot().unwrap())
+            ),
+        }
+    }
+    // A long period whose burst fits is kept whole.
+    let (built, _) = build(Limit::per(10.0, Duration::from_secs(200 * YEAR)));
+    assert_eq!(built.unwrap().snapshot().unwrap().burst(), 10);
+}
+
+/// Pinned: out-of-range and absurd arguments of `set_limit_rate` are clear
+/// errors, and extreme `Limit::per` quotients are valid.
+#[test]
+fn set_limit_rate_out_of_range_and_extreme_quotients() {
+    let (limiter, _) = build(Limit::per_second(10.0).burst(1));
+    let limiter = limiter.unwrap();
+    assert!(matches!(
+        limiter.set_limit_rate(usize::MAX, 1.0),
+        Err(Error::InvalidArgument(message)) if message.contains("no limit")
+    ));
+    // A quotient that overflows is an infinite rate: no limit.
+    let (huge, _) = build(Limit::per(1e300, Duration::from_nanos(1)));
+    assert_eq!(huge.unwrap().rate(), f64::INFINITY);
+    // Half a permit a second still lets one go at once.
+    let (half, _) = build(Limit::per(0.5, Duration::from_secs(1)));
+    assert_eq!(half.unwrap().snapshot().unwrap().burst(), 1);
+}
+
+/// Pinned: a cold warming-up limiter reads as full (one request at once,
+/// never two), and its numbers after a burst of 5 at 2/s, 4 s warm-up.
+#[test]
+fn snapshot_of_a_cold_then_warming_limiter() {
+    let clock = FakeClock::new();
+    let limiter = RateLimiter::builder()
+        .permits_per_second(2.0)
+        .warmup(Duration::from_secs(4))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let cold = limiter.snapshot().unwrap();
+    assert_eq!((cold.remaining(), cold.burst()), (1, 1));
+    assert_eq!(cold.wait_for(1), Some(Duration::ZERO));
+    assert_eq!(cold.wait_for(2), None);
+    assert_eq!(cold.full_in(), Duration::ZERO);
+    limiter.reserve(5).unwrap();
+    let warming = limiter.snapshot().unwrap();
+    // The 4 permits above the threshold cost the 4 s ramp, one below 0.5 s.
+    assert_eq!(warming.wait(), Duration::from_millis(4500));
+    assert_eq!(warming.remaining(), 0);
+    // Then 5 stored permits to refill at 0.5 s each.
+    assert_eq!(warming.full_in(), Duration::from_secs(7));
+}
