@@ -223,7 +223,8 @@ impl TrustedProxies {
     /// headers say. Otherwise only the source's header is read:
     ///
     /// * A list (`X-Forwarded-For`, `Forwarded`; several lines of it joined
-    ///   in order) is read from the right. The rightmost entry is the one
+    ///   in order; a `,` or `;` inside a `Forwarded` quoted string parts
+    ///   nothing, as RFC 7239 says) is read from the right. The rightmost entry is the one
     ///   the peer wrote; each entry that is a trusted proxy passes the read
     ///   on to the entry to its left, and the first that is not is the
     ///   client. Whatever a client wrote to the left of the address its
@@ -249,16 +250,16 @@ impl TrustedProxies {
             return peer;
         }
         // A list: its name, and how an entry gives its address.
-        let (list, read): (_, ReadEntry) = match &self.source {
+        let (list, read, quoted): (_, ReadEntry, _) = match &self.source {
             ClientIpSource::Peer => return peer,
-            ClientIpSource::XForwardedFor => (&X_FORWARDED_FOR, list_address),
-            ClientIpSource::Forwarded => (&FORWARDED, forwarded_for),
+            ClientIpSource::XForwardedFor => (&X_FORWARDED_FOR, list_address, false),
+            ClientIpSource::Forwarded => (&FORWARDED, forwarded_for, true),
             ClientIpSource::SingleHeader(name) => {
                 return one_address(headers, name).unwrap_or(peer);
             }
         };
         let mut client = peer;
-        for entry in from_the_right(headers, list).take(MAX_HOPS) {
+        for entry in from_the_right(headers, list, quoted).take(MAX_HOPS) {
             let Some(ip) = entry.and_then(read) else {
                 return client;
             };
@@ -275,27 +276,54 @@ impl TrustedProxies {
 type ReadEntry = fn(&[u8]) -> Option<IpAddr>;
 
 /// The entries of a list header, rightmost first: its lines from the
-/// last, each split at its commas from the right. `None` for an entry
-/// longer than [`MAX_ENTRY`], which is not read past that.
+/// last, each split at its commas from the right (with `quoted`, as
+/// `Forwarded` writes them, not at a comma inside a quoted string). `None`
+/// for an entry longer than [`MAX_ENTRY`], which is not read past that.
 fn from_the_right<'a>(
     headers: &'a HeaderMap,
     name: &HeaderName,
+    quoted: bool,
 ) -> impl Iterator<Item = Option<&'a [u8]>> + 'a {
-    headers.get_all(name).into_iter().rev().flat_map(|line| {
-        let mut rest = Some(line.as_bytes());
-        std::iter::from_fn(move || {
-            let bytes = rest?;
-            // Only the last MAX_ENTRY + 1 bytes are looked at for the comma.
-            let window = bytes.len().saturating_sub(MAX_ENTRY + 1);
-            let Some(at) = bytes[window..].iter().rposition(|byte| *byte == b',') else {
-                rest = None;
-                return Some((bytes.len() <= MAX_ENTRY).then_some(bytes));
-            };
-            let comma = window + at;
-            rest = Some(&bytes[..comma]);
-            Some(Some(&bytes[comma + 1..]))
+    headers
+        .get_all(name)
+        .into_iter()
+        .rev()
+        .flat_map(move |line| {
+            let mut rest = Some(line.as_bytes());
+            std::iter::from_fn(move || {
+                let bytes = rest?;
+                let Some(comma) = last_comma(bytes, quoted) else {
+                    rest = None;
+                    return Some((bytes.len() <= MAX_ENTRY).then_some(bytes));
+                };
+                rest = Some(&bytes[..comma]);
+                Some(Some(&bytes[comma + 1..]))
+            })
         })
-    })
+}
+
+/// Where the last comma of `bytes` that parts entries is, looked for in
+/// their last `MAX_ENTRY + 1` bytes only. With `quoted`, a comma inside a
+/// quoted string parts nothing: read from the right, a `"` that no odd run
+/// of `\` escapes opens or closes one. The entries read this way are the
+/// proxies' own, well formed; whatever a client wrote to their left is
+/// read only as far as the first entry that is no trusted proxy's.
+fn last_comma(bytes: &[u8], quoted: bool) -> Option<usize> {
+    let window = bytes.len().saturating_sub(MAX_ENTRY + 1);
+    let mut inside = false;
+    for at in (window..bytes.len()).rev() {
+        match bytes[at] {
+            b',' if !inside => return Some(at),
+            b'"' if quoted => {
+                let escapes = bytes[window..at].iter().rev().take_while(|b| **b == b'\\');
+                if escapes.count() % 2 == 0 {
+                    inside = !inside;
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// An `X-Forwarded-For` entry, or a single-address header's value: an
@@ -305,24 +333,48 @@ fn list_address(entry: &[u8]) -> Option<IpAddr> {
 }
 
 /// The address in a `Forwarded` element's `for=` (RFC 7239: `pair;pair`,
-/// the value a token or a quoted string): `None` for an element with no
-/// `for=`, or with two, or whose node is not an address (`unknown`, an
-/// obfuscated `_name`).
+/// the value a token or a quoted string, which may hold `;`, `,` and `=`):
+/// `None` for an element with no `for=`, or with two, or a quoted string
+/// left open, or whose node is not an address (`unknown`, an obfuscated
+/// `_name`).
 fn forwarded_for(element: &[u8]) -> Option<IpAddr> {
-    let mut nodes = std::str::from_utf8(element)
-        .ok()?
-        .split(';')
-        .filter_map(|pair| pair.split_once('='))
-        .filter(|(name, _)| name.trim_matches([' ', '\t']).eq_ignore_ascii_case("for"));
-    let node = nodes.next()?.1.trim_matches([' ', '\t']);
-    if nodes.next().is_some() {
+    let text = std::str::from_utf8(element).ok()?;
+    let mut node = None;
+    // Pairs part at a `;` outside quoted strings (`\` escapes inside).
+    let (mut start, mut inside, mut escaped) = (0, false, false);
+    for (at, byte) in text.bytes().enumerate() {
+        match byte {
+            _ if escaped => escaped = false,
+            b'\\' if inside => escaped = true,
+            b'"' => inside = !inside,
+            b';' if !inside => {
+                for_node(&text[start..at], &mut node)?;
+                start = at + 1;
+            }
+            _ => {}
+        }
+    }
+    if inside {
         return None;
     }
+    for_node(&text[start..], &mut node)?;
+    let node = node?.trim_matches([' ', '\t']);
     let node = match node.strip_prefix('"') {
         Some(quoted) => quoted.strip_suffix('"')?,
         None => node,
     };
     address(node)
+}
+
+/// Takes the value of `pair` into `node` if it is a `for=`: `None` if
+/// `node` already holds one (two `for=` in one element).
+fn for_node<'a>(pair: &'a str, node: &mut Option<&'a str>) -> Option<()> {
+    match pair.split_once('=') {
+        Some((name, value)) if name.trim_matches([' ', '\t']).eq_ignore_ascii_case("for") => {
+            node.replace(value).is_none().then_some(())
+        }
+        _ => Some(()),
+    }
 }
 
 /// The value of a header that holds one address: exactly one line, one

@@ -267,6 +267,63 @@ fn forwarded_elements_are_read_by_their_for() {
     );
 }
 
+/// RFC 7239: a value is a token or a quoted string, and a quoted string
+/// may hold `,`, `;` and `=`, which then part neither elements nor pairs.
+/// A proxy that writes, after its `for=`, a quoted value the client sent
+/// (its `Host`, its path) does not let the client name an address: each
+/// of these read 6.6.6.6, or the proxy, before.
+#[test]
+fn a_quoted_value_in_the_proxys_element_cannot_choose_the_client() {
+    let proxies = reading(ClientIpSource::Forwarded);
+    reads(
+        &proxies,
+        "forwarded",
+        &[
+            // The client's path, quoted by the proxy, last.
+            (
+                "for=203.0.113.7;proto=https;path=\"/x,for=6.6.6.6;y=\"",
+                "203.0.113.7",
+            ),
+            // Its Host, quoted, before other pairs.
+            (
+                "for=203.0.113.7;host=\"a,for=6.6.6.6;x=\";proto=https",
+                "203.0.113.7",
+            ),
+            // A quoted comma or semicolon alone.
+            (
+                "for=203.0.113.7;host=\"evil.example,for=6.6.6.6\"",
+                "203.0.113.7",
+            ),
+            ("for=203.0.113.7;host=\"a;for=6.6.6.6\"", "203.0.113.7"),
+            // After a client's own element, as the proxy appends it.
+            (
+                "for=9.9.9.9, for=203.0.113.7;path=\"/,for=6.6.6.6;q=\"",
+                "203.0.113.7",
+            ),
+            // An escaped quote inside the quoted string closes nothing.
+            (
+                "for=203.0.113.7;path=\"/a\\\",for=6.6.6.6;x=\\\"\"",
+                "203.0.113.7",
+            ),
+            // An escaped backslash before the closing quote: closed.
+            (
+                "for=6.6.6.6, for=203.0.113.7;path=\"/a\\\\\"",
+                "203.0.113.7",
+            ),
+            // A trusted hop's element to the left, quoted commas and all.
+            (
+                "for=203.0.113.7;host=\"x,y\", for=10.0.0.9;host=\"a,for=6.6.6.6\"",
+                "203.0.113.7",
+            ),
+            // A proxy's order with its `for=` last (`proto;host;by;for`).
+            (
+                "proto=https;host=\"a,b\";by=10.0.0.5;for=203.0.113.7",
+                "203.0.113.7",
+            ),
+        ],
+    );
+}
+
 #[test]
 fn a_single_address_header_is_believed_from_a_trusted_peer_only() {
     let proxies = reading(single("cf-connecting-ip"));
