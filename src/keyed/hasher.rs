@@ -1,19 +1,47 @@
 //! Which shard a key goes to.
 
-use std::hash::Hasher;
+use std::hash::{BuildHasher, Hasher};
+
+/// Makes the hashers that pick a key's shard, each seeded with this
+/// limiter's own secret: a client that knows the crate's hash still cannot
+/// tell which keys share a shard, so it cannot crowd one shard to its
+/// share of the cap (an eighth or less of `max_keys`) and drop the debts
+/// of the keys there.
+#[derive(Clone)]
+pub(super) struct ShardHash(u64);
+
+impl ShardHash {
+    /// A seed no one outside this process knows (the standard library's
+    /// random keys, through its own keyed hash).
+    pub(super) fn new() -> ShardHash {
+        ShardHash(std::collections::hash_map::RandomState::new().hash_one(0x5eed_u64))
+    }
+}
+
+impl BuildHasher for ShardHash {
+    type Hasher = ShardHasher;
+
+    #[inline]
+    fn build_hasher(&self) -> ShardHasher {
+        ShardHasher(self.0)
+    }
+}
 
 /// A fast hash to pick a key's shard (not the maps' hash, which resists
 /// collisions chosen by clients): a multiply-rotate per word, as FxHash
-/// does, written here as the local limiter depends on no hashing crate
-/// (those in the dependency tree come only with the Redis client). Its low
-/// bits mix poorly (a key `k` of one word hashes to `k × C`), so [`index`]
-/// reads the top ones.
-#[derive(Default)]
+/// does, from a secret seed, and a finalizer that mixes every bit of the
+/// state into every bit of the hash (MurmurHash3's), so that the seed
+/// decides each key's shard. Written here as the local limiter depends on
+/// no hashing crate (those in the dependency tree come only with the
+/// Redis client). [`index`] reads the top bits.
 pub(super) struct ShardHasher(u64);
 
 impl Hasher for ShardHasher {
     fn finish(&self) -> u64 {
-        self.0
+        let mut hash = self.0;
+        hash = (hash ^ (hash >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+        hash = (hash ^ (hash >> 33)).wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        hash ^ (hash >> 33)
     }
 
     fn write(&mut self, bytes: &[u8]) {
@@ -47,14 +75,13 @@ pub(super) fn index(hash: u64, shards: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::hash::{BuildHasher, BuildHasherDefault};
 
     /// Consecutive integer keys, strings and keys that differ in their high
     /// bits only spread evenly over the shards: no shard gets more than a
     /// tenth above its share.
     #[test]
     fn keys_spread_evenly_over_the_shards() {
-        let hasher = BuildHasherDefault::<ShardHasher>::default();
+        let hasher = ShardHash::new();
         for shards in [1, 4, 8, 16, 64] {
             let keys = 64_000u64;
             let mut counts = vec![vec![0usize; shards]; 4];
@@ -73,5 +100,18 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Two limiters' seeds differ, and so does where they put the same
+    /// keys: which keys share a shard is not the crate's to tell.
+    #[test]
+    fn each_limiter_puts_keys_in_shards_of_its_own() {
+        let (one, other) = (ShardHash::new(), ShardHash::new());
+        assert_ne!(one.0, other.0);
+        let moved = (0..1000u64)
+            .filter(|key| index(one.hash_one(key), 8) != index(other.hash_one(key), 8))
+            .count();
+        // Independent placements agree on an eighth of the keys.
+        assert!((800..950).contains(&moved), "{moved} of 1000 keys moved");
     }
 }

@@ -10,11 +10,11 @@ mod store;
 
 use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, BuildHasherDefault, Hash};
+use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use hasher::ShardHasher;
+use hasher::ShardHash;
 use rounds::Rounds;
 pub(crate) use shard::Mode;
 use shard::{Dropped, Fast, LogId, Shard, Written};
@@ -32,7 +32,7 @@ pub struct Keyed<K, C: Clock = SystemClock> {
     shards: Box<[Padded<Shard<K>>]>,
     /// Picks a key's shard (the shard's map hashes with its own, keyed
     /// hasher).
-    hasher: BuildHasherDefault<ShardHasher>,
+    hasher: ShardHash,
     clock: C,
     /// The rate as last set, as `f64` bits.
     rate_bits: AtomicU64,
@@ -128,7 +128,7 @@ impl<K: Key, C: Clock> Keyed<K, C> {
                     Padded(Shard::new(template, map_hasher.clone(), cap, mode, now))
                 })
                 .collect(),
-            hasher: BuildHasherDefault::default(),
+            hasher: ShardHash::new(),
             clock,
             rate_bits,
             dropped_unfinished: AtomicU64::new(0),

@@ -10,6 +10,7 @@ mod support;
 static ALLOCATOR: support::alloc::Counting = support::alloc::Counting;
 
 mod give_back;
+mod hostile_keys;
 mod limiter;
 mod memory;
 mod model;
