@@ -239,7 +239,7 @@ if value then
                 and bfr >= 0 and bfr < FRACTION_ONE and bfr % 1 == 0
         end
     end
-    if not ok then return redis.error_reply(string.format(NOT_OURS, key, size)) end
+    if not ok then return redis.error_reply(string.format(NOT_OURS, size)) end
     -- A try of one limit that the debt does not fit, its rate unchanged:
     -- refused here, as part 4 would refuse it (see Replies).
     if timeout >= 0 and nf - now > timeout and n == 1 and not mode and ort == rate and omx == mx then

@@ -31,7 +31,7 @@ if mode and (mode == 'give_back' or mode == 'keep' or mode == 'settle') then
         for j = 1, W * count, W do
             local id, c, moment = E[j], E[j + 1], E[j + 3]
             if not (read_request(log_at + 8 * j - 8, next_id, value, n) and (id < 0 or id > last_id)) then
-                return redis.error_reply(string.format(NOT_OURS, key, size))
+                return redis.error_reply(string.format(NOT_OURS, size))
             end
             if id >= 0 then last_id = id end
             if id ~= give_back_id then

@@ -39,7 +39,7 @@ local FORMAT = 'c4<ddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd
 -- (One literal: a concatenation would run on every call. Each local here
 -- costs every call an instruction: a constant that one branch alone uses
 -- is declared there, or written out with its name beside it.)
-local NOT_OURS = 'ERR paceline: key %s holds a value this limiter does not recognise (%d bytes); it was left untouched: delete it or use another limiter name'
+local NOT_OURS = 'ERR paceline: the key holds a value this limiter does not recognise (%d bytes); it was left untouched: delete it or use another limiter name'
 
 -- Comparisons are written `if x > cap then x = cap end` where the core has
 -- `x.min(cap)`: the same, as no x there is NaN (the rare modes' may call

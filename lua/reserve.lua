@@ -282,7 +282,7 @@ else
                             -- (The next in the value: read and checked as in part 2.)
                             log_at = log_at + 8 * W
                             ok, front_id, front_p, front_at, front, front_P = read_request(log_at, next_id, value, n)
-                            if not ok then return redis.error_reply(string.format(NOT_OURS, key, size)) end
+                            if not ok then return redis.error_reply(string.format(NOT_OURS, size)) end
                         else
                             -- (The next this call logged.)
                             if log_at then log_at = nil else added_first = added_first + 1 end

@@ -36,7 +36,7 @@ if not calls or calls < 1 or not ttl or ttl < 1000 then
 end
 local kind = redis.call('TYPE', key).ok
 if kind ~= 'zset' and kind ~= 'none' then
-  return redis.error_reply('ERR paceline: the slots key ' .. key .. ' holds a ' .. kind)
+  return redis.error_reply('ERR paceline: the slots key holds a ' .. kind)
 end
 
 local time = redis.call('TIME')

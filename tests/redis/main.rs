@@ -20,6 +20,7 @@ mod contention;
 mod differential;
 mod exactness;
 mod faults;
+mod hostile_keys;
 mod keyed;
 mod limiter;
 mod pause;
