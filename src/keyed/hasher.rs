@@ -29,19 +29,17 @@ impl BuildHasher for ShardHash {
 
 /// A fast hash to pick a key's shard (not the maps' hash, which resists
 /// collisions chosen by clients): a multiply-rotate per word, as FxHash
-/// does, from a secret seed, and a finalizer that mixes every bit of the
-/// state into every bit of the hash (MurmurHash3's), so that the seed
-/// decides each key's shard. Written here as the local limiter depends on
+/// does, from a secret seed, and a fold and multiply at the end that carry
+/// the state's low half into the top bits [`index`] reads, so that the
+/// seed decides each key's shard (one multiply: the hot key's call pays
+/// for it). Written here as the local limiter depends on
 /// no hashing crate (those in the dependency tree come only with the
-/// Redis client). [`index`] reads the top bits.
+/// Redis client).
 pub(super) struct ShardHasher(u64);
 
 impl Hasher for ShardHasher {
     fn finish(&self) -> u64 {
-        let mut hash = self.0;
-        hash = (hash ^ (hash >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
-        hash = (hash ^ (hash >> 33)).wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-        hash ^ (hash >> 33)
+        (self.0 ^ (self.0 >> 32)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
     }
 
     fn write(&mut self, bytes: &[u8]) {
