@@ -82,14 +82,21 @@ impl Failure {
     /// The same failure, for another caller of a batch.
     pub(crate) fn share(&self) -> Failure {
         match self {
-            Failure::Refused(error) => {
-                Failure::Refused(Error::Backend(BackendError::new(error.to_string())))
+            Failure::Refused(Error::Backend(error)) => {
+                Failure::Refused(Error::Backend(copy(error)))
             }
-            Failure::Down(failure) => Failure::Down(failure.as_ref().map(|failure| {
-                BackendError::new(failure.to_string()).with_timeout(failure.is_timeout())
-            })),
+            Failure::Refused(Error::InvalidArgument(why)) => {
+                Failure::Refused(Error::InvalidArgument(why.clone()))
+            }
+            Failure::Down(failure) => Failure::Down(failure.as_ref().map(copy)),
         }
     }
+}
+
+/// A copy of `error` in its own words (its source's included, not its
+/// source).
+fn copy(error: &BackendError) -> BackendError {
+    BackendError::new(error.to_string()).with_timeout(error.is_timeout())
 }
 
 type RoundTrip<T> = Pin<Box<dyn Future<Output = RedisResult<T>> + Send>>;

@@ -447,3 +447,61 @@ type Held = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// A lead held unpolled, or dropped, mid round trip.
 mod held;
+
+/// A batch Redis refuses (its key holds a value that is not the limiter's)
+/// fails each of its callers with the same error, said once: the copy for
+/// each caller was made from the error's whole text, prefix included, so
+/// it read "backend error: backend error: Redis refused …".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_batchs_callers_each_get_the_error_said_once() {
+    let server = RedisServer::start();
+    let backend = backend_builder(server.client()).build().await.unwrap();
+    let limiter = Arc::new(
+        RateLimiter::builder()
+            .permits_per_second(1_000.0)
+            .redis(&backend, "refused-batch")
+            .build()
+            .unwrap(),
+    );
+    let _: () = redis::cmd("SET")
+        .arg(limiter.redis_key())
+        .arg("not the limiter's")
+        .query(&mut server.connection())
+        .unwrap();
+    reset_stats(&server);
+    let callers: Vec<_> = (0..64)
+        .map(|_| {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move { limiter.reserve(1).await })
+        })
+        .collect();
+    for caller in callers {
+        let error = caller.await.unwrap().unwrap_err();
+        let text = error.to_string();
+        assert!(matches!(error, paceline::Error::Backend(_)), "{error:?}");
+        assert_eq!(text.matches("backend error").count(), 1, "{text}");
+        assert!(text.contains("not recognise"), "{text}");
+    }
+    // Some went in a batch (fewer script calls than callers), or the test
+    // proved nothing.
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.connection())
+        .unwrap();
+    let calls: usize = info
+        .lines()
+        .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
+        .filter_map(|line| {
+            line.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .sum();
+    assert!(
+        calls < 64,
+        "{calls} script calls for 64 callers: none was batched"
+    );
+}
