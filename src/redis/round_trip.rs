@@ -12,8 +12,7 @@ use redis::{RedisError, RedisResult};
 use super::backend::{Backend, ProbeTarget, Scope};
 use super::connection::Connection;
 use super::reply::Reply;
-use super::script::Answer;
-use super::script::{self, Call, LogId};
+use super::script::{self, Answer, Call, LogId};
 use crate::Error;
 use crate::error::BackendError;
 
