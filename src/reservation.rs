@@ -130,6 +130,16 @@ impl<'a> Reservation<'a> {
         self
     }
 
+    /// This reservation, given back (and settled, learned from, kept)
+    /// through `owner`, which passes it on to the limiter that made it.
+    #[cfg(feature = "redis")]
+    pub(crate) fn owned_by(mut self, owner: &'a dyn GivesBack) -> Self {
+        if let Some(pending) = &mut self.pending {
+            pending.owner = owner;
+        }
+        self
+    }
+
     /// This reservation, waiting for limit `limit` of its limiter's.
     pub(crate) fn for_limit(mut self, limit: usize) -> Self {
         self.limit = u32::try_from(limit).unwrap_or(u32::MAX);

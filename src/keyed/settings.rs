@@ -147,6 +147,12 @@ impl<K: Key, C: Clock> Keyed<K, C> {
         taken.downcast_ref::<KeyedTaken<K>>()
     }
 
+    /// The key of the reservation `taken`, if it is this limiter's.
+    #[cfg(feature = "redis")]
+    pub(crate) fn key_of(taken: &GiveBackId) -> Option<&K> {
+        Self::ours(taken).map(|taken| &taken.key)
+    }
+
     /// Runs `call` on the limits of the reservation `taken`, if it is this
     /// limiter's, with its id in their log and the time (see the shard's
     /// `on_entry`).

@@ -229,7 +229,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
     /// Runs `update` on `key` in the fallback (opened at its floor and its
     /// learned rates if it is not held), under the lock; nothing for a
     /// limiter that fails open or closed, which holds no keys.
-    fn locally(&self, key: &K, update: impl FnOnce(&Keyed<K, C>)) {
+    pub(super) fn locally(&self, key: &K, update: impl FnOnce(&Keyed<K, C>)) {
         if self.fallback != Fallback::Local {
             return;
         }

@@ -208,7 +208,9 @@ impl<K: Key + Display, C: Clock> GivesBack for Failover<K, C> {
     fn settle(&self, taken: &GiveBackId, charged: &Cost, actual: &Cost) {
         match Self::redis_call(taken) {
             Some(call) => self.settle_call(call, charged, actual),
-            None => GivesBack::settle(&self.local, taken, charged, actual),
+            None => self.served_locally(taken, |local| {
+                GivesBack::settle(local, taken, charged, actual);
+            }),
         }
     }
 
@@ -216,7 +218,23 @@ impl<K: Key + Display, C: Clock> GivesBack for Failover<K, C> {
         self.learns.store(true, Ordering::Relaxed);
         match Self::redis_call(taken) {
             Some(call) => self.learn_call(call, lesson, learning),
-            None => GivesBack::learn(&self.local, taken, lesson, learning),
+            None => self.served_locally(taken, |local| {
+                GivesBack::learn(local, taken, lesson, learning);
+            }),
+        }
+    }
+}
+
+impl<K: Key + Display, C: Clock> Failover<K, C> {
+    /// Runs `update` (a settle, a lesson) on a call the fallback served,
+    /// `taken`, as the rule for calls says: in the fallback, even once
+    /// Redis is back, with its key held there (opened at its floor if it
+    /// was carried back meanwhile) and then carried back with what it
+    /// changed.
+    fn served_locally(&self, taken: &GiveBackId, update: impl FnOnce(&Keyed<K, C>)) {
+        match Keyed::<K, C>::key_of(taken) {
+            Some(key) => self.locally(key, update),
+            None => update(&self.local),
         }
     }
 }

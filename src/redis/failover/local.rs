@@ -32,7 +32,9 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         }
         self.open_locally(&mut books, key);
         let served = match self.fallback {
-            Fallback::Local => serve(&self.local),
+            // Given back, settled and learned from through the fail-over,
+            // so that what changes the key once Redis is back reaches it.
+            Fallback::Local => serve(&self.local).map(|served| served.map(|r| r.owned_by(self))),
             _ => Ok(Some(Reservation::new(
                 Duration::ZERO,
                 self.local.clock(),
