@@ -92,14 +92,23 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         self.reservation(reply, taken)
     }
 
-    /// Remembers what `key` learned in Redis, as a reply said (see
-    /// `Books::learned`).
-    pub(super) fn note_learned<Q>(&self, key: &Q, learned: &crate::core::Adopted)
+    /// Remembers what `key` learned in Redis, as `reply` said (see
+    /// `Books::learned`), and the end of its pause on the local clock (see
+    /// `Books::paused`).
+    pub(super) fn note_learned<Q>(&self, key: &Q, reply: &Reply)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        let (Some(learned), Some(after)) = (&reply.learned, &reply.after) else {
+            return;
+        };
         let mut books = self.books();
+        let pause = learned.paused_until.saturating_sub(after.now_micros);
+        if pause > 0 {
+            let until = self.now().saturating_add(pause);
+            self.note_pause(&mut books, key, until);
+        }
         if learned.is_nothing() {
             books.learned.remove(key);
             return;
@@ -187,9 +196,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                     // what the key owes and learned after it.
                     if reply.after.is_some() {
                         self.note_debt(key, reply.debt_micros);
-                        if let Some(learned) = &reply.learned {
-                            self.note_learned(key, learned);
-                        }
+                        self.note_learned(key, &reply);
                     }
                     return;
                 }

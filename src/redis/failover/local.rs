@@ -357,6 +357,10 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         // each limit was charged is not known: the fallback's whole debt
         // goes, erring towards limiting.)
         let mut late = self.late_until(key);
+        // A pause the fallback learned is time, not permits: carried at
+        // its length (not at the shared rate), and remembered for the
+        // callers waiting in it.
+        let paused = self.local.paused_until(key);
         while let Some(tickets) = self.local.tickets(key) {
             // One debt per limit (one for a limiter with one limit).
             let ticket = tickets.iter().copied().max().unwrap_or(0);
@@ -366,16 +370,20 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             } else {
                 0
             };
+            let pause = paused.map_or(0, |until| until.saturating_sub(from));
             let debts_micros = tickets
                 .iter()
                 .map(|t| {
-                    self.at_shared_rate(t.saturating_sub(from))
-                        .saturating_sub(charged)
+                    let debt = self.at_shared_rate(t.saturating_sub(from));
+                    debt.max(pause).saturating_sub(charged)
                 })
                 .collect();
             let resume = Call::Resume { debts_micros };
             match self.send(key, &target, resume, None).await {
                 Ok(_) => {
+                    if let Some(until) = paused {
+                        self.note_pause(&mut self.books(), key, until);
+                    }
                     if self.local.forget_if_paid(key, ticket) {
                         break;
                     }

@@ -155,6 +155,12 @@ struct Books<K> {
     /// Open calls made in Redis whose keep could not reach it: sent once it
     /// is back, at most `max_local_keys`.
     keeps: Vec<(K, LogId)>,
+    /// When a refusal's pause of a key ends (µs, local clock), as a reply
+    /// from Redis said or as the fallback learned it before it carried the
+    /// key back (as debt: Redis knows no pause then): what a caller that
+    /// waited is told as it wakes, while Redis is down or beside what Redis
+    /// says. At most `max_local_keys`.
+    paused: HashMap<K, u64>,
 }
 
 /// A reservation of one key made in Redis: its Redis key and the script's
@@ -296,6 +302,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                 awaited: HashMap::new(),
                 learned: HashMap::new(),
                 keeps: Vec::new(),
+                paused: HashMap::new(),
             }),
             carried: Notify::new(),
             answered: Notify::new(),
@@ -427,10 +434,12 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         .await
     }
 
-    /// The end of the pause a refusal learned for `key` started (µs on
-    /// Redis's clock; the fallback's, where it serves the key), while it
-    /// lasts: one round trip, the key's status, once the limiter may have
-    /// learned anything (see [`Engine::paused`]); an error reads as none.
+    /// The end of the pause a refusal learned for `key` started, while it
+    /// lasts: as Redis's status says (µs on its clock: one round trip, once
+    /// the limiter may have learned anything, see [`Engine::paused`]), or,
+    /// where it says none or is down, as the fallback or an earlier reply
+    /// said (µs on the local clock: see `Books::paused`). An error reads as
+    /// none.
     async fn paused<Q>(&self, key: &Q) -> Option<u64>
     where
         K: Borrow<Q>,
@@ -439,12 +448,36 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         if !self.learns.load(Ordering::Relaxed) {
             return None;
         }
+        let known = || {
+            let now = self.now();
+            let books = self.books();
+            books.paused.get(key).copied().filter(|&until| until > now)
+        };
         let paused = |stored: Stored| {
             let until = stored.learned.map(|learned| learned.paused_until);
-            until.filter(|&until| until > stored.now_micros)
+            until
+                .filter(|&until| until > stored.now_micros)
+                .or_else(known)
         };
-        let status = self.read_status(key, paused, |_, _| Ok(Ok(self.local.paused_until(key))));
-        status.await.ok().flatten()
+        let local = |_, _| Ok(Ok(self.local.paused_until(key).or_else(known)));
+        self.read_status(key, paused, local).await.ok().flatten()
+    }
+
+    /// Remembers that `key`'s pause ends at `until` (µs, local clock).
+    fn note_pause<Q>(&self, books: &mut Books<K>, key: &Q, until: u64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let now = self.now();
+        if books.paused.len() >= self.max_local_keys {
+            books.paused.retain(|_, until| *until > now);
+        }
+        if let Some(known) = books.paused.get_mut(key) {
+            *known = (*known).max(until);
+        } else if until > now && books.paused.len() < self.max_local_keys {
+            books.paused.insert(key.to_owned(), until);
+        }
     }
 
     /// `key`'s status from Redis, read by `read`; `local` while its part
@@ -576,9 +609,9 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             _ => send(backend, target, call, None, budget).await,
         }?;
         self.note_debt(key, reply.debt_micros);
-        if let Some(learned) = &reply.learned {
+        if reply.learned.is_some() {
             self.learns.store(true, Ordering::Relaxed);
-            self.note_learned(key, learned);
+            self.note_learned(key, &reply);
         }
         Ok(reply)
     }

@@ -108,11 +108,26 @@ fn keys_open_no_earlier_than_a_ticket_the_fallback_dropped() {
 #[test]
 fn a_key_opens_at_the_rate_it_learned_and_the_others_at_theirs() {
     let (failover, clock) = failover(10);
-    let learned = |factor: f64| crate::core::Adopted {
-        factor,
-        margin: 1.0,
-        caps: vec![f64::INFINITY].into(),
-        paused_until: 0,
+    // A reply that says what the key learned.
+    let learned = |factor: f64| {
+        let learned = crate::core::Adopted {
+            factor,
+            margin: 1.0,
+            caps: vec![f64::INFINITY].into(),
+            paused_until: 0,
+        };
+        Reply {
+            wait: Some(Duration::ZERO),
+            debt_micros: 0,
+            token: None,
+            limit: 0,
+            after: Some(Arc::new(Stored {
+                now_micros: 0,
+                limits: Vec::new(),
+                learned: Some(learned.clone()),
+            })),
+            learned: Some(learned),
+        }
     };
     failover.note_learned("slow", &learned(0.5));
     let now = clock.now_micros();
