@@ -103,7 +103,16 @@
 //! for the rates: `Local` gives each key `max(1, ⌊k × local_fraction⌋)` slots
 //! in this process, `FailOpen` takes none (calls go unbounded), `FailClosed`
 //! fails the call. A slot taken from the fallback stays there until its call
-//! ends, unseen by Redis.
+//! ends, unseen by Redis. The fallback's slots count only the calls it lets
+//! in: the calls that held leases when Redis went down go on, so one process
+//! may have `k` and its share in flight while Redis is down (and, after a
+//! restart that lost the leases, up to `2k` until the older calls end).
+//!
+//! What an answer teaches while Redis is down: `Local` learns it in the
+//! fallback and carries a refusal's pause back to Redis at its length (the
+//! callers waiting in it, here, still go behind it); `FailClosed` sends the
+//! lesson once Redis is back (with what is left of its pause); `FailOpen`
+//! learns nothing then (its calls are not paced either).
 
 mod call;
 mod feedback;

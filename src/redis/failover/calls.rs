@@ -19,8 +19,10 @@
 //!   applied it is counted twice, erring towards limiting), and what it
 //!   cost less is not given back. A lesson learned while Redis is down is
 //!   learned by the fallback (what the fallback learns stays there: its
-//!   pauses are carried back as debt, not its factor); a keep that cannot
-//!   reach Redis is sent once it is back.
+//!   pauses are carried back as debt, at their length, and remembered for
+//!   the callers waiting in them; not its factor); a fallback that holds no
+//!   keys (failing closed) has Redis learn it once it is back, as a keep
+//!   that cannot reach Redis is sent then.
 //! - A key opens in the fallback at the fraction of its rates it learned
 //!   in Redis, as the last reply that said so (a call's, a learn's), so
 //!   that the fallback keeps the learned rate (not the rates the upstream
@@ -217,13 +219,15 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                     self.locally(key, |local| local.charge(key, &more));
                 }
             }
-            Call::Learn { lesson, learning } => {
+            Call::Learn { lesson, learning } if self.fallback == Fallback::Local => {
                 self.locally(key, |local| local.learn_key(key, &lesson, &learning));
             }
-            Call::Keep(token) => {
+            // A fallback that holds no keys cannot learn it: Redis does,
+            // once it is back.
+            op @ (Call::Learn { .. } | Call::Keep(_)) => {
                 let mut books = self.books();
-                if books.keeps.len() < self.max_local_keys {
-                    books.keeps.push((key.clone(), token));
+                if books.queued.len() < self.max_local_keys {
+                    books.queued.push((key.clone(), op, self.now()));
                 }
                 drop(books);
                 self.activate();
@@ -250,25 +254,38 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         }
     }
 
-    /// Sends the keeps that could not reach Redis while it was down; those
-    /// whose part of Redis is down again wait for its next recovery (a
-    /// keep lost for good only leaves its call in the log until the log
-    /// fills and lets it go).
-    pub(super) async fn send_keeps(&self) {
-        let keeps = std::mem::take(&mut self.books().keeps);
+    /// Sends what calls could not send Redis while it was down (see
+    /// `Books::queued`): a lesson's pause shortened by the time it waited
+    /// (it pauses from when it is sent); what meets its part of Redis down
+    /// again waits for its next recovery (a keep lost for good only leaves
+    /// its call in the log until the log fills and lets it go).
+    pub(super) async fn send_queued(&self) {
+        let queued = std::mem::take(&mut self.books().queued);
         let mut again = Vec::new();
-        for (key, token) in keeps {
+        for (key, mut op, came) in queued {
             let target = self.target(&key);
+            let now = self.now();
+            if let Call::Learn { lesson, .. } = &mut op {
+                let waited = now.saturating_sub(came);
+                lesson.retry_after_micros = lesson
+                    .retry_after_micros
+                    .map(|after| after.saturating_sub(waited));
+            }
             let sent = match self.is_down(&target) {
                 true => Err(Failure::Down(None)),
-                false => send::<Reply>(&self.backend, &target, Call::Keep(token), None, None).await,
+                false => send::<Reply>(&self.backend, &target, op.clone(), None, None).await,
             };
-            if let Err(Failure::Down(_)) = sent {
-                again.push((key, token));
+            match sent {
+                Ok(reply) if reply.after.is_some() => {
+                    self.note_debt(&key, reply.debt_micros);
+                    self.note_learned(&key, &reply);
+                }
+                Err(Failure::Down(_)) => again.push((key, op, now)),
+                _ => {}
             }
         }
         let mut books = self.books();
-        let room = self.max_local_keys.saturating_sub(books.keeps.len());
-        books.keeps.extend(again.into_iter().take(room));
+        let room = self.max_local_keys.saturating_sub(books.queued.len());
+        books.queued.extend(again.into_iter().take(room));
     }
 }

@@ -435,10 +435,10 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                         }
                     })
                     .await;
-                this.send_keeps().await;
+                this.send_queued().await;
                 // Once the fallback holds nothing, calls skip the lock again.
                 let books = this.books();
-                if books.carrying.is_empty() && books.keeps.is_empty() && this.local.len() == 0 {
+                if books.carrying.is_empty() && books.queued.is_empty() && this.local.len() == 0 {
                     this.active.store(false, Ordering::Release);
                 }
                 drop(books);

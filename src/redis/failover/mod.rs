@@ -152,9 +152,11 @@ struct Books<K> {
     /// most `max_local_keys`. The key opens in the fallback at those rates
     /// (at its share). (A snapshot from Redis reads them from its status.)
     learned: HashMap<K, crate::core::Adopted>,
-    /// Open calls made in Redis whose keep could not reach it: sent once it
+    /// What calls made in Redis sent it while it was down that the
+    /// fallback cannot hold (a keep; a lesson, for a limiter that fails
+    /// open or closed), with when it came (µs, local clock): sent once it
     /// is back, at most `max_local_keys`.
-    keeps: Vec<(K, LogId)>,
+    queued: Vec<(K, Call, u64)>,
     /// When a refusal's pause of a key ends (µs, local clock), as a reply
     /// from Redis said or as the fallback learned it before it carried the
     /// key back (as debt: Redis knows no pause then): what a caller that
@@ -301,7 +303,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                 late: HashMap::new(),
                 awaited: HashMap::new(),
                 learned: HashMap::new(),
-                keeps: Vec::new(),
+                queued: Vec::new(),
                 paused: HashMap::new(),
             }),
             carried: Notify::new(),

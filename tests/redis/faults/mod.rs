@@ -11,6 +11,7 @@
 //! `redis_reliability.rs`; each test kept its name.
 
 #[cfg(feature = "redis-cluster")]
+mod calls;
 mod cluster;
 mod connection;
 mod down;
