@@ -237,7 +237,11 @@ impl<'a> Reservation<'a> {
         self.delay
     }
 
-    /// Whether dropping this reservation would give something back.
+    /// Whether dropping this reservation may give something back: `false`
+    /// if it certainly gives nothing (it waits for nothing, or its limiter
+    /// cannot give back). A `true` is a may: dropped once its moment has
+    /// passed, or after a rate change (which makes what waits to be given
+    /// back give nothing), it keeps its permits, erring towards limiting.
     pub fn can_give_back(&self) -> bool {
         self.pending.is_some()
     }

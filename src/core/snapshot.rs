@@ -15,6 +15,12 @@ use super::{Limits, MAX_MICROS, Policy, State};
 /// Every limiter reads one with `snapshot()`: the local ones at once, a Redis
 /// limiter in one round trip, on the server's clock.
 ///
+/// With several limits, a snapshot is of the limit that binds now (see
+/// [`limit`](Self::limit)): its rate, burst and stored permits; what it
+/// says of time and requests ([`remaining`](Self::remaining),
+/// [`wait`](Self::wait), [`wait_for`](Self::wait_for),
+/// [`full_in`](Self::full_in)) is the limiter's, every limit counted.
+///
 /// ```
 /// use std::time::Duration;
 /// use paceline::RateLimiter;
@@ -41,7 +47,7 @@ use super::{Limits, MAX_MICROS, Policy, State};
 /// assert_eq!(now.full_in(), Duration::from_millis(600));
 /// # Ok::<(), paceline::Error>(())
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
     rate: f64,
     max_stored: f64,
@@ -51,6 +57,9 @@ pub struct Snapshot {
     /// Idle time per stored permit, µs.
     cool_down_micros: f64,
     limit: usize,
+    /// With several limits, every limit's snapshot (this one's among
+    /// them): what `wait_for` and `full_in` count.
+    all: Option<std::sync::Arc<[Snapshot]>>,
 }
 
 impl Snapshot {
@@ -69,6 +78,7 @@ impl Snapshot {
                 .policy
                 .cool_down_interval_micros(state.stable_interval_micros, state.max_permits),
             limit,
+            all: None,
         }
     }
 
@@ -102,15 +112,32 @@ impl Snapshot {
     }
 
     /// Of several limits' snapshots, the one that binds: the fewest requests
-    /// remaining, then the longest wait, then the longest until full; `None`
-    /// if there are none.
+    /// remaining, then the longest wait, then the longest until full (with
+    /// every limit's, for what it says of time); `None` if there are none.
     pub(crate) fn binding(snapshots: impl IntoIterator<Item = Snapshot>) -> Option<Snapshot> {
-        snapshots.into_iter().min_by(|a, b| {
-            a.remaining()
-                .cmp(&b.remaining())
-                .then(b.wait_micros.cmp(&a.wait_micros))
-                .then(b.full_in().cmp(&a.full_in()))
-        })
+        let mut snapshots = snapshots.into_iter();
+        let first = snapshots.next()?;
+        let Some(second) = snapshots.next() else {
+            return Some(first);
+        };
+        let all: std::sync::Arc<[Snapshot]> =
+            [first, second].into_iter().chain(snapshots).collect();
+        let mut binding = all
+            .iter()
+            .min_by(|a, b| {
+                a.remaining()
+                    .cmp(&b.remaining())
+                    .then(b.wait_micros.cmp(&a.wait_micros))
+                    .then(b.full_in().cmp(&a.full_in()))
+            })?
+            .clone();
+        binding.all = Some(all);
+        Some(binding)
+    }
+
+    /// Each limit's snapshot: this one, or every one of several.
+    fn each(&self) -> &[Snapshot] {
+        self.all.as_deref().unwrap_or(std::slice::from_ref(self))
     }
 
     /// What a limiter that knows only its wait and its rate can tell, for a
@@ -144,6 +171,7 @@ impl Snapshot {
             cool_down_micros: super::stable_interval_micros(permits_per_second)
                 .unwrap_or(MAX_MICROS as f64),
             limit: 0,
+            all: None,
         }
     }
 
@@ -189,7 +217,7 @@ impl Snapshot {
 
     /// How many requests of one permit a full, idle limiter lets through at
     /// once: [`remaining`](Self::remaining) when [`stored`](Self::stored) is
-    /// at its most.
+    /// at its most (with several limits, this limit's).
     pub fn burst(&self) -> u64 {
         self.at_most(self.max_stored)
     }
@@ -210,8 +238,16 @@ impl Snapshot {
     /// How long until `requests` requests of one permit would all go at once
     /// ([`remaining`](Self::remaining) reaching `requests`) if nothing else is
     /// reserved meanwhile; `None` if they never would (more than
-    /// [`burst`](Self::burst)). Zero requests: zero.
+    /// [`burst`](Self::burst), or, with several limits, than any limit's).
+    /// Zero requests: zero.
     pub fn wait_for(&self, requests: u64) -> Option<Duration> {
+        self.each().iter().try_fold(Duration::ZERO, |most, one| {
+            Some(most.max(one.wait_for_one(requests)?))
+        })
+    }
+
+    /// [`wait_for`](Self::wait_for) of this limit alone.
+    fn wait_for_one(&self, requests: u64) -> Option<Duration> {
         if requests == 0 {
             return Some(Duration::ZERO);
         }
@@ -229,9 +265,11 @@ impl Snapshot {
     }
 
     /// How long until the limiter is full again (nothing owed, every permit it
-    /// can store stored), if nothing is reserved meanwhile.
+    /// can store stored: with several limits, every limit), if nothing is
+    /// reserved meanwhile.
     pub fn full_in(&self) -> Duration {
-        self.after_debt((self.max_stored - self.stored).max(0.0))
+        let full_in = |one: &Snapshot| one.after_debt((one.max_stored - one.stored).max(0.0));
+        self.each().iter().map(full_in).max().unwrap_or_default()
     }
 
     /// The wait, then `permits` more cool-downs, rounded up to the µs.

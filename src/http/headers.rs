@@ -45,8 +45,14 @@ fn quota(snapshot: &Snapshot) -> (u64, u64) {
     let burst = snapshot.burst().min(SF_INTEGER_MAX);
     let rate = snapshot.rate();
     // A drained key (its next request owing one interval) has its burst
-    // back after `burst` intervals.
+    // back after `burst` intervals: to the microsecond, as the limiter
+    // counts time (11 per minute: 11 / (11 / 60) reads 60.000000000000014
+    // seconds, which is 60, not 61).
     let refill = burst as f64 / rate;
+    let refill = match refill < 1e15 {
+        true => (refill * 1e6).round() / 1e6,
+        false => refill,
+    };
     let window = if refill.is_finite() && refill > 1.0 {
         (refill.ceil() as u64).min(SF_INTEGER_MAX)
     } else {

@@ -21,7 +21,7 @@ use crate::{KeyedLimiter, Snapshot};
 
 /// What a refused request is told: passed to the hook that shapes its
 /// response ([`RateLimitLayer::on_refused`]).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Refused {
     /// How long until the request would go: `Retry-After`, before it is
@@ -324,7 +324,13 @@ fn refusal<R, H: OnRefused<R>>(config: &Config<H>, snapshot: Snapshot) -> Respon
         let secs = retry_after_secs(refused.retry_after);
         headers.insert(RETRY_AFTER, HeaderValue::from(secs));
     }
-    write_headers(headers, config.headers, &config.policy, &snapshot, true);
+    write_headers(
+        headers,
+        config.headers,
+        &config.policy,
+        &refused.snapshot,
+        true,
+    );
     response
 }
 

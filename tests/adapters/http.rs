@@ -27,6 +27,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 mod client_ip;
+mod documented;
 mod hostile_headers;
 
 /// An HTTP service that answers 200 at once and counts its calls.

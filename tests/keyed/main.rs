@@ -9,6 +9,7 @@ mod support;
 #[global_allocator]
 static ALLOCATOR: support::alloc::Counting = support::alloc::Counting;
 
+mod documented;
 mod give_back;
 mod hostile_keys;
 mod limiter;

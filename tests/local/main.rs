@@ -17,6 +17,7 @@ mod cancellation;
 mod concurrency;
 mod core_invariants;
 mod core_limits;
+mod documented;
 mod exactness;
 mod extremes;
 mod fast_path;

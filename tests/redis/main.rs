@@ -18,6 +18,7 @@ mod cluster;
 mod coalescing;
 mod contention;
 mod differential;
+mod documented;
 mod exactness;
 mod faults;
 mod hostile_keys;
