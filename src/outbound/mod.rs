@@ -36,7 +36,10 @@
 //!   configured rate; a limit it reports spent (`remaining` 0) waits for its
 //!   reset (at most a day; with no reset given, it stores nothing), and one
 //!   with some left stores no more than that (nor does it after a call
-//!   settled or a reservation given back later).
+//!   settled or a reservation given back later). Stored permits are what
+//!   goes beside the one request that goes whenever nothing is owed: with
+//!   `n` left and nothing owed, `n + 1` may go at once, and with none left
+//!   and no reset, one (the upstream's answer to it teaches the rest).
 //!
 //! Estimates: what a call costs past its estimate is always charged, and what
 //! it costs less is given back while the limiter's log still holds the call
