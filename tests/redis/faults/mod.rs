@@ -10,8 +10,8 @@
 //! Formerly `redis_outages.rs`, `redis_faults.rs` and part of
 //! `redis_reliability.rs`; each test kept its name.
 
-#[cfg(feature = "redis-cluster")]
 mod calls;
+#[cfg(feature = "redis-cluster")]
 mod cluster;
 mod connection;
 mod down;
