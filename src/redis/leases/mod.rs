@@ -46,7 +46,7 @@ use crate::outbound::{InFlight, LocalSlots, Slot, TakeSlot, Taken};
 pub(crate) use script::slots_key;
 
 /// The default time to live of a slot's lease in Redis (see
-/// [`Builder::slot_ttl`]).
+/// [`Builder::slot_ttl`](crate::Builder::slot_ttl)).
 pub const DEFAULT_SLOT_TTL: Duration = Duration::from_secs(30);
 
 /// The shortest slot TTL a builder takes, and the longest (a year: what
