@@ -125,7 +125,7 @@ pub(crate) struct Args {
     pub(crate) key_regex: Option<String>,
 
     /// The most keys held at once. At the cap, keys idle long enough to be
-    /// full go first, then the least recently used, which forget what they
+    /// full go first, then those nearest to full, which forget what they
     /// owe: such a key, back, starts afresh (raise N if keys come back
     /// sooner than they are full; --json counts such keys).
     #[arg(long, value_name = "N", default_value_t = 100_000)]

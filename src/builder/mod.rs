@@ -204,9 +204,9 @@ impl<T, S: Store, C: Clock> Builder<T, S, C> {
     /// `RateLimiter` in this process holds none, and refuses it). Without
     /// it, a keyed limiter's memory follows the keys active within about
     /// one refill period (at least a second). At the cap, keys that read as
-    /// full go first; then the least recently used ones, which lose their
-    /// debt (counted in [`Stats::dropped_unfinished`](crate::Stats)). Must
-    /// be at least 1.
+    /// full go first; then those nearest to full, which lose their debt
+    /// (counted in [`Stats::dropped_unfinished`](crate::Stats)). Must be at
+    /// least 1.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = Some(max_keys);
         self

@@ -471,6 +471,13 @@ impl Limits {
                 .all(|state| state.reads_as_full(now_micros))
     }
 
+    /// When every limit reads as full if nothing more is reserved (µs): the
+    /// order in which a keyed limiter at its cap forgets keys, those that
+    /// lose the least first.
+    pub(crate) fn full_at(&self) -> u64 {
+        self.states.iter().map(State::full_at).max().unwrap_or(0)
+    }
+
     /// The latest ticket of any limit: when the limits were last used, to
     /// choose which to forget.
     pub(crate) fn last_used(&self) -> u64 {

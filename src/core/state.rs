@@ -208,6 +208,18 @@ impl State {
         self.next_free_micros
     }
 
+    /// When the state reads as full if nothing more is reserved (µs): its
+    /// ticket, then the idle time that stores the permits it lacks
+    /// (saturating at [`MAX_MICROS`]).
+    pub(crate) fn full_at(&self) -> u64 {
+        let cool_down = self
+            .policy
+            .cool_down_interval_micros(self.stable_interval_micros, self.max_permits);
+        let missing = (self.max_permits - self.stored_permits).max(0.0);
+        let idle = to_micros((missing * cool_down).ceil());
+        self.next_free_micros.saturating_add(idle).min(MAX_MICROS)
+    }
+
     /// The refill period: microseconds of idle time that store every permit
     /// from none, after which an idle limiter with no debt is full (rounded
     /// up, saturating at [`MAX_MICROS`]).

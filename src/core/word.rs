@@ -322,6 +322,16 @@ pub(crate) fn last_use(word: u64, config: &Config) -> u64 {
     micros.clamp(0, i128::from(MAX_MICROS)) as u64
 }
 
+/// When `word` (under `config`) reads as full if nothing more is reserved
+/// (µs): `tat` plus a full burst, whether permits are stored or not (with
+/// none, `tat` is the ticket), as [`State::full_at`](super::State::full_at)
+/// reads the state it stands for.
+pub(crate) fn full_at(word: u64, config: &Config) -> u64 {
+    let full = (word & PAYLOAD).saturating_add(config.burst);
+    let micros = i128::from(config.base) + i128::from(full >> FRAC_BITS);
+    micros.clamp(0, i128::from(MAX_MICROS)) as u64
+}
+
 /// Whether a new base for `now` would differ enough from `config`'s to be
 /// worth re-encoding a whole keyed shard: `now` has left the window, or moved
 /// an eighth of it past the middle. (Closer to the base, a state that does not

@@ -87,7 +87,7 @@ fn shard_count(max_keys: Option<usize>) -> usize {
 }
 
 /// The least share of a cap a shard holds, when the cap allows it: the
-/// least recently used keys are chosen within a shard, so a shard must hold
+/// keys nearest to full are chosen within a shard, so a shard must hold
 /// enough for that choice to mean something.
 const MIN_SHARD_CAP: usize = 16;
 
@@ -199,8 +199,13 @@ impl<K: Key, C: Clock> Keyed<K, C> {
 
     /// `key`'s shard, write-locked, and the time now for it (see
     /// [`Shard::write_at`]).
+    /// Every call but the common one comes here, and takes its turn
+    /// visiting the shards, as that one does.
     fn shard_now<Q: Hash + ?Sized>(&self, key: &Q) -> (Written<'_, K>, u64) {
         let read = self.clock.now_micros();
+        if self.rounds.due(read) {
+            self.visit(read);
+        }
         self.shard(key).write_at(read)
     }
 

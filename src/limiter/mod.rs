@@ -171,9 +171,11 @@ pub struct RateLimiter<S: Store = Local, C: Clock = crate::clock::SystemClock> {
 ///
 /// For hostile key spaces (random client addresses), [`max_keys`] sets a
 /// hard cap. When a shard is at its share of the cap and no entry there
-/// reads as full, the least recently used sixteenth of the shard is dropped
-/// at once (in one pass, so a flood of new keys costs constant work per key).
-/// Those keys lose their debt: their next request finds them full again.
+/// reads as full, the sixteenth of the shard nearest to reading as full is
+/// dropped at once (in one pass, so a flood of new keys costs constant work
+/// per key): the keys that lose the least, not those deepest in debt or
+/// paused. Those keys lose their debt: their next request finds them full
+/// again.
 /// That is the price of a bound, and [`Stats::dropped_unfinished`]
 /// counts it.
 ///

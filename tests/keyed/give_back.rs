@@ -459,7 +459,7 @@ fn threads_giving_back_on_the_same_keys_leave_each_key_owing_what_was_kept() {
 
 /// The race above while a flood of new keys fills a small cap (`max_keys`
 /// 64: four shards of 16), so that each new key in a full shard drops the
-/// least recently used of its shard, in debt: the keys in use are those
+/// one of its shard nearest to full, in debt: the keys in use are those
 /// whose tickets lie furthest ahead, never dropped, and each ends owing
 /// exactly what was kept of it.
 #[test]

@@ -260,8 +260,8 @@ fn a_key_dropped_at_the_cap_is_counted_and_its_old_reservation_gives_back_nothin
     }
     let waiting = limiter.reservation(&0, 5).unwrap();
     assert!(waiting.delay() > Duration::ZERO);
-    // Fifteen more keys in debt, each used after key 0; one more key and
-    // the cap drops the least recently used: key 0.
+    // Fifteen more keys deeper in debt, each used after key 0; one more
+    // key and the cap drops the one nearest to full: key 0.
     for key in 1..16u64 {
         limiter.reserve(&key, 100).unwrap();
     }

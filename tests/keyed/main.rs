@@ -12,6 +12,7 @@ static ALLOCATOR: support::alloc::Counting = support::alloc::Counting;
 mod documented;
 mod give_back;
 mod hostile_keys;
+mod hunt_keyed;
 mod limiter;
 mod memory;
 mod model;

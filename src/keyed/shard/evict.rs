@@ -1,5 +1,5 @@
 //! How a shard stays small: the sweeps that drop entries reading as full,
-//! the cap's batch of least recently used entries, and the memory given
+//! the cap's batch of the entries nearest to full, and the memory given
 //! back after a flood.
 
 use super::*;
@@ -120,8 +120,9 @@ impl<K: Hash + Eq + Clone> Table<K> {
 
     /// Makes room for one more entry: a sweep by growth when the shard has
     /// doubled since the last sweep; under the cap, the entries that read as
-    /// full and, if that is not enough, the least recently used sixteenth
-    /// of the shard (so that a flood of new keys costs a constant amount of
+    /// full and, if that is not enough, the sixteenth of the shard nearest
+    /// to reading as full (the keys that lose the least: a key in debt
+    /// further ahead, a paused one, stays) (so that a flood of new keys costs a constant amount of
     /// work per key, amortized).
     pub(super) fn make_room(&mut self, now: u64) -> Dropped {
         if self.mode == Mode::Full && self.len() >= self.sweep_len {
@@ -143,17 +144,17 @@ impl<K: Hash + Eq + Clone> Table<K> {
                 .values_mut()
                 .map(|cell| *cell.get_mut())
                 .filter(|word| *word != HELD_AS_LIMITS)
-                .map(|word| word::last_use(word, config))
+                .map(|word| word::full_at(word, config))
                 .collect(),
             None => Vec::new(),
         };
-        stamps.extend(self.limits.values().map(|entry| entry.limits.last_used()));
+        stamps.extend(self.limits.values().map(|entry| entry.limits.full_at()));
         let (_, cutoff, _) = stamps.select_nth_unstable(batch - 1);
         let cutoff = *cutoff;
         let mut left = batch;
         let mut dropped = Vec::new();
         self.limits.retain(|key, entry| {
-            if left > 0 && entry.limits.last_used() <= cutoff {
+            if left > 0 && entry.limits.full_at() <= cutoff {
                 left -= 1;
                 dropped.push(key.clone());
                 false
@@ -164,7 +165,7 @@ impl<K: Hash + Eq + Clone> Table<K> {
         if let Some(config) = &self.config {
             self.words.retain(|_, cell| {
                 let word = *cell.get_mut();
-                if left > 0 && word != HELD_AS_LIMITS && word::last_use(word, config) <= cutoff {
+                if left > 0 && word != HELD_AS_LIMITS && word::full_at(word, config) <= cutoff {
                     left -= 1;
                     false
                 } else {
