@@ -10,9 +10,9 @@ mod support;
 static ALLOCATOR: support::alloc::Counting = support::alloc::Counting;
 
 mod documented;
+mod eviction;
 mod give_back;
 mod hostile_keys;
-mod hunt_keyed;
 mod limiter;
 mod memory;
 mod model;

@@ -1,4 +1,4 @@
-//! Probes of the keyed limiter's promises on what it forgets: sweeps, the
+//! What the keyed limiter forgets, and when: sweeps, the
 //! cap, give-backs, rate changes, learning and slots, on a fake clock.
 
 use std::time::Duration;
