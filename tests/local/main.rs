@@ -14,6 +14,7 @@ mod bad_input;
 mod bursty;
 mod calls;
 mod cancellation;
+mod classic;
 mod concurrency;
 mod core_invariants;
 mod core_limits;
