@@ -130,7 +130,10 @@
 //! rate that was in force. The debt already in the ticket is kept as is: the
 //! next caller repays the previous request at the old rate, and only later
 //! requests are charged at the new one. Stored permits are rescaled to the
-//! same fraction of the new `max_permits`.
+//! same fraction of the new `max_permits`, but for the cases where the old
+//! one was nothing to scale from: leaving an infinite rate, a bursty limiter
+//! starts full and a warming-up one warm (nothing stored), and a warming-up
+//! one whose old `max_permits` was 0 starts full (cold).
 //!
 //! # Numbers
 //!

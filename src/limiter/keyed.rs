@@ -256,6 +256,11 @@ where
     /// visits every key held (shard by shard; calls on other shards go on
     /// meanwhile); in Redis each key takes it with its next call.
     ///
+    /// At an infinite rate a warming-up key stores nothing and reads as
+    /// full, so an idle one may be forgotten: back at a finite rate, it
+    /// starts cold, as a key never seen does, where one still held starts
+    /// warm.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN; the
     /// limiter is then unchanged.
