@@ -154,12 +154,25 @@ impl<'a, L, T> Gate<'a, L, T> {
     /// Polls the pending reservation: `None` if there is none, else its
     /// outcome once it is due, the limiter idle again.
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<T, Error>>> {
-        let Gate::Waiting(waiting) = self else {
-            return Poll::Ready(None);
+        // Out of the gate while it is polled: a reservation that panics
+        // leaves the gate `Gone`, not a future that panics again.
+        let mut waiting = match std::mem::replace(self, Gate::Gone) {
+            Gate::Waiting(waiting) => waiting,
+            other => {
+                *self = other;
+                return Poll::Ready(None);
+            }
         };
-        let (limiter, outcome) = ready!(waiting.as_mut().poll(cx));
-        *self = Gate::Idle(limiter);
-        Poll::Ready(Some(outcome))
+        match waiting.as_mut().poll(cx) {
+            Poll::Pending => {
+                *self = Gate::Waiting(waiting);
+                Poll::Pending
+            }
+            Poll::Ready((limiter, outcome)) => {
+                *self = Gate::Idle(limiter);
+                Poll::Ready(Some(outcome))
+            }
+        }
     }
 }
 

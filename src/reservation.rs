@@ -77,8 +77,10 @@ pub(crate) enum GiveBackId {
 /// A limiter that can take a reservation back. No method blocks for long: a
 /// remote limiter sends in the background.
 pub(crate) trait GivesBack: Metered + Send + Sync {
-    /// Gives back what `taken` took.
-    fn give_back(&self, taken: GiveBackId);
+    /// Gives back what `taken` took; whether it gave anything back (its
+    /// moment had not passed, nothing had made it give nothing; through
+    /// Redis, whether it was sent).
+    fn give_back(&self, taken: GiveBackId) -> bool;
 
     /// `taken` will never be given back: its permits are kept, and what the
     /// limiter kept to give it back with is forgotten.
@@ -261,9 +263,10 @@ pub(crate) async fn wait_if_granted(reservation: Option<Reservation<'_>>) -> boo
 impl Drop for Reservation<'_> {
     #[inline]
     fn drop(&mut self) {
-        if let Some(pending) = self.pending.take() {
+        if let Some(pending) = self.pending.take()
+            && pending.owner.give_back(pending.taken)
+        {
             pending.owner.metrics().given_back();
-            pending.owner.give_back(pending.taken);
         }
     }
 }

@@ -13,7 +13,9 @@
 //!   counts as used, even if the service is dropped before `call`.
 //! - **Bounded** ([`RateLimitLayer::max_wait`]): as above, but a request
 //!   that would wait longer than the bound is refused with [`Throttled`]
-//!   (with `Duration::ZERO`, whenever no permit is free now).
+//!   (with `Duration::ZERO`, whenever no permit is free now). `poll_ready`
+//!   is ready with the refusal, which `call` returns; a refusal reserves
+//!   nothing, so a service polled again before `call` looks afresh.
 //! - **Keyed** ([`RateLimitLayer::keyed`]): one rate per key, the key taken
 //!   from each request; the wait happens in the response future, before the
 //!   inner service is called, bounded per key by
@@ -267,6 +269,12 @@ where
     type Future = ResponseFuture<S::Future, S::Response, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        // A refusal or a failure an earlier poll found reserved nothing:
+        // polled again before `call`, the service looks afresh (the wait may
+        // have passed since).
+        if let Permit::Refused(_) | Permit::Failed(_) = self.permit {
+            self.permit = Permit::None;
+        }
         loop {
             match &mut self.permit {
                 // Nothing owed: no reservation to hold, no future.

@@ -114,8 +114,8 @@ impl<K: Key, C: Clock> Rate for Keyed<K, C> {
 }
 
 impl<K: Key, C: Clock> GivesBack for Keyed<K, C> {
-    fn give_back(&self, taken: GiveBackId) {
-        self.on_ticket(&taken, |limits, id, now| limits.give_back(id, now));
+    fn give_back(&self, taken: GiveBackId) -> bool {
+        self.on_ticket(&taken, |limits, id, now| limits.give_back(id, now))
     }
 
     fn keep(&self, taken: GiveBackId) {
@@ -156,11 +156,16 @@ impl<K: Key, C: Clock> Keyed<K, C> {
     /// Runs `call` on the limits of the reservation `taken`, if it is this
     /// limiter's, with its id in their log and the time (see the shard's
     /// `on_entry`).
-    fn on_ticket(&self, taken: &GiveBackId, call: impl FnOnce(&mut Limits, u64, u64) -> bool) {
-        if let Some(taken) = Self::ours(taken) {
-            let (mut shard, now) = self.shard_now(&taken.key);
-            shard.on_entry(&taken.key, taken.ticket, now, call);
-        }
+    fn on_ticket(
+        &self,
+        taken: &GiveBackId,
+        call: impl FnOnce(&mut Limits, u64, u64) -> bool,
+    ) -> bool {
+        let Some(taken) = Self::ours(taken) else {
+            return false;
+        };
+        let (mut shard, now) = self.shard_now(&taken.key);
+        shard.on_entry(&taken.key, taken.ticket, now, call)
     }
 }
 

@@ -41,12 +41,14 @@ impl<C: Clock> Single<C> {
         &self,
         taken: &GiveBackId,
         update: impl Fn(&mut Limits, u64, u64) -> bool,
-    ) {
-        if let GiveBackId::Logged(id) = *taken {
-            self.transact(&mut self.lock(), |limits, now| {
-                update(limits, id, now).then_some(())
-            });
-        }
+    ) -> bool {
+        let GiveBackId::Logged(id) = *taken else {
+            return false;
+        };
+        let done = self.transact(&mut self.lock(), |limits, now| {
+            update(limits, id, now).then_some(())
+        });
+        done.is_some()
     }
 
     /// Reserves `cost` for an open call if the wait fits in `timeout` µs

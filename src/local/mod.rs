@@ -299,8 +299,8 @@ impl<C: Clock> Rate for Single<C> {
 }
 
 impl<C: Clock> GivesBack for Single<C> {
-    fn give_back(&self, taken: GiveBackId) {
-        self.on_logged(&taken, |limits, id, now| limits.give_back(id, now));
+    fn give_back(&self, taken: GiveBackId) -> bool {
+        self.on_logged(&taken, |limits, id, now| limits.give_back(id, now))
     }
 
     fn keep(&self, taken: GiveBackId) {

@@ -5,6 +5,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod corners;
 mod http;
 mod io;
 mod stream;

@@ -8,6 +8,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod documented;
 mod feedback;
 #[cfg(all(feature = "http", feature = "redis"))]
 mod fleet;

@@ -14,7 +14,7 @@ async fn a_reservation_says_what_it_left() {
     let server = RedisServer::start();
     let backend = patient_backend(server.client()).await;
     let limiter = KeyedRateLimiter::<String>::builder()
-        .redis(&backend, "hunt-snap")
+        .redis(&backend, "probe-snap")
         .limit(Limit::per(5.0, Duration::from_secs(500)))
         .build()
         .unwrap();
@@ -33,7 +33,7 @@ async fn one_limit_is_84_bytes() {
     let server = RedisServer::start();
     let backend = patient_backend(server.client()).await;
     let limiter = RateLimiter::builder()
-        .redis(&backend, "hunt-size")
+        .redis(&backend, "probe-size")
         .permits_per_second(10.0)
         .build()
         .unwrap();

@@ -185,6 +185,17 @@ impl<K> Drop for Written<'_, K> {
     }
 }
 
+/// A table dropped with its limiter takes the keys it holds off the
+/// gauge (which counts the keys its limiters hold).
+impl<K> Drop for Table<K> {
+    fn drop(&mut self) {
+        let len = self.len();
+        if len > 0 {
+            self.metrics.keys_changed(-(len as isize));
+        }
+    }
+}
+
 impl<K: Hash + Eq + Clone> Shard<K> {
     pub(super) fn new(
         template: Limits,

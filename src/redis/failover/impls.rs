@@ -186,12 +186,16 @@ impl<K, C: Clock> Metered for Failover<K, C> {
 }
 
 impl<K: Key + Display, C: Clock> GivesBack for Failover<K, C> {
-    fn give_back(&self, taken: GiveBackId) {
+    fn give_back(&self, taken: GiveBackId) -> bool {
         if let Some(call) = Self::redis_call(&taken) {
-            return self.give_back_call(call);
+            self.give_back_call(call);
+            return true;
         }
         match redis_taken(taken) {
-            Ok(taken) => self.give_back_in_redis(taken.key, taken.token),
+            Ok(taken) => {
+                self.give_back_in_redis(taken.key, taken.token);
+                true
+            }
             Err(local) => GivesBack::give_back(&self.local, local),
         }
     }

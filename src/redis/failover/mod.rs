@@ -265,17 +265,19 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                 State::new(policy.clone(), local_rate(*rate, parts.local_fraction), 0)
             })
             .collect::<Result<Vec<State>, _>>()?;
+        let metrics = Metrics::named(Some(match &parts.naming {
+            Naming::Single { key, .. } => key,
+            Naming::Keyed { prefix } => prefix.trim_end_matches(':'),
+        }));
+        // The keys the fallback holds are the limiter's, on its gauge.
         let local = Keyed::from_limits(
             local_states,
             parts.clock,
             Some(parts.max_local_keys),
             Mode::Empty,
         )
-        .with_share(parts.local_fraction);
-        let metrics = Metrics::named(Some(match &parts.naming {
-            Naming::Single { key, .. } => key,
-            Naming::Keyed { prefix } => prefix.trim_end_matches(':'),
-        }));
+        .with_share(parts.local_fraction)
+        .with_metrics(metrics.clone());
         let coalescer = parts
             .backend
             .options
