@@ -38,7 +38,36 @@ fn paceline(args: &[&str]) -> Command {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    with_default_signals(&mut command);
     command
+}
+
+/// `command` starts with the signals the tests send at their default
+/// action, whatever this test binary was started with (a shell without job
+/// control starts a command run with `&` ignoring SIGINT and SIGQUIT, and
+/// paceline keeps what it starts ignoring: the tests that send them would
+/// wait for nothing). A test that wants one ignored says so after this.
+fn with_default_signals(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let reset = || {
+        for signal in [
+            libc::SIGINT,
+            libc::SIGTERM,
+            libc::SIGHUP,
+            libc::SIGQUIT,
+            libc::SIGTSTP,
+            libc::SIGCONT,
+            libc::SIGPIPE,
+        ] {
+            // SAFETY: signal(2) only, between fork and exec.
+            if unsafe { libc::signal(signal, libc::SIG_DFL) } == libc::SIG_ERR {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    };
+    // SAFETY: the closure calls signal(2) only.
+    unsafe { command.pre_exec(reset) };
 }
 
 /// Runs paceline with `input` on stdin; its output.
