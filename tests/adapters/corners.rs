@@ -280,7 +280,7 @@ struct Flaky {
 #[async_trait]
 impl Limiter for Flaky {
     async fn reserve(&self, _: u32) -> Result<Duration, Error> {
-        if self.calls.fetch_add(1, Ordering::Relaxed) % 2 == 0 {
+        if self.calls.fetch_add(1, Ordering::Relaxed).is_multiple_of(2) {
             Err(Error::Backend(paceline::BackendError::new("down")))
         } else {
             Ok(Duration::ZERO)
@@ -627,7 +627,7 @@ mod tower_probes {
     async fn tower_call_without_poll_ready_panics() {
         let (limiter, _clock) = manual_limiter(10.0);
         let mut service = RateLimitLayer::new(limiter).layer(Counter::default());
-        let _ = service.call(1);
+        drop(service.call(1));
     }
 
     /// A limiter error surfaces from `call` as the crate's `Error`, without

@@ -175,6 +175,8 @@ fn local(kind: Kind, rate: f64) -> (RateLimiter<Local, FakeClock>, FakeClock) {
 }
 
 /// What is checked against the model: a limiter of one limit, made one way.
+// A test's two subjects, side by side: their sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 enum Subject {
     Local(RateLimiter<Local, FakeClock>),
     Keyed(KeyedRateLimiter<u32, Local, FakeClock>),

@@ -3,9 +3,7 @@
 //! cost on every path a request can take (answered, refused, failed,
 //! dropped).
 
-use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use paceline::clock::{Clock, FakeClock};
@@ -421,6 +419,9 @@ async fn waited_counts_the_slot_and_the_schedule() {
 
 #[cfg(feature = "http")]
 mod layer {
+    use std::convert::Infallible;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use super::*;
     use paceline::outbound::OutboundLayer;
     use tower::ServiceExt;
