@@ -75,11 +75,18 @@ mod tests {
     use super::*;
 
     /// Consecutive integer keys, strings and keys that differ in their high
-    /// bits only spread evenly over the shards: no shard gets more than a
-    /// tenth above its share.
+    /// bits only spread evenly over the shards, whatever the seed (a few,
+    /// fixed, so that the test is the same each run): no shard gets more
+    /// than a fifth above its share (six standard deviations at 64 shards).
     #[test]
     fn keys_spread_evenly_over_the_shards() {
-        let hasher = ShardHash::new();
+        for seed in [0, 1, 0x5eed, u64::MAX] {
+            spread_evenly(&ShardHash(seed));
+        }
+        spread_evenly(&ShardHash::new());
+    }
+
+    fn spread_evenly(hasher: &ShardHash) {
         for shards in [1, 4, 8, 16, 64] {
             let keys = 64_000u64;
             let mut counts = vec![vec![0usize; shards]; 4];
@@ -93,7 +100,7 @@ mod tests {
             for (kind, counts) in counts.iter().enumerate() {
                 let most = *counts.iter().max().unwrap();
                 assert!(
-                    most <= share + share / 10,
+                    most <= share + share / 5,
                     "{shards} shards, keys of kind {kind}: {counts:?}"
                 );
             }
@@ -104,8 +111,8 @@ mod tests {
     /// keys: which keys share a shard is not the crate's to tell.
     #[test]
     fn each_limiter_puts_keys_in_shards_of_its_own() {
-        let (one, other) = (ShardHash::new(), ShardHash::new());
-        assert_ne!(one.0, other.0);
+        assert_ne!(ShardHash::new().0, ShardHash::new().0);
+        let (one, other) = (ShardHash(1), ShardHash(2));
         let moved = (0..1000u64)
             .filter(|key| index(one.hash_one(key), 8) != index(other.hash_one(key), 8))
             .count();
