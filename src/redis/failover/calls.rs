@@ -94,6 +94,52 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         self.reservation(reply, taken)
     }
 
+    /// The end of the pause a refusal learned for `key` started, while it
+    /// lasts: as Redis's status says (µs on its clock: one round trip, once
+    /// the limiter may have learned anything, see [`Engine::paused`]), or,
+    /// where it says none or is down, as the fallback or an earlier reply
+    /// said (µs on the local clock: see `Books::paused`). An error reads as
+    /// none.
+    pub(super) async fn paused<Q>(&self, key: &Q) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
+    {
+        if !self.learns.load(Ordering::Relaxed) {
+            return None;
+        }
+        let known = || {
+            let now = self.now();
+            let books = self.books();
+            books.paused.get(key).copied().filter(|&until| until > now)
+        };
+        let paused = |stored: Stored| {
+            let until = stored.learned.map(|learned| learned.paused_until);
+            until
+                .filter(|&until| until > stored.now_micros)
+                .or_else(known)
+        };
+        let local = |_, _| Ok(Ok(self.local.paused_until(key).or_else(known)));
+        self.read_status(key, paused, local).await.ok().flatten()
+    }
+
+    /// Remembers that `key`'s pause ends at `until` (µs, local clock).
+    pub(super) fn note_pause<Q>(&self, books: &mut Books<K>, key: &Q, until: u64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let now = self.now();
+        if books.paused.len() >= self.max_local_keys {
+            books.paused.retain(|_, until| *until > now);
+        }
+        if let Some(known) = books.paused.get_mut(key) {
+            *known = (*known).max(until);
+        } else if until > now && books.paused.len() < self.max_local_keys {
+            books.paused.insert(key.to_owned(), until);
+        }
+    }
+
     /// Remembers what `key` learned in Redis, as `reply` said (see
     /// `Books::learned`), and the end of its pause on the local clock (see
     /// `Books::paused`).
