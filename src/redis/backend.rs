@@ -569,18 +569,21 @@ impl Backend {
     }
 
     /// Runs `work` to completion from blocking code: the thread blocks while
-    /// the backend's runtime drives `work`. Works from a plain thread, from
-    /// `spawn_blocking`, and from a task of a multi-thread runtime (see
-    /// [`blocking_section`]).
+    /// the backend's runtime drives `work`, at most `bound` (`None`: until
+    /// it ends). Works from a plain thread, from `spawn_blocking`, and from
+    /// a task of a multi-thread runtime (see [`blocking_section`]).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] on the thread that drives the
     /// current-thread runtime the backend runs on (see
     /// [`Driver`](super::runtime::Driver)), where blocking would stop the
-    /// runtime that has to do the work.
+    /// runtime that has to do the work; [`Error::Backend`] if that runtime
+    /// has shut down, or has not run `work` within `bound` (a current-thread
+    /// runtime that nothing drives any more: `work` runs on if it ever does).
     pub(crate) fn block_on<T: Send + 'static>(
         &self,
         work: impl Future<Output = T> + Send + 'static,
+        bound: Option<Duration>,
     ) -> Result<T, Error> {
         let Some(handle) = self.runtime.handle() else {
             return Err(shut_down());
@@ -601,9 +604,31 @@ impl Backend {
             ));
         }
         blocking_section(move || {
-            let task = handle.spawn(work);
-            futures::executor::block_on(task).map_err(|_| shut_down())
+            let (done, result) = std::sync::mpsc::sync_channel(1);
+            // (Dropped unrun, or with its runtime: the channel closes.)
+            handle.spawn(async move {
+                let _ = done.send(work.await);
+            });
+            let Some(bound) = bound else {
+                return result.recv().map_err(|_| shut_down());
+            };
+            result.recv_timeout(bound).map_err(|error| match error {
+                std::sync::mpsc::RecvTimeoutError::Disconnected => shut_down(),
+                std::sync::mpsc::RecvTimeoutError::Timeout => {
+                    Error::Backend(BackendError::new(format!(
+                        "the limiter's Tokio runtime did not run the call within {bound:?}: \
+                         is it still driven?"
+                    )))
+                }
+            })
         })
+    }
+
+    /// How long a blocking call waits for the backend's runtime to run it:
+    /// twice the response timeout (a call may wait for a carry-back, then
+    /// for its own round trip), and a second of slack for a busy runtime.
+    pub(crate) fn blocking_bound(&self) -> Duration {
+        self.options.response_timeout * 2 + Duration::from_secs(1)
     }
 }
 

@@ -224,12 +224,10 @@ pub(crate) async fn wait(
         Ok(Ok(Err(Failure::Down(Some(failure))))) => failure,
         Ok(Ok(result)) => return result,
         // The batch's task ended without a reply: its runtime shut down.
-        Ok(Err(_)) => {
-            return Err(Failure::Down(Some(BackendError::new(format!(
-                "the round trip of key {} ended without a reply",
-                target.key
-            )))));
-        }
+        Ok(Err(_)) => BackendError::new(format!(
+            "the round trip of key {} ended without a reply",
+            target.key
+        )),
         Err(_) => deadline.passed(&target.key)?,
     };
     Err(down(backend, target, failure, Scope::Key))

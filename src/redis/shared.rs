@@ -175,6 +175,14 @@ impl RedisBackendBuilder {
     /// to reach Redis (a connection and the script, within the response
     /// timeout).
     ///
+    /// Its connections and background work run on that runtime: once it
+    /// shuts down, or is no longer driven (a current-thread runtime whose
+    /// `block_on` returned), Redis is out of reach and the limiters serve
+    /// on their fallback, the blocking calls too (they wait for the runtime
+    /// at most twice the response timeout and a second);
+    /// [`build_blocking`](Self::build_blocking) gives the backend a runtime
+    /// of its own.
+    ///
     /// # Cancel safety
     /// Cancel-safe: dropping the future drops the connection being made;
     /// nothing else exists yet.
@@ -211,8 +219,10 @@ impl RedisBackendBuilder {
         let require = self.connecting.require_connection;
         let backend = Arc::new(Backend::new(self.target, runtime, &self.connecting));
         let starting = Arc::clone(&backend);
-        backend
-            .block_on(async move { starting.start(require, ProbeTarget::backend()).await })??;
+        backend.block_on(
+            async move { starting.start(require, ProbeTarget::backend()).await },
+            None,
+        )??;
         Ok(RedisBackend { backend })
     }
 }

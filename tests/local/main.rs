@@ -11,6 +11,7 @@ mod support;
 static ALLOCATOR: support::alloc::Counting = support::alloc::Counting;
 
 mod bad_input;
+mod blocking;
 mod bursty;
 mod calls;
 mod cancellation;

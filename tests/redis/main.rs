@@ -27,6 +27,7 @@ mod limiter;
 mod pause;
 mod proxy_harness;
 mod recovery;
+mod runtimes;
 mod script;
 mod several;
 mod slots;

@@ -4,6 +4,7 @@
 use super::*;
 use crate::core::{Cost, Learning, Lesson};
 use crate::meter::Metered;
+use crate::redis::backend::Scope;
 
 /// The engine is the fail-over behind its `Arc`: it shares itself with
 /// the tasks it starts.
@@ -36,17 +37,37 @@ where
         then(taken.map(|taken| taken.map(Reservation::keep)))
     }
 
-    /// The call runs on the backend's runtime while this thread blocks.
+    /// The call runs on the backend's runtime while this thread blocks; a
+    /// runtime that is gone or no longer driven puts Redis out of reach
+    /// from here, and the fallback serves the call.
     fn take_blocking(
         &self,
         key: &Q,
         permits: u32,
         timeout: Option<Duration>,
     ) -> Result<Option<Duration>, Error> {
-        let (this, key) = (Arc::clone(self), key.to_owned());
-        self.backend.block_on(async move {
-            Engine::<K>::take_wait(&this, &key, Ok(permits), timeout, |taken| taken).await
-        })?
+        let (this, owned) = (Arc::clone(self), key.to_owned());
+        let work = async move {
+            Engine::<K>::take_wait(&this, &owned, Ok(permits), timeout, |taken| taken).await
+        };
+        match self
+            .backend
+            .block_on(work, Some(self.backend.blocking_bound()))
+        {
+            Ok(taken) => taken,
+            Err(Error::Backend(failure)) => {
+                let target = self.target(key);
+                self.backend
+                    .degrade(&failure, target.clone(), Scope::Backend);
+                let take = |local| now(Engine::take(local, key, permits, timeout));
+                match self.serve_locally(key, &target, Some(failure), false, take) {
+                    Ok(served) => served.map(|taken| taken.map(Reservation::keep)),
+                    // (An impatient caller never waits for a carry-back.)
+                    Err(_) => Ok(None),
+                }
+            }
+            Err(error) => Err(error),
+        }
     }
 
     fn take_call(
@@ -74,9 +95,10 @@ where
             return None;
         }
         let (this, key) = (Arc::clone(self), key.to_owned());
-        let paused = self
-            .backend
-            .block_on(async move { Failover::paused(&this, key.borrow()).await });
+        let paused = self.backend.block_on(
+            async move { Failover::paused(&this, key.borrow()).await },
+            Some(self.backend.blocking_bound()),
+        );
         paused.ok().flatten()
     }
 }
