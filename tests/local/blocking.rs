@@ -289,8 +289,7 @@ async fn user_limiter_through_tower() {
         .unwrap()
         .call(9)
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     let throttled = refused
         .downcast_ref::<paceline::tower::Throttled>()
         .expect("Throttled");
