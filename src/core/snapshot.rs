@@ -135,6 +135,30 @@ impl Snapshot {
         Some(binding)
     }
 
+    /// The snapshot as it reads `elapsed` later if nothing is reserved
+    /// meanwhile: the wait that much shorter, the idle time past it
+    /// stored (a request answered after it waited reads its state then).
+    #[cfg(feature = "http")]
+    pub(crate) fn aged(&self, elapsed: Duration) -> Snapshot {
+        let elapsed = super::micros(elapsed);
+        let age = |one: &Snapshot| {
+            let idle = elapsed.saturating_sub(one.wait_micros) as f64;
+            let stored = match one.cool_down_micros > 0.0 {
+                true => one.stored + idle / one.cool_down_micros,
+                false => one.max_stored,
+            };
+            Snapshot {
+                wait_micros: one.wait_micros.saturating_sub(elapsed),
+                stored: stored.min(one.max_stored),
+                all: None,
+                ..one.clone()
+            }
+        };
+        let mut aged = age(self);
+        aged.all = self.all.as_ref().map(|all| all.iter().map(age).collect());
+        aged
+    }
+
     /// Each limit's snapshot: this one, or every one of several.
     fn each(&self) -> &[Snapshot] {
         self.all.as_deref().unwrap_or(std::slice::from_ref(self))

@@ -58,7 +58,13 @@ fn quota(snapshot: &Snapshot) -> (u64, u64) {
     } else {
         1
     };
-    let allowed = (rate * window as f64).floor();
+    // To the millionth of a request, as the window is to the microsecond
+    // (15 per 11 s over 11 s reads 14.999999999999998: 15).
+    let allowed = rate * window as f64;
+    let allowed = match allowed < 1e15 {
+        true => ((allowed * 1e6).round() / 1e6).floor(),
+        false => allowed.floor(),
+    };
     let allowed = if allowed < SF_INTEGER_MAX as f64 {
         allowed as u64
     } else {

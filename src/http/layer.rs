@@ -103,8 +103,10 @@ impl<L, X> RateLimitLayer<L, X> {
     /// through Redis, the state its own reply said the script left
     /// ([`Reservation::snapshot`](crate::Reservation::snapshot), so other
     /// processes' requests after it do not count); otherwise a second call
-    /// to the limiter (for a refusal through Redis, a second round trip;
-    /// turn the headers off with [`Headers::None`] where that matters):
+    /// to the limiter (through Redis, a second round trip: for a granted
+    /// request, turn the headers off with [`Headers::None`] where that
+    /// matters; a refusal reads its wait so, for `Retry-After`, whatever
+    /// the headers). A request that waited reads it as of its answer:
     ///
     /// * `RateLimit-Policy: "default";q=Q;w=W`: the rate as `Q` requests
     ///   per `W` seconds, `W` the shortest whole number of seconds (at
@@ -395,7 +397,9 @@ where
                         (_, Some(after)) => Some(after),
                         _ => limiter.snapshot(&key).await.ok(),
                     };
-                    reservation.wait().await;
+                    // Read as of its answer, after its wait.
+                    let waited = reservation.wait().await;
+                    let snapshot = snapshot.map(|after| after.aged(waited));
                     let pending = snapshot.map(|after| (config.headers, config.policy, after));
                     add_headers((inner.call(request).await, Pending(pending)))
                 }

@@ -29,6 +29,7 @@ use tower_service::Service;
 mod client_ip;
 mod documented;
 mod hostile_headers;
+mod layer_promises;
 
 /// An HTTP service that answers 200 at once and counts its calls.
 #[derive(Clone, Default)]
