@@ -2,13 +2,12 @@
 //! its health, and the runtime its I/O runs on.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use super::connection::{Connection, Link, Target, refuses_client};
 use super::health::{Health, Zone};
-use super::runtime::{RuntimeRef, blocking_section, shut_down};
+use super::runtime::RuntimeRef;
 use super::script::{self, Call, ScriptArgs};
 use super::slots::SlotMap;
 use crate::Error;
@@ -558,77 +557,6 @@ impl Backend {
     /// The connection calls use, or `None` if none has worked yet.
     pub(crate) fn connection(&self) -> Option<Connection> {
         self.link.get()
-    }
-
-    /// Runs `task` in the background on the backend's runtime (no-op once
-    /// that runtime is gone).
-    pub(crate) fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
-        if let Some(handle) = self.runtime.handle() {
-            handle.spawn(task);
-        }
-    }
-
-    /// Runs `work` to completion from blocking code: the thread blocks while
-    /// the backend's runtime drives `work`, at most `bound` (`None`: until
-    /// it ends). Works from a plain thread, from `spawn_blocking`, and from
-    /// a task of a multi-thread runtime (see [`blocking_section`]).
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] on the thread that drives the
-    /// current-thread runtime the backend runs on (see
-    /// [`Driver`](super::runtime::Driver)), where blocking would stop the
-    /// runtime that has to do the work; [`Error::Backend`] if that runtime
-    /// has shut down, or has not run `work` within `bound` (a current-thread
-    /// runtime that nothing drives any more: `work` runs on if it ever does).
-    pub(crate) fn block_on<T: Send + 'static>(
-        &self,
-        work: impl Future<Output = T> + Send + 'static,
-        bound: Option<Duration>,
-    ) -> Result<T, Error> {
-        let Some(handle) = self.runtime.handle() else {
-            return Err(shut_down());
-        };
-        if let RuntimeRef::Borrowed {
-            driver: Some(driver),
-            ..
-        } = &self.runtime
-            && driver.is_current()
-        {
-            return Err(Error::InvalidArgument(
-                "a blocking call (acquire_blocking, try_acquire_blocking) cannot run on the \
-                 thread that drives the current-thread Tokio runtime the limiter uses: it \
-                 would stop the runtime it waits for. Use the async method (e.g. \
-                 acquire().await), call it from spawn_blocking, or build the limiter with \
-                 build_blocking()"
-                    .to_owned(),
-            ));
-        }
-        blocking_section(move || {
-            let (done, result) = std::sync::mpsc::sync_channel(1);
-            // (Dropped unrun, or with its runtime: the channel closes.)
-            handle.spawn(async move {
-                let _ = done.send(work.await);
-            });
-            let Some(bound) = bound else {
-                return result.recv().map_err(|_| shut_down());
-            };
-            result.recv_timeout(bound).map_err(|error| match error {
-                std::sync::mpsc::RecvTimeoutError::Disconnected => shut_down(),
-                std::sync::mpsc::RecvTimeoutError::Timeout => {
-                    Error::Backend(BackendError::new(format!(
-                        "the limiter's Tokio runtime did not run the call within {bound:?}: \
-                         is it still driven?"
-                    )))
-                }
-            })
-        })
-    }
-
-    /// How long a blocking call waits for the backend's runtime to run it:
-    /// twice the response timeout (a call may wait for a carry-back, then
-    /// for its own round trip), and a second of slack for a busy runtime.
-    pub(crate) fn blocking_bound(&self) -> Duration {
-        self.options.response_timeout * 2 + Duration::from_secs(1)
     }
 }
 

@@ -176,6 +176,7 @@
 //!
 
 mod backend;
+mod background;
 mod builder;
 mod coalesce;
 mod connection;
