@@ -168,13 +168,17 @@ pub(crate) struct Args {
         long,
         value_name = "NAME",
         default_value = "paceline-cli",
-        requires = "redis"
+        requires = "redis",
+        value_parser = clap::builder::NonEmptyStringValueParser::new()
     )]
     pub(crate) name: String,
 
     /// While Redis is down, from the start too: pace on a limiter of this
-    /// process's own (local), let everything through (open), or fail with
-    /// exit status 4 (closed: it does not start without Redis).
+    /// process's own (local: a key there starts with nothing stored, as it
+    /// cannot know what the others spent, so no burst or quota's period
+    /// goes at once until Redis is back), let everything through (open),
+    /// or fail with exit status 4 (closed: it does not start without
+    /// Redis).
     #[arg(long, value_enum, value_name = "WHAT", default_value_t = OnDown::Local, requires = "redis")]
     pub(crate) on_down: OnDown,
 
@@ -191,9 +195,9 @@ pub(crate) struct Args {
     pub(crate) max_record: usize,
 
     /// Print a JSON summary to stderr at the end: records and bytes out,
-    /// seconds, rate, records that waited, late records dropped, commands
-    /// started and failed, keys dropped at --max-keys before they were
-    /// full.
+    /// seconds, rate (records a second; with --bytes, bytes), records that
+    /// waited (with --bytes, bytes), late records dropped, commands started
+    /// and failed, keys dropped at --max-keys before they were full.
     #[arg(long)]
     pub(crate) json: bool,
 
@@ -350,12 +354,39 @@ pub(crate) fn limits(args: &Args) -> Result<(Vec<Limit>, f64), Failure> {
         .enumerate()
         .map(|(i, rate)| {
             let limit = Limit::per(rate.permits, rate.period);
-            match (i, args.warmup) {
+            let limit = match (i, args.warmup) {
                 (0, Some(warmup)) => limit.warmup(warmup),
                 (0, None) => limit.burst(args.burst.unwrap_or(1)),
                 _ => limit,
-            }
+            };
+            checked(limit, i, args)
         })
-        .collect();
+        .collect::<Result<_, _>>()?;
     Ok((limits, slowest))
+}
+
+/// `limit`, the `i`th of the arguments' rates, if a limiter takes it; else
+/// the library's reason, said of the argument that made it (`1/day with
+/// --burst 200000: its burst of 200000 is more than ...`).
+fn checked(limit: Limit, i: usize, args: &Args) -> Result<Limit, Failure> {
+    let built = paceline::RateLimiter::builder()
+        .limit(limit.clone())
+        .clock(crate::limiter::StdClock::start())
+        .build();
+    let Err(error) = built else {
+        return Ok(limit);
+    };
+    let text = args.rates.iter().chain(&args.limits).nth(i);
+    let text = text.map_or("", String::as_str);
+    let what = match (i, args.warmup, args.burst) {
+        (0, Some(_), _) => format!("{text} with --warmup"),
+        (0, None, Some(burst)) => format!("{text} with --burst {burst}"),
+        _ if i < args.rates.len() => text.to_owned(),
+        _ => format!("--limit {text}"),
+    };
+    let why = error.to_string();
+    let why = why
+        .split_once("limit 0: ")
+        .map_or(why.as_str(), |(_, why)| why);
+    Err(Failure::Usage(format!("{what}: {why}")))
 }

@@ -50,7 +50,10 @@ use schedule::schedule;
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let counts = Arc::new(Counts::default());
+    let counts = Arc::new(Counts {
+        by_bytes: args.bytes,
+        ..Counts::default()
+    });
     let checked = validate(&args).and_then(|()| Ok(signals::install()?));
     let result = match checked.map(|()| plain(&args)) {
         Err(failure) => Err(failure),

@@ -21,6 +21,9 @@ pub(crate) struct Counts {
     /// what they owed (the limiter's count, read at the end).
     pub(crate) keys_dropped_unfinished: AtomicU64,
     pub(crate) started: std::sync::OnceLock<Instant>,
+    /// Whether the run paces bytes (`--bytes`): its rate is then bytes a
+    /// second (`waited` counts bytes too: what waited is what it paces).
+    pub(crate) by_bytes: bool,
 }
 
 impl Counts {
@@ -30,14 +33,23 @@ impl Counts {
             .map_or(0.0, |started| started.elapsed().as_secs_f64())
     }
 
-    pub(crate) fn line(&self) -> String {
-        let records = self.records.load(Ordering::Relaxed);
+    /// What the run paces, a second: records, or bytes with `--bytes`.
+    fn rate(&self) -> f64 {
+        let paced = match self.by_bytes {
+            true => &self.bytes,
+            false => &self.records,
+        };
         let seconds = self.elapsed();
-        let rate = if seconds > 0.0 {
-            records as f64 / seconds
+        if seconds > 0.0 {
+            paced.load(Ordering::Relaxed) as f64 / seconds
         } else {
             0.0
-        };
+        }
+    }
+
+    pub(crate) fn line(&self) -> String {
+        let records = self.records.load(Ordering::Relaxed);
+        let rate = self.rate();
         format!(
             "{records} records, {} bytes, {rate:.1}/s, {} waited, {} dropped",
             self.bytes.load(Ordering::Relaxed),
@@ -56,11 +68,7 @@ impl Counts {
             say!(
                 "{{\"records\":{records},\"bytes\":{},\"seconds\":{seconds:.6},\"rate\":{:.3},\"waited\":{},\"dropped\":{},\"commands\":{},\"failed\":{},\"keys_dropped_unfinished\":{}}}",
                 self.bytes.load(Ordering::Relaxed),
-                if seconds > 0.0 {
-                    records as f64 / seconds
-                } else {
-                    0.0
-                },
+                self.rate(),
                 self.waited.load(Ordering::Relaxed),
                 self.dropped.load(Ordering::Relaxed),
                 self.commands.load(Ordering::Relaxed),

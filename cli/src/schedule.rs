@@ -86,6 +86,9 @@ pub(crate) async fn schedule(
     let mut seq = 0u64;
     let mut input_open = true;
     let mut stopped: Option<Failure> = None;
+    // The last record, unterminated, released while others still wait:
+    // written after them (written before, the next would join it).
+    let mut tail: Option<Vec<u8>> = None;
     let signal = signals::caught_async();
     tokio::pin!(signal);
     let watch = stdout::Watch::new();
@@ -107,6 +110,10 @@ pub(crate) async fn schedule(
                         out.flush()?;
                         commands.start(seq, record, separator, counts).await
                     }
+                    None if !due.is_empty() && record.last() != Some(&separator) => {
+                        tail = Some(record);
+                        false
+                    }
                     None => {
                         out.write_all(&record)?;
                         true
@@ -116,6 +123,9 @@ pub(crate) async fn schedule(
                     counts.records.fetch_add(1, Ordering::Relaxed);
                     counts.bytes.fetch_add(len, Ordering::Relaxed);
                 }
+            }
+            if due.is_empty() || signalled {
+                write_tail(&mut out, &mut tail, counts)?;
             }
             out.flush()?;
             let reading = input_open && stopped.is_none();
@@ -187,6 +197,18 @@ pub(crate) async fn schedule(
         (Err(failure), _) | (Ok(()), Some(failure)) => Err(failure),
         (Ok(()), None) => Ok(failed),
     }
+}
+
+/// Writes the unterminated last record set aside, if any, and counts it.
+fn write_tail(out: &mut impl Write, tail: &mut Option<Vec<u8>>, counts: &Counts) -> io::Result<()> {
+    if let Some(record) = tail.take() {
+        out.write_all(&record)?;
+        counts.records.fetch_add(1, Ordering::Relaxed);
+        counts
+            .bytes
+            .fetch_add(record.len() as u64, Ordering::Relaxed);
+    }
+    Ok(())
 }
 
 async fn sleep_until(at: Option<Instant>) {

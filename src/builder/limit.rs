@@ -267,6 +267,10 @@ impl Limit {
                 } else {
                     " (its period's permits)"
                 };
+                // (As given: a count past 2^53 reads rounded as a double.)
+                let burst = self
+                    .burst
+                    .map_or(burst.to_string(), |given| given.to_string());
                 return invalid(format!(
                     "its burst of {burst}{whose} is more than the limiter stores at {rate} \
                      per second (2^53 µs of idle time, about 285 years: at most {most})"

@@ -13,6 +13,7 @@ mod burst;
 mod commands;
 mod keys;
 mod late;
+mod promises;
 mod records;
 mod signals;
 mod unreachable;
