@@ -80,6 +80,8 @@ impl Backend {
     /// twice the response timeout (a call may wait for a carry-back, then
     /// for its own round trip), and a second of slack for a busy runtime.
     pub(crate) fn blocking_bound(&self) -> Duration {
-        self.options.response_timeout * 2 + Duration::from_secs(1)
+        // (Saturating: an endless response timeout waits endlessly.)
+        let timeout = self.options.response_timeout;
+        timeout.saturating_mul(2).saturating_add(Duration::from_secs(1))
     }
 }
