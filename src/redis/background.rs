@@ -82,6 +82,8 @@ impl Backend {
     pub(crate) fn blocking_bound(&self) -> Duration {
         // (Saturating: an endless response timeout waits endlessly.)
         let timeout = self.options.response_timeout;
-        timeout.saturating_mul(2).saturating_add(Duration::from_secs(1))
+        timeout
+            .saturating_mul(2)
+            .saturating_add(Duration::from_secs(1))
     }
 }

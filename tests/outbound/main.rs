@@ -12,5 +12,7 @@ mod documented;
 mod feedback;
 #[cfg(all(feature = "http", feature = "redis"))]
 mod fleet;
+#[cfg(all(feature = "http", feature = "redis"))]
+mod fleet_bounds;
 #[cfg(feature = "http")]
 mod local;
