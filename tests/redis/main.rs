@@ -15,6 +15,8 @@ mod cancellation;
 mod chaos;
 #[cfg(feature = "redis-cluster")]
 mod cluster;
+#[cfg(feature = "redis-cluster")]
+mod cluster_promises;
 mod coalescing;
 mod contention;
 mod differential;

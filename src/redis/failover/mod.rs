@@ -48,7 +48,7 @@ use tokio::sync::futures::Notified;
 use super::Fallback;
 use super::backend::{Backend, Late, ProbeTarget, Recover};
 use super::coalesce::{self, Coalescer, Joined};
-use super::health::Zone;
+use super::health::{Zone, hash_tag};
 use super::naming;
 use super::reply::{Reply, Stored};
 use super::round_trip::{Failure, Remote, send};
@@ -349,11 +349,16 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         }
     }
 
-    /// Whether calls are served by the fallback now, for some keys at least.
+    /// Whether calls are served by the fallback now, for some keys at least
+    /// (a keyed limiter whose name has a hash tag: its one slot).
     pub(crate) fn is_degraded(&self) -> bool {
+        let health = &self.backend.health;
         match &self.naming {
-            Naming::Single { zone, .. } => self.backend.health.is_down(*zone),
-            Naming::Keyed { .. } => self.backend.health.any_down(),
+            Naming::Single { zone, .. } => health.is_down(*zone),
+            Naming::Keyed { prefix } if hash_tag(prefix.as_bytes()).is_some() => {
+                health.is_down_key(prefix)
+            }
+            Naming::Keyed { .. } => health.any_down(),
         }
     }
 
