@@ -164,7 +164,8 @@
 //!   in `{key}\slots` (`key\slots` where the key has a hash tag): in its
 //!   slot, and no limiter's key (see [`outbound`](crate::outbound)). A name
 //!   with a `}` but no hash tag (`a}b`) gets `key\slots` too, in another
-//!   slot, which is safe: the slots script touches that one key.
+//!   slot, which is safe: the slots script touches that one key (and an
+//!   outage of that slot's node puts the slots alone on the fallback).
 //! - **Upgrading.** `v1` is the version of the key layout and of the values
 //!   under it, which carry a format marker (`plv1`). A later layout takes
 //!   another version, so processes of two versions share no state: each
