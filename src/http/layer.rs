@@ -399,7 +399,10 @@ where
                     };
                     // Read as of its answer, after its wait.
                     let waited = reservation.wait().await;
-                    let snapshot = snapshot.map(|after| after.aged(waited));
+                    let snapshot = match waited.is_zero() {
+                        true => snapshot,
+                        false => snapshot.map(|after| after.aged(waited)),
+                    };
                     let pending = snapshot.map(|after| (config.headers, config.policy, after));
                     add_headers((inner.call(request).await, Pending(pending)))
                 }

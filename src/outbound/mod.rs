@@ -113,9 +113,10 @@
 //!
 //! What an answer teaches while Redis is down: `Local` learns it in the
 //! fallback and carries a refusal's pause back to Redis at its length (the
-//! callers waiting in it, here, still go behind it); `FailClosed` sends the
-//! lesson once Redis is back (with what is left of its pause); `FailOpen`
-//! learns nothing then (its calls are not paced either).
+//! callers waiting in it, here, still go behind it); failing closed or
+//! open, a call made in Redis has Redis learn what it teaches once Redis is
+//! back (with what is left of its waits), and the calls `FailOpen` lets
+//! through meanwhile teach nothing (they are not paced either).
 
 mod call;
 mod feedback;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::failover::{Failover, Naming, Parts};
+use super::health::hash_tag;
 use super::leases::Slots;
 use super::limiter::{Redis, Settings};
 use super::{Fallback, RedisBackend, naming};
@@ -89,14 +90,23 @@ impl<T, C: Clock> Builder<T, Redis, C> {
         self
     }
 
-    /// The slots for calls in flight the options describe, checked.
+    /// The slots for calls in flight the options describe, checked: on a
+    /// cluster, a name with a `}` but no hash tag would put each key's
+    /// slots in another slot than the key, whose outage the limiter would
+    /// take for its key's.
     fn slots(&self) -> Result<Slots, Error> {
         let settings = self.store();
-        Slots::new(
-            concurrency(self.config())?,
-            settings.slot_ttl,
-            settings.local_fraction,
-        )
+        let calls = concurrency(self.config())?;
+        let name = &settings.name;
+        let parted = name.contains('}') && hash_tag(name.as_bytes()).is_none();
+        if calls.is_some() && parted && settings.backend.health.is_cluster() {
+            return invalid(format!(
+                "a limiter named {name:?} cannot hold calls in flight (Limit::concurrent) on a \
+                 Redis Cluster: a '}}' with no hash tag puts its slots in another slot than its \
+                 key; name it without the '}}', or with a hash tag ({{{name}}} is one)"
+            ));
+        }
+        Slots::new(calls, settings.slot_ttl, settings.local_fraction)
     }
 
     /// The failover of a limiter named as `naming` says, holding at most

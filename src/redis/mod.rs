@@ -164,8 +164,9 @@
 //!   in `{key}\slots` (`key\slots` where the key has a hash tag): in its
 //!   slot, and no limiter's key (see [`outbound`](crate::outbound)). A name
 //!   with a `}` but no hash tag (`a}b`) gets `key\slots` too, in another
-//!   slot, which is safe: the slots script touches that one key (and an
-//!   outage of that slot's node puts the slots alone on the fallback).
+//!   slot, which is safe on one server (the slots script touches that one
+//!   key); on a cluster such a name cannot hold calls in flight (refused
+//!   when built: the slots' node would be taken for the key's).
 //! - **Upgrading.** `v1` is the version of the key layout and of the values
 //!   under it, which carry a format marker (`plv1`). A later layout takes
 //!   another version, so processes of two versions share no state: each

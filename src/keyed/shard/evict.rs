@@ -153,9 +153,13 @@ impl<K: Hash + Eq + Clone> Table<K> {
         let cutoff = *cutoff;
         let mut left = batch;
         let mut dropped = Vec::new();
+        // The latest ticket among the dropped (not when they would be full:
+        // the fallback opens new keys after it).
+        let mut latest = 0;
         self.limits.retain(|key, entry| {
             if left > 0 && entry.limits.full_at() <= cutoff {
                 left -= 1;
+                latest = latest.max(entry.limits.last_used());
                 dropped.push(key.clone());
                 false
             } else {
@@ -167,6 +171,7 @@ impl<K: Hash + Eq + Clone> Table<K> {
                 let word = *cell.get_mut();
                 if left > 0 && word != HELD_AS_LIMITS && word::full_at(word, config) <= cutoff {
                     left -= 1;
+                    latest = latest.max(word::last_use(word, config));
                     false
                 } else {
                     true
@@ -179,7 +184,7 @@ impl<K: Hash + Eq + Clone> Table<K> {
         self.release_limits();
         Dropped {
             unfinished: (batch - left) as u64,
-            latest: if left < batch { cutoff } else { 0 },
+            latest,
         }
     }
 }

@@ -21,8 +21,9 @@
 //!   learned by the fallback (what the fallback learns stays there: its
 //!   pauses are carried back as debt, at their length, and remembered for
 //!   the callers waiting in them; not its factor); a fallback that holds no
-//!   keys (failing closed) has Redis learn it once it is back, as a keep
-//!   that cannot reach Redis is sent then.
+//!   keys (failing closed or open) has Redis learn it once it is back, its
+//!   waits shortened by the time it waited, as a keep that cannot reach
+//!   Redis is sent then.
 //! - A key opens in the fallback at the fraction of its rates it learned
 //!   in Redis, as the last reply that said so (a call's, a learn's), so
 //!   that the fallback keeps the learned rate (not the rates the upstream
@@ -108,35 +109,53 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         if !self.learns.load(Ordering::Relaxed) {
             return None;
         }
-        let known = || {
+        // A pause this process knows (only the ones Redis does not, beside
+        // Redis's answer: each pause is told on one clock only, so that a
+        // caller goes behind it once).
+        let known = |ours_only: bool| {
             let now = self.now();
             let books = self.books();
-            books.paused.get(key).copied().filter(|&until| until > now)
+            let (until, ours) = books.paused.get(key).copied()?;
+            (until > now && (ours || !ours_only)).then_some(until)
         };
         let paused = |stored: Stored| {
             let until = stored.learned.map(|learned| learned.paused_until);
             until
                 .filter(|&until| until > stored.now_micros)
-                .or_else(known)
+                .or_else(|| known(true))
         };
-        let local = |_, _| Ok(Ok(self.local.paused_until(key).or_else(known)));
+        let local = |_, _| Ok(Ok(self.local.paused_until(key).or_else(|| known(false))));
         self.read_status(key, paused, local).await.ok().flatten()
     }
 
-    /// Remembers that `key`'s pause ends at `until` (µs, local clock).
-    pub(super) fn note_pause<Q>(&self, books: &mut Books<K>, key: &Q, until: u64)
+    /// Remembers that `key`'s pause ends at `until` (µs, local clock);
+    /// `ours`: Redis does not know it.
+    pub(super) fn note_pause<Q>(&self, books: &mut Books<K>, key: &Q, until: u64, ours: bool)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let now = self.now();
         if books.paused.len() >= self.max_local_keys {
-            books.paused.retain(|_, until| *until > now);
+            books.paused.retain(|_, (until, _)| *until > now);
         }
         if let Some(known) = books.paused.get_mut(key) {
-            *known = (*known).max(until);
+            *known = (known.0.max(until), known.1 || ours);
         } else if until > now && books.paused.len() < self.max_local_keys {
-            books.paused.insert(key.to_owned(), until);
+            books.paused.insert(key.to_owned(), (until, ours));
+        }
+    }
+
+    /// Notes what a reply that carries the key's state after it says:
+    /// what the key owes, and what it learned.
+    pub(super) fn note_reply<Q>(&self, key: &Q, reply: &Reply)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if reply.after.is_some() {
+            self.note_debt(key, reply.debt_micros);
+            self.note_learned(key, reply);
         }
     }
 
@@ -155,7 +174,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         let pause = learned.paused_until.saturating_sub(after.now_micros);
         if pause > 0 {
             let until = self.now().saturating_add(pause);
-            self.note_pause(&mut books, key, until);
+            self.note_pause(&mut books, key, until, false);
         }
         if learned.is_nothing() {
             books.learned.remove(key);
@@ -242,10 +261,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                 Ok(reply) => {
                     // A learn's reply, or the charge of a settle's excess:
                     // what the key owes and learned after it.
-                    if reply.after.is_some() {
-                        self.note_debt(key, reply.debt_micros);
-                        self.note_learned(key, &reply);
-                    }
+                    self.note_reply(key, &reply);
                     return;
                 }
                 Err(Failure::Refused(error)) => {
@@ -312,22 +328,22 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             let target = self.target(&key);
             let now = self.now();
             if let Call::Learn { lesson, .. } = &mut op {
+                // Its waits count from when it came, as its reply's did.
                 let waited = now.saturating_sub(came);
-                lesson.retry_after_micros = lesson
-                    .retry_after_micros
-                    .map(|after| after.saturating_sub(waited));
+                let left = |after: Option<u64>| after.map(|after| after.saturating_sub(waited));
+                lesson.retry_after_micros = left(lesson.retry_after_micros);
+                for reported in &mut lesson.limits {
+                    reported.reset_micros = left(reported.reset_micros);
+                }
             }
             let sent = match self.is_down(&target) {
                 true => Err(Failure::Down(None)),
                 false => send::<Reply>(&self.backend, &target, op.clone(), None, None).await,
             };
             match sent {
-                Ok(reply) if reply.after.is_some() => {
-                    self.note_debt(&key, reply.debt_micros);
-                    self.note_learned(&key, &reply);
-                }
+                Ok(reply) => self.note_reply(&key, &reply),
                 Err(Failure::Down(_)) => again.push((key, op, now)),
-                _ => {}
+                Err(Failure::Refused(_)) => {}
             }
         }
         let mut books = self.books();

@@ -382,7 +382,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             match self.send(key, &target, resume, None).await {
                 Ok(_) => {
                     if let Some(until) = paused {
-                        self.note_pause(&mut self.books(), key, until);
+                        self.note_pause(&mut self.books(), key, until, true);
                     }
                     if self.local.forget_if_paid(key, ticket) {
                         break;

@@ -157,12 +157,13 @@ struct Books<K> {
     /// open or closed), with when it came (µs, local clock): sent once it
     /// is back, at most `max_local_keys`.
     queued: Vec<(K, Call, u64)>,
-    /// When a refusal's pause of a key ends (µs, local clock), as a reply
-    /// from Redis said or as the fallback learned it before it carried the
-    /// key back (as debt: Redis knows no pause then): what a caller that
-    /// waited is told as it wakes, while Redis is down or beside what Redis
-    /// says. At most `max_local_keys`.
-    paused: HashMap<K, u64>,
+    /// When a refusal's pause of a key ends (µs, local clock), and whether
+    /// only this process knows it: as a reply from Redis said (Redis knows
+    /// it), or as the fallback learned it before it carried the key back
+    /// (as debt: Redis knows no pause then). What a caller that waited is
+    /// told as it wakes while Redis is down, and, of the pauses Redis does
+    /// not know, beside what Redis says. At most `max_local_keys`.
+    paused: HashMap<K, (u64, bool)>,
 }
 
 /// A reservation of one key made in Redis: its Redis key and the script's

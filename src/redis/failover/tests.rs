@@ -147,3 +147,50 @@ fn a_key_opens_at_the_rate_it_learned_and_the_others_at_theirs() {
     failover.note_learned("slow", &learned(1.0));
     assert!(failover.books().learned.is_empty());
 }
+
+/// The floor after a drop is the dropped key's ticket, not the moment it
+/// would be full again (a burst's refill later): with a minute's burst at
+/// 1/s, a key 10 s in debt is full 70 s from now, and new keys opened 70 s
+/// ahead while the cap ordered keys by when they are full.
+#[test]
+fn the_floor_after_a_drop_is_the_dropped_ticket() {
+    let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
+    let connecting = Connecting {
+        response_timeout: Duration::from_millis(100),
+        probe_interval: Duration::from_millis(100),
+        ..Connecting::default()
+    };
+    let backend = Arc::new(Backend::new(
+        Target::Single(client),
+        RuntimeRef::Owned(None),
+        &connecting,
+    ));
+    let clock = FakeClock::new();
+    clock.advance(Duration::from_secs(100));
+    let failover: Arc<Failover<String, FakeClock>> = Failover::new(Parts {
+        backend,
+        naming: Naming::Keyed {
+            prefix: "paceline:t:".to_owned(),
+        },
+        limits: vec![(Policy::Bursty(Bursty::new(Duration::from_secs(60))), 1.0)],
+        fallback: Fallback::Local,
+        local_fraction: 1.0,
+        max_local_keys: 1,
+        clock: clock.clone(),
+    })
+    .unwrap();
+    let now = clock.now_micros();
+    failover.local.open("a", now, None);
+    crate::store::now(crate::store::reserve(&failover.local, "a", 10)).unwrap();
+    let ticket = failover.local.ticket("a").unwrap();
+    failover.local.open("b", now, None);
+    assert!(failover.local.ticket("a").is_none());
+    let dropped = failover.local.dropped_until();
+    assert!(dropped >= ticket, "{dropped} < ticket {ticket}");
+    assert!(
+        dropped <= ticket + SECOND,
+        "new keys open {} s after the dropped ticket ({} s ahead of now)",
+        (dropped - ticket) / SECOND,
+        (dropped - now) / SECOND
+    );
+}

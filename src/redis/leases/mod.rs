@@ -183,14 +183,10 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        // The slots key's own zone (its slot is the limiter key's, but for
-        // a name with a `}` and no hash tag: then another, maybe another
-        // node, whose outage is not the limiter key's).
-        let mut target = self.failover.target(key);
+        // (The slots key lies in the limiter key's slot, so in its zone:
+        // on a cluster the builder refuses a name that would part them.)
+        let target = self.failover.target(key);
         let slots: Arc<str> = slots_key(&target.key).into();
-        target.key = Arc::clone(&slots);
-        // (No reservation of the limiter's is ever made on it.)
-        target.late = None;
         let waker = (self.hasher.hash_one(&*slots) as usize) % self.wakers.len();
         let started = Instant::now();
         let deadline = timeout.and_then(|timeout| started.checked_add(timeout));
