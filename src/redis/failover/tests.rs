@@ -14,6 +14,14 @@ const SECOND: u64 = 1_000_000;
 /// A keyed fail-over at 1 permit/s on a fake clock, on a backend that
 /// never connects (these tests only read and write its books).
 fn failover(max_local_keys: usize) -> (Arc<Failover<String, FakeClock>>, FakeClock) {
+    failover_storing(max_local_keys, Duration::ZERO)
+}
+
+/// The same, storing `burst` of idle time.
+fn failover_storing(
+    max_local_keys: usize,
+    burst: Duration,
+) -> (Arc<Failover<String, FakeClock>>, FakeClock) {
     let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
     let connecting = Connecting {
         response_timeout: Duration::from_millis(100),
@@ -32,7 +40,7 @@ fn failover(max_local_keys: usize) -> (Arc<Failover<String, FakeClock>>, FakeClo
         naming: Naming::Keyed {
             prefix: "paceline:t:".to_owned(),
         },
-        limits: vec![(Policy::Bursty(Bursty::new(Duration::ZERO)), 1.0)],
+        limits: vec![(Policy::Bursty(Bursty::new(burst)), 1.0)],
         fallback: Fallback::Local,
         local_fraction: 1.0,
         max_local_keys,
@@ -154,31 +162,7 @@ fn a_key_opens_at_the_rate_it_learned_and_the_others_at_theirs() {
 /// ahead while the cap ordered keys by when they are full.
 #[test]
 fn the_floor_after_a_drop_is_the_dropped_ticket() {
-    let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
-    let connecting = Connecting {
-        response_timeout: Duration::from_millis(100),
-        probe_interval: Duration::from_millis(100),
-        ..Connecting::default()
-    };
-    let backend = Arc::new(Backend::new(
-        Target::Single(client),
-        RuntimeRef::Owned(None),
-        &connecting,
-    ));
-    let clock = FakeClock::new();
-    clock.advance(Duration::from_secs(100));
-    let failover: Arc<Failover<String, FakeClock>> = Failover::new(Parts {
-        backend,
-        naming: Naming::Keyed {
-            prefix: "paceline:t:".to_owned(),
-        },
-        limits: vec![(Policy::Bursty(Bursty::new(Duration::from_secs(60))), 1.0)],
-        fallback: Fallback::Local,
-        local_fraction: 1.0,
-        max_local_keys: 1,
-        clock: clock.clone(),
-    })
-    .unwrap();
+    let (failover, clock) = failover_storing(1, Duration::from_secs(60));
     let now = clock.now_micros();
     failover.local.open("a", now, None);
     crate::store::now(crate::store::reserve(&failover.local, "a", 10)).unwrap();
