@@ -321,16 +321,13 @@ async fn a_node_killed_and_restarted_empty_counts_every_permit_once() {
     let keys: Vec<String> = (0..3)
         .map(|n| on_node(&cluster, n, "key", |k| keyed.redis_key(k)))
         .collect();
-    let mut grants: BTreeMap<usize, Vec<Instant>> = BTreeMap::new();
     let start = Instant::now();
     let (mut killed, mut restarted) = (false, false);
-    let mut healthy_fallback_calls = 0u64;
-    let mut slowest = Duration::ZERO;
     // A restarted primary answers CLUSTERDOWN for up to the node timeout
     // (its rejoin delay, 5 s here) before it serves its slots again: call
     // on until a second after the backend is back, for up to 15 s.
     let mut back: Option<Instant> = None;
-    while back.is_none_or(|at| at.elapsed() < Duration::from_secs(1)) {
+    let rounds = call_each_node(&keyed, &backend, &keys, VICTIM, || {
         assert!(
             start.elapsed() < Duration::from_secs(15),
             "never back on Redis: {:?}",
@@ -338,7 +335,6 @@ async fn a_node_killed_and_restarted_empty_counts_every_permit_once() {
         );
         if restarted && back.is_none() && !backend.stats().degraded {
             back = Some(Instant::now());
-            println!("back on Redis {:?} after the start", start.elapsed());
         }
         if !killed && start.elapsed() >= Duration::from_millis(800) {
             cluster.nodes[VICTIM].kill();
@@ -348,52 +344,13 @@ async fn a_node_killed_and_restarted_empty_counts_every_permit_once() {
             cluster.nodes[VICTIM].restart();
             restarted = true;
         }
-        for (node, key) in keys.iter().enumerate() {
-            let before = backend.stats().fallback_calls;
-            let call = Instant::now();
-            let r = keyed.try_acquire(key, 1, Duration::ZERO).await;
-            slowest = slowest.max(call.elapsed());
-            assert!(r.is_ok(), "{key}: {r:?}");
-            if node != VICTIM && backend.stats().fallback_calls != before {
-                healthy_fallback_calls += 1;
-            }
-            if r.unwrap() {
-                grants.entry(node).or_default().push(Instant::now());
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let stats = backend.stats();
-    println!(
-        "{stats:?}; slowest call {slowest:?}; grants per node: {:?}",
-        grants.iter().map(|(n, g)| (n, g.len())).collect::<Vec<_>>()
-    );
-    assert!(
-        slowest <= RESPONSE_TIMEOUT + SLACK,
-        "a call took {slowest:?}"
-    );
-    assert_eq!(
-        healthy_fallback_calls, 0,
-        "healthy keys served by the fallback"
-    );
-    assert_eq!((stats.fallbacks, stats.recoveries), (1, 1), "{stats:?}");
-    for (node, times) in &grants {
-        let most = most_in_a_window(times, Duration::from_secs(1));
-        // 10 per second, and one more: the first of a window at its edge.
-        // The victim's key vanished with the restart: one burst more (one
-        // permit at max_burst 0).
-        let bound = if *node == VICTIM { 12 } else { 11 };
-        assert!(
-            most <= bound,
-            "node {node}'s key: {most} grants in one second ({} in all)",
-            times.len()
-        );
-        assert!(
-            times.len() >= 30,
-            "node {node}'s key starved: {}",
-            times.len()
-        );
-    }
+        back.is_none_or(|at| at.elapsed() < Duration::from_secs(1))
+    })
+    .await;
+    // 10 per second, and one more: the first of a window at its edge. The
+    // victim's key vanished with the restart: one burst more (one permit
+    // at max_burst 0).
+    rounds.check(&backend, |node| if node == VICTIM { 12 } else { 11 });
     // The victim's key is in Redis on its node again.
     let redis_key = keyed.redis_key(&keys[VICTIM]);
     let mut con = cluster.nodes[VICTIM].connection();
@@ -509,12 +466,9 @@ async fn a_frozen_node_counts_every_permit_once_across_both_switches() {
     let keys: Vec<String> = (0..3)
         .map(|n| on_node(&cluster, n, "key", |k| keyed.redis_key(k)))
         .collect();
-    let mut grants: BTreeMap<usize, Vec<Instant>> = BTreeMap::new();
     let start = Instant::now();
     let (mut stopped, mut resumed) = (false, false);
-    let mut healthy_fallback_calls = 0u64;
-    let mut slowest = Duration::ZERO;
-    while start.elapsed() < Duration::from_millis(4_500) {
+    let rounds = call_each_node(&keyed, &backend, &keys, VICTIM, || {
         if !stopped && start.elapsed() >= Duration::from_millis(800) {
             cluster.nodes[VICTIM].stop();
             stopped = true;
@@ -523,49 +477,94 @@ async fn a_frozen_node_counts_every_permit_once_across_both_switches() {
             cluster.nodes[VICTIM].cont();
             resumed = true;
         }
+        start.elapsed() < Duration::from_millis(4_500)
+    })
+    .await;
+    rounds.check(&backend, |_| 11);
+    within(Duration::from_secs(2), || keyed.stats().keys == 0)
+        .await
+        .unwrap_or_else(|| panic!("not carried back: {:?}", keyed.stats()));
+}
+
+/// What calling one key per node every 10 ms gave: each node's grants'
+/// moments, the slowest call, and the calls of healthy nodes' keys that
+/// the fallback served.
+struct Rounds {
+    grants: BTreeMap<usize, Vec<Instant>>,
+    slowest: Duration,
+    healthy_fallback_calls: u64,
+}
+
+/// Calls each of `keys` (the key of node `i` at `i`) every 10 ms, as long
+/// as `go_on` (run before each round: it kills, stops or restarts the
+/// `victim` at its moments) says.
+async fn call_each_node(
+    keyed: &KeyedRateLimiter<String, paceline::redis::Redis>,
+    backend: &RedisBackend,
+    keys: &[String],
+    victim: usize,
+    mut go_on: impl FnMut() -> bool,
+) -> Rounds {
+    let mut rounds = Rounds {
+        grants: BTreeMap::new(),
+        slowest: Duration::ZERO,
+        healthy_fallback_calls: 0,
+    };
+    while go_on() {
         for (node, key) in keys.iter().enumerate() {
             let before = backend.stats().fallback_calls;
             let call = Instant::now();
             let r = keyed.try_acquire(key, 1, Duration::ZERO).await;
-            slowest = slowest.max(call.elapsed());
+            rounds.slowest = rounds.slowest.max(call.elapsed());
             assert!(r.is_ok(), "{key}: {r:?}");
-            if node != VICTIM && backend.stats().fallback_calls != before {
-                healthy_fallback_calls += 1;
+            if node != victim && backend.stats().fallback_calls != before {
+                rounds.healthy_fallback_calls += 1;
             }
             if r.unwrap() {
-                grants.entry(node).or_default().push(Instant::now());
+                rounds.grants.entry(node).or_default().push(Instant::now());
             }
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let stats = backend.stats();
-    println!(
-        "{stats:?}; slowest call {slowest:?}; grants per node: {:?}",
-        grants.iter().map(|(n, g)| (n, g.len())).collect::<Vec<_>>()
-    );
-    assert!(
-        slowest <= RESPONSE_TIMEOUT + SLACK,
-        "a call took {slowest:?}"
-    );
-    assert_eq!(
-        healthy_fallback_calls, 0,
-        "healthy keys served by the fallback"
-    );
-    assert_eq!((stats.fallbacks, stats.recoveries), (1, 1), "{stats:?}");
-    for (node, times) in &grants {
-        let most = most_in_a_window(times, Duration::from_secs(1));
-        assert!(
-            most <= 11,
-            "node {node}'s key: {most} grants in one second ({} in all)",
-            times.len()
+    rounds
+}
+
+impl Rounds {
+    /// No call past the response timeout (and slack), no healthy key on
+    /// the fallback, one switch each way, and no node's key granted more
+    /// than `bound(node)` in any second, nor starved.
+    fn check(&self, backend: &RedisBackend, bound: impl Fn(usize) -> usize) {
+        let stats = backend.stats();
+        println!(
+            "{stats:?}; slowest call {:?}; grants per node: {:?}",
+            self.slowest,
+            self.grants
+                .iter()
+                .map(|(n, g)| (n, g.len()))
+                .collect::<Vec<_>>()
         );
         assert!(
-            times.len() >= 30,
-            "node {node}'s key starved: {}",
-            times.len()
+            self.slowest <= RESPONSE_TIMEOUT + SLACK,
+            "a call took {:?}",
+            self.slowest
         );
+        assert_eq!(
+            self.healthy_fallback_calls, 0,
+            "healthy keys served by the fallback"
+        );
+        assert_eq!((stats.fallbacks, stats.recoveries), (1, 1), "{stats:?}");
+        for (node, times) in &self.grants {
+            let most = most_in_a_window(times, Duration::from_secs(1));
+            assert!(
+                most <= bound(*node),
+                "node {node}'s key: {most} grants in one second ({} in all)",
+                times.len()
+            );
+            assert!(
+                times.len() >= 30,
+                "node {node}'s key starved: {}",
+                times.len()
+            );
+        }
     }
-    within(Duration::from_secs(2), || keyed.stats().keys == 0)
-        .await
-        .unwrap_or_else(|| panic!("not carried back: {:?}", keyed.stats()));
 }
