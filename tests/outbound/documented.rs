@@ -114,29 +114,29 @@ fn successes_after_the_pause_add_back_one_step_an_interval() {
             assert!(target >= now);
             clock.advance(target - now);
         };
-        // Inside the pause: nothing.
-        at(t0 + ms(500));
-        calls.next().unwrap().learn(&Feedback::new(200));
-        assert!(close(limiter.rate(), 70.0), "{}", limiter.rate());
-        // Right after the pause, and within one interval of it: nothing.
-        at(t0 + ms(1_500));
-        calls.next().unwrap().learn(&Feedback::new(200));
-        assert!(close(limiter.rate(), 70.0), "{}", limiter.rate());
-        // One interval after the pause: + 5.
-        at(t0 + ms(2_000));
-        calls.next().unwrap().learn(&Feedback::new(200));
-        assert!(close(limiter.rate(), 75.0), "{}", limiter.rate());
-        // Not again within the interval.
-        at(t0 + ms(2_900));
-        calls.next().unwrap().learn(&Feedback::new(200));
-        assert!(close(limiter.rate(), 75.0), "{}", limiter.rate());
-        at(t0 + ms(3_000));
-        calls.next().unwrap().learn(&Feedback::new(200));
-        assert!(close(limiter.rate(), 80.0), "{}", limiter.rate());
-        // A non-2xx answer that is no refusal adds nothing.
-        at(t0 + ms(5_000));
-        calls.next().unwrap().learn(&Feedback::new(500));
-        assert!(close(limiter.rate(), 80.0), "{}", limiter.rate());
+        // (When, after the refusal; the answer; the rate after it.)
+        let steps = [
+            // Inside the pause: nothing.
+            (500, 200, 70.0),
+            // Right after the pause, and within one interval of it: nothing.
+            (1_500, 200, 70.0),
+            // One interval after the pause: + 5.
+            (2_000, 200, 75.0),
+            // Not again within the interval.
+            (2_900, 200, 75.0),
+            (3_000, 200, 80.0),
+            // A non-2xx answer that is no refusal adds nothing.
+            (5_000, 500, 80.0),
+        ];
+        for (after, status, rate) in steps {
+            at(t0 + ms(after));
+            calls.next().unwrap().learn(&Feedback::new(status));
+            assert!(
+                close(limiter.rate(), rate),
+                "{after} ms after the refusal, a {status}: {}",
+                limiter.rate()
+            );
+        }
     });
     for _ in 0..100 {
         clock.advance(Duration::from_secs(1));
