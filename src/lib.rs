@@ -193,8 +193,11 @@ pub mod tower;
 /// with: put it on an impl of either (see "A limiter of your own" there).
 #[doc(no_inline)]
 pub use async_trait::async_trait;
-pub use builder::{Builder, DEFAULT_COLD_FACTOR, Limit, One, PerKey};
+pub use builder::{Builder, DEFAULT_COLD_FACTOR, Limit};
 pub use core::{Cost, Snapshot};
 pub use error::{BackendError, Error};
-pub use limiter::{Key, KeyedLimiter, KeyedRateLimiter, Limiter, Local, RateLimiter, Stats, Store};
+pub use limiter::{
+    Key, KeyedLimiter, KeyedRateLimiter, Keys, Limiter, Local, NoKey, Pacer, PerKey, RateLimiter,
+    Stats, Store,
+};
 pub use reservation::Reservation;

@@ -27,9 +27,9 @@ use crate::{Error, Reservation, Snapshot, Stats};
 /// The key of a limiter with one state: a limiter with no key is an
 /// engine over this one key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct NoKey;
+pub struct OnlyKey;
 
-impl std::fmt::Display for NoKey {
+impl std::fmt::Display for OnlyKey {
     fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         Ok(())
     }

@@ -13,24 +13,9 @@ pub(crate) use limit::{PolicyConfig, concurrency, limit_states};
 use crate::clock::{Clock, SystemClock};
 use crate::core::Limits;
 use crate::error::invalid;
-use crate::limiter::{Key, Local, Store};
+use crate::limiter::{Key, Local, NoKey, PerKey, Store};
 use crate::meter::Metrics;
 use crate::{Error, KeyedRateLimiter, RateLimiter};
-
-/// A [`Builder`] of a limiter with one rate for every caller: what
-/// [`RateLimiter::builder`] returns.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct One;
-
-/// A [`Builder`] of a limiter with one rate per key of type `K`: what
-/// [`KeyedRateLimiter::builder`] returns.
-pub struct PerKey<K>(PhantomData<fn(K)>);
-
-impl<K> fmt::Debug for PerKey<K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("PerKey")
-    }
-}
 
 /// Builds a limiter: [`RateLimiter::builder`] for one rate,
 /// [`KeyedRateLimiter::builder`] for one per key. The same setters shape
@@ -72,7 +57,7 @@ impl<K> fmt::Debug for PerKey<K> {
 /// # Ok::<(), paceline::Error>(())
 /// ```
 #[must_use = "a builder does nothing until .build() is called"]
-pub struct Builder<T = One, S: Store = Local, C = SystemClock> {
+pub struct Builder<K = NoKey, S: Store = Local, C = SystemClock> {
     config: PolicyConfig,
     /// `None` until [`clock`](Builder::clock) is called: the system clock,
     /// made only by `build` (making one calibrates the processor's counter
@@ -83,12 +68,12 @@ pub struct Builder<T = One, S: Store = Local, C = SystemClock> {
     max_keys: Option<usize>,
     learning: crate::outbound::Learning,
     store: S::Settings,
-    shape: PhantomData<T>,
+    shape: PhantomData<fn(K)>,
 }
 
 /// A builder is a template: clone it to build several limiters of one
 /// configuration (one per tenant, or one here and one through Redis).
-impl<T, S: Store, C: Clone> Clone for Builder<T, S, C> {
+impl<K, S: Store, C: Clone> Clone for Builder<K, S, C> {
     fn clone(&self) -> Self {
         Builder {
             config: self.config.clone(),
@@ -102,7 +87,7 @@ impl<T, S: Store, C: Clone> Clone for Builder<T, S, C> {
     }
 }
 
-impl<T> Builder<T> {
+impl<K> Builder<K> {
     pub(crate) fn new() -> Self {
         Builder {
             config: PolicyConfig::default(),
@@ -117,7 +102,7 @@ impl<T> Builder<T> {
 }
 
 /// # What every limiter has
-impl<T, S: Store, C: Clock> Builder<T, S, C> {
+impl<K, S: Store, C: Clock> Builder<K, S, C> {
     /// The stable rate, in permits per second: required, unless the limits
     /// are given with [`limit`](Self::limit). Must be positive;
     /// `f64::INFINITY` means no limit.
@@ -177,7 +162,7 @@ impl<T, S: Store, C: Clock> Builder<T, S, C> {
 
     /// The clock the limiter reads and sleeps on. Default: [`SystemClock`];
     /// a [`FakeClock`](crate::clock::FakeClock) in tests.
-    pub fn clock<C2: Clock>(self, clock: C2) -> Builder<T, S, C2> {
+    pub fn clock<C2: Clock>(self, clock: C2) -> Builder<K, S, C2> {
         Builder {
             config: self.config,
             clock: Some(clock),
@@ -268,7 +253,7 @@ impl<T, S: Store, C: Clock> Builder<T, S, C> {
 
     /// This builder with another store.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn with_store<S2: Store>(self, store: S2::Settings) -> Builder<T, S2, C> {
+    pub(crate) fn with_store<S2: Store>(self, store: S2::Settings) -> Builder<K, S2, C> {
         Builder {
             config: self.config,
             clock: self.clock,
@@ -299,7 +284,7 @@ fn system_clock<C: Clock>() -> C {
 }
 
 /// # In this process
-impl<C: Clock> Builder<One, Local, C> {
+impl<C: Clock> Builder<NoKey, Local, C> {
     /// Checks the options and creates the limiter.
     ///
     /// # Errors
@@ -345,7 +330,7 @@ impl<K: Key, C: Clock> Builder<PerKey<K>, Local, C> {
     }
 }
 
-impl<T, S: Store, C: fmt::Debug> fmt::Debug for Builder<T, S, C>
+impl<K, S: Store, C: fmt::Debug> fmt::Debug for Builder<K, S, C>
 where
     S::Settings: fmt::Debug,
 {

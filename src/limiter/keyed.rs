@@ -1,15 +1,14 @@
 //! [`KeyedRateLimiter`]'s methods, each written once for every store.
 
 use std::borrow::Borrow;
-use std::fmt;
 use std::time::Duration;
 
 use super::{Key, KeyedRateLimiter, Store};
-use crate::builder::{Builder, PerKey};
+use crate::builder::Builder;
 use crate::clock::Clock;
-use crate::outbound::{Call, InFlight, TakeSlot};
-use crate::store::{self, Engine, Rate};
-use crate::{Cost, Error, Reservation, Snapshot, Stats};
+use crate::outbound::{Call, TakeSlot};
+use crate::store::{self, Engine};
+use crate::{Cost, Error, Reservation, Snapshot};
 
 /// # Constructors
 impl<K: Key> KeyedRateLimiter<K> {
@@ -27,7 +26,7 @@ impl<K: Key> KeyedRateLimiter<K> {
     /// A builder for every other option: burst, warm-up, several limits,
     /// a cap on the keys held, the clock, and the store (`.redis(..)` to
     /// share it).
-    pub fn builder() -> Builder<PerKey<K>> {
+    pub fn builder() -> Builder<crate::PerKey<K>> {
         Builder::new()
     }
 }
@@ -241,76 +240,5 @@ impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C> {
         S::Keyed<K, C>: Engine<Q>,
     {
         Ok(store::take_and_sleep(&self.engine, key, permits, Some(timeout))?.is_some())
-    }
-}
-
-/// # The rate, on every store
-impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C>
-where
-    S::Keyed<K, C>: Rate,
-{
-    /// Changes the rate of every key from now on, as
-    /// [`RateLimiter::set_rate`](crate::RateLimiter::set_rate) does for
-    /// one: each key still repays its last request at the old rate, and its
-    /// stored permits are rescaled to the new burst. In this process it
-    /// visits every key held (shard by shard; calls on other shards go on
-    /// meanwhile); in Redis each key takes it with its next call.
-    ///
-    /// At an infinite rate a warming-up key stores nothing and reads as
-    /// full, so an idle one may be forgotten: back at a finite rate, it
-    /// starts cold, as a key never seen does, where one still held starts
-    /// warm.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN; the
-    /// limiter is then unchanged.
-    pub fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
-        self.engine.set_rate(permits_per_second)
-    }
-
-    /// Changes the rate of limit `index` alone, for every key (limits are
-    /// counted from 0 in the order the builder was given them). On a
-    /// limiter with one limit, index 0 is [`set_rate`](Self::set_rate).
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if the rate is zero, negative or NaN, or
-    /// there is no limit `index`.
-    pub fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
-        self.engine.set_limit_rate(index, permits_per_second)
-    }
-
-    /// The stable rate of every key, in permits per second, as last set.
-    pub fn rate(&self) -> f64 {
-        self.engine.rate()
-    }
-
-    /// The slowest of every key's limits' stable rates, as last set (`rate`
-    /// itself with one limit).
-    pub fn slowest_rate(&self) -> f64 {
-        self.engine.slowest_rate()
-    }
-
-    /// The clock this limiter reads and sleeps on.
-    pub fn clock(&self) -> &dyn Clock {
-        self.engine.clock()
-    }
-
-    /// The keys held in this process, those dropped at the cap before
-    /// they read as full, and for a Redis limiter how it is served (see
-    /// [`Stats`]).
-    pub fn stats(&self) -> Stats {
-        Stats {
-            in_flight: self.slots.in_flight(),
-            ..self.engine.stats()
-        }
-    }
-}
-
-impl<K: Key, S: Store, C: Clock> fmt::Debug for KeyedRateLimiter<K, S, C>
-where
-    S::Keyed<K, C>: fmt::Debug,
-{
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.engine.fmt(f)
     }
 }

@@ -18,12 +18,13 @@ mod single;
 mod traits;
 
 use std::hash::Hash;
+use std::marker::PhantomData;
 
 pub use traits::{KeyedLimiter, Limiter};
 
 use crate::clock::Clock;
 use crate::outbound::{InFlight, TakeSlot};
-use crate::store::{Engine, NoKey};
+use crate::store::{Engine, OnlyKey, Rate};
 
 /// Where a limiter's state lives: [`Local`] (this process) or
 /// [`Redis`](crate::redis::Redis) (shared through Redis). A limiter's type
@@ -46,13 +47,13 @@ pub trait Store: sealed::Sealed + Send + Sync + Sized + 'static {
         F: std::future::Future<Output = T> + Send + 'a;
     /// The engine of a limiter with no key.
     #[doc(hidden)]
-    type Single<C: Clock>: Engine<NoKey>;
+    type Single<C: Clock>: Engine<OnlyKey>;
     /// The engine of a keyed limiter.
     #[doc(hidden)]
     type Keyed<K: Key, C: Clock>;
     /// The slots for calls in flight of a limiter with no key.
     #[doc(hidden)]
-    type SingleSlots<C: Clock>: TakeSlot<NoKey>;
+    type SingleSlots<C: Clock>: TakeSlot<OnlyKey>;
     /// The slots for calls in flight of a keyed limiter.
     #[doc(hidden)]
     type KeyedSlots<K: Key, C: Clock>: InFlight;
@@ -63,6 +64,7 @@ pub trait Store: sealed::Sealed + Send + Sync + Sized + 'static {
 
 mod sealed {
     pub trait Sealed {}
+    pub trait Keys {}
 }
 
 /// The state lives in this process: a limiter is a few atomic words (one
@@ -86,7 +88,7 @@ impl Store for Local {
 
     type Single<C: Clock> = crate::local::Single<C>;
     type Keyed<K: Key, C: Clock> = crate::keyed::Keyed<K, C>;
-    type SingleSlots<C: Clock> = crate::outbound::LocalSlots<NoKey>;
+    type SingleSlots<C: Clock> = crate::outbound::LocalSlots<OnlyKey>;
     type KeyedSlots<K: Key, C: Clock> = crate::outbound::LocalSlots<K>;
     type Settings = ();
 }
@@ -130,11 +132,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Key for K {}
 /// }
 /// # Ok(()) }
 /// ```
-pub struct RateLimiter<S: Store = Local, C: Clock = crate::clock::SystemClock> {
-    pub(crate) engine: S::Single<C>,
-    pub(crate) upstream: crate::outbound::Upstream,
-    pub(crate) slots: S::SingleSlots<C>,
-}
+pub type RateLimiter<S = Local, C = crate::clock::SystemClock> = Pacer<NoKey, S, C>;
 
 /// One rate limiter per key (user, tenant, API key or client address), in
 /// this process ([`Local`], the default) or shared through Redis
@@ -226,10 +224,59 @@ pub struct RateLimiter<S: Store = Local, C: Clock = crate::clock::SystemClock> {
 /// [`KeyedLimiter`]. Through Redis, the same algorithm runs in Redis for
 /// each key, and this process holds only the keys its fallback serves
 /// while Redis is down (see [`redis`](crate::redis)).
-pub struct KeyedRateLimiter<K: Key, S: Store = Local, C: Clock = crate::clock::SystemClock> {
-    pub(crate) engine: S::Keyed<K, C>,
+pub type KeyedRateLimiter<K, S = Local, C = crate::clock::SystemClock> = Pacer<PerKey<K>, S, C>;
+
+/// The one limiter type, keyed by `K` ([`NoKey`] or [`PerKey`]), its state
+/// in `S`, on clock `C`: named by its two aliases, [`RateLimiter`]
+/// (`Pacer<NoKey, S, C>`) and [`KeyedRateLimiter`]
+/// (`Pacer<PerKey<K>, S, C>`), whose pages say what each does.
+///
+/// The methods that take no key are written once for both (the rate, the
+/// clock, the counts); those that reserve come in two forms of the same
+/// names, with a key and without.
+pub struct Pacer<K: Keys, S: Store = Local, C: Clock = crate::clock::SystemClock> {
+    pub(crate) engine: K::Engine<S, C>,
     pub(crate) upstream: crate::outbound::Upstream,
-    pub(crate) slots: S::KeyedSlots<K, C>,
+    pub(crate) slots: K::Slots<S, C>,
+}
+
+/// How a [`RateLimiter`] is keyed: not at all. A type, never a value.
+#[derive(Debug)]
+pub enum NoKey {}
+
+/// How a [`KeyedRateLimiter`] is keyed: by a [`Key`] of type `K`. A
+/// type, never a value.
+pub struct PerKey<K>(PhantomData<fn(K)>, NoKey);
+
+impl<K> std::fmt::Debug for PerKey<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PerKey")
+    }
+}
+
+/// What a [`Pacer`] is keyed by: [`NoKey`] (a [`RateLimiter`]) or
+/// [`PerKey`] (a [`KeyedRateLimiter`]). Sealed: these are the only ones.
+pub trait Keys: sealed::Keys + Sized + 'static {
+    /// The engine of such a limiter on store `S`.
+    #[doc(hidden)]
+    type Engine<S: Store, C: Clock>;
+    /// Its slots for calls in flight.
+    #[doc(hidden)]
+    type Slots<S: Store, C: Clock>: InFlight;
+}
+
+impl sealed::Keys for NoKey {}
+
+impl Keys for NoKey {
+    type Engine<S: Store, C: Clock> = S::Single<C>;
+    type Slots<S: Store, C: Clock> = S::SingleSlots<C>;
+}
+
+impl<K: Key> sealed::Keys for PerKey<K> {}
+
+impl<K: Key> Keys for PerKey<K> {
+    type Engine<S: Store, C: Clock> = S::Keyed<K, C>;
+    type Slots<S: Store, C: Clock> = S::KeyedSlots<K, C>;
 }
 
 /// What a limiter has done to stay within its bounds, and how it is served:
@@ -258,4 +305,93 @@ pub struct Stats {
     /// [`Limit::concurrent`](crate::Limit::concurrent) now (through Redis,
     /// a lease or a slot of its fallback), over all keys.
     pub in_flight: usize,
+}
+
+/// # The rate, the clock and the counts, on every limiter
+impl<K: Keys, S: Store, C: Clock> Pacer<K, S, C>
+where
+    K::Engine<S, C>: Rate,
+{
+    /// Changes the rate from now on (of every key, for a keyed limiter).
+    /// The next caller (of each key) still repays the previous request at
+    /// the old rate; stored permits keep their share of the burst, which
+    /// spans the same time at the new rate (see
+    /// [`Limit::burst`](crate::Limit::burst)). With several limits, this is
+    /// the first one's rate, and the others are scaled by the same factor
+    /// (so that they keep their proportions; from or to an infinite rate,
+    /// they all take this one); [`set_limit_rate`](Self::set_limit_rate)
+    /// changes one alone. What waits to be given back then gives back
+    /// nothing (it was charged at the old rate): erring towards limiting.
+    ///
+    /// In this process a keyed limiter visits every key held (shard by
+    /// shard; calls on other shards go on meanwhile); through Redis each
+    /// key takes it with its next call. At an infinite rate a warming-up
+    /// key stores nothing and reads as full, so an idle one may be
+    /// forgotten: back at a finite rate, it starts cold, as a key never
+    /// seen does, where one still held starts warm.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if the
+    /// rate is zero, negative or NaN; the limiter is then unchanged.
+    pub fn set_rate(&self, permits_per_second: f64) -> Result<(), crate::Error> {
+        self.engine.set_rate(permits_per_second)
+    }
+
+    /// Changes the rate of limit `index` alone (counted in the order the
+    /// builder was given them, from 0), from now on. On a limiter with one
+    /// limit, index 0 is [`set_rate`](Self::set_rate).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if the
+    /// rate is zero, negative or NaN, or there is no limit `index`; the
+    /// limiter is then unchanged.
+    pub fn set_limit_rate(
+        &self,
+        index: usize,
+        permits_per_second: f64,
+    ) -> Result<(), crate::Error> {
+        self.engine.set_limit_rate(index, permits_per_second)
+    }
+
+    /// The stable rate, in permits per second, as last set (of the first
+    /// limit, for a limiter built with several); in this process, what a
+    /// [`RateLimiter`] learned from an upstream makes of it (see
+    /// [`outbound`](crate::outbound)), through Redis the rate set (the
+    /// learned one is in a snapshot).
+    pub fn rate(&self) -> f64 {
+        self.engine.rate()
+    }
+
+    /// The slowest of its limits' stable rates, in permits per second, as
+    /// [`rate`](Self::rate) reads them: the rate it sustains (`rate` itself
+    /// with one limit).
+    pub fn slowest_rate(&self) -> f64 {
+        self.engine.slowest_rate()
+    }
+
+    /// The clock this limiter reads and sleeps on.
+    pub fn clock(&self) -> &dyn Clock {
+        self.engine.clock()
+    }
+
+    /// What the limiter has done to stay within its bounds and how it is
+    /// served: the keys held in this process, those dropped at the cap
+    /// before they read as full, the calls in flight, and for a Redis
+    /// limiter whether it is on its fallback and how often it switched
+    /// (see [`Stats`]).
+    pub fn stats(&self) -> Stats {
+        Stats {
+            in_flight: self.slots.in_flight(),
+            ..self.engine.stats()
+        }
+    }
+}
+
+impl<K: Keys, S: Store, C: Clock> std::fmt::Debug for Pacer<K, S, C>
+where
+    K::Engine<S, C>: std::fmt::Debug,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.engine.fmt(f)
+    }
 }

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use super::{Key, KeyedRateLimiter, RateLimiter, Store};
 use crate::clock::Clock;
-use crate::store::{self, Engine, NoKey, Rate};
+use crate::store::{self, Engine, OnlyKey, Rate};
 use crate::{Error, Reservation, Snapshot, Stats};
 
 /// A rate limiter, in this process or shared through a backend.
@@ -368,7 +368,7 @@ pub trait KeyedLimiter<K: Sync>: Send + Sync {
 #[async_trait]
 impl<S: Store, C: Clock> Limiter for RateLimiter<S, C> {
     async fn reserve(&self, permits: u32) -> Result<Duration, Error> {
-        store::reserve(&self.engine, &NoKey, permits).await
+        store::reserve(&self.engine, &OnlyKey, permits).await
     }
 
     async fn try_reserve(
@@ -376,11 +376,11 @@ impl<S: Store, C: Clock> Limiter for RateLimiter<S, C> {
         permits: u32,
         timeout: Duration,
     ) -> Result<Option<Duration>, Error> {
-        store::try_reserve(&self.engine, &NoKey, permits, timeout).await
+        store::try_reserve(&self.engine, &OnlyKey, permits, timeout).await
     }
 
     async fn snapshot(&self) -> Result<Snapshot, Error> {
-        self.engine.snapshot(&NoKey).await
+        self.engine.snapshot(&OnlyKey).await
     }
 
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
@@ -404,15 +404,15 @@ impl<S: Store, C: Clock> Limiter for RateLimiter<S, C> {
     }
 
     fn take_now(&self, permits: u32) -> Option<Result<bool, Error>> {
-        store::take_now(&self.engine, &NoKey, permits)
+        store::take_now(&self.engine, &OnlyKey, permits)
     }
 
     fn snapshot_now(&self) -> Option<Snapshot> {
-        self.engine.snapshot_now(&NoKey)
+        self.engine.snapshot_now(&OnlyKey)
     }
 
     async fn reservation(&self, permits: u32) -> Result<Reservation<'_>, Error> {
-        store::reservation(&self.engine, &NoKey, permits).await
+        store::reservation(&self.engine, &OnlyKey, permits).await
     }
 
     async fn try_reservation(
@@ -420,15 +420,15 @@ impl<S: Store, C: Clock> Limiter for RateLimiter<S, C> {
         permits: u32,
         timeout: Duration,
     ) -> Result<Option<Reservation<'_>>, Error> {
-        store::try_reservation(&self.engine, &NoKey, permits, Some(timeout)).await
+        store::try_reservation(&self.engine, &OnlyKey, permits, Some(timeout)).await
     }
 
     async fn acquire(&self, permits: u32) -> Result<Duration, Error> {
-        store::acquire(&self.engine, &NoKey, permits).await
+        store::acquire(&self.engine, &OnlyKey, permits).await
     }
 
     async fn try_acquire(&self, permits: u32, timeout: Duration) -> Result<bool, Error> {
-        store::try_acquire(&self.engine, &NoKey, permits, timeout).await
+        store::try_acquire(&self.engine, &OnlyKey, permits, timeout).await
     }
 }
 

@@ -29,7 +29,7 @@ use crate::core::{Cost, Learning, Lesson, Limits, State, stable_interval_micros}
 use crate::meter::Metered;
 use crate::meter::Metrics;
 use crate::reservation::{GiveBack, GiveBackId, GivesBack, Reservation};
-use crate::store::{AtOnce, NoKey, Rate};
+use crate::store::{AtOnce, OnlyKey, Rate};
 use crate::{Error, Snapshot, Stats};
 
 use outcome::{Grant, Outcome};
@@ -218,19 +218,19 @@ impl<C: Clock> Single<C> {
     }
 }
 
-impl<C: Clock> AtOnce<NoKey> for Single<C> {
+impl<C: Clock> AtOnce<OnlyKey> for Single<C> {
     #[inline(always)]
-    fn reserve_at_once(&self, _: &NoKey, permits: u32, timeout: u64) -> Option<Reservation<'_>> {
+    fn reserve_at_once(&self, _: &OnlyKey, permits: u32, timeout: u64) -> Option<Reservation<'_>> {
         let grant = self.reserve_micros::<Grant>(permits, timeout);
         grant.map(|grant| self.to_reservation(grant))
     }
 
     #[inline(always)]
-    fn wait_at_once(&self, _: &NoKey, permits: u32, timeout: u64) -> Option<u64> {
+    fn wait_at_once(&self, _: &OnlyKey, permits: u32, timeout: u64) -> Option<u64> {
         self.reserve_micros::<u64>(permits, timeout)
     }
 
-    fn call_at_once(&self, _: &NoKey, cost: &Cost, timeout: u64) -> Option<Reservation<'_>> {
+    fn call_at_once(&self, _: &OnlyKey, cost: &Cost, timeout: u64) -> Option<Reservation<'_>> {
         let granted = self.open_call(cost, timeout);
         granted.map(|granted| {
             let taken = granted.id.map(|id| GiveBack {
@@ -246,11 +246,11 @@ impl<C: Clock> AtOnce<NoKey> for Single<C> {
         })
     }
 
-    fn snapshot_at_once(&self, _: &NoKey) -> Snapshot {
+    fn snapshot_at_once(&self, _: &OnlyKey) -> Snapshot {
         self.snapshot_locked()
     }
 
-    fn paused_at_once(&self, _: &NoKey) -> Option<u64> {
+    fn paused_at_once(&self, _: &OnlyKey) -> Option<u64> {
         if !self.learned.load(Ordering::Acquire) {
             return None;
         }

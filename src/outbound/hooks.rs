@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::TakeSlot;
 use crate::clock::Clock;
 use crate::limiter::{Key, Store};
-use crate::store::{NoKey, Rate};
+use crate::store::{OnlyKey, Rate};
 use crate::{Error, KeyedRateLimiter, Local, RateLimiter};
 
 impl<S: Store, C: Clock> RateLimiter<S, C> {
@@ -20,7 +20,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         &self,
         timeout: Option<Duration>,
     ) -> Result<Option<(bool, impl Send + Sync + '_)>, Error> {
-        let taken = self.slots.take_slot(&NoKey, timeout, self.engine.clock());
+        let taken = self.slots.take_slot(&OnlyKey, timeout, self.engine.clock());
         Ok(taken.await?.map(|taken| (taken.slot.is_held(), taken.slot)))
     }
 }

@@ -10,10 +10,10 @@ use super::health::hash_tag;
 use super::leases::Slots;
 use super::limiter::{Redis, Settings};
 use super::{Fallback, RedisBackend, naming};
-use crate::builder::{Builder, One, PerKey, concurrency, limit_states};
+use crate::builder::{Builder, concurrency, limit_states};
 use crate::clock::Clock;
 use crate::error::invalid;
-use crate::limiter::{Key, Local};
+use crate::limiter::{Key, Local, NoKey, PerKey};
 use crate::{Error, KeyedRateLimiter, RateLimiter};
 
 /// The default response timeout of a [`RedisBackend`]: how long one call
@@ -33,7 +33,7 @@ const DEFAULT_MAX_LOCAL_KEYS: usize = 100_000;
 pub(crate) const MAX_LIMITS: usize = 16;
 
 /// # Shared through Redis (feature `redis`)
-impl<T, C: Clock> Builder<T, Local, C> {
+impl<K, C: Clock> Builder<K, Local, C> {
     /// Shares the limiter through Redis, on `backend` (which does the I/O:
     /// building the limiter does none), under `name`: every limiter of
     /// that name, in any process, shares one schedule, in the Redis key
@@ -45,7 +45,7 @@ impl<T, C: Clock> Builder<T, Local, C> {
     /// and [`local_fraction`](Self::local_fraction), and
     /// [`max_keys`](Builder::max_keys) caps the keys its fallback holds
     /// (100 000 by default for a keyed limiter).
-    pub fn redis(self, backend: &RedisBackend, name: &str) -> Builder<T, Redis, C> {
+    pub fn redis(self, backend: &RedisBackend, name: &str) -> Builder<K, Redis, C> {
         self.with_store(Settings {
             backend: Arc::clone(&backend.backend),
             name: name.to_owned(),
@@ -57,7 +57,7 @@ impl<T, C: Clock> Builder<T, Local, C> {
 }
 
 /// # Calls in flight through Redis
-impl<T, C: Clock> Builder<T, Redis, C> {
+impl<K, C: Clock> Builder<K, Redis, C> {
     /// How long a slot of a
     /// [`Limit::concurrent`](crate::Limit::concurrent) lives in Redis
     /// unless its holder renews it (every third of this, while its call
@@ -155,7 +155,7 @@ impl<T, C: Clock> Builder<T, Redis, C> {
     }
 }
 
-impl<C: Clock> Builder<One, Redis, C> {
+impl<C: Clock> Builder<NoKey, Redis, C> {
     /// Checks the options and creates the limiter on its backend. Does no
     /// I/O: it uses the backend's connection and health as they are.
     ///

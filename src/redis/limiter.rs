@@ -12,7 +12,7 @@ use super::backend::Backend;
 use super::failover::Failover;
 use crate::clock::Clock;
 use crate::limiter::{Key, Store};
-use crate::store::NoKey;
+use crate::store::OnlyKey;
 use crate::{KeyedRateLimiter, RateLimiter};
 
 /// The state lives in Redis, shared by every process whose limiter has the
@@ -62,9 +62,9 @@ impl Store for Redis {
         Box::pin(call)
     }
 
-    type Single<C: Clock> = Arc<Failover<NoKey, C>>;
+    type Single<C: Clock> = Arc<Failover<OnlyKey, C>>;
     type Keyed<K: Key, C: Clock> = Arc<Failover<K, C>>;
-    type SingleSlots<C: Clock> = super::leases::Leases<NoKey, C>;
+    type SingleSlots<C: Clock> = super::leases::Leases<OnlyKey, C>;
     type KeyedSlots<K: Key, C: Clock> = super::leases::Leases<K, C>;
     type Settings = Settings;
 }
@@ -96,7 +96,7 @@ impl<C: Clock> RateLimiter<Redis, C> {
     /// the version of the key layout, and the name with `\` and `:`
     /// escaped as `\\` and `\:`, so that it is no keyed limiter's key).
     pub fn redis_key(&self) -> String {
-        self.engine.redis_key(&NoKey).to_string()
+        self.engine.redis_key(&OnlyKey).to_string()
     }
 }
 

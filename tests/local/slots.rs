@@ -328,7 +328,7 @@ async fn a_concurrent_limit_takes_no_place_in_a_cost() {
 
 #[test]
 fn the_builder_checks_the_concurrent_limit() {
-    let invalid = |builder: paceline::Builder<paceline::One, Local, FakeClock>| {
+    let invalid = |builder: paceline::Builder<paceline::NoKey, Local, FakeClock>| {
         matches!(builder.build(), Err(Error::InvalidArgument(_)))
     };
     let base = || RateLimiter::builder().clock(FakeClock::new());

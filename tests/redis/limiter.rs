@@ -517,7 +517,7 @@ async fn bad_options_and_arguments_are_clear_errors() {
         .build()
         .await
         .unwrap();
-    let build = |b: paceline::Builder<paceline::One, Redis>| b.build().map(drop);
+    let build = |b: paceline::Builder<paceline::NoKey, Redis>| b.build().map(drop);
     let connect =
         |b: paceline::redis::RedisBackendBuilder| async move { b.build().await.map(drop) };
     for (built, mentions) in [

@@ -41,7 +41,7 @@ pub async fn builder(
     client: redis::Client,
     name: &str,
     rate: f64,
-) -> paceline::Builder<paceline::One, paceline::redis::Redis> {
+) -> paceline::Builder<paceline::NoKey, paceline::redis::Redis> {
     paceline::RateLimiter::builder()
         .permits_per_second(rate)
         .redis(&backend(client).await, name)

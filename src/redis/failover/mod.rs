@@ -1,6 +1,6 @@
 //! What both Redis limiters share: their Redis keys, the script call, and
 //! the fail-over to a local limiter and back, written once for one key
-//! ([`NoKey`](crate::store::NoKey)) and for many.
+//! ([`OnlyKey`](crate::store::OnlyKey)) and for many.
 //!
 //! # The rule at every switch
 //!

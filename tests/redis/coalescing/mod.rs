@@ -21,11 +21,11 @@ use crate::support::proxy::Proxy;
 use crate::support::redis_server::RedisServer;
 use crate::support::within::within;
 use paceline::redis::{Redis, RedisBackend, RedisBackendBuilder};
-use paceline::{Builder, One, RateLimiter};
+use paceline::{Builder, NoKey, RateLimiter};
 
 /// A Redis limiter's builder at `rate` under `name`, on a backend of its
 /// own built from `backend` (for the connection settings a test sets).
-async fn builder_on(backend: RedisBackendBuilder, name: &str, rate: f64) -> Builder<One, Redis> {
+async fn builder_on(backend: RedisBackendBuilder, name: &str, rate: f64) -> Builder<NoKey, Redis> {
     RateLimiter::builder()
         .permits_per_second(rate)
         .redis(&backend.build().await.unwrap(), name)
