@@ -177,17 +177,8 @@ impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C> {
         S::Keyed<K, C>: Engine<Q>,
         S::KeyedSlots<K, C>: TakeSlot<Q>,
     {
-        let call = store::call(
-            &self.engine,
-            &self.slots,
-            key,
-            estimate.into(),
-            None,
-            &self.upstream,
-        );
-        Ok(call
-            .await?
-            .expect("a call without a timeout is never refused"))
+        let call = self.call_for(key, estimate.into(), None).await?;
+        Ok(call.expect("a call without a timeout is never refused"))
     }
 
     /// [`call`](Self::call) if the wait fits in `timeout`; `None` at once,
@@ -206,15 +197,7 @@ impl<K: Key, S: Store, C: Clock> KeyedRateLimiter<K, S, C> {
         S::Keyed<K, C>: Engine<Q>,
         S::KeyedSlots<K, C>: TakeSlot<Q>,
     {
-        store::call(
-            &self.engine,
-            &self.slots,
-            key,
-            estimate.into(),
-            Some(timeout),
-            &self.upstream,
-        )
-        .await
+        self.call_for(key, estimate.into(), Some(timeout)).await
     }
 
     /// [`acquire`](Self::acquire) on the calling thread, which it blocks.

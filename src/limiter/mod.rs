@@ -387,6 +387,24 @@ where
     }
 }
 
+impl<K: Keys, S: Store, C: Clock> Pacer<K, S, C> {
+    /// A call for `key` (`call` and `try_call`, with a key and without).
+    pub(crate) async fn call_for<Q>(
+        &self,
+        key: &Q,
+        estimate: crate::Cost,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<Option<crate::outbound::Call<'_>>, crate::Error>
+    where
+        Q: ?Sized + Sync,
+        K::Engine<S, C>: Engine<Q>,
+        K::Slots<S, C>: TakeSlot<Q>,
+    {
+        let (engine, slots, upstream) = (&self.engine, &self.slots, &self.upstream);
+        crate::store::call(engine, slots, key, estimate, timeout, upstream).await
+    }
+}
+
 impl<K: Keys, S: Store, C: Clock> std::fmt::Debug for Pacer<K, S, C>
 where
     K::Engine<S, C>: std::fmt::Debug,

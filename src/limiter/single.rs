@@ -137,17 +137,8 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
     /// [`Error::InvalidArgument`] if `estimate` counts nothing, or counts
     /// for a limit the limiter lacks; a Redis limiter's [`Error::Backend`].
     pub async fn call(&self, estimate: impl Into<Cost>) -> Result<Call<'_>, Error> {
-        let call = store::call(
-            &self.engine,
-            &self.slots,
-            &OnlyKey,
-            estimate.into(),
-            None,
-            &self.upstream,
-        );
-        Ok(call
-            .await?
-            .expect("a call without a timeout is never refused"))
+        let call = self.call_for(&OnlyKey, estimate.into(), None).await?;
+        Ok(call.expect("a call without a timeout is never refused"))
     }
 
     /// [`call`](Self::call) if the wait fits in `timeout`; `None` at once,
@@ -159,14 +150,7 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         estimate: impl Into<Cost>,
         timeout: Duration,
     ) -> Result<Option<Call<'_>>, Error> {
-        store::call(
-            &self.engine,
-            &self.slots,
-            &OnlyKey,
-            estimate.into(),
-            Some(timeout),
-            &self.upstream,
-        )
-        .await
+        self.call_for(&OnlyKey, estimate.into(), Some(timeout))
+            .await
     }
 }
