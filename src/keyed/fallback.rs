@@ -6,6 +6,7 @@ use std::hash::Hash;
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::Keyed;
+use super::shard::Table;
 use crate::clock::Clock;
 use crate::core::Cost;
 use crate::{Key, Snapshot};
@@ -23,8 +24,7 @@ impl<K: Key, C: Clock> Keyed<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let read = self.clock.now_micros();
-        self.shard(key).read().snapshot_of(key, read)
+        self.read_now(key, |table, now| table.snapshot_of(key, now))
     }
 
     /// The end of the pause a refusal learned by `key` started (µs on the
@@ -38,8 +38,7 @@ impl<K: Key, C: Clock> Keyed<K, C> {
         if !self.ever_learned() {
             return None;
         }
-        let now = self.clock.now_micros();
-        self.shard(key).read().paused_until(key, now)
+        self.read_now(key, |table, now| table.paused_until(key, now))
     }
 
     /// The latest ticket of `key`'s limits (µs on the clock), if it is held.
@@ -58,8 +57,13 @@ impl<K: Key, C: Clock> Keyed<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
+        self.read_now(key, |table, now| table.tickets(key, now))
+    }
+
+    /// What `ask` reads in `key`'s shard, read-locked, at the time now.
+    fn read_now<Q: Hash + ?Sized, T>(&self, key: &Q, ask: impl FnOnce(&Table<K>, u64) -> T) -> T {
         let now = self.clock.now_micros();
-        self.shard(key).read().tickets(key, now)
+        ask(&self.shard(key).read(), now)
     }
 
     /// Forgets `key` if none of its tickets lies after `until`; whether it
