@@ -14,6 +14,7 @@ mod bad_input;
 mod blocking;
 mod bursty;
 mod calls;
+mod cancel_hunt;
 mod cancellation;
 mod classic;
 mod concurrency;

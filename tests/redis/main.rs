@@ -11,6 +11,7 @@ mod backend;
 mod batch;
 mod blocking;
 mod calls;
+mod cancel_hunt;
 mod cancellation;
 mod chaos;
 #[cfg(feature = "redis-cluster")]
