@@ -109,7 +109,10 @@ fn agree(
             cancelled.reserve(permits).unwrap(),
             twin.reserve(permits).unwrap(),
         );
-        assert_eq!(a, b, "{what}: reservation {step} waits {a:?}, the twin's {b:?}");
+        assert_eq!(
+            a, b,
+            "{what}: reservation {step} waits {a:?}, the twin's {b:?}"
+        );
         clock.advance(13 * MS);
         twin_clock.advance(13 * MS);
     }
@@ -122,8 +125,10 @@ fn agree_keyed(
     clock: &ManualClock,
 ) {
     for key in ["k", "other"] {
-        let (a, b): (Snapshot, Snapshot) =
-            (cancelled.snapshot(key).unwrap(), twin.snapshot(key).unwrap());
+        let (a, b): (Snapshot, Snapshot) = (
+            cancelled.snapshot(key).unwrap(),
+            twin.snapshot(key).unwrap(),
+        );
         assert_eq!(a, b, "{what}: key {key}'s snapshot differs from the twin's");
     }
     for (step, permits) in [1, 2, 1, 5, 1].into_iter().enumerate() {
@@ -131,7 +136,10 @@ fn agree_keyed(
             cancelled.reserve("k", permits).unwrap(),
             twin.reserve("k", permits).unwrap(),
         );
-        assert_eq!(a, b, "{what}: reservation {step} waits {a:?}, the twin's {b:?}");
+        assert_eq!(
+            a, b,
+            "{what}: reservation {step} waits {a:?}, the twin's {b:?}"
+        );
         clock.advance(13 * MS);
         twin_clock.advance(13 * MS);
     }
@@ -171,9 +179,9 @@ fn a_single_limiters_futures_polled_once_then_dropped_leave_the_twins_state() {
                         })
                     }
                     "call" => Box::pin(async { drop(limiter.call(2).await.unwrap()) }),
-                    "try_call" => Box::pin(async {
-                        drop(limiter.try_call(2, big).await.unwrap().unwrap())
-                    }),
+                    "try_call" => {
+                        Box::pin(async { drop(limiter.try_call(2, big).await.unwrap().unwrap()) })
+                    }
                     _ => unreachable!(),
                 };
                 assert!(
@@ -327,7 +335,10 @@ async fn a_forgotten_keyed_waiter_holds_no_one_up() {
     // The key's next caller goes once its own moment comes.
     manual.advance(Duration::from_secs(10));
     let next = tokio::time::timeout(Duration::from_secs(5), slow.acquire("k", 1)).await;
-    assert!(next.is_ok(), "the key's next caller waited for the forgotten one");
+    assert!(
+        next.is_ok(),
+        "the key's next caller waited for the forgotten one"
+    );
     kept.clear();
     for _ in 0..100 {
         tokio::time::timeout(Duration::from_secs(5), limiter.acquire("a", 1))
@@ -371,30 +382,37 @@ async fn a_parked_slot_waiter_does_not_hold_up_the_next_caller() {
     drop(parked);
 }
 
-/// The same with the parked waiter forgotten outright (`mem::forget`).
+/// The same with the waiter forgotten outright (`mem::forget`), on a
+/// keyed limiter's key, for `try_call` with a long timeout (on a manual
+/// clock, which only the test moves) and for `call`: the next caller of
+/// the key stalls although nobody uses the slot (`stats().in_flight`
+/// reads 0 meanwhile).
 #[tokio::test]
 async fn a_forgotten_slot_waiter_does_not_hold_up_the_next_caller() {
-    let limiter = KeyedRateLimiter::<String>::builder()
-        .limit(Limit::per_second(1_000_000.0))
-        .limit(Limit::concurrent(1))
-        .clock(FakeClock::new())
-        .build()
-        .unwrap();
-    let holder = limiter.call("k", 1).await.unwrap();
-    let mut forgotten = Box::pin(limiter.try_call("k", 1, Duration::from_secs(3600)));
-    assert!(poll_once(forgotten.as_mut()).is_pending());
-    std::mem::forget(forgotten);
-    drop(holder);
-    let next = tokio::time::timeout(
-        Duration::from_secs(5),
-        limiter.try_call("k", 1, Duration::from_secs(1)),
-    )
-    .await;
-    assert!(
-        matches!(next, Ok(Ok(Some(_)))),
-        "the freed slot went to a forgotten waiter: {:?}",
-        next.map(|r| r.map(|c| c.is_some()))
-    );
+    for method in ["try_call", "call"] {
+        let clock = ManualClock::default();
+        let limiter = keyed(
+            &[Limit::per_second(1_000_000.0), Limit::concurrent(1)],
+            &clock,
+        );
+        let holder = limiter.call("k", 1).await.unwrap();
+        let mut forgotten: Pin<Box<dyn Future<Output = ()> + '_>> = match method {
+            "try_call" => Box::pin(async {
+                drop(limiter.try_call("k", 1, Duration::from_secs(3600)).await);
+            }),
+            _ => Box::pin(async { drop(limiter.call("k", 1).await) }),
+        };
+        assert!(poll_once(forgotten.as_mut()).is_pending(), "{method}");
+        std::mem::forget(forgotten);
+        drop(holder);
+        let next = tokio::time::timeout(Duration::from_secs(5), limiter.call("k", 1)).await;
+        assert!(
+            next.is_ok(),
+            "{method}: the freed slot went to a forgotten waiter; the next caller \
+             is stalled (in flight: {})",
+            limiter.stats().in_flight
+        );
+    }
 }
 
 /// A slot waiter dropped (not parked) hands its place on, and a call
@@ -531,4 +549,36 @@ fn now_or_never_on_a_waiting_acquire_gives_back() {
         let _ = clock.now();
         agree(name, &limiter, (&twin, &twin_clock), &clock);
     }
+}
+
+/// A keyed limiter's reservation forgotten (`mem::forget`) long before
+/// its moment does not pin its key in memory once its moment has passed:
+/// after an hour and sweeps driven by calls on other keys, the limiter
+/// holds as many keys as a twin that never made it.
+#[test]
+fn a_forgotten_reservation_does_not_pin_its_key_forever() {
+    let limits = [Limit::per_second(10.0).burst(2)];
+    let (clock, twin_clock) = (ManualClock::default(), ManualClock::default());
+    let (limiter, twin) = (keyed(&limits, &clock), keyed(&limits, &twin_clock));
+    for permits in [5, 3] {
+        limiter.reserve("k", permits).unwrap();
+        twin.reserve("k", permits).unwrap();
+    }
+    std::mem::forget(limiter.reservation("k", 4).unwrap());
+    twin.reservation("k", 4).unwrap().keep();
+    for round in 0..5u64 {
+        clock.advance(Duration::from_secs(900));
+        twin_clock.advance(Duration::from_secs(900));
+        for key in 0..200u64 {
+            let key = format!("{round}-{key}");
+            limiter.reserve(&key, 1).unwrap();
+            twin.reserve(&key, 1).unwrap();
+        }
+    }
+    assert_eq!(
+        limiter.stats().keys,
+        twin.stats().keys,
+        "the forgotten reservation's key is still held"
+    );
+    assert_eq!(limiter.snapshot("k").unwrap(), twin.snapshot("k").unwrap());
 }

@@ -95,13 +95,7 @@ async fn every_method_cut_short_gives_back_through_redis() {
     for coalesce in [true, false] {
         let backend = backend(&server, coalesce).await;
         for cut in [Cut::InFlight, Cut::Sleeping] {
-            for method in [
-                "acquire",
-                "try_acquire",
-                "reservation",
-                "call",
-                "try_call",
-            ] {
+            for method in ["acquire", "try_acquire", "reservation", "call", "try_call"] {
                 let name = format!("cut-{coalesce}-{cut:?}-{method}");
                 let concurrent = method.contains("call");
                 let limiter = slow(&backend, &name, concurrent);
@@ -140,8 +134,7 @@ async fn every_method_cut_short_gives_back_through_redis() {
                     }
                 }
                 let debt =
-                    debt_falls_to(async || limiter.snapshot().await.unwrap().wait(), before)
-                        .await;
+                    debt_falls_to(async || limiter.snapshot().await.unwrap().wait(), before).await;
                 assert!(
                     debt <= before,
                     "{name}: {debt:?} of debt left, {before:?} before the cut call, \
@@ -172,7 +165,6 @@ async fn every_method_cut_short_gives_back_through_redis() {
         }
     }
 }
-
 
 /// The same for a keyed limiter (warming up), on one key, another key
 /// untouched.
@@ -214,11 +206,9 @@ async fn a_keyed_limiters_methods_cut_short_give_back_through_redis() {
                         assert!(out.is_err(), "{name}: it did not wait");
                     }
                 }
-                let debt = debt_falls_to(
-                    async || limiter.snapshot("k").await.unwrap().wait(),
-                    before,
-                )
-                .await;
+                let debt =
+                    debt_falls_to(async || limiter.snapshot("k").await.unwrap().wait(), before)
+                        .await;
                 assert!(
                     debt <= before,
                     "{name}: {debt:?} of debt left, {before:?} before the cut call"
@@ -270,7 +260,10 @@ async fn a_parked_or_forgotten_caller_holds_up_no_one_on_a_hot_key() {
                         }
                         limiter.acquire(1).await.unwrap();
                         limiter.reservation(1).await.unwrap().wait().await;
-                        limiter.try_acquire(1, Duration::from_secs(1)).await.unwrap()
+                        limiter
+                            .try_acquire(1, Duration::from_secs(1))
+                            .await
+                            .unwrap()
                     })
                 })
                 .collect();
@@ -316,7 +309,10 @@ async fn snapshots_cut_short_change_nothing() {
             .expect("a snapshot stalled")
             .unwrap()
             .wait();
-        assert!(debt <= before && debt + HANG >= before, "{debt:?} {before:?}");
+        assert!(
+            debt <= before && debt + HANG >= before,
+            "{debt:?} {before:?}"
+        );
         drop(parked);
     }
 }
@@ -428,4 +424,41 @@ async fn floor_charge_cut_short(park: bool) {
         stats.fallback_calls - fallback_calls
     );
     drop(parked);
+}
+
+/// Slots through Redis (`Limit::concurrent(1)`), coalescing on and off:
+/// callers waiting for the slot polled once and then parked or forgotten
+/// hold none, so once the holder is done the next caller takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_slot_waiters_through_redis_hold_up_no_one() {
+    let server = RedisServer::start();
+    for coalesce in [true, false] {
+        let backend = backend(&server, coalesce).await;
+        let limiter = RateLimiter::builder()
+            .limit(Limit::per_second(1_000_000.0))
+            .limit(Limit::concurrent(1))
+            .redis(&backend, &format!("slot-parked-{coalesce}"))
+            .build()
+            .unwrap();
+        let holder = limiter.call(1).await.unwrap();
+        let mut parked = Vec::new();
+        for i in 0..4 {
+            let mut waiter = Box::pin(limiter.try_call(1, Duration::from_secs(3600)));
+            let _ = poll_once(waiter.as_mut());
+            // Its take answered (full) before it is left alone.
+            tokio::time::sleep(50 * MS).await;
+            let _ = poll_once(waiter.as_mut());
+            match i % 2 {
+                0 => parked.push(waiter),
+                _ => std::mem::forget(waiter),
+            }
+        }
+        drop(holder);
+        let next = tokio::time::timeout(HANG, limiter.call(1)).await;
+        assert!(
+            matches!(next, Ok(Ok(_))),
+            "coalesce {coalesce}: the next caller did not get the slot"
+        );
+        drop(parked);
+    }
 }
