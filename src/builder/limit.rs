@@ -162,7 +162,8 @@ impl Limit {
     /// [`RateLimiter::call`](crate::RateLimiter::call) and
     /// [`KeyedRateLimiter::call`](crate::KeyedRateLimiter::call) (per key)
     /// hand out and that have not ended. A call takes a *slot* first, waiting
-    /// while all are taken (first come, first served in this process), then
+    /// while all are taken (a slot given back goes to the first waiter
+    /// polled, not to one that is never polled again), then
     /// its place in the schedule; the slot is free again as soon as the `Call`
     /// is dropped. Through Redis the slots are shared by every process (see
     /// [`outbound`](crate::outbound)).

@@ -60,7 +60,9 @@
 //! An upstream that also caps how many requests it serves at once gets a
 //! [`Limit::concurrent(k)`](crate::Limit::concurrent) beside its rates: "N per
 //! second *and* k at once" (what a *slot* is, and what holds one: there). A
-//! caller that gives up while waiting for a slot hands its place on. All or
+//! slot given back wakes every call waiting for one, and the first polled
+//! takes it: a waiter that gives up takes none, and one never polled again
+//! holds none up. All or
 //! nothing: a [`try_call`](crate::RateLimiter::try_call) that cannot have both
 //! within its timeout (one timeout for the two) takes neither, and a slot
 //! taken and then refused by the schedule goes back at once.

@@ -2,10 +2,13 @@
 //! a call takes one before its place in the schedule, and gives it back
 //! when it ends.
 //!
-//! In this process ([`LocalSlots`]) a key's slots are a semaphore of `k`
-//! permits (tokio's: first come, first served, and a waiter dropped hands
-//! its place on), held in a map only while a call holds one of its slots
-//! or waits for one. Through Redis they are leases (`redis::leases`).
+//! In this process ([`LocalSlots`]) a key's slots are a count of those
+//! free, held in a map only while a call holds one of its slots or waits
+//! for one. A slot given back goes back to the count and wakes every call
+//! waiting for one of the key's, and the first of them polled takes it:
+//! no slot is ever handed to a waiter, so a waiter that is never polled
+//! again (parked, or forgotten) holds nothing up. Through Redis they are
+//! leases (`redis::leases`), waited for alike.
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -17,7 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures::future::{Either, select};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Notify;
 
 use crate::Error;
 use crate::clock::Clock;
@@ -93,11 +96,13 @@ pub(crate) struct Shared<K> {
     in_flight: AtomicUsize,
 }
 
-/// One key's slots: its semaphore, and the calls that hold one of its
-/// permits or wait for one (the entry goes when there are none).
+/// One key's slots: how many are free, the calls that hold one or wait
+/// for one (the entry goes when there are none), and what wakes those
+/// waiting when one is given back.
 struct Entry {
-    semaphore: Arc<Semaphore>,
+    free: u32,
     users: usize,
+    released: Arc<Notify>,
 }
 
 impl<K> LocalSlots<K> {
@@ -127,34 +132,34 @@ impl<K> Shared<K> {
 }
 
 impl<K: Hash + Eq> Shared<K> {
-    /// Counts a call on `key` in (creating its entry if need be): its
-    /// semaphore, until the [`User`] is dropped.
+    /// Counts a call on `key` in (creating its entry if need be), until
+    /// the [`User`] is dropped.
     fn enter<Q>(&self, key: &Q) -> User<'_, K>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let mut keys = self.keys();
-        let semaphore = match keys.get_mut(key) {
+        let released = match keys.get_mut(key) {
             Some(entry) => {
                 entry.users += 1;
-                Arc::clone(&entry.semaphore)
+                Arc::clone(&entry.released)
             }
             None => {
-                let permits = usize::try_from(self.calls).unwrap_or(usize::MAX);
-                let semaphore = Arc::new(Semaphore::new(permits.min(Semaphore::MAX_PERMITS)));
+                let released = Arc::new(Notify::new());
                 let entry = Entry {
-                    semaphore: Arc::clone(&semaphore),
+                    free: self.calls,
                     users: 1,
+                    released: Arc::clone(&released),
                 };
                 keys.insert(key.to_owned(), entry);
-                semaphore
+                released
             }
         };
         User {
             shared: self,
             key: key.to_owned(),
-            semaphore,
+            released,
         }
     }
 }
@@ -163,7 +168,43 @@ impl<K: Hash + Eq> Shared<K> {
 struct User<'s, K: Hash + Eq> {
     shared: &'s Shared<K>,
     key: K,
-    semaphore: Arc<Semaphore>,
+    released: Arc<Notify>,
+}
+
+impl<'s, K: Hash + Eq> User<'s, K> {
+    /// Takes one of the key's slots if one is free.
+    fn try_take(&self) -> bool {
+        let mut keys = self.shared.keys();
+        let Some(entry) = keys.get_mut(&self.key) else {
+            return false;
+        };
+        let free = entry.free > 0;
+        entry.free -= u32::from(free);
+        free
+    }
+
+    /// Waits at most `timeout` on `clock` for a slot given back, and takes
+    /// it; `false` if none was free in time.
+    async fn wait(&self, timeout: Option<Duration>, clock: &dyn Clock) -> bool {
+        let mut sleep = match timeout {
+            Some(timeout) if timeout.is_zero() => return false,
+            // Made only now: a fake clock moves when a sleep is made.
+            Some(timeout) => Either::Left(clock.sleep(timeout)),
+            None => Either::Right(std::future::pending()),
+        };
+        loop {
+            let mut released = pin!(self.released.notified());
+            // Woken by any slot given back from here on, then looks.
+            released.as_mut().enable();
+            if self.try_take() {
+                return true;
+            }
+            match select(released, sleep).await {
+                Either::Left(((), rest)) => sleep = rest,
+                Either::Right(((), _)) => return self.try_take(),
+            }
+        }
+    }
 }
 
 impl<K: Hash + Eq> Drop for User<'_, K> {
@@ -176,8 +217,7 @@ impl<K: Hash + Eq> Drop for User<'_, K> {
         if entry.users > 0 {
             return;
         }
-        // Nobody holds a permit or waits for one: the semaphore is full,
-        // and nobody else has it.
+        // Nobody holds a slot or waits for one: every slot is free.
         keys.remove(&self.key);
         if keys.is_empty() {
             *keys = HashMap::new();
@@ -188,16 +228,20 @@ impl<K: Hash + Eq> Drop for User<'_, K> {
     }
 }
 
-/// A slot held in this process: its permit, then its call's count on the
-/// key (dropped in this order, so the entry goes with a full semaphore).
+/// A slot held in this process: given back to its key's count, then its
+/// call's count on the key (in this order, so the entry goes with every
+/// slot free).
 struct Held<'s, K: Hash + Eq> {
-    _permit: OwnedSemaphorePermit,
     user: User<'s, K>,
 }
 
 impl<K: Hash + Eq> Drop for Held<'_, K> {
     fn drop(&mut self) {
+        if let Some(entry) = self.user.shared.keys().get_mut(&self.user.key) {
+            entry.free += 1;
+        }
         self.user.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.user.released.notify_waiters();
     }
 }
 
@@ -224,48 +268,19 @@ where
             return Ok(Some(Taken::free()));
         };
         let user = shared.enter(key);
-        let (permit, waited) = match Arc::clone(&user.semaphore).try_acquire_owned() {
-            Ok(permit) => (permit, Duration::ZERO),
-            Err(_) => {
-                let started = clock.now();
-                let semaphore = Arc::clone(&user.semaphore);
-                let Some(permit) = wait_for(semaphore, timeout, clock).await else {
-                    return Ok(None);
-                };
-                (permit, clock.now().saturating_sub(started))
+        let mut waited = Duration::ZERO;
+        if !user.try_take() {
+            let started = clock.now();
+            if !user.wait(timeout, clock).await {
+                return Ok(None);
             }
-        };
+            waited = clock.now().saturating_sub(started);
+        }
         shared.in_flight.fetch_add(1, Ordering::Relaxed);
         Ok(Some(Taken {
-            slot: Slot::held(Held {
-                _permit: permit,
-                user,
-            }),
+            slot: Slot::held(Held { user }),
             waited,
         }))
-    }
-}
-
-/// Waits for a permit of `semaphore` at most `timeout` on `clock`; `None`
-/// if it passed first (the wait's place then goes to the next in line).
-async fn wait_for(
-    semaphore: Arc<Semaphore>,
-    timeout: Option<Duration>,
-    clock: &dyn Clock,
-) -> Option<OwnedSemaphorePermit> {
-    let acquire = semaphore.acquire_owned();
-    let Some(timeout) = timeout else {
-        // The semaphore is never closed.
-        return acquire.await.ok();
-    };
-    if timeout.is_zero() {
-        return None;
-    }
-    // Made only now: a fake clock moves when a sleep is made.
-    let sleep = clock.sleep(timeout);
-    match select(pin!(acquire), sleep).await {
-        Either::Left((permit, _)) => permit.ok(),
-        Either::Right(((), _)) => None,
     }
 }
 
