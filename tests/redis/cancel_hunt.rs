@@ -247,7 +247,10 @@ async fn a_parked_or_forgotten_caller_holds_up_no_one_on_a_hot_key() {
                 let limiter = Arc::clone(&limiter);
                 async move { limiter.acquire(1).await }
             });
-            assert!(poll_once(lead.as_mut()).is_pending());
+            // (Its round trip may, rarely, be answered within this one
+            // poll, when another worker reads the reply meanwhile: then
+            // it is done, and the round goes on without a parked lead.)
+            let _ = poll_once(lead.as_mut());
             parked.push(lead);
             let callers: Vec<_> = (0..32)
                 .map(|i| {

@@ -258,19 +258,17 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
 
     /// After an outage in which the fallback dropped keys with debts: the
     /// first call of a key whose debt Redis reported ends before the
-    /// latest dropped ticket is charged up to it, once: the key is marked
-    /// as being carried meanwhile, and its other callers wait for it (as
-    /// for a carry-back), then find it among the keys charged. (Not by
-    /// its debt: the ticket is at the fallback's share of the rate, the
-    /// charge at the shared rate, so with a share below 1 the debt Redis
-    /// reports ends before the ticket.) A key past `max_local_keys` of
-    /// them is charged again at its next call, erring towards limiting.
-    pub(super) async fn charge_floor<'a, Q>(
-        &'a self,
-        key: &Q,
-        target: &ProbeTarget,
-        budget: Option<Duration>,
-    ) -> Floor<'a>
+    /// latest dropped ticket has it charged up to it, once, in the
+    /// background (so that no caller's progress hangs on a future that may
+    /// never be polled again): the key is marked as being carried
+    /// meanwhile, and its callers, that one included, wait for it (as for
+    /// a carry-back), then find it among the keys charged. (Not by its
+    /// debt: the ticket is at the fallback's share of the rate, the charge
+    /// at the shared rate, so with a share below 1 the debt Redis reports
+    /// ends before the ticket.) A key past `max_local_keys` of them is
+    /// charged again at its next call, erring towards limiting; one whose
+    /// charge found Redis down goes where its route then says.
+    pub(super) fn charge_floor<'a, Q>(&'a self, key: &Q, target: &ProbeTarget) -> Floor<'a>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -279,46 +277,50 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         if dropped == 0 || self.fallback != Fallback::Local || dropped <= self.now() {
             return Floor::Charged;
         }
-        let (marked, known) = {
-            let mut books = self.books();
-            if let Some(charging) = self.carrying(&books, key) {
-                return Floor::Busy(charging);
-            }
-            if books.floored_for != dropped {
-                books.floored.clear();
-                books.floored_for = dropped;
-            }
-            if books.floored.contains(key) {
-                return Floor::Charged;
-            }
-            // A key not known exactly goes by its bucket, where its own
-            // charge is noted too: it is charged once either way (a key
-            // whose bucket holds a later debt of another is not charged).
-            let known = self.reported(&books, key);
-            let Some(failover) = self.this.upgrade().filter(|_| dropped > known) else {
-                return Floor::Charged;
-            };
-            books.carrying.insert(key.to_owned());
-            let key = key.to_owned();
-            (Marked { failover, key }, known)
+        let mut books = self.books();
+        if let Some(charging) = self.carrying(&books, key) {
+            return Floor::Busy(charging);
+        }
+        if books.floored_for != dropped {
+            books.floored.clear();
+            books.floored_for = dropped;
+        }
+        if books.floored.contains(key) {
+            return Floor::Charged;
+        }
+        // A key not known exactly goes by its bucket, where its own
+        // charge is noted too: it is charged once either way (a key
+        // whose bucket holds a later debt of another is not charged).
+        let known = self.reported(&books, key);
+        let Some(failover) = self.this.upgrade().filter(|_| dropped > known) else {
+            return Floor::Charged;
+        };
+        books.carrying.insert(key.to_owned());
+        let charging = self.carrying(&books, key).expect("marked above");
+        drop(books);
+        let marked = Marked {
+            failover,
+            key: key.to_owned(),
         };
         // The same for every limit.
         let debt = self.at_shared_rate(dropped - known);
         let resume = Call::Resume {
             debts_micros: vec![debt; self.script_args.len()].into(),
         };
-        let charged = match self.send(key, target, resume, budget).await {
-            Ok(_) | Err(Failure::Refused(_)) => {
-                let mut books = self.books();
-                if books.floored_for == dropped && books.floored.len() < self.max_local_keys {
-                    books.floored.insert(key.to_owned());
+        let target = target.clone();
+        // Dropped unrun (the runtime gone), it lifts the mark at once.
+        self.backend.spawn(async move {
+            let failover = &marked.failover;
+            if let Ok(_) | Err(Failure::Refused(_)) =
+                failover.send::<K>(&marked.key, &target, resume, None).await
+            {
+                let mut books = failover.books();
+                if books.floored_for == dropped && books.floored.len() < failover.max_local_keys {
+                    books.floored.insert(marked.key.clone());
                 }
-                Floor::Charged
             }
-            Err(Failure::Down(failure)) => Floor::Down(failure),
-        };
-        drop(marked);
-        charged
+        });
+        Floor::Busy(charging)
     }
 
     /// Time at the local rate, as time at the shared rate (the same permits

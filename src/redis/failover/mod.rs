@@ -24,8 +24,8 @@
 //!   reply is lost may be applied and sent again: that errs towards limiting.
 //! - After an outage in which the fallback dropped keys, the first call of
 //!   a key whose reported debt ends before the latest dropped ticket is
-//!   charged up to it, once (`charge_floor`), its other callers waiting
-//!   as for a carry-back.
+//!   charged up to it, once, in the background (`charge_floor`), its
+//!   callers waiting as for a carry-back.
 
 mod calls;
 mod impls;
@@ -226,10 +226,8 @@ impl Patience {
 pub(super) enum Floor<'a> {
     /// Nothing more: the call goes to Redis.
     Charged,
-    /// Another call of the key is charging it: wait for that.
+    /// The key is being charged: wait for that.
     Busy(Carried<'a>),
-    /// Redis is down: the fallback serves the call.
-    Down(Option<BackendError>),
 }
 
 /// Where a call goes.
@@ -613,17 +611,13 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                     continue;
                 }
             }
-            match self.charge_floor(key, target, patience.budget()).await {
+            match self.charge_floor(key, target) {
                 Floor::Charged => return Route::Redis,
-                // Another call of the key charges it: once it has, the
-                // route is looked at again (Redis, whose debt then includes
-                // the charge; or, if the charge found Redis down and its
-                // caller went to the fallback, there, then a carry-back).
-                Floor::Busy(charging) => {
-                    self.await_carry(charging, patience).await;
-                    continue;
-                }
-                Floor::Down(failure) => return Route::Local(failure),
+                // The key is being charged (by this call's charge or
+                // another's): once it has been, the route is looked at
+                // again (Redis, whose debt then includes the charge; or,
+                // if the charge found Redis down, the fallback).
+                Floor::Busy(charging) => self.await_carry(charging, patience).await,
             }
         }
         Route::Local(None)
