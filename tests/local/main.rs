@@ -14,7 +14,7 @@ mod bad_input;
 mod blocking;
 mod bursty;
 mod calls;
-mod cancel_hunt;
+mod unpolled;
 mod cancellation;
 mod classic;
 mod concurrency;

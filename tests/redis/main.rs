@@ -11,7 +11,7 @@ mod backend;
 mod batch;
 mod blocking;
 mod calls;
-mod cancel_hunt;
+mod unpolled;
 mod cancellation;
 mod chaos;
 #[cfg(feature = "redis-cluster")]
