@@ -133,59 +133,62 @@ impl<K> Shared<K> {
 
 impl<K: Hash + Eq> Shared<K> {
     /// Counts a call on `key` in (creating its entry if need be), until
-    /// the [`User`] is dropped.
+    /// the [`User`] is dropped, and takes one of the key's slots if one is
+    /// free.
     fn enter<Q>(&self, key: &Q) -> User<'_, K>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let mut keys = self.keys();
-        let released = match keys.get_mut(key) {
+        let (released, holds) = match keys.get_mut(key) {
             Some(entry) => {
                 entry.users += 1;
-                Arc::clone(&entry.released)
+                (Arc::clone(&entry.released), entry.take())
             }
             None => {
                 let released = Arc::new(Notify::new());
-                let entry = Entry {
+                let mut entry = Entry {
                     free: self.calls,
                     users: 1,
                     released: Arc::clone(&released),
                 };
+                let holds = entry.take();
                 keys.insert(key.to_owned(), entry);
-                released
+                (released, holds)
             }
         };
         User {
             shared: self,
             key: key.to_owned(),
             released,
+            holds,
         }
     }
 }
 
-/// A call counted on its key's entry: the entry lives while one does.
+impl Entry {
+    /// Takes a slot if one is free.
+    fn take(&mut self) -> bool {
+        let free = self.free > 0;
+        self.free -= u32::from(free);
+        free
+    }
+}
+
+/// A call counted on its key's entry (the entry lives while one is), and
+/// whether it holds one of the key's slots: given back when it is dropped.
 struct User<'s, K: Hash + Eq> {
     shared: &'s Shared<K>,
     key: K,
     released: Arc<Notify>,
+    holds: bool,
 }
 
-impl<'s, K: Hash + Eq> User<'s, K> {
-    /// Takes one of the key's slots if one is free.
-    fn try_take(&self) -> bool {
-        let mut keys = self.shared.keys();
-        let Some(entry) = keys.get_mut(&self.key) else {
-            return false;
-        };
-        let free = entry.free > 0;
-        entry.free -= u32::from(free);
-        free
-    }
-
+impl<K: Hash + Eq> User<'_, K> {
     /// Waits at most `timeout` on `clock` for a slot given back, and takes
     /// it; `false` if none was free in time.
-    async fn wait(&self, timeout: Option<Duration>, clock: &dyn Clock) -> bool {
+    async fn wait(&mut self, timeout: Option<Duration>, clock: &dyn Clock) -> bool {
         let mut sleep = match timeout {
             Some(timeout) if timeout.is_zero() => return false,
             // Made only now: a fake clock moves when a sleep is made.
@@ -193,7 +196,8 @@ impl<'s, K: Hash + Eq> User<'s, K> {
             None => Either::Right(std::future::pending()),
         };
         loop {
-            let mut released = pin!(self.released.notified());
+            let released = self.released.clone();
+            let mut released = pin!(released.notified());
             // Woken by any slot given back from here on, then looks.
             released.as_mut().enable();
             if self.try_take() {
@@ -205,6 +209,13 @@ impl<'s, K: Hash + Eq> User<'s, K> {
             }
         }
     }
+
+    /// Takes one of the key's slots if one is free.
+    fn try_take(&mut self) -> bool {
+        let mut keys = self.shared.keys();
+        self.holds = keys.get_mut(&self.key).is_some_and(Entry::take);
+        self.holds
+    }
 }
 
 impl<K: Hash + Eq> Drop for User<'_, K> {
@@ -213,35 +224,23 @@ impl<K: Hash + Eq> Drop for User<'_, K> {
         let Some(entry) = keys.get_mut(&self.key) else {
             return;
         };
+        entry.free += u32::from(self.holds);
         entry.users = entry.users.saturating_sub(1);
-        if entry.users > 0 {
-            return;
+        if entry.users == 0 {
+            // Nobody holds a slot or waits for one: every slot is free.
+            keys.remove(&self.key);
+            if keys.is_empty() {
+                *keys = HashMap::new();
+            } else if keys.capacity() > 64 && keys.len() * 4 < keys.capacity() {
+                let len = keys.len();
+                keys.shrink_to(len * 2);
+            }
         }
-        // Nobody holds a slot or waits for one: every slot is free.
-        keys.remove(&self.key);
-        if keys.is_empty() {
-            *keys = HashMap::new();
-        } else if keys.capacity() > 64 && keys.len() * 4 < keys.capacity() {
-            let len = keys.len();
-            keys.shrink_to(len * 2);
+        drop(keys);
+        if self.holds {
+            self.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
+            self.released.notify_waiters();
         }
-    }
-}
-
-/// A slot held in this process: given back to its key's count, then its
-/// call's count on the key (in this order, so the entry goes with every
-/// slot free).
-struct Held<'s, K: Hash + Eq> {
-    user: User<'s, K>,
-}
-
-impl<K: Hash + Eq> Drop for Held<'_, K> {
-    fn drop(&mut self) {
-        if let Some(entry) = self.user.shared.keys().get_mut(&self.user.key) {
-            entry.free += 1;
-        }
-        self.user.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.user.released.notify_waiters();
     }
 }
 
@@ -267,9 +266,9 @@ where
         let Some(shared) = self.0.as_deref() else {
             return Ok(Some(Taken::free()));
         };
-        let user = shared.enter(key);
+        let mut user = shared.enter(key);
         let mut waited = Duration::ZERO;
-        if !user.try_take() {
+        if !user.holds {
             let started = clock.now();
             if !user.wait(timeout, clock).await {
                 return Ok(None);
@@ -278,7 +277,7 @@ where
         }
         shared.in_flight.fetch_add(1, Ordering::Relaxed);
         Ok(Some(Taken {
-            slot: Slot::held(Held { user }),
+            slot: Slot::held(user),
             waited,
         }))
     }

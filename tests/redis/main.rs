@@ -11,7 +11,6 @@ mod backend;
 mod batch;
 mod blocking;
 mod calls;
-mod unpolled;
 mod cancellation;
 mod chaos;
 #[cfg(feature = "redis-cluster")]
@@ -35,3 +34,4 @@ mod script;
 mod several;
 mod slots;
 mod snapshot;
+mod unpolled;
