@@ -309,8 +309,8 @@ mod http_hunt {
                     .build()
                     .unwrap(),
             );
-            let mut service = RateLimitLayer::new(Arc::clone(&limiter), Global)
-                .layer(Ok200::default());
+            let mut service =
+                RateLimitLayer::new(Arc::clone(&limiter), Global).layer(Ok200::default());
             let mut last_t = 0;
             for i in 0..burst {
                 let response = send(&mut service).await;
@@ -350,7 +350,11 @@ mod http_hunt {
             clock2.advance(Duration::from_secs(last_t));
             for i in 0..burst {
                 let response = send(&mut fresh).await;
-                assert_eq!(response.status(), StatusCode::OK, "{rate} {burst} after t {i}");
+                assert_eq!(
+                    response.status(),
+                    StatusCode::OK,
+                    "{rate} {burst} after t {i}"
+                );
             }
         }
     }
@@ -387,7 +391,10 @@ mod http_hunt {
         };
         let snapshot = limiter.snapshot(&()).unwrap();
         assert_eq!(r_of(&response), snapshot.remaining());
-        assert_eq!(t_of(&response), snapshot.full_in().as_secs_f64().ceil() as u64);
+        assert_eq!(
+            t_of(&response),
+            snapshot.full_in().as_secs_f64().ceil() as u64
+        );
     }
 
     /// A waiting request whose response future is dropped gives its permit
@@ -434,8 +441,8 @@ mod http_hunt {
 #[cfg(feature = "http")]
 mod outbound_hunt {
     use super::*;
-    use paceline::outbound::{Feedback, OutboundLayer};
     use paceline::clock::Clock;
+    use paceline::outbound::{Feedback, OutboundLayer};
     use tokio::sync::Notify;
 
     type Req = Request<()>;
@@ -507,7 +514,10 @@ mod outbound_hunt {
         // The next call that needs tokens waits as long on both.
         let next = limiter.call(Cost::each([1, 1])).await.unwrap().waited();
         let twin_next = twin.call(Cost::each([1, 1])).await.unwrap().waited();
-        assert_eq!(next, twin_next, "the refused call's 5 000 tokens stayed owed");
+        assert_eq!(
+            next, twin_next,
+            "the refused call's 5 000 tokens stayed owed"
+        );
     }
 
     /// An upstream whose answers come when the test says: each request
@@ -567,7 +577,11 @@ mod outbound_hunt {
             panic!("second answer");
         };
         assert_eq!(second.status(), 429);
-        assert!(close(limiter.rate(), 70.0), "lowered again: {}", limiter.rate());
+        assert!(
+            close(limiter.rate(), 70.0),
+            "lowered again: {}",
+            limiter.rate()
+        );
     }
 
     /// With `Limit::concurrent(1)`, a request whose response future is
@@ -593,8 +607,10 @@ mod outbound_hunt {
                 .build()
                 .unwrap(),
         );
-        let client = OutboundLayer::new(Arc::clone(&limiter))
-            .layer(tower::service_fn(|_: Req| async { Ok::<_, Infallible>(answer(200, &[])) }));
+        let client =
+            OutboundLayer::new(Arc::clone(&limiter)).layer(tower::service_fn(|_: Req| async {
+                Ok::<_, Infallible>(answer(200, &[]))
+            }));
         // The first goes at once and is answered.
         client.clone().oneshot(Request::new(())).await.unwrap();
         // The second waits 100 ms for its turn: polled once, then parked.
@@ -616,5 +632,89 @@ mod outbound_hunt {
             limiter.stats().in_flight
         );
         drop(parked);
+    }
+
+    /// The promise that holds: a request parked or forgotten while it
+    /// waits for a slot (not yet its turn) takes none; the slot given back
+    /// goes to the next request polled.
+    #[tokio::test(flavor = "current_thread")]
+    async fn requests_parked_or_forgotten_waiting_for_a_slot_take_none() {
+        let clock = ManualClock::default();
+        let limiter = Arc::new(
+            RateLimiter::builder()
+                .limit(Limit::per_second(1_000.0))
+                .limit(Limit::concurrent(1))
+                .clock(clock.clone())
+                .build()
+                .unwrap(),
+        );
+        let go = Arc::new(Notify::new());
+        let g = Arc::clone(&go);
+        let client =
+            OutboundLayer::new(Arc::clone(&limiter)).layer(tower::service_fn(move |_: Req| {
+                let g = Arc::clone(&g);
+                async move {
+                    g.notified().await;
+                    Ok::<_, Infallible>(answer(200, &[]))
+                }
+            }));
+        let mut holder = Box::pin(client.clone().oneshot(Request::new(())));
+        assert!(poll_once(holder.as_mut()).is_pending());
+        let mut parked = Box::pin(client.clone().oneshot(Request::new(())));
+        assert!(poll_once(parked.as_mut()).is_pending());
+        let mut forgotten = Box::pin(client.clone().oneshot(Request::new(())));
+        assert!(poll_once(forgotten.as_mut()).is_pending());
+        std::mem::forget(forgotten);
+        let mut next = Box::pin(client.clone().oneshot(Request::new(())));
+        assert!(poll_once(next.as_mut()).is_pending());
+        go.notify_one();
+        assert!(poll_once(holder.as_mut()).is_ready());
+        clock.advance(10 * MS);
+        assert!(poll_once(next.as_mut()).is_pending()); // sent, in flight
+        assert_eq!(limiter.stats().in_flight, 1);
+        go.notify_one();
+        assert!(poll_once(next.as_mut()).is_ready());
+        assert_eq!(limiter.stats().in_flight, 0);
+        drop(parked);
+    }
+}
+
+// ----------------------------------------------------------------- stream
+
+mod stream_hunt {
+    use super::*;
+    use futures::StreamExt;
+    use paceline::stream::ThrottleExt;
+
+    /// A keyed stream parked mid-item (kept, never polled again) holds only
+    /// its item's place in its key; dropped once the moment has passed it
+    /// gives nothing back, dropped before, it does (the key then reads as a
+    /// twin's that never saw the item).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_keyed_stream_parked_mid_item_holds_only_its_place() {
+        let build = |clock: &ManualClock| {
+            Arc::new(
+                KeyedRateLimiter::<u32>::builder()
+                    .permits_per_second(10.0)
+                    .max_burst(Duration::ZERO)
+                    .clock(clock.clone())
+                    .build()
+                    .unwrap(),
+            )
+        };
+        let (clock, twin_clock) = (ManualClock::default(), ManualClock::default());
+        let (keyed, twin) = (build(&clock), build(&twin_clock));
+        keyed.reserve(&1, 1).unwrap();
+        twin.reserve(&1, 1).unwrap();
+        let mut parked = futures::stream::iter([(1u32, 3u32), (1, 1)])
+            .throttle_keyed(Arc::clone(&keyed), |&(k, n): &(u32, u32)| (k, n));
+        assert!(parked.poll_next_unpin(&mut noop()).is_pending());
+        // Another key is not held up; the same key waits behind the item.
+        assert_eq!(keyed.snapshot(&2).unwrap().wait(), Duration::ZERO);
+        assert_eq!(keyed.snapshot(&1).unwrap().wait(), 400 * MS);
+        clock.advance(50 * MS);
+        twin_clock.advance(50 * MS);
+        drop(parked);
+        assert_eq!(keyed.snapshot(&1).unwrap(), twin.snapshot(&1).unwrap());
     }
 }
