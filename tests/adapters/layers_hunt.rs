@@ -5,17 +5,24 @@
 //! streams parked mid-item. Each limiter that saw a cancelled request is
 //! compared with a twin that never saw it.
 
+#[cfg(feature = "http")]
 use std::convert::Infallible;
-use std::future::{Future, poll_fn};
+use std::future::Future;
+#[cfg(feature = "http")]
+use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+#[cfg(feature = "http")]
 use ::http::{Request, Response, StatusCode};
+#[cfg(feature = "http")]
 use paceline::clock::FakeClock;
-use paceline::{Cost, KeyedRateLimiter, Limit, Local, RateLimiter};
+#[cfg(feature = "http")]
+use paceline::{Cost, Limit};
+use paceline::{KeyedRateLimiter, Local, RateLimiter};
 use tower::ServiceExt;
 use tower_layer::Layer;
 use tower_service::Service;
