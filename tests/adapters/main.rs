@@ -10,3 +10,5 @@ mod http;
 mod io;
 mod stream;
 mod tower;
+#[cfg(feature = "tower")]
+mod layers_hunt;
