@@ -99,9 +99,9 @@
 //!     .limit(Limit::per(90_000.0, Duration::from_secs(60)).named("tokens"))
 //!     .build()?;
 //! let call = llm.call(Cost::each([1, 800])).await?; // waits for its turn
-//! // ... send it; the answer says 429, come back in 2 s.
-//! call.learn(&Feedback::new(429).with_retry_after(Duration::from_secs(2)));
-//! call.settle(Cost::each([1, 0]))?;
+//! // ... send it; the answer says 429, come back in 2 s, and cost no tokens.
+//! let answer = Feedback::new(429).with_retry_after(Duration::from_secs(2));
+//! call.finish(&answer, Cost::each([1, 0]))?;
 //! assert!(llm.snapshot()?.wait() > Duration::from_secs(1)); // every caller waits
 //! # Ok(()) }
 //! ```

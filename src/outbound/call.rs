@@ -16,9 +16,11 @@ use crate::reservation::GiveBack;
 ///
 /// It was charged its estimate, and holds its slot with a
 /// [`Limit::concurrent`](crate::Limit::concurrent). Once the answer is back,
-/// [`learn`](Call::learn) feeds it to the limiter and [`settle`](Call::settle)
-/// replaces the estimate with the real cost and ends the call. Drop the call
-/// to end it at its estimate, its slot free at once.
+/// [`finish`](Call::finish) settles its real cost in place of the estimate
+/// and feeds the answer to the limiter; [`settle`](Call::settle) and
+/// [`learn`](Call::learn) do each alone (learn from the headers while the
+/// body streams, settle once it has ended). Drop the call to end it at its
+/// estimate, its slot free at once.
 ///
 /// ```
 /// use paceline::{Cost, Limit, RateLimiter};
@@ -89,10 +91,34 @@ impl<'a> Call<'a> {
         Ok(())
     }
 
+    /// Settles the call at `actual` (as [`settle`](Self::settle)), then
+    /// learns from the upstream's answer (as [`learn`](Self::learn)): in
+    /// this order, a refusal's pause, which empties the limiter's log,
+    /// comes after the settle, which is then exact. So a refused call that
+    /// cost nothing (`Cost::each([1, 0])` for a request and its tokens)
+    /// gives its estimate back, where [`learn`](Self::learn) and then
+    /// [`settle`](Self::settle) would leave it owed behind the pause.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `actual` counts for a limit the
+    /// limiter lacks; the call then ends at its estimate, and the answer
+    /// is learned from all the same.
+    pub fn finish(self, feedback: &Feedback, actual: impl Into<Cost>) -> Result<(), Error> {
+        let actual = actual.into();
+        let checked = check_cost(&actual, self.limits, false);
+        if let (Ok(()), Some(pending)) = (&checked, &self.pending) {
+            pending.owner.settle(&pending.taken, &self.charged, &actual);
+        }
+        self.learn(feedback);
+        checked
+    }
+
     /// Feeds the upstream's answer to this call back to the limiter (of the
     /// key, on a keyed one), which learns from it for every caller as
     /// [`outbound`](crate::outbound) tells. Through Redis it is sent in the
-    /// background.
+    /// background. A refusal pauses the limiter and empties its log, so a
+    /// [`settle`](Self::settle) after it gives nothing back: with the
+    /// answer's cost known, [`finish`](Self::finish) settles first.
     pub fn learn(&self, feedback: &Feedback) {
         if let Some(pending) = &self.pending {
             let (lesson, learning) = self.upstream.lesson(feedback);

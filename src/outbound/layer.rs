@@ -218,8 +218,8 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    /// Waits for the request's turn, sends it, then learns from its response
-    /// and settles its cost. Cancel-safe: dropped while it waits, it gives the
+    /// Waits for the request's turn, sends it, then settles its cost and
+    /// learns from its response ([`Call::finish`]). Cancel-safe: dropped while it waits, it gives the
     /// estimate back; dropped while the request is in flight, the call ends at
     /// its estimate.
     fn call(&mut self, request: http::Request<ReqB>) -> Self::Future {
@@ -229,11 +229,12 @@ where
             let estimate = layer.estimate.estimate(&request);
             let call = layer.limiter.call(estimate).await?;
             let response = inner.call(request).await.map_err(Into::into)?;
-            call.learn(&Feedback::from_response(&response));
-            if let Some(actual) = layer.actual.actual(&response) {
+            let feedback = Feedback::from_response(&response);
+            match layer.actual.actual(&response) {
                 // A cost the limiter cannot hold ends the call at its
                 // estimate; the upstream's answer is the caller's either way.
-                let _ = call.settle(actual);
+                Some(actual) => drop(call.finish(&feedback, actual)),
+                None => call.learn(&feedback),
             }
             Ok(response)
         })

@@ -6,9 +6,10 @@
 //! per minute, say) reserves each call's estimate with
 //! [`RateLimiter::call`](crate::RateLimiter::call) (or
 //! [`KeyedRateLimiter::call`](crate::KeyedRateLimiter::call), one key per
-//! upstream), sends it once the [`Call`] is returned, then feeds the answer
-//! back ([`Call::learn`], with the [`Feedback`] read from its status and
-//! headers) and settles its real cost ([`Call::settle`]).
+//! upstream), sends it once the [`Call`] is returned, then settles its real
+//! cost and feeds the answer back ([`Call::finish`], with the [`Feedback`]
+//! read from its status and headers; [`Call::settle`] and [`Call::learn`]
+//! each alone).
 //!
 //! What the limiter does with the [`Feedback`] ([`Feedback::from_headers`]
 //! lists the headers read) is [`Learning`]'s policy (the numbers are its

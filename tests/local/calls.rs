@@ -371,3 +371,49 @@ async fn a_cap_on_what_is_left_survives_the_settle() {
         "a key: the 2 left and the one when nothing is owed"
     );
 }
+
+/// A refused call that cost none of its tokens: `finish` settles it before
+/// the refusal's pause empties the log, so the tokens come back and the
+/// next caller waits for the pause alone, as after a call that reserved
+/// its real cost; learning first and then settling leaves them owed past
+/// the pause (as `Call::learn` says). A cost that does not fit is an
+/// error, the call ends at its estimate, and the answer is learned all
+/// the same.
+#[tokio::test(flavor = "current_thread")]
+async fn finish_settles_before_the_answers_pause() {
+    use paceline::outbound::Feedback;
+    let refusal = Feedback::new(429).with_retry_after(Duration::from_secs(1));
+    // 10 requests and 1 000 tokens a second, none stored.
+    let limiter = || {
+        RateLimiter::builder()
+            .limit(Limit::per_second(10.0).burst(1))
+            .limit(Limit::per_second(1_000.0).burst(1))
+            .clock(FakeClock::new())
+            .build()
+            .unwrap()
+    };
+    let next_wait = |limiter: &RateLimiter<paceline::Local, FakeClock>| {
+        limiter.snapshot().unwrap().wait_for(1).unwrap()
+    };
+    // 5 000 tokens estimated (5 s of them), none used.
+    let (finished, learned_first, twin) = (limiter(), limiter(), limiter());
+    let call = finished.call(Cost::each([1, 5_000])).await.unwrap();
+    call.finish(&refusal, Cost::each([1, 0])).unwrap();
+    let call = learned_first.call(Cost::each([1, 5_000])).await.unwrap();
+    call.learn(&refusal);
+    call.settle(Cost::each([1, 0])).unwrap();
+    let call = twin.call(Cost::each([1, 0])).await.unwrap();
+    call.learn(&refusal);
+    drop(call);
+    assert_eq!(next_wait(&finished), Duration::from_secs(1));
+    assert_eq!(next_wait(&finished), next_wait(&twin));
+    assert_eq!(next_wait(&learned_first), Duration::from_secs(5));
+    // A cost for a third limit: refused, the call ended at its estimate
+    // (its 500 tokens owed for 0.5 s after its moment, at the end of the
+    // first pause), and the second refusal learned: paused a second from
+    // now.
+    let call = finished.call(Cost::each([0, 500])).await.unwrap();
+    let error = call.finish(&refusal, Cost::each([1, 0, 1])).unwrap_err();
+    assert!(matches!(error, Error::InvalidArgument(_)), "{error}");
+    assert_eq!(next_wait(&finished), Duration::from_secs(1));
+}
