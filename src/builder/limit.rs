@@ -165,7 +165,9 @@ impl Limit {
     /// while all are taken (a slot given back goes to the first waiter
     /// polled, not to one that is never polled again), then
     /// its place in the schedule; the slot is free again as soon as the `Call`
-    /// is dropped. Through Redis the slots are shared by every process (see
+    /// is dropped. From when it takes its slot, the call's future holds it
+    /// as the `Call` will: one that took its slot and is then kept without
+    /// being polled (or forgotten) holds it until it is dropped. Through Redis the slots are shared by every process (see
     /// [`outbound`](crate::outbound)).
     ///
     /// Only calls hold slots: `reserve`, `acquire` and the rest do not (their
