@@ -17,8 +17,9 @@ if lesson then
     -- (Each limit's cap: reported, learned before, or none, inf.)
     for i = 1, n do L2[4 + i] = f[8 + 3 * i] or L and i <= held_n and L[4 + i] or 1e999 end
     if f[1] then
-        -- A refusal: lowered once per pause; paused until its Retry-After.
-        if now >= L2[2] then L2[1] = math.max(L2[1] * f[4], f[7]) end
+        -- A refusal: lowered once per pause (not for a call that went
+        -- before the last one ended); paused until its Retry-After.
+        if math.max(now - sent_ago, 0) >= L2[2] then L2[1] = math.max(L2[1] * f[4], f[7]) end
         f[10] = math.min(now + (f[3] or f[8]), MAX_MICROS)
         if f[10] > L2[2] then L2[2] = f[10] end
         L2[3] = L2[2]

@@ -77,8 +77,9 @@ local W = 3 + n
 -- of `permits` for the first limit and P (a table, read with several
 -- limits) for each. (Declared here too, for the new modes, with no cost
 -- to the others: a call's or settle's `lists` of counts, a learn's
--- `lesson` and what the limits learn from it, L2 and M1, see part 2.)
-local permits, held, mode, P, lists, lesson, L2, M1 = argv[1]
+-- `lesson`, how long before it its call went (`sent_ago`), and what the
+-- limits learn from it, L2 and M1, see part 2.)
+local permits, held, mode, P, lists, lesson, sent_ago, L2, M1 = argv[1]
 if permits == '1' then
     permits = 1
 elseif permits == '1+' then
@@ -178,11 +179,14 @@ elseif mode == 'learn' then
     -- given), 4 decrease, 5 increase, 6 interval, 7 floor, 8 pause, 9
     -- margin, 10 the end of the pause a refusal starts (part 2), then for
     -- limit i reported (`;rate,remaining,reset`, an empty field: not
-    -- reported): 8 + 3i its rate, 9 + 3i remaining, 10 + 3i reset.
-    lesson = {string.match(arg2, '^([01]),([01]),(%d*),([^,;]+),([^,;]+),(%d+),([^,;]+),(%d+),([^,;]+)()')}
-    local f, at, ok = lesson, lesson[10], #lesson == 10
+    -- reported): 8 + 3i its rate, 9 + 3i remaining, 10 + 3i reset. (The
+    -- tenth field, how long before the lesson its call went, in
+    -- `sent_ago`: 0 if empty.)
+    lesson = {string.match(arg2, '^([01]),([01]),(%d*),([^,;]+),([^,;]+),(%d+),([^,;]+),(%d+),([^,;]+),(%d*)()')}
+    local f, at, ok = lesson, lesson[11], #lesson == 11
     if ok then
-        f[1], f[2], f[10] = f[1] == '1', f[2] == '1', nil
+        sent_ago = math.min(tonumber(f[10]) or 0, MAX_MICROS)
+        f[1], f[2], f[10], f[11] = f[1] == '1', f[2] == '1', nil, nil
         for k = 3, 9 do f[k] = tonumber(f[k]) end
         ok = f[4] and f[4] > 0 and f[4] <= 1 and f[5] and f[5] >= 0 and f[5] <= 1
             and f[7] and f[7] > 0 and f[7] <= 1 and f[9] and f[9] > 0 and f[9] <= 1
@@ -197,7 +201,7 @@ elseif mode == 'learn' then
         lesson[k + 1], lesson[k + 2], lesson[k + 3], k, at = rate, tonumber(m), s and math.min(s, MAX_MICROS), k + 3, e
     end
     if not ok then
-        return redis.error_reply(string.format('ERR paceline: ARGV[2] of a learn must be throttled,success,retry_after_micros,decrease,increase,interval_micros,floor,pause_micros,margin (flags 0 or 1; decrease, floor and margin in (0, 1], increase in [0, 1]; whole µs, retry_after may be empty), then for each limit reported (up to %d) ;rate,remaining,reset_micros (rate > 0 and finite, the others whole, each may be empty) (got "%.40s")', n, arg2))
+        return redis.error_reply(string.format('ERR paceline: ARGV[2] of a learn must be throttled,success,retry_after_micros,decrease,increase,interval_micros,floor,pause_micros,margin,sent_ago_micros (flags 0 or 1; decrease, floor and margin in (0, 1], increase in [0, 1]; whole µs, retry_after and sent_ago may be empty), then for each limit reported (up to %d) ;rate,remaining,reset_micros (rate > 0 and finite, the others whole, each may be empty) (got "%.40s")', n, arg2))
     end
 else
     return redis.error_reply(string.format('ERR paceline: ARGV[1] must be the permits to reserve, an integer from 1 to 2^53 (followed by + if it may be given back), or batch, call, give_back, keep, learn, probe, resume, settle or status (got "%.40s")', argv[1]))

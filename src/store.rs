@@ -524,8 +524,11 @@ where
             pending.owner.keep(pending.taken);
         }
     };
+    let clock = engine.clock();
     Ok(Some(Call {
         waited: waits.slept,
+        went: clock.now(),
+        clock,
         pending,
         charged: cost,
         limits,

@@ -11,9 +11,10 @@
 //! window) and `factor` (from 0 to 1) is learned from its refusals:
 //!
 //! * A refusal (429) multiplies `factor` by `decrease`, down to `floor`, once
-//!   per episode (refusals that come back during the pause it started were
-//!   sent before anyone knew), and [pauses](State::pause) every limit until
-//!   its `Retry-After` (or for `pause`).
+//!   per episode (the refusals of calls that went before the pause it
+//!   started ended, whenever they come back, were sent before anyone knew),
+//!   and [pauses](State::pause) every limit until its `Retry-After` (or for
+//!   `pause`).
 //! * A success after the pause adds `increase` to `factor`, at most once per
 //!   `interval`, up to 1.
 //! * A limit the upstream says is spent (`remaining` 0, with its `reset`) is
@@ -140,6 +141,10 @@ pub struct Lesson {
     pub success: bool,
     /// How long the upstream asked to wait (`Retry-After`).
     pub retry_after_micros: Option<u64>,
+    /// How long before it is learned the call it answers went (`None`: as
+    /// if it went as it is learned). A refusal of a call that went before
+    /// the last pause ended lowers nothing: it was sent before anyone knew.
+    pub sent_ago_micros: Option<u64>,
     /// Per limit, in order: what the upstream reported for it.
     pub limits: Vec<Reported>,
 }
@@ -251,7 +256,8 @@ impl Limits {
         }
         let mut pause = None;
         if lesson.throttled {
-            if now_micros >= learned.paused_until {
+            let sent = now_micros.saturating_sub(lesson.sent_ago_micros.unwrap_or(0));
+            if sent >= learned.paused_until {
                 learned.factor = (learned.factor * learning.decrease).max(learning.floor);
             }
             let after = lesson.retry_after_micros.unwrap_or(learning.pause_micros);

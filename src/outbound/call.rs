@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use super::{Feedback, Slot, Upstream};
 use crate::Error;
-use crate::core::Cost;
+use crate::clock::Clock;
+use crate::core::{Cost, micros};
 use crate::error::check_cost;
 use crate::reservation::GiveBack;
 
@@ -45,6 +46,10 @@ use crate::reservation::GiveBack;
 #[must_use = "a call ends as soon as it is dropped: keep it until its answer is back"]
 pub struct Call<'a> {
     pub(crate) waited: Duration,
+    /// When it went, on its limiter's clock: a refusal of a call that
+    /// went before the last pause ended lowers nothing.
+    pub(crate) went: Duration,
+    pub(crate) clock: &'a dyn Clock,
     pub(crate) pending: Option<GiveBack<'a>>,
     pub(crate) charged: Cost,
     pub(crate) limits: usize,
@@ -121,7 +126,8 @@ impl<'a> Call<'a> {
     /// answer's cost known, [`finish`](Self::finish) settles first.
     pub fn learn(&self, feedback: &Feedback) {
         if let Some(pending) = &self.pending {
-            let (lesson, learning) = self.upstream.lesson(feedback);
+            let (mut lesson, learning) = self.upstream.lesson(feedback);
+            lesson.sent_ago_micros = Some(micros(self.clock.now().saturating_sub(self.went)));
             pending.owner.metrics().upstream_answered(lesson.throttled);
             pending.owner.learn(&pending.taken, &lesson, &learning);
         }

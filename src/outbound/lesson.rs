@@ -28,6 +28,7 @@ impl Upstream {
             throttled: feedback.is_throttled(),
             success: (200..300).contains(&feedback.status()),
             retry_after_micros: feedback.retry_after().map(micros),
+            sent_ago_micros: None,
             limits,
         };
         let reported = lesson.limits.iter().all(|r| r.rate.is_some());

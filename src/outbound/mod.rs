@@ -26,7 +26,9 @@
 //!   limiter has called an upstream or learned anything. A
 //!   [`Reservation`](crate::Reservation) waited on by its holder keeps its
 //!   moment. The refusal also multiplies the rates by 0.7 (once
-//!   per pause, down to 0.05 of the configured rates) unless the same answer
+//!   per pause: not for a call that went before the last pause ended,
+//!   however late its refusal comes back; down to 0.05 of the configured
+//!   rates) unless the same answer
 //!   reports the rate of every limit (the limiter runs under those already:
 //!   the refusal came from a burst, and the pause is enough); after the pause
 //!   the callers go one interval apart, never as a burst;

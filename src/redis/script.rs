@@ -329,7 +329,7 @@ fn lesson_text(lesson: &Lesson, learning: &Learning, limits: usize) -> String {
     use std::fmt::Write;
     let optional = |value: Option<u64>| value.map(|v| v.to_string()).unwrap_or_default();
     let mut text = format!(
-        "{},{},{},{},{},{},{},{},{}",
+        "{},{},{},{},{},{},{},{},{},{}",
         u8::from(lesson.throttled),
         u8::from(lesson.success),
         optional(lesson.retry_after_micros.map(|t| t.min(MAX_ARG_MICROS))),
@@ -339,6 +339,7 @@ fn lesson_text(lesson: &Lesson, learning: &Learning, limits: usize) -> String {
         number_text(learning.floor),
         learning.pause_micros,
         number_text(learning.margin),
+        optional(lesson.sent_ago_micros.map(|t| t.min(MAX_ARG_MICROS))),
     );
     for reported in lesson.limits.iter().take(limits) {
         let rate = reported.rate.filter(|r| *r > 0.0 && r.is_finite());

@@ -11,4 +11,4 @@ mod io;
 mod stream;
 mod tower;
 #[cfg(feature = "tower")]
-mod layers_hunt;
+mod unpolled;

@@ -79,6 +79,39 @@ fn refusals_lower_the_rate_once_per_pause_down_to_the_floor() {
     assert_eq!(rate(&limits, 0), 40.0);
 }
 
+/// A refusal of a call that went before the last pause ended was sent
+/// before anyone knew, however late it comes back: it lowers nothing
+/// (still pausing). One whose call went at the pause's end, or after,
+/// lowers again; so does one whose call's age is not known, past the
+/// pause (as before calls said when they went).
+#[test]
+fn a_late_refusal_of_a_call_sent_before_the_pause_ended_lowers_nothing() {
+    let learning = Learning::default();
+    let sent_ago = |ago: u64| Lesson {
+        sent_ago_micros: Some(ago),
+        ..throttled(Some(SECOND))
+    };
+    let mut limits = limits(&[100.0]);
+    limits.learn(&throttled(Some(SECOND)), 0, &learning);
+    // At 3 s, sent at 0.5 s (in flight when the first came back) and at
+    // 0.9 s: both before the pause ended at 1 s.
+    limits.learn(&sent_ago(5 * SECOND / 2), 3 * SECOND, &learning);
+    limits.learn(&sent_ago(21 * SECOND / 10), 3 * SECOND, &learning);
+    assert_eq!(limits.learned_factor(), 0.7);
+    // ...yet each paused: the last until 4 s.
+    assert_eq!(limits.states()[0].next_free_micros(), 4 * SECOND);
+    // Sent as the last pause ended (4 s), refused at 5 s: lowered.
+    limits.learn(&sent_ago(SECOND), 5 * SECOND, &learning);
+    assert_eq!(limits.learned_factor(), 0.7 * 0.7);
+    // Sent long ago, as far as the clock goes back: before every pause.
+    limits.learn(&sent_ago(u64::MAX), 7 * SECOND, &learning);
+    assert_eq!(limits.learned_factor(), 0.7 * 0.7);
+    // Not said, once the pause that one started has ended (8 s): as if
+    // it went as it is learned.
+    limits.learn(&throttled(None), 8 * SECOND, &learning);
+    assert_eq!(limits.learned_factor(), 0.7 * 0.7 * 0.7);
+}
+
 /// Successes after the pause raise the rate by `increase` of the
 /// configured rate, at most once per `interval`, up to the configured
 /// rate and no further.

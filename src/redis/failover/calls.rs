@@ -332,6 +332,9 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                 let waited = now.saturating_sub(came);
                 let left = |after: Option<u64>| after.map(|after| after.saturating_sub(waited));
                 lesson.retry_after_micros = left(lesson.retry_after_micros);
+                // Its call went as long before it as it did.
+                lesson.sent_ago_micros =
+                    Some(lesson.sent_ago_micros.unwrap_or(0).saturating_add(waited));
                 for reported in &mut lesson.limits {
                     reported.reset_micros = left(reported.reset_micros);
                 }

@@ -118,7 +118,7 @@ fn lesson_text(lesson: &Lesson, args: &LearnArgs) -> String {
         None => String::new(),
     };
     let mut text = format!(
-        "{},{},{},{},{},{},{},{},{}",
+        "{},{},{},{},{},{},{},{},{},{}",
         u8::from(lesson.throttled),
         u8::from(lesson.success),
         some(lesson.retry_after_micros),
@@ -128,6 +128,7 @@ fn lesson_text(lesson: &Lesson, args: &LearnArgs) -> String {
         args.floor,
         args.pause_micros,
         args.margin,
+        some(lesson.sent_ago_micros),
     );
     for reported in &lesson.limits {
         let rate = reported.rate.map(|r| format!("{r:e}")).unwrap_or_default();

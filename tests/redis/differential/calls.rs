@@ -120,10 +120,18 @@ fn lesson(rng: &mut Rng, n: usize) -> Lesson {
             },
         })
         .collect();
+    // How long before the lesson its call went: often across the end of
+    // a pause (up to 5 s, as the retries above).
+    let sent_ago_micros = match rng.below(100) {
+        0..40 => None,
+        40..95 => Some(rng.below(6_000_000)),
+        _ => Some(*rng.pick(&[0, u64::MAX])),
+    };
     Lesson {
         throttled,
         success,
         retry_after_micros,
+        sent_ago_micros,
         limits,
     }
 }

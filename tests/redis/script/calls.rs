@@ -8,9 +8,9 @@
 use super::*;
 
 /// A refusal without Retry-After, under `Learning::default()`'s constants.
-pub const LEARN_429: &str = "1,0,,0.7,0.05,1000000,0.05,1000000,0.97";
+pub const LEARN_429: &str = "1,0,,0.7,0.05,1000000,0.05,1000000,0.97,";
 /// A success, under the same constants.
-const LEARN_OK: &str = "0,1,,0.7,0.05,1000000,0.05,1000000,0.97";
+const LEARN_OK: &str = "0,1,,0.7,0.05,1000000,0.05,1000000,0.97,";
 
 fn call(args: &Args, counts: &str) -> Args {
     args.clone().permits("call").timeout(counts)
@@ -86,18 +86,18 @@ fn bad_call_settle_keep_and_learn_arguments_are_errors_and_write_nothing() {
     for id in ["-1", "x", "", "1.5", "9007199254740992"] {
         cases.push(good.clone().permits("keep").timeout(id));
     }
-    let constants = "0.7,0.05,1000000,0.05,1000000,0.97";
+    let constants = "0.7,0.05,1000000,0.05,1000000,0.97,";
     for lesson in [
         String::new(),
         "1,0,".into(),
         format!("2,0,,{constants}"),
         format!("1,0,x,{constants}"),
         format!("1,0,-1,{constants}"),
-        "1,0,,0,0.05,1000000,0.05,1000000,0.97".into(),
-        "1,0,,0.7,1.5,1000000,0.05,1000000,0.97".into(),
-        "1,0,,0.7,0.05,1000000,0,1000000,0.97".into(),
-        "1,0,,0.7,0.05,1000000,0.05,1000000,1.01".into(),
-        "1,0,,0.7,0.05,x,0.05,1000000,0.97".into(),
+        "1,0,,0,0.05,1000000,0.05,1000000,0.97,".into(),
+        "1,0,,0.7,1.5,1000000,0.05,1000000,0.97,".into(),
+        "1,0,,0.7,0.05,1000000,0,1000000,0.97,".into(),
+        "1,0,,0.7,0.05,1000000,0.05,1000000,1.01,".into(),
+        "1,0,,0.7,0.05,x,0.05,1000000,0.97,".into(),
         format!("1,0,,{constants};"),
         format!("1,0,,{constants};0,,"),
         format!("1,0,,{constants};inf,,"),
@@ -107,6 +107,10 @@ fn bad_call_settle_keep_and_learn_arguments_are_errors_and_write_nothing() {
         // Two limits reported for one.
         format!("1,0,,{constants};,,;,,"),
         format!("1,0,,{constants};,,x"),
+        // How long ago its call went: whole µs, or empty.
+        "1,0,,0.7,0.05,1000000,0.05,1000000,0.97,x".into(),
+        "1,0,,0.7,0.05,1000000,0.05,1000000,0.97,-1".into(),
+        "1,0,,0.7,0.05,1000000,0.05,1000000,0.97,1.5".into(),
     ] {
         cases.push(learn(&good, &lesson));
     }
@@ -247,6 +251,32 @@ fn a_learned_refusal_pauses_lowers_and_a_success_raises_later() {
     assert_eq!(value.limits[0].permits_per_second, 10.0 * (0.7 + 0.05));
 }
 
+/// A refusal of a call that went before the last pause ended lowers
+/// nothing, however late it comes back (still pausing); one whose call
+/// went at its end lowers again (`Limits::learn`).
+#[test]
+fn a_late_refusal_of_a_call_sent_before_the_pause_ended_lowers_nothing() {
+    let mut fx = fixture();
+    let args = Args::bursty("10", 1_000_000);
+    let refused = |ago: u64| format!("1,0,1000000,0.7,0.05,1000000,0.05,1000000,0.97,{ago}");
+    reply(&mut fx, "k", &learn(&args, LEARN_429).at(T0));
+    // At 3 s, its call went at 0.5 s: before the pause ended at 1 s.
+    reply(
+        &mut fx,
+        "k",
+        &learn(&args, &refused(2_500_000)).at(T0 + 3_000_000),
+    );
+    let learned = fx.value("k").learned.unwrap();
+    assert_eq!((learned[0], learned[1]), (0.7, (T0 + 4_000_000) as f64));
+    // At 5 s, its call went at 4 s, as that pause ended.
+    reply(
+        &mut fx,
+        "k",
+        &learn(&args, &refused(1_000_000)).at(T0 + 5_000_000),
+    );
+    assert_eq!(fx.value("k").learned.unwrap()[0], 0.7 * 0.7);
+}
+
 /// A reported rate caps the limit at the margin; a limit reported spent
 /// pauses until its reset; what the others report left caps what they
 /// store.
@@ -264,13 +294,13 @@ fn reported_rates_cap_and_spent_quotas_pause_one_limit() {
     let args = Args::bursty("10", 1_000_000).at(T0);
     // Reported: 8/s for the first (capped at 8 × 0.97), 2 left of the
     // second's quota.
-    let lesson = "0,1,,0.7,0.05,1000000,0.05,1000000,0.97;8,,;,2,";
+    let lesson = "0,1,,0.7,0.05,1000000,0.05,1000000,0.97,;8,,;,2,";
     fx.eval_raw(&["k"], &two(&learn(&args, lesson))).unwrap();
     let value = fx.value("k");
     assert_eq!(value.limits[0].permits_per_second, 8.0 * 0.97);
     assert_eq!(value.limits[1].stored_permits, 2.0);
     // The second limit spent until 2 s from now.
-    let spent = "0,0,,0.7,0.05,1000000,0.05,1000000,0.97;,,;,0,2000000";
+    let spent = "0,0,,0.7,0.05,1000000,0.05,1000000,0.97,;,,;,0,2000000";
     fx.eval_raw(&["k"], &two(&learn(&args.clone().at(T0 + 1), spent)))
         .unwrap();
     let value = fx.value("k");
@@ -291,7 +321,7 @@ fn another_number_of_limits_keeps_what_was_learned() {
     // A refusal that pauses for a minute, so the key's TTL is a minute too
     // (with no pause it read as full at once, with a TTL of a few ms that a
     // loaded machine outran before the next call).
-    let lesson = "1,0,60000000,0.5,0.05,1000000,0.05,1000000,1;20,,";
+    let lesson = "1,0,60000000,0.5,0.05,1000000,0.05,1000000,1,;20,,";
     const PAUSED: f64 = (T0 + 60_000_000) as f64;
     reply(&mut fx, "k", &learn(&args, lesson));
     let mut argv = args.to_vec();
