@@ -18,16 +18,18 @@ use crate::{Cost, RateLimiter, Store};
 /// Paces the requests of an HTTP client (any tower service from
 /// `http::Request` to `http::Response`) to an upstream's limits: each request
 /// reserves its estimate and waits for its turn ([`RateLimiter::call`]); its
-/// response is fed back ([`Call::learn`](super::Call::learn)) and its real
-/// cost, read from the response, settled
-/// ([`Call::settle`](super::Call::settle)).
+/// real cost, read from the response, is settled and the response fed back
+/// ([`Call::finish`](super::Call::finish)).
 ///
 /// The estimate is one permit of every limit unless
 /// [`estimate`](OutboundLayer::estimate) says otherwise; the real cost is the
 /// estimate unless [`actual`](OutboundLayer::actual) reads one from the
 /// response (a body is not read: for a cost in the body, use
-/// [`Call`](super::Call)). Refused requests are returned as they came, for the
-/// caller to retry: the limiter paces the retries too.
+/// [`Call`](super::Call)). The call ends as the response's head comes back:
+/// with a [`Limit::concurrent`](crate::Limit::concurrent), a body still
+/// streaming holds no slot (for that, call [`RateLimiter::call`] and keep
+/// the `Call` until the body ends). Refused requests are returned as they
+/// came, for the caller to retry: the limiter paces the retries too.
 ///
 /// ```
 /// use std::sync::Arc;
