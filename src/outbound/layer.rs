@@ -221,7 +221,7 @@ where
     }
 
     /// Waits for the request's turn, sends it, then settles its cost and
-    /// learns from its response ([`Call::finish`]). Cancel-safe: dropped while it waits, it gives the
+    /// learns from its response ([`Call::finish`](super::Call::finish)). Cancel-safe: dropped while it waits, it gives the
     /// estimate back; dropped while the request is in flight, the call ends at
     /// its estimate.
     fn call(&mut self, request: http::Request<ReqB>) -> Self::Future {
