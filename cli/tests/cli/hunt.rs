@@ -183,8 +183,8 @@ fn the_summary_counts_no_dropped_keys_at_or_under_the_cap() {
 /// it)"). To stdout that holds (see promises.rs); with a command that
 /// copies its record from stdin, the last record's command runs as soon
 /// as its key lets it, before the records still waiting: `a 1`, `a 2`,
-/// `b 3` (unterminated) at 2/s per key through a command that copies its stdin came out
-/// `a 1\nb 3a 2\n`.
+/// `b 3` (unterminated) at 2/s per key, each through a command that
+/// copies its stdin, came out `a 1\nb 3a 2\n`.
 #[test]
 fn an_unterminated_last_record_is_not_glued_to_the_next_through_a_command() {
     for args in [
