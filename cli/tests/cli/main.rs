@@ -11,6 +11,7 @@ mod redis_server;
 
 mod burst;
 mod commands;
+mod hunt;
 mod keys;
 mod late;
 mod promises;
