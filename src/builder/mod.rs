@@ -188,10 +188,11 @@ impl<K, S: Store, C: Clock> Builder<K, S, C> {
     /// limiter, on the keys its fallback holds while Redis is down (a
     /// `RateLimiter` in this process holds none, and refuses it). Without
     /// it, a keyed limiter's memory follows the keys active within about
-    /// one refill period (at least a second). At the cap, keys that read as
-    /// full go first; then those nearest to full, which lose their debt
-    /// (counted in [`Stats::dropped_unfinished`](crate::Stats)). Must be at
-    /// least 1.
+    /// one refill period (at least a second). It counts every key held,
+    /// whichever shard it falls in: below it nothing is dropped. At the
+    /// cap, keys that read as full go first; then those nearest to full,
+    /// which lose their debt (counted in
+    /// [`Stats::dropped_unfinished`](crate::Stats)). Must be at least 1.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = Some(max_keys);
         self

@@ -11,7 +11,8 @@ mod store;
 use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hash};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
 use hasher::ShardHash;
@@ -112,9 +113,13 @@ impl<K: Key, C: Clock> Keyed<K, C> {
         let shards = shard_count(max_keys);
         // One keyed hasher for every shard's maps.
         let map_hasher = RandomState::new();
-        // Each shard's share of the cap, rounded down: together, at most
-        // max_keys.
-        let cap = max_keys.map(|cap| (cap / shards).max(1));
+        // The cap is over every shard together; a shard's share of it
+        // sizes what it drops at once.
+        let cap = max_keys.map(|keys| shard::Cap {
+            keys,
+            share: (keys / shards).max(1),
+        });
+        let held = Arc::new(AtomicUsize::new(0));
         let rate_bits = AtomicU64::new(limits[0].permits_per_second().to_bits());
         let now = clock.now_micros();
         let words = matches!(&limits[..], [state] if matches!(state.policy(), Policy::Bursty(_)))
@@ -125,7 +130,15 @@ impl<K: Key, C: Clock> Keyed<K, C> {
             shards: (0..shards)
                 .map(|_| {
                     let template = template.clone();
-                    Padded(Shard::new(template, map_hasher.clone(), cap, mode, now))
+                    let held = Arc::clone(&held);
+                    Padded(Shard::new(
+                        template,
+                        map_hasher.clone(),
+                        cap,
+                        held,
+                        mode,
+                        now,
+                    ))
                 })
                 .collect(),
             hasher: ShardHash::new(),

@@ -168,12 +168,13 @@ pub type RateLimiter<S = Local, C = crate::clock::SystemClock> = Pacer<NoKey, S,
 /// each call.
 ///
 /// For hostile key spaces (random client addresses), [`max_keys`] sets a
-/// hard cap. When a shard is at its share of the cap and no entry there
-/// reads as full, the sixteenth of the shard nearest to reading as full is
-/// dropped at once (in one pass, so a flood of new keys costs constant work
-/// per key): the keys that lose the least, not those deepest in debt or
-/// paused. Those keys lose their debt: their next request finds them full
-/// again.
+/// hard cap on the keys held, over every shard together: below it nothing
+/// is dropped. When a new key finds the limiter at the cap, its shard drops
+/// the entries that read as full, and if none does, the keys nearest to
+/// reading as full, a sixteenth of the shard's share of the cap at once (in
+/// one pass, so a flood of new keys costs constant work per key): the keys
+/// that lose the least, not those deepest in debt or paused. Those keys
+/// lose their debt: their next request finds them full again.
 /// That is the price of a bound, and [`Stats::dropped_unfinished`]
 /// counts it.
 ///

@@ -466,3 +466,42 @@ async fn a_flood_of_learned_keys_gives_its_memory_back() {
     let after = bytes_in_use() - before;
     assert!(after < 64 * 1024, "{after} bytes held (flood {flooded})");
 }
+
+/// The cap is on the keys every shard holds together: below it no debt
+/// is dropped, however the keys fall across shards (each key here owes
+/// a minute); at it, each new key drops others (nearest to full, and
+/// counted), and the limiter never holds more than the cap.
+#[test]
+fn max_keys_counts_the_keys_of_every_shard_together() {
+    for cap in [16, 64, 1_000, 4_096] {
+        let clock = FakeClock::new();
+        let limiter = KeyedRateLimiter::<u64>::builder()
+            .permits_per_second(1.0 / 60.0)
+            .max_burst(Duration::ZERO)
+            .max_keys(cap)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        for key in 0..cap as u64 {
+            // Each key's first request goes; its second would wait a minute.
+            assert_eq!(limiter.reserve(&key, 1).unwrap(), Duration::ZERO, "{cap}");
+        }
+        let stats = limiter.stats();
+        assert_eq!((stats.keys, stats.dropped_unfinished), (cap, 0), "{cap}");
+        for key in 0..cap as u64 {
+            assert_eq!(
+                limiter.reserve(&key, 1).unwrap(),
+                Duration::from_secs(60),
+                "{cap}: key {key} forgot its debt below the cap"
+            );
+        }
+        for key in cap as u64..3 * cap as u64 {
+            limiter.reserve(&key, 1).unwrap();
+            assert!(limiter.stats().keys <= cap, "{cap}: {:?}", limiter.stats());
+        }
+        assert!(
+            limiter.stats().dropped_unfinished >= 2 * cap as u64 - 1,
+            "{cap}"
+        );
+    }
+}

@@ -119,25 +119,32 @@ impl<K: Hash + Eq + Clone> Table<K> {
     }
 
     /// Makes room for one more entry: a sweep by growth when the shard has
-    /// doubled since the last sweep; under the cap, the entries that read as
-    /// full and, if that is not enough, the sixteenth of the shard nearest
-    /// to reading as full (the keys that lose the least: a key in debt
-    /// further ahead, a paused one, stays) (so that a flood of new keys costs a constant amount of
-    /// work per key, amortized).
+    /// doubled since the last sweep; with the limiter's shards at the cap
+    /// together, this shard's entries that read as full and, if that is not
+    /// enough, the sixteenth of its share of the cap nearest to reading as
+    /// full (the keys that lose the least: a key in debt further ahead, a
+    /// paused one, stays), so that a flood of new keys costs a constant
+    /// amount of work per key, amortized. Below the cap nothing is dropped,
+    /// however the keys fall across shards. (A shard with nothing to drop
+    /// lets one more in: with at least 16 keys of the cap per shard, all
+    /// but never.)
     pub(super) fn make_room(&mut self, now: u64) -> Dropped {
         if self.mode == Mode::Full && self.len() >= self.sweep_len {
             self.sweep(now, Sweep::Growth);
         }
-        let Some(cap) = self.cap.filter(|&cap| self.len() >= cap) else {
+        let Some(cap) = self.cap.filter(|cap| self.held_by_all() >= cap.keys) else {
             return Dropped::default();
         };
         if self.mode == Mode::Full {
             self.sweep(now, Sweep::Cap);
-            if self.len() < cap {
+            if self.held_by_all() < cap.keys {
                 return Dropped::default();
             }
         }
-        let batch = (cap / 16).max(1).min(self.len());
+        let batch = (cap.share / 16).max(1).min(self.len());
+        if batch == 0 {
+            return Dropped::default();
+        }
         let mut stamps: Vec<u64> = match &self.config {
             Some(config) => self
                 .words

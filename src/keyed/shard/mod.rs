@@ -50,8 +50,8 @@ use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::Hash;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
 use crate::Snapshot;
 use crate::core::word::{self, Config, Encoded, Step};
@@ -85,8 +85,13 @@ pub(super) struct Table<K> {
     sweep_len: usize,
     /// The least time between two sweeps by time ([`sweep_period`]).
     sweep_period: u64,
-    /// The most entries this shard may hold, if capped.
-    cap: Option<usize>,
+    /// If the limiter's keys are capped: the cap, over every shard (see
+    /// `make_room`), and this shard's share of it.
+    cap: Option<Cap>,
+    /// How many keys every shard of the limiter holds together, as each
+    /// last let go of its write lock, and this shard's own count then.
+    held: Arc<AtomicUsize>,
+    published: usize,
     /// The latest clock reading a call under the write lock used: readings
     /// taken before the lock are raised to it.
     last_now: u64,
@@ -94,6 +99,15 @@ pub(super) struct Table<K> {
     mode: Mode,
     /// The limiter's metrics: the keys-held gauge.
     pub(super) metrics: Metrics,
+}
+
+/// A cap on a limiter's keys: at most `keys` held by every shard together
+/// (see `make_room`), and a shard's `share` of them, which sizes what it
+/// drops at once.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Cap {
+    pub(super) keys: usize,
+    pub(super) share: usize,
 }
 
 /// How a keyed limiter treats the keys it does not hold.
@@ -135,7 +149,8 @@ impl<K> Shard<K> {
     }
 
     /// The table, for writing: what the call adds or drops is counted in
-    /// the keys-held gauge when the lock is let go.
+    /// the keys-held gauge, and in the keys all shards hold, when the lock
+    /// is let go.
     pub(super) fn write(&self) -> Written<'_, K> {
         let table = self.table.write().unwrap_or_else(PoisonError::into_inner);
         let len = table.len();
@@ -181,6 +196,7 @@ impl<K> Drop for Written<'_, K> {
             self.table
                 .metrics
                 .keys_changed(len as isize - self.len as isize);
+            self.table.publish();
         }
     }
 }
@@ -200,7 +216,8 @@ impl<K: Hash + Eq + Clone> Shard<K> {
     pub(super) fn new(
         template: Limits,
         hasher: RandomState,
-        cap: Option<usize>,
+        cap: Option<Cap>,
+        held: Arc<AtomicUsize>,
         mode: Mode,
         now: u64,
     ) -> Self {
@@ -215,6 +232,8 @@ impl<K: Hash + Eq + Clone> Shard<K> {
             sweep_len: SWEEP_MIN_LEN,
             sweep_period,
             cap,
+            held,
+            published: 0,
             last_now: now,
             mode,
             metrics: Metrics::default(),
@@ -242,6 +261,27 @@ impl<K> Table<K> {
             Some(_) => self.words.len(),
             None => self.limits.len(),
         }
+    }
+
+    /// Counts this shard's keys in those every shard holds (its lock held),
+    /// if the keys are capped (nothing else reads the count).
+    fn publish(&mut self) {
+        if self.cap.is_none() {
+            return;
+        }
+        let len = self.len();
+        if len >= self.published {
+            self.held.fetch_add(len - self.published, Relaxed);
+        } else {
+            self.held.fetch_sub(self.published - len, Relaxed);
+        }
+        self.published = len;
+    }
+
+    /// How many keys every shard holds together now: the others' as they
+    /// let go of their locks, this one's as it is.
+    fn held_by_all(&self) -> usize {
+        (self.held.load(Relaxed) + self.len()).saturating_sub(self.published)
     }
 
     /// The limits every key runs under (see the field).
