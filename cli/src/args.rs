@@ -128,8 +128,10 @@ pub(crate) struct Args {
 
     /// The most keys held at once. At the cap, keys idle long enough to be
     /// full go first, then those nearest to full, which forget what they
-    /// owe: such a key, back, starts afresh (raise N if keys come back
-    /// sooner than they are full; --json counts such keys).
+    /// owe: such a key, back, starts afresh, though its records still go in
+    /// input order, none before one of its records still waiting (raise N
+    /// if keys come back sooner than they are full; --json counts such
+    /// keys).
     #[arg(long, value_name = "N", default_value_t = 100_000)]
     pub(crate) max_keys: usize,
 

@@ -1,7 +1,7 @@
 //! Pacing record by record: each reserved as it is read and released at
 //! its moment, per key, with a bound on the wait, or as a command.
 
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::io::{self, Write};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use crate::args::{Args, Failure, OnLate};
 use crate::commands::Commands;
 use crate::copy::{later, reader_gone};
-use crate::key::KeyOf;
+use crate::key::{Key, KeyOf};
 use crate::limiter::Pacer;
 use crate::progress::Counts;
 use crate::read::{Chunk, records, trim};
@@ -24,7 +24,17 @@ struct Due {
     at: Instant,
     /// Its number in the input, from 1 (every record read counts).
     seq: u64,
+    /// Its key (`None`: the one rate's).
+    key: Option<Key>,
     record: Vec<u8>,
+}
+
+/// The records of one key waiting for their moment.
+struct Waiting {
+    /// The moment of the last of them.
+    last: Instant,
+    /// How many wait.
+    count: usize,
 }
 
 impl PartialEq for Due {
@@ -79,6 +89,11 @@ pub(crate) async fn schedule(
     counts: &Counts,
 ) -> Result<u64, Failure> {
     let mut due: BinaryHeap<Due> = BinaryHeap::new();
+    // Per key, its records in `due`: a record goes no sooner than the one
+    // of its key before it, so that a key's records keep their order even
+    // where the limiter grants a later one an earlier moment (a key
+    // dropped at --max-keys starts afresh while its records still wait).
+    let mut waiting: HashMap<Option<Key>, Waiting> = HashMap::new();
     // The bytes of the records in `due`.
     let mut held = 0usize;
     let mut out = io::BufWriter::new(stdout_file()?);
@@ -102,8 +117,16 @@ pub(crate) async fn schedule(
             while due.peek().is_some_and(|d| d.at <= now)
                 && !commands.as_ref().is_some_and(Commands::stopped)
             {
-                let Due { record, seq, .. } = due.pop().expect("peeked");
+                let Due {
+                    record, seq, key, ..
+                } = due.pop().expect("peeked");
                 held -= record.len();
+                if let Some(of_key) = waiting.get_mut(&key) {
+                    of_key.count -= 1;
+                    if of_key.count == 0 {
+                        waiting.remove(&key);
+                    }
+                }
                 let len = record.len() as u64;
                 let released = match &mut commands {
                     Some(commands) => {
@@ -154,13 +177,15 @@ pub(crate) async fn schedule(
                             stopped = Some(Failure::KeyTooLong(seq, args.max_key));
                             break;
                         }
-                        match pacer.reserve(key, 1, args.max_wait).await {
+                        match pacer.reserve(key.as_ref(), 1, args.max_wait).await {
                             Ok(Some(wait)) => {
-                                if !wait.is_zero() {
+                                let granted = later(wait);
+                                let at = after_its_key(&mut waiting, &key, granted);
+                                if !wait.is_zero() || at > granted {
                                     counts.waited.fetch_add(1, Ordering::Relaxed);
                                 }
                                 held += record.len();
-                                due.push(Due { at: later(wait), seq, record: record.to_vec() });
+                                due.push(Due { at, seq, key, record: record.to_vec() });
                             }
                             Ok(None) if args.on_late == OnLate::Fail => {
                                 stopped = Some(Failure::Late(seq));
@@ -196,6 +221,27 @@ pub(crate) async fn schedule(
         }
         (Err(failure), _) | (Ok(()), Some(failure)) => Err(failure),
         (Ok(()), None) => Ok(failed),
+    }
+}
+
+/// The moment of a record of `key` granted `at`: no sooner than the
+/// records of its key still waiting (the same moment goes in input
+/// order), so that they keep their order. Counted among them.
+fn after_its_key(
+    waiting: &mut HashMap<Option<Key>, Waiting>,
+    key: &Option<Key>,
+    at: Instant,
+) -> Instant {
+    match waiting.get_mut(key) {
+        Some(of_key) => {
+            of_key.last = of_key.last.max(at);
+            of_key.count += 1;
+            of_key.last
+        }
+        None => {
+            waiting.insert(key.clone(), Waiting { last: at, count: 1 });
+            at
+        }
     }
 }
 
