@@ -113,8 +113,9 @@ pub(crate) struct Args {
     /// record (from 1), none the empty key. Keys are bytes: two that differ
     /// in any byte are paced apart. Through Redis a key is named by its
     /// text: UTF-8 as it is but `\` written `\\`, every other byte `\xNN`.
-    /// A last record without a separator goes out after every other (its
-    /// bytes stay its own: written sooner, the next would join it).
+    /// A last record without a separator goes out after every other, and
+    /// its command (-- CMD) starts once every other has ended (its bytes
+    /// stay its own: written sooner, the next would join it).
     #[arg(long, value_name = "FIELD", conflicts_with = "key_regex")]
     pub(crate) key: Option<usize>,
 

@@ -170,6 +170,23 @@ impl Commands {
         true
     }
 
+    /// Starts the command for the last record of the input, unterminated,
+    /// as [`start`](Self::start) does, but once every other command has
+    /// ended: what they write goes before what it writes (the record
+    /// copied to stdout, written sooner, would join the next).
+    pub(crate) async fn start_last(
+        &mut self,
+        number: u64,
+        record: Vec<u8>,
+        separator: u8,
+        counts: &Counts,
+    ) -> bool {
+        while !self.running.is_empty() {
+            self.reap_one(counts).await;
+        }
+        self.start(number, record, separator, counts).await
+    }
+
     /// Counts a command that failed, and says so.
     fn failed(&mut self, number: u64, why: &str, counts: &Counts) {
         say!("paceline: the command for record {number} failed: {why}");

@@ -101,9 +101,10 @@ pub(crate) async fn schedule(
     let mut seq = 0u64;
     let mut input_open = true;
     let mut stopped: Option<Failure> = None;
-    // The last record, unterminated, released while others still wait:
-    // written after them (written before, the next would join it).
-    let mut tail: Option<Vec<u8>> = None;
+    // The last record, unterminated (and its number), released while
+    // others still wait: it goes after them (written before, or its
+    // command run before theirs, the next would join it).
+    let mut tail: Option<(u64, Vec<u8>)> = None;
     let signal = signals::caught_async();
     tokio::pin!(signal);
     let watch = stdout::Watch::new();
@@ -127,15 +128,16 @@ pub(crate) async fn schedule(
                         waiting.remove(&key);
                     }
                 }
+                if record.last() != Some(&separator) {
+                    // The last record of the input: after every other.
+                    tail = Some((seq, record));
+                    continue;
+                }
                 let len = record.len() as u64;
                 let released = match &mut commands {
                     Some(commands) => {
                         out.flush()?;
                         commands.start(seq, record, separator, counts).await
-                    }
-                    None if !due.is_empty() && record.last() != Some(&separator) => {
-                        tail = Some(record);
-                        false
                     }
                     None => {
                         out.write_all(&record)?;
@@ -147,8 +149,29 @@ pub(crate) async fn schedule(
                     counts.bytes.fetch_add(len, Ordering::Relaxed);
                 }
             }
+            // The unterminated last record, once every other is out (its
+            // command once every other command has ended: what they
+            // write goes before it); after a signal, written if its
+            // moment has come, but no command starts.
             if due.is_empty() || signalled {
-                write_tail(&mut out, &mut tail, counts)?;
+                if let Some((seq, record)) = tail.take() {
+                    let len = record.len() as u64;
+                    let released = match &mut commands {
+                        Some(_) if signalled => false,
+                        Some(commands) => {
+                            out.flush()?;
+                            commands.start_last(seq, record, separator, counts).await
+                        }
+                        None => {
+                            out.write_all(&record)?;
+                            true
+                        }
+                    };
+                    if released {
+                        counts.records.fetch_add(1, Ordering::Relaxed);
+                        counts.bytes.fetch_add(len, Ordering::Relaxed);
+                    }
+                }
             }
             out.flush()?;
             let reading = input_open && stopped.is_none();
@@ -243,18 +266,6 @@ fn after_its_key(
             at
         }
     }
-}
-
-/// Writes the unterminated last record set aside, if any, and counts it.
-fn write_tail(out: &mut impl Write, tail: &mut Option<Vec<u8>>, counts: &Counts) -> io::Result<()> {
-    if let Some(record) = tail.take() {
-        out.write_all(&record)?;
-        counts.records.fetch_add(1, Ordering::Relaxed);
-        counts
-            .bytes
-            .fetch_add(record.len() as u64, Ordering::Relaxed);
-    }
-    Ok(())
 }
 
 async fn sleep_until(at: Option<Instant>) {
