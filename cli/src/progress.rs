@@ -1,12 +1,13 @@
 //! What a run did: counted as it goes, shown on a progress line while
 //! stderr is a terminal, summed up in JSON at the end (`--json`).
 
-use std::io::{self, IsTerminal};
+use std::io::{self, IsTerminal, Write};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::args::Args;
+use crate::read::count;
 
 /// What the run did, for the progress line and the summary.
 #[derive(Default)]
@@ -76,6 +77,46 @@ impl Counts {
                 self.keys_dropped_unfinished.load(Ordering::Relaxed),
             );
         }
+    }
+}
+
+/// Stdout (or any writer), counting what it wrote: each byte that went,
+/// and as a record out each separator that went (none with `--bytes`).
+/// Counted as the bytes go, not as they are buffered, so that a write
+/// that fails (stdout a full disk) counts nothing it did not write.
+pub(crate) struct Written<'a, W> {
+    inner: W,
+    counts: &'a Counts,
+    /// The records' separator; `None` for a byte stream.
+    separator: Option<u8>,
+}
+
+impl<'a, W: Write> Written<'a, W> {
+    pub(crate) fn new(inner: W, counts: &'a Counts, separator: Option<u8>) -> Self {
+        Written {
+            inner,
+            counts,
+            separator,
+        }
+    }
+}
+
+impl<W: Write> Write for Written<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let len = self.inner.write(buf)?;
+        let went = &buf[..len.min(buf.len())];
+        self.counts
+            .bytes
+            .fetch_add(went.len() as u64, Ordering::Relaxed);
+        if let Some(separator) = self.separator {
+            let records = count(went, separator) as u64;
+            self.counts.records.fetch_add(records, Ordering::Relaxed);
+        }
+        Ok(len)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
     }
 }
 

@@ -13,7 +13,7 @@ use crate::commands::Commands;
 use crate::copy::{later, reader_gone};
 use crate::key::{Key, KeyOf};
 use crate::limiter::Pacer;
-use crate::progress::Counts;
+use crate::progress::{Counts, Written};
 use crate::read::{Chunk, records, trim};
 use crate::signals;
 use crate::stdout;
@@ -96,7 +96,9 @@ pub(crate) async fn schedule(
     let mut waiting: HashMap<Option<Key>, Waiting> = HashMap::new();
     // The bytes of the records in `due`.
     let mut held = 0usize;
-    let mut out = io::BufWriter::new(stdout_file()?);
+    // Records and bytes counted as they go to stdout (the last record,
+    // unterminated, below); a command's as it starts.
+    let mut out = io::BufWriter::new(Written::new(stdout_file()?, counts, Some(separator)));
     let mut commands = Commands::new(args);
     let mut seq = 0u64;
     let mut input_open = true;
@@ -134,19 +136,15 @@ pub(crate) async fn schedule(
                     continue;
                 }
                 let len = record.len() as u64;
-                let released = match &mut commands {
+                match &mut commands {
                     Some(commands) => {
                         out.flush()?;
-                        commands.start(seq, record, separator, counts).await
+                        if commands.start(seq, record, separator, counts).await {
+                            counts.records.fetch_add(1, Ordering::Relaxed);
+                            counts.bytes.fetch_add(len, Ordering::Relaxed);
+                        }
                     }
-                    None => {
-                        out.write_all(&record)?;
-                        true
-                    }
-                };
-                if released {
-                    counts.records.fetch_add(1, Ordering::Relaxed);
-                    counts.bytes.fetch_add(len, Ordering::Relaxed);
+                    None => out.write_all(&record)?,
                 }
             }
             // The unterminated last record, once every other is out (its
@@ -156,20 +154,21 @@ pub(crate) async fn schedule(
             if due.is_empty() || signalled {
                 if let Some((seq, record)) = tail.take() {
                     let len = record.len() as u64;
-                    let released = match &mut commands {
-                        Some(_) if signalled => false,
+                    match &mut commands {
+                        Some(_) if signalled => {}
                         Some(commands) => {
                             out.flush()?;
-                            commands.start_last(seq, record, separator, counts).await
+                            if commands.start_last(seq, record, separator, counts).await {
+                                counts.records.fetch_add(1, Ordering::Relaxed);
+                                counts.bytes.fetch_add(len, Ordering::Relaxed);
+                            }
                         }
                         None => {
+                            // Out (and counted) once all its bytes went.
                             out.write_all(&record)?;
-                            true
+                            out.flush()?;
+                            counts.records.fetch_add(1, Ordering::Relaxed);
                         }
-                    };
-                    if released {
-                        counts.records.fetch_add(1, Ordering::Relaxed);
-                        counts.bytes.fetch_add(len, Ordering::Relaxed);
                     }
                 }
             }
