@@ -199,10 +199,12 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_record_size)]
     pub(crate) max_record: usize,
 
-    /// Print a JSON summary to stderr at the end: records and bytes out,
-    /// seconds, rate (records a second; with --bytes, bytes), records that
-    /// waited (with --bytes, bytes), late records dropped, commands started
-    /// and failed, keys dropped at --max-keys before they were full.
+    /// Print a JSON summary to stderr at the end: records and bytes out
+    /// (written to stdout, or given to a command that started), seconds,
+    /// rate (records a second; with --bytes, bytes), records that waited
+    /// (with --bytes, bytes), late records dropped, commands started,
+    /// commands failed (those that could not start too), keys dropped at
+    /// --max-keys before they were full.
     #[arg(long)]
     pub(crate) json: bool,
 

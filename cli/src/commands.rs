@@ -74,7 +74,8 @@ impl Commands {
     /// Starts the command for `record` (number `number` of the input,
     /// from 1), once fewer than `jobs` run; whether it did (not once
     /// [`stopped`](Self::stopped), which may come while it waits for
-    /// room).
+    /// room; not if it could not start, which is counted as failed, and
+    /// as started only if it did).
     pub(crate) async fn start(
         &mut self,
         number: u64,
@@ -88,7 +89,6 @@ impl Commands {
         if self.stopped() {
             return false;
         }
-        counts.commands.fetch_add(1, Ordering::Relaxed);
         let mut command = tokio::process::Command::new(&self.program);
         // A group of its own, led by the command.
         #[cfg(unix)]
@@ -100,7 +100,7 @@ impl Commands {
                     Ok(arg) => command.arg(arg),
                     Err(why) => {
                         self.failed(number, &why, counts);
-                        return true;
+                        return false;
                     }
                 };
             }
@@ -114,9 +114,10 @@ impl Commands {
             Err(error) => {
                 let why = format!("cannot run {}: {error}", self.program.to_string_lossy());
                 self.failed(number, &why, counts);
-                return true;
+                return false;
             }
         };
+        counts.commands.fetch_add(1, Ordering::Relaxed);
         // In the signals' table from now until its leader is waited for.
         let group = child.id().and_then(Group::enter);
         let input = child.stdin.take();
