@@ -120,7 +120,8 @@ pub(crate) struct Args {
     pub(crate) key: Option<usize>,
 
     /// Pace each key separately: the key is the first group REGEX captures
-    /// in the record (or its whole match), no match the empty key; bytes,
+    /// in the record (the first that takes part in the match; its whole
+    /// match if none does), no match the empty key; bytes,
     /// as with --key. REGEX runs on the record's bytes: its `.`, `\S` and
     /// `[^...]` match whole UTF-8 characters, `(?-u:.)` and `(?-u:\S)`
     /// any byte.
