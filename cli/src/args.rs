@@ -115,7 +115,11 @@ pub(crate) struct Args {
     /// text: UTF-8 as it is but `\` written `\\`, every other byte `\xNN`.
     /// A last record without a separator goes out after every other, and
     /// its command (-- CMD) starts once every other has ended (its bytes
-    /// stay its own: written sooner, the next would join it).
+    /// stay its own: written sooner, the next would join it). Memory is
+    /// bounded: once 100000 records (or 64MiB of them) wait for their
+    /// moment, of every key together, no more input is read until fewer
+    /// do, so the records behind a key's deep backlog in the input wait for
+    /// that room, whatever their key.
     #[arg(long, value_name = "FIELD", conflicts_with = "key_regex")]
     pub(crate) key: Option<usize>,
 
