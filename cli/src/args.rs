@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use paceline::{Error, Limit};
 
-use crate::units::{Rate, parse_duration, parse_rate, parse_record_size};
+use crate::units::{Rate, parse_duration, parse_rate, parse_record_size, readable_numbers};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -401,5 +401,7 @@ fn checked(limit: Limit, i: usize, args: &Args) -> Result<Limit, Failure> {
     let why = why
         .split_once("limit 0: ")
         .map_or(why.as_str(), |(_, why)| why);
+    // A tiny rate reads in a few digits, not hundreds.
+    let why = readable_numbers(why);
     Err(Failure::Usage(format!("{what}: {why}")))
 }
