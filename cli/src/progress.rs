@@ -3,7 +3,7 @@
 
 use std::io::{self, IsTerminal, Write};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::args::Args;
@@ -25,6 +25,8 @@ pub(crate) struct Counts {
     /// Whether the run paces bytes (`--bytes`): its rate is then bytes a
     /// second (`waited` counts bytes too: what waited is what it paces).
     pub(crate) by_bytes: bool,
+    /// The widest progress line drawn yet, in characters.
+    pub(crate) widest: AtomicUsize,
 }
 
 impl Counts {
@@ -59,9 +61,19 @@ impl Counts {
         )
     }
 
+    /// The progress line, drawn over the last: back to the line's start,
+    /// and padded to the widest drawn yet, so that a shorter one (a rate
+    /// that fell below 10/s) leaves nothing of the one before.
+    fn redrawn(&self) -> String {
+        let line = self.line();
+        let width = line.chars().count();
+        let widest = self.widest.fetch_max(width, Ordering::Relaxed).max(width);
+        format!("\r{line:<widest$}")
+    }
+
     pub(crate) fn finish(&self, args: &Args) {
         if progress_shown(args) {
-            say!("\r{}", self.line());
+            say!("{}", self.redrawn());
         }
         if args.json {
             let seconds = self.elapsed();
@@ -137,7 +149,7 @@ impl Progress {
         let (counts, stop) = (Arc::clone(counts), Arc::clone(&done));
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                say_more!("\r{}", counts.line());
+                say_more!("{}", counts.redrawn());
                 std::thread::sleep(Duration::from_millis(250));
             }
         });
@@ -150,5 +162,24 @@ impl Drop for Progress {
         if let Some(done) = &self.0 {
             done.store(true, Ordering::Relaxed);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A line shorter than one drawn before is padded to its width: the
+    /// old characters are covered.
+    #[test]
+    fn a_shorter_line_covers_the_longer_one_before() {
+        let counts = Counts::default();
+        counts.records.store(1_000_000, Ordering::Relaxed);
+        let long = counts.redrawn();
+        counts.records.store(0, Ordering::Relaxed);
+        let short = counts.redrawn();
+        assert!(short.trim_end().len() < long.len(), "{short:?} {long:?}");
+        assert_eq!(short.chars().count(), long.chars().count());
+        assert!(short.starts_with("\r0 records"), "{short:?}");
     }
 }
