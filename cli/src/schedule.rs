@@ -151,24 +151,24 @@ pub(crate) async fn schedule(
             // command once every other command has ended: what they
             // write goes before it); after a signal, written if its
             // moment has come, but no command starts.
-            if due.is_empty() || signalled {
-                if let Some((seq, record)) = tail.take() {
-                    let len = record.len() as u64;
-                    match &mut commands {
-                        Some(_) if signalled => {}
-                        Some(commands) => {
-                            out.flush()?;
-                            if commands.start_last(seq, record, separator, counts).await {
-                                counts.records.fetch_add(1, Ordering::Relaxed);
-                                counts.bytes.fetch_add(len, Ordering::Relaxed);
-                            }
-                        }
-                        None => {
-                            // Out (and counted) once all its bytes went.
-                            out.write_all(&record)?;
-                            out.flush()?;
+            if (due.is_empty() || signalled)
+                && let Some((seq, record)) = tail.take()
+            {
+                let len = record.len() as u64;
+                match &mut commands {
+                    Some(_) if signalled => {}
+                    Some(commands) => {
+                        out.flush()?;
+                        if commands.start_last(seq, record, separator, counts).await {
                             counts.records.fetch_add(1, Ordering::Relaxed);
+                            counts.bytes.fetch_add(len, Ordering::Relaxed);
                         }
+                    }
+                    None => {
+                        // Out (and counted) once all its bytes went.
+                        out.write_all(&record)?;
+                        out.flush()?;
+                        counts.records.fetch_add(1, Ordering::Relaxed);
                     }
                 }
             }
