@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use paceline::{Error, Limit};
 
-use crate::units::{Rate, parse_duration, parse_rate, parse_record_size};
+use crate::units::{Rate, parse_duration, parse_rate, parse_record_size, readable_numbers};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -113,13 +113,19 @@ pub(crate) struct Args {
     /// record (from 1), none the empty key. Keys are bytes: two that differ
     /// in any byte are paced apart. Through Redis a key is named by its
     /// text: UTF-8 as it is but `\` written `\\`, every other byte `\xNN`.
-    /// A last record without a separator goes out after every other (its
-    /// bytes stay its own: written sooner, the next would join it).
+    /// A last record without a separator goes out after every other, and
+    /// its command (-- CMD) starts once every other has ended (its bytes
+    /// stay its own: written sooner, the next would join it). Memory is
+    /// bounded: once 100000 records (or 64MiB of them) wait for their
+    /// moment, of every key together, no more input is read until fewer
+    /// do, so the records behind a key's deep backlog in the input wait for
+    /// that room, whatever their key.
     #[arg(long, value_name = "FIELD", conflicts_with = "key_regex")]
     pub(crate) key: Option<usize>,
 
     /// Pace each key separately: the key is the first group REGEX captures
-    /// in the record (or its whole match), no match the empty key; bytes,
+    /// in the record (the first that takes part in the match; its whole
+    /// match if none does), no match the empty key; bytes,
     /// as with --key. REGEX runs on the record's bytes: its `.`, `\S` and
     /// `[^...]` match whole UTF-8 characters, `(?-u:.)` and `(?-u:\S)`
     /// any byte.
@@ -128,8 +134,10 @@ pub(crate) struct Args {
 
     /// The most keys held at once. At the cap, keys idle long enough to be
     /// full go first, then those nearest to full, which forget what they
-    /// owe: such a key, back, starts afresh (raise N if keys come back
-    /// sooner than they are full; --json counts such keys).
+    /// owe: such a key, back, starts afresh, though its records still go in
+    /// input order, none before one of its records still waiting (raise N
+    /// if keys come back sooner than they are full; --json counts such
+    /// keys).
     #[arg(long, value_name = "N", default_value_t = 100_000)]
     pub(crate) max_keys: usize,
 
@@ -196,10 +204,12 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_record_size)]
     pub(crate) max_record: usize,
 
-    /// Print a JSON summary to stderr at the end: records and bytes out,
-    /// seconds, rate (records a second; with --bytes, bytes), records that
-    /// waited (with --bytes, bytes), late records dropped, commands started
-    /// and failed, keys dropped at --max-keys before they were full.
+    /// Print a JSON summary to stderr at the end: records and bytes out
+    /// (written to stdout, or given to a command that started), seconds,
+    /// rate (records a second; with --bytes, bytes), records that waited
+    /// (with --bytes, bytes), late records dropped, commands started,
+    /// commands failed (those that could not start too), keys dropped at
+    /// --max-keys before they were full.
     #[arg(long)]
     pub(crate) json: bool,
 
@@ -391,5 +401,7 @@ fn checked(limit: Limit, i: usize, args: &Args) -> Result<Limit, Failure> {
     let why = why
         .split_once("limit 0: ")
         .map_or(why.as_str(), |(_, why)| why);
+    // A tiny rate reads in a few digits, not hundreds.
+    let why = readable_numbers(why);
     Err(Failure::Usage(format!("{what}: {why}")))
 }

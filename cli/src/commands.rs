@@ -74,7 +74,8 @@ impl Commands {
     /// Starts the command for `record` (number `number` of the input,
     /// from 1), once fewer than `jobs` run; whether it did (not once
     /// [`stopped`](Self::stopped), which may come while it waits for
-    /// room).
+    /// room; not if it could not start, which is counted as failed, and
+    /// as started only if it did).
     pub(crate) async fn start(
         &mut self,
         number: u64,
@@ -88,7 +89,6 @@ impl Commands {
         if self.stopped() {
             return false;
         }
-        counts.commands.fetch_add(1, Ordering::Relaxed);
         let mut command = tokio::process::Command::new(&self.program);
         // A group of its own, led by the command.
         #[cfg(unix)]
@@ -100,7 +100,7 @@ impl Commands {
                     Ok(arg) => command.arg(arg),
                     Err(why) => {
                         self.failed(number, &why, counts);
-                        return true;
+                        return false;
                     }
                 };
             }
@@ -114,9 +114,10 @@ impl Commands {
             Err(error) => {
                 let why = format!("cannot run {}: {error}", self.program.to_string_lossy());
                 self.failed(number, &why, counts);
-                return true;
+                return false;
             }
         };
+        counts.commands.fetch_add(1, Ordering::Relaxed);
         // In the signals' table from now until its leader is waited for.
         let group = child.id().and_then(Group::enter);
         let input = child.stdin.take();
@@ -168,6 +169,23 @@ impl Commands {
             (number, outcome)
         });
         true
+    }
+
+    /// Starts the command for the last record of the input, unterminated,
+    /// as [`start`](Self::start) does, but once every other command has
+    /// ended: what they write goes before what it writes (the record
+    /// copied to stdout, written sooner, would join the next).
+    pub(crate) async fn start_last(
+        &mut self,
+        number: u64,
+        record: Vec<u8>,
+        separator: u8,
+        counts: &Counts,
+    ) -> bool {
+        while !self.running.is_empty() {
+            self.reap_one(counts).await;
+        }
+        self.start(number, record, separator, counts).await
     }
 
     /// Counts a command that failed, and says so.

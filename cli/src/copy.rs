@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::args::limits;
 use crate::args::{Args, Failure};
 use crate::limiter::local;
-use crate::progress::{Counts, Progress};
+use crate::progress::{Counts, Progress, Written};
 use crate::read::{PAGE, Window, count, std_file, too_long};
 use crate::signals;
 use crate::stdout::stdout_file;
@@ -51,7 +51,11 @@ pub(crate) fn copy(
     use std::os::fd::{AsFd, AsRawFd};
     let group = (slowest / 1000.0).floor().clamp(1.0, f64::from(u32::MAX)) as usize;
     let mut stdin = std_file(io::stdin().as_fd())?;
-    let mut out = io::BufWriter::with_capacity(64 * 1024, stdout_file()?);
+    // Counted as written: records by their separators (the last,
+    // unterminated, below), bytes as they go.
+    let counted = (!args.bytes).then_some(separator);
+    let stdout = Written::new(stdout_file()?, counts, counted);
+    let mut out = io::BufWriter::with_capacity(64 * 1024, stdout);
     // Every read asks for whole pages into a page boundary, so a file's
     // offsets stay page-aligned too: the kernel then copies whole pages,
     // several times faster than into (or out of) the middle of one.
@@ -90,6 +94,11 @@ pub(crate) fn copy(
                 len = at.unwrap_or(len);
                 at.is_some()
             };
+            // The last record of the input, unterminated, whole.
+            let unterminated = !args.bytes
+                && read == 0
+                && !too_long
+                && buf[..len].last().is_some_and(|b| *b != separator);
             let mut rest = &buf[..len];
             while !rest.is_empty() {
                 // The next group: `group` bytes, or `group` records.
@@ -127,13 +136,13 @@ pub(crate) fn copy(
                 } else {
                     out.write_all(&rest[..end])?;
                 }
-                let records = if args.bytes { 0 } else { permits as u64 };
-                counts.records.fetch_add(records, Ordering::Relaxed);
-                counts.bytes.fetch_add(end as u64, Ordering::Relaxed);
                 rest = &rest[end..];
             }
             // What was written goes out before the next read may block.
             out.flush()?;
+            if unterminated {
+                counts.records.fetch_add(1, Ordering::Relaxed);
+            }
             if too_long {
                 return Err(Failure::TooLong(args.max_record));
             }

@@ -46,8 +46,8 @@ impl Display for Key {
 pub(crate) enum KeyOf {
     /// Whitespace field N (from 1); none: the empty key.
     Field(usize),
-    /// The first group of the regex (or its whole match); no match: the
-    /// empty key.
+    /// The first group of the regex that takes part in the match (its
+    /// whole match if none does); no match: the empty key.
     Regex(regex::bytes::Regex),
 }
 
@@ -62,7 +62,7 @@ impl KeyOf {
                 .unwrap_or(b""),
             KeyOf::Regex(regex) => regex
                 .captures(record)
-                .and_then(|c| c.get(1).or_else(|| c.get(0)))
+                .and_then(|c| c.iter().skip(1).flatten().next().or_else(|| c.get(0)))
                 .map_or(&b""[..], |m| m.as_bytes()),
         };
         Key::new(key)
@@ -75,6 +75,21 @@ mod tests {
 
     fn shown(bytes: &[u8]) -> String {
         Key::new(bytes).to_string()
+    }
+
+    /// The key is the first group that takes part in the match, the
+    /// whole match where none does.
+    #[test]
+    fn the_first_group_that_captures_is_the_key() {
+        let of = |regex: &str, record: &[u8]| {
+            KeyOf::Regex(regex::bytes::Regex::new(regex).unwrap()).key(record)
+        };
+        assert_eq!(of(r"a=(\w+)|b=(\w+)", b"a=x 1"), Key::new(b"x"));
+        assert_eq!(of(r"a=(\w+)|b=(\w+)", b"b=y 2"), Key::new(b"y"));
+        assert_eq!(of(r"a=\w+|b=(\w+)", b"a=z 3"), Key::new(b"a=z"));
+        assert_eq!(of(r"k=(\w*)", b"k= 4"), Key::new(b""));
+        assert_eq!(of(r"\d+", b"x 5"), Key::new(b"5"));
+        assert_eq!(of(r"(\d+)", b"none"), Key::new(b""));
     }
 
     #[test]

@@ -51,7 +51,7 @@ impl Pacer {
     /// exceed `max_wait` (nothing reserved).
     pub(crate) async fn reserve(
         &self,
-        key: Option<Key>,
+        key: Option<&Key>,
         permits: u32,
         max_wait: Option<Duration>,
     ) -> Result<Option<Duration>, Error> {
@@ -61,10 +61,11 @@ impl Pacer {
                 Some(max) => limiter.try_reserve(permits, max).await,
             },
             Pacer::Keyed(limiter) => {
-                let key = key.unwrap_or_default();
+                let none = Key::default();
+                let key = key.unwrap_or(&none);
                 match max_wait {
-                    None => limiter.reserve(&key, permits).await.map(Some),
-                    Some(max) => limiter.try_reserve(&key, permits, max).await,
+                    None => limiter.reserve(key, permits).await.map(Some),
+                    Some(max) => limiter.try_reserve(key, permits, max).await,
                 }
             }
         }

@@ -1,12 +1,13 @@
 //! What a run did: counted as it goes, shown on a progress line while
 //! stderr is a terminal, summed up in JSON at the end (`--json`).
 
-use std::io::{self, IsTerminal};
+use std::io::{self, IsTerminal, Write};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::args::Args;
+use crate::read::count;
 
 /// What the run did, for the progress line and the summary.
 #[derive(Default)]
@@ -24,6 +25,8 @@ pub(crate) struct Counts {
     /// Whether the run paces bytes (`--bytes`): its rate is then bytes a
     /// second (`waited` counts bytes too: what waited is what it paces).
     pub(crate) by_bytes: bool,
+    /// The widest progress line drawn yet, in characters.
+    pub(crate) widest: AtomicUsize,
 }
 
 impl Counts {
@@ -58,9 +61,19 @@ impl Counts {
         )
     }
 
+    /// The progress line, drawn over the last: back to the line's start,
+    /// and padded to the widest drawn yet, so that a shorter one (a rate
+    /// that fell below 10/s) leaves nothing of the one before.
+    fn redrawn(&self) -> String {
+        let line = self.line();
+        let width = line.chars().count();
+        let widest = self.widest.fetch_max(width, Ordering::Relaxed).max(width);
+        format!("\r{line:<widest$}")
+    }
+
     pub(crate) fn finish(&self, args: &Args) {
         if progress_shown(args) {
-            say!("\r{}", self.line());
+            say!("{}", self.redrawn());
         }
         if args.json {
             let seconds = self.elapsed();
@@ -76,6 +89,46 @@ impl Counts {
                 self.keys_dropped_unfinished.load(Ordering::Relaxed),
             );
         }
+    }
+}
+
+/// Stdout (or any writer), counting what it wrote: each byte that went,
+/// and as a record out each separator that went (none with `--bytes`).
+/// Counted as the bytes go, not as they are buffered, so that a write
+/// that fails (stdout a full disk) counts nothing it did not write.
+pub(crate) struct Written<'a, W> {
+    inner: W,
+    counts: &'a Counts,
+    /// The records' separator; `None` for a byte stream.
+    separator: Option<u8>,
+}
+
+impl<'a, W: Write> Written<'a, W> {
+    pub(crate) fn new(inner: W, counts: &'a Counts, separator: Option<u8>) -> Self {
+        Written {
+            inner,
+            counts,
+            separator,
+        }
+    }
+}
+
+impl<W: Write> Write for Written<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let len = self.inner.write(buf)?;
+        let went = &buf[..len.min(buf.len())];
+        self.counts
+            .bytes
+            .fetch_add(went.len() as u64, Ordering::Relaxed);
+        if let Some(separator) = self.separator {
+            let records = count(went, separator) as u64;
+            self.counts.records.fetch_add(records, Ordering::Relaxed);
+        }
+        Ok(len)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
     }
 }
 
@@ -96,7 +149,7 @@ impl Progress {
         let (counts, stop) = (Arc::clone(counts), Arc::clone(&done));
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                say_more!("\r{}", counts.line());
+                say_more!("{}", counts.redrawn());
                 std::thread::sleep(Duration::from_millis(250));
             }
         });
@@ -109,5 +162,24 @@ impl Drop for Progress {
         if let Some(done) = &self.0 {
             done.store(true, Ordering::Relaxed);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A line shorter than one drawn before is padded to its width: the
+    /// old characters are covered.
+    #[test]
+    fn a_shorter_line_covers_the_longer_one_before() {
+        let counts = Counts::default();
+        counts.records.store(1_000_000, Ordering::Relaxed);
+        let long = counts.redrawn();
+        counts.records.store(0, Ordering::Relaxed);
+        let short = counts.redrawn();
+        assert!(short.trim_end().len() < long.len(), "{short:?} {long:?}");
+        assert_eq!(short.chars().count(), long.chars().count());
+        assert!(short.starts_with("\r0 records"), "{short:?}");
     }
 }

@@ -1,7 +1,7 @@
 //! Pacing record by record: each reserved as it is read and released at
 //! its moment, per key, with a bound on the wait, or as a command.
 
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::io::{self, Write};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -11,9 +11,9 @@ use tokio::sync::mpsc;
 use crate::args::{Args, Failure, OnLate};
 use crate::commands::Commands;
 use crate::copy::{later, reader_gone};
-use crate::key::KeyOf;
+use crate::key::{Key, KeyOf};
 use crate::limiter::Pacer;
-use crate::progress::Counts;
+use crate::progress::{Counts, Written};
 use crate::read::{Chunk, records, trim};
 use crate::signals;
 use crate::stdout;
@@ -24,7 +24,17 @@ struct Due {
     at: Instant,
     /// Its number in the input, from 1 (every record read counts).
     seq: u64,
+    /// Its key (`None`: the one rate's).
+    key: Option<Key>,
     record: Vec<u8>,
+}
+
+/// The records of one key waiting for their moment.
+struct Waiting {
+    /// The moment of the last of them.
+    last: Instant,
+    /// How many wait.
+    count: usize,
 }
 
 impl PartialEq for Due {
@@ -79,16 +89,24 @@ pub(crate) async fn schedule(
     counts: &Counts,
 ) -> Result<u64, Failure> {
     let mut due: BinaryHeap<Due> = BinaryHeap::new();
+    // Per key, its records in `due`: a record goes no sooner than the one
+    // of its key before it, so that a key's records keep their order even
+    // where the limiter grants a later one an earlier moment (a key
+    // dropped at --max-keys starts afresh while its records still wait).
+    let mut waiting: HashMap<Option<Key>, Waiting> = HashMap::new();
     // The bytes of the records in `due`.
     let mut held = 0usize;
-    let mut out = io::BufWriter::new(stdout_file()?);
+    // Records and bytes counted as they go to stdout (the last record,
+    // unterminated, below); a command's as it starts.
+    let mut out = io::BufWriter::new(Written::new(stdout_file()?, counts, Some(separator)));
     let mut commands = Commands::new(args);
     let mut seq = 0u64;
     let mut input_open = true;
     let mut stopped: Option<Failure> = None;
-    // The last record, unterminated, released while others still wait:
-    // written after them (written before, the next would join it).
-    let mut tail: Option<Vec<u8>> = None;
+    // The last record, unterminated (and its number), released while
+    // others still wait: it goes after them (written before, or its
+    // command run before theirs, the next would join it).
+    let mut tail: Option<(u64, Vec<u8>)> = None;
     let signal = signals::caught_async();
     tokio::pin!(signal);
     let watch = stdout::Watch::new();
@@ -102,30 +120,57 @@ pub(crate) async fn schedule(
             while due.peek().is_some_and(|d| d.at <= now)
                 && !commands.as_ref().is_some_and(Commands::stopped)
             {
-                let Due { record, seq, .. } = due.pop().expect("peeked");
+                let Due {
+                    record, seq, key, ..
+                } = due.pop().expect("peeked");
                 held -= record.len();
+                if let Some(of_key) = waiting.get_mut(&key) {
+                    of_key.count -= 1;
+                    if of_key.count == 0 {
+                        waiting.remove(&key);
+                    }
+                }
+                if record.last() != Some(&separator) {
+                    // The last record of the input: after every other.
+                    tail = Some((seq, record));
+                    continue;
+                }
                 let len = record.len() as u64;
-                let released = match &mut commands {
+                match &mut commands {
                     Some(commands) => {
                         out.flush()?;
-                        commands.start(seq, record, separator, counts).await
+                        if commands.start(seq, record, separator, counts).await {
+                            counts.records.fetch_add(1, Ordering::Relaxed);
+                            counts.bytes.fetch_add(len, Ordering::Relaxed);
+                        }
                     }
-                    None if !due.is_empty() && record.last() != Some(&separator) => {
-                        tail = Some(record);
-                        false
-                    }
-                    None => {
-                        out.write_all(&record)?;
-                        true
-                    }
-                };
-                if released {
-                    counts.records.fetch_add(1, Ordering::Relaxed);
-                    counts.bytes.fetch_add(len, Ordering::Relaxed);
+                    None => out.write_all(&record)?,
                 }
             }
-            if due.is_empty() || signalled {
-                write_tail(&mut out, &mut tail, counts)?;
+            // The unterminated last record, once every other is out (its
+            // command once every other command has ended: what they
+            // write goes before it); after a signal, written if its
+            // moment has come, but no command starts.
+            if (due.is_empty() || signalled)
+                && let Some((seq, record)) = tail.take()
+            {
+                let len = record.len() as u64;
+                match &mut commands {
+                    Some(_) if signalled => {}
+                    Some(commands) => {
+                        out.flush()?;
+                        if commands.start_last(seq, record, separator, counts).await {
+                            counts.records.fetch_add(1, Ordering::Relaxed);
+                            counts.bytes.fetch_add(len, Ordering::Relaxed);
+                        }
+                    }
+                    None => {
+                        // Out (and counted) once all its bytes went.
+                        out.write_all(&record)?;
+                        out.flush()?;
+                        counts.records.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
             }
             out.flush()?;
             let reading = input_open && stopped.is_none();
@@ -154,13 +199,15 @@ pub(crate) async fn schedule(
                             stopped = Some(Failure::KeyTooLong(seq, args.max_key));
                             break;
                         }
-                        match pacer.reserve(key, 1, args.max_wait).await {
+                        match pacer.reserve(key.as_ref(), 1, args.max_wait).await {
                             Ok(Some(wait)) => {
-                                if !wait.is_zero() {
+                                let granted = later(wait);
+                                let at = after_its_key(&mut waiting, &key, granted);
+                                if !wait.is_zero() || at > granted {
                                     counts.waited.fetch_add(1, Ordering::Relaxed);
                                 }
                                 held += record.len();
-                                due.push(Due { at: later(wait), seq, record: record.to_vec() });
+                                due.push(Due { at, seq, key, record: record.to_vec() });
                             }
                             Ok(None) if args.on_late == OnLate::Fail => {
                                 stopped = Some(Failure::Late(seq));
@@ -199,16 +246,25 @@ pub(crate) async fn schedule(
     }
 }
 
-/// Writes the unterminated last record set aside, if any, and counts it.
-fn write_tail(out: &mut impl Write, tail: &mut Option<Vec<u8>>, counts: &Counts) -> io::Result<()> {
-    if let Some(record) = tail.take() {
-        out.write_all(&record)?;
-        counts.records.fetch_add(1, Ordering::Relaxed);
-        counts
-            .bytes
-            .fetch_add(record.len() as u64, Ordering::Relaxed);
+/// The moment of a record of `key` granted `at`: no sooner than the
+/// records of its key still waiting (the same moment goes in input
+/// order), so that they keep their order. Counted among them.
+fn after_its_key(
+    waiting: &mut HashMap<Option<Key>, Waiting>,
+    key: &Option<Key>,
+    at: Instant,
+) -> Instant {
+    match waiting.get_mut(key) {
+        Some(of_key) => {
+            of_key.last = of_key.last.max(at);
+            of_key.count += 1;
+            of_key.last
+        }
+        None => {
+            waiting.insert(key.clone(), Waiting { last: at, count: 1 });
+            at
+        }
     }
-    Ok(())
 }
 
 async fn sleep_until(at: Option<Instant>) {

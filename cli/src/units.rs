@@ -116,9 +116,81 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(seconds).map_err(|_| bad())
 }
 
+/// `text` with each long decimal fraction in it (more than 12
+/// characters: `0.000011574074074074073`, or a 1 three hundred places
+/// after the point) written short: four significant digits (the whole
+/// part in full where it has more), `0.00001157`, `1e-300`. Integers,
+/// and numbers already short, stay.
+pub fn readable_numbers(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find(|c: char| c.is_ascii_digit()) {
+        out.push_str(&rest[..start]);
+        let number = &rest[start..];
+        let len = number
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(number.len());
+        // A point that ends it ends a sentence.
+        let number = number[..len].trim_end_matches('.');
+        match number.parse::<f64>() {
+            Ok(value) if number.len() > 12 && number.contains('.') && value.is_finite() => {
+                out.push_str(&readable(value));
+            }
+            _ => out.push_str(number),
+        }
+        rest = &rest[start + number.len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `value` with four significant digits (its whole part in full where it
+/// has more): written out from a millionth to a quadrillion, else as
+/// `1.157e-12`.
+fn readable(value: f64) -> String {
+    if value == 0.0 {
+        return "0".to_owned();
+    }
+    let exponent = value.abs().log10().floor();
+    if (-6.0..15.0).contains(&exponent) {
+        let decimals = (3.0 - exponent).max(0.0) as usize;
+        let text = format!("{value:.decimals$}");
+        match text.contains('.') {
+            true => text.trim_end_matches('0').trim_end_matches('.').to_owned(),
+            false => text,
+        }
+    } else {
+        let text = format!("{value:.3e}");
+        match text.split_once('e') {
+            Some((mantissa, exponent)) => {
+                let mantissa = mantissa.trim_end_matches('0').trim_end_matches('.');
+                format!("{mantissa}e{exponent}")
+            }
+            None => text,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_fractions_read_in_four_digits() {
+        let tiny = format!("at 0.{}1 per second", "0".repeat(299));
+        assert_eq!(readable_numbers(&tiny), "at 1e-300 per second");
+        assert_eq!(
+            readable_numbers("at 0.000011574074074074073 per second (2^53 µs: at most 104250)."),
+            "at 0.00001157 per second (2^53 µs: at most 104250)."
+        );
+        assert_eq!(
+            readable_numbers("1234567.891234567 and 0.1 and 12.5."),
+            "1234568 and 0.1 and 12.5."
+        );
+        assert_eq!(readable_numbers("0.3333333333333333"), "0.3333");
+        assert_eq!(readable_numbers("1.2.3.4.5.6.7.8"), "1.2.3.4.5.6.7.8");
+        assert_eq!(readable_numbers(""), "");
+    }
 
     #[test]
     fn rates_read_as_written() {

@@ -72,3 +72,14 @@ fn a_burst_past_what_the_limiter_stores_is_refused() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("at most 104250"), "{stderr}");
 }
+
+/// The reason for a burst refused at a tiny rate says the rate in a few
+/// digits, not a fraction hundreds of digits long.
+#[test]
+fn a_burst_refused_at_a_tiny_rate_says_the_rate_readably() {
+    let output = run(&["1e-300/s", "--burst", "2"], b"x\n");
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("at 1e-300 per second"), "{stderr}");
+    assert!(stderr.len() < 300, "{stderr}");
+}

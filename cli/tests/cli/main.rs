@@ -11,7 +11,7 @@ mod redis_server;
 
 mod burst;
 mod commands;
-mod hunt;
+mod fidelity;
 mod keys;
 mod late;
 mod promises;
