@@ -46,7 +46,8 @@ fn close(a: f64, b: f64) -> bool {
 
 /// A 429 without `Retry-After` pauses for `Learning::pause` (1 s) and
 /// multiplies the rate by 0.7, once per pause: a second refusal inside the
-/// pause lowers nothing, one after it lowers again.
+/// pause lowers nothing, nor does one after it of a call sent before the
+/// pause ended; a refusal of a call sent after it lowers again.
 #[test]
 fn a_refusal_decreases_once_per_pause() {
     let clock = FakeClock::new();
@@ -67,9 +68,14 @@ fn a_refusal_decreases_once_per_pause() {
         clock.advance(ms(500));
         b.learn(&Feedback::new(429));
         assert!(close(limiter.rate(), 70.0), "{}", limiter.rate());
-        // After the pause, a refusal lowers again.
+        // After the pause, the refusal of a call sent before it ended (at
+        // 20 ms) lowers nothing, and pauses from now.
         clock.advance(ms(2_000));
         c.learn(&Feedback::new(429));
+        assert!(close(limiter.rate(), 70.0), "{}", limiter.rate());
+        // A call sent after that pause, refused: lowered again.
+        let d = limiter.call(1).await.unwrap();
+        d.learn(&Feedback::new(429));
         assert!(close(limiter.rate(), 49.0), "{}", limiter.rate());
     });
 }
