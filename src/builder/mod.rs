@@ -183,16 +183,18 @@ impl<K, S: Store, C: Clock> Builder<K, S, C> {
         self
     }
 
-    /// The most keys held in this process: a hard cap for key spaces a
+    /// The most keys held in this process: a cap for key spaces a
     /// client controls (addresses, tokens), on a keyed limiter; on a Redis
     /// limiter, on the keys its fallback holds while Redis is down (a
     /// `RateLimiter` in this process holds none, and refuses it). Without
     /// it, a keyed limiter's memory follows the keys active within about
     /// one refill period (at least a second). It counts every key held,
     /// whichever shard it falls in: below it nothing is dropped. At the
-    /// cap, keys that read as full go first; then those nearest to full,
-    /// which lose their debt (counted in
-    /// [`Stats::dropped_unfinished`](crate::Stats)). Must be at least 1.
+    /// cap, a new key's shard drops its keys that read as full first, then
+    /// those nearest to full, which lose their debt (counted in
+    /// [`Stats::dropped_unfinished`](crate::Stats)). New keys arriving at
+    /// once on several shards may pass it by one each, for a moment. Must
+    /// be at least 1.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = Some(max_keys);
         self

@@ -168,7 +168,7 @@ pub type RateLimiter<S = Local, C = crate::clock::SystemClock> = Pacer<NoKey, S,
 /// each call.
 ///
 /// For hostile key spaces (random client addresses), [`max_keys`] sets a
-/// hard cap on the keys held, over every shard together: below it nothing
+/// cap on the keys held, over every shard together: below it nothing
 /// is dropped. When a new key finds the limiter at the cap, its shard drops
 /// the entries that read as full, and if none does, the keys nearest to
 /// reading as full, a sixteenth of the shard's share of the cap at once (in

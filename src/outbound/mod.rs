@@ -63,8 +63,9 @@
 //! An upstream that also caps how many requests it serves at once gets a
 //! [`Limit::concurrent(k)`](crate::Limit::concurrent) beside its rates: "N per
 //! second *and* k at once" (what a *slot* is, and what holds one: there). A
-//! slot given back wakes every call waiting for one, and the first polled
-//! takes it: a waiter that gives up takes none, and one never polled again
+//! slot given back wakes every call waiting for one, and the first call
+//! that looks takes it (a waiter, or a new call: not first come, first
+//! served): a waiter that gives up takes none, and one never polled again
 //! holds none up. All or
 //! nothing: a [`try_call`](crate::RateLimiter::try_call) that cannot have both
 //! within its timeout (one timeout for the two) takes neither, and a slot

@@ -125,9 +125,11 @@ impl<K: Hash + Eq + Clone> Table<K> {
     /// full (the keys that lose the least: a key in debt further ahead, a
     /// paused one, stays), so that a flood of new keys costs a constant
     /// amount of work per key, amortized. Below the cap nothing is dropped,
-    /// however the keys fall across shards. (A shard with nothing to drop
-    /// lets one more in: with at least 16 keys of the cap per shard, all
-    /// but never.)
+    /// however the keys fall across shards. (New keys on other shards at the
+    /// same moment each see the others' counts as they were, and may pass
+    /// the cap by one each, which the next new key's shard drops; a shard
+    /// with nothing to drop lets one more in: with at least 16 keys of the
+    /// cap per shard, all but never.)
     pub(super) fn make_room(&mut self, now: u64) -> Dropped {
         if self.mode == Mode::Full && self.len() >= self.sweep_len {
             self.sweep(now, Sweep::Growth);
@@ -141,7 +143,10 @@ impl<K: Hash + Eq + Clone> Table<K> {
                 return Dropped::default();
             }
         }
-        let batch = (cap.share / 16).max(1).min(self.len());
+        // (More if new keys raced past the cap on other shards meanwhile,
+        // each seeing the others' counts as they were: back to it.)
+        let over = (self.held_by_all() + 1).saturating_sub(cap.keys);
+        let batch = (cap.share / 16).max(over).min(self.len());
         if batch == 0 {
             return Dropped::default();
         }

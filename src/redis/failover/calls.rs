@@ -240,22 +240,27 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             .unwrap_or_else(PoisonError::into_inner)
             .replace(finished);
         let key = call.key.clone();
+        let came = self.now();
         self.backend.spawn(async move {
             if let Some(previous) = previous {
                 // (Ended, or dropped with its runtime: either way, go.)
                 let _ = previous.await;
             }
-            this.apply(&key, op).await;
+            this.apply(&key, op, came).await;
             let _ = done.send(());
         });
     }
 
-    /// Sends `op` for a call of `key` to Redis, or, while Redis is down (or
-    /// if the round trip fails), has the fallback count it (see the
-    /// module's rule).
-    async fn apply(&self, key: &K, op: Call) {
+    /// Sends `op` for a call of `key`, made at `came`, to Redis, or, while
+    /// Redis is down (or if the round trip fails), has the fallback count
+    /// it (see the module's rule); a lesson aged by the time it waited.
+    async fn apply(&self, key: &K, mut op: Call, came: u64) {
         let target = self.target(key);
+        let mut since = came;
         if !self.is_down(&target) {
+            let now = self.now();
+            aged(&mut op, now.saturating_sub(since));
+            since = now;
             // (Not `send`: a settle's or a keep's integer is no debt.)
             match send::<Reply>(&self.backend, &target, op.clone(), None, None).await {
                 Ok(reply) => {
@@ -271,6 +276,8 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                 Err(Failure::Down(_)) => {}
             }
         }
+        let now = self.now();
+        aged(&mut op, now.saturating_sub(since));
         match op {
             Call::Settle {
                 charged, actual, ..
@@ -289,7 +296,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             op @ (Call::Learn { .. } | Call::Keep(_)) => {
                 let mut books = self.books();
                 if books.queued.len() < self.max_local_keys {
-                    books.queued.push((key.clone(), op, self.now()));
+                    books.queued.push((key.clone(), op, now));
                 }
                 drop(books);
                 self.activate();
@@ -327,18 +334,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         for (key, mut op, came) in queued {
             let target = self.target(&key);
             let now = self.now();
-            if let Call::Learn { lesson, .. } = &mut op {
-                // Its waits count from when it came, as its reply's did.
-                let waited = now.saturating_sub(came);
-                let left = |after: Option<u64>| after.map(|after| after.saturating_sub(waited));
-                lesson.retry_after_micros = left(lesson.retry_after_micros);
-                // Its call went as long before it as it did.
-                lesson.sent_ago_micros =
-                    Some(lesson.sent_ago_micros.unwrap_or(0).saturating_add(waited));
-                for reported in &mut lesson.limits {
-                    reported.reset_micros = left(reported.reset_micros);
-                }
-            }
+            aged(&mut op, now.saturating_sub(came));
             let sent = match self.is_down(&target) {
                 true => Err(Failure::Down(None)),
                 false => send::<Reply>(&self.backend, &target, op.clone(), None, None).await,
@@ -352,5 +348,19 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         let mut books = self.books();
         let room = self.max_local_keys.saturating_sub(books.queued.len());
         books.queued.extend(again.into_iter().take(room));
+    }
+}
+
+/// `op` as it is sent or learned `waited` µs after it was made: a
+/// lesson's waits count from when it came (as its reply's did), and its
+/// call went that much longer before it.
+fn aged(op: &mut Call, waited: u64) {
+    if let Call::Learn { lesson, .. } = op {
+        let left = |after: Option<u64>| after.map(|after| after.saturating_sub(waited));
+        lesson.retry_after_micros = left(lesson.retry_after_micros);
+        for reported in &mut lesson.limits {
+            reported.reset_micros = left(reported.reset_micros);
+        }
+        lesson.sent_ago_micros = Some(lesson.sent_ago_micros.unwrap_or(0).saturating_add(waited));
     }
 }

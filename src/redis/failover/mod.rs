@@ -500,7 +500,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             };
             match local(failure, !patience.out()) {
                 Ok(result) => return result,
-                Err(carried) => self.await_carry(carried, &mut patience).await,
+                Err(carried) => self.await_carry(key, carried, &mut patience).await,
             }
         }
     }
@@ -586,8 +586,9 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        // A key whose carry-back keeps failing to start (its runtime gone)
-        // is served where it is held.
+        // A key whose carry-back (or charge) keeps failing to start (its
+        // runtime gone), so that its mark is lifted at once, pass after
+        // pass, is served where it is held.
         for _ in 0..MAX_CARRY_WAITS {
             if self.is_down(target) || patience.out() {
                 return Route::Local(None);
@@ -607,7 +608,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                     carried
                 };
                 if let Some(carried) = carried {
-                    self.await_carry(carried, patience).await;
+                    self.await_carry(key, carried, patience).await;
                     continue;
                 }
             }
@@ -617,16 +618,34 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                 // another's): once it has been, the route is looked at
                 // again (Redis, whose debt then includes the charge; or,
                 // if the charge found Redis down, the fallback).
-                Floor::Busy(charging) => self.await_carry(charging, patience).await,
+                Floor::Busy(charging) => self.await_carry(key, charging, patience).await,
             }
         }
         Route::Local(None)
     }
 
-    /// Waits for a carry-back to end, at most until the call's time is up.
-    async fn await_carry(&self, carried: Carried<'_>, patience: &mut Patience) {
+    /// Waits for the carry-back (or the floor's charge) of `key` to end,
+    /// at most until the call's time is up. The wake-up is every key's: one
+    /// for another key's end waits again, so that only this key's end
+    /// counts as a pass of the route.
+    async fn await_carry<Q>(&self, key: &Q, mut carried: Carried<'_>, patience: &mut Patience)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         patience.waited = true;
-        let _ = tokio::time::timeout_at(patience.deadline, carried).await;
+        loop {
+            if tokio::time::timeout_at(patience.deadline, carried)
+                .await
+                .is_err()
+            {
+                return;
+            }
+            match self.carrying(&self.books(), key) {
+                Some(again) => carried = again,
+                None => return,
+            }
+        }
     }
 }
 
