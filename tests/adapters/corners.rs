@@ -16,13 +16,10 @@ use paceline::stream::ThrottleExt;
 use paceline::{Error, KeyedRateLimiter, Limit, Limiter, Local, RateLimiter};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
+use crate::common::{manual, noop};
 use crate::support::manual::ManualClock;
 
 const MS: Duration = Duration::from_millis(1);
-
-fn noop_cx() -> Context<'static> {
-    Context::from_waker(std::task::Waker::noop())
-}
 
 /// Two limits: 10/s with a burst of 5, and 30 per 10 s with a burst of 2.
 fn two_limits<C: Clock + Clone>(clock: &C) -> RateLimiter<Local, C> {
@@ -32,17 +29,6 @@ fn two_limits<C: Clock + Clone>(clock: &C) -> RateLimiter<Local, C> {
         .clock(clock.clone())
         .build()
         .unwrap()
-}
-
-fn manual_limiter(rate: f64) -> (Arc<RateLimiter<Local, ManualClock>>, ManualClock) {
-    let clock = ManualClock::default();
-    let limiter = RateLimiter::builder()
-        .permits_per_second(rate)
-        .max_burst(Duration::ZERO)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
-    (Arc::new(limiter), clock)
 }
 
 // ---------------------------------------------------------------- stream
@@ -142,7 +128,7 @@ async fn stream_dropped_mid_wait_gives_back_exactly_with_two_limits() {
         b.reserve(permits).unwrap();
     }
     let mut throttled = stream::iter([9u32]).throttle_by(a.clone(), |n: &u32| *n);
-    assert!(throttled.poll_next_unpin(&mut noop_cx()).is_pending());
+    assert!(throttled.poll_next_unpin(&mut noop()).is_pending());
     assert!(a.snapshot().unwrap().wait() > b.snapshot().unwrap().wait());
     drop(throttled);
     for step in 0..6 {
@@ -173,7 +159,7 @@ async fn keyed_stream_dropped_mid_wait_gives_the_keys_permits_back() {
     let items = [(1u32, 2u32), (2, 1), (1, 3)];
     let mut throttled =
         stream::iter(items).throttle_keyed(keyed.clone(), |&(k, n): &(u32, u32)| (k, n));
-    let mut cx = noop_cx();
+    let mut cx = noop();
     assert!(matches!(
         throttled.poll_next_unpin(&mut cx),
         Poll::Ready(Some(Ok((1, 2))))
@@ -234,10 +220,10 @@ async fn keyed_stream_with_a_hot_key_keeps_order_and_charges_each_key() {
 /// `None`, without polling the inner stream again.
 #[tokio::test(flavor = "current_thread")]
 async fn stream_inner_pending_and_poll_after_end() {
-    let (limiter, clock) = manual_limiter(10.0);
+    let (limiter, clock) = manual(10.0);
     let (tx, rx) = futures::channel::mpsc::unbounded::<u32>();
     let mut throttled = rx.throttle(limiter.clone());
-    let mut cx = noop_cx();
+    let mut cx = noop();
     assert!(throttled.poll_next_unpin(&mut cx).is_pending());
     assert_eq!(limiter.snapshot().unwrap().wait(), Duration::ZERO);
     tx.unbounded_send(1).unwrap();
@@ -353,7 +339,7 @@ impl AsyncWrite for Short {
 /// retry is not charged again.
 #[tokio::test(flavor = "current_thread")]
 async fn writer_inner_error_keeps_the_paid_chunk_as_credit() {
-    let (limiter, clock) = manual_limiter(1000.0); // 10-byte chunks
+    let (limiter, clock) = manual(1000.0); // 10-byte chunks
     let mut writer = ThrottledWriter::new(
         Short {
             max: usize::MAX,
@@ -362,7 +348,7 @@ async fn writer_inner_error_keeps_the_paid_chunk_as_credit() {
         },
         limiter.clone(),
     );
-    let mut cx = noop_cx();
+    let mut cx = noop();
     let r = Pin::new(&mut writer).poll_write(&mut cx, &[1; 10]);
     assert!(matches!(r, Poll::Ready(Err(_))));
     assert_eq!(limiter.snapshot().unwrap().wait(), 10 * MS);
@@ -459,10 +445,10 @@ async fn writer_chunk_follows_set_rate() {
 /// its chunk waits gives the reservation back.
 #[tokio::test(flavor = "current_thread")]
 async fn reader_into_inner_mid_wait_gives_back() {
-    let (limiter, _clock) = manual_limiter(1000.0); // 10-byte chunks
+    let (limiter, _clock) = manual(1000.0); // 10-byte chunks
     let data = [7u8; 30];
     let mut reader = ThrottledReader::new(&data[..], limiter.clone());
-    let mut cx = noop_cx();
+    let mut cx = noop();
     let mut storage = [0u8; 64];
     let mut buf = ReadBuf::new(&mut storage);
     assert!(matches!(
@@ -546,21 +532,7 @@ mod tower_probes {
     use tower_layer::Layer;
     use tower_service::Service;
 
-    #[derive(Clone, Default)]
-    struct Counter(Arc<AtomicU32>);
-
-    impl Service<u32> for Counter {
-        type Response = u32;
-        type Error = std::io::Error;
-        type Future = std::future::Ready<Result<u32, std::io::Error>>;
-        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-            Poll::Ready(Ok(()))
-        }
-        fn call(&mut self, request: u32) -> Self::Future {
-            self.0.fetch_add(1, Ordering::Relaxed);
-            std::future::ready(Ok(request))
-        }
-    }
+    use crate::common::Counter;
 
     async fn ready<S: Service<u32>>(service: &mut S) -> Result<(), S::Error> {
         std::future::poll_fn(|cx| service.poll_ready(cx)).await
@@ -600,10 +572,10 @@ mod tower_probes {
     /// each holds its own, and dropping one gives only its own back.
     #[tokio::test(flavor = "current_thread")]
     async fn tower_clone_mid_wait_holds_its_own_permit() {
-        let (limiter, clock) = manual_limiter(10.0);
+        let (limiter, clock) = manual(10.0);
         let layer = RateLimitLayer::new(limiter.clone());
         let mut first = layer.layer(Counter::default());
-        let mut cx = noop_cx();
+        let mut cx = noop();
         assert!(matches!(first.poll_ready(&mut cx), Poll::Ready(Ok(()))));
         first.call(0).await.unwrap();
         assert!(first.poll_ready(&mut cx).is_pending());
@@ -625,7 +597,7 @@ mod tower_probes {
     #[tokio::test(flavor = "current_thread")]
     #[should_panic(expected = "before poll_ready")]
     async fn tower_call_without_poll_ready_panics() {
-        let (limiter, _clock) = manual_limiter(10.0);
+        let (limiter, _clock) = manual(10.0);
         let mut service = RateLimitLayer::new(limiter).layer(Counter::default());
         drop(service.call(1));
     }
@@ -732,7 +704,7 @@ async fn keyed_stream_give_back_after_its_key_was_evicted_takes_nothing_from_the
     keyed.reserve(&1, 1).unwrap();
     let mut throttled =
         stream::iter([(1u32, 3u32)]).throttle_keyed(keyed.clone(), |&(k, n): &(u32, u32)| (k, n));
-    assert!(throttled.poll_next_unpin(&mut noop_cx()).is_pending());
+    assert!(throttled.poll_next_unpin(&mut noop()).is_pending());
     assert_eq!(keyed.snapshot(&1).unwrap().wait(), 400 * MS);
     // Keys owing more than key 1 push it out at the cap.
     for k in 2..10 {
@@ -777,10 +749,10 @@ mod tower_bounded {
     /// waiting mode's does.
     #[tokio::test(flavor = "current_thread")]
     async fn tower_bounded_wait_dropped_gives_its_permit_back() {
-        let (limiter, _clock) = manual_limiter(10.0);
+        let (limiter, _clock) = manual(10.0);
         let layer = RateLimitLayer::new(limiter.clone()).max_wait(Duration::from_secs(1));
         let mut first = layer.layer(Echo);
-        let mut cx = noop_cx();
+        let mut cx = noop();
         assert!(matches!(first.poll_ready(&mut cx), Poll::Ready(Ok(()))));
         first.call(1).await.unwrap();
         let mut second = layer.layer(Echo);
@@ -833,11 +805,11 @@ fn writer_polled_after_its_limiter_panicked_answers_an_error() {
     });
     let mut writer = ThrottledWriter::new(Vec::<u8>::new(), limiter);
     let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        Pin::new(&mut writer).poll_write(&mut noop_cx(), &[1; 4])
+        Pin::new(&mut writer).poll_write(&mut noop(), &[1; 4])
     }));
     assert!(first.is_err(), "the limiter's panic");
     let second = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        Pin::new(&mut writer).poll_write(&mut noop_cx(), &[1; 4])
+        Pin::new(&mut writer).poll_write(&mut noop(), &[1; 4])
     }));
     let second = second.map_err(|panic| {
         panic

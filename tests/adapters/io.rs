@@ -18,7 +18,7 @@ use paceline::clock::{Clock, FakeClock};
 use paceline::io::{MAX_CHUNK, ThrottledReader, ThrottledWriter};
 use paceline::{Error, Limiter, RateLimiter};
 
-use crate::support::manual::ManualClock;
+use crate::common::manual;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 /// 1 byte per µs: every chunk's cost is a whole number of µs.
@@ -106,17 +106,6 @@ impl AsyncRead for Trickle<'_> {
         this.data = &this.data[n..];
         Poll::Ready(Ok(()))
     }
-}
-
-fn manual(rate: f64) -> (Arc<RateLimiter<Local, ManualClock>>, ManualClock) {
-    let clock = ManualClock::default();
-    let limiter = RateLimiter::builder()
-        .permits_per_second(rate)
-        .max_burst(Duration::ZERO)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
-    (Arc::new(limiter), clock)
 }
 
 /// Polls once: what `f` returns for this task's context.

@@ -5,6 +5,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod common;
 mod corners;
 mod http;
 mod io;

@@ -6,8 +6,8 @@
 
 use std::future::poll_fn;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::task::{Context, Poll};
+use std::sync::atomic::Ordering;
+use std::task::Context;
 use std::time::{Duration, Instant};
 
 use paceline::Local;
@@ -19,24 +19,7 @@ use tower_service::Service;
 
 const MS: Duration = Duration::from_millis(1);
 
-/// A service that answers at once and counts its calls.
-#[derive(Clone, Default)]
-struct Counter(Arc<AtomicU32>);
-
-impl Service<u32> for Counter {
-    type Response = u32;
-    type Error = std::io::Error;
-    type Future = std::future::Ready<Result<u32, std::io::Error>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: u32) -> Self::Future {
-        self.0.fetch_add(1, Ordering::Relaxed);
-        std::future::ready(Ok(request))
-    }
-}
+use crate::common::Counter;
 
 fn limiter(clock: &FakeClock) -> Arc<RateLimiter<Local, FakeClock>> {
     Arc::new(

@@ -7,22 +7,26 @@
 
 #[cfg(feature = "http")]
 use std::convert::Infallible;
-use std::future::Future;
 #[cfg(feature = "http")]
 use std::future::poll_fn;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::task::{Context, Poll, Waker};
+#[cfg(feature = "http")]
+use std::sync::atomic::AtomicU32;
+use std::sync::atomic::Ordering;
+#[cfg(feature = "http")]
+use std::task::Context;
+use std::task::Poll;
 use std::time::Duration;
 
 #[cfg(feature = "http")]
 use ::http::{Request, Response, StatusCode};
 #[cfg(feature = "http")]
+use paceline::Local;
+#[cfg(feature = "http")]
 use paceline::clock::FakeClock;
 #[cfg(feature = "http")]
 use paceline::{Cost, Limit};
-use paceline::{KeyedRateLimiter, Local, RateLimiter};
+use paceline::{KeyedRateLimiter, RateLimiter};
 use tower::ServiceExt;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -31,43 +35,7 @@ use crate::support::manual::ManualClock;
 
 const MS: Duration = Duration::from_millis(1);
 
-fn noop() -> Context<'static> {
-    Context::from_waker(Waker::noop())
-}
-
-fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Output> {
-    future.poll(&mut noop())
-}
-
-/// A service that answers at once and counts its calls.
-#[derive(Clone, Default)]
-struct Counter(Arc<AtomicU32>);
-
-impl Service<u32> for Counter {
-    type Response = u32;
-    type Error = std::io::Error;
-    type Future = std::future::Ready<Result<u32, std::io::Error>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: u32) -> Self::Future {
-        self.0.fetch_add(1, Ordering::Relaxed);
-        std::future::ready(Ok(request))
-    }
-}
-
-fn manual(rate: f64) -> (Arc<RateLimiter<Local, ManualClock>>, ManualClock) {
-    let clock = ManualClock::default();
-    let limiter = RateLimiter::builder()
-        .permits_per_second(rate)
-        .max_burst(Duration::ZERO)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
-    (Arc::new(limiter), clock)
-}
+use crate::common::{Counter, manual, noop, poll_once};
 
 // ------------------------------------------------------------------ tower
 
