@@ -9,6 +9,7 @@ use std::task::Poll;
 use std::task::{Context, Waker};
 use std::time::Duration;
 
+use paceline::clock::Clock;
 use paceline::{Local, RateLimiter};
 
 use crate::support::manual::ManualClock;
@@ -28,7 +29,11 @@ pub fn poll_once<F: std::future::Future + ?Sized>(
 
 /// A limiter at `rate` with no burst, on a manual clock.
 pub fn manual(rate: f64) -> (Arc<RateLimiter<Local, ManualClock>>, ManualClock) {
-    let clock = ManualClock::default();
+    on(rate, ManualClock::default())
+}
+
+/// A limiter at `rate` with no burst, on `clock`.
+pub fn on<C: Clock + Clone>(rate: f64, clock: C) -> (Arc<RateLimiter<Local, C>>, C) {
     let limiter = RateLimiter::builder()
         .permits_per_second(rate)
         .max_burst(Duration::ZERO)

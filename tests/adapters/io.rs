@@ -25,14 +25,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 const MB_PER_S: f64 = 1_000_000.0;
 
 fn fake(rate: f64) -> (Arc<RateLimiter<Local, FakeClock>>, FakeClock) {
-    let clock = FakeClock::new();
-    let limiter = RateLimiter::builder()
-        .permits_per_second(rate)
-        .max_burst(Duration::ZERO)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
-    (Arc::new(limiter), clock)
+    crate::common::on(rate, FakeClock::new())
 }
 
 fn data(n: usize) -> Vec<u8> {
