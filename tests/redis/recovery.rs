@@ -711,3 +711,93 @@ async fn a_late_grant_heard_of_before_the_key_opens_is_not_taken_off_its_carry()
         next_at.saturating_duration_since(local_at)
     );
 }
+
+/// A key's first caller after an outage in which the fallback dropped keys
+/// with their debts waits for its key's floor charge, and only for that:
+/// the end of another key's charge or carry-back does not send it to the
+/// fallback while Redis is up. Each round trip takes a second here (a
+/// proxy delays each way); the charges of 24 other keys go out just before
+/// the test key's (their callers give up at once: the charges run on), so
+/// their replies come back one by one, 20 ms apart, while that key's
+/// caller waits, each waking every caller waiting for a key's mark. That
+/// caller used to count each wake-up as a look at its route, and after
+/// eight was routed to the fallback while its key was still being charged
+/// and Redis was up (the fallback counted the call; had the key's charge
+/// just ended, it would have served it and held the key). Now its call
+/// goes to Redis once its key is charged, and the fallback counts no call
+/// of it. The fallback holds 32 keys, so that every charge is remembered
+/// (a key charged past that many is charged again at its next call, which
+/// errs towards limiting but is not what is tested here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_waiting_for_its_keys_floor_charge_is_not_sent_to_the_fallback_by_other_keys() {
+    use futures::FutureExt;
+    const ONE_WAY: Duration = Duration::from_millis(500);
+    const OTHERS: usize = 24;
+    let mut server = RedisServer::start();
+    let proxy = crate::support::proxy::Proxy::in_front_of(&server);
+    // A response timeout that neither the charge nor the call after it (a
+    // second each) reaches on a loaded machine: the test key's call has
+    // all the time it needs to wait for its charge and go to Redis.
+    let backend = RedisBackend::builder(proxy.client())
+        .response_timeout(Duration::from_secs(6))
+        .probe_interval(100 * MS)
+        .build()
+        .await
+        .unwrap();
+    let limiter = std::sync::Arc::new(
+        KeyedRateLimiter::<String>::builder()
+            .redis(&backend, "route-passes")
+            .permits_per_second(1.0)
+            .max_burst(Duration::ZERO)
+            .local_fraction(0.5)
+            .max_keys(32)
+            .build()
+            .unwrap(),
+    );
+    assert_eq!(limiter.reserve("a", 1).await.unwrap(), Duration::ZERO);
+    server.kill();
+    // More keys than the fallback holds, each with a ticket 200 s on (100
+    // permits at 0.5/s), beyond anything this test waits: some are dropped
+    // with their debts.
+    for i in 0..40 {
+        limiter
+            .reserve(format!("held{i}").as_str(), 100)
+            .await
+            .unwrap();
+    }
+    let stats = limiter.stats();
+    assert!(stats.degraded && stats.dropped_unfinished >= 1, "{stats:?}");
+    server.restart();
+    recovered(|| !limiter.stats().degraded && limiter.stats().keys == 0).await;
+    proxy.set_latency(ONE_WAY);
+    // The other keys' first calls: each charges its key's floor in the
+    // background, its round trip sent; its caller gives up.
+    for i in 0..OTHERS {
+        let key = format!("other{i}");
+        assert!(limiter.reserve(key.as_str(), 1).now_or_never().is_none());
+        tokio::time::sleep(20 * MS).await;
+    }
+    // x's first call: its charge goes out behind the others', whose
+    // replies come first while its caller waits.
+    let fallback_calls = limiter.stats().fallback_calls;
+    let started = Instant::now();
+    let wait = {
+        let limiter = std::sync::Arc::clone(&limiter);
+        tokio::spawn(async move { limiter.reserve("x", 1).await })
+    }
+    .await
+    .unwrap()
+    .unwrap();
+    let took = started.elapsed();
+    let stats = limiter.stats();
+    eprintln!("x's first call took {took:?} and waits {wait:?}");
+    assert!(
+        stats.fallback_calls == fallback_calls && !stats.degraded && stats.keys == 0,
+        "Redis up all along, yet x's first call went to the fallback \
+         ({} fallback calls; it took {took:?}): {stats:?}",
+        stats.fallback_calls - fallback_calls
+    );
+    // The call was charged (about half of the dropped tickets' 200 s), as
+    // the test needs.
+    assert!(wait >= Duration::from_secs(30), "x waits {wait:?}");
+}
