@@ -262,7 +262,8 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
     /// background (so that no caller's progress hangs on a future that may
     /// never be polled again): the key is marked as being carried
     /// meanwhile, and its callers, that one included, wait for it (as for
-    /// a carry-back), then find it among the keys charged. (Not by its
+    /// a carry-back): that one then goes to Redis, the others find it among
+    /// the keys charged. (Not by its
     /// debt: the ticket is at the fallback's share of the rate, the charge
     /// at the shared rate, so with a share below 1 the debt Redis reports
     /// ends before the ticket.) A key past `max_local_keys` of them is
@@ -320,7 +321,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                 }
             }
         });
-        Floor::Busy(charging)
+        Floor::Charging(charging)
     }
 
     /// Time at the local rate, as time at the shared rate (the same permits

@@ -226,8 +226,10 @@ impl Patience {
 pub(super) enum Floor<'a> {
     /// Nothing more: the call goes to Redis.
     Charged,
-    /// The key is being charged: wait for that.
+    /// The key is being charged by another call: wait for that.
     Busy(Carried<'a>),
+    /// This call started the key's charge: wait for it, then go.
+    Charging(Carried<'a>),
 }
 
 /// Where a call goes.
@@ -614,11 +616,21 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             }
             match self.charge_floor(key, target) {
                 Floor::Charged => return Route::Redis,
-                // The key is being charged (by this call's charge or
-                // another's): once it has been, the route is looked at
-                // again (Redis, whose debt then includes the charge; or,
-                // if the charge found Redis down, the fallback).
+                // Another call charges the key: once it has, the route is
+                // looked at again (Redis, whose debt then includes the
+                // charge; or, if the charge found Redis down, the
+                // fallback).
                 Floor::Busy(charging) => self.await_carry(key, charging, patience).await,
+                // This call's own charge: once it has ended, the call goes
+                // to Redis (charged, even if the keys charged are too many
+                // to remember it), unless Redis was found down meanwhile.
+                Floor::Charging(charging) => {
+                    self.await_carry(key, charging, patience).await;
+                    if self.is_down(target) || patience.out() {
+                        return Route::Local(None);
+                    }
+                    return Route::Redis;
+                }
             }
         }
         Route::Local(None)
