@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Key, KeyedRateLimiter, RateLimiter, Store};
+use super::{Key, KeyedRateLimiter, Pacer, RateLimiter, Store};
 use crate::clock::Clock;
-use crate::store::{self, Engine, OnlyKey, Rate};
+use crate::store::{self, Engine, OnlyKey};
 use crate::{Error, Reservation, Snapshot, Stats};
 
 /// A rate limiter, in this process or shared through a backend.
@@ -384,23 +384,23 @@ impl<S: Store, C: Clock> Limiter for RateLimiter<S, C> {
     }
 
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
-        self.engine.set_rate(permits_per_second)
+        Pacer::set_rate(self, permits_per_second)
     }
 
     fn rate(&self) -> f64 {
-        self.engine.rate()
+        Pacer::rate(self)
     }
 
     fn slowest_rate(&self) -> f64 {
-        self.engine.slowest_rate()
+        Pacer::slowest_rate(self)
     }
 
     fn clock(&self) -> &dyn Clock {
-        self.engine.clock()
+        Pacer::clock(self)
     }
 
     fn stats(&self) -> Stats {
-        RateLimiter::stats(self)
+        Pacer::stats(self)
     }
 
     fn take_now(&self, permits: u32) -> Option<Result<bool, Error>> {
@@ -466,23 +466,23 @@ where
     }
 
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
-        self.engine.set_rate(permits_per_second)
+        Pacer::set_rate(self, permits_per_second)
     }
 
     fn rate(&self) -> f64 {
-        self.engine.rate()
+        Pacer::rate(self)
     }
 
     fn slowest_rate(&self) -> f64 {
-        self.engine.slowest_rate()
+        Pacer::slowest_rate(self)
     }
 
     fn clock(&self) -> &dyn Clock {
-        self.engine.clock()
+        Pacer::clock(self)
     }
 
     fn stats(&self) -> Stats {
-        KeyedRateLimiter::stats(self)
+        Pacer::stats(self)
     }
 
     async fn reservation(&self, key: &K, permits: u32) -> Result<Reservation<'_>, Error> {
