@@ -66,7 +66,8 @@ Exit status:
   3    a record was late with --on-late fail
   4    the limiter failed: Redis refused paceline (a wrong password, user
        or database), or, with --on-down closed, could not be reached
-  5    reading or writing failed
+  5    reading or writing failed, or stdin or stdout was closed when
+       paceline started (`<&-`, `>&-`: nothing is read)
   6    a record was longer than --max-record, or its key than --max-key
   130  ended by SIGINT, 143 by SIGTERM (see above)
 A late record, a record too long, a failed limiter or a failed read

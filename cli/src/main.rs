@@ -21,6 +21,7 @@ macro_rules! say_more {
 }
 
 mod args;
+mod closed;
 mod commands;
 mod copy;
 mod key;
@@ -54,7 +55,9 @@ fn main() -> ExitCode {
         by_bytes: args.bytes,
         ..Counts::default()
     });
-    let checked = validate(&args).and_then(|()| Ok(signals::install()?));
+    let checked = validate(&args)
+        .and_then(|()| Ok(closed::check()?))
+        .and_then(|()| Ok(signals::install()?));
     let result = match checked.map(|()| plain(&args)) {
         Err(failure) => Err(failure),
         Ok(plain) => match plain {

@@ -540,3 +540,35 @@ fn two_hundred_thousand_keys_go_through_unchanged() {
         }
     }
 }
+
+/// A closed stdin or stdout (`<&-`, `>&-`) is a failure to read or write,
+/// status 5, before anything is read: not empty input, and not records
+/// swallowed with status 0. Output sent to `/dev/null` on purpose is
+/// still a success.
+#[test]
+fn a_closed_stdin_or_stdout_fails_the_run_and_dev_null_does_not() {
+    let run = |redirect: &str| {
+        let script = format!("exec \"$0\" 1e9/s {redirect}");
+        let mut child = Command::new("sh")
+            .args(["-c", &script, PACELINE])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let _ = child.stdin.take().unwrap().write_all(b"a\nb\n");
+        let output = child.wait_with_output().unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = run(">&-");
+    assert_eq!(code, Some(5), "{stderr}");
+    assert!(stderr.contains("standard output is closed"), "{stderr}");
+    let (code, stderr) = run("<&-");
+    assert_eq!(code, Some(5), "{stderr}");
+    assert!(stderr.contains("standard input is closed"), "{stderr}");
+    let (code, stderr) = run(">/dev/null");
+    assert_eq!((code, stderr.as_str()), (Some(0), ""));
+}
