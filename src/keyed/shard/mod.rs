@@ -41,6 +41,8 @@ mod fallback;
 mod give_back;
 mod held;
 mod rates;
+#[cfg(test)]
+mod tests;
 use evict::{SWEEP_MIN_LEN, Sweep, sweep_period};
 pub(super) use held::LogId;
 use held::{HELD_AS_LIMITS, Held, start};
