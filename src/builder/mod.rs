@@ -190,8 +190,9 @@ impl<K, S: Store, C: Clock> Builder<K, S, C> {
     /// it, a keyed limiter's memory follows the keys active within about
     /// one refill period (at least a second). It counts every key held,
     /// whichever shard it falls in: below it nothing is dropped. At the
-    /// cap, a new key's shard drops its keys that read as full first, then
-    /// those nearest to full, which lose their debt (counted in
+    /// cap, a new key's shard (or, if it holds less than its share of the
+    /// cap, the shard holding the most) drops its keys that read as full
+    /// first, then those nearest to full, which lose their debt (counted in
     /// [`Stats::dropped_unfinished`](crate::Stats)). New keys arriving at
     /// once on several shards may pass it by one each, for a moment. Must
     /// be at least 1.

@@ -5,8 +5,8 @@ use std::hash::{BuildHasher, Hasher};
 /// Makes the hashers that pick a key's shard, each seeded with this
 /// limiter's own secret: a client that knows the crate's hash still cannot
 /// tell which keys share a shard, so it cannot crowd one shard and choose
-/// whose debts its keys drop at the cap (a shard drops its own keys to
-/// make room for a new one of its).
+/// whose debts its keys drop at the cap (a shard holding its share drops
+/// its own keys to make room for a new one of its).
 #[derive(Clone)]
 pub(super) struct ShardHash(u64);
 

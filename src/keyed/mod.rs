@@ -7,6 +7,8 @@ mod rounds;
 mod settings;
 mod shard;
 mod store;
+#[cfg(test)]
+mod tests;
 
 use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
@@ -222,12 +224,34 @@ impl<K: Key, C: Clock> Keyed<K, C> {
         self.shard(key).write_at(read)
     }
 
-    /// Counts the entries a call dropped before they read as full.
+    /// Counts the entries a call dropped before they read as full, and
+    /// makes room in the shard holding the most if the call's shard let a
+    /// new key in at the cap (see [`Dropped::elsewhere`]).
     fn count_dropped(&self, dropped: Dropped) {
+        if dropped.elsewhere {
+            self.make_room_elsewhere();
+        }
         if dropped.unfinished > 0 {
             self.dropped_unfinished
                 .fetch_add(dropped.unfinished, Relaxed);
             self.dropped_until.fetch_max(dropped.latest, Relaxed);
+        }
+    }
+
+    /// Brings the keys back to the cap from the shard that holds the most,
+    /// where a new key's shard held too few to choose from.
+    #[cold]
+    fn make_room_elsewhere(&self) {
+        let fullest = self
+            .shards
+            .iter()
+            .map(|padded| &padded.0)
+            .max_by_key(|shard| shard.read().len());
+        if let Some(shard) = fullest {
+            let (mut table, now) = shard.write_at(self.clock.now_micros());
+            let dropped = table.make_room_for_others(now);
+            drop(table);
+            self.count_dropped(dropped);
         }
     }
 

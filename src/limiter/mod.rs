@@ -173,7 +173,10 @@ pub type RateLimiter<S = Local, C = crate::clock::SystemClock> = Pacer<NoKey, S,
 /// the entries that read as full, and if none does, the keys nearest to
 /// reading as full, a sixteenth of the shard's share of the cap at once (in
 /// one pass, so a flood of new keys costs constant work per key): the keys
-/// that lose the least, not those deepest in debt or paused. Those keys
+/// that lose the least, not those deepest in debt or paused. A shard that
+/// holds less than its share of the cap leaves that to the shard holding
+/// the most, where the choice is wider (the few keys of a sparse shard may
+/// all be in use). Those keys
 /// lose their debt: their next request finds them full again.
 /// That is the price of a bound, and [`Stats::dropped_unfinished`]
 /// counts it.

@@ -124,28 +124,55 @@ impl<K: Hash + Eq + Clone> Table<K> {
     /// enough, the sixteenth of its share of the cap nearest to reading as
     /// full (the keys that lose the least: a key in debt further ahead, a
     /// paused one, stays), so that a flood of new keys costs a constant
-    /// amount of work per key, amortized. Below the cap nothing is dropped,
-    /// however the keys fall across shards. (New keys on other shards at the
-    /// same moment each see the others' counts as they were, and may pass
-    /// the cap by one each, which the next new key's shard drops; a shard
-    /// with nothing to drop lets one more in: with at least 16 keys of the
-    /// cap per shard, all but never.)
+    /// amount of work per key, amortized. A shard that holds less than its
+    /// share lets the key in and leaves the rest to the shard holding the
+    /// most ([`Dropped::elsewhere`], [`make_room_for_others`]), where the
+    /// choice is wider: the few keys of a sparse shard are no more than
+    /// its keys in use. Below the cap nothing is dropped, however the keys
+    /// fall across shards. (New keys on other shards at the same moment
+    /// each see the others' counts as they were, and may pass the cap by
+    /// one each, which the next drop brings back.)
+    ///
+    /// [`make_room_for_others`]: Self::make_room_for_others
     pub(super) fn make_room(&mut self, now: u64) -> Dropped {
         if self.mode == Mode::Full && self.len() >= self.sweep_len {
             self.sweep(now, Sweep::Growth);
         }
-        let Some(cap) = self.cap.filter(|cap| self.held_by_all() >= cap.keys) else {
+        self.back_to_cap(now, 1)
+    }
+
+    /// Drops what the keys of every shard hold beyond the cap, after a
+    /// shard holding less than its share let a new key in: this shard's
+    /// entries that read as full, then those nearest to full, as
+    /// [`make_room`](Self::make_room) does.
+    pub(in crate::keyed) fn make_room_for_others(&mut self, now: u64) -> Dropped {
+        self.back_to_cap(now, 0)
+    }
+
+    /// Brings the keys of every shard, with `incoming` more, back to the
+    /// cap, from this shard (see [`make_room`](Self::make_room)).
+    fn back_to_cap(&mut self, now: u64, incoming: usize) -> Dropped {
+        let Some(cap) = self
+            .cap
+            .filter(|cap| self.held_by_all() + incoming > cap.keys)
+        else {
             return Dropped::default();
         };
         if self.mode == Mode::Full {
             self.sweep(now, Sweep::Cap);
-            if self.held_by_all() < cap.keys {
+            if self.held_by_all() + incoming <= cap.keys {
                 return Dropped::default();
             }
         }
+        if incoming > 0 && self.len() < cap.share {
+            return Dropped {
+                elsewhere: true,
+                ..Dropped::default()
+            };
+        }
         // (More if new keys raced past the cap on other shards meanwhile,
         // each seeing the others' counts as they were: back to it.)
-        let over = (self.held_by_all() + 1).saturating_sub(cap.keys);
+        let over = (self.held_by_all() + incoming).saturating_sub(cap.keys);
         let batch = (cap.share / 16).max(over).min(self.len());
         if batch == 0 {
             return Dropped::default();
@@ -197,6 +224,7 @@ impl<K: Hash + Eq + Clone> Table<K> {
         Dropped {
             unfinished: (batch - left) as u64,
             latest,
+            elsewhere: false,
         }
     }
 }

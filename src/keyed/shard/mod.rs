@@ -133,6 +133,10 @@ pub(super) struct Dropped {
     /// At least the latest ticket among them (0 if none): the fallback of
     /// a Redis limiter opens new keys no earlier, erring towards limiting.
     pub(super) latest: u64,
+    /// A new key was let in at the cap by a shard holding less than its
+    /// share of it: room is made in the shard holding the most (see
+    /// `make_room`).
+    pub(super) elsewhere: bool,
 }
 
 /// A fast call's outcome, when it needs no write lock.
