@@ -162,9 +162,9 @@ impl Limit {
     /// [`RateLimiter::call`](crate::RateLimiter::call) and
     /// [`KeyedRateLimiter::call`](crate::KeyedRateLimiter::call) (per key)
     /// hand out and that have not ended. A call takes a *slot* first, waiting
-    /// while all are taken (not first come, first served: a slot given back
-    /// is free for the first call that looks, a waiter it wakes or a new
-    /// call, never held for a waiter that is not polled again), then
+    /// while all are taken (first come, first served in this process: a
+    /// slot given back is kept 50 ms for the call that has waited longest,
+    /// which loses its turn if it is not polled by then), then
     /// its place in the schedule; the slot is free again as soon as the `Call`
     /// is dropped. From when it takes its slot, the call's future holds it
     /// as the `Call` will: one that took its slot and is then kept without

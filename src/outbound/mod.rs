@@ -62,11 +62,13 @@
 //!
 //! An upstream that also caps how many requests it serves at once gets a
 //! [`Limit::concurrent(k)`](crate::Limit::concurrent) beside its rates: "N per
-//! second *and* k at once" (what a *slot* is, and what holds one: there). A
-//! slot given back wakes every call waiting for one, and the first call
-//! that looks takes it (a waiter, or a new call: not first come, first
-//! served): a waiter that gives up takes none, and one never polled again
-//! holds none up. All or
+//! second *and* k at once" (what a *slot* is, and what holds one: there). In
+//! this process, calls waiting for a slot are served first come, first
+//! served: a slot given back is kept for the call that has waited longest,
+//! for 50 ms, and a new call (the one that gave it back included) waits
+//! behind them. A waiter that gives up takes none, and one not polled in
+//! those 50 ms (parked, or forgotten) loses its turn, and its slot goes
+//! to the next. All or
 //! nothing: a [`try_call`](crate::RateLimiter::try_call) that cannot have both
 //! within its timeout (one timeout for the two) takes neither, and a slot
 //! taken and then refused by the schedule goes back at once.

@@ -3,24 +3,29 @@
 //! when it ends.
 //!
 //! In this process ([`LocalSlots`]) a key's slots are a count of those
-//! free, held in a map only while a call holds one of its slots or waits
-//! for one. A slot given back goes back to the count and wakes every call
-//! waiting for one of the key's, and the first of them polled takes it:
-//! no slot is ever handed to a waiter, so a waiter that is never polled
-//! again (parked, or forgotten) holds nothing up. Through Redis they are
-//! leases (`redis::leases`), waited for alike.
+//! free and a line of the calls waiting, held in a map only while a call
+//! holds one of its slots or waits for one. A slot given back while calls
+//! wait is kept for the first in line, which is woken, for [`KEPT_FOR`]: a
+//! call that gives its slot back and calls again goes behind the waiters,
+//! not ahead of them. A waiter that does not take its slot in that time
+//! (parked after a poll, or forgotten) loses its turn: the slot goes to the
+//! next in line, or is free, and the waiter, polled again, joins the line
+//! at its end. So no caller waits on another's future for more than a
+//! moment. Through Redis the slots are leases (`redis::leases`), polled
+//! for, not kept in line.
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::hash::Hash;
 use std::pin::pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures::future::{Either, select};
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::Error;
 use crate::clock::Clock;
@@ -96,13 +101,41 @@ pub(crate) struct Shared<K> {
     in_flight: AtomicUsize,
 }
 
-/// One key's slots: how many are free, the calls that hold one or wait
-/// for one (the entry goes when there are none), and what wakes those
-/// waiting when one is given back.
+/// How long a slot given back while calls wait is kept for the one that
+/// has waited longest: one that is not polled in that time (parked, or
+/// forgotten) loses its turn, and the slot goes to the next.
+const KEPT_FOR: Duration = Duration::from_millis(50);
+
+/// One key's slots: how many are free to any call, those kept for a
+/// waiter, the calls waiting (longest first), and how many calls hold a
+/// slot or wait for one (the entry goes when there are none). A slot is
+/// free only while nobody waits.
 struct Entry {
     free: u32,
+    kept: Vec<Kept>,
+    waiting: VecDeque<Waiter>,
     users: usize,
-    released: Arc<Notify>,
+    next_id: u64,
+}
+
+/// A call waiting for a slot, and what wakes it when one is kept for it.
+struct Waiter {
+    id: u64,
+    wake: Arc<Wake>,
+}
+
+/// What wakes a waiting call, and whether it is in line (changed under
+/// the key's lock only).
+#[derive(Default)]
+struct Wake {
+    notify: Notify,
+    lined: AtomicBool,
+}
+
+/// A slot kept for waiter `id` until `until`.
+struct Kept {
+    id: u64,
+    until: Instant,
 }
 
 impl<K> LocalSlots<K> {
@@ -134,45 +167,94 @@ impl<K> Shared<K> {
 impl<K: Hash + Eq> Shared<K> {
     /// Counts a call on `key` in (creating its entry if need be), until
     /// the [`User`] is dropped, and takes one of the key's slots if one is
-    /// free.
+    /// free (none is while calls wait: it then waits behind them).
     fn enter<Q>(&self, key: &Q) -> User<'_, K>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let mut keys = self.keys();
-        let (released, holds) = match keys.get_mut(key) {
-            Some(entry) => {
-                entry.users += 1;
-                (Arc::clone(&entry.released), entry.take())
-            }
-            None => {
-                let released = Arc::new(Notify::new());
-                let mut entry = Entry {
-                    free: self.calls,
-                    users: 1,
-                    released: Arc::clone(&released),
-                };
-                let holds = entry.take();
-                keys.insert(key.to_owned(), entry);
-                (released, holds)
-            }
+        let entry = match keys.get_mut(key) {
+            Some(entry) => entry,
+            None => keys.entry(key.to_owned()).or_insert(Entry {
+                free: self.calls,
+                kept: Vec::new(),
+                waiting: VecDeque::new(),
+                users: 0,
+                next_id: 0,
+            }),
         };
+        entry.users += 1;
+        entry.next_id += 1;
+        let id = entry.next_id;
+        entry.expire();
+        let holds = entry.take();
         User {
             shared: self,
             key: key.to_owned(),
-            released,
+            id,
+            wake: None,
             holds,
         }
     }
 }
 
 impl Entry {
-    /// Takes a slot if one is free.
+    /// Takes a free slot, if one is.
     fn take(&mut self) -> bool {
         let free = self.free > 0;
         self.free -= u32::from(free);
         free
+    }
+
+    /// A slot given back (or no longer kept): kept for the call that has
+    /// waited longest, and that call woken; free if none waits.
+    fn give_back(&mut self) {
+        match self.waiting.pop_front() {
+            Some(waiter) => {
+                waiter.wake.lined.store(false, Ordering::Relaxed);
+                self.kept.push(Kept {
+                    id: waiter.id,
+                    until: Instant::now() + KEPT_FOR,
+                });
+                waiter.wake.notify.notify_one();
+            }
+            None => self.free += 1,
+        }
+    }
+
+    /// The slots kept for waiters that did not take them in time go to the
+    /// next.
+    fn expire(&mut self) {
+        if self.kept.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let before = self.kept.len();
+        self.kept.retain(|kept| kept.until > now);
+        for _ in self.kept.len()..before {
+            self.give_back();
+        }
+    }
+
+    /// Takes the slot kept for waiter `id`, if one is.
+    fn claim(&mut self, id: u64) -> bool {
+        let found = self.kept.iter().position(|kept| kept.id == id);
+        if let Some(at) = found {
+            self.kept.swap_remove(at);
+        }
+        found.is_some()
+    }
+
+    /// Waiter `id` gives up: out of the line, and a slot kept for it goes
+    /// to the next.
+    fn leave(&mut self, id: u64, lined: bool) {
+        if lined {
+            self.waiting.retain(|waiter| waiter.id != id);
+        }
+        if self.claim(id) {
+            self.give_back();
+        }
     }
 }
 
@@ -181,13 +263,16 @@ impl Entry {
 struct User<'s, K: Hash + Eq> {
     shared: &'s Shared<K>,
     key: K,
-    released: Arc<Notify>,
+    id: u64,
+    /// What wakes it while it waits in line.
+    wake: Option<Arc<Wake>>,
     holds: bool,
 }
 
 impl<K: Hash + Eq> User<'_, K> {
-    /// Waits at most `timeout` on `clock` for a slot given back, and takes
-    /// it; `false` if none was free in time.
+    /// Waits at most `timeout` on `clock` for a slot, in line behind the
+    /// calls that waited before it, and takes it; `false` if none came in
+    /// time.
     async fn wait(&mut self, timeout: Option<Duration>, clock: &dyn Clock) -> bool {
         let mut sleep = match timeout {
             Some(timeout) if timeout.is_zero() => return false,
@@ -195,36 +280,70 @@ impl<K: Hash + Eq> User<'_, K> {
             Some(timeout) => Either::Left(clock.sleep(timeout)),
             None => Either::Right(std::future::pending()),
         };
+        let wake = Arc::clone(self.wake.get_or_insert_with(Arc::default));
         loop {
-            let released = self.released.clone();
-            let mut released = pin!(released.notified());
-            // Woken by any slot given back from here on, then looks.
-            released.as_mut().enable();
-            if self.try_take() {
+            let Some(kept_until) = self.look() else {
                 return true;
-            }
-            match select(released, sleep).await {
-                Either::Left(((), rest)) => sleep = rest,
-                Either::Right(((), _)) => return self.try_take(),
+            };
+            // A slot kept for a call before it that is not taken in time
+            // comes down the line: looked at again then (where a runtime
+            // keeps time).
+            let expiry = match kept_until {
+                Some(until) if tokio::runtime::Handle::try_current().is_ok() => {
+                    Either::Left(tokio::time::sleep_until(until))
+                }
+                _ => Either::Right(std::future::pending()),
+            };
+            let notified = pin!(wake.notify.notified());
+            let expiry = pin!(expiry);
+            match select(select(notified, expiry), sleep).await {
+                Either::Left((_, rest)) => sleep = rest,
+                Either::Right(((), _)) => return self.look().is_none(),
             }
         }
     }
 
-    /// Takes one of the key's slots if one is free.
-    fn try_take(&mut self) -> bool {
+    /// Takes the slot kept for this call, or a free one; otherwise joins
+    /// the line (if not in it: the first time, or after losing its turn)
+    /// and returns when the first slot kept for another ends, if any is.
+    fn look(&mut self) -> Option<Option<Instant>> {
         let mut keys = self.shared.keys();
-        self.holds = keys.get_mut(&self.key).is_some_and(Entry::take);
-        self.holds
+        let entry = keys.get_mut(&self.key)?;
+        entry.expire();
+        if entry.claim(self.id) || entry.take() {
+            self.holds = true;
+            return None;
+        }
+        let wake = self.wake.get_or_insert_with(Arc::default);
+        if !wake.lined.swap(true, Ordering::Relaxed) {
+            let wake = Arc::clone(wake);
+            entry.waiting.push_back(Waiter { id: self.id, wake });
+        }
+        Some(entry.kept.iter().map(|kept| kept.until).min())
     }
 }
 
 impl<K: Hash + Eq> Drop for User<'_, K> {
     fn drop(&mut self) {
+        if self.holds {
+            // Before the slot can be taken again, so that the count never
+            // reads more than the slots held.
+            self.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
+        }
         let mut keys = self.shared.keys();
         let Some(entry) = keys.get_mut(&self.key) else {
             return;
         };
-        entry.free += u32::from(self.holds);
+        match self.holds {
+            true => entry.give_back(),
+            false => {
+                let lined = self
+                    .wake
+                    .as_ref()
+                    .is_some_and(|wake| wake.lined.load(Ordering::Relaxed));
+                entry.leave(self.id, lined);
+            }
+        }
         entry.users = entry.users.saturating_sub(1);
         if entry.users == 0 {
             // Nobody holds a slot or waits for one: every slot is free.
@@ -235,11 +354,6 @@ impl<K: Hash + Eq> Drop for User<'_, K> {
                 let len = keys.len();
                 keys.shrink_to(len * 2);
             }
-        }
-        drop(keys);
-        if self.holds {
-            self.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
-            self.released.notify_waiters();
         }
     }
 }

@@ -365,3 +365,129 @@ fn the_builder_checks_the_concurrent_limit() {
         .unwrap();
     assert_eq!(unbounded.reserve(1_000).unwrap(), Duration::ZERO);
 }
+
+/// A caller that gives its slot back and calls again at once (a worker's
+/// loop: call, await the answer, finish, call) goes behind the call that
+/// was waiting, not ahead of it. On one thread, with time standing still
+/// (a slot kept for a waiter is kept 50 ms), the waiter is served as soon
+/// as the loop's call in flight when it came ends; on two threads at
+/// full speed, within a few (each time the waiter's thread is not run for
+/// 50 ms while its slot is kept, the loop may go once more), where before
+/// the loop kept the slot for all its 10 000 calls.
+#[test]
+fn a_caller_that_calls_again_at_once_goes_behind_the_waiter() {
+    let runtimes = [
+        (
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()
+                .unwrap(),
+            1,
+        ),
+        (
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap(),
+            100,
+        ),
+    ];
+    for (runtime, bound) in runtimes {
+        let (asked, served) = runtime.block_on(async {
+            let limiter = Arc::new(limiter(1e9, 1_000_000, 1));
+            let looped = Arc::new(AtomicUsize::new(0));
+            let worker = tokio::spawn({
+                let (limiter, looped) = (Arc::clone(&limiter), Arc::clone(&looped));
+                async move {
+                    while looped.load(Ordering::SeqCst) < 10_000 {
+                        let call = limiter.call(1).await.unwrap();
+                        tokio::task::yield_now().await; // the upstream's answer
+                        drop(call);
+                        looped.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            });
+            while looped.load(Ordering::SeqCst) < 3 {
+                tokio::task::yield_now().await;
+            }
+            // In line once polled, unless the slot was free then.
+            let mut waiting = Box::pin(limiter.call(1));
+            let asked = looped.load(Ordering::SeqCst);
+            let served = match pending(waiting.as_mut()) {
+                true => {
+                    let call = waiting.await.unwrap();
+                    let served = looped.load(Ordering::SeqCst);
+                    drop(call);
+                    served
+                }
+                false => asked,
+            };
+            worker.await.unwrap();
+            (asked, served)
+        });
+        assert!(
+            served <= asked + bound,
+            "the waiter asked after {asked} of the loop's calls and was served after {served}"
+        );
+    }
+}
+
+/// Waiting calls are served in the order they came, one slot at a time.
+#[tokio::test]
+async fn waiting_calls_are_served_in_the_order_they_came() {
+    let limiter = limiter(1e9, 1_000_000, 1);
+    let holder = limiter.call(1).await.unwrap();
+    let mut waiting: Vec<_> = (0..5).map(|_| Box::pin(limiter.call(1))).collect();
+    for call in &mut waiting {
+        assert!(pending(call.as_mut()));
+    }
+    drop(holder);
+    // Each slot given back goes to the longest waiting: polled in reverse
+    // order, only the first is served.
+    for served in 0..5 {
+        for later in (served + 1..5).rev() {
+            assert!(
+                pending(waiting[later].as_mut()),
+                "call {later} went before call {served}"
+            );
+        }
+        let call = waiting[served].as_mut().await.unwrap();
+        assert_eq!(limiter.stats().in_flight, 1);
+        drop(call);
+    }
+}
+
+/// A waiter parked after its first poll (or forgotten) holds a slot kept
+/// for it only a moment: the next call is served, and the parked one,
+/// polled again later, waits behind the calls then in line and is served
+/// in its turn.
+#[tokio::test]
+async fn a_parked_waiter_loses_its_turn_and_gets_another() {
+    let limiter = limiter(1e9, 1_000_000, 1);
+    let holder = limiter.call(1).await.unwrap();
+    let mut parked = Box::pin(limiter.call(1));
+    assert!(pending(parked.as_mut()));
+    drop(holder);
+    let started = Instant::now();
+    let next = tokio::time::timeout(Duration::from_secs(10), limiter.call(1))
+        .await
+        .expect("the next call is stalled behind the parked one")
+        .unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "the next call waited {took:?}"
+    );
+    // Polled again while the next call holds the slot: in line, then served.
+    assert!(pending(parked.as_mut()));
+    drop(next);
+    let parked = tokio::time::timeout(Duration::from_secs(10), parked)
+        .await
+        .expect("the parked call, polled again, is never served")
+        .unwrap();
+    assert_eq!(limiter.stats().in_flight, 1);
+    drop(parked);
+    assert_eq!(limiter.stats().in_flight, 0);
+}

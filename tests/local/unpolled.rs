@@ -355,10 +355,11 @@ async fn a_forgotten_keyed_waiter_holds_no_one_up() {
 /// the project promises that no caller's progress depends on another
 /// caller's future being polled.
 ///
-/// What happens: the slot freed by the holder is handed to the parked
-/// waiter at once (a fair semaphore queue), which never runs to take it,
-/// use it, and give it back: every later caller of the key waits forever
-/// (here: past a 5 s bound on a limiter with no rate to speak of).
+/// The slot freed by the holder is kept for the parked waiter (it came
+/// first), but only for a moment: handed to it for good, as a fair
+/// semaphore queue does, it would never be taken, used and given back, and
+/// every later caller of the key would wait forever (here: past a 5 s
+/// bound on a limiter with no rate to speak of).
 #[tokio::test]
 async fn a_parked_slot_waiter_does_not_hold_up_the_next_caller() {
     let limiter = RateLimiter::builder()
