@@ -58,9 +58,9 @@
 //! A limiter built with several [`Limit`]s lets a request go when every one of
 //! them allows it, charges it to all of them, charges none for a refused try,
 //! and gives a dropped reservation back to all of them, exactly. A
-//! [`Reservation`] names the limit it waits for. Every builder takes
-//! `.limit()`, the Redis ones too (up to 16): all the limits of a key then
-//! live in one Redis value, updated by one call.
+//! [`Reservation`] names the limit it waits for. The [`Builder`] takes
+//! `.limit()` for every limiter, the Redis ones too (up to 16): all the
+//! limits of a key then live in one Redis value, updated by one call.
 //!
 //! ```
 //! use std::time::Duration;

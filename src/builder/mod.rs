@@ -320,7 +320,8 @@ impl<K: Key, C: Clock> Builder<PerKey<K>, Local, C> {
     /// Checks the options and creates the limiter.
     ///
     /// # Errors
-    /// As [`Builder::build`] for one rate.
+    /// [`Error::InvalidArgument`] as for one rate, but for `max_keys`,
+    /// which caps this limiter's keys (0 is refused).
     pub fn build(mut self) -> Result<KeyedRateLimiter<K, Local, C>, Error> {
         let (clock, metrics, max_keys) = self.parts()?;
         let states = limit_states(&self.config, 0)?;

@@ -186,7 +186,9 @@ impl<K: Key + Display, C: Clock> Builder<PerKey<K>, Redis, C> {
     /// I/O.
     ///
     /// # Errors
-    /// As [`Builder::build`] for one rate.
+    /// [`Error::InvalidArgument`] for bad options: an empty name, a bad
+    /// rate, policy or limit, more than 16 limits, a local fraction outside
+    /// `(0, 1]` or with a fallback other than `Local`, `max_keys(0)`.
     pub fn build(self) -> Result<KeyedRateLimiter<K, Redis, C>, Error> {
         let prefix =
             naming::keyed_prefix(&self.store().backend.options.key_prefix, &self.store().name);

@@ -118,8 +118,8 @@
 //! of the key is in flight go together in one script call (up to 256) when
 //! it ends, or once 64 wait (at most two batches in flight; a caller finding
 //! 1 024 waiting goes alone). On one hot key, 256 tasks of one process
-//! reserve about 6× as many permits per second as with `coalesce(false)`
-//! (BENCHMARKS.md).
+//! reserve about 5× as many permits per second as with `coalesce(false)`
+//! (BENCHMARKS.md: a median of 5.24×, from 4.83× to 6.07×).
 //!
 //! # Running Redis for this
 //!
