@@ -12,17 +12,18 @@
 //! go in the background: a test waits for the key's log to empty (the
 //! keep comes last) before it reads.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::support::limiter_state::{LimitState, Value};
 use crate::support::poll::patient_backend;
+use crate::support::proxy::Proxy;
 use crate::support::redis_server::RedisServer;
 use crate::support::rng::Rng;
 use crate::support::within::within;
 use paceline::clock::FakeClock;
-use paceline::outbound::Feedback;
+use paceline::outbound::{Call, Feedback};
 use paceline::redis::{Fallback, Redis};
-use paceline::{Cost, KeyedRateLimiter, Limit, RateLimiter};
+use paceline::{Cost, KeyedRateLimiter, Limit, RateLimiter, Snapshot};
 
 /// A limit's ticket, in 2^-20 µs.
 fn ticket(limit: &LimitState) -> u128 {
@@ -588,5 +589,140 @@ async fn a_snapshot_reads_what_another_instance_taught_the_key() {
         (theirs.rate(), theirs.burst()),
         (mine.rate(), mine.burst()),
         "b reads {theirs:?}, a {mine:?}"
+    );
+}
+
+/// 10 per second under `name`, failing closed, on a backend of its own on
+/// `client` (a direct one, or one through a proxy), on the real clock. Its
+/// burst (10 s) keeps the key, and what it learned, in Redis for 10 s after
+/// a pause (a key that reads as full expires, and forgets what it learned).
+async fn ten_per_second(client: redis::Client, name: &str) -> RateLimiter<Redis> {
+    RateLimiter::builder()
+        .permits_per_second(10.0)
+        .max_burst(Duration::from_secs(10))
+        .redis(&patient_backend(client).await, name)
+        .fallback(Fallback::FailClosed)
+        .build()
+        .unwrap()
+}
+
+/// Ends `call` with a refusal asking for `retry_after`, at its estimate
+/// (`finish`: the settle first, then the lesson), while `proxy` holds
+/// every chunk it reads for 2 s: the settle's request sits in the proxy
+/// for 2 s, its reply comes at once (the latency is lifted after 1 s,
+/// long after the request was read and long before Redis replies), and
+/// the lesson, sent after that reply, goes at once too. When the call
+/// was answered.
+async fn finish_behind_a_slow_settle(
+    call: Call<'_>,
+    proxy: &Proxy,
+    retry_after: Duration,
+) -> Instant {
+    proxy.set_latency(Duration::from_secs(2));
+    let answered = Instant::now();
+    call.finish(&refused(retry_after), 1).unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    proxy.set_latency(Duration::ZERO);
+    answered
+}
+
+/// `limiter`'s snapshots, until `landed` says one shows the lesson (within
+/// 10 s): when it was asked for and when it came, since `answered`, and it.
+async fn landed(
+    limiter: &RateLimiter<Redis>,
+    answered: Instant,
+    landed: impl Fn(Duration, &Snapshot) -> bool,
+) -> (Duration, Duration, Snapshot) {
+    loop {
+        let asked = answered.elapsed();
+        let snapshot = limiter.snapshot().await.unwrap();
+        let came = answered.elapsed();
+        if landed(asked, &snapshot) {
+            return (asked, came, snapshot);
+        }
+        assert!(
+            came < Duration::from_secs(10),
+            "the lesson never landed: {snapshot:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A refusal whose lesson waited behind its call's slow settle
+/// (`finish` settles first, and a call's updates reach Redis in order)
+/// pauses the key until its Retry-After, counted from the answer, not from
+/// when the lesson reached Redis: it is aged by the time it waited, as a
+/// lesson queued while Redis was down is. The settle's round trip takes
+/// about 2 s (a proxy holds it), the upstream asks for 3 s: aged, the
+/// pause ends 3 s after the answer, about 1 s after the lesson lands; not
+/// aged, it would end 3 s after it lands, 5 s after the answer. Another
+/// instance's snapshot reads the pause as its wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lesson_that_waited_behind_a_slow_settle_pauses_from_the_answer() {
+    let retry_after = Duration::from_secs(3);
+    let server = RedisServer::start();
+    let proxy = Proxy::in_front_of(&server);
+    let one = ten_per_second(proxy.client(), "aged").await;
+    let other = ten_per_second(server.client(), "aged").await;
+    let call = one.call(1).await.unwrap();
+    let answered = finish_behind_a_slow_settle(call, &proxy, retry_after).await;
+    // The lesson lands when the rate falls to 0.7 of 10.
+    let (asked, came, snapshot) = landed(&other, answered, |_, s| s.rate() < 10.0).await;
+    assert_eq!(snapshot.rate(), 7.0);
+    // It waited behind the settle (else this test shows nothing).
+    assert!(
+        asked >= Duration::from_millis(1_500),
+        "landed {asked:?} after the answer"
+    );
+    // The pause ends between `asked + wait` and `came + wait` after the answer.
+    let (earliest, latest) = (asked + snapshot.wait(), came + snapshot.wait());
+    assert!(
+        latest + Duration::from_millis(100) >= retry_after,
+        "the pause ended {latest:?} after the answer, before its Retry-After"
+    );
+    assert!(
+        earliest < retry_after + Duration::from_millis(750),
+        "the pause ends {earliest:?} after the answer (landed {asked:?}..{came:?} after it, \
+         its wait then {:?}): its Retry-After counted from when it landed, not from the answer",
+        snapshot.wait()
+    );
+}
+
+/// A refusal of a call that went before the key's last pause ended lowers
+/// nothing (the upstream refused it for the load that caused that pause),
+/// also when its lesson waited behind its slow settle: its call's age
+/// counts that wait. One call is refused with a 0.5 s pause (the rate
+/// falls to 0.7 of 10); another, which went with it, before that
+/// refusal was learned, is refused too, its lesson 2 s behind its settle.
+/// Aged, it went inside the first pause: 7/s stays. Not aged, it would
+/// look 2 s younger, gone after that pause ended, and lower the rate again,
+/// to 4.9/s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lesson_that_waited_behind_a_slow_settle_keeps_its_calls_age() {
+    let server = RedisServer::start();
+    let proxy = Proxy::in_front_of(&server);
+    let one = ten_per_second(proxy.client(), "aged-age").await;
+    let other = ten_per_second(server.client(), "aged-age").await;
+    let early = one.call(1).await.unwrap();
+    let late = one.call(1).await.unwrap();
+    let start = Instant::now();
+    early.learn(&refused(Duration::from_millis(500)));
+    drop(early);
+    landed(&other, start, |_, s| s.rate() < 10.0).await;
+    let answered = finish_behind_a_slow_settle(late, &proxy, Duration::from_secs(3)).await;
+    // The second lesson lands when its 3 s pause shows (the first one's
+    // has ended by the time the latency is lifted).
+    let (asked, _, snapshot) = landed(&other, answered, |asked, s| {
+        asked >= Duration::from_secs(1) && s.wait() >= Duration::from_millis(500)
+    })
+    .await;
+    assert!(
+        asked >= Duration::from_millis(1_500),
+        "landed {asked:?} after the answer"
+    );
+    assert_eq!(
+        snapshot.rate(),
+        7.0,
+        "a refusal of a call that went inside the first pause lowered the rate again"
     );
 }
