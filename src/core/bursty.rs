@@ -10,12 +10,14 @@ use super::micros;
 /// stores one permit per stable interval.
 ///
 /// ```
+/// # #[cfg(feature = "internals")] {
 /// use std::time::Duration;
 /// use paceline::core::Bursty;
 ///
 /// let b = Bursty::new(Duration::from_secs(2));
 /// assert_eq!(b.max_burst_micros, 2_000_000);
 /// assert_eq!(Bursty::default().max_burst_micros, 1_000_000);
+/// # }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bursty {

@@ -344,7 +344,7 @@ impl Limits {
     }
 
     /// The learned fraction of the configured rates (1 until a refusal).
-    #[cfg(any(test, feature = "internals"))]
+    #[cfg(feature = "internals")]
     pub fn learned_factor(&self) -> f64 {
         self.learned.as_ref().map_or(1.0, |l| l.factor)
     }
@@ -353,7 +353,7 @@ impl Limits {
     /// pause, when the factor last rose, the margin, and each limit's cap
     /// (infinite where none was reported). For the model tests, which hold
     /// Redis's copy to it.
-    #[cfg(any(test, feature = "internals"))]
+    #[cfg(feature = "internals")]
     pub fn learned_numbers(&self) -> Option<(f64, u64, u64, f64, Vec<f64>)> {
         self.learned.as_ref().map(|l| {
             (

@@ -46,6 +46,7 @@ pub const LOG_CAPACITY: usize = 1024;
 /// changes only what comes next.
 ///
 /// ```
+/// # #[cfg(feature = "internals")] {
 /// use paceline::core::{Bursty, Limits, Policy, State};
 ///
 /// // 10 per second storing up to 2 permits, and 3 per minute up to 3.
@@ -59,6 +60,7 @@ pub const LOG_CAPACITY: usize = 1024;
 /// assert_eq!((second.wait_micros, second.bound_by), (20_000_000, Some(1)));
 /// // A try that would wait longer than its timeout charges neither limit.
 /// assert_eq!(limits.try_reserve(1, 0, 1_000_000, false), None);
+/// # }
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limits {
@@ -370,7 +372,7 @@ impl Limits {
     /// [`State::resume`] for each limit, with its debt in `debts_micros` (a
     /// missing one is 0). The log empties: what waits gives nothing back
     /// (erring towards limiting).
-    #[cfg(any(test, feature = "internals"))]
+    #[cfg(feature = "internals")]
     pub fn resume(&mut self, debts_micros: &[u64], now_micros: u64) {
         self.clear_log();
         for (i, state) in self.states.iter_mut().enumerate() {

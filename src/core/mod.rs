@@ -103,10 +103,12 @@ pub(crate) fn slowest(rates: impl IntoIterator<Item = f64>) -> f64 {
 /// A duration in whole microseconds, saturating at [`MAX_MICROS`].
 ///
 /// ```
+/// # #[cfg(feature = "internals")] {
 /// use std::time::Duration;
 /// use paceline::core::{micros, MAX_MICROS};
 /// assert_eq!(micros(Duration::from_millis(3)), 3_000);
 /// assert_eq!(micros(Duration::MAX), MAX_MICROS);
+/// # }
 /// ```
 #[inline]
 pub fn micros(duration: Duration) -> u64 {

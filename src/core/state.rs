@@ -9,6 +9,7 @@ use super::{
 /// works](crate::design)).
 ///
 /// ```
+/// # #[cfg(feature = "internals")] {
 /// use paceline::core::{Bursty, Policy, State};
 ///
 /// // 5 permits per second, no stored permits yet, created at t = 0.
@@ -17,6 +18,7 @@ use super::{
 /// assert_eq!(state.reserve(1, 0), 200_000); // ...the next one pays its debt
 /// assert_eq!(state.try_reserve(1, 0, 100_000), None); // 400 ms > 100 ms timeout
 /// assert_eq!(state.try_reserve(1, 300_000, 100_000), Some(100_000));
+/// # }
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct State {
@@ -65,11 +67,13 @@ impl State {
     /// so in a keyed limiter, as a missing key does in Redis.
     ///
     /// ```
+    /// # #[cfg(feature = "internals")] {
     /// use paceline::core::{Bursty, Policy, State};
     ///
     /// let state = State::full(Policy::Bursty(Bursty::default()), 5.0, 7).unwrap();
     /// assert_eq!((state.stored_permits(), state.max_permits()), (5.0, 5.0));
     /// assert_eq!(state.next_free_micros(), 7);
+    /// # }
     /// ```
     pub fn full(
         policy: Policy,
@@ -84,7 +88,7 @@ impl State {
     /// Permits saved up while idle, from `0.0` to
     /// [`max_permits`](State::max_permits), as of the last operation (a
     /// [`resync`](State::resync) brings them up to `now`).
-    #[cfg(any(test, feature = "internals"))]
+    #[cfg(feature = "internals")]
     pub fn stored_permits(&self) -> f64 {
         self.stored_permits
     }
@@ -92,14 +96,14 @@ impl State {
     /// The most permits that can be stored: the burst past the one request
     /// that goes at the ticket (bursty), or the permits of a cold limiter
     /// (warming-up).
-    #[cfg(any(test, feature = "internals"))]
+    #[cfg(feature = "internals")]
     pub fn max_permits(&self) -> f64 {
         self.max_permits
     }
 
     /// Microseconds between two permits at the stable rate (`0.0` for an
     /// infinite rate; at most [`MAX_MICROS`]).
-    #[cfg(any(test, feature = "internals"))]
+    #[cfg(feature = "internals")]
     pub fn stable_interval_micros(&self) -> f64 {
         self.stable_interval_micros
     }
@@ -279,7 +283,7 @@ impl State {
     /// state.resume(300_000, 1_000_000);
     /// assert_eq!((state.stored_permits(), state.next_free_micros()), (0.0, 1_300_000));
     /// ```
-    #[cfg(any(test, feature = "internals"))]
+    #[cfg(feature = "internals")]
     pub fn resume(&mut self, debt_micros: u64, now_micros: u64) {
         if now_micros > self.next_free_micros {
             self.next_free_micros = now_micros.min(MAX_MICROS);

@@ -48,6 +48,7 @@ use super::micros;
 /// then limits like a bursty one with no burst, never "not at all".
 ///
 /// ```
+/// # #[cfg(feature = "internals")] {
 /// use std::time::Duration;
 /// use paceline::core::{Policy, State, WarmingUp};
 ///
@@ -64,6 +65,7 @@ use super::micros;
 /// }
 /// // Cold start: 1.375 s, then faster, down to the stable 0.5 s.
 /// assert_eq!(waits, [0, 1_375_000, 1_125_000, 875_000, 625_000, 500_000]);
+/// # }
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct WarmingUp {
