@@ -45,8 +45,8 @@
 //! stream; pass a clone of an `Arc` to keep using it elsewhere (its other
 //! callers share the rate with the stream).
 //!
-//! When nothing is owed and the limiter can tell without I/O (the local
-//! [`RateLimiter`](crate::RateLimiter), through `Limiter::take_now`), an
+//! When nothing is owed and the limiter can tell without I/O (the limiters
+//! in this process, through `Limiter::take_now` and `KeyedLimiter::take_now`), an
 //! item's permits are taken with no future and no timer; otherwise an item
 //! costs one boxed future for its wait (the `async` [`Limiter`] methods box
 //! theirs too).
