@@ -164,7 +164,7 @@ impl Limit {
     /// hand out and that have not ended. A call takes a *slot* first, waiting
     /// while all are taken (first come, first served in this process: a
     /// slot given back is kept 50 ms for the call that has waited longest,
-    /// which loses its turn if it is not polled by then), then
+    /// then is free to the first call that looks), then
     /// its place in the schedule; the slot is free again as soon as the `Call`
     /// is dropped. From when it takes its slot, the call's future holds it
     /// as the `Call` will: one that took its slot and is then kept without

@@ -66,9 +66,11 @@
 //! this process, calls waiting for a slot are served first come, first
 //! served: a slot given back is kept for the call that has waited longest,
 //! for 50 ms, and a new call (the one that gave it back included) waits
-//! behind them. A waiter that gives up takes none, and one not polled in
-//! those 50 ms (parked, or forgotten) loses its turn, and its slot goes
-//! to the next. All or
+//! behind them. A waiter that gives up takes none, and one that does not
+//! take its slot in those 50 ms (parked, forgotten, or not run) loses its
+//! turn: the slot is free to the first call that looks, every waiter woken
+//! to look (by a thread of the crate's, started the first time a slot is
+//! kept and asleep while none is, if no call comes). All or
 //! nothing: a [`try_call`](crate::RateLimiter::try_call) that cannot have both
 //! within its timeout (one timeout for the two) takes neither, and a slot
 //! taken and then refused by the schedule goes back at once.

@@ -606,8 +606,9 @@ mod outbound_layer {
     }
 
     /// The promise that holds: a request parked or forgotten while it
-    /// waits for a slot (not yet its turn) takes none; the slot given back
-    /// goes to the next request polled.
+    /// waits for a slot takes none; the slot given back is kept a moment
+    /// for the parked one (it came first), then goes to the next request
+    /// polled.
     #[tokio::test(flavor = "current_thread")]
     async fn requests_parked_or_forgotten_waiting_for_a_slot_take_none() {
         let clock = ManualClock::default();
@@ -641,6 +642,11 @@ mod outbound_layer {
         go.notify_one();
         assert!(poll_once(holder.as_mut()).is_ready());
         clock.advance(10 * MS);
+        let started = std::time::Instant::now();
+        while limiter.stats().in_flight == 0 && started.elapsed() < Duration::from_secs(10) {
+            assert!(poll_once(next.as_mut()).is_pending());
+            std::thread::sleep(5 * MS);
+        }
         assert!(poll_once(next.as_mut()).is_pending()); // sent, in flight
         assert_eq!(limiter.stats().in_flight, 1);
         go.notify_one();

@@ -491,3 +491,85 @@ async fn a_parked_waiter_loses_its_turn_and_gets_another() {
     drop(parked);
     assert_eq!(limiter.stats().in_flight, 0);
 }
+
+/// A call already waiting behind a parked one gets the slot once it has
+/// been kept a moment for the parked one, though no other call comes to
+/// look: every call in line is woken when the moment is over.
+#[test]
+fn a_waiter_behind_a_parked_one_is_served_without_another_call() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let limiter = Arc::new(limiter(1e9, 1_000_000, 1));
+        let holder = limiter.call(1).await.unwrap();
+        let mut parked = Box::pin(limiter.call(1));
+        assert!(pending(parked.as_mut()));
+        let behind = tokio::spawn({
+            let limiter = Arc::clone(&limiter);
+            async move { drop(limiter.call(1).await.unwrap()) }
+        });
+        // In line behind the parked call.
+        tokio::time::sleep(20 * MS).await;
+        assert!(!behind.is_finished());
+        drop(holder);
+        tokio::time::timeout(Duration::from_secs(10), behind)
+            .await
+            .expect("the call behind the parked one is never served")
+            .unwrap();
+        drop(parked);
+    });
+}
+
+/// A waiter that comes late for the slot kept for it (after the moment it
+/// is kept) still takes it if no other call has: the slot is free to the
+/// first call that looks, not handed on down the line while nobody uses it.
+#[test]
+fn a_late_waiter_takes_the_slot_nobody_else_took() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let limiter = limiter(1e9, 1_000_000, 1);
+        let holder = limiter.call(1).await.unwrap();
+        let mut late = Box::pin(limiter.call(1));
+        assert!(pending(late.as_mut()));
+        let mut behind = Box::pin(limiter.call(1));
+        assert!(pending(behind.as_mut()));
+        drop(holder);
+        // Past the moment the slot is kept for it.
+        std::thread::sleep(Duration::from_millis(200));
+        let call = late.as_mut().await.unwrap();
+        assert_eq!(limiter.stats().in_flight, 1);
+        assert!(pending(behind.as_mut()));
+        drop(call);
+        drop(behind.as_mut().await.unwrap());
+        assert_eq!(limiter.stats().in_flight, 0);
+    });
+}
+
+/// Slots need no timer of the runtime: on one built without timers, on a
+/// fake clock, a call that finds a slot kept for another waits (no panic)
+/// and is served after it.
+#[test]
+fn slots_work_on_a_runtime_without_timers() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let limiter = limiter(1e9, 1_000_000, 1);
+        let holder = limiter.call(1).await.unwrap();
+        let mut first = Box::pin(limiter.call(1));
+        assert!(pending(first.as_mut()));
+        drop(holder);
+        let mut second = Box::pin(limiter.call(1));
+        assert!(pending(second.as_mut()));
+        let call = first.as_mut().await.unwrap();
+        assert!(pending(second.as_mut()));
+        drop(call);
+        drop(second.as_mut().await.unwrap());
+    });
+}

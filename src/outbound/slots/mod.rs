@@ -5,27 +5,30 @@
 //! In this process ([`LocalSlots`]) a key's slots are a count of those
 //! free and a line of the calls waiting, held in a map only while a call
 //! holds one of its slots or waits for one. A slot given back while calls
-//! wait is kept for the first in line, which is woken, for [`KEPT_FOR`]: a
-//! call that gives its slot back and calls again goes behind the waiters,
-//! not ahead of them. A waiter that does not take its slot in that time
-//! (parked after a poll, or forgotten) loses its turn: the slot goes to the
-//! next in line, or is free, and the waiter, polled again, joins the line
-//! at its end. So no caller waits on another's future for more than a
-//! moment. Through Redis the slots are leases (`redis::leases`), polled
-//! for, not kept in line.
+//! wait is kept for the first in line, which alone is woken, for
+//! [`KEPT_FOR`]: a call that gives its slot back and calls again goes behind
+//! the waiters, not ahead of them. A waiter that does not take its slot in
+//! that time (parked after a poll, forgotten, or not run) loses its turn:
+//! the slot is free to the first call that looks, every call in line woken
+//! to look (by [`watch`] if no call comes), and the waiter, polled again,
+//! takes it if it is still free or joins the line at its end. So no caller
+//! waits on another's future for more than a moment, and no slot stays
+//! idle while a call that can run wants it. Through Redis the slots are
+//! leases (`redis::leases`), polled for, not kept in line.
+
+mod watch;
 
 use std::borrow::Borrow;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::hash::Hash;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::future::{Either, select};
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
 use crate::Error;
 use crate::clock::Clock;
@@ -91,7 +94,7 @@ pub trait TakeSlot<Q: ?Sized>: InFlight {
 
 /// The slots of a limiter in this process: per key, `calls` at once. Empty
 /// (one word) without a concurrent limit.
-pub struct LocalSlots<K>(Option<Box<Shared<K>>>);
+pub struct LocalSlots<K>(Option<Arc<Shared<K>>>);
 
 /// What the slots of a limiter with a concurrent limit share.
 pub(crate) struct Shared<K> {
@@ -102,37 +105,54 @@ pub(crate) struct Shared<K> {
 }
 
 /// How long a slot given back while calls wait is kept for the one that
-/// has waited longest: one that is not polled in that time (parked, or
-/// forgotten) loses its turn, and the slot goes to the next.
+/// has waited longest: one that does not take it in that time (parked,
+/// forgotten, or not run) loses its turn, and the slot is free to the first
+/// call that looks, every call in line woken to look.
 const KEPT_FOR: Duration = Duration::from_millis(50);
 
-/// One key's slots: how many are free to any call, those kept for a
-/// waiter, the calls waiting (longest first), and how many calls hold a
-/// slot or wait for one (the entry goes when there are none). A slot is
-/// free only while nobody waits.
+/// One key's slots: those free to any call, those kept for a waiter, the
+/// line of calls waiting, and how many calls hold a slot or wait for one
+/// (the entry goes when there are none). While calls wait, a slot given
+/// back is kept, not free: one is free then only once it was kept too long.
 struct Entry {
     free: u32,
     kept: Vec<Kept>,
-    waiting: VecDeque<Waiter>,
+    /// The calls waiting, in the order they came; one that gave up stays
+    /// until it reaches the front or the line is compacted (see
+    /// [`Waiter::waits`]).
+    line: VecDeque<Waiter>,
+    /// How many in `line` wait.
+    lined: usize,
     users: usize,
-    next_id: u64,
+    /// The last id given to a call or a place in line.
+    last_id: u64,
+    /// Whether the watch will look at the slots kept here.
+    watched: bool,
 }
 
-/// A call waiting for a slot, and what wakes it when one is kept for it.
+/// A place in line: the call's id, and its wake-up.
 struct Waiter {
     id: u64,
+    place: u64,
     wake: Arc<Wake>,
 }
 
-/// What wakes a waiting call, and whether it is in line (changed under
-/// the key's lock only).
+impl Waiter {
+    /// Whether its call still waits at this place.
+    fn waits(&self) -> bool {
+        self.wake.place.load(Ordering::Relaxed) == self.place
+    }
+}
+
+/// What wakes a waiting call, and its place in line (0: none), changed
+/// under the key's lock only.
 #[derive(Default)]
 struct Wake {
     notify: Notify,
-    lined: AtomicBool,
+    place: AtomicU64,
 }
 
-/// A slot kept for waiter `id` until `until`.
+/// A slot kept for call `id` until `until`.
 struct Kept {
     id: u64,
     until: Instant,
@@ -142,7 +162,7 @@ impl<K> LocalSlots<K> {
     /// `calls` at once per key; none (no slots at all) for `None`.
     pub(crate) fn new(calls: Option<u32>) -> Self {
         LocalSlots(calls.map(|calls| {
-            Box::new(Shared {
+            Arc::new(Shared {
                 calls,
                 keys: Mutex::new(HashMap::new()),
                 in_flight: AtomicUsize::new(0),
@@ -164,11 +184,11 @@ impl<K> Shared<K> {
     }
 }
 
-impl<K: Hash + Eq> Shared<K> {
+impl<K: Hash + Eq + Clone + Send + Sync + 'static> Shared<K> {
     /// Counts a call on `key` in (creating its entry if need be), until
     /// the [`User`] is dropped, and takes one of the key's slots if one is
     /// free (none is while calls wait: it then waits behind them).
-    fn enter<Q>(&self, key: &Q) -> User<'_, K>
+    fn enter<'s, Q>(self: &'s Arc<Self>, key: &Q) -> User<'s, K>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -179,14 +199,16 @@ impl<K: Hash + Eq> Shared<K> {
             None => keys.entry(key.to_owned()).or_insert(Entry {
                 free: self.calls,
                 kept: Vec::new(),
-                waiting: VecDeque::new(),
+                line: VecDeque::new(),
+                lined: 0,
                 users: 0,
-                next_id: 0,
+                last_id: 0,
+                watched: false,
             }),
         };
         entry.users += 1;
-        entry.next_id += 1;
-        let id = entry.next_id;
+        entry.last_id += 1;
+        let id = entry.last_id;
         entry.expire();
         let holds = entry.take();
         User {
@@ -196,6 +218,30 @@ impl<K: Hash + Eq> Shared<K> {
             wake: None,
             holds,
         }
+    }
+
+    /// Has the watch look at `key`'s kept slots when the first is due, and
+    /// again while any is kept.
+    fn watch(self: &Arc<Self>, entry: &mut Entry, key: &K) {
+        let Some(due) = entry.kept.iter().map(|kept| kept.until).min() else {
+            return;
+        };
+        if entry.watched {
+            return;
+        }
+        let (shared, key) = (Arc::downgrade(self), key.clone());
+        entry.watched = watch::at(
+            due,
+            Box::new(move || {
+                let shared = shared.upgrade()?;
+                let mut keys = shared.keys();
+                let entry = keys.get_mut(&key)?;
+                entry.expire();
+                let next = entry.kept.iter().map(|kept| kept.until).min();
+                entry.watched = next.is_some();
+                next
+            }),
+        );
     }
 }
 
@@ -207,24 +253,27 @@ impl Entry {
         free
     }
 
-    /// A slot given back (or no longer kept): kept for the call that has
-    /// waited longest, and that call woken; free if none waits.
+    /// A slot given back (or given up): kept for the call that has waited
+    /// longest, which is woken; free if none waits.
     fn give_back(&mut self) {
-        match self.waiting.pop_front() {
-            Some(waiter) => {
-                waiter.wake.lined.store(false, Ordering::Relaxed);
-                self.kept.push(Kept {
-                    id: waiter.id,
-                    until: Instant::now() + KEPT_FOR,
-                });
-                waiter.wake.notify.notify_one();
+        while let Some(waiter) = self.line.pop_front() {
+            if !waiter.waits() {
+                continue;
             }
-            None => self.free += 1,
+            waiter.wake.place.store(0, Ordering::Relaxed);
+            self.lined -= 1;
+            self.kept.push(Kept {
+                id: waiter.id,
+                until: Instant::now() + KEPT_FOR,
+            });
+            waiter.wake.notify.notify_one();
+            return;
         }
+        self.free += 1;
     }
 
-    /// The slots kept for waiters that did not take them in time go to the
-    /// next.
+    /// The slots kept too long become free to any call, and every call in
+    /// line is woken to look.
     fn expire(&mut self) {
         if self.kept.is_empty() {
             return;
@@ -232,12 +281,16 @@ impl Entry {
         let now = Instant::now();
         let before = self.kept.len();
         self.kept.retain(|kept| kept.until > now);
-        for _ in self.kept.len()..before {
-            self.give_back();
+        let expired = before - self.kept.len();
+        if expired > 0 {
+            self.free += expired as u32;
+            for waiter in self.line.iter().filter(|waiter| waiter.waits()) {
+                waiter.wake.notify.notify_one();
+            }
         }
     }
 
-    /// Takes the slot kept for waiter `id`, if one is.
+    /// Takes the slot kept for call `id`, if one is (late or not).
     fn claim(&mut self, id: u64) -> bool {
         let found = self.kept.iter().position(|kept| kept.id == id);
         if let Some(at) = found {
@@ -246,22 +299,41 @@ impl Entry {
         found.is_some()
     }
 
-    /// Waiter `id` gives up: out of the line, and a slot kept for it goes
-    /// to the next.
-    fn leave(&mut self, id: u64, lined: bool) {
-        if lined {
-            self.waiting.retain(|waiter| waiter.id != id);
+    /// Call `id` goes to the end of the line, unless it is in it.
+    fn join(&mut self, id: u64, wake: &Arc<Wake>) {
+        if wake.place.load(Ordering::Relaxed) != 0 {
+            return;
         }
-        if self.claim(id) {
-            self.give_back();
+        self.last_id += 1;
+        let place = self.last_id;
+        wake.place.store(place, Ordering::Relaxed);
+        self.line.push_back(Waiter {
+            id,
+            place,
+            wake: Arc::clone(wake),
+        });
+        self.lined += 1;
+    }
+
+    /// Call `id` leaves the line, if it is in it (its place stays until it
+    /// reaches the front, or the line is compacted: each call leaving costs
+    /// the same, however long the line).
+    fn leave(&mut self, wake: Option<&Arc<Wake>>) {
+        if let Some(wake) = wake
+            && wake.place.swap(0, Ordering::Relaxed) != 0
+        {
+            self.lined -= 1;
+            if self.line.len() > 2 * self.lined + 16 {
+                self.line.retain(Waiter::waits);
+            }
         }
     }
 }
 
 /// A call counted on its key's entry (the entry lives while one is), and
 /// whether it holds one of the key's slots: given back when it is dropped.
-struct User<'s, K: Hash + Eq> {
-    shared: &'s Shared<K>,
+struct User<'s, K: Hash + Eq + Clone + Send + Sync + 'static> {
+    shared: &'s Arc<Shared<K>>,
     key: K,
     id: u64,
     /// What wakes it while it waits in line.
@@ -269,7 +341,7 @@ struct User<'s, K: Hash + Eq> {
     holds: bool,
 }
 
-impl<K: Hash + Eq> User<'_, K> {
+impl<K: Hash + Eq + Clone + Send + Sync + 'static> User<'_, K> {
     /// Waits at most `timeout` on `clock` for a slot, in line behind the
     /// calls that waited before it, and takes it; `false` if none came in
     /// time.
@@ -282,48 +354,40 @@ impl<K: Hash + Eq> User<'_, K> {
         };
         let wake = Arc::clone(self.wake.get_or_insert_with(Arc::default));
         loop {
-            let Some(kept_until) = self.look() else {
+            if self.look() {
                 return true;
-            };
-            // A slot kept for a call before it that is not taken in time
-            // comes down the line: looked at again then (where a runtime
-            // keeps time).
-            let expiry = match kept_until {
-                Some(until) if tokio::runtime::Handle::try_current().is_ok() => {
-                    Either::Left(tokio::time::sleep_until(until))
-                }
-                _ => Either::Right(std::future::pending()),
-            };
-            let notified = pin!(wake.notify.notified());
-            let expiry = pin!(expiry);
-            match select(select(notified, expiry), sleep).await {
-                Either::Left((_, rest)) => sleep = rest,
-                Either::Right(((), _)) => return self.look().is_none(),
+            }
+            match select(pin!(wake.notify.notified()), sleep).await {
+                Either::Left(((), rest)) => sleep = rest,
+                Either::Right(((), _)) => return self.look(),
             }
         }
     }
 
-    /// Takes the slot kept for this call, or a free one; otherwise joins
-    /// the line (if not in it: the first time, or after losing its turn)
-    /// and returns when the first slot kept for another ends, if any is.
-    fn look(&mut self) -> Option<Option<Instant>> {
+    /// Takes the slot kept for this call, even late, or a free one (and
+    /// leaves the line); otherwise joins the line if it is not in it (the
+    /// first time, or after losing its turn).
+    fn look(&mut self) -> bool {
         let mut keys = self.shared.keys();
-        let entry = keys.get_mut(&self.key)?;
-        entry.expire();
-        if entry.claim(self.id) || entry.take() {
-            self.holds = true;
-            return None;
+        let Some(entry) = keys.get_mut(&self.key) else {
+            return false;
+        };
+        if !entry.claim(self.id) {
+            entry.expire();
+            if !entry.take() {
+                if let Some(wake) = &self.wake {
+                    entry.join(self.id, wake);
+                }
+                return false;
+            }
         }
-        let wake = self.wake.get_or_insert_with(Arc::default);
-        if !wake.lined.swap(true, Ordering::Relaxed) {
-            let wake = Arc::clone(wake);
-            entry.waiting.push_back(Waiter { id: self.id, wake });
-        }
-        Some(entry.kept.iter().map(|kept| kept.until).min())
+        entry.leave(self.wake.as_ref());
+        self.holds = true;
+        true
     }
 }
 
-impl<K: Hash + Eq> Drop for User<'_, K> {
+impl<K: Hash + Eq + Clone + Send + Sync + 'static> Drop for User<'_, K> {
     fn drop(&mut self) {
         if self.holds {
             // Before the slot can be taken again, so that the count never
@@ -334,15 +398,11 @@ impl<K: Hash + Eq> Drop for User<'_, K> {
         let Some(entry) = keys.get_mut(&self.key) else {
             return;
         };
-        match self.holds {
-            true => entry.give_back(),
-            false => {
-                let lined = self
-                    .wake
-                    .as_ref()
-                    .is_some_and(|wake| wake.lined.load(Ordering::Relaxed));
-                entry.leave(self.id, lined);
-            }
+        entry.leave(self.wake.as_ref());
+        // Its slot, or one kept for it that it never took, goes on.
+        if self.holds || entry.claim(self.id) {
+            entry.give_back();
+            self.shared.watch(entry, &self.key);
         }
         entry.users = entry.users.saturating_sub(1);
         if entry.users == 0 {
@@ -368,7 +428,7 @@ impl<K: Send + Sync> InFlight for LocalSlots<K> {
 
 impl<K, Q> TakeSlot<Q> for LocalSlots<K>
 where
-    K: Hash + Eq + Borrow<Q> + Send + Sync,
+    K: Hash + Eq + Clone + Borrow<Q> + Send + Sync + 'static,
     Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
 {
     async fn take_slot<'s>(
@@ -377,7 +437,7 @@ where
         timeout: Option<Duration>,
         clock: &dyn Clock,
     ) -> Result<Option<Taken<'s>>, Error> {
-        let Some(shared) = self.0.as_deref() else {
+        let Some(shared) = self.0.as_ref() else {
             return Ok(Some(Taken::free()));
         };
         let mut user = shared.enter(key);
