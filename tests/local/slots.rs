@@ -573,3 +573,43 @@ fn slots_work_on_a_runtime_without_timers() {
         drop(second.as_mut().await.unwrap());
     });
 }
+
+/// Many calls parked in line (each polled once, then kept and never polled
+/// again) hold up the calls behind them a moment in all, not a moment
+/// each: a call woken to look that has not looked when a slot is next
+/// given back is passed over. With 60 parked ahead of 60 live calls, a
+/// moment for a parked call before each live one would be 3 s.
+#[test]
+fn many_parked_waiters_hold_up_the_others_a_moment_in_all() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let limiter = Arc::new(limiter(1e9, 1_000_000, 1));
+        let holder = limiter.call(1).await.unwrap();
+        let mut parked: Vec<_> = (0..60).map(|_| Box::pin(limiter.call(1))).collect();
+        for call in &mut parked {
+            assert!(pending(call.as_mut()));
+        }
+        let behind: Vec<_> = (0..60)
+            .map(|_| {
+                let limiter = Arc::clone(&limiter);
+                tokio::spawn(async move { drop(limiter.call(1).await.unwrap()) })
+            })
+            .collect();
+        tokio::time::sleep(20 * MS).await;
+        let started = Instant::now();
+        drop(holder);
+        for call in behind {
+            call.await.unwrap();
+        }
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_millis(1_500),
+            "the calls behind took {took:?}"
+        );
+        drop(parked);
+    });
+}

@@ -11,10 +11,12 @@
 //! that time (parked after a poll, forgotten, or not run) loses its turn:
 //! the slot is free to the first call that looks, every call in line woken
 //! to look (by [`watch`] if no call comes), and the waiter, polled again,
-//! takes it if it is still free or joins the line at its end. So no caller
-//! waits on another's future for more than a moment, and no slot stays
-//! idle while a call that can run wants it. Through Redis the slots are
-//! leases (`redis::leases`), polled for, not kept in line.
+//! takes it if it is still free or joins the line at its end. A waiter
+//! woken to look that has not looked a moment later is passed over when a
+//! slot is next given back. So calls parked in line, however many, hold up
+//! the others about two moments in all, and a slot is never kept for a
+//! call that did not look when it was last woken. Through Redis the slots
+//! are leases (`redis::leases`), polled for, not kept in line.
 
 mod watch;
 
@@ -102,6 +104,8 @@ pub(crate) struct Shared<K> {
     /// The keys a call holds a slot of or waits for, no others.
     keys: Mutex<HashMap<K, Entry>>,
     in_flight: AtomicUsize,
+    /// The last number given to an entry (see [`Entry::number`]).
+    entries: AtomicU64,
 }
 
 /// How long a slot given back while calls wait is kept for the one that
@@ -128,6 +132,9 @@ struct Entry {
     last_id: u64,
     /// Whether the watch will look at the slots kept here.
     watched: bool,
+    /// This entry among those the key has had: the watch's job for an
+    /// entry since removed ends, not taking over the key's next one.
+    number: u64,
 }
 
 /// A place in line: the call's id, and its wake-up.
@@ -144,12 +151,42 @@ impl Waiter {
     }
 }
 
-/// What wakes a waiting call, and its place in line (0: none), changed
-/// under the key's lock only.
+/// What wakes a waiting call, its place in line (0: none), and when it was
+/// woken to look and has not looked since (µs after [`origin`], 0: it has),
+/// changed under the key's lock only.
 #[derive(Default)]
 struct Wake {
     notify: Notify,
     place: AtomicU64,
+    woken: AtomicU64,
+}
+
+impl Wake {
+    /// Wakes the call to look, noting when if it has looked since it was
+    /// last woken.
+    fn wake(&self, now: Instant) {
+        let micros = u64::try_from(now.saturating_duration_since(origin()).as_micros())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let _ = self
+            .woken
+            .compare_exchange(0, micros, Ordering::Relaxed, Ordering::Relaxed);
+        self.notify.notify_one();
+    }
+
+    /// Whether the call was woken to look at least [`KEPT_FOR`] before
+    /// `now` and has not looked since: parked, forgotten or not run, it is
+    /// passed over.
+    fn unheeded(&self, now: Instant) -> bool {
+        let woken = self.woken.load(Ordering::Relaxed);
+        woken != 0 && origin() + Duration::from_micros(woken) + KEPT_FOR <= now
+    }
+}
+
+/// The instant the calls' wake-ups are counted from.
+fn origin() -> Instant {
+    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *ORIGIN.get_or_init(Instant::now)
 }
 
 /// A slot kept for call `id` until `until`.
@@ -166,6 +203,7 @@ impl<K> LocalSlots<K> {
                 calls,
                 keys: Mutex::new(HashMap::new()),
                 in_flight: AtomicUsize::new(0),
+                entries: AtomicU64::new(0),
             })
         }))
     }
@@ -204,6 +242,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Shared<K> {
                 users: 0,
                 last_id: 0,
                 watched: false,
+                number: self.entries.fetch_add(1, Ordering::Relaxed) + 1,
             }),
         };
         entry.users += 1;
@@ -229,13 +268,13 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Shared<K> {
         if entry.watched {
             return;
         }
-        let (shared, key) = (Arc::downgrade(self), key.clone());
+        let (shared, key, number) = (Arc::downgrade(self), key.clone(), entry.number);
         entry.watched = watch::at(
             due,
             Box::new(move || {
                 let shared = shared.upgrade()?;
                 let mut keys = shared.keys();
-                let entry = keys.get_mut(&key)?;
+                let entry = keys.get_mut(&key).filter(|entry| entry.number == number)?;
                 entry.expire();
                 let next = entry.kept.iter().map(|kept| kept.until).min();
                 entry.watched = next.is_some();
@@ -256,17 +295,23 @@ impl Entry {
     /// A slot given back (or given up): kept for the call that has waited
     /// longest, which is woken; free if none waits.
     fn give_back(&mut self) {
+        let now = Instant::now();
         while let Some(waiter) = self.line.pop_front() {
             if !waiter.waits() {
                 continue;
             }
+            // Out of line either way: kept for, or passed over for not
+            // looking when it was last woken (it joins again when it does).
             waiter.wake.place.store(0, Ordering::Relaxed);
             self.lined -= 1;
+            if waiter.wake.unheeded(now) {
+                continue;
+            }
             self.kept.push(Kept {
                 id: waiter.id,
-                until: Instant::now() + KEPT_FOR,
+                until: now + KEPT_FOR,
             });
-            waiter.wake.notify.notify_one();
+            waiter.wake.wake(now);
             return;
         }
         self.free += 1;
@@ -285,7 +330,7 @@ impl Entry {
         if expired > 0 {
             self.free += expired as u32;
             for waiter in self.line.iter().filter(|waiter| waiter.waits()) {
-                waiter.wake.notify.notify_one();
+                waiter.wake.wake(now);
             }
         }
     }
@@ -372,6 +417,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> User<'_, K> {
         let Some(entry) = keys.get_mut(&self.key) else {
             return false;
         };
+        if let Some(wake) = &self.wake {
+            wake.woken.store(0, Ordering::Relaxed);
+        }
         if !entry.claim(self.id) {
             entry.expire();
             if !entry.take() {

@@ -1,7 +1,7 @@
 //! The watch: one thread that looks at a key's slots when a slot kept for
 //! a waiter is due to be taken, so that a waiter that is not polled in time
-//! (parked, or forgotten) holds up the others for that moment only, even if
-//! no other call comes to look. Started the first time a slot is kept for a
+//! (parked, or forgotten) holds up the others for that moment, not for
+//! ever, even if no other call comes to look. Started the first time a slot is kept for a
 //! waiter; it sleeps while nothing is due. It needs no async runtime, and
 //! no timer of one.
 
@@ -95,7 +95,10 @@ impl Watch {
                 continue;
             };
             drop(jobs);
-            let again = (due.job)();
+            // A job that panics (in a key's own `Hash`, `Eq` or `Drop`) is
+            // dropped, and the watch goes on for every other.
+            let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (due.job)()))
+                .unwrap_or(None);
             jobs = self.jobs();
             if let Some(at) = again {
                 due.at = at;
