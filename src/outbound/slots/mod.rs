@@ -295,11 +295,11 @@ impl Entry {
     /// A slot given back (or given up): kept for the call that has waited
     /// longest, which is woken; free if none waits.
     fn give_back(&mut self) {
-        let now = Instant::now();
         while let Some(waiter) = self.line.pop_front() {
             if !waiter.waits() {
                 continue;
             }
+            let now = Instant::now();
             // Out of line either way: kept for, or passed over for not
             // looking when it was last woken (it joins again when it does).
             waiter.wake.place.store(0, Ordering::Relaxed);
