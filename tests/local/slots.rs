@@ -25,6 +25,23 @@ fn limiter(rate: f64, burst: u64, calls: u32) -> RateLimiter<Local, FakeClock> {
         .unwrap()
 }
 
+/// A runtime on the calling thread, with timers.
+fn one_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A runtime on two worker threads, with timers.
+fn two_threads() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// Polls `future` once: whether it is still pending.
 fn pending<F: Future>(future: std::pin::Pin<&mut F>) -> bool {
     future
@@ -497,11 +514,7 @@ async fn a_parked_waiter_loses_its_turn_and_gets_another() {
 /// look: every call in line is woken when the moment is over.
 #[test]
 fn a_waiter_behind_a_parked_one_is_served_without_another_call() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = two_threads();
     runtime.block_on(async {
         let limiter = Arc::new(limiter(1e9, 1_000_000, 1));
         let holder = limiter.call(1).await.unwrap();
@@ -528,10 +541,7 @@ fn a_waiter_behind_a_parked_one_is_served_without_another_call() {
 /// first call that looks, not handed on down the line while nobody uses it.
 #[test]
 fn a_late_waiter_takes_the_slot_nobody_else_took() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = one_thread();
     runtime.block_on(async {
         let limiter = limiter(1e9, 1_000_000, 1);
         let holder = limiter.call(1).await.unwrap();
@@ -581,11 +591,7 @@ fn slots_work_on_a_runtime_without_timers() {
 /// moment for a parked call before each live one would be 3 s.
 #[test]
 fn many_parked_waiters_hold_up_the_others_a_moment_in_all() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = two_threads();
     runtime.block_on(async {
         let limiter = Arc::new(limiter(1e9, 1_000_000, 1));
         let holder = limiter.call(1).await.unwrap();
