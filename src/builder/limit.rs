@@ -168,8 +168,9 @@ impl Limit {
     /// its place in the schedule; the slot is free again as soon as the `Call`
     /// is dropped. From when it takes its slot, the call's future holds it
     /// as the `Call` will: one that took its slot and is then kept without
-    /// being polled (or forgotten) holds it until it is dropped. Through Redis the slots are shared by every process (see
-    /// [`outbound`](crate::outbound)).
+    /// being polled (or forgotten) holds it until it is dropped. Through
+    /// Redis the slots are shared by every process, and so is the line of
+    /// calls waiting for them (see [`outbound`](crate::outbound)).
     ///
     /// Only calls hold slots: `reserve`, `acquire` and the rest do not (their
     /// end is not known). It is not among the limits a [`Cost`](crate::Cost)

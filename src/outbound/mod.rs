@@ -108,10 +108,14 @@
 //! and released by a script of its own on Redis's clock. A call's lease is
 //! renewed while the call lasts and released in the background as soon as it
 //! is dropped; the leases of a process that dies holding them come back after
-//! the [slot TTL](crate::Builder::slot_ttl) (30 s by default), not before. A
-//! call waiting for a slot polls Redis, after pauses that double up to 200 ms,
-//! cut short by the earliest lease's expiry and by a release in its own
-//! process (so the order across processes is not first come, first served).
+//! the [slot TTL](crate::Builder::slot_ttl) (30 s by default), not before.
+//! Calls waiting for a slot stand in a line in Redis, served first come,
+//! first served across processes: a worker that gives its slot back and
+//! asks again goes behind them. A waiting call polls Redis, after pauses
+//! that double up to 200 ms, shorter the nearer it is to the front (a slot
+//! freed in another process waits about 10 ms for the first in line) and
+//! cut short by a release in its own process; one that has not asked for
+//! 500 ms (its process died, or its future lies unpolled) loses its place.
 //! While Redis is down the [`Fallback`](crate::redis::Fallback) decides, as
 //! for the rates: `Local` gives each key `max(1, ⌊k × local_fraction⌋)` slots
 //! in this process, `FailOpen` takes none (calls go unbounded), `FailClosed`

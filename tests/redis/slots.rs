@@ -331,22 +331,29 @@ async fn while_redis_is_down_the_fallback_says() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slots_key_holding_something_else_is_an_error_whatever_the_fallback() {
     let server = RedisServer::start();
-    let _: () = server.connection().set(slots_key("taken"), "x").unwrap();
-    let limiter = limiter(
-        &server,
-        "taken",
-        2,
-        Duration::from_secs(5),
-        Fallback::FailOpen,
-    )
-    .await;
-    let error = limiter.hold_slot(None).await.err();
-    assert!(matches!(error, Some(Error::Backend(_))), "{error:?}");
-    // The reply reads as the script wrote it, the key and what it holds.
-    let text = error.unwrap().to_string();
-    assert!(text.contains("paceline: the slots key"), "{text}");
-    assert!(text.contains("holds a string"), "{text}");
-    assert!(!limiter.stats().degraded);
+    // The leases' key, then each key of the line.
+    for suffix in ["", "\\line", "\\asked"] {
+        let name = format!("taken{}", suffix.len());
+        let key = slots_key(&name) + suffix;
+        let _: () = server.connection().set(&key, "x").unwrap();
+        let limiter = limiter(
+            &server,
+            &name,
+            2,
+            Duration::from_secs(5),
+            Fallback::FailOpen,
+        )
+        .await;
+        let error = limiter.hold_slot(None).await.err();
+        assert!(matches!(error, Some(Error::Backend(_))), "{key}: {error:?}");
+        // The reply reads as the script wrote it, the key and what it holds.
+        let text = error.unwrap().to_string();
+        assert!(text.contains("paceline: the slots key"), "{text}");
+        assert!(text.contains("holds a string"), "{text}");
+        assert!(!limiter.stats().degraded);
+        let left: String = server.connection().get(&key).unwrap();
+        assert_eq!(left, "x", "untouched");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -549,4 +556,157 @@ async fn a_slot_ttl_past_a_year_is_refused_when_built() {
     let call = limiter.call(1).await;
     assert!(call.is_ok(), "{:?}", call.err());
     assert!(!limiter.stats().degraded);
+}
+
+/// How many slots `looping` takes in turn (each held `hold`, then given back
+/// and asked for again at once, as a worker's loop does) after `waiting`
+/// has asked for one, until `waiting` has it (`None`: not within 400).
+async fn taken_before_a_waiter(
+    looping: &RateLimiter<Redis>,
+    waiting: &RateLimiter<Redis>,
+    hold: Duration,
+) -> Option<usize> {
+    let asked = Arc::new(AtomicUsize::new(usize::MAX));
+    let served = Arc::new(AtomicUsize::new(usize::MAX));
+    let taken = AtomicUsize::new(0);
+    let worker = async {
+        for _ in 0..400 {
+            if served.load(Ordering::SeqCst) != usize::MAX {
+                break;
+            }
+            let (_, slot) = looping
+                .hold_slot(Some(Duration::from_secs(10)))
+                .await
+                .unwrap()
+                .expect("the worker's slot within 10 s");
+            taken.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(hold).await;
+            drop(slot);
+        }
+    };
+    let waiter = async {
+        // Asks once the worker has its third slot.
+        while taken.load(Ordering::SeqCst) < 3 {
+            tokio::time::sleep(MS).await;
+        }
+        asked.store(taken.load(Ordering::SeqCst), Ordering::SeqCst);
+        let slot = waiting
+            .hold_slot(Some(Duration::from_secs(20)))
+            .await
+            .unwrap();
+        served.store(taken.load(Ordering::SeqCst), Ordering::SeqCst);
+        drop(slot);
+    };
+    tokio::join!(worker, waiter);
+    let (asked, served) = (asked.load(Ordering::SeqCst), served.load(Ordering::SeqCst));
+    (served != usize::MAX && taken.load(Ordering::SeqCst) < 400).then(|| served - asked)
+}
+
+/// A worker that gives its slot back and asks again at once does not keep
+/// it from a call of another process that waits: the calls waiting for a
+/// slot stand in a line in Redis, served first come, first served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_looping_worker_does_not_keep_its_slot_from_another_process() {
+    let server = RedisServer::start();
+    let ttl = Duration::from_secs(30);
+    let worker = limiter(&server, "fair", 1, ttl, Fallback::FailClosed).await;
+    let other = limiter(&server, "fair", 1, ttl, Fallback::FailClosed).await;
+    let before = taken_before_a_waiter(&worker, &other, 20 * MS).await;
+    assert!(matches!(before, Some(0..=2)), "{before:?}");
+}
+
+/// The same within one process: a release wakes the process's waiters, and
+/// the one that has waited longest has the slot, not the worker asking
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_looping_worker_does_not_keep_its_slot_from_a_waiter_beside_it() {
+    let server = RedisServer::start();
+    let ttl = Duration::from_secs(30);
+    let limiter = limiter(&server, "fair", 1, ttl, Fallback::FailClosed).await;
+    let before = taken_before_a_waiter(&limiter, &limiter, 20 * MS).await;
+    assert!(matches!(before, Some(0..=2)), "{before:?}");
+}
+
+/// Calls waiting in two processes are served in the order they came, each
+/// as soon as the slot before it is given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_waiting_in_two_processes_are_served_in_the_order_they_came() {
+    let server = RedisServer::start();
+    let ttl = Duration::from_secs(30);
+    let a = limiter(&server, "order", 1, ttl, Fallback::FailClosed).await;
+    let b = limiter(&server, "order", 1, ttl, Fallback::FailClosed).await;
+    let (_, first) = a.hold_slot(None).await.unwrap().unwrap();
+    let served = std::sync::Mutex::new(Vec::new());
+    let wait = |number: usize| {
+        let (limiter, served) = (if number.is_multiple_of(2) { &a } else { &b }, &served);
+        async move {
+            // One asks every 60 ms, alternately in each process.
+            tokio::time::sleep(60 * MS * number as u32).await;
+            let taken = limiter.hold_slot(Some(Duration::from_secs(20))).await;
+            let (_, slot) = taken.unwrap().expect("a slot within 20 s");
+            served.lock().unwrap().push(number);
+            tokio::time::sleep(20 * MS).await;
+            drop(slot);
+        }
+    };
+    let release = async {
+        tokio::time::sleep(400 * MS).await;
+        drop(first);
+    };
+    tokio::join!(wait(1), wait(2), wait(3), wait(4), wait(5), release);
+    assert_eq!(served.into_inner().unwrap(), [1, 2, 3, 4, 5]);
+}
+
+/// A call that gives up waiting leaves the line at once: the next call
+/// takes the slot freed after it without waiting for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_gives_up_leaves_the_line() {
+    let server = RedisServer::start();
+    let ttl = Duration::from_secs(30);
+    let a = limiter(&server, "gives-up", 1, ttl, Fallback::FailClosed).await;
+    let b = limiter(&server, "gives-up", 1, ttl, Fallback::FailClosed).await;
+    let (_, held) = a.hold_slot(None).await.unwrap().unwrap();
+    assert!(b.hold_slot(Some(100 * MS)).await.unwrap().is_none());
+    drop(held);
+    // Served as soon as the slot is free: the call that gave up no longer
+    // stands ahead of it (it would for 400 ms more).
+    let started = Instant::now();
+    let next = a.hold_slot(Some(300 * MS)).await.unwrap();
+    assert!(next.is_some(), "{:?}", started.elapsed());
+}
+
+/// A call that stands in line and is then no longer polled (its future
+/// kept, not dropped) holds up the calls behind it for about 500 ms, not
+/// for ever: it loses its place. Polled again, it goes behind them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_in_line_that_is_not_polled_loses_its_place() {
+    let server = RedisServer::start();
+    let ttl = Duration::from_secs(30);
+    let a = limiter(&server, "parked", 1, ttl, Fallback::FailClosed).await;
+    let b = limiter(&server, "parked", 1, ttl, Fallback::FailClosed).await;
+    let (_, held) = a.hold_slot(None).await.unwrap().unwrap();
+    let mut parked = std::pin::pin!(b.hold_slot(Some(Duration::from_secs(20))));
+    // Polled until it stands in line, then parked.
+    tokio::select! {
+        _ = &mut parked => panic!("the slot is held"),
+        () = tokio::time::sleep(100 * MS) => {}
+    }
+    drop(held);
+    let started = Instant::now();
+    let taken = a.hold_slot(Some(Duration::from_secs(10))).await.unwrap();
+    let (_, next) = taken.expect("the slot, once the parked call lost its place");
+    let took = started.elapsed();
+    // (The parked call last asked up to 10 ms before the slot was freed,
+    // later if the machine is slow: 500 ms after that, it has lost its
+    // place. Served at once, it would have kept none.)
+    assert!(took >= 250 * MS && took < 600 * MS + SLACK, "{took:?}");
+    let late = async {
+        let taken = parked.await.unwrap();
+        assert!(taken.is_some(), "served once the slot is given back");
+    };
+    let release = async {
+        tokio::time::sleep(50 * MS).await;
+        drop(next);
+    };
+    tokio::join!(late, release);
 }

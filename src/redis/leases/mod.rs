@@ -5,8 +5,18 @@
 //! Redis's clock, taken and released by a script of its own
 //! (`lua/slots.lua`). What that leaves out:
 //!
-//! - Every take drops the expired leases first. A waiting call's pause
-//!   (2 ms, doubling to 200 ms) is cut short by its own timeout too.
+//! - Every take drops the expired leases first. The calls waiting for a
+//!   slot stand in a line beside the leases (a sorted set of when each
+//!   came, and one of when each last asked), and the free slots go to them
+//!   first come, first served: a new call, or one that has just given its
+//!   slot back, goes behind them. A waiting call asks again after a pause
+//!   (2 ms, doubling to 200 ms), at most 10 ms for each call ahead of it
+//!   (or a tenth of its wait so far), cut short by the earliest lease's
+//!   expiry, by a release in its own process and by its own timeout. A
+//!   slot freed in another process is so idle about 10 ms before the
+//!   first in line takes it. A call that gives up leaves the line in the
+//!   background; one that has not asked for 500 ms (its process died, or
+//!   its future is not polled) loses its place.
 //! - A task the call owns renews its lease every third of the slot TTL,
 //!   so a lease outlives its TTL only while its process lives.
 //! - A take whose reply is lost (the response timeout, or the caller
@@ -43,7 +53,7 @@ use crate::error::BackendError;
 use crate::limiter::Key;
 use crate::outbound::{InFlight, LocalSlots, Slot, TakeSlot, Taken};
 
-pub(crate) use script::slots_key;
+use script::{Keys, Removal};
 
 /// The default time to live of a slot's lease in Redis (see
 /// [`Builder::slot_ttl`](crate::Builder::slot_ttl)).
@@ -57,6 +67,23 @@ const MAX_SLOT_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 /// The first pause of a call waiting for a slot, and the longest.
 const FIRST_PAUSE: Duration = Duration::from_millis(2);
 const MAX_PAUSE: Duration = Duration::from_millis(200);
+
+/// The longest pause of a call first in line, while it has waited up to
+/// ten times as long: a slot freed in another process waits for its call
+/// at most that long, a tenth of the wait at the most afterwards.
+const TURN_PAUSE: Duration = Duration::from_millis(10);
+
+/// The longest pause of a call with `ahead` calls before it in line, which
+/// has waited `waited`: `TURN_PAUSE` for each call ahead and itself, or a
+/// tenth of its wait if that is longer, and `MAX_PAUSE` at the most (the
+/// script keeps a call's place for 500 ms after it last asked).
+fn turn_pause(ahead: u64, waited: Duration) -> Duration {
+    let turns = u32::try_from(ahead.saturating_add(1)).unwrap_or(u32::MAX);
+    TURN_PAUSE
+        .saturating_mul(turns)
+        .max(waited / 10)
+        .min(MAX_PAUSE)
+}
 
 /// How many wake-ups a limiter's waiters share (by their slots key's hash):
 /// a release in this process wakes those of its key at once.
@@ -183,13 +210,17 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        // (The slots key lies in the limiter key's slot, so in its zone:
+        // (The slots keys lie in the limiter key's slot, so in its zone:
         // on a cluster the builder refuses a name that would part them.)
         let target = self.failover.target(key);
-        let slots: Arc<str> = slots_key(&target.key).into();
-        let waker = (self.hasher.hash_one(&*slots) as usize) % self.wakers.len();
+        let keys = Arc::new(Keys::of(&target.key));
+        let waker = (self.hasher.hash_one(&keys.slots) as usize) % self.wakers.len();
         let started = Instant::now();
         let deadline = timeout.and_then(|timeout| started.checked_add(timeout));
+        // The call's id in the line, and a guard that takes it out of the
+        // line unless it is served.
+        let waiter = self.id("w");
+        let mut lined = Unused::default();
         let mut pause = FIRST_PAUSE;
         loop {
             if self.backend().health.is_down_key(&target.key) {
@@ -197,23 +228,29 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
             }
             let mut released = pin!(self.wakers[waker].notified());
             released.as_mut().enable();
-            let id: Arc<str> = format!(
-                "{:016x}:{}",
-                self.origin,
-                self.next.fetch_add(1, Ordering::Relaxed)
-            )
-            .into();
-            match self.send_take(&target, &slots, &id).await {
+            let id = self.id("");
+            match self.send_take(&target, &keys, &id, &waiter).await {
                 Ok(script::Answer::Granted) => {
-                    let lease = self.lease(slots, id, waker);
+                    lined.0 = None;
+                    let lease = self.lease(keys, id, waker);
                     return Ok(Some(Taken {
                         slot: Slot::held(lease),
                         waited: started.elapsed(),
                     }));
                 }
-                Ok(script::Answer::Full { until_free }) => {
+                Ok(script::Answer::Full { until_free, ahead }) => {
+                    let backend = Arc::clone(self.backend());
+                    lined.0 = Some(Left(
+                        backend,
+                        Arc::clone(&keys),
+                        Removal::Leave,
+                        Arc::clone(&waiter),
+                    ));
                     let now = Instant::now();
-                    let mut wait = pause.min(until_free.max(Duration::from_millis(1)));
+                    let mut wait = pause.min(turn_pause(ahead, now - started));
+                    if !until_free.is_zero() {
+                        wait = wait.min(until_free);
+                    }
                     if let Some(deadline) = deadline {
                         if now >= deadline {
                             return Ok(None);
@@ -231,24 +268,42 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
         }
     }
 
-    /// One take of lease `id` on `slots`, bounded by the response timeout.
-    /// A failure that is an outage degrades the backend, as the limiter's
-    /// own calls do; a take whose reply is not used is released.
+    /// An id of this limiter's, unique to it: `kind` tells a waiting call's
+    /// (`w`) from a lease's (empty).
+    fn id(&self, kind: &str) -> Arc<str> {
+        let number = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("{:016x}:{kind}{number}", self.origin).into()
+    }
+
+    /// One take of lease `id` on `keys` for the call `waiter`, bounded by
+    /// the response timeout. A failure that is an outage degrades the
+    /// backend, as the limiter's own calls do; a take whose reply is not
+    /// used is released.
     async fn send_take(
         &self,
         target: &ProbeTarget,
-        slots: &Arc<str>,
+        keys: &Arc<Keys>,
         id: &Arc<str>,
+        waiter: &str,
     ) -> Result<script::Answer, Failure> {
         let backend = self.backend();
         let mut connection = connection(backend, target)?;
-        let mut unused = Unused(Some((
+        let mut unused = Unused(Some(Left(
             Arc::clone(backend),
-            Arc::clone(slots),
+            Arc::clone(keys),
+            Removal::Release,
             Arc::clone(id),
         )));
-        let sent = script::take(&mut connection, slots, id, self.calls, self.ttl);
+        let sent = script::take(
+            &mut connection,
+            keys,
+            id,
+            self.calls,
+            self.ttl,
+            Some(waiter),
+        );
         let deadline = Deadline::new(backend, None);
+        let slots = &keys.slots;
         let failure = match tokio::time::timeout(deadline.limit, sent).await {
             Ok(Ok(answer)) => {
                 unused.0 = None;
@@ -262,12 +317,12 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
     }
 
     /// A lease taken: renewed while it is held, released when dropped.
-    fn lease(&self, slots: Arc<str>, id: Arc<str>, waker: usize) -> Lease {
+    fn lease(&self, keys: Arc<Keys>, id: Arc<str>, waker: usize) -> Lease {
         let backend = Arc::clone(self.backend());
         let renewal = backend.runtime.handle().map(|handle| {
             let renew = renew(
                 Arc::clone(&backend),
-                Arc::clone(&slots),
+                Arc::clone(&keys),
                 Arc::clone(&id),
                 self.calls,
                 self.ttl,
@@ -277,7 +332,7 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
         self.held.fetch_add(1, Ordering::Relaxed);
         Lease {
             backend,
-            slots,
+            keys,
             id,
             renewal,
             wakers: (Arc::clone(&self.wakers), waker),
@@ -324,14 +379,20 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
     }
 }
 
-/// A take sent whose answer is not used: released in the background
-/// when dropped, in case Redis applied it.
-struct Unused(Option<(Arc<Backend>, Arc<str>, Arc<str>)>);
+/// What is left in Redis unless it is disarmed: a take sent whose answer
+/// is not used (`release` its lease, in case Redis applied it), or a call
+/// that waits in line (`leave` it); removed in the background when
+/// dropped.
+#[derive(Default)]
+struct Unused(Option<Left>);
+
+/// What an [`Unused`] removes: lease or waiting call `id` of `keys`.
+struct Left(Arc<Backend>, Arc<Keys>, Removal, Arc<str>);
 
 impl Drop for Unused {
     fn drop(&mut self) {
-        if let Some((backend, slots, id)) = self.0.take() {
-            Arc::clone(&backend).spawn(release(backend, slots, id, None));
+        if let Some(Left(backend, keys, removal, id)) = self.0.take() {
+            Arc::clone(&backend).spawn(remove(backend, keys, removal, id, None));
         }
     }
 }
@@ -339,7 +400,7 @@ impl Drop for Unused {
 /// A lease held by a call: renewed while it lives, released when dropped.
 struct Lease {
     backend: Arc<Backend>,
-    slots: Arc<str>,
+    keys: Arc<Keys>,
     id: Arc<str>,
     renewal: Option<AbortHandle>,
     wakers: (Arc<[Notify]>, usize),
@@ -352,9 +413,10 @@ impl Drop for Lease {
             renewal.abort();
         }
         self.held.fetch_sub(1, Ordering::Relaxed);
-        let released = release(
+        let released = remove(
             Arc::clone(&self.backend),
-            Arc::clone(&self.slots),
+            Arc::clone(&self.keys),
+            Removal::Release,
             Arc::clone(&self.id),
             Some(self.wakers.clone()),
         );
@@ -362,18 +424,25 @@ impl Drop for Lease {
     }
 }
 
-/// Removes a lease, bounded by the response timeout, then wakes this
-/// process's waiters of its key; a failure is only logged (the lease then
-/// expires with its TTL).
-async fn release(
+/// Removes a lease or a waiting call from the line,
+/// bounded by the response timeout, then wakes this process's waiters of
+/// its key; a failure is only logged (the lease then expires with its TTL,
+/// the call loses its place once it has not asked for a moment).
+async fn remove(
     backend: Arc<Backend>,
-    slots: Arc<str>,
+    keys: Arc<Keys>,
+    removal: Removal,
     id: Arc<str>,
     wakers: Option<(Arc<[Notify]>, usize)>,
 ) {
     if let Some(mut connection) = backend.connection() {
-        let sent = script::release(&mut connection, &slots, &id);
-        unheeded(&backend, &slots, "a slot's release", sent).await;
+        let sent = script::remove(&mut connection, &keys, removal, &id);
+        let what = if removal == Removal::Leave {
+            "a call's leaving the slots' line"
+        } else {
+            "a slot's release"
+        };
+        unheeded(&backend, &keys.slots, what, sent).await;
     }
     if let Some((wakers, index)) = wakers
         && let Some(waker) = wakers.get(index)
@@ -384,18 +453,18 @@ async fn release(
 
 /// Renews a lease every third of its TTL, for as long as its call holds it
 /// (the task is aborted when the lease is dropped).
-async fn renew(backend: Arc<Backend>, slots: Arc<str>, id: Arc<str>, calls: u32, ttl: Duration) {
+async fn renew(backend: Arc<Backend>, keys: Arc<Keys>, id: Arc<str>, calls: u32, ttl: Duration) {
     loop {
         tokio::time::sleep(ttl / 3).await;
         let Some(mut connection) = backend.connection() else {
             continue;
         };
-        let sent = script::take(&mut connection, &slots, &id, calls, ttl);
+        let sent = script::take(&mut connection, &keys, &id, calls, ttl, None);
         if let Some(script::Answer::Full { .. }) =
-            unheeded(&backend, &slots, "a slot's renewal", sent).await
+            unheeded(&backend, &keys.slots, "a slot's renewal", sent).await
         {
             tracing::warn!(
-                key = %slots,
+                key = %keys.slots,
                 "a call's slot lease expired before it was renewed, and the slots were all taken"
             );
         }

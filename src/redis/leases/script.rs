@@ -1,5 +1,5 @@
-//! The slots script (`lua/slots.lua`): its key beside the limiter's, and
-//! its two modes, each one round trip.
+//! The slots script (`lua/slots.lua`): its keys beside the limiter's, and
+//! its three modes, each one round trip.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -21,8 +21,35 @@ static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCE));
 pub(super) enum Answer {
     /// The lease is live (taken, or renewed).
     Granted,
-    /// Every slot is taken: the earliest live lease expires in this long.
-    Full { until_free: Duration },
+    /// Not this call's turn: every slot is taken (the earliest live lease
+    /// expires in `until_free`; zero if a slot is free for a call ahead),
+    /// and `ahead` calls wait before it in the line.
+    Full { until_free: Duration, ahead: u64 },
+}
+
+/// The keys of a limiter key's slots: its leases, and its line (when each
+/// waiting call came, and when it last asked).
+#[derive(Debug)]
+pub(super) struct Keys {
+    pub(super) slots: String,
+    line: String,
+    asked: String,
+}
+
+impl Keys {
+    /// The slots keys of the limiter's Redis key `key`: the line's are the
+    /// slots key with `\line` and `\asked` appended, so in its cluster slot
+    /// where it has a hash tag (on a cluster, the builder refuses a name
+    /// that would give it none), and no limiter's or slots key (a slots key
+    /// ends in `\slots`).
+    pub(super) fn of(key: &str) -> Keys {
+        let slots = slots_key(key);
+        Keys {
+            line: format!("{slots}\\line"),
+            asked: format!("{slots}\\asked"),
+            slots,
+        }
+    }
 }
 
 /// The slots key beside a limiter's Redis key `key` (one of its keys', for
@@ -45,52 +72,79 @@ pub(crate) fn slots_key(key: &str) -> String {
     }
 }
 
-/// Takes (or renews) lease `id` of `key` if it is live or fewer than
-/// `calls` are, for `ttl` on Redis's clock.
+/// Takes (or renews) lease `id` of `keys` if it is live, or if fewer than
+/// `calls` are and the turn of `waiter` (the call the lease is for, which
+/// waits in line until then) has come, for `ttl` on Redis's clock.
 pub(super) async fn take(
     connection: &mut Connection,
-    key: &str,
+    keys: &Keys,
     id: &str,
     calls: u32,
     ttl: Duration,
+    waiter: Option<&str>,
 ) -> RedisResult<Answer> {
     let ttl = ttl.as_micros().to_string();
     let calls = calls.to_string();
-    let value = evaluate(connection, key, &["take", id, &calls, &ttl]).await?;
+    let mut args = vec!["take", id, &calls, &ttl];
+    args.extend(waiter);
+    let value = evaluate(connection, keys, &args).await?;
     match numbers(&value) {
-        Some([1, _, _]) => Ok(Answer::Granted),
-        Some([0, _, micros]) => Ok(Answer::Full {
+        Some([1, ..]) => Ok(Answer::Granted),
+        Some([0, _, micros, ahead]) => Ok(Answer::Full {
             until_free: Duration::from_micros(u64::try_from(micros).unwrap_or(0)),
+            ahead: u64::try_from(ahead).unwrap_or(0),
         }),
         _ => Err(unexpected()),
     }
 }
 
-/// Removes lease `id` of `key`.
-pub(super) async fn release(connection: &mut Connection, key: &str, id: &str) -> RedisResult<()> {
-    let value = evaluate(connection, key, &["release", id]).await?;
+/// What a removal takes away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Removal {
+    /// A lease.
+    Release,
+    /// A waiting call, from the line.
+    Leave,
+}
+
+/// Removes lease `id` of `keys`, or the waiting call `id` from their line.
+pub(super) async fn remove(
+    connection: &mut Connection,
+    keys: &Keys,
+    removal: Removal,
+    id: &str,
+) -> RedisResult<()> {
+    let mode = match removal {
+        Removal::Release => "release",
+        Removal::Leave => "leave",
+    };
+    let value = evaluate(connection, keys, &[mode, id]).await?;
     match numbers(&value) {
-        Some([1, _, _]) => Ok(()),
+        Some([1, ..]) => Ok(()),
         _ => Err(unexpected()),
     }
 }
 
-/// The script's reply: three integers.
-fn numbers(value: &Value) -> Option<[i64; 3]> {
+/// The script's reply: four integers.
+fn numbers(value: &Value) -> Option<[i64; 4]> {
     match value {
         Value::Array(items) => match items[..] {
-            [Value::Int(a), Value::Int(b), Value::Int(c)] => Some([a, b, c]),
+            [Value::Int(a), Value::Int(b), Value::Int(c), Value::Int(d)] => Some([a, b, c, d]),
             _ => None,
         },
         _ => None,
     }
 }
 
-/// The script's reply to `args` on `key`.
-async fn evaluate(connection: &mut Connection, key: &str, args: &[&str]) -> RedisResult<Value> {
+/// The script's reply to `args` on `keys`.
+async fn evaluate(connection: &mut Connection, keys: &Keys, args: &[&str]) -> RedisResult<Value> {
     let command = |verb: &str, script: &str| {
         let mut cmd = Cmd::new();
-        cmd.arg(verb).arg(script).arg(1).arg(key).arg(args);
+        cmd.arg(verb).arg(script).arg(3);
+        cmd.arg(&keys.slots)
+            .arg(&keys.line)
+            .arg(&keys.asked)
+            .arg(args);
         cmd
     };
     script::evaluate(connection, &SCRIPT, SOURCE, command).await
@@ -124,7 +178,7 @@ mod tests {
     }
 
     #[test]
-    fn no_two_limiter_keys_share_a_slots_key_and_none_is_a_limiters() {
+    fn no_two_limiter_keys_share_a_slots_key_or_line_and_none_is_a_limiters() {
         let mut seen = std::collections::HashSet::new();
         let mut keys = Vec::new();
         for name in ["api", "api\\slots", "{t}", "{t}\\slots", "a}b", "a"] {
@@ -134,7 +188,11 @@ mod tests {
             }
         }
         for key in &keys {
-            assert!(seen.insert(slots_key(key)), "{key}");
+            let Keys { slots, line, asked } = Keys::of(key);
+            assert_eq!(slots, slots_key(key));
+            for other in [slots, line, asked] {
+                assert!(seen.insert(other), "{key}");
+            }
         }
         for key in &keys {
             assert!(!seen.contains(key), "{key} is a slots key too");
