@@ -229,9 +229,19 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
             let mut released = pin!(self.wakers[waker].notified());
             released.as_mut().enable();
             let id = self.id("");
-            match self.send_take(&target, &keys, &id, &waiter).await {
+            // (A call that cannot wait, its timeout passed, stays out of
+            // the line, where it would stand ahead of others for nothing.)
+            let waits = deadline.is_none_or(|deadline| Instant::now() < deadline);
+            match self
+                .send_take(&target, &keys, &id, waits.then_some(&*waiter))
+                .await
+            {
                 Ok(script::Answer::Granted) => {
-                    lined.0 = None;
+                    // (The script took a call that came with its id out
+                    // of the line.)
+                    if waits {
+                        lined.0 = None;
+                    }
                     let lease = self.lease(keys, id, waker);
                     return Ok(Some(Taken {
                         slot: Slot::held(lease),
@@ -239,13 +249,11 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
                     }));
                 }
                 Ok(script::Answer::Full { until_free, ahead }) => {
-                    let backend = Arc::clone(self.backend());
-                    lined.0 = Some(Left(
-                        backend,
-                        Arc::clone(&keys),
-                        Removal::Leave,
-                        Arc::clone(&waiter),
-                    ));
+                    if waits {
+                        let backend = Arc::clone(self.backend());
+                        let waiter = Arc::clone(&waiter);
+                        lined.0 = Some(Left(backend, Arc::clone(&keys), Removal::Leave, waiter));
+                    }
                     let now = Instant::now();
                     let mut wait = pause.min(turn_pause(ahead, now - started));
                     if !until_free.is_zero() {
@@ -275,8 +283,8 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
         format!("{:016x}:{kind}{number}", self.origin).into()
     }
 
-    /// One take of lease `id` on `keys` for the call `waiter`, bounded by
-    /// the response timeout. A failure that is an outage degrades the
+    /// One take of lease `id` on `keys` for the call `waiter` (`None`: one
+    /// that does not wait), bounded by the response timeout. A failure that is an outage degrades the
     /// backend, as the limiter's own calls do; a take whose reply is not
     /// used is released.
     async fn send_take(
@@ -284,7 +292,7 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
         target: &ProbeTarget,
         keys: &Arc<Keys>,
         id: &Arc<str>,
-        waiter: &str,
+        waiter: Option<&str>,
     ) -> Result<script::Answer, Failure> {
         let backend = self.backend();
         let mut connection = connection(backend, target)?;
@@ -294,14 +302,7 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
             Removal::Release,
             Arc::clone(id),
         )));
-        let sent = script::take(
-            &mut connection,
-            keys,
-            id,
-            self.calls,
-            self.ttl,
-            Some(waiter),
-        );
+        let sent = script::take(&mut connection, keys, id, self.calls, self.ttl, waiter);
         let deadline = Deadline::new(backend, None);
         let slots = &keys.slots;
         let failure = match tokio::time::timeout(deadline.limit, sent).await {
