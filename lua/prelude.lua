@@ -122,9 +122,8 @@ elseif mode == 'batch' then
                 or total + times > BATCH_CAPACITY then
             return redis.error_reply(string.format('ERR paceline: ARGV[2] of a batch must be 1 to %d requests permits[+]:timeout_micros[*count] (permits from 1 to 2^53, timeout_micros -1 or >= 0, count >= 1), joined by commas (got "%.40s")', BATCH_CAPACITY, request))
         end
-        if t > MAX_MICROS then t = MAX_MICROS end
         plus = plus == '+'
-        R[#R + 1], R[#R + 2], R[#R + 3], R[#R + 4] = p, plus, t, times
+        R[#R + 1], R[#R + 2], R[#R + 3], R[#R + 4] = p, plus, math.min(t, MAX_MICROS), times
         total, holds = total + times, holds or plus
     end
     if total == 0 then
@@ -139,16 +138,13 @@ elseif mode == 'call' or mode == 'settle' or mode == 'resume' then
     -- Lists of n counts (integers from 0 to 2^53) joined by commas: a
     -- resume's debts (capped at 2^53), a call's counts, with its timeout
     -- (`counts:timeout_micros`), or a settle's charged and actual, after
-    -- the call's id (`id:charged:actual`). (`plus`: a count is above 0.)
-    local t, plus
-    if mode == 'settle' then
-        local id, charged, actual = string.match(arg2, '^(%d+):([%d,]+):([%d,]+)$')
-        give_back_id, lists = tonumber(id), {charged, actual}
-    else
-        lists = {string.match(arg2, mode == 'call' and '^([%d,]+):(-?%d+)$' or '^([%d,]+)$')}
-        t, lists[2] = tonumber(lists[2]), nil
-    end
-    local ok = lists[1] and (t and t >= -1 or give_back_id and give_back_id < MAX_MICROS or mode == 'resume')
+    -- the call's id (`id:charged:actual`). (x, y, e: the parts; t: a
+    -- call's timeout or a settle's id; `plus`: a count is above 0.)
+    local x, y, e = string.match(arg2, mode == 'settle' and '^(%d+):([%d,]+):([%d,]+)$'
+        or mode == 'call' and '^([%d,]+):(-?%d+)$' or '^([%d,]+)$')
+    local t, plus = tonumber(mode == 'call' and y or x)
+    give_back_id, lists = t, mode == 'settle' and {y, e} or {x}
+    local ok = x and (mode == 'resume' or t >= -1 and (mode == 'call' or t < MAX_MICROS))
     for j = 1, ok and #lists or 0 do
         local numbers = {}
         for count in string.gmatch(lists[j] .. ',', '([^,]*),') do
@@ -168,8 +164,7 @@ elseif mode == 'call' or mode == 'settle' or mode == 'resume' then
         return redis.error_reply(string.format('ERR paceline: ARGV[2] of a settle must be id:charged:actual, the id a call\'s reply gave (an integer below 2^53), then what it was charged and what it cost, %d integers from 0 to 2^53 - 1 each, joined by commas (got "%.40s")', n, arg2))
     elseif mode == 'call' and not (ok and plus) then
         return redis.error_reply(string.format('ERR paceline: ARGV[2] of a call must be its count for each limit (%d integers from 0 to 2^53 - 1, one at least > 0) joined by commas, then :timeout_micros (-1 or >= 0) (got "%.40s")', n, arg2))
-    end
-    if mode == 'call' then
+    elseif mode == 'call' then
         -- A reservation held as open (see part 4).
         mode, permits, held, timeout, P = nil, lists[1][1], 2, math.min(t, MAX_MICROS), lists[1]
     end
@@ -281,28 +276,26 @@ if value then
         at = 44 + 40 * held_n
         ok = held_n >= 1 and held_n <= MAX_LIMITS
         if last_now > now then now = last_now end
-        if shape >= LEARNED then
+        if shape >= LEARNED and ok and size >= at + 32 + 8 * held_n then
             -- What the limits learned, after their rates.
-            ok = ok and size >= at + 32 + 8 * held_n
-            if ok then
-                L = {struct.unpack(string.sub(FORMAT, 3, 7 + held_n), value, at + 1)}
-                L[5 + held_n] = nil -- (the position unpack returns last)
-                at = at + 32 + 8 * held_n
-                -- A factor in (0, 1], whole µs, a margin in (0, 1], caps > 0
-                -- (inf: none reported).
-                ok = L[1] > 0 and L[1] <= 1 and L[2] >= 0 and L[2] <= MAX_MICROS and L[2] % 1 == 0
-                    and L[3] >= 0 and L[3] <= MAX_MICROS and L[3] % 1 == 0 and L[4] > 0 and L[4] <= 1
-                for i = 5, 4 + held_n do ok = ok and L[i] > 0 end
-            end
+            L = {struct.unpack(string.sub(FORMAT, 3, 7 + held_n), value, at + 1)}
+            L[5 + held_n] = nil -- (the position unpack returns last)
+            at = at + 32 + 8 * held_n
+            -- A factor in (0, 1], whole µs, a margin in (0, 1], caps > 0
+            -- (inf: none reported).
+            ok = L[1] > 0 and L[1] <= 1 and L[2] >= 0 and L[2] <= MAX_MICROS and L[2] % 1 == 0
+                and L[3] >= 0 and L[3] <= MAX_MICROS and L[3] % 1 == 0 and L[4] > 0 and L[4] <= 1
+            for i = 5, 4 + held_n do ok = ok and L[i] > 0 end
+        elseif shape >= LEARNED then
+            ok = false
         end
-        if count == 0 then
-            ok = ok and size == at
-        elseif ok and size >= at + 8 then
+        -- The log's head (see Log), if it has one.
+        if count > 0 and ok and size >= at + 8 then
             dead = struct.unpack('<d', value, at + 1)
             ok = dead >= 0 and dead <= DEAD_CAPACITY and dead % 1 == 0
                 and size == at + 8 + 24 * held_n + (24 + 8 * held_n) * (dead + count)
         else
-            ok = false
+            ok = ok and count == 0 and size == at
         end
     else
         ok = false
