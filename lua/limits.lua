@@ -12,8 +12,7 @@ if lesson then
     -- (L2 laid out as L; f: the lesson. The rates change: `changed`.)
     local f = lesson
     changed = true
-    L2 = {1.0, 0, 0, f[9]}
-    if L then L2[1], L2[2], L2[3] = L[1], L[2], L[3] end
+    L2 = L and {L[1], L[2], L[3], f[9]} or {1.0, 0, 0, f[9]}
     -- (Each limit's cap: reported, learned before, or none, inf.)
     for i = 1, n do L2[4 + i] = f[8 + 3 * i] or L and i <= held_n and L[4 + i] or 1e999 end
     if f[1] then
@@ -55,12 +54,10 @@ while true do
         end
         if f then
             -- Learned::rate: min(ceiling, cap * margin) * factor, the capped
-            -- rate if that is not > 0. (A limit the value lacks has no cap.)
-            local m = f[4 + i]
-            if m then
-                m = m * f[4]
-                if m < rate then rate = m end
-            end
+            -- rate if that is not > 0. (A limit the value lacks has no cap:
+            -- inf.)
+            local m = (f[4 + i] or 1e999) * f[4]
+            if m < rate then rate = m end
             m = rate * f[1]
             if m > 0.0 then rate = m end
         end
@@ -78,9 +75,9 @@ while true do
         stable = 1000000.0 / rate
         if stable > MAX_MICROS then stable = MAX_MICROS end
         cd = stable
+        mx = 0.0
         if bursty then
             -- Bursty::max_permits
-            mx = 0.0
             if rate <= F64_MAX then mx = pmicros * rate / 1000000.0 end
             if mx > F64_MAX then mx = F64_MAX end
         else
@@ -88,19 +85,17 @@ while true do
             if not (cold_factor and cold_factor >= 1 and cold_factor <= F64_MAX) then
                 return redis.error_reply(string.format('ERR paceline: the cold_factor of limit %d (ARGV[%d]) must be a finite number >= 1 (got "%.40s")', i - 1, a + 3, argv[a + 3]))
             end
-            -- WarmingUp::set_stable_interval
-            if stable == 0.0 then
-                mx = 0.0; thr = 0.0; slope = 0.0
-            else
+            -- WarmingUp::set_stable_interval (all 0 at an infinite rate)
+            thr = 0.0; slope = 0.0
+            if stable > 0.0 then
                 local cold = stable * cold_factor
                 if cold > F64_MAX then cold = F64_MAX end
                 thr = 0.5 * pmicros / stable
                 if thr > F64_MAX then thr = F64_MAX end
-                -- (finite: cold is at most F64_MAX and stable at most 2^53)
-                local stable_plus_cold = stable + cold
-                mx = thr + 2.0 * pmicros / stable_plus_cold
+                -- (stable + cold is finite: cold is at most F64_MAX and
+                -- stable at most 2^53)
+                mx = thr + 2.0 * pmicros / (stable + cold)
                 if mx > F64_MAX then mx = F64_MAX end
-                slope = 0.0
                 if mx > thr then
                     slope = (cold - stable) / (mx - thr)
                     if slope > F64_MAX then slope = F64_MAX end
@@ -108,19 +103,18 @@ while true do
             end
             if mx > 0.0 then cd = pmicros / mx end
         end
-        -- (The first limit's wait in locals for the second's. One limit
-        -- keeps nothing, in one test.)
-        if n > 1 then
-            if i == 1 then
-                r1 = rate; b1 = bursty; p1 = pmicros; s1 = stable; m1 = mx; t1 = thr or 0.0; l1 = slope or 0.0; d1 = cd
-            elseif not (n == 2 and held_n == 2 and count == 0 and not (mode or held)) then
-                -- (Not two limits in locals, see below: for those, C only if
-                -- a rate changed.)
-                if i == 2 then C = {r1, b1, p1, s1, m1, t1, l1, d1} end
-                local c = 8 * i - 8
-                C[c + 1], C[c + 2], C[c + 3], C[c + 4] = rate, bursty, pmicros, stable
-                C[c + 5], C[c + 6], C[c + 7], C[c + 8] = mx, thr or 0.0, slope or 0.0, cd
-            end
+        if n == 1 then
+            -- (One limit keeps nothing, in one test.)
+        elseif i == 1 then
+            -- (The first limit's wait in locals for the second's.)
+            r1 = rate; b1 = bursty; p1 = pmicros; s1 = stable; m1 = mx; t1 = thr or 0.0; l1 = slope or 0.0; d1 = cd
+        elseif not (n == 2 and held_n == 2 and count == 0 and not (mode or held)) then
+            -- (Not two limits in locals, see below: for those, C only if
+            -- a rate changed.)
+            if i == 2 then C = {r1, b1, p1, s1, m1, t1, l1, d1} end
+            local c = 8 * i - 8
+            C[c + 1], C[c + 2], C[c + 3], C[c + 4] = rate, bursty, pmicros, stable
+            C[c + 5], C[c + 6], C[c + 7], C[c + 8] = mx, thr or 0.0, slope or 0.0, cd
         end
     end
     if not L2 or f == L2 then break end
@@ -204,8 +198,7 @@ if value then
         if not bst then
             S = {st, nf, fr, expires, ort, omx, struct.unpack(string.sub(FORMAT, 3, 5 * held_n - 2), value, HEAD + 49)}
             -- (j: the limit's rate in S, c: its configuration in C.)
-            local e = 3 * held_n + 1
-            local j, c = e + 1, 0
+            local e, j, c = 3 * held_n + 1, 3 * held_n + 2, 0
             expires = S[e]; ort = S[j]; omx = S[j + 1]
             if n > 1 then rate = r1; mx = m1 end
             for k = 4, e - 1, 3 do
@@ -252,8 +245,7 @@ local whole, logged_as_read, moment_r, bound_r = held_n ~= n, count, now, -1
 -- Missing (or a limit the value lacks): idle for a long time, i.e. full,
 -- at the rate in force before a lesson.
 if held_n == 0 then
-    ort = rate; omx = mx
-    if M1 then ort = M1[1]; omx = M1[2] end
+    ort = M1 and M1[1] or rate; omx = M1 and M1[2] or mx
     st = omx; nf = now; fr = 0
 end
 if n > 1 then
@@ -264,8 +256,7 @@ if n > 1 then
         for i = 1, n do
             local c, k, j = 8 * i - 8, 3 * i - 2, 3 * n + 2 * i
             if i > held_n then
-                local r, m = C[c + 1], C[c + 5]
-                if M1 then r, m = M1[2 * i - 1], M1[2 * i] end
+                local r, m = M1 and M1[2 * i - 1] or C[c + 1], M1 and M1[2 * i] or C[c + 5]
                 T[k], T[k + 1], T[k + 2], T[j], T[j + 1] = m, now, 0, r, m
             else
                 T[k], T[k + 1], T[k + 2], T[j], T[j + 1] = S[k], S[k + 1], S[k + 2], S[e + 2 * i - 1], S[e + 2 * i]
