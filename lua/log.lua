@@ -19,9 +19,9 @@
 local E, first, place, kept, T, ahead, K
 if mode and (mode == 'give_back' or mode == 'keep' or mode == 'settle') then
     -- A rate changed since (or changes now, with this call): the log is
-    -- void (the next write empties it), and nothing is given back or kept.
+    -- void (the next write empties it), and nothing is given back or kept
+    -- (0, below).
     changed = changed or ort ~= rate or omx ~= mx
-    if (changed or count == 0) and mode ~= 'settle' then return 0 end
     if not (changed or count == 0) then
         E = {struct.unpack(string.rep('<d', W * count), value, log_at)}
         -- Every request is checked, as this script writes them (see
@@ -62,8 +62,8 @@ if mode and (mode == 'give_back' or mode == 'keep' or mode == 'settle') then
         for i = 2, n do E[place + 2 + i] = lists[2][i] end
         place = nil
     elseif kept then
-        E[kept] = -1
-        if E[kept + 1] < 0 then E[kept + 1] = -1 - E[kept + 1] end
+        -- (Its id cleared; an open call's count, -1 - p, made p again.)
+        E[kept], E[kept + 1] = -1, math.max(E[kept + 1], -1 - E[kept + 1])
     elseif not place then
         return 0
     end

@@ -11,8 +11,9 @@
 -- any pause ends after now (the log then empties), and those it caps (the
 -- upstream says how many they have left, 0 included: see the requests
 -- below). (T: each
--- limit's pause, false for none; `ahead`: one ends after now; K: the
--- limits capped, in order.) The value holds what they learned: whole.
+-- limit's pause, false for none; `ahead`: one ends after now, and the
+-- rates are set below, where a pause empties the log; K: the limits
+-- capped, in order.) The value holds what they learned: whole.
 if L2 then
     L, whole, T, ahead, K = L2, true, {}, false, {}
     for i = 1, n do
@@ -25,7 +26,6 @@ if L2 then
         ahead = ahead or t and t > now
         if lesson[9 + 3 * i] then K[#K + 1] = i end
     end
-    if ahead then count, log_at, whole = 0, nil, true end
 end
 
 -- Limits::set_rate for every limit whose rate or configuration changed:
@@ -48,23 +48,20 @@ if (changed or ort ~= rate or omx ~= mx) and mode ~= 'probe' then
         local set, t = ort ~= r or omx ~= m, ahead and pass == 2 and T[i]
         if set or t then
             if n > 1 then bursty, pmicros, cd, st, nf, fr = C[c + 2], C[c + 3], C[c + 8], S[k + 1], S[k + 2], S[k + 3] end
-            -- State::resync: at the old stable interval and max_permits (the
-            -- cool-down of the policy in force with them) if they change.
-            -- (Once they changed, nothing is left to resync at the new ones.)
-            local old_stable, x, y = 0.0, cd, m
-            if set then
-                count, log_at, whole = 0, nil, true
-                old_stable = math.min(1000000.0 / ort, MAX_MICROS)
-                x, y = old_stable, omx
-                if not bursty and omx > 0.0 then x = pmicros / omx end
-            end
-            if now > nf then st, nf, fr = math.min(st + ((now - nf) - fr / FRACTION_ONE) / x, y), now, 0 end
-            if set then
-                -- Policy::stored_permits_after_infinite_rate, else
-                -- Policy::initial_stored_permits, else rescaled (stored /
-                -- old_max is in 0..=1, so this never overflows).
-                st = old_stable == 0.0 and (bursty and m or 0.0) or omx == 0.0 and (bursty and 0.0 or m) or st / omx * m
-            end
+            -- State::resync: at the old stable interval and max_permits (x:
+            -- the cool-down of the policy in force with them). (Once they
+            -- changed, nothing is left to resync at the new ones. A pause
+            -- alone, at the same rate, resyncs at the rate in force: the
+            -- same, and rescales from omx to m, the same, before it stores
+            -- nothing below.)
+            local old_stable = math.min(1000000.0 / ort, MAX_MICROS)
+            local x = not bursty and omx > 0.0 and pmicros / omx or old_stable
+            count, log_at, whole = 0, nil, true
+            if now > nf then st, nf, fr = math.min(st + ((now - nf) - fr / FRACTION_ONE) / x, omx), now, 0 end
+            -- Policy::stored_permits_after_infinite_rate, else
+            -- Policy::initial_stored_permits, else rescaled (stored /
+            -- old_max is in 0..=1, so this never overflows).
+            st = old_stable == 0.0 and (bursty and m or 0.0) or omx == 0.0 and (bursty and 0.0 or m) or st / omx * m
             ort, omx = r, m
             if t then
                 st = 0.0
@@ -193,15 +190,13 @@ else
     -- resume's one per limit, a learn's caps, none for a probe.)
     local Q, T, on_base, pass, steps = nil, nil, false, 1, not mode and 1 or R and total or debts and n or K and #K or 0
     if E then
-        Q, T, on_base = {}, {}, true
-        if kept then pass = 2 end
+        Q, T, on_base, pass = {}, {}, true, kept and 2 or 1
         for j = 1, W * count, W do
             if j ~= place then
                 local P, e, p = false, j >= first and T or Q, E[j + 1]
                 if p < 0 then p = -1 - p end
                 if n > 1 then P = {p, unpack(E, j + 4, j + W - 1)} end
-                local k = #e
-                e[k + 1], e[k + 2], e[k + 3], e[k + 4] = E[j], p, E[j + 2], P
+                e[#e + 1], e[#e + 2], e[#e + 3], e[#e + 4] = E[j], p, E[j + 2], P
             end
         end
         steps = #Q / 4
@@ -220,10 +215,8 @@ else
             if Q then
                 local k = 4 * r
                 id, p, at, P, t, hold = Q[k - 3], Q[k - 2], Q[k - 1], Q[k], -1, false
-                if id < -1 then
-                    limit = -1 - id
-                    if limit > 100 then limit, cap = limit - 100, true end
-                end
+                limit = id < -1 and -1 - id
+                if id < -101 then limit, cap = -101 - id, true end
             elseif not mode then
                 -- (The reservation.)
             elseif R then
@@ -266,8 +259,7 @@ else
                 -- was empty.
                 if limit or hold or count > 0 then
                     if limit then
-                        id = -1 - limit
-                        if cap then id = id - 100 end
+                        id = cap and -101 - limit or -1 - limit
                     elseif hold and (hold == 2 or moment > now) then
                         if next_id < now then next_id = now end
                         id, next_id = next_id, next_id + 1
@@ -307,13 +299,12 @@ else
                             front_id, front_p, front_at, front, front_P = id, p, at, e, P
                         end
                         added = added or {}
-                        local a = #added
                         if n == 1 then
-                            added[a + 1] = struct.pack('<dddd', id, c, at, moment)
+                            added[#added + 1] = struct.pack('<dddd', id, c, at, moment)
                         else
                             local numbers = {id, c, at, moment}
                             for i = 2, n do numbers[3 + i] = P and P[i] or p end
-                            added[a + 1] = struct.pack(string.sub(FORMAT, 3, 3 + W), unpack(numbers))
+                            added[#added + 1] = struct.pack(string.sub(FORMAT, 3, 3 + W), unpack(numbers))
                         end
                         count = count + 1
                     end
@@ -323,18 +314,17 @@ else
             if limit then
                 -- (A resume's or a cap's limit, always granted: no timeout.)
                 local k = 3 * limit - 2
-                if n > 1 then st, nf, fr = S[k], S[k + 1], S[k + 2] end
+                if n > 1 then st, nf, fr, mx, cd = S[k], S[k + 1], S[k + 2], C[8 * limit - 3], C[8 * limit] end
+                -- Resynced at its now (as in Limits::charge below): its ticket
+                -- at least up to now.
+                if at > nf then st, nf, fr = math.min(st + ((at - nf) - fr / FRACTION_ONE) / cd, mx), at, 0 end
                 if cap then
-                    -- State::keep_stored_at_most: resynced at its now (as in
-                    -- Limits::charge below), then at most `p` stored.
-                    if n > 1 then mx = C[8 * limit - 3]; cd = C[8 * limit] end
-                    if at > nf then st, nf, fr = math.min(st + ((at - nf) - fr / FRACTION_ONE) / cd, mx), at, 0 end
+                    -- State::keep_stored_at_most: at most `p` stored.
                     if st > p then st = p end
                 else
-                    -- Limits::resume: its ticket at least up to now, no stored
-                    -- permits, then its debt; a ticket that reaches 2^53 is
-                    -- 2^53, with no fraction (as in State::charge).
-                    if at > nf then nf, fr = at, 0 end
+                    -- Limits::resume: no stored permits, then its debt; a
+                    -- ticket that reaches 2^53 is 2^53, with no fraction (as
+                    -- in State::charge).
                     st = 0.0
                     nf = nf + p
                     if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end

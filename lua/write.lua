@@ -82,8 +82,7 @@ end
 local logged, hot
 if E then
     logged = count
-    count = count - (first - 1) / W
-    if place then count = count - 1 end
+    count = count - (first - 1) / W - (place and 1 or 0)
 end
 local shape = n + SHAPE * count + BOUND * (bound_r + 1)
 if L then
