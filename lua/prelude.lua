@@ -122,9 +122,8 @@ elseif mode == 'batch' then
                 or total + times > BATCH_CAPACITY then
             return redis.error_reply(string.format('ERR paceline: ARGV[2] of a batch must be 1 to %d requests permits[+]:timeout_micros[*count] (permits from 1 to 2^53, timeout_micros -1 or >= 0, count >= 1), joined by commas (got "%.40s")', BATCH_CAPACITY, request))
         end
-        plus = plus == '+'
-        R[#R + 1], R[#R + 2], R[#R + 3], R[#R + 4] = p, plus, math.min(t, MAX_MICROS), times
-        total, holds = total + times, holds or plus
+        R[#R + 1], R[#R + 2], R[#R + 3], R[#R + 4] = p, plus == '+', math.min(t, MAX_MICROS), times
+        total, holds = total + times, holds or plus == '+'
     end
     if total == 0 then
         return redis.error_reply(string.format('ERR paceline: ARGV[2] of a batch must hold a request (got "%.40s")', arg2))
@@ -178,7 +177,7 @@ elseif mode == 'learn' then
     -- tenth field, how long before the lesson its call went, in
     -- `sent_ago`: 0 if empty.)
     lesson = {string.match(arg2, '^([01]),([01]),(%d*),([^,;]+),([^,;]+),(%d+),([^,;]+),(%d+),([^,;]+),(%d*)()')}
-    local f, at, ok = lesson, lesson[11], #lesson == 11
+    local f, at, ok, k = lesson, lesson[11], #lesson == 11, 10
     if ok then
         sent_ago = math.min(tonumber(f[10]) or 0, MAX_MICROS)
         f[1], f[2], f[10], f[11] = f[1] == '1', f[2] == '1', nil, nil
@@ -187,7 +186,6 @@ elseif mode == 'learn' then
             and f[7] and f[7] > 0 and f[7] <= 1 and f[9] and f[9] > 0 and f[9] <= 1
         f[3], f[8] = f[3] and math.min(f[3], MAX_MICROS), math.min(f[8], MAX_MICROS)
     end
-    local k = 10
     while ok and at <= #arg2 do
         local r, m, s, e = string.match(arg2, '^;([^,;]*),(%d*),(%d*)()', at)
         local rate = tonumber(r)

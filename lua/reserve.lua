@@ -223,11 +223,13 @@ else
                 if left == 0 then g, left = g + 4, R[g + 8] end
                 left, p, hold, t = left - 1, R[g + 1], R[g + 2], R[g + 3]
             elseif debts then
-                limit, p = r, debts[r]
+                -- (Its id as logged: -1 - limit, see read_request.)
+                limit, p, id = r, debts[r], -1 - r
             else
-                -- (What the upstream says limit K[r] has left.)
+                -- (What the upstream says limit K[r] has left; its id as
+                -- logged: -101 - limit.)
                 limit = K[r]
-                p, cap = lesson[9 + 3 * limit], true
+                p, cap, id = lesson[9 + 3 * limit], true, -101 - limit
             end
 
             -- Limits::earliest: the moment every limit allows it, and the first
@@ -254,13 +256,11 @@ else
                 -- gave before); Limits::expire (the logged requests whose moment
                 -- has passed leave the log: they were used; not an open call) and,
                 -- when the log is full, its oldest leaves it; the log keeps the
-                -- request if it has an id (for a resume or a cap, its limit's) or
-                -- the log holds any, and starts with the limits' states when it
-                -- was empty.
+                -- request if it has an id (for a resume or a cap, its limit's, set
+                -- above) or the log holds any, and starts with the limits' states
+                -- when it was empty.
                 if limit or hold or count > 0 then
-                    if limit then
-                        id = cap and -101 - limit or -1 - limit
-                    elseif hold and (hold == 2 or moment > now) then
+                    if hold and (hold == 2 or moment > now) then
                         if next_id < now then next_id = now end
                         id, next_id = next_id, next_id + 1
                     end

@@ -37,8 +37,7 @@ elseif not C then
     if n > 1 and need_r > ttl_ms then ttl_ms = need_r end
 else
     for i = 1, n do
-        local c, k = 8 * i - 8, 3 * i - 2
-        local need = (S[k + 1] - time_micros) / 1000 + (C[c + 5] - S[k]) * C[c + 8] / 1000
+        local need = (S[3 * i - 1] - time_micros) / 1000 + (C[8 * i - 3] - S[3 * i - 2]) * C[8 * i] / 1000
         if i == 1 or need > ttl_ms then ttl_ms = need end
     end
 end
