@@ -245,7 +245,8 @@ local whole, logged_as_read, moment_r, bound_r = held_n ~= n, count, now, -1
 -- Missing (or a limit the value lacks): idle for a long time, i.e. full,
 -- at the rate in force before a lesson.
 if held_n == 0 then
-    ort = M1 and M1[1] or rate; omx = M1 and M1[2] or mx
+    ort = rate; omx = mx
+    if M1 then ort = M1[1]; omx = M1[2] end
     st = omx; nf = now; fr = 0
 end
 if n > 1 then

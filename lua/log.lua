@@ -19,9 +19,9 @@
 local E, first, place, kept, T, ahead, K
 if mode and (mode == 'give_back' or mode == 'keep' or mode == 'settle') then
     -- A rate changed since (or changes now, with this call): the log is
-    -- void (the next write empties it), and nothing is given back or kept
-    -- (0, below).
+    -- void (the next write empties it), and nothing is given back or kept.
     changed = changed or ort ~= rate or omx ~= mx
+    if (changed or count == 0) and mode ~= 'settle' then return 0 end
     if not (changed or count == 0) then
         E = {struct.unpack(string.rep('<d', W * count), value, log_at)}
         -- Every request is checked, as this script writes them (see

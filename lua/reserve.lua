@@ -51,9 +51,9 @@ if (changed or ort ~= rate or omx ~= mx) and mode ~= 'probe' then
             -- State::resync: at the old stable interval and max_permits (x:
             -- the cool-down of the policy in force with them). (Once they
             -- changed, nothing is left to resync at the new ones. A pause
-            -- alone, at the same rate, resyncs at the rate in force: the
-            -- same, and rescales from omx to m, the same, before it stores
-            -- nothing below.)
+            -- alone, the rates unchanged, resyncs at the rates in force all
+            -- the same, and what it rescales to is overwritten below: a
+            -- paused limit stores nothing.)
             local old_stable = math.min(1000000.0 / ort, MAX_MICROS)
             local x = not bursty and omx > 0.0 and pmicros / omx or old_stable
             count, log_at, whole = 0, nil, true
