@@ -77,8 +77,8 @@ impl<'a> Call<'a> {
     ///
     /// Exact while the limiter's log still holds the call (every request since
     /// the oldest call still open, up to 1 024 in this process and 128 per key
-    /// in Redis, until a rate change, a pause, a learned rate or a learned
-    /// `remaining` that takes stored permits away empties it):
+    /// in Redis, until a rate change, a pause or a learned rate empties it;
+    /// a learned `remaining` is logged in its place, and leaves it exact):
     /// the limiter then holds what it would had the call reserved `actual`.
     /// After that, what `actual` counts past the estimate is charged at once
     /// (later callers wait for it), and what it counts less is not given back,

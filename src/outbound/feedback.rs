@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use values::{cut, integer, reset, retry_after, seconds, units};
+use values::{cut, integer, long_seconds, reset, retry_after, seconds, units};
 
 mod values;
 
@@ -146,8 +146,9 @@ impl Feedback {
     /// Where two headers give the same field of a quota, the first read wins:
     /// the current IETF headers, then their older forms, then `X-RateLimit-*`,
     /// each in the order given. A `Retry-After` or reset longer than a day is
-    /// cut to a day; what does not parse (a number that overflows a `u64`,
-    /// bytes that are not text) is left out. The work is linear in the
+    /// cut to a day (one of more seconds than a `u64` holds too); what does
+    /// not parse (any other number that overflows a `u64`, bytes that are
+    /// not text) is left out. The work is linear in the
     /// headers' length, and bounded: 256 lines looked at, 32 rate-limit lines
     /// read, 16 items of a line and 16 parameters of an item, 8 quotas kept,
     /// names of 1 to 64 token characters (an item named otherwise is left
@@ -339,7 +340,7 @@ fn set(fields: &mut Quota, key: &[u8], value: &[u8], now: SystemTime) {
         b"w" => fields.window = seconds(value),
         b"r" | b"remaining" => fields.remaining = integer(value),
         b"t" | b"reset" => fields.reset = reset(value, now),
-        b"reset-after" => fields.reset = seconds(value).or_else(|| units(value)).map(cut),
+        b"reset-after" => fields.reset = long_seconds(value).or_else(|| units(value)).map(cut),
         _ => {}
     }
 }

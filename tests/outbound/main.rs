@@ -14,5 +14,6 @@ mod feedback;
 mod fleet;
 #[cfg(all(feature = "http", feature = "redis"))]
 mod fleet_bounds;
+mod hostile_upstream;
 #[cfg(feature = "http")]
 mod local;

@@ -24,6 +24,7 @@ mod documented;
 mod exactness;
 mod faults;
 mod hostile_keys;
+mod hostile_upstream;
 mod keyed;
 mod limiter;
 mod pause;

@@ -32,6 +32,25 @@ pub(super) fn seconds(text: &[u8]) -> Option<Duration> {
     Some(Duration::new(integer(whole)?, nanos))
 }
 
+/// Whether `text` is seconds as [`seconds`] reads them (`1`, `0.020`) but
+/// too many for a `u64`: longer than a day, whatever they say, so not left
+/// out (a longer wait must not pause less).
+pub(super) fn overflowed(text: &[u8]) -> bool {
+    let (whole, fraction) = match text.iter().position(|&b| b == b'.') {
+        Some(at) => (&text[..at], Some(&text[at + 1..])),
+        None => (text, None),
+    };
+    !whole.is_empty()
+        && whole.iter().all(u8::is_ascii_digit)
+        && fraction.is_none_or(|f| !f.is_empty() && f.iter().all(u8::is_ascii_digit))
+        && integer(whole).is_none()
+}
+
+/// [`seconds`], or a day for seconds too many for a `u64`.
+pub(super) fn long_seconds(text: &[u8]) -> Option<Duration> {
+    seconds(text).or_else(|| overflowed(text).then_some(MAX_DELAY))
+}
+
 /// A duration with units, `6m0s`, `17ms`, `1h2m3.5s` (`h`, `m`, `s`, `ms`,
 /// `us` or `µs`, `ns`), at most a day.
 pub(super) fn units(mut text: &[u8]) -> Option<Duration> {
@@ -44,8 +63,13 @@ pub(super) fn units(mut text: &[u8]) -> Option<Duration> {
             .iter()
             .position(|&b| !b.is_ascii_digit() && b != b'.')
             .unwrap_or(text.len());
-        // The amount, read as seconds: whole units and billionths of one.
-        let amount = seconds(&text[..digits])?;
+        // The amount, read as seconds: whole units and billionths of one
+        // (too many for a `u64`: as many as it holds, past a day anyway).
+        let amount = match seconds(&text[..digits]) {
+            Some(amount) => amount,
+            None if overflowed(&text[..digits]) => Duration::MAX,
+            None => return None,
+        };
         let (unit, length): (u128, usize) = match &text[digits..] {
             [b'h', ..] => (3_600_000_000_000, 1),
             [b'm', b's', ..] => (1_000_000, 2),
@@ -58,7 +82,7 @@ pub(super) fn units(mut text: &[u8]) -> Option<Duration> {
         };
         let whole = u128::from(amount.as_secs()) * unit;
         nanos =
-            nanos.checked_add(whole + u128::from(amount.subsec_nanos()) * unit / 1_000_000_000)?;
+            nanos.saturating_add(whole + u128::from(amount.subsec_nanos()) * unit / 1_000_000_000);
         text = &text[digits + length..];
     }
     let nanos = nanos.min(MAX_DELAY.as_nanos());
@@ -80,7 +104,7 @@ fn until(at: Duration, now: SystemTime) -> Duration {
 /// `Retry-After`: seconds or an HTTP-date.
 pub(super) fn retry_after(value: &[u8], now: SystemTime) -> Option<Duration> {
     let value = value.trim_ascii();
-    seconds(value)
+    long_seconds(value)
         .map(cut)
         .or_else(|| http_date(value, now).map(|at| until(at, now)))
 }
@@ -95,6 +119,8 @@ pub(super) fn reset(value: &[u8], now: SystemTime) -> Option<Duration> {
         }
         Some(at) if at.as_secs() >= 1_000_000_000 => Some(until(at, now)),
         Some(after) => Some(cut(after)),
+        // (A time since the epoch too, were it read as one: a day.)
+        None if overflowed(value) => Some(MAX_DELAY),
         None => units(value).or_else(|| http_date(value, now).map(|at| until(at, now))),
     }
 }

@@ -1,0 +1,111 @@
+//! What one answer from a buggy, misconfigured or malicious upstream does to
+//! a limiter that learns from it.
+
+use std::time::{Duration, SystemTime};
+
+use paceline::clock::FakeClock;
+use paceline::outbound::Feedback;
+use paceline::{Limit, RateLimiter};
+
+type Fake = RateLimiter<paceline::Local, FakeClock>;
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+/// `rate` per second, no burst, on `clock`.
+fn limiter(rate: f64, clock: &FakeClock) -> Fake {
+    RateLimiter::builder()
+        .permits_per_second(rate)
+        .max_burst(Duration::ZERO)
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+/// An answer with `status` and these headers, read as the layer reads one.
+fn answer(status: u16, headers: &[(&'static str, &'static str)]) -> Feedback {
+    let pairs = headers
+        .iter()
+        .map(|(name, value)| (*name, value.as_bytes()));
+    Feedback::from_headers(status, pairs, SystemTime::now())
+}
+
+/// One call of one permit, made now (its wait sleeps on the fake clock,
+/// which moves on by it), answered with `feedback`; how long it waited.
+fn call_answered(limiter: &Fake, feedback: &Feedback) -> Duration {
+    futures::executor::block_on(async {
+        let call = limiter.call(1).await.unwrap();
+        let waited = call.waited();
+        call.learn(feedback);
+        waited
+    })
+}
+
+/// `Call::settle` said the log empties on "a learned `remaining` that takes
+/// stored permits away", so that a settle after it charges the excess at
+/// once (2.3 s here). The core logs such a cap instead (`core::learn`), and
+/// the settle stays exact: the next caller waits for what the call cost had
+/// it reserved it in the first place, capped where the upstream said.
+#[test]
+fn a_settle_after_a_remaining_that_took_permits_away_is_exact() {
+    let clock = FakeClock::new();
+    // 10 a second, 10 stored beside the one that goes (a burst of 11),
+    // full at the start.
+    let limiter = RateLimiter::builder()
+        .limit(Limit::per_second(10.0).burst(11))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    futures::executor::block_on(async {
+        let call = limiter.call(5).await.unwrap();
+        // 5 stored; the upstream says 2 are left: 3 taken away.
+        call.learn(&answer(200, &[("X-RateLimit-Remaining", "2")]));
+        // It cost 30: exact, 10 stored then 20 at 10 a second (the cap
+        // at 2 finds none stored); the excess charged at once after the
+        // cap would be 2.3 s.
+        call.settle(30).unwrap();
+    });
+    assert_eq!(limiter.snapshot().unwrap().wait(), Duration::from_secs(2));
+}
+
+/// "A `Retry-After` or reset longer than a day is cut to a day", but one
+/// too long for a `u64` of seconds was left out: `Retry-After:
+/// 99999999999999999999` paused for the default second, where 86401
+/// pauses a day, and a spent limit whose reset overflowed stored nothing
+/// instead of waiting for it. Longer waits must not pause less.
+#[test]
+fn a_retry_after_or_reset_too_long_for_a_u64_is_a_day() {
+    let huge = "99999999999999999999";
+    for value in [huge, "99999999999999999999.5", "18446744073709551616"] {
+        let feedback = answer(429, &[("Retry-After", value)]);
+        assert_eq!(feedback.retry_after(), Some(DAY), "Retry-After: {value}");
+    }
+    for name in [
+        "RateLimit-Reset",
+        "X-RateLimit-Reset",
+        "X-RateLimit-Reset-After",
+    ] {
+        let feedback = answer(200, &[(name, huge)]);
+        let reset = feedback.quota(None).and_then(|q| q.reset);
+        assert_eq!(reset, Some(DAY), "{name}: {huge}");
+    }
+    // With units too.
+    for value in ["99999999999999999999s", "1h99999999999999999999ms"] {
+        let feedback = answer(200, &[("X-RateLimit-Reset-After", value)]);
+        let reset = feedback.quota(None).and_then(|q| q.reset);
+        assert_eq!(reset, Some(DAY), "{value}");
+    }
+    let feedback = answer(
+        200,
+        &[("RateLimit", "\"tokens\";r=0;t=99999999999999999999")],
+    );
+    let reset = feedback.quota(Some("tokens")).and_then(|q| q.reset);
+    assert_eq!(reset, Some(DAY));
+    // What the limiter makes of it: a pause of a day.
+    let clock = FakeClock::new();
+    let limiter = limiter(10.0, &clock);
+    call_answered(&limiter, &answer(429, &[("Retry-After", huge)]));
+    assert_eq!(limiter.snapshot().unwrap().wait(), DAY);
+    // Other numbers that overflow are still left out.
+    let feedback = answer(429, &[("Retry-After", "-99999999999999999999")]);
+    assert_eq!(feedback.retry_after(), None);
+}

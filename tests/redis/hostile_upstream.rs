@@ -1,0 +1,87 @@
+//! What answers from a buggy or malicious upstream teach a limiter through
+//! Redis: the same as in this process.
+
+use std::time::{Duration, SystemTime};
+
+use crate::support::limiter_state::Value;
+use crate::support::poll::patient_backend;
+use crate::support::redis_server::RedisServer;
+use crate::support::within::within;
+use paceline::RateLimiter;
+use paceline::outbound::Feedback;
+use paceline::redis::Fallback;
+
+/// Hostile answers, the same to a worker through Redis and to a limiter
+/// in this process (each answer to a key of its own): neither errs, every
+/// lesson lands (a lesson the script refused would be dropped in silence,
+/// with a debug line), and the two learn the same rate from each, to the
+/// bit.
+#[tokio::test]
+async fn hostile_answers_teach_redis_what_they_teach_the_core() {
+    let server = RedisServer::start();
+    let answers: [&[(&str, &str)]; 7] = [
+        &[("RateLimit-Policy", "18446744073709551615;w=0.000000001")],
+        &[
+            ("RateLimit-Policy", "1;w=18446744073709551615"),
+            ("X-RateLimit-Remaining", "18446744073709551615"),
+        ],
+        &[
+            ("RateLimit-Policy", "3;w=7"),
+            ("RateLimit", "r=18446744073709551615;t=99999999999"),
+        ],
+        &[
+            ("RateLimit-Policy", "1;w=0.000000001"),
+            ("X-RateLimit-Remaining", "0"),
+        ],
+        &[
+            ("RateLimit-Policy", "7;w=0.3"),
+            ("X-RateLimit-Reset", "Fri, 31 Dec 9999 23:59:59 GMT"),
+        ],
+        &[("RateLimit-Policy", "1;w=3"), ("X-RateLimit-Limit", "nan")],
+        &[("RateLimit-Policy", "9007199254740993;w=3")],
+    ];
+    let mut con = server.connection();
+    for (at, headers) in answers.into_iter().enumerate() {
+        let name = format!("same{at}");
+        let key = format!("paceline:v1:{name}");
+        let redis = RateLimiter::builder()
+            .permits_per_second(1_000.0)
+            .max_burst(Duration::from_secs(5))
+            .redis(&patient_backend(server.client()).await, &name)
+            .fallback(Fallback::FailClosed)
+            .build()
+            .unwrap();
+        let local = RateLimiter::builder()
+            .permits_per_second(1_000.0)
+            .max_burst(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let pairs = headers.iter().map(|(n, v)| (*n, v.as_bytes()));
+        let feedback = Feedback::from_headers(200, pairs, SystemTime::now());
+        // Each call goes with an open one beside it, so that a cap on
+        // what is left is logged, and a debt of 200 s after them keeps
+        // the key (which expires, forgetting what it learned, once it
+        // reads as full).
+        let (open, call) = (redis.call(1).await.unwrap(), redis.call(1).await.unwrap());
+        redis.reserve(200_000).await.unwrap();
+        call.learn(&feedback);
+        drop(call);
+        let (open_here, here) = (local.call(1).await.unwrap(), local.call(1).await.unwrap());
+        local.reserve(200_000).unwrap();
+        here.learn(&feedback);
+        drop((here, open_here));
+        let want = local.rate();
+        let mut got = None;
+        within(Duration::from_secs(5), || {
+            got = Value::read(&mut con, &key);
+            got.as_ref()
+                .and_then(|v| v.learned.as_ref())
+                .is_some_and(|l| (l[4] * 0.97).min(1_000.0) == want)
+        })
+        .await
+        .unwrap_or_else(|| panic!("answer {at}: the core runs at {want}, Redis holds {got:?}"));
+        open.settle(3).unwrap();
+        let snapshot = redis.snapshot().await.unwrap();
+        assert_eq!(snapshot.rate(), want, "answer {at}");
+    }
+}
