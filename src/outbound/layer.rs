@@ -50,7 +50,10 @@ use crate::{Cost, RateLimiter, Store};
 ///     .estimate(|_: &http::Request<String>| Cost::each([1, 800]))
 ///     .actual(|response: &http::Response<String>| {
 ///         let tokens = response.headers().get("x-usage-tokens")?.to_str().ok()?;
-///         Some(Cost::each([1, tokens.parse().ok()?]))
+///         // The upstream's word, bounded: no request costs more than a
+///         // minute's tokens (a larger number keeps the estimate).
+///         let tokens: u32 = tokens.parse().ok().filter(|t| *t <= 90_000)?;
+///         Some(Cost::each([1, tokens]))
 ///     });
 /// # let _ = layer;
 /// # Ok(()) }
@@ -136,9 +139,12 @@ impl<S: Store, C: Clock, E, A> OutboundLayer<S, C, E, A> {
 
     /// Reads each request's real cost from its response with `actual` (a
     /// function of the response, or any [`Actual`]); `None` keeps the
-    /// estimate, and so does a cost that counts for a limit the limiter lacks
-    /// (the response is returned all the same: the request was sent and
-    /// answered).
+    /// estimate, and so does a cost that counts for a limit the limiter
+    /// lacks (the response is returned all the same: the request was sent
+    /// and answered). The cost is charged as given: an upstream that
+    /// claims a huge one (a bug, or hostile) makes the next callers wait
+    /// for it, so bound what is read from a response, as the type's example
+    /// does.
     pub fn actual<A2>(self, actual: A2) -> OutboundLayer<S, C, E, A2> {
         OutboundLayer {
             limiter: self.limiter,
