@@ -179,6 +179,21 @@ impl State {
         }
     }
 
+    /// Scales the debt at `now_micros` (how far the ticket is past it; the
+    /// limit resynced at it) by `fraction`, charged again from `now_micros`:
+    /// a learned rate that rose from `r` to `r / fraction` owes the same
+    /// permits, paid faster.
+    pub(crate) fn scale_debt(&mut self, fraction: f64, now_micros: u64) {
+        if self.next_free_micros < now_micros {
+            return;
+        }
+        let debt = (self.next_free_micros - now_micros) as f64
+            + f64::from(self.next_free_fraction) / FRACTION_ONE as f64;
+        self.next_free_micros = now_micros;
+        self.next_free_fraction = 0;
+        self.charge(debt * fraction);
+    }
+
     /// Reserves `permits` at `now_micros` and returns the moment they may be
     /// used: the ticket before this request pushed it ([step by
     /// step](crate::design#one-reservation-step-by-step)).
@@ -335,6 +350,25 @@ mod tests {
 
     fn bursty(rate: f64) -> State {
         State::new(Policy::Bursty(Bursty::default()), rate, 0).unwrap()
+    }
+
+    #[test]
+    fn a_scaled_debt_is_charged_again_from_now() {
+        let mut s = bursty(10.0);
+        s.reserve(1, 0);
+        s.reserve(1, 0);
+        assert_eq!(s.next_free_micros, 200_000);
+        // 180 ms owed at 20 ms: half of it.
+        s.scale_debt(0.5, 20_000);
+        assert_eq!((s.next_free_micros, s.next_free_fraction), (110_000, 0));
+        // A third of a µs is kept in the fraction.
+        s.scale_debt(1.0 / 90_000.0 / 3.0, 20_000);
+        assert_eq!(s.next_free_micros, 20_000);
+        assert_eq!(s.next_free_fraction, FRACTION_ONE as u32 / 3);
+        // Nothing owed: nothing changes.
+        let before = s.clone();
+        s.scale_debt(0.5, 50_000);
+        assert_eq!(s, before);
     }
 
     #[test]

@@ -42,7 +42,14 @@
 //!   settled or a reservation given back later). Stored permits are what
 //!   goes beside the one request that goes whenever nothing is owed: with
 //!   `n` left and nothing owed, `n + 1` may go at once, and with none left
-//!   and no reset, one (the upstream's answer to it teaches the rest).
+//!   and no reset, one (the upstream's answer to it teaches the rest). A
+//!   cap stays until the upstream reports another: successes that report
+//!   nothing do not lift it;
+//! * a rate that rises (successes, or a higher cap) shortens what the
+//!   callers owe in proportion, as permits owed are paid faster: a quota
+//!   reported absurdly low (one a day) and corrected by the next answer
+//!   holds the callers for one permit at the corrected rate, not a day. A
+//!   rate that falls leaves what was charged as it is.
 //!
 //! Estimates: what a call costs past its estimate is always charged, and what
 //! it costs less is given back while the limiter's log still holds the call

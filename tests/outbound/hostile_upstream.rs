@@ -109,3 +109,47 @@ fn a_retry_after_or_reset_too_long_for_a_u64_is_a_day() {
     let feedback = answer(429, &[("Retry-After", "-99999999999999999999")]);
     assert_eq!(feedback.retry_after(), None);
 }
+
+/// One answer reporting an absurd quota (one a day), corrected by the
+/// upstream's very next answer: the call that went between the two was
+/// charged a whole interval at the absurd rate (24.7 hours), and the rate
+/// that rose again shortens that debt in proportion, so the next caller
+/// waits about a tenth of a second, not a day (before: 89 072 s).
+#[test]
+fn an_absurd_quota_corrected_by_the_next_answer_holds_the_callers_a_moment() {
+    let clock = FakeClock::new();
+    let limiter = limiter(10.0, &clock);
+    let policy = |policy| answer(200, &[("RateLimit-Policy", policy)]);
+    call_answered(&limiter, &policy("1;w=86400"));
+    // The next call goes at its turn at the old rate, 0.1 s later; its
+    // answer reports the quota the upstream really has.
+    let waited = call_answered(&limiter, &policy("10;w=1"));
+    assert_eq!(waited, Duration::from_millis(100));
+    assert!((limiter.rate() - 9.7).abs() < 1e-9, "{}", limiter.rate());
+    // One permit owed at 9.7 a second: about 0.103 s.
+    let waited = call_answered(&limiter, &policy("10;w=1"));
+    let owed = Duration::from_secs_f64(1.0 / 9.7);
+    assert!(
+        waited.abs_diff(owed) < Duration::from_millis(1),
+        "the next caller waited {waited:?}"
+    );
+}
+
+/// A rate that falls leaves the debt as it was charged: the limiter does
+/// not make a caller already charged pay again.
+#[test]
+fn a_quota_that_falls_leaves_the_debt_as_charged() {
+    let clock = FakeClock::new();
+    let limiter = limiter(10.0, &clock);
+    let policy = |policy| answer(200, &[("RateLimit-Policy", policy)]);
+    call_answered(&limiter, &policy("10;w=1"));
+    call_answered(&limiter, &policy("1;w=1"));
+    // The second call was charged at 9.7 a second, then the rate fell to
+    // 0.97: the third waits what the second was charged (0.103 s, not
+    // 1.03 s).
+    let waited = call_answered(&limiter, &policy("1;w=1"));
+    assert!(
+        waited.abs_diff(Duration::from_secs_f64(1.0 / 9.7)) < Duration::from_millis(1),
+        "{waited:?}"
+    );
+}
