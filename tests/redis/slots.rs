@@ -724,10 +724,7 @@ async fn a_call_that_cannot_wait_stays_out_of_the_line() {
     assert!(b.hold_slot(Some(Duration::ZERO)).await.unwrap().is_none());
     tokio::time::sleep(100 * MS).await;
     assert_eq!(script_calls(&server) - before, 1, "a take, and no leave");
-    let lined: usize = server
-        .connection()
-        .zcard(slots_key("no-wait") + "\\line")
-        .unwrap();
+    let lined: usize = server.connection().zcard(line_key("no-wait")).unwrap();
     assert_eq!(lined, 0);
     drop(held);
 }
@@ -749,4 +746,47 @@ fn script_calls(server: &RedisServer) -> u64 {
                 .ok()
         })
         .sum()
+}
+
+/// The line's key of the limiter `name` (beside its slots key).
+fn line_key(name: &str) -> String {
+    slots_key(name) + "\\line"
+}
+
+/// A call dropped while its first take is in flight (Redis stopped, as a
+/// slow round trip would be, and an outer `timeout` that gives up): the
+/// take stands the call in line once Redis runs it, and the dropped
+/// future must take it out again, as it does for a later take. Before:
+/// nothing is sent to take it out, and the freed slot stays idle behind a
+/// call that no longer exists until its place lapses (500 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_dropped_during_its_first_take_leaves_no_place_in_line() {
+    let server = RedisServer::start();
+    let backend = patient_backend(server.client()).await;
+    let ttl = Duration::from_secs(30);
+    let a = limiter(&server, "first-take", 1, ttl, Fallback::FailClosed).await;
+    let b = limiter_on(&backend, "first-take", 1, ttl, Fallback::FailClosed);
+    let (_, held) = a.hold_slot(None).await.unwrap().unwrap();
+    // The script loaded and b's connection made (a call that cannot wait
+    // leaves the line itself).
+    assert!(b.hold_slot(Some(Duration::ZERO)).await.unwrap().is_none());
+    let empty = within(Duration::from_secs(1), || {
+        let n: usize = server.connection().zcard(line_key("first-take")).unwrap();
+        n == 0
+    })
+    .await;
+    assert!(empty.is_some());
+    server.stop();
+    let dropped = tokio::time::timeout(30 * MS, b.hold_slot(Some(Duration::from_secs(20)))).await;
+    assert!(dropped.is_err(), "Redis answered while stopped");
+    tokio::time::sleep(100 * MS).await;
+    server.cont();
+    // Redis runs b's take, then whatever b's drop sent after it.
+    tokio::time::sleep(100 * MS).await;
+    let in_line: usize = server.connection().zcard(line_key("first-take")).unwrap();
+    drop(held);
+    let started = Instant::now();
+    let next = a.hold_slot(Some(300 * MS)).await.unwrap();
+    assert_eq!(in_line, 0, "a dropped call still stands in line");
+    assert!(next.is_some(), "{:?}", started.elapsed());
 }

@@ -232,6 +232,17 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
             // (A call that cannot wait, its timeout passed, stays out of
             // the line, where it would stand ahead of others for nothing.)
             let waits = deadline.is_none_or(|deadline| Instant::now() < deadline);
+            // Armed before the take is sent: Redis stands the call in line
+            // even if the reply is never read (the future dropped mid round
+            // trip); the leave follows the take on the connection.
+            if waits && lined.0.is_none() {
+                lined.0 = Some(Left(
+                    Arc::clone(self.backend()),
+                    Arc::clone(&keys),
+                    Removal::Leave,
+                    Arc::clone(&waiter),
+                ));
+            }
             match self
                 .send_take(&target, &keys, &id, waits.then_some(&*waiter))
                 .await
@@ -249,11 +260,6 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
                     }));
                 }
                 Ok(script::Answer::Full { until_free, ahead }) => {
-                    if waits {
-                        let backend = Arc::clone(self.backend());
-                        let waiter = Arc::clone(&waiter);
-                        lined.0 = Some(Left(backend, Arc::clone(&keys), Removal::Leave, waiter));
-                    }
                     let now = Instant::now();
                     let mut wait = pause.min(turn_pause(ahead, now - started));
                     if !until_free.is_zero() {
