@@ -62,8 +62,10 @@ impl Keys {
 /// `naming` writes), so no slots key is a limiter's key, and the key is
 /// read back by dropping the suffix (and the braces): no two share one. A
 /// key that holds a `}` but no hash tag (a name such as `a}b`) gets
-/// `\slots` appended: another slot, which is still safe (the script
-/// touches one key).
+/// `\slots` appended: another slot than its key's, and its line's keys
+/// ([`Keys::of`]) each in yet another. The script touches all three, so on
+/// a cluster the builder refuses such a name; on one server it is no
+/// matter.
 pub(crate) fn slots_key(key: &str) -> String {
     if hash_tag(key.as_bytes()).is_some() || key.contains('}') {
         format!("{key}\\slots")
