@@ -11,10 +11,11 @@
 //!   first come, first served: a new call, or one that has just given its
 //!   slot back, goes behind them. A waiting call asks again after a pause
 //!   (2 ms, doubling to 200 ms), at most 10 ms for each call ahead of it
-//!   (or a tenth of its wait so far), cut short by the earliest lease's
-//!   expiry, by a release in its own process and by its own timeout. A
-//!   slot freed in another process is so idle about 10 ms before the
-//!   first in line takes it. A call that gives up leaves the line in the
+//!   (the first in line: or a tenth of how long it has been first), cut
+//!   short by the earliest lease's expiry, by a release in its own process
+//!   and by its own timeout. A slot freed in another process is so idle up
+//!   to 10 ms before the first in line takes it (longer only if that call
+//!   has been first over 100 ms: a slot held long). A call that gives up leaves the line in the
 //!   background; one that has not asked for 500 ms (its process died, or
 //!   its future is not polled) loses its place.
 //! - A task the call owns renews its lease every third of the slot TTL,
@@ -68,21 +69,22 @@ const MAX_SLOT_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 const FIRST_PAUSE: Duration = Duration::from_millis(2);
 const MAX_PAUSE: Duration = Duration::from_millis(200);
 
-/// The longest pause of a call first in line, while it has waited up to
-/// ten times as long: a slot freed in another process waits for its call
-/// at most that long, a tenth of the wait at the most afterwards.
+/// The longest pause of a call first in line, until it has been first ten
+/// times as long: a slot freed in another process waits for it that long
+/// at most, then a tenth of how long it has been first.
 const TURN_PAUSE: Duration = Duration::from_millis(10);
 
-/// The longest pause of a call with `ahead` calls before it in line, which
-/// has waited `waited`: `TURN_PAUSE` for each call ahead and itself, or a
-/// tenth of its wait if that is longer, and `MAX_PAUSE` at the most (the
-/// script keeps a call's place for 500 ms after it last asked).
-fn turn_pause(ahead: u64, waited: Duration) -> Duration {
+/// The longest pause of a call with `ahead` calls before it in line
+/// (`first`: how long it has been first, if it is): `TURN_PAUSE` for each
+/// call ahead and itself, for the first a tenth of how long it has been
+/// first if that is longer, and `MAX_PAUSE` at the most (the script keeps a
+/// call's place for 500 ms after it last asked). (Not a tenth of its whole
+/// wait: a call that waited long behind others must still take its turn at
+/// once, or every slot handed from one process to another idles for it.)
+fn turn_pause(ahead: u64, first: Option<Duration>) -> Duration {
     let turns = u32::try_from(ahead.saturating_add(1)).unwrap_or(u32::MAX);
-    TURN_PAUSE
-        .saturating_mul(turns)
-        .max(waited / 10)
-        .min(MAX_PAUSE)
+    let first = first.map_or(Duration::ZERO, |first| first / 10);
+    TURN_PAUSE.saturating_mul(turns).max(first).min(MAX_PAUSE)
 }
 
 /// How many wake-ups a limiter's waiters share (by their slots key's hash):
@@ -222,6 +224,8 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
         let waiter = self.id("w");
         let mut lined = Unused::default();
         let mut pause = FIRST_PAUSE;
+        // Since when the call has been first in line.
+        let mut first_since = None;
         loop {
             if self.backend().health.is_down_key(&target.key) {
                 return self.fallback(key, None, deadline, started, clock).await;
@@ -261,7 +265,11 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
                 }
                 Ok(script::Answer::Full { until_free, ahead }) => {
                     let now = Instant::now();
-                    let mut wait = pause.min(turn_pause(ahead, now - started));
+                    let first = (ahead == 0).then(|| now - *first_since.get_or_insert(now));
+                    if ahead > 0 {
+                        first_since = None;
+                    }
+                    let mut wait = pause.min(turn_pause(ahead, first));
                     if !until_free.is_zero() {
                         wait = wait.min(until_free);
                     }
@@ -475,5 +483,25 @@ async fn renew(backend: Arc<Backend>, keys: Arc<Keys>, id: Arc<str>, calls: u32,
                 "a call's slot lease expired before it was renewed, and the slots were all taken"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn a_call_asks_the_sooner_the_nearer_it_is_to_its_turn() {
+        // 10 ms for each call ahead and itself, 200 ms at the most.
+        assert_eq!(turn_pause(3, None), 40 * MS);
+        assert_eq!(turn_pause(u64::MAX, None), MAX_PAUSE);
+        // The first in line: 10 ms, until it has been first over 100 ms,
+        // then a tenth of that, whatever it waited before.
+        assert_eq!(turn_pause(0, Some(Duration::ZERO)), 10 * MS);
+        assert_eq!(turn_pause(0, Some(50 * MS)), 10 * MS);
+        assert_eq!(turn_pause(0, Some(700 * MS)), 70 * MS);
+        assert_eq!(turn_pause(0, Some(Duration::from_secs(60))), MAX_PAUSE);
     }
 }
