@@ -720,32 +720,13 @@ async fn a_call_that_cannot_wait_stays_out_of_the_line() {
     let a = limiter(&server, "no-wait", 1, ttl, Fallback::FailClosed).await;
     let b = limiter(&server, "no-wait", 1, ttl, Fallback::FailClosed).await;
     let (_, held) = a.hold_slot(None).await.unwrap().unwrap();
-    let before = script_calls(&server);
+    let before = server.script_calls();
     assert!(b.hold_slot(Some(Duration::ZERO)).await.unwrap().is_none());
     tokio::time::sleep(100 * MS).await;
-    assert_eq!(script_calls(&server) - before, 1, "a take, and no leave");
+    assert_eq!(server.script_calls() - before, 1, "a take, and no leave");
     let lined: usize = server.connection().zcard(line_key("no-wait")).unwrap();
     assert_eq!(lined, 0);
     drop(held);
-}
-
-/// The script calls Redis has run.
-fn script_calls(server: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.connection())
-        .unwrap();
-    info.lines()
-        .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
-        .filter_map(|line| {
-            line.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
 }
 
 /// The line's key of the limiter `name` (beside its slots key).

@@ -124,6 +124,23 @@ impl RedisServer {
             .map_or(0, |calls| calls.parse().unwrap())
     }
 
+    /// The scripts this server ran (EVALSHA and EVAL calls) since it
+    /// started (or since the last `CONFIG RESETSTAT`).
+    pub fn script_calls(&self) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.connection())
+            .unwrap();
+        info.lines()
+            .filter_map(|line| {
+                let rest = line
+                    .strip_prefix("cmdstat_evalsha:calls=")
+                    .or_else(|| line.strip_prefix("cmdstat_eval:calls="))?;
+                rest.split(',').next()?.parse::<u64>().ok()
+            })
+            .sum()
+    }
+
     /// `CONFIG SET name value`, on a connection of its own.
     pub fn config_set(&self, name: &str, value: &str) {
         let _: () = redis::cmd("CONFIG")

@@ -484,22 +484,7 @@ async fn a_refused_batchs_callers_each_get_the_error_said_once() {
     }
     // Some went in a batch (fewer script calls than callers), or the test
     // proved nothing.
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.connection())
-        .unwrap();
-    let calls: usize = info
-        .lines()
-        .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
-        .filter_map(|line| {
-            line.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<usize>()
-                .ok()
-        })
-        .sum();
+    let calls = server.script_calls();
     assert!(
         calls < 64,
         "{calls} script calls for 64 callers: none was batched"
