@@ -62,11 +62,15 @@ if (changed or ort ~= rate or omx ~= mx) and mode ~= 'probe' then
             -- Policy::initial_stored_permits, else rescaled (stored /
             -- old_max is in 0..=1, so this never overflows).
             st = old_stable == 0.0 and (bursty and m or 0.0) or omx == 0.0 and (bursty and 0.0 or m) or st / omx * m
-            -- A learn's rate that rose (State::scale_debt): the debt at now
-            -- scaled by the old rate over the new, charged again from now.
-            -- (x: the debt, then its units or whole µs.)
+            -- A learn's rate that rose (State::reprice_debt): the debt at
+            -- now, its last interval of the old rate (or all of it, if
+            -- shorter) scaled by the old rate over the new, charged again
+            -- from now. (x: the debt, then its units or whole µs; y: its
+            -- last interval.)
             if pass == 2 and M1 and r > ort then
-                x = ((nf - now) + fr / FRACTION_ONE) * (ort / r)
+                x = (nf - now) + fr / FRACTION_ONE
+                local y = math.min(x, old_stable)
+                x = (x - y) + y * (ort / r)
                 nf, fr = now, 0
                 if x < FINE_CHARGE_LIMIT then
                     x = x * FRACTION_ONE + 0.5

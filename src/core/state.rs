@@ -179,19 +179,23 @@ impl State {
         }
     }
 
-    /// Scales the debt at `now_micros` (how far the ticket is past it; the
-    /// limit resynced at it) by `fraction`, charged again from `now_micros`:
-    /// a learned rate that rose from `r` to `r / fraction` owes the same
-    /// permits, paid faster.
-    pub(crate) fn scale_debt(&mut self, fraction: f64, now_micros: u64) {
+    /// Reprices the last `interval` µs of the debt at `now_micros` (how far
+    /// the ticket is past it; the limit resynced at it), the whole debt if
+    /// it is shorter, by `fraction`: a learned rate that rose from `r` to `r
+    /// / fraction` charges the last request's permit at the new rate, as
+    /// if it had been reserved at it (`interval`: the old rate's stable
+    /// interval, one permit). Only that part: the callers before it hold
+    /// moments in the rest, and the next must not go among them.
+    pub(crate) fn reprice_debt(&mut self, fraction: f64, interval: f64, now_micros: u64) {
         if self.next_free_micros < now_micros {
             return;
         }
         let debt = (self.next_free_micros - now_micros) as f64
             + f64::from(self.next_free_fraction) / FRACTION_ONE as f64;
+        let last = debt.min(interval);
         self.next_free_micros = now_micros;
         self.next_free_fraction = 0;
-        self.charge(debt * fraction);
+        self.charge((debt - last) + last * fraction);
     }
 
     /// Reserves `permits` at `now_micros` and returns the moment they may be
@@ -353,21 +357,22 @@ mod tests {
     }
 
     #[test]
-    fn a_scaled_debt_is_charged_again_from_now() {
+    fn a_repriced_debt_is_charged_again_from_now() {
         let mut s = bursty(10.0);
         s.reserve(1, 0);
         s.reserve(1, 0);
         assert_eq!(s.next_free_micros, 200_000);
-        // 180 ms owed at 20 ms: half of it.
-        s.scale_debt(0.5, 20_000);
-        assert_eq!((s.next_free_micros, s.next_free_fraction), (110_000, 0));
-        // A third of a µs is kept in the fraction.
-        s.scale_debt(1.0 / 90_000.0 / 3.0, 20_000);
+        // 180 ms owed at 20 ms, 80 ms of it repriced at half.
+        s.reprice_debt(0.5, 80_000.0, 20_000);
+        assert_eq!((s.next_free_micros, s.next_free_fraction), (160_000, 0));
+        // A debt shorter than the interval: all of it; a third of a µs is
+        // kept in the fraction.
+        s.reprice_debt(1.0 / 140_000.0 / 3.0, 1e9, 20_000);
         assert_eq!(s.next_free_micros, 20_000);
         assert_eq!(s.next_free_fraction, FRACTION_ONE as u32 / 3);
         // Nothing owed: nothing changes.
         let before = s.clone();
-        s.scale_debt(0.5, 50_000);
+        s.reprice_debt(0.5, 1e9, 50_000);
         assert_eq!(s, before);
     }
 

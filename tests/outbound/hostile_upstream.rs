@@ -153,3 +153,31 @@ fn a_quota_that_falls_leaves_the_debt_as_charged() {
         "{waited:?}"
     );
 }
+
+/// A rate that rises while callers wait their turns reprices only the last
+/// one's cost: the next caller goes after all of them, one interval of the
+/// new rate after the last, not among them (repricing the whole debt let
+/// it go at once, beside five callers still waiting).
+#[test]
+fn a_rate_that_rises_puts_no_caller_among_those_waiting() {
+    let clock = FakeClock::new();
+    let limiter = limiter(10.0, &clock);
+    let policy = |policy| answer(200, &[("RateLimit-Policy", policy)]);
+    let (first, second) = futures::executor::block_on(async {
+        (
+            limiter.call(1).await.unwrap(),
+            limiter.call(1).await.unwrap(),
+        )
+    });
+    first.learn(&policy("1;w=1"));
+    // Five callers take their turns at 0.97 a second.
+    let waits: Vec<Duration> = (0..5).map(|_| limiter.reserve(1).unwrap()).collect();
+    second.learn(&policy("10;w=1"));
+    assert!((limiter.rate() - 9.7).abs() < 1e-9, "{}", limiter.rate());
+    let next = limiter.reserve(1).unwrap();
+    let after_the_last = waits[4] + Duration::from_secs_f64(1.0 / 9.7);
+    assert!(
+        next.abs_diff(after_the_last) < Duration::from_millis(1),
+        "the next caller waits {next:?}, the five {waits:?}"
+    );
+}
