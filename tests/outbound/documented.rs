@@ -14,10 +14,11 @@ fn ms(ms: u64) -> Duration {
     Duration::from_millis(ms)
 }
 
-/// A limiter of `rate` per second, no burst, on `clock`.
-type Fake = RateLimiter<paceline::Local, FakeClock>;
+/// A limiter on the fake clock.
+pub(crate) type Fake = RateLimiter<paceline::Local, FakeClock>;
 
-fn limiter(rate: f64, clock: &FakeClock) -> Fake {
+/// A limiter of `rate` per second, no burst, on `clock`.
+pub(crate) fn limiter(rate: f64, clock: &FakeClock) -> Fake {
     RateLimiter::builder()
         .permits_per_second(rate)
         .max_burst(Duration::ZERO)

@@ -7,19 +7,9 @@ use paceline::clock::FakeClock;
 use paceline::outbound::Feedback;
 use paceline::{Limit, RateLimiter};
 
-type Fake = RateLimiter<paceline::Local, FakeClock>;
+use crate::documented::{Fake, limiter};
 
 const DAY: Duration = Duration::from_secs(86_400);
-
-/// `rate` per second, no burst, on `clock`.
-fn limiter(rate: f64, clock: &FakeClock) -> Fake {
-    RateLimiter::builder()
-        .permits_per_second(rate)
-        .max_burst(Duration::ZERO)
-        .clock(clock.clone())
-        .build()
-        .unwrap()
-}
 
 /// An answer with `status` and these headers, read as the layer reads one.
 fn answer(status: u16, headers: &[(&'static str, &'static str)]) -> Feedback {

@@ -114,28 +114,24 @@ impl RedisServer {
     /// The EVALSHA calls this server counted since it started (or since
     /// the last `CONFIG RESETSTAT`).
     pub fn evalsha_calls(&self) -> u64 {
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query(&mut self.connection())
-            .unwrap();
-        info.lines()
-            .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
-            .and_then(|rest| rest.split(',').next())
-            .map_or(0, |calls| calls.parse().unwrap())
+        self.calls_of(&["evalsha"])
     }
 
-    /// The scripts this server ran (EVALSHA and EVAL calls) since it
-    /// started (or since the last `CONFIG RESETSTAT`).
+    /// The scripts this server ran (EVALSHA and EVAL calls), counted so.
     pub fn script_calls(&self) -> u64 {
+        self.calls_of(&["evalsha", "eval"])
+    }
+
+    /// The calls of `commands` this server counted, all together.
+    fn calls_of(&self, commands: &[&str]) -> u64 {
         let info: String = redis::cmd("INFO")
             .arg("commandstats")
             .query(&mut self.connection())
             .unwrap();
         info.lines()
             .filter_map(|line| {
-                let rest = line
-                    .strip_prefix("cmdstat_evalsha:calls=")
-                    .or_else(|| line.strip_prefix("cmdstat_eval:calls="))?;
+                let (command, rest) = line.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+                commands.contains(&command).then_some(())?;
                 rest.split(',').next()?.parse::<u64>().ok()
             })
             .sum()
