@@ -62,27 +62,6 @@ if (changed or ort ~= rate or omx ~= mx) and mode ~= 'probe' then
             -- Policy::initial_stored_permits, else rescaled (stored /
             -- old_max is in 0..=1, so this never overflows).
             st = old_stable == 0.0 and (bursty and m or 0.0) or omx == 0.0 and (bursty and 0.0 or m) or st / omx * m
-            -- A learn's rate that rose (State::reprice_debt): the debt at
-            -- now, its last interval of the old rate (or all of it, if
-            -- shorter) scaled by the old rate over the new, charged again
-            -- from now. (x: the debt, then its units or whole µs; y: its
-            -- last interval.)
-            if pass == 2 and M1 and r > ort then
-                x = (nf - now) + fr / FRACTION_ONE
-                local y = math.min(x, old_stable)
-                x = (x - y) + y * (ort / r)
-                nf, fr = now, 0
-                if x < FINE_CHARGE_LIMIT then
-                    x = x * FRACTION_ONE + 0.5
-                    x = x - x % 1
-                    fr = x % FRACTION_ONE
-                    x = (x - fr) / FRACTION_ONE
-                else
-                    x = x - x % 1
-                end
-                nf = nf + x
-                if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
-            end
             ort, omx = r, m
             if t then
                 st = 0.0

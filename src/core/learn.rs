@@ -17,14 +17,6 @@
 //!   `pause`).
 //! * A success after the pause adds `increase` to `factor`, at most once per
 //!   `interval`, up to 1.
-//! * A rate that rises (a success, or a higher cap) reprices the last
-//!   permit of the debt at the new rate (one interval of the old rate, or
-//!   the debt if shorter): the last request's cost, which no caller holds a
-//!   moment in; the callers before it hold theirs, so the rest stands. So a
-//!   cap reported absurdly low (one a day) and corrected by the next answer
-//!   holds the callers one permit at the corrected rate, not a day. A rate
-//!   that falls leaves the debt as it is (a refusal pauses the limits
-//!   besides).
 //! * A limit the upstream says is spent (`remaining` 0, with its `reset`) is
 //!   paused until the reset; one with `remaining` (0 included, without a
 //!   reset) keeps at most that many permits stored.
@@ -286,17 +278,8 @@ impl Limits {
             || learned.margin != before.margin
         {
             let rates: Vec<f64> = (0..n).map(|i| learned.rate(i)).collect();
-            let was: Vec<(f64, f64)> = (self.states.iter())
-                .map(|s| (s.permits_per_second, s.stable_interval_micros()))
-                .collect();
             // Every learned rate is positive, so valid.
             let _ = self.apply_rates(&rates, now_micros);
-            for (state, (rate, interval)) in self.states.iter_mut().zip(was) {
-                if state.permits_per_second > rate {
-                    let fraction = rate / state.permits_per_second;
-                    state.reprice_debt(fraction, interval, now_micros);
-                }
-            }
         }
         let spent = |i: usize| {
             let reported = lesson.limits.get(i)?;

@@ -179,25 +179,6 @@ impl State {
         }
     }
 
-    /// Reprices the last `interval` µs of the debt at `now_micros` (how far
-    /// the ticket is past it; the limit resynced at it), the whole debt if
-    /// it is shorter, by `fraction`: a learned rate that rose from `r` to `r
-    /// / fraction` charges the last request's permit at the new rate, as
-    /// if it had been reserved at it (`interval`: the old rate's stable
-    /// interval, one permit). Only that part: the callers before it hold
-    /// moments in the rest, and the next must not go among them.
-    pub(crate) fn reprice_debt(&mut self, fraction: f64, interval: f64, now_micros: u64) {
-        if self.next_free_micros < now_micros {
-            return;
-        }
-        let debt = (self.next_free_micros - now_micros) as f64
-            + f64::from(self.next_free_fraction) / FRACTION_ONE as f64;
-        let last = debt.min(interval);
-        self.next_free_micros = now_micros;
-        self.next_free_fraction = 0;
-        self.charge((debt - last) + last * fraction);
-    }
-
     /// Reserves `permits` at `now_micros` and returns the moment they may be
     /// used: the ticket before this request pushed it ([step by
     /// step](crate::design#one-reservation-step-by-step)).
@@ -354,26 +335,6 @@ mod tests {
 
     fn bursty(rate: f64) -> State {
         State::new(Policy::Bursty(Bursty::default()), rate, 0).unwrap()
-    }
-
-    #[test]
-    fn a_repriced_debt_is_charged_again_from_now() {
-        let mut s = bursty(10.0);
-        s.reserve(1, 0);
-        s.reserve(1, 0);
-        assert_eq!(s.next_free_micros, 200_000);
-        // 180 ms owed at 20 ms, 80 ms of it repriced at half.
-        s.reprice_debt(0.5, 80_000.0, 20_000);
-        assert_eq!((s.next_free_micros, s.next_free_fraction), (160_000, 0));
-        // A debt shorter than the interval: all of it; a third of a µs is
-        // kept in the fraction.
-        s.reprice_debt(1.0 / 140_000.0 / 3.0, 1e9, 20_000);
-        assert_eq!(s.next_free_micros, 20_000);
-        assert_eq!(s.next_free_fraction, FRACTION_ONE as u32 / 3);
-        // Nothing owed: nothing changes.
-        let before = s.clone();
-        s.reprice_debt(0.5, 1e9, 50_000);
-        assert_eq!(s, before);
     }
 
     #[test]

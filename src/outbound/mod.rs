@@ -45,11 +45,13 @@
 //!   and no reset, one (the upstream's answer to it teaches the rest). A
 //!   cap stays until the upstream reports another: successes that report
 //!   nothing do not lift it;
-//! * a rate that rises (successes, or a higher cap) reprices the last
-//!   request's permit at it (the callers before it keep their turns): a
-//!   quota reported absurdly low (one a day) and corrected by the next
-//!   answer holds the callers for one permit at the corrected rate, not a
-//!   day. A rate that falls leaves what was charged as it is.
+//! * a rate that changes leaves what was charged as it is (as
+//!   [`set_rate`](crate::RateLimiter::set_rate) does): a request charged at
+//!   a rate the upstream reported absurdly low (one a day) holds the
+//!   callers after it that long, even if the next answer corrects the
+//!   rate. (Repricing what was charged cannot tell the last request's cost
+//!   from a pause or from a cost charged at another rate; it let callers
+//!   go ten times too fast.)
 //!
 //! Estimates: what a call costs past its estimate is always charged, and what
 //! it costs less is given back while the limiter's log still holds the call

@@ -9,7 +9,7 @@ use crate::support::redis_server::RedisServer;
 use crate::support::within::within;
 use paceline::RateLimiter;
 use paceline::outbound::Feedback;
-use paceline::redis::{Fallback, Redis};
+use paceline::redis::Fallback;
 
 /// Hostile answers, the same to a worker through Redis and to a limiter
 /// in this process (each answer to a key of its own): neither errs, every
@@ -84,66 +84,4 @@ async fn hostile_answers_teach_redis_what_they_teach_the_core() {
         let snapshot = redis.snapshot().await.unwrap();
         assert_eq!(snapshot.rate(), want, "answer {at}");
     }
-}
-
-/// 10 a second, no burst, under `name`, failing closed, on a backend of
-/// its own: one worker of the fleet.
-async fn worker(server: &RedisServer, name: &str) -> RateLimiter<Redis> {
-    RateLimiter::builder()
-        .permits_per_second(10.0)
-        .max_burst(Duration::ZERO)
-        .redis(&patient_backend(server.client()).await, name)
-        .fallback(Fallback::FailClosed)
-        .build()
-        .unwrap()
-}
-
-/// A 200 reporting `policy` as its `RateLimit-Policy`.
-fn reporting(policy: &'static str) -> Feedback {
-    let headers: [(&str, &[u8]); 1] = [("RateLimit-Policy", policy.as_bytes())];
-    Feedback::from_headers(200, headers, SystemTime::now())
-}
-
-/// Waits until `key` learned a cap of `cap` for its limit.
-async fn landed(server: &RedisServer, key: &str, cap: f64) {
-    let mut con = server.connection();
-    let mut value = None;
-    within(Duration::from_secs(5), || {
-        value = Value::read(&mut con, key);
-        let learned = value.as_ref().and_then(|v| v.learned.as_ref());
-        learned.is_some_and(|learned| learned[4] == cap)
-    })
-    .await
-    .unwrap_or_else(|| panic!("{key} never learned the cap {cap}: {value:?}"));
-}
-
-/// One worker learns an absurd quota (one a day), and the upstream's very
-/// next answer corrects it: the call that went between was charged an
-/// interval at the absurd rate (24.7 h), and the rate that rose again
-/// shortens that debt in proportion, for every worker of the fleet
-/// (before: the other worker waited 89 072 s).
-#[tokio::test]
-async fn an_absurd_quota_corrected_at_once_holds_the_fleet_a_moment() {
-    let server = RedisServer::start();
-    let key = "paceline:v1:fleet";
-    let (one, other) = (
-        worker(&server, "fleet").await,
-        worker(&server, "fleet").await,
-    );
-    let call = one.call(1).await.unwrap();
-    call.learn(&reporting("1;w=86400"));
-    drop(call);
-    landed(&server, key, 1.0 / 86_400.0).await;
-    let call = one.call(1).await.unwrap();
-    call.learn(&reporting("10;w=1"));
-    drop(call);
-    landed(&server, key, 10.0).await;
-    let snapshot = other.snapshot().await.unwrap();
-    assert!((snapshot.rate() - 9.7).abs() < 1e-9, "{snapshot:?}");
-    assert!(
-        snapshot.wait() <= Duration::from_millis(150),
-        "the other worker waits {:?} at {} a second",
-        snapshot.wait(),
-        snapshot.rate()
-    );
 }
