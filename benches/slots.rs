@@ -27,8 +27,9 @@
 //!   the worker takes before that call is served (fair: 0 to 1; `200+`:
 //!   not served within 4 s), in five rounds.
 //! - `two fleets taking turns`: 20 workers in each process, each looping
-//!   take, hold 5 ms, give back, for 4 s: the slots taken, and how many
-//!   went to the other process than the one before.
+//!   take, hold 5 ms, give back, for 4 s: the slots taken, how many went
+//!   to the other process than the one before, and the script calls Redis
+//!   ran meanwhile (takes, releases and the line's leaves).
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::SeqCst;
@@ -158,6 +159,7 @@ async fn two_fleets(server: &RedisServer) {
     let a = Arc::new(limiter(server, "fleets").await);
     let b = Arc::new(limiter(server, "fleets").await);
     let served = Arc::new(Mutex::new(Vec::new()));
+    let before = server.script_calls();
     let stop = Instant::now() + Duration::from_secs(4);
     let mut tasks = Vec::new();
     for task in 0..40u32 {
@@ -177,6 +179,7 @@ async fn two_fleets(server: &RedisServer) {
         }));
     }
     tokio::time::sleep_until(stop.into()).await;
+    let calls = server.script_calls() - before;
     for task in &tasks {
         task.abort();
     }
@@ -186,7 +189,7 @@ async fn two_fleets(server: &RedisServer) {
     let served = served.lock().unwrap();
     let across = served.windows(2).filter(|pair| pair[0] != pair[1]).count();
     println!(
-        "two fleets taking turns, 5 ms holds, 4 s: {} slots, {across} to the other process",
+        "two fleets taking turns, 5 ms holds, 4 s: {} slots, {across} to the other process; {calls} script calls",
         served.len()
     );
 }

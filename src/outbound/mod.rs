@@ -122,7 +122,7 @@
 //! first served across processes: a worker that gives its slot back and
 //! asks again goes behind them. A waiting call polls Redis, after pauses
 //! that double up to 200 ms, shorter the nearer it is to the front (a slot
-//! freed in another process waits for the first in line up to 10 ms, or a
+//! freed in another process waits for the first in line up to 5 ms, or a
 //! tenth of how long that call has been first) and cut short by a release in
 //! its own process; one that has not asked for 500 ms (its process died,
 //! or its future lies unpolled) loses its place, and one that cannot wait

@@ -10,12 +10,13 @@
 //!   came, and one of when each last asked), and the free slots go to them
 //!   first come, first served: a new call, or one that has just given its
 //!   slot back, goes behind them. A waiting call asks again after a pause
-//!   (2 ms, doubling to 200 ms), at most 10 ms for each call ahead of it
-//!   (the first in line: or a tenth of how long it has been first), cut
-//!   short by the earliest lease's expiry, by a release in its own process
-//!   and by its own timeout. A slot freed in another process is so idle up
-//!   to 10 ms before the first in line takes it (longer only if that call
-//!   has been first over 100 ms: a slot held long). A call that gives up leaves the line in the
+//!   (2 ms, doubling to 200 ms), at most 10 ms for each call ahead of it;
+//!   the first in line, 5 ms (or a tenth of how long it has been first),
+//!   cut short by the earliest lease's expiry, by a release in its own
+//!   process and by its own timeout. A slot freed in another process is
+//!   so idle up to 5 ms before the first in line takes it (longer only if
+//!   that call has been first over 50 ms: a slot held long). A call that
+//!   gives up leaves the line in the
 //!   background; one that has not asked for 500 ms (its process died, or
 //!   its future is not polled) loses its place.
 //! - A task the call owns renews its lease every third of the slot TTL,
@@ -71,20 +72,27 @@ const MAX_PAUSE: Duration = Duration::from_millis(200);
 
 /// The longest pause of a call first in line, until it has been first ten
 /// times as long: a slot freed in another process waits for it that long
-/// at most, then a tenth of how long it has been first.
-const TURN_PAUSE: Duration = Duration::from_millis(10);
+/// at most, then a tenth of how long it has been first. A call behind it
+/// pauses twice as long for each call ahead.
+const TURN_PAUSE: Duration = Duration::from_millis(5);
 
 /// The longest pause of a call with `ahead` calls before it in line
-/// (`first`: how long it has been first, if it is): `TURN_PAUSE` for each
-/// call ahead and itself, for the first a tenth of how long it has been
-/// first if that is longer, and `MAX_PAUSE` at the most (the script keeps a
-/// call's place for 500 ms after it last asked). (Not a tenth of its whole
-/// wait: a call that waited long behind others must still take its turn at
-/// once, or every slot handed from one process to another idles for it.)
+/// (`first`: how long it has been first, if it is): for the first,
+/// `TURN_PAUSE`, or a tenth of how long it has been first if that is
+/// longer; for the others, twice `TURN_PAUSE` for each call ahead (the
+/// next in line as often as the first: it is first once a slot is taken);
+/// `MAX_PAUSE` at the most (the script keeps a call's place for 500 ms
+/// after it last asked). (Not a tenth of its whole wait: a call that
+/// waited long behind others must still take its turn at once, or every
+/// slot handed from one process to another idles for it.)
 fn turn_pause(ahead: u64, first: Option<Duration>) -> Duration {
-    let turns = u32::try_from(ahead.saturating_add(1)).unwrap_or(u32::MAX);
-    let first = first.map_or(Duration::ZERO, |first| first / 10);
-    TURN_PAUSE.saturating_mul(turns).max(first).min(MAX_PAUSE)
+    match first {
+        Some(first) => TURN_PAUSE.max(first / 10).min(MAX_PAUSE),
+        None => {
+            let turns = u32::try_from(ahead.max(1)).unwrap_or(u32::MAX);
+            (TURN_PAUSE * 2).saturating_mul(turns).min(MAX_PAUSE)
+        }
+    }
 }
 
 /// How many wake-ups a limiter's waiters share (by their slots key's hash):
@@ -494,13 +502,14 @@ mod tests {
 
     #[test]
     fn a_call_asks_the_sooner_the_nearer_it_is_to_its_turn() {
-        // 10 ms for each call ahead and itself, 200 ms at the most.
-        assert_eq!(turn_pause(3, None), 40 * MS);
+        // 10 ms for each call ahead, 200 ms at the most.
+        assert_eq!(turn_pause(1, None), 10 * MS);
+        assert_eq!(turn_pause(3, None), 30 * MS);
         assert_eq!(turn_pause(u64::MAX, None), MAX_PAUSE);
-        // The first in line: 10 ms, until it has been first over 100 ms,
+        // The first in line: 5 ms, until it has been first over 50 ms,
         // then a tenth of that, whatever it waited before.
-        assert_eq!(turn_pause(0, Some(Duration::ZERO)), 10 * MS);
-        assert_eq!(turn_pause(0, Some(50 * MS)), 10 * MS);
+        assert_eq!(turn_pause(0, Some(Duration::ZERO)), 5 * MS);
+        assert_eq!(turn_pause(0, Some(40 * MS)), 5 * MS);
         assert_eq!(turn_pause(0, Some(700 * MS)), 70 * MS);
         assert_eq!(turn_pause(0, Some(Duration::from_secs(60))), MAX_PAUSE);
     }
