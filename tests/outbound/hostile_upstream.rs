@@ -4,7 +4,7 @@
 use std::time::{Duration, SystemTime};
 
 use paceline::clock::{Clock, FakeClock};
-use paceline::outbound::Feedback;
+use paceline::outbound::{Call, Feedback};
 use paceline::{Limit, RateLimiter};
 
 use crate::documented::{Fake, limiter};
@@ -17,6 +17,17 @@ fn answer(status: u16, headers: &[(&'static str, &'static str)]) -> Feedback {
         .iter()
         .map(|(name, value)| (*name, value.as_bytes()));
     Feedback::from_headers(status, pairs, SystemTime::now())
+}
+
+/// Two calls of one permit each, the first made now and the second at its
+/// turn (the fake clock moves on to it), both held open.
+fn two_calls(limiter: &Fake) -> (Call<'_>, Call<'_>) {
+    futures::executor::block_on(async {
+        (
+            limiter.call(1).await.unwrap(),
+            limiter.call(1).await.unwrap(),
+        )
+    })
 }
 
 /// One call of one permit, made now (its wait sleeps on the fake clock,
@@ -128,12 +139,7 @@ fn a_rate_that_rises_puts_no_caller_among_those_waiting() {
     let clock = FakeClock::new();
     let limiter = limiter(10.0, &clock);
     let policy = |policy| answer(200, &[("RateLimit-Policy", policy)]);
-    let (first, second) = futures::executor::block_on(async {
-        (
-            limiter.call(1).await.unwrap(),
-            limiter.call(1).await.unwrap(),
-        )
-    });
+    let (first, second) = two_calls(&limiter);
     first.learn(&policy("1;w=1"));
     // Five callers take their turns at 0.97 a second.
     let waits: Vec<Duration> = (0..5).map(|_| limiter.reserve(1).unwrap()).collect();
@@ -156,12 +162,7 @@ fn a_fall_then_a_rise_between_two_requests_leaves_the_last_cost() {
     let clock = FakeClock::new();
     let limiter = limiter(10.0, &clock);
     let policy = |policy| answer(200, &[("RateLimit-Policy", policy)]);
-    let (first, second) = futures::executor::block_on(async {
-        (
-            limiter.call(1).await.unwrap(),
-            limiter.call(1).await.unwrap(),
-        )
-    });
+    let (first, second) = two_calls(&limiter);
     // The first went at 0, the second at 0.1 s (now), charged 0.1 s.
     assert_eq!(second.waited(), Duration::from_millis(100));
     first.learn(&policy("1;w=1"));
@@ -180,12 +181,7 @@ fn alternating_quotas_let_the_callers_go_no_faster_than_the_rate() {
     let clock = FakeClock::new();
     let limiter = limiter(10.0, &clock);
     let policy = |policy| answer(200, &[("RateLimit-Policy", policy)]);
-    let (low, high) = futures::executor::block_on(async {
-        (
-            limiter.call(1).await.unwrap(),
-            limiter.call(1).await.unwrap(),
-        )
-    });
+    let (low, high) = two_calls(&limiter);
     let start = clock.now_micros();
     let mut moments = Vec::new();
     for _ in 0..200 {
@@ -208,12 +204,7 @@ fn a_rise_after_a_spent_quota_keeps_the_reset() {
     for together in [false, true] {
         let clock = FakeClock::new();
         let limiter = limiter(10.0, &clock);
-        let (first, second) = futures::executor::block_on(async {
-            (
-                limiter.call(1).await.unwrap(),
-                limiter.call(1).await.unwrap(),
-            )
-        });
+        let (first, second) = two_calls(&limiter);
         let spent = ("RateLimit", "r=0;t=30");
         if together {
             first.learn(&answer(200, &[("RateLimit-Policy", "1;w=60")]));
