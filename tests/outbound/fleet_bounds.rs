@@ -194,8 +194,9 @@ async fn concurrent_k_without_redis_and_after_a_restart_stays_within_the_documen
         keep.push((backend, limiter));
     }
     tokio::time::sleep_until((t0 + Duration::from_millis(1_500)).into()).await;
-    let killed = upstream.stats().elapsed;
+    let killing = upstream.stats().elapsed;
     redis.kill();
+    let killed = upstream.stats().elapsed;
     tokio::time::sleep_until((t0 + Duration::from_millis(3_000)).into()).await;
     let back = upstream.stats().elapsed;
     redis.restart();
@@ -206,10 +207,14 @@ async fn concurrent_k_without_redis_and_after_a_restart_stays_within_the_documen
         .iter()
         .map(|b| format!("{}:{}", b.start.as_millis(), b.max_in_flight))
         .collect();
-    eprintln!("killed {killed:?} back {back:?}: {}", line.join(" "));
+    eprintln!(
+        "killed {killing:?} to {killed:?}, back {back:?}: {}",
+        line.join(" ")
+    );
     eprintln!("{:?}", stats.totals);
-    // Before: k. Without Redis, once the calls holding leases end (100 ms):
-    // one slot per process. Always: at most 2k.
+    // Before: k. Without Redis, once the calls holding leases end (100 ms
+    // long, and up to 400 ms late on a loaded machine): one slot per
+    // process. Always: at most 2k.
     let most = |from: Duration, to: Duration| {
         stats
             .buckets
@@ -219,10 +224,10 @@ async fn concurrent_k_without_redis_and_after_a_restart_stays_within_the_documen
             .max()
             .unwrap_or(0)
     };
-    assert!(most(Duration::ZERO, killed - Duration::from_millis(100)) <= 4);
+    assert!(most(Duration::ZERO, killing - Duration::from_millis(100)) <= 4);
     assert!(
         most(
-            killed + Duration::from_millis(200),
+            killed + Duration::from_millis(500),
             back - Duration::from_millis(100)
         ) <= 3
     );

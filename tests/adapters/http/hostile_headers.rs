@@ -102,8 +102,10 @@ fn huge_and_many_forwarding_headers_are_bounded() {
         xff.client_ip(ip(PROXY), &one("x-forwarded-for", &commas)),
         ip(PROXY)
     );
-    assert!(start_big.elapsed() < Duration::from_millis(200));
-    assert!(start.elapsed() < Duration::from_secs(1));
+    // Linear, some milliseconds; a reading quadratic in the length would
+    // take hours. The bounds are loose so that a loaded machine passes.
+    assert!(start_big.elapsed() < Duration::from_secs(10));
+    assert!(start.elapsed() < Duration::from_secs(20));
 }
 
 /// A header key keeps its bytes: distinct values, distinct keys, among
