@@ -79,9 +79,12 @@ async fn tasks_on_a_frozen_clock_get_distinct_consecutive_slots() {
 #[test]
 fn threads_on_the_real_clock_respect_the_rate() {
     let rate = 200.0;
+    // (Before the limiter is made: it stores what it is left idle from
+    // then, so a start taken after it, late on a loaded machine, would
+    // count less than the 199 intervals.)
+    let start = Instant::now();
     let limiter = Arc::new(RateLimiter::bursty(rate).unwrap());
     let granted = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
     let threads: Vec<_> = (0..8)
         .map(|_| {
             let limiter = Arc::clone(&limiter);
@@ -106,8 +109,9 @@ fn threads_on_the_real_clock_respect_the_rate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_on_the_real_clock_respect_the_rate() {
-    let limiter = Arc::new(RateLimiter::bursty(400.0).unwrap());
+    // (The start before the limiter, as above.)
     let start = Instant::now();
+    let limiter = Arc::new(RateLimiter::bursty(400.0).unwrap());
     let tasks: Vec<_> = (0..100)
         .map(|_| {
             let limiter = Arc::clone(&limiter);
