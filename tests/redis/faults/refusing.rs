@@ -291,7 +291,7 @@ async fn a_server_loading_its_dataset_degrades_once_and_recovers_when_loaded() {
         std::thread::spawn(move || redis::cmd("DEBUG").arg("RELOAD").query::<()>(&mut admin));
     let start = Instant::now();
     loop {
-        assert!(start.elapsed() < Duration::from_secs(30), "never loading");
+        assert!(start.elapsed() < Duration::from_secs(120), "never loading");
         match redis::cmd("PING").query::<String>(&mut watcher) {
             Err(e) if e.code() == Some("LOADING") => break,
             Err(e) => panic!("PING while reloading: {e:?}"),
@@ -300,8 +300,10 @@ async fn a_server_loading_its_dataset_degrades_once_and_recovers_when_loaded() {
     }
     assert!(!limiter.stats().degraded);
     let calls = calls_while(&limiter, || {
+        // (A hang's guard: saving and loading 2 million keys takes seconds,
+        // and on a loaded machine tens of them.)
         assert!(
-            start.elapsed() < Duration::from_secs(30),
+            start.elapsed() < Duration::from_secs(120),
             "the reload never ended"
         );
         !reload.is_finished()
