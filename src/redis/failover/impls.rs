@@ -118,10 +118,8 @@ impl<K: Key + Display, C: Clock> Rate for Arc<Failover<K, C>> {
         stable_interval_micros(permits_per_second)?;
         self.local
             .set_rate(local_rate(permits_per_second, self.local_fraction))?;
-        // Several limits scale together, as `Limits::scale` does.
-        let rates = self.script_args.rates();
-        let factor = permits_per_second / rates[0];
-        let rates = crate::core::scaled_rates(&rates, factor, permits_per_second);
+        // Several limits scale together, as `Limits::set_first_rate` does.
+        let rates = crate::core::first_rate_scaled(&self.script_args.rates(), permits_per_second);
         self.script_args.set_rates(rates.into());
         self.rate_bits
             .store(permits_per_second.to_bits(), Ordering::Relaxed);
