@@ -302,14 +302,23 @@ fn stored_for(permits: f64, rate: f64) -> Duration {
     if permits <= 0.0 || rate.is_infinite() {
         return Duration::ZERO;
     }
-    let mut micros = (permits * 1e6 / rate).ceil();
-    // The limit's maximum is computed back as `micros × rate / 1e6`; a
-    // rounding below `permits` would store one permit fewer.
-    if micros * rate / 1e6 < permits {
+    // Past 10^302 permits `permits × 1e6` overflows: divided first then
+    // (not for every count, as that rounds otherwise).
+    let exact = permits * 1e6 / rate;
+    let exact = match exact.is_finite() {
+        true => exact,
+        false => permits / rate * 1e6,
+    };
+    // The limit's maximum is computed back as `micros × rate / 1e6`, kept
+    // finite ([`Bursty`]); a rounding below `permits` would store one permit
+    // fewer.
+    let stores = |micros: f64| (micros * rate / 1e6).min(f64::MAX);
+    let mut micros = exact.ceil();
+    if stores(micros) < permits {
         micros += 1.0;
     }
-    if micros * rate / 1e6 >= permits + 1.0 {
-        micros = (permits * 1e6 / rate).floor();
+    if stores(micros) >= permits + 1.0 {
+        micros = exact.floor();
     }
     Duration::from_micros(if micros < u64::MAX as f64 {
         micros as u64

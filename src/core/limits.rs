@@ -426,11 +426,12 @@ impl Limits {
     ) -> Result<(), InvalidRate> {
         match &self.ceilings()[..] {
             [_] => self.set_rate(None, permits_per_second, now_micros),
-            [first, ..] => {
-                let factor = permits_per_second / first;
-                self.scale(factor, permits_per_second, now_micros)
-            }
             [] => Ok(()),
+            rates => {
+                super::stable_interval_micros(permits_per_second)?;
+                let rates = first_rate_scaled(rates, permits_per_second);
+                self.set_rates(&rates, now_micros)
+            }
         }
     }
 
@@ -575,6 +576,19 @@ pub(crate) fn scaled_rates(rates: &[f64], factor: f64, otherwise: f64) -> Vec<f6
     } else {
         vec![otherwise; rates.len()]
     }
+}
+
+/// `rates` with the first one `first`, exactly, and the others scaled by as
+/// much ([`scaled_rates`], `first` for each if that is not valid): a
+/// limiter's `set_rate`. (The first one scaled, `rate × (first / rate)`, is
+/// a rounding off `first` for about one rate in ten.)
+pub(crate) fn first_rate_scaled(rates: &[f64], first: f64) -> Vec<f64> {
+    let mut rates = match rates.first() {
+        Some(&rate) => scaled_rates(rates, first / rate, first),
+        None => return Vec::new(),
+    };
+    rates[0] = first;
+    rates
 }
 
 /// Charges `cost` to every limit as if requested at `moment` (at or after

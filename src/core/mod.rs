@@ -34,7 +34,7 @@ pub use learn::{Learning, Lesson, Reported};
 #[cfg(feature = "internals")]
 pub use limits::LOG_CAPACITY;
 #[cfg(feature = "redis")]
-pub(crate) use limits::scaled_rates;
+pub(crate) use limits::first_rate_scaled;
 pub use limits::{Granted, Limits};
 pub use snapshot::Snapshot;
 pub use state::State;

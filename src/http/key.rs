@@ -51,6 +51,20 @@ impl<B> KeyExtractor<B> for Global {
 /// distinct values are distinct keys, whatever bytes they hold (as the
 /// command line's keys are).
 ///
+/// A value over 256 bytes is keyed by its first 256 bytes so written, then
+/// `\#`, its length, `-` and a 64-bit digest of the whole value (FNV-1a,
+/// the same in every process and every build, so that processes sharing a
+/// limiter through Redis key it alike), in hex: a key is at most about a
+/// kilobyte whatever a client sends, so that
+/// [`max_keys`](crate::Builder::max_keys) bounds the keys' memory, not only
+/// their count (a client sending a new 100 kB value with each request
+/// would otherwise hold 100 kB or more a key). No short value's key reads
+/// the same (read from the left, its only escapes are `\\` and `\xNN`).
+/// Two long values share a key only if their first 256 bytes, their
+/// lengths and their digests agree: a client can find values of its own
+/// that do, which pools only its own requests, but cannot reach the key of
+/// a value it does not know.
+///
 /// ```
 /// use paceline::http::{Header, KeyExtractor};
 ///
@@ -73,18 +87,33 @@ impl<B> KeyExtractor<B> for Header {
     type Key = String;
 
     fn key(&self, request: &Request<B>) -> Option<String> {
+        use std::fmt::Write;
         let value = request.headers().get(&self.0);
         let bytes = value.map_or(&[][..], |v| v.as_bytes());
-        let mut key = String::with_capacity(bytes.len());
-        for chunk in bytes.utf8_chunks() {
+        let kept = &bytes[..bytes.len().min(KEPT_BYTES)];
+        let mut key = String::with_capacity(kept.len() + 24);
+        for chunk in kept.utf8_chunks() {
             key.push_str(&chunk.valid().replace('\\', "\\\\"));
             for byte in chunk.invalid() {
-                use std::fmt::Write;
                 let _ = write!(key, "\\x{byte:02x}");
             }
         }
+        if bytes.len() > KEPT_BYTES {
+            let _ = write!(key, "\\#{}-{:016x}", bytes.len(), digest(bytes));
+        }
         Some(key)
     }
+}
+
+/// The most bytes of a header value that a [`Header`] key holds as they
+/// are; a longer value's key ends in a digest of the whole.
+const KEPT_BYTES: usize = 256;
+
+/// FNV-1a, 64 bits, of `bytes`: a [`Header`] key's digest of a long value.
+fn digest(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// The peer's address, as the server put it in the request's extensions:

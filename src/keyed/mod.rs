@@ -13,8 +13,8 @@ mod tests;
 use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hash};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hasher::ShardHash;
@@ -39,6 +39,10 @@ pub struct Keyed<K, C: Clock = SystemClock> {
     clock: C,
     /// The rate as last set, as `f64` bits.
     rate_bits: AtomicU64,
+    /// Held by a rate change from reading the rates to its last shard, so
+    /// that two changes at once are made one after the other: neither
+    /// passes the other on the shards, nor undoes the other's limit.
+    reconfiguring: Mutex<()>,
     dropped_unfinished: AtomicU64,
     /// See [`dropped_until`](Self::dropped_until).
     dropped_until: AtomicU64,
@@ -146,6 +150,7 @@ impl<K: Key, C: Clock> Keyed<K, C> {
             hasher: ShardHash::new(),
             clock,
             rate_bits,
+            reconfiguring: Mutex::new(()),
             dropped_unfinished: AtomicU64::new(0),
             dropped_until: AtomicU64::new(0),
             words,

@@ -2,6 +2,7 @@
 //! how it shows itself.
 
 use std::fmt;
+use std::sync::PoisonError;
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::{Keyed, KeyedTaken};
@@ -17,11 +18,16 @@ use crate::{Error, Key, Stats};
 impl<K: Key, C: Clock> Keyed<K, C> {
     /// Applies `change` to the limits every key runs under, then the rates
     /// it leaves to every key held (shard by shard; calls on other shards
-    /// go on meanwhile).
+    /// go on meanwhile), and sets the rate as last set. One change at a
+    /// time.
     fn reconfigure(
         &self,
         change: impl FnOnce(&mut Limits) -> Result<(), InvalidRate>,
     ) -> Result<(), Error> {
+        let _one_at_a_time = self
+            .reconfiguring
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let mut template = self.shards[0].0.read().template().clone();
         change(&mut template)?;
         let rates: Vec<f64> = template
@@ -34,6 +40,7 @@ impl<K: Key, C: Clock> Keyed<K, C> {
             let (mut table, now) = shard.0.write_at(read);
             table.set_rates(&rates, now)?;
         }
+        self.rate_bits.store(rates[0].to_bits(), Relaxed);
         Ok(())
     }
 
@@ -61,9 +68,7 @@ impl<K: Key, C: Clock> Rate for Keyed<K, C> {
     /// ([`reconfigure`](Self::reconfigure)).
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
-        self.reconfigure(|limits| limits.set_first_rate(permits_per_second, 0))?;
-        self.rate_bits.store(permits_per_second.to_bits(), Relaxed);
-        Ok(())
+        self.reconfigure(|limits| limits.set_first_rate(permits_per_second, 0))
     }
 
     /// The stable rate of every key, in permits per second, as last set.
@@ -87,11 +92,7 @@ impl<K: Key, C: Clock> Rate for Keyed<K, C> {
     fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
         crate::error::check_limit(index, self.limits)?;
-        self.reconfigure(|limits| limits.set_rate(Some(index), permits_per_second, 0))?;
-        if index == 0 {
-            self.rate_bits.store(permits_per_second.to_bits(), Relaxed);
-        }
-        Ok(())
+        self.reconfigure(|limits| limits.set_rate(Some(index), permits_per_second, 0))
     }
 
     fn clock(&self) -> &dyn Clock {

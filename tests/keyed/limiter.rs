@@ -654,3 +654,45 @@ fn snapshots_say_what_goes_at_once() {
     assert_eq!((owed.remaining(), owed.limit()), (0, 1));
     assert_eq!(owed.wait(), Duration::from_secs(20));
 }
+
+/// Rate changes made at once from two threads leave every key at one rate,
+/// the one `rate()` says: each change reaches every shard before the next
+/// begins. (Each visited the shards in turn on its own, so one could pass
+/// the other: some keys were left at one rate, the others at the other.)
+#[test]
+fn rate_changes_from_two_threads_leave_every_key_at_one_rate() {
+    let limiter = Arc::new(
+        KeyedRateLimiter::<u32>::builder()
+            .permits_per_second(10.0)
+            .clock(FakeClock::new())
+            .build()
+            .unwrap(),
+    );
+    let barrier = Arc::new(std::sync::Barrier::new(3));
+    let threads: Vec<_> = [10.0, 20.0]
+        .into_iter()
+        .map(|rate| {
+            let (limiter, barrier) = (Arc::clone(&limiter), Arc::clone(&barrier));
+            std::thread::spawn(move || {
+                for round in 0..500u32 {
+                    barrier.wait();
+                    // A new rate each round, so that both change something.
+                    limiter.set_rate(rate + f64::from(round)).unwrap();
+                    barrier.wait();
+                }
+            })
+        })
+        .collect();
+    for round in 0..500 {
+        barrier.wait();
+        barrier.wait();
+        let rate = limiter.rate();
+        for key in 0..256 {
+            let snapshot = limiter.snapshot(&key).unwrap();
+            assert_eq!(snapshot.rate(), rate, "round {round}, key {key}");
+        }
+    }
+    for thread in threads {
+        thread.join().unwrap();
+    }
+}

@@ -106,3 +106,22 @@ fn snapshot_of_a_cold_then_warming_limiter() {
     // Then 5 stored permits to refill at 0.5 s each.
     assert_eq!(warming.full_in(), Duration::from_secs(7));
 }
+
+/// A limit at a rate past 10^302 a second builds, as one at 10^302 does:
+/// every request goes at once. It was refused for its period's permits,
+/// "more than the limiter stores ... at most inf" (the idle time that
+/// stores them, `permits × 1e6 / rate`, overflowed on its way).
+#[test]
+fn a_limit_past_ten_to_the_302_a_second_builds_as_a_slower_one_does() {
+    for rate in [1e302, 2e302, 1e305, f64::MAX] {
+        for period in [Duration::from_secs(1), Duration::from_secs(3600)] {
+            let (built, _) = build(Limit::per(rate, period));
+            let limiter = built.unwrap_or_else(|error| panic!("{rate:e} per {period:?}: {error}"));
+            let snapshot = limiter.snapshot().unwrap();
+            assert_eq!(snapshot.burst(), u64::MAX, "{rate:e} per {period:?}");
+            for _ in 0..1000 {
+                assert_eq!(limiter.reserve(1).unwrap(), Duration::ZERO);
+            }
+        }
+    }
+}

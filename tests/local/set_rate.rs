@@ -176,3 +176,39 @@ fn a_limits_burst_spans_the_same_time_at_a_new_rate() {
         assert_eq!(at_once(&limiter), expected, "at {rate}/s");
     }
 }
+
+/// `set_rate(r)` on a limiter of several limits runs the first at `r`
+/// exactly, and says so, locally and on every key (the others are scaled
+/// by as much). The first was scaled too, `46.69… × (938.548… / 46.69…)`,
+/// which is a rounding off `r` for about one pair of rates in ten:
+/// `rate()` read 938.5484478194002 (the keyed limiter's said `r` while its
+/// keys ran at that).
+#[test]
+fn set_rate_runs_the_first_of_several_limits_at_that_rate_exactly() {
+    use paceline::clock::FakeClock;
+    use paceline::{KeyedRateLimiter, Limit, RateLimiter};
+
+    let (from, to) = (46.69690848711884, 938.5484478194);
+    let limits = [Limit::per_second(from), Limit::per_second(from * 4.0)];
+    let local = RateLimiter::builder()
+        .limit(limits[0].clone())
+        .limit(limits[1].clone())
+        .clock(FakeClock::new())
+        .build()
+        .unwrap();
+    local.set_rate(to).unwrap();
+    assert_eq!(local.rate(), to);
+    assert_eq!(local.slowest_rate(), to);
+    let keyed = KeyedRateLimiter::<u8>::builder()
+        .limit(limits[0].clone())
+        .limit(limits[1].clone())
+        .clock(FakeClock::new())
+        .build()
+        .unwrap();
+    keyed.set_rate(to).unwrap();
+    assert_eq!(keyed.rate(), to);
+    // A key drained of the first limit's burst reads as it.
+    while keyed.try_reserve(&7, 1, Duration::ZERO).unwrap().is_some() {}
+    let snapshot = keyed.snapshot(&7).unwrap();
+    assert_eq!((snapshot.limit(), snapshot.rate()), (0, to));
+}

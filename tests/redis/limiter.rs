@@ -662,3 +662,56 @@ async fn an_unreachable_server_fails_a_strict_build_quickly_and_clearly() {
         start.elapsed()
     );
 }
+
+/// Two limits' rates changed at once from two threads are both made: each
+/// change reads the rates and writes them back whole, one after the other.
+/// (Each read them, changed its own and wrote them back, so that one could
+/// undo the other's: the limiter went on at a rate nobody had set.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limit_rates_changed_from_two_threads_are_both_made() {
+    let server = RedisServer::start();
+    let backend = patient_backend(server.client()).await;
+    let limiter = Arc::new(
+        RateLimiter::builder()
+            .redis(&backend, "two-limits")
+            .limit(Limit::per_second(10.0))
+            .limit(Limit::per_second(1000.0))
+            .build()
+            .unwrap(),
+    );
+    let barrier = Arc::new(std::sync::Barrier::new(3));
+    let threads: Vec<_> = (0..2)
+        .map(|index| {
+            let (limiter, barrier) = (Arc::clone(&limiter), Arc::clone(&barrier));
+            std::thread::spawn(move || {
+                for round in 0..300u32 {
+                    barrier.wait();
+                    // The limit that changes to the slower rate alternates,
+                    // so that the slowest rate shows either's change.
+                    let slow = (round % 2 == 0) == (index == 0);
+                    let rate = f64::from(round) + if slow { 1.0 } else { 5000.0 };
+                    limiter.set_limit_rate(index, rate).unwrap();
+                    barrier.wait();
+                }
+            })
+        })
+        .collect();
+    let barrier = Arc::clone(&barrier);
+    let limiter = Arc::clone(&limiter);
+    tokio::task::spawn_blocking(move || {
+        for round in 0..300u32 {
+            barrier.wait();
+            barrier.wait();
+            assert_eq!(
+                limiter.slowest_rate(),
+                f64::from(round) + 1.0,
+                "round {round}"
+            );
+        }
+    })
+    .await
+    .unwrap();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+}

@@ -116,26 +116,19 @@ impl<K: Key + Display, C: Clock> Rate for Arc<Failover<K, C>> {
     /// key) in Redis.
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
-        self.local
-            .set_rate(local_rate(permits_per_second, self.local_fraction))?;
-        // Several limits scale together, as `Limits::scale` does.
-        let rates = self.script_args.rates();
-        let factor = permits_per_second / rates[0];
-        let rates = crate::core::scaled_rates(&rates, factor, permits_per_second);
-        self.script_args.set_rates(rates.into());
-        self.rate_bits
-            .store(permits_per_second.to_bits(), Ordering::Relaxed);
-        Ok(())
+        let _one_at_a_time = self.reconfiguring();
+        self.set_first_rate(permits_per_second)
     }
 
     /// Changes the rate of limit `index` alone, here and (with the next
     /// call of each key) in Redis.
     fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
+        let _one_at_a_time = self.reconfiguring();
         let rates = self.script_args.rates();
         crate::error::check_limit(index, rates.len())?;
         if rates.len() == 1 {
-            return self.set_rate(permits_per_second);
+            return self.set_first_rate(permits_per_second);
         }
         self.local
             .set_limit_rate(index, local_rate(permits_per_second, self.local_fraction))?;
@@ -252,6 +245,28 @@ impl<K: Key + Display, C: Clock> GivesBack for Failover<K, C> {
 }
 
 impl<K: Key + Display, C: Clock> Failover<K, C> {
+    /// Held by a rate change from reading the rates to writing them, so
+    /// that two changes at once are made one after the other (neither
+    /// undoes the other's limit).
+    fn reconfiguring(&self) -> MutexGuard<'_, ()> {
+        self.reconfiguring
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `set_rate`, under [`reconfiguring`](Self::reconfiguring): the first
+    /// limit's rate becomes `permits_per_second` and the others scale
+    /// together, as `Limits::set_first_rate` does, here and in Redis.
+    fn set_first_rate(&self, permits_per_second: f64) -> Result<(), Error> {
+        self.local
+            .set_rate(local_rate(permits_per_second, self.local_fraction))?;
+        let rates = crate::core::first_rate_scaled(&self.script_args.rates(), permits_per_second);
+        self.script_args.set_rates(rates.into());
+        self.rate_bits
+            .store(permits_per_second.to_bits(), Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Runs `update` (a settle, a lesson) on a call the fallback served,
     /// `taken`, as the rule for calls says: in the fallback, even once
     /// Redis is back, with its key held there (opened at its floor if it

@@ -90,6 +90,8 @@ pub struct Failover<K, C: Clock> {
     /// The rate in force, as `f64` bits: passed with every call, so a change
     /// reaches Redis with the next one.
     rate_bits: AtomicU64,
+    /// See [`reconfiguring`](Self::reconfiguring).
+    reconfiguring: Mutex<()>,
     pub(crate) fallback: Fallback,
     /// The local fallback (a key held here owes Redis what it granted). Its
     /// clock is the one waits are slept on.
@@ -255,6 +257,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             naming: parts.naming,
             script_args: Arc::new(ScriptArgs::new(limits)),
             rate_bits: AtomicU64::new(limits[0].1.to_bits()),
+            reconfiguring: Mutex::new(()),
             fallback: parts.fallback,
             local,
             local_fraction: parts.local_fraction,

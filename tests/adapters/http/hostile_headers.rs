@@ -138,3 +138,35 @@ fn header_keys_of_distinct_bytes_are_distinct() {
     let missing = Request::builder().body(()).unwrap();
     assert_eq!(key.key(&missing).unwrap(), of(b""));
 }
+
+/// A long header value makes a short key: a client sending a new value of
+/// 100 000 bytes with each request (each one a key) had every key hold
+/// 400 000 bytes (a byte that is not UTF-8 is written `\xNN`), so that
+/// `max_keys` bounded how many keys were held but not their memory: 10 000
+/// keys, 4 GB. A value over 256 bytes is keyed by its first 256, its length
+/// and a digest of the whole; values that differ anywhere stay apart.
+#[test]
+fn a_long_header_value_makes_a_short_key() {
+    let key = Header(::http::header::AUTHORIZATION);
+    let of = |value: &[u8]| {
+        let request = Request::builder()
+            .header("authorization", HeaderValue::from_bytes(value).unwrap())
+            .body(())
+            .unwrap();
+        key.key(&request).unwrap()
+    };
+    let long = vec![0xff; 100_000];
+    assert!(of(&long).len() <= 1_100, "{}", of(&long).len());
+    let mut last = long.clone();
+    last[99_999] = 0xfe;
+    let mut first = long.clone();
+    first[0] = 0xfe;
+    let longer = vec![0xff; 100_001];
+    let keys: std::collections::HashSet<String> =
+        [&long, &last, &first, &longer].map(|v| of(v)).into();
+    assert_eq!(keys.len(), 4);
+    // Up to 256 bytes, a value is its key, as before.
+    assert_eq!(of(&[b'a'; 256]), "a".repeat(256));
+    assert_ne!(of(&[b'a'; 257]), of(&[b'a'; 256]));
+    assert!(of(&[b'a'; 257]).starts_with(&"a".repeat(256)));
+}
