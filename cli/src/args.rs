@@ -214,7 +214,9 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) json: bool,
 
-    /// No progress line, even on a terminal.
+    /// No progress line. Without this, one is drawn on stderr while it is
+    /// a terminal and stdout is not (on a terminal, the records are the
+    /// progress).
     #[arg(short, long)]
     pub(crate) quiet: bool,
 

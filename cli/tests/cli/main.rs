@@ -14,6 +14,7 @@ mod commands;
 mod fidelity;
 mod keys;
 mod late;
+mod progress;
 mod promises;
 mod records;
 mod signals;
