@@ -10,7 +10,7 @@ use crate::args::limits;
 use crate::args::{Args, Failure};
 use crate::limiter::local;
 use crate::progress::{Counts, Progress, Written};
-use crate::read::{PAGE, Window, count, std_file, too_long};
+use crate::read::{PAGE, Window, count, reading, std_file, too_long};
 use crate::signals;
 use crate::stdout::stdout_file;
 
@@ -50,7 +50,7 @@ pub(crate) fn copy(
 ) -> Result<u64, Failure> {
     use std::os::fd::{AsFd, AsRawFd};
     let group = (slowest / 1000.0).floor().clamp(1.0, f64::from(u32::MAX)) as usize;
-    let mut stdin = std_file(io::stdin().as_fd())?;
+    let mut stdin = std_file(io::stdin().as_fd()).map_err(reading)?;
     // Counted as written: records by their separators (the last,
     // unterminated, below), bytes as they go.
     let counted = (!args.bytes).then_some(separator);
@@ -76,7 +76,7 @@ pub(crate) fn copy(
             }
             let read = match window.fill(&mut stdin) {
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-                other => other?,
+                other => other.map_err(reading)?,
             };
             let carried = window.carried();
             let buf = window.bytes();

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::args::Args;
 use crate::read::count;
+use crate::stdout::writing;
 
 /// What the run did, for the progress line and the summary.
 #[derive(Default)]
@@ -103,10 +104,11 @@ impl Counts {
     }
 }
 
-/// Stdout (or any writer), counting what it wrote: each byte that went,
+/// Stdout, counting what it wrote: each byte that went,
 /// and as a record out each separator that went (none with `--bytes`).
 /// Counted as the bytes go, not as they are buffered, so that a write
-/// that fails (stdout a full disk) counts nothing it did not write.
+/// that fails (stdout a full disk) counts nothing it did not write; its
+/// error says it was stdout's.
 pub(crate) struct Written<'a, W> {
     inner: W,
     counts: &'a Counts,
@@ -126,7 +128,7 @@ impl<'a, W: Write> Written<'a, W> {
 
 impl<W: Write> Write for Written<'_, W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let len = self.inner.write(buf)?;
+        let len = self.inner.write(buf).map_err(writing)?;
         let went = &buf[..len.min(buf.len())];
         self.counts
             .bytes
@@ -139,7 +141,7 @@ impl<W: Write> Write for Written<'_, W> {
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
+        self.inner.flush().map_err(writing)
     }
 }
 

@@ -20,11 +20,18 @@ const STDOUT: RawFd = 1;
 /// Once known, that stdout's reader has gone.
 static GONE: AtomicBool = AtomicBool::new(false);
 
+/// `error`, stdout's, saying so: a failure's message tells a write from a
+/// read (its kind stays: a reader gone is still known as such).
+pub(crate) fn writing(error: std::io::Error) -> std::io::Error {
+    std::io::Error::new(error.kind(), format!("writing stdout: {error}"))
+}
+
 /// Standard output, written directly (through `BufWriter`s of the
 /// callers').
 pub(crate) fn stdout_file() -> std::io::Result<File> {
     use std::os::fd::AsFd;
-    Ok(File::from(std::io::stdout().as_fd().try_clone_to_owned()?))
+    let fd = std::io::stdout().as_fd().try_clone_to_owned();
+    Ok(File::from(fd.map_err(writing)?))
 }
 
 /// Whether stdout is a pipe or a socket: a file, a terminal or a device
