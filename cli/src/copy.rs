@@ -75,7 +75,16 @@ pub(crate) fn copy(
                 return Err(woken.into());
             }
             let read = match window.fill(&mut stdin) {
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+                // (Would block: a stdin left non-blocking that another
+                // reader emptied since the wait above found it readable.)
+                Err(error)
+                    if matches!(
+                        error.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+                    ) =>
+                {
+                    continue;
+                }
                 other => other.map_err(reading)?,
             };
             let carried = window.carried();

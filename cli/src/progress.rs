@@ -128,7 +128,17 @@ impl<'a, W: Write> Written<'a, W> {
 
 impl<W: Write> Write for Written<'_, W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let len = self.inner.write(buf).map_err(writing)?;
+        let len = loop {
+            match self.inner.write(buf) {
+                // A stdout left non-blocking (O_NONBLOCK, by whoever made
+                // the pipe) and full: wait until it has room, as a
+                // blocking write would.
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                    crate::stdout::writable();
+                }
+                other => break other.map_err(writing)?,
+            }
+        };
         let went = &buf[..len.min(buf.len())];
         self.counts
             .bytes

@@ -120,6 +120,20 @@ impl Watch {
     }
 }
 
+/// Waits until stdout can be written, or has failed (its reader gone: the
+/// write after this says so), for a stdout left non-blocking. A signal
+/// ends the wait early, and the write is tried again: as a blocking write,
+/// it goes on until it can be made.
+pub(crate) fn writable() {
+    let mut polled = libc::pollfd {
+        fd: STDOUT,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: `polled` is one valid `pollfd`.
+    unsafe { libc::poll(&mut polled, 1, -1) };
+}
+
 /// Whether `fd`, written to, has no reader any more: `poll`, without
 /// waiting, reports an error (a pipe's) or a hang-up (a socket's). A file
 /// or a terminal never reports one while it can be written.
