@@ -56,7 +56,9 @@ running are sent the same signal, each to its whole process group (so a
 terminal's Ctrl-C still reaches them), and waited for; the summary is
 printed; then paceline ends by the same signal (a shell reports 130 or
 143). A second signal ends it at once, the process groups of the commands
-still running killed first (SIGKILL).
+still running killed first (SIGKILL). What is due is written whole, never
+cut inside a record: a reader of stdout that is there but does not read
+holds the run until it reads, or until a second signal.
 
 Exit status:
   0    done, or stdout's reader went away (`| head`, see above)
