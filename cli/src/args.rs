@@ -159,7 +159,10 @@ pub(crate) struct Args {
     #[arg(long, value_enum, value_name = "WHAT", default_value_t = OnLate::Drop)]
     pub(crate) on_late: OnLate,
 
-    /// Run up to N commands at once (with -- CMD).
+    /// Run up to N commands at once (with -- CMD). They write to stdout
+    /// themselves, as they go: with N above 1, what one writes may be cut
+    /// into by what another writes (a pipe keeps only writes of up to 4KiB
+    /// whole), so give each a file of its own where that matters.
     #[arg(short = 'j', long, value_name = "N", default_value_t = 1)]
     pub(crate) jobs: usize,
 
