@@ -30,8 +30,9 @@ pub(crate) fn copy_locally(args: &Args, counts: &Arc<Counts>) -> Result<u64, Fai
     )
 }
 
-/// Whether a write failed because the reader went away (`| head`): the end
-/// of the run, not a failure.
+/// Whether a write failed because the reader went away (`| head`, or a
+/// socket reset by its reader: see [`writing`](crate::stdout::writing)):
+/// the end of the run, not a failure.
 pub(crate) fn reader_gone(error: &io::Error) -> bool {
     error.kind() == io::ErrorKind::BrokenPipe
 }

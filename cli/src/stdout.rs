@@ -21,9 +21,16 @@ const STDOUT: RawFd = 1;
 static GONE: AtomicBool = AtomicBool::new(false);
 
 /// `error`, stdout's, saying so: a failure's message tells a write from a
-/// read (its kind stays: a reader gone is still known as such).
+/// read (its kind stays: a reader gone is still known as such). A socket
+/// reset by its reader (gone with what was written unread) is a reader
+/// gone, as a pipe's.
 pub(crate) fn writing(error: std::io::Error) -> std::io::Error {
-    std::io::Error::new(error.kind(), format!("writing stdout: {error}"))
+    use std::io::ErrorKind;
+    let kind = match error.kind() {
+        ErrorKind::ConnectionReset => ErrorKind::BrokenPipe,
+        kind => kind,
+    };
+    std::io::Error::new(kind, format!("writing stdout: {error}"))
 }
 
 /// Standard output, written directly (through `BufWriter`s of the
