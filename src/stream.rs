@@ -297,10 +297,13 @@ where
     fn charge(
         &mut self,
         item: &T,
-        _: &L,
+        limiter: &L,
     ) -> Option<impl FnOnce(L) -> Wait<'a, L> + use<'a, T, L, F, K>> {
         let (key, permits) = (self.0)(item);
-        (permits != 0).then_some(move |limiter: L| -> Wait<'a, L> {
+        if permits == 0 || matches!(limiter.take_now(&key, permits), Some(Ok(true))) {
+            return None;
+        }
+        Some(move |limiter: L| -> Wait<'a, L> {
             Box::pin(async move {
                 let result = waited(limiter.reservation(&key, permits).await).await;
                 drop(key);

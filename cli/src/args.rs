@@ -56,7 +56,9 @@ running are sent the same signal, each to its whole process group (so a
 terminal's Ctrl-C still reaches them), and waited for; the summary is
 printed; then paceline ends by the same signal (a shell reports 130 or
 143). A second signal ends it at once, the process groups of the commands
-still running killed first (SIGKILL).
+still running killed first (SIGKILL). What is due is written whole, never
+cut inside a record: a reader of stdout that is there but does not read
+holds the run until it reads, or until a second signal.
 
 Exit status:
   0    done, or stdout's reader went away (`| head`, see above)
@@ -157,7 +159,10 @@ pub(crate) struct Args {
     #[arg(long, value_enum, value_name = "WHAT", default_value_t = OnLate::Drop)]
     pub(crate) on_late: OnLate,
 
-    /// Run up to N commands at once (with -- CMD).
+    /// Run up to N commands at once (with -- CMD). They write to stdout
+    /// themselves, as they go: with N above 1, what one writes may be cut
+    /// into by what another writes (a pipe keeps only writes of up to 4KiB
+    /// whole), so give each a file of its own where that matters.
     #[arg(short = 'j', long, value_name = "N", default_value_t = 1)]
     pub(crate) jobs: usize,
 
@@ -214,7 +219,9 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) json: bool,
 
-    /// No progress line, even on a terminal.
+    /// No progress line. Without this, one is drawn on stderr while it is
+    /// a terminal and stdout is not (on a terminal, the records are the
+    /// progress).
     #[arg(short, long)]
     pub(crate) quiet: bool,
 

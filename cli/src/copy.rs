@@ -10,7 +10,7 @@ use crate::args::limits;
 use crate::args::{Args, Failure};
 use crate::limiter::local;
 use crate::progress::{Counts, Progress, Written};
-use crate::read::{PAGE, Window, count, std_file, too_long};
+use crate::read::{PAGE, Window, count, reading, std_file, too_long};
 use crate::signals;
 use crate::stdout::stdout_file;
 
@@ -30,8 +30,9 @@ pub(crate) fn copy_locally(args: &Args, counts: &Arc<Counts>) -> Result<u64, Fai
     )
 }
 
-/// Whether a write failed because the reader went away (`| head`): the end
-/// of the run, not a failure.
+/// Whether a write failed because the reader went away (`| head`, or a
+/// socket reset by its reader: see [`writing`](crate::stdout::writing)):
+/// the end of the run, not a failure.
 pub(crate) fn reader_gone(error: &io::Error) -> bool {
     error.kind() == io::ErrorKind::BrokenPipe
 }
@@ -50,7 +51,7 @@ pub(crate) fn copy(
 ) -> Result<u64, Failure> {
     use std::os::fd::{AsFd, AsRawFd};
     let group = (slowest / 1000.0).floor().clamp(1.0, f64::from(u32::MAX)) as usize;
-    let mut stdin = std_file(io::stdin().as_fd())?;
+    let mut stdin = std_file(io::stdin().as_fd()).map_err(reading)?;
     // Counted as written: records by their separators (the last,
     // unterminated, below), bytes as they go.
     let counted = (!args.bytes).then_some(separator);
@@ -75,8 +76,17 @@ pub(crate) fn copy(
                 return Err(woken.into());
             }
             let read = match window.fill(&mut stdin) {
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-                other => other?,
+                // (Would block: a stdin left non-blocking that another
+                // reader emptied since the wait above found it readable.)
+                Err(error)
+                    if matches!(
+                        error.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+                    ) =>
+                {
+                    continue;
+                }
+                other => other.map_err(reading)?,
             };
             let carried = window.carried();
             let buf = window.bytes();

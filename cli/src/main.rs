@@ -5,18 +5,14 @@
 
 /// `eprintln!` that does not panic when stderr is closed (its reader went
 /// away): what it could not say is lost, and the run goes on to its end.
+/// It covers the progress line first, if one is drawn: what it says
+/// starts a line of its own.
 macro_rules! say {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
-    }};
-}
-
-/// `eprint!` likewise, without the newline.
-macro_rules! say_more {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = write!(std::io::stderr(), $($arg)*);
+        let mut stderr = std::io::stderr().lock();
+        crate::progress::cover(&mut stderr);
+        let _ = writeln!(stderr, $($arg)*);
     }};
 }
 

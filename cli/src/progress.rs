@@ -1,13 +1,15 @@
 //! What a run did: counted as it goes, shown on a progress line while
-//! stderr is a terminal, summed up in JSON at the end (`--json`).
+//! stderr is a terminal (and stdout is not), summed up in JSON at the end
+//! (`--json`).
 
 use std::io::{self, IsTerminal, Write};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::args::Args;
 use crate::read::count;
+use crate::stdout::writing;
 
 /// What the run did, for the progress line and the summary.
 #[derive(Default)]
@@ -71,6 +73,16 @@ impl Counts {
         format!("\r{line:<widest$}")
     }
 
+    /// Draws the progress line over the last (with stderr locked, so that
+    /// nothing said meanwhile goes between).
+    fn draw(&self) {
+        let mut stderr = io::stderr().lock();
+        let line = self.redrawn();
+        if write!(stderr, "{line}").is_ok() {
+            DRAWN.store(line.chars().count() - 1, Ordering::Relaxed);
+        }
+    }
+
     pub(crate) fn finish(&self, args: &Args) {
         if progress_shown(args) {
             say!("{}", self.redrawn());
@@ -92,10 +104,11 @@ impl Counts {
     }
 }
 
-/// Stdout (or any writer), counting what it wrote: each byte that went,
+/// Stdout, counting what it wrote: each byte that went,
 /// and as a record out each separator that went (none with `--bytes`).
 /// Counted as the bytes go, not as they are buffered, so that a write
-/// that fails (stdout a full disk) counts nothing it did not write.
+/// that fails (stdout a full disk) counts nothing it did not write; its
+/// error says it was stdout's.
 pub(crate) struct Written<'a, W> {
     inner: W,
     counts: &'a Counts,
@@ -115,7 +128,17 @@ impl<'a, W: Write> Written<'a, W> {
 
 impl<W: Write> Write for Written<'_, W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let len = self.inner.write(buf)?;
+        let len = loop {
+            match self.inner.write(buf) {
+                // A stdout left non-blocking (O_NONBLOCK, by whoever made
+                // the pipe) and full: wait until it has room, as a
+                // blocking write would.
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                    crate::stdout::writable();
+                }
+                other => break other.map_err(writing)?,
+            }
+        };
         let went = &buf[..len.min(buf.len())];
         self.counts
             .bytes
@@ -128,39 +151,60 @@ impl<W: Write> Write for Written<'_, W> {
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
+        self.inner.flush().map_err(writing)
     }
 }
 
+/// Whether the progress line is drawn: on stderr, a terminal, unless
+/// stdout is one too (there the records, or the commands' output, are what
+/// it shows: each written after the line's text would join it).
 pub(crate) fn progress_shown(args: &Args) -> bool {
-    !args.quiet && io::stderr().is_terminal()
+    !args.quiet && io::stderr().is_terminal() && !io::stdout().is_terminal()
+}
+
+/// The width of the progress line on stderr now: 0 if none is drawn, or
+/// it was covered since. Changed with stderr locked.
+static DRAWN: AtomicUsize = AtomicUsize::new(0);
+
+/// Covers the progress line, if one is drawn, so that what is said next
+/// (with `stderr` still locked) starts a line of its own, not after the
+/// line's text.
+pub(crate) fn cover(stderr: &mut io::StderrLock<'_>) {
+    let width = DRAWN.swap(0, Ordering::Relaxed);
+    if width > 0 {
+        let _ = write!(stderr, "\r{:width$}\r", "");
+    }
 }
 
 /// The progress line on stderr, redrawn four times a second while it
-/// lives.
-pub(crate) struct Progress(Option<Arc<std::sync::atomic::AtomicBool>>);
+/// lives; dropped, it has stopped drawing (the summary drawn after it is
+/// the last).
+pub(crate) struct Progress(Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>);
 
 impl Progress {
     pub(crate) fn start(args: &Args, counts: &Arc<Counts>) -> Progress {
         if !progress_shown(args) {
             return Progress(None);
         }
-        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let done = Arc::new(AtomicBool::new(false));
         let (counts, stop) = (Arc::clone(counts), Arc::clone(&done));
-        std::thread::spawn(move || {
+        let drawing = std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                say_more!("{}", counts.redrawn());
-                std::thread::sleep(Duration::from_millis(250));
+                counts.draw();
+                // Woken sooner when dropped.
+                std::thread::park_timeout(Duration::from_millis(250));
             }
         });
-        Progress(Some(done))
+        Progress(Some((done, drawing)))
     }
 }
 
 impl Drop for Progress {
     fn drop(&mut self) {
-        if let Some(done) = &self.0 {
+        if let Some((done, drawing)) = self.0.take() {
             done.store(true, Ordering::Relaxed);
+            drawing.thread().unpark();
+            let _ = drawing.join();
         }
     }
 }

@@ -19,6 +19,12 @@ pub(crate) fn std_file(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<std::fs::F
     Ok(std::fs::File::from(fd.try_clone_to_owned()?))
 }
 
+/// `error`, stdin's, saying so: a failure's message tells a read from a
+/// write (its kind stays).
+pub(crate) fn reading(error: io::Error) -> io::Error {
+    io::Error::new(error.kind(), format!("reading stdin: {error}"))
+}
+
 /// A chunk of stdin: `buf[..len]`, whole records. Its
 /// buffer goes back to the reader when it is dropped.
 pub(crate) struct Chunk {
@@ -63,7 +69,7 @@ pub(crate) fn read_stdin(
     let mut stdin = match std_file(io::stdin().as_fd()) {
         Ok(file) => file,
         Err(error) => {
-            let _ = chunks.blocking_send(Err(Failure::Io(error)));
+            let _ = chunks.blocking_send(Err(Failure::Io(reading(error))));
             return;
         }
     };
@@ -121,7 +127,7 @@ pub(crate) fn read_stdin(
             Ok(0) => break,
             Ok(read) => read,
             Err(error) => {
-                let _ = chunks.blocking_send(Err(Failure::Io(error)));
+                let _ = chunks.blocking_send(Err(Failure::Io(reading(error))));
                 return;
             }
         };

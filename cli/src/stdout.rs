@@ -20,11 +20,25 @@ const STDOUT: RawFd = 1;
 /// Once known, that stdout's reader has gone.
 static GONE: AtomicBool = AtomicBool::new(false);
 
+/// `error`, stdout's, saying so: a failure's message tells a write from a
+/// read (its kind stays: a reader gone is still known as such). A socket
+/// reset by its reader (gone with what was written unread) is a reader
+/// gone, as a pipe's.
+pub(crate) fn writing(error: std::io::Error) -> std::io::Error {
+    use std::io::ErrorKind;
+    let kind = match error.kind() {
+        ErrorKind::ConnectionReset => ErrorKind::BrokenPipe,
+        kind => kind,
+    };
+    std::io::Error::new(kind, format!("writing stdout: {error}"))
+}
+
 /// Standard output, written directly (through `BufWriter`s of the
 /// callers').
 pub(crate) fn stdout_file() -> std::io::Result<File> {
     use std::os::fd::AsFd;
-    Ok(File::from(std::io::stdout().as_fd().try_clone_to_owned()?))
+    let fd = std::io::stdout().as_fd().try_clone_to_owned();
+    Ok(File::from(fd.map_err(writing)?))
 }
 
 /// Whether stdout is a pipe or a socket: a file, a terminal or a device
@@ -111,6 +125,20 @@ impl Watch {
             ready.clear_ready();
         }
     }
+}
+
+/// Waits until stdout can be written, or has failed (its reader gone: the
+/// write after this says so), for a stdout left non-blocking. A signal
+/// ends the wait early, and the write is tried again: as a blocking write,
+/// it goes on until it can be made.
+pub(crate) fn writable() {
+    let mut polled = libc::pollfd {
+        fd: STDOUT,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: `polled` is one valid `pollfd`.
+    unsafe { libc::poll(&mut polled, 1, -1) };
 }
 
 /// Whether `fd`, written to, has no reader any more: `poll`, without

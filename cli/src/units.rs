@@ -82,7 +82,7 @@ fn parse_size(text: &str) -> Option<f64> {
 }
 
 /// `64MiB`, `1GiB`, `100000`: the most bytes a record may hold, at least
-/// one.
+/// one, and a whole number of them (`1.5KiB` is, `1.5` is not).
 pub fn parse_record_size(text: &str) -> Result<usize, String> {
     let bad = |why: &str| format!("bad size {text:?}: {why} (write it as 64MiB, 1GiB or 100000)");
     let size = parse_size(text.trim()).ok_or_else(|| bad("not a size"))?;
@@ -92,6 +92,9 @@ pub fn parse_record_size(text: &str) -> Result<usize, String> {
     // Past this, no machine holds the record anyway.
     if size > (1u64 << 48) as f64 {
         return Err(bad("it must be at most 256TiB"));
+    }
+    if size.fract() != 0.0 {
+        return Err(bad("it must be a whole number of bytes"));
     }
     Ok(size as usize)
 }
@@ -236,6 +239,20 @@ mod tests {
         }
         let error = parse_rate("1e308GiB/s", true).unwrap_err();
         assert!(error.contains("too large"), "{error}");
+    }
+
+    #[test]
+    fn record_sizes_read_as_written() {
+        assert_eq!(parse_record_size("64MiB").unwrap(), 64 << 20);
+        assert_eq!(parse_record_size("1.5KiB").unwrap(), 1536);
+        assert_eq!(parse_record_size("0.5K").unwrap(), 500);
+        assert_eq!(parse_record_size("100000").unwrap(), 100_000);
+        // No part of a byte: not cut off to the byte below.
+        for bad in ["1.5", "2.9", "1.0001KiB", "0.5", "0", "x", "inf"] {
+            assert!(parse_record_size(bad).is_err(), "{bad}");
+        }
+        let error = parse_record_size("1.5").unwrap_err();
+        assert!(error.contains("whole number of bytes"), "{error}");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use paceline::clock::FakeClock;
+use paceline::clock::{Clock, FakeClock};
 use paceline::{KeyedRateLimiter, Limit};
 
 /// A key's reservation dropped after `set_rate` keeps its permits ("what
@@ -56,4 +56,46 @@ fn a_new_keys_snapshot_is_full() {
     assert_eq!((snapshot.remaining(), snapshot.burst()), (5, 5));
     assert_eq!(snapshot.full_in(), Duration::ZERO);
     assert_eq!(limiter.stats().keys, 0, "a snapshot holds no key");
+}
+
+/// `paceline::stream`: "when nothing is owed and the limiter can tell
+/// without I/O (through `Limiter::take_now` and `KeyedLimiter::take_now`),
+/// an item's permits are taken with no future and no timer". So for
+/// `throttle_keyed` too: its items, once their keys are held, allocate
+/// nothing (each cost a boxed wait).
+#[test]
+fn a_keyed_stream_owing_nothing_takes_its_items_without_a_future() {
+    use futures::StreamExt;
+    use paceline::stream::ThrottleExt;
+    use std::task::{Context, Poll};
+
+    use crate::support::alloc::allocations;
+
+    let clock = FakeClock::new();
+    let limiter = KeyedRateLimiter::<u32>::builder()
+        .limit(Limit::per_second(1000.0).burst(1000))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let mut items = futures::stream::iter(0..1000u32).throttle_keyed(&limiter, |&i| (i % 4, 1));
+    let waker = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    let mut next = || match items.poll_next_unpin(&mut cx) {
+        Poll::Ready(Some(Ok(item))) => item,
+        other => panic!("not released at once: {other:?}"),
+    };
+    // The first of each key: its entry is made.
+    for i in 0..4 {
+        assert_eq!(next(), i);
+    }
+    let before = allocations();
+    for i in 4..1000 {
+        assert_eq!(next(), i);
+    }
+    assert_eq!(
+        allocations() - before,
+        0,
+        "a keyed item owing nothing allocated"
+    );
+    assert_eq!(clock.now(), Duration::ZERO);
 }

@@ -14,6 +14,7 @@ mod commands;
 mod fidelity;
 mod keys;
 mod late;
+mod progress;
 mod promises;
 mod records;
 mod signals;
@@ -529,6 +530,54 @@ fn a_socket_whose_reader_goes_away_ends_a_waiting_schedule() {
             .unwrap();
         assert_eq!(status.code(), Some(0), "{args:?}: {status:?}: {said}");
         assert_eq!(said, "", "{args:?}");
+    }
+}
+
+/// Stdout a TCP socket whose reader reads a little and goes away, the
+/// rest unread (its side resets the connection): the run ends there,
+/// quietly (status 0, nothing on stderr), in every mode, as for a pipe.
+/// The write that met the reset took it for a failure (status 5,
+/// "writing stdout: Connection reset by peer").
+#[test]
+fn a_socket_whose_reader_resets_it_ends_the_run_quietly() {
+    let _one = one_at_a_time();
+    for args in [
+        &["1e9/s"][..],
+        &["--bytes", "1e12/s"][..],
+        &["1e9/s", "--key", "1"][..],
+        &["1e9/s", "--max-wait", "1h"][..],
+    ] {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let theirs = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (ours, _) = listener.accept().unwrap();
+        let mut child = paceline(args)
+            .stdout(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
+            .spawn()
+            .unwrap();
+        let feeding = commands::feed_endlessly(&mut child);
+        let mut reader = BufReader::new(ours);
+        let mut first = String::new();
+        reader.read_line(&mut first).unwrap();
+        assert_eq!(first, "y\n", "{args:?}");
+        // Gone with what paceline wrote since unread: a reset, which
+        // finds paceline waiting in a write (the socket's buffers full).
+        std::thread::sleep(Duration::from_millis(300));
+        drop(reader);
+        let status = commands::ended_within(
+            &mut child,
+            Duration::from_secs(20),
+            &format!("{args:?}, stdout a TCP socket"),
+        );
+        let mut said = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut said)
+            .unwrap();
+        assert_eq!(status.code(), Some(0), "{args:?}: {status:?}: {said}");
+        assert_eq!(said, "", "{args:?}");
+        feeding.join().unwrap();
     }
 }
 

@@ -208,13 +208,17 @@ fn no_field_and_no_match_are_one_empty_key() {
 }
 
 /// "5 reading or writing failed": stdout on a full device, stdin a
-/// directory, in the plain copy and the scheduled run.
+/// directory, in the plain copy, the byte stream and the scheduled run;
+/// the message says which failed.
 #[test]
 fn failed_reads_and_writes_end_with_status_five() {
-    for mode in [&[][..], &["--key", "1"][..], &["--max-wait", "1s"][..]] {
-        let mut args = vec!["1e6/s"];
-        args.extend_from_slice(mode);
-        let mut child = paceline(&args)
+    for args in [
+        &["1e6/s"][..],
+        &["--bytes", "1e6/s"][..],
+        &["1e6/s", "--key", "1"][..],
+        &["1e6/s", "--max-wait", "1s"][..],
+    ] {
+        let mut child = paceline(args)
             .stdout(
                 std::fs::OpenOptions::new()
                     .write(true)
@@ -226,12 +230,22 @@ fn failed_reads_and_writes_end_with_status_five() {
         child.stdin.take().unwrap().write_all(b"a\n").unwrap();
         let output = child.wait_with_output().unwrap();
         assert_eq!(output.status.code(), Some(5), "{args:?}: {output:?}");
-        let output = paceline(&args)
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.starts_with("paceline: writing stdout: "),
+            "{args:?}: {stderr}"
+        );
+        let output = paceline(args)
             .stdin(std::fs::File::open(std::env::temp_dir()).unwrap())
             .output()
             .unwrap();
         assert_eq!(output.status.code(), Some(5), "{args:?} < dir: {output:?}");
         assert!(output.stdout.is_empty());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.starts_with("paceline: reading stdin: "),
+            "{args:?}: {stderr}"
+        );
     }
 }
 

@@ -155,3 +155,57 @@ fn a_non_blocking_stdin_is_read_in_every_mode() {
         );
     }
 }
+
+/// A stdout left non-blocking (O_NONBLOCK on the pipe, as some parents
+/// leave it) is written as any other, in every mode, however slow its
+/// reader: each record waits until the pipe has room. Paceline took the
+/// first EAGAIN of a full pipe for a failed write (status 5, "Resource
+/// temporarily unavailable", the output cut off, inside a record).
+#[test]
+fn a_non_blocking_stdout_is_written_in_every_mode() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let _one = one_at_a_time();
+    // More than a pipe holds.
+    let input = lines(100_000);
+    for args in [
+        &["1e9/s"][..],
+        &["--bytes", "1e12/s"][..],
+        &["1e9/s", "--key", "1"][..],
+        &["1e9/s", "--max-wait", "1h"][..],
+    ] {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors `pipe2` writes.
+        // (Close-on-exec: paceline must not hold the reading end itself.)
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: the descriptors were just opened, and are owned here.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // SAFETY: fcntl on a descriptor this test owns.
+        unsafe {
+            let flags = libc::fcntl(fds[1], libc::F_GETFL);
+            assert_eq!(
+                libc::fcntl(fds[1], libc::F_SETFL, flags | libc::O_NONBLOCK),
+                0
+            );
+        }
+        let mut child = paceline(args).stdout(Stdio::from(write)).spawn().unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let fed = input.clone();
+        let writer = std::thread::spawn(move || {
+            let _ = stdin.write_all(fed.as_bytes());
+        });
+        // A slow reader: the pipe fills before it reads.
+        std::thread::sleep(Duration::from_millis(300));
+        let out = read_all(std::fs::File::from(read));
+        let output = child.wait_with_output().unwrap();
+        writer.join().unwrap();
+        let out = out.recv().unwrap();
+        assert!(
+            output.status.success() && out == input,
+            "{args:?}: {:?}, {} of {} bytes out, stderr {}",
+            output.status,
+            out.len(),
+            input.len(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
