@@ -4,6 +4,20 @@
 
 use super::*;
 
+/// A Redis limiter's builder at `rate` under `name`, on a patient backend
+/// of its own on `client`: the fault is an error reply, which comes at
+/// once, and a call that merely runs late on a loaded machine must not
+/// send the limiter to its fallback (a second switch each way) as well.
+async fn refused(
+    client: redis::Client,
+    name: &str,
+    rate: f64,
+) -> paceline::Builder<paceline::NoKey, Redis> {
+    RateLimiter::builder()
+        .permits_per_second(rate)
+        .redis(&patient_backend(client).await, name)
+}
+
 /// Starts a primary (whose replicas sync at once) and a replica of it, and
 /// waits until the replica's link to its primary is up.
 fn primary_and_replica() -> (RedisServer, RedisServer) {
@@ -66,7 +80,7 @@ async fn a_read_only_replica_degrades_once_and_recovers_when_promoted() {
     assert_eq!(read_only, ["replica-read-only", "yes"]);
 
     let start = Instant::now();
-    let limiter = builder(replica.client(), "replica", 10.0)
+    let limiter = refused(replica.client(), "replica", 10.0)
         .await
         .max_burst(Duration::ZERO)
         .build()
@@ -154,7 +168,7 @@ async fn a_primary_demoted_to_a_replica_degrades_once_without_flapping() {
         crate::support::redis_server::free_cluster_port,
     );
     let server = RedisServer::start();
-    let limiter = builder(server.client(), "demoted", 100.0)
+    let limiter = refused(server.client(), "demoted", 100.0)
         .await
         .build()
         .unwrap();
@@ -187,7 +201,7 @@ async fn a_primary_demoted_to_a_replica_degrades_once_without_flapping() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_cut_off_from_its_primary_degrades_once_and_recovers_when_promoted() {
     let server = RedisServer::start();
-    let limiter = builder(server.client(), "masterdown", 1_000.0)
+    let limiter = refused(server.client(), "masterdown", 1_000.0)
         .await
         .build()
         .unwrap();
@@ -321,7 +335,7 @@ async fn a_server_loading_its_dataset_degrades_once_and_recovers_when_loaded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_refuses_writes_degrades_once_without_flapping() {
     let server = RedisServer::start();
-    let limiter = builder(server.client(), "oom", 1_000.0)
+    let limiter = refused(server.client(), "oom", 1_000.0)
         .await
         .build()
         .unwrap();
