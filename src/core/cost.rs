@@ -5,7 +5,12 @@ use std::fmt;
 /// What one request counts against each of a limiter's limits: the same
 /// number of permits for every limit (from a plain `u32`), or
 /// a number per limit ([`Cost::each`]) when the limits count different
-/// things, such as requests and tokens.
+/// things, such as requests and tokens. A request waits for every limit,
+/// those it counts 0 against included: 0 charges a limit nothing, and the
+/// request still goes only once what that limit owes is paid for (so a
+/// call whose tokens only its answer tells, estimated at 0 and
+/// [settled](crate::outbound::Call::settle) after, goes once the tokens of
+/// the calls before it are).
 ///
 /// ```
 /// use paceline::Cost;

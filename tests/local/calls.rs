@@ -210,6 +210,43 @@ async fn costs_that_do_not_fit_are_errors() {
     assert_eq!(limiter.snapshot().unwrap().wait(), Duration::ZERO);
 }
 
+/// A count of 0 for a limit charges it nothing, but the call still waits
+/// for what that limit owes: a call whose tokens are known only from its
+/// answer (estimated at 0, settled after) goes once the tokens of the calls
+/// before it are paid for.
+#[tokio::test(flavor = "current_thread")]
+async fn a_call_that_costs_a_limit_nothing_waits_for_its_debt() {
+    let clock = FakeClock::new();
+    let limiter = RateLimiter::builder()
+        .limit(Limit::per_second(100.0).burst(1))
+        .limit(Limit::per_second(1_000.0).burst(1))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    // 500 tokens settled after: the tokens owe 0.5 s.
+    let call = limiter.call(Cost::each([1, 0])).await.unwrap();
+    call.settle(Cost::each([1, 500])).unwrap();
+    assert!(
+        limiter
+            .try_call(Cost::each([1, 0]), Duration::from_millis(499))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let call = limiter
+        .try_call(Cost::each([1, 0]), Duration::from_millis(500))
+        .await
+        .unwrap()
+        .expect("goes once the tokens are paid for");
+    assert_eq!(call.waited(), Duration::from_millis(500));
+    // It charged the tokens nothing: the next waits for its request alone.
+    drop(call);
+    assert_eq!(
+        limiter.snapshot().unwrap().wait(),
+        Duration::from_millis(10)
+    );
+}
+
 /// A key's calls settle that key alone.
 #[tokio::test(flavor = "current_thread")]
 async fn a_keys_settle_leaves_other_keys_alone() {
