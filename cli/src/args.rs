@@ -150,7 +150,8 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SIZE", default_value = "1KiB", value_parser = parse_record_size)]
     pub(crate) max_key: usize,
 
-    /// A record that would wait longer than this is late (see --on-late).
+    /// A record that would wait longer than this is late (see --on-late):
+    /// for its moment, and with a command for one of the -j to be free.
     #[arg(long, value_name = "D", value_parser = parse_duration)]
     pub(crate) max_wait: Option<Duration>,
 

@@ -171,6 +171,33 @@ impl Commands {
         true
     }
 
+    /// Waits until one of the `-j` is free for the next command (with
+    /// `last`, until every command has ended: see
+    /// [`start_last`](Self::start_last)), or `deadline` passes first:
+    /// whether one is free (the record is late otherwise, and nothing
+    /// runs for it).
+    pub(crate) async fn room(
+        &mut self,
+        last: bool,
+        deadline: Option<std::time::Instant>,
+        counts: &Counts,
+    ) -> bool {
+        let most = if last { 1 } else { self.jobs };
+        while self.running.len() >= most {
+            let Some(deadline) = deadline else {
+                self.reap_one(counts).await;
+                continue;
+            };
+            tokio::select! {
+                // (Cancel-safe: a command that ends meanwhile stays in the
+                // set, reaped by the next call.)
+                () = self.reap_one(counts) => {}
+                () = tokio::time::sleep_until(deadline.into()) => return false,
+            }
+        }
+        true
+    }
+
     /// Starts the command for the last record of the input, unterminated,
     /// as [`start`](Self::start) does, but once every other command has
     /// ended: what they write goes before what it writes (the record

@@ -27,6 +27,10 @@ struct Due {
     /// Its key (`None`: the one rate's).
     key: Option<Key>,
     record: Vec<u8>,
+    /// With `--max-wait` and a command: when it is late, `--max-wait`
+    /// after it was read, if no command may start for it by then (the
+    /// `-j` all running).
+    deadline: Option<Instant>,
 }
 
 /// The records of one key waiting for their moment.
@@ -103,10 +107,10 @@ pub(crate) async fn schedule(
     let mut seq = 0u64;
     let mut input_open = true;
     let mut stopped: Option<Failure> = None;
-    // The last record, unterminated (and its number), released while
-    // others still wait: it goes after them (written before, or its
+    // The last record, unterminated (its number, and deadline), released
+    // while others still wait: it goes after them (written before, or its
     // command run before theirs, the next would join it).
-    let mut tail: Option<(u64, Vec<u8>)> = None;
+    let mut tail: Option<(u64, Vec<u8>, Option<Instant>)> = None;
     let signal = signals::caught_async();
     tokio::pin!(signal);
     let watch = stdout::Watch::new();
@@ -121,7 +125,11 @@ pub(crate) async fn schedule(
                 && !commands.as_ref().is_some_and(Commands::stopped)
             {
                 let Due {
-                    record, seq, key, ..
+                    record,
+                    seq,
+                    key,
+                    deadline,
+                    ..
                 } = due.pop().expect("peeked");
                 held -= record.len();
                 if let Some(of_key) = waiting.get_mut(&key) {
@@ -132,13 +140,17 @@ pub(crate) async fn schedule(
                 }
                 if record.last() != Some(&separator) {
                     // The last record of the input: after every other.
-                    tail = Some((seq, record));
+                    tail = Some((seq, record, deadline));
                     continue;
                 }
                 let len = record.len() as u64;
                 match &mut commands {
                     Some(commands) => {
                         out.flush()?;
+                        if !commands.room(false, deadline, counts).await {
+                            late(args, seq, &mut stopped, counts);
+                            continue;
+                        }
                         if commands.start(seq, record, separator, counts).await {
                             counts.records.fetch_add(1, Ordering::Relaxed);
                             counts.bytes.fetch_add(len, Ordering::Relaxed);
@@ -152,14 +164,16 @@ pub(crate) async fn schedule(
             // write goes before it); after a signal, written if its
             // moment has come, but no command starts.
             if (due.is_empty() || signalled)
-                && let Some((seq, record)) = tail.take()
+                && let Some((seq, record, deadline)) = tail.take()
             {
                 let len = record.len() as u64;
                 match &mut commands {
                     Some(_) if signalled => {}
                     Some(commands) => {
                         out.flush()?;
-                        if commands.start_last(seq, record, separator, counts).await {
+                        if !commands.room(true, deadline, counts).await {
+                            late(args, seq, &mut stopped, counts);
+                        } else if commands.start_last(seq, record, separator, counts).await {
                             counts.records.fetch_add(1, Ordering::Relaxed);
                             counts.bytes.fetch_add(len, Ordering::Relaxed);
                         }
@@ -199,15 +213,20 @@ pub(crate) async fn schedule(
                             stopped = Some(Failure::KeyTooLong(seq, args.max_key));
                             break;
                         }
+                        let read = Instant::now();
                         match pacer.reserve(key.as_ref(), 1, args.max_wait).await {
                             Ok(Some(wait)) => {
+                                let deadline = args
+                                    .max_wait
+                                    .filter(|_| commands.is_some())
+                                    .and_then(|most| read.checked_add(most));
                                 let granted = later(wait);
                                 let at = after_its_key(&mut waiting, &key, granted);
                                 if !wait.is_zero() || at > granted {
                                     counts.waited.fetch_add(1, Ordering::Relaxed);
                                 }
                                 held += record.len();
-                                due.push(Due { at, seq, key, record: record.to_vec() });
+                                due.push(Due { at, seq, key, record: record.to_vec(), deadline });
                             }
                             Ok(None) if args.on_late == OnLate::Fail => {
                                 stopped = Some(Failure::Late(seq));
@@ -243,6 +262,18 @@ pub(crate) async fn schedule(
         }
         (Err(failure), _) | (Ok(()), Some(failure)) => Err(failure),
         (Ok(()), None) => Ok(failed),
+    }
+}
+
+/// A record late for its command (see [`Due::deadline`]): dropped and
+/// counted, or, with `--on-late fail`, the run's failure (the first such
+/// one's: the records granted before it still go; another late one is
+/// dropped).
+fn late(args: &Args, seq: u64, stopped: &mut Option<Failure>, counts: &Counts) {
+    if args.on_late == OnLate::Fail && stopped.is_none() {
+        *stopped = Some(Failure::Late(seq));
+    } else {
+        counts.dropped.fetch_add(1, Ordering::Relaxed);
     }
 }
 

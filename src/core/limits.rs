@@ -400,26 +400,13 @@ impl Limits {
         self.set_rates(&rates, now_micros)
     }
 
-    /// Multiplies every limit's rate by `factor` at `now_micros`, keeping
-    /// their proportions; if that is not a valid rate for some limit (scaled
-    /// to zero or NaN, or a finite rate scaled to infinity), every limit gets
-    /// `otherwise`. Otherwise as [`set_rate`](Self::set_rate); an invalid
-    /// `otherwise` changes nothing.
-    pub fn scale(
-        &mut self,
-        factor: f64,
-        otherwise: f64,
-        now_micros: u64,
-    ) -> Result<(), InvalidRate> {
-        super::stable_interval_micros(otherwise)?;
-        let rates = scaled_rates(&self.ceilings(), factor, otherwise);
-        self.set_rates(&rates, now_micros)
-    }
-
     /// A limiter's `set_rate`: the first limit's rate becomes
-    /// `permits_per_second`, and the others [`scale`](Self::scale) by the same
-    /// factor.
-    pub(crate) fn set_first_rate(
+    /// `permits_per_second`, exactly, and the others are scaled by as much,
+    /// keeping their proportions; if that is not a valid rate for some
+    /// limit (scaled to zero or NaN, or a finite rate scaled to infinity),
+    /// every limit gets `permits_per_second`. Otherwise as
+    /// [`set_rate`](Self::set_rate); an invalid rate changes nothing.
+    pub fn set_first_rate(
         &mut self,
         permits_per_second: f64,
         now_micros: u64,
@@ -562,7 +549,7 @@ fn earliest(states: &[State], now_micros: u64) -> (u64, Option<usize>) {
 }
 
 /// `rates` times `factor`, or `otherwise` for each if one is not a valid rate
-/// ([`Limits::scale`]). A finite rate scaled to infinity is not, unless
+/// ([`Limits::set_first_rate`]). A finite rate scaled to infinity is not, unless
 /// `otherwise` is infinite: the factor overflowed (from a tiny rate back up),
 /// and would lift every limit.
 pub(crate) fn scaled_rates(rates: &[f64], factor: f64, otherwise: f64) -> Vec<f64> {

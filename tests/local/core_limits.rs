@@ -161,42 +161,29 @@ fn a_rate_change_applies_to_one_limit_or_all_and_empties_the_log() {
             .all(|s| s.permits_per_second() == 4.0)
     );
     assert!(limits.set_rate(None, f64::NAN, 0).is_err());
-    limits.scale(0.5, 1.0, 0).unwrap();
-    assert!(
+    let rates = |limits: &Limits| -> Vec<f64> {
         limits
             .states()
             .iter()
-            .all(|s| s.permits_per_second() == 2.0)
-    );
-    // Scaled to infinity, they take `otherwise`: an infinite rate only if
-    // that is one (a finite factor overflowed otherwise).
-    limits.scale(f64::INFINITY, 3.0, 0).unwrap();
-    assert!(
-        limits
-            .states()
-            .iter()
-            .all(|s| s.permits_per_second() == 3.0)
-    );
-    limits.scale(1e308, 5.0, 0).unwrap();
-    assert!(
-        limits
-            .states()
-            .iter()
-            .all(|s| s.permits_per_second() == 5.0)
-    );
-    limits.scale(f64::INFINITY, f64::INFINITY, 0).unwrap();
-    assert!(
-        limits
-            .states()
-            .iter()
-            .all(|s| s.permits_per_second() == f64::INFINITY)
-    );
-    limits.scale(0.0, 3.0, 0).unwrap();
-    assert!(
-        limits
-            .states()
-            .iter()
-            .all(|s| s.permits_per_second() == 3.0)
-    );
+            .map(|s| s.permits_per_second())
+            .collect()
+    };
+    // The first at the rate given, the others scaled by as much.
+    limits.set_rate(Some(1), 8.0, 0).unwrap();
+    limits.set_first_rate(2.0, 0).unwrap();
+    assert_eq!(rates(&limits), [2.0, 4.0]);
+    // Where a rate scaled is not one (a finite rate to infinity: the factor
+    // overflowed; or to zero), every limit takes the rate given: an
+    // infinite rate only if that is one.
+    limits.set_first_rate(f64::INFINITY, 0).unwrap();
+    assert_eq!(rates(&limits), [f64::INFINITY; 2]);
+    limits.set_first_rate(3.0, 0).unwrap();
+    assert_eq!(rates(&limits), [3.0; 2]);
+    limits.set_rate(Some(1), 6.0, 0).unwrap();
+    limits.set_first_rate(1e-308, 0).unwrap();
+    limits.set_first_rate(1e308, 0).unwrap();
+    assert_eq!(rates(&limits), [1e308; 2]);
+    assert!(limits.set_first_rate(f64::NAN, 0).is_err());
+    assert_eq!(rates(&limits), [1e308; 2]);
     assert!(Limits::new(Vec::new()).is_none());
 }

@@ -235,7 +235,7 @@ fn the_limiter_agrees_with_the_core_step_by_step() {
                     let factor = [0.5, 2.0][rng.below(2) as usize];
                     let rate = limiter.rate() * factor;
                     limiter.set_rate(rate).unwrap();
-                    core.scale(factor, rate, now).unwrap();
+                    core.set_first_rate(rate, now).unwrap();
                 }
                 _ => {
                     let got = limiter.reserve(permits).unwrap();

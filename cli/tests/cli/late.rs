@@ -73,3 +73,37 @@ fn per_key_and_with_a_command_too() {
     assert_eq!(output.status.code(), Some(3), "{output:?}");
     assert_eq!(output.stdout, b"a\n");
 }
+
+/// With a command, the wait for one of the `-j` to be free counts too: a
+/// record no command could start for within `--max-wait` of its reading is
+/// late (before, all four below ran, the last 1.5 s late). With
+/// room, every record runs.
+#[test]
+fn with_a_command_the_wait_for_a_job_counts() {
+    let _one = one_at_a_time();
+    let command = ["--", "sh", "-c", "echo \"$1\"; sleep 0.5", "sh", "{}"];
+    let args = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut args = vec!["100/s", "--max-wait", "100ms", "--json"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&command);
+        args
+    };
+    // One at a time: the first runs half a second, and the others, granted
+    // within 30 ms, are late for it.
+    let output = run(&args(&[]), b"1\n2\n3\n4\n");
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert_eq!(output.stdout, b"1\n");
+    let summary = String::from_utf8_lossy(&output.stderr);
+    assert!(summary.contains("\"dropped\":3"), "{summary}");
+    // Failing on a late record: status 3, once the first has run.
+    let output = run(&args(&["--on-late", "fail"]), b"1\n2\n3\n4\n");
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    assert_eq!(output.stdout, b"1\n");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("record 2"));
+    // Four at once: room for each.
+    let output = run(&args(&["-j", "4"]), b"1\n2\n3\n4\n");
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let mut lines: Vec<&[u8]> = output.stdout.split(|b| *b == b'\n').collect();
+    lines.sort();
+    assert_eq!(lines, [&b""[..], b"1", b"2", b"3", b"4"]);
+}
