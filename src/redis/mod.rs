@@ -81,8 +81,10 @@
 //!   A snapshot reads that debt too, without opening the key.
 //! - **Back to Redis**, a key the fallback served is carried back before any
 //!   call of it reaches Redis again: one resume call adds what the fallback
-//!   granted beyond what Redis knew (scaled by `local_fraction`) and drops
-//!   the permits the key had stored. Callers of that key wait for it,
+//!   granted beyond the debt the key opened at (scaled by `local_fraction`;
+//!   what Redis granted meanwhile, to a round trip sent before the switch,
+//!   is Redis's own) and drops the permits the key had stored. Callers of
+//!   that key wait for it,
 //!   within their `response_timeout` in all; one whose time runs out is
 //!   served by the fallback, which forgets the key only once its debt is in
 //!   Redis. A background task, started when the backend recovers, carries

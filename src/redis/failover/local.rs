@@ -124,6 +124,16 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             let learned = books.learned.get(key).cloned();
             let learned = learned.map(|learned| learned.scaled(self.local_fraction));
             self.local.open(key, floor, learned.as_ref());
+            // (0: none known, as `known_exactly` says.)
+            let known = books.known.get(key).copied().unwrap_or(0);
+            // (Those of keys dropped at the cap go once as many again came:
+            // a look at each of at most twice `max_local_keys` entries.)
+            if books.opened.len() >= 2 * self.max_local_keys {
+                books
+                    .opened
+                    .retain(|held, _| self.local.ticket::<K>(held).is_some());
+            }
+            books.opened.insert(key.to_owned(), known);
         }
     }
 
@@ -350,7 +360,10 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
     pub(super) async fn carry(&self, key: &K) {
         let target = self.target(key);
         self.await_answers(key).await;
-        let mut known = self.known_exactly(key);
+        // From the debt the key opened at: what Redis granted since (a
+        // round trip sent before the switch, answered in time) is Redis's.
+        let opened = self.books().opened.get(key).copied();
+        let mut known = opened.unwrap_or_else(|| self.known_exactly(key));
         // What grants Redis made after their callers stopped waiting (see
         // [`Late`]) while the fallback held the key charged it beyond the
         // debt it reported: those callers were served by the fallback too,
@@ -401,6 +414,11 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                 }
                 Err(Failure::Down(_)) => break,
             }
+        }
+        // (Under the lock, as keys open in the fallback.)
+        let mut books = self.books();
+        if opened.is_some() && self.local.ticket(key).is_none() {
+            books.opened.remove(key);
         }
     }
 
