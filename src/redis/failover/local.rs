@@ -377,6 +377,9 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         // its length (not at the shared rate), and remembered for the
         // callers waiting in it.
         let paused = self.local.paused_until(key);
+        // Where Redis's debt for the key ends at least, as its replies
+        // said: a later resume adds to it.
+        let mut reported = self.known_exactly(key).max(known).max(late);
         while let Some(tickets) = self.local.tickets(key) {
             // One debt per limit (one for a limiter with one limit).
             let ticket = tickets.iter().copied().max().unwrap_or(0);
@@ -393,10 +396,38 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                     let debt = self.at_shared_rate(t.saturating_sub(from));
                     debt.max(pause).saturating_sub(charged)
                 })
-                .collect();
+                .collect::<Box<[u64]>>();
+            let least = debts_micros.iter().copied().min().unwrap_or(0);
             let resume = Call::Resume { debts_micros };
             match self.send(key, &target, resume, None).await {
-                Ok(_) => {
+                Ok(reply) => {
+                    // Redis owes less than it reported, and the resume
+                    // added: it lost the key meanwhile (a restart, a
+                    // flush, a failover to a replica that never got it),
+                    // and the fallback's callers wait behind its grants
+                    // of before: they are carried too (a debt given back
+                    // meanwhile is charged again, erring towards limiting).
+                    // Less than a response timeout is not told from how
+                    // late a reply was read.
+                    let now = self.now();
+                    let owed = reported.saturating_sub(now).saturating_add(least);
+                    let lost = owed.saturating_sub(reply.debt_micros);
+                    reported = now.saturating_add(reply.debt_micros.max(owed));
+                    if lost > micros(self.backend.options.response_timeout) {
+                        let debts_micros = vec![lost; tickets.len()].into();
+                        match self
+                            .send(key, &target, Call::Resume { debts_micros }, None)
+                            .await
+                        {
+                            Ok(_) => {}
+                            Err(Failure::Refused(_)) => {
+                                self.local.forget_if_paid(key, u64::MAX);
+                                break;
+                            }
+                            // Sent again whole with the next carry-back.
+                            Err(Failure::Down(_)) => break,
+                        }
+                    }
                     if let Some(until) = paused {
                         self.note_pause(&mut self.books(), key, until, true);
                     }

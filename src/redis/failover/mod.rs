@@ -18,8 +18,9 @@
 //!   caller was served by the fallback too, or never learned of it).
 //! - A key the fallback holds is carried back (`carry`: one resume adds
 //!   what it granted beyond the debt Redis had reported when it opened
-//!   (`Books::opened`), at the shared rate, and drops the stored permits)
-//!   before any other call of it reaches Redis, and
+//!   (`Books::opened`), at the shared rate, and drops the stored permits;
+//!   one more carries that debt if Redis lost the key meanwhile) before
+//!   any other call of it reaches Redis, and
 //!   forgotten only then; its callers wait as `route::Patience` says. Keys nobody
 //!   calls are carried by a background task (`carry_all`). A resume whose
 //!   reply is lost may be applied and sent again: that errs towards limiting.
@@ -57,7 +58,7 @@ use super::round_trip::{Failure, Remote, send};
 use super::runtime::blocking_section;
 use super::script::{Call, LogId, Request, ScriptArgs};
 use crate::clock::Clock;
-use crate::core::{Policy, State, stable_interval_micros};
+use crate::core::{Policy, State, micros, stable_interval_micros};
 use crate::error::BackendError;
 use crate::keyed::Keyed;
 use crate::keyed::Mode;
