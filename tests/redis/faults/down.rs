@@ -364,3 +364,25 @@ async fn a_restart_that_lost_the_key_keeps_the_debt_the_fallback_opened_behind()
         (local_moment + SECOND).saturating_duration_since(next_moment)
     );
 }
+
+/// A server at its `maxclients` when the service starts: it accepts the
+/// connection and answers `ERR max number of clients reached`. That is an
+/// outage (waiting mends it), not a refusal of this client: the backend
+/// builds and starts on its fallback, and switches once a connection is
+/// free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_starts_while_redis_has_no_connection_to_spare() {
+    let server = RedisServer::start();
+    server.config_set("maxclients", "1");
+    let hog = server.connection();
+    let limiter = builder(server.client(), "full-house", 10.0)
+        .await
+        .build()
+        .expect("builds while Redis has no connection to spare");
+    assert!(limiter.stats().degraded);
+    assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
+    drop(hog);
+    within(Duration::from_secs(5), || !limiter.stats().degraded)
+        .await
+        .expect("switches to Redis once a connection is free");
+}
