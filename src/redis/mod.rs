@@ -84,9 +84,10 @@
 //!   granted beyond the debt the key opened at (scaled by `local_fraction`;
 //!   what Redis granted meanwhile, to a round trip sent before the switch,
 //!   is Redis's own) and drops the permits the key had stored; if Redis
-//!   then owes less than that debt and the resume, it lost the key during
-//!   the outage (a restart, a flush, a failover), and the debt goes back
-//!   too. Callers of that key wait for it,
+//!   then owes less than that debt and the resume (it lost the key during
+//!   the outage: a restart, a flush, a failover; or a give-back queued on
+//!   a hung server ran late), the debt goes back too, as the fallback's
+//!   callers wait behind it. Callers of that key wait for it,
 //!   within their `response_timeout` in all; one whose time runs out is
 //!   served by the fallback, which forgets the key only once its debt is in
 //!   Redis. A background task, started when the backend recovers, carries

@@ -404,11 +404,11 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                     // Redis owes less than it reported, and the resume
                     // added: it lost the key meanwhile (a restart, a
                     // flush, a failover to a replica that never got it),
-                    // and the fallback's callers wait behind its grants
-                    // of before: they are carried too (a debt given back
-                    // meanwhile is charged again, erring towards limiting).
-                    // Less than a response timeout is not told from how
-                    // late a reply was read.
+                    // or a give-back that ran late (queued on a hung
+                    // server) freed time; the fallback's callers wait
+                    // behind it all the same: it is charged again. Less
+                    // than a response timeout is not told from how late a
+                    // reply was read.
                     let now = self.now();
                     let owed = reported.saturating_sub(now).saturating_add(least);
                     let lost = owed.saturating_sub(reply.debt_micros);

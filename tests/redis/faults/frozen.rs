@@ -415,3 +415,44 @@ async fn a_grant_from_redis_after_the_switch_does_not_hide_the_fallbacks_grants(
         next_moment.saturating_duration_since(first)
     );
 }
+
+/// A reservation Redis reported before the switch, given back while the
+/// server hangs: the give-back waits on the frozen socket and runs after
+/// SIGCONT, once the fallback has opened the key behind it and granted
+/// from there. Redis then owes less than the debt the key opened at: the
+/// carry-back puts the fallback's grants where its callers wait, after
+/// that debt, not after what Redis owes once the give-back ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_that_runs_after_the_switch_frees_no_slot_the_fallback_granted() {
+    const SECOND: Duration = Duration::from_secs(1);
+    let server = RedisServer::start();
+    let limiter = Arc::new(
+        builder(server.client(), "given-back-late", 1.0)
+            .await
+            .max_burst(Duration::ZERO)
+            .local_fraction(1.0)
+            .build()
+            .unwrap(),
+    );
+    limiter.reservation(1).await.unwrap().keep();
+    // Held, a second ahead: the debt reported ends two seconds ahead (K0).
+    let held = limiter.reservation(1).await.unwrap();
+    assert!(held.delay() > SECOND / 2, "{:?}", held.delay());
+    server.stop();
+    // Given back on the frozen socket: it runs once the server resumes.
+    drop(held);
+    // The switch: the fallback opens the key at K0 and grants there.
+    let local = limiter.reservation(1).await.unwrap();
+    let local_moment = Instant::now() + local.keep();
+    assert!(limiter.stats().degraded);
+    server.cont();
+    recovered(&limiter, "after SIGCONT").await;
+    let next = limiter.reservation(1).await.unwrap();
+    let next_moment = Instant::now() + next.keep();
+    let after = next_moment.saturating_duration_since(local_moment);
+    println!("the fallback's permit at K0; the next through Redis {after:?} after it");
+    assert!(
+        after + Duration::from_millis(300) >= SECOND,
+        "the next caller went {after:?} after the fallback's permit"
+    );
+}
