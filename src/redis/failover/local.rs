@@ -353,8 +353,9 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
     }
 
     /// Carries the fallback's debt of `key` into its Redis key: one resume
-    /// with what the fallback granted beyond what Redis knew, then the
-    /// fallback forgets the key. If Redis is down again, the key stays in
+    /// with what the fallback granted beyond the debt the key opened at
+    /// (and one more if Redis then owes less than that debt and the
+    /// resume), then the fallback forgets the key. If Redis is down again, the key stays in
     /// the fallback, with its debt. (Its caller's [`Marked`] then wakes the
     /// key's callers.)
     pub(super) async fn carry(&self, key: &K) {
