@@ -128,7 +128,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             let known = books.known.get(key).copied().unwrap_or(0);
             // (Those of keys dropped at the cap go once as many again came:
             // a look at each of at most twice `max_local_keys` entries.)
-            if books.opened.len() >= 2 * self.max_local_keys {
+            if books.opened.len() >= self.max_local_keys.saturating_mul(2) {
                 books
                     .opened
                     .retain(|held, _| self.local.ticket::<K>(held).is_some());
