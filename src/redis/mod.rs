@@ -81,8 +81,13 @@
 //!   A snapshot reads that debt too, without opening the key.
 //! - **Back to Redis**, a key the fallback served is carried back before any
 //!   call of it reaches Redis again: one resume call adds what the fallback
-//!   granted beyond what Redis knew (scaled by `local_fraction`) and drops
-//!   the permits the key had stored. Callers of that key wait for it,
+//!   granted beyond the debt the key opened at (scaled by `local_fraction`;
+//!   what Redis granted meanwhile, to a round trip sent before the switch,
+//!   is Redis's own) and drops the permits the key had stored; if Redis
+//!   then owes less than that debt and the resume (it lost the key during
+//!   the outage: a restart, a flush, a failover; or a give-back queued on
+//!   a hung server ran late), the debt goes back too, as the fallback's
+//!   callers wait behind it. Callers of that key wait for it,
 //!   within their `response_timeout` in all; one whose time runs out is
 //!   served by the fallback, which forgets the key only once its debt is in
 //!   Redis. A background task, started when the backend recovers, carries
@@ -135,7 +140,8 @@
 //!   far as replication had carried it: a lagging replica grants again what
 //!   the lost writes had charged (at most the lag's worth of permits, or a
 //!   burst for a key it never received). Persistence matters only across a
-//!   restart of a lone server: without it, every key restarts idle.
+//!   restart of a lone server: without it, every key restarts idle (but
+//!   one a fallback held, which gets back the debt that process knew).
 //! - **Clocks.** The script uses the server's `TIME`, a wall clock, and never
 //!   lets it run backwards: a step backwards holds keys still until the clock
 //!   catches up (no caller is charged the step), a step forwards reads as

@@ -124,6 +124,16 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             let learned = books.learned.get(key).cloned();
             let learned = learned.map(|learned| learned.scaled(self.local_fraction));
             self.local.open(key, floor, learned.as_ref());
+            // (0: none known, as `known_exactly` says.)
+            let known = books.known.get(key).copied().unwrap_or(0);
+            // (Those of keys dropped at the cap go once as many again came:
+            // a look at each of at most twice `max_local_keys` entries.)
+            if books.opened.len() >= self.max_local_keys.saturating_mul(2) {
+                books
+                    .opened
+                    .retain(|held, _| self.local.ticket::<K>(held).is_some());
+            }
+            books.opened.insert(key.to_owned(), known);
         }
     }
 
@@ -343,14 +353,18 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
     }
 
     /// Carries the fallback's debt of `key` into its Redis key: one resume
-    /// with what the fallback granted beyond what Redis knew, then the
-    /// fallback forgets the key. If Redis is down again, the key stays in
+    /// with what the fallback granted beyond the debt the key opened at
+    /// (and one more if Redis then owes less than that debt and the
+    /// resume), then the fallback forgets the key. If Redis is down again, the key stays in
     /// the fallback, with its debt. (Its caller's [`Marked`] then wakes the
     /// key's callers.)
     pub(super) async fn carry(&self, key: &K) {
         let target = self.target(key);
         self.await_answers(key).await;
-        let mut known = self.known_exactly(key);
+        // From the debt the key opened at: what Redis granted since (a
+        // round trip sent before the switch, answered in time) is Redis's.
+        let opened = self.books().opened.get(key).copied();
+        let mut known = opened.unwrap_or_else(|| self.known_exactly(key));
         // What grants Redis made after their callers stopped waiting (see
         // [`Late`]) while the fallback held the key charged it beyond the
         // debt it reported: those callers were served by the fallback too,
@@ -364,6 +378,9 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         // its length (not at the shared rate), and remembered for the
         // callers waiting in it.
         let paused = self.local.paused_until(key);
+        // Where Redis's debt for the key ends at least, as its replies
+        // said: a later resume adds to it.
+        let mut reported = self.known_exactly(key).max(known).max(late);
         while let Some(tickets) = self.local.tickets(key) {
             // One debt per limit (one for a limiter with one limit).
             let ticket = tickets.iter().copied().max().unwrap_or(0);
@@ -380,10 +397,38 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                     let debt = self.at_shared_rate(t.saturating_sub(from));
                     debt.max(pause).saturating_sub(charged)
                 })
-                .collect();
+                .collect::<Box<[u64]>>();
+            let least = debts_micros.iter().copied().min().unwrap_or(0);
             let resume = Call::Resume { debts_micros };
             match self.send(key, &target, resume, None).await {
-                Ok(_) => {
+                Ok(reply) => {
+                    // Redis owes less than it reported, and the resume
+                    // added: it lost the key meanwhile (a restart, a
+                    // flush, a failover to a replica that never got it),
+                    // or a give-back that ran late (queued on a hung
+                    // server) freed time; the fallback's callers wait
+                    // behind it all the same: it is charged again. Less
+                    // than a response timeout is not told from how late a
+                    // reply was read.
+                    let now = self.now();
+                    let owed = reported.saturating_sub(now).saturating_add(least);
+                    let lost = owed.saturating_sub(reply.debt_micros);
+                    reported = now.saturating_add(reply.debt_micros.max(owed));
+                    if lost > micros(self.backend.options.response_timeout) {
+                        let debts_micros = vec![lost; tickets.len()].into();
+                        match self
+                            .send(key, &target, Call::Resume { debts_micros }, None)
+                            .await
+                        {
+                            Ok(_) => {}
+                            Err(Failure::Refused(_)) => {
+                                self.local.forget_if_paid(key, u64::MAX);
+                                break;
+                            }
+                            // Sent again whole with the next carry-back.
+                            Err(Failure::Down(_)) => break,
+                        }
+                    }
                     if let Some(until) = paused {
                         self.note_pause(&mut self.books(), key, until, true);
                     }
@@ -401,6 +446,11 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                 }
                 Err(Failure::Down(_)) => break,
             }
+        }
+        // (Under the lock, as keys open in the fallback.)
+        let mut books = self.books();
+        if opened.is_some() && self.local.ticket(key).is_none() {
+            books.opened.remove(key);
         }
     }
 

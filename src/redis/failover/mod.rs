@@ -17,8 +17,10 @@
 //!   of while the key is held is taken off what the key carries back (its
 //!   caller was served by the fallback too, or never learned of it).
 //! - A key the fallback holds is carried back (`carry`: one resume adds
-//!   what it granted beyond what Redis knew, at the shared rate, and drops
-//!   the stored permits) before any other call of it reaches Redis, and
+//!   what it granted beyond the debt Redis had reported when it opened
+//!   (`Books::opened`), at the shared rate, and drops the stored permits;
+//!   one more carries that debt if Redis lost the key meanwhile) before
+//!   any other call of it reaches Redis, and
 //!   forgotten only then; its callers wait as `route::Patience` says. Keys nobody
 //!   calls are carried by a background task (`carry_all`). A resume whose
 //!   reply is lost may be applied and sent again: that errs towards limiting.
@@ -56,7 +58,7 @@ use super::round_trip::{Failure, Remote, send};
 use super::runtime::blocking_section;
 use super::script::{Call, LogId, Request, ScriptArgs};
 use crate::clock::Clock;
-use crate::core::{Policy, State, stable_interval_micros};
+use crate::core::{Policy, State, micros, stable_interval_micros};
 use crate::error::BackendError;
 use crate::keyed::Keyed;
 use crate::keyed::Mode;
@@ -132,6 +134,12 @@ struct Books<K> {
     /// When the debt Redis last reported for a key ends (µs, local clock),
     /// for keys that owed something: at most `max_local_keys`.
     known: HashMap<K, u64>,
+    /// What `known` said of a key the fallback holds when it opened there:
+    /// what it carries back is what it granted beyond that (what Redis
+    /// granted meanwhile, to a round trip sent before the switch or a
+    /// call's settle, is in Redis already). At most twice
+    /// `max_local_keys` (those of keys dropped at the cap among them).
+    opened: HashMap<K, u64>,
     /// The known debts that did not fit: the latest end per bucket of keys.
     overflow: [u64; BUCKETS],
     /// Keys whose debt is on its way to Redis: their callers wait.
@@ -267,6 +275,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             known_len: AtomicUsize::new(0),
             books: Mutex::new(Books {
                 known: HashMap::new(),
+                opened: HashMap::new(),
                 overflow: [0; BUCKETS],
                 carrying: HashSet::new(),
                 floored: HashSet::new(),

@@ -312,3 +312,77 @@ async fn the_fallback_opens_with_the_debt_not_a_burst() {
         "{granted} of 15 granted at once by the fallback"
     );
 }
+
+/// A restart that loses the key while a process owes it time: the
+/// fallback opened the key behind the debt Redis had reported (callers
+/// granted in Redis before the crash wait until then), and its own callers
+/// come after that. Its carry-back finds the key gone: the debt it opened
+/// behind is carried too, so that a process calling after the recovery
+/// goes behind every caller this one granted, as it would had the key
+/// survived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_that_lost_the_key_keeps_the_debt_the_fallback_opened_behind() {
+    const SECOND: Duration = Duration::from_secs(1);
+    let mut server = RedisServer::start();
+    let limiter = builder(server.client(), "lost", 1.0)
+        .await
+        .max_burst(Duration::ZERO)
+        .local_fraction(1.0)
+        .build()
+        .unwrap();
+    // Five seconds of debt, reported (K0): granted in Redis, used by then.
+    let warm = limiter.reservation(5).await.unwrap();
+    assert!(warm.delay().is_zero());
+    warm.keep();
+
+    server.kill();
+    // Served by the fallback, at K0.
+    let local = limiter.reservation(1).await.unwrap();
+    let local_moment = Instant::now() + local.keep();
+    assert!(limiter.stats().degraded);
+    server.restart();
+    recovered(&limiter, "after the restart").await;
+
+    // Another process, started after the recovery.
+    let other = builder(server.client(), "lost", 1.0)
+        .await
+        .max_burst(Duration::ZERO)
+        .build()
+        .unwrap();
+    let next = other.reservation(1).await.unwrap();
+    let next_moment = Instant::now() + next.keep();
+    println!(
+        "the fallback's permit in {:?} after the restart; the other process's next then {:?}",
+        local_moment.saturating_duration_since(Instant::now()),
+        next_moment.saturating_duration_since(Instant::now()),
+    );
+    // After every permit granted: the five of the warm-up, then the
+    // fallback's one; less slack.
+    assert!(
+        next_moment >= local_moment + SECOND - Duration::from_millis(300),
+        "the next caller goes {:?} before the fallback's permit is paid for",
+        (local_moment + SECOND).saturating_duration_since(next_moment)
+    );
+}
+
+/// A server at its `maxclients` when the service starts: it accepts the
+/// connection and answers `ERR max number of clients reached`. That is an
+/// outage (waiting mends it), not a refusal of this client: the backend
+/// builds and starts on its fallback, and switches once a connection is
+/// free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_starts_while_redis_has_no_connection_to_spare() {
+    let server = RedisServer::start();
+    server.config_set("maxclients", "1");
+    let hog = server.connection();
+    let limiter = builder(server.client(), "full-house", 10.0)
+        .await
+        .build()
+        .expect("builds while Redis has no connection to spare");
+    assert!(limiter.stats().degraded);
+    assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
+    drop(hog);
+    within(Duration::from_secs(5), || !limiter.stats().degraded)
+        .await
+        .expect("switches to Redis once a connection is free");
+}

@@ -331,3 +331,128 @@ async fn late_give_backs_do_not_erase_the_debt_the_fallback_carried_into_redis()
         );
     }
 }
+
+/// A round trip sent before the switch whose reply comes after it, in
+/// time: its caller is granted by Redis while the fallback already holds
+/// the key and grants from the debt Redis reported before. Both grants are
+/// made; each must then count once in the schedule every process sees:
+/// the carry-back adds what the fallback granted beyond the debt it opened
+/// at, not beyond the debt Redis reported since (which holds the grant of
+/// the reply that came in time, not the fallback's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_from_redis_after_the_switch_does_not_hide_the_fallbacks_grants() {
+    const SECOND: Duration = Duration::from_secs(1);
+    let server = RedisServer::start();
+    let backend = backend_builder(server.client())
+        // Long enough for the second round trip's reply to come in time
+        // after the first one's timed out, on a loaded machine.
+        .response_timeout(2 * SECOND)
+        .probe_interval(Duration::from_millis(500))
+        .coalesce(false)
+        .build()
+        .await
+        .unwrap();
+    let limiter = Arc::new(
+        RateLimiter::builder()
+            .permits_per_second(1.0)
+            .max_burst(Duration::ZERO)
+            .redis(&backend, "in-time")
+            .local_fraction(1.0)
+            .build()
+            .unwrap(),
+    );
+    // Ten seconds of debt, reported: the fallback opens after it, at K0.
+    let warm = limiter.reservation(10).await.unwrap();
+    assert!(warm.delay().is_zero());
+    warm.keep();
+
+    server.stop();
+    // Times out: the switch. (It charges nothing anywhere.)
+    let trigger = {
+        let limiter = Arc::clone(&limiter);
+        tokio::spawn(async move { limiter.try_acquire(1, Duration::ZERO).await })
+    };
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    // Sent before the switch, answered after it, in time.
+    let in_time = {
+        let limiter = Arc::clone(&limiter);
+        tokio::spawn(async move {
+            let reservation = limiter.reservation(1).await.unwrap();
+            Instant::now() + reservation.keep()
+        })
+    };
+    within(Duration::from_secs(10), || limiter.stats().degraded)
+        .await
+        .expect("the first round trip times out");
+    assert_eq!(trigger.await.unwrap().ok(), Some(false));
+    // Served by the fallback, at K0.
+    let local = limiter.reservation(1).await.unwrap();
+    let local_moment = Instant::now() + local.keep();
+    server.cont();
+    let redis_moment = in_time.await.unwrap();
+    assert_eq!(
+        limiter.stats().fallback_calls,
+        2,
+        "the second round trip was answered in time: {:?}",
+        limiter.stats()
+    );
+    recovered(&limiter, "after SIGCONT").await;
+    // The next caller, once the fallback's key is carried back.
+    let next = limiter.reservation(1).await.unwrap();
+    let next_moment = Instant::now() + next.keep();
+    let first = local_moment.min(redis_moment);
+    println!(
+        "from the first of two grants (fallback {:?}, Redis {:?} after it): the next at {:?}",
+        local_moment.saturating_duration_since(first),
+        redis_moment.saturating_duration_since(first),
+        next_moment.saturating_duration_since(first),
+    );
+    // Two permits at 1/s went from K0 on (one each side): the next goes
+    // two seconds after the first of them, less slack.
+    assert!(
+        next_moment >= first + 2 * SECOND - Duration::from_millis(300),
+        "the next caller goes {:?} after the first of two permits granted from K0",
+        next_moment.saturating_duration_since(first)
+    );
+}
+
+/// A reservation Redis reported before the switch, given back while the
+/// server hangs: the give-back waits on the frozen socket and runs after
+/// SIGCONT, once the fallback has opened the key behind it and granted
+/// from there. Redis then owes less than the debt the key opened at: the
+/// carry-back puts the fallback's grants where its callers wait, after
+/// that debt, not after what Redis owes once the give-back ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_that_runs_after_the_switch_frees_no_slot_the_fallback_granted() {
+    const SECOND: Duration = Duration::from_secs(1);
+    let server = RedisServer::start();
+    let limiter = Arc::new(
+        builder(server.client(), "given-back-late", 1.0)
+            .await
+            .max_burst(Duration::ZERO)
+            .local_fraction(1.0)
+            .build()
+            .unwrap(),
+    );
+    limiter.reservation(1).await.unwrap().keep();
+    // Held, a second ahead: the debt reported ends two seconds ahead (K0).
+    let held = limiter.reservation(1).await.unwrap();
+    assert!(held.delay() > SECOND / 2, "{:?}", held.delay());
+    server.stop();
+    // Given back on the frozen socket: it runs once the server resumes.
+    drop(held);
+    // The switch: the fallback opens the key at K0 and grants there.
+    let local = limiter.reservation(1).await.unwrap();
+    let local_moment = Instant::now() + local.keep();
+    assert!(limiter.stats().degraded);
+    server.cont();
+    recovered(&limiter, "after SIGCONT").await;
+    let next = limiter.reservation(1).await.unwrap();
+    let next_moment = Instant::now() + next.keep();
+    let after = next_moment.saturating_duration_since(local_moment);
+    println!("the fallback's permit at K0; the next through Redis {after:?} after it");
+    assert!(
+        after + Duration::from_millis(300) >= SECOND,
+        "the next caller went {after:?} after the fallback's permit"
+    );
+}
