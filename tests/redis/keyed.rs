@@ -288,14 +288,18 @@ async fn a_key_opens_in_the_fallback_with_the_debt_redis_reported() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_not_called_again_carry_their_debt_back_too() {
     let mut server = RedisServer::start();
-    let backend = backend(server.client()).await;
+    // (Patient: the kill is seen at once, and a late answer on a loaded
+    // machine must not send the limiter to its fallback once more.)
+    let backend = patient_backend(server.client()).await;
     let limiter = keyed(&backend, 10.0);
     limiter.reserve("first", 1).await.unwrap();
     server.kill();
-    // Twenty keys served locally, each left with a second of debt.
+    // Twenty keys served locally, each left with ten seconds of debt (what
+    // is left of it once the restart, the recovery and the carry are done,
+    // seconds on a loaded machine, is still more than a second).
     for i in 0..20 {
         assert_eq!(
-            limiter.reserve(&format!("user{i}"), 10).await.unwrap(),
+            limiter.reserve(&format!("user{i}"), 100).await.unwrap(),
             Duration::ZERO
         );
     }
@@ -314,7 +318,7 @@ async fn keys_not_called_again_carry_their_debt_back_too() {
         let key = format!("user{i}");
         let wait = limiter.snapshot(&key).await.unwrap().wait();
         assert!(
-            wait > 300 * MS,
+            wait > 1000 * MS,
             "{key}: only {wait:?} of its local debt reached Redis"
         );
         let exists: bool = redis::cmd("EXISTS")
@@ -388,7 +392,9 @@ async fn a_cluster_serves_keys_on_every_node_through_one_backend() {
         .build()
         .await
         .unwrap();
-    let limiter = keyed(&backend, 5.0);
+    // (One every 10 s: the try right after a grant is refused however late
+    // it comes on a loaded machine.)
+    let limiter = keyed(&backend, 0.1);
     let mut nodes = std::collections::HashSet::new();
     for i in 0..30 {
         let key = format!("user{i}");
@@ -403,7 +409,7 @@ async fn a_cluster_serves_keys_on_every_node_through_one_backend() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn names_and_keys_that_read_alike_never_share_a_redis_key() {
     let server = RedisServer::start();
-    let backend = backend(server.client()).await;
+    let backend = patient_backend(server.client()).await;
     let build = |name: &str| {
         KeyedRateLimiter::<String>::builder()
             .redis(&backend, name)
