@@ -103,9 +103,9 @@ pub(crate) struct Args {
 
     /// How many records (bytes, with --bytes) may go at once after an idle
     /// spell: N at once, the next one interval after the first. At least 1;
-    /// default 1: exact spacing (from 2 000 a second on, a millisecond's
-    /// worth go together, each group at its moment: no finer spacing is
-    /// kept by a timer).
+    /// default 1: exact spacing (from 2 000 a second on, without --key,
+    /// --max-wait or a command, a millisecond's worth go together, each
+    /// group at its moment: no finer spacing is kept by a timer).
     #[arg(long, value_name = "N")]
     pub(crate) burst: Option<u64>,
 
