@@ -22,6 +22,7 @@ use crate::core::Cost;
 use crate::error::{check_cost, check_permits};
 use crate::meter::Metered;
 use crate::outbound::{Call, TakeSlot, Upstream};
+use crate::reservation::GiveBack;
 use crate::{Error, Reservation, Snapshot, Stats};
 
 /// The key of a limiter with one state: a limiter with no key is an
@@ -516,12 +517,11 @@ where
             return Ok(None);
         };
         let (slept, pending) = reservation.wait_open().await;
+        // Kept if dropped (behind a pause, or while it asks for one): the
+        // call it opened ends at its estimate, as a dropped one does.
+        let mut opened = Opened(pending);
         if !waits.again(slept, || engine.paused(key)).await {
-            break pending;
-        }
-        // The call it opened ends at its estimate, as a dropped one does.
-        if let Some(pending) = pending {
-            pending.owner.keep(pending.taken);
+            break opened.0.take();
         }
     };
     let clock = engine.clock();
@@ -535,6 +535,19 @@ where
         upstream,
         _slot: slot.slot,
     }))
+}
+
+/// An open call made, not yet handed to its [`Call`]: kept if dropped
+/// (it went at its moment, so nothing is given back), so that its
+/// limiter's log lets it go as it does a dropped [`Call`].
+struct Opened<'a>(Option<GiveBack<'a>>);
+
+impl Drop for Opened<'_> {
+    fn drop(&mut self) {
+        if let Some(pending) = self.0.take() {
+            pending.owner.keep(pending.taken);
+        }
+    }
 }
 
 /// [`acquire`] (no `timeout`) or [`try_acquire`] on the calling thread:

@@ -20,7 +20,7 @@ use crate::support::proxy::Proxy;
 use crate::support::redis_server::RedisServer;
 use crate::support::rng::Rng;
 use crate::support::within::within;
-use paceline::clock::FakeClock;
+use paceline::clock::{Clock, FakeClock};
 use paceline::outbound::{Call, Feedback};
 use paceline::redis::{Fallback, Redis};
 use paceline::{Cost, KeyedRateLimiter, Limit, RateLimiter, Snapshot};
@@ -725,4 +725,45 @@ async fn a_lesson_that_waited_behind_a_slow_settle_keeps_its_calls_age() {
         7.0,
         "a refusal of a call that went inside the first pause lowered the rate again"
     );
+}
+
+/// A call dropped once its wait has passed, while it asks Redis whether a
+/// pause came meanwhile (a round trip, made slow here by a proxy), ends at
+/// its estimate as a dropped `Call` does: it is kept, and the key's log
+/// empties. (It stayed open in the log, every request after it logged
+/// behind it, until 128 more had come.)
+#[tokio::test]
+async fn a_call_dropped_while_it_asks_for_a_pause_is_kept_and_the_log_empties() {
+    let server = RedisServer::start();
+    let proxy = Proxy::in_front_of(&server);
+    let clock = FakeClock::new();
+    let limiter = RateLimiter::builder()
+        .permits_per_second(0.1)
+        .max_burst(Duration::ZERO)
+        .redis(&patient_backend(proxy.client()).await, "asks")
+        .fallback(Fallback::FailClosed)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    // The first goes at once; the second waits ten seconds (on the fake
+    // clock, at once), then asks whether a pause holds.
+    drop(limiter.call(1).await.unwrap());
+    settled(&server, "paceline:v1:asks").await;
+    proxy.set_latency(Duration::from_millis(300));
+    let before = clock.now();
+    {
+        let mut call = std::pin::pin!(limiter.call(1));
+        // Polled until its wait has passed: the poll that slept on the
+        // fake clock sent the question, whose answer is 600 ms away.
+        while clock.now() == before {
+            let tick = std::pin::pin!(tokio::time::sleep(Duration::from_millis(1)));
+            if let futures::future::Either::Left(_) =
+                futures::future::select(call.as_mut(), tick).await
+            {
+                panic!("the call returned before it could be dropped");
+            }
+        }
+    }
+    proxy.set_latency(Duration::ZERO);
+    settled(&server, "paceline:v1:asks").await;
 }
