@@ -339,37 +339,46 @@ async fn a_lesson_sent_after_a_restart_that_lost_the_key_still_pauses() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lesson_in_flight_across_a_stop_still_pauses_every_instance() {
     let pause = Duration::from_secs(3);
-    let server = RedisServer::start();
-    let one_backend = backend(server.client()).await;
-    let two_backend = crate::support::poll::patient_backend(server.client()).await;
-    let one = paced(&one_backend, "lesson-stop", 1.0, Fallback::Local, 1.0);
-    let two = paced(&two_backend, "lesson-stop", 1.0, Fallback::Local, 1.0);
-    let start = Instant::now();
-    let first = one.call(1).await.unwrap();
-    // Two's caller (it calls an upstream too): its moment about 1 s away.
-    let waiter = {
-        let two = Arc::clone(&two);
-        tokio::spawn(async move {
-            drop(two.call(1).await.unwrap());
-            start.elapsed()
-        })
-    };
-    tokio::time::sleep(50 * MS).await;
-    server.stop();
-    first.learn(&refused(pause));
-    let learned = start.elapsed();
-    drop(first);
-    tokio::time::sleep(300 * MS).await;
-    server.cont();
-    let after = waiter.await.unwrap();
-    assert!(
-        after + 5 * MS >= learned + pause,
-        "two's caller went {after:?} after the start, inside the pause learned at {learned:?}"
-    );
-    // One's own next caller: behind it too.
-    one.acquire(1).await.unwrap();
-    let mine = start.elapsed();
-    assert!(mine + 5 * MS >= learned + pause, "one went {mine:?}");
+    for attempt in 1.. {
+        let server = RedisServer::start();
+        let one_backend = backend(server.client()).await;
+        let two_backend = crate::support::poll::patient_backend(server.client()).await;
+        let one = paced(&one_backend, "lesson-stop", 1.0, Fallback::Local, 1.0);
+        let two = paced(&two_backend, "lesson-stop", 1.0, Fallback::Local, 1.0);
+        let start = Instant::now();
+        let first = one.call(1).await.unwrap();
+        // (On a loaded machine, one's first call may outlast its response
+        // timeout and be served by its fallback, unseen by two: made again.)
+        if one.stats().fallback_calls > 0 {
+            assert!(attempt < 5, "one's first call never reached Redis");
+            continue;
+        }
+        // Two's caller (it calls an upstream too): its moment about 1 s away.
+        let waiter = {
+            let two = Arc::clone(&two);
+            tokio::spawn(async move {
+                drop(two.call(1).await.unwrap());
+                start.elapsed()
+            })
+        };
+        tokio::time::sleep(50 * MS).await;
+        server.stop();
+        first.learn(&refused(pause));
+        let learned = start.elapsed();
+        drop(first);
+        tokio::time::sleep(300 * MS).await;
+        server.cont();
+        let after = waiter.await.unwrap();
+        assert!(
+            after + 5 * MS >= learned + pause,
+            "two's caller went {after:?} after the start, inside the pause learned at {learned:?}"
+        );
+        // One's own next caller: behind it too.
+        one.acquire(1).await.unwrap();
+        let mine = start.elapsed();
+        assert!(mine + 5 * MS >= learned + pause, "one went {mine:?}");
+        break;
+    }
 }
 
 /// A call the fallback served, settled after Redis came back and the key
