@@ -386,3 +386,54 @@ async fn a_service_starts_while_redis_has_no_connection_to_spare() {
         .await
         .expect("switches to Redis once a connection is free");
 }
+
+/// A key the fallback dropped at its cap while the server was down, the
+/// server then killed for good and restarted empty: the key's first call
+/// after the recovery charges it up to the ticket the fallback dropped,
+/// and that charge finds the key lost. Five seconds of debt on `a`
+/// reported (K0), the fallback's permit at K0, `a` dropped for `b`: the
+/// next permit of `a` goes 1 s after the fallback's, as it would had the
+/// key survived (before, 1 s after the recovery: the charge added only
+/// the second past K0 to a fresh key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_that_lost_a_key_the_fallback_dropped_keeps_its_debt() {
+    const SECOND: Duration = Duration::from_secs(1);
+    let mut server = RedisServer::start();
+    let backend = backend_builder(server.client()).build().await.unwrap();
+    let limiter = paceline::KeyedRateLimiter::<String>::builder()
+        .redis(&backend, "dropped-lost")
+        .permits_per_second(1.0)
+        .max_burst(Duration::ZERO)
+        .local_fraction(1.0)
+        .max_keys(1)
+        .build()
+        .unwrap();
+    // Reported: `a` owes five seconds, `b` twenty (nearer to full, `a` is
+    // the key the fallback drops).
+    assert_eq!(limiter.reserve("a", 5).await.unwrap(), Duration::ZERO);
+    assert_eq!(limiter.reserve("b", 20).await.unwrap(), Duration::ZERO);
+
+    server.kill();
+    let local = limiter.reserve("a", 1).await.unwrap();
+    let local_moment = Instant::now() + local;
+    assert!(limiter.stats().degraded);
+    limiter.reserve("b", 1).await.unwrap();
+    assert_eq!(limiter.stats().keys, 1, "`a` dropped at the cap");
+    server.restart();
+    within(Duration::from_secs(5), || !limiter.stats().degraded)
+        .await
+        .expect("back on Redis after the restart");
+
+    let next = limiter.reserve("a", 1).await.unwrap();
+    let next_moment = Instant::now() + next;
+    println!(
+        "the fallback's permit in {:?} after the recovery; the next then {:?}",
+        local_moment.saturating_duration_since(Instant::now()),
+        next_moment.saturating_duration_since(Instant::now()),
+    );
+    assert!(
+        next_moment >= local_moment + SECOND - Duration::from_millis(300),
+        "the next caller goes {:?} before the fallback's permit is paid for",
+        (local_moment + SECOND).saturating_duration_since(next_moment)
+    );
+}
