@@ -331,7 +331,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             let charged = match failover.send::<K>(&marked.key, &target, resume, None).await {
                 Ok(reply) => {
                     let key = &marked.key;
-                    (failover.resume_lost(key, &target, reported, debt, &reply)).await
+                    (failover.resume_lost(key, &target, reported, (debt, debt), &reply)).await
                 }
                 Err(failure) => Err(failure),
             };
@@ -410,13 +410,15 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                 })
                 .collect::<Box<[u64]>>();
             let least = debts_micros.iter().copied().min().unwrap_or(0);
+            let most = debts_micros.iter().copied().max().unwrap_or(0);
             let resume = Call::Resume { debts_micros };
             match self.send(key, &target, resume, None).await {
                 Ok(reply) => {
                     let now = self.now();
                     let owed = reported.saturating_sub(now).saturating_add(least);
+                    let added = (least, most);
                     let lost = self
-                        .resume_lost(key, &target, reported, least, &reply)
+                        .resume_lost(key, &target, reported, added, &reply)
                         .await;
                     reported = now.saturating_add(reply.debt_micros.max(owed));
                     match lost {
@@ -453,28 +455,35 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         }
     }
 
-    /// After a resume of `key` that added `least` to its limits at least
-    /// (`reply`: what Redis then owes), where Redis had reported a debt
-    /// ending at `reported` (µs, local clock): if Redis owes less than that
-    /// debt and `least`, it lost the key meanwhile (a restart, a flush, a
-    /// failover to a replica that never got it), or a give-back that ran
-    /// late (queued on a hung server) freed time; the fallback's callers
-    /// wait behind it all the same: one more resume charges the difference
-    /// to every limit. Less than a response timeout is not told from how
-    /// late a reply was read.
+    /// After a resume of `key` that added from `least` to `most` to its
+    /// limits (`reply`: what Redis then owes, the latest limit's debt),
+    /// where Redis had reported a debt ending at `reported` (µs, local
+    /// clock): if Redis owes less than that debt and `least`, it lost the
+    /// key meanwhile (a restart, a flush, a failover to a replica that never
+    /// got it), or a give-back that ran late (queued on a hung server) freed
+    /// time; the fallback's callers wait behind it all the same: one more
+    /// resume charges every limit the reported debt less what the reply
+    /// shows beyond `most` (the whole debt for a key lost: with several
+    /// limits, the reply is the latest one's, and which of them held the
+    /// debt is not known). Less than a response timeout is not told from
+    /// how late a reply was read; nor, with several limits, is a lost key
+    /// whose `most` reaches past the debt and `least` (it is then carried
+    /// as a kept one).
     async fn resume_lost(
         &self,
         key: &K,
         target: &ProbeTarget,
         reported: u64,
-        least: u64,
+        (least, most): (u64, u64),
         reply: &Reply,
     ) -> Result<(), Failure> {
-        let owed = reported.saturating_sub(self.now()).saturating_add(least);
-        let lost = owed.saturating_sub(reply.debt_micros);
-        if lost <= micros(self.backend.options.response_timeout) {
+        let owed = reported.saturating_sub(self.now());
+        if owed.saturating_add(least).saturating_sub(reply.debt_micros)
+            <= micros(self.backend.options.response_timeout)
+        {
             return Ok(());
         }
+        let lost = owed.saturating_add(most).saturating_sub(reply.debt_micros);
         let debts_micros = vec![lost; self.script_args.len()].into();
         self.send(key, target, Call::Resume { debts_micros }, None)
             .await

@@ -437,3 +437,61 @@ async fn a_restart_that_lost_a_key_the_fallback_dropped_keeps_its_debt() {
         (local_moment + SECOND).saturating_duration_since(next_moment)
     );
 }
+
+/// [`a_restart_that_lost_the_key_keeps_the_debt_the_fallback_opened_behind`]
+/// with two limits, 1/s and 10/s: the fallback's grants are four seconds
+/// of the first and 0.4 s of the second, and the reply to the carry-back's
+/// resume (the latest of the limits' debts) shows the key lost. Every
+/// limit gets back the whole debt the key opened behind: the other
+/// process's next permit goes 4 s after the fallback's four, as the first
+/// limit says (before, 0.4 s after: the debt carried again was less the
+/// spread of the fallback's debts, as if every limit had been charged the
+/// least of them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_that_lost_a_key_of_two_limits_keeps_the_debt_of_each() {
+    const SECOND: Duration = Duration::from_secs(1);
+    let mut server = RedisServer::start();
+    let limits = || {
+        [
+            paceline::Limit::per_second(1.0).burst(1),
+            paceline::Limit::per_second(10.0).burst(1),
+        ]
+    };
+    let build = |backend: &paceline::redis::RedisBackend| {
+        let [first, second] = limits();
+        RateLimiter::builder()
+            .redis(backend, "lost-two")
+            .limit(first)
+            .limit(second)
+            .local_fraction(1.0)
+            .build()
+            .unwrap()
+    };
+    let backend = backend_builder(server.client()).build().await.unwrap();
+    let limiter = build(&backend);
+    // Ten seconds of debt on the first limit, one on the second (K0).
+    assert_eq!(limiter.reserve(10).await.unwrap(), Duration::ZERO);
+
+    server.kill();
+    // Served by the fallback, at K0: four permits.
+    let local = limiter.reserve(4).await.unwrap();
+    let local_moment = Instant::now() + local;
+    assert!(limiter.stats().degraded);
+    server.restart();
+    recovered(&limiter, "after the restart").await;
+
+    let other_backend = backend_builder(server.client()).build().await.unwrap();
+    let other = build(&other_backend);
+    let next = other.reserve(1).await.unwrap();
+    let next_moment = Instant::now() + next;
+    println!(
+        "the fallback's permits in {:?} after the restart; the other process's next then {:?}",
+        local_moment.saturating_duration_since(Instant::now()),
+        next_moment.saturating_duration_since(Instant::now()),
+    );
+    assert!(
+        next_moment >= local_moment + 4 * SECOND - Duration::from_millis(300),
+        "the next caller goes {:?} before the fallback's permits are paid for",
+        (local_moment + 4 * SECOND).saturating_duration_since(next_moment)
+    );
+}
