@@ -331,7 +331,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             let charged = match failover.send::<K>(&marked.key, &target, resume, None).await {
                 Ok(reply) => {
                     let key = &marked.key;
-                    (failover.resume_lost(key, &target, reported, (debt, debt), &reply)).await
+                    (failover.resume_lost(key, &target, reported, &[debt], &reply)).await
                 }
                 Err(failure) => Err(failure),
             };
@@ -410,15 +410,15 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                 })
                 .collect::<Box<[u64]>>();
             let least = debts_micros.iter().copied().min().unwrap_or(0);
-            let most = debts_micros.iter().copied().max().unwrap_or(0);
-            let resume = Call::Resume { debts_micros };
+            let resume = Call::Resume {
+                debts_micros: debts_micros.clone(),
+            };
             match self.send(key, &target, resume, None).await {
                 Ok(reply) => {
                     let now = self.now();
                     let owed = reported.saturating_sub(now).saturating_add(least);
-                    let added = (least, most);
                     let lost = self
-                        .resume_lost(key, &target, reported, added, &reply)
+                        .resume_lost(key, &target, reported, &debts_micros, &reply)
                         .await;
                     reported = now.saturating_add(reply.debt_micros.max(owed));
                     match lost {
@@ -455,35 +455,56 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         }
     }
 
-    /// After a resume of `key` that added from `least` to `most` to its
-    /// limits (`reply`: what Redis then owes, the latest limit's debt),
-    /// where Redis had reported a debt ending at `reported` (µs, local
-    /// clock): if Redis owes less than that debt and `least`, it lost the
-    /// key meanwhile (a restart, a flush, a failover to a replica that never
-    /// got it), or a give-back that ran late (queued on a hung server) freed
-    /// time; the fallback's callers wait behind it all the same: one more
-    /// resume charges every limit the reported debt less what the reply
-    /// shows beyond `most` (the whole debt for a key lost: with several
-    /// limits, the reply is the latest one's, and which of them held the
-    /// debt is not known). Less than a response timeout is not told from
-    /// how late a reply was read; nor, with several limits, is a lost key
-    /// whose `most` reaches past the debt and `least` (it is then carried
-    /// as a kept one).
+    /// After a resume of `key` that added `debts` to its limits (`reply`:
+    /// what Redis then owes, the latest limit's debt), where Redis had
+    /// reported a debt ending at `reported` (µs, local clock): if Redis
+    /// kept less of that debt than it reported, it lost the key meanwhile
+    /// (a restart, a flush, a failover to a replica that never got it), or
+    /// a give-back that ran late (queued on a hung server) freed time; the
+    /// fallback's callers wait behind it all the same: one more resume
+    /// charges every limit what is missing (the whole debt for a key lost:
+    /// which limit held it is not known). With several limits carried
+    /// unequally, the reply may read the same either way (the limit that
+    /// got the most shows it, whatever the others kept): what Redis then
+    /// holds of each limit tells. Less than a response timeout is not told
+    /// from how late a reply was read.
     async fn resume_lost(
         &self,
         key: &K,
         target: &ProbeTarget,
         reported: u64,
-        (least, most): (u64, u64),
+        debts: &[u64],
         reply: &Reply,
     ) -> Result<(), Failure> {
         let owed = reported.saturating_sub(self.now());
-        if owed.saturating_add(least).saturating_sub(reply.debt_micros)
-            <= micros(self.backend.options.response_timeout)
-        {
+        let timeout = micros(self.backend.options.response_timeout);
+        // What Redis kept of its debt, on the limit that kept the most, at
+        // least and at most, as the reply reads.
+        let least = debts.iter().copied().min().unwrap_or(0);
+        let most = debts.iter().copied().max().unwrap_or(0);
+        let kept = reply.debt_micros.saturating_sub(most);
+        if kept.saturating_add(timeout) >= owed {
             return Ok(());
         }
-        let lost = owed.saturating_add(most).saturating_sub(reply.debt_micros);
+        let kept = match reply.debt_micros.saturating_sub(least) {
+            // Lost or not: asked.
+            at_most if at_most.saturating_add(timeout) >= owed => {
+                let stored: Stored = send(&self.backend, target, Call::Status, None, None).await?;
+                let after = stored
+                    .limits
+                    .iter()
+                    .map(|limit| limit.next_free_micros.saturating_sub(stored.now_micros));
+                let kept = after
+                    .zip(debts)
+                    .map(|(after, debt)| after.saturating_sub(*debt));
+                kept.max().unwrap_or(0)
+            }
+            _ => kept,
+        };
+        let lost = owed.saturating_sub(kept);
+        if lost <= timeout {
+            return Ok(());
+        }
         let debts_micros = vec![lost; self.script_args.len()].into();
         self.send(key, target, Call::Resume { debts_micros }, None)
             .await

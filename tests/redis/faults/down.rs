@@ -495,3 +495,53 @@ async fn a_restart_that_lost_a_key_of_two_limits_keeps_the_debt_of_each() {
         (local_moment + 4 * SECOND).saturating_duration_since(next_moment)
     );
 }
+
+/// [`a_restart_that_lost_a_key_of_two_limits_keeps_the_debt_of_each`],
+/// the fallback's debts spread wider than the debt the key opened behind:
+/// five seconds of the first limit reported, twelve permits from the
+/// fallback (12 s of the first limit, 1.2 s of the second). The resume's
+/// reply, 12 s, reads the same whether Redis kept the key (its debt on
+/// the second limit) or lost it; what Redis holds of each limit tells,
+/// and the key lost gets its five seconds back (before, the next permit
+/// went about 4 s before the fallback's were paid for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_that_lost_a_key_of_two_limits_is_told_whatever_the_fallback_carries() {
+    const SECOND: Duration = Duration::from_secs(1);
+    let mut server = RedisServer::start();
+    let build = |backend: &paceline::redis::RedisBackend| {
+        RateLimiter::builder()
+            .redis(backend, "lost-two-wide")
+            .limit(paceline::Limit::per_second(1.0).burst(1))
+            .limit(paceline::Limit::per_second(10.0).burst(1))
+            .local_fraction(1.0)
+            .build()
+            .unwrap()
+    };
+    let backend = backend_builder(server.client()).build().await.unwrap();
+    let limiter = build(&backend);
+    // Five seconds of debt on the first limit, 0.5 s on the second (K0).
+    assert_eq!(limiter.reserve(5).await.unwrap(), Duration::ZERO);
+
+    server.kill();
+    // Served by the fallback, at K0: twelve permits.
+    let local = limiter.reserve(12).await.unwrap();
+    let local_moment = Instant::now() + local;
+    assert!(limiter.stats().degraded);
+    server.restart();
+    recovered(&limiter, "after the restart").await;
+
+    let other_backend = backend_builder(server.client()).build().await.unwrap();
+    let other = build(&other_backend);
+    let next = other.reserve(1).await.unwrap();
+    let next_moment = Instant::now() + next;
+    println!(
+        "the fallback's permits in {:?} after the restart; the other process's next then {:?}",
+        local_moment.saturating_duration_since(Instant::now()),
+        next_moment.saturating_duration_since(Instant::now()),
+    );
+    assert!(
+        next_moment >= local_moment + 12 * SECOND - Duration::from_millis(300),
+        "the next caller goes {:?} before the fallback's permits are paid for",
+        (local_moment + 12 * SECOND).saturating_duration_since(next_moment)
+    );
+}
