@@ -171,19 +171,15 @@ impl Commands {
         true
     }
 
-    /// Waits until one of the `-j` is free for the next command (with
-    /// `last`, until every command has ended: see
-    /// [`start_last`](Self::start_last)), or `deadline` passes first:
-    /// whether one is free (the record is late otherwise, and nothing
-    /// runs for it).
+    /// Waits until one of the `-j` is free for the next command, or
+    /// `deadline` passes first: whether one is free (the record is late
+    /// otherwise, and nothing runs for it).
     pub(crate) async fn room(
         &mut self,
-        last: bool,
         deadline: Option<std::time::Instant>,
         counts: &Counts,
     ) -> bool {
-        let most = if last { 1 } else { self.jobs };
-        while self.running.len() >= most {
+        while self.running.len() >= self.jobs {
             let Some(deadline) = deadline else {
                 self.reap_one(counts).await;
                 continue;

@@ -147,7 +147,7 @@ pub(crate) async fn schedule(
                 match &mut commands {
                     Some(commands) => {
                         out.flush()?;
-                        if !commands.room(false, deadline, counts).await {
+                        if !commands.room(deadline, counts).await {
                             late(args, seq, &mut stopped, counts);
                             continue;
                         }
@@ -171,7 +171,9 @@ pub(crate) async fn schedule(
                     Some(_) if signalled => {}
                     Some(commands) => {
                         out.flush()?;
-                        if !commands.room(true, deadline, counts).await {
+                        // Late only for want of one of the -j: the wait
+                        // for the others to end is its place after them.
+                        if !commands.room(deadline, counts).await {
                             late(args, seq, &mut stopped, counts);
                         } else if commands.start_last(seq, record, separator, counts).await {
                             counts.records.fetch_add(1, Ordering::Relaxed);

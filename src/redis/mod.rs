@@ -102,9 +102,11 @@
 //! - **The exception: a key the fallback dropped at `max_keys`.** Its
 //!   debt is gone with it (that is the cap's point: a flood of keys during
 //!   an outage costs no more memory), so it never reaches Redis: this
-//!   process charges any key called before the dropped ticket up to it, but
-//!   other processes do not know of it and may grant the dropped key's
-//!   permits again, up to what this fallback granted it (at its
+//!   process charges any key called before the dropped ticket up to it
+//!   (beyond the debt Redis had reported for it, which goes back too if
+//!   Redis lost the key meanwhile, as for a carry-back), but other
+//!   processes do not know of it and may grant the dropped key's permits
+//!   again, up to what this fallback granted it (at its
 //!   `local_fraction`). [`Stats::dropped_unfinished`](crate::Stats) counts
 //!   those keys; a `max_keys` above the keys active in one outage avoids it.
 //!

@@ -107,3 +107,36 @@ fn with_a_command_the_wait_for_a_job_counts() {
     lines.sort();
     assert_eq!(lines, [&b""[..], b"1", b"2", b"3", b"4"]);
 }
+
+/// The last record, unterminated, runs its command once every other has
+/// ended (what they write goes first), but with room among the `-j` it is
+/// not late for that: it runs as it would with a newline at its end
+/// (before, with `--max-wait` it was dropped whenever the other commands
+/// ran longer than that, for want of its newline).
+#[test]
+fn an_unterminated_last_record_is_not_late_for_the_commands_before_it() {
+    let _one = one_at_a_time();
+    let args = [
+        "100/s",
+        "--max-wait",
+        "100ms",
+        "--json",
+        "-j",
+        "4",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$1\"; sleep 0.5",
+        "sh",
+        "{}",
+    ];
+    for input in [&b"1\n2\n3\n"[..], b"1\n2\n3"] {
+        let output = run(&args, input);
+        assert_eq!(output.status.code(), Some(0), "{output:?}");
+        let mut lines: Vec<&[u8]> = output.stdout.split(|b| *b == b'\n').collect();
+        lines.sort();
+        assert_eq!(lines, [&b""[..], b"1", b"2", b"3"], "{output:?}");
+        let summary = String::from_utf8_lossy(&output.stderr);
+        assert!(summary.contains("\"dropped\":0"), "{summary}");
+    }
+}

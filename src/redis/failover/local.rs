@@ -278,7 +278,9 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
     /// at the shared rate, so with a share below 1 the debt Redis reports
     /// ends before the ticket.) A key past `max_local_keys` of them is
     /// charged again at its next call, erring towards limiting; one whose
-    /// charge found Redis down goes where its route then says.
+    /// charge found Redis down goes where its route then says. A key Redis
+    /// lost meanwhile gets back the debt it had reported too (see
+    /// [`resume_lost`](Self::resume_lost)).
     pub(super) fn charge_floor<'a, Q>(&'a self, key: &Q, target: &ProbeTarget) -> Floor<'a>
     where
         K: Borrow<Q>,
@@ -303,6 +305,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         // charge is noted too: it is charged once either way (a key
         // whose bucket holds a later debt of another is not charged).
         let known = self.reported(&books, key);
+        let known_exactly = books.known.get(key).copied();
         let Some(failover) = self.this.upgrade().filter(|_| dropped > known) else {
             return Floor::Charged;
         };
@@ -319,12 +322,20 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             debts_micros: vec![debt; self.script_args.len()].into(),
         };
         let target = target.clone();
+        // Where the debt Redis reported for the key ends, if known (see
+        // `resume_lost`: a key it lost is charged that debt too).
+        let reported = known_exactly.unwrap_or(0);
         // Dropped unrun (the runtime gone), it lifts the mark at once.
         self.backend.spawn(async move {
             let failover = &marked.failover;
-            if let Ok(_) | Err(Failure::Refused(_)) =
-                failover.send::<K>(&marked.key, &target, resume, None).await
-            {
+            let charged = match failover.send::<K>(&marked.key, &target, resume, None).await {
+                Ok(reply) => {
+                    let key = &marked.key;
+                    (failover.resume_lost(key, &target, reported, &[debt], &reply)).await
+                }
+                Err(failure) => Err(failure),
+            };
+            if let Ok(()) | Err(Failure::Refused(_)) = charged {
                 let mut books = failover.books();
                 if books.floored_for == dropped && books.floored.len() < failover.max_local_keys {
                     books.floored.insert(marked.key.clone());
@@ -399,35 +410,25 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                 })
                 .collect::<Box<[u64]>>();
             let least = debts_micros.iter().copied().min().unwrap_or(0);
-            let resume = Call::Resume { debts_micros };
+            let resume = Call::Resume {
+                debts_micros: debts_micros.clone(),
+            };
             match self.send(key, &target, resume, None).await {
                 Ok(reply) => {
-                    // Redis owes less than it reported, and the resume
-                    // added: it lost the key meanwhile (a restart, a
-                    // flush, a failover to a replica that never got it),
-                    // or a give-back that ran late (queued on a hung
-                    // server) freed time; the fallback's callers wait
-                    // behind it all the same: it is charged again. Less
-                    // than a response timeout is not told from how late a
-                    // reply was read.
                     let now = self.now();
                     let owed = reported.saturating_sub(now).saturating_add(least);
-                    let lost = owed.saturating_sub(reply.debt_micros);
+                    let lost = self
+                        .resume_lost(key, &target, reported, &debts_micros, &reply)
+                        .await;
                     reported = now.saturating_add(reply.debt_micros.max(owed));
-                    if lost > micros(self.backend.options.response_timeout) {
-                        let debts_micros = vec![lost; tickets.len()].into();
-                        match self
-                            .send(key, &target, Call::Resume { debts_micros }, None)
-                            .await
-                        {
-                            Ok(_) => {}
-                            Err(Failure::Refused(_)) => {
-                                self.local.forget_if_paid(key, u64::MAX);
-                                break;
-                            }
-                            // Sent again whole with the next carry-back.
-                            Err(Failure::Down(_)) => break,
+                    match lost {
+                        Ok(()) => {}
+                        Err(Failure::Refused(_)) => {
+                            self.local.forget_if_paid(key, u64::MAX);
+                            break;
                         }
+                        // Sent again whole with the next carry-back.
+                        Err(Failure::Down(_)) => break,
                     }
                     if let Some(until) = paused {
                         self.note_pause(&mut self.books(), key, until, true);
@@ -452,6 +453,62 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         if opened.is_some() && self.local.ticket(key).is_none() {
             books.opened.remove(key);
         }
+    }
+
+    /// After a resume of `key` that added `debts` to its limits (`reply`:
+    /// what Redis then owes, the latest limit's debt), where Redis had
+    /// reported a debt ending at `reported` (µs, local clock): if Redis
+    /// kept less of that debt than it reported, it lost the key meanwhile
+    /// (a restart, a flush, a failover to a replica that never got it), or
+    /// a give-back that ran late (queued on a hung server) freed time; the
+    /// fallback's callers wait behind it all the same: one more resume
+    /// charges every limit what is missing (the whole debt for a key lost:
+    /// which limit held it is not known). With several limits carried
+    /// unequally, the reply may read the same either way (the limit that
+    /// got the most shows it, whatever the others kept): what Redis then
+    /// holds of each limit tells. Less than a response timeout is not told
+    /// from how late a reply was read.
+    async fn resume_lost(
+        &self,
+        key: &K,
+        target: &ProbeTarget,
+        reported: u64,
+        debts: &[u64],
+        reply: &Reply,
+    ) -> Result<(), Failure> {
+        let owed = reported.saturating_sub(self.now());
+        let timeout = micros(self.backend.options.response_timeout);
+        // What Redis kept of its debt, on the limit that kept the most, at
+        // least and at most, as the reply reads.
+        let least = debts.iter().copied().min().unwrap_or(0);
+        let most = debts.iter().copied().max().unwrap_or(0);
+        let kept = reply.debt_micros.saturating_sub(most);
+        if kept.saturating_add(timeout) >= owed {
+            return Ok(());
+        }
+        let kept = match reply.debt_micros.saturating_sub(least) {
+            // Lost or not: asked.
+            at_most if at_most.saturating_add(timeout) >= owed => {
+                let stored: Stored = send(&self.backend, target, Call::Status, None, None).await?;
+                let after = stored
+                    .limits
+                    .iter()
+                    .map(|limit| limit.next_free_micros.saturating_sub(stored.now_micros));
+                let kept = after
+                    .zip(debts)
+                    .map(|(after, debt)| after.saturating_sub(*debt));
+                kept.max().unwrap_or(0)
+            }
+            _ => kept,
+        };
+        let lost = owed.saturating_sub(kept);
+        if lost <= timeout {
+            return Ok(());
+        }
+        let debts_micros = vec![lost; self.script_args.len()].into();
+        self.send(key, target, Call::Resume { debts_micros }, None)
+            .await
+            .map(drop)
     }
 
     /// Carries every key the fallback holds back to Redis (64 at a time),

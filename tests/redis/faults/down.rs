@@ -342,6 +342,10 @@ async fn a_restart_that_lost_the_key_keeps_the_debt_the_fallback_opened_behind()
     assert!(limiter.stats().degraded);
     server.restart();
     recovered(&limiter, "after the restart").await;
+    // Carried back in the background: done once the fallback holds no key.
+    within(Duration::from_secs(5), || limiter.stats().keys == 0)
+        .await
+        .expect("the key carried back");
 
     // Another process, started after the recovery.
     let other = builder(server.client(), "lost", 1.0)
@@ -385,4 +389,171 @@ async fn a_service_starts_while_redis_has_no_connection_to_spare() {
     within(Duration::from_secs(5), || !limiter.stats().degraded)
         .await
         .expect("switches to Redis once a connection is free");
+}
+
+/// A key the fallback dropped at its cap while the server was down, the
+/// server then killed for good and restarted empty: the key's first call
+/// after the recovery charges it up to the ticket the fallback dropped,
+/// and that charge finds the key lost. Five seconds of debt on `a`
+/// reported (K0), the fallback's permit at K0, `a` dropped for `b`: the
+/// next permit of `a` goes 1 s after the fallback's, as it would had the
+/// key survived (before, 1 s after the recovery: the charge added only
+/// the second past K0 to a fresh key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_that_lost_a_key_the_fallback_dropped_keeps_its_debt() {
+    const SECOND: Duration = Duration::from_secs(1);
+    let mut server = RedisServer::start();
+    let backend = backend_builder(server.client()).build().await.unwrap();
+    let limiter = paceline::KeyedRateLimiter::<String>::builder()
+        .redis(&backend, "dropped-lost")
+        .permits_per_second(1.0)
+        .max_burst(Duration::ZERO)
+        .local_fraction(1.0)
+        .max_keys(1)
+        .build()
+        .unwrap();
+    // Reported: `a` owes five seconds, `b` twenty (nearer to full, `a` is
+    // the key the fallback drops).
+    assert_eq!(limiter.reserve("a", 5).await.unwrap(), Duration::ZERO);
+    assert_eq!(limiter.reserve("b", 20).await.unwrap(), Duration::ZERO);
+
+    server.kill();
+    let local = limiter.reserve("a", 1).await.unwrap();
+    let local_moment = Instant::now() + local;
+    assert!(limiter.stats().degraded);
+    limiter.reserve("b", 1).await.unwrap();
+    assert_eq!(limiter.stats().keys, 1, "`a` dropped at the cap");
+    server.restart();
+    within(Duration::from_secs(5), || !limiter.stats().degraded)
+        .await
+        .expect("back on Redis after the restart");
+
+    let next = limiter.reserve("a", 1).await.unwrap();
+    let next_moment = Instant::now() + next;
+    println!(
+        "the fallback's permit in {:?} after the recovery; the next then {:?}",
+        local_moment.saturating_duration_since(Instant::now()),
+        next_moment.saturating_duration_since(Instant::now()),
+    );
+    assert!(
+        next_moment >= local_moment + SECOND - Duration::from_millis(300),
+        "the next caller goes {:?} before the fallback's permit is paid for",
+        (local_moment + SECOND).saturating_duration_since(next_moment)
+    );
+}
+
+/// [`a_restart_that_lost_the_key_keeps_the_debt_the_fallback_opened_behind`]
+/// with two limits, 1/s and 10/s: the fallback's grants are four seconds
+/// of the first and 0.4 s of the second, and the reply to the carry-back's
+/// resume (the latest of the limits' debts) shows the key lost. Every
+/// limit gets back the whole debt the key opened behind: the other
+/// process's next permit goes 4 s after the fallback's four, as the first
+/// limit says (before, 0.4 s after: the debt carried again was less the
+/// spread of the fallback's debts, as if every limit had been charged the
+/// least of them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_that_lost_a_key_of_two_limits_keeps_the_debt_of_each() {
+    const SECOND: Duration = Duration::from_secs(1);
+    let mut server = RedisServer::start();
+    let limits = || {
+        [
+            paceline::Limit::per_second(1.0).burst(1),
+            paceline::Limit::per_second(10.0).burst(1),
+        ]
+    };
+    let build = |backend: &paceline::redis::RedisBackend| {
+        let [first, second] = limits();
+        RateLimiter::builder()
+            .redis(backend, "lost-two")
+            .limit(first)
+            .limit(second)
+            .local_fraction(1.0)
+            .build()
+            .unwrap()
+    };
+    let backend = backend_builder(server.client()).build().await.unwrap();
+    let limiter = build(&backend);
+    // Ten seconds of debt on the first limit, one on the second (K0).
+    assert_eq!(limiter.reserve(10).await.unwrap(), Duration::ZERO);
+
+    server.kill();
+    // Served by the fallback, at K0: four permits.
+    let local = limiter.reserve(4).await.unwrap();
+    let local_moment = Instant::now() + local;
+    assert!(limiter.stats().degraded);
+    server.restart();
+    recovered(&limiter, "after the restart").await;
+    // Carried back in the background: done once the fallback holds no key.
+    within(Duration::from_secs(5), || limiter.stats().keys == 0)
+        .await
+        .expect("the key carried back");
+
+    let other_backend = backend_builder(server.client()).build().await.unwrap();
+    let other = build(&other_backend);
+    let next = other.reserve(1).await.unwrap();
+    let next_moment = Instant::now() + next;
+    println!(
+        "the fallback's permits in {:?} after the restart; the other process's next then {:?}",
+        local_moment.saturating_duration_since(Instant::now()),
+        next_moment.saturating_duration_since(Instant::now()),
+    );
+    assert!(
+        next_moment >= local_moment + 4 * SECOND - Duration::from_millis(300),
+        "the next caller goes {:?} before the fallback's permits are paid for",
+        (local_moment + 4 * SECOND).saturating_duration_since(next_moment)
+    );
+}
+
+/// [`a_restart_that_lost_a_key_of_two_limits_keeps_the_debt_of_each`],
+/// the fallback's debts spread wider than the debt the key opened behind:
+/// five seconds of the first limit reported, twelve permits from the
+/// fallback (12 s of the first limit, 1.2 s of the second). The resume's
+/// reply, 12 s, reads the same whether Redis kept the key (its debt on
+/// the second limit) or lost it; what Redis holds of each limit tells,
+/// and the key lost gets its five seconds back (before, the next permit
+/// went about 4 s before the fallback's were paid for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_that_lost_a_key_of_two_limits_is_told_whatever_the_fallback_carries() {
+    const SECOND: Duration = Duration::from_secs(1);
+    let mut server = RedisServer::start();
+    let build = |backend: &paceline::redis::RedisBackend| {
+        RateLimiter::builder()
+            .redis(backend, "lost-two-wide")
+            .limit(paceline::Limit::per_second(1.0).burst(1))
+            .limit(paceline::Limit::per_second(10.0).burst(1))
+            .local_fraction(1.0)
+            .build()
+            .unwrap()
+    };
+    let backend = backend_builder(server.client()).build().await.unwrap();
+    let limiter = build(&backend);
+    // Five seconds of debt on the first limit, 0.5 s on the second (K0).
+    assert_eq!(limiter.reserve(5).await.unwrap(), Duration::ZERO);
+
+    server.kill();
+    // Served by the fallback, at K0: twelve permits.
+    let local = limiter.reserve(12).await.unwrap();
+    let local_moment = Instant::now() + local;
+    assert!(limiter.stats().degraded);
+    server.restart();
+    recovered(&limiter, "after the restart").await;
+    // Carried back in the background: done once the fallback holds no key.
+    within(Duration::from_secs(5), || limiter.stats().keys == 0)
+        .await
+        .expect("the key carried back");
+
+    let other_backend = backend_builder(server.client()).build().await.unwrap();
+    let other = build(&other_backend);
+    let next = other.reserve(1).await.unwrap();
+    let next_moment = Instant::now() + next;
+    println!(
+        "the fallback's permits in {:?} after the restart; the other process's next then {:?}",
+        local_moment.saturating_duration_since(Instant::now()),
+        next_moment.saturating_duration_since(Instant::now()),
+    );
+    assert!(
+        next_moment >= local_moment + 12 * SECOND - Duration::from_millis(300),
+        "the next caller goes {:?} before the fallback's permits are paid for",
+        (local_moment + 12 * SECOND).saturating_duration_since(next_moment)
+    );
 }
