@@ -3,6 +3,8 @@
 
 use super::*;
 
+const SECOND: Duration = Duration::from_secs(1);
+
 const MS: Duration = Duration::from_millis(1);
 
 /// `SIGKILL`, then a new, empty server on the same port. (That the limiter
@@ -322,7 +324,6 @@ async fn the_fallback_opens_with_the_debt_not_a_burst() {
 /// survived.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_that_lost_the_key_keeps_the_debt_the_fallback_opened_behind() {
-    const SECOND: Duration = Duration::from_secs(1);
     let mut server = RedisServer::start();
     let limiter = builder(server.client(), "lost", 1.0)
         .await
@@ -401,7 +402,6 @@ async fn a_service_starts_while_redis_has_no_connection_to_spare() {
 /// the second past K0 to a fresh key).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_that_lost_a_key_the_fallback_dropped_keeps_its_debt() {
-    const SECOND: Duration = Duration::from_secs(1);
     let mut server = RedisServer::start();
     let backend = backend_builder(server.client()).build().await.unwrap();
     let limiter = paceline::KeyedRateLimiter::<String>::builder()
@@ -453,54 +453,13 @@ async fn a_restart_that_lost_a_key_the_fallback_dropped_keeps_its_debt() {
 /// least of them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_that_lost_a_key_of_two_limits_keeps_the_debt_of_each() {
-    const SECOND: Duration = Duration::from_secs(1);
-    let mut server = RedisServer::start();
-    let limits = || {
-        [
-            paceline::Limit::per_second(1.0).burst(1),
-            paceline::Limit::per_second(10.0).burst(1),
-        ]
-    };
-    let build = |backend: &paceline::redis::RedisBackend| {
-        let [first, second] = limits();
-        RateLimiter::builder()
-            .redis(backend, "lost-two")
-            .limit(first)
-            .limit(second)
-            .local_fraction(1.0)
-            .build()
-            .unwrap()
-    };
-    let backend = backend_builder(server.client()).build().await.unwrap();
-    let limiter = build(&backend);
-    // Ten seconds of debt on the first limit, one on the second (K0).
-    assert_eq!(limiter.reserve(10).await.unwrap(), Duration::ZERO);
-
-    server.kill();
-    // Served by the fallback, at K0: four permits.
-    let local = limiter.reserve(4).await.unwrap();
-    let local_moment = Instant::now() + local;
-    assert!(limiter.stats().degraded);
-    server.restart();
-    recovered(&limiter, "after the restart").await;
-    // Carried back in the background: done once the fallback holds no key.
-    within(Duration::from_secs(5), || limiter.stats().keys == 0)
-        .await
-        .expect("the key carried back");
-
-    let other_backend = backend_builder(server.client()).build().await.unwrap();
-    let other = build(&other_backend);
-    let next = other.reserve(1).await.unwrap();
-    let next_moment = Instant::now() + next;
-    println!(
-        "the fallback's permits in {:?} after the restart; the other process's next then {:?}",
-        local_moment.saturating_duration_since(Instant::now()),
-        next_moment.saturating_duration_since(Instant::now()),
-    );
+    // Ten seconds of debt on the first limit, one on the second; four
+    // permits from the fallback.
+    let (local, next) = lost_key_of_two_limits("lost-two", 10, 4).await;
     assert!(
-        next_moment >= local_moment + 4 * SECOND - Duration::from_millis(300),
+        next >= local + 4 * SECOND - Duration::from_millis(300),
         "the next caller goes {:?} before the fallback's permits are paid for",
-        (local_moment + 4 * SECOND).saturating_duration_since(next_moment)
+        (local + 4 * SECOND).saturating_duration_since(next)
     );
 }
 
@@ -514,11 +473,26 @@ async fn a_restart_that_lost_a_key_of_two_limits_keeps_the_debt_of_each() {
 /// went about 4 s before the fallback's were paid for).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_that_lost_a_key_of_two_limits_is_told_whatever_the_fallback_carries() {
-    const SECOND: Duration = Duration::from_secs(1);
+    // Five seconds of debt on the first limit, 0.5 s on the second; twelve
+    // permits from the fallback.
+    let (local, next) = lost_key_of_two_limits("lost-two-wide", 5, 12).await;
+    assert!(
+        next >= local + 12 * SECOND - Duration::from_millis(300),
+        "the next caller goes {:?} before the fallback's permits are paid for",
+        (local + 12 * SECOND).saturating_duration_since(next)
+    );
+}
+
+/// A limiter of two limits, 1/s and 10/s (burst 1 each), on `name`:
+/// `reported` permits through Redis (K0), Redis killed, `local` permits
+/// from the fallback at K0, Redis restarted empty and the key carried back
+/// (the fallback holds no key); then another process's next permit.
+/// Returns when the fallback's permits and that one may be used.
+async fn lost_key_of_two_limits(name: &str, reported: u32, local: u32) -> (Instant, Instant) {
     let mut server = RedisServer::start();
     let build = |backend: &paceline::redis::RedisBackend| {
         RateLimiter::builder()
-            .redis(backend, "lost-two-wide")
+            .redis(backend, name)
             .limit(paceline::Limit::per_second(1.0).burst(1))
             .limit(paceline::Limit::per_second(10.0).burst(1))
             .local_fraction(1.0)
@@ -527,13 +501,11 @@ async fn a_restart_that_lost_a_key_of_two_limits_is_told_whatever_the_fallback_c
     };
     let backend = backend_builder(server.client()).build().await.unwrap();
     let limiter = build(&backend);
-    // Five seconds of debt on the first limit, 0.5 s on the second (K0).
-    assert_eq!(limiter.reserve(5).await.unwrap(), Duration::ZERO);
+    assert_eq!(limiter.reserve(reported).await.unwrap(), Duration::ZERO);
 
     server.kill();
-    // Served by the fallback, at K0: twelve permits.
-    let local = limiter.reserve(12).await.unwrap();
-    let local_moment = Instant::now() + local;
+    let wait = limiter.reserve(local).await.unwrap();
+    let local_moment = Instant::now() + wait;
     assert!(limiter.stats().degraded);
     server.restart();
     recovered(&limiter, "after the restart").await;
@@ -551,9 +523,5 @@ async fn a_restart_that_lost_a_key_of_two_limits_is_told_whatever_the_fallback_c
         local_moment.saturating_duration_since(Instant::now()),
         next_moment.saturating_duration_since(Instant::now()),
     );
-    assert!(
-        next_moment >= local_moment + 12 * SECOND - Duration::from_millis(300),
-        "the next caller goes {:?} before the fallback's permits are paid for",
-        (local_moment + 12 * SECOND).saturating_duration_since(next_moment)
-    );
+    (local_moment, next_moment)
 }
