@@ -19,7 +19,9 @@
 //! - **Keyed** ([`RateLimitLayer::keyed`]): one rate per key, the key taken
 //!   from each request; the wait happens in the response future, before the
 //!   inner service is called, bounded per key by
-//!   [`max_wait`](KeyedRateLimitLayer::max_wait).
+//!   [`max_wait`](KeyedRateLimitLayer::max_wait). A request that waits lets
+//!   go of the inner service's readiness (room that other keys' requests
+//!   may need) and makes it ready again once its wait is over.
 //!
 //! ```
 //! use std::sync::{Arc, Mutex, PoisonError};
@@ -394,7 +396,19 @@ where
 
     fn call(&mut self, request: Req) -> Self::Future {
         let key = (self.key_of)(&request);
-        let mut inner = take_ready(&mut self.inner);
+        let ready = take_ready(&mut self.inner);
+        // Free now (a limiter in this process answers at once): the service
+        // made ready takes it.
+        if let Some(Ok(true)) = self.limiter.take_now(&key, 1) {
+            let mut ready = ready;
+            return Box::pin(ready.call(request).map_err(Into::into));
+        }
+        // Otherwise it waits without the inner service's readiness, which
+        // may be room that requests of other keys need (a concurrency
+        // limit's slot, a buffer's place): a fresh clone is made ready once
+        // the wait is over.
+        let mut inner = ready.clone();
+        drop(ready);
         let (limiter, max_wait) = (self.limiter.clone(), self.max_wait);
         Box::pin(async move {
             match max_wait {
@@ -408,6 +422,9 @@ where
                     }
                 }
             }
+            std::future::poll_fn(|cx| inner.poll_ready(cx))
+                .await
+                .map_err(Into::into)?;
             inner.call(request).await.map_err(Into::into)
         })
     }

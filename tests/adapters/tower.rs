@@ -375,3 +375,130 @@ async fn the_keyed_layer_refuses_per_key() {
     assert_eq!(bounded.call(6).await.unwrap(), 6);
     assert_eq!(clock.now(), 100 * MS);
 }
+
+/// An inner service with room for one request at a time, as a concurrency
+/// limit or a bounded buffer is: `poll_ready` takes the room (a service
+/// made ready holds it), `call` uses it, and a ready service dropped
+/// uncalled gives it back.
+struct OneAtATime {
+    free: Arc<std::sync::atomic::AtomicBool>,
+    holds: bool,
+    calls: Counter,
+}
+
+impl OneAtATime {
+    fn new() -> Self {
+        OneAtATime {
+            free: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            holds: false,
+            calls: Counter::default(),
+        }
+    }
+}
+
+/// A clone holds no room (readiness is not cloned).
+impl Clone for OneAtATime {
+    fn clone(&self) -> Self {
+        OneAtATime {
+            free: Arc::clone(&self.free),
+            holds: false,
+            calls: self.calls.clone(),
+        }
+    }
+}
+
+impl Service<u32> for OneAtATime {
+    type Response = u32;
+    type Error = std::io::Error;
+    type Future = std::future::Ready<Result<u32, std::io::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        if !self.holds && !self.free.swap(false, Ordering::AcqRel) {
+            return std::task::Poll::Pending;
+        }
+        self.holds = true;
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: u32) -> Self::Future {
+        assert!(std::mem::take(&mut self.holds), "called before ready");
+        // Answered at once: the room is free again.
+        self.free.store(true, Ordering::Release);
+        self.calls.call(request)
+    }
+}
+
+impl Drop for OneAtATime {
+    fn drop(&mut self) {
+        if self.holds {
+            self.free.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// The keyed layer: a request that waits for its key's permit does not
+/// hold the inner service's room meanwhile (it makes the inner service
+/// ready once its wait is over), so a request of another key, free now,
+/// goes at once. Each request through a fresh clone, as a router sends it.
+#[tokio::test(flavor = "current_thread")]
+async fn a_keyed_request_waiting_for_its_key_holds_no_room_of_the_inner_service() {
+    let keyed = Arc::new(
+        KeyedRateLimiter::<u32>::builder()
+            .permits_per_second(10.0)
+            .max_burst(Duration::ZERO)
+            .clock(Stopped::default())
+            .build()
+            .unwrap(),
+    );
+    let inner = OneAtATime::new();
+    for max_wait in [None, Some(Duration::from_secs(1))] {
+        let layer = RateLimitLayer::keyed(Arc::clone(&keyed), |request: &u32| *request);
+        let layer = match max_wait {
+            Some(bound) => layer.max_wait(bound),
+            None => layer,
+        };
+        let service = layer.layer(inner.clone());
+        let key = if max_wait.is_some() { 10 } else { 0 };
+        let mut first = service.clone();
+        ready(&mut first).await.unwrap();
+        assert_eq!(first.call(key).await.unwrap(), key);
+        // The key's second request waits (for ever, on this clock).
+        let mut second = service.clone();
+        ready(&mut second).await.unwrap();
+        let mut waiting = std::pin::pin!(second.call(key));
+        drop(second);
+        let waker = std::task::Waker::noop();
+        assert!(
+            waiting
+                .as_mut()
+                .poll(&mut Context::from_waker(waker))
+                .is_pending()
+        );
+        // Another key's request is free now: the inner service has room.
+        let mut other = service.clone();
+        let polled = other.poll_ready(&mut Context::from_waker(waker));
+        assert!(
+            matches!(polled, std::task::Poll::Ready(Ok(()))),
+            "a request of another key waits for the inner service's room ({max_wait:?})"
+        );
+        assert_eq!(other.call(key + 1).await.unwrap(), key + 1);
+    }
+    assert_eq!(inner.calls.0.load(Ordering::Relaxed), 4);
+}
+
+/// The same on a clock that passes: once its wait is over, the request
+/// makes the inner service ready and calls it.
+#[tokio::test(flavor = "current_thread")]
+async fn a_keyed_request_that_waited_makes_the_inner_service_ready_then_calls_it() {
+    let clock = FakeClock::new();
+    let inner = OneAtATime::new();
+    let service =
+        RateLimitLayer::keyed(keyed_limiter::<u32>(&clock), |_: &u32| 0).layer(inner.clone());
+    for request in 0..3 {
+        let mut clone = service.clone();
+        ready(&mut clone).await.unwrap();
+        assert_eq!(clone.call(request).await.unwrap(), request);
+    }
+    assert_eq!(clock.now(), 200 * MS);
+    assert_eq!(inner.calls.0.load(Ordering::Relaxed), 3);
+}
