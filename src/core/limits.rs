@@ -8,6 +8,11 @@ use super::{Cost, InvalidRate, State};
 /// How many requests [`Limits`] keeps in its log by default.
 pub const LOG_CAPACITY: usize = 1024;
 
+/// The most requests an empty log keeps room for: a longer log's memory
+/// goes once it empties, so that limits held for long (a keyed limiter's
+/// key) cost what they hold, not what their longest log took.
+const LOG_ROOM_KEPT: usize = 16;
+
 /// Several limits that every request must satisfy together: 10 per second with
 /// a burst of 20 *and* 1 000 per hour, all or nothing.
 ///
@@ -513,6 +518,9 @@ impl Limits {
     fn forget_if_empty(&mut self) {
         if self.log.requests.is_empty() {
             self.log.base.clear();
+            if self.log.requests.capacity() > LOG_ROOM_KEPT {
+                self.log.requests = VecDeque::new();
+            }
         }
     }
 }

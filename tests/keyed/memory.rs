@@ -174,3 +174,40 @@ fn a_flood_of_idle_keys_of_several_limits_gives_its_memory_back() {
         limiter.stats().keys
     );
 }
+
+/// A key held as limits (several limits) whose log once held many waiting
+/// reservations gives that memory back once they have left the log: the
+/// key costs what its limits need, not what its longest log took (a client
+/// that queued a thousand requests on each of its keys, once, would
+/// otherwise leave each key it keeps using holding tens of kilobytes).
+#[test]
+fn a_key_whose_long_log_emptied_gives_its_memory_back() {
+    let clock = FakeClock::new();
+    let limiter = KeyedRateLimiter::<u64, _>::builder()
+        .limit(Limit::per_second(1000.0).burst(1))
+        .limit(Limit::per(6000.0, Duration::from_secs(60)))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let before = bytes_in_use();
+    for key in 0..64u64 {
+        let waiting: Vec<_> = (0..1000)
+            .map(|_| limiter.reservation(&key, 1).unwrap())
+            .collect();
+        // Kept, each: it will never be given back, and leaves the log.
+        for reservation in waiting {
+            reservation.keep();
+        }
+    }
+    clock.advance(Duration::from_secs(2));
+    for key in 0..64u64 {
+        limiter.reserve(&key, 1).unwrap();
+    }
+    // Every key is in debt to its per-minute limit: held, each as limits.
+    assert_eq!(limiter.stats().keys, 64);
+    let after = (bytes_in_use() - before).max(0);
+    assert!(
+        after < 256 * 1024,
+        "{after} bytes held for 64 keys whose logs are empty"
+    );
+}
