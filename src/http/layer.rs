@@ -1,6 +1,6 @@
 //! The layer: [`RateLimitLayer`], its builder, and the service it makes.
 
-use std::future::Future;
+use std::future::{Future, poll_fn};
 use std::ops::Deref;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -174,7 +174,10 @@ impl<L, X> RateLimitLayer<L, X> {
 
 impl<L, X, H> RateLimitLayer<L, X, H> {
     /// Lets a request wait up to `max_wait` for its key's permit before
-    /// it is refused. Default zero: refuse at once.
+    /// it is refused. Default zero: refuse at once. A request that waits
+    /// lets go of the inner service's readiness meanwhile (room that other
+    /// clients' requests may need) and makes it ready again once its wait
+    /// is over.
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.config.max_wait = max_wait;
         self
@@ -385,11 +388,21 @@ where
             }
             _ => {}
         }
-        let mut inner = take_ready(&mut self.inner);
+        let ready = take_ready(&mut self.inner);
         let (limiter, config) = (self.limiter.clone(), self.config.clone());
         Either::Right(Either::Right(Box::pin(async move {
             match limiter.try_reservation(&key, 1, config.max_wait).await {
                 Ok(Some(reservation)) => {
+                    // One that waits lets go of the inner service's
+                    // readiness meanwhile (room that other clients' requests
+                    // may need: a concurrency limit's slot, a buffer's
+                    // place), and makes a fresh clone ready after.
+                    let waits = !reservation.delay().is_zero();
+                    let mut inner = ready;
+                    if waits {
+                        // (The ready one drops as its clone replaces it.)
+                        inner = inner.clone();
+                    }
                     // What the limiter's answer to this request said (one
                     // round trip through Redis), or else a read of its own.
                     let snapshot = match (config.headers, reservation.snapshot()) {
@@ -404,6 +417,9 @@ where
                         false => snapshot.map(|after| after.aged(waited)),
                     };
                     let pending = snapshot.map(|after| (config.headers, config.policy, after));
+                    if waits && let Err(error) = poll_fn(|cx| inner.poll_ready(cx)).await {
+                        return Err(error);
+                    }
                     add_headers((inner.call(request).await, Pending(pending)))
                 }
                 Ok(None) => match limiter.snapshot(&key).await {

@@ -329,6 +329,109 @@ async fn a_request_dropped_while_it_waits_gives_its_permit_back() {
     assert_eq!(inner.0.load(Ordering::Relaxed), 1);
 }
 
+/// An HTTP service with room for one request at a time (a concurrency
+/// limit, a bounded buffer): `poll_ready` takes the room, `call` uses it
+/// (answered at once, it is free again), a ready service dropped uncalled
+/// gives it back; a clone holds none.
+struct OneAtATime {
+    free: Arc<std::sync::atomic::AtomicBool>,
+    holds: bool,
+}
+
+impl Clone for OneAtATime {
+    fn clone(&self) -> Self {
+        OneAtATime {
+            free: Arc::clone(&self.free),
+            holds: false,
+        }
+    }
+}
+
+impl Service<Request<()>> for OneAtATime {
+    type Response = Response<String>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Response<String>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        if !self.holds && !self.free.swap(false, Ordering::AcqRel) {
+            return Poll::Pending;
+        }
+        self.holds = true;
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<()>) -> Self::Future {
+        assert!(std::mem::take(&mut self.holds), "called before ready");
+        self.free.store(true, Ordering::Release);
+        std::future::ready(Ok(Response::new("ok".to_owned())))
+    }
+}
+
+impl Drop for OneAtATime {
+    fn drop(&mut self) {
+        if self.holds {
+            self.free.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// A request that waits for its client's permit does not hold the inner
+/// service's room meanwhile: another client's request, free now, goes at
+/// once (each request through a fresh clone, as a router sends it); and
+/// once its wait is over the request makes the inner service ready and is
+/// answered.
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_waiting_for_its_client_holds_no_room_of_the_inner_service() {
+    let stopped = Arc::new(
+        KeyedRateLimiter::<IpAddr>::builder()
+            .permits_per_second(10.0)
+            .max_burst(Duration::ZERO)
+            .clock(Stopped::default())
+            .build()
+            .unwrap(),
+    );
+    let peer = PeerIp::from_extension(|peer: &SocketAddr| peer.ip());
+    let free = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let inner = OneAtATime { free, holds: false };
+    let service = RateLimitLayer::new(stopped, peer.clone())
+        .max_wait(Duration::from_secs(1))
+        .layer(inner.clone());
+    let first = send(&mut service.clone(), from("192.0.2.1", &[])).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    // The client's second request waits (for ever, on this clock).
+    let mut second = service.clone();
+    poll_fn(|cx| second.poll_ready(cx)).await.unwrap();
+    let mut waiting = std::pin::pin!(second.call(from("192.0.2.1", &[])));
+    drop(second);
+    let waker = std::task::Waker::noop();
+    assert!(
+        waiting
+            .as_mut()
+            .poll(&mut Context::from_waker(waker))
+            .is_pending()
+    );
+    let mut other = service.clone();
+    assert!(
+        matches!(
+            other.poll_ready(&mut Context::from_waker(waker)),
+            Poll::Ready(Ok(()))
+        ),
+        "another client's request waits for the inner service's room"
+    );
+    let answer = other.call(from("192.0.2.2", &[])).await.unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+    // On a clock that passes, a request that waited is answered.
+    let clock = FakeClock::new();
+    let service = RateLimitLayer::new(keyed_limiter::<IpAddr>(&clock), peer)
+        .max_wait(Duration::from_secs(1))
+        .layer(inner);
+    for _ in 0..3 {
+        let answer = send(&mut service.clone(), from("192.0.2.1", &[])).await;
+        assert_eq!(answer.status(), StatusCode::OK);
+    }
+    assert_eq!(clock.now(), Duration::from_millis(200));
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn header_global_and_missing_keys() {
     let clock = FakeClock::new();
