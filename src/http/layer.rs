@@ -4,7 +4,7 @@ use std::future::{Future, poll_fn};
 use std::ops::Deref;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use ::http::header::RETRY_AFTER;
@@ -316,6 +316,16 @@ pub type ResponseFuture<F, R, E> = Either<
     >,
 >;
 
+/// A try of one permit of `key` with no wait, if `limiter` answers it at
+/// once (one in this process does): whether it was granted.
+fn tried_at_once<K: Sync, T: KeyedLimiter<K> + ?Sized>(limiter: &T, key: &K) -> Option<bool> {
+    let mut tried = limiter.try_reserve(key, 1, Duration::ZERO);
+    match tried.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(Ok(granted)) => Some(granted.is_some()),
+        _ => None,
+    }
+}
+
 /// The response to a refused request: the hook's, with `Retry-After` and
 /// the headers added.
 fn refusal<R, H: OnRefused<R>>(config: &Config<H>, snapshot: Snapshot) -> Response<R> {
@@ -366,8 +376,16 @@ where
         };
         let config = &self.config;
         // A limiter in this process answers at once: no future to box.
-        match self.limiter.take_now(&key, 1) {
-            Some(Ok(true)) => {
+        let free = match self.limiter.take_now(&key, 1) {
+            Some(Ok(true)) => Some(true),
+            // Not free, and no wait allowed: asked again as the try it is,
+            // so that the limiter counts the refusal (`take_now` counts a
+            // grant only).
+            Some(Ok(false)) if config.max_wait.is_zero() => tried_at_once(&*self.limiter, &key),
+            _ => None,
+        };
+        match free {
+            Some(true) => {
                 let pending = match config.headers {
                     Headers::None => None,
                     kind => self
@@ -380,7 +398,7 @@ where
                 let add: AddHeaders<R, S::Error> = add_headers;
                 return Either::Left(answered.map(add));
             }
-            Some(Ok(false)) if config.max_wait.is_zero() => {
+            Some(false) => {
                 if let Some(snapshot) = self.limiter.snapshot_now(&key) {
                     let response = refusal(config, snapshot);
                     return Either::Right(Either::Left(future::ready(Ok(response))));

@@ -294,3 +294,66 @@ async fn a_redis_keyed_limiters_fallback_keys_on_the_gauge() {
         Some(held as f64)
     );
 }
+
+/// The HTTP layer's refusals are tries refused: a request refused at once
+/// (the default, no wait) counts one, as one refused past its `max_wait`
+/// does; a request let through counts one acquired.
+#[cfg(feature = "http")]
+#[tokio::test(flavor = "current_thread")]
+async fn the_http_layers_refusals_are_counted() {
+    use std::convert::Infallible;
+    use std::future::{Ready, poll_fn, ready};
+    use std::sync::Arc;
+    use std::task::{Context, Poll};
+
+    use ::http::{Request, Response, StatusCode};
+    use paceline::http::{Global, RateLimitLayer};
+    use tower_layer::Layer;
+    use tower_service::Service;
+
+    #[derive(Clone)]
+    struct Ok200;
+
+    impl Service<Request<()>> for Ok200 {
+        type Response = Response<String>;
+        type Error = Infallible;
+        type Future = Ready<Result<Response<String>, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Request<()>) -> Self::Future {
+            ready(Ok(Response::new(String::new())))
+        }
+    }
+
+    let seen = recorder();
+    let limiter = Arc::new(
+        KeyedRateLimiter::<()>::builder()
+            .permits_per_second(10.0)
+            .max_burst(Duration::ZERO)
+            .name("http-layer")
+            .clock(FakeClock::new())
+            .build()
+            .unwrap(),
+    );
+    let acquired = [("limiter", "http-layer"), ("result", "acquired")];
+    let refused = [("limiter", "http-layer"), ("result", "refused")];
+    let send = |max_wait| {
+        let mut service = RateLimitLayer::new(Arc::clone(&limiter), Global)
+            .max_wait(max_wait)
+            .layer(Ok200);
+        async move {
+            poll_fn(|cx| service.poll_ready(cx)).await.unwrap();
+            service.call(Request::new(())).await.unwrap().status()
+        }
+    };
+    assert_eq!(send(Duration::ZERO).await, StatusCode::OK);
+    // The next permit is 100 ms away: refused at once, then past a bound.
+    assert_eq!(send(Duration::ZERO).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(seen.counter(REQUESTS, &refused), 1);
+    assert_eq!(send(ms(50)).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(seen.counter(REQUESTS, &refused), 2);
+    assert_eq!(seen.counter(REQUESTS, &acquired), 1);
+}
