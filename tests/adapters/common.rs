@@ -63,3 +63,58 @@ impl tower_service::Service<u32> for Counter {
         std::future::ready(Ok(request))
     }
 }
+
+/// Room for one request at a time in a service below a layer (a
+/// concurrency limit, a bounded buffer): taken as the service is made
+/// ready, used by its call (answered at once, it is free again), given
+/// back by a ready service dropped uncalled; a clone holds none.
+#[cfg(feature = "tower")]
+pub struct Room {
+    free: Arc<std::sync::atomic::AtomicBool>,
+    holds: bool,
+}
+
+#[cfg(feature = "tower")]
+impl Room {
+    pub fn new() -> Room {
+        Room {
+            free: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            holds: false,
+        }
+    }
+
+    /// `poll_ready`'s answer: ready once the room is held.
+    pub fn poll_take<E>(&mut self) -> Poll<Result<(), E>> {
+        if !self.holds && !self.free.swap(false, Ordering::AcqRel) {
+            return Poll::Pending;
+        }
+        self.holds = true;
+        Poll::Ready(Ok(()))
+    }
+
+    /// A call's use of the room, answered at once: free again.
+    pub fn used(&mut self) {
+        assert!(std::mem::take(&mut self.holds), "called before ready");
+        self.free.store(true, Ordering::Release);
+    }
+}
+
+/// A clone holds no room (readiness is not cloned).
+#[cfg(feature = "tower")]
+impl Clone for Room {
+    fn clone(&self) -> Self {
+        Room {
+            free: Arc::clone(&self.free),
+            holds: false,
+        }
+    }
+}
+
+#[cfg(feature = "tower")]
+impl Drop for Room {
+    fn drop(&mut self) {
+        if self.holds {
+            self.free.store(true, Ordering::Release);
+        }
+    }
+}

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::common::Room;
 use crate::tower::{Stopped, keyed_limiter};
 use ::http::{Request, Response, StatusCode};
 use async_trait::async_trait;
@@ -329,23 +330,9 @@ async fn a_request_dropped_while_it_waits_gives_its_permit_back() {
     assert_eq!(inner.0.load(Ordering::Relaxed), 1);
 }
 
-/// An HTTP service with room for one request at a time (a concurrency
-/// limit, a bounded buffer): `poll_ready` takes the room, `call` uses it
-/// (answered at once, it is free again), a ready service dropped uncalled
-/// gives it back; a clone holds none.
-struct OneAtATime {
-    free: Arc<std::sync::atomic::AtomicBool>,
-    holds: bool,
-}
-
-impl Clone for OneAtATime {
-    fn clone(&self) -> Self {
-        OneAtATime {
-            free: Arc::clone(&self.free),
-            holds: false,
-        }
-    }
-}
+/// An HTTP service with room for one request at a time (see [`Room`]).
+#[derive(Clone)]
+struct OneAtATime(Room);
 
 impl Service<Request<()>> for OneAtATime {
     type Response = Response<String>;
@@ -353,25 +340,12 @@ impl Service<Request<()>> for OneAtATime {
     type Future = std::future::Ready<Result<Response<String>, Infallible>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        if !self.holds && !self.free.swap(false, Ordering::AcqRel) {
-            return Poll::Pending;
-        }
-        self.holds = true;
-        Poll::Ready(Ok(()))
+        self.0.poll_take()
     }
 
     fn call(&mut self, _: Request<()>) -> Self::Future {
-        assert!(std::mem::take(&mut self.holds), "called before ready");
-        self.free.store(true, Ordering::Release);
+        self.0.used();
         std::future::ready(Ok(Response::new("ok".to_owned())))
-    }
-}
-
-impl Drop for OneAtATime {
-    fn drop(&mut self) {
-        if self.holds {
-            self.free.store(true, Ordering::Release);
-        }
     }
 }
 
@@ -391,8 +365,7 @@ async fn a_request_waiting_for_its_client_holds_no_room_of_the_inner_service() {
             .unwrap(),
     );
     let peer = PeerIp::from_extension(|peer: &SocketAddr| peer.ip());
-    let free = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let inner = OneAtATime { free, holds: false };
+    let inner = OneAtATime(Room::new());
     let service = RateLimitLayer::new(stopped, peer.clone())
         .max_wait(Duration::from_secs(1))
         .layer(inner.clone());

@@ -19,7 +19,7 @@ use tower_service::Service;
 
 const MS: Duration = Duration::from_millis(1);
 
-use crate::common::Counter;
+use crate::common::{Counter, Room};
 
 fn limiter(clock: &FakeClock) -> Arc<RateLimiter<Local, FakeClock>> {
     Arc::new(
@@ -376,33 +376,19 @@ async fn the_keyed_layer_refuses_per_key() {
     assert_eq!(clock.now(), 100 * MS);
 }
 
-/// An inner service with room for one request at a time, as a concurrency
-/// limit or a bounded buffer is: `poll_ready` takes the room (a service
-/// made ready holds it), `call` uses it, and a ready service dropped
-/// uncalled gives it back.
+/// A service with room for one request at a time (see [`Room`]),
+/// counting its calls.
+#[derive(Clone)]
 struct OneAtATime {
-    free: Arc<std::sync::atomic::AtomicBool>,
-    holds: bool,
+    room: Room,
     calls: Counter,
 }
 
 impl OneAtATime {
     fn new() -> Self {
         OneAtATime {
-            free: Arc::new(std::sync::atomic::AtomicBool::new(true)),
-            holds: false,
+            room: Room::new(),
             calls: Counter::default(),
-        }
-    }
-}
-
-/// A clone holds no room (readiness is not cloned).
-impl Clone for OneAtATime {
-    fn clone(&self) -> Self {
-        OneAtATime {
-            free: Arc::clone(&self.free),
-            holds: false,
-            calls: self.calls.clone(),
         }
     }
 }
@@ -413,26 +399,12 @@ impl Service<u32> for OneAtATime {
     type Future = std::future::Ready<Result<u32, std::io::Error>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
-        if !self.holds && !self.free.swap(false, Ordering::AcqRel) {
-            return std::task::Poll::Pending;
-        }
-        self.holds = true;
-        std::task::Poll::Ready(Ok(()))
+        self.room.poll_take()
     }
 
     fn call(&mut self, request: u32) -> Self::Future {
-        assert!(std::mem::take(&mut self.holds), "called before ready");
-        // Answered at once: the room is free again.
-        self.free.store(true, Ordering::Release);
+        self.room.used();
         self.calls.call(request)
-    }
-}
-
-impl Drop for OneAtATime {
-    fn drop(&mut self) {
-        if self.holds {
-            self.free.store(true, Ordering::Release);
-        }
     }
 }
 
