@@ -46,7 +46,6 @@ async fn a_silently_dead_connection_is_replaced() {
 /// twice, erring towards limiting, never once less.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_lost_after_the_script_ran_is_charged_twice_never_given_back() {
-    const SECOND: Duration = Duration::from_secs(1);
     const ONE_WAY: Duration = Duration::from_millis(300);
     let server = RedisServer::start();
     let proxy = Proxy::in_front_of(&server);

@@ -3,8 +3,6 @@
 
 use super::*;
 
-const SECOND: Duration = Duration::from_secs(1);
-
 const MS: Duration = Duration::from_millis(1);
 
 /// `SIGKILL`, then a new, empty server on the same port. (That the limiter

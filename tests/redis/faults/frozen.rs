@@ -341,7 +341,6 @@ async fn late_give_backs_do_not_erase_the_debt_the_fallback_carried_into_redis()
 /// the reply that came in time, not the fallback's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_from_redis_after_the_switch_does_not_hide_the_fallbacks_grants() {
-    const SECOND: Duration = Duration::from_secs(1);
     let server = RedisServer::start();
     let backend = backend_builder(server.client())
         // Long enough for the second round trip's reply to come in time
@@ -424,7 +423,6 @@ async fn a_grant_from_redis_after_the_switch_does_not_hide_the_fallbacks_grants(
 /// that debt, not after what Redis owes once the give-back ran.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_give_back_that_runs_after_the_switch_frees_no_slot_the_fallback_granted() {
-    const SECOND: Duration = Duration::from_secs(1);
     let server = RedisServer::start();
     let limiter = Arc::new(
         builder(server.client(), "given-back-late", 1.0)

@@ -44,6 +44,9 @@ const RECOVERY_BOUND: Duration = PROBE_INTERVAL
 /// One interval at 10 permits per second.
 const INTERVAL: Duration = Duration::from_millis(100);
 
+/// One interval at 1 permit per second.
+const SECOND: Duration = Duration::from_secs(1);
+
 /// Waits, for up to 5 s, until `degraded` says no more, and asserts that
 /// this came within `bound` of `since`; returns how long after `since`.
 async fn back_on_redis(
