@@ -2,8 +2,8 @@
 //! settles their costs and learns the upstream's limit.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -227,15 +227,37 @@ where
     }
 
     /// Waits for the request's turn, sends it, then settles its cost and
-    /// learns from its response ([`Call::finish`](super::Call::finish)). Cancel-safe: dropped while it waits, it gives the
-    /// estimate back; dropped while the request is in flight, the call ends at
-    /// its estimate.
+    /// learns from its response ([`Call::finish`](super::Call::finish)). A
+    /// request that must wait lets go of the inner service's readiness
+    /// meanwhile and makes it ready again after its wait. Cancel-safe:
+    /// dropped while it waits, it gives the estimate back; dropped while
+    /// the request is in flight, the call ends at its estimate.
     fn call(&mut self, request: http::Request<ReqB>) -> Self::Future {
-        let mut inner = take_ready(&mut self.inner);
+        let ready = take_ready(&mut self.inner);
         let layer = self.layer.clone();
         Box::pin(async move {
             let estimate = layer.estimate.estimate(&request);
-            let call = layer.limiter.call(estimate).await?;
+            // A call that goes at once uses the service made ready. One that
+            // waits (its turn, a slot, Redis) lets go of that readiness, which
+            // may be room that other users of the client need (a
+            // concurrency limit's slot, a buffer's place), and makes a fresh
+            // clone ready once its wait is over.
+            let (mut inner, mut let_go) = (ready, false);
+            let mut turn = pin!(layer.limiter.call(estimate));
+            let call = poll_fn(|cx| {
+                let polled = turn.as_mut().poll(cx);
+                if polled.is_pending() && !let_go {
+                    inner = inner.clone();
+                    let_go = true;
+                }
+                polled
+            })
+            .await?;
+            if let_go {
+                poll_fn(|cx| inner.poll_ready(cx))
+                    .await
+                    .map_err(Into::into)?;
+            }
             let response = inner.call(request).await.map_err(Into::into)?;
             let feedback = Feedback::from_response(&response);
             match layer.actual.actual(&response) {

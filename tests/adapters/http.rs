@@ -23,6 +23,7 @@ use paceline::http::{
     ClientIp, ClientIpSource, Global, Header, Headers, PeerIp, RateLimitLayer, Refused,
     TrustedProxies,
 };
+use paceline::outbound::OutboundLayer;
 use paceline::{BackendError, Error, KeyedLimiter, KeyedRateLimiter};
 use tower_layer::Layer;
 use tower_service::Service;
@@ -398,6 +399,68 @@ async fn a_request_waiting_for_its_client_holds_no_room_of_the_inner_service() {
     let service = RateLimitLayer::new(keyed_limiter::<IpAddr>(&clock), peer)
         .max_wait(Duration::from_secs(1))
         .layer(inner);
+    for _ in 0..3 {
+        let answer = send(&mut service.clone(), from("192.0.2.1", &[])).await;
+        assert_eq!(answer.status(), StatusCode::OK);
+    }
+    assert_eq!(clock.now(), Duration::from_millis(200));
+}
+
+/// The outbound layer: a call that waits for its turn does not hold the
+/// inner client's room meanwhile (room that other users of the client may
+/// need, as a concurrency limit's slot), and makes the client ready once
+/// its wait is over.
+#[tokio::test(flavor = "current_thread")]
+async fn an_outbound_call_waiting_for_its_turn_holds_no_room_of_the_inner_client() {
+    let stopped = Arc::new(
+        paceline::RateLimiter::builder()
+            .permits_per_second(10.0)
+            .max_burst(Duration::ZERO)
+            .clock(Stopped::default())
+            .build()
+            .unwrap(),
+    );
+    let inner = OneAtATime(Room::new());
+    let service = OutboundLayer::new(stopped).layer(inner.clone());
+    let first = send(&mut service.clone(), from("192.0.2.1", &[])).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    // The second call waits (for ever, on this clock).
+    let mut second = service.clone();
+    poll_fn(|cx| second.poll_ready(cx)).await.unwrap();
+    let mut waiting = std::pin::pin!(second.call(from("192.0.2.1", &[])));
+    drop(second);
+    let waker = std::task::Waker::noop();
+    assert!(
+        waiting
+            .as_mut()
+            .poll(&mut Context::from_waker(waker))
+            .is_pending()
+    );
+    // The client, used without the layer, has room.
+    let mut unpaced = inner.clone();
+    assert!(
+        matches!(
+            unpaced.poll_ready(&mut Context::from_waker(waker)),
+            Poll::Ready(Ok(()))
+        ),
+        "a call waiting for its turn holds the inner client's room"
+    );
+    assert_eq!(
+        unpaced.call(from("192.0.2.2", &[])).await.unwrap().status(),
+        StatusCode::OK
+    );
+    // On a clock that passes, a call that waited makes the client ready
+    // and is answered.
+    let clock = FakeClock::new();
+    let limiter = Arc::new(
+        paceline::RateLimiter::builder()
+            .permits_per_second(10.0)
+            .max_burst(Duration::ZERO)
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    let service = OutboundLayer::new(limiter).layer(inner);
     for _ in 0..3 {
         let answer = send(&mut service.clone(), from("192.0.2.1", &[])).await;
         assert_eq!(answer.status(), StatusCode::OK);
