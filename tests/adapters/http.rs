@@ -350,6 +350,29 @@ impl Service<Request<()>> for OneAtATime {
     }
 }
 
+/// Sends `request` through a clone of `service` made ready (then dropped,
+/// as a router drops it) and polls the call once: it must wait. Returns
+/// the waiting call.
+fn a_waiting_call<S>(service: &S, request: Request<()>) -> S::Future
+where
+    S: Service<Request<()>> + Clone,
+    S::Future: Unpin,
+    S::Error: std::fmt::Debug,
+{
+    let mut clone = service.clone();
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    assert!(matches!(clone.poll_ready(&mut cx), Poll::Ready(Ok(()))));
+    let mut waiting = clone.call(request);
+    assert!(std::pin::Pin::new(&mut waiting).poll(&mut cx).is_pending());
+    waiting
+}
+
+/// Whether `service` (a fresh clone) is ready at once.
+fn has_room<S: Service<Request<()>>>(service: &mut S) -> bool {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    matches!(service.poll_ready(&mut cx), Poll::Ready(Ok(())))
+}
+
 /// A request that waits for its client's permit does not hold the inner
 /// service's room meanwhile: another client's request, free now, goes at
 /// once (each request through a fresh clone, as a router sends it); and
@@ -373,23 +396,10 @@ async fn a_request_waiting_for_its_client_holds_no_room_of_the_inner_service() {
     let first = send(&mut service.clone(), from("192.0.2.1", &[])).await;
     assert_eq!(first.status(), StatusCode::OK);
     // The client's second request waits (for ever, on this clock).
-    let mut second = service.clone();
-    poll_fn(|cx| second.poll_ready(cx)).await.unwrap();
-    let mut waiting = std::pin::pin!(second.call(from("192.0.2.1", &[])));
-    drop(second);
-    let waker = std::task::Waker::noop();
-    assert!(
-        waiting
-            .as_mut()
-            .poll(&mut Context::from_waker(waker))
-            .is_pending()
-    );
+    let _waiting = a_waiting_call(&service, from("192.0.2.1", &[]));
     let mut other = service.clone();
     assert!(
-        matches!(
-            other.poll_ready(&mut Context::from_waker(waker)),
-            Poll::Ready(Ok(()))
-        ),
+        has_room(&mut other),
         "another client's request waits for the inner service's room"
     );
     let answer = other.call(from("192.0.2.2", &[])).await.unwrap();
@@ -412,37 +422,27 @@ async fn a_request_waiting_for_its_client_holds_no_room_of_the_inner_service() {
 /// its wait is over.
 #[tokio::test(flavor = "current_thread")]
 async fn an_outbound_call_waiting_for_its_turn_holds_no_room_of_the_inner_client() {
-    let stopped = Arc::new(
-        paceline::RateLimiter::builder()
-            .permits_per_second(10.0)
-            .max_burst(Duration::ZERO)
-            .clock(Stopped::default())
-            .build()
-            .unwrap(),
-    );
+    // 10 a second, no burst.
+    fn limiter<C: Clock>(clock: C) -> Arc<paceline::RateLimiter<Local, C>> {
+        let builder = paceline::RateLimiter::builder().permits_per_second(10.0);
+        Arc::new(
+            builder
+                .max_burst(Duration::ZERO)
+                .clock(clock)
+                .build()
+                .unwrap(),
+        )
+    }
     let inner = OneAtATime(Room::new());
-    let service = OutboundLayer::new(stopped).layer(inner.clone());
+    let service = OutboundLayer::new(limiter(Stopped::default())).layer(inner.clone());
     let first = send(&mut service.clone(), from("192.0.2.1", &[])).await;
     assert_eq!(first.status(), StatusCode::OK);
     // The second call waits (for ever, on this clock).
-    let mut second = service.clone();
-    poll_fn(|cx| second.poll_ready(cx)).await.unwrap();
-    let mut waiting = std::pin::pin!(second.call(from("192.0.2.1", &[])));
-    drop(second);
-    let waker = std::task::Waker::noop();
-    assert!(
-        waiting
-            .as_mut()
-            .poll(&mut Context::from_waker(waker))
-            .is_pending()
-    );
+    let _waiting = a_waiting_call(&service, from("192.0.2.1", &[]));
     // The client, used without the layer, has room.
     let mut unpaced = inner.clone();
     assert!(
-        matches!(
-            unpaced.poll_ready(&mut Context::from_waker(waker)),
-            Poll::Ready(Ok(()))
-        ),
+        has_room(&mut unpaced),
         "a call waiting for its turn holds the inner client's room"
     );
     assert_eq!(
@@ -452,15 +452,7 @@ async fn an_outbound_call_waiting_for_its_turn_holds_no_room_of_the_inner_client
     // On a clock that passes, a call that waited makes the client ready
     // and is answered.
     let clock = FakeClock::new();
-    let limiter = Arc::new(
-        paceline::RateLimiter::builder()
-            .permits_per_second(10.0)
-            .max_burst(Duration::ZERO)
-            .clock(clock.clone())
-            .build()
-            .unwrap(),
-    );
-    let service = OutboundLayer::new(limiter).layer(inner);
+    let service = OutboundLayer::new(limiter(clock.clone())).layer(inner);
     for _ in 0..3 {
         let answer = send(&mut service.clone(), from("192.0.2.1", &[])).await;
         assert_eq!(answer.status(), StatusCode::OK);
