@@ -7,10 +7,12 @@
 //! axum's `Router::layer` and `route_layer` and tonic ask: no buffer is
 //! needed in front.
 //!
-//! - **Waiting** ([`RateLimitLayer::new`]): `poll_ready` reserves one
-//!   permit and is ready once it is due; `call` uses it. A service dropped
-//!   while it waits for its permit gives it back; once the permit is due it
-//!   counts as used, even if the service is dropped before `call`.
+//! - **Waiting** ([`RateLimitLayer::new`]): `poll_ready` acquires one
+//!   permit as the limiter's `acquire` does (behind a pause learned from
+//!   an upstream meanwhile too) and is ready once it is due; `call` uses
+//!   it. A service dropped while it waits for its permit gives it back;
+//!   once the permit is due it counts as used, even if the service is
+//!   dropped before `call`.
 //! - **Bounded** ([`RateLimitLayer::max_wait`]): as above, but a request
 //!   that would wait longer than the bound is refused with [`Throttled`]
 //!   (with `Duration::ZERO`, whenever no permit is free now). `poll_ready`
@@ -53,8 +55,7 @@ use std::fmt;
 use std::future::Future;
 use std::ops::Deref;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -62,7 +63,7 @@ use futures::future::{Either, MapErr, Ready, TryFutureExt, ready};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::{Error, KeyedLimiter, Limiter, Reservation};
+use crate::{Error, KeyedLimiter, Limiter};
 
 /// The error type of a rate-limited service: the inner service's error, a
 /// limiter's [`Error`], or [`Throttled`].
@@ -143,87 +144,43 @@ impl<S, L: Clone> Layer<S> for RateLimitLayer<L> {
 enum Permit {
     /// None yet: `poll_ready` starts reserving one.
     None,
-    /// Taken, free (nothing was owed): nothing to wait for or give back.
+    /// Taken and due (free now, or waited for): nothing to wait for or
+    /// give back.
     Free,
-    /// Reserving or waiting for it: see [`Held`].
-    Pending(Held),
+    /// Waiting for it: a [`Waiting`] future.
+    Pending(Waiting),
     /// Refused (rejecting mode): `call` fails with this.
     Refused(Duration),
     /// The limiter failed: `call` fails with this.
     Failed(Error),
 }
 
-/// A [`Held`] reservation's future: `Some(wait)` once refused (rejecting
-/// mode), an error if the limiter failed; it never completes otherwise.
-type Reserving = Pin<Box<dyn Future<Output = Result<Option<Duration>, Error>> + Send>>;
+/// A permit being acquired, owned by a service: `None` once it is due,
+/// `Some(wait)` once refused (rejecting mode), an error if the limiter
+/// failed. In a mutex only so that the service is `Sync` (axum's `.layer`
+/// requires it): it is only ever reached through `&mut`, with `get_mut`,
+/// which takes no lock. Dropped before it completes, it gives the permit
+/// back (the limiter's `acquire` is cancel-safe).
+type Waiting = Mutex<Pin<Box<dyn Future<Output = Result<Option<Duration>, Error>> + Send>>>;
 
-/// A reservation in progress, owned by a service: the future reserves,
-/// waits, sets `due`, then holds the reservation in a [`Keep`] until dropped.
-struct Held {
-    /// In a mutex only so that the service is `Sync` (axum's `.layer`
-    /// requires it): it is only ever reached through `&mut`, with
-    /// `get_mut`, which takes no lock.
-    future: Mutex<Reserving>,
-    due: Arc<AtomicBool>,
-    keep: Arc<AtomicBool>,
-}
-
-/// Dropped, commits its reservation if `keep` is set, else gives it back.
-struct Keep<'a> {
-    reservation: Option<Reservation<'a>>,
-    keep: Arc<AtomicBool>,
-}
-
-impl Drop for Keep<'_> {
-    fn drop(&mut self) {
-        if self.keep.load(Ordering::Acquire)
-            && let Some(reservation) = self.reservation.take()
-        {
-            reservation.keep();
-        }
-    }
-}
-
-impl Held {
-    /// Reserves one permit on `limiter` (only if due within `max_wait`,
-    /// when there is one), and waits for it.
-    fn start<L>(limiter: L, max_wait: Option<Duration>) -> Held
-    where
-        L: Deref<Target: Limiter> + Send + 'static,
-    {
-        let due = Arc::new(AtomicBool::new(false));
-        let keep = Arc::new(AtomicBool::new(false));
-        let (due_set, keep_read) = (Arc::clone(&due), Arc::clone(&keep));
-        let future = Box::pin(async move {
-            let reservation = if let Some(max_wait) = max_wait {
-                match limiter.try_reservation(1, max_wait).await? {
-                    Some(reservation) => reservation,
-                    None => return Ok(Some(limiter.snapshot().await?.wait())),
+/// Acquires one permit on `limiter` (only if due within `max_wait`, when
+/// there is one): as the limiter's own `acquire`, so that a pause learned
+/// from an upstream while it waits is waited for too.
+fn acquire<L>(limiter: L, max_wait: Option<Duration>) -> Waiting
+where
+    L: Deref<Target: Limiter> + Send + 'static,
+{
+    Mutex::new(Box::pin(async move {
+        match max_wait {
+            None => drop(limiter.acquire(1).await?),
+            Some(max_wait) => {
+                if !limiter.try_acquire(1, max_wait).await? {
+                    return Ok(Some(limiter.snapshot().await?.wait()));
                 }
-            } else {
-                limiter.reservation(1).await?
-            };
-            let delay = reservation.delay();
-            let keep = Keep {
-                reservation: Some(reservation),
-                keep: keep_read,
-            };
-            if !delay.is_zero() {
-                limiter.clock().sleep(delay).await;
             }
-            due_set.store(true, Ordering::Release);
-            // Held until `call` (which commits it) or until the service is
-            // dropped (which gives it back): never completes by itself.
-            std::future::pending::<()>().await;
-            drop(keep);
-            Ok(None)
-        });
-        Held {
-            future: Mutex::new(future),
-            due,
-            keep,
         }
-    }
+        Ok(None)
+    }))
 }
 
 /// A service rate-limited by a [`RateLimitLayer`]. Clones share the
@@ -285,26 +242,22 @@ where
                         Some(Ok(true)) => Permit::Free,
                         Some(Err(error)) => Permit::Failed(error),
                         Some(Ok(false)) | None => {
-                            Permit::Pending(Held::start(self.limiter.clone(), self.max_wait))
+                            Permit::Pending(acquire(self.limiter.clone(), self.max_wait))
                         }
                     };
                 }
-                Permit::Pending(held) if !held.due.load(Ordering::Acquire) => {
-                    let future = held.future.get_mut();
-                    let future = future.unwrap_or_else(PoisonError::into_inner);
+                Permit::Pending(waiting) => {
+                    let future = waiting.get_mut().unwrap_or_else(PoisonError::into_inner);
                     self.permit = match future.as_mut().poll(cx) {
-                        Poll::Pending if !held.due.load(Ordering::Acquire) => return Poll::Pending,
-                        Poll::Pending => continue,
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Ok(None)) => Permit::Free,
                         Poll::Ready(Ok(Some(retry_after))) => Permit::Refused(retry_after),
-                        Poll::Ready(Ok(None)) => unreachable!("a held permit never completes"),
                         Poll::Ready(Err(error)) => Permit::Failed(error),
                     };
                 }
                 // The permit is free or due: the inner service must be ready
                 // too.
-                Permit::Free | Permit::Pending(_) => {
-                    return self.inner.poll_ready(cx).map_err(Into::into);
-                }
+                Permit::Free => return self.inner.poll_ready(cx).map_err(Into::into),
                 // A refusal or a failure is the answer `call` gives.
                 Permit::Refused(_) | Permit::Failed(_) => return Poll::Ready(Ok(())),
             }
@@ -314,11 +267,6 @@ where
     fn call(&mut self, request: Req) -> Self::Future {
         match std::mem::replace(&mut self.permit, Permit::None) {
             Permit::Free => {}
-            Permit::Pending(held) if held.due.load(Ordering::Acquire) => {
-                // Committed as it drops, before the inner service is called.
-                held.keep.store(true, Ordering::Release);
-                drop(held);
-            }
             Permit::Refused(retry_after) => {
                 return Either::Right(ready(Err(Throttled { retry_after }.into())));
             }

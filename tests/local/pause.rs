@@ -34,11 +34,22 @@ fn limiter() -> Arc<RateLimiter> {
 }
 
 /// Callers already waiting when a refusal comes (by `acquire`, `call`,
-/// `acquire_blocking`) go behind its pause, not at their moments inside
-/// it; a `try_acquire` whose timeout the pause outlasts returns `false`.
+/// `acquire_blocking`, a tower service's `poll_ready`) go behind its pause,
+/// not at their moments inside it; a `try_acquire` (or a tower service
+/// bounded by `max_wait`) whose timeout the pause outlasts returns `false`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_waiting_when_a_refusal_comes_go_behind_its_pause() {
-    for how in ["acquire", "call", "acquire_blocking", "try_acquire"] {
+    let hows = [
+        "acquire",
+        "call",
+        "acquire_blocking",
+        "try_acquire",
+        #[cfg(feature = "tower")]
+        "tower",
+        #[cfg(feature = "tower")]
+        "tower max_wait",
+    ];
+    for how in hows {
         for attempt in 1.. {
             let limiter = limiter();
             let start = Instant::now();
@@ -51,6 +62,8 @@ async fn callers_waiting_when_a_refusal_comes_go_behind_its_pause() {
                         "acquire" => limiter.acquire(1).await.map(|_| true),
                         "call" => limiter.call(1).await.map(|_| true),
                         "try_acquire" => limiter.try_acquire(1, 2 * MOMENT).await,
+                        #[cfg(feature = "tower")]
+                        "tower" | "tower max_wait" => Ok(tower_ready(limiter, how).await),
                         _ => tokio::task::spawn_blocking(move || limiter.acquire_blocking(1))
                             .await
                             .unwrap()
@@ -68,7 +81,7 @@ async fn callers_waiting_when_a_refusal_comes_go_behind_its_pause() {
                 assert!(attempt < 5, "{how}: the refusal came late 5 times");
                 continue;
             }
-            if how == "try_acquire" {
+            if how == "try_acquire" || how == "tower max_wait" {
                 assert!(!went, "{how}: went after {after:?}, inside the pause");
                 // (It waited for its moment first.)
                 assert!(after >= MOMENT, "{how}: {after:?}");
@@ -83,6 +96,22 @@ async fn callers_waiting_when_a_refusal_comes_go_behind_its_pause() {
             break;
         }
     }
+}
+
+/// Whether a tower service over `limiter` (`how`: bounded by `max_wait`
+/// or not) is made ready with a permit, rather than refused.
+#[cfg(feature = "tower")]
+async fn tower_ready(limiter: Arc<RateLimiter>, how: &str) -> bool {
+    use tower::{Service, ServiceExt};
+    let layer = paceline::tower::RateLimitLayer::new(limiter);
+    let layer = match how {
+        "tower max_wait" => layer.max_wait(2 * MOMENT),
+        _ => layer,
+    };
+    let inner = tower::service_fn(|()| async { Ok::<_, std::convert::Infallible>(()) });
+    let mut service = tower_layer::Layer::layer(&layer, inner);
+    service.ready().await.unwrap();
+    service.call(()).await.is_ok()
 }
 
 /// On a keyed limiter the pause is the key's: a caller of the key that
