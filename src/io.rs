@@ -186,12 +186,6 @@ impl<L, T> fmt::Debug for Gate<'_, L, T> {
     }
 }
 
-/// Waits for a reservation's moment, if it was made.
-pub(crate) async fn waited(reserved: Result<crate::Reservation<'_>, Error>) -> Result<(), Error> {
-    reserved?.wait().await;
-    Ok(())
-}
-
 /// The gate of a reader or writer: what it pays for is bytes.
 impl<L: Deref<Target: Limiter> + Send + Sync + 'static> Gate<'static, L, usize> {
     /// The largest chunk at the limiter's rate, if no reservation is
@@ -208,8 +202,8 @@ impl<L: Deref<Target: Limiter> + Send + Sync + 'static> Gate<'static, L, usize> 
         let permits = u32::try_from(bytes).unwrap_or(u32::MAX);
         self.start(|limiter| {
             Box::pin(async move {
-                let paid = waited(limiter.reservation(permits).await).await;
-                (limiter, paid.map(|()| bytes))
+                let paid = limiter.acquire(permits).await;
+                (limiter, paid.map(|_| bytes))
             })
         });
     }

@@ -26,9 +26,10 @@
 //! When the inner stream yields an item, the throttled stream works out its
 //! permits (one, or what the closure of
 //! [`throttle_by`](ThrottleExt::throttle_by) says; an item of 0 is yielded
-//! at once, without asking the limiter), makes a
-//! [`Reservation`](crate::Reservation) for them and sleeps on the limiter's
-//! [clock](crate::Limiter::clock) until they are due; then it yields the item.
+//! at once, without asking the limiter), acquires them as
+//! [`acquire`](crate::Limiter::acquire) does (sleeping on the limiter's
+//! [clock](crate::Limiter::clock) until they are due, and behind a pause
+//! learned from an upstream meanwhile too); then it yields the item.
 //! Only then does it ask the inner stream for the next one, so items keep
 //! their order and at most one reservation is in flight per stream.
 //!
@@ -60,7 +61,7 @@ use std::task::{Context, Poll, ready};
 use futures::Stream;
 use futures::stream::FusedStream;
 
-use crate::io::{Gate, waited};
+use crate::io::Gate;
 use crate::{Error, KeyedLimiter, Limiter};
 
 /// Adapters that pace a [`Stream`] with a limiter, implemented for every
@@ -237,8 +238,9 @@ impl<T> From<ThrottleError<T>> for Error {
     }
 }
 
-/// One item's wait: reserves, sleeps, and hands the limiter back with the
-/// outcome (dropped mid-wait, it gives the reservation back).
+/// One item's wait: acquires its permits (as the limiter's `acquire`: behind
+/// a pause learned from an upstream meanwhile too), and hands the limiter
+/// back with the outcome (dropped mid-wait, it gives the permits back).
 type Wait<'a, L> = crate::io::Wait<'a, L, ()>;
 
 /// What an item of a throttled stream costs: the function given to
@@ -277,7 +279,7 @@ where
         }
         Some(move |limiter: L| -> Wait<'a, L> {
             Box::pin(async move {
-                let result = waited(limiter.reservation(permits).await).await;
+                let result = limiter.acquire(permits).await.map(drop);
                 (limiter, result)
             })
         })
@@ -305,7 +307,7 @@ where
         }
         Some(move |limiter: L| -> Wait<'a, L> {
             Box::pin(async move {
-                let result = waited(limiter.reservation(&key, permits).await).await;
+                let result = limiter.acquire(&key, permits).await.map(drop);
                 drop(key);
                 (limiter, result)
             })

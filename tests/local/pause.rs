@@ -34,7 +34,8 @@ fn limiter() -> Arc<RateLimiter> {
 }
 
 /// Callers already waiting when a refusal comes (by `acquire`, `call`,
-/// `acquire_blocking`, a tower service's `poll_ready`) go behind its pause,
+/// `acquire_blocking`, a throttled stream's or writer's item, a tower
+/// service's `poll_ready`) go behind its pause,
 /// not at their moments inside it; a `try_acquire` (or a tower service
 /// bounded by `max_wait`) whose timeout the pause outlasts returns `false`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -44,6 +45,8 @@ async fn callers_waiting_when_a_refusal_comes_go_behind_its_pause() {
         "call",
         "acquire_blocking",
         "try_acquire",
+        "stream",
+        "writer",
         #[cfg(feature = "tower")]
         "tower",
         #[cfg(feature = "tower")]
@@ -62,6 +65,8 @@ async fn callers_waiting_when_a_refusal_comes_go_behind_its_pause() {
                         "acquire" => limiter.acquire(1).await.map(|_| true),
                         "call" => limiter.call(1).await.map(|_| true),
                         "try_acquire" => limiter.try_acquire(1, 2 * MOMENT).await,
+                        "stream" => Ok(stream_yields(limiter).await),
+                        "writer" => Ok(writer_writes(limiter).await),
                         #[cfg(feature = "tower")]
                         "tower" | "tower max_wait" => Ok(tower_ready(limiter, how).await),
                         _ => tokio::task::spawn_blocking(move || limiter.acquire_blocking(1))
@@ -96,6 +101,21 @@ async fn callers_waiting_when_a_refusal_comes_go_behind_its_pause() {
             break;
         }
     }
+}
+
+/// Whether a stream throttled by `limiter` yields its one item.
+async fn stream_yields(limiter: Arc<RateLimiter>) -> bool {
+    use futures::StreamExt;
+    use paceline::stream::ThrottleExt;
+    let mut items = futures::stream::iter([()]).throttle(limiter);
+    matches!(items.next().await, Some(Ok(())))
+}
+
+/// Whether a writer throttled by `limiter` writes a byte.
+async fn writer_writes(limiter: Arc<RateLimiter>) -> bool {
+    use tokio::io::AsyncWriteExt;
+    let mut writer = paceline::io::ThrottledWriter::new(tokio::io::sink(), limiter);
+    writer.write_all(b"x").await.is_ok()
 }
 
 /// Whether a tower service over `limiter` (`how`: bounded by `max_wait`
