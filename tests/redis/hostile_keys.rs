@@ -328,13 +328,21 @@ async fn a_flood_of_hostile_keys_in_the_fallback_is_bounded() {
     limiter.reserve("warm", 1).await.unwrap();
     server.kill();
     let pad = "{\\}:".repeat(256);
+    // A call runs late now and then on a loaded machine: none may hang,
+    // and a few in a thousand at most may take longer than the response
+    // timeout and some slack (a fallback that waited for Redis would make
+    // every call late).
+    let mut late = 0;
     for i in 0..20_000u32 {
         let key = format!("{pad}{i}");
         let start = Instant::now();
         limiter.reserve(&key, 1).await.unwrap();
-        assert!(start.elapsed() <= RESPONSE_TIMEOUT + SLACK, "{i}");
+        let took = start.elapsed();
+        assert!(took <= 20 * RESPONSE_TIMEOUT, "call {i} took {took:?}");
+        late += usize::from(took > RESPONSE_TIMEOUT + SLACK);
         assert!(limiter.stats().keys <= 64, "{} keys", limiter.stats().keys);
     }
+    assert!(late <= 40, "{late} calls of 20 000 were late");
     server.restart();
     crate::support::within::within(Duration::from_secs(10), || !limiter.stats().degraded)
         .await

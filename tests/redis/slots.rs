@@ -128,7 +128,10 @@ async fn at_most_k_slots_are_held_across_limiters_under_many_tasks() {
     let most = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..2 {
-        let limiter = Arc::new(limiter(&server, "busy", 3, ttl, Fallback::FailClosed).await);
+        // A backend patient with a loaded machine: what is tested is the
+        // count of slots, and a late answer would fail the call (closed).
+        let backend = patient_backend(server.client()).await;
+        let limiter = Arc::new(limiter_on(&backend, "busy", 3, ttl, Fallback::FailClosed));
         for task in 0..12u64 {
             let (limiter, now, most) = (limiter.clone(), now.clone(), most.clone());
             tasks.push(tokio::spawn(async move {

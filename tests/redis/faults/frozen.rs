@@ -286,17 +286,23 @@ async fn late_give_backs_do_not_erase_the_debt_the_fallback_carried_into_redis()
                     let start = Instant::now();
                     let reservation = limiter.reservation(1).await.unwrap();
                     let took = start.elapsed();
-                    // The caller waits for its permit in its own time.
-                    (took, Instant::now() + reservation.keep())
+                    // The caller waits for its permit in its own time. It
+                    // was granted between the two readings: its moment is
+                    // no sooner than `start` plus its delay, no later than
+                    // now plus it (a loaded machine only parts them).
+                    let delay = reservation.keep();
+                    (took, start + delay, Instant::now() + delay)
                 })
             })
             .collect();
-        // When the last permit the fallback granted may be used.
-        let mut local_end = Instant::now();
+        // When the last permit the fallback granted may be used, at the
+        // soonest and at the latest.
+        let (mut local_end, mut local_end_late) = (Instant::now(), Instant::now());
         for caller in callers {
-            let (took, end) = caller.await.unwrap();
+            let (took, end, end_late) = caller.await.unwrap();
             assert!(took <= CALL_BOUND, "a caller got its answer after {took:?}");
             local_end = local_end.max(end);
+            local_end_late = local_end_late.max(end_late);
         }
         // The switch happened about now; the probe's first connection
         // attempt runs from one to two probe intervals after it.
@@ -306,7 +312,7 @@ async fn late_give_backs_do_not_erase_the_debt_the_fallback_carried_into_redis()
         tokio::time::sleep(Duration::from_millis(20)).await;
         // Read before and after the call: however late it runs, Redis's
         // schedule is read between the two.
-        let left_before = local_end.saturating_duration_since(Instant::now());
+        let left_before = local_end_late.saturating_duration_since(Instant::now());
         let reservation = limiter.reservation(1).await.unwrap();
         let wait = reservation.delay();
         let local_left = local_end.saturating_duration_since(Instant::now());
