@@ -1,7 +1,7 @@
 //! Outbound pacing, side by side in one run: a fleet of processes calling
-//! someone else's rate-limited API, paced the ways users pace it today and
-//! (soon) by the learned limiter, against an upstream that counts what it
-//! admitted.
+//! someone else's rate-limited API, paced the ways users pace it without
+//! this crate's learning and by the learned limiter, against an upstream
+//! that counts what it admitted.
 //!
 //! ```text
 //! cargo bench -p paceline-benches --features outbound --bench outbound
@@ -34,9 +34,11 @@
 //!   for the fleet. On a 429, sleep `Retry-After` and try again.
 //! * `fixed-redis`: one `RateLimiter` for the fleet through Redis
 //!   (`.redis(&backend, key)`) at the same 100 requests/s; same retries.
-//! * `learned`: for now `fixed-redis` again; the learned limiter (tokens
-//!   settled from the answers, its rate taught by the 429s and headers)
-//!   takes its place (`learned_worker` in `outbound/worker.rs`).
+//! * `learned`: one `RateLimiter` for the fleet through Redis at twice
+//!   both limits, each call reserved at 70 tokens (`RateLimiter::call`),
+//!   its answer fed back (the 429s and the headers teach the rate) and its
+//!   tokens settled from `X-Usage-Tokens` (`learned_worker` in
+//!   `outbound/worker.rs`).
 //!
 //! A strategy is an `async fn` in `outbound/worker.rs` and its line in
 //! `STRATEGIES` there.
