@@ -148,8 +148,8 @@
 //! | `acquire`, `try_acquire`, `call`, `try_call` woken inside a refusal's pause (see [`outbound`]) | what it reserves again behind the pause, as above | always for what it reserved before the pause: spent, as the pause emptied the log |
 //! | an [`outbound::Call`] dropped or settled | not a give-back: a dropped call ends at its estimate, a settled one at its real cost, exactly while the log holds it | more requests than the log holds came since, or a rate changed or was learned meanwhile: a larger cost is charged at once, a smaller one gives nothing back |
 //! | Slots of a [`Limit::concurrent`] (`call`, `try_call`) | a call dropped while it waits for a slot takes none, and one parked or forgotten loses its turn 50 ms after a slot is kept for it (the slot is then free to the first call that looks, every waiter woken); a slot taken goes back when the call's future or its [`Call`](outbound::Call) is dropped (through Redis, its lease is released in the background) | through Redis: the release is lost (Redis down, or a reply lost with its connection): the lease stays until its TTL |
-//! | [`stream`] adapters | a dropped stream gives its pending reservation back, as a [`Reservation`] | as its limiter |
-//! | [`io`] reader and writer | a dropped call leaves its reservation with the reader or writer for the next call; dropping the reader or writer gives it back | as its limiter |
+//! | [`stream`] adapters | a dropped stream gives its item's pending permits back, as a dropped `acquire` does | as its limiter |
+//! | [`io`] reader and writer | a dropped call leaves its pending chunk with the reader or writer for the next call; dropping the reader or writer gives its permits back, as a dropped `acquire` does | as its limiter |
 //!
 //! `snapshot` changes nothing. The `_blocking` methods are not futures:
 //! nothing cancels them.
