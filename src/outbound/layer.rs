@@ -202,6 +202,29 @@ impl<Svc, S: Store, C: Clock, E, A> fmt::Debug for Outbound<Svc, S, C, E, A> {
     }
 }
 
+/// A call whose turn has come, its request not yet sent (its client is
+/// being made ready again): dropped unsent (the request dropped, or the
+/// client failing), it costs nothing, as a call dropped before its turn
+/// gives its estimate back.
+struct Unsent<'a>(Option<super::Call<'a>>);
+
+impl<'a> Unsent<'a> {
+    /// The call, its request sent.
+    fn sent(mut self) -> Option<super::Call<'a>> {
+        self.0.take()
+    }
+}
+
+impl Drop for Unsent<'_> {
+    fn drop(&mut self) {
+        if let Some(call) = self.0.take() {
+            // (A cost of 0 counts for no limit the limiter lacks: never
+            // refused.)
+            let _ = call.settle(Cost::new(0));
+        }
+    }
+}
+
 /// The response future of an [`Outbound`] service.
 pub type OutboundFuture<R> = Pin<Box<dyn Future<Output = Result<R, BoxError>> + Send>>;
 
@@ -230,8 +253,10 @@ where
     /// learns from its response ([`Call::finish`](super::Call::finish)). A
     /// request that must wait lets go of the inner service's readiness
     /// meanwhile and makes it ready again after its wait. Cancel-safe:
-    /// dropped while it waits, it gives the estimate back; dropped while
-    /// the request is in flight, the call ends at its estimate.
+    /// dropped while it waits, it gives the estimate back; dropped after
+    /// its wait but before the request is sent (the inner service made
+    /// ready again, or failing to be), it costs nothing; dropped while the
+    /// request is in flight, the call ends at its estimate.
     fn call(&mut self, request: http::Request<ReqB>) -> Self::Future {
         let ready = take_ready(&mut self.inner);
         let layer = self.layer.clone();
@@ -253,18 +278,21 @@ where
                 polled
             })
             .await?;
+            let unsent = Unsent(Some(call));
             if let_go {
                 poll_fn(|cx| inner.poll_ready(cx))
                     .await
                     .map_err(Into::into)?;
             }
+            let call = unsent.sent();
             let response = inner.call(request).await.map_err(Into::into)?;
             let feedback = Feedback::from_response(&response);
-            match layer.actual.actual(&response) {
+            match (call, layer.actual.actual(&response)) {
                 // A cost the limiter cannot hold ends the call at its
                 // estimate; the upstream's answer is the caller's either way.
-                Some(actual) => drop(call.finish(&feedback, actual)),
-                None => call.learn(&feedback),
+                (Some(call), Some(actual)) => drop(call.finish(&feedback, actual)),
+                (Some(call), None) => call.learn(&feedback),
+                (None, _) => {}
             }
             Ok(response)
         })

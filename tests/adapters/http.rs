@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::common::Room;
+use crate::common::{Room, manual, noop, on, poll_once};
 use crate::tower::{Stopped, keyed_limiter};
 use ::http::{Request, Response, StatusCode};
 use async_trait::async_trait;
@@ -360,17 +360,15 @@ where
     S::Error: std::fmt::Debug,
 {
     let mut clone = service.clone();
-    let mut cx = Context::from_waker(std::task::Waker::noop());
-    assert!(matches!(clone.poll_ready(&mut cx), Poll::Ready(Ok(()))));
+    assert!(matches!(clone.poll_ready(&mut noop()), Poll::Ready(Ok(()))));
     let mut waiting = clone.call(request);
-    assert!(std::pin::Pin::new(&mut waiting).poll(&mut cx).is_pending());
+    assert!(poll_once(std::pin::Pin::new(&mut waiting)).is_pending());
     waiting
 }
 
 /// Whether `service` (a fresh clone) is ready at once.
 fn has_room<S: Service<Request<()>>>(service: &mut S) -> bool {
-    let mut cx = Context::from_waker(std::task::Waker::noop());
-    matches!(service.poll_ready(&mut cx), Poll::Ready(Ok(())))
+    matches!(service.poll_ready(&mut noop()), Poll::Ready(Ok(())))
 }
 
 /// A request that waits for its client's permit does not hold the inner
@@ -422,19 +420,9 @@ async fn a_request_waiting_for_its_client_holds_no_room_of_the_inner_service() {
 /// its wait is over.
 #[tokio::test(flavor = "current_thread")]
 async fn an_outbound_call_waiting_for_its_turn_holds_no_room_of_the_inner_client() {
-    // 10 a second, no burst.
-    fn limiter<C: Clock>(clock: C) -> Arc<paceline::RateLimiter<Local, C>> {
-        let builder = paceline::RateLimiter::builder().permits_per_second(10.0);
-        Arc::new(
-            builder
-                .max_burst(Duration::ZERO)
-                .clock(clock)
-                .build()
-                .unwrap(),
-        )
-    }
     let inner = OneAtATime(Room::new());
-    let service = OutboundLayer::new(limiter(Stopped::default())).layer(inner.clone());
+    let (stopped, _) = on(10.0, Stopped::default());
+    let service = OutboundLayer::new(stopped).layer(inner.clone());
     let first = send(&mut service.clone(), from("192.0.2.1", &[])).await;
     assert_eq!(first.status(), StatusCode::OK);
     // The second call waits (for ever, on this clock).
@@ -451,13 +439,37 @@ async fn an_outbound_call_waiting_for_its_turn_holds_no_room_of_the_inner_client
     );
     // On a clock that passes, a call that waited makes the client ready
     // and is answered.
-    let clock = FakeClock::new();
-    let service = OutboundLayer::new(limiter(clock.clone())).layer(inner);
+    let (limiter, clock) = on(10.0, FakeClock::new());
+    let service = OutboundLayer::new(limiter).layer(inner);
     for _ in 0..3 {
         let answer = send(&mut service.clone(), from("192.0.2.1", &[])).await;
         assert_eq!(answer.status(), StatusCode::OK);
     }
     assert_eq!(clock.now(), Duration::from_millis(200));
+}
+
+/// An outbound call whose turn has come, dropped while the client it let
+/// go of is made ready again, was never sent: it costs nothing, and the
+/// limiter reads as a twin's that never made it.
+#[tokio::test(flavor = "current_thread")]
+async fn an_outbound_call_dropped_before_it_is_sent_costs_nothing() {
+    let (limiter, clock) = manual(10.0);
+    let (twin, twin_clock) = manual(10.0);
+    let client = OneAtATime(Room::new());
+    let paced = OutboundLayer::new(Arc::clone(&limiter)).layer(client.clone());
+    send(&mut paced.clone(), from("192.0.2.1", &[])).await;
+    twin.reserve(1).unwrap();
+    let mut waiting = a_waiting_call(&paced, from("192.0.2.1", &[]));
+    // Its turn comes while another user of the client holds its room.
+    let mut other = client.clone();
+    assert!(has_room(&mut other));
+    for clock in [&clock, &twin_clock] {
+        clock.advance(Duration::from_millis(100));
+    }
+    assert!(poll_once(waiting.as_mut()).is_pending());
+    drop(waiting);
+    assert_eq!(limiter.snapshot().unwrap(), twin.snapshot().unwrap());
+    assert_eq!(limiter.reserve(1).unwrap(), twin.reserve(1).unwrap());
 }
 
 #[tokio::test(flavor = "current_thread")]
