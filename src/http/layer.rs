@@ -154,10 +154,11 @@ impl<L, X> RateLimitLayer<L, X> {
     ///
     /// # Cancel safety
     ///
-    /// Dropping the response future (the client hung up) gives back the
-    /// permit it waits for or holds, as dropping
-    /// [`try_acquire`](KeyedLimiter::try_acquire) does; once the inner
-    /// service is called, the permit is used.
+    /// Dropping the response future (the client hung up) while it waits
+    /// gives back the permit it waits for, as dropping
+    /// [`try_acquire`](KeyedLimiter::try_acquire) does; once its wait is
+    /// over (the inner service being made ready again, or called), the
+    /// permit is used.
     pub fn new(limiter: L, extractor: X) -> Self {
         RateLimitLayer {
             limiter,
