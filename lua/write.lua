@@ -2,7 +2,8 @@
 
 -- A batch's replies end with the next id (its held requests that waited
 -- got the ids before it, in order), and the limits' states after it with
--- the clock, as a status replies them.
+-- the clock, then what the key learned, if anything, as a status replies
+-- them.
 if replies then
     local k = #replies
     replies[k + 1], replies[k + 2] = next_id, now
@@ -11,6 +12,7 @@ if replies then
     else
         for j = 1, 3 * n do replies[k + 2 + j] = S[j] end
     end
+    for j = 1, L and 4 + n or 0 do replies[#replies + 1] = L[j] or 1e999 end
     replies = struct.pack(string.rep('<d', #replies), unpack(replies))
     -- None granted (every try refused): nothing is written.
     if not writes then return replies end
@@ -68,11 +70,13 @@ end
 
 -- The value (see Value). Its hot part (the head and each limit's state)
 -- is what a reservation replies; when nothing else changed (the limits
--- and their rates, the TTL, the log), it alone is written over the value
--- as read. A reservation that keeps requests of the log as read writes in
--- place too: the hot part, the rest of the fixed part and the log's head
--- (the requests before `log_at` stay in the value, dead, up to
--- DEAD_CAPACITY), and its own request appended; the log is not copied.
+-- and their rates, the TTL, the log) and the limits learned nothing (a
+-- grant's reply carries what they learned, so that the state it reads is
+-- at the rates in force), it alone is written over the value as read. A
+-- reservation that keeps requests of the log as read writes in place too:
+-- the hot part, the rest of the fixed part and the log's head (the
+-- requests before `log_at` stay in the value, dead, up to DEAD_CAPACITY),
+-- and its own request appended; the log is not copied.
 -- Otherwise the value is written whole: for a give-back, keep or settle,
 -- the requests still in the log (less the one given back, with the one
 -- kept or settled as it now is); else those of the value as read that it
@@ -92,7 +96,7 @@ end
 if mode == 'probe' and value then
     -- The probe of a key that exists: the same bytes again, the same TTL.
     redis.call('SET', key, value, 'KEEPTTL')
-elseif not whole and not ttl_set and count == 0 and logged_as_read == 0 then
+elseif not whole and not ttl_set and count == 0 and logged_as_read == 0 and not L then
     if n == 1 then
         hot = struct.pack('<ddddddd', shape, now, next_id, moment_r, st, nf, fr)
     elseif not C then

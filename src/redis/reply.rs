@@ -53,8 +53,8 @@ pub(crate) struct Reply {
     pub(crate) after: Option<Arc<Stored>>,
     /// The fraction of their configured rates the limits run at, learned
     /// from an upstream's answers (see `Limits::learn`), when the reply
-    /// carries what the key learned (a call's and a learn's do, once it
-    /// has learned anything); `None` otherwise.
+    /// carries what the key learned (every grant's and a learn's do, once
+    /// it has learned anything); `None` otherwise.
     pub(crate) learned: Option<crate::core::Adopted>,
 }
 
@@ -247,23 +247,19 @@ impl Answer for Vec<Reply> {
     /// A batch's replies, one per request: per request its wait (negated if
     /// refused) and, with several limits, the limit that bound it (-1: none);
     /// then the next id (its held requests that waited got the ids before it,
-    /// in order), and the limits' state after the batch, as a status replies
-    /// it.
+    /// in order), and the limits' state after the batch, with what the key
+    /// learned if anything, as a status replies it.
     fn decode(value: Value, call: &Call, limits: usize) -> Option<Vec<Reply>> {
         let (Call::Batch(requests), Value::BulkString(bytes)) = (call, value) else {
             return None;
         };
         let per = if limits > 1 { 2 } else { 1 };
         let n = requests.len();
-        if bytes.len() != 8 * (per * n + 2) + LIMIT_LEN * limits {
-            return None;
-        }
-        let numbers: Vec<f64> = doubles(&bytes).collect();
+        // (The replies and the next id, then the state as a status's.)
+        let head = 8 * (per * n + 1);
+        let after = Arc::new(Stored::decode(bytes.get(head..)?, limits)?);
+        let numbers: Vec<f64> = doubles(&bytes[..head]).collect();
         let next_id = whole(numbers[per * n], MAX_MICROS as f64)?;
-        let after = Arc::new(Stored::from_numbers(
-            numbers[per * n + 1],
-            &numbers[per * n + 2..],
-        )?);
         let debt_micros = after.debt_micros();
         let replies: Vec<(Option<Duration>, usize)> = numbers[..per * n]
             .chunks_exact(per)
@@ -296,7 +292,7 @@ impl Answer for Vec<Reply> {
                         token,
                         limit,
                         after: Some(Arc::clone(&after)),
-                        learned: None,
+                        learned: after.learned.clone(),
                     }
                 })
                 .collect(),

@@ -260,3 +260,44 @@ async fn a_reservation_reads_the_state_its_own_call_left() {
     let local = RateLimiter::bursty(1.0).unwrap();
     assert!(local.reservation(1).unwrap().snapshot().is_none());
 }
+
+/// A reservation on a key that learned a lower rate reads its own state
+/// at that rate, as a read of the key does: every reservation, not only
+/// one whose reply held the whole value (the second read the configured
+/// 100 a second, while the key ran at 9.7).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_on_a_key_that_learned_reads_the_learned_rate() {
+    let server = RedisServer::start();
+    let limiter = RateLimiter::builder()
+        .limit(Limit::per(100.0, Duration::from_secs(1)))
+        .redis(&patient_backend(server.client()).await, "learned-own")
+        .fallback(Fallback::FailClosed)
+        .build()
+        .unwrap();
+    let call = limiter.call(1).await.unwrap();
+    let feedback = paceline::outbound::Feedback::from_headers(
+        200,
+        [("RateLimit-Policy", &b"10;w=1"[..])],
+        std::time::SystemTime::now(),
+    );
+    call.learn(&feedback);
+    drop(call);
+    let mut learned = 0.0;
+    for _ in 0..400 {
+        learned = limiter.snapshot().await.unwrap().rate();
+        if learned < 100.0 {
+            break;
+        }
+        tokio::time::sleep(5 * MS).await;
+    }
+    assert!(learned < 100.0, "the key never learned: {learned}");
+    // A debt of 10 s keeps the key (which forgets what it learned once it
+    // expires, when it reads as full).
+    limiter.reserve(100).await.unwrap();
+    for i in 0..3 {
+        let reservation = limiter.reservation(1).await.unwrap();
+        let own = reservation.snapshot().expect("a Redis reply's state");
+        reservation.keep();
+        assert_eq!(own.rate(), learned, "reservation {i}");
+    }
+}

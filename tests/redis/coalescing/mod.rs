@@ -490,3 +490,71 @@ async fn a_refused_batchs_callers_each_get_the_error_said_once() {
         "{calls} script calls for 64 callers: none was batched"
     );
 }
+
+/// Reservations that went together in one batch, on a key that learned a
+/// lower rate from an upstream, read their state at that rate, as the
+/// key's own read does: the batch's reply carries what the key learned
+/// (it did not: the five read the configured 100 a second, not 9.7).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_on_a_key_that_learned_reads_the_learned_rate() {
+    const LATENCY: Duration = Duration::from_millis(200);
+    let server = RedisServer::start();
+    let proxy = Proxy::in_front_of(&server);
+    let limiter = Arc::new(
+        builder_on(
+            backend_builder(proxy.client()).response_timeout(Duration::from_secs(2)),
+            "batch-learned",
+            100.0,
+        )
+        .await
+        .build()
+        .unwrap(),
+    );
+    let call = limiter.call(1).await.unwrap();
+    call.learn(&paceline::outbound::Feedback::from_headers(
+        200,
+        [("RateLimit-Policy", &b"10;w=1"[..])],
+        std::time::SystemTime::now(),
+    ));
+    drop(call);
+    let mut learned = 100.0;
+    for _ in 0..400 {
+        learned = limiter.snapshot().await.unwrap().rate();
+        if learned < 100.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(learned < 100.0, "the key never learned: {learned}");
+    // A debt of 10 s keeps the key (which forgets what it learned once it
+    // expires, when it reads as full).
+    limiter.reserve(100).await.unwrap();
+    reset_stats(&server);
+    proxy.set_latency(LATENCY);
+    // A lead in flight, and five callers queued behind it: one batch.
+    let lead = tokio::spawn({
+        let limiter = Arc::clone(&limiter);
+        async move { kept_snapshot(&limiter).await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let queued: Vec<_> = (0..5)
+        .map(|_| {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move { kept_snapshot(&limiter).await })
+        })
+        .collect();
+    let mut rates = vec![lead.await.unwrap().unwrap().rate()];
+    for caller in queued {
+        rates.push(caller.await.unwrap().unwrap().rate());
+    }
+    assert_eq!(server.evalsha_calls(), 2, "the lead, then one batch");
+    assert_eq!(rates, [learned; 6]);
+}
+
+/// A reservation of one permit's own snapshot; the reservation is kept.
+async fn kept_snapshot(limiter: &RateLimiter<Redis>) -> Option<paceline::Snapshot> {
+    let reservation = limiter.reservation(1).await.unwrap();
+    let snapshot = reservation.snapshot();
+    reservation.keep();
+    snapshot
+}
