@@ -227,9 +227,13 @@ if value then
         else
             B = {struct.unpack(string.sub(FORMAT, 3, 3 + 3 * n), value, at)}
         end
+        -- (Each within its limit's max_permits as read, m: the log holds
+        -- only requests charged at those rates, so a charge of it again
+        -- from its base stores no more.)
+        local m = omx
         for i = 1, n do
-            if B then bst, bnf, bfr = B[3 * i - 2], B[3 * i - 1], B[3 * i] end
-            ok = ok and bst >= 0 and bst <= F64_MAX and bnf >= 0 and bnf <= MAX_MICROS and bnf % 1 == 0
+            if B then bst, bnf, bfr, m = B[3 * i - 2], B[3 * i - 1], B[3 * i], S[3 * n + 2 * i + 1] end
+            ok = ok and bst >= 0 and bst <= m and bnf >= 0 and bnf <= MAX_MICROS and bnf % 1 == 0
                 and bfr >= 0 and bfr < FRACTION_ONE and bfr % 1 == 0
         end
     end

@@ -569,3 +569,73 @@ fn unrecognised_values_are_an_error_in_every_mode_and_left_untouched() {
         assert!((90_000..=100_000).contains(&pttl), "{name}: PTTL {pttl}");
     }
 }
+
+/// A log whose base (the states before its first request) stores more
+/// than its limit's max_permits is not this limiter's, whichever limit:
+/// every mode refuses it and leaves it untouched. (A give-back charged the
+/// log again from it and wrote a limit holding 1e300 permits; the next
+/// call found that value unrecognised.)
+#[test]
+fn a_log_base_storing_more_than_its_limit_holds_is_an_error() {
+    let mut fx = fixture();
+    // Limits of 5 and of 2 permits stored at most.
+    let one = Args::bursty("5", 1_000_000).at(T0);
+    let two = |args: &Args| {
+        let mut argv = args.to_vec();
+        let limit: Vec<Vec<u8>> = ["1", "bursty", "2000000", "0"]
+            .iter()
+            .map(|x| x.as_bytes().to_vec())
+            .collect();
+        argv.splice(6..6, limit);
+        argv
+    };
+    let mut cases = Vec::new();
+    for limits in [1, 2] {
+        let key = format!("src{limits}");
+        let argv = |args: &Args| {
+            if limits == 1 {
+                args.to_vec()
+            } else {
+                two(args)
+            }
+        };
+        // The burst spent, then a held reservation that waits: a log.
+        fx.eval_raw(&[&key], &argv(&one.clone().permits(6)))
+            .unwrap();
+        fx.eval_raw(&[&key], &argv(&one.clone().held())).unwrap();
+        let log = fx.value(&key);
+        assert_eq!(log.logged(), Some(1), "{limits} limits");
+        let id = log.log[0][ENTRY_ID] as u64;
+        // (The log as it is gives back.)
+        fx.set_bytes("copy", &log.encode());
+        let back = fx.eval_raw(&["copy"], &argv(&one.clone().cancel(id)));
+        assert_eq!(back, Ok(Value::Int(1)), "{limits} limits");
+        // (The second limit's 2.5 is within the first's 5.)
+        let second = [(1, 2.5), (1, 1e300)];
+        let extra = if limits == 2 { &second[..] } else { &[] };
+        for &(limit, stored) in [(0, 5.5), (0, 1e300)].iter().chain(extra) {
+            let mut value = log.clone();
+            value.base[limit][0] = stored;
+            let name = format!("{limits} limits, limit {limit}'s base storing {stored}");
+            cases.push((name, value.encode(), id, limits));
+        }
+    }
+    for (i, (name, value, id, limits)) in cases.iter().enumerate() {
+        let key = format!("c{i}");
+        fx.set_bytes(&key, value);
+        // (With two limits, those whose ARGV[2] counts for one are left
+        // out: refused for their arguments first.)
+        let modes = every_mode(&one).into_iter().chain([one.clone().cancel(id)]);
+        let counted = |mode: &Args| ["resume", "call", "settle"].contains(&&*mode.permits);
+        for mode in modes.filter(|mode| *limits == 1 || !counted(mode)) {
+            let argv = if *limits == 1 {
+                mode.to_vec()
+            } else {
+                two(&mode)
+            };
+            let error = fx.run_err(&[&key], &argv);
+            assert_unrecognised(&error, &format!("{name}, {mode:?}"));
+            assert_eq!(fx.raw(&key), *value, "{name}, {mode:?}: the value changed");
+        }
+    }
+}
