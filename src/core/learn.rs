@@ -19,7 +19,9 @@
 //!   `interval`, up to 1.
 //! * A limit the upstream says is spent (`remaining` 0, with its `reset`) is
 //!   paused until the reset; one with `remaining` (0 included, without a
-//!   reset) keeps at most that many permits stored.
+//!   reset) keeps at most that many permits stored. (Pauses and caps drop
+//!   the stored permits of bursty limits only: a warming-up limit's slow it
+//!   down, and it keeps them.)
 //!
 //! Rate changes and pauses apply to the states at `now` and, like
 //! [`Limits::set_rate`], empty the give-back log (the calls it held open then
@@ -30,7 +32,7 @@
 //! request given back never been made (or the call cost what it settled
 //! at) and the upstream said the same at the same moment.
 
-use super::{Limits, MAX_MICROS, State};
+use super::{Limits, MAX_MICROS, Policy, State};
 
 /// The constants of the policy by which a limiter learns an upstream's limit
 /// (see the [`outbound`](crate::outbound) module).
@@ -299,8 +301,8 @@ impl Limits {
             }
         }
         for (i, reported) in lesson.limits.iter().enumerate().take(n) {
-            // (0 too: a spent limit with no reset stores nothing; one with a
-            // reset is paused above, which stores nothing already.)
+            // (0 too: a spent bursty limit with no reset stores nothing; one
+            // with a reset is paused above, which stores nothing already.)
             if let Some(remaining) = reported.remaining {
                 // Logged while the log holds anything, binding or not, so
                 // that a give-back or a settle replays it at its place.
@@ -390,21 +392,32 @@ impl Limits {
 
 impl State {
     /// Pauses the limit until `until_micros`: its ticket moves there (if
-    /// earlier) and it drops every stored permit, so that it stores only the
-    /// idle time after the pause and the callers that come back after it go
-    /// one interval apart, never as a burst.
+    /// earlier) and, bursty, it drops every stored permit, so that it stores
+    /// only the idle time after the pause and the callers that come back
+    /// after it go one interval apart, never as a burst. A warming-up limit
+    /// keeps what it stores: its stored permits make it slower (cold), and
+    /// dropping them would make it run warm, faster than before the pause.
     pub(crate) fn pause(&mut self, until_micros: u64, now_micros: u64) {
         self.resync(now_micros);
-        self.stored_permits = 0.0;
+        self.drop_stored_at_most(0.0);
         if until_micros > self.next_free_micros {
             self.next_free_micros = until_micros.min(MAX_MICROS);
             self.next_free_fraction = 0;
         }
     }
 
-    /// Keeps at most `permits` stored (as of `now_micros`).
+    /// Keeps at most `permits` stored (as of `now_micros`), bursty: a
+    /// warming-up limit's stored permits are no burst (they slow it down),
+    /// so it keeps them.
     pub(crate) fn keep_stored_at_most(&mut self, permits: u64, now_micros: u64) {
         self.resync(now_micros);
-        self.stored_permits = self.stored_permits.min(permits as f64);
+        self.drop_stored_at_most(permits as f64);
+    }
+
+    /// Keeps at most `permits` stored if stored permits are free (bursty).
+    fn drop_stored_at_most(&mut self, permits: f64) {
+        if let Policy::Bursty(_) = self.policy {
+            self.stored_permits = self.stored_permits.min(permits);
+        }
     }
 }

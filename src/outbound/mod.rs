@@ -43,7 +43,9 @@
 //!   goes beside the one request that goes whenever nothing is owed: with
 //!   `n` left and nothing owed, `n + 1` may go at once, and with none left
 //!   and no reset, one (the upstream's answer to it teaches the rest). A
-//!   cap stays until the upstream reports another: successes that report
+//!   warming-up limit's stored permits make it slower, not faster, so
+//!   neither a pause nor what is left takes them away: "none left" never
+//!   warms a cold limit up. A cap stays until the upstream reports another: successes that report
 //!   nothing do not lift it;
 //! * a rate that changes leaves what was charged as it is (as
 //!   [`set_rate`](crate::RateLimiter::set_rate) does): a request charged at
