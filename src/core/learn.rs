@@ -15,8 +15,9 @@
 //!   started ended, whenever they come back, were sent before anyone knew),
 //!   and [pauses](State::pause) every limit until its `Retry-After` (or for
 //!   `pause`).
-//! * A success after the pause adds `increase` to `factor`, at most once per
-//!   `interval`, up to 1.
+//! * A success of a call that went after the pause ended adds `increase`
+//!   to `factor`, at most once per `interval`, up to 1 (one that went
+//!   before answers the load the refusal answered: it raises nothing).
 //! * A limit the upstream says is spent (`remaining` 0, with its `reset`) is
 //!   paused until the reset; one with `remaining` (0 included, without a
 //!   reset) keeps at most that many permits stored. (Pauses and caps drop
@@ -145,7 +146,8 @@ pub struct Lesson {
     pub retry_after_micros: Option<u64>,
     /// How long before it is learned the call it answers went (`None`: as
     /// if it went as it is learned). A refusal of a call that went before
-    /// the last pause ended lowers nothing: it was sent before anyone knew.
+    /// the last pause ended lowers nothing: it was sent before anyone knew;
+    /// nor does its success raise anything.
     pub sent_ago_micros: Option<u64>,
     /// Per limit, in order: what the upstream reported for it.
     pub limits: Vec<Reported>,
@@ -257,8 +259,10 @@ impl Limits {
             }
         }
         let mut pause = None;
+        // (When its call went: one that went before the last pause ended
+        // lowers nothing, and raises nothing.)
+        let sent = now_micros.saturating_sub(lesson.sent_ago_micros.unwrap_or(0));
         if lesson.throttled {
-            let sent = now_micros.saturating_sub(lesson.sent_ago_micros.unwrap_or(0));
             if sent >= learned.paused_until {
                 learned.factor = (learned.factor * learning.decrease).max(learning.floor);
             }
@@ -268,7 +272,7 @@ impl Limits {
             learned.increased_at = learned.paused_until;
             pause = Some(until);
         } else if lesson.success
-            && now_micros >= learned.paused_until
+            && sent >= learned.paused_until
             && now_micros.saturating_sub(learned.increased_at) >= learning.interval_micros
             && learned.factor < 1.0
         {
