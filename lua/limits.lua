@@ -15,15 +15,19 @@ if lesson then
     L2 = L and {L[1], L[2], L[3], f[9]} or {1.0, 0, 0, f[9]}
     -- (Each limit's cap: reported, learned before, or none, inf.)
     for i = 1, n do L2[4 + i] = f[8 + 3 * i] or L and i <= held_n and L[4 + i] or 1e999 end
+    -- (When its call went: one that went before the last pause ended
+    -- lowers nothing, and raises nothing.)
+    local sent = math.max(now - sent_ago, 0)
     if f[1] then
         -- A refusal: lowered once per pause (not for a call that went
         -- before the last one ended); paused until its Retry-After.
-        if math.max(now - sent_ago, 0) >= L2[2] then L2[1] = math.max(L2[1] * f[4], f[7]) end
+        if sent >= L2[2] then L2[1] = math.max(L2[1] * f[4], f[7]) end
         f[10] = math.min(now + (f[3] or f[8]), MAX_MICROS)
         if f[10] > L2[2] then L2[2] = f[10] end
         L2[3] = L2[2]
-    elseif f[2] and now >= L2[2] and L2[1] < 1.0 and (now - L2[3] >= f[6] or f[6] == 0) then
-        -- A success after the pause, an interval after the last rise.
+    elseif f[2] and sent >= L2[2] and L2[1] < 1.0 and (now - L2[3] >= f[6] or f[6] == 0) then
+        -- A success of a call that went after the pause, an interval
+        -- after the last rise.
         L2[1] = math.min(L2[1] + f[5], 1.0)
         L2[3] = now
     end

@@ -52,8 +52,7 @@ if (changed or ort ~= rate or omx ~= mx) and mode ~= 'probe' then
             -- the cool-down of the policy in force with them). (Once they
             -- changed, nothing is left to resync at the new ones. A pause
             -- alone, the rates unchanged, resyncs at the rates in force all
-            -- the same, and what it rescales to is overwritten below: a
-            -- paused limit stores nothing.)
+            -- the same, and rescales nothing.)
             local old_stable = math.min(1000000.0 / ort, MAX_MICROS)
             local x = not bursty and omx > 0.0 and pmicros / omx or old_stable
             count, log_at, whole = 0, nil, true
@@ -61,10 +60,14 @@ if (changed or ort ~= rate or omx ~= mx) and mode ~= 'probe' then
             -- Policy::stored_permits_after_infinite_rate, else
             -- Policy::initial_stored_permits, else rescaled (stored /
             -- old_max is in 0..=1, so this never overflows).
-            st = old_stable == 0.0 and (bursty and m or 0.0) or omx == 0.0 and (bursty and 0.0 or m) or st / omx * m
+            if set then
+                st = old_stable == 0.0 and (bursty and m or 0.0) or omx == 0.0 and (bursty and 0.0 or m) or st / omx * m
+            end
             ort, omx = r, m
             if t then
-                st = 0.0
+                -- State::pause: a bursty limit stores nothing (a warming-up
+                -- one keeps its stored permits, which slow it down).
+                if bursty then st = 0.0 end
                 if t > nf then nf, fr = t, 0 end
             end
             if n > 1 then S[k + 1], S[k + 2], S[k + 3], S[3 * n + 2 * i], S[3 * n + 2 * i + 1] = st, nf, fr, ort, omx end
@@ -314,13 +317,14 @@ else
             if limit then
                 -- (A resume's or a cap's limit, always granted: no timeout.)
                 local k = 3 * limit - 2
-                if n > 1 then st, nf, fr, mx, cd = S[k], S[k + 1], S[k + 2], C[8 * limit - 3], C[8 * limit] end
+                if n > 1 then st, nf, fr, mx, cd, bursty = S[k], S[k + 1], S[k + 2], C[8 * limit - 3], C[8 * limit], C[8 * limit - 6] end
                 -- Resynced at its now (as in Limits::charge below): its ticket
                 -- at least up to now.
                 if at > nf then st, nf, fr = math.min(st + ((at - nf) - fr / FRACTION_ONE) / cd, mx), at, 0 end
                 if cap then
-                    -- State::keep_stored_at_most: at most `p` stored.
-                    if st > p then st = p end
+                    -- State::keep_stored_at_most: at most `p` stored, bursty
+                    -- (a warming-up limit's stored permits slow it down).
+                    if bursty and st > p then st = p end
                 else
                     -- Limits::resume: no stored permits, then its debt; a
                     -- ticket that reaches 2^53 is 2^53, with no fraction (as

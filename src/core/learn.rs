@@ -15,11 +15,14 @@
 //!   started ended, whenever they come back, were sent before anyone knew),
 //!   and [pauses](State::pause) every limit until its `Retry-After` (or for
 //!   `pause`).
-//! * A success after the pause adds `increase` to `factor`, at most once per
-//!   `interval`, up to 1.
+//! * A success of a call that went after the pause ended adds `increase`
+//!   to `factor`, at most once per `interval`, up to 1 (one that went
+//!   before answers the load the refusal answered: it raises nothing).
 //! * A limit the upstream says is spent (`remaining` 0, with its `reset`) is
 //!   paused until the reset; one with `remaining` (0 included, without a
-//!   reset) keeps at most that many permits stored.
+//!   reset) keeps at most that many permits stored. (Pauses and caps drop
+//!   the stored permits of bursty limits only: a warming-up limit's slow it
+//!   down, and it keeps them.)
 //!
 //! Rate changes and pauses apply to the states at `now` and, like
 //! [`Limits::set_rate`], empty the give-back log (the calls it held open then
@@ -30,7 +33,7 @@
 //! request given back never been made (or the call cost what it settled
 //! at) and the upstream said the same at the same moment.
 
-use super::{Limits, MAX_MICROS, State};
+use super::{Limits, MAX_MICROS, Policy, State};
 
 /// The constants of the policy by which a limiter learns an upstream's limit
 /// (see the [`outbound`](crate::outbound) module).
@@ -143,7 +146,8 @@ pub struct Lesson {
     pub retry_after_micros: Option<u64>,
     /// How long before it is learned the call it answers went (`None`: as
     /// if it went as it is learned). A refusal of a call that went before
-    /// the last pause ended lowers nothing: it was sent before anyone knew.
+    /// the last pause ended lowers nothing: it was sent before anyone knew;
+    /// nor does its success raise anything.
     pub sent_ago_micros: Option<u64>,
     /// Per limit, in order: what the upstream reported for it.
     pub limits: Vec<Reported>,
@@ -255,8 +259,10 @@ impl Limits {
             }
         }
         let mut pause = None;
+        // (When its call went: one that went before the last pause ended
+        // lowers nothing, and raises nothing.)
+        let sent = now_micros.saturating_sub(lesson.sent_ago_micros.unwrap_or(0));
         if lesson.throttled {
-            let sent = now_micros.saturating_sub(lesson.sent_ago_micros.unwrap_or(0));
             if sent >= learned.paused_until {
                 learned.factor = (learned.factor * learning.decrease).max(learning.floor);
             }
@@ -266,7 +272,7 @@ impl Limits {
             learned.increased_at = learned.paused_until;
             pause = Some(until);
         } else if lesson.success
-            && now_micros >= learned.paused_until
+            && sent >= learned.paused_until
             && now_micros.saturating_sub(learned.increased_at) >= learning.interval_micros
             && learned.factor < 1.0
         {
@@ -299,8 +305,8 @@ impl Limits {
             }
         }
         for (i, reported) in lesson.limits.iter().enumerate().take(n) {
-            // (0 too: a spent limit with no reset stores nothing; one with a
-            // reset is paused above, which stores nothing already.)
+            // (0 too: a spent bursty limit with no reset stores nothing; one
+            // with a reset is paused above, which stores nothing already.)
             if let Some(remaining) = reported.remaining {
                 // Logged while the log holds anything, binding or not, so
                 // that a give-back or a settle replays it at its place.
@@ -390,21 +396,32 @@ impl Limits {
 
 impl State {
     /// Pauses the limit until `until_micros`: its ticket moves there (if
-    /// earlier) and it drops every stored permit, so that it stores only the
-    /// idle time after the pause and the callers that come back after it go
-    /// one interval apart, never as a burst.
+    /// earlier) and, bursty, it drops every stored permit, so that it stores
+    /// only the idle time after the pause and the callers that come back
+    /// after it go one interval apart, never as a burst. A warming-up limit
+    /// keeps what it stores: its stored permits make it slower (cold), and
+    /// dropping them would make it run warm, faster than before the pause.
     pub(crate) fn pause(&mut self, until_micros: u64, now_micros: u64) {
         self.resync(now_micros);
-        self.stored_permits = 0.0;
+        self.drop_stored_at_most(0.0);
         if until_micros > self.next_free_micros {
             self.next_free_micros = until_micros.min(MAX_MICROS);
             self.next_free_fraction = 0;
         }
     }
 
-    /// Keeps at most `permits` stored (as of `now_micros`).
+    /// Keeps at most `permits` stored (as of `now_micros`), bursty: a
+    /// warming-up limit's stored permits are no burst (they slow it down),
+    /// so it keeps them.
     pub(crate) fn keep_stored_at_most(&mut self, permits: u64, now_micros: u64) {
         self.resync(now_micros);
-        self.stored_permits = self.stored_permits.min(permits as f64);
+        self.drop_stored_at_most(permits as f64);
+    }
+
+    /// Keeps at most `permits` stored if stored permits are free (bursty).
+    fn drop_stored_at_most(&mut self, permits: f64) {
+        if let Policy::Bursty(_) = self.policy {
+            self.stored_permits = self.stored_permits.min(permits);
+        }
     }
 }

@@ -150,7 +150,8 @@ impl Feedback {
     /// not parse (any other number that overflows a `u64`, bytes that are
     /// not text) is left out. The work is linear in the
     /// headers' length, and bounded: 256 lines looked at, 32 rate-limit lines
-    /// read, 16 items of a line and 16 parameters of an item, 8 quotas kept,
+    /// read (`Retry-After` apart: read wherever it comes among the 256), 16
+    /// items of a line and 16 parameters of an item, 8 quotas kept,
     /// names of 1 to 64 token characters (an item named otherwise is left
     /// out). Nothing is allocated but the quotas.
     pub fn from_headers<'h, I>(status: u16, headers: I, now: SystemTime) -> Feedback
@@ -159,16 +160,22 @@ impl Feedback {
     {
         let mut lines: [Line<'h>; MAX_READ] = [(0, b"", "", b""); MAX_READ];
         let mut read = 0;
+        let mut feedback = Feedback::new(status);
         for (name, value) in headers.into_iter().take(MAX_LINES) {
-            if let Some((rank, key, suffix)) = classify(name)
-                && read < MAX_READ
-            {
-                lines[read] = (rank, key, suffix, value);
-                read += 1;
+            match classify(name) {
+                // (Read as it comes: no rate-limit line crowds it out.)
+                Some((0, ..)) if feedback.retry_after.is_none() => {
+                    feedback.retry_after = retry_after(value, now);
+                }
+                Some((0, ..)) => {}
+                Some((rank, key, suffix)) if read < MAX_READ => {
+                    lines[read] = (rank, key, suffix, value);
+                    read += 1;
+                }
+                _ => {}
             }
         }
-        let mut feedback = Feedback::new(status);
-        for rank in 0..4 {
+        for rank in 1..4 {
             for &line in lines[..read].iter().filter(|line| line.0 == rank) {
                 feedback.read(line, now);
             }
@@ -240,9 +247,7 @@ impl Feedback {
     }
 
     fn read(&mut self, (rank, key, suffix, value): Line<'_>, now: SystemTime) {
-        if rank == 0 {
-            self.retry_after = self.retry_after.or_else(|| retry_after(value, now));
-        } else if rank == 3 || (rank == 2 && key == b"t" && reset(value, now).is_some()) {
+        if rank == 3 || (rank == 2 && key == b"t" && reset(value, now).is_some()) {
             // (`RateLimit-Reset` whole: an HTTP-date holds a comma.)
             let mut fields = Quota::default();
             set(&mut fields, key, value.trim_ascii(), now);

@@ -33,7 +33,9 @@
 //!   the refusal came from a burst, and the pause is enough); after the pause
 //!   the callers go one interval apart, never as a burst;
 //! * each second of successes (`2xx` statuses) after the pause adds back 0.05
-//!   of the configured rates, up to them;
+//!   of the configured rates, up to them (successes of calls that went
+//!   after it: one that went before it ended answers the load the refusal
+//!   answered, and raises nothing, however late it comes back);
 //! * a rate the upstream reports for a limit (a quota over its window, read as
 //!   at least one a day) caps that limit at 0.97 of it, never above the
 //!   configured rate; a limit it reports spent (`remaining` 0) waits for its
@@ -43,7 +45,9 @@
 //!   goes beside the one request that goes whenever nothing is owed: with
 //!   `n` left and nothing owed, `n + 1` may go at once, and with none left
 //!   and no reset, one (the upstream's answer to it teaches the rest). A
-//!   cap stays until the upstream reports another: successes that report
+//!   warming-up limit's stored permits make it slower, not faster, so
+//!   neither a pause nor what is left takes them away: "none left" never
+//!   warms a cold limit up. A cap stays until the upstream reports another: successes that report
 //!   nothing do not lift it;
 //! * a rate that changes leaves what was charged as it is (as
 //!   [`set_rate`](crate::RateLimiter::set_rate) does): a request charged at

@@ -104,8 +104,9 @@ fn refusals_stop_at_the_floor() {
     assert!(close(limiter.rate(), 50.0), "{}", limiter.rate());
 }
 
-/// After the pause, each interval of successes adds back 0.05 of the
-/// configured rate; a success during the pause adds nothing.
+/// After the pause, each interval of successes (of calls that went after
+/// it) adds back 0.05 of the configured rate; a success during the pause
+/// adds nothing.
 #[test]
 fn successes_after_the_pause_add_back_one_step_an_interval() {
     let clock = FakeClock::new();
@@ -137,7 +138,14 @@ fn successes_after_the_pause_add_back_one_step_an_interval() {
         ];
         for (after, status, rate) in steps {
             at(t0 + ms(after));
-            calls.next().unwrap().learn(&Feedback::new(status));
+            // Inside the pause, a call that went before it; after it, one
+            // that goes now (at once).
+            let call = match after < 1_000 {
+                true => calls.next().unwrap(),
+                false => limiter.call(1).await.unwrap(),
+            };
+            assert_eq!(clock.now(), t0 + ms(after));
+            call.learn(&Feedback::new(status));
             assert!(
                 close(limiter.rate(), rate),
                 "{after} ms after the refusal, a {status}: {}",
@@ -150,6 +158,35 @@ fn successes_after_the_pause_add_back_one_step_an_interval() {
         feed(&limiter, &Feedback::new(204));
     }
     assert!(close(limiter.rate(), 100.0), "{}", limiter.rate());
+}
+
+/// Successes of calls that went before a refusal's pause ended raise
+/// nothing, as their refusals would lower nothing: they answer the load
+/// the refusal answered. Ten calls in flight (an upstream that takes
+/// seconds to answer), an eleventh refused: their successes, one a second
+/// after the pause, gave the 0.7 back in six seconds (10 a second again,
+/// the rate that was refused).
+#[test]
+fn successes_of_calls_that_went_before_the_pause_raise_nothing() {
+    let clock = FakeClock::new();
+    let limiter = limiter(10.0, &clock);
+    futures::executor::block_on(async {
+        let calls = futures_calls(&limiter, 10).await;
+        let refused = limiter.call(1).await.unwrap();
+        refused.learn(&Feedback::new(429).with_retry_after(ms(1_000)));
+        drop(refused);
+        assert!(close(limiter.rate(), 7.0));
+        for call in calls {
+            clock.advance(ms(1_000));
+            call.learn(&Feedback::new(200));
+        }
+        assert!(close(limiter.rate(), 7.0), "{}", limiter.rate());
+        // A call that went after the pause raises it.
+        let after = limiter.call(1).await.unwrap();
+        clock.advance(ms(1_000));
+        after.learn(&Feedback::new(200));
+        assert!(close(limiter.rate(), 7.5), "{}", limiter.rate());
+    });
 }
 
 /// `n` calls taken now, before any answer.

@@ -217,3 +217,43 @@ fn a_rise_after_a_spent_quota_keeps_the_reset() {
         assert!(next >= Duration::from_secs(29), "{together}: {next:?}");
     }
 }
+
+/// A cold warming-up limit's stored permits slow it down (2 a second,
+/// cold factor 3: the callers go 1.375 s, 1.125 s, 875 ms, 625 ms apart),
+/// so an answer that says nothing is left, or refuses, must not take them
+/// away: both did, and warmed it up, the callers after going 500 ms apart
+/// ("none left" made it run faster than before), or 714 ms after the
+/// refusal (its 0.7 of the rate, from warm).
+#[test]
+fn none_left_or_a_refusal_never_warms_a_cold_limit_up() {
+    let waits = |feedback: Option<Feedback>| {
+        let clock = FakeClock::new();
+        let limiter = RateLimiter::builder()
+            .permits_per_second(2.0)
+            .warmup(Duration::from_secs(4))
+            .cold_factor(3.0)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let first = call_answered(&limiter, &feedback.unwrap_or_else(|| Feedback::new(200)));
+        let waits: Vec<u128> = (0..4)
+            .map(|_| call_answered(&limiter, &Feedback::new(200)).as_millis())
+            .collect();
+        assert_eq!(first, Duration::ZERO);
+        waits
+    };
+    let cold = waits(None);
+    assert_eq!(cold, [1_375, 1_125, 875, 625]);
+    let none_left = answer(200, &[("X-RateLimit-Remaining", "0")]);
+    assert_eq!(waits(Some(none_left)), cold);
+    // The refusal pauses for 1 s, inside the first call's own 1.375 s, and
+    // lowers the rate to 1.4 a second: every wait at least as long.
+    let refused = waits(Some(answer(429, &[("Retry-After", "1")])));
+    assert!(
+        refused
+            .iter()
+            .zip(&cold)
+            .all(|(refused, cold)| refused >= cold),
+        "{refused:?}, cold {cold:?}"
+    );
+}

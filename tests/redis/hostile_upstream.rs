@@ -85,3 +85,35 @@ async fn hostile_answers_teach_redis_what_they_teach_the_core() {
         assert_eq!(snapshot.rate(), want, "answer {at}");
     }
 }
+
+/// A cold warming-up key's stored permits slow it down (2 a second, cold
+/// factor 3, 8 stored when cold: the callers go 1.375 s, 1.125 s, 875 ms,
+/// 625 ms apart), so an answer that says nothing is left must not take
+/// them away in Redis either: the script took all 7 left after the first
+/// call, and the callers after it went 500 ms apart.
+#[tokio::test]
+async fn none_left_never_warms_a_cold_key_up() {
+    let server = RedisServer::start();
+    let limiter = RateLimiter::builder()
+        .permits_per_second(2.0)
+        .warmup(Duration::from_secs(4))
+        .cold_factor(3.0)
+        .redis(&patient_backend(server.client()).await, "cold")
+        .fallback(Fallback::FailClosed)
+        .build()
+        .unwrap();
+    let none_left = [("X-RateLimit-Remaining", &b"0"[..])];
+    let none_left = Feedback::from_headers(200, none_left, SystemTime::now());
+    limiter.call(1).await.unwrap().learn(&none_left);
+    let mut con = server.connection();
+    let mut value = None;
+    within(Duration::from_secs(5), || {
+        value = Value::read(&mut con, "paceline:v1:cold");
+        value.as_ref().is_some_and(|v| v.learned.is_some())
+    })
+    .await
+    .expect("the lesson never landed");
+    let limit = &value.unwrap().limits[0];
+    assert_eq!(limit.max_permits, 8.0);
+    assert!(limit.stored_permits >= 7.0, "{limit:?}");
+}

@@ -352,10 +352,14 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
 }
 
 /// `op` as it is sent or learned `waited` µs after it was made: a
-/// lesson's waits count from when it came (as its reply's did), and its
-/// call went that much longer before it.
+/// lesson's waits count from when it came (as its reply's did), a
+/// refusal's pause without `Retry-After` (its learning's) too, and its call
+/// went that much longer before it.
 fn aged(op: &mut Call, waited: u64) {
-    if let Call::Learn { lesson, .. } = op {
+    if let Call::Learn { lesson, learning } = op {
+        if lesson.throttled && lesson.retry_after_micros.is_none() {
+            lesson.retry_after_micros = Some(learning.pause_micros);
+        }
         let left = |after: Option<u64>| after.map(|after| after.saturating_sub(waited));
         lesson.retry_after_micros = left(lesson.retry_after_micros);
         for reported in &mut lesson.limits {

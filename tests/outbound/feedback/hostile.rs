@@ -148,6 +148,23 @@ fn at_most_256_lines_looked_at_and_32_read() {
     assert_eq!(feedback.quotas(), [quota(None, Some(1), None, None, None)]);
 }
 
+/// `Retry-After` is no rate-limit line to crowd out: 32 of them before it
+/// (an upstream reporting nine quotas of four fields each, say) left it
+/// unread, and a refusal asking for a minute paused for the default
+/// second. It is read wherever it comes among the 256 lines looked at, the
+/// first that parses winning as before.
+#[test]
+fn a_retry_after_behind_32_rate_limit_lines_is_read() {
+    let mut headers = vec![("X-RateLimit-Remaining-Empty", "x"); 32];
+    headers.push(("Retry-After", "soon"));
+    headers.push(("Retry-After", "60"));
+    headers.push(("Retry-After", "5"));
+    assert_eq!(read(429, &headers).retry_after(), Some(secs(60)));
+    let mut headers = vec![("Set-Cookie", "a=b"); 256];
+    headers.push(("Retry-After", "60"));
+    assert_eq!(read(429, &headers).retry_after(), None);
+}
+
 // The documented bounds (`Feedback::from_headers`): quotas kept, a name's
 // bytes and characters.
 const MAX_QUOTAS: usize = 8;

@@ -8,10 +8,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::limiter_state::Value;
 use crate::support::poll::{RESPONSE_TIMEOUT, SLACK, backend, backend_builder};
 use crate::support::proxy::Proxy;
 use crate::support::redis_server::RedisServer;
 use crate::support::within::within;
+use paceline::clock::FakeClock;
 use paceline::outbound::Feedback;
 use paceline::redis::{Fallback, Redis, RedisBackend};
 use paceline::{Limit, RateLimiter};
@@ -478,5 +480,51 @@ async fn fail_closed_a_lesson_learned_while_down_pauses_after_recovery() {
     assert!(
         went + 5 * MS >= pause,
         "went {went:?} after a refusal asking for {pause:?}"
+    );
+}
+
+/// `FailClosed`: a refusal without `Retry-After`, learned while Redis is
+/// frozen, pauses for `Learning::pause` (1 s) counted from the answer, as
+/// a `Retry-After` is ("what is left of its pause"). It came 10 s (on the
+/// limiter's fake clock) before Redis was back, so the key learns no pause
+/// then (a debt of 30 s keeps it). Its pause was counted from when it
+/// reached Redis: the key paused for a full second after the recovery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_a_default_pause_learned_while_down_is_aged_too() {
+    let server = RedisServer::start();
+    let backend = backend(server.client()).await;
+    let clock = FakeClock::new();
+    let limiter = RateLimiter::builder()
+        .limit(Limit::per_second(10.0).burst(1))
+        .redis(&backend, "closed-default")
+        .fallback(Fallback::FailClosed)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    limiter.acquire(300).await.unwrap();
+    let call = limiter.call(1).await.unwrap();
+    server.stop();
+    assert!(limiter.acquire(1).await.is_err());
+    let down = within(Duration::from_secs(5), || limiter.stats().degraded).await;
+    assert!(down.is_some(), "the limiter never became degraded");
+    call.learn(&Feedback::new(429));
+    drop(call);
+    clock.advance(Duration::from_secs(10));
+    server.cont();
+    let mut con = server.connection();
+    let mut value = None;
+    within(Duration::from_secs(5), || {
+        value = Value::read(&mut con, "paceline:v1:closed-default");
+        value.as_ref().is_some_and(|v| v.learned.is_some())
+    })
+    .await
+    .expect("the lesson never landed");
+    let value = value.unwrap();
+    let learned = value.learned.unwrap();
+    assert_eq!(learned[0], 0.7, "the refusal lowers the rate");
+    let paused = learned[1] - value.last_now_micros;
+    assert!(
+        paused <= 0.0,
+        "paused {paused} µs past the lesson for a refusal 10 s old"
     );
 }
