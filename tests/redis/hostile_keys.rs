@@ -328,17 +328,17 @@ async fn a_flood_of_hostile_keys_in_the_fallback_is_bounded() {
     limiter.reserve("warm", 1).await.unwrap();
     server.kill();
     let pad = "{\\}:".repeat(256);
-    // A call runs late now and then on a loaded machine: none may hang,
-    // and a few in a thousand at most may take longer than the response
-    // timeout and some slack (a fallback that waited for Redis would make
-    // every call late).
+    // A call runs late now and then on a loaded machine (one took over 2 s
+    // with two suites running at once): none may hang, and a few in a
+    // thousand at most may take longer than the response timeout and some
+    // slack (a fallback that waited for Redis would make every call late).
     let mut late = 0;
     for i in 0..20_000u32 {
         let key = format!("{pad}{i}");
         let start = Instant::now();
         limiter.reserve(&key, 1).await.unwrap();
         let took = start.elapsed();
-        assert!(took <= 20 * RESPONSE_TIMEOUT, "call {i} took {took:?}");
+        assert!(took <= 100 * RESPONSE_TIMEOUT, "call {i} took {took:?}");
         late += usize::from(took > RESPONSE_TIMEOUT + SLACK);
         assert!(limiter.stats().keys <= 64, "{} keys", limiter.stats().keys);
     }
