@@ -52,8 +52,10 @@
 //! * a rate that changes leaves what was charged as it is (as
 //!   [`set_rate`](crate::RateLimiter::set_rate) does): a request charged at
 //!   a rate the upstream reported absurdly low (one a day) holds the
-//!   callers after it that long, even if the next answer corrects the
-//!   rate. (Repricing what was charged cannot tell the last request's cost
+//!   callers after it that long over the margin and the factor (up to
+//!   20.6 days, at the default margin of 0.97 and a factor refusals
+//!   brought down to the default floor of 0.05), even if the next answer
+//!   corrects the rate. (Repricing what was charged cannot tell the last request's cost
 //!   from a pause or from a cost charged at another rate; it let callers
 //!   go ten times too fast.)
 //!
