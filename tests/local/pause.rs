@@ -77,7 +77,16 @@ async fn callers_waiting_when_a_refusal_comes_go_behind_its_pause() {
                     (went.unwrap(), start.elapsed())
                 })
             };
+            // The refusal comes once the waiter has reserved (the next free
+            // moment then one interval past its own), 20 ms in at the
+            // soonest: a waiter that starts late on a loaded machine would
+            // see the pause before it reserves.
             tokio::time::sleep(Duration::from_millis(20)).await;
+            while limiter.snapshot().unwrap().wait() + start.elapsed() < 2 * MOMENT
+                && start.elapsed() < MOMENT
+            {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
             first.learn(&refused());
             let learned = start.elapsed();
             drop(first);
