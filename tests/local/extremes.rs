@@ -131,7 +131,7 @@ fn a_limit_past_ten_to_the_302_a_second_builds_as_a_slower_one_does() {
 /// and 10^6 a second the idle time that stores `n − 1` permits, rounded up
 /// to the microsecond, could leave the `n`th request owing under a
 /// microsecond, and one more went at once (999 999/s with a burst of 2
-/// stored 1.999998 permits and let 3 go).
+/// stored 1.999998 permits and let 3 go), and a snapshot says so.
 #[test]
 fn a_burst_of_n_is_n_at_once_up_to_a_million_a_second() {
     let at_once = |try_one: &mut dyn FnMut() -> bool| {
@@ -151,6 +151,12 @@ fn a_burst_of_n_is_n_at_once_up_to_a_million_a_second() {
             ] {
                 let (built, _) = build(limit.clone());
                 let one = built.unwrap();
+                let full = one.snapshot().unwrap();
+                assert_eq!(
+                    (full.remaining(), full.burst()),
+                    (u64::from(n), u64::from(n)),
+                    "{rate}/s, a burst of {n}: the snapshot"
+                );
                 let granted =
                     at_once(&mut || one.try_reserve(1, Duration::ZERO).unwrap().is_some());
                 assert_eq!(granted, n, "{rate}/s, a burst of {n}: one limiter");
