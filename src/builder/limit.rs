@@ -295,12 +295,13 @@ impl Limit {
 ///
 /// A request goes at once while what is owed before it is under a
 /// microsecond (waits are whole microseconds): after the stored permits,
-/// the next request owes what they lack of a whole one. Above 5 × 10^5
-/// permits a second a microsecond holds over half a permit, and the
-/// rounding up may leave so little lacking that one more request goes at
-/// once (at 999 999/s, a burst of 2 stored 1.999998 permits and let 3 go):
-/// it is then rounded down, which stores a little under `permits` and lets
-/// exactly `permits + 1` go, the last one on the microsecond's worth.
+/// the next request owes what they lack of a whole one. Where a
+/// microsecond holds a good part of a permit (above 3.3 × 10^5 a second),
+/// the rounding up may leave so little lacking that one more request goes
+/// at once, or nearly (at 999 999/s, a burst of 2 stored 1.999998 permits
+/// and let 3 go): a microsecond less is then stored, a little under
+/// `permits`, which lets exactly `permits + 1` go, the last one on the
+/// microsecond's worth.
 ///
 /// Above 10^6 permits a second a microsecond stores a permit or more, and
 /// rounding up would store as many more as a microsecond holds (at 10^9/s, a
@@ -327,16 +328,17 @@ fn stored_for(permits: f64, rate: f64) -> Duration {
         micros += 1.0;
     }
     // What one microsecond stores (up to 1 here): what a request owing less
-    // than a microsecond, so going at once, takes of its permit fresh. The
-    // request after the stored permits and `k` fresh ones (`k` of 0 or 1)
-    // goes at once if they store over `permits + k` less that worth, and
-    // what each charge's rounding to 2^-20 µs may add up to over the burst
-    // (`slack`) keeps the count off that edge.
+    // than a microsecond, so going at once, takes of its permit fresh. After
+    // the stored permits, one more request must go at once on it, and the
+    // one after must not. `over`, what is stored past `permits` (under that
+    // worth), does so while `over + per_micro <= 1`; a microsecond less
+    // stores `over − per_micro`, and does so while `over > 0`. The one
+    // further from its edge is kept: the charges' rounding to 2^-20 µs adds
+    // up over a burst.
     let per_micro = rate / 1e6;
     if per_micro <= 1.0 {
-        let slack = (permits + 3.0) * per_micro / f64::from(1u32 << 20);
-        let one_more = stores(micros) + per_micro > permits + 1.0 - slack;
-        if one_more && stores(micros) > permits + slack {
+        let over = stores(micros) - permits;
+        if over > (1.0 - per_micro) / 2.0 {
             micros -= 1.0;
         }
     } else if stores(micros) >= permits + 1.0 {

@@ -134,17 +134,25 @@ fn a_limit_past_ten_to_the_302_a_second_builds_as_a_slower_one_does() {
 /// stored 1.999998 permits and let 3 go), and a snapshot says so.
 #[test]
 fn a_burst_of_n_is_n_at_once_up_to_a_million_a_second() {
-    let at_once = |try_one: &mut dyn FnMut() -> bool| {
+    let at_once = |most: u32, try_one: &mut dyn FnMut() -> bool| {
         let mut granted = 0;
-        while granted <= 100 && try_one() {
+        while granted <= most && try_one() {
             granted += 1;
         }
         granted
     };
-    let mut rates = vec![999_999.0, 700_000.0, 605_172.28, 500_001.0, 1e6];
-    rates.extend((0..200).map(|i| 500_000.0 + f64::from(i) * 2_499.97));
-    for rate in rates {
-        for n in 1..=12u32 {
+    let mut rates = vec![999_999.0, 700_000.0, 605_172.28, 562_500.0, 500_001.0, 1e6];
+    rates.extend((0..240).map(|i| 300_000.0 + f64::from(i) * 2_916.63));
+    // Long bursts, whose charges' roundings add up, at a few rates (at
+    // 777 777/s a burst of a million let a million and one go).
+    rates.push(777_777.0);
+    let bursts = |i: usize| match i {
+        246 => vec![1_000_000],
+        _ if i % 40 == 0 => vec![1, 2, 3, 31, 1000, 20_000],
+        _ => (1..=12).collect(),
+    };
+    for (i, rate) in rates.into_iter().enumerate() {
+        for n in bursts(i) {
             for limit in [
                 Limit::per_second(rate).burst(u64::from(n)),
                 Limit::per(f64::from(n), Duration::from_secs_f64(f64::from(n) / rate)),
@@ -157,16 +165,18 @@ fn a_burst_of_n_is_n_at_once_up_to_a_million_a_second() {
                     (u64::from(n), u64::from(n)),
                     "{rate}/s, a burst of {n}: the snapshot"
                 );
-                let granted =
-                    at_once(&mut || one.try_reserve(1, Duration::ZERO).unwrap().is_some());
+                let granted = at_once(n, &mut || {
+                    one.try_reserve(1, Duration::ZERO).unwrap().is_some()
+                });
                 assert_eq!(granted, n, "{rate}/s, a burst of {n}: one limiter");
                 let keyed = KeyedRateLimiter::<u8>::builder()
                     .limit(limit)
                     .clock(FakeClock::new())
                     .build()
                     .unwrap();
-                let granted =
-                    at_once(&mut || keyed.try_reserve(&7, 1, Duration::ZERO).unwrap().is_some());
+                let granted = at_once(n, &mut || {
+                    keyed.try_reserve(&7, 1, Duration::ZERO).unwrap().is_some()
+                });
                 assert_eq!(granted, n, "{rate}/s, a burst of {n}: a key");
             }
         }
