@@ -198,6 +198,11 @@ impl Limit {
     /// at once, the `n + 1`th one interval after the first (`1`: exact
     /// spacing). Building with `0` is an [`Error::InvalidArgument`].
     ///
+    /// Exact up to 10^6 permits a second. Above, a permit costs under a
+    /// microsecond, the unit waits are counted in, so the count holds to a
+    /// microsecond's worth: at 10^9 a second, `burst(1)` to `burst(1000)`
+    /// each let about 1 000 go at once.
+    ///
     /// The count holds at the rate the limit is built with. A new rate
     /// (`set_rate`, or one learned from an upstream) keeps the time the stored
     /// permits span, so the count follows the rate: `burst(20)` at 10/s stores
