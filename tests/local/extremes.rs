@@ -148,7 +148,7 @@ fn a_burst_of_n_is_n_at_once_up_to_a_million_a_second() {
     rates.push(777_777.0);
     let bursts = |i: usize| match i {
         246 => vec![1_000_000],
-        _ if i % 40 == 0 => vec![1, 2, 3, 31, 1000, 20_000],
+        _ if i.is_multiple_of(40) => vec![1, 2, 3, 31, 1000, 20_000],
         _ => (1..=12).collect(),
     };
     for (i, rate) in rates.into_iter().enumerate() {
