@@ -99,24 +99,31 @@ pub fn parse_record_size(text: &str) -> Result<usize, String> {
     Ok(size as usize)
 }
 
-/// `250ms`, `2s`, `1.5s`, `3min`, `1h`, `500us`: a duration.
+/// `250ms`, `2s`, `1.5s`, `3min`, `1h`, `500us`: a duration, to the
+/// nanosecond. One too long to hold (past about 584 years), or more than
+/// zero but under a nanosecond (which would read as zero), is refused.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad = || format!("bad duration {text:?} (write it as 250ms, 2s, 3min or 1h)");
+    let bad = |why: &str| format!("bad duration {text:?}{why} (write it as 250ms, 2s, 3min or 1h)");
     let text = text.trim();
     let split = text
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(bad)?;
+        .ok_or_else(|| bad(""))?;
     let (number, unit) = text.split_at(split);
-    let number: f64 = number.parse().map_err(|_| bad())?;
+    let number: f64 = number.parse().map_err(|_| bad(""))?;
     let seconds = match unit {
         "us" | "µs" => number / 1e6,
         "ms" => number / 1e3,
         "s" => number,
         "m" | "min" => number * 60.0,
         "h" => number * 3600.0,
-        _ => return Err(bad()),
+        _ => return Err(bad("")),
     };
-    Duration::try_from_secs_f64(seconds).map_err(|_| bad())
+    // (The number has no sign: only a length past a Duration fails here.)
+    let duration = Duration::try_from_secs_f64(seconds).map_err(|_| bad(": too long"))?;
+    if duration.is_zero() && seconds > 0.0 {
+        return Err(bad(": under a nanosecond, it would read as zero"));
+    }
+    Ok(duration)
 }
 
 /// `text` with each long decimal fraction in it (more than 12
@@ -263,6 +270,23 @@ mod tests {
         assert_eq!(parse_duration("500us").unwrap(), Duration::from_micros(500));
         for bad in ["", "5", "ms", "1e999s", "-1s", "2 weeks"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+        // Zero is zero; more than zero never reads as zero (`--timeout
+        // 0.0000000001s` was told it "must be more than zero", and
+        // `--max-wait` took it as zero), and what is too long says so.
+        assert_eq!(parse_duration("0s").unwrap(), Duration::ZERO);
+        assert_eq!(
+            parse_duration("0.000000001s").unwrap(),
+            Duration::from_nanos(1)
+        );
+        for (bad, says) in [
+            ("0.0000000001s", "under a nanosecond"),
+            ("0.0001us", "under a nanosecond"),
+            ("99999999999999999999s", "too long"),
+            ("999999999999999999h", "too long"),
+        ] {
+            let error = parse_duration(bad).unwrap_err();
+            assert!(error.contains(says), "{bad}: {error}");
         }
     }
 }

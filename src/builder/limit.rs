@@ -198,6 +198,11 @@ impl Limit {
     /// at once, the `n + 1`th one interval after the first (`1`: exact
     /// spacing). Building with `0` is an [`Error::InvalidArgument`].
     ///
+    /// Exact up to 10^6 permits a second. Above, a permit costs under a
+    /// microsecond, the unit waits are counted in, so the count holds to a
+    /// microsecond's worth: at 10^9 a second, `burst(1)` to `burst(1000)`
+    /// each let about 1 000 go at once.
+    ///
     /// The count holds at the rate the limit is built with. A new rate
     /// (`set_rate`, or one learned from an upstream) keeps the time the stored
     /// permits span, so the count follows the rate: `burst(20)` at 10/s stores
@@ -293,6 +298,16 @@ impl Limit {
 /// to the microsecond, so that at least `permits` are stored, and less than
 /// one more (a burst of `n` lets `n` go at once, never `n + 1`).
 ///
+/// A request goes at once while what is owed before it is under a
+/// microsecond (waits are whole microseconds): after the stored permits,
+/// the next request owes what they lack of a whole one. Where a
+/// microsecond holds a good part of a permit (above 3.3 × 10^5 a second),
+/// the rounding up may leave so little lacking that one more request goes
+/// at once, or nearly (at 999 999/s, a burst of 2 stored 1.999998 permits
+/// and let 3 go): a microsecond less is then stored, a little under
+/// `permits`, which lets exactly `permits + 1` go, the last one on the
+/// microsecond's worth.
+///
 /// Above 10^6 permits a second a microsecond stores a permit or more, and
 /// rounding up would store as many more as a microsecond holds (at 10^9/s, a
 /// burst of 5 would let 2 000 go at once), so it is then rounded down. What
@@ -317,7 +332,21 @@ fn stored_for(permits: f64, rate: f64) -> Duration {
     if stores(micros) < permits {
         micros += 1.0;
     }
-    if stores(micros) >= permits + 1.0 {
+    // What one microsecond stores (up to 1 here): what a request owing less
+    // than a microsecond, so going at once, takes of its permit fresh. After
+    // the stored permits, one more request must go at once on it, and the
+    // one after must not. `over`, what is stored past `permits` (under that
+    // worth), does so while `over + per_micro <= 1`; a microsecond less
+    // stores `over − per_micro`, and does so while `over > 0`. The one
+    // further from its edge is kept: the charges' rounding to 2^-20 µs adds
+    // up over a burst.
+    let per_micro = rate / 1e6;
+    if per_micro <= 1.0 {
+        let over = stores(micros) - permits;
+        if over > (1.0 - per_micro) / 2.0 {
+            micros -= 1.0;
+        }
+    } else if stores(micros) >= permits + 1.0 {
         micros = exact.floor();
     }
     Duration::from_micros(if micros < u64::MAX as f64 {

@@ -405,8 +405,10 @@ impl Limits {
         self.set_rates(&rates, now_micros)
     }
 
-    /// A limiter's `set_rate`: the first limit's rate becomes
-    /// `permits_per_second`, exactly, and the others are scaled by as much,
+    /// A `set_rate` from the rates the limits have now (a limiter scales
+    /// those it was last given one by one, its shape): the first limit's
+    /// rate becomes `permits_per_second`, exactly, and the others are scaled
+    /// by as much,
     /// keeping their proportions; if that is not a valid rate for some
     /// limit (scaled to zero or NaN, or a finite rate scaled to infinity),
     /// every limit gets `permits_per_second`. Otherwise as
@@ -584,6 +586,25 @@ pub(crate) fn first_rate_scaled(rates: &[f64], first: f64) -> Vec<f64> {
     };
     rates[0] = first;
     rates
+}
+
+/// What a limiter's `set_rate` scales: its limits' rates as last set one by
+/// one (as built, then by each `set_limit_rate` that leaves the first rate
+/// finite), not as a `set_rate` left them. A change to an infinite rate
+/// makes every limit infinite, and one whose scaling underflows gives every
+/// limit that rate: from those, the limits' own rates could not be told
+/// again (10/s with 1 000 an hour, through `set_rate(f64::INFINITY)` and
+/// back to 10/s, came back as 10/s twice, the hourly quota lost). The
+/// limiter holds it, and one change at a time, behind its lock;
+/// [`first_rate_scaled`] of it is a `set_rate`.
+pub(crate) type Shape = std::sync::Mutex<Box<[f64]>>;
+
+/// Keeps `rates`, set one by one, as the limiter's shape, if the first is
+/// finite (the others are in proportion to it; an infinite one stays so).
+pub(crate) fn reshape(shape: &mut Box<[f64]>, rates: &[f64]) {
+    if rates.first().is_some_and(|rate| rate.is_finite()) {
+        *shape = rates.into();
+    }
 }
 
 /// Charges `cost` to every limit as if requested at `moment` (at or after

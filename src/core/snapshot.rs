@@ -227,9 +227,11 @@ impl Snapshot {
     /// stored permit and one more (bursty), or one (warming-up, where a stored
     /// permit costs time); `u64::MAX` at an infinite rate.
     ///
-    /// Waits are whole microseconds, so where a request leaves under one owed
-    /// (a permit costing under a microsecond, above 10^6 per second, or a
-    /// stored count a rounding below a whole one), one or a few more go than
+    /// Waits are whole microseconds: a request goes at once while what is
+    /// owed before it is under one. Up to 10^6 per second this counts that
+    /// in (the stored permits and a microsecond's worth, rounded up: one more
+    /// where the stored count's fraction and that worth pass a whole one).
+    /// Above, where a permit costs under a microsecond, a few more go than
     /// this says.
     pub fn remaining(&self) -> u64 {
         if self.wait_micros > 0 {
@@ -251,8 +253,12 @@ impl Snapshot {
     fn at_most(&self, stored: f64) -> u64 {
         if self.cool_down_micros == 0.0 {
             u64::MAX
+        } else if self.bursty && self.cool_down_micros >= 1.0 {
+            // Those whose debt before them is under a microsecond: the
+            // `k`th (from 0) owes `(k − stored) × cool-down`. Saturating: a
+            // stored count past u64 is all of them.
+            (stored + 1.0 / self.cool_down_micros).ceil() as u64
         } else if self.bursty {
-            // Saturating: a stored count past u64 is all of them.
             (stored.floor() as u64).saturating_add(1)
         } else {
             1
@@ -277,6 +283,9 @@ impl Snapshot {
         }
         if requests > self.burst() {
             return None;
+        }
+        if requests <= self.remaining() {
+            return Some(Duration::ZERO);
         }
         // Stored permits needed past the one the ticket lets go: one per
         // cool-down after the debt.

@@ -23,7 +23,7 @@ pub(crate) use shard::Mode;
 use shard::{Dropped, Fast, LogId, Shard, Written};
 
 use crate::clock::{Clock, SystemClock};
-use crate::core::{Learning, Lesson, Limits, Policy, State};
+use crate::core::{Learning, Lesson, Limits, Policy, Shape, State};
 use crate::meter::Metrics;
 use crate::reservation::{GiveBack, GiveBackId};
 use crate::{Key, Reservation};
@@ -39,10 +39,11 @@ pub struct Keyed<K, C: Clock = SystemClock> {
     clock: C,
     /// The rate as last set, as `f64` bits.
     rate_bits: AtomicU64,
-    /// Held by a rate change from reading the rates to its last shard, so
-    /// that two changes at once are made one after the other: neither
-    /// passes the other on the shards, nor undoes the other's limit.
-    reconfiguring: Mutex<()>,
+    /// What `set_rate` scales. Held by a rate change from reading the rates
+    /// to its last shard, so that two changes at once are made one after
+    /// the other: neither passes the other on the shards, nor undoes the
+    /// other's limit.
+    reconfiguring: Shape,
     dropped_unfinished: AtomicU64,
     /// See [`dropped_until`](Self::dropped_until).
     dropped_until: AtomicU64,
@@ -150,7 +151,7 @@ impl<K: Key, C: Clock> Keyed<K, C> {
             hasher: ShardHash::new(),
             clock,
             rate_bits,
-            reconfiguring: Mutex::new(()),
+            reconfiguring: Mutex::new(template.ceilings().into()),
             dropped_unfinished: AtomicU64::new(0),
             dropped_until: AtomicU64::new(0),
             words,

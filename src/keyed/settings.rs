@@ -7,7 +7,10 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::{Keyed, KeyedTaken};
 use crate::clock::Clock;
-use crate::core::{Cost, InvalidRate, Learning, Lesson, Limits, State, stable_interval_micros};
+use crate::core::{
+    Cost, InvalidRate, Learning, Lesson, Limits, State, first_rate_scaled, reshape,
+    stable_interval_micros,
+};
 use crate::meter::Metered;
 use crate::meter::Metrics;
 use crate::reservation::{GiveBackId, GivesBack};
@@ -22,14 +25,14 @@ impl<K: Key, C: Clock> Keyed<K, C> {
     /// time.
     fn reconfigure(
         &self,
-        change: impl FnOnce(&mut Limits) -> Result<(), InvalidRate>,
+        change: impl FnOnce(&mut Limits, &mut Box<[f64]>) -> Result<(), InvalidRate>,
     ) -> Result<(), Error> {
-        let _one_at_a_time = self
+        let mut shape = self
             .reconfiguring
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let mut template = self.shards[0].0.read().template().clone();
-        change(&mut template)?;
+        change(&mut template, &mut shape)?;
         let rates: Vec<f64> = template
             .states()
             .iter()
@@ -68,7 +71,9 @@ impl<K: Key, C: Clock> Rate for Keyed<K, C> {
     /// ([`reconfigure`](Self::reconfigure)).
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
-        self.reconfigure(|limits| limits.set_first_rate(permits_per_second, 0))
+        self.reconfigure(|limits, shape| {
+            limits.set_rates(&first_rate_scaled(shape, permits_per_second), 0)
+        })
     }
 
     /// The stable rate of every key, in permits per second, as last set.
@@ -92,7 +97,11 @@ impl<K: Key, C: Clock> Rate for Keyed<K, C> {
     fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
         crate::error::check_limit(index, self.limits)?;
-        self.reconfigure(|limits| limits.set_rate(Some(index), permits_per_second, 0))
+        self.reconfigure(|limits, shape| {
+            limits.set_rate(Some(index), permits_per_second, 0)?;
+            reshape(shape, &limits.ceilings());
+            Ok(())
+        })
     }
 
     fn clock(&self) -> &dyn Clock {

@@ -321,10 +321,13 @@ where
     /// the old rate; stored permits keep their share of the burst, which
     /// spans the same time at the new rate (see
     /// [`Limit::burst`](crate::Limit::burst)). With several limits, this is
-    /// the first one's rate, and the others are scaled by the same factor
-    /// (so that they keep their proportions; from or to an infinite rate,
-    /// they all take this one); [`set_limit_rate`](Self::set_limit_rate)
-    /// changes one alone. What waits to be given back then gives back
+    /// the first one's rate, and the others are scaled by the same factor,
+    /// so that they keep the proportions they were built with or last given
+    /// by [`set_limit_rate`](Self::set_limit_rate) (which changes one alone)
+    /// with the first rate finite. To an infinite rate they all go
+    /// infinite, and one that would scale some to zero or past a finite
+    /// rate gives them all this one; the next change brings them back in
+    /// proportion. What waits to be given back then gives back
     /// nothing (it was charged at the old rate): erring towards limiting.
     ///
     /// In this process a keyed limiter visits every key held (shard by

@@ -18,14 +18,17 @@ mod outcome;
 mod slot;
 
 use std::fmt;
-use std::sync::Mutex;
 use std::sync::atomic::Ordering::{AcqRel, Acquire};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
 use crate::core::word::{self, Quick, Step};
-use crate::core::{Cost, Learning, Lesson, Limits, State, stable_interval_micros};
+use crate::core::{
+    Cost, Learning, Lesson, Limits, Shape, State, first_rate_scaled, reshape,
+    stable_interval_micros,
+};
 use crate::meter::Metered;
 use crate::meter::Metrics;
 use crate::reservation::{GiveBack, GiveBackId, GivesBack, Reservation};
@@ -53,6 +56,8 @@ pub struct Single<C: Clock = SystemClock> {
     /// Whether it ever learned from an upstream: until then a caller that
     /// waited does not take the lock to ask whether a pause holds.
     learned: AtomicBool,
+    /// What `set_rate` scales; held by a rate change (before `limits`).
+    shape: Shape,
 }
 
 #[repr(align(128))]
@@ -90,6 +95,7 @@ impl<C: Clock> Single<C> {
         Single {
             word: Word(AtomicU64::new(word)),
             slots,
+            shape: Mutex::new(limits.ceilings().into()),
             limits: Mutex::new(limits),
             clock,
             metrics: Metrics::default(),
@@ -268,13 +274,18 @@ impl<C: Clock> Metered for Single<C> {
 impl<C: Clock> Rate for Single<C> {
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
-        self.reconfigure(|limits, now| limits.set_first_rate(permits_per_second, now))
+        let shape = self.shape.lock().unwrap_or_else(PoisonError::into_inner);
+        let rates = first_rate_scaled(&shape, permits_per_second);
+        self.reconfigure(|limits, now| limits.set_rates(&rates, now))
     }
 
     fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
         crate::error::check_limit(index, self.lock().states().len())?;
-        self.reconfigure(|limits, now| limits.set_rate(Some(index), permits_per_second, now))
+        let mut shape = self.shape.lock().unwrap_or_else(PoisonError::into_inner);
+        self.reconfigure(|limits, now| limits.set_rate(Some(index), permits_per_second, now))?;
+        reshape(&mut shape, &self.lock().ceilings());
+        Ok(())
     }
 
     fn rate(&self) -> f64 {

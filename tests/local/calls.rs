@@ -49,7 +49,7 @@ fn limits(rng: &mut Rng) -> (Vec<Limit>, Vec<State>) {
 /// One limiter, or one key of a keyed one, driven the same way.
 enum Subject {
     One(Box<RateLimiter<paceline::Local, FakeClock>>),
-    Keyed(KeyedRateLimiter<String, paceline::Local, FakeClock>),
+    Keyed(Box<KeyedRateLimiter<String, paceline::Local, FakeClock>>),
 }
 
 impl Subject {
@@ -81,7 +81,7 @@ async fn calls_wait_and_settle_as_the_core_on_every_in_process_limiter() {
             for limit in config {
                 builder = builder.limit(limit);
             }
-            Subject::Keyed(builder.build().unwrap())
+            Subject::Keyed(Box::new(builder.build().unwrap()))
         };
         let mut core = Limits::new(states).unwrap();
         let mut now = 0;

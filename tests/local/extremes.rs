@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use paceline::clock::FakeClock;
-use paceline::{Error, Limit, Local, RateLimiter};
+use paceline::{Error, KeyedRateLimiter, Limit, Local, RateLimiter};
 
 fn build(limit: Limit) -> (Result<RateLimiter<Local, FakeClock>, Error>, FakeClock) {
     let clock = FakeClock::new();
@@ -121,6 +121,63 @@ fn a_limit_past_ten_to_the_302_a_second_builds_as_a_slower_one_does() {
             assert_eq!(snapshot.burst(), u64::MAX, "{rate:e} per {period:?}");
             for _ in 0..1000 {
                 assert_eq!(limiter.reserve(1).unwrap(), Duration::ZERO);
+            }
+        }
+    }
+}
+
+/// A burst of `n` is `n` at once at every rate up to 10^6 a second, a
+/// count given or a period's, in one limiter and per key. Between 5 × 10^5
+/// and 10^6 a second the idle time that stores `n − 1` permits, rounded up
+/// to the microsecond, could leave the `n`th request owing under a
+/// microsecond, and one more went at once (999 999/s with a burst of 2
+/// stored 1.999998 permits and let 3 go), and a snapshot says so.
+#[test]
+fn a_burst_of_n_is_n_at_once_up_to_a_million_a_second() {
+    let at_once = |most: u32, try_one: &mut dyn FnMut() -> bool| {
+        let mut granted = 0;
+        while granted <= most && try_one() {
+            granted += 1;
+        }
+        granted
+    };
+    let mut rates = vec![999_999.0, 700_000.0, 605_172.28, 562_500.0, 500_001.0, 1e6];
+    rates.extend((0..240).map(|i| 300_000.0 + f64::from(i) * 2_916.63));
+    // Long bursts, whose charges' roundings add up, at a few rates (at
+    // 777 777/s a burst of a million let a million and one go).
+    rates.push(777_777.0);
+    let bursts = |i: usize| match i {
+        246 => vec![1_000_000],
+        _ if i.is_multiple_of(40) => vec![1, 2, 3, 31, 1000, 20_000],
+        _ => (1..=12).collect(),
+    };
+    for (i, rate) in rates.into_iter().enumerate() {
+        for n in bursts(i) {
+            for limit in [
+                Limit::per_second(rate).burst(u64::from(n)),
+                Limit::per(f64::from(n), Duration::from_secs_f64(f64::from(n) / rate)),
+            ] {
+                let (built, _) = build(limit.clone());
+                let one = built.unwrap();
+                let full = one.snapshot().unwrap();
+                assert_eq!(
+                    (full.remaining(), full.burst()),
+                    (u64::from(n), u64::from(n)),
+                    "{rate}/s, a burst of {n}: the snapshot"
+                );
+                let granted = at_once(n, &mut || {
+                    one.try_reserve(1, Duration::ZERO).unwrap().is_some()
+                });
+                assert_eq!(granted, n, "{rate}/s, a burst of {n}: one limiter");
+                let keyed = KeyedRateLimiter::<u8>::builder()
+                    .limit(limit)
+                    .clock(FakeClock::new())
+                    .build()
+                    .unwrap();
+                let granted = at_once(n, &mut || {
+                    keyed.try_reserve(&7, 1, Duration::ZERO).unwrap().is_some()
+                });
+                assert_eq!(granted, n, "{rate}/s, a burst of {n}: a key");
             }
         }
     }

@@ -212,3 +212,57 @@ fn set_rate_runs_the_first_of_several_limits_at_that_rate_exactly() {
     let snapshot = keyed.snapshot(&7).unwrap();
     assert_eq!((snapshot.limit(), snapshot.rate()), (0, to));
 }
+
+/// Several limits keep their proportions through `set_rate` to an infinite
+/// rate, or to one whose scaling underflows, and back: 10/s with 1 000 an
+/// hour, lifted to `f64::INFINITY` and set back to 10/s, came back as 10/s
+/// twice (every limit took the rate), the hourly quota gone. A rate set
+/// with `set_limit_rate` meanwhile is kept.
+#[test]
+fn several_limits_keep_their_proportions_through_an_infinite_rate_and_back() {
+    use paceline::clock::FakeClock;
+    use paceline::{KeyedRateLimiter, Limit, RateLimiter};
+
+    let hourly = 1000.0 / 3600.0;
+    let limits = [
+        Limit::per_second(10.0),
+        Limit::per(1000.0, Duration::from_secs(3600)),
+    ];
+    let local = RateLimiter::builder()
+        .limit(limits[0].clone())
+        .limit(limits[1].clone())
+        .clock(FakeClock::new())
+        .build()
+        .unwrap();
+    let keyed = KeyedRateLimiter::<u8>::builder()
+        .limit(limits[0].clone())
+        .limit(limits[1].clone())
+        .clock(FakeClock::new())
+        .build()
+        .unwrap();
+    for away in [f64::INFINITY, f64::from_bits(1), f64::MAX] {
+        local.set_rate(away).unwrap();
+        keyed.set_rate(away).unwrap();
+        local.set_rate(10.0).unwrap();
+        keyed.set_rate(10.0).unwrap();
+        for (what, rate, slowest) in [
+            ("one", local.rate(), local.slowest_rate()),
+            ("keyed", keyed.rate(), keyed.slowest_rate()),
+        ] {
+            assert_eq!(rate, 10.0, "{what}, back from {away:e}");
+            assert!(
+                (slowest - hourly).abs() < 1e-12,
+                "{what}, back from {away:e}: the slowest limit runs at {slowest}, not {hourly}"
+            );
+        }
+    }
+    // A limit's own rate, set meanwhile, is what the next change scales.
+    local.set_limit_rate(1, 0.5).unwrap();
+    local.set_rate(f64::INFINITY).unwrap();
+    local.set_rate(20.0).unwrap();
+    assert_eq!(local.slowest_rate(), 1.0);
+    local.set_limit_rate(0, 5.0).unwrap();
+    local.set_rate(f64::INFINITY).unwrap();
+    local.set_rate(10.0).unwrap();
+    assert_eq!((local.rate(), local.slowest_rate()), (10.0, 2.0));
+}

@@ -237,6 +237,28 @@ async fn set_rate_reaches_redis_with_the_next_call() {
     assert_eq!(limiter.rate(), 100.0);
 }
 
+/// Several limits keep their proportions through `set_rate` to an infinite
+/// rate and back, the rates passed to Redis, as in this process: 10/s
+/// with 1 000 an hour came back from `f64::INFINITY` as 10/s twice, the
+/// hourly quota gone.
+#[tokio::test]
+async fn several_limits_keep_their_proportions_through_an_infinite_rate_and_back() {
+    let server = RedisServer::start();
+    let backend = patient_backend(server.client()).await;
+    let limiter = RateLimiter::builder()
+        .redis(&backend, "shape")
+        .limit(Limit::per_second(10.0))
+        .limit(Limit::per(1000.0, Duration::from_secs(3600)))
+        .clock(FakeClock::new())
+        .build()
+        .unwrap();
+    limiter.set_rate(f64::INFINITY).unwrap();
+    limiter.set_rate(10.0).unwrap();
+    assert_eq!(limiter.rate(), 10.0);
+    let slowest = limiter.slowest_rate();
+    assert!((slowest - 1000.0 / 3600.0).abs() < 1e-12, "{slowest}");
+}
+
 #[tokio::test]
 async fn warming_up_over_redis_starts_cold() {
     let server = RedisServer::start();

@@ -2,7 +2,7 @@
 //! switch](super)), and what its round trips tell it back.
 
 use super::*;
-use crate::core::{Cost, Learning, Lesson};
+use crate::core::{Cost, Learning, Lesson, reshape};
 use crate::meter::Metered;
 use crate::redis::backend::Scope;
 
@@ -116,24 +116,25 @@ impl<K: Key + Display, C: Clock> Rate for Arc<Failover<K, C>> {
     /// key) in Redis.
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
-        let _one_at_a_time = self.reconfiguring();
-        self.set_first_rate(permits_per_second)
+        let shape = self.reconfiguring();
+        self.set_first_rate(&shape, permits_per_second)
     }
 
     /// Changes the rate of limit `index` alone, here and (with the next
     /// call of each key) in Redis.
     fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
-        let _one_at_a_time = self.reconfiguring();
+        let mut shape = self.reconfiguring();
         let rates = self.script_args.rates();
         crate::error::check_limit(index, rates.len())?;
         if rates.len() == 1 {
-            return self.set_first_rate(permits_per_second);
+            return self.set_first_rate(&shape, permits_per_second);
         }
         self.local
             .set_limit_rate(index, local_rate(permits_per_second, self.local_fraction))?;
         let mut rates = rates.to_vec();
         rates[index] = permits_per_second;
+        reshape(&mut shape, &rates);
         self.script_args.set_rates(rates.into());
         if index == 0 {
             self.rate_bits
@@ -247,20 +248,20 @@ impl<K: Key + Display, C: Clock> GivesBack for Failover<K, C> {
 impl<K: Key + Display, C: Clock> Failover<K, C> {
     /// Held by a rate change from reading the rates to writing them, so
     /// that two changes at once are made one after the other (neither
-    /// undoes the other's limit).
-    fn reconfiguring(&self) -> MutexGuard<'_, ()> {
+    /// undoes the other's limit): what `set_rate` scales.
+    fn reconfiguring(&self) -> MutexGuard<'_, Box<[f64]>> {
         self.reconfiguring
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// `set_rate`, under [`reconfiguring`](Self::reconfiguring): the first
-    /// limit's rate becomes `permits_per_second` and the others scale
-    /// together, as `Limits::set_first_rate` does, here and in Redis.
-    fn set_first_rate(&self, permits_per_second: f64) -> Result<(), Error> {
+    /// limit's rate becomes `permits_per_second` and the others of `shape`
+    /// scale together ([`Shape`](crate::core::Shape)), here and in Redis.
+    fn set_first_rate(&self, shape: &[f64], permits_per_second: f64) -> Result<(), Error> {
         self.local
             .set_rate(local_rate(permits_per_second, self.local_fraction))?;
-        let rates = crate::core::first_rate_scaled(&self.script_args.rates(), permits_per_second);
+        let rates = crate::core::first_rate_scaled(shape, permits_per_second);
         self.script_args.set_rates(rates.into());
         self.rate_bits
             .store(permits_per_second.to_bits(), Ordering::Relaxed);

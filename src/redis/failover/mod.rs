@@ -58,7 +58,7 @@ use super::round_trip::{Failure, Remote, send};
 use super::runtime::blocking_section;
 use super::script::{Call, LogId, Request, ScriptArgs};
 use crate::clock::Clock;
-use crate::core::{Policy, State, micros, stable_interval_micros};
+use crate::core::{Policy, Shape, State, micros, stable_interval_micros};
 use crate::error::BackendError;
 use crate::keyed::Keyed;
 use crate::keyed::Mode;
@@ -92,8 +92,8 @@ pub struct Failover<K, C: Clock> {
     /// The rate in force, as `f64` bits: passed with every call, so a change
     /// reaches Redis with the next one.
     rate_bits: AtomicU64,
-    /// See [`reconfiguring`](Self::reconfiguring).
-    reconfiguring: Mutex<()>,
+    /// What `set_rate` scales; see [`reconfiguring`](Self::reconfiguring).
+    reconfiguring: Shape,
     pub(crate) fallback: Fallback,
     /// The local fallback (a key held here owes Redis what it granted). Its
     /// clock is the one waits are slept on.
@@ -265,7 +265,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             naming: parts.naming,
             script_args: Arc::new(ScriptArgs::new(limits)),
             rate_bits: AtomicU64::new(limits[0].1.to_bits()),
-            reconfiguring: Mutex::new(()),
+            reconfiguring: Mutex::new(limits.iter().map(|limit| limit.1).collect()),
             fallback: parts.fallback,
             local,
             local_fraction: parts.local_fraction,
