@@ -405,20 +405,20 @@ impl Limits {
         self.set_rates(&rates, now_micros)
     }
 
-    /// A `set_rate` from the rates the limits have now (a limiter scales
-    /// those it was last given one by one, its shape): the first limit's
-    /// rate becomes `permits_per_second`, exactly, and the others are scaled
-    /// by as much,
+    /// A limiter's `set_rate`, from its shape (the rates it keeps as last
+    /// given one by one; see [`Shape`]): the first limit's rate becomes
+    /// `permits_per_second`, exactly, and the others are scaled by as much,
     /// keeping their proportions; if that is not a valid rate for some
     /// limit (scaled to zero or NaN, or a finite rate scaled to infinity),
     /// every limit gets `permits_per_second`. Otherwise as
     /// [`set_rate`](Self::set_rate); an invalid rate changes nothing.
     pub fn set_first_rate(
         &mut self,
+        shape: &[f64],
         permits_per_second: f64,
         now_micros: u64,
     ) -> Result<(), InvalidRate> {
-        match &self.ceilings()[..] {
+        match shape {
             [_] => self.set_rate(None, permits_per_second, now_micros),
             [] => Ok(()),
             rates => {

@@ -33,8 +33,10 @@ pub(crate) use learn::Adopted;
 pub use learn::{Learning, Lesson, Reported};
 #[cfg(feature = "internals")]
 pub use limits::LOG_CAPACITY;
+#[cfg(feature = "redis")]
+pub(crate) use limits::first_rate_scaled;
 pub use limits::{Granted, Limits};
-pub(crate) use limits::{Shape, first_rate_scaled, reshape};
+pub(crate) use limits::{Shape, reshape};
 pub use snapshot::Snapshot;
 pub use state::State;
 pub use warming_up::WarmingUp;

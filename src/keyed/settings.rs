@@ -8,8 +8,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use super::{Keyed, KeyedTaken};
 use crate::clock::Clock;
 use crate::core::{
-    Cost, InvalidRate, Learning, Lesson, Limits, State, first_rate_scaled, reshape,
-    stable_interval_micros,
+    Cost, InvalidRate, Learning, Lesson, Limits, State, reshape, stable_interval_micros,
 };
 use crate::meter::Metered;
 use crate::meter::Metrics;
@@ -71,9 +70,7 @@ impl<K: Key, C: Clock> Rate for Keyed<K, C> {
     /// ([`reconfigure`](Self::reconfigure)).
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
-        self.reconfigure(|limits, shape| {
-            limits.set_rates(&first_rate_scaled(shape, permits_per_second), 0)
-        })
+        self.reconfigure(|limits, shape| limits.set_first_rate(shape, permits_per_second, 0))
     }
 
     /// The stable rate of every key, in permits per second, as last set.

@@ -25,10 +25,7 @@ use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
 use crate::core::word::{self, Quick, Step};
-use crate::core::{
-    Cost, Learning, Lesson, Limits, Shape, State, first_rate_scaled, reshape,
-    stable_interval_micros,
-};
+use crate::core::{Cost, Learning, Lesson, Limits, Shape, State, reshape, stable_interval_micros};
 use crate::meter::Metered;
 use crate::meter::Metrics;
 use crate::reservation::{GiveBack, GiveBackId, GivesBack, Reservation};
@@ -275,8 +272,7 @@ impl<C: Clock> Rate for Single<C> {
     fn set_rate(&self, permits_per_second: f64) -> Result<(), Error> {
         stable_interval_micros(permits_per_second)?;
         let shape = self.shape.lock().unwrap_or_else(PoisonError::into_inner);
-        let rates = first_rate_scaled(&shape, permits_per_second);
-        self.reconfigure(|limits, now| limits.set_rates(&rates, now))
+        self.reconfigure(|limits, now| limits.set_first_rate(&shape, permits_per_second, now))
     }
 
     fn set_limit_rate(&self, index: usize, permits_per_second: f64) -> Result<(), Error> {

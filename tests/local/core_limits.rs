@@ -170,20 +170,22 @@ fn a_rate_change_applies_to_one_limit_or_all_and_empties_the_log() {
     };
     // The first at the rate given, the others scaled by as much.
     limits.set_rate(Some(1), 8.0, 0).unwrap();
-    limits.set_first_rate(2.0, 0).unwrap();
+    limits.set_first_rate(&rates(&limits), 2.0, 0).unwrap();
     assert_eq!(rates(&limits), [2.0, 4.0]);
     // Where a rate scaled is not one (a finite rate to infinity: the factor
     // overflowed; or to zero), every limit takes the rate given: an
     // infinite rate only if that is one.
-    limits.set_first_rate(f64::INFINITY, 0).unwrap();
+    limits
+        .set_first_rate(&rates(&limits), f64::INFINITY, 0)
+        .unwrap();
     assert_eq!(rates(&limits), [f64::INFINITY; 2]);
-    limits.set_first_rate(3.0, 0).unwrap();
+    limits.set_first_rate(&rates(&limits), 3.0, 0).unwrap();
     assert_eq!(rates(&limits), [3.0; 2]);
     limits.set_rate(Some(1), 6.0, 0).unwrap();
-    limits.set_first_rate(1e-308, 0).unwrap();
-    limits.set_first_rate(1e308, 0).unwrap();
+    limits.set_first_rate(&rates(&limits), 1e-308, 0).unwrap();
+    limits.set_first_rate(&rates(&limits), 1e308, 0).unwrap();
     assert_eq!(rates(&limits), [1e308; 2]);
-    assert!(limits.set_first_rate(f64::NAN, 0).is_err());
+    assert!(limits.set_first_rate(&rates(&limits), f64::NAN, 0).is_err());
     assert_eq!(rates(&limits), [1e308; 2]);
     assert!(Limits::new(Vec::new()).is_none());
 }

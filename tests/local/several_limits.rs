@@ -218,6 +218,12 @@ fn the_limiter_agrees_with_the_core_step_by_step() {
         }
         let limiter = builder.build().unwrap();
         let mut core = Limits::new(states).unwrap();
+        // What the limiter's `set_rate` scales: the rates as built.
+        let shape: Vec<f64> = core
+            .states()
+            .iter()
+            .map(|s| s.permits_per_second())
+            .collect();
         for _ in 0..200 {
             clock.advance(Duration::from_micros(rng.below(300_000)));
             let now = clock.now_micros();
@@ -235,7 +241,7 @@ fn the_limiter_agrees_with_the_core_step_by_step() {
                     let factor = [0.5, 2.0][rng.below(2) as usize];
                     let rate = limiter.rate() * factor;
                     limiter.set_rate(rate).unwrap();
-                    core.set_first_rate(rate, now).unwrap();
+                    core.set_first_rate(&shape, rate, now).unwrap();
                 }
                 _ => {
                     let got = limiter.reserve(permits).unwrap();
