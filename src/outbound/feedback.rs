@@ -145,7 +145,11 @@ impl Feedback {
     ///
     /// Where two headers give the same field of a quota, the first read wins:
     /// the current IETF headers, then their older forms, then `X-RateLimit-*`,
-    /// each in the order given. A `Retry-After` or reset longer than a day is
+    /// each in the order given. Within one line, items of one name that set
+    /// different fields are one quota (`limit=50, remaining=49`), and two
+    /// that set the same field are two policies, of which the more
+    /// restrictive is kept, its rate (`q` with its `w`) and its remaining
+    /// (with its reset) each whole. A `Retry-After` or reset longer than a day is
     /// cut to a day (one of more seconds than a `u64` holds too); what does
     /// not parse (any other number that overflows a `u64`, bytes that are
     /// not text) is left out. The work is linear in the
@@ -213,11 +217,7 @@ impl Feedback {
     fn find(&self, name: Option<&[u8]>) -> Option<usize> {
         self.quotas
             .iter()
-            .position(|quota| match (quota.name.as_deref(), name) {
-                (None, None) => true,
-                (Some(have), Some(name)) => have.as_bytes().eq_ignore_ascii_case(name),
-                _ => false,
-            })
+            .position(|quota| same_name(quota.name.as_deref().map(str::as_bytes), name))
     }
 
     /// Sets the fields of the quota `name` that are unset and `fields` sets,
@@ -261,6 +261,9 @@ impl Feedback {
             } else {
                 (1, key)
             };
+            // A name's items in this line, combined (see `combine`).
+            let mut line: [(Option<&[u8]>, Quota); MAX_ITEMS] = Default::default();
+            let mut names = 0;
             for member in split(value, b',').take(members) {
                 let mut pieces = split(member, b';');
                 let Some((name, (key, value))) = item(pieces.next().unwrap_or_default(), number)
@@ -272,7 +275,19 @@ impl Feedback {
                 for (key, value) in pieces.take(MAX_ITEMS).filter_map(pair) {
                     set(&mut fields, key, value, now);
                 }
-                self.merge(name, fields);
+                match line[..names]
+                    .iter_mut()
+                    .find(|(have, _)| same_name(*have, name))
+                {
+                    Some((_, kept)) => combine(kept, fields),
+                    None => {
+                        line[names] = (name, fields);
+                        names += 1;
+                    }
+                }
+            }
+            for (name, fields) in &mut line[..names] {
+                self.merge(*name, std::mem::take(fields));
             }
         }
     }
@@ -347,6 +362,54 @@ fn set(fields: &mut Quota, key: &[u8], value: &[u8], now: SystemTime) {
         b"t" | b"reset" => fields.reset = reset(value, now),
         b"reset-after" => fields.reset = long_seconds(value).or_else(|| units(value)).map(cut),
         _ => {}
+    }
+}
+
+/// Whether two names are one (ASCII case-insensitively; `None`, the
+/// unnamed limit).
+fn same_name(a: Option<&[u8]>, b: Option<&[u8]>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => a.eq_ignore_ascii_case(b),
+        _ => false,
+    }
+}
+
+/// Adds to `kept`, a name's fields from the items of one line so far, those
+/// of its next item. Items that set different fields are parts of one
+/// quota (`limit=50, remaining=49, reset=1`). One that sets a field again
+/// is another policy of that name: the more restrictive of the two is kept,
+/// its rate whole (`q` with its `w`: `100;w=60, 5000;w=3600` is 5 000 an
+/// hour, and `100, 5000;w=3600` too, never 100 an hour) and its remaining
+/// with its reset (the fewer left), never a field of one with a field of
+/// the other.
+fn combine(kept: &mut Quota, next: Quota) {
+    let overlaps = (kept.limit.is_some() && next.limit.is_some())
+        || (kept.window.is_some() && next.window.is_some())
+        || (kept.remaining.is_some() && next.remaining.is_some())
+        || (kept.reset.is_some() && next.reset.is_some());
+    if !overlaps {
+        kept.limit = kept.limit.or(next.limit);
+        kept.window = kept.window.or(next.window);
+        kept.remaining = kept.remaining.or(next.remaining);
+        kept.reset = kept.reset.or(next.reset);
+        return;
+    }
+    let rate = |quota: &Quota| match (quota.limit, quota.window) {
+        (Some(limit), Some(window)) if !window.is_zero() => {
+            Some(limit as f64 / window.as_secs_f64())
+        }
+        _ => None,
+    };
+    if let Some(next_rate) = rate(&next)
+        && rate(kept).is_none_or(|kept_rate| next_rate < kept_rate)
+    {
+        (kept.limit, kept.window) = (next.limit, next.window);
+    }
+    if let Some(left) = next.remaining
+        && kept.remaining.is_none_or(|kept_left| left < kept_left)
+    {
+        (kept.remaining, kept.reset) = (Some(left), next.reset);
     }
 }
 

@@ -206,6 +206,46 @@ fn the_older_ietf_forms() {
     assert_eq!(windowed.quota(None).unwrap().window, Some(secs(60)));
 }
 
+/// Two policies of one name in one line are two limits, the more
+/// restrictive one binding: never a field of one with a field of the other
+/// (`100, 5000;w=3600` read as 100 an hour, 50 times too slow). Items that
+/// set different fields are still one quota.
+#[test]
+fn two_policies_of_one_name_in_a_line_keep_the_more_restrictive() {
+    let hourly = quota(None, Some(5000), Some(secs(3600)), None, None);
+    for line in [
+        "100, 5000;w=3600",
+        "100;w=60, 5000;w=3600",
+        "5000;w=3600, 100;w=60",
+    ] {
+        let feedback = read(200, &[("RateLimit-Policy", line)]);
+        assert_eq!(feedback.quotas(), std::slice::from_ref(&hourly), "{line}");
+    }
+    let named = read(
+        200,
+        &[(
+            "RateLimit-Policy",
+            "\"tokens\";q=10;w=1, \"tokens\";q=300;w=60",
+        )],
+    );
+    assert_eq!(
+        named.quotas(),
+        [quota(Some("tokens"), Some(300), Some(secs(60)), None, None)]
+    );
+    // The fewer left, with its own reset.
+    let left = read(200, &[("RateLimit", "r=5;t=10, r=2;t=30, r=9;t=1")]);
+    assert_eq!(
+        left.quotas(),
+        [quota(None, None, None, Some(2), Some(secs(30)))]
+    );
+    // Different fields: one quota.
+    let parts = read(200, &[("RateLimit", "limit=50, remaining=49, reset=1")]);
+    assert_eq!(
+        parts.quotas(),
+        [quota(None, Some(50), None, Some(49), Some(secs(1)))]
+    );
+}
+
 #[test]
 fn x_ratelimit_unnamed_with_an_epoch_reset() {
     let reset = (NOW_SECS + 3600).to_string();
