@@ -379,7 +379,9 @@ fn obfuscated_port(node: &str) -> Option<IpAddr> {
     if port.is_empty() || !port.bytes().all(allowed) {
         return None;
     }
-    let host = host.strip_prefix('[').map_or(Some(host), |v6| v6.strip_suffix(']'))?;
+    let host = host
+        .strip_prefix('[')
+        .map_or(Some(host), |v6| v6.strip_suffix(']'))?;
     host.parse().ok()
 }
 

@@ -749,11 +749,15 @@ async fn ipv4_clients_translated_into_ipv6_are_keyed_by_their_ipv4_address() {
     }
     // Outside the /96, the /64 as before.
     assert_eq!(
-        send(&mut service, from("[64:ff9b::1:0:0]", &[])).await.status(),
+        send(&mut service, from("[64:ff9b::1:0:0]", &[]))
+            .await
+            .status(),
         StatusCode::OK
     );
     assert_eq!(
-        send(&mut service, from("[64:ff9b::2:0:0]", &[])).await.status(),
+        send(&mut service, from("[64:ff9b::2:0:0]", &[]))
+            .await
+            .status(),
         StatusCode::TOO_MANY_REQUESTS
     );
 }

@@ -279,8 +279,14 @@ fn an_obfuscated_port_keeps_the_address() {
         "forwarded",
         &[
             ("for=6.6.6.6, for=\"203.0.113.7:_hidden\"", "203.0.113.7"),
-            ("for=\"[2001:db8:cafe::17]:_a.b-c_9\";proto=https", "2001:db8:cafe::17"),
-            ("for=\"203.0.113.7:_x\", for=\"10.0.0.9:_proxy\"", "203.0.113.7"),
+            (
+                "for=\"[2001:db8:cafe::17]:_a.b-c_9\";proto=https",
+                "2001:db8:cafe::17",
+            ),
+            (
+                "for=\"203.0.113.7:_x\", for=\"10.0.0.9:_proxy\"",
+                "203.0.113.7",
+            ),
             // Not an obfuscated port, or not an address before it: the
             // proxy that wrote it, as before.
             ("for=6.6.6.6, for=\"203.0.113.7:_\"", "10.0.0.5"),
