@@ -235,7 +235,9 @@ impl TrustedProxies {
     ///   cannot be told from a client's forgery, so the key falls back to
     ///   the proxy rather than to anything it says. If every entry read is
     ///   a trusted proxy, the client is the leftmost; at most 64 entries
-    ///   are read, however long the list.
+    ///   are read, however long the list. An address with a port is that
+    ///   address, in `Forwarded` also with an obfuscated port
+    ///   (`for="192.0.2.43:_hidden"`).
     /// * A header that holds one address is the client if it is exactly
     ///   one line holding one address (a port, or brackets around an IPv6
     ///   address, allowed); otherwise (absent, repeated, a list, garbage)
@@ -363,7 +365,24 @@ fn forwarded_for(element: &[u8]) -> Option<IpAddr> {
         Some(quoted) => quoted.strip_suffix('"')?,
         None => node,
     };
-    address(node)
+    address(node).or_else(|| obfuscated_port(node))
+}
+
+/// The address of a `Forwarded` node whose port is obfuscated (RFC 7239:
+/// `_` and then letters, digits, `.`, `_` or `-`): `192.0.2.43:_hidden`,
+/// `[2001:db8::1]:_p1`. The port is hidden, not the address, which is the
+/// client.
+fn obfuscated_port(node: &str) -> Option<IpAddr> {
+    let (host, port) = node.rsplit_once(':')?;
+    let port = port.strip_prefix('_')?;
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || b"._-".contains(&b);
+    if port.is_empty() || !port.bytes().all(allowed) {
+        return None;
+    }
+    let host = host
+        .strip_prefix('[')
+        .map_or(Some(host), |v6| v6.strip_suffix(']'))?;
+    host.parse().ok()
 }
 
 /// Takes the value of `pair` into `node` if it is a `for=`: `None` if

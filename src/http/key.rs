@@ -136,8 +136,11 @@ pub struct PeerIp<T> {
 
 impl<T> PeerIp<T> {
     /// Reads the peer's address from the extension of type `T`. An IPv4
-    /// client is keyed by its address; an IPv6 client by the first 64 bits
-    /// of it (see [`ipv6_prefix`](Self::ipv6_prefix)).
+    /// client is keyed by its address (also one mapped into IPv6,
+    /// `::ffff:192.0.2.1`, or translated into it by a NAT64 or SIIT gateway
+    /// at the well-known prefix, `64:ff9b::192.0.2.1`); an IPv6 client by
+    /// the first 64 bits of its address (see
+    /// [`ipv6_prefix`](Self::ipv6_prefix)).
     pub fn from_extension(peer: fn(&T) -> IpAddr) -> Self {
         PeerIp {
             peer,
@@ -174,10 +177,15 @@ impl<T> PeerIp<T> {
         self
     }
 
-    /// The key of a client at `ip`: IPv4 (or mapped IPv4) whole, IPv6 cut
-    /// to its prefix.
+    /// The key of a client at `ip`: IPv4 (or mapped IPv4, or IPv4
+    /// translated into `64:ff9b::/96`) whole, IPv6 cut to its prefix.
     fn key_of(&self, ip: IpAddr) -> IpAddr {
         match canonical(ip) {
+            // RFC 6052's well-known prefix: an IPv4 client reaching an IPv6
+            // server through a translator, in the last 32 bits.
+            IpAddr::V6(v6) if u128::from(v6) >> 32 == 0x64_ff9b << 64 => {
+                IpAddr::V4((u128::from(v6) as u32).into())
+            }
             IpAddr::V6(v6) => {
                 let kept = u32::from(128 - self.ipv6_prefix);
                 let mask = u128::MAX.checked_shl(kept).unwrap_or(0);

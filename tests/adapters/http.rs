@@ -726,3 +726,38 @@ async fn ipv6_clients_are_keyed_by_their_prefix() {
         );
     }
 }
+
+/// An IPv4 client that reaches an IPv6 server through a NAT64 or SIIT
+/// translator has its address in the last 32 bits of the well-known prefix
+/// `64:ff9b::/96` (RFC 6052), and is keyed by that IPv4 address. Before,
+/// every such client was keyed by the prefix's /64: one key for all of
+/// them, which one client used up for the others.
+#[tokio::test(flavor = "current_thread")]
+async fn ipv4_clients_translated_into_ipv6_are_keyed_by_their_ipv4_address() {
+    let clock = FakeClock::new();
+    let peer = PeerIp::from_extension(|peer: &SocketAddr| peer.ip());
+    let mut service =
+        RateLimitLayer::new(keyed_limiter::<IpAddr>(&clock), peer).layer(Ok200::default());
+    for client in ["[64:ff9b::192.0.2.1]", "[64:ff9b::192.0.2.2]"] {
+        let status = send(&mut service, from(client, &[])).await.status();
+        assert_eq!(status, StatusCode::OK, "{client}");
+    }
+    // The same client as it is, and translated: one key.
+    for client in ["192.0.2.1", "[64:ff9b::c000:202]"] {
+        let status = send(&mut service, from(client, &[])).await.status();
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{client}");
+    }
+    // Outside the /96, the /64 as before.
+    assert_eq!(
+        send(&mut service, from("[64:ff9b::1:0:0]", &[]))
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&mut service, from("[64:ff9b::2:0:0]", &[]))
+            .await
+            .status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}

@@ -16,7 +16,8 @@
 //! your proxy writes the client's address in: `x-forwarded-for`,
 //! `forwarded`, or one that holds one address such as `x-real-ip` or
 //! `cf-connecting-ip`; default `peer`, none), `--trust CIDR` (a proxy
-//! whose `--client-ip` header is believed; repeat it), and, built with the
+//! whose `--client-ip` header is believed; repeat it; each of these two
+//! needs the other), and, built with the
 //! `redis` feature (`cargo run -p paceline-axum-server --features redis`),
 //! `--redis URL` to share each client's rate among every server on that
 //! Redis.
@@ -87,6 +88,11 @@ impl Options {
         }
         if !options.trust.is_empty() && options.client_ip == ClientIpSource::Peer {
             return Err("--trust needs --client-ip HEADER: the header your proxy writes".into());
+        }
+        // With no proxy trusted the header is never read: every client
+        // behind a proxy would share the proxy's key.
+        if options.trust.is_empty() && options.client_ip != ClientIpSource::Peer {
+            return Err("--client-ip HEADER needs --trust CIDR: the proxy that writes it".into());
         }
         Ok(options)
     }

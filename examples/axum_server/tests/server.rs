@@ -315,6 +315,29 @@ async fn through_redis_ten_clients_each_get_their_rate() {
     many_clients_get_rate_times_time_plus_burst(address, 10).await;
 }
 
+/// The command line names a header only with a proxy to trust, and a proxy
+/// only with a header: `--client-ip x-forwarded-for` alone read as no header
+/// at all (no proxy is trusted), so that behind a proxy every client shared
+/// the proxy's key, and one of them used up every other's limit.
+#[test]
+fn a_header_needs_a_proxy_to_trust_and_a_proxy_a_header() {
+    let parse = |args: &[&str]| Options::parse(args.iter().map(|arg| arg.to_string()));
+    for alone in [
+        &["--client-ip", "x-forwarded-for"][..],
+        &["--client-ip", "X-Real-IP"],
+        &["--trust", "10.0.0.0/8"],
+    ] {
+        assert!(parse(alone).is_err(), "{alone:?}");
+    }
+    let both = parse(&["--client-ip", "x-forwarded-for", "--trust", "10.0.0.0/8"]).unwrap();
+    assert_eq!(both.client_ip, ClientIpSource::XForwardedFor);
+    assert_eq!(both.trust, ["10.0.0.0/8"]);
+    for neither in [&[][..], &["--client-ip", "peer"]] {
+        let options = parse(neither).unwrap();
+        assert_eq!(options.client_ip, ClientIpSource::Peer, "{neither:?}");
+    }
+}
+
 /// Every layer of the crate goes into axum's `Router::layer` and
 /// `route_layer` as it is: the HTTP layer directly, the tower layers
 /// (whose refusals are errors) behind axum's `HandleErrorLayer`. This

@@ -267,6 +267,38 @@ fn forwarded_elements_are_read_by_their_for() {
     );
 }
 
+/// RFC 7239 lets a proxy hide the client's port (`node-port = port /
+/// obfport`, `obfport = "_" 1*(ALPHA / DIGIT / "." / "_" / "-")`) and
+/// keep its address: the address is the client. Before, each of these read
+/// as the proxy, so that every client shared its key.
+#[test]
+fn an_obfuscated_port_keeps_the_address() {
+    let proxies = reading(ClientIpSource::Forwarded);
+    reads(
+        &proxies,
+        "forwarded",
+        &[
+            ("for=6.6.6.6, for=\"203.0.113.7:_hidden\"", "203.0.113.7"),
+            (
+                "for=\"[2001:db8:cafe::17]:_a.b-c_9\";proto=https",
+                "2001:db8:cafe::17",
+            ),
+            (
+                "for=\"203.0.113.7:_x\", for=\"10.0.0.9:_proxy\"",
+                "203.0.113.7",
+            ),
+            // Not an obfuscated port, or not an address before it: the
+            // proxy that wrote it, as before.
+            ("for=6.6.6.6, for=\"203.0.113.7:_\"", "10.0.0.5"),
+            ("for=6.6.6.6, for=\"203.0.113.7:_a:b\"", "10.0.0.5"),
+            ("for=6.6.6.6, for=\"203.0.113.7:_a b\"", "10.0.0.5"),
+            ("for=6.6.6.6, for=\"203.0.113.7:80:_x\"", "10.0.0.5"),
+            ("for=6.6.6.6, for=\"_hidden:_x\"", "10.0.0.5"),
+            ("for=6.6.6.6, for=\"0x7f.1:_x\"", "10.0.0.5"),
+        ],
+    );
+}
+
 /// RFC 7239: a value is a token or a quoted string, and a quoted string
 /// may hold `,`, `;` and `=`, which then part neither elements nor pairs.
 /// A proxy that writes, after its `for=`, a quoted value the client sent
