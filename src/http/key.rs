@@ -65,6 +65,12 @@ impl<B> KeyExtractor<B> for Global {
 /// that do, which pools only its own requests, but cannot reach the key of
 /// a value it does not know.
 ///
+/// The key holds the value as sent: keyed by a secret (an `Authorization`
+/// header, an API key), a limiter through Redis writes it into a Redis key
+/// name, which `KEYS`, `MONITOR` and the server's logs show. Where that
+/// matters, key by what the secret stands for (an account's id, read by a
+/// [`KeyExtractor`] of your own after authentication) or by a digest of it.
+///
 /// ```
 /// use paceline::http::{Header, KeyExtractor};
 ///
