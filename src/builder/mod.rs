@@ -211,8 +211,10 @@ impl<K, S: Store, C: Clock> Builder<K, S, C> {
         self
     }
 
-    /// What the limiter knows of the upstream it paces calls to.
-    pub(crate) fn upstream(&self) -> crate::outbound::Upstream {
+    /// What the limiter knows of the upstream it paces calls to; an error if
+    /// its learning holds a value out of range.
+    pub(crate) fn upstream(&self) -> Result<crate::outbound::Upstream, Error> {
+        self.learning.check()?;
         let first = self.config.permits_per_second.map(|_| None);
         let names = first
             .into_iter()
@@ -222,10 +224,10 @@ impl<K, S: Store, C: Clock> Builder<K, S, C> {
                     .map(|l| l.name().map(Box::from)),
             )
             .collect();
-        crate::outbound::Upstream {
+        Ok(crate::outbound::Upstream {
             learning: self.learning,
             names,
-        }
+        })
     }
 
     /// The clock, the metrics and the cap, checked.
@@ -294,8 +296,9 @@ impl<C: Clock> Builder<NoKey, Local, C> {
     /// # Errors
     /// [`Error::InvalidArgument`] if no rate was given, the rate is zero,
     /// negative or NaN, the cold factor is below 1 or not finite, a limit
-    /// is invalid, options of both policies were set, or `max_keys` was
-    /// (this limiter holds no keys).
+    /// is invalid, options of both policies were set, a
+    /// [`learning`](Self::learning) value is out of its range, or
+    /// `max_keys` was (this limiter holds no keys).
     pub fn build(mut self) -> Result<RateLimiter<Local, C>, Error> {
         let (clock, metrics, max_keys) = self.parts()?;
         if max_keys.is_some() {
@@ -309,7 +312,7 @@ impl<C: Clock> Builder<NoKey, Local, C> {
         let limits = Limits::new(states).expect("at least one limit");
         Ok(RateLimiter {
             engine: crate::local::Single::from_limits(limits, clock).with_metrics(metrics),
-            upstream: self.upstream(),
+            upstream: self.upstream()?,
             slots: crate::outbound::LocalSlots::new(concurrency(&self.config)?),
         })
     }
@@ -329,7 +332,7 @@ impl<K: Key, C: Clock> Builder<PerKey<K>, Local, C> {
             crate::keyed::Keyed::from_limits(states, clock, max_keys, crate::keyed::Mode::Full);
         Ok(KeyedRateLimiter {
             engine: engine.with_metrics(metrics),
-            upstream: self.upstream(),
+            upstream: self.upstream()?,
             slots: crate::outbound::LocalSlots::new(concurrency(&self.config)?),
         })
     }

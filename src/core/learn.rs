@@ -47,14 +47,19 @@ use super::{Limits, MAX_MICROS, Policy, State};
 ///     .decrease(0.5)
 ///     .increase(0.1)
 ///     .interval(Duration::from_millis(500));
-/// // The margin stays at its default, 0.97; one out of (0, 1] keeps it.
+/// // The margin stays at its default, 0.97.
 /// assert_eq!(learning, learning.margin(0.97));
-/// assert_eq!(learning.margin(1.5), learning);
 /// let limiter = RateLimiter::builder()
 ///     .permits_per_second(10.0)
 ///     .learning(learning)
 ///     .build()?;
 /// # drop(limiter);
+/// // A value out of range is refused when the limiter is built.
+/// let built = RateLimiter::builder()
+///     .permits_per_second(10.0)
+///     .learning(learning.margin(1.5))
+///     .build();
+/// assert!(matches!(built, Err(paceline::Error::InvalidArgument(_))));
 /// # Ok::<(), paceline::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -84,20 +89,17 @@ impl Default for Learning {
 impl Learning {
     /// What a refusal multiplies the learned rate by, in `(0, 1]` (default
     /// 0.7). Here and in `increase`, `floor` and `margin`, a value out of
-    /// range keeps the current one.
+    /// range (NaN included) makes the limiter's `build` fail with
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument).
     pub fn decrease(mut self, factor: f64) -> Self {
-        if factor > 0.0 && factor <= 1.0 {
-            self.decrease = factor;
-        }
+        self.decrease = factor;
         self
     }
 
     /// What each [`interval`](Self::interval) of successes adds back, as
     /// a fraction of the configured rate, in `[0, 1]` (default 0.05).
     pub fn increase(mut self, fraction: f64) -> Self {
-        if (0.0..=1.0).contains(&fraction) {
-            self.increase = fraction;
-        }
+        self.increase = fraction;
         self
     }
 
@@ -110,9 +112,7 @@ impl Learning {
     /// The lowest fraction of the configured rate refusals bring it to, in
     /// `(0, 1]` (default 0.05).
     pub fn floor(mut self, fraction: f64) -> Self {
-        if fraction > 0.0 && fraction <= 1.0 {
-            self.floor = fraction;
-        }
+        self.floor = fraction;
         self
     }
 
@@ -126,10 +126,31 @@ impl Learning {
     /// in `(0, 1]` (default 0.97): a little under it, so that calls that
     /// arrive unevenly still find room.
     pub fn margin(mut self, fraction: f64) -> Self {
-        if fraction > 0.0 && fraction <= 1.0 {
-            self.margin = fraction;
-        }
+        self.margin = fraction;
         self
+    }
+
+    /// Each fraction in its range, or the error that names the first that
+    /// is not.
+    pub(crate) fn check(&self) -> Result<(), crate::Error> {
+        let unit = |x: f64| x > 0.0 && x <= 1.0;
+        let fields = [
+            ("decrease", self.decrease, unit(self.decrease), "(0, 1]"),
+            (
+                "increase",
+                self.increase,
+                (0.0..=1.0).contains(&self.increase),
+                "[0, 1]",
+            ),
+            ("floor", self.floor, unit(self.floor), "(0, 1]"),
+            ("margin", self.margin, unit(self.margin), "(0, 1]"),
+        ];
+        match fields.into_iter().find(|field| !field.2) {
+            Some((name, value, _, range)) => crate::error::invalid(format!(
+                "the learning's {name} must be in {range} (got {value})"
+            )),
+            None => Ok(()),
+        }
     }
 }
 

@@ -162,14 +162,15 @@ impl<C: Clock> Builder<NoKey, Redis, C> {
     /// # Errors
     /// [`Error::InvalidArgument`] for bad options: an empty name, a bad
     /// rate, policy or limit, more than 16 limits, a local fraction outside
-    /// `(0, 1]` or with a fallback other than `Local`, `max_keys(0)`.
+    /// `(0, 1]` or with a fallback other than `Local`, `max_keys(0)`, a
+    /// [`learning`](Builder::learning) value out of its range.
     pub fn build(self) -> Result<RateLimiter<Redis, C>, Error> {
         let backend = &self.store().backend;
         let key: Arc<str> =
             naming::single_key(&backend.options.key_prefix, &self.store().name).into();
         let zone = backend.health.zone_of(&key);
         // The fallback holds the limiter's one state.
-        let upstream = self.upstream();
+        let upstream = self.upstream()?;
         let slots = self.slots()?;
         let engine = self.failover(Naming::Single { key, zone }, 1)?;
         let slots = slots.leases(&engine)?;
@@ -188,11 +189,12 @@ impl<K: Key + Display, C: Clock> Builder<PerKey<K>, Redis, C> {
     /// # Errors
     /// [`Error::InvalidArgument`] for bad options: an empty name, a bad
     /// rate, policy or limit, more than 16 limits, a local fraction outside
-    /// `(0, 1]` or with a fallback other than `Local`, `max_keys(0)`.
+    /// `(0, 1]` or with a fallback other than `Local`, `max_keys(0)`, a
+    /// [`learning`](Builder::learning) value out of its range.
     pub fn build(self) -> Result<KeyedRateLimiter<K, Redis, C>, Error> {
         let prefix =
             naming::keyed_prefix(&self.store().backend.options.key_prefix, &self.store().name);
-        let upstream = self.upstream();
+        let upstream = self.upstream()?;
         let slots = self.slots()?;
         let engine = self.failover(Naming::Keyed { prefix }, DEFAULT_MAX_LOCAL_KEYS)?;
         let slots = slots.leases(&engine)?;

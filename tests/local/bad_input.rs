@@ -103,6 +103,39 @@ fn options_that_do_nothing_here_are_rejected() {
     }
 }
 
+/// A learning value out of its range is refused when the limiter is built,
+/// by name, not kept at its default in silence (`decrease(1.5)` built a
+/// limiter that lowered its rate by 0.7 on a refusal).
+#[test]
+fn a_learning_value_out_of_range_is_refused() {
+    use paceline::KeyedRateLimiter;
+    use paceline::outbound::Learning;
+    let cases = [
+        (Learning::default().decrease(1.5), "decrease"),
+        (Learning::default().decrease(0.0), "decrease"),
+        (Learning::default().increase(-0.1), "increase"),
+        (Learning::default().increase(f64::NAN), "increase"),
+        (Learning::default().floor(0.0), "floor"),
+        (Learning::default().margin(f64::INFINITY), "margin"),
+    ];
+    for (learning, name) in cases {
+        let single = RateLimiter::builder().permits_per_second(1.0);
+        invalid(single.learning(learning).build(), name);
+        let keyed = KeyedRateLimiter::<u32>::builder().permits_per_second(1.0);
+        invalid(keyed.learning(learning).build(), name);
+    }
+    // The ends of each range build.
+    let edges = Learning::default()
+        .decrease(1.0)
+        .increase(0.0)
+        .floor(1.0)
+        .margin(1.0);
+    let built = RateLimiter::builder()
+        .permits_per_second(1.0)
+        .learning(edges);
+    assert!(built.build().is_ok());
+}
+
 #[test]
 fn errors_display_what_was_wrong() {
     let err = RateLimiter::bursty(-2.5).unwrap_err();
