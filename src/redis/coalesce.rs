@@ -13,12 +13,13 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
+use tokio::sync::oneshot::error::TryRecvError;
 
-use super::backend::{Backend, ProbeTarget, Scope};
+use super::backend::{Awaited, Backend, ProbeTarget, Scope};
 use super::reply::Reply;
 use super::round_trip::{Deadline, Failure, Lead, Remote, down, send};
 use super::script::{Call, Request};
@@ -71,10 +72,20 @@ struct Queued {
     request: Request,
     target: ProbeTarget,
     reply: oneshot::Sender<Result<Reply, Failure>>,
+    /// Set by its caller if it stops waiting before its reply (see
+    /// [`Waiting`]); dropped with the request, once its batch's task is done
+    /// with it.
+    _left: Left,
 }
 
-/// Where a queued request's reply comes.
-type Replied = oneshot::Receiver<Result<Reply, Failure>>;
+/// A caller that stopped waiting before its reply: its round trip is
+/// awaited in the background (see [`Awaited`]) until its batch's task is
+/// done with it, so that a grant Redis made late is told before the key
+/// is carried back from its fallback.
+type Left = Arc<OnceLock<Option<Awaited>>>;
+
+/// Where a queued request's reply comes, and the caller's [`Left`].
+type Replied = (oneshot::Receiver<Result<Reply, Failure>>, Left);
 
 /// How a call goes.
 pub(crate) enum Joined {
@@ -179,12 +190,14 @@ impl Queued {
     fn new(request: Request, target: &ProbeTarget) -> (Queued, Replied) {
         let (reply, waiting) = oneshot::channel();
         let target = target.clone();
+        let left = Left::default();
         let queued = Queued {
             request,
             target,
             reply,
+            _left: Arc::clone(&left),
         };
-        (queued, waiting)
+        (queued, (waiting, left))
     }
 }
 
@@ -212,8 +225,10 @@ pub(crate) async fn wait(
     waiting: Replied,
     budget: Option<Duration>,
 ) -> Result<Reply, Failure> {
+    let (replied, left) = waiting;
     let mut waiting = Waiting {
-        replied: waiting,
+        replied,
+        left,
         backend,
         target,
     };
@@ -235,18 +250,30 @@ pub(crate) async fn wait(
 
 /// A caller's end of its reply's channel. Dropped before the reply was
 /// read (the caller gave up, or timed out), it closes the channel: a reply
-/// sent later finds it closed and is given back by the batch's task, and
-/// one sent already is given back here.
+/// sent later finds it closed and is given back by the batch's task (its
+/// round trip awaited meanwhile: see [`Left`]), and one sent already is
+/// given back here.
 struct Waiting<'a> {
-    replied: Replied,
+    replied: oneshot::Receiver<Result<Reply, Failure>>,
+    left: Left,
     backend: &'a Arc<Backend>,
     target: &'a ProbeTarget,
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.replied.close();
-        if let Ok(Ok(reply)) = self.replied.try_recv() {
+        let reply = match self.replied.try_recv() {
+            Err(TryRecvError::Empty) => {
+                // (Before the channel closes: the batch's task, finding it
+                // closed, tells the late grant, then lets it go.)
+                let _ = self.left.set(self.target.awaited());
+                self.replied.close();
+                self.replied.try_recv()
+            }
+            // (Read already, or its batch's task gone.)
+            other => other,
+        };
+        if let Ok(Ok(reply)) = reply {
             Remote::new(self.backend, self.target).give_back_unread(reply);
         }
     }

@@ -167,9 +167,11 @@ fn own_replies(
         .collect();
     let per = if limits > 1 { 2 } else { 1 };
     assert_eq!(bytes.len() % 8, 0, "{what}");
-    assert_eq!(
-        numbers.len(),
-        per * held.len() + 2 + 3 * limits,
+    // (Then, if the key learned anything, what: four numbers and a cap
+    // per limit.)
+    let base = per * held.len() + 2 + 3 * limits;
+    assert!(
+        numbers.len() == base || numbers.len() == base + 4 + limits,
         "{what}: {} numbers",
         numbers.len()
     );
@@ -199,7 +201,7 @@ fn own_replies(
             [r[0], bound, own]
         })
         .collect();
-    (replies, tail[1..].to_vec())
+    (replies, tail[1..2 + 3 * limits].to_vec())
 }
 
 /// The same TTL was set on both keys (the value's expires_micros, compared
@@ -226,6 +228,7 @@ fn a_batch_is_its_requests_one_by_one() {
     // `BATCH_SEEDS=500` for a longer run.
     let seeds = std::env::var("BATCH_SEEDS").map_or(60, |s| s.parse().unwrap());
     let (mut batches, mut requests, mut refused, mut held_ids) = (0, 0, 0, 0);
+    let mut lessons = 0;
     // A step whose key expired between its calls (a loaded machine): both
     // keys start again, empty.
     let mut restarts = 0;
@@ -273,6 +276,37 @@ fn a_batch_is_its_requests_one_by_one() {
                     "{what}: a give-back"
                 );
                 same_ttl(a.2, b.2, started, &what);
+                continue;
+            }
+            if rng.chance(0.12) {
+                // A lesson learned from an upstream (a pause, lower or
+                // higher rates, caps) or an open call, on both keys.
+                let (mode, second) = if rng.chance(0.8) {
+                    ("learn", random_lesson(&mut rng, limits))
+                } else {
+                    let counts: Vec<String> = (0..limits)
+                        .map(|_| (1 + rng.below(4)).to_string())
+                        .collect();
+                    let timeout = if rng.chance(0.5) {
+                        -1
+                    } else {
+                        rng.below(50_000) as i64
+                    };
+                    ("call", format!("{}:{timeout}", counts.join(",")))
+                };
+                let call = |key: &str| vec![eval(&sha, key, mode, second.as_bytes(), &config, now)];
+                let started = std::time::Instant::now();
+                let a = transact(&mut connection, &batched, call(&batched));
+                let b = transact(&mut connection, &single, call(&single));
+                let (Some(a), Some(b)) = (a, b) else {
+                    restart(&mut connection, [&batched, &single], &mut ids);
+                    continue;
+                };
+                // (Their replies carry the value's head, whose count of
+                // dead requests may differ: see below.)
+                assert_eq!(live(&a.1), live(&b.1), "{what}: a {mode} {second}");
+                same_ttl(a.2, b.2, started, &what);
+                lessons += 1;
                 continue;
             }
             let size = match rng.below(20) {
@@ -369,6 +403,41 @@ fn a_batch_is_its_requests_one_by_one() {
     assert!(batches > 20 * seeds as usize, "{batches} batches");
     assert!(refused > requests / 50, "{refused} of {requests} refused");
     assert!(held_ids > 100, "{held_ids} grants with an id");
+    assert!(
+        lessons > 2 * seeds as usize,
+        "{lessons} lessons and open calls"
+    );
+}
+
+/// A learn's ARGV[2]: a refusal or a success, its `Retry-After`, the
+/// constants, and what the upstream reported of some of the `limits`.
+fn random_lesson(rng: &mut Rng, limits: usize) -> String {
+    let some = |rng: &mut Rng, chance: f64, below: u64| {
+        if rng.chance(chance) {
+            rng.below(below).to_string()
+        } else {
+            String::new()
+        }
+    };
+    let (throttled, success) = *rng.pick(&[(1, 0), (0, 1), (0, 1), (0, 0)]);
+    let retry_after = some(rng, 0.5, 3_000_000);
+    let decrease = 0.1 + 0.9 * rng.f64();
+    let increase = *rng.pick(&["0", "0.05", "1"]);
+    let interval = *rng.pick(&[1_000, 1_000_000]);
+    let floor = *rng.pick(&["0.05", "0.5", "1"]);
+    let pause = *rng.pick(&[0, 1_000, 1_000_000]);
+    let margin = *rng.pick(&["1", "0.5"]);
+    let sent_ago = some(rng, 0.5, 3_000_000);
+    let mut text = format!(
+        "{throttled},{success},{retry_after},{decrease},{increase},{interval},{floor},{pause},{margin},{sent_ago}"
+    );
+    for _ in 0..rng.below(limits as u64 + 1) {
+        let rate = *rng.pick(&["", "", "5e-1", "2e1", "1e3"]);
+        let remaining = some(rng, 0.6, 4);
+        let reset = some(rng, 0.6, 5_000_000);
+        text.push_str(&format!(";{rate},{remaining},{reset}"));
+    }
+    text
 }
 
 #[test]

@@ -369,6 +369,79 @@ async fn an_outage_mid_batch_sends_each_caller_to_its_fallback_once() {
     );
 }
 
+/// A caller queued behind a slow round trip whose own wait ends before its
+/// batch's reply (its timer runs from when it queued, the batch's from when
+/// it was sent) is served by the fallback; its batch's reply comes later,
+/// in time for the batch, with the grant Redis made for it too (at once:
+/// no id to give it back by). Redis is back before that reply: the key's
+/// carry-back must wait for it, as for a call of its own whose caller
+/// stopped waiting, so that the grant is known and the caller counts once,
+/// not twice (which put the next caller most of an interval late).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_left_its_batch_in_flight_is_carried_back_once() {
+    // Each way. The lead reaches Redis at L (its interval ends at L + I);
+    // the caller queues then and stops waiting at L + 5 s; its batch goes
+    // at 2L, reaches Redis at 3L (granted at once) and its reply comes at
+    // 4L, within the batch's own 5 s (to 7L).
+    const LATENCY: Duration = Duration::from_secs(2);
+    const INTERVAL: Duration = Duration::from_secs(3);
+    let server = RedisServer::start();
+    let proxy = Proxy::in_front_of(&server);
+    let limiter = Arc::new(
+        builder_on(
+            backend_builder(proxy.client()).response_timeout(Duration::from_secs(5)),
+            "left-in-flight",
+            1.0 / INTERVAL.as_secs_f64(),
+        )
+        .await
+        .max_burst(Duration::ZERO)
+        .local_fraction(1.0)
+        .build()
+        .unwrap(),
+    );
+    // The connection opens, charging nothing.
+    limiter.snapshot().await.unwrap();
+    reset_stats(&server);
+    proxy.set_latency(LATENCY);
+    let counted = &server;
+    let calls = |n: u64| {
+        within(Duration::from_secs(20), move || {
+            counted.evalsha_calls() >= n
+        })
+    };
+    let lead = tokio::spawn({
+        let limiter = Arc::clone(&limiter);
+        async move { limiter.acquire(1).await.unwrap() }
+    });
+    calls(1).await.expect("the lead reached Redis");
+    let queued = tokio::spawn({
+        let limiter = Arc::clone(&limiter);
+        async move { limiter.acquire(1).await.unwrap() }
+    });
+    lead.await.unwrap();
+    // The batch reached Redis, granted at once: its reply, read by the
+    // proxy now, comes one way later. Redis answers at once from now on.
+    calls(2).await.expect("the batch reached Redis");
+    let granted = Instant::now();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy.set_latency(Duration::ZERO);
+    queued.await.unwrap();
+    assert_eq!(limiter.stats().fallback_calls, 1, "{:?}", limiter.stats());
+    within(Duration::from_secs(20), || !limiter.stats().degraded)
+        .await
+        .expect("back on Redis");
+    let next = limiter.reservation(1).await.unwrap();
+    let next_moment = Instant::now() + next.keep();
+    let after = next_moment.saturating_duration_since(granted);
+    println!("the caller that left its batch was granted in Redis; the next {after:?} after it");
+    // One interval after its grant in Redis (the fallback's, a little
+    // later, counted in it); the fallback's carried on top, later still.
+    assert!(
+        after + INTERVAL / 3 >= INTERVAL && after < INTERVAL + INTERVAL / 3,
+        "the next caller went {after:?} after the grant of the one that left its batch"
+    );
+}
+
 /// A limiter with several limits coalesces too, and its batches keep every
 /// limit: 64 tasks trying for permits as fast as they can get a reply, for
 /// about a second, get the per-minute limit's burst and what it refills in
