@@ -326,10 +326,11 @@ else
                     -- (a warming-up limit's stored permits slow it down).
                     if bursty and st > p then st = p end
                 else
-                    -- Limits::resume: no stored permits, then its debt; a
-                    -- ticket that reaches 2^53 is 2^53, with no fraction (as
-                    -- in State::charge).
-                    st = 0.0
+                    -- Limits::resume: no stored permits, bursty (a
+                    -- warming-up limit's slow it down: it keeps them), then
+                    -- its debt; a ticket that reaches 2^53 is 2^53, with no
+                    -- fraction (as in State::charge).
+                    if bursty then st = 0.0 end
                     nf = nf + p
                     if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
                 end

@@ -17,7 +17,10 @@
 //!   that would wait longer than the bound is refused with [`Throttled`]
 //!   (with `Duration::ZERO`, whenever no permit is free now). `poll_ready`
 //!   is ready with the refusal, which `call` returns; a refusal reserves
-//!   nothing, so a service polled again before `call` looks afresh.
+//!   nothing, so a service polled again before `call` looks afresh. (One
+//!   refused after it waited, woken inside a pause learned meanwhile that
+//!   the rest of the bound does not cover, leaves what it reserved before
+//!   the pause spent, as `try_acquire` does.)
 //! - **Keyed** ([`RateLimitLayer::keyed`]): one rate per key, the key taken
 //!   from each request; the wait happens in the response future, before the
 //!   inner service is called, bounded per key by

@@ -272,8 +272,10 @@ impl State {
     }
 
     /// Carries a debt into the state at `now_micros`, as a limiter coming back
-    /// from a fallback does: stored permits are dropped and the ticket (at
-    /// least `now_micros`) moves forward by `debt_micros`, saturating at
+    /// from a fallback does: resynced at `now_micros`, a bursty limit drops
+    /// its stored permits (a warming-up one keeps them: they slow it down,
+    /// and dropping them would make a cold limit run warm), and the ticket
+    /// (at least `now_micros`) moves forward by `debt_micros`, saturating at
     /// [`MAX_MICROS`] (fraction dropped).
     ///
     /// ```
@@ -285,11 +287,10 @@ impl State {
     /// ```
     #[cfg(feature = "internals")]
     pub fn resume(&mut self, debt_micros: u64, now_micros: u64) {
-        if now_micros > self.next_free_micros {
-            self.next_free_micros = now_micros.min(MAX_MICROS);
-            self.next_free_fraction = 0;
+        self.resync(now_micros);
+        if let Policy::Bursty(_) = self.policy {
+            self.stored_permits = 0.0;
         }
-        self.stored_permits = 0.0;
         let ticket = self.next_free_micros.saturating_add(debt_micros);
         if ticket >= MAX_MICROS {
             self.next_free_micros = MAX_MICROS;

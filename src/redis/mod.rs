@@ -83,7 +83,9 @@
 //!   call of it reaches Redis again: one resume call adds what the fallback
 //!   granted beyond the debt the key opened at (scaled by `local_fraction`;
 //!   what Redis granted meanwhile, to a round trip sent before the switch,
-//!   is Redis's own) and drops the permits the key had stored; if Redis
+//!   is Redis's own) and drops the permits the key's bursty limits had
+//!   stored (a warming-up limit keeps its own: they slow it down, and
+//!   without them a cold key would run warm); if Redis
 //!   then owes less than that debt and the resume (it lost the key during
 //!   the outage: a restart, a flush, a failover; or a give-back queued on
 //!   a hung server ran late), the debt goes back too, as the fallback's
@@ -92,8 +94,8 @@
 //!   served by the fallback, which forgets the key only once its debt is in
 //!   Redis. A background task, started when the backend recovers, carries
 //!   the keys nobody calls. Under `Fallback::FailOpen` the resume carries no
-//!   debt but still drops the stored permits, so nothing bursts after an
-//!   outage.
+//!   debt but still drops the bursty limits' stored permits, so nothing
+//!   bursts after an outage.
 //! - **Where it cannot be known** (a reply lost with its connection, a
 //!   give-back that cannot be delivered, keys, debts and late grants beyond
 //!   `max_keys`), the limiter errs towards limiting: a reservation may stay

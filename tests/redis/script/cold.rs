@@ -294,3 +294,23 @@ fn resume_keeps_the_fraction_below_2_pow_53_and_drops_it_there() {
     let state = fx.state("r");
     assert_eq!((state.next(), state.next_free_fraction), (T0 + 400_000, 0));
 }
+
+#[test]
+fn resume_keeps_a_warming_up_limits_stored_permits() {
+    let mut fx = fixture();
+    // 10/s, 1 s of warm-up from three times the interval: a missing key is
+    // cold. A resume used to drop what it stored, so that after an outage
+    // the key ran warm (the second request 100 ms after the first) where
+    // it was cold (280 ms: the first stored permit's price, near 300 ms).
+    let args = Args::warming_up("10", 1_000_000, "3");
+    let reply = fx.call("w", &args.clone().resume(0).at(T0));
+    assert_eq!((reply.first, reply.debt), (0, 0));
+    let state = fx.state("w");
+    assert_eq!(state.stored_permits, state.max_permits);
+    assert_eq!(fx.run("w", &args.clone().at(T0)), 0);
+    assert_eq!(fx.run("w", &args.clone().at(T0)), 280_000);
+    // A bursty limit still drops them (nothing bursts after an outage).
+    let bursty = Args::bursty("10", 1_000_000);
+    fx.call("b", &bursty.clone().resume(0).at(T0));
+    assert_eq!(fx.state("b").stored_permits, 0.0);
+}
