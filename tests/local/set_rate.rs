@@ -5,7 +5,7 @@ use crate::support::fake;
 use std::time::Duration;
 
 use fake::{bursty, pause_ms, rounded, waits, waits_n, warming_up};
-use paceline::Error;
+use paceline::{Error, Limit};
 
 #[test]
 fn the_old_debt_is_repaid_at_the_old_rate() {
@@ -157,8 +157,8 @@ fn a_limits_burst_spans_the_same_time_at_a_new_rate() {
     // A burst is counted at the rate a limit is built with; a new rate
     // keeps the time its stored permits span (19 at 10/s: 1.9 s), so the
     // count follows the rate: 39 at once at 20/s, 10 at 5/s.
+    use paceline::RateLimiter;
     use paceline::clock::FakeClock;
-    use paceline::{Limit, RateLimiter};
     let at_once = |limiter: &RateLimiter<paceline::Local, FakeClock>| {
         (0..100)
             .take_while(|_| limiter.try_reserve(1, Duration::ZERO).unwrap().is_some())
@@ -185,26 +185,11 @@ fn a_limits_burst_spans_the_same_time_at_a_new_rate() {
 /// keys ran at that).
 #[test]
 fn set_rate_runs_the_first_of_several_limits_at_that_rate_exactly() {
-    use paceline::clock::FakeClock;
-    use paceline::{KeyedRateLimiter, Limit, RateLimiter};
-
     let (from, to) = (46.69690848711884, 938.5484478194);
-    let limits = [Limit::per_second(from), Limit::per_second(from * 4.0)];
-    let local = RateLimiter::builder()
-        .limit(limits[0].clone())
-        .limit(limits[1].clone())
-        .clock(FakeClock::new())
-        .build()
-        .unwrap();
+    let (local, keyed) = both([Limit::per_second(from), Limit::per_second(from * 4.0)]);
     local.set_rate(to).unwrap();
     assert_eq!(local.rate(), to);
     assert_eq!(local.slowest_rate(), to);
-    let keyed = KeyedRateLimiter::<u8>::builder()
-        .limit(limits[0].clone())
-        .limit(limits[1].clone())
-        .clock(FakeClock::new())
-        .build()
-        .unwrap();
     keyed.set_rate(to).unwrap();
     assert_eq!(keyed.rate(), to);
     // A key drained of the first limit's burst reads as it.
@@ -220,26 +205,11 @@ fn set_rate_runs_the_first_of_several_limits_at_that_rate_exactly() {
 /// with `set_limit_rate` meanwhile is kept.
 #[test]
 fn several_limits_keep_their_proportions_through_an_infinite_rate_and_back() {
-    use paceline::clock::FakeClock;
-    use paceline::{KeyedRateLimiter, Limit, RateLimiter};
-
     let hourly = 1000.0 / 3600.0;
-    let limits = [
+    let (local, keyed) = both([
         Limit::per_second(10.0),
         Limit::per(1000.0, Duration::from_secs(3600)),
-    ];
-    let local = RateLimiter::builder()
-        .limit(limits[0].clone())
-        .limit(limits[1].clone())
-        .clock(FakeClock::new())
-        .build()
-        .unwrap();
-    let keyed = KeyedRateLimiter::<u8>::builder()
-        .limit(limits[0].clone())
-        .limit(limits[1].clone())
-        .clock(FakeClock::new())
-        .build()
-        .unwrap();
+    ]);
     for away in [f64::INFINITY, f64::from_bits(1), f64::MAX] {
         local.set_rate(away).unwrap();
         keyed.set_rate(away).unwrap();
@@ -265,4 +235,24 @@ fn several_limits_keep_their_proportions_through_an_infinite_rate_and_back() {
     local.set_rate(f64::INFINITY).unwrap();
     local.set_rate(10.0).unwrap();
     assert_eq!((local.rate(), local.slowest_rate()), (10.0, 2.0));
+}
+
+/// A limiter and a keyed limiter of `limits`, on fake clocks.
+fn both(
+    limits: [paceline::Limit; 2],
+) -> (
+    paceline::RateLimiter<paceline::Local, paceline::clock::FakeClock>,
+    paceline::KeyedRateLimiter<u8, paceline::Local, paceline::clock::FakeClock>,
+) {
+    use paceline::clock::FakeClock;
+    use paceline::{KeyedRateLimiter, RateLimiter};
+    let [first, second] = limits;
+    let local = RateLimiter::builder()
+        .limit(first.clone())
+        .limit(second.clone());
+    let keyed = KeyedRateLimiter::<u8>::builder().limit(first).limit(second);
+    (
+        local.clock(FakeClock::new()).build().unwrap(),
+        keyed.clock(FakeClock::new()).build().unwrap(),
+    )
 }
