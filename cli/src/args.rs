@@ -195,7 +195,8 @@ pub(crate) struct Args {
     /// While Redis is down, from the start too: pace on a limiter of this
     /// process's own (local: a key there starts with nothing stored, as it
     /// cannot know what the others spent, so no burst or quota's period
-    /// goes at once until Redis is back), let everything through (open),
+    /// goes at once until Redis is back; with --warmup, cold), let
+    /// everything through (open),
     /// or fail with exit status 4 (closed: it does not start without
     /// Redis).
     #[arg(long, value_enum, value_name = "WHAT", default_value_t = OnDown::Local, requires = "redis")]

@@ -76,8 +76,10 @@
 //! limiter alike: each permit granted is counted once in the schedule that
 //! later callers of every process see.
 //!
-//! - **Into the fallback**, a key opens with no stored permits and with the
-//!   debt Redis last reported for it, so a saturated key stays saturated.
+//! - **Into the fallback**, a key opens with no stored permits (a
+//!   warming-up limit with all of them: cold, as a key Redis never saw)
+//!   and with the debt Redis last reported for it, so a saturated key
+//!   stays saturated.
 //!   A snapshot reads that debt too, without opening the key.
 //! - **Back to Redis**, a key the fallback served is carried back before any
 //!   call of it reaches Redis again: one resume call adds what the fallback

@@ -28,12 +28,15 @@ pub(in crate::keyed) struct LogId {
 }
 
 /// Puts into `state` (its configuration) the numbers of a key not held, at
-/// `at`: full (stored permits at their most, no debt), or with nothing
-/// stored for a fallback's keys (see [`Mode`]).
+/// `at`: full (stored permits at their most, no debt), or for a fallback's
+/// keys (see [`Mode`]) with no burst stored, which it cannot know the
+/// other processes did not spend: nothing stored, or for a warming-up
+/// limit, whose stored permits are no burst but its coldness, all of them
+/// (it starts cold, as a key Redis never saw does, not warm).
 pub(super) fn start(state: &mut State, mode: Mode, at: u64) {
-    state.stored_permits = match mode {
-        Mode::Full => state.max_permits,
-        Mode::Empty => 0.0,
+    state.stored_permits = match (mode, &state.policy) {
+        (Mode::Empty, crate::core::Policy::Bursty(_)) => 0.0,
+        _ => state.max_permits,
     };
     state.next_free_micros = at;
     state.next_free_fraction = 0;

@@ -8,7 +8,8 @@
 //! where that cannot be known, the limiter errs towards limiting (the
 //! user's view: `crate::redis`, "When Redis fails"). In the code's terms:
 //!
-//! - A key opens in the fallback with nothing stored and its ticket at its
+//! - A key opens in the fallback with nothing stored (a warming-up limit
+//!   cold: all stored, its stored permits slowing it) and its ticket at its
 //!   *floor* (`floor`): the end of the debt Redis last reported for it (the
 //!   latest end in its bucket, for a report that did not fit in memory) or
 //!   for a late grant of it ([`Late`]), and no earlier than any ticket the

@@ -523,3 +523,32 @@ async fn lost_key_of_two_limits(name: &str, reported: u32, local: u32) -> (Insta
     );
     (local_moment, next_moment)
 }
+
+/// A key the fallback opens stores no burst, which the other processes may
+/// have spent; a warming-up one starts cold, as a key Redis never saw
+/// does, not warm (it started warm: at 10/s with a cold factor of 3 and
+/// the fallback's own clock, the second request came 100 ms after the
+/// first instead of about 300).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warming_up_key_opened_in_the_fallback_starts_cold() {
+    use paceline::clock::FakeClock;
+    let mut server = RedisServer::start();
+    let clock = FakeClock::new();
+    let backend = patient_backend(server.client()).await;
+    let keyed = paceline::KeyedRateLimiter::<String>::builder()
+        .redis(&backend, "cold")
+        .permits_per_second(10.0)
+        .warmup(SECOND)
+        .local_fraction(1.0)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    server.kill();
+    assert_eq!(keyed.reserve("a", 1).await.unwrap(), Duration::ZERO);
+    assert!(keyed.stats().degraded);
+    let second = keyed.reserve("a", 1).await.unwrap();
+    assert!(
+        second > Duration::from_millis(250),
+        "the second request of a cold key waits only {second:?}"
+    );
+}
