@@ -44,7 +44,11 @@ impl<B> KeyExtractor<B> for Global {
 }
 
 /// The value of a request header (an API key, a tenant): requests
-/// without it share one key, the empty string.
+/// without it share one key, the empty string. A header sent on several
+/// lines is keyed by its first: if your application reads another line
+/// (to authenticate, say), key by what it read, with a
+/// [`KeyExtractor`] of your own, or refuse such requests before this
+/// layer.
 ///
 /// The key is the value's bytes, one for one: UTF-8 as it is but for `\`,
 /// written `\\`; each byte that is not part of valid UTF-8 as `\xNN`. So
