@@ -13,20 +13,25 @@
 -- ARGV[4]: take only: the lease's time to live, in µs (at least 1 000).
 -- ARGV[5]: take only, optional: the id of the call the lease is for
 --   (chosen by the caller, the same for each take of one call), which
---   waits in the line while it is not served.
+--   waits in the line while it is not served; empty: none.
+-- ARGV[6]: take only, a renewal's: when the lease expires as its holder
+--   last heard (µs, Redis's TIME, as a take's reply said).
 --
 -- take: drops the expired leases, and the calls in line that have not
---   asked for LINE_GRACE. A lease live already is renewed: {1, live, 0,
---   0}. Otherwise the lease is added if fewer than ARGV[3] are live and the
---   call's turn has come: the free slots go to the calls in line in the
---   order they came, then to any; the call leaves the line. Otherwise the
---   call stands in the line (keeping its place) and the reply is {0, live,
---   µs until the earliest live lease expires (0 if a slot is free for a
---   call ahead), calls ahead of it in line}. A renewal is a take of a lease
+--   asked for LINE_GRACE. A lease live already is renewed: {1, live,
+--   when it now expires, 0}. Otherwise the lease is added if fewer than
+--   ARGV[3] are live and the call's turn has come: the free slots go to
+--   the calls in line in the order they came, then to any; the call
+--   leaves the line: {1, live, when it expires, 0}. Otherwise the call
+--   stands in the line (keeping its place) and the reply is {0, live, µs
+--   until the earliest live lease expires (0 if a slot is free for a call
+--   ahead), calls ahead of it in line}. A renewal is a take of a lease
 --   already held; a lease that expired meanwhile (its holder could not
---   renew it in time) is taken again only as a new call's would be. The
---   slots key lives as long as its longest lease, the line as long as a
---   call in it asks.
+--   renew it in time) is taken again only as a new call's would be, and
+--   one gone before it was to expire (released: a renewal run after the
+--   release, or lost) is not taken again, before then: {0, live, 0, 0}.
+--   The slots key lives as long as its longest lease, the line as long as
+--   a call in it asks.
 -- release: removes the lease (an empty set is no key): {1, live, 0, 0}.
 -- leave: removes the call from the line: {1, live, 0, 0}.
 
@@ -51,6 +56,8 @@ end
 local calls = tonumber(ARGV[3])
 local ttl = tonumber(ARGV[4])
 local waiter = ARGV[5]
+if waiter == '' then waiter = nil end
+local renewing = tonumber(ARGV[6])
 if not calls or calls < 1 or not ttl or ttl < 1000 then
   return redis.error_reply('ERR paceline: the slots script was called with bad arguments')
 end
@@ -71,6 +78,10 @@ redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.0f', now))
 
 local live = redis.call('ZCARD', key)
 local held = redis.call('ZSCORE', key, id)
+if not held and renewing and now < renewing then
+  -- Gone before it expired: released.
+  return {0, live, 0, 0}
+end
 local free = calls - live
 -- The calls in line ahead of this one (all of them for a call not in it).
 local ahead = 0
@@ -99,7 +110,7 @@ if held or ahead < free then
   if redis.call('PTTL', key) < ttl_ms then
     redis.call('PEXPIRE', key, ttl_ms)
   end
-  return {1, live, 0, 0}
+  return {1, live, now + ttl, 0}
 end
 
 if waiter then

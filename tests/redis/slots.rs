@@ -774,3 +774,48 @@ async fn a_call_dropped_during_its_first_take_leaves_no_place_in_line() {
     assert_eq!(in_line, 0, "a dropped call still stands in line");
     assert!(next.is_some(), "{:?}", started.elapsed());
 }
+
+/// The slots script run on the slots keys of the limiter `name` with
+/// `args`, as the crate sends it (read from the source tree).
+fn slots_script(server: &RedisServer, name: &str, args: &[&str]) -> Vec<i64> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/lua/slots.lua");
+    let source = std::fs::read_to_string(path).unwrap();
+    let slots = slots_key(name);
+    redis::cmd("EVAL")
+        .arg(source)
+        .arg(3)
+        .arg(&slots)
+        .arg(format!("{slots}\\line"))
+        .arg(format!("{slots}\\asked"))
+        .arg(args)
+        .query(&mut server.connection())
+        .unwrap()
+}
+
+/// A renewal sent before its lease's release and run after it (the
+/// renewal task polled on one thread while the call is dropped on
+/// another, its release sent from a third) takes no slot: it says when
+/// the lease expires as last heard, and the lease is gone before then.
+/// Before: it took the lease again, a slot held for the whole TTL (30 s by
+/// default) for a call that had ended. A lease that expired (Redis away
+/// past its TTL) is still taken again by its next renewal.
+#[test]
+fn a_renewal_run_after_its_release_takes_no_slot() {
+    let server = RedisServer::start();
+    let ttl = "30000000";
+    let taken = slots_script(&server, "raced", &["take", "lease", "2", ttl, "call"]);
+    assert_eq!(taken[..2], [1, 1]);
+    let expires = taken[2].to_string();
+    slots_script(&server, "raced", &["release", "lease"]);
+    let renewal = ["take", "lease", "2", ttl, "", &expires];
+    let renewed = slots_script(&server, "raced", &renewal);
+    assert_eq!(renewed[0], 0, "a renewal run after the release took a slot");
+    assert_eq!(live(&server, "raced"), 0);
+    // A lease of 1 ms, expired: its renewal takes it again.
+    let taken = slots_script(&server, "expired", &["take", "lease", "2", "1000", "call"]);
+    assert_eq!(taken[..2], [1, 1]);
+    std::thread::sleep(20 * MS);
+    let expires = taken[2].to_string();
+    let renewal = ["take", "lease", "2", "1000", "", &expires];
+    assert_eq!(slots_script(&server, "expired", &renewal)[..2], [1, 1]);
+}

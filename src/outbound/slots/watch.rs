@@ -7,6 +7,7 @@
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Instant;
 
@@ -96,12 +97,21 @@ impl Watch {
             };
             drop(jobs);
             // A job that panics (in a key's own `Hash`, `Eq` or `Drop`) is
-            // dropped, and the watch goes on for every other.
-            let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (due.job)()))
-                .unwrap_or(None);
+            // dropped, and the watch goes on for every other; so does a job
+            // done whose key panics as it is dropped.
+            let again = catch_unwind(AssertUnwindSafe(|| (due.job)())).unwrap_or(None);
+            let due = match again {
+                Some(at) => {
+                    due.at = at;
+                    Some(due)
+                }
+                None => {
+                    let _ = catch_unwind(AssertUnwindSafe(move || drop(due)));
+                    None
+                }
+            };
             jobs = self.jobs();
-            if let Some(at) = again {
-                due.at = at;
+            if let Some(due) = due {
                 jobs.due.push(Reverse(due));
             }
         }
@@ -134,5 +144,45 @@ pub(super) fn at(at: Instant, job: Job) -> bool {
             true
         }
         None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// What a caller's key may do when dropped.
+    struct PanicsWhenDropped;
+
+    impl Drop for PanicsWhenDropped {
+        fn drop(&mut self) {
+            panic!("a key's own Drop panicked");
+        }
+    }
+
+    /// A job done whose key panics as the job is dropped leaves the watch
+    /// running for every other job: the watch's thread died with it, and
+    /// no slot kept for a parked waiter was freed by the watch again (in
+    /// the whole process) unless another call came to look.
+    #[test]
+    fn a_job_whose_key_panics_when_dropped_leaves_the_watch_running() {
+        let key = PanicsWhenDropped;
+        let job = move || {
+            std::hint::black_box(&key);
+            None
+        };
+        assert!(at(Instant::now(), Box::new(job)));
+        let (sender, ran) = mpsc::channel();
+        let next = move || {
+            let _ = sender.send(());
+            None
+        };
+        assert!(at(Instant::now(), Box::new(next)));
+        assert!(
+            ran.recv_timeout(Duration::from_secs(60)).is_ok(),
+            "the watch no longer runs its jobs"
+        );
     }
 }

@@ -20,7 +20,10 @@
 //!   background; one that has not asked for 500 ms (its process died, or
 //!   its future is not polled) loses its place.
 //! - A task the call owns renews its lease every third of the slot TTL,
-//!   so a lease outlives its TTL only while its process lives.
+//!   so a lease outlives its TTL only while its process lives. Each
+//!   renewal says when the lease expires as last heard, and a lease gone
+//!   before then was released: a renewal run after the release (the task
+//!   polled on one thread as the call is dropped on another) takes nothing.
 //! - A take whose reply is lost (the response timeout, or the caller
 //!   dropped) is released in the background, as a dropped call's lease
 //!   is; should that release be lost too, the lease expires with its
@@ -28,7 +31,8 @@
 //! - While Redis is down, `FailClosed` fails the call with
 //!   [`Error::Backend`](crate::Error::Backend). A lease held when Redis
 //!   went away is renewed again once it is back (taken again if it
-//!   expired meanwhile and there is room).
+//!   expired meanwhile and there is room; one Redis lost, once it would
+//!   have expired).
 
 mod script;
 
@@ -259,13 +263,13 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
                 .send_take(&target, &keys, &id, waits.then_some(&*waiter))
                 .await
             {
-                Ok(script::Answer::Granted) => {
+                Ok(script::Answer::Granted { expires }) => {
                     // (The script took a call that came with its id out
                     // of the line.)
                     if waits {
                         lined.0 = None;
                     }
-                    let lease = self.lease(keys, id, waker);
+                    let lease = self.lease(keys, id, waker, expires);
                     return Ok(Some(Taken {
                         slot: Slot::held(lease),
                         waited: started.elapsed(),
@@ -324,7 +328,15 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
             Removal::Release,
             Arc::clone(id),
         )));
-        let sent = script::take(&mut connection, keys, id, self.calls, self.ttl, waiter);
+        let sent = script::take(
+            &mut connection,
+            keys,
+            id,
+            self.calls,
+            self.ttl,
+            waiter,
+            None,
+        );
         let deadline = Deadline::new(backend, None);
         let slots = &keys.slots;
         let failure = match tokio::time::timeout(deadline.limit, sent).await {
@@ -339,8 +351,9 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
         Err(down(backend, target, failure, Scope::Key))
     }
 
-    /// A lease taken: renewed while it is held, released when dropped.
-    fn lease(&self, keys: Arc<Keys>, id: Arc<str>, waker: usize) -> Lease {
+    /// A lease taken, until `expires` (µs on Redis's clock): renewed while
+    /// it is held, released when dropped.
+    fn lease(&self, keys: Arc<Keys>, id: Arc<str>, waker: usize, expires: u64) -> Lease {
         let backend = Arc::clone(self.backend());
         let renewal = backend.runtime.handle().map(|handle| {
             let renew = renew(
@@ -349,6 +362,7 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
                 Arc::clone(&id),
                 self.calls,
                 self.ttl,
+                expires,
             );
             handle.spawn(renew).abort_handle()
         });
@@ -475,21 +489,32 @@ async fn remove(
 }
 
 /// Renews a lease every third of its TTL, for as long as its call holds it
-/// (the task is aborted when the lease is dropped).
-async fn renew(backend: Arc<Backend>, keys: Arc<Keys>, id: Arc<str>, calls: u32, ttl: Duration) {
+/// (the task is aborted when the lease is dropped), each renewal saying
+/// when the lease `expires` as last heard: one that runs after the lease's
+/// release (sent as the lease was dropped, on another thread) finds it gone
+/// before then, and takes no slot.
+async fn renew(
+    backend: Arc<Backend>,
+    keys: Arc<Keys>,
+    id: Arc<str>,
+    calls: u32,
+    ttl: Duration,
+    mut expires: u64,
+) {
     loop {
         tokio::time::sleep(ttl / 3).await;
         let Some(mut connection) = backend.connection() else {
             continue;
         };
-        let sent = script::take(&mut connection, &keys, &id, calls, ttl, None);
-        if let Some(script::Answer::Full { .. }) =
-            unheeded(&backend, &keys.slots, "a slot's renewal", sent).await
-        {
-            tracing::warn!(
+        let sent = script::take(&mut connection, &keys, &id, calls, ttl, None, Some(expires));
+        match unheeded(&backend, &keys.slots, "a slot's renewal", sent).await {
+            Some(script::Answer::Granted { expires: renewed }) => expires = renewed,
+            Some(script::Answer::Full { .. }) => tracing::warn!(
                 key = %keys.slots,
-                "a call's slot lease expired before it was renewed, and the slots were all taken"
-            );
+                "a call's slot lease was lost before it was renewed, and is not taken again \
+                 (before its TTL has passed, or while the slots are all taken)"
+            ),
+            None => {}
         }
     }
 }

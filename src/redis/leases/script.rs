@@ -19,8 +19,9 @@ static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCE));
 /// What a take answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Answer {
-    /// The lease is live (taken, or renewed).
-    Granted,
+    /// The lease is live (taken, or renewed) until `expires` (µs on
+    /// Redis's clock).
+    Granted { expires: u64 },
     /// Not this call's turn: every slot is taken (the earliest live lease
     /// expires in `until_free`; zero if a slot is free for a call ahead),
     /// and `ahead` calls wait before it in the line.
@@ -76,7 +77,10 @@ pub(crate) fn slots_key(key: &str) -> String {
 
 /// Takes (or renews) lease `id` of `keys` if it is live, or if fewer than
 /// `calls` are and the turn of `waiter` (the call the lease is for, which
-/// waits in line until then) has come, for `ttl` on Redis's clock.
+/// waits in line until then) has come, for `ttl` on Redis's clock. A
+/// renewal says when the lease `expires` as last heard: gone before then,
+/// it was released (the renewal ran after the release), and is not taken
+/// again.
 pub(super) async fn take(
     connection: &mut Connection,
     keys: &Keys,
@@ -84,14 +88,21 @@ pub(super) async fn take(
     calls: u32,
     ttl: Duration,
     waiter: Option<&str>,
+    expires: Option<u64>,
 ) -> RedisResult<Answer> {
     let ttl = ttl.as_micros().to_string();
     let calls = calls.to_string();
+    let expires = expires.map(|expires| expires.to_string());
     let mut args = vec!["take", id, &calls, &ttl];
-    args.extend(waiter);
+    match &expires {
+        Some(expires) => args.extend([waiter.unwrap_or(""), expires]),
+        None => args.extend(waiter),
+    }
     let value = evaluate(connection, keys, &args).await?;
     match numbers(&value) {
-        Some([1, ..]) => Ok(Answer::Granted),
+        Some([1, _, expires, _]) => Ok(Answer::Granted {
+            expires: u64::try_from(expires).unwrap_or(0),
+        }),
         Some([0, _, micros, ahead]) => Ok(Answer::Full {
             until_free: Duration::from_micros(u64::try_from(micros).unwrap_or(0)),
             ahead: u64::try_from(ahead).unwrap_or(0),
