@@ -130,6 +130,15 @@ pub(crate) fn copy(
                         }
                     }
                 };
+                // A signal stops the copy before the next group is
+                // reserved, as a wait would: each reservation may be a
+                // round trip through Redis, and a read's worth of groups
+                // that need no wait took seconds before the signal was
+                // seen at the next read.
+                if let Some(signal) = signals::caught() {
+                    out.flush()?;
+                    return Err(Failure::Signal(signal));
+                }
                 let wait = reserve(permits as u32)?;
                 if !wait.is_zero() {
                     out.flush()?;

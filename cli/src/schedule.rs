@@ -209,6 +209,13 @@ pub(crate) async fn schedule(
                         }
                     };
                     for record in records(chunk.bytes(), separator) {
+                        // A signal stops the reading at once, inside a
+                        // chunk too: nothing after it is reserved (each
+                        // record may be a round trip through Redis).
+                        if let Some(signal) = signals::caught() {
+                            stopped = Some(Failure::Signal(signal));
+                            break;
+                        }
                         seq += 1;
                         let key = key_of.as_ref().map(|k| k.key(trim(record, separator)));
                         if key.as_ref().is_some_and(|key| key.len() > args.max_key) {
