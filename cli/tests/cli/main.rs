@@ -73,6 +73,41 @@ fn with_default_signals(command: &mut Command) {
     unsafe { command.pre_exec(reset) };
 }
 
+/// A proxy on this machine to the TCP server at `port` that holds each
+/// request `delay` before passing it on: a server that answers each call
+/// late. Its port.
+fn slow_proxy(port: u16, delay: Duration) -> u16 {
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let proxy = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            let Ok(server) = TcpStream::connect(("127.0.0.1", port)) else {
+                continue;
+            };
+            let (mut from_client, mut to_server) =
+                (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(read @ 1..) = from_client.read(&mut buf) {
+                    std::thread::sleep(delay);
+                    if to_server.write_all(&buf[..read]).is_err() {
+                        break;
+                    }
+                }
+                let _ = to_server.shutdown(Shutdown::Write);
+            });
+            let (mut from_server, mut to_client) = (server, client);
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut from_server, &mut to_client);
+                let _ = to_client.shutdown(Shutdown::Write);
+            });
+        }
+    });
+    proxy
+}
+
 /// Runs paceline with `input` on stdin; its output.
 fn run(args: &[&str], input: &[u8]) -> Output {
     let mut child = paceline(args).spawn().unwrap();
@@ -578,6 +613,43 @@ fn a_socket_whose_reader_resets_it_ends_the_run_quietly() {
         assert_eq!(status.code(), Some(0), "{args:?}: {status:?}: {said}");
         assert_eq!(said, "", "{args:?}");
         feeding.join().unwrap();
+    }
+}
+
+/// A record goes at its moment while the records read with it are still
+/// being reserved. Through a Redis that answers each call 2 ms late, at
+/// 20/s per key and with --max-wait, each of the 5 000 records read at
+/// once was reserved before the first went out (10 s), then the first 200
+/// went at once.
+#[test]
+fn records_go_at_their_moments_while_those_read_with_them_are_reserved() {
+    let _one = one_at_a_time();
+    let server = redis_server::RedisServer::start();
+    let proxy = slow_proxy(server.port(), Duration::from_millis(2));
+    let url = format!("redis://127.0.0.1:{proxy}/");
+    let input = "a\n".repeat(5_000);
+    for (i, mode) in [&["--key", "1"][..], &["--max-wait", "1h"][..]]
+        .into_iter()
+        .enumerate()
+    {
+        let name = format!("at-their-moments-{i}");
+        let mut args = vec!["20/s", "--redis", url.as_str(), "--name", &name];
+        args.extend_from_slice(mode);
+        let start = Instant::now();
+        let mut child = fed(&args, input.as_bytes());
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut first = String::new();
+        stdout.read_line(&mut first).unwrap();
+        let took = start.elapsed();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(first, "a\n", "{mode:?}");
+        // Its moment is at once; reserving all 5 000 first takes 10 s at
+        // the least.
+        assert!(
+            took < Duration::from_secs(5),
+            "{mode:?}: the first record went out after {took:?}"
+        );
     }
 }
 

@@ -509,41 +509,6 @@ fn a_stop_in_an_orphaned_group_does_not_leave_the_commands_stopped() {
     assert_eq!(rest, "a\n");
 }
 
-/// A proxy on this machine to the TCP server at `port` that holds each
-/// request `delay` before passing it on: a server that answers each call
-/// late. Its port.
-fn slow_proxy(port: u16, delay: Duration) -> u16 {
-    use std::net::{Shutdown, TcpListener, TcpStream};
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let proxy = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for client in listener.incoming() {
-            let Ok(client) = client else { return };
-            let Ok(server) = TcpStream::connect(("127.0.0.1", port)) else {
-                continue;
-            };
-            let (mut from_client, mut to_server) =
-                (client.try_clone().unwrap(), server.try_clone().unwrap());
-            std::thread::spawn(move || {
-                let mut buf = vec![0u8; 64 * 1024];
-                while let Ok(read @ 1..) = from_client.read(&mut buf) {
-                    std::thread::sleep(delay);
-                    if to_server.write_all(&buf[..read]).is_err() {
-                        break;
-                    }
-                }
-                let _ = to_server.shutdown(Shutdown::Write);
-            });
-            let (mut from_server, mut to_client) = (server, client);
-            std::thread::spawn(move || {
-                let _ = std::io::copy(&mut from_server, &mut to_client);
-                let _ = to_client.shutdown(Shutdown::Write);
-            });
-        }
-    });
-    proxy
-}
-
 /// A signal ends the run before the next record is reserved, in the
 /// middle of what one read brought too. Through a Redis that answers each
 /// call 2 ms late, 5 000 records read at once that go without waiting
