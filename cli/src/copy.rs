@@ -110,6 +110,8 @@ pub(crate) fn copy(
                 && !too_long
                 && buf[..len].last().is_some_and(|b| *b != separator);
             let mut rest = &buf[..len];
+            // When the groups written since the last flush began.
+            let mut since = Instant::now();
             while !rest.is_empty() {
                 // The next group: `group` bytes, or `group` records.
                 let (end, permits) = if args.bytes {
@@ -138,6 +140,14 @@ pub(crate) fn copy(
                 if let Some(signal) = signals::caught() {
                     out.flush()?;
                     return Err(Failure::Signal(signal));
+                }
+                // The groups written go out before more are reserved once
+                // reserving has taken a while (each reservation may be a
+                // round trip through Redis: a read's groups that needed no
+                // wait stayed in the buffer until all were reserved).
+                if !out.buffer().is_empty() && since.elapsed() >= signals::SPIN_BELOW {
+                    out.flush()?;
+                    since = Instant::now();
                 }
                 let wait = reserve(permits as u32)?;
                 if !wait.is_zero() {
