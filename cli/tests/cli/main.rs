@@ -250,6 +250,54 @@ fn fifty_lines_at_twenty_a_second_arrive_fifty_ms_apart_unchanged() {
     );
 }
 
+/// The share of `args`' first 600 lines (of 1 000 at 1 500/s) that
+/// reached this reader within 0.2 ms of the line before: written
+/// together, not 0.67 ms apart.
+fn share_together(args: &[&str]) -> f64 {
+    let mut child = fed(args, lines(1_000).as_bytes());
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let times: Vec<Instant> = stdout
+        .lines()
+        .take(600)
+        .map(|line| {
+            line.unwrap();
+            Instant::now()
+        })
+        .collect();
+    let _ = child.kill();
+    let _ = child.wait();
+    let together = times
+        .windows(2)
+        .filter(|pair| pair[1] - pair[0] < Duration::from_micros(200))
+        .count();
+    together as f64 / (times.len() - 1) as f64
+}
+
+/// With --key or --max-wait, records are spaced as exactly as in the
+/// plain copy: each at its moment, not on the runtime timer's whole
+/// milliseconds. At 1 500/s the scheduler wrote half of them together
+/// with the one before (0.53, where the plain copy wrote 0.001). Measured
+/// against the plain copy in the same run; still, a loaded machine
+/// delays the scheduler's threads more than the plain copy's one (seen:
+/// 0.40 against 0.04 with two busy loops on two cores), so it runs only
+/// when asked, on a quiet machine.
+#[test]
+#[ignore = "quiet timing: run alone, with --ignored, on an idle machine"]
+fn per_key_records_are_spaced_as_exactly_as_the_plain_copy() {
+    let _one = one_at_a_time();
+    let plain = share_together(&["1500/s"]);
+    for mode in [&["--key-regex", "^()"][..], &["--max-wait", "1h"][..]] {
+        let mut args = vec!["1500/s"];
+        args.extend_from_slice(mode);
+        let share = share_together(&args);
+        assert!(
+            share <= plain + 0.25,
+            "{mode:?}: {share:.2} of the lines went together with the one before \
+             (the plain copy: {plain:.2})"
+        );
+    }
+}
+
 #[test]
 fn bytes_go_at_a_mebibyte_a_second_unchanged() {
     let _one = one_at_a_time();
