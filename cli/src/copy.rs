@@ -110,6 +110,8 @@ pub(crate) fn copy(
                 && !too_long
                 && buf[..len].last().is_some_and(|b| *b != separator);
             let mut rest = &buf[..len];
+            // When the groups written since the last flush began.
+            let mut since = Instant::now();
             while !rest.is_empty() {
                 // The next group: `group` bytes, or `group` records.
                 let (end, permits) = if args.bytes {
@@ -130,6 +132,23 @@ pub(crate) fn copy(
                         }
                     }
                 };
+                // A signal stops the copy before the next group is
+                // reserved, as a wait would: each reservation may be a
+                // round trip through Redis, and a read's worth of groups
+                // that need no wait took seconds before the signal was
+                // seen at the next read.
+                if let Some(signal) = signals::caught() {
+                    out.flush()?;
+                    return Err(Failure::Signal(signal));
+                }
+                // The groups written go out before more are reserved once
+                // reserving has taken a while (each reservation may be a
+                // round trip through Redis: a read's groups that needed no
+                // wait stayed in the buffer until all were reserved).
+                if !out.buffer().is_empty() && since.elapsed() >= signals::SPIN_BELOW {
+                    out.flush()?;
+                    since = Instant::now();
+                }
                 let wait = reserve(permits as u32)?;
                 if !wait.is_zero() {
                     out.flush()?;

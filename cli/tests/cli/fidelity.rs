@@ -317,6 +317,36 @@ fn the_key_is_the_first_group_that_captures() {
     assert!(status.is_none(), "ended {status:?}: {stderr}");
 }
 
+/// `--key-regex` takes the whole regex language: case-insensitive
+/// matching and Unicode classes were refused as bad arguments (status 2,
+/// "make sure the unicode-case feature is enabled", "Unicode property not
+/// found"). `USER=a 1` and `user=a 2` share the key `a`, as `été 1` and
+/// `été 2` share `été`: at 1/min the second waits a minute.
+#[test]
+fn the_key_regex_matches_without_case_and_by_unicode_class() {
+    for (regex, input, first) in [
+        (
+            r"(?i)user=(\w+)",
+            &b"USER=a 1\nuser=a 2\n"[..],
+            &b"USER=a 1\n"[..],
+        ),
+        (
+            r"^(\p{L}+)",
+            "été 1\nété 2\n".as_bytes(),
+            "été 1\n".as_bytes(),
+        ),
+    ] {
+        let (stdout, status, stderr) = within(
+            &["1/min", "--key-regex", regex],
+            input,
+            false,
+            Duration::from_secs(3),
+        );
+        assert_eq!(stdout, first, "{regex}: {stderr}");
+        assert!(status.is_none(), "{regex}: ended {status:?}: {stderr}");
+    }
+}
+
 // ---------------------------------------------------------------------
 // Extremes, empty input, signals, bytes that are not text.
 // ---------------------------------------------------------------------

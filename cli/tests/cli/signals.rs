@@ -508,3 +508,45 @@ fn a_stop_in_an_orphaned_group_does_not_leave_the_commands_stopped() {
     assert_eq!(status.code(), Some(0), "{status:?}");
     assert_eq!(rest, "a\n");
 }
+
+/// A signal ends the run before the next record is reserved, in the
+/// middle of what one read brought too. Through a Redis that answers each
+/// call 2 ms late, 5 000 records read at once that go without waiting
+/// (the rate, and a quota's stored permits) took 10 s to reserve, and all
+/// of them went out after the signal, seen only once they were.
+#[test]
+fn a_signal_ends_the_run_inside_what_one_read_brought() {
+    let _one = one_at_a_time();
+    let server = redis_server::RedisServer::start();
+    let proxy = slow_proxy(server.port(), Duration::from_millis(2));
+    let url = format!("redis://127.0.0.1:{proxy}/");
+    let input = "a\n".repeat(5_000);
+    for (i, mode) in [&["--key", "1"][..], &["--limit", "1e6/h"][..]]
+        .into_iter()
+        .enumerate()
+    {
+        let name = format!("inside-a-read-{i}");
+        let mut args = vec!["1e9/s", "--redis", url.as_str(), "--name", &name];
+        args.extend_from_slice(mode);
+        let mut child = paceline(&args).spawn().unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(input.as_bytes()).unwrap();
+        let stdout = read_all(child.stdout.take().unwrap());
+        std::thread::sleep(Duration::from_millis(500));
+        // SAFETY: a plain kill(2) of our own child.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+        let status = child.wait().unwrap();
+        drop(stdin);
+        let out = stdout.recv().unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGTERM), "{mode:?}: {status:?}");
+        assert!(
+            out.len() < input.len(),
+            "{mode:?}: all {} records went out after the signal",
+            out.len() / 2
+        );
+        assert!(
+            input.starts_with(&out),
+            "{mode:?}: not a prefix of the input"
+        );
+    }
+}
