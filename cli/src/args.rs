@@ -105,7 +105,8 @@ pub(crate) struct Args {
     /// spell: N at once, the next one interval after the first. At least 1;
     /// default 1: exact spacing (from 2 000 a second on, without --key,
     /// --max-wait or a command, a millisecond's worth go together, each
-    /// group at its moment: no finer spacing is kept by a timer).
+    /// group at its moment: no finer spacing is kept by a timer; so after
+    /// an idle spell up to N records and a group less one go at once).
     #[arg(long, value_name = "N")]
     pub(crate) burst: Option<u64>,
 
