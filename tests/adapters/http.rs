@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::common::{Room, manual, noop, on, poll_once};
-use crate::tower::{Stopped, keyed_limiter};
+use crate::tower::{Stopped, keyed_limiter, keyed_stopped};
 use ::http::{Request, Response, StatusCode};
 use async_trait::async_trait;
 use paceline::Local;
@@ -299,14 +299,7 @@ async fn a_bounded_wait_waits_within_it_and_refuses_past_it() {
 /// gives the request's permit back, and the inner service is not called.
 #[tokio::test(flavor = "current_thread")]
 async fn a_request_dropped_while_it_waits_gives_its_permit_back() {
-    let limiter = Arc::new(
-        KeyedRateLimiter::<()>::builder()
-            .permits_per_second(10.0)
-            .max_burst(Duration::ZERO)
-            .clock(Stopped::default())
-            .build()
-            .unwrap(),
-    );
+    let limiter = keyed_stopped::<()>();
     let inner = Ok200::default();
     let mut service = RateLimitLayer::new(Arc::clone(&limiter), Global)
         .max_wait(Duration::from_secs(1))
@@ -378,14 +371,7 @@ fn has_room<S: Service<Request<()>>>(service: &mut S) -> bool {
 /// answered.
 #[tokio::test(flavor = "current_thread")]
 async fn a_request_waiting_for_its_client_holds_no_room_of_the_inner_service() {
-    let stopped = Arc::new(
-        KeyedRateLimiter::<IpAddr>::builder()
-            .permits_per_second(10.0)
-            .max_burst(Duration::ZERO)
-            .clock(Stopped::default())
-            .build()
-            .unwrap(),
-    );
+    let stopped = keyed_stopped::<IpAddr>();
     let peer = PeerIp::from_extension(|peer: &SocketAddr| peer.ip());
     let inner = OneAtATime(Room::new());
     let service = RateLimitLayer::new(stopped, peer.clone())

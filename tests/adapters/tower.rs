@@ -36,11 +36,24 @@ fn limiter(clock: &FakeClock) -> Arc<RateLimiter<Local, FakeClock>> {
 pub(crate) fn keyed_limiter<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static>(
     clock: &FakeClock,
 ) -> Arc<KeyedRateLimiter<K, Local, FakeClock>> {
+    keyed_on(clock.clone())
+}
+
+/// The same on a [`Stopped`] clock: a key's request that waits, waits for
+/// ever.
+pub(crate) fn keyed_stopped<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static>()
+-> Arc<KeyedRateLimiter<K, Local, Stopped>> {
+    keyed_on(Stopped::default())
+}
+
+fn keyed_on<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static, C: Clock>(
+    clock: C,
+) -> Arc<KeyedRateLimiter<K, Local, C>> {
     Arc::new(
         KeyedRateLimiter::builder()
             .permits_per_second(10.0)
             .max_burst(Duration::ZERO)
-            .clock(clock.clone())
+            .clock(clock)
             .build()
             .unwrap(),
     )
@@ -153,14 +166,7 @@ async fn a_service_dropped_between_poll_ready_and_call_gives_its_permit_back() {
 /// with a bound on the wait or without.
 #[tokio::test(flavor = "current_thread")]
 async fn a_keyed_request_dropped_while_it_waits_gives_its_permit_back() {
-    let keyed = Arc::new(
-        KeyedRateLimiter::<u32>::builder()
-            .permits_per_second(10.0)
-            .max_burst(Duration::ZERO)
-            .clock(Stopped::default())
-            .build()
-            .unwrap(),
-    );
+    let keyed = keyed_stopped::<u32>();
     for (key, max_wait) in [(1, None), (2, Some(Duration::from_secs(1)))] {
         let counter = Counter::default();
         let layer = RateLimitLayer::keyed(Arc::clone(&keyed), |request: &u32| *request);
@@ -414,14 +420,7 @@ impl Service<u32> for OneAtATime {
 /// goes at once. Each request through a fresh clone, as a router sends it.
 #[tokio::test(flavor = "current_thread")]
 async fn a_keyed_request_waiting_for_its_key_holds_no_room_of_the_inner_service() {
-    let keyed = Arc::new(
-        KeyedRateLimiter::<u32>::builder()
-            .permits_per_second(10.0)
-            .max_burst(Duration::ZERO)
-            .clock(Stopped::default())
-            .build()
-            .unwrap(),
-    );
+    let keyed = keyed_stopped::<u32>();
     let inner = OneAtATime::new();
     for max_wait in [None, Some(Duration::from_secs(1))] {
         let layer = RateLimitLayer::keyed(Arc::clone(&keyed), |request: &u32| *request);
