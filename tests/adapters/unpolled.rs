@@ -610,7 +610,10 @@ mod outbound_layer {
         ready.store(false, Ordering::Release);
         assert!(poll_once(late.as_mut()).is_pending());
         clock.set_ms(10);
-        assert!(poll_once(late.as_mut()).is_pending(), "the client is not ready");
+        assert!(
+            poll_once(late.as_mut()).is_pending(),
+            "the client is not ready"
+        );
         // Another call is refused at 20 ms: a pause until 1 020 ms, and the
         // rate down to 70.
         clock.set_ms(20);
