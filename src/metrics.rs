@@ -20,7 +20,7 @@
 //! | `paceline.rate_limiting.given_back` | counter | `limiter` | reservations given back before their wait ended (a dropped future, a dropped [`Reservation`](crate::Reservation)) |
 //! | `paceline.rate_limiting.keys` | gauge | `limiter` | keys a keyed limiter holds (in this process) |
 //! | `paceline.rate_limiting.upstream.refused` | counter | `limiter` | refusals (429) of an upstream fed back to the limiter ([`Call::learn`](crate::outbound::Call::learn)) |
-//! | `paceline.rate_limiting.rate` | gauge | `limiter` | the rate a limiter without keys, in this process, runs its first limit at, in permits per second, set when it learns from an upstream's answer (see [`outbound`](crate::outbound)) |
+//! | `paceline.rate_limiting.rate` | gauge | `limiter` | the rate a limiter without keys, in this process, runs its first limit at, in permits per second, set when it learns from an upstream's answer (see [`outbound`](crate::outbound)) or its rates are set (`set_rate`, `set_limit_rate`) |
 //! | `db.client.operation.duration` | histogram, s | `db.system.name` = `redis`, `db.operation.name` = `EVALSHA`, `error.type` on failure | each round trip of a Redis limiter |
 //! | `paceline.redis.degraded` | gauge | | 1 while some part of Redis is down and limiters serve from their fallbacks, else 0 (per backend; the last one to change sets it) |
 //! | `paceline.redis.fallback.switches` | counter | `to` = `local` or `redis` | parts of Redis marked down (calls switch to the fallback) and back up |
@@ -59,7 +59,7 @@ pub const GIVEN_BACK: &str = "paceline.rate_limiting.given_back";
 pub const KEYS: &str = "paceline.rate_limiting.keys";
 /// Refusals of an upstream fed back: a counter.
 pub const UPSTREAM_REFUSED: &str = "paceline.rate_limiting.upstream.refused";
-/// The learned rate of a limiter without keys, in this process: a gauge.
+/// The rate of a limiter without keys, in this process, learned or set: a gauge.
 pub const RATE: &str = "paceline.rate_limiting.rate";
 /// Each Redis round trip, in seconds: a histogram.
 pub const REDIS_CALL_DURATION: &str = "db.client.operation.duration";

@@ -68,8 +68,6 @@ impl<C: Clock> Single<C> {
             Ok(())
         });
         debug_assert!(learned.is_ok(), "learning sets valid rates");
-        self.metrics
-            .rate(self.lock().states()[0].permits_per_second());
     }
 
     /// Runs `update` on the limits under the lock (held in `limits`),
@@ -120,7 +118,8 @@ impl<C: Clock> Single<C> {
     /// Applies `change` (a rate change) to the limits at `now`, whatever
     /// mode the word is in, and publishes them in a new generation even if
     /// nothing changed: every reservation computed with the old
-    /// configuration must retry.
+    /// configuration must retry. The rate gauge follows the first limit
+    /// (learned or set: one place for both).
     pub(super) fn reconfigure(
         &self,
         change: impl Fn(&mut Limits, u64) -> Result<(), InvalidRate>,
@@ -142,6 +141,7 @@ impl<C: Clock> Single<C> {
                 .is_ok()
             {
                 *limits = next;
+                self.metrics.rate(limits.states()[0].permits_per_second());
                 return Ok(());
             }
         }

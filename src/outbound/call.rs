@@ -134,6 +134,18 @@ impl<'a> Call<'a> {
     }
 }
 
+impl Call<'_> {
+    /// Its request goes now: what [`learn`](Self::learn) tells the limiter
+    /// of when it went counts from here. For a caller that sends later than
+    /// the call was returned (the outbound layer, whose client is made ready
+    /// again after the wait), so that a refusal of a request sent after a
+    /// pause ended counts as the new one it is.
+    #[cfg(feature = "http")]
+    pub(crate) fn sending(&mut self) {
+        self.went = self.clock.now();
+    }
+}
+
 impl Drop for Call<'_> {
     fn drop(&mut self) {
         if let Some(pending) = self.pending.take() {

@@ -209,9 +209,13 @@ impl<Svc, S: Store, C: Clock, E, A> fmt::Debug for Outbound<Svc, S, C, E, A> {
 struct Unsent<'a>(Option<super::Call<'a>>);
 
 impl<'a> Unsent<'a> {
-    /// The call, its request sent.
+    /// The call, its request sent now (which is when it went).
     fn sent(mut self) -> Option<super::Call<'a>> {
-        self.0.take()
+        let mut call = self.0.take();
+        if let Some(call) = &mut call {
+            call.sending();
+        }
+        call
     }
 }
 

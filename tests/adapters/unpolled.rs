@@ -559,6 +559,83 @@ mod outbound_layer {
         );
     }
 
+    /// A client that is ready only while the test says (its first
+    /// instance, made ready by the caller, aside), whose every answer is a
+    /// 429 with `Retry-After: 1`.
+    #[derive(Clone)]
+    struct Gated(Arc<std::sync::atomic::AtomicBool>);
+
+    impl Service<Req> for Gated {
+        type Response = Res;
+        type Error = Infallible;
+        type Future = std::future::Ready<Result<Res, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            if self.0.load(Ordering::Acquire) {
+                Poll::Ready(Ok(()))
+            } else {
+                Poll::Pending
+            }
+        }
+
+        fn call(&mut self, _: Req) -> Self::Future {
+            std::future::ready(Ok(answer(429, &[("retry-after", "1")])))
+        }
+    }
+
+    /// A request whose turn comes before a refusal's pause, but whose
+    /// client is ready again (and so sends it) only after that pause has
+    /// ended, is a call that went after the pause: its own refusal is a new
+    /// one, and lowers the rate again (70 to 49). The layer stamped the
+    /// call as gone when its turn came, before the client was ready, so the
+    /// refusal read as one "sent before anyone knew" and lowered nothing
+    /// (the rate stayed 70).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_request_sent_after_a_pause_counts_as_gone_then() {
+        let clock = ManualClock::default();
+        let limiter = Arc::new(
+            RateLimiter::builder()
+                .permits_per_second(100.0)
+                .max_burst(Duration::ZERO)
+                .clock(clock.clone())
+                .build()
+                .unwrap(),
+        );
+        let ready = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let mut client = OutboundLayer::new(Arc::clone(&limiter)).layer(Gated(Arc::clone(&ready)));
+        limiter.reserve(1).unwrap();
+        assert!(poll_fn(|cx| client.poll_ready(cx)).await.is_ok());
+        let mut late = client.call(Request::new(()));
+        // Its turn is at 10 ms: it lets go of the client's readiness.
+        ready.store(false, Ordering::Release);
+        assert!(poll_once(late.as_mut()).is_pending());
+        clock.set_ms(10);
+        assert!(
+            poll_once(late.as_mut()).is_pending(),
+            "the client is not ready"
+        );
+        // Another call is refused at 20 ms: a pause until 1 020 ms, and the
+        // rate down to 70.
+        clock.set_ms(20);
+        let call = limiter.call(1).await.unwrap();
+        call.learn(&Feedback::new(429).with_retry_after(Duration::from_secs(1)));
+        drop(call);
+        assert!(close(limiter.rate(), 70.0), "{}", limiter.rate());
+        // The client is ready again at 2 s, the pause long over: the request
+        // goes then, and is refused.
+        clock.set_ms(2_000);
+        ready.store(true, Ordering::Release);
+        let Poll::Ready(Ok(refused)) = poll_once(late.as_mut()) else {
+            panic!("the request was not sent");
+        };
+        assert_eq!(refused.status(), 429);
+        assert!(
+            close(limiter.rate(), 49.0),
+            "a refusal of a request sent after the pause lowered nothing: {}",
+            limiter.rate()
+        );
+    }
+
     /// With `Limit::concurrent(1)`, a request whose response future is
     /// polled once and then parked while it waits for its turn in the
     /// schedule: it took the slot first (a call takes its slot, then its

@@ -357,3 +357,30 @@ async fn the_http_layers_refusals_are_counted() {
     assert_eq!(seen.counter(REQUESTS, &refused), 2);
     assert_eq!(seen.counter(REQUESTS, &acquired), 1);
 }
+
+/// The rate gauge is the rate the limiter runs its first limit at: once
+/// learned, a `set_rate` or a `set_limit_rate` of the first limit moves it
+/// too. (It kept the learned rate: 70 while the limiter ran at 7.)
+#[test]
+fn the_rate_gauge_follows_set_rate_after_learning() {
+    let seen = recorder();
+    let limiter = RateLimiter::builder()
+        .limit(Limit::per_second(100.0))
+        .limit(Limit::per_second(1000.0))
+        .name("probe-rate-set")
+        .clock(FakeClock::new())
+        .build()
+        .unwrap();
+    let label = [("limiter", "probe-rate-set")];
+    futures::executor::block_on(async {
+        limiter.call(1).await.unwrap().learn(&Feedback::new(429));
+    });
+    assert_eq!(seen.gauge(RATE, &label), Some(70.0));
+    limiter.set_rate(10.0).unwrap();
+    assert_eq!(limiter.rate(), 7.0);
+    assert_eq!(seen.gauge(RATE, &label), Some(limiter.rate()));
+    limiter.set_limit_rate(0, 20.0).unwrap();
+    assert_eq!(seen.gauge(RATE, &label), Some(limiter.rate()));
+    limiter.set_limit_rate(1, 5.0).unwrap();
+    assert_eq!(seen.gauge(RATE, &label), Some(limiter.rate()));
+}
