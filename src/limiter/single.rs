@@ -153,4 +153,12 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
         self.call_for(&OnlyKey, estimate.into(), Some(timeout))
             .await
     }
+
+    /// Whether a pause a refusal learned holds now (a round trip through
+    /// Redis): for a caller that sends later than its turn (the outbound
+    /// layer, whose client is made ready again after the wait).
+    #[cfg(feature = "http")]
+    pub(crate) async fn paused(&self) -> bool {
+        self.engine.paused(&OnlyKey).await.is_some()
+    }
 }

@@ -256,7 +256,9 @@ where
     /// Waits for the request's turn, sends it, then settles its cost and
     /// learns from its response ([`Call::finish`](super::Call::finish)). A
     /// request that must wait lets go of the inner service's readiness
-    /// meanwhile and makes it ready again after its wait. Cancel-safe:
+    /// meanwhile and makes it ready again after its wait; if a refusal's
+    /// pause came while the service was made ready, the request is not sent
+    /// into it but waits its turn again, behind the pause. Cancel-safe:
     /// dropped while it waits, it gives the estimate back; dropped after
     /// its wait but before the request is sent (the inner service made
     /// ready again, or failing to be), it costs nothing; dropped while the
@@ -266,28 +268,45 @@ where
         let layer = self.layer.clone();
         Box::pin(async move {
             let estimate = layer.estimate.estimate(&request);
-            // A call that goes at once uses the service made ready. One that
-            // waits (its turn, a slot, Redis) lets go of that readiness, which
-            // may be room that other users of the client need (a
-            // concurrency limit's slot, a buffer's place), and makes a fresh
-            // clone ready once its wait is over.
-            let (mut inner, mut let_go) = (ready, false);
-            let mut turn = pin!(layer.limiter.call(estimate));
-            let call = poll_fn(|cx| {
-                let polled = turn.as_mut().poll(cx);
-                if polled.is_pending() && !let_go {
-                    inner = inner.clone();
-                    let_go = true;
+            let mut inner = ready;
+            let unsent = loop {
+                // A call that goes at once uses the service made ready. One
+                // that waits (its turn, a slot, Redis) lets go of that
+                // readiness, which may be room that other users of the
+                // client need (a concurrency limit's slot, a buffer's
+                // place), and makes a fresh clone ready once its wait is
+                // over.
+                let mut let_go = false;
+                let mut turn = pin!(layer.limiter.call(estimate.clone()));
+                let call = poll_fn(|cx| {
+                    let polled = turn.as_mut().poll(cx);
+                    if polled.is_pending() && !let_go {
+                        inner = inner.clone();
+                        let_go = true;
+                    }
+                    polled
+                })
+                .await?;
+                let unsent = Unsent(Some(call));
+                if !let_go {
+                    break unsent;
                 }
-                polled
-            })
-            .await?;
-            let unsent = Unsent(Some(call));
-            if let_go {
-                poll_fn(|cx| inner.poll_ready(cx))
-                    .await
-                    .map_err(Into::into)?;
-            }
+                let mut waited = false;
+                poll_fn(|cx| {
+                    let polled = inner.poll_ready(cx);
+                    waited |= polled.is_pending();
+                    polled
+                })
+                .await
+                .map_err(Into::into)?;
+                // A refusal learned while the client was made ready again
+                // pauses this request too, as it does a caller that wakes
+                // inside it: it is not sent into the pause, but costs
+                // nothing and waits its turn again, behind the pause.
+                if !waited || !layer.limiter.paused().await {
+                    break unsent;
+                }
+            };
             let call = unsent.sent();
             let response = inner.call(request).await.map_err(Into::into)?;
             let feedback = Feedback::from_response(&response);

@@ -636,6 +636,95 @@ mod outbound_layer {
         );
     }
 
+    /// A client ready only while the test says (its first instance, made
+    /// ready by the caller, aside) that answers 200 and notes when each
+    /// request was sent.
+    #[derive(Clone)]
+    struct Noted {
+        ready: Arc<std::sync::atomic::AtomicBool>,
+        clock: ManualClock,
+        sent: Arc<std::sync::Mutex<Vec<Duration>>>,
+    }
+
+    impl Service<Req> for Noted {
+        type Response = Res;
+        type Error = Infallible;
+        type Future = std::future::Ready<Result<Res, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            match self.ready.load(Ordering::Acquire) {
+                true => Poll::Ready(Ok(())),
+                false => Poll::Pending,
+            }
+        }
+
+        fn call(&mut self, _: Req) -> Self::Future {
+            self.sent.lock().unwrap().push(self.clock.now());
+            std::future::ready(Ok(answer(200, &[])))
+        }
+    }
+
+    /// A request whose turn comes before a refusal's pause, and whose
+    /// client is ready again (and would send it) while that pause still
+    /// holds, is not sent into the pause, as a caller that wakes inside it
+    /// does not go: it waits its turn again, behind the pause. The layer
+    /// sent it as soon as the client was ready: at 500 ms, inside the
+    /// upstream's `Retry-After` of 1 s given at 20 ms.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_request_whose_client_is_ready_inside_a_pause_waits_behind_it() {
+        let clock = ManualClock::default();
+        let limiter = Arc::new(
+            RateLimiter::builder()
+                .permits_per_second(100.0)
+                .max_burst(Duration::ZERO)
+                .clock(clock.clone())
+                .build()
+                .unwrap(),
+        );
+        let client = Noted {
+            ready: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            clock: clock.clone(),
+            sent: Arc::default(),
+        };
+        let (ready, sent) = (Arc::clone(&client.ready), Arc::clone(&client.sent));
+        let mut client = OutboundLayer::new(Arc::clone(&limiter)).layer(client);
+        limiter.reserve(1).unwrap();
+        assert!(poll_fn(|cx| client.poll_ready(cx)).await.is_ok());
+        let mut late = client.call(Request::new(()));
+        // Its turn is at 10 ms: it lets go of the client's readiness.
+        ready.store(false, Ordering::Release);
+        assert!(poll_once(late.as_mut()).is_pending());
+        clock.set_ms(10);
+        assert!(
+            poll_once(late.as_mut()).is_pending(),
+            "the client is not ready"
+        );
+        // Another call is refused at 20 ms: a pause until 1 020 ms.
+        clock.set_ms(20);
+        let call = limiter.call(1).await.unwrap();
+        call.learn(&Feedback::new(429).with_retry_after(Duration::from_secs(1)));
+        drop(call);
+        // The client is ready again at 500 ms, inside the pause.
+        clock.set_ms(500);
+        ready.store(true, Ordering::Release);
+        assert!(
+            poll_once(late.as_mut()).is_pending(),
+            "sent into the pause, at {:?}",
+            sent.lock().unwrap()
+        );
+        assert!(sent.lock().unwrap().is_empty());
+        // Its turn comes again as the pause ends, and then it is sent.
+        let answered = loop {
+            if let Poll::Ready(answered) = poll_once(late.as_mut()) {
+                break answered.unwrap();
+            }
+            assert!(clock.now() < Duration::from_secs(3), "never sent");
+            clock.advance(Duration::from_millis(1));
+        };
+        assert_eq!(answered.status(), 200);
+        assert_eq!(*sent.lock().unwrap(), [Duration::from_millis(1_020)]);
+    }
+
     /// With `Limit::concurrent(1)`, a request whose response future is
     /// polled once and then parked while it waits for its turn in the
     /// schedule: it took the slot first (a call takes its slot, then its
