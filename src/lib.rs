@@ -23,7 +23,10 @@
 //! let limiter = RateLimiter::bursty(50.0)?; // 50 permits per second
 //!
 //! limiter.acquire(1).await?; // async: waits for its turn
-//! limiter.acquire_blocking(1)?; // blocking: same, on a plain thread
+//!
+//! // Blocking: the same on a plain thread (never in async code, whose
+//! // thread it would hold for the wait).
+//! std::thread::scope(|s| s.spawn(|| limiter.acquire_blocking(1)).join().unwrap())?;
 //!
 //! // At most 20 ms of waiting, or give up without reserving anything.
 //! if !limiter.try_acquire(1, Duration::from_millis(20)).await? {

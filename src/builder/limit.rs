@@ -11,6 +11,12 @@ use crate::error::invalid;
 /// three times slower than its stable rate.
 pub const DEFAULT_COLD_FACTOR: f64 = 3.0;
 
+/// The largest cold factor: past about 10^15 the warm-up's ramp,
+/// `2 × warmup / (stable × (1 + cold_factor))` permits, is lost in rounding
+/// beside the flat part (`warmup / (2 × stable)`), and a colder factor
+/// would start faster. 10^6 keeps it exact to about 10^-10.
+const MAX_COLD_FACTOR: f64 = 1e6;
+
 /// The rate and policy options shared by every limiter's builder.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct PolicyConfig {
@@ -38,9 +44,9 @@ impl PolicyConfig {
             }
             (Some(warmup), None) => {
                 let cold_factor = self.cold_factor.unwrap_or(DEFAULT_COLD_FACTOR);
-                if !(cold_factor.is_finite() && cold_factor >= 1.0) {
+                if !(1.0..=MAX_COLD_FACTOR).contains(&cold_factor) {
                     return invalid(format!(
-                        "cold_factor must be a finite number >= 1.0 (got {cold_factor})"
+                        "cold_factor must be a number from 1.0 to 1e6 (got {cold_factor})"
                     ));
                 }
                 Policy::WarmingUp(WarmingUp::new(warmup, cold_factor))
@@ -237,7 +243,8 @@ impl Limit {
     }
 
     /// Warming-up policy: how much slower than its rate a cold limit starts
-    /// (default [`DEFAULT_COLD_FACTOR`]).
+    /// (default [`DEFAULT_COLD_FACTOR`]); from 1.0 to 10^6, as on the
+    /// builder.
     pub fn cold_factor(mut self, cold_factor: f64) -> Limit {
         self.config.cold_factor = Some(cold_factor);
         self

@@ -142,7 +142,8 @@ impl<K, S: Store, C: Clock> Builder<K, S, C> {
     }
 
     /// Warming-up policy: how much slower than stable a cold limiter starts.
-    /// Default 3.0; must be finite and `>= 1.0`.
+    /// Default 3.0; must be from 1.0 to 10^6 (a million times slower:
+    /// beyond, the warm-up would be lost in rounding).
     pub fn cold_factor(mut self, cold_factor: f64) -> Self {
         self.config.cold_factor = Some(cold_factor);
         self
@@ -295,7 +296,7 @@ impl<C: Clock> Builder<NoKey, Local, C> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if no rate was given, the rate is zero,
-    /// negative or NaN, the cold factor is below 1 or not finite, a limit
+    /// negative or NaN, the cold factor is below 1 or above 10^6, a limit
     /// is invalid, options of both policies were set, a
     /// [`learning`](Self::learning) value is out of its range, or
     /// `max_keys` was (this limiter holds no keys).

@@ -70,6 +70,49 @@ fn bad_cold_factors_are_rejected() {
     }
 }
 
+/// A cold factor means what it says up to its bound: the colder the
+/// factor, the slower the cold start, and past 10^6 it is refused by name,
+/// on every limiter and on a `Limit`. (A factor of 10^20 was taken, and its
+/// warm-up lost in rounding: its ramp, `2 × warmup / (stable × (1 +
+/// factor))` permits, vanished beside the flat part, so a cold limiter at
+/// 1000/s with a 1 s warm-up let its second request go after 1 ms, the
+/// stable interval, where a factor of 10^15 made it wait 0.996 s.)
+#[test]
+fn a_cold_factor_past_its_bound_is_refused_and_one_within_slows_the_cold_start() {
+    let mut slowest = Duration::ZERO;
+    for cold_factor in [1.0, 3.0, 1e3, 1e6] {
+        let (limiter, _) = warming_up(1000.0, Duration::from_secs(1), cold_factor);
+        assert_eq!(limiter.reserve(1).unwrap(), Duration::ZERO);
+        let second = limiter.reserve(1).unwrap();
+        assert!(
+            second >= slowest,
+            "a cold factor of {cold_factor} waits {second:?}, less than {slowest:?}"
+        );
+        slowest = second;
+    }
+    assert!(slowest > Duration::from_millis(900), "{slowest:?}");
+    for cold_factor in [1.000_001e6, 1e20, f64::MAX] {
+        let warm = |builder: paceline::Builder| {
+            builder
+                .permits_per_second(1000.0)
+                .warmup(Duration::from_secs(1))
+                .cold_factor(cold_factor)
+                .build()
+        };
+        invalid(warm(RateLimiter::builder()), "cold_factor");
+        let keyed = paceline::KeyedRateLimiter::<u8>::builder()
+            .permits_per_second(1000.0)
+            .warmup(Duration::from_secs(1))
+            .cold_factor(cold_factor)
+            .build();
+        invalid(keyed, "cold_factor");
+        let limit = paceline::Limit::per_second(1000.0)
+            .warmup(Duration::from_secs(1))
+            .cold_factor(cold_factor);
+        invalid(RateLimiter::builder().limit(limit).build(), "cold_factor");
+    }
+}
+
 #[test]
 fn options_of_both_policies_are_rejected() {
     invalid(

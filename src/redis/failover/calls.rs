@@ -36,6 +36,12 @@ use tokio::sync::oneshot;
 use super::*;
 use crate::core::{Cost, Learning, Lesson};
 
+/// The fewest messages of calls made in Redis (keeps, lessons) a fallback
+/// holds for Redis while it is down, however few keys it may hold: the
+/// calls in flight when Redis went down, as the log of one key in this
+/// process holds them.
+const MIN_QUEUED: usize = 1024;
+
 /// An open call made in Redis, as its [`GiveBack`] holds it: its key, in
 /// the fallback's terms and in Redis's, the script's id for it, and the
 /// end of the last operation sent for it, so that its settles, its lessons
@@ -295,7 +301,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             // once it is back.
             op @ (Call::Learn { .. } | Call::Keep(_)) => {
                 let mut books = self.books();
-                if books.queued.len() < self.max_local_keys {
+                if books.queued.len() < self.max_queued() {
                     books.queued.push((key.clone(), op, now));
                 }
                 drop(books);
@@ -323,6 +329,14 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         }
     }
 
+    /// How many messages of calls `Books::queued` holds at most: as many
+    /// as the keys the fallback may hold, and at least [`MIN_QUEUED`], so
+    /// that the calls in flight on a limiter with one key (or few) when
+    /// Redis went down are not cut to one message.
+    fn max_queued(&self) -> usize {
+        self.max_local_keys.max(MIN_QUEUED)
+    }
+
     /// Sends what calls could not send Redis while it was down (see
     /// `Books::queued`): a lesson's pause shortened by the time it waited
     /// (it pauses from when it is sent); what meets its part of Redis down
@@ -346,7 +360,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             }
         }
         let mut books = self.books();
-        let room = self.max_local_keys.saturating_sub(books.queued.len());
+        let room = self.max_queued().saturating_sub(books.queued.len());
         books.queued.extend(again.into_iter().take(room));
     }
 }

@@ -163,7 +163,8 @@ struct Books<K> {
     /// What calls made in Redis sent it while it was down that the
     /// fallback cannot hold (a keep; a lesson, for a limiter that fails
     /// open or closed), with when it came (µs, local clock): sent once it
-    /// is back, at most `max_local_keys`.
+    /// is back, at most `max_local_keys` or 1 024 (`calls::MIN_QUEUED`),
+    /// whichever is more.
     queued: Vec<(K, Call, u64)>,
     /// When a refusal's pause of a key ends (µs, local clock), and whether
     /// only this process knows it: as a reply from Redis said (Redis knows

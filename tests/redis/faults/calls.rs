@@ -483,6 +483,41 @@ async fn fail_closed_a_lesson_learned_while_down_pauses_after_recovery() {
     );
 }
 
+/// `FailClosed`: two calls made in Redis end while it is down, the first
+/// dropped (its keep waits for Redis), the second refused by its upstream
+/// (429, Retry-After 4 s). Once Redis is back the next caller goes behind
+/// the pause: the lesson waits for Redis as the first call's keep does.
+/// (The fallback of a `RateLimiter` kept one such message, as many as the
+/// keys it may hold: the keep took the room and the lesson was dropped, so
+/// the next caller went at 0.41 s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_a_lesson_after_another_calls_end_while_down_still_pauses() {
+    let pause = Duration::from_secs(4);
+    let mut server = RedisServer::start();
+    let backend = backend(server.client()).await;
+    let limiter = paced(&backend, "closed-second", 10.0, Fallback::FailClosed, 1.0);
+    let first = limiter.call(1).await.unwrap();
+    let second = limiter.call(1).await.unwrap();
+    server.kill();
+    assert!(limiter.acquire(1).await.is_err());
+    degraded(&limiter, true).await;
+    drop(first);
+    tokio::time::sleep(50 * MS).await;
+    let learned = Instant::now();
+    second.learn(&refused(pause));
+    drop(second);
+    tokio::time::sleep(50 * MS).await;
+    server.restart();
+    degraded(&limiter, false).await;
+    tokio::time::sleep(300 * MS).await;
+    limiter.acquire(1).await.unwrap();
+    let went = learned.elapsed();
+    assert!(
+        went + 5 * MS >= pause,
+        "went {went:?} after a refusal asking for {pause:?}"
+    );
+}
+
 /// `FailClosed`: a refusal without `Retry-After`, learned while Redis is
 /// frozen, pauses for `Learning::pause` (1 s) counted from the answer, as
 /// a `Retry-After` is ("what is left of its pause"). It came 10 s (on the
