@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::connection::{Connection, Link, Target, refuses_client};
 use super::health::{Health, Zone};
 use super::runtime::RuntimeRef;
-use super::script::{self, Call, ScriptArgs};
+use super::script::{self, Call, Kept, ScriptArgs};
 use super::slots::SlotMap;
 use crate::Error;
 use crate::core::{Bursty, Policy};
@@ -33,9 +33,10 @@ pub(crate) struct ProbeTarget {
 /// dropped) that cannot be given back (no id: not held, or not waiting).
 /// Their charges stay in Redis; a caller served meanwhile by the fallback
 /// was served twice, so the carry-back must not add the fallback's charge
-/// for it again: the debt Redis reported counts as known.
+/// for it again: their own charge counts as carried, and the debt Redis
+/// reported with them as known.
 pub(crate) trait Late: Send + Sync {
-    fn late(&self, key: &str, debt_micros: u64);
+    fn late(&self, key: &str, kept: Kept);
     /// A round trip of `key` whose caller stopped waiting is awaited in the
     /// background (`pending`), or is no more (its late grant, if any, told).
     fn awaited(&self, key: &str, pending: bool);
@@ -57,10 +58,10 @@ impl Drop for Awaited {
 }
 
 impl ProbeTarget {
-    /// Tells the key's limiter of a late grant that stays charged.
-    pub(crate) fn note_late(&self, debt_micros: u64) {
+    /// Tells the key's limiter of late grants that stay charged.
+    pub(crate) fn note_late(&self, kept: Kept) {
         if let Some(late) = self.late.as_ref().and_then(Weak::upgrade) {
-            late.late(&self.key, debt_micros);
+            late.late(&self.key, kept);
         }
     }
 

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::script::{Answer, Call, LogId, Request, ScriptArgs};
+use super::script::{Answer, Call, Kept, LogId, Request, ScriptArgs};
 use crate::Snapshot;
-use crate::core::{FRACTION_BITS, MAX_MICROS};
+use crate::core::{FRACTION_BITS, MAX_MICROS, micros};
 
 /// The marker a value starts with.
 const MARKER: &[u8; 4] = b"plv1";
@@ -237,8 +237,12 @@ impl Answer for Reply {
         }
     }
 
-    fn tokens(self) -> (Vec<LogId>, Option<u64>) {
-        let kept = (self.token.is_none() && self.wait.is_some()).then_some(self.debt_micros);
+    fn tokens(self) -> (Vec<LogId>, Option<Kept>) {
+        let kept = self.wait.filter(|_| self.token.is_none()).map(|wait| Kept {
+            debt_micros: self.debt_micros,
+            // Its ticket less its moment.
+            charge_micros: self.debt_micros.saturating_sub(micros(wait)),
+        });
         (self.token.into_iter().collect(), kept)
     }
 }
@@ -299,12 +303,31 @@ impl Answer for Vec<Reply> {
         )
     }
 
-    fn tokens(self) -> (Vec<LogId>, Option<u64>) {
-        let kept = self
+    fn tokens(self) -> (Vec<LogId>, Option<Kept>) {
+        // (The debt after the batch, which its replies share.)
+        let debt_micros = self.first().map_or(0, |reply| reply.debt_micros);
+        // The granted requests' moments, in order: each one's charge runs
+        // to the next one's moment (the ticket it left), the last one's to
+        // the debt's end.
+        let granted: Vec<(u64, bool)> = self
             .iter()
-            .any(|reply| reply.token.is_none() && reply.wait.is_some())
-            // (The debt after the batch, which its replies share.)
-            .then(|| self[0].debt_micros);
+            .filter_map(|reply| Some((micros(reply.wait?), reply.token.is_none())))
+            .collect();
+        let ends = granted
+            .iter()
+            .skip(1)
+            .map(|(moment, _)| *moment)
+            .chain([debt_micros]);
+        let charges = granted
+            .iter()
+            .zip(ends)
+            .filter(|((_, kept), _)| *kept)
+            .map(|((moment, _), end)| end.saturating_sub(*moment))
+            .collect::<Vec<u64>>();
+        let kept = (!charges.is_empty()).then(|| Kept {
+            debt_micros,
+            charge_micros: charges.into_iter().fold(0, u64::saturating_add),
+        });
         let tokens = self.into_iter().filter_map(|reply| reply.token).collect();
         (tokens, kept)
     }
@@ -318,7 +341,7 @@ impl Answer for Stored {
         }
     }
 
-    fn tokens(self) -> (Vec<LogId>, Option<u64>) {
+    fn tokens(self) -> (Vec<LogId>, Option<Kept>) {
         (Vec::new(), None)
     }
 }
@@ -445,6 +468,61 @@ mod tests {
         assert_eq!(
             lua_number("MAX_LIMITS"),
             super::super::builder::MAX_LIMITS as f64
+        );
+    }
+
+    /// A request's reply in a batch whose debt after it is `debt` µs:
+    /// granted after `wait` µs (`None`: refused), with an id or not.
+    fn batched(wait: Option<u64>, id: Option<u64>, debt: u64) -> Reply {
+        Reply {
+            wait: wait.map(Duration::from_micros),
+            debt_micros: debt,
+            token: id.map(LogId),
+            limit: 0,
+            after: None,
+            learned: None,
+        }
+    }
+
+    /// What an abandoned answer's grants without an id charged: a lone
+    /// grant, from its moment to the debt's end; in a batch, each from its
+    /// moment to the next grant's (the last one's to the debt's end), not
+    /// the debt before them, which is others'.
+    #[test]
+    fn kept_grants_count_their_own_charge_not_the_debt_before_them() {
+        // Granted behind 5 s of debt, charged 100 ms.
+        let (ids, kept) = batched(Some(5_000_000), None, 5_100_000).tokens();
+        assert!(ids.is_empty());
+        assert_eq!(
+            kept,
+            Some(Kept {
+                debt_micros: 5_100_000,
+                charge_micros: 100_000
+            })
+        );
+        // One with an id is given back, not kept; a refusal charges nothing.
+        assert_eq!(
+            batched(Some(5_000_000), Some(7), 5_100_000).tokens().1,
+            None
+        );
+        assert_eq!(batched(None, None, 5_000_000).tokens().1, None);
+        // A batch: kept (100 ms), refused, held (200 ms, given back), kept
+        // (300 ms, the last).
+        let debt = 1_600_000;
+        let batch = vec![
+            batched(Some(1_000_000), None, debt),
+            batched(None, None, debt),
+            batched(Some(1_100_000), Some(3), debt),
+            batched(Some(1_300_000), None, debt),
+        ];
+        let (ids, kept) = batch.tokens();
+        assert_eq!(ids.iter().map(|id| id.0).collect::<Vec<_>>(), [3]);
+        assert_eq!(
+            kept,
+            Some(Kept {
+                debt_micros: debt,
+                charge_micros: 400_000
+            })
         );
     }
 

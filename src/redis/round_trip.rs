@@ -120,8 +120,8 @@ impl Remote {
     /// limiter (see [`Late`](super::backend::Late)).
     pub(crate) fn give_back_unread<T: Answer>(self, answer: T) {
         let (tokens, kept) = answer.tokens();
-        if let Some(debt) = kept {
-            self.target.note_late(debt);
+        if let Some(kept) = kept {
+            self.target.note_late(kept);
         }
         if tokens.is_empty() {
             return;

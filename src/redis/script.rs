@@ -196,9 +196,23 @@ pub(crate) trait Answer: Send + Sized + 'static {
     fn decode(value: Value, call: &Call, limits: usize) -> Option<Self>;
 
     /// What an answer abandoned by its caller holds that a give-back takes
-    /// back, and the debt Redis reported if it holds a grant that cannot be
+    /// back, and what Redis reported of the grants it holds that cannot be
     /// (see [`Late`](super::backend::Late)).
-    fn tokens(self) -> (Vec<LogId>, Option<u64>);
+    fn tokens(self) -> (Vec<LogId>, Option<Kept>);
+}
+
+/// The grants an abandoned answer holds that cannot be given back (no
+/// id: not held, or not waiting), as Redis reported them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Kept {
+    /// The key's debt after them (µs): where its latest ticket ends,
+    /// whoever charged it.
+    pub(crate) debt_micros: u64,
+    /// What they charged themselves (µs, the latest limit's): each one's
+    /// span from its moment to the next grant's of the answer, or to the
+    /// debt's end. (The rest of the debt is others': another process's
+    /// reservations, this one's reported before.)
+    pub(crate) charge_micros: u64,
 }
 
 /// Runs the script once (one round trip; two on NOSCRIPT, the second an

@@ -830,3 +830,66 @@ async fn floor_charge_behind_others(max_keys: usize) {
         "x waits {wait:?}, a key charged once {once:?}"
     );
 }
+
+/// A grant Redis makes late (its caller, served by the fallback, stopped
+/// waiting) behind another process's debt this process never heard of:
+/// the carry-back takes off what the fallback granted only that grant's
+/// own charge, not the whole debt Redis reported with it. It used to take
+/// off the span from the debt the key opened at to the end of that debt,
+/// the other process's reservations included: the fallback's 50 permits
+/// (5 s at 10/s) were never carried back, and the next permit through Redis
+/// came 0.1 s after the other process's 80, not 5 s later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_grant_behind_another_process_debt_does_not_hide_the_fallbacks_grants() {
+    let server = RedisServer::start();
+    let backend = backend_builder(server.client())
+        .response_timeout(300 * MS)
+        .probe_interval(100 * MS)
+        .build()
+        .await
+        .unwrap();
+    let first = single_at(&backend, "late-behind", 10.0, 1.0);
+    let other = single_at(
+        &patient_backend(server.client()).await,
+        "late-behind",
+        10.0,
+        1.0,
+    );
+    // The connection warm; the debt this process heard of passes.
+    assert_eq!(first.reserve(1).await.unwrap(), Duration::ZERO);
+    tokio::time::sleep(300 * MS).await;
+    // Another process's 8 s of debt, which this one never hears of.
+    let before_other = Instant::now();
+    assert_eq!(other.reserve(80).await.unwrap(), Duration::ZERO);
+    let other_end = before_other + 8_000 * MS;
+    server.stop();
+    // Times out: the fallback serves it (the key opens there at now); its
+    // request, queued on the stopped server, is granted there once it
+    // resumes, behind the other process's debt, and nobody waits for it.
+    first.reserve(1).await.unwrap();
+    assert!(first.stats().degraded);
+    // 5 s of the fallback's schedule (at 10/s, its share 1).
+    let local_end = Instant::now() + first.reserve(50).await.unwrap() + 5_000 * MS;
+    server.cont();
+    recovered(|| !first.stats().degraded && first.stats().keys == 0).await;
+    let carried_at = Instant::now();
+    let next_at = Instant::now() + other.reserve(1).await.unwrap();
+    // Redis owes the other process's 8 s, the late permit, and what was
+    // left of the fallback's schedule when it was carried back.
+    let left = local_end.saturating_duration_since(carried_at);
+    println!(
+        "the fallback's schedule had {left:?} left when carried back; the next permit \
+         through Redis {:?} after the other process's debt",
+        next_at.saturating_duration_since(other_end)
+    );
+    assert!(
+        left >= 1_000 * MS,
+        "the recovery took too long: {left:?} left"
+    );
+    assert!(
+        next_at + 100 * MS >= other_end + left,
+        "the next permit through Redis came {:?} after the other process's debt, with \
+         {left:?} of the fallback's schedule left",
+        next_at.saturating_duration_since(other_end)
+    );
+}

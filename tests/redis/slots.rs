@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::poll::{SLACK, backend, backend_builder, patient_backend};
 
+use crate::support::proxy::Proxy;
 use crate::support::redis_server::RedisServer;
 use crate::support::within::within;
 use paceline::redis::{Fallback, Redis, RedisBackend};
@@ -495,6 +496,46 @@ async fn a_lease_held_across_a_stop_is_renewed_and_still_counts() {
     drop(got);
     let freed = within(Duration::from_secs(2), || live(&server, "stopped") == 0).await;
     assert!(freed.is_some(), "{} leases left", live(&server, "stopped"));
+}
+
+/// The connection dies silently (its peer vanishes: no FIN, no RST) while
+/// a call holds a lease, and the process makes no other call: the lease's
+/// renewals, which time out on it, take the backend to its fallback as a
+/// call's round trip would, so that the probe's fresh connection replaces
+/// the dead one and the renewals after it hold the lease past its TTL.
+/// (Before, a renewal's failure was only logged: the dead connection was
+/// never replaced, the lease expired after its TTL with the call still in
+/// flight, and another process took its slot: 2 in flight of 1.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_on_a_silently_dead_connection_is_renewed_on_a_fresh_one() {
+    let server = RedisServer::start();
+    let proxy = Proxy::in_front_of(&server);
+    // Renewed every 800 ms.
+    let ttl = 2_400 * MS;
+    let name = "dead-link";
+    let a = limiter_on(
+        &backend(proxy.client()).await,
+        name,
+        1,
+        ttl,
+        Fallback::FailClosed,
+    );
+    let b = limiter(&server, name, 1, ttl, Fallback::FailClosed).await;
+    let taken = Instant::now();
+    // (Its round trip went through the proxy: the connection is open.)
+    let call = a.call(1).await.unwrap();
+    proxy.blackhole_existing();
+    // Past twice the TTL: only renewals through a fresh connection hold
+    // the lease.
+    tokio::time::sleep((2 * ttl + 300 * MS).saturating_sub(taken.elapsed())).await;
+    assert_eq!(live(&server, name), 1, "the lease expired in flight");
+    assert!(
+        b.try_call(1, Duration::ZERO).await.unwrap().is_none(),
+        "another process took the slot of a call in flight"
+    );
+    drop(call);
+    let freed = within(Duration::from_secs(2), || live(&server, name) == 0).await;
+    assert!(freed.is_some(), "{} leases left", live(&server, name));
 }
 
 /// A call whose take is sent while Redis is stopped and which is dropped

@@ -293,13 +293,14 @@ fn redis_taken(taken: GiveBackId) -> Result<Box<RedisKeyTaken>, GiveBackId> {
 }
 
 impl<K: Key + Display, C: Clock> Late for Failover<K, C> {
-    fn late(&self, key: &str, debt_micros: u64) {
+    fn late(&self, key: &str, kept: Kept) {
         let now = self.now();
         let mut books = self.books();
-        books.late.retain(|_, until| *until > now);
-        if debt_micros > 0 && books.late.len() < self.max_local_keys {
-            let until = books.late.entry(key.into()).or_default();
-            *until = (*until).max(now.saturating_add(debt_micros));
+        books.late.retain(|_, late| late.until > now);
+        if kept.debt_micros > 0 && books.late.len() < self.max_local_keys {
+            let late = books.late.entry(key.into()).or_default();
+            late.until = late.until.max(now.saturating_add(kept.debt_micros));
+            late.charge = late.charge.saturating_add(kept.charge_micros);
         }
         drop(books);
         self.activate();

@@ -99,7 +99,8 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
     /// the fallback's schedule starts after it, so the carry-back must not
     /// take it for one of the fallback's grants. It becomes the key's known
     /// debt (which only grows by it), and only late grants heard of while the
-    /// key is held are subtracted from what the key carries back.
+    /// key is held have their own charge subtracted from what the key
+    /// carries back.
     pub(super) fn open_locally<Q>(&self, books: &mut Books<K>, key: &Q)
     where
         K: Borrow<Q>,
@@ -109,7 +110,8 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         if self.local.ticket(key).is_none() {
             let floor = self.floor(books, key);
             if !books.late.is_empty()
-                && let Some(late) = books.late.remove(&*self.redis_key(key))
+                && let Some(LateGrants { until: late, .. }) =
+                    books.late.remove(&*self.redis_key(key))
             {
                 // (A key whose debt does not fit among the known ones is
                 // carried back from now: that errs towards limiting.)
@@ -242,16 +244,17 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         }
     }
 
-    /// [`late_in`](Self::late_in), taken: the carry-back counts it once.
-    fn late_until<Q>(&self, key: &Q) -> u64
+    /// `key`'s late grants (see [`Late`]; none: zeros), taken: the
+    /// carry-back counts them once.
+    fn late_grants<Q>(&self, key: &Q) -> LateGrants
     where
         Q: Display + ?Sized,
     {
         let mut books = self.books();
         if books.late.is_empty() {
-            return 0;
+            return LateGrants::default();
         }
-        books.late.remove(&*self.redis_key(key)).unwrap_or(0)
+        books.late.remove(&*self.redis_key(key)).unwrap_or_default()
     }
 
     /// When the debt of late grants of `key` ends (see [`Late`]), if one
@@ -263,7 +266,10 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         if books.late.is_empty() {
             return 0;
         }
-        books.late.get(&*self.redis_key(key)).copied().unwrap_or(0)
+        books
+            .late
+            .get(&*self.redis_key(key))
+            .map_or(0, |late| late.until)
     }
 
     /// After an outage in which the fallback dropped keys with debts: the
@@ -380,11 +386,16 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         // [`Late`]) while the fallback held the key charged it beyond the
         // debt it reported: those callers were served by the fallback too,
         // so with one limit that much of the fallback's debt is in Redis
-        // already. (One heard of before the key opened is in its known debt:
-        // see `open_locally`.) (With several, how much
-        // each limit was charged is not known: the fallback's whole debt
-        // goes, erring towards limiting.)
-        let mut late = self.late_until(key);
+        // already: their own charge, at most, not the whole debt Redis
+        // reported with them (another process's reservations among it).
+        // (One heard of before the key opened is in its known debt: see
+        // `open_locally`.) (With several, how much each limit was charged
+        // is not known: the fallback's whole debt goes, erring towards
+        // limiting.)
+        let LateGrants {
+            until: mut late,
+            charge: late_charge,
+        } = self.late_grants(key);
         // A pause the fallback learned is time, not permits: carried at
         // its length (not at the shared rate), and remembered for the
         // callers waiting in it.
@@ -397,7 +408,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             let ticket = tickets.iter().copied().max().unwrap_or(0);
             let from = self.now().max(known);
             let charged = if tickets.len() == 1 {
-                late.saturating_sub(from)
+                late.saturating_sub(from).min(late_charge)
             } else {
                 0
             };

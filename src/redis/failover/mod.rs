@@ -15,8 +15,10 @@
 //!   for a late grant of it ([`Late`]), and no earlier than any ticket the
 //!   fallback dropped to stay within `max_local_keys`. A late grant heard
 //!   of before the key opens becomes part of its reported debt; one heard
-//!   of while the key is held is taken off what the key carries back (its
-//!   caller was served by the fallback too, or never learned of it).
+//!   of while the key is held has its own charge (not the rest of the debt
+//!   Redis reported with it, another process's among it) taken off what
+//!   the key carries back (its caller was served by the fallback too, or
+//!   never learned of it).
 //! - A key the fallback holds is carried back (`carry`: one resume adds
 //!   what it granted beyond the debt Redis had reported when it opened
 //!   (`Books::opened`), at the shared rate, and drops the stored permits;
@@ -57,7 +59,7 @@ use super::naming;
 use super::reply::{Reply, Stored};
 use super::round_trip::{Failure, Remote, send};
 use super::runtime::blocking_section;
-use super::script::{Call, LogId, Request, ScriptArgs};
+use super::script::{Call, Kept, LogId, Request, ScriptArgs};
 use crate::clock::Clock;
 use crate::core::{Policy, Shape, State, micros, stable_interval_micros};
 use crate::error::BackendError;
@@ -149,9 +151,9 @@ struct Books<K> {
     /// `floored_for` (see `charge_floor`): at most `max_local_keys`.
     floored: HashSet<K>,
     floored_for: u64,
-    /// When the debt of a late grant ends (µs, local clock), by Redis key
-    /// (see [`Late`]): at most `max_local_keys`.
-    late: HashMap<Arc<str>, u64>,
+    /// The late grants of a key (see [`Late`]), by Redis key: at most
+    /// `max_local_keys`.
+    late: HashMap<Arc<str>, LateGrants>,
     /// How many round trips whose callers stopped waiting are awaited in
     /// the background, by Redis key (a late grant among them is not known).
     awaited: HashMap<Arc<str>, usize>,
@@ -173,6 +175,18 @@ struct Books<K> {
     /// told as it wakes while Redis is down, and, of the pauses Redis does
     /// not know, beside what Redis says. At most `max_local_keys`.
     paused: HashMap<K, (u64, bool)>,
+}
+
+/// What a key's late grants (see [`Late`]) left in Redis.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct LateGrants {
+    /// When the debt Redis reported with them ends (µs, local clock): the
+    /// key opens in the fallback no earlier.
+    until: u64,
+    /// What they charged themselves (µs, at the shared rate): what a
+    /// carry-back takes off the fallback's debt at most (the rest of that
+    /// debt may be another process's).
+    charge: u64,
 }
 
 /// A reservation of one key made in Redis: its Redis key and the script's

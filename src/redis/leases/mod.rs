@@ -20,7 +20,10 @@
 //!   background; one that has not asked for 500 ms (its process died, or
 //!   its future is not polled) loses its place.
 //! - A task the call owns renews its lease every third of the slot TTL,
-//!   so a lease outlives its TTL only while its process lives. Each
+//!   so a lease outlives its TTL only while its process lives. A renewal
+//!   that meets an outage marks its part of Redis down, as a call does, so
+//!   that the probe replaces a connection that died silently (the
+//!   renewals after it go on the fresh one) even where no call comes. Each
 //!   renewal says when the lease expires as last heard, and a lease gone
 //!   before then was released: a renewal run after the release (the task
 //!   polled on one thread as the call is dropped on another) takes nothing.
@@ -269,7 +272,7 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
                     if waits {
                         lined.0 = None;
                     }
-                    let lease = self.lease(keys, id, waker, expires);
+                    let lease = self.lease(&target, keys, id, waker, expires);
                     return Ok(Some(Taken {
                         slot: Slot::held(lease),
                         waited: started.elapsed(),
@@ -351,13 +354,22 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
         Err(down(backend, target, failure, Scope::Key))
     }
 
-    /// A lease taken, until `expires` (µs on Redis's clock): renewed while
-    /// it is held, released when dropped.
-    fn lease(&self, keys: Arc<Keys>, id: Arc<str>, waker: usize, expires: u64) -> Lease {
+    /// A lease taken, until `expires` (µs on Redis's clock), of the
+    /// limiter key `target`'s slots: renewed while it is held, released
+    /// when dropped.
+    fn lease(
+        &self,
+        target: &ProbeTarget,
+        keys: Arc<Keys>,
+        id: Arc<str>,
+        waker: usize,
+        expires: u64,
+    ) -> Lease {
         let backend = Arc::clone(self.backend());
         let renewal = backend.runtime.handle().map(|handle| {
             let renew = renew(
                 Arc::clone(&backend),
+                target.clone(),
                 Arc::clone(&keys),
                 Arc::clone(&id),
                 self.calls,
@@ -488,13 +500,19 @@ async fn remove(
     }
 }
 
-/// Renews a lease every third of its TTL, for as long as its call holds it
-/// (the task is aborted when the lease is dropped), each renewal saying
-/// when the lease `expires` as last heard: one that runs after the lease's
-/// release (sent as the lease was dropped, on another thread) finds it gone
-/// before then, and takes no slot.
+/// Renews a lease of the limiter key `target`'s slots every third of its
+/// TTL, for as long as its call holds it (the task is aborted when the
+/// lease is dropped), each renewal saying when the lease `expires` as last
+/// heard: one that runs after the lease's release (sent as the lease was
+/// dropped, on another thread) finds it gone before then, and takes no
+/// slot. A renewal that meets an outage (no answer within the response
+/// timeout, or Redis failing it) marks its part of Redis down, as a call's
+/// round trip does: the probe then replaces a connection that died
+/// silently, which the next renewals use, even if the process makes no
+/// other call (the lease would otherwise expire with its call in flight).
 async fn renew(
     backend: Arc<Backend>,
+    target: ProbeTarget,
     keys: Arc<Keys>,
     id: Arc<str>,
     calls: u32,
@@ -507,14 +525,29 @@ async fn renew(
             continue;
         };
         let sent = script::take(&mut connection, &keys, &id, calls, ttl, None, Some(expires));
-        match unheeded(&backend, &keys.slots, "a slot's renewal", sent).await {
-            Some(script::Answer::Granted { expires: renewed }) => expires = renewed,
-            Some(script::Answer::Full { .. }) => tracing::warn!(
-                key = %keys.slots,
-                "a call's slot lease was lost before it was renewed, and is not taken again \
-                 (before its TTL has passed, or while the slots are all taken)"
-            ),
-            None => {}
+        let deadline = Deadline::new(&backend, None);
+        let failure = match tokio::time::timeout(deadline.limit, sent).await {
+            Ok(Ok(script::Answer::Granted { expires: renewed })) => {
+                expires = renewed;
+                continue;
+            }
+            Ok(Ok(script::Answer::Full { .. })) => {
+                tracing::warn!(
+                    key = %keys.slots,
+                    "a call's slot lease was lost before it was renewed, and is not taken again \
+                     (before its TTL has passed, or while the slots are all taken)"
+                );
+                continue;
+            }
+            Ok(Err(e)) => failed(e, "slot's renewal", &keys.slots),
+            Err(_) => deadline.passed(&keys.slots),
+        };
+        match failure {
+            Ok(failure) => {
+                tracing::debug!(key = %keys.slots, error = %failure, "a slot's renewal failed");
+                down(&backend, &target, failure, Scope::Key);
+            }
+            Err(_) => tracing::debug!(key = %keys.slots, "a slot's renewal was refused"),
         }
     }
 }
