@@ -136,8 +136,8 @@ async fn a_waiter_waking_after_recovery_goes_behind_the_fallbacks_pause() {
         })
     };
     tokio::time::sleep(30 * MS).await;
-    first.learn(&refused(pause));
     let learned = start.elapsed();
+    first.learn(&refused(pause));
     drop(first);
     tokio::time::sleep(50 * MS).await;
     server.restart();
@@ -169,8 +169,8 @@ async fn a_waiter_waking_while_redis_is_down_goes_behind_a_pause_learned_in_redi
         })
     };
     tokio::time::sleep(30 * MS).await;
-    first.learn(&refused(pause));
     let learned = start.elapsed();
+    first.learn(&refused(pause));
     drop(first);
     // The lesson reaches Redis (in the background).
     tokio::time::sleep(300 * MS).await;
@@ -365,8 +365,8 @@ async fn a_lesson_in_flight_across_a_stop_still_pauses_every_instance() {
         };
         tokio::time::sleep(50 * MS).await;
         server.stop();
-        first.learn(&refused(pause));
         let learned = start.elapsed();
+        first.learn(&refused(pause));
         drop(first);
         tokio::time::sleep(300 * MS).await;
         server.cont();
