@@ -12,6 +12,7 @@ static ALLOCATOR: support::alloc::Counting = support::alloc::Counting;
 mod documented;
 mod eviction;
 mod give_back;
+mod held_sequences;
 mod hostile_keys;
 mod limiter;
 mod memory;

@@ -24,6 +24,7 @@ mod exactness;
 mod extremes;
 mod fast_path;
 mod give_back;
+mod held_sequences;
 mod learn;
 mod limiter_trait;
 mod pause;
