@@ -379,10 +379,9 @@ pub(crate) fn limit_states(config: &PolicyConfig, now: u64) -> Result<Vec<State>
         }
         let (policy, rate) = config.policy()?;
         states.push(State::new(policy, rate, now)?);
-    } else if config.max_burst.is_some() || config.warmup.is_some() || config.cold_factor.is_some()
-    {
+    } else if config.max_burst.is_some() || config.warmup.is_some() {
         return invalid(
-            "max_burst, warmup and cold_factor on the builder shape the rate set with \
+            "max_burst and warmup on the builder shape the rate set with \
              permits_per_second, which was not set: set them on each Limit instead",
         );
     }

@@ -34,9 +34,7 @@ use crate::{Error, KeyedRateLimiter, RateLimiter};
 ///
 /// let clock = FakeClock::new();
 /// let limiter = RateLimiter::builder()
-///     .permits_per_second(2.0)
-///     .warmup(Duration::from_secs(4))
-///     .cold_factor(3.0)
+///     .limit(Limit::per_second(2.0).warmup(Duration::from_secs(4)).cold_factor(5.0))
 ///     .clock(clock.clone())
 ///     .build()?;
 /// assert_eq!(limiter.rate(), 2.0);
@@ -135,17 +133,11 @@ impl<K, S: Store, C: Clock> Builder<K, S, C> {
     }
 
     /// Chooses the warming-up policy: a limiter idle for this long starts
-    /// slow and takes this long to reach its stable rate.
+    /// slow, 3 times slower than stable, and takes this long to reach its
+    /// stable rate. (Another cold factor:
+    /// [`Limit::cold_factor`], on a [`limit`](Self::limit).)
     pub fn warmup(mut self, warmup: Duration) -> Self {
         self.config.warmup = Some(warmup);
-        self
-    }
-
-    /// Warming-up policy: how much slower than stable a cold limiter starts.
-    /// Default 3.0; must be from 1.0 to 10^6 (a million times slower:
-    /// beyond, the warm-up would be lost in rounding).
-    pub fn cold_factor(mut self, cold_factor: f64) -> Self {
-        self.config.cold_factor = Some(cold_factor);
         self
     }
 

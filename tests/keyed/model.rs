@@ -5,10 +5,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::support::rng::Rng;
-use paceline::KeyedRateLimiter;
 use paceline::Local;
 use paceline::clock::FakeClock;
 use paceline::core::{Bursty, Limits, Policy, State, WarmingUp};
+use paceline::{KeyedRateLimiter, Limit};
 
 /// A configuration for both sides of the differential test.
 #[derive(Debug, Clone, Copy)]
@@ -36,15 +36,17 @@ impl Config {
         rate: f64,
         clock: &FakeClock,
     ) -> KeyedRateLimiter<u32, Local, FakeClock> {
-        let builder = KeyedRateLimiter::<u32>::builder()
-            .permits_per_second(rate)
-            .clock(clock.clone());
+        let builder = KeyedRateLimiter::<u32>::builder().clock(clock.clone());
         match *self {
-            Config::Bursty { burst } => builder.max_burst(burst),
+            Config::Bursty { burst } => builder.permits_per_second(rate).max_burst(burst),
             Config::WarmingUp {
                 warmup,
                 cold_factor,
-            } => builder.warmup(warmup).cold_factor(cold_factor),
+            } => builder.limit(
+                Limit::per_second(rate)
+                    .warmup(warmup)
+                    .cold_factor(cold_factor),
+            ),
         }
         .build()
         .expect("a valid configuration")

@@ -6,7 +6,7 @@ use crate::support::fake;
 use std::time::Duration;
 
 use fake::{bursty, warming_up};
-use paceline::{Error, RateLimiter};
+use paceline::{Error, Limit, RateLimiter};
 
 fn invalid(result: Result<impl std::fmt::Debug, Error>, mentions: &str) {
     match result {
@@ -61,9 +61,11 @@ fn bad_cold_factors_are_rejected() {
     for cold_factor in [0.0, 0.5, -1.0, f64::NAN, f64::INFINITY] {
         invalid(
             RateLimiter::builder()
-                .permits_per_second(1.0)
-                .warmup(Duration::from_secs(1))
-                .cold_factor(cold_factor)
+                .limit(
+                    Limit::per_second(1.0)
+                        .warmup(Duration::from_secs(1))
+                        .cold_factor(cold_factor),
+                )
                 .build(),
             "cold_factor",
         );
@@ -92,24 +94,17 @@ fn a_cold_factor_past_its_bound_is_refused_and_one_within_slows_the_cold_start()
     }
     assert!(slowest > Duration::from_millis(900), "{slowest:?}");
     for cold_factor in [1.000_001e6, 1e20, f64::MAX] {
-        let warm = |builder: paceline::Builder| {
-            builder
-                .permits_per_second(1000.0)
-                .warmup(Duration::from_secs(1))
-                .cold_factor(cold_factor)
-                .build()
-        };
-        invalid(warm(RateLimiter::builder()), "cold_factor");
-        let keyed = paceline::KeyedRateLimiter::<u8>::builder()
-            .permits_per_second(1000.0)
-            .warmup(Duration::from_secs(1))
-            .cold_factor(cold_factor)
-            .build();
-        invalid(keyed, "cold_factor");
-        let limit = paceline::Limit::per_second(1000.0)
+        let limit = Limit::per_second(1000.0)
             .warmup(Duration::from_secs(1))
             .cold_factor(cold_factor);
-        invalid(RateLimiter::builder().limit(limit).build(), "cold_factor");
+        invalid(
+            RateLimiter::builder().limit(limit.clone()).build(),
+            "cold_factor",
+        );
+        let keyed = paceline::KeyedRateLimiter::<u8>::builder()
+            .limit(limit)
+            .build();
+        invalid(keyed, "cold_factor");
     }
 }
 
@@ -125,8 +120,7 @@ fn options_of_both_policies_are_rejected() {
     );
     invalid(
         RateLimiter::builder()
-            .permits_per_second(1.0)
-            .cold_factor(3.0)
+            .limit(Limit::per_second(1.0).cold_factor(3.0))
             .build(),
         "cold_factor",
     );

@@ -254,10 +254,11 @@ fn subject(kind: Kind, rate: f64, make: Make) -> (Subject, FakeClock) {
                 Kind::Bursty(seconds) => $b
                     .permits_per_second(rate)
                     .max_burst(Duration::from_secs_f64(seconds)),
-                Kind::Warm(warmup, cold) => $b
-                    .permits_per_second(rate)
-                    .warmup(Duration::from_micros(warmup as u64))
-                    .cold_factor(cold),
+                Kind::Warm(warmup, cold) => $b.limit(
+                    Limit::per_second(rate)
+                        .warmup(Duration::from_micros(warmup as u64))
+                        .cold_factor(cold),
+                ),
             }
         };
     }

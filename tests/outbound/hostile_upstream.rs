@@ -231,7 +231,6 @@ fn none_left_or_a_refusal_never_warms_a_cold_limit_up() {
         let limiter = RateLimiter::builder()
             .permits_per_second(2.0)
             .warmup(Duration::from_secs(4))
-            .cold_factor(3.0)
             .clock(clock.clone())
             .build()
             .unwrap();

@@ -97,7 +97,6 @@ async fn none_left_never_warms_a_cold_key_up() {
     let limiter = RateLimiter::builder()
         .permits_per_second(2.0)
         .warmup(Duration::from_secs(4))
-        .cold_factor(3.0)
         .redis(&patient_backend(server.client()).await, "cold")
         .fallback(Fallback::FailClosed)
         .build()

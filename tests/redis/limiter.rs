@@ -267,7 +267,6 @@ async fn warming_up_over_redis_starts_cold() {
         .redis(&backend, "cold")
         .permits_per_second(10.0)
         .warmup(Duration::from_secs(1))
-        .cold_factor(3.0)
         .build()
         .unwrap();
     let start = Instant::now();
@@ -604,8 +603,7 @@ async fn bad_options_and_arguments_are_clear_errors() {
             build(
                 RateLimiter::builder()
                     .redis(&backend, "x")
-                    .permits_per_second(1.0)
-                    .cold_factor(2.0),
+                    .limit(Limit::per_second(1.0).cold_factor(2.0)),
             ),
             "cold_factor",
         ),

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use paceline::Local;
-use paceline::RateLimiter;
 use paceline::clock::FakeClock;
+use paceline::{Limit, RateLimiter};
 
 /// A bursty limiter (1 s burst) on a fresh fake clock.
 pub fn bursty(rate: f64) -> (RateLimiter<Local, FakeClock>, FakeClock) {
@@ -28,9 +28,11 @@ pub fn warming_up(
 ) -> (RateLimiter<Local, FakeClock>, FakeClock) {
     let clock = FakeClock::new();
     let limiter = RateLimiter::builder()
-        .permits_per_second(rate)
-        .warmup(warmup)
-        .cold_factor(cold_factor)
+        .limit(
+            Limit::per_second(rate)
+                .warmup(warmup)
+                .cold_factor(cold_factor),
+        )
         .clock(clock.clone())
         .build()
         .expect("valid warming-up limiter");
