@@ -177,9 +177,10 @@ impl<K, S: Store, C: Clock> Builder<K, S, C> {
     }
 
     /// The most keys held in this process: a cap for key spaces a
-    /// client controls (addresses, tokens), on a keyed limiter; on a Redis
-    /// limiter, on the keys its fallback holds while Redis is down (a
-    /// `RateLimiter` in this process holds none, and refuses it). Without
+    /// client controls (addresses, tokens), on a keyed limiter; on a keyed
+    /// Redis limiter, on the keys its fallback holds while Redis is down (a
+    /// `RateLimiter` holds none in this process and one key in a fallback,
+    /// and refuses it). Without
     /// it, a keyed limiter's memory follows the keys active within about
     /// one refill period (at least a second). It counts every key held,
     /// whichever shard it falls in: below it nothing is dropped. At the

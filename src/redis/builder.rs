@@ -110,12 +110,22 @@ impl<T, C: Clock> Builder<T, Redis, C> {
     }
 
     /// The failover of a limiter named as `naming` says, holding at most
-    /// `max_keys` keys in its fallback.
-    fn failover<K>(mut self, naming: Naming, max_keys: usize) -> Result<Arc<Failover<K, C>>, Error>
+    /// `max_keys` keys in its fallback (`None`: one, and no cap may be set).
+    fn failover<K>(
+        mut self,
+        naming: Naming,
+        max_keys: Option<usize>,
+    ) -> Result<Arc<Failover<K, C>>, Error>
     where
         K: Key + Display,
     {
         let (clock, _, cap) = self.parts()?;
+        if cap.is_some() && max_keys.is_none() {
+            return invalid(
+                "max_keys caps the keys a keyed limiter's fallback holds, and a RateLimiter's \
+                 holds one: remove it, or build a KeyedRateLimiter",
+            );
+        }
         let settings = self.store();
         if settings.name.is_empty() {
             return invalid("the limiter's name (its Redis key) must not be empty");
@@ -149,7 +159,7 @@ impl<T, C: Clock> Builder<T, Redis, C> {
                 .collect(),
             fallback: settings.fallback,
             local_fraction,
-            max_local_keys: cap.unwrap_or(max_keys),
+            max_local_keys: cap.or(max_keys).unwrap_or(1),
             clock,
         })
     }
@@ -162,8 +172,9 @@ impl<C: Clock> Builder<NoKey, Redis, C> {
     /// # Errors
     /// [`Error::InvalidArgument`] for bad options: an empty name, a bad
     /// rate, policy or limit, more than 16 limits, a local fraction outside
-    /// `(0, 1]` or with a fallback other than `Local`, `max_keys(0)`, a
-    /// [`learning`](Builder::learning) value out of its range.
+    /// `(0, 1]` or with a fallback other than `Local`, `max_keys` (its
+    /// fallback holds one key), a [`learning`](Builder::learning) value out
+    /// of its range.
     pub fn build(self) -> Result<RateLimiter<Redis, C>, Error> {
         let backend = &self.store().backend;
         let key: Arc<str> =
@@ -172,7 +183,7 @@ impl<C: Clock> Builder<NoKey, Redis, C> {
         // The fallback holds the limiter's one state.
         let upstream = self.upstream()?;
         let slots = self.slots()?;
-        let engine = self.failover(Naming::Single { key, zone }, 1)?;
+        let engine = self.failover(Naming::Single { key, zone }, None)?;
         let slots = slots.leases(&engine)?;
         Ok(RateLimiter {
             engine,
@@ -196,7 +207,7 @@ impl<K: Key + Display, C: Clock> Builder<PerKey<K>, Redis, C> {
             naming::keyed_prefix(&self.store().backend.options.key_prefix, &self.store().name);
         let upstream = self.upstream()?;
         let slots = self.slots()?;
-        let engine = self.failover(Naming::Keyed { prefix }, DEFAULT_MAX_LOCAL_KEYS)?;
+        let engine = self.failover(Naming::Keyed { prefix }, Some(DEFAULT_MAX_LOCAL_KEYS))?;
         let slots = slots.leases(&engine)?;
         Ok(KeyedRateLimiter {
             engine,

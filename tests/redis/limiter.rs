@@ -583,6 +583,17 @@ async fn bad_options_and_arguments_are_clear_errors() {
             "Fallback::Local only",
         ),
         (
+            // A cap on the keys of a fallback that holds one: not ignored
+            // in silence, as on a limiter in this process.
+            build(
+                RateLimiter::builder()
+                    .redis(&backend, "x")
+                    .permits_per_second(1.0)
+                    .max_keys(10),
+            ),
+            "max_keys",
+        ),
+        (
             // All of a key's limits live in one value, of at most 16.
             build(
                 (0..17).fold(RateLimiter::builder().redis(&backend, "x"), |b, _| {
