@@ -261,19 +261,18 @@ if value then
         -- would stop tickets from limiting.
         and last_now - now <= 4503599627370496 -- 2^52
         and next_id >= 0 and next_id < MAX_MICROS and next_id % 1 == 0
+    -- The clock never runs backwards for a key.
+    if ok and last_now > now then now = last_now end
     if not ok then
     elseif size == at and (shape == 1 or shape == 4129) then -- (1 + BOUND)
         -- (One limit, nothing logged, nothing learned.)
         held_n = 1
-        -- The clock never runs backwards for a key.
-        if last_now > now then now = last_now end
     elseif shape >= 1 and shape < 2 * LEARNED and shape % 1 == 0 then
         held_n = shape % SHAPE
         -- (At most LOG_CAPACITY, as SHAPE * LOG_CAPACITY < BOUND.)
         count = (shape - held_n) % BOUND / SHAPE
         at = 44 + 40 * held_n
         ok = held_n >= 1 and held_n <= MAX_LIMITS
-        if last_now > now then now = last_now end
         if shape >= LEARNED and ok and size >= at + 32 + 8 * held_n then
             -- What the limits learned, after their rates.
             L = {struct.unpack(string.sub(FORMAT, 3, 7 + held_n), value, at + 1)}

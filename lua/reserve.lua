@@ -314,33 +314,15 @@ else
                 end
             end
 
-            if limit then
-                -- (A resume's or a cap's limit, always granted: no timeout.)
-                local k = 3 * limit - 2
-                if n > 1 then st, nf, fr, mx, cd, bursty = S[k], S[k + 1], S[k + 2], C[8 * limit - 3], C[8 * limit], C[8 * limit - 6] end
-                -- Resynced at its now (as in Limits::charge below): its ticket
-                -- at least up to now.
-                if at > nf then st, nf, fr = math.min(st + ((at - nf) - fr / FRACTION_ONE) / cd, mx), at, 0 end
-                if cap then
-                    -- State::keep_stored_at_most: at most `p` stored, bursty
-                    -- (a warming-up limit's stored permits slow it down).
-                    if bursty and st > p then st = p end
-                else
-                    -- Limits::resume: no stored permits, bursty (a
-                    -- warming-up limit's slow it down: it keeps them), then
-                    -- its debt; a ticket that reaches 2^53 is 2^53, with no
-                    -- fraction (as in State::charge).
-                    if bursty then st = 0.0 end
-                    nf = nf + p
-                    if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
-                end
-                if n > 1 then S[k], S[k + 1], S[k + 2] = st, nf, fr end
-            elseif granted then
+            if granted then
                 -- Limits::charge: every limit as if requested at the moment
                 -- (State::reserve_earliest_available: resync, spend stored permits
-                -- first, charge the rest as fresh ones, push the ticket).
+                -- first, charge the rest as fresh ones, push the ticket); a
+                -- resume's or a cap's limit alone (always granted: no timeout),
+                -- resynced at its now as the others are, then its debt or cap.
                 -- (k: the limit's state in S, from 1; c: its configuration in C.)
-                for k = 1, 3 * n, 3 do
+                local k = limit and 3 * limit - 2 or 1
+                for k = k, limit and k or 3 * n, 3 do
                     -- (e: its count for this limit.)
                     local e = p
                     if n > 1 then
@@ -358,46 +340,61 @@ else
                         if stored > mx then stored = mx end
                         st, nf, fr = stored, moment, 0
                     end
-                    local spend = e
-                    if st < spend then spend = st end
-                    -- The fresh permits' wait. (Bursty::stored_permits_to_wait_micros
-                    -- is 0, and 0.0 + x == x.)
-                    local wait = (e - spend) * stable
-                    if not bursty then
-                        -- WarmingUp::stored_permits_to_wait_micros: a trapezoid
-                        -- above the threshold, permits_to_time(q) = stable + q * slope.
-                        local above, micros, spent = st - thr, 0.0, spend
-                        if above > 0.0 then
-                            local take = above
-                            if spent < take then take = spent end
-                            micros = take * ((stable + above * slope) + (stable + (above - take) * slope)) / 2.0
-                            spent = spent - take
-                        end
-                        wait = micros + stable * spent + wait
-                    end
-                    -- State::charge. Below 2^32 µs: rounded to the nearest 2^-20 µs
-                    -- and added to the fraction, in units of 2^-20 µs (x - x % 1 is
-                    -- floor(x) for x >= 0), whose whole µs (the units above 20
-                    -- bits) go to the ticket. Else to_micros: truncated, saturated,
-                    -- NaN read as MAX_MICROS; the fraction stays.
-                    if wait < FINE_CHARGE_LIMIT then
-                        wait = wait * FRACTION_ONE + 0.5
-                        wait = wait - wait % 1 + fr
-                        fr = wait % FRACTION_ONE
-                        wait = (wait - fr) / FRACTION_ONE
-                    elseif wait < MAX_MICROS then
-                        wait = wait - wait % 1
+                    if cap then
+                        -- State::keep_stored_at_most: at most `p` stored, bursty
+                        -- (a warming-up limit's stored permits slow it down).
+                        if bursty and st > p then st = p end
+                    elseif limit then
+                        -- Limits::resume: no stored permits, bursty (a
+                        -- warming-up limit's slow it down: it keeps them), then
+                        -- its debt; a ticket that reaches 2^53 is 2^53, with no
+                        -- fraction (as in State::charge).
+                        if bursty then st = 0.0 end
+                        nf = nf + p
+                        if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
                     else
-                        wait = MAX_MICROS
+                        local spend = e
+                        if st < spend then spend = st end
+                        -- The fresh permits' wait. (Bursty::stored_permits_to_wait_micros
+                        -- is 0, and 0.0 + x == x.)
+                        local wait = (e - spend) * stable
+                        if not bursty then
+                            -- WarmingUp::stored_permits_to_wait_micros: a trapezoid
+                            -- above the threshold, permits_to_time(q) = stable + q * slope.
+                            local above, micros, spent = st - thr, 0.0, spend
+                            if above > 0.0 then
+                                local take = above
+                                if spent < take then take = spent end
+                                micros = take * ((stable + above * slope) + (stable + (above - take) * slope)) / 2.0
+                                spent = spent - take
+                            end
+                            wait = micros + stable * spent + wait
+                        end
+                        -- State::charge. Below 2^32 µs: rounded to the nearest 2^-20 µs
+                        -- and added to the fraction, in units of 2^-20 µs (x - x % 1 is
+                        -- floor(x) for x >= 0), whose whole µs (the units above 20
+                        -- bits) go to the ticket. Else to_micros: truncated, saturated,
+                        -- NaN read as MAX_MICROS; the fraction stays.
+                        if wait < FINE_CHARGE_LIMIT then
+                            wait = wait * FRACTION_ONE + 0.5
+                            wait = wait - wait % 1 + fr
+                            fr = wait % FRACTION_ONE
+                            wait = (wait - fr) / FRACTION_ONE
+                        elseif wait < MAX_MICROS then
+                            wait = wait - wait % 1
+                        else
+                            wait = MAX_MICROS
+                        end
+                        nf = nf + wait
+                        if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
+                        st = st - spend
                     end
-                    nf = nf + wait
-                    if nf >= MAX_MICROS then nf, fr = MAX_MICROS, 0 end
-                    st = st - spend
                     if n > 1 then
-                        -- (With the TTL the limits need after it: see part 5.)
+                        -- (With the TTL the limits need after it: see part 5; a
+                        -- resume's or a cap's, that no batch reply reads, its limit's.)
                         S[k] = st; S[k + 1] = nf; S[k + 2] = fr
                         local need = (nf - time_micros) / 1000 + (mx - st) * cd / 1000
-                        if k == 1 or need > need_r then need_r = need end
+                        if k == 1 or limit or need > need_r then need_r = need end
                     end
                 end
             end

@@ -39,24 +39,21 @@ local key, line, asked = KEYS[1], KEYS[2], KEYS[3]
 local mode = ARGV[1]
 local id = ARGV[2]
 
-if mode == 'release' or mode == 'leave' then
-  if mode == 'release' then
-    redis.call('ZREM', key, id)
-  else
-    redis.call('ZREM', line, id)
-    redis.call('ZREM', asked, id)
-  end
-  return {1, redis.call('ZCARD', key), 0, 0}
-end
-
-if mode ~= 'take' then
+if mode == 'release' then
+  redis.call('ZREM', key, id)
+elseif mode == 'leave' then
+  redis.call('ZREM', line, id)
+  redis.call('ZREM', asked, id)
+elseif mode ~= 'take' then
   return redis.error_reply('ERR paceline: the slots script has no mode ' .. tostring(mode))
+end
+if mode ~= 'take' then
+  return {1, redis.call('ZCARD', key), 0, 0}
 end
 
 local calls = tonumber(ARGV[3])
 local ttl = tonumber(ARGV[4])
-local waiter = ARGV[5]
-if waiter == '' then waiter = nil end
+local waiter = ARGV[5] ~= '' and ARGV[5] or nil
 local renewing = tonumber(ARGV[6])
 if not calls or calls < 1 or not ttl or ttl < 1000 then
   return redis.error_reply('ERR paceline: the slots script was called with bad arguments')
