@@ -205,7 +205,9 @@ impl<Svc, S: Store, C: Clock, E, A> fmt::Debug for Outbound<Svc, S, C, E, A> {
 /// A call whose turn has come, its request not yet sent (its client is
 /// being made ready again): dropped unsent (the request dropped, or the
 /// client failing), it costs nothing, as a call dropped before its turn
-/// gives its estimate back.
+/// gives its estimate back (while the limiter's log holds it, as
+/// [`Call::settle`](super::Call::settle) says: after a refusal's pause,
+/// which empties the log, its charge stays).
 struct Unsent<'a>(Option<super::Call<'a>>);
 
 impl<'a> Unsent<'a> {
@@ -258,7 +260,10 @@ where
     /// request that must wait lets go of the inner service's readiness
     /// meanwhile and makes it ready again after its wait; if a refusal's
     /// pause came while the service was made ready, the request is not sent
-    /// into it but waits its turn again, behind the pause. Cancel-safe:
+    /// into it but waits its turn again, behind the pause, and is charged
+    /// again: the pause emptied the limiter's log, so its first charge is
+    /// not given back (as a caller's that wakes inside a pause is not),
+    /// erring towards limiting. Cancel-safe:
     /// dropped while it waits, it gives the estimate back; dropped after
     /// its wait but before the request is sent (the inner service made
     /// ready again, or failing to be), it costs nothing; dropped while the
@@ -301,8 +306,10 @@ where
                 .map_err(Into::into)?;
                 // A refusal learned while the client was made ready again
                 // pauses this request too, as it does a caller that wakes
-                // inside it: it is not sent into the pause, but costs
-                // nothing and waits its turn again, behind the pause.
+                // inside it: it is not sent into the pause, but waits its
+                // turn again, behind the pause. Its first charge stays (the
+                // pause emptied the log: settled at 0 unsent, it gives
+                // nothing back), as a woken caller's does.
                 if !waited || !layer.limiter.paused().await {
                     break unsent;
                 }

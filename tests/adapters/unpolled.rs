@@ -725,6 +725,67 @@ mod outbound_layer {
         assert_eq!(*sent.lock().unwrap(), [Duration::from_millis(1_020)]);
     }
 
+    /// What a request that waits its turn again behind a pause costs: the
+    /// pause emptied the limiter's log, so its first charge is not given
+    /// back (as a caller's that wakes inside a pause is not), and it is
+    /// charged again behind the pause, erring towards limiting. At 10/s, a
+    /// request of 20 permits whose turn came at 100 ms (its charge to
+    /// 2 100 ms), paused by a refusal at 150 ms (until 1 150 ms) and ready
+    /// again at 500 ms, goes at 2 100 ms, not at 1 150 ms, and the next
+    /// request waits for both charges. (The layer's docs said it cost
+    /// nothing.)
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_request_that_waits_again_behind_a_pause_keeps_its_first_charge() {
+        let clock = ManualClock::default();
+        let limiter = Arc::new(
+            RateLimiter::builder()
+                .permits_per_second(10.0)
+                .max_burst(Duration::ZERO)
+                .clock(clock.clone())
+                .build()
+                .unwrap(),
+        );
+        let client = Noted {
+            ready: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            clock: clock.clone(),
+            sent: Arc::default(),
+        };
+        let (ready, sent) = (Arc::clone(&client.ready), Arc::clone(&client.sent));
+        let mut client = OutboundLayer::new(Arc::clone(&limiter))
+            .estimate(|_: &Req| Cost::from(20))
+            .layer(client);
+        let first = limiter.call(1).await.unwrap();
+        assert!(poll_fn(|cx| client.poll_ready(cx)).await.is_ok());
+        let mut late = client.call(Request::new(()));
+        ready.store(false, Ordering::Release);
+        assert!(poll_once(late.as_mut()).is_pending());
+        clock.set_ms(100);
+        assert!(poll_once(late.as_mut()).is_pending());
+        clock.set_ms(150);
+        first.learn(&Feedback::new(429).with_retry_after(Duration::from_secs(1)));
+        drop(first);
+        clock.set_ms(500);
+        ready.store(true, Ordering::Release);
+        assert!(poll_once(late.as_mut()).is_pending());
+        let answered = loop {
+            if let Poll::Ready(answered) = poll_once(late.as_mut()) {
+                break answered.unwrap();
+            }
+            assert!(clock.now() < Duration::from_secs(10), "never sent");
+            clock.advance(Duration::from_millis(1));
+        };
+        assert_eq!(answered.status(), 200);
+        assert_eq!(*sent.lock().unwrap(), [Duration::from_millis(2_100)]);
+        // The next request waits for the second charge, at the rate the
+        // refusal lowered (20 permits at 7/s: about 2.86 s).
+        let next = limiter.reserve(1).unwrap();
+        let due = Duration::from_millis(2_100) + Duration::from_secs_f64(20.0 / 7.0);
+        assert!(
+            next.abs_diff(due - clock.now()) <= MS,
+            "the next waits {next:?}, its due {due:?}"
+        );
+    }
+
     /// With `Limit::concurrent(1)`, a request whose response future is
     /// polled once and then parked while it waits for its turn in the
     /// schedule: it took the slot first (a call takes its slot, then its
