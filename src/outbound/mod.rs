@@ -137,10 +137,13 @@
 //! for the rates: `Local` gives each key `max(1, ⌊k × local_fraction⌋)` slots
 //! in this process, `FailOpen` takes none (calls go unbounded), `FailClosed`
 //! fails the call. A slot taken from the fallback stays there until its call
-//! ends, unseen by Redis. The fallback's slots count only the calls it lets
+//! ends, unseen by Redis; a call still waiting for one when Redis comes back
+//! asks Redis instead. The fallback's slots count only the calls it lets
 //! in: the calls that held leases when Redis went down go on, so one process
-//! may have `k` and its share in flight while Redis is down (and, after a
-//! restart that lost the leases, up to `2k` until the older calls end).
+//! may have `k` and its share in flight while Redis is down, and after it
+//! (the fallback's calls unseen: up to `k` and its share until they end;
+//! after a restart that lost the leases, up to `2k` until the older calls
+//! end).
 //!
 //! What an answer teaches while Redis is down: `Local` learns it in the
 //! fallback and carries a refusal's pause back to Redis at its length (the

@@ -41,6 +41,9 @@ pub(crate) struct Health {
     /// Bumped whenever a zone comes back, so that a keyed limiter knows
     /// when to carry the keys its fallback holds back to Redis.
     zone_recoveries: AtomicU64,
+    /// Woken whenever a zone comes back: for calls waiting in a fallback
+    /// for what Redis serves again (a slot).
+    up: tokio::sync::Notify,
     fallback_calls: AtomicU64,
     last_error: Mutex<String>,
     metrics: BackendMetrics,
@@ -56,6 +59,7 @@ impl Health {
             fallbacks: AtomicU64::new(0),
             recoveries: AtomicU64::new(0),
             zone_recoveries: AtomicU64::new(0),
+            up: tokio::sync::Notify::new(),
             fallback_calls: AtomicU64::new(0),
             last_error: Mutex::new(String::new()),
             metrics: BackendMetrics::new(),
@@ -168,7 +172,28 @@ impl Health {
                 slots[word].fetch_and(!bits, Ordering::AcqRel);
             }
         }
+        self.up.notify_waiters();
         count
+    }
+
+    /// Returns once calls on the Redis key `key` are no longer served by
+    /// the fallback; never, if they are not now (a failure that marked
+    /// nothing down leaves its caller in the fallback, as before).
+    pub(crate) async fn back_up(&self, key: &str) {
+        if !self.is_down_key(key) {
+            return std::future::pending().await;
+        }
+        loop {
+            let up = std::pin::pin!(self.up.notified());
+            // (Registered before the look: a zone marked up after it
+            // wakes it.)
+            let mut up = up;
+            up.as_mut().enable();
+            if !self.is_down_key(key) {
+                return;
+            }
+            up.await;
+        }
     }
 
     /// The slots that are down, in order.

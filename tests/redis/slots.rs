@@ -332,6 +332,37 @@ async fn while_redis_is_down_the_fallback_says() {
     assert_eq!(local.stats().in_flight, 0);
 }
 
+/// A call waiting for one of the fallback's slots when Redis comes back
+/// asks Redis, as a call that comes then does: it is not held until a call
+/// that took the fallback's slot ends. (It waited for that call: a call of
+/// a minute kept it a minute, with Redis's slots free.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_waiting_in_the_fallback_goes_to_redis_once_it_is_back() {
+    let mut server = RedisServer::start();
+    let ttl = Duration::from_secs(30);
+    // 2 slots; the fallback's share, 1.
+    let local = limiter(&server, "back", 2, ttl, Fallback::Local).await;
+    server.kill();
+    let (held, first) = local.hold_slot(None).await.unwrap().unwrap();
+    assert!(held);
+    let mut waiting = Box::pin(local.hold_slot(None));
+    assert!(
+        tokio::time::timeout(100 * MS, &mut waiting).await.is_err(),
+        "the fallback holds one slot"
+    );
+    server.restart();
+    // Back within the probe's interval (500 ms), and a round trip.
+    let (held, second) = tokio::time::timeout(Duration::from_secs(10), &mut waiting)
+        .await
+        .expect("still waiting for the fallback's slot, Redis back")
+        .unwrap()
+        .unwrap();
+    assert!(held);
+    assert!(!local.stats().degraded);
+    assert_eq!(live(&server, "back"), 1, "its slot is a lease in Redis");
+    drop((first, second));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slots_key_holding_something_else_is_an_error_whatever_the_fallback() {
     let server = RedisServer::start();

@@ -32,10 +32,12 @@
 //!   is; should that release be lost too, the lease expires with its
 //!   TTL: errs towards limiting.
 //! - While Redis is down, `FailClosed` fails the call with
-//!   [`Error::Backend`](crate::Error::Backend). A lease held when Redis
-//!   went away is renewed again once it is back (taken again if it
-//!   expired meanwhile and there is room; one Redis lost, once it would
-//!   have expired).
+//!   [`Error::Backend`](crate::Error::Backend); with `Local`, a call
+//!   waiting for one of the fallback's slots when Redis comes back asks
+//!   Redis instead (woken as the probe marks its part up). A lease held
+//!   when Redis went away is renewed again once it is back (taken again
+//!   if it expired meanwhile and there is room; one Redis lost, once it
+//!   would have expired).
 
 mod script;
 
@@ -47,7 +49,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use futures::future::select;
+use futures::future::{Either, select};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
@@ -242,8 +244,12 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
         // Since when the call has been first in line.
         let mut first_since = None;
         loop {
-            if self.backend().health.is_down_key(&target.key) {
-                return self.fallback(key, None, deadline, started, clock).await;
+            if self.backend().health.is_down_key(&target.key)
+                && let Some(taken) = self
+                    .fallback(key, &target.key, None, deadline, started, clock)
+                    .await
+            {
+                return taken;
             }
             let mut released = pin!(self.wakers[waker].notified());
             released.as_mut().enable();
@@ -299,7 +305,14 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
                 }
                 Err(Failure::Refused(error)) => return Err(error),
                 Err(Failure::Down(failure)) => {
-                    return self.fallback(key, failure, deadline, started, clock).await;
+                    let fallback =
+                        self.fallback(key, &target.key, failure, deadline, started, clock);
+                    if let Some(taken) = fallback.await {
+                        return taken;
+                    }
+                    // Back: in line again from the start.
+                    first_since = None;
+                    pause = FIRST_PAUSE;
                 }
             }
         }
@@ -389,20 +402,24 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
         }
     }
 
-    /// A slot while Redis is down, as the limiter's fallback says.
+    /// A slot while Redis is down (for `redis_key`), as the limiter's
+    /// fallback says; `None` if Redis came back while the call waited for
+    /// one of the fallback's slots: it asks Redis again, as a call that
+    /// comes now does (its place among the fallback's waiters given up).
     async fn fallback<Q>(
         &self,
         key: &Q,
+        redis_key: &str,
         failure: Option<BackendError>,
         deadline: Option<Instant>,
         started: Instant,
         clock: &dyn Clock,
-    ) -> Result<Option<Taken<'_>>, Error>
+    ) -> Option<Result<Option<Taken<'_>>, Error>>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
-        match self.failover.fallback {
+        Some(match self.failover.fallback {
             Fallback::FailOpen => Ok(Some(Taken {
                 slot: Slot::default(),
                 waited: started.elapsed(),
@@ -418,13 +435,20 @@ impl<K: Key + Display, C: Clock> Inner<K, C> {
             Fallback::Local => {
                 let left =
                     deadline.map(|deadline| deadline.saturating_duration_since(Instant::now()));
-                let taken = self.local.take_slot(key, left, clock).await?;
-                Ok(taken.map(|taken| Taken {
-                    slot: taken.slot,
-                    waited: started.elapsed(),
-                }))
+                let local = pin!(self.local.take_slot(key, left, clock));
+                let back = pin!(self.backend().health.back_up(redis_key));
+                let taken = match select(local, back).await {
+                    Either::Left((taken, _)) => taken,
+                    Either::Right(((), _)) => return None,
+                };
+                taken.map(|taken| {
+                    taken.map(|taken| Taken {
+                        slot: taken.slot,
+                        waited: started.elapsed(),
+                    })
+                })
             }
-        }
+        })
     }
 }
 
