@@ -154,11 +154,12 @@ impl<S: Store, C: Clock> RateLimiter<S, C> {
             .await
     }
 
-    /// Whether a pause a refusal learned holds now (a round trip through
-    /// Redis): for a caller that sends later than its turn (the outbound
+    /// The end of the pause a refusal learned, while it holds (a round
+    /// trip through Redis; only ever compared with another of its
+    /// answers): for a caller that sends later than its turn (the outbound
     /// layer, whose client is made ready again after the wait).
     #[cfg(feature = "http")]
-    pub(crate) async fn paused(&self) -> bool {
-        self.engine.paused(&OnlyKey).await.is_some()
+    pub(crate) async fn paused(&self) -> Option<u64> {
+        self.engine.paused(&OnlyKey).await
     }
 }

@@ -274,6 +274,8 @@ where
         Box::pin(async move {
             let estimate = layer.estimate.estimate(&request);
             let mut inner = ready;
+            // The end of the last pause it waited its turn again behind.
+            let mut behind = None;
             let unsent = loop {
                 // A call that goes at once uses the service made ready. One
                 // that waits (its turn, a slot, Redis) lets go of that
@@ -309,9 +311,14 @@ where
                 // inside it: it is not sent into the pause, but waits its
                 // turn again, behind the pause. Its first charge stays (the
                 // pause emptied the log: settled at 0 unsent, it gives
-                // nothing back), as a woken caller's does.
-                if !waited || !layer.limiter.paused().await {
+                // nothing back), as a woken caller's does. Once for each
+                // pause: behind it, its turn is after it.
+                if !waited {
                     break unsent;
+                }
+                match layer.limiter.paused().await {
+                    Some(until) if behind != Some(until) => behind = Some(until),
+                    _ => break unsent,
                 }
             };
             let call = unsent.sent();
