@@ -17,9 +17,9 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::{Ok200, from, header, retry_after, send};
-use crate::tower::keyed_limiter;
 use crate::common::noop;
 use crate::support::manual::ManualClock;
+use crate::tower::keyed_limiter;
 
 /// "`T` seconds until the key is full again", for a request that waited:
 /// a request of the same key that was queued behind it while it waited
@@ -87,7 +87,6 @@ fn a_waited_requests_t_counts_the_requests_queued_behind_it() {
     assert_eq!(send_now().status(), StatusCode::OK);
 }
 
-
 /// An IPv4 client that tunnels IPv6 is keyed by its IPv4 address, as one
 /// translated by NAT64 is: 6to4 (`2002:V4::/48`, RFC 3056) gives each IPv4
 /// address a /48 of its own, 65 536 keys of a /64 where its IPv4 address
@@ -105,16 +104,34 @@ async fn ipv4_clients_tunnelling_ipv6_are_keyed_by_their_ipv4_address() {
     let mut status = async |client: &str| send(&mut service, from(client, &[])).await.status();
     // 192.0.2.1's 6to4 site: 2002:c000:201::/48.
     assert_eq!(status("[2002:c000:201:1::1]").await, StatusCode::OK);
-    for client in ["[2002:c000:201:2::1]", "192.0.2.1", "[2002:c000:201:ffff::9]"] {
-        assert_eq!(status(client).await, StatusCode::TOO_MANY_REQUESTS, "{client}");
+    for client in [
+        "[2002:c000:201:2::1]",
+        "192.0.2.1",
+        "[2002:c000:201:ffff::9]",
+    ] {
+        assert_eq!(
+            status(client).await,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{client}"
+        );
     }
     assert_eq!(status("[2002:c000:202:1::1]").await, StatusCode::OK);
     // Teredo server 65.54.227.120: client 192.0.2.45 at port 40000 (the
     // RFC's example), then 198.51.100.7 at port 1000, then 192.0.2.45
     // again at port 50000.
-    assert_eq!(status("[2001:0:4136:e378:8000:63bf:3fff:fdd2]").await, StatusCode::OK);
-    assert_eq!(status("[2001:0:4136:e378:8000:fc17:39cc:9bf8]").await, StatusCode::OK);
+    assert_eq!(
+        status("[2001:0:4136:e378:8000:63bf:3fff:fdd2]").await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status("[2001:0:4136:e378:8000:fc17:39cc:9bf8]").await,
+        StatusCode::OK
+    );
     for client in ["[2001:0:4136:e378:8000:3caf:3fff:fdd2]", "192.0.2.45"] {
-        assert_eq!(status(client).await, StatusCode::TOO_MANY_REQUESTS, "{client}");
+        assert_eq!(
+            status(client).await,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{client}"
+        );
     }
 }
