@@ -148,7 +148,9 @@ impl<T> PeerIp<T> {
     /// Reads the peer's address from the extension of type `T`. An IPv4
     /// client is keyed by its address (also one mapped into IPv6,
     /// `::ffff:192.0.2.1`, or translated into it by a NAT64 or SIIT gateway
-    /// at the well-known prefix, `64:ff9b::192.0.2.1`); an IPv6 client by
+    /// at the well-known prefix, `64:ff9b::192.0.2.1`, or tunnelling IPv6
+    /// through 6to4, `2002:c000:201::/48`, or Teredo, `2001:0::/32` with
+    /// the client's address in its last 32 bits); an IPv6 client by
     /// the first 64 bits of its address (see
     /// [`ipv6_prefix`](Self::ipv6_prefix)).
     pub fn from_extension(peer: fn(&T) -> IpAddr) -> Self {
@@ -187,22 +189,40 @@ impl<T> PeerIp<T> {
         self
     }
 
-    /// The key of a client at `ip`: IPv4 (or mapped IPv4, or IPv4
-    /// translated into `64:ff9b::/96`) whole, IPv6 cut to its prefix.
+    /// The key of a client at `ip`: IPv4 (or mapped IPv4, IPv4 translated
+    /// into `64:ff9b::/96`, or an IPv4 client's 6to4 or Teredo address)
+    /// whole, IPv6 cut to its prefix.
     fn key_of(&self, ip: IpAddr) -> IpAddr {
         match canonical(ip) {
-            // RFC 6052's well-known prefix: an IPv4 client reaching an IPv6
-            // server through a translator, in the last 32 bits.
-            IpAddr::V6(v6) if u128::from(v6) >> 32 == 0x64_ff9b << 64 => {
-                IpAddr::V4((u128::from(v6) as u32).into())
-            }
-            IpAddr::V6(v6) => {
-                let kept = u32::from(128 - self.ipv6_prefix);
-                let mask = u128::MAX.checked_shl(kept).unwrap_or(0);
-                IpAddr::V6((u128::from(v6) & mask).into())
-            }
+            IpAddr::V6(v6) => match ipv4_client(u128::from(v6)) {
+                Some(v4) => IpAddr::V4(v4.into()),
+                None => {
+                    let kept = u32::from(128 - self.ipv6_prefix);
+                    let mask = u128::MAX.checked_shl(kept).unwrap_or(0);
+                    IpAddr::V6((u128::from(v6) & mask).into())
+                }
+            },
             v4 => v4,
         }
+    }
+}
+
+/// The IPv4 client behind an IPv6 address that holds it (as bits), if
+/// one does: RFC 6052's well-known prefix `64:ff9b::/96` (an IPv4 client
+/// reaching an IPv6 server through a translator), in the last 32 bits;
+/// 6to4's `2002::/16` (RFC 3056: each IPv4 address's own /48, 65 536
+/// /64s), in the 32 bits after the prefix; Teredo's `2001:0::/32` (RFC
+/// 4380: the first 64 bits are the Teredo server's, shared by its
+/// clients), inverted in the last 32 bits.
+fn ipv4_client(bits: u128) -> Option<u32> {
+    if bits >> 32 == 0x64_ff9b << 64 {
+        Some(bits as u32)
+    } else if bits >> 112 == 0x2002 {
+        Some((bits >> 80) as u32)
+    } else if bits >> 96 == 0x2001_0000 {
+        Some(!(bits as u32))
+    } else {
+        None
     }
 }
 

@@ -423,17 +423,18 @@ where
                         inner = inner.clone();
                     }
                     // What the limiter's answer to this request said (one
-                    // round trip through Redis), or else a read of its own.
-                    let snapshot = match (config.headers, reservation.snapshot()) {
-                        (Headers::None, _) => None,
-                        (_, Some(after)) => Some(after),
-                        _ => limiter.snapshot(&key).await.ok(),
-                    };
-                    // Read as of its answer, after its wait.
+                    // round trip through Redis), as of its answer after its
+                    // wait; or else a read of its own once the wait is
+                    // over, which counts the requests of the key reserved
+                    // meanwhile (queued behind it: read before the wait and
+                    // aged, `t` missed them).
+                    let replied = reservation.snapshot();
                     let waited = reservation.wait().await;
-                    let snapshot = match waited.is_zero() {
-                        true => snapshot,
-                        false => snapshot.map(|after| after.aged(waited)),
+                    let snapshot = match (config.headers, replied) {
+                        (Headers::None, _) => None,
+                        (_, Some(after)) if waited.is_zero() => Some(after),
+                        (_, Some(after)) => Some(after.aged(waited)),
+                        _ => limiter.snapshot(&key).await.ok(),
                     };
                     let pending = snapshot.map(|after| (config.headers, config.policy, after));
                     if waits && let Err(error) = poll_fn(|cx| inner.poll_ready(cx)).await {

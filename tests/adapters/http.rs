@@ -32,6 +32,7 @@ mod client_ip;
 mod documented;
 mod hostile_headers;
 mod layer_promises;
+mod review;
 
 /// An HTTP service that answers 200 at once and counts its calls.
 #[derive(Clone, Default)]
