@@ -114,6 +114,9 @@ pub(crate) async fn schedule(
     // while others still wait: it goes after them (written before, or its
     // command run before theirs, the next would join it).
     let mut tail: Option<(u64, Vec<u8>, Option<Instant>)> = None;
+    // The late record (`--on-late fail`) whose followers were taken out
+    // of `due`.
+    let mut purged: Option<u64> = None;
     let signal = signals::caught_async();
     tokio::pin!(signal);
     let watch = stdout::Watch::new();
@@ -141,6 +144,12 @@ pub(crate) async fn schedule(
                         waiting.remove(&key);
                     }
                 }
+                // With --on-late fail, none after the late record goes:
+                // one granted before it was found late (for want of one
+                // of the -j) still waits here.
+                if after_the_late(&stopped, seq) {
+                    continue;
+                }
                 if record.last() != Some(&separator) {
                     // The last record of the input: after every other.
                     tail = Some((seq, record, deadline));
@@ -166,6 +175,27 @@ pub(crate) async fn schedule(
             // command once every other command has ended: what they
             // write goes before it); after a signal, written if its
             // moment has come, but no command starts.
+            // The records after the late one that fails the run wait no
+            // more: they will not go.
+            if let Some(Failure::Late(late)) = stopped
+                && purged != Some(late)
+            {
+                purged = Some(late);
+                due.retain(|d| d.seq < late);
+                held = due.iter().map(|d| d.record.len()).sum();
+                waiting.clear();
+                for d in &due {
+                    let of_key = waiting.entry(d.key.clone()).or_insert(Waiting {
+                        last: d.at,
+                        count: 0,
+                    });
+                    of_key.last = of_key.last.max(d.at);
+                    of_key.count += 1;
+                }
+                if tail.as_ref().is_some_and(|(seq, ..)| *seq > late) {
+                    tail = None;
+                }
+            }
             if (due.is_empty() || signalled)
                 && let Some((seq, record, deadline)) = tail.take()
             {
@@ -303,15 +333,29 @@ pub(crate) async fn schedule(
 }
 
 /// A record late for its command (see [`Due::deadline`]): dropped and
-/// counted, or, with `--on-late fail`, the run's failure (the first such
-/// one's: the records granted before it still go; another late one is
-/// dropped).
+/// counted, or, with `--on-late fail`, the run's failure: the first late
+/// record's in input order, also where one after it was found late
+/// sooner (its reservation refused while this one, granted, waited for
+/// one of the -j); the records before it still go, none after it (see
+/// [`after_the_late`]). Late after another failure, it is dropped.
 fn late(args: &Args, seq: u64, stopped: &mut Option<Failure>, counts: &Counts) {
-    if args.on_late == OnLate::Fail && stopped.is_none() {
+    let first = match stopped {
+        None => true,
+        Some(Failure::Late(other)) => seq < *other,
+        Some(_) => false,
+    };
+    if args.on_late == OnLate::Fail && first {
         *stopped = Some(Failure::Late(seq));
     } else {
         counts.dropped.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// Whether record `seq` comes after the late record that fails the run
+/// (`--on-late fail`): it does not go (neither written nor run, nor
+/// counted as dropped: it was not late).
+fn after_the_late(stopped: &Option<Failure>, seq: u64) -> bool {
+    matches!(stopped, Some(Failure::Late(late)) if seq > *late)
 }
 
 /// The moment of a record of `key` granted `at`: no sooner than the
