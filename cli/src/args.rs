@@ -46,8 +46,8 @@ the terminal itself, not its stdin, is stopped as a background job is.
 When stdout is a pipe or a socket whose reader goes away (`| head`), the
 run ends there, as it does without a command: no command starts after
 that (the records left get none), those running are waited for, and one
-killed by SIGPIPE then (cut short with the run) is neither named nor
-counted. Any other failure still counts: the exit status is 1 if one
+killed by SIGPIPE then, or a shell exiting 141 as its command was (cut
+short with the run), is neither named nor counted. Any other failure still counts: the exit status is 1 if one
 came, before the reader went or after, and 0 if none did.
 
 SIGINT or SIGTERM: nothing more is read; the records whose moment has come
