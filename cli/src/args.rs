@@ -217,8 +217,8 @@ pub(crate) struct Args {
 
     /// Print a JSON summary to stderr at the end: records and bytes out
     /// (written to stdout, or given to a command that started), seconds,
-    /// rate (records a second; with --bytes, bytes), records that waited
-    /// (with --bytes, bytes), late records dropped, commands started,
+    /// rate (records a second; with --bytes, bytes), those of the records
+    /// out that waited (with --bytes, bytes), late records dropped, commands started,
     /// commands failed (those that could not start too), keys dropped at
     /// --max-keys before they were full.
     #[arg(long)]

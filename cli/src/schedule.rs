@@ -31,6 +31,9 @@ struct Due {
     /// after it was read, if no command may start for it by then (the
     /// `-j` all running).
     deadline: Option<Instant>,
+    /// Whether it waits (for its moment, or behind its key): counted as
+    /// it goes out, written or its command started.
+    waits: bool,
 }
 
 /// The records of one key waiting for their moment.
@@ -113,7 +116,7 @@ pub(crate) async fn schedule(
     // The last record, unterminated (its number, and deadline), released
     // while others still wait: it goes after them (written before, or its
     // command run before theirs, the next would join it).
-    let mut tail: Option<(u64, Vec<u8>, Option<Instant>)> = None;
+    let mut tail: Option<(u64, Vec<u8>, Option<Instant>, bool)> = None;
     // The late record (`--on-late fail`) whose followers were taken out
     // of `due`.
     let mut purged: Option<u64> = None;
@@ -135,6 +138,7 @@ pub(crate) async fn schedule(
                     seq,
                     key,
                     deadline,
+                    waits,
                     ..
                 } = due.pop().expect("peeked");
                 held -= record.len();
@@ -152,23 +156,31 @@ pub(crate) async fn schedule(
                 }
                 if record.last() != Some(&separator) {
                     // The last record of the input: after every other.
-                    tail = Some((seq, record, deadline));
+                    tail = Some((seq, record, deadline, waits));
                     continue;
                 }
                 let len = record.len() as u64;
-                match &mut commands {
+                let went = match &mut commands {
                     Some(commands) => {
                         out.flush()?;
                         if !commands.room(deadline, counts).await {
                             late(args, seq, &mut stopped, counts);
                             continue;
                         }
-                        if commands.start(seq, record, separator, counts).await {
+                        let started = commands.start(seq, record, separator, counts).await;
+                        if started {
                             counts.records.fetch_add(1, Ordering::Relaxed);
                             counts.bytes.fetch_add(len, Ordering::Relaxed);
                         }
+                        started
                     }
-                    None => out.write_all(&record)?,
+                    None => {
+                        out.write_all(&record)?;
+                        true
+                    }
+                };
+                if went && waits {
+                    counts.waited.fetch_add(1, Ordering::Relaxed);
                 }
             }
             // The unterminated last record, once every other is out (its
@@ -197,20 +209,24 @@ pub(crate) async fn schedule(
                 }
             }
             if (due.is_empty() || signalled)
-                && let Some((seq, record, deadline)) = tail.take()
+                && let Some((seq, record, deadline, waits)) = tail.take()
             {
                 let len = record.len() as u64;
-                match &mut commands {
-                    Some(_) if signalled => {}
+                let went = match &mut commands {
+                    Some(_) if signalled => false,
                     Some(commands) => {
                         out.flush()?;
                         // Late only for want of one of the -j: the wait
                         // for the others to end is its place after them.
                         if !commands.room(deadline, counts).await {
                             late(args, seq, &mut stopped, counts);
+                            false
                         } else if commands.start_last(seq, record, separator, counts).await {
                             counts.records.fetch_add(1, Ordering::Relaxed);
                             counts.bytes.fetch_add(len, Ordering::Relaxed);
+                            true
+                        } else {
+                            false
                         }
                     }
                     None => {
@@ -218,7 +234,11 @@ pub(crate) async fn schedule(
                         out.write_all(&record)?;
                         out.flush()?;
                         counts.records.fetch_add(1, Ordering::Relaxed);
+                        true
                     }
+                };
+                if went && waits {
+                    counts.waited.fetch_add(1, Ordering::Relaxed);
                 }
             }
             out.flush()?;
@@ -258,9 +278,6 @@ pub(crate) async fn schedule(
                                 .and_then(|most| read.checked_add(most));
                             let granted = later(wait);
                             let at = after_its_key(&mut waiting, &key, granted);
-                            if !wait.is_zero() || at > granted {
-                                counts.waited.fetch_add(1, Ordering::Relaxed);
-                            }
                             held += record.len();
                             due.push(Due {
                                 at,
@@ -268,6 +285,7 @@ pub(crate) async fn schedule(
                                 key,
                                 record: record.to_vec(),
                                 deadline,
+                                waits: !wait.is_zero() || at > granted,
                             });
                         }
                         Ok(None) if args.on_late == OnLate::Fail => {
