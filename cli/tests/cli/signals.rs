@@ -72,10 +72,18 @@ fn the_summary_counts_no_record_a_signal_left_waiting_as_waited() {
     for args in [
         &["12/min", "--json"][..],
         &["12/min", "--json", "--key", "1"][..],
-        &["12/min", "--json", "--", "sh", "-c", "echo \"$1\"", "sh", "{}"][..],
+        &[
+            "12/min",
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$1\"",
+            "sh",
+            "{}",
+        ][..],
     ] {
-        let (lines, status, stderr, _) =
-            signalled(args, b"a 1\na 2\na 3\n", libc::SIGTERM);
+        let (lines, status, stderr, _) = signalled(args, b"a 1\na 2\na 3\n", libc::SIGTERM);
         assert_eq!(lines, ["a 1"], "{args:?}");
         assert_eq!(status.signal(), Some(libc::SIGTERM), "{args:?}");
         assert!(stderr.contains("\"records\":1,"), "{args:?}: {stderr}");
