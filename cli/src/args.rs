@@ -46,8 +46,8 @@ the terminal itself, not its stdin, is stopped as a background job is.
 When stdout is a pipe or a socket whose reader goes away (`| head`), the
 run ends there, as it does without a command: no command starts after
 that (the records left get none), those running are waited for, and one
-killed by SIGPIPE then (cut short with the run) is neither named nor
-counted. Any other failure still counts: the exit status is 1 if one
+killed by SIGPIPE then, or a shell exiting 141 as its command was (cut
+short with the run), is neither named nor counted. Any other failure still counts: the exit status is 1 if one
 came, before the reader went or after, and 0 if none did.
 
 SIGINT or SIGTERM: nothing more is read; the records whose moment has come
@@ -217,8 +217,8 @@ pub(crate) struct Args {
 
     /// Print a JSON summary to stderr at the end: records and bytes out
     /// (written to stdout, or given to a command that started), seconds,
-    /// rate (records a second; with --bytes, bytes), records that waited
-    /// (with --bytes, bytes), late records dropped, commands started,
+    /// rate (records a second; with --bytes, bytes), those of the records
+    /// out that waited (with --bytes, bytes), late records dropped, commands started,
     /// commands failed (those that could not start too), keys dropped at
     /// --max-keys before they were full.
     #[arg(long)]

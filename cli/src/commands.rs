@@ -45,7 +45,8 @@ pub(crate) struct Commands {
 /// Why a command failed.
 struct Failed {
     why: String,
-    /// It was killed by SIGPIPE: it wrote to a pipe with no reader.
+    /// It was killed by SIGPIPE, or exited 141 as a shell whose command
+    /// was: it wrote to a pipe with no reader.
     broken_pipe: bool,
 }
 
@@ -252,11 +253,14 @@ impl From<String> for Failed {
     }
 }
 
-/// Whether a command was killed by SIGPIPE.
+/// Whether a command was killed by SIGPIPE, or says it was as a shell
+/// does: a shell whose last command was killed by a signal exits with 128
+/// and its number (`sh -c 'curl ... | jq .'` exits 141 where `jq` met a
+/// pipe with no reader).
 #[cfg(unix)]
 fn broken_pipe(status: std::process::ExitStatus) -> bool {
     use std::os::unix::process::ExitStatusExt;
-    status.signal() == Some(libc::SIGPIPE)
+    status.signal() == Some(libc::SIGPIPE) || status.code() == Some(128 + libc::SIGPIPE)
 }
 
 #[cfg(not(unix))]

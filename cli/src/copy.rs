@@ -152,7 +152,6 @@ pub(crate) fn copy(
                 let wait = reserve(permits as u32)?;
                 if !wait.is_zero() {
                     out.flush()?;
-                    counts.waited.fetch_add(permits as u64, Ordering::Relaxed);
                     if let Some(woken) = signals::sleep_until(later(wait)) {
                         // This group's moment has not come: it stays.
                         return Err(woken.into());
@@ -164,6 +163,11 @@ pub(crate) fn copy(
                     out.get_mut().write_all(&rest[..end])?;
                 } else {
                     out.write_all(&rest[..end])?;
+                }
+                // Counted as it goes out: one cut short by a signal as it
+                // waited never went.
+                if !wait.is_zero() {
+                    counts.waited.fetch_add(permits as u64, Ordering::Relaxed);
                 }
                 rest = &rest[end..];
             }

@@ -31,6 +31,9 @@ struct Due {
     /// after it was read, if no command may start for it by then (the
     /// `-j` all running).
     deadline: Option<Instant>,
+    /// Whether it waits (for its moment, or behind its key): counted as
+    /// it goes out, written or its command started.
+    waits: bool,
 }
 
 /// The records of one key waiting for their moment.
@@ -113,7 +116,10 @@ pub(crate) async fn schedule(
     // The last record, unterminated (its number, and deadline), released
     // while others still wait: it goes after them (written before, or its
     // command run before theirs, the next would join it).
-    let mut tail: Option<(u64, Vec<u8>, Option<Instant>)> = None;
+    let mut tail: Option<(u64, Vec<u8>, Option<Instant>, bool)> = None;
+    // The late record (`--on-late fail`) whose followers were taken out
+    // of `due`.
+    let mut purged: Option<u64> = None;
     let signal = signals::caught_async();
     tokio::pin!(signal);
     let watch = stdout::Watch::new();
@@ -132,6 +138,7 @@ pub(crate) async fn schedule(
                     seq,
                     key,
                     deadline,
+                    waits,
                     ..
                 } = due.pop().expect("peeked");
                 held -= record.len();
@@ -141,46 +148,85 @@ pub(crate) async fn schedule(
                         waiting.remove(&key);
                     }
                 }
+                // With --on-late fail, none after the late record goes:
+                // one granted before it was found late (for want of one
+                // of the -j) still waits here.
+                if after_the_late(&stopped, seq) {
+                    continue;
+                }
                 if record.last() != Some(&separator) {
                     // The last record of the input: after every other.
-                    tail = Some((seq, record, deadline));
+                    tail = Some((seq, record, deadline, waits));
                     continue;
                 }
                 let len = record.len() as u64;
-                match &mut commands {
+                let went = match &mut commands {
                     Some(commands) => {
                         out.flush()?;
                         if !commands.room(deadline, counts).await {
                             late(args, seq, &mut stopped, counts);
                             continue;
                         }
-                        if commands.start(seq, record, separator, counts).await {
+                        let started = commands.start(seq, record, separator, counts).await;
+                        if started {
                             counts.records.fetch_add(1, Ordering::Relaxed);
                             counts.bytes.fetch_add(len, Ordering::Relaxed);
                         }
+                        started
                     }
-                    None => out.write_all(&record)?,
+                    None => {
+                        out.write_all(&record)?;
+                        true
+                    }
+                };
+                if went && waits {
+                    counts.waited.fetch_add(1, Ordering::Relaxed);
                 }
             }
             // The unterminated last record, once every other is out (its
             // command once every other command has ended: what they
             // write goes before it); after a signal, written if its
             // moment has come, but no command starts.
+            // The records after the late one that fails the run wait no
+            // more: they will not go.
+            if let Some(Failure::Late(late)) = stopped
+                && purged != Some(late)
+            {
+                purged = Some(late);
+                due.retain(|d| d.seq < late);
+                held = due.iter().map(|d| d.record.len()).sum();
+                waiting.clear();
+                for d in &due {
+                    let of_key = waiting.entry(d.key.clone()).or_insert(Waiting {
+                        last: d.at,
+                        count: 0,
+                    });
+                    of_key.last = of_key.last.max(d.at);
+                    of_key.count += 1;
+                }
+                if tail.as_ref().is_some_and(|(seq, ..)| *seq > late) {
+                    tail = None;
+                }
+            }
             if (due.is_empty() || signalled)
-                && let Some((seq, record, deadline)) = tail.take()
+                && let Some((seq, record, deadline, waits)) = tail.take()
             {
                 let len = record.len() as u64;
-                match &mut commands {
-                    Some(_) if signalled => {}
+                let went = match &mut commands {
+                    Some(_) if signalled => false,
                     Some(commands) => {
                         out.flush()?;
                         // Late only for want of one of the -j: the wait
                         // for the others to end is its place after them.
                         if !commands.room(deadline, counts).await {
                             late(args, seq, &mut stopped, counts);
+                            false
                         } else if commands.start_last(seq, record, separator, counts).await {
                             counts.records.fetch_add(1, Ordering::Relaxed);
                             counts.bytes.fetch_add(len, Ordering::Relaxed);
+                            true
+                        } else {
+                            false
                         }
                     }
                     None => {
@@ -188,7 +234,11 @@ pub(crate) async fn schedule(
                         out.write_all(&record)?;
                         out.flush()?;
                         counts.records.fetch_add(1, Ordering::Relaxed);
+                        true
                     }
+                };
+                if went && waits {
+                    counts.waited.fetch_add(1, Ordering::Relaxed);
                 }
             }
             out.flush()?;
@@ -228,9 +278,6 @@ pub(crate) async fn schedule(
                                 .and_then(|most| read.checked_add(most));
                             let granted = later(wait);
                             let at = after_its_key(&mut waiting, &key, granted);
-                            if !wait.is_zero() || at > granted {
-                                counts.waited.fetch_add(1, Ordering::Relaxed);
-                            }
                             held += record.len();
                             due.push(Due {
                                 at,
@@ -238,6 +285,7 @@ pub(crate) async fn schedule(
                                 key,
                                 record: record.to_vec(),
                                 deadline,
+                                waits: !wait.is_zero() || at > granted,
                             });
                         }
                         Ok(None) if args.on_late == OnLate::Fail => {
@@ -303,15 +351,29 @@ pub(crate) async fn schedule(
 }
 
 /// A record late for its command (see [`Due::deadline`]): dropped and
-/// counted, or, with `--on-late fail`, the run's failure (the first such
-/// one's: the records granted before it still go; another late one is
-/// dropped).
+/// counted, or, with `--on-late fail`, the run's failure: the first late
+/// record's in input order, also where one after it was found late
+/// sooner (its reservation refused while this one, granted, waited for
+/// one of the -j); the records before it still go, none after it (see
+/// [`after_the_late`]). Late after another failure, it is dropped.
 fn late(args: &Args, seq: u64, stopped: &mut Option<Failure>, counts: &Counts) {
-    if args.on_late == OnLate::Fail && stopped.is_none() {
+    let first = match stopped {
+        None => true,
+        Some(Failure::Late(other)) => seq < *other,
+        Some(_) => false,
+    };
+    if args.on_late == OnLate::Fail && first {
         *stopped = Some(Failure::Late(seq));
     } else {
         counts.dropped.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// Whether record `seq` comes after the late record that fails the run
+/// (`--on-late fail`): it does not go (neither written nor run, nor
+/// counted as dropped: it was not late).
+fn after_the_late(stopped: &Option<Failure>, seq: u64) -> bool {
+    matches!(stopped, Some(Failure::Late(late)) if seq > *late)
 }
 
 /// The moment of a record of `key` granted `at`: no sooner than the

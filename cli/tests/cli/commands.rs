@@ -211,6 +211,29 @@ fn a_reader_that_goes_away_ends_a_run_of_commands_quietly() {
     }
 }
 
+/// A command that is a shell ends with status 141 where the command it
+/// ran was killed by SIGPIPE (`sh -c '... | cat'`): once stdout's reader
+/// has gone, that is the run cut short too, not a failure. Before: status
+/// 1, 'the command for record 1 failed: exit status: 141'. (Record 1's
+/// command writes its line, then, a second later, after the reader has
+/// gone, again through `cat`.)
+#[test]
+fn a_shell_whose_command_met_the_gone_reader_is_not_a_failure() {
+    let _one = one_at_a_time();
+    let args = [
+        "1/min",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$1\"; sleep 1; echo \"$1\" | cat",
+        "sh",
+        "{}",
+    ];
+    let (status, said) = reader_leaves_after_a_line(&args, false);
+    assert_eq!(status.code(), Some(0), "{status:?}: {said}");
+    assert_eq!(said, "");
+}
+
 /// Runs paceline with `args` on endless input, or on one record and a
 /// stdin kept open and quiet; reads the first line (`y`) and goes away:
 /// how paceline ended (within 20 s, else a failure) and what it said on

@@ -140,3 +140,79 @@ fn an_unterminated_last_record_is_not_late_for_the_commands_before_it() {
         assert!(summary.contains("\"dropped\":0"), "{summary}");
     }
 }
+
+/// With `--on-late fail` and a command, a record found late for want of
+/// one of the `-j` ends the run there: a record after it, read and granted
+/// before it was released, runs no command, though one of the `-j` came
+/// free within that record's own `--max-wait`. Before, it ran after the
+/// failure ('run 3', status 3, "none after").
+///
+/// At 24/min (2.5 s apart) with `--max-wait 4s`: record 1 runs until 4.85
+/// s; record 2 (read at 0, due at 2.5 s) is late at 4 s; record 3 (read at
+/// 1.75 s, due at 5 s) would have had one free at 4.85 s, before its own
+/// bound of 5.75 s. Load only makes record 1 end later, which that bound
+/// leaves 0.9 s for.
+#[test]
+fn no_record_after_the_late_one_runs_with_on_late_fail() {
+    let _one = one_at_a_time();
+    let mut child = paceline(&[
+        "24/min",
+        "--max-wait",
+        "4s",
+        "--on-late",
+        "fail",
+        "--json",
+        "--",
+        "sh",
+        "-c",
+        "echo \"run $1\"; [ \"$1\" = 1 ] && sleep 4.85; true",
+        "sh",
+        "{}",
+    ])
+    .spawn()
+    .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"1\n2\n").unwrap();
+    std::thread::sleep(Duration::from_millis(1750));
+    let _ = stdin.write_all(b"3\n");
+    drop(stdin);
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "run 1\n");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("record 2 would have waited"), "{stderr}");
+    assert!(stderr.contains("\"commands\":1,"), "{stderr}");
+}
+
+/// The failure names the first late record in input order, and with
+/// `--on-late fail` nothing is dropped: records 2 and 3, granted and then
+/// late for want of the one `-j` (record 1 runs 4 s, their bound is 2.5
+/// s), come before record 4, whose reservation (3 s away) was refused as
+/// it was read. Before, the run failed on record 4 ("the records before it
+/// went out") with records 2 and 3 counted as dropped.
+#[test]
+fn on_late_fail_names_the_first_late_record_and_drops_none() {
+    let _one = one_at_a_time();
+    let output = run(
+        &[
+            "1/s",
+            "--max-wait",
+            "2500ms",
+            "--on-late",
+            "fail",
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            "echo \"run $1\"; [ \"$1\" = 1 ] && sleep 4; true",
+            "sh",
+            "{}",
+        ],
+        b"1\n2\n3\n4\n",
+    );
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "run 1\n");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("record 2 would have waited"), "{stderr}");
+    assert!(stderr.contains("\"dropped\":0,"), "{stderr}");
+}

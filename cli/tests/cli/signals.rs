@@ -61,6 +61,36 @@ fn a_signal_ends_the_run_after_what_is_due_and_before_what_is_not() {
     }
 }
 
+/// The summary's `waited` counts the records out that waited, not those a
+/// signal left waiting: at 12/min the first record goes at once, the
+/// others wait 5 and 10 s, and SIGTERM comes first. Before: 'records 1,
+/// waited 1' (the plain copy: the group it slept for) and 'records 1,
+/// waited 2' (per key: every record reserved with a wait).
+#[test]
+fn the_summary_counts_no_record_a_signal_left_waiting_as_waited() {
+    let _one = one_at_a_time();
+    for args in [
+        &["12/min", "--json"][..],
+        &["12/min", "--json", "--key", "1"][..],
+        &[
+            "12/min",
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$1\"",
+            "sh",
+            "{}",
+        ][..],
+    ] {
+        let (lines, status, stderr, _) = signalled(args, b"a 1\na 2\na 3\n", libc::SIGTERM);
+        assert_eq!(lines, ["a 1"], "{args:?}");
+        assert_eq!(status.signal(), Some(libc::SIGTERM), "{args:?}");
+        assert!(stderr.contains("\"records\":1,"), "{args:?}: {stderr}");
+        assert!(stderr.contains("\"waited\":0,"), "{args:?}: {stderr}");
+    }
+}
+
 #[test]
 fn after_a_signal_no_command_starts_and_those_running_end() {
     let _one = one_at_a_time();
