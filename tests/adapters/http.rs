@@ -30,9 +30,9 @@ use tower_service::Service;
 
 mod client_ip;
 mod documented;
+mod hostile_clients;
 mod hostile_headers;
 mod layer_promises;
-mod review;
 
 /// An HTTP service that answers 200 at once and counts its calls.
 #[derive(Clone, Default)]

@@ -1,5 +1,6 @@
-//! Hostile-client probes of the layer: headers that must match what the
-//! limiter then does, with other requests of the same key in flight.
+//! Hostile clients of the layer: headers that must match what the limiter
+//! then does, with other requests of the same key in flight; clients
+//! behind IPv6 tunnels of their IPv4 address.
 
 use std::future::Future;
 use std::pin::pin;
