@@ -560,93 +560,33 @@ mod outbound_layer {
     }
 
     /// A client that is ready only while the test says (its first
-    /// instance, made ready by the caller, aside), whose every answer is a
-    /// 429 with `Retry-After: 1`.
-    #[derive(Clone)]
-    struct Gated(Arc<std::sync::atomic::AtomicBool>);
-
-    impl Service<Req> for Gated {
-        type Response = Res;
-        type Error = Infallible;
-        type Future = std::future::Ready<Result<Res, Infallible>>;
-
-        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-            if self.0.load(Ordering::Acquire) {
-                Poll::Ready(Ok(()))
-            } else {
-                Poll::Pending
-            }
-        }
-
-        fn call(&mut self, _: Req) -> Self::Future {
-            std::future::ready(Ok(answer(429, &[("retry-after", "1")])))
-        }
-    }
-
-    /// A request whose turn comes before a refusal's pause, but whose
-    /// client is ready again (and so sends it) only after that pause has
-    /// ended, is a call that went after the pause: its own refusal is a new
-    /// one, and lowers the rate again (70 to 49). The layer stamped the
-    /// call as gone when its turn came, before the client was ready, so the
-    /// refusal read as one "sent before anyone knew" and lowered nothing
-    /// (the rate stayed 70).
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_request_sent_after_a_pause_counts_as_gone_then() {
-        let clock = ManualClock::default();
-        let limiter = Arc::new(
-            RateLimiter::builder()
-                .permits_per_second(100.0)
-                .max_burst(Duration::ZERO)
-                .clock(clock.clone())
-                .build()
-                .unwrap(),
-        );
-        let ready = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let mut client = OutboundLayer::new(Arc::clone(&limiter)).layer(Gated(Arc::clone(&ready)));
-        limiter.reserve(1).unwrap();
-        assert!(poll_fn(|cx| client.poll_ready(cx)).await.is_ok());
-        let mut late = client.call(Request::new(()));
-        // Its turn is at 10 ms: it lets go of the client's readiness.
-        ready.store(false, Ordering::Release);
-        assert!(poll_once(late.as_mut()).is_pending());
-        clock.set_ms(10);
-        assert!(
-            poll_once(late.as_mut()).is_pending(),
-            "the client is not ready"
-        );
-        // Another call is refused at 20 ms: a pause until 1 020 ms, and the
-        // rate down to 70.
-        clock.set_ms(20);
-        let call = limiter.call(1).await.unwrap();
-        call.learn(&Feedback::new(429).with_retry_after(Duration::from_secs(1)));
-        drop(call);
-        assert!(close(limiter.rate(), 70.0), "{}", limiter.rate());
-        // The client is ready again at 2 s, the pause long over: the request
-        // goes then, and is refused.
-        clock.set_ms(2_000);
-        ready.store(true, Ordering::Release);
-        let Poll::Ready(Ok(refused)) = poll_once(late.as_mut()) else {
-            panic!("the request was not sent");
-        };
-        assert_eq!(refused.status(), 429);
-        assert!(
-            close(limiter.rate(), 49.0),
-            "a refusal of a request sent after the pause lowered nothing: {}",
-            limiter.rate()
-        );
-    }
-
-    /// A client ready only while the test says (its first instance, made
-    /// ready by the caller, aside) that answers 200 and notes when each
+    /// instance, made ready by the caller, aside), whose every answer has
+    /// `status` (a 429 with `Retry-After: 1`), and that notes when each
     /// request was sent.
     #[derive(Clone)]
-    struct Noted {
+    struct Gated {
         ready: Arc<std::sync::atomic::AtomicBool>,
         clock: ManualClock,
         sent: Arc<std::sync::Mutex<Vec<Duration>>>,
+        status: u16,
     }
 
-    impl Service<Req> for Noted {
+    impl Gated {
+        fn new(clock: &ManualClock, status: u16) -> Gated {
+            Gated {
+                ready: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+                clock: clock.clone(),
+                sent: Arc::default(),
+                status,
+            }
+        }
+
+        fn ready(&self, ready: bool) {
+            self.ready.store(ready, Ordering::Release);
+        }
+    }
+
+    impl Service<Req> for Gated {
         type Response = Res;
         type Error = Infallible;
         type Future = std::future::Ready<Result<Res, Infallible>>;
@@ -660,8 +600,85 @@ mod outbound_layer {
 
         fn call(&mut self, _: Req) -> Self::Future {
             self.sent.lock().unwrap().push(self.clock.now());
-            std::future::ready(Ok(answer(200, &[])))
+            let headers: &[(&str, &str)] = match self.status {
+                429 => &[("retry-after", "1")],
+                _ => &[],
+            };
+            std::future::ready(Ok(answer(self.status, headers)))
         }
+    }
+
+    /// A limiter at `rate` with no burst, on `clock`.
+    fn no_burst(rate: f64, clock: &ManualClock) -> Arc<RateLimiter<Local, ManualClock>> {
+        Arc::new(
+            RateLimiter::builder()
+                .permits_per_second(rate)
+                .max_burst(Duration::ZERO)
+                .clock(clock.clone())
+                .build()
+                .unwrap(),
+        )
+    }
+
+    /// A request through `client` (over `limiter`, at 100/s) whose turn is
+    /// at 10 ms, while its client is not ready (so it lets go of its
+    /// readiness, and waits for it), and another call's refusal at 20 ms:
+    /// a pause until 1 020 ms, the rate down to 70. The request, pending.
+    async fn turn_then_refusal<S>(
+        limiter: &RateLimiter<Local, ManualClock>,
+        client: &mut S,
+        gate: &Gated,
+    ) -> std::pin::Pin<Box<S::Future>>
+    where
+        S: Service<Req, Response = Res>,
+        S::Error: std::fmt::Debug,
+    {
+        let clock = gate.clock.clone();
+        limiter.reserve(1).unwrap();
+        assert!(poll_fn(|cx| client.poll_ready(cx)).await.is_ok());
+        let mut late = Box::pin(client.call(Request::new(())));
+        gate.ready(false);
+        assert!(poll_once(late.as_mut()).is_pending());
+        clock.set_ms(10);
+        assert!(
+            poll_once(late.as_mut()).is_pending(),
+            "the client is not ready"
+        );
+        clock.set_ms(20);
+        let call = limiter.call(1).await.unwrap();
+        call.learn(&Feedback::new(429).with_retry_after(Duration::from_secs(1)));
+        drop(call);
+        assert!(close(limiter.rate(), 70.0), "{}", limiter.rate());
+        late
+    }
+
+    /// A request whose turn comes before a refusal's pause, but whose
+    /// client is ready again (and so sends it) only after that pause has
+    /// ended, is a call that went after the pause: its own refusal is a new
+    /// one, and lowers the rate again (70 to 49). The layer stamped the
+    /// call as gone when its turn came, before the client was ready, so the
+    /// refusal read as one "sent before anyone knew" and lowered nothing
+    /// (the rate stayed 70).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_request_sent_after_a_pause_counts_as_gone_then() {
+        let clock = ManualClock::default();
+        let limiter = no_burst(100.0, &clock);
+        let gate = Gated::new(&clock, 429);
+        let mut client = OutboundLayer::new(Arc::clone(&limiter)).layer(gate.clone());
+        let mut late = turn_then_refusal(&limiter, &mut client, &gate).await;
+        // The client is ready again at 2 s, the pause long over: the request
+        // goes then, and is refused.
+        clock.set_ms(2_000);
+        gate.ready(true);
+        let Poll::Ready(Ok(refused)) = poll_once(late.as_mut()) else {
+            panic!("the request was not sent");
+        };
+        assert_eq!(refused.status(), 429);
+        assert!(
+            close(limiter.rate(), 49.0),
+            "a refusal of a request sent after the pause lowered nothing: {}",
+            limiter.rate()
+        );
     }
 
     /// A request whose turn comes before a refusal's pause, and whose
@@ -673,37 +690,11 @@ mod outbound_layer {
     #[tokio::test(flavor = "current_thread")]
     async fn a_request_whose_client_is_ready_inside_a_pause_waits_behind_it() {
         let clock = ManualClock::default();
-        let limiter = Arc::new(
-            RateLimiter::builder()
-                .permits_per_second(100.0)
-                .max_burst(Duration::ZERO)
-                .clock(clock.clone())
-                .build()
-                .unwrap(),
-        );
-        let client = Noted {
-            ready: Arc::new(std::sync::atomic::AtomicBool::new(true)),
-            clock: clock.clone(),
-            sent: Arc::default(),
-        };
-        let (ready, sent) = (Arc::clone(&client.ready), Arc::clone(&client.sent));
-        let mut client = OutboundLayer::new(Arc::clone(&limiter)).layer(client);
-        limiter.reserve(1).unwrap();
-        assert!(poll_fn(|cx| client.poll_ready(cx)).await.is_ok());
-        let mut late = client.call(Request::new(()));
-        // Its turn is at 10 ms: it lets go of the client's readiness.
-        ready.store(false, Ordering::Release);
-        assert!(poll_once(late.as_mut()).is_pending());
-        clock.set_ms(10);
-        assert!(
-            poll_once(late.as_mut()).is_pending(),
-            "the client is not ready"
-        );
-        // Another call is refused at 20 ms: a pause until 1 020 ms.
-        clock.set_ms(20);
-        let call = limiter.call(1).await.unwrap();
-        call.learn(&Feedback::new(429).with_retry_after(Duration::from_secs(1)));
-        drop(call);
+        let limiter = no_burst(100.0, &clock);
+        let gate = Gated::new(&clock, 200);
+        let (ready, sent) = (Arc::clone(&gate.ready), Arc::clone(&gate.sent));
+        let mut client = OutboundLayer::new(Arc::clone(&limiter)).layer(gate.clone());
+        let mut late = turn_then_refusal(&limiter, &mut client, &gate).await;
         // The client is ready again at 500 ms, inside the pause.
         clock.set_ms(500);
         ready.store(true, Ordering::Release);
@@ -737,23 +728,12 @@ mod outbound_layer {
     #[tokio::test(flavor = "current_thread")]
     async fn a_request_that_waits_again_behind_a_pause_keeps_its_first_charge() {
         let clock = ManualClock::default();
-        let limiter = Arc::new(
-            RateLimiter::builder()
-                .permits_per_second(10.0)
-                .max_burst(Duration::ZERO)
-                .clock(clock.clone())
-                .build()
-                .unwrap(),
-        );
-        let client = Noted {
-            ready: Arc::new(std::sync::atomic::AtomicBool::new(true)),
-            clock: clock.clone(),
-            sent: Arc::default(),
-        };
-        let (ready, sent) = (Arc::clone(&client.ready), Arc::clone(&client.sent));
+        let limiter = no_burst(10.0, &clock);
+        let gate = Gated::new(&clock, 200);
+        let (ready, sent) = (Arc::clone(&gate.ready), Arc::clone(&gate.sent));
         let mut client = OutboundLayer::new(Arc::clone(&limiter))
             .estimate(|_: &Req| Cost::from(20))
-            .layer(client);
+            .layer(gate);
         let first = limiter.call(1).await.unwrap();
         assert!(poll_fn(|cx| client.poll_ready(cx)).await.is_ok());
         let mut late = client.call(Request::new(()));
