@@ -1,153 +1,20 @@
-//! Held reservations of a few keys against the core, one `Limits` per key
-//! (each starts full): random sequences of reservations that may be given
-//! back, drops, keeps, tries, plain reservations and rate changes, extreme
-//! rates and clocks near 2^53 µs included. And threads on a hot key, with
+//! Held reservations of a few keys against the core (`support::held`), one
+//! `Limits` per key (each starts full). And threads on a hot key, with
 //! give-backs on a moving clock while new keys churn through a small cap:
 //! what the hot key keeps stays within its rate and burst.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::support::held::run;
 use crate::support::rng::Rng;
 use paceline::clock::{Clock, FakeClock};
-use paceline::core::{Bursty, Limits, Policy, State, micros};
+use paceline::core::micros;
 use paceline::{KeyedRateLimiter, Local};
-
-const RATES: [f64; 11] = [
-    0.5,
-    1.0,
-    3.0,
-    7.0,
-    1e3,
-    333_333.0,
-    1e6,
-    1e-9,
-    1e15,
-    1e-300,
-    f64::INFINITY,
-];
-
-fn run(seed: u64, steps: usize) {
-    let mut rng = Rng::new(seed);
-    let clock = FakeClock::new();
-    let start = if rng.chance(0.3) {
-        (1u64 << 53) - rng.below(1 << 36)
-    } else {
-        rng.below(1 << 36)
-    };
-    clock.advance(Duration::from_micros(start));
-    let mut rate = *rng.pick(&RATES);
-    let burst = Duration::from_micros(*rng.pick(&[0u64, 1, 1_000, 500_000, 1_000_000, 3_000_000]));
-    let limiter: KeyedRateLimiter<u32, Local, FakeClock> = KeyedRateLimiter::builder()
-        .permits_per_second(rate)
-        .max_burst(burst)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
-    let mut cores: HashMap<u32, Limits> = HashMap::new();
-    let mut held: Vec<(paceline::Reservation<'_>, u32, Option<u64>)> = Vec::new();
-    let mut log = vec![format!("rate {rate} burst {burst:?}")];
-    for step in 0..steps {
-        let pause = match rng.below(5) {
-            0 => 0,
-            1 => rng.below(10),
-            2 => rng.below(2_000_000),
-            3 => rng.below(30_000_000),
-            _ => rng.below(100),
-        };
-        clock.advance(Duration::from_micros(pause));
-        let now = micros(clock.now());
-        let key = rng.below(4) as u32;
-        let core = cores.entry(key).or_insert_with(|| {
-            Limits::new(vec![
-                State::full(Policy::Bursty(Bursty::new(burst)), rate, now).unwrap(),
-            ])
-            .unwrap()
-        });
-        match rng.below(12) {
-            0 => {
-                rate = *rng.pick(&RATES);
-                log.push(format!("+{pause} set_rate {rate}"));
-                for c in cores.values_mut() {
-                    c.set_rate(None, rate, now).unwrap();
-                }
-                limiter.set_rate(rate).unwrap();
-            }
-            1..=4 => {
-                let permits = 1 + rng.below(3) as u32;
-                let g = core.reserve(permits, now, true);
-                let r = limiter.reservation(&key, permits).unwrap();
-                log.push(format!(
-                    "+{pause} k{key} reservation {permits} at {now}: core {} lim {}",
-                    g.wait_micros,
-                    micros(r.delay())
-                ));
-                let diff = g.wait_micros.abs_diff(micros(r.delay()));
-                assert!(diff <= 1, "seed {seed} step {step}\n{}", log.join("\n"));
-                held.push((r, key, g.id));
-            }
-            5..=6 if !held.is_empty() => {
-                let i = rng.below(held.len() as u64) as usize;
-                let (r, k, id) = held.swap_remove(i);
-                let c = cores.get_mut(&k).unwrap();
-                let core_back = id.is_some_and(|id| c.give_back(id, now));
-                log.push(format!(
-                    "+{pause} drop k{k} (id {id:?}) at {now}: core gave back {core_back}"
-                ));
-                drop(r);
-            }
-            7 if !held.is_empty() => {
-                let i = rng.below(held.len() as u64) as usize;
-                let (r, k, id) = held.swap_remove(i);
-                if let Some(id) = id {
-                    cores.get_mut(&k).unwrap().keep(id, now);
-                }
-                log.push(format!("+{pause} keep k{k} at {now}"));
-                r.keep();
-            }
-            8 => {
-                let timeout = rng.below(3_000_000);
-                let e = core
-                    .try_reserve(1, now, timeout, false)
-                    .map(|g| g.wait_micros);
-                let g = limiter
-                    .try_reserve(&key, 1, Duration::from_micros(timeout))
-                    .unwrap()
-                    .map(micros);
-                log.push(format!(
-                    "+{pause} k{key} try {timeout} at {now}: core {e:?} lim {g:?}"
-                ));
-                match (e, g) {
-                    (Some(a), Some(b)) => assert!(
-                        a.abs_diff(b) <= 1,
-                        "seed {seed} step {step}\n{}",
-                        log.join("\n")
-                    ),
-                    (None, None) => {}
-                    _ => panic!("seed {seed} step {step}\n{}", log.join("\n")),
-                }
-            }
-            _ => {
-                let permits = 1 + rng.below(3) as u32;
-                let e = core.reserve(permits, now, false).wait_micros;
-                let g = micros(limiter.reserve(&key, permits).unwrap());
-                log.push(format!(
-                    "+{pause} k{key} reserve {permits} at {now}: core {e} lim {g}"
-                ));
-                assert!(
-                    e.abs_diff(g) <= 1,
-                    "seed {seed} step {step}\n{}",
-                    log.join("\n")
-                );
-            }
-        }
-    }
-}
 
 #[test]
 fn held_reservations_of_keys_agree_with_the_core() {
     for seed in 0..1000 {
-        run(seed, 200);
+        run::<KeyedRateLimiter<u32, Local, FakeClock>>(seed, 200);
     }
 }
 

@@ -1,150 +1,20 @@
-//! Held reservations against the core: random sequences of reservations
-//! that may be given back, drops, keeps, tries, plain reservations and rate
-//! changes (extreme rates and clocks near 2^53 µs included), applied both to
-//! a `RateLimiter` on a `FakeClock` and to the core's `Limits`, which log
-//! what is held; waits agree to the microsecond (stored permits are held as
-//! time in the word). And threads doing the same with a moving clock while
-//! the rate is published again and again: what they keep stays within the
-//! rate and the burst.
+//! Held reservations against the core (`support::held`), on a
+//! `RateLimiter`: waits agree to the microsecond. And threads doing the
+//! same with a moving clock while the rate is published again and again:
+//! what they keep stays within the rate and the burst.
 
 use std::time::Duration;
 
+use crate::support::held::run;
 use crate::support::rng::Rng;
 use paceline::clock::{Clock, FakeClock};
-use paceline::core::{Bursty, Limits, Policy, State, micros};
+use paceline::core::micros;
 use paceline::{Local, RateLimiter};
-
-const RATES: [f64; 12] = [
-    0.5,
-    1.0,
-    3.0,
-    7.0,
-    1e3,
-    333_333.0,
-    1e6,
-    1e-3,
-    1e-9,
-    1e15,
-    1e-300,
-    f64::INFINITY,
-];
-
-fn run(seed: u64, steps: usize) {
-    let mut rng = Rng::new(seed);
-    let clock = FakeClock::new();
-    let start = if rng.chance(0.3) {
-        (1u64 << 53) - rng.below(1 << 36)
-    } else {
-        rng.below(1 << 36)
-    };
-    clock.advance(Duration::from_micros(start));
-    let rate = *rng.pick(&RATES);
-    let burst = Duration::from_micros(*rng.pick(&[0u64, 1, 1_000, 500_000, 1_000_000, 3_000_000]));
-    let limiter: RateLimiter<Local, FakeClock> = RateLimiter::builder()
-        .permits_per_second(rate)
-        .max_burst(burst)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
-    let state = State::new(
-        Policy::Bursty(Bursty::new(burst)),
-        rate,
-        micros(clock.now()),
-    )
-    .unwrap();
-    let mut core = Limits::new(vec![state]).unwrap();
-    let mut held: Vec<(paceline::Reservation<'_>, Option<u64>)> = Vec::new();
-    let mut log = vec![format!("rate {rate} burst {burst:?}")];
-    for step in 0..steps {
-        let pause = match rng.below(4) {
-            0 => 0,
-            1 => rng.below(10),
-            2 => rng.below(2_000_000),
-            _ => rng.below(100),
-        };
-        clock.advance(Duration::from_micros(pause));
-        let now = micros(clock.now());
-        match rng.below(12) {
-            0 => {
-                let rate = *rng.pick(&RATES);
-                log.push(format!("+{pause} set_rate {rate}"));
-                core.set_rate(None, rate, now).unwrap();
-                limiter.set_rate(rate).unwrap();
-            }
-            1..=4 => {
-                let permits = 1 + rng.below(3) as u32;
-                let g = core.reserve(permits, now, true);
-                let r = limiter.reservation(permits).unwrap();
-                log.push(format!(
-                    "+{pause} reservation {permits} at {now}: core {} lim {}",
-                    g.wait_micros,
-                    micros(r.delay())
-                ));
-                let diff = g.wait_micros.abs_diff(micros(r.delay()));
-                assert!(diff <= 1, "seed {seed} step {step}\n{}", log.join("\n"));
-                held.push((r, g.id));
-            }
-            5..=6 if !held.is_empty() => {
-                let i = rng.below(held.len() as u64) as usize;
-                let (r, id) = held.swap_remove(i);
-                let core_back = id.is_some_and(|id| core.give_back(id, now));
-                log.push(format!(
-                    "+{pause} drop #{i} (id {id:?}) at {now}: core gave back {core_back}"
-                ));
-                drop(r);
-            }
-            7 if !held.is_empty() => {
-                let i = rng.below(held.len() as u64) as usize;
-                let (r, id) = held.swap_remove(i);
-                if let Some(id) = id {
-                    core.keep(id, now);
-                }
-                log.push(format!("+{pause} keep #{i} at {now}"));
-                r.keep();
-            }
-            8 => {
-                let timeout = rng.below(3_000_000);
-                let e = core
-                    .try_reserve(1, now, timeout, false)
-                    .map(|g| g.wait_micros);
-                let g = limiter
-                    .try_reserve(1, Duration::from_micros(timeout))
-                    .unwrap()
-                    .map(micros);
-                log.push(format!(
-                    "+{pause} try {timeout} at {now}: core {e:?} lim {g:?}"
-                ));
-                match (e, g) {
-                    (Some(a), Some(b)) => assert!(
-                        a.abs_diff(b) <= 1,
-                        "seed {seed} step {step}\n{}",
-                        log.join("\n")
-                    ),
-                    (None, None) => {}
-                    _ => panic!("seed {seed} step {step}\n{}", log.join("\n")),
-                }
-            }
-            _ => {
-                let permits = 1 + rng.below(3) as u32;
-                let e = core.reserve(permits, now, false).wait_micros;
-                let g = micros(limiter.reserve(permits).unwrap());
-                log.push(format!(
-                    "+{pause} reserve {permits} at {now}: core {e} lim {g}"
-                ));
-                assert!(
-                    e.abs_diff(g) <= 1,
-                    "seed {seed} step {step}\n{}",
-                    log.join("\n")
-                );
-            }
-        }
-    }
-}
 
 #[test]
 fn held_reservations_agree_with_the_core() {
     for seed in 0..1000 {
-        run(seed, 200);
+        run::<RateLimiter<Local, FakeClock>>(seed, 200);
     }
 }
 

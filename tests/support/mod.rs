@@ -6,6 +6,7 @@
 
 pub mod alloc;
 pub mod fake;
+pub mod held;
 #[cfg(feature = "redis")]
 pub mod limiter_state;
 pub mod manual;
