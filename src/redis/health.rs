@@ -184,10 +184,9 @@ impl Health {
             return std::future::pending().await;
         }
         loop {
-            let up = std::pin::pin!(self.up.notified());
             // (Registered before the look: a zone marked up after it
             // wakes it.)
-            let mut up = up;
+            let mut up = std::pin::pin!(self.up.notified());
             up.as_mut().enable();
             if !self.is_down_key(key) {
                 return;
