@@ -453,6 +453,27 @@ async fn a_fallback_call_refused_after_recovery_pauses_the_key() {
     );
 }
 
+/// Redis, killed, comes back: once `limiter` is on it again, its next
+/// caller goes behind the pause of `pause` learned at `learned` while
+/// Redis was down.
+async fn goes_behind_after_recovery(
+    server: &mut RedisServer,
+    limiter: &RateLimiter<Redis>,
+    learned: Instant,
+    pause: Duration,
+) {
+    tokio::time::sleep(50 * MS).await;
+    server.restart();
+    degraded(limiter, false).await;
+    tokio::time::sleep(300 * MS).await;
+    limiter.acquire(1).await.unwrap();
+    let went = learned.elapsed();
+    assert!(
+        went + 5 * MS >= pause,
+        "went {went:?} after a refusal asking for {pause:?}"
+    );
+}
+
 /// `FailClosed`: a call made in Redis, refused by its upstream (429,
 /// Retry-After 4 s) while Redis is down. The fallback holds no keys, so
 /// the lesson waits for Redis (what is left of its pause), and once Redis
@@ -471,16 +492,7 @@ async fn fail_closed_a_lesson_learned_while_down_pauses_after_recovery() {
     let learned = Instant::now();
     call.learn(&refused(pause));
     drop(call);
-    tokio::time::sleep(50 * MS).await;
-    server.restart();
-    degraded(&limiter, false).await;
-    tokio::time::sleep(300 * MS).await;
-    limiter.acquire(1).await.unwrap();
-    let went = learned.elapsed();
-    assert!(
-        went + 5 * MS >= pause,
-        "went {went:?} after a refusal asking for {pause:?}"
-    );
+    goes_behind_after_recovery(&mut server, &limiter, learned, pause).await;
 }
 
 /// `FailClosed`: two calls made in Redis end while it is down, the first
@@ -506,16 +518,7 @@ async fn fail_closed_a_lesson_after_another_calls_end_while_down_still_pauses() 
     let learned = Instant::now();
     second.learn(&refused(pause));
     drop(second);
-    tokio::time::sleep(50 * MS).await;
-    server.restart();
-    degraded(&limiter, false).await;
-    tokio::time::sleep(300 * MS).await;
-    limiter.acquire(1).await.unwrap();
-    let went = learned.elapsed();
-    assert!(
-        went + 5 * MS >= pause,
-        "went {went:?} after a refusal asking for {pause:?}"
-    );
+    goes_behind_after_recovery(&mut server, &limiter, learned, pause).await;
 }
 
 /// `FailClosed`: a refusal without `Retry-After`, learned while Redis is
