@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::support::held::run;
+use crate::support::held::{run, take_at_random};
 use crate::support::rng::Rng;
 use paceline::clock::{Clock, FakeClock};
 use paceline::core::micros;
@@ -30,7 +30,7 @@ fn a_hot_key_giving_back_among_churned_keys_keeps_within_its_rate() {
         clock.advance(Duration::from_secs(10));
         let rate = 100_000.0;
         let burst_us = 1_000u64;
-        let limiter: Arc<KeyedRateLimiter<u64, Local, FakeClock>> = Arc::new(
+        let limiter: Arc<KeyedRateLimiter<u32, Local, FakeClock>> = Arc::new(
             KeyedRateLimiter::builder()
                 .permits_per_second(rate)
                 .max_burst(Duration::from_micros(burst_us))
@@ -44,10 +44,10 @@ fn a_hot_key_giving_back_among_churned_keys_keeps_within_its_rate() {
         let churn = {
             let (limiter, stop, clock) = (Arc::clone(&limiter), Arc::clone(&stop), clock.clone());
             std::thread::spawn(move || {
-                let mut k = 1u64;
+                let mut k = 1u32;
                 while !stop.load(Ordering::Relaxed) {
                     k += 1;
-                    let _ = limiter.reserve(&k, 1 + (k % 50) as u32).unwrap();
+                    let _ = limiter.reserve(&k, 1 + k % 50).unwrap();
                     if k.is_multiple_of(8) {
                         clock.advance(Duration::from_micros(1));
                     }
@@ -58,49 +58,7 @@ fn a_hot_key_giving_back_among_churned_keys_keeps_within_its_rate() {
             .map(|t| {
                 let (limiter, clock) = (Arc::clone(&limiter), clock.clone());
                 std::thread::spawn(move || {
-                    let mut rng = Rng::new(round * 31 + t);
-                    let mut kept = 0u64;
-                    let mut held = Vec::new();
-                    for _ in 0..20_000 {
-                        if rng.chance(0.5) {
-                            clock.advance(Duration::from_micros(rng.below(3)));
-                        }
-                        let owed =
-                            limiter.snapshot(&0).unwrap().wait() > Duration::from_micros(300);
-                        match rng.below(10) {
-                            0..5 => {
-                                let to = Duration::from_micros(rng.below(200));
-                                if limiter.try_reserve(&0, 1, to).unwrap().is_some() {
-                                    kept += 1;
-                                }
-                            }
-                            5 if !owed => {
-                                limiter.reserve(&0, 1).unwrap();
-                                kept += 1;
-                            }
-                            6..8 if !owed => {
-                                let r = limiter.reservation(&0, 1).unwrap();
-                                if r.can_give_back() && rng.chance(0.6) {
-                                    held.push(r);
-                                } else {
-                                    r.keep();
-                                    kept += 1;
-                                }
-                            }
-                            _ if !held.is_empty() => {
-                                let r: paceline::Reservation<'_> =
-                                    held.swap_remove(rng.below(held.len() as u64) as usize);
-                                drop(r);
-                            }
-                            _ => {}
-                        }
-                    }
-                    // Whatever is still held may be kept: count it.
-                    kept += held.len() as u64;
-                    for r in held {
-                        r.keep();
-                    }
-                    kept
+                    take_at_random(&*limiter, 0, &clock, Rng::new(round * 31 + t))
                 })
             })
             .collect();

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::support::held::run;
+use crate::support::held::{run, take_at_random};
 use crate::support::rng::Rng;
 use paceline::clock::{Clock, FakeClock};
 use paceline::core::micros;
@@ -50,47 +50,7 @@ fn threads_giving_back_on_a_moving_clock_keep_within_the_rate() {
             .map(|t| {
                 let (limiter, clock) = (Arc::clone(&limiter), clock.clone());
                 std::thread::spawn(move || {
-                    let mut rng = Rng::new(round * 31 + t);
-                    let mut kept = 0u64;
-                    let mut held = Vec::new();
-                    for _ in 0..20_000 {
-                        if rng.chance(0.5) {
-                            clock.advance(Duration::from_micros(rng.below(3)));
-                        }
-                        let owed = limiter.snapshot().unwrap().wait() > Duration::from_micros(300);
-                        match rng.below(10) {
-                            0..5 => {
-                                let to = Duration::from_micros(rng.below(200));
-                                if limiter.try_reserve(1, to).unwrap().is_some() {
-                                    kept += 1;
-                                }
-                            }
-                            5 if !owed => {
-                                limiter.reserve(1).unwrap();
-                                kept += 1;
-                            }
-                            6..8 if !owed => {
-                                let r = limiter.reservation(1).unwrap();
-                                if r.can_give_back() && rng.chance(0.6) {
-                                    held.push(r);
-                                } else {
-                                    r.keep();
-                                    kept += 1;
-                                }
-                            }
-                            _ if !held.is_empty() => {
-                                let r: paceline::Reservation<'_> =
-                                    held.swap_remove(rng.below(held.len() as u64) as usize);
-                                drop(r);
-                            }
-                            _ => {}
-                        }
-                    }
-                    kept += held.len() as u64;
-                    for r in held {
-                        r.keep();
-                    }
-                    kept
+                    take_at_random(&*limiter, 0, &clock, Rng::new(round * 31 + t))
                 })
             })
             .collect();

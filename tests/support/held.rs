@@ -42,6 +42,8 @@ pub trait Subject: Sized {
     fn reserve(&self, key: u32, permits: u32) -> Duration;
     fn try_reserve(&self, key: u32, permits: u32, timeout: Duration) -> Option<Duration>;
     fn set_rate(&self, rate: f64);
+    /// How long a request of `key` made now would wait.
+    fn wait(&self, key: u32) -> Duration;
 }
 
 impl Subject for RateLimiter<Local, FakeClock> {
@@ -72,6 +74,10 @@ impl Subject for RateLimiter<Local, FakeClock> {
     fn set_rate(&self, rate: f64) {
         RateLimiter::set_rate(self, rate).unwrap();
     }
+
+    fn wait(&self, _: u32) -> Duration {
+        RateLimiter::snapshot(self).unwrap().wait()
+    }
 }
 
 impl Subject for KeyedRateLimiter<u32, Local, FakeClock> {
@@ -101,6 +107,10 @@ impl Subject for KeyedRateLimiter<u32, Local, FakeClock> {
 
     fn set_rate(&self, rate: f64) {
         KeyedRateLimiter::set_rate(self, rate).unwrap();
+    }
+
+    fn wait(&self, key: u32) -> Duration {
+        KeyedRateLimiter::snapshot(self, &key).unwrap().wait()
     }
 }
 
@@ -219,4 +229,50 @@ pub fn run<S: Subject>(seed: u64, steps: usize) {
             }
         }
     }
+}
+
+/// One of several threads taking permits of `key` on a `clock` they move:
+/// tries, plain reservations, and reservations held then given back or
+/// kept (no more while over 300 µs is owed), 20 000 of them drawn from
+/// `rng`; how many permits it kept, those still held at the end included.
+pub fn take_at_random<S: Subject>(limiter: &S, key: u32, clock: &FakeClock, mut rng: Rng) -> u64 {
+    let mut kept = 0u64;
+    let mut held = Vec::new();
+    for _ in 0..20_000 {
+        if rng.chance(0.5) {
+            clock.advance(Duration::from_micros(rng.below(3)));
+        }
+        let owed = limiter.wait(key) > Duration::from_micros(300);
+        match rng.below(10) {
+            0..5 => {
+                let to = Duration::from_micros(rng.below(200));
+                if limiter.try_reserve(key, 1, to).is_some() {
+                    kept += 1;
+                }
+            }
+            5 if !owed => {
+                limiter.reserve(key, 1);
+                kept += 1;
+            }
+            6..8 if !owed => {
+                let r = limiter.reservation(key, 1);
+                if r.can_give_back() && rng.chance(0.6) {
+                    held.push(r);
+                } else {
+                    r.keep();
+                    kept += 1;
+                }
+            }
+            _ if !held.is_empty() => {
+                drop(held.swap_remove(rng.below(held.len() as u64) as usize));
+            }
+            _ => {}
+        }
+    }
+    // Whatever is still held may be kept: count it.
+    kept += held.len() as u64;
+    for r in held {
+        r.keep();
+    }
+    kept
 }
