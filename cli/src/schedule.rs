@@ -355,12 +355,16 @@ pub(crate) async fn schedule(
 /// record's in input order, also where one after it was found late
 /// sooner (its reservation refused while this one, granted, waited for
 /// one of the -j); the records before it still go, none after it (see
-/// [`after_the_late`]). Late after another failure, it is dropped.
+/// [`after_the_late`]). A failure of the reading met before (a record
+/// or key too long, the limiter, a read) came at a record after every one
+/// granted, so after this one: this one is the run's failure in its place.
+/// Late after a signal, it is dropped.
 fn late(args: &Args, seq: u64, stopped: &mut Option<Failure>, counts: &Counts) {
     let first = match stopped {
         None => true,
         Some(Failure::Late(other)) => seq < *other,
-        Some(_) => false,
+        Some(Failure::Signal(_)) => false,
+        Some(_) => true,
     };
     if args.on_late == OnLate::Fail && first {
         *stopped = Some(Failure::Late(seq));

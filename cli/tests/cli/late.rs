@@ -216,3 +216,49 @@ fn on_late_fail_names_the_first_late_record_and_drops_none() {
     assert!(stderr.contains("record 2 would have waited"), "{stderr}");
     assert!(stderr.contains("\"dropped\":0,"), "{stderr}");
 }
+
+/// A record late for want of one of the `-j` fails the run with `--on-late
+/// fail` though a failure further on in the input (a record past
+/// `--max-record`) was met first: it comes first in the input, and the run
+/// stops there. Record 1 runs 2 s; record 2, due at 0.5 s, waits for it
+/// past its `--max-wait` of 1 s; record 3, too long, was read with it.
+/// Before, record 2 was counted as dropped and the run ended with status
+/// 6 for record 3, nothing said of record 2.
+#[test]
+fn a_late_record_is_named_though_a_longer_one_after_it_was_met_first() {
+    let _one = one_at_a_time();
+    let mut input = b"1\n2\n".to_vec();
+    input.extend_from_slice(&[b'x'; 2000]);
+    input.extend_from_slice(b"\n4\n");
+    let args = |on_late: &'static str| {
+        [
+            "2/s",
+            "--max-wait",
+            "1s",
+            "--on-late",
+            on_late,
+            "--max-record",
+            "1000",
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            "echo \"run $1\"; [ \"$1\" = 1 ] && sleep 2; true",
+            "sh",
+            "{}",
+        ]
+    };
+    let output = run(&args("fail"), &input);
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "run 1\n");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("record 2 would have waited"), "{stderr}");
+    assert!(stderr.contains("\"dropped\":0,"), "{stderr}");
+    // Dropping it, the run still ends on the record too long.
+    let output = run(&args("drop"), &input);
+    assert_eq!(output.status.code(), Some(6), "{output:?}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "run 1\n");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--max-record"), "{stderr}");
+    assert!(stderr.contains("\"dropped\":1,"), "{stderr}");
+}
