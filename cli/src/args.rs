@@ -216,7 +216,8 @@ pub(crate) struct Args {
     pub(crate) max_record: usize,
 
     /// Print a JSON summary to stderr at the end: records and bytes out
-    /// (written to stdout, or given to a command that started), seconds,
+    /// (written to stdout, or given to a command that started; with
+    /// --bytes, the records among the bytes, by their separators), seconds,
     /// rate (records a second; with --bytes, bytes), those of the records
     /// out that waited (with --bytes, bytes), late records dropped, commands started,
     /// commands failed (those that could not start too), keys dropped at

@@ -54,8 +54,7 @@ pub(crate) fn copy(
     let mut stdin = std_file(io::stdin().as_fd()).map_err(reading)?;
     // Counted as written: records by their separators (the last,
     // unterminated, below), bytes as they go.
-    let counted = (!args.bytes).then_some(separator);
-    let stdout = Written::new(stdout_file()?, counts, counted);
+    let stdout = Written::new(stdout_file()?, counts, separator);
     let mut out = io::BufWriter::with_capacity(64 * 1024, stdout);
     // Every read asks for whole pages into a page boundary, so a file's
     // offsets stay page-aligned too: the kernel then copies whole pages,
@@ -104,11 +103,6 @@ pub(crate) fn copy(
                 len = at.unwrap_or(len);
                 at.is_some()
             };
-            // The last record of the input, unterminated, whole.
-            let unterminated = !args.bytes
-                && read == 0
-                && !too_long
-                && buf[..len].last().is_some_and(|b| *b != separator);
             let mut rest = &buf[..len];
             // When the groups written since the last flush began.
             let mut since = Instant::now();
@@ -173,13 +167,14 @@ pub(crate) fn copy(
             }
             // What was written goes out before the next read may block.
             out.flush()?;
-            if unterminated {
-                counts.records.fetch_add(1, Ordering::Relaxed);
-            }
             if too_long {
                 return Err(Failure::TooLong(args.max_record));
             }
             if read == 0 {
+                // The last record of the input, unterminated, went whole.
+                if out.get_ref().begun() {
+                    counts.records.fetch_add(1, Ordering::Relaxed);
+                }
                 return Ok(0);
             }
             window.keep_from(len);

@@ -104,25 +104,34 @@ impl Counts {
     }
 }
 
-/// Stdout, counting what it wrote: each byte that went,
-/// and as a record out each separator that went (none with `--bytes`).
-/// Counted as the bytes go, not as they are buffered, so that a write
-/// that fails (stdout a full disk) counts nothing it did not write; its
-/// error says it was stdout's.
+/// Stdout, counting what it wrote: each byte that went, and as a record
+/// out each separator that went (in a byte stream too: its records are
+/// those among its bytes). Counted as the bytes go, not as they are
+/// buffered, so that a write that fails (stdout a full disk) counts
+/// nothing it did not write; its error says it was stdout's.
 pub(crate) struct Written<'a, W> {
     inner: W,
     counts: &'a Counts,
-    /// The records' separator; `None` for a byte stream.
-    separator: Option<u8>,
+    /// The records' separator.
+    separator: u8,
+    /// Whether bytes went after the last separator: a record begun.
+    begun: bool,
 }
 
 impl<'a, W: Write> Written<'a, W> {
-    pub(crate) fn new(inner: W, counts: &'a Counts, separator: Option<u8>) -> Self {
+    pub(crate) fn new(inner: W, counts: &'a Counts, separator: u8) -> Self {
         Written {
             inner,
             counts,
             separator,
+            begun: false,
         }
+    }
+
+    /// Whether bytes went after the last separator (at the end of the
+    /// input: its last record, unterminated, went whole).
+    pub(crate) fn begun(&self) -> bool {
+        self.begun
     }
 }
 
@@ -143,9 +152,10 @@ impl<W: Write> Write for Written<'_, W> {
         self.counts
             .bytes
             .fetch_add(went.len() as u64, Ordering::Relaxed);
-        if let Some(separator) = self.separator {
-            let records = count(went, separator) as u64;
-            self.counts.records.fetch_add(records, Ordering::Relaxed);
+        let records = count(went, self.separator) as u64;
+        self.counts.records.fetch_add(records, Ordering::Relaxed);
+        if let Some(last) = went.last() {
+            self.begun = *last != self.separator;
         }
         Ok(len)
     }

@@ -105,7 +105,7 @@ pub(crate) async fn schedule(
     let mut held = 0usize;
     // Records and bytes counted as they go to stdout (the last record,
     // unterminated, below); a command's as it starts.
-    let mut out = io::BufWriter::new(Written::new(stdout_file()?, counts, Some(separator)));
+    let mut out = io::BufWriter::new(Written::new(stdout_file()?, counts, separator));
     let mut commands = Commands::new(args);
     let mut seq = 0u64;
     let mut input_open = true;

@@ -138,6 +138,33 @@ fn the_summary_of_a_byte_run_gives_its_rate() {
     assert!(!stderr.contains("\"rate\":0.000"), "{stderr}");
 }
 
+/// `--json` reports the "records" out: with `--bytes` it read 0 whatever
+/// went (`printf "a\nb\nc" | paceline --bytes 1e9/s --json`: records 0,
+/// bytes 5). A byte run's records are those among its bytes, by the
+/// separator, as every other run counts them: the last unterminated one
+/// too, once all of it went.
+#[test]
+fn the_summary_of_a_byte_run_counts_its_records() {
+    for (args, input, records) in [
+        (&["--bytes", "1e9/s", "--json"][..], &b"a\nb\nc"[..], 3),
+        (&["--bytes", "1e9/s", "--json"][..], b"a\nb\n\n", 3),
+        (&["--bytes", "1e9/s", "--json"][..], b"", 0),
+        (&["--bytes", "1e9/s", "--json", "-0"][..], b"a\0b\nc\0", 2),
+        (
+            &["--bytes", "100/s", "--burst", "100", "--json"][..],
+            b"1\n2\n3",
+            3,
+        ),
+    ] {
+        let output = run(args, input);
+        assert!(output.status.success(), "{args:?}: {output:?}");
+        assert_eq!(output.stdout, input);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let expected = format!("\"records\":{records},\"bytes\":{},", input.len());
+        assert!(stderr.contains(&expected), "{args:?} {input:?}: {stderr}");
+    }
+}
+
 // ---------------------------------------------------------------------
 // What holds, pinned.
 // ---------------------------------------------------------------------
