@@ -37,11 +37,29 @@ impl Chunk {
     pub(crate) fn bytes(&self) -> &[u8] {
         &self.buf[..self.len]
     }
+
+    /// The record at `range` of [`bytes`](Self::bytes), to hold: a copy;
+    /// or, for a record alone in a buffer grown past those kept (a long
+    /// record, see [`read_stdin`]), that buffer itself, taken (the chunk
+    /// is then empty).
+    pub(crate) fn record(&mut self, range: std::ops::Range<usize>) -> Vec<u8> {
+        if range == (0..self.len) && self.buf.len() > KEPT {
+            let mut record = std::mem::take(&mut self.buf);
+            record.truncate(self.len);
+            record.shrink_to_fit();
+            self.len = 0;
+            return record;
+        }
+        self.buf[range].to_vec()
+    }
 }
 
 impl Drop for Chunk {
     fn drop(&mut self) {
-        let _ = self.pool.send(std::mem::take(&mut self.buf));
+        // (Not a buffer taken by `record`.)
+        if self.buf.capacity() > 0 {
+            let _ = self.pool.send(std::mem::take(&mut self.buf));
+        }
     }
 }
 
@@ -57,9 +75,12 @@ const KEPT: usize = 2 * READ_SIZE;
 /// go after it, the buffer growing (at least doubling) until the record
 /// ends: its bytes move once per doubling, and the part of a record that
 /// begins after a chunk's last separator is copied once, into the next
-/// buffer. One longer than `max_record` bytes (its separator not counted)
-/// ends the reading: the chunk of whole records before it, then
-/// [`Failure::TooLong`].
+/// buffer. Such a long record goes in a chunk of its own, so that the
+/// scheduler may hold it in that buffer rather than in a copy (see
+/// [`Chunk::record`]): what the read that ended it brought after it goes
+/// to the next buffer, and on from there. One longer than `max_record`
+/// bytes (its separator not counted) ends the reading: the chunk of whole
+/// records before it, then [`Failure::TooLong`].
 pub(crate) fn read_stdin(
     chunks: mpsc::Sender<Result<Chunk, Failure>>,
     separator: u8,
@@ -94,11 +115,14 @@ pub(crate) fn read_stdin(
     // `buf[..filled]`: a record begun before the last read, and what that
     // read brought.
     let mut filled = 0;
+    // Whether `buf` grew for the record it begins with: a long record.
+    let mut long = false;
     loop {
         if buf.len() - filled < READ_SIZE / 2 {
             // A record longer than the buffer: room for it to go on.
             let len = (buf.len() * 2).max(filled + READ_SIZE);
             buf.resize(len, 0);
+            long = true;
         }
         let start = filled;
         let read = loop {
@@ -132,37 +156,57 @@ pub(crate) fn read_stdin(
             }
         };
         filled += read;
-        // Only what the read brought is searched for the last separator.
-        let len = memchr::memrchr(separator, &buf[start..filled]).map_or(0, |end| start + end + 1);
-        if len == 0 {
-            if filled > max_record {
+        // Only what the read brought is searched for the last separator
+        // (and after a long record, what came after it, moved).
+        let mut start = start;
+        loop {
+            let len =
+                memchr::memrchr(separator, &buf[start..filled]).map_or(0, |end| start + end + 1);
+            if len == 0 {
+                break;
+            }
+            // The chunk: whole records; a long record alone, up to the
+            // read's first separator.
+            let end = match std::mem::take(&mut long) {
+                true => {
+                    memchr::memchr(separator, &buf[start..len]).map_or(len, |at| start + at + 1)
+                }
+                false => len,
+            };
+            // What comes after it starts the next buffer: the record
+            // begun after the last separator (and after a long record,
+            // the whole records before that, searched again).
+            let mut next = fresh();
+            let tail = filled - end;
+            if next.len() < tail + READ_SIZE / 2 {
+                next.resize(tail + READ_SIZE, 0);
+            }
+            next[..tail].copy_from_slice(&buf[end..filled]);
+            let whole = too_long(&buf[..end]);
+            let sent = match whole {
+                Some(0) => true,
+                Some(at) => send(buf, at),
+                None => send(buf, end),
+            };
+            if whole.is_some() {
                 let _ = chunks.blocking_send(Err(Failure::TooLong(max_record)));
                 return;
             }
-            continue;
+            if !sent {
+                return;
+            }
+            buf = next;
+            filled = tail;
+            if end == len {
+                break;
+            }
+            start = 0;
         }
-        // The record begun after the last separator starts the next buffer.
-        let mut next = fresh();
-        let tail = filled - len;
-        if next.len() < tail + READ_SIZE / 2 {
-            next.resize(tail + READ_SIZE, 0);
-        }
-        next[..tail].copy_from_slice(&buf[len..filled]);
-        let whole = too_long(&buf[..len]);
-        let sent = match whole {
-            Some(0) => true,
-            Some(end) => send(buf, end),
-            None => send(buf, len),
-        };
-        if whole.is_some() {
+        // `buf[..filled]`: part of one record, no separator yet.
+        if filled > max_record {
             let _ = chunks.blocking_send(Err(Failure::TooLong(max_record)));
             return;
         }
-        if !sent {
-            return;
-        }
-        buf = next;
-        filled = tail;
     }
     if filled > 0 {
         // The last record, with no separator after it.

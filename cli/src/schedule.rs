@@ -249,12 +249,16 @@ pub(crate) async fn schedule(
             // The records of the chunk read last, reserved in turn, until
             // one reserved before has waited past its moment: it goes out
             // first (the loop's top), then the rest are reserved.
-            if let Some((chunk, from)) = pending.take() {
-                let bytes = chunk.bytes();
+            if let Some((mut chunk, from)) = pending.take() {
+                let len = chunk.bytes().len();
                 let mut next = from;
                 let mut more = false;
                 let since = Instant::now();
-                for record in records(&bytes[from..], separator) {
+                while next < len {
+                    let start = next;
+                    let record = records(&chunk.bytes()[start..], separator)
+                        .next()
+                        .expect("a record before the chunk's end");
                     next += record.len();
                     // A signal stops the reading at once, inside a
                     // chunk too: nothing after it is reserved (each
@@ -278,12 +282,13 @@ pub(crate) async fn schedule(
                                 .and_then(|most| read.checked_add(most));
                             let granted = later(wait);
                             let at = after_its_key(&mut waiting, &key, granted);
-                            held += record.len();
+                            held += next - start;
                             due.push(Due {
                                 at,
                                 seq,
                                 key,
-                                record: record.to_vec(),
+                                // (A long record: its buffer, not a copy.)
+                                record: chunk.record(start..next),
                                 deadline,
                                 waits: !wait.is_zero() || at > granted,
                             });
@@ -304,7 +309,7 @@ pub(crate) async fn schedule(
                     // a read's worth of them took long enough that the
                     // records reserved first went late, together.)
                     let now = Instant::now();
-                    if next < bytes.len()
+                    if next < len
                         && now.duration_since(since) >= signals::SPIN_BELOW
                         && due.peek().is_some_and(|d| d.at <= now)
                     {
