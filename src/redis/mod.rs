@@ -150,8 +150,11 @@
 //!   one a fallback held, which gets back the debt that process knew).
 //! - **Clocks.** The script uses the server's `TIME`, a wall clock, and never
 //!   lets it run backwards: a step backwards holds keys still until the clock
-//!   catches up (no caller is charged the step), a step forwards reads as
-//!   idle time (at most a burst). Where you can, synchronise time by slewing
+//!   catches up, so each reservation meanwhile waits from the same moment
+//!   and callers who wait in turn slow down (a step of 10 s at 5/s with no
+//!   burst lets about 10 permits through in those 10 s, not 50; never more
+//!   than the rate), and a step forwards reads as idle time (at most a
+//!   burst). Where you can, synchronise time by slewing
 //!   rather than stepping.
 //! - **Cluster** (feature `redis-cluster`, which turns on the client's
 //!   cluster support). Each limiter is one key, so limiters spread over the

@@ -396,12 +396,19 @@ fn batch_text(requests: &[Request]) -> String {
 /// under our key, a rejected argument, a command of the script that Redis
 /// refused as wrong: `ERR` from inside the script), as opposed to Redis
 /// being unavailable. A fallback cannot fix those, and Redis is not down
-/// for the other keys, so they are reported, not hidden.
+/// for the other keys, so they are reported, not hidden. Only the server's
+/// own reply is read: a client's error (a connection's, which may name a
+/// host such as `redis.paceline:6379`) is an outage.
 pub(crate) fn is_data_error(error: &redis::RedisError) -> bool {
     match error.code() {
         Some("WRONGTYPE") => true,
-        Some("ERR") if error.to_string().contains("@user_script") => true,
-        _ => error.to_string().contains("paceline:"),
+        Some("ERR") => {
+            error
+                .detail()
+                .is_some_and(|detail| detail.starts_with("paceline:"))
+                || error.to_string().contains("@user_script")
+        }
+        _ => false,
     }
 }
 
@@ -449,6 +456,22 @@ mod tests {
             b"-ERR max number of clients reached\r\n",
         ] {
             assert!(!is_data_error(&error(outage)), "{}", String::from_utf8_lossy(outage));
+        }
+        // The script's own refusals are the call's; a client's error that
+        // names a host ending in `paceline` is an outage.
+        assert!(is_data_error(&error(
+            b"-ERR paceline: the key holds a value this limiter does not recognise (3 bytes)\r\n"
+        )));
+        for kind in [
+            redis::ErrorKind::Io,
+            redis::ErrorKind::ClusterConnectionNotFound,
+        ] {
+            let refused = redis::RedisError::from((
+                kind,
+                "Failed to connect",
+                "redis.paceline:6379: Connection refused".to_string(),
+            ));
+            assert!(!is_data_error(&refused), "{refused}");
         }
     }
 
