@@ -33,10 +33,6 @@ local BOUND = 4128 -- SHAPE * 129
 local LEARNED = 70176 -- BOUND * 17
 local LOG_CAPACITY = 128 -- the most requests the log keeps
 local DEAD_CAPACITY = 16 -- the most requests kept in the value after they left the log
--- The longest value (16 limits that learned, a full log and its dead
--- requests): 44 + 40 * 16 + (32 + 8 * 16) + 8 + 24 * 16 + (24 + 8 * 16) *
--- (DEAD_CAPACITY + LOG_CAPACITY) bytes. No more of a value is read.
-local MAX_VALUE = 23124
 -- The formats of several limits' values: string.sub(FORMAT, 3, 3 + k) is
 -- k doubles, string.sub(FORMAT, 1, 3 + k) the marker and k doubles.
 local FORMAT = 'c4<ddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd' -- (85: 4 + 5 * MAX_LIMITS + 1)
@@ -222,11 +218,7 @@ local now = time_micros
 -- The value as read (see Value), its head here (what part 2 needs to
 -- configure the limits: whether, and what, they learned), the rest
 -- checked in part 2. WRONGTYPE (the key is not a string) propagates:
--- nothing is written. At most MAX_VALUE + 1 bytes are read, so that
--- someone else's huge string costs the server no more than a value of
--- ours (a longer one is not ours: its size, for the error, is STRLEN's);
--- GETRANGE reads a missing key as empty, which EXISTS tells from an
--- empty string (a missing key's call alone pays for it).
+-- nothing is written.
 ---------------------------------------------------------------------------
 
 -- Each limit's state: stored_permits, next_free_micros, next_free_fraction,
@@ -246,9 +238,7 @@ local now = time_micros
 -- `whole`: the value is written whole, not only its hot part (see Value).
 -- (Those a missing key leaves nil declared last, in one instruction.)
 local key = KEYS[1]
--- (MAX_VALUE written as text, which the call need not convert.)
-local value = redis.call('GETRANGE', key, '0', '23124')
-if value == '' and redis.call('EXISTS', key) == 0 then value = false end
+local value = redis.call('GET', key)
 local expires, next_id, count, held_n = 0, 0, 0, 0
 local st, nf, fr, ort, omx
 local S, B, changed, L
@@ -257,7 +247,6 @@ local size, dead, log_from, log_at, front_id, front_p, front_at, front, front_P,
 local ok, at, last_now, marker, shape, _
 if value then
     size = #value
-    if size > MAX_VALUE then size = redis.call('STRLEN', key) end
     at = 84
     if size >= 84 then
         marker, shape, last_now, next_id, _, st, nf, fr, expires, ort, omx =

@@ -2,9 +2,7 @@
 //! error that writes nothing.
 
 use super::*;
-use crate::support::limiter_state::{
-    ENTRY_COUNT, ENTRY_ID, ENTRY_MOMENT, LEARNED, LimitState, lua_number,
-};
+use crate::support::limiter_state::{ENTRY_COUNT, ENTRY_ID, ENTRY_MOMENT, LEARNED, LimitState};
 
 /// A well-formed id that gives nothing back.
 const AN_ID: u64 = 12;
@@ -639,64 +637,5 @@ fn a_log_base_storing_more_than_its_limit_holds_is_an_error() {
             assert_unrecognised(&error, &format!("{name}, {mode:?}"));
             assert_eq!(fx.raw(&key), *value, "{name}, {mode:?}: the value changed");
         }
-    }
-}
-
-/// The longest value the script writes (16 limits that learned, a full
-/// log and as many dead requests as it keeps) is MAX_VALUE bytes, and is
-/// read whole; a byte more is not the limiter's, in every mode, its size
-/// told whole: the script reads no further than MAX_VALUE + 1 bytes.
-#[test]
-fn the_longest_value_is_read_and_a_longer_one_is_not_ours() {
-    let mut fx = fixture();
-    let limits = lua_number("MAX_LIMITS");
-    let args = Args::bursty("5", 1_000_000).at(T0);
-    // (Every limit the same, before the clock.)
-    let all = |args: &Args| {
-        let mut argv = args.to_vec();
-        let limit = argv[2..6].to_vec();
-        for _ in 1..limits {
-            argv.splice(6..6, limit.clone());
-        }
-        argv
-    };
-    let mut value = valid_value();
-    value.limits = vec![value.limits[0]; limits];
-    value.learned = Some([vec![1.0, 0.0, 0.0, 1.0], vec![f64::INFINITY; limits]].concat());
-    // Requests without an id, each of 1 permit, logged at T0.
-    let request = [vec![-1.0, 1.0, T0 as f64, T0 as f64], vec![1.0; limits - 1]].concat();
-    value.base = vec![[0.0, T0 as f64, 0.0]; limits];
-    value.log = vec![request.clone(); lua_number("LOG_CAPACITY")];
-    value.dead = vec![request; lua_number("DEAD_CAPACITY")];
-    let longest = value.encode();
-    assert_eq!(longest.len(), lua_number("MAX_VALUE"));
-    fx.set_bytes("longest", &longest);
-    for mode in [args.clone().status(), args.clone()] {
-        if let Err(e) = fx.eval_raw(&["longest"], &all(&mode)) {
-            panic!("{mode:?}: {}", server_error(&e));
-        }
-    }
-
-    let longer = [&longest[..], &[0]].concat();
-    fx.set_bytes("longer", &longer);
-    let dump = fx.dump("longer");
-    let zeros = vec!["0"; limits].join(",");
-    for mode in [
-        args.clone(),
-        args.clone().held(),
-        args.clone().timeout(0),
-        args.clone().status(),
-        args.clone().probe(),
-        args.clone().resume(&zeros),
-        args.clone().cancel(AN_ID),
-        args.clone().permits("call").timeout(format!("{zeros}1:-1")),
-    ] {
-        let error = fx.run_err(&["longer"], &all(&mode));
-        assert_unrecognised(&error, &format!("{mode:?}"));
-        assert!(
-            error.contains(&format!("({} bytes)", longer.len())),
-            "{error}"
-        );
-        assert_eq!(fx.dump("longer"), dump, "{mode:?}: the key changed");
     }
 }
