@@ -38,6 +38,10 @@
 //!   when Redis went away is renewed again once it is back (taken again
 //!   if it expired meanwhile and there is room; one Redis lost, once it
 //!   would have expired).
+//! - Leases expire on Redis's clock: a step forwards longer than the slot
+//!   TTL expires the live ones at once (up to twice the slots in flight,
+//!   until the calls holding them end), and a step backwards keeps a dead
+//!   process's lease for the TTL and the step.
 
 mod script;
 
