@@ -65,8 +65,9 @@ struct Slot {
     lead: u64,
     /// Its round trips in flight, 1 to [`MAX_IN_FLIGHT`].
     in_flight: usize,
-    /// Each of them while it is unanswered (see [`Unanswered`]).
-    flights: Vec<Unanswered>,
+    /// Each of them while it is unanswered (see [`Unanswered`]), in any
+    /// order; answered ones and `Weak::new()` in the other places.
+    flights: Behind,
     queue: VecDeque<Queued>,
 }
 
@@ -74,6 +75,12 @@ struct Slot {
 /// other end until its reply comes (or it is given up on, 30 s after its
 /// time ran out).
 type Unanswered = Weak<()>;
+
+/// A key's round trips that may be unanswered: the most in flight, and
+/// one more whose reply came and which has not yet let go (its end starts
+/// the next), so that a new one always finds a place. Copied for each
+/// queued caller without allocating.
+type Behind = [Unanswered; MAX_IN_FLIGHT + 1];
 
 /// A request in its key's round trips: queued behind the one in flight, or
 /// in a batch being sent (a lone caller's, a batch of one).
@@ -96,11 +103,7 @@ type Left = Arc<OnceLock<Option<Awaited>>>;
 /// Where a queued request's reply comes, the caller's [`Left`], and the
 /// round trips of its key that were in flight when it came (its own
 /// among them if it went at once).
-type Replied = (
-    oneshot::Receiver<Result<Reply, Failure>>,
-    Left,
-    Vec<Unanswered>,
-);
+type Replied = (oneshot::Receiver<Result<Reply, Failure>>, Left, Behind);
 
 /// How a call goes.
 pub(crate) enum Joined {
@@ -131,16 +134,16 @@ impl Coalescer {
         match keys.get_mut(&target.key) {
             None => {
                 let lead = self.next_lead.fetch_add(1, Ordering::Relaxed);
-                let (held, unanswered) = flight();
-                let slot = Slot {
+                let mut slot = Slot {
                     lead,
-                    in_flight: 1,
-                    flights: vec![unanswered.clone()],
+                    in_flight: 0,
+                    flights: Behind::default(),
                     queue: VecDeque::new(),
                 };
+                let held = slot.fly();
+                let (queued, waiting) = Queued::new(request, target, slot.flights.clone());
                 keys.insert(Arc::clone(&target.key), slot);
                 drop(keys);
-                let (queued, waiting) = Queued::new(request, target, vec![unanswered]);
                 self.dispatch(&target.key, lead, vec![queued], held);
                 Joined::Waiting(waiting)
             }
@@ -150,7 +153,6 @@ impl Coalescer {
                 let second =
                     slot.in_flight < MAX_IN_FLIGHT && slot.queue.len() + 1 >= SECOND_FLIGHT;
                 let held = second.then(|| slot.fly());
-                slot.flights.retain(|flight| flight.strong_count() > 0);
                 let (queued, waiting) = Queued::new(request, target, slot.flights.clone());
                 slot.queue.push_back(queued);
                 if let Some(held) = held {
@@ -211,25 +213,22 @@ impl Coalescer {
 impl Slot {
     /// One more round trip in flight: what it holds while unanswered.
     fn fly(&mut self) -> Arc<()> {
-        let (held, unanswered) = flight();
+        let held = Arc::new(());
         self.in_flight += 1;
-        self.flights.retain(|flight| flight.strong_count() > 0);
-        self.flights.push(unanswered);
+        let answered = self
+            .flights
+            .iter()
+            .position(|flight| flight.strong_count() == 0);
+        debug_assert!(answered.is_some(), "more round trips than places");
+        self.flights[answered.unwrap_or(0)] = Arc::downgrade(&held);
         held
     }
-}
-
-/// What a round trip holds while it is unanswered, and what tells it.
-fn flight() -> (Arc<()>, Unanswered) {
-    let held = Arc::new(());
-    let unanswered = Arc::downgrade(&held);
-    (held, unanswered)
 }
 
 impl Queued {
     /// A request of `target`'s key, and where its reply comes; `behind`:
     /// the key's round trips in flight as it came.
-    fn new(request: Request, target: &ProbeTarget, behind: Vec<Unanswered>) -> (Queued, Replied) {
+    fn new(request: Request, target: &ProbeTarget, behind: Behind) -> (Queued, Replied) {
         let (reply, waiting) = oneshot::channel();
         let target = target.clone();
         let left = Left::default();
