@@ -9,11 +9,13 @@
 //! charged ([`take_batch`]); cancelled after it was sent, or past its
 //! deadline, its grant is given back when its reply comes ([`Waiting`],
 //! [`run_batch`]); a batch that fails or times out fails every request in
-//! it and queued behind it, once.
+//! it and queued behind it, once. A caller whose time runs out marks Redis
+//! down only if a round trip of its key that was in flight when it came
+//! is still unanswered, not if it waited for answered ones ([`wait`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -63,8 +65,22 @@ struct Slot {
     lead: u64,
     /// Its round trips in flight, 1 to [`MAX_IN_FLIGHT`].
     in_flight: usize,
+    /// Each of them while it is unanswered (see [`Unanswered`]), in any
+    /// order; answered ones and `Weak::new()` in the other places.
+    flights: Behind,
     queue: VecDeque<Queued>,
 }
+
+/// A round trip of a key while it is unanswered: the round trip holds the
+/// other end until its reply comes (or it is given up on, 30 s after its
+/// time ran out).
+type Unanswered = Weak<()>;
+
+/// A key's round trips that may be unanswered: the most in flight, and
+/// one more whose reply came and which has not yet let go (its end starts
+/// the next), so that a new one always finds a place. Copied for each
+/// queued caller without allocating.
+type Behind = [Unanswered; MAX_IN_FLIGHT + 1];
 
 /// A request in its key's round trips: queued behind the one in flight, or
 /// in a batch being sent (a lone caller's, a batch of one).
@@ -84,8 +100,10 @@ struct Queued {
 /// is carried back from its fallback.
 type Left = Arc<OnceLock<Option<Awaited>>>;
 
-/// Where a queued request's reply comes, and the caller's [`Left`].
-type Replied = (oneshot::Receiver<Result<Reply, Failure>>, Left);
+/// Where a queued request's reply comes, the caller's [`Left`], and the
+/// round trips of its key that were in flight when it came (its own
+/// among them if it went at once).
+type Replied = (oneshot::Receiver<Result<Reply, Failure>>, Left, Behind);
 
 /// How a call goes.
 pub(crate) enum Joined {
@@ -116,28 +134,31 @@ impl Coalescer {
         match keys.get_mut(&target.key) {
             None => {
                 let lead = self.next_lead.fetch_add(1, Ordering::Relaxed);
-                let (in_flight, queue) = (1, VecDeque::new());
-                let slot = Slot {
+                let mut slot = Slot {
                     lead,
-                    in_flight,
-                    queue,
+                    in_flight: 0,
+                    flights: Behind::default(),
+                    queue: VecDeque::new(),
                 };
+                let held = slot.fly();
+                let (queued, waiting) = Queued::new(request, target, slot.flights.clone());
                 keys.insert(Arc::clone(&target.key), slot);
                 drop(keys);
-                let (queued, waiting) = Queued::new(request, target);
-                self.dispatch(&target.key, lead, vec![queued]);
+                self.dispatch(&target.key, lead, vec![queued], held);
                 Joined::Waiting(waiting)
             }
             Some(slot) if slot.queue.len() >= QUEUE_CAPACITY => Joined::Alone,
             Some(slot) => {
-                let (queued, waiting) = Queued::new(request, target);
-                slot.queue.push_back(queued);
                 // Enough for a batch of its own while one is in flight.
-                if slot.in_flight < MAX_IN_FLIGHT && slot.queue.len() >= SECOND_FLIGHT {
+                let second =
+                    slot.in_flight < MAX_IN_FLIGHT && slot.queue.len() + 1 >= SECOND_FLIGHT;
+                let held = second.then(|| slot.fly());
+                let (queued, waiting) = Queued::new(request, target, slot.flights.clone());
+                slot.queue.push_back(queued);
+                if let Some(held) = held {
                     let (batch, lead) = (take_batch(slot), slot.lead);
-                    slot.in_flight += 1;
                     drop(keys);
-                    self.dispatch(&target.key, lead, batch);
+                    self.dispatch(&target.key, lead, batch, held);
                 }
                 Joined::Waiting(waiting)
             }
@@ -171,23 +192,43 @@ impl Coalescer {
             }
             return;
         }
-        slot.in_flight += 1;
+        let held = slot.fly();
         drop(keys);
-        self.dispatch(key, lead, batch);
+        self.dispatch(key, lead, batch, held);
     }
 
-    /// Sends `batch`, a round trip of `key`'s slot `lead`.
-    fn dispatch(self: &Arc<Self>, key: &Arc<str>, lead: u64, batch: Vec<Queued>) {
+    /// Sends `batch`, a round trip of `key`'s slot `lead`, which holds
+    /// `held` until its reply comes.
+    fn dispatch(self: &Arc<Self>, key: &Arc<str>, lead: u64, batch: Vec<Queued>, held: Arc<()>) {
         let (coalescer, key) = (Arc::clone(self), Arc::clone(key));
-        let lead = Lead::new(move |up| coalescer.finish(&key, lead, up));
+        let lead = Lead::new(move |up| {
+            let _ = &held;
+            coalescer.finish(&key, lead, up);
+        });
         self.backend
             .spawn(run_batch(Arc::clone(&self.backend), batch, lead));
     }
 }
 
+impl Slot {
+    /// One more round trip in flight: what it holds while unanswered.
+    fn fly(&mut self) -> Arc<()> {
+        let held = Arc::new(());
+        self.in_flight += 1;
+        let answered = self
+            .flights
+            .iter()
+            .position(|flight| flight.strong_count() == 0);
+        debug_assert!(answered.is_some(), "more round trips than places");
+        self.flights[answered.unwrap_or(0)] = Arc::downgrade(&held);
+        held
+    }
+}
+
 impl Queued {
-    /// A request of `target`'s key, and where its reply comes.
-    fn new(request: Request, target: &ProbeTarget) -> (Queued, Replied) {
+    /// A request of `target`'s key, and where its reply comes; `behind`:
+    /// the key's round trips in flight as it came.
+    fn new(request: Request, target: &ProbeTarget, behind: Behind) -> (Queued, Replied) {
         let (reply, waiting) = oneshot::channel();
         let target = target.clone();
         let left = Left::default();
@@ -197,7 +238,7 @@ impl Queued {
             reply,
             _left: Arc::clone(&left),
         };
-        (queued, (waiting, left))
+        (queued, (waiting, left, behind))
     }
 }
 
@@ -219,13 +260,18 @@ fn take_batch(slot: &mut Slot) -> Vec<Queued> {
 /// its own (its [`Deadline`]). Past it, the caller goes to its fallback as
 /// a single call that timed out does; its request, left queued, is never
 /// sent, and one sent is given back when its reply comes ([`Waiting`]).
+/// It marks Redis down only if a round trip of its key in flight when it
+/// came (its own, if it went at once) is still unanswered: one that only
+/// waited for round trips Redis answered, and then for its own batch, gave
+/// Redis less than the response timeout (its batch's round trip, given the
+/// whole of it, marks Redis down if it does not answer).
 pub(crate) async fn wait(
     backend: &Arc<Backend>,
     target: &ProbeTarget,
     waiting: Replied,
     budget: Option<Duration>,
 ) -> Result<Reply, Failure> {
-    let (replied, left) = waiting;
+    let (replied, left, behind) = waiting;
     let mut waiting = Waiting {
         replied,
         left,
@@ -243,6 +289,16 @@ pub(crate) async fn wait(
             "the round trip of key {} ended without a reply",
             target.key
         )),
+        Err(_) if behind.iter().all(|flight| flight.strong_count() == 0) => {
+            return Err(Failure::Down(Some(
+                BackendError::new(format!(
+                    "the call's time ran out while it waited behind round trips of key {} that \
+                     Redis answered",
+                    target.key
+                ))
+                .with_timeout(true),
+            )));
+        }
         Err(_) => deadline.passed(&target.key)?,
     };
     Err(down(backend, target, failure, Scope::Key))

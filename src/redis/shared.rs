@@ -155,8 +155,11 @@ impl RedisBackendBuilder {
     /// future); a caller that gives up while queued sends and is
     /// charged nothing; one that gives up after its batch was sent has
     /// its grant given back; a batch that fails sends each of its
-    /// callers to the fallback once. With `false`, every call is its
-    /// own round trip.
+    /// callers to the fallback once. A caller whose time runs out after
+    /// it waited behind round trips of its key that Redis answered in
+    /// time goes to the fallback without marking Redis down, which only a
+    /// round trip unanswered for the whole response timeout does. With
+    /// `false`, every call is its own round trip.
     pub fn coalesce(mut self, coalesce: bool) -> Self {
         self.connecting.coalesce = coalesce;
         self

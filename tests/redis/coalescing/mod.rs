@@ -631,3 +631,55 @@ async fn kept_snapshot(limiter: &RateLimiter<Redis>) -> Option<paceline::Snapsho
     reservation.keep();
     snapshot
 }
+
+/// Redis answers every round trip well within the response timeout (1.4 s
+/// of 2 s), but a caller queued behind one waits for it and then for its
+/// own batch (2.8 s): past its time it goes to its fallback, as promised,
+/// and Redis, which was never given the whole response timeout for that
+/// caller's request, is not marked down (it was: every limiter of the
+/// backend then served from its fallback until the probe saw Redis again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_queued_past_its_time_does_not_mark_a_prompt_redis_down() {
+    const TIMEOUT: Duration = Duration::from_secs(2);
+    const LATENCY: Duration = Duration::from_millis(700);
+    let server = RedisServer::start();
+    let proxy = Proxy::in_front_of(&server);
+    let backend = backend_builder(proxy.client())
+        .response_timeout(TIMEOUT)
+        .build()
+        .await
+        .unwrap();
+    let limiter = Arc::new(
+        RateLimiter::builder()
+            .permits_per_second(1_000.0)
+            .redis(&backend, "queued-past-its-time")
+            .build()
+            .unwrap(),
+    );
+    // The connection opens and the script loads.
+    limiter.snapshot().await.unwrap();
+    proxy.set_latency(LATENCY);
+    let lead = tokio::spawn({
+        let limiter = Arc::clone(&limiter);
+        async move { limiter.reserve(1).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let start = Instant::now();
+    let queued = limiter.reserve(1).await;
+    let waited = start.elapsed();
+    assert_eq!(lead.await.unwrap().unwrap(), Duration::ZERO);
+    println!(
+        "the queued caller waited {waited:?}: {queued:?}; {:?}",
+        backend.stats()
+    );
+    assert_eq!(queued.unwrap(), Duration::ZERO);
+    assert!(
+        waited < TIMEOUT + Duration::from_millis(500),
+        "waited {waited:?}"
+    );
+    assert_eq!(backend.stats().fallbacks, 0, "{:?}", backend.stats());
+    assert!(!backend.stats().degraded);
+    // A lone caller is served by Redis, as every round trip was in time.
+    limiter.reserve(1).await.unwrap();
+    assert_eq!(limiter.stats().fallbacks, 0, "{:?}", limiter.stats());
+}
