@@ -13,7 +13,8 @@ const EXAMPLES: &str = "\
 Examples:
   seq 100 | paceline 10/s                     ten lines a second, exactly 100 ms apart
   paceline 2/s --burst 5 < urls.txt           5 at once after a pause, then 2/s
-  paceline 10/s --limit 1000/h < jobs         10/s, and at most 1 000 in any hour
+  paceline 10/s --limit 1000/h < jobs         10/s, and 1 000 an hour: the first 1 000 in
+                                              100 s, then one every 3.6 s
   paceline --bytes 1MiB/s < big.iso > copy    1 MiB/s of bytes
   paceline 5/s --key 1 < access.log           5 lines/s per value of the first field
   paceline 20/s --max-wait 2s < events        drop what would wait more than 2 s

@@ -63,7 +63,8 @@ impl<K, C: Clock> Builder<K, Redis, C> {
     /// unless its holder renews it (every third of this, while its call
     /// lasts): how long the slots of a process that died holding them stay
     /// taken. Default [`DEFAULT_SLOT_TTL`](super::DEFAULT_SLOT_TTL) (30 s); at least 10 ms and at
-    /// most a year (building with another is an [`Error::InvalidArgument`]),
+    /// most a year (building a limiter that has a `Limit::concurrent` with
+    /// another is an [`Error::InvalidArgument`]; without one it is unused),
     /// and best well above the backend's response timeout.
     pub fn slot_ttl(mut self, ttl: Duration) -> Self {
         self.store_mut().slot_ttl = ttl;
@@ -174,7 +175,7 @@ impl<C: Clock> Builder<NoKey, Redis, C> {
     /// rate, policy or limit, more than 16 limits, a local fraction outside
     /// `(0, 1]` or with a fallback other than `Local`, `max_keys` (its
     /// fallback holds one key), a [`learning`](Builder::learning) value out
-    /// of its range.
+    /// of its range, a [`slot_ttl`](Builder::slot_ttl) out of its range.
     pub fn build(self) -> Result<RateLimiter<Redis, C>, Error> {
         let backend = &self.store().backend;
         let key: Arc<str> =
@@ -201,7 +202,8 @@ impl<K: Key + Display, C: Clock> Builder<PerKey<K>, Redis, C> {
     /// [`Error::InvalidArgument`] for bad options: an empty name, a bad
     /// rate, policy or limit, more than 16 limits, a local fraction outside
     /// `(0, 1]` or with a fallback other than `Local`, `max_keys(0)`, a
-    /// [`learning`](Builder::learning) value out of its range.
+    /// [`learning`](Builder::learning) value out of its range, a
+    /// [`slot_ttl`](Builder::slot_ttl) out of its range.
     pub fn build(self) -> Result<KeyedRateLimiter<K, Redis, C>, Error> {
         let prefix =
             naming::keyed_prefix(&self.store().backend.options.key_prefix, &self.store().name);

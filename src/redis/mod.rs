@@ -52,10 +52,10 @@
 //! while Redis is down: it starts on its fallback (`.require_connection(true)`
 //! makes building the backend fail instead); a Redis that answers and
 //! refuses it (a wrong password, user or database) fails the build either
-//! way. Dropping an `acquire` gives its
-//! reservation back, in Redis too. `cargo run --example distributed` shows
-//! three instances sharing one rate (on `REDIS_URL`, or a private
-//! `redis-server` it starts).
+//! way. Dropping an `acquire` gives its reservation back, in Redis too.
+//! `cargo run --example distributed --features redis` shows three
+//! instances sharing one rate (on `REDIS_URL`, or a private `redis-server`
+//! it starts).
 //!
 //! # When Redis fails
 //!
