@@ -142,12 +142,13 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let now = self.now();
-        if books.paused.len() >= self.max_local_keys {
-            books.paused.retain(|_, (until, _)| *until > now);
-        }
         if let Some(known) = books.paused.get_mut(key) {
             *known = (known.0.max(until), known.1 || ours);
-        } else if until > now && books.paused.len() < self.max_local_keys {
+        } else if until > now
+            && books
+                .paused
+                .room(self.max_local_keys, now, |(until, _)| *until)
+        {
             books.paused.insert(key.to_owned(), (until, ours));
         }
     }

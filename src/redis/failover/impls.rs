@@ -296,9 +296,15 @@ impl<K: Key + Display, C: Clock> Late for Failover<K, C> {
     fn late(&self, key: &str, kept: Kept) {
         let now = self.now();
         let mut books = self.books();
-        books.late.retain(|_, late| late.until > now);
-        if kept.debt_micros > 0 && books.late.len() < self.max_local_keys {
+        if kept.debt_micros > 0
+            && (books.late.contains_key(key)
+                || books.late.room(self.max_local_keys, now, |late| late.until))
+        {
             let late = books.late.entry(key.into()).or_default();
+            // (One that has ended counts for nothing: as if it had gone.)
+            if late.until <= now {
+                *late = LateGrants::default();
+            }
             late.until = late.until.max(now.saturating_add(kept.debt_micros));
             late.charge = late.charge.saturating_add(kept.charge_micros);
         }

@@ -197,17 +197,12 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             books.known.remove(key);
         } else if let Some(known) = books.known.get_mut(key) {
             *known = until;
+        } else if books.known.room(self.max_local_keys, now, |until| *until) {
+            books.known.insert(key.to_owned(), until);
         } else {
-            if books.known.len() >= self.max_local_keys {
-                books.known.retain(|_, until| *until > now);
-            }
-            if books.known.len() >= self.max_local_keys {
-                // Kept coarsely: a key of this bucket opens no earlier.
-                let bucket = &mut books.overflow[self.bucket(key)];
-                *bucket = (*bucket).max(until);
-            } else {
-                books.known.insert(key.to_owned(), until);
-            }
+            // Kept coarsely: a key of this bucket opens no earlier.
+            let bucket = &mut books.overflow[self.bucket(key)];
+            *bucket = (*bucket).max(until);
         }
         self.known_len.store(books.known.len(), Ordering::Relaxed);
     }

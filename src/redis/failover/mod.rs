@@ -33,6 +33,7 @@
 //!   callers waiting as for a carry-back.
 
 mod calls;
+mod ending;
 mod impls;
 mod local;
 mod route;
@@ -70,6 +71,7 @@ use crate::meter::Metrics;
 use crate::reservation::{GiveBack, GiveBackId, GivesBack};
 use crate::store::{Engine, Rate, now};
 use crate::{Error, Reservation, Snapshot, Stats};
+use ending::Ending;
 
 /// Where a limiter's keys live in Redis.
 pub(crate) enum Naming {
@@ -136,7 +138,7 @@ pub struct Failover<K, C: Clock> {
 struct Books<K> {
     /// When the debt Redis last reported for a key ends (µs, local clock),
     /// for keys that owed something: at most `max_local_keys`.
-    known: HashMap<K, u64>,
+    known: Ending<K, u64>,
     /// What `known` said of a key the fallback holds when it opened there:
     /// what it carries back is what it granted beyond that (what Redis
     /// granted meanwhile, to a round trip sent before the switch or a
@@ -153,7 +155,7 @@ struct Books<K> {
     floored_for: u64,
     /// The late grants of a key (see [`Late`]), by Redis key: at most
     /// `max_local_keys`.
-    late: HashMap<Arc<str>, LateGrants>,
+    late: Ending<Arc<str>, LateGrants>,
     /// How many round trips whose callers stopped waiting are awaited in
     /// the background, by Redis key (a late grant among them is not known).
     awaited: HashMap<Arc<str>, usize>,
@@ -174,7 +176,7 @@ struct Books<K> {
     /// (as debt: Redis knows no pause then). What a caller that waited is
     /// told as it wakes while Redis is down, and, of the pauses Redis does
     /// not know, beside what Redis says. At most `max_local_keys`.
-    paused: HashMap<K, (u64, bool)>,
+    paused: Ending<K, (u64, bool)>,
 }
 
 /// What a key's late grants (see [`Late`]) left in Redis.
@@ -290,17 +292,17 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             learns: AtomicBool::new(false),
             known_len: AtomicUsize::new(0),
             books: Mutex::new(Books {
-                known: HashMap::new(),
+                known: Ending::default(),
                 opened: HashMap::new(),
                 overflow: [0; BUCKETS],
                 carrying: HashSet::new(),
                 floored: HashSet::new(),
                 floored_for: 0,
-                late: HashMap::new(),
+                late: Ending::default(),
                 awaited: HashMap::new(),
                 learned: HashMap::new(),
                 queued: Vec::new(),
-                paused: HashMap::new(),
+                paused: Ending::default(),
             }),
             carried: Notify::new(),
             answered: Notify::new(),
