@@ -229,10 +229,11 @@ else
                 -- (Its id as logged: -1 - limit, see read_request.)
                 limit, p, id = r, debts[r], -1 - r
             else
-                -- (What the upstream says limit K[r] has left; its id as
-                -- logged: -101 - limit.)
+                -- (What the upstream says limit K[r] has left, less the
+                -- one that goes when nothing is owed; its id as logged:
+                -- -101 - limit.)
                 limit = K[r]
-                p, cap, id = lesson[9 + 3 * limit], true, -101 - limit
+                p, cap, id = math.max(lesson[9 + 3 * limit] - 1, 0), true, -101 - limit
             end
 
             -- Limits::earliest: the moment every limit allows it, and the first

@@ -20,7 +20,8 @@
 //!   before answers the load the refusal answered: it raises nothing).
 //! * A limit the upstream says is spent (`remaining` 0, with its `reset`) is
 //!   paused until the reset; one with `remaining` (0 included, without a
-//!   reset) keeps at most that many permits stored. (Pauses and caps drop
+//!   reset) keeps at most one fewer stored (none for 0), beside the one that
+//!   goes whenever nothing is owed: `n` left, `n` at once. (Pauses and caps drop
 //!   the stored permits of bursty limits only: a warming-up limit's slow it
 //!   down, and it keeps them.)
 //!
@@ -326,12 +327,18 @@ impl Limits {
             }
         }
         for (i, reported) in lesson.limits.iter().enumerate().take(n) {
-            // (0 too: a spent bursty limit with no reset stores nothing; one
-            // with a reset is paused above, which stores nothing already.)
+            // `n` left: `n - 1` stored, beside the one request that goes
+            // whenever nothing is owed, so that `n` go at once. (0 too: a
+            // spent bursty limit with no reset stores nothing and lets one
+            // go; one with a reset is paused above, which stores nothing
+            // already.)
             if let Some(remaining) = reported.remaining {
                 // Logged while the log holds anything, binding or not, so
                 // that a give-back or a settle replays it at its place.
-                self.keep_stored_at_most(i, remaining, now_micros);
+                // (In doubles, as the script counts: above 2^53 `n - 1`
+                // rounds as it does there.)
+                let cap = (remaining as f64 - 1.0).max(0.0) as u64;
+                self.keep_stored_at_most(i, cap, now_micros);
             }
         }
     }

@@ -40,11 +40,11 @@
 //!   at least one a day) caps that limit at 0.97 of it, never above the
 //!   configured rate; a limit it reports spent (`remaining` 0) waits for its
 //!   reset (at most a day; with no reset given, it stores nothing), and one
-//!   with some left stores no more than that (nor does it after a call
-//!   settled or a reservation given back later). Stored permits are what
-//!   goes beside the one request that goes whenever nothing is owed: with
-//!   `n` left and nothing owed, `n + 1` may go at once, and with none left
-//!   and no reset, one (the upstream's answer to it teaches the rest). A
+//!   with `n` left lets no more than `n` go at once (nor after a call
+//!   settled or a reservation given back later): it stores `n - 1`, beside
+//!   the one request that goes whenever nothing is owed; with none left and
+//!   no reset, it stores nothing and one goes (the upstream's answer to it
+//!   teaches the rest). A
 //!   warming-up limit's stored permits make it slower, not faster, so
 //!   neither a pause nor what is left takes them away: "none left" never
 //!   warms a cold limit up. A cap stays until the upstream reports another: successes that report

@@ -220,8 +220,8 @@ fn a_cap_on_what_is_left_survives_a_settle_and_a_give_back() {
     settled.learn(&left(2), 10, &Learning::default());
     settled.settle(call.id.unwrap(), &Cost::from(1), &Cost::from(1), 20);
     settled.keep(call.id.unwrap(), 20);
-    // The 2 left, and the one that goes when nothing is owed.
-    assert_eq!(at_once(&mut settled, 20), 3);
+    // The 2 left: one stored, and the one that goes when nothing is owed.
+    assert_eq!(at_once(&mut settled, 20), 2);
     // Given back: a request waits for the first of two limits while the
     // second stores 7; the upstream says the second has 2 left; the
     // request is given back (it leaves nothing to give back then).
@@ -243,18 +243,18 @@ fn a_cap_on_what_is_left_survives_a_settle_and_a_give_back() {
     given.learn(&second_left, 10, &Learning::default());
     given.give_back(waiting.id.unwrap(), 20);
     let stored = given.states()[1].stored_permits();
-    assert!(stored <= 2.0 + 1e-6, "the second limit stores {stored}");
+    assert!(stored <= 1.0 + 1e-6, "the second limit stores {stored}");
     // A cap that takes nothing away is logged all the same: the open call
     // settles exactly, and the replay caps where the lesson came. Had the
     // call cost 1 in the first place, 9 would have been stored when the
-    // upstream said 7 were left: 7 and the one when nothing is owed (10
-    // before caps were logged, the cap not replayed).
+    // upstream said 7 were left: 6 stored and the one when nothing is owed
+    // (10 before caps were logged, the cap not replayed).
     let mut kept = limits(&[10.0]);
     let call = kept.open(&Cost::from(5), 0, u64::MAX).unwrap();
     kept.learn(&left(7), 10, &Learning::default());
     assert!(kept.settle(call.id.unwrap(), &Cost::from(5), &Cost::from(1), 20));
     kept.keep(call.id.unwrap(), 20);
-    assert_eq!(at_once(&mut kept, 20), 8);
+    assert_eq!(at_once(&mut kept, 20), 7);
 }
 
 /// Two limits of 1/s: the first stores up to 1, the second up to 10.
@@ -311,19 +311,20 @@ fn a_cap_that_took_nothing_away_survives_a_give_back_of_an_earlier_request() {
     // stores 4 after it.
     let held = limits.reserve(5, 0, true);
     assert_eq!(held.wait_micros, SECOND);
-    // Half a second in, the upstream says the second has 6 left: it stores
-    // 4, so the cap takes nothing away.
+    // Half a second in, the upstream says the second has 6 left (5 stored
+    // beside the one when nothing is owed): it stores 4, so the cap takes
+    // nothing away.
     limits.learn(&second_left(6), SECOND / 2, &Learning::default());
     assert!(limits.give_back(held.id.unwrap(), SECOND / 2));
     // Without the reservation the second would have stored 8.5 when the
-    // upstream said 6 were left: 6, then another half second's worth, and
+    // upstream said 6 were left: 5, then another half second's worth, and
     // the one that goes when nothing is owed.
     let mut twin = slow_second();
     twin.reserve(2, 0, false);
     twin.learn(&second_left(6), SECOND / 2, &Learning::default());
     assert_eq!(limits.states(), twin.states());
     let second_only = Cost::each([0, 1]);
-    assert_eq!(at_once_of(&mut limits, &second_only, SECOND), 7);
+    assert_eq!(at_once_of(&mut limits, &second_only, SECOND), 6);
 }
 
 /// A settle after a cap that took permits away is exact: the call's
@@ -338,9 +339,10 @@ fn a_settle_after_a_cap_that_took_permits_away_is_exact() {
     // Estimated at 20 of the first (19 s of debt) and 1 of the second.
     let call = limits.open(&Cost::each([20, 1]), 0, u64::MAX).unwrap();
     assert_eq!(limits.states()[0].next_free_micros(), 19 * SECOND);
-    // The second stores 9; the upstream says 2 are left.
+    // The second stores 9; the upstream says 2 are left: 1 stored, beside
+    // the one when nothing is owed.
     limits.learn(&second_left(2), 10, &Learning::default());
-    assert_eq!(limits.states()[1].stored_permits(), 2.0);
+    assert_eq!(limits.states()[1].stored_permits(), 1.0);
     // It cost 1 of each.
     let id = call.id.unwrap();
     assert!(limits.settle(id, &Cost::each([20, 1]), &Cost::each([1, 1]), 20));
@@ -354,11 +356,12 @@ fn a_settle_after_a_cap_that_took_permits_away_is_exact() {
     assert_eq!(limits.reserve(1, 20, false).wait_micros, 0);
 }
 
-/// An upstream that says a limit has nothing left, with no reset to wait
-/// for, caps what it stores at nothing: no more go at once than after
-/// "1 left" (one fewer: the one that goes when nothing is owed). A
-/// `remaining` of 0 once capped nothing, and the limit's whole burst went
-/// (9 at once where "1 left" let 2).
+/// What an upstream says is left is how many go at once: `n` left stores
+/// `n - 1` beside the one that goes when nothing is owed (`n + 1` went).
+/// One that says a limit has nothing left, with no reset to wait for,
+/// caps what it stores at nothing: one goes, as after "1 left" (its answer
+/// teaches the rest). A `remaining` of 0 once capped nothing, and the
+/// limit's whole burst went (9 at once where "1 left" let 2).
 #[test]
 fn nothing_left_without_a_reset_stores_nothing() {
     let at_once = |remaining| {
@@ -375,5 +378,8 @@ fn nothing_left_without_a_reset_stores_nothing() {
         limits.learn(&lesson, 0, &Learning::default());
         at_once_of(&mut limits, &paceline::Cost::each([1]), 0)
     };
-    assert_eq!((at_once(1), at_once(0)), (2, 1));
+    assert_eq!(
+        (at_once(5), at_once(2), at_once(1), at_once(0)),
+        (5, 2, 1, 1)
+    );
 }

@@ -384,12 +384,12 @@ fn remaining_zero_waits_for_the_reset() {
     assert!(wait > ms(690) && wait <= ms(700), "{wait:?}");
     // Not a refusal: the rate stays.
     assert!(close(limiter.rate(), 100.0));
-    // remaining 3, no reset: 3 stored, 4 at once.
+    // remaining 3, no reset: 2 stored, 3 at once.
     clock.advance(Duration::from_secs(10));
     let mut quota = Quota::default();
     quota.remaining = Some(3);
     feed(&limiter, &Feedback::new(200).with_quota(quota));
-    assert_eq!(limiter.snapshot().unwrap().remaining(), 4);
+    assert_eq!(limiter.snapshot().unwrap().remaining(), 3);
 }
 
 // ---- Call ----

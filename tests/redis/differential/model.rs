@@ -504,12 +504,16 @@ impl Model {
         if pausing || self.rates() != before {
             self.log.clear();
         }
-        // What the upstream says each limit has left caps what it stores,
-        // and is logged, in turn, while the log holds anything (whether it
+        // What the upstream says each limit has left caps what it stores
+        // (one fewer: beside the one that goes when nothing is owed), and
+        // is logged, in turn, while the log holds anything (whether it
         // took some away or not), so that a replay caps at the same place
         // (0 included: a spent limit with a reset is paused above).
         for (i, reported) in lesson.limits.iter().enumerate().take(n) {
-            if let Some(left) = reported.remaining {
+            if let Some(left) = reported
+                .remaining
+                .map(|left| (left as f64 - 1.0).max(0.0) as u64)
+            {
                 self.expire(now);
                 if !self.log.is_empty() {
                     self.log.push_back(Entry {
