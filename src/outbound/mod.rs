@@ -139,11 +139,13 @@
 //! fails the call. A slot taken from the fallback stays there until its call
 //! ends, unseen by Redis; a call still waiting for one when Redis comes back
 //! asks Redis instead. The fallback's slots count only the calls it lets
-//! in: the calls that held leases when Redis went down go on, so one process
-//! may have `k` and its share in flight while Redis is down, and after it
-//! (the fallback's calls unseen: up to `k` and its share until they end;
-//! after a restart that lost the leases, up to `2k` until the older calls
-//! end).
+//! in: the calls that held leases when Redis went down go on, so the fleet
+//! may have `k` and every process's share in flight while Redis is down,
+//! and as many after it until the fallback's calls end (Redis does not see
+//! them); after a restart that lost the leases, Redis sees neither those
+//! nor the fallback's calls and grants `k` more: up to `2k` and every
+//! process's share until the older calls end (three processes sharing
+//! `Limit::concurrent(4)` at a `local_fraction` of a third, 4 + 3 + 4 = 11).
 //!
 //! What an answer teaches while Redis is down: `Local` learns it in the
 //! fallback and carries a refusal's pause back to Redis at its length (the

@@ -214,7 +214,9 @@ async fn concurrent_k_without_redis_and_after_a_restart_stays_within_the_documen
     eprintln!("{:?}", stats.totals);
     // Before: k. Without Redis, once the calls holding leases end (100 ms
     // long, and up to 400 ms late on a loaded machine): one slot per
-    // process. Always: at most 2k.
+    // process. Always: at most 2k (the calls before the kill ended long
+    // before Redis came back; with longer calls, 2k and the shares: the
+    // test below).
     let most = |from: Duration, to: Duration| {
         stats
             .buckets
@@ -232,4 +234,86 @@ async fn concurrent_k_without_redis_and_after_a_restart_stays_within_the_documen
         ) <= 3
     );
     assert!(stats.totals.max_in_flight <= 8, "{:?}", stats.totals);
+}
+
+/// `Limit::concurrent(4)` on three instances (a share of one slot each
+/// while Redis is down) of five tasks, each making one call 2 s long: four
+/// take leases, Redis is killed at 300 ms (the other calls wait in the
+/// fallbacks, one of each goes) and restarted empty at 600 ms, while every
+/// call before it is still in flight. Redis sees neither the leases it lost
+/// nor the fallbacks' calls, and gives four new leases: the upstream counts
+/// up to `2k` and the shares in flight (11 here), not `2k`, until the older
+/// calls end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_k_after_a_restart_during_long_calls_stays_within_2k_and_the_shares() {
+    let mut redis = RedisServer::start();
+    let upstream = Upstream::start(Config {
+        latency: Duration::from_millis(2_000),
+        limits: Limits {
+            requests_per_second: None,
+            tokens_per_second: None,
+            max_in_flight: None,
+            window_secs: 1,
+        },
+        ..Config::default()
+    })
+    .unwrap();
+    let mut handles = Vec::new();
+    let mut keep = Vec::new();
+    let t0 = Instant::now();
+    for _ in 0..3 {
+        // (The probe every 50 ms: Redis back is seen at once.)
+        let backend = RedisBackend::builder(redis::Client::open(redis.url()).unwrap())
+            .response_timeout(Duration::from_secs(2))
+            .probe_interval(Duration::from_millis(50))
+            .build()
+            .await
+            .unwrap();
+        let limiter = Arc::new(
+            RateLimiter::builder()
+                .limit(Limit::per_second(1_000.0).named("requests"))
+                .limit(Limit::per_second(1_000_000.0).named("tokens"))
+                .limit(Limit::concurrent(4))
+                .redis(&backend, "restart-k")
+                .fallback(Fallback::Local)
+                .local_fraction(1.0 / 3.0)
+                .build()
+                .unwrap(),
+        );
+        let client = OutboundLayer::new(Arc::clone(&limiter)).layer(Client::new(upstream.addr()));
+        for _ in 0..5 {
+            let mut client = client.clone();
+            handles.push(tokio::spawn(async move {
+                assert_eq!(client.call(complete()).await.unwrap().status(), 200);
+            }));
+        }
+        keep.push((backend, limiter));
+    }
+    tokio::time::sleep_until((t0 + Duration::from_millis(300)).into()).await;
+    let killing = upstream.stats().elapsed;
+    redis.kill();
+    tokio::time::sleep_until((t0 + Duration::from_millis(600)).into()).await;
+    redis.restart();
+    join(handles).await;
+    let stats = upstream.stats();
+    let line: Vec<String> = stats
+        .buckets
+        .iter()
+        .map(|b| format!("{}:{}", b.start.as_millis(), b.max_in_flight))
+        .collect();
+    eprintln!("killed at {killing:?}: {}", line.join(" "));
+    let before = stats
+        .buckets
+        .iter()
+        .filter(|b| b.start + stats.bucket <= killing)
+        .map(|b| b.max_in_flight)
+        .max()
+        .unwrap_or(0);
+    assert!(before <= 4, "{before} in flight before the kill");
+    assert_eq!(stats.totals.admitted, 15, "{:?}", stats.totals);
+    assert!(
+        stats.totals.max_in_flight <= 2 * 4 + 3,
+        "{:?}",
+        stats.totals
+    );
 }
