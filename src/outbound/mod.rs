@@ -61,8 +61,12 @@
 //!
 //! Estimates: what a call costs past its estimate is always charged, and what
 //! it costs less is given back while the limiter's log still holds the call
-//! ([`Call::settle`]). With more callers waiting on one key than the log
-//! holds, estimate low: the excess is charged when the answer says it.
+//! ([`Call::settle`]). What is given back frees room after the calls
+//! already waiting, which keep their moments: with many callers waiting, an
+//! estimate well above the real cost holds the throughput under the rate
+//! (at four times the cost, about 0.6 of it with 16 waiting), so estimate
+//! near the cost or low; with more callers waiting on one key than the log
+//! holds, low: the excess is charged when the answer says it.
 //!
 //! The upstream's names for its limits (`requests`, `tokens`) reach the limits
 //! [named](crate::Limit::named) so; what it reports without a name reaches the
@@ -91,7 +95,10 @@
 //! taken and then refused by the schedule goes back at once.
 //! [`Stats::in_flight`](crate::Stats) counts the calls holding a slot. A keyed
 //! limiter has `k` slots per key, and holds nothing for a key with no call
-//! holding or waiting for one.
+//! holding or waiting for one. A call dropped while its request is out
+//! (a caller's timeout) frees its slot at once, though the upstream may
+//! still be serving it: with `k` matching an upstream's own bound, time
+//! calls out no sooner than the upstream answers, or set `k` lower.
 //!
 //! ```
 //! use std::time::Duration;
