@@ -87,6 +87,7 @@ impl BackendError {
 
     /// The backend's own error, which caused this one: the
     /// [`source`](std::error::Error::source), and part of the message.
+    #[must_use]
     pub fn with_source(
         mut self,
         source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
@@ -97,6 +98,7 @@ impl BackendError {
 
     /// Marks the error as a timeout (the backend did not answer in time), or
     /// not.
+    #[must_use]
     pub fn with_timeout(mut self, timed_out: bool) -> Self {
         self.0.timed_out = timed_out;
         self

@@ -84,6 +84,7 @@ use std::future::Future;
 use std::io;
 use std::ops::Deref;
 use std::pin::Pin;
+use std::sync::{Mutex, PoisonError};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -126,8 +127,11 @@ pub(crate) type Wait<'a, L, T> = Pin<Box<dyn Future<Output = (L, Result<T, Error
 pub(crate) enum Gate<'a, L, T> {
     /// No reservation pending.
     Idle(L),
-    /// A reservation pending: dropping it gives the permits back.
-    Waiting(Wait<'a, L, T>),
+    /// A reservation pending: dropping it gives the permits back. In a
+    /// mutex that is never locked (the future is reached only through
+    /// `&mut`), so that the gate is `Sync` though the future is not, as a
+    /// body that boxes its stream asks.
+    Waiting(Mutex<Wait<'a, L, T>>),
     /// Only if a reservation panicked: the limiter went with it.
     Gone,
 }
@@ -147,7 +151,7 @@ impl<'a, L, T> Gate<'a, L, T> {
         if let Gate::Idle(_) = self
             && let Gate::Idle(limiter) = std::mem::replace(self, Gate::Gone)
         {
-            *self = Gate::Waiting(wait(limiter));
+            *self = Gate::Waiting(Mutex::new(wait(limiter)));
         }
     }
 
@@ -157,7 +161,7 @@ impl<'a, L, T> Gate<'a, L, T> {
         // Out of the gate while it is polled: a reservation that panics
         // leaves the gate `Gone`, not a future that panics again.
         let mut waiting = match std::mem::replace(self, Gate::Gone) {
-            Gate::Waiting(waiting) => waiting,
+            Gate::Waiting(waiting) => waiting.into_inner().unwrap_or_else(PoisonError::into_inner),
             other => {
                 *self = other;
                 return Poll::Ready(None);
@@ -165,7 +169,7 @@ impl<'a, L, T> Gate<'a, L, T> {
         };
         match waiting.as_mut().poll(cx) {
             Poll::Pending => {
-                *self = Gate::Waiting(waiting);
+                *self = Gate::Waiting(Mutex::new(waiting));
                 Poll::Pending
             }
             Poll::Ready((limiter, outcome)) => {

@@ -157,6 +157,9 @@
 //! `snapshot` changes nothing. The `_blocking` methods are not futures:
 //! nothing cancels them.
 #![warn(missing_docs)]
+// A method that returns its receiver changed (a builder step, an option
+// set on a copy) does nothing if its value is dropped.
+#![warn(clippy::return_self_not_must_use)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(docsrs, doc(auto_cfg(hide(feature = "internals"))))]
 #![forbid(unsafe_code)]

@@ -290,6 +290,12 @@ where
 /// for a [`KeyedLimiter`].
 pub struct KeyedCharge<F, K>(F, PhantomData<fn() -> K>);
 
+impl<F, K> fmt::Debug for KeyedCharge<F, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedCharge").finish_non_exhaustive()
+    }
+}
+
 impl<'a, T, L, F, K> Charge<'a, T, L> for KeyedCharge<F, K>
 where
     L: Deref<Target: KeyedLimiter<K> + 'a> + Send + 'a,

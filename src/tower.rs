@@ -114,6 +114,7 @@ impl<L> RateLimitLayer<L> {
     /// longer reserves nothing and fails at once with [`Throttled`] (the
     /// wait it would have needed); zero refuses unless a permit is free now.
     /// E.g. `.max_wait(Duration::from_millis(50))`.
+    #[must_use]
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = Some(max_wait);
         self
@@ -298,6 +299,7 @@ pub struct KeyedRateLimitLayer<L, F> {
 
 impl<L, F> KeyedRateLimitLayer<L, F> {
     /// As [`RateLimitLayer::max_wait`], for the request's key.
+    #[must_use]
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = Some(max_wait);
         self

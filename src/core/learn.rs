@@ -92,6 +92,7 @@ impl Learning {
     /// 0.7). Here and in `increase`, `floor` and `margin`, a value out of
     /// range (NaN included) makes the limiter's `build` fail with
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument).
+    #[must_use]
     pub fn decrease(mut self, factor: f64) -> Self {
         self.decrease = factor;
         self
@@ -99,12 +100,14 @@ impl Learning {
 
     /// What each [`interval`](Self::interval) of successes adds back, as
     /// a fraction of the configured rate, in `[0, 1]` (default 0.05).
+    #[must_use]
     pub fn increase(mut self, fraction: f64) -> Self {
         self.increase = fraction;
         self
     }
 
     /// How often successes may raise the rate (default 1 s; at least 1 ms).
+    #[must_use]
     pub fn interval(mut self, interval: std::time::Duration) -> Self {
         self.interval_micros = super::micros(interval).max(1_000);
         self
@@ -112,12 +115,14 @@ impl Learning {
 
     /// The lowest fraction of the configured rate refusals bring it to, in
     /// `(0, 1]` (default 0.05).
+    #[must_use]
     pub fn floor(mut self, fraction: f64) -> Self {
         self.floor = fraction;
         self
     }
 
     /// How long a refusal without `Retry-After` pauses (default 1 s).
+    #[must_use]
     pub fn pause(mut self, pause: std::time::Duration) -> Self {
         self.pause_micros = super::micros(pause);
         self
@@ -126,6 +131,7 @@ impl Learning {
     /// The fraction of a rate the upstream reports that the limiter runs at,
     /// in `(0, 1]` (default 0.97): a little under it, so that calls that
     /// arrive unevenly still find room.
+    #[must_use]
     pub fn margin(mut self, fraction: f64) -> Self {
         self.margin = fraction;
         self

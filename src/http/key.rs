@@ -184,6 +184,7 @@ impl<T> PeerIp<T> {
     /// assert_ne!(from("[2001:db8:1:2::a]:443"), from("[2001:db8:1:3::a]:443"));
     /// # Ok::<(), std::net::AddrParseError>(())
     /// ```
+    #[must_use]
     pub fn ipv6_prefix(mut self, bits: u8) -> Self {
         self.ipv6_prefix = bits.min(128);
         self

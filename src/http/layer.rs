@@ -179,6 +179,7 @@ impl<L, X, H> RateLimitLayer<L, X, H> {
     /// lets go of the inner service's readiness meanwhile (room that other
     /// clients' requests may need) and makes it ready again once its wait
     /// is over.
+    #[must_use]
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.config.max_wait = max_wait;
         self
@@ -186,6 +187,7 @@ impl<L, X, H> RateLimitLayer<L, X, H> {
 
     /// Which rate-limit headers every response carries. Default
     /// [`Headers::Ietf`].
+    #[must_use]
     pub fn headers(mut self, headers: Headers) -> Self {
         self.config.headers = headers;
         self
@@ -193,6 +195,7 @@ impl<L, X, H> RateLimitLayer<L, X, H> {
 
     /// The policy's name in the headers (default `default`). Characters
     /// a header cannot carry are replaced by `?`.
+    #[must_use]
     pub fn policy_name(mut self, name: &str) -> Self {
         let mut quoted = String::with_capacity(name.len() + 2);
         quoted.push('"');
@@ -288,6 +291,7 @@ fn answer<R: Default>(status: StatusCode) -> Response<R> {
 /// answers: which, the policy's name, and the key's snapshot after the
 /// grant (`None`: none).
 #[doc(hidden)]
+#[derive(Debug)]
 pub struct Pending(Option<(Headers, Arc<PolicyName>, Snapshot)>);
 
 /// What adds a granted request's headers to its response.

@@ -160,6 +160,7 @@ pub trait Limiter: Send + Sync {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
+    #[must_use = "dropped, it does not say whether the permits were taken"]
     fn take_now(&self, permits: u32) -> Option<Result<bool, Error>> {
         let _ = permits;
         None
@@ -311,6 +312,7 @@ pub trait KeyedLimiter<K: Sync>: Send + Sync {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `permits` is 0.
+    #[must_use = "dropped, it does not say whether the permits were taken"]
     fn take_now(&self, key: &K, permits: u32) -> Option<Result<bool, Error>> {
         let _ = (key, permits);
         None

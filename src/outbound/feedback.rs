@@ -105,6 +105,7 @@ impl Feedback {
     }
 
     /// With `Retry-After`, cut to a day at most.
+    #[must_use]
     pub fn with_retry_after(mut self, after: Duration) -> Feedback {
         self.retry_after = Some(cut(after));
         self
@@ -112,6 +113,7 @@ impl Feedback {
 
     /// With this quota (its name lowercased, its reset cut to a day), in place
     /// of one of the same name; past 8 distinct names, left out.
+    #[must_use]
     pub fn with_quota(mut self, mut quota: Quota) -> Feedback {
         quota.reset = quota.reset.map(cut);
         if let Some(name) = &mut quota.name {

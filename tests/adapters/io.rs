@@ -593,6 +593,17 @@ async fn any_handle_that_derefs_to_a_limiter_works() {
     is_send(&ThrottledReader::new(tokio::io::empty(), limiter));
 }
 
+/// A reader or writer wrapped into a body that asks for `Send + Sync` (a
+/// file streamed as a request body) is both, whatever its pending chunk
+/// waits on.
+#[test]
+fn readers_and_writers_are_sync_for_bodies_that_ask_it() {
+    fn assert_send_sync<T: Send + Sync + 'static>(_: &T) {}
+    let limiter: Arc<dyn Limiter> = Arc::new(RateLimiter::bursty(MB_PER_S).unwrap());
+    assert_send_sync(&ThrottledReader::new(tokio::io::empty(), limiter.clone()));
+    assert_send_sync(&ThrottledWriter::new(tokio::io::sink(), limiter));
+}
+
 /// 1 MiB at 2 MiB/s with no burst: 0.5 s on the schedule. The copy returns
 /// when its last chunk is granted, up to one chunk (10 ms) before the
 /// schedule ends, so never before 0.49 s whatever the machine does; late

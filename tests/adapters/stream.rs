@@ -311,6 +311,20 @@ fn throttled_streams_are_send_with_a_shared_limiter() {
     assert_eq!(throttled.size_hint(), (3, Some(3)));
 }
 
+/// A body type that boxes its stream (`Body::wrap_stream`, `BoxBody`) asks
+/// for `Send + Sync`: a throttled stream is both, keyed or not, whatever
+/// future its pending item waits on.
+#[test]
+fn throttled_streams_are_sync_for_bodies_that_ask_it() {
+    fn assert_send_sync<T: Send + Sync + 'static>(_: &T) {}
+    let limiter: Arc<dyn Limiter> = Arc::new(RateLimiter::bursty(10.0).unwrap());
+    assert_send_sync(&stream::iter(0..3).throttle(limiter));
+    let per_user = Arc::new(KeyedRateLimiter::<String>::bursty(10.0).unwrap());
+    let keyed =
+        stream::iter(["a", "b"]).throttle_keyed(per_user, |user: &&str| (user.to_string(), 1));
+    assert_send_sync(&keyed);
+}
+
 #[tokio::test]
 async fn twenty_items_at_50_per_second_take_380_ms_on_the_real_clock() {
     let limiter = Arc::new(RateLimiter::bursty(50.0).unwrap());

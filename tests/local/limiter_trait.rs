@@ -81,6 +81,64 @@ fn limiters_are_send_sync_and_shareable() {
     assert_send_sync::<Arc<dyn Limiter>>();
 }
 
+/// Every future of a limiter is `Send`, so a task can be spawned with it on
+/// a multi-thread runtime: each method, with and without a key (a `String`
+/// key asked with `&String` or `&str`), on the limiter and through the
+/// traits, the reservations and calls held across an await.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_future_can_be_spawned() {
+    let single = Arc::new(RateLimiter::bursty(1e6).unwrap());
+    let keyed = Arc::new(paceline::KeyedRateLimiter::<String>::bursty(1e6).unwrap());
+    let shared: Arc<dyn Limiter> = single.clone();
+    let shared_keyed: Arc<dyn paceline::KeyedLimiter<String>> = keyed.clone();
+    let zero = Duration::ZERO;
+    let tasks = vec![
+        tokio::spawn(async move {
+            single.acquire(1).await?;
+            single.try_acquire(1, zero).await?;
+            let reservation = single.reservation(1)?;
+            tokio::task::yield_now().await;
+            reservation.wait().await;
+            let call = single.call(1).await?;
+            tokio::task::yield_now().await;
+            drop(single.try_call(1, zero).await?);
+            call.settle(1)
+        }),
+        tokio::spawn(async move {
+            let key = String::from("alice");
+            keyed.acquire(&key, 1).await?;
+            keyed.try_acquire(key.as_str(), 1, zero).await?;
+            let reservation = keyed.reservation(&key, 1)?;
+            tokio::task::yield_now().await;
+            reservation.wait().await;
+            let call = keyed.call(key.as_str(), 1).await?;
+            tokio::task::yield_now().await;
+            drop(keyed.try_call(&key, 1, zero).await?);
+            call.settle(1)
+        }),
+        tokio::spawn(async move {
+            shared.acquire(1).await?;
+            shared.try_acquire(1, zero).await?;
+            let reservation = shared.reservation(1).await?;
+            tokio::task::yield_now().await;
+            reservation.wait().await;
+            shared.snapshot().await.map(drop)
+        }),
+        tokio::spawn(async move {
+            let key = String::from("bob");
+            shared_keyed.acquire(&key, 1).await?;
+            shared_keyed.try_acquire(&key, 1, zero).await?;
+            let reservation = shared_keyed.reservation(&key, 1).await?;
+            tokio::task::yield_now().await;
+            reservation.wait().await;
+            shared_keyed.snapshot(&key).await.map(drop)
+        }),
+    ];
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+}
+
 /// What a limiter counts reads the same through the traits as on the
 /// limiter: calls in flight, keys held.
 #[tokio::test(flavor = "current_thread")]

@@ -746,3 +746,73 @@ async fn limit_rates_changed_from_two_threads_are_both_made() {
         thread.join().unwrap();
     }
 }
+
+/// Every future of a Redis limiter is `Send`, so a task can be spawned with
+/// it on a multi-thread runtime: each method, with and without a key (a
+/// `String` key asked with `&String` or `&str`), on the limiter and through
+/// the traits, the reservations and calls held across an await. Checked
+/// when the tests build: `spawned` is never called.
+#[test]
+fn every_future_can_be_spawned() {
+    fn spawned(
+        single: Arc<RateLimiter<Redis>>,
+        keyed: Arc<paceline::KeyedRateLimiter<String, Redis>>,
+    ) -> Vec<tokio::task::JoinHandle<Result<(), Error>>> {
+        let shared: Arc<dyn Limiter> = single.clone();
+        let shared_keyed: Arc<dyn paceline::KeyedLimiter<String>> = keyed.clone();
+        let zero = Duration::ZERO;
+        vec![
+            tokio::spawn(async move {
+                single.reserve(1).await?;
+                single.try_reserve(1, zero).await?;
+                single.snapshot().await?;
+                single.acquire(1).await?;
+                single.try_acquire(1, zero).await?;
+                let reservation = single.reservation(1).await?;
+                tokio::task::yield_now().await;
+                reservation.wait().await;
+                drop(single.try_reservation(1, zero).await?);
+                let call = single.call(1).await?;
+                tokio::task::yield_now().await;
+                drop(single.try_call(1, zero).await?);
+                call.settle(1)
+            }),
+            tokio::spawn(async move {
+                let key = String::from("alice");
+                keyed.reserve(&key, 1).await?;
+                keyed.try_reserve(key.as_str(), 1, zero).await?;
+                keyed.snapshot(&key).await?;
+                keyed.acquire(&key, 1).await?;
+                keyed.try_acquire(key.as_str(), 1, zero).await?;
+                let reservation = keyed.reservation(&key, 1).await?;
+                tokio::task::yield_now().await;
+                reservation.wait().await;
+                drop(keyed.try_reservation(key.as_str(), 1, zero).await?);
+                let call = keyed.call(key.as_str(), 1).await?;
+                tokio::task::yield_now().await;
+                drop(keyed.try_call(&key, 1, zero).await?);
+                call.settle(1)
+            }),
+            tokio::spawn(async move {
+                shared.acquire(1).await?;
+                let reservation = shared.reservation(1).await?;
+                tokio::task::yield_now().await;
+                reservation.wait().await;
+                shared.try_acquire(1, zero).await.map(drop)
+            }),
+            tokio::spawn(async move {
+                let key = String::from("bob");
+                shared_keyed.acquire(&key, 1).await?;
+                let reservation = shared_keyed.reservation(&key, 1).await?;
+                tokio::task::yield_now().await;
+                reservation.wait().await;
+                shared_keyed.try_acquire(&key, 1, zero).await.map(drop)
+            }),
+            tokio::spawn(async move {
+                let client = paceline::redis::Client::open("redis://127.0.0.1:1/").unwrap();
+                RedisBackend::builder(client).build().await.map(drop)
+            }),
+        ]
+    }
+    let _ = spawned as fn(_, _) -> _;
+}
