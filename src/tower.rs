@@ -217,9 +217,31 @@ impl<S: fmt::Debug, L> fmt::Debug for RateLimit<S, L> {
     }
 }
 
-/// The response future of [`RateLimit`]: the inner service's, with its
-/// error boxed, or an error at once (a refusal, a limiter's failure).
-pub type ResponseFuture<F, R, E> = Either<MapErr<F, fn(E) -> BoxError>, Ready<Result<R, BoxError>>>;
+pin_project_lite::pin_project! {
+    /// The response future of [`RateLimit`]: the inner service's, with its
+    /// error boxed, or an error at once (a refusal, a limiter's failure).
+    pub struct ResponseFuture<F, R, E> {
+        #[pin]
+        inner: Either<MapErr<F, fn(E) -> BoxError>, Ready<Result<R, BoxError>>>,
+    }
+}
+
+impl<F, R, E> Future for ResponseFuture<F, R, E>
+where
+    F: Future<Output = Result<R, E>>,
+{
+    type Output = Result<R, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().inner.poll(cx)
+    }
+}
+
+impl<F, R, E> fmt::Debug for ResponseFuture<F, R, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
 
 impl<S, L, Req> Service<Req> for RateLimit<S, L>
 where
@@ -272,13 +294,18 @@ where
         match std::mem::replace(&mut self.permit, Permit::None) {
             Permit::Free => {}
             Permit::Refused(retry_after) => {
-                return Either::Right(ready(Err(Throttled { retry_after }.into())));
+                let inner = Either::Right(ready(Err(Throttled { retry_after }.into())));
+                return ResponseFuture { inner };
             }
-            Permit::Failed(error) => return Either::Right(ready(Err(error.into()))),
+            Permit::Failed(error) => {
+                let inner = Either::Right(ready(Err(error.into())));
+                return ResponseFuture { inner };
+            }
             _ => panic!("RateLimit::call before poll_ready returned Ready"),
         }
         let boxed = Into::<BoxError>::into as fn(S::Error) -> BoxError;
-        Either::Left(self.inner.call(request).map_err(boxed))
+        let inner = Either::Left(self.inner.call(request).map_err(boxed));
+        ResponseFuture { inner }
     }
 }
 

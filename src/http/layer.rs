@@ -290,13 +290,11 @@ fn answer<R: Default>(status: StatusCode) -> Response<R> {
 /// The headers a granted request's response gets once the inner service
 /// answers: which, the policy's name, and the key's snapshot after the
 /// grant (`None`: none).
-#[doc(hidden)]
 #[derive(Debug)]
-pub struct Pending(Option<(Headers, Arc<PolicyName>, Snapshot)>);
+struct Pending(Option<(Headers, Arc<PolicyName>, Snapshot)>);
 
 /// What adds a granted request's headers to its response.
-#[doc(hidden)]
-pub type AddHeaders<R, E> = fn((Result<Response<R>, E>, Pending)) -> Result<Response<R>, E>;
+type AddHeaders<R, E> = fn((Result<Response<R>, E>, Pending)) -> Result<Response<R>, E>;
 
 /// Adds a granted request's headers to its response.
 fn add_headers<R, E>(
@@ -309,17 +307,52 @@ fn add_headers<R, E>(
     Ok(response)
 }
 
-/// The response future of [`RateLimit`]: the inner service's, with the
-/// headers added, when the limiter answered at once (a request with its
-/// permit free, or refused at once, on a limiter in this process); boxed
-/// otherwise (a wait, a Redis round trip).
-pub type ResponseFuture<F, R, E> = Either<
+pin_project_lite::pin_project! {
+    /// The response future of [`RateLimit`]: the inner service's, with the
+    /// headers added, when the limiter answered at once (a request with its
+    /// permit free, or refused at once, on a limiter in this process); boxed
+    /// otherwise (a wait, a Redis round trip).
+    pub struct ResponseFuture<F, R, E>
+    where
+        F: Future,
+    {
+        #[pin]
+        inner: Answered<F, R, E>,
+    }
+}
+
+/// What a [`ResponseFuture`] holds: the inner service's future and the
+/// headers to add, an answer at once, or a boxed wait.
+type Answered<F, R, E> = Either<
     Map<Join<F, Ready<Pending>>, AddHeaders<R, E>>,
     Either<
         Ready<Result<Response<R>, E>>,
         Pin<Box<dyn Future<Output = Result<Response<R>, E>> + Send>>,
     >,
 >;
+
+impl<F, R, E> Future for ResponseFuture<F, R, E>
+where
+    F: Future<Output = Result<Response<R>, E>>,
+{
+    type Output = Result<Response<R>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().inner.poll(cx)
+    }
+}
+
+impl<F: Future, R, E> std::fmt::Debug for ResponseFuture<F, R, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+/// An answer at once: `response`.
+fn at_once<F: Future, R, E>(response: Response<R>) -> ResponseFuture<F, R, E> {
+    let inner = Either::Right(Either::Left(future::ready(Ok(response))));
+    ResponseFuture { inner }
+}
 
 /// A try of one permit of `key` with no wait, if `limiter` answers it at
 /// once (one in this process does): whether it was granted.
@@ -377,7 +410,7 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let Some(key) = self.extractor.key(&request) else {
             let response = answer(StatusCode::INTERNAL_SERVER_ERROR);
-            return Either::Right(Either::Left(future::ready(Ok(response))));
+            return at_once(response);
         };
         let config = &self.config;
         // A limiter in this process answers at once: no future to box.
@@ -401,19 +434,20 @@ where
                 let answered =
                     future::join(self.inner.call(request), future::ready(Pending(pending)));
                 let add: AddHeaders<R, S::Error> = add_headers;
-                return Either::Left(answered.map(add));
+                let inner = Either::Left(answered.map(add));
+                return ResponseFuture { inner };
             }
             Some(false) => {
                 if let Some(snapshot) = self.limiter.snapshot_now(&key) {
                     let response = refusal(config, snapshot);
-                    return Either::Right(Either::Left(future::ready(Ok(response))));
+                    return at_once(response);
                 }
             }
             _ => {}
         }
         let ready = take_ready(&mut self.inner);
         let (limiter, config) = (self.limiter.clone(), self.config.clone());
-        Either::Right(Either::Right(Box::pin(async move {
+        let waits = Box::pin(async move {
             match limiter.try_reservation(&key, 1, config.max_wait).await {
                 Ok(Some(reservation)) => {
                     // One that waits lets go of the inner service's
@@ -452,6 +486,10 @@ where
                 },
                 Err(_) => Ok(answer(StatusCode::SERVICE_UNAVAILABLE)),
             }
-        })))
+        });
+        let inner = Either::Right(Either::Right(
+            waits as Pin<Box<dyn Future<Output = _> + Send>>,
+        ));
+        ResponseFuture { inner }
     }
 }

@@ -90,6 +90,4 @@ mod layer;
 pub use client_ip::{ClientIpSource, TrustedProxies};
 pub use headers::Headers;
 pub use key::{ClientIp, Global, Header, KeyExtractor, PeerIp};
-pub use layer::{
-    AddHeaders, EmptyBody, OnRefused, Pending, RateLimit, RateLimitLayer, Refused, ResponseFuture,
-};
+pub use layer::{EmptyBody, OnRefused, RateLimit, RateLimitLayer, Refused, ResponseFuture};
