@@ -15,8 +15,8 @@
 //!
 //! | name | kind | labels | what |
 //! |---|---|---|---|
-//! | `paceline.rate_limiting.requests` | counter | `limiter`, `result` = `acquired` or `refused` | reservations granted, and tries refused (nothing reserved) |
-//! | `paceline.rate_limiting.request.time_in_queue` | histogram, s | `limiter` | the wait of each granted reservation (0 when it went at once) |
+//! | `paceline.rate_limiting.requests` | counter | `limiter`, `result` = `acquired` or `refused` | reservations granted, and tries refused (nothing reserved); a request counts once, as it ended, however often it reserved |
+//! | `paceline.rate_limiting.request.time_in_queue` | histogram, s | `limiter` | the wait of each granted reservation (0 when it went at once); of a request that waited more than once (a call for its slot, a caller again behind a pause an upstream's refusal started), the whole of it, counted once |
 //! | `paceline.rate_limiting.given_back` | counter | `limiter` | reservations given back before their wait ended (a dropped future, a dropped [`Reservation`](crate::Reservation)) |
 //! | `paceline.rate_limiting.keys` | gauge | `limiter` | keys a keyed limiter holds (in this process) |
 //! | `paceline.rate_limiting.upstream.refused` | counter | `limiter` | refusals (429) of an upstream fed back to the limiter ([`Call::learn`](crate::outbound::Call::learn)) |

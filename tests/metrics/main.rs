@@ -9,6 +9,7 @@
 mod support;
 
 mod documented;
+mod pauses;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
