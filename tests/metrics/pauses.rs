@@ -1,7 +1,8 @@
 //! A caller that waited and wakes inside a pause an upstream's refusal
 //! started reserves again behind it: still one request, counted once with
 //! the whole of its wait, as acquired if it went and refused if it did not.
-//! On a manual clock polled by hand, so every step is exact.
+//! A call's wait for its slot is part of its wait too. On a manual clock
+//! polled by hand, so every step is exact.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -190,4 +191,31 @@ fn at_once<F: Future>(future: F) -> F::Output {
         Poll::Ready(out) => out,
         Poll::Pending => panic!("waited"),
     }
+}
+
+/// A call's time in the queue is all it waited: for its slot, then for
+/// its permits.
+#[test]
+fn a_calls_time_in_queue_counts_its_wait_for_a_slot() {
+    let seen = recorder();
+    let clock = ManualClock::default();
+    let limiter = RateLimiter::builder()
+        .limit(Limit::per_second(10.0).burst(1))
+        .limit(Limit::concurrent(1))
+        .name("slot-wait")
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let first = at_once(limiter.call(1)).unwrap();
+    let mut second = waiting(limiter.call(1));
+    clock.set_ms(30);
+    assert!(poll(&mut second).is_none());
+    drop(first);
+    // The slot at 30 ms, the permit at 100.
+    let (went, call) = finish(&clock, &mut second, 1_000);
+    assert_eq!(
+        (went, call.unwrap().waited()),
+        (100, Duration::from_millis(100))
+    );
+    assert_eq!(counts(&seen, "slot-wait"), (2, 0, vec![0.0, 0.1]));
 }
