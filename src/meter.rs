@@ -160,6 +160,7 @@ pub(crate) struct BackendMetrics {
 struct BackendHandles {
     ok: metrics::Histogram,
     failed: metrics::Histogram,
+    timed_out: metrics::Histogram,
     degraded: metrics::Gauge,
     to_local: metrics::Counter,
     to_redis: metrics::Counter,
@@ -189,6 +190,7 @@ impl BackendMetrics {
             let handles = BackendHandles {
                 ok: call(None),
                 failed: call(Some("redis")),
+                timed_out: call(Some("timeout")),
                 degraded: metrics::gauge!(REDIS_DEGRADED),
                 to_local: metrics::counter!(REDIS_FALLBACK_SWITCHES, "to" => "local"),
                 to_redis: metrics::counter!(REDIS_FALLBACK_SWITCHES, "to" => "redis"),
@@ -201,13 +203,18 @@ impl BackendMetrics {
         BackendMetrics {}
     }
 
-    /// A round trip that took `took`, and whether it succeeded.
+    /// A round trip that took `took`, and whether it succeeded; `None`:
+    /// its caller's time ran out `took` after it was sent.
     #[inline]
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-    pub(crate) fn call(&self, took: Duration, ok: bool) {
+    pub(crate) fn call(&self, took: Duration, ok: Option<bool>) {
         #[cfg(feature = "metrics")]
         if let Some(handles) = &self.handles {
-            let histogram = if ok { &handles.ok } else { &handles.failed };
+            let histogram = match ok {
+                Some(true) => &handles.ok,
+                Some(false) => &handles.failed,
+                None => &handles.timed_out,
+            };
             histogram.record(took.as_secs_f64());
         }
     }

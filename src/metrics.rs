@@ -15,13 +15,13 @@
 //!
 //! | name | kind | labels | what |
 //! |---|---|---|---|
-//! | `paceline.rate_limiting.requests` | counter | `limiter`, `result` = `acquired` or `refused` | reservations granted, and tries refused (nothing reserved) |
-//! | `paceline.rate_limiting.request.time_in_queue` | histogram, s | `limiter` | the wait of each granted reservation (0 when it went at once) |
+//! | `paceline.rate_limiting.requests` | counter | `limiter`, `result` = `acquired` or `refused` | reservations granted, and tries refused (nothing reserved); a request counts once, as it ended, however often it reserved |
+//! | `paceline.rate_limiting.request.time_in_queue` | histogram, s | `limiter` | the wait of each granted reservation (0 when it went at once); of a request that waited more than once (a call for its slot, a caller again behind a pause an upstream's refusal started), the whole of it, counted once |
 //! | `paceline.rate_limiting.given_back` | counter | `limiter` | reservations given back before their wait ended (a dropped future, a dropped [`Reservation`](crate::Reservation)) |
 //! | `paceline.rate_limiting.keys` | gauge | `limiter` | keys a keyed limiter holds (in this process) |
 //! | `paceline.rate_limiting.upstream.refused` | counter | `limiter` | refusals (429) of an upstream fed back to the limiter ([`Call::learn`](crate::outbound::Call::learn)) |
 //! | `paceline.rate_limiting.rate` | gauge | `limiter` | the rate a limiter without keys, in this process, runs its first limit at, in permits per second, set when it learns from an upstream's answer (see [`outbound`](crate::outbound)) or its rates are set (`set_rate`, `set_limit_rate`) |
-//! | `db.client.operation.duration` | histogram, s | `db.system.name` = `redis`, `db.operation.name` = `EVALSHA`, `error.type` on failure | each round trip of a Redis limiter |
+//! | `db.client.operation.duration` | histogram, s | `db.system.name` = `redis`, `db.operation.name` = `EVALSHA`, `error.type` on failure (`redis`, or `timeout` where the caller's time ran out first: recorded then, once) | each round trip of a Redis limiter |
 //! | `paceline.redis.degraded` | gauge | | 1 while some part of Redis is down and limiters serve from their fallbacks, else 0 (per backend; the last one to change sets it) |
 //! | `paceline.redis.fallback.switches` | counter | `to` = `local` or `redis` | parts of Redis marked down (calls switch to the fallback) and back up |
 //!

@@ -377,6 +377,39 @@ fn count(engine: &impl Rate, timeout: Option<Duration>, wait: Option<Duration>) 
     }
 }
 
+/// A request that may reserve more than once (again behind a pause: see
+/// [`take_and_wait`]), counted once, when it ends or is dropped, as its
+/// last answer left it: granted with the whole of its wait, from its
+/// start, or refused. Nothing if it got no answer (an error first).
+struct Counted<'a, E: Rate> {
+    engine: &'a E,
+    timeout: Option<Duration>,
+    answer: Option<Option<Duration>>,
+}
+
+impl<'a, E: Rate> Counted<'a, E> {
+    fn new(engine: &'a E, timeout: Option<Duration>) -> Self {
+        Counted {
+            engine,
+            timeout,
+            answer: None,
+        }
+    }
+
+    /// A reservation's wait (`None`: refused), after `waited` before it.
+    fn answered(&mut self, waited: Duration, wait: Option<Duration>) {
+        self.answer = Some(wait.map(|wait| waited + wait));
+    }
+}
+
+impl<E: Rate> Drop for Counted<'_, E> {
+    fn drop(&mut self) {
+        if let Some(wait) = self.answer {
+            count(self.engine, self.timeout, wait);
+        }
+    }
+}
+
 /// Reserves `permits` of `key` and sleeps for the wait; the time slept.
 /// Dropped, it gives back what it took.
 pub(crate) async fn acquire<Q, E>(engine: &E, key: &Q, permits: u32) -> Result<Duration, Error>
@@ -428,10 +461,14 @@ where
     Q: ?Sized + Sync,
     E: Engine<Q>,
 {
+    check_permits(permits)?;
+    let mut counted = Counted::new(engine, timeout);
     let mut waits = Waits::default();
     loop {
         let left = waits.left(timeout);
-        let Some(reservation) = try_reservation(engine, key, permits, left).await? else {
+        let taken = engine.take(key, permits, left).await?;
+        counted.answered(waits.slept, taken.as_ref().map(Reservation::delay));
+        let Some(reservation) = taken else {
             return Ok(None);
         };
         let waited = reservation.wait().await;
@@ -504,6 +541,7 @@ where
         engine.metrics().tried(None);
         return Ok(None);
     };
+    let mut counted = Counted::new(engine, timeout);
     // As `take_and_wait`: again behind a pause learned while it waited.
     let mut waits = Waits {
         slept: slot.waited,
@@ -512,7 +550,7 @@ where
     let pending = loop {
         let left = waits.left(timeout);
         let taken = engine.take_call(key, &cost, left).await?;
-        count(engine, left, taken.as_ref().map(Reservation::delay));
+        counted.answered(waits.slept, taken.as_ref().map(Reservation::delay));
         let Some(reservation) = taken else {
             return Ok(None);
         };
@@ -566,11 +604,12 @@ where
 {
     check_permits(permits)?;
     // As `take_and_wait`: again behind a pause learned while it slept.
+    let mut counted = Counted::new(engine, timeout);
     let mut waits = Waits::default();
     loop {
         let left = waits.left(timeout);
         let taken = engine.take_blocking(key, permits, left)?;
-        count(engine, left, taken);
+        counted.answered(waits.slept, taken);
         let Some(wait) = taken else {
             return Ok(None);
         };

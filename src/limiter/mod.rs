@@ -303,7 +303,8 @@ pub struct Stats {
     pub fallbacks: u64,
     /// How many times it switched back to Redis.
     pub recoveries: u64,
-    /// How many calls its fallback served.
+    /// How many calls its fallback served (a limiter's own; in a Redis
+    /// backend's `stats`, every limiter's).
     pub fallback_calls: u64,
     /// Calls of this process that hold a slot of the limiter's
     /// [`Limit::concurrent`](crate::Limit::concurrent) now (through Redis,

@@ -5,6 +5,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use redis::{RedisError, RedisResult};
@@ -189,15 +190,20 @@ pub(crate) async fn send<T: Answer>(
     let remote = gives_back.then(|| Remote::new(backend, target));
     let (key, args) = (Arc::clone(&target.key), Arc::clone(&target.script_args));
     let led = lead.as_ref().map(|lead| lead.id.clone());
+    // Timed once: as it ends, or as its deadline passes (its reply, if it
+    // comes, is then none of the caller's).
     let metrics = backend.health.metrics();
-    let timed = metrics
-        .timing()
-        .then(|| (metrics.clone(), std::time::Instant::now()));
+    let timed = metrics.timing().then(|| Timed {
+        metrics: metrics.clone(),
+        started: std::time::Instant::now(),
+        done: Arc::new(AtomicBool::new(false)),
+    });
+    let timeout = timed.clone();
     let mut in_flight = InFlight {
         round_trip: Some(Box::pin(async move {
             let reply = script::invoke(&mut connection, &key, &call, &args).await;
-            if let Some((metrics, started)) = timed {
-                metrics.call(started.elapsed(), reply.is_ok());
+            if let Some(timed) = timed {
+                timed.end(Some(reply.is_ok()));
             }
             // The calls queued behind this one go next, or fail with it.
             if let Some(lead) = lead {
@@ -214,7 +220,12 @@ pub(crate) async fn send<T: Answer>(
     let failure = match tokio::time::timeout(deadline.limit, in_flight.reply()).await {
         Ok(Ok(reply)) => return Ok(reply),
         Ok(Err(e)) => failed(e, "call", &target.key)?,
-        Err(_) => deadline.passed(&target.key)?,
+        Err(_) => {
+            if let Some(timed) = timeout {
+                timed.end(None);
+            }
+            deadline.passed(&target.key)?
+        }
     };
     // Given back in the background (see `InFlight`).
     drop(in_flight);
@@ -224,6 +235,25 @@ pub(crate) async fn send<T: Answer>(
         led.fail();
     }
     Err(failure)
+}
+
+/// A round trip's timing, recorded once by whichever comes first: its
+/// reply, or its deadline.
+#[derive(Clone)]
+struct Timed {
+    metrics: crate::meter::BackendMetrics,
+    started: std::time::Instant,
+    done: Arc<AtomicBool>,
+}
+
+impl Timed {
+    /// Records it, if not yet: `ok`, whether it succeeded (`None`: its
+    /// deadline passed).
+    fn end(&self, ok: Option<bool>) {
+        if !self.done.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            self.metrics.call(self.started.elapsed(), ok);
+        }
+    }
 }
 
 /// The connection calls use; with none (none has worked yet), the whole

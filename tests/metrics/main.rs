@@ -9,6 +9,7 @@
 mod support;
 
 mod documented;
+mod pauses;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
@@ -303,4 +304,57 @@ async fn redis_round_trips_outages_and_switches() {
         to_redis + 1
     );
     let _ = RESPONSE_TIMEOUT;
+}
+
+/// A round trip that outlives the response timeout is a failed one, timed
+/// out, recorded once at its deadline: its caller was served by the
+/// fallback. (Its reply, come late, is no success to record.)
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::await_holding_lock)]
+async fn a_redis_round_trip_past_its_deadline_is_one_failure() {
+    use paceline::metrics::REDIS_CALL_DURATION;
+    use paceline::redis::Fallback;
+    use support::poll::{RESPONSE_TIMEOUT, backend};
+    use support::proxy::Proxy;
+    use support::redis_server::RedisServer;
+
+    let seen = recorder();
+    let server = RedisServer::start();
+    let proxy = Proxy::in_front_of(&server);
+    let backend = backend(proxy.client()).await;
+    let limiter = KeyedRateLimiter::<String>::builder()
+        .permits_per_second(1000.0)
+        .redis(&backend, "late-replies")
+        .fallback(Fallback::FailOpen)
+        .build()
+        .unwrap();
+    let ok = [
+        ("db.system.name", "redis"),
+        ("db.operation.name", "EVALSHA"),
+    ];
+    let timed_out = [
+        ("db.system.name", "redis"),
+        ("db.operation.name", "EVALSHA"),
+        ("error.type", "timeout"),
+    ];
+    limiter.reserve(&"a".to_owned(), 1).await.unwrap();
+    let _ = (
+        seen.histogram(REDIS_CALL_DURATION, &ok),
+        seen.histogram(REDIS_CALL_DURATION, &timed_out),
+    );
+    // 400 ms each way: the reply comes 800 ms after the call, long after
+    // its 100 ms.
+    proxy.set_latency(Duration::from_millis(400));
+    limiter.reserve(&"b".to_owned(), 1).await.unwrap();
+    assert!(limiter.stats().degraded);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let late = seen.histogram(REDIS_CALL_DURATION, &timed_out);
+    assert_eq!(late.len(), 1, "{late:?}");
+    assert!(
+        late[0] >= RESPONSE_TIMEOUT.as_secs_f64() && late[0] < 0.5,
+        "{late:?}"
+    );
+    let ok = seen.histogram(REDIS_CALL_DURATION, &ok);
+    assert!(ok.is_empty(), "{ok:?}");
 }

@@ -291,6 +291,41 @@ async fn one_outage_degrades_every_limiter_and_each_carries_its_own_debt_back() 
     );
 }
 
+/// `Stats::fallback_calls` on a limiter counts the calls its own fallback
+/// served; the backend's, those of all its limiters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_limiter_counts_the_calls_its_own_fallback_served() {
+    let server = RedisServer::start();
+    let backend = backend(server.client()).await;
+    let limiter = |name: &str| {
+        KeyedRateLimiter::<String>::builder()
+            .redis(&backend, name)
+            .permits_per_second(1000.0)
+            .fallback(Fallback::Local)
+            .build()
+            .unwrap()
+    };
+    let (busy, idle, untouched) = (limiter("busy"), limiter("idle"), limiter("untouched"));
+    for limiter in [&busy, &idle, &untouched] {
+        limiter.reserve(&"k".to_owned(), 1).await.unwrap();
+    }
+    let mut server = server;
+    server.kill();
+    for user in 0..5 {
+        busy.reserve(&format!("u{user}"), 1).await.unwrap();
+    }
+    busy.snapshot(&"u0".to_owned()).await.unwrap();
+    idle.reserve(&"k".to_owned(), 1).await.unwrap();
+    assert!(untouched.stats().degraded);
+    let served =
+        |limiter: &KeyedRateLimiter<String, paceline::redis::Redis>| limiter.stats().fallback_calls;
+    assert_eq!(
+        (served(&busy), served(&idle), served(&untouched)),
+        (6, 1, 0)
+    );
+    assert_eq!(backend.stats().fallback_calls, 7);
+}
+
 #[test]
 fn a_blocking_backend_serves_blocking_limiters() {
     let server = RedisServer::start();

@@ -148,13 +148,14 @@ impl<K: Key + Display, C: Clock> Rate for Arc<Failover<K, C>> {
     }
 
     fn stats(&self) -> Stats {
-        // The fallback's keys and what it dropped; the switches, the
-        // backend's.
+        // The fallback's keys, what it dropped and the calls it served; the
+        // switches, the backend's.
         let local = self.local.stats();
         Stats {
             degraded: self.is_degraded(),
             keys: local.keys,
             dropped_unfinished: local.dropped_unfinished,
+            fallback_calls: self.fallback_calls.load(Ordering::Relaxed),
             ..self.backend.health.stats()
         }
     }

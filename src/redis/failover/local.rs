@@ -22,7 +22,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.backend.health.count_fallback_call();
+        self.count_fallback_call();
         if self.fallback == Fallback::FailClosed {
             return Ok(Err(self.closed_error(failure)));
         }
@@ -63,7 +63,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ?Sized,
     {
-        self.backend.health.count_fallback_call();
+        self.count_fallback_call();
         match self.fallback {
             Fallback::FailClosed => return Ok(Err(self.closed_error(failure))),
             Fallback::FailOpen => return Ok(Ok(Snapshot::waiting(Duration::ZERO, f64::INFINITY))),
@@ -79,6 +79,12 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         let wait = self.floor(&books, key).saturating_sub(self.now());
         let rate = f64::from_bits(self.rate_bits.load(Ordering::Relaxed));
         Ok(Ok(Snapshot::waiting(Duration::from_micros(wait), rate)))
+    }
+
+    /// A call the fallback serves: this limiter's, and the backend's.
+    fn count_fallback_call(&self) {
+        self.fallback_calls.fetch_add(1, Ordering::Relaxed);
+        self.backend.health.count_fallback_call();
     }
 
     /// The fallback holds keys from now on: the backend tells this limiter

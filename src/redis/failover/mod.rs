@@ -127,6 +127,9 @@ pub struct Failover<K, C: Clock> {
     pub(super) learns: AtomicBool,
     /// Whether the backend tells this limiter of its recoveries.
     registered: AtomicBool,
+    /// The calls its fallback served ([`Stats::fallback_calls`]; the
+    /// backend counts every limiter's).
+    fallback_calls: AtomicU64,
     bucket_hasher: RandomState,
     this: Weak<Self>,
     /// What its calls are counted in (named after its Redis key or prefix).
@@ -290,6 +293,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             max_local_keys: parts.max_local_keys,
             active: AtomicBool::new(false),
             learns: AtomicBool::new(false),
+            fallback_calls: AtomicU64::new(0),
             known_len: AtomicUsize::new(0),
             books: Mutex::new(Books {
                 known: Ending::default(),
