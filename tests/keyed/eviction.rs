@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::support::alloc::bytes_in_use;
 use paceline::clock::{Clock, FakeClock};
-use paceline::outbound::Feedback;
+use paceline::outbound::{Feedback, Quota};
 use paceline::{KeyedRateLimiter, Limit, Local};
 
 const MS: Duration = Duration::from_millis(1);
@@ -503,5 +503,98 @@ fn max_keys_counts_the_keys_of_every_shard_together() {
             limiter.stats().dropped_unfinished >= 2 * cap as u64 - 1,
             "{cap}"
         );
+    }
+}
+
+/// An answer that teaches 1 a second (a burst under one permit).
+fn one_a_second() -> Feedback {
+    let mut quota = Quota::default();
+    quota.limit = Some(1);
+    quota.window = Some(Duration::from_secs(1));
+    Feedback::new(200).with_quota(quota)
+}
+
+/// A call's answer that comes back after the cap dropped its key makes
+/// room as any new key does: one key, counted, loses its debt. The keys
+/// read for that at the configured burst (10), not at the burst the
+/// answer taught (under one permit), by which a key with one permit
+/// stored of ten read as full: all 16 keys went, uncounted, and came back
+/// full, 176 permits granted at once where 41 go.
+#[tokio::test]
+async fn an_answer_after_its_key_was_dropped_leaves_the_other_keys_their_debt() {
+    let clock = FakeClock::new();
+    // max_keys 16: one shard, a batch of one.
+    let limiter = bursty(&clock, Some(16));
+    let call = limiter.call(&100, 1).await.unwrap();
+    for key in 1..17u64 {
+        // One permit stored of ten. At the cap, key 16 drops the caller's
+        // key, the nearest to full.
+        assert_eq!(limiter.reserve(&key, 9).unwrap(), Duration::ZERO);
+    }
+    assert_eq!(limiter.stats().dropped_unfinished, 1);
+    call.learn(&one_a_second());
+    drop(call);
+    let stats = limiter.stats();
+    assert_eq!((stats.keys, stats.dropped_unfinished), (16, 2), "{stats:?}");
+    let granted: Vec<u64> = (1..17u64)
+        .map(|key| {
+            let mut granted = 0;
+            while limiter
+                .try_reserve(&key, 1, Duration::ZERO)
+                .unwrap()
+                .is_some()
+            {
+                granted += 1;
+            }
+            granted
+        })
+        .collect();
+    // The key dropped for the answer's: its burst and one into debt; every
+    // other: its one stored and one into debt.
+    assert_eq!(granted.iter().sum::<u64>(), 11 + 15 * 2, "{granted:?}");
+    assert_eq!(
+        granted.iter().filter(|&&n| n == 2).count(),
+        15,
+        "{granted:?}"
+    );
+}
+
+/// An answer that comes back after the cap dropped its key, at a call
+/// that moves the shard's keys to a base near the clock (hours after the
+/// last), leaves them at the configured rate: they had moved at the rate
+/// the answer taught, 1 a second and a burst under one permit, for every
+/// key of the shard, those never seen included.
+#[tokio::test]
+async fn an_answer_after_its_key_was_dropped_leaves_the_shard_at_its_rate() {
+    let clock = FakeClock::new();
+    let limiter = bursty(&clock, Some(16));
+    let call = limiter.call(&100, 1).await.unwrap();
+    // 15 keys owe 3 hours, with a reservation held behind the debt.
+    let mut held = Vec::new();
+    for key in 1..16u64 {
+        limiter.reserve(&key, 10 + 108_010).unwrap();
+        let reservation = limiter.reservation(&key, 1).unwrap();
+        assert!(reservation.can_give_back());
+        held.push(reservation);
+    }
+    clock.advance(Duration::from_millis(10_800_500));
+    // A new call at the cap drops the first caller's key.
+    let second = limiter.call(&17, 1).await.unwrap();
+    assert_eq!(limiter.stats().dropped_unfinished, 1);
+    // The held reservations' moments pass; the first answer comes back.
+    clock.advance(Duration::from_millis(700));
+    call.learn(&one_a_second());
+    for reservation in held {
+        reservation.keep();
+    }
+    drop((call, second));
+    clock.advance(Duration::from_secs(5));
+    for key in [1u64, 2, 500] {
+        // Full at 10 a second: ten stored and one at once, then 100 ms.
+        for permit in 0..11 {
+            let wait = limiter.reserve(&key, 1).unwrap();
+            assert_eq!(wait, Duration::ZERO, "key {key} permit {permit}");
+        }
+        assert_eq!(limiter.reserve(&key, 1).unwrap(), 100 * MS, "key {key}");
     }
 }

@@ -462,26 +462,27 @@ impl<K: Hash + Eq + Clone> Table<K> {
             return (result.map(|r| (r, serial)), Dropped::default());
         }
         // (A key marked as held as limits was found above.)
-        let known = match (&self.config, self.words.get_mut(key)) {
+        let dropped = match (&self.config, self.words.get_mut(key)) {
             (Some(config), Some(cell)) => {
                 let state = &mut self.template.states_mut()[0];
                 word::decode_into(*cell.get_mut(), now, config, state);
-                true
+                Dropped::default()
             }
             _ => {
+                // Room first, while the template holds the configured
+                // limits: a sweep reads their rates and bursts, which a
+                // step can change (a lesson), and would drop keys as full
+                // by another key's learned burst. (A new key's step is
+                // never refused: it starts with no debt.)
+                let dropped = self.make_room(now);
                 for state in self.template.states_mut() {
                     start(state, self.mode, now);
                 }
-                false
+                dropped
             }
         };
         let Some(result) = step(&mut self.template) else {
-            return (None, Dropped::default());
-        };
-        let dropped = if known {
-            Dropped::default()
-        } else {
-            self.make_room(now)
+            return (None, dropped);
         };
         let serial = self.keep_scratch(key, now);
         (Some((result, serial)), dropped)
