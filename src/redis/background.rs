@@ -37,24 +37,10 @@ impl Backend {
         work: impl Future<Output = T> + Send + 'static,
         bound: Option<Duration>,
     ) -> Result<T, Error> {
+        self.may_block()?;
         let Some(handle) = self.runtime.handle() else {
             return Err(shut_down());
         };
-        if let RuntimeRef::Borrowed {
-            driver: Some(driver),
-            ..
-        } = &self.runtime
-            && driver.is_current()
-        {
-            return Err(Error::InvalidArgument(
-                "a blocking call (acquire_blocking, try_acquire_blocking) cannot run on the \
-                 thread that drives the current-thread Tokio runtime the limiter uses: it \
-                 would stop the runtime it waits for. Use the async method (e.g. \
-                 acquire().await), call it from spawn_blocking, or build the limiter with \
-                 build_blocking()"
-                    .to_owned(),
-            ));
-        }
         blocking_section(move || {
             let (done, result) = std::sync::mpsc::sync_channel(1);
             // (Dropped unrun, or with its runtime: the channel closes.)
@@ -74,6 +60,31 @@ impl Backend {
                 }
             })
         })
+    }
+
+    /// Whether this thread may block on the backend's runtime: not if it
+    /// drives the current-thread runtime the backend runs on (see
+    /// [`Driver`](super::runtime::Driver)), whether or not a call there
+    /// would wait for that runtime, so that the answer is the same
+    /// whatever the state of Redis.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] on that thread.
+    pub(crate) fn may_block(&self) -> Result<(), Error> {
+        match &self.runtime {
+            RuntimeRef::Borrowed {
+                driver: Some(driver),
+                ..
+            } if driver.is_current() => Err(Error::InvalidArgument(
+                "a blocking call (acquire_blocking, try_acquire_blocking) cannot run on the \
+                 thread that drives the current-thread Tokio runtime the limiter uses: it \
+                 would stop the runtime it waits for. Use the async method (e.g. \
+                 acquire().await), call it from spawn_blocking, or build the limiter with \
+                 build_blocking()"
+                    .to_owned(),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// How long a blocking call waits for the backend's runtime to run it:

@@ -32,7 +32,8 @@ impl RuntimeRef {
 
 /// The thread that drives a borrowed current-thread runtime (the one in
 /// its `block_on`): a blocking call there would stop the runtime it waits
-/// for. Other threads that see the runtime (its blocking pool's) may block.
+/// for. Other threads that see the runtime (its blocking pool's) may block,
+/// and so may that thread once its `block_on` has returned.
 pub(crate) struct Driver {
     /// The thread the limiter was built on: taken for the driver until a
     /// task of the runtime says which thread runs it.
@@ -55,10 +56,12 @@ impl Driver {
         driver
     }
 
-    /// Whether this thread drives the runtime.
+    /// Whether this thread drives the runtime now: it is the runtime's
+    /// thread, inside a runtime (outside, its `block_on` has returned and
+    /// nothing is stopped by blocking it).
     pub(crate) fn is_current(&self) -> bool {
         let me = thread::current().id();
-        *self.driven_by.get().unwrap_or(&self.built_on) == me
+        *self.driven_by.get().unwrap_or(&self.built_on) == me && Handle::try_current().is_ok()
     }
 }
 

@@ -181,8 +181,10 @@ impl RedisBackendBuilder {
     /// Its connections and background work run on that runtime: once it
     /// shuts down, or is no longer driven (a current-thread runtime whose
     /// `block_on` returned), Redis is out of reach and the limiters serve
-    /// on their fallback, the blocking calls too (they wait for the runtime
-    /// at most twice the response timeout and a second);
+    /// on their fallback, the blocking calls too (the first waits for the
+    /// runtime at most twice the response timeout and a second, and the
+    /// ones after it are served at once until the runtime's probe finds
+    /// Redis again);
     /// [`build_blocking`](Self::build_blocking) gives the backend a runtime
     /// of its own.
     ///

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::support::poll::patient_backend;
+use crate::support::poll::{backend, patient_backend};
 use crate::support::redis_server::RedisServer;
 use paceline::outbound::{Call, Feedback};
 use paceline::redis::{Fallback, Redis};
@@ -142,6 +142,44 @@ async fn blocking_acquires_through_redis_go_behind_the_pause() {
         // Let the pause end before the next round.
         tokio::time::sleep(pause).await;
     }
+}
+
+/// A limiter whose backend's runtime is gone is served by its fallback,
+/// which learns the refusal: a blocking acquire that slept through it goes
+/// behind its pause, as an async one does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_acquire_on_the_fallback_of_a_gone_runtime_goes_behind_the_pause() {
+    let pause = Duration::from_secs(1);
+    let server = RedisServer::start();
+    let client = server.client();
+    let limiter = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let backend = runtime.block_on(backend(client));
+        RateLimiter::builder()
+            .limit(Limit::per_second(10.0).burst(1))
+            .redis(&backend, "gone-runtime")
+            .build()
+            .unwrap()
+    })
+    .join()
+    .unwrap();
+    let limiter = Arc::new(limiter);
+    let start = Instant::now();
+    let first = limiter.call(1).await.unwrap();
+    assert!(limiter.stats().degraded);
+    let waiter = {
+        let limiter = Arc::clone(&limiter);
+        tokio::task::spawn_blocking(move || {
+            limiter.acquire_blocking(1).unwrap();
+            start.elapsed()
+        })
+    };
+    let learned = refuse(first, start, pause).await;
+    let after = waiter.await.unwrap();
+    behind(after, learned, pause, "acquire_blocking");
 }
 
 /// Keyed through Redis: the refusing key's waiter goes behind its pause,

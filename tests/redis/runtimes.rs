@@ -254,3 +254,68 @@ fn blocking_call_in_a_worker_does_not_starve_other_tasks() {
         "the ticker ran {seen} times during a 200 ms blocking wait"
     );
 }
+
+/// The thread that drove a current-thread runtime drives it only inside
+/// its `block_on`: once that has returned (the runtime idle, then gone),
+/// a blocking call there is served as on any other thread (the fallback,
+/// the runtime being out of reach), not refused; inside `block_on` again,
+/// it is refused.
+#[test]
+fn blocking_calls_on_the_thread_that_drove_a_current_thread_runtime_after_it_returned() {
+    let server = RedisServer::start();
+    let client = server.client();
+    let result = bounded(Duration::from_secs(20), move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let backend = runtime.block_on(backend_builder(client).build()).unwrap();
+        let limiter = limiter_on(&backend, "driver-returned");
+        let idle = limiter.acquire_blocking(1).map_err(|e| e.to_string());
+        let inside = runtime.block_on(async { limiter.acquire_blocking(1) });
+        drop(runtime);
+        let gone = limiter
+            .try_acquire_blocking(1, Duration::from_secs(1))
+            .map_err(|e| e.to_string());
+        (idle, inside, gone, limiter.stats().degraded)
+    });
+    let (idle, inside, gone, degraded) = result.expect("hung");
+    assert!(idle.is_ok(), "runtime idle: {idle:?}");
+    assert!(
+        matches!(inside, Err(paceline::Error::InvalidArgument(_))),
+        "inside block_on: {inside:?}"
+    );
+    assert_eq!(gone, Ok(true), "runtime gone");
+    assert!(degraded);
+}
+
+/// A backend whose current-thread runtime is no longer driven: the first
+/// blocking call waits for it (at most twice the response timeout and a
+/// second, 1.2 s here) and finds Redis out of reach; the calls after it
+/// are served by the fallback at once, as the async calls are, not each
+/// after one more such wait (5 calls took 6 s).
+#[test]
+fn blocking_calls_wait_once_for_a_runtime_no_longer_driven() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let backend = runtime
+        .block_on(backend_builder(server.client()).build())
+        .unwrap();
+    let limiter = Arc::new(limiter_on(&backend, "undriven-pace"));
+    let blocking = Arc::clone(&limiter);
+    let took = bounded(Duration::from_secs(20), move || {
+        let start = std::time::Instant::now();
+        for _ in 0..5 {
+            blocking.acquire_blocking(1).unwrap();
+        }
+        start.elapsed()
+    })
+    .expect("hung");
+    // One wait of 1.2 s, and room for a loaded machine; not five.
+    assert!(took < Duration::from_millis(2_400), "5 calls took {took:?}");
+    assert!(limiter.stats().degraded);
+    drop(runtime);
+}

@@ -115,23 +115,42 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         if !self.learns.load(Ordering::Relaxed) {
             return None;
         }
-        // A pause this process knows (only the ones Redis does not, beside
-        // Redis's answer: each pause is told on one clock only, so that a
-        // caller goes behind it once).
-        let known = |ours_only: bool| {
-            let now = self.now();
-            let books = self.books();
-            let (until, ours) = books.paused.get(key).copied()?;
-            (until > now && (ours || !ours_only)).then_some(until)
-        };
+        // Beside Redis's answer, only the pauses it does not know: each
+        // pause is told on one clock only, so that a caller goes behind it
+        // once.
         let paused = |stored: Stored| {
             let until = stored.learned.map(|learned| learned.paused_until);
             until
                 .filter(|&until| until > stored.now_micros)
-                .or_else(|| known(true))
+                .or_else(|| self.known_pause(key, true))
         };
-        let local = |_, _| Ok(Ok(self.local.paused_until(key).or_else(|| known(false))));
+        let local = |_, _| Ok(Ok(self.paused_locally(key)));
         self.read_status(key, paused, local).await.ok().flatten()
+    }
+
+    /// [`paused`](Self::paused) while Redis is down or out of reach: as the
+    /// fallback or an earlier reply said.
+    pub(super) fn paused_locally<Q>(&self, key: &Q) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.local
+            .paused_until(key)
+            .or_else(|| self.known_pause(key, false))
+    }
+
+    /// The end of `key`'s pause as this process knows it, while it lasts
+    /// (`ours_only`: only one Redis does not know).
+    fn known_pause<Q>(&self, key: &Q, ours_only: bool) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let now = self.now();
+        let books = self.books();
+        let (until, ours) = books.paused.get(key).copied()?;
+        (until > now && (ours || !ours_only)).then_some(until)
     }
 
     /// Remembers that `key`'s pause ends at `until` (µs, local clock);

@@ -39,34 +39,43 @@ where
 
     /// The call runs on the backend's runtime while this thread blocks; a
     /// runtime that is gone or no longer driven puts Redis out of reach
-    /// from here, and the fallback serves the call.
+    /// from here, and the fallback serves the call. While the key's part of
+    /// Redis is down, the fallback serves it here, as it would there, so
+    /// that a runtime no longer driven is waited for once, not per call
+    /// (the probe, on that runtime, says when Redis is back).
     fn take_blocking(
         &self,
         key: &Q,
         permits: u32,
         timeout: Option<Duration>,
     ) -> Result<Option<Duration>, Error> {
-        let (this, owned) = (Arc::clone(self), key.to_owned());
-        let work = async move {
-            Engine::<K>::take_wait(&this, &owned, Ok(permits), timeout, |taken| taken).await
-        };
-        match self
-            .backend
-            .block_on(work, Some(self.backend.blocking_bound()))
-        {
-            Ok(taken) => taken,
-            Err(Error::Backend(failure)) => {
-                let target = self.target(key);
-                self.backend
-                    .degrade(&failure, target.clone(), Scope::Backend);
-                let take = |local| now(Engine::take(local, key, permits, timeout));
-                match self.serve_locally(key, &target, Some(failure), false, take) {
-                    Ok(served) => served.map(|taken| taken.map(Reservation::keep)),
-                    // (An impatient caller never waits for a carry-back.)
-                    Err(_) => Ok(None),
+        self.backend.may_block()?;
+        let target = self.target(key);
+        let failure = if self.is_down(&target) {
+            None
+        } else {
+            let (this, owned) = (Arc::clone(self), key.to_owned());
+            let work = async move {
+                Engine::<K>::take_wait(&this, &owned, Ok(permits), timeout, |taken| taken).await
+            };
+            match self
+                .backend
+                .block_on(work, Some(self.backend.blocking_bound()))
+            {
+                Ok(taken) => return taken,
+                Err(Error::Backend(failure)) => {
+                    self.backend
+                        .degrade(&failure, target.clone(), Scope::Backend);
+                    Some(failure)
                 }
+                Err(error) => return Err(error),
             }
-            Err(error) => Err(error),
+        };
+        let take = |local| now(Engine::take(local, key, permits, timeout));
+        match self.serve_locally(key, &target, failure, false, take) {
+            Ok(served) => served.map(|taken| taken.map(Reservation::keep)),
+            // (An impatient caller never waits for a carry-back.)
+            Err(_) => Ok(None),
         }
     }
 
@@ -89,17 +98,22 @@ where
         Failover::paused(self, key)
     }
 
-    /// The status runs on the backend's runtime while this thread blocks.
+    /// The status runs on the backend's runtime while this thread blocks;
+    /// as [`take_blocking`](Self::take_blocking), while the key's part of
+    /// Redis is down or out of reach from here, the fallback answers.
     fn paused_blocking(&self, key: &Q) -> Option<u64> {
         if !self.learns.load(Ordering::Relaxed) {
             return None;
         }
-        let (this, key) = (Arc::clone(self), key.to_owned());
+        if self.is_down(&self.target(key)) {
+            return self.paused_locally(key);
+        }
+        let (this, owned) = (Arc::clone(self), key.to_owned());
         let paused = self.backend.block_on(
-            async move { Failover::paused(&this, key.borrow()).await },
+            async move { Failover::paused(&this, owned.borrow()).await },
             Some(self.backend.blocking_bound()),
         );
-        paused.ok().flatten()
+        paused.unwrap_or_else(|_| self.paused_locally(key))
     }
 }
 
