@@ -40,9 +40,15 @@ use super::micros;
 ///   exactly `warmup` of continuous use, so
 ///   `max - threshold = 2 × warmup / (stable + cold)`;
 /// * the flat area left of the threshold is `warmup / 2`, so
-///   `threshold = 0.5 × warmup / stable`, which makes cooling down (0 to `max`
-///   stored permits, at `warmup / max` per permit idle) take exactly `warmup`
-///   too.
+///   `threshold = 0.5 × warmup / stable` (the classic choice: at a cold factor
+///   of 3 the flat part holds as many permits as the ramp). Spending every
+///   stored permit of a cold limiter so takes `1.5 × warmup`.
+///
+/// Cooling down, from none to `max` stored permits, takes `warmup` whatever
+/// the shape: an idle limiter stores one permit per `warmup / max`. (The
+/// threshold moves the ramp along, not its shape: the waits of a cold start
+/// do not depend on it, only how many permits are stored and how fast they
+/// come back.)
 ///
 /// A zero or sub-microsecond `warmup` makes `max_permits` zero: the limiter
 /// then limits like a bursty one with no burst, never "not at all".

@@ -23,6 +23,7 @@ mod documented;
 mod exactness;
 mod extremes;
 mod fast_path;
+mod first_principles;
 mod give_back;
 mod held_sequences;
 mod learn;
