@@ -14,7 +14,7 @@ use std::time::Duration;
 use paceline::clock::{Clock, FakeClock};
 use paceline::{Limit, Local, RateLimiter};
 
-use crate::support::fake::micros;
+use crate::support::fake::{micros, warming_up};
 use crate::support::rng::Rng;
 
 /// The warming-up curve in the classic terms: stable and cold intervals
@@ -55,24 +55,6 @@ impl Curve {
         let spent = permits.min(stored);
         self.area(stored) - self.area(stored - spent) + (permits - spent) * self.stable
     }
-}
-
-fn warming_up(
-    rate: f64,
-    warmup: Duration,
-    cold_factor: f64,
-) -> (RateLimiter<Local, FakeClock>, FakeClock) {
-    let clock = FakeClock::new();
-    let limiter = RateLimiter::builder()
-        .limit(
-            Limit::per_second(rate)
-                .warmup(warmup)
-                .cold_factor(cold_factor),
-        )
-        .clock(clock.clone())
-        .build()
-        .unwrap();
-    (limiter, clock)
 }
 
 fn now(clock: &FakeClock) -> u64 {

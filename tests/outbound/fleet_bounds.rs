@@ -32,6 +32,38 @@ async fn backend(url: &str) -> RedisBackend {
         .unwrap()
 }
 
+/// An upstream that answers every call after `latency` and limits nothing:
+/// it counts the calls in flight.
+fn counting_upstream(latency: Duration) -> Upstream {
+    Upstream::start(Config {
+        latency,
+        limits: Limits {
+            requests_per_second: None,
+            tokens_per_second: None,
+            max_in_flight: None,
+            window_secs: 1,
+        },
+        ..Config::default()
+    })
+    .unwrap()
+}
+
+/// `Limit::concurrent(4)` (with rates that never bind) through `backend`
+/// as `name`, a third of the slots in each process while Redis is down.
+fn four_at_once(backend: &RedisBackend, name: &str) -> Arc<RateLimiter<Redis>> {
+    Arc::new(
+        RateLimiter::builder()
+            .limit(Limit::per_second(1_000.0).named("requests"))
+            .limit(Limit::per_second(1_000_000.0).named("tokens"))
+            .limit(Limit::concurrent(4))
+            .redis(backend, name)
+            .fallback(Fallback::Local)
+            .local_fraction(1.0 / 3.0)
+            .build()
+            .unwrap(),
+    )
+}
+
 #[derive(Default)]
 struct Counts {
     sent: AtomicU64,
@@ -111,17 +143,7 @@ async fn join(handles: Vec<tokio::task::JoinHandle<()>>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_k_holds_across_instances() {
     let redis = RedisServer::start();
-    let upstream = Upstream::start(Config {
-        latency: Duration::from_millis(30),
-        limits: Limits {
-            requests_per_second: None,
-            tokens_per_second: None,
-            max_in_flight: None,
-            window_secs: 1,
-        },
-        ..Config::default()
-    })
-    .unwrap();
+    let upstream = counting_upstream(Duration::from_millis(30));
     let switch = Switch::new(upstream.addr());
     let counts = Arc::new(Counts::default());
     let end = Instant::now() + Duration::from_secs(3);
@@ -129,17 +151,7 @@ async fn concurrent_k_holds_across_instances() {
     let mut keep = Vec::new();
     for _ in 0..3 {
         let backend = backend(&redis.url()).await;
-        let limiter = Arc::new(
-            RateLimiter::builder()
-                .limit(Limit::per_second(1_000.0).named("requests"))
-                .limit(Limit::per_second(1_000_000.0).named("tokens"))
-                .limit(Limit::concurrent(4))
-                .redis(&backend, "hunt-k")
-                .fallback(Fallback::Local)
-                .local_fraction(1.0 / 3.0)
-                .build()
-                .unwrap(),
-        );
+        let limiter = four_at_once(&backend, "hunt-k");
         handles.extend(run(&limiter, &switch, 8, end, &counts, 70));
         keep.push((backend, limiter));
     }
@@ -160,17 +172,7 @@ async fn concurrent_k_holds_across_instances() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_k_without_redis_and_after_a_restart_stays_within_the_documented_bounds() {
     let mut redis = RedisServer::start();
-    let upstream = Upstream::start(Config {
-        latency: Duration::from_millis(100),
-        limits: Limits {
-            requests_per_second: None,
-            tokens_per_second: None,
-            max_in_flight: None,
-            window_secs: 1,
-        },
-        ..Config::default()
-    })
-    .unwrap();
+    let upstream = counting_upstream(Duration::from_millis(100));
     let switch = Switch::new(upstream.addr());
     let counts = Arc::new(Counts::default());
     let t0 = Instant::now();
@@ -179,17 +181,7 @@ async fn concurrent_k_without_redis_and_after_a_restart_stays_within_the_documen
     let mut keep = Vec::new();
     for _ in 0..3 {
         let backend = backend(&redis.url()).await;
-        let limiter = Arc::new(
-            RateLimiter::builder()
-                .limit(Limit::per_second(1_000.0).named("requests"))
-                .limit(Limit::per_second(1_000_000.0).named("tokens"))
-                .limit(Limit::concurrent(4))
-                .redis(&backend, "hunt-k")
-                .fallback(Fallback::Local)
-                .local_fraction(1.0 / 3.0)
-                .build()
-                .unwrap(),
-        );
+        let limiter = four_at_once(&backend, "hunt-k");
         handles.extend(run(&limiter, &switch, 8, end, &counts, 70));
         keep.push((backend, limiter));
     }
@@ -247,17 +239,7 @@ async fn concurrent_k_without_redis_and_after_a_restart_stays_within_the_documen
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_k_after_a_restart_during_long_calls_stays_within_2k_and_the_shares() {
     let mut redis = RedisServer::start();
-    let upstream = Upstream::start(Config {
-        latency: Duration::from_millis(2_000),
-        limits: Limits {
-            requests_per_second: None,
-            tokens_per_second: None,
-            max_in_flight: None,
-            window_secs: 1,
-        },
-        ..Config::default()
-    })
-    .unwrap();
+    let upstream = counting_upstream(Duration::from_millis(2_000));
     let mut handles = Vec::new();
     let mut keep = Vec::new();
     let t0 = Instant::now();
@@ -269,17 +251,7 @@ async fn concurrent_k_after_a_restart_during_long_calls_stays_within_2k_and_the_
             .build()
             .await
             .unwrap();
-        let limiter = Arc::new(
-            RateLimiter::builder()
-                .limit(Limit::per_second(1_000.0).named("requests"))
-                .limit(Limit::per_second(1_000_000.0).named("tokens"))
-                .limit(Limit::concurrent(4))
-                .redis(&backend, "restart-k")
-                .fallback(Fallback::Local)
-                .local_fraction(1.0 / 3.0)
-                .build()
-                .unwrap(),
-        );
+        let limiter = four_at_once(&backend, "restart-k");
         let client = OutboundLayer::new(Arc::clone(&limiter)).layer(Client::new(upstream.addr()));
         for _ in 0..5 {
             let mut client = client.clone();
