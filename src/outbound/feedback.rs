@@ -152,7 +152,8 @@ impl Feedback {
     /// list, items of one name that set different fields are one quota
     /// (`limit=50, remaining=49`), and two that set the same field are two
     /// policies, of which the more restrictive is kept, its rate (`q` with
-    /// its `w`) and its remaining (with its reset) each whole. A `Retry-After`
+    /// its `w`) and its remaining (with its reset; of two as few, the later)
+    /// each whole. A `Retry-After`
     /// or reset longer than a day is cut to a day (one of more seconds than a
     /// `u64` holds too); what does not parse (any other number that overflows
     /// a `u64`, bytes that are not text) is left out. The work is linear in
@@ -401,8 +402,8 @@ fn same_name(a: Option<&[u8]>, b: Option<&[u8]>) -> bool {
 /// is another policy of that name: the more restrictive of the two is kept,
 /// its rate whole (`q` with its `w`: `100;w=60, 5000;w=3600` is 5 000 an
 /// hour, and `100, 5000;w=3600` too, never 100 an hour) and its remaining
-/// with its reset (the fewer left), never a field of one with a field of
-/// the other.
+/// with its reset (the fewer left; as few, the later reset), never a field
+/// of one with a field of the other.
 fn combine(kept: &mut Quota, next: Quota) {
     let overlaps = (kept.limit.is_some() && next.limit.is_some())
         || (kept.window.is_some() && next.window.is_some())
@@ -426,10 +427,14 @@ fn combine(kept: &mut Quota, next: Quota) {
     {
         (kept.limit, kept.window) = (next.limit, next.window);
     }
-    if let Some(left) = next.remaining
-        && kept.remaining.is_none_or(|kept_left| left < kept_left)
-    {
-        (kept.remaining, kept.reset) = (Some(left), next.reset);
+    match (kept.remaining, next.remaining) {
+        (_, None) => {}
+        (Some(kept_left), Some(left)) if kept_left < left => {}
+        // (As few left in both: the later reset, when both have room.)
+        (Some(kept_left), Some(left)) if kept_left == left => {
+            kept.reset = kept.reset.max(next.reset);
+        }
+        (_, left) => (kept.remaining, kept.reset) = (left, next.reset),
     }
 }
 
