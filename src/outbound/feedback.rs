@@ -79,7 +79,7 @@ impl Quota {
 }
 
 /// A rate-limit header line: when it is read ([`classify`]), the field its
-/// value sets, its `X-RateLimit-*` suffix, its value.
+/// value sets (a list's: its header), its `X-RateLimit-*` suffix, its value.
 type Line<'h> = (u8, &'static [u8], &'h str, &'h [u8]);
 
 impl Feedback {
@@ -147,19 +147,21 @@ impl Feedback {
     ///
     /// Where two headers give the same field of a quota, the first read wins:
     /// the current IETF headers, then their older forms, then `X-RateLimit-*`,
-    /// each in the order given. Within one line, items of one name that set
-    /// different fields are one quota (`limit=50, remaining=49`), and two
-    /// that set the same field are two policies, of which the more
-    /// restrictive is kept, its rate (`q` with its `w`) and its remaining
-    /// (with its reset) each whole. A `Retry-After` or reset longer than a day is
-    /// cut to a day (one of more seconds than a `u64` holds too); what does
-    /// not parse (any other number that overflows a `u64`, bytes that are
-    /// not text) is left out. The work is linear in the
-    /// headers' length, and bounded: 256 lines looked at, 32 rate-limit lines
-    /// read (`Retry-After` apart: read wherever it comes among the 256), 16
-    /// items of a line and 16 parameters of an item, 8 quotas kept,
-    /// names of 1 to 64 token characters (an item named otherwise is left
-    /// out). Nothing is allocated but the quotas.
+    /// each in the order given. The lines of one `RateLimit-Policy` or
+    /// `RateLimit` header are one list, as if joined with commas. Within one
+    /// list, items of one name that set different fields are one quota
+    /// (`limit=50, remaining=49`), and two that set the same field are two
+    /// policies, of which the more restrictive is kept, its rate (`q` with
+    /// its `w`) and its remaining (with its reset; of two as few, the later)
+    /// each whole. A `Retry-After`
+    /// or reset longer than a day is cut to a day (one of more seconds than a
+    /// `u64` holds too); what does not parse (any other number that overflows
+    /// a `u64`, bytes that are not text) is left out. The work is linear in
+    /// the headers' length, and bounded: 256 lines looked at, 32 rate-limit
+    /// lines read (`Retry-After` apart: read wherever it comes among the
+    /// 256), 16 items of a line (and names of a list) and 16 parameters of an
+    /// item, 8 quotas kept, names of 1 to 64 token characters (an item named
+    /// otherwise is left out). Nothing is allocated but the quotas.
     pub fn from_headers<'h, I>(status: u16, headers: I, now: SystemTime) -> Feedback
     where
         I: IntoIterator<Item = (&'h str, &'h [u8])>,
@@ -181,8 +183,18 @@ impl Feedback {
                 _ => {}
             }
         }
-        for rank in 1..4 {
-            for &line in lines[..read].iter().filter(|line| line.0 == rank) {
+        let lines = &lines[..read];
+        // The lines of one list header are one list, read where it first
+        // comes: what a client that joins them with commas reads.
+        for (at, &(rank, key, ..)) in lines.iter().enumerate() {
+            let of_it = |line: &&Line<'h>| line.0 == 1 && line.1 == key;
+            if rank == 1 && !lines[..at].iter().any(|line| of_it(&line)) {
+                let values = lines.iter().filter(of_it).map(|line| line.3);
+                feedback.read_list(values, b"q", MAX_ITEMS, now);
+            }
+        }
+        for rank in 2..4 {
+            for &line in lines.iter().filter(|line| line.0 == rank) {
                 feedback.read(line, now);
             }
         }
@@ -248,6 +260,7 @@ impl Feedback {
         quota.reset = quota.reset.or(fields.reset);
     }
 
+    /// Reads a line of the older IETF headers or of `X-RateLimit-*`.
     fn read(&mut self, (rank, key, suffix, value): Line<'_>, now: SystemTime) {
         if rank == 3 || (rank == 2 && key == b"t" && reset(value, now).is_some()) {
             // (`RateLimit-Reset` whole: an HTTP-date holds a comma.)
@@ -256,41 +269,47 @@ impl Feedback {
             let name = Some(suffix.as_bytes()).filter(|suffix| !suffix.is_empty());
             self.merge(name, fields);
         } else {
-            // A list (`RateLimit-Policy`, `RateLimit`), or one number first; a
-            // number item is the quota (`50;w=1`) or the header's field.
-            let (members, number) = if rank == 1 {
-                (MAX_ITEMS, &b"q"[..])
-            } else {
-                (1, key)
+            // One number first: it sets the header's field.
+            self.read_list(std::iter::once(value), key, 1, now);
+        }
+    }
+
+    /// Reads the items of a list's lines (at most `members` a line), a
+    /// number item (`50;w=1`) setting the field `number`: a name's items,
+    /// in all its lines, combined (see `combine`), at most 16 names.
+    fn read_list<'v>(
+        &mut self,
+        values: impl Iterator<Item = &'v [u8]>,
+        number: &[u8],
+        members: usize,
+        now: SystemTime,
+    ) {
+        let mut line: [(Option<&[u8]>, Quota); MAX_ITEMS] = Default::default();
+        let mut names = 0;
+        for member in values.flat_map(|value| split(value, b',').take(members)) {
+            let mut pieces = split(member, b';');
+            let Some((name, (key, value))) = item(pieces.next().unwrap_or_default(), number) else {
+                continue;
             };
-            // A name's items in this line, combined (see `combine`).
-            let mut line: [(Option<&[u8]>, Quota); MAX_ITEMS] = Default::default();
-            let mut names = 0;
-            for member in split(value, b',').take(members) {
-                let mut pieces = split(member, b';');
-                let Some((name, (key, value))) = item(pieces.next().unwrap_or_default(), number)
-                else {
-                    continue;
-                };
-                let mut fields = Quota::default();
+            let mut fields = Quota::default();
+            set(&mut fields, key, value, now);
+            for (key, value) in pieces.take(MAX_ITEMS).filter_map(pair) {
                 set(&mut fields, key, value, now);
-                for (key, value) in pieces.take(MAX_ITEMS).filter_map(pair) {
-                    set(&mut fields, key, value, now);
-                }
-                match line[..names]
-                    .iter_mut()
-                    .find(|(have, _)| same_name(*have, name))
-                {
-                    Some((_, kept)) => combine(kept, fields),
-                    None => {
-                        line[names] = (name, fields);
-                        names += 1;
-                    }
-                }
             }
-            for (name, fields) in &mut line[..names] {
-                self.merge(*name, std::mem::take(fields));
+            match line[..names]
+                .iter_mut()
+                .find(|(have, _)| same_name(*have, name))
+            {
+                Some((_, kept)) => combine(kept, fields),
+                None if names < MAX_ITEMS => {
+                    line[names] = (name, fields);
+                    names += 1;
+                }
+                None => {}
             }
+        }
+        for (name, fields) in &mut line[..names] {
+            self.merge(*name, std::mem::take(fields));
         }
     }
 }
@@ -312,7 +331,7 @@ impl Feedback {
 
 /// What a header named `name` is: when it is read (0 `Retry-After`, 1 the IETF
 /// headers, 2 their older forms, 3 `X-RateLimit-*`), which field a number in
-/// it sets, and its `X-RateLimit-*` suffix.
+/// it sets (a list: which list it is), and its `X-RateLimit-*` suffix.
 fn classify(name: &str) -> Option<(u8, &'static [u8], &str)> {
     if let Some(rest) = strip(name, "x-ratelimit-") {
         let fields = ["limit", "remaining", "reset-after", "reset"];
@@ -327,8 +346,8 @@ fn classify(name: &str) -> Option<(u8, &'static [u8], &str)> {
     }
     let known: [(&str, u8, &'static [u8]); 6] = [
         ("retry-after", 0, b""),
-        ("ratelimit-policy", 1, b""),
-        ("ratelimit", 1, b""),
+        ("ratelimit-policy", 1, b"policy"),
+        ("ratelimit", 1, b"ratelimit"),
         ("ratelimit-limit", 2, b"q"),
         ("ratelimit-remaining", 2, b"r"),
         ("ratelimit-reset", 2, b"t"),
@@ -383,8 +402,8 @@ fn same_name(a: Option<&[u8]>, b: Option<&[u8]>) -> bool {
 /// is another policy of that name: the more restrictive of the two is kept,
 /// its rate whole (`q` with its `w`: `100;w=60, 5000;w=3600` is 5 000 an
 /// hour, and `100, 5000;w=3600` too, never 100 an hour) and its remaining
-/// with its reset (the fewer left), never a field of one with a field of
-/// the other.
+/// with its reset (the fewer left; as few, the later reset), never a field
+/// of one with a field of the other.
 fn combine(kept: &mut Quota, next: Quota) {
     let overlaps = (kept.limit.is_some() && next.limit.is_some())
         || (kept.window.is_some() && next.window.is_some())
@@ -408,10 +427,14 @@ fn combine(kept: &mut Quota, next: Quota) {
     {
         (kept.limit, kept.window) = (next.limit, next.window);
     }
-    if let Some(left) = next.remaining
-        && kept.remaining.is_none_or(|kept_left| left < kept_left)
-    {
-        (kept.remaining, kept.reset) = (Some(left), next.reset);
+    match (kept.remaining, next.remaining) {
+        (_, None) => {}
+        (Some(kept_left), Some(left)) if kept_left < left => {}
+        // (As few left in both: the later reset, when both have room.)
+        (Some(kept_left), Some(left)) if kept_left == left => {
+            kept.reset = kept.reset.max(next.reset);
+        }
+        (_, left) => (kept.remaining, kept.reset) = (left, next.reset),
     }
 }
 

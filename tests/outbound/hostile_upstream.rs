@@ -111,6 +111,74 @@ fn a_retry_after_or_reset_too_long_for_a_u64_is_a_day() {
     assert_eq!(feedback.retry_after(), None);
 }
 
+/// The lines of one `RateLimit-Policy` or `RateLimit` header are one list
+/// (a client or a proxy may join them with commas, or not), but were read
+/// as different headers, the first line winning: a quota of 100 a second
+/// with 50 left, then 10 a second spent for 30 s, let the next caller go
+/// 10 ms later, where the same lines joined paused it 30 s.
+#[test]
+fn the_lines_of_one_list_header_are_one_list() {
+    let lines = answer(
+        200,
+        &[
+            ("RateLimit-Policy", "100;w=1"),
+            ("RateLimit", "remaining=50, reset=1"),
+            ("RateLimit-Policy", "10;w=1"),
+            ("RateLimit", "remaining=0, reset=30"),
+        ],
+    );
+    let joined = answer(
+        200,
+        &[
+            ("RateLimit-Policy", "100;w=1, 10;w=1"),
+            ("RateLimit", "remaining=50, reset=1, remaining=0, reset=30"),
+        ],
+    );
+    assert_eq!(lines, joined);
+    let quota = lines.quota(None).unwrap();
+    assert_eq!((quota.limit, quota.remaining), (Some(10), Some(0)));
+    assert_eq!(quota.reset, Some(Duration::from_secs(30)));
+    let clock = FakeClock::new();
+    let limiter = limiter(100.0, &clock);
+    call_answered(&limiter, &lines);
+    assert_eq!(limiter.snapshot().unwrap().wait(), Duration::from_secs(30));
+}
+
+/// Two policies of one name both spent, one until a reset 1 s away and the
+/// other 30 s: a call waits until both have room, but the first reset was
+/// kept (of two as few left, the first read), and the next caller went
+/// after 1 s. Now the later reset is kept: it waits 30 s, in either order,
+/// in one line or two.
+#[test]
+fn two_spent_policies_keep_the_later_reset() {
+    for lines in [
+        &[("RateLimit", "\"tokens\";r=0;t=1, \"tokens\";r=0;t=30")][..],
+        &[("RateLimit", "\"tokens\";r=0;t=30, \"tokens\";r=0;t=1")],
+        &[
+            ("RateLimit", "\"tokens\";r=0;t=1"),
+            ("RateLimit", "\"tokens\";r=0;t=30"),
+        ],
+        &[("RateLimit", "r=0, r=0;t=30, r=0;t=1")],
+    ] {
+        let feedback = answer(200, lines);
+        let quota = feedback.quotas().first().unwrap();
+        assert_eq!(quota.remaining, Some(0), "{lines:?}");
+        assert_eq!(quota.reset, Some(Duration::from_secs(30)), "{lines:?}");
+    }
+    let clock = FakeClock::new();
+    let limiter = RateLimiter::builder()
+        .limit(Limit::per_second(100.0).burst(1).named("tokens"))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let spent = answer(
+        200,
+        &[("RateLimit", "\"tokens\";r=0;t=1, \"tokens\";r=0;t=30")],
+    );
+    call_answered(&limiter, &spent);
+    assert_eq!(limiter.snapshot().unwrap().wait(), Duration::from_secs(30));
+}
+
 /// A rate that falls leaves the debt as it was charged: the limiter does
 /// not make a caller already charged pay again.
 #[test]
