@@ -4,7 +4,6 @@
 //! real-clock cases are in `pause.rs`).
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -12,19 +11,7 @@ use std::time::Duration;
 use paceline::outbound::Feedback;
 use paceline::{KeyedRateLimiter, Limit, RateLimiter};
 
-use crate::support::manual::ManualClock;
-
-type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
-
-fn poll<T>(future: &mut Boxed<'_, T>) -> Option<T> {
-    match future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
-        Poll::Ready(out) => Some(out),
-        Poll::Pending => None,
-    }
-}
+use crate::support::manual::{Boxed, ManualClock, poll};
 
 /// A future that must be ready at once.
 fn at_once<F: Future>(future: F) -> F::Output {

@@ -5,7 +5,6 @@
 //! polled by hand, so every step is exact.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -14,19 +13,7 @@ use paceline::outbound::Feedback;
 use paceline::{Limit, RateLimiter};
 
 use super::recorder;
-use crate::support::manual::ManualClock;
-
-type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
-
-fn poll<T>(future: &mut Boxed<'_, T>) -> Option<T> {
-    match future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
-        Poll::Ready(out) => Some(out),
-        Poll::Pending => None,
-    }
-}
+use crate::support::manual::{Boxed, ManualClock, poll};
 
 /// `future`, boxed and polled once: it waits.
 fn waiting<'a, T>(future: impl Future<Output = T> + 'a) -> Boxed<'a, T> {

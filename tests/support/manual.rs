@@ -2,9 +2,11 @@
 //! and whose sleeps end only then (a `FakeClock`'s sleep returns at once,
 //! moving time itself: no test could act during it).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use paceline::clock::{Clock, Sleep};
@@ -67,5 +69,19 @@ impl Clock for ManualClock {
                 Poll::Pending
             }
         }))
+    }
+}
+
+/// A future the test polls by hand, as time moves on a [`ManualClock`].
+pub type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+
+/// Polls `future` once (no waker to wake): its output, if ready.
+pub fn poll<T>(future: &mut Boxed<'_, T>) -> Option<T> {
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(out) => Some(out),
+        Poll::Pending => None,
     }
 }
