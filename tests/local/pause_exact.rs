@@ -5,25 +5,12 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use paceline::outbound::Feedback;
 use paceline::{KeyedRateLimiter, Limit, RateLimiter};
 
-use crate::support::manual::{Boxed, ManualClock, poll};
-
-/// A future that must be ready at once.
-fn at_once<F: Future>(future: F) -> F::Output {
-    let mut future = std::pin::pin!(future);
-    match future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
-        Poll::Ready(out) => out,
-        Poll::Pending => panic!("waited"),
-    }
-}
+use crate::support::manual::{Boxed, ManualClock, at_once, poll};
 
 fn refused(ms: u64) -> Feedback {
     Feedback::new(429).with_retry_after(Duration::from_millis(ms))

@@ -5,7 +5,6 @@
 //! polled by hand, so every step is exact.
 
 use std::future::Future;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use paceline::metrics::{GIVEN_BACK, REQUESTS, TIME_IN_QUEUE};
@@ -13,7 +12,7 @@ use paceline::outbound::Feedback;
 use paceline::{Limit, RateLimiter};
 
 use super::recorder;
-use crate::support::manual::{Boxed, ManualClock, poll};
+use crate::support::manual::{Boxed, ManualClock, at_once, poll};
 
 /// `future`, boxed and polled once: it waits.
 fn waiting<'a, T>(future: impl Future<Output = T> + 'a) -> Boxed<'a, T> {
@@ -166,18 +165,6 @@ fn a_blocking_acquire_behind_a_pause_is_one_grant_with_its_whole_wait() {
     let (acquired, refused, waits) = counts(&seen, "pause-blocking");
     assert_eq!((acquired, refused, waits.len()), (2, 0, 2));
     assert!(waits[1] >= 1.0, "{waits:?}");
-}
-
-/// A future that must be ready at once.
-fn at_once<F: Future>(future: F) -> F::Output {
-    let mut future = std::pin::pin!(future);
-    match future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
-        Poll::Ready(out) => out,
-        Poll::Pending => panic!("waited"),
-    }
 }
 
 /// A call's time in the queue is all it waited: for its slot, then for

@@ -85,3 +85,16 @@ pub fn poll<T>(future: &mut Boxed<'_, T>) -> Option<T> {
         Poll::Pending => None,
     }
 }
+
+/// Polls a future that must be ready at once: its output (a panic if it
+/// waits).
+pub fn at_once<F: Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(out) => out,
+        Poll::Pending => panic!("waited"),
+    }
+}
