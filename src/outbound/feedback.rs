@@ -142,7 +142,8 @@ impl Feedback {
     ///
     /// A reset is seconds (`1`, `0.020`), a duration with units (`6m0s`,
     /// `17ms`, `1h2m3.5s`), a time since the Unix epoch in seconds (a number
-    /// from 10^9) or milliseconds (from 10^12), or an HTTP-date;
+    /// from 10^9), milliseconds (from 10^12), microseconds (from 10^15) or
+    /// nanoseconds (from 10^18), or an HTTP-date;
     /// `-Reset-After` is seconds or a duration.
     ///
     /// Where two headers give the same field of a quota, the first read wins:

@@ -306,6 +306,18 @@ fn resets_in_every_form() {
             .unwrap()
             .to_string()
     };
+    let at_us = |offset: i64| {
+        (NOW_SECS * 1_000_000)
+            .checked_add_signed(offset)
+            .unwrap()
+            .to_string()
+    };
+    let at_ns = |offset: i64| {
+        (NOW_SECS * 1_000_000_000)
+            .checked_add_signed(offset)
+            .unwrap()
+            .to_string()
+    };
     let cases = [
         ("1", Some(secs(1))),
         ("0", Some(Duration::ZERO)),
@@ -324,11 +336,19 @@ fn resets_in_every_form() {
         (&at(-30), Some(Duration::ZERO)),
         (&at_ms(1500), Some(ms(1500))),
         (&at_ms(-1500), Some(Duration::ZERO)),
+        // In microseconds and nanoseconds too (once read as milliseconds,
+        // far in the future: a day).
+        (&at_us(1_500_000), Some(ms(1500))),
+        (&at_us(-1_500_000), Some(Duration::ZERO)),
+        (&at_ns(1_500_000_000), Some(ms(1500))),
+        (&at_ns(-1_500_000_000), Some(Duration::ZERO)),
         ("Wed, 01 May 2024 12:00:09 GMT", Some(secs(9))),
         // Just under 10^9: seconds from now, cut to a day.
         ("999999999", Some(DAY)),
         ("1000000h", Some(DAY)),
-        ("1000000000000000000", Some(DAY)),
+        // 10^18 ns since the epoch: 2001, past.
+        ("1000000000000000000", Some(Duration::ZERO)),
+        ("18446744073709551615", Some(DAY)),
         ("18446744073709551615ms", Some(DAY)),
         // Past a u64 of seconds: longer still (once left out).
         ("18446744073709551616", Some(DAY)),

@@ -110,15 +110,18 @@ pub(super) fn retry_after(value: &[u8], now: SystemTime) -> Option<Duration> {
 }
 
 /// A reset: seconds, a duration with units, a time since the epoch in seconds
-/// (from 10^9) or milliseconds (from 10^12), or an HTTP-date.
+/// (from 10^9), milliseconds (from 10^12), microseconds (from 10^15) or
+/// nanoseconds (from 10^18), or an HTTP-date.
 pub(super) fn reset(value: &[u8], now: SystemTime) -> Option<Duration> {
     let value = value.trim_ascii();
     match seconds(value) {
-        Some(at) if at.as_secs() >= 1_000_000_000_000 => {
-            Some(until(Duration::from_millis(at.as_secs()), now))
-        }
-        Some(at) if at.as_secs() >= 1_000_000_000 => Some(until(at, now)),
-        Some(after) => Some(cut(after)),
+        Some(at) => Some(match at.as_secs() {
+            n @ 1_000_000_000_000_000_000.. => until(Duration::from_nanos(n), now),
+            n @ 1_000_000_000_000_000.. => until(Duration::from_micros(n), now),
+            n @ 1_000_000_000_000.. => until(Duration::from_millis(n), now),
+            1_000_000_000.. => until(at, now),
+            _ => cut(at),
+        }),
         // (A time since the epoch too, were it read as one: a day.)
         None if overflowed(value) => Some(MAX_DELAY),
         None => units(value).or_else(|| http_date(value, now).map(|at| until(at, now))),
