@@ -148,7 +148,9 @@ impl<T> PeerIp<T> {
     /// Reads the peer's address from the extension of type `T`. An IPv4
     /// client is keyed by its address (also one mapped into IPv6,
     /// `::ffff:192.0.2.1`, or translated into it by a NAT64 or SIIT gateway
-    /// at the well-known prefix, `64:ff9b::192.0.2.1`, or tunnelling IPv6
+    /// at the well-known prefix, `64:ff9b::192.0.2.1`, or by its whole
+    /// translated address under the local-use prefix `64:ff9b:1::/48`, or
+    /// tunnelling IPv6
     /// through 6to4, `2002:c000:201::/48`, or Teredo, `2001:0::/32` with
     /// the client's address in its last 32 bits); an IPv6 client by
     /// the first 64 bits of its address (see
@@ -198,7 +200,14 @@ impl<T> PeerIp<T> {
             IpAddr::V6(v6) => match ipv4_client(u128::from(v6)) {
                 Some(v4) => IpAddr::V4(v4.into()),
                 None => {
-                    let kept = u32::from(128 - self.ipv6_prefix);
+                    // (Under the local-use translation prefix, whole: see
+                    // `LOCAL_TRANSLATION`.)
+                    let local = u128::from(v6) >> 80 == LOCAL_TRANSLATION;
+                    let kept = if local {
+                        0
+                    } else {
+                        u32::from(128 - self.ipv6_prefix)
+                    };
                     let mask = u128::MAX.checked_shl(kept).unwrap_or(0);
                     IpAddr::V6((u128::from(v6) & mask).into())
                 }
@@ -207,6 +216,14 @@ impl<T> PeerIp<T> {
         }
     }
 }
+
+/// RFC 8215's local-use prefix for translated IPv4 clients, `64:ff9b:1::/48`
+/// (its first 48 bits): a network's own translator puts the IPv4 address
+/// where its chosen address format says (the last 32 bits of a /96, or
+/// split around bits 64 to 71 for a shorter prefix), so a client there is
+/// keyed by its whole address; cut to 64 bits, every IPv4 client behind a
+/// /96 translator would share one key.
+const LOCAL_TRANSLATION: u128 = 0x64_ff9b_0001;
 
 /// The IPv4 client behind an IPv6 address that holds it (as bits), if
 /// one does: RFC 6052's well-known prefix `64:ff9b::/96` (an IPv4 client

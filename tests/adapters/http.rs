@@ -748,3 +748,33 @@ async fn ipv4_clients_translated_into_ipv6_are_keyed_by_their_ipv4_address() {
         StatusCode::TOO_MANY_REQUESTS
     );
 }
+
+/// A network's own translator puts its IPv4 clients under the local-use
+/// prefix `64:ff9b:1::/48` (RFC 8215), where it likes (a /96 of its
+/// choosing, or a shorter prefix): each is keyed by its whole address.
+/// Before, every client of a /96 translator there shared its /64, one key
+/// that one client used up for the others.
+#[tokio::test(flavor = "current_thread")]
+async fn ipv4_clients_translated_under_the_local_use_prefix_are_keyed_apart() {
+    let clock = FakeClock::new();
+    let peer = PeerIp::from_extension(|peer: &SocketAddr| peer.ip());
+    let mut service =
+        RateLimitLayer::new(keyed_limiter::<IpAddr>(&clock), peer).layer(Ok200::default());
+    for client in [
+        "[64:ff9b:1:a::192.0.2.1]",
+        "[64:ff9b:1:a::192.0.2.2]",
+        "[64:ff9b:1:c000:2:1:100::]",
+    ] {
+        let status = send(&mut service, from(client, &[])).await.status();
+        assert_eq!(status, StatusCode::OK, "{client}");
+    }
+    let again = send(&mut service, from("[64:ff9b:1:a::192.0.2.1]", &[])).await;
+    assert_eq!(again.status(), StatusCode::TOO_MANY_REQUESTS);
+    // Next to the prefix, an IPv6 client's /64 as any other's.
+    for (client, status) in [
+        ("[64:ff9b:2:a::1]", StatusCode::OK),
+        ("[64:ff9b:2:a::2]", StatusCode::TOO_MANY_REQUESTS),
+    ] {
+        assert_eq!(send(&mut service, from(client, &[])).await.status(), status);
+    }
+}
