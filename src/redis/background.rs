@@ -2,12 +2,21 @@
 //! blocking calls that wait for it.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
 use super::backend::Backend;
 use super::runtime::{RuntimeRef, blocking_section, shut_down};
 use crate::Error;
 use crate::error::BackendError;
+
+/// Work handed to the runtime by [`Backend::block_on`]: not yet started,
+/// started, or given up on by its caller (it then never starts).
+const WAITING: u8 = 0;
+const STARTED: u8 = 1;
+const GIVEN_UP: u8 = 2;
 
 /// The backend's runtime at work: tasks in the background, and blocking
 /// calls that wait for it.
@@ -31,7 +40,12 @@ impl Backend {
     /// [`Driver`](super::runtime::Driver)), where blocking would stop the
     /// runtime that has to do the work; [`Error::Backend`] if that runtime
     /// has shut down, or has not run `work` within `bound` (a current-thread
-    /// runtime that nothing drives any more: `work` runs on if it ever does).
+    /// runtime that nothing drives any more).
+    ///
+    /// Work given up on before it started never runs, even if the runtime is
+    /// driven again: its caller is answered another way (a call, by the
+    /// fallback), so running it then would take for nobody. Work that had
+    /// started is waited for once more as long (it is bounded itself).
     pub(crate) fn block_on<T: Send + 'static>(
         &self,
         work: impl Future<Output = T> + Send + 'static,
@@ -43,21 +57,38 @@ impl Backend {
         };
         blocking_section(move || {
             let (done, result) = std::sync::mpsc::sync_channel(1);
+            // Who moves first: the work, as it starts, or its caller, giving
+            // up on it.
+            let turn = Arc::new(AtomicU8::new(WAITING));
+            let taken = Arc::clone(&turn);
             // (Dropped unrun, or with its runtime: the channel closes.)
             handle.spawn(async move {
-                let _ = done.send(work.await);
+                if taken
+                    .compare_exchange(WAITING, STARTED, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    let _ = done.send(work.await);
+                }
             });
             let Some(bound) = bound else {
                 return result.recv().map_err(|_| shut_down());
             };
-            result.recv_timeout(bound).map_err(|error| match error {
-                std::sync::mpsc::RecvTimeoutError::Disconnected => shut_down(),
-                std::sync::mpsc::RecvTimeoutError::Timeout => {
-                    Error::Backend(BackendError::new(format!(
-                        "the limiter's Tokio runtime did not run the call within {bound:?}: \
-                         is it still driven?"
-                    )))
+            let answer = match result.recv_timeout(bound) {
+                Err(RecvTimeoutError::Timeout)
+                    if turn
+                        .compare_exchange(WAITING, GIVEN_UP, Ordering::AcqRel, Ordering::Acquire)
+                        .is_err() =>
+                {
+                    result.recv_timeout(bound)
                 }
+                answer => answer,
+            };
+            answer.map_err(|error| match error {
+                RecvTimeoutError::Disconnected => shut_down(),
+                RecvTimeoutError::Timeout => Error::Backend(BackendError::new(format!(
+                    "the limiter's Tokio runtime did not run the call within {bound:?}: \
+                     is it still driven?"
+                ))),
             })
         })
     }

@@ -319,3 +319,55 @@ fn blocking_calls_wait_once_for_a_runtime_no_longer_driven() {
     assert!(limiter.stats().degraded);
     drop(runtime);
 }
+
+/// A blocking call that gave up on its runtime (not driven) and was served
+/// by the fallback is served once: when the runtime is driven again, the
+/// call it had handed there does not run too, taking a permit nobody uses
+/// and counting a second fallback call for one caller.
+#[test]
+fn a_blocking_call_served_by_the_fallback_is_not_run_again_once_its_runtime_is_driven() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let backend = runtime
+        .block_on(backend_builder(server.client()).build())
+        .unwrap();
+    // One permit a minute: a second grant within the test shows.
+    let limiter = Arc::new(
+        RateLimiter::builder()
+            .permits_per_second(1.0 / 60.0)
+            .max_burst(Duration::ZERO)
+            .redis(&backend, "undriven-once")
+            .local_fraction(1.0)
+            .build()
+            .unwrap(),
+    );
+    let blocking = Arc::clone(&limiter);
+    let waited = bounded(Duration::from_secs(20), move || {
+        blocking.acquire_blocking(1).unwrap()
+    })
+    .expect("hung");
+    assert_eq!(waited, Duration::ZERO);
+    assert_eq!(limiter.stats().fallback_calls, 1, "{:?}", limiter.stats());
+    // Driven again: the probe finds Redis, the fallback's key goes back.
+    runtime.block_on(async {
+        let start = tokio::time::Instant::now();
+        while limiter.stats().degraded || limiter.stats().keys > 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{:?}",
+                limiter.stats()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let stats = limiter.stats();
+    assert_eq!(stats.fallback_calls, 1, "{stats:?}");
+    // The one permit granted, carried back: the next waits about a minute,
+    // not two.
+    let wait = runtime.block_on(limiter.snapshot()).unwrap().wait();
+    println!("{stats:?}, then a wait of {wait:?}");
+    assert!(wait <= Duration::from_secs(61), "{wait:?}");
+}

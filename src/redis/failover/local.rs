@@ -22,14 +22,16 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.count_fallback_call();
         if self.fallback == Fallback::FailClosed {
+            self.count_fallback_call();
             return Ok(Err(self.closed_error(failure)));
         }
         let mut books = self.books();
         if patient && let Some(carried) = self.carrying(&books, key) {
+            // Not served: counted where it is, once it routes again.
             return Err(carried);
         }
+        self.count_fallback_call();
         self.open_locally(&mut books, key);
         let served = match self.fallback {
             // Given back, settled and learned from through the fail-over,
@@ -63,16 +65,22 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ?Sized,
     {
-        self.count_fallback_call();
-        match self.fallback {
-            Fallback::FailClosed => return Ok(Err(self.closed_error(failure))),
-            Fallback::FailOpen => return Ok(Ok(Snapshot::waiting(Duration::ZERO, f64::INFINITY))),
-            Fallback::Local => {}
-        }
-        let books = self.books();
+        let books = match self.fallback {
+            Fallback::Local => self.books(),
+            Fallback::FailClosed => {
+                self.count_fallback_call();
+                return Ok(Err(self.closed_error(failure)));
+            }
+            Fallback::FailOpen => {
+                self.count_fallback_call();
+                return Ok(Ok(Snapshot::waiting(Duration::ZERO, f64::INFINITY)));
+            }
+        };
         if patient && let Some(carried) = self.carrying(&books, key) {
+            // Not answered: counted where it is, once it routes again.
             return Err(carried);
         }
+        self.count_fallback_call();
         if self.local.ticket(key).is_some() {
             return Ok(Ok(self.local.snapshot_of(key)));
         }
@@ -81,7 +89,9 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         Ok(Ok(Snapshot::waiting(Duration::from_micros(wait), rate)))
     }
 
-    /// A call the fallback serves: this limiter's, and the backend's.
+    /// A call the fallback serves (or refuses, failing closed), counted
+    /// once: this limiter's, and the backend's. A caller that waits for its
+    /// key's carry-back instead is counted where it is then served.
     fn count_fallback_call(&self) {
         self.fallback_calls.fetch_add(1, Ordering::Relaxed);
         self.backend.health.count_fallback_call();

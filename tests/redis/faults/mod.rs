@@ -14,6 +14,7 @@ mod calls;
 #[cfg(feature = "redis-cluster")]
 mod cluster;
 mod connection;
+mod counting;
 mod down;
 mod frozen;
 mod refusing;
