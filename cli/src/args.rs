@@ -221,7 +221,10 @@ pub(crate) struct Args {
     /// Print a JSON summary to stderr at the end: records and bytes out
     /// (written to stdout, or given to a command that started; with
     /// --bytes, the records among the bytes, by their separators), seconds,
-    /// rate (records a second; with --bytes, bytes), those of the records
+    /// rate (the pace: records a second, with --bytes bytes, counting
+    /// those out after the first moment, a burst or the first record, over
+    /// the seconds from it to the last out; null if none went after it:
+    /// 3 records at 2/s read 2.0), those of the records
     /// out that waited (with --bytes, bytes), late records dropped, commands started,
     /// commands failed (those that could not start too), keys dropped at
     /// --max-keys before they were full.

@@ -76,6 +76,11 @@ impl Commands {
         signals::caught().is_some() || stdout::gone()
     }
 
+    /// Whether one of the `-j` is free: a command may start at once.
+    pub(crate) fn free(&self) -> bool {
+        self.running.len() < self.jobs
+    }
+
     /// Starts the command for `record` (number `number` of the input,
     /// from 1), once fewer than `jobs` run; whether it did (not once
     /// [`stopped`](Self::stopped), which may come while it waits for
