@@ -30,7 +30,9 @@ a command's stdin. Each record is held whole until its moment (at most
 
 A command that fails (exits non-zero, is killed, cannot start, or runs
 past --timeout) is named on stderr with its record's number, counted, and
-not retried; every other record still gets its command (unless stdout's
+not retried (one whose record in place of {} would make an argument
+longer than the system lets one be, on Linux 32 pages (128KiB) less a byte, is not
+started, and fails so too); every other record still gets its command (unless stdout's
 reader goes away, below), and the exit status is 1.
 
 Each command runs as the leader of a process group of its own, apart from
@@ -219,7 +221,10 @@ pub(crate) struct Args {
     /// Print a JSON summary to stderr at the end: records and bytes out
     /// (written to stdout, or given to a command that started; with
     /// --bytes, the records among the bytes, by their separators), seconds,
-    /// rate (records a second; with --bytes, bytes), those of the records
+    /// rate (the pace: records a second, with --bytes bytes, counting
+    /// those out after the first moment, a burst or the first record, over
+    /// the seconds from it to the last out; null if none went after it:
+    /// 3 records at 2/s read 2.0), those of the records
     /// out that waited (with --bytes, bytes), late records dropped, commands started,
     /// commands failed (those that could not start too), keys dropped at
     /// --max-keys before they were full.

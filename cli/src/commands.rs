@@ -33,6 +33,9 @@ pub(crate) struct Commands {
     /// Whether an argument holds `{}`: the record goes there, not to the
     /// command's stdin.
     substituted: bool,
+    /// The longest argument the system lets a command have, if it has
+    /// such a bound: a record that would make one longer gets no command.
+    longest_argument: Option<usize>,
     jobs: usize,
     /// How long a command may run before it is killed.
     timeout: Option<Duration>,
@@ -59,6 +62,7 @@ impl Commands {
             program: program.clone(),
             args: rest.to_vec(),
             substituted: rest.iter().any(|arg| holds_braces(arg)),
+            longest_argument: longest_argument(),
             jobs: args.jobs,
             timeout: args.timeout,
             running: JoinSet::new(),
@@ -70,6 +74,11 @@ impl Commands {
     /// stdout's reader has gone.
     pub(crate) fn stopped(&self) -> bool {
         signals::caught().is_some() || stdout::gone()
+    }
+
+    /// Whether one of the `-j` is free: a command may start at once.
+    pub(crate) fn free(&self) -> bool {
+        self.running.len() < self.jobs
     }
 
     /// Starts the command for `record` (number `number` of the input,
@@ -96,6 +105,13 @@ impl Commands {
         command.process_group(0);
         if self.substituted {
             let text = trim(&record, separator);
+            // Checked before any is built: a record of 50 MiB took 164
+            // MB, its argument built and copied, for the system to
+            // refuse it.
+            if let Some(why) = self.too_long(text.len()) {
+                self.failed(number, &why, counts);
+                return false;
+            }
             for arg in &self.args {
                 match substitute(arg, text) {
                     Ok(arg) => command.arg(arg),
@@ -212,6 +228,24 @@ impl Commands {
         self.start(number, record, separator, counts).await
     }
 
+    /// Why a record of `len` bytes in place of each `{}` would make an
+    /// argument longer than the system lets one be, if it would.
+    fn too_long(&self, len: usize) -> Option<String> {
+        let most = self.longest_argument?;
+        let (at, arg_len) = self
+            .args
+            .iter()
+            .map(|arg| substituted_len(arg, len))
+            .enumerate()
+            .find(|(_, arg_len)| *arg_len > most)?;
+        Some(format!(
+            "the record is {len} bytes: in place of {{}}, argument {} would be {arg_len} \
+             bytes, more than the {most} an argument may have here (with no {{}} in the \
+             command, the record goes to its stdin, at any length)",
+            at + 1
+        ))
+    }
+
     /// Counts a command that failed, and says so.
     fn failed(&mut self, number: u64, why: &str, counts: &Counts) {
         say!("paceline: the command for record {number} failed: {why}");
@@ -271,6 +305,47 @@ fn broken_pipe(_: std::process::ExitStatus) -> bool {
 /// Whether `arg` holds `{}`.
 fn holds_braces(arg: &OsStr) -> bool {
     arg.as_encoded_bytes().windows(2).any(|pair| pair == b"{}")
+}
+
+/// How long `arg` is with a record of `len` bytes in place of each `{}`
+/// (as [`substitute`] finds them).
+fn substituted_len(arg: &OsStr, len: usize) -> usize {
+    let mut rest = arg.as_encoded_bytes();
+    let mut out = 0usize;
+    while let Some(at) = rest.windows(2).position(|pair| pair == b"{}") {
+        out = out.saturating_add(at).saturating_add(len);
+        rest = &rest[at + 2..];
+    }
+    out.saturating_add(rest.len())
+}
+
+/// The longest argument a command may have, its ending NUL not counted.
+/// On Linux, 32 pages a string (`MAX_ARG_STRLEN`), its NUL counted, and no
+/// more than the arguments and environment together (`ARG_MAX`, which
+/// `sysconf` gives as much as the kernel takes or more); elsewhere that
+/// whole.
+#[cfg(unix)]
+fn longest_argument() -> Option<usize> {
+    // SAFETY: sysconf only reads.
+    let [page, all] = [libc::_SC_PAGESIZE, libc::_SC_ARG_MAX].map(|name| {
+        usize::try_from(unsafe { libc::sysconf(name) })
+            .ok()
+            .filter(|n| *n > 0)
+    });
+    let one = match cfg!(any(target_os = "linux", target_os = "android")) {
+        true => page.map(|page| page.saturating_mul(32)),
+        false => None,
+    };
+    let most = match (one, all) {
+        (Some(one), Some(all)) => one.min(all),
+        (one, all) => one.or(all)?,
+    };
+    Some(most - 1)
+}
+
+#[cfg(not(unix))]
+fn longest_argument() -> Option<usize> {
+    None
 }
 
 /// `arg` with each `{}` replaced by `record`, byte for byte.

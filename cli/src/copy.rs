@@ -173,7 +173,7 @@ pub(crate) fn copy(
             if read == 0 {
                 // The last record of the input, unterminated, went whole.
                 if out.get_ref().begun() {
-                    counts.records.fetch_add(1, Ordering::Relaxed);
+                    counts.out(1, 0);
                 }
                 return Ok(0);
             }

@@ -3,8 +3,8 @@
 //! (`--json`).
 
 use std::io::{self, IsTerminal, Write};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::args::Args;
@@ -24,6 +24,8 @@ pub(crate) struct Counts {
     /// what they owed (the limiter's count, read at the end).
     pub(crate) keys_dropped_unfinished: AtomicU64,
     pub(crate) started: std::sync::OnceLock<Instant>,
+    /// When what the run paces went out, for its rate (none yet: `None`).
+    pub(crate) span: Mutex<Option<Span>>,
     /// Whether the run paces bytes (`--bytes`): its rate is then bytes a
     /// second (`waited` counts bytes too: what waited is what it paces).
     pub(crate) by_bytes: bool,
@@ -38,25 +40,72 @@ impl Counts {
             .map_or(0.0, |started| started.elapsed().as_secs_f64())
     }
 
-    /// What the run paces, a second: records, or bytes with `--bytes`.
-    fn rate(&self) -> f64 {
+    /// Counts `records` and `bytes` out now: written to stdout, or given
+    /// to a command that started.
+    pub(crate) fn out(&self, records: u64, bytes: u64) {
+        self.out_at(records, bytes, Instant::now());
+    }
+
+    /// Counts `records` and `bytes` out at `now`, the moment they went
+    /// (for commands started one after another, the moment they were
+    /// released together).
+    pub(crate) fn out_at(&self, records: u64, bytes: u64, now: Instant) {
+        let mut span = self.span.lock().unwrap_or_else(PoisonError::into_inner);
+        self.records.fetch_add(records, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
         let paced = match self.by_bytes {
-            true => &self.bytes,
-            false => &self.records,
+            true => bytes,
+            false => records,
         };
-        let seconds = self.elapsed();
-        if seconds > 0.0 {
-            paced.load(Ordering::Relaxed) as f64 / seconds
-        } else {
-            0.0
+        if paced == 0 {
+            return;
         }
+        let total = self.paced();
+        match span.as_mut() {
+            None => {
+                *span = Some(Span {
+                    opened: now,
+                    first: now,
+                    at_first: total,
+                    last: now,
+                });
+            }
+            Some(span) if now.duration_since(span.opened) <= FIRST_MOMENT => {
+                span.first = span.first.max(now);
+                span.at_first = total;
+                span.last = span.last.max(now);
+            }
+            Some(span) => span.last = span.last.max(now),
+        }
+    }
+
+    /// What the run paces, out so far: records, or bytes with `--bytes`.
+    fn paced(&self) -> u64 {
+        match self.by_bytes {
+            true => self.bytes.load(Ordering::Relaxed),
+            false => self.records.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The pace of what the run paces, a second (records, or bytes with
+    /// `--bytes`): those out after its first moment over the time from
+    /// that moment to the last out; none if none went after it. (Over the
+    /// run's seconds, 3 records at 2/s read 3/s: the first goes at once.)
+    fn rate(&self) -> Option<f64> {
+        let span = self.span.lock().unwrap_or_else(PoisonError::into_inner);
+        let span = span.as_ref()?;
+        let seconds = span.last.duration_since(span.first).as_secs_f64();
+        let after = self.paced().saturating_sub(span.at_first);
+        (seconds > 0.0 && after > 0).then(|| after as f64 / seconds)
     }
 
     pub(crate) fn line(&self) -> String {
         let records = self.records.load(Ordering::Relaxed);
-        let rate = self.rate();
+        let rate = self
+            .rate()
+            .map_or("-".to_owned(), |rate| format!("{rate:.1}"));
         format!(
-            "{records} records, {} bytes, {rate:.1}/s, {} waited, {} dropped",
+            "{records} records, {} bytes, {rate}/s, {} waited, {} dropped",
             self.bytes.load(Ordering::Relaxed),
             self.waited.load(Ordering::Relaxed),
             self.dropped.load(Ordering::Relaxed),
@@ -90,10 +139,12 @@ impl Counts {
         if args.json {
             let seconds = self.elapsed();
             let records = self.records.load(Ordering::Relaxed);
+            let rate = self
+                .rate()
+                .map_or("null".to_owned(), |rate| format!("{rate:.3}"));
             say!(
-                "{{\"records\":{records},\"bytes\":{},\"seconds\":{seconds:.6},\"rate\":{:.3},\"waited\":{},\"dropped\":{},\"commands\":{},\"failed\":{},\"keys_dropped_unfinished\":{}}}",
+                "{{\"records\":{records},\"bytes\":{},\"seconds\":{seconds:.6},\"rate\":{rate},\"waited\":{},\"dropped\":{},\"commands\":{},\"failed\":{},\"keys_dropped_unfinished\":{}}}",
                 self.bytes.load(Ordering::Relaxed),
-                self.rate(),
                 self.waited.load(Ordering::Relaxed),
                 self.dropped.load(Ordering::Relaxed),
                 self.commands.load(Ordering::Relaxed),
@@ -103,6 +154,24 @@ impl Counts {
         }
     }
 }
+
+/// When what a run paces went out: its first moment (what went within
+/// [`FIRST_MOMENT`] of the first out went at once: a burst, a group of the
+/// plain copy, writes of a large one, commands released together), and
+/// the last out.
+pub(crate) struct Span {
+    /// When the first went.
+    opened: Instant,
+    /// When the last of the first moment went, and how much had gone.
+    first: Instant,
+    at_first: u64,
+    last: Instant,
+}
+
+/// How long the first moment of a run lasts, for its rate: what went
+/// within it went at once (paceline spaces nothing finer than a
+/// millisecond).
+const FIRST_MOMENT: Duration = Duration::from_millis(1);
 
 /// Stdout, counting what it wrote: each byte that went, and as a record
 /// out each separator that went (in a byte stream too: its records are
@@ -149,11 +218,8 @@ impl<W: Write> Write for Written<'_, W> {
             }
         };
         let went = &buf[..len.min(buf.len())];
-        self.counts
-            .bytes
-            .fetch_add(went.len() as u64, Ordering::Relaxed);
         let records = count(went, self.separator) as u64;
-        self.counts.records.fetch_add(records, Ordering::Relaxed);
+        self.counts.out(records, went.len() as u64);
         if let Some(last) = went.last() {
             self.begun = *last != self.separator;
         }

@@ -163,14 +163,17 @@ pub(crate) async fn schedule(
                 let went = match &mut commands {
                     Some(commands) => {
                         out.flush()?;
+                        // Out at this pass's moment, with the others of
+                        // the pass (a burst), unless it waited for one of
+                        // the -j: then as it starts.
+                        let at = commands.free().then_some(now);
                         if !commands.room(deadline, counts).await {
                             late(args, seq, &mut stopped, counts);
                             continue;
                         }
                         let started = commands.start(seq, record, separator, counts).await;
                         if started {
-                            counts.records.fetch_add(1, Ordering::Relaxed);
-                            counts.bytes.fetch_add(len, Ordering::Relaxed);
+                            counts.out_at(1, len, at.unwrap_or_else(Instant::now));
                         }
                         started
                     }
@@ -222,8 +225,7 @@ pub(crate) async fn schedule(
                             late(args, seq, &mut stopped, counts);
                             false
                         } else if commands.start_last(seq, record, separator, counts).await {
-                            counts.records.fetch_add(1, Ordering::Relaxed);
-                            counts.bytes.fetch_add(len, Ordering::Relaxed);
+                            counts.out(1, len);
                             true
                         } else {
                             false
@@ -233,7 +235,7 @@ pub(crate) async fn schedule(
                         // Out (and counted) once all its bytes went.
                         out.write_all(&record)?;
                         out.flush()?;
-                        counts.records.fetch_add(1, Ordering::Relaxed);
+                        counts.out(1, 0);
                         true
                     }
                 };

@@ -327,3 +327,89 @@ fn with_stdout_a_file_every_record_gets_its_command() {
     }
     let _ = std::fs::remove_file(&path);
 }
+
+/// The longest argument Linux lets a command have: 32 pages, its ending
+/// NUL included.
+fn longest_argument() -> usize {
+    // SAFETY: sysconf only reads.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    32 * usize::try_from(page).unwrap() - 1
+}
+
+/// A record that would make an argument longer than the system lets one
+/// be (`{}` in it) gets no command: named on stderr with its number and
+/// why, counted as failed (status 1), the records around it run; one
+/// byte less runs, unchanged. Counted with what the argument holds beside
+/// the record, and with each `{}`.
+#[test]
+fn a_record_too_long_for_an_argument_is_named_and_fails_its_command() {
+    let most = longest_argument();
+    for (arg, fits) in [
+        ("{}", most),
+        ("x{}", most - 1),
+        ("{}{}", most / 2),
+        ("<{}|{}>", (most - 3) / 2),
+    ] {
+        for len in [fits, fits + 1] {
+            let record = vec![b'r'; len];
+            let input = [&b"first\n"[..], &record, b"\nlast\n"].concat();
+            let output = run(&["1e9/s", "--json", "--", "printf", "%s\n", arg], &input);
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            let case = format!("{arg}, a record of {len} bytes");
+            let line = |record: &str| format!("{}\n", arg.replace("{}", record));
+            if len == fits {
+                assert!(output.status.success(), "{case}: {stderr}");
+                let record = String::from_utf8(record).unwrap();
+                let expected = [line("first"), line(&record), line("last")].concat();
+                assert!(
+                    output.stdout == expected.as_bytes(),
+                    "{case}: the bytes changed"
+                );
+            } else {
+                assert_eq!(output.status.code(), Some(1), "{case}: {stderr}");
+                let expected = [line("first"), line("last")].concat();
+                assert_eq!(String::from_utf8_lossy(&output.stdout), expected, "{case}");
+                assert!(
+                    stderr.contains("record 2 failed") && stderr.contains(&most.to_string()),
+                    "{case}: {stderr}"
+                );
+                assert!(stderr.contains("\"failed\":1,"), "{case}: {stderr}");
+            }
+        }
+    }
+}
+
+/// A record too long for an argument is refused before the argument is
+/// built: a record of 50 MiB in place of `{}` took a peak of 164 MB (the
+/// argument built, then copied, for the system to refuse it), where the
+/// record alone takes 76 MB. Here one of 48 MiB between short records:
+/// at most 96 MiB at the peak, as a long record is held in every mode.
+#[test]
+fn a_record_too_long_for_an_argument_is_not_copied_into_one() {
+    let mut input = b"a before\n".to_vec();
+    input.extend(std::iter::repeat_n(b'x', 48 << 20));
+    input.extend_from_slice(b"\nb after\n");
+    let mut child = paceline(&["1e9/s", "--", "echo", "{}"]).spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    // The input stays open: the peak is read while paceline lives.
+    let writer = std::thread::spawn(move || {
+        stdin.write_all(&input).unwrap();
+        stdin
+    });
+    let expected = b"a before\nb after\n";
+    let mut out = vec![0u8; expected.len()];
+    child.stdout.take().unwrap().read_exact(&mut out).unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+    drop(writer.join().unwrap());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert_eq!(out, expected);
+    assert!(stderr.contains("record 2 failed"), "{stderr}");
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|kib| kib.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmHWM in {status}"));
+    assert!(peak_kib <= 96 << 10, "a peak of {peak_kib} KiB");
+}

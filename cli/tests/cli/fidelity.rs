@@ -57,7 +57,7 @@ fn read_all_bytes(mut pipe: impl Read + Send + 'static) -> std::sync::mpsc::Rece
 }
 
 /// The number after `"name":` in a `--json` summary.
-fn summary_number(stderr: &str, name: &str) -> f64 {
+pub(super) fn summary_number(stderr: &str, name: &str) -> f64 {
     let field = format!("\"{name}\":");
     let at = stderr
         .rfind(&field)

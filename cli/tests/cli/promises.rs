@@ -138,6 +138,64 @@ fn the_summary_of_a_byte_run_gives_its_rate() {
     assert!(!stderr.contains("\"rate\":0.000"), "{stderr}");
 }
 
+/// `--json` reports the "rate": it was the records over the run's
+/// seconds, so 3 records at 2/s read 3.0 (the first goes at once: the 3
+/// take 1 s), and 5 at 2/s with `--burst 3` read 5.0. It is the pace they
+/// went at: those out after the first moment (a burst, or the first
+/// record; commands started together with one of the -j free for each)
+/// over the seconds from it to the last; in every mode, and in bytes with
+/// `--bytes`. (The span is 1 s: a margin of 15% for a loaded
+/// machine, and the old figures are 50% off and more.)
+#[test]
+fn the_summary_rate_is_the_pace_records_went_at() {
+    let _one = one_at_a_time();
+    let three = lines(3);
+    let five = lines(5);
+    for (args, input, rate) in [
+        (&["2/s"][..], three.as_bytes(), 2.0),
+        (&["2/s", "--burst", "3"][..], five.as_bytes(), 2.0),
+        (
+            &["2/s", "--burst", "3", "--key", "1"][..],
+            five.as_bytes(),
+            2.0,
+        ),
+        (&["2/s", "--max-wait", "1h"][..], three.as_bytes(), 2.0),
+        (&["2/s", "--", "true"][..], three.as_bytes(), 2.0),
+        (
+            &["2/s", "--burst", "3", "-j", "3", "--", "true"][..],
+            five.as_bytes(),
+            2.0,
+        ),
+        (
+            &["--bytes", "200/s", "--burst", "100"][..],
+            &[b'x'; 300][..],
+            200.0,
+        ),
+    ] {
+        let args = [&["--json"][..], args].concat();
+        let output = run(&args, input);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{args:?}: {stderr}");
+        let got = fidelity::summary_number(&stderr, "rate");
+        assert!(
+            (got - rate).abs() <= 0.15 * rate,
+            "{args:?}: a rate of {got}, not {rate}: {stderr}"
+        );
+    }
+    // Nothing after the first moment: no pace to tell.
+    for (args, input) in [
+        (&["1e9/s", "--json"][..], three.as_bytes()),
+        (&["2/s", "--json"][..], lines(1).as_bytes()),
+        (&["2/s", "--json", "--", "true"][..], lines(1).as_bytes()),
+        (&["2/s", "--json"][..], &b""[..]),
+    ] {
+        let output = run(args, input);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{args:?}: {stderr}");
+        assert!(stderr.contains("\"rate\":null,"), "{args:?}: {stderr}");
+    }
+}
+
 /// `--json` reports the "records" out: with `--bytes` it read 0 whatever
 /// went (`printf "a\nb\nc" | paceline --bytes 1e9/s --json`: records 0,
 /// bytes 5). A byte run's records are those among its bytes, by the
