@@ -31,8 +31,8 @@ a command's stdin. Each record is held whole until its moment (at most
 A command that fails (exits non-zero, is killed, cannot start, or runs
 past --timeout) is named on stderr with its record's number, counted, and
 not retried (one whose record in place of {} would make an argument
-longer than the system lets one be, on Linux 32 pages (128KiB) less a byte, is not
-started, and fails so too); every other record still gets its command (unless stdout's
+longer than the system lets one be, on Linux 32 pages (128KiB) less a byte,
+or that holds a NUL byte, is not started, and fails so too); every other record still gets its command (unless stdout's
 reader goes away, below), and the exit status is 1.
 
 Each command runs as the leader of a process group of its own, apart from

@@ -108,7 +108,7 @@ impl Commands {
             // Checked before any is built: a record of 50 MiB took 164
             // MB, its argument built and copied, for the system to
             // refuse it.
-            if let Some(why) = self.too_long(text.len()) {
+            if let Some(why) = self.unfit(text) {
                 self.failed(number, &why, counts);
                 return false;
             }
@@ -228,9 +228,18 @@ impl Commands {
         self.start(number, record, separator, counts).await
     }
 
-    /// Why a record of `len` bytes in place of each `{}` would make an
-    /// argument longer than the system lets one be, if it would.
-    fn too_long(&self, len: usize) -> Option<String> {
+    /// Why `record` cannot go in place of each `{}`, if it cannot: it
+    /// holds a NUL byte, which ends an argument (the command would get
+    /// less than the record), or it would make an argument longer than
+    /// the system lets one be.
+    fn unfit(&self, record: &[u8]) -> Option<String> {
+        if let Some(at) = record.iter().position(|&b| b == 0) {
+            return Some(format!(
+                "the record holds a NUL byte (at byte {at}), which no argument can carry \
+                 (with no {{}} in the command, the record goes to its stdin as it is)"
+            ));
+        }
+        let len = record.len();
         let most = self.longest_argument?;
         let (at, arg_len) = self
             .args
