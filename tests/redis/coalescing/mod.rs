@@ -420,6 +420,59 @@ async fn a_batch_that_finds_no_id_left_gives_back_no_other_reservation() {
     .expect("the held reservation was given back");
 }
 
+/// A try queued behind its key's round trip counts its timeout from its
+/// call, not from its batch's: the time it waited queued is part of its
+/// wait. At 10/s a lead reserves 2.2 s of permits; a try of 1 s, called
+/// once the lead reached Redis, waits for the lead's reply (`LATENCY`),
+/// then its batch reads Redis's clock `LATENCY` later, 1.6 s after the
+/// lead: 0.6 s owed then, 2.2 s from its call (1.4 s from its batch's
+/// dispatch: refused). Counted from the batch's clock reading, it fits and
+/// is granted a moment about 2.2 s after its call. (It is refused while
+/// the try's lateness after the lead and its batch's lateness past
+/// `LATENCY` add up to less than 0.4 s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_queued_behind_a_round_trip_counts_its_timeout_from_its_call() {
+    const LATENCY: Duration = Duration::from_millis(800);
+    let server = RedisServer::start();
+    let proxy = Proxy::in_front_of(&server);
+    let limiter = Arc::new(
+        builder_on(
+            backend_builder(proxy.client()).response_timeout(Duration::from_secs(10)),
+            "queued-try",
+            10.0,
+        )
+        .await
+        .max_burst(Duration::ZERO)
+        .build()
+        .unwrap(),
+    );
+    // (The connection open and the script loaded; the permit's interval
+    // passed.)
+    assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    reset_stats(&server);
+    proxy.set_latency(LATENCY);
+    let lead = tokio::spawn({
+        let limiter = Arc::clone(&limiter);
+        async move { limiter.reserve(22).await.unwrap() }
+    });
+    within(Duration::from_secs(10), || server.evalsha_calls() >= 1)
+        .await
+        .expect("the lead reached Redis");
+    let called = Instant::now();
+    let fits = limiter
+        .try_acquire(1, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let took = called.elapsed();
+    assert_eq!(lead.await.unwrap(), Duration::ZERO);
+    assert_eq!(server.evalsha_calls(), 2, "the try went behind the lead");
+    assert!(
+        !fits,
+        "a try of 1 s was granted {took:?} after its call, its permit about 2.2 s after it"
+    );
+}
+
 /// Redis dies while a batch is in flight: every caller in it (and queued
 /// behind it) is served by the local fallback, once each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
