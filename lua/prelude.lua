@@ -260,7 +260,8 @@ if value then
         -- clock wrote, and time standing still near where it saturates
         -- would stop tickets from limiting.
         and last_now - now <= 4503599627370496 -- 2^52
-        and next_id >= 0 and next_id < MAX_MICROS and next_id % 1 == 0
+        -- (next_id 2^53: no id left, see part 4.)
+        and next_id >= 0 and next_id <= MAX_MICROS and next_id % 1 == 0
     -- The clock never runs backwards for a key.
     if ok and last_now > now then now = last_now end
     if not ok then

@@ -257,7 +257,10 @@ else
                 -- Limits::reserve_at: the id of a held reservation that waits, or
                 -- of a call (the clock, or the id before it + 1 if that is more:
                 -- ids rise, and a key written anew after it expired gives none it
-                -- gave before); Limits::expire (the logged requests whose moment
+                -- gave before), if ids are left for it and the requests after it
+                -- (ids end at 2^53 - 2; none left: next_id 2^53, and a held one
+                -- is served as a request that cannot be given back, a call is
+                -- refused with an error); Limits::expire (the logged requests whose moment
                 -- has passed leave the log: they were used; not an open call) and,
                 -- when the log is full, its oldest leaves it; the log keeps the
                 -- request if it has an id (for a resume or a cap, its limit's, set
@@ -266,7 +269,14 @@ else
                 if limit or hold or count > 0 then
                     if hold and (hold == 2 or moment > now) then
                         if next_id < now then next_id = now end
-                        id, next_id = next_id, next_id + 1
+                        if next_id + (steps - r) < 9007199254740991 then -- 2^53 - 1
+                            id, next_id = next_id, next_id + 1
+                        elseif hold == 2 then
+                            -- (A call needs one: to be settled, to learn.)
+                            return redis.error_reply('ERR paceline: the key has no id left for a call (its ids end at 2^53 - 2, and its clock or next_id is there); it was left untouched')
+                        else
+                            next_id = MAX_MICROS
+                        end
                     end
                     while count > 0 and (front <= now or count == LOG_CAPACITY) do
                         F = F or {}

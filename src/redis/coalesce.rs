@@ -86,6 +86,10 @@ type Behind = [Unanswered; MAX_IN_FLIGHT + 1];
 /// in a batch being sent (a lone caller's, a batch of one).
 struct Queued {
     request: Request,
+    /// When it was queued: a try's timeout counts from its call, so the
+    /// time it waits queued is taken off when its batch goes (see
+    /// [`take_batch`]).
+    since: tokio::time::Instant,
     target: ProbeTarget,
     reply: oneshot::Sender<Result<Reply, Failure>>,
     /// Set by its caller if it stops waiting before its reply (see
@@ -234,6 +238,7 @@ impl Queued {
         let left = Left::default();
         let queued = Queued {
             request,
+            since: tokio::time::Instant::now(),
             target,
             reply,
             _left: Arc::clone(&left),
@@ -243,13 +248,22 @@ impl Queued {
 }
 
 /// The next batch of `slot`: the callers still waiting, in order, at most
-/// [`MAX_BATCH`]; a caller gone while queued is dropped here, unsent.
+/// [`MAX_BATCH`]; a caller gone while queued is dropped here, unsent. A
+/// try's timeout is what is left of it: the wait it fits counts from its
+/// call, as a call of its own sent then would count it (one queued behind
+/// a round trip that drains the key's debt meanwhile would otherwise be
+/// granted up to that round trip more than its timeout, from its call).
 fn take_batch(slot: &mut Slot) -> Vec<Queued> {
     let mut batch = Vec::new();
     while batch.len() < MAX_BATCH {
         match slot.queue.pop_front() {
             Some(queued) if queued.reply.is_closed() => {}
-            Some(queued) => batch.push(queued),
+            Some(mut queued) => {
+                let waited = queued.since.elapsed();
+                let timeout = &mut queued.request.timeout;
+                *timeout = timeout.map(|timeout| timeout.saturating_sub(waited));
+                batch.push(queued);
+            }
             None => break,
         }
     }

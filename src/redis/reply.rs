@@ -274,9 +274,9 @@ impl Answer for Vec<Reply> {
                 Some((granted.then_some(wait), limit))
             })
             .collect::<Option<_>>()?;
-        // The ids, counted back from the next one.
+        // The ids, counted back from the next one (2^53: none was left).
         let ided = |(request, (wait, _)): (&Request, &(Option<Duration>, usize))| {
-            request.held && wait.is_some_and(|wait| !wait.is_zero())
+            next_id < MAX_MICROS && request.held && wait.is_some_and(|wait| !wait.is_zero())
         };
         let ids = requests.iter().zip(&replies).filter(|r| ided(*r)).count() as u64;
         let mut id = next_id.checked_sub(ids)?;
@@ -401,7 +401,8 @@ fn granted(bytes: &[u8], limits: usize, ided: impl Fn(u64) -> bool) -> Option<Re
     let max = MAX_MICROS as f64;
     let (moment, next_id) = (whole(moment, max)?, whole(next_id, max)?);
     let wait = moment.checked_sub(after.now_micros)?;
-    let token = match ided(wait) {
+    // (next_id 2^53: none was left, and it got none.)
+    let token = match ided(wait) && next_id < MAX_MICROS {
         true => Some(LogId(next_id.checked_sub(1)?)),
         false => None,
     };
@@ -559,6 +560,10 @@ mod tests {
             (snapshot.remaining(), snapshot.wait()),
             (0, Duration::from_micros(500))
         );
+        // With no id left (next_id 2^53), it got none.
+        let mut spent = value.clone();
+        spent[20..28].copy_from_slice(&(MAX_MICROS as f64).to_le_bytes());
+        assert_eq!(bulk(&spent, &held).unwrap().token, None);
         // Not held: no token. A refused try: the state it read.
         let plain = Call::Reserve(Request::of(1, None, false));
         assert_eq!(bulk(&value, &plain).unwrap().token, None);

@@ -149,10 +149,11 @@ impl RedisBackendBuilder {
     /// at once, so nothing waits without contention; under contention a
     /// hot key serves several times more reservations per second, as
     /// Redis runs one script at a time. Every guarantee of a single
-    /// call holds per request: a caller waits at most the response
-    /// timeout, whether or not the key's other callers are polled (the
-    /// round trips run on the backend's runtime, not in a caller's
-    /// future); a caller that gives up while queued sends and is
+    /// call holds per request: a try's timeout counts from its call (the
+    /// time it waited queued is taken off it); a caller waits at most the
+    /// response timeout, whether or not the key's other callers are
+    /// polled (the round trips run on the backend's runtime, not in a
+    /// caller's future); a caller that gives up while queued sends and is
     /// charged nothing; one that gives up after its batch was sent has
     /// its grant given back; a batch that fails sends each of its
     /// callers to the fallback once. A caller whose time runs out after

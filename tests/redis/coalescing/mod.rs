@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::support::limiter_state::LimiterState;
+use crate::support::limiter_state::{LimiterState, Value};
 use crate::support::poll::{RESPONSE_TIMEOUT, backend_builder, builder};
 use crate::support::proxy::Proxy;
 use crate::support::redis_server::RedisServer;
@@ -320,6 +320,157 @@ async fn callers_that_give_up_after_their_batch_was_sent_give_it_back() {
     // Kept, the ten would leave about a second of debt.
     let debt = limiter.snapshot().await.unwrap().wait();
     assert!(debt <= Duration::from_millis(100), "debt {debt:?}");
+}
+
+/// A key whose ids run out (its next_id written elsewhere, here 2^53 - 2:
+/// one id left) gives its last to a held reservation, then none: a batch
+/// of held reservations that waits finds none left, and its callers, who
+/// give their grants up at once, give back nothing, not the reservation
+/// that holds the last id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_finds_no_id_left_gives_back_no_other_reservation() {
+    const LATENCY: Duration = Duration::from_millis(200);
+    const LAST_ID: f64 = 9_007_199_254_740_990.0; // 2^53 - 2
+    let server = RedisServer::start();
+    let proxy = Proxy::in_front_of(&server);
+    // One permit in 10 s: every reservation below waits, and the held one
+    // stays in the key's log (its moment ahead) to the end.
+    let limiter = Arc::new(
+        builder_on(
+            backend_builder(proxy.client()).response_timeout(Duration::from_secs(2)),
+            "last-id",
+            0.1,
+        )
+        .await
+        .max_burst(Duration::ZERO)
+        .build()
+        .unwrap(),
+    );
+    assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
+    let key = "paceline:v1:last-id";
+    let mut con = server.connection();
+    let value = Value::read(&mut con, key).unwrap();
+    let value = Value {
+        next_id: LAST_ID,
+        ..value
+    };
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg(value.encode())
+        .arg("PX")
+        .arg(60_000)
+        .query(&mut con)
+        .unwrap();
+    let held = limiter.reservation(1).await.unwrap();
+    let logged = |con: &mut redis::Connection| {
+        let value = Value::read(con, key).unwrap();
+        value
+            .log
+            .iter()
+            .map(|request| request[0])
+            .collect::<Vec<f64>>()
+    };
+    assert_eq!(logged(&mut con), [LAST_ID], "the held one has the last id");
+    reset_stats(&server);
+    proxy.set_latency(LATENCY);
+    // A lead in flight; ten callers queue behind it, go as one batch once
+    // its reply is back, and give their grants up as soon as they come.
+    let lead = tokio::spawn({
+        let limiter = Arc::clone(&limiter);
+        async move { limiter.reserve(1).await.unwrap() }
+    });
+    let counted = &server;
+    let calls = |n: u64| {
+        within(Duration::from_secs(10), move || {
+            counted.evalsha_calls() >= n
+        })
+    };
+    calls(1).await.expect("the lead reached Redis");
+    let queued: Vec<_> = (0..10)
+        .map(|_| {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move {
+                let reservation = limiter.reservation(1).await.unwrap();
+                assert!(reservation.delay() > Duration::ZERO);
+            })
+        })
+        .collect();
+    lead.await.unwrap();
+    for caller in queued {
+        caller.await.unwrap();
+    }
+    proxy.set_latency(Duration::ZERO);
+    // (Any give-backs they sent have landed.)
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        server.evalsha_calls() >= 2,
+        "the ten went in batches behind the lead"
+    );
+    assert!(
+        logged(&mut con).contains(&LAST_ID),
+        "the held reservation with the last id was given back by another: {:?}",
+        logged(&mut con)
+    );
+    // Its own give-back takes it, from a key still read.
+    drop(held);
+    within(Duration::from_secs(10), || {
+        !logged(&mut server.connection()).contains(&LAST_ID)
+    })
+    .await
+    .expect("the held reservation was given back");
+}
+
+/// A try queued behind its key's round trip counts its timeout from its
+/// call, not from its batch's: the time it waited queued is part of its
+/// wait. At 10/s a lead reserves 2.2 s of permits; a try of 1 s, called
+/// once the lead reached Redis, waits for the lead's reply (`LATENCY`),
+/// then its batch reads Redis's clock `LATENCY` later, 1.6 s after the
+/// lead: 0.6 s owed then, 2.2 s from its call (1.4 s from its batch's
+/// dispatch: refused). Counted from the batch's clock reading, it fits and
+/// is granted a moment about 2.2 s after its call. (It is refused while
+/// the try's lateness after the lead and its batch's lateness past
+/// `LATENCY` add up to less than 0.4 s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_queued_behind_a_round_trip_counts_its_timeout_from_its_call() {
+    const LATENCY: Duration = Duration::from_millis(800);
+    let server = RedisServer::start();
+    let proxy = Proxy::in_front_of(&server);
+    let limiter = Arc::new(
+        builder_on(
+            backend_builder(proxy.client()).response_timeout(Duration::from_secs(10)),
+            "queued-try",
+            10.0,
+        )
+        .await
+        .max_burst(Duration::ZERO)
+        .build()
+        .unwrap(),
+    );
+    // (The connection open and the script loaded; the permit's interval
+    // passed.)
+    assert!(limiter.try_acquire(1, Duration::ZERO).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    reset_stats(&server);
+    proxy.set_latency(LATENCY);
+    let lead = tokio::spawn({
+        let limiter = Arc::clone(&limiter);
+        async move { limiter.reserve(22).await.unwrap() }
+    });
+    within(Duration::from_secs(10), || server.evalsha_calls() >= 1)
+        .await
+        .expect("the lead reached Redis");
+    let called = Instant::now();
+    let fits = limiter
+        .try_acquire(1, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let took = called.elapsed();
+    assert_eq!(lead.await.unwrap(), Duration::ZERO);
+    assert_eq!(server.evalsha_calls(), 2, "the try went behind the lead");
+    assert!(
+        !fits,
+        "a try of 1 s was granted {took:?} after its call, its permit about 2.2 s after it"
+    );
 }
 
 /// Redis dies while a batch is in flight: every caller in it (and queued

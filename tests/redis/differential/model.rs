@@ -319,11 +319,22 @@ impl Model {
         if timeout.is_some_and(|t| moment - now > t) {
             return Err((moment - now, bound));
         }
-        let id = (open || held && moment > now).then(|| {
-            let id = self.next_id.max(now);
-            self.next_id = id + 1;
-            id
-        });
+        // Ids end at 2^53 - 2: a held reservation that finds none left gets
+        // none, and next_id says so (2^53); a call is refused with an error,
+        // which no sequence here meets (its clock starts in 2023 and moves
+        // days at a step).
+        let id = (open || held && moment > now)
+            .then(|| {
+                let id = self.next_id.max(now);
+                self.next_id = if id < MAX_MICROS - 1 {
+                    id + 1
+                } else {
+                    MAX_MICROS
+                };
+                assert!(!open || id < MAX_MICROS - 1, "a call with no id left");
+                (id < MAX_MICROS - 1).then_some(id)
+            })
+            .flatten();
         self.expire(now);
         if id.is_some() || !self.log.is_empty() {
             self.log.push_back(Entry {

@@ -332,6 +332,64 @@ fn ids_rise_with_the_clock_and_survive_the_log() {
 }
 
 #[test]
+fn ids_that_run_out_leave_the_key_readable() {
+    // The last id below 2^53 is 2^53 - 2: a key whose ids run out (a clock
+    // at the end of time, or a next_id written elsewhere) serves the held
+    // reservations that find none left as ones that cannot be given back,
+    // marks next_id 2^53, and every call on it still reads it.
+    let args = Args::bursty("5", 0);
+    let max = MAX_MICROS as f64;
+    for (name, now, next_id, last) in [
+        ("a clock at 2^53 - 1", MAX_MICROS - 1, 0, None),
+        (
+            "a clock at 2^53 - 2",
+            MAX_MICROS - 2,
+            0,
+            Some(MAX_MICROS - 2),
+        ),
+        ("next_id 2^53 - 1", T0, MAX_MICROS - 1, None),
+        ("next_id 2^53 - 2", T0, MAX_MICROS - 2, Some(MAX_MICROS - 2)),
+    ] {
+        let mut fx = fixture();
+        assert_eq!(fx.run("k", &args.clone().at(now)), 0, "{name}");
+        let value = fx.value("k");
+        let value = Stored {
+            next_id: next_id as f64,
+            ..value
+        };
+        fx.set_bytes("k", &value.encode());
+        // Held reservations that wait (the first gets the last id, if it
+        // is left), then every mode.
+        let next_ids: Vec<f64> = (0..3)
+            .map(|_| {
+                let reply = fx.call("k", &args.clone().held().at(now));
+                assert!(reply.first > 0, "{name}: {reply:?}");
+                reply.stored().next_id
+            })
+            .collect();
+        let first = if last.is_some() { max - 1.0 } else { max };
+        assert_eq!(next_ids, [first, max, max], "{name}");
+        assert_eq!(
+            fx.value("k").logged(),
+            last.map(|_| 3),
+            "{name}: the one with an id, and those after it"
+        );
+        let cancel = fx.run("k", &args.clone().cancel(MAX_MICROS - 2).at(now));
+        assert_eq!(cancel, i64::from(last.is_some()), "{name}");
+        assert!(fx.run("k", &args.clone().at(now)) > 0, "{name}");
+        assert!(fx.wait("k", &args.clone().at(now)) > 0, "{name}");
+        assert!(fx.run("k", &args.clone().probe().at(now)) > 0, "{name}");
+        // A call needs an id (to be settled, to learn): an error, the key
+        // untouched.
+        let dump = fx.dump("k");
+        let call = args.clone().permits("call").timeout("1:-1").at(now);
+        let error = fx.run_err(&["k"], &call.to_vec());
+        assert!(error.contains("no id left for a call"), "{name}: {error}");
+        assert_eq!(fx.dump("k"), dump, "{name}");
+    }
+}
+
+#[test]
 fn a_full_log_written_in_place_keeps_a_few_dead_requests_and_gives_back_exactly() {
     // A hot key of held reservations: each leaves the oldest logged request
     // out of the full log. Written in place, the value keeps up to 16 of
