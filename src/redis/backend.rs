@@ -1,7 +1,7 @@
 //! What a Redis limiter talks through: the target, the connection in use,
 //! its health, and the runtime its I/O runs on.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
@@ -107,8 +107,10 @@ pub(crate) struct Backend {
     /// under this lock, in step with the targets.
     probes: Mutex<Probes>,
     /// The limiters told when zones come back (those that served from
-    /// their fallback).
-    recovering: Mutex<Vec<Weak<dyn Recover>>>,
+    /// their fallback), by address: each leaves as it drops
+    /// ([`forget_recovery`](Self::forget_recovery)), so that its memory,
+    /// which its entry would hold, goes with it.
+    recovering: Mutex<HashMap<usize, Weak<dyn Recover>>>,
 }
 
 /// A backend's options: what its builder's setters set, and what the
@@ -211,23 +213,29 @@ impl Backend {
         }
     }
 
-    /// Tells `limiter` of every recovery from now on (while it lives).
-    pub(crate) fn on_recovery(&self, limiter: Weak<dyn Recover>) {
-        let mut recovering = self
-            .recovering
+    fn recovering(&self) -> MutexGuard<'_, HashMap<usize, Weak<dyn Recover>>> {
+        self.recovering
             .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        recovering.retain(|weak| weak.strong_count() > 0);
-        recovering.push(limiter);
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Tells `limiter` of every recovery from now on, until it is dropped
+    /// (which calls [`forget_recovery`](Self::forget_recovery)).
+    pub(crate) fn on_recovery(&self, limiter: Weak<dyn Recover>) {
+        let address = limiter.as_ptr().cast::<()>() as usize;
+        self.recovering().insert(address, limiter);
+    }
+
+    /// Forgets the limiter at `address`, being dropped.
+    pub(crate) fn forget_recovery(&self, address: *const ()) {
+        self.recovering().remove(&(address as usize));
     }
 
     /// Tells the limiters that asked that zones came back.
     fn tell_recovered(&self) {
         let limiters: Vec<Arc<dyn Recover>> = self
-            .recovering
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
+            .recovering()
+            .values()
             .filter_map(Weak::upgrade)
             .collect();
         for limiter in limiters {

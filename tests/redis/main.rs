@@ -7,6 +7,9 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+#[global_allocator]
+static ALLOCATOR: support::alloc::Counting = support::alloc::Counting;
+
 mod backend;
 mod batch;
 mod blocking;
@@ -26,6 +29,7 @@ mod faults;
 mod hostile_keys;
 mod hostile_upstream;
 mod keyed;
+mod lifecycle;
 mod limiter;
 mod pause;
 mod proxy_harness;

@@ -217,6 +217,16 @@ impl<K, C: Clock> Failover<K, C> {
     }
 }
 
+/// A limiter the backend tells of recoveries leaves its list as it drops.
+impl<K, C: Clock> Drop for Failover<K, C> {
+    fn drop(&mut self) {
+        if self.registered.load(Ordering::Acquire) {
+            self.backend
+                .forget_recovery(std::ptr::from_ref(self).cast());
+        }
+    }
+}
+
 impl<K: Hash + Eq, C: Clock> Drop for Marked<K, C> {
     fn drop(&mut self) {
         self.failover.books().carrying.remove(&self.key);
