@@ -183,9 +183,10 @@ impl RedisBackendBuilder {
     /// shuts down, or is no longer driven (a current-thread runtime whose
     /// `block_on` returned), Redis is out of reach and the limiters serve
     /// on their fallback, the blocking calls too (the first waits for the
-    /// runtime at most twice the response timeout and a second, and the
-    /// ones after it are served at once until the runtime's probe finds
-    /// Redis again);
+    /// runtime at most twice the response timeout and a second, or twice
+    /// that if the runtime stops in the middle of its round trip, which is
+    /// waited for rather than served twice; the ones after it are served
+    /// at once until the runtime's probe finds Redis again);
     /// [`build_blocking`](Self::build_blocking) gives the backend a runtime
     /// of its own.
     ///
