@@ -94,7 +94,9 @@
 //!   callers wait behind it. Callers of that key wait for it,
 //!   within their `response_timeout` in all; one whose time runs out is
 //!   served by the fallback, which forgets the key only once its debt is in
-//!   Redis. A background task, started when the backend recovers, carries
+//!   Redis. A try's timeout counts from its call (the time it waited for
+//!   the carry-back is taken off it), whether Redis or the fallback then
+//!   serves it. A background task, started when the backend recovers, carries
 //!   the keys nobody calls. Under `Fallback::FailOpen` the resume carries no
 //!   debt but still drops the bursty limits' stored permits, so nothing
 //!   bursts after an outage.

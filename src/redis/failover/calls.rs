@@ -67,15 +67,16 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
         // A reply that comes too late is given back (a call has an id).
-        let call = |_| Call::Open {
+        let call = |timeout, _| Call::Open {
             cost: cost.clone(),
             timeout,
         };
         self.reserve_routed(
             key,
+            timeout,
             call,
             |reply, target| self.granted_call(reply, target, key),
-            |local| now(Engine::take_call(local, key, cost, timeout)),
+            |local, timeout| now(Engine::take_call(local, key, cost, timeout)),
         )
         .await
     }

@@ -72,6 +72,7 @@ use crate::reservation::{GiveBack, GiveBackId, GivesBack};
 use crate::store::{Engine, Rate, now};
 use crate::{Error, Reservation, Snapshot, Stats};
 use ending::Ending;
+use route::Waited;
 
 /// Where a limiter's keys live in Redis.
 pub(crate) enum Naming {
@@ -389,7 +390,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         // A call that waited for a carry-back has less than the response
         // timeout left: held, so that a reply that comes too late (the
         // fallback serving it meanwhile) can be given back by its id.
-        let call = |waited: bool| {
+        let call = |timeout, waited: bool| {
             Call::Reserve(Request {
                 permits,
                 timeout,
@@ -398,40 +399,47 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         };
         self.reserve_routed(
             key,
+            timeout,
             call,
             |reply, target| self.granted(reply, target),
-            |local| now(Engine::take(local, key, permits, timeout)),
+            |local, timeout| now(Engine::take(local, key, permits, timeout)),
         )
         .await
     }
 
-    /// What every reservation shares: reserves for `key` with `call` (told
-    /// whether the caller waited for a carry-back) through Redis, its reply
-    /// read by `granted`, or with `local` through the fallback while Redis
-    /// is down.
+    /// What every reservation shares: reserves for `key` with `call`
+    /// through Redis, its reply read by `granted`, or with `local` through
+    /// the fallback while Redis is down. Each is given the try's `timeout`,
+    /// less the time the caller waited for its key's carry-back (see
+    /// [`Waited::timeout`]); `call` is told whether it waited.
     pub(super) async fn reserve_routed<'a, Q>(
         &'a self,
         key: &Q,
-        call: impl Fn(bool) -> Call,
+        timeout: Option<Duration>,
+        call: impl Fn(Option<Duration>, bool) -> Call,
         granted: impl Fn(Reply, &ProbeTarget) -> Option<Reservation<'a>>,
-        local: impl Fn(&'a Keyed<K, C>) -> Result<Option<Reservation<'a>>, Error>,
+        local: impl Fn(&'a Keyed<K, C>, Option<Duration>) -> Result<Option<Reservation<'a>>, Error>,
     ) -> Result<Option<Reservation<'a>>, Error>
     where
         K: Borrow<Q>,
         Q: Display + Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
     {
         let target = &self.target(key);
-        let (call, granted) = (&call, &granted);
+        let (call, granted, local) = (&call, &granted, &local);
         self.routed(
             key,
             target,
-            |budget| async move {
-                let reply = self
-                    .send(key, target, call(budget.is_some()), budget)
-                    .await?;
+            |waited| async move {
+                let call = call(Waited::timeout(waited, timeout), waited.is_some());
+                let budget = waited.map(|waited| waited.budget);
+                let reply = self.send(key, target, call, budget).await?;
                 Ok(granted(reply, target))
             },
-            |failure, patient| self.serve_locally(key, target, failure, patient, &local),
+            |failure, patient, waited| {
+                let timeout = Waited::timeout(waited, timeout);
+                let serve = |keyed| local(keyed, timeout);
+                self.serve_locally(key, target, failure, patient, serve)
+            },
         )
         .await
     }
@@ -474,7 +482,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                 let stored: Stored = send(&self.backend, target, Call::Status, None, None).await?;
                 Ok(read(stored))
             },
-            local,
+            |failure, patient, _| local(failure, patient),
         )
         .await
     }
@@ -524,7 +532,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
     }
 
     /// One call for `key` to Redis (see [`send`]) within `budget` (see
-    /// `Patience::budget`), noting the debt it reports.
+    /// [`Waited`]), noting the debt it reports.
     async fn send<Q>(
         &self,
         key: &Q,

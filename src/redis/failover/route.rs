@@ -11,10 +11,14 @@ const MAX_CARRY_WAITS: usize = 8;
 /// How long a call may wait for its key's carry-back: until the response
 /// timeout from its start, so that it returns within it. Past that, the
 /// fallback (which holds the key until its debt is in Redis) serves it; a
-/// call that waited goes to Redis with what is left ([`Patience::budget`]).
+/// call that waited goes to Redis with what is left. Either way, a try's
+/// timeout counts from the call: the wait is taken off it
+/// ([`Patience::waited`]).
 struct Patience {
     deadline: tokio::time::Instant,
-    waited: bool,
+    /// How long the call waited for its key's carry-back (or its floor's
+    /// charge), if it did.
+    waited: Option<Duration>,
 }
 
 impl Patience {
@@ -23,13 +27,39 @@ impl Patience {
         tokio::time::Instant::now() >= self.deadline
     }
 
-    /// What is left for a round trip, if the call waited (else it has the
-    /// whole response timeout).
-    fn budget(&self) -> Option<Duration> {
-        self.waited.then(|| {
-            self.deadline
-                .saturating_duration_since(tokio::time::Instant::now())
+    /// What a call that waited has of its time (else none: it has the whole
+    /// response timeout, and its try the whole of its timeout).
+    fn waited(&self) -> Option<Waited> {
+        self.waited.map(|took| Waited {
+            took,
+            budget: self
+                .deadline
+                .saturating_duration_since(tokio::time::Instant::now()),
         })
+    }
+}
+
+/// What a call that waited for its key's carry-back has of its time.
+#[derive(Clone, Copy)]
+pub(super) struct Waited {
+    /// How long it waited.
+    took: Duration,
+    /// What is left of the response timeout, for a round trip.
+    pub(super) budget: Duration,
+}
+
+impl Waited {
+    /// A try's `timeout`, for a call that `waited`: what is left of it. It
+    /// counts from the call, as a call that did not wait counts it (one
+    /// that waited for a carry-back that drained the key's debt meanwhile
+    /// would otherwise be granted up to that wait more than its timeout,
+    /// from its call); as `coalesce` counts it for a call queued behind a
+    /// round trip.
+    pub(super) fn timeout(waited: Option<Waited>, timeout: Option<Duration>) -> Option<Duration> {
+        match waited {
+            Some(waited) => timeout.map(|timeout| timeout.saturating_sub(waited.took)),
+            None => timeout,
+        }
     }
 }
 
@@ -41,17 +71,22 @@ enum Route {
 }
 
 impl<K: Key + Display, C: Clock> Failover<K, C> {
-    /// A call of `key` (on `target`, its Redis key): `remote` asks Redis,
-    /// given [`Patience::budget`]; while the key's part of Redis is down,
-    /// `local` asks the fallback, told the failure and whether the caller
-    /// may still wait for a carry-back of the key (it then routes again
-    /// once that has ended).
+    /// A call of `key` (on `target`, its Redis key): `remote` asks Redis;
+    /// while the key's part of Redis is down, `local` asks the fallback,
+    /// told the failure and whether the caller may still wait for a
+    /// carry-back of the key (it then routes again once that has ended).
+    /// Each is told what the call has of its time if it waited for one
+    /// ([`Waited`]).
     pub(super) async fn routed<'a, Q, T, R>(
         &'a self,
         key: &Q,
         target: &ProbeTarget,
-        remote: impl Fn(Option<Duration>) -> R,
-        local: impl Fn(Option<BackendError>, bool) -> Result<Result<T, Error>, Carried<'a>>,
+        remote: impl Fn(Option<Waited>) -> R,
+        local: impl Fn(
+            Option<BackendError>,
+            bool,
+            Option<Waited>,
+        ) -> Result<Result<T, Error>, Carried<'a>>,
     ) -> Result<T, Error>
     where
         K: Borrow<Q>,
@@ -60,18 +95,18 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
     {
         let mut patience = Patience {
             deadline: self.backend.options.response_deadline(),
-            waited: false,
+            waited: None,
         };
         loop {
             let failure = match self.route(key, target, &mut patience).await {
-                Route::Redis => match remote(patience.budget()).await {
+                Route::Redis => match remote(patience.waited()).await {
                     Ok(answer) => return Ok(answer),
                     Err(Failure::Refused(error)) => return Err(error),
                     Err(Failure::Down(failure)) => failure,
                 },
                 Route::Local(failure) => failure,
             };
-            match local(failure, !patience.out()) {
+            match local(failure, !patience.out(), patience.waited()) {
                 Ok(result) => return result,
                 Err(carried) => self.await_carry(key, carried, &mut patience).await,
             }
@@ -135,26 +170,28 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
     }
 
     /// Waits for the carry-back (or the floor's charge) of `key` to end,
-    /// at most until the call's time is up. The wake-up is every key's: one
-    /// for another key's end waits again, so that only this key's end
-    /// counts as a pass of the route.
+    /// at most until the call's time is up, and counts the wait in
+    /// `patience`. The wake-up is every key's: one for another key's end
+    /// waits again, so that only this key's end counts as a pass of the
+    /// route.
     async fn await_carry<Q>(&self, key: &Q, mut carried: Carried<'_>, patience: &mut Patience)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        patience.waited = true;
+        let since = tokio::time::Instant::now();
         loop {
             if tokio::time::timeout_at(patience.deadline, carried)
                 .await
                 .is_err()
             {
-                return;
+                break;
             }
             match self.carrying(&self.books(), key) {
                 Some(again) => carried = again,
-                None => return,
+                None => break,
             }
         }
+        *patience.waited.get_or_insert_default() += since.elapsed();
     }
 }

@@ -1,7 +1,8 @@
 //! Real faults, grouped by what fails: a server killed or never reachable
 //! (`down`), frozen with `SIGSTOP` (`frozen`), answering with an error
 //! (`refusing`: a read-only replica, `BUSY`, `LOADING`, `MASTERDOWN`, out of
-//! memory), a connection that dies silently (`connection`), and a cluster
+//! memory), a connection that dies silently (`connection`, and a try that
+//! waits for its key's carry-back behind it: `patience`), and a cluster
 //! that loses one primary (`cluster`). Each test asserts what a user sees:
 //! every call returns within the response timeout plus slack, the
 //! configured fallback serves while Redis is unavailable, the limiter
@@ -17,6 +18,7 @@ mod connection;
 mod counting;
 mod down;
 mod frozen;
+mod patience;
 mod refusing;
 
 use std::sync::Arc;
