@@ -282,12 +282,7 @@ async fn callers_that_give_up_after_their_batch_was_sent_give_it_back() {
     // Once the lead reached Redis, its reply is on its way back for
     // `LATENCY`: ten callers queue behind it meanwhile, and their batch
     // goes when the reply is back.
-    let counted = &server;
-    let calls = |n: u64| {
-        within(Duration::from_secs(10), move || {
-            counted.evalsha_calls() >= n
-        })
-    };
+    let calls = |n: u64| evalsha_reached(&server, n, Duration::from_secs(10));
     calls(1).await.expect("the lead reached Redis");
     let queued: Vec<_> = (0..10)
         .map(|_| {
@@ -379,12 +374,7 @@ async fn a_batch_that_finds_no_id_left_gives_back_no_other_reservation() {
         let limiter = Arc::clone(&limiter);
         async move { limiter.reserve(1).await.unwrap() }
     });
-    let counted = &server;
-    let calls = |n: u64| {
-        within(Duration::from_secs(10), move || {
-            counted.evalsha_calls() >= n
-        })
-    };
+    let calls = |n: u64| evalsha_reached(&server, n, Duration::from_secs(10));
     calls(1).await.expect("the lead reached Redis");
     let queued: Vec<_> = (0..10)
         .map(|_| {
@@ -554,12 +544,7 @@ async fn a_caller_that_left_its_batch_in_flight_is_carried_back_once() {
     limiter.snapshot().await.unwrap();
     reset_stats(&server);
     proxy.set_latency(LATENCY);
-    let counted = &server;
-    let calls = |n: u64| {
-        within(Duration::from_secs(20), move || {
-            counted.evalsha_calls() >= n
-        })
-    };
+    let calls = |n: u64| evalsha_reached(&server, n, Duration::from_secs(20));
     let lead = tokio::spawn({
         let limiter = Arc::clone(&limiter);
         async move { limiter.acquire(1).await.unwrap() }
@@ -833,4 +818,10 @@ async fn a_caller_queued_past_its_time_does_not_mark_a_prompt_redis_down() {
     // A lone caller is served by Redis, as every round trip was in time.
     limiter.reserve(1).await.unwrap();
     assert_eq!(limiter.stats().fallbacks, 0, "{:?}", limiter.stats());
+}
+
+/// Waits until `server` has counted `n` EVALSHA calls, at most `limit`:
+/// how long that took, or `None`.
+async fn evalsha_reached(server: &RedisServer, n: u64, limit: Duration) -> Option<Duration> {
+    within(limit, || server.evalsha_calls() >= n).await
 }
