@@ -58,9 +58,11 @@ while true do
         end
         if f then
             -- Learned::rate: min(ceiling, cap * margin) * factor, the capped
-            -- rate if that is not > 0. (A limit the value lacks has no cap:
-            -- inf.)
+            -- rate if that is not > 0; a cap * margin that rounds to 0 is the
+            -- least double, the slowest rate. (A limit the value lacks has
+            -- no cap: inf.)
             local m = (f[4 + i] or 1e999) * f[4]
+            if m == 0 then m = 4.9406564584124654e-324 end
             if m < rate then rate = m end
             m = rate * f[1]
             if m > 0.0 then rate = m end

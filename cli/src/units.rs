@@ -262,6 +262,56 @@ mod tests {
         assert!(error.contains("whole number of bytes"), "{error}");
     }
 
+    /// A small deterministic generator (xorshift); never seeded with 0.
+    fn next(state: &mut u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+
+    /// Any text, near valid or not, neither panics nor reads as a rate,
+    /// size or duration that is not one; a number written as Rust writes
+    /// it reads back to the bit.
+    #[test]
+    fn random_text_reads_as_written_or_is_refused() {
+        const PIECES: [&str; 24] = [
+            "1", "0", "9", ".", "e", "-", "+", "/", " ", "s", "min", "h", "day", "ms", "us", "µs",
+            "K", "Ki", "M", "GiB", "B", "inf", "NaN", "\u{0}",
+        ];
+        let mut state = 0x5EED_u64;
+        for _ in 0..20_000 {
+            let text: String = (0..next(&mut state) % 8)
+                .map(|_| PIECES[(next(&mut state) % PIECES.len() as u64) as usize])
+                .collect();
+            for bytes in [false, true] {
+                if let Ok(rate) = parse_rate(&text, bytes) {
+                    let per_second = rate.per_second();
+                    assert!(per_second > 0.0 && per_second.is_finite(), "{text:?}");
+                }
+            }
+            if let Ok(size) = parse_record_size(&text) {
+                assert!((1..=1 << 48).contains(&size), "{text:?}");
+            }
+            if let Ok(duration) = parse_duration(&text) {
+                assert!(
+                    !duration.is_zero() || !text.contains(['1', '9']),
+                    "{text:?}"
+                );
+            }
+            let _ = readable_numbers(&text);
+            // A number as Rust writes it, from every magnitude.
+            let number = f64::from_bits(next(&mut state) & (u64::MAX >> 1));
+            if number.is_finite() && number > 0.0 {
+                let read = parse_rate(&format!("{number}/s"), false);
+                match read {
+                    Ok(rate) => assert_eq!(rate.permits, number),
+                    Err(error) => assert!(error.contains("too small"), "{number}: {error}"),
+                }
+            }
+        }
+    }
+
     #[test]
     fn durations_read_as_written() {
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));

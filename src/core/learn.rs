@@ -262,10 +262,12 @@ impl Learned {
 }
 
 /// `min(ceiling, cap × margin) × factor`, the rate of [the policy](self). An
-/// infinite ceiling scaled stays infinite; a product that is not a valid rate
-/// (never, with the factor in (0, 1]) keeps the capped rate.
+/// infinite ceiling scaled stays infinite. A product that rounds to 0 is no
+/// rate: a `cap × margin` that does (a margin near the least double) is the
+/// least double, the slowest rate, not none; a product with the factor that
+/// does keeps the capped rate.
 fn learned_rate(ceiling: f64, cap: f64, margin: f64, factor: f64) -> f64 {
-    let capped = ceiling.min(cap * margin);
+    let capped = ceiling.min((cap * margin).max(f64::from_bits(1)));
     let rate = capped * factor;
     if rate > 0.0 { rate } else { capped }
 }

@@ -30,6 +30,7 @@ use tower_service::Service;
 
 mod client_ip;
 mod documented;
+mod forged_at_random;
 mod hostile_clients;
 mod hostile_headers;
 mod layer_promises;

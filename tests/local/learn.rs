@@ -163,6 +163,32 @@ fn a_reported_rate_caps_its_limit_under_the_margin() {
     assert_eq!(rate(&limits, 0), 10.0);
 }
 
+/// A margin in its range, (0, 1], so small that a reported rate times it
+/// rounds to zero caps the limit at the slowest rate there is, as the
+/// script does through Redis. The capped rate was 0, which no limit takes:
+/// the cap was dropped, and both limits kept their configured 1 000/s and
+/// 6 000/s where the upstream allowed one call a day.
+#[test]
+fn a_cap_that_underflows_is_the_slowest_rate_not_none() {
+    let learning = Learning::default().margin(5e-324);
+    let mut limits = limits(&[1_000.0, 6_000.0]);
+    let one_a_day = Reported {
+        rate: Some(1.0 / 86_400.0),
+        ..Reported::default()
+    };
+    let reported = Lesson {
+        success: true,
+        limits: vec![one_a_day; 2],
+        ..Lesson::default()
+    };
+    limits.learn(&reported, 0, &learning);
+    for i in 0..2 {
+        assert_eq!(rate(&limits, i), 5e-324, "limit {i}");
+    }
+    // The next request waits as long as a limiter ever does.
+    assert_eq!(limits.reserve(1, 0, false).wait_micros, 0);
+    assert_eq!(limits.reserve(1, 0, false).wait_micros, 1 << 53);
+}
 /// A limit the upstream says is spent waits for its reset, the others do
 /// not pause; one with a few left keeps no more than that stored.
 #[test]

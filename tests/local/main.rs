@@ -30,6 +30,7 @@ mod learn;
 mod limiter_trait;
 mod pause;
 mod pause_exact;
+mod random_options;
 mod real_clock;
 mod set_rate;
 mod settle;

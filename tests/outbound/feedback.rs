@@ -574,4 +574,5 @@ fn an_x_ratelimit_value_is_read_whole() {
     );
 }
 
+mod forms;
 mod hostile;

@@ -15,5 +15,6 @@ mod fleet;
 #[cfg(all(feature = "http", feature = "redis"))]
 mod fleet_bounds;
 mod hostile_upstream;
+mod learned_at_random;
 #[cfg(feature = "http")]
 mod local;

@@ -116,3 +116,45 @@ async fn none_left_never_warms_a_cold_key_up() {
     assert_eq!(limit.max_permits, 8.0);
     assert!(limit.stored_permits >= 7.0, "{limit:?}");
 }
+
+/// A learning margin in its range, (0, 1], so small that a reported rate
+/// times it rounds to 0: the script wrote a rate of 0 into the key, then
+/// refused the key as a value it does not recognise, so that every call
+/// on it failed (`Error::Backend`) until it expired; in this process the
+/// cap was dropped, the limit left at 1 000/s where the upstream allowed
+/// one a day. Both now run at the slowest rate there is, to the bit.
+#[tokio::test]
+async fn a_cap_that_underflows_teaches_redis_what_it_teaches_the_core() {
+    let server = RedisServer::start();
+    let learning = paceline::outbound::Learning::default().margin(5e-324);
+    let redis = RateLimiter::builder()
+        .permits_per_second(1_000.0)
+        .learning(learning)
+        .redis(&patient_backend(server.client()).await, "tiny")
+        .fallback(Fallback::FailClosed)
+        .build()
+        .unwrap();
+    let local = RateLimiter::builder()
+        .permits_per_second(1_000.0)
+        .learning(learning)
+        .build()
+        .unwrap();
+    let one_a_day = [("RateLimit-Policy", &b"1;w=86400"[..])];
+    let one_a_day = Feedback::from_headers(200, one_a_day, SystemTime::now());
+    // (An open call and a debt keep the key, as above.)
+    let (open, call) = (redis.call(1).await.unwrap(), redis.call(1).await.unwrap());
+    redis.reserve(200_000).await.unwrap();
+    call.learn(&one_a_day);
+    drop(call);
+    local.call(1).await.unwrap().learn(&one_a_day);
+    let mut con = server.connection();
+    within(Duration::from_secs(5), || {
+        Value::read(&mut con, "paceline:v1:tiny").is_some_and(|v| v.learned.is_some())
+    })
+    .await
+    .expect("the lesson never landed");
+    assert_eq!(local.snapshot().unwrap().rate(), 5e-324);
+    assert_eq!(redis.snapshot().await.unwrap().rate(), 5e-324);
+    open.settle(3).unwrap();
+    assert_eq!(redis.try_reserve(1, Duration::ZERO).await.unwrap(), None);
+}
