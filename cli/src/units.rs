@@ -109,18 +109,40 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .ok_or_else(|| bad(""))?;
     let (number, unit) = text.split_at(split);
-    let number: f64 = number.parse().map_err(|_| bad(""))?;
-    let seconds = match unit {
-        "us" | "µs" => number / 1e6,
-        "ms" => number / 1e3,
-        "s" => number,
-        "m" | "min" => number * 60.0,
-        "h" => number * 3600.0,
+    let unit_nanos: u128 = match unit {
+        "us" | "µs" => 1_000,
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        "m" | "min" => 60_000_000_000,
+        "h" => 3_600_000_000_000,
         _ => return Err(bad("")),
     };
-    // (The number has no sign: only a length past a Duration fails here.)
-    let duration = Duration::try_from_secs_f64(seconds).map_err(|_| bad(": too long"))?;
-    if duration.is_zero() && seconds > 0.0 {
+    // Read exactly, in nanoseconds: the whole units, then the fraction's
+    // first 24 digits (those after them are worth less than 10^-24 of an
+    // hour, under a nanosecond), truncated.
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() && fraction.is_empty() || fraction.contains('.') {
+        return Err(bad(""));
+    }
+    let too_long = || bad(": too long");
+    let whole: u128 = match whole {
+        "" => 0,
+        // (Digits alone: it fails only past a u128.)
+        whole => whole.parse().map_err(|_| too_long())?,
+    };
+    let kept = &fraction[..fraction.len().min(24)];
+    let digits: u128 = match kept {
+        "" => 0,
+        kept => kept.parse().map_err(|_| bad(""))?,
+    };
+    let places = u32::try_from(kept.len()).unwrap_or(24);
+    let nanos = whole
+        .checked_mul(unit_nanos)
+        .and_then(|nanos| nanos.checked_add(digits * unit_nanos / 10u128.pow(places)))
+        .ok_or_else(too_long)?;
+    let seconds = u64::try_from(nanos / 1_000_000_000).map_err(|_| too_long())?;
+    let duration = Duration::new(seconds, (nanos % 1_000_000_000) as u32);
+    if duration.is_zero() && (whole > 0 || fraction.bytes().any(|b| b != b'0')) {
         return Err(bad(": under a nanosecond, it would read as zero"));
     }
     Ok(duration)
@@ -318,7 +340,23 @@ mod tests {
         assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
         assert_eq!(parse_duration("3min").unwrap(), Duration::from_secs(180));
         assert_eq!(parse_duration("500us").unwrap(), Duration::from_micros(500));
-        for bad in ["", "5", "ms", "1e999s", "-1s", "2 weeks"] {
+        // To the nanosecond, however long (it went through a double: a few
+        // nanoseconds off past about 100 days).
+        assert_eq!(
+            parse_duration("123456789123ms").unwrap(),
+            Duration::from_millis(123_456_789_123)
+        );
+        assert_eq!(
+            parse_duration("2562047.788015215h").unwrap(),
+            Duration::new(9_223_372_036, 854_774_000)
+        );
+        assert_eq!(
+            parse_duration("18446744073.709551615s").unwrap(),
+            Duration::new(18_446_744_073, 709_551_615)
+        );
+        assert_eq!(parse_duration(".5s").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("1.s").unwrap(), Duration::from_secs(1));
+        for bad in ["", "5", "ms", "1e999s", "-1s", "2 weeks", ".s", "1.2.3s"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
         // Zero is zero; more than zero never reads as zero (`--timeout
@@ -333,6 +371,8 @@ mod tests {
             ("0.0000000001s", "under a nanosecond"),
             ("0.0001us", "under a nanosecond"),
             ("99999999999999999999s", "too long"),
+            ("18446744073709551616s", "too long"),
+            ("0.0000000000000000000000000001h", "under a nanosecond"),
             ("999999999999999999h", "too long"),
         ] {
             let error = parse_duration(bad).unwrap_err();
