@@ -63,8 +63,9 @@
 //! burst, base). Changing the rate or rebasing writes the slot not in use,
 //! then publishes the new generation in the word with a compare-and-swap, so a
 //! reservation computed from an older configuration fails its own
-//! compare-and-swap and retries. (That needs fewer than 2^9 configuration
-//! changes during one reservation's few instructions.)
+//! compare-and-swap and retries; a refusal, which writes nothing, checks the
+//! word's generation again after reading the slot. (That needs fewer than 2^9
+//! configuration changes during one reservation's few instructions.)
 //!
 //! # Exactness
 //!
@@ -299,6 +300,13 @@ pub(crate) fn slot_index(word: u64) -> usize {
 /// The generation after `word`'s, as the generation bits of a word.
 const fn next_generation(word: u64) -> u64 {
     (((word >> GEN_SHIFT) + 1) & GEN_MASK) << GEN_SHIFT
+}
+
+/// Whether two words are of one generation, so of one configuration (while
+/// fewer than 2^9 configuration changes lie between them).
+#[inline(always)]
+pub(crate) fn same_generation(a: u64, b: u64) -> bool {
+    (a ^ b) >> GEN_SHIFT == 0
 }
 
 /// Whether the word holds stored permits.

@@ -19,7 +19,7 @@ mod slot;
 
 use std::fmt;
 use std::sync::atomic::Ordering::{AcqRel, Acquire};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -172,6 +172,16 @@ impl<C: Clock> Single<C> {
 
     /// Steps from `current` at `now` and writes the result, until a
     /// compare-and-swap succeeds, or the step is refused or needs the lock.
+    ///
+    /// A refusal writes nothing, so no compare-and-swap checks that the
+    /// configuration it read is `current`'s: since `current` was loaded
+    /// (before the clock was read, on the first step) the word may have
+    /// moved on by two generations, to the same slot, rewritten with another
+    /// base (a reservation logged, then the log emptied later; two rate
+    /// changes), and the step have read the old ticket as one that much
+    /// later. So a refusal stands only if the word is still of `current`'s
+    /// generation once the step has read the slot; else it steps again
+    /// from the word as it is.
     #[inline(always)]
     fn step_loop<O: Outcome>(
         &self,
@@ -183,7 +193,17 @@ impl<C: Clock> Single<C> {
         loop {
             let (new, wait) =
                 match word::step(current, now, permits, timeout, self.slots.of(current)) {
-                    Step::Refused => return None,
+                    Step::Refused => {
+                        // The slot's loads before the word's (acquired in
+                        // turn for the next step's).
+                        fence(Acquire);
+                        let seen = self.word.0.load(Acquire);
+                        if word::same_generation(seen, current) {
+                            return None;
+                        }
+                        current = seen;
+                        continue;
+                    }
                     // One that can be given back waits in the log.
                     Step::Granted { wait, .. } if O::GIVES_BACK && wait > 0 => {
                         return self.reserve_locked(permits, timeout);

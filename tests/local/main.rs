@@ -26,6 +26,7 @@ mod fast_path;
 mod first_principles;
 mod give_back;
 mod held_sequences;
+mod interleavings;
 mod learn;
 mod limiter_trait;
 mod pause;
