@@ -166,13 +166,17 @@ impl<C: Clock> Single<C> {
     }
 
     /// The limits as they stand now (the word's state loaded into the one
-    /// limit, outside mutex mode).
+    /// limit, outside mutex mode), read under the lock, as
+    /// [`snapshot_locked`](Self::snapshot_locked) reads them: the word's
+    /// slot is not rewritten meanwhile.
     pub(super) fn limits_now(&self) -> Limits {
-        let mut limits = self.lock().clone();
+        let guard = self.lock();
+        let mut limits = guard.clone();
         let current = self.word.0.load(Acquire);
         if !word::is_mutex(current) {
             self.load(&mut limits, current, self.clock.now_micros());
         }
+        drop(guard);
         limits
     }
 
