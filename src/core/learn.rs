@@ -217,10 +217,11 @@ impl Adopted {
         learned_rate(ceiling, cap, self.margin, self.factor)
     }
 
-    /// The same, its caps scaled by `fraction` (a fallback's share).
+    /// The same, its caps scaled by `fraction` (a fallback's share; see
+    /// [`share_of`](super::share_of)).
     pub(crate) fn scaled(mut self, fraction: f64) -> Adopted {
         for cap in self.caps.iter_mut() {
-            *cap *= fraction;
+            *cap = super::share_of(*cap, fraction);
         }
         self
     }

@@ -62,7 +62,7 @@ use super::round_trip::{Failure, Remote, send};
 use super::runtime::blocking_section;
 use super::script::{Call, Kept, LogId, Request, ScriptArgs};
 use crate::clock::Clock;
-use crate::core::{Policy, Shape, State, micros, stable_interval_micros};
+use crate::core::{Policy, Shape, State, micros, share_of, stable_interval_micros};
 use crate::error::BackendError;
 use crate::keyed::Keyed;
 use crate::keyed::Mode;
@@ -246,11 +246,6 @@ pub(super) enum Floor<'a> {
     Charging(Carried<'a>),
 }
 
-/// The fallback's rate: a share of the shared rate, never rounded to 0.
-pub(crate) fn local_rate(permits_per_second: f64, local_fraction: f64) -> f64 {
-    (permits_per_second * local_fraction).max(f64::from_bits(1))
-}
-
 /// The options a Redis limiter is built from.
 pub(crate) struct Parts<C> {
     pub(crate) backend: Arc<Backend>,
@@ -270,7 +265,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         let local_states = limits
             .iter()
             .map(|(policy, rate)| {
-                State::new(policy.clone(), local_rate(*rate, parts.local_fraction), 0)
+                State::new(policy.clone(), share_of(*rate, parts.local_fraction), 0)
             })
             .collect::<Result<Vec<State>, _>>()?;
         let metrics = Metrics::named(Some(match &parts.naming {
