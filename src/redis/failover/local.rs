@@ -139,7 +139,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                 }
             }
             // At its share of the rates the upstream reports.
-            let learned = books.learned.get(key).cloned();
+            let learned = books.learned.get(key).map(|(learned, _)| learned.clone());
             let learned = learned.map(|learned| learned.scaled(self.local_fraction));
             self.local.open(key, floor, learned.as_ref());
             // (0: none known, as `known_exactly` says.)

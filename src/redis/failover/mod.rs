@@ -164,10 +164,14 @@ struct Books<K> {
     /// the background, by Redis key (a late grant among them is not known).
     awaited: HashMap<Arc<str>, usize>,
     /// What each key running below its configured rates learned in Redis
-    /// from an upstream (see `calls`), per its last reply that said so: at
-    /// most `max_local_keys`. The key opens in the fallback at those rates
-    /// (at its share). (A snapshot from Redis reads them from its status.)
-    learned: HashMap<K, crate::core::Adopted>,
+    /// from an upstream (see `calls`), per its last reply that said so, and
+    /// when that came (a count of such replies, `learned_count`): at most
+    /// `max_local_keys`, those heard of longest ago forgotten first (their
+    /// Redis keys may have expired with what they learned). The key opens
+    /// in the fallback at those rates (at its share). (A snapshot from
+    /// Redis reads them from its status.)
+    learned: HashMap<K, (crate::core::Adopted, u64)>,
+    learned_count: u64,
     /// What calls made in Redis sent it while it was down that the
     /// fallback cannot hold (a keep; a lesson, for a limiter that fails
     /// open or closed), with when it came (µs, local clock): sent once it
@@ -311,6 +315,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                 late: Ending::default(),
                 awaited: HashMap::new(),
                 learned: HashMap::new(),
+                learned_count: 0,
                 queued: Vec::new(),
                 paused: Ending::default(),
             }),
