@@ -217,10 +217,11 @@ impl Adopted {
         learned_rate(ceiling, cap, self.margin, self.factor)
     }
 
-    /// The same, its caps scaled by `fraction` (a fallback's share).
+    /// The same, its caps scaled by `fraction` (a fallback's share; see
+    /// [`share_of`](super::share_of)).
     pub(crate) fn scaled(mut self, fraction: f64) -> Adopted {
         for cap in self.caps.iter_mut() {
-            *cap *= fraction;
+            *cap = super::share_of(*cap, fraction);
         }
         self
     }
@@ -237,6 +238,9 @@ pub(crate) struct Learned {
     factor: f64,
     /// The end of the last pause.
     paused_until: u64,
+    /// The end of each limit's last pause: a refusal's, or its own, spent
+    /// until its reset.
+    pauses: Vec<u64>,
     /// When `factor` last rose.
     increased_at: u64,
     /// The fraction of a cap the limits run at.
@@ -250,6 +254,7 @@ impl Learned {
             caps: vec![f64::INFINITY; states.len()],
             factor: 1.0,
             paused_until: 0,
+            pauses: vec![0; states.len()],
             increased_at: 0,
             margin: 1.0,
         }
@@ -328,9 +333,16 @@ impl Limits {
             .any(|p| p.is_some_and(|until| until > now_micros))
         {
             self.clear_log();
-            for (state, until) in self.states.iter_mut().zip(pauses) {
+            let ends = match &mut self.learned {
+                Some(learned) => &mut learned.pauses[..],
+                None => &mut [],
+            };
+            for (i, (state, until)) in self.states.iter_mut().zip(pauses).enumerate() {
                 if let Some(until) = until {
                     state.pause(until, now_micros);
+                    if let Some(end) = ends.get_mut(i) {
+                        *end = (*end).max(until);
+                    }
                 }
             }
         }
@@ -383,6 +395,14 @@ impl Limits {
     pub(crate) fn paused_until(&self, now_micros: u64) -> Option<u64> {
         let until = self.learned.as_ref()?.paused_until;
         (until > now_micros).then_some(until)
+    }
+
+    /// The end of each limit's last pause (µs; 0: none): a refusal's, or
+    /// its own, spent until its reset; `None` if nothing was learned. A
+    /// pause is time, not permits: a fallback carries it back at its
+    /// length.
+    pub(crate) fn pauses(&self) -> Option<&[u64]> {
+        self.learned.as_ref().map(|learned| &learned.pauses[..])
     }
 
     /// The learned fraction of the configured rates (1 until a refusal).

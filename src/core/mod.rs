@@ -96,6 +96,20 @@ pub(crate) fn stable_interval_micros(permits_per_second: f64) -> Result<f64, Inv
     Ok((MICROS_PER_SECOND / permits_per_second).min(MAX_MICROS as f64))
 }
 
+/// `fraction` of `rate` (a fallback's share, in `(0, 1]`, of a rate
+/// configured or learned), never rounded to 0: the share of a positive rate
+/// that does is the least double, the slowest rate, not none (nor a rate to
+/// drop, which would leave the limit at a share of a looser one). An
+/// invalid rate stays invalid.
+pub(crate) fn share_of(rate: f64, fraction: f64) -> f64 {
+    let share = rate * fraction;
+    if share == 0.0 && rate > 0.0 {
+        f64::from_bits(1)
+    } else {
+        share
+    }
+}
+
 /// The slowest of `rates`: what a limiter with several limits sustains.
 pub(crate) fn slowest(rates: impl IntoIterator<Item = f64>) -> f64 {
     rates.into_iter().fold(f64::INFINITY, f64::min)
@@ -199,6 +213,15 @@ mod tests {
         assert!(stable_interval_micros(0.0).is_err());
         assert!(stable_interval_micros(-1.0).is_err());
         assert!(stable_interval_micros(f64::NAN).is_err());
+    }
+
+    #[test]
+    fn a_share_of_a_positive_rate_is_never_none() {
+        assert_eq!(share_of(10.0, 0.5), 5.0);
+        assert_eq!(share_of(f64::INFINITY, 5e-324), f64::INFINITY);
+        // One a day at the least share: the slowest rate, not 0.
+        assert_eq!(share_of(1.0 / 86_400.0, 1e-320), 5e-324);
+        assert!(share_of(0.0, 0.5) == 0.0 && share_of(f64::NAN, 0.5).is_nan());
     }
 
     #[test]

@@ -41,6 +41,20 @@ impl<K: Key, C: Clock> Keyed<K, C> {
         self.read_now(key, |table, now| table.paused_until(key, now))
     }
 
+    /// The end of each limit's last pause of `key` (µs on the clock; 0:
+    /// none), a refusal's or its own as the upstream said it is spent, if
+    /// it is held and learned anything.
+    pub(crate) fn pauses<Q>(&self, key: &Q) -> Option<Vec<u64>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        if !self.ever_learned() {
+            return None;
+        }
+        self.read_now(key, |table, _| table.pauses(key))
+    }
+
     /// The latest ticket of `key`'s limits (µs on the clock), if it is held.
     pub(crate) fn ticket<Q>(&self, key: &Q) -> Option<u64>
     where

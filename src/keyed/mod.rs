@@ -185,7 +185,9 @@ impl<K: Key, C: Clock> Keyed<K, C> {
         } else {
             shared = lesson.clone();
             for reported in &mut shared.limits {
-                reported.rate = reported.rate.map(|rate| rate * self.share);
+                reported.rate = reported
+                    .rate
+                    .map(|rate| crate::core::share_of(rate, self.share));
             }
             &shared
         };

@@ -83,9 +83,11 @@ impl<T, C: Clock> Builder<T, Redis, C> {
 
     /// With [`Fallback::Local`], the share of the rate this process allows
     /// itself while degraded: `1.0 / N` when N processes share the key, so
-    /// that together they stay near the rate. Default 1.0; must be in
-    /// `(0, 1]`, and a share below 1 with another fallback is refused when
-    /// built (it would do nothing).
+    /// that together they stay near the rate; a key that learned a lower
+    /// rate from an upstream runs at this share of that one (at the slowest
+    /// rate there is, 5e-324/s, where the share rounds to 0). Default 1.0;
+    /// must be in `(0, 1]`, and a share below 1 with another fallback is
+    /// refused when built (it would do nothing).
     pub fn local_fraction(mut self, local_fraction: f64) -> Self {
         self.store_mut().local_fraction = local_fraction;
         self

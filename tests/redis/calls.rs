@@ -769,3 +769,59 @@ async fn a_call_dropped_while_it_asks_for_a_pause_is_kept_and_the_log_empties() 
     proxy.set_latency(Duration::ZERO);
     settled(&server, "paceline:v1:asks").await;
 }
+
+/// A keyed limiter whose fallback holds 2 keys: "old-0" and "old-1"
+/// learned a refusal, then their Redis keys expired (what they learned is
+/// gone there); "new" learns one now, and Redis dies. The fallback runs
+/// "new" at what it learned, 10/s × 0.7, as a key that learned runs in
+/// Redis: what keys learned was remembered for at most 2 keys and never
+/// forgotten, so the two dead keys held the room and "new" ran at 10/s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_dead_keys_learned_leaves_room_for_a_live_keys_lesson() {
+    let mut server = RedisServer::start();
+    let clock = FakeClock::new();
+    let limiter = KeyedRateLimiter::<String>::builder()
+        .permits_per_second(10.0)
+        .max_burst(Duration::ZERO)
+        .redis(&patient_backend(server.client()).await, "forgetful")
+        .fallback(Fallback::Local)
+        .max_keys(2)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let learn = |key: &'static str| {
+        let (limiter, server) = (&limiter, &server);
+        async move {
+            let call = limiter.call(key, 1).await.unwrap();
+            call.learn(&refused(Duration::ZERO));
+            drop(call);
+            settled(server, &limiter.redis_key(key)).await;
+            // A grant's reply carries what the key learned.
+            limiter.reserve(key, 1).await.unwrap();
+        }
+    };
+    for key in ["old-0", "old-1"] {
+        learn(key).await;
+    }
+    let mut con = server.connection();
+    let gone = within(Duration::from_secs(5), || {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("paceline:v1:forgetful:old*")
+            .query(&mut con)
+            .unwrap();
+        keys.is_empty()
+    })
+    .await;
+    assert!(gone.is_some(), "the old keys never expired");
+    learn("new").await;
+    server.kill();
+    let first = limiter.reserve("new", 1).await.unwrap();
+    assert!(limiter.stats().degraded, "{:?}", limiter.stats());
+    let second = limiter.reserve("new", 1).await.unwrap();
+    let interval = Duration::from_nanos((1e9_f64 / (10.0 * 0.7)).round() as u64);
+    let apart = second.saturating_sub(first);
+    assert!(
+        apart.abs_diff(interval) <= Duration::from_micros(1),
+        "{apart:?} apart, not {interval:?}"
+    );
+}

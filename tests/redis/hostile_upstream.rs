@@ -158,3 +158,78 @@ async fn a_cap_that_underflows_teaches_redis_what_it_teaches_the_core() {
     open.settle(3).unwrap();
     assert_eq!(redis.try_reserve(1, Duration::ZERO).await.unwrap(), None);
 }
+
+/// An unlimited limiter (no rate of its own: it runs at what the upstream
+/// reports) at the smallest fallback share there is, that learned in
+/// Redis that the upstream allows one a day: when Redis dies, the
+/// fallback runs at its share of one a day, the slowest rate there is.
+/// The share of the cap rounded to 0, and the fallback dropped what the
+/// key learned: unlimited while Redis was down, its second grant at once
+/// after the first.
+#[tokio::test]
+async fn a_learned_cap_whose_share_underflows_still_binds_the_fallback() {
+    let mut server = RedisServer::start();
+    let limiter = RateLimiter::builder()
+        .permits_per_second(f64::INFINITY)
+        .redis(&patient_backend(server.client()).await, "tiny-share")
+        .fallback(Fallback::Local)
+        .local_fraction(1e-320)
+        .clock(paceline::clock::FakeClock::new())
+        .build()
+        .unwrap();
+    // Refused for a minute: the pause keeps the key, which would read as
+    // full and expire at once.
+    let one_a_day: [(&str, &[u8]); 2] =
+        [("RateLimit-Policy", b"1;w=86400"), ("Retry-After", b"60")];
+    let one_a_day = Feedback::from_headers(429, one_a_day, SystemTime::now());
+    limiter.call(1).await.unwrap().learn(&one_a_day);
+    let mut con = server.connection();
+    within(Duration::from_secs(5), || {
+        Value::read(&mut con, "paceline:v1:tiny-share").is_some_and(|v| v.learned.is_some())
+    })
+    .await
+    .expect("the lesson never landed");
+    // A grant's reply carries what the key learned.
+    limiter.reserve(1).await.unwrap();
+    server.kill();
+    let first = limiter.reserve(1).await.unwrap();
+    assert!(limiter.stats().degraded, "{:?}", limiter.stats());
+    assert_eq!(limiter.snapshot().await.unwrap().rate(), 5e-324);
+    let next = limiter.reserve(1).await.unwrap();
+    assert!(
+        next.saturating_sub(first) > Duration::from_secs(86_400),
+        "the fallback granted at {first:?}, then at {next:?}, where the upstream allows one a day"
+    );
+}
+
+/// The same cap learned by the fallback itself, while Redis is down, binds
+/// it at its share, the slowest rate there is (the share of the reported
+/// rate rounded to 0, and the lesson's rate was dropped: every grant at
+/// once, unlimited).
+#[tokio::test]
+async fn a_cap_learned_in_the_fallback_whose_share_underflows_still_binds_it() {
+    let mut server = RedisServer::start();
+    let limiter = RateLimiter::builder()
+        .permits_per_second(f64::INFINITY)
+        .redis(&patient_backend(server.client()).await, "tiny-share-down")
+        .fallback(Fallback::Local)
+        .local_fraction(1e-320)
+        .clock(paceline::clock::FakeClock::new())
+        .build()
+        .unwrap();
+    server.kill();
+    let first = limiter.reserve(1).await.unwrap();
+    assert!(limiter.stats().degraded, "{:?}", limiter.stats());
+    let one_a_day = [("RateLimit-Policy", &b"1;w=86400"[..])];
+    let one_a_day = Feedback::from_headers(200, one_a_day, SystemTime::now());
+    limiter.call(1).await.unwrap().learn(&one_a_day);
+    assert_eq!(limiter.snapshot().await.unwrap().rate(), 5e-324);
+    // (The grant after the lesson goes at once, as nothing is owed; the
+    // next waits for it.)
+    assert_eq!(limiter.reserve(1).await.unwrap(), first);
+    let next = limiter.reserve(1).await.unwrap();
+    assert!(
+        next.saturating_sub(first) > Duration::from_secs(86_400),
+        "the fallback granted at {first:?}, then at {next:?}, where the upstream allows one a day"
+    );
+}

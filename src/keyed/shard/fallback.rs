@@ -20,6 +20,17 @@ impl<K: Hash + Eq + Clone> Table<K> {
         ])
     }
 
+    /// The end of each limit's last pause of `key` (see `Limits::pauses`),
+    /// if it is held and learned anything.
+    pub(in crate::keyed) fn pauses<Q>(&self, key: &Q) -> Option<Vec<u64>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let pauses = self.limits.get(key)?.limits.pauses()?;
+        Some(pauses.to_vec())
+    }
+
     /// The keys held.
     pub(in crate::keyed) fn keys(&self) -> Box<dyn Iterator<Item = &K> + '_> {
         match self.config {

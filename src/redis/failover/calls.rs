@@ -207,11 +207,19 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             books.learned.remove(key);
             return;
         }
+        books.learned_count += 1;
+        let count = books.learned_count;
         if let Some(known) = books.learned.get_mut(key) {
-            known.clone_from(learned);
-        } else if books.learned.len() < self.max_local_keys {
-            books.learned.insert(key.to_owned(), learned.clone());
+            known.0.clone_from(learned);
+            known.1 = count;
+            return;
         }
+        if books.learned.len() >= self.max_local_keys {
+            forget_stalest(&mut books.learned);
+        }
+        books
+            .learned
+            .insert(key.to_owned(), (learned.clone(), count));
     }
 
     /// `taken` as an open call made in Redis, if it is one.
@@ -384,6 +392,19 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         let room = self.max_queued().saturating_sub(books.queued.len());
         books.queued.extend(again.into_iter().take(room));
     }
+}
+
+/// Forgets the eighth (one at least) of `learned` heard of longest ago, in
+/// one pass: a full map makes room for `len / 8` keys at once, so that
+/// the passes cost a few looks per key noted, amortized.
+fn forget_stalest<K>(learned: &mut HashMap<K, (crate::core::Adopted, u64)>) {
+    let mut counts: Vec<u64> = learned.values().map(|(_, count)| *count).collect();
+    if counts.is_empty() {
+        return;
+    }
+    let last = (counts.len() / 8).max(1) - 1;
+    let (_, &mut cut, _) = counts.select_nth_unstable(last);
+    learned.retain(|_, (_, count)| *count > cut);
 }
 
 /// `op` as it is sent or learned `waited` µs after it was made: a

@@ -145,7 +145,7 @@ impl<K: Key + Display, C: Clock> Rate for Arc<Failover<K, C>> {
             return self.set_first_rate(&shape, permits_per_second);
         }
         self.local
-            .set_limit_rate(index, local_rate(permits_per_second, self.local_fraction))?;
+            .set_limit_rate(index, share_of(permits_per_second, self.local_fraction))?;
         let mut rates = rates.to_vec();
         rates[index] = permits_per_second;
         reshape(&mut shape, &rates);
@@ -275,7 +275,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
     /// scale together ([`Shape`](crate::core::Shape)), here and in Redis.
     fn set_first_rate(&self, shape: &[f64], permits_per_second: f64) -> Result<(), Error> {
         self.local
-            .set_rate(local_rate(permits_per_second, self.local_fraction))?;
+            .set_rate(share_of(permits_per_second, self.local_fraction))?;
         let rates = crate::core::first_rate_scaled(shape, permits_per_second);
         self.script_args.set_rates(rates.into());
         self.rate_bits

@@ -139,7 +139,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                 }
             }
             // At its share of the rates the upstream reports.
-            let learned = books.learned.get(key).cloned();
+            let learned = books.learned.get(key).map(|(learned, _)| learned.clone());
             let learned = learned.map(|learned| learned.scaled(self.local_fraction));
             self.local.open(key, floor, learned.as_ref());
             // (0: none known, as `known_exactly` says.)
@@ -407,10 +407,12 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             until: mut late,
             charge: late_charge,
         } = self.late_grants(key);
-        // A pause the fallback learned is time, not permits: carried at
-        // its length (not at the shared rate), and remembered for the
-        // callers waiting in it.
+        // A pause the fallback learned (a refusal's, or a limit's the
+        // upstream said is spent until its reset) is time, not permits:
+        // carried at its length (not at the shared rate); a refusal's is
+        // remembered for the callers waiting in it.
         let paused = self.local.paused_until(key);
+        let pauses = self.local.pauses(key).unwrap_or_default();
         // Where Redis's debt for the key ends at least, as its replies
         // said: a later resume adds to it.
         let mut reported = self.known_exactly(key).max(known).max(late);
@@ -423,11 +425,12 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
             } else {
                 0
             };
-            let pause = paused.map_or(0, |until| until.saturating_sub(from));
             let debts_micros = tickets
                 .iter()
-                .map(|t| {
+                .enumerate()
+                .map(|(i, t)| {
                     let debt = self.at_shared_rate(t.saturating_sub(from));
+                    let pause = pauses.get(i).map_or(0, |until| until.saturating_sub(from));
                     debt.max(pause).saturating_sub(charged)
                 })
                 .collect::<Box<[u64]>>();

@@ -62,7 +62,7 @@ use super::round_trip::{Failure, Remote, send};
 use super::runtime::blocking_section;
 use super::script::{Call, Kept, LogId, Request, ScriptArgs};
 use crate::clock::Clock;
-use crate::core::{Policy, Shape, State, micros, stable_interval_micros};
+use crate::core::{Policy, Shape, State, micros, share_of, stable_interval_micros};
 use crate::error::BackendError;
 use crate::keyed::Keyed;
 use crate::keyed::Mode;
@@ -164,10 +164,14 @@ struct Books<K> {
     /// the background, by Redis key (a late grant among them is not known).
     awaited: HashMap<Arc<str>, usize>,
     /// What each key running below its configured rates learned in Redis
-    /// from an upstream (see `calls`), per its last reply that said so: at
-    /// most `max_local_keys`. The key opens in the fallback at those rates
-    /// (at its share). (A snapshot from Redis reads them from its status.)
-    learned: HashMap<K, crate::core::Adopted>,
+    /// from an upstream (see `calls`), per its last reply that said so, and
+    /// when that came (a count of such replies, `learned_count`): at most
+    /// `max_local_keys`, those heard of longest ago forgotten first (their
+    /// Redis keys may have expired with what they learned). The key opens
+    /// in the fallback at those rates (at its share). (A snapshot from
+    /// Redis reads them from its status.)
+    learned: HashMap<K, (crate::core::Adopted, u64)>,
+    learned_count: u64,
     /// What calls made in Redis sent it while it was down that the
     /// fallback cannot hold (a keep; a lesson, for a limiter that fails
     /// open or closed), with when it came (µs, local clock): sent once it
@@ -246,11 +250,6 @@ pub(super) enum Floor<'a> {
     Charging(Carried<'a>),
 }
 
-/// The fallback's rate: a share of the shared rate, never rounded to 0.
-pub(crate) fn local_rate(permits_per_second: f64, local_fraction: f64) -> f64 {
-    (permits_per_second * local_fraction).max(f64::from_bits(1))
-}
-
 /// The options a Redis limiter is built from.
 pub(crate) struct Parts<C> {
     pub(crate) backend: Arc<Backend>,
@@ -270,7 +269,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
         let local_states = limits
             .iter()
             .map(|(policy, rate)| {
-                State::new(policy.clone(), local_rate(*rate, parts.local_fraction), 0)
+                State::new(policy.clone(), share_of(*rate, parts.local_fraction), 0)
             })
             .collect::<Result<Vec<State>, _>>()?;
         let metrics = Metrics::named(Some(match &parts.naming {
@@ -316,6 +315,7 @@ impl<K: Key + Display, C: Clock> Failover<K, C> {
                 late: Ending::default(),
                 awaited: HashMap::new(),
                 learned: HashMap::new(),
+                learned_count: 0,
                 queued: Vec::new(),
                 paused: Ending::default(),
             }),

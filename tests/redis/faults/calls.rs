@@ -111,6 +111,48 @@ async fn a_pause_learned_in_the_fallback_survives_its_carry_back() {
     );
 }
 
+/// The same for a limit the upstream said is spent until its reset (4 s),
+/// learned by the fallback: that pause is carried back at its length too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_limit_learned_in_the_fallback_stays_paused_after_its_carry_back() {
+    let reset = Duration::from_secs(4);
+    let mut server = RedisServer::start();
+    let backend = backend(server.client()).await;
+    let limiter = paced(&backend, "carried-reset", 10.0, Fallback::Local, 0.25);
+    limiter.acquire(1).await.unwrap();
+    server.kill();
+    limiter.acquire(1).await.unwrap();
+    degraded(&limiter, true).await;
+    let call = limiter.call(1).await.unwrap();
+    let learned = Instant::now();
+    let mut quota = paceline::outbound::Quota::default();
+    quota.remaining = Some(0);
+    quota.reset = Some(reset);
+    call.learn(&Feedback::new(200).with_quota(quota));
+    drop(call);
+    tokio::time::sleep(50 * MS).await;
+    server.restart();
+    degraded(&limiter, false).await;
+    tokio::time::sleep(300 * MS).await;
+    let other_backend = backend_builder(server.client()).build().await.unwrap();
+    let other = paced(&other_backend, "carried-reset", 10.0, Fallback::Local, 0.25);
+    let (mine, theirs) = tokio::join!(
+        async {
+            limiter.acquire(1).await.unwrap();
+            learned.elapsed()
+        },
+        async {
+            other.acquire(1).await.unwrap();
+            learned.elapsed()
+        }
+    );
+    assert!(
+        mine + 5 * MS >= reset && theirs + 5 * MS >= reset,
+        "after the upstream said its limit is spent for {reset:?}, this process went \
+         {mine:?} and another {theirs:?} after"
+    );
+}
+
 /// A caller that reserved (in the fallback) before a refusal and wakes
 /// after Redis came back asks, as it wakes, whether a pause holds: Redis
 /// knows the fallback's pause as debt only, so the fail-over remembers it
