@@ -86,10 +86,11 @@ type Behind = [Unanswered; MAX_IN_FLIGHT + 1];
 /// in a batch being sent (a lone caller's, a batch of one).
 struct Queued {
     request: Request,
-    /// When it was queued: a try's timeout counts from its call, so the
+    /// When a try was queued: its timeout counts from its call, so the
     /// time it waits queued is taken off when its batch goes (see
-    /// [`take_batch`]).
-    since: tokio::time::Instant,
+    /// [`take_batch`]). (None for a call with no timeout, which reads no
+    /// clock.)
+    since: Option<tokio::time::Instant>,
     target: ProbeTarget,
     reply: oneshot::Sender<Result<Reply, Failure>>,
     /// Set by its caller if it stops waiting before its reply (see
@@ -236,9 +237,10 @@ impl Queued {
         let (reply, waiting) = oneshot::channel();
         let target = target.clone();
         let left = Left::default();
+        let since = request.timeout.map(|_| tokio::time::Instant::now());
         let queued = Queued {
             request,
-            since: tokio::time::Instant::now(),
+            since,
             target,
             reply,
             _left: Arc::clone(&left),
@@ -259,9 +261,9 @@ fn take_batch(slot: &mut Slot) -> Vec<Queued> {
         match slot.queue.pop_front() {
             Some(queued) if queued.reply.is_closed() => {}
             Some(mut queued) => {
-                let waited = queued.since.elapsed();
-                let timeout = &mut queued.request.timeout;
-                *timeout = timeout.map(|timeout| timeout.saturating_sub(waited));
+                if let (Some(timeout), Some(since)) = (&mut queued.request.timeout, queued.since) {
+                    *timeout = timeout.saturating_sub(since.elapsed());
+                }
                 batch.push(queued);
             }
             None => break,
