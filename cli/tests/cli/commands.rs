@@ -379,26 +379,6 @@ fn a_record_too_long_for_an_argument_is_named_and_fails_its_command() {
     }
 }
 
-/// A record that holds a NUL byte cannot go in place of `{}` (a NUL ends
-/// an argument): it is named, with why, and counted as failed (status 1),
-/// the records around it run. It read "cannot run printf: nul byte found
-/// in provided data", as if the command could not be found.
-#[test]
-fn a_record_with_a_nul_byte_is_named_and_fails_its_command() {
-    let output = run(
-        &["1e9/s", "--json", "--", "printf", "[%s]", "{}"],
-        b"a\nb\0c\nd\n",
-    );
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
-    assert_eq!(output.stdout, b"[a][d]");
-    assert!(
-        stderr.contains("record 2 failed: the record holds a NUL byte (at byte 1)"),
-        "{stderr}"
-    );
-    assert!(stderr.contains("\"failed\":1,"), "{stderr}");
-}
-
 /// A record too long for an argument is refused before the argument is
 /// built: a record of 50 MiB in place of `{}` took a peak of 164 MB (the
 /// argument built, then copied, for the system to refuse it), where the
