@@ -73,37 +73,8 @@ async fn degraded(limiter: &RateLimiter<Redis>, down: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_learned_in_the_fallback_survives_its_carry_back() {
     let pause = Duration::from_secs(4);
-    let mut server = RedisServer::start();
-    let backend = backend(server.client()).await;
-    let limiter = paced(&backend, "carried-pause", 10.0, Fallback::Local, 0.25);
-    limiter.acquire(1).await.unwrap();
-    server.kill();
-    // The first call finds Redis gone.
-    limiter.acquire(1).await.unwrap();
-    degraded(&limiter, true).await;
-    let call = limiter.call(1).await.unwrap();
-    let learned = Instant::now();
-    call.learn(&refused(pause));
-    drop(call);
-    tokio::time::sleep(50 * MS).await;
-    server.restart();
-    degraded(&limiter, false).await;
-    // Let the background carry-back run.
-    tokio::time::sleep(300 * MS).await;
-    // This process's next call, and another process's (a backend of its
-    // own that never saw the outage).
-    let other_backend = backend_builder(server.client()).build().await.unwrap();
-    let other = paced(&other_backend, "carried-pause", 10.0, Fallback::Local, 0.25);
-    let (mine, theirs) = tokio::join!(
-        async {
-            limiter.acquire(1).await.unwrap();
-            learned.elapsed()
-        },
-        async {
-            other.acquire(1).await.unwrap();
-            learned.elapsed()
-        }
-    );
+    let (mine, theirs) =
+        went_after_a_lesson_in_the_fallback("carried-pause", &refused(pause)).await;
     assert!(
         mine + 5 * MS >= pause && theirs + 5 * MS >= pause,
         "after a {pause:?} pause learned by the fallback, this process went {mine:?} \
@@ -116,27 +87,47 @@ async fn a_pause_learned_in_the_fallback_survives_its_carry_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spent_limit_learned_in_the_fallback_stays_paused_after_its_carry_back() {
     let reset = Duration::from_secs(4);
+    let mut quota = paceline::outbound::Quota::default();
+    quota.remaining = Some(0);
+    quota.reset = Some(reset);
+    let spent = Feedback::new(200).with_quota(quota);
+    let (mine, theirs) = went_after_a_lesson_in_the_fallback("carried-reset", &spent).await;
+    assert!(
+        mine + 5 * MS >= reset && theirs + 5 * MS >= reset,
+        "after the upstream said its limit is spent for {reset:?}, this process went \
+         {mine:?} and another {theirs:?} after"
+    );
+}
+
+/// A limiter `name` at 10/s, its fallback's share 0.25, learns `lesson`
+/// while Redis is down (by its fallback); Redis comes back and the key is
+/// carried back. Then this process's next call and another process's (a
+/// backend of its own that never saw the outage): how long after the
+/// lesson each went.
+async fn went_after_a_lesson_in_the_fallback(
+    name: &str,
+    lesson: &Feedback,
+) -> (Duration, Duration) {
     let mut server = RedisServer::start();
     let backend = backend(server.client()).await;
-    let limiter = paced(&backend, "carried-reset", 10.0, Fallback::Local, 0.25);
+    let limiter = paced(&backend, name, 10.0, Fallback::Local, 0.25);
     limiter.acquire(1).await.unwrap();
     server.kill();
+    // The first call finds Redis gone.
     limiter.acquire(1).await.unwrap();
     degraded(&limiter, true).await;
     let call = limiter.call(1).await.unwrap();
     let learned = Instant::now();
-    let mut quota = paceline::outbound::Quota::default();
-    quota.remaining = Some(0);
-    quota.reset = Some(reset);
-    call.learn(&Feedback::new(200).with_quota(quota));
+    call.learn(lesson);
     drop(call);
     tokio::time::sleep(50 * MS).await;
     server.restart();
     degraded(&limiter, false).await;
+    // Let the background carry-back run.
     tokio::time::sleep(300 * MS).await;
     let other_backend = backend_builder(server.client()).build().await.unwrap();
-    let other = paced(&other_backend, "carried-reset", 10.0, Fallback::Local, 0.25);
-    let (mine, theirs) = tokio::join!(
+    let other = paced(&other_backend, name, 10.0, Fallback::Local, 0.25);
+    tokio::join!(
         async {
             limiter.acquire(1).await.unwrap();
             learned.elapsed()
@@ -145,12 +136,7 @@ async fn a_spent_limit_learned_in_the_fallback_stays_paused_after_its_carry_back
             other.acquire(1).await.unwrap();
             learned.elapsed()
         }
-    );
-    assert!(
-        mine + 5 * MS >= reset && theirs + 5 * MS >= reset,
-        "after the upstream said its limit is spent for {reset:?}, this process went \
-         {mine:?} and another {theirs:?} after"
-    );
+    )
 }
 
 /// A caller that reserved (in the fallback) before a refusal and wakes
